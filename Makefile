@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make run    boot Magpie in QEMU with the shell on this terminal
+#   make test   host tests, QEMU integration tests, end-to-end shell tests
+# Both install what is missing first (scripts/setup.sh). After that, plain
+# `cargo run` and `cargo test` work too.
+
+HOST := x86_64-unknown-linux-gnu
+
+.PHONY: run test setup test-host test-qemu test-e2e check
+
+run: setup
+	cargo run
+
+test: setup test-host test-qemu test-e2e
+
+setup:
+	@scripts/setup.sh
+
+# Tier 1: the libraries on the host (unit, property and model tests).
+test-host:
+	cargo test -p magpie-slab -p magpie-codetag --target $(HOST)
+
+# Tier 2: each file in tests/ is a small kernel booted in QEMU.
+test-qemu:
+	cargo test
+
+# Tier 3: boot the real kernel, type sessions on its serial console.
+test-e2e:
+	cargo build --bin magpie
+	python3 tests/e2e/test_shell.py -v
+
+# Quick local check before pushing: formatting and lints.
+check:
+	cargo fmt --all --check
+	cargo clippy -p magpie-slab -p magpie-codetag --target $(HOST) --all-targets
+	cargo clippy

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Boot a Magpie kernel ELF in QEMU (TCG). Used as the cargo runner for
+# `cargo run` and `cargo test` (see .cargo/config.toml).
+#
+#   boot/run-qemu.sh KERNEL.elf [KERNEL ARGS...]
+#
+# The ELF is passed twice: as the PVH kernel and as the initrd module, from
+# which the kernel reads its own symbol table to symbolize backtraces.
+#
+# Exit status: 0 when the kernel exits through isa-debug-exit with Success
+# (QEMU status 33); non-zero with a one-line message on stderr otherwise
+# (kernel failure, triple fault/reset = QEMU status 0, timeout, no QEMU).
+#
+# Environment:
+#   MAGPIE_APPEND     kernel command line (e.g. "loglevel=debug"); extra
+#                     runner arguments are appended to it
+#   MAGPIE_SMP        number of CPUs (default 1)
+#   MAGPIE_MEM        memory size (default 256M)
+#   MAGPIE_TIMEOUT    seconds before QEMU is killed; 0 = none. Default: none
+#                     on a terminal, 60 for test kernels (.../deps/...),
+#                     120 otherwise
+#   MAGPIE_QEMU_ARGS  extra QEMU arguments (word-split)
+#   MAGPIE_QEMU       QEMU binary (default qemu-system-x86_64)
+set -u
+
+if [ $# -lt 1 ]; then
+    echo "usage: $0 KERNEL.elf [KERNEL ARGS...]" >&2
+    exit 2
+fi
+ELF=$1
+shift
+
+QEMU=${MAGPIE_QEMU:-qemu-system-x86_64}
+if ! command -v "$QEMU" >/dev/null 2>&1; then
+    echo "run-qemu.sh: $QEMU not found; install it with: apt-get install qemu-system-x86" >&2
+    exit 127
+fi
+if [ ! -f "$ELF" ]; then
+    echo "run-qemu.sh: kernel $ELF not found" >&2
+    exit 2
+fi
+
+# `-serial stdio` needs a standard input: give it /dev/null when it is closed.
+[ -e /proc/$$/fd/0 ] || exec </dev/null
+
+if [ -n "${MAGPIE_TIMEOUT:-}" ]; then
+    TIMEOUT=$MAGPIE_TIMEOUT
+elif [[ "$ELF" == */deps/* ]]; then
+    TIMEOUT=60
+elif [ -t 0 ]; then
+    TIMEOUT=0
+else
+    TIMEOUT=120
+fi
+
+APPEND=${MAGPIE_APPEND:-}
+if [ $# -gt 0 ]; then
+    APPEND="${APPEND:+$APPEND }$*"
+fi
+
+# shellcheck disable=SC2206 # word splitting of MAGPIE_QEMU_ARGS is intended
+EXTRA=(${MAGPIE_QEMU_ARGS:-})
+
+CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "${MAGPIE_SMP:-1}"
+     -serial stdio -display none -monitor none -no-reboot
+     -device isa-debug-exit,iobase=0xf4,iosize=0x04
+     -kernel "$ELF" -initrd "$ELF" -append "$APPEND" "${EXTRA[@]}")
+
+if [ "$TIMEOUT" != 0 ]; then
+    timeout -k 5 "$TIMEOUT" "${CMD[@]}"
+else
+    "${CMD[@]}"
+fi
+STATUS=$?
+
+case $STATUS in
+    33) exit 0 ;;
+    35) echo "run-qemu.sh: kernel $(basename "$ELF") reported failure" >&2 ;;
+    0)  echo "run-qemu.sh: QEMU exited without isa-debug-exit (triple fault or reset?)" >&2 ;;
+    124|137) echo "run-qemu.sh: timed out after ${TIMEOUT} s (set MAGPIE_TIMEOUT)" >&2 ;;
+    *)  echo "run-qemu.sh: QEMU exited with status $STATUS" >&2 ;;
+esac
+exit 1

@@ -1,0 +1,86 @@
+//! Per-CPU data, reached through the GS base register.
+//!
+//! Each CPU's GS base points at its own cache-line aligned [`PerCpu`] in a
+//! static array; [`cpu_id`] is one `mov` from `gs:`.
+
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use x86_64::VirtAddr;
+use x86_64::registers::model_specific::GsBase;
+
+/// The most CPUs the kernel supports.
+pub const MAX_CPUS: usize = 64;
+
+/// One CPU's private data. Field offsets are fixed (`repr(C)`): `self_ptr`
+/// at 0 and `cpu_id` at 8 are read with `gs:` addressing.
+#[repr(C, align(64))]
+pub struct PerCpu {
+    self_ptr: AtomicUsize,
+    cpu_id: AtomicU32,
+    apic_id: AtomicU32,
+    /// Set once this CPU has run [`init_this_cpu`].
+    online: AtomicU32,
+}
+
+const _: () = assert!(core::mem::offset_of!(PerCpu, self_ptr) == 0);
+const _: () = assert!(core::mem::offset_of!(PerCpu, cpu_id) == 8);
+const _: () = assert!(core::mem::size_of::<PerCpu>() == 64);
+
+impl PerCpu {
+    const fn new() -> Self {
+        Self {
+            self_ptr: AtomicUsize::new(0),
+            cpu_id: AtomicU32::new(0),
+            apic_id: AtomicU32::new(0),
+            online: AtomicU32::new(0),
+        }
+    }
+
+    /// This CPU's logical id (0 = boot CPU).
+    pub fn cpu_id(&self) -> usize {
+        self.cpu_id.load(Ordering::Relaxed) as usize
+    }
+
+    /// This CPU's local APIC id.
+    pub fn apic_id(&self) -> u32 {
+        self.apic_id.load(Ordering::Relaxed)
+    }
+}
+
+static PERCPU: [PerCpu; MAX_CPUS] = [const { PerCpu::new() }; MAX_CPUS];
+
+/// Points this CPU's GS base at `PERCPU[cpu_id]`.
+pub(crate) fn init_this_cpu(cpu_id: usize, apic_id: u32) {
+    assert!(cpu_id < MAX_CPUS, "cpu id {cpu_id} >= MAX_CPUS");
+    let percpu = &PERCPU[cpu_id];
+    let address = percpu as *const PerCpu as usize;
+    percpu.self_ptr.store(address, Ordering::Relaxed);
+    percpu.cpu_id.store(cpu_id as u32, Ordering::Relaxed);
+    percpu.apic_id.store(apic_id, Ordering::Relaxed);
+    percpu.online.store(1, Ordering::Release);
+    GsBase::write(VirtAddr::new(address as u64));
+}
+
+/// The current CPU's logical id (0 = boot CPU).
+#[inline]
+pub fn cpu_id() -> usize {
+    let id: u32;
+    // SAFETY: GS base points at this CPU's PerCpu from the first lines of
+    // kernel_entry on; offset 8 is `cpu_id` (checked by the const assert).
+    unsafe {
+        core::arch::asm!("mov {:e}, gs:[8]", out(reg) id, options(nostack, preserves_flags, readonly));
+    }
+    id as usize
+}
+
+/// The current CPU's [`PerCpu`].
+#[inline]
+pub fn this_cpu() -> &'static PerCpu {
+    let address: usize;
+    // SAFETY: as in `cpu_id`; offset 0 holds the PerCpu's own address.
+    unsafe {
+        core::arch::asm!("mov {}, gs:[0]", out(reg) address, options(nostack, preserves_flags, readonly));
+    }
+    // SAFETY: the address is that of an element of the static PERCPU array.
+    unsafe { &*(address as *const PerCpu) }
+}

@@ -1,0 +1,114 @@
+//! The kernel's global allocator.
+//!
+//! Today every allocation is served by the *bootstrap heap*: a
+//! `linked_list_allocator` over a static region in `.bss`, usable from the
+//! first line of `kernel_entry`. Once the slab allocator is up, the shim
+//! will route: allocations → slab (when ready), frees → by address
+//! ([`bootstrap_contains`] decides whether a pointer belongs to the
+//! bootstrap heap or to the slab layer).
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::UnsafeCell;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use linked_list_allocator::Heap;
+use spin::Mutex;
+
+use crate::arch::IrqGuard;
+
+/// Size of the bootstrap heap.
+pub const BOOTSTRAP_HEAP_SIZE: usize = 4 << 20;
+
+#[repr(C, align(4096))]
+struct Region(UnsafeCell<[u8; BOOTSTRAP_HEAP_SIZE]>);
+
+// SAFETY: the region is only accessed through the allocator below, which
+// hands out disjoint blocks under BOOTSTRAP's lock.
+unsafe impl Sync for Region {}
+
+static REGION: Region = Region(UnsafeCell::new([0; BOOTSTRAP_HEAP_SIZE]));
+static BOOTSTRAP: Mutex<Heap> = Mutex::new(Heap::empty());
+static READY: AtomicBool = AtomicBool::new(false);
+
+fn region_range() -> (usize, usize) {
+    let start = REGION.0.get() as usize;
+    (start, start + BOOTSTRAP_HEAP_SIZE)
+}
+
+/// Whether `ptr` points into the bootstrap heap's region.
+pub fn bootstrap_contains(ptr: *const u8) -> bool {
+    let (start, end) = region_range();
+    (start..end).contains(&(ptr as usize))
+}
+
+/// Initializes the bootstrap heap (idempotent).
+pub fn init() {
+    let _irq = IrqGuard::new();
+    let mut heap = BOOTSTRAP.lock();
+    if READY.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: REGION is a static, 'static region used by nothing but this
+    // heap; READY (checked under the lock) ensures it is handed over once.
+    unsafe { heap.init(REGION.0.get() as *mut u8, BOOTSTRAP_HEAP_SIZE) };
+    READY.store(true, Ordering::Release);
+}
+
+/// Bootstrap heap usage: (used bytes, free bytes).
+pub fn bootstrap_usage() -> (usize, usize) {
+    let _irq = IrqGuard::new();
+    let heap = BOOTSTRAP.lock();
+    (heap.used(), heap.free())
+}
+
+/// Allocates from the bootstrap heap; null if it is exhausted.
+pub fn bootstrap_alloc(layout: Layout) -> *mut u8 {
+    if !READY.load(Ordering::Acquire) {
+        init();
+    }
+    let _irq = IrqGuard::new();
+    BOOTSTRAP
+        .lock()
+        .allocate_first_fit(layout)
+        .map_or(ptr::null_mut(), NonNull::as_ptr)
+}
+
+/// Returns a block to the bootstrap heap.
+///
+/// # Safety
+///
+/// `ptr` must have been returned by [`bootstrap_alloc`] with this `layout`
+/// and not freed since.
+pub unsafe fn bootstrap_dealloc(ptr: *mut u8, layout: Layout) {
+    let _irq = IrqGuard::new();
+    // SAFETY: per the contract, ptr came from this heap with this layout; it is non-null.
+    unsafe {
+        BOOTSTRAP
+            .lock()
+            .deallocate(NonNull::new_unchecked(ptr), layout)
+    }
+}
+
+/// The `#[global_allocator]` shim: Box, Vec, String and friends land here.
+pub struct KernelAllocator;
+
+// SAFETY: alloc returns blocks from the bootstrap heap (valid for `layout`,
+// or null); dealloc returns them to the heap they came from.
+unsafe impl GlobalAlloc for KernelAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bootstrap_alloc(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if bootstrap_contains(ptr) {
+            // SAFETY: GlobalAlloc's contract: ptr was allocated by us with layout; it is in the bootstrap region.
+            unsafe { bootstrap_dealloc(ptr, layout) }
+        } else {
+            panic!("heap: free of {ptr:p} ({layout:?}) which no allocator owns");
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: KernelAllocator = KernelAllocator;

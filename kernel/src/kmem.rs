@@ -1,0 +1,236 @@
+//! Kernel memory above the frame allocator: the `kpages` arena and the slab
+//! allocator that the rest of the kernel (and `#[global_allocator]`) uses.
+//!
+//! ```text
+//!  Box / Vec / String ─┐
+//!  shell kmalloc/kfree ├─► SLAB: magpie_slab::Allocator<KernelPlatform>
+//!  kmem_cache users  ──┘        kmalloc-8 … kmalloc-8192, kmem_* caches
+//!                                       │ whole pages
+//!                               KPAGES: Arena (PageSource)
+//!                                       │ contiguous frames
+//!                               frame:: bitmap over all usable RAM ("base")
+//! ```
+//!
+//! This module is the whole adoption surface of `magpie-slab` in this
+//! kernel: [`KernelPlatform`] (CPU id and count, interrupt save/restore, TSC
+//! clock, frame-pointer backtraces, a per-CPU context string) and [`Arena`]
+//! (pages from the frame allocator, addressed through the direct map).
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use magpie_slab::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform};
+use spin::Mutex;
+
+use crate::arch::{self, MAX_CPUS};
+use crate::{frame, memory, symbols};
+
+/// The machine as `magpie-slab` sees it.
+pub struct KernelPlatform;
+
+impl Platform for KernelPlatform {
+    fn max_cpus() -> usize {
+        arch::max_cpus().clamp(1, MAX_CPUS)
+    }
+
+    #[inline]
+    fn cpu_id() -> usize {
+        arch::cpu_id()
+    }
+
+    #[inline]
+    fn irq_save() -> usize {
+        arch::irq_save()
+    }
+
+    #[inline]
+    fn irq_restore(state: usize) {
+        arch::irq_restore(state)
+    }
+
+    fn now() -> u64 {
+        arch::rdtsc()
+    }
+
+    fn backtrace(frames: &mut [usize]) -> usize {
+        // Skip the frames of the allocator itself (trace recording, the
+        // cache's alloc, kmalloc, the GlobalAlloc shim, `alloc::` glue): the
+        // interesting frame is the first one outside them.
+        let mut all = [0usize; 48];
+        let depth = symbols::backtrace(&mut all);
+        let first = all[..depth]
+            .iter()
+            .position(|&address| !is_allocator_frame(address))
+            .unwrap_or(0);
+        let take = (depth - first).min(frames.len());
+        frames[..take].copy_from_slice(&all[first..first + take]);
+        take
+    }
+
+    fn context(buf: &mut [u8; 32]) -> usize {
+        let cpu = arch::cpu_id();
+        let what = *CONTEXT[cpu.min(MAX_CPUS - 1)].lock();
+        let mut writer = ByteWriter { buf, len: 0 };
+        let _ = core::fmt::write(&mut writer, format_args!("cpu{cpu} {what}"));
+        writer.len
+    }
+}
+
+/// Whether a return address lies in allocator plumbing rather than in the
+/// code that asked for memory.
+fn is_allocator_frame(address: usize) -> bool {
+    let Some((name, _)) = symbols::lookup(address) else {
+        return false;
+    };
+    // Mangled (v0 or legacy) names contain the path segments with lengths;
+    // matching on the crate/module names is enough and allocation-free.
+    const PLUMBING: [&str; 6] = [
+        "magpie_slab",
+        "kmem14KernelPlatform",
+        "kmemNtB",
+        "5alloc5alloc",
+        "__rust",
+        "4heap",
+    ];
+    name.contains("KernelPlatform")
+        || PLUMBING.iter().any(|needle| name.contains(needle))
+        || name.contains("alloc..alloc")
+        || name.contains("__rdl_")
+        || name.contains("__rg_")
+}
+
+struct ByteWriter<'a> {
+    buf: &'a mut [u8; 32],
+    len: usize,
+}
+
+impl core::fmt::Write for ByteWriter<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let room = self.buf.len() - self.len;
+        let take = s.len().min(room);
+        self.buf[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.len += take;
+        Ok(())
+    }
+}
+
+/// What each CPU is doing, for trace records ("shell kmalloc", "boot").
+static CONTEXT: [Mutex<&'static str>; MAX_CPUS] = [const { Mutex::new("boot") }; MAX_CPUS];
+
+/// Sets this CPU's context string until the returned guard is dropped.
+pub fn enter_context(what: &'static str) -> ContextGuard {
+    let cpu = arch::cpu_id().min(MAX_CPUS - 1);
+    let _irq = arch::IrqGuard::new();
+    let previous = core::mem::replace(&mut *CONTEXT[cpu].lock(), what);
+    ContextGuard { cpu, previous }
+}
+
+/// Restores the previous context string when dropped.
+pub struct ContextGuard {
+    cpu: usize,
+    previous: &'static str,
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let _irq = arch::IrqGuard::new();
+        *CONTEXT[self.cpu].lock() = self.previous;
+    }
+}
+
+/// A page source over the frame allocator: whole pages, addressed through
+/// the direct map. Akaros calls the kernel's page arena `kpages`.
+pub struct Arena {
+    name: &'static str,
+    nr_pages_out: AtomicUsize,
+    nr_allocs_ever: AtomicU64,
+}
+
+impl Arena {
+    const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            nr_pages_out: AtomicUsize::new(0),
+            nr_allocs_ever: AtomicU64::new(0),
+        }
+    }
+
+    /// Pages this arena has handed out and not had back.
+    pub fn nr_pages_out(&self) -> usize {
+        self.nr_pages_out.load(Ordering::Relaxed)
+    }
+}
+
+impl PageSource for Arena {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        let phys = frame::alloc_contiguous(nr_pages).ok_or(AllocError::OutOfMemory)?;
+        self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
+        self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+        NonNull::new(memory::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        let phys = memory::virt_to_phys(addr.as_ptr() as usize)
+            .expect("kpages: freed pages are not in the direct map");
+        frame::free(frame::PhysAddr::new(phys), nr_pages);
+        self.nr_pages_out.fetch_sub(nr_pages, Ordering::Relaxed);
+    }
+
+    fn span(&self) -> (usize, usize) {
+        memory::direct_map_span()
+    }
+
+    fn stats(&self) -> ArenaStats {
+        // kpages holds exactly what it imported from the frame allocator.
+        let bytes = self.nr_pages_out() * PAGE_SIZE;
+        ArenaStats {
+            total_bytes: bytes,
+            alloc_bytes: bytes,
+            nr_allocs_ever: self.nr_allocs_ever.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Statistics of the frame allocator, shown as the `base` arena.
+pub fn base_stats() -> ArenaStats {
+    let stats = frame::stats();
+    ArenaStats {
+        total_bytes: stats.nr_total * PAGE_SIZE,
+        alloc_bytes: (stats.nr_total - stats.nr_free) * PAGE_SIZE,
+        nr_allocs_ever: stats.nr_allocs_ever,
+    }
+}
+
+/// The kernel's page arena: slabs and page-granular kmalloc come from here.
+pub static KPAGES: Arena = Arena::new("kpages");
+
+/// The kernel's slab allocator.
+pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
+
+/// Brings the slab allocator up on [`KPAGES`]; from then on the global
+/// allocator serves new allocations from it. Panics if that fails: without
+/// it the kernel has no heap worth the name.
+pub fn init() {
+    SLAB.init(&KPAGES)
+        .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
+    SLAB.set_free_error_hook(Some(report_bad_free));
+    log::info!(
+        "slab allocator up: {} caches, {} CPU(s), {} pages from kpages",
+        {
+            let mut nr = 0;
+            SLAB.for_each_cache(|_| nr += 1);
+            nr
+        },
+        SLAB.nr_cpus(),
+        KPAGES.nr_pages_out()
+    );
+}
+
+/// Called for a bad free the allocator caught at the `GlobalAlloc` edge.
+fn report_bad_free(error: &magpie_slab::FreeError) {
+    log::error!("kfree: {error}; nothing was freed");
+}

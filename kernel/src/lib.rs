@@ -1,0 +1,110 @@
+//! Magpie: the kernel that hosts and demonstrates the `magpie-slab` allocator.
+//!
+//! # Layers
+//!
+//! ```text
+//!  kmain (src/main.rs or a test)       shell, tests
+//!  ───────────────────────────────────────────────────────────────
+//!  heap (GlobalAlloc shim)  symbols  console/klog  testing  qemu
+//!  frame (bitmap frame allocator)  memory (page tables, direct map)
+//!  boot_info (PVH start info)      arch (GDT/TSS/IDT, per-CPU, ACPI)
+//!  ───────────────────────────────────────────────────────────────
+//!  boot/entry.S: PVH note, 32-bit entry, long mode  →  kernel_entry
+//! ```
+//!
+//! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
+//! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
+//! ranges) → frame allocator → final page tables (direct map) → symbols →
+//! `kmain`.
+//!
+//! # FAQ
+//!
+//! * *Why does the kernel read its own ELF?* The runner passes the kernel
+//!   ELF as the PVH module (`-initrd`), and [`symbols`] reads `.symtab` from
+//!   it, so backtraces are symbolized inside the kernel with no post-link step.
+//! * *Why not `uart_16550`?* Its `init` writes the FIFO control register,
+//!   which makes QEMU drop input that is already queued (piped stdin). The
+//!   16550 driver in [`console`] is twenty lines and never touches FCR.
+//! * *Why parse the MADT by hand?* The `acpi` crate's handler trait needs
+//!   some twenty AML I/O hooks; counting processors needs sixty lines.
+//!
+//! # Adding a kernel (binary or test)
+//!
+//! Define `kmain` with [`entry_point!`] and a `#[panic_handler]` (see
+//! `tests/basic_boot.rs`).
+
+#![no_std]
+#![feature(abi_x86_interrupt)]
+
+extern crate alloc;
+
+pub mod arch;
+pub mod boot_info;
+pub mod console;
+pub mod frame;
+pub mod heap;
+pub mod klog;
+pub mod memory;
+pub mod panic;
+pub mod qemu;
+pub mod symbols;
+pub mod testing;
+
+pub use boot_info::BootInfo;
+pub use qemu::{QemuExitCode, exit_qemu};
+pub use testing::{test_panic_handler, test_runner};
+
+core::arch::global_asm!(include_str!("../../boot/entry.S"), options(att_syntax));
+
+unsafe extern "Rust" {
+    /// The kernel's main function, defined by the binary or test with
+    /// [`entry_point!`].
+    safe fn kmain(boot: &'static BootInfo) -> !;
+}
+
+/// Rust entry point, called by `boot/entry.S` in long mode on the boot stack
+/// with the physical address of the PVH `hvm_start_info`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
+    console::init();
+    heap::init();
+    arch::init_bsp();
+    let boot = boot_info::init(start_info_phys);
+    klog::init(boot.cmdline);
+    arch::acpi::init(boot.rsdp);
+    frame::init(boot);
+    memory::init(boot);
+    symbols::init(boot);
+    log::debug!(
+        "{} MiB usable, {} CPUs, cmdline {:?}",
+        frame::stats().nr_total * frame::PAGE_SIZE / (1024 * 1024),
+        arch::max_cpus(),
+        boot.cmdline
+    );
+    kmain(boot)
+}
+
+/// Defines the kernel's `kmain` from a function `fn(&'static BootInfo) -> !`.
+///
+/// ```ignore
+/// magpie::entry_point!(main);
+/// fn main(boot: &'static magpie::BootInfo) -> ! { ... }
+/// ```
+#[macro_export]
+macro_rules! entry_point {
+    ($path:path) => {
+        #[unsafe(export_name = "kmain")]
+        fn __magpie_kmain(boot: &'static $crate::BootInfo) -> ! {
+            let f: fn(&'static $crate::BootInfo) -> ! = $path;
+            f(boot)
+        }
+    };
+}
+
+/// Halts the CPU forever with interrupts disabled.
+pub fn halt_loop() -> ! {
+    loop {
+        x86_64::instructions::interrupts::disable();
+        x86_64::instructions::hlt();
+    }
+}

@@ -1,0 +1,641 @@
+//! `kmem_cache`: the object cache, tying the magazine layer
+//! ([`crate::magazine`]), the slab layer ([`crate::slab`]) and tracing
+//! ([`crate::trace`]) together.
+
+use core::cell::UnsafeCell;
+use core::marker::PhantomData;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use spin::Mutex;
+
+use crate::allocator::Allocator;
+use crate::error::{AllocError, DestroyError, FreeError};
+use crate::magazine::{Depot, MAG_INITIAL_ROUNDS, PcpuCache};
+use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB};
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::slab::{
+    BUFCTL_ALLOCATED, BUFCTL_CACHED, SLAB_MAGIC, SMALL_HEADER_OFFSET, SMALL_MAX_STRIDE, Slab,
+    SlabLayer, small_header,
+};
+use crate::trace::TraceTable;
+
+bitflags::bitflags! {
+    /// Flags given to [`Allocator::cache_create`](crate::Allocator::cache_create).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct CacheFlags: u32 {
+        /// Never touch object memory (the source's pages may not be
+        /// memory): always use bufctl slabs, no free list in the objects.
+        const NOTOUCH = 1;
+        /// Refuse tracing (all bootstrap caches are NOTRACE).
+        const NOTRACE = 2;
+        /// Detect double frees in small-object caches too (a per-slab
+        /// bitmap of objects held by callers). Bufctl caches always detect
+        /// them.
+        const AUDIT = 4;
+    }
+}
+
+/// Object constructor: runs when an object leaves the slab layer towards
+/// callers (it then stays constructed in the magazines). `size` is the
+/// cache's object size in bytes. An `Err` fails the allocation.
+pub type Ctor = fn(obj: NonNull<u8>, size: usize) -> Result<(), ()>;
+/// Object destructor: runs when an object goes back from the magazine
+/// layer to the slab layer. `size` is the object size in bytes.
+pub type Dtor = fn(obj: NonNull<u8>, size: usize);
+
+/// Which slab layout a cache uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlabKind {
+    /// One-page slabs, header at the end of the page, free list through
+    /// the free objects.
+    Small,
+    /// Multi-page slabs with one bufctl per object and a hash from buffer
+    /// address to bufctl; object memory untouched.
+    Bufctl,
+}
+
+/// A cache's statistics, summed over CPUs at the time of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Object size in bytes, as requested at creation.
+    pub obj_size: usize,
+    /// Guaranteed alignment of objects in bytes.
+    pub align: usize,
+    /// Objects currently with callers.
+    pub nr_allocated: usize,
+    /// Slabs (empty, partial and full).
+    pub nr_slabs: usize,
+    /// Pages per slab.
+    pub nr_pages_per_slab: usize,
+    /// Objects per slab.
+    pub objs_per_slab: usize,
+    /// Partial plus full slabs.
+    pub nr_active_slabs: usize,
+    /// Objects in all slabs (`nr_slabs * objs_per_slab`).
+    pub nr_total_objs: usize,
+    /// Allocations by callers ever.
+    pub nr_allocs_ever: u64,
+    /// Frees by callers ever.
+    pub nr_frees_ever: u64,
+    /// Current rounds per full magazine (0: no magazine layer).
+    pub magsize: usize,
+    /// Non-empty magazines in the depot.
+    pub depot_nr_full: usize,
+    /// Empty magazines in the depot.
+    pub depot_nr_empty: usize,
+    /// Times the depot lock was contended.
+    pub depot_contention: u64,
+    /// Rounds (objects) in per-CPU magazines.
+    pub nr_cpu_cached_objs: usize,
+    /// Rounds (objects) in depot magazines.
+    pub nr_depot_objs: usize,
+    /// Bytes of slab pages (`pages * PAGE_SIZE`).
+    pub total_bytes: usize,
+    /// Slab layout.
+    pub kind: SlabKind,
+}
+
+/// What [`KmemCache::destroy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyReport {
+    /// Trace records still outstanding at destruction, now dropped. Non-zero
+    /// means some traced object was never freed: the kernel should warn.
+    pub nr_trace_records_dropped: usize,
+}
+
+/// `hot_flags` bits: anything non-zero sends alloc and free to their cold
+/// paths, so a plain cache pays one load and one branch for all of these.
+pub(crate) const HOT_TRACED: u32 = 1;
+pub(crate) const HOT_EVER_TRACED: u32 = 2;
+pub(crate) const HOT_AUDIT: u32 = 4;
+pub(crate) const HOT_BUFCTL: u32 = 8;
+pub(crate) const HOT_BOOTSTRAP: u32 = 16;
+
+/// Links of the allocator's cache list (under the cache-list lock).
+pub(crate) struct CacheLinks<P: Platform> {
+    pub(crate) prev: *const KmemCache<P>,
+    pub(crate) next: *const KmemCache<P>,
+}
+
+/// Object layout of a cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    pub(crate) stride: usize,
+    pub(crate) align: usize,
+    pub(crate) kind: SlabKind,
+    pub(crate) nr_pages_per_slab: usize,
+    pub(crate) nr_objs_per_slab: usize,
+}
+
+/// Largest object a cache may hold.
+const MAX_OBJ_SIZE: usize = 1 << 30;
+
+impl Geometry {
+    /// Lay out objects of `size` bytes aligned to `align` (0 means 1).
+    /// Objects are at least 8 bytes apart and 8-aligned.
+    pub(crate) fn new(size: usize, align: usize, flags: CacheFlags) -> Result<Self, AllocError> {
+        let align = if align == 0 { 1 } else { align };
+        if size == 0 || size > MAX_OBJ_SIZE || !align.is_power_of_two() || align > PAGE_SIZE {
+            return Err(AllocError::InvalidLayout);
+        }
+        let align = align.max(8);
+        let stride = size.next_multiple_of(align);
+        if stride <= SMALL_MAX_STRIDE && !flags.contains(CacheFlags::NOTOUCH) {
+            return Ok(Geometry {
+                stride,
+                align,
+                kind: SlabKind::Small,
+                nr_pages_per_slab: 1,
+                nr_objs_per_slab: SMALL_HEADER_OFFSET / stride,
+            });
+        }
+        let target_objs = if stride <= 8192 { 8 } else { (65536 / stride).max(1) };
+        let nr_pages = (stride * target_objs).div_ceil(PAGE_SIZE);
+        Ok(Geometry {
+            stride,
+            align,
+            kind: SlabKind::Bufctl,
+            nr_pages_per_slab: nr_pages,
+            nr_objs_per_slab: nr_pages * PAGE_SIZE / stride,
+        })
+    }
+}
+
+/// An object cache (`kmem_cache`).
+///
+/// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
+/// (or [`Allocator::find_cache`](crate::Allocator::find_cache)); lives until
+/// [`KmemCache::destroy`]. All methods are safe to call from any CPU
+/// concurrently.
+pub struct KmemCache<P: Platform> {
+    // Read on every alloc/free: keep these first.
+    pub(crate) hot_flags: AtomicU32,
+    pub(crate) pcpu: *mut PcpuCache,
+    pub(crate) nr_cpus: usize,
+    pub(crate) stride: usize,
+    /// log2(stride) if the stride is a power of two, else `u32::MAX`.
+    pub(crate) stride_shift: u32,
+    pub(crate) page_map: PageMap,
+    pub(crate) on_primary: bool,
+    pub(crate) kind: SlabKind,
+    pub(crate) nr_objs_per_slab: usize,
+    pub(crate) nr_pages_per_slab: usize,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
+    pub(crate) obj_size: usize,
+    pub(crate) align: usize,
+    pub(crate) flags: CacheFlags,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) owner: *const Allocator<P>,
+    pub(crate) permanent: bool,
+    pub(crate) depot: Depot,
+    pub(crate) slab: Mutex<SlabLayer>,
+    /// Objects allocated from / freed to the slab layer directly by
+    /// callers (magazine layer missed).
+    pub(crate) nr_allocs_direct: AtomicU64,
+    pub(crate) nr_frees_direct: AtomicU64,
+    pub(crate) trace: Mutex<TraceTable>,
+    pub(crate) nr_trace_dropped: AtomicU64,
+    pub(crate) name: [u8; 32],
+    pub(crate) name_len: usize,
+    pub(crate) links: UnsafeCell<CacheLinks<P>>,
+    _platform: PhantomData<fn() -> P>,
+}
+
+// SAFETY: shared state is behind spin locks or atomics; `pcpu` is an array
+// of per-CPU caches each behind its own lock; `links` is only touched under
+// the allocator's cache-list lock; everything else is immutable after
+// creation.
+unsafe impl<P: Platform> Sync for KmemCache<P> {}
+// SAFETY: as above; nothing is tied to the creating CPU.
+unsafe impl<P: Platform> Send for KmemCache<P> {}
+
+/// Arguments to [`KmemCache::construct`].
+pub(crate) struct CacheSpec<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) size: usize,
+    pub(crate) geometry: Geometry,
+    pub(crate) flags: CacheFlags,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) on_primary: bool,
+    pub(crate) bootstrap: bool,
+    pub(crate) permanent: bool,
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Build a cache value (not yet linked anywhere).
+    pub(crate) fn construct(
+        spec: CacheSpec<'_>,
+        owner: *const Allocator<P>,
+        page_map: PageMap,
+        pcpu: *mut PcpuCache,
+        nr_cpus: usize,
+    ) -> Self {
+        let mut name = [0u8; 32];
+        let mut name_len = spec.name.len().min(31);
+        while !spec.name.is_char_boundary(name_len) {
+            name_len -= 1;
+        }
+        name[..name_len].copy_from_slice(&spec.name.as_bytes()[..name_len]);
+        let geometry = spec.geometry;
+        let mut hot = 0;
+        if geometry.kind == SlabKind::Bufctl {
+            hot |= HOT_BUFCTL;
+        }
+        if spec.flags.contains(CacheFlags::AUDIT) && geometry.kind == SlabKind::Small {
+            hot |= HOT_AUDIT;
+        }
+        if spec.bootstrap {
+            hot |= HOT_BOOTSTRAP;
+        }
+        KmemCache {
+            hot_flags: AtomicU32::new(hot),
+            pcpu,
+            nr_cpus: nr_cpus.max(1),
+            stride: geometry.stride,
+            stride_shift: if geometry.stride.is_power_of_two() {
+                geometry.stride.trailing_zeros()
+            } else {
+                u32::MAX
+            },
+            page_map,
+            on_primary: spec.on_primary,
+            kind: geometry.kind,
+            nr_objs_per_slab: geometry.nr_objs_per_slab,
+            nr_pages_per_slab: geometry.nr_pages_per_slab,
+            ctor: spec.ctor,
+            dtor: spec.dtor,
+            obj_size: spec.size,
+            align: geometry.align,
+            flags: spec.flags,
+            source: spec.source,
+            owner,
+            permanent: spec.permanent,
+            depot: Depot::new(MAG_INITIAL_ROUNDS),
+            slab: Mutex::new(SlabLayer::new()),
+            nr_allocs_direct: AtomicU64::new(0),
+            nr_frees_direct: AtomicU64::new(0),
+            trace: Mutex::new(TraceTable::new()),
+            nr_trace_dropped: AtomicU64::new(0),
+            name,
+            name_len,
+            links: UnsafeCell::new(CacheLinks { prev: ptr::null(), next: ptr::null() }),
+            _platform: PhantomData,
+        }
+    }
+
+    /// The allocator this cache belongs to.
+    #[inline]
+    pub(crate) fn owner(&self) -> &Allocator<P> {
+        // SAFETY: caches are created by an `Allocator` living in a
+        // `'static` (init takes `&'static self`), never moved.
+        unsafe { &*self.owner }
+    }
+
+    /// Cache name (at most 31 bytes), e.g. `"kmalloc-64"`.
+    pub fn name(&self) -> &str {
+        core::str::from_utf8(&self.name[..self.name_len]).unwrap_or("?")
+    }
+
+    /// Object size in bytes, as requested at creation.
+    pub fn obj_size(&self) -> usize {
+        self.obj_size
+    }
+
+    /// Alignment in bytes every object is guaranteed (at least the
+    /// requested one, at least 8).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Creation flags.
+    pub fn flags(&self) -> CacheFlags {
+        self.flags
+    }
+
+    /// Slab layout of this cache.
+    pub fn kind(&self) -> SlabKind {
+        self.kind
+    }
+
+    /// The page source slabs come from.
+    pub fn source(&self) -> &'static dyn PageSource {
+        self.source
+    }
+
+    /// Whether this is one of the allocator's bootstrap (metadata) caches,
+    /// whose objects callers can neither allocate nor free.
+    pub fn is_bootstrap(&self) -> bool {
+        self.hot_flags.load(Ordering::Relaxed) & HOT_BOOTSTRAP != 0
+    }
+
+    /// Allocate one constructed object of `obj_size()` bytes, aligned to
+    /// `align()`.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
+    /// the page source have an object; [`AllocError::ConstructorFailed`] if
+    /// the constructor refused (the object went back to its slab);
+    /// [`AllocError::InvalidLayout`] for a bootstrap cache.
+    #[inline]
+    pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        let hot = self.hot_flags.load(Ordering::Relaxed);
+        if hot != 0 {
+            return self.alloc_cold(hot);
+        }
+        self.magazine_alloc()
+    }
+
+    /// Alloc with bookkeeping: bufctl state, audit bitmap, tracing.
+    #[cold]
+    fn alloc_cold(&self, hot: u32) -> Result<NonNull<u8>, AllocError> {
+        if hot & HOT_BOOTSTRAP != 0 {
+            return Err(AllocError::InvalidLayout);
+        }
+        let obj = self.magazine_alloc()?;
+        let addr = obj.as_ptr() as usize;
+        if hot & HOT_BUFCTL != 0 {
+            let layer = self.slab.lock();
+            let bufctl = layer.hash.find(addr);
+            debug_assert!(!bufctl.is_null());
+            if !bufctl.is_null() {
+                // SAFETY: bufctls in the hash are alive; we hold the lock.
+                unsafe { (*bufctl).state = BUFCTL_ALLOCATED };
+            }
+        }
+        if hot & HOT_AUDIT != 0 {
+            let (word, bit) = self.audit_bit(addr);
+            // SAFETY: small slab object, its header is alive while the object is busy.
+            unsafe { (*small_header(addr)).audit[word].fetch_or(bit, Ordering::AcqRel) };
+        }
+        if hot & HOT_TRACED != 0 {
+            self.trace_alloc(obj);
+        }
+        Ok(obj)
+    }
+
+    #[inline]
+    fn obj_index(&self, offset: usize) -> (usize, bool) {
+        if self.stride_shift != u32::MAX {
+            (offset >> self.stride_shift, offset & (self.stride - 1) == 0)
+        } else {
+            (offset / self.stride, offset % self.stride == 0)
+        }
+    }
+
+    fn audit_bit(&self, addr: usize) -> (usize, u64) {
+        let (index, _) = self.obj_index(addr & (PAGE_SIZE - 1));
+        (index / 64, 1u64 << (index % 64))
+    }
+
+    /// Free an object back to this cache.
+    ///
+    /// Checked: the pointer must be slab memory (`NotAllocated`), of this
+    /// cache (`WrongCache`), at an object start (`Misaligned`); for bufctl
+    /// caches and `AUDIT` caches it must be allocated (`DoubleFree`). On
+    /// error nothing has changed.
+    ///
+    /// # Safety
+    /// If `obj` is an allocated object of this cache, the caller gives it
+    /// up: nothing uses it afterwards. (Bad pointers are detected as above
+    /// and are safe to pass, except a double free on a small-object cache
+    /// without `AUDIT`, which is undetected and corrupts the cache.)
+    ///
+    /// # Errors
+    /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
+    #[inline]
+    pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        let slab = self.locate(obj.as_ptr() as usize)?;
+        // SAFETY: per our caller; located in this cache.
+        unsafe { self.free_located(obj, slab) }
+    }
+
+    /// Find and check the slab of a pointer freed to this cache. Returns
+    /// null for bufctl caches off the primary source (the hash decides).
+    #[inline]
+    pub(crate) fn locate(&self, addr: usize) -> Result<*mut Slab, FreeError> {
+        let slab = if self.on_primary {
+            let entry = self.page_map.get(addr);
+            if entry & TAG_MASK != TAG_SLAB {
+                return Err(if entry == 0 {
+                    FreeError::NotAllocated { addr }
+                } else {
+                    FreeError::WrongCache { addr, owner: None }
+                });
+            }
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive (entries are cleared before
+            // a slab is destroyed).
+            let cache = unsafe { (*slab).cache };
+            if cache != (self as *const Self).cast() {
+                // SAFETY: slabs on the primary source belong to caches of
+                // this allocator (same P), alive while they have slabs.
+                let other = unsafe { &*cache.cast::<KmemCache<P>>() };
+                return Err(FreeError::WrongCache { addr, owner: Some(other.static_name()) });
+            }
+            slab
+        } else if self.kind == SlabKind::Small {
+            let (start, end) = self.source.span();
+            if addr < start || addr >= end {
+                return Err(FreeError::NotAllocated { addr });
+            }
+            let slab = small_header(addr);
+            // SAFETY: the page lies in our source's span, which the source
+            // promises is memory it manages (readable); a page that is not
+            // one of our slabs fails the magic/owner test.
+            let ours = unsafe {
+                (*slab).magic == SLAB_MAGIC && (*slab).cache == (self as *const Self).cast()
+            };
+            if !ours {
+                return Err(FreeError::NotAllocated { addr });
+            }
+            slab
+        } else {
+            return Ok(ptr::null_mut());
+        };
+        // SAFETY: slab alive (above); base and nr_objs never change.
+        let (base, nr_objs) = unsafe { ((*slab).base, (*slab).nr_objs as usize) };
+        let (index, exact) = self.obj_index(addr.wrapping_sub(base));
+        if !exact || index >= nr_objs || addr < base {
+            return Err(FreeError::Misaligned { addr });
+        }
+        Ok(slab)
+    }
+
+    /// Name with the cache's lifetime, for error reports.
+    fn static_name(&'static self) -> &'static str {
+        self.name()
+    }
+
+    /// Free an object whose slab was located (and checked) already.
+    ///
+    /// # Safety
+    /// As for [`KmemCache::free`]; `slab` came from `self.locate(obj)`.
+    #[inline]
+    pub(crate) unsafe fn free_located(&self, obj: NonNull<u8>, slab: *mut Slab) -> Result<(), FreeError> {
+        let hot = self.hot_flags.load(Ordering::Relaxed);
+        if hot != 0 {
+            self.free_cold(obj.as_ptr() as usize, slab, hot)?;
+        }
+        // SAFETY: validated above; the caller gives the object up.
+        unsafe { self.magazine_free(obj) };
+        Ok(())
+    }
+
+    /// Free-side bookkeeping: the checks that can refuse, then tracing.
+    #[cold]
+    fn free_cold(&self, addr: usize, slab: *mut Slab, hot: u32) -> Result<(), FreeError> {
+        if hot & HOT_BOOTSTRAP != 0 {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        if hot & HOT_BUFCTL != 0 {
+            let layer = self.slab.lock();
+            let bufctl = layer.hash.find(addr);
+            if bufctl.is_null() {
+                return Err(FreeError::NotAllocated { addr });
+            }
+            // SAFETY: bufctls in the hash are alive; we hold the lock.
+            unsafe {
+                if (*bufctl).state != BUFCTL_ALLOCATED {
+                    return Err(FreeError::DoubleFree { addr });
+                }
+                (*bufctl).state = BUFCTL_CACHED;
+            }
+        }
+        if hot & HOT_AUDIT != 0 {
+            let (word, bit) = self.audit_bit(addr);
+            // SAFETY: `slab` is the located, alive small slab of addr.
+            let old = unsafe { (*slab).audit[word].fetch_and(!bit, Ordering::AcqRel) };
+            if old & bit == 0 {
+                return Err(FreeError::DoubleFree { addr });
+            }
+        }
+        if hot & HOT_EVER_TRACED != 0 {
+            self.trace_free(addr);
+        }
+        Ok(())
+    }
+
+    /// Return free memory: empty every CPU's magazines and the depot
+    /// (destructing their objects into the slab layer), then give every
+    /// empty slab back to the page source. Returns the number of pages
+    /// returned.
+    ///
+    /// All CPUs' magazines are drained, not only this CPU's: each per-CPU
+    /// cache has its own lock, so this is safe; those CPUs refill from the
+    /// slab layer next time.
+    pub fn reap(&self) -> usize {
+        self.drain_magazines();
+        let nr_pages = self.reap_slabs();
+        // Shrink empty hash tables back to their inline buckets (these
+        // pages are metadata and are not counted in the result).
+        self.free_hash_table();
+        self.free_trace_table();
+        nr_pages
+    }
+
+    /// Destroy the cache: drain it, return all its pages, free its
+    /// metadata. Trace records still present are dropped and counted in
+    /// the report (the kernel should warn: objects were leaked).
+    ///
+    /// # Safety
+    /// Nothing uses this cache (or the reference) afterwards, and no other
+    /// CPU is using it during the call.
+    ///
+    /// # Errors
+    /// [`DestroyError::Busy`] if objects are still allocated (the cache is
+    /// left intact and usable); [`DestroyError::Permanent`] for bootstrap
+    /// and kmalloc caches.
+    pub unsafe fn destroy(&'static self) -> Result<DestroyReport, DestroyError> {
+        if self.permanent {
+            return Err(DestroyError::Permanent);
+        }
+        let nr_allocated = self.stats().nr_allocated;
+        if nr_allocated != 0 {
+            return Err(DestroyError::Busy { nr_allocated });
+        }
+        self.reap();
+        let counts = self.slab.lock().counts();
+        if counts.nr_slabs != 0 {
+            return Err(DestroyError::Busy { nr_allocated: counts.nr_busy_objs });
+        }
+        let owner = self.owner();
+        owner.unlink_cache(self);
+        let nr_trace_records_dropped = self.trace_drop_all();
+        self.free_trace_table();
+        self.free_hash_table();
+        // SAFETY: unlinked and drained; per our caller nobody uses the
+        // cache any more. The per-CPU array and the cache struct came from
+        // the kmem_pcpu / kmem_cache slab layers.
+        unsafe {
+            if !self.pcpu.is_null() {
+                owner.boot(crate::BootCache::Pcpu).slab_free_raw(self.pcpu.cast());
+            }
+            owner
+                .boot(crate::BootCache::Cache)
+                .slab_free_raw((self as *const Self).cast_mut().cast());
+        }
+        Ok(DestroyReport { nr_trace_records_dropped })
+    }
+
+    /// Statistics, summed over CPUs. Takes each per-CPU lock, the depot
+    /// lock and the slab lock in turn (not all at once), so the figures are
+    /// a near-snapshot under concurrent use.
+    pub fn stats(&self) -> CacheStats {
+        let mut nr_allocs = self.nr_allocs_direct.load(Ordering::Relaxed);
+        let mut nr_frees = self.nr_frees_direct.load(Ordering::Relaxed);
+        let mut nr_cpu_cached_objs = 0;
+        for cpu in 0..self.nr_cpus {
+            let Some(pcpu) = self.pcpu(cpu) else { break };
+            let irq = P::irq_save();
+            {
+                let pcc = pcpu.inner.lock();
+                nr_allocs = nr_allocs.wrapping_add(pcc.nr_allocs);
+                nr_frees = nr_frees.wrapping_add(pcc.nr_frees);
+                for mag in [pcc.loaded, pcc.prev] {
+                    if !mag.is_null() {
+                        // SAFETY: magazines in a pcc are alive under its lock.
+                        nr_cpu_cached_objs += unsafe { (*mag).nr_rounds };
+                    }
+                }
+            }
+            P::irq_restore(irq);
+        }
+        let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs) = {
+            let depot = self.depot.inner.lock();
+            (depot.magsize, depot.nr_full, depot.nr_empty, depot.nr_rounds())
+        };
+        let layer = self.slab.lock();
+        let counts = layer.counts();
+        let (nr_allocated, nr_allocs, nr_frees) = if self.is_bootstrap() {
+            // Metadata is allocated straight from the slab layer.
+            (counts.nr_busy_objs, layer.nr_allocs, layer.nr_frees)
+        } else {
+            (nr_allocs.wrapping_sub(nr_frees) as usize, nr_allocs, nr_frees)
+        };
+        drop(layer);
+        CacheStats {
+            obj_size: self.obj_size,
+            align: self.align,
+            nr_allocated,
+            nr_slabs: counts.nr_slabs,
+            nr_pages_per_slab: self.nr_pages_per_slab,
+            objs_per_slab: self.nr_objs_per_slab,
+            nr_active_slabs: counts.nr_active_slabs,
+            nr_total_objs: counts.nr_slabs * self.nr_objs_per_slab,
+            nr_allocs_ever: nr_allocs,
+            nr_frees_ever: nr_frees,
+            magsize: if self.pcpu.is_null() { 0 } else { magsize },
+            depot_nr_full,
+            depot_nr_empty,
+            depot_contention: self.depot.nr_contention.load(Ordering::Relaxed),
+            nr_cpu_cached_objs,
+            nr_depot_objs,
+            total_bytes: counts.nr_pages * PAGE_SIZE,
+            kind: self.kind,
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Typed errors. The allocator never panics on bad input or when memory
+//! runs out; it returns one of these. Only the `GlobalAlloc` shim turns an
+//! error into a null pointer.
+
+use core::fmt;
+
+/// Why an allocation (or cache creation, or `init`) failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocError {
+    /// The page source (or a metadata cache) had no memory.
+    OutOfMemory,
+    /// Size 0, alignment not a power of two, alignment above
+    /// [`PAGE_SIZE`](crate::PAGE_SIZE), or a size that overflows.
+    InvalidLayout,
+    /// The cache's constructor failed; the object went back to its slab.
+    ConstructorFailed,
+    /// [`Allocator::init`](crate::Allocator::init) has not completed.
+    NotInitialized,
+    /// [`Allocator::init`](crate::Allocator::init) was called twice.
+    AlreadyInitialized,
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::OutOfMemory => f.write_str("out of memory"),
+            AllocError::InvalidLayout => {
+                f.write_str("invalid layout (size 0, bad alignment or too large)")
+            }
+            AllocError::ConstructorFailed => f.write_str("object constructor failed"),
+            AllocError::NotInitialized => f.write_str("slab allocator not initialised"),
+            AllocError::AlreadyInitialized => f.write_str("slab allocator already initialised"),
+        }
+    }
+}
+
+/// Why a free was refused. Every variant carries the address; nothing was
+/// changed by the refused free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeError {
+    /// The object was already free (sitting in a magazine or its slab).
+    /// Always detected for bufctl caches; for small-object caches only with
+    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT).
+    DoubleFree {
+        /// The pointer passed to free.
+        addr: usize,
+    },
+    /// The pointer was never returned by this allocator (not slab memory).
+    NotAllocated {
+        /// The pointer passed to free.
+        addr: usize,
+    },
+    /// The pointer belongs to another cache (`owner`), or to the
+    /// page-granular kmalloc (`owner: None`).
+    WrongCache {
+        /// The pointer passed to free.
+        addr: usize,
+        /// Name of the cache that owns it, if it is in a cache.
+        owner: Option<&'static str>,
+    },
+    /// The pointer lies inside slab memory but not at the start of an
+    /// object (or inside a page-granular allocation but not at its start).
+    Misaligned {
+        /// The pointer passed to free.
+        addr: usize,
+    },
+}
+
+impl FreeError {
+    /// The address the failed free was given.
+    pub fn addr(&self) -> usize {
+        match *self {
+            FreeError::DoubleFree { addr }
+            | FreeError::NotAllocated { addr }
+            | FreeError::WrongCache { addr, .. }
+            | FreeError::Misaligned { addr } => addr,
+        }
+    }
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            FreeError::DoubleFree { addr } => write!(f, "double free of {addr:#x}"),
+            FreeError::NotAllocated { addr } => {
+                write!(f, "free of {addr:#x}, which was never allocated")
+            }
+            FreeError::WrongCache { addr, owner: Some(owner) } => {
+                write!(f, "free of {addr:#x} to the wrong cache (it belongs to {owner})")
+            }
+            FreeError::WrongCache { addr, owner: None } => write!(
+                f,
+                "free of {addr:#x} to the wrong cache (it is a page-granular kmalloc)"
+            ),
+            FreeError::Misaligned { addr } => {
+                write!(f, "free of {addr:#x}, which is not the start of an object")
+            }
+        }
+    }
+}
+
+/// Why tracing could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceError {
+    /// The cache was created with [`CacheFlags::NOTRACE`](crate::CacheFlags::NOTRACE).
+    NoTrace,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::NoTrace => f.write_str("cache is NOTRACE and cannot be traced"),
+        }
+    }
+}
+
+/// Why a cache could not be destroyed. The cache is left intact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestroyError {
+    /// Objects are still allocated to callers.
+    Busy {
+        /// Objects still out.
+        nr_allocated: usize,
+    },
+    /// A bootstrap or kmalloc cache; these live as long as the allocator.
+    Permanent,
+}
+
+impl fmt::Display for DestroyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DestroyError::Busy { nr_allocated } => {
+                write!(f, "cache busy: {nr_allocated} objects still allocated")
+            }
+            DestroyError::Permanent => f.write_str("bootstrap and kmalloc caches cannot be destroyed"),
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! An intrusive, chained, growable hash from an address to a node.
+//!
+//! Used twice per cache: buffer address → bufctl (bufctl caches) and object
+//! address → trace record. The first [`INLINE_BUCKETS`] buckets live inside
+//! the table itself (like Akaros' `static_hash`), so a cache needs no memory
+//! for its hash until it grows. Bigger bucket arrays are whole pages from
+//! the allocator's primary page source; the caller allocates and frees them
+//! outside its locks (see [`AddrHash::wants_grow`] and [`AddrHash::rehash`]).
+
+use core::ptr;
+
+use crate::platform::PAGE_SIZE;
+
+/// Buckets stored inline.
+pub(crate) const INLINE_BUCKETS: usize = 16;
+/// Smallest page-backed table: one page of bucket heads.
+const MIN_TABLE_BUCKETS: usize = PAGE_SIZE / core::mem::size_of::<usize>();
+/// Grow when there are more than this many nodes per bucket on average.
+const MAX_LOAD: usize = 2;
+
+/// A node that can sit in an [`AddrHash`].
+pub(crate) trait HashNode: Sized {
+    /// The address this node is keyed by.
+    fn key(&self) -> usize;
+    /// The chain link.
+    fn hash_next(&mut self) -> &mut *mut Self;
+}
+
+/// The hash table. Invariant: every node reachable from a bucket is valid
+/// and owned by the table until removed (established by the unsafe
+/// [`AddrHash::insert`]).
+pub(crate) struct AddrHash<N> {
+    inline: [*mut N; INLINE_BUCKETS],
+    /// Page-backed buckets, or null while the inline ones are in use.
+    table: *mut *mut N,
+    nr_buckets: usize,
+    nr_items: usize,
+}
+
+impl<N: HashNode> AddrHash<N> {
+    pub(crate) const fn new() -> Self {
+        AddrHash {
+            inline: [ptr::null_mut(); INLINE_BUCKETS],
+            table: ptr::null_mut(),
+            nr_buckets: INLINE_BUCKETS,
+            nr_items: 0,
+        }
+    }
+
+    pub(crate) fn nr_items(&self) -> usize {
+        self.nr_items
+    }
+
+    pub(crate) fn nr_buckets(&self) -> usize {
+        self.nr_buckets
+    }
+
+    fn bucket_index(nr_buckets: usize, key: usize) -> usize {
+        let bits = nr_buckets.trailing_zeros();
+        let h = ((key >> 3) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> (64 - bits)) as usize
+    }
+
+    fn buckets(&self) -> *const *mut N {
+        if self.table.is_null() { self.inline.as_ptr() } else { self.table }
+    }
+
+    fn buckets_mut(&mut self) -> *mut *mut N {
+        if self.table.is_null() { self.inline.as_mut_ptr() } else { self.table }
+    }
+
+    /// Insert `node` (keyed by `node.key()`).
+    ///
+    /// # Safety
+    /// `node` is valid, in no table, and stays valid until it is removed.
+    pub(crate) unsafe fn insert(&mut self, node: *mut N) {
+        // SAFETY: the caller hands us a valid node.
+        let key = unsafe { (*node).key() };
+        let index = Self::bucket_index(self.nr_buckets, key);
+        let buckets = self.buckets_mut();
+        // SAFETY: index < nr_buckets, the length of `buckets`; the node is
+        // valid per the caller.
+        unsafe {
+            *(*node).hash_next() = *buckets.add(index);
+            *buckets.add(index) = node;
+        }
+        self.nr_items += 1;
+    }
+
+    /// The node with `key`, or null.
+    pub(crate) fn find(&self, key: usize) -> *mut N {
+        let index = Self::bucket_index(self.nr_buckets, key);
+        // SAFETY: index < nr_buckets; chained nodes are valid (type invariant).
+        let mut node = unsafe { *self.buckets().add(index) };
+        while !node.is_null() {
+            // SAFETY: chained nodes are valid (type invariant).
+            unsafe {
+                if (*node).key() == key {
+                    return node;
+                }
+                node = *(*node).hash_next();
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// Remove and return the node with `key`, or null.
+    pub(crate) fn remove(&mut self, key: usize) -> *mut N {
+        let index = Self::bucket_index(self.nr_buckets, key);
+        let buckets = self.buckets_mut();
+        // SAFETY: index < nr_buckets; chained nodes are valid (type invariant).
+        unsafe {
+            let mut link: *mut *mut N = buckets.add(index);
+            while !(*link).is_null() {
+                let node = *link;
+                if (*node).key() == key {
+                    *link = *(*node).hash_next();
+                    *(*node).hash_next() = ptr::null_mut();
+                    self.nr_items -= 1;
+                    return node;
+                }
+                link = (*node).hash_next();
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// Remove every node, handing each to `f`.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(*mut N)) {
+        let buckets = self.buckets_mut();
+        for index in 0..self.nr_buckets {
+            // SAFETY: index < nr_buckets; chained nodes are valid (type invariant).
+            unsafe {
+                let mut node = *buckets.add(index);
+                *buckets.add(index) = ptr::null_mut();
+                while !node.is_null() {
+                    let next = *(*node).hash_next();
+                    *(*node).hash_next() = ptr::null_mut();
+                    f(node);
+                    node = next;
+                }
+            }
+        }
+        self.nr_items = 0;
+    }
+
+    /// If the load is too high, the bucket count to grow to.
+    pub(crate) fn wants_grow(&self) -> Option<usize> {
+        if self.nr_items <= self.nr_buckets * MAX_LOAD {
+            return None;
+        }
+        let target = (self.nr_buckets * 4).max(MIN_TABLE_BUCKETS);
+        Some(target)
+    }
+
+    /// Pages needed for a table of `nr_buckets` buckets (0 for the inline one).
+    pub(crate) fn table_pages(nr_buckets: usize) -> usize {
+        if nr_buckets <= INLINE_BUCKETS {
+            0
+        } else {
+            (nr_buckets * core::mem::size_of::<usize>()).div_ceil(PAGE_SIZE)
+        }
+    }
+
+    /// Move every node into `new_table` of `new_nr_buckets` buckets and
+    /// return the old page-backed table and its bucket count, to be freed
+    /// by the caller (null if the inline buckets were in use).
+    ///
+    /// # Safety
+    /// `new_table` points to `new_nr_buckets` writable bucket slots
+    /// (`table_pages(new_nr_buckets)` pages), owned by this table from now
+    /// on; `new_nr_buckets` is a power of two above `INLINE_BUCKETS`.
+    pub(crate) unsafe fn rehash(
+        &mut self,
+        new_table: *mut *mut N,
+        new_nr_buckets: usize,
+    ) -> (*mut *mut N, usize) {
+        debug_assert!(new_nr_buckets.is_power_of_two() && new_nr_buckets > INLINE_BUCKETS);
+        for index in 0..new_nr_buckets {
+            // SAFETY: the caller gives us new_nr_buckets slots.
+            unsafe { new_table.add(index).write(ptr::null_mut()) };
+        }
+        let old_table = self.table;
+        let old_nr = self.nr_buckets;
+        let nr_items = self.nr_items;
+        let mut moved = 0;
+        self.drain(|node| {
+            let index = Self::bucket_index(new_nr_buckets, {
+                // SAFETY: drained nodes are valid (type invariant).
+                unsafe { (*node).key() }
+            });
+            // SAFETY: index < new_nr_buckets; node valid.
+            unsafe {
+                *(*node).hash_next() = *new_table.add(index);
+                *new_table.add(index) = node;
+            }
+            moved += 1;
+        });
+        debug_assert_eq!(moved, nr_items);
+        self.table = new_table;
+        self.nr_buckets = new_nr_buckets;
+        self.nr_items = nr_items;
+        if old_table.is_null() { (ptr::null_mut(), 0) } else { (old_table, old_nr) }
+    }
+
+    /// Detach the page-backed table (if any) and go back to the inline
+    /// buckets. Only for an empty table. Returns the table and its bucket
+    /// count for the caller to free.
+    pub(crate) fn take_table(&mut self) -> (*mut *mut N, usize) {
+        debug_assert_eq!(self.nr_items, 0);
+        let table = self.table;
+        let nr = self.nr_buckets;
+        self.table = ptr::null_mut();
+        self.nr_buckets = INLINE_BUCKETS;
+        self.inline = [ptr::null_mut(); INLINE_BUCKETS];
+        if table.is_null() { (ptr::null_mut(), 0) } else { (table, nr) }
+    }
+}

@@ -1,0 +1,181 @@
+//! # magpie-slab: a kernel slab allocator with magazines and tracing
+//!
+//! A `no_std` object-caching allocator for hobby kernels, after Bonwick's
+//! slab allocator, Bonwick & Adams' magazines and depot, and Akaros'
+//! `kern/src/slab.c` (including its per-cache trace table). Everything
+//! machine-specific comes in through two traits: [`Platform`] (CPU id and
+//! count, interrupt save/restore, clock, backtrace, context string) and
+//! [`PageSource`] (whole pages in, whole pages out).
+//!
+//! ## Layers
+//!
+//! From the caller down:
+//!
+//! 1. **Tracing** ([`trace`](KmemCache::trace_start)): a per-cache hash of
+//!    outstanding objects with backtraces. It sits above the magazines, so
+//!    it sees what callers allocate and free, never objects resting in a
+//!    magazine. A cache that was never traced pays one flag test per alloc
+//!    and per free.
+//! 2. **Magazine layer**: a per-CPU cache `{ loaded, prev, magsize }` of
+//!    two magazines of constructed objects ("rounds"), behind a depot of
+//!    full and empty magazines per cache. Most allocs and frees end here.
+//!    The magazine size grows when the depot lock is contended.
+//! 3. **Slab layer**: slabs of one page (small objects; header at the end
+//!    of the page, free list through the objects) or several pages (large
+//!    or `NOTOUCH` objects; a bufctl per object and a per-cache hash from
+//!    address to bufctl), on empty/partial/full lists. Constructors run
+//!    when objects leave this layer, destructors when they come back.
+//! 4. **Page sources**: the primary one given to [`Allocator::init`], or
+//!    one per cache.
+//!
+//! Beside them: the **bootstrap caches** holding the allocator's own
+//! metadata (`kmem_magazine`, `kmem_cache`, `kmem_slab`, `kmem_bufctl`,
+//! `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
+//! `kmalloc-8` … `kmalloc-8192` plus page-granular allocations above that,
+//! and the **page map**: one word per page of the primary source's span
+//! naming the slab (or large allocation) that owns the page, so `kfree`,
+//! `ksize` and wrong-cache checks find the owner of any pointer.
+//!
+//! ## Lock order
+//!
+//! Outermost first. A thread holding one of these may only take locks
+//! further down the list:
+//!
+//! 1. the allocator's cache list (`for_each_cache`, `find_cache`,
+//!    `reap_all`, create/destroy linking);
+//! 2. a cache's per-CPU cache lock (always with interrupts disabled via
+//!    [`Platform::irq_save`]);
+//! 3. that cache's depot lock;
+//! 4. that cache's slab-layer lock (slab lists and bufctl hash);
+//! 5. that cache's trace-table lock.
+//!
+//! Bootstrap caches are lower than every ordinary cache, but nothing ever
+//! nests into them: **no allocator lock is held while calling a page
+//! source, a constructor/destructor, or another cache** (growing a slab,
+//! allocating a magazine, a bufctl, a slab struct or a trace record, or a
+//! bigger hash table all happen after dropping the lock and re-taking it
+//! afterwards). Only `reap_all` (cache-list lock) and the per-CPU/depot
+//! pairs above ever nest. The page map is lock-free (atomic words).
+//!
+//! ## FAQ
+//!
+//! **Why doesn't the magazine cache deadlock on itself?** (Akaros asks the
+//! same.) A free that needs a new magazine drops its per-CPU lock before
+//! allocating one from `kmem_magazine`, and the bootstrap caches have no
+//! magazine layer at all: metadata is allocated straight from their slab
+//! layers. `kmem_magazine`, `kmem_slab` and `kmem_bufctl` use small-object
+//! slabs, which need no metadata, so allocating metadata nests at most one
+//! level (a bufctl cache growing asks `kmem_slab` and `kmem_bufctl`) and
+//! never returns to a lock already held.
+//!
+//! **Why do the bootstrap caches have no magazines?** Besides the above:
+//! metadata must not strand in depots, and `kmem_pcpu` would need its own
+//! per-CPU array to exist first. Callers cannot allocate from or free to
+//! bootstrap caches.
+//!
+//! **Why a lock in each per-CPU cache?** It is uncontended on the fast
+//! path (one atomic swap), and lets `reap`, `destroy` and `stats` reach
+//! every CPU's magazines without cross-CPU interrupts. It also keeps the
+//! allocator sound if `Platform::cpu_id` misreports.
+//!
+//! **Why do bufctl caches take the slab lock on every alloc and free?**
+//! Bad frees are always detected for them: the bufctl records whether the
+//! object is with a caller, and finding it is a hash lookup. Small-object
+//! caches keep a lean fast path and detect double frees only with
+//! [`CacheFlags::AUDIT`] (a per-slab bitmap, set and cleared atomically).
+//! Foreign, wrong-cache and misaligned pointers are always detected (page
+//! map, or header magic plus cache pointer for caches on other sources).
+//!
+//! **Why does magazine size grow by visits, not time?** [`Platform::now`]
+//! has unknown units (TSC cycles in a kernel, a counter in tests). The
+//! depot counts failed `try_lock`s; every 64 depot visits, if at least 8
+//! were contended, the magazine size grows by 4 rounds (up to 62). Per-CPU
+//! caches adopt the new size when they next visit the depot.
+//!
+//! **Why are objects at least 8-aligned?** Small slabs thread their free
+//! list through free objects; a pointer must fit and be aligned.
+//!
+//! **Why is `align > PAGE_SIZE` refused?** Page sources give page-aligned
+//! memory only; slabs and page-granular kmallocs inherit that.
+//!
+//! ## Sources
+//!
+//! - Jeff Bonwick, "The Slab Allocator: An Object-Caching Kernel Memory
+//!   Allocator", USENIX Summer 1994.
+//! - Jeff Bonwick and Jonathan Adams, "Magazines and Vmem: Extending the
+//!   Slab Allocator to Many CPUs and Arbitrary Resources", USENIX 2001.
+//! - Akaros `kern/src/slab.c` (Barret Rhoden), and the commit "slab: Add
+//!   tracing infrastructure for allocs and frees" (2018).
+//! - illumos `usr/src/uts/common/os/kmem.c` (bufctl audit, bad-free
+//!   reports).
+//! - Linux `mm/slab_common.c` (the kmalloc size classes).
+//!
+//! ## Adopting magpie-slab in your kernel
+//!
+//! 1. Implement [`Platform`] for a unit type: CPU count and id, interrupt
+//!    save/restore, a clock, a frame-pointer backtrace, a context string.
+//! 2. Implement [`PageSource`] over your physical memory's direct map (a
+//!    buddy allocator or a simple page bitmap), with `span()` covering
+//!    every page it can return.
+//! 3. Declare the allocator and make it the global allocator:
+//!
+//! ```ignore
+//! use magpie_slab::{Allocator, PageSource, Platform};
+//!
+//! struct MyPlatform;
+//! impl Platform for MyPlatform { /* ... */ }
+//!
+//! static MY_ARENA: MyPageAllocator = MyPageAllocator::new();
+//!
+//! #[global_allocator]
+//! static ALLOC: Allocator<MyPlatform> = Allocator::new();
+//!
+//! fn kernel_main() {
+//!     MY_ARENA.add_memory(/* from the memory map */);
+//!     ALLOC.init(&MY_ARENA).expect("slab init");
+//!     let dentry_cache = ALLOC
+//!         .cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)
+//!         .expect("dentry cache");
+//!     let obj = dentry_cache.alloc()?;
+//!     // ...
+//!     unsafe { dentry_cache.free(obj) }?;
+//! }
+//! ```
+//!
+//! Before `init` completes, `GlobalAlloc::alloc` returns null. A kernel
+//! that needs a heap earlier uses a bootstrap heap and a small
+//! `GlobalAlloc` shim of its own: allocate from the bootstrap heap until
+//! [`Allocator::is_ready`], then from the slab allocator; on free, send a
+//! pointer to [`Allocator::kfree`] if [`Allocator::owns`] it, else to the
+//! bootstrap heap.
+//!
+//! Sizes are in bytes and page counts in pages of [`PAGE_SIZE`] bytes
+//! throughout.
+
+#![no_std]
+#![feature(allocator_api)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+#[cfg(test)]
+extern crate std;
+
+mod allocator;
+mod cache;
+mod error;
+mod hash;
+mod magazine;
+mod pagemap;
+mod platform;
+mod slab;
+mod trace;
+
+#[cfg(test)]
+mod tests;
+
+pub(crate) use allocator::BootCache;
+pub use allocator::{Allocator, KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
+pub use cache::{CacheFlags, CacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind};
+pub use error::{AllocError, DestroyError, FreeError, TraceError};
+pub use magazine::MAG_MAX_ROUNDS;
+pub use platform::{ArenaStats, PAGE_SIZE, PageSource, Platform};
+pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};

@@ -1,0 +1,464 @@
+//! The magazine layer (Bonwick & Adams 2001, as in Akaros).
+//!
+//! Each CPU has a [`PcpuCache`] holding two magazines, `loaded` and `prev`,
+//! of object pointers ("rounds"), and the current `magsize` (rounds per
+//! full magazine). Behind them is the cache's [`Depot`]: a list of
+//! non-empty ("full") magazines and a list of empty ones.
+//!
+//! - **alloc**: pop from `loaded`; else swap with `prev` if it has rounds;
+//!   else trade the empty `prev` for a full magazine from the depot; else
+//!   go to the slab layer.
+//! - **free**: push to `loaded`; else swap with `prev` if it is empty; else
+//!   trade `prev` (full) for an empty magazine from the depot; else
+//!   allocate a new magazine from `kmem_magazine` and retry; if that fails,
+//!   destruct the object and free it to the slab layer. A free never waits
+//!   for memory.
+//!
+//! Objects in magazines stay constructed. The depot counts how often its
+//! lock was contended (a failed `try_lock`); past a threshold within an
+//! interval the magazine size grows, and each per-CPU cache adopts the new
+//! size the next time it visits the depot.
+
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use spin::{Mutex, MutexGuard};
+
+use crate::cache::KmemCache;
+use crate::platform::Platform;
+use crate::{AllocError, BootCache};
+
+/// Rounds a magazine struct can hold: the largest magazine size.
+pub const MAG_MAX_ROUNDS: usize = 62;
+/// Starting magazine size.
+pub(crate) const MAG_INITIAL_ROUNDS: usize = 8;
+/// Rounds added each time contention makes the depot grow the size.
+pub(crate) const MAG_GROW_STEP: usize = 4;
+/// Depot visits per contention-measuring interval.
+pub(crate) const MAG_RESIZE_INTERVAL: u32 = 64;
+/// Contended depot acquisitions per interval that trigger growth.
+pub(crate) const MAG_RESIZE_THRESHOLD: u64 = 8;
+/// How often a free retries after allocating a fresh magazine that another
+/// CPU took first, before freeing straight to the slab layer.
+const MAG_FREE_RETRIES: usize = 3;
+
+/// A magazine: a stack of up to `MAG_MAX_ROUNDS` constructed objects.
+#[repr(C)]
+pub(crate) struct Magazine {
+    next: *mut Magazine,
+    pub(crate) nr_rounds: usize,
+    pub(crate) rounds: [*mut u8; MAG_MAX_ROUNDS],
+}
+
+const _: () = assert!(core::mem::size_of::<Magazine>() == 512);
+
+/// The per-CPU state, under the per-CPU lock (taken with interrupts off).
+pub(crate) struct PcpuInner {
+    pub(crate) loaded: *mut Magazine,
+    pub(crate) prev: *mut Magazine,
+    pub(crate) magsize: usize,
+    /// Allocations / frees served by this CPU's magazines.
+    pub(crate) nr_allocs: u64,
+    pub(crate) nr_frees: u64,
+}
+
+/// A per-CPU cache: cache-line aligned so CPUs do not share lines.
+///
+/// It has its own lock even though only its CPU uses it on the fast path:
+/// the lock is uncontended there (one atomic swap), and it lets `reap`,
+/// `destroy` and `stats` reach every CPU's magazines without IPIs, and keeps
+/// everything sound if `Platform::cpu_id` ever misreports.
+#[repr(align(64))]
+pub(crate) struct PcpuCache {
+    pub(crate) inner: Mutex<PcpuInner>,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<PcpuCache>() == 64);
+    assert!(core::mem::align_of::<PcpuCache>() == 64);
+};
+
+impl PcpuCache {
+    pub(crate) fn new(magsize: usize) -> Self {
+        PcpuCache {
+            inner: Mutex::new(PcpuInner {
+                loaded: ptr::null_mut(),
+                prev: ptr::null_mut(),
+                magsize,
+                nr_allocs: 0,
+                nr_frees: 0,
+            }),
+        }
+    }
+}
+
+// SAFETY: the magazines the raw pointers name are owned by this per-CPU
+// cache and only touched under its lock.
+unsafe impl Send for PcpuInner {}
+
+/// The depot's state, under the depot lock.
+pub(crate) struct DepotInner {
+    full: *mut Magazine,
+    pub(crate) nr_full: usize,
+    empty: *mut Magazine,
+    pub(crate) nr_empty: usize,
+    pub(crate) magsize: usize,
+    nr_visits: u32,
+    contention_at_mark: u64,
+}
+
+// SAFETY: the magazines are owned by the depot and only touched under its lock.
+unsafe impl Send for DepotInner {}
+
+/// A cache's depot of full and empty magazines.
+pub(crate) struct Depot {
+    pub(crate) inner: Mutex<DepotInner>,
+    pub(crate) nr_contention: AtomicU64,
+}
+
+impl Depot {
+    pub(crate) fn new(magsize: usize) -> Self {
+        Depot {
+            inner: Mutex::new(DepotInner {
+                full: ptr::null_mut(),
+                nr_full: 0,
+                empty: ptr::null_mut(),
+                nr_empty: 0,
+                magsize,
+                nr_visits: 0,
+                contention_at_mark: 0,
+            }),
+            nr_contention: AtomicU64::new(0),
+        }
+    }
+
+    /// Lock the depot, counting contention (Akaros: a failed try-lock).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, DepotInner> {
+        if let Some(guard) = self.inner.try_lock() {
+            return guard;
+        }
+        self.nr_contention.fetch_add(1, Ordering::Relaxed);
+        self.inner.lock()
+    }
+
+    /// Lock for an exchange: also runs the resize heuristic.
+    fn lock_for_exchange(&self) -> MutexGuard<'_, DepotInner> {
+        let mut depot = self.lock();
+        depot.note_visit(self.nr_contention.load(Ordering::Relaxed));
+        depot
+    }
+}
+
+impl DepotInner {
+    /// Count a visit; at the end of an interval, grow the magazine size if
+    /// the depot lock was contended too often during it.
+    pub(crate) fn note_visit(&mut self, nr_contention: u64) {
+        self.nr_visits += 1;
+        if self.nr_visits < MAG_RESIZE_INTERVAL {
+            return;
+        }
+        if nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD {
+            self.magsize = (self.magsize + MAG_GROW_STEP).min(MAG_MAX_ROUNDS);
+        }
+        self.nr_visits = 0;
+        self.contention_at_mark = nr_contention;
+    }
+
+    fn pop_full(&mut self) -> *mut Magazine {
+        let mag = self.full;
+        if !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe { self.full = (*mag).next };
+            self.nr_full -= 1;
+        }
+        mag
+    }
+
+    fn pop_empty(&mut self) -> *mut Magazine {
+        let mag = self.empty;
+        if !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe { self.empty = (*mag).next };
+            self.nr_empty -= 1;
+        }
+        mag
+    }
+
+    /// # Safety
+    /// `mag` is alive, non-empty, and on no list and in no per-CPU cache.
+    unsafe fn push_full(&mut self, mag: *mut Magazine) {
+        // SAFETY: per the caller.
+        unsafe { (*mag).next = self.full };
+        self.full = mag;
+        self.nr_full += 1;
+    }
+
+    /// # Safety
+    /// `mag` is alive, empty, and on no list and in no per-CPU cache.
+    pub(crate) unsafe fn push_empty(&mut self, mag: *mut Magazine) {
+        // SAFETY: per the caller.
+        unsafe { (*mag).next = self.empty };
+        self.empty = mag;
+        self.nr_empty += 1;
+    }
+
+    /// Rounds in the full list.
+    pub(crate) fn nr_rounds(&self) -> usize {
+        let mut total = 0;
+        let mut mag = self.full;
+        while !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe {
+                total += (*mag).nr_rounds;
+                mag = (*mag).next;
+            }
+        }
+        total
+    }
+
+    /// Detach both lists (for reap and destroy), linked through `next`.
+    fn take_all(&mut self) -> (*mut Magazine, *mut Magazine) {
+        let lists = (self.full, self.empty);
+        self.full = ptr::null_mut();
+        self.empty = ptr::null_mut();
+        self.nr_full = 0;
+        self.nr_empty = 0;
+        lists
+    }
+}
+
+/// Rounds in a (possibly null) magazine.
+#[inline]
+fn rounds_of(mag: *mut Magazine) -> usize {
+    if mag.is_null() {
+        0
+    } else {
+        // SAFETY: non-null magazines in a per-CPU cache are alive.
+        unsafe { (*mag).nr_rounds }
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// The per-CPU cache of the running CPU.
+    #[inline]
+    fn this_pcpu(&self) -> &PcpuCache {
+        let mut cpu = P::cpu_id();
+        if cpu >= self.nr_cpus {
+            cpu %= self.nr_cpus;
+        }
+        // SAFETY: pcpu is non-null here (checked by callers) and has
+        // nr_cpus entries, alive as long as the cache.
+        unsafe { &*self.pcpu.add(cpu) }
+    }
+
+    /// The per-CPU cache of CPU `cpu` (< nr_cpus), if the cache has any.
+    pub(crate) fn pcpu(&self, cpu: usize) -> Option<&PcpuCache> {
+        if self.pcpu.is_null() || cpu >= self.nr_cpus {
+            return None;
+        }
+        // SAFETY: cpu < nr_cpus, the length of the live per-CPU array.
+        Some(unsafe { &*self.pcpu.add(cpu) })
+    }
+
+    /// Allocate through the magazine layer; on a miss, from the slab layer
+    /// (constructed). Not traced, not marked.
+    #[inline]
+    pub(crate) fn magazine_alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        if self.pcpu.is_null() {
+            return self.slab_alloc_constructed();
+        }
+        let irq = P::irq_save();
+        let mut guard = self.this_pcpu().inner.lock();
+        let pcc = &mut *guard;
+        loop {
+            let loaded = pcc.loaded;
+            if rounds_of(loaded) > 0 {
+                // SAFETY: loaded is non-null with at least one round.
+                let obj = unsafe {
+                    (*loaded).nr_rounds -= 1;
+                    (*loaded).rounds[(*loaded).nr_rounds]
+                };
+                pcc.nr_allocs += 1;
+                drop(guard);
+                P::irq_restore(irq);
+                // SAFETY: rounds are non-null object pointers.
+                return Ok(unsafe { NonNull::new_unchecked(obj) });
+            }
+            if rounds_of(pcc.prev) > 0 {
+                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
+                continue;
+            }
+            // Both empty (or missing): trade with the depot.
+            let mut depot = self.depot.lock_for_exchange();
+            pcc.magsize = depot.magsize;
+            let full = depot.pop_full();
+            if full.is_null() {
+                break;
+            }
+            if !pcc.prev.is_null() {
+                // SAFETY: prev is empty (checked above) and leaves the pcc.
+                unsafe { depot.push_empty(pcc.prev) };
+            }
+            pcc.prev = pcc.loaded;
+            pcc.loaded = full;
+        }
+        drop(guard);
+        P::irq_restore(irq);
+        self.slab_alloc_constructed()
+    }
+
+    /// Free through the magazine layer; objects that do not fit are
+    /// destructed and go to the slab layer.
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up (validated by the caller).
+    #[inline]
+    pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) {
+        if !self.pcpu.is_null() {
+            for _ in 0..MAG_FREE_RETRIES {
+                if self.try_magazine_free(obj) {
+                    return;
+                }
+                // No room and no empty magazine in the depot: make one.
+                // No lock is held here, so allocating from kmem_magazine
+                // cannot deadlock even when this cache is kmem_magazine.
+                match self.new_magazine() {
+                    // SAFETY: a fresh empty magazine, owned by nobody yet.
+                    Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                    Err(_) => break,
+                }
+            }
+        }
+        self.nr_frees_direct.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: per our caller, obj is a constructed busy object of ours.
+        unsafe { self.slab_free_objects(&[obj.as_ptr()]) };
+    }
+
+    /// One pass of the free algorithm; false if a new magazine is needed.
+    #[inline]
+    fn try_magazine_free(&self, obj: NonNull<u8>) -> bool {
+        let irq = P::irq_save();
+        let mut guard = self.this_pcpu().inner.lock();
+        let pcc = &mut *guard;
+        let stored = loop {
+            let loaded = pcc.loaded;
+            if !loaded.is_null() && rounds_of(loaded) < pcc.magsize {
+                // SAFETY: loaded is alive with room (magsize <= MAG_MAX_ROUNDS).
+                unsafe {
+                    (*loaded).rounds[(*loaded).nr_rounds] = obj.as_ptr();
+                    (*loaded).nr_rounds += 1;
+                }
+                pcc.nr_frees += 1;
+                break true;
+            }
+            if !pcc.prev.is_null() && (loaded.is_null() || rounds_of(pcc.prev) == 0) {
+                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
+                if !pcc.loaded.is_null() && rounds_of(pcc.loaded) < pcc.magsize {
+                    continue;
+                }
+            }
+            // loaded is full (or missing) and prev is not empty: trade
+            // prev for an empty magazine from the depot.
+            let mut depot = self.depot.lock_for_exchange();
+            pcc.magsize = depot.magsize;
+            if !pcc.loaded.is_null() && rounds_of(pcc.loaded) < pcc.magsize {
+                continue; // the magazine size grew: room again
+            }
+            let empty = depot.pop_empty();
+            if empty.is_null() {
+                break false;
+            }
+            let prev = pcc.prev;
+            if !prev.is_null() {
+                if rounds_of(prev) == 0 {
+                    // SAFETY: an empty magazine leaving the pcc.
+                    unsafe { depot.push_empty(prev) };
+                } else {
+                    // SAFETY: a non-empty magazine leaving the pcc.
+                    unsafe { depot.push_full(prev) };
+                }
+            }
+            pcc.prev = pcc.loaded;
+            pcc.loaded = empty;
+        };
+        drop(guard);
+        P::irq_restore(irq);
+        stored
+    }
+
+    /// A new empty magazine from the `kmem_magazine` bootstrap cache.
+    fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
+        let mag = self.owner().boot(BootCache::Magazine).slab_alloc_raw()?;
+        let mag = mag.as_ptr().cast::<Magazine>();
+        // SAFETY: a fresh kmem_magazine object: 512 bytes, 8-aligned, ours.
+        unsafe {
+            mag.write(Magazine {
+                next: ptr::null_mut(),
+                nr_rounds: 0,
+                rounds: [ptr::null_mut(); MAG_MAX_ROUNDS],
+            })
+        };
+        Ok(mag)
+    }
+
+    /// Empty every per-CPU cache and the depot: rounds are destructed and
+    /// go back to the slab layer, magazines go back to `kmem_magazine`.
+    pub(crate) fn drain_magazines(&self) {
+        if self.pcpu.is_null() {
+            return;
+        }
+        for cpu in 0..self.nr_cpus {
+            let Some(pcpu) = self.pcpu(cpu) else { continue };
+            let irq = P::irq_save();
+            let (loaded, prev) = {
+                let mut pcc = pcpu.inner.lock();
+                let mags = (pcc.loaded, pcc.prev);
+                pcc.loaded = ptr::null_mut();
+                pcc.prev = ptr::null_mut();
+                mags
+            };
+            P::irq_restore(irq);
+            for mag in [loaded, prev] {
+                // SAFETY: detached from the pcc; ours alone now.
+                unsafe { self.free_magazine(mag) };
+            }
+        }
+        let (mut full, mut empty) = self.depot.lock().take_all();
+        while !full.is_null() {
+            // SAFETY: detached from the depot; ours alone now.
+            unsafe {
+                let next = (*full).next;
+                self.free_magazine(full);
+                full = next;
+            }
+        }
+        while !empty.is_null() {
+            // SAFETY: detached from the depot; ours alone now.
+            unsafe {
+                let next = (*empty).next;
+                self.free_magazine(empty);
+                empty = next;
+            }
+        }
+    }
+
+    /// Free a detached magazine's rounds (destructed) to the slab layer
+    /// and the magazine itself to `kmem_magazine`'s slab layer.
+    ///
+    /// # Safety
+    /// `mag` is null or an alive magazine of this cache referenced by no
+    /// per-CPU cache or depot list.
+    unsafe fn free_magazine(&self, mag: *mut Magazine) {
+        if mag.is_null() {
+            return;
+        }
+        // SAFETY: per the caller, the magazine and its rounds are ours.
+        unsafe {
+            let nr_rounds = (*mag).nr_rounds;
+            let rounds = &(&(*mag).rounds)[..nr_rounds];
+            self.slab_free_objects(rounds);
+            self.owner().boot(BootCache::Magazine).slab_free_raw(mag.cast());
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! What the allocator needs from the machine ([`Platform`]) and from memory
+//! ([`PageSource`]).
+
+use core::ptr::NonNull;
+
+use crate::AllocError;
+
+/// Size of a page in bytes. Every [`PageSource`] hands out whole pages of
+/// this size, aligned to it.
+pub const PAGE_SIZE: usize = 4096;
+/// `log2(PAGE_SIZE)`.
+pub(crate) const PAGE_SHIFT: u32 = 12;
+
+const _: () = assert!(1 << PAGE_SHIFT == PAGE_SIZE);
+
+/// Everything machine-specific the allocator needs.
+///
+/// All methods are associated functions (no `self`) so calls monomorphize
+/// and inline into the allocator's fast paths. The kernel implements this
+/// once; host tests implement it with thread-locals and counters.
+pub trait Platform: 'static {
+    /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by
+    /// [`Allocator::init`](crate::Allocator::init); per-CPU arrays are
+    /// sized by it. A value of 0 is treated as 1.
+    fn max_cpus() -> usize;
+    /// Id of the CPU running the caller, in `0..max_cpus()`. An id out of
+    /// range is folded into range (`id % max_cpus`), which is safe (every
+    /// per-CPU cache has its own lock) but slower.
+    fn cpu_id() -> usize;
+    /// Disable interrupts on this CPU and return the previous state, to be
+    /// handed to [`Platform::irq_restore`].
+    fn irq_save() -> usize;
+    /// Restore the interrupt state returned by [`Platform::irq_save`].
+    fn irq_restore(state: usize);
+    /// Monotonic timestamp (kernel: TSC cycles; host tests: a counter).
+    /// Only stored in trace records, never interpreted.
+    fn now() -> u64;
+    /// Fill `frames` with return addresses of the caller's stack (a
+    /// frame-pointer walk), skipping allocator-internal frames as best it
+    /// can; return how many were written (at most `frames.len()`).
+    fn backtrace(frames: &mut [usize]) -> usize;
+    /// Short description of the current context, e.g. `"cpu0 shell"` or
+    /// `"irq 33"`. Copy at most 31 bytes of UTF-8 into `buf` and return
+    /// the number of bytes written.
+    fn context(buf: &mut [u8; 32]) -> usize;
+}
+
+/// Statistics a [`PageSource`] reports for `kmemstat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes managed by the source.
+    pub total_bytes: usize,
+    /// Bytes currently handed out.
+    pub alloc_bytes: usize,
+    /// Number of successful `alloc_pages` calls ever.
+    pub nr_allocs_ever: u64,
+}
+
+/// A page provider (an "arena"): whole pages in, whole pages out.
+///
+/// The allocator calls a page source only while it holds none of its own
+/// locks, so a page source may itself allocate from the slab allocator
+/// (for example, boundary tags from a `kmem_cache`).
+pub trait PageSource: Sync {
+    /// Name shown by `kmemstat`.
+    fn name(&self) -> &str;
+    /// Allocate `nr_pages` contiguous pages, aligned to [`PAGE_SIZE`].
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] if the pages are not available.
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError>;
+    /// Return pages to the source.
+    ///
+    /// # Safety
+    /// `addr` and `nr_pages` come from one earlier `alloc_pages(nr_pages)`
+    /// of this source that has not been freed yet, and nothing uses the
+    /// pages afterwards.
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize);
+    /// The virtual address range `[start, end)` every page of this source
+    /// lies in (kernel: the direct map of RAM). For the allocator's primary
+    /// source this sizes the page map: one word per page of the span.
+    fn span(&self) -> (usize, usize);
+    /// Statistics for `kmemstat`.
+    fn stats(&self) -> ArenaStats;
+}
+
+/// The source an [`Allocator`](crate::Allocator) reports before `init`:
+/// it has no memory.
+pub(crate) struct NullSource;
+
+impl PageSource for NullSource {
+    fn name(&self) -> &str {
+        "none"
+    }
+    fn alloc_pages(&self, _nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        Err(AllocError::OutOfMemory)
+    }
+    unsafe fn free_pages(&self, _addr: NonNull<u8>, _nr_pages: usize) {}
+    fn span(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    fn stats(&self) -> ArenaStats {
+        ArenaStats::default()
+    }
+}
+
+/// Whether two page sources are the same object (data pointers compared,
+/// vtables ignored).
+pub(crate) fn same_source(a: &dyn PageSource, b: &dyn PageSource) -> bool {
+    core::ptr::addr_eq(a as *const dyn PageSource, b as *const dyn PageSource)
+}

@@ -1,0 +1,624 @@
+//! The slab layer (Bonwick 1994): pages carved into objects.
+//!
+//! - **Small-object slabs** (buffer size <= `PAGE_SIZE / 8`, cache not
+//!   `NOTOUCH`): one page; the [`Slab`] header sits at the *end* of the
+//!   page, objects start at offset 0 (so power-of-two sizes are naturally
+//!   aligned), and the free list is threaded through the free objects.
+//! - **Bufctl slabs** (larger objects, or `NOTOUCH`): several pages; the
+//!   [`Slab`] struct comes from the `kmem_slab` bootstrap cache and one
+//!   [`Bufctl`] per object from `kmem_bufctl`. The object memory is never
+//!   touched. A per-cache [`AddrHash`](crate::hash::AddrHash) maps a busy
+//!   buffer's address to its bufctl.
+//!
+//! Slabs sit on one of three lists by how many objects are busy: empty,
+//! partial, full. Allocation prefers partial slabs; `reap` returns empty
+//! slabs to the page source.
+//!
+//! Everything here runs under the cache's slab lock, except growing and
+//! releasing a slab, which call the page source and the bootstrap caches
+//! and therefore run with no lock held.
+
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cache::{KmemCache, SlabKind};
+use crate::hash::{AddrHash, HashNode};
+use crate::pagemap::TAG_SLAB;
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::{AllocError, BootCache};
+
+/// Header of a small-object slab (at the end of its page) and struct of a
+/// bufctl slab (from `kmem_slab`).
+#[repr(C)]
+pub(crate) struct Slab {
+    /// [`SLAB_MAGIC`] while the slab is alive.
+    pub(crate) magic: u32,
+    /// Which list it is on: `LIST_*`.
+    list: u32,
+    pub(crate) nr_busy: u32,
+    pub(crate) nr_objs: u32,
+    /// The owning `KmemCache<P>`, type-erased.
+    pub(crate) cache: *const (),
+    prev: *mut Slab,
+    next: *mut Slab,
+    /// Address of object 0 (the first page of the slab).
+    pub(crate) base: usize,
+    pub(crate) nr_pages: usize,
+    /// Small: first free object (each free object holds the next pointer).
+    /// Bufctl: first free `Bufctl`.
+    free: *mut u8,
+    /// AUDIT caches: bit i set while object i is with a caller (small slabs).
+    pub(crate) audit: [AtomicU64; 8],
+}
+
+pub(crate) const SLAB_MAGIC: u32 = 0x51ab_ca5e;
+/// Where a small slab's header starts inside its page.
+pub(crate) const SMALL_HEADER_OFFSET: usize = PAGE_SIZE - core::mem::size_of::<Slab>();
+/// Largest buffer that gets a small-object slab.
+pub(crate) const SMALL_MAX_STRIDE: usize = PAGE_SIZE / 8;
+
+const _: () = {
+    assert!(core::mem::size_of::<Slab>() == 128);
+    assert!(core::mem::align_of::<Slab>() <= 8);
+    assert!(SMALL_HEADER_OFFSET % core::mem::align_of::<Slab>() == 0);
+    // The audit bitmap covers every object of a small slab (stride >= 8).
+    assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
+};
+
+const LIST_EMPTY: u32 = 0;
+const LIST_PARTIAL: u32 = 1;
+const LIST_FULL: u32 = 2;
+
+/// Bufctl states.
+pub(crate) const BUFCTL_FREE: u8 = 0;
+/// In the slab layer's hash but resting in a magazine (constructed).
+pub(crate) const BUFCTL_CACHED: u8 = 1;
+/// With a caller.
+pub(crate) const BUFCTL_ALLOCATED: u8 = 2;
+
+/// One per object of a bufctl slab.
+#[repr(C)]
+pub(crate) struct Bufctl {
+    hash_next: *mut Bufctl,
+    free_next: *mut Bufctl,
+    pub(crate) addr: usize,
+    slab: *mut Slab,
+    pub(crate) state: u8,
+}
+
+impl HashNode for Bufctl {
+    fn key(&self) -> usize {
+        self.addr
+    }
+    fn hash_next(&mut self) -> &mut *mut Self {
+        &mut self.hash_next
+    }
+}
+
+/// One of the three slab lists (doubly linked through the slabs).
+struct SlabList {
+    head: *mut Slab,
+    nr: usize,
+}
+
+/// The state behind a cache's slab lock.
+pub(crate) struct SlabLayer {
+    lists: [SlabList; 3],
+    /// Bufctl caches: buffer address → bufctl of every busy buffer.
+    pub(crate) hash: AddrHash<Bufctl>,
+    /// Objects taken from / put back to slabs ever (all reasons).
+    pub(crate) nr_allocs: u64,
+    pub(crate) nr_frees: u64,
+}
+
+// SAFETY: the raw pointers are owned by the cache and only touched under
+// the mutex around the SlabLayer.
+unsafe impl Send for SlabLayer {}
+
+/// Counts of the slab layer, read under the lock.
+pub(crate) struct SlabCounts {
+    pub(crate) nr_slabs: usize,
+    pub(crate) nr_active_slabs: usize,
+    pub(crate) nr_busy_objs: usize,
+    pub(crate) nr_pages: usize,
+}
+
+impl SlabLayer {
+    pub(crate) const fn new() -> Self {
+        SlabLayer {
+            lists: [
+                SlabList { head: ptr::null_mut(), nr: 0 },
+                SlabList { head: ptr::null_mut(), nr: 0 },
+                SlabList { head: ptr::null_mut(), nr: 0 },
+            ],
+            hash: AddrHash::new(),
+            nr_allocs: 0,
+            nr_frees: 0,
+        }
+    }
+
+    pub(crate) fn counts(&self) -> SlabCounts {
+        let mut counts = SlabCounts { nr_slabs: 0, nr_active_slabs: 0, nr_busy_objs: 0, nr_pages: 0 };
+        for (list_index, list) in self.lists.iter().enumerate() {
+            counts.nr_slabs += list.nr;
+            if list_index as u32 != LIST_EMPTY {
+                counts.nr_active_slabs += list.nr;
+            }
+            let mut slab = list.head;
+            while !slab.is_null() {
+                // SAFETY: slabs on our lists are alive (owned by this layer).
+                unsafe {
+                    counts.nr_busy_objs += (*slab).nr_busy as usize;
+                    counts.nr_pages += (*slab).nr_pages;
+                    slab = (*slab).next;
+                }
+            }
+        }
+        counts
+    }
+
+    /// # Safety
+    /// `slab` is alive and on list `(*slab).list`.
+    unsafe fn unlink(&mut self, slab: *mut Slab) {
+        // SAFETY: the caller guarantees the slab is alive and listed.
+        unsafe {
+            let list = &mut self.lists[(*slab).list as usize];
+            if (*slab).prev.is_null() {
+                list.head = (*slab).next;
+            } else {
+                (*(*slab).prev).next = (*slab).next;
+            }
+            if !(*slab).next.is_null() {
+                (*(*slab).next).prev = (*slab).prev;
+            }
+            (*slab).prev = ptr::null_mut();
+            (*slab).next = ptr::null_mut();
+            list.nr -= 1;
+        }
+    }
+
+    /// # Safety
+    /// `slab` is alive and on no list.
+    unsafe fn push(&mut self, slab: *mut Slab, list_index: u32) {
+        let list = &mut self.lists[list_index as usize];
+        // SAFETY: the caller guarantees the slab is alive and unlisted.
+        unsafe {
+            (*slab).list = list_index;
+            (*slab).prev = ptr::null_mut();
+            (*slab).next = list.head;
+            if !list.head.is_null() {
+                (*list.head).prev = slab;
+            }
+        }
+        list.head = slab;
+        list.nr += 1;
+    }
+
+    /// Put a slab whose busy count changed on the right list.
+    ///
+    /// # Safety
+    /// `slab` is alive and listed.
+    unsafe fn relist(&mut self, slab: *mut Slab) {
+        // SAFETY: the caller guarantees the slab is alive.
+        let (nr_busy, nr_objs, list) = unsafe { ((*slab).nr_busy, (*slab).nr_objs, (*slab).list) };
+        let want = if nr_busy == 0 {
+            LIST_EMPTY
+        } else if nr_busy == nr_objs {
+            LIST_FULL
+        } else {
+            LIST_PARTIAL
+        };
+        if want != list {
+            // SAFETY: alive and listed, per the caller.
+            unsafe {
+                self.unlink(slab);
+                self.push(slab, want);
+            }
+        }
+    }
+
+    /// Take one object from a partial or empty slab, if there is one.
+    fn take_object(&mut self, kind: SlabKind) -> Option<NonNull<u8>> {
+        let mut slab = self.lists[LIST_PARTIAL as usize].head;
+        if slab.is_null() {
+            slab = self.lists[LIST_EMPTY as usize].head;
+        }
+        if slab.is_null() {
+            return None;
+        }
+        // SAFETY: listed slabs are alive; a partial or empty slab has at
+        // least one free object, so `free` is a valid free object/bufctl.
+        unsafe {
+            debug_assert!((*slab).nr_busy < (*slab).nr_objs && !(*slab).free.is_null());
+            let obj = match kind {
+                SlabKind::Small => {
+                    let obj = (*slab).free;
+                    (*slab).free = obj.cast::<*mut u8>().read();
+                    obj
+                }
+                SlabKind::Bufctl => {
+                    let bufctl = (*slab).free.cast::<Bufctl>();
+                    (*slab).free = (*bufctl).free_next.cast();
+                    (*bufctl).free_next = ptr::null_mut();
+                    (*bufctl).state = BUFCTL_CACHED;
+                    self.hash.insert(bufctl);
+                    (*bufctl).addr as *mut u8
+                }
+            };
+            (*slab).nr_busy += 1;
+            self.nr_allocs += 1;
+            self.relist(slab);
+            NonNull::new(obj)
+        }
+    }
+
+    /// Return one object to its slab.
+    ///
+    /// # Safety
+    /// `obj` is a busy object of this layer's cache (small: `slab` is its
+    /// slab; bufctl: it is in the hash and `slab` is ignored).
+    unsafe fn put_object(&mut self, kind: SlabKind, obj: *mut u8, slab: *mut Slab) {
+        // SAFETY: per the caller, obj is a busy object of ours, so its slab
+        // (or bufctl) is alive and listed.
+        unsafe {
+            let slab = match kind {
+                SlabKind::Small => {
+                    obj.cast::<*mut u8>().write((*slab).free);
+                    (*slab).free = obj;
+                    slab
+                }
+                SlabKind::Bufctl => {
+                    let bufctl = self.hash.remove(obj as usize);
+                    if bufctl.is_null() {
+                        debug_assert!(false, "bufctl missing for busy object");
+                        return;
+                    }
+                    let slab = (*bufctl).slab;
+                    (*bufctl).state = BUFCTL_FREE;
+                    (*bufctl).free_next = (*slab).free.cast();
+                    (*slab).free = bufctl.cast();
+                    slab
+                }
+            };
+            debug_assert!((*slab).nr_busy > 0);
+            (*slab).nr_busy -= 1;
+            self.nr_frees += 1;
+            self.relist(slab);
+        }
+    }
+
+    /// Detach every empty slab (for reap), linked through `next`.
+    fn take_empty(&mut self) -> *mut Slab {
+        let list = &mut self.lists[LIST_EMPTY as usize];
+        let head = list.head;
+        list.head = ptr::null_mut();
+        list.nr = 0;
+        head
+    }
+
+    /// Detach every slab of every list (for teardown after a failed init).
+    fn take_all(&mut self) -> *mut Slab {
+        let mut all: *mut Slab = ptr::null_mut();
+        for list in &mut self.lists {
+            let mut slab = list.head;
+            while !slab.is_null() {
+                // SAFETY: listed slabs are alive.
+                unsafe {
+                    let next = (*slab).next;
+                    (*slab).next = all;
+                    all = slab;
+                    slab = next;
+                }
+            }
+            list.head = ptr::null_mut();
+            list.nr = 0;
+        }
+        all
+    }
+}
+
+/// Small-slab header of the page holding `addr`.
+#[inline]
+pub(crate) fn small_header(addr: usize) -> *mut Slab {
+    ((addr & !(PAGE_SIZE - 1)) + SMALL_HEADER_OFFSET) as *mut Slab
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Allocate one object from the slab layer, growing it if needed. The
+    /// object is not constructed and not counted; bufctl objects come back
+    /// `BUFCTL_CACHED`.
+    pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
+        if let Some(obj) = self.slab.lock().take_object(self.kind) {
+            return Ok(obj);
+        }
+        // Grow with no lock held: the page source and the bootstrap caches
+        // may be called from here.
+        let slab = self.grow()?;
+        let mut layer = self.slab.lock();
+        // SAFETY: `grow` returned a fresh, unlisted, alive slab.
+        unsafe { layer.push(slab, LIST_EMPTY) };
+        let obj = layer.take_object(self.kind);
+        drop(layer);
+        self.maybe_grow_hash();
+        obj.ok_or(AllocError::OutOfMemory)
+    }
+
+    /// Allocate one constructed object from the slab layer for a caller
+    /// (the magazine layer missed). Counted in the cache's direct counters.
+    pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
+        let obj = self.slab_alloc_raw()?;
+        if let Some(ctor) = self.ctor
+            && ctor(obj, self.obj_size).is_err()
+        {
+            // SAFETY: obj came from our slab layer just now, unconstructed.
+            unsafe { self.slab_free_raw(obj.as_ptr()) };
+            return Err(AllocError::ConstructorFailed);
+        }
+        self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
+        Ok(obj)
+    }
+
+    /// Return one object to the slab layer without running the destructor.
+    ///
+    /// # Safety
+    /// `obj` is a busy object of this cache's slab layer, not in any
+    /// magazine, not with a caller.
+    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
+        let slab = match self.kind {
+            SlabKind::Small => small_header(obj as usize),
+            SlabKind::Bufctl => ptr::null_mut(),
+        };
+        let mut layer = self.slab.lock();
+        // SAFETY: per the caller.
+        unsafe { layer.put_object(self.kind, obj, slab) };
+    }
+
+    /// Destruct `objs` and return them to the slab layer under one lock
+    /// acquisition. Used when rounds leave the magazine layer.
+    ///
+    /// # Safety
+    /// Every pointer is a constructed, busy object of this cache, in no
+    /// magazine and with no caller.
+    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
+        if let Some(dtor) = self.dtor {
+            for &obj in objs {
+                if let Some(obj) = NonNull::new(obj) {
+                    dtor(obj, self.obj_size);
+                }
+            }
+        }
+        let mut layer = self.slab.lock();
+        for &obj in objs {
+            let slab = match self.kind {
+                SlabKind::Small => small_header(obj as usize),
+                SlabKind::Bufctl => ptr::null_mut(),
+            };
+            // SAFETY: per the caller.
+            unsafe { layer.put_object(self.kind, obj, slab) };
+        }
+    }
+
+    /// Make a new slab: pages from the source, carved into objects, and
+    /// registered in the page map. Runs with no lock held.
+    fn grow(&self) -> Result<*mut Slab, AllocError> {
+        let nr_pages = self.nr_pages_per_slab;
+        let pages = self.source.alloc_pages(nr_pages)?;
+        let base = pages.as_ptr() as usize;
+        let slab = match self.kind {
+            SlabKind::Small => small_header(base),
+            SlabKind::Bufctl => match self.owner().boot(BootCache::Slab).slab_alloc_raw() {
+                Ok(slab) => slab.as_ptr().cast::<Slab>(),
+                Err(error) => {
+                    // SAFETY: the pages came from this source just now.
+                    unsafe { self.source.free_pages(pages, nr_pages) };
+                    return Err(error);
+                }
+            },
+        };
+        // SAFETY: `slab` is either the header area at the end of our fresh
+        // page or a fresh kmem_slab object, both writable and ours.
+        unsafe {
+            slab.write(Slab {
+                magic: SLAB_MAGIC,
+                list: LIST_EMPTY,
+                nr_busy: 0,
+                nr_objs: self.nr_objs_per_slab as u32,
+                cache: (self as *const Self).cast(),
+                prev: ptr::null_mut(),
+                next: ptr::null_mut(),
+                base,
+                nr_pages,
+                free: ptr::null_mut(),
+                audit: [const { AtomicU64::new(0) }; 8],
+            });
+        }
+        let carved = match self.kind {
+            SlabKind::Small => {
+                let mut free: *mut u8 = ptr::null_mut();
+                for index in (0..self.nr_objs_per_slab).rev() {
+                    let obj = (base + index * self.stride) as *mut u8;
+                    // SAFETY: object `index` lies inside our page below the
+                    // header and is at least 8 bytes, 8-aligned.
+                    unsafe { obj.cast::<*mut u8>().write(free) };
+                    free = obj;
+                }
+                // SAFETY: slab initialised above.
+                unsafe { (*slab).free = free };
+                Ok(())
+            }
+            SlabKind::Bufctl => self.carve_bufctls(slab),
+        };
+        if let Err(error) = carved {
+            // SAFETY: the slab was never listed or registered.
+            unsafe { self.destroy_slab(slab, false) };
+            return Err(error);
+        }
+        if self.on_primary {
+            let registered = self
+                .page_map
+                .set_range(base, nr_pages, |_| slab as usize | TAG_SLAB);
+            if !registered {
+                // A page source outside its own span is broken; refuse its
+                // memory rather than hand out pages kfree cannot find.
+                // SAFETY: never listed or registered.
+                unsafe { self.destroy_slab(slab, false) };
+                return Err(AllocError::OutOfMemory);
+            }
+        }
+        Ok(slab)
+    }
+
+    /// One bufctl per object, from `kmem_bufctl`.
+    fn carve_bufctls(&self, slab: *mut Slab) -> Result<(), AllocError> {
+        let bufctl_cache = self.owner().boot(BootCache::Bufctl);
+        // SAFETY: slab initialised by grow.
+        let base = unsafe { (*slab).base };
+        for index in (0..self.nr_objs_per_slab).rev() {
+            let bufctl = bufctl_cache.slab_alloc_raw()?.as_ptr().cast::<Bufctl>();
+            // SAFETY: fresh kmem_bufctl object, ours to write; slab alive.
+            unsafe {
+                bufctl.write(Bufctl {
+                    hash_next: ptr::null_mut(),
+                    free_next: (*slab).free.cast(),
+                    addr: base + index * self.stride,
+                    slab,
+                    state: BUFCTL_FREE,
+                });
+                (*slab).free = bufctl.cast();
+            }
+        }
+        Ok(())
+    }
+
+    /// Free a slab that is on no list and has no busy objects: clear its
+    /// page-map entries, free its bufctls and struct, return its pages.
+    ///
+    /// # Safety
+    /// `slab` is an alive slab of this cache, unlisted, with no busy
+    /// objects; `registered` says whether its pages are in the page map.
+    unsafe fn destroy_slab(&self, slab: *mut Slab, registered: bool) {
+        // SAFETY: per the caller, the slab is alive and ours alone.
+        unsafe {
+            debug_assert_eq!((*slab).nr_busy, 0);
+            let base = (*slab).base;
+            let nr_pages = (*slab).nr_pages;
+            if registered {
+                self.page_map.clear_range(base, nr_pages);
+            }
+            (*slab).magic = 0;
+            if self.kind == SlabKind::Bufctl {
+                let bufctl_cache = self.owner().boot(BootCache::Bufctl);
+                let mut bufctl = (*slab).free.cast::<Bufctl>();
+                while !bufctl.is_null() {
+                    let next = (*bufctl).free_next;
+                    bufctl_cache.slab_free_raw(bufctl.cast());
+                    bufctl = next;
+                }
+                self.owner().boot(BootCache::Slab).slab_free_raw(slab.cast());
+            }
+            if let Some(pages) = NonNull::new(base as *mut u8) {
+                self.source.free_pages(pages, nr_pages);
+            }
+        }
+    }
+
+    /// Return every empty slab to the page source. Returns pages freed.
+    pub(crate) fn reap_slabs(&self) -> usize {
+        let mut slab = self.slab.lock().take_empty();
+        let mut nr_pages = 0;
+        while !slab.is_null() {
+            // SAFETY: detached empty slabs are alive, unlisted and have no
+            // busy objects; they are registered if we are on the primary.
+            unsafe {
+                let next = (*slab).next;
+                nr_pages += (*slab).nr_pages;
+                self.destroy_slab(slab, self.on_primary);
+                slab = next;
+            }
+        }
+        nr_pages
+    }
+
+    /// Drop every slab's pages without looking at their objects or
+    /// freeing metadata (teardown after a failed `init`, when the metadata
+    /// caches' pages are dropped wholesale afterwards).
+    ///
+    /// # Safety
+    /// Nothing uses this cache or its objects afterwards; metadata caches
+    /// are discarded after the caches whose metadata they hold.
+    pub(crate) unsafe fn discard_all_slabs(&self) {
+        let mut slab = self.slab.lock().take_all();
+        while !slab.is_null() {
+            // SAFETY: detached slabs are alive until their pages go back;
+            // `next` is read before the page (maybe holding the header) goes.
+            unsafe {
+                let next = (*slab).next;
+                let base = (*slab).base;
+                let nr_pages = (*slab).nr_pages;
+                if self.on_primary {
+                    self.page_map.clear_range(base, nr_pages);
+                }
+                (*slab).magic = 0;
+                if let Some(pages) = NonNull::new(base as *mut u8) {
+                    self.source.free_pages(pages, nr_pages);
+                }
+                slab = next;
+            }
+        }
+    }
+
+    /// Grow the bufctl hash if its load is too high. Runs with no lock held.
+    pub(crate) fn maybe_grow_hash(&self) {
+        if self.kind != SlabKind::Bufctl {
+            return;
+        }
+        let Some(nr_buckets) = self.slab.lock().hash.wants_grow() else { return };
+        let source = self.owner().primary_source();
+        let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
+        let Ok(table) = source.alloc_pages(nr_pages) else { return };
+        let old = {
+            let mut layer = self.slab.lock();
+            if layer.hash.nr_buckets() >= nr_buckets {
+                None
+            } else {
+                // SAFETY: `table` is nr_pages fresh pages, enough for
+                // nr_buckets bucket heads (table_pages), 8-aligned.
+                Some(unsafe { layer.hash.rehash(table.as_ptr().cast(), nr_buckets) })
+            }
+        };
+        match old {
+            // Someone else grew it first: give our table back.
+            // SAFETY: unused pages we allocated above.
+            None => unsafe { source.free_pages(table, nr_pages) },
+            Some((old_table, old_nr)) => {
+                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
+                    // SAFETY: the old page-backed table came from the
+                    // primary source with table_pages(old_nr) pages and is
+                    // no longer referenced.
+                    unsafe { source.free_pages(old_table, AddrHash::<Bufctl>::table_pages(old_nr)) };
+                }
+            }
+        }
+    }
+
+    /// Free the bufctl hash's page-backed table if the hash is empty
+    /// (reap, destroy).
+    pub(crate) fn free_hash_table(&self) {
+        let (table, nr_buckets) = {
+            let mut layer = self.slab.lock();
+            if layer.hash.nr_items() != 0 {
+                return;
+            }
+            layer.hash.take_table()
+        };
+        if let Some(table) = NonNull::new(table.cast::<u8>()) {
+            // SAFETY: the table came from the primary source with
+            // table_pages(nr_buckets) pages and is detached.
+            unsafe {
+                self.owner()
+                    .primary_source()
+                    .free_pages(table, AddrHash::<Bufctl>::table_pages(nr_buckets))
+            };
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Per-cache allocation tracing (Akaros, "slab: Add tracing infrastructure
+//! for allocs and frees", 2018).
+//!
+//! While a cache is traced, every allocation *by a caller* (above the
+//! magazine layer) gets a [`TraceRecord`] — address, size, CPU, timestamp,
+//! context string and backtrace — in the cache's trace table, keyed by
+//! address; every free removes it. What remains are the objects still
+//! outstanding. Objects resting in magazines or the depot are not callers'
+//! objects and are never recorded.
+//!
+//! - `trace_start` on a `NOTRACE` cache is refused.
+//! - After `trace_stop`, frees still remove records: the cache is "ever
+//!   traced" and its free path keeps looking records up. A cache that was
+//!   never traced pays one flag test per alloc and per free.
+//! - Records come from the `NOTRACE` `kmem_trace` bootstrap cache; a record
+//!   that cannot be allocated is counted in `nr_dropped`.
+//! - Records are kept on an age list too, so they are visited oldest first.
+
+use core::ptr::{self, NonNull};
+use core::sync::atomic::Ordering;
+
+use crate::cache::{HOT_EVER_TRACED, HOT_TRACED, KmemCache};
+use crate::error::TraceError;
+use crate::hash::{AddrHash, HashNode};
+use crate::platform::Platform;
+use crate::{BootCache, CacheFlags};
+
+/// Return addresses kept per record.
+pub const TRACE_MAX_FRAMES: usize = 16;
+
+/// One outstanding traced allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRecord {
+    /// Address of the object.
+    pub addr: usize,
+    /// Object size in bytes (the cache's object size).
+    pub size: usize,
+    /// CPU that allocated it.
+    pub cpu: u32,
+    /// [`Platform::now`] at allocation.
+    pub timestamp: u64,
+    /// [`Platform::context`] at allocation; `context_len` bytes are valid.
+    pub context: [u8; 32],
+    /// Valid bytes of `context`.
+    pub context_len: u8,
+    /// Valid entries of `frames`.
+    pub nr_frames: u8,
+    /// Return addresses from [`Platform::backtrace`], innermost first.
+    pub frames: [usize; TRACE_MAX_FRAMES],
+}
+
+impl TraceRecord {
+    /// The context string (invalid UTF-8 is cut at the first bad byte).
+    pub fn ctx(&self) -> &str {
+        let bytes = &self.context[..(self.context_len as usize).min(self.context.len())];
+        match core::str::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(error) => {
+                // The prefix up to valid_up_to is valid UTF-8.
+                core::str::from_utf8(&bytes[..error.valid_up_to()]).unwrap_or("")
+            }
+        }
+    }
+
+    /// The captured return addresses, innermost first.
+    pub fn frames(&self) -> &[usize] {
+        &self.frames[..(self.nr_frames as usize).min(TRACE_MAX_FRAMES)]
+    }
+}
+
+/// Tracing state of one cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceStats {
+    /// Records outstanding.
+    pub nr_records: usize,
+    /// Records that could not be allocated (objects allocated while
+    /// tracing but not recorded) since the cache was created.
+    pub nr_dropped: u64,
+    /// Whether new allocations are being recorded.
+    pub tracing: bool,
+}
+
+/// A record as stored: the public record plus links.
+#[repr(C)]
+pub(crate) struct TraceNode {
+    hash_next: *mut TraceNode,
+    older: *mut TraceNode,
+    newer: *mut TraceNode,
+    record: TraceRecord,
+}
+
+impl HashNode for TraceNode {
+    fn key(&self) -> usize {
+        self.record.addr
+    }
+    fn hash_next(&mut self) -> &mut *mut Self {
+        &mut self.hash_next
+    }
+}
+
+/// The trace table behind a cache's trace lock.
+pub(crate) struct TraceTable {
+    hash: AddrHash<TraceNode>,
+    oldest: *mut TraceNode,
+    newest: *mut TraceNode,
+}
+
+// SAFETY: the nodes are owned by the table and only touched under its lock.
+unsafe impl Send for TraceTable {}
+
+impl TraceTable {
+    pub(crate) const fn new() -> Self {
+        TraceTable { hash: AddrHash::new(), oldest: ptr::null_mut(), newest: ptr::null_mut() }
+    }
+
+    /// # Safety
+    /// `node` is valid and in no table.
+    unsafe fn insert(&mut self, node: *mut TraceNode) {
+        // SAFETY: per the caller; `newest` is a live node of ours or null.
+        unsafe {
+            (*node).older = self.newest;
+            (*node).newer = ptr::null_mut();
+            if self.newest.is_null() {
+                self.oldest = node;
+            } else {
+                (*self.newest).newer = node;
+            }
+            self.newest = node;
+            self.hash.insert(node);
+        }
+    }
+
+    fn remove(&mut self, addr: usize) -> *mut TraceNode {
+        let node = self.hash.remove(addr);
+        if !node.is_null() {
+            // SAFETY: node was in our table, so it and its neighbours are live.
+            unsafe {
+                let (older, newer) = ((*node).older, (*node).newer);
+                if older.is_null() { self.oldest = newer } else { (*older).newer = newer }
+                if newer.is_null() { self.newest = older } else { (*newer).older = older }
+            }
+        }
+        node
+    }
+
+    /// Detach all records, linked through `newer`, oldest first.
+    fn take_all(&mut self) -> *mut TraceNode {
+        self.hash.drain(|_| {});
+        let oldest = self.oldest;
+        self.oldest = ptr::null_mut();
+        self.newest = ptr::null_mut();
+        oldest
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Start recording allocations.
+    ///
+    /// # Errors
+    /// [`TraceError::NoTrace`] if the cache was created `NOTRACE` (all
+    /// bootstrap caches are).
+    pub fn trace_start(&self) -> Result<(), TraceError> {
+        if self.flags.contains(CacheFlags::NOTRACE) {
+            return Err(TraceError::NoTrace);
+        }
+        self.hot_flags.fetch_or(HOT_TRACED | HOT_EVER_TRACED, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Stop recording new allocations. Frees keep removing records made
+    /// earlier. An allocation racing with `trace_stop` may still complete
+    /// its record afterwards (as in Akaros).
+    pub fn trace_stop(&self) {
+        self.hot_flags.fetch_and(!HOT_TRACED, Ordering::AcqRel);
+    }
+
+    /// Whether new allocations are being recorded.
+    pub fn is_tracing(&self) -> bool {
+        self.hot_flags.load(Ordering::Relaxed) & HOT_TRACED != 0
+    }
+
+    /// Drop (free) every record. Tracing stays on or off as it was.
+    pub fn trace_reset(&self) {
+        self.trace_drop_all();
+    }
+
+    /// Drop every record; returns how many there were.
+    pub(crate) fn trace_drop_all(&self) -> usize {
+        let mut node = self.trace.lock().take_all();
+        let records = self.owner().boot(BootCache::Trace);
+        let mut nr = 0;
+        while !node.is_null() {
+            // SAFETY: detached nodes are ours; each came from kmem_trace's
+            // slab layer and is freed exactly once here.
+            unsafe {
+                let next = (*node).newer;
+                records.slab_free_raw(node.cast());
+                node = next;
+            }
+            nr += 1;
+        }
+        nr
+    }
+
+    /// Visit every outstanding record, oldest first, under the trace lock.
+    /// `f` must not allocate from or free to this cache.
+    pub fn trace_for_each(&self, mut f: impl FnMut(&TraceRecord)) {
+        let table = self.trace.lock();
+        let mut node = table.oldest;
+        while !node.is_null() {
+            // SAFETY: nodes in the table are live while we hold its lock.
+            unsafe {
+                f(&(*node).record);
+                node = (*node).newer;
+            }
+        }
+    }
+
+    /// Number of records, dropped records, and whether tracing is on.
+    pub fn trace_stats(&self) -> TraceStats {
+        TraceStats {
+            nr_records: self.trace.lock().hash.nr_items(),
+            nr_dropped: self.nr_trace_dropped.load(Ordering::Relaxed),
+            tracing: self.is_tracing(),
+        }
+    }
+
+    /// Record an allocation by a caller.
+    #[cold]
+    pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
+        let Ok(node) = self.owner().boot(BootCache::Trace).slab_alloc_raw() else {
+            self.nr_trace_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let node = node.as_ptr().cast::<TraceNode>();
+        let mut record = TraceRecord {
+            addr: obj.as_ptr() as usize,
+            size: self.obj_size,
+            cpu: P::cpu_id() as u32,
+            timestamp: P::now(),
+            context: [0; 32],
+            context_len: 0,
+            nr_frames: 0,
+            frames: [0; TRACE_MAX_FRAMES],
+        };
+        record.context_len = P::context(&mut record.context).min(31) as u8;
+        record.nr_frames = P::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
+        // SAFETY: a fresh kmem_trace object, sized and aligned for a TraceNode.
+        unsafe {
+            node.write(TraceNode {
+                hash_next: ptr::null_mut(),
+                older: ptr::null_mut(),
+                newer: ptr::null_mut(),
+                record,
+            })
+        };
+        let stale = {
+            let mut table = self.trace.lock();
+            // A record for the same address can only be left over if a free
+            // raced with trace_reset; replace it.
+            let stale = table.remove(record.addr);
+            // SAFETY: node is valid and in no table.
+            unsafe { table.insert(node) };
+            stale
+        };
+        if !stale.is_null() {
+            // SAFETY: removed from the table; a kmem_trace object.
+            unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(stale.cast()) };
+        }
+        self.maybe_grow_trace_table();
+    }
+
+    /// Remove the record of a freed object, if there is one.
+    #[cold]
+    pub(crate) fn trace_free(&self, addr: usize) {
+        let node = self.trace.lock().remove(addr);
+        if !node.is_null() {
+            // SAFETY: removed from the table; a kmem_trace object.
+            unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(node.cast()) };
+        }
+    }
+
+    fn maybe_grow_trace_table(&self) {
+        let Some(nr_buckets) = self.trace.lock().hash.wants_grow() else { return };
+        let source = self.owner().primary_source();
+        let nr_pages = AddrHash::<TraceNode>::table_pages(nr_buckets);
+        let Ok(table) = source.alloc_pages(nr_pages) else { return };
+        let old = {
+            let mut guard = self.trace.lock();
+            if guard.hash.nr_buckets() >= nr_buckets {
+                None
+            } else {
+                // SAFETY: nr_pages fresh pages hold nr_buckets bucket heads.
+                Some(unsafe { guard.hash.rehash(table.as_ptr().cast(), nr_buckets) })
+            }
+        };
+        match old {
+            // SAFETY: our unused fresh pages.
+            None => unsafe { source.free_pages(table, nr_pages) },
+            Some((old_table, old_nr)) => {
+                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
+                    // SAFETY: the detached old table, from the primary source.
+                    unsafe { source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr)) };
+                }
+            }
+        }
+    }
+
+    /// Free the trace table's page-backed buckets if it has no records
+    /// (reap, destroy).
+    pub(crate) fn free_trace_table(&self) {
+        let (table, nr_buckets) = {
+            let mut guard = self.trace.lock();
+            if guard.hash.nr_items() != 0 {
+                return;
+            }
+            guard.hash.take_table()
+        };
+        if let Some(table) = NonNull::new(table.cast::<u8>()) {
+            // SAFETY: detached table from the primary source.
+            unsafe {
+                self.owner()
+                    .primary_source()
+                    .free_pages(table, AddrHash::<TraceNode>::table_pages(nr_buckets))
+            };
+        }
+    }
+}

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""End-to-end shell tests: boot the real Magpie kernel in QEMU, type a session
+on its serial console (piped stdin), and check what it prints.
+
+Run after `cargo build --bin magpie` (``make test-e2e`` does both). Each test
+boots a fresh kernel through boot/run-qemu.sh, the same runner `cargo run` uses.
+"""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KERNEL = os.path.join(ROOT, "target", "x86_64-unknown-none", "debug", "magpie")
+RUNNER = os.path.join(ROOT, "boot", "run-qemu.sh")
+PROMPT = "magpie> "
+
+
+def boot(script, timeout=120, append=None):
+    """Boots the kernel, types `script` (a list of lines), returns (exit code, output)."""
+    env = dict(os.environ)
+    env.setdefault("MAGPIE_TIMEOUT", str(timeout))
+    if append is not None:
+        env["MAGPIE_APPEND"] = append
+    proc = subprocess.run(
+        [RUNNER, KERNEL],
+        input="".join(line + "\n" for line in script).encode(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout + 30,
+        env=env,
+        cwd=ROOT,
+    )
+    return proc.returncode, proc.stdout.decode(errors="replace").replace("\r\n", "\n")
+
+
+def replies(output):
+    """Splits the console output into {index: (command, reply)} per prompt."""
+    chunks = output.split(PROMPT)[1:]
+    result = []
+    for chunk in chunks:
+        command, _, reply = chunk.partition("\n")
+        result.append((command.strip(), reply))
+    return result
+
+
+def reply_to(output, command, nth=0):
+    matches = [reply for cmd, reply in replies(output) if cmd == command]
+    if len(matches) <= nth:
+        raise AssertionError(f"no reply to {command!r} in output:\n{output}")
+    return matches[nth]
+
+
+HEX = re.compile(r"0x[0-9a-f]{8,16}")
+
+
+class ShellSession(unittest.TestCase):
+    """The session from the README, checked line by line."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built; run `cargo build --bin magpie`")
+        cls.code, cls.out = boot([
+            "help",
+            "kmemstat",
+            "slabinfo",
+            "kmemtrace start kmalloc-64",
+            "kmalloc 64 10",
+            "kfree 4",
+            "kmemtrace stop",
+            "kmemtrace print kmalloc-64",
+            "kmemtrace reset kmalloc-64",
+            "kmemtrace print kmalloc-64",
+            "poweroff",
+        ])
+
+    def test_poweroff_exits_qemu_successfully(self):
+        self.assertEqual(self.code, 0, self.out)
+
+    def test_help_lists_every_command(self):
+        text = reply_to(self.out, "help")
+        for command in ["help", "kmemstat", "slabinfo", "kmemtrace", "kmalloc", "kfree", "leak", "poweroff"]:
+            self.assertIn(command, text)
+
+    def test_kmemstat_has_akaros_layout_with_arena_and_slabs(self):
+        text = reply_to(self.out, "kmemstat")
+        lines = text.splitlines()
+        self.assertTrue(lines[0].startswith("Arena/Slab Name"), lines[0])
+        self.assertIn(":Typ:", lines[0])
+        self.assertIn("Allocs Ever", lines[0])
+        arenas = [l for l in lines if re.search(r": A :", l)]
+        slabs = [l for l in lines if re.search(r"^\s+kmalloc-64\s*: S :", l)]
+        self.assertTrue(arenas, text)
+        self.assertEqual(len(slabs), 1, text)
+        # Slabs are indented beneath their arena.
+        self.assertTrue(slabs[0].startswith("    "))
+        fields = [f.strip() for f in slabs[0].split(":")]
+        self.assertEqual(fields[2], "64")
+
+    def test_slabinfo_is_linux_2_1(self):
+        text = reply_to(self.out, "slabinfo")
+        lines = text.splitlines()
+        self.assertEqual(lines[0], "slabinfo - version: 2.1")
+        self.assertTrue(lines[1].startswith("# name"))
+        self.assertIn(": tunables <limit> <batchcount> <sharedfactor>", lines[1])
+        row = next(l for l in lines if l.startswith("kmalloc-64 "))
+        name, rest = row.split(None, 1)
+        objs, tunables, slabdata = rest.split(":")
+        active, total, objsize, perslab, pages = objs.split()
+        self.assertEqual(objsize, "64")
+        self.assertLessEqual(int(active), int(total))
+        self.assertTrue(tunables.split()[0] == "tunables")
+        self.assertTrue(slabdata.split()[0] == "slabdata")
+        for cache in ["kmalloc-8", "kmalloc-8192", "kmem_magazine", "kmem_trace"]:
+            self.assertTrue(any(l.startswith(cache + " ") for l in lines), cache)
+
+    def test_trace_shows_exactly_the_objects_still_held(self):
+        allocated = HEX.findall(reply_to(self.out, "kmalloc 64 10"))
+        self.assertEqual(len(allocated), 10, allocated)
+        freed = HEX.findall(reply_to(self.out, "kfree 4"))
+        self.assertEqual(freed, allocated[6:][::-1], "kfree frees the most recent first")
+        printed = reply_to(self.out, "kmemtrace print kmalloc-64")
+        blocks = re.findall(r"^Obj (0x[0-9a-f]+)", printed, re.M)
+        self.assertEqual(sorted(blocks), sorted(allocated[:6]), printed)
+        self.assertRegex(printed, r"6 outstanding objects? in kmalloc-64")
+        # Backtraces are symbolized inside the kernel and name the allocating command.
+        self.assertRegex(printed, r"#\d\d \[<0x[0-9a-f]+>\] \S*cmd_kmalloc\+0x[0-9a-f]+")
+
+    def test_reset_drops_all_records(self):
+        printed = reply_to(self.out, "kmemtrace print kmalloc-64", nth=1)
+        self.assertNotIn("Obj 0x", printed)
+        self.assertRegex(printed, r"0 outstanding objects in kmalloc-64")
+
+
+class BadInput(unittest.TestCase):
+    """Unknown commands, cache names, numbers and overlong lines get one clear
+    error line and the shell returns to its prompt."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built")
+        cls.code, cls.out = boot([
+            "frobnicate",
+            "kmemtrace start no-such-cache",
+            "kmemtrace start kmem_trace",
+            "kmalloc lots",
+            "kmalloc 0",
+            "kfree 3",
+            "x" * 300,
+            "kmemtrace dance",
+            "kmalloc 64 2",
+            "kfree all",
+            "poweroff",
+        ])
+
+    def test_each_error_is_one_clear_line(self):
+        self.assertEqual(self.code, 0, self.out)
+        cases = {
+            "frobnicate": "unknown command",
+            "kmemtrace start no-such-cache": "no cache named",
+            "kmemtrace start kmem_trace": "NOTRACE",
+            "kmalloc lots": "not a number",
+            "kmalloc 0": "size",
+            "kfree 3": "holds",
+            "kmemtrace dance": "usage",
+        }
+        for command, message in cases.items():
+            text = reply_to(self.out, command).strip()
+            self.assertIn(message, text, f"{command!r} -> {text!r}")
+            self.assertEqual(len(text.splitlines()), 1, f"{command!r} -> {text!r}")
+
+    def test_overlong_line_is_refused_and_shell_goes_on(self):
+        self.assertIn("line too long", self.out)
+        freed = HEX.findall(reply_to(self.out, "kfree all"))
+        self.assertEqual(len(freed), 2)
+
+
+class Leak(unittest.TestCase):
+    def test_leaked_objects_show_up_in_trace(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        code, out = boot([
+            "kmemtrace start all",
+            "leak 100 3",
+            "kmemtrace stop all",
+            "kmemtrace print kmalloc-128",
+            "poweroff",
+        ])
+        self.assertEqual(code, 0, out)
+        printed = reply_to(out, "kmemtrace print kmalloc-128")
+        self.assertGreaterEqual(len(re.findall(r"^Obj 0x", printed, re.M)), 3, printed)
+        self.assertRegex(printed, r"cmd_leak\+0x")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv)
