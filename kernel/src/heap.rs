@@ -1,11 +1,11 @@
 //! The kernel's global allocator.
 //!
-//! Today every allocation is served by the *bootstrap heap*: a
-//! `linked_list_allocator` over a static region in `.bss`, usable from the
-//! first line of `kernel_entry`. Once the slab allocator is up, the shim
-//! will route: allocations → slab (when ready), frees → by address
-//! ([`bootstrap_contains`] decides whether a pointer belongs to the
-//! bootstrap heap or to the slab layer).
+//! Until the slab allocator is up, allocations are served by the *bootstrap
+//! heap*: a `linked_list_allocator` over a static region in `.bss`, usable
+//! from the first line of `kernel_entry`. Once [`crate::kmem::init`] has run,
+//! every new allocation goes through the slab allocator's magazines; frees
+//! are routed by address ([`bootstrap_contains`] tells a bootstrap-heap block
+//! from a slab object), so blocks allocated early can still be freed late.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
@@ -16,6 +16,7 @@ use linked_list_allocator::Heap;
 use spin::Mutex;
 
 use crate::arch::IrqGuard;
+use crate::kmem::SLAB;
 
 /// Size of the bootstrap heap.
 pub const BOOTSTRAP_HEAP_SIZE: usize = 4 << 20;
@@ -93,19 +94,29 @@ pub unsafe fn bootstrap_dealloc(ptr: *mut u8, layout: Layout) {
 /// The `#[global_allocator]` shim: Box, Vec, String and friends land here.
 pub struct KernelAllocator;
 
-// SAFETY: alloc returns blocks from the bootstrap heap (valid for `layout`,
-// or null); dealloc returns them to the heap they came from.
+// SAFETY: alloc returns blocks valid for `layout` (or null) from the slab
+// allocator once it is ready, from the bootstrap heap before; dealloc returns
+// each block to the allocator whose address range holds it.
 unsafe impl GlobalAlloc for KernelAllocator {
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bootstrap_alloc(layout)
+        if SLAB.is_ready() {
+            // SAFETY: forwarded GlobalAlloc contract (layout has non-zero size).
+            unsafe { SLAB.alloc(layout) }
+        } else {
+            bootstrap_alloc(layout)
+        }
     }
 
+    #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if bootstrap_contains(ptr) {
             // SAFETY: GlobalAlloc's contract: ptr was allocated by us with layout; it is in the bootstrap region.
             unsafe { bootstrap_dealloc(ptr, layout) }
         } else {
-            panic!("heap: free of {ptr:p} ({layout:?}) which no allocator owns");
+            // SAFETY: forwarded GlobalAlloc contract: not a bootstrap block,
+            // so it came from SLAB. Bad frees are caught and reported there.
+            unsafe { SLAB.dealloc(ptr, layout) }
         }
     }
 }

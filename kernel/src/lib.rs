@@ -15,7 +15,7 @@
 //! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
 //! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
 //! ranges) → frame allocator → final page tables (direct map) → symbols →
-//! `kmain`.
+//! slab allocator ([`kmem`]) → `kmain`.
 //!
 //! # FAQ
 //!
@@ -44,9 +44,11 @@ pub mod console;
 pub mod frame;
 pub mod heap;
 pub mod klog;
+pub mod kmem;
 pub mod memory;
 pub mod panic;
 pub mod qemu;
+pub mod shell;
 pub mod symbols;
 pub mod testing;
 
@@ -75,6 +77,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     frame::init(boot);
     memory::init(boot);
     symbols::init(boot);
+    kmem::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",
         frame::stats().nr_total * frame::PAGE_SIZE / (1024 * 1024),

@@ -1,1 +1,14 @@
+//! Host tests: a fake platform and page source, unit tests per feature, a
+//! proptest model test and a multithreaded smoke test.
 
+mod support;
+
+mod alloc_free;
+mod bad_free;
+mod global;
+mod kmalloc;
+mod magazines;
+mod model;
+mod oom;
+mod threads;
+mod tracing;

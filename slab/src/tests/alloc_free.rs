@@ -1,0 +1,239 @@
+//! Basic cache life cycle: init, create, alloc/free round trips, destroy.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{AllocError, CacheFlags, DestroyError, KMALLOC_SIZES, PAGE_SIZE, SlabKind, TraceError};
+
+#[test]
+fn init_twice_is_refused() {
+    let (alloc, source) = setup_default();
+    assert!(alloc.is_ready());
+    assert_eq!(alloc.init(source), Err(AllocError::AlreadyInitialized));
+    assert_eq!(alloc.page_source().name(), "fake");
+    assert_eq!(alloc.nr_cpus(), NR_CPUS);
+}
+
+#[test]
+fn before_init_everything_fails_cleanly() {
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    assert!(!alloc.is_ready());
+    assert_eq!(alloc.kmalloc(8, 8), Err(AllocError::NotInitialized));
+    assert_eq!(alloc.page_source().name(), "none");
+    assert!(alloc.kmalloc_cache_for(8, 8).is_none());
+    let mut x = 0u64;
+    let p = NonNull::from(&mut x).cast::<u8>();
+    // SAFETY: refused without touching anything.
+    assert!(unsafe { alloc.kfree(p) }.is_err());
+    assert!(!alloc.owns(p.as_ptr()));
+    assert!(
+        alloc
+            .cache_create("x", 8, 8, CacheFlags::empty(), None, None, None)
+            .is_err()
+    );
+}
+
+#[test]
+fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
+    let (alloc, _) = setup_default();
+    let mut names = Vec::new();
+    alloc.for_each_cache(|c| names.push(std::string::String::from(c.name())));
+    let boot = ["kmem_magazine", "kmem_cache", "kmem_slab", "kmem_bufctl", "kmem_trace", "kmem_pcpu"];
+    assert_eq!(&names[..6], &boot);
+    for (i, size) in KMALLOC_SIZES.iter().enumerate() {
+        assert_eq!(names[6 + i], std::format!("kmalloc-{size}"));
+    }
+    for name in boot {
+        let cache = alloc.find_cache(name).unwrap();
+        assert!(cache.flags().contains(CacheFlags::NOTRACE));
+        assert!(cache.is_bootstrap());
+        assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
+        // SAFETY: never destroyed: refused.
+        assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Permanent));
+        assert!(cache.alloc().is_err());
+    }
+    let k64 = alloc.find_cache("kmalloc-64").unwrap();
+    assert_eq!(k64.obj_size(), 64);
+    assert_eq!(k64.kind(), SlabKind::Small);
+    assert_eq!(alloc.find_cache("kmalloc-8192").unwrap().kind(), SlabKind::Bufctl);
+    // SAFETY: refused.
+    assert_eq!(unsafe { k64.destroy() }, Err(DestroyError::Permanent));
+    assert!(alloc.find_cache("nope").is_none());
+}
+
+#[test]
+fn create_validates_layout() {
+    let (alloc, _) = setup_default();
+    let bad = [(0, 8), (8, 3), (8, 8192), (8, 12), (1 << 31, 8)];
+    for (size, align) in bad {
+        assert_eq!(
+            alloc
+                .cache_create("bad", size, align, CacheFlags::empty(), None, None, None)
+                .err(),
+            Some(AllocError::InvalidLayout),
+            "size {size} align {align}"
+        );
+    }
+    let long = "a-very-long-cache-name-that-exceeds-thirty-one-bytes";
+    let cache = alloc.cache_create(long, 8, 0, CacheFlags::empty(), None, None, None).unwrap();
+    assert_eq!(cache.name(), &long[..31]);
+    assert_eq!(cache.align(), 8);
+}
+
+#[test]
+fn round_trips_per_size() {
+    let (alloc, source) = setup_default();
+    let sizes = [1, 7, 8, 12, 24, 40, 64, 100, 250, 256, 500, 512, 513, 1000, 2048, 3000, 4096, 5000, 8192, 9000];
+    let aligns = [1, 8, 16, 64, 256, 4096];
+    for &size in &sizes {
+        for &align in &aligns {
+            alloc.reap_all();
+            let baseline = source.pages_outstanding();
+            let cache = alloc
+                .cache_create("rt", size, align, CacheFlags::empty(), None, None, None)
+                .unwrap();
+            let n = 40;
+            let mut objs = Vec::new();
+            for i in 0..n {
+                let p = cache.alloc().unwrap();
+                assert_eq!(p.as_ptr() as usize % align.max(8), 0, "size {size} align {align}");
+                fill(p, size, i as u8);
+                objs.push(p);
+            }
+            assert_eq!(cache.stats().nr_allocated, n);
+            for (i, p) in objs.iter().enumerate() {
+                assert!(check(*p, size, i as u8));
+                // SAFETY: allocated above, freed once.
+                unsafe { cache.free(*p) }.unwrap();
+            }
+            let stats = cache.stats();
+            assert_eq!(stats.nr_allocated, 0);
+            assert_eq!(stats.nr_allocs_ever, n as u64);
+            assert_eq!(stats.nr_frees_ever, n as u64);
+            // SAFETY: nothing allocated, not used afterwards.
+            let report = unsafe { cache.destroy() }.unwrap();
+            assert_eq!(report.nr_trace_records_dropped, 0);
+            alloc.reap_all();
+            assert_eq!(source.pages_outstanding(), baseline, "size {size} align {align}");
+        }
+    }
+}
+
+static CTORS: AtomicUsize = AtomicUsize::new(0);
+static DTORS: AtomicUsize = AtomicUsize::new(0);
+static FAIL_CTOR: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+fn counting_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
+    let n = CTORS.fetch_add(1, Ordering::SeqCst);
+    if n == FAIL_CTOR.load(Ordering::SeqCst) {
+        CTORS.fetch_sub(1, Ordering::SeqCst);
+        return Err(());
+    }
+    // Mark the object as constructed.
+    fill(obj, size.min(8), 0xc0);
+    Ok(())
+}
+
+fn counting_dtor(obj: NonNull<u8>, size: usize) {
+    assert!(check(obj, size.min(8), 0xc0), "destructing an unconstructed object");
+    DTORS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The only test using the ctor/dtor statics above.
+#[test]
+fn ctor_dtor_counts_and_ctor_failure() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let cache = alloc
+        .cache_create("ctor", 48, 8, CacheFlags::empty(), Some(counting_ctor), Some(counting_dtor), None)
+        .unwrap();
+    let baseline = source.pages_outstanding();
+    let mut objs = Vec::new();
+    for _ in 0..10 {
+        let p = cache.alloc().unwrap();
+        assert!(check(p, 8, 0xc0));
+        objs.push(p);
+    }
+    assert_eq!(CTORS.load(Ordering::SeqCst), 10);
+    for p in objs.drain(..) {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    // Freed objects rest constructed in the magazine: no dtor yet.
+    assert_eq!(DTORS.load(Ordering::SeqCst), 0);
+    // Reallocating from the magazine does not construct again.
+    let p = cache.alloc().unwrap();
+    assert_eq!(CTORS.load(Ordering::SeqCst), 10);
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    cache.reap();
+    assert_eq!(DTORS.load(Ordering::SeqCst), 10);
+
+    // Constructor failure fails the allocation and leaks nothing.
+    FAIL_CTOR.store(CTORS.load(Ordering::SeqCst), Ordering::SeqCst);
+    assert_eq!(cache.alloc(), Err(AllocError::ConstructorFailed));
+    FAIL_CTOR.store(usize::MAX, Ordering::SeqCst);
+    let stats = cache.stats();
+    assert_eq!(stats.nr_allocated, 0);
+    assert_eq!(stats.nr_active_slabs, 0);
+    let p = cache.alloc().unwrap();
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    assert_eq!(CTORS.load(Ordering::SeqCst) - DTORS.load(Ordering::SeqCst), 1);
+    alloc.reap_all();
+    assert_eq!(CTORS.load(Ordering::SeqCst), DTORS.load(Ordering::SeqCst));
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn destroy_busy_then_ok() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let cache = alloc.cache_create("d", 600, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let p = cache.alloc().unwrap();
+    let q = cache.alloc().unwrap();
+    // SAFETY: refused, cache intact.
+    assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Busy { nr_allocated: 2 }));
+    // The cache still works after a refused destroy.
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    let r = cache.alloc().unwrap();
+    // SAFETY: allocated above.
+    unsafe {
+        cache.free(q).unwrap();
+        cache.free(r).unwrap();
+    }
+    assert!(alloc.find_cache("d").is_some());
+    // SAFETY: all freed; not used afterwards.
+    unsafe { cache.destroy() }.unwrap();
+    assert!(alloc.find_cache("d").is_none());
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn layouts_match_the_design() {
+    let (alloc, _) = setup_default();
+    let small = alloc.cache_create("s", 64, 64, CacheFlags::empty(), None, None, None).unwrap();
+    let st = small.stats();
+    assert_eq!((st.kind, st.nr_pages_per_slab), (SlabKind::Small, 1));
+    assert_eq!(st.objs_per_slab, crate::slab::SMALL_HEADER_OFFSET / 64);
+    // Objects start at offset 0 of their page.
+    let p = small.alloc().unwrap();
+    assert_eq!(p.as_ptr() as usize % PAGE_SIZE % 64, 0);
+    let first_in_page = (0..st.objs_per_slab)
+        .map(|_| small.alloc().unwrap().as_ptr() as usize)
+        .chain(std::iter::once(p.as_ptr() as usize))
+        .any(|a| a % PAGE_SIZE == 0);
+    assert!(first_in_page);
+    let notouch = alloc.cache_create("nt", 16, 8, CacheFlags::NOTOUCH, None, None, None).unwrap();
+    assert_eq!(notouch.kind(), SlabKind::Bufctl);
+    let big = alloc.cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let bs = big.stats();
+    assert_eq!(bs.kind, SlabKind::Bufctl);
+    assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 8);
+    assert_eq!(core::mem::size_of::<crate::magazine::PcpuCache>(), 64);
+}

@@ -1,0 +1,215 @@
+//! Bad frees are detected, reported with the right error, and change nothing.
+
+use std::ptr::NonNull;
+
+use super::support::*;
+use crate::{CacheFlags, CacheStats, FreeError, PageSource};
+
+fn same_counts(a: &CacheStats, b: &CacheStats) {
+    assert_eq!(a.nr_allocated, b.nr_allocated);
+    assert_eq!(a.nr_frees_ever, b.nr_frees_ever);
+    assert_eq!(a.nr_cpu_cached_objs, b.nr_cpu_cached_objs);
+    assert_eq!(a.nr_slabs, b.nr_slabs);
+    assert_eq!(a.nr_active_slabs, b.nr_active_slabs);
+}
+
+#[test]
+fn double_free_on_bufctl_cache() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.cache_create("big", 1000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let p = cache.alloc().unwrap();
+    let keep = cache.alloc().unwrap();
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    let before = cache.stats();
+    let addr = p.as_ptr() as usize;
+    // SAFETY: refused.
+    assert_eq!(unsafe { cache.free(p) }, Err(FreeError::DoubleFree { addr }));
+    // SAFETY: refused.
+    assert_eq!(unsafe { alloc.kfree(p) }, Err(FreeError::DoubleFree { addr }));
+    same_counts(&before, &cache.stats());
+    // Still usable: the object comes back exactly once.
+    let q = cache.alloc().unwrap();
+    assert_eq!(p, q);
+    let r = cache.alloc().unwrap();
+    assert_ne!(q, r);
+    // SAFETY: allocated above.
+    unsafe {
+        cache.free(q).unwrap();
+        cache.free(r).unwrap();
+        cache.free(keep).unwrap();
+    }
+    // Reaped to the slab layer, a stale pointer is still refused.
+    cache.reap();
+    // SAFETY: refused.
+    assert!(unsafe { cache.free(p) }.is_err());
+    assert_eq!(cache.stats().nr_allocated, 0);
+}
+
+#[test]
+fn double_free_with_audit_on_small_cache() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None).unwrap();
+    let p = cache.alloc().unwrap();
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    let before = cache.stats();
+    // SAFETY: refused.
+    assert_eq!(unsafe { cache.free(p) }, Err(FreeError::DoubleFree { addr: p.as_ptr() as usize }));
+    same_counts(&before, &cache.stats());
+    let q = cache.alloc().unwrap();
+    let r = cache.alloc().unwrap();
+    assert_ne!(q, r);
+    // SAFETY: allocated above.
+    unsafe {
+        cache.free(q).unwrap();
+        cache.free(r).unwrap();
+    }
+}
+
+#[test]
+fn foreign_pointers_are_not_allocated() {
+    let (alloc, source) = setup_default();
+    let cache = alloc.cache_create("f", 64, 8, CacheFlags::AUDIT, None, None, None).unwrap();
+    let big = alloc.cache_create("fb", 3000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let keep = cache.alloc().unwrap();
+    let before = cache.stats();
+    let mut on_stack = 0u64;
+    let stack = NonNull::from(&mut on_stack).cast::<u8>();
+    let heap = std::boxed::Box::leak(std::boxed::Box::new(0u64));
+    let heap = NonNull::from(heap).cast::<u8>();
+    // Pages of the primary source that are not slab memory.
+    let raw = source.alloc_pages(1).unwrap();
+    for ptr in [stack, heap, raw] {
+        let addr = ptr.as_ptr() as usize;
+        // SAFETY: all refused.
+        unsafe {
+            assert_eq!(cache.free(ptr), Err(FreeError::NotAllocated { addr }));
+            assert_eq!(big.free(ptr), Err(FreeError::NotAllocated { addr }));
+            assert_eq!(alloc.kfree(ptr), Err(FreeError::NotAllocated { addr }));
+        }
+        assert!(!alloc.owns(ptr.as_ptr()));
+        assert_eq!(alloc.ksize(ptr), Err(FreeError::NotAllocated { addr }));
+    }
+    assert!(alloc.owns(keep.as_ptr()));
+    same_counts(&before, &cache.stats());
+    // The metadata of the allocator is not the caller's to free.
+    let kmem_cache_obj = NonNull::from(cache).cast::<u8>();
+    // SAFETY: refused.
+    assert!(matches!(unsafe { alloc.kfree(kmem_cache_obj) }, Err(FreeError::NotAllocated { .. })));
+    // SAFETY: pages from the source above.
+    unsafe { source.free_pages(raw, 1) };
+    // SAFETY: allocated above.
+    unsafe { cache.free(keep) }.unwrap();
+}
+
+#[test]
+fn wrong_cache() {
+    let (alloc, _) = setup_default();
+    let a = alloc.cache_create("a", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let b = alloc.cache_create("b", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let k = alloc.kmalloc(64, 8).unwrap();
+    let large = alloc.kmalloc(20000, 8).unwrap();
+    let pa = a.alloc().unwrap();
+    let before = b.stats();
+    // SAFETY: all refused.
+    unsafe {
+        assert_eq!(
+            b.free(pa),
+            Err(FreeError::WrongCache { addr: pa.as_ptr() as usize, owner: Some("a") })
+        );
+        assert_eq!(
+            b.free(k),
+            Err(FreeError::WrongCache { addr: k.as_ptr() as usize, owner: Some("kmalloc-64") })
+        );
+        assert_eq!(b.free(large), Err(FreeError::WrongCache { addr: large.as_ptr() as usize, owner: None }));
+    }
+    same_counts(&before, &b.stats());
+    assert_eq!(a.stats().nr_allocated, 1);
+    // kfree finds the owner of any pointer.
+    // SAFETY: allocated above.
+    unsafe {
+        alloc.kfree(pa).unwrap();
+        alloc.kfree(k).unwrap();
+        alloc.kfree(large).unwrap();
+    }
+    assert_eq!(a.stats().nr_allocated, 0);
+}
+
+#[test]
+fn misaligned_pointers() {
+    let (alloc, _) = setup_default();
+    for (size, flags) in [(48, CacheFlags::empty()), (48, CacheFlags::NOTOUCH), (1500, CacheFlags::empty())] {
+        let cache = alloc.cache_create("mis", size, 8, flags, None, None, None).unwrap();
+        let p = cache.alloc().unwrap();
+        let before = cache.stats();
+        for offset in [1, 8, size - 1] {
+            // SAFETY: inside the object; the free is refused.
+            let inner = unsafe { NonNull::new_unchecked(p.as_ptr().add(offset)) };
+            let addr = inner.as_ptr() as usize;
+            // SAFETY: refused.
+            unsafe {
+                assert_eq!(cache.free(inner), Err(FreeError::Misaligned { addr }));
+                assert_eq!(alloc.kfree(inner), Err(FreeError::Misaligned { addr }));
+            }
+            assert_eq!(alloc.ksize(inner), Err(FreeError::Misaligned { addr }));
+        }
+        same_counts(&before, &cache.stats());
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    let large = alloc.kmalloc(3 * 4096, 8).unwrap();
+    // SAFETY: inside the allocation; refused.
+    unsafe {
+        let inner = NonNull::new_unchecked(large.as_ptr().add(8));
+        assert!(matches!(alloc.kfree(inner), Err(FreeError::Misaligned { .. })));
+        let tail = NonNull::new_unchecked(large.as_ptr().add(4096));
+        assert!(matches!(alloc.kfree(tail), Err(FreeError::Misaligned { .. })));
+        alloc.kfree(large).unwrap();
+        assert_eq!(alloc.kfree(large), Err(FreeError::NotAllocated { addr: large.as_ptr() as usize }));
+    }
+}
+
+#[test]
+fn cache_on_another_source() {
+    let (alloc, _) = setup_default();
+    let other = FakeSource::new(256);
+    let small = alloc.cache_create("other-s", 32, 8, CacheFlags::AUDIT, None, None, Some(other)).unwrap();
+    let big = alloc.cache_create("other-b", 2000, 8, CacheFlags::empty(), None, None, Some(other)).unwrap();
+    let p = small.alloc().unwrap();
+    let q = big.alloc().unwrap();
+    assert!(other.contains(p.as_ptr() as usize) && other.contains(q.as_ptr() as usize));
+    // Not in the page map: kfree refuses, the cache's own free works.
+    assert!(!alloc.owns(p.as_ptr()));
+    // SAFETY: refused / allocated above.
+    unsafe {
+        assert!(alloc.kfree(p).is_err());
+        let inner = NonNull::new_unchecked(p.as_ptr().add(4));
+        assert!(matches!(small.free(inner), Err(FreeError::Misaligned { .. })));
+        assert!(matches!(small.free(q), Err(FreeError::NotAllocated { .. })));
+        assert!(matches!(big.free(p), Err(FreeError::NotAllocated { .. })));
+        small.free(p).unwrap();
+        assert!(matches!(small.free(p), Err(FreeError::DoubleFree { .. })));
+        big.free(q).unwrap();
+        assert!(matches!(big.free(q), Err(FreeError::DoubleFree { .. })));
+    }
+    alloc.reap_all();
+    assert_eq!(other.pages_outstanding(), 0);
+}
+
+#[test]
+fn error_messages_are_one_line() {
+    let errors = [
+        FreeError::DoubleFree { addr: 0x1000 },
+        FreeError::NotAllocated { addr: 0x1000 },
+        FreeError::WrongCache { addr: 0x1000, owner: Some("kmalloc-64") },
+        FreeError::WrongCache { addr: 0x1000, owner: None },
+        FreeError::Misaligned { addr: 0x1000 },
+    ];
+    for e in errors {
+        let text = std::format!("{e}");
+        assert!(text.contains("0x1000") && !text.contains('\n'), "{text}");
+        assert_eq!(e.addr(), 0x1000);
+    }
+    assert!(std::format!("{}", crate::AllocError::OutOfMemory).contains("out of memory"));
+}

@@ -1,0 +1,210 @@
+//! Test platform and fake page source.
+
+use std::boxed::Box;
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::vec;
+use std::vec::Vec;
+
+use crate::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform};
+
+pub const NR_CPUS: usize = 4;
+
+std::thread_local! {
+    static CPU: Cell<usize> = const { Cell::new(0) };
+}
+
+static CLOCK: AtomicU64 = AtomicU64::new(1);
+
+/// Act as CPU `cpu` on this thread.
+pub fn set_cpu(cpu: usize) {
+    CPU.with(|c| c.set(cpu));
+}
+
+pub fn cpu() -> usize {
+    CPU.with(|c| c.get())
+}
+
+pub const FAKE_FRAMES: [usize; 2] = [0xffff_8000_0000_1234, 0xffff_8000_0000_5678];
+pub const FAKE_CONTEXT: &str = "test ctx";
+
+/// Thread-local CPU id, 4 CPUs, no-op interrupts, counter clock.
+pub struct TestPlatform;
+
+impl Platform for TestPlatform {
+    fn max_cpus() -> usize {
+        NR_CPUS
+    }
+    fn cpu_id() -> usize {
+        cpu()
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    fn irq_restore(_state: usize) {}
+    fn now() -> u64 {
+        CLOCK.fetch_add(1, Ordering::Relaxed)
+    }
+    fn backtrace(frames: &mut [usize]) -> usize {
+        let n = frames.len().min(FAKE_FRAMES.len());
+        frames[..n].copy_from_slice(&FAKE_FRAMES[..n]);
+        n
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        let bytes = FAKE_CONTEXT.as_bytes();
+        buf[..bytes.len()].copy_from_slice(bytes);
+        bytes.len()
+    }
+}
+
+/// One big 4096-aligned region with a page bitmap.
+pub struct FakeSource {
+    base: usize,
+    nr_pages: usize,
+    used: Mutex<Vec<bool>>,
+    outstanding: AtomicUsize,
+    nr_allocs: AtomicU64,
+    /// Pages still grantable before failing (usize::MAX: unlimited).
+    budget: AtomicUsize,
+    fail: AtomicBool,
+    pub nr_failures: AtomicU64,
+}
+
+impl FakeSource {
+    pub fn new(nr_pages: usize) -> &'static FakeSource {
+        let layout = std::alloc::Layout::from_size_align(nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
+        // SAFETY: non-zero size.
+        let base = unsafe { std::alloc::alloc(layout) } as usize;
+        assert!(base != 0);
+        Box::leak(Box::new(FakeSource {
+            base,
+            nr_pages,
+            used: Mutex::new(vec![false; nr_pages]),
+            outstanding: AtomicUsize::new(0),
+            nr_allocs: AtomicU64::new(0),
+            budget: AtomicUsize::new(usize::MAX),
+            fail: AtomicBool::new(false),
+            nr_failures: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn pages_outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::SeqCst)
+    }
+
+    /// Fail every allocation while set.
+    pub fn set_fail(&self, fail: bool) {
+        self.fail.store(fail, Ordering::SeqCst);
+    }
+
+    /// Grant only `pages` more pages, then fail (None: unlimited).
+    pub fn fail_after(&self, pages: Option<usize>) {
+        self.budget.store(pages.unwrap_or(usize::MAX), Ordering::SeqCst);
+    }
+
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.base && addr < self.base + self.nr_pages * PAGE_SIZE
+    }
+}
+
+impl PageSource for FakeSource {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        if nr_pages == 0 || self.fail.load(Ordering::SeqCst) {
+            self.nr_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(AllocError::OutOfMemory);
+        }
+        let budget = self.budget.load(Ordering::SeqCst);
+        if budget != usize::MAX {
+            if budget < nr_pages {
+                self.nr_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(AllocError::OutOfMemory);
+            }
+            self.budget.store(budget - nr_pages, Ordering::SeqCst);
+        }
+        let mut used = self.used.lock().unwrap();
+        let mut run = 0;
+        for page in 0..self.nr_pages {
+            if used[page] {
+                run = 0;
+                continue;
+            }
+            run += 1;
+            if run == nr_pages {
+                let first = page + 1 - nr_pages;
+                for p in first..=page {
+                    used[p] = true;
+                }
+                self.outstanding.fetch_add(nr_pages, Ordering::SeqCst);
+                self.nr_allocs.fetch_add(1, Ordering::Relaxed);
+                return Ok(NonNull::new((self.base + first * PAGE_SIZE) as *mut u8).unwrap());
+            }
+        }
+        self.nr_failures.fetch_add(1, Ordering::Relaxed);
+        Err(AllocError::OutOfMemory)
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        let addr = addr.as_ptr() as usize;
+        assert!(self.contains(addr) && addr % PAGE_SIZE == 0, "free of foreign pages {addr:#x}");
+        let first = (addr - self.base) / PAGE_SIZE;
+        let mut used = self.used.lock().unwrap();
+        for p in first..first + nr_pages {
+            assert!(used[p], "double free of page {p}");
+            used[p] = false;
+        }
+        self.outstanding.fetch_sub(nr_pages, Ordering::SeqCst);
+        // Scribble over freed pages to catch use after free.
+        // SAFETY: the pages are inside our region and now free.
+        unsafe { std::ptr::write_bytes(addr as *mut u8, 0x6b, nr_pages * PAGE_SIZE) };
+    }
+
+    fn span(&self) -> (usize, usize) {
+        (self.base, self.base + self.nr_pages * PAGE_SIZE)
+    }
+
+    fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            total_bytes: self.nr_pages * PAGE_SIZE,
+            alloc_bytes: self.pages_outstanding() * PAGE_SIZE,
+            nr_allocs_ever: self.nr_allocs.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub type TestAlloc = Allocator<TestPlatform>;
+
+/// A fresh, initialised allocator over a fresh source of `nr_pages` pages.
+pub fn setup(nr_pages: usize) -> (&'static TestAlloc, &'static FakeSource) {
+    set_cpu(0);
+    let source = FakeSource::new(nr_pages);
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    alloc.init(source).expect("init");
+    (alloc, source)
+}
+
+/// Default-sized setup (16 MiB).
+pub fn setup_default() -> (&'static TestAlloc, &'static FakeSource) {
+    setup(4096)
+}
+
+/// Fill an object with a pattern derived from `seed`.
+pub fn fill(ptr: NonNull<u8>, len: usize, seed: u8) {
+    for i in 0..len {
+        // SAFETY: the test owns `len` bytes at ptr.
+        unsafe { ptr.as_ptr().add(i).write(seed.wrapping_add(i as u8)) };
+    }
+}
+
+/// Check the pattern written by `fill`.
+pub fn check(ptr: NonNull<u8>, len: usize, seed: u8) -> bool {
+    (0..len).all(|i| {
+        // SAFETY: the test owns `len` bytes at ptr.
+        unsafe { ptr.as_ptr().add(i).read() == seed.wrapping_add(i as u8) }
+    })
+}
