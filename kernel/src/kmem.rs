@@ -234,3 +234,34 @@ pub fn init() {
 fn report_bad_free(error: &magpie_slab::FreeError) {
     log::error!("kfree: {error}; nothing was freed");
 }
+
+/// Destroys `cache` (Akaros `kmem_cache_destroy`), warning on the console
+/// when it still had trace records: objects that were traced and never
+/// freed, i.e. a probable leak in the cache's users.
+///
+/// # Errors
+///
+/// [`magpie_slab::DestroyError`] when objects are still allocated or the
+/// cache is permanent; the cache is then left intact.
+///
+/// # Safety
+///
+/// No object of `cache` may be used after this returns `Ok`, and nobody may
+/// call into `cache` afterwards (its memory goes back to the `kmem_cache` cache).
+pub unsafe fn cache_destroy(
+    cache: &'static magpie_slab::KmemCache<KernelPlatform>,
+) -> Result<magpie_slab::DestroyReport, magpie_slab::DestroyError> {
+    let mut name = [0u8; 32];
+    let len = cache.name().len().min(name.len());
+    name[..len].copy_from_slice(&cache.name().as_bytes()[..len]);
+    // SAFETY: forwarded from this function's contract.
+    let report = unsafe { cache.destroy() }?;
+    if report.nr_trace_records_dropped > 0 {
+        log::warn!(
+            "kmem_cache_destroy: {} still had {} trace record(s) (traced objects never freed); dropped them",
+            core::str::from_utf8(&name[..len]).unwrap_or("?"),
+            report.nr_trace_records_dropped
+        );
+    }
+    Ok(report)
+}

@@ -420,10 +420,8 @@ fn select_caches(target: &str) -> Result<Vec<&'static Cache>> {
         .ok_or_else(|| ShellError::UnknownCache(target.into()))
 }
 
-/// Call sites summarised per print (the first frame outside the allocator).
-const MAX_SITES: usize = 16;
-
-#[derive(Clone, Copy, Default)]
+/// Objects and bytes per call site (the first frame outside the allocator).
+#[derive(Clone, Copy)]
 struct Site {
     address: usize,
     nr_objects: usize,
@@ -432,16 +430,29 @@ struct Site {
 
 /// Prints one block per outstanding record, a per-site summary and a count.
 ///
-/// Nothing here allocates: the cache's trace lock is held while records are
-/// visited, and an allocation from a traced cache would need that lock.
+/// The records are copied out first and printed after the cache's trace
+/// lock is released: printing may allocate (into a `String` sink, say), and
+/// an allocation from a traced cache takes that same lock. The copy goes into
+/// a buffer reserved up front, so nothing allocates while the lock is held;
+/// records added between the reservation and the copy are counted as not
+/// shown rather than dropped silently.
 fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
+    let reserve = cache.trace_stats().nr_records + 16;
+    let mut records: Vec<TraceRecord> = Vec::with_capacity(reserve);
+    let mut nr_not_shown = 0usize;
+    cache.trace_for_each(|record: &TraceRecord| {
+        if records.len() < records.capacity() {
+            records.push(*record);
+        } else {
+            nr_not_shown += 1;
+        }
+    });
+    let stats = cache.trace_stats();
+
     let _ = writeln!(out, "Dumping outstanding allocs from {}", cache.name());
     let _ = writeln!(out, "-------------------------");
-    let mut sites = [Site::default(); MAX_SITES];
-    let mut nr_other = 0usize;
-    let mut nr_printed = 0usize;
-    cache.trace_for_each(|record: &TraceRecord| {
-        nr_printed += 1;
+    let mut sites: Vec<Site> = Vec::new();
+    for record in &records {
         let _ = writeln!(
             out,
             "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
@@ -456,19 +467,18 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
         }
         let _ = writeln!(out);
         let site = record.frames().first().copied().unwrap_or(0);
-        match sites.iter_mut().find(|s| s.address == site || s.nr_objects == 0) {
+        match sites.iter_mut().find(|s| s.address == site) {
             Some(slot) => {
-                slot.address = site;
                 slot.nr_objects += 1;
                 slot.bytes += record.size;
             }
-            None => nr_other += 1,
+            None => sites.push(Site { address: site, nr_objects: 1, bytes: record.size }),
         }
-    });
-    let stats = cache.trace_stats();
-    if nr_printed > 0 {
+    }
+    if !sites.is_empty() {
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes));
         let _ = writeln!(out, "By call site:");
-        for site in sites.iter().filter(|s| s.nr_objects > 0) {
+        for site in &sites {
             let _ = writeln!(
                 out,
                 "  {:>6} objects {:>10} bytes  {}",
@@ -477,15 +487,16 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
                 Symbolized(site.address)
             );
         }
-        if nr_other > 0 {
-            let _ = writeln!(out, "  {nr_other:>6} objects from other sites");
-        }
     }
+    if nr_not_shown > 0 {
+        let _ = writeln!(out, "{nr_not_shown} records added while printing were not shown");
+    }
+    let nr_shown = records.len();
     let _ = writeln!(
         out,
         "{} outstanding object{} in {}, {} record{} dropped (tracing {})",
-        nr_printed,
-        if nr_printed == 1 { "" } else { "s" },
+        nr_shown,
+        if nr_shown == 1 { "" } else { "s" },
         cache.name(),
         stats.nr_dropped,
         if stats.nr_dropped == 1 { "" } else { "s" },

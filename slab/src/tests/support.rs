@@ -76,7 +76,7 @@ impl FakeSource {
     pub fn new(nr_pages: usize) -> &'static FakeSource {
         let layout = std::alloc::Layout::from_size_align(nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
         // SAFETY: non-zero size.
-        let base = unsafe { std::alloc::alloc(layout) } as usize;
+        let base = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
         assert!(base != 0);
         Box::leak(Box::new(FakeSource {
             base,

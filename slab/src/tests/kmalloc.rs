@@ -1,0 +1,121 @@
+//! kmalloc class selection, page-granular allocations, ksize.
+
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{AllocError, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+
+#[test]
+fn class_selection() {
+    let (alloc, _) = setup_default();
+    let name = |size, align| alloc.kmalloc_cache_for(size, align).map(|c| c.name());
+    assert_eq!(name(64, 8), Some("kmalloc-64"));
+    assert_eq!(name(65, 8), Some("kmalloc-96"));
+    assert_eq!(name(1, 1), Some("kmalloc-8"));
+    assert_eq!(name(9, 8), Some("kmalloc-16"));
+    assert_eq!(name(100, 8), Some("kmalloc-128"));
+    assert_eq!(name(129, 8), Some("kmalloc-192"));
+    assert_eq!(name(193, 8), Some("kmalloc-256"));
+    assert_eq!(name(257, 8), Some("kmalloc-512"));
+    assert_eq!(name(8192, 8), Some("kmalloc-8192"));
+    assert_eq!(name(8193, 8), None);
+    // Alignment: size 8 aligned 64 needs a class whose natural alignment is >= 64.
+    let c = alloc.kmalloc_cache_for(8, 64).unwrap();
+    assert!(natural_align(c.obj_size()) >= 64 && c.align() >= 64);
+    assert_eq!(c.name(), "kmalloc-64");
+    assert_eq!(name(65, 64), Some("kmalloc-128"));
+    assert_eq!(name(96, 64), Some("kmalloc-128"));
+    assert_eq!(name(100, 4096), Some("kmalloc-4096"));
+    assert_eq!(name(5000, 8192), None);
+    // Every size/alignment pair picks the smallest fitting class.
+    for size in 1..=8192 {
+        for align in [1, 8, 16, 32, 64, 128, 512, 4096] {
+            let c = alloc.kmalloc_cache_for(size, align).unwrap();
+            assert!(c.obj_size() >= size && natural_align(c.obj_size()) >= align);
+            let smallest = KMALLOC_SIZES
+                .iter()
+                .find(|&&s| s >= size && natural_align(s) >= align)
+                .unwrap();
+            assert_eq!(c.obj_size(), *smallest);
+        }
+    }
+}
+
+#[test]
+fn kmalloc_honours_size_and_alignment() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let mut live = Vec::new();
+    for (i, size) in [1, 8, 9, 63, 64, 65, 96, 97, 200, 511, 1024, 4000, 8192].into_iter().enumerate() {
+        for align in [1, 8, 32, 64, 512, 4096] {
+            let p = alloc.kmalloc(size, align).unwrap();
+            assert_eq!(p.as_ptr() as usize % align, 0);
+            assert!(alloc.ksize(p).unwrap() >= size);
+            fill(p, size, i as u8);
+            live.push((p, size, i as u8));
+        }
+    }
+    for (p, size, seed) in live {
+        assert!(check(p, size, seed));
+        // SAFETY: allocated above.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn page_granular_allocations() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let p = alloc.kmalloc(8193, 8).unwrap();
+    assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
+    assert_eq!(alloc.ksize(p), Ok(3 * PAGE_SIZE));
+    assert_eq!(source.pages_outstanding(), baseline + 3);
+    let q = alloc.kmalloc(100_000, 4096).unwrap();
+    assert_eq!(alloc.ksize(q), Ok(25 * PAGE_SIZE));
+    fill(q, 100_000, 3);
+    let ls = alloc.large_stats();
+    assert_eq!((ls.nr_live, ls.live_bytes, ls.nr_allocs_ever), (2, 28 * PAGE_SIZE, 2));
+    assert!(alloc.owns(q.as_ptr()));
+    // SAFETY: inside q, for owns only.
+    assert!(alloc.owns(unsafe { q.as_ptr().add(50_000) }));
+    assert!(check(q, 100_000, 3));
+    // SAFETY: allocated above.
+    unsafe {
+        alloc.kfree(p).unwrap();
+        alloc.kfree(q).unwrap();
+    }
+    assert_eq!(alloc.large_stats().nr_live, 0);
+    assert_eq!(source.pages_outstanding(), baseline);
+    assert_eq!(alloc.kmalloc(10, 8192), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(100_000, 8192), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(0, 8), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(8, 3), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(usize::MAX, 8), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(1 << 40, 8), Err(AllocError::OutOfMemory));
+}
+
+#[test]
+fn bufctl_hash_grows_and_shrinks() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let cache = alloc.kmalloc_cache_for(1024, 8).unwrap();
+    let objs: Vec<_> = (0..600).map(|i| {
+        let p = alloc.kmalloc(1024, 8).unwrap();
+        fill(p, 1024, i as u8);
+        p
+    }).collect();
+    assert!(cache.slab.lock().hash.nr_buckets() > crate::hash::INLINE_BUCKETS);
+    for (i, &p) in objs.iter().enumerate() {
+        assert!(check(p, 1024, i as u8));
+        // SAFETY: allocated above.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    alloc.reap_all();
+    assert_eq!(cache.slab.lock().hash.nr_buckets(), crate::hash::INLINE_BUCKETS);
+    assert_eq!(source.pages_outstanding(), baseline);
+}

@@ -1,0 +1,111 @@
+//! Running out of memory returns errors, never panics, and leaks nothing.
+
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{AllocError, Allocator, CacheFlags};
+
+#[test]
+fn init_fails_cleanly_at_every_point() {
+    set_cpu(0);
+    let mut budget = 0;
+    loop {
+        let source = FakeSource::new(1024);
+        let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+        source.fail_after(Some(budget));
+        match alloc.init(source) {
+            Ok(()) => {
+                source.fail_after(None);
+                // Works after a successful init.
+                let p = alloc.kmalloc(100, 8).unwrap();
+                // SAFETY: allocated above.
+                unsafe { alloc.kfree(p) }.unwrap();
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e, AllocError::OutOfMemory);
+                assert!(!alloc.is_ready());
+                assert_eq!(source.pages_outstanding(), 0, "init leaked with budget {budget}");
+                // A failed init can be retried.
+                source.fail_after(None);
+                alloc.init(source).unwrap();
+                assert!(alloc.kmalloc(64, 8).is_ok());
+            }
+        }
+        budget += 1;
+        assert!(budget < 100);
+    }
+    assert!(budget > 3, "init needs several pages");
+}
+
+#[test]
+fn allocations_fail_without_panicking_and_recover() {
+    let (alloc, source) = setup_default();
+    let small = alloc.cache_create("oom-s", 100, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let big = alloc.cache_create("oom-b", 3000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    source.set_fail(true);
+    assert_eq!(small.alloc(), Err(AllocError::OutOfMemory));
+    assert_eq!(big.alloc(), Err(AllocError::OutOfMemory));
+    assert_eq!(alloc.kmalloc(64, 8), Err(AllocError::OutOfMemory));
+    assert_eq!(alloc.kmalloc(100_000, 8), Err(AllocError::OutOfMemory));
+    assert!(alloc.cache_create("oom-c", 8, 8, CacheFlags::empty(), None, None, None).is_ok()
+        || source.pages_outstanding() == baseline);
+    assert_eq!(source.pages_outstanding(), baseline);
+    source.set_fail(false);
+
+    // Fill up a small source completely, then free everything.
+    let mut objs = Vec::new();
+    source.fail_after(Some(50));
+    loop {
+        match big.alloc() {
+            Ok(p) => objs.push(p),
+            Err(e) => {
+                assert_eq!(e, AllocError::OutOfMemory);
+                break;
+            }
+        }
+    }
+    assert!(!objs.is_empty());
+    // Frees never need memory to succeed, even with the source dry (new
+    // magazines cannot be allocated: objects go straight to the slab layer).
+    source.set_fail(true);
+    for p in objs.drain(..) {
+        // SAFETY: allocated above.
+        unsafe { big.free(p) }.unwrap();
+    }
+    source.set_fail(false);
+    source.fail_after(None);
+    assert_eq!(big.stats().nr_allocated, 0);
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn cache_create_out_of_memory() {
+    let (alloc, source) = setup(2048);
+    let baseline = source.pages_outstanding();
+    source.set_fail(true);
+    let mut created = Vec::new();
+    // kmem_cache / kmem_pcpu run out sooner or later.
+    let mut failed = false;
+    for _ in 0..1000 {
+        match alloc.cache_create("c", 8, 8, CacheFlags::empty(), None, None, None) {
+            Ok(c) => created.push(c),
+            Err(e) => {
+                assert_eq!(e, AllocError::OutOfMemory);
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed);
+    source.set_fail(false);
+    for c in created {
+        // SAFETY: empty caches, not used afterwards.
+        unsafe { c.destroy() }.unwrap();
+    }
+    alloc.reap_all();
+    assert!(source.pages_outstanding() <= baseline);
+}

@@ -1,0 +1,188 @@
+//! Akaros trace semantics.
+
+use std::collections::HashSet;
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{CacheFlags, TraceError};
+
+#[test]
+fn records_exactly_the_outstanding_objects() {
+    let (alloc, _) = setup_default();
+    for size in [64, 2000] {
+        let cache = alloc.cache_create("t", size, 8, CacheFlags::empty(), None, None, None).unwrap();
+        // Objects allocated before tracing are not recorded...
+        let early = cache.alloc().unwrap();
+        cache.trace_start().unwrap();
+        assert!(cache.is_tracing());
+        let n = 50;
+        let m = 20;
+        let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
+        for &p in &objs[..m] {
+            // SAFETY: allocated above.
+            unsafe { cache.free(p) }.unwrap();
+        }
+        // ...and freeing them is harmless.
+        // SAFETY: allocated above.
+        unsafe { cache.free(early) }.unwrap();
+        let stats = cache.trace_stats();
+        assert_eq!(stats.nr_records, n - m);
+        assert_eq!(stats.nr_dropped, 0);
+        assert!(stats.tracing);
+        let mut seen = Vec::new();
+        cache.trace_for_each(|r| {
+            assert_eq!(r.size, size);
+            assert_eq!(r.ctx(), FAKE_CONTEXT);
+            assert_eq!(r.frames(), &FAKE_FRAMES);
+            assert_eq!(r.cpu, 0);
+            seen.push((r.addr, r.timestamp));
+        });
+        let expected: HashSet<usize> = objs[m..].iter().map(|p| p.as_ptr() as usize).collect();
+        let got: HashSet<usize> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(got, expected);
+        assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "oldest first");
+
+        // After stop, new allocations are not recorded but frees still
+        // remove old records ("ever traced").
+        cache.trace_stop();
+        assert!(!cache.is_tracing());
+        let untraced = cache.alloc().unwrap();
+        assert_eq!(cache.trace_stats().nr_records, n - m);
+        for &p in &objs[m..m + 10] {
+            // SAFETY: allocated above.
+            unsafe { cache.free(p) }.unwrap();
+        }
+        assert_eq!(cache.trace_stats().nr_records, n - m - 10);
+        // SAFETY: allocated above.
+        unsafe { cache.free(untraced) }.unwrap();
+
+        cache.trace_reset();
+        assert_eq!(cache.trace_stats().nr_records, 0);
+        for &p in &objs[m + 10..] {
+            // SAFETY: allocated above.
+            unsafe { cache.free(p) }.unwrap();
+        }
+        // SAFETY: empty, not used afterwards.
+        assert_eq!(unsafe { cache.destroy() }.unwrap().nr_trace_records_dropped, 0);
+    }
+}
+
+#[test]
+fn kmalloc_caches_trace_through_kfree() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.find_cache("kmalloc-128").unwrap();
+    cache.trace_start().unwrap();
+    let a = alloc.kmalloc(100, 8).unwrap();
+    let b = alloc.kmalloc(120, 8).unwrap();
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(a) }.unwrap();
+    let mut addrs = Vec::new();
+    cache.trace_for_each(|r| addrs.push(r.addr));
+    assert_eq!(addrs, [b.as_ptr() as usize]);
+    cache.trace_stop();
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(b) }.unwrap();
+    assert_eq!(cache.trace_stats().nr_records, 0);
+}
+
+#[test]
+fn notrace_is_refused() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.cache_create("nt", 32, 8, CacheFlags::NOTRACE, None, None, None).unwrap();
+    assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
+    assert!(!cache.is_tracing());
+    assert_eq!(alloc.find_cache("kmem_trace").unwrap().trace_start(), Err(TraceError::NoTrace));
+}
+
+#[test]
+fn dropped_records_are_counted() {
+    let (alloc, source) = setup_default();
+    let cache = alloc.cache_create("drop", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    // Put objects in the magazines so allocating them needs no pages.
+    let objs: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
+    for &p in &objs {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    alloc.reap_all();
+    // reap_all drained the magazines too; refill them.
+    let objs: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
+    for &p in &objs {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    // kmem_trace has no slab (nothing was ever traced): it needs a page.
+    assert_eq!(alloc.find_cache("kmem_trace").unwrap().stats().nr_slabs, 0);
+    cache.trace_start().unwrap();
+    source.set_fail(true);
+    let objs: Vec<_> = (0..5).map(|_| cache.alloc().unwrap()).collect();
+    source.set_fail(false);
+    let stats = cache.trace_stats();
+    assert_eq!((stats.nr_records, stats.nr_dropped), (0, 5));
+    let more = cache.alloc().unwrap();
+    assert_eq!(cache.trace_stats().nr_records, 1);
+    for p in objs.into_iter().chain([more]) {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_stats().nr_dropped, 5);
+}
+
+#[test]
+fn destroy_reports_leftover_records() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let cache = alloc.cache_create("leak", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    cache.trace_start().unwrap();
+    let objs: Vec<_> = (0..3).map(|_| cache.alloc().unwrap()).collect();
+    // SAFETY: refused while busy.
+    assert!(unsafe { cache.destroy() }.is_err());
+    assert_eq!(cache.trace_stats().nr_records, 3);
+    cache.trace_reset();
+    assert_eq!(cache.trace_stats().nr_records, 0);
+    // Records of objects allocated again after a reset; then freed with
+    // records dropped by hand: here we simulate a leftover by resetting
+    // nothing and freeing through a path that keeps records — a record
+    // left behind when the objects are freed after `trace_reset` races is
+    // what destroy reports. Make one by recording an object and removing
+    // it from the cache's accounting only.
+    let p = objs[0];
+    cache.trace_alloc(p);
+    for &p in &objs {
+        // SAFETY: allocated above (frees remove records: the one for p goes).
+        unsafe { cache.free(p) }.unwrap();
+    }
+    assert_eq!(cache.trace_stats().nr_records, 0);
+    // A stale record for an address no longer allocated:
+    cache.trace_alloc(p);
+    assert_eq!(cache.trace_stats().nr_records, 1);
+    // SAFETY: all objects freed; not used afterwards.
+    let report = unsafe { cache.destroy() }.unwrap();
+    assert_eq!(report.nr_trace_records_dropped, 1);
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn trace_table_grows_with_many_records() {
+    let (alloc, source) = setup_default();
+    let cache = alloc.cache_create("many", 16, 8, CacheFlags::empty(), None, None, None).unwrap();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    cache.trace_start().unwrap();
+    let objs: Vec<_> = (0..3000).map(|_| cache.alloc().unwrap()).collect();
+    assert_eq!(cache.trace_stats().nr_records, 3000);
+    assert!(cache.trace.lock().hash.nr_buckets() > crate::hash::INLINE_BUCKETS);
+    let mut n = 0;
+    cache.trace_for_each(|_| n += 1);
+    assert_eq!(n, 3000);
+    for p in objs {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    assert_eq!(cache.trace_stats().nr_records, 0);
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
