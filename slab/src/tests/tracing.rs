@@ -142,19 +142,14 @@ fn destroy_reports_leftover_records() {
     assert_eq!(cache.trace_stats().nr_records, 3);
     cache.trace_reset();
     assert_eq!(cache.trace_stats().nr_records, 0);
-    // Records of objects allocated again after a reset; then freed with
-    // records dropped by hand: here we simulate a leftover by resetting
-    // nothing and freeing through a path that keeps records — a record
-    // left behind when the objects are freed after `trace_reset` races is
-    // what destroy reports. Make one by recording an object and removing
-    // it from the cache's accounting only.
-    let p = objs[0];
-    cache.trace_alloc(p);
     for &p in &objs {
-        // SAFETY: allocated above (frees remove records: the one for p goes).
+        // SAFETY: allocated above.
         unsafe { cache.free(p) }.unwrap();
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    // A record can outlive its object when an allocation races with
+    // `trace_reset` (Akaros notes the same); plant one to see destroy
+    // report it.
+    let p = objs[0];
     // A stale record for an address no longer allocated:
     cache.trace_alloc(p);
     assert_eq!(cache.trace_stats().nr_records, 1);
