@@ -21,20 +21,32 @@ use crate::trace::TraceNode;
 
 /// The kmalloc size classes (the Linux set), in bytes. Cache `i` is named
 /// `kmalloc-<KMALLOC_SIZES[i]>`.
-pub const KMALLOC_SIZES: [usize; 13] = [8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192];
+pub const KMALLOC_SIZES: [usize; 13] = [
+    8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
+];
 /// Largest kmalloc served by a size class; larger requests are
 /// page-granular.
 pub const KMALLOC_MAX_SIZE: usize = 8192;
 const NR_KMALLOC: usize = KMALLOC_SIZES.len();
 
 /// Class index for sizes 1..=192, by `(size - 1) / 8`.
-const SMALL_CLASS_INDEX: [u8; 24] = [0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6];
+const SMALL_CLASS_INDEX: [u8; 24] = [
+    0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6,
+];
 
 const _: () = {
     // The class index shortcut above and the log2 rule below agree with
     // the table.
-    assert!(KMALLOC_SIZES[6] == 192 && KMALLOC_SIZES[7] == 256 && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE);
+    assert!(
+        KMALLOC_SIZES[6] == 192 && KMALLOC_SIZES[7] == 256 && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE
+    );
+    // The metadata caches that bufctl slabs need (and kmem_magazine) must
+    // themselves use small-object slabs, which need no metadata: otherwise
+    // growing them would recurse forever.
     assert!(core::mem::size_of::<Magazine>() <= crate::slab::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<Slab>() <= crate::slab::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<Bufctl>() <= crate::slab::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<TraceNode>() <= crate::slab::SMALL_MAX_STRIDE);
 };
 
 /// Natural alignment of a size class: the largest power of two dividing
@@ -55,8 +67,14 @@ pub(crate) enum BootCache {
     Pcpu = 5,
 }
 const NR_BOOT: usize = 6;
-const BOOT_NAMES: [&str; NR_BOOT] =
-    ["kmem_magazine", "kmem_cache", "kmem_slab", "kmem_bufctl", "kmem_trace", "kmem_pcpu"];
+const BOOT_NAMES: [&str; NR_BOOT] = [
+    "kmem_magazine",
+    "kmem_cache",
+    "kmem_slab",
+    "kmem_bufctl",
+    "kmem_trace",
+    "kmem_pcpu",
+];
 
 const STATE_UNINIT: u8 = 0;
 const STATE_INITIALIZING: u8 = 1;
@@ -157,7 +175,10 @@ impl<P: Platform> Allocator<P> {
             boot: UnsafeCell::new(MaybeUninit::uninit()),
             nr_boot: UnsafeCell::new(0),
             kmalloc: UnsafeCell::new([ptr::null(); NR_KMALLOC]),
-            caches: Mutex::new(CacheList { head: ptr::null(), tail: ptr::null() }),
+            caches: Mutex::new(CacheList {
+                head: ptr::null(),
+                tail: ptr::null(),
+            }),
             large_nr_live: AtomicUsize::new(0),
             large_live_pages: AtomicUsize::new(0),
             large_nr_allocs_ever: AtomicU64::new(0),
@@ -181,7 +202,12 @@ impl<P: Platform> Allocator<P> {
     pub fn init(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {
         if self
             .state
-            .compare_exchange(STATE_UNINIT, STATE_INITIALIZING, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                STATE_UNINIT,
+                STATE_INITIALIZING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_err()
         {
             return Err(AllocError::AlreadyInitialized);
@@ -210,7 +236,9 @@ impl<P: Platform> Allocator<P> {
         }
         let (start, end) = source.span();
         let base = start & !(PAGE_SIZE - 1);
-        let end = end.checked_next_multiple_of(PAGE_SIZE).ok_or(AllocError::InvalidLayout)?;
+        let end = end
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(AllocError::InvalidLayout)?;
         if end <= base {
             return Err(AllocError::InvalidLayout);
         }
@@ -220,7 +248,11 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: map_pages fresh pages from the source: writable, ours;
         // all-zero is a valid array of AtomicUsize (all "not slab memory").
         unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
-        let page_map = PageMap { base, nr_pages, entries: map.as_ptr().cast() };
+        let page_map = PageMap {
+            base,
+            nr_pages,
+            entries: map.as_ptr().cast(),
+        };
         // SAFETY: INITIALIZING: this thread owns the init-only cells.
         unsafe {
             *self.page_map.get() = page_map;
@@ -228,12 +260,27 @@ impl<P: Platform> Allocator<P> {
         }
 
         let boot_layouts: [(usize, usize); NR_BOOT] = [
-            (core::mem::size_of::<Magazine>(), core::mem::align_of::<Magazine>()),
-            (core::mem::size_of::<KmemCache<P>>(), core::mem::align_of::<KmemCache<P>>()),
+            (
+                core::mem::size_of::<Magazine>(),
+                core::mem::align_of::<Magazine>(),
+            ),
+            (
+                core::mem::size_of::<KmemCache<P>>(),
+                core::mem::align_of::<KmemCache<P>>(),
+            ),
             (core::mem::size_of::<Slab>(), core::mem::align_of::<Slab>()),
-            (core::mem::size_of::<Bufctl>(), core::mem::align_of::<Bufctl>()),
-            (core::mem::size_of::<TraceNode>(), core::mem::align_of::<TraceNode>()),
-            (nr_cpus * core::mem::size_of::<PcpuCache>(), core::mem::align_of::<PcpuCache>()),
+            (
+                core::mem::size_of::<Bufctl>(),
+                core::mem::align_of::<Bufctl>(),
+            ),
+            (
+                core::mem::size_of::<TraceNode>(),
+                core::mem::align_of::<TraceNode>(),
+            ),
+            (
+                nr_cpus * core::mem::size_of::<PcpuCache>(),
+                core::mem::align_of::<PcpuCache>(),
+            ),
         ];
         for (index, (size, align)) in boot_layouts.into_iter().enumerate() {
             let spec = CacheSpec {
@@ -262,7 +309,10 @@ impl<P: Platform> Allocator<P> {
         }
 
         for (index, &size) in KMALLOC_SIZES.iter().enumerate() {
-            let mut name = NameBuf { bytes: [0; 32], len: 0 };
+            let mut name = NameBuf {
+                bytes: [0; 32],
+                len: 0,
+            };
             // "kmalloc-8192" fits in 31 bytes.
             let _ = write!(name, "kmalloc-{size}");
             let cache = self.create_cache(
@@ -339,7 +389,11 @@ impl<P: Platform> Allocator<P> {
     /// The primary page source (a source named `"none"` with no memory
     /// before `init`).
     pub fn page_source(&self) -> &'static dyn PageSource {
-        if self.is_ready() { self.primary_source() } else { &NullSource }
+        if self.is_ready() {
+            self.primary_source()
+        } else {
+            &NullSource
+        }
     }
 
     /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).
@@ -379,7 +433,10 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: links are only touched under the cache-list lock; cache
         // and the tail are alive.
         unsafe {
-            *(*cache).links.get() = crate::cache::CacheLinks { prev: list.tail, next: ptr::null() };
+            *(*cache).links.get() = crate::cache::CacheLinks {
+                prev: list.tail,
+                next: ptr::null(),
+            };
             if list.tail.is_null() {
                 list.head = cache;
             } else {
@@ -463,7 +520,11 @@ impl<P: Platform> Allocator<P> {
         let source = source.unwrap_or(primary);
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
-        let mem = self.boot(BootCache::Cache).slab_alloc_raw()?.as_ptr().cast::<KmemCache<P>>();
+        let mem = self
+            .boot(BootCache::Cache)
+            .slab_alloc_raw()?
+            .as_ptr()
+            .cast::<KmemCache<P>>();
         let pcpu = match self.boot(BootCache::Pcpu).slab_alloc_raw() {
             Ok(pcpu) => pcpu.as_ptr().cast::<PcpuCache>(),
             Err(error) => {
@@ -492,7 +553,13 @@ impl<P: Platform> Allocator<P> {
             for cpu in 0..nr_cpus {
                 pcpu.add(cpu).write(PcpuCache::new(MAG_INITIAL_ROUNDS));
             }
-            mem.write(KmemCache::construct(spec, self, self.page_map(), pcpu, nr_cpus));
+            mem.write(KmemCache::construct(
+                spec,
+                self,
+                self.page_map(),
+                pcpu,
+                nr_cpus,
+            ));
             self.link_cache(mem);
             Ok(&*mem)
         }
@@ -511,7 +578,10 @@ impl<P: Platform> Allocator<P> {
 
     /// Call `f` on every cache in creation order (bootstrap caches first,
     /// then the kmalloc caches, then caches in the order created). Runs
-    /// under the cache-list lock: `f` must not create or destroy caches.
+    /// under the cache-list lock: `f` may use the caches (stats, trace,
+    /// alloc, free, reap) but must not call `find_cache`,
+    /// `for_each_cache`, `reap_all`, `cache_create` or `destroy` (it would
+    /// deadlock).
     pub fn for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) {
         let list = self.caches.lock();
         let mut cache = list.head;
@@ -806,7 +876,9 @@ unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
                 .ok_or(core::alloc::AllocError)?;
             return Ok(NonNull::slice_from_raw_parts(dangling, 0));
         }
-        let ptr = self.kmalloc(layout.size(), layout.align()).map_err(|_| core::alloc::AllocError)?;
+        let ptr = self
+            .kmalloc(layout.size(), layout.align())
+            .map_err(|_| core::alloc::AllocError)?;
         let usable = self.ksize(ptr).unwrap_or(layout.size());
         Ok(NonNull::slice_from_raw_parts(ptr, usable))
     }

@@ -150,7 +150,11 @@ impl Geometry {
                 nr_objs_per_slab: SMALL_HEADER_OFFSET / stride,
             });
         }
-        let target_objs = if stride <= 8192 { 8 } else { (65536 / stride).max(1) };
+        let target_objs = if stride <= 8192 {
+            8
+        } else {
+            (65536 / stride).max(1)
+        };
         let nr_pages = (stride * target_objs).div_ceil(PAGE_SIZE);
         Ok(Geometry {
             stride,
@@ -282,7 +286,10 @@ impl<P: Platform> KmemCache<P> {
             nr_trace_dropped: AtomicU64::new(0),
             name,
             name_len,
-            links: UnsafeCell::new(CacheLinks { prev: ptr::null(), next: ptr::null() }),
+            links: UnsafeCell::new(CacheLinks {
+                prev: ptr::null(),
+                next: ptr::null(),
+            }),
             _platform: PhantomData,
         }
     }
@@ -382,7 +389,7 @@ impl<P: Platform> KmemCache<P> {
         if self.stride_shift != u32::MAX {
             (offset >> self.stride_shift, offset & (self.stride - 1) == 0)
         } else {
-            (offset / self.stride, offset % self.stride == 0)
+            (offset / self.stride, offset.is_multiple_of(self.stride))
         }
     }
 
@@ -434,7 +441,10 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: slabs on the primary source belong to caches of
                 // this allocator (same P), alive while they have slabs.
                 let other = unsafe { &*cache.cast::<KmemCache<P>>() };
-                return Err(FreeError::WrongCache { addr, owner: Some(other.static_name()) });
+                return Err(FreeError::WrongCache {
+                    addr,
+                    owner: Some(other.static_name()),
+                });
             }
             slab
         } else if self.kind == SlabKind::Small {
@@ -475,7 +485,11 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// As for [`KmemCache::free`]; `slab` came from `self.locate(obj)`.
     #[inline]
-    pub(crate) unsafe fn free_located(&self, obj: NonNull<u8>, slab: *mut Slab) -> Result<(), FreeError> {
+    pub(crate) unsafe fn free_located(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+    ) -> Result<(), FreeError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
         if hot != 0 {
             self.free_cold(obj.as_ptr() as usize, slab, hot)?;
@@ -560,7 +574,9 @@ impl<P: Platform> KmemCache<P> {
         self.reap();
         let counts = self.slab.lock().counts();
         if counts.nr_slabs != 0 {
-            return Err(DestroyError::Busy { nr_allocated: counts.nr_busy_objs });
+            return Err(DestroyError::Busy {
+                nr_allocated: counts.nr_busy_objs,
+            });
         }
         let owner = self.owner();
         owner.unlink_cache(self);
@@ -572,13 +588,17 @@ impl<P: Platform> KmemCache<P> {
         // the kmem_pcpu / kmem_cache slab layers.
         unsafe {
             if !self.pcpu.is_null() {
-                owner.boot(crate::BootCache::Pcpu).slab_free_raw(self.pcpu.cast());
+                owner
+                    .boot(crate::BootCache::Pcpu)
+                    .slab_free_raw(self.pcpu.cast());
             }
             owner
                 .boot(crate::BootCache::Cache)
                 .slab_free_raw((self as *const Self).cast_mut().cast());
         }
-        Ok(DestroyReport { nr_trace_records_dropped })
+        Ok(DestroyReport {
+            nr_trace_records_dropped,
+        })
     }
 
     /// Statistics, summed over CPUs. Takes each per-CPU lock, the depot
@@ -606,7 +626,12 @@ impl<P: Platform> KmemCache<P> {
         }
         let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs) = {
             let depot = self.depot.inner.lock();
-            (depot.magsize, depot.nr_full, depot.nr_empty, depot.nr_rounds())
+            (
+                depot.magsize,
+                depot.nr_full,
+                depot.nr_empty,
+                depot.nr_rounds(),
+            )
         };
         let layer = self.slab.lock();
         let counts = layer.counts();
@@ -614,7 +639,11 @@ impl<P: Platform> KmemCache<P> {
             // Metadata is allocated straight from the slab layer.
             (counts.nr_busy_objs, layer.nr_allocs, layer.nr_frees)
         } else {
-            (nr_allocs.wrapping_sub(nr_frees) as usize, nr_allocs, nr_frees)
+            (
+                nr_allocs.wrapping_sub(nr_frees) as usize,
+                nr_allocs,
+                nr_frees,
+            )
         };
         drop(layer);
         CacheStats {

@@ -85,8 +85,14 @@ impl fmt::Display for FreeError {
             FreeError::NotAllocated { addr } => {
                 write!(f, "free of {addr:#x}, which was never allocated")
             }
-            FreeError::WrongCache { addr, owner: Some(owner) } => {
-                write!(f, "free of {addr:#x} to the wrong cache (it belongs to {owner})")
+            FreeError::WrongCache {
+                addr,
+                owner: Some(owner),
+            } => {
+                write!(
+                    f,
+                    "free of {addr:#x} to the wrong cache (it belongs to {owner})"
+                )
             }
             FreeError::WrongCache { addr, owner: None } => write!(
                 f,
@@ -132,7 +138,9 @@ impl fmt::Display for DestroyError {
             DestroyError::Busy { nr_allocated } => {
                 write!(f, "cache busy: {nr_allocated} objects still allocated")
             }
-            DestroyError::Permanent => f.write_str("bootstrap and kmalloc caches cannot be destroyed"),
+            DestroyError::Permanent => {
+                f.write_str("bootstrap and kmalloc caches cannot be destroyed")
+            }
         }
     }
 }

@@ -62,11 +62,19 @@ impl<N: HashNode> AddrHash<N> {
     }
 
     fn buckets(&self) -> *const *mut N {
-        if self.table.is_null() { self.inline.as_ptr() } else { self.table }
+        if self.table.is_null() {
+            self.inline.as_ptr()
+        } else {
+            self.table
+        }
     }
 
     fn buckets_mut(&mut self) -> *mut *mut N {
-        if self.table.is_null() { self.inline.as_mut_ptr() } else { self.table }
+        if self.table.is_null() {
+            self.inline.as_mut_ptr()
+        } else {
+            self.table
+        }
     }
 
     /// Insert `node` (keyed by `node.key()`).
@@ -200,7 +208,11 @@ impl<N: HashNode> AddrHash<N> {
         self.table = new_table;
         self.nr_buckets = new_nr_buckets;
         self.nr_items = nr_items;
-        if old_table.is_null() { (ptr::null_mut(), 0) } else { (old_table, old_nr) }
+        if old_table.is_null() {
+            (ptr::null_mut(), 0)
+        } else {
+            (old_table, old_nr)
+        }
     }
 
     /// Detach the page-backed table (if any) and go back to the inline
@@ -213,6 +225,10 @@ impl<N: HashNode> AddrHash<N> {
         self.table = ptr::null_mut();
         self.nr_buckets = INLINE_BUCKETS;
         self.inline = [ptr::null_mut(); INLINE_BUCKETS];
-        if table.is_null() { (ptr::null_mut(), 0) } else { (table, nr) }
+        if table.is_null() {
+            (ptr::null_mut(), 0)
+        } else {
+            (table, nr)
+        }
     }
 }

@@ -54,8 +54,12 @@
 //! source, a constructor/destructor, or another cache** (growing a slab,
 //! allocating a magazine, a bufctl, a slab struct or a trace record, or a
 //! bigger hash table all happen after dropping the lock and re-taking it
-//! afterwards). Only `reap_all` (cache-list lock) and the per-CPU/depot
-//! pairs above ever nest. The page map is lock-free (atomic words).
+//! afterwards). The only nestings are: per-CPU lock → depot lock (the
+//! magazine exchange), and the cache-list lock held by `reap_all` and
+//! `for_each_cache` around per-cache operations (so a page source must not
+//! create or destroy caches). Constructors, destructors and page sources
+//! may allocate from the allocator. The page map is lock-free (atomic
+//! words).
 //!
 //! ## FAQ
 //!
@@ -120,7 +124,7 @@
 //! 3. Declare the allocator and make it the global allocator:
 //!
 //! ```ignore
-//! use magpie_slab::{Allocator, PageSource, Platform};
+//! use magpie_slab::{Allocator, CacheFlags, PageSource, Platform};
 //!
 //! struct MyPlatform;
 //! impl Platform for MyPlatform { /* ... */ }
@@ -151,6 +155,16 @@
 //!
 //! Sizes are in bytes and page counts in pages of [`PAGE_SIZE`] bytes
 //! throughout.
+//!
+//! ## Testing
+//!
+//! Host tests (a fake platform with a thread-local CPU id, a fake page
+//! source with failure injection, unit tests, a `proptest` model test and
+//! a multithreaded smoke test) live in `src/tests/`:
+//!
+//! ```text
+//! cargo test -p magpie-slab --target x86_64-unknown-linux-gnu
+//! ```
 
 #![no_std]
 #![feature(allocator_api)]

@@ -458,7 +458,9 @@ impl<P: Platform> KmemCache<P> {
             let nr_rounds = (*mag).nr_rounds;
             let rounds = &(&(*mag).rounds)[..nr_rounds];
             self.slab_free_objects(rounds);
-            self.owner().boot(BootCache::Magazine).slab_free_raw(mag.cast());
+            self.owner()
+                .boot(BootCache::Magazine)
+                .slab_free_raw(mag.cast());
         }
     }
 }

@@ -31,14 +31,22 @@ pub(crate) struct PageMap {
 
 impl PageMap {
     pub(crate) const fn empty() -> Self {
-        PageMap { base: 0, nr_pages: 0, entries: core::ptr::null() }
+        PageMap {
+            base: 0,
+            nr_pages: 0,
+            entries: core::ptr::null(),
+        }
     }
 
     /// Index of the page holding `addr`, if it is inside the span.
     #[inline]
     pub(crate) fn index(&self, addr: usize) -> Option<usize> {
         let index = addr.wrapping_sub(self.base) >> PAGE_SHIFT;
-        if index < self.nr_pages { Some(index) } else { None }
+        if index < self.nr_pages {
+            Some(index)
+        } else {
+            None
+        }
     }
 
     #[inline]
@@ -60,13 +68,21 @@ impl PageMap {
 
     /// Set the entries of `nr_pages` pages from `addr`. Returns false (and
     /// sets nothing) if any page is outside the span.
-    pub(crate) fn set_range(&self, addr: usize, nr_pages: usize, value: impl Fn(usize) -> usize) -> bool {
-        let Some(first) = self.index(addr) else { return false };
+    pub(crate) fn set_range(
+        &self,
+        addr: usize,
+        nr_pages: usize,
+        value: impl Fn(usize) -> usize,
+    ) -> bool {
+        let Some(first) = self.index(addr) else {
+            return false;
+        };
         if nr_pages == 0 || first + nr_pages > self.nr_pages {
             return false;
         }
         for page in 0..nr_pages {
-            self.entry(first + page).store(value(page), Ordering::Release);
+            self.entry(first + page)
+                .store(value(page), Ordering::Release);
         }
         true
     }

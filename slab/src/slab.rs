@@ -60,7 +60,7 @@ pub(crate) const SMALL_MAX_STRIDE: usize = PAGE_SIZE / 8;
 const _: () = {
     assert!(core::mem::size_of::<Slab>() == 128);
     assert!(core::mem::align_of::<Slab>() <= 8);
-    assert!(SMALL_HEADER_OFFSET % core::mem::align_of::<Slab>() == 0);
+    assert!(SMALL_HEADER_OFFSET.is_multiple_of(core::mem::align_of::<Slab>()));
     // The audit bitmap covers every object of a small slab (stride >= 8).
     assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
 };
@@ -127,9 +127,18 @@ impl SlabLayer {
     pub(crate) const fn new() -> Self {
         SlabLayer {
             lists: [
-                SlabList { head: ptr::null_mut(), nr: 0 },
-                SlabList { head: ptr::null_mut(), nr: 0 },
-                SlabList { head: ptr::null_mut(), nr: 0 },
+                SlabList {
+                    head: ptr::null_mut(),
+                    nr: 0,
+                },
+                SlabList {
+                    head: ptr::null_mut(),
+                    nr: 0,
+                },
+                SlabList {
+                    head: ptr::null_mut(),
+                    nr: 0,
+                },
             ],
             hash: AddrHash::new(),
             nr_allocs: 0,
@@ -138,7 +147,12 @@ impl SlabLayer {
     }
 
     pub(crate) fn counts(&self) -> SlabCounts {
-        let mut counts = SlabCounts { nr_slabs: 0, nr_active_slabs: 0, nr_busy_objs: 0, nr_pages: 0 };
+        let mut counts = SlabCounts {
+            nr_slabs: 0,
+            nr_active_slabs: 0,
+            nr_busy_objs: 0,
+            nr_pages: 0,
+        };
         for (list_index, list) in self.lists.iter().enumerate() {
             counts.nr_slabs += list.nr;
             if list_index as u32 != LIST_EMPTY {
@@ -514,7 +528,9 @@ impl<P: Platform> KmemCache<P> {
                     bufctl_cache.slab_free_raw(bufctl.cast());
                     bufctl = next;
                 }
-                self.owner().boot(BootCache::Slab).slab_free_raw(slab.cast());
+                self.owner()
+                    .boot(BootCache::Slab)
+                    .slab_free_raw(slab.cast());
             }
             if let Some(pages) = NonNull::new(base as *mut u8) {
                 self.source.free_pages(pages, nr_pages);
@@ -572,10 +588,14 @@ impl<P: Platform> KmemCache<P> {
         if self.kind != SlabKind::Bufctl {
             return;
         }
-        let Some(nr_buckets) = self.slab.lock().hash.wants_grow() else { return };
+        let Some(nr_buckets) = self.slab.lock().hash.wants_grow() else {
+            return;
+        };
         let source = self.owner().primary_source();
         let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
-        let Ok(table) = source.alloc_pages(nr_pages) else { return };
+        let Ok(table) = source.alloc_pages(nr_pages) else {
+            return;
+        };
         let old = {
             let mut layer = self.slab.lock();
             if layer.hash.nr_buckets() >= nr_buckets {
@@ -595,7 +615,9 @@ impl<P: Platform> KmemCache<P> {
                     // SAFETY: the old page-backed table came from the
                     // primary source with table_pages(old_nr) pages and is
                     // no longer referenced.
-                    unsafe { source.free_pages(old_table, AddrHash::<Bufctl>::table_pages(old_nr)) };
+                    unsafe {
+                        source.free_pages(old_table, AddrHash::<Bufctl>::table_pages(old_nr))
+                    };
                 }
             }
         }

@@ -100,7 +100,7 @@ impl HashNode for TraceNode {
 
 /// The trace table behind a cache's trace lock.
 pub(crate) struct TraceTable {
-    hash: AddrHash<TraceNode>,
+    pub(crate) hash: AddrHash<TraceNode>,
     oldest: *mut TraceNode,
     newest: *mut TraceNode,
 }
@@ -110,7 +110,11 @@ unsafe impl Send for TraceTable {}
 
 impl TraceTable {
     pub(crate) const fn new() -> Self {
-        TraceTable { hash: AddrHash::new(), oldest: ptr::null_mut(), newest: ptr::null_mut() }
+        TraceTable {
+            hash: AddrHash::new(),
+            oldest: ptr::null_mut(),
+            newest: ptr::null_mut(),
+        }
     }
 
     /// # Safety
@@ -136,8 +140,16 @@ impl TraceTable {
             // SAFETY: node was in our table, so it and its neighbours are live.
             unsafe {
                 let (older, newer) = ((*node).older, (*node).newer);
-                if older.is_null() { self.oldest = newer } else { (*older).newer = newer }
-                if newer.is_null() { self.newest = older } else { (*newer).older = older }
+                if older.is_null() {
+                    self.oldest = newer
+                } else {
+                    (*older).newer = newer
+                }
+                if newer.is_null() {
+                    self.newest = older
+                } else {
+                    (*newer).older = older
+                }
             }
         }
         node
@@ -163,7 +175,8 @@ impl<P: Platform> KmemCache<P> {
         if self.flags.contains(CacheFlags::NOTRACE) {
             return Err(TraceError::NoTrace);
         }
-        self.hot_flags.fetch_or(HOT_TRACED | HOT_EVER_TRACED, Ordering::AcqRel);
+        self.hot_flags
+            .fetch_or(HOT_TRACED | HOT_EVER_TRACED, Ordering::AcqRel);
         Ok(())
     }
 
@@ -265,7 +278,11 @@ impl<P: Platform> KmemCache<P> {
         };
         if !stale.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(stale.cast()) };
+            unsafe {
+                self.owner()
+                    .boot(BootCache::Trace)
+                    .slab_free_raw(stale.cast())
+            };
         }
         self.maybe_grow_trace_table();
     }
@@ -276,15 +293,23 @@ impl<P: Platform> KmemCache<P> {
         let node = self.trace.lock().remove(addr);
         if !node.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(node.cast()) };
+            unsafe {
+                self.owner()
+                    .boot(BootCache::Trace)
+                    .slab_free_raw(node.cast())
+            };
         }
     }
 
     fn maybe_grow_trace_table(&self) {
-        let Some(nr_buckets) = self.trace.lock().hash.wants_grow() else { return };
+        let Some(nr_buckets) = self.trace.lock().hash.wants_grow() else {
+            return;
+        };
         let source = self.owner().primary_source();
         let nr_pages = AddrHash::<TraceNode>::table_pages(nr_buckets);
-        let Ok(table) = source.alloc_pages(nr_pages) else { return };
+        let Ok(table) = source.alloc_pages(nr_pages) else {
+            return;
+        };
         let old = {
             let mut guard = self.trace.lock();
             if guard.hash.nr_buckets() >= nr_buckets {
@@ -300,7 +325,9 @@ impl<P: Platform> KmemCache<P> {
             Some((old_table, old_nr)) => {
                 if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
                     // SAFETY: the detached old table, from the primary source.
-                    unsafe { source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr)) };
+                    unsafe {
+                        source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr))
+                    };
                 }
             }
         }

@@ -1,13 +1,23 @@
-//! Just enough ACPI to count processors: RSDP → RSDT/XSDT → MADT.
+//! The processors and the local APIC address, from the ACPI MADT read with
+//! the `acpi` crate (RSDP → RSDT/XSDT → MADT).
 //!
 //! Runs before the frame allocator, through the boot direct map (all
 //! physical memory below 4 GiB). It also records where the tables are: the
 //! PVH memory map comes from QEMU's raw e820 and may list the ACPI tables
 //! the firmware placed at the top of RAM as usable, so [`crate::frame`]
-//! reserves [`table_ranges`].
+//! reserves [`table_ranges`] and [`crate::memory`] keeps them mapped.
+//!
+//! `acpi` 5.2 is used rather than 6.x: its handler trait is two functions
+//! (map and unmap a physical region), where 6.x asks for some twenty AML,
+//! I/O and PCI hooks this kernel has no use for. Only the table parsing is
+//! used (`default-features = false`: no allocator, no AML).
 
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use acpi::madt::{Madt, MadtEntry};
+use acpi::sdt::SdtHeader;
+use acpi::{AcpiHandler, AcpiTables, PhysicalMapping};
 use spin::Once;
 
 use crate::memory::phys_to_virt;
@@ -17,10 +27,18 @@ use crate::memory::phys_to_virt;
 pub struct AcpiInfo {
     /// Enabled or online-capable processors.
     pub nr_cpus: usize,
-    /// Their local APIC ids (the first `min(nr_cpus, MAX_CPUS)`).
+    /// Their local APIC ids (the first `min(nr_cpus, MAX_CPUS)`), in MADT
+    /// order; the boot CPU is not necessarily first.
     pub apic_ids: [u32; super::MAX_CPUS],
     /// Physical address of the local APIC registers.
     pub lapic_phys: u64,
+}
+
+impl AcpiInfo {
+    /// The local APIC ids of the processors the kernel can use.
+    pub fn apic_ids(&self) -> &[u32] {
+        &self.apic_ids[..self.nr_cpus.min(super::MAX_CPUS)]
+    }
 }
 
 const MAX_TABLES: usize = 64;
@@ -28,14 +46,27 @@ static INFO: Once<AcpiInfo> = Once::new();
 static RANGES: [(AtomicU64, AtomicU64); MAX_TABLES] =
     [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_TABLES];
 static NR_RANGES: AtomicUsize = AtomicUsize::new(0);
-/// Physical memory the boot page tables map (the parser refuses anything above).
+/// Physical memory the boot page tables map (the handler refuses anything above).
 const BOOT_MAPPED_LIMIT: u64 = 4 << 30;
+/// `size_of::<SdtHeader>()`: the `acpi` crate maps a table's header first.
+const SDT_HEADER_SIZE: usize = 36;
+const _: () = assert!(core::mem::size_of::<SdtHeader>() == SDT_HEADER_SIZE);
 
 fn record(start: u64, len: u64) {
+    let (start, end) = (start, start + len);
+    let nr = NR_RANGES.load(Ordering::Relaxed).min(MAX_TABLES);
+    let known = RANGES[..nr].iter().any(|(s, e)| {
+        s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed)
+    });
+    if known {
+        return;
+    }
     let index = NR_RANGES.fetch_add(1, Ordering::Relaxed);
     if index < MAX_TABLES {
         RANGES[index].0.store(start, Ordering::Relaxed);
-        RANGES[index].1.store(start + len, Ordering::Relaxed);
+        RANGES[index].1.store(end, Ordering::Relaxed);
+    } else {
+        log::warn!("acpi: more than {MAX_TABLES} table ranges; {start:#x}..{end:#x} not reserved");
     }
 }
 
@@ -57,125 +88,110 @@ pub fn nr_cpus() -> usize {
     INFO.get().map_or(1, |info| info.nr_cpus.max(1))
 }
 
-fn read_bytes(phys: u64, len: usize) -> Option<&'static [u8]> {
-    if phys == 0 || phys.checked_add(len as u64)? > BOOT_MAPPED_LIMIT {
-        return None;
+/// The `acpi` crate's window on physical memory: the boot direct map.
+///
+/// Every region it maps is recorded in [`table_ranges`]; a table header
+/// is recorded with the whole table's length, so every table the crate
+/// looks at (not only those it reads in full) stays reserved and mapped.
+#[derive(Clone, Copy)]
+struct DirectMapHandler;
+
+impl AcpiHandler for DirectMapHandler {
+    unsafe fn map_physical_region<T>(&self, physical_address: usize, size: usize) -> PhysicalMapping<Self, T> {
+        let phys = physical_address as u64;
+        assert!(
+            phys != 0 && phys.saturating_add(size as u64) <= BOOT_MAPPED_LIMIT,
+            "acpi: table at {phys:#x} (+{size:#x}) is outside the boot direct map"
+        );
+        let mut len = size as u64;
+        if size == SDT_HEADER_SIZE && core::any::type_name::<T>().ends_with("SdtHeader") {
+            // SAFETY: per the trait contract a valid SdtHeader lies at
+            // `phys`, inside the boot direct map (checked above); its length
+            // field is at offset 4.
+            let table_len = unsafe {
+                core::ptr::read_unaligned((phys_to_virt(phys) + 4) as *const u32)
+            };
+            if (SDT_HEADER_SIZE as u32..=1 << 20).contains(&table_len) {
+                len = u64::from(table_len);
+            }
+        }
+        record(phys, len);
+        let virt = NonNull::new(phys_to_virt(phys) as *mut T).expect("direct map address is not null");
+        // SAFETY: `virt` is the direct-map alias of `phys`, which the boot
+        // page tables map (below 4 GiB, checked above); ACPI tables are never
+        // freed, and nothing unmaps the direct map.
+        unsafe { PhysicalMapping::new(physical_address, virt, size, size, *self) }
     }
-    // SAFETY: [phys, phys+len) lies below 4 GiB, which the boot page tables
-    // map in the direct map (acpi::init runs before memory::init replaces
-    // them); ACPI tables are never freed.
-    Some(unsafe { core::slice::from_raw_parts(phys_to_virt(phys) as *const u8, len) })
-}
 
-fn u32_at(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
-}
-
-fn u64_at(bytes: &[u8], offset: usize) -> u64 {
-    u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
-}
-
-fn checksum_ok(bytes: &[u8]) -> bool {
-    bytes.iter().fold(0u8, |sum, &byte| sum.wrapping_add(byte)) == 0
-}
-
-/// Reads a whole SDT (header + body) at `phys`, if its checksum is right.
-fn sdt(phys: u64) -> Option<&'static [u8]> {
-    let header = read_bytes(phys, 36)?;
-    let length = u32_at(header, 4) as usize;
-    if !(36..=1 << 20).contains(&length) {
-        return None;
+    fn unmap_physical_region<T>(_region: &PhysicalMapping<Self, T>) {
+        // The direct map stays.
     }
-    let table = read_bytes(phys, length)?;
-    checksum_ok(table).then_some(table)
-}
-
-fn find_rsdp_in_bios_area() -> Option<u64> {
-    let area = read_bytes(0xe0000, 0x20000)?;
-    (0..area.len() - 20)
-        .step_by(16)
-        .find(|&offset| &area[offset..offset + 8] == b"RSD PTR ")
-        .map(|offset| 0xe0000 + offset as u64)
 }
 
 /// Parses the ACPI tables from the RSDP (from the PVH start info, or found
 /// in the BIOS area). Leaves a warning and defaults if anything is missing.
 pub(crate) fn init(rsdp: Option<u64>) {
-    let Some(rsdp) = rsdp.or_else(find_rsdp_in_bios_area) else {
-        log::warn!("no RSDP; assuming 1 CPU");
-        return;
+    // SAFETY: the RSDP address comes from the boot protocol (or the BIOS
+    // search below 1 MiB, which a PVH boot under QEMU provides); the handler
+    // maps any physical address below 4 GiB.
+    let tables = match rsdp {
+        Some(rsdp) => unsafe { AcpiTables::from_rsdp(DirectMapHandler, rsdp as usize) },
+        None => unsafe { AcpiTables::search_for_rsdp_bios(DirectMapHandler) },
     };
-    match parse(rsdp) {
+    let tables = match tables {
+        Ok(tables) => tables,
+        Err(error) => {
+            log::warn!("no usable ACPI tables (RSDP {rsdp:x?}: {error:?}); assuming 1 CPU");
+            return;
+        }
+    };
+    // Look at every table once, so each one's range is recorded.
+    let nr_tables = tables.headers().count();
+    match parse_madt(&tables) {
         Some(info) => {
-            log::debug!("{} CPUs, LAPIC at {:#x}", info.nr_cpus, info.lapic_phys);
+            log::debug!(
+                "{} CPUs (APIC ids {:?}), LAPIC at {:#x}, {} ACPI tables",
+                info.nr_cpus,
+                info.apic_ids(),
+                info.lapic_phys,
+                nr_tables
+            );
             INFO.call_once(|| info);
         }
-        None => log::warn!("no usable MADT (RSDP at {rsdp:#x}); assuming 1 CPU"),
+        None => log::warn!("no usable MADT; assuming 1 CPU"),
     }
 }
 
-fn parse(rsdp_phys: u64) -> Option<AcpiInfo> {
-    let rsdp = read_bytes(rsdp_phys, 20)?;
-    if &rsdp[..8] != b"RSD PTR " || !checksum_ok(rsdp) {
-        return None;
-    }
-    let revision = rsdp[15];
-    record(rsdp_phys, 36);
-    let (root, entry_size) = if revision >= 2 {
-        let rsdp_v2 = read_bytes(rsdp_phys, 36)?;
-        (u64_at(rsdp_v2, 24), 8)
-    } else {
-        (u64::from(u32_at(rsdp, 16)), 4)
-    };
-    let root_table = sdt(root)?;
-    record(root, root_table.len() as u64);
-    let mut madt = None;
-    for offset in (36..root_table.len()).step_by(entry_size) {
-        if offset + entry_size > root_table.len() {
-            break;
-        }
-        let table_phys = if entry_size == 8 {
-            u64_at(root_table, offset)
-        } else {
-            u64::from(u32_at(root_table, offset))
-        };
-        if let Some(table) = sdt(table_phys) {
-            record(table_phys, table.len() as u64);
-            if &table[..4] == b"APIC" {
-                madt = Some(table);
-            }
-        }
-    }
-    let madt = madt?;
+fn parse_madt(tables: &AcpiTables<DirectMapHandler>) -> Option<AcpiInfo> {
+    let madt = tables.find_table::<Madt>().ok()?;
+    let madt = madt.get();
     let mut info = AcpiInfo {
         nr_cpus: 0,
         apic_ids: [0; super::MAX_CPUS],
-        lapic_phys: u64::from(u32_at(madt, 36)),
+        lapic_phys: u64::from(madt.local_apic_address),
     };
-    let mut offset = 44;
-    while offset + 2 <= madt.len() {
-        let (kind, length) = (madt[offset], madt[offset + 1] as usize);
-        if length < 2 || offset + length > madt.len() {
-            break;
-        }
-        let entry = &madt[offset..offset + length];
-        // Flags bit 0: enabled; bit 1: online capable.
-        let apic = match kind {
-            0 if length >= 8 => (u32_at(entry, 4) & 3 != 0).then(|| u32::from(entry[3])),
-            9 if length >= 16 => (u32_at(entry, 8) & 3 != 0).then(|| u32_at(entry, 4)),
-            5 if length >= 12 => {
-                info.lapic_phys = u64_at(entry, 4);
+    // Flags bit 0: enabled; bit 1: online capable.
+    const USABLE: u32 = 0b11;
+    for entry in madt.entries() {
+        let apic_id = match entry {
+            MadtEntry::LocalApic(entry) => {
+                ({ entry.flags } & USABLE != 0).then_some(u32::from(entry.apic_id))
+            }
+            MadtEntry::LocalX2Apic(entry) => {
+                ({ entry.flags } & USABLE != 0).then_some(entry.x2apic_id)
+            }
+            MadtEntry::LocalApicAddressOverride(entry) => {
+                info.lapic_phys = entry.local_apic_address;
                 None
             }
             _ => None,
         };
-        if let Some(apic_id) = apic {
+        if let Some(apic_id) = apic_id {
             if info.nr_cpus < super::MAX_CPUS {
                 info.apic_ids[info.nr_cpus] = apic_id;
             }
             info.nr_cpus += 1;
         }
-        offset += length;
     }
     (info.nr_cpus > 0).then_some(info)
 }

@@ -18,7 +18,8 @@ fn init_twice_is_refused() {
 
 #[test]
 fn before_init_everything_fails_cleanly() {
-    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    let alloc: &'static TestAlloc =
+        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
     assert!(!alloc.is_ready());
     assert_eq!(alloc.kmalloc(8, 8), Err(AllocError::NotInitialized));
     assert_eq!(alloc.page_source().name(), "none");
@@ -40,7 +41,14 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
     let (alloc, _) = setup_default();
     let mut names = Vec::new();
     alloc.for_each_cache(|c| names.push(std::string::String::from(c.name())));
-    let boot = ["kmem_magazine", "kmem_cache", "kmem_slab", "kmem_bufctl", "kmem_trace", "kmem_pcpu"];
+    let boot = [
+        "kmem_magazine",
+        "kmem_cache",
+        "kmem_slab",
+        "kmem_bufctl",
+        "kmem_trace",
+        "kmem_pcpu",
+    ];
     assert_eq!(&names[..6], &boot);
     for (i, size) in KMALLOC_SIZES.iter().enumerate() {
         assert_eq!(names[6 + i], std::format!("kmalloc-{size}"));
@@ -54,10 +62,20 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
         assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Permanent));
         assert!(cache.alloc().is_err());
     }
+    for name in ["kmem_magazine", "kmem_slab", "kmem_bufctl", "kmem_trace"] {
+        assert_eq!(
+            alloc.find_cache(name).unwrap().kind(),
+            SlabKind::Small,
+            "{name}"
+        );
+    }
     let k64 = alloc.find_cache("kmalloc-64").unwrap();
     assert_eq!(k64.obj_size(), 64);
     assert_eq!(k64.kind(), SlabKind::Small);
-    assert_eq!(alloc.find_cache("kmalloc-8192").unwrap().kind(), SlabKind::Bufctl);
+    assert_eq!(
+        alloc.find_cache("kmalloc-8192").unwrap().kind(),
+        SlabKind::Bufctl
+    );
     // SAFETY: refused.
     assert_eq!(unsafe { k64.destroy() }, Err(DestroyError::Permanent));
     assert!(alloc.find_cache("nope").is_none());
@@ -77,7 +95,9 @@ fn create_validates_layout() {
         );
     }
     let long = "a-very-long-cache-name-that-exceeds-thirty-one-bytes";
-    let cache = alloc.cache_create(long, 8, 0, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create(long, 8, 0, CacheFlags::empty(), None, None, None)
+        .unwrap();
     assert_eq!(cache.name(), &long[..31]);
     assert_eq!(cache.align(), 8);
 }
@@ -85,7 +105,10 @@ fn create_validates_layout() {
 #[test]
 fn round_trips_per_size() {
     let (alloc, source) = setup_default();
-    let sizes = [1, 7, 8, 12, 24, 40, 64, 100, 250, 256, 500, 512, 513, 1000, 2048, 3000, 4096, 5000, 8192, 9000];
+    let sizes = [
+        1, 7, 8, 12, 24, 40, 64, 100, 250, 256, 500, 512, 513, 1000, 2048, 3000, 4096, 5000, 8192,
+        9000,
+    ];
     let aligns = [1, 8, 16, 64, 256, 4096];
     for &size in &sizes {
         for &align in &aligns {
@@ -98,7 +121,11 @@ fn round_trips_per_size() {
             let mut objs = Vec::new();
             for i in 0..n {
                 let p = cache.alloc().unwrap();
-                assert_eq!(p.as_ptr() as usize % align.max(8), 0, "size {size} align {align}");
+                assert_eq!(
+                    p.as_ptr() as usize % align.max(8),
+                    0,
+                    "size {size} align {align}"
+                );
                 fill(p, size, i as u8);
                 objs.push(p);
             }
@@ -116,7 +143,11 @@ fn round_trips_per_size() {
             let report = unsafe { cache.destroy() }.unwrap();
             assert_eq!(report.nr_trace_records_dropped, 0);
             alloc.reap_all();
-            assert_eq!(source.pages_outstanding(), baseline, "size {size} align {align}");
+            assert_eq!(
+                source.pages_outstanding(),
+                baseline,
+                "size {size} align {align}"
+            );
         }
     }
 }
@@ -137,7 +168,10 @@ fn counting_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
 }
 
 fn counting_dtor(obj: NonNull<u8>, size: usize) {
-    assert!(check(obj, size.min(8), 0xc0), "destructing an unconstructed object");
+    assert!(
+        check(obj, size.min(8), 0xc0),
+        "destructing an unconstructed object"
+    );
     DTORS.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -147,7 +181,15 @@ fn ctor_dtor_counts_and_ctor_failure() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
     let cache = alloc
-        .cache_create("ctor", 48, 8, CacheFlags::empty(), Some(counting_ctor), Some(counting_dtor), None)
+        .cache_create(
+            "ctor",
+            48,
+            8,
+            CacheFlags::empty(),
+            Some(counting_ctor),
+            Some(counting_dtor),
+            None,
+        )
         .unwrap();
     let baseline = source.pages_outstanding();
     let mut objs = Vec::new();
@@ -181,7 +223,10 @@ fn ctor_dtor_counts_and_ctor_failure() {
     let p = cache.alloc().unwrap();
     // SAFETY: allocated above.
     unsafe { cache.free(p) }.unwrap();
-    assert_eq!(CTORS.load(Ordering::SeqCst) - DTORS.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        CTORS.load(Ordering::SeqCst) - DTORS.load(Ordering::SeqCst),
+        1
+    );
     alloc.reap_all();
     assert_eq!(CTORS.load(Ordering::SeqCst), DTORS.load(Ordering::SeqCst));
     assert_eq!(source.pages_outstanding(), baseline);
@@ -192,11 +237,14 @@ fn destroy_busy_then_ok() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    let cache = alloc.cache_create("d", 600, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("d", 600, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let p = cache.alloc().unwrap();
     let q = cache.alloc().unwrap();
     // SAFETY: refused, cache intact.
-    assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Busy { nr_allocated: 2 }));
+    let refused = unsafe { cache.destroy() };
+    assert_eq!(refused, Err(DestroyError::Busy { nr_allocated: 2 }));
     // The cache still works after a refused destroy.
     // SAFETY: allocated above.
     unsafe { cache.free(p) }.unwrap();
@@ -217,7 +265,9 @@ fn destroy_busy_then_ok() {
 #[test]
 fn layouts_match_the_design() {
     let (alloc, _) = setup_default();
-    let small = alloc.cache_create("s", 64, 64, CacheFlags::empty(), None, None, None).unwrap();
+    let small = alloc
+        .cache_create("s", 64, 64, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let st = small.stats();
     assert_eq!((st.kind, st.nr_pages_per_slab), (SlabKind::Small, 1));
     assert_eq!(st.objs_per_slab, crate::slab::SMALL_HEADER_OFFSET / 64);
@@ -229,9 +279,13 @@ fn layouts_match_the_design() {
         .chain(std::iter::once(p.as_ptr() as usize))
         .any(|a| a % PAGE_SIZE == 0);
     assert!(first_in_page);
-    let notouch = alloc.cache_create("nt", 16, 8, CacheFlags::NOTOUCH, None, None, None).unwrap();
+    let notouch = alloc
+        .cache_create("nt", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .unwrap();
     assert_eq!(notouch.kind(), SlabKind::Bufctl);
-    let big = alloc.cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let big = alloc
+        .cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let bs = big.stats();
     assert_eq!(bs.kind, SlabKind::Bufctl);
     assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 8);

@@ -16,7 +16,9 @@ fn same_counts(a: &CacheStats, b: &CacheStats) {
 #[test]
 fn double_free_on_bufctl_cache() {
     let (alloc, _) = setup_default();
-    let cache = alloc.cache_create("big", 1000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("big", 1000, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let p = cache.alloc().unwrap();
     let keep = cache.alloc().unwrap();
     // SAFETY: allocated above.
@@ -24,9 +26,11 @@ fn double_free_on_bufctl_cache() {
     let before = cache.stats();
     let addr = p.as_ptr() as usize;
     // SAFETY: refused.
-    assert_eq!(unsafe { cache.free(p) }, Err(FreeError::DoubleFree { addr }));
+    let refused = unsafe { cache.free(p) };
+    assert_eq!(refused, Err(FreeError::DoubleFree { addr }));
     // SAFETY: refused.
-    assert_eq!(unsafe { alloc.kfree(p) }, Err(FreeError::DoubleFree { addr }));
+    let refused = unsafe { alloc.kfree(p) };
+    assert_eq!(refused, Err(FreeError::DoubleFree { addr }));
     same_counts(&before, &cache.stats());
     // Still usable: the object comes back exactly once.
     let q = cache.alloc().unwrap();
@@ -49,13 +53,21 @@ fn double_free_on_bufctl_cache() {
 #[test]
 fn double_free_with_audit_on_small_cache() {
     let (alloc, _) = setup_default();
-    let cache = alloc.cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None)
+        .unwrap();
     let p = cache.alloc().unwrap();
     // SAFETY: allocated above.
     unsafe { cache.free(p) }.unwrap();
     let before = cache.stats();
     // SAFETY: refused.
-    assert_eq!(unsafe { cache.free(p) }, Err(FreeError::DoubleFree { addr: p.as_ptr() as usize }));
+    let refused = unsafe { cache.free(p) };
+    assert_eq!(
+        refused,
+        Err(FreeError::DoubleFree {
+            addr: p.as_ptr() as usize
+        })
+    );
     same_counts(&before, &cache.stats());
     let q = cache.alloc().unwrap();
     let r = cache.alloc().unwrap();
@@ -70,8 +82,12 @@ fn double_free_with_audit_on_small_cache() {
 #[test]
 fn foreign_pointers_are_not_allocated() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("f", 64, 8, CacheFlags::AUDIT, None, None, None).unwrap();
-    let big = alloc.cache_create("fb", 3000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("f", 64, 8, CacheFlags::AUDIT, None, None, None)
+        .unwrap();
+    let big = alloc
+        .cache_create("fb", 3000, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let keep = cache.alloc().unwrap();
     let before = cache.stats();
     let mut on_stack = 0u64;
@@ -96,7 +112,8 @@ fn foreign_pointers_are_not_allocated() {
     // The metadata of the allocator is not the caller's to free.
     let kmem_cache_obj = NonNull::from(cache).cast::<u8>();
     // SAFETY: refused.
-    assert!(matches!(unsafe { alloc.kfree(kmem_cache_obj) }, Err(FreeError::NotAllocated { .. })));
+    let refused = unsafe { alloc.kfree(kmem_cache_obj) };
+    assert!(matches!(refused, Err(FreeError::NotAllocated { .. })));
     // SAFETY: pages from the source above.
     unsafe { source.free_pages(raw, 1) };
     // SAFETY: allocated above.
@@ -106,8 +123,12 @@ fn foreign_pointers_are_not_allocated() {
 #[test]
 fn wrong_cache() {
     let (alloc, _) = setup_default();
-    let a = alloc.cache_create("a", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
-    let b = alloc.cache_create("b", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let a = alloc
+        .cache_create("a", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let b = alloc
+        .cache_create("b", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let k = alloc.kmalloc(64, 8).unwrap();
     let large = alloc.kmalloc(20000, 8).unwrap();
     let pa = a.alloc().unwrap();
@@ -116,13 +137,25 @@ fn wrong_cache() {
     unsafe {
         assert_eq!(
             b.free(pa),
-            Err(FreeError::WrongCache { addr: pa.as_ptr() as usize, owner: Some("a") })
+            Err(FreeError::WrongCache {
+                addr: pa.as_ptr() as usize,
+                owner: Some("a")
+            })
         );
         assert_eq!(
             b.free(k),
-            Err(FreeError::WrongCache { addr: k.as_ptr() as usize, owner: Some("kmalloc-64") })
+            Err(FreeError::WrongCache {
+                addr: k.as_ptr() as usize,
+                owner: Some("kmalloc-64")
+            })
         );
-        assert_eq!(b.free(large), Err(FreeError::WrongCache { addr: large.as_ptr() as usize, owner: None }));
+        assert_eq!(
+            b.free(large),
+            Err(FreeError::WrongCache {
+                addr: large.as_ptr() as usize,
+                owner: None
+            })
+        );
     }
     same_counts(&before, &b.stats());
     assert_eq!(a.stats().nr_allocated, 1);
@@ -139,8 +172,14 @@ fn wrong_cache() {
 #[test]
 fn misaligned_pointers() {
     let (alloc, _) = setup_default();
-    for (size, flags) in [(48, CacheFlags::empty()), (48, CacheFlags::NOTOUCH), (1500, CacheFlags::empty())] {
-        let cache = alloc.cache_create("mis", size, 8, flags, None, None, None).unwrap();
+    for (size, flags) in [
+        (48, CacheFlags::empty()),
+        (48, CacheFlags::NOTOUCH),
+        (1500, CacheFlags::empty()),
+    ] {
+        let cache = alloc
+            .cache_create("mis", size, 8, flags, None, None, None)
+            .unwrap();
         let p = cache.alloc().unwrap();
         let before = cache.stats();
         for offset in [1, 8, size - 1] {
@@ -162,11 +201,22 @@ fn misaligned_pointers() {
     // SAFETY: inside the allocation; refused.
     unsafe {
         let inner = NonNull::new_unchecked(large.as_ptr().add(8));
-        assert!(matches!(alloc.kfree(inner), Err(FreeError::Misaligned { .. })));
+        assert!(matches!(
+            alloc.kfree(inner),
+            Err(FreeError::Misaligned { .. })
+        ));
         let tail = NonNull::new_unchecked(large.as_ptr().add(4096));
-        assert!(matches!(alloc.kfree(tail), Err(FreeError::Misaligned { .. })));
+        assert!(matches!(
+            alloc.kfree(tail),
+            Err(FreeError::Misaligned { .. })
+        ));
         alloc.kfree(large).unwrap();
-        assert_eq!(alloc.kfree(large), Err(FreeError::NotAllocated { addr: large.as_ptr() as usize }));
+        assert_eq!(
+            alloc.kfree(large),
+            Err(FreeError::NotAllocated {
+                addr: large.as_ptr() as usize
+            })
+        );
     }
 }
 
@@ -174,8 +224,20 @@ fn misaligned_pointers() {
 fn cache_on_another_source() {
     let (alloc, _) = setup_default();
     let other = FakeSource::new(256);
-    let small = alloc.cache_create("other-s", 32, 8, CacheFlags::AUDIT, None, None, Some(other)).unwrap();
-    let big = alloc.cache_create("other-b", 2000, 8, CacheFlags::empty(), None, None, Some(other)).unwrap();
+    let small = alloc
+        .cache_create("other-s", 32, 8, CacheFlags::AUDIT, None, None, Some(other))
+        .unwrap();
+    let big = alloc
+        .cache_create(
+            "other-b",
+            2000,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            Some(other),
+        )
+        .unwrap();
     let p = small.alloc().unwrap();
     let q = big.alloc().unwrap();
     assert!(other.contains(p.as_ptr() as usize) && other.contains(q.as_ptr() as usize));
@@ -185,7 +247,10 @@ fn cache_on_another_source() {
     unsafe {
         assert!(alloc.kfree(p).is_err());
         let inner = NonNull::new_unchecked(p.as_ptr().add(4));
-        assert!(matches!(small.free(inner), Err(FreeError::Misaligned { .. })));
+        assert!(matches!(
+            small.free(inner),
+            Err(FreeError::Misaligned { .. })
+        ));
         assert!(matches!(small.free(q), Err(FreeError::NotAllocated { .. })));
         assert!(matches!(big.free(p), Err(FreeError::NotAllocated { .. })));
         small.free(p).unwrap();
@@ -202,8 +267,14 @@ fn error_messages_are_one_line() {
     let errors = [
         FreeError::DoubleFree { addr: 0x1000 },
         FreeError::NotAllocated { addr: 0x1000 },
-        FreeError::WrongCache { addr: 0x1000, owner: Some("kmalloc-64") },
-        FreeError::WrongCache { addr: 0x1000, owner: None },
+        FreeError::WrongCache {
+            addr: 0x1000,
+            owner: Some("kmalloc-64"),
+        },
+        FreeError::WrongCache {
+            addr: 0x1000,
+            owner: None,
+        },
         FreeError::Misaligned { addr: 0x1000 },
     ];
     for e in errors {

@@ -47,7 +47,10 @@ fn kmalloc_honours_size_and_alignment() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let mut live = Vec::new();
-    for (i, size) in [1, 8, 9, 63, 64, 65, 96, 97, 200, 511, 1024, 4000, 8192].into_iter().enumerate() {
+    for (i, size) in [1, 8, 9, 63, 64, 65, 96, 97, 200, 511, 1024, 4000, 8192]
+        .into_iter()
+        .enumerate()
+    {
         for align in [1, 8, 32, 64, 512, 4096] {
             let p = alloc.kmalloc(size, align).unwrap();
             assert_eq!(p.as_ptr() as usize % align, 0);
@@ -78,7 +81,10 @@ fn page_granular_allocations() {
     assert_eq!(alloc.ksize(q), Ok(25 * PAGE_SIZE));
     fill(q, 100_000, 3);
     let ls = alloc.large_stats();
-    assert_eq!((ls.nr_live, ls.live_bytes, ls.nr_allocs_ever), (2, 28 * PAGE_SIZE, 2));
+    assert_eq!(
+        (ls.nr_live, ls.live_bytes, ls.nr_allocs_ever),
+        (2, 28 * PAGE_SIZE, 2)
+    );
     assert!(alloc.owns(q.as_ptr()));
     // SAFETY: inside q, for owns only.
     assert!(alloc.owns(unsafe { q.as_ptr().add(50_000) }));
@@ -104,11 +110,13 @@ fn bufctl_hash_grows_and_shrinks() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let cache = alloc.kmalloc_cache_for(1024, 8).unwrap();
-    let objs: Vec<_> = (0..600).map(|i| {
-        let p = alloc.kmalloc(1024, 8).unwrap();
-        fill(p, 1024, i as u8);
-        p
-    }).collect();
+    let objs: Vec<_> = (0..600)
+        .map(|i| {
+            let p = alloc.kmalloc(1024, 8).unwrap();
+            fill(p, 1024, i as u8);
+            p
+        })
+        .collect();
     assert!(cache.slab.lock().hash.nr_buckets() > crate::hash::INLINE_BUCKETS);
     for (i, &p) in objs.iter().enumerate() {
         assert!(check(p, 1024, i as u8));
@@ -116,6 +124,9 @@ fn bufctl_hash_grows_and_shrinks() {
         unsafe { alloc.kfree(p) }.unwrap();
     }
     alloc.reap_all();
-    assert_eq!(cache.slab.lock().hash.nr_buckets(), crate::hash::INLINE_BUCKETS);
+    assert_eq!(
+        cache.slab.lock().hash.nr_buckets(),
+        crate::hash::INLINE_BUCKETS
+    );
     assert_eq!(source.pages_outstanding(), baseline);
 }

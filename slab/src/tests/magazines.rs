@@ -4,13 +4,17 @@ use core::sync::atomic::Ordering;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::magazine::{DepotInner, MAG_GROW_STEP, MAG_INITIAL_ROUNDS, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD};
+use crate::magazine::{
+    DepotInner, MAG_GROW_STEP, MAG_INITIAL_ROUNDS, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD,
+};
 use crate::{CacheFlags, MAG_MAX_ROUNDS};
 
 #[test]
 fn freed_object_rests_in_a_magazine() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("m", 32, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("m", 32, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let p = cache.alloc().unwrap();
@@ -23,7 +27,10 @@ fn freed_object_rests_in_a_magazine() {
     assert_eq!(after.nr_allocated, 0);
     assert_eq!(after.nr_cpu_cached_objs, 1);
     assert_eq!(after.nr_slabs, 1);
-    assert_eq!(after.nr_active_slabs, 1, "the object is still busy in the slab layer");
+    assert_eq!(
+        after.nr_active_slabs, 1,
+        "the object is still busy in the slab layer"
+    );
     // The next alloc on this CPU gets the same object back from the magazine.
     let q = cache.alloc().unwrap();
     assert_eq!(p, q);
@@ -32,7 +39,14 @@ fn freed_object_rests_in_a_magazine() {
     let pages = cache.reap();
     assert!(pages >= 1);
     let reaped = cache.stats();
-    assert_eq!((reaped.nr_slabs, reaped.nr_cpu_cached_objs, reaped.nr_depot_objs), (0, 0, 0));
+    assert_eq!(
+        (
+            reaped.nr_slabs,
+            reaped.nr_cpu_cached_objs,
+            reaped.nr_depot_objs
+        ),
+        (0, 0, 0)
+    );
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
 }
@@ -40,7 +54,9 @@ fn freed_object_rests_in_a_magazine() {
 #[test]
 fn depot_exchanges_full_and_empty_magazines() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("depot", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("depot", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let magsize = cache.stats().magsize;
@@ -63,9 +79,15 @@ fn depot_exchanges_full_and_empty_magazines() {
     set_cpu(1);
     let again: Vec<_> = (0..3 * magsize).map(|_| cache.alloc().unwrap()).collect();
     let st = cache.stats();
-    assert_eq!(st.nr_slabs, slabs, "served from the depot, not the slab layer");
+    assert_eq!(
+        st.nr_slabs, slabs,
+        "served from the depot, not the slab layer"
+    );
     assert_eq!(st.nr_allocated, 3 * magsize);
-    assert!(st.depot_nr_empty >= 1, "CPU 1 returned empty magazines: {st:?}");
+    assert!(
+        st.depot_nr_empty >= 1,
+        "CPU 1 returned empty magazines: {st:?}"
+    );
     for &p in &again {
         // SAFETY: allocated above.
         unsafe { cache.free(p) }.unwrap();
@@ -79,15 +101,19 @@ fn depot_exchanges_full_and_empty_magazines() {
 #[test]
 fn cross_cpu_free() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("x", 200, 8, CacheFlags::AUDIT, None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("x", 200, 8, CacheFlags::AUDIT, None, None, None)
+        .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     set_cpu(0);
-    let objs: Vec<_> = (0..100).map(|i| {
-        let p = cache.alloc().unwrap();
-        fill(p, 200, i);
-        p
-    }).collect();
+    let objs: Vec<_> = (0..100)
+        .map(|i| {
+            let p = cache.alloc().unwrap();
+            fill(p, 200, i);
+            p
+        })
+        .collect();
     set_cpu(1);
     for (i, &p) in objs.iter().enumerate() {
         assert!(check(p, 200, i as u8));
@@ -110,7 +136,9 @@ fn cross_cpu_free() {
 
 #[test]
 fn magazine_size_grows_with_contention() {
-    let mut depot = crate::magazine::Depot::new(MAG_INITIAL_ROUNDS).inner.into_inner();
+    let mut depot = crate::magazine::Depot::new(MAG_INITIAL_ROUNDS)
+        .inner
+        .into_inner();
     let grow = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
         for _ in 0..MAG_RESIZE_INTERVAL {
             if contended {
@@ -134,7 +162,9 @@ fn magazine_size_grows_with_contention() {
 #[test]
 fn contended_depot_lock_is_counted() {
     let (alloc, _) = setup_default();
-    let cache = alloc.cache_create("contend", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("contend", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     let guard = cache.depot.inner.lock();
     std::thread::scope(|scope| {
         let t = scope.spawn(|| {
@@ -156,10 +186,15 @@ fn contended_depot_lock_is_counted() {
 #[test]
 fn live_cache_adopts_a_grown_magazine_size() {
     let (alloc, _) = setup_default();
-    let cache = alloc.cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     assert_eq!(cache.stats().magsize, MAG_INITIAL_ROUNDS);
     // Pretend the depot lock was contended often in this interval.
-    cache.depot.nr_contention.fetch_add(MAG_RESIZE_THRESHOLD, Ordering::Relaxed);
+    cache
+        .depot
+        .nr_contention
+        .fetch_add(MAG_RESIZE_THRESHOLD, Ordering::Relaxed);
     // Every alloc+free+reap cycle visits the depot at least once.
     for _ in 0..MAG_RESIZE_INTERVAL {
         let p = cache.alloc().unwrap();

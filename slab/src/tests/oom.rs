@@ -11,7 +11,8 @@ fn init_fails_cleanly_at_every_point() {
     let mut budget = 0;
     loop {
         let source = FakeSource::new(1024);
-        let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+        let alloc: &'static TestAlloc =
+            std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
         source.fail_after(Some(budget));
         match alloc.init(source) {
             Ok(()) => {
@@ -25,7 +26,11 @@ fn init_fails_cleanly_at_every_point() {
             Err(e) => {
                 assert_eq!(e, AllocError::OutOfMemory);
                 assert!(!alloc.is_ready());
-                assert_eq!(source.pages_outstanding(), 0, "init leaked with budget {budget}");
+                assert_eq!(
+                    source.pages_outstanding(),
+                    0,
+                    "init leaked with budget {budget}"
+                );
                 // A failed init can be retried.
                 source.fail_after(None);
                 alloc.init(source).unwrap();
@@ -41,8 +46,12 @@ fn init_fails_cleanly_at_every_point() {
 #[test]
 fn allocations_fail_without_panicking_and_recover() {
     let (alloc, source) = setup_default();
-    let small = alloc.cache_create("oom-s", 100, 8, CacheFlags::empty(), None, None, None).unwrap();
-    let big = alloc.cache_create("oom-b", 3000, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let small = alloc
+        .cache_create("oom-s", 100, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let big = alloc
+        .cache_create("oom-b", 3000, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     source.set_fail(true);
@@ -50,8 +59,12 @@ fn allocations_fail_without_panicking_and_recover() {
     assert_eq!(big.alloc(), Err(AllocError::OutOfMemory));
     assert_eq!(alloc.kmalloc(64, 8), Err(AllocError::OutOfMemory));
     assert_eq!(alloc.kmalloc(100_000, 8), Err(AllocError::OutOfMemory));
-    assert!(alloc.cache_create("oom-c", 8, 8, CacheFlags::empty(), None, None, None).is_ok()
-        || source.pages_outstanding() == baseline);
+    assert!(
+        alloc
+            .cache_create("oom-c", 8, 8, CacheFlags::empty(), None, None, None)
+            .is_ok()
+            || source.pages_outstanding() == baseline
+    );
     assert_eq!(source.pages_outstanding(), baseline);
     source.set_fail(false);
 

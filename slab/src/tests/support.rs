@@ -101,7 +101,8 @@ impl FakeSource {
 
     /// Grant only `pages` more pages, then fail (None: unlimited).
     pub fn fail_after(&self, pages: Option<usize>) {
-        self.budget.store(pages.unwrap_or(usize::MAX), Ordering::SeqCst);
+        self.budget
+            .store(pages.unwrap_or(usize::MAX), Ordering::SeqCst);
     }
 
     pub fn contains(&self, addr: usize) -> bool {
@@ -151,7 +152,10 @@ impl PageSource for FakeSource {
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
         let addr = addr.as_ptr() as usize;
-        assert!(self.contains(addr) && addr % PAGE_SIZE == 0, "free of foreign pages {addr:#x}");
+        assert!(
+            self.contains(addr) && addr.is_multiple_of(PAGE_SIZE),
+            "free of foreign pages {addr:#x}"
+        );
         let first = (addr - self.base) / PAGE_SIZE;
         let mut used = self.used.lock().unwrap();
         for p in first..first + nr_pages {

@@ -10,7 +10,9 @@ use crate::{CacheFlags, TraceError};
 fn records_exactly_the_outstanding_objects() {
     let (alloc, _) = setup_default();
     for size in [64, 2000] {
-        let cache = alloc.cache_create("t", size, 8, CacheFlags::empty(), None, None, None).unwrap();
+        let cache = alloc
+            .cache_create("t", size, 8, CacheFlags::empty(), None, None, None)
+            .unwrap();
         // Objects allocated before tracing are not recorded...
         let early = cache.alloc().unwrap();
         cache.trace_start().unwrap();
@@ -63,7 +65,8 @@ fn records_exactly_the_outstanding_objects() {
             unsafe { cache.free(p) }.unwrap();
         }
         // SAFETY: empty, not used afterwards.
-        assert_eq!(unsafe { cache.destroy() }.unwrap().nr_trace_records_dropped, 0);
+        let report = unsafe { cache.destroy() }.unwrap();
+        assert_eq!(report.nr_trace_records_dropped, 0);
     }
 }
 
@@ -88,16 +91,23 @@ fn kmalloc_caches_trace_through_kfree() {
 #[test]
 fn notrace_is_refused() {
     let (alloc, _) = setup_default();
-    let cache = alloc.cache_create("nt", 32, 8, CacheFlags::NOTRACE, None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("nt", 32, 8, CacheFlags::NOTRACE, None, None, None)
+        .unwrap();
     assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
     assert!(!cache.is_tracing());
-    assert_eq!(alloc.find_cache("kmem_trace").unwrap().trace_start(), Err(TraceError::NoTrace));
+    assert_eq!(
+        alloc.find_cache("kmem_trace").unwrap().trace_start(),
+        Err(TraceError::NoTrace)
+    );
 }
 
 #[test]
 fn dropped_records_are_counted() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("drop", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("drop", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     // Put objects in the magazines so allocating them needs no pages.
     let objs: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
     for &p in &objs {
@@ -134,7 +144,9 @@ fn destroy_reports_leftover_records() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    let cache = alloc.cache_create("leak", 64, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("leak", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     cache.trace_start().unwrap();
     let objs: Vec<_> = (0..3).map(|_| cache.alloc().unwrap()).collect();
     // SAFETY: refused while busy.
@@ -163,7 +175,9 @@ fn destroy_reports_leftover_records() {
 #[test]
 fn trace_table_grows_with_many_records() {
     let (alloc, source) = setup_default();
-    let cache = alloc.cache_create("many", 16, 8, CacheFlags::empty(), None, None, None).unwrap();
+    let cache = alloc
+        .cache_create("many", 16, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     cache.trace_start().unwrap();
