@@ -1,15 +1,458 @@
-//! Placeholder.
+//! The shell driven through `Shell::execute` (and `LineEditor`) in the real
+//! kernel: `help`, `kmemstat` (Akaros layout), `slabinfo` (Linux 2.1),
+//! `kmalloc`/`kfree`/`leak`, one-line `error:` messages, and no leaks.
+
 #![no_std]
 #![no_main]
 #![feature(custom_test_frameworks)]
 #![test_runner(magpie::test_runner)]
 #![reexport_test_harness_main = "test_main"]
+#![allow(
+    missing_docs,
+    reason = "#[test_case] functions are named for what they check"
+)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use magpie::BootInfo;
+use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
+use magpie::shell::{Edit, LineEditor, MAX_LINE, Shell};
+use magpie_slab::{CacheStats, KmemCache, PAGE_SIZE};
+
+type Cache = KmemCache<KernelPlatform>;
+
 magpie::entry_point!(main);
-fn main(_boot: &'static magpie::BootInfo) -> ! {
+
+fn main(_boot: &'static BootInfo) -> ! {
     test_main();
     magpie::exit_qemu(magpie::QemuExitCode::Success)
 }
+
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo) -> ! {
     magpie::test_panic_handler(info)
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+fn run(shell: &mut Shell, line: &str) -> String {
+    let mut out = String::new();
+    shell.execute(line, &mut out);
+    out
+}
+
+/// Runs `line` into a buffer allocated beforehand, so that the command's
+/// output does not allocate (or free) while it runs.
+fn run_quiet(shell: &mut Shell, line: &str, out: &mut String) {
+    out.clear();
+    assert!(out.capacity() >= 32 * 1024);
+    shell.execute(line, out);
+    assert!(out.capacity() >= out.len());
+}
+
+fn buffer() -> String {
+    String::with_capacity(32 * 1024)
+}
+
+fn cache(name: &str) -> &'static Cache {
+    SLAB.find_cache(name)
+        .unwrap_or_else(|| panic!("no cache named {name}"))
+}
+
+/// Addresses printed one per line by `kmalloc`/`kfree`/`leak`.
+fn addresses(out: &str) -> Vec<usize> {
+    out.lines()
+        .map(|line| {
+            assert_eq!(line.len(), 18, "address line {line:?}");
+            usize::from_str_radix(line.strip_prefix("0x").expect(line), 16).expect(line)
+        })
+        .collect()
+}
+
+/// nr_allocated of every kmalloc cache, gathered without allocating.
+fn kmalloc_counts(out: &mut Vec<(&'static str, usize)>) {
+    out.clear();
+    SLAB.for_each_cache(|cache| {
+        if cache.name().starts_with("kmalloc-") && out.len() < out.capacity() {
+            out.push((cache.name(), cache.stats().nr_allocated));
+        }
+    });
+}
+
+fn assert_one_error_line(out: &str, contains: &str) {
+    assert!(out.starts_with("error: "), "{out:?}");
+    assert!(out.ends_with('\n'), "{out:?}");
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+    assert!(out.contains(contains), "{out:?} should mention {contains:?}");
+}
+
+// ---------------------------------------------------------------------------
+// help
+
+#[test_case]
+fn help_lists_every_command() {
+    let mut shell = Shell::new();
+    let out = run(&mut shell, "help");
+    assert!(out.starts_with("commands:\n"), "{out}");
+    for command in ["help", "kmemstat", "slabinfo", "kmemtrace", "kmalloc", "kfree", "leak", "poweroff"] {
+        assert!(
+            out.lines().any(|line| line.split_whitespace().next() == Some(command)),
+            "help does not list {command}:\n{out}"
+        );
+    }
+    assert_eq!(run(&mut shell, "  help  "), out, "surrounding blanks are ignored");
+    assert_eq!(run(&mut shell, ""), "", "an empty line prints nothing");
+    assert_eq!(run(&mut shell, "   "), "");
+}
+
+// ---------------------------------------------------------------------------
+// kmemstat
+
+const KMEMSTAT_HEADER: &str =
+    "Arena/Slab Name               :Typ: Objsize:      Total Amt:      Alloc Amt: Allocs Ever";
+
+struct KmemstatRow<'a> {
+    indent: usize,
+    name: &'a str,
+    kind: &'a str,
+    objsize: usize,
+    total: usize,
+    alloc: usize,
+    nr_allocs_ever: u64,
+}
+
+fn parse_kmemstat_row(line: &str) -> KmemstatRow<'_> {
+    assert_eq!(line.len(), KMEMSTAT_HEADER.len(), "row width: {line:?}");
+    let fields: Vec<&str> = line.split(':').collect();
+    assert_eq!(fields.len(), 6, "{line:?}");
+    let widths: Vec<usize> = fields.iter().map(|f| f.len()).collect();
+    assert_eq!(widths, [30, 3, 8, 15, 15, 12], "{line:?}");
+    let indent = fields[0].len() - fields[0].trim_start().len();
+    assert_eq!(indent % 4, 0, "{line:?}");
+    let number = |text: &str| text.trim().parse::<usize>().unwrap_or_else(|_| panic!("{line:?}"));
+    KmemstatRow {
+        indent: indent / 4,
+        name: fields[0].trim(),
+        kind: fields[1].trim(),
+        objsize: number(fields[2]),
+        total: number(fields[3]),
+        alloc: number(fields[4]),
+        nr_allocs_ever: number(fields[5]) as u64,
+    }
+}
+
+#[test_case]
+fn kmemstat_has_the_akaros_layout() {
+    let mut shell = Shell::new();
+    let mut out = buffer();
+    run_quiet(&mut shell, "kmemstat", &mut out);
+    // Read right after, before anything allocates from kmalloc-64.
+    let k64 = cache("kmalloc-64").stats();
+    let kpages_out = KPAGES.nr_pages_out();
+
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(KMEMSTAT_HEADER), "{out}");
+    let rule = lines.next().unwrap();
+    assert_eq!(rule.len(), KMEMSTAT_HEADER.len());
+    assert!(rule.bytes().all(|b| b == b'-'), "{rule:?}");
+    let rows: Vec<KmemstatRow<'_>> = lines.map(parse_kmemstat_row).collect();
+
+    let base = &rows[0];
+    assert_eq!((base.indent, base.name, base.kind, base.objsize), (0, "base", "A", PAGE_SIZE));
+    assert!(base.alloc <= base.total && base.total > 0);
+    let kpages = &rows[1];
+    assert_eq!((kpages.indent, kpages.name, kpages.kind), (1, "kpages", "A"));
+    assert_eq!(kpages.total, kpages_out * PAGE_SIZE);
+    assert!(kpages.total <= base.alloc, "kpages imports from base");
+
+    // Every cache, indented under kpages, in list order.
+    let mut names = Vec::with_capacity(64);
+    SLAB.for_each_cache(|cache| names.push(cache.name()));
+    let slab_rows: Vec<&KmemstatRow<'_>> = rows.iter().filter(|row| row.kind == "S").collect();
+    assert_eq!(slab_rows.iter().map(|row| row.name).collect::<Vec<_>>(), names);
+    for row in &slab_rows {
+        assert_eq!(row.indent, 2, "{}", row.name);
+        assert!(row.alloc <= row.total, "{}: alloc {} > total {}", row.name, row.alloc, row.total);
+        assert_eq!(row.total % row.objsize, 0, "{}", row.name);
+    }
+    let row = slab_rows.iter().find(|row| row.name == "kmalloc-64").unwrap();
+    assert_eq!(row.objsize, 64);
+    assert_eq!(row.total, k64.obj_size * k64.nr_total_objs);
+    assert_eq!(
+        row.alloc,
+        k64.obj_size * (k64.nr_allocated + k64.nr_cpu_cached_objs + k64.nr_depot_objs),
+        "Alloc Amt: objects out of the slabs"
+    );
+    assert_eq!(row.nr_allocs_ever, k64.nr_allocs_ever);
+
+    let large = rows.iter().find(|row| row.name == "kmalloc-large").expect("kmalloc-large row");
+    assert_eq!((large.indent, large.kind), (2, "P"));
+    let heap = rows.last().unwrap();
+    assert_eq!((heap.indent, heap.name, heap.kind), (0, "bootstrap-heap", "A"));
+    assert_eq!(heap.total, magpie::heap::BOOTSTRAP_HEAP_SIZE);
+}
+
+// ---------------------------------------------------------------------------
+// slabinfo
+
+const SLABINFO_HEADER: &str = "# name            <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab> : tunables <limit> <batchcount> <sharedfactor> : slabdata <active_slabs> <num_slabs> <sharedavail>";
+
+/// A slabinfo row as numbers: active, num, objsize, objperslab,
+/// pagesperslab, limit, batchcount, sharedfactor, active_slabs,
+/// num_slabs, sharedavail.
+fn slabinfo_row(out: &str, name: &str) -> [usize; 11] {
+    let line = out
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} row in\n{out}"));
+    assert!(line.starts_with(&format!("{name:<17} ")), "{line:?}");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.len(), 16, "{line:?}");
+    assert_eq!((words[6], words[7], words[11], words[12]), (":", "tunables", ":", "slabdata"), "{line:?}");
+    let mut numbers = [0; 11];
+    for (slot, word) in numbers
+        .iter_mut()
+        .zip(words[1..6].iter().chain(&words[8..11]).chain(&words[13..16]))
+    {
+        *slot = word.parse().unwrap_or_else(|_| panic!("{line:?}"));
+    }
+    numbers
+}
+
+fn assert_row_matches(row: [usize; 11], stats: &CacheStats) {
+    let active = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+    assert_eq!(row[0], active, "active_objs {row:?} {stats:?}");
+    assert_eq!(row[1], stats.nr_total_objs, "num_objs {row:?} {stats:?}");
+    assert_eq!(row[2], stats.obj_size);
+    assert_eq!(row[3], stats.objs_per_slab);
+    assert_eq!(row[4], stats.nr_pages_per_slab);
+    assert_eq!(row[5], stats.magsize, "limit is the magazine size");
+    assert_eq!(row[8], stats.nr_active_slabs);
+    assert_eq!(row[9], stats.nr_slabs);
+    assert_eq!(row[10], stats.nr_depot_objs, "sharedavail: rounds in the depot");
+    assert!(row[0] <= row[1], "more active objects than objects {row:?}");
+    assert!(row[8] <= row[9]);
+}
+
+#[test_case]
+fn slabinfo_rows_follow_kmalloc() {
+    let mut shell = Shell::new();
+    let (mut before, mut middle, mut after) = (buffer(), buffer(), buffer());
+    let k64 = cache("kmalloc-64");
+    // Empty the magazines so that the shell's objects must come from slabs.
+    k64.reap();
+    let start = k64.stats();
+    run_quiet(&mut shell, "slabinfo", &mut before);
+    let stats_before = k64.stats();
+    run_quiet(&mut shell, "kmalloc 64 5", &mut middle);
+    run_quiet(&mut shell, "slabinfo", &mut after);
+    let stats_after = k64.stats();
+
+    let mut lines = before.lines();
+    assert_eq!(lines.next(), Some("slabinfo - version: 2.1"));
+    assert_eq!(lines.next(), Some(SLABINFO_HEADER));
+    let mut nr_caches = 0;
+    SLAB.for_each_cache(|_| nr_caches += 1);
+    assert_eq!(before.lines().count(), 2 + nr_caches, "one row per cache:\n{before}");
+
+    let row_before = slabinfo_row(&before, "kmalloc-64");
+    let row_after = slabinfo_row(&after, "kmalloc-64");
+    assert_row_matches(row_before, &stats_before);
+    assert_row_matches(row_after, &stats_after);
+    assert_eq!(row_before[2], 64);
+    let objs = addresses(&middle);
+    assert_eq!(objs.len(), 5, "{middle}");
+    assert!(
+        row_after[0] >= row_before[0] + 5,
+        "active_objs after kmalloc 64 5: {} -> {}",
+        row_before[0],
+        row_after[0]
+    );
+    assert_eq!(stats_after.nr_allocated, stats_before.nr_allocated + 5);
+    for &obj in &objs {
+        assert_eq!(obj % 64, 0, "kmalloc-64 objects are 64-aligned: {obj:#x}");
+    }
+    assert_eq!(shell.nr_held(), 5);
+
+    run_quiet(&mut shell, "kfree all", &mut middle);
+    let mut freed = addresses(&middle);
+    freed.reverse();
+    assert_eq!(freed, objs, "kfree frees the most recent first");
+    assert_eq!(shell.nr_held(), 0);
+    // The address lists above are kmalloc objects too.
+    drop((freed, objs));
+    assert_eq!(k64.stats().nr_allocated, start.nr_allocated, "kfree all leaks nothing");
+}
+
+// ---------------------------------------------------------------------------
+// kmalloc / kfree / leak
+
+#[test_case]
+fn kmalloc_and_kfree_balance() {
+    let mut shell = Shell::new();
+    let mut out = buffer();
+    let mut before = Vec::with_capacity(64);
+    let mut after = Vec::with_capacity(64);
+    let large = SLAB.large_stats();
+    kmalloc_counts(&mut before);
+
+    run_quiet(&mut shell, "kmalloc 32 4", &mut out);
+    let small = addresses(&out);
+    run_quiet(&mut shell, "kmalloc 0x100", &mut out);
+    let hex = addresses(&out);
+    run_quiet(&mut shell, "kmalloc 20000 2", &mut out);
+    let big = addresses(&out);
+    assert_eq!((small.len(), hex.len(), big.len()), (4, 1, 2));
+    assert_eq!(shell.nr_held(), 7);
+    assert_eq!(SLAB.large_stats().nr_live, large.nr_live + 2, "20000 bytes are page-granular");
+    for &obj in &big {
+        assert_eq!(obj % PAGE_SIZE, 0);
+    }
+    let k32 = cache("kmalloc-32").stats().nr_allocated;
+    let k256 = cache("kmalloc-256").stats().nr_allocated;
+
+    run_quiet(&mut shell, "kfree 2", &mut out);
+    assert_eq!(addresses(&out), [big[1], big[0]]);
+    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+    run_quiet(&mut shell, "kfree", &mut out);
+    assert_eq!(addresses(&out), hex);
+    assert_eq!(cache("kmalloc-256").stats().nr_allocated, k256 - 1);
+    assert_eq!(shell.nr_held(), 4);
+    run_quiet(&mut shell, "kfree all", &mut out);
+    assert_eq!(out.lines().count(), 4);
+    assert_eq!(cache("kmalloc-32").stats().nr_allocated, k32 - 4);
+    assert_eq!(shell.nr_held(), 0);
+    run_quiet(&mut shell, "kfree all", &mut out);
+    assert_eq!(out, "", "kfree all with nothing held");
+
+    // The shell's own list of held objects and the address lists are
+    // kmalloc objects too.
+    drop((shell, small, hex, big));
+    kmalloc_counts(&mut after);
+    assert_eq!(after, before, "kmalloc caches back where they started");
+    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+}
+
+#[test_case]
+fn leak_allocates_without_holding() {
+    let mut shell = Shell::new();
+    let mut out = buffer();
+    let k16 = cache("kmalloc-16");
+    let before = k16.stats().nr_allocated;
+    run_quiet(&mut shell, "leak 12 3", &mut out);
+    let leaked = addresses(&out);
+    assert_eq!(leaked.len(), 3);
+    assert_eq!(shell.nr_held(), 0, "leaked objects are not held");
+    assert_eq!(k16.stats().nr_allocated, before + 3);
+    // Give them back so the rest of the kernel sees no leak.
+    for addr in leaked {
+        // SAFETY: the leaked objects are ours and unused.
+        unsafe { SLAB.kfree(core::ptr::NonNull::new(addr as *mut u8).unwrap()) }.expect("kfree");
+    }
+    assert_eq!(k16.stats().nr_allocated, before);
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+#[test_case]
+fn errors_are_one_line_and_change_nothing() {
+    let mut shell = Shell::new();
+    let mut held = buffer();
+    run_quiet(&mut shell, "kmalloc 64 2", &mut held);
+    assert_eq!(shell.nr_held(), 2);
+
+    let cases: [(&str, &str); 18] = [
+        ("frobnicate", "unknown command 'frobnicate'"),
+        ("KMEMSTAT", "unknown command"),
+        ("kmemtrace print no-such-cache", "no cache named 'no-such-cache'"),
+        ("kmemtrace start kmalloc-65", "no cache named 'kmalloc-65'"),
+        ("kmemtrace", "usage: kmemtrace"),
+        ("kmemtrace frob kmalloc-64", "usage: kmemtrace"),
+        ("kmemtrace print kmalloc-64 extra", "usage: kmemtrace"),
+        ("kmalloc abc", "'abc' is not a number"),
+        ("kmalloc 64 -1", "'-1' is not a number"),
+        ("kmalloc 0x", "not a number"),
+        ("kmalloc 0", "size 0 out of range"),
+        ("kmalloc 67108865", "out of range"),
+        ("kmalloc 64 0", "count 0 out of range"),
+        ("kmalloc 64 100001", "count 100001 out of range"),
+        ("kmalloc", "usage: kmalloc"),
+        ("kfree 3", "cannot free 3: the shell holds 2 object(s)"),
+        ("kfree two", "'two' is not a number"),
+        ("help me", "usage: help"),
+    ];
+    let mut out = buffer();
+    let mut before = Vec::with_capacity(64);
+    let mut after = Vec::with_capacity(64);
+    let large = SLAB.large_stats();
+    for (line, message) in cases {
+        kmalloc_counts(&mut before);
+        run_quiet(&mut shell, line, &mut out);
+        kmalloc_counts(&mut after);
+        assert_one_error_line(&out, message);
+        assert_eq!(shell.nr_held(), 2, "{line:?} changed what the shell holds");
+        assert_eq!(after, before, "{line:?} changed the kmalloc caches");
+        assert_eq!(SLAB.large_stats(), large, "{line:?}");
+    }
+    SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{} left tracing", cache.name()));
+
+    run_quiet(&mut shell, "kfree all", &mut out);
+    assert_eq!(shell.nr_held(), 0);
+    run_quiet(&mut shell, "kfree", &mut out);
+    assert_one_error_line(&out, "cannot free 1: the shell holds 0 object(s)");
+}
+
+// ---------------------------------------------------------------------------
+// The line editor
+
+fn feed(editor: &mut LineEditor, bytes: &[u8], echo: &mut Vec<u8>) -> Vec<Option<String>> {
+    let mut lines = Vec::new();
+    for &byte in bytes {
+        match editor.feed(byte, &mut |bytes| echo.extend_from_slice(bytes)) {
+            Edit::Pending => {}
+            Edit::Line(line) => lines.push(Some(String::from(line))),
+            Edit::TooLong => lines.push(None),
+        }
+    }
+    lines
+}
+
+#[test_case]
+fn line_editor_handles_crlf_backspace_and_overlong_lines() {
+    let mut editor = LineEditor::new();
+    let mut echo = Vec::new();
+    let lines = feed(&mut editor, b"helq\x7fp\r\nslabinfo\n\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("help")), Some(String::from("slabinfo")), Some(String::new())],
+        "CR LF is one line end; a lone CR or LF each end a line"
+    );
+    assert_eq!(echo, b"helq\x08 \x08p\nslabinfo\n\n");
+
+    echo.clear();
+    let lines = feed(&mut editor, b"\x7f\x1b[Ak\tm\x00", &mut echo);
+    assert!(lines.is_empty());
+    assert_eq!(echo, b"[Akm", "backspace at the start and control bytes are not echoed");
+    let lines = feed(&mut editor, b"\r", &mut echo);
+    assert_eq!(lines, [Some(String::from("[Akm"))]);
+
+    let mut long = Vec::new();
+    long.resize(MAX_LINE, b'x');
+    let lines = feed(&mut editor, &long, &mut echo);
+    assert!(lines.is_empty());
+    let lines = feed(&mut editor, b"\r", &mut echo);
+    assert_eq!(lines, [Some(String::from_utf8(long.clone()).unwrap())], "exactly MAX_LINE fits");
+    long.push(b'y');
+    let lines = feed(&mut editor, &long, &mut echo);
+    assert!(lines.is_empty());
+    let lines = feed(&mut editor, b"\x7f\x7fhelp\r", &mut echo);
+    assert_eq!(lines, [None], "an overlong line is dropped whole, backspaces included");
+    let lines = feed(&mut editor, b"help\r", &mut echo);
+    assert_eq!(lines, [Some(String::from("help"))], "the next line is fine");
 }

@@ -236,8 +236,10 @@ fn report_bad_free(error: &magpie_slab::FreeError) {
 }
 
 /// Destroys `cache` (Akaros `kmem_cache_destroy`), warning on the console
-/// when it still had trace records: objects that were traced and never
-/// freed, i.e. a probable leak in the cache's users.
+/// when it still has trace records: objects that were traced and never
+/// freed, i.e. a probable leak in the cache's users. The allocator refuses
+/// to destroy a cache with objects out, so the usual case is a refusal with
+/// a warning that points at `kmemtrace print`.
 ///
 /// # Errors
 ///
@@ -254,12 +256,27 @@ pub unsafe fn cache_destroy(
     let mut name = [0u8; 32];
     let len = cache.name().len().min(name.len());
     name[..len].copy_from_slice(&cache.name().as_bytes()[..len]);
+    let name_str = || core::str::from_utf8(&name[..len]).unwrap_or("?");
     // SAFETY: forwarded from this function's contract.
-    let report = unsafe { cache.destroy() }?;
+    let report = match unsafe { cache.destroy() } {
+        Ok(report) => report,
+        Err(error) => {
+            let nr_records = cache.trace_stats().nr_records;
+            if nr_records > 0 {
+                log::warn!(
+                    "kmem_cache_destroy: {} refused ({error}); {nr_records} traced object(s) never freed: \
+                     see 'kmemtrace print {}'",
+                    name_str(),
+                    name_str()
+                );
+            }
+            return Err(error);
+        }
+    };
     if report.nr_trace_records_dropped > 0 {
         log::warn!(
             "kmem_cache_destroy: {} still had {} trace record(s) (traced objects never freed); dropped them",
-            core::str::from_utf8(&name[..len]).unwrap_or("?"),
+            name_str(),
             report.nr_trace_records_dropped
         );
     }
