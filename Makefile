@@ -34,3 +34,10 @@ check:
 	cargo fmt --all --check
 	cargo clippy -p magpie-slab -p magpie-codetag --target $(HOST) --all-targets
 	cargo clippy
+
+# Host benchmarks: magpie-slab against peer allocators (callgrind instruction
+# counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.
+# See docs/BENCHMARKS.md.
+.PHONY: bench
+bench:
+	bench/run.sh

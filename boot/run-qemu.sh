@@ -2,7 +2,8 @@
 # Boot a Magpie kernel ELF in QEMU (TCG). Used as the cargo runner for
 # `cargo run` and `cargo test` (see .cargo/config.toml).
 #
-#   boot/run-qemu.sh KERNEL.elf [KERNEL ARGS...]
+#   boot/run-qemu.sh KERNEL.elf [--smp N] [KERNEL ARGS...]
+#   cargo run -- --smp 8            (the same through cargo)
 #
 # The ELF is passed twice: as the PVH kernel and as the initrd module, from
 # which the kernel reads its own symbol table to symbolize backtraces.
@@ -14,7 +15,10 @@
 # Environment:
 #   MAGPIE_APPEND     kernel command line (e.g. "loglevel=debug"); extra
 #                     runner arguments are appended to it
-#   MAGPIE_SMP        number of CPUs (default 1)
+#   MAGPIE_SMP        number of CPUs, 1..64. Precedence: `--smp N` argument,
+#                     then MAGPIE_SMP, then the kernel's own default: test
+#                     kernels named smp_* (tests/smp_*.rs) boot with 4 CPUs,
+#                     every other kernel (`cargo run`, the other tests) with 2
 #   MAGPIE_MEM        memory size (default 256M)
 #   MAGPIE_TIMEOUT    seconds before QEMU is killed; 0 = none. Default: none
 #                     on a terminal, 60 for test kernels (.../deps/...),
@@ -29,6 +33,27 @@ if [ $# -lt 1 ]; then
 fi
 ELF=$1
 shift
+
+# `--smp N` / `--smp=N` before the kernel arguments sets the CPU count.
+SMP_ARG=
+case "${1:-}" in
+    --smp) SMP_ARG=${2:-}; shift; [ $# -gt 0 ] && shift ;;
+    --smp=*) SMP_ARG=${1#--smp=}; shift ;;
+esac
+if [ -n "$SMP_ARG" ]; then
+    SMP=$SMP_ARG
+elif [ -n "${MAGPIE_SMP:-}" ]; then
+    SMP=$MAGPIE_SMP
+else
+    case "$(basename "$ELF")" in
+        smp_*) SMP=4 ;;
+        *) SMP=2 ;;
+    esac
+fi
+if ! [[ "$SMP" =~ ^[0-9]+$ ]] || [ "$SMP" -lt 1 ] || [ "$SMP" -gt 64 ]; then
+    echo "run-qemu.sh: CPU count '$SMP' out of range: give 1 to 64 (--smp N or MAGPIE_SMP)" >&2
+    exit 2
+fi
 
 QEMU=${MAGPIE_QEMU:-qemu-system-x86_64}
 if ! command -v "$QEMU" >/dev/null 2>&1; then
@@ -61,7 +86,7 @@ fi
 # shellcheck disable=SC2206 # word splitting of MAGPIE_QEMU_ARGS is intended
 EXTRA=(${MAGPIE_QEMU_ARGS:-})
 
-CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "${MAGPIE_SMP:-1}"
+CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
      -serial stdio -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
      -kernel "$ELF" -initrd "$ELF" -append "$APPEND" "${EXTRA[@]}")

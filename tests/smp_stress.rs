@@ -57,8 +57,15 @@ fn nr_ops() -> u64 {
 
 #[test_case]
 fn every_cpu_is_online() {
-    assert!(smp::nr_online() >= 2, "the SMP tests need at least 2 CPUs (MAGPIE_SMP)");
-    assert_eq!(smp::nr_online(), arch::max_cpus(), "every CPU in the MADT started");
+    assert!(
+        smp::nr_online() >= 2,
+        "the SMP tests need at least 2 CPUs (MAGPIE_SMP)"
+    );
+    assert_eq!(
+        smp::nr_online(),
+        arch::max_cpus(),
+        "every CPU in the MADT started"
+    );
     for cpu in 0..arch::max_cpus() {
         assert!(smp::is_online(cpu), "cpu {cpu} is {:?}", smp::state(cpu));
     }
@@ -67,7 +74,8 @@ fn every_cpu_is_online() {
 
 #[test_case]
 fn work_runs_on_the_cpu_it_was_posted_to() {
-    static SEEN: [AtomicUsize; arch::MAX_CPUS] = [const { AtomicUsize::new(usize::MAX) }; arch::MAX_CPUS];
+    static SEEN: [AtomicUsize; arch::MAX_CPUS] =
+        [const { AtomicUsize::new(usize::MAX) }; arch::MAX_CPUS];
     for cpu in smp::online_cpus() {
         let completion = smp::run_on(cpu, move || {
             SEEN[cpu].store(arch::cpu_id(), Ordering::Release);
@@ -94,12 +102,22 @@ fn aps_have_their_own_stacks_and_tables() {
         stacks[cpu].store(core::ptr::addr_of!(marker) as usize, Ordering::Release);
         // Same page tables on every CPU.
         let (frame, _) = x86_64::registers::control::Cr3::read();
-        assert_eq!(frame.start_address().as_u64(), magpie::memory::kernel_pml4());
+        assert_eq!(
+            frame.start_address().as_u64(),
+            magpie::memory::kernel_pml4()
+        );
     });
-    let mut seen: Vec<usize> = stacks.iter().map(|s| s.load(Ordering::Acquire) >> 16).collect();
+    let mut seen: Vec<usize> = stacks
+        .iter()
+        .map(|s| s.load(Ordering::Acquire) >> 16)
+        .collect();
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen.len(), arch::max_cpus(), "each CPU runs on its own stack");
+    assert_eq!(
+        seen.len(),
+        arch::max_cpus(),
+        "each CPU runs on its own stack"
+    );
 }
 
 /// `nr_allocated` of every cache, written into a buffer reserved up front
@@ -139,21 +157,52 @@ fn million_random_ops_per_cpu_leave_nothing_behind() {
         stress::nr_ctor_runs() - ctor_runs_before
     );
     for cpu in &report.per_cpu {
-        assert!(cpu.nr_ops >= config.nr_ops, "cpu {} ran {} ops", cpu.cpu, cpu.nr_ops);
-        assert_eq!(cpu.nr_corruptions, 0, "cpu {}: corruption {:x?}", cpu.cpu, cpu.first_corruption);
-        assert_eq!(cpu.nr_failures, 0, "cpu {}: failed allocs or frees", cpu.cpu);
-        assert!(cpu.nr_cross_frees > 0, "cpu {}: no cross-CPU frees", cpu.cpu);
+        assert!(
+            cpu.nr_ops >= config.nr_ops,
+            "cpu {} ran {} ops",
+            cpu.cpu,
+            cpu.nr_ops
+        );
+        assert_eq!(
+            cpu.nr_corruptions, 0,
+            "cpu {}: corruption {:x?}",
+            cpu.cpu, cpu.first_corruption
+        );
+        assert_eq!(
+            cpu.nr_failures, 0,
+            "cpu {}: failed allocs or frees",
+            cpu.cpu
+        );
+        assert!(
+            cpu.nr_cross_frees > 0,
+            "cpu {}: no cross-CPU frees",
+            cpu.cpu
+        );
     }
-    assert_eq!(report.nr_dtor_mismatches, 0, "stress-ctor objects not constructed at destruction");
-    assert_eq!(report.total(|cpu| cpu.nr_allocs), report.total(|cpu| cpu.nr_frees));
-    assert!(stress::nr_ctor_runs() > ctor_runs_before, "the constructor-bearing cache was used");
+    assert_eq!(
+        report.nr_dtor_mismatches, 0,
+        "stress-ctor objects not constructed at destruction"
+    );
+    assert_eq!(
+        report.total(|cpu| cpu.nr_allocs),
+        report.total(|cpu| cpu.nr_frees)
+    );
+    assert!(
+        stress::nr_ctor_runs() > ctor_runs_before,
+        "the constructor-bearing cache was used"
+    );
     drop(report);
 
     SLAB.reap_all();
     snapshot(&mut after);
     assert_eq!(before.len(), after.len(), "no cache came or went");
     for ((cache, nr_before), (_, nr_after)) in before.iter().zip(&after) {
-        assert_eq!(nr_after, nr_before, "{}: allocated count after the run", cache.name());
+        assert_eq!(
+            nr_after,
+            nr_before,
+            "{}: allocated count after the run",
+            cache.name()
+        );
     }
     assert_eq!(ctor_cache.stats().nr_allocated, 0);
     let pages_after = KPAGES.nr_pages_out();

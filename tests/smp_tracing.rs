@@ -72,9 +72,20 @@ fn parse_records(output: &str) -> Vec<Live> {
 #[test_case]
 fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
     let nr_cpus = smp::nr_online();
-    assert!(nr_cpus >= 2, "the SMP tests need at least 2 CPUs (MAGPIE_SMP)");
+    assert!(
+        nr_cpus >= 2,
+        "the SMP tests need at least 2 CPUs (MAGPIE_SMP)"
+    );
     let cache = SLAB
-        .cache_create("smp-traced", OBJ_SIZE, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "smp-traced",
+            OBJ_SIZE,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
         .expect("create smp-traced");
     let mut shell = Shell::new();
     let mut out = String::new();
@@ -82,7 +93,9 @@ fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
     assert!(out.contains("tracing smp-traced"), "{out}");
 
     // Phase 1, all CPUs at once: allocate, free every other object locally.
-    let kept: Vec<Mutex<Vec<Live>>> = (0..arch::max_cpus()).map(|_| Mutex::new(Vec::new())).collect();
+    let kept: Vec<Mutex<Vec<Live>>> = (0..arch::max_cpus())
+        .map(|_| Mutex::new(Vec::new()))
+        .collect();
     smp::run_on_all(&|cpu| {
         let mut mine = Vec::with_capacity(NR_PER_CPU);
         for index in 0..NR_PER_CPU {
@@ -91,7 +104,10 @@ fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
                 // SAFETY: just allocated from this cache, freed once.
                 unsafe { cache.free(obj) }.expect("local free");
             } else {
-                mine.push(Live { addr: obj.as_ptr() as usize, cpu });
+                mine.push(Live {
+                    addr: obj.as_ptr() as usize,
+                    cpu,
+                });
             }
         }
         *kept[cpu].lock() = mine;
@@ -108,7 +124,8 @@ fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
             assert_ne!(live.cpu, cpu);
             // SAFETY: allocated from this cache by the neighbour, removed
             // from its list under the lock, so freed exactly once.
-            unsafe { cache.free(NonNull::new(live.addr as *mut u8).unwrap()) }.expect("cross-CPU free");
+            unsafe { cache.free(NonNull::new(live.addr as *mut u8).unwrap()) }
+                .expect("cross-CPU free");
         }
     });
 
@@ -120,19 +137,32 @@ fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
     out.clear();
     shell.execute("kmemtrace print smp-traced", &mut out);
     let records = parse_records(&out);
-    assert_eq!(records.len(), expected.len(), "records shown vs objects live");
-    assert_eq!(records, expected, "kmemtrace print lists exactly the live objects, with the allocating CPU");
+    assert_eq!(
+        records.len(),
+        expected.len(),
+        "records shown vs objects live"
+    );
+    assert_eq!(
+        records, expected,
+        "kmemtrace print lists exactly the live objects, with the allocating CPU"
+    );
     let summary = alloc::format!("{nr_live} outstanding objects in smp-traced, 0 records dropped");
     assert!(out.contains(&summary), "summary line missing: {summary}");
     for cpu in 0..nr_cpus {
-        assert!(records.iter().any(|record| record.cpu == cpu), "no record from cpu {cpu}");
+        assert!(
+            records.iter().any(|record| record.cpu == cpu),
+            "no record from cpu {cpu}"
+        );
     }
 
     let stats = cache.stats();
     assert_eq!(stats.nr_allocated, nr_live);
     assert_eq!(stats.nr_allocs_ever, (nr_cpus * NR_PER_CPU) as u64);
     assert_eq!(stats.nr_frees_ever, (nr_cpus * NR_PER_CPU - nr_live) as u64);
-    println!("{} live objects traced on {nr_cpus} CPUs; stats agree", records.len());
+    println!(
+        "{} live objects traced on {nr_cpus} CPUs; stats agree",
+        records.len()
+    );
 
     // Free the rest from the boot CPU; the table empties.
     shell.execute("kmemtrace stop smp-traced", &mut out);

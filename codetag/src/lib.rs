@@ -34,8 +34,31 @@
 //! `__func__`); they are computed on first use, not stored, because
 //! `core::any::type_name` is not usable in a `static` initializer on stable
 //! Rust.
+//!
+//! ## Applications in this crate
+//!
+//! - [`alloc_tag`]: allocation tags ([`alloc_tag::AllocTag`], the
+//!   [`alloc_tag!`] macro, per-CPU [`alloc_tag::AllocTagCounters`], the
+//!   runtime [`alloc_tag::ProfilingSwitch`] and the `/proc/allocinfo`
+//!   printer). The allocator stores a 4-byte [`alloc_tag::AllocTagRef`]
+//!   with each object; this crate turns references back into tags.
+//! - [`time_stats`]: latency statistics at a code location
+//!   ([`time_stats!`]): count, average, maximum, quantiles.
+//!
+//! ## Sections and the linker
+//!
+//! Each section is `linkme_<NAME>` with `__start_linkme_<NAME>` and
+//! `__stop_linkme_<NAME>` bounds, which ELF linkers define for any section
+//! whose name is a C identifier. Host test binaries get them from the
+//! default linker script; the kernel's `boot/linker.ld` leaves these
+//! sections as orphans, which the linker places among the writable data.
 #![no_std]
 #![deny(unsafe_code)]
+
+// Unsafe is confined to handing per-CPU counter memory to `alloc_tag`.
+#[allow(unsafe_code)]
+pub mod alloc_tag;
+pub mod time_stats;
 
 use core::fmt;
 
@@ -188,7 +211,8 @@ macro_rules! codetag {
 /// `&'static [T]` (`FAULT_POINTS.iter()`, `.len()`).
 #[macro_export]
 macro_rules! codetag_section {
-    ($vis:vis static $name:ident : [$ty:ty]) => {
+    ($(#[$meta:meta])* $vis:vis static $name:ident : [$ty:ty]) => {
+        $(#[$meta])*
         #[$crate::linkme::distributed_slice]
         #[linkme(crate = $crate::linkme)]
         $vis static $name: [$ty];

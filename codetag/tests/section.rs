@@ -14,7 +14,10 @@ impl TaggedWith for Probe {
     }
 }
 
-codetag_section!(pub static PROBES: [Probe]);
+codetag_section!(
+    /// The probes of this test binary.
+    pub static PROBES: [Probe]
+);
 
 /// Defines a probe at the call site and returns it.
 macro_rules! probe {

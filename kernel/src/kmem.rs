@@ -74,6 +74,23 @@ impl Platform for KernelPlatform {
         let _ = core::fmt::write(&mut writer, format_args!("cpu{cpu} {what}"));
         writer.len
     }
+
+    // Allocation profiling (kernel feature `alloc-profiling`): see
+    // `crate::profiling`.
+    #[inline]
+    fn alloc_tag_current() -> u32 {
+        crate::profiling::current_tag()
+    }
+
+    #[inline]
+    fn alloc_tag_add(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+        crate::profiling::charge(tag, ptr, bytes)
+    }
+
+    #[inline]
+    fn alloc_tag_sub(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+        crate::profiling::uncharge(tag, ptr, bytes)
+    }
 }
 
 /// Whether a return address lies in allocator plumbing rather than in the
@@ -93,6 +110,7 @@ fn is_allocator_frame(address: usize) -> bool {
         "4heap",
     ];
     name.contains("KernelPlatform")
+        || name.contains("9profiling") // allocation-tag context capture
         || PLUMBING.iter().any(|needle| name.contains(needle))
         || name.contains("alloc..alloc")
         || name.contains("__rdl_")
@@ -218,6 +236,7 @@ pub fn init() {
     SLAB.init(&KPAGES)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     SLAB.set_free_error_hook(Some(report_bad_free));
+    crate::profiling::init();
     log::info!(
         "slab allocator up: {} caches, {} CPU(s), {} pages from kpages",
         {

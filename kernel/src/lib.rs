@@ -15,7 +15,7 @@
 //! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
 //! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
 //! ranges) → frame allocator → final page tables (direct map) → symbols →
-//! slab allocator ([`kmem`]) → `kmain`.
+//! slab allocator ([`kmem`]) → application processors ([`smp`]) → `kmain`.
 //!
 //! # FAQ
 //!
@@ -25,8 +25,9 @@
 //! * *Why not `uart_16550`?* Its `init` writes the FIFO control register,
 //!   which makes QEMU drop input that is already queued (piped stdin). The
 //!   16550 driver in [`console`] is twenty lines and never touches FCR.
-//! * *Why parse the MADT by hand?* The `acpi` crate's handler trait needs
-//!   some twenty AML I/O hooks; counting processors needs sixty lines.
+//! * *Why `acpi` 5.2 and not 6.x?* 6.x's handler trait asks for some
+//!   twenty AML, I/O and PCI hooks; 5.2's is map/unmap, and its MADT parser
+//!   is all the kernel needs (see [`arch::acpi`]).
 //!
 //! # Adding a kernel (binary or test)
 //!
@@ -35,6 +36,7 @@
 
 #![no_std]
 #![feature(abi_x86_interrupt)]
+#![feature(allocator_api)]
 
 extern crate alloc;
 
@@ -47,8 +49,11 @@ pub mod klog;
 pub mod kmem;
 pub mod memory;
 pub mod panic;
+pub mod profiling;
 pub mod qemu;
 pub mod shell;
+pub mod smp;
+pub mod stress;
 pub mod symbols;
 pub mod testing;
 
@@ -78,6 +83,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     memory::init(boot);
     symbols::init(boot);
     kmem::init();
+    smp::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",
         frame::stats().nr_total * frame::PAGE_SIZE / (1024 * 1024),

@@ -44,6 +44,15 @@ commands:
   kmalloc SIZE [COUNT]                 allocate COUNT objects of SIZE bytes, keep them
   kfree [COUNT|all]                    free the most recently kmalloc'ed objects held
   leak SIZE [COUNT]                    allocate and forget (for leak hunting)
+  allocinfo [--sort bytes|calls] [--top N] [--file PATTERN] [-h]
+                                       live bytes and calls per allocation site (/proc/allocinfo 1.0)
+  allocinfo on|off                     switch allocation profiling at run time
+  allocinfo ctx FILE:LINE enable|disable|print
+                                       capture context of each live object from one site
+  timestats [reset]                    latency statistics (slab refill, depot exchange)
+  cpus                                 CPUs: id, APIC id, state, work done
+  stress [--cpus N|all] [--ops N] [--sizes A-B] [--seed S]
+                                       random alloc/free mix on several CPUs at once
   poweroff                             leave QEMU";
 
 /// A shell error: printed as one `error: ...` line.
@@ -140,6 +149,7 @@ impl Shell {
         let Some(command) = words.next() else {
             return Ok(());
         };
+        let _tag = crate::alloc_tag_scope!();
         let args: Vec<&str> = words.collect();
         let _context = kmem::enter_context(context_name(command));
         match command {
@@ -160,6 +170,16 @@ impl Shell {
                 cmd_leak(size, count, out);
                 Ok(())
             }
+            "cpus" => {
+                crate::stress::cmd_cpus(&args, out);
+                Ok(())
+            }
+            "stress" => {
+                crate::stress::cmd_stress(&args, out);
+                Ok(())
+            }
+            "allocinfo" => crate::profiling::cmd_allocinfo(&args, out).map_err(ShellError::Usage),
+            "timestats" => crate::profiling::cmd_timestats(&args, out).map_err(ShellError::Usage),
             "poweroff" => {
                 let _ = writeln!(out, "powering off");
                 exit_qemu(QemuExitCode::Success)
@@ -173,7 +193,7 @@ impl Shell {
     fn cmd_kmalloc(&mut self, size: usize, count: usize, out: &mut dyn Write) {
         self.held.reserve(count);
         for _ in 0..count {
-            match SLAB.kmalloc(size, 1) {
+            match crate::kmalloc!(size, 1) {
                 Ok(ptr) => {
                     self.held.push(Held { ptr, size });
                     let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
@@ -218,7 +238,7 @@ impl Shell {
 #[inline(never)]
 fn cmd_leak(size: usize, count: usize, out: &mut dyn Write) {
     for _ in 0..count {
-        match SLAB.kmalloc(size, 1) {
+        match crate::kmalloc!(size, 1) {
             Ok(ptr) => {
                 let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
             }

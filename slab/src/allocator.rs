@@ -49,6 +49,20 @@ const _: () = {
     assert!(core::mem::size_of::<TraceNode>() <= crate::slab::SMALL_MAX_STRIDE);
 };
 
+/// Page-granular allocations: the head page's page-map entry is
+/// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
+/// reference riding in the upper half (0 without profiling).
+const LARGE_TAG_SHIFT: u32 = 32;
+/// Most pages one page-granular kmalloc may span (its count must fit below
+/// the tag bits).
+const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
+
+/// Page count of a page-granular head entry.
+#[inline]
+fn large_nr_pages(entry: usize) -> usize {
+    (entry >> 3) & LARGE_MAX_PAGES
+}
+
 /// Natural alignment of a size class: the largest power of two dividing
 /// it, capped at [`PAGE_SIZE`].
 pub const fn natural_align(size: usize) -> usize {
@@ -286,7 +300,7 @@ impl<P: Platform> Allocator<P> {
             let spec = CacheSpec {
                 name: BOOT_NAMES[index],
                 size,
-                geometry: Geometry::new(size, align, CacheFlags::NOTRACE)?,
+                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, false)?,
                 flags: CacheFlags::NOTRACE,
                 ctor: None,
                 dtor: None,
@@ -515,7 +529,7 @@ impl<P: Platform> Allocator<P> {
         source: Option<&'static dyn PageSource>,
         permanent: bool,
     ) -> Result<&'static KmemCache<P>, AllocError> {
-        let geometry = Geometry::new(size, align, flags)?;
+        let geometry = Geometry::new(size, align, flags, true)?;
         let primary = self.primary_source();
         let source = source.unwrap_or(primary);
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
@@ -653,8 +667,29 @@ impl<P: Platform> Allocator<P> {
     /// [`AllocError::NotInitialized`]; [`AllocError::InvalidLayout`] for
     /// size 0, `align` not a power of two, or `align > PAGE_SIZE` with no
     /// class able to give it; [`AllocError::OutOfMemory`].
+    ///
+    /// With feature `alloc-profiling`, the memory is charged to the tag
+    /// [`Platform::alloc_tag_current`] names: the cache's object size for
+    /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        self.kmalloc_tagged(size, align, crate::alloc_tag::current::<P>())
+    }
+
+    /// [`Allocator::kmalloc`] charging the memory to the allocation tag
+    /// `tag` (0 charges nothing): the entry point of call sites that name
+    /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
+    /// tag is ignored.
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    #[inline]
+    pub fn kmalloc_tagged(
+        &self,
+        size: usize,
+        align: usize,
+        tag: u32,
+    ) -> Result<NonNull<u8>, AllocError> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
@@ -662,22 +697,30 @@ impl<P: Platform> Allocator<P> {
             return Err(AllocError::InvalidLayout);
         }
         match Self::kmalloc_index(size, align) {
-            Some(index) => self.kmalloc_cache(index).alloc(),
-            None => self.large_alloc(size, align),
+            Some(index) => self.kmalloc_cache(index).alloc_tagged(tag),
+            None => self.large_alloc(size, align, tag),
         }
     }
 
-    fn large_alloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
         if align > PAGE_SIZE || size > isize::MAX as usize {
             return Err(AllocError::InvalidLayout);
         }
         let nr_pages = size.div_ceil(PAGE_SIZE);
+        if nr_pages > LARGE_MAX_PAGES {
+            return Err(AllocError::OutOfMemory);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let tag = {
+            let _ = tag;
+            0u32
+        };
         let source = self.primary_source();
         let pages = source.alloc_pages(nr_pages)?;
         let addr = pages.as_ptr() as usize;
         let registered = self.page_map().set_range(addr, nr_pages, |page| {
             if page == 0 {
-                (nr_pages << 3) | TAG_LARGE_HEAD
+                ((tag as usize) << LARGE_TAG_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD
             } else {
                 (page << 3) | TAG_LARGE_TAIL
             }
@@ -690,6 +733,10 @@ impl<P: Platform> Allocator<P> {
         self.large_nr_live.fetch_add(1, Ordering::Relaxed);
         self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
         self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            P::alloc_tag_add(tag, pages, nr_pages * PAGE_SIZE);
+        }
         Ok(pages)
     }
 
@@ -730,10 +777,17 @@ impl<P: Platform> Allocator<P> {
                 if !map.claim(addr, entry) {
                     return Err(FreeError::NotAllocated { addr });
                 }
-                let nr_pages = entry >> 3;
+                let nr_pages = large_nr_pages(entry);
                 map.clear_range(addr, nr_pages);
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
+                #[cfg(feature = "alloc-profiling")]
+                {
+                    let tag = (entry >> LARGE_TAG_SHIFT) as u32;
+                    if tag != 0 {
+                        P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
+                    }
+                }
                 // SAFETY: a live page-granular allocation of nr_pages pages
                 // from the primary source, claimed by us alone (the CAS).
                 unsafe { self.primary_source().free_pages(ptr, nr_pages) };
@@ -765,7 +819,7 @@ impl<P: Platform> Allocator<P> {
                 cache.locate(addr)?;
                 Ok(cache.obj_size())
             }
-            TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok((entry >> 3) * PAGE_SIZE),
+            TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok(large_nr_pages(entry) * PAGE_SIZE),
             TAG_LARGE_HEAD | TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
             _ => Err(FreeError::NotAllocated { addr }),
         }

@@ -111,6 +111,10 @@ pub(crate) const HOT_EVER_TRACED: u32 = 2;
 pub(crate) const HOT_AUDIT: u32 = 4;
 pub(crate) const HOT_BUFCTL: u32 = 8;
 pub(crate) const HOT_BOOTSTRAP: u32 = 16;
+/// Some object of this small-object cache carries a tag reference in its
+/// slab's tag array (feature `alloc-profiling`): frees must look at it.
+/// The only flag that does not send allocations to the cold path.
+pub(crate) const HOT_TAGGED: u32 = 32;
 
 /// Links of the allocator's cache list (under the cache-list lock).
 pub(crate) struct CacheLinks<P: Platform> {
@@ -126,6 +130,11 @@ pub(crate) struct Geometry {
     pub(crate) kind: SlabKind,
     pub(crate) nr_pages_per_slab: usize,
     pub(crate) nr_objs_per_slab: usize,
+    /// Small slabs with tag references: offset in the page of the array of
+    /// one [`AllocTagRef`](crate::AllocTagRef) per object, between the last
+    /// object and the header. 0 if the slabs have none.
+    #[cfg_attr(not(feature = "alloc-profiling"), allow(dead_code))]
+    pub(crate) tag_array_offset: usize,
 }
 
 /// Largest object a cache may hold.
@@ -133,8 +142,15 @@ const MAX_OBJ_SIZE: usize = 1 << 30;
 
 impl Geometry {
     /// Lay out objects of `size` bytes aligned to `align` (0 means 1).
-    /// Objects are at least 8 bytes apart and 8-aligned.
-    pub(crate) fn new(size: usize, align: usize, flags: CacheFlags) -> Result<Self, AllocError> {
+    /// Objects are at least 8 bytes apart and 8-aligned. With `tag_refs`
+    /// (and feature `alloc-profiling`), small slabs keep 4 bytes per object
+    /// for its allocation tag reference.
+    pub(crate) fn new(
+        size: usize,
+        align: usize,
+        flags: CacheFlags,
+        tag_refs: bool,
+    ) -> Result<Self, AllocError> {
         let align = if align == 0 { 1 } else { align };
         if size == 0 || size > MAX_OBJ_SIZE || !align.is_power_of_two() || align > PAGE_SIZE {
             return Err(AllocError::InvalidLayout);
@@ -142,12 +158,19 @@ impl Geometry {
         let align = align.max(8);
         let stride = size.next_multiple_of(align);
         if stride <= SMALL_MAX_STRIDE && !flags.contains(CacheFlags::NOTOUCH) {
+            let ref_bytes = if tag_refs { crate::alloc_tag::TAG_REF_BYTES } else { 0 };
+            let nr_objs = SMALL_HEADER_OFFSET / (stride + ref_bytes);
             return Ok(Geometry {
                 stride,
                 align,
                 kind: SlabKind::Small,
                 nr_pages_per_slab: 1,
-                nr_objs_per_slab: SMALL_HEADER_OFFSET / stride,
+                nr_objs_per_slab: nr_objs,
+                tag_array_offset: if ref_bytes == 0 {
+                    0
+                } else {
+                    SMALL_HEADER_OFFSET - nr_objs * ref_bytes
+                },
             });
         }
         let target_objs = if stride <= 8192 {
@@ -162,6 +185,7 @@ impl Geometry {
             kind: SlabKind::Bufctl,
             nr_pages_per_slab: nr_pages,
             nr_objs_per_slab: nr_pages * PAGE_SIZE / stride,
+            tag_array_offset: 0,
         })
     }
 }
@@ -188,6 +212,13 @@ pub struct KmemCache<P: Platform> {
     pub(crate) ctor: Option<Ctor>,
     pub(crate) dtor: Option<Dtor>,
     pub(crate) obj_size: usize,
+    /// Small slabs: where each slab page's tag-reference array starts
+    /// (0: none), and `ceil(2^32 / stride)`, so that an object's index is
+    /// a multiply and a shift rather than a division.
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) tag_array_offset: usize,
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) stride_reciprocal: u64,
     pub(crate) align: usize,
     pub(crate) flags: CacheFlags,
     pub(crate) source: &'static dyn PageSource,
@@ -273,6 +304,10 @@ impl<P: Platform> KmemCache<P> {
             ctor: spec.ctor,
             dtor: spec.dtor,
             obj_size: spec.size,
+            #[cfg(feature = "alloc-profiling")]
+            tag_array_offset: geometry.tag_array_offset,
+            #[cfg(feature = "alloc-profiling")]
+            stride_reciprocal: (1u64 << 32).div_ceil(geometry.stride as u64),
             align: geometry.align,
             flags: spec.flags,
             source: spec.source,
@@ -342,6 +377,9 @@ impl<P: Platform> KmemCache<P> {
     /// Allocate one constructed object of `obj_size()` bytes, aligned to
     /// `align()`.
     ///
+    /// With feature `alloc-profiling`, the object is charged to the tag
+    /// [`Platform::alloc_tag_current`] names (nothing if it says 0).
+    ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
     /// the page source have an object; [`AllocError::ConstructorFailed`] if
@@ -349,19 +387,43 @@ impl<P: Platform> KmemCache<P> {
     /// [`AllocError::InvalidLayout`] for a bootstrap cache.
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_tagged(crate::alloc_tag::current::<P>())
+    }
+
+    /// [`KmemCache::alloc`] charging the object to the allocation tag
+    /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); 0 charges nothing),
+    /// for call sites that name their own tag (`kmem_cache_alloc!`). The
+    /// object remembers the tag, so whoever frees it, on whatever CPU,
+    /// uncharges the same tag. Without feature `alloc-profiling` the tag
+    /// is ignored.
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    #[inline]
+    pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
-        if hot != 0 {
-            return self.alloc_cold(hot);
+        if hot & !HOT_TAGGED != 0 {
+            return self.alloc_cold(hot, tag);
         }
-        self.magazine_alloc()
+        let obj = self.magazine_alloc()?;
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            self.tag_small_object(obj, tag, hot);
+            P::alloc_tag_add(tag, obj, self.obj_size);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        Ok(obj)
     }
 
     /// Alloc with bookkeeping: bufctl state, audit bitmap, tracing.
     #[cold]
-    fn alloc_cold(&self, hot: u32) -> Result<NonNull<u8>, AllocError> {
+    fn alloc_cold(&self, hot: u32, tag: u32) -> Result<NonNull<u8>, AllocError> {
         if hot & HOT_BOOTSTRAP != 0 {
             return Err(AllocError::InvalidLayout);
         }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
         let obj = self.magazine_alloc()?;
         let addr = obj.as_ptr() as usize;
         if hot & HOT_BUFCTL != 0 {
@@ -370,7 +432,20 @@ impl<P: Platform> KmemCache<P> {
             debug_assert!(!bufctl.is_null());
             if !bufctl.is_null() {
                 // SAFETY: bufctls in the hash are alive; we hold the lock.
-                unsafe { (*bufctl).state = BUFCTL_ALLOCATED };
+                unsafe {
+                    (*bufctl).state = BUFCTL_ALLOCATED;
+                    // Always written: a reused bufctl must not keep the
+                    // tag of its previous object.
+                    #[cfg(feature = "alloc-profiling")]
+                    {
+                        (*bufctl).tag = tag;
+                    }
+                }
+            }
+        } else {
+            #[cfg(feature = "alloc-profiling")]
+            if tag != 0 {
+                self.tag_small_object(obj, tag, hot);
             }
         }
         if hot & HOT_AUDIT != 0 {
@@ -380,6 +455,10 @@ impl<P: Platform> KmemCache<P> {
         }
         if hot & HOT_TRACED != 0 {
             self.trace_alloc(obj);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            P::alloc_tag_add(tag, obj, self.obj_size);
         }
         Ok(obj)
     }
@@ -492,7 +571,15 @@ impl<P: Platform> KmemCache<P> {
     ) -> Result<(), FreeError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
         if hot != 0 {
-            self.free_cold(obj.as_ptr() as usize, slab, hot)?;
+            #[cfg(feature = "alloc-profiling")]
+            if hot == HOT_TAGGED {
+                // The common profiled case stays off the cold path.
+                self.untag_small_object(obj);
+                // SAFETY: validated above; the caller gives the object up.
+                unsafe { self.magazine_free(obj) };
+                return Ok(());
+            }
+            self.free_cold(obj, slab, hot)?;
         }
         // SAFETY: validated above; the caller gives the object up.
         unsafe { self.magazine_free(obj) };
@@ -501,10 +588,13 @@ impl<P: Platform> KmemCache<P> {
 
     /// Free-side bookkeeping: the checks that can refuse, then tracing.
     #[cold]
-    fn free_cold(&self, addr: usize, slab: *mut Slab, hot: u32) -> Result<(), FreeError> {
+    fn free_cold(&self, obj: NonNull<u8>, slab: *mut Slab, hot: u32) -> Result<(), FreeError> {
+        let addr = obj.as_ptr() as usize;
         if hot & HOT_BOOTSTRAP != 0 {
             return Err(FreeError::NotAllocated { addr });
         }
+        #[cfg(feature = "alloc-profiling")]
+        let mut bufctl_tag = 0;
         if hot & HOT_BUFCTL != 0 {
             let layer = self.slab.lock();
             let bufctl = layer.hash.find(addr);
@@ -517,6 +607,10 @@ impl<P: Platform> KmemCache<P> {
                     return Err(FreeError::DoubleFree { addr });
                 }
                 (*bufctl).state = BUFCTL_CACHED;
+                #[cfg(feature = "alloc-profiling")]
+                {
+                    bufctl_tag = core::mem::take(&mut (*bufctl).tag);
+                }
             }
         }
         if hot & HOT_AUDIT != 0 {
@@ -529,6 +623,16 @@ impl<P: Platform> KmemCache<P> {
         }
         if hot & HOT_EVER_TRACED != 0 {
             self.trace_free(addr);
+        }
+        // Uncharge only once every check above has passed: a refused free
+        // changes nothing. No lock is held here.
+        #[cfg(feature = "alloc-profiling")]
+        if hot & HOT_BUFCTL != 0 {
+            if bufctl_tag != 0 {
+                P::alloc_tag_sub(bufctl_tag, obj, self.obj_size);
+            }
+        } else if hot & HOT_TAGGED != 0 {
+            self.untag_small_object(obj);
         }
         Ok(())
     }

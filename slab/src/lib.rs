@@ -36,6 +36,19 @@
 //! naming the slab (or large allocation) that owns the page, so `kfree`,
 //! `ksize` and wrong-cache checks find the owner of any pointer.
 //!
+//! ## Allocation profiling and latency statistics
+//!
+//! Feature `alloc-profiling` (on by default for host tests; off in the
+//! workspace dependency) stores a 4-byte allocation-tag reference with
+//! every object callers hold and reports each allocation and free to the
+//! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
+//! `alloc_tag_sub`), which keeps the per-tag counters: see
+//! [`AllocTagRef`], [`KmemCache::alloc_tagged`] and
+//! [`Allocator::kmalloc_tagged`]. The platform's `alloc_tag_current`
+//! returning 0 is the runtime off switch. Feature `time-stats` puts
+//! `magpie-codetag` latency statistics on the slab-layer refill (`grow`)
+//! and the depot exchanges (timed with `Platform::now`).
+//!
 //! ## Lock order
 //!
 //! Outermost first. A thread holding one of these may only take locks
@@ -173,6 +186,30 @@
 #[cfg(test)]
 extern crate std;
 
+/// Time a section with a `magpie_codetag::time_stats!` point at the place
+/// of `time_stats_end!` (feature `time-stats`; nothing without it).
+/// `time_stats_start!()` reads `Platform::now` into a local.
+macro_rules! time_stats_start {
+    ($platform:ty) => {{
+        #[cfg(feature = "time-stats")]
+        let start = <$platform as $crate::Platform>::now();
+        #[cfg(not(feature = "time-stats"))]
+        let start = ();
+        start
+    }};
+}
+
+macro_rules! time_stats_end {
+    ($platform:ty, $start:expr) => {{
+        #[cfg(feature = "time-stats")]
+        magpie_codetag::time_stats!()
+            .record(<$platform as $crate::Platform>::now().wrapping_sub($start));
+        #[cfg(not(feature = "time-stats"))]
+        let () = $start;
+    }};
+}
+
+mod alloc_tag;
 mod allocator;
 mod cache;
 mod error;
@@ -186,6 +223,7 @@ mod trace;
 #[cfg(test)]
 mod tests;
 
+pub use alloc_tag::AllocTagRef;
 pub(crate) use allocator::BootCache;
 pub use allocator::{Allocator, KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use cache::{CacheFlags, CacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind};

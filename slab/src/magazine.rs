@@ -289,18 +289,23 @@ impl<P: Platform> KmemCache<P> {
                 continue;
             }
             // Both empty (or missing): trade with the depot.
+            let start = time_stats_start!(P);
             let mut depot = self.depot.lock_for_exchange();
             pcc.magsize = depot.magsize;
             let full = depot.pop_full();
+            if !full.is_null() {
+                if !pcc.prev.is_null() {
+                    // SAFETY: prev is empty (checked above) and leaves the pcc.
+                    unsafe { depot.push_empty(pcc.prev) };
+                }
+                pcc.prev = pcc.loaded;
+                pcc.loaded = full;
+            }
+            drop(depot);
+            time_stats_end!(P, start);
             if full.is_null() {
                 break;
             }
-            if !pcc.prev.is_null() {
-                // SAFETY: prev is empty (checked above) and leaves the pcc.
-                unsafe { depot.push_empty(pcc.prev) };
-            }
-            pcc.prev = pcc.loaded;
-            pcc.loaded = full;
         }
         drop(guard);
         P::irq_restore(irq);
@@ -360,27 +365,34 @@ impl<P: Platform> KmemCache<P> {
             }
             // loaded is full (or missing) and prev is not empty: trade
             // prev for an empty magazine from the depot.
+            let start = time_stats_start!(P);
             let mut depot = self.depot.lock_for_exchange();
             pcc.magsize = depot.magsize;
             if !pcc.loaded.is_null() && rounds_of(pcc.loaded) < pcc.magsize {
-                continue; // the magazine size grew: room again
+                // The magazine size grew: room again (not timed: rare).
+                let _ = start;
+                continue;
             }
             let empty = depot.pop_empty();
+            if !empty.is_null() {
+                let prev = pcc.prev;
+                if !prev.is_null() {
+                    if rounds_of(prev) == 0 {
+                        // SAFETY: an empty magazine leaving the pcc.
+                        unsafe { depot.push_empty(prev) };
+                    } else {
+                        // SAFETY: a non-empty magazine leaving the pcc.
+                        unsafe { depot.push_full(prev) };
+                    }
+                }
+                pcc.prev = pcc.loaded;
+                pcc.loaded = empty;
+            }
+            drop(depot);
+            time_stats_end!(P, start);
             if empty.is_null() {
                 break false;
             }
-            let prev = pcc.prev;
-            if !prev.is_null() {
-                if rounds_of(prev) == 0 {
-                    // SAFETY: an empty magazine leaving the pcc.
-                    unsafe { depot.push_empty(prev) };
-                } else {
-                    // SAFETY: a non-empty magazine leaving the pcc.
-                    unsafe { depot.push_full(prev) };
-                }
-            }
-            pcc.prev = pcc.loaded;
-            pcc.loaded = empty;
         };
         drop(guard);
         P::irq_restore(irq);

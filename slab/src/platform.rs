@@ -43,6 +43,37 @@ pub trait Platform: 'static {
     /// `"irq 33"`. Copy at most 31 bytes of UTF-8 into `buf` and return
     /// the number of bytes written.
     fn context(buf: &mut [u8; 32]) -> usize;
+
+    /// Allocation profiling (feature `alloc-profiling`; never called
+    /// without it): the allocation tag reference to charge an allocation
+    /// made now by a caller that named none (`alloc`, `kmalloc`, the
+    /// `GlobalAlloc` and `Allocator` shims). Return 0 to charge nothing:
+    /// profiling is off, and the object will never be uncharged either.
+    /// A kernel returns its per-CPU "current scope" tag, or its catch-all
+    /// "untagged" tag. The default is 0: profiling off.
+    #[inline(always)]
+    fn alloc_tag_current() -> u32 {
+        0
+    }
+
+    /// A caller got the object at `ptr`, charged to tag `tag` (never 0);
+    /// `bytes` is the cache's object size, or whole pages for page-granular
+    /// kmalloc. Add to the tag's counters on this CPU. Called with no
+    /// allocator lock held; it must not allocate from the allocator with a
+    /// non-zero tag (that would recurse).
+    #[inline(always)]
+    fn alloc_tag_add(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (tag, ptr, bytes);
+    }
+
+    /// The object at `ptr`, charged to `tag` (never 0) when allocated, is
+    /// being freed (maybe on another CPU than its allocation): subtract
+    /// `bytes` (the same figure `alloc_tag_add` got). Called with no
+    /// allocator lock held, before the memory is reused.
+    #[inline(always)]
+    fn alloc_tag_sub(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (tag, ptr, bytes);
+    }
 }
 
 /// Statistics a [`PageSource`] reports for `kmemstat`.

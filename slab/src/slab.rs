@@ -59,6 +59,8 @@ pub(crate) const SMALL_MAX_STRIDE: usize = PAGE_SIZE / 8;
 
 const _: () = {
     assert!(core::mem::size_of::<Slab>() == 128);
+    // The tag reference rides in the bufctl's padding.
+    assert!(core::mem::size_of::<Bufctl>() == 40);
     assert!(core::mem::align_of::<Slab>() <= 8);
     assert!(SMALL_HEADER_OFFSET.is_multiple_of(core::mem::align_of::<Slab>()));
     // The audit bitmap covers every object of a small slab (stride >= 8).
@@ -84,6 +86,10 @@ pub(crate) struct Bufctl {
     pub(crate) addr: usize,
     slab: *mut Slab,
     pub(crate) state: u8,
+    /// Allocation tag of the object while a caller holds it (feature
+    /// `alloc-profiling`; in padding, so no extra bytes).
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) tag: u32,
 }
 
 impl HashNode for Bufctl {
@@ -415,6 +421,13 @@ impl<P: Platform> KmemCache<P> {
     /// Make a new slab: pages from the source, carved into objects, and
     /// registered in the page map. Runs with no lock held.
     fn grow(&self) -> Result<*mut Slab, AllocError> {
+        let start = time_stats_start!(P);
+        let grown = self.grow_timed();
+        time_stats_end!(P, start);
+        grown
+    }
+
+    fn grow_timed(&self) -> Result<*mut Slab, AllocError> {
         let nr_pages = self.nr_pages_per_slab;
         let pages = self.source.alloc_pages(nr_pages)?;
         let base = pages.as_ptr() as usize;
@@ -458,6 +471,19 @@ impl<P: Platform> KmemCache<P> {
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free };
+                // Every free object's tag reference is 0 ("no tag").
+                #[cfg(feature = "alloc-profiling")]
+                if self.tag_array_offset != 0 {
+                    // SAFETY: the tag array lies in our fresh page between
+                    // the last object and the header.
+                    unsafe {
+                        ptr::write_bytes(
+                            (base + self.tag_array_offset) as *mut u8,
+                            0,
+                            self.nr_objs_per_slab * crate::alloc_tag::TAG_REF_BYTES,
+                        )
+                    };
+                }
                 Ok(())
             }
             SlabKind::Bufctl => self.carve_bufctls(slab),
@@ -497,6 +523,8 @@ impl<P: Platform> KmemCache<P> {
                     addr: base + index * self.stride,
                     slab,
                     state: BUFCTL_FREE,
+                    #[cfg(feature = "alloc-profiling")]
+                    tag: 0,
                 });
                 (*slab).free = bufctl.cast();
             }

@@ -55,9 +55,9 @@ const _: () = assert!(core::mem::size_of::<SdtHeader>() == SDT_HEADER_SIZE);
 fn record(start: u64, len: u64) {
     let (start, end) = (start, start + len);
     let nr = NR_RANGES.load(Ordering::Relaxed).min(MAX_TABLES);
-    let known = RANGES[..nr].iter().any(|(s, e)| {
-        s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed)
-    });
+    let known = RANGES[..nr]
+        .iter()
+        .any(|(s, e)| s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed));
     if known {
         return;
     }
@@ -97,7 +97,11 @@ pub fn nr_cpus() -> usize {
 struct DirectMapHandler;
 
 impl AcpiHandler for DirectMapHandler {
-    unsafe fn map_physical_region<T>(&self, physical_address: usize, size: usize) -> PhysicalMapping<Self, T> {
+    unsafe fn map_physical_region<T>(
+        &self,
+        physical_address: usize,
+        size: usize,
+    ) -> PhysicalMapping<Self, T> {
         let phys = physical_address as u64;
         assert!(
             phys != 0 && phys.saturating_add(size as u64) <= BOOT_MAPPED_LIMIT,
@@ -108,15 +112,15 @@ impl AcpiHandler for DirectMapHandler {
             // SAFETY: per the trait contract a valid SdtHeader lies at
             // `phys`, inside the boot direct map (checked above); its length
             // field is at offset 4.
-            let table_len = unsafe {
-                core::ptr::read_unaligned((phys_to_virt(phys) + 4) as *const u32)
-            };
+            let table_len =
+                unsafe { core::ptr::read_unaligned((phys_to_virt(phys) + 4) as *const u32) };
             if (SDT_HEADER_SIZE as u32..=1 << 20).contains(&table_len) {
                 len = u64::from(table_len);
             }
         }
         record(phys, len);
-        let virt = NonNull::new(phys_to_virt(phys) as *mut T).expect("direct map address is not null");
+        let virt =
+            NonNull::new(phys_to_virt(phys) as *mut T).expect("direct map address is not null");
         // SAFETY: `virt` is the direct-map alias of `phys`, which the boot
         // page tables map (below 4 GiB, checked above); ACPI tables are never
         // freed, and nothing unmaps the direct map.
@@ -131,11 +135,12 @@ impl AcpiHandler for DirectMapHandler {
 /// Parses the ACPI tables from the RSDP (from the PVH start info, or found
 /// in the BIOS area). Leaves a warning and defaults if anything is missing.
 pub(crate) fn init(rsdp: Option<u64>) {
-    // SAFETY: the RSDP address comes from the boot protocol (or the BIOS
-    // search below 1 MiB, which a PVH boot under QEMU provides); the handler
-    // maps any physical address below 4 GiB.
     let tables = match rsdp {
+        // SAFETY: the RSDP address comes from the boot protocol; the
+        // handler maps any physical address below 4 GiB (and refuses others).
         Some(rsdp) => unsafe { AcpiTables::from_rsdp(DirectMapHandler, rsdp as usize) },
+        // SAFETY: QEMU boots through SeaBIOS, so the BIOS areas the search
+        // reads (EBDA, 0xe0000..0x100000) exist and lie in the boot direct map.
         None => unsafe { AcpiTables::search_for_rsdp_bios(DirectMapHandler) },
     };
     let tables = match tables {

@@ -5,6 +5,8 @@
 //! symbolized frame-pointer backtrace of the interrupted code; then the
 //! kernel exits QEMU with failure. `#BP` (int3) reports and continues.
 //!
+//! Two device vectors: the `smp` wake-up IPI and the LAPIC spurious vector.
+//!
 //! A test may install a hook ([`set_exception_hook`]) that runs after the
 //! report, e.g. to turn an expected double fault into success.
 
@@ -165,6 +167,14 @@ extern "x86-interrupt" fn machine_check(frame: InterruptStackFrame) -> ! {
     })
 }
 
+/// The `smp` wake-up IPI: its only job is to end a `hlt`.
+extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
+    super::lapic::eoi();
+}
+
+/// Spurious LAPIC interrupt: no EOI (the LAPIC did not set an in-service bit).
+extern "x86-interrupt" fn spurious(_frame: InterruptStackFrame) {}
+
 /// Builds the shared IDT (once).
 pub(crate) fn init() {
     IDT.call_once(|| {
@@ -199,6 +209,8 @@ pub(crate) fn init() {
         idt.cp_protection_exception
             .set_handler_fn(control_protection);
         idt.security_exception.set_handler_fn(security);
+        idt[super::lapic::WAKE_VECTOR].set_handler_fn(wake);
+        idt[super::lapic::SPURIOUS_VECTOR].set_handler_fn(spurious);
         idt
     });
 }

@@ -1,23 +1,29 @@
 //! x86_64 architecture layer: CPU tables, exceptions, per-CPU data,
-//! interrupt-flag control, the TSC and the ACPI processor count.
+//! interrupt-flag control, the TSC, the ACPI processor list, the local
+//! APIC and application-processor startup.
 //!
-//! Only the boot CPU runs today, but nothing here assumes one CPU: per-CPU
-//! state is reached through GS base ([`cpu_id`], [`this_cpu`]), and
-//! [`init_ap`] sets up a further CPU's tables once SMP bring-up exists.
+//! Per-CPU state is reached through GS base ([`cpu_id`], [`this_cpu`]).
+//! The boot CPU runs [`init_bsp`]; each application processor, started by
+//! [`crate::smp`] through [`ap`], runs [`init_ap`]: its own GDT and TSS
+//! (with its own double-fault stack), the shared IDT, its LAPIC.
 
 pub mod acpi;
+pub mod ap;
 pub mod gdt;
 pub mod idt;
+pub mod lapic;
 pub mod percpu;
+pub mod tsc;
 
 use x86_64::instructions::port::Port;
 
-pub use percpu::{MAX_CPUS, PerCpu, cpu_id, this_cpu};
+pub use percpu::{CpuState, MAX_CPUS, PerCpu, cpu_id, this_cpu};
 
 /// The number of CPUs the platform reports (enabled or online-capable
-/// processors in the ACPI MADT; 1 if there is no MADT).
+/// processors in the ACPI MADT, at most [`MAX_CPUS`]; 1 if there is no
+/// MADT). Known from `acpi::init` on, before the slab allocator starts.
 pub fn max_cpus() -> usize {
-    acpi::nr_cpus()
+    acpi::nr_cpus().clamp(1, MAX_CPUS)
 }
 
 /// Disables interrupts and returns the previous RFLAGS, for [`irq_restore`].
@@ -97,11 +103,13 @@ pub(crate) fn init_bsp() {
     mask_pic();
 }
 
-/// Sets up an application processor (for SMP bring-up): per-CPU data with
-/// `cpu_id`, a GDT/TSS with a freshly allocated double-fault stack, and the
-/// shared IDT. Must run on that CPU, once.
-pub fn init_ap(cpu_id: usize, apic_id: u32) {
-    percpu::init_this_cpu(cpu_id, apic_id);
+/// Sets up an application processor: per-CPU data with `cpu_id` (GS
+/// base, first: the allocator needs it), a GDT/TSS with a freshly
+/// allocated double-fault stack, the shared IDT, and its local APIC. Must
+/// run on that CPU, once, with interrupts off, on the kernel's page tables.
+pub fn init_ap(cpu_id: usize) {
+    percpu::init_this_cpu(cpu_id, lapic::id());
     gdt::init_this_cpu(None);
     idt::load();
+    lapic::enable_this_cpu();
 }

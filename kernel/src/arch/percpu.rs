@@ -1,9 +1,10 @@
 //! Per-CPU data, reached through the GS base register.
 //!
 //! Each CPU's GS base points at its own cache-line aligned [`PerCpu`] in a
-//! static array; [`cpu_id`] is one `mov` from `gs:`.
+//! static array; [`cpu_id`] is one `mov` from `gs:`. Other CPUs' entries
+//! are readable through [`get`] (state and ids are atomics).
 
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use x86_64::VirtAddr;
 use x86_64::registers::model_specific::GsBase;
@@ -18,8 +19,50 @@ pub struct PerCpu {
     self_ptr: AtomicUsize,
     cpu_id: AtomicU32,
     apic_id: AtomicU32,
-    /// Set once this CPU has run [`init_this_cpu`].
-    online: AtomicU32,
+    /// A [`CpuState`] as `u32`.
+    state: AtomicU32,
+    /// Work items this CPU has run from its `smp` mailbox.
+    nr_jobs: AtomicU64,
+}
+
+/// Where a CPU is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CpuState {
+    /// Not started (or absent, or failed to start).
+    Offline = 0,
+    /// INIT–SIPI–SIPI sent; not yet in the kernel.
+    Starting = 1,
+    /// Running the kernel, waiting for work.
+    Idle = 2,
+    /// Running the kernel: the boot CPU, or an AP running a work item.
+    Busy = 3,
+}
+
+impl CpuState {
+    fn from_u32(value: u32) -> Self {
+        match value {
+            1 => Self::Starting,
+            2 => Self::Idle,
+            3 => Self::Busy,
+            _ => Self::Offline,
+        }
+    }
+
+    /// Lower-case name, as `cpus` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Offline => "offline",
+            Self::Starting => "starting",
+            Self::Idle => "idle",
+            Self::Busy => "busy",
+        }
+    }
+
+    /// Running kernel code (idle or busy).
+    pub fn is_online(self) -> bool {
+        matches!(self, Self::Idle | Self::Busy)
+    }
 }
 
 const _: () = assert!(core::mem::offset_of!(PerCpu, self_ptr) == 0);
@@ -32,7 +75,8 @@ impl PerCpu {
             self_ptr: AtomicUsize::new(0),
             cpu_id: AtomicU32::new(0),
             apic_id: AtomicU32::new(0),
-            online: AtomicU32::new(0),
+            state: AtomicU32::new(CpuState::Offline as u32),
+            nr_jobs: AtomicU64::new(0),
         }
     }
 
@@ -45,6 +89,33 @@ impl PerCpu {
     pub fn apic_id(&self) -> u32 {
         self.apic_id.load(Ordering::Relaxed)
     }
+
+    /// Where this CPU is in its life.
+    pub fn state(&self) -> CpuState {
+        CpuState::from_u32(self.state.load(Ordering::Acquire))
+    }
+
+    /// Work items run from this CPU's mailbox.
+    pub fn nr_jobs(&self) -> u64 {
+        self.nr_jobs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_state(&self, state: CpuState) {
+        self.state.store(state as u32, Ordering::Release);
+    }
+
+    pub(crate) fn set_apic_id(&self, apic_id: u32) {
+        self.apic_id.store(apic_id, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_job(&self) {
+        self.nr_jobs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// CPU `cpu`'s [`PerCpu`] (any CPU's, not only the current one).
+pub fn get(cpu: usize) -> Option<&'static PerCpu> {
+    PERCPU.get(cpu)
 }
 
 static PERCPU: [PerCpu; MAX_CPUS] = [const { PerCpu::new() }; MAX_CPUS];
@@ -57,8 +128,8 @@ pub(crate) fn init_this_cpu(cpu_id: usize, apic_id: u32) {
     percpu.self_ptr.store(address, Ordering::Relaxed);
     percpu.cpu_id.store(cpu_id as u32, Ordering::Relaxed);
     percpu.apic_id.store(apic_id, Ordering::Relaxed);
-    percpu.online.store(1, Ordering::Release);
     GsBase::write(VirtAddr::new(address as u64));
+    percpu.set_state(CpuState::Busy);
 }
 
 /// The current CPU's logical id (0 = boot CPU).

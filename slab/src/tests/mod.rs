@@ -10,5 +10,7 @@ mod kmalloc;
 mod magazines;
 mod model;
 mod oom;
+#[cfg(feature = "alloc-profiling")]
+mod profiling;
 mod threads;
 mod tracing;

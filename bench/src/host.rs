@@ -1,0 +1,165 @@
+//! What magpie-slab needs on the host: a [`Platform`] whose CPU id is a
+//! thread-local (each benchmark thread acts as one CPU), and page sources
+//! over one big 4096-aligned region.
+
+use std::alloc::Layout;
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource, Platform};
+
+/// CPUs the benchmark platform reports.
+pub const NR_CPUS: usize = 4;
+
+std::thread_local! {
+    static CPU: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Act as CPU `cpu` on this thread.
+pub fn set_cpu(cpu: usize) {
+    CPU.with(|c| c.set(cpu));
+}
+
+/// Thread-local CPU id, 4 CPUs, no-op interrupts, TSC clock.
+pub struct BenchPlatform;
+
+impl Platform for BenchPlatform {
+    #[inline]
+    fn max_cpus() -> usize {
+        NR_CPUS
+    }
+    #[inline]
+    fn cpu_id() -> usize {
+        CPU.with(|c| c.get())
+    }
+    #[inline]
+    fn irq_save() -> usize {
+        0
+    }
+    #[inline]
+    fn irq_restore(_state: usize) {}
+    #[inline]
+    fn now() -> u64 {
+        // SAFETY: rdtsc has no preconditions on x86_64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    fn backtrace(_frames: &mut [usize]) -> usize {
+        0
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        let name = b"bench";
+        buf[..name.len()].copy_from_slice(name);
+        name.len()
+    }
+}
+
+/// A leaked, zeroed region of `bytes` bytes aligned to `align`.
+pub fn region(bytes: usize, align: usize) -> (usize, usize) {
+    // Over-allocate with a small alignment and align by hand: glibc then
+    // serves the zeroed request with fresh mmap'd pages (no memset, no
+    // pages touched until used), which an over-aligned request would not.
+    let layout = Layout::from_size_align(bytes + align, 16).expect("region layout");
+    // SAFETY: non-zero size. The region is never freed.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+    assert!(raw != 0, "cannot reserve a {bytes}-byte region");
+    (raw.next_multiple_of(align), bytes)
+}
+
+struct PagesInner {
+    /// Next never-used page address.
+    bump: usize,
+    /// Freed runs by page count (runs are never split or merged).
+    free: BTreeMap<usize, Vec<usize>>,
+    outstanding: usize,
+}
+
+/// A simple page allocator over one region: a bump pointer plus exact-size
+/// free lists. Page-source calls are rare (slab growth), so a lock is fine.
+pub struct HostPages {
+    name: &'static str,
+    base: usize,
+    end: usize,
+    inner: spin::Mutex<PagesInner>,
+    nr_allocs: AtomicU64,
+}
+
+impl HostPages {
+    /// A page source over a fresh region of `bytes` bytes aligned to `align`.
+    pub fn new(name: &'static str, bytes: usize, align: usize) -> &'static HostPages {
+        assert!(align >= PAGE_SIZE && bytes.is_multiple_of(PAGE_SIZE));
+        let (base, len) = region(bytes, align);
+        Box::leak(Box::new(HostPages {
+            name,
+            base,
+            end: base + len,
+            inner: spin::Mutex::new(PagesInner {
+                bump: base,
+                free: BTreeMap::new(),
+                outstanding: 0,
+            }),
+            nr_allocs: AtomicU64::new(0),
+        }))
+    }
+
+    /// `nr_pages` contiguous pages aligned to `align` bytes (a power of two
+    /// at least `PAGE_SIZE`); aligned requests never reuse freed runs.
+    pub fn alloc_aligned(&self, nr_pages: usize, align: usize) -> Option<NonNull<u8>> {
+        let mut inner = self.inner.lock();
+        let addr = match inner.free.get_mut(&nr_pages).and_then(Vec::pop) {
+            Some(addr) if align == PAGE_SIZE => addr,
+            other => {
+                if let Some(addr) = other {
+                    inner.free.entry(nr_pages).or_default().push(addr);
+                }
+                let start = inner.bump.next_multiple_of(align);
+                let end = start.checked_add(nr_pages * PAGE_SIZE)?;
+                if end > self.end {
+                    return None;
+                }
+                inner.bump = end;
+                start
+            }
+        };
+        inner.outstanding += nr_pages;
+        self.nr_allocs.fetch_add(1, Ordering::Relaxed);
+        NonNull::new(addr as *mut u8)
+    }
+}
+
+impl PageSource for HostPages {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        if nr_pages == 0 {
+            return Err(AllocError::OutOfMemory);
+        }
+        self.alloc_aligned(nr_pages, PAGE_SIZE)
+            .ok_or(AllocError::OutOfMemory)
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        let mut inner = self.inner.lock();
+        inner
+            .free
+            .entry(nr_pages)
+            .or_default()
+            .push(addr.as_ptr() as usize);
+        inner.outstanding -= nr_pages;
+    }
+
+    fn span(&self) -> (usize, usize) {
+        (self.base, self.end)
+    }
+
+    fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            total_bytes: self.end - self.base,
+            alloc_bytes: self.inner.lock().outstanding * PAGE_SIZE,
+            nr_allocs_ever: self.nr_allocs.load(Ordering::Relaxed),
+        }
+    }
+}

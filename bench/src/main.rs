@@ -1,0 +1,212 @@
+//! # magpie-bench: magpie-slab against peer allocators, on the host
+//!
+//! ```text
+//! magpie-bench <workload> <allocator> [threads] [--n N] [--reps R] [--target-ms MS]
+//! magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]
+//! magpie-bench list
+//! ```
+//!
+//! A single run prints a `RESULT` line (median over the repetitions). With
+//! `--n` the workload runs exactly N iterations per thread (N pairs, N
+//! mixed steps, N objects), once, with no warm-up: that is what the
+//! callgrind measurements use. `suite` runs everything (callgrind
+//! instruction counts, wall clock for 1 and 2 threads) by re-running this
+//! binary, and prints one markdown report. See docs/BENCHMARKS.md.
+
+mod allocs;
+mod host;
+mod suite;
+mod workloads;
+
+use std::time::Duration;
+
+use allocs::{ALLOCATORS, BenchAlloc};
+use workloads::{Mixed, WORKLOADS};
+
+/// Options of a single run.
+struct RunOpts {
+    workload: String,
+    allocator: String,
+    threads: usize,
+    n: Option<u64>,
+    reps: usize,
+    target: Duration,
+}
+
+/// Median of the repetitions of a single run.
+struct RunResult {
+    n: u64,
+    ops_per_rep: u64,
+    ns_per_op: f64,
+    mops: f64,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: magpie-bench <workload> <allocator> [threads] [--n N] [--reps R] [--target-ms MS]\n\
+         \x20      magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]\n\
+         \x20      magpie-bench list\n\
+         workloads: {}\nallocators: {}",
+        WORKLOADS.join(" "),
+        ALLOCATORS.join(" ")
+    );
+    std::process::exit(2);
+}
+
+/// Whether this build has magpie-slab's allocation profiling compiled in.
+pub fn variant() -> &'static str {
+    if cfg!(feature = "alloc-profiling") {
+        "alloc-profiling"
+    } else {
+        "default"
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None | Some("-h" | "--help") => usage(),
+        Some("list") => {
+            println!("workloads: {}", WORKLOADS.join(" "));
+            println!("allocators: {}", ALLOCATORS.join(" "));
+        }
+        Some("suite") => suite::main(&args[1..]),
+        Some(_) => {
+            let opts = parse_run(&args);
+            let r = run(&opts);
+            println!(
+                "RESULT workload={} allocator={} threads={} variant={} n={} ops_per_rep={} \
+                 ns_per_op={:.3} mops={:.3}",
+                opts.workload,
+                opts.allocator,
+                opts.threads,
+                variant(),
+                r.n,
+                r.ops_per_rep,
+                r.ns_per_op,
+                r.mops
+            );
+        }
+    }
+}
+
+fn parse_run(args: &[String]) -> RunOpts {
+    let mut positional = Vec::new();
+    let mut opts = RunOpts {
+        workload: String::new(),
+        allocator: String::new(),
+        threads: 1,
+        n: None,
+        reps: 7,
+        target: Duration::from_millis(100),
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage())
+        };
+        match arg.as_str() {
+            "--n" => opts.n = Some(value()),
+            "--reps" => opts.reps = value().max(1) as usize,
+            "--target-ms" => opts.target = Duration::from_millis(value()),
+            _ => positional.push(arg.clone()),
+        }
+    }
+    if positional.len() < 2 || positional.len() > 3 {
+        usage();
+    }
+    opts.workload = positional[0].clone();
+    opts.allocator = positional[1].clone();
+    if let Some(t) = positional.get(2) {
+        opts.threads = t.parse().unwrap_or_else(|_| usage());
+    }
+    if !WORKLOADS.contains(&opts.workload.as_str())
+        || !ALLOCATORS.contains(&opts.allocator.as_str())
+        || !(1..=host::NR_CPUS).contains(&opts.threads)
+    {
+        usage();
+    }
+    if opts.workload == "cross-free" && opts.threads > 2 {
+        eprintln!("cross-free runs on 1 or 2 threads");
+        std::process::exit(2);
+    }
+    opts
+}
+
+fn leak<T>(value: T) -> &'static T {
+    Box::leak(Box::new(value))
+}
+
+fn run(opts: &RunOpts) -> RunResult {
+    match opts.allocator.as_str() {
+        "magpie" => run_with(leak(allocs::Magpie::<true>::new()), opts),
+        "magpie-kmalloc" => run_with(leak(allocs::Magpie::<false>::new()), opts),
+        "system" => run_with(leak(allocs::system()), opts),
+        "mimalloc" => run_with(leak(allocs::mimalloc()), opts),
+        "linked_list_allocator" => run_with(leak(allocs::linked_list()), opts),
+        "talc" => run_with(leak(allocs::talc()), opts),
+        "buddy_system_allocator" => run_with(leak(allocs::buddy()), opts),
+        "slabmalloc" => run_with(leak(allocs::SlabMalloc::new()), opts),
+        "null" => run_with(leak(allocs::Null), opts),
+        _ => usage(),
+    }
+}
+
+/// One repetition: `n` iterations per thread. Returns (ops, wall time).
+fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, Duration) {
+    let threads = opts.threads;
+    match opts.workload.as_str() {
+        "cache-pair" => workloads::run_threads(a, threads, |a, _| workloads::cache_pair(a, n)),
+        "kmalloc-mixed" => workloads::run_threads(a, threads, |a, cpu| {
+            let mut m = Mixed::new(a, 0x5eed + cpu as u64);
+            let ops = workloads::kmalloc_mixed(a, &mut m, n);
+            m.finish(a);
+            ops
+        }),
+        "cross-free" if threads == 1 => {
+            workloads::run_threads(a, 1, |a, _| workloads::cross_free_local(a, n))
+        }
+        "cross-free" => workloads::cross_free_pair(a, n),
+        _ => usage(),
+    }
+}
+
+fn run_with<A: BenchAlloc>(a: &'static A, opts: &RunOpts) -> RunResult {
+    if let Some(n) = opts.n {
+        // Exact count (callgrind): one run, no warm-up.
+        let (ops, time) = once(a, opts, n);
+        return RunResult {
+            n,
+            ops_per_rep: ops,
+            ns_per_op: time.as_nanos() as f64 / ops.max(1) as f64,
+            mops: ops as f64 / time.as_secs_f64().max(1e-12) / 1e6,
+        };
+    }
+    // Calibrate n so one repetition takes about the target time.
+    let mut n: u64 = 4096;
+    loop {
+        let (_, time) = once(a, opts, n);
+        if time >= opts.target / 8 || n >= 1 << 34 {
+            let scale = opts.target.as_secs_f64() / time.as_secs_f64().max(1e-9);
+            n = ((n as f64 * scale) as u64).max(4096);
+            break;
+        }
+        n *= 4;
+    }
+    let _ = once(a, opts, n); // warm-up
+    let mut samples: Vec<(u64, Duration)> = (0..opts.reps).map(|_| once(a, opts, n)).collect();
+    samples.sort_by(|x, y| {
+        let rx = x.1.as_secs_f64() / x.0 as f64;
+        let ry = y.1.as_secs_f64() / y.0 as f64;
+        rx.total_cmp(&ry)
+    });
+    let (ops, time) = samples[samples.len() / 2];
+    RunResult {
+        n,
+        ops_per_rep: ops,
+        ns_per_op: time.as_nanos() as f64 / ops as f64,
+        mops: ops as f64 / time.as_secs_f64() / 1e6,
+    }
+}

@@ -1,0 +1,466 @@
+//! Allocation tags: the first application of code tags (Linux
+//! `include/linux/alloc_tag.h`, `lib/alloc_tag.c`).
+//!
+//! An [`AllocTag`] is a [`CodeTag`] for one allocation call site, placed in
+//! the [`ALLOC_TAGS`] section. Its live `bytes` and `calls` are kept apart
+//! from the tag, in per-CPU [`AllocTagCounters`]: one block per CPU with
+//! the counters of every tag, each block cache-line aligned, so an
+//! allocation writes only its own CPU's lines. Readers sum over CPUs.
+//!
+//! Objects name their tag with a 4-byte [`AllocTagRef`]: the tag's index in
+//! the section plus one. `0` means "no tag" (allocated while profiling was
+//! off): freeing such an object subtracts nothing, so counters never
+//! underflow. The catch-all [`UNTAGGED`] tag lives in the section too and is
+//! printed like any other site.
+//!
+//! [`ProfilingSwitch`] is the runtime on/off/never switch
+//! (`mem_profiling=0|1|never`); the allocator asks its platform for the
+//! current tag and gets 0 while the switch is off.
+//!
+//! ```ignore
+//! let here: &'static AllocTag = magpie_codetag::alloc_tag!();
+//! let ptr = allocator.kmalloc_tagged(64, 8, here.tag_ref())?;
+//! ```
+
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use crate::{CodeTag, CodeTagFlags, TaggedWith, codetag_section};
+
+/// Reference from an object to its tag: index in [`ALLOC_TAGS`] plus one;
+/// 0 is "no tag". Four bytes per object.
+pub type AllocTagRef = u32;
+
+/// One allocation call site.
+#[derive(Debug)]
+pub struct AllocTag {
+    /// Where the allocation happens.
+    pub tag: CodeTag,
+}
+
+impl TaggedWith for AllocTag {
+    fn codetag(&self) -> &CodeTag {
+        &self.tag
+    }
+}
+
+codetag_section!(
+    /// Every allocation tag, walkable as a slice.
+    pub static ALLOC_TAGS: [AllocTag]
+);
+
+/// Flag of the [`UNTAGGED`] bucket's code tag.
+pub const UNTAGGED_FLAG: CodeTagFlags = CodeTagFlags(1 << 8);
+
+/// The bucket for allocations made with profiling on but outside any tagged
+/// site or scope. Printed as `untagged:0 func:untagged`.
+#[linkme::distributed_slice(ALLOC_TAGS)]
+#[linkme(crate = linkme)]
+pub static UNTAGGED: AllocTag = AllocTag {
+    tag: CodeTag {
+        module: "",
+        file: "untagged",
+        line: 0,
+        flags: UNTAGGED_FLAG,
+        function_path: untagged_name,
+    },
+};
+
+fn untagged_name() -> &'static str {
+    "untagged"
+}
+
+impl AllocTag {
+    /// Every allocation tag of the program, in section order.
+    pub fn all() -> &'static [AllocTag] {
+        ALLOC_TAGS.static_slice()
+    }
+
+    /// This tag's reference (index in the section plus one, never 0).
+    #[inline]
+    pub fn tag_ref(&'static self) -> AllocTagRef {
+        let base = ALLOC_TAGS.static_slice().as_ptr() as usize;
+        let offset = (self as *const AllocTag as usize).wrapping_sub(base);
+        // Division by a constant: a multiply and a shift.
+        (offset / core::mem::size_of::<AllocTag>()) as AllocTagRef + 1
+    }
+
+    /// The tag a reference names; `None` for 0 or a reference past the end.
+    pub fn from_ref(tag_ref: AllocTagRef) -> Option<&'static AllocTag> {
+        let index = (tag_ref as usize).checked_sub(1)?;
+        ALLOC_TAGS.static_slice().get(index)
+    }
+
+    /// Whether this is the [`UNTAGGED`] bucket.
+    pub fn is_untagged(&self) -> bool {
+        self.tag.flags.contains(UNTAGGED_FLAG)
+    }
+}
+
+/// Number of tags in the section (the length of each CPU's counter block).
+pub fn nr_alloc_tags() -> usize {
+    ALLOC_TAGS.static_slice().len()
+}
+
+/// Defines an [`AllocTag`] for the place where it is written and evaluates
+/// to `&'static AllocTag`. `alloc_tag!()` is flagged
+/// [`CodeTagFlags::EXPLICIT`]; `alloc_tag!(flags)` chooses.
+#[macro_export]
+macro_rules! alloc_tag {
+    () => {
+        $crate::alloc_tag!($crate::CodeTagFlags::EXPLICIT)
+    };
+    ($flags:expr) => {{
+        #[$crate::linkme::distributed_slice($crate::alloc_tag::ALLOC_TAGS)]
+        #[linkme(crate = $crate::linkme)]
+        static __ALLOC_TAG: $crate::alloc_tag::AllocTag =
+            $crate::alloc_tag::AllocTag { tag: $crate::codetag!($flags) };
+        &__ALLOC_TAG
+    }};
+}
+
+/// One tag's counters on one CPU. `bytes` may wrap below zero on a CPU that
+/// frees more than it allocated; only the sum over CPUs is meaningful.
+#[repr(C)]
+struct TagCounter {
+    bytes: AtomicU64,
+    calls: AtomicU64,
+}
+
+const CACHE_LINE: usize = 64;
+
+/// A tag's live bytes and calls summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocTagCounts {
+    /// Bytes of live objects allocated at the site.
+    pub bytes: u64,
+    /// Live objects allocated at the site (allocations minus frees).
+    pub calls: u64,
+}
+
+/// Per-CPU counters of every allocation tag.
+///
+/// Layout: `nr_cpus` blocks, each `nr_tags` counters of 16 bytes rounded up
+/// to a cache line; CPU `c`'s counter of tag `r` is at
+/// `c * block_len + (r - 1)`. Updates are relaxed atomic adds on the
+/// running CPU's block only (uncontended; atomic so that an interrupt
+/// allocating on the same CPU cannot lose an update), so no cache line is
+/// shared between CPUs on the allocation path. Until
+/// [`AllocTagCounters::init`] gives it memory, updates go nowhere; the
+/// platform should report profiling off until then, so that no object
+/// carries a tag whose addition was lost.
+pub struct AllocTagCounters {
+    blocks: AtomicPtr<TagCounter>,
+    nr_cpus: AtomicUsize,
+    /// Counters per CPU block (nr_tags rounded up to a cache line).
+    block_len: AtomicUsize,
+    nr_tags: AtomicUsize,
+}
+
+impl Default for AllocTagCounters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AllocTagCounters {
+    /// Counters with no memory yet; usable in a `static`.
+    pub const fn new() -> Self {
+        Self {
+            blocks: AtomicPtr::new(core::ptr::null_mut()),
+            nr_cpus: AtomicUsize::new(0),
+            block_len: AtomicUsize::new(0),
+            nr_tags: AtomicUsize::new(0),
+        }
+    }
+
+    fn block_len_for(nr_tags: usize) -> usize {
+        let per_line = CACHE_LINE / core::mem::size_of::<TagCounter>();
+        nr_tags.max(1).next_multiple_of(per_line)
+    }
+
+    /// Bytes of memory [`AllocTagCounters::init`] needs for `nr_cpus` CPUs
+    /// and every tag in the section.
+    pub fn bytes_needed(nr_cpus: usize) -> usize {
+        nr_cpus.max(1) * Self::block_len_for(nr_alloc_tags()) * core::mem::size_of::<TagCounter>()
+    }
+
+    /// Alignment [`AllocTagCounters::init`] needs.
+    pub const ALIGN: usize = CACHE_LINE;
+
+    /// Hands the counters their memory (zeroed here). Returns false, using
+    /// nothing, if they already have memory or `len` is too small or the
+    /// memory misaligned.
+    ///
+    /// # Safety
+    /// `memory` is valid for reads and writes of `len` bytes for the rest
+    /// of the program and used by nothing else.
+    pub unsafe fn init(&self, memory: NonNull<u8>, len: usize, nr_cpus: usize) -> bool {
+        let nr_cpus = nr_cpus.max(1);
+        let nr_tags = nr_alloc_tags();
+        if len < Self::bytes_needed(nr_cpus)
+            || !(memory.as_ptr() as usize).is_multiple_of(Self::ALIGN)
+            || !self.blocks.load(Ordering::Acquire).is_null()
+        {
+            return false;
+        }
+        // SAFETY: per the caller, `len` bytes at `memory` are ours; all-zero
+        // bytes are valid atomics.
+        unsafe { core::ptr::write_bytes(memory.as_ptr(), 0, len) };
+        self.nr_cpus.store(nr_cpus, Ordering::Relaxed);
+        self.block_len.store(Self::block_len_for(nr_tags), Ordering::Relaxed);
+        self.nr_tags.store(nr_tags, Ordering::Relaxed);
+        self.blocks.store(memory.as_ptr().cast(), Ordering::Release);
+        true
+    }
+
+    /// Whether the counters have memory.
+    pub fn is_ready(&self) -> bool {
+        !self.blocks.load(Ordering::Acquire).is_null()
+    }
+
+    #[inline]
+    fn counter(&self, cpu: usize, tag_ref: AllocTagRef) -> Option<&TagCounter> {
+        let blocks = self.blocks.load(Ordering::Acquire);
+        if blocks.is_null() {
+            return None;
+        }
+        let index = (tag_ref as usize).wrapping_sub(1);
+        if index >= self.nr_tags.load(Ordering::Relaxed) {
+            return None;
+        }
+        let nr_cpus = self.nr_cpus.load(Ordering::Relaxed);
+        let cpu = if cpu < nr_cpus { cpu } else { cpu % nr_cpus };
+        let slot = cpu * self.block_len.load(Ordering::Relaxed) + index;
+        // SAFETY: blocks is non-null, so init gave us nr_cpus blocks of
+        // block_len counters for the program's lifetime; cpu < nr_cpus and
+        // index < nr_tags <= block_len.
+        Some(unsafe { &*blocks.add(slot) })
+    }
+
+    /// Counts a new object of `bytes` at `tag_ref`, on CPU `cpu`.
+    #[inline]
+    pub fn add(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter(cpu, tag_ref) {
+            counter.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            counter.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Uncounts a freed object of `bytes` at `tag_ref`, on CPU `cpu` (any
+    /// CPU: the sum is what counts).
+    #[inline]
+    pub fn sub(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter(cpu, tag_ref) {
+            counter.bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+            counter.calls.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A tag's counters summed over CPUs. A sum that is transiently
+    /// negative (a free seen before its allocation while reading) reads 0.
+    pub fn read(&self, tag_ref: AllocTagRef) -> AllocTagCounts {
+        let mut bytes = 0u64;
+        let mut calls = 0u64;
+        for cpu in 0..self.nr_cpus.load(Ordering::Relaxed) {
+            if let Some(counter) = self.counter(cpu, tag_ref) {
+                bytes = bytes.wrapping_add(counter.bytes.load(Ordering::Relaxed));
+                calls = calls.wrapping_add(counter.calls.load(Ordering::Relaxed));
+            }
+        }
+        AllocTagCounts {
+            bytes: (bytes as i64).max(0) as u64,
+            calls: (calls as i64).max(0) as u64,
+        }
+    }
+}
+
+const SWITCH_OFF: u8 = 0;
+const SWITCH_ON: u8 = 1;
+const SWITCH_NEVER: u8 = 2;
+
+/// Refused change of a [`ProfilingSwitch`] set to `never`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchLocked;
+
+impl fmt::Display for SwitchLocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("allocation profiling was disabled for good at boot (mem_profiling=never)")
+    }
+}
+
+/// The runtime switch: on, off, or never (off and unchangeable), the Linux
+/// `mem_profiling=0|1|never` boot argument and `/proc/sys/vm/mem_profiling`.
+///
+/// Turning profiling on after it was off marks the counts *possibly
+/// inaccurate*: objects allocated meanwhile carry no tag and are not
+/// counted (their frees subtract nothing, so nothing underflows).
+pub struct ProfilingSwitch {
+    state: AtomicU8,
+    inaccurate: AtomicBool,
+}
+
+impl ProfilingSwitch {
+    /// A switch that starts on or off.
+    pub const fn new(on: bool) -> Self {
+        Self {
+            state: AtomicU8::new(if on { SWITCH_ON } else { SWITCH_OFF }),
+            inaccurate: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether allocations are being tagged now.
+    #[inline]
+    pub fn is_on(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == SWITCH_ON
+    }
+
+    /// Whether the switch is locked off (`never`).
+    pub fn is_never(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == SWITCH_NEVER
+    }
+
+    /// Whether profiling was turned on after having been off.
+    pub fn is_inaccurate(&self) -> bool {
+        self.inaccurate.load(Ordering::Relaxed)
+    }
+
+    /// Boot-time setting, before anything was allocated with a tag: sets
+    /// the state without marking counts inaccurate.
+    pub fn set_at_boot(&self, setting: BootSetting) {
+        let state = match setting {
+            BootSetting::Off => SWITCH_OFF,
+            BootSetting::On => SWITCH_ON,
+            BootSetting::Never => SWITCH_NEVER,
+        };
+        self.state.store(state, Ordering::Relaxed);
+    }
+
+    /// Turn profiling on (off → on marks the counts possibly inaccurate).
+    ///
+    /// # Errors
+    /// [`SwitchLocked`] if the switch is `never`.
+    pub fn enable(&self) -> Result<(), SwitchLocked> {
+        match self
+            .state
+            .compare_exchange(SWITCH_OFF, SWITCH_ON, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.inaccurate.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(SWITCH_NEVER) => Err(SwitchLocked),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Turn profiling off: new allocations carry no tag; frees of tagged
+    /// objects still subtract.
+    ///
+    /// # Errors
+    /// [`SwitchLocked`] if the switch is `never` (it is off anyway).
+    pub fn disable(&self) -> Result<(), SwitchLocked> {
+        match self
+            .state
+            .compare_exchange(SWITCH_ON, SWITCH_OFF, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Err(SWITCH_NEVER) => Err(SwitchLocked),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A parsed `mem_profiling=` boot argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootSetting {
+    /// `0`: compiled in, off until `allocinfo on`.
+    Off,
+    /// `1`: on from boot.
+    On,
+    /// `never`: off, and it cannot be turned on.
+    Never,
+}
+
+impl BootSetting {
+    /// Parses `0`, `1` or `never` (also `off`/`on`).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "0" | "off" => Some(Self::Off),
+            "1" | "on" => Some(Self::On),
+            "never" => Some(Self::Never),
+            _ => None,
+        }
+    }
+}
+
+/// Formats a byte count for humans (`-h`): `512`, `1.5K`, `12.0M`.
+pub struct HumanBytes(pub u64);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
+        let mut buf = [0u8; 24];
+        let mut writer = FixedBuf { buf: &mut buf, len: 0 };
+        if self.0 < 1024 {
+            let _ = fmt::write(&mut writer, format_args!("{}", self.0));
+        } else {
+            let mut unit = 0;
+            let mut scaled = self.0;
+            while scaled >= 1024 * 1024 && unit + 1 < UNITS.len() {
+                scaled /= 1024;
+                unit += 1;
+            }
+            // One decimal: tenths of the unit.
+            let tenths = scaled * 10 / 1024;
+            let _ = fmt::write(
+                &mut writer,
+                format_args!("{}.{}{}", tenths / 10, tenths % 10, UNITS[unit]),
+            );
+        }
+        let len = writer.len;
+        f.pad(core::str::from_utf8(&buf[..len]).unwrap_or("?"))
+    }
+}
+
+struct FixedBuf<'a> {
+    buf: &'a mut [u8; 24],
+    len: usize,
+}
+
+impl fmt::Write for FixedBuf<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = (self.len + s.len()).min(self.buf.len());
+        let take = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&s.as_bytes()[..take]);
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Writes the `allocinfo` header (`/proc/allocinfo` version 1.0).
+pub fn write_allocinfo_header(out: &mut dyn fmt::Write) -> fmt::Result {
+    writeln!(out, "allocinfo - version: 1.0")?;
+    writeln!(out, "#     <size>  <calls> <tag info>")
+}
+
+/// Writes one `allocinfo` row: `%12 bytes %8 calls file:line func:name`,
+/// with ` accurate:no` appended when `inaccurate` (Linux 6.14's marker).
+pub fn write_allocinfo_row(
+    out: &mut dyn fmt::Write,
+    tag: &AllocTag,
+    counts: AllocTagCounts,
+    human: bool,
+    inaccurate: bool,
+) -> fmt::Result {
+    if human {
+        write!(out, "{:>12} {:>8} ", HumanBytes(counts.bytes), counts.calls)?;
+    } else {
+        write!(out, "{:>12} {:>8} ", counts.bytes, counts.calls)?;
+    }
+    write!(out, "{} func:{}", tag.tag.location(), tag.tag.function())?;
+    if inaccurate {
+        write!(out, " accurate:no")?;
+    }
+    writeln!(out)
+}

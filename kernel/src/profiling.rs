@@ -1,0 +1,705 @@
+//! Allocation profiling and latency statistics: the kernel's side of
+//! `magpie-codetag`'s allocation tags and time stats (Linux memory
+//! allocation profiling, `/proc/allocinfo`).
+//!
+//! # What is counted
+//!
+//! Every allocation from the slab allocator by a caller is charged to one
+//! [`AllocTag`] (a call site in the `ALLOC_TAGS` linker section):
+//!
+//! * **explicit** call sites name their own tag: [`kmalloc!`](crate::kmalloc),
+//!   [`kmem_cache_alloc!`](crate::kmem_cache_alloc), and the per-call-site
+//!   `Allocator` handle [`tagged_alloc!`](crate::tagged_alloc) for
+//!   `Box::new_in` / `Vec::new_in`;
+//! * a **scope** ([`alloc_tag_scope!`](crate::alloc_tag_scope)) charges every
+//!   other allocation made on this CPU while it lives — `Box`, `Vec` and
+//!   `String` through the global allocator included — to its tag; nested
+//!   scopes: the innermost wins, the outer one is restored when it ends;
+//! * everything else goes to the `untagged` bucket, shown like any site.
+//!
+//! Bytes are class-rounded: a kmalloc of 100 bytes is charged 128
+//! (`kmalloc-128`'s object size), a cache object its cache's object size, a
+//! page-granular kmalloc its whole pages. `calls` is the number of live
+//! objects (allocations minus frees), as in Linux.
+//!
+//! # Where the state lives
+//!
+//! * Each object's 4-byte tag reference: in `magpie-slab` (see its
+//!   `alloc_tag` module): a `u32` array per small slab page, a `u32` in each
+//!   bufctl, the upper half of a page-granular allocation's page-map entry.
+//! * Counters: [`AllocTagCounters`], one block per CPU of `{bytes, calls}`
+//!   for every tag, cache-line aligned, allocated from `kpages` in
+//!   [`init`] once the CPU count is known. Allocations update only their
+//!   CPU's block; `allocinfo` sums over CPUs. Until `init`, profiling is off.
+//! * The current scope tag: one cache-line padded word per CPU here (there
+//!   is no scheduler: a scope guard saves and restores the previous value).
+//!
+//! # Switches
+//!
+//! * Cargo feature `alloc-profiling` (default): without it, none of this is
+//!   on any path and objects carry no reference; the macros fall back to the
+//!   plain calls and `allocinfo` says it is compiled out.
+//! * Boot argument `mem_profiling=0|1|never` (default 1) and
+//!   `allocinfo on|off`. Turning it on after it was off marks the counts
+//!   `accurate:no`: objects allocated meanwhile carry no tag and their frees
+//!   subtract nothing, so no counter underflows. `never` cannot be undone.
+//!
+//! # Context capture
+//!
+//! `allocinfo ctx FILE:LINE enable` records, for each object that one site
+//! allocates from then on, its address, size, CPU, timestamp, context and
+//! backtrace, until the object is freed (the Linux RFC's per-callsite
+//! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
+//! (recording never allocates, so it cannot recurse into the allocator);
+//! when the pool is full the record is dropped and counted.
+//!
+//! # Latency statistics
+//!
+//! `timestats` prints every `magpie_codetag::time_stats!` point: the slab
+//! layer's refill (`grow`) and depot exchanges (feature `time-stats`), in
+//! TSC cycles.
+
+use alloc::vec::Vec;
+use core::fmt::Write;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+pub use magpie_codetag;
+use magpie_codetag::alloc_tag::{
+    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch,
+    write_allocinfo_header, write_allocinfo_row,
+};
+use magpie_codetag::time_stats::{TimeStats, write_time_stats};
+use magpie_slab::{PAGE_SIZE, PageSource, Platform, TraceRecord};
+use spin::Mutex;
+
+use crate::arch::{self, IrqGuard, MAX_CPUS};
+use crate::kmem::{KPAGES, KernelPlatform};
+use crate::symbols::Symbolized;
+
+/// Whether allocation profiling is compiled in (cargo feature
+/// `alloc-profiling`).
+pub const COMPILED_IN: bool = cfg!(feature = "alloc-profiling");
+
+/// The runtime switch. Off until [`init`] has counters and reads the boot
+/// argument.
+pub static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
+
+/// Per-CPU `{bytes, calls}` of every tag.
+pub static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+
+#[repr(align(64))]
+struct CurrentTag(AtomicU32);
+
+/// Each CPU's innermost scope tag (0: none).
+static CURRENT: [CurrentTag; MAX_CPUS] = [const { CurrentTag(AtomicU32::new(0)) }; MAX_CPUS];
+
+/// The untagged bucket's reference (set by [`init`]).
+static UNTAGGED_REF: AtomicU32 = AtomicU32::new(0);
+
+/// Sets profiling up once the slab allocator is up: counters for every CPU
+/// from `kpages`, then the boot argument `mem_profiling=0|1|never`.
+pub fn init() {
+    if !COMPILED_IN {
+        return;
+    }
+    let setting = crate::boot_info::get()
+        .and_then(|boot| boot.arg("mem_profiling"))
+        .map(|value| {
+            BootSetting::parse(value).unwrap_or_else(|| {
+                log::warn!("mem_profiling={value}: expected 0, 1 or never; using 1");
+                BootSetting::On
+            })
+        })
+        .unwrap_or(BootSetting::On);
+    if setting == BootSetting::Never {
+        SWITCH.set_at_boot(BootSetting::Never);
+        return;
+    }
+    let nr_cpus = KernelPlatform::max_cpus();
+    let bytes = AllocTagCounters::bytes_needed(nr_cpus);
+    let nr_pages = bytes.div_ceil(PAGE_SIZE);
+    let Ok(pages) = KPAGES.alloc_pages(nr_pages) else {
+        log::warn!("allocation profiling: no memory for counters; off for good");
+        SWITCH.set_at_boot(BootSetting::Never);
+        return;
+    };
+    // SAFETY: nr_pages fresh, page-aligned pages from kpages, never freed,
+    // used by nothing else.
+    let ready = unsafe { COUNTERS.init(pages, nr_pages * PAGE_SIZE, nr_cpus) };
+    if !ready {
+        SWITCH.set_at_boot(BootSetting::Never);
+        return;
+    }
+    UNTAGGED_REF.store(magpie_codetag::alloc_tag::UNTAGGED.tag_ref(), Ordering::Relaxed);
+    SWITCH.set_at_boot(setting);
+    log::debug!(
+        "allocation profiling: {} tags, {} CPU(s), {:?}",
+        AllocTag::all().len(),
+        nr_cpus,
+        setting
+    );
+}
+
+/// The tag to charge an allocation that names none: this CPU's scope, else
+/// the untagged bucket; 0 while profiling is off.
+#[inline]
+pub fn current_tag() -> u32 {
+    if !COMPILED_IN || !SWITCH.is_on() {
+        return 0;
+    }
+    let cpu = arch::cpu_id();
+    let scoped = CURRENT[cpu % MAX_CPUS].0.load(Ordering::Relaxed);
+    if scoped != 0 { scoped } else { UNTAGGED_REF.load(Ordering::Relaxed) }
+}
+
+/// The reference to charge an explicitly tagged allocation: `tag`'s, or 0
+/// while profiling is off.
+#[inline]
+pub fn explicit_tag(tag: &'static AllocTag) -> u32 {
+    if COMPILED_IN && SWITCH.is_on() { tag.tag_ref() } else { 0 }
+}
+
+/// [`Platform::alloc_tag_add`]: count on this CPU, and capture context if
+/// the site is being captured.
+#[inline]
+pub fn charge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    COUNTERS.add(arch::cpu_id(), tag, bytes);
+    if tag == CTX_TAG.load(Ordering::Relaxed) {
+        ctx_record(ptr, bytes);
+    }
+}
+
+/// [`Platform::alloc_tag_sub`]: uncount (on whichever CPU frees) and drop a
+/// context record.
+#[inline]
+pub fn uncharge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    COUNTERS.sub(arch::cpu_id(), tag, bytes);
+    if CTX_NR_RECORDS.load(Ordering::Relaxed) != 0 {
+        ctx_remove(ptr);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Call-site forms
+
+/// While alive, charges this CPU's untagged allocations to one tag; see
+/// [`alloc_tag_scope!`](crate::alloc_tag_scope).
+#[must_use = "the scope ends when the guard is dropped"]
+pub struct AllocTagScope {
+    cpu: usize,
+    previous: u32,
+}
+
+impl AllocTagScope {
+    /// Makes `tag` this CPU's current tag until the guard is dropped.
+    #[inline]
+    pub fn enter(tag: &'static AllocTag) -> Self {
+        let cpu = arch::cpu_id() % MAX_CPUS;
+        let previous = CURRENT[cpu].0.swap(tag.tag_ref(), Ordering::Relaxed);
+        Self { cpu, previous }
+    }
+
+    /// A guard that changes nothing (profiling compiled out).
+    pub fn none() -> Self {
+        Self { cpu: usize::MAX, previous: 0 }
+    }
+}
+
+impl Drop for AllocTagScope {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(current) = CURRENT.get(self.cpu) {
+            current.0.store(self.previous, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An `Allocator` handle that charges its allocations to one call site:
+/// `Box::new_in(value, tagged_alloc!())`. See
+/// [`tagged_alloc!`](crate::tagged_alloc).
+#[derive(Clone, Copy)]
+pub struct TaggedAlloc {
+    tag: Option<&'static AllocTag>,
+}
+
+impl TaggedAlloc {
+    /// A handle for `tag` (`None`: charge like an untagged allocation).
+    pub const fn new(tag: Option<&'static AllocTag>) -> Self {
+        Self { tag }
+    }
+}
+
+// SAFETY: blocks come from the 'static slab allocator (kmalloc's contract:
+// at least `layout.size()` bytes aligned to `layout.align()`), stay valid
+// until `deallocate`, and every copy of a handle frees into the same
+// allocator.
+unsafe impl core::alloc::Allocator for TaggedAlloc {
+    fn allocate(
+        &self,
+        layout: core::alloc::Layout,
+    ) -> Result<NonNull<[u8]>, core::alloc::AllocError> {
+        if layout.size() == 0 {
+            let dangling = NonNull::new(core::ptr::without_provenance_mut::<u8>(layout.align()))
+                .ok_or(core::alloc::AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+        }
+        let tag = match self.tag {
+            Some(tag) => explicit_tag(tag),
+            None => current_tag(),
+        };
+        let ptr = crate::kmem::SLAB
+            .kmalloc_tagged(layout.size(), layout.align(), tag)
+            .map_err(|_| core::alloc::AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: core::alloc::Layout) {
+        if layout.size() == 0 {
+            return;
+        }
+        // SAFETY: per the Allocator contract, ptr is a live block from us.
+        if let Err(error) = unsafe { crate::kmem::SLAB.kfree(ptr) } {
+            log::error!("TaggedAlloc: {error}; nothing was freed");
+        }
+    }
+}
+
+/// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`](crate::kmem::SLAB)
+/// `.kmalloc` charged to this call site. `align` defaults to 8. (Linux
+/// takes GFP flags here; this kernel has none, so the second argument is
+/// the alignment.)
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! kmalloc {
+    ($size:expr) => {
+        $crate::kmalloc!($size, 8)
+    };
+    ($size:expr, $align:expr) => {
+        $crate::kmem::SLAB.kmalloc_tagged(
+            $size,
+            $align,
+            $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
+        )
+    };
+}
+
+/// `kmalloc!(size)` / `kmalloc!(size, align)` with profiling compiled out.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! kmalloc {
+    ($size:expr) => {
+        $crate::kmalloc!($size, 8)
+    };
+    ($size:expr, $align:expr) => {
+        $crate::kmem::SLAB.kmalloc($size, $align)
+    };
+}
+
+/// `kmem_cache_alloc!(cache)`: `cache.alloc()` charged to this call site.
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! kmem_cache_alloc {
+    ($cache:expr) => {
+        $cache.alloc_tagged($crate::profiling::explicit_tag(
+            $crate::profiling::magpie_codetag::alloc_tag!(),
+        ))
+    };
+}
+
+/// `kmem_cache_alloc!(cache)` with profiling compiled out.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! kmem_cache_alloc {
+    ($cache:expr) => {
+        $cache.alloc()
+    };
+}
+
+/// `let _scope = alloc_tag_scope!();` charges every allocation this CPU
+/// makes without a tag of its own (`Box`, `Vec`, `String`, plain
+/// `SLAB.kmalloc`) to this call site until `_scope` is dropped.
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! alloc_tag_scope {
+    () => {
+        $crate::profiling::AllocTagScope::enter($crate::profiling::magpie_codetag::alloc_tag!(
+            $crate::profiling::magpie_codetag::CodeTagFlags::SCOPE
+        ))
+    };
+}
+
+/// `alloc_tag_scope!()` with profiling compiled out: a guard doing nothing.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! alloc_tag_scope {
+    () => {
+        $crate::profiling::AllocTagScope::none()
+    };
+}
+
+/// `tagged_alloc!()`: a [`TaggedAlloc`] handle for this call site, for
+/// `Box::new_in(x, tagged_alloc!())`, `Vec::new_in(tagged_alloc!())`.
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! tagged_alloc {
+    () => {
+        $crate::profiling::TaggedAlloc::new(Some($crate::profiling::magpie_codetag::alloc_tag!()))
+    };
+}
+
+/// `tagged_alloc!()` with profiling compiled out.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! tagged_alloc {
+    () => {
+        $crate::profiling::TaggedAlloc::new(None)
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Reading the counters
+
+/// One `allocinfo` row.
+#[derive(Clone, Copy)]
+pub struct AllocInfoRow {
+    /// The call site.
+    pub tag: &'static AllocTag,
+    /// Its live bytes and calls summed over CPUs.
+    pub counts: AllocTagCounts,
+}
+
+/// Every tag with its counts, in section order.
+pub fn snapshot() -> Vec<AllocInfoRow> {
+    let _scope = crate::alloc_tag_scope!();
+    let tags = AllocTag::all();
+    let mut rows = Vec::with_capacity(tags.len());
+    for tag in tags {
+        rows.push(AllocInfoRow { tag, counts: COUNTERS.read(tag.tag_ref()) });
+    }
+    rows
+}
+
+/// The row of the first tag in `function` (for tests).
+pub fn counts_of_function(function: &str) -> Option<AllocTagCounts> {
+    AllocTag::all()
+        .iter()
+        .find(|tag| tag.tag.function() == function)
+        .map(|tag| COUNTERS.read(tag.tag_ref()))
+}
+
+/// The untagged bucket's counts.
+pub fn untagged_counts() -> AllocTagCounts {
+    COUNTERS.read(magpie_codetag::alloc_tag::UNTAGGED.tag_ref())
+}
+
+// ---------------------------------------------------------------------------
+// Context capture
+
+/// Records the context-capture pool holds.
+pub const CTX_MAX_RECORDS: usize = 256;
+
+/// The site being captured (0: none).
+static CTX_TAG: AtomicU32 = AtomicU32::new(0);
+/// Records in the pool (read without the lock to skip lookups).
+static CTX_NR_RECORDS: AtomicUsize = AtomicUsize::new(0);
+/// Records that did not fit in the pool.
+static CTX_NR_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+struct CtxPool {
+    /// `addr == 0`: a free slot.
+    records: [TraceRecord; CTX_MAX_RECORDS],
+}
+
+const EMPTY_RECORD: TraceRecord = TraceRecord {
+    addr: 0,
+    size: 0,
+    cpu: 0,
+    timestamp: 0,
+    context: [0; 32],
+    context_len: 0,
+    nr_frames: 0,
+    frames: [0; magpie_slab::TRACE_MAX_FRAMES],
+};
+
+static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool { records: [EMPTY_RECORD; CTX_MAX_RECORDS] });
+
+/// Captures the context of a new object of the captured site. Never
+/// allocates.
+#[inline(never)]
+fn ctx_record(ptr: NonNull<u8>, bytes: usize) {
+    let mut record = EMPTY_RECORD;
+    record.addr = ptr.as_ptr() as usize;
+    record.size = bytes;
+    record.cpu = arch::cpu_id() as u32;
+    record.timestamp = KernelPlatform::now();
+    record.context_len = KernelPlatform::context(&mut record.context) as u8;
+    record.nr_frames = KernelPlatform::backtrace(&mut record.frames) as u8;
+    let _irq = IrqGuard::new();
+    let mut pool = CTX_POOL.lock();
+    match pool.records.iter_mut().find(|slot| slot.addr == 0) {
+        Some(slot) => {
+            *slot = record;
+            CTX_NR_RECORDS.fetch_add(1, Ordering::Relaxed);
+        }
+        None => {
+            CTX_NR_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[inline(never)]
+fn ctx_remove(ptr: NonNull<u8>) {
+    let addr = ptr.as_ptr() as usize;
+    let _irq = IrqGuard::new();
+    let mut pool = CTX_POOL.lock();
+    if let Some(slot) = pool.records.iter_mut().find(|slot| slot.addr == addr) {
+        *slot = EMPTY_RECORD;
+        CTX_NR_RECORDS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn ctx_clear() {
+    let _irq = IrqGuard::new();
+    let mut pool = CTX_POOL.lock();
+    for slot in pool.records.iter_mut() {
+        *slot = EMPTY_RECORD;
+    }
+    CTX_NR_RECORDS.store(0, Ordering::Relaxed);
+}
+
+/// Starts capturing context for `tag`'s new objects (stops any other site
+/// and drops its records).
+pub fn ctx_enable(tag: &'static AllocTag) {
+    CTX_TAG.store(0, Ordering::Relaxed);
+    ctx_clear();
+    CTX_NR_DROPPED.store(0, Ordering::Relaxed);
+    CTX_TAG.store(tag.tag_ref(), Ordering::Relaxed);
+}
+
+/// Stops capturing and drops the records.
+pub fn ctx_disable() {
+    CTX_TAG.store(0, Ordering::Relaxed);
+    ctx_clear();
+}
+
+/// The live records, copied out (the copy's memory is reserved before the
+/// pool lock is taken: nothing allocates under it).
+pub fn ctx_records() -> Vec<TraceRecord> {
+    let mut records = Vec::with_capacity(CTX_MAX_RECORDS);
+    let _irq = IrqGuard::new();
+    let pool = CTX_POOL.lock();
+    records.extend(pool.records.iter().filter(|record| record.addr != 0).copied());
+    records
+}
+
+/// Records dropped because the pool was full since capture was enabled.
+pub fn ctx_nr_dropped() -> u64 {
+    CTX_NR_DROPPED.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------
+// Shell commands
+
+const ALLOCINFO_USAGE: &str = "allocinfo [--sort bytes|calls] [--top N] [--file PATTERN] [-h] | \
+     allocinfo on|off | allocinfo ctx FILE:LINE enable|disable|print";
+const TIMESTATS_USAGE: &str = "timestats [reset]";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SortKey {
+    Section,
+    Bytes,
+    Calls,
+}
+
+/// `allocinfo ...`. `Err(usage)` for malformed arguments; other errors are
+/// printed as one `error:` line.
+pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static str> {
+    if !COMPILED_IN {
+        let _ = writeln!(
+            out,
+            "error: allocation profiling is compiled out (kernel feature alloc-profiling)"
+        );
+        return Ok(());
+    }
+    let _scope = crate::alloc_tag_scope!();
+    match args {
+        ["on"] => {
+            match SWITCH.enable() {
+                Ok(()) => {
+                    let _ = writeln!(out, "allocation profiling on");
+                }
+                Err(error) => {
+                    let _ = writeln!(out, "error: {error}");
+                }
+            }
+            return Ok(());
+        }
+        ["off"] => {
+            match SWITCH.disable() {
+                Ok(()) => {
+                    let _ = writeln!(out, "allocation profiling off");
+                }
+                Err(error) => {
+                    let _ = writeln!(out, "error: {error}");
+                }
+            }
+            return Ok(());
+        }
+        ["ctx", location, verb] => return cmd_ctx(location, verb, out),
+        ["ctx", ..] => return Err(ALLOCINFO_USAGE),
+        _ => {}
+    }
+    let mut sort = SortKey::Section;
+    let mut top = usize::MAX;
+    let mut file: Option<&str> = None;
+    let mut human = false;
+    let mut words = args.iter();
+    while let Some(&word) = words.next() {
+        match word {
+            "--sort" => {
+                sort = match words.next().copied() {
+                    Some("bytes") => SortKey::Bytes,
+                    Some("calls") => SortKey::Calls,
+                    _ => return Err(ALLOCINFO_USAGE),
+                }
+            }
+            "--top" => {
+                top = words
+                    .next()
+                    .and_then(|text| text.parse().ok())
+                    .ok_or(ALLOCINFO_USAGE)?;
+                if sort == SortKey::Section {
+                    sort = SortKey::Bytes;
+                }
+            }
+            "--file" => file = Some(words.next().copied().ok_or(ALLOCINFO_USAGE)?),
+            "-h" => human = true,
+            _ => return Err(ALLOCINFO_USAGE),
+        }
+    }
+    let mut rows = snapshot();
+    if let Some(pattern) = file {
+        rows.retain(|row| row.tag.tag.file.contains(pattern));
+    }
+    match sort {
+        SortKey::Section => {}
+        SortKey::Bytes => rows.sort_by(|a, b| b.counts.bytes.cmp(&a.counts.bytes)),
+        SortKey::Calls => rows.sort_by(|a, b| b.counts.calls.cmp(&a.counts.calls)),
+    }
+    let inaccurate = SWITCH.is_inaccurate();
+    let _ = write_allocinfo_header(out);
+    for row in rows.iter().take(top) {
+        let _ = write_allocinfo_row(out, row.tag, row.counts, human, inaccurate);
+    }
+    if !SWITCH.is_on() {
+        let _ = writeln!(
+            out,
+            "# profiling is {}: counts cover objects allocated while it was on",
+            if SWITCH.is_never() { "off for good (mem_profiling=never)" } else { "off" }
+        );
+    }
+    Ok(())
+}
+
+fn cmd_ctx(location: &str, verb: &str, out: &mut dyn Write) -> Result<(), &'static str> {
+    if !matches!(verb, "enable" | "disable" | "print") {
+        return Err(ALLOCINFO_USAGE);
+    }
+    let Some(tag) = AllocTag::all().iter().find(|tag| tag.tag.matches_location(location)) else {
+        let _ = writeln!(
+            out,
+            "error: no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"
+        );
+        return Ok(());
+    };
+    match verb {
+        "enable" => {
+            ctx_enable(tag);
+            let _ = writeln!(
+                out,
+                "capturing context of {} func:{}",
+                tag.tag.location(),
+                tag.tag.function()
+            );
+        }
+        "disable" => {
+            if CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref() {
+                ctx_disable();
+            }
+            let _ = writeln!(out, "stopped capturing context of {}", tag.tag.location());
+        }
+        _ => {
+            let capturing = CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref();
+            let records = if capturing { ctx_records() } else { Vec::new() };
+            let _ = writeln!(
+                out,
+                "Context of live objects from {} func:{}",
+                tag.tag.location(),
+                tag.tag.function()
+            );
+            let _ = writeln!(out, "-------------------------");
+            for record in &records {
+                let _ = writeln!(
+                    out,
+                    "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
+                    record.addr,
+                    record.size,
+                    record.cpu,
+                    record.timestamp,
+                    record.ctx()
+                );
+                for (index, &address) in record.frames().iter().enumerate() {
+                    let _ = writeln!(
+                        out,
+                        "#{:02} [<{address:#018x}>] {}",
+                        index + 1,
+                        Symbolized(address)
+                    );
+                }
+                let _ = writeln!(out);
+            }
+            let nr_dropped = if capturing { ctx_nr_dropped() } else { 0 };
+            let _ = writeln!(
+                out,
+                "{} live object{} recorded, {} record{} dropped (capture {})",
+                records.len(),
+                if records.len() == 1 { "" } else { "s" },
+                nr_dropped,
+                if nr_dropped == 1 { "" } else { "s" },
+                if capturing { "on" } else { "off" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `timestats [reset]`: every latency statistic point, in TSC cycles.
+pub fn cmd_timestats(args: &[&str], out: &mut dyn Write) -> Result<(), &'static str> {
+    let all = TimeStats::all();
+    match args {
+        [] => {
+            if all.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "no time-stats points (kernel feature time-stats is compiled out)"
+                );
+            }
+            for (index, stats) in all.iter().enumerate() {
+                if index > 0 {
+                    let _ = writeln!(out);
+                }
+                let _ = write_time_stats(out, stats, "cycles");
+            }
+            Ok(())
+        }
+        ["reset"] => {
+            for stats in all {
+                stats.reset();
+            }
+            let _ = writeln!(out, "reset {} time-stats points", all.len());
+            Ok(())
+        }
+        _ => Err(TIMESTATS_USAGE),
+    }
+}

@@ -1,0 +1,111 @@
+//! Allocation profiling support (feature `alloc-profiling`): every object a
+//! caller holds remembers, in 4 bytes, the allocation tag it was charged to
+//! (Linux's `slabobj_ext` code-tag reference), so that its free uncharges
+//! the same tag wherever and on whichever CPU it happens.
+//!
+//! The allocator knows nothing of tags beyond these 4 bytes; the platform
+//! names the tag of an allocation ([`Platform::alloc_tag_current`], or the
+//! caller does through `alloc_tagged` / `kmalloc_tagged`) and keeps the
+//! counters ([`Platform::alloc_tag_add`], [`Platform::alloc_tag_sub`]).
+//!
+//! Where the reference lives:
+//!
+//! - **small-object slabs**: an array of one `u32` per object at the end of
+//!   the slab page, just below the header (`objs_per_slab` is computed with
+//!   `stride + 4` per object). An object's index is `offset * ceil(2^32 /
+//!   stride) >> 32`, exact for offsets below a page;
+//! - **bufctl slabs**: a `u32` in the object's bufctl (it fits in padding:
+//!   no extra bytes);
+//! - **page-granular kmalloc**: the upper 32 bits of the first page's
+//!   page-map entry (no extra bytes).
+//!
+//! Reference 0 means "no tag" (allocated while profiling was off): its free
+//! uncharges nothing, so no counter underflows. A free object's reference
+//! is always 0 (frees clear it), so an object allocated while profiling is
+//! off needs no store at all.
+//!
+//! Costs: compiled out, nothing (no code, no bytes). Compiled in but off:
+//! one `alloc_tag_current()` call and a test per alloc; nothing per free
+//! until some object of the cache has been tagged. On: a multiply, a 4-byte
+//! store and `alloc_tag_add` per alloc; a load, a store and `alloc_tag_sub`
+//! per free. Bootstrap (metadata) caches have no reference arrays.
+
+#[cfg(feature = "alloc-profiling")]
+use core::ptr::NonNull;
+#[cfg(feature = "alloc-profiling")]
+use core::sync::atomic::Ordering;
+
+#[cfg(feature = "alloc-profiling")]
+use crate::cache::{HOT_TAGGED, KmemCache};
+#[cfg(feature = "alloc-profiling")]
+use crate::platform::PAGE_SIZE;
+use crate::platform::Platform;
+
+/// A reference from an object to its allocation tag (in `magpie-codetag`:
+/// the tag's index in its section plus one). 0: no tag.
+pub type AllocTagRef = u32;
+
+/// Bytes of tag reference per object of a small slab.
+pub(crate) const TAG_REF_BYTES: usize = if cfg!(feature = "alloc-profiling") {
+    core::mem::size_of::<AllocTagRef>()
+} else {
+    0
+};
+
+/// The tag to charge an allocation made now (0 when profiling is compiled
+/// out or the platform says off).
+#[inline(always)]
+pub(crate) fn current<P: Platform>() -> AllocTagRef {
+    #[cfg(feature = "alloc-profiling")]
+    {
+        P::alloc_tag_current()
+    }
+    #[cfg(not(feature = "alloc-profiling"))]
+    {
+        0
+    }
+}
+
+#[cfg(feature = "alloc-profiling")]
+impl<P: Platform> KmemCache<P> {
+    /// The tag-reference slot of a small-slab object.
+    #[inline]
+    fn tag_slot(&self, obj: NonNull<u8>) -> *mut AllocTagRef {
+        debug_assert!(self.tag_array_offset != 0);
+        let addr = obj.as_ptr() as usize;
+        let page = addr & !(PAGE_SIZE - 1);
+        let offset = (addr - page) as u64;
+        // offset < 2^12 and ceil(2^32/stride)*stride - 2^32 < stride <= 2^9,
+        // so the error term stays below 1: this is offset / stride exactly.
+        let index = ((offset * self.stride_reciprocal) >> 32) as usize;
+        (page + self.tag_array_offset + index * crate::alloc_tag::TAG_REF_BYTES) as *mut AllocTagRef
+    }
+
+    /// Store `tag` with a small-slab object just allocated (`tag != 0`).
+    #[inline]
+    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: u32) {
+        if hot & HOT_TAGGED == 0 {
+            // Before the store: whoever frees the object sees the flag.
+            self.hot_flags.fetch_or(HOT_TAGGED, Ordering::Relaxed);
+        }
+        // SAFETY: obj is a busy object of one of our small slabs, so its
+        // slot lies in the slab page's tag array (tag_array_offset is set
+        // for every small cache callers allocate from); the object is ours
+        // until freed, and so is its slot.
+        unsafe { self.tag_slot(obj).write(tag) };
+    }
+
+    /// Clear a small-slab object's tag reference and uncharge its tag.
+    #[inline]
+    pub(crate) fn untag_small_object(&self, obj: NonNull<u8>) {
+        let slot = self.tag_slot(obj);
+        // SAFETY: as in tag_small_object; the caller frees obj, so nobody
+        // else uses it or its slot now.
+        let tag = unsafe { slot.read() };
+        if tag != 0 {
+            // SAFETY: as above.
+            unsafe { slot.write(0) };
+            P::alloc_tag_sub(tag, obj, self.obj_size);
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Allocation profiling (feature `alloc-profiling`) and latency statistics
+//! (feature `time-stats`), with a platform that keeps `magpie-codetag`
+//! per-CPU counters: the way a kernel (or a benchmark) wires them up.
+//!
+//! The switch and counters are process-wide, so these tests take `SERIAL`.
+
+use std::boxed::Box;
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, Once};
+use std::vec::Vec;
+
+use magpie_codetag::alloc_tag::{
+    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, UNTAGGED,
+};
+use magpie_codetag::alloc_tag;
+
+use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, set_cpu};
+use crate::{Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
+static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+static COUNTERS_ONCE: Once = Once::new();
+
+std::thread_local! {
+    /// The scoped "current tag" of this thread (a kernel keeps it per CPU).
+    static CURRENT: Cell<u32> = const { Cell::new(0) };
+}
+
+/// [`TestPlatform`] plus allocation profiling through `magpie-codetag`.
+struct ProfiledPlatform;
+
+impl Platform for ProfiledPlatform {
+    fn max_cpus() -> usize {
+        TestPlatform::max_cpus()
+    }
+    fn cpu_id() -> usize {
+        TestPlatform::cpu_id()
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    fn irq_restore(_state: usize) {}
+    fn now() -> u64 {
+        TestPlatform::now()
+    }
+    fn backtrace(frames: &mut [usize]) -> usize {
+        TestPlatform::backtrace(frames)
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        TestPlatform::context(buf)
+    }
+    fn alloc_tag_current() -> u32 {
+        if !SWITCH.is_on() {
+            return 0;
+        }
+        match CURRENT.with(Cell::get) {
+            0 => UNTAGGED.tag_ref(),
+            scoped => scoped,
+        }
+    }
+    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.add(cpu(), tag, bytes);
+    }
+    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.sub(cpu(), tag, bytes);
+    }
+}
+
+type ProfiledAlloc = Allocator<ProfiledPlatform>;
+
+/// Serialise, make sure the counters exist, profiling on, CPU 0.
+fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
+    let guard = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    COUNTERS_ONCE.call_once(|| {
+        let len = AllocTagCounters::bytes_needed(NR_CPUS);
+        let memory: &'static mut [u64] = Vec::leak(std::vec![0u64; len / 8 + 8]);
+        let addr = (memory.as_mut_ptr() as usize).next_multiple_of(AllocTagCounters::ALIGN);
+        // SAFETY: `len` bytes from `addr` lie inside the leaked buffer.
+        assert!(unsafe { COUNTERS.init(NonNull::new(addr as *mut u8).unwrap(), len, NR_CPUS) });
+    });
+    SWITCH.set_at_boot(BootSetting::On);
+    set_cpu(0);
+    CURRENT.with(|current| current.set(0));
+    let source = FakeSource::new(4096);
+    let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Allocator::new()));
+    alloc.init(source).expect("init");
+    (guard, alloc)
+}
+
+fn counts(tag: &'static AllocTag) -> AllocTagCounts {
+    COUNTERS.read(tag.tag_ref())
+}
+
+fn site_small() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_bufctl() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_large() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_scope() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_cross_cpu() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_switch() -> &'static AllocTag {
+    alloc_tag!()
+}
+fn site_audit() -> &'static AllocTag {
+    alloc_tag!()
+}
+
+#[test]
+fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
+    let (_serial, alloc) = setup();
+    let tag = site_small();
+    // 100 bytes come from kmalloc-128: charged 128 bytes each.
+    let objs: Vec<_> = (0..10)
+        .map(|_| alloc.kmalloc_tagged(100, 8, tag.tag_ref()).unwrap())
+        .collect();
+    assert_eq!(counts(tag), AllocTagCounts { bytes: 1280, calls: 10 });
+    for obj in objs {
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(obj) }.unwrap();
+    }
+    assert_eq!(counts(tag), AllocTagCounts::default());
+}
+
+#[test]
+fn bufctl_and_page_granular_objects_remember_their_tag() {
+    let (_serial, alloc) = setup();
+    let cache = alloc
+        .cache_create("tagged-big", 1500, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let (bufctl_tag, large_tag) = (site_bufctl(), site_large());
+    let objs: Vec<_> = (0..5)
+        .map(|_| cache.alloc_tagged(bufctl_tag.tag_ref()).unwrap())
+        .collect();
+    let big = alloc.kmalloc_tagged(20_000, 8, large_tag.tag_ref()).unwrap();
+    assert_eq!(counts(bufctl_tag), AllocTagCounts { bytes: 7500, calls: 5 });
+    assert_eq!(counts(large_tag), AllocTagCounts { bytes: 5 * PAGE_SIZE as u64, calls: 1 });
+    assert_eq!(alloc.ksize(big).unwrap(), 5 * PAGE_SIZE, "the tag bits do not leak into ksize");
+    // A refused double free changes nothing.
+    // SAFETY: allocated above, freed once (the second free is refused).
+    unsafe {
+        cache.free(objs[0]).unwrap();
+        assert!(matches!(cache.free(objs[0]), Err(FreeError::DoubleFree { .. })));
+    }
+    assert_eq!(counts(bufctl_tag), AllocTagCounts { bytes: 6000, calls: 4 });
+    for &obj in &objs[1..] {
+        // SAFETY: allocated above, freed once.
+        unsafe { cache.free(obj) }.unwrap();
+    }
+    // SAFETY: allocated above, freed once.
+    unsafe { alloc.kfree(big) }.unwrap();
+    assert_eq!(counts(bufctl_tag), AllocTagCounts::default());
+    assert_eq!(counts(large_tag), AllocTagCounts::default());
+}
+
+#[test]
+fn untagged_and_scoped_allocations_through_every_entry_point() {
+    let (_serial, alloc) = setup();
+    let untagged_before = counts(&UNTAGGED);
+    let scope = site_scope();
+    // No scope: the untagged bucket.
+    let loose = alloc.kmalloc(64, 8).unwrap();
+    let after = counts(&UNTAGGED);
+    assert_eq!(after.calls, untagged_before.calls + 1);
+    assert_eq!(after.bytes, untagged_before.bytes + 64);
+    // A scope: kmalloc, the GlobalAlloc shim and the Allocator shim all
+    // charge the scope's tag.
+    CURRENT.with(|current| current.set(scope.tag_ref()));
+    let layout = core::alloc::Layout::from_size_align(24, 8).unwrap();
+    let by_kmalloc = alloc.kmalloc(64, 8).unwrap();
+    // SAFETY: a valid non-zero layout.
+    let by_global = unsafe { core::alloc::GlobalAlloc::alloc(alloc, layout) };
+    let by_allocator = core::alloc::Allocator::allocate(&alloc, layout).unwrap();
+    CURRENT.with(|current| current.set(0));
+    assert_eq!(counts(scope), AllocTagCounts { bytes: 64 + 32 + 32, calls: 3 });
+    // Frees outside the scope still uncharge the scope's tag.
+    // SAFETY: each block allocated above with this layout, freed once.
+    unsafe {
+        alloc.kfree(by_kmalloc).unwrap();
+        core::alloc::GlobalAlloc::dealloc(alloc, by_global, layout);
+        core::alloc::Allocator::deallocate(&alloc, by_allocator.cast(), layout);
+        alloc.kfree(loose).unwrap();
+    }
+    assert_eq!(counts(scope), AllocTagCounts::default());
+    assert_eq!(counts(&UNTAGGED), untagged_before);
+}
+
+#[test]
+fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
+    let (_serial, alloc) = setup();
+    let cache = alloc
+        .cache_create("cross", 96, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_cross_cpu();
+    #[derive(Clone, Copy)]
+    struct Obj(NonNull<u8>);
+    // SAFETY: the test hands objects between threads whole.
+    unsafe impl Send for Obj {}
+    let objs: Vec<Obj> = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                set_cpu(1);
+                (0..200).map(|_| Obj(cache.alloc_tagged(tag.tag_ref()).unwrap())).collect()
+            })
+            .join()
+            .unwrap()
+    });
+    assert_eq!(counts(tag), AllocTagCounts { bytes: 200 * 96, calls: 200 });
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            set_cpu(3);
+            for obj in objs {
+                // SAFETY: allocated above, freed once.
+                unsafe { cache.free(obj.0) }.unwrap();
+            }
+        });
+    });
+    // CPU 1 is at +200, CPU 3 at -200: the sum is zero.
+    assert_eq!(counts(tag), AllocTagCounts::default());
+}
+
+#[test]
+fn switch_on_off_never_and_no_underflow() {
+    let (_serial, alloc) = setup();
+    let tag = site_switch();
+    CURRENT.with(|current| current.set(tag.tag_ref()));
+
+    // Off: objects carry no tag; freeing them after turning on subtracts
+    // nothing (no underflow), and the counts are marked inaccurate.
+    SWITCH.set_at_boot(BootSetting::Off);
+    let while_off: Vec<_> = (0..8).map(|_| alloc.kmalloc(32, 8).unwrap()).collect();
+    let big_while_off = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    assert_eq!(counts(tag), AllocTagCounts::default());
+    SWITCH.enable().unwrap();
+    assert!(SWITCH.is_inaccurate());
+    let while_on: Vec<_> = (0..4).map(|_| alloc.kmalloc(32, 8).unwrap()).collect();
+    assert_eq!(counts(tag), AllocTagCounts { bytes: 128, calls: 4 });
+    for &obj in while_off.iter().chain([&big_while_off]) {
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(obj) }.unwrap();
+    }
+    assert_eq!(counts(tag), AllocTagCounts { bytes: 128, calls: 4 });
+
+    // Turned off again: frees of objects tagged while on still subtract.
+    SWITCH.disable().unwrap();
+    for &obj in &while_on {
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(obj) }.unwrap();
+    }
+    assert_eq!(counts(tag), AllocTagCounts::default());
+
+    // A freed object forgets its tag: reallocated (same memory, LIFO
+    // magazines) while off, then freed while on, it subtracts nothing.
+    SWITCH.enable().unwrap();
+    let first = alloc.kmalloc(32, 8).unwrap();
+    // SAFETY: allocated just now, freed once.
+    unsafe { alloc.kfree(first) }.unwrap();
+    SWITCH.disable().unwrap();
+    let again = alloc.kmalloc(32, 8).unwrap();
+    assert_eq!(again, first, "LIFO magazines hand back the same object");
+    SWITCH.enable().unwrap();
+    // SAFETY: allocated just now, freed once.
+    unsafe { alloc.kfree(again) }.unwrap();
+    assert_eq!(counts(tag), AllocTagCounts::default());
+
+    // never: nothing is charged and the switch cannot be turned on.
+    SWITCH.set_at_boot(BootSetting::Never);
+    assert!(SWITCH.enable().is_err());
+    let ignored = alloc.kmalloc(32, 8).unwrap();
+    assert_eq!(counts(tag), AllocTagCounts::default());
+    // SAFETY: allocated just now, freed once.
+    unsafe { alloc.kfree(ignored) }.unwrap();
+    CURRENT.with(|current| current.set(0));
+    SWITCH.set_at_boot(BootSetting::On);
+}
+
+#[test]
+fn audit_and_traced_caches_charge_and_uncharge_too() {
+    let (_serial, alloc) = setup();
+    let tag = site_audit();
+    let audit = alloc
+        .cache_create("tag-audit", 40, 8, CacheFlags::AUDIT, None, None, None)
+        .unwrap();
+    let traced = alloc
+        .cache_create("tag-traced", 200, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    traced.trace_start().unwrap();
+    let a = audit.alloc_tagged(tag.tag_ref()).unwrap();
+    let t = traced.alloc_tagged(tag.tag_ref()).unwrap();
+    assert_eq!(counts(tag), AllocTagCounts { bytes: 240, calls: 2 });
+    assert_eq!(traced.trace_stats().nr_records, 1);
+    // SAFETY: allocated above, freed once; the second free is refused.
+    unsafe {
+        audit.free(a).unwrap();
+        assert!(audit.free(a).is_err(), "AUDIT catches the double free");
+        traced.free(t).unwrap();
+    }
+    assert_eq!(counts(tag), AllocTagCounts::default());
+    assert_eq!(traced.trace_stats().nr_records, 0);
+}
+
+#[test]
+fn objects_per_small_slab_leave_room_for_tag_refs() {
+    let (_serial, alloc) = setup();
+    for size in [8usize, 64, 96, 192, 512] {
+        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let stats = cache.stats();
+        assert_eq!(stats.objs_per_slab, crate::slab::SMALL_HEADER_OFFSET / (size + 4), "{size}");
+        // Fill a whole slab with tagged objects: every slot is distinct and
+        // inside the page below the header.
+        let tag = site_small();
+        let objs: Vec<_> = (0..2 * stats.objs_per_slab)
+            .map(|_| cache.alloc_tagged(tag.tag_ref()).unwrap())
+            .collect();
+        assert_eq!(counts(tag).calls, objs.len() as u64);
+        for obj in objs {
+            // SAFETY: allocated above, freed once.
+            unsafe { cache.free(obj) }.unwrap();
+        }
+        assert_eq!(counts(tag), AllocTagCounts::default());
+    }
+}
+
+#[cfg(feature = "time-stats")]
+#[test]
+fn refill_and_depot_exchanges_are_timed() {
+    use magpie_codetag::time_stats::TimeStats;
+    let (_serial, alloc) = setup();
+    let cache = alloc
+        .cache_create("timed", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let objs: Vec<_> = (0..500).map(|_| cache.alloc().unwrap()).collect();
+    for obj in objs {
+        // SAFETY: allocated above, freed once.
+        unsafe { cache.free(obj) }.unwrap();
+    }
+    let objs: Vec<_> = (0..500).map(|_| cache.alloc().unwrap()).collect();
+    for obj in objs {
+        // SAFETY: allocated above, freed once.
+        unsafe { cache.free(obj) }.unwrap();
+    }
+    let functions: Vec<(&str, u64)> = TimeStats::all()
+        .iter()
+        .map(|stats| (stats.tag.function(), stats.snapshot().count))
+        .collect();
+    for name in ["grow", "magazine_alloc", "try_magazine_free"] {
+        let found = functions.iter().find(|(function, _)| *function == name);
+        assert!(matches!(found, Some((_, count)) if *count > 0), "{name}: {functions:?}");
+    }
+}
