@@ -20,9 +20,11 @@ setup:
 test-host:
 	cargo test -p magpie-slab -p magpie-codetag --target $(HOST)
 
-# Tier 2: each file in tests/ is a small kernel booted in QEMU.
+# Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
+# with allocation profiling compiled out (it must cost nothing and break nothing).
 test-qemu:
 	cargo test
+	cargo test --no-default-features
 
 # Tier 3: boot the real kernel, type sessions on its serial console.
 test-e2e:

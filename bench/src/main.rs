@@ -1,7 +1,7 @@
 //! # magpie-bench: magpie-slab against peer allocators, on the host
 //!
 //! ```text
-//! magpie-bench <workload> <allocator> [threads] [--n N] [--reps R] [--target-ms MS]
+//! magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]
 //! magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]
 //! magpie-bench list
 //! ```
@@ -9,7 +9,8 @@
 //! A single run prints a `RESULT` line (median over the repetitions). With
 //! `--n` the workload runs exactly N iterations per thread (N pairs, N
 //! mixed steps, N objects), once, with no warm-up: that is what the
-//! callgrind measurements use. `suite` runs everything (callgrind
+//! callgrind measurements use; `--n N --warmup` times R repetitions of N
+//! after one warm-up (the suite's wall-clock rounds). `suite` runs everything (callgrind
 //! instruction counts, wall clock for 1 and 2 threads) by re-running this
 //! binary, and prints one markdown report. See docs/BENCHMARKS.md.
 
@@ -31,6 +32,9 @@ struct RunOpts {
     n: Option<u64>,
     reps: usize,
     target: Duration,
+    /// With `n`: warm up once and time `reps` repetitions (wall clock at
+    /// a fixed size, as the suite's interleaved rounds do).
+    warmup: bool,
 }
 
 /// Median of the repetitions of a single run.
@@ -53,12 +57,13 @@ fn usage() -> ! {
     std::process::exit(2);
 }
 
-/// Whether this build has magpie-slab's allocation profiling compiled in.
+/// Which magpie-slab features this build has compiled in.
 pub fn variant() -> &'static str {
-    if cfg!(feature = "alloc-profiling") {
-        "alloc-profiling"
-    } else {
-        "default"
+    match (cfg!(feature = "alloc-profiling"), cfg!(feature = "time-stats")) {
+        (false, false) => "plain",
+        (true, false) => "alloc-profiling",
+        (false, true) => "time-stats",
+        (true, true) => "alloc-profiling+time-stats",
     }
 }
 
@@ -99,6 +104,7 @@ fn parse_run(args: &[String]) -> RunOpts {
         n: None,
         reps: 7,
         target: Duration::from_millis(100),
+        warmup: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -111,6 +117,7 @@ fn parse_run(args: &[String]) -> RunOpts {
             "--n" => opts.n = Some(value()),
             "--reps" => opts.reps = value().max(1) as usize,
             "--target-ms" => opts.target = Duration::from_millis(value()),
+            "--warmup" => opts.warmup = true,
             _ => positional.push(arg.clone()),
         }
     }
@@ -174,7 +181,9 @@ fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, Duration)
 }
 
 fn run_with<A: BenchAlloc>(a: &'static A, opts: &RunOpts) -> RunResult {
-    if let Some(n) = opts.n {
+    if let Some(n) = opts.n
+        && !opts.warmup
+    {
         // Exact count (callgrind): one run, no warm-up.
         let (ops, time) = once(a, opts, n);
         return RunResult {
@@ -185,8 +194,8 @@ fn run_with<A: BenchAlloc>(a: &'static A, opts: &RunOpts) -> RunResult {
         };
     }
     // Calibrate n so one repetition takes about the target time.
-    let mut n: u64 = 4096;
-    loop {
+    let mut n: u64 = opts.n.unwrap_or(4096);
+    while opts.n.is_none() {
         let (_, time) = once(a, opts, n);
         if time >= opts.target / 8 || n >= 1 << 34 {
             let scale = opts.target.as_secs_f64() / time.as_secs_f64().max(1e-9);

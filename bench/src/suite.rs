@@ -56,6 +56,7 @@ fn allocators_for(workload: &str, with_null: bool) -> Vec<&'static str> {
 /// Parsed `RESULT` line.
 #[derive(Clone, Copy)]
 struct Res {
+    n: u64,
     ops_per_rep: u64,
     ns_per_op: f64,
     mops: f64,
@@ -68,6 +69,7 @@ fn parse_result(stdout: &str) -> Option<Res> {
             .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
     };
     Some(Res {
+        n: field("n")?.parse().ok()?,
         ops_per_rep: field("ops_per_rep")?.parse().ok()?,
         ns_per_op: field("ns_per_op")?.parse().ok()?,
         mops: field("mops")?.parse().ok()?,
@@ -183,7 +185,7 @@ pub fn main(argv: &[String]) {
     writeln!(
         report,
         "{date}; {}; {rustc}; magpie-slab variant: `{}`; wall clock: median of {} \
-         repetitions of ~{} ms each, after a warm-up.\n",
+         interleaved rounds, each run ~{} ms after a warm-up.\n",
         machine(),
         crate::variant(),
         opts.reps,
@@ -275,31 +277,87 @@ pub fn main(argv: &[String]) {
     }
 
     // ------------------------------------------------------------ wall clock
-    let mut wall: BTreeMap<(&str, &str, usize), Option<Res>> = BTreeMap::new();
+    // Calibrate each configuration once (n for ~target ms), then run
+    // `reps` rounds; every round visits every configuration once (1T and
+    // 2T back to back), so a noisy neighbour on the VM hits all rows
+    // alike. Medians over rounds; scaling is the median of the per-round
+    // 2T/1T ratios.
+    let mut configs: Vec<(&str, &str, usize)> = Vec::new();
     for workload in crate::workloads::WORKLOADS {
         for allocator in allocators_for(workload, true) {
             for threads in [1usize, 2] {
-                eprintln!("wall {workload} {allocator} {threads}T");
-                let a = args(&[
-                    workload,
-                    allocator,
-                    &threads.to_string(),
-                    "--reps",
-                    &opts.reps.to_string(),
-                    "--target-ms",
-                    &opts.target_ms.to_string(),
-                ]);
-                let r = match child(&a, false) {
-                    Ok((r, _)) => Some(r),
-                    Err(e) => {
-                        failures.push(format!("wall {workload} {allocator} {threads}T: {e}"));
-                        None
-                    }
-                };
-                wall.insert((workload, allocator, threads), r);
+                configs.push((workload, allocator, threads));
             }
         }
     }
+    let mut sizes: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
+    for &(workload, allocator, threads) in &configs {
+        eprintln!("calibrate {workload} {allocator} {threads}T");
+        let a = args(&[
+            workload,
+            allocator,
+            &threads.to_string(),
+            "--reps",
+            "1",
+            "--target-ms",
+            &opts.target_ms.to_string(),
+        ]);
+        match child(&a, false) {
+            Ok((r, _)) => {
+                sizes.insert((workload, allocator, threads), r.n);
+            }
+            Err(e) => failures.push(format!("wall {workload} {allocator} {threads}T: {e}")),
+        }
+    }
+    let mut samples: BTreeMap<(&str, &str, usize), Vec<Res>> = BTreeMap::new();
+    for round in 0..opts.reps {
+        eprintln!("wall-clock round {}/{}", round + 1, opts.reps);
+        for &config in &configs {
+            let Some(&n) = sizes.get(&config) else { continue };
+            let (workload, allocator, threads) = config;
+            let a = args(&[
+                workload,
+                allocator,
+                &threads.to_string(),
+                "--n",
+                &n.to_string(),
+                "--warmup",
+                "--reps",
+                "1",
+            ]);
+            match child(&a, false) {
+                Ok((r, _)) => samples.entry(config).or_default().push(r),
+                Err(e) => failures.push(format!("wall {workload} {allocator} {threads}T: {e}")),
+            }
+        }
+    }
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    };
+    let wall: BTreeMap<(&str, &str, usize), Option<Res>> = configs
+        .iter()
+        .map(|&c| {
+            let v = samples.get(&c).cloned().unwrap_or_default();
+            let ns = median(v.iter().map(|r| r.ns_per_op).collect());
+            let mops = median(v.iter().map(|r| r.mops).collect());
+            let res = ns.zip(mops).map(|(ns_per_op, mops)| Res {
+                n: 0,
+                ops_per_rep: 0,
+                ns_per_op,
+                mops,
+            });
+            (c, res)
+        })
+        .collect();
+    let paired_scaling = |w: &str, a: &str| -> Option<f64> {
+        let one = samples.get(&(w, a, 1))?;
+        let two = samples.get(&(w, a, 2))?;
+        median(one.iter().zip(two).map(|(o, t)| t.mops / o.mops).collect())
+    };
     let get = |w: &str, a: &str, t: usize| wall.get(&(w, a, t)).copied().flatten();
     let dash = |w: &str, a: &str| !allocators_for(w, true).contains(&a);
 
@@ -339,7 +397,8 @@ pub fn main(argv: &[String]) {
          (magpie: CPU id 0 and 1). cache-pair and kmalloc-mixed: every thread runs the \
          workload on its own objects. cross-free: 1T allocates a batch of 256 and frees it \
          on the same thread; 2T allocates on thread A and frees on thread B (batches through \
-         a bounded channel). Scaling = 2T / 1T; target for magpie ≥ 1.8×.\n"
+         a bounded channel). Scaling = median over rounds of 2T / 1T; target for magpie ≥ 1.8×. \
+         `null` (no allocator) is the machine's and the harness's ceiling.\n"
     )
     .unwrap();
     writeln!(
@@ -357,7 +416,7 @@ pub fn main(argv: &[String]) {
             }
             let one = get(w, allocator, 1).map(|r| r.mops);
             let two = get(w, allocator, 2).map(|r| r.mops);
-            let scaling = one.zip(two).map(|(o, t)| t / o);
+            let scaling = paired_scaling(w, allocator);
             let mut s = fmt_f(scaling, 2);
             if allocator == "magpie" && scaling.is_some() {
                 s = format!("**{s}**");

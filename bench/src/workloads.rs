@@ -186,12 +186,19 @@ struct Ring([Slot; CROSS_DEPTH]);
 // handed over by the `full` flag (Release/Acquire).
 unsafe impl Sync for Ring {}
 
-/// Wait for a flag by spinning (both threads have a core of their own; a
-/// blocking channel would measure futex wake-ups instead of allocators).
+/// Wait for a flag: spin briefly, then yield (a blocking channel would
+/// measure futex wake-ups instead of allocators).
 #[inline]
 fn spin_until(flag: &AtomicBool, value: bool) {
+    let mut spins = 0u32;
     while flag.load(Ordering::Acquire) != value {
-        std::hint::spin_loop();
+        spins += 1;
+        if spins < 256 {
+            std::hint::spin_loop();
+        } else {
+            // The other side may not be running (a 2-vCPU VM): let it.
+            std::thread::yield_now();
+        }
     }
 }
 

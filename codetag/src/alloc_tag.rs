@@ -114,8 +114,9 @@ macro_rules! alloc_tag {
     ($flags:expr) => {{
         #[$crate::linkme::distributed_slice($crate::alloc_tag::ALLOC_TAGS)]
         #[linkme(crate = $crate::linkme)]
-        static __ALLOC_TAG: $crate::alloc_tag::AllocTag =
-            $crate::alloc_tag::AllocTag { tag: $crate::codetag!($flags) };
+        static __ALLOC_TAG: $crate::alloc_tag::AllocTag = $crate::alloc_tag::AllocTag {
+            tag: $crate::codetag!($flags),
+        };
         &__ALLOC_TAG
     }};
 }
@@ -209,7 +210,8 @@ impl AllocTagCounters {
         // bytes are valid atomics.
         unsafe { core::ptr::write_bytes(memory.as_ptr(), 0, len) };
         self.nr_cpus.store(nr_cpus, Ordering::Relaxed);
-        self.block_len.store(Self::block_len_for(nr_tags), Ordering::Relaxed);
+        self.block_len
+            .store(Self::block_len_for(nr_tags), Ordering::Relaxed);
         self.nr_tags.store(nr_tags, Ordering::Relaxed);
         self.blocks.store(memory.as_ptr().cast(), Ordering::Release);
         true
@@ -342,10 +344,12 @@ impl ProfilingSwitch {
     /// # Errors
     /// [`SwitchLocked`] if the switch is `never`.
     pub fn enable(&self) -> Result<(), SwitchLocked> {
-        match self
-            .state
-            .compare_exchange(SWITCH_OFF, SWITCH_ON, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.state.compare_exchange(
+            SWITCH_OFF,
+            SWITCH_ON,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 self.inaccurate.store(true, Ordering::Relaxed);
                 Ok(())
@@ -361,10 +365,12 @@ impl ProfilingSwitch {
     /// # Errors
     /// [`SwitchLocked`] if the switch is `never` (it is off anyway).
     pub fn disable(&self) -> Result<(), SwitchLocked> {
-        match self
-            .state
-            .compare_exchange(SWITCH_ON, SWITCH_OFF, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.state.compare_exchange(
+            SWITCH_ON,
+            SWITCH_OFF,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Err(SWITCH_NEVER) => Err(SwitchLocked),
             _ => Ok(()),
         }
@@ -401,7 +407,10 @@ impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
         let mut buf = [0u8; 24];
-        let mut writer = FixedBuf { buf: &mut buf, len: 0 };
+        let mut writer = FixedBuf {
+            buf: &mut buf,
+            len: 0,
+        };
         if self.0 < 1024 {
             let _ = fmt::write(&mut writer, format_args!("{}", self.0));
         } else {

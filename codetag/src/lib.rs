@@ -111,7 +111,10 @@ impl CodeTag {
 
     /// `file:line`, the key Linux uses in `/proc/allocinfo`.
     pub fn location(&self) -> Location {
-        Location { file: self.file, line: self.line }
+        Location {
+            file: self.file,
+            line: self.line,
+        }
     }
 
     /// Whether this tag's `file:line` equals `spec` (the form users type,
@@ -139,7 +142,13 @@ impl fmt::Debug for CodeTag {
 /// Prints `file:line module func:name`, the tag info of `/proc/allocinfo`.
 impl fmt::Display for CodeTag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} func:{}", self.location(), self.module, self.function())
+        write!(
+            f,
+            "{} {} func:{}",
+            self.location(),
+            self.module,
+            self.function()
+        )
     }
 }
 
@@ -176,7 +185,9 @@ pub fn function_name_from_path(path: &'static str) -> &'static str {
                 && !segment.starts_with("{{")
                 && !segment.starts_with("__")
                 && !segment.starts_with('_')
-                && !segment.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                && !segment
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         })
         .unwrap_or("?")
 }

@@ -103,7 +103,10 @@ impl TimeStats {
     /// Starts a measurement at time `now`; [`TimeStatsStart::end`] records it.
     #[inline]
     pub fn start(&'static self, now: u64) -> TimeStatsStart {
-        TimeStatsStart { stats: self, start: now }
+        TimeStatsStart {
+            stats: self,
+            start: now,
+        }
     }
 
     /// Forgets everything recorded.
@@ -148,7 +151,11 @@ impl TimeStats {
         let count = self.count.load(Ordering::Relaxed);
         TimeStatsSnapshot {
             count,
-            average: self.total.load(Ordering::Relaxed).checked_div(count).unwrap_or(0),
+            average: self
+                .total
+                .load(Ordering::Relaxed)
+                .checked_div(count)
+                .unwrap_or(0),
             max,
             quantiles,
         }
@@ -195,7 +202,12 @@ pub struct TimeStatsSnapshot {
 /// ```
 pub fn write_time_stats(out: &mut dyn fmt::Write, stats: &TimeStats, unit: &str) -> fmt::Result {
     let snapshot = stats.snapshot();
-    writeln!(out, "{} func:{}", stats.tag.location(), stats.tag.function())?;
+    writeln!(
+        out,
+        "{} func:{}",
+        stats.tag.location(),
+        stats.tag.function()
+    )?;
     writeln!(out, "count:          {}", snapshot.count)?;
     writeln!(out, "avg duration:   {} {unit}", snapshot.average)?;
     writeln!(out, "max duration:   {} {unit}", snapshot.max)?;
@@ -226,7 +238,24 @@ mod tests {
     #[test]
     fn buckets_are_monotonic_and_cover_their_floor() {
         let mut previous = 0;
-        for duration in [0u64, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 100, 1000, 1 << 20, u64::MAX] {
+        for duration in [
+            0u64,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            8,
+            9,
+            15,
+            16,
+            100,
+            1000,
+            1 << 20,
+            u64::MAX,
+        ] {
             let bucket = bucket_of(duration);
             assert!(bucket >= previous, "{duration}");
             previous = bucket;

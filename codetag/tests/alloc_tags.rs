@@ -68,14 +68,32 @@ fn per_cpu_counters_sum_over_cpus() {
         counters.add(cpu, a, 64);
     }
     counters.add(7, b, 100); // out-of-range CPU ids fold into range
-    assert_eq!(counters.read(a), AllocTagCounts { bytes: 256, calls: 4 });
-    assert_eq!(counters.read(b), AllocTagCounts { bytes: 100, calls: 1 });
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts {
+            bytes: 256,
+            calls: 4
+        }
+    );
+    assert_eq!(
+        counters.read(b),
+        AllocTagCounts {
+            bytes: 100,
+            calls: 1
+        }
+    );
     // Freed on other CPUs than allocated: per-CPU values go below zero,
     // the sum is exact.
     counters.sub(3, a, 64);
     counters.sub(3, a, 64);
     counters.sub(2, b, 100);
-    assert_eq!(counters.read(a), AllocTagCounts { bytes: 128, calls: 2 });
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts {
+            bytes: 128,
+            calls: 2
+        }
+    );
     assert_eq!(counters.read(b), AllocTagCounts::default());
     // No tag, or a bad reference: counted nowhere.
     counters.add(0, 0, 8);
@@ -114,7 +132,10 @@ fn switch_on_off_never() {
     switch.disable().unwrap();
     assert!(!switch.is_on());
     switch.enable().unwrap();
-    assert!(switch.is_on() && switch.is_inaccurate(), "off -> on marks counts inaccurate");
+    assert!(
+        switch.is_on() && switch.is_inaccurate(),
+        "off -> on marks counts inaccurate"
+    );
 
     let never = ProfilingSwitch::new(false);
     never.set_at_boot(BootSetting::parse("never").unwrap());
@@ -135,16 +156,41 @@ fn switch_on_off_never() {
 fn allocinfo_rows_have_the_linux_layout() {
     let mut out = String::new();
     write_allocinfo_header(&mut out).unwrap();
-    write_allocinfo_row(&mut out, site_a(), AllocTagCounts { bytes: 640, calls: 10 }, false, false)
-        .unwrap();
-    write_allocinfo_row(&mut out, &UNTAGGED, AllocTagCounts { bytes: 3 << 20, calls: 2 }, true, true)
-        .unwrap();
+    write_allocinfo_row(
+        &mut out,
+        site_a(),
+        AllocTagCounts {
+            bytes: 640,
+            calls: 10,
+        },
+        false,
+        false,
+    )
+    .unwrap();
+    write_allocinfo_row(
+        &mut out,
+        &UNTAGGED,
+        AllocTagCounts {
+            bytes: 3 << 20,
+            calls: 2,
+        },
+        true,
+        true,
+    )
+    .unwrap();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "allocinfo - version: 1.0");
     assert_eq!(lines[1], "#     <size>  <calls> <tag info>");
-    let expected = format!("         640       10 {}:{} func:site_a", site_a().tag.file, site_a().tag.line);
+    let expected = format!(
+        "         640       10 {}:{} func:site_a",
+        site_a().tag.file,
+        site_a().tag.line
+    );
     assert_eq!(lines[2], expected);
-    assert_eq!(lines[3], "        3.0M        2 untagged:0 func:untagged accurate:no");
+    assert_eq!(
+        lines[3],
+        "        3.0M        2 untagged:0 func:untagged accurate:no"
+    );
     assert_eq!(format!("{}", HumanBytes(1536)), "1.5K");
     assert_eq!(format!("{}", HumanBytes(1000)), "1000");
 }

@@ -24,7 +24,9 @@ macro_rules! probe {
     ($flags:expr) => {{
         #[magpie_codetag::linkme::distributed_slice($crate::PROBES)]
         #[linkme(crate = magpie_codetag::linkme)]
-        static HERE: $crate::Probe = $crate::Probe { tag: magpie_codetag::codetag!($flags) };
+        static HERE: $crate::Probe = $crate::Probe {
+            tag: magpie_codetag::codetag!($flags),
+        };
         &HERE
     }};
 }
@@ -47,7 +49,11 @@ mod nested {
 #[test]
 fn every_tag_is_in_the_section() {
     let sites = [first_site(), second_site(), nested::third_site()];
-    assert_eq!(PROBES.len(), 3, "exactly the three probes defined in this file");
+    assert_eq!(
+        PROBES.len(),
+        3,
+        "exactly the three probes defined in this file"
+    );
     for site in sites {
         assert!(
             PROBES.iter().any(|p| core::ptr::eq(p, site)),
@@ -66,7 +72,11 @@ fn tags_name_the_enclosing_function_module_file_and_line() {
     assert_eq!(first.flags, CodeTagFlags::NONE);
 
     let second = second_site().codetag();
-    assert_eq!(second.function(), "second_site", "closures count as their function");
+    assert_eq!(
+        second.function(),
+        "second_site",
+        "closures count as their function"
+    );
     assert!(second.flags.contains(CodeTagFlags::EXPLICIT));
 
     let third = nested::third_site().codetag();
@@ -92,7 +102,10 @@ fn location_matching_and_display() {
 #[test]
 fn function_name_trimming() {
     use magpie_codetag::function_name_from_path as trim;
-    assert_eq!(trim("magpie::shell::cmd_kmalloc::HERE::__codetag_fn::__codetag_marker"), "cmd_kmalloc");
+    assert_eq!(
+        trim("magpie::shell::cmd_kmalloc::HERE::__codetag_fn::__codetag_marker"),
+        "cmd_kmalloc"
+    );
     assert_eq!(trim("a::b::{{closure}}::{{constant}}::X::__f"), "b");
     assert_eq!(trim("__only"), "?");
 }

@@ -131,7 +131,10 @@ pub fn init() {
         SWITCH.set_at_boot(BootSetting::Never);
         return;
     }
-    UNTAGGED_REF.store(magpie_codetag::alloc_tag::UNTAGGED.tag_ref(), Ordering::Relaxed);
+    UNTAGGED_REF.store(
+        magpie_codetag::alloc_tag::UNTAGGED.tag_ref(),
+        Ordering::Relaxed,
+    );
     SWITCH.set_at_boot(setting);
     log::debug!(
         "allocation profiling: {} tags, {} CPU(s), {:?}",
@@ -150,14 +153,22 @@ pub fn current_tag() -> u32 {
     }
     let cpu = arch::cpu_id();
     let scoped = CURRENT[cpu % MAX_CPUS].0.load(Ordering::Relaxed);
-    if scoped != 0 { scoped } else { UNTAGGED_REF.load(Ordering::Relaxed) }
+    if scoped != 0 {
+        scoped
+    } else {
+        UNTAGGED_REF.load(Ordering::Relaxed)
+    }
 }
 
 /// The reference to charge an explicitly tagged allocation: `tag`'s, or 0
 /// while profiling is off.
 #[inline]
 pub fn explicit_tag(tag: &'static AllocTag) -> u32 {
-    if COMPILED_IN && SWITCH.is_on() { tag.tag_ref() } else { 0 }
+    if COMPILED_IN && SWITCH.is_on() {
+        tag.tag_ref()
+    } else {
+        0
+    }
 }
 
 /// [`Platform::alloc_tag_add`]: count on this CPU, and capture context if
@@ -202,7 +213,10 @@ impl AllocTagScope {
 
     /// A guard that changes nothing (profiling compiled out).
     pub fn none() -> Self {
-        Self { cpu: usize::MAX, previous: 0 }
+        Self {
+            cpu: usize::MAX,
+            previous: 0,
+        }
     }
 }
 
@@ -375,7 +389,10 @@ pub fn snapshot() -> Vec<AllocInfoRow> {
     let tags = AllocTag::all();
     let mut rows = Vec::with_capacity(tags.len());
     for tag in tags {
-        rows.push(AllocInfoRow { tag, counts: COUNTERS.read(tag.tag_ref()) });
+        rows.push(AllocInfoRow {
+            tag,
+            counts: COUNTERS.read(tag.tag_ref()),
+        });
     }
     rows
 }
@@ -422,7 +439,9 @@ const EMPTY_RECORD: TraceRecord = TraceRecord {
     frames: [0; magpie_slab::TRACE_MAX_FRAMES],
 };
 
-static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool { records: [EMPTY_RECORD; CTX_MAX_RECORDS] });
+static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
+    records: [EMPTY_RECORD; CTX_MAX_RECORDS],
+});
 
 /// Captures the context of a new object of the captured site. Never
 /// allocates.
@@ -489,7 +508,12 @@ pub fn ctx_records() -> Vec<TraceRecord> {
     let mut records = Vec::with_capacity(CTX_MAX_RECORDS);
     let _irq = IrqGuard::new();
     let pool = CTX_POOL.lock();
-    records.extend(pool.records.iter().filter(|record| record.addr != 0).copied());
+    records.extend(
+        pool.records
+            .iter()
+            .filter(|record| record.addr != 0)
+            .copied(),
+    );
     records
 }
 
@@ -584,8 +608,8 @@ pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static 
     }
     match sort {
         SortKey::Section => {}
-        SortKey::Bytes => rows.sort_by(|a, b| b.counts.bytes.cmp(&a.counts.bytes)),
-        SortKey::Calls => rows.sort_by(|a, b| b.counts.calls.cmp(&a.counts.calls)),
+        SortKey::Bytes => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.bytes)),
+        SortKey::Calls => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.calls)),
     }
     let inaccurate = SWITCH.is_inaccurate();
     let _ = write_allocinfo_header(out);
@@ -596,7 +620,11 @@ pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static 
         let _ = writeln!(
             out,
             "# profiling is {}: counts cover objects allocated while it was on",
-            if SWITCH.is_never() { "off for good (mem_profiling=never)" } else { "off" }
+            if SWITCH.is_never() {
+                "off for good (mem_profiling=never)"
+            } else {
+                "off"
+            }
         );
     }
     Ok(())
@@ -606,7 +634,10 @@ fn cmd_ctx(location: &str, verb: &str, out: &mut dyn Write) -> Result<(), &'stat
     if !matches!(verb, "enable" | "disable" | "print") {
         return Err(ALLOCINFO_USAGE);
     }
-    let Some(tag) = AllocTag::all().iter().find(|tag| tag.tag.matches_location(location)) else {
+    let Some(tag) = AllocTag::all()
+        .iter()
+        .find(|tag| tag.tag.matches_location(location))
+    else {
         let _ = writeln!(
             out,
             "error: no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"

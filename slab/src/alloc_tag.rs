@@ -55,6 +55,13 @@ pub(crate) const TAG_REF_BYTES: usize = if cfg!(feature = "alloc-profiling") {
 /// The tag to charge an allocation made now (0 when profiling is compiled
 /// out or the platform says off).
 #[inline(always)]
+#[cfg_attr(
+    not(feature = "alloc-profiling"),
+    allow(
+        clippy::extra_unused_type_parameters,
+        reason = "P is used with the feature"
+    )
+)]
 pub(crate) fn current<P: Platform>() -> AllocTagRef {
     #[cfg(feature = "alloc-profiling")]
     {

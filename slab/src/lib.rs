@@ -194,7 +194,7 @@ macro_rules! time_stats_start {
         #[cfg(feature = "time-stats")]
         let start = <$platform as $crate::Platform>::now();
         #[cfg(not(feature = "time-stats"))]
-        let start = ();
+        let start = 0u64;
         start
     }};
 }
@@ -205,7 +205,7 @@ macro_rules! time_stats_end {
         magpie_codetag::time_stats!()
             .record(<$platform as $crate::Platform>::now().wrapping_sub($start));
         #[cfg(not(feature = "time-stats"))]
-        let () = $start;
+        let _: u64 = $start;
     }};
 }
 

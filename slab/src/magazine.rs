@@ -370,7 +370,7 @@ impl<P: Platform> KmemCache<P> {
             pcc.magsize = depot.magsize;
             if !pcc.loaded.is_null() && rounds_of(pcc.loaded) < pcc.magsize {
                 // The magazine size grew: room again (not timed: rare).
-                let _ = start;
+                let _: u64 = start;
                 continue;
             }
             let empty = depot.pop_empty();

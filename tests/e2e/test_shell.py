@@ -195,5 +195,144 @@ class Leak(unittest.TestCase):
         self.assertRegex(printed, r"cmd_leak\+0x")
 
 
+def kmalloc_site():
+    """`kernel/src/shell.rs:LINE` of the `kmalloc!` call in cmd_kmalloc (its allocation tag)."""
+    path = os.path.join(ROOT, "kernel", "src", "shell.rs")
+    with open(path) as source:
+        in_cmd_kmalloc = False
+        for number, line in enumerate(source, 1):
+            if "fn cmd_kmalloc" in line:
+                in_cmd_kmalloc = True
+            if in_cmd_kmalloc and "kmalloc!(" in line:
+                return f"kernel/src/shell.rs:{number}"
+    raise AssertionError("no kmalloc! call in cmd_kmalloc")
+
+
+ALLOCINFO_ROW = re.compile(r"^\s*(\S+)\s+(\d+) (\S+:\d+) func:(\S+)( accurate:no)?$")
+
+
+def allocinfo_rows(text):
+    """{(file:line, func): (bytes, calls)} from an allocinfo reply (numbers as printed)."""
+    rows = {}
+    for line in text.splitlines()[2:]:
+        match = ALLOCINFO_ROW.match(line)
+        if match:
+            rows[(match.group(3), match.group(4))] = (match.group(1), int(match.group(2)))
+    return rows
+
+
+class AllocInfo(unittest.TestCase):
+    """allocinfo (Linux /proc/allocinfo 1.0), allocinfo ctx and timestats."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built")
+        cls.site = kmalloc_site()
+        cls.code, cls.out = boot([
+            "allocinfo",
+            "kmalloc 64 10",
+            "allocinfo --file kernel/src/shell.rs",
+            f"allocinfo ctx {cls.site} enable",
+            "kmalloc 1000 3",
+            f"allocinfo ctx {cls.site} print",
+            "kfree 1",
+            f"allocinfo ctx {cls.site} print",
+            "allocinfo --sort bytes --top 3 -h",
+            "kfree all",
+            "allocinfo --sort calls --file shell.rs",
+            f"allocinfo ctx {cls.site} disable",
+            "allocinfo ctx nowhere.rs:1 print",
+            "allocinfo --sort size",
+            "timestats",
+            "allocinfo off",
+            "kmalloc 64 2",
+            "allocinfo on",
+            "allocinfo --file kernel/src/shell.rs",
+            "kfree all",
+            "poweroff",
+        ])
+
+    def test_header_is_linux_allocinfo_1_0_and_untagged_is_visible(self):
+        self.assertEqual(self.code, 0, self.out)
+        text = reply_to(self.out, "allocinfo")
+        lines = text.splitlines()
+        self.assertEqual(lines[0], "allocinfo - version: 1.0")
+        self.assertEqual(lines[1], "#     <size>  <calls> <tag info>")
+        rows = allocinfo_rows(text)
+        self.assertIn(("untagged:0", "untagged"), rows, text)
+        self.assertIn((self.site, "cmd_kmalloc"), rows, text)
+        # Every row is `%12 bytes %8 calls file:line func:name`.
+        for line in lines[2:]:
+            self.assertRegex(line, r"^[ \d]{12} [ \d]{8} \S+:\d+ func:\S+$")
+
+    def test_kmalloc_site_counts_calls_and_class_rounded_bytes(self):
+        rows = allocinfo_rows(reply_to(self.out, "allocinfo --file kernel/src/shell.rs"))
+        self.assertEqual(rows[(self.site, "cmd_kmalloc")], ("640", 10))
+        self.assertTrue(all(key[0].startswith("kernel/src/shell.rs:") for key in rows), rows)
+        # After freeing everything the site is back to zero.
+        rows = allocinfo_rows(reply_to(self.out, "allocinfo --sort calls --file shell.rs"))
+        self.assertEqual(rows[(self.site, "cmd_kmalloc")], ("0", 0))
+
+    def test_top_and_human_readable(self):
+        text = reply_to(self.out, "allocinfo --sort bytes --top 3 -h")
+        lines = text.splitlines()
+        self.assertEqual(len(lines), 5, text)
+        # 10 x 64 + 2 x 1024 (kmalloc-1024) = 2688 bytes: printed as 2.6K.
+        self.assertIn(("2.6K", 12), allocinfo_rows(text).values(), text)
+
+    def test_context_capture_lists_live_objects_of_the_site(self):
+        self.assertIn("capturing context of " + self.site, reply_to(self.out, f"allocinfo ctx {self.site} enable"))
+        first = reply_to(self.out, f"allocinfo ctx {self.site} print")
+        self.assertEqual(len(re.findall(r"^Obj 0x[0-9a-f]+, size 1024, cpu \d+, tsc \d+, from cpu\d+ shell kmalloc:$", first, re.M)), 3, first)
+        self.assertRegex(first, r"cmd_kmalloc\+0x")
+        self.assertIn("3 live objects recorded, 0 records dropped (capture on)", first)
+        second = reply_to(self.out, f"allocinfo ctx {self.site} print", nth=1)
+        self.assertIn("2 live objects recorded", second)
+        self.assertIn("stopped capturing", reply_to(self.out, f"allocinfo ctx {self.site} disable"))
+        self.assertTrue(reply_to(self.out, "allocinfo ctx nowhere.rs:1 print").startswith("error: no allocation tag"))
+        self.assertIn("error: usage: allocinfo", reply_to(self.out, "allocinfo --sort size"))
+
+    def test_timestats_cover_slab_refill_and_depot_exchange(self):
+        text = reply_to(self.out, "timestats")
+        for function in ["grow", "magazine_alloc", "try_magazine_free"]:
+            self.assertRegex(text, r"slab/src/\S+\.rs:\d+ func:" + function)
+        for field in ["count:", "avg duration:", "max duration:", "quantiles (cycles): p50 "]:
+            self.assertIn(field, text)
+
+    def test_off_then_on_marks_counts_inaccurate_without_underflow(self):
+        self.assertEqual(reply_to(self.out, "allocinfo off").strip(), "allocation profiling off")
+        self.assertEqual(reply_to(self.out, "allocinfo on").strip(), "allocation profiling on")
+        text = reply_to(self.out, "allocinfo --file kernel/src/shell.rs", nth=1)
+        # The two objects allocated while off are not counted ...
+        self.assertEqual(allocinfo_rows(text)[(self.site, "cmd_kmalloc")], ("0", 0))
+        self.assertIn("accurate:no", text)
+        # ... and freeing them ("kfree all") went through without a panic.
+        self.assertEqual(len(HEX.findall(reply_to(self.out, "kfree all", nth=1))), 2)
+
+
+class AllocInfoBootArgument(unittest.TestCase):
+    def test_mem_profiling_never_cannot_be_turned_on(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        code, out = boot(["kmalloc 64 4", "allocinfo on", "allocinfo --file shell.rs", "poweroff"],
+                         append="mem_profiling=never")
+        self.assertEqual(code, 0, out)
+        self.assertIn("error: allocation profiling was disabled for good", reply_to(out, "allocinfo on"))
+        text = reply_to(out, "allocinfo --file shell.rs")
+        self.assertEqual(allocinfo_rows(text)[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
+        self.assertIn("# profiling is off for good", text)
+
+    def test_mem_profiling_0_starts_off(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        code, out = boot(["kmalloc 64 4", "allocinfo --file shell.rs", "allocinfo on", "kmalloc 64 1",
+                          "allocinfo --file shell.rs", "poweroff"], append="mem_profiling=0")
+        self.assertEqual(code, 0, out)
+        self.assertEqual(allocinfo_rows(reply_to(out, "allocinfo --file shell.rs"))[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
+        later = reply_to(out, "allocinfo --file shell.rs", nth=1)
+        self.assertEqual(allocinfo_rows(later)[(kmalloc_site(), "cmd_kmalloc")], ("64", 1))
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv)

@@ -10,10 +10,10 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, Once};
 use std::vec::Vec;
 
+use magpie_codetag::alloc_tag;
 use magpie_codetag::alloc_tag::{
     AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, UNTAGGED,
 };
-use magpie_codetag::alloc_tag;
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, set_cpu};
 use crate::{Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
@@ -72,7 +72,9 @@ type ProfiledAlloc = Allocator<ProfiledPlatform>;
 
 /// Serialise, make sure the counters exist, profiling on, CPU 0.
 fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
-    let guard = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let guard = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     COUNTERS_ONCE.call_once(|| {
         let len = AllocTagCounters::bytes_needed(NR_CPUS);
         let memory: &'static mut [u64] = Vec::leak(std::vec![0u64; len / 8 + 8]);
@@ -123,7 +125,13 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
     let objs: Vec<_> = (0..10)
         .map(|_| alloc.kmalloc_tagged(100, 8, tag.tag_ref()).unwrap())
         .collect();
-    assert_eq!(counts(tag), AllocTagCounts { bytes: 1280, calls: 10 });
+    assert_eq!(
+        counts(tag),
+        AllocTagCounts {
+            bytes: 1280,
+            calls: 10
+        }
+    );
     for obj in objs {
         // SAFETY: allocated above, freed once.
         unsafe { alloc.kfree(obj) }.unwrap();
@@ -141,17 +149,44 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
     let objs: Vec<_> = (0..5)
         .map(|_| cache.alloc_tagged(bufctl_tag.tag_ref()).unwrap())
         .collect();
-    let big = alloc.kmalloc_tagged(20_000, 8, large_tag.tag_ref()).unwrap();
-    assert_eq!(counts(bufctl_tag), AllocTagCounts { bytes: 7500, calls: 5 });
-    assert_eq!(counts(large_tag), AllocTagCounts { bytes: 5 * PAGE_SIZE as u64, calls: 1 });
-    assert_eq!(alloc.ksize(big).unwrap(), 5 * PAGE_SIZE, "the tag bits do not leak into ksize");
+    let big = alloc
+        .kmalloc_tagged(20_000, 8, large_tag.tag_ref())
+        .unwrap();
+    assert_eq!(
+        counts(bufctl_tag),
+        AllocTagCounts {
+            bytes: 7500,
+            calls: 5
+        }
+    );
+    assert_eq!(
+        counts(large_tag),
+        AllocTagCounts {
+            bytes: 5 * PAGE_SIZE as u64,
+            calls: 1
+        }
+    );
+    assert_eq!(
+        alloc.ksize(big).unwrap(),
+        5 * PAGE_SIZE,
+        "the tag bits do not leak into ksize"
+    );
     // A refused double free changes nothing.
     // SAFETY: allocated above, freed once (the second free is refused).
     unsafe {
         cache.free(objs[0]).unwrap();
-        assert!(matches!(cache.free(objs[0]), Err(FreeError::DoubleFree { .. })));
+        assert!(matches!(
+            cache.free(objs[0]),
+            Err(FreeError::DoubleFree { .. })
+        ));
     }
-    assert_eq!(counts(bufctl_tag), AllocTagCounts { bytes: 6000, calls: 4 });
+    assert_eq!(
+        counts(bufctl_tag),
+        AllocTagCounts {
+            bytes: 6000,
+            calls: 4
+        }
+    );
     for &obj in &objs[1..] {
         // SAFETY: allocated above, freed once.
         unsafe { cache.free(obj) }.unwrap();
@@ -181,7 +216,13 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
     let by_global = unsafe { core::alloc::GlobalAlloc::alloc(alloc, layout) };
     let by_allocator = core::alloc::Allocator::allocate(&alloc, layout).unwrap();
     CURRENT.with(|current| current.set(0));
-    assert_eq!(counts(scope), AllocTagCounts { bytes: 64 + 32 + 32, calls: 3 });
+    assert_eq!(
+        counts(scope),
+        AllocTagCounts {
+            bytes: 64 + 32 + 32,
+            calls: 3
+        }
+    );
     // Frees outside the scope still uncharge the scope's tag.
     // SAFETY: each block allocated above with this layout, freed once.
     unsafe {
@@ -209,12 +250,20 @@ fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
         scope
             .spawn(|| {
                 set_cpu(1);
-                (0..200).map(|_| Obj(cache.alloc_tagged(tag.tag_ref()).unwrap())).collect()
+                (0..200)
+                    .map(|_| Obj(cache.alloc_tagged(tag.tag_ref()).unwrap()))
+                    .collect()
             })
             .join()
             .unwrap()
     });
-    assert_eq!(counts(tag), AllocTagCounts { bytes: 200 * 96, calls: 200 });
+    assert_eq!(
+        counts(tag),
+        AllocTagCounts {
+            bytes: 200 * 96,
+            calls: 200
+        }
+    );
     std::thread::scope(|scope| {
         scope.spawn(move || {
             set_cpu(3);
@@ -243,12 +292,24 @@ fn switch_on_off_never_and_no_underflow() {
     SWITCH.enable().unwrap();
     assert!(SWITCH.is_inaccurate());
     let while_on: Vec<_> = (0..4).map(|_| alloc.kmalloc(32, 8).unwrap()).collect();
-    assert_eq!(counts(tag), AllocTagCounts { bytes: 128, calls: 4 });
+    assert_eq!(
+        counts(tag),
+        AllocTagCounts {
+            bytes: 128,
+            calls: 4
+        }
+    );
     for &obj in while_off.iter().chain([&big_while_off]) {
         // SAFETY: allocated above, freed once.
         unsafe { alloc.kfree(obj) }.unwrap();
     }
-    assert_eq!(counts(tag), AllocTagCounts { bytes: 128, calls: 4 });
+    assert_eq!(
+        counts(tag),
+        AllocTagCounts {
+            bytes: 128,
+            calls: 4
+        }
+    );
 
     // Turned off again: frees of objects tagged while on still subtract.
     SWITCH.disable().unwrap();
@@ -296,7 +357,13 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
     traced.trace_start().unwrap();
     let a = audit.alloc_tagged(tag.tag_ref()).unwrap();
     let t = traced.alloc_tagged(tag.tag_ref()).unwrap();
-    assert_eq!(counts(tag), AllocTagCounts { bytes: 240, calls: 2 });
+    assert_eq!(
+        counts(tag),
+        AllocTagCounts {
+            bytes: 240,
+            calls: 2
+        }
+    );
     assert_eq!(traced.trace_stats().nr_records, 1);
     // SAFETY: allocated above, freed once; the second free is refused.
     unsafe {
@@ -314,7 +381,11 @@ fn objects_per_small_slab_leave_room_for_tag_refs() {
     for size in [8usize, 64, 96, 192, 512] {
         let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
         let stats = cache.stats();
-        assert_eq!(stats.objs_per_slab, crate::slab::SMALL_HEADER_OFFSET / (size + 4), "{size}");
+        assert_eq!(
+            stats.objs_per_slab,
+            crate::slab::SMALL_HEADER_OFFSET / (size + 4),
+            "{size}"
+        );
         // Fill a whole slab with tagged objects: every slot is distinct and
         // inside the page below the header.
         let tag = site_small();
@@ -354,6 +425,9 @@ fn refill_and_depot_exchanges_are_timed() {
         .collect();
     for name in ["grow", "magazine_alloc", "try_magazine_free"] {
         let found = functions.iter().find(|(function, _)| *function == name);
-        assert!(matches!(found, Some((_, count)) if *count > 0), "{name}: {functions:?}");
+        assert!(
+            matches!(found, Some((_, count)) if *count > 0),
+            "{name}: {functions:?}"
+        );
     }
 }

@@ -1,0 +1,323 @@
+//! Allocation profiling in the kernel: call-site counts through every
+//! call-site form (kmalloc!, kmem_cache_alloc!, scopes over Box/Vec/String,
+//! tagged_alloc! handles), the untagged bucket, the on/off switch, context
+//! capture, and the shell's allocinfo and timestats commands.
+//!
+//! Bytes are class-rounded: `kmalloc!(100)` is charged 128 (kmalloc-128),
+//! a cache object its cache's object size, page-granular kmalloc whole pages.
+//!
+//! With `--no-default-features` (profiling compiled out) the same kernel
+//! checks that the macros still allocate and `allocinfo` says so.
+
+#![no_std]
+#![no_main]
+#![feature(custom_test_frameworks)]
+#![feature(allocator_api)]
+#![test_runner(magpie::test_runner)]
+#![reexport_test_harness_main = "test_main"]
+#![allow(
+    missing_docs,
+    reason = "#[test_case] functions are named for what they check"
+)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::ptr::NonNull;
+
+use magpie::BootInfo;
+use magpie::kmem::SLAB;
+use magpie::shell::Shell;
+
+magpie::entry_point!(main);
+
+fn main(_boot: &'static BootInfo) -> ! {
+    test_main();
+    magpie::exit_qemu(magpie::QemuExitCode::Success)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    magpie::test_panic_handler(info)
+}
+
+fn run(line: &str) -> String {
+    let mut out = String::new();
+    Shell::new().execute(line, &mut out);
+    out
+}
+
+fn free_all(objs: Vec<NonNull<u8>>) {
+    for obj in objs {
+        // SAFETY: each pointer came from the slab allocator and is freed once.
+        unsafe { SLAB.kfree(obj) }.expect("kfree");
+    }
+}
+
+/// N = 10 objects of S = 100 bytes from one known call site.
+#[inline(never)]
+fn ten_from_a_known_site() -> Vec<NonNull<u8>> {
+    (0..10)
+        .map(|_| magpie::kmalloc!(100).expect("kmalloc"))
+        .collect()
+}
+
+#[cfg(feature = "alloc-profiling")]
+mod profiled {
+    use alloc::boxed::Box;
+    use alloc::string::{String, ToString};
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use core::ptr::NonNull;
+
+    use magpie::kmem::SLAB;
+    use magpie::profiling::{self, SWITCH, counts_of_function, untagged_counts};
+    use magpie_codetag::alloc_tag::AllocTagCounts;
+
+    use super::{free_all, run, ten_from_a_known_site};
+
+    fn counts(function: &str) -> AllocTagCounts {
+        counts_of_function(function).unwrap_or_else(|| panic!("no tag in {function}"))
+    }
+
+    #[test_case]
+    fn n_objects_from_a_site_show_n_calls_and_n_times_class_size() {
+        assert!(SWITCH.is_on(), "on by default (mem_profiling=1)");
+        let objs = ten_from_a_known_site();
+        // kmalloc(100) comes from kmalloc-128: 10 x 128 bytes.
+        assert_eq!(
+            counts("ten_from_a_known_site"),
+            AllocTagCounts {
+                bytes: 1280,
+                calls: 10
+            }
+        );
+        let text = run("allocinfo --file tests/alloc_profiling.rs");
+        let row = text
+            .lines()
+            .find(|line| line.ends_with("func:ten_from_a_known_site"))
+            .unwrap_or_else(|| panic!("no row in:\n{text}"));
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&fields[..2], &["1280", "10"], "{row}");
+        assert!(text.starts_with("allocinfo - version: 1.0\n#     <size>  <calls> <tag info>\n"));
+        free_all(objs);
+        assert_eq!(counts("ten_from_a_known_site"), AllocTagCounts::default());
+    }
+
+    #[inline(never)]
+    fn from_a_cache(
+        cache: &'static magpie_slab::KmemCache<magpie::kmem::KernelPlatform>,
+    ) -> NonNull<u8> {
+        magpie::kmem_cache_alloc!(cache).expect("cache alloc")
+    }
+
+    #[inline(never)]
+    fn page_granular() -> NonNull<u8> {
+        magpie::kmalloc!(20_000).expect("large kmalloc")
+    }
+
+    #[test_case]
+    fn bufctl_and_page_granular_objects_are_counted_and_uncounted() {
+        let cache = SLAB
+            .cache_create(
+                "profiled-1500",
+                1500,
+                8,
+                magpie_slab::CacheFlags::empty(),
+                None,
+                None,
+                None,
+            )
+            .expect("cache");
+        let objs: Vec<_> = (0..4).map(|_| from_a_cache(cache)).collect();
+        let large = page_granular();
+        assert_eq!(
+            counts("from_a_cache"),
+            AllocTagCounts {
+                bytes: 6000,
+                calls: 4
+            }
+        );
+        assert_eq!(
+            counts("page_granular"),
+            AllocTagCounts {
+                bytes: 5 * 4096,
+                calls: 1
+            }
+        );
+        for obj in objs {
+            // SAFETY: allocated from `cache` above, freed once.
+            unsafe { cache.free(obj) }.expect("free");
+        }
+        free_all(vec![large]);
+        assert_eq!(counts("from_a_cache"), AllocTagCounts::default());
+        assert_eq!(counts("page_granular"), AllocTagCounts::default());
+        // SAFETY: empty now; nothing uses it afterwards.
+        unsafe { magpie::kmem::cache_destroy(cache) }.expect("destroy");
+    }
+
+    #[inline(never)]
+    fn outer_scope() -> (Box<[u8; 64]>, Vec<u32>, String, Box<u64>) {
+        let _scope = magpie::alloc_tag_scope!();
+        let boxed = Box::new([7u8; 64]);
+        let inner = inner_scope();
+        // Restored after the inner scope ended.
+        let string = "scoped".to_string();
+        let numbers = vec![1u32, 2, 3, 4];
+        (boxed, numbers, string, inner)
+    }
+
+    #[inline(never)]
+    fn inner_scope() -> Box<u64> {
+        let _scope = magpie::alloc_tag_scope!();
+        Box::new(5)
+    }
+
+    #[test_case]
+    fn scopes_charge_box_vec_string_and_the_innermost_wins() {
+        let held = outer_scope();
+        // Box<[u8; 64]> 64, Vec of 4 u32 16, String of 6 bytes 8.
+        assert_eq!(
+            counts("outer_scope"),
+            AllocTagCounts {
+                bytes: 64 + 16 + 8,
+                calls: 3
+            }
+        );
+        assert_eq!(counts("inner_scope"), AllocTagCounts { bytes: 8, calls: 1 });
+        drop(held);
+        assert_eq!(counts("outer_scope"), AllocTagCounts::default());
+        assert_eq!(counts("inner_scope"), AllocTagCounts::default());
+    }
+
+    #[inline(never)]
+    fn with_a_handle() -> (
+        Box<[u64; 4], profiling::TaggedAlloc>,
+        Vec<u8, profiling::TaggedAlloc>,
+    ) {
+        let boxed = Box::new_in([1u64; 4], magpie::tagged_alloc!());
+        let mut bytes = Vec::with_capacity_in(200, magpie::tagged_alloc!());
+        bytes.push(1u8);
+        (boxed, bytes)
+    }
+
+    #[test_case]
+    fn allocator_handles_tag_their_call_site() {
+        let (boxed, bytes) = with_a_handle();
+        // Two call sites in one function: the first tag found is the Box's.
+        let total: u64 = magpie_codetag::alloc_tag::AllocTag::all()
+            .iter()
+            .filter(|tag| tag.tag.function() == "with_a_handle")
+            .map(|tag| profiling::COUNTERS.read(tag.tag_ref()).bytes)
+            .sum();
+        assert_eq!(
+            total,
+            32 + 256,
+            "Box of 32 bytes, Vec of 200 -> kmalloc-256"
+        );
+        drop((boxed, bytes));
+        assert_eq!(counts("with_a_handle"), AllocTagCounts::default());
+    }
+
+    #[test_case]
+    fn untagged_allocations_land_in_the_visible_bucket() {
+        let before = untagged_counts();
+        let loose = core::hint::black_box(Box::new([0u8; 512]));
+        let during = untagged_counts();
+        assert_eq!(during.calls, before.calls + 1);
+        assert_eq!(during.bytes, before.bytes + 512);
+        drop(loose);
+        assert_eq!(untagged_counts(), before);
+        assert!(run("allocinfo").contains(" untagged:0 func:untagged"));
+    }
+
+    #[test_case]
+    fn switching_off_and_on_never_underflows() {
+        assert_eq!(run("allocinfo off"), "allocation profiling off\n");
+        let while_off = ten_from_a_known_site();
+        assert_eq!(counts("ten_from_a_known_site"), AllocTagCounts::default());
+        assert!(run("allocinfo").contains("# profiling is off"));
+        assert_eq!(run("allocinfo on"), "allocation profiling on\n");
+        assert!(SWITCH.is_inaccurate());
+        let while_on = ten_from_a_known_site();
+        free_all(while_off);
+        // Freeing the untagged objects subtracted nothing.
+        assert_eq!(
+            counts("ten_from_a_known_site"),
+            AllocTagCounts {
+                bytes: 1280,
+                calls: 10
+            }
+        );
+        let row = run("allocinfo --file tests/alloc_profiling.rs");
+        assert!(
+            row.contains("func:ten_from_a_known_site accurate:no"),
+            "{row}"
+        );
+        free_all(while_on);
+        assert_eq!(counts("ten_from_a_known_site"), AllocTagCounts::default());
+    }
+
+    #[test_case]
+    fn context_capture_records_each_live_object_of_one_site() {
+        let tag = magpie_codetag::alloc_tag::AllocTag::all()
+            .iter()
+            .find(|tag| tag.tag.function() == "ten_from_a_known_site")
+            .expect("tag");
+        let location = alloc::format!("{}:{}", tag.tag.file, tag.tag.line);
+        let enabled = run(&alloc::format!("allocinfo ctx {location} enable"));
+        assert!(enabled.starts_with("capturing context of "), "{enabled}");
+        let mut objs = ten_from_a_known_site();
+        let records = profiling::ctx_records();
+        assert_eq!(records.len(), 10);
+        assert!(
+            records
+                .iter()
+                .all(|record| record.size == 128 && record.nr_frames > 0)
+        );
+        free_all(objs.split_off(4));
+        let printed = run(&alloc::format!("allocinfo ctx {location} print"));
+        assert_eq!(printed.matches("Obj 0x").count(), 4, "{printed}");
+        assert!(
+            printed.contains("4 live objects recorded, 0 records dropped (capture on)"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("ten_from_a_known_site"),
+            "backtraces name the site:\n{printed}"
+        );
+        run(&alloc::format!("allocinfo ctx {location} disable"));
+        assert!(profiling::ctx_records().is_empty());
+        free_all(objs);
+        assert!(run("allocinfo ctx nowhere.rs:1 print").starts_with("error: no allocation tag"));
+    }
+
+    #[test_case]
+    fn allocinfo_options_and_timestats() {
+        let objs = ten_from_a_known_site();
+        let top = run("allocinfo --top 1 --sort calls");
+        assert_eq!(top.lines().count(), 3, "{top}");
+        let human = run("allocinfo -h --file tests/alloc_profiling.rs");
+        assert!(human.contains("        1.2K       10 "), "{human}");
+        assert!(run("allocinfo --sort size").starts_with("error: usage: allocinfo"));
+        free_all(objs);
+        let stats = run("timestats");
+        for function in ["func:grow", "func:magazine_alloc"] {
+            assert!(stats.contains(function), "{stats}");
+        }
+        assert!(stats.contains("quantiles (cycles):"), "{stats}");
+    }
+}
+
+#[cfg(not(feature = "alloc-profiling"))]
+#[test_case]
+fn compiled_out_macros_still_allocate_and_allocinfo_says_so() {
+    let objs = ten_from_a_known_site();
+    assert_eq!(objs.len(), 10);
+    free_all(objs);
+    let _scope = magpie::alloc_tag_scope!();
+    let boxed = alloc::boxed::Box::new_in(5u32, magpie::tagged_alloc!());
+    assert_eq!(*boxed, 5);
+    assert!(run("allocinfo").starts_with("error: allocation profiling is compiled out"));
+}
