@@ -97,6 +97,7 @@ static BOOT_CYCLES: AtomicUsize = AtomicUsize::new(0);
 /// Starts every AP the MADT lists. Call once, on the boot CPU, after
 /// `kmem::init`.
 pub(crate) fn init() {
+    let _scope = crate::alloc_tag_scope!();
     tsc::calibrate();
     let Some(info) = arch::acpi::info() else {
         return;
@@ -257,6 +258,7 @@ impl Completion {
 ///
 /// [`SmpError::Offline`] if `cpu` does not run the kernel.
 pub fn run_on(cpu: usize, work: impl FnOnce() + Send + 'static) -> Result<Completion, SmpError> {
+    let _scope = crate::alloc_tag_scope!();
     post(cpu, Box::new(work))
 }
 
@@ -308,6 +310,7 @@ pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), 
     let shared: *const (dyn Fn(usize) + Sync) = unsafe {
         core::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(work)
     };
+    let _scope = crate::alloc_tag_scope!();
     let mut completions = Vec::with_capacity(cpus.len());
     for &cpu in cpus.iter().filter(|&&cpu| cpu != this_cpu) {
         let job = SharedWork(shared);

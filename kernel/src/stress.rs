@@ -514,6 +514,7 @@ impl Worker<'_, '_> {
 }
 
 fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
+    let _scope = crate::alloc_tag_scope!();
     let _context = crate::kmem::enter_context("stress");
     let mut worker = Worker {
         run,
