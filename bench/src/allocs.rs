@@ -206,10 +206,7 @@ impl SlabMalloc {
             unsafe { zone.refill(layout, &mut *page.as_ptr().cast::<ObjectPage<'static>>()) }
                 .is_ok()
         } else {
-            let Some(page) = self
-                .pages
-                .alloc_aligned(LARGE_PAGE / PAGE_SIZE, LARGE_PAGE)
-            else {
+            let Some(page) = self.pages.alloc_aligned(LARGE_PAGE / PAGE_SIZE, LARGE_PAGE) else {
                 return false;
             };
             // SAFETY: a fresh zeroed 2 MiB-aligned 2 MiB page, ours forever.

@@ -59,7 +59,10 @@ fn usage() -> ! {
 
 /// Which magpie-slab features this build has compiled in.
 pub fn variant() -> &'static str {
-    match (cfg!(feature = "alloc-profiling"), cfg!(feature = "time-stats")) {
+    match (
+        cfg!(feature = "alloc-profiling"),
+        cfg!(feature = "time-stats"),
+    ) {
         (false, false) => "plain",
         (true, false) => "alloc-profiling",
         (false, true) => "time-stats",

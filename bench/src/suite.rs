@@ -137,7 +137,12 @@ fn instructions(workload: &str, allocator: &str) -> Result<f64, String> {
         "kmalloc-mixed" => (20_000, 120_000),
         _ => (25_600, 153_600), // cross-free: multiples of the batch
     };
-    let run = |n: u64| child(&args(&[workload, allocator, "1", "--n", &n.to_string()]), true);
+    let run = |n: u64| {
+        child(
+            &args(&[workload, allocator, "1", "--n", &n.to_string()]),
+            true,
+        )
+    };
     let (r1, i1) = run(n1)?;
     let (r2, i2) = run(n2)?;
     let (i1, i2) = (i1.unwrap(), i2.unwrap());
@@ -313,7 +318,9 @@ pub fn main(argv: &[String]) {
     for round in 0..opts.reps {
         eprintln!("wall-clock round {}/{}", round + 1, opts.reps);
         for &config in &configs {
-            let Some(&n) = sizes.get(&config) else { continue };
+            let Some(&n) = sizes.get(&config) else {
+                continue;
+            };
             let (workload, allocator, threads) = config;
             let a = args(&[
                 workload,
@@ -396,8 +403,8 @@ pub fn main(argv: &[String]) {
         "Million operations per second over all threads; each thread acts as one CPU \
          (magpie: CPU id 0 and 1). cache-pair and kmalloc-mixed: every thread runs the \
          workload on its own objects. cross-free: 1T allocates a batch of 256 and frees it \
-         on the same thread; 2T allocates on thread A and frees on thread B (batches through \
-         a bounded channel). Scaling = median over rounds of 2T / 1T; target for magpie ≥ 1.8×. \
+         on the same thread; 2T allocates on thread A and frees on thread B (batches of 256 handed \
+         over through a ring of 8 slots). Scaling = median over rounds of 2T / 1T; target for magpie ≥ 1.8×. \
          `null` (no allocator) is the machine's and the harness's ceiling.\n"
     )
     .unwrap();

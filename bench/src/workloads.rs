@@ -4,8 +4,8 @@
 //! `kmalloc-mixed`.
 
 use std::alloc::Layout;
-use std::hint::black_box;
 use std::cell::UnsafeCell;
+use std::hint::black_box;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
