@@ -21,7 +21,7 @@ use core::ptr::NonNull;
 
 use magpie_slab::{CacheStats, KmemCache, TraceRecord};
 
-use crate::kmem::{self, KernelPlatform, KPAGES, SLAB};
+use crate::kmem::{self, KPAGES, KernelPlatform, SLAB};
 use crate::symbols::Symbolized;
 use crate::{QemuExitCode, console, exit_qemu, heap};
 
@@ -215,7 +215,10 @@ impl Shell {
             _ => return Err(ShellError::Usage("kfree [COUNT|all]")),
         };
         if count > self.held.len() {
-            return Err(ShellError::NotHeld { asked: count, held: self.held.len() });
+            return Err(ShellError::NotHeld {
+                asked: count,
+                held: self.held.len(),
+            });
         }
         for _ in 0..count {
             let held = self.held.pop().expect("count checked against held");
@@ -262,7 +265,11 @@ fn context_name(command: &str) -> &'static str {
 }
 
 fn no_args(args: &[&str], usage: &'static str) -> Result {
-    if args.is_empty() { Ok(()) } else { Err(ShellError::Usage(usage)) }
+    if args.is_empty() {
+        Ok(())
+    } else {
+        Err(ShellError::Usage(usage))
+    }
 }
 
 /// Parses a decimal or `0x` hexadecimal number.
@@ -294,15 +301,49 @@ fn size_and_count(args: &[&str], usage: &'static str) -> Result<(usize, usize)> 
 
 const KMEMSTAT_NAME: usize = 30;
 
-/// Akaros `kmemstat`: `%-*s: %c :%*llu:%*llu:%*llu:%*llu` with widths
-/// 30 (less 4 per indent level), 8, 15, 15, 12.
-fn kmemstat_line(out: &mut dyn Write, indent: usize, name: &str, kind: char, objsize: usize,
-                 total: usize, alloc: usize, nr_allocs_ever: u64) {
-    for _ in 0..indent {
-        let _ = out.write_str("    ");
+/// One `kmemstat` line: an arena (`A`), a slab cache (`S`) or the
+/// page-granular kmalloc pseudo-cache (`P`). Amounts are in bytes.
+struct KmemstatRow<'a> {
+    indent: usize,
+    name: &'a str,
+    kind: char,
+    objsize: usize,
+    total: usize,
+    alloc: usize,
+    nr_allocs_ever: u64,
+}
+
+impl KmemstatRow<'_> {
+    /// Akaros `kmemstat`: `%-*s: %c :%*llu:%*llu:%*llu:%*llu` with widths
+    /// 30 (less 4 per indent level), 8, 15, 15, 12.
+    fn write(&self, out: &mut dyn Write) {
+        for _ in 0..self.indent {
+            let _ = out.write_str("    ");
+        }
+        let width = KMEMSTAT_NAME - 4 * self.indent;
+        let _ = writeln!(
+            out,
+            "{:<width$}: {} :{:>8}:{:>15}:{:>15}:{:>12}",
+            self.name, self.kind, self.objsize, self.total, self.alloc, self.nr_allocs_ever
+        );
     }
-    let width = KMEMSTAT_NAME - 4 * indent;
-    let _ = writeln!(out, "{name:<width$}: {kind} :{objsize:>8}:{total:>15}:{alloc:>15}:{nr_allocs_ever:>12}");
+
+    fn arena(
+        indent: usize,
+        name: &str,
+        quantum: usize,
+        stats: magpie_slab::ArenaStats,
+    ) -> KmemstatRow<'_> {
+        KmemstatRow {
+            indent,
+            name,
+            kind: 'A',
+            objsize: quantum,
+            total: stats.total_bytes,
+            alloc: stats.alloc_bytes,
+            nr_allocs_ever: stats.nr_allocs_ever,
+        }
+    }
 }
 
 fn kmemstat(out: &mut dyn Write) {
@@ -312,24 +353,46 @@ fn kmemstat(out: &mut dyn Write) {
         "Arena/Slab Name", "Objsize", "Total Amt", "Alloc Amt", "Allocs Ever"
     );
     let _ = writeln!(out, "{}", "-".repeat(8 + KMEMSTAT_NAME + 8 + 15 + 15 + 12));
-    let base = kmem::base_stats();
-    kmemstat_line(out, 0, "base", 'A', magpie_slab::PAGE_SIZE, base.total_bytes,
-                  base.alloc_bytes, base.nr_allocs_ever);
-    let kpages = magpie_slab::PageSource::stats(&KPAGES);
-    kmemstat_line(out, 1, "kpages", 'A', magpie_slab::PAGE_SIZE, kpages.total_bytes,
-                  kpages.alloc_bytes, kpages.nr_allocs_ever);
+    let page = magpie_slab::PAGE_SIZE;
+    KmemstatRow::arena(0, "base", page, kmem::base_stats()).write(out);
+    KmemstatRow::arena(1, "kpages", page, magpie_slab::PageSource::stats(&KPAGES)).write(out);
     SLAB.for_each_cache(|cache| {
         let stats = cache.stats();
+        // Akaros counts objects out of the slab layer: with callers or in magazines.
         let out_of_slabs = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
-        kmemstat_line(out, 2, cache.name(), 'S', stats.obj_size,
-                      stats.obj_size * stats.nr_total_objs, stats.obj_size * out_of_slabs,
-                      stats.nr_allocs_ever);
+        KmemstatRow {
+            indent: 2,
+            name: cache.name(),
+            kind: 'S',
+            objsize: stats.obj_size,
+            total: stats.obj_size * stats.nr_total_objs,
+            alloc: stats.obj_size * out_of_slabs,
+            nr_allocs_ever: stats.nr_allocs_ever,
+        }
+        .write(out);
     });
     let large = SLAB.large_stats();
-    kmemstat_line(out, 2, "kmalloc-large", 'P', magpie_slab::PAGE_SIZE, large.live_bytes,
-                  large.live_bytes, large.nr_allocs_ever);
+    KmemstatRow {
+        indent: 2,
+        name: "kmalloc-large",
+        kind: 'P',
+        objsize: page,
+        total: large.live_bytes,
+        alloc: large.live_bytes,
+        nr_allocs_ever: large.nr_allocs_ever,
+    }
+    .write(out);
     let (used, free) = heap::bootstrap_usage();
-    kmemstat_line(out, 0, "bootstrap-heap", 'A', 1, used + free, used, 0);
+    KmemstatRow {
+        indent: 0,
+        name: "bootstrap-heap",
+        kind: 'A',
+        objsize: 1,
+        total: used + free,
+        alloc: used,
+        nr_allocs_ever: 0,
+    }
+    .write(out);
 }
 
 // ---------------------------------------------------------------------------
@@ -388,11 +451,16 @@ fn kmemtrace(args: &[&str], out: &mut dyn Write) -> Result {
         "start" => {
             if target != "all" {
                 let cache = caches[0];
-                cache.trace_start().map_err(|error| ShellError::Trace(cache_name(cache), error))?;
+                cache
+                    .trace_start()
+                    .map_err(|error| ShellError::Trace(cache_name(cache), error))?;
                 let _ = writeln!(out, "tracing {}", cache.name());
             } else {
                 // `all`: every cache that may be traced (NOTRACE ones are skipped).
-                let started = caches.iter().filter(|cache| cache.trace_start().is_ok()).count();
+                let started = caches
+                    .iter()
+                    .filter(|cache| cache.trace_start().is_ok())
+                    .count();
                 let _ = writeln!(out, "tracing {started} caches (NOTRACE caches skipped)");
             }
         }
@@ -414,7 +482,11 @@ fn kmemtrace(args: &[&str], out: &mut dyn Write) -> Result {
             for cache in &caches {
                 let stats = cache.trace_stats();
                 // `print all` shows the caches that have something to show.
-                if target == "all" && stats.nr_records == 0 && stats.nr_dropped == 0 && !stats.tracing {
+                if target == "all"
+                    && stats.nr_records == 0
+                    && stats.nr_dropped == 0
+                    && !stats.tracing
+                {
                     continue;
                 }
                 trace_print(cache, out);
@@ -483,7 +555,12 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
             record.ctx()
         );
         for (index, &address) in record.frames().iter().enumerate() {
-            let _ = writeln!(out, "#{:02} [<{address:#018x}>] {}", index + 1, Symbolized(address));
+            let _ = writeln!(
+                out,
+                "#{:02} [<{address:#018x}>] {}",
+                index + 1,
+                Symbolized(address)
+            );
         }
         let _ = writeln!(out);
         let site = record.frames().first().copied().unwrap_or(0);
@@ -492,11 +569,15 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
                 slot.nr_objects += 1;
                 slot.bytes += record.size;
             }
-            None => sites.push(Site { address: site, nr_objects: 1, bytes: record.size }),
+            None => sites.push(Site {
+                address: site,
+                nr_objects: 1,
+                bytes: record.size,
+            }),
         }
     }
     if !sites.is_empty() {
-        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        sites.sort_by_key(|site| core::cmp::Reverse(site.bytes));
         let _ = writeln!(out, "By call site:");
         for site in &sites {
             let _ = writeln!(
@@ -509,7 +590,10 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
         }
     }
     if nr_not_shown > 0 {
-        let _ = writeln!(out, "{nr_not_shown} records added while printing were not shown");
+        let _ = writeln!(
+            out,
+            "{nr_not_shown} records added while printing were not shown"
+        );
     }
     let nr_shown = records.len();
     let _ = writeln!(
@@ -550,7 +634,12 @@ pub enum Edit<'a> {
 impl LineEditor {
     /// An empty line.
     pub const fn new() -> Self {
-        Self { buffer: [0; MAX_LINE], len: 0, too_long: false, last_was_cr: false }
+        Self {
+            buffer: [0; MAX_LINE],
+            len: 0,
+            too_long: false,
+            last_was_cr: false,
+        }
     }
 
     /// Takes one byte; `echo` receives what should be echoed to the terminal.
