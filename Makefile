@@ -16,9 +16,11 @@ test: setup test-host test-qemu test-e2e
 setup:
 	@scripts/setup.sh
 
-# Tier 1: the libraries on the host (unit, property and model tests).
+# Tier 1: the libraries on the host (unit, property and model tests), then
+# the loom models (test-loom, below).
 test-host:
 	cargo test -p magpie-slab -p magpie-codetag --target $(HOST)
+	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
 # with allocation profiling compiled out (it must cost nothing and break nothing).
@@ -43,3 +45,11 @@ check:
 .PHONY: bench
 bench:
 	bench/run.sh
+
+# Loom model tests of magpie-slab's magazine layer (slab/src/tests/loom_models.rs):
+# every interleaving, up to a preemption bound (LOOM_MAX_PREEMPTIONS, default 3),
+# of the per-CPU, depot and slab locks under depot exchanges and reap's drain.
+# `--cfg loom` rebuilds every crate, hence a target dir of its own.
+.PHONY: test-loom
+test-loom:
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p magpie-slab --target $(HOST) --release loom

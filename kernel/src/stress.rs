@@ -48,7 +48,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use magpie_slab::{CacheFlags, KmemCache};
 use spin::{Mutex, Once};
 
-use crate::arch::{self, IrqGuard, MAX_CPUS};
+use crate::arch::{self, IrqGuard};
 use crate::kmem::{KernelPlatform, SLAB};
 use crate::smp::{self, SmpError};
 
@@ -146,31 +146,6 @@ impl StressReport {
     pub fn total(&self, field: impl Fn(&CpuReport) -> u64) -> u64 {
         self.per_cpu.iter().map(field).sum()
     }
-}
-
-// ---------------------------------------------------------------------------
-// Per-CPU counters shown by `cpus`
-
-struct CpuCounters {
-    nr_allocs: AtomicU64,
-    nr_frees: AtomicU64,
-}
-
-static COUNTERS: [CpuCounters; MAX_CPUS] = [const {
-    CpuCounters {
-        nr_allocs: AtomicU64::new(0),
-        nr_frees: AtomicU64::new(0),
-    }
-}; MAX_CPUS];
-
-/// Allocations and frees the stress engine has made on `cpu` since boot.
-pub fn cpu_counts(cpu: usize) -> (u64, u64) {
-    COUNTERS.get(cpu).map_or((0, 0), |counters| {
-        (
-            counters.nr_allocs.load(Ordering::Relaxed),
-            counters.nr_frees.load(Ordering::Relaxed),
-        )
-    })
 }
 
 // ---------------------------------------------------------------------------
@@ -550,13 +525,6 @@ fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
         }
         core::hint::spin_loop();
     }
-    let counters = &COUNTERS[cpu.min(MAX_CPUS - 1)];
-    counters
-        .nr_allocs
-        .fetch_add(worker.report.nr_allocs, Ordering::Relaxed);
-    counters
-        .nr_frees
-        .fetch_add(worker.report.nr_frees, Ordering::Relaxed);
     worker.report
 }
 
@@ -716,7 +684,10 @@ pub fn print_report(report: &StressReport, out: &mut dyn Write) {
 }
 
 /// `cpus`: one line per CPU the platform reports: id, APIC id, state, work
-/// items run, and the allocations and frees `stress` made on it.
+/// items run, and the allocations and frees that CPU's magazines served,
+/// summed over every cache (`SLAB.cpu_stats`: the per-CPU counters of the
+/// magazine layer; misses served by the slab layer and page-granular
+/// kmallocs are not counted).
 pub fn cmd_cpus(args: &[&str], out: &mut dyn Write) {
     if !args.is_empty() {
         let _ = writeln!(out, "error: usage: cpus");
@@ -731,7 +702,7 @@ pub fn cmd_cpus(args: &[&str], out: &mut dyn Write) {
         let Some(percpu) = arch::percpu::get(cpu) else {
             break;
         };
-        let (nr_allocs, nr_frees) = cpu_counts(cpu);
+        let magazines = SLAB.cpu_stats(cpu);
         let _ = writeln!(
             out,
             "{:>4} {:>5}  {:<8} {:>8} {:>12} {:>12}",
@@ -739,13 +710,13 @@ pub fn cmd_cpus(args: &[&str], out: &mut dyn Write) {
             percpu.apic_id(),
             percpu.state().name(),
             percpu.nr_jobs(),
-            nr_allocs,
-            nr_frees
+            magazines.nr_allocs,
+            magazines.nr_frees
         );
     }
     let _ = writeln!(
         out,
-        "{} of {} CPUs online; allocs/frees: made by 'stress' on that CPU",
+        "{} of {} CPUs online; allocs/frees: served by that CPU's magazines, all caches",
         smp::nr_online(),
         arch::max_cpus()
     );

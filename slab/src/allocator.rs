@@ -11,7 +11,7 @@ use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
-use crate::cache::{CacheFlags, CacheSpec, Ctor, Dtor, Geometry, KmemCache};
+use crate::cache::{CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, Geometry, KmemCache};
 use crate::error::{AllocError, FreeError};
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
 use crate::pagemap::{PageMap, TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
@@ -610,20 +610,57 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Reap every cache (newest first, so metadata freed by later caches
-    /// is reaped with the bootstrap caches at the end). Returns pages
-    /// returned to page sources.
+    /// CPU `cpu`'s magazines summed over every cache: the allocations and
+    /// frees they served (magazine hits; slab-layer misses and
+    /// page-granular kmallocs are not counted) and the rounds they hold.
+    /// See [`KmemCache::cpu_stats`]. Walks the cache list under its lock
+    /// (like [`Allocator::for_each_cache`], so not from inside one), taking
+    /// each cache's per-CPU lock of `cpu` in turn: a near-snapshot under
+    /// concurrent use. All zero before `init` and for `cpu` out of range.
+    pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
+        let mut total = CpuCacheStats::default();
+        self.for_each_cache(|cache| total = total + cache.cpu_stats(cpu));
+        total
+    }
+
+    /// Reap every cache. Returns pages returned to page sources.
+    ///
+    /// Newest first, so that metadata freed by later caches (their slab
+    /// structs, bufctls, magazines and cache structs) is reaped with the
+    /// bootstrap caches at the end; and `kmem_slab` and `kmem_bufctl` come
+    /// last of all, after `kmem_cache` and `kmem_pcpu`, whose bufctl slabs
+    /// (when their objects are large) free into them. So one call leaves no
+    /// empty slab anywhere.
     pub fn reap_all(&self) -> usize {
         let list = self.caches.lock();
+        // Before init completes, no deferring: one pass as listed. The
+        // pointers are only compared, never dereferenced.
+        let ready = self.is_ready();
+        let boot_base = self.boot.get().cast::<KmemCache<P>>().cast_const();
+        let last = [BootCache::Bufctl, BootCache::Slab].map(|which| {
+            if ready {
+                boot_base.wrapping_add(which as usize)
+            } else {
+                ptr::null()
+            }
+        });
         let mut cache = list.tail;
         let mut nr_pages = 0;
         while !cache.is_null() {
             // SAFETY: as in for_each_cache.
             unsafe {
-                nr_pages += (*cache).reap();
+                if !last.contains(&cache) {
+                    nr_pages += (*cache).reap();
+                }
                 cache = (*(*cache).links.get()).prev;
             }
         }
+        if ready {
+            for which in [BootCache::Bufctl, BootCache::Slab] {
+                nr_pages += self.boot(which).reap();
+            }
+        }
+        drop(list);
         nr_pages
     }
 

@@ -7,8 +7,6 @@ use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use spin::Mutex;
-
 use crate::allocator::Allocator;
 use crate::error::{AllocError, DestroyError, FreeError};
 use crate::magazine::{Depot, MAG_INITIAL_ROUNDS, PcpuCache};
@@ -18,6 +16,7 @@ use crate::slab::{
     BUFCTL_ALLOCATED, BUFCTL_CACHED, SLAB_MAGIC, SMALL_HEADER_OFFSET, SMALL_MAX_STRIDE, Slab,
     SlabLayer, small_header,
 };
+use crate::sync::Mutex;
 use crate::trace::TraceTable;
 
 bitflags::bitflags! {
@@ -96,6 +95,43 @@ pub struct CacheStats {
     pub kind: SlabKind,
 }
 
+/// One CPU's share of the magazine layer: what its magazines served and
+/// what they hold now. From [`KmemCache::cpu_stats`] (one cache) or
+/// [`Allocator::cpu_stats`](crate::Allocator::cpu_stats) (summed over
+/// every cache).
+///
+/// The counters are that CPU's own, written only under its per-CPU lock
+/// (no counter shared between CPUs is written on the magazine-hit paths);
+/// readers sum them. An object allocated on one CPU and freed on another
+/// counts in the first CPU's `nr_allocs` and the second CPU's `nr_frees`.
+/// Allocations and frees that missed the magazines (served by the slab
+/// layer) are not in these counts, only in [`CacheStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuCacheStats {
+    /// Allocations served by this CPU's magazines, ever.
+    pub nr_allocs: u64,
+    /// Frees stored in this CPU's magazines, ever.
+    pub nr_frees: u64,
+    /// Rounds (objects) in this CPU's loaded magazine now.
+    pub nr_rounds_loaded: usize,
+    /// Rounds (objects) in this CPU's previous magazine now.
+    pub nr_rounds_prev: usize,
+}
+
+/// Field-wise sum (counters wrap), for summing CPUs or caches.
+impl core::ops::Add for CpuCacheStats {
+    type Output = CpuCacheStats;
+
+    fn add(self, other: CpuCacheStats) -> CpuCacheStats {
+        CpuCacheStats {
+            nr_allocs: self.nr_allocs.wrapping_add(other.nr_allocs),
+            nr_frees: self.nr_frees.wrapping_add(other.nr_frees),
+            nr_rounds_loaded: self.nr_rounds_loaded + other.nr_rounds_loaded,
+            nr_rounds_prev: self.nr_rounds_prev + other.nr_rounds_prev,
+        }
+    }
+}
+
 /// What [`KmemCache::destroy`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DestroyReport {
@@ -158,7 +194,11 @@ impl Geometry {
         let align = align.max(8);
         let stride = size.next_multiple_of(align);
         if stride <= SMALL_MAX_STRIDE && !flags.contains(CacheFlags::NOTOUCH) {
-            let ref_bytes = if tag_refs { crate::alloc_tag::TAG_REF_BYTES } else { 0 };
+            let ref_bytes = if tag_refs {
+                crate::alloc_tag::TAG_REF_BYTES
+            } else {
+                0
+            };
             let nr_objs = SMALL_HEADER_OFFSET / (stride + ref_bytes);
             return Ok(Geometry {
                 stride,
@@ -196,21 +236,23 @@ impl Geometry {
 /// (or [`Allocator::find_cache`](crate::Allocator::find_cache)); lives until
 /// [`KmemCache::destroy`]. All methods are safe to call from any CPU
 /// concurrently.
+#[repr(C)]
 pub struct KmemCache<P: Platform> {
-    // Read on every alloc/free: keep these first.
+    // Read-only after creation, except `hot_flags` (written when tracing
+    // or profiling switches on). In declaration order (`repr(C)`): the
+    // first 64 bytes hold everything the magazine-hit paths of alloc and
+    // free read, and nothing a CPU writes on any path lives before
+    // `depot`, which starts a new cache line (see `hot_fields_first`).
     pub(crate) hot_flags: AtomicU32,
+    /// log2(stride) if the stride is a power of two, else `u32::MAX`.
+    pub(crate) stride_shift: u32,
     pub(crate) pcpu: *mut PcpuCache,
     pub(crate) nr_cpus: usize,
     pub(crate) stride: usize,
-    /// log2(stride) if the stride is a power of two, else `u32::MAX`.
-    pub(crate) stride_shift: u32,
     pub(crate) page_map: PageMap,
     pub(crate) on_primary: bool,
     pub(crate) kind: SlabKind,
-    pub(crate) nr_objs_per_slab: usize,
-    pub(crate) nr_pages_per_slab: usize,
-    pub(crate) ctor: Option<Ctor>,
-    pub(crate) dtor: Option<Dtor>,
+    pub(crate) permanent: bool,
     pub(crate) obj_size: usize,
     /// Small slabs: where each slab page's tag-reference array starts
     /// (0: none), and `ceil(2^32 / stride)`, so that an object's index is
@@ -219,11 +261,16 @@ pub struct KmemCache<P: Platform> {
     pub(crate) tag_array_offset: usize,
     #[cfg(feature = "alloc-profiling")]
     pub(crate) stride_reciprocal: u64,
+    pub(crate) nr_objs_per_slab: usize,
+    pub(crate) nr_pages_per_slab: usize,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
     pub(crate) align: usize,
     pub(crate) flags: CacheFlags,
     pub(crate) source: &'static dyn PageSource,
     pub(crate) owner: *const Allocator<P>,
-    pub(crate) permanent: bool,
+    // Written by any CPU on slow paths: from here on, away from the fields
+    // above (`Depot` is cache-line aligned).
     pub(crate) depot: Depot,
     pub(crate) slab: Mutex<SlabLayer>,
     /// Objects allocated from / freed to the slab layer directly by
@@ -599,7 +646,17 @@ impl<P: Platform> KmemCache<P> {
             let layer = self.slab.lock();
             let bufctl = layer.hash.find(addr);
             if bufctl.is_null() {
-                return Err(FreeError::NotAllocated { addr });
+                // Not busy in the slab layer. If the page map located an
+                // exact object start in a live slab of ours, the object is
+                // free in its slab: freed already (and gone back from the
+                // magazines), or never handed out. Without a slab (a cache
+                // off the primary source: the hash alone decides) we
+                // cannot tell it from a stray pointer.
+                return Err(if slab.is_null() {
+                    FreeError::NotAllocated { addr }
+                } else {
+                    FreeError::DoubleFree { addr }
+                });
             }
             // SAFETY: bufctls in the hash are alive; we hold the lock.
             unsafe {
@@ -712,21 +769,13 @@ impl<P: Platform> KmemCache<P> {
         let mut nr_allocs = self.nr_allocs_direct.load(Ordering::Relaxed);
         let mut nr_frees = self.nr_frees_direct.load(Ordering::Relaxed);
         let mut nr_cpu_cached_objs = 0;
-        for cpu in 0..self.nr_cpus {
-            let Some(pcpu) = self.pcpu(cpu) else { break };
-            let irq = P::irq_save();
-            {
-                let pcc = pcpu.inner.lock();
-                nr_allocs = nr_allocs.wrapping_add(pcc.nr_allocs);
-                nr_frees = nr_frees.wrapping_add(pcc.nr_frees);
-                for mag in [pcc.loaded, pcc.prev] {
-                    if !mag.is_null() {
-                        // SAFETY: magazines in a pcc are alive under its lock.
-                        nr_cpu_cached_objs += unsafe { (*mag).nr_rounds };
-                    }
-                }
+        if !self.pcpu.is_null() {
+            for cpu in 0..self.nr_cpus {
+                let cpu_stats = self.cpu_stats(cpu);
+                nr_allocs = nr_allocs.wrapping_add(cpu_stats.nr_allocs);
+                nr_frees = nr_frees.wrapping_add(cpu_stats.nr_frees);
+                nr_cpu_cached_objs += cpu_stats.nr_rounds_loaded + cpu_stats.nr_rounds_prev;
             }
-            P::irq_restore(irq);
         }
         let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs) = {
             let depot = self.depot.inner.lock();

@@ -19,7 +19,9 @@
 //! 2. **Magazine layer**: a per-CPU cache `{ loaded, prev, magsize }` of
 //!    two magazines of constructed objects ("rounds"), behind a depot of
 //!    full and empty magazines per cache. Most allocs and frees end here.
-//!    The magazine size grows when the depot lock is contended.
+//!    The magazine size grows when the depot lock is contended. Each
+//!    per-CPU cache counts the allocations and frees its magazines served
+//!    ([`KmemCache::cpu_stats`], [`Allocator::cpu_stats`]).
 //! 3. **Slab layer**: slabs of one page (small objects; header at the end
 //!    of the page, free list through the objects) or several pages (large
 //!    or `NOTOUCH` objects; a bufctl per object and a per-cache hash from
@@ -73,6 +75,49 @@
 //! create or destroy caches). Constructors, destructors and page sources
 //! may allocate from the allocator. The page map is lock-free (atomic
 //! words).
+//!
+//! ## Draining: how `reap` and `destroy` reach every CPU's magazines
+//!
+//! [`KmemCache::reap`] (and [`Allocator::reap_all`], and
+//! [`KmemCache::destroy`] before it frees anything) empties the magazine
+//! layer from whichever CPU calls it, without cross-CPU interrupts:
+//!
+//! 1. For each CPU id `0..max_cpus` in turn: disable interrupts, take that
+//!    CPU's per-CPU lock, detach its `loaded` and `prev` magazines (both
+//!    set to null), drop the lock, restore interrupts. Then, holding no
+//!    lock, destruct their rounds and return them to the slab layer (one
+//!    slab-lock acquisition per magazine) and free the magazines to
+//!    `kmem_magazine`. One per-CPU lock at a time, never with the depot
+//!    lock: the drain adds no nesting to the lock order.
+//! 2. Take the depot lock, detach its full and empty lists, drop it, and
+//!    free them the same way.
+//! 3. Under the slab lock detach the empty slabs; with no lock held, clear
+//!    their page-map entries and give their pages back.
+//!
+//! A CPU working on the cache meanwhile either finished its operation
+//! under its per-CPU lock before the drain took that lock (the drain
+//! moves the result) or starts after (it finds no magazines and refills
+//! from the depot or the slab layer, as after boot). A round is in exactly
+//! one place at every instant: a magazine held by one per-CPU cache, the
+//! depot, or in transit in the one thread that detached it. So a reap
+//! never loses or duplicates rounds, but objects freed while it runs may
+//! be left in magazines: under load it is a best effort. `destroy`
+//! requires that nobody uses the cache, so there the drain is complete;
+//! it refuses with `Busy` if slabs remain. The `loom` models in
+//! `src/tests/loom_models.rs` check this protocol and the depot exchange
+//! under every interleaving up to a preemption bound.
+//!
+//! ## Statistics
+//!
+//! The magazine-hit paths write only the running CPU's own per-CPU cache
+//! (its lock word, magazine pointers and `nr_allocs` / `nr_frees`, one
+//! cache line per CPU) and the magazine itself. Counters shared between
+//! CPUs are written only on misses (the slab layer's direct counts) and
+//! depot exchanges; readers ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
+//! [`Allocator::cpu_stats`]) take each per-CPU lock in turn and sum. The
+//! read-mostly fields every alloc and free reads lead [`KmemCache`]
+//! (`repr(C)`), and the depot, the first field any CPU writes, starts a
+//! new cache line.
 //!
 //! ## FAQ
 //!
@@ -173,10 +218,22 @@
 //!
 //! Host tests (a fake platform with a thread-local CPU id, a fake page
 //! source with failure injection, unit tests, a `proptest` model test and
-//! a multithreaded smoke test) live in `src/tests/`:
+//! a multithreaded stress test with one thread per CPU) live in
+//! `src/tests/`:
 //!
 //! ```text
 //! cargo test -p magpie-slab --target x86_64-unknown-linux-gnu
+//! ```
+//!
+//! `loom` model tests of the depot exchange and the drain protocol
+//! (`src/tests/loom_models.rs`) build instead of those with
+//! `--cfg loom`, which turns the cache locks into `loom` locks (see
+//! `src/sync.rs`; normal builds use `spin::Mutex` unchanged):
+//!
+//! ```text
+//! make test-loom
+//! # RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! #     cargo test -p magpie-slab --target x86_64-unknown-linux-gnu --release loom
 //! ```
 
 #![no_std]
@@ -218,6 +275,7 @@ mod magazine;
 mod pagemap;
 mod platform;
 mod slab;
+mod sync;
 mod trace;
 
 #[cfg(test)]
@@ -226,7 +284,9 @@ mod tests;
 pub use alloc_tag::AllocTagRef;
 pub(crate) use allocator::BootCache;
 pub use allocator::{Allocator, KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use cache::{CacheFlags, CacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind};
+pub use cache::{
+    CacheFlags, CacheStats, CpuCacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind,
+};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use magazine::MAG_MAX_ROUNDS;
 pub use platform::{ArenaStats, PAGE_SIZE, PageSource, Platform};

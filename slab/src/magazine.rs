@@ -13,6 +13,10 @@
 //!   allocate a new magazine from `kmem_magazine` and retry; if that fails,
 //!   destruct the object and free it to the slab layer. A free never waits
 //!   for memory.
+//! - **drain** (`reap`, `destroy`, from any CPU): detach each CPU's
+//!   `loaded` and `prev` under that CPU's lock, one CPU at a time, then the
+//!   depot's lists under the depot lock; free rounds and magazines with no
+//!   lock held (the crate docs, "Draining", say why this is enough).
 //!
 //! Objects in magazines stay constructed. The depot counts how often its
 //! lock was contended (a failed `try_lock`); past a threshold within an
@@ -22,10 +26,9 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use spin::{Mutex, MutexGuard};
-
-use crate::cache::KmemCache;
+use crate::cache::{CpuCacheStats, KmemCache};
 use crate::platform::Platform;
+use crate::sync::{Mutex, MutexGuard};
 use crate::{AllocError, BootCache};
 
 /// Rounds a magazine struct can hold: the largest magazine size.
@@ -73,6 +76,7 @@ pub(crate) struct PcpuCache {
     pub(crate) inner: Mutex<PcpuInner>,
 }
 
+#[cfg(not(all(test, loom)))]
 const _: () = {
     assert!(core::mem::size_of::<PcpuCache>() == 64);
     assert!(core::mem::align_of::<PcpuCache>() == 64);
@@ -111,6 +115,11 @@ pub(crate) struct DepotInner {
 unsafe impl Send for DepotInner {}
 
 /// A cache's depot of full and empty magazines.
+///
+/// Cache-line aligned: every CPU writes it (the lock, the contention count)
+/// on its exchanges, and it must not share a line with the read-mostly
+/// fields at the head of [`KmemCache`] that every alloc and free reads.
+#[repr(align(64))]
 pub(crate) struct Depot {
     pub(crate) inner: Mutex<DepotInner>,
     pub(crate) nr_contention: AtomicU64,
@@ -258,6 +267,29 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: cpu < nr_cpus, the length of the live per-CPU array.
         Some(unsafe { &*self.pcpu.add(cpu) })
+    }
+
+    /// CPU `cpu`'s magazines of this cache: allocations and frees they
+    /// served, rounds they hold now. All zero for a CPU id out of range
+    /// and for bootstrap caches (no magazine layer). Takes that CPU's
+    /// per-CPU lock (with interrupts disabled) for the read: safe from any
+    /// CPU, and the four figures are one consistent snapshot.
+    pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
+        let Some(pcpu) = self.pcpu(cpu) else {
+            return CpuCacheStats::default();
+        };
+        let irq = P::irq_save();
+        let stats = {
+            let pcc = pcpu.inner.lock();
+            CpuCacheStats {
+                nr_allocs: pcc.nr_allocs,
+                nr_frees: pcc.nr_frees,
+                nr_rounds_loaded: rounds_of(pcc.loaded),
+                nr_rounds_prev: rounds_of(pcc.prev),
+            }
+        };
+        P::irq_restore(irq);
+        stats
     }
 
     /// Allocate through the magazine layer; on a miss, from the slab layer
@@ -416,6 +448,13 @@ impl<P: Platform> KmemCache<P> {
 
     /// Empty every per-CPU cache and the depot: rounds are destructed and
     /// go back to the slab layer, magazines go back to `kmem_magazine`.
+    ///
+    /// CPU by CPU, each per-CPU lock is held (interrupts off) only to
+    /// detach that CPU's two magazines; the depot lock only to detach its
+    /// lists. No two of these locks are ever held together, and nothing is
+    /// freed under any of them (destructors and `kmem_magazine` run with
+    /// no lock held). CPUs may allocate and free throughout: whatever they
+    /// put in magazines after their turn stays there.
     pub(crate) fn drain_magazines(&self) {
         if self.pcpu.is_null() {
             return;
@@ -451,6 +490,37 @@ impl<P: Platform> KmemCache<P> {
                 let next = (*empty).next;
                 self.free_magazine(empty);
                 empty = next;
+            }
+        }
+    }
+
+    /// Test support: call `f` with every round in every per-CPU cache and
+    /// in the depot (taking each per-CPU lock, then the depot lock), so a
+    /// test can check that no object rests in two places.
+    #[cfg(test)]
+    pub(crate) fn for_each_round(&self, mut f: impl FnMut(*mut u8)) {
+        let mut visit = |mag: *mut Magazine| {
+            for index in 0..rounds_of(mag) {
+                // SAFETY: a magazine held by a per-CPU cache or the depot,
+                // under its lock; index < nr_rounds.
+                f(unsafe { (&(*mag).rounds)[index] });
+            }
+        };
+        for cpu in 0..self.nr_cpus {
+            let Some(pcpu) = self.pcpu(cpu) else { break };
+            let pcc = pcpu.inner.lock();
+            visit(pcc.loaded);
+            visit(pcc.prev);
+        }
+        let depot = self.depot.lock();
+        for list in [depot.full, depot.empty] {
+            let mut mag = list;
+            while !mag.is_null() {
+                // The empty list too: a round left on it would break the
+                // caller's count against the depot's `nr_rounds`.
+                visit(mag);
+                // SAFETY: magazines on the depot lists are alive and ours.
+                mag = unsafe { (*mag).next };
             }
         }
     }

@@ -272,7 +272,10 @@ fn layouts_match_the_design() {
     assert_eq!((st.kind, st.nr_pages_per_slab), (SlabKind::Small, 1));
     // With alloc-profiling, 4 bytes per object go to its tag reference.
     let per_object = 64 + crate::alloc_tag::TAG_REF_BYTES;
-    assert_eq!(st.objs_per_slab, crate::slab::SMALL_HEADER_OFFSET / per_object);
+    assert_eq!(
+        st.objs_per_slab,
+        crate::slab::SMALL_HEADER_OFFSET / per_object
+    );
     // Objects start at offset 0 of their page.
     let p = small.alloc().unwrap();
     assert_eq!(p.as_ptr() as usize % PAGE_SIZE % 64, 0);
@@ -292,4 +295,42 @@ fn layouts_match_the_design() {
     assert_eq!(bs.kind, SlabKind::Bufctl);
     assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 8);
     assert_eq!(core::mem::size_of::<crate::magazine::PcpuCache>(), 64);
+}
+
+/// `kmem_cache`'s slabs (bufctl slabs: cache structs are large) keep their
+/// bufctls in `kmem_bufctl`: one `reap_all` must reap `kmem_cache` before
+/// `kmem_bufctl`, or a `kmem_bufctl` page emptied by `kmem_cache`'s reap
+/// stays out until the next call. Whether a page empties that way depends
+/// on where the bufctls landed, so try a range of `kmem_bufctl` fill levels.
+#[test]
+fn reap_all_returns_metadata_in_one_pass() {
+    for nr_big in (0..=96).step_by(6) {
+        let (alloc, source) = setup(512);
+        alloc.reap_all();
+        let baseline = source.pages_outstanding();
+        // Fill kmem_bufctl to some level with a bufctl cache's bufctls.
+        let big = alloc
+            .cache_create("filler", 2000, 8, CacheFlags::empty(), None, None, None)
+            .unwrap();
+        let objs: Vec<_> = (0..nr_big).map(|_| big.alloc().unwrap()).collect();
+        // Enough caches that kmem_cache grows a slab, whose bufctls come
+        // after the filler's.
+        let caches: Vec<_> = (0..12)
+            .map(|_| {
+                alloc
+                    .cache_create("extra", 64, 8, CacheFlags::empty(), None, None, None)
+                    .unwrap()
+            })
+            .collect();
+        for obj in objs {
+            // SAFETY: allocated above.
+            unsafe { big.free(obj) }.unwrap();
+        }
+        for cache in caches.into_iter().chain([big]) {
+            // SAFETY: empty, not used afterwards.
+            unsafe { cache.destroy() }.unwrap();
+        }
+        alloc.reap_all();
+        assert_eq!(source.pages_outstanding(), baseline, "nr_big {nr_big}");
+    }
 }

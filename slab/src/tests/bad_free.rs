@@ -43,11 +43,81 @@ fn double_free_on_bufctl_cache() {
         cache.free(r).unwrap();
         cache.free(keep).unwrap();
     }
-    // Reaped to the slab layer, a stale pointer is still refused.
+    // Reaped, slab and all: the page is no longer slab memory.
     cache.reap();
+    assert_eq!(cache.stats().nr_slabs, 0);
     // SAFETY: refused.
-    assert!(unsafe { cache.free(p) }.is_err());
+    let refused = unsafe { cache.free(p) };
+    assert_eq!(refused, Err(FreeError::NotAllocated { addr }));
     assert_eq!(cache.stats().nr_allocated, 0);
+}
+
+#[test]
+fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
+    let (alloc, _) = setup_default();
+    let cache = alloc
+        .cache_create(
+            "big-drained",
+            1000,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+    let p = cache.alloc().unwrap();
+    // Keeps the slab alive through the reap below.
+    let keep = cache.alloc().unwrap();
+    assert_eq!(cache.stats().nr_slabs, 1);
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    // The reap drains the magazines: p goes back to its slab (and out of
+    // the bufctl hash); the slab stays, keep is in it.
+    cache.reap();
+    let before = cache.stats();
+    assert_eq!(
+        (
+            before.nr_slabs,
+            before.nr_cpu_cached_objs,
+            before.nr_allocated
+        ),
+        (1, 0, 1)
+    );
+    let addr = p.as_ptr() as usize;
+    // SAFETY: refused.
+    unsafe {
+        assert_eq!(cache.free(p), Err(FreeError::DoubleFree { addr }));
+        assert_eq!(alloc.kfree(p), Err(FreeError::DoubleFree { addr }));
+    }
+    same_counts(&before, &cache.stats());
+    // A never-allocated object start of the live slab is judged the same
+    // (it is free in its slab): p is object 0, keep object 1, this is 2.
+    let stride = cache.obj_size().next_multiple_of(cache.align());
+    let never = NonNull::new(keep.as_ptr().wrapping_add(stride)).unwrap();
+    // SAFETY: refused.
+    let refused = unsafe { cache.free(never) };
+    assert_eq!(
+        refused,
+        Err(FreeError::DoubleFree {
+            addr: never.as_ptr() as usize
+        })
+    );
+    // Still usable: p comes back (first on its slab's free list).
+    let q = cache.alloc().unwrap();
+    assert_eq!(q, p);
+    assert_eq!(cache.stats().nr_allocated, 2);
+    // SAFETY: allocated above.
+    unsafe {
+        cache.free(q).unwrap();
+        cache.free(keep).unwrap();
+    }
+    cache.reap();
+    assert_eq!(cache.stats().nr_slabs, 0);
+    // Slab gone: not slab memory any more.
+    // SAFETY: refused.
+    let refused = unsafe { cache.free(p) };
+    assert_eq!(refused, Err(FreeError::NotAllocated { addr }));
 }
 
 #[test]

@@ -213,3 +213,112 @@ fn live_cache_adopts_a_grown_magazine_size() {
     let st = cache.stats();
     assert_eq!(st.nr_cpu_cached_objs, magsize, "{st:?}");
 }
+
+#[test]
+fn cpu_stats_count_each_cpus_magazine_hits() {
+    let (alloc, _) = setup_default();
+    let cache = alloc
+        .cache_create("per-cpu", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    // Warm up: CPU 0 and CPU 1 each get a magazine (a first alloc on an
+    // empty per-CPU cache misses to the slab layer and is not a hit).
+    for cpu in [0, 1] {
+        set_cpu(cpu);
+        let p = cache.alloc().unwrap();
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    set_cpu(0);
+    let before: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();
+    let all_before: Vec<_> = (0..NR_CPUS).map(|cpu| alloc.cpu_stats(cpu)).collect();
+    assert_eq!(before[0].nr_rounds_loaded, 1);
+
+    // Allocated on CPU 0 (a hit in its loaded magazine), freed on CPU 1.
+    let p = cache.alloc().unwrap();
+    set_cpu(1);
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    set_cpu(0);
+
+    let after: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();
+    assert_eq!(after[0].nr_allocs, before[0].nr_allocs + 1);
+    assert_eq!(after[0].nr_frees, before[0].nr_frees);
+    assert_eq!(after[0].nr_rounds_loaded + after[0].nr_rounds_prev, 0);
+    assert_eq!(after[1].nr_allocs, before[1].nr_allocs);
+    assert_eq!(after[1].nr_frees, before[1].nr_frees + 1);
+    assert_eq!(after[1].nr_rounds_loaded + after[1].nr_rounds_prev, 2);
+    for cpu in 2..NR_CPUS {
+        assert_eq!(after[cpu], before[cpu]);
+    }
+    // The allocator-wide figure moved by exactly the same (every other
+    // cache was idle; bootstrap caches have no magazines).
+    for cpu in 0..NR_CPUS {
+        let all = alloc.cpu_stats(cpu);
+        assert_eq!(
+            all.nr_allocs - all_before[cpu].nr_allocs,
+            after[cpu].nr_allocs - before[cpu].nr_allocs
+        );
+        assert_eq!(
+            all.nr_frees - all_before[cpu].nr_frees,
+            after[cpu].nr_frees - before[cpu].nr_frees
+        );
+    }
+    // Per-CPU figures add up to the cache's.
+    let st = cache.stats();
+    let cached: usize = after
+        .iter()
+        .map(|cpu| cpu.nr_rounds_loaded + cpu.nr_rounds_prev)
+        .sum();
+    assert_eq!(st.nr_cpu_cached_objs, cached);
+    let hits: u64 = after.iter().map(|cpu| cpu.nr_allocs).sum();
+    assert_eq!(hits, 1, "the warm-up allocations missed");
+    // Out of range, and caches without magazines: all zero.
+    assert_eq!(cache.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
+    assert_eq!(alloc.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
+    alloc.for_each_cache(|cache| {
+        if cache.is_bootstrap() {
+            assert_eq!(cache.cpu_stats(0), crate::CpuCacheStats::default());
+        }
+    });
+}
+
+/// Everything the magazine-hit paths read sits in the cache's first cache
+/// lines, and nothing written after creation shares a line with it.
+#[test]
+fn hot_fields_first() {
+    use core::mem::offset_of;
+    type Cache = crate::KmemCache<TestPlatform>;
+    let depot = offset_of!(Cache, depot);
+    assert!(core::mem::align_of::<Cache>() >= 64);
+    assert_eq!(depot % 64, 0);
+    for (name, offset) in [
+        ("hot_flags", offset_of!(Cache, hot_flags)),
+        ("stride_shift", offset_of!(Cache, stride_shift)),
+        ("pcpu", offset_of!(Cache, pcpu)),
+        ("nr_cpus", offset_of!(Cache, nr_cpus)),
+        ("stride", offset_of!(Cache, stride)),
+        ("page_map", offset_of!(Cache, page_map)),
+        ("on_primary", offset_of!(Cache, on_primary)),
+        ("kind", offset_of!(Cache, kind)),
+    ] {
+        assert!(offset < 64, "{name} at {offset}");
+    }
+    for offset in [
+        offset_of!(Cache, obj_size),
+        offset_of!(Cache, ctor),
+        offset_of!(Cache, owner),
+        offset_of!(Cache, source),
+    ] {
+        assert!(offset < depot);
+    }
+    for offset in [
+        offset_of!(Cache, slab),
+        offset_of!(Cache, nr_allocs_direct),
+        offset_of!(Cache, nr_frees_direct),
+        offset_of!(Cache, trace),
+        offset_of!(Cache, nr_trace_dropped),
+        offset_of!(Cache, links),
+    ] {
+        assert!(offset > depot);
+    }
+}

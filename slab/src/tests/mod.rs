@@ -1,16 +1,29 @@
 //! Host tests: a fake platform and page source, unit tests per feature, a
-//! proptest model test and a multithreaded smoke test.
+//! proptest model test, a multithreaded stress test, and (built with
+//! `RUSTFLAGS="--cfg loom"`, instead of all the others) loom model tests
+//! of the magazine layer's locking.
 
 mod support;
 
+#[cfg(not(loom))]
 mod alloc_free;
+#[cfg(not(loom))]
 mod bad_free;
+#[cfg(not(loom))]
 mod global;
+#[cfg(not(loom))]
 mod kmalloc;
+#[cfg(loom)]
+mod loom_models;
+#[cfg(not(loom))]
 mod magazines;
+#[cfg(not(loom))]
 mod model;
+#[cfg(not(loom))]
 mod oom;
-#[cfg(feature = "alloc-profiling")]
+#[cfg(all(feature = "alloc-profiling", not(loom)))]
 mod profiling;
+#[cfg(not(loom))]
 mod threads;
+#[cfg(not(loom))]
 mod tracing;

@@ -1,5 +1,8 @@
 //! Test platform and fake page source.
 
+// The loom models use the page source only (they have their own platform).
+#![cfg_attr(loom, allow(dead_code))]
+
 use std::boxed::Box;
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -103,6 +106,20 @@ impl FakeSource {
     pub fn fail_after(&self, pages: Option<usize>) {
         self.budget
             .store(pages.unwrap_or(usize::MAX), Ordering::SeqCst);
+    }
+
+    /// Give the region back to the host (the loom models build a fresh
+    /// source per execution and would otherwise leak thousands).
+    ///
+    /// # Safety
+    /// Nothing uses the source or any of its pages afterwards.
+    #[cfg(loom)]
+    pub unsafe fn release(&self) {
+        let layout =
+            std::alloc::Layout::from_size_align(self.nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
+        // SAFETY: allocated in `new` with this layout; unused from now on
+        // per the caller.
+        unsafe { std::alloc::dealloc(self.base as *mut u8, layout) };
     }
 
     pub fn contains(&self, addr: usize) -> bool {

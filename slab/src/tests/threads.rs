@@ -1,107 +1,327 @@
-//! Several threads, each acting as one CPU, allocating and freeing with
-//! cross-thread frees.
+//! Multithreaded stress: one host thread per CPU, all at once, on shared
+//! caches (a small `AUDIT` cache, a bufctl cache, a constructor-bearing
+//! cache and the kmalloc size classes including page-granular sizes),
+//! with cross-thread frees, per-object pattern checks, and reaps and
+//! statistics reads racing the allocations. At the end everything is
+//! freed and reaped: every cache's allocated count is back to its
+//! baseline and the page source has every page back.
 
+use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::vec::Vec;
 
 use super::support::*;
-use crate::CacheFlags;
+use crate::{CacheFlags, KmemCache, PAGE_SIZE};
 
+/// Random-mix operations per thread.
+const NR_OPS: usize = 150_000;
+/// Most objects one thread holds at once; most in the shared pool.
+const MAX_LIVE: usize = 192;
+const MAX_SHARED: usize = 256;
+const SMALL_SIZE: usize = 40;
+const BIG_SIZE: usize = 1500;
+const CTOR_SIZE: usize = 200;
+const CTOR_WORD: u64 = 0xc0c0_c0c0_5eed_0000;
+
+static NR_CTOR_RUNS: AtomicU64 = AtomicU64::new(0);
+static NR_DTOR_RUNS: AtomicU64 = AtomicU64::new(0);
+static NR_DTOR_MISMATCHES: AtomicU64 = AtomicU64::new(0);
+
+fn ctor_word(index: usize) -> u64 {
+    CTOR_WORD ^ index as u64
+}
+
+/// Whether an object of the constructor cache is in constructed state.
+fn constructed(obj: NonNull<u8>, size: usize) -> bool {
+    (0..size / 8).all(|index| {
+        // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
+        unsafe { obj.as_ptr().cast::<u64>().add(index).read() == ctor_word(index) }
+    })
+}
+
+/// Put an object in constructed state.
+fn write_constructed(obj: NonNull<u8>, size: usize) {
+    for index in 0..size / 8 {
+        // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
+        unsafe {
+            obj.as_ptr()
+                .cast::<u64>()
+                .add(index)
+                .write(ctor_word(index))
+        };
+    }
+}
+
+fn ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
+    // The allocator hands the constructor an object no caller holds.
+    write_constructed(obj, size);
+    NR_CTOR_RUNS.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+fn dtor(obj: NonNull<u8>, size: usize) {
+    if !constructed(obj, size) {
+        NR_DTOR_MISMATCHES.fetch_add(1, Ordering::Relaxed);
+    }
+    NR_DTOR_RUNS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Small,
+    Big,
+    Ctor,
+    Kmalloc,
+}
+
+/// A live object: where it came from, its size, its unique stamp.
 #[derive(Clone, Copy)]
-struct Obj(NonNull<u8>, usize, u8);
+struct Obj {
+    ptr: NonNull<u8>,
+    kind: Kind,
+    size: usize,
+    stamp: u64,
+}
 // SAFETY: the test hands objects between threads whole.
 unsafe impl Send for Obj {}
 
+/// Write the object's pattern: its stamp in the first word, then bytes
+/// derived from it (a second live object overlapping it, or the object
+/// handed out twice, breaks one of the two patterns).
+fn stamp_object(obj: &Obj) {
+    // SAFETY: the test owns `size >= 8` bytes at ptr, 8-aligned.
+    unsafe { obj.ptr.as_ptr().cast::<u64>().write(obj.stamp) };
+    fill(
+        // SAFETY: inside the object (size >= 8).
+        unsafe { obj.ptr.add(8) },
+        obj.size - 8,
+        obj.stamp as u8,
+    );
+}
+
+fn check_object(obj: &Obj) {
+    // SAFETY: as in stamp_object.
+    let found = unsafe { obj.ptr.as_ptr().cast::<u64>().read() };
+    assert_eq!(
+        found, obj.stamp,
+        "{:?} object {:p} overwritten",
+        obj.kind, obj.ptr
+    );
+    assert!(
+        // SAFETY: inside the object.
+        check(unsafe { obj.ptr.add(8) }, obj.size - 8, obj.stamp as u8),
+        "{:?} object {:p} damaged",
+        obj.kind,
+        obj.ptr
+    );
+}
+
+struct Caches {
+    alloc: &'static TestAlloc,
+    small: &'static KmemCache<TestPlatform>,
+    big: &'static KmemCache<TestPlatform>,
+    ctor: &'static KmemCache<TestPlatform>,
+}
+
+impl Caches {
+    fn alloc(&self, kind: Kind, size: usize, stamp: u64) -> Obj {
+        let (ptr, size) = match kind {
+            Kind::Small => (self.small.alloc().unwrap(), SMALL_SIZE),
+            Kind::Big => (self.big.alloc().unwrap(), BIG_SIZE),
+            Kind::Ctor => {
+                let ptr = self.ctor.alloc().unwrap();
+                assert!(constructed(ptr, CTOR_SIZE), "handed out unconstructed");
+                (ptr, CTOR_SIZE)
+            }
+            Kind::Kmalloc => (self.alloc.kmalloc(size, 8).unwrap(), size),
+        };
+        let obj = Obj {
+            ptr,
+            kind,
+            size,
+            stamp,
+        };
+        stamp_object(&obj);
+        obj
+    }
+
+    fn free(&self, obj: Obj) {
+        check_object(&obj);
+        // SAFETY: each object is freed exactly once, by whoever took it
+        // out of a list; the constructor cache gets it back constructed.
+        unsafe {
+            match obj.kind {
+                Kind::Small => self.small.free(obj.ptr).unwrap(),
+                Kind::Big => self.big.free(obj.ptr).unwrap(),
+                Kind::Ctor => {
+                    write_constructed(obj.ptr, CTOR_SIZE);
+                    self.ctor.free(obj.ptr).unwrap()
+                }
+                Kind::Kmalloc => self.alloc.kfree(obj.ptr).unwrap(),
+            }
+        }
+    }
+}
+
+/// `(name, nr_allocated)` of every cache.
+fn allocated_per_cache(alloc: &TestAlloc) -> Vec<(&'static str, usize)> {
+    let mut all = Vec::new();
+    alloc.for_each_cache(|cache| all.push((cache.name(), cache.stats().nr_allocated)));
+    all
+}
+
 #[test]
-fn threads_share_caches() {
+fn stress_threads_as_cpus() {
     let (alloc, source) = setup_default();
-    let small = alloc
-        .cache_create("mt-small", 40, 8, CacheFlags::AUDIT, None, None, None)
-        .unwrap();
-    let big = alloc
-        .cache_create("mt-big", 1500, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let caches = Caches {
+        alloc,
+        small: alloc
+            .cache_create(
+                "mt-small",
+                SMALL_SIZE,
+                8,
+                CacheFlags::AUDIT,
+                None,
+                None,
+                None,
+            )
+            .unwrap(),
+        big: alloc
+            .cache_create("mt-big", BIG_SIZE, 8, CacheFlags::empty(), None, None, None)
+            .unwrap(),
+        ctor: alloc
+            .cache_create(
+                "mt-ctor",
+                CTOR_SIZE,
+                8,
+                CacheFlags::empty(),
+                Some(ctor),
+                Some(dtor),
+                None,
+            )
+            .unwrap(),
+    };
     alloc.reap_all();
-    let baseline = source.pages_outstanding();
-    let shared: Mutex<Vec<(usize, Obj)>> = Mutex::new(Vec::new());
-    let nr_threads = NR_CPUS;
+    let baseline_pages = source.pages_outstanding();
+    let baseline = allocated_per_cache(alloc);
+    let shared: Mutex<Vec<Obj>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
-        for t in 0..nr_threads {
-            let shared = &shared;
+        for cpu in 0..NR_CPUS {
+            let (caches, shared) = (&caches, &shared);
             scope.spawn(move || {
-                set_cpu(t);
-                let mut rng = 0x9e37_79b9u32.wrapping_mul(t as u32 + 1);
+                set_cpu(cpu);
+                let mut rng = 0x9e37_79b9u32.wrapping_mul(cpu as u32 + 1);
                 let mut next = || {
                     rng ^= rng << 13;
                     rng ^= rng >> 17;
                     rng ^= rng << 5;
                     rng
                 };
-                let mut mine: Vec<(usize, Obj)> = Vec::new();
-                for i in 0..4000 {
+                let mut mine: Vec<Obj> = Vec::new();
+                for serial in 0..NR_OPS as u64 {
                     let r = next();
-                    match r % 4 {
-                        0 | 1 => {
-                            let which = (r >> 8) as usize % 3;
-                            let seed = (i as u8) ^ (t as u8);
-                            let obj = match which {
-                                0 => Obj(small.alloc().unwrap(), 40, seed),
-                                1 => Obj(big.alloc().unwrap(), 1500, seed),
-                                _ => {
-                                    let size = 1 + (r >> 12) as usize % 3000;
-                                    Obj(alloc.kmalloc(size, 8).unwrap(), size, seed)
+                    match r % 8 {
+                        // Allocate.
+                        0..=3 if mine.len() < MAX_LIVE => {
+                            let (kind, size) = match (r >> 4) % 8 {
+                                0 => (Kind::Small, 0),
+                                1 => (Kind::Big, 0),
+                                2 | 3 => (Kind::Ctor, 0),
+                                // One in 32 of these is page-granular.
+                                _ if (r >> 8) % 32 == 0 => {
+                                    (Kind::Kmalloc, 8193 + (r >> 12) as usize % (3 * PAGE_SIZE))
                                 }
+                                _ => (Kind::Kmalloc, 8 + (r >> 12) as usize % 3000),
                             };
-                            fill(obj.0, obj.1, obj.2);
-                            if r & 0x100 != 0 {
-                                shared.lock().unwrap().push((which, obj));
-                            } else {
-                                mine.push((which, obj));
+                            let stamp = ((cpu as u64) << 48) | serial;
+                            mine.push(caches.alloc(kind, size, stamp));
+                        }
+                        // Hand one to whichever CPU frees next from the pool.
+                        4 => {
+                            if let Some(obj) = mine.pop() {
+                                let mut pool = shared.lock().unwrap();
+                                if pool.len() < MAX_SHARED {
+                                    pool.push(obj);
+                                } else {
+                                    drop(pool);
+                                    caches.free(obj);
+                                }
                             }
                         }
-                        2 => {
+                        // Free from the pool (often allocated on another CPU).
+                        5 => {
                             let taken = shared.lock().unwrap().pop();
-                            if let Some((which, obj)) = taken.or_else(|| mine.pop()) {
-                                free(alloc, small, big, which, obj);
+                            if let Some(obj) = taken {
+                                caches.free(obj);
                             }
                         }
+                        // Free one of ours, not always the newest.
                         _ => {
-                            if let Some((which, obj)) = mine.pop() {
-                                free(alloc, small, big, which, obj);
+                            if !mine.is_empty() {
+                                let index = (r >> 8) as usize % mine.len();
+                                caches.free(mine.swap_remove(index));
+                            }
+                        }
+                    }
+                    // Drains racing the allocations: every CPU's magazines,
+                    // from whichever CPU reaps.
+                    if serial % 2000 == 1999 {
+                        match cpu {
+                            0 => {
+                                caches.alloc.reap_all();
+                            }
+                            1 => {
+                                caches.ctor.reap();
+                                caches.big.reap();
+                            }
+                            _ => {
+                                let _ = caches.small.stats();
+                                let _ = caches.alloc.cpu_stats((cpu + 1) % NR_CPUS);
                             }
                         }
                     }
                 }
-                for (which, obj) in mine {
-                    free(alloc, small, big, which, obj);
+                for obj in mine {
+                    caches.free(obj);
                 }
             });
         }
     });
-    for (which, obj) in shared.into_inner().unwrap() {
-        free(alloc, small, big, which, obj);
+    for obj in shared.into_inner().unwrap() {
+        caches.free(obj);
     }
-    assert_eq!(small.stats().nr_allocated, 0);
-    assert_eq!(big.stats().nr_allocated, 0);
-    alloc.reap_all();
-    assert_eq!(source.pages_outstanding(), baseline);
-}
 
-fn free(
-    alloc: &TestAlloc,
-    small: &crate::KmemCache<TestPlatform>,
-    big: &crate::KmemCache<TestPlatform>,
-    which: usize,
-    obj: Obj,
-) {
-    assert!(check(obj.0, obj.1, obj.2), "pattern damaged");
-    // SAFETY: each object is freed exactly once, by whoever popped it.
-    unsafe {
-        match which {
-            0 => small.free(obj.0).unwrap(),
-            1 => big.free(obj.0).unwrap(),
-            _ => alloc.kfree(obj.0).unwrap(),
-        }
+    // Every allocation and free is counted once: on the CPU whose
+    // magazines served it, or in the slab layer's direct counts. No round
+    // was lost or duplicated: the slab layer's busy objects are exactly
+    // the (distinct) rounds in magazines.
+    for cache in [caches.small, caches.big, caches.ctor] {
+        let mut rounds = HashSet::new();
+        cache.for_each_round(|round| assert!(rounds.insert(round as usize)));
+        let nr_busy = cache.slab.lock().counts().nr_busy_objs;
+        assert_eq!(nr_busy, rounds.len(), "{}", cache.name());
+        let stats = cache.stats();
+        assert_eq!(stats.nr_allocated, 0, "{}", cache.name());
+        assert_eq!(
+            stats.nr_allocs_ever,
+            stats.nr_frees_ever,
+            "{}",
+            cache.name()
+        );
+        let hits: u64 = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu).nr_allocs).sum();
+        assert!(hits > 0 && hits <= stats.nr_allocs_ever, "{}", cache.name());
     }
+    assert_eq!(alloc.large_stats().nr_live, 0);
+    alloc.reap_all();
+    assert_eq!(allocated_per_cache(alloc), baseline);
+    assert_eq!(source.pages_outstanding(), baseline_pages);
+    // Reaped: every constructed object was destructed, in constructed state.
+    assert_eq!(NR_DTOR_MISMATCHES.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        NR_CTOR_RUNS.load(Ordering::Relaxed),
+        NR_DTOR_RUNS.load(Ordering::Relaxed)
+    );
+    assert!(NR_DTOR_RUNS.load(Ordering::Relaxed) > 0);
 }

@@ -1,0 +1,382 @@
+//! Loom model tests of the magazine layer's locking: the depot exchange
+//! (full and empty magazines traded by several CPUs at once) and the drain
+//! protocol (`reap` emptying every CPU's magazines while CPUs allocate and
+//! free).
+//!
+//! Built only with `RUSTFLAGS="--cfg loom"`, which turns the per-CPU,
+//! depot, slab-layer and trace locks into `loom::sync::Mutex`
+//! ([`crate::sync`]): loom then runs every interleaving of those lock
+//! operations (up to a preemption bound) between threads that each act as
+//! one CPU (a loom thread-local CPU id). Everything else (the page map's
+//! atomics, the fake page source) runs unmodelled: between two loom
+//! operations a thread runs alone.
+//!
+//! Every model uses magazines of one round, so that a handful of
+//! operations already goes through every branch of the exchange (loaded
+//! and prev swapped, a full magazine from the depot, an empty one to it, a
+//! new magazine when the depot has none) and checks:
+//!
+//! - no object is handed to two callers at once (a set of live objects,
+//!   and a per-allocation stamp written into the object and checked before
+//!   its free);
+//! - no round is lost or duplicated: after the threads join, every round
+//!   in a magazine is distinct, and the slab layer's busy objects are
+//!   exactly the rounds plus the objects callers hold;
+//! - after everything is freed and reaped, every page is back with the
+//!   page source.
+//!
+//! ```text
+//! make test-loom
+//! # = RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! #   cargo test -p magpie-slab --target x86_64-unknown-linux-gnu --release loom
+//! ```
+//!
+//! `LOOM_MAX_PREEMPTIONS` overrides the preemption bound of
+//! [`PREEMPTION_BOUND`] (higher explores more and takes much longer).
+
+use std::boxed::Box;
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::ptr::NonNull;
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::vec::Vec;
+
+use loom::thread;
+
+use super::support::FakeSource;
+use crate::{Allocator, CacheFlags, KmemCache, Platform};
+
+/// Preemptions per execution that loom explores unless
+/// `LOOM_MAX_PREEMPTIONS` says otherwise.
+const PREEMPTION_BOUND: usize = 3;
+/// CPUs of the model platform: up to three worker threads and the main
+/// thread.
+const NR_CPUS: usize = 4;
+/// The CPU the main thread acts as.
+const MAIN_CPU: usize = 3;
+/// Pages of each execution's page source.
+const NR_PAGES: usize = 96;
+
+loom::thread_local! {
+    static CPU: Cell<usize> = Cell::new(0);
+}
+
+fn set_cpu(cpu: usize) {
+    CPU.with(|c| c.set(cpu));
+}
+
+/// The CPU id is a loom thread-local (loom runs its threads on one host
+/// thread, so a std thread-local would be shared by all of them).
+struct LoomPlatform;
+
+impl Platform for LoomPlatform {
+    fn max_cpus() -> usize {
+        NR_CPUS
+    }
+    fn cpu_id() -> usize {
+        CPU.with(|c| c.get())
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    fn irq_restore(_state: usize) {}
+    fn now() -> u64 {
+        0
+    }
+    fn backtrace(_frames: &mut [usize]) -> usize {
+        0
+    }
+    fn context(_buf: &mut [u8; 32]) -> usize {
+        0
+    }
+}
+
+type Cache = KmemCache<LoomPlatform>;
+
+/// One execution's allocator, page source, cache under test and set of
+/// objects callers hold. Leaked for `'static` threads; given back by
+/// [`Fixture::release`] at the end of the execution.
+struct Fixture {
+    alloc: &'static Allocator<LoomPlatform>,
+    source: &'static FakeSource,
+    cache: &'static Cache,
+    live: &'static StdMutex<HashSet<usize>>,
+    /// Pages out after setup (page map, bootstrap and kmalloc metadata).
+    baseline: usize,
+}
+
+impl Fixture {
+    /// A fresh allocator and a cache of `size`-byte objects whose
+    /// magazines hold one round.
+    fn new(size: usize) -> Fixture {
+        set_cpu(MAIN_CPU);
+        let source = FakeSource::new(NR_PAGES);
+        let alloc: &'static Allocator<LoomPlatform> = Box::leak(Box::new(Allocator::new()));
+        alloc.init(source).expect("init");
+        let cache = alloc
+            .cache_create("loom", size, 8, CacheFlags::empty(), None, None, None)
+            .expect("cache");
+        cache.depot.lock().magsize = 1;
+        for cpu in 0..NR_CPUS {
+            cache.pcpu(cpu).expect("per-CPU cache").inner.lock().magsize = 1;
+        }
+        alloc.reap_all();
+        Fixture {
+            alloc,
+            source,
+            cache,
+            live: Box::leak(Box::new(StdMutex::new(HashSet::new()))),
+            baseline: source.pages_outstanding(),
+        }
+    }
+
+    /// Allocate on the running CPU; check nobody else holds the object;
+    /// stamp it.
+    fn alloc(&self, stamp: u64) -> usize {
+        let obj = self.cache.alloc().expect("alloc");
+        let addr = obj.as_ptr() as usize;
+        assert!(
+            self.live.lock().unwrap().insert(addr),
+            "object {addr:#x} handed out twice"
+        );
+        // SAFETY: the object is ours (at least 8 bytes, 8-aligned).
+        unsafe { obj.as_ptr().cast::<u64>().write(stamp) };
+        addr
+    }
+
+    /// Check the stamp and free on the running CPU.
+    fn free(&self, addr: usize, stamp: u64) {
+        let obj = NonNull::new(addr as *mut u8).unwrap();
+        // SAFETY: allocated and stamped by `alloc`, still ours.
+        let found = unsafe { obj.as_ptr().cast::<u64>().read() };
+        assert_eq!(found, stamp, "object {addr:#x} overwritten");
+        // Out of the live set before the free: another thread may get the
+        // object back as soon as it is in a magazine.
+        assert!(self.live.lock().unwrap().remove(&addr));
+        // SAFETY: allocated above, given up now.
+        unsafe { self.cache.free(obj) }.expect("free");
+    }
+
+    /// After the threads joined: every round distinct, and the slab
+    /// layer's busy objects are the rounds plus what callers hold.
+    fn check_conserved(&self) {
+        let mut rounds = HashSet::new();
+        self.cache.for_each_round(|round| {
+            assert!(
+                rounds.insert(round as usize),
+                "round {round:p} in two magazines"
+            );
+        });
+        let nr_held = self.live.lock().unwrap().len();
+        for addr in self.live.lock().unwrap().iter() {
+            assert!(!rounds.contains(addr), "held object {addr:#x} is a round");
+        }
+        let stats = self.cache.stats();
+        let nr_busy = self.cache.slab.lock().counts().nr_busy_objs;
+        assert_eq!(stats.nr_allocated, nr_held, "{stats:?}");
+        assert_eq!(
+            stats.nr_cpu_cached_objs + stats.nr_depot_objs,
+            rounds.len(),
+            "{stats:?}"
+        );
+        assert_eq!(
+            nr_busy,
+            rounds.len() + nr_held,
+            "rounds lost or duplicated: {stats:?}"
+        );
+    }
+
+    /// Everything freed: reap, check every page came back, give the
+    /// execution's memory back to the host.
+    fn finish(self) {
+        set_cpu(MAIN_CPU);
+        assert!(self.live.lock().unwrap().is_empty());
+        self.check_conserved();
+        self.alloc.reap_all();
+        let stats = self.cache.stats();
+        assert_eq!(
+            (
+                stats.nr_allocated,
+                stats.nr_slabs,
+                stats.nr_cpu_cached_objs,
+                stats.nr_depot_objs
+            ),
+            (0, 0, 0, 0),
+            "{stats:?}"
+        );
+        assert_eq!(self.source.pages_outstanding(), self.baseline);
+        // SAFETY: the execution is over: no thread uses the allocator, its
+        // caches or the source any more. The allocator has no destructor
+        // (the caches and their loom locks are forgotten with the pages).
+        unsafe {
+            self.source.release();
+            drop(Box::from_raw(
+                (self.alloc as *const Allocator<LoomPlatform>).cast_mut(),
+            ));
+            drop(Box::from_raw((self.source as *const FakeSource).cast_mut()));
+            drop(Box::from_raw(
+                (self.live as *const StdMutex<HashSet<usize>>).cast_mut(),
+            ));
+        }
+    }
+}
+
+/// `(cpu, serial)` as a stamp unique to one allocation.
+fn stamp(cpu: usize, serial: u64) -> u64 {
+    ((cpu as u64) << 32) | serial
+}
+
+/// Run `f` under loom; print how many executions it explored.
+fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(PREEMPTION_BOUND);
+    }
+    let nr_executions = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = nr_executions.clone();
+    builder.check(move || {
+        counter.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    std::println!(
+        "{name}: {} executions (preemption bound {:?})",
+        nr_executions.load(Ordering::Relaxed),
+        builder.preemption_bound
+    );
+}
+
+/// A shareable object address.
+#[derive(Clone, Copy)]
+struct Handed(usize, u64);
+
+/// The main CPU leaves one full magazine in the depot (and two in its own
+/// per-CPU cache).
+fn prime_depot(fixture: &Fixture) {
+    set_cpu(MAIN_CPU);
+    let primed: Vec<usize> = (0..3).map(|i| fixture.alloc(stamp(MAIN_CPU, i))).collect();
+    for (i, &addr) in primed.iter().enumerate() {
+        fixture.free(addr, stamp(MAIN_CPU, i as u64));
+    }
+    assert!(fixture.cache.stats().depot_nr_full >= 1);
+}
+
+/// Leak a fixture for `'static` threads; [`reclaim`] takes it back.
+fn share(fixture: Fixture) -> &'static Fixture {
+    Box::leak(Box::new(fixture))
+}
+
+/// Take back a fixture from [`share`] once every thread using it joined.
+fn reclaim(fixture: &'static Fixture) -> Fixture {
+    // SAFETY: leaked by `share`; the threads that used it have joined.
+    *unsafe { Box::from_raw((fixture as *const Fixture).cast_mut()) }
+}
+
+/// `nr_workers` CPUs allocate and free at once with one-round magazines,
+/// each also freeing an object the main CPU allocated: loaded/prev swaps,
+/// full magazines taken from the depot and pushed to it, empty ones taken
+/// and given, new magazines made while the other CPUs race for the depot.
+fn depot_exchange(nr_workers: usize, nr_own: u64) {
+    let fixture = Fixture::new(64);
+    prime_depot(&fixture);
+    let handed: Vec<Handed> = (0..nr_workers as u64)
+        .map(|cpu| {
+            let stamp = stamp(MAIN_CPU, 10 + cpu);
+            Handed(fixture.alloc(stamp), stamp)
+        })
+        .collect();
+    let fixture = share(fixture);
+    let workers: Vec<_> = (0..nr_workers)
+        .map(|cpu| {
+            let handed = handed[cpu];
+            thread::spawn(move || {
+                set_cpu(cpu);
+                let own: Vec<usize> = (0..nr_own).map(|i| fixture.alloc(stamp(cpu, i))).collect();
+                fixture.free(handed.0, handed.1);
+                for (i, addr) in own.into_iter().enumerate() {
+                    fixture.free(addr, stamp(cpu, i as u64));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    reclaim(fixture).finish();
+}
+
+/// Two CPUs, each allocating two objects and freeing them and one from
+/// the main CPU.
+#[test]
+fn loom_depot_exchange() {
+    model("depot exchange, 2 CPUs", || depot_exchange(2, 2));
+}
+
+/// Three CPUs, each allocating one object and freeing it and one from the
+/// main CPU.
+#[test]
+fn loom_depot_exchange_three_cpus() {
+    model("depot exchange, 3 CPUs", || depot_exchange(3, 1));
+}
+
+/// One CPU allocates and frees while another reaps: the drain takes each
+/// CPU's magazines under that CPU's lock, then the depot's lists under the
+/// depot lock, and frees their rounds to the slab layer, racing the
+/// allocating CPU's exchanges (and its making a new magazine). No round
+/// may be lost or freed twice, and afterwards a final reap returns every
+/// page.
+#[test]
+fn loom_drain_while_allocating() {
+    model("drain while allocating", || {
+        let fixture = Fixture::new(64);
+        // CPU 0 starts with a loaded magazine of one round; the depot
+        // gets a full magazine from the main CPU.
+        set_cpu(0);
+        let warm = fixture.alloc(stamp(0, 100));
+        fixture.free(warm, stamp(0, 100));
+        prime_depot(&fixture);
+        let fixture = share(fixture);
+        let worker = thread::spawn(move || {
+            set_cpu(0);
+            let a = fixture.alloc(stamp(0, 0));
+            let b = fixture.alloc(stamp(0, 1));
+            fixture.free(a, stamp(0, 0));
+            fixture.free(b, stamp(0, 1));
+        });
+        let reaper = thread::spawn(move || {
+            set_cpu(1);
+            fixture.cache.reap();
+        });
+        worker.join().unwrap();
+        reaper.join().unwrap();
+        reclaim(fixture).finish();
+    });
+}
+
+/// Two CPUs allocate and free on a bufctl cache (objects tracked in the
+/// slab layer's hash, bufctl states flipped on every alloc and free) while
+/// the main CPU reaps: the drain also frees the hash table once it is
+/// empty, and the slab layer's lock is contended from every side.
+#[test]
+fn loom_drain_while_two_cpus_allocate_bufctl() {
+    model("drain while 2 CPUs allocate, bufctl cache", || {
+        let fixture = Fixture::new(1000);
+        assert_eq!(fixture.cache.kind(), crate::SlabKind::Bufctl);
+        prime_depot(&fixture);
+        let fixture = share(fixture);
+        let workers: Vec<_> = (0..2)
+            .map(|cpu| {
+                thread::spawn(move || {
+                    set_cpu(cpu);
+                    let a = fixture.alloc(stamp(cpu, 0));
+                    fixture.free(a, stamp(cpu, 0));
+                })
+            })
+            .collect();
+        fixture.cache.reap();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        reclaim(fixture).finish();
+    });
+}
