@@ -88,7 +88,10 @@ fn assert_one_error_line(out: &str, contains: &str) {
     assert!(out.starts_with("error: "), "{out:?}");
     assert!(out.ends_with('\n'), "{out:?}");
     assert_eq!(out.lines().count(), 1, "{out:?}");
-    assert!(out.contains(contains), "{out:?} should mention {contains:?}");
+    assert!(
+        out.contains(contains),
+        "{out:?} should mention {contains:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -99,13 +102,27 @@ fn help_lists_every_command() {
     let mut shell = Shell::new();
     let out = run(&mut shell, "help");
     assert!(out.starts_with("commands:\n"), "{out}");
-    for command in ["help", "kmemstat", "slabinfo", "kmemtrace", "kmalloc", "kfree", "leak", "poweroff"] {
+    for command in [
+        "help",
+        "kmemstat",
+        "slabinfo",
+        "kmemtrace",
+        "kmalloc",
+        "kfree",
+        "leak",
+        "poweroff",
+    ] {
         assert!(
-            out.lines().any(|line| line.split_whitespace().next() == Some(command)),
+            out.lines()
+                .any(|line| line.split_whitespace().next() == Some(command)),
             "help does not list {command}:\n{out}"
         );
     }
-    assert_eq!(run(&mut shell, "  help  "), out, "surrounding blanks are ignored");
+    assert_eq!(
+        run(&mut shell, "  help  "),
+        out,
+        "surrounding blanks are ignored"
+    );
     assert_eq!(run(&mut shell, ""), "", "an empty line prints nothing");
     assert_eq!(run(&mut shell, "   "), "");
 }
@@ -134,7 +151,11 @@ fn parse_kmemstat_row(line: &str) -> KmemstatRow<'_> {
     assert_eq!(widths, [30, 3, 8, 15, 15, 12], "{line:?}");
     let indent = fields[0].len() - fields[0].trim_start().len();
     assert_eq!(indent % 4, 0, "{line:?}");
-    let number = |text: &str| text.trim().parse::<usize>().unwrap_or_else(|_| panic!("{line:?}"));
+    let number = |text: &str| {
+        text.trim()
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("{line:?}"))
+    };
     KmemstatRow {
         indent: indent / 4,
         name: fields[0].trim(),
@@ -163,10 +184,16 @@ fn kmemstat_has_the_akaros_layout() {
     let rows: Vec<KmemstatRow<'_>> = lines.map(parse_kmemstat_row).collect();
 
     let base = &rows[0];
-    assert_eq!((base.indent, base.name, base.kind, base.objsize), (0, "base", "A", PAGE_SIZE));
+    assert_eq!(
+        (base.indent, base.name, base.kind, base.objsize),
+        (0, "base", "A", PAGE_SIZE)
+    );
     assert!(base.alloc <= base.total && base.total > 0);
     let kpages = &rows[1];
-    assert_eq!((kpages.indent, kpages.name, kpages.kind), (1, "kpages", "A"));
+    assert_eq!(
+        (kpages.indent, kpages.name, kpages.kind),
+        (1, "kpages", "A")
+    );
     assert_eq!(kpages.total, kpages_out * PAGE_SIZE);
     assert!(kpages.total <= base.alloc, "kpages imports from base");
 
@@ -174,13 +201,25 @@ fn kmemstat_has_the_akaros_layout() {
     let mut names = Vec::with_capacity(64);
     SLAB.for_each_cache(|cache| names.push(cache.name()));
     let slab_rows: Vec<&KmemstatRow<'_>> = rows.iter().filter(|row| row.kind == "S").collect();
-    assert_eq!(slab_rows.iter().map(|row| row.name).collect::<Vec<_>>(), names);
+    assert_eq!(
+        slab_rows.iter().map(|row| row.name).collect::<Vec<_>>(),
+        names
+    );
     for row in &slab_rows {
         assert_eq!(row.indent, 2, "{}", row.name);
-        assert!(row.alloc <= row.total, "{}: alloc {} > total {}", row.name, row.alloc, row.total);
+        assert!(
+            row.alloc <= row.total,
+            "{}: alloc {} > total {}",
+            row.name,
+            row.alloc,
+            row.total
+        );
         assert_eq!(row.total % row.objsize, 0, "{}", row.name);
     }
-    let row = slab_rows.iter().find(|row| row.name == "kmalloc-64").unwrap();
+    let row = slab_rows
+        .iter()
+        .find(|row| row.name == "kmalloc-64")
+        .unwrap();
     assert_eq!(row.objsize, 64);
     assert_eq!(row.total, k64.obj_size * k64.nr_total_objs);
     assert_eq!(
@@ -190,10 +229,16 @@ fn kmemstat_has_the_akaros_layout() {
     );
     assert_eq!(row.nr_allocs_ever, k64.nr_allocs_ever);
 
-    let large = rows.iter().find(|row| row.name == "kmalloc-large").expect("kmalloc-large row");
+    let large = rows
+        .iter()
+        .find(|row| row.name == "kmalloc-large")
+        .expect("kmalloc-large row");
     assert_eq!((large.indent, large.kind), (2, "P"));
     let heap = rows.last().unwrap();
-    assert_eq!((heap.indent, heap.name, heap.kind), (0, "bootstrap-heap", "A"));
+    assert_eq!(
+        (heap.indent, heap.name, heap.kind),
+        (0, "bootstrap-heap", "A")
+    );
     assert_eq!(heap.total, magpie::heap::BOOTSTRAP_HEAP_SIZE);
 }
 
@@ -213,12 +258,18 @@ fn slabinfo_row(out: &str, name: &str) -> [usize; 11] {
     assert!(line.starts_with(&format!("{name:<17} ")), "{line:?}");
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(words.len(), 16, "{line:?}");
-    assert_eq!((words[6], words[7], words[11], words[12]), (":", "tunables", ":", "slabdata"), "{line:?}");
+    assert_eq!(
+        (words[6], words[7], words[11], words[12]),
+        (":", "tunables", ":", "slabdata"),
+        "{line:?}"
+    );
     let mut numbers = [0; 11];
-    for (slot, word) in numbers
-        .iter_mut()
-        .zip(words[1..6].iter().chain(&words[8..11]).chain(&words[13..16]))
-    {
+    for (slot, word) in numbers.iter_mut().zip(
+        words[1..6]
+            .iter()
+            .chain(&words[8..11])
+            .chain(&words[13..16]),
+    ) {
         *slot = word.parse().unwrap_or_else(|_| panic!("{line:?}"));
     }
     numbers
@@ -234,7 +285,10 @@ fn assert_row_matches(row: [usize; 11], stats: &CacheStats) {
     assert_eq!(row[5], stats.magsize, "limit is the magazine size");
     assert_eq!(row[8], stats.nr_active_slabs);
     assert_eq!(row[9], stats.nr_slabs);
-    assert_eq!(row[10], stats.nr_depot_objs, "sharedavail: rounds in the depot");
+    assert_eq!(
+        row[10], stats.nr_depot_objs,
+        "sharedavail: rounds in the depot"
+    );
     assert!(row[0] <= row[1], "more active objects than objects {row:?}");
     assert!(row[8] <= row[9]);
 }
@@ -258,7 +312,11 @@ fn slabinfo_rows_follow_kmalloc() {
     assert_eq!(lines.next(), Some(SLABINFO_HEADER));
     let mut nr_caches = 0;
     SLAB.for_each_cache(|_| nr_caches += 1);
-    assert_eq!(before.lines().count(), 2 + nr_caches, "one row per cache:\n{before}");
+    assert_eq!(
+        before.lines().count(),
+        2 + nr_caches,
+        "one row per cache:\n{before}"
+    );
 
     let row_before = slabinfo_row(&before, "kmalloc-64");
     let row_after = slabinfo_row(&after, "kmalloc-64");
@@ -286,7 +344,11 @@ fn slabinfo_rows_follow_kmalloc() {
     assert_eq!(shell.nr_held(), 0);
     // The address lists above are kmalloc objects too.
     drop((freed, objs));
-    assert_eq!(k64.stats().nr_allocated, start.nr_allocated, "kfree all leaks nothing");
+    assert_eq!(
+        k64.stats().nr_allocated,
+        start.nr_allocated,
+        "kfree all leaks nothing"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -309,7 +371,11 @@ fn kmalloc_and_kfree_balance() {
     let big = addresses(&out);
     assert_eq!((small.len(), hex.len(), big.len()), (4, 1, 2));
     assert_eq!(shell.nr_held(), 7);
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live + 2, "20000 bytes are page-granular");
+    assert_eq!(
+        SLAB.large_stats().nr_live,
+        large.nr_live + 2,
+        "20000 bytes are page-granular"
+    );
     for &obj in &big {
         assert_eq!(obj % PAGE_SIZE, 0);
     }
@@ -370,7 +436,10 @@ fn errors_are_one_line_and_change_nothing() {
     let cases: [(&str, &str); 18] = [
         ("frobnicate", "unknown command 'frobnicate'"),
         ("KMEMSTAT", "unknown command"),
-        ("kmemtrace print no-such-cache", "no cache named 'no-such-cache'"),
+        (
+            "kmemtrace print no-such-cache",
+            "no cache named 'no-such-cache'",
+        ),
         ("kmemtrace start kmalloc-65", "no cache named 'kmalloc-65'"),
         ("kmemtrace", "usage: kmemtrace"),
         ("kmemtrace frob kmalloc-64", "usage: kmemtrace"),
@@ -430,7 +499,11 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     let lines = feed(&mut editor, b"helq\x7fp\r\nslabinfo\n\r", &mut echo);
     assert_eq!(
         lines,
-        [Some(String::from("help")), Some(String::from("slabinfo")), Some(String::new())],
+        [
+            Some(String::from("help")),
+            Some(String::from("slabinfo")),
+            Some(String::new())
+        ],
         "CR LF is one line end; a lone CR or LF each end a line"
     );
     assert_eq!(echo, b"helq\x08 \x08p\nslabinfo\n\n");
@@ -438,7 +511,10 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     echo.clear();
     let lines = feed(&mut editor, b"\x7f\x1b[Ak\tm\x00", &mut echo);
     assert!(lines.is_empty());
-    assert_eq!(echo, b"[Akm", "backspace at the start and control bytes are not echoed");
+    assert_eq!(
+        echo, b"[Akm",
+        "backspace at the start and control bytes are not echoed"
+    );
     let lines = feed(&mut editor, b"\r", &mut echo);
     assert_eq!(lines, [Some(String::from("[Akm"))]);
 
@@ -447,12 +523,20 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     let lines = feed(&mut editor, &long, &mut echo);
     assert!(lines.is_empty());
     let lines = feed(&mut editor, b"\r", &mut echo);
-    assert_eq!(lines, [Some(String::from_utf8(long.clone()).unwrap())], "exactly MAX_LINE fits");
+    assert_eq!(
+        lines,
+        [Some(String::from_utf8(long.clone()).unwrap())],
+        "exactly MAX_LINE fits"
+    );
     long.push(b'y');
     let lines = feed(&mut editor, &long, &mut echo);
     assert!(lines.is_empty());
     let lines = feed(&mut editor, b"\x7f\x7fhelp\r", &mut echo);
-    assert_eq!(lines, [None], "an overlong line is dropped whole, backspaces included");
+    assert_eq!(
+        lines,
+        [None],
+        "an overlong line is dropped whole, backspaces included"
+    );
     let lines = feed(&mut editor, b"help\r", &mut echo);
     assert_eq!(lines, [Some(String::from("help"))], "the next line is fine");
 }

@@ -99,7 +99,11 @@ static OBJ_NR_DTOR: AtomicUsize = AtomicUsize::new(0);
 
 fn obj_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
     assert_eq!(size, 100, "the constructor is told the object size");
-    assert_ne!(read_magic(obj), CONSTRUCTED, "constructing a constructed object");
+    assert_ne!(
+        read_magic(obj),
+        CONSTRUCTED,
+        "constructing a constructed object"
+    );
     write_magic(obj, CONSTRUCTED);
     OBJ_NR_CTOR.fetch_add(1, Ordering::Relaxed);
     Ok(())
@@ -107,7 +111,11 @@ fn obj_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
 
 fn obj_dtor(obj: NonNull<u8>, size: usize) {
     assert_eq!(size, 100);
-    assert_eq!(read_magic(obj), CONSTRUCTED, "destructing an unconstructed object");
+    assert_eq!(
+        read_magic(obj),
+        CONSTRUCTED,
+        "destructing an unconstructed object"
+    );
     write_magic(obj, DESTRUCTED);
     OBJ_NR_DTOR.fetch_add(1, Ordering::Relaxed);
 }
@@ -115,8 +123,16 @@ fn obj_dtor(obj: NonNull<u8>, size: usize) {
 fn create_obj_cache(name: &str) -> &'static Cache {
     OBJ_NR_CTOR.store(0, Ordering::Relaxed);
     OBJ_NR_DTOR.store(0, Ordering::Relaxed);
-    SLAB.cache_create(name, 100, 8, CacheFlags::empty(), Some(obj_ctor), Some(obj_dtor), None)
-        .expect("cache_create")
+    SLAB.cache_create(
+        name,
+        100,
+        8,
+        CacheFlags::empty(),
+        Some(obj_ctor),
+        Some(obj_dtor),
+        None,
+    )
+    .expect("cache_create")
 }
 
 #[test_case]
@@ -126,7 +142,10 @@ fn free_object_rests_constructed_in_a_magazine() {
     assert_eq!(empty.obj_size, 100);
     assert!(empty.align >= 8);
     assert_eq!(empty.kind, SlabKind::Small);
-    assert_eq!((empty.nr_allocated, empty.nr_slabs, empty.nr_cpu_cached_objs), (0, 0, 0));
+    assert_eq!(
+        (empty.nr_allocated, empty.nr_slabs, empty.nr_cpu_cached_objs),
+        (0, 0, 0)
+    );
     assert!(empty.magsize > 0, "{empty:?}");
 
     let obj = cache.alloc().expect("alloc");
@@ -138,29 +157,58 @@ fn free_object_rests_constructed_in_a_magazine() {
     assert_eq!(one.nr_active_slabs, 1, "{one:?}");
     assert_eq!(one.nr_total_objs, one.objs_per_slab);
     assert_eq!(one.nr_allocs_ever, 1);
-    assert_eq!(OBJ_NR_CTOR.load(Ordering::Relaxed), 1, "only the object handed out is constructed");
+    assert_eq!(
+        OBJ_NR_CTOR.load(Ordering::Relaxed),
+        1,
+        "only the object handed out is constructed"
+    );
 
     free(cache, obj);
     let freed = cache.stats();
     assert_eq!(freed.nr_allocated, 0, "{freed:?}");
-    assert!(freed.nr_cpu_cached_objs >= 1, "the object rests in a per-CPU magazine: {freed:?}");
-    assert_eq!(freed.nr_slabs, one.nr_slabs, "the slab layer did not see the free");
-    assert_eq!(freed.nr_active_slabs, 1, "the object is still out of its slab");
+    assert!(
+        freed.nr_cpu_cached_objs >= 1,
+        "the object rests in a per-CPU magazine: {freed:?}"
+    );
+    assert_eq!(
+        freed.nr_slabs, one.nr_slabs,
+        "the slab layer did not see the free"
+    );
+    assert_eq!(
+        freed.nr_active_slabs, 1,
+        "the object is still out of its slab"
+    );
     assert_eq!(freed.nr_frees_ever, 1);
-    assert_eq!(OBJ_NR_DTOR.load(Ordering::Relaxed), 0, "magazine rounds stay constructed");
+    assert_eq!(
+        OBJ_NR_DTOR.load(Ordering::Relaxed),
+        0,
+        "magazine rounds stay constructed"
+    );
     assert_eq!(read_magic(obj), CONSTRUCTED);
 
     let again = cache.alloc().expect("alloc from the magazine");
     assert_eq!(again, obj, "LIFO: the round just freed comes back first");
-    assert_eq!(OBJ_NR_CTOR.load(Ordering::Relaxed), 1, "a magazine hit runs no constructor");
+    assert_eq!(
+        OBJ_NR_CTOR.load(Ordering::Relaxed),
+        1,
+        "a magazine hit runs no constructor"
+    );
     let hit = cache.stats();
     assert_eq!(hit.nr_allocated, 1);
     assert_eq!(hit.nr_cpu_cached_objs, freed.nr_cpu_cached_objs - 1);
     assert_eq!(hit.nr_allocs_ever, 2);
 
     free(cache, again);
-    assert_eq!(cache.reap(), one.nr_pages_per_slab, "the one slab goes back");
-    assert_eq!(OBJ_NR_DTOR.load(Ordering::Relaxed), 1, "reap destructs the round");
+    assert_eq!(
+        cache.reap(),
+        one.nr_pages_per_slab,
+        "the one slab goes back"
+    );
+    assert_eq!(
+        OBJ_NR_DTOR.load(Ordering::Relaxed),
+        1,
+        "reap destructs the round"
+    );
     assert_eq!(cache.stats().nr_slabs, 0);
     assert_eq!(destroy(cache).nr_trace_records_dropped, 0);
 }
@@ -184,7 +232,10 @@ fn full_magazines_go_to_the_depot_and_reap_returns_pages() {
     let busy = cache.stats();
     assert_eq!(busy.nr_allocated, nr_objs);
     assert_eq!(OBJ_NR_CTOR.load(Ordering::Relaxed), nr_objs);
-    assert!(busy.nr_slabs >= nr_objs.div_ceil(busy.objs_per_slab), "{busy:?}");
+    assert!(
+        busy.nr_slabs >= nr_objs.div_ceil(busy.objs_per_slab),
+        "{busy:?}"
+    );
     let mut sorted = objs.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -195,16 +246,29 @@ fn full_magazines_go_to_the_depot_and_reap_returns_pages() {
     }
     let cached = cache.stats();
     assert_eq!(cached.nr_allocated, 0, "{cached:?}");
-    assert!(cached.depot_nr_full >= 1, "full magazines went to the depot: {cached:?}");
+    assert!(
+        cached.depot_nr_full >= 1,
+        "full magazines went to the depot: {cached:?}"
+    );
     assert!(cached.nr_depot_objs > 0, "{cached:?}");
-    assert!(cached.nr_cpu_cached_objs <= 2 * cached.magsize, "loaded + prev at most: {cached:?}");
+    assert!(
+        cached.nr_cpu_cached_objs <= 2 * cached.magsize,
+        "loaded + prev at most: {cached:?}"
+    );
     assert_eq!(
         cached.nr_cpu_cached_objs + cached.nr_depot_objs,
         nr_objs,
         "every freed object is a round somewhere: {cached:?}"
     );
-    assert_eq!(cached.nr_slabs, busy.nr_slabs, "nothing went back to the slabs: {cached:?}");
-    assert_eq!(OBJ_NR_DTOR.load(Ordering::Relaxed), 0, "rounds stay constructed");
+    assert_eq!(
+        cached.nr_slabs, busy.nr_slabs,
+        "nothing went back to the slabs: {cached:?}"
+    );
+    assert_eq!(
+        OBJ_NR_DTOR.load(Ordering::Relaxed),
+        0,
+        "rounds stay constructed"
+    );
 
     let slab_pages = cached.total_bytes / PAGE_SIZE;
     assert_eq!(slab_pages, cached.nr_slabs * cached.nr_pages_per_slab);
@@ -212,13 +276,24 @@ fn full_magazines_go_to_the_depot_and_reap_returns_pages() {
     let nr_reaped = cache.reap();
     let reaped = cache.stats();
     assert_eq!(nr_reaped, slab_pages, "reap returned every slab page");
-    assert_eq!(OBJ_NR_DTOR.load(Ordering::Relaxed), nr_objs, "each round destructed once");
-    assert_eq!(OBJ_NR_DTOR.load(Ordering::Relaxed), OBJ_NR_CTOR.load(Ordering::Relaxed));
+    assert_eq!(
+        OBJ_NR_DTOR.load(Ordering::Relaxed),
+        nr_objs,
+        "each round destructed once"
+    );
+    assert_eq!(
+        OBJ_NR_DTOR.load(Ordering::Relaxed),
+        OBJ_NR_CTOR.load(Ordering::Relaxed)
+    );
     assert_eq!(reaped.nr_slabs, 0, "{reaped:?}");
     assert_eq!(reaped.total_bytes, 0, "{reaped:?}");
     assert_eq!(reaped.nr_cpu_cached_objs, 0, "{reaped:?}");
     assert_eq!(reaped.nr_depot_objs, 0, "{reaped:?}");
-    assert_eq!((reaped.depot_nr_full, reaped.depot_nr_empty), (0, 0), "{reaped:?}");
+    assert_eq!(
+        (reaped.depot_nr_full, reaped.depot_nr_empty),
+        (0, 0),
+        "{reaped:?}"
+    );
     assert!(
         KPAGES.nr_pages_out() + slab_pages <= pages_before_reap,
         "kpages got the slab pages back: {} -> {} ({} slab pages)",
@@ -227,7 +302,10 @@ fn full_magazines_go_to_the_depot_and_reap_returns_pages() {
         slab_pages
     );
     for &obj in &objs {
-        assert!(!SLAB.owns(obj.as_ptr()), "reaped page still mapped to a slab");
+        assert!(
+            !SLAB.owns(obj.as_ptr()),
+            "reaped page still mapped to a slab"
+        );
     }
 
     // The cache still works after a reap.
@@ -266,7 +344,11 @@ fn failing_ctor(obj: NonNull<u8>, _size: usize) -> Result<(), ()> {
 }
 
 fn failing_dtor(obj: NonNull<u8>, _size: usize) {
-    assert_eq!(read_magic(obj), CONSTRUCTED, "destructor of an object whose constructor failed");
+    assert_eq!(
+        read_magic(obj),
+        CONSTRUCTED,
+        "destructor of an object whose constructor failed"
+    );
     write_magic(obj, DESTRUCTED);
     FAILING_NR_DTOR.fetch_add(1, Ordering::Relaxed);
 }
@@ -274,7 +356,15 @@ fn failing_dtor(obj: NonNull<u8>, _size: usize) {
 #[test_case]
 fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
     let cache = SLAB
-        .cache_create("test-ctorfail", 64, 0, CacheFlags::empty(), Some(failing_ctor), Some(failing_dtor), None)
+        .cache_create(
+            "test-ctorfail",
+            64,
+            0,
+            CacheFlags::empty(),
+            Some(failing_ctor),
+            Some(failing_dtor),
+            None,
+        )
         .expect("cache_create");
     CTOR_FAILS.store(true, Ordering::Relaxed);
     let before = cache.stats();
@@ -283,8 +373,15 @@ fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
     let after = cache.stats();
     assert_eq!(after.nr_allocated, before.nr_allocated, "{after:?}");
     assert_eq!(after.nr_allocs_ever, before.nr_allocs_ever, "{after:?}");
-    assert_eq!(after.nr_active_slabs, 0, "the object went back to its slab: {after:?}");
-    assert_eq!(FAILING_NR_DTOR.load(Ordering::Relaxed), 0, "no destructor without a constructor");
+    assert_eq!(
+        after.nr_active_slabs, 0,
+        "the object went back to its slab: {after:?}"
+    );
+    assert_eq!(
+        FAILING_NR_DTOR.load(Ordering::Relaxed),
+        0,
+        "no destructor without a constructor"
+    );
 
     CTOR_FAILS.store(false, Ordering::Relaxed);
     let obj = cache.alloc().expect("alloc once the constructor works");
@@ -294,7 +391,9 @@ fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
     // A magazine hit needs no constructor: it succeeds even now...
     CTOR_FAILS.store(true, Ordering::Relaxed);
     let calls = FAILING_NR_CTOR_CALLS.load(Ordering::Relaxed);
-    let hit = cache.alloc().expect("magazine hit with a failing constructor");
+    let hit = cache
+        .alloc()
+        .expect("magazine hit with a failing constructor");
     assert_eq!(hit, obj);
     assert_eq!(FAILING_NR_CTOR_CALLS.load(Ordering::Relaxed), calls);
     // ...but the next object must come from the slab layer and fails.
@@ -304,7 +403,11 @@ fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
 
     free(cache, hit);
     cache.reap();
-    assert_eq!(FAILING_NR_DTOR.load(Ordering::Relaxed), 1, "only the constructed object is destructed");
+    assert_eq!(
+        FAILING_NR_DTOR.load(Ordering::Relaxed),
+        1,
+        "only the constructed object is destructed"
+    );
     let reaped = cache.stats();
     assert_eq!((reaped.nr_allocated, reaped.nr_slabs), (0, 0), "{reaped:?}");
     destroy(cache);
@@ -321,9 +424,25 @@ fn assert_bad_free(cache: &Cache, bad: NonNull<u8>, expected: FreeError, other: 
     // SAFETY: `bad` is not an object the caller holds; the allocator must
     // detect it and change nothing.
     let result = unsafe { cache.free(bad) };
-    assert_eq!(result, Err(expected), "free of {:#x} to {}", bad.as_ptr() as usize, cache.name());
-    assert_eq!(cache.stats(), before, "a refused free changed {}", cache.name());
-    assert_eq!(other.stats(), other_before, "a refused free changed {}", other.name());
+    assert_eq!(
+        result,
+        Err(expected),
+        "free of {:#x} to {}",
+        bad.as_ptr() as usize,
+        cache.name()
+    );
+    assert_eq!(
+        cache.stats(),
+        before,
+        "a refused free changed {}",
+        cache.name()
+    );
+    assert_eq!(
+        other.stats(),
+        other_before,
+        "a refused free changed {}",
+        other.name()
+    );
 }
 
 fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
@@ -338,35 +457,59 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
 
     // Inside a slab, not at an object start.
     let inside = offset(b, 8);
-    assert_bad_free(cache, inside, FreeError::Misaligned { addr: b_addr + 8 }, other);
+    assert_bad_free(
+        cache,
+        inside,
+        FreeError::Misaligned { addr: b_addr + 8 },
+        other,
+    );
 
     // Never returned by the allocator at all.
     let stack = stack_address();
     let stack_addr = stack.as_ptr() as usize;
-    assert_bad_free(cache, stack, FreeError::NotAllocated { addr: stack_addr }, other);
+    assert_bad_free(
+        cache,
+        stack,
+        FreeError::NotAllocated { addr: stack_addr },
+        other,
+    );
 
     // An object of another cache.
     let foreign = other.alloc().expect("alloc from the other cache");
     assert_bad_free(
         cache,
         foreign,
-        FreeError::WrongCache { addr: foreign.as_ptr() as usize, owner: Some(other.name()) },
+        FreeError::WrongCache {
+            addr: foreign.as_ptr() as usize,
+            owner: Some(other.name()),
+        },
         other,
     );
     // A kmalloc object, and a page-granular kmalloc.
     let small = SLAB.kmalloc(8, 1).expect("kmalloc(8)");
-    let owner = SLAB.kmalloc_cache_for(8, 1).expect("a class for 8 bytes").name();
+    let owner = SLAB
+        .kmalloc_cache_for(8, 1)
+        .expect("a class for 8 bytes")
+        .name();
     assert_bad_free(
         cache,
         small,
-        FreeError::WrongCache { addr: small.as_ptr() as usize, owner: Some(owner) },
+        FreeError::WrongCache {
+            addr: small.as_ptr() as usize,
+            owner: Some(owner),
+        },
         other,
     );
-    let large = SLAB.kmalloc(4 * PAGE_SIZE, 1).expect("page-granular kmalloc");
+    let large = SLAB
+        .kmalloc(4 * PAGE_SIZE, 1)
+        .expect("page-granular kmalloc");
     assert_bad_free(
         cache,
         large,
-        FreeError::WrongCache { addr: large.as_ptr() as usize, owner: None },
+        FreeError::WrongCache {
+            addr: large.as_ptr() as usize,
+            owner: None,
+        },
         other,
     );
     // SAFETY: allocated just above and given up.
@@ -381,13 +524,20 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
     // SAFETY: `a` was freed and reaped; the allocator must refuse it.
     let late = unsafe { cache.free(a) };
     if cache.kind() == SlabKind::Small {
-        assert_eq!(late, Err(FreeError::DoubleFree { addr: a_addr }), "AUDIT bitmap");
+        assert_eq!(
+            late,
+            Err(FreeError::DoubleFree { addr: a_addr }),
+            "AUDIT bitmap"
+        );
     } else {
         // FreeError::DoubleFree is documented for an object "sitting in a
         // magazine or its slab", but a bufctl cache finds no bufctl in its
         // hash for an object back in its slab and says NotAllocated.
         assert!(
-            matches!(late, Err(FreeError::DoubleFree { .. } | FreeError::NotAllocated { .. })),
+            matches!(
+                late,
+                Err(FreeError::DoubleFree { .. } | FreeError::NotAllocated { .. })
+            ),
             "free of a reaped object: {late:?}"
         );
     }
@@ -411,8 +561,16 @@ fn bufctl_cache_detects_bad_frees() {
     let notouch = SLAB
         .cache_create("test-notouch", 64, 0, CacheFlags::NOTOUCH, None, None, None)
         .expect("cache_create notouch");
-    assert_eq!(big.kind(), SlabKind::Bufctl, "3000-byte objects use bufctl slabs");
-    assert_eq!(notouch.kind(), SlabKind::Bufctl, "NOTOUCH caches use bufctl slabs");
+    assert_eq!(
+        big.kind(),
+        SlabKind::Bufctl,
+        "3000-byte objects use bufctl slabs"
+    );
+    assert_eq!(
+        notouch.kind(),
+        SlabKind::Bufctl,
+        "NOTOUCH caches use bufctl slabs"
+    );
     check_bad_frees(big, notouch);
     check_bad_frees(notouch, big);
     destroy(notouch);
@@ -462,7 +620,11 @@ fn kmalloc_picks_the_smallest_size_class() {
     let k96 = kmalloc_cache("kmalloc-96");
     let before = k96.stats();
     let q = SLAB.kmalloc(65, 1).expect("kmalloc(65)");
-    assert_eq!(k96.stats().nr_allocated, before.nr_allocated + 1, "65 bytes come from kmalloc-96");
+    assert_eq!(
+        k96.stats().nr_allocated,
+        before.nr_allocated + 1,
+        "65 bytes come from kmalloc-96"
+    );
     assert_eq!(SLAB.ksize(q), Ok(96));
     // SAFETY: allocated above.
     unsafe { SLAB.kfree(q) }.expect("kfree");
@@ -476,7 +638,10 @@ fn kmalloc_picks_the_smallest_size_class() {
     assert!(before.len() >= 13, "kmalloc caches: {before:?}");
     let max_class = before.iter().map(|&(_, size, _)| size).max().unwrap();
     assert!(max_class >= 8192, "kmalloc classes reach at least 8 KiB");
-    for size in [1, 7, 8, 9, 16, 17, 33, 63, 64, 65, 96, 97, 128, 129, 192, 193, 256, 257, 511, 513, 1000, 2048, 4095, 4097, 8000, 8192] {
+    for size in [
+        1, 7, 8, 9, 16, 17, 33, 63, 64, 65, 96, 97, 128, 129, 192, 193, 256, 257, 511, 513, 1000,
+        2048, 4095, 4097, 8000, 8192,
+    ] {
         kmalloc_counts(&mut before);
         let p = SLAB.kmalloc(size, 1).expect("kmalloc");
         kmalloc_counts(&mut after);
@@ -490,8 +655,16 @@ fn kmalloc_picks_the_smallest_size_class() {
         let (name, obj_size, delta) = grown[0];
         assert_eq!(delta, 1, "kmalloc({size}) from {name}");
         assert!(obj_size >= size, "kmalloc({size}) from {name}");
-        let smallest = before.iter().map(|&(_, s, _)| s).filter(|&s| s >= size).min().unwrap();
-        assert_eq!(obj_size, smallest, "kmalloc({size}) from {name}, not the smallest class");
+        let smallest = before
+            .iter()
+            .map(|&(_, s, _)| s)
+            .filter(|&s| s >= size)
+            .min()
+            .unwrap();
+        assert_eq!(
+            obj_size, smallest,
+            "kmalloc({size}) from {name}, not the smallest class"
+        );
         assert_eq!(SLAB.ksize(p), Ok(obj_size));
         // SAFETY: allocated above.
         unsafe { SLAB.kfree(p) }.expect("kfree");
@@ -503,8 +676,14 @@ fn kmalloc_honours_alignment() {
     let mut align = 1;
     while align <= PAGE_SIZE {
         for size in [1, 24, 100, 700, 3000, PAGE_SIZE, 10_000] {
-            let p = SLAB.kmalloc(size, align).unwrap_or_else(|e| panic!("kmalloc({size}, {align}): {e}"));
-            assert_eq!(p.as_ptr() as usize % align, 0, "kmalloc({size}, {align}) = {p:p}");
+            let p = SLAB
+                .kmalloc(size, align)
+                .unwrap_or_else(|e| panic!("kmalloc({size}, {align}): {e}"));
+            assert_eq!(
+                p.as_ptr() as usize % align,
+                0,
+                "kmalloc({size}, {align}) = {p:p}"
+            );
             let usable = SLAB.ksize(p).expect("ksize");
             assert!(usable >= size, "kmalloc({size}, {align}): ksize {usable}");
             // SAFETY: `usable` bytes are ours.
@@ -514,7 +693,10 @@ fn kmalloc_honours_alignment() {
         }
         align *= 2;
     }
-    assert_eq!(SLAB.kmalloc(16, 2 * PAGE_SIZE), Err(AllocError::InvalidLayout));
+    assert_eq!(
+        SLAB.kmalloc(16, 2 * PAGE_SIZE),
+        Err(AllocError::InvalidLayout)
+    );
     assert_eq!(SLAB.kmalloc(16, 3), Err(AllocError::InvalidLayout));
     assert_eq!(SLAB.kmalloc(0, 8), Err(AllocError::InvalidLayout));
 }
@@ -538,12 +720,27 @@ fn kmalloc_above_the_classes_is_page_granular() {
         unsafe { core::ptr::write_bytes(p.as_ptr(), 0xa5, nr_pages * PAGE_SIZE) };
         // Inside, not at the start: refused.
         let tail = offset(p, PAGE_SIZE);
-        assert_eq!(SLAB.ksize(tail), Err(FreeError::Misaligned { addr: tail.as_ptr() as usize }));
+        assert_eq!(
+            SLAB.ksize(tail),
+            Err(FreeError::Misaligned {
+                addr: tail.as_ptr() as usize
+            })
+        );
         // SAFETY: the allocator must refuse pointers into the allocation.
-        assert_eq!(unsafe { SLAB.kfree(tail) }, Err(FreeError::Misaligned { addr: tail.as_ptr() as usize }));
+        assert_eq!(
+            unsafe { SLAB.kfree(tail) },
+            Err(FreeError::Misaligned {
+                addr: tail.as_ptr() as usize
+            })
+        );
         let inside = offset(p, 8);
         // SAFETY: as above.
-        assert_eq!(unsafe { SLAB.kfree(inside) }, Err(FreeError::Misaligned { addr: inside.as_ptr() as usize }));
+        assert_eq!(
+            unsafe { SLAB.kfree(inside) },
+            Err(FreeError::Misaligned {
+                addr: inside.as_ptr() as usize
+            })
+        );
         assert_eq!(SLAB.large_stats(), now, "refused frees changed nothing");
         // SAFETY: allocated above.
         unsafe { SLAB.kfree(p) }.expect("kfree");
@@ -551,7 +748,10 @@ fn kmalloc_above_the_classes_is_page_granular() {
         assert_eq!(SLAB.large_stats().live_bytes, large.live_bytes);
         assert_eq!(KPAGES.nr_pages_out(), kpages);
         // SAFETY: freed already: must be refused.
-        assert!(unsafe { SLAB.kfree(p) }.is_err(), "double kfree of a page-granular allocation");
+        assert!(
+            unsafe { SLAB.kfree(p) }.is_err(),
+            "double kfree of a page-granular allocation"
+        );
         assert!(!SLAB.owns(p.as_ptr()));
     }
 }
@@ -566,16 +766,35 @@ fn kfree_of_bogus_pointers_changes_nothing() {
     let stack = stack_address();
     // SAFETY: none of these is an allocated object; each must be refused.
     unsafe {
-        assert_eq!(SLAB.kfree(stack), Err(FreeError::NotAllocated { addr: stack.as_ptr() as usize }));
+        assert_eq!(
+            SLAB.kfree(stack),
+            Err(FreeError::NotAllocated {
+                addr: stack.as_ptr() as usize
+            })
+        );
         let inside = offset(p, 8);
-        assert_eq!(SLAB.kfree(inside), Err(FreeError::Misaligned { addr: inside.as_ptr() as usize }));
+        assert_eq!(
+            SLAB.kfree(inside),
+            Err(FreeError::Misaligned {
+                addr: inside.as_ptr() as usize
+            })
+        );
         let code = NonNull::new(stack_address as *const () as *mut u8).unwrap();
         assert!(SLAB.kfree(code).is_err());
-        assert_eq!(SLAB.ksize(stack), Err(FreeError::NotAllocated { addr: stack.as_ptr() as usize }));
+        assert_eq!(
+            SLAB.ksize(stack),
+            Err(FreeError::NotAllocated {
+                addr: stack.as_ptr() as usize
+            })
+        );
     }
     assert_eq!(k64.stats(), before);
     assert_eq!(SLAB.large_stats(), large);
-    assert_eq!(SLAB.nr_bad_frees(), bad_frees, "direct kfree errors are returned, not counted");
+    assert_eq!(
+        SLAB.nr_bad_frees(),
+        bad_frees,
+        "direct kfree errors are returned, not counted"
+    );
     // SAFETY: allocated above.
     unsafe { SLAB.kfree(p) }.expect("kfree");
 }
@@ -626,41 +845,76 @@ fn destroy_refuses_busy_and_permanent_caches() {
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
     // SAFETY: refused (Busy); the cache stays intact and usable.
-    assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Busy { nr_allocated: 2 }));
-    assert!(SLAB.find_cache("test-destroy").is_some(), "a busy cache stays listed");
+    assert_eq!(
+        unsafe { cache.destroy() },
+        Err(DestroyError::Busy { nr_allocated: 2 })
+    );
+    assert!(
+        SLAB.find_cache("test-destroy").is_some(),
+        "a busy cache stays listed"
+    );
     free(cache, a);
     // SAFETY: as above.
-    assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Busy { nr_allocated: 1 }));
+    assert_eq!(
+        unsafe { cache.destroy() },
+        Err(DestroyError::Busy { nr_allocated: 1 })
+    );
     let c = cache.alloc().expect("a busy cache is still usable");
     free(cache, c);
     free(cache, b);
     let report = destroy(cache);
     assert_eq!(report.nr_trace_records_dropped, 0);
-    assert!(SLAB.find_cache("test-destroy").is_none(), "destroyed cache is unlisted");
+    assert!(
+        SLAB.find_cache("test-destroy").is_none(),
+        "destroyed cache is unlisted"
+    );
 
     for name in ["kmalloc-64", "kmem_cache", "kmem_magazine"] {
         let permanent = kmalloc_cache(name);
         // SAFETY: refused (Permanent); nothing changes.
-        assert_eq!(unsafe { permanent.destroy() }, Err(DestroyError::Permanent), "{name}");
+        assert_eq!(
+            unsafe { permanent.destroy() },
+            Err(DestroyError::Permanent),
+            "{name}"
+        );
     }
 }
 
 #[test_case]
 fn destroy_with_traced_objects() {
     let cache = SLAB
-        .cache_create("test-destroy-tr", 40, 0, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "test-destroy-tr",
+            40,
+            0,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
         .expect("cache_create");
     cache.trace_start().expect("trace_start");
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
     assert_eq!(cache.trace_stats().nr_records, 2);
     // SAFETY: refused (Busy): the traced objects and their records stay.
-    assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Busy { nr_allocated: 2 }));
-    assert_eq!(cache.trace_stats().nr_records, 2, "a refused destroy keeps the records");
+    assert_eq!(
+        unsafe { cache.destroy() },
+        Err(DestroyError::Busy { nr_allocated: 2 })
+    );
+    assert_eq!(
+        cache.trace_stats().nr_records,
+        2,
+        "a refused destroy keeps the records"
+    );
     cache.trace_stop();
     free(cache, a);
     free(cache, b);
-    assert_eq!(cache.trace_stats().nr_records, 0, "frees after stop remove records");
+    assert_eq!(
+        cache.trace_stats().nr_records,
+        0,
+        "frees after stop remove records"
+    );
     // Every free removes its record, and destroy refuses a cache with
     // objects out, so no record can be left when destroy succeeds.
     assert_eq!(destroy(cache).nr_trace_records_dropped, 0);
@@ -675,7 +929,11 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
     let before = k64.stats();
     let boxed = Box::new([7u8; 64]);
     let during = k64.stats();
-    assert_eq!(during.nr_allocs_ever, before.nr_allocs_ever + 1, "Box<[u8; 64]> from kmalloc-64");
+    assert_eq!(
+        during.nr_allocs_ever,
+        before.nr_allocs_ever + 1,
+        "Box<[u8; 64]> from kmalloc-64"
+    );
     assert_eq!(during.nr_allocated, before.nr_allocated + 1);
     let addr = &*boxed as *const [u8; 64] as *const u8;
     assert!(SLAB.owns(addr));
@@ -688,7 +946,11 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
     let k96 = kmalloc_cache("kmalloc-96");
     let before = k96.stats();
     let vec: Vec<u64> = Vec::with_capacity(12); // 96 bytes, 8-aligned
-    assert_eq!(k96.stats().nr_allocated, before.nr_allocated + 1, "Vec<u64> of 12 from kmalloc-96");
+    assert_eq!(
+        k96.stats().nr_allocated,
+        before.nr_allocated + 1,
+        "Vec<u64> of 12 from kmalloc-96"
+    );
     assert_eq!(vec.as_ptr() as usize % 8, 0);
     drop(vec);
     assert_eq!(k96.stats().nr_allocated, before.nr_allocated);
@@ -697,13 +959,21 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
     let before = k256.stats();
     let mut text = String::with_capacity(200);
     text.push_str("magpie");
-    assert_eq!(k256.stats().nr_allocated, before.nr_allocated + 1, "String of 200 from kmalloc-256");
+    assert_eq!(
+        k256.stats().nr_allocated,
+        before.nr_allocated + 1,
+        "String of 200 from kmalloc-256"
+    );
     drop(text);
     assert_eq!(k256.stats().nr_allocated, before.nr_allocated);
 
     let large = SLAB.large_stats();
     let big: Vec<u8> = Vec::with_capacity(64 * 1024);
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live + 1, "64 KiB Vec is page-granular");
+    assert_eq!(
+        SLAB.large_stats().nr_live,
+        large.nr_live + 1,
+        "64 KiB Vec is page-granular"
+    );
     drop(big);
     assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
 }

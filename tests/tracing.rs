@@ -96,14 +96,21 @@ fn parse_blocks(text: &str) -> Vec<Block<'_>> {
     let mut blocks = Vec::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
-        let Some(rest) = line.strip_prefix("Obj 0x") else { continue };
+        let Some(rest) = line.strip_prefix("Obj 0x") else {
+            continue;
+        };
         let hex = rest.split(',').next().unwrap();
-        let addr = usize::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("bad Obj line {line:?}"));
+        let addr =
+            usize::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("bad Obj line {line:?}"));
         let mut frames = Vec::new();
         while let Some(frame) = lines.next_if(|next| next.starts_with('#')) {
             frames.push(frame);
         }
-        blocks.push(Block { addr, header: line, frames });
+        blocks.push(Block {
+            addr,
+            header: line,
+            frames,
+        });
     }
     blocks
 }
@@ -141,7 +148,11 @@ fn print_shows_exactly_the_live_traced_objects() {
     let cache = create("trace-a");
     let mut untraced = Vec::with_capacity(2);
     allocate_for_trace_test(cache, 2, &mut untraced);
-    assert_eq!(cache.trace_stats().nr_records, 0, "tracing is off by default");
+    assert_eq!(
+        cache.trace_stats().nr_records,
+        0,
+        "tracing is off by default"
+    );
 
     cache.trace_start().expect("trace_start");
     assert!(cache.is_tracing());
@@ -166,12 +177,20 @@ fn print_shows_exactly_the_live_traced_objects() {
     // Freeing an untraced object touches no record.
     free(cache, untraced.pop().unwrap());
     assert_eq!(cache.trace_stats().nr_records, NR_ALLOCS - nr_freed);
-    assert_eq!(recorded(cache), addrs(&live), "records are exactly the live traced objects");
+    assert_eq!(
+        recorded(cache),
+        addrs(&live),
+        "records are exactly the live traced objects"
+    );
 
     let text = print_cache("trace-a");
     let blocks = parse_blocks(&text);
     assert_eq!(blocks.len(), NR_ALLOCS - nr_freed, "{text}");
-    assert_eq!(sorted(blocks.iter().map(|b| b.addr).collect()), addrs(&live), "{text}");
+    assert_eq!(
+        sorted(blocks.iter().map(|b| b.addr).collect()),
+        addrs(&live),
+        "{text}"
+    );
     for block in &blocks {
         assert!(
             block.header.contains(&format!("size {OBJ_SIZE},")),
@@ -179,20 +198,40 @@ fn print_shows_exactly_the_live_traced_objects() {
             block.header
         );
         assert!(block.header.contains("cpu 0,"), "{}", block.header);
-        assert!(block.header.ends_with("from cpu0 trace test:"), "{}", block.header);
-        assert!(!block.frames.is_empty(), "a block without a backtrace: {text}");
-        assert!(block.frames[0].starts_with("#01 [<0x"), "{}", block.frames[0]);
+        assert!(
+            block.header.ends_with("from cpu0 trace test:"),
+            "{}",
+            block.header
+        );
+        assert!(
+            !block.frames.is_empty(),
+            "a block without a backtrace: {text}"
+        );
+        assert!(
+            block.frames[0].starts_with("#01 [<0x"),
+            "{}",
+            block.frames[0]
+        );
         assert!(
             block.frames[0].contains("allocate_for_trace_test+0x"),
             "the innermost frame is the allocating function, not allocator plumbing:\n{text}"
         );
         assert!(
-            block.frames.iter().any(|f| f.contains("print_shows_exactly_the_live_traced_objects+0x")),
+            block
+                .frames
+                .iter()
+                .any(|f| f.contains("print_shows_exactly_the_live_traced_objects+0x")),
             "the backtrace reaches the test function:\n{text}"
         );
-        assert!(!block.frames.iter().any(|f| f.contains("magpie_slab")), "{text}");
+        assert!(
+            !block.frames.iter().any(|f| f.contains("magpie_slab")),
+            "{text}"
+        );
     }
-    assert!(text.starts_with("Dumping outstanding allocs from trace-a\n"), "{text}");
+    assert!(
+        text.starts_with("Dumping outstanding allocs from trace-a\n"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!(
             "{} outstanding objects in trace-a, 0 records dropped (tracing on)",
@@ -206,8 +245,16 @@ fn print_shows_exactly_the_live_traced_objects() {
         .find(|line| line.contains(" objects ") && line.contains("allocate_for_trace_test+0x"))
         .unwrap_or_else(|| panic!("no call-site line:\n{text}"));
     let words: Vec<&str> = site_line.split_whitespace().collect();
-    assert_eq!(words[0].parse::<usize>(), Ok(NR_ALLOCS - nr_freed), "{site_line}");
-    assert_eq!(words[2].parse::<usize>(), Ok((NR_ALLOCS - nr_freed) * OBJ_SIZE), "{site_line}");
+    assert_eq!(
+        words[0].parse::<usize>(),
+        Ok(NR_ALLOCS - nr_freed),
+        "{site_line}"
+    );
+    assert_eq!(
+        words[2].parse::<usize>(),
+        Ok((NR_ALLOCS - nr_freed) * OBJ_SIZE),
+        "{site_line}"
+    );
 
     // The record's first frame symbolizes to the same function.
     let mut first_frame = 0;
@@ -236,15 +283,25 @@ fn objects_resting_in_magazines_are_not_records() {
         free(cache, obj);
     }
     let stats = cache.stats();
-    assert!(stats.nr_cpu_cached_objs + stats.nr_depot_objs >= 4, "{stats:?}");
-    assert_eq!(cache.trace_stats().nr_records, 0, "rounds in magazines are not outstanding");
+    assert!(
+        stats.nr_cpu_cached_objs + stats.nr_depot_objs >= 4,
+        "{stats:?}"
+    );
+    assert_eq!(
+        cache.trace_stats().nr_records,
+        0,
+        "rounds in magazines are not outstanding"
+    );
     // A magazine hit is a caller's allocation: it is recorded.
     let again = allocate_elsewhere_for_trace_test(cache);
     assert_eq!(recorded(cache), [again.as_ptr() as usize]);
     let text = print_cache("trace-mag");
     let blocks = parse_blocks(&text);
     assert_eq!(blocks.len(), 1, "{text}");
-    assert!(blocks[0].frames[0].contains("allocate_elsewhere_for_trace_test+0x"), "{text}");
+    assert!(
+        blocks[0].frames[0].contains("allocate_elsewhere_for_trace_test+0x"),
+        "{text}"
+    );
     free(cache, again);
     destroy(cache);
 }
@@ -270,11 +327,21 @@ fn stop_keeps_records_until_their_objects_are_freed() {
     for obj in untraced.drain(..) {
         free(cache, obj);
     }
-    assert_eq!(recorded(cache), addrs(&traced), "untraced frees touch no record");
+    assert_eq!(
+        recorded(cache),
+        addrs(&traced),
+        "untraced frees touch no record"
+    );
 
     let text = print_cache("trace-stop");
-    assert_eq!(sorted(parse_blocks(&text).iter().map(|b| b.addr).collect()), addrs(&traced));
-    assert!(text.contains("3 outstanding objects in trace-stop, 0 records dropped (tracing off)"), "{text}");
+    assert_eq!(
+        sorted(parse_blocks(&text).iter().map(|b| b.addr).collect()),
+        addrs(&traced)
+    );
+    assert!(
+        text.contains("3 outstanding objects in trace-stop, 0 records dropped (tracing off)"),
+        "{text}"
+    );
 
     // Start again: recording resumes, the old records are kept.
     cache.trace_start().expect("trace_start again");
@@ -291,12 +358,18 @@ fn stop_keeps_records_until_their_objects_are_freed() {
 fn reset_drops_all_records() {
     let cache = create("trace-reset");
     let mut shell = Shell::new();
-    assert_eq!(run(&mut shell, "kmemtrace start trace-reset"), "tracing trace-reset\n");
+    assert_eq!(
+        run(&mut shell, "kmemtrace start trace-reset"),
+        "tracing trace-reset\n"
+    );
     assert!(cache.is_tracing());
     let mut objs = Vec::with_capacity(7);
     allocate_for_trace_test(cache, 7, &mut objs);
     assert_eq!(cache.trace_stats().nr_records, 7);
-    assert_eq!(run(&mut shell, "kmemtrace reset trace-reset"), "dropped 7 records from trace-reset\n");
+    assert_eq!(
+        run(&mut shell, "kmemtrace reset trace-reset"),
+        "dropped 7 records from trace-reset\n"
+    );
     assert_eq!(cache.trace_stats().nr_records, 0);
     assert!(cache.is_tracing(), "reset leaves tracing on");
     let text = print_cache("trace-reset");
@@ -311,7 +384,10 @@ fn reset_drops_all_records() {
     // New allocations are recorded again.
     allocate_for_trace_test(cache, 2, &mut objs);
     assert_eq!(recorded(cache), addrs(&objs));
-    assert_eq!(run(&mut shell, "kmemtrace stop trace-reset"), "stopped tracing trace-reset\n");
+    assert_eq!(
+        run(&mut shell, "kmemtrace stop trace-reset"),
+        "stopped tracing trace-reset\n"
+    );
     assert!(!cache.is_tracing());
     for obj in objs.drain(..).chain([kept]) {
         free(cache, obj);
@@ -323,18 +399,36 @@ fn reset_drops_all_records() {
 #[test_case]
 fn notrace_caches_are_refused() {
     let mut shell = Shell::new();
-    for name in ["kmem_trace", "kmem_magazine", "kmem_cache", "kmem_slab", "kmem_bufctl", "kmem_pcpu"] {
+    for name in [
+        "kmem_trace",
+        "kmem_magazine",
+        "kmem_cache",
+        "kmem_slab",
+        "kmem_bufctl",
+        "kmem_pcpu",
+    ] {
         let cache = SLAB.find_cache(name).unwrap_or_else(|| panic!("no {name}"));
         assert!(cache.flags().contains(CacheFlags::NOTRACE), "{name}");
         assert_eq!(cache.trace_start(), Err(TraceError::NoTrace), "{name}");
         assert!(!cache.is_tracing(), "{name}");
         let out = run(&mut shell, &format!("kmemtrace start {name}"));
         assert_eq!(out.lines().count(), 1, "{out}");
-        assert!(out.starts_with(&format!("error: cannot trace {name}")), "{out}");
+        assert!(
+            out.starts_with(&format!("error: cannot trace {name}")),
+            "{out}"
+        );
         assert!(!cache.is_tracing(), "{name}");
     }
     let own = SLAB
-        .cache_create("trace-notrace", 32, 0, CacheFlags::NOTRACE, None, None, None)
+        .cache_create(
+            "trace-notrace",
+            32,
+            0,
+            CacheFlags::NOTRACE,
+            None,
+            None,
+            None,
+        )
         .expect("cache_create");
     assert_eq!(own.trace_start(), Err(TraceError::NoTrace));
     let obj = own.alloc().expect("a NOTRACE cache still allocates");
@@ -358,7 +452,10 @@ fn start_all_skips_notrace_caches() {
         }
     });
     assert!(nr_traceable >= 13, "kmalloc caches at least");
-    assert_eq!(out, format!("tracing {nr_traceable} caches (NOTRACE caches skipped)\n"));
+    assert_eq!(
+        out,
+        format!("tracing {nr_traceable} caches (NOTRACE caches skipped)\n")
+    );
     let out = run(&mut shell, "kmemtrace stop all");
     assert_eq!(out, "stopped tracing all\n");
     SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{}", cache.name()));
@@ -387,7 +484,10 @@ fn caches_trace_independently() {
     assert_eq!(recorded(b), addrs(&in_b), "resetting a drops b's records");
 
     let text_b = print_cache("trace-ind-b");
-    assert_eq!(sorted(parse_blocks(&text_b).iter().map(|b| b.addr).collect()), addrs(&in_b));
+    assert_eq!(
+        sorted(parse_blocks(&text_b).iter().map(|b| b.addr).collect()),
+        addrs(&in_b)
+    );
     let text_a = print_cache("trace-ind-a");
     assert!(parse_blocks(&text_a).is_empty(), "{text_a}");
 
@@ -409,7 +509,10 @@ fn shell_kmalloc_traced_in_kmalloc_64() {
     // writing.
     let mut shell = Shell::new();
     let cache = SLAB.find_cache("kmalloc-64").expect("kmalloc-64");
-    assert_eq!(run(&mut shell, "kmemtrace start kmalloc-64"), "tracing kmalloc-64\n");
+    assert_eq!(
+        run(&mut shell, "kmemtrace start kmalloc-64"),
+        "tracing kmalloc-64\n"
+    );
     let out = run(&mut shell, "kmalloc 64 5");
     let objs: Vec<usize> = out
         .lines()
@@ -423,7 +526,11 @@ fn shell_kmalloc_traced_in_kmalloc_64() {
             .iter()
             .find(|block| block.addr == obj)
             .unwrap_or_else(|| panic!("{obj:#x} missing from\n{text}"));
-        assert!(block.header.contains("from cpu0 shell kmalloc:"), "{}", block.header);
+        assert!(
+            block.header.contains("from cpu0 shell kmalloc:"),
+            "{}",
+            block.header
+        );
         assert!(block.frames[0].contains("cmd_kmalloc+0x"), "{text}");
     }
     let summary = format!("{} outstanding objects in kmalloc-64", blocks.len());
@@ -439,7 +546,10 @@ fn shell_kmalloc_traced_in_kmalloc_64() {
     for obj in &objs {
         assert!(!still.contains(obj), "{obj:#x} still recorded after kfree");
     }
-    assert_eq!(run(&mut shell, "kmemtrace stop kmalloc-64"), "stopped tracing kmalloc-64\n");
+    assert_eq!(
+        run(&mut shell, "kmemtrace stop kmalloc-64"),
+        "stopped tracing kmalloc-64\n"
+    );
     run(&mut shell, "kmemtrace reset kmalloc-64");
     assert_eq!(cache.trace_stats().nr_records, 0);
 }

@@ -9,7 +9,10 @@ use magpie::{BootInfo, frame, println};
 magpie::entry_point!(main);
 
 fn main(boot: &'static BootInfo) -> ! {
-    println!("Magpie {} - slab allocator demo kernel", env!("CARGO_PKG_VERSION"));
+    println!(
+        "Magpie {} - slab allocator demo kernel",
+        env!("CARGO_PKG_VERSION")
+    );
     let stats = frame::stats();
     println!(
         "memory: {} MiB usable RAM, {} MiB free, {} CPU(s); type 'help' for commands",

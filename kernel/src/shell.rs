@@ -50,7 +50,7 @@ commands:
   allocinfo ctx FILE:LINE enable|disable|print
                                        capture context of each live object from one site
   timestats [reset]                    latency statistics (slab refill, depot exchange)
-  cpus                                 CPUs: id, APIC id, state, work done
+  cpus                                 CPUs: id, APIC id, state, magazine allocs/frees
   stress [--cpus N|all] [--ops N] [--sizes A-B] [--seed S]
                                        random alloc/free mix on several CPUs at once
   poweroff                             leave QEMU";
