@@ -26,21 +26,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 
-use magpie::BootInfo;
 use magpie::kmem::SLAB;
 use magpie::shell::Shell;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 fn run(line: &str) -> String {
     let mut out = String::new();

@@ -13,28 +13,14 @@
 
 use magpie::boot_info::MemoryKind;
 use magpie::{BootInfo, arch, frame, memory, println, symbols};
-use spin::Once;
 
 extern crate alloc;
 use alloc::format;
 
-static BOOT: Once<&'static BootInfo> = Once::new();
-
-magpie::entry_point!(main);
-
-fn main(boot: &'static BootInfo) -> ! {
-    BOOT.call_once(|| boot);
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
+magpie::test_kernel!();
 
 fn boot() -> &'static BootInfo {
-    BOOT.get().unwrap()
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
+    magpie::boot_info::get().expect("booted")
 }
 
 #[test_case]

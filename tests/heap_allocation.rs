@@ -18,20 +18,9 @@ use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 
-use magpie::BootInfo;
 use magpie::kmem::SLAB;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 #[test_case]
 fn simple_box() {

@@ -18,24 +18,13 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use magpie::BootInfo;
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie::shell::{Edit, LineEditor, MAX_LINE, Shell};
 use magpie_slab::{CacheStats, KmemCache, PAGE_SIZE};
 
 type Cache = KmemCache<KernelPlatform>;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -24,7 +24,6 @@ use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use magpie::BootInfo;
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie_slab::{
     AllocError, CacheFlags, CacheStats, DestroyError, FreeError, KmemCache, PAGE_SIZE, SlabKind,
@@ -32,17 +31,7 @@ use magpie_slab::{
 
 type Cache = KmemCache<KernelPlatform>;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 // ---------------------------------------------------------------------------
 // Helpers

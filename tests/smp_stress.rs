@@ -26,30 +26,16 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie::stress::{self, StressConfig};
-use magpie::{BootInfo, arch, println, smp};
+use magpie::{arch, println, smp};
 use magpie_slab::KmemCache;
-use spin::Once;
-
-static BOOT: Once<&'static BootInfo> = Once::new();
 
 /// Operations per CPU the issue asks for.
 const NR_OPS: u64 = 1_000_000;
 
-magpie::entry_point!(main);
-
-fn main(boot: &'static BootInfo) -> ! {
-    BOOT.call_once(|| boot);
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 fn nr_ops() -> u64 {
-    BOOT.get()
+    magpie::boot_info::get()
         .and_then(|boot| boot.arg("stress_ops"))
         .and_then(|value| value.parse().ok())
         .unwrap_or(NR_OPS)

@@ -23,21 +23,11 @@ use core::ptr::NonNull;
 
 use magpie::kmem::{self, SLAB};
 use magpie::shell::Shell;
-use magpie::{BootInfo, arch, println, smp};
+use magpie::{arch, println, smp};
 use magpie_slab::CacheFlags;
 use spin::Mutex;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 /// Objects each CPU allocates.
 const NR_PER_CPU: usize = 400;

@@ -21,24 +21,13 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 
-use magpie::BootInfo;
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
 use magpie_slab::{CacheFlags, KmemCache, TraceError};
 
 type Cache = KmemCache<KernelPlatform>;
 
-magpie::entry_point!(main);
-
-fn main(_boot: &'static BootInfo) -> ! {
-    test_main();
-    magpie::exit_qemu(magpie::QemuExitCode::Success)
-}
-
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    magpie::test_panic_handler(info)
-}
+magpie::test_kernel!();
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -75,7 +75,6 @@ use spin::Mutex;
 
 use crate::arch::{self, IrqGuard, MAX_CPUS};
 use crate::kmem::{KPAGES, KernelPlatform};
-use crate::symbols::Symbolized;
 
 /// Whether allocation profiling is compiled in (cargo feature
 /// `alloc-profiling`).
@@ -671,24 +670,7 @@ fn cmd_ctx(location: &str, verb: &str, out: &mut dyn Write) -> Result<(), &'stat
             );
             let _ = writeln!(out, "-------------------------");
             for record in &records {
-                let _ = writeln!(
-                    out,
-                    "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
-                    record.addr,
-                    record.size,
-                    record.cpu,
-                    record.timestamp,
-                    record.ctx()
-                );
-                for (index, &address) in record.frames().iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "#{:02} [<{address:#018x}>] {}",
-                        index + 1,
-                        Symbolized(address)
-                    );
-                }
-                let _ = writeln!(out);
+                crate::shell::write_record(out, record);
             }
             let nr_dropped = if capturing { ctx_nr_dropped() } else { 0 };
             let _ = writeln!(

@@ -512,6 +512,30 @@ fn select_caches(target: &str) -> Result<Vec<&'static Cache>> {
         .ok_or_else(|| ShellError::UnknownCache(target.into()))
 }
 
+/// Prints one record as an Akaros trace block: `Obj <address>, size, cpu,
+/// tsc, from <context>:`, then `#NN [<address>] function+0xoff` per frame
+/// and a blank line. Used by `kmemtrace print` and `allocinfo ctx print`.
+pub fn write_record(out: &mut dyn Write, record: &TraceRecord) {
+    let _ = writeln!(
+        out,
+        "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
+        record.addr,
+        record.size,
+        record.cpu,
+        record.timestamp,
+        record.ctx()
+    );
+    for (index, &address) in record.frames().iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "#{:02} [<{address:#018x}>] {}",
+            index + 1,
+            Symbolized(address)
+        );
+    }
+    let _ = writeln!(out);
+}
+
 /// Objects and bytes per call site (the first frame outside the allocator).
 #[derive(Clone, Copy)]
 struct Site {
@@ -545,24 +569,7 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
     let _ = writeln!(out, "-------------------------");
     let mut sites: Vec<Site> = Vec::new();
     for record in &records {
-        let _ = writeln!(
-            out,
-            "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
-            record.addr,
-            record.size,
-            record.cpu,
-            record.timestamp,
-            record.ctx()
-        );
-        for (index, &address) in record.frames().iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "#{:02} [<{address:#018x}>] {}",
-                index + 1,
-                Symbolized(address)
-            );
-        }
-        let _ = writeln!(out);
+        write_record(out, record);
         let site = record.frames().first().copied().unwrap_or(0);
         match sites.iter_mut().find(|s| s.address == site) {
             Some(slot) => {

@@ -85,3 +85,35 @@ pub fn test_panic_handler(info: &PanicInfo<'_>) -> ! {
     ));
     exit_qemu(QemuExitCode::Failed)
 }
+
+/// Defines a test kernel's `kmain` (run every `#[test_case]`, then exit
+/// QEMU with success) and its `#[panic_handler]` (`[failed]`, the report,
+/// exit failure). A test file needs the crate attributes and this line:
+///
+/// ```ignore
+/// #![no_std]
+/// #![no_main]
+/// #![feature(custom_test_frameworks)]
+/// #![test_runner(magpie::test_runner)]
+/// #![reexport_test_harness_main = "test_main"]
+///
+/// magpie::test_kernel!();
+/// ```
+///
+/// The boot information is at [`crate::boot_info::get`].
+#[macro_export]
+macro_rules! test_kernel {
+    () => {
+        $crate::entry_point!(__magpie_test_main);
+
+        fn __magpie_test_main(_boot: &'static $crate::BootInfo) -> ! {
+            test_main();
+            $crate::exit_qemu($crate::QemuExitCode::Success)
+        }
+
+        #[panic_handler]
+        fn __magpie_test_panic(info: &core::panic::PanicInfo) -> ! {
+            $crate::test_panic_handler(info)
+        }
+    };
+}
