@@ -2,12 +2,11 @@
 //! monomorphized per allocator (no dynamic dispatch in the measured loops).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::OnceLock;
 
-use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE};
+use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE, Platform};
 use slabmalloc::{AllocationError, LargeObjectPage, ObjectPage, ZoneAllocator};
 
-use crate::host::{BenchPlatform, HostPages, region, set_cpu};
+use crate::host::{BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
 
 /// Bytes of memory each region-based allocator manages.
 pub const HEAP_BYTES: usize = 256 << 20;
@@ -70,45 +69,71 @@ impl<A: GlobalAlloc + Sync + 'static> BenchAlloc for Global<A> {
 
 // ---------------------------------------------------------------- magpie
 
-/// The magpie allocator of this process.
+/// The magpie allocator of this process (plain platform).
 pub static MAGPIE: Allocator<BenchPlatform> = Allocator::new();
+/// The magpie allocator of the `magpie-prof-*` runs ([`ProfPlatform`]).
+pub static MAGPIE_PROF: Allocator<ProfPlatform> = Allocator::new();
+
+/// A platform with its process-wide magpie allocator.
+pub trait MagpieHost: Platform + Sync + Sized {
+    fn allocator() -> &'static Allocator<Self>;
+}
+
+impl MagpieHost for BenchPlatform {
+    #[inline(always)]
+    fn allocator() -> &'static Allocator<Self> {
+        &MAGPIE
+    }
+}
+
+impl MagpieHost for ProfPlatform {
+    #[inline(always)]
+    fn allocator() -> &'static Allocator<Self> {
+        &MAGPIE_PROF
+    }
+}
 
 /// magpie-slab: kmalloc (through its `GlobalAlloc`) for sized requests;
 /// with `CACHE`, `OBJ`s come from a 64-byte `kmem_cache`, else from
 /// `kmalloc(64)`. (A const parameter, so the choice costs no instruction.)
-pub struct Magpie<const CACHE: bool> {
-    cache: &'static KmemCache<BenchPlatform>,
+pub struct Magpie<P: MagpieHost, const CACHE: bool> {
+    cache: &'static KmemCache<P>,
 }
 
-impl<const CACHE: bool> Magpie<CACHE> {
-    /// Initialise the process's magpie allocator (once) over its own region.
-    pub fn new() -> Magpie<CACHE> {
-        static CACHE: OnceLock<&'static KmemCache<BenchPlatform>> = OnceLock::new();
-        let cache = *CACHE.get_or_init(|| {
-            set_cpu(0);
+impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
+    /// Initialise the process's magpie allocator for `P` (once) over its
+    /// own region. (One allocator per process: the suite runs each
+    /// configuration in a fresh process.)
+    pub fn new() -> Magpie<P, CACHE> {
+        set_cpu(0);
+        let alloc = P::allocator();
+        if !alloc.is_ready() {
             let pages = HostPages::new("bench", HEAP_BYTES, PAGE_SIZE);
-            MAGPIE.init(pages).expect("magpie init");
-            MAGPIE
+            alloc.init(pages).expect("magpie init");
+        }
+        let cache = match alloc.find_cache("bench-64") {
+            Some(cache) => cache,
+            None => alloc
                 .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
-                .expect("bench-64 cache")
-        });
+                .expect("bench-64 cache"),
+        };
         Magpie { cache }
     }
 }
 
-impl<const CACHE: bool> BenchAlloc for Magpie<CACHE> {
+impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
     fn thread_init(&self, cpu: usize) {
         set_cpu(cpu);
     }
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: per our caller.
-        unsafe { MAGPIE.alloc(layout) }
+        unsafe { P::allocator().alloc(layout) }
     }
     #[inline]
     unsafe fn free(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: per our caller.
-        unsafe { MAGPIE.dealloc(ptr, layout) }
+        unsafe { P::allocator().dealloc(ptr, layout) }
     }
     #[inline]
     fn obj_alloc(&self) -> *mut u8 {
@@ -287,4 +312,9 @@ pub const ALLOCATORS: &[&str] = &[
     "buddy_system_allocator",
     "slabmalloc",
     "null",
+    // magpie over a platform with allocation profiling wired to
+    // magpie-codetag (`bench/profiling.sh`), switch off / on from boot.
+    // Not in the suite's peer tables.
+    "magpie-prof-off",
+    "magpie-prof-on",
 ];

@@ -6,8 +6,10 @@ use std::alloc::Layout;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use magpie_codetag::alloc_tag;
+use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, BootSetting, ProfilingSwitch};
 use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource, Platform};
 
 /// CPUs the benchmark platform reports.
@@ -53,6 +55,97 @@ impl Platform for BenchPlatform {
         buf[..name.len()].copy_from_slice(name);
         name.len()
     }
+}
+
+// ------------------------------------------------------ profiling platform
+
+/// The profiling switch of [`ProfPlatform`] (a kernel's
+/// `mem_profiling=0|1` and `/proc/sys/vm/mem_profiling`).
+pub static PROF_SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
+/// Per-CPU tag counters of [`ProfPlatform`] (`magpie-codetag`).
+pub static PROF_COUNTERS: AllocTagCounters = AllocTagCounters::new();
+/// The tag every allocation is charged to while profiling is on (a kernel
+/// charges its per-CPU "current" tag, or `UNTAGGED`; one tag here).
+static PROF_TAG: AtomicU32 = AtomicU32::new(0);
+
+/// [`BenchPlatform`] plus allocation profiling wired as a kernel would
+/// (and as `slab/src/tests/profiling.rs` does): `alloc_tag_current` tests
+/// the runtime switch and returns a real tag reference, `alloc_tag_add` /
+/// `alloc_tag_sub` update `magpie-codetag`'s per-CPU `AllocTagCounters`.
+/// With feature `alloc-profiling` off, the allocator never calls these.
+pub struct ProfPlatform;
+
+impl Platform for ProfPlatform {
+    #[inline]
+    fn max_cpus() -> usize {
+        BenchPlatform::max_cpus()
+    }
+    #[inline]
+    fn cpu_id() -> usize {
+        BenchPlatform::cpu_id()
+    }
+    #[inline]
+    fn irq_save() -> usize {
+        0
+    }
+    #[inline]
+    fn irq_restore(_state: usize) {}
+    #[inline]
+    fn now() -> u64 {
+        BenchPlatform::now()
+    }
+    fn backtrace(frames: &mut [usize]) -> usize {
+        BenchPlatform::backtrace(frames)
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        BenchPlatform::context(buf)
+    }
+    #[inline]
+    fn alloc_tag_current() -> u32 {
+        if !PROF_SWITCH.is_on() {
+            return 0;
+        }
+        PROF_TAG.load(Ordering::Relaxed)
+    }
+    #[inline]
+    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+        PROF_COUNTERS.add(BenchPlatform::cpu_id(), tag, bytes);
+    }
+    #[inline]
+    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+        PROF_COUNTERS.sub(BenchPlatform::cpu_id(), tag, bytes);
+    }
+}
+
+/// Set up [`ProfPlatform`]'s counters (once) and its switch: `on` is
+/// "profiling on from boot" (set before the allocator's `init`).
+pub fn prof_init(on: bool) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let len = AllocTagCounters::bytes_needed(NR_CPUS);
+        let memory: &'static mut [u64] = Vec::leak(vec![0u64; len / 8 + 8]);
+        let addr = (memory.as_mut_ptr() as usize).next_multiple_of(AllocTagCounters::ALIGN);
+        // SAFETY: `len` bytes from `addr` lie inside the leaked buffer.
+        let ready =
+            unsafe { PROF_COUNTERS.init(NonNull::new(addr as *mut u8).unwrap(), len, NR_CPUS) };
+        assert!(ready, "alloc tag counters");
+        PROF_TAG.store(bench_tag().tag_ref(), Ordering::Relaxed);
+    });
+    PROF_SWITCH.set_at_boot(if on {
+        BootSetting::On
+    } else {
+        BootSetting::Off
+    });
+}
+
+fn bench_tag() -> &'static AllocTag {
+    alloc_tag!()
+}
+
+/// Bytes and calls outstanding on the benchmark tag (a sanity check).
+pub fn prof_counts() -> (u64, u64) {
+    let counts = PROF_COUNTERS.read(PROF_TAG.load(Ordering::Relaxed));
+    (counts.bytes, counts.calls)
 }
 
 /// A leaked, zeroed region of `bytes` bytes aligned to `align`.

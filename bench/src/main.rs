@@ -16,12 +16,14 @@
 
 mod allocs;
 mod host;
+mod profsuite;
 mod suite;
 mod workloads;
 
 use std::time::Duration;
 
 use allocs::{ALLOCATORS, BenchAlloc};
+use host::{BenchPlatform, ProfPlatform};
 use workloads::{Mixed, WORKLOADS};
 
 /// Options of a single run.
@@ -79,6 +81,8 @@ fn main() {
             println!("allocators: {}", ALLOCATORS.join(" "));
         }
         Some("suite") => suite::main(&args[1..]),
+        Some("profiling") => profsuite::main(&args[1..]),
+        Some("memory") => profsuite::memory(),
         Some(_) => {
             let opts = parse_run(&args);
             let r = run(&opts);
@@ -151,8 +155,17 @@ fn leak<T>(value: T) -> &'static T {
 
 fn run(opts: &RunOpts) -> RunResult {
     match opts.allocator.as_str() {
-        "magpie" => run_with(leak(allocs::Magpie::<true>::new()), opts),
-        "magpie-kmalloc" => run_with(leak(allocs::Magpie::<false>::new()), opts),
+        "magpie" => run_with(leak(allocs::Magpie::<BenchPlatform, true>::new()), opts),
+        "magpie-kmalloc" => run_with(leak(allocs::Magpie::<BenchPlatform, false>::new()), opts),
+        "magpie-prof-off" | "magpie-prof-on" => {
+            host::prof_init(opts.allocator == "magpie-prof-on");
+            let r = run_with(leak(allocs::Magpie::<ProfPlatform, true>::new()), opts);
+            // Everything freed: the tag's live bytes are back to zero
+            // (calls count allocations minus frees too).
+            let (bytes, calls) = host::prof_counts();
+            eprintln!("PROF live_bytes={bytes} live_calls={calls}");
+            r
+        }
         "system" => run_with(leak(allocs::system()), opts),
         "mimalloc" => run_with(leak(allocs::mimalloc()), opts),
         "linked_list_allocator" => run_with(leak(allocs::linked_list()), opts),

@@ -46,6 +46,8 @@ fn allocators_for(workload: &str, with_null: bool) -> Vec<&'static str> {
         .copied()
         .filter(|a| match *a {
             "null" => with_null,
+            // Measured by `bench/profiling.sh` (profiling variants).
+            "magpie-prof-off" | "magpie-prof-on" => false,
             // Identical to `magpie` (which uses kmalloc there).
             "magpie-kmalloc" => workload != "kmalloc-mixed",
             _ => true,
@@ -55,14 +57,14 @@ fn allocators_for(workload: &str, with_null: bool) -> Vec<&'static str> {
 
 /// Parsed `RESULT` line.
 #[derive(Clone, Copy)]
-struct Res {
-    n: u64,
-    ops_per_rep: u64,
-    ns_per_op: f64,
-    mops: f64,
+pub(crate) struct Res {
+    pub(crate) n: u64,
+    pub(crate) ops_per_rep: u64,
+    pub(crate) ns_per_op: f64,
+    pub(crate) mops: f64,
 }
 
-fn parse_result(stdout: &str) -> Option<Res> {
+pub(crate) fn parse_result(stdout: &str) -> Option<Res> {
     let line = stdout.lines().find(|l| l.starts_with("RESULT "))?;
     let field = |name: &str| -> Option<&str> {
         line.split_whitespace()
@@ -76,7 +78,7 @@ fn parse_result(stdout: &str) -> Option<Res> {
     })
 }
 
-fn exe() -> String {
+pub(crate) fn exe() -> String {
     std::env::current_exe()
         .expect("current exe")
         .to_string_lossy()
@@ -91,6 +93,15 @@ fn tail(text: &str) -> String {
 /// Run one configuration in a child process, optionally under callgrind;
 /// returns the result and, under callgrind, the instructions collected.
 fn child(args: &[String], callgrind: bool) -> Result<(Res, Option<u64>), String> {
+    child_of(&exe(), args, callgrind)
+}
+
+/// [`child`] of another build of this binary (`bin`).
+pub(crate) fn child_of(
+    bin: &str,
+    args: &[String],
+    callgrind: bool,
+) -> Result<(Res, Option<u64>), String> {
     let mut cmd = if callgrind {
         let mut c = Command::new("valgrind");
         c.args([
@@ -99,10 +110,10 @@ fn child(args: &[String], callgrind: bool) -> Result<(Res, Option<u64>), String>
             "--dump-instr=no",
             "--compress-pos=no",
         ]);
-        c.arg(exe());
+        c.arg(bin);
         c
     } else {
-        Command::new(exe())
+        Command::new(bin)
     };
     cmd.args(args);
     let out = cmd.output().map_err(|e| format!("spawn: {e}"))?;
@@ -125,20 +136,26 @@ fn child(args: &[String], callgrind: bool) -> Result<(Res, Option<u64>), String>
     Ok((res, collected))
 }
 
-fn args(list: &[&str]) -> Vec<String> {
+pub(crate) fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
 /// Instructions per operation from two exact-count runs (the difference
 /// cancels process start-up, allocator init and warm-up).
 fn instructions(workload: &str, allocator: &str) -> Result<f64, String> {
+    instructions_of(&exe(), workload, allocator)
+}
+
+/// [`instructions`] of another build of this binary (`bin`).
+pub(crate) fn instructions_of(bin: &str, workload: &str, allocator: &str) -> Result<f64, String> {
     let (n1, n2) = match workload {
         "cache-pair" => (20_000, 220_000),
         "kmalloc-mixed" => (20_000, 120_000),
         _ => (25_600, 153_600), // cross-free: multiples of the batch
     };
     let run = |n: u64| {
-        child(
+        child_of(
+            bin,
             &args(&[workload, allocator, "1", "--n", &n.to_string()]),
             true,
         )
@@ -149,7 +166,7 @@ fn instructions(workload: &str, allocator: &str) -> Result<f64, String> {
     Ok((i2 as f64 - i1 as f64) / (r2.ops_per_rep - r1.ops_per_rep) as f64)
 }
 
-fn sh(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn sh(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
         .args(args)
         .output()
@@ -158,7 +175,7 @@ fn sh(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -172,7 +189,7 @@ fn machine() -> String {
     format!("{cores} cores, {cpu}")
 }
 
-fn fmt_f(value: Option<f64>, digits: usize) -> String {
+pub(crate) fn fmt_f(value: Option<f64>, digits: usize) -> String {
     match value {
         Some(v) => format!("{v:.digits$}"),
         None => "fail".into(),
@@ -244,7 +261,7 @@ pub fn main(argv: &[String]) {
              |---|---:|---:|---:|---:|---:|"
         )
         .unwrap();
-        for allocator in ALLOCATORS {
+        for allocator in allocators_for("cache-pair", true) {
             writeln!(
                 report,
                 "| {allocator} | {} | {} | {} | {} | {} |",
@@ -381,7 +398,7 @@ pub fn main(argv: &[String]) {
          |---|---:|---:|---:|---:|---:|---:|"
     )
     .unwrap();
-    for allocator in ALLOCATORS.iter().copied() {
+    for allocator in allocators_for("cache-pair", true) {
         let mut row = format!("| {allocator} |");
         for w in crate::workloads::WORKLOADS {
             if dash(w, allocator) {
@@ -414,7 +431,7 @@ pub fn main(argv: &[String]) {
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     .unwrap();
-    for allocator in ALLOCATORS.iter().copied() {
+    for allocator in allocators_for("cache-pair", true) {
         let mut row = format!("| {allocator} |");
         for w in crate::workloads::WORKLOADS {
             if dash(w, allocator) {

@@ -90,12 +90,12 @@ impl Mixed {
 }
 
 #[inline(always)]
-fn mixed_size(r: u64) -> usize {
+pub fn mixed_size(r: u64) -> usize {
     8 + ((r >> 8) % 505) as usize
 }
 
 #[inline(always)]
-fn mixed_layout(size: usize) -> Layout {
+pub fn mixed_layout(size: usize) -> Layout {
     // SAFETY: 8 is a power of two; sizes are small.
     unsafe { Layout::from_size_align_unchecked(size, 8) }
 }

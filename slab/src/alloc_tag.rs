@@ -12,8 +12,8 @@
 //!
 //! - **small-object slabs**: an array of one `u32` per object at the end of
 //!   the slab page, just below the header (`objs_per_slab` is computed with
-//!   `stride + 4` per object). An object's index is `offset * ceil(2^32 /
-//!   stride) >> 32`, exact for offsets below a page;
+//!   `stride + 4` per object). An object's index is the high word of
+//!   `offset * ceil(2^64 / stride)`, the multiply that also checks frees;
 //! - **bufctl slabs**: a `u32` in the object's bufctl (it fits in padding:
 //!   no extra bytes);
 //! - **page-granular kmalloc**: the upper 32 bits of the first page's
@@ -25,9 +25,10 @@
 //! off needs no store at all.
 //!
 //! Costs: compiled out, nothing (no code, no bytes). Compiled in but off:
-//! one `alloc_tag_current()` call and a test per alloc; nothing per free
-//! until some object of the cache has been tagged. On: a multiply, a 4-byte
-//! store and `alloc_tag_add` per alloc; a load, a store and `alloc_tag_sub`
+//! `alloc_tag_current()` (a kernel's switch test) and one branch per
+//! alloc, asked after the magazine hit; nothing per free until some object
+//! of the cache has been tagged. On: a multiply, a 4-byte store and
+//! `alloc_tag_add` per alloc; a load, a store and `alloc_tag_sub`
 //! per free. Bootstrap (metadata) caches have no reference arrays.
 
 #[cfg(feature = "alloc-profiling")]
@@ -81,10 +82,8 @@ impl<P: Platform> KmemCache<P> {
         debug_assert!(self.tag_array_offset != 0);
         let addr = obj.as_ptr() as usize;
         let page = addr & !(PAGE_SIZE - 1);
-        let offset = (addr - page) as u64;
-        // offset < 2^12 and ceil(2^32/stride)*stride - 2^32 < stride <= 2^9,
-        // so the error term stays below 1: this is offset / stride exactly.
-        let index = ((offset * self.stride_reciprocal) >> 32) as usize;
+        // Small slabs are one page, object 0 at the page start.
+        let (index, _) = self.obj_index(addr - page);
         (page + self.tag_array_offset + index * crate::alloc_tag::TAG_REF_BYTES) as *mut AllocTagRef
     }
 

@@ -11,7 +11,9 @@ use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
-use crate::cache::{CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, Geometry, KmemCache};
+use crate::cache::{
+    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, KmemCache,
+};
 use crate::error::{AllocError, FreeError};
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
 use crate::pagemap::{PageMap, TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
@@ -665,6 +667,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// Index of the kmalloc class for `size` bytes aligned to `align`.
+    #[inline(always)]
     fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
         if size == 0 || size > KMALLOC_MAX_SIZE {
             return None;
@@ -674,13 +677,20 @@ impl<P: Platform> Allocator<P> {
         } else {
             (usize::BITS - (size - 1).leading_zeros()) as usize - 1
         };
+        if align <= 8 {
+            // Every class is at least 8-aligned.
+            return Some(first);
+        }
         (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
     }
 
+    #[inline(always)]
     fn kmalloc_cache(&self, index: usize) -> &'static KmemCache<P> {
+        debug_assert!(index < NR_KMALLOC);
         // SAFETY: READY (checked by callers): the kmalloc caches exist,
-        // are permanent, and the array is immutable.
-        unsafe { &*(*self.kmalloc.get())[index] }
+        // are permanent, and the array is immutable; index < NR_KMALLOC
+        // (kmalloc_index returns class indices only).
+        unsafe { &**(*self.kmalloc.get()).get_unchecked(index) }
     }
 
     /// The kmalloc cache that would serve `size` bytes aligned to `align`,
@@ -710,7 +720,13 @@ impl<P: Platform> Allocator<P> {
     /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        self.kmalloc_tagged(size, align, crate::alloc_tag::current::<P>())
+        if !self.is_ready() {
+            return Err(AllocError::NotInitialized);
+        }
+        if size == 0 || !align.is_power_of_two() {
+            return Err(AllocError::InvalidLayout);
+        }
+        self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
     }
 
     /// [`Allocator::kmalloc`] charging the memory to the allocation tag
@@ -733,12 +749,32 @@ impl<P: Platform> Allocator<P> {
         if size == 0 || !align.is_power_of_two() {
             return Err(AllocError::InvalidLayout);
         }
+        self.kmalloc_checked(size, align, || tag)
+    }
+
+    /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
+    /// size non-zero and the alignment a power of two (a `Layout`'s).
+    #[inline(always)]
+    fn kmalloc_checked(
+        &self,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> u32,
+    ) -> Result<NonNull<u8>, AllocError> {
+        debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
         match Self::kmalloc_index(size, align) {
-            Some(index) => self.kmalloc_cache(index).alloc_tagged(tag),
-            None => self.large_alloc(size, align, tag),
+            Some(index) => self.kmalloc_cache(index).alloc_with(tag),
+            None => crate::cache::unpack(self.large_alloc_packed(size, align, tag())),
         }
     }
 
+    /// [`Self::large_alloc`] out of line, its result in one register.
+    #[inline(never)]
+    fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
+        crate::cache::pack(self.large_alloc(size, align, tag))
+    }
+
+    #[inline(always)]
     fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
         if align > PAGE_SIZE || size > isize::MAX as usize {
             return Err(AllocError::InvalidLayout);
@@ -791,22 +827,80 @@ impl<P: Platform> Allocator<P> {
     /// On error nothing changed.
     #[inline]
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        match unsafe { self.kfree_fast(ptr) } {
+            FastFree::Done => Ok(()),
+            // SAFETY: per our caller; validated, nothing changed yet.
+            FastFree::Flagged(cache, slab) => unsafe { cache.free_flagged(ptr, slab) },
+            // SAFETY: per our caller; the fast path changed nothing.
+            FastFree::Slow => unsafe { self.kfree_slow(ptr) },
+        }
+    }
+
+    /// The whole `kfree` of a slab object on the magazine-hit path: one
+    /// page-map read names the slab, hence the cache (no second lookup:
+    /// the owner is the slab's cache by construction), one multiply checks
+    /// the object start. `Slow`, with nothing changed, for anything else.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`] (the object is given up if `Done`).
+    #[inline(always)]
+    unsafe fn kfree_fast(&self, ptr: NonNull<u8>) -> FastFree<'static, P> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.is_ready() {
+            return FastFree::Slow;
+        }
+        let entry = self.page_map().get(addr);
+        if entry & TAG_MASK != TAG_SLAB {
+            return FastFree::Slow;
+        }
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        // SAFETY: registered slabs are alive and belong to caches of this
+        // allocator (same P), alive while they have slabs (a cache in use
+        // is never destroyed: `destroy` requires no objects allocated).
+        let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+        // SAFETY: the page map puts addr in this live slab of `cache`.
+        if !unsafe { cache.is_object_start(slab, addr) } {
+            return FastFree::Slow;
+        }
+        // SAFETY: validated; per our caller.
+        unsafe { cache.free_fast_located(ptr, slab) }
+    }
+
+    /// [`Allocator::kfree`] past the fast path, with the error reports.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
         if !self.is_ready() {
             return Err(FreeError::NotAllocated { addr });
         }
+        let entry = self.page_map().get(addr);
+        if entry & TAG_MASK == TAG_SLAB {
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator (same P), alive while they have slabs.
+            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: the page map puts addr in this live slab of `cache`.
+            unsafe { cache.check_object(slab, addr) }?;
+            // SAFETY: located in `cache`; our caller gives it up.
+            return unsafe { cache.free_located(ptr, slab) };
+        }
+        // SAFETY: per our caller.
+        unsafe { self.kfree_pages(ptr, entry) }
+    }
+
+    /// `kfree` of anything but a slab object: page-granular, or refused.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`]; `entry` is `ptr`'s page-map entry.
+    unsafe fn kfree_pages(&self, ptr: NonNull<u8>, entry: usize) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
         let map = self.page_map();
-        let entry = map.get(addr);
         match entry & TAG_MASK {
-            TAG_SLAB => {
-                let slab = (entry & !TAG_MASK) as *mut Slab;
-                // SAFETY: registered slabs are alive and belong to caches of
-                // this allocator (same P).
-                let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-                let slab = cache.locate(addr)?;
-                // SAFETY: located in `cache`; our caller gives it up.
-                unsafe { cache.free_located(ptr, slab) }
-            }
             TAG_LARGE_HEAD => {
                 if addr & (PAGE_SIZE - 1) != 0 {
                     return Err(FreeError::Misaligned { addr });
@@ -894,8 +988,22 @@ impl<P: Platform> Allocator<P> {
         self.nr_bad_frees.load(Ordering::Relaxed)
     }
 
+    /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
+    /// refused free.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`].
     #[cold]
-    fn report_free_error(&self, error: FreeError) {
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: NonNull<u8>) {
+        // SAFETY: per our caller.
+        if let Err(error) = unsafe { self.kfree_slow(ptr) } {
+            self.report_free_error(error);
+        }
+    }
+
+    #[cold]
+    pub(crate) fn report_free_error(&self, error: FreeError) {
         self.nr_bad_frees.fetch_add(1, Ordering::Relaxed);
         let hook = *self.free_error_hook.lock();
         if let Some(hook) = hook {
@@ -912,7 +1020,12 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
     /// init).
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match self.kmalloc(layout.size().max(1), layout.align()) {
+        if !self.is_ready() {
+            return ptr::null_mut();
+        }
+        // A Layout's alignment is a power of two; the size is made non-zero.
+        let tag = crate::alloc_tag::current::<P>;
+        match self.kmalloc_checked(layout.size().max(1), layout.align(), tag) {
             Ok(ptr) => ptr.as_ptr(),
             Err(_) => ptr::null_mut(),
         }
@@ -923,8 +1036,12 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
         let Some(ptr) = NonNull::new(ptr) else { return };
         // SAFETY: the GlobalAlloc contract: ptr came from this allocator
         // with this layout and is given up.
-        if let Err(error) = unsafe { self.kfree(ptr) } {
-            self.report_free_error(error);
+        match unsafe { self.kfree_fast(ptr) } {
+            FastFree::Done => {}
+            // SAFETY: as above; validated, nothing changed yet.
+            FastFree::Flagged(cache, slab) => unsafe { cache.dealloc_flagged(ptr, slab) },
+            // SAFETY: as above; the fast path changed nothing.
+            FastFree::Slow => unsafe { self.dealloc_slow(ptr) },
         }
     }
 

@@ -173,6 +173,62 @@ pub(crate) struct Geometry {
     pub(crate) tag_array_offset: usize,
 }
 
+/// What the fast path of a free did (see
+/// [`KmemCache::free_fast_located`]).
+pub(crate) enum FastFree<'a, P: Platform> {
+    /// Freed into a magazine.
+    Done,
+    /// Validated, nothing done: the cache has a bookkeeping flag; the
+    /// object is in this slab of this cache.
+    Flagged(&'a KmemCache<P>, *mut Slab),
+    /// Nothing done: take the slow path (which validates again).
+    Slow,
+}
+
+/// A `Result<NonNull<u8>, AllocError>` in one register, for the return
+/// of the out-of-line alloc paths (the `Result` itself would be returned
+/// through memory): an object address (at least `PAGE_SIZE`: pages are
+/// non-null and page-aligned) or an error's discriminant.
+#[inline(always)]
+pub(crate) fn pack(result: Result<NonNull<u8>, AllocError>) -> usize {
+    match result {
+        Ok(obj) => obj.as_ptr() as usize,
+        Err(error) => error as usize,
+    }
+}
+
+/// The inverse of [`pack`].
+#[inline(always)]
+pub(crate) fn unpack(packed: usize) -> Result<NonNull<u8>, AllocError> {
+    if packed >= PAGE_SIZE {
+        // SAFETY: non-zero (above).
+        return Ok(unsafe { NonNull::new_unchecked(packed as *mut u8) });
+    }
+    Err(unpack_error(packed))
+}
+
+#[cold]
+fn unpack_error(code: usize) -> AllocError {
+    const ERRORS: [AllocError; 5] = [
+        AllocError::OutOfMemory,
+        AllocError::InvalidLayout,
+        AllocError::ConstructorFailed,
+        AllocError::NotInitialized,
+        AllocError::AlreadyInitialized,
+    ];
+    ERRORS
+        .into_iter()
+        .find(|&error| error as usize == code)
+        .unwrap_or(AllocError::OutOfMemory)
+}
+
+/// The `Misaligned` error, built out of line.
+#[cold]
+#[inline(never)]
+fn misaligned(addr: usize) -> FreeError {
+    FreeError::Misaligned { addr }
+}
+
 /// Largest object a cache may hold.
 const MAX_OBJ_SIZE: usize = 1 << 30;
 
@@ -244,24 +300,30 @@ pub struct KmemCache<P: Platform> {
     // free read, and nothing a CPU writes on any path lives before
     // `depot`, which starts a new cache line (see `hot_fields_first`).
     pub(crate) hot_flags: AtomicU32,
-    /// log2(stride) if the stride is a power of two, else `u32::MAX`.
-    pub(crate) stride_shift: u32,
-    pub(crate) pcpu: *mut PcpuCache,
-    pub(crate) nr_cpus: usize,
-    pub(crate) stride: usize,
-    pub(crate) page_map: PageMap,
     pub(crate) on_primary: bool,
     pub(crate) kind: SlabKind,
     pub(crate) permanent: bool,
+    pub(crate) pcpu: *mut PcpuCache,
+    /// Number of CPUs minus one: the last index of `pcpu`.
+    pub(crate) last_cpu: usize,
+    /// `ceil(2^64 / stride)`: for an offset `n < 2^32` into a slab,
+    /// `n * stride_magic` (128-bit) has `n / stride` in its high word and
+    /// is an object start iff its low word is below `stride_magic`
+    /// (Lemire, Kaser and Kurz, "Faster remainder by direct computation",
+    /// 2019): one multiply checks and indexes a freed pointer.
+    pub(crate) stride_magic: u64,
+    pub(crate) nr_objs_per_slab: usize,
+    /// The allocator's page map for a cache on the primary source; empty
+    /// (every lookup finds 0) for one on another source, so the free fast
+    /// path needs no `on_primary` test: its lookup misses and the slow
+    /// path locates by header or hash.
+    pub(crate) page_map: PageMap,
+    pub(crate) stride: usize,
     pub(crate) obj_size: usize,
     /// Small slabs: where each slab page's tag-reference array starts
-    /// (0: none), and `ceil(2^32 / stride)`, so that an object's index is
-    /// a multiply and a shift rather than a division.
+    /// (0: none).
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag_array_offset: usize,
-    #[cfg(feature = "alloc-profiling")]
-    pub(crate) stride_reciprocal: u64,
-    pub(crate) nr_objs_per_slab: usize,
     pub(crate) nr_pages_per_slab: usize,
     pub(crate) ctor: Option<Ctor>,
     pub(crate) dtor: Option<Dtor>,
@@ -336,14 +398,15 @@ impl<P: Platform> KmemCache<P> {
         KmemCache {
             hot_flags: AtomicU32::new(hot),
             pcpu,
-            nr_cpus: nr_cpus.max(1),
+            last_cpu: nr_cpus.max(1) - 1,
             stride: geometry.stride,
-            stride_shift: if geometry.stride.is_power_of_two() {
-                geometry.stride.trailing_zeros()
+            // stride >= 8, so the quotient fits in 64 bits.
+            stride_magic: (u64::MAX / geometry.stride as u64) + 1,
+            page_map: if spec.on_primary {
+                page_map
             } else {
-                u32::MAX
+                PageMap::empty()
             },
-            page_map,
             on_primary: spec.on_primary,
             kind: geometry.kind,
             nr_objs_per_slab: geometry.nr_objs_per_slab,
@@ -353,8 +416,6 @@ impl<P: Platform> KmemCache<P> {
             obj_size: spec.size,
             #[cfg(feature = "alloc-profiling")]
             tag_array_offset: geometry.tag_array_offset,
-            #[cfg(feature = "alloc-profiling")]
-            stride_reciprocal: (1u64 << 32).div_ceil(geometry.stride as u64),
             align: geometry.align,
             flags: spec.flags,
             source: spec.source,
@@ -434,7 +495,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`AllocError::InvalidLayout`] for a bootstrap cache.
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_tagged(crate::alloc_tag::current::<P>())
+        self.alloc_with(crate::alloc_tag::current::<P>)
     }
 
     /// [`KmemCache::alloc`] charging the object to the allocation tag
@@ -448,30 +509,81 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_with(|| tag)
+    }
+
+    /// Allocate, charging the tag `tag()` names. The tag is asked for
+    /// only after the magazine hit, where nothing else is live: with
+    /// profiling compiled in but off, the hit pays the platform's switch
+    /// test (`alloc_tag_current` returning 0) and one branch, and the
+    /// tagging itself is out of line.
+    #[inline(always)]
+    pub(crate) fn alloc_with(&self, tag: impl Fn() -> u32) -> Result<NonNull<u8>, AllocError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
         if hot & !HOT_TAGGED != 0 {
-            return self.alloc_cold(hot, tag);
+            return unpack(self.alloc_cold_packed(hot, tag()));
         }
-        let obj = self.magazine_alloc()?;
+        let Some(obj) = self.magazine_alloc_fast() else {
+            return unpack(self.alloc_slow(tag()));
+        };
         #[cfg(feature = "alloc-profiling")]
-        if tag != 0 {
-            self.tag_small_object(obj, tag, hot);
-            P::alloc_tag_add(tag, obj, self.obj_size);
+        {
+            let tag = tag();
+            if tag != 0 {
+                return unpack(self.alloc_tag_small(obj, tag, hot));
+            }
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
         Ok(obj)
     }
 
-    /// Alloc with bookkeeping: bufctl state, audit bitmap, tracing.
+    /// [`Self::alloc_with`] when the magazine hit failed (no
+    /// bookkeeping flags): the magazine miss path.
     #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, tag: u32) -> usize {
+        let obj = match self.magazine_alloc_slow() {
+            Ok(obj) => obj,
+            Err(error) => return pack(Err(error)),
+        };
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            return self.alloc_tag_small(obj, tag, self.hot_flags.load(Ordering::Relaxed));
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        pack(Ok(obj))
+    }
+
+    /// Charge a small-slab object just allocated to `tag` (profiling on):
+    /// out of line, so that with profiling compiled in but off the alloc
+    /// path pays one test of the tag and nothing else (not `#[cold]`: with
+    /// profiling on it is the common case).
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(never)]
+    fn alloc_tag_small(&self, obj: NonNull<u8>, tag: u32, hot: u32) -> usize {
+        self.tag_small_object(obj, tag, hot);
+        P::alloc_tag_add(tag, obj, self.obj_size);
+        pack(Ok(obj))
+    }
+
+    /// [`Self::alloc_cold`], packed.
+    #[cold]
+    #[inline(never)]
+    fn alloc_cold_packed(&self, hot: u32, tag: u32) -> usize {
+        pack(self.alloc_cold(hot, tag))
+    }
+
+    /// Alloc with bookkeeping: bufctl state, audit bitmap, tracing.
+    #[inline(always)]
     fn alloc_cold(&self, hot: u32, tag: u32) -> Result<NonNull<u8>, AllocError> {
         if hot & HOT_BOOTSTRAP != 0 {
             return Err(AllocError::InvalidLayout);
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
-        let obj = self.magazine_alloc()?;
+        let obj = self.magazine_alloc_or_miss()?;
         let addr = obj.as_ptr() as usize;
         if hot & HOT_BUFCTL != 0 {
             let layer = self.slab.lock();
@@ -510,13 +622,17 @@ impl<P: Platform> KmemCache<P> {
         Ok(obj)
     }
 
-    #[inline]
-    fn obj_index(&self, offset: usize) -> (usize, bool) {
-        if self.stride_shift != u32::MAX {
-            (offset >> self.stride_shift, offset & (self.stride - 1) == 0)
-        } else {
-            (offset / self.stride, offset.is_multiple_of(self.stride))
-        }
+    /// Index of the object at `offset` bytes into a slab, and whether
+    /// `offset` is an object start: one 64×64→128 multiply (see
+    /// `stride_magic`). `offset` must be below 2^32 (every slab is).
+    #[inline(always)]
+    pub(crate) fn obj_index(&self, offset: usize) -> (usize, bool) {
+        debug_assert!(offset < 1 << 32);
+        let product = (offset as u64 as u128) * (self.stride_magic as u128);
+        (
+            (product >> 64) as usize,
+            (product as u64) < self.stride_magic,
+        )
     }
 
     fn audit_bit(&self, addr: usize) -> (usize, u64) {
@@ -541,6 +657,77 @@ impl<P: Platform> KmemCache<P> {
     /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        match unsafe { self.free_fast(obj) } {
+            FastFree::Done => Ok(()),
+            // SAFETY: per our caller; validated, nothing changed yet.
+            FastFree::Flagged(cache, slab) => unsafe { cache.free_flagged(obj, slab) },
+            // SAFETY: per our caller; the fast path changed nothing.
+            FastFree::Slow => unsafe { self.free_slow(obj) },
+        }
+    }
+
+    /// The whole free when everything goes the common way: the page map
+    /// (so: on the primary source) names one of our slabs, `obj` is an object
+    /// start, and then [`Self::free_fast_located`].
+    ///
+    /// # Safety
+    /// As for [`KmemCache::free`] (the object is given up if `Done`).
+    #[inline(always)]
+    unsafe fn free_fast(&self, obj: NonNull<u8>) -> FastFree<'_, P> {
+        let addr = obj.as_ptr() as usize;
+        // Off the primary source the map is empty: entry 0, slow path.
+        let entry = self.page_map.get(addr);
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        let ours = entry & TAG_MASK == TAG_SLAB
+            // SAFETY: a TAG_SLAB entry names a registered slab, alive
+            // (entries are cleared before a slab is destroyed); `&&` reads
+            // it only then.
+            && unsafe { (*slab).cache } == (self as *const Self).cast()
+            // SAFETY: a live slab of ours whose page holds addr (above).
+            && unsafe { self.is_object_start(slab, addr) };
+        if !ours {
+            return FastFree::Slow;
+        }
+        // SAFETY: validated; per our caller.
+        unsafe { self.free_fast_located(obj, slab) }
+    }
+
+    /// The magazine hit of a validated free: `Done` if no bookkeeping flag
+    /// is set and the loaded magazine had room; `Flagged` (nothing done)
+    /// if some flag is set, for [`Self::free_flagged`], which needs no
+    /// second validation; `Slow` (nothing done) on a magazine miss. Every
+    /// outcome but `Done` is a tail call for the caller, so the hit stays
+    /// a leaf.
+    ///
+    /// # Safety
+    /// `obj` is an object start in `slab`, a live slab of this cache, and
+    /// as for [`KmemCache::free`] (given up if `Done`).
+    #[inline(always)]
+    pub(crate) unsafe fn free_fast_located(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+    ) -> FastFree<'_, P> {
+        if self.hot_flags.load(Ordering::Relaxed) != 0 {
+            return FastFree::Flagged(self, slab);
+        }
+        // SAFETY: per our caller.
+        if unsafe { self.magazine_free_fast(obj) } {
+            FastFree::Done
+        } else {
+            FastFree::Slow
+        }
+    }
+
+    /// [`KmemCache::free`] past the fast path: locate with error reports,
+    /// bookkeeping, magazine miss.
+    ///
+    /// # Safety
+    /// As for [`KmemCache::free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         let slab = self.locate(obj.as_ptr() as usize)?;
         // SAFETY: per our caller; located in this cache.
         unsafe { self.free_located(obj, slab) }
@@ -548,57 +735,107 @@ impl<P: Platform> KmemCache<P> {
 
     /// Find and check the slab of a pointer freed to this cache. Returns
     /// null for bufctl caches off the primary source (the hash decides).
+    ///
+    /// On the primary source: one page-map load, a tag test, one compare
+    /// of the slab's owner, then [`Self::check_object`].
     #[inline]
     pub(crate) fn locate(&self, addr: usize) -> Result<*mut Slab, FreeError> {
-        let slab = if self.on_primary {
-            let entry = self.page_map.get(addr);
-            if entry & TAG_MASK != TAG_SLAB {
-                return Err(if entry == 0 {
-                    FreeError::NotAllocated { addr }
-                } else {
-                    FreeError::WrongCache { addr, owner: None }
-                });
-            }
-            let slab = (entry & !TAG_MASK) as *mut Slab;
-            // SAFETY: registered slabs are alive (entries are cleared before
-            // a slab is destroyed).
-            let cache = unsafe { (*slab).cache };
-            if cache != (self as *const Self).cast() {
-                // SAFETY: slabs on the primary source belong to caches of
-                // this allocator (same P), alive while they have slabs.
-                let other = unsafe { &*cache.cast::<KmemCache<P>>() };
-                return Err(FreeError::WrongCache {
-                    addr,
-                    owner: Some(other.static_name()),
-                });
-            }
-            slab
-        } else if self.kind == SlabKind::Small {
-            let (start, end) = self.source.span();
-            if addr < start || addr >= end {
-                return Err(FreeError::NotAllocated { addr });
-            }
-            let slab = small_header(addr);
-            // SAFETY: the page lies in our source's span, which the source
-            // promises is memory it manages (readable); a page that is not
-            // one of our slabs fails the magic/owner test.
-            let ours = unsafe {
-                (*slab).magic == SLAB_MAGIC && (*slab).cache == (self as *const Self).cast()
-            };
-            if !ours {
-                return Err(FreeError::NotAllocated { addr });
-            }
-            slab
-        } else {
-            return Ok(ptr::null_mut());
-        };
-        // SAFETY: slab alive (above); base and nr_objs never change.
-        let (base, nr_objs) = unsafe { ((*slab).base, (*slab).nr_objs as usize) };
-        let (index, exact) = self.obj_index(addr.wrapping_sub(base));
-        if !exact || index >= nr_objs || addr < base {
-            return Err(FreeError::Misaligned { addr });
+        if !self.on_primary {
+            return self.locate_off_primary(addr);
         }
+        let entry = self.page_map.get(addr);
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        if entry & TAG_MASK != TAG_SLAB
+            // SAFETY: a TAG_SLAB entry names a registered slab, alive
+            // (entries are cleared before a slab is destroyed); `||` reads
+            // it only then.
+            || unsafe { (*slab).cache } != (self as *const Self).cast()
+        {
+            return Err(self.locate_error(addr, entry));
+        }
+        // SAFETY: a live slab of ours (above).
+        unsafe { self.check_object(slab, addr) }?;
         Ok(slab)
+    }
+
+    /// Why `addr` (page-map entry `entry`) is not one of our slabs' pages.
+    #[cold]
+    #[inline(never)]
+    fn locate_error(&self, addr: usize, entry: usize) -> FreeError {
+        if entry == 0 {
+            return FreeError::NotAllocated { addr };
+        }
+        if entry & TAG_MASK != TAG_SLAB {
+            return FreeError::WrongCache { addr, owner: None };
+        }
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        // SAFETY: registered slabs are alive; slabs on the primary source
+        // belong to caches of this allocator (same P), alive while they
+        // have slabs.
+        let other = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+        FreeError::WrongCache {
+            addr,
+            owner: Some(other.static_name()),
+        }
+    }
+
+    /// [`Self::locate`] for a cache on another page source: small slabs
+    /// by header magic and owner, bufctl slabs by the hash (null here).
+    #[inline(never)]
+    fn locate_off_primary(&self, addr: usize) -> Result<*mut Slab, FreeError> {
+        if self.kind != SlabKind::Small {
+            return Ok(ptr::null_mut());
+        }
+        let (start, end) = self.source.span();
+        if addr < start || addr >= end {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let slab = small_header(addr);
+        // SAFETY: the page lies in our source's span, which the source
+        // promises is memory it manages (readable); a page that is not
+        // one of our slabs fails the magic/owner test.
+        let ours =
+            unsafe { (*slab).magic == SLAB_MAGIC && (*slab).cache == (self as *const Self).cast() };
+        if !ours {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        // SAFETY: a live slab of ours (above).
+        unsafe { self.check_object(slab, addr) }?;
+        Ok(slab)
+    }
+
+    /// Check that `addr`, inside one of `slab`'s pages, is an object start
+    /// (`Misaligned` otherwise): one multiply (`obj_index`) and two
+    /// compares. (`addr >= base` holds: the page map, or the small slab's
+    /// header, put `addr` in the slab; so the offset is below the slab
+    /// size, below 2^32.)
+    ///
+    /// # Safety
+    /// `slab` is a live slab of this cache and `addr` lies in its pages.
+    #[inline(always)]
+    pub(crate) unsafe fn check_object(
+        &self,
+        slab: *mut Slab,
+        addr: usize,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        if unsafe { self.is_object_start(slab, addr) } {
+            Ok(())
+        } else {
+            Err(misaligned(addr))
+        }
+    }
+
+    /// Whether `addr` is an object start: see [`Self::check_object`].
+    ///
+    /// # Safety
+    /// As for [`Self::check_object`].
+    #[inline(always)]
+    pub(crate) unsafe fn is_object_start(&self, slab: *mut Slab, addr: usize) -> bool {
+        // SAFETY: per the caller; base never changes.
+        let base = unsafe { (*slab).base };
+        let (index, exact) = self.obj_index(addr.wrapping_sub(base));
+        exact && index < self.nr_objs_per_slab
     }
 
     /// Name with the cache's lifetime, for error reports.
@@ -609,23 +846,76 @@ impl<P: Platform> KmemCache<P> {
     /// Free an object whose slab was located (and checked) already.
     ///
     /// # Safety
-    /// As for [`KmemCache::free`]; `slab` came from `self.locate(obj)`.
+    /// As for [`KmemCache::free`]; `slab` came from `self.locate(obj)`
+    /// (or `kfree`'s page-map lookup and `check_object`).
     #[inline]
     pub(crate) unsafe fn free_located(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
     ) -> Result<(), FreeError> {
-        let hot = self.hot_flags.load(Ordering::Relaxed);
+        if self.hot_flags.load(Ordering::Relaxed) != 0 {
+            // SAFETY: per our caller.
+            return unsafe { self.free_flagged(obj, slab) };
+        }
+        // SAFETY: validated above; the caller gives the object up.
+        unsafe { self.magazine_free(obj) };
+        Ok(())
+    }
+
+    /// Free with bookkeeping (some `hot_flags` bit set): the checks that
+    /// can refuse, tracing, uncharging the tag, then the magazines. Out of
+    /// line; not `#[cold]`: with profiling on (`HOT_TAGGED`) it is the
+    /// common free.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_flagged(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        unsafe { self.free_flagged_inline(obj, slab, self.hot_flags.load(Ordering::Relaxed)) }
+    }
+
+    /// [`Self::free_flagged`] for `GlobalAlloc::dealloc`: a refused free
+    /// goes to the allocator's free-error report.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    pub(crate) unsafe fn dealloc_flagged(&self, obj: NonNull<u8>, slab: *mut Slab) {
+        // SAFETY: per our caller.
+        let result =
+            unsafe { self.free_flagged_inline(obj, slab, self.hot_flags.load(Ordering::Relaxed)) };
+        if let Err(error) = result {
+            self.owner().report_free_error(error);
+        }
+    }
+
+    /// The body of [`Self::free_flagged`]; `hot == 0` is allowed (a flag
+    /// was cleared meanwhile) and frees plainly.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(always)]
+    unsafe fn free_flagged_inline(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: u32,
+    ) -> Result<(), FreeError> {
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HOT_TAGGED {
+            // The common profiled case: no other bookkeeping.
+            self.untag_small_object(obj);
+        } else if hot != 0 {
+            self.free_cold(obj, slab, hot)?;
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
         if hot != 0 {
-            #[cfg(feature = "alloc-profiling")]
-            if hot == HOT_TAGGED {
-                // The common profiled case stays off the cold path.
-                self.untag_small_object(obj);
-                // SAFETY: validated above; the caller gives the object up.
-                unsafe { self.magazine_free(obj) };
-                return Ok(());
-            }
             self.free_cold(obj, slab, hot)?;
         }
         // SAFETY: validated above; the caller gives the object up.
@@ -634,7 +924,6 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Free-side bookkeeping: the checks that can refuse, then tracing.
-    #[cold]
     fn free_cold(&self, obj: NonNull<u8>, slab: *mut Slab, hot: u32) -> Result<(), FreeError> {
         let addr = obj.as_ptr() as usize;
         if hot & HOT_BOOTSTRAP != 0 {
@@ -770,7 +1059,7 @@ impl<P: Platform> KmemCache<P> {
         let mut nr_frees = self.nr_frees_direct.load(Ordering::Relaxed);
         let mut nr_cpu_cached_objs = 0;
         if !self.pcpu.is_null() {
-            for cpu in 0..self.nr_cpus {
+            for cpu in 0..self.nr_cpus() {
                 let cpu_stats = self.cpu_stats(cpu);
                 nr_allocs = nr_allocs.wrapping_add(cpu_stats.nr_allocs);
                 nr_frees = nr_frees.wrapping_add(cpu_stats.nr_frees);

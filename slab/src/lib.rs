@@ -119,6 +119,23 @@
 //! (`repr(C)`), and the depot, the first field any CPU writes, starts a
 //! new cache line.
 //!
+//! ## Hit paths
+//!
+//! A magazine hit is a leaf with no call that returns into it (every miss,
+//! error and bookkeeping case is a tail call to an out-of-line function), so
+//! it needs no callee-saved registers. **alloc**: one `hot_flags` test,
+//! the per-CPU index (`min(cpu_id, last_cpu)`, no division), interrupts
+//! off, the per-CPU lock (one `xchg`), pop from `loaded`, count, release
+//! (one store). **free** (`KmemCache::free`, `kfree`): one page-map load
+//! gives the slab, its owner is compared (`free`) or taken as the cache
+//! (`kfree`: no second lookup), one 64×64→128 multiply by `ceil(2^64 /
+//! stride)` both indexes the object and tests that the pointer is an object
+//! start (Lemire, Kaser and Kurz 2019), then the same per-CPU steps with a
+//! push. With `alloc-profiling` compiled in but off, alloc adds the
+//! platform's switch test and one branch; free adds nothing until some
+//! object of the cache was tagged (`HOT_TAGGED`). Measurements:
+//! `docs/BENCHMARKS.md`.
+//!
 //! ## FAQ
 //!
 //! **Why doesn't the magazine cache deadlock on itself?** (Akaros asks the

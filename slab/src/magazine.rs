@@ -28,7 +28,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::{CpuCacheStats, KmemCache};
 use crate::platform::Platform;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard, PcpuGuard, PcpuLock};
 use crate::{AllocError, BootCache};
 
 /// Rounds a magazine struct can hold: the largest magazine size.
@@ -73,7 +73,7 @@ pub(crate) struct PcpuInner {
 /// everything sound if `Platform::cpu_id` ever misreports.
 #[repr(align(64))]
 pub(crate) struct PcpuCache {
-    pub(crate) inner: Mutex<PcpuInner>,
+    pub(crate) inner: PcpuLock<PcpuInner>,
 }
 
 #[cfg(not(all(test, loom)))]
@@ -85,7 +85,7 @@ const _: () = {
 impl PcpuCache {
     pub(crate) fn new(magsize: usize) -> Self {
         PcpuCache {
-            inner: Mutex::new(PcpuInner {
+            inner: PcpuLock::new(PcpuInner {
                 loaded: ptr::null_mut(),
                 prev: ptr::null_mut(),
                 magsize,
@@ -249,20 +249,31 @@ fn rounds_of(mag: *mut Magazine) -> usize {
 
 impl<P: Platform> KmemCache<P> {
     /// The per-CPU cache of the running CPU.
-    #[inline]
+    ///
+    /// Only for caches with a magazine layer: every cache but the bootstrap
+    /// ones, which never reach the magazine paths (their allocs and frees
+    /// are refused on the `HOT_BOOTSTRAP` cold paths first).
+    #[inline(always)]
     fn this_pcpu(&self) -> &PcpuCache {
-        let mut cpu = P::cpu_id();
-        if cpu >= self.nr_cpus {
-            cpu %= self.nr_cpus;
-        }
-        // SAFETY: pcpu is non-null here (checked by callers) and has
-        // nr_cpus entries, alive as long as the cache.
+        debug_assert!(!self.pcpu.is_null());
+        // A misreported id is clamped to the last CPU (a compare and a
+        // conditional move, no branch): safe, every per-CPU cache has its
+        // own lock.
+        let cpu = P::cpu_id().min(self.last_cpu);
+        // SAFETY: pcpu is non-null for every non-bootstrap cache (above)
+        // and has nr_cpus entries, alive as long as the cache; cpu < nr_cpus.
         unsafe { &*self.pcpu.add(cpu) }
+    }
+
+    /// Length of the per-CPU array (for caches that have one).
+    #[inline]
+    pub(crate) fn nr_cpus(&self) -> usize {
+        self.last_cpu + 1
     }
 
     /// The per-CPU cache of CPU `cpu` (< nr_cpus), if the cache has any.
     pub(crate) fn pcpu(&self, cpu: usize) -> Option<&PcpuCache> {
-        if self.pcpu.is_null() || cpu >= self.nr_cpus {
+        if self.pcpu.is_null() || cpu > self.last_cpu {
             return None;
         }
         // SAFETY: cpu < nr_cpus, the length of the live per-CPU array.
@@ -292,15 +303,76 @@ impl<P: Platform> KmemCache<P> {
         stats
     }
 
-    /// Allocate through the magazine layer; on a miss, from the slab layer
-    /// (constructed). Not traced, not marked.
-    #[inline]
-    pub(crate) fn magazine_alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        if self.pcpu.is_null() {
-            return self.slab_alloc_constructed();
-        }
+    /// The magazine hit of an allocation: interrupts off, per-CPU lock,
+    /// pop a round from `loaded`, count, unlock. `None` (nothing changed)
+    /// if the lock is taken (a drain or a stats reader on another CPU) or
+    /// `loaded` is empty or missing. Not for bootstrap caches.
+    ///
+    /// A leaf with no call that returns into it, so it needs no
+    /// callee-saved registers: callers go to [`Self::magazine_alloc_or_miss`]'s
+    /// out-of-line path on `None`.
+    #[inline(always)]
+    pub(crate) fn magazine_alloc_fast(&self) -> Option<NonNull<u8>> {
         let irq = P::irq_save();
-        let mut guard = self.this_pcpu().inner.lock();
+        let Some(mut pcc) = self.this_pcpu().inner.try_lock() else {
+            P::irq_restore(irq);
+            return None;
+        };
+        let loaded = pcc.loaded;
+        let mut obj = None;
+        if !loaded.is_null() {
+            // SAFETY: a non-null loaded magazine is alive and ours under
+            // the per-CPU lock.
+            let nr_rounds = unsafe { (*loaded).nr_rounds };
+            if nr_rounds != 0 {
+                // SAFETY: 0 < nr_rounds <= MAG_MAX_ROUNDS (a magazine never
+                // holds more than its array), so index nr_rounds - 1 is in
+                // bounds; rounds below nr_rounds are non-null objects.
+                obj = unsafe {
+                    (*loaded).nr_rounds = nr_rounds - 1;
+                    Some(NonNull::new_unchecked(
+                        *(*loaded).rounds.get_unchecked(nr_rounds - 1),
+                    ))
+                };
+                pcc.nr_allocs += 1;
+            }
+        }
+        drop(pcc);
+        P::irq_restore(irq);
+        obj
+    }
+
+    /// Allocate through the magazine layer; on a miss, from the slab layer
+    /// (constructed). Not traced, not marked. Not for bootstrap caches.
+    #[inline(always)]
+    pub(crate) fn magazine_alloc_or_miss(&self) -> Result<NonNull<u8>, AllocError> {
+        match self.magazine_alloc_fast() {
+            Some(obj) => Ok(obj),
+            None => self.magazine_alloc_slow(),
+        }
+    }
+
+    /// [`Self::magazine_alloc_or_miss`] past the hit: wait for the per-CPU lock,
+    /// then the miss path.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn magazine_alloc_slow(&self) -> Result<NonNull<u8>, AllocError> {
+        let irq = P::irq_save();
+        let guard = self.this_pcpu().inner.lock();
+        self.magazine_alloc(guard, irq)
+    }
+
+    /// The allocation miss: `loaded` is empty (or missing): swap with
+    /// `prev`, trade with the depot, or go to the slab layer. Entered with
+    /// the per-CPU lock held and interrupts saved as `irq`; releases both.
+    /// (Named as before the hit was split out: its depot exchange is the
+    /// `time-stats` point `func:magazine_alloc`.)
+    #[inline(always)]
+    fn magazine_alloc(
+        &self,
+        mut guard: PcpuGuard<'_, PcpuInner>,
+        irq: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         let pcc = &mut *guard;
         loop {
             let loaded = pcc.loaded;
@@ -344,27 +416,101 @@ impl<P: Platform> KmemCache<P> {
         self.slab_alloc_constructed()
     }
 
+    /// The magazine hit of a free: push `obj` on `loaded` under the
+    /// per-CPU lock. False (nothing changed) if the lock is taken or
+    /// `loaded` is full or missing; a leaf like
+    /// [`Self::magazine_alloc_fast`].
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up if this returns true (validated by the caller).
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free_fast(&self, obj: NonNull<u8>) -> bool {
+        let irq = P::irq_save();
+        let Some(mut pcc) = self.this_pcpu().inner.try_lock() else {
+            P::irq_restore(irq);
+            return false;
+        };
+        let loaded = pcc.loaded;
+        let mut stored = false;
+        if !loaded.is_null() {
+            // SAFETY: a non-null loaded magazine is alive and ours under
+            // the per-CPU lock.
+            let nr_rounds = unsafe { (*loaded).nr_rounds };
+            if nr_rounds < pcc.magsize {
+                // SAFETY: nr_rounds < magsize <= MAG_MAX_ROUNDS, in bounds.
+                unsafe {
+                    *(*loaded).rounds.get_unchecked_mut(nr_rounds) = obj.as_ptr();
+                    (*loaded).nr_rounds = nr_rounds + 1;
+                }
+                pcc.nr_frees += 1;
+                stored = true;
+            }
+        }
+        drop(pcc);
+        P::irq_restore(irq);
+        stored
+    }
+
     /// Free through the magazine layer; objects that do not fit are
-    /// destructed and go to the slab layer.
+    /// destructed and go to the slab layer. Not for bootstrap caches.
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
     /// gives up (validated by the caller).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) {
-        if !self.pcpu.is_null() {
-            for _ in 0..MAG_FREE_RETRIES {
-                if self.try_magazine_free(obj) {
-                    return;
-                }
-                // No room and no empty magazine in the depot: make one.
-                // No lock is held here, so allocating from kmem_magazine
-                // cannot deadlock even when this cache is kmem_magazine.
-                match self.new_magazine() {
-                    // SAFETY: a fresh empty magazine, owned by nobody yet.
-                    Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
-                    Err(_) => break,
-                }
+        // SAFETY: per our caller.
+        if !unsafe { self.magazine_free_fast(obj) } {
+            // SAFETY: per our caller; the fast path changed nothing.
+            unsafe { self.magazine_free_slow(obj) }
+        }
+    }
+
+    /// [`Self::magazine_free`] past the hit: wait for the per-CPU lock,
+    /// then the miss path.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn magazine_free_slow(&self, obj: NonNull<u8>) {
+        let irq = P::irq_save();
+        let guard = self.this_pcpu().inner.lock();
+        // SAFETY: per our caller.
+        unsafe { self.magazine_free_miss(guard, irq, obj) }
+    }
+
+    /// `loaded` is full (or missing): swap, trade with the depot, make a
+    /// new magazine, or free to the slab layer. Entered with the per-CPU
+    /// lock held and interrupts saved as `irq`; releases both.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[inline(always)]
+    unsafe fn magazine_free_miss(
+        &self,
+        mut guard: PcpuGuard<'_, PcpuInner>,
+        irq: usize,
+        obj: NonNull<u8>,
+    ) {
+        let stored = self.try_magazine_free(&mut guard, obj);
+        drop(guard);
+        P::irq_restore(irq);
+        if stored {
+            return;
+        }
+        for _ in 0..MAG_FREE_RETRIES {
+            // No room and no empty magazine in the depot: make one. No
+            // lock is held here, so allocating from kmem_magazine cannot
+            // deadlock even when this cache is kmem_magazine.
+            match self.new_magazine() {
+                // SAFETY: a fresh empty magazine, owned by nobody yet.
+                Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                Err(_) => break,
+            }
+            if self.try_magazine_free_locking(obj) {
+                return;
             }
         }
         self.nr_frees_direct.fetch_add(1, Ordering::Relaxed);
@@ -372,13 +518,24 @@ impl<P: Platform> KmemCache<P> {
         unsafe { self.slab_free_objects(&[obj.as_ptr()]) };
     }
 
-    /// One pass of the free algorithm; false if a new magazine is needed.
-    #[inline]
-    fn try_magazine_free(&self, obj: NonNull<u8>) -> bool {
+    /// One pass of the free algorithm, taking the per-CPU lock; false if a
+    /// new magazine is needed.
+    fn try_magazine_free_locking(&self, obj: NonNull<u8>) -> bool {
         let irq = P::irq_save();
         let mut guard = self.this_pcpu().inner.lock();
-        let pcc = &mut *guard;
-        let stored = loop {
+        let stored = self.try_magazine_free(&mut guard, obj);
+        drop(guard);
+        P::irq_restore(irq);
+        stored
+    }
+
+    /// One pass of the free algorithm under the per-CPU lock: store `obj`
+    /// in `loaded`, swapping with `prev` or trading `prev` for an empty
+    /// magazine from the depot as needed; false if there is no room and
+    /// the depot has no empty magazine. (Its depot exchange is the
+    /// `time-stats` point `func:try_magazine_free`.)
+    fn try_magazine_free(&self, pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
+        loop {
             let loaded = pcc.loaded;
             if !loaded.is_null() && rounds_of(loaded) < pcc.magsize {
                 // SAFETY: loaded is alive with room (magsize <= MAG_MAX_ROUNDS).
@@ -387,7 +544,7 @@ impl<P: Platform> KmemCache<P> {
                     (*loaded).nr_rounds += 1;
                 }
                 pcc.nr_frees += 1;
-                break true;
+                return true;
             }
             if !pcc.prev.is_null() && (loaded.is_null() || rounds_of(pcc.prev) == 0) {
                 core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
@@ -423,12 +580,9 @@ impl<P: Platform> KmemCache<P> {
             drop(depot);
             time_stats_end!(P, start);
             if empty.is_null() {
-                break false;
+                return false;
             }
-        };
-        drop(guard);
-        P::irq_restore(irq);
-        stored
+        }
     }
 
     /// A new empty magazine from the `kmem_magazine` bootstrap cache.
@@ -459,7 +613,7 @@ impl<P: Platform> KmemCache<P> {
         if self.pcpu.is_null() {
             return;
         }
-        for cpu in 0..self.nr_cpus {
+        for cpu in 0..self.nr_cpus() {
             let Some(pcpu) = self.pcpu(cpu) else { continue };
             let irq = P::irq_save();
             let (loaded, prev) = {
@@ -506,7 +660,7 @@ impl<P: Platform> KmemCache<P> {
                 f(unsafe { (&(*mag).rounds)[index] });
             }
         };
-        for cpu in 0..self.nr_cpus {
+        for cpu in 0..self.nr_cpus() {
             let Some(pcpu) = self.pcpu(cpu) else { break };
             let pcc = pcpu.inner.lock();
             visit(pcc.loaded);

@@ -24,8 +24,8 @@ pub trait Platform: 'static {
     /// sized by it. A value of 0 is treated as 1.
     fn max_cpus() -> usize;
     /// Id of the CPU running the caller, in `0..max_cpus()`. An id out of
-    /// range is folded into range (`id % max_cpus`), which is safe (every
-    /// per-CPU cache has its own lock) but slower.
+    /// range is clamped to the last CPU (`max_cpus() - 1`), which is safe
+    /// (every per-CPU cache has its own lock) but contends with that CPU.
     fn cpu_id() -> usize;
     /// Disable interrupts on this CPU and return the previous state, to be
     /// handed to [`Platform::irq_restore`].

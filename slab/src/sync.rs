@@ -20,6 +20,104 @@ pub(crate) use spin::{Mutex, MutexGuard};
 #[cfg(all(test, loom))]
 pub(crate) use loom_mutex::{Mutex, MutexGuard};
 
+/// The per-CPU cache lock: in normal builds a one-byte test-and-set lock
+/// ([`pcpu_lock::PcpuLock`]: one `xchg` to acquire, a plain release store
+/// to release, the spinning out of line); under loom, the loom mutex.
+#[cfg(not(all(test, loom)))]
+pub(crate) use pcpu_lock::{PcpuGuard, PcpuLock};
+
+#[cfg(all(test, loom))]
+pub(crate) use loom_mutex::{Mutex as PcpuLock, MutexGuard as PcpuGuard};
+
+#[cfg(not(all(test, loom)))]
+mod pcpu_lock {
+    use core::cell::UnsafeCell;
+    use core::ops::{Deref, DerefMut};
+    use core::sync::atomic::{AtomicBool, Ordering};
+
+    /// A spin lock for the per-CPU caches, cheapest when uncontended (the
+    /// normal case: only its own CPU takes it, plus the rare drain or
+    /// statistics reader): acquire is one `xchg`, release one store.
+    pub(crate) struct PcpuLock<T> {
+        locked: AtomicBool,
+        value: UnsafeCell<T>,
+    }
+
+    // SAFETY: the value is only reached through a guard, and at most one
+    // guard exists at a time (the `locked` flag, Acquire/Release).
+    unsafe impl<T: Send> Sync for PcpuLock<T> {}
+    // SAFETY: as above; the lock owns its value.
+    unsafe impl<T: Send> Send for PcpuLock<T> {}
+
+    /// Holds a [`PcpuLock`]; releases it when dropped.
+    pub(crate) struct PcpuGuard<'a, T> {
+        lock: &'a PcpuLock<T>,
+    }
+
+    impl<T> PcpuLock<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            PcpuLock {
+                locked: AtomicBool::new(false),
+                value: UnsafeCell::new(value),
+            }
+        }
+
+        #[inline(always)]
+        pub(crate) fn lock(&self) -> PcpuGuard<'_, T> {
+            if self.locked.swap(true, Ordering::Acquire) {
+                self.lock_contended();
+            }
+            PcpuGuard { lock: self }
+        }
+
+        #[cold]
+        #[inline(never)]
+        fn lock_contended(&self) {
+            loop {
+                while self.locked.load(Ordering::Relaxed) {
+                    core::hint::spin_loop();
+                }
+                if !self.locked.swap(true, Ordering::Acquire) {
+                    return;
+                }
+            }
+        }
+
+        #[inline(always)]
+        pub(crate) fn try_lock(&self) -> Option<PcpuGuard<'_, T>> {
+            if self.locked.swap(true, Ordering::Acquire) {
+                None
+            } else {
+                Some(PcpuGuard { lock: self })
+            }
+        }
+    }
+
+    impl<T> Deref for PcpuGuard<'_, T> {
+        type Target = T;
+        #[inline(always)]
+        fn deref(&self) -> &T {
+            // SAFETY: we hold the lock: no other reference to the value.
+            unsafe { &*self.lock.value.get() }
+        }
+    }
+
+    impl<T> DerefMut for PcpuGuard<'_, T> {
+        #[inline(always)]
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: we hold the lock: no other reference to the value.
+            unsafe { &mut *self.lock.value.get() }
+        }
+    }
+
+    impl<T> Drop for PcpuGuard<'_, T> {
+        #[inline(always)]
+        fn drop(&mut self) {
+            self.lock.locked.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(all(test, loom))]
 mod loom_mutex {
     /// `loom::sync::Mutex` with `spin::Mutex`'s API.

@@ -293,17 +293,19 @@ fn hot_fields_first() {
     assert_eq!(depot % 64, 0);
     for (name, offset) in [
         ("hot_flags", offset_of!(Cache, hot_flags)),
-        ("stride_shift", offset_of!(Cache, stride_shift)),
-        ("pcpu", offset_of!(Cache, pcpu)),
-        ("nr_cpus", offset_of!(Cache, nr_cpus)),
-        ("stride", offset_of!(Cache, stride)),
-        ("page_map", offset_of!(Cache, page_map)),
         ("on_primary", offset_of!(Cache, on_primary)),
         ("kind", offset_of!(Cache, kind)),
+        ("pcpu", offset_of!(Cache, pcpu)),
+        ("last_cpu", offset_of!(Cache, last_cpu)),
+        ("stride_magic", offset_of!(Cache, stride_magic)),
+        ("nr_objs_per_slab", offset_of!(Cache, nr_objs_per_slab)),
+        ("page_map", offset_of!(Cache, page_map)),
     ] {
-        assert!(offset < 64, "{name} at {offset}");
+        let size = if name == "page_map" { 24 } else { 1 };
+        assert!(offset + size <= 64, "{name} at {offset}");
     }
     for offset in [
+        offset_of!(Cache, stride),
         offset_of!(Cache, obj_size),
         offset_of!(Cache, ctor),
         offset_of!(Cache, owner),
