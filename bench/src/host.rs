@@ -109,11 +109,14 @@ impl Platform for ProfPlatform {
     }
     #[inline]
     fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
-        PROF_COUNTERS.add(BenchPlatform::cpu_id(), tag, bytes);
+        // SAFETY: every benchmark thread has its own CPU id (thread-local),
+        // so only this thread writes that CPU's counter block.
+        unsafe { PROF_COUNTERS.add_local(BenchPlatform::cpu_id(), tag, bytes) };
     }
     #[inline]
     fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
-        PROF_COUNTERS.sub(BenchPlatform::cpu_id(), tag, bytes);
+        // SAFETY: as in alloc_tag_add.
+        unsafe { PROF_COUNTERS.sub_local(BenchPlatform::cpu_id(), tag, bytes) };
     }
 }
 

@@ -232,8 +232,8 @@ impl AllocTagCounters {
         if index >= self.nr_tags.load(Ordering::Relaxed) {
             return None;
         }
-        let nr_cpus = self.nr_cpus.load(Ordering::Relaxed);
-        let cpu = if cpu < nr_cpus { cpu } else { cpu % nr_cpus };
+        // An out-of-range CPU id shares the last CPU's block (no division).
+        let cpu = cpu.min(self.nr_cpus.load(Ordering::Relaxed).saturating_sub(1));
         let slot = cpu * self.block_len.load(Ordering::Relaxed) + index;
         // SAFETY: blocks is non-null, so init gave us nr_cpus blocks of
         // block_len counters for the program's lifetime; cpu < nr_cpus and
@@ -247,6 +247,46 @@ impl AllocTagCounters {
         if let Some(counter) = self.counter(cpu, tag_ref) {
             counter.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
             counter.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// [`add`](Self::add) for the CPU the caller runs on, without a locked
+    /// read-modify-write: Linux's `this_cpu_add`. On x86_64 each counter is
+    /// bumped by one `add` instruction, which an interrupt on this CPU cannot
+    /// split; other CPUs only read this CPU's block. Elsewhere it falls back
+    /// to the atomic [`add`](Self::add).
+    ///
+    /// # Safety
+    ///
+    /// The caller runs on CPU `cpu` and nothing else writes that CPU's block
+    /// concurrently: no other thread may call `add_local`/`sub_local` with
+    /// the same `cpu` at the same time (a kernel without preemption, or with
+    /// preemption disabled, satisfies this).
+    #[inline]
+    pub unsafe fn add_local(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter(cpu, tag_ref) {
+            // SAFETY: forwarded: only this CPU writes its block.
+            unsafe {
+                local_add(&counter.bytes, bytes as u64);
+                local_add(&counter.calls, 1);
+            }
+        }
+    }
+
+    /// [`sub`](Self::sub) for the CPU the caller runs on; see
+    /// [`add_local`](Self::add_local).
+    ///
+    /// # Safety
+    ///
+    /// As for [`add_local`](Self::add_local).
+    #[inline]
+    pub unsafe fn sub_local(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter(cpu, tag_ref) {
+            // SAFETY: forwarded: only this CPU writes its block.
+            unsafe {
+                local_add(&counter.bytes, (bytes as u64).wrapping_neg());
+                local_add(&counter.calls, u64::MAX);
+            }
         }
     }
 
@@ -472,4 +512,29 @@ pub fn write_allocinfo_row(
         write!(out, " accurate:no")?;
     }
     writeln!(out)
+}
+
+/// Adds `value` (wrapping) to a counter only this CPU writes, without a
+/// locked instruction.
+///
+/// # Safety
+///
+/// No other thread writes `counter` concurrently.
+#[inline(always)]
+unsafe fn local_add(counter: &AtomicU64, value: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `counter` is a valid, aligned u64; a single `add` to it is
+    // atomic with respect to interrupts on this CPU, and by the caller's
+    // contract no other CPU writes it (others only load it, and an aligned
+    // 8-byte store is never torn).
+    unsafe {
+        core::arch::asm!(
+            "add qword ptr [{counter}], {value}",
+            counter = in(reg) counter.as_ptr(),
+            value = in(reg) value,
+            options(nostack),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    counter.fetch_add(value, Ordering::Relaxed);
 }

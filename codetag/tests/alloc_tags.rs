@@ -103,6 +103,45 @@ fn per_cpu_counters_sum_over_cpus() {
 }
 
 #[test]
+fn local_counters_sum_like_atomic_ones_across_threads() {
+    // One thread per CPU id, as a kernel without preemption runs: each
+    // writes only its own block with the unlocked add_local/sub_local.
+    let counters = counters(4);
+    let a = site_a().tag_ref();
+    std::thread::scope(|scope| {
+        for cpu in 0..4 {
+            scope.spawn(move || {
+                for _ in 0..10_000 {
+                    // SAFETY: this thread is the only writer of `cpu`'s block.
+                    unsafe { counters.add_local(cpu, a, 32) };
+                }
+                // Frees count on the CPU that frees (the kernel's rule), so
+                // a CPU's own block may go below zero; only the sum matters.
+                for _ in 0..16_000 {
+                    // SAFETY: as above.
+                    unsafe { counters.sub_local(cpu, a, 32) };
+                }
+            });
+        }
+    });
+    assert_eq!(counters.read(a), AllocTagCounts::default(), "4 x (10,000 - 16,000) reads 0");
+    // SAFETY: the spawned threads have ended; this thread is the only writer.
+    unsafe {
+        for _ in 0..30_000 {
+            counters.add_local(0, a, 32);
+        }
+    }
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts {
+            bytes: 6_000 * 32,
+            calls: 6_000
+        },
+        "-24,000 + 30,000 live objects: the per-CPU values wrap, the sum is exact"
+    );
+}
+
+#[test]
 fn counters_without_memory_count_nothing_and_init_once() {
     let counters = AllocTagCounters::new();
     assert!(!counters.is_ready());

@@ -174,7 +174,9 @@ pub fn explicit_tag(tag: &'static AllocTag) -> u32 {
 /// the site is being captured.
 #[inline]
 pub fn charge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
-    COUNTERS.add(arch::cpu_id(), tag, bytes);
+    // SAFETY: this kernel has no preemption: code runs on the CPU whose id
+    // GS gives until it returns, so only this CPU writes its counter block.
+    unsafe { COUNTERS.add_local(arch::cpu_id(), tag, bytes) };
     if tag == CTX_TAG.load(Ordering::Relaxed) {
         ctx_record(ptr, bytes);
     }
@@ -184,7 +186,8 @@ pub fn charge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
 /// context record.
 #[inline]
 pub fn uncharge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
-    COUNTERS.sub(arch::cpu_id(), tag, bytes);
+    // SAFETY: as in `charge`: only this CPU writes its counter block.
+    unsafe { COUNTERS.sub_local(arch::cpu_id(), tag, bytes) };
     if CTX_NR_RECORDS.load(Ordering::Relaxed) != 0 {
         ctx_remove(ptr);
     }
