@@ -161,6 +161,17 @@ fn start_ap(cpu: usize, apic_id: u32) -> bool {
         }
         core::hint::spin_loop();
     }
+    // The AP is out of the trampoline; wait until it has finished its own
+    // set-up (GDT, TSS and double-fault stack come from the slab allocator)
+    // and sits in its work loop, so nothing it allocates while starting
+    // overlaps with what the boot CPU does next.
+    while percpu.state() == CpuState::Busy {
+        if arch::rdtsc() > deadline {
+            log::warn!("cpu {cpu} is slow to finish its set-up");
+            break;
+        }
+        core::hint::spin_loop();
+    }
     percpu.state().is_online()
 }
 
