@@ -139,6 +139,9 @@ pub fn prof_init(on: bool) {
     } else {
         BootSetting::Off
     });
+    // As a kernel does whenever its switch flips: off, the allocator's
+    // alloc fast path does not ask `alloc_tag_current` at all.
+    crate::allocs::MAGPIE_PROF.set_alloc_profiling(PROF_SWITCH.is_on());
 }
 
 fn bench_tag() -> &'static AllocTag {

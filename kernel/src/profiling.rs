@@ -102,6 +102,19 @@ pub fn init() {
     if !COMPILED_IN {
         return;
     }
+    init_switch();
+    sync_slab_switch();
+}
+
+/// Tell the slab allocator whether profiling is on, so that with it off
+/// the alloc fast path does not even ask [`current_tag`]. Called whenever
+/// [`SWITCH`] changes (after [`init`]: the slab allocator is up by then).
+fn sync_slab_switch() {
+    crate::kmem::SLAB.set_alloc_profiling(SWITCH.is_on());
+}
+
+/// [`init`]'s counters and boot argument.
+fn init_switch() {
     let setting = crate::boot_info::get()
         .and_then(|boot| boot.arg("mem_profiling"))
         .map(|value| {
@@ -551,7 +564,9 @@ pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static 
     let _scope = crate::alloc_tag_scope!();
     match args {
         ["on"] => {
-            match SWITCH.enable() {
+            let result = SWITCH.enable();
+            sync_slab_switch();
+            match result {
                 Ok(()) => {
                     let _ = writeln!(out, "allocation profiling on");
                 }
@@ -562,7 +577,9 @@ pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static 
             return Ok(());
         }
         ["off"] => {
-            match SWITCH.disable() {
+            let result = SWITCH.disable();
+            sync_slab_switch();
+            match result {
                 Ok(()) => {
                     let _ = writeln!(out, "allocation profiling off");
                 }

@@ -24,12 +24,19 @@
 //! is always 0 (frees clear it), so an object allocated while profiling is
 //! off needs no store at all.
 //!
+//! The runtime switch: [`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)
+//! sets or clears `HOT_PROFILING` in every cache's `hot_flags` (new caches
+//! inherit it); a kernel calls it whenever its own switch flips. Set, the
+//! alloc goes to the out-of-line profiled path, which asks
+//! `alloc_tag_current()` after the magazine hit; clear, no tag is asked
+//! for (explicit tags are ignored too) and the object gets reference 0.
+//!
 //! Costs: compiled out, nothing (no code, no bytes). Compiled in but off:
-//! `alloc_tag_current()` (a kernel's switch test) and one branch per
-//! alloc, asked after the magazine hit; nothing per free until some object
-//! of the cache has been tagged. On: a multiply, a 4-byte store and
-//! `alloc_tag_add` per alloc; a load, a store and `alloc_tag_sub`
-//! per free. Bootstrap (metadata) caches have no reference arrays.
+//! nothing per alloc (the bit is in the word the hit tests anyway);
+//! nothing per free until some object of the cache has been tagged. On:
+//! a call to the profiled path, `alloc_tag_current()`, a multiply, a
+//! 4-byte store and `alloc_tag_add` per alloc; a load, a store and
+//! `alloc_tag_sub` per free. Bootstrap (metadata) caches have no reference arrays.
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
@@ -99,6 +106,14 @@ impl<P: Platform> KmemCache<P> {
         // for every small cache callers allocate from); the object is ours
         // until freed, and so is its slot.
         unsafe { self.tag_slot(obj).write(tag) };
+    }
+
+    /// A busy small-slab object's tag reference (tests).
+    #[cfg(test)]
+    pub(crate) fn small_tag_ref(&self, obj: NonNull<u8>) -> AllocTagRef {
+        // SAFETY: as in tag_small_object: obj is a busy object of one of
+        // our small slabs (the caller's promise), its slot ours to read.
+        unsafe { self.tag_slot(obj).read() }
     }
 
     /// Clear a small-slab object's tag reference and uncharge its tag.

@@ -7,12 +7,12 @@ use core::cell::UnsafeCell;
 use core::fmt::{self, Write as _};
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
 use crate::cache::{
-    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, KmemCache,
+    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, HOT_PROFILING, KmemCache,
 };
 use crate::error::{AllocError, FreeError};
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
@@ -140,6 +140,10 @@ pub struct Allocator<P: Platform> {
     large_nr_allocs_ever: AtomicU64,
     nr_bad_frees: AtomicU64,
     free_error_hook: Mutex<Option<fn(&FreeError)>>,
+    /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
+    /// written under the cache-list lock, mirrored in every cache's
+    /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
+    alloc_profiling: AtomicBool,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -200,7 +204,47 @@ impl<P: Platform> Allocator<P> {
             large_nr_allocs_ever: AtomicU64::new(0),
             nr_bad_frees: AtomicU64::new(0),
             free_error_hook: Mutex::new(None),
+            alloc_profiling: AtomicBool::new(true),
         }
+    }
+
+    /// Switch allocation profiling (feature `alloc-profiling`) on or off
+    /// for every cache, present and future: a kernel calls this whenever
+    /// its own switch flips. On (the default), every allocation asks
+    /// [`Platform::alloc_tag_current`] for its tag and explicit tags are
+    /// charged; off, nothing is asked or charged (objects get tag
+    /// reference 0, their frees uncharge nothing) and the alloc fast path
+    /// is the compiled-out one. Without the feature, a no-op.
+    pub fn set_alloc_profiling(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        let list = self.caches.lock();
+        self.alloc_profiling.store(on, Ordering::Relaxed);
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: caches on the list are alive while we hold its lock;
+            // links are only touched under it.
+            unsafe {
+                if on {
+                    (*cache)
+                        .hot_flags
+                        .fetch_or(HOT_PROFILING, Ordering::Relaxed);
+                } else {
+                    (*cache)
+                        .hot_flags
+                        .fetch_and(!HOT_PROFILING, Ordering::Relaxed);
+                }
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+    }
+
+    /// Whether allocation profiling is switched on
+    /// ([`Allocator::set_alloc_profiling`]; false without feature
+    /// `alloc-profiling`).
+    pub fn alloc_profiling(&self) -> bool {
+        cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
     }
 
     /// Bring the allocator up on `source`, its primary page source: build
@@ -449,6 +493,13 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: links are only touched under the cache-list lock; cache
         // and the tail are alive.
         unsafe {
+            // Inherit the profiling switch (read under the same lock as
+            // set_alloc_profiling writes it).
+            if self.alloc_profiling() {
+                (*cache)
+                    .hot_flags
+                    .fetch_or(HOT_PROFILING, Ordering::Relaxed);
+            }
             *(*cache).links.get() = crate::cache::CacheLinks {
                 prev: list.tail,
                 next: ptr::null(),
@@ -749,7 +800,7 @@ impl<P: Platform> Allocator<P> {
         if size == 0 || !align.is_power_of_two() {
             return Err(AllocError::InvalidLayout);
         }
-        self.kmalloc_checked(size, align, || tag)
+        self.kmalloc_checked(size, align, move || tag)
     }
 
     /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
@@ -764,7 +815,10 @@ impl<P: Platform> Allocator<P> {
         debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
         match Self::kmalloc_index(size, align) {
             Some(index) => self.kmalloc_cache(index).alloc_with(tag),
-            None => crate::cache::unpack(self.large_alloc_packed(size, align, tag())),
+            None => {
+                let tag = if self.alloc_profiling() { tag() } else { 0 };
+                crate::cache::unpack(self.large_alloc_packed(size, align, tag))
+            }
         }
     }
 

@@ -151,6 +151,14 @@ pub(crate) const HOT_BOOTSTRAP: u32 = 16;
 /// slab's tag array (feature `alloc-profiling`): frees must look at it.
 /// The only flag that does not send allocations to the cold path.
 pub(crate) const HOT_TAGGED: u32 = 32;
+/// Allocation profiling is switched on in the allocator
+/// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling);
+/// feature `alloc-profiling`): allocations go to the out-of-line profiled
+/// path, which asks [`Platform::alloc_tag_current`]. Clear, the alloc hit
+/// is the compiled-out one and no tag is asked for. Frees ignore it.
+pub(crate) const HOT_PROFILING: u32 = 64;
+/// The bits a free looks at (all but [`HOT_PROFILING`]).
+pub(crate) const HOT_FREE_MASK: u32 = !HOT_PROFILING;
 
 /// Links of the allocator's cache list (under the cache-list lock).
 pub(crate) struct CacheLinks<P: Platform> {
@@ -486,7 +494,9 @@ impl<P: Platform> KmemCache<P> {
     /// `align()`.
     ///
     /// With feature `alloc-profiling`, the object is charged to the tag
-    /// [`Platform::alloc_tag_current`] names (nothing if it says 0).
+    /// [`Platform::alloc_tag_current`] names (nothing if it says 0), which
+    /// is asked only while profiling is switched on in the allocator
+    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)).
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
@@ -503,43 +513,58 @@ impl<P: Platform> KmemCache<P> {
     /// for call sites that name their own tag (`kmem_cache_alloc!`). The
     /// object remembers the tag, so whoever frees it, on whatever CPU,
     /// uncharges the same tag. Without feature `alloc-profiling` the tag
-    /// is ignored.
+    /// is ignored, and so it is while profiling is switched off in the
+    /// allocator.
     ///
     /// # Errors
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(|| tag)
+        self.alloc_with(move || tag)
     }
 
-    /// Allocate, charging the tag `tag()` names. The tag is asked for
-    /// only after the magazine hit, where nothing else is live: with
-    /// profiling compiled in but off, the hit pays the platform's switch
-    /// test (`alloc_tag_current` returning 0) and one branch, and the
-    /// tagging itself is out of line.
+    /// Allocate, charging the tag `tag()` names. With profiling switched
+    /// off in the allocator (`HOT_PROFILING` clear) `tag` is never called
+    /// and the hit is exactly the compiled-out one: one `hot_flags` test.
+    /// Switched on, the alloc goes to [`Self::alloc_flagged`] (out of
+    /// line), which asks the tag after the magazine hit.
     #[inline(always)]
     pub(crate) fn alloc_with(&self, tag: impl Fn() -> u32) -> Result<NonNull<u8>, AllocError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
         if hot & !HOT_TAGGED != 0 {
-            return unpack(self.alloc_cold_packed(hot, tag()));
+            return unpack(self.alloc_flagged(hot, tag));
         }
         let Some(obj) = self.magazine_alloc_fast() else {
-            return unpack(self.alloc_slow(tag()));
+            return unpack(self.alloc_slow(0));
         };
-        #[cfg(feature = "alloc-profiling")]
-        {
-            let tag = tag();
-            if tag != 0 {
-                return unpack(self.alloc_tag_small(obj, tag, hot));
-            }
-        }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let _ = tag;
         Ok(obj)
     }
 
-    /// [`Self::alloc_with`] when the magazine hit failed (no
-    /// bookkeeping flags): the magazine miss path.
+    /// [`Self::alloc_with`] with some flag set other than `HOT_TAGGED`:
+    /// profiling on (the common profiled alloc: not `#[cold]`) and/or
+    /// bookkeeping (the cold path). `tag` is called only if `HOT_PROFILING`
+    /// is set.
+    #[inline(never)]
+    fn alloc_flagged(&self, hot: u32, tag: impl Fn() -> u32) -> usize {
+        #[cfg(feature = "alloc-profiling")]
+        if hot & !(HOT_TAGGED | HOT_PROFILING) == 0 {
+            // Profiling on, no other bookkeeping: the magazine hit, then
+            // the tag (nothing else is live by then).
+            let Some(obj) = self.magazine_alloc_fast() else {
+                return self.alloc_slow(tag());
+            };
+            let tag = tag();
+            if tag != 0 {
+                return self.alloc_tag_small(obj, tag, hot);
+            }
+            return pack(Ok(obj));
+        }
+        let tag = if hot & HOT_PROFILING != 0 { tag() } else { 0 };
+        self.alloc_cold_packed(hot & !HOT_PROFILING, tag)
+    }
+
+    /// The magazine miss path (no bookkeeping flags), charging `tag`
+    /// (0: nothing).
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, tag: u32) -> usize {
@@ -556,12 +581,9 @@ impl<P: Platform> KmemCache<P> {
         pack(Ok(obj))
     }
 
-    /// Charge a small-slab object just allocated to `tag` (profiling on):
-    /// out of line, so that with profiling compiled in but off the alloc
-    /// path pays one test of the tag and nothing else (not `#[cold]`: with
-    /// profiling on it is the common case).
+    /// Charge a small-slab object just allocated to `tag` (profiling on).
     #[cfg(feature = "alloc-profiling")]
-    #[inline(never)]
+    #[inline(always)]
     fn alloc_tag_small(&self, obj: NonNull<u8>, tag: u32, hot: u32) -> usize {
         self.tag_small_object(obj, tag, hot);
         P::alloc_tag_add(tag, obj, self.obj_size);
@@ -709,7 +731,7 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         slab: *mut Slab,
     ) -> FastFree<'_, P> {
-        if self.hot_flags.load(Ordering::Relaxed) != 0 {
+        if self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK != 0 {
             return FastFree::Flagged(self, slab);
         }
         // SAFETY: per our caller.
@@ -854,7 +876,7 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         slab: *mut Slab,
     ) -> Result<(), FreeError> {
-        if self.hot_flags.load(Ordering::Relaxed) != 0 {
+        if self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK != 0 {
             // SAFETY: per our caller.
             return unsafe { self.free_flagged(obj, slab) };
         }
@@ -877,7 +899,13 @@ impl<P: Platform> KmemCache<P> {
         slab: *mut Slab,
     ) -> Result<(), FreeError> {
         // SAFETY: per our caller.
-        unsafe { self.free_flagged_inline(obj, slab, self.hot_flags.load(Ordering::Relaxed)) }
+        unsafe {
+            self.free_flagged_inline(
+                obj,
+                slab,
+                self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK,
+            )
+        }
     }
 
     /// [`Self::free_flagged`] for `GlobalAlloc::dealloc`: a refused free
@@ -888,8 +916,13 @@ impl<P: Platform> KmemCache<P> {
     #[inline(never)]
     pub(crate) unsafe fn dealloc_flagged(&self, obj: NonNull<u8>, slab: *mut Slab) {
         // SAFETY: per our caller.
-        let result =
-            unsafe { self.free_flagged_inline(obj, slab, self.hot_flags.load(Ordering::Relaxed)) };
+        let result = unsafe {
+            self.free_flagged_inline(
+                obj,
+                slab,
+                self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK,
+            )
+        };
         if let Err(error) = result {
             self.owner().report_free_error(error);
         }

@@ -46,8 +46,11 @@
 //! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`], [`KmemCache::alloc_tagged`] and
-//! [`Allocator::kmalloc_tagged`]. The platform's `alloc_tag_current`
-//! returning 0 is the runtime off switch. Feature `time-stats` puts
+//! [`Allocator::kmalloc_tagged`]. The runtime switch is
+//! [`Allocator::set_alloc_profiling`] (a kernel calls it whenever its own
+//! switch flips; on by default): off, nothing asks `alloc_tag_current` or
+//! charges anything (a `HOT_PROFILING` bit in every cache's `hot_flags`).
+//! Feature `time-stats` puts
 //! `magpie-codetag` latency statistics on the slab-layer refill (`grow`)
 //! and the depot exchanges (timed with `Platform::now`).
 //!
@@ -131,8 +134,9 @@
 //! (`kfree`: no second lookup), one 64×64→128 multiply by `ceil(2^64 /
 //! stride)` both indexes the object and tests that the pointer is an object
 //! start (Lemire, Kaser and Kurz 2019), then the same per-CPU steps with a
-//! push. With `alloc-profiling` compiled in but off, alloc adds the
-//! platform's switch test and one branch; free adds nothing until some
+//! push. With `alloc-profiling` compiled in but switched off
+//! (`set_alloc_profiling(false)`), alloc adds nothing (the switch is a bit
+//! of the `hot_flags` word it tests anyway); free adds nothing until some
 //! object of the cache was tagged (`HOT_TAGGED`). Measurements:
 //! `docs/BENCHMARKS.md`.
 //!

@@ -50,7 +50,9 @@ pub trait Platform: 'static {
     /// `GlobalAlloc` and `Allocator` shims). Return 0 to charge nothing:
     /// profiling is off, and the object will never be uncharged either.
     /// A kernel returns its per-CPU "current scope" tag, or its catch-all
-    /// "untagged" tag. The default is 0: profiling off.
+    /// "untagged" tag. The default is 0: profiling off. Asked only while
+    /// profiling is switched on in the allocator
+    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)).
     #[inline(always)]
     fn alloc_tag_current() -> u32 {
         0

@@ -7,6 +7,7 @@
 use std::boxed::Box;
 use std::cell::Cell;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::vec::Vec;
 
@@ -430,4 +431,135 @@ fn refill_and_depot_exchanges_are_timed() {
             "{name}: {functions:?}"
         );
     }
+}
+
+// ------------------------------------------- the allocator's own switch
+
+static COUNTING_CURRENT_CALLS: AtomicUsize = AtomicUsize::new(0);
+static COUNTING_ADD_CALLS: AtomicUsize = AtomicUsize::new(0);
+static COUNTING_SUB_CALLS: AtomicUsize = AtomicUsize::new(0);
+/// The tag [`CountingPlatform`] always names (its own switch always on).
+const COUNTING_TAG: u32 = 7;
+
+/// [`TestPlatform`] whose `alloc_tag_*` hooks only count their calls
+/// (used by one test only: no `SERIAL` needed).
+struct CountingPlatform;
+
+impl Platform for CountingPlatform {
+    fn max_cpus() -> usize {
+        TestPlatform::max_cpus()
+    }
+    fn cpu_id() -> usize {
+        TestPlatform::cpu_id()
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    fn irq_restore(_state: usize) {}
+    fn now() -> u64 {
+        TestPlatform::now()
+    }
+    fn backtrace(frames: &mut [usize]) -> usize {
+        TestPlatform::backtrace(frames)
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        TestPlatform::context(buf)
+    }
+    fn alloc_tag_current() -> u32 {
+        COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
+        COUNTING_TAG
+    }
+    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(tag, COUNTING_TAG);
+        COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(tag, COUNTING_TAG);
+        COUNTING_SUB_CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
+    set_cpu(0);
+    let calls = || {
+        (
+            COUNTING_CURRENT_CALLS.load(Ordering::Relaxed),
+            COUNTING_ADD_CALLS.load(Ordering::Relaxed),
+            COUNTING_SUB_CALLS.load(Ordering::Relaxed),
+        )
+    };
+    let alloc: &'static Allocator<CountingPlatform> = Box::leak(Box::new(Allocator::new()));
+    assert!(alloc.alloc_profiling(), "on by default");
+    alloc.init(FakeSource::new(4096)).expect("init");
+    alloc.set_alloc_profiling(false);
+    assert!(!alloc.alloc_profiling());
+    // Created while off: inherits off. kmalloc-64 existed before: switched.
+    let cache = alloc
+        .cache_create("counting-48", 48, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let big_cache = alloc
+        .cache_create(
+            "counting-big",
+            1500,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+    let before = calls();
+    let mut off_small = Vec::new();
+    for _ in 0..100 {
+        off_small.push((cache, cache.alloc().unwrap()));
+        off_small.push((cache, cache.alloc_tagged(COUNTING_TAG).unwrap()));
+    }
+    let off_kmalloc: Vec<_> = (0..100).map(|_| alloc.kmalloc(64, 8).unwrap()).collect();
+    let off_big = big_cache.alloc().unwrap();
+    let off_large = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    let kmalloc_64 = alloc.kmalloc_cache_for(64, 8).unwrap();
+    assert_eq!(calls(), before, "off: no alloc_tag_* call at all");
+    for &(cache, obj) in &off_small {
+        assert_eq!(cache.small_tag_ref(obj), 0);
+    }
+    for &obj in &off_kmalloc {
+        assert_eq!(kmalloc_64.small_tag_ref(obj), 0);
+    }
+
+    // Switched on: asked on every path, tagged, charged.
+    alloc.set_alloc_profiling(true);
+    let on_small: Vec<_> = (0..100).map(|_| cache.alloc().unwrap()).collect();
+    let on_kmalloc = alloc.kmalloc(64, 8).unwrap();
+    let on_big = big_cache.alloc().unwrap();
+    let on_large = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    let after_on = calls();
+    assert_eq!(after_on.0 - before.0, 103, "asked once per alloc");
+    assert_eq!(after_on.1 - before.1, 103, "charged once per alloc");
+    for &obj in &on_small {
+        assert_eq!(cache.small_tag_ref(obj), COUNTING_TAG);
+    }
+    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), COUNTING_TAG);
+
+    // Frees of objects allocated while off uncharge nothing, even with
+    // profiling on now; those allocated while on uncharge once each.
+    // SAFETY: every object allocated above, freed once.
+    unsafe {
+        for &(cache, obj) in &off_small {
+            cache.free(obj).unwrap();
+        }
+        for &obj in &off_kmalloc {
+            alloc.kfree(obj).unwrap();
+        }
+        big_cache.free(off_big).unwrap();
+        alloc.kfree(off_large).unwrap();
+        assert_eq!(calls().2, after_on.2, "objects of the off period");
+        for &obj in &on_small {
+            cache.free(obj).unwrap();
+        }
+        alloc.kfree(on_kmalloc).unwrap();
+        big_cache.free(on_big).unwrap();
+        alloc.kfree(on_large).unwrap();
+    }
+    assert_eq!(calls().2 - after_on.2, 103);
 }
