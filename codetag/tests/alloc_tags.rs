@@ -124,7 +124,11 @@ fn local_counters_sum_like_atomic_ones_across_threads() {
             });
         }
     });
-    assert_eq!(counters.read(a), AllocTagCounts::default(), "4 x (10,000 - 16,000) reads 0");
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts::default(),
+        "4 x (10,000 - 16,000) reads 0"
+    );
     // SAFETY: the spawned threads have ended; this thread is the only writer.
     unsafe {
         for _ in 0..30_000 {

@@ -29,29 +29,37 @@ std::thread_local! {
     static CURRENT: Cell<u32> = const { Cell::new(0) };
 }
 
+/// The machine half of a test [`Platform`]: everything but the
+/// `alloc_tag_*` hooks, from [`TestPlatform`].
+macro_rules! test_platform_basics {
+    () => {
+        fn max_cpus() -> usize {
+            TestPlatform::max_cpus()
+        }
+        fn cpu_id() -> usize {
+            TestPlatform::cpu_id()
+        }
+        fn irq_save() -> usize {
+            0
+        }
+        fn irq_restore(_state: usize) {}
+        fn now() -> u64 {
+            TestPlatform::now()
+        }
+        fn backtrace(frames: &mut [usize]) -> usize {
+            TestPlatform::backtrace(frames)
+        }
+        fn context(buf: &mut [u8; 32]) -> usize {
+            TestPlatform::context(buf)
+        }
+    };
+}
+
 /// [`TestPlatform`] plus allocation profiling through `magpie-codetag`.
 struct ProfiledPlatform;
 
 impl Platform for ProfiledPlatform {
-    fn max_cpus() -> usize {
-        TestPlatform::max_cpus()
-    }
-    fn cpu_id() -> usize {
-        TestPlatform::cpu_id()
-    }
-    fn irq_save() -> usize {
-        0
-    }
-    fn irq_restore(_state: usize) {}
-    fn now() -> u64 {
-        TestPlatform::now()
-    }
-    fn backtrace(frames: &mut [usize]) -> usize {
-        TestPlatform::backtrace(frames)
-    }
-    fn context(buf: &mut [u8; 32]) -> usize {
-        TestPlatform::context(buf)
-    }
+    test_platform_basics!();
     fn alloc_tag_current() -> u32 {
         if !SWITCH.is_on() {
             return 0;
@@ -446,25 +454,7 @@ const COUNTING_TAG: u32 = 7;
 struct CountingPlatform;
 
 impl Platform for CountingPlatform {
-    fn max_cpus() -> usize {
-        TestPlatform::max_cpus()
-    }
-    fn cpu_id() -> usize {
-        TestPlatform::cpu_id()
-    }
-    fn irq_save() -> usize {
-        0
-    }
-    fn irq_restore(_state: usize) {}
-    fn now() -> u64 {
-        TestPlatform::now()
-    }
-    fn backtrace(frames: &mut [usize]) -> usize {
-        TestPlatform::backtrace(frames)
-    }
-    fn context(buf: &mut [u8; 32]) -> usize {
-        TestPlatform::context(buf)
-    }
+    test_platform_basics!();
     fn alloc_tag_current() -> u32 {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
         COUNTING_TAG
