@@ -154,8 +154,16 @@ pub struct AllocTagCounts {
 pub struct AllocTagCounters {
     blocks: AtomicPtr<TagCounter>,
     nr_cpus: AtomicUsize,
+    /// `nr_cpus - 1`: the block an out-of-range CPU id shares.
+    last_cpu: AtomicUsize,
     /// Counters per CPU block (nr_tags rounded up to a cache line).
     block_len: AtomicUsize,
+    /// `block_len` in bytes (the update paths' CPU stride).
+    block_bytes: AtomicUsize,
+    /// Number of tags; 0 until [`AllocTagCounters::init`] published the
+    /// memory (stored last, with release), so that one compare of a tag
+    /// index against it both rejects a bad reference and tells whether
+    /// the counters have memory.
     nr_tags: AtomicUsize,
 }
 
@@ -171,7 +179,9 @@ impl AllocTagCounters {
         Self {
             blocks: AtomicPtr::new(core::ptr::null_mut()),
             nr_cpus: AtomicUsize::new(0),
+            last_cpu: AtomicUsize::new(0),
             block_len: AtomicUsize::new(0),
+            block_bytes: AtomicUsize::new(0),
             nr_tags: AtomicUsize::new(0),
         }
     }
@@ -210,35 +220,55 @@ impl AllocTagCounters {
         // bytes are valid atomics.
         unsafe { core::ptr::write_bytes(memory.as_ptr(), 0, len) };
         self.nr_cpus.store(nr_cpus, Ordering::Relaxed);
-        self.block_len
-            .store(Self::block_len_for(nr_tags), Ordering::Relaxed);
-        self.nr_tags.store(nr_tags, Ordering::Relaxed);
+        self.last_cpu.store(nr_cpus - 1, Ordering::Relaxed);
+        let block_len = Self::block_len_for(nr_tags);
+        self.block_len.store(block_len, Ordering::Relaxed);
+        self.block_bytes.store(
+            block_len * core::mem::size_of::<TagCounter>(),
+            Ordering::Relaxed,
+        );
         self.blocks.store(memory.as_ptr().cast(), Ordering::Release);
+        // Last: a non-zero nr_tags publishes everything above.
+        self.nr_tags.store(nr_tags, Ordering::Release);
         true
     }
 
     /// Whether the counters have memory.
     pub fn is_ready(&self) -> bool {
-        !self.blocks.load(Ordering::Acquire).is_null()
+        self.nr_tags.load(Ordering::Acquire) != 0
     }
 
-    #[inline]
+    /// CPU `cpu`'s counter of `tag_ref`; `None` for a reference out of
+    /// range or before [`AllocTagCounters::init`]. The update paths' only
+    /// checks: one compare (`nr_tags` is 0 until the memory is published)
+    /// and a conditional move clamping the CPU id.
+    #[inline(always)]
     fn counter(&self, cpu: usize, tag_ref: AllocTagRef) -> Option<&TagCounter> {
-        let blocks = self.blocks.load(Ordering::Acquire);
-        if blocks.is_null() {
-            return None;
-        }
+        // SAFETY: a pointer from counter_ptr is valid for the program's
+        // lifetime (see there).
+        self.counter_ptr(cpu, tag_ref).map(|ptr| unsafe { &*ptr })
+    }
+
+    /// [`Self::counter`] as a raw pointer: `Option<*const _>` keeps its
+    /// own discriminant, so the update paths test no pointer for null.
+    /// The pointer, if any, is valid (and aligned) for the program's
+    /// lifetime.
+    #[inline(always)]
+    fn counter_ptr(&self, cpu: usize, tag_ref: AllocTagRef) -> Option<*const TagCounter> {
         let index = (tag_ref as usize).wrapping_sub(1);
-        if index >= self.nr_tags.load(Ordering::Relaxed) {
+        if index >= self.nr_tags.load(Ordering::Acquire) {
             return None;
         }
+        let blocks = self.blocks.load(Ordering::Relaxed);
         // An out-of-range CPU id shares the last CPU's block (no division).
-        let cpu = cpu.min(self.nr_cpus.load(Ordering::Relaxed).saturating_sub(1));
-        let slot = cpu * self.block_len.load(Ordering::Relaxed) + index;
-        // SAFETY: blocks is non-null, so init gave us nr_cpus blocks of
-        // block_len counters for the program's lifetime; cpu < nr_cpus and
-        // index < nr_tags <= block_len.
-        Some(unsafe { &*blocks.add(slot) })
+        let cpu = cpu.min(self.last_cpu.load(Ordering::Relaxed));
+        let offset = cpu * self.block_bytes.load(Ordering::Relaxed);
+        // SAFETY: nr_tags is non-zero, so (acquire, pairing with init's
+        // release) init gave us nr_cpus blocks of block_len counters
+        // (block_bytes bytes each) for the program's lifetime and blocks,
+        // last_cpu and block_bytes are visible; cpu <= last_cpu < nr_cpus
+        // and index < nr_tags <= block_len.
+        Some(unsafe { blocks.byte_add(offset).add(index) }.cast_const())
     }
 
     /// Counts a new object of `bytes` at `tag_ref`, on CPU `cpu`.
@@ -264,12 +294,10 @@ impl AllocTagCounters {
     /// preemption disabled, satisfies this).
     #[inline]
     pub unsafe fn add_local(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
-        if let Some(counter) = self.counter(cpu, tag_ref) {
-            // SAFETY: forwarded: only this CPU writes its block.
-            unsafe {
-                local_add(&counter.bytes, bytes as u64);
-                local_add(&counter.calls, 1);
-            }
+        if let Some(counter) = self.counter_ptr(cpu, tag_ref) {
+            // SAFETY: counter_ptr's pointers are valid; forwarded: only
+            // this CPU writes its block.
+            unsafe { local_update(counter, bytes as u64, true) };
         }
     }
 
@@ -281,12 +309,10 @@ impl AllocTagCounters {
     /// As for [`add_local`](Self::add_local).
     #[inline]
     pub unsafe fn sub_local(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize) {
-        if let Some(counter) = self.counter(cpu, tag_ref) {
-            // SAFETY: forwarded: only this CPU writes its block.
-            unsafe {
-                local_add(&counter.bytes, (bytes as u64).wrapping_neg());
-                local_add(&counter.calls, u64::MAX);
-            }
+        if let Some(counter) = self.counter_ptr(cpu, tag_ref) {
+            // SAFETY: counter_ptr's pointers are valid; forwarded: only
+            // this CPU writes its block.
+            unsafe { local_update(counter, bytes as u64, false) };
         }
     }
 
@@ -514,27 +540,55 @@ pub fn write_allocinfo_row(
     writeln!(out)
 }
 
-/// Adds `value` (wrapping) to a counter only this CPU writes, without a
-/// locked instruction.
+/// `calls` is 8 bytes into a [`TagCounter`] (the `asm!` below says so).
+const _: () = assert!(core::mem::offset_of!(TagCounter, calls) == 8);
+
+/// Counts one object of `bytes` in (`add`) or out of a counter only this
+/// CPU writes, without a locked instruction: on x86_64 one `asm!` block,
+/// `add`/`sub` to the bytes and `inc`/`dec` of the calls (each single
+/// instruction atomic with respect to interrupts on this CPU; readers may
+/// see one updated without the other, as with two separate adds).
 ///
 /// # Safety
 ///
-/// No other thread writes `counter` concurrently.
+/// `counter` is valid and aligned, and no other thread writes it
+/// concurrently.
 #[inline(always)]
-unsafe fn local_add(counter: &AtomicU64, value: u64) {
+unsafe fn local_update(counter: *const TagCounter, bytes: u64, add: bool) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `counter` is a valid, aligned u64; a single `add` to it is
-    // atomic with respect to interrupts on this CPU, and by the caller's
-    // contract no other CPU writes it (others only load it, and an aligned
-    // 8-byte store is never torn).
+    // SAFETY: `counter` points to a valid, aligned TagCounter (two u64s,
+    // calls at offset 8: asserted above); by the caller's contract no
+    // other CPU writes it (others only load it, and an aligned 8-byte
+    // store is never torn).
     unsafe {
-        core::arch::asm!(
-            "add qword ptr [{counter}], {value}",
-            counter = in(reg) counter.as_ptr(),
-            value = in(reg) value,
-            options(nostack),
-        );
+        if add {
+            core::arch::asm!(
+                "add qword ptr [{counter}], {bytes}",
+                "inc qword ptr [{counter} + 8]",
+                counter = in(reg) counter,
+                bytes = in(reg) bytes,
+                options(nostack),
+            );
+        } else {
+            core::arch::asm!(
+                "sub qword ptr [{counter}], {bytes}",
+                "dec qword ptr [{counter} + 8]",
+                counter = in(reg) counter,
+                bytes = in(reg) bytes,
+                options(nostack),
+            );
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    counter.fetch_add(value, Ordering::Relaxed);
+    {
+        // SAFETY: per our caller, `counter` is valid.
+        let counter = unsafe { &*counter };
+        if add {
+            counter.bytes.fetch_add(bytes, Ordering::Relaxed);
+            counter.calls.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counter.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            counter.calls.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }

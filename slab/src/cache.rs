@@ -898,14 +898,50 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         slab: *mut Slab,
     ) -> Result<(), FreeError> {
-        // SAFETY: per our caller.
-        unsafe {
-            self.free_flagged_inline(
-                obj,
-                slab,
-                self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK,
-            )
+        let hot = self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK;
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HOT_TAGGED {
+            // SAFETY: per our caller.
+            unsafe { self.free_tagged(obj) };
+            return Ok(());
         }
+        // SAFETY: per our caller.
+        unsafe { self.free_flagged_general(obj, slab, hot) }
+    }
+
+    /// The common profiled free (`HOT_TAGGED` the only flag), kept lean:
+    /// clear the object's tag reference and uncharge its tag (nothing if
+    /// it was allocated while profiling was off), then the magazine hit;
+    /// the only call left is the (cold) magazine miss. Nothing here can
+    /// refuse the free, so no error path.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(always)]
+    unsafe fn free_tagged(&self, obj: NonNull<u8>) {
+        self.untag_small_object(obj);
+        // SAFETY: validated by our caller, who gives the object up.
+        if !unsafe { self.magazine_free_fast(obj) } {
+            // SAFETY: as above; the fast path changed nothing.
+            unsafe { self.magazine_free_slow(obj) }
+        }
+    }
+
+    /// [`Self::free_flagged_inline`], out of line (the flagged frees other
+    /// than the common profiled one).
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    unsafe fn free_flagged_general(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: u32,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        unsafe { self.free_flagged_inline(obj, slab, hot) }
     }
 
     /// [`Self::free_flagged`] for `GlobalAlloc::dealloc`: a refused free
@@ -915,14 +951,15 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`Self::free_located`].
     #[inline(never)]
     pub(crate) unsafe fn dealloc_flagged(&self, obj: NonNull<u8>, slab: *mut Slab) {
+        let hot = self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK;
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HOT_TAGGED {
+            // SAFETY: per our caller.
+            unsafe { self.free_tagged(obj) };
+            return;
+        }
         // SAFETY: per our caller.
-        let result = unsafe {
-            self.free_flagged_inline(
-                obj,
-                slab,
-                self.hot_flags.load(Ordering::Relaxed) & HOT_FREE_MASK,
-            )
-        };
+        let result = unsafe { self.free_flagged_general(obj, slab, hot) };
         if let Err(error) = result {
             self.owner().report_free_error(error);
         }
