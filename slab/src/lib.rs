@@ -221,6 +221,7 @@
 //!         .expect("dentry cache");
 //!     let obj = dentry_cache.alloc()?;
 //!     // ...
+//!     // SAFETY: `obj` came from `dentry_cache` and is not used after this.
 //!     unsafe { dentry_cache.free(obj) }?;
 //! }
 //! ```
