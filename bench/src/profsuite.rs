@@ -32,16 +32,20 @@ pub fn memory() {
             stats.kind, stats.objs_per_slab, stats.nr_pages_per_slab
         );
     }
-    let before: usize = KMALLOC_SIZES
-        .iter()
-        .map(|&size| {
-            MAGPIE
-                .kmalloc_cache_for(size, 8)
-                .unwrap()
-                .stats()
-                .total_bytes
-        })
-        .sum();
+    // Bytes of slab pages held by all kmalloc caches.
+    let kmalloc_slab_bytes = || -> usize {
+        KMALLOC_SIZES
+            .iter()
+            .map(|&size| {
+                MAGPIE
+                    .kmalloc_cache_for(size, 8)
+                    .unwrap()
+                    .stats()
+                    .total_bytes
+            })
+            .sum()
+    };
+    let before = kmalloc_slab_bytes();
     let mut rng = XorShift::new(0x5eed);
     let mut requested = 0usize;
     let objs: Vec<(*mut u8, usize)> = (0..NR_MIXED_OBJS)
@@ -52,16 +56,7 @@ pub fn memory() {
             (unsafe { magpie.alloc(mixed_layout(size)) }, size)
         })
         .collect();
-    let after: usize = KMALLOC_SIZES
-        .iter()
-        .map(|&size| {
-            MAGPIE
-                .kmalloc_cache_for(size, 8)
-                .unwrap()
-                .stats()
-                .total_bytes
-        })
-        .sum();
+    let after = kmalloc_slab_bytes();
     println!(
         "MEM mixed objects={NR_MIXED_OBJS} requested={requested} slab_bytes={}",
         after - before

@@ -38,7 +38,8 @@ pub const MMIO_SIZE: u64 = 1 << 39;
 pub const KERNEL_VMA: u64 = 0xffff_ffff_8000_0000;
 
 const HUGE_PAGE_SIZE: u64 = 2 << 20;
-const PAGE_SIZE: u64 = 4096;
+/// [`crate::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
+const PAGE_SIZE: u64 = crate::frame::PAGE_SIZE as u64;
 
 unsafe extern "C" {
     static __kernel_start: u8;

@@ -52,7 +52,8 @@ const SLOT_ENTRY: u64 = 24;
 const SLOT_ARG: u64 = 32;
 const SLOT_EFER: u64 = 40;
 
-const PAGE_SIZE: u64 = 4096;
+/// [`crate::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
+const PAGE_SIZE: u64 = crate::frame::PAGE_SIZE as u64;
 const PRESENT_WRITABLE: u64 = 0b11;
 const HUGE: u64 = 1 << 7;
 
