@@ -33,11 +33,13 @@ test-e2e:
 	cargo build --bin magpie
 	python3 tests/e2e/test_shell.py -v
 
-# Quick local check before pushing: formatting and lints.
+# Formatting and lints, warnings as errors (also run by .ci/run).
+# HOST_CRATES are the workspace members built for the host.
+HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench
 check:
 	cargo fmt --all --check
-	cargo clippy -p magpie-slab -p magpie-codetag --target $(HOST) --all-targets
-	cargo clippy
+	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
+	cargo clippy -- -D warnings
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.
