@@ -60,16 +60,13 @@
 //! TSC cycles.
 
 use alloc::vec::Vec;
-use core::fmt::Write;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use magpie_codetag;
 use magpie_codetag::alloc_tag::{
-    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch,
-    write_allocinfo_header, write_allocinfo_row,
+    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, SwitchLocked,
 };
-use magpie_codetag::time_stats::{TimeStats, write_time_stats};
 use magpie_slab::{PAGE_SIZE, PageSource, Platform, TraceRecord};
 use spin::Mutex;
 
@@ -111,6 +108,22 @@ pub fn init() {
 /// [`SWITCH`] changes (after [`init`]: the slab allocator is up by then).
 fn sync_slab_switch() {
     crate::kmem::SLAB.set_alloc_profiling(SWITCH.is_on());
+}
+
+/// `allocinfo on|off`: switches profiling at run time (and tells the slab
+/// allocator).
+///
+/// # Errors
+///
+/// [`SwitchLocked`] when the boot argument was `mem_profiling=never`.
+pub fn set_enabled(on: bool) -> Result<(), SwitchLocked> {
+    let result = if on {
+        SWITCH.enable()
+    } else {
+        SWITCH.disable()
+    };
+    sync_slab_switch();
+    result
 }
 
 /// [`init`]'s counters and boot argument.
@@ -532,207 +545,12 @@ pub fn ctx_records() -> Vec<TraceRecord> {
     records
 }
 
+/// Whether context capture is on for `tag`.
+pub fn ctx_is_capturing(tag: &'static AllocTag) -> bool {
+    CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref()
+}
+
 /// Records dropped because the pool was full since capture was enabled.
 pub fn ctx_nr_dropped() -> u64 {
     CTX_NR_DROPPED.load(Ordering::Relaxed)
-}
-
-// ---------------------------------------------------------------------------
-// Shell commands
-
-const ALLOCINFO_USAGE: &str = "allocinfo [--sort bytes|calls] [--top N] [--file PATTERN] [-h] | \
-     allocinfo on|off | allocinfo ctx FILE:LINE enable|disable|print";
-const TIMESTATS_USAGE: &str = "timestats [reset]";
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SortKey {
-    Section,
-    Bytes,
-    Calls,
-}
-
-/// `allocinfo ...`. `Err(usage)` for malformed arguments; other errors are
-/// printed as one `error:` line.
-pub fn cmd_allocinfo(args: &[&str], out: &mut dyn Write) -> Result<(), &'static str> {
-    if !COMPILED_IN {
-        let _ = writeln!(
-            out,
-            "error: allocation profiling is compiled out (kernel feature alloc-profiling)"
-        );
-        return Ok(());
-    }
-    let _scope = crate::alloc_tag_scope!();
-    match args {
-        ["on"] => {
-            let result = SWITCH.enable();
-            sync_slab_switch();
-            match result {
-                Ok(()) => {
-                    let _ = writeln!(out, "allocation profiling on");
-                }
-                Err(error) => {
-                    let _ = writeln!(out, "error: {error}");
-                }
-            }
-            return Ok(());
-        }
-        ["off"] => {
-            let result = SWITCH.disable();
-            sync_slab_switch();
-            match result {
-                Ok(()) => {
-                    let _ = writeln!(out, "allocation profiling off");
-                }
-                Err(error) => {
-                    let _ = writeln!(out, "error: {error}");
-                }
-            }
-            return Ok(());
-        }
-        ["ctx", location, verb] => return cmd_ctx(location, verb, out),
-        ["ctx", ..] => return Err(ALLOCINFO_USAGE),
-        _ => {}
-    }
-    let mut sort = SortKey::Section;
-    let mut top = usize::MAX;
-    let mut file: Option<&str> = None;
-    let mut human = false;
-    let mut words = args.iter();
-    while let Some(&word) = words.next() {
-        match word {
-            "--sort" => {
-                sort = match words.next().copied() {
-                    Some("bytes") => SortKey::Bytes,
-                    Some("calls") => SortKey::Calls,
-                    _ => return Err(ALLOCINFO_USAGE),
-                }
-            }
-            "--top" => {
-                top = words
-                    .next()
-                    .and_then(|text| text.parse().ok())
-                    .ok_or(ALLOCINFO_USAGE)?;
-                if sort == SortKey::Section {
-                    sort = SortKey::Bytes;
-                }
-            }
-            "--file" => file = Some(words.next().copied().ok_or(ALLOCINFO_USAGE)?),
-            "-h" => human = true,
-            _ => return Err(ALLOCINFO_USAGE),
-        }
-    }
-    let mut rows = snapshot();
-    if let Some(pattern) = file {
-        rows.retain(|row| row.tag.tag.file.contains(pattern));
-    }
-    match sort {
-        SortKey::Section => {}
-        SortKey::Bytes => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.bytes)),
-        SortKey::Calls => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.calls)),
-    }
-    let inaccurate = SWITCH.is_inaccurate();
-    let _ = write_allocinfo_header(out);
-    for row in rows.iter().take(top) {
-        let _ = write_allocinfo_row(out, row.tag, row.counts, human, inaccurate);
-    }
-    if !SWITCH.is_on() {
-        let _ = writeln!(
-            out,
-            "# profiling is {}: counts cover objects allocated while it was on",
-            if SWITCH.is_never() {
-                "off for good (mem_profiling=never)"
-            } else {
-                "off"
-            }
-        );
-    }
-    Ok(())
-}
-
-fn cmd_ctx(location: &str, verb: &str, out: &mut dyn Write) -> Result<(), &'static str> {
-    if !matches!(verb, "enable" | "disable" | "print") {
-        return Err(ALLOCINFO_USAGE);
-    }
-    let Some(tag) = AllocTag::all()
-        .iter()
-        .find(|tag| tag.tag.matches_location(location))
-    else {
-        let _ = writeln!(
-            out,
-            "error: no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"
-        );
-        return Ok(());
-    };
-    match verb {
-        "enable" => {
-            ctx_enable(tag);
-            let _ = writeln!(
-                out,
-                "capturing context of {} func:{}",
-                tag.tag.location(),
-                tag.tag.function()
-            );
-        }
-        "disable" => {
-            if CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref() {
-                ctx_disable();
-            }
-            let _ = writeln!(out, "stopped capturing context of {}", tag.tag.location());
-        }
-        _ => {
-            let capturing = CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref();
-            let records = if capturing { ctx_records() } else { Vec::new() };
-            let _ = writeln!(
-                out,
-                "Context of live objects from {} func:{}",
-                tag.tag.location(),
-                tag.tag.function()
-            );
-            let _ = writeln!(out, "-------------------------");
-            for record in &records {
-                crate::shell::write_record(out, record);
-            }
-            let nr_dropped = if capturing { ctx_nr_dropped() } else { 0 };
-            let _ = writeln!(
-                out,
-                "{} live object{} recorded, {} record{} dropped (capture {})",
-                records.len(),
-                if records.len() == 1 { "" } else { "s" },
-                nr_dropped,
-                if nr_dropped == 1 { "" } else { "s" },
-                if capturing { "on" } else { "off" }
-            );
-        }
-    }
-    Ok(())
-}
-
-/// `timestats [reset]`: every latency statistic point, in TSC cycles.
-pub fn cmd_timestats(args: &[&str], out: &mut dyn Write) -> Result<(), &'static str> {
-    let all = TimeStats::all();
-    match args {
-        [] => {
-            if all.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "no time-stats points (kernel feature time-stats is compiled out)"
-                );
-            }
-            for (index, stats) in all.iter().enumerate() {
-                if index > 0 {
-                    let _ = writeln!(out);
-                }
-                let _ = write_time_stats(out, stats, "cycles");
-            }
-            Ok(())
-        }
-        ["reset"] => {
-            for stats in all {
-                stats.reset();
-            }
-            let _ = writeln!(out, "reset {} time-stats points", all.len());
-            Ok(())
-        }
-        _ => Err(TIMESTATS_USAGE),
-    }
 }

@@ -196,15 +196,15 @@ class Leak(unittest.TestCase):
 
 
 def kmalloc_site():
-    """`kernel/src/shell.rs:LINE` of the `kmalloc!` call in cmd_kmalloc (its allocation tag)."""
-    path = os.path.join(ROOT, "kernel", "src", "shell.rs")
+    """`kernel/src/shell/kmem.rs:LINE` of the `kmalloc!` call in cmd_kmalloc (its allocation tag)."""
+    path = os.path.join(ROOT, "kernel", "src", "shell", "kmem.rs")
     with open(path) as source:
         in_cmd_kmalloc = False
         for number, line in enumerate(source, 1):
             if "fn cmd_kmalloc" in line:
                 in_cmd_kmalloc = True
             if in_cmd_kmalloc and "kmalloc!(" in line:
-                return f"kernel/src/shell.rs:{number}"
+                return f"kernel/src/shell/kmem.rs:{number}"
     raise AssertionError("no kmalloc! call in cmd_kmalloc")
 
 
@@ -232,7 +232,7 @@ class AllocInfo(unittest.TestCase):
         cls.code, cls.out = boot([
             "allocinfo",
             "kmalloc 64 10",
-            "allocinfo --file kernel/src/shell.rs",
+            "allocinfo --file kernel/src/shell/kmem.rs",
             f"allocinfo ctx {cls.site} enable",
             "kmalloc 1000 3",
             f"allocinfo ctx {cls.site} print",
@@ -240,7 +240,7 @@ class AllocInfo(unittest.TestCase):
             f"allocinfo ctx {cls.site} print",
             "allocinfo --sort bytes --top 3 -h",
             "kfree all",
-            "allocinfo --sort calls --file shell.rs",
+            "allocinfo --sort calls --file shell/kmem.rs",
             f"allocinfo ctx {cls.site} disable",
             "allocinfo ctx nowhere.rs:1 print",
             "allocinfo --sort size",
@@ -248,7 +248,7 @@ class AllocInfo(unittest.TestCase):
             "allocinfo off",
             "kmalloc 64 2",
             "allocinfo on",
-            "allocinfo --file kernel/src/shell.rs",
+            "allocinfo --file kernel/src/shell/kmem.rs",
             "kfree all",
             "poweroff",
         ])
@@ -267,11 +267,11 @@ class AllocInfo(unittest.TestCase):
             self.assertRegex(line, r"^[ \d]{12} [ \d]{8} \S+:\d+ func:\S+$")
 
     def test_kmalloc_site_counts_calls_and_class_rounded_bytes(self):
-        rows = allocinfo_rows(reply_to(self.out, "allocinfo --file kernel/src/shell.rs"))
+        rows = allocinfo_rows(reply_to(self.out, "allocinfo --file kernel/src/shell/kmem.rs"))
         self.assertEqual(rows[(self.site, "cmd_kmalloc")], ("640", 10))
-        self.assertTrue(all(key[0].startswith("kernel/src/shell.rs:") for key in rows), rows)
+        self.assertTrue(all(key[0].startswith("kernel/src/shell/kmem.rs:") for key in rows), rows)
         # After freeing everything the site is back to zero.
-        rows = allocinfo_rows(reply_to(self.out, "allocinfo --sort calls --file shell.rs"))
+        rows = allocinfo_rows(reply_to(self.out, "allocinfo --sort calls --file shell/kmem.rs"))
         self.assertEqual(rows[(self.site, "cmd_kmalloc")], ("0", 0))
 
     def test_top_and_human_readable(self):
@@ -303,7 +303,7 @@ class AllocInfo(unittest.TestCase):
     def test_off_then_on_marks_counts_inaccurate_without_underflow(self):
         self.assertEqual(reply_to(self.out, "allocinfo off").strip(), "allocation profiling off")
         self.assertEqual(reply_to(self.out, "allocinfo on").strip(), "allocation profiling on")
-        text = reply_to(self.out, "allocinfo --file kernel/src/shell.rs", nth=1)
+        text = reply_to(self.out, "allocinfo --file kernel/src/shell/kmem.rs", nth=1)
         # The two objects allocated while off are not counted ...
         self.assertEqual(allocinfo_rows(text)[(self.site, "cmd_kmalloc")], ("0", 0))
         self.assertIn("accurate:no", text)
@@ -315,22 +315,22 @@ class AllocInfoBootArgument(unittest.TestCase):
     def test_mem_profiling_never_cannot_be_turned_on(self):
         if not os.path.exists(KERNEL):
             self.skipTest("kernel not built")
-        code, out = boot(["kmalloc 64 4", "allocinfo on", "allocinfo --file shell.rs", "poweroff"],
+        code, out = boot(["kmalloc 64 4", "allocinfo on", "allocinfo --file shell/kmem.rs", "poweroff"],
                          append="mem_profiling=never")
         self.assertEqual(code, 0, out)
         self.assertIn("error: allocation profiling was disabled for good", reply_to(out, "allocinfo on"))
-        text = reply_to(out, "allocinfo --file shell.rs")
+        text = reply_to(out, "allocinfo --file shell/kmem.rs")
         self.assertEqual(allocinfo_rows(text)[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
         self.assertIn("# profiling is off for good", text)
 
     def test_mem_profiling_0_starts_off(self):
         if not os.path.exists(KERNEL):
             self.skipTest("kernel not built")
-        code, out = boot(["kmalloc 64 4", "allocinfo --file shell.rs", "allocinfo on", "kmalloc 64 1",
-                          "allocinfo --file shell.rs", "poweroff"], append="mem_profiling=0")
+        code, out = boot(["kmalloc 64 4", "allocinfo --file shell/kmem.rs", "allocinfo on", "kmalloc 64 1",
+                          "allocinfo --file shell/kmem.rs", "poweroff"], append="mem_profiling=0")
         self.assertEqual(code, 0, out)
-        self.assertEqual(allocinfo_rows(reply_to(out, "allocinfo --file shell.rs"))[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
-        later = reply_to(out, "allocinfo --file shell.rs", nth=1)
+        self.assertEqual(allocinfo_rows(reply_to(out, "allocinfo --file shell/kmem.rs"))[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
+        later = reply_to(out, "allocinfo --file shell/kmem.rs", nth=1)
         self.assertEqual(allocinfo_rows(later)[(kmalloc_site(), "cmd_kmalloc")], ("64", 1))
 
 

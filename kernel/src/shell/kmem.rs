@@ -1,0 +1,285 @@
+//! `kmemstat`, `slabinfo`, `kmalloc`, `kfree`, `leak`.
+
+use core::fmt::Write;
+use core::ptr::NonNull;
+
+use magpie_slab::CacheStats;
+
+use super::{Command, MAX_COUNT, MAX_SIZE, Result, Shell, ShellError, no_args, parse_number};
+use crate::heap;
+use crate::kmem::{self, KPAGES, SLAB};
+
+pub(super) const KMEMSTAT: Command = Command {
+    name: "kmemstat",
+    help: &[("kmemstat", "arenas and slabs (Akaros kmemstat)")],
+    context: "shell",
+    run: cmd_kmemstat,
+};
+
+pub(super) const SLABINFO: Command = Command {
+    name: "slabinfo",
+    help: &[("slabinfo", "caches in /proc/slabinfo 2.1 format")],
+    context: "shell",
+    run: cmd_slabinfo,
+};
+
+pub(super) const KMALLOC: Command = Command {
+    name: "kmalloc",
+    help: &[(
+        "kmalloc SIZE [COUNT]",
+        "allocate COUNT objects of SIZE bytes, keep them",
+    )],
+    context: "shell kmalloc",
+    run: cmd_kmalloc,
+};
+
+pub(super) const KFREE: Command = Command {
+    name: "kfree",
+    help: &[(
+        "kfree [COUNT|all]",
+        "free the most recently kmalloc'ed objects held",
+    )],
+    context: "shell kfree",
+    run: cmd_kfree,
+};
+
+pub(super) const LEAK: Command = Command {
+    name: "leak",
+    help: &[(
+        "leak SIZE [COUNT]",
+        "allocate and forget (for leak hunting)",
+    )],
+    context: "shell leak",
+    run: cmd_leak,
+};
+
+/// An object allocated by `kmalloc` and held by the shell.
+#[derive(Clone, Copy)]
+pub struct Held {
+    ptr: NonNull<u8>,
+    size: usize,
+}
+
+fn size_and_count<'a>(args: &[&'a str], command: &'static Command) -> Result<'a, (usize, usize)> {
+    let (size, count) = match args {
+        [size] => (parse_number(size)?, 1),
+        [size, count] => (parse_number(size)?, parse_number(count)?),
+        _ => return Err(ShellError::Usage(command)),
+    };
+    if !(1..=MAX_SIZE).contains(&size) {
+        return Err(ShellError::BadSize(size));
+    }
+    if !(1..=MAX_COUNT).contains(&count) {
+        return Err(ShellError::BadCount(count));
+    }
+    Ok((size, count))
+}
+
+/// `kmalloc SIZE [COUNT]`: allocates and keeps; prints each address.
+#[inline(never)]
+fn cmd_kmalloc<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let (size, count) = size_and_count(args, &KMALLOC)?;
+    shell.held.reserve(count);
+    for _ in 0..count {
+        match crate::kmalloc!(size, 1) {
+            Ok(ptr) => {
+                shell.held.push(Held { ptr, size });
+                let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
+            }
+            Err(error) => {
+                let _ = writeln!(out, "error: kmalloc({size}) failed: {error}");
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `kfree [COUNT|all]`: frees the most recently allocated objects held.
+fn cmd_kfree<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let count = match args {
+        [] => 1,
+        ["all"] => shell.held.len(),
+        [number] => parse_number(number)?,
+        _ => return Err(ShellError::Usage(&KFREE)),
+    };
+    if count > shell.held.len() {
+        return Err(ShellError::NotHeld {
+            asked: count,
+            held: shell.held.len(),
+        });
+    }
+    for _ in 0..count {
+        let Some(held) = shell.held.pop() else { break };
+        // SAFETY: `held.ptr` came from SLAB.kmalloc and was popped from
+        // `held`, so nothing else refers to it and it is freed once.
+        match unsafe { SLAB.kfree(held.ptr) } {
+            Ok(()) => {
+                let _ = writeln!(out, "{:#018x}", held.ptr.as_ptr() as usize);
+            }
+            Err(error) => {
+                let _ = writeln!(out, "error: kfree of {}-byte object: {error}", held.size);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `leak SIZE [COUNT]`: allocates and forgets, to give the trace something to find.
+#[inline(never)]
+fn cmd_leak<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let (size, count) = size_and_count(args, &LEAK)?;
+    for _ in 0..count {
+        match crate::kmalloc!(size, 1) {
+            Ok(ptr) => {
+                let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
+            }
+            Err(error) => {
+                let _ = writeln!(out, "error: kmalloc({size}) failed: {error}");
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// kmemstat
+
+const KMEMSTAT_NAME: usize = 30;
+
+/// One `kmemstat` line: an arena (`A`), a slab cache (`S`) or the
+/// page-granular kmalloc pseudo-cache (`P`). Amounts are in bytes.
+struct KmemstatRow<'a> {
+    indent: usize,
+    name: &'a str,
+    kind: char,
+    objsize: usize,
+    total: usize,
+    alloc: usize,
+    nr_allocs_ever: u64,
+}
+
+impl KmemstatRow<'_> {
+    /// Akaros `kmemstat`: `%-*s: %c :%*llu:%*llu:%*llu:%*llu` with widths
+    /// 30 (less 4 per indent level), 8, 15, 15, 12.
+    fn write(&self, out: &mut dyn Write) {
+        for _ in 0..self.indent {
+            let _ = out.write_str("    ");
+        }
+        let width = KMEMSTAT_NAME - 4 * self.indent;
+        let _ = writeln!(
+            out,
+            "{:<width$}: {} :{:>8}:{:>15}:{:>15}:{:>12}",
+            self.name, self.kind, self.objsize, self.total, self.alloc, self.nr_allocs_ever
+        );
+    }
+
+    fn arena(
+        indent: usize,
+        name: &str,
+        quantum: usize,
+        stats: magpie_slab::ArenaStats,
+    ) -> KmemstatRow<'_> {
+        KmemstatRow {
+            indent,
+            name,
+            kind: 'A',
+            objsize: quantum,
+            total: stats.total_bytes,
+            alloc: stats.alloc_bytes,
+            nr_allocs_ever: stats.nr_allocs_ever,
+        }
+    }
+}
+
+fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    no_args(args, &KMEMSTAT)?;
+    let _ = writeln!(
+        out,
+        "{:<KMEMSTAT_NAME$}:Typ:{:>8}:{:>15}:{:>15}:{:>12}",
+        "Arena/Slab Name", "Objsize", "Total Amt", "Alloc Amt", "Allocs Ever"
+    );
+    for _ in 0..8 + KMEMSTAT_NAME + 8 + 15 + 15 + 12 {
+        let _ = out.write_char('-');
+    }
+    let _ = writeln!(out);
+    let page = magpie_slab::PAGE_SIZE;
+    KmemstatRow::arena(0, "base", page, kmem::base_stats()).write(out);
+    KmemstatRow::arena(1, "kpages", page, magpie_slab::PageSource::stats(&KPAGES)).write(out);
+    SLAB.for_each_cache(|cache| {
+        let stats = cache.stats();
+        // Akaros counts objects out of the slab layer: with callers or in magazines.
+        let out_of_slabs = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+        KmemstatRow {
+            indent: 2,
+            name: cache.name(),
+            kind: 'S',
+            objsize: stats.obj_size,
+            total: stats.obj_size * stats.nr_total_objs,
+            alloc: stats.obj_size * out_of_slabs,
+            nr_allocs_ever: stats.nr_allocs_ever,
+        }
+        .write(out);
+    });
+    let large = SLAB.large_stats();
+    KmemstatRow {
+        indent: 2,
+        name: "kmalloc-large",
+        kind: 'P',
+        objsize: page,
+        total: large.live_bytes,
+        alloc: large.live_bytes,
+        nr_allocs_ever: large.nr_allocs_ever,
+    }
+    .write(out);
+    let (used, free) = heap::bootstrap_usage();
+    KmemstatRow {
+        indent: 0,
+        name: "bootstrap-heap",
+        kind: 'A',
+        objsize: 1,
+        total: used + free,
+        alloc: used,
+        nr_allocs_ever: 0,
+    }
+    .write(out);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// slabinfo
+
+fn cmd_slabinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    no_args(args, &SLABINFO)?;
+    let _ = writeln!(out, "slabinfo - version: 2.1");
+    let _ = writeln!(
+        out,
+        "# name            <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab> \
+         : tunables <limit> <batchcount> <sharedfactor> \
+         : slabdata <active_slabs> <num_slabs> <sharedavail>"
+    );
+    SLAB.for_each_cache(|cache| slabinfo_line(out, cache.name(), &cache.stats()));
+    Ok(())
+}
+
+/// Linux `cache_show`: `%-17s %6lu %6lu %6u %4u %4d : tunables %4u %4u %4u :
+/// slabdata %6lu %6lu %6lu`. Active objects are those out of the slab
+/// layer (with callers or resting in magazines), as Linux SLAB counted them.
+fn slabinfo_line(out: &mut dyn Write, name: &str, stats: &CacheStats) {
+    let active = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+    let _ = writeln!(
+        out,
+        "{name:<17} {active:>6} {:>6} {:>6} {:>4} {:>4} : tunables {:>4} {:>4} {:>4} : slabdata {:>6} {:>6} {:>6}",
+        stats.nr_total_objs,
+        stats.obj_size,
+        stats.objs_per_slab,
+        stats.nr_pages_per_slab,
+        stats.magsize,
+        stats.magsize,
+        0,
+        stats.nr_active_slabs,
+        stats.nr_slabs,
+        stats.nr_depot_objs,
+    );
+}

@@ -1,0 +1,366 @@
+//! The Magpie shell on the serial console.
+//!
+//! One command per line at the `magpie> ` prompt, with echo and backspace.
+//! Every command writes to a `fmt::Write` sink, so tests can run commands
+//! and read their output without a console ([`Shell::execute`]). Errors are
+//! one line starting with `error:`; the shell always returns to its prompt.
+//!
+//! # Layout
+//!
+//! * this file: the [`COMMANDS`] table (from which both `help` and dispatch
+//!   come), the one error type [`ShellError`], the argument parsers, and the
+//!   console loop [`run`];
+//! * [`line`]: the line editor (bytes in, lines out);
+//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak),
+//!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
+//!   stress), `system` (help, poweroff).
+//!
+//! Commands parse and print; the mechanisms stay in their modules
+//! (`kmem`, `profiling`, `stress`, `smp`, the slab library).
+//!
+//! # Adding a command
+//!
+//! One row in [`COMMANDS`] and one function in an area file:
+//!
+//! ```ignore
+//! // shell/kmem.rs
+//! pub(super) fn cmd_frob(shell: &mut Shell, args: &[&str], out: &mut dyn Write) -> Result {
+//!     let [count] = args else { return Err(ShellError::Usage(&FROB)) };
+//!     let count = parse_number(count)?;
+//!     ...
+//! }
+//! // shell/mod.rs, in COMMANDS:
+//! Command { name: "frob", help: &[("frob COUNT", "frobnicate COUNT objects")],
+//!           context: "shell", run: kmem::cmd_frob },
+//! ```
+//!
+//! A command returns `Err` for bad input (printed as one `error:` line); it
+//! must not change anything before its arguments are checked.
+//!
+//! Output formats follow the tools kernel developers know:
+//!
+//! * `kmemstat` — Akaros `kmemstat` (`kern/drivers/dev/mem.c`): arenas with
+//!   the slabs that import from them indented beneath.
+//! * `slabinfo` — Linux `/proc/slabinfo` version 2.1. Magazine size is shown
+//!   as `limit` and `batchcount` (rounds moved per depot exchange); `slabdata
+//!   <sharedavail>` is the rounds held in the depot.
+//! * `kmemtrace print` — Akaros `kmem_trace_print`, one block per outstanding
+//!   object with its backtrace as `#NN [<address>] function+0xoff`.
+//! * `allocinfo` — Linux `/proc/allocinfo` version 1.0.
+
+mod kmem;
+mod line;
+mod profiling;
+mod smp;
+mod system;
+mod tracing;
+
+use alloc::vec::Vec;
+use core::fmt::{self, Write};
+
+pub use self::kmem::Held;
+pub use self::line::{ConsoleWriter, Edit, LineEditor};
+pub use self::tracing::write_record;
+use crate::console;
+use crate::kmem as kernel_kmem;
+
+/// Longest command line accepted, in bytes.
+pub const MAX_LINE: usize = 200;
+/// Most objects one `kmalloc`/`leak` command may allocate.
+pub const MAX_COUNT: usize = 100_000;
+/// Largest size `kmalloc`/`leak` accept, in bytes.
+pub const MAX_SIZE: usize = 64 << 20;
+/// Most words on a line (a word and a separator take at least two bytes).
+pub const MAX_WORDS: usize = MAX_LINE.div_ceil(2);
+
+const PROMPT: &str = "magpie> ";
+
+/// A command's function: parses `args` (the words after the command name)
+/// and prints to `out`.
+pub type CommandFn = for<'a> fn(&mut Shell, &[&'a str], &mut dyn Write) -> Result<'a>;
+
+/// One row of the command table.
+pub struct Command {
+    /// The first word of the line.
+    pub name: &'static str,
+    /// `help` lines: (usage, what it does). The usage lines joined by ` | `
+    /// are the command's usage in errors.
+    pub help: &'static [(&'static str, &'static str)],
+    /// The context string recorded in traces while the command runs.
+    pub context: &'static str,
+    /// Runs the command.
+    pub run: CommandFn,
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Command").field("name", &self.name).finish()
+    }
+}
+
+/// Every command, in `help` order.
+pub static COMMANDS: &[Command] = &[
+    system::HELP,
+    kmem::KMEMSTAT,
+    kmem::SLABINFO,
+    tracing::KMEMTRACE,
+    kmem::KMALLOC,
+    kmem::KFREE,
+    kmem::LEAK,
+    profiling::ALLOCINFO,
+    profiling::TIMESTATS,
+    smp::CPUS,
+    smp::STRESS,
+    system::POWEROFF,
+];
+
+/// The table row of `name`.
+pub fn find_command(name: &str) -> Option<&'static Command> {
+    COMMANDS.iter().find(|command| command.name == name)
+}
+
+/// The usage of a command, as in its error messages: its help usages
+/// joined by ` | `.
+pub struct Usage(pub &'static Command);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, (usage, _)) in self.0.help.iter().enumerate() {
+            if index > 0 {
+                f.write_str(" | ")?;
+            }
+            f.write_str(usage)?;
+        }
+        Ok(())
+    }
+}
+
+/// A shell error: printed as one `error: ...` line. Borrows from the line,
+/// so reporting bad input allocates nothing.
+#[derive(Debug)]
+pub enum ShellError<'a> {
+    /// No command by that name.
+    UnknownCommand(&'a str),
+    /// No cache by that name.
+    UnknownCache(&'a str),
+    /// A number did not parse.
+    NotANumber(&'a str),
+    /// A size range `A-B` did not parse.
+    NotASizeRange(&'a str),
+    /// Wrong arguments: the command's usage.
+    Usage(&'static Command),
+    /// A size outside 1..=MAX_SIZE.
+    BadSize(usize),
+    /// A count outside 1..=MAX_COUNT.
+    BadCount(usize),
+    /// `kfree N` with fewer objects held.
+    NotHeld {
+        /// Objects the command asked to free.
+        asked: usize,
+        /// Objects the shell holds.
+        held: usize,
+    },
+    /// Tracing refused (NOTRACE cache).
+    Trace(&'static str, magpie_slab::TraceError),
+    /// The line was longer than [`MAX_LINE`].
+    LineTooLong,
+    /// An option the command does not know.
+    UnknownOption(&'a str, &'static Command),
+    /// An option given without its value.
+    MissingValue(&'a str, &'static Command),
+    /// No allocation tag (call site) at that `FILE:LINE`.
+    NoAllocTag(&'a str),
+    /// Any other message, formatted into a fixed buffer.
+    Message(Message),
+}
+
+impl fmt::Display for ShellError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShellError::UnknownCommand(name) => {
+                write!(f, "unknown command '{name}' (type 'help' for the list)")
+            }
+            ShellError::UnknownCache(name) => {
+                write!(f, "no cache named '{name}' (see 'slabinfo' for names)")
+            }
+            ShellError::NotANumber(text) => write!(f, "'{text}' is not a number"),
+            ShellError::NotASizeRange(text) => write!(f, "'{text}' is not a size range A-B"),
+            ShellError::Usage(command) => write!(f, "usage: {}", Usage(command)),
+            ShellError::BadSize(size) => {
+                write!(f, "size {size} out of range: give 1 to {MAX_SIZE} bytes")
+            }
+            ShellError::BadCount(count) => {
+                write!(f, "count {count} out of range: give 1 to {MAX_COUNT}")
+            }
+            ShellError::NotHeld { asked, held } => {
+                write!(f, "cannot free {asked}: the shell holds {held} object(s)")
+            }
+            ShellError::Trace(name, error) => write!(f, "cannot trace {name}: {error}"),
+            ShellError::LineTooLong => {
+                write!(f, "line too long (at most {MAX_LINE} characters); ignored")
+            }
+            ShellError::UnknownOption(option, command) => {
+                write!(f, "unknown option '{option}'; usage: {}", Usage(command))
+            }
+            ShellError::MissingValue(option, command) => {
+                write!(f, "{option} needs a value; usage: {}", Usage(command))
+            }
+            ShellError::NoAllocTag(location) => write!(
+                f,
+                "no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"
+            ),
+            ShellError::Message(message) => f.write_str(message.as_str()),
+        }
+    }
+}
+
+/// What a command returns.
+pub type Result<'a, T = ()> = core::result::Result<T, ShellError<'a>>;
+
+/// A short error message formatted without allocating (cut at
+/// [`Message::CAPACITY`] bytes: keep words from the line out of it, they
+/// have variants of their own).
+#[derive(Clone)]
+pub struct Message {
+    bytes: [u8; Message::CAPACITY],
+    len: u8,
+}
+
+impl Message {
+    /// Longest message kept, in bytes.
+    pub const CAPACITY: usize = 96;
+
+    /// Formats `args`.
+    pub fn new(args: fmt::Arguments<'_>) -> Self {
+        let mut message = Self {
+            bytes: [0; Self::CAPACITY],
+            len: 0,
+        };
+        let _ = message.write_fmt(args);
+        message
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // Only whole `str`s (cut at a char boundary) are copied in.
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl Write for Message {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let len = usize::from(self.len);
+        let mut take = s.len().min(Self::CAPACITY - len);
+        while !s.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.bytes[len..len + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.len += take as u8;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// `ShellError::Message` from a format string: `shell_error!("bad {x}")`.
+macro_rules! shell_error {
+    ($($arg:tt)*) => {
+        $crate::shell::ShellError::Message($crate::shell::Message::new(format_args!($($arg)*)))
+    };
+}
+pub(crate) use shell_error;
+
+/// Shell state: the objects `kmalloc` allocated and `kfree` has not freed.
+#[derive(Default)]
+pub struct Shell {
+    held: Vec<Held>,
+}
+
+impl Shell {
+    /// A shell holding nothing.
+    pub const fn new() -> Self {
+        Self { held: Vec::new() }
+    }
+
+    /// Number of objects `kmalloc` allocated and `kfree` has not freed.
+    pub fn nr_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Runs one command line, writing its output (or one error line) to `out`.
+    pub fn execute(&mut self, line: &str, out: &mut dyn Write) {
+        if let Err(error) = self.dispatch(line, out) {
+            let _ = writeln!(out, "error: {error}");
+        }
+    }
+
+    fn dispatch<'a>(&mut self, line: &'a str, out: &mut dyn Write) -> Result<'a> {
+        let mut words = [""; MAX_WORDS];
+        let mut nr_words = 0;
+        for word in line.split_whitespace() {
+            // A line of at most MAX_LINE bytes has at most MAX_WORDS words.
+            let Some(slot) = words.get_mut(nr_words) else {
+                return Err(ShellError::LineTooLong);
+            };
+            *slot = word;
+            nr_words += 1;
+        }
+        let Some((&name, args)) = words[..nr_words].split_first() else {
+            return Ok(());
+        };
+        let command = find_command(name).ok_or(ShellError::UnknownCommand(name))?;
+        let _tag = crate::alloc_tag_scope!();
+        let _context = kernel_kmem::enter_context(command.context);
+        (command.run)(self, args, out)
+    }
+}
+
+/// `Err(Usage)` unless `args` is empty.
+pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
+    if args.is_empty() {
+        Ok(())
+    } else {
+        Err(ShellError::Usage(command))
+    }
+}
+
+/// Parses a decimal or `0x` hexadecimal number.
+pub fn parse_number(text: &str) -> Result<'_, usize> {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => usize::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.map_err(|_| ShellError::NotANumber(text))
+}
+
+// ---------------------------------------------------------------------------
+// The console loop
+
+/// Runs the shell on the serial console forever.
+pub fn run() -> ! {
+    let mut shell = Shell::new();
+    let mut editor = LineEditor::new();
+    let mut out = ConsoleWriter;
+    let _ = out.write_str(PROMPT);
+    loop {
+        let byte = console::read_byte_blocking();
+        match editor.feed(byte, &mut |bytes| console::write_bytes(bytes)) {
+            Edit::Pending => continue,
+            Edit::Line(line) => {
+                let mut copy = [0u8; MAX_LINE];
+                let len = line.len();
+                copy[..len].copy_from_slice(line.as_bytes());
+                let line = core::str::from_utf8(&copy[..len]).unwrap_or("");
+                shell.execute(line, &mut out);
+            }
+            Edit::TooLong => {
+                let _ = writeln!(out, "error: {}", ShellError::LineTooLong);
+            }
+        }
+        let _ = out.write_str(PROMPT);
+    }
+}
