@@ -140,6 +140,16 @@
 //! object of the cache was tagged (`HOT_TAGGED`). Measurements:
 //! `docs/BENCHMARKS.md`.
 //!
+//! ## Debugging
+//!
+//! [`debug`] has the debug flags (`POISON`, `REDZONE`, `AUDIT`, `CONTENTS`,
+//! consistency checks), the boot-line syntax `slab_debug=` (Linux letters,
+//! optional cache list) and `kmem_flags=` (illumos hex), the poison and
+//! redzone patterns, the layout of a debug object's trailer and the hardened
+//! free-list pointer; [`report`] has the illumos-style error report and the
+//! ring of recent reports. (They are wired into the cold paths next; see
+//! issue 10.)
+//!
 //! ## FAQ
 //!
 //! **Why doesn't the magazine cache deadlock on itself?** (Akaros asks the
@@ -291,11 +301,13 @@ macro_rules! time_stats_end {
 mod alloc_tag;
 mod allocator;
 mod cache;
+pub mod debug;
 mod error;
 mod hash;
 mod magazine;
 mod pagemap;
 mod platform;
+pub mod report;
 mod slab;
 mod sync;
 mod trace;

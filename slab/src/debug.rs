@@ -1,0 +1,1029 @@
+//! Slab debugging: the per-cache debug flags, the boot-line syntax that
+//! switches them on (`slab_debug=` after Linux, `kmem_flags=` after
+//! illumos), the patterns freed and allocated objects are filled with, the
+//! layout of a debug object's trailer, the audit record of a transaction,
+//! and the hardened (obfuscated) free-list pointer.
+//!
+//! This module holds the mechanisms only; the cold alloc and free paths of
+//! a debug cache use them, and [`report`](crate::report) turns what they
+//! find into an illumos-style report.
+//!
+//! ## A debug object
+//!
+//! A cache with any [`DebugFlags`] lays each object slot out as (offsets
+//! from the object start, in bytes; see [`DebugLayout`]):
+//!
+//! ```text
+//! [0, size)            the object; while free: POISON_FREE (0xdeadbeef…)
+//! [size, align8(size)) REDZONE: REDZONE_BYTE (0xbb) in the tail gap
+//! +8                   REDZONE: one word of REDZONE_PATTERN (0xfeedface…)
+//! state (8)            object address ^ STATE_ALLOCATED / STATE_FREE
+//! free pointer (8)     the slab's free-list link while the object is free
+//! audit (2 × 80)       AUDIT: last alloc and last free (CPU, time, stack)
+//! contents (32)        CONTENTS: the first bytes of the object at its free
+//! ```
+//!
+//! The state word is illumos' `bt_bxstat`: a free of an object whose state
+//! is already free is a duplicate free, exactly, wherever the first free
+//! went (magazine, depot or slab). A state that is neither value means the
+//! trailer was overwritten (an overflow past the redzone).
+//!
+//! As in Linux (`calculate_sizes`), caches with a constructor are not
+//! poisoned: their free objects must stay constructed.
+//!
+//! ## Sources
+//!
+//! - illumos `usr/src/uts/common/os/kmem.c` and `sys/kmem_impl.h`
+//!   (`KMF_AUDIT` 0x1, `KMF_DEADBEEF` 0x2, `KMF_REDZONE` 0x4,
+//!   `KMF_CONTENTS` 0x8; `KMEM_FREE_PATTERN`, `KMEM_UNINITIALIZED_PATTERN`,
+//!   `KMEM_REDZONE_PATTERN`, `KMEM_REDZONE_BYTE`; the buftag).
+//! - Linux `mm/slub.c` (`slab_debug=` letters F, Z, P, U; `freelist_ptr`
+//!   of `CONFIG_SLAB_FREELIST_HARDENED`: pointer XOR a per-cache random
+//!   XOR the byte-swapped address the pointer is stored at).
+
+// The layout helpers are used by the debug cold paths, wired in after the
+// hit-path restructuring of issue 8; until then only the tests call them.
+#![cfg_attr(
+    not(test),
+    allow(dead_code, reason = "used by the debug cold paths once wired in")
+)]
+
+use core::fmt;
+
+use crate::platform::Platform;
+
+bitflags::bitflags! {
+    /// Debug flags of a cache: the debugging subset of
+    /// [`CacheFlags`](crate::CacheFlags), with the same bit values.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct DebugFlags: u32 {
+        /// Keep the last alloc and last free of every object (CPU,
+        /// timestamp, stack) for reports and `whatis` (Linux `U`, illumos
+        /// `KMF_AUDIT`).
+        const AUDIT = 4;
+        /// Fill free objects with [`POISON_FREE`] and check it when they
+        /// are handed out again: a write after free is reported (Linux `P`,
+        /// illumos `KMF_DEADBEEF`). Not applied to caches with a
+        /// constructor.
+        const POISON = 8;
+        /// Guard bytes after every object, checked on free and by verify:
+        /// a linear overflow is reported (Linux `Z`, illumos `KMF_REDZONE`).
+        const REDZONE = 16;
+        /// Keep the first [`CONTENTS_BYTES`] bytes of a freed object for
+        /// the report (illumos `KMF_CONTENTS`; Magpie letter `C`).
+        const CONTENTS = 32;
+        /// Consistency checks: the state word (exact duplicate-free
+        /// detection) and full checks of frees (Linux `F`). Implied by
+        /// every other debug flag.
+        const CONSISTENCY = 64;
+    }
+}
+
+impl DebugFlags {
+    /// What a bare `slab_debug` (no value, or no letters) turns on, as in
+    /// Linux: `F`, `Z`, `P`, `U`.
+    pub const DEFAULT: DebugFlags = DebugFlags::CONSISTENCY
+        .union(DebugFlags::REDZONE)
+        .union(DebugFlags::POISON)
+        .union(DebugFlags::AUDIT);
+
+    /// The flags as `slab_debug=` letters (`-` for none), e.g. `FZPU`.
+    pub fn letters(self) -> Letters {
+        Letters(self)
+    }
+}
+
+/// [`DebugFlags`] shown as `slab_debug=` letters.
+#[derive(Debug, Clone, Copy)]
+pub struct Letters(DebugFlags);
+
+/// The `slab_debug=` letters and their flags, in Linux's order.
+const LETTERS: [(char, DebugFlags); 5] = [
+    ('F', DebugFlags::CONSISTENCY),
+    ('Z', DebugFlags::REDZONE),
+    ('P', DebugFlags::POISON),
+    ('U', DebugFlags::AUDIT),
+    ('C', DebugFlags::CONTENTS),
+];
+
+impl fmt::Display for Letters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("-");
+        }
+        for (letter, flag) in LETTERS {
+            if self.0.contains(flag) {
+                write!(f, "{letter}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Boot-line configuration
+// ---------------------------------------------------------------------------
+
+/// Longest cache name kept (as [`KmemCache::name`](crate::KmemCache::name)).
+pub const DEBUG_NAME_MAX: usize = 31;
+/// Cache names one `slab_debug=` block may list.
+pub const DEBUG_MAX_CACHES: usize = 8;
+/// `;`-separated blocks in one `slab_debug=`.
+pub const DEBUG_MAX_RULES: usize = 4;
+
+/// A cache name (or a `prefix*` pattern) of a `slab_debug=` block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NamePattern {
+    bytes: [u8; DEBUG_NAME_MAX],
+    len: u8,
+}
+
+impl NamePattern {
+    const EMPTY: NamePattern = NamePattern {
+        bytes: [0; DEBUG_NAME_MAX],
+        len: 0,
+    };
+
+    fn new(name: &str) -> Result<NamePattern, SlabDebugError> {
+        if name.len() > DEBUG_NAME_MAX {
+            return Err(SlabDebugError::NameTooLong);
+        }
+        let mut pattern = NamePattern::EMPTY;
+        pattern.bytes[..name.len()].copy_from_slice(name.as_bytes());
+        pattern.len = name.len() as u8;
+        Ok(pattern)
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// Exact match, or a prefix match for a pattern ending in `*`.
+    fn matches(&self, name: &str) -> bool {
+        match self.as_bytes().split_last() {
+            Some((b'*', prefix)) => name.as_bytes().starts_with(prefix),
+            _ => self.as_bytes() == name.as_bytes(),
+        }
+    }
+}
+
+/// One `;`-separated block: flags, and the caches they apply to (none
+/// listed: every cache).
+#[derive(Clone, Copy)]
+struct Rule {
+    flags: DebugFlags,
+    caches: [NamePattern; DEBUG_MAX_CACHES],
+    nr_caches: u8,
+}
+
+impl Rule {
+    const EMPTY: Rule = Rule {
+        flags: DebugFlags::empty(),
+        caches: [NamePattern::EMPTY; DEBUG_MAX_CACHES],
+        nr_caches: 0,
+    };
+
+    fn caches(&self) -> &[NamePattern] {
+        &self.caches[..self.nr_caches as usize]
+    }
+}
+
+/// Why a `slab_debug=` or `kmem_flags=` value was refused. Nothing of a
+/// refused value is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlabDebugError {
+    /// A letter that is not one of `F Z P U C -` (`T`, `A` and `O` exist in
+    /// Linux but not here).
+    UnknownLetter(char),
+    /// A cache name longer than [`DEBUG_NAME_MAX`] bytes.
+    NameTooLong,
+    /// More than [`DEBUG_MAX_CACHES`] caches in one block.
+    TooManyCaches,
+    /// More than [`DEBUG_MAX_RULES`] `;`-separated blocks.
+    TooManyRules,
+    /// A `kmem_flags=` value that is not a number (`0x` hex or decimal).
+    BadNumber,
+    /// `kmem_flags=` bits other than `KMF_AUDIT | KMF_DEADBEEF |
+    /// KMF_REDZONE | KMF_CONTENTS` (0xf).
+    UnsupportedBits(u32),
+}
+
+impl fmt::Display for SlabDebugError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SlabDebugError::UnknownLetter('T') => {
+                f.write_str("slab_debug letter T (trace) is not supported; use kmemtrace")
+            }
+            SlabDebugError::UnknownLetter('A') => {
+                f.write_str("slab_debug letter A (failslab) is not supported; use fault")
+            }
+            SlabDebugError::UnknownLetter(letter) => write!(
+                f,
+                "unknown slab_debug letter {letter:?} (known: F Z P U C, - for none)"
+            ),
+            SlabDebugError::NameTooLong => write!(
+                f,
+                "slab_debug cache name longer than {DEBUG_NAME_MAX} bytes"
+            ),
+            SlabDebugError::TooManyCaches => write!(
+                f,
+                "more than {DEBUG_MAX_CACHES} caches in one slab_debug block"
+            ),
+            SlabDebugError::TooManyRules => {
+                write!(
+                    f,
+                    "more than {DEBUG_MAX_RULES} ';'-separated slab_debug blocks"
+                )
+            }
+            SlabDebugError::BadNumber => {
+                f.write_str("kmem_flags is not a number (0x hex or decimal)")
+            }
+            SlabDebugError::UnsupportedBits(bits) => write!(
+                f,
+                "kmem_flags bits {bits:#x} are not supported (known: 0x1 audit, 0x2 deadbeef, 0x4 redzone, 0x8 contents)"
+            ),
+        }
+    }
+}
+
+/// Which caches get which debug flags, from the boot line.
+///
+/// Syntax (Linux `slab_debug`): `slab_debug` alone turns `FZPU` on for
+/// every cache; `slab_debug=FLAGS[,CACHE…][;FLAGS,CACHE…]…` where `FLAGS`
+/// are letters (case-insensitive; empty means `FZPU`, `-` means none):
+/// `F` consistency checks, `Z` redzones, `P` poison, `U` audit (user
+/// tracking), `C` contents (Magpie). A block without caches sets the
+/// flags of every cache; a block with caches sets theirs (a name ending
+/// in `*` matches a prefix), the last matching block wins. The word
+/// `panic` anywhere in the list makes the kernel panic on a detected error
+/// instead of reporting and going on (illumos `kmem_panic`).
+///
+/// `kmem_flags=0xN` (illumos, hex with `0x` or decimal) is an alias for
+/// every cache: `0x1` audit, `0x2` poison (deadbeef), `0x4` redzone, `0x8`
+/// contents; any of them also turns on the consistency checks.
+#[derive(Clone, Copy)]
+pub struct SlabDebugConfig {
+    rules: [Rule; DEBUG_MAX_RULES],
+    nr_rules: u8,
+    /// Panic on a detected error (the kernel's policy; the allocator only
+    /// reports).
+    pub panic: bool,
+}
+
+impl Default for SlabDebugConfig {
+    fn default() -> Self {
+        SlabDebugConfig::NONE
+    }
+}
+
+impl fmt::Debug for SlabDebugConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SlabDebugConfig({self})")
+    }
+}
+
+/// The configuration back in `slab_debug=` syntax (`-` when off).
+impl fmt::Display for SlabDebugConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for rule in self.rules() {
+            if !first {
+                f.write_str(";")?;
+            }
+            first = false;
+            write!(f, "{}", rule.flags.letters())?;
+            for cache in rule.caches() {
+                let name = core::str::from_utf8(cache.as_bytes()).unwrap_or("?");
+                write!(f, ",{name}")?;
+            }
+        }
+        if first {
+            f.write_str("-")?;
+        }
+        if self.panic {
+            f.write_str(",panic")?;
+        }
+        Ok(())
+    }
+}
+
+impl SlabDebugConfig {
+    /// No debugging (the default).
+    pub const NONE: SlabDebugConfig = SlabDebugConfig {
+        rules: [Rule::EMPTY; DEBUG_MAX_RULES],
+        nr_rules: 0,
+        panic: false,
+    };
+
+    fn rules(&self) -> &[Rule] {
+        &self.rules[..self.nr_rules as usize]
+    }
+
+    /// The same flags for every cache.
+    pub fn all(flags: DebugFlags) -> SlabDebugConfig {
+        let mut config = SlabDebugConfig::NONE;
+        config.rules[0].flags = flags;
+        config.nr_rules = 1;
+        config
+    }
+
+    /// Parse the value of `slab_debug` (`None`: the bare word, no `=`).
+    ///
+    /// # Errors
+    /// See [`SlabDebugError`]; nothing is half-applied.
+    pub fn parse_slab_debug(value: Option<&str>) -> Result<SlabDebugConfig, SlabDebugError> {
+        let Some(value) = value else {
+            return Ok(SlabDebugConfig::all(DebugFlags::DEFAULT));
+        };
+        let mut config = SlabDebugConfig::NONE;
+        for block in value.split(';') {
+            let mut tokens = block.split(',');
+            let letters = tokens.next().unwrap_or("");
+            if letters.eq_ignore_ascii_case("panic") {
+                config.panic = true;
+                if tokens.next().is_none() {
+                    continue;
+                }
+                return Err(SlabDebugError::UnknownLetter('p'));
+            }
+            let mut rule = Rule::EMPTY;
+            rule.flags = parse_letters(letters)?;
+            for token in tokens {
+                if token.is_empty() {
+                    continue;
+                }
+                if token == "panic" {
+                    config.panic = true;
+                    continue;
+                }
+                if rule.nr_caches as usize == DEBUG_MAX_CACHES {
+                    return Err(SlabDebugError::TooManyCaches);
+                }
+                rule.caches[rule.nr_caches as usize] = NamePattern::new(token)?;
+                rule.nr_caches += 1;
+            }
+            if config.nr_rules as usize == DEBUG_MAX_RULES {
+                return Err(SlabDebugError::TooManyRules);
+            }
+            config.rules[config.nr_rules as usize] = rule;
+            config.nr_rules += 1;
+        }
+        Ok(config)
+    }
+
+    /// Parse the value of illumos `kmem_flags` (for every cache).
+    ///
+    /// # Errors
+    /// [`SlabDebugError::BadNumber`], [`SlabDebugError::UnsupportedBits`].
+    pub fn parse_kmem_flags(value: &str) -> Result<SlabDebugConfig, SlabDebugError> {
+        let number = match value
+            .strip_prefix("0x")
+            .or_else(|| value.strip_prefix("0X"))
+        {
+            Some(hex) => u32::from_str_radix(hex, 16),
+            None => value.parse::<u32>(),
+        }
+        .map_err(|_| SlabDebugError::BadNumber)?;
+        const KMF: [(u32, DebugFlags); 4] = [
+            (0x1, DebugFlags::AUDIT),
+            (0x2, DebugFlags::POISON),
+            (0x4, DebugFlags::REDZONE),
+            (0x8, DebugFlags::CONTENTS),
+        ];
+        let unsupported = number & !0xf;
+        if unsupported != 0 {
+            return Err(SlabDebugError::UnsupportedBits(unsupported));
+        }
+        let mut flags = DebugFlags::empty();
+        for (bit, flag) in KMF {
+            if number & bit != 0 {
+                flags |= flag | DebugFlags::CONSISTENCY;
+            }
+        }
+        Ok(SlabDebugConfig::all(flags))
+    }
+
+    /// The debug flags the cache named `name` gets.
+    pub fn flags_for(&self, name: &str) -> DebugFlags {
+        let mut global = DebugFlags::empty();
+        let mut listed = None;
+        for rule in self.rules() {
+            if rule.caches().is_empty() {
+                global = rule.flags;
+            } else if rule.caches().iter().any(|cache| cache.matches(name)) {
+                listed = Some(rule.flags);
+            }
+        }
+        listed.unwrap_or(global)
+    }
+
+    /// Whether any cache gets any flag.
+    pub fn is_enabled(&self) -> bool {
+        self.rules().iter().any(|rule| !rule.flags.is_empty())
+    }
+}
+
+fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
+    if letters.is_empty() {
+        return Ok(DebugFlags::DEFAULT);
+    }
+    let mut flags = DebugFlags::empty();
+    for letter in letters.chars() {
+        if letter == '-' {
+            flags = DebugFlags::empty();
+            continue;
+        }
+        let upper = letter.to_ascii_uppercase();
+        let Some(&(_, flag)) = LETTERS.iter().find(|(known, _)| *known == upper) else {
+            return Err(SlabDebugError::UnknownLetter(upper));
+        };
+        flags |= flag;
+    }
+    Ok(flags)
+}
+
+// ---------------------------------------------------------------------------
+// Patterns
+// ---------------------------------------------------------------------------
+
+/// What a free object of a `POISON` cache holds (illumos `KMEM_FREE_PATTERN`).
+pub const POISON_FREE: u64 = 0xdead_beef_dead_beef;
+/// What a `POISON` cache hands out (illumos `KMEM_UNINITIALIZED_PATTERN`):
+/// reads of uninitialised memory show up as `0xbaddcafe`.
+pub const POISON_UNINITIALIZED: u64 = 0xbadd_cafe_badd_cafe;
+/// The redzone word after every object (illumos `KMEM_REDZONE_PATTERN`).
+pub const REDZONE_PATTERN: u64 = 0xfeed_face_feed_face;
+/// The redzone bytes between the object's end and the next 8-byte boundary
+/// (illumos `KMEM_REDZONE_BYTE`).
+pub const REDZONE_BYTE: u8 = 0xbb;
+/// State word of an object with a caller: its address XOR this (illumos
+/// `KMEM_BUFTAG_ALLOC`).
+pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
+/// State word of a free object: its address XOR this (illumos
+/// `KMEM_BUFTAG_FREE`).
+pub const STATE_FREE: u64 = 0xf4ee_f4ee;
+
+/// Where a checked region differs from its pattern: the offset of the
+/// first differing 8-byte word from the object start (illumos reports
+/// words), the pattern's word and what was found there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Byte offset from the object start of the first bad word (or, for a
+    /// redzone, of the first bad byte).
+    pub offset: usize,
+    /// The pattern at that offset (little-endian word).
+    pub expected: u64,
+    /// What was there instead.
+    pub found: u64,
+}
+
+/// Fill `buf` with `pattern` (repeated little-endian words, cut at the end).
+pub fn fill_pattern(buf: &mut [u8], pattern: u64) {
+    let bytes = pattern.to_le_bytes();
+    let mut chunks = buf.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        chunk.copy_from_slice(&bytes);
+    }
+    let tail = chunks.into_remainder();
+    let len = tail.len();
+    tail.copy_from_slice(&bytes[..len]);
+}
+
+/// The first word of `buf` (an object starting at offset `base` of the
+/// object) that is not `pattern`; `None` if all of it is.
+pub fn find_mismatch(buf: &[u8], pattern: u64, base: usize) -> Option<Mismatch> {
+    let bytes = pattern.to_le_bytes();
+    for (index, chunk) in buf.chunks(8).enumerate() {
+        if chunk != &bytes[..chunk.len()] {
+            return Some(Mismatch {
+                offset: base + index * 8,
+                expected: word_of(&bytes[..chunk.len()]),
+                found: word_of(chunk),
+            });
+        }
+    }
+    None
+}
+
+/// Up to 8 bytes as a little-endian word.
+fn word_of(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    word[..bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(word)
+}
+
+// ---------------------------------------------------------------------------
+// Layout of a debug object
+// ---------------------------------------------------------------------------
+
+/// Return addresses kept per audit record.
+pub const AUDIT_FRAMES: usize = 8;
+/// Bytes of a freed object kept with `CONTENTS`.
+pub const CONTENTS_BYTES: usize = 32;
+
+/// One transaction on an object (illumos `kmem_bufctl_audit_t`, trimmed):
+/// who allocated or freed it, where and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct AuditRecord {
+    /// [`Platform::now`] at the transaction; 0: no transaction yet.
+    pub timestamp: u64,
+    /// The CPU that did it.
+    pub cpu: u32,
+    /// Valid entries of `frames`.
+    pub nr_frames: u32,
+    /// Return addresses, innermost first ([`Platform::backtrace`]).
+    pub frames: [usize; AUDIT_FRAMES],
+}
+
+const _: () = assert!(core::mem::size_of::<AuditRecord>() == 80);
+
+impl AuditRecord {
+    /// The current transaction: now, this CPU, this stack.
+    pub fn capture<P: Platform>() -> AuditRecord {
+        let mut record = AuditRecord {
+            // Never 0 (0 means "none").
+            timestamp: P::now().max(1),
+            cpu: P::cpu_id() as u32,
+            nr_frames: 0,
+            frames: [0; AUDIT_FRAMES],
+        };
+        record.nr_frames = P::backtrace(&mut record.frames).min(AUDIT_FRAMES) as u32;
+        record
+    }
+
+    /// Whether a transaction was recorded.
+    pub fn is_recorded(&self) -> bool {
+        self.timestamp != 0
+    }
+
+    /// The captured return addresses, innermost first.
+    pub fn frames(&self) -> &[usize] {
+        &self.frames[..(self.nr_frames as usize).min(AUDIT_FRAMES)]
+    }
+}
+
+/// Where the parts of a debug object slot are (bytes from the object
+/// start). Plain caches have no debug layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DebugLayout {
+    pub(crate) flags: DebugFlags,
+    /// The object's size (the cache's object size).
+    pub(crate) obj_size: usize,
+    /// Whether free objects are poisoned (`POISON` and no constructor).
+    pub(crate) poison: bool,
+    /// Redzone: `[obj_size, redzone_end)`; empty without `REDZONE`.
+    pub(crate) redzone_end: usize,
+    pub(crate) state_offset: usize,
+    /// Where the slab free list's link of a free object lives.
+    pub(crate) freeptr_offset: usize,
+    /// `AUDIT`: last alloc at this offset, last free right after it.
+    pub(crate) audit_offset: Option<usize>,
+    pub(crate) contents_offset: Option<usize>,
+    /// Bytes the slot needs (before rounding up to the alignment).
+    pub(crate) slot_size: usize,
+}
+
+impl DebugLayout {
+    /// The layout of a cache of `obj_size`-byte objects with `flags`
+    /// (`None` if it has no debug flag). `has_ctor`: constructed caches
+    /// are not poisoned.
+    pub(crate) fn new(obj_size: usize, flags: DebugFlags, has_ctor: bool) -> Option<DebugLayout> {
+        if flags.is_empty() {
+            return None;
+        }
+        let flags = flags | DebugFlags::CONSISTENCY;
+        let aligned = obj_size.next_multiple_of(8);
+        let redzone_end = if flags.contains(DebugFlags::REDZONE) {
+            aligned + 8
+        } else {
+            obj_size
+        };
+        let state_offset = redzone_end.next_multiple_of(8);
+        let freeptr_offset = state_offset + 8;
+        let mut end = freeptr_offset + 8;
+        let audit_offset = flags.contains(DebugFlags::AUDIT).then(|| {
+            let at = end;
+            end += 2 * core::mem::size_of::<AuditRecord>();
+            at
+        });
+        let contents_offset = flags.contains(DebugFlags::CONTENTS).then(|| {
+            let at = end;
+            end += CONTENTS_BYTES;
+            at
+        });
+        Some(DebugLayout {
+            flags,
+            obj_size,
+            poison: flags.contains(DebugFlags::POISON) && !has_ctor,
+            redzone_end,
+            state_offset,
+            freeptr_offset,
+            audit_offset,
+            contents_offset,
+            slot_size: end,
+        })
+    }
+
+    /// The expected byte at `offset` of the redzone (`obj_size <= offset <
+    /// redzone_end`).
+    fn redzone_byte(&self, offset: usize) -> u8 {
+        let word_start = self.redzone_end - 8;
+        if offset < word_start {
+            REDZONE_BYTE
+        } else {
+            REDZONE_PATTERN.to_le_bytes()[offset - word_start]
+        }
+    }
+
+    /// Write the redzone of the object whose slot is `slot` (the whole
+    /// slot: object and trailer).
+    pub(crate) fn fill_redzone(&self, slot: &mut [u8]) {
+        let start = self.obj_size;
+        for (offset, byte) in (start..).zip(&mut slot[start..self.redzone_end]) {
+            *byte = self.redzone_byte(offset);
+        }
+    }
+
+    /// The first redzone byte of `slot` that was overwritten: its offset,
+    /// and the redzone word containing it (expected and found; bytes of the
+    /// word before the redzone read as the pattern would).
+    pub(crate) fn check_redzone(&self, slot: &[u8]) -> Option<Mismatch> {
+        let offset =
+            (self.obj_size..self.redzone_end).find(|&at| slot[at] != self.redzone_byte(at))?;
+        let word = offset & !7;
+        let mut expected = [0u8; 8];
+        let mut found = [0u8; 8];
+        for (index, at) in (word..word + 8).enumerate() {
+            if at >= self.obj_size && at < self.redzone_end {
+                expected[index] = self.redzone_byte(at);
+                found[index] = slot[at];
+            }
+        }
+        Some(Mismatch {
+            offset,
+            expected: u64::from_le_bytes(expected),
+            found: u64::from_le_bytes(found),
+        })
+    }
+
+    /// Poison the object part of a slot.
+    pub(crate) fn fill_poison(&self, slot: &mut [u8], pattern: u64) {
+        fill_pattern(&mut slot[..self.obj_size], pattern);
+    }
+
+    /// The first word of the object part of `slot` that is not
+    /// [`POISON_FREE`].
+    pub(crate) fn check_poison(&self, slot: &[u8]) -> Option<Mismatch> {
+        find_mismatch(&slot[..self.obj_size], POISON_FREE, 0)
+    }
+
+    /// The state word of the slot of the object at `addr`.
+    pub(crate) fn state(&self, slot: &[u8]) -> u64 {
+        read_word(slot, self.state_offset)
+    }
+
+    pub(crate) fn set_state(&self, slot: &mut [u8], addr: usize, state: u64) {
+        write_word(slot, self.state_offset, addr as u64 ^ state);
+    }
+
+    /// What the state word says of the object at `addr`.
+    pub(crate) fn object_state(&self, slot: &[u8], addr: usize) -> ObjectState {
+        let word = self.state(slot) ^ addr as u64;
+        match word {
+            STATE_ALLOCATED => ObjectState::Allocated,
+            STATE_FREE => ObjectState::Free,
+            _ => ObjectState::Corrupt(self.state(slot)),
+        }
+    }
+
+    /// The audit records (last alloc, last free), if `AUDIT`.
+    pub(crate) fn audit(&self, slot: &[u8]) -> Option<(AuditRecord, AuditRecord)> {
+        let at = self.audit_offset?;
+        Some((read_audit(slot, at), read_audit(slot, at + 80)))
+    }
+
+    /// Record a transaction (`free`: the free record, else the alloc one).
+    pub(crate) fn set_audit(&self, slot: &mut [u8], free: bool, record: &AuditRecord) {
+        if let Some(at) = self.audit_offset {
+            write_audit(slot, if free { at + 80 } else { at }, record);
+        }
+    }
+
+    /// The saved first bytes of the object at its last free, if `CONTENTS`.
+    pub(crate) fn contents(&self, slot: &[u8]) -> Option<[u8; CONTENTS_BYTES]> {
+        let at = self.contents_offset?;
+        let mut bytes = [0u8; CONTENTS_BYTES];
+        bytes.copy_from_slice(&slot[at..at + CONTENTS_BYTES]);
+        Some(bytes)
+    }
+
+    /// Save the first bytes of the object (`CONTENTS`), at a free.
+    pub(crate) fn save_contents(&self, slot: &mut [u8]) {
+        if let Some(at) = self.contents_offset {
+            let len = CONTENTS_BYTES.min(self.obj_size);
+            slot.copy_within(..len, at);
+            slot[at + len..at + CONTENTS_BYTES].fill(0);
+        }
+    }
+}
+
+/// What a debug object's state word says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ObjectState {
+    /// With a caller.
+    Allocated,
+    /// In a magazine, the depot or its slab.
+    Free,
+    /// Neither: the word was overwritten (it holds this value).
+    Corrupt(u64),
+}
+
+fn read_word(slot: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&slot[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+fn write_word(slot: &mut [u8], at: usize, word: u64) {
+    slot[at..at + 8].copy_from_slice(&word.to_le_bytes());
+}
+
+fn read_audit(slot: &[u8], at: usize) -> AuditRecord {
+    let mut record = AuditRecord {
+        timestamp: read_word(slot, at),
+        cpu: 0,
+        nr_frames: 0,
+        frames: [0; AUDIT_FRAMES],
+    };
+    let pair = read_word(slot, at + 8);
+    record.cpu = pair as u32;
+    record.nr_frames = ((pair >> 32) as u32).min(AUDIT_FRAMES as u32);
+    for (index, frame) in record.frames.iter_mut().enumerate() {
+        *frame = read_word(slot, at + 16 + index * 8) as usize;
+    }
+    record
+}
+
+fn write_audit(slot: &mut [u8], at: usize, record: &AuditRecord) {
+    write_word(slot, at, record.timestamp);
+    write_word(
+        slot,
+        at + 8,
+        record.cpu as u64 | (record.nr_frames as u64) << 32,
+    );
+    for (index, &frame) in record.frames.iter().enumerate() {
+        write_word(slot, at + 16 + index * 8, frame as u64);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hardened free list
+// ---------------------------------------------------------------------------
+
+/// A per-cache secret for the free-list obfuscation: splitmix64 of `seed`
+/// (a timestamp mixed with the cache's address), never 0.
+pub(crate) fn freelist_secret(seed: u64) -> usize {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z as usize) | 1
+}
+
+/// The free-list link as stored at address `slot_addr`: `next XOR secret
+/// XOR swab(slot_addr)` (Linux `freelist_ptr`). Its own inverse: decoding
+/// is the same operation. An overwrite (a use after free or an overflow)
+/// decodes to a pseudo-random pointer, which the slab layer then refuses
+/// (not inside the slab, or not at an object start).
+#[inline(always)]
+pub(crate) fn freelist_ptr(value: usize, secret: usize, slot_addr: usize) -> usize {
+    value ^ secret ^ slot_addr.swap_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn letters_parse_and_print() {
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU")).unwrap();
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(std::format!("{config}"), "FZPU");
+        let config = SlabDebugConfig::parse_slab_debug(Some("pz")).unwrap();
+        assert_eq!(
+            config.flags_for("x"),
+            DebugFlags::POISON | DebugFlags::REDZONE
+        );
+        assert_eq!(std::format!("{}", config.flags_for("x").letters()), "ZP");
+    }
+
+    #[test]
+    fn bare_slab_debug_is_fzpu_everywhere() {
+        let config = SlabDebugConfig::parse_slab_debug(None).unwrap();
+        assert_eq!(config.flags_for("dentry"), DebugFlags::DEFAULT);
+        assert!(config.is_enabled());
+        let config = SlabDebugConfig::parse_slab_debug(Some("")).unwrap();
+        assert_eq!(config.flags_for("dentry"), DebugFlags::DEFAULT);
+    }
+
+    #[test]
+    fn cache_lists_and_blocks() {
+        let config =
+            SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-64,inode*;P,dentry")).unwrap();
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("inode_cache"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("dentry"), DebugFlags::POISON);
+        assert_eq!(config.flags_for("kmalloc-128"), DebugFlags::empty());
+        assert!(!config.panic);
+        // A global block and an exception, as in Linux's documentation.
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZ;-,zs_handle")).unwrap();
+        assert_eq!(
+            config.flags_for("kmalloc-8"),
+            DebugFlags::CONSISTENCY | DebugFlags::REDZONE
+        );
+        assert_eq!(config.flags_for("zs_handle"), DebugFlags::empty());
+        assert_eq!(std::format!("{config}"), "FZ;-,zs_handle");
+    }
+
+    #[test]
+    fn panic_option() {
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-64,panic")).unwrap();
+        assert!(config.panic);
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("panic"), DebugFlags::empty());
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU;panic")).unwrap();
+        assert!(config.panic);
+        assert_eq!(config.flags_for("any"), DebugFlags::DEFAULT);
+    }
+
+    #[test]
+    fn bad_slab_debug_values_are_refused_clearly() {
+        let parse = |value| SlabDebugConfig::parse_slab_debug(Some(value)).err();
+        assert_eq!(parse("FZX"), Some(SlabDebugError::UnknownLetter('X')));
+        assert_eq!(parse("T"), Some(SlabDebugError::UnknownLetter('T')));
+        let long = "F,0123456789012345678901234567890123";
+        assert_eq!(parse(long), Some(SlabDebugError::NameTooLong));
+        assert_eq!(
+            parse("F,a,b,c,d,e,f,g,h,i"),
+            Some(SlabDebugError::TooManyCaches)
+        );
+        assert_eq!(parse("F;F;F;F;F"), Some(SlabDebugError::TooManyRules));
+        let text = std::format!("{}", SlabDebugError::UnknownLetter('X'));
+        assert!(text.contains("unknown slab_debug letter 'X'"), "{text}");
+        let text = std::format!("{}", SlabDebugError::UnknownLetter('T'));
+        assert!(text.contains("kmemtrace"), "{text}");
+    }
+
+    #[test]
+    fn kmem_flags_alias() {
+        let config = SlabDebugConfig::parse_kmem_flags("0xf").unwrap();
+        assert_eq!(
+            config.flags_for("kmalloc-64"),
+            DebugFlags::DEFAULT | DebugFlags::CONTENTS
+        );
+        let config = SlabDebugConfig::parse_kmem_flags("2").unwrap();
+        assert_eq!(
+            config.flags_for("x"),
+            DebugFlags::POISON | DebugFlags::CONSISTENCY
+        );
+        let config = SlabDebugConfig::parse_kmem_flags("0").unwrap();
+        assert!(!config.is_enabled());
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("0x30").err(),
+            Some(SlabDebugError::UnsupportedBits(0x30))
+        );
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("0xzz").err(),
+            Some(SlabDebugError::BadNumber)
+        );
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("").err(),
+            Some(SlabDebugError::BadNumber)
+        );
+    }
+
+    #[test]
+    fn patterns_fill_and_find_the_first_bad_word() {
+        let mut buf = [0u8; 45];
+        fill_pattern(&mut buf, POISON_FREE);
+        assert_eq!(find_mismatch(&buf, POISON_FREE, 0), None);
+        assert_eq!(&buf[..4], &[0xef, 0xbe, 0xad, 0xde]);
+        buf[0x1a] = 0x41;
+        let mismatch = find_mismatch(&buf, POISON_FREE, 0).unwrap();
+        assert_eq!(mismatch.offset, 0x18);
+        assert_eq!(mismatch.expected, POISON_FREE);
+        assert_eq!(mismatch.found, 0xdead_beef_de41_beef);
+        // The cut tail word: only its bytes count.
+        fill_pattern(&mut buf, POISON_FREE);
+        buf[44] = 0;
+        let mismatch = find_mismatch(&buf, POISON_FREE, 0).unwrap();
+        assert_eq!(mismatch.offset, 40);
+        assert_eq!(mismatch.expected, 0xef_dead_beef);
+        assert_eq!(mismatch.found, 0x00_dead_beef);
+    }
+
+    #[test]
+    fn layout_offsets() {
+        assert_eq!(DebugLayout::new(64, DebugFlags::empty(), false), None);
+        let all = DebugFlags::DEFAULT | DebugFlags::CONTENTS;
+        let layout = DebugLayout::new(50, all, false).unwrap();
+        assert_eq!(layout.redzone_end, 64);
+        assert_eq!(layout.state_offset, 64);
+        assert_eq!(layout.freeptr_offset, 72);
+        assert_eq!(layout.audit_offset, Some(80));
+        assert_eq!(layout.contents_offset, Some(240));
+        assert_eq!(layout.slot_size, 272);
+        assert!(layout.poison);
+        // F alone: state and free pointer only, no redzone.
+        let layout = DebugLayout::new(64, DebugFlags::CONSISTENCY, false).unwrap();
+        assert_eq!((layout.redzone_end, layout.state_offset), (64, 64));
+        assert_eq!(layout.slot_size, 80);
+        // A constructor keeps objects unpoisoned.
+        let layout = DebugLayout::new(64, DebugFlags::POISON, true).unwrap();
+        assert!(!layout.poison);
+        assert!(layout.flags.contains(DebugFlags::CONSISTENCY));
+    }
+
+    #[test]
+    fn poison_covers_the_object_only() {
+        let layout = DebugLayout::new(20, DebugFlags::POISON, false).unwrap();
+        let mut slot = std::vec![0u8; layout.slot_size];
+        layout.fill_poison(&mut slot, POISON_FREE);
+        assert_eq!(layout.check_poison(&slot), None);
+        assert!(slot[20..].iter().all(|&byte| byte == 0));
+        slot[19] = 0;
+        let mismatch = layout.check_poison(&slot).unwrap();
+        assert_eq!(mismatch.offset, 16);
+        assert_eq!(mismatch.found, 0x00ad_beef);
+        layout.fill_poison(&mut slot, POISON_UNINITIALIZED);
+        assert_eq!(layout.check_poison(&slot).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn redzone_catches_the_first_byte_past_the_end() {
+        let layout = DebugLayout::new(50, DebugFlags::REDZONE, false).unwrap();
+        let mut slot = std::vec![0u8; layout.slot_size];
+        layout.fill_redzone(&mut slot);
+        assert_eq!(layout.check_redzone(&slot), None);
+        assert_eq!(slot[50], REDZONE_BYTE);
+        assert_eq!(&slot[56..60], &[0xce, 0xfa, 0xed, 0xfe]);
+        slot[50] = 0x41;
+        let mismatch = layout.check_redzone(&slot).unwrap();
+        assert_eq!(mismatch.offset, 50);
+        assert_eq!(mismatch.expected, 0xbbbb_bbbb_bbbb_0000);
+        assert_eq!(mismatch.found, 0xbbbb_bbbb_bb41_0000);
+        layout.fill_redzone(&mut slot);
+        slot[60] = 0;
+        assert_eq!(layout.check_redzone(&slot).unwrap().offset, 60);
+    }
+
+    #[test]
+    fn state_audit_and_contents_round_trip() {
+        let layout = DebugLayout::new(24, DebugFlags::AUDIT | DebugFlags::CONTENTS, false).unwrap();
+        let mut slot = std::vec![0u8; layout.slot_size];
+        let addr = 0xffff_8000_0010_0040;
+        layout.set_state(&mut slot, addr, STATE_ALLOCATED);
+        assert_eq!(layout.object_state(&slot, addr), ObjectState::Allocated);
+        layout.set_state(&mut slot, addr, STATE_FREE);
+        assert_eq!(layout.object_state(&slot, addr), ObjectState::Free);
+        // The same word seen from another address is not a valid state.
+        assert!(matches!(
+            layout.object_state(&slot, addr + 64),
+            ObjectState::Corrupt(_)
+        ));
+        let record = AuditRecord {
+            timestamp: 77,
+            cpu: 3,
+            nr_frames: 2,
+            frames: [1, 2, 0, 0, 0, 0, 0, 0],
+        };
+        layout.set_audit(&mut slot, true, &record);
+        let (alloc, free) = layout.audit(&slot).unwrap();
+        assert!(!alloc.is_recorded());
+        assert_eq!(free, record);
+        assert_eq!(free.frames(), &[1, 2]);
+        slot[..24].copy_from_slice(&[7u8; 24]);
+        layout.save_contents(&mut slot);
+        let contents = layout.contents(&slot).unwrap();
+        assert_eq!(&contents[..24], &[7u8; 24]);
+        assert_eq!(&contents[24..], &[0u8; 8]);
+    }
+
+    #[test]
+    fn freelist_pointer_is_obfuscated_and_reversible() {
+        let secret = freelist_secret(12345);
+        assert_ne!(secret, 0);
+        assert_ne!(secret, freelist_secret(12346));
+        let slot = 0xffff_8000_0020_0040usize;
+        let next = 0xffff_8000_0020_0080usize;
+        let stored = freelist_ptr(next, secret, slot);
+        assert_ne!(stored, next);
+        assert_eq!(freelist_ptr(stored, secret, slot), next);
+        // The same pointer stored elsewhere looks different.
+        assert_ne!(freelist_ptr(next, secret, slot + 64), stored);
+        // A small overwrite decodes far outside any slab.
+        let decoded = freelist_ptr(0x4141_4141, secret, slot);
+        assert!(decoded.abs_diff(next) > 1 << 32);
+    }
+}
