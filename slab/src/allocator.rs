@@ -7,14 +7,19 @@ use core::cell::UnsafeCell;
 use core::fmt::{self, Write as _};
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
 use crate::cache::{
-    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, HOT_PROFILING, KmemCache,
+    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, HOT_BOOTSTRAP,
+    HOT_KMEMTRACE, HOT_PROFILING, KmemCache,
 };
 use crate::error::{AllocError, FreeError};
+use crate::kmemtrace::{
+    CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, Kmemtrace,
+    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
+};
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
 use crate::pagemap::{PageMap, TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
 use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, same_source};
@@ -144,6 +149,10 @@ pub struct Allocator<P: Platform> {
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
     alloc_profiling: AtomicBool,
+    /// The next cache id (kmemtrace).
+    next_cache_id: AtomicU32,
+    /// kmemtrace: per-CPU event rings and the recording state.
+    kmemtrace: Kmemtrace,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -205,6 +214,8 @@ impl<P: Platform> Allocator<P> {
             nr_bad_frees: AtomicU64::new(0),
             free_error_hook: Mutex::new(None),
             alloc_profiling: AtomicBool::new(true),
+            next_cache_id: AtomicU32::new(1),
+            kmemtrace: Kmemtrace::new(),
         }
     }
 
@@ -354,6 +365,7 @@ impl<P: Platform> Allocator<P> {
                 on_primary: true,
                 bootstrap: true,
                 permanent: true,
+                id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
             };
             // Bootstrap caches have no magazine layer (pcpu null): metadata
             // goes straight to and from their slab layers.
@@ -500,6 +512,12 @@ impl<P: Platform> Allocator<P> {
                     .hot_flags
                     .fetch_or(HOT_PROFILING, Ordering::Relaxed);
             }
+            // And kmemtrace recording of every cache.
+            if self.kmemtrace.recording_all.load(Ordering::Relaxed) && !(*cache).is_bootstrap() {
+                (*cache)
+                    .hot_flags
+                    .fetch_or(HOT_KMEMTRACE, Ordering::Relaxed);
+            }
             *(*cache).links.get() = crate::cache::CacheLinks {
                 prev: list.tail,
                 next: ptr::null(),
@@ -611,6 +629,7 @@ impl<P: Platform> Allocator<P> {
             on_primary: same_source(source, primary),
             bootstrap: false,
             permanent,
+            id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
         };
         // SAFETY: `pcpu` is a fresh kmem_pcpu object of nr_cpus
         // PcpuCaches (64-aligned); `mem` a fresh kmem_cache object sized
@@ -814,7 +833,7 @@ impl<P: Platform> Allocator<P> {
     ) -> Result<NonNull<u8>, AllocError> {
         debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
         match Self::kmalloc_index(size, align) {
-            Some(index) => self.kmalloc_cache(index).alloc_with(tag),
+            Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
             None => {
                 let tag = if self.alloc_profiling() { tag() } else { 0 };
                 crate::cache::unpack(self.large_alloc_packed(size, align, tag))
@@ -825,7 +844,12 @@ impl<P: Platform> Allocator<P> {
     /// [`Self::large_alloc`] out of line, its result in one register.
     #[inline(never)]
     fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
-        crate::cache::pack(self.large_alloc(size, align, tag))
+        let packed = crate::cache::pack(self.large_alloc(size, align, tag));
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            self.kmemtrace_large_alloc(packed, size);
+        }
+        packed
     }
 
     #[inline(always)]
@@ -939,12 +963,23 @@ impl<P: Platform> Allocator<P> {
             // this allocator (same P), alive while they have slabs.
             let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
             // SAFETY: the page map puts addr in this live slab of `cache`.
-            unsafe { cache.check_object(slab, addr) }?;
+            if let Err(error) = unsafe { cache.check_object(slab, addr) } {
+                // KMEMTRACE HOOK: kfree of a pointer inside an object.
+                if cache.hot_flags.load(Ordering::Relaxed) & HOT_KMEMTRACE != 0 {
+                    self.kmemtrace_free(Some(cache), ptr, false);
+                }
+                return Err(error);
+            }
             // SAFETY: located in `cache`; our caller gives it up.
             return unsafe { cache.free_located(ptr, slab) };
         }
         // SAFETY: per our caller.
-        unsafe { self.kfree_pages(ptr, entry) }
+        let result = unsafe { self.kfree_pages(ptr, entry) };
+        if result.is_err() && self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: kfree of a pointer that is not ours.
+            self.kmemtrace_free(None, ptr, false);
+        }
+        result
     }
 
     /// `kfree` of anything but a slab object: page-granular, or refused.
@@ -963,6 +998,17 @@ impl<P: Platform> Allocator<P> {
                     return Err(FreeError::NotAllocated { addr });
                 }
                 let nr_pages = large_nr_pages(entry);
+                if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+                    // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
+                    self.kmemtrace_record(
+                        EventKind::Free,
+                        EventType::Pages,
+                        0,
+                        addr,
+                        0,
+                        nr_pages * PAGE_SIZE,
+                    );
+                }
                 map.clear_range(addr, nr_pages);
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
@@ -1063,6 +1109,159 @@ impl<P: Platform> Allocator<P> {
         if let Some(hook) = hook {
             hook(&error);
         }
+    }
+}
+
+/// kmemtrace: recording, status, dump (see [`crate::kmemtrace`]).
+impl<P: Platform> Allocator<P> {
+    /// Start recording events: allocate the per-CPU rings on the first
+    /// call (`config.nr_subbufs` sub-buffers per CPU from the primary page
+    /// source; later calls keep that size), empty them, and set the
+    /// recording bit of every cache (or of the cache `config.cache_id`
+    /// only). Restarting drops the events recorded so far.
+    ///
+    /// # Safety
+    /// [`Platform::cpu_id`] returns the running CPU's own id (distinct per
+    /// CPU) and [`Platform::irq_save`] keeps the caller on its CPU until
+    /// `irq_restore`: each ring is written without a lock by the CPU whose
+    /// id it has.
+    ///
+    /// # Errors
+    /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
+    /// (nothing kept, recording off); [`KmemtraceError::StackDepth`];
+    /// [`KmemtraceError::TooManySubbufs`].
+    pub unsafe fn kmemtrace_start(&self, config: KmemtraceConfig) -> Result<(), KmemtraceError> {
+        if !self.is_ready() {
+            return Err(KmemtraceError::NotInitialized);
+        }
+        self.kmemtrace_stop();
+        self.kmemtrace
+            .prepare::<P>(self.primary_source(), self.nr_cpus(), &config)?;
+        self.set_kmemtrace_bits(config.cache_id);
+        Ok(())
+    }
+
+    /// Stop recording (the events stay until the next start). Frees and
+    /// allocations already past the recording test may still land.
+    pub fn kmemtrace_stop(&self) {
+        self.kmemtrace.stop();
+        self.set_kmemtrace_bits(Some(u32::MAX));
+    }
+
+    /// Set `HOT_KMEMTRACE` on every non-bootstrap cache (`None`), on the
+    /// cache with id `cache_id`, and clear it on the others.
+    fn set_kmemtrace_bits(&self, cache_id: Option<u32>) {
+        self.for_each_cache(|cache| {
+            let hot = cache.hot_flags.load(Ordering::Relaxed);
+            let on = hot & HOT_BOOTSTRAP == 0 && cache_id.is_none_or(|id| id == cache.id);
+            if on {
+                cache.hot_flags.fetch_or(HOT_KMEMTRACE, Ordering::Relaxed);
+            } else {
+                cache.hot_flags.fetch_and(!HOT_KMEMTRACE, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Recording state, events and overruns summed over CPUs.
+    pub fn kmemtrace_status(&self) -> KmemtraceStatus {
+        self.kmemtrace.status()
+    }
+
+    /// One CPU's ring: events, overruns, capacity (all zero before the
+    /// first start and for `cpu` out of range).
+    pub fn kmemtrace_cpu_status(&self, cpu: usize) -> KmemtraceCpuStatus {
+        self.kmemtrace.cpu_status(cpu)
+    }
+
+    /// Write a dump of the record to `sink`, in pieces: the header, a
+    /// CACHE record per cache (caches destroyed meanwhile are not named),
+    /// the stacks, each CPU's events (one record per sub-buffer, timestamps
+    /// converted with `info.ticks_to_ns`), the trailer with the CRC-32 of
+    /// everything before it. May run while recording: each ring is read up
+    /// to the events published when the dump reaches it. `sink` must not
+    /// create or destroy caches (the cache list is locked around the
+    /// CACHE records).
+    pub fn kmemtrace_dump(&self, info: &DumpInfo<'_>, sink: &mut dyn FnMut(&[u8])) -> DumpSummary {
+        let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
+            self.for_each_cache(|cache| {
+                emit(CacheRecord {
+                    id: cache.id,
+                    obj_size: cache.obj_size as u32,
+                    align: cache.align as u32,
+                    flags: cache.flags.bits(),
+                    name: cache.name(),
+                })
+            })
+        };
+        self.kmemtrace.dump(info, &mut caches, sink)
+    }
+
+    /// Record an allocation from `cache` (its packed result).
+    #[inline(always)]
+    pub(crate) fn kmemtrace_alloc(&self, cache: &KmemCache<P>, packed: usize, bytes_req: usize) {
+        let (kind, ptr) = match crate::cache::unpack(packed) {
+            Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
+            Err(_) => (EventKind::FailedAlloc, 0),
+        };
+        let (type_id, bytes_req) = if bytes_req == 0 {
+            (EventType::Cache, cache.obj_size)
+        } else {
+            (EventType::Kmalloc, bytes_req)
+        };
+        self.kmemtrace_record(kind, type_id, cache.id, ptr, bytes_req, cache.obj_size);
+    }
+
+    /// Record a free to `cache` (`None`: the pointer is no cache's), good
+    /// or refused. Frees to kmalloc caches are `kfree`s.
+    #[inline(always)]
+    pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
+        let kind = if ok {
+            EventKind::Free
+        } else {
+            EventKind::BadFree
+        };
+        let (type_id, cache_id, bytes) = match cache {
+            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.obj_size),
+            Some(cache) => (EventType::Cache, cache.id, cache.obj_size),
+            None => (EventType::Kmalloc, 0, 0),
+        };
+        self.kmemtrace_record(kind, type_id, cache_id, obj.as_ptr() as usize, 0, bytes);
+    }
+
+    /// Record a page-granular kmalloc (its packed result).
+    #[cold]
+    fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
+        let (kind, ptr, bytes) = match crate::cache::unpack(packed) {
+            Ok(pages) => (
+                EventKind::Alloc,
+                pages.as_ptr() as usize,
+                size.div_ceil(PAGE_SIZE) * PAGE_SIZE,
+            ),
+            Err(_) => (EventKind::FailedAlloc, 0, 0),
+        };
+        self.kmemtrace_record(kind, EventType::Pages, 0, ptr, size, bytes);
+    }
+
+    #[inline(always)]
+    fn kmemtrace_record(
+        &self,
+        kind: EventKind,
+        type_id: EventType,
+        cache_id: u32,
+        ptr: usize,
+        bytes_req: usize,
+        bytes_alloc: usize,
+    ) {
+        self.kmemtrace.record::<P>(
+            kind,
+            EventFields {
+                type_id,
+                cache_id,
+                ptr,
+                bytes_req,
+                bytes_alloc,
+            },
+        );
     }
 }
 

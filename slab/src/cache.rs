@@ -157,6 +157,10 @@ pub(crate) const HOT_TAGGED: u32 = 32;
 /// path, which asks [`Platform::alloc_tag_current`]. Clear, the alloc hit
 /// is the compiled-out one and no tag is asked for. Frees ignore it.
 pub(crate) const HOT_PROFILING: u32 = 64;
+/// kmemtrace is recording this cache
+/// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
+/// allocs and frees take the flagged paths, which record an event.
+pub(crate) const HOT_KMEMTRACE: u32 = 128;
 /// The bits a free looks at (all but [`HOT_PROFILING`]).
 pub(crate) const HOT_FREE_MASK: u32 = !HOT_PROFILING;
 
@@ -351,6 +355,8 @@ pub struct KmemCache<P: Platform> {
     pub(crate) nr_trace_dropped: AtomicU64,
     pub(crate) name: [u8; 32],
     pub(crate) name_len: usize,
+    /// kmemtrace cache id (1, 2, ... in creation order).
+    pub(crate) id: u32,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     _platform: PhantomData<fn() -> P>,
 }
@@ -375,6 +381,8 @@ pub(crate) struct CacheSpec<'a> {
     pub(crate) on_primary: bool,
     pub(crate) bootstrap: bool,
     pub(crate) permanent: bool,
+    /// kmemtrace cache id.
+    pub(crate) id: u32,
 }
 
 impl<P: Platform> KmemCache<P> {
@@ -437,6 +445,7 @@ impl<P: Platform> KmemCache<P> {
             nr_trace_dropped: AtomicU64::new(0),
             name,
             name_len,
+            id: spec.id,
             links: UnsafeCell::new(CacheLinks {
                 prev: ptr::null(),
                 next: ptr::null(),
@@ -456,6 +465,12 @@ impl<P: Platform> KmemCache<P> {
     /// Cache name (at most 31 bytes), e.g. `"kmalloc-64"`.
     pub fn name(&self) -> &str {
         core::str::from_utf8(&self.name[..self.name_len]).unwrap_or("?")
+    }
+
+    /// The cache's id in kmemtrace events and dumps (1, 2, ... in creation
+    /// order; 0 names no cache).
+    pub fn id(&self) -> u32 {
+        self.id
     }
 
     /// Object size in bytes, as requested at creation.
@@ -505,7 +520,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`AllocError::InvalidLayout`] for a bootstrap cache.
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(crate::alloc_tag::current::<P>)
+        self.alloc_with(crate::alloc_tag::current::<P>, 0)
     }
 
     /// [`KmemCache::alloc`] charging the object to the allocation tag
@@ -520,19 +535,25 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(move || tag)
+        self.alloc_with(move || tag, 0)
     }
 
     /// Allocate, charging the tag `tag()` names. With profiling switched
     /// off in the allocator (`HOT_PROFILING` clear) `tag` is never called
     /// and the hit is exactly the compiled-out one: one `hot_flags` test.
     /// Switched on, the alloc goes to [`Self::alloc_flagged`] (out of
-    /// line), which asks the tag after the magazine hit.
+    /// line), which asks the tag after the magazine hit. `bytes_req` is
+    /// what a kmalloc caller asked for (0: a `kmem_cache_alloc`), for
+    /// kmemtrace only.
     #[inline(always)]
-    pub(crate) fn alloc_with(&self, tag: impl Fn() -> u32) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_with(
+        &self,
+        tag: impl Fn() -> u32,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
         let hot = self.hot_flags.load(Ordering::Relaxed);
         if hot & !HOT_TAGGED != 0 {
-            return unpack(self.alloc_flagged(hot, tag));
+            return unpack(self.alloc_flagged(hot, tag, bytes_req));
         }
         let Some(obj) = self.magazine_alloc_fast() else {
             return unpack(self.alloc_slow(0));
@@ -545,7 +566,11 @@ impl<P: Platform> KmemCache<P> {
     /// bookkeeping (the cold path). `tag` is called only if `HOT_PROFILING`
     /// is set.
     #[inline(never)]
-    fn alloc_flagged(&self, hot: u32, tag: impl Fn() -> u32) -> usize {
+    fn alloc_flagged(&self, hot: u32, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+        if hot & HOT_KMEMTRACE != 0 {
+            // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
+            return self.alloc_recorded(hot & !HOT_KMEMTRACE, tag, bytes_req);
+        }
         #[cfg(feature = "alloc-profiling")]
         if hot & !(HOT_TAGGED | HOT_PROFILING) == 0 {
             // Profiling on, no other bookkeeping: the magazine hit, then
@@ -561,6 +586,22 @@ impl<P: Platform> KmemCache<P> {
         }
         let tag = if hot & HOT_PROFILING != 0 { tag() } else { 0 };
         self.alloc_cold_packed(hot & !HOT_PROFILING, tag)
+    }
+
+    /// An allocation kmemtrace records: the alloc as without the bit, then
+    /// the event (alloc or failed alloc).
+    #[inline(never)]
+    fn alloc_recorded(&self, hot: u32, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+        let packed = if hot & !HOT_TAGGED == 0 {
+            match self.magazine_alloc_fast() {
+                Some(obj) => pack(Ok(obj)),
+                None => self.alloc_slow(0),
+            }
+        } else {
+            self.alloc_flagged(hot, tag, bytes_req)
+        };
+        self.owner().kmemtrace_alloc(self, packed, bytes_req);
+        packed
     }
 
     /// The magazine miss path (no bookkeeping flags), charging `tag`
@@ -750,7 +791,16 @@ impl<P: Platform> KmemCache<P> {
     #[cold]
     #[inline(never)]
     unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
-        let slab = self.locate(obj.as_ptr() as usize)?;
+        let slab = match self.locate(obj.as_ptr() as usize) {
+            Ok(slab) => slab,
+            Err(error) => {
+                // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
+                if self.hot_flags.load(Ordering::Relaxed) & HOT_KMEMTRACE != 0 {
+                    self.owner().kmemtrace_free(Some(self), obj, false);
+                }
+                return Err(error);
+            }
+        };
         // SAFETY: per our caller; located in this cache.
         unsafe { self.free_located(obj, slab) }
     }
@@ -905,8 +955,34 @@ impl<P: Platform> KmemCache<P> {
             unsafe { self.free_tagged(obj) };
             return Ok(());
         }
+        if hot & HOT_KMEMTRACE != 0 {
+            // KMEMTRACE HOOK: kfree, kmem_cache_free (ok or refused).
+            // SAFETY: per our caller.
+            return unsafe { self.free_recorded(obj, slab, hot & !HOT_KMEMTRACE) };
+        }
         // SAFETY: per our caller.
         unsafe { self.free_flagged_general(obj, slab, hot) }
+    }
+
+    /// A free kmemtrace records: the free as without the bit, then the
+    /// event (free or bad free), with interrupts off throughout so that
+    /// nothing on this CPU reuses the object before its free is recorded.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    unsafe fn free_recorded(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: u32,
+    ) -> Result<(), FreeError> {
+        let irq = P::irq_save();
+        // SAFETY: per our caller.
+        let result = unsafe { self.free_flagged_inline(obj, slab, hot) };
+        self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
+        P::irq_restore(irq);
+        result
     }
 
     /// The common profiled free (`HOT_TAGGED` the only flag), kept lean:
@@ -958,8 +1034,14 @@ impl<P: Platform> KmemCache<P> {
             unsafe { self.free_tagged(obj) };
             return;
         }
-        // SAFETY: per our caller.
-        let result = unsafe { self.free_flagged_general(obj, slab, hot) };
+        let result = if hot & HOT_KMEMTRACE != 0 {
+            // KMEMTRACE HOOK: GlobalAlloc::dealloc (ok or refused).
+            // SAFETY: per our caller.
+            unsafe { self.free_recorded(obj, slab, hot & !HOT_KMEMTRACE) }
+        } else {
+            // SAFETY: per our caller.
+            unsafe { self.free_flagged_general(obj, slab, hot) }
+        };
         if let Err(error) = result {
             self.owner().report_free_error(error);
         }

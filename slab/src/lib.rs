@@ -304,6 +304,7 @@ mod cache;
 pub mod debug;
 mod error;
 mod hash;
+pub mod kmemtrace;
 mod magazine;
 mod pagemap;
 mod platform;
@@ -322,6 +323,10 @@ pub use cache::{
     CacheFlags, CacheStats, CpuCacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind,
 };
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
+pub use kmemtrace::{
+    DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
+    KmemtraceError, KmemtraceEvent, KmemtraceStatus,
+};
 pub use magazine::MAG_MAX_ROUNDS;
 pub use platform::{ArenaStats, PAGE_SIZE, PageSource, Platform};
 pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};

@@ -44,6 +44,19 @@ pub trait Platform: 'static {
     /// the number of bytes written.
     fn context(buf: &mut [u8; 32]) -> usize;
 
+    /// kmemtrace: fill `frames` with the return addresses of the code
+    /// that called into the allocator, innermost first: `frames[0]` is the
+    /// call site (the first frame outside the allocator), then its callers.
+    /// Return how many were written. Called on every recorded event with
+    /// a one-element slice (stacks off), so keep it cheap: a frame-pointer
+    /// walk that skips the allocator's own text (a kernel can place that
+    /// text in one linker range). The default records no call site.
+    #[inline(always)]
+    fn caller_frames(frames: &mut [usize]) -> usize {
+        let _ = frames;
+        0
+    }
+
     /// Allocation profiling (feature `alloc-profiling`; never called
     /// without it): the allocation tag reference to charge an allocation
     /// made now by a caller that named none (`alloc`, `kmalloc`, the

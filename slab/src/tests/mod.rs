@@ -13,6 +13,8 @@ mod bad_free;
 mod global;
 #[cfg(not(loom))]
 mod kmalloc;
+#[cfg(not(loom))]
+mod kmemtrace;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]

@@ -17,6 +17,13 @@ pub const NR_CPUS: usize = 4;
 
 std::thread_local! {
     static CPU: Cell<usize> = const { Cell::new(0) };
+    static CALLER: Cell<usize> = const { Cell::new(0xffff_8000_0000_0c00) };
+}
+
+/// The call site `Platform::caller_frames` reports on this thread
+/// (kmemtrace tests); its callers are `FAKE_FRAMES`.
+pub fn set_caller(site: usize) {
+    CALLER.with(|c| c.set(site));
 }
 
 static CLOCK: AtomicU64 = AtomicU64::new(1);
@@ -59,6 +66,15 @@ impl Platform for TestPlatform {
         let bytes = FAKE_CONTEXT.as_bytes();
         buf[..bytes.len()].copy_from_slice(bytes);
         bytes.len()
+    }
+    fn caller_frames(frames: &mut [usize]) -> usize {
+        let Some(first) = frames.first_mut() else {
+            return 0;
+        };
+        *first = CALLER.with(|c| c.get());
+        let rest = (frames.len() - 1).min(FAKE_FRAMES.len());
+        frames[1..1 + rest].copy_from_slice(&FAKE_FRAMES[..rest]);
+        1 + rest
     }
 }
 

@@ -1,0 +1,978 @@
+//! kmemtrace: an event stream of every caller-visible allocation and free,
+//! recorded into per-CPU rings of sub-buffers and dumped in a versioned
+//! binary format for offline analysis (after the 2008 kmemtrace RFC by
+//! Eduard-Gabriel Munteanu and Pekka Enberg, and today's `kmem:kmalloc` /
+//! `kmem:kfree` tracepoints read by `perf kmem`).
+//!
+//! ## Where events come from
+//!
+//! The hooks sit at the level of the trace table, above the magazine layer
+//! (every site is marked `KMEMTRACE HOOK` in `cache.rs` and
+//! `allocator.rs`): `kmalloc`, `kfree`, `kmem_cache_alloc`/`free`,
+//! page-granular kmalloc, `GlobalAlloc` and `core::alloc::Allocator`,
+//! failed allocations and refused ("bad") frees. Recording is a bit of
+//! every cache's `hot_flags` word (`HOT_KMEMTRACE`), which the alloc and
+//! free hits test anyway: off, it costs the magazine hit nothing.
+//!
+//! ## Buffers
+//!
+//! One ring per CPU of `nr_subbufs` sub-buffers of [`SUBBUF_EVENTS`] events
+//! ([`SUBBUF_PAGES`] pages each, from the allocator's primary page source),
+//! written only by its own CPU with interrupts off: no lock, no atomic
+//! read-modify-write and no cache line shared with another CPU on the event
+//! path (each ring's descriptor is cache-line aligned). As in relay's
+//! no-overwrite mode, a full ring drops the event and counts an overrun;
+//! the per-CPU sequence number still advances, so a reader sees the gap.
+//! A dump reads each ring up to its published count (a release store after
+//! each event), so it may run while recording goes on.
+//!
+//! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`])
+//!
+//! All little-endian: a 64-byte header ([`KmemtraceHeader`]), records of
+//! an 8-byte header (`kind u16, reserved u16, length u32`) and a body
+//! padded to 8 bytes — [`RECORD_CACHE`] per cache, [`RECORD_STACK`] per
+//! distinct backtrace, [`RECORD_CPU`] per CPU sub-buffer holding 64-byte
+//! events ([`KmemtraceEvent`]) — and a [`RECORD_TRAILER`] with counts and a
+//! CRC-32 of every byte before it. The public description is
+//! `docs/KMEMTRACE-ABI.md`.
+//!
+//! ## Call sites and stacks
+//!
+//! The call site is the caller's return address, the first frame outside
+//! the allocator, from [`Platform::caller_frames`] (a kernel walks its frame
+//! pointers, skipping a linker-placed range of allocator text). With
+//! stacks on, each event also names a backtrace in a deduplicated table
+//! (one lock, taken only when stacks are recorded).
+
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
+
+/// Version of the dump format; bumped on any incompatible change.
+pub const KMEMTRACE_ABI_VERSION: u32 = 1;
+/// First 8 bytes of a dump.
+pub const KMEMTRACE_MAGIC: [u8; 8] = *b"MAGPKMT\0";
+/// Size of the dump header in bytes.
+pub const HEADER_SIZE: usize = 64;
+/// Size of one event in bytes (in the rings and in the dump).
+pub const EVENT_SIZE: usize = 64;
+/// Events per sub-buffer.
+pub const SUBBUF_EVENTS: usize = 1024;
+/// Pages per sub-buffer (64 KiB).
+pub const SUBBUF_PAGES: usize = SUBBUF_EVENTS * EVENT_SIZE / PAGE_SIZE;
+/// Sub-buffers per CPU unless configured (16 MiB, 262,144 events per CPU).
+pub const DEFAULT_SUBBUFS: usize = 256;
+/// Most frames a recorded stack keeps.
+pub const MAX_STACK_DEPTH: usize = 16;
+/// Distinct stacks the dedup table holds; later new stacks get id 0 and
+/// are counted in [`KmemtraceStatus::nr_stacks_dropped`].
+pub const MAX_STACKS: usize = 4096;
+
+/// Record kind: a cache's id, geometry and name.
+pub const RECORD_CACHE: u16 = 1;
+/// Record kind: one distinct backtrace.
+pub const RECORD_STACK: u16 = 2;
+/// Record kind: one CPU's events (one record per sub-buffer).
+pub const RECORD_CPU: u16 = 3;
+/// Record kind: the trailer, last in a complete dump.
+pub const RECORD_TRAILER: u16 = 0xFFFF;
+/// Size of a record header in bytes.
+pub const RECORD_HEADER_SIZE: usize = 8;
+/// Size of a trailer record in bytes (header and body).
+pub const TRAILER_SIZE: usize = RECORD_HEADER_SIZE + 32;
+
+/// Header flag: events carry stack ids and the dump has STACK records.
+pub const HEADER_FLAG_STACKS: u32 = 1;
+/// Header flag: recording began at boot (`kmemtrace=on`), so every live
+/// object was allocated inside the record.
+pub const HEADER_FLAG_FROM_BOOT: u32 = 2;
+
+/// Event flag: the allocation was zeroed.
+pub const EVENT_FLAG_ZEROED: u32 = 1;
+
+const _: () = assert!(SUBBUF_EVENTS * EVENT_SIZE == SUBBUF_PAGES * PAGE_SIZE);
+const _: () = assert!(core::mem::size_of::<KmemtraceEvent>() == EVENT_SIZE);
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventKind {
+    /// A caller got memory.
+    Alloc = 1,
+    /// A caller gave memory back.
+    Free = 2,
+    /// An allocation failed (pointer 0).
+    FailedAlloc = 3,
+    /// A free was refused (double free, foreign pointer, wrong cache...).
+    BadFree = 4,
+}
+
+/// Which interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventType {
+    /// `kmalloc`/`kfree`, including `GlobalAlloc` and `Allocator`.
+    Kmalloc = 1,
+    /// `kmem_cache_alloc`/`kmem_cache_free`.
+    Cache = 2,
+    /// Page-granular kmalloc (above [`KMALLOC_MAX_SIZE`](crate::KMALLOC_MAX_SIZE)).
+    Pages = 3,
+}
+
+/// One event, 64 bytes, exactly as it appears in a dump (little-endian
+/// fields in this order). In the rings, `timestamp_ns` holds the raw
+/// [`Platform::now`] reading; the dump converts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KmemtraceEvent {
+    /// [`EventKind`] as a number.
+    pub event: u8,
+    /// [`EventType`] as a number.
+    pub type_id: u8,
+    /// CPU that recorded the event.
+    pub cpu: u16,
+    /// Cache id (0: page-granular, or no cache).
+    pub cache_id: u32,
+    /// Nanoseconds since boot.
+    pub timestamp_ns: u64,
+    /// Per-CPU sequence number; counts dropped events too.
+    pub seq: u64,
+    /// Return address of the caller.
+    pub call_site: u64,
+    /// The object (0 for a failed allocation).
+    pub ptr: u64,
+    /// Bytes the caller asked for (0 for frees).
+    pub bytes_req: u64,
+    /// Bytes the allocator gave: object size, or whole pages.
+    pub bytes_alloc: u64,
+    /// [`EVENT_FLAG_ZEROED`]; other bits 0.
+    pub flags: u32,
+    /// Stack id (0: none).
+    pub stack_id: u32,
+}
+
+impl KmemtraceEvent {
+    /// The 64 little-endian bytes of the dump format.
+    pub fn to_bytes(&self) -> [u8; EVENT_SIZE] {
+        let mut out = [0u8; EVENT_SIZE];
+        out[0] = self.event;
+        out[1] = self.type_id;
+        out[2..4].copy_from_slice(&self.cpu.to_le_bytes());
+        out[4..8].copy_from_slice(&self.cache_id.to_le_bytes());
+        let words = [
+            self.timestamp_ns,
+            self.seq,
+            self.call_site,
+            self.ptr,
+            self.bytes_req,
+            self.bytes_alloc,
+        ];
+        for (index, word) in words.iter().enumerate() {
+            out[8 + index * 8..16 + index * 8].copy_from_slice(&word.to_le_bytes());
+        }
+        out[56..60].copy_from_slice(&self.flags.to_le_bytes());
+        out[60..64].copy_from_slice(&self.stack_id.to_le_bytes());
+        out
+    }
+
+    /// Parse the dump format (the inverse of [`Self::to_bytes`]).
+    pub fn from_bytes(bytes: &[u8; EVENT_SIZE]) -> Self {
+        let word = |offset: usize| u64::from_le_bytes(le_array(&bytes[offset..offset + 8]));
+        let half = |offset: usize| u32::from_le_bytes(le_array(&bytes[offset..offset + 4]));
+        KmemtraceEvent {
+            event: bytes[0],
+            type_id: bytes[1],
+            cpu: u16::from_le_bytes([bytes[2], bytes[3]]),
+            cache_id: half(4),
+            timestamp_ns: word(8),
+            seq: word(16),
+            call_site: word(24),
+            ptr: word(32),
+            bytes_req: word(40),
+            bytes_alloc: word(48),
+            flags: half(56),
+            stack_id: half(60),
+        }
+    }
+}
+
+fn le_array<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(bytes);
+    out
+}
+
+/// The 64-byte dump header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KmemtraceHeader {
+    /// CPUs the kernel runs (ids `0..nr_cpus`).
+    pub nr_cpus: u32,
+    /// The kernel ELF's GNU build id (SHA-1), zero if none.
+    pub build_id: [u8; 20],
+    /// [`HEADER_FLAG_STACKS`], [`HEADER_FLAG_FROM_BOOT`].
+    pub flags: u32,
+    /// When recording started, nanoseconds since boot.
+    pub record_start_ns: u64,
+    /// Most frames per stack (0: no stacks).
+    pub stack_depth: u32,
+}
+
+impl KmemtraceHeader {
+    /// The header's bytes: magic, ABI version, sizes, then the fields.
+    pub fn to_bytes(&self) -> [u8; HEADER_SIZE] {
+        let mut out = [0u8; HEADER_SIZE];
+        out[0..8].copy_from_slice(&KMEMTRACE_MAGIC);
+        out[8..12].copy_from_slice(&KMEMTRACE_ABI_VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
+        out[16..20].copy_from_slice(&(EVENT_SIZE as u32).to_le_bytes());
+        out[20..24].copy_from_slice(&self.nr_cpus.to_le_bytes());
+        out[24..44].copy_from_slice(&self.build_id);
+        out[44..48].copy_from_slice(&self.flags.to_le_bytes());
+        out[48..56].copy_from_slice(&self.record_start_ns.to_le_bytes());
+        out[56..60].copy_from_slice(&self.stack_depth.to_le_bytes());
+        out
+    }
+
+    /// Parse a header.
+    ///
+    /// # Errors
+    /// [`DumpFormatError::BadMagic`], [`DumpFormatError::AbiVersion`] or
+    /// [`DumpFormatError::Truncated`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, DumpFormatError> {
+        let bytes = bytes.get(..HEADER_SIZE).ok_or(DumpFormatError::Truncated)?;
+        if bytes[0..8] != KMEMTRACE_MAGIC {
+            return Err(DumpFormatError::BadMagic);
+        }
+        let half = |offset: usize| u32::from_le_bytes(le_array(&bytes[offset..offset + 4]));
+        if half(8) != KMEMTRACE_ABI_VERSION {
+            return Err(DumpFormatError::AbiVersion(half(8)));
+        }
+        Ok(KmemtraceHeader {
+            nr_cpus: half(20),
+            build_id: le_array(&bytes[24..44]),
+            flags: half(44),
+            record_start_ns: u64::from_le_bytes(le_array(&bytes[48..56])),
+            stack_depth: half(56),
+        })
+    }
+}
+
+/// Why a byte string is not a dump (see [`KmemtraceHeader::from_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpFormatError {
+    /// Shorter than its header says.
+    Truncated,
+    /// Does not start with [`KMEMTRACE_MAGIC`].
+    BadMagic,
+    /// Written by another ABI version.
+    AbiVersion(u32),
+}
+
+impl core::fmt::Display for DumpFormatError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DumpFormatError::Truncated => write!(f, "truncated kmemtrace dump"),
+            DumpFormatError::BadMagic => write!(f, "not a kmemtrace dump (bad magic)"),
+            DumpFormatError::AbiVersion(version) => write!(
+                f,
+                "kmemtrace ABI version {version}, expected {KMEMTRACE_ABI_VERSION}"
+            ),
+        }
+    }
+}
+
+/// How to record ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KmemtraceConfig {
+    /// Sub-buffers per CPU (used by the first start only: the rings keep
+    /// their size afterwards). 0 means [`DEFAULT_SUBBUFS`].
+    pub nr_subbufs: usize,
+    /// Frames per event's stack, 0 for none; at most [`MAX_STACK_DEPTH`].
+    pub stack_depth: usize,
+    /// Record only this cache (by id, see
+    /// [`KmemCache::id`](crate::KmemCache::id)); `None`: every cache,
+    /// page-granular kmalloc and bad frees.
+    pub cache_id: Option<u32>,
+    /// Recording starts at boot: the dump header says every live object
+    /// was allocated inside the record.
+    pub from_boot: bool,
+}
+
+impl Default for KmemtraceConfig {
+    fn default() -> Self {
+        KmemtraceConfig {
+            nr_subbufs: DEFAULT_SUBBUFS,
+            stack_depth: 0,
+            cache_id: None,
+            from_boot: false,
+        }
+    }
+}
+
+/// Why recording could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmemtraceError {
+    /// The allocator is not initialised.
+    NotInitialized,
+    /// The page source could not supply the buffers (nothing was kept).
+    OutOfMemory {
+        /// Bytes that were asked for in all.
+        bytes: usize,
+    },
+    /// Stack depth above [`MAX_STACK_DEPTH`].
+    StackDepth(usize),
+    /// `nr_subbufs` too large to address.
+    TooManySubbufs(usize),
+}
+
+impl core::fmt::Display for KmemtraceError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            KmemtraceError::NotInitialized => write!(f, "allocator not initialised"),
+            KmemtraceError::OutOfMemory { bytes } => {
+                write!(f, "no memory for kmemtrace buffers ({bytes} bytes)")
+            }
+            KmemtraceError::StackDepth(depth) => {
+                write!(f, "stack depth {depth} above the maximum {MAX_STACK_DEPTH}")
+            }
+            KmemtraceError::TooManySubbufs(nr) => write!(f, "{nr} sub-buffers is too many"),
+        }
+    }
+}
+
+/// One CPU's ring as `record status` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KmemtraceCpuStatus {
+    /// Events in the ring.
+    pub nr_events: u64,
+    /// Events dropped for a full ring.
+    pub nr_overruns: u64,
+    /// Events the ring holds when full.
+    pub capacity: u64,
+}
+
+/// The recorder's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KmemtraceStatus {
+    /// Recording now.
+    pub recording: bool,
+    /// Recording only this cache id (`None`: everything).
+    pub cache_id: Option<u32>,
+    /// Frames per stack (0: no stacks).
+    pub stack_depth: usize,
+    /// Rings (CPUs); 0 before the first start.
+    pub nr_cpus: usize,
+    /// Sub-buffers per CPU.
+    pub nr_subbufs: usize,
+    /// Events in all rings.
+    pub nr_events: u64,
+    /// Overruns on all CPUs.
+    pub nr_overruns: u64,
+    /// Distinct stacks recorded.
+    pub nr_stacks: usize,
+    /// Events whose new stack did not fit in the table (stack id 0).
+    pub nr_stacks_dropped: u64,
+}
+
+/// What a dump wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DumpSummary {
+    /// Events written.
+    pub nr_events: u64,
+    /// Overruns reported (all CPUs).
+    pub nr_overruns: u64,
+    /// Records before the trailer.
+    pub nr_records: u64,
+    /// Bytes written, trailer included.
+    pub nr_bytes: u64,
+    /// The trailer's CRC-32.
+    pub checksum: u32,
+}
+
+/// Kernel facts a dump's header carries and how to read the clock.
+pub struct DumpInfo<'a> {
+    /// GNU build id of the kernel ELF (SHA-1), zeros if unknown.
+    pub build_id: [u8; 20],
+    /// Converts a [`Platform::now`] reading to nanoseconds since boot.
+    pub ticks_to_ns: &'a dyn Fn(u64) -> u64,
+}
+
+/// One CPU's ring descriptor: written only by its CPU with interrupts off
+/// (plain loads and stores; the atomics are for readers on other CPUs).
+#[repr(C, align(64))]
+struct CpuRing {
+    /// `nr_subbufs` pointers to sub-buffers of [`SUBBUF_EVENTS`] events.
+    subbufs: *mut *mut KmemtraceEvent,
+    capacity: usize,
+    /// Events written and published (release store after each).
+    nr_written: AtomicUsize,
+    /// Next sequence number.
+    seq: AtomicU64,
+    nr_overruns: AtomicU64,
+}
+
+/// The deduplicated stacks (only with `--stacks`).
+struct StackTable {
+    /// Bucket `i` holds a stack index plus one (0: empty); open addressing.
+    buckets: *mut u32,
+    /// `MAX_STACKS * MAX_STACK_DEPTH` frames.
+    frames: *mut u64,
+    /// Depth of each stack.
+    depths: *mut u8,
+    nr_stacks: usize,
+}
+
+const STACK_BUCKETS: usize = MAX_STACKS * 2;
+const STACK_TABLE_BYTES: usize = STACK_BUCKETS * 4 + MAX_STACKS * MAX_STACK_DEPTH * 8 + MAX_STACKS;
+
+/// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
+pub(crate) struct Kmemtrace {
+    /// `nr_rings` cache-line aligned [`CpuRing`]s; null before the first
+    /// start. Never freed (writers may still hold it after a stop).
+    rings: AtomicPtr<CpuRing>,
+    nr_rings: AtomicUsize,
+    nr_subbufs: AtomicUsize,
+    /// Recording everything: page-granular kmalloc and bad frees outside
+    /// caches are recorded too (caches have their `HOT_KMEMTRACE` bit).
+    pub(crate) recording_all: AtomicBool,
+    recording: AtomicBool,
+    /// `u32::MAX`: no filter.
+    filter: AtomicU32,
+    stack_depth: AtomicUsize,
+    from_boot: AtomicBool,
+    start_ticks: AtomicU64,
+    stacks: spin::Mutex<StackTable>,
+    nr_stacks_dropped: AtomicU64,
+    /// Serialises start, stop and dump.
+    control: spin::Mutex<()>,
+}
+
+// SAFETY: the raw pointers are to memory owned by the recorder for its
+// lifetime (never freed once set); rings are written only by their own CPU
+// with interrupts off, readers use the atomics; the stack table is behind
+// its mutex.
+unsafe impl Sync for Kmemtrace {}
+// SAFETY: as above.
+unsafe impl Send for Kmemtrace {}
+// SAFETY: the table's pointers are only used under the mutex.
+unsafe impl Send for StackTable {}
+
+const NO_FILTER: u32 = u32::MAX;
+
+impl Kmemtrace {
+    pub(crate) const fn new() -> Self {
+        Kmemtrace {
+            rings: AtomicPtr::new(ptr::null_mut()),
+            nr_rings: AtomicUsize::new(0),
+            nr_subbufs: AtomicUsize::new(0),
+            recording_all: AtomicBool::new(false),
+            recording: AtomicBool::new(false),
+            filter: AtomicU32::new(NO_FILTER),
+            stack_depth: AtomicUsize::new(0),
+            from_boot: AtomicBool::new(false),
+            start_ticks: AtomicU64::new(0),
+            stacks: spin::Mutex::new(StackTable {
+                buckets: ptr::null_mut(),
+                frames: ptr::null_mut(),
+                depths: ptr::null_mut(),
+                nr_stacks: 0,
+            }),
+            nr_stacks_dropped: AtomicU64::new(0),
+            control: spin::Mutex::new(()),
+        }
+    }
+
+    /// Whether recording is on (for some cache or all).
+    pub(crate) fn is_recording(&self) -> bool {
+        self.recording.load(Ordering::Relaxed)
+    }
+
+    /// The cache filter (`None`: all).
+    pub(crate) fn filter(&self) -> Option<u32> {
+        match self.filter.load(Ordering::Relaxed) {
+            NO_FILTER => None,
+            id => Some(id),
+        }
+    }
+
+    /// Allocate the rings (first start) and the stack table (first start
+    /// with stacks), reset every ring, and note the configuration. The
+    /// caller then sets the `HOT_KMEMTRACE` bits.
+    pub(crate) fn prepare<P: Platform>(
+        &self,
+        source: &dyn PageSource,
+        nr_cpus: usize,
+        config: &KmemtraceConfig,
+    ) -> Result<(), KmemtraceError> {
+        if config.stack_depth > MAX_STACK_DEPTH {
+            return Err(KmemtraceError::StackDepth(config.stack_depth));
+        }
+        let _control = self.control.lock();
+        self.recording.store(false, Ordering::Relaxed);
+        self.recording_all.store(false, Ordering::Relaxed);
+        if self.rings.load(Ordering::Acquire).is_null() {
+            let nr_subbufs = if config.nr_subbufs == 0 {
+                DEFAULT_SUBBUFS
+            } else {
+                config.nr_subbufs
+            };
+            let rings = allocate_rings(source, nr_cpus, nr_subbufs)?;
+            self.nr_rings.store(nr_cpus, Ordering::Relaxed);
+            self.nr_subbufs.store(nr_subbufs, Ordering::Relaxed);
+            self.rings.store(rings.as_ptr(), Ordering::Release);
+        }
+        if config.stack_depth > 0 {
+            let mut table = self.stacks.lock();
+            if table.buckets.is_null() {
+                let nr_pages = STACK_TABLE_BYTES.div_ceil(PAGE_SIZE);
+                let base = source
+                    .alloc_pages(nr_pages)
+                    .map_err(|_| KmemtraceError::OutOfMemory {
+                        bytes: nr_pages * PAGE_SIZE,
+                    })?
+                    .as_ptr();
+                // SAFETY: fresh pages, ours; the three arrays lie inside
+                // (STACK_TABLE_BYTES) and are suitably aligned (4, 8, 1).
+                unsafe {
+                    ptr::write_bytes(base, 0, STACK_TABLE_BYTES);
+                    table.buckets = base.cast();
+                    table.frames = base.add(STACK_BUCKETS * 4).cast();
+                    table.depths = base
+                        .add(STACK_BUCKETS * 4 + MAX_STACKS * MAX_STACK_DEPTH * 8)
+                        .cast();
+                }
+            }
+            // A new record starts with an empty table.
+            // SAFETY: buckets has STACK_BUCKETS entries (above).
+            unsafe { ptr::write_bytes(table.buckets, 0, STACK_BUCKETS) };
+            table.nr_stacks = 0;
+        }
+        self.nr_stacks_dropped.store(0, Ordering::Relaxed);
+        for ring in self.rings() {
+            ring.nr_written.store(0, Ordering::Release);
+            ring.seq.store(0, Ordering::Relaxed);
+            ring.nr_overruns.store(0, Ordering::Relaxed);
+        }
+        self.stack_depth
+            .store(config.stack_depth, Ordering::Relaxed);
+        self.filter
+            .store(config.cache_id.unwrap_or(NO_FILTER), Ordering::Relaxed);
+        self.from_boot.store(config.from_boot, Ordering::Relaxed);
+        self.start_ticks.store(P::now(), Ordering::Relaxed);
+        self.recording_all
+            .store(config.cache_id.is_none(), Ordering::Relaxed);
+        self.recording.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Note that recording stopped (the caller clears the cache bits).
+    pub(crate) fn stop(&self) {
+        let _control = self.control.lock();
+        self.recording_all.store(false, Ordering::Relaxed);
+        self.recording.store(false, Ordering::Relaxed);
+    }
+
+    fn rings(&self) -> &[CpuRing] {
+        let rings = self.rings.load(Ordering::Acquire);
+        if rings.is_null() {
+            return &[];
+        }
+        // SAFETY: set once with nr_rings initialised rings (Release after
+        // nr_rings), never freed.
+        unsafe { core::slice::from_raw_parts(rings, self.nr_rings.load(Ordering::Relaxed)) }
+    }
+
+    /// Record one event from the running CPU. Interrupts are disabled
+    /// here (nesting is fine). The event path: no lock (unless stacks are
+    /// recorded), no atomic read-modify-write, only this CPU's ring.
+    #[inline(always)]
+    pub(crate) fn record<P: Platform>(&self, event: EventKind, fields: EventFields) {
+        let irq = P::irq_save();
+        let cpu = P::cpu_id();
+        let rings = self.rings.load(Ordering::Relaxed);
+        if cpu >= self.nr_rings.load(Ordering::Relaxed) || rings.is_null() {
+            P::irq_restore(irq);
+            return;
+        }
+        // SAFETY: cpu < nr_rings and the rings live forever; only this
+        // CPU writes its ring, with interrupts off (so nothing else on this
+        // CPU either).
+        let ring = unsafe { &*rings.add(cpu) };
+        let seq = ring.seq.load(Ordering::Relaxed);
+        ring.seq.store(seq + 1, Ordering::Relaxed);
+        let index = ring.nr_written.load(Ordering::Relaxed);
+        if index >= ring.capacity {
+            let overruns = ring.nr_overruns.load(Ordering::Relaxed);
+            ring.nr_overruns.store(overruns + 1, Ordering::Relaxed);
+            P::irq_restore(irq);
+            return;
+        }
+        let mut frames = [0usize; MAX_STACK_DEPTH];
+        let depth = self.stack_depth.load(Ordering::Relaxed);
+        let (call_site, stack_id) = if depth == 0 {
+            let mut site = [0usize; 1];
+            P::caller_frames(&mut site);
+            (site[0], 0)
+        } else {
+            let nr = P::caller_frames(&mut frames[..depth.min(MAX_STACK_DEPTH)]);
+            (frames[0], self.stack_id(&frames[..nr]))
+        };
+        // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
+        // sub-buffer exists and the slot is inside it; unpublished slots
+        // are read by nobody.
+        unsafe {
+            let subbuf = *ring.subbufs.add(index / SUBBUF_EVENTS);
+            subbuf.add(index % SUBBUF_EVENTS).write(KmemtraceEvent {
+                event: event as u8,
+                type_id: fields.type_id as u8,
+                cpu: cpu as u16,
+                cache_id: fields.cache_id,
+                timestamp_ns: P::now(),
+                seq,
+                call_site: call_site as u64,
+                ptr: fields.ptr as u64,
+                bytes_req: fields.bytes_req as u64,
+                bytes_alloc: fields.bytes_alloc as u64,
+                flags: 0,
+                stack_id,
+            });
+        }
+        ring.nr_written.store(index + 1, Ordering::Release);
+        P::irq_restore(irq);
+    }
+
+    /// The id of a backtrace (1-based), adding it if new; 0 if the table
+    /// is full or there are no frames.
+    #[cold]
+    fn stack_id(&self, frames: &[usize]) -> u32 {
+        if frames.is_empty() {
+            return 0;
+        }
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for &frame in frames {
+            hash = (hash ^ frame as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let mut table = self.stacks.lock();
+        if table.buckets.is_null() {
+            return 0;
+        }
+        let mut bucket = (hash as usize ^ (hash >> 32) as usize) % STACK_BUCKETS;
+        loop {
+            // SAFETY: bucket < STACK_BUCKETS; the arrays are sized for
+            // MAX_STACKS stacks of MAX_STACK_DEPTH frames; we hold the lock.
+            unsafe {
+                let slot = *table.buckets.add(bucket);
+                if slot == 0 {
+                    if table.nr_stacks == MAX_STACKS {
+                        drop(table);
+                        let dropped = self.nr_stacks_dropped.load(Ordering::Relaxed);
+                        self.nr_stacks_dropped.store(dropped + 1, Ordering::Relaxed);
+                        return 0;
+                    }
+                    let index = table.nr_stacks;
+                    for (depth, &frame) in frames.iter().enumerate() {
+                        *table.frames.add(index * MAX_STACK_DEPTH + depth) = frame as u64;
+                    }
+                    *table.depths.add(index) = frames.len() as u8;
+                    *table.buckets.add(bucket) = index as u32 + 1;
+                    table.nr_stacks = index + 1;
+                    return index as u32 + 1;
+                }
+                let index = slot as usize - 1;
+                let depth = *table.depths.add(index) as usize;
+                let stored =
+                    core::slice::from_raw_parts(table.frames.add(index * MAX_STACK_DEPTH), depth);
+                if depth == frames.len() && stored.iter().zip(frames).all(|(&a, &b)| a == b as u64)
+                {
+                    return slot;
+                }
+            }
+            bucket = (bucket + 1) % STACK_BUCKETS;
+        }
+    }
+
+    /// The recorder's state.
+    pub(crate) fn status(&self) -> KmemtraceStatus {
+        let mut status = KmemtraceStatus {
+            recording: self.is_recording(),
+            cache_id: self.filter(),
+            stack_depth: self.stack_depth.load(Ordering::Relaxed),
+            nr_cpus: self.nr_rings.load(Ordering::Relaxed),
+            nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
+            nr_stacks: self.stacks.lock().nr_stacks,
+            nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
+            ..KmemtraceStatus::default()
+        };
+        for cpu in 0..status.nr_cpus {
+            let ring = self.cpu_status(cpu);
+            status.nr_events += ring.nr_events;
+            status.nr_overruns += ring.nr_overruns;
+        }
+        status
+    }
+
+    /// One CPU's ring (all zero if out of range or never started).
+    pub(crate) fn cpu_status(&self, cpu: usize) -> KmemtraceCpuStatus {
+        self.rings()
+            .get(cpu)
+            .map(|ring| KmemtraceCpuStatus {
+                nr_events: ring.nr_written.load(Ordering::Acquire) as u64,
+                nr_overruns: ring.nr_overruns.load(Ordering::Relaxed),
+                capacity: ring.capacity as u64,
+            })
+            .unwrap_or_default()
+    }
+
+    /// Write a dump: header, `caches` (id, object size, align, flags,
+    /// name), the stacks, each CPU's events, the trailer.
+    pub(crate) fn dump(
+        &self,
+        info: &DumpInfo<'_>,
+        caches: &mut CacheLister<'_>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> DumpSummary {
+        let _control = self.control.lock();
+        let mut out = DumpWriter {
+            sink,
+            crc: crc32fast::Hasher::new(),
+            nr_bytes: 0,
+            nr_records: 0,
+        };
+        let stack_depth = self.stack_depth.load(Ordering::Relaxed);
+        let rings = self.rings();
+        let mut flags = 0;
+        if stack_depth > 0 {
+            flags |= HEADER_FLAG_STACKS;
+        }
+        if self.from_boot.load(Ordering::Relaxed) {
+            flags |= HEADER_FLAG_FROM_BOOT;
+        }
+        let header = KmemtraceHeader {
+            nr_cpus: rings.len() as u32,
+            build_id: info.build_id,
+            flags,
+            record_start_ns: (info.ticks_to_ns)(self.start_ticks.load(Ordering::Relaxed)),
+            stack_depth: stack_depth as u32,
+        };
+        out.write(&header.to_bytes());
+        caches(&mut |cache| {
+            let name = cache.name.as_bytes();
+            let body = 24 + name.len();
+            out.record_header(RECORD_CACHE, body);
+            for word in [cache.id, cache.obj_size, cache.align, cache.flags] {
+                out.write(&word.to_le_bytes());
+            }
+            out.write(&(name.len() as u32).to_le_bytes());
+            out.write(&0u32.to_le_bytes());
+            out.write(name);
+            out.pad(body);
+        });
+        if stack_depth > 0 {
+            let table = self.stacks.lock();
+            for index in 0..table.nr_stacks {
+                // SAFETY: index < nr_stacks <= MAX_STACKS; under the lock.
+                let frames = unsafe {
+                    let depth = *table.depths.add(index) as usize;
+                    core::slice::from_raw_parts(table.frames.add(index * MAX_STACK_DEPTH), depth)
+                };
+                out.record_header(RECORD_STACK, 8 + frames.len() * 8);
+                out.write(&(index as u32 + 1).to_le_bytes());
+                out.write(&(frames.len() as u32).to_le_bytes());
+                for frame in frames {
+                    out.write(&frame.to_le_bytes());
+                }
+            }
+        }
+        let mut nr_events = 0u64;
+        let mut nr_overruns = 0u64;
+        for (cpu, ring) in rings.iter().enumerate() {
+            let nr_written = ring.nr_written.load(Ordering::Acquire);
+            let overruns = ring.nr_overruns.load(Ordering::Relaxed);
+            nr_overruns += overruns;
+            let nr_subbufs_used = nr_written.div_ceil(SUBBUF_EVENTS).max(1);
+            for subbuf_index in 0..nr_subbufs_used {
+                let first = subbuf_index * SUBBUF_EVENTS;
+                let count = nr_written.saturating_sub(first).min(SUBBUF_EVENTS);
+                out.record_header(RECORD_CPU, 24 + count * EVENT_SIZE);
+                out.write(&(cpu as u32).to_le_bytes());
+                out.write(&(count as u32).to_le_bytes());
+                // The CPU's overruns ride in its first record only, so the
+                // CPU records sum to the total.
+                let record_overruns = if subbuf_index == 0 { overruns } else { 0 };
+                out.write(&record_overruns.to_le_bytes());
+                out.write(&0u64.to_le_bytes());
+                if count == 0 {
+                    continue;
+                }
+                // SAFETY: sub-buffer subbuf_index exists (count > 0 means
+                // first < nr_written <= capacity) and its first `count`
+                // events are published (Acquire above), never written again
+                // until the next start (which holds `control`).
+                let events =
+                    unsafe { core::slice::from_raw_parts(*ring.subbufs.add(subbuf_index), count) };
+                for event in events {
+                    let mut event = *event;
+                    event.timestamp_ns = (info.ticks_to_ns)(event.timestamp_ns);
+                    out.write(&event.to_bytes());
+                }
+                nr_events += count as u64;
+            }
+        }
+        let nr_records = out.nr_records;
+        let checksum = out.crc.clone().finalize();
+        out.record_header(RECORD_TRAILER, 32);
+        out.write(&nr_events.to_le_bytes());
+        out.write(&nr_overruns.to_le_bytes());
+        out.write(&nr_records.to_le_bytes());
+        out.write(&checksum.to_le_bytes());
+        out.write(&0u32.to_le_bytes());
+        DumpSummary {
+            nr_events,
+            nr_overruns,
+            nr_records,
+            nr_bytes: out.nr_bytes,
+            checksum,
+        }
+    }
+}
+
+/// What an event records besides its kind.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventFields {
+    pub(crate) type_id: EventType,
+    pub(crate) cache_id: u32,
+    pub(crate) ptr: usize,
+    pub(crate) bytes_req: usize,
+    pub(crate) bytes_alloc: usize,
+}
+
+/// Calls its argument once per cache (the allocator's cache walk).
+pub(crate) type CacheLister<'a> = dyn FnMut(&mut dyn FnMut(CacheRecord<'_>)) + 'a;
+
+/// A cache as a dump's CACHE record describes it.
+pub(crate) struct CacheRecord<'a> {
+    pub(crate) id: u32,
+    pub(crate) obj_size: u32,
+    pub(crate) align: u32,
+    pub(crate) flags: u32,
+    pub(crate) name: &'a str,
+}
+
+struct DumpWriter<'a> {
+    sink: &'a mut dyn FnMut(&[u8]),
+    crc: crc32fast::Hasher,
+    nr_bytes: u64,
+    nr_records: u64,
+}
+
+impl DumpWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) {
+        self.crc.update(bytes);
+        (self.sink)(bytes);
+        self.nr_bytes += bytes.len() as u64;
+    }
+
+    /// A record header for a body of `body` bytes (before padding).
+    fn record_header(&mut self, kind: u16, body: usize) {
+        let length = (RECORD_HEADER_SIZE + body).next_multiple_of(8) as u32;
+        self.write(&kind.to_le_bytes());
+        self.write(&0u16.to_le_bytes());
+        self.write(&length.to_le_bytes());
+        if kind != RECORD_TRAILER {
+            self.nr_records += 1;
+        }
+    }
+
+    /// Zero padding after a body of `body` bytes.
+    fn pad(&mut self, body: usize) {
+        let padding = body.next_multiple_of(8) - body;
+        self.write(&[0u8; 8][..padding]);
+    }
+}
+
+/// Allocate the ring descriptors, the sub-buffer pointer arrays and the
+/// sub-buffers; all or nothing.
+fn allocate_rings(
+    source: &dyn PageSource,
+    nr_cpus: usize,
+    nr_subbufs: usize,
+) -> Result<NonNull<CpuRing>, KmemtraceError> {
+    let capacity = nr_subbufs
+        .checked_mul(SUBBUF_EVENTS)
+        .filter(|_| nr_subbufs <= 1 << 20)
+        .ok_or(KmemtraceError::TooManySubbufs(nr_subbufs))?;
+    let total_bytes = nr_cpus * nr_subbufs * SUBBUF_PAGES * PAGE_SIZE;
+    let oom = KmemtraceError::OutOfMemory { bytes: total_bytes };
+    let ring_pages = (nr_cpus * core::mem::size_of::<CpuRing>()).div_ceil(PAGE_SIZE);
+    let array_pages = (nr_subbufs * core::mem::size_of::<usize>()).div_ceil(PAGE_SIZE);
+    let rings = source.alloc_pages(ring_pages).map_err(|_| oom)?;
+    let rings = rings.cast::<CpuRing>();
+    let mut done = 0;
+    let mut failed = false;
+    'cpus: for cpu in 0..nr_cpus {
+        let Ok(array) = source.alloc_pages(array_pages) else {
+            failed = true;
+            break;
+        };
+        let array = array.as_ptr().cast::<*mut KmemtraceEvent>();
+        for index in 0..nr_subbufs {
+            match source.alloc_pages(SUBBUF_PAGES) {
+                // SAFETY: index < nr_subbufs, inside the array's pages.
+                Ok(subbuf) => unsafe { *array.add(index) = subbuf.as_ptr().cast() },
+                Err(_) => {
+                    // SAFETY: the first `index` sub-buffers and the array
+                    // are ours, unused.
+                    unsafe { free_subbufs(source, array, index, array_pages) };
+                    failed = true;
+                    break 'cpus;
+                }
+            }
+        }
+        // SAFETY: cpu < nr_cpus, inside the descriptor pages (aligned to
+        // the page, CpuRing is 64-aligned).
+        unsafe {
+            rings.as_ptr().add(cpu).write(CpuRing {
+                subbufs: array,
+                capacity,
+                nr_written: AtomicUsize::new(0),
+                seq: AtomicU64::new(0),
+                nr_overruns: AtomicU64::new(0),
+            })
+        };
+        done = cpu + 1;
+    }
+    if failed {
+        for cpu in 0..done {
+            // SAFETY: CPU `cpu`'s ring is complete and unused.
+            unsafe {
+                let ring = &*rings.as_ptr().add(cpu);
+                free_subbufs(source, ring.subbufs, nr_subbufs, array_pages);
+            }
+        }
+        // SAFETY: from alloc_pages(ring_pages) above, unused.
+        unsafe { source.free_pages(rings.cast(), ring_pages) };
+        return Err(oom);
+    }
+    Ok(rings)
+}
+
+/// # Safety
+/// `array` (from `alloc_pages(array_pages)`) holds `nr` sub-buffers from
+/// `alloc_pages(SUBBUF_PAGES)`; none is used afterwards.
+unsafe fn free_subbufs(
+    source: &dyn PageSource,
+    array: *mut *mut KmemtraceEvent,
+    nr: usize,
+    array_pages: usize,
+) {
+    for index in 0..nr {
+        // SAFETY: per our caller.
+        unsafe {
+            let subbuf = NonNull::new_unchecked((*array.add(index)).cast::<u8>());
+            source.free_pages(subbuf, SUBBUF_PAGES);
+        }
+    }
+    // SAFETY: per our caller.
+    unsafe { source.free_pages(NonNull::new_unchecked(array.cast()), array_pages) };
+}
