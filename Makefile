@@ -32,6 +32,7 @@ test-qemu:
 test-e2e:
 	cargo build --bin magpie
 	python3 tests/e2e/test_shell.py -v
+	python3 tests/e2e/test_kmemtrace.py -v
 
 # Formatting and lints, warnings as errors (also run by .ci/run).
 # HOST_CRATES are the workspace members built for the host.

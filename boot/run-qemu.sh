@@ -25,7 +25,14 @@
 #                     120 otherwise
 #   MAGPIE_QEMU_ARGS  extra QEMU arguments (word-split)
 #   MAGPIE_QEMU       QEMU binary (default qemu-system-x86_64)
+#   MAGPIE_KMEMTRACE  file that receives `kmemtrace dump` (QEMU isa-debugcon,
+#                     I/O port 0xe9; truncated at boot). Default
+#                     target/kmemtrace/latest.kmt, for test kernels
+#                     target/kmemtrace/test.kmt; relative paths are taken
+#                     from the workspace root; the directory is created
 set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 if [ $# -lt 1 ]; then
     echo "usage: $0 KERNEL.elf [KERNEL ARGS...]" >&2
@@ -83,12 +90,27 @@ if [ $# -gt 0 ]; then
     APPEND="${APPEND:+$APPEND }$*"
 fi
 
+if [ -n "${MAGPIE_KMEMTRACE:-}" ]; then
+    KMEMTRACE=$MAGPIE_KMEMTRACE
+    case "$KMEMTRACE" in /*) ;; *) KMEMTRACE=$ROOT/$KMEMTRACE ;; esac
+elif [[ "$ELF" == */deps/* ]]; then
+    KMEMTRACE=$ROOT/target/kmemtrace/test.kmt
+else
+    KMEMTRACE=$ROOT/target/kmemtrace/latest.kmt
+fi
+if ! mkdir -p "$(dirname "$KMEMTRACE")"; then
+    echo "run-qemu.sh: cannot create the directory of $KMEMTRACE (MAGPIE_KMEMTRACE)" >&2
+    exit 2
+fi
+
 # shellcheck disable=SC2206 # word splitting of MAGPIE_QEMU_ARGS is intended
 EXTRA=(${MAGPIE_QEMU_ARGS:-})
 
 CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
      -serial stdio -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
+     -chardev file,id=kmemtrace,path="$KMEMTRACE"
+     -device isa-debugcon,iobase=0xe9,chardev=kmemtrace
      -kernel "$ELF" -initrd "$ELF" -append "$APPEND" "${EXTRA[@]}")
 
 if [ "$TIMEOUT" != 0 ]; then

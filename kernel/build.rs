@@ -9,6 +9,9 @@ fn main() {
     if std::env::var("TARGET").as_deref() == Ok("x86_64-unknown-none") {
         println!("cargo:rustc-link-arg=-T{}", script.display());
         println!("cargo:rustc-link-arg=--no-pie");
+        // A GNU build id, kept by the linker script: kmemtrace dumps name
+        // the kernel they came from.
+        println!("cargo:rustc-link-arg=--build-id=sha1");
         println!("cargo:rustc-link-arg=--undefined=_start32");
     }
     println!("cargo:rerun-if-changed={}", script.display());

@@ -75,6 +75,13 @@ impl Platform for KernelPlatform {
         writer.len
     }
 
+    // kmemtrace call sites: a frame-pointer walk over the allocator's text
+    // range (see `crate::kmemtrace`).
+    #[inline(always)]
+    fn caller_frames(frames: &mut [usize]) -> usize {
+        crate::kmemtrace::caller_frames(frames)
+    }
+
     // Allocation profiling (kernel feature `alloc-profiling`): see
     // `crate::profiling`.
     #[inline]

@@ -15,7 +15,7 @@
 //! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
 //! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
 //! ranges) → frame allocator → final page tables (direct map) → symbols →
-//! slab allocator ([`kmem`]) → application processors ([`smp`]) → `kmain`.
+//! slab allocator ([`kmem`]) → [`kmemtrace`] (`kmemtrace=on`) → application processors ([`smp`]) → `kmain`.
 //!
 //! # FAQ
 //!
@@ -47,6 +47,7 @@ pub mod frame;
 pub mod heap;
 pub mod klog;
 pub mod kmem;
+pub mod kmemtrace;
 pub mod memory;
 pub mod panic;
 pub mod profiling;
@@ -83,6 +84,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     memory::init(boot);
     symbols::init(boot);
     kmem::init();
+    kmemtrace::init(boot);
     smp::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",

@@ -49,6 +49,7 @@
 //! * `allocinfo` — Linux `/proc/allocinfo` version 1.0.
 
 mod kmem;
+mod kmemtrace;
 mod line;
 mod profiling;
 mod smp;

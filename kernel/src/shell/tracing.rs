@@ -12,10 +12,24 @@ use crate::symbols::Symbolized;
 
 pub(super) const KMEMTRACE: Command = Command {
     name: "kmemtrace",
-    help: &[(
-        "kmemtrace start|stop|print|reset [CACHE|all]",
-        "trace a cache's outstanding objects",
-    )],
+    help: &[
+        (
+            "kmemtrace start|stop|print|reset [CACHE|all]",
+            "trace a cache's outstanding objects",
+        ),
+        (
+            "kmemtrace record start [--stacks [DEPTH]] [CACHE|all]",
+            "record every alloc and free as events (per-CPU rings)",
+        ),
+        (
+            "kmemtrace record stop|status",
+            "stop recording; events, overruns and fill per CPU",
+        ),
+        (
+            "kmemtrace dump",
+            "send the events to the host (target/kmemtrace/latest.kmt)",
+        ),
+    ],
     context: "shell kmemtrace",
     run: cmd_kmemtrace,
 };
@@ -23,6 +37,12 @@ pub(super) const KMEMTRACE: Command = Command {
 type Cache = KmemCache<KernelPlatform>;
 
 fn cmd_kmemtrace<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    // The event stream: `record ...` and `dump` (shell/kmemtrace.rs).
+    match args {
+        ["record", rest @ ..] => return super::kmemtrace::cmd_record(rest, out),
+        ["dump", rest @ ..] => return super::kmemtrace::cmd_dump(rest, out),
+        _ => {}
+    }
     let (verb, target) = match args {
         [verb] => (*verb, "all"),
         [verb, target] => (*verb, *target),

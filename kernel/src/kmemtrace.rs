@@ -1,0 +1,214 @@
+//! kmemtrace in this kernel: the boot arguments, the nanosecond clock, the
+//! build id, and the dump channel (the event rings themselves are
+//! `magpie_slab::kmemtrace`).
+//!
+//! * `kmemtrace=on` records from boot (right after the slab allocator is
+//!   up, before the other CPUs start); `kmemtrace.subbufs=N` sizes each
+//!   CPU's ring (N sub-buffers of 64 KiB, from `kpages`; default 256).
+//! * Timestamps: the TSC, calibrated once at boot against the PIT
+//!   ([`crate::arch::tsc`]), converted to nanoseconds at dump time.
+//! * Call sites: [`KernelPlatform::caller_frames`](crate::kmem::KernelPlatform)
+//!   walks frame pointers while the return address lies in the allocator's
+//!   text, which `boot/linker.ld` gathers in one range
+//!   (`__kmem_text_start`..`__kmem_text_end`).
+//! * The dump goes to QEMU's `isa-debugcon` at I/O port `0xe9` with
+//!   `rep outsb`, which `boot/run-qemu.sh` connects to
+//!   `target/kmemtrace/latest.kmt` (`MAGPIE_KMEMTRACE=FILE`). Chosen over
+//!   a second 16550 by measurement (README, "kmemtrace"): debugcon needs no
+//!   line-status read per byte.
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use magpie_slab::kmemtrace::DEFAULT_SUBBUFS;
+use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
+
+use crate::arch::tsc;
+use crate::boot_info::BootInfo;
+use crate::kmem::SLAB;
+
+/// I/O port of QEMU's `isa-debugcon` (the dump channel).
+pub const DEBUGCON_PORT: u16 = 0xe9;
+
+static SUBBUFS: AtomicUsize = AtomicUsize::new(DEFAULT_SUBBUFS);
+static FROM_BOOT: AtomicBool = AtomicBool::new(false);
+
+/// Reads `kmemtrace=on|off` and `kmemtrace.subbufs=N`; starts recording
+/// if asked. Call once, right after the slab allocator is up.
+pub fn init(boot: &BootInfo) {
+    if let Some(value) = boot.arg("kmemtrace.subbufs") {
+        match value.parse::<usize>() {
+            Ok(nr) if (1..=1 << 16).contains(&nr) => SUBBUFS.store(nr, Ordering::Relaxed),
+            _ => log::warn!(
+                "kmemtrace.subbufs={value}: expected 1 to 65536; using {DEFAULT_SUBBUFS}"
+            ),
+        }
+    }
+    match boot.arg("kmemtrace") {
+        None | Some("off") => {}
+        Some("on") => {
+            FROM_BOOT.store(true, Ordering::Relaxed);
+            match start(0, None) {
+                Ok(()) => log::info!(
+                    "kmemtrace: recording from boot, {} sub-buffers per CPU",
+                    nr_subbufs()
+                ),
+                Err(error) => log::error!("kmemtrace=on: {error}"),
+            }
+        }
+        Some(other) => log::warn!("kmemtrace={other}: expected on or off; off"),
+    }
+}
+
+/// Sub-buffers per CPU (boot argument `kmemtrace.subbufs`).
+pub fn nr_subbufs() -> usize {
+    SUBBUFS.load(Ordering::Relaxed)
+}
+
+/// Starts (or restarts) recording: every cache (`cache_id` `None`) or one,
+/// with `stack_depth` frames per event (0: call sites only).
+///
+/// # Errors
+/// As [`magpie_slab::Allocator::kmemtrace_start`]: no memory for the rings
+/// (nothing kept), a stack depth above the maximum.
+pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceError> {
+    let config = KmemtraceConfig {
+        nr_subbufs: nr_subbufs(),
+        stack_depth,
+        cache_id,
+        // Only a whole-kernel record begun at boot sees every allocation.
+        from_boot: FROM_BOOT.swap(false, Ordering::Relaxed) && cache_id.is_none(),
+    };
+    // SAFETY: KernelPlatform::cpu_id reads this CPU's own per-CPU block
+    // (distinct ids), and irq_save keeps the caller on its CPU (no
+    // preemption in this kernel).
+    unsafe { SLAB.kmemtrace_start(config) }
+}
+
+/// Nanoseconds since boot for a TSC reading.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    (u128::from(ticks) * 1_000_000 / u128::from(tsc::khz())) as u64
+}
+
+unsafe extern "C" {
+    static __build_id_start: u8;
+    static __build_id_end: u8;
+}
+
+/// The kernel ELF's GNU build id (SHA-1, 20 bytes) from its
+/// `.note.gnu.build-id` (kept by `boot/linker.ld`); zeros if absent.
+pub fn build_id() -> [u8; 20] {
+    // SAFETY: linker-script symbols bracketing the note section, which is
+    // mapped read-only with the kernel image.
+    let note = unsafe {
+        let start = &raw const __build_id_start;
+        let end = &raw const __build_id_end;
+        core::slice::from_raw_parts(start, (end as usize).saturating_sub(start as usize))
+    };
+    parse_build_id(note).unwrap_or([0; 20])
+}
+
+/// The descriptor of an `NT_GNU_BUILD_ID` note (namesz 4, "GNU\0", type 3,
+/// descsz 20).
+fn parse_build_id(note: &[u8]) -> Option<[u8; 20]> {
+    let word = |at: usize| Some(u32::from_le_bytes(note.get(at..at + 4)?.try_into().ok()?));
+    if word(0)? != 4 || word(4)? != 20 || word(8)? != 3 || note.get(12..16)? != b"GNU\0" {
+        return None;
+    }
+    note.get(16..36)?.try_into().ok()
+}
+
+/// Writes bytes to the debugcon port: `rep outsb`.
+fn debugcon_write(bytes: &[u8]) {
+    // SAFETY: `rep outsb` reads `bytes.len()` bytes at `bytes` (valid) and
+    // writes them to port 0xe9, QEMU's debugcon (ignored when absent); the
+    // direction flag is clear (the ABI guarantees it).
+    unsafe {
+        core::arch::asm!(
+            "rep outsb",
+            in("dx") DEBUGCON_PORT,
+            inout("rsi") bytes.as_ptr() => _,
+            inout("rcx") bytes.len() => _,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+}
+
+/// Sends a dump of the record over the debugcon channel; returns what was
+/// sent.
+pub fn dump() -> DumpSummary {
+    let info = DumpInfo {
+        build_id: build_id(),
+        ticks_to_ns: &ticks_to_ns,
+    };
+    // Batch the many small pieces (record headers, fields) into one
+    // buffer per `rep outsb`.
+    let mut buffer = [0u8; 4096];
+    let mut len = 0;
+    let summary = SLAB.kmemtrace_dump(&info, &mut |bytes| {
+        if len + bytes.len() > buffer.len() {
+            debugcon_write(&buffer[..len]);
+            len = 0;
+        }
+        if bytes.len() > buffer.len() {
+            debugcon_write(bytes);
+        } else {
+            buffer[len..len + bytes.len()].copy_from_slice(bytes);
+            len += bytes.len();
+        }
+    });
+    debugcon_write(&buffer[..len]);
+    summary
+}
+
+unsafe extern "C" {
+    static __kmem_text_start: u8;
+    static __kmem_text_end: u8;
+}
+
+/// Most allocator frames the call-site walk goes through.
+const MAX_ALLOCATOR_FRAMES: usize = 16;
+
+/// [`magpie_slab::Platform::caller_frames`] for this kernel: walks the
+/// frame pointers from the caller's frame while the return address lies in
+/// the allocator's text (`boot/linker.ld` gathers `magpie_slab`, the
+/// platform glue, the global-allocator shims and `alloc`'s raw_vec/alloc
+/// glue between `__kmem_text_start` and `__kmem_text_end`); the first
+/// return address outside is the call site. About five instructions per
+/// allocator frame. With more than one slot, the call site's own callers
+/// follow (a checked walk, [`crate::symbols::backtrace_from`]).
+#[inline(always)]
+pub fn caller_frames(frames: &mut [usize]) -> usize {
+    let Some(first) = frames.first_mut() else {
+        return 0;
+    };
+    let start = (&raw const __kmem_text_start) as usize;
+    let end = (&raw const __kmem_text_end) as usize;
+    let mut frame_pointer: usize;
+    // SAFETY: reads RBP, the frame pointer of the allocator function this
+    // is inlined into (frame pointers are forced).
+    unsafe {
+        core::arch::asm!("mov {}, rbp", out(reg) frame_pointer, options(nomem, nostack, preserves_flags))
+    };
+    for _ in 0..MAX_ALLOCATOR_FRAMES {
+        // SAFETY: `frame_pointer` is the frame of an allocator function
+        // (the walk starts in one and goes on only while the return address
+        // is allocator text), built with frame pointers: [fp] is the saved
+        // frame pointer and [fp + 8] the return address, both on the stack.
+        let (next, return_address) = unsafe {
+            (
+                *(frame_pointer as *const usize),
+                *((frame_pointer + 8) as *const usize),
+            )
+        };
+        if !(start..end).contains(&return_address) {
+            *first = return_address;
+            if frames.len() == 1 {
+                return 1;
+            }
+            // `next` is the call site's own frame: its callers follow.
+            return 1 + crate::symbols::backtrace_from(next, &mut frames[1..]);
+        }
+        frame_pointer = next;
+    }
+    0
+}
