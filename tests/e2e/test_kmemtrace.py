@@ -76,6 +76,15 @@ def read_dumps(path):
     return dumps
 
 
+def boot_recording(script, path, append=None):
+    """Boots with the dump channel connected to `path`; returns (code, output)."""
+    os.environ["MAGPIE_KMEMTRACE"] = path
+    try:
+        return boot(script, append=append)
+    finally:
+        del os.environ["MAGPIE_KMEMTRACE"]
+
+
 def elf_sections(data):
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3a)
@@ -131,21 +140,17 @@ class KmemtraceSession(unittest.TestCase):
             raise unittest.SkipTest(f"{KERNEL} not built; run `cargo build --bin magpie`")
         cls.tmp = tempfile.TemporaryDirectory()
         cls.path = os.path.join(cls.tmp.name, "session.kmt")
-        os.environ["MAGPIE_KMEMTRACE"] = cls.path
-        try:
-            cls.code, cls.out = boot([
-                "kmemtrace record start",
-                "kmalloc 100 10",
-                "kfree 4",
-                "kmalloc 4000 3",
-                "stress --cpus all --ops 3000",
-                "kmemtrace record stop",
-                "kmemtrace record status",
-                "kmemtrace dump",
-                "poweroff",
-            ])
-        finally:
-            del os.environ["MAGPIE_KMEMTRACE"]
+        cls.code, cls.out = boot_recording([
+            "kmemtrace record start",
+            "kmalloc 100 10",
+            "kfree 4",
+            "kmalloc 4000 3",
+            "stress --cpus all --ops 3000",
+            "kmemtrace record stop",
+            "kmemtrace record status",
+            "kmemtrace dump",
+            "poweroff",
+        ], cls.path)
         cls.dumps = read_dumps(cls.path) if os.path.exists(cls.path) else []
         cls.functions = elf_functions(KERNEL)
 
@@ -271,17 +276,13 @@ class KmemtraceOverruns(unittest.TestCase):
     def test_overruns_are_counted_shown_and_in_the_dump(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "overrun.kmt")
-            os.environ["MAGPIE_KMEMTRACE"] = path
-            try:
-                code, out = boot([
-                    "kmemtrace record start",
-                    "stress --cpus all --ops 5000",
-                    "kmemtrace record status",
-                    "kmemtrace dump",
-                    "poweroff",
-                ], append="kmemtrace.subbufs=1")
-            finally:
-                del os.environ["MAGPIE_KMEMTRACE"]
+            code, out = boot_recording([
+                "kmemtrace record start",
+                "stress --cpus all --ops 5000",
+                "kmemtrace record status",
+                "kmemtrace dump",
+                "poweroff",
+            ], path, append="kmemtrace.subbufs=1")
             self.assertEqual(code, 0, out)
             text = reply_to(out, "kmemtrace record status")
             total = re.search(r"^total\s+(\d+)\s+(\d+)$", text, re.M)
@@ -300,12 +301,8 @@ class KmemtraceFromBoot(unittest.TestCase):
     def test_boot_argument_records_from_boot(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "boot.kmt")
-            os.environ["MAGPIE_KMEMTRACE"] = path
-            try:
-                code, out = boot(["kmemtrace record status", "kmemtrace dump", "poweroff"],
-                                 append="kmemtrace=on")
-            finally:
-                del os.environ["MAGPIE_KMEMTRACE"]
+            code, out = boot_recording(["kmemtrace record status", "kmemtrace dump", "poweroff"],
+                                       path, append="kmemtrace=on")
             self.assertEqual(code, 0, out)
             self.assertIn("recording all caches", reply_to(out, "kmemtrace record status"))
             dump, = read_dumps(path)
