@@ -292,7 +292,7 @@ mod profiled {
         assert!(run("allocinfo --sort size").starts_with("error: usage: allocinfo"));
         free_all(objs);
         let stats = run("timestats");
-        for function in ["func:grow", "func:magazine_alloc"] {
+        for function in ["func:grow", "func:exchange_for_full"] {
             assert!(stats.contains(function), "{stats}");
         }
         assert!(stats.contains("quantiles (cycles):"), "{stats}");

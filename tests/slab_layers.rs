@@ -542,13 +542,23 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
     assert_eq!(end.nr_allocs_ever, end.nr_frees_ever, "{end:?}");
 }
 
+/// Bufctl caches detect double frees with `AUDIT` (like small ones: the
+/// plain hit keeps no per-object state).
 #[test_case]
 fn bufctl_cache_detects_bad_frees() {
     let big = SLAB
-        .cache_create("test-big", 3000, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-big", 3000, 0, CacheFlags::AUDIT, None, None, None)
         .expect("cache_create big");
     let notouch = SLAB
-        .cache_create("test-notouch", 64, 0, CacheFlags::NOTOUCH, None, None, None)
+        .cache_create(
+            "test-notouch",
+            64,
+            0,
+            CacheFlags::NOTOUCH | CacheFlags::AUDIT,
+            None,
+            None,
+            None,
+        )
         .expect("cache_create notouch");
     assert_eq!(
         big.kind(),

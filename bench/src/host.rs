@@ -27,7 +27,12 @@ pub fn set_cpu(cpu: usize) {
 /// Thread-local CPU id, 4 CPUs, no-op interrupts, TSC clock.
 pub struct BenchPlatform;
 
-impl Platform for BenchPlatform {
+// SAFETY: each benchmark thread acts as its own CPU (`thread_init` gives
+// ids 0..NR_CPUS, one per thread; the harness never runs two threads with
+// one id at once); interrupts do not exist on the host; the default
+// `cross_cpu_call` (run here) is only reached by `reap_all` and statistics
+// while the measuring threads are not running.
+unsafe impl Platform for BenchPlatform {
     #[inline]
     fn max_cpus() -> usize {
         NR_CPUS
@@ -75,7 +80,8 @@ static PROF_TAG: AtomicU32 = AtomicU32::new(0);
 /// With feature `alloc-profiling` off, the allocator never calls these.
 pub struct ProfPlatform;
 
-impl Platform for ProfPlatform {
+// SAFETY: as for BenchPlatform (the same CPU ids).
+unsafe impl Platform for ProfPlatform {
     #[inline]
     fn max_cpus() -> usize {
         BenchPlatform::max_cpus()

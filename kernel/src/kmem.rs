@@ -28,7 +28,17 @@ use crate::{frame, memory, symbols};
 /// The machine as `magpie-slab` sees it.
 pub struct KernelPlatform;
 
-impl Platform for KernelPlatform {
+const _: () = assert!(arch::CPU_SLOT_BYTES == magpie_slab::CPU_SLOT_BYTES);
+
+// SAFETY: CPU ids are dense and unique, below `arch::max_cpus()` (at most
+// MAX_CPUS; the GS base of each CPU points at its own PerCpu); nothing
+// preempts or migrates kernel code, and with interrupts off nothing else
+// runs on a CPU; `cpu_offset` is `cpu_id * CPU_SLOT_BYTES` (set with the
+// id by `percpu::init_this_cpu`); `smp::cross_cpu_call` runs the work in
+// the target's IPI handler (interrupts off there) or its polling loops,
+// or here with interrupts off for this CPU or a CPU not running the
+// kernel, and returns after it ran.
+unsafe impl Platform for KernelPlatform {
     fn max_cpus() -> usize {
         arch::max_cpus().clamp(1, MAX_CPUS)
     }
@@ -36,6 +46,15 @@ impl Platform for KernelPlatform {
     #[inline]
     fn cpu_id() -> usize {
         arch::cpu_id()
+    }
+
+    #[inline(always)]
+    fn cpu_offset() -> usize {
+        arch::cpu_offset()
+    }
+
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        crate::smp::cross_cpu_call(cpu, work)
     }
 
     #[inline]

@@ -25,6 +25,21 @@
 //! CPUs at once (the calling CPU takes its own share) and return when all
 //! are done.
 //!
+//! # Cross-CPU calls
+//!
+//! [`cross_cpu_call`] runs a borrowed closure on one CPU *inside its wake
+//! IPI handler* (interrupts off there) and waits for it: Linux's
+//! `smp_call_function_single`. The slab allocator uses it to reach a
+//! CPU's per-CPU magazines, which only that CPU touches, with interrupts
+//! off (reap, destroy, statistics). Each CPU has one call slot; a caller
+//! puts its request there (waiting while another caller's request is
+//! pending), sends the wake IPI and spins until the request is done. A
+//! CPU also runs its pending call when it polls: in its work loop before
+//! sleeping, and while it waits for a call or a [`Completion`] itself, so
+//! two CPUs calling each other, or a CPU running with interrupts off
+//! (the boot CPU never enables them), cannot deadlock the caller that
+//! waits on it while it waits too.
+//!
 //! # FAQ
 //!
 //! * *Why can the idle loop not miss a wake-up?* It checks the mailbox
@@ -46,7 +61,7 @@ use alloc::collections::VecDeque;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::fmt;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
@@ -182,6 +197,9 @@ extern "C" fn ap_entry(cpu: u64) -> ! {
     arch::init_ap(cpu as usize);
     let _context = crate::kmem::enter_context("smp work");
     log::debug!("cpu {cpu} up (APIC id {})", arch::this_cpu().apic_id());
+    // Work runs with interrupts on, so cross-CPU calls reach this CPU
+    // while it works (the idle `sti; hlt` turns them on anyway).
+    x86_64::instructions::interrupts::enable();
     work_loop()
 }
 
@@ -206,6 +224,7 @@ fn work_loop() -> ! {
             }
             None => {
                 x86_64::instructions::interrupts::disable();
+                run_pending_call();
                 if mailbox.jobs.lock().is_empty() {
                     // Atomically enable interrupts and halt: a wake-up IPI
                     // pending since the check above ends the hlt at once.
@@ -253,9 +272,11 @@ impl Completion {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Spins until the work has run to completion.
+    /// Spins until the work has run to completion (running cross-CPU
+    /// calls to this CPU meanwhile).
     pub fn wait(&self) {
         while !self.is_done() {
+            run_pending_call();
             core::hint::spin_loop();
         }
     }
@@ -346,4 +367,69 @@ pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), 
 pub fn run_on_all(work: &(dyn Fn(usize) + Sync)) {
     let cpus: Vec<usize> = online_cpus().collect();
     run_on_cpus(&cpus, work).expect("online CPUs are online");
+}
+
+/// A cross-CPU call waiting in its target's slot: the work, and the flag
+/// the target sets when it has run.
+struct CallRequest<'a> {
+    work: &'a (dyn Fn() + Sync),
+    done: AtomicBool,
+}
+
+/// Each CPU's call slot: a pointer to the caller's [`CallRequest`] (on the
+/// caller's stack), null when empty.
+static CALL_SLOTS: [AtomicPtr<()>; MAX_CPUS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CPUS];
+
+/// Runs `work` on CPU `cpu` with interrupts off there and returns when it
+/// has run: inside `cpu`'s wake IPI handler (or its polling, see the module
+/// docs). On the calling CPU itself, or on a CPU that is not running the
+/// kernel, runs `work` here with interrupts off. `work` must not take locks
+/// the target might hold or allocate: it runs in an interrupt handler.
+pub fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+    if cpu == arch::cpu_id() || !is_online(cpu) {
+        let _irq = IrqGuard::new();
+        work();
+        return;
+    }
+    let request = CallRequest {
+        work,
+        done: AtomicBool::new(false),
+    };
+    let request_ptr = (&request as *const CallRequest<'_>).cast_mut().cast::<()>();
+    let slot = &CALL_SLOTS[cpu];
+    while slot
+        .compare_exchange(
+            core::ptr::null_mut(),
+            request_ptr,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        run_pending_call();
+        core::hint::spin_loop();
+    }
+    let apic_id = percpu::get(cpu).map_or(0, |percpu| percpu.apic_id());
+    lapic::send_wake(apic_id);
+    while !request.done.load(Ordering::Acquire) {
+        run_pending_call();
+        core::hint::spin_loop();
+    }
+}
+
+/// Runs the cross-CPU call waiting for this CPU, if any (the wake IPI
+/// handler, and every waiting loop of this module).
+pub(crate) fn run_pending_call() {
+    let _irq = IrqGuard::new();
+    let request = CALL_SLOTS[arch::cpu_id()].swap(core::ptr::null_mut(), Ordering::AcqRel);
+    if request.is_null() {
+        return;
+    }
+    // SAFETY: a request in our slot lives on its caller's stack until its
+    // `done` is set (the caller spins on it), and we took it out of the
+    // slot alone (the swap).
+    let request = unsafe { &*request.cast::<CallRequest<'_>>().cast_const() };
+    (request.work)();
+    request.done.store(true, Ordering::Release);
 }

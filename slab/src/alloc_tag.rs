@@ -40,11 +40,11 @@
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
-#[cfg(feature = "alloc-profiling")]
-use core::sync::atomic::Ordering;
 
 #[cfg(feature = "alloc-profiling")]
-use crate::cache::{HOT_TAGGED, KmemCache};
+use crate::cache::{HotFlags, KmemCache};
+#[cfg(feature = "alloc-profiling")]
+use crate::path::Located;
 #[cfg(feature = "alloc-profiling")]
 use crate::platform::PAGE_SIZE;
 use crate::platform::Platform;
@@ -83,23 +83,31 @@ pub(crate) fn current<P: Platform>() -> AllocTagRef {
 
 #[cfg(feature = "alloc-profiling")]
 impl<P: Platform> KmemCache<P> {
-    /// The tag-reference slot of a small-slab object.
-    #[inline]
-    fn tag_slot(&self, obj: NonNull<u8>) -> *mut AllocTagRef {
+    /// The tag-reference slot of object `index` of the small slab page
+    /// holding `addr`.
+    #[inline(always)]
+    fn tag_slot_at(&self, addr: usize, index: usize) -> *mut AllocTagRef {
         debug_assert!(self.tag_array_offset != 0);
-        let addr = obj.as_ptr() as usize;
-        let page = addr & !(PAGE_SIZE - 1);
         // Small slabs are one page, object 0 at the page start.
-        let (index, _) = self.obj_index(addr - page);
-        (page + self.tag_array_offset + index * crate::alloc_tag::TAG_REF_BYTES) as *mut AllocTagRef
+        let page = addr & !(PAGE_SIZE - 1);
+        (page + self.tag_array_offset + index * TAG_REF_BYTES) as *mut AllocTagRef
+    }
+
+    /// The tag-reference slot of a small-slab object (one multiply for
+    /// its index).
+    #[inline(always)]
+    fn tag_slot(&self, obj: NonNull<u8>) -> *mut AllocTagRef {
+        let addr = obj.as_ptr() as usize;
+        let (index, _) = self.obj_index(addr & (PAGE_SIZE - 1));
+        self.tag_slot_at(addr, index)
     }
 
     /// Store `tag` with a small-slab object just allocated (`tag != 0`).
-    #[inline]
-    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: u32) {
-        if hot & HOT_TAGGED == 0 {
+    #[inline(always)]
+    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
+        if !hot.contains(HotFlags::TAGGED) {
             // Before the store: whoever frees the object sees the flag.
-            self.hot_flags.fetch_or(HOT_TAGGED, Ordering::Relaxed);
+            self.set_hot(HotFlags::TAGGED);
         }
         // SAFETY: obj is a busy object of one of our small slabs, so its
         // slot lies in the slab page's tag array (tag_array_offset is set
@@ -109,19 +117,24 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// A busy small-slab object's tag reference (tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn small_tag_ref(&self, obj: NonNull<u8>) -> AllocTagRef {
         // SAFETY: as in tag_small_object: obj is a busy object of one of
         // our small slabs (the caller's promise), its slot ours to read.
         unsafe { self.tag_slot(obj).read() }
     }
 
-    /// Clear a small-slab object's tag reference and uncharge its tag.
-    #[inline]
-    pub(crate) fn untag_small_object(&self, obj: NonNull<u8>) {
-        let slot = self.tag_slot(obj);
-        // SAFETY: as in tag_small_object; the caller frees obj, so nobody
-        // else uses it or its slot now.
+    /// Clear a small-slab object's tag reference and uncharge its tag
+    /// (nothing if it has none). The index is the free's owner check's.
+    ///
+    /// # Safety
+    /// `obj` is object `at.index` of `at.slab`, a small slab of this cache,
+    /// and is being freed by the caller.
+    #[inline(always)]
+    pub(crate) unsafe fn untag_small_object(&self, obj: NonNull<u8>, at: Located) {
+        let slot = self.tag_slot_at(obj.as_ptr() as usize, at.index);
+        // SAFETY: per the caller, the slot is the object's, in its slab
+        // page's tag array; nobody else uses the object or its slot now.
         let tag = unsafe { slot.read() };
         if tag != 0 {
             // SAFETY: as above.

@@ -1,8 +1,10 @@
-//! [`Allocator`]: all global state — the bootstrap caches, the cache list,
-//! the kmalloc size classes, the page map and page-granular kmalloc — and
-//! the `GlobalAlloc` / `core::alloc::Allocator` shims.
+//! [`Allocator`]: all global state — `init`, the bootstrap caches, the
+//! cache list (create, find, walk, reap), the profiling switch. The
+//! kmalloc size classes and page-granular kmalloc are in
+//! [`crate::kmalloc`], the `GlobalAlloc` / `core::alloc::Allocator` shims
+//! in [`crate::global_alloc`], the alloc and free paths in
+//! [`crate::path`].
 
-use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write as _};
 use core::mem::MaybeUninit;
@@ -11,42 +13,22 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize
 
 use spin::Mutex;
 
-use crate::cache::{
-    CacheFlags, CacheSpec, CpuCacheStats, Ctor, Dtor, FastFree, Geometry, HOT_BOOTSTRAP,
-    HOT_KMEMTRACE, HOT_PROFILING, KmemCache,
-};
+use crate::cache::{CacheFlags, CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
 use crate::error::{AllocError, FreeError};
+use crate::geometry::Geometry;
+use crate::kmalloc::{KMALLOC_SIZES, NR_KMALLOC, natural_align};
 use crate::kmemtrace::{
     CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, Kmemtrace,
     KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
 };
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
-use crate::pagemap::{PageMap, TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
+use crate::pagemap::PageMap;
 use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::slab::{Bufctl, Slab};
+use crate::stats::CpuCacheStats;
 use crate::trace::TraceNode;
 
-/// The kmalloc size classes (the Linux set), in bytes. Cache `i` is named
-/// `kmalloc-<KMALLOC_SIZES[i]>`.
-pub const KMALLOC_SIZES: [usize; 13] = [
-    8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
-];
-/// Largest kmalloc served by a size class; larger requests are
-/// page-granular.
-pub const KMALLOC_MAX_SIZE: usize = 8192;
-const NR_KMALLOC: usize = KMALLOC_SIZES.len();
-
-/// Class index for sizes 1..=192, by `(size - 1) / 8`.
-const SMALL_CLASS_INDEX: [u8; 24] = [
-    0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6,
-];
-
 const _: () = {
-    // The class index shortcut above and the log2 rule below agree with
-    // the table.
-    assert!(
-        KMALLOC_SIZES[6] == 192 && KMALLOC_SIZES[7] == 256 && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE
-    );
     // The metadata caches that bufctl slabs need (and kmem_magazine) must
     // themselves use small-object slabs, which need no metadata: otherwise
     // growing them would recurse forever.
@@ -55,27 +37,6 @@ const _: () = {
     assert!(core::mem::size_of::<Bufctl>() <= crate::slab::SMALL_MAX_STRIDE);
     assert!(core::mem::size_of::<TraceNode>() <= crate::slab::SMALL_MAX_STRIDE);
 };
-
-/// Page-granular allocations: the head page's page-map entry is
-/// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
-/// reference riding in the upper half (0 without profiling).
-const LARGE_TAG_SHIFT: u32 = 32;
-/// Most pages one page-granular kmalloc may span (its count must fit below
-/// the tag bits).
-const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
-
-/// Page count of a page-granular head entry.
-#[inline]
-fn large_nr_pages(entry: usize) -> usize {
-    (entry >> 3) & LARGE_MAX_PAGES
-}
-
-/// Natural alignment of a size class: the largest power of two dividing
-/// it, capped at [`PAGE_SIZE`].
-pub const fn natural_align(size: usize) -> usize {
-    let align = 1usize << size.trailing_zeros();
-    if align > PAGE_SIZE { PAGE_SIZE } else { align }
-}
 
 /// The bootstrap caches, in creation order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,17 +62,6 @@ const STATE_UNINIT: u8 = 0;
 const STATE_INITIALIZING: u8 = 1;
 const STATE_READY: u8 = 2;
 
-/// Page-granular kmalloc statistics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LargeStats {
-    /// Live page-granular allocations.
-    pub nr_live: usize,
-    /// Bytes they occupy (whole pages).
-    pub live_bytes: usize,
-    /// Page-granular allocations ever.
-    pub nr_allocs_ever: u64,
-}
-
 /// The list of all caches in creation order (intrusive, through
 /// [`KmemCache::links`](crate::cache::CacheLinks)).
 struct CacheList<P: Platform> {
@@ -128,31 +78,31 @@ unsafe impl<P: Platform> Send for CacheList<P> {}
 /// [`Allocator::init`]. Before `init` completes, allocations fail
 /// (`GlobalAlloc` returns null) and frees are refused.
 pub struct Allocator<P: Platform> {
-    state: AtomicU8,
+    pub(crate) state: AtomicU8,
     // The cells below are written only by `init` while `state` is
     // INITIALIZING (one thread, exclusive by the state CAS) and read after
     // it is READY (Acquire), or by that same thread during init.
-    source: UnsafeCell<&'static dyn PageSource>,
-    page_map: UnsafeCell<PageMap>,
+    pub(crate) source: UnsafeCell<&'static dyn PageSource>,
+    pub(crate) page_map: UnsafeCell<PageMap>,
     page_map_pages: UnsafeCell<usize>,
-    nr_cpus: UnsafeCell<usize>,
+    pub(crate) nr_cpus: UnsafeCell<usize>,
     boot: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_BOOT]>>,
     nr_boot: UnsafeCell<usize>,
-    kmalloc: UnsafeCell<[*const KmemCache<P>; NR_KMALLOC]>,
+    pub(crate) kmalloc: UnsafeCell<[*const KmemCache<P>; NR_KMALLOC]>,
     caches: Mutex<CacheList<P>>,
-    large_nr_live: AtomicUsize,
-    large_live_pages: AtomicUsize,
-    large_nr_allocs_ever: AtomicU64,
-    nr_bad_frees: AtomicU64,
-    free_error_hook: Mutex<Option<fn(&FreeError)>>,
+    pub(crate) large_nr_live: AtomicUsize,
+    pub(crate) large_live_pages: AtomicUsize,
+    pub(crate) large_nr_allocs_ever: AtomicU64,
+    pub(crate) nr_bad_frees: AtomicU64,
+    pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
     /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
-    alloc_profiling: AtomicBool,
+    pub(crate) alloc_profiling: AtomicBool,
     /// The next cache id (kmemtrace).
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
-    kmemtrace: Kmemtrace,
+    pub(crate) kmemtrace: Kmemtrace,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -238,13 +188,9 @@ impl<P: Platform> Allocator<P> {
             // links are only touched under it.
             unsafe {
                 if on {
-                    (*cache)
-                        .hot_flags
-                        .fetch_or(HOT_PROFILING, Ordering::Relaxed);
+                    (*cache).set_hot(HotFlags::PROFILING);
                 } else {
-                    (*cache)
-                        .hot_flags
-                        .fetch_and(!HOT_PROFILING, Ordering::Relaxed);
+                    (*cache).clear_hot(HotFlags::PROFILING);
                 }
                 cache = (*(*cache).links.get()).next;
             }
@@ -430,7 +376,7 @@ impl<P: Platform> Allocator<P> {
             for pass_small in [false, true] {
                 for index in 0..nr_boot {
                     let boot = &*self.boot.get().cast::<KmemCache<P>>().add(index);
-                    if (boot.kind == crate::cache::SlabKind::Small) == pass_small {
+                    if (boot.kind == crate::geometry::SlabKind::Small) == pass_small {
                         boot.slab.lock().hash.drain(|_| {});
                         boot.free_hash_table();
                         boot.discard_all_slabs();
@@ -484,7 +430,7 @@ impl<P: Platform> Allocator<P> {
         unsafe { *self.source.get() }
     }
 
-    fn page_map(&self) -> PageMap {
+    pub(crate) fn page_map(&self) -> PageMap {
         // SAFETY: as for primary_source.
         unsafe { *self.page_map.get() }
     }
@@ -508,15 +454,11 @@ impl<P: Platform> Allocator<P> {
             // Inherit the profiling switch (read under the same lock as
             // set_alloc_profiling writes it).
             if self.alloc_profiling() {
-                (*cache)
-                    .hot_flags
-                    .fetch_or(HOT_PROFILING, Ordering::Relaxed);
+                (*cache).set_hot(HotFlags::PROFILING);
             }
             // And kmemtrace recording of every cache.
             if self.kmemtrace.recording_all.load(Ordering::Relaxed) && !(*cache).is_bootstrap() {
-                (*cache)
-                    .hot_flags
-                    .fetch_or(HOT_KMEMTRACE, Ordering::Relaxed);
+                (*cache).set_hot(HotFlags::KMEMTRACE);
             }
             *(*cache).links.get() = crate::cache::CacheLinks {
                 prev: list.tail,
@@ -735,381 +677,6 @@ impl<P: Platform> Allocator<P> {
         drop(list);
         nr_pages
     }
-
-    /// Index of the kmalloc class for `size` bytes aligned to `align`.
-    #[inline(always)]
-    fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
-        if size == 0 || size > KMALLOC_MAX_SIZE {
-            return None;
-        }
-        let first = if size <= 192 {
-            SMALL_CLASS_INDEX[(size - 1) / 8] as usize
-        } else {
-            (usize::BITS - (size - 1).leading_zeros()) as usize - 1
-        };
-        if align <= 8 {
-            // Every class is at least 8-aligned.
-            return Some(first);
-        }
-        (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
-    }
-
-    #[inline(always)]
-    fn kmalloc_cache(&self, index: usize) -> &'static KmemCache<P> {
-        debug_assert!(index < NR_KMALLOC);
-        // SAFETY: READY (checked by callers): the kmalloc caches exist,
-        // are permanent, and the array is immutable; index < NR_KMALLOC
-        // (kmalloc_index returns class indices only).
-        unsafe { &**(*self.kmalloc.get()).get_unchecked(index) }
-    }
-
-    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
-    /// or `None` if such a request is page-granular (or invalid, or the
-    /// allocator is not ready).
-    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
-        if !self.is_ready() || !align.is_power_of_two() {
-            return None;
-        }
-        Self::kmalloc_index(size, align).map(|index| self.kmalloc_cache(index))
-    }
-
-    /// Allocate `size` bytes aligned to `align` (a power of two).
-    ///
-    /// Served by the smallest `kmalloc-<n>` class with `n >= size` whose
-    /// natural alignment (largest power of two dividing `n`, capped at
-    /// `PAGE_SIZE`) is at least `align`; otherwise page-granular from the
-    /// primary source (whole pages, page-aligned).
-    ///
-    /// # Errors
-    /// [`AllocError::NotInitialized`]; [`AllocError::InvalidLayout`] for
-    /// size 0, `align` not a power of two, or `align > PAGE_SIZE` with no
-    /// class able to give it; [`AllocError::OutOfMemory`].
-    ///
-    /// With feature `alloc-profiling`, the memory is charged to the tag
-    /// [`Platform::alloc_tag_current`] names: the cache's object size for
-    /// a size class (class-rounded), whole pages for a page-granular one.
-    #[inline]
-    pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
-        if size == 0 || !align.is_power_of_two() {
-            return Err(AllocError::InvalidLayout);
-        }
-        self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
-    }
-
-    /// [`Allocator::kmalloc`] charging the memory to the allocation tag
-    /// `tag` (0 charges nothing): the entry point of call sites that name
-    /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
-    /// tag is ignored.
-    ///
-    /// # Errors
-    /// As for [`Allocator::kmalloc`].
-    #[inline]
-    pub fn kmalloc_tagged(
-        &self,
-        size: usize,
-        align: usize,
-        tag: u32,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
-        if size == 0 || !align.is_power_of_two() {
-            return Err(AllocError::InvalidLayout);
-        }
-        self.kmalloc_checked(size, align, move || tag)
-    }
-
-    /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
-    /// size non-zero and the alignment a power of two (a `Layout`'s).
-    #[inline(always)]
-    fn kmalloc_checked(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> u32,
-    ) -> Result<NonNull<u8>, AllocError> {
-        debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
-        match Self::kmalloc_index(size, align) {
-            Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
-            None => {
-                let tag = if self.alloc_profiling() { tag() } else { 0 };
-                crate::cache::unpack(self.large_alloc_packed(size, align, tag))
-            }
-        }
-    }
-
-    /// [`Self::large_alloc`] out of line, its result in one register.
-    #[inline(never)]
-    fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
-        let packed = crate::cache::pack(self.large_alloc(size, align, tag));
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(packed, size);
-        }
-        packed
-    }
-
-    #[inline(always)]
-    fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
-        if align > PAGE_SIZE || size > isize::MAX as usize {
-            return Err(AllocError::InvalidLayout);
-        }
-        let nr_pages = size.div_ceil(PAGE_SIZE);
-        if nr_pages > LARGE_MAX_PAGES {
-            return Err(AllocError::OutOfMemory);
-        }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let tag = {
-            let _ = tag;
-            0u32
-        };
-        let source = self.primary_source();
-        let pages = source.alloc_pages(nr_pages)?;
-        let addr = pages.as_ptr() as usize;
-        let registered = self.page_map().set_range(addr, nr_pages, |page| {
-            if page == 0 {
-                ((tag as usize) << LARGE_TAG_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD
-            } else {
-                (page << 3) | TAG_LARGE_TAIL
-            }
-        });
-        if !registered {
-            // SAFETY: pages just allocated from this source, unused.
-            unsafe { source.free_pages(pages, nr_pages) };
-            return Err(AllocError::OutOfMemory);
-        }
-        self.large_nr_live.fetch_add(1, Ordering::Relaxed);
-        self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
-        self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "alloc-profiling")]
-        if tag != 0 {
-            P::alloc_tag_add(tag, pages, nr_pages * PAGE_SIZE);
-        }
-        Ok(pages)
-    }
-
-    /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
-    /// primary source (the owner is found through the page map).
-    ///
-    /// # Safety
-    /// If `ptr` is allocated, the caller gives it up. Bad pointers are
-    /// detected and refused as for [`KmemCache::free`] (same caveat for
-    /// small-object double frees without `AUDIT`).
-    ///
-    /// # Errors
-    /// [`FreeError::NotAllocated`] (outside the page map, not slab memory,
-    /// or before init), [`FreeError::Misaligned`], [`FreeError::DoubleFree`].
-    /// On error nothing changed.
-    #[inline]
-    pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        // SAFETY: per our caller.
-        match unsafe { self.kfree_fast(ptr) } {
-            FastFree::Done => Ok(()),
-            // SAFETY: per our caller; validated, nothing changed yet.
-            FastFree::Flagged(cache, slab) => unsafe { cache.free_flagged(ptr, slab) },
-            // SAFETY: per our caller; the fast path changed nothing.
-            FastFree::Slow => unsafe { self.kfree_slow(ptr) },
-        }
-    }
-
-    /// The whole `kfree` of a slab object on the magazine-hit path: one
-    /// page-map read names the slab, hence the cache (no second lookup:
-    /// the owner is the slab's cache by construction), one multiply checks
-    /// the object start. `Slow`, with nothing changed, for anything else.
-    ///
-    /// # Safety
-    /// As for [`Allocator::kfree`] (the object is given up if `Done`).
-    #[inline(always)]
-    unsafe fn kfree_fast(&self, ptr: NonNull<u8>) -> FastFree<'static, P> {
-        let addr = ptr.as_ptr() as usize;
-        if !self.is_ready() {
-            return FastFree::Slow;
-        }
-        let entry = self.page_map().get(addr);
-        if entry & TAG_MASK != TAG_SLAB {
-            return FastFree::Slow;
-        }
-        let slab = (entry & !TAG_MASK) as *mut Slab;
-        // SAFETY: registered slabs are alive and belong to caches of this
-        // allocator (same P), alive while they have slabs (a cache in use
-        // is never destroyed: `destroy` requires no objects allocated).
-        let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-        // SAFETY: the page map puts addr in this live slab of `cache`.
-        if !unsafe { cache.is_object_start(slab, addr) } {
-            return FastFree::Slow;
-        }
-        // SAFETY: validated; per our caller.
-        unsafe { cache.free_fast_located(ptr, slab) }
-    }
-
-    /// [`Allocator::kfree`] past the fast path, with the error reports.
-    ///
-    /// # Safety
-    /// As for [`Allocator::kfree`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        let addr = ptr.as_ptr() as usize;
-        if !self.is_ready() {
-            return Err(FreeError::NotAllocated { addr });
-        }
-        let entry = self.page_map().get(addr);
-        if entry & TAG_MASK == TAG_SLAB {
-            let slab = (entry & !TAG_MASK) as *mut Slab;
-            // SAFETY: registered slabs are alive and belong to caches of
-            // this allocator (same P), alive while they have slabs.
-            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-            // SAFETY: the page map puts addr in this live slab of `cache`.
-            if let Err(error) = unsafe { cache.check_object(slab, addr) } {
-                // KMEMTRACE HOOK: kfree of a pointer inside an object.
-                if cache.hot_flags.load(Ordering::Relaxed) & HOT_KMEMTRACE != 0 {
-                    self.kmemtrace_free(Some(cache), ptr, false);
-                }
-                return Err(error);
-            }
-            // SAFETY: located in `cache`; our caller gives it up.
-            return unsafe { cache.free_located(ptr, slab) };
-        }
-        // SAFETY: per our caller.
-        let result = unsafe { self.kfree_pages(ptr, entry) };
-        if result.is_err() && self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: kfree of a pointer that is not ours.
-            self.kmemtrace_free(None, ptr, false);
-        }
-        result
-    }
-
-    /// `kfree` of anything but a slab object: page-granular, or refused.
-    ///
-    /// # Safety
-    /// As for [`Allocator::kfree`]; `entry` is `ptr`'s page-map entry.
-    unsafe fn kfree_pages(&self, ptr: NonNull<u8>, entry: usize) -> Result<(), FreeError> {
-        let addr = ptr.as_ptr() as usize;
-        let map = self.page_map();
-        match entry & TAG_MASK {
-            TAG_LARGE_HEAD => {
-                if addr & (PAGE_SIZE - 1) != 0 {
-                    return Err(FreeError::Misaligned { addr });
-                }
-                if !map.claim(addr, entry) {
-                    return Err(FreeError::NotAllocated { addr });
-                }
-                let nr_pages = large_nr_pages(entry);
-                if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-                    // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
-                    self.kmemtrace_record(
-                        EventKind::Free,
-                        EventType::Pages,
-                        0,
-                        addr,
-                        0,
-                        nr_pages * PAGE_SIZE,
-                    );
-                }
-                map.clear_range(addr, nr_pages);
-                self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
-                self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
-                #[cfg(feature = "alloc-profiling")]
-                {
-                    let tag = (entry >> LARGE_TAG_SHIFT) as u32;
-                    if tag != 0 {
-                        P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
-                    }
-                }
-                // SAFETY: a live page-granular allocation of nr_pages pages
-                // from the primary source, claimed by us alone (the CAS).
-                unsafe { self.primary_source().free_pages(ptr, nr_pages) };
-                Ok(())
-            }
-            TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
-            _ => Err(FreeError::NotAllocated { addr }),
-        }
-    }
-
-    /// Usable size in bytes of an allocated pointer: the object size of its
-    /// cache, or the whole pages of a page-granular allocation.
-    ///
-    /// # Errors
-    /// [`FreeError::NotAllocated`] for memory the allocator does not own;
-    /// [`FreeError::Misaligned`] for a pointer not at an object start.
-    /// (A free object at an object start is not detected.)
-    pub fn ksize(&self, ptr: NonNull<u8>) -> Result<usize, FreeError> {
-        let addr = ptr.as_ptr() as usize;
-        if !self.is_ready() {
-            return Err(FreeError::NotAllocated { addr });
-        }
-        let entry = self.page_map().get(addr);
-        match entry & TAG_MASK {
-            TAG_SLAB => {
-                let slab = (entry & !TAG_MASK) as *mut Slab;
-                // SAFETY: registered slabs are alive, caches of this allocator.
-                let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-                cache.locate(addr)?;
-                Ok(cache.obj_size())
-            }
-            TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok(large_nr_pages(entry) * PAGE_SIZE),
-            TAG_LARGE_HEAD | TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
-            _ => Err(FreeError::NotAllocated { addr }),
-        }
-    }
-
-    /// Whether `ptr` points into memory this allocator handed out (a slab
-    /// page of a primary-source cache or a page-granular kmalloc), judged
-    /// by the page map. A kernel that used a bootstrap heap before `init`
-    /// routes frees with this: `owns` → [`Allocator::kfree`], else the
-    /// bootstrap heap. False before init.
-    #[inline]
-    pub fn owns(&self, ptr: *const u8) -> bool {
-        self.is_ready() && self.page_map().get(ptr as usize) != 0
-    }
-
-    /// Page-granular kmalloc statistics.
-    pub fn large_stats(&self) -> LargeStats {
-        LargeStats {
-            nr_live: self.large_nr_live.load(Ordering::Relaxed),
-            live_bytes: self.large_live_pages.load(Ordering::Relaxed) * PAGE_SIZE,
-            nr_allocs_ever: self.large_nr_allocs_ever.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Called with every error a `GlobalAlloc::dealloc` (or
-    /// `core::alloc::Allocator::deallocate`) hits; the kernel can log or
-    /// panic. The error has already been counted in
-    /// [`Allocator::nr_bad_frees`] and nothing was changed.
-    pub fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
-        *self.free_error_hook.lock() = hook;
-    }
-
-    /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
-    pub fn nr_bad_frees(&self) -> u64 {
-        self.nr_bad_frees.load(Ordering::Relaxed)
-    }
-
-    /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
-    /// refused free.
-    ///
-    /// # Safety
-    /// As for [`Allocator::kfree`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn dealloc_slow(&self, ptr: NonNull<u8>) {
-        // SAFETY: per our caller.
-        if let Err(error) = unsafe { self.kfree_slow(ptr) } {
-            self.report_free_error(error);
-        }
-    }
-
-    #[cold]
-    pub(crate) fn report_free_error(&self, error: FreeError) {
-        self.nr_bad_frees.fetch_add(1, Ordering::Relaxed);
-        let hook = *self.free_error_hook.lock();
-        if let Some(hook) = hook {
-            hook(&error);
-        }
-    }
 }
 
 /// kmemtrace: recording, status, dump (see [`crate::kmemtrace`]).
@@ -1152,12 +719,11 @@ impl<P: Platform> Allocator<P> {
     /// cache with id `cache_id`, and clear it on the others.
     fn set_kmemtrace_bits(&self, cache_id: Option<u32>) {
         self.for_each_cache(|cache| {
-            let hot = cache.hot_flags.load(Ordering::Relaxed);
-            let on = hot & HOT_BOOTSTRAP == 0 && cache_id.is_none_or(|id| id == cache.id);
+            let on = !cache.is_bootstrap() && cache_id.is_none_or(|id| id == cache.id);
             if on {
-                cache.hot_flags.fetch_or(HOT_KMEMTRACE, Ordering::Relaxed);
+                cache.set_hot(HotFlags::KMEMTRACE);
             } else {
-                cache.hot_flags.fetch_and(!HOT_KMEMTRACE, Ordering::Relaxed);
+                cache.clear_hot(HotFlags::KMEMTRACE);
             }
         });
     }
@@ -1230,7 +796,7 @@ impl<P: Platform> Allocator<P> {
 
     /// Record a page-granular kmalloc (its packed result).
     #[cold]
-    fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
+    pub(crate) fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
         let (kind, ptr, bytes) = match crate::cache::unpack(packed) {
             Ok(pages) => (
                 EventKind::Alloc,
@@ -1243,7 +809,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     #[inline(always)]
-    fn kmemtrace_record(
+    pub(crate) fn kmemtrace_record(
         &self,
         kind: EventKind,
         type_id: EventType,
@@ -1262,95 +828,5 @@ impl<P: Platform> Allocator<P> {
                 bytes_alloc,
             },
         );
-    }
-}
-
-// SAFETY: `alloc` returns either null or memory of at least `layout.size()`
-// bytes aligned to `layout.align()` (kmalloc's contract) that no one else
-// owns until `dealloc`; `dealloc` frees exactly what `alloc`/`realloc`
-// returned (and refuses anything else without touching it).
-unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
-    /// `kmalloc(max(size, 1), align)`; null on any error (including before
-    /// init).
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !self.is_ready() {
-            return ptr::null_mut();
-        }
-        // A Layout's alignment is a power of two; the size is made non-zero.
-        let tag = crate::alloc_tag::current::<P>;
-        match self.kmalloc_checked(layout.size().max(1), layout.align(), tag) {
-            Ok(ptr) => ptr.as_ptr(),
-            Err(_) => ptr::null_mut(),
-        }
-    }
-
-    /// `kfree`; a refused free is reported to the free-error hook.
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        let Some(ptr) = NonNull::new(ptr) else { return };
-        // SAFETY: the GlobalAlloc contract: ptr came from this allocator
-        // with this layout and is given up.
-        match unsafe { self.kfree_fast(ptr) } {
-            FastFree::Done => {}
-            // SAFETY: as above; validated, nothing changed yet.
-            FastFree::Flagged(cache, slab) => unsafe { cache.dealloc_flagged(ptr, slab) },
-            // SAFETY: as above; the fast path changed nothing.
-            FastFree::Slow => unsafe { self.dealloc_slow(ptr) },
-        }
-    }
-
-    /// Keeps the block if the new size still fits and uses at least half
-    /// of it; otherwise allocate, copy, free.
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if let Some(old) = NonNull::new(ptr)
-            && let Ok(usable) = self.ksize(old)
-            && new_size <= usable
-            && new_size.max(1) * 2 > usable
-        {
-            return ptr;
-        }
-        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
-            return ptr::null_mut();
-        };
-        // SAFETY: a valid layout (GlobalAlloc allows size 0 here; kmalloc
-        // gets max(size, 1)).
-        let new = unsafe { self.alloc(new_layout) };
-        if !new.is_null() && !ptr.is_null() {
-            // SAFETY: both blocks are at least min(old, new) bytes and
-            // distinct (new is freshly allocated); ptr is given up per the
-            // GlobalAlloc contract.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
-        }
-        new
-    }
-}
-
-// SAFETY: blocks returned by `allocate` stay valid until `deallocate` (the
-// allocator is 'static, copies of the handle are the same allocator), and
-// are at least `layout.size()` bytes aligned to `layout.align()`.
-unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, core::alloc::AllocError> {
-        if layout.size() == 0 {
-            let dangling = NonNull::new(ptr::without_provenance_mut::<u8>(layout.align()))
-                .ok_or(core::alloc::AllocError)?;
-            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
-        }
-        let ptr = self
-            .kmalloc(layout.size(), layout.align())
-            .map_err(|_| core::alloc::AllocError)?;
-        let usable = self.ksize(ptr).unwrap_or(layout.size());
-        Ok(NonNull::slice_from_raw_parts(ptr, usable))
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() == 0 {
-            return;
-        }
-        // SAFETY: per the Allocator contract, ptr is a live block from us.
-        if let Err(error) = unsafe { self.kfree(ptr) } {
-            self.report_free_error(error);
-        }
     }
 }

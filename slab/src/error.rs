@@ -39,11 +39,11 @@ impl fmt::Display for AllocError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FreeError {
     /// The object was already free (sitting in a magazine or its slab).
-    /// Always detected for bufctl caches (for those off the primary source
-    /// only while the object rests in a magazine: once it is back in its
-    /// slab, such a cache cannot tell it from a stray pointer and reports
-    /// `NotAllocated`); for small-object caches only with
-    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT).
+    /// Detected only for caches with
+    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) (for bufctl caches
+    /// off the primary source only while the object rests in a magazine:
+    /// once it is back in its slab, such a cache cannot tell it from a
+    /// stray pointer and reports `NotAllocated`).
     DoubleFree {
         /// The pointer passed to free.
         addr: usize,

@@ -3,8 +3,9 @@
 //! A `no_std` object-caching allocator for hobby kernels, after Bonwick's
 //! slab allocator, Bonwick & Adams' magazines and depot, and Akaros'
 //! `kern/src/slab.c` (including its per-cache trace table). Everything
-//! machine-specific comes in through two traits: [`Platform`] (CPU id and
-//! count, interrupt save/restore, clock, backtrace, context string) and
+//! machine-specific comes in through two traits: [`Platform`] (CPU id,
+//! per-CPU offset and count, interrupt save/restore, cross-CPU calls,
+//! clock, backtrace, context string) and
 //! [`PageSource`] (whole pages in, whole pages out).
 //!
 //! ## Layers
@@ -14,29 +15,44 @@
 //! 1. **Tracing** ([`trace`](KmemCache::trace_start)): a per-cache hash of
 //!    outstanding objects with backtraces. It sits above the magazines, so
 //!    it sees what callers allocate and free, never objects resting in a
-//!    magazine. A cache that was never traced pays one flag test per alloc
-//!    and per free.
-//! 2. **Magazine layer**: a per-CPU cache `{ loaded, prev, magsize }` of
-//!    two magazines of constructed objects ("rounds"), behind a depot of
-//!    full and empty magazines per cache. Most allocs and frees end here.
-//!    The magazine size grows when the depot lock is contended. Each
-//!    per-CPU cache counts the allocations and frees its magazines served
-//!    ([`KmemCache::cpu_stats`], [`Allocator::cpu_stats`]).
-//! 3. **Slab layer**: slabs of one page (small objects; header at the end
-//!    of the page, free list through the objects) or several pages (large
-//!    or `NOTOUCH` objects; a bufctl per object and a per-cache hash from
-//!    address to bufctl), on empty/partial/full lists. Constructors run
-//!    when objects leave this layer, destructors when they come back.
+//!    magazine. A cache that was never traced pays nothing for it (a bit of
+//!    the `hot_flags` word every alloc and free tests anyway).
+//! 2. **Magazine layer** (`src/magazine.rs`): a per-CPU cache `{ loaded,
+//!    prev, magsize }` of two magazines of constructed objects ("rounds"),
+//!    owned by its CPU, behind a depot of full and empty magazines per
+//!    cache. Most allocs and frees end here, touching nothing but their
+//!    CPU's cache line and the magazine. The magazine size grows when the
+//!    depot lock is contended.
+//! 3. **Slab layer** (`src/slab.rs`): slabs of one page (small objects;
+//!    header at the end of the page, free list through the objects) or
+//!    several pages (large or `NOTOUCH` objects; a bufctl per object and a
+//!    per-cache hash from address to bufctl), on empty/partial/full lists.
+//!    Constructors run when objects leave this layer, destructors when they
+//!    come back; bufctl states change here too.
 //! 4. **Page sources**: the primary one given to [`Allocator::init`], or
 //!    one per cache.
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
 //! metadata (`kmem_magazine`, `kmem_cache`, `kmem_slab`, `kmem_bufctl`,
 //! `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
-//! `kmalloc-8` … `kmalloc-8192` plus page-granular allocations above that,
-//! and the **page map**: one word per page of the primary source's span
-//! naming the slab (or large allocation) that owns the page, so `kfree`,
-//! `ksize` and wrong-cache checks find the owner of any pointer.
+//! `kmalloc-8` … `kmalloc-8192` plus page-granular allocations above that
+//! (`src/kmalloc.rs`), and the **page map**: one word per page of the
+//! primary source's span naming the slab (or large allocation) that owns
+//! the page, so `kfree`, `ksize` and the free's owner check find the owner
+//! of any pointer.
+//!
+//! ## Reading the crate
+//!
+//! `src/path.rs` holds every alloc and free path, from the entry points
+//! (`KmemCache::alloc`/`free`, `kmalloc`/`kfree`, `GlobalAlloc`) to the
+//! magazine hit and its misses, and opens with their call graph. Then
+//! `src/magazine.rs` (per-CPU caches and the depot), `src/slab.rs` (the
+//! slab layer), `src/cache.rs` (the `kmem_cache` struct, reap, destroy,
+//! statistics), `src/allocator.rs` (init, bootstrap caches, the cache
+//! list), `src/kmalloc.rs`, `src/global_alloc.rs` (the shims),
+//! `src/geometry.rs` (object layout), `src/stats.rs`, `src/trace.rs`,
+//! `src/alloc_tag.rs`, `src/hash.rs`, `src/pagemap.rs`, `src/platform.rs`
+//! and `src/sync.rs` (the locks and [`IrqGuard`]).
 //!
 //! ## Allocation profiling and latency statistics
 //!
@@ -49,10 +65,56 @@
 //! [`Allocator::kmalloc_tagged`]. The runtime switch is
 //! [`Allocator::set_alloc_profiling`] (a kernel calls it whenever its own
 //! switch flips; on by default): off, nothing asks `alloc_tag_current` or
-//! charges anything (a `HOT_PROFILING` bit in every cache's `hot_flags`).
-//! Feature `time-stats` puts
-//! `magpie-codetag` latency statistics on the slab-layer refill (`grow`)
-//! and the depot exchanges (timed with `Platform::now`).
+//! charges anything (a `PROFILING` bit in every cache's `hot_flags`). On,
+//! the profiled hit of a small-object cache is inline: the magazine hit,
+//! then the tag reference stored (alloc: one multiply for the object
+//! index) or cleared (free: the index the owner check computed) and the
+//! tag charged. Feature `time-stats` puts `magpie-codetag` latency
+//! statistics on the slab-layer refill (`grow`) and the depot exchanges
+//! (`exchange_for_full`, `exchange_for_empty`; timed with
+//! `Platform::now`).
+//!
+//! ## The per-CPU protocol
+//!
+//! A CPU's per-CPU cache of a kmem_cache (`loaded`, `prev`, `magsize`,
+//! its counters: one cache line) belongs to that CPU (Bonwick & Adams
+//! 2001: the common case touches only the CPU's own cache; Linux SLUB's
+//! per-CPU sheaves work the same way). It has no lock:
+//!
+//! - **Its own CPU** reaches it only with interrupts off, through an
+//!   [`IrqGuard`] (`Platform::irq_save`/`irq_restore`), at `pcpu +
+//!   Platform::cpu_offset()` (a kernel reads the offset `%gs`-relative in
+//!   one instruction). Nothing else runs on that CPU meanwhile, so the hit
+//!   is plain loads and stores: no atomic read-modify-write, no lock.
+//! - **Any other CPU** that needs it — [`KmemCache::reap`] and
+//!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
+//!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
+//!   [`Allocator::cpu_stats`]), the loom models' magazine resize — asks
+//!   that CPU to do it, through [`Platform::cross_cpu_call`]: the kernel
+//!   runs the closure in the target's IPI handler (interrupts off there,
+//!   so never inside one of its hits), as Linux's `flush_all` does.
+//!   The closure only reads or detaches: a drain takes `loaded` and
+//!   `prev` (both become the shared empty sentinel) and hands them back;
+//!   the caller destructs their rounds and frees the magazines on its own
+//!   CPU with no lock held.
+//!
+//! Then the depot's lists are detached under the depot lock, and the
+//! empty slabs under the slab lock. A CPU working on the cache meanwhile
+//! either finished its hit before the call ran (the drain moves the
+//! result) or starts after (it finds no magazines and refills from the
+//! depot or the slab layer, as after boot). A round is in exactly one
+//! place at every instant: a magazine held by one per-CPU cache, the
+//! depot, or in transit in the one thread that detached it. So a reap
+//! never loses or duplicates rounds; objects freed while it runs may be
+//! left in magazines: under load it is a best effort. `destroy` requires
+//! that nobody uses the cache, so there the drain is complete; it refuses
+//! with `Busy` if slabs remain. The `loom` models in
+//! `src/tests/loom_models.rs` act this protocol out (a loom mutex per CPU
+//! for "interrupts off", taken by cross-CPU calls too) and check it and
+//! the depot exchange under every interleaving up to a preemption bound.
+//!
+//! Magazine resizing needs no cross-CPU call: the depot grows `magsize`
+//! under its lock and each CPU adopts it at its next depot exchange.
 //!
 //! ## Lock order
 //!
@@ -61,83 +123,57 @@
 //!
 //! 1. the allocator's cache list (`for_each_cache`, `find_cache`,
 //!    `reap_all`, create/destroy linking);
-//! 2. a cache's per-CPU cache lock (always with interrupts disabled via
-//!    [`Platform::irq_save`]);
-//! 3. that cache's depot lock;
+//! 2. interrupts off on this CPU ([`IrqGuard`]: owning its per-CPU
+//!    caches);
+//! 3. a cache's depot lock;
 //! 4. that cache's slab-layer lock (slab lists and bufctl hash);
 //! 5. that cache's trace-table lock.
 //!
-//! Bootstrap caches are lower than every ordinary cache, but nothing ever
-//! nests into them: **no allocator lock is held while calling a page
-//! source, a constructor/destructor, or another cache** (growing a slab,
-//! allocating a magazine, a bufctl, a slab struct or a trace record, or a
-//! bigger hash table all happen after dropping the lock and re-taking it
-//! afterwards). The only nestings are: per-CPU lock → depot lock (the
-//! magazine exchange), and the cache-list lock held by `reap_all` and
+//! A cross-CPU call is made with interrupts on and no allocator lock held
+//! but the cache list (`reap_all`, `for_each_cache` callers); its closure
+//! takes no lock. Bootstrap caches are lower than every ordinary cache,
+//! but nothing ever nests into them: **no allocator lock is held, and
+//! interrupts are not held off, while calling a page source, a
+//! constructor/destructor, or another cache** (growing a slab, allocating
+//! a magazine, a bufctl, a slab struct or a trace record, or a bigger hash
+//! table all happen after dropping the lock and re-taking it afterwards).
+//! The only nestings are: interrupts off → depot lock (the magazine
+//! exchange), and the cache-list lock held by `reap_all` and
 //! `for_each_cache` around per-cache operations (so a page source must not
 //! create or destroy caches). Constructors, destructors and page sources
 //! may allocate from the allocator. The page map is lock-free (atomic
 //! words).
 //!
-//! ## Draining: how `reap` and `destroy` reach every CPU's magazines
-//!
-//! [`KmemCache::reap`] (and [`Allocator::reap_all`], and
-//! [`KmemCache::destroy`] before it frees anything) empties the magazine
-//! layer from whichever CPU calls it, without cross-CPU interrupts:
-//!
-//! 1. For each CPU id `0..max_cpus` in turn: disable interrupts, take that
-//!    CPU's per-CPU lock, detach its `loaded` and `prev` magazines (both
-//!    set to null), drop the lock, restore interrupts. Then, holding no
-//!    lock, destruct their rounds and return them to the slab layer (one
-//!    slab-lock acquisition per magazine) and free the magazines to
-//!    `kmem_magazine`. One per-CPU lock at a time, never with the depot
-//!    lock: the drain adds no nesting to the lock order.
-//! 2. Take the depot lock, detach its full and empty lists, drop it, and
-//!    free them the same way.
-//! 3. Under the slab lock detach the empty slabs; with no lock held, clear
-//!    their page-map entries and give their pages back.
-//!
-//! A CPU working on the cache meanwhile either finished its operation
-//! under its per-CPU lock before the drain took that lock (the drain
-//! moves the result) or starts after (it finds no magazines and refills
-//! from the depot or the slab layer, as after boot). A round is in exactly
-//! one place at every instant: a magazine held by one per-CPU cache, the
-//! depot, or in transit in the one thread that detached it. So a reap
-//! never loses or duplicates rounds, but objects freed while it runs may
-//! be left in magazines: under load it is a best effort. `destroy`
-//! requires that nobody uses the cache, so there the drain is complete;
-//! it refuses with `Busy` if slabs remain. The `loom` models in
-//! `src/tests/loom_models.rs` check this protocol and the depot exchange
-//! under every interleaving up to a preemption bound.
-//!
 //! ## Statistics
 //!
-//! The magazine-hit paths write only the running CPU's own per-CPU cache
-//! (its lock word, magazine pointers and `nr_allocs` / `nr_frees`, one
-//! cache line per CPU) and the magazine itself. Counters shared between
-//! CPUs are written only on misses (the slab layer's direct counts) and
-//! depot exchanges; readers ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
-//! [`Allocator::cpu_stats`]) take each per-CPU lock in turn and sum. The
+//! The magazine hits write only the running CPU's own per-CPU cache and
+//! the magazine. Counting is at exchanges: the alloc hit adds one to its
+//! CPU's `nr_allocs` (a plain add in the line it writes anyway), the free
+//! hit counts nothing; each CPU counts the rounds its magazines received
+//! from or gave to the depot and to drains, and its frees are derived
+//! exactly: `frees = rounds held − rounds exchanged in + allocs`.
+//! Counters shared between CPUs are written only on misses (the slab
+//! layer's direct counts) and depot exchanges. Readers
+//! ([`KmemCache::stats`], [`KmemCache::cpu_stats`], [`Allocator::cpu_stats`])
+//! read each CPU's figures on that CPU (a cross-CPU call) and sum. The
 //! read-mostly fields every alloc and free reads lead [`KmemCache`]
 //! (`repr(C)`), and the depot, the first field any CPU writes, starts a
 //! new cache line.
 //!
 //! ## Hit paths
 //!
-//! A magazine hit is a leaf with no call that returns into it (every miss,
-//! error and bookkeeping case is a tail call to an out-of-line function), so
-//! it needs no callee-saved registers. **alloc**: one `hot_flags` test,
-//! the per-CPU index (`min(cpu_id, last_cpu)`, no division), interrupts
-//! off, the per-CPU lock (one `xchg`), pop from `loaded`, count, release
-//! (one store). **free** (`KmemCache::free`, `kfree`): one page-map load
-//! gives the slab, its owner is compared (`free`) or taken as the cache
-//! (`kfree`: no second lookup), one 64×64→128 multiply by `ceil(2^64 /
-//! stride)` both indexes the object and tests that the pointer is an object
-//! start (Lemire, Kaser and Kurz 2019), then the same per-CPU steps with a
-//! push. With `alloc-profiling` compiled in but switched off
-//! (`set_alloc_profiling(false)`), alloc adds nothing (the switch is a bit
-//! of the `hot_flags` word it tests anyway); free adds nothing until some
-//! object of the cache was tagged (`HOT_TAGGED`). Measurements:
+//! See `src/path.rs`. A magazine hit is a leaf with no call that returns
+//! into it (every miss, error and bookkeeping case is a tail call to an
+//! out-of-line function), so it needs no callee-saved registers. **alloc**:
+//! one `hot_flags` test, interrupts off, the per-CPU base, pop from
+//! `loaded` (an absent magazine is a shared sentinel whose round count
+//! fails the test: no null test), count, interrupts back. **free**
+//! (`KmemCache::free`, `kfree`, `GlobalAlloc::dealloc`; one function,
+//! `finish_free`, ends all three): one page-map load gives the slab, its
+//! owner is compared (`free`) or taken as the cache (`kfree`), one
+//! 64×64→128 multiply by `ceil(2^64 / stride)` both indexes the object and
+//! tests that the pointer is an object start (Lemire, Kaser and Kurz
+//! 2019), then the same per-CPU steps with a push. Measurements:
 //! `docs/BENCHMARKS.md`.
 //!
 //! ## Debugging
@@ -153,7 +189,7 @@
 //! ## FAQ
 //!
 //! **Why doesn't the magazine cache deadlock on itself?** (Akaros asks the
-//! same.) A free that needs a new magazine drops its per-CPU lock before
+//! same.) A free that needs a new magazine turns interrupts back on before
 //! allocating one from `kmem_magazine`, and the bootstrap caches have no
 //! magazine layer at all: metadata is allocated straight from their slab
 //! layers. `kmem_magazine`, `kmem_slab` and `kmem_bufctl` use small-object
@@ -166,18 +202,21 @@
 //! per-CPU array to exist first. Callers cannot allocate from or free to
 //! bootstrap caches.
 //!
-//! **Why a lock in each per-CPU cache?** It is uncontended on the fast
-//! path (one atomic swap), and lets `reap`, `destroy` and `stats` reach
-//! every CPU's magazines without cross-CPU interrupts. It also keeps the
-//! allocator sound if `Platform::cpu_id` misreports.
+//! **Why no lock in a per-CPU cache?** The lock it used to have cost a
+//! locked `xchg` on both sides of every hit (the uncontended case). With
+//! interrupts off the CPU owns its cache; the rare visitors (reap,
+//! destroy, statistics) pay a cross-CPU call instead. The price: the
+//! [`Platform`] contract (an `unsafe trait`) must be kept — `cpu_id` is
+//! exact and exclusive while interrupts are off.
 //!
-//! **Why do bufctl caches take the slab lock on every alloc and free?**
-//! Bad frees are always detected for them: the bufctl records whether the
-//! object is with a caller, and finding it is a hash lookup. Small-object
-//! caches keep a lean fast path and detect double frees only with
-//! [`CacheFlags::AUDIT`] (a per-slab bitmap, set and cleared atomically).
-//! Foreign, wrong-cache and misaligned pointers are always detected (page
-//! map, or header magic plus cache pointer for caches on other sources).
+//! **Why are double frees caught only with `AUDIT`?** Catching one needs
+//! the object's own state (a bitmap bit for small slabs, the bufctl found
+//! in the hash for bufctl slabs); keeping it costs an atomic or a locked
+//! hash lookup on every alloc and free, which is exactly what the hit
+//! avoids. Without `AUDIT` bufctl states change only where objects leave
+//! or enter the slab layer (Bonwick's magazine/slab boundary). Foreign,
+//! wrong-cache and misaligned pointers are always detected (page map, or
+//! header magic plus cache pointer for caches on other sources).
 //!
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The
@@ -205,8 +244,11 @@
 //!
 //! ## Adopting magpie-slab in your kernel
 //!
-//! 1. Implement [`Platform`] for a unit type: CPU count and id, interrupt
-//!    save/restore, a clock, a frame-pointer backtrace, a context string.
+//! 1. Implement [`Platform`] (an `unsafe trait`: read its safety
+//!    contract) for a unit type: CPU count and id, interrupt
+//!    save/restore, a cross-CPU call (an IPI running a closure; the
+//!    default is right for one CPU only), a clock, a frame-pointer
+//!    backtrace, a context string.
 //! 2. Implement [`PageSource`] over your physical memory's direct map (a
 //!    buddy allocator or a simple page bitmap), with `span()` covering
 //!    every page it can return.
@@ -216,7 +258,9 @@
 //! use magpie_slab::{Allocator, CacheFlags, PageSource, Platform};
 //!
 //! struct MyPlatform;
-//! impl Platform for MyPlatform { /* ... */ }
+//! // SAFETY: see the trait's contract (ids exact and exclusive with
+//! // interrupts off, cross_cpu_call runs on the target CPU).
+//! unsafe impl Platform for MyPlatform { /* ... */ }
 //!
 //! static MY_ARENA: MyPageAllocator = MyPageAllocator::new();
 //!
@@ -248,7 +292,8 @@
 //!
 //! ## Testing
 //!
-//! Host tests (a fake platform with a thread-local CPU id, a fake page
+//! Host tests (a fake platform with a thread-local CPU id, emulated
+//! interrupts — a lock per CPU id — and cross-CPU calls, a fake page
 //! source with failure injection, unit tests, a `proptest` model test and
 //! a multithreaded stress test with one thread per CPU) live in
 //! `src/tests/`:
@@ -257,10 +302,11 @@
 //! cargo test -p magpie-slab --target x86_64-unknown-linux-gnu
 //! ```
 //!
-//! `loom` model tests of the depot exchange and the drain protocol
-//! (`src/tests/loom_models.rs`) build instead of those with
+//! `loom` model tests of the per-CPU protocol, the depot exchange and the
+//! drain (`src/tests/loom_models.rs`) build instead of those with
 //! `--cfg loom`, which turns the cache locks into `loom` locks (see
-//! `src/sync.rs`; normal builds use `spin::Mutex` unchanged):
+//! `src/sync.rs`; normal builds use `spin::Mutex` unchanged) and give the
+//! model platform a loom mutex per CPU for "interrupts off":
 //!
 //! ```text
 //! make test-loom
@@ -303,13 +349,19 @@ mod allocator;
 mod cache;
 pub mod debug;
 mod error;
+mod geometry;
+mod global_alloc;
 mod hash;
+mod kmalloc;
 pub mod kmemtrace;
 mod magazine;
+mod object;
 mod pagemap;
+mod path;
 mod platform;
 pub mod report;
 mod slab;
+mod stats;
 mod sync;
 mod trace;
 
@@ -317,16 +369,19 @@ mod trace;
 mod tests;
 
 pub use alloc_tag::AllocTagRef;
+pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
-pub use allocator::{Allocator, KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use cache::{
-    CacheFlags, CacheStats, CpuCacheStats, Ctor, DestroyReport, Dtor, KmemCache, SlabKind,
-};
+pub use cache::{CacheFlags, Ctor, DestroyReport, Dtor, KmemCache};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
+pub use geometry::SlabKind;
+pub use kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use kmemtrace::{
     DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
     KmemtraceError, KmemtraceEvent, KmemtraceStatus,
 };
 pub use magazine::MAG_MAX_ROUNDS;
-pub use platform::{ArenaStats, PAGE_SIZE, PageSource, Platform};
+pub use object::SlabBox;
+pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+pub use stats::{CacheStats, CpuCacheStats};
+pub use sync::IrqGuard;
 pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};

@@ -13,25 +13,80 @@ pub(crate) const PAGE_SHIFT: u32 = 12;
 
 const _: () = assert!(1 << PAGE_SHIFT == PAGE_SIZE);
 
+/// Bytes of one CPU's slot in a per-CPU array (one cache line): the unit
+/// of [`Platform::cpu_offset`].
+pub const CPU_SLOT_BYTES: usize = 64;
+
 /// Everything machine-specific the allocator needs.
 ///
 /// All methods are associated functions (no `self`) so calls monomorphize
 /// and inline into the allocator's fast paths. The kernel implements this
 /// once; host tests implement it with thread-locals and counters.
-pub trait Platform: 'static {
+///
+/// # Safety
+///
+/// The magazine-hit paths take no lock and no atomic read-modify-write:
+/// a CPU's per-CPU caches are owned by that CPU and reached only with its
+/// interrupts off. The allocator is sound only if the implementation keeps
+/// these promises:
+///
+/// 1. [`cpu_id`](Platform::cpu_id) is below [`max_cpus`](Platform::max_cpus),
+///    and between [`irq_save`](Platform::irq_save) and the matching
+///    [`irq_restore`](Platform::irq_restore) nothing else runs allocator
+///    code under the same id: no interrupt handler on this CPU, no other
+///    thread (a kernel: ids are unique and nothing migrates or preempts
+///    with interrupts off; host tests: one thread per id, or a per-id lock
+///    taken by `irq_save`). `irq_save`/`irq_restore` nest.
+/// 2. [`cpu_offset`](Platform::cpu_offset) is `cpu_id() * CPU_SLOT_BYTES`.
+/// 3. [`cross_cpu_call`](Platform::cross_cpu_call)`(cpu, work)` runs
+///    `work` to completion, exclusively with CPU `cpu`'s interrupts-off
+///    sections (as a kernel's IPI handler on that CPU would), and returns
+///    only after it has finished.
+pub unsafe trait Platform: 'static {
     /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by
     /// [`Allocator::init`](crate::Allocator::init); per-CPU arrays are
     /// sized by it. A value of 0 is treated as 1.
     fn max_cpus() -> usize;
-    /// Id of the CPU running the caller, in `0..max_cpus()`. An id out of
-    /// range is clamped to the last CPU (`max_cpus() - 1`), which is safe
-    /// (every per-CPU cache has its own lock) but contends with that CPU.
+    /// Id of the CPU running the caller, in `0..max_cpus()` (see the
+    /// trait's safety contract).
     fn cpu_id() -> usize;
+    /// `cpu_id() * CPU_SLOT_BYTES`: the byte offset of this CPU's slot in
+    /// a per-CPU array. The magazine hits read it once per operation; a
+    /// kernel keeps it precomputed in its per-CPU area and reads it in one
+    /// instruction (`mov rax, gs:[offset]`). The default multiplies.
+    #[inline(always)]
+    fn cpu_offset() -> usize {
+        Self::cpu_id() * CPU_SLOT_BYTES
+    }
     /// Disable interrupts on this CPU and return the previous state, to be
-    /// handed to [`Platform::irq_restore`].
+    /// handed to [`Platform::irq_restore`]. The allocator calls these
+    /// through [`IrqGuard`](crate::IrqGuard).
     fn irq_save() -> usize;
     /// Restore the interrupt state returned by [`Platform::irq_save`].
     fn irq_restore(state: usize);
+    /// Run `work` on CPU `cpu` (in `0..max_cpus()`) with its interrupts
+    /// off, and return when it has finished: how `reap`, `destroy`,
+    /// statistics readers and magazine resizing reach another CPU's
+    /// magazines (Linux's `flush_all` does the same with
+    /// `on_each_cpu_cond`). `work` takes no lock, allocates nothing and
+    /// does not call back into the platform.
+    ///
+    /// The allocator calls this with no lock of its own held and with
+    /// interrupts enabled (or as the platform allows: a kernel whose CPUs
+    /// run with interrupts off must poll for calls while it waits).
+    ///
+    /// A kernel sends an IPI and waits for the handler to run `work`; host
+    /// tests take the target CPU's emulated interrupt lock. The default
+    /// runs `work` on the calling CPU with interrupts off: correct when
+    /// `max_cpus()` is 1 (then `cpu` is this CPU), or when CPU `cpu` runs
+    /// no allocator code meanwhile (a host benchmark reaping after its
+    /// threads joined). Anything else must override it.
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        let _ = cpu;
+        let state = Self::irq_save();
+        work();
+        Self::irq_restore(state);
+    }
     /// Monotonic timestamp (kernel: TSC cycles; host tests: a counter).
     /// Only stored in trace records, never interpreted.
     fn now() -> u64;

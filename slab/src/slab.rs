@@ -21,7 +21,8 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cache::{KmemCache, SlabKind};
+use crate::cache::KmemCache;
+use crate::geometry::SlabKind;
 use crate::hash::{AddrHash, HashNode};
 use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -33,8 +34,8 @@ use crate::{AllocError, BootCache};
 pub(crate) struct Slab {
     /// [`SLAB_MAGIC`] while the slab is alive.
     pub(crate) magic: u32,
-    /// Which list it is on: `LIST_*`.
-    list: u32,
+    /// Which list it is on.
+    list: SlabList,
     pub(crate) nr_busy: u32,
     pub(crate) nr_objs: u32,
     /// The owning `KmemCache<P>`, type-erased.
@@ -67,16 +68,33 @@ const _: () = {
     assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
 };
 
-const LIST_EMPTY: u32 = 0;
-const LIST_PARTIAL: u32 = 1;
-const LIST_FULL: u32 = 2;
+/// The slab lists, by how many of a slab's objects are busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum SlabList {
+    /// No object busy: `reap` gives these back.
+    Empty = 0,
+    /// Some objects busy, some free: allocations come from these first.
+    Partial = 1,
+    /// Every object busy.
+    Full = 2,
+}
 
-/// Bufctl states.
-pub(crate) const BUFCTL_FREE: u8 = 0;
-/// In the slab layer's hash but resting in a magazine (constructed).
-pub(crate) const BUFCTL_CACHED: u8 = 1;
-/// With a caller.
-pub(crate) const BUFCTL_ALLOCATED: u8 = 2;
+/// Where a bufctl's object is. The slab layer changes it at the boundary
+/// with the magazine layer (`Free` ↔ `Cached`); only `AUDIT` caches also
+/// mark the hand-over to callers (`Cached` ↔ `Allocated`, out of line),
+/// which is what lets them detect double frees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum BufctlState {
+    /// In its slab's free list.
+    Free = 0,
+    /// Out of the slab layer (in the hash): in a magazine, or with a caller
+    /// of a cache that is not `AUDIT`.
+    Cached = 1,
+    /// With a caller (`AUDIT` caches).
+    Allocated = 2,
+}
 
 /// One per object of a bufctl slab.
 #[repr(C)]
@@ -85,7 +103,7 @@ pub(crate) struct Bufctl {
     free_next: *mut Bufctl,
     pub(crate) addr: usize,
     slab: *mut Slab,
-    pub(crate) state: u8,
+    pub(crate) state: BufctlState,
     /// Allocation tag of the object while a caller holds it (feature
     /// `alloc-profiling`; in padding, so no extra bytes).
     #[cfg(feature = "alloc-profiling")]
@@ -102,14 +120,14 @@ impl HashNode for Bufctl {
 }
 
 /// One of the three slab lists (doubly linked through the slabs).
-struct SlabList {
+struct SlabListHead {
     head: *mut Slab,
     nr: usize,
 }
 
 /// The state behind a cache's slab lock.
 pub(crate) struct SlabLayer {
-    lists: [SlabList; 3],
+    lists: [SlabListHead; 3],
     /// Bufctl caches: buffer address → bufctl of every busy buffer.
     pub(crate) hash: AddrHash<Bufctl>,
     /// Objects taken from / put back to slabs ever (all reasons).
@@ -133,15 +151,15 @@ impl SlabLayer {
     pub(crate) const fn new() -> Self {
         SlabLayer {
             lists: [
-                SlabList {
+                SlabListHead {
                     head: ptr::null_mut(),
                     nr: 0,
                 },
-                SlabList {
+                SlabListHead {
                     head: ptr::null_mut(),
                     nr: 0,
                 },
-                SlabList {
+                SlabListHead {
                     head: ptr::null_mut(),
                     nr: 0,
                 },
@@ -161,7 +179,7 @@ impl SlabLayer {
         };
         for (list_index, list) in self.lists.iter().enumerate() {
             counts.nr_slabs += list.nr;
-            if list_index as u32 != LIST_EMPTY {
+            if list_index != SlabList::Empty as usize {
                 counts.nr_active_slabs += list.nr;
             }
             let mut slab = list.head;
@@ -199,7 +217,7 @@ impl SlabLayer {
 
     /// # Safety
     /// `slab` is alive and on no list.
-    unsafe fn push(&mut self, slab: *mut Slab, list_index: u32) {
+    unsafe fn push(&mut self, slab: *mut Slab, list_index: SlabList) {
         let list = &mut self.lists[list_index as usize];
         // SAFETY: the caller guarantees the slab is alive and unlisted.
         unsafe {
@@ -222,11 +240,11 @@ impl SlabLayer {
         // SAFETY: the caller guarantees the slab is alive.
         let (nr_busy, nr_objs, list) = unsafe { ((*slab).nr_busy, (*slab).nr_objs, (*slab).list) };
         let want = if nr_busy == 0 {
-            LIST_EMPTY
+            SlabList::Empty
         } else if nr_busy == nr_objs {
-            LIST_FULL
+            SlabList::Full
         } else {
-            LIST_PARTIAL
+            SlabList::Partial
         };
         if want != list {
             // SAFETY: alive and listed, per the caller.
@@ -239,9 +257,9 @@ impl SlabLayer {
 
     /// Take one object from a partial or empty slab, if there is one.
     fn take_object(&mut self, kind: SlabKind) -> Option<NonNull<u8>> {
-        let mut slab = self.lists[LIST_PARTIAL as usize].head;
+        let mut slab = self.lists[SlabList::Partial as usize].head;
         if slab.is_null() {
-            slab = self.lists[LIST_EMPTY as usize].head;
+            slab = self.lists[SlabList::Empty as usize].head;
         }
         if slab.is_null() {
             return None;
@@ -260,7 +278,7 @@ impl SlabLayer {
                     let bufctl = (*slab).free.cast::<Bufctl>();
                     (*slab).free = (*bufctl).free_next.cast();
                     (*bufctl).free_next = ptr::null_mut();
-                    (*bufctl).state = BUFCTL_CACHED;
+                    (*bufctl).state = BufctlState::Cached;
                     self.hash.insert(bufctl);
                     (*bufctl).addr as *mut u8
                 }
@@ -294,7 +312,7 @@ impl SlabLayer {
                         return;
                     }
                     let slab = (*bufctl).slab;
-                    (*bufctl).state = BUFCTL_FREE;
+                    (*bufctl).state = BufctlState::Free;
                     (*bufctl).free_next = (*slab).free.cast();
                     (*slab).free = bufctl.cast();
                     slab
@@ -309,7 +327,7 @@ impl SlabLayer {
 
     /// Detach every empty slab (for reap), linked through `next`.
     fn take_empty(&mut self) -> *mut Slab {
-        let list = &mut self.lists[LIST_EMPTY as usize];
+        let list = &mut self.lists[SlabList::Empty as usize];
         let head = list.head;
         list.head = ptr::null_mut();
         list.nr = 0;
@@ -346,7 +364,7 @@ pub(crate) fn small_header(addr: usize) -> *mut Slab {
 impl<P: Platform> KmemCache<P> {
     /// Allocate one object from the slab layer, growing it if needed. The
     /// object is not constructed and not counted; bufctl objects come back
-    /// `BUFCTL_CACHED`.
+    /// `BufctlState::Cached`.
     pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
         if let Some(obj) = self.slab.lock().take_object(self.kind) {
             return Ok(obj);
@@ -356,7 +374,7 @@ impl<P: Platform> KmemCache<P> {
         let slab = self.grow()?;
         let mut layer = self.slab.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
-        unsafe { layer.push(slab, LIST_EMPTY) };
+        unsafe { layer.push(slab, SlabList::Empty) };
         let obj = layer.take_object(self.kind);
         drop(layer);
         self.maybe_grow_hash();
@@ -447,7 +465,7 @@ impl<P: Platform> KmemCache<P> {
         unsafe {
             slab.write(Slab {
                 magic: SLAB_MAGIC,
-                list: LIST_EMPTY,
+                list: SlabList::Empty,
                 nr_busy: 0,
                 nr_objs: self.nr_objs_per_slab as u32,
                 cache: (self as *const Self).cast(),
@@ -522,7 +540,7 @@ impl<P: Platform> KmemCache<P> {
                     free_next: (*slab).free.cast(),
                     addr: base + index * self.stride,
                     slab,
-                    state: BUFCTL_FREE,
+                    state: BufctlState::Free,
                     #[cfg(feature = "alloc-profiling")]
                     tag: 0,
                 });

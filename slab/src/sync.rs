@@ -1,5 +1,6 @@
-//! The locks of a cache (per-CPU, depot, slab layer, trace table), behind
-//! one name so the `loom` model tests can swap them.
+//! The cache's locks (depot, slab layer, trace table) behind one name so
+//! the `loom` model tests can swap them, and [`IrqGuard`], the interrupts-
+//! off guard through which a CPU reaches its own per-CPU caches.
 //!
 //! Normal builds: exactly [`spin::Mutex`] and [`spin::MutexGuard`]
 //! re-exported, so this module costs nothing. Host tests built with
@@ -14,107 +15,51 @@
 //! ([`Allocator::new`](crate::Allocator::new)), which loom's are not, and
 //! the models never contend on them.
 
+use core::marker::PhantomData;
+
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::{Mutex, MutexGuard};
 
 #[cfg(all(test, loom))]
 pub(crate) use loom_mutex::{Mutex, MutexGuard};
 
-/// The per-CPU cache lock: in normal builds a one-byte test-and-set lock
-/// ([`pcpu_lock::PcpuLock`]: one `xchg` to acquire, a plain release store
-/// to release, the spinning out of line); under loom, the loom mutex.
-#[cfg(not(all(test, loom)))]
-pub(crate) use pcpu_lock::{PcpuGuard, PcpuLock};
+use crate::platform::Platform;
 
-#[cfg(all(test, loom))]
-pub(crate) use loom_mutex::{Mutex as PcpuLock, MutexGuard as PcpuGuard};
+/// Interrupts disabled on this CPU (through [`Platform::irq_save`]) until
+/// dropped, which restores the previous state. While one exists, the
+/// running CPU owns its per-CPU caches: nothing else on this CPU runs
+/// (no interrupt handler), and other CPUs reach them only through
+/// [`Platform::cross_cpu_call`], which runs on this CPU, hence not now.
+///
+/// Not `Send`: the guard belongs to the CPU that made it.
+#[must_use = "interrupts are restored when the guard is dropped"]
+pub struct IrqGuard<P: Platform> {
+    state: usize,
+    _not_send: PhantomData<(*const (), fn() -> P)>,
+}
 
-#[cfg(not(all(test, loom)))]
-mod pcpu_lock {
-    use core::cell::UnsafeCell;
-    use core::ops::{Deref, DerefMut};
-    use core::sync::atomic::{AtomicBool, Ordering};
-
-    /// A spin lock for the per-CPU caches, cheapest when uncontended (the
-    /// normal case: only its own CPU takes it, plus the rare drain or
-    /// statistics reader): acquire is one `xchg`, release one store.
-    pub(crate) struct PcpuLock<T> {
-        locked: AtomicBool,
-        value: UnsafeCell<T>,
-    }
-
-    // SAFETY: the value is only reached through a guard, and at most one
-    // guard exists at a time (the `locked` flag, Acquire/Release).
-    unsafe impl<T: Send> Sync for PcpuLock<T> {}
-    // SAFETY: as above; the lock owns its value.
-    unsafe impl<T: Send> Send for PcpuLock<T> {}
-
-    /// Holds a [`PcpuLock`]; releases it when dropped.
-    pub(crate) struct PcpuGuard<'a, T> {
-        lock: &'a PcpuLock<T>,
-    }
-
-    impl<T> PcpuLock<T> {
-        pub(crate) const fn new(value: T) -> Self {
-            PcpuLock {
-                locked: AtomicBool::new(false),
-                value: UnsafeCell::new(value),
-            }
-        }
-
-        #[inline(always)]
-        pub(crate) fn lock(&self) -> PcpuGuard<'_, T> {
-            if self.locked.swap(true, Ordering::Acquire) {
-                self.lock_contended();
-            }
-            PcpuGuard { lock: self }
-        }
-
-        #[cold]
-        #[inline(never)]
-        fn lock_contended(&self) {
-            loop {
-                while self.locked.load(Ordering::Relaxed) {
-                    core::hint::spin_loop();
-                }
-                if !self.locked.swap(true, Ordering::Acquire) {
-                    return;
-                }
-            }
-        }
-
-        #[inline(always)]
-        pub(crate) fn try_lock(&self) -> Option<PcpuGuard<'_, T>> {
-            if self.locked.swap(true, Ordering::Acquire) {
-                None
-            } else {
-                Some(PcpuGuard { lock: self })
-            }
+impl<P: Platform> IrqGuard<P> {
+    /// Disable interrupts until the guard is dropped.
+    #[inline(always)]
+    pub fn new() -> Self {
+        IrqGuard {
+            state: P::irq_save(),
+            _not_send: PhantomData,
         }
     }
+}
 
-    impl<T> Deref for PcpuGuard<'_, T> {
-        type Target = T;
-        #[inline(always)]
-        fn deref(&self) -> &T {
-            // SAFETY: we hold the lock: no other reference to the value.
-            unsafe { &*self.lock.value.get() }
-        }
+impl<P: Platform> Default for IrqGuard<P> {
+    #[inline(always)]
+    fn default() -> Self {
+        Self::new()
     }
+}
 
-    impl<T> DerefMut for PcpuGuard<'_, T> {
-        #[inline(always)]
-        fn deref_mut(&mut self) -> &mut T {
-            // SAFETY: we hold the lock: no other reference to the value.
-            unsafe { &mut *self.lock.value.get() }
-        }
-    }
-
-    impl<T> Drop for PcpuGuard<'_, T> {
-        #[inline(always)]
-        fn drop(&mut self) {
-            self.lock.locked.store(false, Ordering::Release);
-        }
+impl<P: Platform> Drop for IrqGuard<P> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        P::irq_restore(self.state);
     }
 }
 

@@ -19,7 +19,7 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
-use crate::cache::{HOT_EVER_TRACED, HOT_TRACED, KmemCache};
+use crate::cache::{HotFlags, KmemCache};
 use crate::error::TraceError;
 use crate::hash::{AddrHash, HashNode};
 use crate::platform::Platform;
@@ -175,8 +175,7 @@ impl<P: Platform> KmemCache<P> {
         if self.flags.contains(CacheFlags::NOTRACE) {
             return Err(TraceError::NoTrace);
         }
-        self.hot_flags
-            .fetch_or(HOT_TRACED | HOT_EVER_TRACED, Ordering::AcqRel);
+        self.set_hot(HotFlags::TRACED | HotFlags::EVER_TRACED);
         Ok(())
     }
 
@@ -184,12 +183,12 @@ impl<P: Platform> KmemCache<P> {
     /// earlier. An allocation racing with `trace_stop` may still complete
     /// its record afterwards (as in Akaros).
     pub fn trace_stop(&self) {
-        self.hot_flags.fetch_and(!HOT_TRACED, Ordering::AcqRel);
+        self.clear_hot(HotFlags::TRACED);
     }
 
     /// Whether new allocations are being recorded.
     pub fn is_tracing(&self) -> bool {
-        self.hot_flags.load(Ordering::Relaxed) & HOT_TRACED != 0
+        self.hot().contains(HotFlags::TRACED)
     }
 
     /// Drop (free) every record. Tracing stays on or off as it was.

@@ -295,7 +295,7 @@ class AllocInfo(unittest.TestCase):
 
     def test_timestats_cover_slab_refill_and_depot_exchange(self):
         text = reply_to(self.out, "timestats")
-        for function in ["grow", "magazine_alloc", "try_magazine_free"]:
+        for function in ["grow", "exchange_for_full", "exchange_for_empty"]:
             self.assertRegex(text, r"slab/src/\S+\.rs:\d+ func:" + function)
         for field in ["count:", "avg duration:", "max duration:", "quantiles (cycles): p50 "]:
             self.assertIn(field, text)

@@ -167,9 +167,11 @@ extern "x86-interrupt" fn machine_check(frame: InterruptStackFrame) -> ! {
     })
 }
 
-/// The `smp` wake-up IPI: its only job is to end a `hlt`.
+/// The `smp` wake-up IPI: ends a `hlt`, and runs a pending cross-CPU call
+/// (`smp::cross_cpu_call`).
 extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
     super::lapic::eoi();
+    crate::smp::run_pending_call();
 }
 
 /// Spurious LAPIC interrupt: no EOI (the LAPIC did not set an in-service bit).

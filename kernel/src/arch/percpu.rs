@@ -12,13 +12,20 @@ use x86_64::registers::model_specific::GsBase;
 /// The most CPUs the kernel supports.
 pub const MAX_CPUS: usize = 64;
 
+/// Bytes per CPU in per-CPU arrays indexed by [`cpu_offset`] (one cache
+/// line; `magpie_slab::CPU_SLOT_BYTES`).
+pub const CPU_SLOT_BYTES: usize = 64;
+
 /// One CPU's private data. Field offsets are fixed (`repr(C)`): `self_ptr`
-/// at 0 and `cpu_id` at 8 are read with `gs:` addressing.
+/// at 0, `cpu_id` at 8 and `cpu_offset` at 16 are read with `gs:`
+/// addressing.
 #[repr(C, align(64))]
 pub struct PerCpu {
     self_ptr: AtomicUsize,
     cpu_id: AtomicU32,
     apic_id: AtomicU32,
+    /// `cpu_id * CPU_SLOT_BYTES`, precomputed for [`cpu_offset`].
+    cpu_offset: AtomicUsize,
     /// A [`CpuState`] as `u32`.
     state: AtomicU32,
     /// Work items this CPU has run from its `smp` mailbox.
@@ -67,6 +74,7 @@ impl CpuState {
 
 const _: () = assert!(core::mem::offset_of!(PerCpu, self_ptr) == 0);
 const _: () = assert!(core::mem::offset_of!(PerCpu, cpu_id) == 8);
+const _: () = assert!(core::mem::offset_of!(PerCpu, cpu_offset) == 16);
 const _: () = assert!(core::mem::size_of::<PerCpu>() == 64);
 
 impl PerCpu {
@@ -75,6 +83,7 @@ impl PerCpu {
             self_ptr: AtomicUsize::new(0),
             cpu_id: AtomicU32::new(0),
             apic_id: AtomicU32::new(0),
+            cpu_offset: AtomicUsize::new(0),
             state: AtomicU32::new(CpuState::Offline as u32),
             nr_jobs: AtomicU64::new(0),
         }
@@ -127,6 +136,9 @@ pub(crate) fn init_this_cpu(cpu_id: usize, apic_id: u32) {
     let address = percpu as *const PerCpu as usize;
     percpu.self_ptr.store(address, Ordering::Relaxed);
     percpu.cpu_id.store(cpu_id as u32, Ordering::Relaxed);
+    percpu
+        .cpu_offset
+        .store(cpu_id * CPU_SLOT_BYTES, Ordering::Relaxed);
     percpu.apic_id.store(apic_id, Ordering::Relaxed);
     GsBase::write(VirtAddr::new(address as u64));
     percpu.set_state(CpuState::Busy);
@@ -142,6 +154,18 @@ pub fn cpu_id() -> usize {
         core::arch::asm!("mov {:e}, gs:[8]", out(reg) id, options(nostack, preserves_flags, readonly));
     }
     id as usize
+}
+
+/// `cpu_id() * CPU_SLOT_BYTES`: this CPU's slot in a per-CPU array of
+/// cache lines, in one instruction (the slab allocator's per-CPU base).
+#[inline(always)]
+pub fn cpu_offset() -> usize {
+    let offset: usize;
+    // SAFETY: as in `cpu_id`; offset 16 is `cpu_offset` (const assert).
+    unsafe {
+        core::arch::asm!("mov {}, gs:[16]", out(reg) offset, options(nostack, preserves_flags, readonly));
+    }
+    offset
 }
 
 /// The current CPU's [`PerCpu`].

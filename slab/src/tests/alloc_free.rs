@@ -334,3 +334,33 @@ fn reap_all_returns_metadata_in_one_pass() {
         assert_eq!(source.pages_outstanding(), baseline, "nr_big {nr_big}");
     }
 }
+
+/// Owned handles: allocate, use and free without `unsafe`; dropping frees
+/// too; the counts come back.
+#[test]
+fn slab_box_frees_once_without_unsafe() {
+    let (alloc, _) = setup_default();
+    let cache = alloc
+        .cache_create("boxed", 48, 8, CacheFlags::AUDIT, None, None, None)
+        .unwrap();
+    let mut obj = cache.alloc_box().unwrap();
+    assert_eq!(obj.len(), 48);
+    for (index, word) in obj.as_uninit_words_mut().iter_mut().enumerate() {
+        word.write(index as u64);
+    }
+    assert_eq!(cache.stats().nr_allocated, 1);
+    obj.free().unwrap();
+    assert_eq!(cache.stats().nr_allocated, 0);
+    {
+        let _dropped = cache.alloc_box().unwrap();
+        assert_eq!(cache.stats().nr_allocated, 1);
+    }
+    assert_eq!(cache.stats().nr_allocated, 0);
+    let k64 = alloc.kmalloc_cache_for(40, 8).unwrap();
+    let before = k64.stats().nr_allocated;
+    let mut bytes = alloc.kmalloc_box(40, 8).unwrap();
+    bytes.as_uninit_mut()[39].write(7);
+    assert_eq!(k64.stats().nr_allocated, before + 1);
+    drop(bytes);
+    assert_eq!(k64.stats().nr_allocated, before);
+}

@@ -17,7 +17,7 @@ fn same_counts(a: &CacheStats, b: &CacheStats) {
 fn double_free_on_bufctl_cache() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("big", 1000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create("big", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
     let p = cache.alloc().unwrap();
     let keep = cache.alloc().unwrap();
@@ -56,15 +56,7 @@ fn double_free_on_bufctl_cache() {
 fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create(
-            "big-drained",
-            1000,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
+        .cache_create("big-drained", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
     let p = cache.alloc().unwrap();
     // Keeps the slab alive through the reap below.
@@ -302,7 +294,7 @@ fn cache_on_another_source() {
             "other-b",
             2000,
             8,
-            CacheFlags::empty(),
+            CacheFlags::AUDIT,
             None,
             None,
             Some(other),

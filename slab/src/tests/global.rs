@@ -79,11 +79,11 @@ fn bad_dealloc_is_reported_not_applied() {
     let (alloc, _) = setup_default();
     alloc.set_free_error_hook(Some(hook));
     let layout = Layout::from_size_align(2000, 8).unwrap();
-    // SAFETY: valid layout; the second dealloc is a deliberate double free,
-    // which a bufctl cache refuses.
+    // SAFETY: valid layout; the first dealloc is a deliberate interior
+    // pointer, which is refused (and changes nothing).
     unsafe {
         let p = alloc.alloc(layout);
-        alloc.dealloc(p, layout);
+        alloc.dealloc(p.add(8), layout);
         alloc.dealloc(p, layout);
     }
     assert_eq!(alloc.nr_bad_frees(), 1);

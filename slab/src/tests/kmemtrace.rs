@@ -234,13 +234,13 @@ fn cache_pages_global_and_failed_allocations() {
 fn bad_frees_are_recorded_and_still_refused() {
     let (alloc, _) = setup_default();
     let bufctl = alloc
-        .cache_create("big", 2048, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("big", 2048, 0, CacheFlags::AUDIT, None, None, None)
         .unwrap();
     start(alloc, small(1));
     let obj = bufctl.alloc().unwrap();
     // SAFETY: from the cache, given up.
     unsafe { bufctl.free(obj) }.unwrap();
-    // SAFETY: a double free, detected for bufctl caches.
+    // SAFETY: a double free, detected for AUDIT caches.
     let error = unsafe { bufctl.free(obj) }.unwrap_err();
     assert!(matches!(error, FreeError::DoubleFree { .. }));
     let mut stack_word = 0u64;

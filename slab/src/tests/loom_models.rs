@@ -1,14 +1,22 @@
-//! Loom model tests of the magazine layer's locking: the depot exchange
-//! (full and empty magazines traded by several CPUs at once) and the drain
-//! protocol (`reap` emptying every CPU's magazines while CPUs allocate and
-//! free).
+//! Loom model tests of the magazine layer's protocol: per-CPU caches
+//! owned by their CPU and reached with interrupts off, the depot exchange
+//! (full and empty magazines traded by several CPUs at once), and the
+//! drain (`reap` taking each CPU's magazines through a cross-CPU call
+//! while CPUs allocate and free).
 //!
-//! Built only with `RUSTFLAGS="--cfg loom"`, which turns the per-CPU,
-//! depot, slab-layer and trace locks into `loom::sync::Mutex`
-//! ([`crate::sync`]): loom then runs every interleaving of those lock
-//! operations (up to a preemption bound) between threads that each act as
-//! one CPU (a loom thread-local CPU id). Everything else (the page map's
-//! atomics, the fake page source) runs unmodelled: between two loom
+//! Built only with `RUSTFLAGS="--cfg loom"`, which turns the depot,
+//! slab-layer and trace locks into `loom::sync::Mutex` ([`crate::sync`]).
+//! The model platform ([`LoomPlatform`]) acts out the hardware: each
+//! thread acts as one CPU (a loom thread-local id); "interrupts off on CPU
+//! n" is a loom mutex per CPU, taken by that CPU's `irq_save` (outermost)
+//! and by a cross-CPU call to it, exactly the exclusion a kernel gets from
+//! `cli` and an IPI handler. Loom then runs every interleaving of those
+//! operations (up to a preemption bound). The per-CPU caches themselves
+//! are plain memory reached through an `UnsafeCell`: a hit that ran
+//! outside its CPU's exclusion would be a data race loom's cell tracking
+//! does not see, but the checks below (no object handed out twice, no
+//! round lost or duplicated) catch its effects. Everything else (the page
+//! map's atomics, the fake page source) runs unmodelled: between two loom
 //! operations a thread runs alone.
 //!
 //! Every model uses magazines of one round, so that a handful of
@@ -22,6 +30,8 @@
 //! - no round is lost or duplicated: after the threads join, every round
 //!   in a magazine is distinct, and the slab layer's busy objects are
 //!   exactly the rounds plus the objects callers hold;
+//! - the per-CPU statistics derived at exchanges (allocs counted, frees
+//!   derived) add up: allocations minus frees is what callers hold;
 //! - after everything is freed and reaped, every page is back with the
 //!   page source.
 //!
@@ -35,7 +45,7 @@
 //! [`PREEMPTION_BOUND`] (higher explores more and takes much longer).
 
 use std::boxed::Box;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::Mutex as StdMutex;
@@ -60,6 +70,16 @@ const NR_PAGES: usize = 96;
 
 loom::thread_local! {
     static CPU: Cell<usize> = Cell::new(0);
+    /// This thread's emulated interrupts-off section: the CPU's lock
+    /// guard and the nesting depth.
+    static IRQ: RefCell<(Option<loom::sync::MutexGuard<'static, ()>>, usize)> =
+        RefCell::new((None, 0));
+}
+
+loom::lazy_static! {
+    /// "Interrupts off on CPU n" (see the module docs).
+    static ref IRQ_LOCKS: Vec<loom::sync::Mutex<()>> =
+        (0..NR_CPUS).map(|_| loom::sync::Mutex::new(())).collect();
 }
 
 fn set_cpu(cpu: usize) {
@@ -70,7 +90,9 @@ fn set_cpu(cpu: usize) {
 /// thread, so a std thread-local would be shared by all of them).
 struct LoomPlatform;
 
-impl Platform for LoomPlatform {
+// SAFETY: ids are below NR_CPUS; the per-CPU loom mutexes make a CPU's
+// interrupts-off sections and cross-CPU calls to it exclusive.
+unsafe impl Platform for LoomPlatform {
     fn max_cpus() -> usize {
         NR_CPUS
     }
@@ -78,9 +100,34 @@ impl Platform for LoomPlatform {
         CPU.with(|c| c.get())
     }
     fn irq_save() -> usize {
+        IRQ.with(|irq| {
+            let mut irq = irq.borrow_mut();
+            if irq.1 == 0 {
+                let cpu = CPU.with(|c| c.get());
+                irq.0 = Some(IRQ_LOCKS[cpu].lock().unwrap());
+            }
+            irq.1 += 1;
+        });
         0
     }
-    fn irq_restore(_state: usize) {}
+    fn irq_restore(_state: usize) {
+        let guard = IRQ.with(|irq| {
+            let mut irq = irq.borrow_mut();
+            irq.1 -= 1;
+            if irq.1 == 0 { irq.0.take() } else { None }
+        });
+        drop(guard);
+    }
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        assert_eq!(
+            IRQ.with(|irq| irq.borrow().1),
+            0,
+            "cross-CPU call with interrupts off"
+        );
+        let guard = IRQ_LOCKS[cpu].lock().unwrap();
+        work();
+        drop(guard);
+    }
     fn now() -> u64 {
         0
     }
@@ -119,7 +166,7 @@ impl Fixture {
             .expect("cache");
         cache.depot.lock().magsize = 1;
         for cpu in 0..NR_CPUS {
-            cache.pcpu(cpu).expect("per-CPU cache").inner.lock().magsize = 1;
+            cache.on_cpu(cpu, |pcc| pcc.magsize = 1);
         }
         alloc.reap_all();
         Fixture {
@@ -175,6 +222,11 @@ impl Fixture {
         let stats = self.cache.stats();
         let nr_busy = self.cache.slab.lock().counts().nr_busy_objs;
         assert_eq!(stats.nr_allocated, nr_held, "{stats:?}");
+        assert_eq!(
+            stats.nr_allocs_ever.wrapping_sub(stats.nr_frees_ever),
+            nr_held as u64,
+            "{stats:?}"
+        );
         assert_eq!(
             stats.nr_cpu_cached_objs + stats.nr_depot_objs,
             rounds.len(),
@@ -320,8 +372,8 @@ fn loom_depot_exchange_three_cpus() {
 }
 
 /// One CPU allocates and frees while another reaps: the drain takes each
-/// CPU's magazines under that CPU's lock, then the depot's lists under the
-/// depot lock, and frees their rounds to the slab layer, racing the
+/// CPU's magazines in a cross-CPU call to it, then the depot's lists under
+/// the depot lock, and frees their rounds to the slab layer, racing the
 /// allocating CPU's exchanges (and its making a new magazine). No round
 /// may be lost or freed twice, and afterwards a final reap returns every
 /// page.
@@ -354,9 +406,10 @@ fn loom_drain_while_allocating() {
 }
 
 /// Two CPUs allocate and free on a bufctl cache (objects tracked in the
-/// slab layer's hash, bufctl states flipped on every alloc and free) while
-/// the main CPU reaps: the drain also frees the hash table once it is
-/// empty, and the slab layer's lock is contended from every side.
+/// slab layer's hash, bufctl states flipped where objects leave and enter
+/// the slab layer, never on a magazine hit) while the main CPU reaps: the
+/// drain also frees the hash table once it is empty, and the slab layer's
+/// lock is contended from every side.
 #[test]
 fn loom_drain_while_two_cpus_allocate_bufctl() {
     model("drain while 2 CPUs allocate, bufctl cache", || {

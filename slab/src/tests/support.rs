@@ -18,6 +18,72 @@ pub const NR_CPUS: usize = 4;
 std::thread_local! {
     static CPU: Cell<usize> = const { Cell::new(0) };
     static CALLER: Cell<usize> = const { Cell::new(0xffff_8000_0000_0c00) };
+    /// Nesting depth of this thread's emulated interrupts-off sections.
+    static IRQ_DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The CPU whose emulated interrupt lock this thread holds.
+    static IRQ_CPU: Cell<usize> = const { Cell::new(0) };
+}
+
+/// "Interrupts off on CPU n", emulated: a lock per CPU id, taken by the
+/// outermost `irq_save` of a thread acting as that CPU and by a
+/// cross-CPU call to it. Threads acting as the same CPU, and cross-CPU
+/// calls, then exclude each other exactly as one CPU's interrupts-off
+/// sections and its IPI handler do.
+static IRQ_LOCKS: [AtomicBool; NR_CPUS] = [const { AtomicBool::new(false) }; NR_CPUS];
+
+fn irq_lock(cpu: usize) {
+    while IRQ_LOCKS[cpu]
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+fn irq_unlock(cpu: usize) {
+    IRQ_LOCKS[cpu].store(false, Ordering::Release);
+}
+
+/// Emulated `irq_save` (see [`IRQ_LOCKS`]).
+pub fn emulated_irq_save() -> usize {
+    let depth = IRQ_DEPTH.with(Cell::get);
+    if depth == 0 {
+        let cpu = cpu();
+        irq_lock(cpu);
+        IRQ_CPU.with(|c| c.set(cpu));
+    }
+    IRQ_DEPTH.with(|d| d.set(depth + 1));
+    0
+}
+
+/// Emulated `irq_restore`.
+pub fn emulated_irq_restore() {
+    let depth = IRQ_DEPTH.with(Cell::get);
+    assert!(depth > 0, "irq_restore without irq_save");
+    IRQ_DEPTH.with(|d| d.set(depth - 1));
+    if depth == 1 {
+        irq_unlock(IRQ_CPU.with(Cell::get));
+    }
+}
+
+/// Emulated cross-CPU call: run `work` holding CPU `cpu`'s interrupt lock
+/// (at once if this thread holds it already).
+pub fn emulated_cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+    if IRQ_DEPTH.with(Cell::get) > 0 {
+        assert_eq!(
+            IRQ_CPU.with(Cell::get),
+            cpu,
+            "cross-CPU call with interrupts off"
+        );
+        work();
+        return;
+    }
+    irq_lock(cpu);
+    IRQ_DEPTH.with(|d| d.set(1));
+    IRQ_CPU.with(|c| c.set(cpu));
+    work();
+    IRQ_DEPTH.with(|d| d.set(0));
+    irq_unlock(cpu);
 }
 
 /// The call site `Platform::caller_frames` reports on this thread
@@ -40,10 +106,15 @@ pub fn cpu() -> usize {
 pub const FAKE_FRAMES: [usize; 2] = [0xffff_8000_0000_1234, 0xffff_8000_0000_5678];
 pub const FAKE_CONTEXT: &str = "test ctx";
 
-/// Thread-local CPU id, 4 CPUs, no-op interrupts, counter clock.
+/// Thread-local CPU id, 4 CPUs, emulated interrupts (a lock per CPU id)
+/// and cross-CPU calls, counter clock.
 pub struct TestPlatform;
 
-impl Platform for TestPlatform {
+// SAFETY: ids are below NR_CPUS (set_cpu callers use 0..NR_CPUS; the
+// array index panics otherwise); the emulated interrupt lock makes every
+// thread acting as one CPU, and every cross-CPU call to it, exclusive
+// with that CPU's interrupts-off sections; `cpu_offset` is the default.
+unsafe impl Platform for TestPlatform {
     fn max_cpus() -> usize {
         NR_CPUS
     }
@@ -51,9 +122,14 @@ impl Platform for TestPlatform {
         cpu()
     }
     fn irq_save() -> usize {
-        0
+        emulated_irq_save()
     }
-    fn irq_restore(_state: usize) {}
+    fn irq_restore(_state: usize) {
+        emulated_irq_restore()
+    }
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        emulated_cross_cpu_call(cpu, work)
+    }
     fn now() -> u64 {
         CLOCK.fetch_add(1, Ordering::Relaxed)
     }

@@ -1,0 +1,142 @@
+//! The shims: `GlobalAlloc` (for `#[global_allocator]`) and
+//! `core::alloc::Allocator` over [`Allocator`], and the free-error report
+//! they feed. Only here does an error become a null pointer.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::{self, NonNull};
+use core::sync::atomic::Ordering;
+
+use crate::allocator::Allocator;
+use crate::error::FreeError;
+use crate::platform::Platform;
+
+impl<P: Platform> Allocator<P> {
+    /// Called with every error a `GlobalAlloc::dealloc` (or
+    /// `core::alloc::Allocator::deallocate`) hits; the kernel can log or
+    /// panic. The error has already been counted in
+    /// [`Allocator::nr_bad_frees`] and nothing was changed.
+    pub fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
+        *self.free_error_hook.lock() = hook;
+    }
+
+    /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
+    pub fn nr_bad_frees(&self) -> u64 {
+        self.nr_bad_frees.load(Ordering::Relaxed)
+    }
+
+    /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
+    /// refused free.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: NonNull<u8>) {
+        // SAFETY: per our caller.
+        if let Err(error) = unsafe { self.kfree_slow(ptr) } {
+            self.report_free_error(error);
+        }
+    }
+
+    #[cold]
+    pub(crate) fn report_free_error(&self, error: FreeError) {
+        self.nr_bad_frees.fetch_add(1, Ordering::Relaxed);
+        let hook = *self.free_error_hook.lock();
+        if let Some(hook) = hook {
+            hook(&error);
+        }
+    }
+}
+
+// SAFETY: `alloc` returns either null or memory of at least `layout.size()`
+// bytes aligned to `layout.align()` (kmalloc's contract) that no one else
+// owns until `dealloc`; `dealloc` frees exactly what `alloc`/`realloc`
+// returned (and refuses anything else without touching it).
+unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
+    /// `kmalloc(max(size, 1), align)`; null on any error (including before
+    /// init).
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !self.is_ready() {
+            return ptr::null_mut();
+        }
+        // A Layout's alignment is a power of two; the size is made non-zero.
+        let tag = crate::alloc_tag::current::<P>;
+        match self.kmalloc_checked(layout.size().max(1), layout.align(), tag) {
+            Ok(ptr) => ptr.as_ptr(),
+            Err(_) => ptr::null_mut(),
+        }
+    }
+
+    /// `kfree`; a refused free is reported to the free-error hook.
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        let Some(ptr) = NonNull::new(ptr) else { return };
+        // SAFETY: the GlobalAlloc contract: ptr came from this allocator
+        // with this layout and is given up.
+        match self.kfree_locate(ptr) {
+            Some((cache, at)) => {
+                // SAFETY: as above; located in `cache`.
+                if let Err(error) = unsafe { cache.finish_free(ptr, at) } {
+                    self.report_free_error(error);
+                }
+            }
+            // SAFETY: as above; nothing changed.
+            None => unsafe { self.dealloc_slow(ptr) },
+        }
+    }
+
+    /// Keeps the block if the new size still fits and uses at least half
+    /// of it; otherwise allocate, copy, free.
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if let Some(old) = NonNull::new(ptr)
+            && let Ok(usable) = self.ksize(old)
+            && new_size <= usable
+            && new_size.max(1) * 2 > usable
+        {
+            return ptr;
+        }
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: a valid layout (GlobalAlloc allows size 0 here; kmalloc
+        // gets max(size, 1)).
+        let new = unsafe { self.alloc(new_layout) };
+        if !new.is_null() && !ptr.is_null() {
+            // SAFETY: both blocks are at least min(old, new) bytes and
+            // distinct (new is freshly allocated); ptr is given up per the
+            // GlobalAlloc contract.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+        }
+        new
+    }
+}
+
+// SAFETY: blocks returned by `allocate` stay valid until `deallocate` (the
+// allocator is 'static, copies of the handle are the same allocator), and
+// are at least `layout.size()` bytes aligned to `layout.align()`.
+unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, core::alloc::AllocError> {
+        if layout.size() == 0 {
+            let dangling = NonNull::new(ptr::without_provenance_mut::<u8>(layout.align()))
+                .ok_or(core::alloc::AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+        }
+        let ptr = self
+            .kmalloc(layout.size(), layout.align())
+            .map_err(|_| core::alloc::AllocError)?;
+        let usable = self.ksize(ptr).unwrap_or(layout.size());
+        Ok(NonNull::slice_from_raw_parts(ptr, usable))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() == 0 {
+            return;
+        }
+        // SAFETY: per the Allocator contract, ptr is a live block from us.
+        if let Err(error) = unsafe { self.kfree(ptr) } {
+            self.report_free_error(error);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`, the Linux
+//! set) and page-granular allocations above them, `kfree`'s page-granular
+//! half, `ksize` and `owns`. (The class hits themselves are in
+//! [`crate::path`].)
+
+use core::ptr::NonNull;
+use core::sync::atomic::Ordering;
+
+use crate::allocator::Allocator;
+use crate::cache::{KmemCache, pack};
+use crate::error::{AllocError, FreeError};
+use crate::kmemtrace::{EventKind, EventType};
+use crate::pagemap::{TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::slab::Slab;
+
+/// The kmalloc size classes (the Linux set), in bytes. Cache `i` is named
+/// `kmalloc-<KMALLOC_SIZES[i]>`.
+pub const KMALLOC_SIZES: [usize; 13] = [
+    8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
+];
+/// Largest kmalloc served by a size class; larger requests are
+/// page-granular.
+pub const KMALLOC_MAX_SIZE: usize = 8192;
+pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
+
+/// Class index for sizes 1..=192, by `(size - 1) / 8`.
+const SMALL_CLASS_INDEX: [u8; 24] = [
+    0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6,
+];
+
+/// Page-granular allocations: the head page's page-map entry is
+/// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
+/// reference riding in the upper half (0 without profiling).
+const LARGE_TAG_SHIFT: u32 = 32;
+/// Most pages one page-granular kmalloc may span (its count must fit below
+/// the tag bits).
+const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
+
+/// Page count of a page-granular head entry.
+#[inline]
+fn large_nr_pages(entry: usize) -> usize {
+    (entry >> 3) & LARGE_MAX_PAGES
+}
+
+/// Natural alignment of a size class: the largest power of two dividing
+/// it, capped at [`PAGE_SIZE`].
+pub const fn natural_align(size: usize) -> usize {
+    let align = 1usize << size.trailing_zeros();
+    if align > PAGE_SIZE { PAGE_SIZE } else { align }
+}
+
+/// Page-granular kmalloc statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LargeStats {
+    /// Live page-granular allocations.
+    pub nr_live: usize,
+    /// Bytes they occupy (whole pages).
+    pub live_bytes: usize,
+    /// Page-granular allocations ever.
+    pub nr_allocs_ever: u64,
+}
+
+const _: () = {
+    // The class index shortcut and the log2 rule agree with the table.
+    assert!(
+        KMALLOC_SIZES[6] == 192 && KMALLOC_SIZES[7] == 256 && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE
+    );
+};
+
+impl<P: Platform> Allocator<P> {
+    /// Index of the kmalloc class for `size` bytes aligned to `align`.
+    #[inline(always)]
+    pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
+        if size == 0 || size > KMALLOC_MAX_SIZE {
+            return None;
+        }
+        let first = if size <= 192 {
+            SMALL_CLASS_INDEX[(size - 1) / 8] as usize
+        } else {
+            (usize::BITS - (size - 1).leading_zeros()) as usize - 1
+        };
+        if align <= 8 {
+            // Every class is at least 8-aligned.
+            return Some(first);
+        }
+        (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
+    }
+
+    #[inline(always)]
+    pub(crate) fn kmalloc_cache(&self, index: usize) -> &'static KmemCache<P> {
+        debug_assert!(index < NR_KMALLOC);
+        // SAFETY: READY (checked by callers): the kmalloc caches exist,
+        // are permanent, and the array is immutable; index < NR_KMALLOC
+        // (kmalloc_index returns class indices only).
+        unsafe { &**(*self.kmalloc.get()).get_unchecked(index) }
+    }
+
+    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
+    /// or `None` if such a request is page-granular (or invalid, or the
+    /// allocator is not ready).
+    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
+        if !self.is_ready() || !align.is_power_of_two() {
+            return None;
+        }
+        Self::kmalloc_index(size, align).map(|index| self.kmalloc_cache(index))
+    }
+
+    /// Allocate `size` bytes aligned to `align` (a power of two).
+    ///
+    /// Served by the smallest `kmalloc-<n>` class with `n >= size` whose
+    /// natural alignment (largest power of two dividing `n`, capped at
+    /// `PAGE_SIZE`) is at least `align`; otherwise page-granular from the
+    /// primary source (whole pages, page-aligned).
+    ///
+    /// # Errors
+    /// [`AllocError::NotInitialized`]; [`AllocError::InvalidLayout`] for
+    /// size 0, `align` not a power of two, or `align > PAGE_SIZE` with no
+    /// class able to give it; [`AllocError::OutOfMemory`].
+    ///
+    /// With feature `alloc-profiling`, the memory is charged to the tag
+    /// [`Platform::alloc_tag_current`] names: the cache's object size for
+    /// a size class (class-rounded), whole pages for a page-granular one.
+    #[inline]
+    pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        if !self.is_ready() {
+            return Err(AllocError::NotInitialized);
+        }
+        if size == 0 || !align.is_power_of_two() {
+            return Err(AllocError::InvalidLayout);
+        }
+        self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
+    }
+
+    /// [`Allocator::kmalloc`] charging the memory to the allocation tag
+    /// `tag` (0 charges nothing): the entry point of call sites that name
+    /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
+    /// tag is ignored.
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    #[inline]
+    pub fn kmalloc_tagged(
+        &self,
+        size: usize,
+        align: usize,
+        tag: u32,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if !self.is_ready() {
+            return Err(AllocError::NotInitialized);
+        }
+        if size == 0 || !align.is_power_of_two() {
+            return Err(AllocError::InvalidLayout);
+        }
+        self.kmalloc_checked(size, align, move || tag)
+    }
+
+    /// [`Self::large_alloc`] out of line, its result in one register.
+    #[inline(never)]
+    pub(crate) fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
+        let packed = pack(self.large_alloc(size, align, tag));
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            self.kmemtrace_large_alloc(packed, size);
+        }
+        packed
+    }
+
+    #[inline(always)]
+    fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
+        if align > PAGE_SIZE || size > isize::MAX as usize {
+            return Err(AllocError::InvalidLayout);
+        }
+        let nr_pages = size.div_ceil(PAGE_SIZE);
+        if nr_pages > LARGE_MAX_PAGES {
+            return Err(AllocError::OutOfMemory);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let tag = {
+            let _ = tag;
+            0u32
+        };
+        let source = self.primary_source();
+        let pages = source.alloc_pages(nr_pages)?;
+        let addr = pages.as_ptr() as usize;
+        let registered = self.page_map().set_range(addr, nr_pages, |page| {
+            if page == 0 {
+                ((tag as usize) << LARGE_TAG_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD
+            } else {
+                (page << 3) | TAG_LARGE_TAIL
+            }
+        });
+        if !registered {
+            // SAFETY: pages just allocated from this source, unused.
+            unsafe { source.free_pages(pages, nr_pages) };
+            return Err(AllocError::OutOfMemory);
+        }
+        self.large_nr_live.fetch_add(1, Ordering::Relaxed);
+        self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
+        self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            P::alloc_tag_add(tag, pages, nr_pages * PAGE_SIZE);
+        }
+        Ok(pages)
+    }
+
+    /// `kfree` of anything but a slab object: page-granular, or refused.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`]; `entry` is `ptr`'s page-map entry.
+    pub(crate) unsafe fn kfree_pages(
+        &self,
+        ptr: NonNull<u8>,
+        entry: usize,
+    ) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        let map = self.page_map();
+        match entry & TAG_MASK {
+            TAG_LARGE_HEAD => {
+                if addr & (PAGE_SIZE - 1) != 0 {
+                    return Err(FreeError::Misaligned { addr });
+                }
+                if !map.claim(addr, entry) {
+                    return Err(FreeError::NotAllocated { addr });
+                }
+                let nr_pages = large_nr_pages(entry);
+                if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+                    // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
+                    self.kmemtrace_record(
+                        EventKind::Free,
+                        EventType::Pages,
+                        0,
+                        addr,
+                        0,
+                        nr_pages * PAGE_SIZE,
+                    );
+                }
+                map.clear_range(addr, nr_pages);
+                self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
+                self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
+                #[cfg(feature = "alloc-profiling")]
+                {
+                    let tag = (entry >> LARGE_TAG_SHIFT) as u32;
+                    if tag != 0 {
+                        P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
+                    }
+                }
+                // SAFETY: a live page-granular allocation of nr_pages pages
+                // from the primary source, claimed by us alone (the CAS).
+                unsafe { self.primary_source().free_pages(ptr, nr_pages) };
+                Ok(())
+            }
+            TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
+            _ => Err(FreeError::NotAllocated { addr }),
+        }
+    }
+
+    /// Usable size in bytes of an allocated pointer: the object size of its
+    /// cache, or the whole pages of a page-granular allocation.
+    ///
+    /// # Errors
+    /// [`FreeError::NotAllocated`] for memory the allocator does not own;
+    /// [`FreeError::Misaligned`] for a pointer not at an object start.
+    /// (A free object at an object start is not detected.)
+    pub fn ksize(&self, ptr: NonNull<u8>) -> Result<usize, FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.is_ready() {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let entry = self.page_map().get(addr);
+        match entry & TAG_MASK {
+            TAG_SLAB => {
+                let slab = (entry & !TAG_MASK) as *mut Slab;
+                // SAFETY: registered slabs are alive, caches of this allocator.
+                let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+                cache.locate(addr)?;
+                Ok(cache.obj_size())
+            }
+            TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok(large_nr_pages(entry) * PAGE_SIZE),
+            TAG_LARGE_HEAD | TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
+            _ => Err(FreeError::NotAllocated { addr }),
+        }
+    }
+
+    /// Whether `ptr` points into memory this allocator handed out (a slab
+    /// page of a primary-source cache or a page-granular kmalloc), judged
+    /// by the page map. A kernel that used a bootstrap heap before `init`
+    /// routes frees with this: `owns` → [`Allocator::kfree`], else the
+    /// bootstrap heap. False before init.
+    #[inline]
+    pub fn owns(&self, ptr: *const u8) -> bool {
+        self.is_ready() && self.page_map().get(ptr as usize) != 0
+    }
+
+    /// Page-granular kmalloc statistics.
+    pub fn large_stats(&self) -> LargeStats {
+        LargeStats {
+            nr_live: self.large_nr_live.load(Ordering::Relaxed),
+            live_bytes: self.large_live_pages.load(Ordering::Relaxed) * PAGE_SIZE,
+            nr_allocs_ever: self.large_nr_allocs_ever.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,814 @@
+//! The alloc and free paths, from every entry point down to the magazine
+//! hit and its misses: the one file to read to know what an allocation
+//! costs.
+//!
+//! ```text
+//!  KmemCache::alloc / alloc_tagged          Allocator::kmalloc / kmalloc_tagged
+//!            │                               GlobalAlloc::alloc, Allocator::allocate
+//!            │                                        │ kmalloc_checked: size class
+//!            ▼                                        ▼ (page-granular: kmalloc.rs)
+//!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
+//!       │                     (IrqGuard, pop)                         (prev, depot, slab)
+//!       ├─ profiling on ─► magazine_alloc_hit + tag_small_object (inline)
+//!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, audit, trace, bufctl tag)
+//!
+//!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
+//!       │ free_locate            │ kfree_locate             │ kfree_locate
+//!       │ (page map: owner       │ (page map: the slab      │
+//!       │  is self, object       │  names the cache,        │
+//!       │  start, index)         │  object start, index)    │
+//!       └──────────────┬─────────┴──────────────────────────┘
+//!                      ▼
+//!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
+//!                      │                    (IrqGuard, push)           (prev, depot, new
+//!                      ├─ tagged ──► untag (index known) + hit          magazine, slab)
+//!                      └─ other flags ──► free_flagged ► free_cold (audit, trace, bufctl tag)
+//!  (anything the page map does not vouch for: free_slow / kfree_slow,
+//!   with the error reports; page-granular kfree: kmalloc.rs)
+//! ```
+//!
+//! **The hits** take no lock and no atomic read-modify-write: interrupts
+//! off ([`IrqGuard`]), this CPU's per-CPU cache at `pcpu +
+//! Platform::cpu_offset()`, pop from (push to) `loaded`, count (alloc
+//! only), interrupts back on. An absent magazine fails the hit's round
+//! test, so there is no null test. Everything else — misses, errors,
+//! bookkeeping flags — is a tail call to an out-of-line function, so a hit
+//! needs no callee-saved register.
+//!
+//! **The free's owner check** is constant time: one page-map load (the
+//! slab), its owner compared with the cache (`free`) or taken as the cache
+//! (`kfree`), and one 64×64→128 multiply by `ceil(2^64 / stride)` that
+//! both tests that the pointer is an object start and gives its index
+//! (Lemire, Kaser and Kurz 2019) — the index the profiled free uses for
+//! the tag reference. A free to the wrong cache, of a non-slab pointer or
+//! of an interior pointer is an error, never corruption. Double frees are
+//! caught with [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) only (for
+//! bufctl caches too): that check needs the object's own state, which the
+//! hit does not touch.
+
+use core::ptr::NonNull;
+
+use crate::allocator::Allocator;
+use crate::cache::{HotFlags, KmemCache, pack, unpack};
+use crate::error::{AllocError, FreeError};
+use crate::geometry::SlabKind;
+use crate::magazine::{MAG_FREE_RETRIES, MAG_MAX_ROUNDS, PcpuInner, no_magazine, rounds_of};
+use crate::pagemap::{TAG_MASK, TAG_SLAB};
+use crate::platform::Platform;
+use crate::slab::{BufctlState, Slab, small_header};
+use crate::sync::IrqGuard;
+
+// ---------------------------------------------------------------- alloc
+
+impl<P: Platform> KmemCache<P> {
+    /// Allocate one constructed object of `obj_size()` bytes, aligned to
+    /// `align()`.
+    ///
+    /// With feature `alloc-profiling`, the object is charged to the tag
+    /// [`Platform::alloc_tag_current`] names (nothing if it says 0), which
+    /// is asked only while profiling is switched on in the allocator
+    /// ([`Allocator::set_alloc_profiling`]).
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
+    /// the page source have an object; [`AllocError::ConstructorFailed`] if
+    /// the constructor refused (the object went back to its slab);
+    /// [`AllocError::InvalidLayout`] for a bootstrap cache.
+    #[inline]
+    pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_with(crate::alloc_tag::current::<P>, 0)
+    }
+
+    /// [`KmemCache::alloc`] charging the object to the allocation tag
+    /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); 0 charges nothing),
+    /// for call sites that name their own tag (`kmem_cache_alloc!`). The
+    /// object remembers the tag, so whoever frees it, on whatever CPU,
+    /// uncharges the same tag. Without feature `alloc-profiling` the tag
+    /// is ignored, and so it is while profiling is switched off in the
+    /// allocator.
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    #[inline]
+    pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_with(move || tag, 0)
+    }
+
+    /// Allocate, charging the tag `tag()` names (asked only with profiling
+    /// on). Plain (no flag): one `hot_flags` test, then the hit. Profiling
+    /// on and nothing else (small slabs): the hit, then the tag reference
+    /// stored and charged inline. Anything else: out of line. `bytes_req`
+    /// is what a kmalloc caller asked for (0: a `kmem_cache_alloc`), for
+    /// kmemtrace only.
+    #[inline(always)]
+    pub(crate) fn alloc_with(
+        &self,
+        tag: impl Fn() -> u32,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let hot = self.hot();
+        if hot.intersects(HotFlags::ALLOC_SLOW) {
+            #[cfg(feature = "alloc-profiling")]
+            if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
+                let Some(obj) = self.magazine_alloc_hit() else {
+                    return unpack(self.alloc_slow(tag()));
+                };
+                let tag = tag();
+                if tag != 0 {
+                    self.tag_small_object(obj, tag, hot);
+                    P::alloc_tag_add(tag, obj, self.obj_size);
+                }
+                return Ok(obj);
+            }
+            return unpack(self.alloc_flagged(hot, tag, bytes_req));
+        }
+        match self.magazine_alloc_hit() {
+            Some(obj) => Ok(obj),
+            None => unpack(self.alloc_slow(0)),
+        }
+    }
+
+    /// The magazine hit of an allocation: pop a round from this CPU's
+    /// `loaded` and count it. `None` (nothing changed) if `loaded` is
+    /// empty or absent. Not for bootstrap caches.
+    #[inline(always)]
+    pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        let loaded = pcc.loaded;
+        // SAFETY: `loaded` is a live magazine of this CPU's or the absent
+        // one, readable either way.
+        let nr_rounds = unsafe { (*loaded).nr_rounds };
+        // 1..=MAG_MAX_ROUNDS for a magazine with rounds; 0 (empty) and
+        // usize::MAX (absent) wrap out of range.
+        if nr_rounds.wrapping_sub(1) >= MAG_MAX_ROUNDS {
+            return None;
+        }
+        pcc.nr_allocs += 1;
+        // SAFETY: a real magazine (the absent one failed above) owned by
+        // this CPU, interrupts off; rounds below nr_rounds are objects.
+        unsafe {
+            (*loaded).nr_rounds = nr_rounds - 1;
+            Some(NonNull::new_unchecked(
+                *(*loaded).rounds.get_unchecked(nr_rounds - 1),
+            ))
+        }
+    }
+
+    /// The magazine miss (no bookkeeping flag), then charge `tag` (0:
+    /// nothing). Its result packed in one register.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, tag: u32) -> usize {
+        let obj = match self.magazine_alloc_or_miss() {
+            Ok(obj) => obj,
+            Err(error) => return pack(Err(error)),
+        };
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            // The cache is a small one: bufctl caches with profiling on
+            // take alloc_flagged.
+            self.tag_small_object(obj, tag, self.hot());
+            P::alloc_tag_add(tag, obj, self.obj_size);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        pack(Ok(obj))
+    }
+
+    /// The magazines, hit or miss; on a miss of both magazines and the
+    /// depot, the slab layer (constructed). Not traced, not marked.
+    pub(crate) fn magazine_alloc_or_miss(&self) -> Result<NonNull<u8>, AllocError> {
+        if let Some(obj) = self.magazine_alloc_hit() {
+            return Ok(obj);
+        }
+        if let Some(obj) = self.magazine_alloc_miss() {
+            return Ok(obj);
+        }
+        self.slab_alloc_constructed()
+    }
+
+    /// `loaded` is empty (or absent): swap with `prev` if it has rounds,
+    /// else trade with the depot. `None` if the depot has no full
+    /// magazine either (the caller goes to the slab layer).
+    fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        loop {
+            if let Some(obj) = pop_round(pcc) {
+                return Some(obj);
+            }
+            // SAFETY: this CPU's magazines, interrupts off.
+            if unsafe { rounds_of(pcc.prev) } > 0 {
+                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
+                continue;
+            }
+            if !self.depot.exchange_for_full::<P>(pcc) {
+                return None;
+            }
+        }
+    }
+
+    /// With some flag other than those the plain hit ignores: profiling
+    /// on a bufctl cache, or bookkeeping (audit, tracing, bootstrap,
+    /// kmemtrace). `tag` is called only if `PROFILING` is set.
+    #[cold]
+    #[inline(never)]
+    fn alloc_flagged(&self, hot: HotFlags, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
+            return self.alloc_recorded(hot - HotFlags::KMEMTRACE, tag, bytes_req);
+        }
+        let tag = if hot.contains(HotFlags::PROFILING) {
+            tag()
+        } else {
+            0
+        };
+        pack(self.alloc_cold(hot, tag))
+    }
+
+    /// An allocation kmemtrace records: the alloc as without the bit, then
+    /// the event (alloc or failed alloc).
+    #[inline(never)]
+    fn alloc_recorded(&self, hot: HotFlags, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+        let packed = if !hot.intersects(HotFlags::ALLOC_SLOW) {
+            match self.magazine_alloc_hit() {
+                Some(obj) => pack(Ok(obj)),
+                None => self.alloc_slow(0),
+            }
+        } else {
+            self.alloc_flagged(hot, tag, bytes_req)
+        };
+        self.owner().kmemtrace_alloc(self, packed, bytes_req);
+        packed
+    }
+
+    /// Alloc with bookkeeping: bufctl state and tag, audit bitmap, tracing.
+    fn alloc_cold(&self, hot: HotFlags, tag: u32) -> Result<NonNull<u8>, AllocError> {
+        if hot.contains(HotFlags::BOOTSTRAP) {
+            return Err(AllocError::InvalidLayout);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        let obj = self.magazine_alloc_or_miss()?;
+        let addr = obj.as_ptr() as usize;
+        if self.kind == SlabKind::Bufctl {
+            if hot.contains(HotFlags::AUDIT) || tag != 0 {
+                self.bufctl_mark_allocated(addr, tag);
+            }
+        } else {
+            #[cfg(feature = "alloc-profiling")]
+            if tag != 0 {
+                self.tag_small_object(obj, tag, hot);
+            }
+            if hot.contains(HotFlags::AUDIT) {
+                let (word, bit) = self.audit_bit(addr);
+                // SAFETY: small slab object, its header is alive while the
+                // object is busy.
+                unsafe {
+                    (*small_header(addr)).audit[word]
+                        .fetch_or(bit, core::sync::atomic::Ordering::AcqRel)
+                };
+            }
+        }
+        if hot.contains(HotFlags::TRACED) {
+            self.trace_alloc(obj);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 {
+            P::alloc_tag_add(tag, obj, self.obj_size);
+        }
+        Ok(obj)
+    }
+
+    /// A bufctl object leaves for a caller: state `Allocated` (what an
+    /// `AUDIT` free checks), its tag stored (0: none; always written so a
+    /// reused bufctl does not keep an old tag).
+    fn bufctl_mark_allocated(&self, addr: usize, tag: u32) {
+        #[cfg(feature = "alloc-profiling")]
+        if tag != 0 && !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
+            // Before the store: whoever frees the object sees the flag.
+            self.set_hot(HotFlags::BUFCTL_TAGGED);
+        }
+        let layer = self.slab.lock();
+        let bufctl = layer.hash.find(addr);
+        debug_assert!(!bufctl.is_null());
+        if !bufctl.is_null() {
+            // SAFETY: bufctls in the hash are alive; we hold the lock.
+            unsafe {
+                (*bufctl).state = BufctlState::Allocated;
+                #[cfg(feature = "alloc-profiling")]
+                {
+                    (*bufctl).tag = tag;
+                }
+            }
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+    }
+}
+
+/// Pop a round from `loaded` (the miss paths' retry), counting it.
+#[inline(always)]
+fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
+    let loaded = pcc.loaded;
+    // SAFETY: the caller owns pcc (its CPU, interrupts off).
+    if unsafe { rounds_of(loaded) } == 0 {
+        return None;
+    }
+    pcc.nr_allocs += 1;
+    // SAFETY: a real magazine with at least one round; rounds are objects.
+    unsafe {
+        (*loaded).nr_rounds -= 1;
+        Some(NonNull::new_unchecked(
+            (*loaded).rounds[(*loaded).nr_rounds],
+        ))
+    }
+}
+
+/// Push a round on `loaded` if it has room (the miss paths' retry).
+#[inline(always)]
+fn push_round(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
+    let loaded = pcc.loaded;
+    // SAFETY: the caller owns pcc; a real magazine when it has room.
+    unsafe {
+        if loaded == no_magazine() || (*loaded).nr_rounds >= pcc.magsize {
+            return false;
+        }
+        (*loaded).rounds[(*loaded).nr_rounds] = obj.as_ptr();
+        (*loaded).nr_rounds += 1;
+    }
+    true
+}
+
+// ----------------------------------------------------------------- free
+
+/// Where the page map put a freed pointer: its slab and object index.
+#[derive(Clone, Copy)]
+pub(crate) struct Located {
+    pub(crate) slab: *mut Slab,
+    #[cfg_attr(
+        not(feature = "alloc-profiling"),
+        allow(dead_code, reason = "read by the profiled free")
+    )]
+    pub(crate) index: usize,
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Free an object back to this cache.
+    ///
+    /// Checked: the pointer must be slab memory (`NotAllocated`), of this
+    /// cache (`WrongCache`), at an object start (`Misaligned`); with
+    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) it must be allocated
+    /// (`DoubleFree`). On error nothing has changed.
+    ///
+    /// # Safety
+    /// If `obj` is an allocated object of this cache, the caller gives it
+    /// up: nothing uses it afterwards. (Bad pointers are detected as above
+    /// and are safe to pass, except a double free on a cache without
+    /// `AUDIT`, which is undetected and corrupts the cache.)
+    ///
+    /// # Errors
+    /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
+    #[inline]
+    pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        match self.free_locate(obj) {
+            // SAFETY: per our caller; located in this cache.
+            Some(at) => unsafe { self.finish_free(obj, at) },
+            // SAFETY: per our caller; nothing changed.
+            None => unsafe { self.free_slow(obj) },
+        }
+    }
+
+    /// The common case of locating a freed pointer: the page map (so: on
+    /// the primary source) names one of our slabs and `obj` is an object
+    /// start. `None` for anything else (the slow path says why).
+    #[inline(always)]
+    fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
+        let addr = obj.as_ptr() as usize;
+        // Off the primary source the map is empty: entry 0, slow path.
+        let entry = self.page_map.get(addr);
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        if entry & TAG_MASK != TAG_SLAB
+            // SAFETY: a TAG_SLAB entry names a registered slab, alive
+            // (entries are cleared before a slab is destroyed); `||` reads
+            // it only then.
+            || unsafe { (*slab).cache } != (self as *const Self).cast()
+        {
+            return None;
+        }
+        // SAFETY: a live slab of ours whose pages hold addr.
+        unsafe { self.object_index(slab, addr) }.map(|index| Located { slab, index })
+    }
+
+    /// Finish a free whose owner check passed — for all three callers
+    /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
+    /// Plain: the magazine hit. Profiled (`TAGGED` the only flag): the tag
+    /// reference at the known index cleared and uncharged, then the hit.
+    /// Anything else out of line.
+    ///
+    /// # Safety
+    /// `obj` is object `at.index` of `at.slab`, a live slab of this cache;
+    /// if it is allocated, the caller gives it up.
+    #[inline(always)]
+    pub(crate) unsafe fn finish_free(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+    ) -> Result<(), FreeError> {
+        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
+        if !hot.is_empty() {
+            #[cfg(feature = "alloc-profiling")]
+            if hot == HotFlags::TAGGED {
+                // SAFETY: a small slab (TAGGED is only set for those) of
+                // ours; the object is given up.
+                unsafe { self.untag_small_object(obj, at) };
+                // SAFETY: per our caller.
+                unsafe { self.magazine_free(obj) };
+                return Ok(());
+            }
+            // SAFETY: per our caller.
+            return unsafe { self.free_flagged(obj, at.slab) };
+        }
+        // SAFETY: per our caller.
+        unsafe { self.magazine_free(obj) };
+        Ok(())
+    }
+
+    /// The hit, else the out-of-line miss.
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up (validated by the caller).
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) {
+        // SAFETY: per our caller.
+        if !unsafe { self.magazine_free_hit(obj) } {
+            // SAFETY: per our caller; the hit changed nothing.
+            unsafe { self.magazine_free_slow(obj) }
+        }
+    }
+
+    /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
+    /// False (nothing changed) if `loaded` is full or absent.
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up if this returns true.
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        let loaded = pcc.loaded;
+        // SAFETY: a live magazine of this CPU's or the absent one.
+        let nr_rounds = unsafe { (*loaded).nr_rounds };
+        // The absent magazine's usize::MAX never is below magsize.
+        if nr_rounds >= pcc.magsize {
+            return false;
+        }
+        // SAFETY: a real magazine owned by this CPU, interrupts off;
+        // nr_rounds < magsize <= MAG_MAX_ROUNDS, in bounds.
+        unsafe {
+            *(*loaded).rounds.get_unchecked_mut(nr_rounds) = obj.as_ptr();
+            (*loaded).nr_rounds = nr_rounds + 1;
+        }
+        true
+    }
+
+    /// `loaded` is full (or absent): swap, trade with the depot, make a
+    /// new magazine, or free to the slab layer.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn magazine_free_slow(&self, obj: NonNull<u8>) {
+        if self.magazine_free_miss(obj) {
+            return;
+        }
+        for _ in 0..MAG_FREE_RETRIES {
+            // No room and no empty magazine in the depot: make one. No
+            // lock is held and interrupts are on, so allocating from
+            // kmem_magazine cannot deadlock.
+            match self.new_magazine() {
+                // SAFETY: a fresh empty magazine, owned by nobody yet.
+                Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                Err(_) => break,
+            }
+            if self.magazine_free_miss(obj) {
+                return;
+            }
+        }
+        self.nr_frees_direct
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        // SAFETY: per our caller, obj is a constructed busy object of ours.
+        unsafe { self.slab_free_objects(&[obj.as_ptr()]) };
+    }
+
+    /// One pass of the free miss with interrupts off: store `obj` in
+    /// `loaded`, swapping with `prev` or trading `prev` for an empty
+    /// magazine from the depot as needed; false if there is no room and
+    /// the depot has no empty magazine.
+    fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        loop {
+            if push_round(pcc, obj) {
+                return true;
+            }
+            // SAFETY: this CPU's magazines, interrupts off.
+            let swap = unsafe {
+                pcc.prev != no_magazine()
+                    && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
+            };
+            if swap {
+                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
+                if push_round(pcc, obj) {
+                    return true;
+                }
+            }
+            if !self.depot.exchange_for_empty::<P>(pcc) {
+                return false;
+            }
+        }
+    }
+
+    /// Free with bookkeeping (a `FREE_SLOW` flag other than the profiled
+    /// case): the checks that can refuse, tracing, uncharging, then the
+    /// magazines.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`] (`slab` may be null for a bufctl cache
+    /// off the primary source: the hash decides).
+    #[inline(never)]
+    pub(crate) unsafe fn free_flagged(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+    ) -> Result<(), FreeError> {
+        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
+        if hot.contains(HotFlags::KMEMTRACE) {
+            // KMEMTRACE HOOK: kfree, kmem_cache_free, GlobalAlloc::dealloc
+            // (ok or refused).
+            // SAFETY: per our caller.
+            return unsafe { self.free_recorded(obj, slab, hot - HotFlags::KMEMTRACE) };
+        }
+        // SAFETY: per our caller.
+        unsafe { self.free_flagged_with(obj, slab, hot) }
+    }
+
+    /// [`Self::free_flagged`] with the flags read.
+    ///
+    /// # Safety
+    /// As for [`Self::free_flagged`].
+    #[inline(always)]
+    unsafe fn free_flagged_with(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> Result<(), FreeError> {
+        self.free_cold(obj, slab, hot)?;
+        // SAFETY: validated above; the caller gives the object up.
+        unsafe { self.magazine_free(obj) };
+        Ok(())
+    }
+
+    /// A free kmemtrace records: the free as without the bit, then the
+    /// event (free or bad free), with interrupts off throughout so that
+    /// nothing on this CPU reuses the object before its free is recorded.
+    ///
+    /// # Safety
+    /// As for [`Self::free_flagged`].
+    #[inline(never)]
+    unsafe fn free_recorded(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> Result<(), FreeError> {
+        let irq = IrqGuard::<P>::new();
+        // SAFETY: per our caller.
+        let result = unsafe { self.free_flagged_with(obj, slab, hot) };
+        self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
+        drop(irq);
+        result
+    }
+
+    /// Free-side bookkeeping: the checks that can refuse, then tracing and
+    /// uncharging.
+    fn free_cold(&self, obj: NonNull<u8>, slab: *mut Slab, hot: HotFlags) -> Result<(), FreeError> {
+        let addr = obj.as_ptr() as usize;
+        if hot.contains(HotFlags::BOOTSTRAP) {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        #[cfg(feature = "alloc-profiling")]
+        let mut bufctl_tag = 0;
+        if self.kind == SlabKind::Bufctl
+            && hot.intersects(HotFlags::AUDIT | HotFlags::BUFCTL_TAGGED)
+        {
+            let layer = self.slab.lock();
+            let bufctl = layer.hash.find(addr);
+            if bufctl.is_null() {
+                // Not busy in the slab layer. If the page map located an
+                // exact object start in a live slab of ours, the object is
+                // free in its slab. Without a slab (a cache off the
+                // primary source: the hash alone decides) we cannot tell
+                // it from a stray pointer.
+                return Err(if slab.is_null() {
+                    FreeError::NotAllocated { addr }
+                } else {
+                    FreeError::DoubleFree { addr }
+                });
+            }
+            // SAFETY: bufctls in the hash are alive; we hold the lock.
+            unsafe {
+                if hot.contains(HotFlags::AUDIT) && (*bufctl).state != BufctlState::Allocated {
+                    return Err(FreeError::DoubleFree { addr });
+                }
+                (*bufctl).state = BufctlState::Cached;
+                #[cfg(feature = "alloc-profiling")]
+                {
+                    bufctl_tag = core::mem::take(&mut (*bufctl).tag);
+                }
+            }
+        } else if self.kind == SlabKind::Bufctl && slab.is_null() {
+            // Off the primary source, not audited: the hash is the only
+            // owner check.
+            if self.slab.lock().hash.find(addr).is_null() {
+                return Err(FreeError::NotAllocated { addr });
+            }
+        }
+        if hot.contains(HotFlags::AUDIT) && self.kind == SlabKind::Small {
+            let (word, bit) = self.audit_bit(addr);
+            // SAFETY: `slab` is the located, alive small slab of addr.
+            let old = unsafe {
+                (*slab).audit[word].fetch_and(!bit, core::sync::atomic::Ordering::AcqRel)
+            };
+            if old & bit == 0 {
+                return Err(FreeError::DoubleFree { addr });
+            }
+        }
+        if hot.contains(HotFlags::EVER_TRACED) {
+            self.trace_free(addr);
+        }
+        // Uncharge only once every check above has passed: a refused free
+        // changes nothing. No lock is held here.
+        #[cfg(feature = "alloc-profiling")]
+        if self.kind == SlabKind::Bufctl {
+            if bufctl_tag != 0 {
+                P::alloc_tag_sub(bufctl_tag, obj, self.obj_size);
+            }
+        } else if hot.contains(HotFlags::TAGGED) {
+            let (index, _) = self.obj_index(addr & (crate::PAGE_SIZE - 1));
+            // SAFETY: a located small-slab object of ours, given up.
+            unsafe { self.untag_small_object(obj, Located { slab, index }) };
+        }
+        Ok(())
+    }
+
+    /// [`KmemCache::free`] past the fast path: locate with error reports,
+    /// then finish.
+    ///
+    /// # Safety
+    /// As for [`KmemCache::free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = obj.as_ptr() as usize;
+        let slab = match self.locate(addr) {
+            Ok(slab) => slab,
+            Err(error) => {
+                // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
+                if self.hot().contains(HotFlags::KMEMTRACE) {
+                    self.owner().kmemtrace_free(Some(self), obj, false);
+                }
+                return Err(error);
+            }
+        };
+        if slab.is_null() {
+            // A bufctl cache off the primary source: the hash decides.
+            // SAFETY: per our caller.
+            return unsafe { self.free_flagged(obj, slab) };
+        }
+        // SAFETY: `locate` checked the slab is ours and addr an object start.
+        let index = unsafe { self.object_index(slab, addr) }.unwrap_or(0);
+        // SAFETY: per our caller; located in this cache.
+        unsafe { self.finish_free(obj, Located { slab, index }) }
+    }
+}
+
+// -------------------------------------------------------- kmalloc / kfree
+
+impl<P: Platform> Allocator<P> {
+    /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
+    /// size non-zero and the alignment a power of two (a `Layout`'s): the
+    /// size class's cache, or page-granular.
+    #[inline(always)]
+    pub(crate) fn kmalloc_checked(
+        &self,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> u32,
+    ) -> Result<NonNull<u8>, AllocError> {
+        debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
+        match Self::kmalloc_index(size, align) {
+            Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
+            None => {
+                let tag = if self.alloc_profiling() { tag() } else { 0 };
+                unpack(self.large_alloc_packed(size, align, tag))
+            }
+        }
+    }
+
+    /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
+    /// primary source (the owner is found through the page map).
+    ///
+    /// # Safety
+    /// If `ptr` is allocated, the caller gives it up. Bad pointers are
+    /// detected and refused as for [`KmemCache::free`] (same caveat for
+    /// double frees without `AUDIT`).
+    ///
+    /// # Errors
+    /// [`FreeError::NotAllocated`] (outside the page map, not slab memory,
+    /// or before init), [`FreeError::Misaligned`], [`FreeError::DoubleFree`].
+    /// On error nothing changed.
+    #[inline]
+    pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        match self.kfree_locate(ptr) {
+            // SAFETY: per our caller; located in `cache`.
+            Some((cache, at)) => unsafe { cache.finish_free(ptr, at) },
+            // SAFETY: per our caller; nothing changed.
+            None => unsafe { self.kfree_slow(ptr) },
+        }
+    }
+
+    /// The common case of locating a `kfree`d pointer: one page-map read
+    /// names the slab, hence the cache (its owner by construction: no
+    /// second lookup); one multiply checks the object start and gives the
+    /// index. `None` for anything else, with nothing changed.
+    #[inline(always)]
+    pub(crate) fn kfree_locate(
+        &self,
+        ptr: NonNull<u8>,
+    ) -> Option<(&'static KmemCache<P>, Located)> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.is_ready() {
+            return None;
+        }
+        let entry = self.page_map().get(addr);
+        if entry & TAG_MASK != TAG_SLAB {
+            return None;
+        }
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        // SAFETY: registered slabs are alive and belong to caches of this
+        // allocator (same P), alive while they have slabs (a cache in use
+        // is never destroyed: `destroy` requires no objects allocated).
+        let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+        // SAFETY: the page map puts addr in this live slab of `cache`.
+        let index = unsafe { cache.object_index(slab, addr) }?;
+        Some((cache, Located { slab, index }))
+    }
+
+    /// [`Allocator::kfree`] past the fast path, with the error reports.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.is_ready() {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let entry = self.page_map().get(addr);
+        if entry & TAG_MASK == TAG_SLAB {
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator (same P), alive while they have slabs.
+            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: the page map puts addr in this live slab of `cache`.
+            let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
+                // KMEMTRACE HOOK: kfree of a pointer inside an object.
+                if cache.hot().contains(HotFlags::KMEMTRACE) {
+                    self.kmemtrace_free(Some(cache), ptr, false);
+                }
+                return Err(FreeError::Misaligned { addr });
+            };
+            // SAFETY: located in `cache`; our caller gives it up.
+            return unsafe { cache.finish_free(ptr, Located { slab, index }) };
+        }
+        // SAFETY: per our caller.
+        let result = unsafe { self.kfree_pages(ptr, entry) };
+        if result.is_err()
+            && self
+                .kmemtrace
+                .recording_all
+                .load(core::sync::atomic::Ordering::Relaxed)
+        {
+            // KMEMTRACE HOOK: kfree of a pointer that is not ours.
+            self.kmemtrace_free(None, ptr, false);
+        }
+        result
+    }
+}
