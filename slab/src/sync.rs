@@ -35,8 +35,12 @@ use crate::platform::Platform;
 #[must_use = "interrupts are restored when the guard is dropped"]
 pub struct IrqGuard<P: Platform> {
     state: usize,
-    _not_send: PhantomData<(*const (), fn() -> P)>,
+    _not_send: PhantomData<NotSend<P>>,
 }
+
+/// Makes [`IrqGuard`] neither `Send` nor `Sync` (a raw pointer), and ties
+/// it to its platform.
+type NotSend<P> = (*const (), fn() -> P);
 
 impl<P: Platform> IrqGuard<P> {
     /// Disable interrupts until the guard is dropped.
