@@ -25,9 +25,9 @@
 #                     120 otherwise
 #   MAGPIE_QEMU_ARGS  extra QEMU arguments (word-split)
 #   MAGPIE_QEMU       QEMU binary (default qemu-system-x86_64)
-#   MAGPIE_KMEMTRACE  file that receives `kmemtrace dump` (QEMU isa-debugcon,
-#                     I/O port 0xe9; truncated at boot). Default
-#                     target/kmemtrace/latest.kmt, for test kernels
+#   MAGPIE_KMEMTRACE  file that receives `kmemtrace dump` (a virtio console,
+#                     virtio-serial-pci + virtconsole; truncated at boot).
+#                     Default target/kmemtrace/latest.kmt, for test kernels
 #                     target/kmemtrace/test.kmt; relative paths are taken
 #                     from the workspace root; the directory is created
 set -u
@@ -110,7 +110,8 @@ CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
      -serial stdio -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
      -chardev file,id=kmemtrace,path="$KMEMTRACE"
-     -device isa-debugcon,iobase=0xe9,chardev=kmemtrace
+     -device virtio-serial-pci,id=kmemtrace-serial
+     -device virtconsole,bus=kmemtrace-serial.0,chardev=kmemtrace
      -kernel "$ELF" -initrd "$ELF" -append "$APPEND" "${EXTRA[@]}")
 
 if [ "$TIMEOUT" != 0 ]; then

@@ -231,7 +231,7 @@ fn dump_goes_out_over_debugcon() {
     kmemtrace::start(0, None).expect("start");
     free_here(allocate_here(2));
     SLAB.kmemtrace_stop();
-    let summary = kmemtrace::dump();
+    let (summary, _channel) = kmemtrace::dump();
     assert_eq!(summary.nr_events, SLAB.kmemtrace_status().nr_events);
     assert!(summary.nr_bytes >= (HEADER_SIZE + 4 * EVENT_SIZE) as u64);
 }

@@ -57,6 +57,7 @@ pub mod smp;
 pub mod stress;
 pub mod symbols;
 pub mod testing;
+pub mod virtio_console;
 
 pub use boot_info::BootInfo;
 pub use qemu::{QemuExitCode, exit_qemu};

@@ -168,6 +168,7 @@ class KmemtraceSession(unittest.TestCase):
         text = reply_to(self.out, "kmemtrace dump")
         sent = re.search(r"sent (\d+) events \((\d+) overruns\) in (\d+) records, (\d+) bytes", text)
         self.assertIsNotNone(sent, text)
+        self.assertIn("over the virtio console", text)
         self.assertEqual(int(sent.group(1)), dump["nr_events"])
         self.assertEqual(int(sent.group(2)), 0)
         self.assertEqual(int(sent.group(4)), dump["nr_bytes"])

@@ -189,17 +189,17 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
         ));
     }
     let start = arch::rdtsc();
-    let summary = kmemtrace::dump();
+    let (summary, channel) = kmemtrace::dump();
     let elapsed_ns = kmemtrace::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
     let _ = writeln!(
         out,
-        "sent {} events ({} overruns) in {} records, {} bytes, crc32 {:#010x}, over debugcon port {:#x}",
+        "sent {} events ({} overruns) in {} records, {} bytes, crc32 {:#010x}, over the {}",
         summary.nr_events,
         summary.nr_overruns,
         summary.nr_records,
         summary.nr_bytes,
         summary.checksum,
-        kmemtrace::DEBUGCON_PORT
+        channel
     );
     let _ = writeln!(
         out,
