@@ -23,10 +23,13 @@ test-host:
 	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
-# with allocation profiling compiled out (it must cost nothing and break nothing).
+# with allocation profiling compiled out (it must cost nothing and break nothing),
+# and the fault sweep with fault injection but no profiling (the other
+# kmalloc! variant).
 test-qemu:
 	cargo test
 	cargo test --no-default-features
+	cargo test --no-default-features --features fault-injection --test fault_injection
 
 # Tier 3: boot the real kernel, type sessions on its serial console.
 test-e2e:

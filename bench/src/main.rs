@@ -4,6 +4,7 @@
 //! magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]
 //! magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]
 //! magpie-bench list
+//! magpie-bench fault
 //! ```
 //!
 //! A single run prints a `RESULT` line (median over the repetitions). With
@@ -83,6 +84,7 @@ fn main() {
         Some("suite") => suite::main(&args[1..]),
         Some("profiling") => profsuite::main(&args[1..]),
         Some("memory") => profsuite::memory(),
+        Some("fault") => fault_cost(),
         Some(_) => {
             let opts = parse_run(&args);
             let r = run(&opts);
@@ -100,6 +102,27 @@ fn main() {
             );
         }
     }
+}
+
+/// `magpie-bench fault`: the cost of a disabled fault point, in callgrind
+/// instructions per `kmem_cache` alloc+free pair: `cache-pair` with and
+/// without a disabled `dynamic_fault!(Memory)` in front of each alloc.
+fn fault_cost() {
+    let exe = suite::exe();
+    let measure = |workload| {
+        suite::instructions_of(&exe, workload, "magpie").unwrap_or_else(|error| {
+            eprintln!("magpie-bench fault: {workload}: {error}");
+            std::process::exit(1)
+        })
+    };
+    let plain = measure("cache-pair");
+    let with_point = measure("cache-pair-fault");
+    println!(
+        "FAULT cache-pair={plain:.2} cache-pair-fault={with_point:.2} \
+         disabled-point={:.2} (callgrind instructions per alloc+free pair, variant {})",
+        with_point - plain,
+        variant()
+    );
 }
 
 fn parse_run(args: &[String]) -> RunOpts {
@@ -136,7 +159,7 @@ fn parse_run(args: &[String]) -> RunOpts {
     if let Some(t) = positional.get(2) {
         opts.threads = t.parse().unwrap_or_else(|_| usage());
     }
-    if !WORKLOADS.contains(&opts.workload.as_str())
+    if !WORKLOADS.contains(&opts.workload.as_str()) && opts.workload != "cache-pair-fault"
         || !ALLOCATORS.contains(&opts.allocator.as_str())
         || !(1..=host::NR_CPUS).contains(&opts.threads)
     {
@@ -182,6 +205,9 @@ fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, Duration)
     let threads = opts.threads;
     match opts.workload.as_str() {
         "cache-pair" => workloads::run_threads(a, threads, |a, _| workloads::cache_pair(a, n)),
+        "cache-pair-fault" => {
+            workloads::run_threads(a, threads, |a, _| workloads::cache_pair_fault(a, n))
+        }
         "kmalloc-mixed" => workloads::run_threads(a, threads, |a, cpu| {
             let mut m = Mixed::new(a, 0x5eed + cpu as u64);
             let ops = workloads::kmalloc_mixed(a, &mut m, n);

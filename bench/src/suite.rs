@@ -149,7 +149,7 @@ fn instructions(workload: &str, allocator: &str) -> Result<f64, String> {
 /// [`instructions`] of another build of this binary (`bin`).
 pub(crate) fn instructions_of(bin: &str, workload: &str, allocator: &str) -> Result<f64, String> {
     let (n1, n2) = match workload {
-        "cache-pair" => (20_000, 220_000),
+        "cache-pair" | "cache-pair-fault" => (20_000, 220_000),
         "kmalloc-mixed" => (20_000, 120_000),
         _ => (25_600, 153_600), // cross-free: multiples of the batch
     };

@@ -55,6 +55,24 @@ pub fn cache_pair<A: BenchAlloc>(a: &A, n: u64) -> u64 {
     n
 }
 
+/// [`cache_pair`] with a disabled fault point consulted before each
+/// alloc, as every `kmalloc!` / `kmem_cache_alloc!` site of the kernel
+/// does (`magpie-bench fault`): the difference is a disabled point's cost.
+#[inline(never)]
+pub fn cache_pair_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    for _ in 0..n {
+        let p = if magpie_codetag::dynamic_fault!(Memory) {
+            std::ptr::null_mut()
+        } else {
+            a.obj_alloc()
+        };
+        assert!(!p.is_null(), "out of memory");
+        // SAFETY: just allocated.
+        unsafe { a.obj_free(black_box(p)) };
+    }
+    n
+}
+
 /// State of one `kmalloc-mixed` run: a window of live objects.
 pub struct Mixed {
     slots: Box<[(*mut u8, usize); MIXED_SLOTS]>,

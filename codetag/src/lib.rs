@@ -44,6 +44,9 @@
 //!   with each object; this crate turns references back into tags.
 //! - [`time_stats`]: latency statistics at a code location
 //!   ([`time_stats!`]): count, average, maximum, quantiles.
+//! - [`fault`]: fault injection ([`fault::FaultTag`], [`dynamic_fault!`]):
+//!   any tagged site can be made to fail once, every N times or with a
+//!   probability; a disabled point costs one branch.
 //!
 //! ## Sections and the linker
 //!
@@ -58,6 +61,7 @@
 // Unsafe is confined to handing per-CPU counter memory to `alloc_tag`.
 #[allow(unsafe_code)]
 pub mod alloc_tag;
+pub mod fault;
 pub mod time_stats;
 
 use core::fmt;

@@ -43,11 +43,13 @@ extern crate alloc;
 pub mod arch;
 pub mod boot_info;
 pub mod console;
+pub mod fault;
 pub mod frame;
 pub mod heap;
 pub mod klog;
 pub mod kmem;
 pub mod kmemtrace;
+pub mod lkdtm;
 pub mod memory;
 pub mod panic;
 pub mod profiling;
@@ -86,6 +88,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     symbols::init(boot);
     kmem::init();
     kmemtrace::init(boot);
+    fault::init();
     smp::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",

@@ -310,20 +310,26 @@ unsafe impl core::alloc::Allocator for TaggedAlloc {
 /// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`](crate::kmem::SLAB)
 /// `.kmalloc` charged to this call site. `align` defaults to 8. (Linux
 /// takes GFP flags here; this kernel has none, so the second argument is
-/// the alignment.)
+/// the alignment.) The site is also a fault point ([`crate::fault`]): armed,
+/// it returns `Err(AllocError::OutOfMemory)` without allocating.
 #[cfg(feature = "alloc-profiling")]
 #[macro_export]
 macro_rules! kmalloc {
     ($size:expr) => {
         $crate::kmalloc!($size, 8)
     };
-    ($size:expr, $align:expr) => {
-        $crate::kmem::SLAB.kmalloc_tagged(
-            $size,
-            $align,
-            $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
-        )
-    };
+    ($size:expr, $align:expr) => {{
+        let (size, align): (usize, usize) = ($size, $align);
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            $crate::kmem::SLAB.kmalloc_tagged(
+                size,
+                align,
+                $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
+            )
+        }
+    }};
 }
 
 /// `kmalloc!(size)` / `kmalloc!(size, align)` with profiling compiled out.
@@ -333,29 +339,45 @@ macro_rules! kmalloc {
     ($size:expr) => {
         $crate::kmalloc!($size, 8)
     };
-    ($size:expr, $align:expr) => {
-        $crate::kmem::SLAB.kmalloc($size, $align)
-    };
+    ($size:expr, $align:expr) => {{
+        let (size, align): (usize, usize) = ($size, $align);
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            $crate::kmem::SLAB.kmalloc(size, align)
+        }
+    }};
 }
 
-/// `kmem_cache_alloc!(cache)`: `cache.alloc()` charged to this call site.
+/// `kmem_cache_alloc!(cache)`: `cache.alloc()` charged to this call site,
+/// and a fault point ([`crate::fault`]) like [`kmalloc!`](crate::kmalloc).
 #[cfg(feature = "alloc-profiling")]
 #[macro_export]
 macro_rules! kmem_cache_alloc {
-    ($cache:expr) => {
-        $cache.alloc_tagged($crate::profiling::explicit_tag(
-            $crate::profiling::magpie_codetag::alloc_tag!(),
-        ))
-    };
+    ($cache:expr) => {{
+        let cache = &$cache;
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            cache.alloc_tagged($crate::profiling::explicit_tag(
+                $crate::profiling::magpie_codetag::alloc_tag!(),
+            ))
+        }
+    }};
 }
 
 /// `kmem_cache_alloc!(cache)` with profiling compiled out.
 #[cfg(not(feature = "alloc-profiling"))]
 #[macro_export]
 macro_rules! kmem_cache_alloc {
-    ($cache:expr) => {
-        $cache.alloc()
-    };
+    ($cache:expr) => {{
+        let cache = &$cache;
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            cache.alloc()
+        }
+    }};
 }
 
 /// `let _scope = alloc_tag_scope!();` charges every allocation this CPU
@@ -423,6 +445,20 @@ pub fn snapshot() -> Vec<AllocInfoRow> {
         });
     }
     rows
+}
+
+/// Live bytes and calls summed over every tag (the `allocinfo` totals),
+/// read without allocating; zero when profiling is compiled out.
+pub fn totals() -> AllocTagCounts {
+    let mut totals = AllocTagCounts::default();
+    if COMPILED_IN {
+        for tag in AllocTag::all() {
+            let counts = COUNTERS.read(tag.tag_ref());
+            totals.bytes += counts.bytes;
+            totals.calls += counts.calls;
+        }
+    }
+    totals
 }
 
 /// The row of the first tag in `function` (for tests).

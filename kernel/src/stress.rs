@@ -368,11 +368,11 @@ impl Worker<'_, '_> {
     fn alloc(&mut self) {
         let from_ctor_cache = self.rng.below(CTOR_SHARE) == 0;
         let (result, size) = if from_ctor_cache {
-            (self.run.ctor_cache.alloc(), CTOR_OBJ_SIZE)
+            (crate::kmem_cache_alloc!(self.run.ctor_cache), CTOR_OBJ_SIZE)
         } else {
             let span = (self.run.config.max_size - self.run.config.min_size) as u64 + 1;
             let size = self.run.config.min_size + self.rng.below(span) as usize;
-            (SLAB.kmalloc(size, 1), size)
+            (crate::kmalloc!(size, 1), size)
         };
         let Ok(ptr) = result else {
             self.report.nr_failures += 1;

@@ -1,0 +1,617 @@
+//! `lkdtm`: commit a known heap bug on purpose (after Linux's Kernel Dump
+//! Test Module, `drivers/misc/lkdtm/heap.c`), so that a user can see what
+//! the allocator reports and a test can check it.
+//!
+//! Every bug is committed on a **scratch cache** created for the run
+//! (`lkdtm-*`, 64-byte objects) and destroyed afterwards, never on a
+//! kmalloc cache the rest of the kernel uses: the blast radius is objects
+//! nobody else can reach. Where today's allocator accepts the bug, the run
+//! undoes its effect when it can (a double free is repaired by taking the
+//! doubled object out twice and freeing it once) and otherwise leaves the
+//! scratch cache in place, *quarantined*: its state is suspect and nothing
+//! allocates from it again.
+//!
+//! | type | the bug (as Linux lkdtm) | what it touches |
+//! | --- | --- | --- |
+//! | `SLAB_FREE_DOUBLE` | free one object twice | the scratch cache's magazine |
+//! | `SLAB_FREE_CROSS` | free an object of cache A to cache B | two scratch caches |
+//! | `SLAB_FREE_PAGE` | free a page that is not slab memory to a cache (and `kfree` it) | a page from `kpages` |
+//! | `SLAB_LINEAR_OVERFLOW` | write 4 bytes just past an object | the neighbouring object, also ours |
+//! | `WRITE_AFTER_FREE` | write into the middle of a freed object | the freed object (in a magazine) |
+//! | `READ_AFTER_FREE` | read a freed object back | nothing (a read) |
+//!
+//! Each run ends with one verdict line, `lkdtm: TYPE: detected: REPORT` or
+//! `lkdtm: TYPE: not detected: WHAT HAPPENED`. Which types the allocator
+//! detects today (no debug flags) is in the README and checked by
+//! `tests/lkdtm.rs`; the debug flags (poison, redzone, audit) will turn the
+//! others into reports.
+
+use core::fmt::{self, Write};
+use core::ptr::NonNull;
+
+use magpie_slab::{AllocError, CacheFlags, FreeError, KmemCache, PageSource};
+
+use crate::kmem::{KPAGES, KernelPlatform, SLAB};
+
+type Cache = KmemCache<KernelPlatform>;
+
+/// Object size of the scratch caches, in bytes.
+pub const SCRATCH_OBJ_SIZE: usize = 64;
+/// Most objects a run holds at once.
+const MAX_HELD: usize = 16;
+
+/// A bug `lkdtm` can commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LkdtmType {
+    /// `SLAB_FREE_DOUBLE`: the same object freed twice.
+    SlabFreeDouble,
+    /// `SLAB_FREE_CROSS`: an object freed to a cache it does not belong to.
+    SlabFreeCross,
+    /// `SLAB_FREE_PAGE`: a page that is not slab memory freed to a cache.
+    SlabFreePage,
+    /// `SLAB_LINEAR_OVERFLOW`: a write just past the end of an object.
+    SlabLinearOverflow,
+    /// `WRITE_AFTER_FREE`: a write into a freed object.
+    WriteAfterFree,
+    /// `READ_AFTER_FREE`: a read of a freed object.
+    ReadAfterFree,
+}
+
+impl LkdtmType {
+    /// Every type, in the order `lkdtm` lists them.
+    pub const ALL: [LkdtmType; 6] = [
+        LkdtmType::SlabFreeDouble,
+        LkdtmType::SlabFreeCross,
+        LkdtmType::SlabFreePage,
+        LkdtmType::SlabLinearOverflow,
+        LkdtmType::WriteAfterFree,
+        LkdtmType::ReadAfterFree,
+    ];
+
+    /// The Linux LKDTM name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LkdtmType::SlabFreeDouble => "SLAB_FREE_DOUBLE",
+            LkdtmType::SlabFreeCross => "SLAB_FREE_CROSS",
+            LkdtmType::SlabFreePage => "SLAB_FREE_PAGE",
+            LkdtmType::SlabLinearOverflow => "SLAB_LINEAR_OVERFLOW",
+            LkdtmType::WriteAfterFree => "WRITE_AFTER_FREE",
+            LkdtmType::ReadAfterFree => "READ_AFTER_FREE",
+        }
+    }
+
+    /// The type named `name` (Linux spelling; case does not matter).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for LkdtmType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The allocator noticed: refused the bad operation (the report is on
+    /// the verdict line), or its poison showed in what was read.
+    Detected,
+    /// The bug went through unnoticed.
+    NotDetected,
+}
+
+/// Why a run could not commit its bug. Nothing was done (or what was done
+/// has been undone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LkdtmError {
+    /// The scratch cache or an object could not be allocated.
+    Setup(AllocError),
+    /// The scratch objects were not laid out as the bug needs (no two
+    /// neighbouring objects for the overflow).
+    Layout,
+    /// A correct free, before the bug, was refused (the scratch cache is
+    /// quarantined).
+    Refused(FreeError),
+}
+
+impl fmt::Display for LkdtmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LkdtmError::Setup(error) => write!(f, "could not set up: {error}; nothing was done"),
+            LkdtmError::Layout => f.write_str(
+                "no two neighbouring scratch objects for the overflow; nothing was done",
+            ),
+            LkdtmError::Refused(error) => write!(
+                f,
+                "a correct free before the bug was refused ({error}); scratch cache quarantined"
+            ),
+        }
+    }
+}
+
+impl From<AllocError> for LkdtmError {
+    fn from(error: AllocError) -> Self {
+        LkdtmError::Setup(error)
+    }
+}
+
+/// A scratch cache and the objects this run holds from it. Dropping it
+/// frees them and destroys the cache, unless it was quarantined.
+struct Scratch {
+    cache: &'static Cache,
+    held: [Option<NonNull<u8>>; MAX_HELD],
+    quarantined: bool,
+}
+
+impl Scratch {
+    fn create(name: &str, out: &mut dyn Write) -> Result<Self, LkdtmError> {
+        let cache = SLAB.cache_create(
+            name,
+            SCRATCH_OBJ_SIZE,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )?;
+        let _ = writeln!(
+            out,
+            "lkdtm: scratch cache {name} ({SCRATCH_OBJ_SIZE}-byte objects)"
+        );
+        Ok(Self {
+            cache,
+            held: [None; MAX_HELD],
+            quarantined: false,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        self.cache.name()
+    }
+
+    /// Allocates an object and holds it (a fault point: `fault list lkdtm`).
+    fn alloc(&mut self) -> Result<NonNull<u8>, LkdtmError> {
+        let slot = self
+            .held
+            .iter()
+            .position(Option::is_none)
+            .ok_or(LkdtmError::Setup(AllocError::OutOfMemory))?;
+        let obj = crate::kmem_cache_alloc!(self.cache)?;
+        self.held[slot] = Some(obj);
+        Ok(obj)
+    }
+
+    /// Stops holding `obj` (the caller frees it, or commits its bug).
+    fn release(&mut self, obj: NonNull<u8>) {
+        if let Some(slot) = self.held.iter_mut().find(|slot| **slot == Some(obj)) {
+            *slot = None;
+        }
+    }
+
+    /// Frees a held object the right way.
+    fn free(&mut self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        self.release(obj);
+        // SAFETY: `obj` came from this cache's alloc and was held by us
+        // alone; it is given up here.
+        unsafe { self.cache.free(obj) }
+    }
+
+    fn quarantine(&mut self, out: &mut dyn Write) {
+        self.quarantined = true;
+        let _ = writeln!(
+            out,
+            "lkdtm: scratch cache {} left in place, quarantined (its state is suspect; nothing allocates from it again)",
+            self.name()
+        );
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.quarantined {
+            return;
+        }
+        for obj in self.held.iter_mut().filter_map(Option::take) {
+            // SAFETY: held objects are allocated and ours alone.
+            if let Err(error) = unsafe { self.cache.free(obj) } {
+                log::error!("lkdtm: freeing a scratch object: {error}");
+                self.quarantined = true;
+            }
+        }
+        if self.quarantined {
+            return;
+        }
+        // SAFETY: every object of the cache has been freed above; the cache
+        // was created by this run and nothing else knows it.
+        if let Err(error) = unsafe { crate::kmem::cache_destroy(self.cache) } {
+            log::error!("lkdtm: destroying {}: {error}", self.cache.name());
+        }
+    }
+}
+
+/// Commits `kind`'s bug, printing what it does and what the allocator
+/// said, then one verdict line.
+///
+/// # Errors
+/// [`LkdtmError`] if the bug could not be set up; nothing was done then.
+pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let _ = writeln!(out, "lkdtm: Performing direct entry {kind}");
+    let verdict = match kind {
+        LkdtmType::SlabFreeDouble => slab_free_double(out),
+        LkdtmType::SlabFreeCross => slab_free_cross(out),
+        LkdtmType::SlabFreePage => slab_free_page(out),
+        LkdtmType::SlabLinearOverflow => slab_linear_overflow(out),
+        LkdtmType::WriteAfterFree => write_after_free(out),
+        LkdtmType::ReadAfterFree => read_after_free(out),
+    }?;
+    Ok(verdict)
+}
+
+fn addr(ptr: NonNull<u8>) -> usize {
+    ptr.as_ptr() as usize
+}
+
+fn detected(kind: LkdtmType, error: FreeError, out: &mut dyn Write) -> Verdict {
+    let _ = writeln!(out, "lkdtm: {kind}: detected: {error}");
+    Verdict::Detected
+}
+
+fn not_detected(kind: LkdtmType, what: fmt::Arguments<'_>, out: &mut dyn Write) -> Verdict {
+    let _ = writeln!(out, "lkdtm: {kind}: not detected: {what}");
+    Verdict::NotDetected
+}
+
+fn said(result: Result<(), FreeError>) -> &'static str {
+    match result {
+        Ok(()) => "ok (accepted)",
+        Err(_) => "refused",
+    }
+}
+
+/// `SLAB_FREE_DOUBLE`. A warm-up allocation first gives this CPU a loaded
+/// magazine, so that both frees land in it (not in the slab layer's free
+/// list, where a double free would corrupt the slab itself); an accepted
+/// double free then puts the object in the magazine twice, and the repair
+/// takes it out twice and frees it once.
+fn slab_free_double(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let kind = LkdtmType::SlabFreeDouble;
+    let mut scratch = Scratch::create("lkdtm-free-double", out)?;
+    let warm = scratch.alloc()?;
+    let _ = scratch.free(warm);
+    let obj = scratch.alloc()?;
+    let _ = writeln!(out, "lkdtm: allocated {:#x}, freeing it twice", addr(obj));
+    let first = scratch.free(obj);
+    let _ = writeln!(out, "lkdtm: first free: {}", said(first));
+    if let Err(error) = first {
+        scratch.quarantine(out);
+        return Err(LkdtmError::Refused(error));
+    }
+    // SAFETY: the bug this command exists to commit: `obj` is already free.
+    // It is a 64-byte object of our scratch cache, sitting in this CPU's
+    // loaded magazine; the allocator is built to refuse or absorb the
+    // second free without touching memory outside the cache.
+    let second = unsafe { scratch.cache.free(obj) };
+    let _ = writeln!(out, "lkdtm: second free: {}", said(second));
+    if let Err(error) = second {
+        return Ok(detected(kind, error, out));
+    }
+    // Accepted: the object is in the magazine twice. Take both rounds out,
+    // uncharged (the object's allocation tag was already uncharged by the
+    // first free; charging the takes would count it twice in allocinfo),
+    // and not through a fault point (the repair must not fail on purpose).
+    let again = [scratch.cache.alloc_tagged(0), scratch.cache.alloc_tagged(0)];
+    match again {
+        [Ok(a), Ok(b)] if a == obj && b == obj => {
+            let _ = writeln!(
+                out,
+                "lkdtm: the next two allocations both returned {:#x} (handed out twice)",
+                addr(obj)
+            );
+            // Repaired: the object is in the magazine once more.
+            let _ = writeln!(
+                out,
+                "lkdtm: repaired: freed it once more ({})",
+                // SAFETY: `obj` is allocated (taken out twice, so once
+                // beyond its double free) and ours alone.
+                said(unsafe { scratch.cache.free(obj) })
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "lkdtm: the next two allocations were {:?} and {:?}; cannot repair",
+                again[0].map(addr),
+                again[1].map(addr)
+            );
+            scratch.quarantine(out);
+        }
+    }
+    Ok(not_detected(
+        kind,
+        format_args!("the second free of {:#x} was accepted", addr(obj)),
+        out,
+    ))
+}
+
+/// `SLAB_FREE_CROSS`: an object of one scratch cache freed to another.
+fn slab_free_cross(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let kind = LkdtmType::SlabFreeCross;
+    let mut owner = Scratch::create("lkdtm-free-cross-a", out)?;
+    let mut other = Scratch::create("lkdtm-free-cross-b", out)?;
+    let obj = owner.alloc()?;
+    let _ = writeln!(
+        out,
+        "lkdtm: allocated {:#x} from {}, freeing it to {}",
+        addr(obj),
+        owner.name(),
+        other.name()
+    );
+    // SAFETY: the bug this command commits: `obj` belongs to `owner`. The
+    // allocator validates the owner before touching anything; if it did
+    // not, the object lands in `other`'s magazine and is taken back below.
+    let result = unsafe { other.cache.free(obj) };
+    let _ = writeln!(out, "lkdtm: free to {}: {}", other.name(), said(result));
+    if let Err(error) = result {
+        return Ok(detected(kind, error, out));
+    }
+    // Accepted: `owner` still counts it as allocated, `other` holds it free.
+    owner.release(obj);
+    // Uncharged and not a fault point, as the double-free repair.
+    match other.cache.alloc_tagged(0) {
+        Ok(back) if back == obj => {
+            let _ = writeln!(
+                out,
+                "lkdtm: repaired: took it back from {} and freed it to {} ({})",
+                other.name(),
+                owner.name(),
+                // SAFETY: `obj` is `owner`'s, allocated, ours alone again.
+                said(unsafe { owner.cache.free(obj) })
+            );
+        }
+        _ => {
+            owner.quarantine(out);
+            other.quarantine(out);
+        }
+    }
+    Ok(not_detected(
+        kind,
+        format_args!("{} accepted an object of {}", other.name(), owner.name()),
+        out,
+    ))
+}
+
+/// `SLAB_FREE_PAGE`: a page from `kpages` (not slab memory) freed to a
+/// scratch cache and to `kfree`.
+fn slab_free_page(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let kind = LkdtmType::SlabFreePage;
+    let scratch = Scratch::create("lkdtm-free-page", out)?;
+    let page = KPAGES.alloc_pages(1)?;
+    let _ = writeln!(
+        out,
+        "lkdtm: took page {:#x} from kpages (not slab memory), freeing it to {} and to kfree",
+        addr(page),
+        scratch.name()
+    );
+    // SAFETY: the bug this command commits: `page` is not slab memory. The
+    // allocator looks it up in its page map before touching anything.
+    let to_cache = unsafe { scratch.cache.free(page) };
+    let _ = writeln!(out, "lkdtm: free to {}: {}", scratch.name(), said(to_cache));
+    // SAFETY: as above, through kfree's page-map lookup.
+    let to_kfree = unsafe { SLAB.kfree(page) };
+    let _ = writeln!(out, "lkdtm: kfree: {}", said(to_kfree));
+    let verdict = match (to_cache, to_kfree) {
+        (Err(error), Err(_)) => detected(kind, error, out),
+        (Err(_), Ok(())) => not_detected(
+            kind,
+            format_args!("the cache refused it but kfree accepted {:#x}", addr(page)),
+            out,
+        ),
+        (Ok(()), _) => not_detected(
+            kind,
+            format_args!("{} accepted page {:#x}", scratch.name(), addr(page)),
+            out,
+        ),
+    };
+    if verdict == Verdict::NotDetected {
+        // The page may now sit in an allocator list: never give it back.
+        let _ = writeln!(
+            out,
+            "lkdtm: page {:#x} not returned to kpages (the allocator may hold it)",
+            addr(page)
+        );
+        let mut scratch = scratch;
+        scratch.quarantine(out);
+        drop(scratch);
+    } else {
+        // SAFETY: the page came from KPAGES.alloc_pages(1) above and both
+        // frees refused it, so it is still ours alone.
+        unsafe { KPAGES.free_pages(page, 1) };
+    }
+    Ok(verdict)
+}
+
+/// `SLAB_LINEAR_OVERFLOW`: four bytes written at offset 64 of a 64-byte
+/// object (Linux writes `data[1024 / 4]` of a 1024-byte kmalloc). The
+/// object is chosen so that the write lands in memory this run owns: the
+/// object's own slack or redzone, or a neighbouring object it holds — never
+/// a free object, whose first word may be a free-list link.
+fn slab_linear_overflow(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    const VALUE: u32 = 0x1234_5678;
+    let kind = LkdtmType::SlabLinearOverflow;
+    let mut scratch = Scratch::create("lkdtm-linear-overflow", out)?;
+    let stride = scratch.cache.obj_size();
+    let mut objs = [None; 8];
+    for slot in objs.iter_mut() {
+        let obj = scratch.alloc()?;
+        // SAFETY: a fresh object of `stride` >= 64 bytes, ours.
+        unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, SCRATCH_OBJ_SIZE) };
+        *slot = Some(obj);
+    }
+    let objs = objs.map(|obj| obj.expect("filled above"));
+    let neighbour_of = |target: usize| {
+        objs.iter()
+            .copied()
+            .find(|&b| (addr(b)..addr(b) + SCRATCH_OBJ_SIZE).contains(&target))
+    };
+    let Some((victim, neighbour)) = objs.iter().find_map(|&a| {
+        let target = addr(a) + SCRATCH_OBJ_SIZE;
+        if target < addr(a) + stride {
+            Some((a, None))
+        } else {
+            neighbour_of(target).map(|b| (a, Some(b)))
+        }
+    }) else {
+        return Err(LkdtmError::Layout);
+    };
+    let target = addr(victim) + SCRATCH_OBJ_SIZE;
+    let _ = writeln!(
+        out,
+        "lkdtm: allocated {:#x} ({SCRATCH_OBJ_SIZE} bytes); writing {VALUE:#x} at offset {SCRATCH_OBJ_SIZE} ({target:#x}), just past its end",
+        addr(victim)
+    );
+    // SAFETY: the bug this command commits, aimed so that it only hits
+    // memory this run owns: `target` is inside `victim`'s own slot (slack
+    // or redzone) or inside `neighbour`, an allocated object held here;
+    // 4-byte aligned (object starts are 8-aligned, 64 is a multiple of 4).
+    unsafe { core::ptr::write_volatile(target as *mut u32, VALUE) };
+    if let Some(b) = neighbour {
+        // SAFETY: `b` is an allocated 64-byte object held by this run.
+        let first = unsafe { core::ptr::read_volatile(b.as_ptr().cast::<u32>()) };
+        let _ = writeln!(
+            out,
+            "lkdtm: the write landed in the neighbouring object {:#x} at offset {} (it now reads {first:#x})",
+            addr(b),
+            target - addr(b)
+        );
+    }
+    for (what, obj) in [("", Some(victim)), ("the neighbour ", neighbour)] {
+        let Some(obj) = obj else { continue };
+        let freed = scratch.free(obj);
+        let _ = writeln!(
+            out,
+            "lkdtm: free of {what}{:#x}: {}",
+            addr(obj),
+            said(freed)
+        );
+        if let Err(error) = freed {
+            return Ok(detected(kind, error, out));
+        }
+    }
+    Ok(not_detected(
+        kind,
+        format_args!(
+            "the write past the end of {:#x} went unnoticed",
+            addr(victim)
+        ),
+        out,
+    ))
+}
+
+/// Offset of the word `WRITE_AFTER_FREE` and `READ_AFTER_FREE` touch: the
+/// middle of the object, as Linux (never the first word, which holds the
+/// free-list link once the object is back in its slab).
+const MIDDLE: usize = SCRATCH_OBJ_SIZE / 2;
+
+/// `WRITE_AFTER_FREE`: a word written into the middle of a freed object,
+/// then the same object allocated again.
+fn write_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    const VALUE: u32 = 0x0abc_def0;
+    let kind = LkdtmType::WriteAfterFree;
+    let mut scratch = Scratch::create("lkdtm-write-after-free", out)?;
+    let obj = scratch.alloc()?;
+    let _ = writeln!(
+        out,
+        "lkdtm: allocated {:#x}, freeing it, then writing {VALUE:#x} at offset {MIDDLE}",
+        addr(obj)
+    );
+    if let Err(error) = scratch.free(obj) {
+        scratch.quarantine(out);
+        return Err(LkdtmError::Refused(error));
+    }
+    // SAFETY: the bug this command commits: `obj` is free. Its page belongs
+    // to the scratch cache until the cache is destroyed at the end of the
+    // run, so the write stays inside memory nobody else uses; the middle
+    // word is not the free-list link (offset 0).
+    unsafe { core::ptr::write_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>(), VALUE) };
+    let again = scratch.alloc();
+    let verdict = match again {
+        Ok(back) if back == obj => {
+            // SAFETY: `back` is an allocated object of ours.
+            let seen = unsafe { core::ptr::read_volatile(back.as_ptr().add(MIDDLE).cast::<u32>()) };
+            let _ = writeln!(
+                out,
+                "lkdtm: allocated again: got {:#x} back, offset {MIDDLE} reads {seen:#x}",
+                addr(back)
+            );
+            not_detected(
+                kind,
+                format_args!("the freed object was handed out again with the write in it"),
+                out,
+            )
+        }
+        Ok(other) => {
+            let _ = writeln!(
+                out,
+                "lkdtm: allocated again: got {:#x}, a different object",
+                addr(other)
+            );
+            not_detected(
+                kind,
+                format_args!("the write into {:#x} went unnoticed", addr(obj)),
+                out,
+            )
+        }
+        Err(error) => {
+            let _ = writeln!(out, "lkdtm: allocating again failed: {error}");
+            not_detected(
+                kind,
+                format_args!("the write into {:#x} went unnoticed", addr(obj)),
+                out,
+            )
+        }
+    };
+    Ok(verdict)
+}
+
+/// `READ_AFTER_FREE`: a word written into an object, the object freed, the
+/// word read back. Poisoning would change it; without it the old value is
+/// still there.
+fn read_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    const VALUE: u32 = 0x1234_5678;
+    let kind = LkdtmType::ReadAfterFree;
+    let mut scratch = Scratch::create("lkdtm-read-after-free", out)?;
+    let obj = scratch.alloc()?;
+    // SAFETY: an allocated 64-byte object of ours.
+    unsafe { core::ptr::write_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>(), VALUE) };
+    let _ = writeln!(
+        out,
+        "lkdtm: allocated {:#x}, wrote {VALUE:#x} at offset {MIDDLE}, freeing it and reading it back",
+        addr(obj)
+    );
+    if let Err(error) = scratch.free(obj) {
+        scratch.quarantine(out);
+        return Err(LkdtmError::Refused(error));
+    }
+    // SAFETY: the bug this command commits: `obj` is free, but its page
+    // belongs to the scratch cache until the end of the run; a read
+    // changes nothing.
+    let seen = unsafe { core::ptr::read_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>()) };
+    let _ = writeln!(out, "lkdtm: read {seen:#x} from the freed object");
+    if seen == VALUE {
+        Ok(not_detected(
+            kind,
+            format_args!("the freed object still held {VALUE:#x} (memory was not poisoned)"),
+            out,
+        ))
+    } else {
+        let _ = writeln!(
+            out,
+            "lkdtm: {kind}: detected: memory correctly poisoned ({seen:#x})"
+        );
+        Ok(Verdict::Detected)
+    }
+}

@@ -1,0 +1,183 @@
+//! `lkdtm`: every type commits its bug on a scratch cache, the kernel
+//! survives, the scratch caches are gone afterwards (or quarantined, said
+//! so), nothing leaks, and the verdict is what the allocator does today
+//! without debug flags (the README's table). When the slab debug flags
+//! land, `EXPECTED` moves types from "not detected" to "detected".
+
+#![no_std]
+#![no_main]
+#![feature(custom_test_frameworks)]
+#![test_runner(magpie::test_runner)]
+#![reexport_test_harness_main = "test_main"]
+#![allow(
+    missing_docs,
+    reason = "#[test_case] functions are named for what they check"
+)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use magpie::kmem::SLAB;
+use magpie::lkdtm::{self, LkdtmType, Verdict};
+
+magpie::test_kernel!();
+
+/// Today's behaviour without debug flags, and the words the verdict line
+/// must contain.
+const EXPECTED: [(LkdtmType, Verdict, &str); 6] = [
+    (
+        LkdtmType::SlabFreeDouble,
+        Verdict::NotDetected,
+        "the second free of 0x",
+    ),
+    (
+        LkdtmType::SlabFreeCross,
+        Verdict::Detected,
+        "to the wrong cache (it belongs to lkdtm-free-cross-a)",
+    ),
+    (
+        LkdtmType::SlabFreePage,
+        Verdict::Detected,
+        "which was never allocated",
+    ),
+    (
+        LkdtmType::SlabLinearOverflow,
+        Verdict::NotDetected,
+        "went unnoticed",
+    ),
+    (
+        LkdtmType::WriteAfterFree,
+        Verdict::NotDetected,
+        "handed out again with the write in it",
+    ),
+    (
+        LkdtmType::ReadAfterFree,
+        Verdict::NotDetected,
+        "memory was not poisoned",
+    ),
+];
+
+fn nr_caches() -> usize {
+    let mut nr = 0;
+    SLAB.for_each_cache(|_| nr += 1);
+    nr
+}
+
+fn lkdtm_caches() -> usize {
+    let mut nr = 0;
+    SLAB.for_each_cache(|cache| nr += usize::from(cache.name().starts_with("lkdtm-")));
+    nr
+}
+
+/// Live bytes and calls over every allocation site (0 when profiling is
+/// compiled out).
+fn allocinfo_totals() -> (u64, u64) {
+    let totals = magpie::profiling::totals();
+    (totals.bytes, totals.calls)
+}
+
+fn run(kind: LkdtmType) -> (Verdict, String) {
+    let mut out = String::new();
+    let verdict =
+        lkdtm::run(kind, &mut out).unwrap_or_else(|error| panic!("{kind}: {error}\n{out}"));
+    (verdict, out)
+}
+
+#[test_case]
+fn names_parse_in_any_case_and_unknown_ones_do_not() {
+    for kind in LkdtmType::ALL {
+        assert_eq!(LkdtmType::parse(kind.name()), Some(kind));
+    }
+    assert_eq!(
+        LkdtmType::parse("slab_free_double"),
+        Some(LkdtmType::SlabFreeDouble)
+    );
+    assert_eq!(LkdtmType::parse("SLAB_FREE"), None);
+    assert_eq!(LkdtmType::parse(""), None);
+}
+
+#[test_case]
+fn every_type_gives_todays_verdict_and_the_kernel_survives() {
+    // Warm-up: the first run creates per-CPU state (magazines, depot) that
+    // stays; the second must leave nothing behind.
+    for (kind, ..) in EXPECTED {
+        let _ = run(kind);
+    }
+    let caches = nr_caches();
+    let (bytes, calls) = allocinfo_totals();
+    let kmalloc_64_before = SLAB.find_cache("kmalloc-64").unwrap().stats().nr_allocated;
+    for (kind, expected, words) in EXPECTED {
+        let (verdict, out) = run(kind);
+        assert!(
+            out.starts_with(&alloc::format!("lkdtm: Performing direct entry {kind}\n")),
+            "{out}"
+        );
+        let last = out.lines().last().unwrap();
+        let prefix = match expected {
+            Verdict::Detected => alloc::format!("lkdtm: {kind}: detected: "),
+            Verdict::NotDetected => alloc::format!("lkdtm: {kind}: not detected: "),
+        };
+        assert_eq!(verdict, expected, "{out}");
+        assert!(
+            last.starts_with(&prefix),
+            "{kind}: last line {last:?}\n{out}"
+        );
+        assert!(last.contains(words), "{kind}: {last:?} lacks {words:?}");
+        assert!(
+            !out.contains("quarantined"),
+            "{kind}: repaired, not quarantined\n{out}"
+        );
+        // Survived: the allocator still works, and the scratch caches are gone.
+        let v: Vec<u64> = (0..100).collect();
+        assert_eq!(v.iter().sum::<u64>(), 4950);
+        assert_eq!(lkdtm_caches(), 0, "{kind}: scratch caches left behind");
+        assert_eq!(nr_caches(), caches, "{kind}");
+    }
+    assert_eq!(
+        allocinfo_totals(),
+        (bytes, calls),
+        "allocinfo back to its baseline"
+    );
+    assert_eq!(
+        SLAB.find_cache("kmalloc-64").unwrap().stats().nr_allocated,
+        kmalloc_64_before
+    );
+}
+
+#[test_case]
+fn double_free_hands_the_object_out_twice_and_is_repaired() {
+    let (_, out) = run(LkdtmType::SlabFreeDouble);
+    assert!(out.contains("lkdtm: second free: ok (accepted)"), "{out}");
+    assert!(out.contains("(handed out twice)"), "{out}");
+    assert!(
+        out.contains("lkdtm: repaired: freed it once more (ok (accepted))"),
+        "{out}"
+    );
+}
+
+#[test_case]
+fn overflow_lands_in_a_neighbour_the_run_holds() {
+    let (_, out) = run(LkdtmType::SlabLinearOverflow);
+    let line = out
+        .lines()
+        .find(|line| line.contains("landed in the neighbouring object"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.ends_with("at offset 0 (it now reads 0x12345678)"),
+        "{line}"
+    );
+}
+
+#[test_case]
+fn free_page_gives_the_page_back() {
+    let before = magpie::kmem::KPAGES.nr_pages_out();
+    let (_, out) = run(LkdtmType::SlabFreePage);
+    assert!(
+        out.contains("lkdtm: free to lkdtm-free-page: refused"),
+        "{out}"
+    );
+    assert!(out.contains("lkdtm: kfree: refused"), "{out}");
+    assert_eq!(magpie::kmem::KPAGES.nr_pages_out(), before);
+}
