@@ -71,7 +71,7 @@ const WORKLOADS: &[Workload] = &[
         module: "magpie::lkdtm",
         function: "alloc",
         lines: &["lkdtm SLAB_FREE_CROSS"],
-        error: "could not set up: out of memory; nothing was done",
+        error: "error: lkdtm SLAB_FREE_CROSS: could not set up: out of memory; nothing was done",
         cleanup: &[],
     },
 ];
@@ -118,15 +118,6 @@ fn totals() -> (u64, u64) {
 fn run_workload(shell: &mut Shell, workload: &Workload) -> String {
     let mut out = String::new();
     for line in workload.lines {
-        if let Some(name) = line.strip_prefix("lkdtm ") {
-            // Until the shell has `lkdtm`: the mechanism directly.
-            let kind = magpie::lkdtm::LkdtmType::parse(name).expect("lkdtm type");
-            if let Err(error) = magpie::lkdtm::run(kind, &mut out) {
-                use core::fmt::Write;
-                let _ = writeln!(out, "error: lkdtm {kind}: {error}");
-            }
-            continue;
-        }
         shell.execute(line, &mut out);
     }
     if let Some(total) = out.lines().find(|line| line.starts_with("total ")) {
@@ -227,4 +218,181 @@ fn sweep_every_point_oneshot() {
         );
     }
     assert_eq!(shell.nr_held(), 0);
+}
+
+fn run(shell: &mut Shell, line: &str) -> String {
+    let mut out = String::new();
+    shell.execute(line, &mut out);
+    out
+}
+
+fn assert_one_error_line(out: &str, contains: &str) {
+    assert!(out.starts_with("error: "), "{out:?}");
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+    assert!(out.contains(contains), "{out:?} lacks {contains:?}");
+}
+
+#[cfg(feature = "fault-injection")]
+#[test_case]
+fn fault_list_uses_the_slides_layout() {
+    let mut shell = Shell::new();
+    let out = run(&mut shell, "fault list");
+    let rows: alloc::vec::Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), FaultTag::all().len(), "{out}");
+    assert!(
+        out.ends_with(&alloc::format!(
+            "# {} fault points, 0 enabled\n",
+            rows.len()
+        )),
+        "{out}"
+    );
+    let row = rows
+        .iter()
+        .find(|row| row.contains("func:cmd_kmalloc"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let words: alloc::vec::Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(words.len(), 7, "{row}");
+    assert!(words[0].starts_with("kernel/src/shell/kmem.rs:"), "{row}");
+    assert_eq!(words[1], "module:magpie::shell::kmem");
+    assert_eq!(
+        &words[2..5],
+        &["func:cmd_kmalloc", "class:memory", "disabled"]
+    );
+    // Counts since boot (other tests in this kernel arm the point too).
+    assert!(
+        words[5]
+            .strip_prefix("hits:")
+            .unwrap()
+            .parse::<u64>()
+            .is_ok()
+    );
+    assert!(
+        words[6]
+            .strip_prefix("injected:")
+            .unwrap()
+            .parse::<u64>()
+            .is_ok()
+    );
+    // A pattern selects; FILE:LINE selects exactly one.
+    let selected = run(&mut shell, "fault list magpie::stress");
+    assert_eq!(selected.lines().count(), 3, "{selected}");
+    let one = run(&mut shell, &alloc::format!("fault list {}", words[0]));
+    assert_eq!(one.lines().next(), Some(*row), "{one}");
+}
+
+#[cfg(feature = "fault-injection")]
+#[test_case]
+fn every_n_fails_every_nth_kmalloc_and_disable_stops_it() {
+    let mut shell = Shell::new();
+    let set = run(&mut shell, "fault cmd_kmalloc every 3");
+    assert!(
+        set.contains("func:cmd_kmalloc class:memory enabled:every=3 "),
+        "{set}"
+    );
+    let out = run(&mut shell, "kmalloc 32 5");
+    let lines: alloc::vec::Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "two objects, then the error: {out}");
+    assert_eq!(lines[2], "error: kmalloc(32) failed: out of memory");
+    assert_eq!(shell.nr_held(), 2);
+    let listed = run(&mut shell, "fault list cmd_kmalloc");
+    assert!(
+        listed.contains("enabled:every=3 hits:3 injected:1"),
+        "{listed}"
+    );
+    assert!(
+        listed.ends_with("# 1 fault points, 1 enabled\n"),
+        "{listed}"
+    );
+    run(&mut shell, "fault cmd_kmalloc disable");
+    let out = run(&mut shell, "kmalloc 32 5");
+    assert!(!out.contains("error"), "{out}");
+    run(&mut shell, "kfree all");
+    assert_eq!(shell.nr_held(), 0);
+    // probability 100 fails every time; the state is shown in percent.
+    let set = run(&mut shell, "fault cmd_leak probability 100");
+    assert!(set.contains("enabled:probability=100%"), "{set}");
+    assert_one_error_line(
+        &run(&mut shell, "leak 16 3"),
+        "kmalloc(16) failed: out of memory",
+    );
+    run(&mut shell, "fault all disable");
+    assert!(run(&mut shell, "fault list").ends_with(" 0 enabled\n"));
+}
+
+#[cfg(feature = "fault-injection")]
+#[test_case]
+fn bad_fault_commands_are_one_error_line_and_change_nothing() {
+    let mut shell = Shell::new();
+    for (line, words) in [
+        (
+            "fault",
+            "usage: fault list [PATTERN] | fault FILE:LINE|PATTERN",
+        ),
+        ("fault cmd_kmalloc", "usage: fault list"),
+        (
+            "fault cmd_kmalloc sometimes",
+            "expected enable, disable, oneshot",
+        ),
+        ("fault cmd_kmalloc every 0", "every N: N is a whole number"),
+        ("fault cmd_kmalloc every", "expected enable, disable"),
+        (
+            "fault cmd_kmalloc probability 150",
+            "probability P: P is a percentage",
+        ),
+        ("fault cmd_kmalloc probability x", "probability P"),
+        (
+            "fault nowhere.rs:1 enable",
+            "no fault point matches 'nowhere.rs:1'",
+        ),
+        ("fault no_such_function oneshot", "no fault point matches"),
+        (
+            "fault list nothing-matches",
+            "no fault point matches 'nothing-matches'",
+        ),
+        ("lkdtm", "usage: lkdtm TYPE | lkdtm list"),
+        (
+            "lkdtm SLAB_FREE",
+            "unknown lkdtm type 'SLAB_FREE' (see 'lkdtm list')",
+        ),
+        ("lkdtm SLAB_FREE_DOUBLE twice", "usage: lkdtm TYPE"),
+    ] {
+        assert_one_error_line(&run(&mut shell, line), words);
+    }
+    for point in FaultTag::all() {
+        assert_eq!(
+            point.mode(),
+            FaultMode::Disabled,
+            "{}",
+            point.tag.location()
+        );
+    }
+}
+
+#[test_case]
+fn lkdtm_list_names_the_linux_types() {
+    let mut shell = Shell::new();
+    assert_eq!(
+        run(&mut shell, "lkdtm list"),
+        "SLAB_FREE_DOUBLE\nSLAB_FREE_CROSS\nSLAB_FREE_PAGE\nSLAB_LINEAR_OVERFLOW\n\
+         WRITE_AFTER_FREE\nREAD_AFTER_FREE\n"
+    );
+    let out = run(&mut shell, "lkdtm slab_free_cross");
+    assert!(
+        out.starts_with("lkdtm: Performing direct entry SLAB_FREE_CROSS\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("lkdtm: SLAB_FREE_CROSS: detected: free of 0x"),
+        "{out}"
+    );
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[test_case]
+fn fault_says_it_is_compiled_out() {
+    let mut shell = Shell::new();
+    assert_one_error_line(
+        &run(&mut shell, "fault list"),
+        "fault injection is compiled out (kernel feature fault-injection)",
+    );
 }

@@ -267,7 +267,7 @@ fn not_detected(kind: LkdtmType, what: fmt::Arguments<'_>, out: &mut dyn Write) 
 
 fn said(result: Result<(), FreeError>) -> &'static str {
     match result {
-        Ok(()) => "ok (accepted)",
+        Ok(()) => "accepted",
         Err(_) => "refused",
     }
 }

@@ -81,7 +81,8 @@ class ShellSession(unittest.TestCase):
 
     def test_help_lists_every_command(self):
         text = reply_to(self.out, "help")
-        for command in ["help", "kmemstat", "slabinfo", "kmemtrace", "kmalloc", "kfree", "leak", "poweroff"]:
+        for command in ["help", "kmemstat", "slabinfo", "kmemtrace", "kmalloc", "kfree", "leak", "fault", "lkdtm",
+                        "poweroff"]:
             self.assertIn(command, text)
 
     def test_kmemstat_has_akaros_layout_with_arena_and_slabs(self):
@@ -332,6 +333,62 @@ class AllocInfoBootArgument(unittest.TestCase):
         self.assertEqual(allocinfo_rows(reply_to(out, "allocinfo --file shell/kmem.rs"))[(kmalloc_site(), "cmd_kmalloc")], ("0", 0))
         later = reply_to(out, "allocinfo --file shell/kmem.rs", nth=1)
         self.assertEqual(allocinfo_rows(later)[(kmalloc_site(), "cmd_kmalloc")], ("64", 1))
+
+
+# What each lkdtm type does today, without slab debug flags (README table).
+LKDTM_TODAY = {
+    "SLAB_FREE_DOUBLE": "not detected: the second free of 0x",
+    "SLAB_FREE_CROSS": "detected: free of 0x",
+    "SLAB_FREE_PAGE": "detected: free of 0x",
+    "SLAB_LINEAR_OVERFLOW": "not detected: the write past the end of 0x",
+    "WRITE_AFTER_FREE": "not detected: the freed object was handed out again",
+    "READ_AFTER_FREE": "not detected: the freed object still held 0x12345678",
+}
+
+
+class FaultAndLkdtm(unittest.TestCase):
+    """The README's fault session, and every lkdtm type in one boot: the
+    kernel survives all of them and powers off cleanly."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built; run `cargo build --bin magpie`")
+        cls.code, cls.out = boot(
+            ["fault list", "fault cmd_kmalloc oneshot", "kmalloc 64 2", "kmalloc 64 2",
+             "fault list cmd_kmalloc", "kfree all"]
+            + [f"lkdtm {name}" for name in LKDTM_TODAY]
+            + ["kmalloc 64 1", "kfree all", "poweroff"])
+
+    def test_survives_every_type_and_powers_off(self):
+        self.assertEqual(self.code, 0, self.out)
+        self.assertNotIn("PANIC", self.out)
+        self.assertEqual(len(HEX.findall(reply_to(self.out, "kmalloc 64 1"))), 1)
+
+    def test_fault_list_is_the_slides_layout(self):
+        rows = reply_to(self.out, "fault list").splitlines()
+        self.assertRegex(rows[-1], r"^# \d+ fault points, 0 enabled$")
+        row = re.compile(r"^kernel/src/\S+\.rs:\d+ module:magpie::\S+ func:\w+ class:memory disabled "
+                         r"hits:0 injected:0$")
+        for line in rows[:-1]:
+            self.assertRegex(line, row)
+        self.assertTrue(any("func:cmd_kmalloc" in line for line in rows))
+
+    def test_oneshot_fails_one_kmalloc_then_disarms(self):
+        armed = reply_to(self.out, "fault cmd_kmalloc oneshot")
+        self.assertIn("func:cmd_kmalloc class:memory enabled:oneshot hits:0 injected:0", armed)
+        self.assertEqual(reply_to(self.out, "kmalloc 64 2"), "error: kmalloc(64) failed: out of memory\n")
+        self.assertEqual(len(HEX.findall(reply_to(self.out, "kmalloc 64 2", nth=1))), 2)
+        self.assertIn("class:memory disabled hits:1 injected:1", reply_to(self.out, "fault list cmd_kmalloc"))
+
+    def test_each_lkdtm_type_reports_todays_verdict(self):
+        for name, verdict in LKDTM_TODAY.items():
+            text = reply_to(self.out, f"lkdtm {name}")
+            lines = text.splitlines()
+            self.assertEqual(lines[0], f"lkdtm: Performing direct entry {name}", text)
+            self.assertTrue(lines[-1].startswith(f"lkdtm: {name}: {verdict}"), text)
+            self.assertNotIn("quarantined", text)
+            self.assertNotIn("error", text)
 
 
 if __name__ == "__main__":

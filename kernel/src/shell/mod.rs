@@ -13,7 +13,8 @@
 //! * [`line`]: the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak),
 //!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
-//!   stress), `system` (help, poweroff).
+//!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
+//!   `system` (help, poweroff).
 //!
 //! Commands parse and print; the mechanisms stay in their modules
 //! (`kmem`, `profiling`, `stress`, `smp`, the slab library).
@@ -48,9 +49,11 @@
 //!   object with its backtrace as `#NN [<address>] function+0xoff`.
 //! * `allocinfo` — Linux `/proc/allocinfo` version 1.0.
 
+mod fault;
 mod kmem;
 mod kmemtrace;
 mod line;
+mod lkdtm;
 mod profiling;
 mod smp;
 mod system;
@@ -112,6 +115,8 @@ pub static COMMANDS: &[Command] = &[
     profiling::TIMESTATS,
     smp::CPUS,
     smp::STRESS,
+    fault::FAULT,
+    lkdtm::LKDTM,
     system::POWEROFF,
 ];
 
@@ -171,6 +176,10 @@ pub enum ShellError<'a> {
     MissingValue(&'a str, &'static Command),
     /// No allocation tag (call site) at that `FILE:LINE`.
     NoAllocTag(&'a str),
+    /// No fault point matches that `FILE:LINE` or pattern.
+    NoFaultPoint(&'a str),
+    /// `lkdtm` does not know that type.
+    UnknownLkdtmType(&'a str),
     /// Any other message, formatted into a fixed buffer.
     Message(Message),
 }
@@ -210,6 +219,13 @@ impl fmt::Display for ShellError<'_> {
                 f,
                 "no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"
             ),
+            ShellError::NoFaultPoint(pattern) => write!(
+                f,
+                "no fault point matches '{pattern}' (see 'fault list' for FILE:LINE)"
+            ),
+            ShellError::UnknownLkdtmType(name) => {
+                write!(f, "unknown lkdtm type '{name}' (see 'lkdtm list')")
+            }
             ShellError::Message(message) => f.write_str(message.as_str()),
         }
     }
