@@ -16,10 +16,11 @@ test: setup test-host test-qemu test-e2e
 setup:
 	@scripts/setup.sh
 
-# Tier 1: the libraries on the host (unit, property and model tests), then
-# the loom models (test-loom, below).
+# Tier 1: the libraries and the host tool magpie-kmem on the host (unit,
+# property and model tests; magpie-kmem on synthetic dumps), then the loom
+# models (test-loom, below).
 test-host:
-	cargo test -p magpie-slab -p magpie-codetag --target $(HOST)
+	cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem --target $(HOST)
 	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
@@ -39,7 +40,7 @@ test-e2e:
 
 # Formatting and lints, warnings as errors (also run by .ci/run).
 # HOST_CRATES are the workspace members built for the host.
-HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench
+HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings

@@ -1,0 +1,260 @@
+//! `magpie-kmem`: the command line (see the crate documentation of
+//! `magpie_kmem` and the README's "Analysing a kmemtrace dump").
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use magpie_kmem::analysis::{self, Issue, Severity};
+use magpie_kmem::dump::Dump;
+use magpie_kmem::graphs;
+use magpie_kmem::report::{self, StatOptions};
+use magpie_kmem::symbols::{self, KernelChoice, Symbolizer};
+
+/// Offline analysis of Magpie kmemtrace dumps (target/kmemtrace/latest.kmt).
+#[derive(Parser)]
+#[command(name = "magpie-kmem", version)]
+struct Cli {
+    /// Kernel ELF to symbolize with (default: the build under target/
+    /// whose GNU build id matches the dump's).
+    #[arg(long, global = true, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// Print raw addresses; do not look for the kernel ELF.
+    #[arg(long, global = true)]
+    no_symbols: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a dump: framing, checksum, sequence gaps (overruns),
+    /// timestamp order, unknown frees, double allocs, kernel ELF match.
+    /// Exit 1 on an error.
+    Check {
+        /// The dump file.
+        file: PathBuf,
+    },
+    /// perf-kmem-style statistics per call site, pointer and cache.
+    Stat {
+        /// Per call site (default when no table is chosen).
+        #[arg(long)]
+        caller: bool,
+        /// Per pointer.
+        #[arg(long)]
+        alloc: bool,
+        /// Per cache (default when no table is chosen).
+        #[arg(long)]
+        cache: bool,
+        /// Sort keys, comma-separated: ptr, callsite, bytes, req, hit,
+        /// pingpong, frag.
+        #[arg(
+            long,
+            short = 's',
+            value_name = "KEYS",
+            default_value = "frag,hit,bytes"
+        )]
+        sort: String,
+        /// Rows per table.
+        #[arg(long, short = 'l', value_name = "N")]
+        top: Option<usize>,
+        /// JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// The dump file.
+        file: PathBuf,
+    },
+    /// Objects still live at the end of the record, by cache and call
+    /// site (and stack), largest first.
+    Leaks {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// List every buffer.
+        #[arg(long, short = 'v')]
+        verbose: bool,
+        /// The dump file.
+        file: PathBuf,
+    },
+    /// Flamegraph SVG of bytes allocated by stack.
+    Flamegraph {
+        /// Bytes still live at the end instead of all bytes allocated.
+        #[arg(long)]
+        live: bool,
+        /// The dump file.
+        file: PathBuf,
+        /// Output SVG.
+        #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
+        output: PathBuf,
+    },
+    /// Timeline SVG of live bytes over time for the top caches.
+    Timeline {
+        /// The dump file.
+        file: PathBuf,
+        /// Output SVG.
+        #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
+        output: PathBuf,
+    },
+}
+
+fn load(file: &Path) -> Result<Dump, String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    Dump::parse(&bytes).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// The symbolizer for reports: errors on an ELF mismatch, warns (stderr)
+/// when it falls back to raw addresses.
+fn symbolizer(cli: &Cli, dump: &Dump) -> Result<Symbolizer, String> {
+    if cli.no_symbols {
+        return Ok(Symbolizer::raw());
+    }
+    match symbols::find_kernel(&dump.header, cli.kernel.as_deref())? {
+        KernelChoice::Elf(path) => Symbolizer::from_elf(&path),
+        KernelChoice::Raw(reason) => {
+            eprintln!("magpie-kmem: warning: {reason}; printing raw addresses");
+            Ok(Symbolizer::raw())
+        }
+    }
+}
+
+fn write_output(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!(
+        "magpie-kmem: wrote {} ({} bytes)",
+        path.display(),
+        bytes.len()
+    );
+    Ok(())
+}
+
+fn run(cli: &Cli) -> Result<ExitCode, String> {
+    match &cli.command {
+        Command::Check { file } => {
+            let dump = load(file)?;
+            let mut replay = analysis::replay(&dump);
+            let kernel = if cli.no_symbols {
+                "not checked (--no-symbols)".to_string()
+            } else {
+                match symbols::find_kernel(&dump.header, cli.kernel.as_deref()) {
+                    Ok(KernelChoice::Elf(path)) => {
+                        if dump.header.has_build_id() {
+                            format!("{} (build id matches)", path.display())
+                        } else {
+                            format!(
+                                "{} (not verified: the dump has no build id)",
+                                path.display()
+                            )
+                        }
+                    }
+                    Ok(KernelChoice::Raw(reason)) => {
+                        replay.issues.push(Issue {
+                            severity: Severity::Warning,
+                            class: "kernel",
+                            message: reason.clone(),
+                        });
+                        "none".to_string()
+                    }
+                    Err(message) => {
+                        replay.issues.push(Issue {
+                            severity: Severity::Error,
+                            class: "kernel",
+                            message,
+                        });
+                        "MISMATCH".to_string()
+                    }
+                }
+            };
+            print!(
+                "{}",
+                report::check_text(&file.display().to_string(), &dump, &replay, &kernel)
+            );
+            Ok(if replay.has_errors() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Stat {
+            caller,
+            alloc,
+            cache,
+            sort,
+            top,
+            json,
+            file,
+        } => {
+            let sort = report::parse_sort_keys(sort)?;
+            let none = !caller && !alloc && !cache;
+            let opts = StatOptions {
+                caller: *caller || none,
+                alloc: *alloc,
+                cache: *cache || none,
+                sort,
+                top: *top,
+            };
+            let dump = load(file)?;
+            let sym = symbolizer(cli, &dump)?;
+            let replay = analysis::replay(&dump);
+            if *json {
+                let value = report::stat_json(&dump, &replay, &sym, &opts);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!("{}", report::stat_text(&dump, &replay, &sym, &opts));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Leaks {
+            json,
+            verbose,
+            file,
+        } => {
+            let dump = load(file)?;
+            let sym = symbolizer(cli, &dump)?;
+            let replay = analysis::replay(&dump);
+            if *json {
+                let value = report::leaks_json(&dump, &replay, &sym);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+                );
+            } else {
+                for note in report::leak_caveats(&dump, &replay) {
+                    println!("note: {note}");
+                }
+                print!("{}", report::leaks_text(&dump, &replay, &sym, *verbose));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Flamegraph { live, file, output } => {
+            let dump = load(file)?;
+            let sym = symbolizer(cli, &dump)?;
+            let replay = analysis::replay(&dump);
+            let svg = graphs::flamegraph(&dump, &replay, &sym, *live)?;
+            write_output(output, &svg)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Timeline { file, output } => {
+            let dump = load(file)?;
+            let replay = analysis::replay_with_timeline(&dump);
+            let svg = graphs::timeline(&dump, &replay)?;
+            write_output(output, svg.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("magpie-kmem: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Finding the kernel ELF a dump came from, and symbolizing addresses with
+//! its symbol table (`function+0xoff`) and DWARF (`file:line`, inlined
+//! frames).
+//!
+//! The dump header carries the kernel's GNU build id (`NT_GNU_BUILD_ID`).
+//! Without `--kernel`, [`find_kernel`] looks at the kernels cargo built —
+//! `target/x86_64-unknown-none/{debug,release}/magpie` and the test kernels
+//! in `deps/` — and takes the one whose build id matches. A kernel given
+//! with `--kernel` that does not match is an error: its addresses would
+//! name the wrong functions.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use object::{Object, read::ReadCache};
+
+use crate::dump::{Header, hex};
+
+/// Reads the GNU build id of an ELF file without reading all of it.
+/// `Ok(None)`: a valid object file without a build id.
+pub fn read_build_id(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cache = ReadCache::new(file);
+    let object = object::File::parse(&cache)
+        .map_err(|e| format!("{}: not an ELF file: {e}", path.display()))?;
+    let id = object
+        .build_id()
+        .map_err(|e| format!("{}: bad build id note: {e}", path.display()))?;
+    Ok(id.map(<[u8]>::to_vec))
+}
+
+/// How the reports name addresses.
+pub enum KernelChoice {
+    /// Symbolize with this ELF (its build id matches the dump's, or the
+    /// dump has none and the ELF was given explicitly).
+    Elf(PathBuf),
+    /// Print raw addresses; the reason is given as a warning.
+    Raw(String),
+}
+
+/// The cargo target directories to search: `$CARGO_TARGET_DIR`, the
+/// `target/` of the workspace around the current directory, and the one
+/// this executable was built into.
+fn target_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            let target = dir.join("target");
+            if target.join("x86_64-unknown-none").is_dir() {
+                dirs.push(target);
+                break;
+            }
+        }
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // target/x86_64-unknown-linux-gnu/debug/magpie-kmem (or deps/...)
+        for dir in exe.ancestors().skip(1) {
+            if dir.join("x86_64-unknown-none").is_dir() {
+                dirs.push(dir.to_path_buf());
+                break;
+            }
+        }
+    }
+    let mut unique: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        let canonical = d.canonicalize().unwrap_or(d);
+        if !unique.contains(&canonical) {
+            unique.push(canonical);
+        }
+    }
+    unique
+}
+
+/// Kernel ELF candidates under one target directory: the `magpie` binary
+/// of each profile first, then the test kernels in `deps/`.
+fn candidates(target: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for profile in ["debug", "release"] {
+        let dir = target.join("x86_64-unknown-none").join(profile);
+        let kernel = dir.join("magpie");
+        if kernel.is_file() {
+            out.push(kernel);
+        }
+        if let Ok(entries) = std::fs::read_dir(dir.join("deps")) {
+            let mut deps: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_none())
+                .collect();
+            deps.sort();
+            out.extend(deps);
+        }
+    }
+    out
+}
+
+/// Chooses the ELF to symbolize with (see the module doc).
+///
+/// Errors: `explicit` is given and its build id differs from the dump's;
+/// or no ELF was given, kernels were found, and none matches.
+pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelChoice, String> {
+    let want = header.build_id.to_vec();
+    if let Some(path) = explicit {
+        let got = read_build_id(path)?;
+        if !header.has_build_id() {
+            return Ok(KernelChoice::Elf(path.to_path_buf()));
+        }
+        return match got {
+            Some(id) if id == want => Ok(KernelChoice::Elf(path.to_path_buf())),
+            Some(id) => Err(format!(
+                "kernel ELF mismatch: {} has build id {}, the dump was written by build id {}",
+                path.display(),
+                hex(&id),
+                header.build_id_hex()
+            )),
+            None => Err(format!(
+                "kernel ELF mismatch: {} has no GNU build id, the dump was written by build id {}",
+                path.display(),
+                header.build_id_hex()
+            )),
+        };
+    }
+    if !header.has_build_id() {
+        return Ok(KernelChoice::Raw(
+            "the dump has no build id; pass --kernel PATH to symbolize".into(),
+        ));
+    }
+    let dirs = target_dirs();
+    let mut searched = Vec::new();
+    for dir in &dirs {
+        for candidate in candidates(dir) {
+            if let Ok(Some(id)) = read_build_id(&candidate)
+                && id == want
+            {
+                return Ok(KernelChoice::Elf(candidate));
+            }
+            searched.push(candidate);
+        }
+    }
+    if searched.is_empty() {
+        return Ok(KernelChoice::Raw(format!(
+            "no kernel ELF found to match build id {} (searched {}); pass --kernel PATH",
+            header.build_id_hex(),
+            if dirs.is_empty() {
+                "no target directory".to_string()
+            } else {
+                dirs.iter()
+                    .map(|d| d.join("x86_64-unknown-none").display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )));
+    }
+    Err(format!(
+        "kernel ELF mismatch: no kernel among {} ELF files in {} has build id {} \
+         (rebuilt since the dump?); pass --kernel PATH, or --no-symbols",
+        searched.len(),
+        dirs.iter()
+            .map(|d| d.join("x86_64-unknown-none").display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        header.build_id_hex()
+    ))
+}
+
+/// A call site, named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    /// `function+0xoff`, or `0xaddress` when unknown.
+    pub name: String,
+    /// `file:line` of the call (the instruction before the return
+    /// address), when DWARF knows it.
+    pub location: Option<String>,
+}
+
+/// Names addresses: with an ELF, or raw.
+pub struct Symbolizer {
+    loader: Option<addr2line::Loader>,
+    strip: Vec<String>,
+    /// The ELF used, if any.
+    pub elf: Option<PathBuf>,
+}
+
+impl Symbolizer {
+    /// A symbolizer that prints raw addresses.
+    pub fn raw() -> Symbolizer {
+        Symbolizer {
+            loader: None,
+            strip: Vec::new(),
+            elf: None,
+        }
+    }
+
+    /// Loads an ELF's symbol table and DWARF.
+    pub fn from_elf(path: &Path) -> Result<Symbolizer, String> {
+        let loader = addr2line::Loader::new(path)
+            .map_err(|e| format!("{}: cannot load symbols: {e}", path.display()))?;
+        // Paths in reports are relative to the workspace that built the
+        // kernel (the directory above `target/`) or to the current one.
+        let mut strip = Vec::new();
+        let absolute = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        for dir in absolute.ancestors() {
+            if dir.file_name().is_some_and(|n| n == "target") {
+                if let Some(root) = dir.parent() {
+                    strip.push(format!("{}/", root.display()));
+                }
+                break;
+            }
+        }
+        if let Ok(cwd) = std::env::current_dir() {
+            strip.push(format!("{}/", cwd.display()));
+        }
+        Ok(Symbolizer {
+            loader: Some(loader),
+            strip,
+            elf: Some(path.to_path_buf()),
+        })
+    }
+
+    /// A source path as people read it: relative to the workspace;
+    /// `core/src/...` for the Rust library; `crate-x.y.z/src/...` for a
+    /// crates.io dependency.
+    fn short_path(&self, file: &str) -> String {
+        for prefix in &self.strip {
+            if let Some(rest) = file.strip_prefix(prefix.as_str()) {
+                return rest.to_string();
+            }
+        }
+        for marker in ["/rustlib/src/rust/library/", "/rustc/"] {
+            if let Some(at) = file.find(marker) {
+                let rest = &file[at + marker.len()..];
+                // `/rustc/<commit>/library/core/...`
+                return match rest.find("/library/") {
+                    Some(library) if marker == "/rustc/" => rest[library + 9..].to_string(),
+                    _ => rest.to_string(),
+                };
+            }
+        }
+        if let Some(at) = file.find("/registry/src/") {
+            let rest = &file[at + "/registry/src/".len()..];
+            if let Some(slash) = rest.find('/') {
+                return rest[slash + 1..].to_string();
+            }
+        }
+        file.to_string()
+    }
+
+    /// The function (symbol table) containing `addr` and the offset into it.
+    pub fn function(&self, addr: u64) -> Option<(String, u64)> {
+        let loader = self.loader.as_ref()?;
+        let symbol = loader.find_symbol_info(addr)?;
+        let name = format!("{:#}", rustc_demangle::demangle(symbol.name()));
+        Some((name, addr - symbol.address()))
+    }
+
+    /// Names a call site (a return address).
+    pub fn site(&self, addr: u64) -> Site {
+        let name = match self.function(addr) {
+            Some((function, offset)) => format!("{function}+{offset:#x}"),
+            None => format!("{addr:#x}"),
+        };
+        let location = self.loader.as_ref().and_then(|loader| {
+            // The return address follows the call; the call is the line.
+            // Of the inlined frames there, the outermost one's location is
+            // the line in the function named above.
+            let probe = addr.saturating_sub(1);
+            let mut outermost = None;
+            if let Ok(mut frames) = loader.find_frames(probe) {
+                while let Ok(Some(frame)) = frames.next() {
+                    if let Some(location) = frame.location {
+                        outermost = Some((location.file, location.line));
+                    }
+                }
+            }
+            let (file, line) = match outermost {
+                Some(found) => found,
+                None => {
+                    let location = loader.find_location(probe).ok()??;
+                    (location.file, location.line)
+                }
+            };
+            let file = self.short_path(file?);
+            Some(match line {
+                Some(line) => format!("{file}:{line}"),
+                None => file,
+            })
+        });
+        Site { name, location }
+    }
+
+    /// The functions at a return address, outermost first, with inlined
+    /// callees expanded (for flamegraph frames). Raw: the address.
+    pub fn frames(&self, addr: u64) -> Vec<String> {
+        let Some(loader) = self.loader.as_ref() else {
+            return vec![format!("{addr:#x}")];
+        };
+        let mut names = Vec::new();
+        if let Ok(mut frames) = loader.find_frames(addr.saturating_sub(1)) {
+            while let Ok(Some(frame)) = frames.next() {
+                if let Some(Ok(name)) = frame.function.as_ref().map(|f| f.demangle()) {
+                    names.push(name.into_owned());
+                }
+            }
+        }
+        if names.is_empty() {
+            return match self.function(addr) {
+                Some((function, _)) => vec![function],
+                None => vec![format!("{addr:#x}")],
+            };
+        }
+        names.reverse();
+        names
+    }
+}
