@@ -92,6 +92,26 @@ impl fmt::Display for DumpError {
 
 impl std::error::Error for DumpError {}
 
+impl DumpError {
+    /// The same error with `base` added to its offset.
+    fn shifted(self, base: u64) -> DumpError {
+        match self {
+            DumpError::Truncated { offset, what } => DumpError::Truncated {
+                offset: offset + base,
+                what,
+            },
+            DumpError::Corrupt { offset, what } => DumpError::Corrupt {
+                offset: offset + base,
+                what,
+            },
+            DumpError::Abi { offset, what } => DumpError::Abi {
+                offset: offset + base,
+                what,
+            },
+        }
+    }
+}
+
 /// The 64-byte dump header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
@@ -288,6 +308,10 @@ pub struct Dump {
     pub skipped: Vec<(u64, u16)>,
     /// Size of the file in bytes.
     pub file_size: u64,
+    /// Offset of this dump in the file.
+    pub offset: u64,
+    /// Dumps before this one in the file (read, validated, not analysed).
+    pub nr_earlier_dumps: usize,
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -321,8 +345,59 @@ struct Frame {
 }
 
 impl Dump {
-    /// Reads and validates a dump from its bytes.
+    /// Reads and validates a dump file and returns its last dump.
+    ///
+    /// A file may hold several dumps back to back (each `kmemtrace dump`
+    /// of one boot appends one): every dump is read and validated in
+    /// order, and the last is returned ([`Dump::nr_earlier_dumps`] says how
+    /// many came before it). Offsets in errors and events are offsets in
+    /// the file.
     pub fn parse(bytes: &[u8]) -> Result<Dump, DumpError> {
+        let mut base = 0usize;
+        let mut nr_earlier_dumps = 0usize;
+        loop {
+            let (mut dump, length) =
+                Dump::parse_one(&bytes[base..]).map_err(|e| e.shifted(base as u64))?;
+            dump.relocate(base as u64);
+            dump.nr_earlier_dumps = nr_earlier_dumps;
+            dump.file_size = bytes.len() as u64;
+            let next = base + length;
+            let rest = &bytes[next..];
+            if rest.is_empty() {
+                return Ok(dump);
+            }
+            if !(rest.starts_with(&MAGIC) || MAGIC.starts_with(rest)) {
+                return Err(corrupt(
+                    next,
+                    format!(
+                        "{} bytes after the trailer record that do not begin another dump",
+                        rest.len()
+                    ),
+                ));
+            }
+            nr_earlier_dumps += 1;
+            base = next;
+        }
+    }
+
+    /// Adds `base` to every offset (the dump starts `base` bytes into the
+    /// file).
+    fn relocate(&mut self, base: u64) {
+        self.offset += base;
+        self.trailer.offset += base;
+        for (offset, _) in &mut self.skipped {
+            *offset += base;
+        }
+        for record in &mut self.cpu_records {
+            record.offset += base;
+            for e in &mut record.events {
+                e.offset += base;
+            }
+        }
+    }
+
+    /// Reads one dump at the start of `bytes`; returns it and its length.
+    fn parse_one(bytes: &[u8]) -> Result<(Dump, usize), DumpError> {
         let header = parse_header(bytes)?;
         let (frames, trailer_frame) = frame_records(bytes)?;
         let trailer = parse_trailer(bytes, &trailer_frame, frames.len())?;
@@ -335,6 +410,8 @@ impl Dump {
             trailer,
             skipped: Vec::new(),
             file_size: bytes.len() as u64,
+            offset: 0,
+            nr_earlier_dumps: 0,
         };
         for frame in &frames {
             let body = &bytes[frame.offset + RECORD_HEADER_SIZE..frame.offset + frame.length];
@@ -392,7 +469,7 @@ impl Dump {
                 ),
             ));
         }
-        Ok(dump)
+        Ok((dump, trailer_frame.offset + trailer_frame.length))
     }
 
     /// Every event of every CPU record, in file order.
@@ -438,7 +515,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header, DumpError> {
             return Err(truncated(
                 0,
                 format!(
-                    "the {HEADER_SIZE}-byte header is cut short: the file has {} bytes",
+                    "the {HEADER_SIZE}-byte header is cut short: {} bytes remain",
                     bytes.len()
                 ),
             ));
@@ -452,7 +529,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header, DumpError> {
         return Err(truncated(
             0,
             format!(
-                "the {HEADER_SIZE}-byte header is cut short: the file has {} bytes",
+                "the {HEADER_SIZE}-byte header is cut short: {} bytes remain",
                 bytes.len()
             ),
         ));
@@ -496,7 +573,8 @@ fn parse_header(bytes: &[u8]) -> Result<Header, DumpError> {
     })
 }
 
-/// First pass: record framing up to and including the trailer.
+/// First pass: record framing up to and including the trailer (the bytes
+/// after it, if any, are the next dump's).
 fn frame_records(bytes: &[u8]) -> Result<(Vec<Frame>, Frame), DumpError> {
     let mut frames = Vec::new();
     let mut offset = HEADER_SIZE;
@@ -545,15 +623,6 @@ fn frame_records(bytes: &[u8]) -> Result<(Vec<Frame>, Frame), DumpError> {
         };
         offset += length;
         if kind == KIND_TRAILER {
-            if offset != bytes.len() {
-                return Err(corrupt(
-                    offset,
-                    format!(
-                        "{} bytes after the trailer record (the trailer must be last)",
-                        bytes.len() - offset
-                    ),
-                ));
-            }
             return Ok((frames, frame));
         }
         frames.push(frame);

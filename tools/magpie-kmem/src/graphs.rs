@@ -206,6 +206,7 @@ pub fn timeline(dump: &Dump, replay: &Replay) -> Result<String, String> {
             .configure_mesh()
             .x_desc(format!("{unit} since record start"))
             .y_desc("live bytes")
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(|e| err(&e))?;
         for (i, s) in series.iter().enumerate() {

@@ -18,15 +18,17 @@
 //!
 //! - [`dump`]: the reader. Validates magic, ABI version, sizes, record
 //!   lengths and the trailer's CRC-32; every error names the byte offset
-//!   ([`dump::DumpError`]: truncated, corrupt, ABI mismatch).
+//!   ([`dump::DumpError`]: truncated, corrupt, ABI mismatch). A file
+//!   holding several dumps back to back (one per `kmemtrace dump` of a
+//!   boot) is read in order and its last dump analysed.
 //! - [`analysis`]: per-CPU checks (sequence gaps are overruns, timestamps
 //!   never go back) and one replay of all CPUs' events merged by
 //!   timestamp, pairing each free with its alloc: statistics per call
 //!   site, pointer and cache; ping-pong (cross-CPU) frees; live objects;
 //!   findings with a severity.
 //! - [`symbols`]: finds the kernel ELF whose GNU build id matches the
-//!   dump's and names addresses `function+0xoff` (symbol table) and
-//!   `file:line` (DWARF, via `addr2line`).
+//!   dump's and names addresses `function+0xoff` (symbol table, generic
+//!   arguments dropped) and `file:line` (DWARF, via `addr2line`).
 //! - [`report`]: the `check`, `stat` and `leaks` reports, text and JSON.
 //! - [`graphs`]: flamegraph (`inferno`) and timeline (`plotters`) SVGs.
 //!

@@ -49,12 +49,12 @@ enum Command {
         #[arg(long)]
         cache: bool,
         /// Sort keys, comma-separated: ptr, callsite, bytes, req, hit,
-        /// pingpong, frag.
+        /// pingpong, frag (perf kmem's default is frag,hit,bytes).
         #[arg(
             long,
             short = 's',
             value_name = "KEYS",
-            default_value = "frag,hit,bytes"
+            default_value = "bytes,hit,frag"
         )]
         sort: String,
         /// Rows per table.
@@ -101,7 +101,15 @@ enum Command {
 
 fn load(file: &Path) -> Result<Dump, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    Dump::parse(&bytes).map_err(|e| format!("{}: {e}", file.display()))
+    let dump = Dump::parse(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+    if dump.nr_earlier_dumps > 0 {
+        eprintln!(
+            "magpie-kmem: note: {}: {}",
+            file.display(),
+            report::earlier_dumps_note(&dump)
+        );
+    }
+    Ok(dump)
 }
 
 /// The symbolizer for reports: errors on an ELF mismatch, warns (stderr)

@@ -23,6 +23,19 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// What to say when the file holds several dumps (each `kmemtrace dump`
+/// of a boot appends one): the last is analysed.
+pub fn earlier_dumps_note(dump: &Dump) -> String {
+    let n = dump.nr_earlier_dumps;
+    format!(
+        "{} dumps in the file; analysing the last, at offset {} ({} earlier dump{} read and skipped)",
+        n + 1,
+        dump.offset,
+        n,
+        if n == 1 { "" } else { "s" }
+    )
+}
+
 /// Findings printed per class before `... and N more`.
 const MAX_ISSUES_PER_CLASS: usize = 10;
 
@@ -35,6 +48,9 @@ pub fn check_text(file: &str, dump: &Dump, replay: &Replay, kernel: &str) -> Str
         "{file}: kmemtrace dump, ABI {}, {} CPUs, {} bytes",
         h.abi_version, h.nr_cpus, dump.file_size
     );
+    if dump.nr_earlier_dumps > 0 {
+        let _ = writeln!(out, "  dumps     {}", earlier_dumps_note(dump));
+    }
     let _ = writeln!(
         out,
         "  build id  {}",
@@ -152,7 +168,7 @@ pub enum SortKey {
     Frag,
 }
 
-/// Parses `frag,hit,bytes`.
+/// Parses `bytes,hit,frag`.
 pub fn parse_sort_keys(text: &str) -> Result<Vec<SortKey>, String> {
     text.split(',')
         .map(|k| match k.trim() {

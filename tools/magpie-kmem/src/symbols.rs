@@ -247,10 +247,14 @@ impl Symbolizer {
         file.to_string()
     }
 
-    /// The function (symbol table) containing `addr` and the offset into it.
+    /// The function (symbol table) a return address belongs to and the
+    /// offset into it.
     pub fn function(&self, addr: u64) -> Option<(String, u64)> {
         let loader = self.loader.as_ref()?;
-        let symbol = loader.find_symbol_info(addr)?;
+        // A return address may be one past the end of its function (a call
+        // to a function that never returns is its last instruction): look
+        // up the call itself, count the offset from the return address.
+        let symbol = loader.find_symbol_info(addr.saturating_sub(1))?;
         let name = format!("{:#}", rustc_demangle::demangle(symbol.name()));
         Some((name, addr - symbol.address()))
     }
@@ -258,7 +262,9 @@ impl Symbolizer {
     /// Names a call site (a return address).
     pub fn site(&self, addr: u64) -> Site {
         let name = match self.function(addr) {
-            Some((function, offset)) => format!("{function}+{offset:#x}"),
+            Some((function, offset)) => {
+                format!("{}+{offset:#x}", short_function_name(&function))
+            }
             None => format!("{addr:#x}"),
         };
         let location = self.loader.as_ref().and_then(|loader| {
@@ -300,17 +306,140 @@ impl Symbolizer {
         if let Ok(mut frames) = loader.find_frames(addr.saturating_sub(1)) {
             while let Ok(Some(frame)) = frames.next() {
                 if let Some(Ok(name)) = frame.function.as_ref().map(|f| f.demangle()) {
-                    names.push(name.into_owned());
+                    names.push(short_function_name(&name));
                 }
             }
         }
         if names.is_empty() {
             return match self.function(addr) {
-                Some((function, _)) => vec![function],
+                Some((function, _)) => vec![short_function_name(&function)],
                 None => vec![format!("{addr:#x}")],
             };
         }
         names.reverse();
         names
+    }
+}
+
+/// Longest function name a report prints (longer ones keep their head and
+/// tail around `...`).
+const MAX_FUNCTION_NAME: usize = 90;
+
+/// A demangled Rust name as a report prints it: generic arguments dropped
+/// (`Vec<T>::push` → `Vec::push`), the type and trait of a leading
+/// qualified path cut to their last segment
+/// (`<alloc::vec::Vec<T> as core::ops::Drop>::drop` → `<Vec as Drop>::drop`),
+/// and at most [`MAX_FUNCTION_NAME`] characters.
+pub fn short_function_name(name: &str) -> String {
+    let chars: Vec<char> = name.chars().collect();
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let previous = out.chars().last();
+        let generic = c == '<'
+            && previous.is_some_and(|p| p.is_alphanumeric() || p == '_' || p == ':' || p == '}');
+        if generic {
+            // Skip to the matching '>' ("->" inside is not one).
+            let mut depth = 0usize;
+            while i < chars.len() {
+                match chars[i] {
+                    '<' => depth += 1,
+                    '>' if i == 0 || chars[i - 1] != '-' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            if out.ends_with("::") {
+                out.truncate(out.len() - 2);
+            }
+        } else {
+            out.push(c);
+        }
+        i += 1;
+    }
+    let mut out = shorten_qualified_path(&out);
+    if out.chars().count() > MAX_FUNCTION_NAME {
+        let chars: Vec<char> = out.chars().collect();
+        let head: String = chars[..40].iter().collect();
+        let tail: String = chars[chars.len() - (MAX_FUNCTION_NAME - 43)..]
+            .iter()
+            .collect();
+        out = format!("{head}...{tail}");
+    }
+    out
+}
+
+/// `<a::B as c::D>::f` → `<B as D>::f` (the leading qualified path only).
+fn shorten_qualified_path(name: &str) -> String {
+    if !name.starts_with('<') {
+        return name.to_string();
+    }
+    let mut depth = 0usize;
+    let mut end = None;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(end) = end else {
+        return name.to_string();
+    };
+    let inner = &name[1..end];
+    if inner.contains('<') {
+        return name.to_string();
+    }
+    let last = |path: &str| path.rsplit("::").next().unwrap_or(path).to_string();
+    let short: Vec<String> = inner.split(" as ").map(last).collect();
+    format!("<{}>{}", short.join(" as "), &name[end + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_function_name;
+
+    #[test]
+    fn rust_names_lose_generics_and_qualified_paths() {
+        assert_eq!(
+            short_function_name(
+                "<alloc::vec::Vec<magpie::stress::CpuReport> as alloc::vec::spec_from_iter_nested::SpecFromIterNested<magpie::stress::CpuReport, core::iter::adapters::map::Map<core::slice::iter::Iter<spin::mutex::Mutex<magpie::stress::CpuReport>>, magpie::stress::run::{closure#3}>>>::from_iter"
+            ),
+            "<Vec as SpecFromIterNested>::from_iter"
+        );
+        assert_eq!(
+            short_function_name("magpie::shell::kmem::cmd_kmalloc"),
+            "magpie::shell::kmem::cmd_kmalloc"
+        );
+        assert_eq!(
+            short_function_name("magpie::stress::run::{closure#2}"),
+            "magpie::stress::run::{closure#2}"
+        );
+        assert_eq!(
+            short_function_name(
+                "core::ptr::drop_in_place::<alloc::boxed::Box<dyn core::ops::Fn(u8) -> u8>>"
+            ),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(
+            short_function_name("alloc::vec::Vec<T,A>::push"),
+            "alloc::vec::Vec::push"
+        );
+        let long = format!("a::{}", "b".repeat(200));
+        let short = short_function_name(&long);
+        assert_eq!(short.chars().count(), 90);
+        assert!(short.starts_with("a::bbb") && short.contains("..."));
     }
 }

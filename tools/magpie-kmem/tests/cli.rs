@@ -52,16 +52,16 @@ const STAT_DEFAULT: &str = "\
  Callsite                           | Total_alloc/Per | Total_req/Per   | Hit      | Ping-pong | Frag
 ---------------------------------------------------------------------------------------------------------
  0xffffffff80100010                 |       384/128   |       300/100   |        3 |         1 | 21.875%
- 0xffffffff80200020                 |       128/64    |       128/64    |        2 |         1 |  0.000%
  0xffffffff80300030                 |       256/256   |       256/256   |        1 |         0 |  0.000%
+ 0xffffffff80200020                 |       128/64    |       128/64    |        2 |         1 |  0.000%
 ---------------------------------------------------------------------------------------------------------
 
 ---------------------------------------------------------------------------------------------------------
  Cache                              | Total_alloc/Per | Total_req/Per   | Hit      | Ping-pong | Frag
 ---------------------------------------------------------------------------------------------------------
  kmalloc-128                        |       384/128   |       300/100   |        3 |         1 | 21.875%
- kmalloc-64                         |       128/64    |       128/64    |        2 |         1 |  0.000%
  inode                              |       256/256   |       256/256   |        1 |         0 |  0.000%
+ kmalloc-64                         |       128/64    |       128/64    |        2 |         1 |  0.000%
 ---------------------------------------------------------------------------------------------------------
 ";
 
@@ -194,7 +194,7 @@ fn stat_json_has_the_same_figures() {
     assert_eq!(a["pingpong"], 1);
     assert_eq!(a["frag_percent"], 21.875);
     assert_eq!(v["allocs"].as_array().unwrap().len(), 6);
-    assert_eq!(v["caches"][2]["name"], "inode");
+    assert_eq!(v["caches"][1]["name"], "inode");
     let s = &v["summary"];
     assert_eq!(s["bytes_requested"], 684);
     assert_eq!(s["bytes_allocated"], 768);
@@ -528,12 +528,12 @@ fn truncated_dumps_are_refused_with_the_offset() {
     refuse(
         &dir,
         &bytes[..0],
-        "truncated dump at offset 0 (0x0): the 64-byte header is cut short: the file has 0 bytes",
+        "truncated dump at offset 0 (0x0): the 64-byte header is cut short: 0 bytes remain",
     );
     refuse(
         &dir,
         &bytes[..30],
-        "truncated dump at offset 0 (0x0): the 64-byte header is cut short: the file has 30 bytes",
+        "truncated dump at offset 0 (0x0): the 64-byte header is cut short: 30 bytes remain",
     );
     refuse(
         &dir,
@@ -611,6 +611,76 @@ fn corrupted_dumps_are_refused_with_the_offset() {
         &dir,
         &bytes,
         &format!("corrupt dump at offset {len} ({len:#x}): 8 bytes after the trailer record"),
+    );
+}
+
+/// Each `kmemtrace dump` of a boot appends a dump to the file: the last
+/// one is analysed, every one is validated.
+#[test]
+fn several_dumps_in_one_file_analyse_the_last() {
+    let dir = scratch("several_dumps");
+    let first = scenario().build();
+    let mut d = DumpBuilder::new(1);
+    d.cache(1, 64, "kmalloc-64");
+    d.cpu(0, 0, &[alloc(0, 5000, 0, SITE_C, P1, 40, 64, 1)]);
+    let second = d.build();
+    let both = [first.clone(), second.clone()].concat();
+    write(&dir, "two.kmt", &both);
+
+    let o = run(&dir, &["stat", "--no-symbols", "--caller", "two.kmt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains(" 0xffffffff80300030                 |        64/64    |        40/40    |        1 |         0 | 37.500%\n"), "{out}");
+    assert!(
+        !out.contains("0xffffffff80100010"),
+        "the first dump is not analysed: {out}"
+    );
+    let note = format!(
+        "2 dumps in the file; analysing the last, at offset {} (1 earlier dump read and skipped)",
+        first.len()
+    );
+    assert!(stderr(&o).contains(&note), "{}", stderr(&o));
+
+    let o = run(&dir, &["check", "--no-symbols", "two.kmt"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("  dumps     {note}\n")),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o)
+            .contains("  events    1 (1 alloc, 0 free, 0 failed alloc, 0 bad free), 0 overruns\n")
+    );
+
+    // A flipped bit in the first dump: refused, offset in the file.
+    let mut bad = both.clone();
+    bad[first.len() - 40 - 64 + 40] ^= 1;
+    let at = first.len() - 8;
+    refuse(
+        &dir,
+        &bad,
+        &format!("corrupt dump at offset {at} ({at:#x}): checksum mismatch"),
+    );
+    // The second dump cut short: truncated, offset in the file.
+    let cut = &both[..both.len() - 40];
+    let at = both.len() - 40;
+    refuse(
+        &dir,
+        cut,
+        &format!(
+            "truncated dump at offset {at} ({at:#x}): no trailer record: the file ends after 2 records"
+        ),
+    );
+    let cut = &both[..first.len() + 3];
+    refuse(
+        &dir,
+        cut,
+        &format!(
+            "truncated dump at offset {} ({:#x}): the 64-byte header is cut short: 3 bytes remain",
+            first.len(),
+            first.len()
+        ),
     );
 }
 
