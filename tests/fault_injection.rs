@@ -321,6 +321,42 @@ fn every_n_fails_every_nth_kmalloc_and_disable_stops_it() {
 
 #[cfg(feature = "fault-injection")]
 #[test_case]
+fn probability_fails_about_that_share_on_every_cpu() {
+    let mut shell = Shell::new();
+    let set = run(&mut shell, "fault magpie::stress probability 10");
+    assert_eq!(set.matches("enabled:probability=10%").count(), 2, "{set}");
+    let out = run(&mut shell, "stress --cpus all --ops 20000 --seed 3");
+    run(&mut shell, "fault magpie::stress disable");
+    let total = out
+        .lines()
+        .find(|line| line.starts_with("total "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let words: alloc::vec::Vec<u64> = total
+        .split_whitespace()
+        .skip(1)
+        .map(|word| word.parse().expect(total))
+        .collect();
+    let (allocs, failures, corrupt) = (words[1], words[4], words[5]);
+    assert_eq!(corrupt, 0, "{out}");
+    // 10% of the allocation attempts, within a wide margin.
+    let attempts = allocs + failures;
+    assert!(
+        failures * 100 >= attempts * 7 && failures * 100 <= attempts * 13,
+        "{failures} failures of {attempts} attempts:\n{out}"
+    );
+    let counted: u64 = FaultTag::all()
+        .iter()
+        .filter(|point| point.tag.module == "magpie::stress")
+        .map(|point| point.counts().nr_injected)
+        .sum();
+    assert!(
+        counted >= failures,
+        "{counted} injected, {failures} failures"
+    );
+}
+
+#[cfg(feature = "fault-injection")]
+#[test_case]
 fn bad_fault_commands_are_one_error_line_and_change_nothing() {
     let mut shell = Shell::new();
     for (line, words) in [
