@@ -5,8 +5,9 @@
 #   boot/run-qemu.sh KERNEL.elf [--smp N] [KERNEL ARGS...]
 #   cargo run -- --smp 8            (the same through cargo)
 #
-# The ELF is passed twice: as the PVH kernel and as the initrd module, from
-# which the kernel reads its own symbol table to symbolize backtraces.
+# The ELF is passed twice: as the PVH kernel and (without its debug info) as
+# the initrd module, from which the kernel reads its own symbol table to
+# symbolize backtraces.
 #
 # Exit status: 0 when the kernel exits through isa-debug-exit with Success
 # (QEMU status 33); non-zero with a one-line message on stderr otherwise
@@ -106,13 +107,32 @@ fi
 # shellcheck disable=SC2206 # word splitting of MAGPIE_QEMU_ARGS is intended
 EXTRA=(${MAGPIE_QEMU_ARGS:-})
 
+# The kernel reads its symbol table (.symtab) from the module. Pass a copy
+# without DWARF: a debug kernel is mostly DWARF (7 MB against 0.4 MB), and
+# QEMU puts the module at the top of RAM, where with a small MAGPIE_MEM a
+# large one would overlap the kernel image before it runs. objcopy from
+# binutils, else llvm-objcopy from the toolchain's llvm-tools; without
+# either, the ELF itself.
+MODULE=$ELF
+OBJCOPY=$(command -v objcopy || true)
+if [ -z "$OBJCOPY" ]; then
+    OBJCOPY=$(ls "$(rustc --print sysroot 2>/dev/null)"/lib/rustlib/*/bin/llvm-objcopy 2>/dev/null | head -n 1)
+fi
+if [ -n "$OBJCOPY" ]; then
+    SYMBOLS=$(mktemp "${TMPDIR:-/tmp}/magpie-symbols.XXXXXX")
+    trap 'rm -f "$SYMBOLS"' EXIT
+    if "$OBJCOPY" --strip-debug "$ELF" "$SYMBOLS" 2>/dev/null; then
+        MODULE=$SYMBOLS
+    fi
+fi
+
 CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
      -serial stdio -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
      -chardev file,id=kmemtrace,path="$KMEMTRACE"
      -device virtio-serial-pci,id=kmemtrace-serial
      -device virtconsole,bus=kmemtrace-serial.0,chardev=kmemtrace
-     -kernel "$ELF" -initrd "$ELF" -append "$APPEND" "${EXTRA[@]}")
+     -kernel "$ELF" -initrd "$MODULE" -append "$APPEND" "${EXTRA[@]}")
 
 if [ "$TIMEOUT" != 0 ]; then
     timeout -k 5 "$TIMEOUT" "${CMD[@]}"

@@ -1,6 +1,7 @@
 //! The shell driven through `Shell::execute` (and `LineEditor`) in the real
 //! kernel: `help`, `kmemstat` (Akaros layout), `slabinfo` (Linux 2.1),
-//! `kmalloc`/`kfree`/`leak`, one-line `error:` messages, and no leaks.
+//! `kmalloc`/`kfree`/`leak`, one-line `error:` messages (strict numbers,
+//! extra arguments, bytes the shell does not take), and no leaks.
 
 #![no_std]
 #![no_main]
@@ -422,7 +423,7 @@ fn errors_are_one_line_and_change_nothing() {
     run_quiet(&mut shell, "kmalloc 64 2", &mut held);
     assert_eq!(shell.nr_held(), 2);
 
-    let cases: [(&str, &str); 18] = [
+    let cases: [(&str, &str); 42] = [
         ("frobnicate", "unknown command 'frobnicate'"),
         ("KMEMSTAT", "unknown command"),
         (
@@ -444,6 +445,33 @@ fn errors_are_one_line_and_change_nothing() {
         ("kfree 3", "cannot free 3: the shell holds 2 object(s)"),
         ("kfree two", "'two' is not a number"),
         ("help me", "usage: help"),
+        // Numbers are [0-9]+ or 0x[0-9a-f]+, nothing else.
+        ("kmalloc +64", "'+64' is not a number"),
+        ("kmalloc 0X40", "'0X40' is not a number"),
+        ("kmalloc 0x4G", "'0x4G' is not a number"),
+        ("kmalloc 6_4", "'6_4' is not a number"),
+        ("kmalloc 99999999999999999999999", "is too large"),
+        ("kmalloc 0x10000000000000000", "is too large"),
+        // Extra arguments are refused with the usage line.
+        ("poweroff now please", "usage: poweroff"),
+        ("kmemstat x", "usage: kmemstat"),
+        ("slabinfo x", "usage: slabinfo"),
+        ("cpus 1", "usage: cpus"),
+        ("timestats reset now", "usage: timestats"),
+        ("kmalloc 64 2 3", "usage: kmalloc"),
+        ("leak 64 2 3", "usage: leak"),
+        ("kfree 1 2", "usage: kfree"),
+        ("allocinfo --top", "usage: allocinfo"),
+        ("allocinfo --top -1", "'-1' is not a number"),
+        ("stress --ops", "--ops needs a value; usage: stress"),
+        ("stress --frob 1", "unknown option '--frob'"),
+        ("stress --cpus 0", "--cpus 0: give 1 to"),
+        ("stress --sizes 5-x", "'5-x' is not a size range A-B"),
+        ("kfree 0", "kfree 0 frees nothing"),
+        // Bytes the shell does not take name the byte and its column.
+        ("kfree 1\u{0}0", "byte 0x00 at column 8"),
+        ("kmalloc 6\u{e9}4 3", "byte 0xc3 at column 10"),
+        ("\u{e9}\u{e9}", "byte 0xc3 at column 1"),
     ];
     let mut out = buffer();
     let mut before = Vec::with_capacity(64);
@@ -459,6 +487,11 @@ fn errors_are_one_line_and_change_nothing() {
         assert_eq!(SLAB.large_stats(), large, "{line:?}");
     }
     SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{} left tracing", cache.name()));
+
+    // A tab separates words like a space.
+    run_quiet(&mut shell, "kmalloc 64\t2", &mut out);
+    assert_eq!(addresses(&out).len(), 2, "{out}");
+    assert_eq!(shell.nr_held(), 4);
 
     run_quiet(&mut shell, "kfree all", &mut out);
     assert_eq!(shell.nr_held(), 0);
@@ -476,6 +509,9 @@ fn feed(editor: &mut LineEditor, bytes: &[u8], echo: &mut Vec<u8>) -> Vec<Option
             Edit::Pending => {}
             Edit::Line(line) => lines.push(Some(String::from(line))),
             Edit::TooLong => lines.push(None),
+            Edit::Invalid { byte, column } => {
+                lines.push(Some(format!("\u{0}invalid {byte:#04x} {column}")))
+            }
         }
     }
     lines
@@ -498,14 +534,33 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     assert_eq!(echo, b"helq\x08 \x08p\nslabinfo\n\n");
 
     echo.clear();
-    let lines = feed(&mut editor, b"\x7f\x1b[Ak\tm\x00", &mut echo);
-    assert!(lines.is_empty());
+    let lines = feed(&mut editor, b"\x7fkmalloc\t64\r", &mut echo);
     assert_eq!(
-        echo, b"[Akm",
-        "backspace at the start and control bytes are not echoed"
+        lines,
+        [Some(String::from("kmalloc\t64"))],
+        "a tab is kept (a separator)"
     );
-    let lines = feed(&mut editor, b"\r", &mut echo);
-    assert_eq!(lines, [Some(String::from("[Akm"))]);
+    assert_eq!(
+        echo, b"kmalloc 64\n",
+        "backspace at the start echoes nothing; a tab echoes a space"
+    );
+
+    echo.clear();
+    let lines = feed(&mut editor, b"k\x1b[Am\x00\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("\u{0}invalid 0x1b 2"))],
+        "a control byte makes the line an error naming the first one and its column"
+    );
+    assert_eq!(echo, b"k?[Am?\n", "bytes refused are echoed as '?'");
+    let lines = feed(&mut editor, "6\u{e9}4\r".as_bytes(), &mut echo);
+    assert_eq!(lines, [Some(String::from("\u{0}invalid 0xc3 2"))]);
+    let lines = feed(&mut editor, b"x\xff\x7f\x7fhelp\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("help"))],
+        "a refused byte removed with backspace leaves the line good"
+    );
 
     let mut long = Vec::new();
     long.resize(MAX_LINE, b'x');

@@ -17,7 +17,7 @@
 //! (pages from the frame allocator, addressed through the direct map).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use magpie_slab::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform};
 use spin::Mutex;
@@ -210,8 +210,19 @@ impl PageSource for Arena {
         self.name
     }
 
+    /// Pages from the frame allocator; when it has none, reap every cache
+    /// once (empty slabs, magazines and depots go back to the frame
+    /// allocator) and try again before failing. `magpie-slab` calls a page
+    /// source with none of its locks held, so the reap cannot deadlock;
+    /// kernel code must not allocate inside `SLAB.for_each_cache` for the
+    /// same reason (the reap takes the cache-list lock).
     fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
-        let phys = frame::alloc_contiguous(nr_pages).ok_or(AllocError::OutOfMemory)?;
+        let phys = frame::alloc_contiguous(nr_pages)
+            .or_else(|| {
+                reap_for_retry();
+                frame::alloc_contiguous(nr_pages)
+            })
+            .ok_or(AllocError::OutOfMemory)?;
         self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
         self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
         NonNull::new(memory::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
@@ -238,6 +249,22 @@ impl PageSource for Arena {
         }
     }
 }
+
+/// Reaps every cache so that a failed page allocation can be retried; one
+/// reap at a time (an allocation failing during the reap, or on another CPU
+/// meanwhile, retries without reaping again).
+fn reap_for_retry() {
+    static REAPING: AtomicBool = AtomicBool::new(false);
+    if SLAB.is_ready() && !REAPING.swap(true, Ordering::Acquire) {
+        let nr_pages = SLAB.reap_all();
+        NR_OOM_REAPS.fetch_add(1, Ordering::Relaxed);
+        REAPING.store(false, Ordering::Release);
+        log::debug!("kpages: out of frames; reaped {nr_pages} pages");
+    }
+}
+
+/// Reaps done because a page allocation failed ([`Arena::alloc_pages`]).
+pub static NR_OOM_REAPS: AtomicU64 = AtomicU64::new(0);
 
 /// Statistics of the frame allocator, shown as the `base` arena.
 pub fn base_stats() -> ArenaStats {

@@ -84,6 +84,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     klog::init(boot.cmdline);
     arch::acpi::init(boot.rsdp);
     frame::init(boot);
+    check_memory(boot);
     memory::init(boot);
     symbols::init(boot);
     kmem::init();
@@ -97,6 +98,38 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
         boot.cmdline
     );
     kmain(boot)
+}
+
+/// Free memory the kernel needs once its image and boot modules are in
+/// place, in bytes: 2 MiB for the slab allocator's start (page map,
+/// metadata caches, allocation-profiling counters) and the shell's work,
+/// and per CPU 256 KiB (its 128 KiB kernel stack, GDT, TSS, double-fault
+/// stack and magazines).
+pub fn min_free_bytes(nr_cpus: usize) -> usize {
+    (2 << 20) + nr_cpus * (256 << 10)
+}
+
+/// Stops the boot with a clear message, through `isa-debug-exit` with
+/// failure, when there is less free memory than [`min_free_bytes`]:
+/// rather than a panic (or a triple fault) somewhere later in the boot.
+fn check_memory(boot: &BootInfo) {
+    let nr_cpus = arch::max_cpus();
+    let need = min_free_bytes(nr_cpus);
+    let free = frame::stats().nr_free * frame::PAGE_SIZE;
+    if free >= need {
+        return;
+    }
+    let usable = boot.usable_bytes() as usize;
+    println!(
+        "error: too little memory: found {} KiB of usable RAM, {} KiB of it free after the \
+         kernel image and boot modules; the kernel needs {} KiB free with {nr_cpus} CPU(s), \
+         so about {} MiB of RAM at least",
+        usable >> 10,
+        free >> 10,
+        need >> 10,
+        (usable - free + need).div_ceil(1 << 20),
+    );
+    exit_qemu(QemuExitCode::Failed)
 }
 
 /// Defines the kernel's `kmain` from a function `fn(&'static BootInfo) -> !`.

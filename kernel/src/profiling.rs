@@ -424,29 +424,6 @@ macro_rules! tagged_alloc {
 // ---------------------------------------------------------------------------
 // Reading the counters
 
-/// One `allocinfo` row.
-#[derive(Clone, Copy)]
-pub struct AllocInfoRow {
-    /// The call site.
-    pub tag: &'static AllocTag,
-    /// Its live bytes and calls summed over CPUs.
-    pub counts: AllocTagCounts,
-}
-
-/// Every tag with its counts, in section order.
-pub fn snapshot() -> Vec<AllocInfoRow> {
-    let _scope = crate::alloc_tag_scope!();
-    let tags = AllocTag::all();
-    let mut rows = Vec::with_capacity(tags.len());
-    for tag in tags {
-        rows.push(AllocInfoRow {
-            tag,
-            counts: COUNTERS.read(tag.tag_ref()),
-        });
-    }
-    rows
-}
-
 /// Live bytes and calls summed over every tag (the `allocinfo` totals),
 /// read without allocating; zero when profiling is compiled out.
 pub fn totals() -> AllocTagCounts {
@@ -492,7 +469,8 @@ struct CtxPool {
     records: [TraceRecord; CTX_MAX_RECORDS],
 }
 
-const EMPTY_RECORD: TraceRecord = TraceRecord {
+/// A trace record with nothing in it (`addr == 0`), for fixed buffers.
+pub const EMPTY_RECORD: TraceRecord = TraceRecord {
     addr: 0,
     size: 0,
     cpu: 0,
@@ -579,6 +557,25 @@ pub fn ctx_records() -> Vec<TraceRecord> {
             .copied(),
     );
     records
+}
+
+/// Copies live records from the pool, slot order, starting at slot
+/// `from`, into `buf` (under the pool lock; nothing allocates). Returns how
+/// many were copied and the slot to continue from (`CTX_MAX_RECORDS` when
+/// the pool was walked to its end).
+pub fn ctx_copy(from: usize, buf: &mut [TraceRecord]) -> (usize, usize) {
+    let _irq = IrqGuard::new();
+    let pool = CTX_POOL.lock();
+    let mut nr_copied = 0;
+    let mut slot = from.min(CTX_MAX_RECORDS);
+    while slot < CTX_MAX_RECORDS && nr_copied < buf.len() {
+        if pool.records[slot].addr != 0 {
+            buf[nr_copied] = pool.records[slot];
+            nr_copied += 1;
+        }
+        slot += 1;
+    }
+    (nr_copied, slot)
 }
 
 /// Whether context capture is on for `tag`.

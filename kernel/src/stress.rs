@@ -151,8 +151,7 @@ impl StressReport {
 // ---------------------------------------------------------------------------
 // The constructor-bearing cache
 
-static CTOR_CACHE: Once<Result<&'static KmemCache<KernelPlatform>, magpie_slab::AllocError>> =
-    Once::new();
+static CTOR_CACHE: Once<&'static KmemCache<KernelPlatform>> = Once::new();
 static NR_DTOR_MISMATCHES: AtomicU64 = AtomicU64::new(0);
 static NR_CTOR_RUNS: AtomicU64 = AtomicU64::new(0);
 
@@ -177,19 +176,22 @@ fn dtor(obj: NonNull<u8>, size: usize) {
 ///
 /// # Errors
 ///
-/// The allocator's error if the cache cannot be created.
+/// The allocator's error if the cache cannot be created (out of memory);
+/// a later call tries again.
 pub fn ctor_cache() -> Result<&'static KmemCache<KernelPlatform>, magpie_slab::AllocError> {
-    *CTOR_CACHE.call_once(|| {
-        SLAB.cache_create(
-            CTOR_CACHE_NAME,
-            CTOR_OBJ_SIZE,
-            8,
-            CacheFlags::empty(),
-            Some(ctor),
-            Some(dtor),
-            None,
-        )
-    })
+    CTOR_CACHE
+        .try_call_once(|| {
+            SLAB.cache_create(
+                CTOR_CACHE_NAME,
+                CTOR_OBJ_SIZE,
+                8,
+                CacheFlags::empty(),
+                Some(ctor),
+                Some(dtor),
+                None,
+            )
+        })
+        .copied()
 }
 
 /// Times the `stress-ctor` constructor has run.
@@ -322,7 +324,9 @@ struct Run<'a> {
 ///
 /// [`SmpError::Offline`] if a listed CPU is not online.
 pub fn run(config: &StressConfig) -> Result<StressReport, SmpError> {
-    let ctor_cache = ctor_cache().expect("stress-ctor cache");
+    // Callers create the cache first (the shell's `stress` reports when it
+    // cannot); once created it stays, so this does not fail here.
+    let ctor_cache = ctor_cache().expect("stress-ctor cache created by the caller");
     let nr_dtor_before = NR_DTOR_MISMATCHES.load(Ordering::Relaxed);
     let n = config.cpus.len();
     let run = Run {

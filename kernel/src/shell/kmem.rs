@@ -5,7 +5,10 @@ use core::ptr::NonNull;
 
 use magpie_slab::CacheStats;
 
-use super::{Command, MAX_COUNT, MAX_SIZE, Result, Shell, ShellError, no_args, parse_number};
+use super::{
+    Command, MAX_COUNT, MAX_SIZE, Result, Shell, ShellError, no_args, out_of_memory, parse_number,
+    shell_error,
+};
 use crate::heap;
 use crate::kmem::{self, KPAGES, SLAB};
 
@@ -75,22 +78,41 @@ fn size_and_count<'a>(args: &[&'a str], command: &'static Command) -> Result<'a,
     Ok((size, count))
 }
 
-/// `kmalloc SIZE [COUNT]`: allocates and keeps; prints each address.
+/// The error for the `done`-th of `count` allocations of `size` bytes
+/// failing with `error`.
+fn kmalloc_failed(
+    size: usize,
+    done: usize,
+    count: usize,
+    error: magpie_slab::AllocError,
+) -> ShellError<'static> {
+    match error {
+        magpie_slab::AllocError::OutOfMemory => {
+            out_of_memory!("kmalloc({size}) failed after {done} of {count} objects")
+        }
+        other => shell_error!("kmalloc({size}) failed after {done} of {count} objects: {other}"),
+    }
+}
+
+/// `kmalloc SIZE [COUNT]`: allocates and keeps; prints each address. The
+/// list of held objects grows first (fallibly), so every object allocated
+/// is held; when memory runs out part-way, the objects allocated so far
+/// stay held and one `error: out of memory` line says how many there are.
 #[inline(never)]
 fn cmd_kmalloc<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let (size, count) = size_and_count(args, &KMALLOC)?;
-    shell.held.reserve(count);
-    for _ in 0..count {
-        match crate::kmalloc!(size, 1) {
-            Ok(ptr) => {
-                shell.held.push(Held { ptr, size });
-                let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
-            }
-            Err(error) => {
-                let _ = writeln!(out, "error: kmalloc({size}) failed: {error}");
-                break;
-            }
-        }
+    if shell.held.try_reserve(count).is_err() {
+        return Err(out_of_memory!(
+            "{} bytes to hold {count} more objects",
+            (shell.held.len() + count) * core::mem::size_of::<Held>()
+        ));
+    }
+    for done in 0..count {
+        let ptr =
+            crate::kmalloc!(size, 1).map_err(|error| kmalloc_failed(size, done, count, error))?;
+        // Cannot grow: `count` slots were reserved above.
+        shell.held.push(Held { ptr, size });
+        let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
     }
     Ok(())
 }
@@ -100,7 +122,14 @@ fn cmd_kfree<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
     let count = match args {
         [] => 1,
         ["all"] => shell.held.len(),
-        [number] => parse_number(number)?,
+        [number] => match parse_number(number)? {
+            0 => {
+                return Err(shell_error!(
+                    "kfree 0 frees nothing: give 1 or more, or all"
+                ));
+            }
+            count => count,
+        },
         _ => return Err(ShellError::Usage(&KFREE)),
     };
     if count > shell.held.len() {
@@ -129,16 +158,10 @@ fn cmd_kfree<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
 #[inline(never)]
 fn cmd_leak<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let (size, count) = size_and_count(args, &LEAK)?;
-    for _ in 0..count {
-        match crate::kmalloc!(size, 1) {
-            Ok(ptr) => {
-                let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
-            }
-            Err(error) => {
-                let _ = writeln!(out, "error: kmalloc({size}) failed: {error}");
-                break;
-            }
-        }
+    for done in 0..count {
+        let ptr =
+            crate::kmalloc!(size, 1).map_err(|error| kmalloc_failed(size, done, count, error))?;
+        let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
     }
     Ok(())
 }

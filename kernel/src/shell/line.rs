@@ -1,12 +1,24 @@
 //! The line editor: console bytes in, command lines out.
+//!
+//! It refuses rather than drops: every byte typed is kept (up to
+//! [`MAX_LINE`]) and either ends up in the line or makes the line an error.
+//!
+//! | byte | what happens |
+//! | --- | --- |
+//! | CR, LF, CR LF | ends the line |
+//! | backspace (0x08), DEL (0x7f) | removes the last byte |
+//! | tab | kept; a word separator like a space (echoed as a space) |
+//! | printable ASCII | kept and echoed |
+//! | any other (control bytes, escape sequences, non-ASCII / UTF-8) | kept and echoed as `?`; the line is then refused with [`Edit::Invalid`] naming the first such byte and its column |
 
 use core::fmt::{self, Write};
 
-use super::MAX_LINE;
+use super::{MAX_LINE, is_line_byte};
 use crate::console;
 
 /// Collects a command line from console bytes: echo, backspace, overlong
-/// lines. Feeds on bytes, so it is testable without a console.
+/// lines, bytes the shell does not take. Feeds on bytes, so it is testable
+/// without a console.
 pub struct LineEditor {
     buffer: [u8; MAX_LINE],
     len: usize,
@@ -23,6 +35,14 @@ pub enum Edit<'a> {
     Line(&'a str),
     /// A line that exceeded [`MAX_LINE`]; it was discarded.
     TooLong,
+    /// A line holding a byte that is not printable ASCII or a tab: the
+    /// first such byte and its column (from 1). The line was discarded.
+    Invalid {
+        /// The byte.
+        byte: u8,
+        /// Its column, from 1.
+        column: usize,
+    },
 }
 
 impl LineEditor {
@@ -46,11 +66,17 @@ impl LineEditor {
                 let (len, too_long) = (self.len, self.too_long);
                 self.len = 0;
                 self.too_long = false;
+                let line = &self.buffer[..len];
                 if too_long {
                     Edit::TooLong
+                } else if let Some(index) = line.iter().position(|&byte| !is_line_byte(byte)) {
+                    Edit::Invalid {
+                        byte: line[index],
+                        column: index + 1,
+                    }
                 } else {
-                    // Only printable ASCII is stored, so this is valid UTF-8.
-                    Edit::Line(core::str::from_utf8(&self.buffer[..len]).unwrap_or(""))
+                    // Only printable ASCII and tabs are left: valid UTF-8.
+                    Edit::Line(core::str::from_utf8(line).unwrap_or(""))
                 }
             }
             0x7f | 0x08 => {
@@ -60,17 +86,20 @@ impl LineEditor {
                 }
                 Edit::Pending
             }
-            0x20..=0x7e => {
+            _ => {
                 if self.len == MAX_LINE {
                     self.too_long = true;
                 } else if !self.too_long {
                     self.buffer[self.len] = byte;
                     self.len += 1;
-                    echo(&[byte]);
+                    echo(match byte {
+                        b'\t' => b" ",
+                        b' '..=b'~' => core::slice::from_ref(&byte),
+                        _ => b"?",
+                    });
                 }
                 Edit::Pending
             }
-            _ => Edit::Pending,
         }
     }
 }

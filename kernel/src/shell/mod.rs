@@ -149,8 +149,20 @@ pub enum ShellError<'a> {
     UnknownCommand(&'a str),
     /// No cache by that name.
     UnknownCache(&'a str),
-    /// A number did not parse.
+    /// A number did not parse (`[0-9]+` or `0x[0-9a-f]+`).
     NotANumber(&'a str),
+    /// A well-formed number too large for its type.
+    NumberTooLarge(&'a str),
+    /// A byte the shell does not take (a control byte or non-ASCII);
+    /// `column` counts bytes from 1.
+    BadByte {
+        /// The byte.
+        byte: u8,
+        /// Its position in the line, from 1.
+        column: usize,
+    },
+    /// A command could not get memory; the text says what it wanted.
+    OutOfMemory(Message),
     /// A size range `A-B` did not parse.
     NotASizeRange(&'a str),
     /// Wrong arguments: the command's usage.
@@ -194,6 +206,12 @@ impl fmt::Display for ShellError<'_> {
                 write!(f, "no cache named '{name}' (see 'slabinfo' for names)")
             }
             ShellError::NotANumber(text) => write!(f, "'{text}' is not a number"),
+            ShellError::NumberTooLarge(text) => write!(f, "'{text}' is too large"),
+            ShellError::BadByte { byte, column } => write!(
+                f,
+                "byte {byte:#04x} at column {column} is not printable ASCII; line ignored"
+            ),
+            ShellError::OutOfMemory(what) => write!(f, "out of memory ({})", what.as_str()),
             ShellError::NotASizeRange(text) => write!(f, "'{text}' is not a size range A-B"),
             ShellError::Usage(command) => write!(f, "usage: {}", Usage(command)),
             ShellError::BadSize(size) => {
@@ -291,6 +309,15 @@ macro_rules! shell_error {
 }
 pub(crate) use shell_error;
 
+/// `ShellError::OutOfMemory` from a format string saying what was wanted:
+/// `out_of_memory!("{n} bytes for ...")` prints `error: out of memory (...)`.
+macro_rules! out_of_memory {
+    ($($arg:tt)*) => {
+        $crate::shell::ShellError::OutOfMemory($crate::shell::Message::new(format_args!($($arg)*)))
+    };
+}
+pub(crate) use out_of_memory;
+
 /// Shell state: the objects `kmalloc` allocated and `kfree` has not freed.
 #[derive(Default)]
 pub struct Shell {
@@ -316,6 +343,7 @@ impl Shell {
     }
 
     fn dispatch<'a>(&mut self, line: &'a str, out: &mut dyn Write) -> Result<'a> {
+        check_line(line.as_bytes())?;
         let mut words = [""; MAX_WORDS];
         let mut nr_words = 0;
         for word in line.split_whitespace() {
@@ -336,6 +364,27 @@ impl Shell {
     }
 }
 
+/// Whether the shell takes `byte` in a line: printable ASCII, or a tab
+/// (a word separator).
+pub fn is_line_byte(byte: u8) -> bool {
+    matches!(byte, b' '..=b'~' | b'\t')
+}
+
+/// Refuses a line the shell would otherwise misread: longer than
+/// [`MAX_LINE`], or holding a byte that is not printable ASCII or a tab.
+pub fn check_line(line: &[u8]) -> Result<'static> {
+    if let Some(index) = line.iter().position(|&byte| !is_line_byte(byte)) {
+        return Err(ShellError::BadByte {
+            byte: line[index],
+            column: index + 1,
+        });
+    }
+    if line.len() > MAX_LINE {
+        return Err(ShellError::LineTooLong);
+    }
+    Ok(())
+}
+
 /// `Err(Usage)` unless `args` is empty.
 pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
     if args.is_empty() {
@@ -345,13 +394,26 @@ pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
     }
 }
 
-/// Parses a decimal or `0x` hexadecimal number.
-pub fn parse_number(text: &str) -> Result<'_, usize> {
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => usize::from_str_radix(hex, 16),
-        None => text.parse(),
+/// Parses a number: decimal `[0-9]+` or hexadecimal `0x[0-9a-f]+`, nothing
+/// else (no sign, no spaces, no upper-case hex, no `_`).
+pub fn parse_u64(text: &str) -> Result<'_, u64> {
+    let (digits, radix) = match text.strip_prefix("0x") {
+        Some(hex) => (hex, 16),
+        None => (text, 10),
     };
-    parsed.map_err(|_| ShellError::NotANumber(text))
+    let valid = |byte: &u8| match radix {
+        16 => matches!(byte, b'0'..=b'9' | b'a'..=b'f'),
+        _ => byte.is_ascii_digit(),
+    };
+    if digits.is_empty() || !digits.as_bytes().iter().all(valid) {
+        return Err(ShellError::NotANumber(text));
+    }
+    u64::from_str_radix(digits, radix).map_err(|_| ShellError::NumberTooLarge(text))
+}
+
+/// [`parse_u64`] as a `usize`.
+pub fn parse_number(text: &str) -> Result<'_, usize> {
+    usize::try_from(parse_u64(text)?).map_err(|_| ShellError::NumberTooLarge(text))
 }
 
 // ---------------------------------------------------------------------------
@@ -376,6 +438,9 @@ pub fn run() -> ! {
             }
             Edit::TooLong => {
                 let _ = writeln!(out, "error: {}", ShellError::LineTooLong);
+            }
+            Edit::Invalid { byte, column } => {
+                let _ = writeln!(out, "error: {}", ShellError::BadByte { byte, column });
             }
         }
         let _ = out.write_str(PROMPT);

@@ -1,14 +1,22 @@
 //! `allocinfo` and `timestats`: allocation profiling and latency statistics
 //! (the mechanisms are in `crate::profiling` and `magpie-codetag`).
+//!
+//! Neither allocates: `allocinfo` reads every tag's counters once into a
+//! table reserved at boot ([`MAX_ROWS`] rows), sorts that in place and
+//! prints it (a consistent snapshot: each row is read once);
+//! `allocinfo ctx print` copies the capture pool a chunk at a time and
+//! prints each chunk after releasing the pool lock.
 
-use alloc::vec::Vec;
 use core::fmt::Write;
 
-use magpie_codetag::alloc_tag::{AllocTag, write_allocinfo_header, write_allocinfo_row};
+use magpie_codetag::alloc_tag::{
+    AllocTag, AllocTagCounts, write_allocinfo_header, write_allocinfo_row,
+};
 use magpie_codetag::time_stats::{TimeStats, write_time_stats};
+use spin::Mutex;
 
 use super::{Command, Result, Shell, ShellError, shell_error, write_record};
-use crate::profiling::{self, COMPILED_IN, SWITCH};
+use crate::profiling::{self, COMPILED_IN, COUNTERS, SWITCH};
 
 pub(super) const ALLOCINFO: Command = Command {
     name: "allocinfo",
@@ -39,6 +47,28 @@ pub(super) const TIMESTATS: Command = Command {
     context: "shell",
     run: cmd_timestats,
 };
+
+/// Allocation tags `allocinfo` can show (the kernel has a few dozen).
+pub const MAX_ROWS: usize = 1024;
+
+/// One tag's counts, read once.
+#[derive(Clone, Copy)]
+struct Row {
+    /// Index of the tag in the `ALLOC_TAGS` section.
+    index: usize,
+    counts: AllocTagCounts,
+}
+
+/// The snapshot `allocinfo` sorts and prints: reserved at boot (24 KiB).
+static ROWS: Mutex<[Row; MAX_ROWS]> = Mutex::new(
+    [Row {
+        index: 0,
+        counts: AllocTagCounts { bytes: 0, calls: 0 },
+    }; MAX_ROWS],
+);
+
+/// Records `allocinfo ctx print` copies per pass.
+const CTX_CHUNK: usize = 16;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SortKey {
@@ -85,10 +115,10 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
                 }
             }
             "--top" => {
-                let Some(number) = words.next().and_then(|text| text.parse().ok()) else {
+                let Some(number) = words.next() else {
                     return Err(usage);
                 };
-                top = number;
+                top = super::parse_number(number)?;
                 if sort == SortKey::Section {
                     sort = SortKey::Bytes;
                 }
@@ -103,20 +133,39 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
             _ => return Err(usage),
         }
     }
-    let _scope = crate::alloc_tag_scope!();
-    let mut rows = profiling::snapshot();
-    if let Some(pattern) = file {
-        rows.retain(|row| row.tag.tag.file.contains(pattern));
+    let tags = AllocTag::all();
+    if tags.len() > MAX_ROWS {
+        return Err(shell_error!(
+            "{} allocation tags, allocinfo shows at most {MAX_ROWS}",
+            tags.len()
+        ));
     }
+    let mut rows = ROWS.lock();
+    let mut nr_rows = 0;
+    for (index, tag) in tags.iter().enumerate() {
+        if file.is_none_or(|pattern| tag.tag.file.contains(pattern)) {
+            rows[nr_rows] = Row {
+                index,
+                counts: COUNTERS.read(tag.tag_ref()),
+            };
+            nr_rows += 1;
+        }
+    }
+    let rows = &mut rows[..nr_rows];
+    // Ties keep section order.
     match sort {
         SortKey::Section => {}
-        SortKey::Bytes => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.bytes)),
-        SortKey::Calls => rows.sort_by_key(|row| core::cmp::Reverse(row.counts.calls)),
+        SortKey::Bytes => {
+            rows.sort_unstable_by_key(|row| (core::cmp::Reverse(row.counts.bytes), row.index))
+        }
+        SortKey::Calls => {
+            rows.sort_unstable_by_key(|row| (core::cmp::Reverse(row.counts.calls), row.index))
+        }
     }
     let inaccurate = SWITCH.is_inaccurate();
     let _ = write_allocinfo_header(out);
     for row in rows.iter().take(top) {
-        let _ = write_allocinfo_row(out, row.tag, row.counts, human, inaccurate);
+        let _ = write_allocinfo_row(out, &tags[row.index], row.counts, human, inaccurate);
     }
     if !SWITCH.is_on() {
         let _ = writeln!(
@@ -160,13 +209,7 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
             let _ = writeln!(out, "stopped capturing context of {}", tag.tag.location());
         }
         _ => {
-            let _scope = crate::alloc_tag_scope!();
             let capturing = profiling::ctx_is_capturing(tag);
-            let records = if capturing {
-                profiling::ctx_records()
-            } else {
-                Vec::new()
-            };
             let _ = writeln!(
                 out,
                 "Context of live objects from {} func:{}",
@@ -174,8 +217,17 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
                 tag.tag.function()
             );
             let _ = writeln!(out, "-------------------------");
-            for record in &records {
-                write_record(out, record);
+            // A chunk at a time, printed after the pool lock is released.
+            let mut nr_shown = 0;
+            let mut slot = 0;
+            let mut chunk = [crate::profiling::EMPTY_RECORD; CTX_CHUNK];
+            while capturing && slot < profiling::CTX_MAX_RECORDS {
+                let (nr_copied, next) = profiling::ctx_copy(slot, &mut chunk);
+                for record in &chunk[..nr_copied] {
+                    write_record(out, record);
+                }
+                nr_shown += nr_copied;
+                slot = next;
             }
             let nr_dropped = if capturing {
                 profiling::ctx_nr_dropped()
@@ -185,8 +237,8 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
             let _ = writeln!(
                 out,
                 "{} live object{} recorded, {} record{} dropped (capture {})",
-                records.len(),
-                if records.len() == 1 { "" } else { "s" },
+                nr_shown,
+                if nr_shown == 1 { "" } else { "s" },
                 nr_dropped,
                 if nr_dropped == 1 { "" } else { "s" },
                 if capturing { "on" } else { "off" }

@@ -4,13 +4,13 @@
 use alloc::vec::Vec;
 use core::fmt::Write;
 
-use super::{Command, Result, Shell, ShellError, no_args, shell_error};
-use crate::arch;
+use super::{Command, Result, Shell, ShellError, no_args, out_of_memory, parse_u64, shell_error};
 use crate::kmem::SLAB;
 use crate::smp;
 use crate::stress::{
     self, CTOR_OBJ_SIZE, MAX_STRESS_OPS, MAX_STRESS_SIZE, StressConfig, print_report,
 };
+use crate::{arch, frame};
 
 pub(super) const CPUS: Command = Command {
     name: "cpus",
@@ -29,18 +29,31 @@ pub(super) const STRESS: Command = Command {
     run: cmd_stress,
 };
 
-fn parse_u64(text: &str) -> Option<u64> {
-    match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => text.parse().ok(),
+/// Bytes of bookkeeping a stress run needs per CPU besides its objects
+/// (inbox, live list, report, work item), with room to spare.
+const BOOKKEEPING_PER_CPU: usize = 64 << 10;
+
+/// The online CPUs, the first `n` of them (all for `None`), in a fallibly
+/// allocated list.
+fn online_cpus<'a>(n: Option<usize>) -> Result<'a, Vec<usize>> {
+    let nr_online = smp::nr_online();
+    let n = n.unwrap_or(nr_online);
+    if n == 0 || n > nr_online {
+        return Err(shell_error!(
+            "--cpus {n}: give 1 to {nr_online} (CPUs online) or all"
+        ));
     }
+    let mut cpus = Vec::new();
+    cpus.try_reserve_exact(n)
+        .map_err(|_| out_of_memory!("a list of {n} CPUs"))?;
+    cpus.extend(smp::online_cpus().take(n));
+    Ok(cpus)
 }
 
 /// Parses `stress` arguments into a configuration (CPUs default to all
 /// online ones, 10,000 ops per CPU).
 fn parse_args<'a>(args: &[&'a str]) -> Result<'a, StressConfig> {
-    let online: Vec<usize> = smp::online_cpus().collect();
-    let mut config = StressConfig::new(online.clone(), 10_000);
+    let mut config = StressConfig::new(online_cpus(None)?, 10_000);
     let mut words = args.iter();
     while let Some(&flag) = words.next() {
         let Some(&value) = words.next() else {
@@ -49,28 +62,22 @@ fn parse_args<'a>(args: &[&'a str]) -> Result<'a, StressConfig> {
         match flag {
             "--cpus" => {
                 if value != "all" {
-                    let n = parse_u64(value).ok_or(ShellError::NotANumber(value))? as usize;
-                    if n == 0 || n > online.len() {
-                        return Err(shell_error!(
-                            "--cpus {n}: give 1 to {} (CPUs online) or all",
-                            online.len()
-                        ));
-                    }
-                    config.cpus = online[..n].to_vec();
+                    let n = usize::try_from(parse_u64(value)?).unwrap_or(usize::MAX);
+                    config.cpus = online_cpus(Some(n))?;
                 }
             }
             "--ops" => {
-                let n = parse_u64(value).ok_or(ShellError::NotANumber(value))?;
+                let n = parse_u64(value)?;
                 if !(1..=MAX_STRESS_OPS).contains(&n) {
                     return Err(shell_error!("--ops {n}: give 1 to {MAX_STRESS_OPS}"));
                 }
                 config.nr_ops = n;
             }
             "--sizes" => {
-                let not_a_range = || ShellError::NotASizeRange(value);
+                let not_a_range = |_| ShellError::NotASizeRange(value);
                 let (a, b) = value.split_once('-').unwrap_or((value, value));
-                let a = parse_u64(a).ok_or_else(not_a_range)? as usize;
-                let b = parse_u64(b).ok_or_else(not_a_range)? as usize;
+                let a = parse_u64(a).map_err(not_a_range)? as usize;
+                let b = parse_u64(b).map_err(not_a_range)? as usize;
                 if a == 0 || a > b || b > MAX_STRESS_SIZE {
                     return Err(shell_error!(
                         "--sizes {value}: give 1 <= A <= B <= {MAX_STRESS_SIZE}"
@@ -82,7 +89,7 @@ fn parse_args<'a>(args: &[&'a str]) -> Result<'a, StressConfig> {
                 config.max_live = ((4 << 20) / b.div_ceil(2).max(a)).clamp(16, 512);
             }
             "--seed" => {
-                config.seed = parse_u64(value).ok_or(ShellError::NotANumber(value))?;
+                config.seed = parse_u64(value)?;
             }
             _ => {
                 return Err(ShellError::UnknownOption(flag, &STRESS));
@@ -94,8 +101,30 @@ fn parse_args<'a>(args: &[&'a str]) -> Result<'a, StressConfig> {
 
 /// `stress [--cpus N|all] [--ops N] [--sizes A-B] [--seed S]`: runs the mix
 /// and prints one line per CPU, then the totals.
+///
+/// The run's bookkeeping (inboxes, live lists, work items) is allocated
+/// infallibly on every CPU, so the command first makes sure the memory is
+/// there: each CPU's live set at its largest, plus bookkeeping, must be
+/// free (after a reap if need be), else it stops with `out of memory`.
 fn cmd_stress<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let config = parse_args(args)?;
+    let nr_cpus = config.cpus.len();
+    let need = nr_cpus * (config.max_live * config.max_size + BOOKKEEPING_PER_CPU);
+    let free_bytes = || frame::stats().nr_free * frame::PAGE_SIZE;
+    if free_bytes() < need {
+        SLAB.reap_all();
+    }
+    if free_bytes() < need {
+        return Err(out_of_memory!(
+            "stress needs {} KiB free for {nr_cpus} CPU(s), {} KiB are",
+            need >> 10,
+            free_bytes() >> 10
+        ));
+    }
+    stress::ctor_cache().map_err(|error| match error {
+        magpie_slab::AllocError::OutOfMemory => out_of_memory!("for the stress-ctor cache"),
+        other => shell_error!("cannot create the stress-ctor cache: {other}"),
+    })?;
     let _ = writeln!(
         out,
         "stress: {} CPU(s), {} ops each, sizes {}-{} (+{} B ctor objects), seed {}, {}% of frees cross CPUs",

@@ -41,7 +41,8 @@ fn cmd_help<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
 }
 
 /// `poweroff`: leaves QEMU with success.
-fn cmd_poweroff<'a>(_: &mut Shell, _args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+fn cmd_poweroff<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    no_args(args, &POWEROFF)?;
     let _ = writeln!(out, "powering off");
     exit_qemu(QemuExitCode::Success)
 }

@@ -1,10 +1,29 @@
 //! `kmemtrace start|stop|print|reset [CACHE|all]`: the per-cache trace
 //! table (Akaros semantics; the mechanism is in `magpie-slab`).
+//!
+//! # Printing with no free memory
+//!
+//! `kmemtrace print` allocates nothing: it is the tool people reach for
+//! when memory has run out. It streams the records through a fixed chunk
+//! reserved at boot ([`CHUNK`] records, `.bss`), in address order: each
+//! pass takes the cache's trace lock once, copies the next [`CHUNK`]
+//! records above the last address printed, releases the lock, and prints
+//! them. So nothing is printed while the lock is held (printing may
+//! allocate from the traced cache, into a `String` sink say, which takes
+//! that lock), and nothing allocates under it.
+//!
+//! What the print shows if objects come and go while it runs: every
+//! object outstanding for the whole print is printed exactly once; an
+//! object allocated meanwhile is printed if its address is above the
+//! cursor; one freed meanwhile may already have been printed. The last
+//! line gives the count printed, and the table's count at the end when it
+//! differs. The per-site summary (at most [`MAX_SITES`] sites, the rest
+//! folded into one "other sites" line) covers exactly the records printed.
 
-use alloc::vec::Vec;
 use core::fmt::Write;
 
 use magpie_slab::{KmemCache, TraceRecord};
+use spin::Mutex;
 
 use super::{Command, Result, Shell, ShellError};
 use crate::kmem::{KernelPlatform, SLAB};
@@ -51,65 +70,77 @@ fn cmd_kmemtrace<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
     if !matches!(verb, "start" | "stop" | "print" | "reset") {
         return Err(ShellError::Usage(&KMEMTRACE));
     }
-    let caches = select_caches(target)?;
+    let one = match target {
+        "all" => None,
+        name => Some(
+            SLAB.find_cache(name)
+                .ok_or(ShellError::UnknownCache(name))?,
+        ),
+    };
+    // Each verb visits `one` or every cache; the cache list lock is held
+    // only by `for_each_cache` calls that neither allocate nor print.
+    let each = |f: &mut dyn FnMut(&'static Cache)| match one {
+        Some(cache) => f(cache),
+        None => SLAB.for_each_cache(|cache| f(cache)),
+    };
     match verb {
-        "start" => {
-            if target != "all" {
-                let cache = caches[0];
+        "start" => match one {
+            Some(cache) => {
                 cache
                     .trace_start()
                     .map_err(|error| ShellError::Trace(cache.name(), error))?;
                 let _ = writeln!(out, "tracing {}", cache.name());
-            } else {
+            }
+            None => {
                 // `all`: every cache that may be traced (NOTRACE ones are skipped).
-                let started = caches
-                    .iter()
-                    .filter(|cache| cache.trace_start().is_ok())
-                    .count();
+                let mut started = 0;
+                each(&mut |cache| started += usize::from(cache.trace_start().is_ok()));
                 let _ = writeln!(out, "tracing {started} caches (NOTRACE caches skipped)");
             }
-        }
+        },
         "stop" => {
-            for cache in &caches {
-                cache.trace_stop();
-            }
+            each(&mut |cache| cache.trace_stop());
             let _ = writeln!(out, "stopped tracing {}", target);
         }
         "reset" => {
             let mut nr_dropped = 0;
-            for cache in &caches {
+            each(&mut |cache| {
                 nr_dropped += cache.trace_stats().nr_records;
                 cache.trace_reset();
-            }
+            });
             let _ = writeln!(out, "dropped {nr_dropped} records from {target}");
         }
-        _ => {
-            for cache in &caches {
-                let stats = cache.trace_stats();
-                // `print all` shows the caches that have something to show.
-                if target == "all"
-                    && stats.nr_records == 0
-                    && stats.nr_dropped == 0
-                    && !stats.tracing
-                {
-                    continue;
+        _ => match one {
+            Some(cache) => trace_print(cache, out),
+            None => {
+                // Printing happens outside the cache list lock: take the
+                // caches one by one by position.
+                let mut index = 0;
+                while let Some(cache) = nth_cache(index) {
+                    let stats = cache.trace_stats();
+                    // `print all` shows the caches that have something to show.
+                    if stats.nr_records != 0 || stats.nr_dropped != 0 || stats.tracing {
+                        trace_print(cache, out);
+                    }
+                    index += 1;
                 }
-                trace_print(cache, out);
             }
-        }
+        },
     }
     Ok(())
 }
 
-fn select_caches(target: &str) -> Result<'_, Vec<&'static Cache>> {
-    if target == "all" {
-        let mut caches = Vec::new();
-        SLAB.for_each_cache(|cache| caches.push(cache));
-        return Ok(caches);
-    }
-    SLAB.find_cache(target)
-        .map(|cache| alloc::vec![cache])
-        .ok_or(ShellError::UnknownCache(target))
+/// The `index`-th cache in list order (the list lock is released on return).
+fn nth_cache(index: usize) -> Option<&'static Cache> {
+    let mut seen = 0;
+    let mut found = None;
+    SLAB.for_each_cache(|cache| {
+        if seen == index {
+            found = Some(cache);
+        }
+        seen += 1;
+    });
+    found
 }
 
 /// Prints one record as an Akaros trace block: `Obj <address>, size, cpu,
@@ -136,6 +167,11 @@ pub fn write_record(out: &mut dyn Write, record: &TraceRecord) {
     let _ = writeln!(out);
 }
 
+/// Records copied per pass of [`trace_print`].
+pub const CHUNK: usize = 64;
+/// Call sites the per-site summary of [`trace_print`] tells apart.
+pub const MAX_SITES: usize = 32;
+
 /// Objects and bytes per call site (the first frame outside the allocator).
 #[derive(Clone, Copy)]
 struct Site {
@@ -144,49 +180,113 @@ struct Site {
     bytes: usize,
 }
 
-/// Prints one block per outstanding record, a per-site summary and a count.
-///
-/// The records are copied out first and printed after the cache's trace
-/// lock is released: printing may allocate (into a `String` sink, say), and
-/// an allocation from a traced cache takes that same lock. The copy goes into
-/// a buffer reserved up front, so nothing allocates while the lock is held;
-/// records added between the reservation and the copy are counted as not
-/// shown rather than dropped silently.
-fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
-    let reserve = cache.trace_stats().nr_records + 16;
-    let mut records: Vec<TraceRecord> = Vec::with_capacity(reserve);
-    let mut nr_not_shown = 0usize;
-    cache.trace_for_each(|record: &TraceRecord| {
-        if records.len() < records.capacity() {
-            records.push(*record);
-        } else {
-            nr_not_shown += 1;
-        }
-    });
-    let stats = cache.trace_stats();
+const NO_SITE: Site = Site {
+    address: 0,
+    nr_objects: 0,
+    bytes: 0,
+};
 
+/// What `kmemtrace print` works in: reserved at boot, so a print needs no
+/// free memory. One print at a time.
+struct PrintReserve {
+    /// Records of the current pass, in the order they were copied.
+    records: [TraceRecord; CHUNK],
+    /// `(address, index in records)` of the current pass, sorted by address.
+    order: [(usize, usize); CHUNK],
+    sites: [Site; MAX_SITES],
+}
+
+static PRINT_RESERVE: Mutex<PrintReserve> = Mutex::new(PrintReserve {
+    records: [crate::profiling::EMPTY_RECORD; CHUNK],
+    order: [(0, 0); CHUNK],
+    sites: [NO_SITE; MAX_SITES],
+});
+
+impl PrintReserve {
+    /// Copies the (at most [`CHUNK`]) records of `cache` with the lowest
+    /// addresses above `cursor` (all of them for `None`), under the trace
+    /// lock. Returns how many, sorted in `order`.
+    fn copy_next(&mut self, cache: &Cache, cursor: Option<usize>) -> usize {
+        let mut len = 0;
+        let Self { records, order, .. } = self;
+        cache.trace_for_each(|record: &TraceRecord| {
+            if cursor.is_some_and(|cursor| record.addr <= cursor) {
+                return;
+            }
+            // Slot for the record: a free one, or the highest address's
+            // if this one is lower.
+            let slot = if len < CHUNK {
+                len += 1;
+                len - 1
+            } else if record.addr < order[CHUNK - 1].0 {
+                order[CHUNK - 1].1
+            } else {
+                return;
+            };
+            records[slot] = *record;
+            // Insert (addr, slot) in address order among the first `len`
+            // (the last entry is the slot being replaced or the new one).
+            let mut at = len - 1;
+            while at > 0 && order[at - 1].0 > record.addr {
+                order[at] = order[at - 1];
+                at -= 1;
+            }
+            order[at] = (record.addr, slot);
+        });
+        len
+    }
+
+    fn add_site(&mut self, record: &TraceRecord, other: &mut Site) {
+        let address = record.frames().first().copied().unwrap_or(0);
+        let site = match self
+            .sites
+            .iter_mut()
+            .find(|site| site.nr_objects == 0 || site.address == address)
+        {
+            Some(site) => {
+                site.address = address;
+                site
+            }
+            None => other,
+        };
+        site.nr_objects += 1;
+        site.bytes += record.size;
+    }
+}
+
+/// Prints one block per outstanding record (streamed in address order, see
+/// the module documentation), a per-site summary and a count.
+fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
+    let mut reserve = PRINT_RESERVE.lock();
+    reserve.sites = [NO_SITE; MAX_SITES];
+    let mut other = NO_SITE;
     let _ = writeln!(out, "Dumping outstanding allocs from {}", cache.name());
     let _ = writeln!(out, "-------------------------");
-    let mut sites: Vec<Site> = Vec::new();
-    for record in &records {
-        write_record(out, record);
-        let site = record.frames().first().copied().unwrap_or(0);
-        match sites.iter_mut().find(|s| s.address == site) {
-            Some(slot) => {
-                slot.nr_objects += 1;
-                slot.bytes += record.size;
-            }
-            None => sites.push(Site {
-                address: site,
-                nr_objects: 1,
-                bytes: record.size,
-            }),
+    let mut cursor = None;
+    let mut nr_shown = 0usize;
+    loop {
+        let len = reserve.copy_next(cache, cursor);
+        for index in 0..len {
+            let (addr, slot) = reserve.order[index];
+            let record = reserve.records[slot];
+            write_record(out, &record);
+            reserve.add_site(&record, &mut other);
+            cursor = Some(addr);
+        }
+        nr_shown += len;
+        if len < CHUNK {
+            break;
         }
     }
+    let stats = cache.trace_stats();
+
+    let sites = &mut reserve.sites;
+    let nr_sites = sites.iter().take_while(|site| site.nr_objects > 0).count();
+    let sites = &mut sites[..nr_sites];
     if !sites.is_empty() {
-        sites.sort_by_key(|site| core::cmp::Reverse(site.bytes));
+        sites.sort_unstable_by_key(|site| (core::cmp::Reverse(site.bytes), site.address));
         let _ = writeln!(out, "By call site:");
-        for site in &sites {
+        for site in sites.iter() {
             let _ = writeln!(
                 out,
                 "  {:>6} objects {:>10} bytes  {}",
@@ -195,14 +295,21 @@ fn trace_print(cache: &'static Cache, out: &mut dyn Write) {
                 Symbolized(site.address)
             );
         }
+        if other.nr_objects > 0 {
+            let _ = writeln!(
+                out,
+                "  {:>6} objects {:>10} bytes  (other sites)",
+                other.nr_objects, other.bytes
+            );
+        }
     }
-    if nr_not_shown > 0 {
+    if stats.nr_records != nr_shown {
         let _ = writeln!(
             out,
-            "{nr_not_shown} records added while printing were not shown"
+            "{} records at the end of the print (objects came and went while it ran)",
+            stats.nr_records
         );
     }
-    let nr_shown = records.len();
     let _ = writeln!(
         out,
         "{} outstanding object{} in {}, {} record{} dropped (tracing {})",
