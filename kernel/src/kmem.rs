@@ -257,14 +257,10 @@ fn reap_for_retry() {
     static REAPING: AtomicBool = AtomicBool::new(false);
     if SLAB.is_ready() && !REAPING.swap(true, Ordering::Acquire) {
         let nr_pages = SLAB.reap_all();
-        NR_OOM_REAPS.fetch_add(1, Ordering::Relaxed);
         REAPING.store(false, Ordering::Release);
         log::debug!("kpages: out of frames; reaped {nr_pages} pages");
     }
 }
-
-/// Reaps done because a page allocation failed ([`Arena::alloc_pages`]).
-pub static NR_OOM_REAPS: AtomicU64 = AtomicU64::new(0);
 
 /// Statistics of the frame allocator, shown as the `base` arena.
 pub fn base_stats() -> ArenaStats {

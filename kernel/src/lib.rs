@@ -14,14 +14,17 @@
 //!
 //! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
 //! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
-//! ranges) → frame allocator → final page tables (direct map) → symbols →
-//! slab allocator ([`kmem`]) → [`kmemtrace`] (`kmemtrace=on`) → application processors ([`smp`]) → `kmain`.
+//! ranges) → frame allocator → memory check ([`min_free_bytes`]) → final
+//! page tables (direct map) → symbols → slab allocator ([`kmem`]) →
+//! [`kmemtrace`] (`kmemtrace=on`) → application processors ([`smp`]) →
+//! `kmain`.
 //!
 //! # FAQ
 //!
 //! * *Why does the kernel read its own ELF?* The runner passes the kernel
-//!   ELF as the PVH module (`-initrd`), and [`symbols`] reads `.symtab` from
-//!   it, so backtraces are symbolized inside the kernel with no post-link step.
+//!   ELF (a copy without DWARF, so it stays small) as the PVH module
+//!   (`-initrd`), and [`symbols`] reads `.symtab` from it, so backtraces are
+//!   symbolized inside the kernel with no post-link step.
 //! * *Why not `uart_16550`?* Its `init` writes the FIFO control register,
 //!   which makes QEMU drop input that is already queued (piped stdin). The
 //!   16550 driver in [`console`] is twenty lines and never touches FCR.

@@ -81,7 +81,7 @@ fn cmd_kmemtrace<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
     // only by `for_each_cache` calls that neither allocate nor print.
     let each = |f: &mut dyn FnMut(&'static Cache)| match one {
         Some(cache) => f(cache),
-        None => SLAB.for_each_cache(|cache| f(cache)),
+        None => SLAB.for_each_cache(f),
     };
     match verb {
         "start" => match one {
