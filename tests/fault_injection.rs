@@ -48,14 +48,14 @@ const WORKLOADS: &[Workload] = &[
         module: "magpie::shell",
         function: "cmd_kmalloc",
         lines: &["kmalloc 64 4"],
-        error: "error: kmalloc(64) failed: out of memory",
+        error: "error: out of memory (kmalloc(64) failed after 0 of 4 objects)",
         cleanup: &["kfree all"],
     },
     Workload {
         module: "magpie::shell",
         function: "cmd_leak",
         lines: &["leak 64 1"],
-        error: "error: kmalloc(64) failed: out of memory",
+        error: "error: out of memory (kmalloc(64) failed after 0 of 1 objects)",
         cleanup: &[],
     },
     // Both of the stress worker's sites (kmalloc and the stress-ctor cache,
@@ -292,7 +292,10 @@ fn every_n_fails_every_nth_kmalloc_and_disable_stops_it() {
     let out = run(&mut shell, "kmalloc 32 5");
     let lines: alloc::vec::Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "two objects, then the error: {out}");
-    assert_eq!(lines[2], "error: kmalloc(32) failed: out of memory");
+    assert_eq!(
+        lines[2],
+        "error: out of memory (kmalloc(32) failed after 2 of 5 objects)"
+    );
     assert_eq!(shell.nr_held(), 2);
     let listed = run(&mut shell, "fault list cmd_kmalloc");
     assert!(
@@ -313,7 +316,7 @@ fn every_n_fails_every_nth_kmalloc_and_disable_stops_it() {
     assert!(set.contains("enabled:probability=100%"), "{set}");
     assert_one_error_line(
         &run(&mut shell, "leak 16 3"),
-        "kmalloc(16) failed: out of memory",
+        "out of memory (kmalloc(16) failed after 0 of 3 objects)",
     );
     run(&mut shell, "fault all disable");
     assert!(run(&mut shell, "fault list").ends_with(" 0 enabled\n"));
