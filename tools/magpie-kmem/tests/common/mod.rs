@@ -1,7 +1,7 @@
 //! A small kmemtrace dump writer for the tests (ABI version 1, written
 //! from docs/KMEMTRACE-ABI.md independently of the reader), and helpers to
 //! run the `magpie-kmem` binary.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
