@@ -123,6 +123,10 @@ pub struct Replay {
     pub nr_failed_allocs: u64,
     /// Bad frees the allocator refused.
     pub nr_bad_frees: u64,
+    /// Matched frees whose `bytes_alloc` differs from the alloc's.
+    pub nr_size_mismatches: u64,
+    /// Events stamped before `record_start_ns`.
+    pub nr_before_start: u64,
     /// Timeline of merged events: (timestamp_ns, cache id, live-bytes
     /// delta), in merged order. Only filled by [`replay_with_timeline`].
     pub timeline: Vec<(u64, u32, i64)>,
@@ -170,21 +174,23 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
     check_references(dump, &mut r);
 
     let nr_overruns = r.nr_overruns();
-    // Unknown frees and double allocs are errors only when the record is
-    // complete: from boot, nothing dropped.
+    // A free of an unknown pointer is an error only when the record is
+    // complete (from boot, nothing dropped; each such free is listed);
+    // otherwise one warning sums them up. A double alloc is an error
+    // unless events were dropped.
     let complete = dump.header.from_boot() && nr_overruns == 0;
-    let uncertain = if complete {
-        Severity::Error
-    } else {
-        Severity::Warning
+    let why = match (dump.header.from_boot(), nr_overruns > 0) {
+        (false, false) => "recording did not begin at boot: the objects may predate the record",
+        (true, true) => "events were lost to overruns: their allocs may have been dropped",
+        _ => {
+            "recording did not begin at boot and events were lost to overruns: \
+             the objects may predate the record, or their allocs were dropped"
+        }
     };
-    let why = if !dump.header.from_boot() {
-        "recording did not begin at boot: the object may predate the record"
-    } else {
-        "events were lost to overruns"
-    };
+    let mut first_unknown_free: Option<Event> = None;
 
     let mut live: HashMap<u64, Event> = HashMap::new();
+    let mut first_mismatch: Option<(Event, Event)> = None;
     for e in dump.merged_events() {
         match e.kind {
             EventKind::Alloc => {
@@ -238,6 +244,12 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
                     Some(alloc) => {
                         r.nr_matched_frees += 1;
                         r.total_freed += alloc.bytes_alloc;
+                        if e.bytes_alloc != 0 && e.bytes_alloc != alloc.bytes_alloc {
+                            r.nr_size_mismatches += 1;
+                            if r.nr_size_mismatches == 1 {
+                                first_mismatch = Some((e.clone(), alloc.clone()));
+                            }
+                        }
                         let cross = alloc.cpu != e.cpu;
                         if cross {
                             r.nr_pingpong += 1;
@@ -261,27 +273,43 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
                     None => {
                         r.nr_unknown_frees += 1;
                         r.total_freed += e.bytes_alloc;
-                        let message = format!(
-                            "free of unknown ptr {:#x} on cpu {} at {} ns (seq {}, offset {:#x}): \
-                             no alloc of it in the record{}",
-                            e.ptr,
-                            e.cpu,
-                            e.timestamp_ns,
-                            e.seq,
-                            e.offset,
-                            if complete {
-                                " although recording began at boot and nothing overran".to_string()
-                            } else {
-                                format!(" ({why})")
-                            }
-                        );
-                        issue(&mut r, uncertain, "unknown-free", message);
+                        if complete {
+                            let message = format!(
+                                "free of unknown ptr {:#x} on cpu {} at {} ns (seq {}, offset {:#x}): \
+                                 no alloc of it in the record although recording began at boot \
+                                 and nothing overran",
+                                e.ptr, e.cpu, e.timestamp_ns, e.seq, e.offset,
+                            );
+                            issue(&mut r, Severity::Error, "unknown-free", message);
+                        } else if first_unknown_free.is_none() {
+                            first_unknown_free = Some(e.clone());
+                        }
                     }
                 }
             }
             EventKind::FailedAlloc => r.nr_failed_allocs += 1,
             EventKind::BadFree => r.nr_bad_frees += 1,
         }
+    }
+    if let Some(e) = first_unknown_free {
+        let message = format!(
+            "{} frees of pointers with no alloc in the record (first: ptr {:#x} on cpu {} at {} ns, \
+             seq {}, offset {:#x}); {why}",
+            r.nr_unknown_frees, e.ptr, e.cpu, e.timestamp_ns, e.seq, e.offset,
+        );
+        issue(&mut r, Severity::Warning, "unknown-free", message);
+    }
+    if let Some((free, alloc)) = first_mismatch {
+        let n = r.nr_size_mismatches;
+        issue(
+            &mut r,
+            Severity::Warning,
+            "size-mismatch",
+            format!(
+                "{} frees give another object size than their alloc (first: ptr {:#x} freed as {} bytes at offset {:#x}, allocated as {} bytes at offset {:#x})",
+                n, free.ptr, free.bytes_alloc, free.offset, alloc.bytes_alloc, alloc.offset
+            ),
+        );
     }
     r.live = live.into_iter().collect();
     r
@@ -298,6 +326,23 @@ fn check_cpus(dump: &Dump, r: &mut Replay) {
             .entry(record.cpu)
             .or_default()
             .extend(record.events.iter());
+    }
+    let start = dump.header.record_start_ns;
+    let early: Vec<&Event> = dump.events().filter(|e| e.timestamp_ns < start).collect();
+    if let Some(first) = early.first() {
+        r.nr_before_start = early.len() as u64;
+        issue(
+            r,
+            Severity::Warning,
+            "before-start",
+            format!(
+                "{} events are stamped before `record start` ({start} ns): first on cpu {} at {} ns (offset {:#x})",
+                early.len(),
+                first.cpu,
+                first.timestamp_ns,
+                first.offset
+            ),
+        );
     }
     for (cpu, events) in by_cpu {
         let mut gap_events = 0u64;
