@@ -31,7 +31,8 @@ impl<P: Platform> Allocator<P> {
     /// As for [`Allocator::kfree`].
     #[cold]
     #[inline(never)]
-    unsafe fn dealloc_slow(&self, ptr: NonNull<u8>) {
+    unsafe fn dealloc_slow(&self, ptr: *mut u8) {
+        let Some(ptr) = NonNull::new(ptr) else { return };
         // SAFETY: per our caller.
         if let Err(error) = unsafe { self.kfree_slow(ptr) } {
             self.report_free_error(error);
@@ -54,41 +55,44 @@ impl<P: Platform> Allocator<P> {
 // returned (and refuses anything else without touching it).
 unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
-    /// init).
+    /// init). Every way out of the hit is a tail call.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !self.is_ready() {
             return ptr::null_mut();
         }
-        // A Layout's alignment is a power of two; the size is made non-zero.
+        // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
         let tag = crate::alloc_tag::current::<P>;
-        match self.kmalloc_checked(layout.size().max(1), layout.align(), tag) {
-            Ok(ptr) => ptr.as_ptr(),
-            Err(_) => ptr::null_mut(),
-        }
+        self.kmalloc_checked::<*mut u8>(layout.size(), layout.align(), tag)
     }
 
     /// `kfree`; a refused free is reported to the free-error hook.
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        let Some(ptr) = NonNull::new(ptr) else { return };
         // SAFETY: the GlobalAlloc contract: ptr came from this allocator
-        // with this layout and is given up.
-        match self.kfree_locate(ptr) {
+        // with this layout and is given up. (Null, which the contract
+        // excludes, is not in the page map: the slow path ignores it.)
+        match self.kfree_locate(ptr as usize) {
             Some((cache, at)) => {
-                // SAFETY: as above; located in `cache`.
-                if let Err(error) = unsafe { cache.finish_free(ptr, at) } {
-                    self.report_free_error(error);
-                }
+                // SAFETY: as above; located in `cache`, so on a slab page,
+                // never null (page sources hand out non-null pages).
+                let ptr = unsafe { NonNull::new_unchecked(ptr) };
+                // SAFETY: as above; a refused free is reported (inside, so
+                // every branch is a tail call).
+                let _ = unsafe { cache.finish_free::<true>(ptr, at) };
             }
             // SAFETY: as above; nothing changed.
             None => unsafe { self.dealloc_slow(ptr) },
         }
     }
 
-    /// Keeps the block if the new size still fits and uses at least half
-    /// of it; otherwise allocate, copy, free.
+    /// Keeps the block if the new size still fits and uses more than half
+    /// of it (a size in the same kmalloc class always does: each class is
+    /// at most twice the one below); otherwise allocate, copy, free.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if let Some(old) = NonNull::new(ptr)
-            && let Ok(usable) = self.ksize(old)
+        let usable = match self.kfree_locate(ptr as usize) {
+            Some((cache, _)) => Some(cache.obj_size()),
+            None => NonNull::new(ptr).and_then(|old| self.ksize(old).ok()),
+        };
+        if let Some(usable) = usable
             && new_size <= usable
             && new_size.max(1) * 2 > usable
         {

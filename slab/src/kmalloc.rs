@@ -24,10 +24,26 @@ pub const KMALLOC_SIZES: [usize; 13] = [
 pub const KMALLOC_MAX_SIZE: usize = 8192;
 pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
 
-/// Class index for sizes 1..=192, by `(size - 1) / 8`.
-const SMALL_CLASS_INDEX: [u8; 24] = [
-    0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6,
-];
+/// Largest size the one-lookup class table covers.
+const CLASS_TABLE_MAX: usize = 1024;
+
+/// Class index for sizes `0..=CLASS_TABLE_MAX`, by `(size + 7) / 8`: the
+/// smallest class at least that big (size 0 shares `kmalloc-8`). One load
+/// on the kmalloc hit.
+const CLASS_BY_8: [u8; CLASS_TABLE_MAX / 8 + 1] = {
+    let mut table = [0u8; CLASS_TABLE_MAX / 8 + 1];
+    let mut slot = 0;
+    while slot < table.len() {
+        let size = slot * 8;
+        let mut class = 0;
+        while KMALLOC_SIZES[class] < size {
+            class += 1;
+        }
+        table[slot] = class as u8;
+        slot += 1;
+    }
+    table
+};
 
 /// Page-granular allocations: the head page's page-map entry is
 /// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
@@ -62,28 +78,35 @@ pub struct LargeStats {
 }
 
 const _: () = {
-    // The class index shortcut and the log2 rule agree with the table.
-    assert!(
-        KMALLOC_SIZES[6] == 192 && KMALLOC_SIZES[7] == 256 && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE
-    );
+    // The log2 rule above the class table agrees with the classes: powers
+    // of two from the table's end on.
+    assert!(KMALLOC_SIZES[9] == CLASS_TABLE_MAX && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE);
+    assert!(CLASS_BY_8[0] == 0 && CLASS_BY_8[1] == 0 && CLASS_BY_8[8] == 3 && CLASS_BY_8[9] == 4);
 };
 
 impl<P: Platform> Allocator<P> {
     /// Index of the kmalloc class for `size` bytes aligned to `align`.
     #[inline(always)]
     pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
-        if size == 0 || size > KMALLOC_MAX_SIZE {
+        // Every class is at least 8-aligned. (Size 0 maps to kmalloc-8:
+        // callers refuse it or round it up first.)
+        if size <= CLASS_TABLE_MAX && align <= 8 {
+            return Some(CLASS_BY_8[(size + 7) >> 3] as usize);
+        }
+        Self::kmalloc_index_general(size, align)
+    }
+
+    /// [`Self::kmalloc_index`] for sizes above the table or alignments
+    /// above 8.
+    fn kmalloc_index_general(size: usize, align: usize) -> Option<usize> {
+        if size > KMALLOC_MAX_SIZE {
             return None;
         }
-        let first = if size <= 192 {
-            SMALL_CLASS_INDEX[(size - 1) / 8] as usize
+        let first = if size <= CLASS_TABLE_MAX {
+            CLASS_BY_8[(size + 7) >> 3] as usize
         } else {
             (usize::BITS - (size - 1).leading_zeros()) as usize - 1
         };
-        if align <= 8 {
-            // Every class is at least 8-aligned.
-            return Some(first);
-        }
         (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
     }
 
@@ -100,7 +123,7 @@ impl<P: Platform> Allocator<P> {
     /// or `None` if such a request is page-granular (or invalid, or the
     /// allocator is not ready).
     pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
-        if !self.is_ready() || !align.is_power_of_two() {
+        if !self.is_ready() || size == 0 || !align.is_power_of_two() {
             return None;
         }
         Self::kmalloc_index(size, align).map(|index| self.kmalloc_cache(index))

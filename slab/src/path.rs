@@ -60,6 +60,57 @@ use crate::sync::IrqGuard;
 
 // ---------------------------------------------------------------- alloc
 
+/// What an alloc path returns to its caller: `Result` (the library API) or
+/// a raw pointer, null on error (`GlobalAlloc`). The out-of-line paths
+/// return [`AllocOut::Raw`], one register: the [`pack`]ed result for
+/// `Result` (unpacked inline: a `Result` would come back through memory),
+/// the pointer itself for `GlobalAlloc` (so its misses are tail calls).
+pub(crate) trait AllocOut {
+    /// What the out-of-line paths return.
+    type Raw;
+    /// An object.
+    fn from_obj(obj: NonNull<u8>) -> Self;
+    /// A [`pack`]ed result as `Raw` (in the out-of-line function).
+    fn raw_from_packed(packed: usize) -> Self::Raw;
+    /// `Raw` as the caller's result (inline, after the call).
+    fn from_raw(raw: Self::Raw) -> Self;
+}
+
+impl AllocOut for Result<NonNull<u8>, AllocError> {
+    type Raw = usize;
+    #[inline(always)]
+    fn from_obj(obj: NonNull<u8>) -> Self {
+        Ok(obj)
+    }
+    #[inline(always)]
+    fn raw_from_packed(packed: usize) -> usize {
+        packed
+    }
+    #[inline(always)]
+    fn from_raw(packed: usize) -> Self {
+        unpack(packed)
+    }
+}
+
+impl AllocOut for *mut u8 {
+    type Raw = *mut u8;
+    #[inline(always)]
+    fn from_obj(obj: NonNull<u8>) -> Self {
+        obj.as_ptr()
+    }
+    #[inline(always)]
+    fn raw_from_packed(packed: usize) -> *mut u8 {
+        match unpack(packed) {
+            Ok(obj) => obj.as_ptr(),
+            Err(_) => core::ptr::null_mut(),
+        }
+    }
+    #[inline(always)]
+    fn from_raw(ptr: *mut u8) -> Self {
+        ptr
+    }
+}
+
 impl<P: Platform> KmemCache<P> {
     /// Allocate one constructed object of `obj_size()` bytes, aligned to
     /// `align()`.
@@ -100,31 +151,24 @@ impl<P: Platform> KmemCache<P> {
     /// stored and charged inline. Anything else: out of line. `bytes_req`
     /// is what a kmalloc caller asked for (0: a `kmem_cache_alloc`), for
     /// kmemtrace only.
+    ///
+    /// The result type `O` is the caller's ([`AllocOut`]: a `Result`, or a
+    /// pointer that is null on error for `GlobalAlloc`), so the out-of-line
+    /// paths return it directly and every way out of the hit is a tail
+    /// call.
     #[inline(always)]
-    pub(crate) fn alloc_with(
-        &self,
-        tag: impl Fn() -> u32,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_with<O: AllocOut>(&self, tag: impl Fn() -> u32, bytes_req: usize) -> O {
         let hot = self.hot();
         if hot.intersects(HotFlags::ALLOC_SLOW) {
             #[cfg(feature = "alloc-profiling")]
             if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
-                let Some(obj) = self.magazine_alloc_hit() else {
-                    return unpack(self.alloc_slow(tag()));
-                };
-                let tag = tag();
-                if tag != 0 {
-                    self.tag_small_object(obj, tag, hot);
-                    P::alloc_tag_add(tag, obj, self.obj_size);
-                }
-                return Ok(obj);
+                return O::from_raw(self.alloc_profiled::<O>(hot, tag));
             }
-            return unpack(self.alloc_flagged(hot, tag, bytes_req));
+            return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
         }
         match self.magazine_alloc_hit() {
-            Some(obj) => Ok(obj),
-            None => unpack(self.alloc_slow(0)),
+            Some(obj) => O::from_obj(obj),
+            None => O::from_raw(self.alloc_slow::<O>(0)),
         }
     }
 
@@ -155,11 +199,36 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// The magazine miss (no bookkeeping flag), then charge `tag` (0:
-    /// nothing). Its result packed in one register.
+    /// The profiled alloc of a small-object cache (`PROFILING` the only
+    /// flag): the magazine hit, then the tag reference stored (one multiply
+    /// for the object's index) and the tag charged. Out of line but not
+    /// cold, reached by a tail call and returning in one register, so the
+    /// plain hit stays a leaf when profiling is compiled in.
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(never)]
+    fn alloc_profiled<O: AllocOut>(&self, hot: HotFlags, tag: impl Fn() -> u32) -> O::Raw {
+        let Some(obj) = self.magazine_alloc_hit() else {
+            return self.alloc_slow::<O>(tag());
+        };
+        let tag = tag();
+        if tag != 0 {
+            self.tag_small_object(obj, tag, hot);
+            P::alloc_tag_add(tag, obj, self.obj_size);
+        }
+        O::raw_from_packed(pack(Ok(obj)))
+    }
+
+    /// [`Self::alloc_slow_packed`] out of line, in the caller's result type.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, tag: u32) -> usize {
+    fn alloc_slow<O: AllocOut>(&self, tag: u32) -> O::Raw {
+        O::raw_from_packed(self.alloc_slow_packed(tag))
+    }
+
+    /// The magazine miss (no bookkeeping flag), then charge `tag` (0:
+    /// nothing). Its result packed in one register.
+    #[inline(always)]
+    fn alloc_slow_packed(&self, tag: u32) -> usize {
         let obj = match self.magazine_alloc_or_miss() {
             Ok(obj) => obj,
             Err(error) => return pack(Err(error)),
@@ -214,7 +283,22 @@ impl<P: Platform> KmemCache<P> {
     /// kmemtrace). `tag` is called only if `PROFILING` is set.
     #[cold]
     #[inline(never)]
-    fn alloc_flagged(&self, hot: HotFlags, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+    fn alloc_flagged<O: AllocOut>(
+        &self,
+        hot: HotFlags,
+        tag: impl Fn() -> u32,
+        bytes_req: usize,
+    ) -> O::Raw {
+        O::raw_from_packed(self.alloc_flagged_packed(hot, tag, bytes_req))
+    }
+
+    /// [`Self::alloc_flagged`], its result packed.
+    fn alloc_flagged_packed(
+        &self,
+        hot: HotFlags,
+        tag: impl Fn() -> u32,
+        bytes_req: usize,
+    ) -> usize {
         if hot.contains(HotFlags::KMEMTRACE) {
             // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
             return self.alloc_recorded(hot - HotFlags::KMEMTRACE, tag, bytes_req);
@@ -234,10 +318,10 @@ impl<P: Platform> KmemCache<P> {
         let packed = if !hot.intersects(HotFlags::ALLOC_SLOW) {
             match self.magazine_alloc_hit() {
                 Some(obj) => pack(Ok(obj)),
-                None => self.alloc_slow(0),
+                None => self.alloc_slow_packed(0),
             }
         } else {
-            self.alloc_flagged(hot, tag, bytes_req)
+            self.alloc_flagged_packed(hot, tag, bytes_req)
         };
         self.owner().kmemtrace_alloc(self, packed, bytes_req);
         packed
@@ -374,7 +458,7 @@ impl<P: Platform> KmemCache<P> {
     pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         match self.free_locate(obj) {
             // SAFETY: per our caller; located in this cache.
-            Some(at) => unsafe { self.finish_free(obj, at) },
+            Some(at) => unsafe { self.finish_free::<false>(obj, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.free_slow(obj) },
         }
@@ -387,16 +471,18 @@ impl<P: Platform> KmemCache<P> {
     fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
         let addr = obj.as_ptr() as usize;
         // Off the primary source the map is empty: entry 0, slow path.
-        let entry = self.page_map.get(addr);
-        let slab = (entry & !TAG_MASK) as *mut Slab;
-        if entry & TAG_MASK != TAG_SLAB
+        // A slab entry minus its tag is the 8-aligned slab: one subtract
+        // and one test find it and check the tag.
+        let slab = self.page_map.get(addr).wrapping_sub(TAG_SLAB);
+        if slab & TAG_MASK != 0
             // SAFETY: a TAG_SLAB entry names a registered slab, alive
             // (entries are cleared before a slab is destroyed); `||` reads
             // it only then.
-            || unsafe { (*slab).cache } != (self as *const Self).cast()
+            || unsafe { (*(slab as *mut Slab)).cache } != (self as *const Self).cast()
         {
             return None;
         }
+        let slab = slab as *mut Slab;
         // SAFETY: a live slab of ours whose pages hold addr.
         unsafe { self.object_index(slab, addr) }.map(|index| Located { slab, index })
     }
@@ -405,13 +491,15 @@ impl<P: Platform> KmemCache<P> {
     /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
     /// Plain: the magazine hit. Profiled (`TAGGED` the only flag): the tag
     /// reference at the known index cleared and uncharged, then the hit.
-    /// Anything else out of line.
+    /// Anything else out of line. With `REPORT` (the `GlobalAlloc` edge) a
+    /// refused free goes to the free-error report and `Ok` is returned, so
+    /// every way out of the hit is a tail call.
     ///
     /// # Safety
     /// `obj` is object `at.index` of `at.slab`, a live slab of this cache;
     /// if it is allocated, the caller gives it up.
     #[inline(always)]
-    pub(crate) unsafe fn finish_free(
+    pub(crate) unsafe fn finish_free<const REPORT: bool>(
         &self,
         obj: NonNull<u8>,
         at: Located,
@@ -420,11 +508,13 @@ impl<P: Platform> KmemCache<P> {
         if !hot.is_empty() {
             #[cfg(feature = "alloc-profiling")]
             if hot == HotFlags::TAGGED {
-                // SAFETY: a small slab (TAGGED is only set for those) of
-                // ours; the object is given up.
-                unsafe { self.untag_small_object(obj, at) };
                 // SAFETY: per our caller.
-                unsafe { self.magazine_free(obj) };
+                unsafe { self.free_tagged(obj, at) };
+                return Ok(());
+            }
+            if REPORT {
+                // SAFETY: per our caller.
+                unsafe { self.free_flagged_reported(obj, at.slab) };
                 return Ok(());
             }
             // SAFETY: per our caller.
@@ -433,6 +523,36 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per our caller.
         unsafe { self.magazine_free(obj) };
         Ok(())
+    }
+
+    /// The profiled free (`TAGGED` the only flag): the tag reference at the
+    /// index the owner check computed cleared and its tag uncharged, then
+    /// the magazines. Out of line but not cold, reached by a tail call, so
+    /// the plain hit stays a leaf. Nothing here can refuse the free.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`]; the cache has small slabs (`TAGGED` is
+    /// only set for those).
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(never)]
+    unsafe fn free_tagged(&self, obj: NonNull<u8>, at: Located) {
+        // SAFETY: per our caller; the object is given up.
+        unsafe { self.untag_small_object(obj, at) };
+        // SAFETY: per our caller.
+        unsafe { self.magazine_free(obj) };
+    }
+
+    /// [`Self::free_flagged`], a refused free reported to the allocator's
+    /// free-error hook (`GlobalAlloc::dealloc`).
+    ///
+    /// # Safety
+    /// As for [`Self::free_flagged`].
+    #[inline(never)]
+    unsafe fn free_flagged_reported(&self, obj: NonNull<u8>, slab: *mut Slab) {
+        // SAFETY: per our caller.
+        if let Err(error) = unsafe { self.free_flagged(obj, slab) } {
+            self.owner().report_free_error(error);
+        }
     }
 
     /// The hit, else the out-of-line miss.
@@ -694,7 +814,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: `locate` checked the slab is ours and addr an object start.
         let index = unsafe { self.object_index(slab, addr) }.unwrap_or(0);
         // SAFETY: per our caller; located in this cache.
-        unsafe { self.finish_free(obj, Located { slab, index }) }
+        unsafe { self.finish_free::<false>(obj, Located { slab, index }) }
     }
 }
 
@@ -704,21 +824,31 @@ impl<P: Platform> Allocator<P> {
     /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
     /// size non-zero and the alignment a power of two (a `Layout`'s): the
     /// size class's cache, or page-granular.
+    /// (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it up.)
     #[inline(always)]
-    pub(crate) fn kmalloc_checked(
+    pub(crate) fn kmalloc_checked<O: AllocOut>(
         &self,
         size: usize,
         align: usize,
         tag: impl Fn() -> u32,
-    ) -> Result<NonNull<u8>, AllocError> {
-        debug_assert!(self.is_ready() && size != 0 && align.is_power_of_two());
+    ) -> O {
+        debug_assert!(self.is_ready() && align.is_power_of_two());
         match Self::kmalloc_index(size, align) {
             Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
-            None => {
-                let tag = if self.alloc_profiling() { tag() } else { 0 };
-                unpack(self.large_alloc_packed(size, align, tag))
-            }
+            None => O::from_raw(self.large_alloc_out::<O>(size, align, tag)),
         }
+    }
+
+    /// Page-granular kmalloc, out of line, in the caller's result type.
+    #[inline(never)]
+    fn large_alloc_out<O: AllocOut>(
+        &self,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> u32,
+    ) -> O::Raw {
+        let tag = if self.alloc_profiling() { tag() } else { 0 };
+        O::raw_from_packed(self.large_alloc_packed(size, align, tag))
     }
 
     /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
@@ -735,9 +865,9 @@ impl<P: Platform> Allocator<P> {
     /// On error nothing changed.
     #[inline]
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        match self.kfree_locate(ptr) {
+        match self.kfree_locate(ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
-            Some((cache, at)) => unsafe { cache.finish_free(ptr, at) },
+            Some((cache, at)) => unsafe { cache.finish_free::<false>(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
@@ -748,19 +878,16 @@ impl<P: Platform> Allocator<P> {
     /// second lookup); one multiply checks the object start and gives the
     /// index. `None` for anything else, with nothing changed.
     #[inline(always)]
-    pub(crate) fn kfree_locate(
-        &self,
-        ptr: NonNull<u8>,
-    ) -> Option<(&'static KmemCache<P>, Located)> {
-        let addr = ptr.as_ptr() as usize;
+    pub(crate) fn kfree_locate(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
         if !self.is_ready() {
             return None;
         }
-        let entry = self.page_map().get(addr);
-        if entry & TAG_MASK != TAG_SLAB {
+        // A slab entry minus its tag is the 8-aligned slab (see free_locate).
+        let slab = self.page_map().get(addr).wrapping_sub(TAG_SLAB);
+        if slab & TAG_MASK != 0 {
             return None;
         }
-        let slab = (entry & !TAG_MASK) as *mut Slab;
+        let slab = slab as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator (same P), alive while they have slabs (a cache in use
         // is never destroyed: `destroy` requires no objects allocated).
@@ -796,7 +923,7 @@ impl<P: Platform> Allocator<P> {
                 return Err(FreeError::Misaligned { addr });
             };
             // SAFETY: located in `cache`; our caller gives it up.
-            return unsafe { cache.finish_free(ptr, Located { slab, index }) };
+            return unsafe { cache.finish_free::<false>(ptr, Located { slab, index }) };
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };
