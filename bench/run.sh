@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# Run the whole magpie-bench suite in one go: callgrind instruction counts
-# and wall clock (1 and 2 threads) for every workload and allocator, as one
-# markdown report on stdout and in target/bench/results.md.
+# `make bench`: regenerate every table of docs/BENCHMARKS.md in one run.
 #
 #   bench/run.sh [suite options]     e.g. --reps 9 --target-ms 200 --no-callgrind
-#   BENCH_FEATURES=alloc-profiling bench/run.sh    # magpie with profiling compiled in
+#   BENCH_DOC= bench/run.sh          # leave docs/BENCHMARKS.md alone (report only)
 #
-# See docs/BENCHMARKS.md. Needs valgrind for the instruction counts (the
-# suite reports a failure row per measurement if it is missing).
+# Builds magpie-bench twice (plain, and with magpie-slab's alloc-profiling
+# in target/bench-prof), then runs `magpie-bench suite`: callgrind
+# instruction counts, wall clock (interleaved rounds, 1 and 2 threads),
+# profiling out / in-off / on, memory workloads. The report goes to stdout,
+# target/bench/results.md, and between the markers of docs/BENCHMARKS.md.
+#
+# valgrind (for the instruction counts) is a benchmark-only tool: this
+# script installs it if it is missing and it can (root + apt-get);
+# scripts/setup.sh does not. See docs/BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=x86_64-unknown-linux-gnu
-cargo build -q -p magpie-bench --release --target "$host" ${BENCH_FEATURES:+--features "$BENCH_FEATURES"}
-bin=target/$host/release/magpie-bench
+if ! command -v valgrind >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "run.sh: installing valgrind (benchmarks only)" >&2
+        apt-get install -y valgrind >&2 || { apt-get update >&2 && apt-get install -y valgrind >&2; }
+    fi
+fi
+cargo build -q -p magpie-bench --release --target "$host"
+CARGO_TARGET_DIR=target/bench-prof cargo build -q -p magpie-bench --release --target "$host" --features alloc-profiling
+plain=$PWD/target/$host/release/magpie-bench
+prof=$PWD/target/bench-prof/$host/release/magpie-bench
 extra=()
 if ! command -v valgrind >/dev/null; then
-    echo "run.sh: valgrind not found, skipping instruction counts" >&2
+    echo "run.sh: valgrind not found and not installable here: no instruction counts" >&2
     extra+=(--no-callgrind)
 fi
-exec "$bin" suite --out "${BENCH_OUT:-target/bench/results.md}" "${extra[@]}" "$@"
+doc=${BENCH_DOC-docs/BENCHMARKS.md}
+if [ -n "$doc" ]; then
+    extra+=(--doc "$doc")
+fi
+exec "$plain" suite --prof "$prof" --out "${BENCH_OUT:-target/bench/results.md}" "${extra[@]}" "$@"

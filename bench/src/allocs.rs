@@ -1,17 +1,28 @@
 //! The allocators under test, behind one small trait so the workloads are
 //! monomorphized per allocator (no dynamic dispatch in the measured loops).
+//!
+//! Like for like: every row is reached the way a Rust program reaches its
+//! `#[global_allocator]`: through `GlobalAlloc` (`alloc`, `dealloc`,
+//! `realloc`), each call one out-of-line function ([`call`], the
+//! `__rust_alloc` of a real program). The only exception is the labelled
+//! `magpie-cache` row: objects from a pre-resolved `kmem_cache`, the
+//! kernel-internal interface no peer has.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
 
-use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE, Platform};
+use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE, PageSource, Platform};
 use slabmalloc::{AllocationError, LargeObjectPage, ObjectPage, ZoneAllocator};
 
-use crate::host::{BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
+use crate::host::{self, BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
 
-/// Bytes of memory each region-based allocator manages.
-pub const HEAP_BYTES: usize = 256 << 20;
+/// Bytes of memory each region-based allocator manages (untouched pages
+/// cost nothing: the region is fresh anonymous memory).
+pub const HEAP_BYTES: usize = 1 << 30;
 
-/// The object of `cache-pair` and `cross-free`.
+/// The object of the 64-byte pair, `batch`-free, `remote-free` and
+/// `cross-free` workloads.
 pub const OBJ: Layout = match Layout::from_size_align(64, 8) {
     Ok(layout) => layout,
     Err(_) => panic!(),
@@ -20,22 +31,27 @@ pub const OBJ: Layout = match Layout::from_size_align(64, 8) {
 /// One allocator under test.
 pub trait BenchAlloc: Sync + 'static {
     /// Called on every benchmark thread before it allocates; `cpu` is the
-    /// thread's index (magpie: its CPU id).
+    /// thread's index (magpie and slabmalloc: its CPU id).
     fn thread_init(&self, cpu: usize) {
-        let _ = cpu;
+        set_cpu(cpu);
     }
-    /// Allocate (null on failure).
+    /// `GlobalAlloc::alloc` (null on failure).
     ///
     /// # Safety
     /// `layout` has non-zero size.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8;
-    /// Free.
+    /// `GlobalAlloc::dealloc`.
     ///
     /// # Safety
     /// `ptr` came from `alloc(layout)` of this allocator.
     unsafe fn free(&self, ptr: *mut u8, layout: Layout);
-    /// Allocate one `OBJ` (magpie: from a 64-byte `kmem_cache`).
-    #[inline]
+    /// `GlobalAlloc::realloc`.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::realloc`.
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8;
+    /// Allocate one `OBJ` (`magpie-cache`: from a 64-byte `kmem_cache`).
+    #[inline(always)]
     fn obj_alloc(&self) -> *mut u8 {
         // SAFETY: OBJ has non-zero size.
         unsafe { self.alloc(OBJ) }
@@ -44,26 +60,113 @@ pub trait BenchAlloc: Sync + 'static {
     ///
     /// # Safety
     /// `ptr` came from `obj_alloc` of this allocator.
-    #[inline]
+    #[inline(always)]
     unsafe fn obj_free(&self, ptr: *mut u8) {
         // SAFETY: per our caller.
         unsafe { self.free(ptr, OBJ) }
     }
+    /// What the allocator offers to hand free memory back to its source,
+    /// called once by the memory workloads after the frees (magpie:
+    /// `reap_all`; glibc: `malloc_trim(0)`; mimalloc: `mi_collect(true)`;
+    /// slabmalloc: `try_reclaim_*_pages` of every zone). Returns its name,
+    /// or `None` if the allocator has no such call.
+    fn give_back(&self) -> Option<&'static str> {
+        None
+    }
+    /// Bytes of the allocator's own metadata, where the allocator can say.
+    fn metadata_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
-/// Any `GlobalAlloc` is a `BenchAlloc`.
-pub struct Global<A>(pub A);
+/// The out-of-line calls the workloads make: one function per operation
+/// and allocator, as `__rust_alloc` / `__rust_dealloc` / `__rust_realloc`
+/// are in a real program. The `null` row pays the same calls, so
+/// subtracting it removes them for everyone alike.
+pub mod call {
+    use super::*;
+
+    /// `a.alloc(layout)`, out of line.
+    #[inline(never)]
+    pub fn alloc<A: BenchAlloc>(a: &A, layout: Layout) -> *mut u8 {
+        // SAFETY: every workload layout has a non-zero size.
+        unsafe { a.alloc(layout) }
+    }
+    /// `a.free(ptr, layout)`, out of line.
+    ///
+    /// # Safety
+    /// As [`BenchAlloc::free`].
+    #[inline(never)]
+    pub unsafe fn free<A: BenchAlloc>(a: &A, ptr: *mut u8, layout: Layout) {
+        // SAFETY: per our caller.
+        unsafe { a.free(ptr, layout) }
+    }
+    /// `a.realloc(ptr, layout, new_size)`, out of line.
+    ///
+    /// # Safety
+    /// As [`BenchAlloc::realloc`].
+    #[inline(never)]
+    pub unsafe fn realloc<A: BenchAlloc>(
+        a: &A,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> *mut u8 {
+        // SAFETY: per our caller.
+        unsafe { a.realloc(ptr, layout, new_size) }
+    }
+    /// `a.obj_alloc()`, out of line.
+    #[inline(never)]
+    pub fn obj_alloc<A: BenchAlloc>(a: &A) -> *mut u8 {
+        a.obj_alloc()
+    }
+    /// `a.obj_free(ptr)`, out of line.
+    ///
+    /// # Safety
+    /// As [`BenchAlloc::obj_free`].
+    #[inline(never)]
+    pub unsafe fn obj_free<A: BenchAlloc>(a: &A, ptr: *mut u8) {
+        // SAFETY: per our caller.
+        unsafe { a.obj_free(ptr) }
+    }
+}
+
+/// Any `GlobalAlloc` is a `BenchAlloc`; `give_back` is the allocator's own
+/// call for returning memory, if it has one.
+pub struct Global<A> {
+    inner: A,
+    give_back: Option<(&'static str, fn())>,
+}
+
+impl<A> Global<A> {
+    fn new(inner: A) -> Self {
+        Global {
+            inner,
+            give_back: None,
+        }
+    }
+}
 
 impl<A: GlobalAlloc + Sync + 'static> BenchAlloc for Global<A> {
-    #[inline]
+    #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: per our caller.
-        unsafe { self.0.alloc(layout) }
+        unsafe { self.inner.alloc(layout) }
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn free(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: per our caller.
-        unsafe { self.0.dealloc(ptr, layout) }
+        unsafe { self.inner.dealloc(ptr, layout) }
+    }
+    #[inline(always)]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: per our caller.
+        unsafe { self.inner.realloc(ptr, layout, new_size) }
+    }
+    fn give_back(&self) -> Option<&'static str> {
+        let (name, f) = self.give_back?;
+        f();
+        Some(name)
     }
 }
 
@@ -76,6 +179,7 @@ pub static MAGPIE_PROF: Allocator<ProfPlatform> = Allocator::new();
 
 /// A platform with its process-wide magpie allocator.
 pub trait MagpieHost: Platform + Sync + Sized {
+    /// The allocator of this platform.
     fn allocator() -> &'static Allocator<Self>;
 }
 
@@ -93,11 +197,13 @@ impl MagpieHost for ProfPlatform {
     }
 }
 
-/// magpie-slab: kmalloc (through its `GlobalAlloc`) for sized requests;
-/// with `CACHE`, `OBJ`s come from a 64-byte `kmem_cache`, else from
-/// `kmalloc(64)`. (A const parameter, so the choice costs no instruction.)
+/// magpie-slab through its `GlobalAlloc` (kmalloc / kfree / realloc);
+/// with `CACHE`, `OBJ`s come from a pre-resolved 64-byte `kmem_cache`
+/// ("bench-64") instead. (A const parameter, so the choice costs no
+/// instruction.)
 pub struct Magpie<P: MagpieHost, const CACHE: bool> {
     cache: &'static KmemCache<P>,
+    pages: &'static HostPages,
 }
 
 impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
@@ -107,35 +213,41 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
     pub fn new() -> Magpie<P, CACHE> {
         set_cpu(0);
         let alloc = P::allocator();
-        if !alloc.is_ready() {
-            let pages = HostPages::new("bench", HEAP_BYTES, PAGE_SIZE);
-            alloc.init(pages).expect("magpie init");
-        }
-        let cache = match alloc.find_cache("bench-64") {
-            Some(cache) => cache,
-            None => alloc
-                .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
-                .expect("bench-64 cache"),
-        };
-        Magpie { cache }
+        assert!(!alloc.is_ready(), "one magpie allocator per process");
+        let pages = HostPages::new("bench", HEAP_BYTES, PAGE_SIZE);
+        alloc.init(pages).expect("magpie init");
+        let cache = alloc
+            .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
+            .expect("bench-64 cache");
+        Magpie { cache, pages }
+    }
+
+    /// Bytes of slab pages held by every cache (kmalloc classes, the
+    /// bench cache, and the allocator's own metadata caches).
+    pub fn slab_bytes(&self) -> usize {
+        let mut bytes = 0;
+        P::allocator().for_each_cache(|c| bytes += c.stats().total_bytes);
+        bytes
     }
 }
 
 impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
-    fn thread_init(&self, cpu: usize) {
-        set_cpu(cpu);
-    }
-    #[inline]
+    #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: per our caller.
         unsafe { P::allocator().alloc(layout) }
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn free(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: per our caller.
         unsafe { P::allocator().dealloc(ptr, layout) }
     }
-    #[inline]
+    #[inline(always)]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: per our caller.
+        unsafe { P::allocator().realloc(ptr, layout, new_size) }
+    }
+    #[inline(always)]
     fn obj_alloc(&self) -> *mut u8 {
         if CACHE {
             match self.cache.alloc() {
@@ -147,16 +259,70 @@ impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
             unsafe { self.alloc(OBJ) }
         }
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn obj_free(&self, ptr: *mut u8) {
         if CACHE {
             // SAFETY: per our caller: an object of this cache.
-            let _ = unsafe { self.cache.free(std::ptr::NonNull::new_unchecked(ptr)) };
+            let _ = unsafe { self.cache.free(NonNull::new_unchecked(ptr)) };
         } else {
             // SAFETY: per our caller.
             unsafe { self.free(ptr, OBJ) }
         }
     }
+    fn give_back(&self) -> Option<&'static str> {
+        P::allocator().reap_all();
+        Some("reap_all")
+    }
+    /// Page-source bytes not in any slab (the page map, set up at init)
+    /// plus the slabs of the allocator's own `kmem_*` caches (cache
+    /// structs, per-CPU blocks, slab structs, bufctls, magazines, trace
+    /// records).
+    fn metadata_bytes(&self) -> Option<usize> {
+        let mut internal = 0;
+        P::allocator().for_each_cache(|c| {
+            if c.name().starts_with("kmem_") {
+                internal += c.stats().total_bytes;
+            }
+        });
+        let outside_slabs = self.pages.outstanding_bytes() - self.slab_bytes();
+        Some(outside_slabs + internal)
+    }
+}
+
+/// Sub-buffers per CPU for the `*-kmt-on` rows: 1,048,576 events per CPU
+/// (64 MiB), more than any of their runs records, so every event is
+/// written (no overrun path).
+pub const KMT_SUBBUFS: usize = 1024;
+
+/// Start kmemtrace recording (every cache, no stacks) on [`MAGPIE`],
+/// with CPU 0's ring already resident: it is filled once (recording
+/// events until it overruns) and recording is restarted (same rings,
+/// emptied). A kernel's rings are resident memory; without this the
+/// host would charge a page fault per 64 events to recording.
+pub fn kmemtrace_on() {
+    let config = magpie_slab::KmemtraceConfig {
+        nr_subbufs: KMT_SUBBUFS,
+        ..Default::default()
+    };
+    let start = || {
+        // SAFETY: BenchPlatform's CPU id is a thread-local that each
+        // benchmark thread sets to its own index (distinct per thread),
+        // and a thread never migrates between ids: each ring is written
+        // by one thread.
+        unsafe { MAGPIE.kmemtrace_start(config) }.expect("kmemtrace start");
+    };
+    start();
+    set_cpu(0);
+    let events = KMT_SUBBUFS * magpie_slab::kmemtrace::SUBBUF_EVENTS;
+    for _ in 0..events.div_ceil(2) + 1 {
+        // SAFETY: OBJ has non-zero size; the block is freed at once.
+        unsafe {
+            let p = MAGPIE.alloc(OBJ);
+            assert!(!p.is_null(), "out of memory");
+            MAGPIE.dealloc(p, OBJ);
+        }
+    }
+    start();
 }
 
 // ---------------------------------------------------------------- peers
@@ -167,7 +333,7 @@ pub fn linked_list() -> Global<linked_list_allocator::LockedHeap> {
     let (base, len) = region(HEAP_BYTES, PAGE_SIZE);
     // SAFETY: a fresh region owned by this heap alone, forever.
     unsafe { heap.lock().init(base as *mut u8, len) };
-    Global(heap)
+    Global::new(heap)
 }
 
 /// The talc allocator type: spin-locked, claiming the region on first use.
@@ -179,7 +345,7 @@ pub fn talc() -> Global<Talc> {
     let (base, len) = region(HEAP_BYTES, PAGE_SIZE);
     // SAFETY: a fresh region owned by this heap alone, forever.
     let claim = unsafe { talc::source::Claim::new(base as *mut u8, len) };
-    Global(Talc::new(claim))
+    Global::new(Talc::new(claim))
 }
 
 /// `buddy_system_allocator::LockedHeap` (spin-locked) over a region.
@@ -188,53 +354,96 @@ pub fn buddy() -> Global<buddy_system_allocator::LockedHeap<32>> {
     let (base, len) = region(HEAP_BYTES, PAGE_SIZE);
     // SAFETY: a fresh region owned by this heap alone, forever.
     unsafe { heap.lock().init(base, len) };
-    Global(heap)
+    Global::new(heap)
+}
+
+unsafe extern "C" {
+    fn malloc_trim(pad: usize) -> i32;
+    fn mi_collect(force: bool);
 }
 
 /// The system allocator (glibc malloc).
 pub fn system() -> Global<System> {
-    Global(System)
+    Global {
+        inner: System,
+        give_back: Some(("malloc_trim(0)", || {
+            // SAFETY: glibc's malloc_trim has no preconditions.
+            unsafe { malloc_trim(0) };
+        })),
+    }
 }
 
 /// mimalloc (the C library, statically linked).
 pub fn mimalloc() -> Global<mimalloc::MiMalloc> {
-    Global(mimalloc::MiMalloc)
+    Global {
+        inner: mimalloc::MiMalloc,
+        give_back: Some(("mi_collect(true)", || {
+            // SAFETY: mi_collect has no preconditions.
+            unsafe { mi_collect(true) };
+        })),
+    }
 }
 
-/// slabmalloc's `ZoneAllocator` behind a `spin::Mutex` (it is
-/// single-threaded), refilled from a page source: 4 KiB `ObjectPage`s up to
-/// 256 B, 2 MiB `LargeObjectPage`s above.
+/// One `ZoneAllocator` per CPU, on its own cache lines.
+#[repr(align(128))]
+struct Zone(UnsafeCell<ZoneAllocator<'static>>);
+
+/// slabmalloc as its authors intend for several threads ("give every
+/// thread its own instance of a ZoneAllocator; the dealloc can deal with
+/// deallocating any pointer on any thread", README): one `ZoneAllocator`
+/// per CPU with no lock, a free through the freeing CPU's zone (its
+/// per-page bitfield updates are atomic), refilled from a page source with
+/// 4 KiB `ObjectPage`s up to 256 B and 2 MiB `LargeObjectPage`s above (as
+/// its `global_alloc` example does).
 pub struct SlabMalloc {
-    zone: spin::Mutex<ZoneAllocator<'static>>,
+    zones: Box<[Zone]>,
     pages: &'static HostPages,
 }
 
 const LARGE_PAGE: usize = 2 << 20;
 
 impl SlabMalloc {
-    /// A zone allocator with its own page source.
+    /// Zone allocators for every CPU with one page source.
     pub fn new() -> SlabMalloc {
         SlabMalloc {
-            zone: spin::Mutex::new(ZoneAllocator::new()),
-            pages: HostPages::new("slabmalloc", HEAP_BYTES, LARGE_PAGE),
+            zones: (0..host::NR_CPUS)
+                .map(|_| Zone(UnsafeCell::new(ZoneAllocator::new())))
+                .collect(),
+            // 8 GiB of address space (untouched pages cost nothing): a
+            // `LargeObjectPage` is 2 MiB but holds at most 512 objects
+            // (its bitfield), so classes above 256 B use a lot of it.
+            pages: HostPages::new("slabmalloc", 8 * HEAP_BYTES, LARGE_PAGE),
         }
     }
 
+    /// This CPU's zone.
+    ///
+    /// # Safety
+    /// Only the thread acting as this CPU uses it, and not reentrantly.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn zone(&self) -> &mut ZoneAllocator<'static> {
+        let cpu = BenchPlatform::cpu_id().min(host::NR_CPUS - 1);
+        // SAFETY: per our caller, the zone is this thread's alone.
+        unsafe { &mut *self.zones.get_unchecked(cpu).0.get() }
+    }
+
     #[cold]
+    #[inline(never)]
     fn refill(&self, zone: &mut ZoneAllocator<'static>, layout: Layout) -> bool {
         use slabmalloc::Allocator as _;
         if layout.size() <= ZoneAllocator::MAX_BASE_ALLOC_SIZE {
             let Some(page) = self.pages.alloc_aligned(1, PAGE_SIZE) else {
                 return false;
             };
-            // SAFETY: a fresh zeroed 4 KiB page, ours forever.
+            // SAFETY: a fresh zeroed 4 KiB page, ours until reclaimed.
             unsafe { zone.refill(layout, &mut *page.as_ptr().cast::<ObjectPage<'static>>()) }
                 .is_ok()
         } else {
             let Some(page) = self.pages.alloc_aligned(LARGE_PAGE / PAGE_SIZE, LARGE_PAGE) else {
                 return false;
             };
-            // SAFETY: a fresh zeroed 2 MiB-aligned 2 MiB page, ours forever.
+            // SAFETY: a fresh zeroed 2 MiB-aligned 2 MiB page, ours until reclaimed.
             unsafe {
                 zone.refill_large(
                     layout,
@@ -246,21 +455,25 @@ impl SlabMalloc {
     }
 }
 
-// SAFETY: the zone is only reached through the mutex.
+// SAFETY: each zone is used by the thread acting as its CPU only (`zone`);
+// frees from other threads touch only the page's atomic bitfield.
 unsafe impl Sync for SlabMalloc {}
 // SAFETY: as above.
 unsafe impl Send for SlabMalloc {}
 
-impl BenchAlloc for SlabMalloc {
-    #[inline]
+// SAFETY: returns slabmalloc's blocks, which are at least layout.size()
+// bytes aligned to layout.align(), or null.
+unsafe impl GlobalAlloc for SlabMalloc {
+    #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         use slabmalloc::Allocator as _;
-        let mut zone = self.zone.lock();
+        // SAFETY: this thread's zone (thread-local CPU id).
+        let zone = unsafe { self.zone() };
         loop {
             match zone.allocate(layout) {
                 Ok(ptr) => return ptr.as_ptr(),
                 Err(AllocationError::OutOfMemory) => {
-                    if !self.refill(&mut zone, layout) {
+                    if !self.refill(zone, layout) {
                         return std::ptr::null_mut();
                     }
                 }
@@ -268,53 +481,125 @@ impl BenchAlloc for SlabMalloc {
             }
         }
     }
-    #[inline]
-    unsafe fn free(&self, ptr: *mut u8, layout: Layout) {
+    #[inline(always)]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         use slabmalloc::Allocator as _;
         // SAFETY: per our caller, ptr is a live allocation (non-null).
-        let ptr = unsafe { std::ptr::NonNull::new_unchecked(ptr) };
-        let _ = self.zone.lock().deallocate(ptr, layout);
+        let ptr = unsafe { NonNull::new_unchecked(ptr) };
+        // SAFETY: this thread's zone.
+        let _ = unsafe { self.zone() }.deallocate(ptr, layout);
     }
 }
 
-/// No allocator at all: every alloc returns the same per-thread buffer.
-/// Its instruction count is the harness overhead (loop, random stream,
-/// byte writes) that the other rows also pay, and its 2-thread throughput
-/// shows how well the machine itself scales (no shared memory at all).
+/// Bench wrapper of [`SlabMalloc`] (its `give_back` reclaims empty pages
+/// of every zone).
+pub struct SlabMallocBench(SlabMalloc);
+
+impl SlabMallocBench {
+    /// A fresh slabmalloc.
+    pub fn new() -> Self {
+        SlabMallocBench(SlabMalloc::new())
+    }
+}
+
+impl BenchAlloc for SlabMallocBench {
+    #[inline(always)]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: per our caller.
+        unsafe { self.0.alloc(layout) }
+    }
+    #[inline(always)]
+    unsafe fn free(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: per our caller.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+    #[inline(always)]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: per our caller (GlobalAlloc's default realloc:
+        // allocate, copy, free, as slabmalloc's example gets).
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+    fn give_back(&self) -> Option<&'static str> {
+        let pages = self.0.pages;
+        for cpu in 0..host::NR_CPUS {
+            // SAFETY: called with no other thread running (memory workloads).
+            let zone = unsafe { &mut *self.0.zones[cpu].0.get() };
+            zone.try_reclaim_base_pages(usize::MAX, |page| {
+                // SAFETY: an empty page the zone gave up.
+                unsafe { pages.free_pages(NonNull::new_unchecked(page.cast()), 1) };
+            });
+            zone.try_reclaim_large_pages(usize::MAX, |page| {
+                // SAFETY: as above, a 2 MiB page.
+                unsafe {
+                    pages.free_pages(NonNull::new_unchecked(page.cast()), LARGE_PAGE / PAGE_SIZE)
+                };
+            });
+        }
+        Some("try_reclaim_{base,large}_pages")
+    }
+}
+
+/// No allocator at all: every alloc returns the same per-thread buffer,
+/// realloc returns its argument. Its instruction count is the harness
+/// (loop, random stream, byte writes, the out-of-line calls) that every
+/// other row also pays; its 2-thread throughput is how well the machine
+/// itself scales (no shared memory at all).
 pub struct Null;
 
 #[repr(align(4096))]
 #[allow(dead_code)] // only its address is used
-struct NullBuf([u8; PAGE_SIZE]);
+struct NullBuf([u8; 2 * PAGE_SIZE]);
 
 std::thread_local! {
-    static NULL_BUF: std::cell::UnsafeCell<NullBuf> =
-        const { std::cell::UnsafeCell::new(NullBuf([0; PAGE_SIZE])) };
+    static NULL_BUF: UnsafeCell<NullBuf> =
+        const { UnsafeCell::new(NullBuf([0; 2 * PAGE_SIZE])) };
 }
 
 impl BenchAlloc for Null {
-    #[inline]
+    #[inline(always)]
     unsafe fn alloc(&self, _layout: Layout) -> *mut u8 {
         NULL_BUF.with(|b| b.get().cast())
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn free(&self, _ptr: *mut u8, _layout: Layout) {}
+    #[inline(always)]
+    unsafe fn realloc(&self, ptr: *mut u8, _layout: Layout, _new_size: usize) -> *mut u8 {
+        ptr
+    }
 }
 
 /// Names accepted on the command line, in table order.
 pub const ALLOCATORS: &[&str] = &[
     "magpie",
-    "magpie-kmalloc",
-    "system",
     "mimalloc",
-    "linked_list_allocator",
+    "system",
     "talc",
     "buddy_system_allocator",
     "slabmalloc",
+    "linked_list_allocator",
     "null",
+    // The pre-resolved kmem_cache interface (not like for like; its own
+    // labelled row).
+    "magpie-cache",
     // magpie over a platform with allocation profiling wired to
-    // magpie-codetag (`bench/profiling.sh`), switch off / on from boot.
-    // Not in the suite's peer tables.
+    // magpie-codetag, switch off / on from boot (a build with feature
+    // alloc-profiling).
     "magpie-prof-off",
     "magpie-prof-on",
+    "magpie-cache-prof-off",
+    "magpie-cache-prof-on",
+    // magpie with kmemtrace recording on (every cache, no stacks).
+    "magpie-kmt-on",
+    "magpie-cache-kmt-on",
+];
+
+/// The like-for-like rows (every allocator through `GlobalAlloc`).
+pub const PEERS: &[&str] = &[
+    "magpie",
+    "mimalloc",
+    "system",
+    "talc",
+    "buddy_system_allocator",
+    "slabmalloc",
+    "linked_list_allocator",
 ];

@@ -172,6 +172,34 @@ pub fn region(bytes: usize, align: usize) -> (usize, usize) {
     (raw.next_multiple_of(align), bytes)
 }
 
+const MADV_DONTNEED: i32 = 4;
+const PR_SET_THP_DISABLE: i32 = 41;
+
+unsafe extern "C" {
+    fn madvise(addr: *mut core::ffi::c_void, len: usize, advice: i32) -> i32;
+    fn prctl(option: i32, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> i32;
+}
+
+/// Turn transparent huge pages off for this process, so that a touched
+/// page is 4 KiB of resident memory for every allocator alike.
+pub fn no_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory.
+    let _ = unsafe { prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
+/// Resident anonymous memory of this process in bytes (`RssAnon` of
+/// `/proc/self/status`): every heap page any allocator has touched and
+/// not given back, whatever its source (brk, mmap, a region).
+pub fn rss_anon() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .expect("RssAnon in /proc/self/status")
+        * 1024
+}
+
 struct PagesInner {
     /// Next never-used page address.
     bump: usize,
@@ -206,6 +234,11 @@ impl HostPages {
             }),
             nr_allocs: AtomicU64::new(0),
         }))
+    }
+
+    /// Bytes handed out and not returned.
+    pub fn outstanding_bytes(&self) -> usize {
+        self.inner.lock().outstanding * PAGE_SIZE
     }
 
     /// `nr_pages` contiguous pages aligned to `align` bytes (a power of two
@@ -247,6 +280,13 @@ impl PageSource for HostPages {
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        // Give the frames back, as a kernel's page source returns them to
+        // its frame allocator: the pages leave the resident set (and read
+        // as zero when reused), so the memory workloads see what was
+        // returned.
+        // SAFETY: the run is ours (it came from alloc_pages) and no one
+        // uses it any more (the PageSource contract).
+        unsafe { madvise(addr.as_ptr().cast(), nr_pages * PAGE_SIZE, MADV_DONTNEED) };
         let mut inner = self.inner.lock();
         inner
             .free

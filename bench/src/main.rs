@@ -2,22 +2,25 @@
 //!
 //! ```text
 //! magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]
-//! magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]
+//! magpie-bench memory <allocator> <heap|burst>
+//! magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]
 //! magpie-bench list
 //! magpie-bench fault
 //! ```
 //!
 //! A single run prints a `RESULT` line (median over the repetitions). With
-//! `--n` the workload runs exactly N iterations per thread (N pairs, N
-//! mixed steps, N objects), once, with no warm-up: that is what the
-//! callgrind measurements use; `--n N --warmup` times R repetitions of N
-//! after one warm-up (the suite's wall-clock rounds). `suite` runs everything (callgrind
-//! instruction counts, wall clock for 1 and 2 threads) by re-running this
-//! binary, and prints one markdown report. See docs/BENCHMARKS.md.
+//! `--n` the workload runs exactly N iterations per thread, once, with no
+//! warm-up: that is what the callgrind measurements use; `--n N --warmup`
+//! times R repetitions of N after one warm-up (the suite's wall-clock
+//! rounds). `memory` runs the memory workloads for one allocator and
+//! prints `MEM` lines. `suite` runs everything by re-running this binary
+//! (and the `--prof` build for the profiling rows) and writes one markdown
+//! report, optionally into `docs/BENCHMARKS.md` between its markers. See
+//! docs/BENCHMARKS.md.
 
 mod allocs;
 mod host;
-mod profsuite;
+mod memory;
 mod suite;
 mod workloads;
 
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use allocs::{ALLOCATORS, BenchAlloc};
 use host::{BenchPlatform, ProfPlatform};
-use workloads::{Mixed, WORKLOADS};
+use workloads::{Mixed, Sizes};
 
 /// Options of a single run.
 struct RunOpts {
@@ -50,11 +53,12 @@ struct RunResult {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: magpie-bench <workload> <allocator> [threads] [--n N] [--reps R] [--target-ms MS]\n\
-         \x20      magpie-bench suite [--out FILE] [--reps R] [--target-ms MS] [--no-callgrind]\n\
+        "usage: magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]\n\
+         \x20      magpie-bench memory <allocator> <heap|burst>\n\
+         \x20      magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]\n\
          \x20      magpie-bench list\n\
          workloads: {}\nallocators: {}",
-        WORKLOADS.join(" "),
+        workloads::names().join(" "),
         ALLOCATORS.join(" ")
     );
     std::process::exit(2);
@@ -78,13 +82,28 @@ fn main() {
     match args.first().map(String::as_str) {
         None | Some("-h" | "--help") => usage(),
         Some("list") => {
-            println!("workloads: {}", WORKLOADS.join(" "));
+            println!("workloads: {}", workloads::names().join(" "));
             println!("allocators: {}", ALLOCATORS.join(" "));
+            println!("variant: {}", variant());
         }
         Some("suite") => suite::main(&args[1..]),
-        Some("profiling") => profsuite::main(&args[1..]),
-        Some("memory") => profsuite::memory(),
-        Some("fault") => fault_cost(),
+        Some("fault") => {
+            let (plain, with_point) = suite::fault_cost(&suite::exe()).unwrap_or_else(|error| {
+                eprintln!("magpie-bench fault: {error}");
+                std::process::exit(1)
+            });
+            println!(
+                "FAULT cache-pair={plain:.2} cache-pair-fault={with_point:.2} \
+                 disabled-point={:.2} (callgrind instructions per kmem_cache alloc+free pair, \
+                 variant {})",
+                with_point - plain,
+                variant()
+            );
+        }
+        Some("memory") => match (args.get(1), args.get(2)) {
+            (Some(a), Some(what)) if ALLOCATORS.contains(&a.as_str()) => memory::main(a, what),
+            _ => usage(),
+        },
         Some(_) => {
             let opts = parse_run(&args);
             let r = run(&opts);
@@ -102,27 +121,6 @@ fn main() {
             );
         }
     }
-}
-
-/// `magpie-bench fault`: the cost of a disabled fault point, in callgrind
-/// instructions per `kmem_cache` alloc+free pair: `cache-pair` with and
-/// without a disabled `dynamic_fault!(Memory)` in front of each alloc.
-fn fault_cost() {
-    let exe = suite::exe();
-    let measure = |workload| {
-        suite::instructions_of(&exe, workload, "magpie").unwrap_or_else(|error| {
-            eprintln!("magpie-bench fault: {workload}: {error}");
-            std::process::exit(1)
-        })
-    };
-    let plain = measure("cache-pair");
-    let with_point = measure("cache-pair-fault");
-    println!(
-        "FAULT cache-pair={plain:.2} cache-pair-fault={with_point:.2} \
-         disabled-point={:.2} (callgrind instructions per alloc+free pair, variant {})",
-        with_point - plain,
-        variant()
-    );
 }
 
 fn parse_run(args: &[String]) -> RunOpts {
@@ -159,14 +157,21 @@ fn parse_run(args: &[String]) -> RunOpts {
     if let Some(t) = positional.get(2) {
         opts.threads = t.parse().unwrap_or_else(|_| usage());
     }
-    if !WORKLOADS.contains(&opts.workload.as_str()) && opts.workload != "cache-pair-fault"
+    if !workloads::names().contains(&opts.workload.as_str()) && opts.workload != "pair64-fault"
         || !ALLOCATORS.contains(&opts.allocator.as_str())
         || !(1..=host::NR_CPUS).contains(&opts.threads)
     {
         usage();
     }
-    if opts.workload == "cross-free" && opts.threads > 2 {
-        eprintln!("cross-free runs on 1 or 2 threads");
+    if opts.allocator.contains("prof") && !cfg!(feature = "alloc-profiling") {
+        eprintln!(
+            "{}: needs a build with feature alloc-profiling",
+            opts.allocator
+        );
+        std::process::exit(2);
+    }
+    if matches!(opts.workload.as_str(), "cross-free" | "remote-free") && opts.threads > 2 {
+        eprintln!("{} runs on 1 or 2 threads", opts.workload);
         std::process::exit(2);
     }
     opts
@@ -177,42 +182,85 @@ fn leak<T>(value: T) -> &'static T {
 }
 
 fn run(opts: &RunOpts) -> RunResult {
-    match opts.allocator.as_str() {
-        "magpie" => run_with(leak(allocs::Magpie::<BenchPlatform, true>::new()), opts),
-        "magpie-kmalloc" => run_with(leak(allocs::Magpie::<BenchPlatform, false>::new()), opts),
+    // Profiling on "from boot": the switch is set before the allocator's
+    // init, as a kernel's `mem_profiling=1` is.
+    let prof = |on: bool| host::prof_init(on);
+    let r = match opts.allocator.as_str() {
+        "magpie" => run_with(leak(allocs::Magpie::<BenchPlatform, false>::new()), opts),
+        "magpie-cache" => run_with(leak(allocs::Magpie::<BenchPlatform, true>::new()), opts),
         "magpie-prof-off" | "magpie-prof-on" => {
-            host::prof_init(opts.allocator == "magpie-prof-on");
-            let r = run_with(leak(allocs::Magpie::<ProfPlatform, true>::new()), opts);
-            // Everything freed: the tag's live bytes are back to zero
-            // (calls count allocations minus frees too).
-            let (bytes, calls) = host::prof_counts();
-            eprintln!("PROF live_bytes={bytes} live_calls={calls}");
-            r
+            prof(opts.allocator.ends_with("on"));
+            run_with(leak(allocs::Magpie::<ProfPlatform, false>::new()), opts)
+        }
+        "magpie-cache-prof-off" | "magpie-cache-prof-on" => {
+            prof(opts.allocator.ends_with("on"));
+            run_with(leak(allocs::Magpie::<ProfPlatform, true>::new()), opts)
+        }
+        "magpie-kmt-on" => {
+            let a = leak(allocs::Magpie::<BenchPlatform, false>::new());
+            allocs::kmemtrace_on();
+            run_with(a, opts)
+        }
+        "magpie-cache-kmt-on" => {
+            let a = leak(allocs::Magpie::<BenchPlatform, true>::new());
+            allocs::kmemtrace_on();
+            run_with(a, opts)
         }
         "system" => run_with(leak(allocs::system()), opts),
         "mimalloc" => run_with(leak(allocs::mimalloc()), opts),
         "linked_list_allocator" => run_with(leak(allocs::linked_list()), opts),
         "talc" => run_with(leak(allocs::talc()), opts),
         "buddy_system_allocator" => run_with(leak(allocs::buddy()), opts),
-        "slabmalloc" => run_with(leak(allocs::SlabMalloc::new()), opts),
+        "slabmalloc" => run_with(leak(allocs::SlabMallocBench::new()), opts),
         "null" => run_with(leak(allocs::Null), opts),
         _ => usage(),
+    };
+    if opts.allocator.contains("kmt") {
+        let status = allocs::MAGPIE.kmemtrace_status();
+        eprintln!(
+            "KMT events={} overruns={}",
+            status.nr_events, status.nr_overruns
+        );
+        println!(
+            "KMT events={} overruns={}",
+            status.nr_events, status.nr_overruns
+        );
     }
+    if opts.allocator.contains("prof") {
+        // Everything freed: the tag's live bytes and calls are back to 0.
+        let (bytes, calls) = host::prof_counts();
+        eprintln!("PROF live_bytes={bytes} live_calls={calls}");
+    }
+    r
 }
 
 /// One repetition: `n` iterations per thread. Returns (ops, wall time).
-fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, Duration) {
+fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, std::time::Duration) {
     let threads = opts.threads;
-    match opts.workload.as_str() {
-        "cache-pair" => workloads::run_threads(a, threads, |a, _| workloads::cache_pair(a, n)),
-        "cache-pair-fault" => {
-            workloads::run_threads(a, threads, |a, _| workloads::cache_pair_fault(a, n))
-        }
-        "kmalloc-mixed" => workloads::run_threads(a, threads, |a, cpu| {
-            let mut m = Mixed::new(a, 0x5eed + cpu as u64);
-            let ops = workloads::kmalloc_mixed(a, &mut m, n);
+    let window = |sizes: Sizes| {
+        workloads::run_threads(a, threads, move |a, cpu| {
+            let mut m = Mixed::new(a, 0x5eed + cpu as u64, sizes);
+            let ops = workloads::mixed(a, &mut m, n);
             m.finish(a);
             ops
+        })
+    };
+    match opts.workload.as_str() {
+        "pair64" => workloads::run_threads(a, threads, |a, _| workloads::pair64(a, n)),
+        "pair64-fault" => workloads::run_threads(a, threads, |a, _| workloads::pair64_fault(a, n)),
+        "mixed" => window(Sizes::Small),
+        "mixed-8k" => window(Sizes::Large),
+        "align" => window(Sizes::Aligned),
+        "realloc-same" => workloads::run_threads(a, threads, |a, _| workloads::realloc_same(a, n)),
+        "realloc-grow" => workloads::run_threads(a, threads, |a, _| workloads::realloc_grow(a, n)),
+        "batch" => workloads::run_threads(a, threads, |a, _| {
+            let mut objs = vec![std::ptr::null_mut(); workloads::BATCH_OBJS];
+            workloads::batch(a, &mut objs, n)
+        }),
+        "remote-free" if threads == 2 => workloads::remote_free(a, n),
+        "remote-free" => workloads::run_threads(a, 1, |a, _| {
+            let mut objs = vec![std::ptr::null_mut(); workloads::REMOTE_BATCH];
+            workloads::batch(a, &mut objs, n / workloads::REMOTE_BATCH as u64) / 2
         }),
         "cross-free" if threads == 1 => {
             workloads::run_threads(a, 1, |a, _| workloads::cross_free_local(a, n))
@@ -236,12 +284,17 @@ fn run_with<A: BenchAlloc>(a: &'static A, opts: &RunOpts) -> RunResult {
         };
     }
     // Calibrate n so one repetition takes about the target time.
-    let mut n: u64 = opts.n.unwrap_or(4096);
+    let start = match opts.workload.as_str() {
+        "batch" => 1,
+        "remote-free" => 4 * workloads::REMOTE_BATCH as u64,
+        _ => 4096,
+    };
+    let mut n: u64 = opts.n.unwrap_or(start);
     while opts.n.is_none() {
         let (_, time) = once(a, opts, n);
         if time >= opts.target / 8 || n >= 1 << 34 {
             let scale = opts.target.as_secs_f64() / time.as_secs_f64().max(1e-9);
-            n = ((n as f64 * scale) as u64).max(4096);
+            n = ((n as f64 * scale) as u64).max(start);
             break;
         }
         n *= 4;
@@ -249,15 +302,15 @@ fn run_with<A: BenchAlloc>(a: &'static A, opts: &RunOpts) -> RunResult {
     let _ = once(a, opts, n); // warm-up
     let mut samples: Vec<(u64, Duration)> = (0..opts.reps).map(|_| once(a, opts, n)).collect();
     samples.sort_by(|x, y| {
-        let rx = x.1.as_secs_f64() / x.0 as f64;
-        let ry = y.1.as_secs_f64() / y.0 as f64;
+        let rx = x.1.as_secs_f64() / x.0.max(1) as f64;
+        let ry = y.1.as_secs_f64() / y.0.max(1) as f64;
         rx.total_cmp(&ry)
     });
     let (ops, time) = samples[samples.len() / 2];
     RunResult {
         n,
         ops_per_rep: ops,
-        ns_per_op: time.as_nanos() as f64 / ops as f64,
-        mops: ops as f64 / time.as_secs_f64() / 1e6,
+        ns_per_op: time.as_nanos() as f64 / ops.max(1) as f64,
+        mops: ops as f64 / time.as_secs_f64().max(1e-12) / 1e6,
     }
 }

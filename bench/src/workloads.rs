@@ -1,7 +1,7 @@
-//! The workloads. Each returns how many operations it did, where an
-//! operation is what the tables count: an alloc+free pair for `cache-pair`
-//! and `cross-free` (per object), one alloc or one free for
-//! `kmalloc-mixed`.
+//! The workloads. Each returns how many operations it did; what an
+//! operation is per workload is in [`WORKLOADS`] (and docs/BENCHMARKS.md).
+//! Every allocator call goes through [`crate::allocs::call`] (one
+//! out-of-line function per call, as `__rust_alloc` is).
 
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
@@ -10,13 +10,91 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::allocs::BenchAlloc;
+use crate::allocs::{BenchAlloc, call};
 
-/// Workload names, in table order.
-pub const WORKLOADS: &[&str] = &["cache-pair", "kmalloc-mixed", "cross-free"];
+/// One workload: its name, what one operation is, and whether it runs on
+/// 2 threads in the scaling table.
+pub struct Workload {
+    /// Command-line name.
+    pub name: &'static str,
+    /// What one operation is (table captions).
+    pub op: &'static str,
+    /// Measured at 1 and 2 threads for the scaling table.
+    pub two_threads: bool,
+    /// Uses the 64-byte object calls (`obj_alloc`/`obj_free`), so the
+    /// labelled `magpie-cache` row applies.
+    pub obj: bool,
+}
 
-/// Live-object window of `kmalloc-mixed`.
+/// Workloads, in table order.
+pub const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "pair64",
+        op: "alloc+free pair, 64 B",
+        two_threads: true,
+        obj: true,
+    },
+    Workload {
+        name: "mixed",
+        op: "alloc or free, 8–512 B",
+        two_threads: true,
+        obj: false,
+    },
+    Workload {
+        name: "mixed-8k",
+        op: "alloc or free, 8–8192 B",
+        two_threads: true,
+        obj: false,
+    },
+    Workload {
+        name: "align",
+        op: "alloc or free, 8–512 B, align 16–256",
+        two_threads: false,
+        obj: false,
+    },
+    Workload {
+        name: "realloc-same",
+        op: "realloc 40 B ↔ 56 B",
+        two_threads: false,
+        obj: false,
+    },
+    Workload {
+        name: "realloc-grow",
+        op: "realloc step, 16 B → 4 KiB by doubling",
+        two_threads: false,
+        obj: false,
+    },
+    Workload {
+        name: "batch",
+        op: "alloc or free, 64 B, 16 Ki live",
+        two_threads: false,
+        obj: true,
+    },
+    Workload {
+        name: "remote-free",
+        op: "object: alloc on CPU 0, free on CPU 1",
+        two_threads: false,
+        obj: true,
+    },
+    Workload {
+        name: "cross-free",
+        op: "object: alloc + free, 64 B, batches of 256",
+        two_threads: true,
+        obj: true,
+    },
+];
+
+/// Names of [`WORKLOADS`].
+pub fn names() -> Vec<&'static str> {
+    WORKLOADS.iter().map(|w| w.name).collect()
+}
+
+/// Live-object window of the mixed workloads.
 pub const MIXED_SLOTS: usize = 256;
+/// Objects alive at once in `batch` (far beyond a CPU's magazines).
+pub const BATCH_OBJS: usize = 16 * 1024;
+/// Objects per hand-over in `remote-free`.
+pub const REMOTE_BATCH: usize = 1024;
 /// Objects per batch handed from producer to consumer in `cross-free`.
 pub const CROSS_BATCH: usize = 256;
 /// Batches in flight in `cross-free`.
@@ -43,101 +121,203 @@ impl XorShift {
     }
 }
 
-/// `n` alloc+free pairs of one 64-byte object (the magazine hit path).
-#[inline(never)]
-pub fn cache_pair<A: BenchAlloc>(a: &A, n: u64) -> u64 {
-    for _ in 0..n {
-        let p = a.obj_alloc();
-        assert!(!p.is_null(), "out of memory");
-        // SAFETY: just allocated.
-        unsafe { a.obj_free(black_box(p)) };
-    }
-    n
+/// Size and alignment distributions of the window workloads.
+#[derive(Clone, Copy)]
+pub enum Sizes {
+    /// Uniform 8..=512 B, align 8.
+    Small,
+    /// Every power-of-two band 8–16, 16–32, …, 4096–8192 equally likely,
+    /// uniform inside the band; align 8.
+    Large,
+    /// Uniform 8..=512 B, align 16, 32, 64, 128 or 256.
+    Aligned,
 }
 
-/// [`cache_pair`] with a disabled fault point consulted before each
-/// alloc, as every `kmalloc!` / `kmem_cache_alloc!` site of the kernel
-/// does (`magpie-bench fault`): the difference is a disabled point's cost.
-#[inline(never)]
-pub fn cache_pair_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
-    for _ in 0..n {
-        let p = if magpie_codetag::dynamic_fault!(Memory) {
-            std::ptr::null_mut()
-        } else {
-            a.obj_alloc()
+impl Sizes {
+    /// The layout for random value `r`.
+    #[inline(always)]
+    pub fn layout(self, r: u64) -> Layout {
+        let (size, align) = match self {
+            Sizes::Small => (mixed_size(r), 8),
+            Sizes::Large => {
+                let band = 3 + ((r >> 8) % 10) as u32; // 2^3 ..= 2^12
+                let low = 1usize << band;
+                (low + ((r >> 16) as usize % (low + 1)), 8)
+            }
+            Sizes::Aligned => (mixed_size(r), 16 << ((r >> 40) % 5)),
         };
-        assert!(!p.is_null(), "out of memory");
-        // SAFETY: just allocated.
-        unsafe { a.obj_free(black_box(p)) };
-    }
-    n
-}
-
-/// State of one `kmalloc-mixed` run: a window of live objects.
-pub struct Mixed {
-    slots: Box<[(*mut u8, usize); MIXED_SLOTS]>,
-    rng: XorShift,
-}
-
-impl Mixed {
-    /// Fill every slot (not measured), so each step is one free + one alloc.
-    pub fn new<A: BenchAlloc>(a: &A, seed: u64) -> Mixed {
-        let mut m = Mixed {
-            slots: Box::new([(std::ptr::null_mut(), 0); MIXED_SLOTS]),
-            rng: XorShift::new(seed),
-        };
-        for i in 0..MIXED_SLOTS {
-            let size = mixed_size(m.rng.next());
-            // SAFETY: size >= 8.
-            let p = unsafe { a.alloc(mixed_layout(size)) };
-            assert!(!p.is_null(), "out of memory");
-            // SAFETY: p has size >= 1 bytes.
-            unsafe { p.write(i as u8) };
-            m.slots[i] = (p, size);
-        }
-        m
-    }
-
-    /// Free everything.
-    pub fn finish<A: BenchAlloc>(self, a: &A) {
-        for &(p, size) in self.slots.iter() {
-            // SAFETY: a live allocation of this size.
-            unsafe { a.free(p, mixed_layout(size)) };
-        }
+        // SAFETY: align is a power of two; size is small.
+        unsafe { Layout::from_size_align_unchecked(size, align) }
     }
 }
 
+/// Uniform 8..=512 from random value `r`.
 #[inline(always)]
 pub fn mixed_size(r: u64) -> usize {
     8 + ((r >> 8) % 505) as usize
 }
 
+/// An 8-aligned layout of `size` bytes.
 #[inline(always)]
 pub fn mixed_layout(size: usize) -> Layout {
     // SAFETY: 8 is a power of two; sizes are small.
     unsafe { Layout::from_size_align_unchecked(size, 8) }
 }
 
-/// `steps` steps of the mixed 8..=512 B workload: each step frees a random
-/// slot of the (full) window and allocates a random size into it, writing
-/// one byte. Returns operations: 2 per step.
+/// `n` alloc+free pairs of one 64-byte object (the magazine hit path).
 #[inline(never)]
-pub fn kmalloc_mixed<A: BenchAlloc>(a: &A, m: &mut Mixed, steps: u64) -> u64 {
+pub fn pair64<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    for _ in 0..n {
+        let p = call::obj_alloc(a);
+        assert!(!p.is_null(), "out of memory");
+        // SAFETY: just allocated.
+        unsafe { call::obj_free(a, black_box(p)) };
+    }
+    n
+}
+
+/// [`pair64`] with a disabled fault point consulted before each alloc, as
+/// every `kmalloc!` / `kmem_cache_alloc!` site of the kernel does
+/// (`magpie-bench fault`, and the suite's fault row): the difference is a
+/// disabled point's cost. Not in [`WORKLOADS`].
+#[inline(never)]
+pub fn pair64_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    for _ in 0..n {
+        let p = if magpie_codetag::dynamic_fault!(Memory) {
+            std::ptr::null_mut()
+        } else {
+            call::obj_alloc(a)
+        };
+        assert!(!p.is_null(), "out of memory");
+        // SAFETY: just allocated.
+        unsafe { call::obj_free(a, black_box(p)) };
+    }
+    n
+}
+
+/// State of one mixed run: a window of live objects.
+pub struct Mixed {
+    slots: Box<[(*mut u8, Layout); MIXED_SLOTS]>,
+    rng: XorShift,
+    sizes: Sizes,
+}
+
+impl Mixed {
+    /// Fill every slot (not measured), so each step is one free + one alloc.
+    pub fn new<A: BenchAlloc>(a: &A, seed: u64, sizes: Sizes) -> Mixed {
+        let mut m = Mixed {
+            slots: Box::new([(std::ptr::null_mut(), Layout::new::<u8>()); MIXED_SLOTS]),
+            rng: XorShift::new(seed),
+            sizes,
+        };
+        for i in 0..MIXED_SLOTS {
+            let layout = sizes.layout(m.rng.next());
+            let p = call::alloc(a, layout);
+            assert!(!p.is_null(), "out of memory");
+            // SAFETY: p has size >= 1 bytes.
+            unsafe { p.write(i as u8) };
+            m.slots[i] = (p, layout);
+        }
+        m
+    }
+
+    /// Free everything.
+    pub fn finish<A: BenchAlloc>(self, a: &A) {
+        for &(p, layout) in self.slots.iter() {
+            // SAFETY: a live allocation of this layout.
+            unsafe { call::free(a, p, layout) };
+        }
+    }
+}
+
+/// `steps` steps of a window workload: each step frees a random slot of
+/// the (full) window and allocates a random layout into it, writing one
+/// byte. Returns operations: 2 per step.
+#[inline(never)]
+pub fn mixed<A: BenchAlloc>(a: &A, m: &mut Mixed, steps: u64) -> u64 {
     for _ in 0..steps {
         let r = m.rng.next();
         let slot = (r as usize) & (MIXED_SLOTS - 1);
-        let size = mixed_size(r);
-        let (old, old_size) = m.slots[slot];
-        // SAFETY: every slot holds a live allocation of its size.
-        unsafe { a.free(old, mixed_layout(old_size)) };
-        // SAFETY: size >= 8.
-        let p = unsafe { a.alloc(mixed_layout(size)) };
+        let layout = m.sizes.layout(r);
+        let (old, old_layout) = m.slots[slot];
+        // SAFETY: every slot holds a live allocation of its layout.
+        unsafe { call::free(a, old, old_layout) };
+        let p = call::alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
         // SAFETY: p has size >= 1 bytes.
         unsafe { p.write(r as u8) };
-        m.slots[slot] = (p, size);
+        m.slots[slot] = (p, layout);
     }
     2 * steps
+}
+
+/// `n` reallocs of one object between 40 and 56 bytes (one size class
+/// for a slab allocator: the block can stay in place). One byte written
+/// after each.
+#[inline(never)]
+pub fn realloc_same<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    let mut layout = mixed_layout(40);
+    let mut p = call::alloc(a, layout);
+    assert!(!p.is_null(), "out of memory");
+    for i in 0..n {
+        let new_size = if layout.size() == 40 { 56 } else { 40 };
+        // SAFETY: p is live with `layout`.
+        p = unsafe { call::realloc(a, black_box(p), layout, new_size) };
+        assert!(!p.is_null(), "out of memory");
+        layout = mixed_layout(new_size);
+        // SAFETY: p has new_size >= 1 bytes.
+        unsafe { p.write(i as u8) };
+    }
+    // SAFETY: live with `layout`.
+    unsafe { call::free(a, p, layout) };
+    n
+}
+
+/// Reallocs per `realloc-grow` chain (16 B doubled 8 times: 4096 B).
+pub const GROW_STEPS: u64 = 8;
+
+/// `chains` times: allocate 16 bytes, double it by `realloc` up to 4096
+/// bytes (writing the last byte each time), free it. Returns reallocs;
+/// the chain's alloc and free are part of the cost.
+#[inline(never)]
+pub fn realloc_grow<A: BenchAlloc>(a: &A, chains: u64) -> u64 {
+    for _ in 0..chains {
+        let mut layout = mixed_layout(16);
+        let mut p = call::alloc(a, layout);
+        assert!(!p.is_null(), "out of memory");
+        for _ in 0..GROW_STEPS {
+            let new_size = layout.size() * 2;
+            // SAFETY: p is live with `layout`.
+            p = unsafe { call::realloc(a, black_box(p), layout, new_size) };
+            assert!(!p.is_null(), "out of memory");
+            layout = mixed_layout(new_size);
+            // SAFETY: p has new_size bytes.
+            unsafe { p.add(new_size - 1).write(1) };
+        }
+        // SAFETY: live with `layout`.
+        unsafe { call::free(a, p, layout) };
+    }
+    chains * GROW_STEPS
+}
+
+/// `rounds` times: allocate `BATCH_OBJS` 64-byte objects, then free them
+/// in allocation order. Far more objects than a CPU's magazines hold, so
+/// the frees overflow into the depot (and the slab layer) and the
+/// allocations come back from there. Returns operations (allocs + frees).
+#[inline(never)]
+pub fn batch<A: BenchAlloc>(a: &A, objs: &mut [*mut u8], rounds: u64) -> u64 {
+    for _ in 0..rounds {
+        for slot in objs.iter_mut() {
+            let p = call::obj_alloc(a);
+            assert!(!p.is_null(), "out of memory");
+            *slot = p;
+        }
+        for &p in black_box(&*objs).iter() {
+            // SAFETY: allocated above.
+            unsafe { call::obj_free(a, p) };
+        }
+    }
+    rounds * 2 * objs.len() as u64
 }
 
 /// One thread's `cross-free` baseline: allocate a batch, free it, on the
@@ -148,13 +328,13 @@ pub fn cross_free_local<A: BenchAlloc>(a: &A, objects: u64) -> u64 {
     let batches = objects / CROSS_BATCH as u64;
     for _ in 0..batches {
         for slot in batch.iter_mut() {
-            let p = a.obj_alloc();
+            let p = call::obj_alloc(a);
             assert!(!p.is_null(), "out of memory");
             *slot = p;
         }
         for &p in black_box(&batch).iter() {
             // SAFETY: allocated above.
-            unsafe { a.obj_free(p) };
+            unsafe { call::obj_free(a, p) };
         }
     }
     batches * CROSS_BATCH as u64
@@ -191,27 +371,27 @@ pub fn run_threads<A: BenchAlloc>(
     (ops, end - start)
 }
 
-/// One slot of the `cross-free` hand-off ring: a batch of pointers and
-/// whether it is full (owned by the consumer) or empty (by the producer).
+/// One slot of a hand-off ring: a batch of pointers and whether it is
+/// full (owned by the consumer) or empty (by the producer).
 #[repr(align(128))]
-struct Slot {
+struct Slot<const N: usize> {
     full: AtomicBool,
-    batch: UnsafeCell<[*mut u8; CROSS_BATCH]>,
+    batch: UnsafeCell<[*mut u8; N]>,
 }
 
-struct Ring([Slot; CROSS_DEPTH]);
+struct Ring<const N: usize, const D: usize>([Slot<N>; D]);
 // SAFETY: a slot's batch is only touched by the side that owns it, as
 // handed over by the `full` flag (Release/Acquire).
-unsafe impl Sync for Ring {}
+unsafe impl<const N: usize, const D: usize> Sync for Ring<N, D> {}
 
-/// Wait for a flag: spin briefly, then yield (a blocking channel would
-/// measure futex wake-ups instead of allocators).
+/// Wait for a flag: spin `spins` times, then yield (a blocking channel
+/// would measure futex wake-ups instead of allocators).
 #[inline]
-fn spin_until(flag: &AtomicBool, value: bool) {
-    let mut spins = 0u32;
+fn wait_until(flag: &AtomicBool, value: bool, spins: u32) {
+    let mut n = 0u32;
     while flag.load(Ordering::Acquire) != value {
-        spins += 1;
-        if spins < 256 {
+        n += 1;
+        if n < spins {
             std::hint::spin_loop();
         } else {
             // The other side may not be running (a 2-vCPU VM): let it.
@@ -220,14 +400,18 @@ fn spin_until(flag: &AtomicBool, value: bool) {
     }
 }
 
-/// `cross-free` on two threads: CPU 0 allocates batches of objects into a
-/// ring of slots; CPU 1 frees each full batch and hands the slot back.
-/// Returns (objects, wall time).
-pub fn cross_free_pair<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Duration) {
-    let batches = objects / CROSS_BATCH as u64;
-    let ring = Ring(std::array::from_fn(|_| Slot {
+/// A producer (CPU 0) allocating batches of `N` objects into a ring of
+/// `D` slots and a consumer (CPU 1) freeing each full batch. Returns
+/// (objects, wall time).
+fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
+    a: &'static A,
+    objects: u64,
+    spins: u32,
+) -> (u64, Duration) {
+    let batches = objects / N as u64;
+    let ring: Ring<N, D> = Ring(std::array::from_fn(|_| Slot {
         full: AtomicBool::new(false),
-        batch: UnsafeCell::new([std::ptr::null_mut(); CROSS_BATCH]),
+        batch: UnsafeCell::new([std::ptr::null_mut(); N]),
     }));
     let ring = &ring;
     let barrier = Barrier::new(2);
@@ -238,12 +422,12 @@ pub fn cross_free_pair<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Dura
             barrier.wait();
             let start = Instant::now();
             for i in 0..batches as usize {
-                let slot = &ring.0[i % CROSS_DEPTH];
-                spin_until(&slot.full, false);
+                let slot = &ring.0[i % D];
+                wait_until(&slot.full, false, spins);
                 // SAFETY: the slot is empty: ours until we set `full`.
                 let batch = unsafe { &mut *slot.batch.get() };
                 for p in batch.iter_mut() {
-                    let obj = a.obj_alloc();
+                    let obj = call::obj_alloc(a);
                     assert!(!obj.is_null(), "out of memory");
                     *p = obj;
                 }
@@ -255,13 +439,13 @@ pub fn cross_free_pair<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Dura
             a.thread_init(1);
             barrier.wait();
             for i in 0..batches as usize {
-                let slot = &ring.0[i % CROSS_DEPTH];
-                spin_until(&slot.full, true);
+                let slot = &ring.0[i % D];
+                wait_until(&slot.full, true, spins);
                 // SAFETY: the slot is full: ours until we clear `full`.
                 let batch = unsafe { &*slot.batch.get() };
                 for &p in batch.iter() {
                     // SAFETY: allocated by the producer, handed over whole.
-                    unsafe { a.obj_free(p) };
+                    unsafe { call::obj_free(a, p) };
                 }
                 slot.full.store(false, Ordering::Release);
             }
@@ -269,5 +453,20 @@ pub fn cross_free_pair<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Dura
         });
         (producer.join().unwrap(), consumer.join().unwrap())
     });
-    (batches * CROSS_BATCH as u64, end - start)
+    (batches * N as u64, end - start)
+}
+
+/// `cross-free` on two threads: batches of 256 through a ring of 8
+/// slots, both threads running at once (spin, then yield).
+pub fn cross_free_pair<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Duration) {
+    hand_off::<A, CROSS_BATCH, CROSS_DEPTH>(a, objects, 256)
+}
+
+/// `remote-free`: CPU 0 allocates `REMOTE_BATCH` objects, hands them to
+/// CPU 1, which frees them all and hands the slot back; the two never
+/// run at once (one slot, yield at once while waiting), so under
+/// callgrind the count is the allocator's remote-free path plus a
+/// hand-over per 1,024 objects.
+pub fn remote_free<A: BenchAlloc>(a: &'static A, objects: u64) -> (u64, Duration) {
+    hand_off::<A, REMOTE_BATCH, 1>(a, objects, 0)
 }

@@ -1,0 +1,134 @@
+//! `magpie-bench memory <allocator> <heap|burst>`: the memory workloads,
+//! the same objects and the same writes for every allocator, measured as
+//! the process's resident anonymous memory (`RssAnon`) so that every
+//! allocator is judged by the same figure whatever its memory comes from
+//! (a region, brk, mmap, a page source). Transparent huge pages are off
+//! for the process, so a touched page is 4 KiB for everyone.
+//!
+//! - `heap`: 100,000 live objects of 8..=512 B (uniform, xorshift64 seed
+//!   0x5eed), each written in full. Heap efficiency = bytes requested /
+//!   growth of `RssAnon` from just before the first allocation (after the
+//!   allocator's own init) to just after the last.
+//! - `burst`: 1,000,000 such objects, each written in full; then 90 % are
+//!   freed (every object whose index hashes to a non-zero residue mod 10,
+//!   in reverse allocation order), so the 10 % survivors are scattered
+//!   through the heap; then the allocator's own give-back call, if it has
+//!   one ([`BenchAlloc::give_back`]). Resident is reported at the peak,
+//!   after the frees and after the give-back, against the survivors' bytes.
+//!
+//! Prints `MEM key=value ...` lines.
+
+use crate::allocs::{self, BenchAlloc, call};
+use crate::host::{self, BenchPlatform, ProfPlatform, no_huge_pages, rss_anon};
+use crate::workloads::{XorShift, mixed_layout, mixed_size};
+
+/// Live objects of the `heap` workload.
+pub const NR_HEAP_OBJS: usize = 100_000;
+/// Objects of the `burst` workload.
+pub const NR_BURST_OBJS: usize = 1_000_000;
+
+/// Entry point: `memory <allocator> <heap|burst>`.
+pub fn main(allocator: &str, what: &str) {
+    no_huge_pages();
+    if !matches!(what, "heap" | "burst") {
+        eprintln!("memory: heap or burst, not {what}");
+        std::process::exit(2);
+    }
+    fn leak<T>(v: T) -> &'static T {
+        Box::leak(Box::new(v))
+    }
+    match allocator {
+        "magpie" => measure(leak(allocs::Magpie::<BenchPlatform, false>::new()), what),
+        "magpie-prof-off" | "magpie-prof-on" => {
+            host::prof_init(allocator.ends_with("on"));
+            measure(leak(allocs::Magpie::<ProfPlatform, false>::new()), what)
+        }
+        "system" => measure(leak(allocs::system()), what),
+        "mimalloc" => measure(leak(allocs::mimalloc()), what),
+        "linked_list_allocator" => measure(leak(allocs::linked_list()), what),
+        "talc" => measure(leak(allocs::talc()), what),
+        "buddy_system_allocator" => measure(leak(allocs::buddy()), what),
+        "slabmalloc" => measure(leak(allocs::SlabMallocBench::new()), what),
+        other => {
+            eprintln!("memory: no memory workload for {other}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Allocate `n` objects of the mixed distribution, each written in full.
+/// Returns bytes requested.
+fn fill<A: BenchAlloc>(a: &A, objs: &mut Vec<(*mut u8, usize)>, n: usize) -> usize {
+    let mut rng = XorShift::new(0x5eed);
+    let mut requested = 0;
+    for i in 0..n {
+        let size = mixed_size(rng.next());
+        let p = call::alloc(a, mixed_layout(size));
+        assert!(!p.is_null(), "out of memory after {i} objects");
+        // SAFETY: p has `size` bytes.
+        unsafe { p.write_bytes(0xa5, size) };
+        requested += size;
+        objs.push((p, size));
+    }
+    requested
+}
+
+/// Does object `i` survive the burst's free? (1 in 10, scattered.)
+fn survives(i: usize) -> bool {
+    let mut x = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)).is_multiple_of(10)
+}
+
+fn measure<A: BenchAlloc>(a: &A, what: &str) {
+    let n = if what == "heap" {
+        NR_HEAP_OBJS
+    } else {
+        NR_BURST_OBJS
+    };
+    // The harness's own memory, touched before the baseline.
+    let mut objs: Vec<(*mut u8, usize)> = vec![(std::ptr::null_mut(), 0); n];
+    objs.clear();
+    let base = rss_anon();
+    let meta_base = a.metadata_bytes();
+    let requested = fill(a, &mut objs, n);
+    let peak = rss_anon() - base;
+    let meta = a.metadata_bytes();
+    let meta_field = |m: Option<usize>| m.map_or("-".to_string(), |m| m.to_string());
+    if what == "heap" {
+        println!(
+            "MEM heap objects={n} requested={requested} resident={peak} metadata={} metadata_at_init={}",
+            meta_field(meta),
+            meta_field(meta_base),
+        );
+        for &(p, size) in objs.iter().rev() {
+            // SAFETY: allocated above with this layout.
+            unsafe { call::free(a, p, mixed_layout(size)) };
+        }
+        return;
+    }
+    let mut live = 0;
+    let mut nr_live = 0;
+    for (i, &(p, size)) in objs.iter().enumerate().rev() {
+        if survives(i) {
+            live += size;
+            nr_live += 1;
+        } else {
+            // SAFETY: allocated above with this layout.
+            unsafe { call::free(a, p, mixed_layout(size)) };
+        }
+    }
+    let after_free = rss_anon() - base;
+    let meta_after_free = a.metadata_bytes();
+    let give_back = a.give_back();
+    let after_give_back = rss_anon() - base;
+    println!(
+        "MEM burst objects={n} requested={requested} peak={peak} live_objects={nr_live} live={live} \
+         after_free={after_free} after_give_back={after_give_back} give_back={} \
+         metadata_after_free={} metadata={}",
+        give_back.unwrap_or("-"),
+        meta_field(meta_after_free),
+        meta_field(a.metadata_bytes()),
+    );
+}
