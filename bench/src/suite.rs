@@ -248,6 +248,40 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
+/// Child processes run at once for the measurements that do not time
+/// anything (callgrind counts, memory workloads): their figures do not
+/// depend on what else runs. Wall-clock rounds always run one at a time.
+fn jobs() -> usize {
+    std::env::var("BENCH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+        .max(1)
+}
+
+/// `f` over `items` on [`jobs`] threads, results in order.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs().min(items.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *results[i].lock().unwrap() = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| m.into_inner().unwrap().expect("every item measured"))
+        .collect()
+}
+
 /// Rows measured on a workload: the like-for-like peers, `null`, and the
 /// labelled `magpie-cache` row where the workload uses 64-byte objects.
 fn rows_for(w: &Workload) -> Vec<&'static str> {
@@ -280,7 +314,7 @@ fn mem_line(stdout: &str, first: &str) -> Option<BTreeMap<String, String>> {
 
 /// Seconds a memory workload may take (buddy_system_allocator's frees
 /// search a list per order: 900,000 of them take many minutes).
-const MEMORY_LIMIT_S: u64 = 60;
+const MEMORY_LIMIT_S: u64 = 90;
 
 fn mib(bytes: f64) -> String {
     format!("{:.2}", bytes / 1048576.0)
@@ -312,14 +346,19 @@ pub fn main(argv: &[String]) {
     // ------------------------------------------------------------ callgrind
     let mut ins: BTreeMap<(&str, &str), Option<f64>> = BTreeMap::new();
     if opts.callgrind {
-        for w in WORKLOADS {
-            for a in rows_for(w) {
-                eprintln!("callgrind {} {a}", w.name);
-                let v = instructions(&me, w.name, a)
-                    .map_err(|e| failures.push(format!("callgrind {} {a}: {e}", w.name)))
-                    .ok();
-                ins.insert((w.name, a), v);
-            }
+        let items: Vec<(&str, &str)> = WORKLOADS
+            .iter()
+            .flat_map(|w| rows_for(w).into_iter().map(move |a| (w.name, a)))
+            .collect();
+        let results = par_map(&items, |&(w, a)| {
+            eprintln!("callgrind {w} {a}");
+            instructions(&me, w, a)
+        });
+        for (&(w, a), v) in items.iter().zip(results) {
+            let v = v
+                .map_err(|e| failures.push(format!("callgrind {w} {a}: {e}")))
+                .ok();
+            ins.insert((w, a), v);
         }
         let get = |w: &str, a: &str| ins.get(&(w, a)).copied().flatten();
         let net = |w: &str, a: &str| get(w, a).zip(get(w, "null")).map(|(v, h)| v - h);
@@ -679,14 +718,18 @@ fn variants(
     ];
     let mut ins = vec![[None; 3]; variants.len()];
     if opts.callgrind {
-        for (v, &(_, bin, glob, cache)) in variants.iter().enumerate() {
-            for (c, &(w, use_cache, _)) in cols.iter().enumerate() {
-                let a = if use_cache { cache } else { glob };
-                eprintln!("callgrind {w} {a}");
-                ins[v][c] = instructions(bin, w, a)
-                    .map_err(|e| failures.push(format!("callgrind {w} {a}: {e}")))
-                    .ok();
-            }
+        let items: Vec<(usize, usize)> = (0..variants.len())
+            .flat_map(|v| (0..cols.len()).map(move |c| (v, c)))
+            .collect();
+        let results = par_map(&items, |&(v, c)| {
+            let (_, bin, glob, cache) = variants[v];
+            let (w, use_cache, _) = cols[c];
+            let a = if use_cache { cache } else { glob };
+            eprintln!("callgrind {w} {a}");
+            instructions(bin, w, a).map_err(|e| format!("callgrind {w} {a}: {e}"))
+        });
+        for (&(v, c), x) in items.iter().zip(results) {
+            ins[v][c] = x.map_err(|e| failures.push(e)).ok();
         }
     }
     let mut ratios = vec![vec![Vec::new(); 3]; variants.len()];
@@ -906,10 +949,11 @@ fn kmemtrace(r: &mut String, failures: &mut Vec<String>, me: &str, opts: &SuiteO
 /// Instructions per `kmem_cache` alloc+free pair of 64 B without and
 /// with a disabled `dynamic_fault!(Memory)` point before each alloc.
 pub fn fault_cost(bin: &str) -> Result<(f64, f64), String> {
-    Ok((
-        instructions(bin, "pair64", "magpie-cache")?,
-        instructions(bin, "pair64-fault", "magpie-cache")?,
-    ))
+    let r = par_map(&["pair64", "pair64-fault"], |w| {
+        instructions(bin, w, "magpie-cache")
+    });
+    let mut r = r.into_iter();
+    Ok((r.next().unwrap()?, r.next().unwrap()?))
 }
 
 /// Fault injection: the cost of a disabled fault point.
@@ -958,25 +1002,35 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
     }
     let mut heap = Vec::new();
     let mut burst = Vec::new();
-    for (label, bin, a) in &rows {
-        for (what, out) in [("heap", &mut heap), ("burst", &mut burst)] {
-            eprintln!("memory {a} {what}");
-            match child_timeout(
-                bin,
-                &args(&["memory", a, what]),
-                false,
-                Some(MEMORY_LIMIT_S),
-            ) {
-                Ok((stdout, _)) => match mem_line(&stdout, what) {
-                    Some(kv) => out.push((label.clone(), kv)),
-                    None => failures.push(format!("memory {a} {what}: no MEM line")),
-                },
-                Err(e) => {
-                    let mut kv = BTreeMap::new();
-                    kv.insert("error".to_string(), e.clone());
-                    out.push((label.clone(), kv));
-                    failures.push(format!("memory {a} {what}: {e}"));
-                }
+    let items: Vec<(&String, &str, &str, &str)> = rows
+        .iter()
+        .flat_map(|(label, bin, a)| ["heap", "burst"].map(|what| (label, *bin, *a, what)))
+        .collect();
+    let results = par_map(&items, |&(_, bin, a, what)| {
+        eprintln!("memory {a} {what}");
+        child_timeout(
+            bin,
+            &args(&["memory", a, what]),
+            false,
+            Some(MEMORY_LIMIT_S),
+        )
+    });
+    for (&(label, _, a, what), result) in items.iter().zip(results) {
+        let out = if what == "heap" {
+            &mut heap
+        } else {
+            &mut burst
+        };
+        match result {
+            Ok((stdout, _)) => match mem_line(&stdout, what) {
+                Some(kv) => out.push((label.clone(), kv)),
+                None => failures.push(format!("memory {a} {what}: no MEM line")),
+            },
+            Err(e) => {
+                let mut kv = BTreeMap::new();
+                kv.insert("error".to_string(), e.clone());
+                out.push((label.clone(), kv));
+                failures.push(format!("memory {a} {what}: {e}"));
             }
         }
     }
