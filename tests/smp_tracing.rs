@@ -44,7 +44,7 @@ struct Live {
 fn parse_records(output: &str) -> Vec<Live> {
     let mut records = Vec::new();
     for line in output.lines().filter(|line| line.starts_with("Obj 0x")) {
-        // "Obj 0x..., size 96, cpu 2, tsc ..., from ...:"
+        // "Obj 0x..., size 96, cpu 2, at ... ns, from ...:"
         let mut fields = line.split(", ");
         let addr = fields.next().unwrap().trim_start_matches("Obj 0x");
         let addr = usize::from_str_radix(addr, 16).expect("hex address");

@@ -2,9 +2,12 @@
 //! `code_tag_time_stats_start()` / `code_tag_time_stats_end()`).
 //!
 //! A [`TimeStats`] at a code location records how long something took
-//! there: count, total (for the average), maximum and a histogram from
-//! which quantiles are read. Durations are in the caller's clock units
-//! (TSC cycles in the kernel); this crate never reads a clock.
+//! there: count, total (for the average), maximum, a histogram from which
+//! quantiles are read, and (with [`TimeStats::record_at`]) when the first
+//! and last events ended, for the `rate` and `frequency` lines. Durations
+//! and times are in the caller's clock units (TSC cycles in the kernel);
+//! this crate never reads a clock: [`write_time_stats`] takes a
+//! conversion to nanoseconds and prints ns, us, ms or sec.
 //!
 //! ```ignore
 //! let start = now();
@@ -39,6 +42,10 @@ pub struct TimeStats {
     count: AtomicU64,
     total: AtomicU64,
     max: AtomicU64,
+    /// Clock reading at the end of the first and the last event recorded
+    /// with `record_at` (0: none yet).
+    first_at: AtomicU64,
+    last_at: AtomicU64,
     buckets: [AtomicU64; NR_BUCKETS],
 }
 
@@ -82,6 +89,8 @@ impl TimeStats {
             count: AtomicU64::new(0),
             total: AtomicU64::new(0),
             max: AtomicU64::new(0),
+            first_at: AtomicU64::new(0),
+            last_at: AtomicU64::new(0),
             buckets: [const { AtomicU64::new(0) }; NR_BUCKETS],
         }
     }
@@ -100,6 +109,18 @@ impl TimeStats {
         self.buckets[bucket_of(duration)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records one duration that ended at clock reading `now` (same units),
+    /// which also feeds the event rate and frequency.
+    #[inline]
+    pub fn record_at(&self, duration: u64, now: u64) {
+        self.record(duration);
+        let now = now.max(1);
+        let _ = self
+            .first_at
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        self.last_at.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// Starts a measurement at time `now`; [`TimeStatsStart::end`] records it.
     #[inline]
     pub fn start(&'static self, now: u64) -> TimeStatsStart {
@@ -114,6 +135,8 @@ impl TimeStats {
         self.count.store(0, Ordering::Relaxed);
         self.total.store(0, Ordering::Relaxed);
         self.max.store(0, Ordering::Relaxed);
+        self.first_at.store(0, Ordering::Relaxed);
+        self.last_at.store(0, Ordering::Relaxed);
         for bucket in &self.buckets {
             bucket.store(0, Ordering::Relaxed);
         }
@@ -158,6 +181,8 @@ impl TimeStats {
                 .unwrap_or(0),
             max,
             quantiles,
+            first_at: self.first_at.load(Ordering::Relaxed),
+            last_at: self.last_at.load(Ordering::Relaxed),
         }
     }
 }
@@ -173,7 +198,7 @@ impl TimeStatsStart {
     /// Records `now - start`.
     #[inline]
     pub fn end(self, now: u64) {
-        self.stats.record(now.wrapping_sub(self.start));
+        self.stats.record_at(now.wrapping_sub(self.start), now);
     }
 }
 
@@ -189,18 +214,56 @@ pub struct TimeStatsSnapshot {
     /// Durations at the [`QUANTILES`] (lower bound of the histogram bucket;
     /// the 100% quantile is the exact maximum).
     pub quantiles: [u64; QUANTILES.len()],
+    /// Clock reading when the first timed event ended (0: unknown).
+    pub first_at: u64,
+    /// Clock reading when the last timed event ended (0: unknown).
+    pub last_at: u64,
 }
 
-/// Prints the slides' layout, `unit` naming the clock (e.g. `cycles`):
+/// A duration in nanoseconds, printed in the largest unit that keeps at
+/// least two digits: `ns`, `us`, `ms` or `sec` (the slides' units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Duration(pub u64);
+
+impl Duration {
+    /// The unit [`Duration`] prints `self` in and its size in ns.
+    pub fn unit(self) -> (&'static str, u64) {
+        match self.0 {
+            0..10_000 => ("ns", 1),
+            10_000..10_000_000 => ("us", 1_000),
+            10_000_000..10_000_000_000 => ("ms", 1_000_000),
+            _ => ("sec", 1_000_000_000),
+        }
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (unit, scale) = self.unit();
+        write!(f, "{} {unit}", self.0 / scale)
+    }
+}
+
+/// Prints the slides' layout, durations in ns, us, ms or sec (`to_ns`
+/// converts the clock's units to nanoseconds); quantiles in the unit of
+/// the maximum. `rate` is events per second and `frequency` the mean time
+/// between events, both over the span from the first to the last event
+/// (printed only when known: two events recorded with `record_at`):
 ///
 /// ```text
 /// slab/src/slab.rs:512 func:grow
 /// count:          61
-/// avg duration:   632 cycles
-/// max duration:   2048 cycles
-/// quantiles (cycles): p50 288 p75 296 p90 336 p99 336 p100 2048
+/// rate:           3/sec
+/// frequency:      312 ms
+/// avg duration:   632 ns
+/// max duration:   20 us
+/// quantiles (ns): p50 288 p75 296 p90 336 p99 336 p100 20480
 /// ```
-pub fn write_time_stats(out: &mut dyn fmt::Write, stats: &TimeStats, unit: &str) -> fmt::Result {
+pub fn write_time_stats(
+    out: &mut dyn fmt::Write,
+    stats: &TimeStats,
+    to_ns: &dyn Fn(u64) -> u64,
+) -> fmt::Result {
     let snapshot = stats.snapshot();
     writeln!(
         out,
@@ -209,11 +272,23 @@ pub fn write_time_stats(out: &mut dyn fmt::Write, stats: &TimeStats, unit: &str)
         stats.tag.function()
     )?;
     writeln!(out, "count:          {}", snapshot.count)?;
-    writeln!(out, "avg duration:   {} {unit}", snapshot.average)?;
-    writeln!(out, "max duration:   {} {unit}", snapshot.max)?;
+    let span_ns = to_ns(snapshot.last_at.saturating_sub(snapshot.first_at));
+    if snapshot.count >= 2 && snapshot.first_at != 0 && span_ns > 0 {
+        let rate = u128::from(snapshot.count - 1) * 1_000_000_000 / u128::from(span_ns);
+        writeln!(out, "rate:           {rate}/sec")?;
+        writeln!(
+            out,
+            "frequency:      {}",
+            Duration(span_ns / (snapshot.count - 1))
+        )?;
+    }
+    writeln!(out, "avg duration:   {}", Duration(to_ns(snapshot.average)))?;
+    let max = Duration(to_ns(snapshot.max));
+    writeln!(out, "max duration:   {max}")?;
+    let (unit, scale) = max.unit();
     write!(out, "quantiles ({unit}):")?;
     for (percent, value) in QUANTILES.iter().zip(snapshot.quantiles) {
-        write!(out, " p{percent} {value}")?;
+        write!(out, " p{percent} {}", to_ns(value) / scale)?;
     }
     writeln!(out)
 }

@@ -259,12 +259,24 @@ fn time_stats_count_average_max_quantiles() {
     for (got, want) in snapshot.quantiles.iter().zip(exact) {
         assert!(*got <= want && *got * 4 >= want * 3, "{got} vs {want}");
     }
+    // Clock units of 10 ns: durations 10..1000 ns; events ended at
+    // 1001..1100, 99 intervals of 10 ns over 990 ns.
     let mut out = String::new();
-    write_time_stats(&mut out, stats, "cycles").unwrap();
+    write_time_stats(&mut out, stats, &|units| units * 10).unwrap();
     assert!(out.contains("func:timed_site"), "{out}");
     assert!(out.contains("count:          100"), "{out}");
-    assert!(out.contains("avg duration:   50 cycles"), "{out}");
-    assert!(out.contains("quantiles (cycles): p50 "), "{out}");
+    assert!(out.contains("rate:           100000000/sec"), "{out}");
+    assert!(out.contains("frequency:      10 ns"), "{out}");
+    assert!(out.contains("avg duration:   500 ns"), "{out}");
+    assert!(out.contains("max duration:   1000 ns"), "{out}");
+    assert!(out.contains("quantiles (ns): p50 "), "{out}");
+    // Large figures move to bigger units.
+    let mut big = String::new();
+    write_time_stats(&mut big, stats, &|units| units * 1_000_000).unwrap();
+    assert!(big.contains("avg duration:   50 ms"), "{big}");
+    assert!(big.contains("max duration:   100 ms"), "{big}");
+    assert!(big.contains("frequency:      1000 us"), "{big}");
+    assert!(big.contains("quantiles (ms): p50 "), "{big}");
     stats.reset();
     assert_eq!(stats.snapshot().count, 0);
 }

@@ -92,7 +92,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
 
 /// Nanoseconds since boot for a TSC reading.
 pub fn ticks_to_ns(ticks: u64) -> u64 {
-    (u128::from(ticks) * 1_000_000 / u128::from(tsc::khz())) as u64
+    tsc::cycles_to_ns(ticks)
 }
 
 unsafe extern "C" {

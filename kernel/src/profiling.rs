@@ -438,6 +438,66 @@ pub fn totals() -> AllocTagCounts {
     totals
 }
 
+/// Counts of every tag at `allocinfo mark`, in section order, and when.
+struct Mark {
+    at_tsc: u64,
+    counts: Vec<AllocTagCounts>,
+}
+
+static MARK: Mutex<Option<Mark>> = Mutex::new(None);
+
+/// Remembers every site's live bytes and calls now (`allocinfo mark`);
+/// returns the number of sites. A later mark replaces it.
+pub fn mark() -> usize {
+    let counts: Vec<AllocTagCounts> = snapshot().iter().map(|row| row.counts).collect();
+    let nr_sites = counts.len();
+    let new = Mark {
+        at_tsc: arch::rdtsc(),
+        counts,
+    };
+    // The old mark is dropped after the lock is released.
+    let old = MARK.lock().replace(new);
+    drop(old);
+    nr_sites
+}
+
+/// What grew (or shrank) at one site since the mark.
+pub struct DiffRow {
+    /// The call site.
+    pub tag: &'static AllocTag,
+    /// Change of its live bytes.
+    pub bytes: i64,
+    /// Change of its live objects (calls).
+    pub calls: i64,
+}
+
+/// Every site whose live bytes or calls changed since `allocinfo mark`,
+/// most bytes grown first, and the nanoseconds since the mark; `None`
+/// without a mark.
+pub fn diff() -> Option<(u64, Vec<DiffRow>)> {
+    let now = snapshot();
+    let guard = MARK.lock();
+    let mark = guard.as_ref()?;
+    let elapsed_ns = arch::tsc::cycles_to_ns(arch::rdtsc().wrapping_sub(mark.at_tsc));
+    let mut rows: Vec<DiffRow> = now
+        .iter()
+        .zip(
+            mark.counts
+                .iter()
+                .chain(core::iter::repeat(&AllocTagCounts::default())),
+        )
+        .map(|(row, then)| DiffRow {
+            tag: row.tag,
+            bytes: row.counts.bytes.wrapping_sub(then.bytes) as i64,
+            calls: row.counts.calls.wrapping_sub(then.calls) as i64,
+        })
+        .filter(|row| row.bytes != 0 || row.calls != 0)
+        .collect();
+    drop(guard);
+    rows.sort_by_key(|row| (core::cmp::Reverse(row.bytes), core::cmp::Reverse(row.calls)));
+    Some((elapsed_ns, rows))
+}
+
 /// The row of the first tag in `function` (for tests).
 pub fn counts_of_function(function: &str) -> Option<AllocTagCounts> {
     AllocTag::all()

@@ -337,8 +337,10 @@ macro_rules! time_stats_start {
 macro_rules! time_stats_end {
     ($platform:ty, $start:expr) => {{
         #[cfg(feature = "time-stats")]
-        magpie_codetag::time_stats!()
-            .record(<$platform as $crate::Platform>::now().wrapping_sub($start));
+        {
+            let now = <$platform as $crate::Platform>::now();
+            magpie_codetag::time_stats!().record_at(now.wrapping_sub($start), now);
+        }
         #[cfg(not(feature = "time-stats"))]
         let _: u64 = $start;
     }};

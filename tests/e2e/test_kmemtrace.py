@@ -319,5 +319,44 @@ class KmemtraceFromBoot(unittest.TestCase):
                     live.remove(e["ptr"])
 
 
+class AllocinfoMarkDiff(unittest.TestCase):
+    """Online leak hunting beside the record: `allocinfo mark` / `diff`."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built")
+        cls.code, cls.out = boot([
+            "allocinfo diff",
+            "allocinfo mark",
+            "kmalloc 100 10",
+            "kfree 4",
+            "allocinfo diff --top 1",
+            "kfree all",
+            "allocinfo diff",
+            "allocinfo diff --top",
+            "poweroff",
+        ])
+
+    def test_diff_without_mark_is_one_clear_error(self):
+        self.assertEqual(self.code, 0, self.out)
+        self.assertEqual(reply_to(self.out, "allocinfo diff").strip(),
+                         "error: no mark yet: 'allocinfo mark' first")
+
+    def test_diff_shows_what_grew_at_the_shell_site(self):
+        text = reply_to(self.out, "allocinfo diff --top 1")
+        lines = text.splitlines()
+        self.assertRegex(lines[0], r"^allocinfo diff - since mark \d+ ms ago, \d+ sites? changed$")
+        self.assertEqual(lines[1], "#     <size>  <calls> <tag info>")
+        # Six objects of 100 B still held, class-rounded to 128 B.
+        self.assertRegex(lines[2], r"^\s+\+768\s+\+6 kernel/src/shell/kmem\.rs:\d+ func:cmd_kmalloc$")
+        self.assertEqual(len(lines), 3, text)
+
+    def test_after_freeing_everything_the_site_is_back_to_the_mark(self):
+        text = reply_to(self.out, "allocinfo diff", nth=1)
+        self.assertNotIn("func:cmd_kmalloc", text)
+        self.assertIn("--top needs a value", reply_to(self.out, "allocinfo diff --top"))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -85,6 +85,12 @@ pub fn delay_us(microseconds: u64) {
     }
 }
 
+/// Nanoseconds in `cycles` TSC ticks (and, for a TSC reading, nanoseconds
+/// since the TSC started: boot).
+pub fn cycles_to_ns(cycles: u64) -> u64 {
+    (u128::from(cycles) * 1_000_000 / u128::from(khz())) as u64
+}
+
 /// Microseconds in `cycles` TSC ticks.
 pub fn cycles_to_us(cycles: u64) -> u64 {
     cycles.saturating_mul(1000) / khz()

@@ -33,6 +33,14 @@ pub(super) const ALLOCINFO: Command = Command {
             "allocinfo ctx FILE:LINE enable|disable|print",
             "capture context of each live object from one site",
         ),
+        (
+            "allocinfo mark",
+            "remember every site's live bytes and calls now",
+        ),
+        (
+            "allocinfo diff [--top N]",
+            "what grew (bytes, calls) per site since the mark",
+        ),
     ],
     context: "shell",
     run: cmd_allocinfo,
@@ -97,6 +105,15 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
             return Ok(());
         }
         ["ctx", location, verb] => return cmd_ctx(location, verb, out),
+        ["mark"] => {
+            let nr_sites = profiling::mark();
+            let _ = writeln!(
+                out,
+                "marked {nr_sites} sites; 'allocinfo diff' shows what grew since"
+            );
+            return Ok(());
+        }
+        ["diff", rest @ ..] => return cmd_diff(rest, out),
         ["ctx", ..] => return Err(usage),
         _ => {}
     }
@@ -181,6 +198,50 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
     Ok(())
 }
 
+/// `allocinfo diff [--top N]`: the change of each site's live bytes and
+/// calls since `allocinfo mark`, most bytes grown first, in the allocinfo
+/// layout with signed figures.
+fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let top = match args {
+        [] => usize::MAX,
+        ["--top", number] => super::parse_number(number)?,
+        ["--top"] => return Err(ShellError::MissingValue("--top", &ALLOCINFO)),
+        [option, ..] if option.starts_with("--") => {
+            return Err(ShellError::UnknownOption(option, &ALLOCINFO));
+        }
+        _ => return Err(ShellError::Usage(&ALLOCINFO)),
+    };
+    let _scope = crate::alloc_tag_scope!();
+    let Some((elapsed_ns, rows)) = profiling::diff() else {
+        return Err(shell_error!("no mark yet: 'allocinfo mark' first"));
+    };
+    let _ = writeln!(
+        out,
+        "allocinfo diff - since mark {} ms ago, {} site{} changed",
+        elapsed_ns / 1_000_000,
+        rows.len(),
+        if rows.len() == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(out, "#     <size>  <calls> <tag info>");
+    for row in rows.iter().take(top) {
+        let _ = writeln!(
+            out,
+            "{:>+12} {:>+8} {} func:{}",
+            row.bytes,
+            row.calls,
+            row.tag.tag.location(),
+            row.tag.tag.function()
+        );
+    }
+    if SWITCH.is_inaccurate() || !SWITCH.is_on() {
+        let _ = writeln!(
+            out,
+            "# profiling was off for a while: objects allocated then are not counted"
+        );
+    }
+    Ok(())
+}
+
 /// `allocinfo ctx FILE:LINE enable|disable|print`.
 fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<'a> {
     if !matches!(verb, "enable" | "disable" | "print") {
@@ -248,7 +309,8 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
     Ok(())
 }
 
-/// `timestats [reset]`: every latency statistic point, in TSC cycles.
+/// `timestats [reset]`: every latency statistic point, in ns/us/ms (TSC
+/// cycles converted with the boot-time calibration).
 fn cmd_timestats<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let all = TimeStats::all();
     match args {
@@ -263,7 +325,7 @@ fn cmd_timestats<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
                 if index > 0 {
                     let _ = writeln!(out);
                 }
-                let _ = write_time_stats(out, stats, "cycles");
+                let _ = write_time_stats(out, stats, &crate::arch::tsc::cycles_to_ns);
             }
             Ok(())
         }

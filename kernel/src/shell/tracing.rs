@@ -144,16 +144,16 @@ fn nth_cache(index: usize) -> Option<&'static Cache> {
 }
 
 /// Prints one record as an Akaros trace block: `Obj <address>, size, cpu,
-/// tsc, from <context>:`, then `#NN [<address>] function+0xoff` per frame
+/// at <ns since boot> ns, from <context>:`, then `#NN [<address>] function+0xoff` per frame
 /// and a blank line. Used by `kmemtrace print` and `allocinfo ctx print`.
 pub fn write_record(out: &mut dyn Write, record: &TraceRecord) {
     let _ = writeln!(
         out,
-        "Obj {:#x}, size {}, cpu {}, tsc {}, from {}:",
+        "Obj {:#x}, size {}, cpu {}, at {} ns, from {}:",
         record.addr,
         record.size,
         record.cpu,
-        record.timestamp,
+        crate::arch::tsc::cycles_to_ns(record.timestamp),
         record.ctx()
     );
     for (index, &address) in record.frames().iter().enumerate() {
