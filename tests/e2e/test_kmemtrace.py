@@ -6,9 +6,13 @@ back here against docs/KMEMTRACE-ABI.md: header, CRC, trailer, the shell's
 call site with exact sizes, stress's cross-CPU frees as ping-pong, the
 objects still held, and overruns with `kmemtrace.subbufs=1`.
 
-When `scripts/magpie-kmem` exists, its `check`, `stat --caller` and `leaks`
-are run on the same dump too.
+`scripts/magpie-kmem` (the host tool) then reads the same dump: `check`
+passes, `stat --caller` shows the shell site's exact calls and bytes (and
+21.9 % fragmentation per 100 B object with `--alloc`), its ping-pong for
+stress's sites equals stress's cross-CPU frees, `leaks` lists the objects
+the shell still holds.
 """
+import json
 import os
 import re
 import struct
@@ -263,12 +267,70 @@ class KmemtraceSession(unittest.TestCase):
             self.assertEqual(times, sorted(times))
             self.assertTrue(all(t >= self.dump()["record_start_ns"] for t in times))
 
-    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch yet")
-    def test_magpie_kmem_check_passes(self):
+    def magpie_kmem(self, *args):
+        """Runs scripts/magpie-kmem ARGS --kernel KERNEL on the dump."""
         self.dump()
-        result = subprocess.run([MAGPIE_KMEM, "check", "--kernel", KERNEL, self.path],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.assertEqual(result.returncode, 0, result.stdout.decode(errors="replace"))
+        result = subprocess.run([MAGPIE_KMEM, *args, "--kernel", KERNEL, self.path],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        return result.returncode, result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+
+    def shell_kmalloc_site(self):
+        """The return address of the shell's `kmalloc!` (the 100 B allocations)."""
+        sites = {e["site"] for e in self.shell_site_events() if e["event"] == 1 and e["req"] == 100}
+        self.assertEqual(len(sites), 1)
+        return sites.pop()
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_magpie_kmem_check_passes(self):
+        code, out, err = self.magpie_kmem("check")
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("check: OK", out)
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_magpie_kmem_stat_shows_the_shell_site_exactly(self):
+        code, out, err = self.magpie_kmem("stat", "--caller", "--json")
+        self.assertEqual(code, 0, err)
+        sites = json.loads(out)["callsites"]
+        site = next(s for s in sites if int(s["call_site"], 16) == self.shell_kmalloc_site())
+        self.assertIn("cmd_kmalloc", site["function"])
+        # kmalloc 100 10 and kmalloc 4000 3 from the one kmalloc! line.
+        self.assertEqual((site["hit"], site["bytes_req"], site["bytes_alloc"]),
+                         (13, 10 * 100 + 3 * 4000, 10 * 128 + 3 * 4096))
+        self.assertEqual(site["frees"], 4)
+        self.assertEqual(site["pingpong"], 0)
+        # Per pointer (--alloc): each 100 B object in kmalloc-128 wastes 21.9 %.
+        code, out, err = self.magpie_kmem("stat", "--alloc", "--json")
+        self.assertEqual(code, 0, err)
+        # (The six still held: the four freed addresses were reused by stress.)
+        held = {int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 100 10"))[:6]}
+        rows = [r for r in json.loads(out)["allocs"] if int(r["ptr"], 16) in held]
+        self.assertEqual(len(rows), 6)
+        self.assertTrue(all(f'{r["frag_percent"]:.1f}' == "21.9" for r in rows), rows)
+        # The text report says the same.
+        code, out, err = self.magpie_kmem("stat", "--caller")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13568/1043\s*\|\s*13000/1000\s*\|\s*13 ")
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_magpie_kmem_ping_pong_is_stress_cross_cpu_frees(self):
+        text = reply_to(self.out, "stress --cpus all --ops 3000")
+        cross_frees = int(re.search(r"^total\s+\d+\s+\d+\s+\d+\s+(\d+)", text, re.M).group(1))
+        code, out, err = self.magpie_kmem("stat", "--caller", "--json")
+        self.assertEqual(code, 0, err)
+        stress = [s for s in json.loads(out)["callsites"] if s["function"].startswith("magpie::stress::run")]
+        self.assertTrue(stress)
+        self.assertEqual(sum(s["pingpong"] for s in stress), cross_frees)
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_magpie_kmem_leaks_lists_the_objects_held(self):
+        code, out, err = self.magpie_kmem("leaks", "--json")
+        self.assertEqual(code, 0, err)
+        site = self.shell_kmalloc_site()
+        leaked = sorted(int(o["ptr"], 16) for g in json.loads(out)["groups"]
+                        if int(g["call_site"], 16) == site for o in g["objects"])
+        held = [int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 100 10"))][:6]
+        held += [int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 4000 3"))]
+        self.assertEqual(leaked, sorted(held))
 
 
 class KmemtraceOverruns(unittest.TestCase):
