@@ -600,23 +600,22 @@ impl Kmemtrace {
         // CPU either).
         let ring = unsafe { &*rings.add(cpu) };
         let seq = ring.seq.load(Ordering::Relaxed);
-        ring.seq.store(seq + 1, Ordering::Relaxed);
+        ring.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         let index = ring.nr_written.load(Ordering::Relaxed);
         if index >= ring.capacity {
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
-            ring.nr_overruns.store(overruns + 1, Ordering::Relaxed);
+            ring.nr_overruns
+                .store(overruns.wrapping_add(1), Ordering::Relaxed);
             P::irq_restore(irq);
             return;
         }
-        let mut frames = [0usize; MAX_STACK_DEPTH];
         let depth = self.stack_depth.load(Ordering::Relaxed);
         let (call_site, stack_id) = if depth == 0 {
             let mut site = [0usize; 1];
             P::caller_frames(&mut site);
             (site[0], 0)
         } else {
-            let nr = P::caller_frames(&mut frames[..depth.min(MAX_STACK_DEPTH)]);
-            (frames[0], self.stack_id(&frames[..nr]))
+            self.caller_stack::<P>(depth)
         };
         // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
         // sub-buffer exists and the slot is inside it; unpublished slots
@@ -638,8 +637,20 @@ impl Kmemtrace {
                 stack_id,
             });
         }
-        ring.nr_written.store(index + 1, Ordering::Release);
+        ring.nr_written
+            .store(index.wrapping_add(1), Ordering::Release);
         P::irq_restore(irq);
+    }
+
+    /// The call site and stack id of an event with stacks on (`depth`
+    /// frames): out of line, so the common event path does not set up
+    /// the frame array.
+    #[cold]
+    #[inline(never)]
+    fn caller_stack<P: Platform>(&self, depth: usize) -> (usize, u32) {
+        let mut frames = [0usize; MAX_STACK_DEPTH];
+        let nr = P::caller_frames(&mut frames[..depth.min(MAX_STACK_DEPTH)]);
+        (frames[0], self.stack_id(&frames[..nr]))
     }
 
     /// The id of a backtrace (1-based), adding it if new; 0 if the table

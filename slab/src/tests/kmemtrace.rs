@@ -499,3 +499,42 @@ fn truncated_or_foreign_headers_are_refused() {
     assert_eq!(bytes[60], 12);
     assert_eq!(KmemtraceEvent::from_bytes(&bytes), event);
 }
+
+/// kmalloc(64) + kfree pairs, recording off: the loop `cost_loop_on`
+/// is compared with under callgrind (see `kmemtrace_cost_loops`).
+#[inline(never)]
+fn cost_loop_off(alloc: &'static TestAlloc, nr: usize) {
+    for _ in 0..nr {
+        let p = alloc.kmalloc(64, 8).unwrap();
+        // SAFETY: from kmalloc, given up.
+        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+    }
+}
+
+/// The same pairs with recording on (two events each).
+#[inline(never)]
+fn cost_loop_on(alloc: &'static TestAlloc, nr: usize) {
+    for _ in 0..nr {
+        let p = alloc.kmalloc(64, 8).unwrap();
+        // SAFETY: from kmalloc, given up.
+        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+    }
+}
+
+/// Not a timed test: the two loops callgrind counts for the event cost
+/// (`valgrind --tool=callgrind
+/// --toggle-collect='*cost_loop_o*' TESTBINARY kmemtrace_cost_loops`,
+/// instructions per pair = Ir / 10,000). Checks that the loops record
+/// exactly what they should.
+#[test]
+fn kmemtrace_cost_loops() {
+    let (alloc, _) = setup_default();
+    alloc.set_alloc_profiling(false);
+    cost_loop_off(alloc, 100);
+    cost_loop_off(alloc, 10_000);
+    start(alloc, small(32));
+    cost_loop_on(alloc, 10_000);
+    alloc.kmemtrace_stop();
+    let status = alloc.kmemtrace_status();
+    assert_eq!((status.nr_events, status.nr_overruns), (20_000, 0));
+}
