@@ -59,6 +59,7 @@
 //! layer's refill (`grow`) and depot exchanges (feature `time-stats`), in
 //! TSC cycles.
 
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -448,9 +449,15 @@ static MARK: Mutex<Option<Mark>> = Mutex::new(None);
 
 /// Remembers every site's live bytes and calls now (`allocinfo mark`);
 /// returns the number of sites. A later mark replaces it.
-pub fn mark() -> usize {
-    let counts: Vec<AllocTagCounts> = snapshot().iter().map(|row| row.counts).collect();
-    let nr_sites = counts.len();
+///
+/// # Errors
+/// No memory for the copy (one `{bytes, calls}` per site); the previous
+/// mark is kept.
+pub fn mark() -> Result<usize, TryReserveError> {
+    let tags = AllocTag::all();
+    let mut counts = Vec::new();
+    counts.try_reserve_exact(tags.len())?;
+    counts.extend(tags.iter().map(|tag| COUNTERS.read(tag.tag_ref())));
     let new = Mark {
         at_tsc: arch::rdtsc(),
         counts,
@@ -458,7 +465,7 @@ pub fn mark() -> usize {
     // The old mark is dropped after the lock is released.
     let old = MARK.lock().replace(new);
     drop(old);
-    nr_sites
+    Ok(tags.len())
 }
 
 /// What grew (or shrank) at one site since the mark.
@@ -474,28 +481,33 @@ pub struct DiffRow {
 /// Every site whose live bytes or calls changed since `allocinfo mark`,
 /// most bytes grown first, and the nanoseconds since the mark; `None`
 /// without a mark.
-pub fn diff() -> Option<(u64, Vec<DiffRow>)> {
-    let now = snapshot();
+///
+/// # Errors
+/// No memory for the rows (one per site).
+pub fn diff() -> Result<Option<(u64, Vec<DiffRow>)>, TryReserveError> {
+    let tags = AllocTag::all();
+    let mut rows = Vec::new();
+    rows.try_reserve_exact(tags.len())?;
     let guard = MARK.lock();
-    let mark = guard.as_ref()?;
+    let Some(mark) = guard.as_ref() else {
+        return Ok(None);
+    };
     let elapsed_ns = arch::tsc::cycles_to_ns(arch::rdtsc().wrapping_sub(mark.at_tsc));
-    let mut rows: Vec<DiffRow> = now
-        .iter()
-        .zip(
-            mark.counts
-                .iter()
-                .chain(core::iter::repeat(&AllocTagCounts::default())),
-        )
-        .map(|(row, then)| DiffRow {
-            tag: row.tag,
-            bytes: row.counts.bytes.wrapping_sub(then.bytes) as i64,
-            calls: row.counts.calls.wrapping_sub(then.calls) as i64,
-        })
-        .filter(|row| row.bytes != 0 || row.calls != 0)
-        .collect();
+    for (index, tag) in tags.iter().enumerate() {
+        let now = COUNTERS.read(tag.tag_ref());
+        let then = mark.counts.get(index).copied().unwrap_or_default();
+        let row = DiffRow {
+            tag,
+            bytes: now.bytes.wrapping_sub(then.bytes) as i64,
+            calls: now.calls.wrapping_sub(then.calls) as i64,
+        };
+        if row.bytes != 0 || row.calls != 0 {
+            rows.push(row);
+        }
+    }
     drop(guard);
-    rows.sort_by_key(|row| (core::cmp::Reverse(row.bytes), core::cmp::Reverse(row.calls)));
-    Some((elapsed_ns, rows))
+    rows.sort_unstable_by_key(|row| (core::cmp::Reverse(row.bytes), core::cmp::Reverse(row.calls)));
+    Ok(Some((elapsed_ns, rows)))
 }
 
 /// The row of the first tag in `function` (for tests).

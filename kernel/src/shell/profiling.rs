@@ -15,7 +15,7 @@ use magpie_codetag::alloc_tag::{
 use magpie_codetag::time_stats::{TimeStats, write_time_stats};
 use spin::Mutex;
 
-use super::{Command, Result, Shell, ShellError, shell_error, write_record};
+use super::{Command, Result, Shell, ShellError, out_of_memory, shell_error, write_record};
 use crate::profiling::{self, COMPILED_IN, COUNTERS, SWITCH};
 
 pub(super) const ALLOCINFO: Command = Command {
@@ -106,7 +106,8 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
         }
         ["ctx", location, verb] => return cmd_ctx(location, verb, out),
         ["mark"] => {
-            let nr_sites = profiling::mark();
+            let nr_sites = profiling::mark()
+                .map_err(|_| out_of_memory!("a copy of every site's counts for the mark"))?;
             let _ = writeln!(
                 out,
                 "marked {nr_sites} sites; 'allocinfo diff' shows what grew since"
@@ -212,7 +213,8 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         _ => return Err(ShellError::Usage(&ALLOCINFO)),
     };
     let _scope = crate::alloc_tag_scope!();
-    let Some((elapsed_ns, rows)) = profiling::diff() else {
+    let diff = profiling::diff().map_err(|_| out_of_memory!("one row per site for the diff"))?;
+    let Some((elapsed_ns, rows)) = diff else {
         return Err(shell_error!("no mark yet: 'allocinfo mark' first"));
     };
     let _ = writeln!(
