@@ -3,7 +3,7 @@
 //! tagged_alloc! handles), the untagged bucket, the on/off switch, context
 //! capture, and the shell's allocinfo and timestats commands.
 //!
-//! Bytes are class-rounded: `kmalloc!(100)` is charged 128 (kmalloc-128),
+//! Bytes are class-rounded: `kmalloc!(100)` is charged 104 (kmalloc-104),
 //! a cache object its cache's object size, page-granular kmalloc whole pages.
 //!
 //! With `--no-default-features` (profiling compiled out) the same kernel
@@ -74,11 +74,11 @@ mod profiled {
     fn n_objects_from_a_site_show_n_calls_and_n_times_class_size() {
         assert!(SWITCH.is_on(), "on by default (mem_profiling=1)");
         let objs = ten_from_a_known_site();
-        // kmalloc(100) comes from kmalloc-128: 10 x 128 bytes.
+        // kmalloc(100) comes from kmalloc-104: 10 x 104 bytes.
         assert_eq!(
             counts("ten_from_a_known_site"),
             AllocTagCounts {
-                bytes: 1280,
+                bytes: 1040,
                 calls: 10
             }
         );
@@ -88,7 +88,7 @@ mod profiled {
             .find(|line| line.ends_with("func:ten_from_a_known_site"))
             .unwrap_or_else(|| panic!("no row in:\n{text}"));
         let fields: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(&fields[..2], &["1280", "10"], "{row}");
+        assert_eq!(&fields[..2], &["1040", "10"], "{row}");
         assert!(text.starts_with("allocinfo - version: 1.0\n#     <size>  <calls> <tag info>\n"));
         free_all(objs);
         assert_eq!(counts("ten_from_a_known_site"), AllocTagCounts::default());
@@ -235,7 +235,7 @@ mod profiled {
         assert_eq!(
             counts("ten_from_a_known_site"),
             AllocTagCounts {
-                bytes: 1280,
+                bytes: 1040,
                 calls: 10
             }
         );
@@ -263,7 +263,7 @@ mod profiled {
         assert!(
             records
                 .iter()
-                .all(|record| record.size == 128 && record.nr_frames > 0)
+                .all(|record| record.size == 104 && record.nr_frames > 0)
         );
         free_all(objs.split_off(4));
         let printed = run(&alloc::format!("allocinfo ctx {location} print"));

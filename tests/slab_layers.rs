@@ -547,7 +547,7 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
 #[test_case]
 fn bufctl_cache_detects_bad_frees() {
     let big = SLAB
-        .cache_create("test-big", 3000, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create("test-big", 9000, 0, CacheFlags::AUDIT, None, None, None)
         .expect("cache_create big");
     let notouch = SLAB
         .cache_create(
@@ -563,7 +563,7 @@ fn bufctl_cache_detects_bad_frees() {
     assert_eq!(
         big.kind(),
         SlabKind::Bufctl,
-        "3000-byte objects use bufctl slabs"
+        "9000-byte objects use bufctl slabs"
     );
     assert_eq!(
         notouch.kind(),
@@ -616,18 +616,18 @@ fn kmalloc_picks_the_smallest_size_class() {
     unsafe { SLAB.kfree(p) }.expect("kfree");
     assert_eq!(k64.stats().nr_allocated, before.nr_allocated);
 
-    let k96 = kmalloc_cache("kmalloc-96");
-    let before = k96.stats();
+    let k72 = kmalloc_cache("kmalloc-72");
+    let before = k72.stats();
     let q = SLAB.kmalloc(65, 1).expect("kmalloc(65)");
     assert_eq!(
-        k96.stats().nr_allocated,
+        k72.stats().nr_allocated,
         before.nr_allocated + 1,
-        "65 bytes come from kmalloc-96"
+        "65 bytes come from kmalloc-72"
     );
-    assert_eq!(SLAB.ksize(q), Ok(96));
+    assert_eq!(SLAB.ksize(q), Ok(72));
     // SAFETY: allocated above.
     unsafe { SLAB.kfree(q) }.expect("kfree");
-    assert_eq!(k96.stats().nr_allocated, before.nr_allocated);
+    assert_eq!(k72.stats().nr_allocated, before.nr_allocated);
 
     // Every size: exactly one kmalloc cache gains the object, and it is the
     // smallest one that fits.

@@ -17,8 +17,8 @@
 //!   scopes: the innermost wins, the outer one is restored when it ends;
 //! * everything else goes to the `untagged` bucket, shown like any site.
 //!
-//! Bytes are class-rounded: a kmalloc of 100 bytes is charged 128
-//! (`kmalloc-128`'s object size), a cache object its cache's object size, a
+//! Bytes are class-rounded: a kmalloc of 100 bytes is charged 104
+//! (`kmalloc-104`'s object size), a cache object its cache's object size, a
 //! page-granular kmalloc its whole pages. `calls` is the number of live
 //! objects (allocations minus frees), as in Linux.
 //!

@@ -83,23 +83,28 @@ pub(crate) fn current<P: Platform>() -> AllocTagRef {
 
 #[cfg(feature = "alloc-profiling")]
 impl<P: Platform> KmemCache<P> {
-    /// The tag-reference slot of object `index` of the small slab page
-    /// holding `addr`.
+    /// The tag-reference slot of object `index` of the small slab that
+    /// starts at `base`.
     #[inline(always)]
-    fn tag_slot_at(&self, addr: usize, index: usize) -> *mut AllocTagRef {
+    fn tag_slot_at(&self, base: usize, index: usize) -> *mut AllocTagRef {
         debug_assert!(self.tag_array_offset != 0);
-        // Small slabs are one page, object 0 at the page start.
-        let page = addr & !(PAGE_SIZE - 1);
-        (page + self.tag_array_offset + index * TAG_REF_BYTES) as *mut AllocTagRef
+        (base + self.tag_array_offset + index * TAG_REF_BYTES) as *mut AllocTagRef
     }
 
     /// The tag-reference slot of a small-slab object (one multiply for
-    /// its index).
+    /// its index). A one-page slab starts at the object's page; a longer
+    /// one is found through the page map.
     #[inline(always)]
     fn tag_slot(&self, obj: NonNull<u8>) -> *mut AllocTagRef {
         let addr = obj.as_ptr() as usize;
-        let (index, _) = self.obj_index(addr & (PAGE_SIZE - 1));
-        self.tag_slot_at(addr, index)
+        let base = if self.nr_pages_per_slab == 1 {
+            addr & !(PAGE_SIZE - 1)
+        } else {
+            // SAFETY: a busy object of ours: its slab is alive.
+            unsafe { (*self.small_slab_of(addr)).base }
+        };
+        let (index, _) = self.obj_index(addr - base);
+        self.tag_slot_at(base, index)
     }
 
     /// Store `tag` with a small-slab object just allocated (`tag != 0`).
@@ -132,7 +137,8 @@ impl<P: Platform> KmemCache<P> {
     /// and is being freed by the caller.
     #[inline(always)]
     pub(crate) unsafe fn untag_small_object(&self, obj: NonNull<u8>, at: Located) {
-        let slot = self.tag_slot_at(obj.as_ptr() as usize, at.index);
+        // SAFETY: per the caller, at.slab is alive.
+        let slot = self.tag_slot_at(unsafe { (*at.slab).base }, at.index);
         // SAFETY: per the caller, the slot is the object's, in its slab
         // page's tag array; nobody else uses the object or its slot now.
         let tag = unsafe { slot.read() };

@@ -303,7 +303,7 @@ impl<P: Platform> Allocator<P> {
             let spec = CacheSpec {
                 name: BOOT_NAMES[index],
                 size,
-                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, false)?,
+                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, false, false)?,
                 flags: CacheFlags::NOTRACE,
                 ctor: None,
                 dtor: None,
@@ -542,9 +542,11 @@ impl<P: Platform> Allocator<P> {
         source: Option<&'static dyn PageSource>,
         permanent: bool,
     ) -> Result<&'static KmemCache<P>, AllocError> {
-        let geometry = Geometry::new(size, align, flags, true)?;
         let primary = self.primary_source();
         let source = source.unwrap_or(primary);
+        // On the primary source the page map finds any slab's header, so
+        // slabs may span pages and keep their header off slab.
+        let geometry = Geometry::new(size, align, flags, true, same_source(source, primary))?;
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self

@@ -192,6 +192,9 @@ pub struct KmemCache<P: Platform> {
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag_array_offset: usize,
     pub(crate) nr_pages_per_slab: usize,
+    /// Small slabs: the header is a `kmem_slab` object, not the slab's
+    /// last bytes.
+    pub(crate) header_off_slab: bool,
     pub(crate) ctor: Option<Ctor>,
     pub(crate) dtor: Option<Dtor>,
     pub(crate) align: usize,
@@ -295,6 +298,7 @@ impl<P: Platform> KmemCache<P> {
             kind: geometry.kind,
             nr_objs_per_slab: geometry.nr_objs_per_slab,
             nr_pages_per_slab: geometry.nr_pages_per_slab,
+            header_off_slab: geometry.header_off_slab,
             ctor: spec.ctor,
             dtor: spec.dtor,
             obj_size: spec.size,
@@ -671,10 +675,29 @@ impl<P: Platform> KmemCache<P> {
         )
     }
 
-    /// The audit bitmap word and bit of a small-slab object.
-    pub(crate) fn audit_bit(&self, addr: usize) -> (usize, u64) {
-        let (index, _) = self.obj_index(addr & (PAGE_SIZE - 1));
+    /// The audit bitmap word and bit of an object of the small slab
+    /// `slab`.
+    ///
+    /// # Safety
+    /// `slab` is a live small slab of this cache holding `addr`.
+    pub(crate) unsafe fn audit_bit(&self, slab: *mut Slab, addr: usize) -> (usize, u64) {
+        // SAFETY: per the caller; base never changes.
+        let base = unsafe { (*slab).base };
+        let (index, _) = self.obj_index(addr - base);
         (index / 64, 1u64 << (index % 64))
+    }
+
+    /// The header of the small slab holding `addr` (an object of this
+    /// cache in a live slab): through the page map on the primary source
+    /// (the header may be off slab or at the end of a later page), at the
+    /// end of the page otherwise (one-page slabs there).
+    #[inline]
+    pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
+        if self.on_primary {
+            (self.page_map.get(addr) & !TAG_MASK) as *mut Slab
+        } else {
+            small_header(addr)
+        }
     }
 
     /// Name with the cache's lifetime, for error reports.

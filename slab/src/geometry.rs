@@ -1,4 +1,24 @@
-//! Slab geometry: how a cache's objects are laid out in its slabs.
+//! Slab geometry: how a cache's objects are laid out in its slabs, chosen
+//! per cache for the least waste (Bonwick 1994 §4).
+//!
+//! A small-object slab (free list through the free objects) is
+//! `nr_pages_per_slab` pages: objects from offset 0, then the tag-reference
+//! array (feature `alloc-profiling`), then — if the header lives in the
+//! slab — the 128-byte [`Slab`](crate::slab::Slab) header at the very end.
+//! For a cache on the primary page source the header may instead come from
+//! `kmem_slab` ("off slab"): the page map finds it either way. The choice,
+//! for each object stride: the fewest pages (1..=[`MAX_SLAB_PAGES`]) and
+//! the header placement whose waste — tail bytes no object fills, the
+//! header and the tag array — is at most [`WASTE_TARGET_DIV`]th of the
+//! slab; if none is, the least waste. So no class loses an object per
+//! slab to the header (kmalloc-512: 8 objects per page, header off slab).
+//! `src/tests/geometry.rs` prints and checks the table of every kmalloc
+//! class.
+//!
+//! Bootstrap caches and caches on other page sources keep one-page slabs
+//! with the header in the page (found by masking the address), and
+//! objects above `PAGE_SIZE / 8` there (and `NOTOUCH` caches) use bufctl
+//! slabs, as before.
 
 use crate::cache::CacheFlags;
 use crate::error::AllocError;
@@ -8,13 +28,22 @@ use crate::slab::{SMALL_HEADER_OFFSET, SMALL_MAX_STRIDE};
 /// Which slab layout a cache uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlabKind {
-    /// One-page slabs, header at the end of the page, free list through
-    /// the free objects.
+    /// Slabs whose free list runs through the free objects; header at the
+    /// end of the slab or (primary source) from `kmem_slab`.
     Small,
     /// Multi-page slabs with one bufctl per object and a hash from buffer
     /// address to bufctl; object memory untouched.
     Bufctl,
 }
+
+/// Most pages in a small-object slab.
+pub(crate) const MAX_SLAB_PAGES: usize = 8;
+/// Waste target: at most `1 / WASTE_TARGET_DIV` of a slab (3.1 %).
+pub(crate) const WASTE_TARGET_DIV: usize = 32;
+/// Most objects in a small-object slab (the `AUDIT` bitmap's bits).
+pub(crate) const MAX_SMALL_OBJS: usize = 512;
+/// Bytes of a slab header.
+const HEADER_BYTES: usize = PAGE_SIZE - SMALL_HEADER_OFFSET;
 
 /// Object layout of a cache.
 #[derive(Debug, Clone, Copy)]
@@ -24,9 +53,12 @@ pub(crate) struct Geometry {
     pub(crate) kind: SlabKind,
     pub(crate) nr_pages_per_slab: usize,
     pub(crate) nr_objs_per_slab: usize,
-    /// Small slabs with tag references: offset in the page of the array of
-    /// one [`AllocTagRef`](crate::AllocTagRef) per object, between the last
-    /// object and the header. 0 if the slabs have none.
+    /// Small slabs: the header comes from `kmem_slab` (only for caches on
+    /// the primary source, where the page map finds it).
+    pub(crate) header_off_slab: bool,
+    /// Small slabs with tag references: offset from the slab's start of
+    /// the array of one [`AllocTagRef`](crate::AllocTagRef) per object,
+    /// after the last object. 0 if the slabs have none.
     #[cfg_attr(not(feature = "alloc-profiling"), allow(dead_code))]
     pub(crate) tag_array_offset: usize,
 }
@@ -34,16 +66,22 @@ pub(crate) struct Geometry {
 /// Largest object a cache may hold.
 const MAX_OBJ_SIZE: usize = 1 << 30;
 
+/// Largest stride a packed (primary-source) small-object cache takes.
+const PACKED_MAX_STRIDE: usize = 8192;
+
 impl Geometry {
     /// Lay out objects of `size` bytes aligned to `align` (0 means 1).
     /// Objects are at least 8 bytes apart and 8-aligned. With `tag_refs`
     /// (and feature `alloc-profiling`), small slabs keep 4 bytes per object
-    /// for its allocation tag reference.
+    /// for its allocation tag reference. `packed`: the cache is on the
+    /// primary source and not a bootstrap cache, so its slabs may span
+    /// pages and keep their header off slab.
     pub(crate) fn new(
         size: usize,
         align: usize,
         flags: CacheFlags,
         tag_refs: bool,
+        packed: bool,
     ) -> Result<Self, AllocError> {
         let align = if align == 0 { 1 } else { align };
         if size == 0 || size > MAX_OBJ_SIZE || !align.is_power_of_two() || align > PAGE_SIZE {
@@ -51,12 +89,16 @@ impl Geometry {
         }
         let align = align.max(8);
         let stride = size.next_multiple_of(align);
-        if stride <= SMALL_MAX_STRIDE && !flags.contains(CacheFlags::NOTOUCH) {
-            let ref_bytes = if tag_refs {
-                crate::alloc_tag::TAG_REF_BYTES
-            } else {
-                0
-            };
+        let ref_bytes = if tag_refs {
+            crate::alloc_tag::TAG_REF_BYTES
+        } else {
+            0
+        };
+        let notouch = flags.contains(CacheFlags::NOTOUCH);
+        if packed && !notouch && stride <= PACKED_MAX_STRIDE {
+            return Ok(Self::packed(stride, align, ref_bytes));
+        }
+        if stride <= SMALL_MAX_STRIDE && !notouch {
             let nr_objs = SMALL_HEADER_OFFSET / (stride + ref_bytes);
             return Ok(Geometry {
                 stride,
@@ -64,11 +106,8 @@ impl Geometry {
                 kind: SlabKind::Small,
                 nr_pages_per_slab: 1,
                 nr_objs_per_slab: nr_objs,
-                tag_array_offset: if ref_bytes == 0 {
-                    0
-                } else {
-                    SMALL_HEADER_OFFSET - nr_objs * ref_bytes
-                },
+                header_off_slab: false,
+                tag_array_offset: if ref_bytes == 0 { 0 } else { nr_objs * stride },
             });
         }
         let target_objs = if stride <= 8192 {
@@ -83,7 +122,76 @@ impl Geometry {
             kind: SlabKind::Bufctl,
             nr_pages_per_slab: nr_pages,
             nr_objs_per_slab: nr_pages * PAGE_SIZE / stride,
+            header_off_slab: false,
             tag_array_offset: 0,
         })
+    }
+
+    /// The small-object layout with the least waste (see the module docs).
+    fn packed(stride: usize, align: usize, ref_bytes: usize) -> Self {
+        // (waste bytes, slab bytes, pages, objects, off slab) of the best.
+        let mut best: Option<(usize, usize, usize, usize, bool)> = None;
+        for nr_pages in 1..=MAX_SLAB_PAGES {
+            let slab_bytes = nr_pages * PAGE_SIZE;
+            for off_slab in [false, true] {
+                let room = if off_slab {
+                    slab_bytes
+                } else {
+                    slab_bytes - HEADER_BYTES
+                };
+                let nr_objs = (room / (stride + ref_bytes)).min(MAX_SMALL_OBJS);
+                if nr_objs == 0 {
+                    continue;
+                }
+                // Everything but object bytes, plus an off-slab header.
+                let waste = slab_bytes - nr_objs * stride + if off_slab { HEADER_BYTES } else { 0 };
+                let better = match best {
+                    None => true,
+                    // Compare waste / slab_bytes without division.
+                    Some((best_waste, best_bytes, ..)) => {
+                        waste * best_bytes < best_waste * slab_bytes
+                    }
+                };
+                if better {
+                    best = Some((waste, slab_bytes, nr_pages, nr_objs, off_slab));
+                }
+            }
+            // The best of this size (header in or off) meets the target.
+            if let Some((waste, slab_bytes, ..)) = best
+                && waste * WASTE_TARGET_DIV <= slab_bytes
+            {
+                break;
+            }
+        }
+        let (_, _, nr_pages, nr_objs, off_slab) =
+            best.expect("a stride of at most 8 KiB fits in 8 pages");
+        Geometry {
+            stride,
+            align,
+            kind: SlabKind::Small,
+            nr_pages_per_slab: nr_pages,
+            nr_objs_per_slab: nr_objs,
+            header_off_slab: off_slab,
+            tag_array_offset: if ref_bytes == 0 { 0 } else { nr_objs * stride },
+        }
+    }
+
+    /// Bytes of a slab that hold no object (tail, in-slab header, tag
+    /// array), plus the header's bytes when it lives off slab.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn waste_per_slab(&self) -> usize {
+        let header = match self.kind {
+            SlabKind::Small => HEADER_BYTES,
+            // Slab struct and bufctls are metadata.
+            SlabKind::Bufctl => {
+                HEADER_BYTES + self.nr_objs_per_slab * core::mem::size_of::<crate::slab::Bufctl>()
+            }
+        };
+        let off = if self.kind == SlabKind::Bufctl || self.header_off_slab {
+            header
+        } else {
+            0
+        };
+        self.nr_pages_per_slab * PAGE_SIZE - self.nr_objs_per_slab * self.stride + off
     }
 }

@@ -1,6 +1,6 @@
-//! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`, the Linux
-//! set) and page-granular allocations above them, `kfree`'s page-granular
-//! half, `ksize` and `owns`. (The class hits themselves are in
+//! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`: the Linux
+//! set and classes between them) and page-granular allocations above
+//! them, `kfree`'s page-granular half, `ksize` and `owns`. (The class hits themselves are in
 //! [`crate::path`].)
 
 use core::ptr::NonNull;
@@ -14,15 +14,41 @@ use crate::pagemap::{TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
 
-/// The kmalloc size classes (the Linux set), in bytes. Cache `i` is named
-/// `kmalloc-<KMALLOC_SIZES[i]>`.
-pub const KMALLOC_SIZES: [usize; 13] = [
-    8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
-];
+/// The kmalloc size classes in bytes: cache `i` is named
+/// `kmalloc-<KMALLOC_SIZES[i]>`. Every Linux class (8, 16, 32, 64, 96,
+/// 128, 192, 256, 512, … 8192) is among them. The spacing bounds the
+/// rounding waste: 8 bytes apart up to 128 (the 8-byte granularity every
+/// object has), then eight classes per power of two (step `2^k / 8`
+/// between `2^k` and `2^(k+1)`, as mimalloc spaces its bins), so above
+/// 64 bytes a request never wastes 12.5 % of its class or more
+/// (`(step - 1) / class < 1/8`; the table is checked in
+/// `src/tests/kmalloc.rs`).
+pub const KMALLOC_SIZES: [usize; 64] = kmalloc_sizes();
 /// Largest kmalloc served by a size class; larger requests are
 /// page-granular.
 pub const KMALLOC_MAX_SIZE: usize = 8192;
 pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
+
+/// [`KMALLOC_SIZES`], built: 8..=128 by 8, then eight per power of two.
+const fn kmalloc_sizes() -> [usize; 64] {
+    let mut sizes = [0; 64];
+    let mut index = 0;
+    while index < 16 {
+        sizes[index] = 8 * (index + 1);
+        index += 1;
+    }
+    let mut base = 128;
+    while index < 64 {
+        let mut step = 1;
+        while step <= 8 {
+            sizes[index] = base + step * (base / 8);
+            index += 1;
+            step += 1;
+        }
+        base *= 2;
+    }
+    sizes
+}
 
 /// Largest size the one-lookup class table covers.
 const CLASS_TABLE_MAX: usize = 1024;
@@ -44,6 +70,15 @@ const CLASS_BY_8: [u8; CLASS_TABLE_MAX / 8 + 1] = {
     }
     table
 };
+
+/// The class index of `size` (1..=[`KMALLOC_MAX_SIZE`]) by arithmetic:
+/// for `size - 1` in `[2^k, 2^(k+1))`, `k >= 7`, the class is
+/// `16 + 8 (k - 7) + (size - 1 - 2^k) / 2^(k-3)`.
+#[inline(always)]
+const fn class_index_above_table(size: usize) -> usize {
+    let k = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
+    16 + 8 * (k - 7) + (((size - 1) >> (k - 3)) - 8)
+}
 
 /// Page-granular allocations: the head page's page-map entry is
 /// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
@@ -78,10 +113,20 @@ pub struct LargeStats {
 }
 
 const _: () = {
-    // The log2 rule above the class table agrees with the classes: powers
-    // of two from the table's end on.
-    assert!(KMALLOC_SIZES[9] == CLASS_TABLE_MAX && KMALLOC_SIZES[12] == KMALLOC_MAX_SIZE);
-    assert!(CLASS_BY_8[0] == 0 && CLASS_BY_8[1] == 0 && CLASS_BY_8[8] == 3 && CLASS_BY_8[9] == 4);
+    // The table and the arithmetic agree with the class list.
+    assert!(KMALLOC_SIZES[63] == KMALLOC_MAX_SIZE && KMALLOC_SIZES[15] == 128);
+    let mut size = CLASS_TABLE_MAX + 1;
+    while size <= KMALLOC_MAX_SIZE {
+        let class = class_index_above_table(size);
+        assert!(KMALLOC_SIZES[class] >= size && KMALLOC_SIZES[class - 1] < size);
+        size += 1;
+    }
+    let mut size = 1;
+    while size <= CLASS_TABLE_MAX {
+        let class = CLASS_BY_8[(size + 7) >> 3] as usize;
+        assert!(KMALLOC_SIZES[class] >= size && (class == 0 || KMALLOC_SIZES[class - 1] < size));
+        size += 1;
+    }
 };
 
 impl<P: Platform> Allocator<P> {
@@ -105,7 +150,7 @@ impl<P: Platform> Allocator<P> {
         let first = if size <= CLASS_TABLE_MAX {
             CLASS_BY_8[(size + 7) >> 3] as usize
         } else {
-            (usize::BITS - (size - 1).leading_zeros()) as usize - 1
+            class_index_above_table(size)
         };
         (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
     }

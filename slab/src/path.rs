@@ -55,7 +55,7 @@ use crate::geometry::SlabKind;
 use crate::magazine::{MAG_FREE_RETRIES, MAG_MAX_ROUNDS, PcpuInner, no_magazine, rounds_of};
 use crate::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
-use crate::slab::{BufctlState, Slab, small_header};
+use crate::slab::{BufctlState, Slab};
 use crate::sync::IrqGuard;
 
 // ---------------------------------------------------------------- alloc
@@ -346,12 +346,12 @@ impl<P: Platform> KmemCache<P> {
                 self.tag_small_object(obj, tag, hot);
             }
             if hot.contains(HotFlags::AUDIT) {
-                let (word, bit) = self.audit_bit(addr);
+                let slab = self.small_slab_of(addr);
                 // SAFETY: small slab object, its header is alive while the
                 // object is busy.
                 unsafe {
-                    (*small_header(addr)).audit[word]
-                        .fetch_or(bit, core::sync::atomic::Ordering::AcqRel)
+                    let (word, bit) = self.audit_bit(slab, addr);
+                    (*slab).audit[word].fetch_or(bit, core::sync::atomic::Ordering::AcqRel)
                 };
             }
         }
@@ -760,10 +760,13 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         if hot.contains(HotFlags::AUDIT) && self.kind == SlabKind::Small {
-            let (word, bit) = self.audit_bit(addr);
             // SAFETY: `slab` is the located, alive small slab of addr.
-            let old = unsafe {
-                (*slab).audit[word].fetch_and(!bit, core::sync::atomic::Ordering::AcqRel)
+            let (old, bit) = unsafe {
+                let (word, bit) = self.audit_bit(slab, addr);
+                (
+                    (*slab).audit[word].fetch_and(!bit, core::sync::atomic::Ordering::AcqRel),
+                    bit,
+                )
             };
             if old & bit == 0 {
                 return Err(FreeError::DoubleFree { addr });
@@ -780,7 +783,8 @@ impl<P: Platform> KmemCache<P> {
                 P::alloc_tag_sub(bufctl_tag, obj, self.obj_size);
             }
         } else if hot.contains(HotFlags::TAGGED) {
-            let (index, _) = self.obj_index(addr & (crate::PAGE_SIZE - 1));
+            // SAFETY: `slab` is the located, alive small slab of addr.
+            let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
             // SAFETY: a located small-slab object of ours, given up.
             unsafe { self.untag_small_object(obj, Located { slab, index }) };
         }

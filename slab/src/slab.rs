@@ -1,9 +1,12 @@
 //! The slab layer (Bonwick 1994): pages carved into objects.
 //!
-//! - **Small-object slabs** (buffer size <= `PAGE_SIZE / 8`, cache not
-//!   `NOTOUCH`): one page; the [`Slab`] header sits at the *end* of the
-//!   page, objects start at offset 0 (so power-of-two sizes are naturally
-//!   aligned), and the free list is threaded through the free objects.
+//! - **Small-object slabs** (cache not `NOTOUCH`; on the primary source
+//!   objects up to 8 KiB, elsewhere up to `PAGE_SIZE / 8`): one or more
+//!   pages (see [`crate::geometry`]); the [`Slab`] header sits at the
+//!   *end* of the slab or, on the primary source, in a `kmem_slab` object
+//!   when that wastes less; objects start at offset 0 (so power-of-two
+//!   sizes are naturally aligned), and the free list is threaded through
+//!   the free objects.
 //! - **Bufctl slabs** (larger objects, or `NOTOUCH`): several pages; the
 //!   [`Slab`] struct comes from the `kmem_slab` bootstrap cache and one
 //!   [`Bufctl`] per object from `kmem_bufctl`. The object memory is never
@@ -11,7 +14,11 @@
 //!   buffer's address to its bufctl.
 //!
 //! Slabs sit on one of three lists by how many objects are busy: empty,
-//! partial, full. Allocation prefers partial slabs; `reap` returns empty
+//! partial, full. Allocation takes from the head of the partial list,
+//! kept roughly fullest first: a slab that was full and loses an object
+//! goes to the head, a partial slab that loses one to the tail (illumos
+//! keeps an AVL tree by busy count; this is its O(1) approximation), so
+//! the least used slabs drain and become empty; `reap` returns empty
 //! slabs to the page source.
 //!
 //! Everything here runs under the cache's slab lock, except growing and
@@ -122,6 +129,7 @@ impl HashNode for Bufctl {
 /// One of the three slab lists (doubly linked through the slabs).
 struct SlabListHead {
     head: *mut Slab,
+    tail: *mut Slab,
     nr: usize,
 }
 
@@ -153,14 +161,17 @@ impl SlabLayer {
             lists: [
                 SlabListHead {
                     head: ptr::null_mut(),
+                    tail: ptr::null_mut(),
                     nr: 0,
                 },
                 SlabListHead {
                     head: ptr::null_mut(),
+                    tail: ptr::null_mut(),
                     nr: 0,
                 },
                 SlabListHead {
                     head: ptr::null_mut(),
+                    tail: ptr::null_mut(),
                     nr: 0,
                 },
             ],
@@ -206,7 +217,9 @@ impl SlabLayer {
             } else {
                 (*(*slab).prev).next = (*slab).next;
             }
-            if !(*slab).next.is_null() {
+            if (*slab).next.is_null() {
+                list.tail = (*slab).prev;
+            } else {
                 (*(*slab).next).prev = (*slab).prev;
             }
             (*slab).prev = ptr::null_mut();
@@ -224,7 +237,9 @@ impl SlabLayer {
             (*slab).list = list_index;
             (*slab).prev = ptr::null_mut();
             (*slab).next = list.head;
-            if !list.head.is_null() {
+            if list.head.is_null() {
+                list.tail = slab;
+            } else {
                 (*list.head).prev = slab;
             }
         }
@@ -232,11 +247,32 @@ impl SlabLayer {
         list.nr += 1;
     }
 
-    /// Put a slab whose busy count changed on the right list.
+    /// # Safety
+    /// `slab` is alive and on no list.
+    unsafe fn push_tail(&mut self, slab: *mut Slab, list_index: SlabList) {
+        let list = &mut self.lists[list_index as usize];
+        // SAFETY: the caller guarantees the slab is alive and unlisted.
+        unsafe {
+            (*slab).list = list_index;
+            (*slab).next = ptr::null_mut();
+            (*slab).prev = list.tail;
+            if list.tail.is_null() {
+                list.head = slab;
+            } else {
+                (*list.tail).next = slab;
+            }
+        }
+        list.tail = slab;
+        list.nr += 1;
+    }
+
+    /// Put a slab whose busy count changed on the right list: a partial
+    /// slab that lost an object (`freed`) to the tail of the partial list,
+    /// any other newly partial slab to the head.
     ///
     /// # Safety
     /// `slab` is alive and listed.
-    unsafe fn relist(&mut self, slab: *mut Slab) {
+    unsafe fn relist(&mut self, slab: *mut Slab, freed: bool) {
         // SAFETY: the caller guarantees the slab is alive.
         let (nr_busy, nr_objs, list) = unsafe { ((*slab).nr_busy, (*slab).nr_objs, (*slab).list) };
         let want = if nr_busy == 0 {
@@ -246,7 +282,15 @@ impl SlabLayer {
         } else {
             SlabList::Partial
         };
-        if want != list {
+        if want == SlabList::Partial && list == SlabList::Partial && freed {
+            if self.lists[SlabList::Partial as usize].tail != slab {
+                // SAFETY: alive and listed, per the caller.
+                unsafe {
+                    self.unlink(slab);
+                    self.push_tail(slab, want);
+                }
+            }
+        } else if want != list {
             // SAFETY: alive and listed, per the caller.
             unsafe {
                 self.unlink(slab);
@@ -285,7 +329,7 @@ impl SlabLayer {
             };
             (*slab).nr_busy += 1;
             self.nr_allocs += 1;
-            self.relist(slab);
+            self.relist(slab, false);
             NonNull::new(obj)
         }
     }
@@ -321,7 +365,7 @@ impl SlabLayer {
             debug_assert!((*slab).nr_busy > 0);
             (*slab).nr_busy -= 1;
             self.nr_frees += 1;
-            self.relist(slab);
+            self.relist(slab, true);
         }
     }
 
@@ -330,6 +374,7 @@ impl SlabLayer {
         let list = &mut self.lists[SlabList::Empty as usize];
         let head = list.head;
         list.head = ptr::null_mut();
+        list.tail = ptr::null_mut();
         list.nr = 0;
         head
     }
@@ -349,6 +394,7 @@ impl SlabLayer {
                 }
             }
             list.head = ptr::null_mut();
+            list.tail = ptr::null_mut();
             list.nr = 0;
         }
         all
@@ -403,7 +449,7 @@ impl<P: Platform> KmemCache<P> {
     /// magazine, not with a caller.
     pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
         let slab = match self.kind {
-            SlabKind::Small => small_header(obj as usize),
+            SlabKind::Small => self.small_slab_of(obj as usize),
             SlabKind::Bufctl => ptr::null_mut(),
         };
         let mut layer = self.slab.lock();
@@ -428,7 +474,7 @@ impl<P: Platform> KmemCache<P> {
         let mut layer = self.slab.lock();
         for &obj in objs {
             let slab = match self.kind {
-                SlabKind::Small => small_header(obj as usize),
+                SlabKind::Small => self.small_slab_of(obj as usize),
                 SlabKind::Bufctl => ptr::null_mut(),
             };
             // SAFETY: per the caller.
@@ -450,18 +496,22 @@ impl<P: Platform> KmemCache<P> {
         let pages = self.source.alloc_pages(nr_pages)?;
         let base = pages.as_ptr() as usize;
         let slab = match self.kind {
-            SlabKind::Small => small_header(base),
-            SlabKind::Bufctl => match self.owner().boot(BootCache::Slab).slab_alloc_raw() {
-                Ok(slab) => slab.as_ptr().cast::<Slab>(),
-                Err(error) => {
-                    // SAFETY: the pages came from this source just now.
-                    unsafe { self.source.free_pages(pages, nr_pages) };
-                    return Err(error);
+            SlabKind::Small if !self.header_off_slab => {
+                (base + nr_pages * PAGE_SIZE - core::mem::size_of::<Slab>()) as *mut Slab
+            }
+            SlabKind::Small | SlabKind::Bufctl => {
+                match self.owner().boot(BootCache::Slab).slab_alloc_raw() {
+                    Ok(slab) => slab.as_ptr().cast::<Slab>(),
+                    Err(error) => {
+                        // SAFETY: the pages came from this source just now.
+                        unsafe { self.source.free_pages(pages, nr_pages) };
+                        return Err(error);
+                    }
                 }
-            },
+            }
         };
         // SAFETY: `slab` is either the header area at the end of our fresh
-        // page or a fresh kmem_slab object, both writable and ours.
+        // slab or a fresh kmem_slab object, both writable and ours.
         unsafe {
             slab.write(Slab {
                 magic: SLAB_MAGIC,
@@ -482,8 +532,9 @@ impl<P: Platform> KmemCache<P> {
                 let mut free: *mut u8 = ptr::null_mut();
                 for index in (0..self.nr_objs_per_slab).rev() {
                     let obj = (base + index * self.stride) as *mut u8;
-                    // SAFETY: object `index` lies inside our page below the
-                    // header and is at least 8 bytes, 8-aligned.
+                    // SAFETY: object `index` lies inside our slab below the
+                    // tag array and header, and is at least 8 bytes,
+                    // 8-aligned.
                     unsafe { obj.cast::<*mut u8>().write(free) };
                     free = obj;
                 }
@@ -492,8 +543,8 @@ impl<P: Platform> KmemCache<P> {
                 // Every free object's tag reference is 0 ("no tag").
                 #[cfg(feature = "alloc-profiling")]
                 if self.tag_array_offset != 0 {
-                    // SAFETY: the tag array lies in our fresh page between
-                    // the last object and the header.
+                    // SAFETY: the tag array lies in our fresh slab between
+                    // the last object and the header (or the slab's end).
                     unsafe {
                         ptr::write_bytes(
                             (base + self.tag_array_offset) as *mut u8,
@@ -566,6 +617,11 @@ impl<P: Platform> KmemCache<P> {
                 self.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
+            if self.kind == SlabKind::Small && self.header_off_slab {
+                self.owner()
+                    .boot(BootCache::Slab)
+                    .slab_free_raw(slab.cast());
+            }
             if self.kind == SlabKind::Bufctl {
                 let bufctl_cache = self.owner().boot(BootCache::Bufctl);
                 let mut bufctl = (*slab).free.cast::<Bufctl>();

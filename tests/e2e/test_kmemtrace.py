@@ -208,16 +208,16 @@ class KmemtraceSession(unittest.TestCase):
                   and e["req"] in (100, 4000)]
         hundred = [e for e in allocs if e["req"] == 100]
         self.assertEqual([e["ptr"] for e in hundred], printed)
-        self.assertTrue(all(e["alloc"] == 128 for e in hundred))
+        self.assertTrue(all(e["alloc"] == 104 for e in hundred))
         self.assertEqual(len({e["site"] for e in hundred}), 1, "one call site")
         big = [e for e in allocs if e["req"] == 4000]
         self.assertEqual([e["ptr"] for e in big], printed_big)
         self.assertTrue(all(e["alloc"] == 4096 for e in big))
-        # 100 B in kmalloc-128: 100 - 100 * 100/128 = 21.9 % internal fragmentation.
+        # 100 B in kmalloc-104: 100 - 100 * 100/104 = 3.8 % internal fragmentation.
         frag = 100 - 100 * sum(e["req"] for e in hundred) / sum(e["alloc"] for e in hundred)
-        self.assertEqual(f"{frag:.1f}", "21.9")
+        self.assertEqual(f"{frag:.1f}", "3.8")
         names = self.dump()["caches"]
-        self.assertEqual(names[hundred[0]["cache_id"]], ("kmalloc-128", 128))
+        self.assertEqual(names[hundred[0]["cache_id"]], ("kmalloc-104", 104))
         self.assertEqual(names[big[0]["cache_id"]], ("kmalloc-4096", 4096))
 
     def test_kfree_events_are_the_last_four(self):

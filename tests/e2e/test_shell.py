@@ -191,11 +191,11 @@ class Leak(unittest.TestCase):
             "kmemtrace start all",
             "leak 100 3",
             "kmemtrace stop all",
-            "kmemtrace print kmalloc-128",
+            "kmemtrace print kmalloc-104",
             "poweroff",
         ])
         self.assertEqual(code, 0, out)
-        printed = reply_to(out, "kmemtrace print kmalloc-128")
+        printed = reply_to(out, "kmemtrace print kmalloc-104")
         self.assertGreaterEqual(len(re.findall(r"^Obj 0x", printed, re.M)), 3, printed)
         self.assertRegex(printed, r"cmd_leak\+0x")
 

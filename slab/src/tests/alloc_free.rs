@@ -72,9 +72,11 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
     let k64 = alloc.find_cache("kmalloc-64").unwrap();
     assert_eq!(k64.obj_size(), 64);
     assert_eq!(k64.kind(), SlabKind::Small);
+    // Every kmalloc class has small-object slabs (multi-page ones above
+    // a few hundred bytes; see geometry.rs).
     assert_eq!(
         alloc.find_cache("kmalloc-8192").unwrap().kind(),
-        SlabKind::Bufctl
+        SlabKind::Small
     );
     // SAFETY: refused.
     assert_eq!(unsafe { k64.destroy() }, Err(DestroyError::Permanent));
@@ -269,13 +271,20 @@ fn layouts_match_the_design() {
         .cache_create("s", 64, 64, CacheFlags::empty(), None, None, None)
         .unwrap();
     let st = small.stats();
-    assert_eq!((st.kind, st.nr_pages_per_slab), (SlabKind::Small, 1));
-    // With alloc-profiling, 4 bytes per object go to its tag reference.
-    let per_object = 64 + crate::alloc_tag::TAG_REF_BYTES;
+    // The least-waste geometry (geometry.rs), the same for any cache of
+    // that layout; with alloc-profiling, 4 bytes per object go to its tag
+    // reference.
+    let geometry = crate::geometry::Geometry::new(64, 64, CacheFlags::empty(), true, true).unwrap();
     assert_eq!(
-        st.objs_per_slab,
-        crate::slab::SMALL_HEADER_OFFSET / per_object
+        (st.kind, st.nr_pages_per_slab, st.objs_per_slab),
+        (
+            SlabKind::Small,
+            geometry.nr_pages_per_slab,
+            geometry.nr_objs_per_slab
+        )
     );
+    let per_object = 64 + crate::alloc_tag::TAG_REF_BYTES;
+    assert!(st.objs_per_slab * per_object <= st.nr_pages_per_slab * PAGE_SIZE);
     // Objects start at offset 0 of their page.
     let p = small.alloc().unwrap();
     assert_eq!(p.as_ptr() as usize % PAGE_SIZE % 64, 0);
@@ -292,8 +301,16 @@ fn layouts_match_the_design() {
         .cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let bs = big.stats();
-    assert_eq!(bs.kind, SlabKind::Bufctl);
-    assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 8);
+    // Up to 8 KiB on the primary source: small-object slabs of several
+    // pages; above, bufctl slabs.
+    assert_eq!(bs.kind, SlabKind::Small);
+    assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 4);
+    let huge = alloc
+        .cache_create("huge", 20_000, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let hs = huge.stats();
+    assert_eq!(hs.kind, SlabKind::Bufctl);
+    assert!(hs.nr_pages_per_slab > 4 && hs.objs_per_slab >= 3);
     assert_eq!(core::mem::size_of::<crate::magazine::PcpuCache>(), 64);
 }
 

@@ -55,12 +55,12 @@ fn realloc_keeps_contents() {
         let p = alloc.alloc(layout);
         let ptr = core::ptr::NonNull::new(p).unwrap();
         fill(ptr, 40, 7);
-        // Fits in kmalloc-64 and uses more than half of it: kept in place.
-        let q = alloc.realloc(p, layout, 60);
+        // Fits in kmalloc-40 and uses more than half of it: kept in place.
+        let q = alloc.realloc(p, layout, 36);
         assert_eq!(p, q);
-        let r = alloc.realloc(q, Layout::from_size_align(60, 8).unwrap(), 20_000);
+        let r = alloc.realloc(q, Layout::from_size_align(36, 8).unwrap(), 20_000);
         assert!(!r.is_null());
-        assert!(check(core::ptr::NonNull::new(r).unwrap(), 40, 7));
+        assert!(check(core::ptr::NonNull::new(r).unwrap(), 36, 7));
         let s = alloc.realloc(r, Layout::from_size_align(20_000, 8).unwrap(), 10);
         assert!(check(core::ptr::NonNull::new(s).unwrap(), 10, 7));
         alloc.dealloc(s, Layout::from_size_align(10, 8).unwrap());

@@ -3,20 +3,25 @@
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+use crate::{AllocError, CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 #[test]
 fn class_selection() {
     let (alloc, _) = setup_default();
     let name = |size, align| alloc.kmalloc_cache_for(size, align).map(|c| c.name());
     assert_eq!(name(64, 8), Some("kmalloc-64"));
-    assert_eq!(name(65, 8), Some("kmalloc-96"));
+    assert_eq!(name(65, 8), Some("kmalloc-72"));
+    assert_eq!(name(89, 8), Some("kmalloc-96"));
     assert_eq!(name(1, 1), Some("kmalloc-8"));
     assert_eq!(name(9, 8), Some("kmalloc-16"));
-    assert_eq!(name(100, 8), Some("kmalloc-128"));
-    assert_eq!(name(129, 8), Some("kmalloc-192"));
-    assert_eq!(name(193, 8), Some("kmalloc-256"));
-    assert_eq!(name(257, 8), Some("kmalloc-512"));
+    assert_eq!(name(100, 8), Some("kmalloc-104"));
+    assert_eq!(name(129, 8), Some("kmalloc-144"));
+    assert_eq!(name(177, 8), Some("kmalloc-192"));
+    assert_eq!(name(193, 8), Some("kmalloc-208"));
+    assert_eq!(name(257, 8), Some("kmalloc-288"));
+    assert_eq!(name(481, 8), Some("kmalloc-512"));
+    assert_eq!(name(4104, 8), Some("kmalloc-4608"));
+    assert_eq!(name(4368, 8), Some("kmalloc-4608"));
     assert_eq!(name(8192, 8), Some("kmalloc-8192"));
     assert_eq!(name(8193, 8), None);
     // Alignment: size 8 aligned 64 needs a class whose natural alignment is >= 64.
@@ -24,6 +29,7 @@ fn class_selection() {
     assert!(natural_align(c.obj_size()) >= 64 && c.align() >= 64);
     assert_eq!(c.name(), "kmalloc-64");
     assert_eq!(name(65, 64), Some("kmalloc-128"));
+    assert_eq!(name(65, 16), Some("kmalloc-80"));
     assert_eq!(name(96, 64), Some("kmalloc-128"));
     assert_eq!(name(100, 4096), Some("kmalloc-4096"));
     assert_eq!(name(5000, 8192), None);
@@ -109,10 +115,21 @@ fn bufctl_hash_grows_and_shrinks() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    let cache = alloc.kmalloc_cache_for(1024, 8).unwrap();
+    // kmalloc classes use small-object slabs now: a bufctl cache.
+    let cache = alloc
+        .cache_create(
+            "bufctl-1024",
+            1024,
+            8,
+            CacheFlags::NOTOUCH,
+            None,
+            None,
+            None,
+        )
+        .unwrap();
     let objs: Vec<_> = (0..600)
         .map(|i| {
-            let p = alloc.kmalloc(1024, 8).unwrap();
+            let p = cache.alloc().unwrap();
             fill(p, 1024, i as u8);
             p
         })

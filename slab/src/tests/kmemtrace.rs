@@ -136,7 +136,7 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
     let (alloc, _) = setup_default();
     set_caller(0xffff_8000_0000_1000);
     start(alloc, small(2));
-    let p = alloc.kmalloc(100, 8).unwrap();
+    let p = alloc.kmalloc(125, 8).unwrap();
     set_cpu(1);
     set_caller(0xffff_8000_0000_2000);
     // SAFETY: from kmalloc, given up.
@@ -168,7 +168,7 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
     );
     assert_eq!(
         (a.ptr, a.bytes_req, a.bytes_alloc),
-        (p.as_ptr() as u64, 100, 128)
+        (p.as_ptr() as u64, 125, 128)
     );
     assert_eq!(
         (a.call_site, a.seq, a.stack_id),

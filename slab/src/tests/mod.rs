@@ -10,6 +10,8 @@ mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
+mod geometry;
+#[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
 mod kmalloc;

@@ -75,8 +75,8 @@ fn kmalloc_caches_trace_through_kfree() {
     let (alloc, _) = setup_default();
     let cache = alloc.find_cache("kmalloc-128").unwrap();
     cache.trace_start().unwrap();
-    let a = alloc.kmalloc(100, 8).unwrap();
-    let b = alloc.kmalloc(120, 8).unwrap();
+    let a = alloc.kmalloc(121, 8).unwrap();
+    let b = alloc.kmalloc(128, 8).unwrap();
     // SAFETY: allocated above.
     unsafe { alloc.kfree(a) }.unwrap();
     let mut addrs = Vec::new();

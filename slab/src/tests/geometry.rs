@@ -1,0 +1,192 @@
+//! Slab geometry and heap efficiency: the per-class table (objects per
+//! slab, pages, header placement, waste), its bounds, and the memory a
+//! mixed population of live objects costs.
+//!
+//! `cargo test -p magpie-slab --target x86_64-unknown-linux-gnu geometry
+//! -- --nocapture` prints the table and the efficiency figures.
+
+use std::println;
+use std::vec::Vec;
+
+use super::support::*;
+use crate::geometry::{Geometry, MAX_SLAB_PAGES, MAX_SMALL_OBJS, SlabKind, WASTE_TARGET_DIV};
+use crate::{CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+
+/// The geometry of kmalloc class `size`, with or without tag references.
+fn class_geometry(size: usize, tag_refs: bool) -> Geometry {
+    Geometry::new(
+        size,
+        natural_align(size),
+        CacheFlags::empty(),
+        tag_refs,
+        true,
+    )
+    .unwrap()
+}
+
+#[test]
+fn class_table_bounds_waste() {
+    println!("class   pages objs header  waste/slab  waste%  (tag refs: objs waste%)");
+    for &size in &KMALLOC_SIZES {
+        let plain = class_geometry(size, false);
+        let tagged = class_geometry(size, true);
+        let slab_bytes = plain.nr_pages_per_slab * PAGE_SIZE;
+        let waste = plain.waste_per_slab();
+        let tagged_waste =
+            tagged.waste_per_slab() as f64 / (tagged.nr_pages_per_slab * PAGE_SIZE) as f64 * 100.0;
+        println!(
+            "{size:>6} {:>6} {:>4} {:>6} {waste:>11} {:>6.2}  ({:>4} {:>5.2})",
+            plain.nr_pages_per_slab,
+            plain.nr_objs_per_slab,
+            if plain.header_off_slab { "off" } else { "in" },
+            waste as f64 / slab_bytes as f64 * 100.0,
+            tagged.nr_objs_per_slab,
+            tagged_waste,
+        );
+        assert_eq!(plain.kind, SlabKind::Small, "kmalloc-{size}");
+        assert!(plain.nr_objs_per_slab <= MAX_SMALL_OBJS);
+        // Bonwick's bound: less than 1/8 of a slab (header included) is
+        // not object memory; and every class that can (some slab size up
+        // to 8 pages holds its objects that tightly) is within 1/32.
+        assert!(
+            waste * 8 < slab_bytes,
+            "kmalloc-{size}: {waste} of {slab_bytes} bytes wasted"
+        );
+        let reachable = (1..=MAX_SLAB_PAGES).any(|pages| {
+            let bytes = pages * PAGE_SIZE;
+            (bytes - (bytes / size).min(MAX_SMALL_OBJS) * size) * WASTE_TARGET_DIV <= bytes
+        });
+        if reachable {
+            assert!(
+                waste * WASTE_TARGET_DIV <= slab_bytes,
+                "kmalloc-{size}: {waste} of {slab_bytes} bytes wasted"
+            );
+        }
+        // No class whose object is bigger than the header loses an
+        // object to it.
+        if size > 128 {
+            assert_eq!(
+                plain.nr_objs_per_slab,
+                (slab_bytes / size).min(MAX_SMALL_OBJS),
+                "kmalloc-{size} loses an object to the header"
+            );
+        }
+        // Objects, tag array and in-slab header fit in the slab.
+        let header = if tagged.header_off_slab { 0 } else { 128 };
+        assert!(
+            tagged.nr_objs_per_slab * (size + crate::alloc_tag::TAG_REF_BYTES) + header
+                <= tagged.nr_pages_per_slab * PAGE_SIZE
+        );
+    }
+}
+
+#[test]
+fn class_spacing_bounds_rounding_waste() {
+    // Above 64 bytes a request wastes less than 1/8 of its class; below,
+    // classes are 8 bytes apart (the granularity of every object).
+    for size in 1..=crate::KMALLOC_MAX_SIZE {
+        let class = *KMALLOC_SIZES.iter().find(|&&c| c >= size).unwrap();
+        if size > 64 {
+            assert!((class - size) * 8 < class, "{size} B in kmalloc-{class}");
+        } else {
+            assert!(class - size < 8, "{size} B in kmalloc-{class}");
+        }
+    }
+    for linux in [
+        8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
+    ] {
+        assert!(KMALLOC_SIZES.contains(&linux), "Linux class {linux}");
+    }
+}
+
+#[test]
+fn multi_page_and_off_slab_headers_work() {
+    // kmalloc-512 keeps its header off slab; kmalloc-4608 spans pages.
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    for size in [24, 512, 4608, 8192] {
+        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        assert_eq!(cache.obj_size(), size);
+        let geometry = class_geometry(size, true);
+        let mut live = Vec::new();
+        for i in 0..3 * cache.stats().objs_per_slab.max(1) {
+            let p = alloc.kmalloc(size, 8).unwrap();
+            fill(p, size, i as u8);
+            assert_eq!(alloc.ksize(p), Ok(size));
+            live.push((p, i as u8));
+        }
+        let stats = cache.stats();
+        assert_eq!(stats.nr_pages_per_slab, geometry.nr_pages_per_slab);
+        assert_eq!(stats.objs_per_slab, geometry.nr_objs_per_slab);
+        for &(p, seed) in &live {
+            assert!(check(p, size, seed), "kmalloc-{size} object overwritten");
+            // An interior pointer is refused, nothing lost.
+            let inner = unsafe { core::ptr::NonNull::new_unchecked(p.as_ptr().add(8)) };
+            // SAFETY: refused (not an object start).
+            assert!(unsafe { alloc.kfree(inner) }.is_err());
+        }
+        for (p, _) in live {
+            // SAFETY: allocated above.
+            unsafe { alloc.kfree(p) }.unwrap();
+        }
+    }
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+/// Uniform sizes 8..=512 from a xorshift generator.
+fn mixed_sizes(count: usize) -> Vec<usize> {
+    let mut state = 0x5eed_u64;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            8 + (state % 505) as usize
+        })
+        .collect()
+}
+
+#[test]
+fn heap_efficiency_of_mixed_live_objects() {
+    // 100,000 live objects of 8..=512 bytes, each written in full: the
+    // pages the allocator took from its source (slabs and all metadata)
+    // against the bytes requested.
+    let (alloc, source) = setup(16384);
+    alloc.reap_all();
+    let before = source.pages_outstanding();
+    let sizes = mixed_sizes(100_000);
+    let requested: usize = sizes.iter().sum();
+    let live: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let p = alloc.kmalloc(size, 8).unwrap();
+            fill(p, size, i as u8);
+            (p, size, i as u8)
+        })
+        .collect();
+    let bytes = (source.pages_outstanding() - before) * PAGE_SIZE;
+    let efficiency = requested as f64 / bytes as f64;
+    println!(
+        "heap efficiency: {requested} B requested in {bytes} B of pages: {efficiency:.3} \
+         (tag references {})",
+        if cfg!(feature = "alloc-profiling") {
+            "compiled in"
+        } else {
+            "compiled out"
+        }
+    );
+    let target = if cfg!(feature = "alloc-profiling") {
+        0.88
+    } else {
+        0.90
+    };
+    assert!(efficiency >= target, "efficiency {efficiency:.3}");
+    for (p, size, seed) in live {
+        assert!(check(p, size, seed));
+        // SAFETY: allocated above.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+}
