@@ -202,8 +202,8 @@ mod profiled {
             .sum();
         assert_eq!(
             total,
-            32 + 256,
-            "Box of 32 bytes, Vec of 200 -> kmalloc-256"
+            32 + 208,
+            "Box of 32 bytes, Vec of 200 -> kmalloc-208"
         );
         drop((boxed, bytes));
         assert_eq!(counts("with_a_handle"), AllocTagCounts::default());
@@ -288,7 +288,7 @@ mod profiled {
         let top = run("allocinfo --top 1 --sort calls");
         assert_eq!(top.lines().count(), 3, "{top}");
         let human = run("allocinfo -h --file tests/alloc_profiling.rs");
-        assert!(human.contains("        1.2K       10 "), "{human}");
+        assert!(human.contains("        1.0K       10 "), "{human}");
         assert!(run("allocinfo --sort size").starts_with("error: usage: allocinfo"));
         free_all(objs);
         let stats = run("timestats");

@@ -149,7 +149,7 @@ fn kmalloc_events_name_the_calling_function_with_exact_sizes() {
     for event in &allocs {
         assert_eq!(
             (event.bytes_req, event.bytes_alloc, event.type_id),
-            (100, 128, 1)
+            (100, 104, 1)
         );
         let name = function_name(event.call_site);
         assert!(name.contains("allocate_here"), "alloc call site in {name}");

@@ -956,12 +956,12 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
 
     let k256 = kmalloc_cache("kmalloc-256");
     let before = k256.stats();
-    let mut text = String::with_capacity(200);
+    let mut text = String::with_capacity(250);
     text.push_str("magpie");
     assert_eq!(
         k256.stats().nr_allocated,
         before.nr_allocated + 1,
-        "String of 200 from kmalloc-256"
+        "String of 250 from kmalloc-256"
     );
     drop(text);
     assert_eq!(k256.stats().nr_allocated, before.nr_allocated);

@@ -94,6 +94,8 @@ pub struct Allocator<P: Platform> {
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
     pub(crate) nr_bad_frees: AtomicU64,
+    /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
+    nr_pressure_reaps: AtomicU64,
     pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
     /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
     /// written under the cache-list lock, mirrored in every cache's
@@ -162,6 +164,7 @@ impl<P: Platform> Allocator<P> {
             large_live_pages: AtomicUsize::new(0),
             large_nr_allocs_ever: AtomicU64::new(0),
             nr_bad_frees: AtomicU64::new(0),
+            nr_pressure_reaps: AtomicU64::new(0),
             free_error_hook: Mutex::new(None),
             alloc_profiling: AtomicBool::new(true),
             next_cache_id: AtomicU32::new(1),
@@ -262,9 +265,12 @@ impl<P: Platform> Allocator<P> {
         let nr_pages = (end - base) >> PAGE_SHIFT;
         let map_pages = PageMap::pages_for(nr_pages);
         let map = source.alloc_pages(map_pages)?;
-        // SAFETY: map_pages fresh pages from the source: writable, ours;
-        // all-zero is a valid array of AtomicUsize (all "not slab memory").
-        unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
+        if !source.zeroes_pages() {
+            // SAFETY: map_pages fresh pages from the source: writable,
+            // ours; all-zero is a valid array of AtomicUsize (all "not
+            // slab memory"). A zeroing source gave them zeroed already.
+            unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
+        }
         let page_map = PageMap {
             base,
             nr_pages,
@@ -649,6 +655,62 @@ impl<P: Platform> Allocator<P> {
     /// empty slab anywhere.
     pub fn reap_all(&self) -> usize {
         let list = self.caches.lock();
+        self.reap_walk(&list, KmemCache::reap)
+    }
+
+    /// The periodic working-set tick (illumos `kmem_update`, every
+    /// `kmem_reap_interval`): every cache's depot starts a new working-set
+    /// interval ([`KmemCache::ws_update`]), then gives back what lay beyond
+    /// the working set of the interval that ended ([`KmemCache::ws_reap`]:
+    /// idle depot magazines, then empty slabs). Returns pages returned to
+    /// page sources. A kernel calls it from a timer tick or its idle loop,
+    /// every few seconds; memory a burst left in magazines comes back
+    /// after one idle interval. Call it as [`Allocator::reap_all`].
+    pub fn kmem_update(&self) -> usize {
+        let list = self.caches.lock();
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache.
+            unsafe {
+                (*cache).ws_update();
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+        self.reap_walk(&list, |cache| {
+            if cache.is_bootstrap() {
+                cache.reap()
+            } else {
+                cache.ws_reap()
+            }
+        })
+    }
+
+    /// Out of memory: reap every cache ([`Allocator::reap_all`]: every
+    /// CPU's magazines, the depots, empty slabs) so that the caller can
+    /// retry. Returns pages returned, or `None` if it could not reap:
+    /// before init, or the cache list is busy (this CPU may hold it: a
+    /// `for_each_cache` callback allocating, or a page source called
+    /// under it).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn reap_for_pressure(&self) -> Option<usize> {
+        if !self.is_ready() {
+            return None;
+        }
+        let list = self.caches.try_lock()?;
+        self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
+        Some(self.reap_walk(&list, KmemCache::reap))
+    }
+
+    /// Times an allocation found its page source dry and reaped every
+    /// cache before retrying.
+    pub fn nr_pressure_reaps(&self) -> u64 {
+        self.nr_pressure_reaps.load(Ordering::Relaxed)
+    }
+
+    /// Call `reap` on every cache, newest first, `kmem_bufctl` and
+    /// `kmem_slab` last (see [`Allocator::reap_all`]); sum its results.
+    fn reap_walk(&self, list: &CacheList<P>, reap: impl Fn(&KmemCache<P>) -> usize) -> usize {
         // Before init completes, no deferring: one pass as listed. The
         // pointers are only compared, never dereferenced.
         let ready = self.is_ready();
@@ -666,17 +728,16 @@ impl<P: Platform> Allocator<P> {
             // SAFETY: as in for_each_cache.
             unsafe {
                 if !last.contains(&cache) {
-                    nr_pages += (*cache).reap();
+                    nr_pages += reap(&*cache);
                 }
                 cache = (*(*cache).links.get()).prev;
             }
         }
         if ready {
             for which in [BootCache::Bufctl, BootCache::Slab] {
-                nr_pages += self.boot(which).reap();
+                nr_pages += reap(self.boot(which));
             }
         }
-        drop(list);
         nr_pages
     }
 }

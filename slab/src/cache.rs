@@ -485,6 +485,15 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         let (full, empty) = self.depot.take_all();
+        // SAFETY: detached from the depot; ours alone now.
+        unsafe { self.free_magazine_lists(full, empty) };
+    }
+
+    /// Free two detached lists of magazines (rounds and all).
+    ///
+    /// # Safety
+    /// Both lists were detached from this cache's depot and are ours.
+    unsafe fn free_magazine_lists(&self, full: *mut Magazine, empty: *mut Magazine) {
         for mut mag in [full, empty] {
             while !mag.is_null() {
                 // SAFETY: detached from the depot; ours alone now.
@@ -722,6 +731,34 @@ impl<P: Platform> KmemCache<P> {
         // pages are metadata and are not counted in the result).
         self.free_hash_table();
         self.free_trace_table();
+        nr_pages
+    }
+
+    /// Start a new working-set interval for this cache's depot (Bonwick &
+    /// Adams 2001 §3.7; illumos `kmem_depot_ws_update`): the fewest full
+    /// and empty magazines the depot held since the last update become
+    /// what the next [`KmemCache::ws_reap`] may free. A kernel calls
+    /// [`Allocator::kmem_update`](crate::Allocator::kmem_update) from a
+    /// periodic tick instead of this.
+    pub fn ws_update(&self) {
+        if !self.pcpu.is_null() {
+            self.depot.ws_update();
+        }
+    }
+
+    /// Give back what lies beyond the working set: the depot magazines
+    /// (full and empty) that no CPU needed during the last whole interval,
+    /// their rounds destructed into the slab layer; then every empty slab
+    /// to the page source. Per-CPU magazines stay (no cross-CPU call).
+    /// Returns pages returned. Call it as [`KmemCache::reap`].
+    pub fn ws_reap(&self) -> usize {
+        if !self.pcpu.is_null() {
+            let (full, empty) = self.depot.ws_take();
+            // SAFETY: detached from our depot; ours alone now.
+            unsafe { self.free_magazine_lists(full, empty) };
+        }
+        let nr_pages = self.reap_slabs();
+        self.free_hash_table();
         nr_pages
     }
 

@@ -65,6 +65,18 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
         self.kmalloc_checked::<*mut u8>(layout.size(), layout.align(), tag)
     }
 
+    /// [`GlobalAlloc::alloc`] zeroed; whole pages from a source that
+    /// [zeroes its pages](crate::PageSource::zeroes_pages) are not
+    /// cleared again.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: per our caller.
+        let ptr = unsafe { self.alloc(layout) };
+        if let Some(block) = NonNull::new(ptr) {
+            self.zero_new(block, layout.size().max(1), layout.align());
+        }
+        ptr
+    }
+
     /// `kfree`; a refused free is reported to the free-error hook.
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
         // SAFETY: the GlobalAlloc contract: ptr came from this allocator

@@ -223,6 +223,95 @@ impl<P: Platform> Allocator<P> {
         self.kmalloc_checked(size, align, move || tag)
     }
 
+    /// [`Allocator::kmalloc`] with the first `size` bytes zeroed (Linux
+    /// `kzalloc`). A page-granular block from a source that
+    /// [zeroes its pages](crate::PageSource::zeroes_pages) is not cleared again.
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    pub fn kzalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let ptr = self.kmalloc(size, align)?;
+        self.zero_new(ptr, size, align);
+        Ok(ptr)
+    }
+
+    /// Clear a fresh kmalloc block of `size` bytes unless it is known zero
+    /// (whole pages from a zeroing source).
+    pub(crate) fn zero_new(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        if Self::kmalloc_index(size, align).is_none() && self.primary_source().zeroes_pages() {
+            return;
+        }
+        // SAFETY: a fresh block of at least `size` bytes, ours.
+        unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, size) };
+    }
+
+    /// `n` elements of `size` bytes each (Linux `kmalloc_array`): the
+    /// product is checked, an overflow is [`AllocError::InvalidLayout`]
+    /// with nothing allocated.
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`], and `InvalidLayout` on overflow.
+    pub fn kmalloc_array(
+        &self,
+        n: usize,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
+        self.kmalloc(bytes, align)
+    }
+
+    /// [`Allocator::kmalloc_array`], zeroed (Linux `kcalloc`).
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc_array`].
+    pub fn kcalloc(&self, n: usize, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
+        self.kzalloc(bytes, align)
+    }
+
+    /// Resize a kmalloc block (Linux `krealloc`): `None` allocates; a
+    /// block whose usable size ([`Allocator::ksize`]) holds `new_size`
+    /// and that is aligned to `align` is returned as is; otherwise a new
+    /// block gets the first `min(old usable size, new_size)` bytes and the
+    /// old one is freed. On error the old block is untouched and still
+    /// the caller's.
+    ///
+    /// # Safety
+    /// `ptr`, if given, is a live kmalloc block the caller owns; on
+    /// success it is given up (unless returned).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidLayout`] for `new_size` 0, a bad `align`, or a
+    /// `ptr` this allocator did not hand out; otherwise as for
+    /// [`Allocator::kmalloc`].
+    pub unsafe fn krealloc(
+        &self,
+        ptr: Option<NonNull<u8>>,
+        new_size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let Some(old) = ptr else {
+            return self.kmalloc(new_size, align);
+        };
+        if new_size == 0 || !align.is_power_of_two() {
+            return Err(AllocError::InvalidLayout);
+        }
+        let usable = self.ksize(old).map_err(|_| AllocError::InvalidLayout)?;
+        if new_size <= usable && (old.as_ptr() as usize).is_multiple_of(align) {
+            return Ok(old);
+        }
+        let new = self.kmalloc(new_size, align)?;
+        // SAFETY: distinct live blocks of at least min(usable, new_size)
+        // bytes; the old one is the caller's and given up (a block ksize
+        // vouched for frees without error).
+        unsafe {
+            core::ptr::copy_nonoverlapping(old.as_ptr(), new.as_ptr(), usable.min(new_size));
+            let _ = self.kfree(old);
+        }
+        Ok(new)
+    }
+
     /// [`Self::large_alloc`] out of line, its result in one register.
     #[inline(never)]
     pub(crate) fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
@@ -249,7 +338,18 @@ impl<P: Platform> Allocator<P> {
             0u32
         };
         let source = self.primary_source();
-        let pages = source.alloc_pages(nr_pages)?;
+        let pages = match source.alloc_pages(nr_pages) {
+            Ok(pages) => pages,
+            // Out of memory: reap every cache and try once more.
+            Err(_)
+                if self
+                    .reap_for_pressure()
+                    .is_some_and(|nr_pages| nr_pages > 0) =>
+            {
+                source.alloc_pages(nr_pages)?
+            }
+            Err(error) => return Err(error),
+        };
         let addr = pages.as_ptr() as usize;
         let registered = self.page_map().set_range(addr, nr_pages, |page| {
             if page == 0 {

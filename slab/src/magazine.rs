@@ -18,6 +18,14 @@
 //!   over in a [cross-CPU call](crate::Platform::cross_cpu_call); then the
 //!   depot's lists are detached under the depot lock; rounds and
 //!   magazines are freed with no lock held.
+//! - **working set** (Bonwick & Adams 2001 §3.7; illumos
+//!   `kmem_depot_ws_update` / `kmem_depot_ws_reap`): each depot list
+//!   remembers the fewest magazines it held since the last update
+//!   (`min`). An update makes that the list's `reaplimit` and starts a
+//!   new interval; a working-set reap frees `min(reaplimit, min)`
+//!   magazines of each list — those nobody needed for a whole interval —
+//!   and their rounds. So memory a burst left in the depot goes back after
+//!   one idle interval, and a steady load keeps its magazines.
 //!
 //! A per-CPU cache belongs to its CPU: only that CPU touches it, with
 //! interrupts off ([`IrqGuard`]), or code that CPU runs on another's
@@ -208,6 +216,13 @@ pub(crate) struct DepotInner {
     pub(crate) magsize: usize,
     nr_visits: u32,
     contention_at_mark: u64,
+    /// Working set: fewest full / empty magazines since the last update.
+    full_min: usize,
+    empty_min: usize,
+    /// Working set: `min` of the previous interval (what a working-set
+    /// reap may free).
+    full_reaplimit: usize,
+    empty_reaplimit: usize,
 }
 
 // SAFETY: the magazines are owned by the depot and only touched under its lock.
@@ -236,6 +251,10 @@ impl Depot {
                 magsize,
                 nr_visits: 0,
                 contention_at_mark: 0,
+                full_min: 0,
+                empty_min: 0,
+                full_reaplimit: 0,
+                empty_reaplimit: 0,
             }),
             nr_contention: AtomicU64::new(0),
         }
@@ -327,6 +346,41 @@ impl Depot {
     pub(crate) fn take_all(&self) -> (*mut Magazine, *mut Magazine) {
         self.lock().take_all()
     }
+
+    /// Start a new working-set interval (illumos `kmem_depot_ws_update`):
+    /// each list's reap limit becomes the fewest magazines it held during
+    /// the interval that ends.
+    pub(crate) fn ws_update(&self) {
+        let mut depot = self.lock();
+        depot.full_reaplimit = depot.full_min;
+        depot.full_min = depot.nr_full;
+        depot.empty_reaplimit = depot.empty_min;
+        depot.empty_min = depot.nr_empty;
+    }
+
+    /// Detach the magazines beyond the working set (illumos
+    /// `kmem_depot_ws_reap`): `min(reaplimit, min)` of each list, linked
+    /// through `next`.
+    pub(crate) fn ws_take(&self) -> (*mut Magazine, *mut Magazine) {
+        let mut depot = self.lock();
+        let nr_full = depot.full_reaplimit.min(depot.full_min);
+        let nr_empty = depot.empty_reaplimit.min(depot.empty_min);
+        let mut full = ptr::null_mut();
+        for _ in 0..nr_full {
+            let mag = depot.pop_full();
+            // SAFETY: popped, ours; `next` links the detached list.
+            unsafe { (*mag).next = full };
+            full = mag;
+        }
+        let mut empty = ptr::null_mut();
+        for _ in 0..nr_empty {
+            let mag = depot.pop_empty();
+            // SAFETY: as above.
+            unsafe { (*mag).next = empty };
+            empty = mag;
+        }
+        (full, empty)
+    }
 }
 
 impl Magazine {
@@ -379,6 +433,7 @@ impl DepotInner {
             // SAFETY: magazines on the depot lists are alive and ours.
             unsafe { self.full = (*mag).next };
             self.nr_full -= 1;
+            self.full_min = self.full_min.min(self.nr_full);
         }
         mag
     }
@@ -389,6 +444,7 @@ impl DepotInner {
             // SAFETY: magazines on the depot lists are alive and ours.
             unsafe { self.empty = (*mag).next };
             self.nr_empty -= 1;
+            self.empty_min = self.empty_min.min(self.nr_empty);
         }
         mag
     }
@@ -444,6 +500,8 @@ impl DepotInner {
         self.empty = ptr::null_mut();
         self.nr_full = 0;
         self.nr_empty = 0;
+        self.full_min = 0;
+        self.empty_min = 0;
         lists
     }
 }

@@ -130,6 +130,19 @@ impl<P: Platform> KmemCache<P> {
         self.alloc_with(crate::alloc_tag::current::<P>, 0)
     }
 
+    /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
+    /// (Linux `kmem_cache_zalloc`; the constructor's work, if any, is
+    /// overwritten).
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    pub fn zalloc(&self) -> Result<NonNull<u8>, AllocError> {
+        let obj = self.alloc()?;
+        // SAFETY: a fresh object of obj_size bytes, ours.
+        unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, self.obj_size) };
+        Ok(obj)
+    }
+
     /// [`KmemCache::alloc`] charging the object to the allocation tag
     /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); 0 charges nothing),
     /// for call sites that name their own tag (`kmem_cache_alloc!`). The

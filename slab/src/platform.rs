@@ -183,6 +183,14 @@ pub trait PageSource: Sync {
     fn span(&self) -> (usize, usize);
     /// Statistics for `kmemstat`.
     fn stats(&self) -> ArenaStats;
+    /// Whether every page `alloc_pages` returns is zero-filled (a source
+    /// that clears pages on free, or hands out fresh memory). Then `init`
+    /// does not clear the page map and zeroing allocations that take whole
+    /// pages (`kzalloc`, `GlobalAlloc::alloc_zeroed`) do not clear them
+    /// again. Default: false.
+    fn zeroes_pages(&self) -> bool {
+        false
+    }
 }
 
 /// The source an [`Allocator`](crate::Allocator) reports before `init`:

@@ -417,7 +417,12 @@ impl<P: Platform> KmemCache<P> {
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
-        let slab = self.grow()?;
+        let slab = match self.grow() {
+            Ok(slab) => slab,
+            // Out of memory even after the reap (see `grow_timed`); but the
+            // reap may have drained our own magazines into our slabs.
+            Err(error) => return self.slab.lock().take_object(self.kind).ok_or(error),
+        };
         let mut layer = self.slab.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
@@ -493,7 +498,15 @@ impl<P: Platform> KmemCache<P> {
 
     fn grow_timed(&self) -> Result<*mut Slab, AllocError> {
         let nr_pages = self.nr_pages_per_slab;
-        let pages = self.source.alloc_pages(nr_pages)?;
+        let pages = match self.source.alloc_pages(nr_pages) {
+            Ok(pages) => pages,
+            // Out of memory: reap every cache (every CPU's magazines, the
+            // depots, empty slabs) and try once more.
+            Err(_) if self.owner().reap_for_pressure().is_some() => {
+                self.source.alloc_pages(nr_pages)?
+            }
+            Err(error) => return Err(error),
+        };
         let base = pages.as_ptr() as usize;
         let slab = match self.kind {
             SlabKind::Small if !self.header_off_slab => {

@@ -28,6 +28,8 @@ mod oom;
 #[cfg(all(feature = "alloc-profiling", not(loom)))]
 mod profiling;
 #[cfg(not(loom))]
+mod reclaim;
+#[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]
 mod tracing;

@@ -1,0 +1,148 @@
+//! Memory coming back: the depot's working set after idle intervals
+//! (`kmem_update`), and the reap an allocation runs before it fails.
+
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{AllocError, PAGE_SIZE};
+
+const NR_CPUS_USED: usize = 2;
+
+/// Allocate `count` objects of `size` bytes on CPU 0, each filled.
+fn burst(alloc: &TestAlloc, count: usize, size: usize) -> Vec<core::ptr::NonNull<u8>> {
+    set_cpu(0);
+    (0..count)
+        .map(|i| {
+            let p = alloc.kmalloc(size, 8).unwrap();
+            fill(p, size, i as u8);
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn working_set_reap_gives_back_a_burst_after_one_idle_interval() {
+    // A burst of 200,000 objects; 90 % freed (the older ones, half of
+    // them on another CPU); then the periodic tick twice: the first
+    // starts the interval, the second finds the depot untouched for a
+    // whole interval and gives its magazines, then the empty slabs, back.
+    let (alloc, source) = setup(16384);
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let size = 64;
+    let objs = burst(alloc, 200_000, size);
+    let keep_from = objs.len() * 9 / 10;
+    for (i, &p) in objs[..keep_from].iter().enumerate() {
+        set_cpu(i % NR_CPUS_USED);
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    set_cpu(0);
+    let live_bytes = (objs.len() - keep_from) * size;
+    let held = (source.pages_outstanding() - baseline) * PAGE_SIZE;
+    assert!(held > 5 * live_bytes, "the freed objects sit in magazines");
+    // The first tick only starts an interval: the depot may be needed.
+    alloc.kmem_update();
+    let after_first = (source.pages_outstanding() - baseline) * PAGE_SIZE;
+    assert!(
+        after_first > 5 * live_bytes,
+        "no reap within the first interval"
+    );
+    // One idle interval later, memory beyond the working set comes back.
+    let returned = alloc.kmem_update();
+    let after = (source.pages_outstanding() - baseline) * PAGE_SIZE;
+    std::println!(
+        "burst: {} B live, {held} B held after the frees, {after} B after one idle \
+         interval ({returned} pages returned)",
+        live_bytes
+    );
+    assert!(returned > 0);
+    assert!(
+        after * 2 <= live_bytes * 3,
+        "{after} B held for {live_bytes} B live"
+    );
+    // Nothing live was lost.
+    for (i, &p) in objs.iter().enumerate().skip(keep_from) {
+        assert!(check(p, size, i as u8), "live object {i} changed");
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
+
+#[test]
+fn a_steady_load_keeps_its_magazines() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.kmalloc_cache_for(64, 8).unwrap();
+    // Warm up: magazines in the depot.
+    let objs = burst(alloc, 2000, 64);
+    for p in objs {
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    let full_before = cache.stats().depot_nr_full;
+    assert!(full_before > 0);
+    // Every interval the load takes every depot magazine and puts it
+    // back: the working set is the whole depot, nothing is reaped.
+    for _ in 0..3 {
+        alloc.kmem_update();
+        let objs = burst(alloc, 2000, 64);
+        for p in objs {
+            // SAFETY: allocated above, freed once.
+            unsafe { alloc.kfree(p) }.unwrap();
+        }
+    }
+    alloc.kmem_update();
+    assert_eq!(cache.stats().depot_nr_full, full_before);
+}
+
+#[test]
+fn out_of_memory_reaps_every_cpu_before_failing() {
+    // Fill a 32 MiB source with kmalloc(64), free it all (half on another
+    // CPU, whose magazines only a cross-CPU drain reaches), then ask for
+    // 1 MiB with no explicit reap: the page source is dry, the allocator
+    // reaps and retries.
+    let (alloc, source) = setup(8192);
+    let keep: Vec<_> = burst(alloc, 100, 200);
+    let mut objs = Vec::new();
+    loop {
+        match alloc.kmalloc(64, 8) {
+            Ok(p) => objs.push(p),
+            Err(AllocError::OutOfMemory) => break,
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    assert!(objs.len() > 300_000, "{} objects", objs.len());
+    // The frees need magazines, which need pages: they may reap already.
+    let reaps = alloc.nr_pressure_reaps();
+    for (i, p) in objs.into_iter().enumerate() {
+        set_cpu(i % NR_CPUS_USED);
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    set_cpu(0);
+    let big = alloc
+        .kmalloc(1 << 20, 8)
+        .expect("1 MiB after freeing everything");
+    assert!(alloc.nr_pressure_reaps() > reaps);
+    fill(big, 1 << 20, 9);
+    // A slab-sized request works the same way.
+    let k = alloc.kmalloc(4000, 8).unwrap();
+    // Nothing live was lost.
+    for (i, &p) in keep.iter().enumerate() {
+        assert!(check(p, 200, i as u8));
+    }
+    assert!(check(big, 1 << 20, 9));
+    // SAFETY: allocated above, freed once.
+    unsafe {
+        alloc.kfree(big).unwrap();
+        alloc.kfree(k).unwrap();
+        for p in keep {
+            alloc.kfree(p).unwrap();
+        }
+    }
+    // A request no reap can satisfy still fails cleanly.
+    assert_eq!(alloc.kmalloc(64 << 20, 8), Err(AllocError::OutOfMemory));
+    let _ = source;
+}
