@@ -120,8 +120,7 @@ fn help_lists_every_command() {
 // ---------------------------------------------------------------------------
 // kmemstat
 
-const KMEMSTAT_HEADER: &str =
-    "Arena/Slab Name               :Typ: Objsize:      Total Amt:      Alloc Amt: Allocs Ever";
+const KMEMSTAT_HEADER: &str = "Arena/Slab Name               :Typ: Objsize:      Total Amt:      Alloc Amt: Allocs Ever:       Waste";
 
 struct KmemstatRow<'a> {
     indent: usize,
@@ -131,14 +130,15 @@ struct KmemstatRow<'a> {
     total: usize,
     alloc: usize,
     nr_allocs_ever: u64,
+    waste: usize,
 }
 
 fn parse_kmemstat_row(line: &str) -> KmemstatRow<'_> {
     assert_eq!(line.len(), KMEMSTAT_HEADER.len(), "row width: {line:?}");
     let fields: Vec<&str> = line.split(':').collect();
-    assert_eq!(fields.len(), 6, "{line:?}");
+    assert_eq!(fields.len(), 7, "{line:?}");
     let widths: Vec<usize> = fields.iter().map(|f| f.len()).collect();
-    assert_eq!(widths, [30, 3, 8, 15, 15, 12], "{line:?}");
+    assert_eq!(widths, [30, 3, 8, 15, 15, 12, 12], "{line:?}");
     let indent = fields[0].len() - fields[0].trim_start().len();
     assert_eq!(indent % 4, 0, "{line:?}");
     let number = |text: &str| {
@@ -154,6 +154,37 @@ fn parse_kmemstat_row(line: &str) -> KmemstatRow<'_> {
         total: number(fields[3]),
         alloc: number(fields[4]),
         nr_allocs_ever: number(fields[5]) as u64,
+        waste: number(fields[6]),
+    }
+}
+
+#[test_case]
+fn reap_returns_pages_and_refuses_bad_input() {
+    let mut shell = Shell::new();
+    let mut out = buffer();
+    // Objects freed by the shell rest in kmalloc-4096's magazines.
+    run_quiet(&mut shell, "kmalloc 4096 64", &mut out);
+    run_quiet(&mut shell, "kfree all", &mut out);
+    let k4096 = cache("kmalloc-4096");
+    assert!(k4096.stats().nr_cpu_cached_objs + k4096.stats().nr_depot_objs > 0);
+    out.clear();
+    run_quiet(&mut shell, "reap kmalloc-4096", &mut out);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&words[..2], &["reap", "kmalloc-4096:"], "{out}");
+    let nr_pages: usize = words[2].parse().expect("pages");
+    assert!(nr_pages > 0, "{out}");
+    let stats = k4096.stats();
+    assert_eq!(stats.nr_depot_objs, 0);
+    out.clear();
+    run_quiet(&mut shell, "reap", &mut out);
+    assert!(out.starts_with("reap all caches: "), "{out}");
+    for (line, error) in [
+        ("reap nosuch", "error: no cache named 'nosuch'"),
+        ("reap a b", "error: usage: reap [CACHE|all]"),
+    ] {
+        out.clear();
+        run_quiet(&mut shell, line, &mut out);
+        assert!(out.starts_with(error), "{line}: {out}");
     }
 }
 
@@ -218,6 +249,24 @@ fn kmemstat_has_the_akaros_layout() {
         "Alloc Amt: objects out of the slabs"
     );
     assert_eq!(row.nr_allocs_ever, k64.nr_allocs_ever);
+    assert_eq!(
+        row.waste, k64.waste_bytes,
+        "Waste: slab bytes holding no object"
+    );
+    assert!(row.waste <= row.total / 8 + PAGE_SIZE, "{}", row.waste);
+
+    // The allocator's own memory, with its share of managed memory in
+    // hundredths of a percent: at most 2 %.
+    let meta = rows
+        .iter()
+        .find(|row| row.name == "slab-metadata")
+        .expect("slab-metadata row");
+    assert_eq!((meta.indent, meta.kind), (2, "M"));
+    assert!(
+        meta.total > 0 && meta.objsize <= 200,
+        "metadata {} bp",
+        meta.objsize
+    );
 
     let large = rows
         .iter()

@@ -702,6 +702,30 @@ impl<P: Platform> Allocator<P> {
         Some(self.reap_walk(&list, KmemCache::reap))
     }
 
+    /// The allocator's own memory: the page map and the bootstrap caches'
+    /// slabs, against the memory the primary source manages (the target:
+    /// at most 2 %). All zero before init.
+    pub fn metadata_stats(&self) -> crate::MetadataStats {
+        if !self.is_ready() {
+            return crate::MetadataStats::default();
+        }
+        let mut bootstrap_bytes = 0;
+        // SAFETY: READY: the init-only cells are immutable.
+        let nr_boot = unsafe { *self.nr_boot.get() };
+        for index in 0..nr_boot {
+            // SAFETY: READY: bootstrap slots below nr_boot are initialised.
+            let boot = unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) };
+            bootstrap_bytes += boot.slab.lock().counts().nr_pages * PAGE_SIZE;
+        }
+        // SAFETY: READY: the init-only cells are immutable.
+        let (page_map_pages, map) = unsafe { (*self.page_map_pages.get(), *self.page_map.get()) };
+        crate::MetadataStats {
+            page_map_bytes: page_map_pages * PAGE_SIZE,
+            bootstrap_bytes,
+            managed_bytes: map.nr_pages * PAGE_SIZE,
+        }
+    }
+
     /// Times an allocation found its page source dry and reaped every
     /// cache before retrying.
     pub fn nr_pressure_reaps(&self) -> u64 {

@@ -868,6 +868,8 @@ impl<P: Platform> KmemCache<P> {
             nr_cpu_cached_objs,
             nr_depot_objs,
             total_bytes: counts.nr_pages * PAGE_SIZE,
+            waste_bytes: (counts.nr_pages * PAGE_SIZE)
+                .saturating_sub(counts.nr_slabs * self.nr_objs_per_slab * self.obj_size),
             kind: self.kind,
         }
     }

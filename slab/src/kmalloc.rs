@@ -10,7 +10,9 @@ use crate::allocator::Allocator;
 use crate::cache::{KmemCache, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
-use crate::pagemap::{TAG_LARGE_HEAD, TAG_LARGE_TAIL, TAG_MASK, TAG_SLAB};
+use crate::pagemap::{
+    TAG_LARGE_HEAD, TAG_LARGE_LEAD, TAG_LARGE_TAIL, TAG_LARGE_TRAIL, TAG_MASK, TAG_SLAB,
+};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
 
@@ -79,6 +81,9 @@ const fn class_index_above_table(size: usize) -> usize {
     let k = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
     16 + 8 * (k - 7) + (((size - 1) >> (k - 3)) - 8)
 }
+
+/// Largest alignment a page-granular kmalloc gives (1 GiB).
+const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// Page-granular allocations: the head page's page-map entry is
 /// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
@@ -183,7 +188,7 @@ impl<P: Platform> Allocator<P> {
     ///
     /// # Errors
     /// [`AllocError::NotInitialized`]; [`AllocError::InvalidLayout`] for
-    /// size 0, `align` not a power of two, or `align > PAGE_SIZE` with no
+    /// size 0, `align` not a power of two, or `align` above 1 GiB with no
     /// class able to give it; [`AllocError::OutOfMemory`].
     ///
     /// With feature `alloc-profiling`, the memory is charged to the tag
@@ -325,20 +330,24 @@ impl<P: Platform> Allocator<P> {
 
     #[inline(always)]
     fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
-        if align > PAGE_SIZE || size > isize::MAX as usize {
+        if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
             return Err(AllocError::InvalidLayout);
         }
         let nr_pages = size.div_ceil(PAGE_SIZE);
-        if nr_pages > LARGE_MAX_PAGES {
+        // Aligned above a page: take `align / PAGE_SIZE - 1` pages more
+        // and keep the slack before and after the aligned block.
+        let nr_slack = align.max(PAGE_SIZE) / PAGE_SIZE - 1;
+        if nr_pages + nr_slack > LARGE_MAX_PAGES {
             return Err(AllocError::OutOfMemory);
         }
+        let nr_taken = nr_pages + nr_slack;
         #[cfg(not(feature = "alloc-profiling"))]
         let tag = {
             let _ = tag;
             0u32
         };
         let source = self.primary_source();
-        let pages = match source.alloc_pages(nr_pages) {
+        let taken = match source.alloc_pages(nr_taken) {
             Ok(pages) => pages,
             // Out of memory: reap every cache and try once more.
             Err(_)
@@ -346,23 +355,32 @@ impl<P: Platform> Allocator<P> {
                     .reap_for_pressure()
                     .is_some_and(|nr_pages| nr_pages > 0) =>
             {
-                source.alloc_pages(nr_pages)?
+                source.alloc_pages(nr_taken)?
             }
             Err(error) => return Err(error),
         };
-        let addr = pages.as_ptr() as usize;
-        let registered = self.page_map().set_range(addr, nr_pages, |page| {
-            if page == 0 {
+        let base = taken.as_ptr() as usize;
+        let addr = base.next_multiple_of(align.max(PAGE_SIZE));
+        let lead = (addr - base) / PAGE_SIZE;
+        let slack = ((nr_slack - lead) << LARGE_TAG_SHIFT) | (lead << 3);
+        let registered = self.page_map().set_range(base, nr_taken, |page| {
+            if page < lead {
+                slack | TAG_LARGE_LEAD
+            } else if page == lead {
                 ((tag as usize) << LARGE_TAG_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD
+            } else if page < lead + nr_pages {
+                ((page - lead) << 3) | TAG_LARGE_TAIL
             } else {
-                (page << 3) | TAG_LARGE_TAIL
+                slack | TAG_LARGE_TRAIL
             }
         });
         if !registered {
             // SAFETY: pages just allocated from this source, unused.
-            unsafe { source.free_pages(pages, nr_pages) };
+            unsafe { source.free_pages(taken, nr_taken) };
             return Err(AllocError::OutOfMemory);
         }
+        // SAFETY: inside the block just taken, non-null.
+        let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
         self.large_nr_live.fetch_add(1, Ordering::Relaxed);
         self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
         self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
@@ -404,7 +422,23 @@ impl<P: Platform> Allocator<P> {
                         nr_pages * PAGE_SIZE,
                     );
                 }
-                map.clear_range(addr, nr_pages);
+                // The slack of a block aligned above a page: the page
+                // before it is our lead slack or not ours, the page after
+                // our trail slack or not ours.
+                let before = map.get(addr.wrapping_sub(PAGE_SIZE));
+                let after = map.get(addr + nr_pages * PAGE_SIZE);
+                let slack = if before & TAG_MASK == TAG_LARGE_LEAD {
+                    before
+                } else if after & TAG_MASK == TAG_LARGE_TRAIL {
+                    after
+                } else {
+                    0
+                };
+                let lead = (slack >> 3) & LARGE_MAX_PAGES;
+                let trail = slack >> LARGE_TAG_SHIFT;
+                let base = addr - lead * PAGE_SIZE;
+                let nr_taken = lead + nr_pages + trail;
+                map.clear_range(base, nr_taken);
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
@@ -414,12 +448,18 @@ impl<P: Platform> Allocator<P> {
                         P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
                     }
                 }
-                // SAFETY: a live page-granular allocation of nr_pages pages
-                // from the primary source, claimed by us alone (the CAS).
-                unsafe { self.primary_source().free_pages(ptr, nr_pages) };
+                // SAFETY: a live page-granular allocation of nr_taken pages
+                // at base from the primary source, claimed by us alone (the
+                // CAS); base is non-null (a page of the source).
+                unsafe {
+                    self.primary_source()
+                        .free_pages(NonNull::new_unchecked(base as *mut u8), nr_taken)
+                };
                 Ok(())
             }
-            TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
+            TAG_LARGE_TAIL | TAG_LARGE_LEAD | TAG_LARGE_TRAIL => {
+                Err(FreeError::Misaligned { addr })
+            }
             _ => Err(FreeError::NotAllocated { addr }),
         }
     }
@@ -446,7 +486,9 @@ impl<P: Platform> Allocator<P> {
                 Ok(cache.obj_size())
             }
             TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok(large_nr_pages(entry) * PAGE_SIZE),
-            TAG_LARGE_HEAD | TAG_LARGE_TAIL => Err(FreeError::Misaligned { addr }),
+            TAG_LARGE_HEAD | TAG_LARGE_TAIL | TAG_LARGE_LEAD | TAG_LARGE_TRAIL => {
+                Err(FreeError::Misaligned { addr })
+            }
             _ => Err(FreeError::NotAllocated { addr }),
         }
     }

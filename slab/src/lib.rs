@@ -23,10 +23,13 @@
 //!    cache. Most allocs and frees end here, touching nothing but their
 //!    CPU's cache line and the magazine. The magazine size grows when the
 //!    depot lock is contended.
-//! 3. **Slab layer** (`src/slab.rs`): slabs of one page (small objects;
-//!    header at the end of the page, free list through the objects) or
-//!    several pages (large or `NOTOUCH` objects; a bufctl per object and a
-//!    per-cache hash from address to bufctl), on empty/partial/full lists.
+//! 3. **Slab layer** (`src/slab.rs`): small-object slabs (free list
+//!    through the objects; on the primary source objects up to 8 KiB, in
+//!    slabs of 1 to 8 pages chosen for the least waste, the header at the
+//!    end of the slab or from `kmem_slab` — `src/geometry.rs`) or bufctl
+//!    slabs (larger or `NOTOUCH` objects; a bufctl per object and a
+//!    per-cache hash from address to bufctl), on empty/partial/full lists;
+//!    allocation takes from the fullest partial slab first.
 //!    Constructors run when objects leave this layer, destructors when they
 //!    come back; bufctl states change here too.
 //! 4. **Page sources**: the primary one given to [`Allocator::init`], or
@@ -35,8 +38,11 @@
 //! Beside them: the **bootstrap caches** holding the allocator's own
 //! metadata (`kmem_magazine`, `kmem_cache`, `kmem_slab`, `kmem_bufctl`,
 //! `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
-//! `kmalloc-8` … `kmalloc-8192` plus page-granular allocations above that
-//! (`src/kmalloc.rs`), and the **page map**: one word per page of the
+//! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
+//! then eight per power of two, so above 64 bytes rounding wastes less
+//! than 12.5 %; the Linux classes among them) plus page-granular
+//! allocations above that (`src/kmalloc.rs`; `kzalloc`, `kcalloc`,
+//! `kmalloc_array`, `krealloc` too), and the **page map**: one word per page of the
 //! primary source's span naming the slab (or large allocation) that owns
 //! the page, so `kfree`, `ksize` and the free's owner check find the owner
 //! of any pointer.
@@ -144,6 +150,29 @@
 //! may allocate from the allocator. The page map is lock-free (atomic
 //! words).
 //!
+//! ## Giving memory back
+//!
+//! - **Working set** (Bonwick & Adams 2001 §3.7, illumos
+//!   `kmem_depot_ws_update` / `kmem_depot_ws_reap`):
+//!   [`Allocator::kmem_update`], run by the kernel every few seconds,
+//!   starts a new interval in every depot and frees the magazines (and
+//!   their rounds) no CPU needed during the whole last interval, then
+//!   every empty slab. After a burst, memory comes back one idle interval
+//!   later; a steady load keeps its magazines.
+//! - **Under pressure**: when a page source runs dry, the allocation
+//!   reaps every cache ([`Allocator::reap_all`]: every CPU's magazines by
+//!   cross-CPU calls, the depots, the empty slabs) and retries once before
+//!   it returns `OutOfMemory` ([`Allocator::nr_pressure_reaps`] counts
+//!   them). So an allocation that may run out of memory must be made with
+//!   interrupts on, like any reap (the cross-CPU calls); if the cache list
+//!   is held (a `for_each_cache` callback allocating) it fails without
+//!   the reap.
+//! - **Explicitly**: [`KmemCache::reap`], [`Allocator::reap_all`] (the
+//!   kernel's `reap` command).
+//!
+//! [`Allocator::metadata_stats`] and [`CacheStats::waste_bytes`] say where
+//! the memory that holds no object goes.
+//!
 //! ## Statistics
 //!
 //! The magazine hits write only the running CPU's own per-CPU cache and
@@ -227,8 +256,11 @@
 //! **Why are objects at least 8-aligned?** Small slabs thread their free
 //! list through free objects; a pointer must fit and be aligned.
 //!
-//! **Why is `align > PAGE_SIZE` refused?** Page sources give page-aligned
-//! memory only; slabs and page-granular kmallocs inherit that.
+//! **How is `align > PAGE_SIZE` served?** Page sources give page-aligned
+//! memory only, so caches refuse it; a kmalloc aligned above a page is
+//! page-granular: `align / PAGE_SIZE - 1` more pages are taken and the
+//! slack before and after the aligned block is marked in the page map
+//! (`kfree` returns all of it).
 //!
 //! ## Sources
 //!
@@ -384,6 +416,6 @@ pub use kmemtrace::{
 pub use magazine::MAG_MAX_ROUNDS;
 pub use object::SlabBox;
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
-pub use stats::{CacheStats, CpuCacheStats};
+pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};

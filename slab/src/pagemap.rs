@@ -8,7 +8,11 @@
 //!   [`Slab`](crate::slab::Slab) struct is at `slab`;
 //! - `nr_pages << 3 | TAG_LARGE_HEAD`: first page of a page-granular
 //!   kmalloc of `nr_pages` pages;
-//! - `distance << 3 | TAG_LARGE_TAIL`: a later page of one.
+//! - `distance << 3 | TAG_LARGE_TAIL`: a later page of one;
+//! - `trail << 32 | lead << 3 | TAG_LARGE_LEAD` / `TAG_LARGE_TRAIL`: the
+//!   slack pages before (`lead` of them) and after (`trail`) a
+//!   page-granular kmalloc aligned above a page, which took
+//!   `lead + nr_pages + trail` pages from the source.
 
 use core::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,6 +22,8 @@ pub(crate) const TAG_MASK: usize = 7;
 pub(crate) const TAG_SLAB: usize = 1;
 pub(crate) const TAG_LARGE_HEAD: usize = 2;
 pub(crate) const TAG_LARGE_TAIL: usize = 3;
+pub(crate) const TAG_LARGE_LEAD: usize = 4;
+pub(crate) const TAG_LARGE_TRAIL: usize = 5;
 
 /// Where the page map lives. Copied into every cache at creation; never
 /// changes after `init`.

@@ -40,8 +40,34 @@ pub struct CacheStats {
     pub nr_depot_objs: usize,
     /// Bytes of slab pages (`pages * PAGE_SIZE`).
     pub total_bytes: usize,
+    /// Bytes of those pages that can hold no object of `obj_size` bytes:
+    /// slab tails, in-slab headers, tag-reference arrays, padding up to
+    /// the stride (`total_bytes - nr_total_objs * obj_size`).
+    pub waste_bytes: usize,
     /// Slab layout.
     pub kind: SlabKind,
+}
+
+/// The allocator's own memory ([`Allocator::metadata_stats`](crate::Allocator::metadata_stats)),
+/// in bytes: what `kmemstat` reports as metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetadataStats {
+    /// The page map (one word per page of the primary source's span).
+    pub page_map_bytes: usize,
+    /// Slab pages of the bootstrap caches: magazines (`kmem_magazine`),
+    /// cache structs, off-slab slab headers (`kmem_slab`), bufctls,
+    /// trace records, per-CPU arrays.
+    pub bootstrap_bytes: usize,
+    /// Bytes the primary source manages (its span's pages), the base of
+    /// the metadata share.
+    pub managed_bytes: usize,
+}
+
+impl MetadataStats {
+    /// All metadata bytes.
+    pub fn total(&self) -> usize {
+        self.page_map_bytes + self.bootstrap_bytes
+    }
 }
 
 /// One CPU's share of the magazine layer: what its magazines served and

@@ -1,4 +1,4 @@
-//! `kmemstat`, `slabinfo`, `kmalloc`, `kfree`, `leak`.
+//! `kmemstat`, `slabinfo`, `kmalloc`, `kfree`, `leak`, `reap`.
 
 use core::fmt::Write;
 use core::ptr::NonNull;
@@ -17,6 +17,16 @@ pub(super) const KMEMSTAT: Command = Command {
     help: &[("kmemstat", "arenas and slabs (Akaros kmemstat)")],
     context: "shell",
     run: cmd_kmemstat,
+};
+
+pub(super) const REAP: Command = Command {
+    name: "reap",
+    help: &[(
+        "reap [CACHE|all]",
+        "give free memory of CACHE (default: all caches) back to its page source",
+    )],
+    context: "shell reap",
+    run: cmd_reap,
 };
 
 pub(super) const SLABINFO: Command = Command {
@@ -181,11 +191,15 @@ struct KmemstatRow<'a> {
     total: usize,
     alloc: usize,
     nr_allocs_ever: u64,
+    /// Bytes of `total` that hold no object (slab tails, in-slab headers,
+    /// tag arrays, padding).
+    waste: usize,
 }
 
 impl KmemstatRow<'_> {
     /// Akaros `kmemstat`: `%-*s: %c :%*llu:%*llu:%*llu:%*llu` with widths
-    /// 30 (less 4 per indent level), 8, 15, 15, 12.
+    /// 30 (less 4 per indent level), 8, 15, 15, 12; then Magpie's
+    /// `:%*llu` waste, width 12.
     fn write(&self, out: &mut dyn Write) {
         for _ in 0..self.indent {
             let _ = out.write_str("    ");
@@ -193,8 +207,14 @@ impl KmemstatRow<'_> {
         let width = KMEMSTAT_NAME - 4 * self.indent;
         let _ = writeln!(
             out,
-            "{:<width$}: {} :{:>8}:{:>15}:{:>15}:{:>12}",
-            self.name, self.kind, self.objsize, self.total, self.alloc, self.nr_allocs_ever
+            "{:<width$}: {} :{:>8}:{:>15}:{:>15}:{:>12}:{:>12}",
+            self.name,
+            self.kind,
+            self.objsize,
+            self.total,
+            self.alloc,
+            self.nr_allocs_ever,
+            self.waste
         );
     }
 
@@ -212,6 +232,7 @@ impl KmemstatRow<'_> {
             total: stats.total_bytes,
             alloc: stats.alloc_bytes,
             nr_allocs_ever: stats.nr_allocs_ever,
+            waste: 0,
         }
     }
 }
@@ -220,10 +241,10 @@ fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Res
     no_args(args, &KMEMSTAT)?;
     let _ = writeln!(
         out,
-        "{:<KMEMSTAT_NAME$}:Typ:{:>8}:{:>15}:{:>15}:{:>12}",
-        "Arena/Slab Name", "Objsize", "Total Amt", "Alloc Amt", "Allocs Ever"
+        "{:<KMEMSTAT_NAME$}:Typ:{:>8}:{:>15}:{:>15}:{:>12}:{:>12}",
+        "Arena/Slab Name", "Objsize", "Total Amt", "Alloc Amt", "Allocs Ever", "Waste"
     );
-    for _ in 0..8 + KMEMSTAT_NAME + 8 + 15 + 15 + 12 {
+    for _ in 0..8 + KMEMSTAT_NAME + 8 + 15 + 15 + 12 + 13 {
         let _ = out.write_char('-');
     }
     let _ = writeln!(out);
@@ -242,9 +263,27 @@ fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Res
             total: stats.obj_size * stats.nr_total_objs,
             alloc: stats.obj_size * out_of_slabs,
             nr_allocs_ever: stats.nr_allocs_ever,
+            waste: stats.waste_bytes,
         }
         .write(out);
     });
+    // The allocator's own memory: page map and bootstrap caches (whose
+    // rows above count their slabs too), Objsize the share of managed
+    // memory in hundredths of a percent.
+    let meta = SLAB.metadata_stats();
+    KmemstatRow {
+        indent: 2,
+        name: "slab-metadata",
+        kind: 'M',
+        objsize: (meta.total() * 10_000)
+            .checked_div(meta.managed_bytes)
+            .unwrap_or(0),
+        total: meta.total(),
+        alloc: meta.total(),
+        nr_allocs_ever: SLAB.nr_pressure_reaps(),
+        waste: 0,
+    }
+    .write(out);
     let large = SLAB.large_stats();
     KmemstatRow {
         indent: 2,
@@ -254,6 +293,7 @@ fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Res
         total: large.live_bytes,
         alloc: large.live_bytes,
         nr_allocs_ever: large.nr_allocs_ever,
+        waste: 0,
     }
     .write(out);
     let (used, free) = heap::bootstrap_usage();
@@ -265,8 +305,33 @@ fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Res
         total: used + free,
         alloc: used,
         nr_allocs_ever: 0,
+        waste: 0,
     }
     .write(out);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// reap
+
+/// `reap [CACHE|all]`: drain the magazines and depot of one cache (or of
+/// every cache) and give its empty slabs back; prints the pages returned.
+fn cmd_reap<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let (name, nr_pages) = match args {
+        [] | ["all"] => ("all caches", SLAB.reap_all()),
+        [name] => {
+            let cache = SLAB
+                .find_cache(name)
+                .ok_or(ShellError::UnknownCache(name))?;
+            (*name, cache.reap())
+        }
+        _ => return Err(ShellError::Usage(&REAP)),
+    };
+    let _ = writeln!(
+        out,
+        "reap {name}: {nr_pages} pages ({} KiB) returned",
+        nr_pages * magpie_slab::PAGE_SIZE / 1024
+    );
     Ok(())
 }
 

@@ -11,7 +11,8 @@
 //!   come), the one error type [`ShellError`], the argument parsers, and the
 //!   console loop [`run`];
 //! * [`line`]: the line editor (bytes in, lines out);
-//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak),
+//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
+//!   reap),
 //!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
 //!   `system` (help, poweroff).
@@ -79,6 +80,10 @@ pub const MAX_WORDS: usize = MAX_LINE.div_ceil(2);
 
 const PROMPT: &str = "magpie> ";
 
+/// How often the idle shell runs the slab allocator's working-set tick
+/// (`kmem_update`), in nanoseconds (illumos `kmem_reap_interval`: 15 s).
+pub const KMEM_UPDATE_INTERVAL_NS: u64 = 5_000_000_000;
+
 /// A command's function: parses `args` (the words after the command name)
 /// and prints to `out`.
 pub type CommandFn = for<'a> fn(&mut Shell, &[&'a str], &mut dyn Write) -> Result<'a>;
@@ -111,6 +116,7 @@ pub static COMMANDS: &[Command] = &[
     kmem::KMALLOC,
     kmem::KFREE,
     kmem::LEAK,
+    kmem::REAP,
     profiling::ALLOCINFO,
     profiling::TIMESTATS,
     smp::CPUS,
@@ -425,8 +431,24 @@ pub fn run() -> ! {
     let mut editor = LineEditor::new();
     let mut out = ConsoleWriter;
     let _ = out.write_str(PROMPT);
+    let mut last_update = crate::arch::rdtsc();
     loop {
-        let byte = console::read_byte_blocking();
+        // Waiting for input is the kernel's idle time: run the slab
+        // allocator's working-set tick every KMEM_UPDATE_INTERVAL_NS there
+        // (idle depot magazines and empty slabs go back to the pages).
+        let byte = loop {
+            if let Some(byte) = console::read_byte() {
+                break byte;
+            }
+            let now = crate::arch::rdtsc();
+            if crate::kmemtrace::ticks_to_ns(now.wrapping_sub(last_update))
+                >= KMEM_UPDATE_INTERVAL_NS
+            {
+                last_update = now;
+                kernel_kmem::SLAB.kmem_update();
+            }
+            core::hint::spin_loop();
+        };
         match editor.feed(byte, &mut |bytes| console::write_bytes(bytes)) {
             Edit::Pending => continue,
             Edit::Line(line) => {

@@ -33,9 +33,17 @@ fn layouts_through_global_alloc() {
             live.push((ptr, layout));
         }
     }
-    // Alignment above a page cannot be given: null, not a panic.
+    // Alignment above a page: page-granular, aligned.
+    let layout = Layout::from_size_align(64, 2 * PAGE_SIZE).unwrap();
     // SAFETY: valid layout.
-    assert!(unsafe { alloc.alloc(Layout::from_size_align(64, 2 * PAGE_SIZE).unwrap()) }.is_null());
+    let p = unsafe { alloc.alloc(layout) };
+    assert!(!p.is_null() && (p as usize).is_multiple_of(2 * PAGE_SIZE));
+    let ptr = core::ptr::NonNull::new(p).unwrap();
+    fill(ptr, 64, 64);
+    live.push((ptr, layout));
+    // Above 1 GiB: null, not a panic.
+    // SAFETY: valid layout.
+    assert!(unsafe { alloc.alloc(Layout::from_size_align(64, 2 << 30).unwrap()) }.is_null());
     for (ptr, layout) in live {
         assert!(check(ptr, layout.size(), layout.size() as u8));
         // SAFETY: allocated above with this layout.

@@ -1,5 +1,6 @@
 //! kmalloc class selection, page-granular allocations, ksize.
 
+use core::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
@@ -75,6 +76,63 @@ fn kmalloc_honours_size_and_alignment() {
 }
 
 #[test]
+fn page_granular_allocations_aligned_above_a_page() {
+    let (alloc, source) = setup_default();
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let mut live = Vec::new();
+    // A one-page block first, so the source's next pages are not aligned.
+    let skew = alloc.kmalloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+    for (i, (size, align)) in [
+        (10, 8192),
+        (100_000, 8192),
+        (5000, 1 << 16),
+        (1 << 16, 1 << 20),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = alloc.kmalloc(size, align).unwrap();
+        assert_eq!(p.as_ptr() as usize % align, 0, "{size} aligned {align}");
+        assert_eq!(alloc.ksize(p), Ok(size.div_ceil(PAGE_SIZE) * PAGE_SIZE));
+        fill(p, size, i as u8);
+        // Pointers into the slack (the page before may be another block:
+        // only if ksize refuses it) or into the block are refused.
+        for bad in [p.as_ptr() as usize - PAGE_SIZE, p.as_ptr() as usize + 8] {
+            let bad_ptr = NonNull::new(bad as *mut u8).unwrap();
+            if alloc.owns(bad as *const u8) && alloc.ksize(bad_ptr).is_err() {
+                // SAFETY: refused (not a block start).
+                let refused = unsafe { alloc.kfree(NonNull::new(bad as *mut u8).unwrap()) };
+                assert!(refused.is_err(), "{bad:#x}");
+            }
+        }
+        live.push((p, size, i as u8));
+    }
+    for (p, size, seed) in live {
+        assert!(check(p, size, seed));
+        // SAFETY: allocated above, freed once.
+        unsafe { alloc.kfree(p) }.unwrap();
+    }
+    // SAFETY: allocated above, freed once.
+    unsafe { alloc.kfree(skew) }.unwrap();
+    alloc.reap_all();
+    assert_eq!(
+        source.pages_outstanding(),
+        baseline,
+        "slack pages went back too"
+    );
+    let z = alloc.kzalloc(3 * PAGE_SIZE, 1 << 14).unwrap();
+    // SAFETY: 3 pages just allocated.
+    assert!(
+        unsafe { core::slice::from_raw_parts(z.as_ptr(), 3 * PAGE_SIZE) }
+            .iter()
+            .all(|&b| b == 0)
+    );
+    // SAFETY: allocated above, freed once.
+    unsafe { alloc.kfree(z) }.unwrap();
+}
+
+#[test]
 fn page_granular_allocations() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
@@ -102,8 +160,7 @@ fn page_granular_allocations() {
     }
     assert_eq!(alloc.large_stats().nr_live, 0);
     assert_eq!(source.pages_outstanding(), baseline);
-    assert_eq!(alloc.kmalloc(10, 8192), Err(AllocError::InvalidLayout));
-    assert_eq!(alloc.kmalloc(100_000, 8192), Err(AllocError::InvalidLayout));
+    assert_eq!(alloc.kmalloc(10, 2 << 30), Err(AllocError::InvalidLayout));
     assert_eq!(alloc.kmalloc(0, 8), Err(AllocError::InvalidLayout));
     assert_eq!(alloc.kmalloc(8, 3), Err(AllocError::InvalidLayout));
     assert_eq!(alloc.kmalloc(usize::MAX, 8), Err(AllocError::InvalidLayout));
