@@ -692,10 +692,14 @@ fn kmalloc_honours_alignment() {
         }
         align *= 2;
     }
-    assert_eq!(
-        SLAB.kmalloc(16, 2 * PAGE_SIZE),
-        Err(AllocError::InvalidLayout)
-    );
+    // Above a page: page-granular, aligned (slack pages around it).
+    let p = SLAB
+        .kmalloc(16, 2 * PAGE_SIZE)
+        .expect("kmalloc aligned 8 KiB");
+    assert_eq!(p.as_ptr() as usize % (2 * PAGE_SIZE), 0);
+    // SAFETY: allocated above.
+    unsafe { SLAB.kfree(p) }.expect("kfree");
+    assert_eq!(SLAB.kmalloc(16, 2 << 30), Err(AllocError::InvalidLayout));
     assert_eq!(SLAB.kmalloc(16, 3), Err(AllocError::InvalidLayout));
     assert_eq!(SLAB.kmalloc(0, 8), Err(AllocError::InvalidLayout));
 }

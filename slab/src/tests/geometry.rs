@@ -122,6 +122,7 @@ fn multi_page_and_off_slab_headers_work() {
         for &(p, seed) in &live {
             assert!(check(p, size, seed), "kmalloc-{size} object overwritten");
             // An interior pointer is refused, nothing lost.
+            // SAFETY: 8 bytes into a live object of at least 24 bytes.
             let inner = unsafe { core::ptr::NonNull::new_unchecked(p.as_ptr().add(8)) };
             // SAFETY: refused (not an object start).
             assert!(unsafe { alloc.kfree(inner) }.is_err());

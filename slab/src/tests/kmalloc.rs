@@ -122,8 +122,8 @@ fn page_granular_allocations_aligned_above_a_page() {
         "slack pages went back too"
     );
     let z = alloc.kzalloc(3 * PAGE_SIZE, 1 << 14).unwrap();
-    // SAFETY: 3 pages just allocated.
     assert!(
+        // SAFETY: 3 pages just allocated, ours.
         unsafe { core::slice::from_raw_parts(z.as_ptr(), 3 * PAGE_SIZE) }
             .iter()
             .all(|&b| b == 0)

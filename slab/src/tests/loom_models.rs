@@ -157,12 +157,17 @@ impl Fixture {
     /// A fresh allocator and a cache of `size`-byte objects whose
     /// magazines hold one round.
     fn new(size: usize) -> Fixture {
+        Self::with_flags(size, CacheFlags::empty())
+    }
+
+    /// [`Fixture::new`] with cache flags.
+    fn with_flags(size: usize, flags: CacheFlags) -> Fixture {
         set_cpu(MAIN_CPU);
         let source = FakeSource::new(NR_PAGES);
         let alloc: &'static Allocator<LoomPlatform> = Box::leak(Box::new(Allocator::new()));
         alloc.init(source).expect("init");
         let cache = alloc
-            .cache_create("loom", size, 8, CacheFlags::empty(), None, None, None)
+            .cache_create("loom", size, 8, flags, None, None, None)
             .expect("cache");
         cache.depot.lock().magsize = 1;
         for cpu in 0..NR_CPUS {
@@ -285,6 +290,9 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(PREEMPTION_BOUND);
     }
+    // `init` alone (64 kmalloc caches, each created under the cache-list
+    // and slab locks) takes thousands of branches before any thread runs.
+    builder.max_branches = builder.max_branches.max(100_000);
     let nr_executions = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = nr_executions.clone();
     builder.check(move || {
@@ -413,7 +421,9 @@ fn loom_drain_while_allocating() {
 #[test]
 fn loom_drain_while_two_cpus_allocate_bufctl() {
     model("drain while 2 CPUs allocate, bufctl cache", || {
-        let fixture = Fixture::new(1000);
+        // Objects up to 8 KiB get small-object slabs on the primary
+        // source: NOTOUCH asks for bufctls.
+        let fixture = Fixture::with_flags(1000, CacheFlags::NOTOUCH);
         assert_eq!(fixture.cache.kind(), crate::SlabKind::Bufctl);
         prime_depot(&fixture);
         let fixture = share(fixture);
