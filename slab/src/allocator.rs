@@ -14,6 +14,7 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize
 use spin::Mutex;
 
 use crate::cache::{CacheFlags, CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
+use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
 use crate::geometry::Geometry;
 use crate::kmalloc::{KMALLOC_SIZES, NR_KMALLOC, natural_align};
@@ -24,6 +25,7 @@ use crate::kmemtrace::{
 use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
 use crate::pagemap::PageMap;
 use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, same_source};
+use crate::report::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
 use crate::stats::CpuCacheStats;
 use crate::trace::TraceNode;
@@ -97,6 +99,12 @@ pub struct Allocator<P: Platform> {
     /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
     nr_pressure_reaps: AtomicU64,
     pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
+    /// The latest error reports ([`Allocator::read_errors`]).
+    pub(crate) errors: ErrorRing,
+    /// [`Allocator::set_error_hook`].
+    pub(crate) error_hook: spin::Mutex<Option<fn(&ErrorReport)>>,
+    /// [`Allocator::set_debug_config`]: debug flags for caches by name.
+    pub(crate) debug_config: spin::Mutex<SlabDebugConfig>,
     /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
@@ -166,6 +174,9 @@ impl<P: Platform> Allocator<P> {
             nr_bad_frees: AtomicU64::new(0),
             nr_pressure_reaps: AtomicU64::new(0),
             free_error_hook: Mutex::new(None),
+            errors: ErrorRing::new(),
+            error_hook: spin::Mutex::new(None),
+            debug_config: spin::Mutex::new(SlabDebugConfig::NONE),
             alloc_profiling: AtomicBool::new(true),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: Kmemtrace::new(),
@@ -318,6 +329,7 @@ impl<P: Platform> Allocator<P> {
                 bootstrap: true,
                 permanent: true,
                 id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
+                debug: None,
             };
             // Bootstrap caches have no magazine layer (pcpu null): metadata
             // goes straight to and from their slab layers.
@@ -548,11 +560,20 @@ impl<P: Platform> Allocator<P> {
         source: Option<&'static dyn PageSource>,
         permanent: bool,
     ) -> Result<&'static KmemCache<P>, AllocError> {
+        // Debug flags: the caller's, and the boot line's for this name.
+        // NOTOUCH caches cannot have any (their memory is not touched).
+        let flags = flags | CacheFlags::from_debug(self.debug_config.lock().flags_for(name));
+        let debug = if flags.contains(CacheFlags::NOTOUCH) {
+            None
+        } else {
+            DebugLayout::new(size, flags.debug(), ctor.is_some())
+        };
+        let slot_size = debug.map_or(size, |layout| layout.slot_size);
         let primary = self.primary_source();
         let source = source.unwrap_or(primary);
         // On the primary source the page map finds any slab's header, so
         // slabs may span pages and keep their header off slab.
-        let geometry = Geometry::new(size, align, flags, true, same_source(source, primary))?;
+        let geometry = Geometry::new(slot_size, align, flags, true, same_source(source, primary))?;
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self
@@ -580,6 +601,7 @@ impl<P: Platform> Allocator<P> {
             bootstrap: false,
             permanent,
             id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
+            debug,
         };
         // SAFETY: `pcpu` is a fresh kmem_pcpu object of nr_cpus
         // PcpuCaches (64-aligned); `mem` a fresh kmem_cache object sized

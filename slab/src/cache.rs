@@ -8,6 +8,7 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::allocator::Allocator;
+use crate::debug::{DebugLayout, freelist_secret};
 use crate::error::{AllocError, DestroyError, FreeError};
 use crate::geometry::{Geometry, SlabKind};
 use crate::magazine::{Depot, MAG_INITIAL_ROUNDS, Magazine, PcpuCache, PcpuInner};
@@ -27,11 +28,37 @@ bitflags::bitflags! {
         const NOTOUCH = 1;
         /// Refuse tracing (all bootstrap caches are NOTRACE).
         const NOTRACE = 2;
-        /// Detect double frees (small-object caches: a per-slab bitmap of
-        /// objects held by callers; bufctl caches: the bufctl's state,
-        /// found in the hash). Costs the plain hit path: every alloc and
-        /// free of an `AUDIT` cache goes out of line.
+        /// Keep every object's last alloc and last free (CPU, time,
+        /// stack) in its debug trailer, for reports and `whatis` (illumos
+        /// `KMF_AUDIT`, Linux `U`). Like every debug flag it makes the
+        /// cache a debug cache: every alloc and free goes out of line,
+        /// every double free is detected (see [`crate::debug`]).
         const AUDIT = 4;
+        /// Poison free objects with `0xdeadbeef` and check it when they
+        /// are handed out: writes after free are reported (illumos
+        /// `KMF_DEADBEEF`, Linux `P`). Not for caches with a constructor.
+        const POISON = 8;
+        /// A redzone after every object, checked on free and by verify:
+        /// linear overflows are reported (illumos `KMF_REDZONE`, Linux `Z`).
+        const REDZONE = 16;
+        /// Keep the first bytes of a freed object for the report (illumos
+        /// `KMF_CONTENTS`).
+        const CONTENTS = 32;
+        /// The consistency checks alone: the state word that catches every
+        /// double free, and full checks of frees (Linux `F`).
+        const CONSISTENCY = 64;
+    }
+}
+
+impl CacheFlags {
+    /// The debug flags among these.
+    pub fn debug(self) -> crate::debug::DebugFlags {
+        crate::debug::DebugFlags::from_bits_truncate(self.bits())
+    }
+
+    /// The cache flags of these debug flags (same bits).
+    pub fn from_debug(flags: crate::debug::DebugFlags) -> CacheFlags {
+        CacheFlags::from_bits_truncate(flags.bits())
     }
 }
 
@@ -45,8 +72,9 @@ bitflags::bitflags! {
         const TRACED = 1;
         /// Tracing was on once: frees look for a record.
         const EVER_TRACED = 2;
-        /// [`CacheFlags::AUDIT`]: double frees are detected.
-        const AUDIT = 4;
+        /// A debug cache (any debug flag: see [`crate::debug`]): every
+        /// alloc and free takes the debug cold path.
+        const DEBUG = 4;
         /// A bufctl cache (profiled allocations store the tag in the bufctl).
         const BUFCTL = 8;
         /// A bootstrap cache: callers may neither allocate nor free.
@@ -73,13 +101,13 @@ impl HotFlags {
     /// The bits that send an allocation off the plain hit.
     pub(crate) const ALLOC_SLOW: HotFlags = HotFlags::TRACED
         .union(HotFlags::KMEMTRACE)
-        .union(HotFlags::AUDIT)
+        .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::PROFILING);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
-        .union(HotFlags::AUDIT)
+        .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::TAGGED)
         .union(HotFlags::BUFCTL_TAGGED);
@@ -216,6 +244,13 @@ pub struct KmemCache<P: Platform> {
     /// kmemtrace cache id (1, 2, ... in creation order).
     pub(crate) id: u32,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
+    /// Debug caches: where the debug trailer's parts are.
+    pub(crate) debug: Option<DebugLayout>,
+    /// The free-list obfuscation secret ([`crate::freelist`]).
+    pub(crate) freelist_secret: usize,
+    /// Where a free object holds its free-list link: 0, or in the debug
+    /// trailer (so the poison stays whole).
+    pub(crate) freeptr_offset: usize,
     _platform: PhantomData<fn() -> P>,
 }
 
@@ -254,6 +289,8 @@ pub(crate) struct CacheSpec<'a> {
     pub(crate) permanent: bool,
     /// kmemtrace cache id.
     pub(crate) id: u32,
+    /// The debug object layout (a cache with debug flags).
+    pub(crate) debug: Option<DebugLayout>,
 }
 
 impl<P: Platform> KmemCache<P> {
@@ -276,8 +313,8 @@ impl<P: Platform> KmemCache<P> {
         if geometry.kind == SlabKind::Bufctl {
             hot |= HotFlags::BUFCTL;
         }
-        if spec.flags.contains(CacheFlags::AUDIT) {
-            hot |= HotFlags::AUDIT;
+        if spec.debug.is_some() {
+            hot |= HotFlags::DEBUG;
         }
         if spec.bootstrap {
             hot |= HotFlags::BOOTSTRAP;
@@ -322,6 +359,14 @@ impl<P: Platform> KmemCache<P> {
                 prev: ptr::null(),
                 next: ptr::null(),
             }),
+            debug: spec.debug,
+            freelist_secret: freelist_secret(
+                P::now()
+                    ^ (spec.name.as_ptr() as u64).rotate_left(29)
+                    ^ ((geometry.stride as u64) << 40)
+                    ^ (owner as u64).rotate_left(7),
+            ),
+            freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
             _platform: PhantomData,
         }
     }
@@ -684,16 +729,22 @@ impl<P: Platform> KmemCache<P> {
         )
     }
 
-    /// The audit bitmap word and bit of an object of the small slab
-    /// `slab`.
-    ///
-    /// # Safety
-    /// `slab` is a live small slab of this cache holding `addr`.
-    pub(crate) unsafe fn audit_bit(&self, slab: *mut Slab, addr: usize) -> (usize, u64) {
-        // SAFETY: per the caller; base never changes.
-        let base = unsafe { (*slab).base };
-        let (index, _) = self.obj_index(addr - base);
-        (index / 64, 1u64 << (index % 64))
+    /// The debug flags this cache runs with (empty: a plain cache).
+    pub fn debug_flags(&self) -> crate::debug::DebugFlags {
+        self.debug
+            .map_or(crate::debug::DebugFlags::empty(), |layout| layout.flags)
+    }
+
+    /// The hardened free list of the small slab whose object 0 is at
+    /// `base`.
+    pub(crate) fn free_list(&self, base: usize) -> crate::freelist::FreeList {
+        crate::freelist::FreeList {
+            base,
+            stride: self.stride,
+            nr_objs: self.nr_objs_per_slab,
+            link_offset: self.freeptr_offset,
+            secret: self.freelist_secret,
+        }
     }
 
     /// The header of the small slab holding `addr` (an object of this

@@ -382,7 +382,9 @@ mod alloc_tag;
 mod allocator;
 mod cache;
 pub mod debug;
+mod debug_cache;
 mod error;
+mod freelist;
 mod geometry;
 mod global_alloc;
 mod hash;
@@ -398,6 +400,7 @@ mod slab;
 mod stats;
 mod sync;
 mod trace;
+mod verify;
 
 #[cfg(test)]
 mod tests;
@@ -419,3 +422,4 @@ pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
+pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};

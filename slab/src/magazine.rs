@@ -481,8 +481,8 @@ impl DepotInner {
         total
     }
 
-    /// Call `f` with every magazine on both lists (tests).
-    #[cfg(test)]
+    /// Call `f` with every magazine on both lists (tests, `whatis`, the
+    /// invariant walker).
     pub(crate) fn for_each_magazine(&self, mut f: impl FnMut(*mut Magazine)) {
         for list in [self.full, self.empty] {
             let mut mag = list;

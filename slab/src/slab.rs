@@ -28,6 +28,9 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use crate::freelist::{BadLink, FreeList, FreeMap, map_test};
+use crate::report::{ErrorKind, ErrorReport};
+
 use crate::cache::KmemCache;
 use crate::geometry::SlabKind;
 use crate::hash::{AddrHash, HashNode};
@@ -52,11 +55,13 @@ pub(crate) struct Slab {
     /// Address of object 0 (the first page of the slab).
     pub(crate) base: usize,
     pub(crate) nr_pages: usize,
-    /// Small: first free object (each free object holds the next pointer).
-    /// Bufctl: first free `Bufctl`.
-    free: *mut u8,
-    /// AUDIT caches: bit i set while object i is with a caller (small slabs).
-    pub(crate) audit: [AtomicU64; 8],
+    /// Small: first free object (each free object holds the next
+    /// pointer, hardened: [`crate::freelist`]). Bufctl: first free `Bufctl`.
+    pub(crate) free: *mut u8,
+    /// Small slabs: bit i set while object i is on the free list (the
+    /// free list's cross-check, and what catches a double free reaching
+    /// the slab layer).
+    pub(crate) free_map: FreeMap,
 }
 
 pub(crate) const SLAB_MAGIC: u32 = 0x51ab_ca5e;
@@ -71,7 +76,7 @@ const _: () = {
     assert!(core::mem::size_of::<Bufctl>() == 40);
     assert!(core::mem::align_of::<Slab>() <= 8);
     assert!(SMALL_HEADER_OFFSET.is_multiple_of(core::mem::align_of::<Slab>()));
-    // The audit bitmap covers every object of a small slab (stride >= 8).
+    // The free map covers every object of a small slab (stride >= 8).
     assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
 };
 
@@ -299,61 +304,113 @@ impl SlabLayer {
         }
     }
 
-    /// Take one object from a partial or empty slab, if there is one.
-    fn take_object(&mut self, kind: SlabKind) -> Option<NonNull<u8>> {
-        let mut slab = self.lists[SlabList::Partial as usize].head;
-        if slab.is_null() {
-            slab = self.lists[SlabList::Empty as usize].head;
-        }
-        if slab.is_null() {
-            return None;
-        }
-        // SAFETY: listed slabs are alive; a partial or empty slab has at
-        // least one free object, so `free` is a valid free object/bufctl.
-        unsafe {
-            debug_assert!((*slab).nr_busy < (*slab).nr_objs && !(*slab).free.is_null());
-            let obj = match kind {
-                SlabKind::Small => {
-                    let obj = (*slab).free;
-                    (*slab).free = obj.cast::<*mut u8>().read();
-                    obj
-                }
-                SlabKind::Bufctl => {
-                    let bufctl = (*slab).free.cast::<Bufctl>();
-                    (*slab).free = (*bufctl).free_next.cast();
-                    (*bufctl).free_next = ptr::null_mut();
-                    (*bufctl).state = BufctlState::Cached;
-                    self.hash.insert(bufctl);
-                    (*bufctl).addr as *mut u8
-                }
-            };
-            (*slab).nr_busy += 1;
-            self.nr_allocs += 1;
-            self.relist(slab, false);
-            NonNull::new(obj)
+    /// Take one object from a partial or empty slab, if there is one. A
+    /// small slab's free-list link that fails its check (an overwrite of a
+    /// free object) is returned in `bad` (with its slab) and the free list
+    /// is rebuilt from the slab's bitmap: the object handed out is always
+    /// a free object of the slab.
+    fn take_object(
+        &mut self,
+        kind: SlabKind,
+        list_of: impl Fn(usize) -> FreeList,
+        bad: &mut Option<(*mut Slab, BadLink)>,
+    ) -> Option<NonNull<u8>> {
+        loop {
+            let mut slab = self.lists[SlabList::Partial as usize].head;
+            if slab.is_null() {
+                slab = self.lists[SlabList::Empty as usize].head;
+            }
+            if slab.is_null() {
+                return None;
+            }
+            // SAFETY: listed slabs are alive; a partial or empty slab has
+            // at least one free object, so `free` is a free object/bufctl.
+            unsafe {
+                debug_assert!((*slab).nr_busy < (*slab).nr_objs && !(*slab).free.is_null());
+                let obj = match kind {
+                    SlabKind::Small => {
+                        let list = list_of((*slab).base);
+                        let map = &(*slab).free_map;
+                        let mut head = (*slab).free as usize;
+                        let obj = match list.pop(&mut head, map) {
+                            Ok(obj) => obj,
+                            Err(link) => {
+                                bad.get_or_insert((slab, link));
+                                head = list.rebuild(map);
+                                if head == 0 {
+                                    // The bitmap has no free object left
+                                    // (the header itself was overwritten):
+                                    // the slab is full from now on.
+                                    (*slab).free = ptr::null_mut();
+                                    (*slab).nr_busy = (*slab).nr_objs;
+                                    self.relist(slab, false);
+                                    continue;
+                                }
+                                // Fresh links: this pop cannot fail.
+                                let Ok(obj) = list.pop(&mut head, map) else {
+                                    continue;
+                                };
+                                obj
+                            }
+                        };
+                        (*slab).free = head as *mut u8;
+                        obj as *mut u8
+                    }
+                    SlabKind::Bufctl => {
+                        let bufctl = (*slab).free.cast::<Bufctl>();
+                        (*slab).free = (*bufctl).free_next.cast();
+                        (*bufctl).free_next = ptr::null_mut();
+                        (*bufctl).state = BufctlState::Cached;
+                        self.hash.insert(bufctl);
+                        (*bufctl).addr as *mut u8
+                    }
+                };
+                (*slab).nr_busy += 1;
+                self.nr_allocs += 1;
+                self.relist(slab, false);
+                return NonNull::new(obj);
+            }
         }
     }
 
-    /// Return one object to its slab.
+    /// Return one object to its slab. Refused, with nothing changed, if
+    /// the object is not busy in the slab layer (a double free that
+    /// reached it: on the free list already, or not in the bufctl hash)
+    /// or not an object start: the busy count can never drop for an object
+    /// that was not busy, so `reap` never frees a page holding one.
     ///
     /// # Safety
-    /// `obj` is a busy object of this layer's cache (small: `slab` is its
-    /// slab; bufctl: it is in the hash and `slab` is ignored).
-    unsafe fn put_object(&mut self, kind: SlabKind, obj: *mut u8, slab: *mut Slab) {
-        // SAFETY: per the caller, obj is a busy object of ours, so its slab
-        // (or bufctl) is alive and listed.
+    /// Small: `slab` is the live slab whose page holds `obj`, of this
+    /// layer's cache, whose free list `list` describes. Bufctl: `slab` is
+    /// ignored.
+    unsafe fn put_object(
+        &mut self,
+        kind: SlabKind,
+        obj: *mut u8,
+        slab: *mut Slab,
+        list: FreeList,
+    ) -> Result<(), ErrorKind> {
+        // SAFETY: per the caller, the slab (or the bufctl found in the
+        // hash) is alive and listed.
         unsafe {
             let slab = match kind {
                 SlabKind::Small => {
-                    obj.cast::<*mut u8>().write((*slab).free);
-                    (*slab).free = obj;
+                    let Some(index) = list.index_of(obj as usize) else {
+                        return Err(ErrorKind::InvalidFree);
+                    };
+                    let map = &(*slab).free_map;
+                    if map_test(map, index) {
+                        return Err(ErrorKind::DuplicateFree);
+                    }
+                    let mut head = (*slab).free as usize;
+                    list.push(&mut head, map, obj as usize, index);
+                    (*slab).free = head as *mut u8;
                     slab
                 }
                 SlabKind::Bufctl => {
                     let bufctl = self.hash.remove(obj as usize);
                     if bufctl.is_null() {
-                        debug_assert!(false, "bufctl missing for busy object");
-                        return;
+                        return Err(ErrorKind::DuplicateFree);
                     }
                     let slab = (*bufctl).slab;
                     (*bufctl).state = BufctlState::Free;
@@ -367,6 +424,36 @@ impl SlabLayer {
             self.nr_frees += 1;
             self.relist(slab, true);
         }
+        Ok(())
+    }
+
+    /// Call `f` with every slab on the lists and whether it is on the list
+    /// its busy count says.
+    pub(crate) fn for_each_listed_slab(&self, mut f: impl FnMut(*mut Slab, bool)) {
+        for (list_index, list) in self.lists.iter().enumerate() {
+            let mut slab = list.head;
+            while !slab.is_null() {
+                // SAFETY: slabs on our lists are alive (owned by this layer).
+                unsafe {
+                    let (nr_busy, nr_objs) = ((*slab).nr_busy, (*slab).nr_objs);
+                    let want = if nr_busy == 0 {
+                        SlabList::Empty
+                    } else if nr_busy >= nr_objs {
+                        SlabList::Full
+                    } else {
+                        SlabList::Partial
+                    };
+                    let next = (*slab).next;
+                    f(slab, want as usize == list_index && (*slab).list == want);
+                    slab = next;
+                }
+            }
+        }
+    }
+
+    /// Call `f` with every slab on the lists.
+    pub(crate) fn for_each_slab(&self, mut f: impl FnMut(*mut Slab)) {
+        self.for_each_listed_slab(|slab, _| f(slab));
     }
 
     /// Detach every empty slab (for reap), linked through `next`.
@@ -410,9 +497,16 @@ pub(crate) fn small_header(addr: usize) -> *mut Slab {
 impl<P: Platform> KmemCache<P> {
     /// Allocate one object from the slab layer, growing it if needed. The
     /// object is not constructed and not counted; bufctl objects come back
-    /// `BufctlState::Cached`.
+    /// `BufctlState::Cached`. A corrupted free list met on the way is
+    /// reported (after the lock is dropped) and repaired.
     pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
-        if let Some(obj) = self.slab.lock().take_object(self.kind) {
+        let mut bad = None;
+        let taken = self
+            .slab
+            .lock()
+            .take_object(self.kind, |base| self.free_list(base), &mut bad);
+        self.report_bad_link(bad);
+        if let Some(obj) = taken {
             return Ok(obj);
         }
         // Grow with no lock held: the page source and the bootstrap caches
@@ -421,15 +515,39 @@ impl<P: Platform> KmemCache<P> {
             Ok(slab) => slab,
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
-            Err(error) => return self.slab.lock().take_object(self.kind).ok_or(error),
+            Err(error) => {
+                let taken = self
+                    .slab
+                    .lock()
+                    .take_object(self.kind, |base| self.free_list(base), &mut bad);
+                self.report_bad_link(bad);
+                return taken.ok_or(error);
+            }
         };
         let mut layer = self.slab.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
-        let obj = layer.take_object(self.kind);
+        let obj = layer.take_object(self.kind, |base| self.free_list(base), &mut bad);
         drop(layer);
+        self.report_bad_link(bad);
         self.maybe_grow_hash();
         obj.ok_or(AllocError::OutOfMemory)
+    }
+
+    /// Report a free-list link that failed its check (`take_object`).
+    fn report_bad_link(&self, bad: Option<(*mut Slab, BadLink)>) {
+        let Some((slab, link)) = bad else {
+            return;
+        };
+        let mut report = ErrorReport::new(ErrorKind::FreeListCorrupted, self.name(), link.obj);
+        report.object = link.obj;
+        report.slab = slab as usize;
+        report.corruption = Some(crate::debug::Mismatch {
+            offset: self.freeptr_offset,
+            expected: 0,
+            found: link.decoded as u64,
+        });
+        self.owner().report_error(report);
     }
 
     /// Allocate one constructed object from the slab layer for a caller
@@ -447,26 +565,39 @@ impl<P: Platform> KmemCache<P> {
         Ok(obj)
     }
 
-    /// Return one object to the slab layer without running the destructor.
-    ///
-    /// # Safety
-    /// `obj` is a busy object of this cache's slab layer, not in any
-    /// magazine, not with a caller.
-    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
-        let slab = match self.kind {
+    /// The slab a busy object of this cache's slab layer was checked
+    /// against: the header for a small slab (null for bufctl slabs: the
+    /// hash decides).
+    fn slab_of(&self, obj: *mut u8) -> *mut Slab {
+        match self.kind {
             SlabKind::Small => self.small_slab_of(obj as usize),
             SlabKind::Bufctl => ptr::null_mut(),
-        };
-        let mut layer = self.slab.lock();
+        }
+    }
+
+    /// Return one object to the slab layer without running the destructor.
+    /// An object that is not busy there is refused and reported.
+    ///
+    /// # Safety
+    /// `obj` is an object of this cache's slab layer (small: in one of its
+    /// live slabs), not in any magazine, not with a caller.
+    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
+        let slab = self.slab_of(obj);
+        let list = self.free_list(self.slab_base(slab));
         // SAFETY: per the caller.
-        unsafe { layer.put_object(self.kind, obj, slab) };
+        let refused = unsafe { self.slab.lock().put_object(self.kind, obj, slab, list) };
+        if let Err(kind) = refused {
+            self.report_slab_refusal(kind, obj, slab);
+        }
     }
 
     /// Destruct `objs` and return them to the slab layer under one lock
-    /// acquisition. Used when rounds leave the magazine layer.
+    /// acquisition (dropped only to report a refused object: a double
+    /// free that reached the slab layer).
     ///
     /// # Safety
-    /// Every pointer is a constructed, busy object of this cache, in no
+    /// Every pointer is an object start of a live slab of this cache (small
+    /// slabs) or was handed out by it (bufctl slabs), constructed, in no
     /// magazine and with no caller.
     pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
         if let Some(dtor) = self.dtor {
@@ -478,13 +609,36 @@ impl<P: Platform> KmemCache<P> {
         }
         let mut layer = self.slab.lock();
         for &obj in objs {
-            let slab = match self.kind {
-                SlabKind::Small => self.small_slab_of(obj as usize),
-                SlabKind::Bufctl => ptr::null_mut(),
-            };
+            let slab = self.slab_of(obj);
+            let list = self.free_list(self.slab_base(slab));
             // SAFETY: per the caller.
-            unsafe { layer.put_object(self.kind, obj, slab) };
+            if let Err(kind) = unsafe { layer.put_object(self.kind, obj, slab, list) } {
+                drop(layer);
+                self.report_slab_refusal(kind, obj, slab);
+                layer = self.slab.lock();
+            }
         }
+    }
+
+    /// Object 0 of a small slab (0 for null: bufctl caches, unused there).
+    fn slab_base(&self, slab: *mut Slab) -> usize {
+        if slab.is_null() {
+            0
+        } else {
+            // SAFETY: a live slab of ours (callers' contract).
+            unsafe { (*slab).base }
+        }
+    }
+
+    /// Report an object the slab layer refused (`put_object`).
+    fn report_slab_refusal(&self, kind: ErrorKind, obj: *mut u8, slab: *mut Slab) {
+        let addr = obj as usize;
+        let mut report = ErrorReport::new(kind, self.name(), addr);
+        report.slab = slab as usize;
+        if kind == ErrorKind::DuplicateFree {
+            report.object = addr;
+        }
+        self.owner().report_error(report);
     }
 
     /// Make a new slab: pages from the source, carved into objects, and
@@ -537,22 +691,29 @@ impl<P: Platform> KmemCache<P> {
                 base,
                 nr_pages,
                 free: ptr::null_mut(),
-                audit: [const { AtomicU64::new(0) }; 8],
+                free_map: [const { AtomicU64::new(0) }; 8],
             });
+        }
+        if let Some(layout) = self.debug.as_ref() {
+            for index in 0..self.nr_objs_per_slab {
+                // SAFETY: object `index` of our fresh slab (its stride
+                // holds the debug slot), ours alone.
+                unsafe { self.debug_init_object(layout, base + index * self.stride) };
+            }
         }
         let carved = match self.kind {
             SlabKind::Small => {
-                let mut free: *mut u8 = ptr::null_mut();
+                let list = self.free_list(base);
+                let mut free = 0;
+                // SAFETY: slab initialised above, ours alone.
+                let map = unsafe { &(*slab).free_map };
                 for index in (0..self.nr_objs_per_slab).rev() {
-                    let obj = (base + index * self.stride) as *mut u8;
-                    // SAFETY: object `index` lies inside our slab below the
-                    // tag array and header, and is at least 8 bytes,
-                    // 8-aligned.
-                    unsafe { obj.cast::<*mut u8>().write(free) };
-                    free = obj;
+                    // SAFETY: object `index` lies inside our page below the
+                    // header; its link word is 8-aligned inside its stride.
+                    unsafe { list.push(&mut free, map, base + index * self.stride, index) };
                 }
                 // SAFETY: slab initialised above.
-                unsafe { (*slab).free = free };
+                unsafe { (*slab).free = free as *mut u8 };
                 // Every free object's tag reference is 0 ("no tag").
                 #[cfg(feature = "alloc-profiling")]
                 if self.tag_array_offset != 0 {
@@ -663,11 +824,36 @@ impl<P: Platform> KmemCache<P> {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages;
+                self.verify_before_destroy(slab);
                 self.destroy_slab(slab, self.on_primary);
                 slab = next;
             }
         }
         nr_pages
+    }
+
+    /// A debug cache checks every object of a slab it gives back (all of
+    /// them free), so a write after free into one is reported before the
+    /// evidence goes with the page.
+    ///
+    /// # Safety
+    /// `slab` is a detached empty slab of this cache, alive.
+    unsafe fn verify_before_destroy(&self, slab: *mut Slab) {
+        let Some(layout) = self.debug.as_ref() else {
+            return;
+        };
+        // SAFETY: per the caller.
+        let base = unsafe { (*slab).base };
+        for index in 0..self.nr_objs_per_slab {
+            // SAFETY: an object of a detached slab of ours: nobody else
+            // touches it.
+            let found = unsafe {
+                self.debug_verify_object(layout, base + index * self.stride, slab as usize, true)
+            };
+            if let Some(report) = found {
+                self.owner().report_error(report);
+            }
+        }
     }
 
     /// Drop every slab's pages without looking at their objects or

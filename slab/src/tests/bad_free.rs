@@ -85,7 +85,7 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     same_counts(&before, &cache.stats());
     // A never-allocated object start of the live slab is judged the same
     // (it is free in its slab): p is object 0, keep object 1, this is 2.
-    let stride = cache.obj_size().next_multiple_of(cache.align());
+    let stride = keep.as_ptr() as usize - p.as_ptr() as usize;
     let never = NonNull::new(keep.as_ptr().wrapping_add(stride)).unwrap();
     // SAFETY: refused.
     let refused = unsafe { cache.free(never) };

@@ -12,6 +12,10 @@ mod bad_free;
 #[cfg(not(loom))]
 mod geometry;
 #[cfg(not(loom))]
+mod debug;
+#[cfg(not(loom))]
+mod debug_fuzz;
+#[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
 mod kmalloc;

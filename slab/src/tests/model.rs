@@ -203,6 +203,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let nr_ctors = NR_CTORS.with(|c| c.get());
         let nr_dtors = NR_DTORS.with(|c| c.get());
         prop_assert_eq!(nr_ctors - nr_dtors, constructed);
+        // The whole-allocator walker: slab lists, free lists against their
+        // bitmaps, rounds, busy counts; and no error was ever reported.
+        #[cfg(debug_assertions)]
+        alloc
+            .check_invariants()
+            .map_err(|error| TestCaseError::fail(std::format!("{error}")))?;
+        prop_assert_eq!(alloc.nr_errors(), 0);
     }
     // Every live object still holds its pattern; free everything.
     for (_, obj) in live.drain() {

@@ -1,0 +1,412 @@
+//! The cold paths of a cache with debug flags (see [`crate::debug`] for
+//! the flags and the object layout): what happens to an object when it is
+//! created in a slab, handed to a caller, and given back.
+//!
+//! ```text
+//!  grow ─► debug_init_object: state FREE, poison, redzone
+//!  alloc (any path) ─► magazines / slab ─► debug_on_alloc:
+//!        state must be FREE  (else: bad state)
+//!        poison intact       (else: modified after free, at the first bad word)
+//!        redzone intact      (else: redzone violation)
+//!        → state ALLOCATED, audit alloc record, 0xbaddcafe fill, redzone
+//!  free ─► owner check ─► debug_on_free:
+//!        state FREE          → duplicate free: refused, nothing changed
+//!        state not ALLOCATED → bad state: reported, the free goes on
+//!        redzone broken      → redzone violation: reported, repaired, goes on
+//!        → contents saved, audit free record, state FREE, 0xdeadbeef fill
+//!        ─► magazines (the object rests there poisoned)
+//! ```
+//!
+//! Every function here returns the reports it produced instead of
+//! reporting them, so its callers report with no lock held.
+
+use crate::allocator::Allocator;
+use crate::cache::KmemCache;
+use crate::debug::SlabDebugConfig;
+use crate::debug::{
+    AuditRecord, DebugFlags, DebugLayout, Mismatch, ObjectState, POISON_FREE, POISON_UNINITIALIZED,
+    STATE_ALLOCATED, STATE_FREE,
+};
+use crate::error::FreeError;
+use crate::pagemap::{TAG_MASK, TAG_SLAB};
+use crate::platform::Platform;
+use crate::report::{ErrorKind, ErrorReport, ReportName};
+use crate::slab::Slab;
+
+/// What a debug free decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DebugFree {
+    /// Clean: go on with the free.
+    Clean,
+    /// Corruption found and reported (redzone, state word); the free goes
+    /// on (the object is repaired).
+    Repaired(ErrorReport),
+    /// A duplicate free: refuse it, nothing was changed.
+    Duplicate(ErrorReport),
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// The slot (object and trailer) of the object at `addr`.
+    ///
+    /// # Safety
+    /// `addr` is an object start of this cache, whose stride holds
+    /// `layout.slot_size` bytes; nobody else uses the slot for the
+    /// lifetime of the slice (the caller owns the object: it is being
+    /// created, handed out, freed or verified under the slab lock).
+    #[allow(
+        clippy::mut_from_ref,
+        reason = "raw object memory, owned per the caller"
+    )]
+    unsafe fn debug_slot(&self, layout: &DebugLayout, addr: usize) -> &mut [u8] {
+        // SAFETY: per the caller.
+        unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, layout.slot_size) }
+    }
+
+    /// Make a fresh object of a new slab a free debug object.
+    ///
+    /// # Safety
+    /// As for `debug_slot`; the slab was just carved.
+    pub(crate) unsafe fn debug_init_object(&self, layout: &DebugLayout, addr: usize) {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        slot.fill(0);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_FREE);
+        }
+        layout.fill_redzone(slot);
+        layout.set_state(slot, addr, STATE_FREE);
+    }
+
+    /// Check a free object being handed to a caller and mark it allocated.
+    /// Always completes the hand-over (an object found corrupted is
+    /// repaired: state, poison and redzone are rewritten); returns the
+    /// report of what was found, if anything.
+    ///
+    /// # Safety
+    /// As for `debug_slot`: `addr` was just taken from the magazines or
+    /// the slab layer of this cache.
+    pub(crate) unsafe fn debug_on_alloc(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+    ) -> Option<ErrorReport> {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let report = self.debug_check_free_slot(layout, slot, addr, slab);
+        layout.set_state(slot, addr, STATE_ALLOCATED);
+        layout.set_audit(slot, false, &AuditRecord::capture::<P>());
+        if layout.poison {
+            layout.fill_poison(slot, POISON_UNINITIALIZED);
+        }
+        layout.fill_redzone(slot);
+        report
+    }
+
+    /// The checks of an object that should be free (in a magazine, the
+    /// depot or its slab): state, poison, redzone. The first problem found.
+    fn debug_check_free_slot(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+    ) -> Option<ErrorReport> {
+        let (kind, mismatch) = match layout.object_state(slot, addr) {
+            ObjectState::Free => match layout.poison.then(|| layout.check_poison(slot)).flatten() {
+                Some(mismatch) => (ErrorKind::ModifiedAfterFree, mismatch),
+                None => (ErrorKind::RedzoneViolation, layout.check_redzone(slot)?),
+            },
+            // Allocated (a free object must not say so) or overwritten.
+            state => (
+                ErrorKind::BadState,
+                Mismatch {
+                    offset: layout.state_offset,
+                    expected: addr as u64 ^ STATE_FREE,
+                    found: match state {
+                        ObjectState::Corrupt(word) => word,
+                        _ => addr as u64 ^ STATE_ALLOCATED,
+                    },
+                },
+            ),
+        };
+        Some(self.debug_report(layout, slot, kind, addr, slab, Some(mismatch)))
+    }
+
+    /// Check an object a caller frees; unless it is a duplicate free, mark
+    /// it free (contents saved, audit free record, poison).
+    ///
+    /// # Safety
+    /// As for `debug_slot`: `addr` is an object start of this cache that
+    /// passed the owner check, given up by the caller.
+    pub(crate) unsafe fn debug_on_free(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+    ) -> DebugFree {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let mut found = None;
+        match layout.object_state(slot, addr) {
+            ObjectState::Allocated => {}
+            ObjectState::Free => {
+                return DebugFree::Duplicate(self.debug_report(
+                    layout,
+                    slot,
+                    ErrorKind::DuplicateFree,
+                    addr,
+                    slab,
+                    None,
+                ));
+            }
+            ObjectState::Corrupt(word) => {
+                found = Some(self.debug_report(
+                    layout,
+                    slot,
+                    ErrorKind::BadState,
+                    addr,
+                    slab,
+                    Some(Mismatch {
+                        offset: layout.state_offset,
+                        expected: addr as u64 ^ STATE_ALLOCATED,
+                        found: word,
+                    }),
+                ));
+            }
+        }
+        if found.is_none()
+            && let Some(mismatch) = layout.check_redzone(slot)
+        {
+            found = Some(self.debug_report(
+                layout,
+                slot,
+                ErrorKind::RedzoneViolation,
+                addr,
+                slab,
+                Some(mismatch),
+            ));
+        }
+        layout.save_contents(slot);
+        layout.set_audit(slot, true, &AuditRecord::capture::<P>());
+        layout.set_state(slot, addr, STATE_FREE);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_FREE);
+        }
+        layout.fill_redzone(slot);
+        match found {
+            Some(report) => DebugFree::Repaired(report),
+            None => DebugFree::Clean,
+        }
+    }
+
+    /// Verify one object without changing it: a free one (`free`: on its
+    /// slab's free list, or its state says free) must hold its poison and
+    /// redzone; an allocated one its redzone.
+    ///
+    /// # Safety
+    /// As for `debug_slot`, read-only: called under the slab lock.
+    pub(crate) unsafe fn debug_verify_object(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+        free_in_slab: bool,
+    ) -> Option<ErrorReport> {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let state = layout.object_state(slot, addr);
+        if free_in_slab || state == ObjectState::Free {
+            return self.debug_check_free_slot(layout, slot, addr, slab);
+        }
+        if let ObjectState::Corrupt(word) = state {
+            return Some(self.debug_report(
+                layout,
+                slot,
+                ErrorKind::BadState,
+                addr,
+                slab,
+                Some(Mismatch {
+                    offset: layout.state_offset,
+                    expected: addr as u64 ^ STATE_ALLOCATED,
+                    found: word,
+                }),
+            ));
+        }
+        layout.check_redzone(slot).map(|mismatch| {
+            self.debug_report(
+                layout,
+                slot,
+                ErrorKind::RedzoneViolation,
+                addr,
+                slab,
+                Some(mismatch),
+            )
+        })
+    }
+
+    /// What the trailer of a debug object says: its state, last alloc,
+    /// last free and saved contents (for `whatis` and reports).
+    ///
+    /// # Safety
+    /// As for `debug_slot`, read-only.
+    pub(crate) unsafe fn debug_object_info(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+    ) -> DebugObjectInfo {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let audit = layout.audit(slot);
+        DebugObjectInfo {
+            state: layout.object_state(slot, addr),
+            last_alloc: audit.map(|(alloc, _)| alloc),
+            last_free: audit.map(|(_, free)| free),
+            contents: layout.contents(slot),
+        }
+    }
+
+    /// A report about object `addr` of this cache, with its transactions.
+    fn debug_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        kind: ErrorKind,
+        addr: usize,
+        slab: usize,
+        corruption: Option<Mismatch>,
+    ) -> ErrorReport {
+        let mut report = ErrorReport::new(kind, self.name(), addr);
+        report.object = addr;
+        report.slab = slab;
+        report.corruption = corruption;
+        if let Some((alloc, free)) = layout.audit(slot) {
+            report.last_alloc = Some(alloc);
+            report.last_free = Some(free);
+        }
+        if layout.flags.contains(DebugFlags::CONTENTS) {
+            report.contents = layout.contents(slot);
+        }
+        report
+    }
+}
+
+/// What a debug object's trailer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DebugObjectInfo {
+    pub(crate) state: ObjectState,
+    pub(crate) last_alloc: Option<AuditRecord>,
+    pub(crate) last_free: Option<AuditRecord>,
+    pub(crate) contents: Option<[u8; crate::debug::CONTENTS_BYTES]>,
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Report a free this cache refuses, and hand the error back.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refuse(&self, error: FreeError) -> FreeError {
+        self.owner().report_bad_free(self.name(), error);
+        error
+    }
+}
+
+impl<P: Platform> Allocator<P> {
+    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
+    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
+    /// kmalloc caches get it; caches created later get it too (by name).
+    /// Caches that exist already keep their flags.
+    pub fn set_debug_config(&self, config: SlabDebugConfig) {
+        *self.debug_config.lock() = config;
+    }
+
+    /// The debug configuration in force.
+    pub fn debug_config(&self) -> SlabDebugConfig {
+        *self.debug_config.lock()
+    }
+
+    /// Called with every error report, after it is kept in the error ring,
+    /// with no allocator lock held; the kernel prints it (and may panic).
+    /// The hook must not allocate from this allocator.
+    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
+        *self.error_hook.lock() = hook;
+    }
+
+    /// Errors reported since the allocator was created (the ring keeps the
+    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
+    pub fn nr_errors(&self) -> u64 {
+        self.errors.nr_reported()
+    }
+
+    /// Copy the kept reports numbered after `after` into `out`, oldest
+    /// first; returns how many.
+    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        self.errors.read(after, out)
+    }
+
+    /// Keep a report (stamped with now and this CPU) and hand it to the
+    /// hook. Callers hold no allocator lock.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn report_error(&self, mut report: ErrorReport) {
+        report.timestamp = P::now();
+        report.cpu = P::cpu_id() as u32;
+        let report = self.errors.push(report);
+        let hook = *self.error_hook.lock();
+        if let Some(hook) = hook {
+            hook(&report);
+        }
+    }
+
+    /// Report a refused free (`cache`: the cache the caller freed to, or
+    /// `kmalloc`): the kind from the error, the object and slab from the
+    /// page map, and for a duplicate free in a debug cache its last
+    /// transactions.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn report_bad_free(&self, cache: &str, error: FreeError) {
+        let addr = error.addr();
+        let entry = if self.is_ready() {
+            self.page_map().get(addr)
+        } else {
+            0
+        };
+        let kind = match error {
+            FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
+            FreeError::WrongCache { .. } => ErrorKind::WrongCache,
+            FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
+            FreeError::NotAllocated { .. } if entry == 0 => ErrorKind::ForeignPointer,
+            FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
+        };
+        let mut report = ErrorReport::new(kind, cache, addr);
+        if let FreeError::WrongCache {
+            owner: Some(owner), ..
+        } = error
+        {
+            report.owner = Some(ReportName::new(owner));
+        }
+        if entry & TAG_MASK == TAG_SLAB {
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator.
+            let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: as above.
+            let base = unsafe { (*slab).base };
+            let index = addr.wrapping_sub(base) / owner.stride;
+            if index < owner.nr_objs_per_slab {
+                report.object = base + index * owner.stride;
+                report.slab = slab as usize;
+            }
+            if kind == ErrorKind::DuplicateFree
+                && report.object == addr
+                && let Some(layout) = owner.debug.as_ref()
+            {
+                // SAFETY: an object start of a live slab; read only.
+                let info = unsafe { owner.debug_object_info(layout, addr) };
+                report.last_alloc = info.last_alloc;
+                report.last_free = info.last_free;
+                report.contents = info.contents;
+            }
+        }
+        self.report_error(report);
+    }
+}

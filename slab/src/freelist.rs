@@ -1,0 +1,307 @@
+//! The free list of a small slab, hardened.
+//!
+//! A small slab threads its free list through its free objects: each free
+//! object holds the address of the next one. That link is the classic
+//! heap-exploitation target (a write after free, or a linear overflow into
+//! the next free object, makes the allocator hand out an address of the
+//! attacker's choosing). Here the link is
+//!
+//! - **obfuscated** as Linux's `CONFIG_SLAB_FREELIST_HARDENED` does:
+//!   stored as `next XOR secret XOR swab(address of the link)`, with a
+//!   per-cache random `secret` ([`freelist_ptr`]); and
+//! - **checked** when it is followed: the decoded pointer must be null or
+//!   an object start inside the same slab whose bit is set in the slab's
+//!   bitmap of free objects (`free_map`, kept under the slab lock).
+//!
+//! A link that fails the check is reported (`FreeListCorrupted`) and the
+//! free list is rebuilt from the bitmap, so the allocator never hands out
+//! memory it does not own, and loses nothing. The bitmap also makes
+//! every double free that reaches the slab layer visible: a free of an
+//! object whose bit is already set is refused, so a slab's busy count can
+//! never reach 0 while one of its objects is still with a caller.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::debug::freelist_ptr;
+
+/// Bitmap of a small slab's free objects (bit `i`: object `i` is on the
+/// free list). Written only under the slab lock; atomic so verifiers may
+/// read it without the lock.
+pub(crate) type FreeMap = [AtomicU64; 8];
+
+/// Whether object `index` is free in its slab.
+#[inline]
+pub(crate) fn map_test(map: &FreeMap, index: usize) -> bool {
+    map[index / 64].load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+}
+
+#[inline]
+pub(crate) fn map_set(map: &FreeMap, index: usize) {
+    let word = &map[index / 64];
+    word.store(
+        word.load(Ordering::Relaxed) | 1 << (index % 64),
+        Ordering::Relaxed,
+    );
+}
+
+#[inline]
+pub(crate) fn map_clear(map: &FreeMap, index: usize) {
+    let word = &map[index / 64];
+    word.store(
+        word.load(Ordering::Relaxed) & !(1 << (index % 64)),
+        Ordering::Relaxed,
+    );
+}
+
+/// Set bits (free objects) of the map.
+pub(crate) fn map_count(map: &FreeMap) -> usize {
+    map.iter()
+        .map(|word| word.load(Ordering::Relaxed).count_ones() as usize)
+        .sum()
+}
+
+/// A free-list link that failed its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BadLink {
+    /// The free object holding the bad link.
+    pub(crate) obj: usize,
+    /// What the link decoded to.
+    pub(crate) decoded: usize,
+}
+
+/// What the free-list code needs to know of a slab and its cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FreeList {
+    /// Address of object 0.
+    pub(crate) base: usize,
+    pub(crate) stride: usize,
+    pub(crate) nr_objs: usize,
+    /// Where in a free object its link lives (0; after the object in a
+    /// debug cache, so poison stays intact).
+    pub(crate) link_offset: usize,
+    /// The cache's obfuscation secret.
+    pub(crate) secret: usize,
+}
+
+impl FreeList {
+    /// Index of the object starting at `addr`, if `addr` is exactly an
+    /// object start of this slab.
+    #[inline]
+    pub(crate) fn index_of(&self, addr: usize) -> Option<usize> {
+        let offset = addr.wrapping_sub(self.base);
+        let index = offset / self.stride;
+        (offset.is_multiple_of(self.stride) && index < self.nr_objs).then_some(index)
+    }
+
+    fn link(&self, obj: usize) -> *mut usize {
+        (obj + self.link_offset) as *mut usize
+    }
+
+    /// Store `next` (0: end) as the link of free object `obj`.
+    ///
+    /// # Safety
+    /// `obj` is an object of this slab owned by the slab layer (free).
+    #[inline]
+    pub(crate) unsafe fn write_link(&self, obj: usize, next: usize) {
+        let link = self.link(obj);
+        // SAFETY: per the caller, the object (and its link word, inside
+        // its stride, 8-aligned) is the slab layer's.
+        unsafe { link.write(freelist_ptr(next, self.secret, link as usize)) };
+    }
+
+    /// The decoded link of free object `obj`.
+    ///
+    /// # Safety
+    /// As for [`Self::write_link`].
+    #[inline]
+    pub(crate) unsafe fn read_link(&self, obj: usize) -> usize {
+        let link = self.link(obj);
+        // SAFETY: per the caller.
+        freelist_ptr(unsafe { link.read() }, self.secret, link as usize)
+    }
+
+    /// Whether `next` may follow `obj` on the free list: the end, or
+    /// another free object of this slab.
+    fn link_ok(&self, map: &FreeMap, obj: usize, next: usize) -> bool {
+        next == 0
+            || (next != obj
+                && self
+                    .index_of(next)
+                    .is_some_and(|index| map_test(map, index)))
+    }
+
+    /// Put `obj` (object `index`, busy) at the head of the free list.
+    ///
+    /// # Safety
+    /// `obj` is busy object `index` of this slab, given to the slab layer;
+    /// `head` and `map` are the slab's.
+    pub(crate) unsafe fn push(&self, head: &mut usize, map: &FreeMap, obj: usize, index: usize) {
+        // SAFETY: per the caller.
+        unsafe { self.write_link(obj, *head) };
+        map_set(map, index);
+        *head = obj;
+    }
+
+    /// Take the head of the free list (`head` non-zero), checking its link
+    /// first. On a bad link nothing changes and the caller rebuilds.
+    ///
+    /// # Safety
+    /// `head` and `map` are the slab's, under its lock; `head` is 0 or a
+    /// free object of the slab.
+    pub(crate) unsafe fn pop(&self, head: &mut usize, map: &FreeMap) -> Result<usize, BadLink> {
+        let obj = *head;
+        debug_assert!(obj != 0);
+        // SAFETY: the head is a free object of ours (checked when it became
+        // the head).
+        let next = unsafe { self.read_link(obj) };
+        if !self.link_ok(map, obj, next) {
+            return Err(BadLink { obj, decoded: next });
+        }
+        if let Some(index) = self.index_of(obj) {
+            map_clear(map, index);
+        }
+        *head = next;
+        Ok(obj)
+    }
+
+    /// Relink every free object of the bitmap, lowest address first;
+    /// returns the new head (0: none free).
+    ///
+    /// # Safety
+    /// `map` is the slab's, under its lock; the objects it marks free are
+    /// the slab layer's.
+    pub(crate) unsafe fn rebuild(&self, map: &FreeMap) -> usize {
+        let mut head = 0;
+        for index in (0..self.nr_objs).rev() {
+            if map_test(map, index) {
+                let obj = self.base + index * self.stride;
+                // SAFETY: a free object of ours, per the bitmap.
+                unsafe { self.write_link(obj, head) };
+                head = obj;
+            }
+        }
+        head
+    }
+
+    /// Walk the free list and check every link against the bitmap: each
+    /// object appears once, the list holds exactly the bitmap's objects.
+    /// Returns the number of objects on it.
+    ///
+    /// # Safety
+    /// As for [`Self::rebuild`].
+    pub(crate) unsafe fn check(&self, head: usize, map: &FreeMap) -> Result<usize, BadLink> {
+        let nr_free = map_count(map);
+        if head != 0 && !self.link_ok(map, 0, head) {
+            return Err(BadLink {
+                obj: 0,
+                decoded: head,
+            });
+        }
+        let mut obj = head;
+        let mut nr = 0;
+        while obj != 0 {
+            nr += 1;
+            // SAFETY: a free object of ours (the previous link checked it).
+            let next = unsafe { self.read_link(obj) };
+            // More links than free objects: a cycle.
+            if !self.link_ok(map, obj, next) || (next != 0 && nr >= nr_free) {
+                return Err(BadLink { obj, decoded: next });
+            }
+            obj = next;
+        }
+        if nr != nr_free {
+            return Err(BadLink { obj: 0, decoded: 0 });
+        }
+        Ok(nr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::vec;
+
+    use super::*;
+
+    fn slab(memory: &mut [u64], link_offset: usize) -> FreeList {
+        FreeList {
+            base: memory.as_mut_ptr() as usize,
+            stride: 32,
+            nr_objs: memory.len() * 8 / 32,
+            link_offset,
+            secret: crate::debug::freelist_secret(7),
+        }
+    }
+
+    fn full_list(list: &FreeList, map: &FreeMap) -> usize {
+        let mut head = 0;
+        for index in (0..list.nr_objs).rev() {
+            // SAFETY: the test's memory; every object free.
+            unsafe { list.push(&mut head, map, list.base + index * 32, index) };
+        }
+        head
+    }
+
+    #[test]
+    fn push_pop_in_order_with_obfuscated_links() {
+        let mut memory = vec![0u64; 64];
+        let list = slab(&mut memory, 0);
+        let map: FreeMap = Default::default();
+        let mut head = full_list(&list, &map);
+        assert_eq!(map_count(&map), 16);
+        // The stored link is not the plain next pointer.
+        assert_ne!(memory[0] as usize, list.base + 32);
+        // SAFETY: the test's slab.
+        unsafe {
+            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base + 32));
+            assert!(!map_test(&map, 0) && map_test(&map, 2));
+            list.push(&mut head, &map, list.base, 0);
+            assert_eq!(list.check(head, &map), Ok(15));
+        }
+    }
+
+    #[test]
+    fn an_overwritten_link_is_caught_and_the_list_rebuilt() {
+        let mut memory = vec![0u64; 64];
+        let list = slab(&mut memory, 8);
+        let map: FreeMap = Default::default();
+        let mut head = full_list(&list, &map);
+        // A use after free writes a fake pointer into free object 0's link.
+        let target = list.base + 3 * 32 + 8; // not an object start
+        // SAFETY: the test's memory.
+        unsafe { ((list.base + 8) as *mut usize).write(target) };
+        // SAFETY: the test's slab.
+        unsafe {
+            let bad = list.pop(&mut head, &map).unwrap_err();
+            assert_eq!(bad.obj, list.base);
+            assert_ne!(bad.decoded, list.base + 32);
+            assert_eq!(list.check(head, &map).unwrap_err().obj, list.base);
+            head = list.rebuild(&map);
+            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base));
+        }
+    }
+
+    #[test]
+    fn a_link_to_a_busy_object_or_a_cycle_is_refused() {
+        let mut memory = vec![0u64; 64];
+        let list = slab(&mut memory, 0);
+        let map: FreeMap = Default::default();
+        let mut head = full_list(&list, &map);
+        // SAFETY: the test's slab.
+        unsafe {
+            let first = list.pop(&mut head, &map).unwrap();
+            // Free object `head` now links to the busy `first`.
+            list.write_link(head, first);
+            assert!(list.pop(&mut head, &map).is_err());
+            // A cycle: object 2 links back to object 1.
+            let head2 = list.rebuild(&map);
+            list.write_link(list.base + 64, list.base + 32);
+            assert!(list.check(head2, &map).is_err());
+        }
+        assert_eq!(list.index_of(list.base + 33), None);
+        assert_eq!(list.index_of(list.base + 16 * 32), None);
+        assert_eq!(list.index_of(list.base + 15 * 32), Some(15));
+    }
+}
