@@ -281,10 +281,13 @@ pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
 /// Brings the slab allocator up on [`KPAGES`]; from then on the global
 /// allocator serves new allocations from it. Panics if that fails: without
 /// it the kernel has no heap worth the name.
-pub fn init() {
+pub fn init(cmdline: &str) {
+    // `slab_debug=` / `kmem_flags=` must reach the allocator before it
+    // creates the kmalloc caches; its report hook prints every bad free
+    // and every corruption it finds (`crate::slab_debug`).
+    crate::slab_debug::configure(cmdline);
     SLAB.init(&KPAGES)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
-    SLAB.set_free_error_hook(Some(report_bad_free));
     crate::profiling::init();
     log::info!(
         "slab allocator up: {} caches, {} CPU(s), {} pages from kpages",
@@ -296,11 +299,6 @@ pub fn init() {
         SLAB.nr_cpus(),
         KPAGES.nr_pages_out()
     );
-}
-
-/// Called for a bad free the allocator caught at the `GlobalAlloc` edge.
-fn report_bad_free(error: &magpie_slab::FreeError) {
-    log::error!("kfree: {error}; nothing was freed");
 }
 
 /// Destroys `cache` (Akaros `kmem_cache_destroy`), warning on the console

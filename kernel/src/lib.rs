@@ -58,6 +58,7 @@ pub mod panic;
 pub mod profiling;
 pub mod qemu;
 pub mod shell;
+pub mod slab_debug;
 pub mod smp;
 pub mod stress;
 pub mod symbols;
@@ -90,7 +91,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     check_memory(boot);
     memory::init(boot);
     symbols::init(boot);
-    kmem::init();
+    kmem::init(boot.cmdline);
     kmemtrace::init(boot);
     fault::init();
     smp::init();

@@ -422,4 +422,4 @@ pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};
+pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs, WhatIsDisplay};

@@ -291,22 +291,16 @@ impl fmt::Display for ReportDisplay<'_> {
                 continue;
             };
             let which = if index == 0 { "previous" } else { "earlier" };
-            writeln!(f, "{which} transaction on buffer {object:#x}:")?;
-            let nanoseconds = self.format.nanoseconds(record.timestamp);
-            writeln!(
+            let cache = report.owner.unwrap_or(report.cache);
+            write_transaction(
                 f,
-                "thread=cpu{}  time=T+{}.{:06}s  slab={:#x}  cache: {}",
-                record.cpu,
-                nanoseconds / 1_000_000_000,
-                nanoseconds % 1_000_000_000 / 1000,
+                which,
+                object,
+                record,
                 report.slab,
-                report.owner.unwrap_or(report.cache)
+                cache.as_str(),
+                self.format,
             )?;
-            for (depth, &frame) in record.frames().iter().enumerate() {
-                write!(f, "  #{:02} [<{frame:#x}>] ", depth + 1)?;
-                self.format.symbol(frame, f)?;
-                writeln!(f)?;
-            }
         }
         if let Some(contents) = report.contents {
             f.write_str("contents at last free:")?;
@@ -317,6 +311,40 @@ impl fmt::Display for ReportDisplay<'_> {
         }
         Ok(())
     }
+}
+
+/// One transaction block of a report (`which` is `previous`, `earlier`,
+/// `last alloc`...):
+///
+/// ```text
+/// previous transaction on buffer 0x...:
+/// thread=cpu1  time=T+0.000123s  slab=0x...  cache: kmalloc-64
+///   #01 [<0x...>] function+0xoff
+/// ```
+pub fn write_transaction(
+    f: &mut dyn fmt::Write,
+    which: &str,
+    object: usize,
+    record: &AuditRecord,
+    slab: usize,
+    cache: &str,
+    format: &dyn ReportFormat,
+) -> fmt::Result {
+    writeln!(f, "{which} transaction on buffer {object:#x}:")?;
+    let nanoseconds = format.nanoseconds(record.timestamp);
+    writeln!(
+        f,
+        "thread=cpu{}  time=T+{}.{:06}s  slab={slab:#x}  cache: {cache}",
+        record.cpu,
+        nanoseconds / 1_000_000_000,
+        nanoseconds % 1_000_000_000 / 1000,
+    )?;
+    for (depth, &frame) in record.frames().iter().enumerate() {
+        write!(f, "  #{:02} [<{frame:#x}>] ", depth + 1)?;
+        format.symbol(frame, f)?;
+        writeln!(f)?;
+    }
+    Ok(())
 }
 
 /// Reports kept by the ring.

@@ -12,7 +12,7 @@
 //!   console loop [`run`];
 //! * [`line`]: the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
-//!   reap),
+//!   reap), `kmem_debug` (kmem verify, whatis, errors),
 //!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
 //!   `system` (help, poweroff).
@@ -52,6 +52,7 @@
 
 mod fault;
 mod kmem;
+mod kmem_debug;
 mod kmemtrace;
 mod line;
 mod lkdtm;
@@ -117,6 +118,7 @@ pub static COMMANDS: &[Command] = &[
     kmem::KFREE,
     kmem::LEAK,
     kmem::REAP,
+    kmem_debug::KMEM,
     profiling::ALLOCINFO,
     profiling::TIMESTATS,
     smp::CPUS,
