@@ -11,7 +11,7 @@
 //! ## A debug object
 //!
 //! A cache with any [`DebugFlags`] lays each object slot out as (offsets
-//! from the object start, in bytes; see [`DebugLayout`]):
+//! from the object start, in bytes; see `DebugLayout`):
 //!
 //! ```text
 //! [0, size)            the object; while free: POISON_FREE (0xdeadbeef…)
@@ -40,13 +40,6 @@
 //! - Linux `mm/slub.c` (`slab_debug=` letters F, Z, P, U; `freelist_ptr`
 //!   of `CONFIG_SLAB_FREELIST_HARDENED`: pointer XOR a per-cache random
 //!   XOR the byte-swapped address the pointer is stored at).
-
-// The layout helpers are used by the debug cold paths, wired in after the
-// hit-path restructuring of issue 8; until then only the tests call them.
-#![cfg_attr(
-    not(test),
-    allow(dead_code, reason = "used by the debug cold paths once wired in")
-)]
 
 use core::fmt;
 

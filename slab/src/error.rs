@@ -38,12 +38,11 @@ impl fmt::Display for AllocError {
 /// changed by the refused free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FreeError {
-    /// The object was already free (sitting in a magazine or its slab).
-    /// Detected only for caches with
-    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) (for bufctl caches
-    /// off the primary source only while the object rests in a magazine:
-    /// once it is back in its slab, such a cache cannot tell it from a
-    /// stray pointer and reports `NotAllocated`).
+    /// The object was already free. Always detected for a debug cache
+    /// (any [`DebugFlags`](crate::debug::DebugFlags)); without flags, when
+    /// the object is on top of this CPU's `loaded` or `prev` magazine, or
+    /// back in its slab (a bufctl cache off the primary source cannot tell
+    /// that from a stray pointer and reports `NotAllocated`).
     DoubleFree {
         /// The pointer passed to free.
         addr: usize,

@@ -207,13 +207,36 @@
 //!
 //! ## Debugging
 //!
-//! [`debug`] has the debug flags (`POISON`, `REDZONE`, `AUDIT`, `CONTENTS`,
-//! consistency checks), the boot-line syntax `slab_debug=` (Linux letters,
-//! optional cache list) and `kmem_flags=` (illumos hex), the poison and
-//! redzone patterns, the layout of a debug object's trailer and the hardened
-//! free-list pointer; [`report`] has the illumos-style error report and the
-//! ring of recent reports. (They are wired into the cold paths next; see
-//! issue 10.)
+//! After illumos `kmem_flags` and Linux `slab_debug` (see [`debug`] for
+//! the object layout and [`report`] for the report format):
+//!
+//! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
+//!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
+//!   boot line ([`Allocator::set_debug_config`] with a
+//!   [`debug::SlabDebugConfig`] parsed from `slab_debug=` or
+//!   `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
+//!   every alloc and free takes the cold path, and each object carries a
+//!   trailer (redzone, state word, free-list link, audit records,
+//!   contents). Plain caches pay nothing new on the hit.
+//! - **Reports**: every error detected (with or without flags) becomes one
+//!   [`report::ErrorReport`] — kept in a ring ([`Allocator::read_errors`])
+//!   and handed to the kernel's hook ([`Allocator::set_error_hook`]) with no
+//!   allocator lock held. Detection never panics; the kernel decides.
+//! - **Hardened free lists** (`src/freelist.rs`): small-slab links are stored as `next ^ secret ^
+//!   swab(link address)` and checked against the slab's free map when
+//!   followed; a bad link is reported and the list rebuilt from the map.
+//!   The allocator never hands out memory it does not own.
+//! - **Double frees without flags**: the object on top of `loaded` (two
+//!   instructions on the free hit: Linux's naive check), on top of `prev`
+//!   or back on its slab's free list (the free miss), and every one that
+//!   reaches the slab layer (the free map): refused and reported; a slab's
+//!   busy count never drops for an object that was not busy, so `reap`
+//!   and `destroy` never free a page holding a live object they counted.
+//!   With any debug flag, every double free is caught (the state word).
+//! - **Walkers**: [`KmemCache::verify`] / [`Allocator::verify`] (`kmem
+//!   verify`), [`Allocator::whatis`] (`kmem whatis`), and in debug builds
+//!   [`Allocator::check_invariants`], which the model tests run after every
+//!   step.
 //!
 //! ## FAQ
 //!
@@ -238,14 +261,15 @@
 //! [`Platform`] contract (an `unsafe trait`) must be kept — `cpu_id` is
 //! exact and exclusive while interrupts are off.
 //!
-//! **Why are double frees caught only with `AUDIT`?** Catching one needs
-//! the object's own state (a bitmap bit for small slabs, the bufctl found
-//! in the hash for bufctl slabs); keeping it costs an atomic or a locked
-//! hash lookup on every alloc and free, which is exactly what the hit
-//! avoids. Without `AUDIT` bufctl states change only where objects leave
-//! or enter the slab layer (Bonwick's magazine/slab boundary). Foreign,
-//! wrong-cache and misaligned pointers are always detected (page map, or
-//! header magic plus cache pointer for caches on other sources).
+//! **Why are all double frees caught only with debug flags?** Catching
+//! every one needs the object's own state, written on every alloc and
+//! free (the debug state word), which is what the hit avoids. Without
+//! flags the hit checks only the top of `loaded` (2 instructions per
+//! pair); checking the slab's free map there too would cost 7 more (56 →
+//! 63 per pair, measured with `cache-pair`), so that check runs on the free
+//! miss and in the slab layer instead. Foreign, wrong-cache and misaligned
+//! pointers are always detected (page map, or header magic plus cache
+//! pointer for caches on other sources).
 //!
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The

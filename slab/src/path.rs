@@ -10,7 +10,7 @@
 //!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
 //!       │                     (IrqGuard, pop)                         (prev, depot, slab)
 //!       ├─ profiling on ─► magazine_alloc_hit + tag_small_object (inline)
-//!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, audit, trace, bufctl tag)
+//!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
 //!
 //!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
 //!       │ free_locate            │ kfree_locate             │ kfree_locate
@@ -22,7 +22,7 @@
 //!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
 //!                      │                    (IrqGuard, push)           (prev, depot, new
 //!                      ├─ tagged ──► untag (index known) + hit          magazine, slab)
-//!                      └─ other flags ──► free_flagged ► free_cold (audit, trace, bufctl tag)
+//!                      └─ other flags ──► free_flagged ► free_cold (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
 //!   with the error reports; page-granular kfree: kmalloc.rs)
 //! ```
@@ -41,10 +41,12 @@
 //! both tests that the pointer is an object start and gives its index
 //! (Lemire, Kaser and Kurz 2019) — the index the profiled free uses for
 //! the tag reference. A free to the wrong cache, of a non-slab pointer or
-//! of an interior pointer is an error, never corruption. Double frees are
-//! caught with [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) only (for
-//! bufctl caches too): that check needs the object's own state, which the
-//! hit does not touch.
+//! of an interior pointer is an error, never corruption. Double frees: the
+//! hit refuses the object already on top of `loaded` (Linux's naive check,
+//! two instructions); the miss also checks the top of `prev` and the
+//! slab's free map; every debug cache (any debug flag) checks the object's
+//! state word on its cold path, which catches them all. Every refusal is
+//! reported ([`crate::report`]).
 
 use core::ptr::{self, NonNull};
 
@@ -486,15 +488,18 @@ impl<P: Platform> KmemCache<P> {
     /// Free an object back to this cache.
     ///
     /// Checked: the pointer must be slab memory (`NotAllocated`), of this
-    /// cache (`WrongCache`), at an object start (`Misaligned`); with
-    /// [`CacheFlags::AUDIT`](crate::CacheFlags::AUDIT) it must be allocated
-    /// (`DoubleFree`). On error nothing has changed.
+    /// cache (`WrongCache`), at an object start (`Misaligned`), and not
+    /// free (`DoubleFree`: always for the object on top of this CPU's
+    /// magazines or back in its slab; anywhere for a debug cache). On error
+    /// nothing has changed, and the error is reported ([`crate::report`]).
     ///
     /// # Safety
     /// If `obj` is an allocated object of this cache, the caller gives it
     /// up: nothing uses it afterwards. (Bad pointers are detected as above
-    /// and are safe to pass, except a double free on a cache without
-    /// `AUDIT`, which is undetected and corrupts the cache.)
+    /// and are safe to pass, except a double free of an object resting
+    /// deeper in a magazine of a cache without debug flags, which is
+    /// undetected: the object is later handed out twice. The slab layer
+    /// still refuses it when it comes back there.)
     ///
     /// # Errors
     /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
@@ -943,7 +948,7 @@ impl<P: Platform> Allocator<P> {
     /// # Safety
     /// If `ptr` is allocated, the caller gives it up. Bad pointers are
     /// detected and refused as for [`KmemCache::free`] (same caveat for
-    /// double frees without `AUDIT`).
+    /// double frees without debug flags).
     ///
     /// # Errors
     /// [`FreeError::NotAllocated`] (outside the page map, not slab memory,

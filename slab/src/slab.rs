@@ -93,18 +93,19 @@ pub(crate) enum SlabList {
 }
 
 /// Where a bufctl's object is. The slab layer changes it at the boundary
-/// with the magazine layer (`Free` ↔ `Cached`); only `AUDIT` caches also
-/// mark the hand-over to callers (`Cached` ↔ `Allocated`, out of line),
-/// which is what lets them detect double frees.
+/// with the magazine layer (`Free` ↔ `Cached`); an object charged to an
+/// allocation tag is also marked on its way to a caller (`Cached` ↔
+/// `Allocated`, out of line). Double frees of bufctl objects are caught
+/// at the slab layer (not in the hash) and, anywhere, by the debug state
+/// word of a debug cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum BufctlState {
     /// In its slab's free list.
     Free = 0,
-    /// Out of the slab layer (in the hash): in a magazine, or with a caller
-    /// of a cache that is not `AUDIT`.
+    /// Out of the slab layer (in the hash): in a magazine, or with a caller.
     Cached = 1,
-    /// With a caller (`AUDIT` caches).
+    /// With a caller, charged to an allocation tag.
     Allocated = 2,
 }
 
