@@ -214,6 +214,14 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
         set_cpu(0);
         let alloc = P::allocator();
         assert!(!alloc.is_ready(), "one magpie allocator per process");
+        // MAGPIE_SLAB_DEBUG=<slab_debug= value> measures the debug flags
+        // (e.g. `FZPU`, `F,bench-64`): every cache it names, bench-64 and
+        // the kmalloc caches included, becomes a debug cache.
+        if let Ok(value) = std::env::var("MAGPIE_SLAB_DEBUG") {
+            let config = magpie_slab::debug::SlabDebugConfig::parse_slab_debug(Some(&value))
+                .expect("MAGPIE_SLAB_DEBUG: a slab_debug= value");
+            alloc.set_debug_config(config);
+        }
         let pages = HostPages::new("bench", HEAP_BYTES, PAGE_SIZE);
         alloc.init(pages).expect("magpie init");
         let cache = alloc

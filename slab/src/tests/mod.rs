@@ -16,6 +16,8 @@ mod debug;
 #[cfg(not(loom))]
 mod debug_fuzz;
 #[cfg(not(loom))]
+mod double_free_rate;
+#[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
 mod kmalloc;
