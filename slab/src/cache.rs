@@ -401,6 +401,13 @@ impl<P: Platform> KmemCache<P> {
         self.align
     }
 
+    /// Bytes from one object's start to the next in a slab: the object
+    /// size rounded up to the alignment, plus, in a debug cache, the debug
+    /// trailer (redzone, state word, audit records, ...).
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
     /// Creation flags.
     pub fn flags(&self) -> CacheFlags {
         self.flags

@@ -347,7 +347,7 @@ class AllocInfoBootArgument(unittest.TestCase):
 
 # What each lkdtm type does today, without slab debug flags (README table).
 LKDTM_TODAY = {
-    "SLAB_FREE_DOUBLE": "not detected: the second free of 0x",
+    "SLAB_FREE_DOUBLE": "detected: double free of 0x",
     "SLAB_FREE_CROSS": "detected: free of 0x",
     "SLAB_FREE_PAGE": "detected: free of 0x",
     "SLAB_LINEAR_OVERFLOW": "not detected: the write past the end of 0x",
@@ -536,6 +536,72 @@ class TooLittleMemory(unittest.TestCase):
         self.assertIn("reported failure", out, "exits through isa-debug-exit, not a triple fault")
         self.assertNotIn(PROMPT, out)
 
+
+
+# Each lkdtm type under `slab_debug=FZPU`: the verdict, and the allocator's
+# report (kind headline, cache, offset from the object start).
+LKDTM_FZPU = {
+    "SLAB_FREE_DOUBLE": ("detected: double free of 0x", "duplicate free: buffer freed twice",
+                         "lkdtm-free-double", None),
+    "SLAB_FREE_CROSS": ("detected: free of 0x", "buffer freed to wrong cache", "lkdtm-free-cross-b", None),
+    "SLAB_FREE_PAGE": ("detected: free of 0x", "invalid free: pointer from another allocator",
+                       "lkdtm-free-page", None),
+    "SLAB_LINEAR_OVERFLOW": ("detected: redzone violation: write past end of buffer in lkdtm-linear-overflow",
+                             "redzone violation: write past end of buffer", "lkdtm-linear-overflow", 0x40),
+    "WRITE_AFTER_FREE": ("detected: buffer modified after being freed in lkdtm-write-after-free",
+                         "buffer modified after being freed", "lkdtm-write-after-free", 0x20),
+    "READ_AFTER_FREE": ("detected: memory correctly poisoned (0xdeadbeef)", None, None, None),
+}
+
+
+class LkdtmSlabDebug(unittest.TestCase):
+    """Every lkdtm type under `slab_debug=FZPU`: detected, with one
+    illumos-style report of the right kind, cache, object and offset."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(KERNEL):
+            raise unittest.SkipTest(f"{KERNEL} not built; run `cargo build --bin magpie`")
+        cls.code, cls.out = boot([f"lkdtm {name}" for name in LKDTM_FZPU] + ["kmem errors", "kmem verify", "poweroff"],
+                                 append="slab_debug=FZPU")
+
+    def test_survives_and_powers_off(self):
+        self.assertEqual(self.code, 0, self.out)
+        self.assertNotIn("PANIC", self.out)
+        self.assertIn("0 problem(s)", reply_to(self.out, "kmem verify"))
+
+    def test_every_type_is_detected_with_the_right_report(self):
+        for name, (verdict, headline, cache, offset) in LKDTM_FZPU.items():
+            with self.subTest(name):
+                text = reply_to(self.out, f"lkdtm {name}")
+                lines = text.splitlines()
+                self.assertTrue(lines[-1].startswith(f"lkdtm: {name}: {verdict}"), text)
+                if headline is None:
+                    self.assertNotIn("kernel memory allocator:", text)
+                    continue
+                reports = text.split("kernel memory allocator: ")[1:]
+                # One report per bad operation (SLAB_FREE_PAGE makes two:
+                # the free to the cache and the kfree).
+                self.assertEqual(len(reports), 2 if name == "SLAB_FREE_PAGE" else 1, text)
+                report = reports[0]
+                self.assertTrue(report.startswith(headline), report)
+                self.assertRegex(report, rf"buffer=0x[0-9a-f]+  bufctl=0x[0-9a-f]+  cache: {cache}\n")
+                if offset is not None:
+                    self.assertIn(f"modification occurred at offset {offset:#x} (", report)
+                    self.assertTrue(lines[-1].endswith(f"offset {offset:#x}"), lines[-1])
+                    # The objects' last free (AUDIT), symbolized.
+                    self.assertRegex(report, r"transaction on buffer 0x[0-9a-f]+:\nthread=cpu\d+  time=T\+\d+\.\d{6}s")
+                    self.assertRegex(report, r"#01 \[<0x[0-9a-f]+>\] \S+\+0x[0-9a-f]+")
+                object_match = re.search(r"object (0x[0-9a-f]+)", lines[-1])
+                buffer_match = re.search(r"buffer=(0x[0-9a-f]+)", report)
+                if object_match:
+                    self.assertEqual(object_match.group(1), buffer_match.group(1))
+
+    def test_kmem_errors_shows_the_reports_again(self):
+        text = reply_to(self.out, "kmem errors")
+        self.assertRegex(text, r"^\d+ error\(s\) reported since boot; the last \d+:")
+        for name in ["duplicate-free", "wrong-cache", "foreign-pointer", "redzone", "modified-after-free"]:
+            self.assertIn(f"({name})", text)
 
 
 class SlabDebugSession(unittest.TestCase):
