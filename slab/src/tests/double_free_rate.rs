@@ -44,6 +44,9 @@ struct Tally {
     /// Double frees of the object most recently freed on this CPU.
     immediate: usize,
     immediate_at_free: usize,
+    /// Not refused at the free, and the object was then handed out twice
+    /// (to two holders at once) before the trial ended.
+    handed_out_twice: usize,
 }
 
 fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
@@ -62,6 +65,7 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
         let before = alloc.nr_errors();
         let mut at_free = false;
         let mut injected = false;
+        let mut twice = false;
         for op in 0..nr_ops {
             // The double free: at step `inject_at`, or the first step after
             // it with something freed.
@@ -86,6 +90,7 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
             if live.is_empty() || rng.below(100) < 55 {
                 let obj = cache.alloc().unwrap();
                 freed.retain(|&f| f != obj);
+                twice |= live.contains(&obj);
                 live.push(obj);
             } else {
                 let obj = live.swap_remove(rng.below(live.len()));
@@ -107,6 +112,7 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
             } else if alloc.nr_errors() > before {
                 tally.later += 1;
             }
+            tally.handed_out_twice += twice as usize;
         }
         // SAFETY: empty (or, after an undetected double free, refused:
         // then the cache is left alone).
@@ -122,7 +128,7 @@ fn double_free_detection_rate() {
     let consistency = run_trials(CacheFlags::CONSISTENCY, 400, 0x9e37_79b9_7f4a_7c15);
     for (name, tally) in [("no flags", &plain), ("F (CONSISTENCY)", &consistency)] {
         std::println!(
-            "double frees, {name}: {} trials, refused at the free {} ({:.1}%), reported later {} ({:.1}%), missed {} ({:.1}%); immediate re-frees {} refused of {}",
+            "double frees, {name}: {} trials, refused at the free {} ({:.1}%), reported later {} ({:.1}%), missed {} ({:.1}%); handed out twice before the report {}; immediate re-frees {} refused of {}",
             tally.trials,
             tally.at_free,
             100.0 * tally.at_free as f64 / tally.trials as f64,
@@ -130,6 +136,7 @@ fn double_free_detection_rate() {
             100.0 * tally.later as f64 / tally.trials as f64,
             tally.trials - tally.at_free - tally.later,
             100.0 * (tally.trials - tally.at_free - tally.later) as f64 / tally.trials as f64,
+            tally.handed_out_twice,
             tally.immediate_at_free,
             tally.immediate,
         );
@@ -140,5 +147,6 @@ fn double_free_detection_rate() {
     assert_eq!(plain.immediate_at_free, plain.immediate);
     // With the state word every double free is refused at the free.
     assert_eq!(consistency.at_free, consistency.trials);
+    assert_eq!(consistency.handed_out_twice, 0);
     assert!(plain.at_free + plain.later > plain.trials / 2);
 }
