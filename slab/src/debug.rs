@@ -632,6 +632,9 @@ impl DebugLayout {
     /// Write the redzone of the object whose slot is `slot` (the whole
     /// slot: object and trailer).
     pub(crate) fn fill_redzone(&self, slot: &mut [u8]) {
+        if self.redzone_end == self.obj_size {
+            return;
+        }
         let start = self.obj_size;
         for (offset, byte) in (start..).zip(&mut slot[start..self.redzone_end]) {
             *byte = self.redzone_byte(offset);
@@ -642,6 +645,9 @@ impl DebugLayout {
     /// and the redzone word containing it (expected and found; bytes of the
     /// word before the redzone read as the pattern would).
     pub(crate) fn check_redzone(&self, slot: &[u8]) -> Option<Mismatch> {
+        if self.redzone_end == self.obj_size {
+            return None;
+        }
         let offset =
             (self.obj_size..self.redzone_end).find(|&at| slot[at] != self.redzone_byte(at))?;
         let word = offset & !7;
@@ -696,7 +702,17 @@ impl DebugLayout {
         Some((read_audit(slot, at), read_audit(slot, at + 80)))
     }
 
+    /// Record the current transaction, if `AUDIT` (`free`: the free
+    /// record, else the alloc one).
+    pub(crate) fn record_audit<P: Platform>(&self, slot: &mut [u8], free: bool) {
+        if let Some(at) = self.audit_offset {
+            let record = AuditRecord::capture::<P>();
+            write_audit(slot, if free { at + 80 } else { at }, &record);
+        }
+    }
+
     /// Record a transaction (`free`: the free record, else the alloc one).
+    #[cfg(test)]
     pub(crate) fn set_audit(&self, slot: &mut [u8], free: bool, record: &AuditRecord) {
         if let Some(at) = self.audit_offset {
             write_audit(slot, if free { at + 80 } else { at }, record);

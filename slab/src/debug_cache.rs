@@ -95,7 +95,7 @@ impl<P: Platform> KmemCache<P> {
         let slot = unsafe { self.debug_slot(layout, addr) };
         let report = self.debug_check_free_slot(layout, slot, addr, slab);
         layout.set_state(slot, addr, STATE_ALLOCATED);
-        layout.set_audit(slot, false, &AuditRecord::capture::<P>());
+        layout.record_audit::<P>(slot, false);
         if layout.poison {
             layout.fill_poison(slot, POISON_UNINITIALIZED);
         }
@@ -188,7 +188,7 @@ impl<P: Platform> KmemCache<P> {
             ));
         }
         layout.save_contents(slot);
-        layout.set_audit(slot, true, &AuditRecord::capture::<P>());
+        layout.record_audit::<P>(slot, true);
         layout.set_state(slot, addr, STATE_FREE);
         if layout.poison {
             layout.fill_poison(slot, POISON_FREE);

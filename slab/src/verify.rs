@@ -7,7 +7,7 @@ use core::fmt;
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
 use crate::debug::{AuditRecord, ObjectState};
-use crate::freelist::{BadLink, map_count, map_test};
+use crate::freelist::{BadLink, map_test};
 use crate::geometry::SlabKind;
 use crate::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
@@ -418,7 +418,10 @@ impl<P: Platform> KmemCache<P> {
                         }
                         Err(_) => result = Err(error("free list broken", slab as usize)),
                     }
-                    debug_assert_eq!(map_count(free_map), nr_objs as usize - nr_busy as usize);
+                    debug_assert_eq!(
+                        crate::freelist::map_count(free_map),
+                        nr_objs as usize - nr_busy as usize
+                    );
                 }
             });
             result?;
