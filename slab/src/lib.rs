@@ -264,10 +264,10 @@
 //! **Why are all double frees caught only with debug flags?** Catching
 //! every one needs the object's own state, written on every alloc and
 //! free (the debug state word), which is what the hit avoids. Without
-//! flags the hit checks only the top of `loaded` (2 instructions per
-//! pair); checking the slab's free map there too would cost 7 more (56 →
-//! 63 per pair, measured with `cache-pair`), so that check runs on the free
-//! miss and in the slab layer instead. Foreign, wrong-cache and misaligned
+//! flags the hit checks only the top of `loaded` (2 instructions of code;
+//! see the README for what it measures); checking the slab's free map
+//! there too would cost 7 more per pair (measured with `cache-pair`), so
+//! that check runs on the free miss and in the slab layer instead. Foreign, wrong-cache and misaligned
 //! pointers are always detected (page map, or header magic plus cache
 //! pointer for caches on other sources).
 //!
