@@ -690,18 +690,20 @@ impl<P: Platform> KmemCache<P> {
         Ok(())
     }
 
-    /// Whether `obj`, an object of a small slab of ours, is on its slab's
-    /// free list (a double free of an object back in its slab). Checked
-    /// on the free miss only: on the hit it would cost 7 instructions per
-    /// alloc+free pair (measured: 56 → 63 on `cache-pair`).
+    /// Whether `obj`, an object of ours, is back in its slab (small slabs:
+    /// on the free list; bufctl slabs: not in the hash): a double free.
+    /// Checked on the free miss only: on the hit it would cost 7
+    /// instructions per alloc+free pair (measured: 56 → 63 on `cache-pair`).
     ///
     /// # Safety
     /// `obj` is an object start of a live slab of this cache.
     unsafe fn is_free_in_slab(&self, obj: NonNull<u8>) -> bool {
-        if self.kind != SlabKind::Small {
-            return false;
-        }
         let addr = obj.as_ptr() as usize;
+        if self.kind != SlabKind::Small {
+            // Bufctl slabs: a busy object has its bufctl in the hash (one
+            // locked lookup, on the miss only).
+            return self.slab.lock().hash.find(addr).is_null();
+        }
         let slab = self.small_slab_of(addr);
         // SAFETY: per our caller, a live small slab of ours.
         let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
