@@ -517,10 +517,10 @@ impl<P: Platform> KmemCache<P> {
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
-                let taken = self
-                    .slab
-                    .lock()
-                    .take_object(self.kind, |base| self.free_list(base), &mut bad);
+                let taken =
+                    self.slab
+                        .lock()
+                        .take_object(self.kind, |base| self.free_list(base), &mut bad);
                 self.report_bad_link(bad);
                 return taken.ok_or(error);
             }

@@ -10,13 +10,13 @@ mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
-mod geometry;
-#[cfg(not(loom))]
 mod debug;
 #[cfg(not(loom))]
 mod debug_fuzz;
 #[cfg(not(loom))]
 mod double_free_rate;
+#[cfg(not(loom))]
+mod geometry;
 #[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
