@@ -295,21 +295,21 @@ class KmemtraceSession(unittest.TestCase):
         self.assertIn("cmd_kmalloc", site["function"])
         # kmalloc 100 10 and kmalloc 4000 3 from the one kmalloc! line.
         self.assertEqual((site["hit"], site["bytes_req"], site["bytes_alloc"]),
-                         (13, 10 * 100 + 3 * 4000, 10 * 128 + 3 * 4096))
+                         (13, 10 * 100 + 3 * 4000, 10 * 104 + 3 * 4096))
         self.assertEqual(site["frees"], 4)
         self.assertEqual(site["pingpong"], 0)
-        # Per pointer (--alloc): each 100 B object in kmalloc-128 wastes 21.9 %.
+        # Per pointer (--alloc): each 100 B object in kmalloc-104 wastes 3.8 %.
         code, out, err = self.magpie_kmem("stat", "--alloc", "--json")
         self.assertEqual(code, 0, err)
         # (The six still held: the four freed addresses were reused by stress.)
         held = {int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 100 10"))[:6]}
         rows = [r for r in json.loads(out)["allocs"] if int(r["ptr"], 16) in held]
         self.assertEqual(len(rows), 6)
-        self.assertTrue(all(f'{r["frag_percent"]:.1f}' == "21.9" for r in rows), rows)
+        self.assertTrue(all(f'{r["frag_percent"]:.1f}' == "3.8" for r in rows), rows)
         # The text report says the same.
         code, out, err = self.magpie_kmem("stat", "--caller")
         self.assertEqual(code, 0, err)
-        self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13568/1043\s*\|\s*13000/1000\s*\|\s*13 ")
+        self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13328/1025\s*\|\s*13000/1000\s*\|\s*13 ")
 
     @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
     def test_magpie_kmem_ping_pong_is_stress_cross_cpu_frees(self):
@@ -410,8 +410,8 @@ class AllocinfoMarkDiff(unittest.TestCase):
         lines = text.splitlines()
         self.assertRegex(lines[0], r"^allocinfo diff - since mark \d+ ms ago, \d+ sites? changed$")
         self.assertEqual(lines[1], "#     <size>  <calls> <tag info>")
-        # Six objects of 100 B still held, class-rounded to 128 B.
-        self.assertRegex(lines[2], r"^\s+\+768\s+\+6 kernel/src/shell/kmem\.rs:\d+ func:cmd_kmalloc$")
+        # Six objects of 100 B still held, class-rounded to 104 B.
+        self.assertRegex(lines[2], r"^\s+\+624\s+\+6 kernel/src/shell/kmem\.rs:\d+ func:cmd_kmalloc$")
         self.assertEqual(len(lines), 3, text)
 
     def test_after_freeing_everything_the_site_is_back_to_the_mark(self):
