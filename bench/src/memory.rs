@@ -15,6 +15,8 @@
 //!   through the heap; then the allocator's own give-back call, if it has
 //!   one ([`BenchAlloc::give_back`]). Resident is reported at the peak,
 //!   after the frees and after the give-back, against the survivors' bytes.
+//! - `burst-old`: the same, but the older 90 % are freed (the survivors
+//!   are the newest 100,000, clustered at the end of the heap).
 //!
 //! Prints `MEM key=value ...` lines.
 
@@ -30,8 +32,8 @@ pub const NR_BURST_OBJS: usize = 1_000_000;
 /// Entry point: `memory <allocator> <heap|burst>`.
 pub fn main(allocator: &str, what: &str) {
     no_huge_pages();
-    if !matches!(what, "heap" | "burst") {
-        eprintln!("memory: heap or burst, not {what}");
+    if !matches!(what, "heap" | "burst" | "burst-old") {
+        eprintln!("memory: heap, burst or burst-old, not {what}");
         std::process::exit(2);
     }
     fn leak<T>(v: T) -> &'static T {
@@ -111,7 +113,13 @@ fn measure<A: BenchAlloc>(a: &A, what: &str) {
     let mut live = 0;
     let mut nr_live = 0;
     for (i, &(p, size)) in objs.iter().enumerate().rev() {
-        if survives(i) {
+        let survivor = if what == "burst-old" {
+            // The older 90 % die, the newest 10 % stay (clustered).
+            i >= n / 10 * 9
+        } else {
+            survives(i)
+        };
+        if survivor {
             live += size;
             nr_live += 1;
         } else {
@@ -124,7 +132,7 @@ fn measure<A: BenchAlloc>(a: &A, what: &str) {
     let give_back = a.give_back();
     let after_give_back = rss_anon() - base;
     println!(
-        "MEM burst objects={n} requested={requested} peak={peak} live_objects={nr_live} live={live} \
+        "MEM {what} objects={n} requested={requested} peak={peak} live_objects={nr_live} live={live} \
          after_free={after_free} after_give_back={after_give_back} give_back={} \
          metadata_after_free={} metadata={}",
         give_back.unwrap_or("-"),
