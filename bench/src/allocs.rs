@@ -73,6 +73,13 @@ pub trait BenchAlloc: Sync + 'static {
     fn give_back(&self) -> Option<&'static str> {
         None
     }
+    /// What the allocator does on its own while the system is idle, run
+    /// once by the burst workloads before [`BenchAlloc::give_back`]
+    /// (magpie: one working-set interval, i.e. two `kmem_update` ticks;
+    /// nothing for the others). Returns its name, or `None`.
+    fn idle(&self) -> Option<&'static str> {
+        None
+    }
     /// Bytes of the allocator's own metadata, where the allocator can say.
     fn metadata_bytes(&self) -> Option<usize> {
         None
@@ -276,6 +283,13 @@ impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
             // SAFETY: per our caller.
             unsafe { self.free(ptr, OBJ) }
         }
+    }
+    fn idle(&self) -> Option<&'static str> {
+        // The first tick opens a working-set interval, the second reaps
+        // what the interval did not use (illumos kmem_update).
+        P::allocator().kmem_update();
+        P::allocator().kmem_update();
+        Some("2 × kmem_update")
     }
     fn give_back(&self) -> Option<&'static str> {
         P::allocator().reap_all();

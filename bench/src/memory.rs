@@ -13,7 +13,8 @@
 //!   freed (every object whose index hashes to a non-zero residue mod 10,
 //!   in reverse allocation order), so the 10 % survivors are scattered
 //!   through the heap; then the allocator's own give-back call, if it has
-//!   one ([`BenchAlloc::give_back`]). Resident is reported at the peak,
+//!   one ([`BenchAlloc::give_back`]), after what it does on its own
+//!   while idle ([`BenchAlloc::idle`]: magpie's working-set interval). Resident is reported at the peak,
 //!   after the frees and after the give-back, against the survivors' bytes.
 //! - `burst-old`: the same, but the older 90 % are freed (the survivors
 //!   are the newest 100,000, clustered at the end of the heap).
@@ -129,12 +130,15 @@ fn measure<A: BenchAlloc>(a: &A, what: &str) {
     }
     let after_free = rss_anon() - base;
     let meta_after_free = a.metadata_bytes();
+    let idle = a.idle();
+    let after_idle = rss_anon() - base;
     let give_back = a.give_back();
     let after_give_back = rss_anon() - base;
     println!(
         "MEM {what} objects={n} requested={requested} peak={peak} live_objects={nr_live} live={live} \
-         after_free={after_free} after_give_back={after_give_back} give_back={} \
+         after_free={after_free} idle={} after_idle={after_idle} after_give_back={after_give_back} give_back={} \
          metadata_after_free={} metadata={}",
+        idle.map_or("-".to_string(), |i| i.replace(' ', "_")),
         give_back.unwrap_or("-"),
         meta_field(meta_after_free),
         meta_field(a.metadata_bytes()),

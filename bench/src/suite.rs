@@ -1111,7 +1111,10 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
          10: the survivors are scattered through the heap, as long-lived objects are); then \
          the allocator's own call for giving memory back, if it has one. Resident as above \
          (growth of `RssAnon` since before the burst). `live` = bytes requested by the \
-         survivors; `× live` = resident after the give-back / live. No allocator that does \
+         survivors; \"after one idle interval\" is magpie's depot working set at work \
+         (two `Allocator::kmem_update` ticks, what a kernel's idle loop runs every few \
+         seconds; the others do nothing while idle); `× live` = resident after the \
+         give-back / live. No allocator that does \
          not move objects can return much here: nearly every page keeps a survivor.\n",
         &burst,
     );
@@ -1136,20 +1139,24 @@ fn burst_table(
     writeln!(r, "{text}").unwrap();
     writeln!(
         r,
-        "| allocator | peak MiB | live MiB | after free MiB | give-back call | after give-back MiB | × live | metadata MiB after free / after give-back |\n\
-         |---|---:|---:|---:|---|---:|---:|---:|"
+        "| allocator | peak MiB | live MiB | after free MiB | after one idle interval MiB | give-back call | after give-back MiB | × live | metadata MiB after free / after give-back |\n\
+         |---|---:|---:|---:|---:|---|---:|---:|---:|"
     )
     .unwrap();
     for (label, kv) in rows {
         if let Some(e) = kv.get("error") {
-            writeln!(r, "| {label} | {e} | | | | | | |").unwrap();
+            writeln!(r, "| {label} | {e} | | | | | | | |").unwrap();
             continue;
         }
+        let idle = match kv.get("idle").map(String::as_str) {
+            Some("-") | None => "—".to_string(),
+            Some(_) => num(kv, "after_idle").map_or("?".into(), mib),
+        };
         let live = num(kv, "live");
         let after = num(kv, "after_give_back");
         writeln!(
             r,
-            "| {label} | {} | {} | {} | `{}` | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {idle} | `{}` | {} | {} | {} |",
             num(kv, "peak").map_or("?".into(), mib),
             live.map_or("?".into(), mib),
             num(kv, "after_free").map_or("?".into(), mib),
