@@ -161,18 +161,7 @@ impl<P: Platform> KmemCache<P> {
                 ));
             }
             ObjectState::Corrupt(word) => {
-                found = Some(self.debug_report(
-                    layout,
-                    slot,
-                    ErrorKind::BadState,
-                    addr,
-                    slab,
-                    Some(Mismatch {
-                        offset: layout.state_offset,
-                        expected: addr as u64 ^ STATE_ALLOCATED,
-                        found: word,
-                    }),
-                ));
+                found = Some(self.bad_state_report(layout, slot, addr, slab, word));
             }
         }
         if found.is_none()
@@ -200,6 +189,30 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
+    /// The report for an object whose state word is neither "free" nor
+    /// "allocated" for its address (`found`): a write over the state word.
+    fn bad_state_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        found: u64,
+    ) -> ErrorReport {
+        self.debug_report(
+            layout,
+            slot,
+            ErrorKind::BadState,
+            addr,
+            slab,
+            Some(Mismatch {
+                offset: layout.state_offset,
+                expected: addr as u64 ^ STATE_ALLOCATED,
+                found,
+            }),
+        )
+    }
+
     /// Verify one object without changing it: a free one (`free`: on its
     /// slab's free list, or its state says free) must hold its poison and
     /// redzone; an allocated one its redzone.
@@ -220,18 +233,7 @@ impl<P: Platform> KmemCache<P> {
             return self.debug_check_free_slot(layout, slot, addr, slab);
         }
         if let ObjectState::Corrupt(word) = state {
-            return Some(self.debug_report(
-                layout,
-                slot,
-                ErrorKind::BadState,
-                addr,
-                slab,
-                Some(Mismatch {
-                    offset: layout.state_offset,
-                    expected: addr as u64 ^ STATE_ALLOCATED,
-                    found: word,
-                }),
-            ));
+            return Some(self.bad_state_report(layout, slot, addr, slab, word));
         }
         layout.check_redzone(slot).map(|mismatch| {
             self.debug_report(
