@@ -12,7 +12,7 @@ use crate::debug::{DebugLayout, freelist_secret};
 use crate::error::{AllocError, DestroyError, FreeError};
 use crate::geometry::{Geometry, SlabKind};
 use crate::magazine::{Depot, MAG_INITIAL_ROUNDS, Magazine, PcpuCache, PcpuInner};
-use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB};
+use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::slab::{SLAB_MAGIC, Slab, SlabLayer, small_header};
 use crate::stats::{CacheStats, CpuCacheStats};
@@ -641,7 +641,7 @@ impl<P: Platform> KmemCache<P> {
     #[cold]
     #[inline(never)]
     fn locate_error(&self, addr: usize, entry: usize) -> FreeError {
-        if entry == 0 {
+        if !entry_is_live(entry) {
             return FreeError::NotAllocated { addr };
         }
         if entry & TAG_MASK != TAG_SLAB {

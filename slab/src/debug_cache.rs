@@ -28,7 +28,9 @@ use crate::debug::{
     STATE_ALLOCATED, STATE_FREE,
 };
 use crate::error::FreeError;
-use crate::pagemap::{TAG_MASK, TAG_SLAB};
+use crate::kmalloc::large_nr_pages;
+use crate::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::platform::PAGE_SIZE;
 use crate::platform::Platform;
 use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
@@ -376,7 +378,7 @@ impl<P: Platform> Allocator<P> {
             FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
             FreeError::WrongCache { .. } => ErrorKind::WrongCache,
             FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
-            FreeError::NotAllocated { .. } if entry == 0 => ErrorKind::ForeignPointer,
+            FreeError::NotAllocated { .. } if !entry_is_live(entry) => ErrorKind::ForeignPointer,
             FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
         };
         let mut report = ErrorReport::new(kind, cache, addr);
@@ -385,6 +387,12 @@ impl<P: Platform> Allocator<P> {
         } = error
         {
             report.owner = Some(ReportName::new(owner));
+        }
+        if kind == ErrorKind::DuplicateFree && entry & TAG_MASK == TAG_LARGE_FREED {
+            // A page-granular block kfree gave back (its head's freed
+            // mark): its address and size.
+            report.object = addr;
+            report.size = large_nr_pages(entry) * PAGE_SIZE;
         }
         if entry & TAG_MASK == TAG_SLAB {
             let slab = (entry & !TAG_MASK) as *mut Slab;

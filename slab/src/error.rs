@@ -42,7 +42,10 @@ pub enum FreeError {
     /// (any [`DebugFlags`](crate::debug::DebugFlags)); without flags, when
     /// the object is on top of this CPU's `loaded` or `prev` magazine, or
     /// back in its slab (a bufctl cache off the primary source cannot tell
-    /// that from a stray pointer and reports `NotAllocated`).
+    /// that from a stray pointer and reports `NotAllocated`). A
+    /// page-granular kmalloc block freed twice, as long as its first page
+    /// was not used again by the allocator (the page map keeps a freed
+    /// mark on it until then).
     DoubleFree {
         /// The pointer passed to free.
         addr: usize,

@@ -11,7 +11,8 @@ use crate::cache::{KmemCache, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::pagemap::{
-    TAG_LARGE_HEAD, TAG_LARGE_LEAD, TAG_LARGE_TAIL, TAG_LARGE_TRAIL, TAG_MASK, TAG_SLAB,
+    TAG_LARGE_FREED, TAG_LARGE_HEAD, TAG_LARGE_LEAD, TAG_LARGE_TAIL, TAG_LARGE_TRAIL, TAG_MASK,
+    TAG_SLAB, entry_is_live,
 };
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
@@ -93,9 +94,9 @@ const LARGE_TAG_SHIFT: u32 = 32;
 /// the tag bits).
 const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
 
-/// Page count of a page-granular head entry.
+/// Page count of a page-granular head entry (live or freed).
 #[inline]
-fn large_nr_pages(entry: usize) -> usize {
+pub(crate) fn large_nr_pages(entry: usize) -> usize {
     (entry >> 3) & LARGE_MAX_PAGES
 }
 
@@ -407,10 +408,13 @@ impl<P: Platform> Allocator<P> {
                 if addr & (PAGE_SIZE - 1) != 0 {
                     return Err(FreeError::Misaligned { addr });
                 }
-                if !map.claim(addr, entry) {
-                    return Err(FreeError::NotAllocated { addr });
-                }
                 let nr_pages = large_nr_pages(entry);
+                // The head keeps a freed mark (until the page is used
+                // again), so a second kfree is a duplicate free.
+                if !map.claim(addr, entry, (nr_pages << 3) | TAG_LARGE_FREED) {
+                    // Another CPU freed it first.
+                    return Err(FreeError::DoubleFree { addr });
+                }
                 if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
                     // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
                     self.kmemtrace_record(
@@ -438,7 +442,9 @@ impl<P: Platform> Allocator<P> {
                 let trail = slack >> LARGE_TAG_SHIFT;
                 let base = addr - lead * PAGE_SIZE;
                 let nr_taken = lead + nr_pages + trail;
-                map.clear_range(base, nr_taken);
+                // Every page but the head (its freed mark stays).
+                map.clear_range(base, lead);
+                map.clear_range(addr + PAGE_SIZE, nr_pages - 1 + trail);
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
@@ -460,6 +466,8 @@ impl<P: Platform> Allocator<P> {
             TAG_LARGE_TAIL | TAG_LARGE_LEAD | TAG_LARGE_TRAIL => {
                 Err(FreeError::Misaligned { addr })
             }
+            // The head of a block kfree gave back, its pages not used again.
+            TAG_LARGE_FREED if addr & (PAGE_SIZE - 1) == 0 => Err(FreeError::DoubleFree { addr }),
             _ => Err(FreeError::NotAllocated { addr }),
         }
     }
@@ -500,7 +508,7 @@ impl<P: Platform> Allocator<P> {
     /// bootstrap heap. False before init.
     #[inline]
     pub fn owns(&self, ptr: *const u8) -> bool {
-        self.is_ready() && self.page_map().get(ptr as usize) != 0
+        self.is_ready() && entry_is_live(self.page_map().get(ptr as usize))
     }
 
     /// Page-granular kmalloc statistics.

@@ -12,7 +12,12 @@
 //! - `trail << 32 | lead << 3 | TAG_LARGE_LEAD` / `TAG_LARGE_TRAIL`: the
 //!   slack pages before (`lead` of them) and after (`trail`) a
 //!   page-granular kmalloc aligned above a page, which took
-//!   `lead + nr_pages + trail` pages from the source.
+//!   `lead + nr_pages + trail` pages from the source;
+//! - `nr_pages << 3 | TAG_LARGE_FREED`: the first page of a page-granular
+//!   kmalloc that `kfree` gave back, until the page is used again (a slab
+//!   or another page-granular kmalloc overwrites the entry): a second
+//!   `kfree` of it is told apart from a stray pointer and reported as a
+//!   duplicate free (illumos `KMERR_DUPFREE`) with the block's size.
 
 use core::sync::atomic::{AtomicUsize, Ordering};
 
@@ -24,6 +29,15 @@ pub(crate) const TAG_LARGE_HEAD: usize = 2;
 pub(crate) const TAG_LARGE_TAIL: usize = 3;
 pub(crate) const TAG_LARGE_LEAD: usize = 4;
 pub(crate) const TAG_LARGE_TRAIL: usize = 5;
+pub(crate) const TAG_LARGE_FREED: usize = 6;
+
+/// Whether a page-map entry says the allocator owns the page now (a slab
+/// page or a live page-granular kmalloc): not 0, not a freed block's mark.
+#[inline(always)]
+pub(crate) const fn entry_is_live(entry: usize) -> bool {
+    // Tags 1..=5 are live; 0 (nothing) and TAG_LARGE_FREED are not.
+    (entry & TAG_MASK).wrapping_sub(1) < TAG_LARGE_TRAIL
+}
 
 /// Where the page map lives. Copied into every cache at creation; never
 /// changes after `init`.
@@ -93,18 +107,19 @@ impl PageMap {
         true
     }
 
-    /// Clear the entries of `nr_pages` pages from `addr`.
+    /// Clear the entries of `nr_pages` pages from `addr` (none for 0).
     pub(crate) fn clear_range(&self, addr: usize, nr_pages: usize) {
         self.set_range(addr, nr_pages, |_| 0);
     }
 
     /// Atomically claim a large-allocation head entry: replace `expected`
-    /// by 0. False if someone else changed it first.
-    pub(crate) fn claim(&self, addr: usize, expected: usize) -> bool {
+    /// by `freed` (its [`TAG_LARGE_FREED`] mark). False if someone else
+    /// changed it first.
+    pub(crate) fn claim(&self, addr: usize, expected: usize, freed: usize) -> bool {
         match self.index(addr) {
             Some(index) => self
                 .entry(index)
-                .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(expected, freed, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok(),
             None => false,
         }

@@ -138,6 +138,9 @@ pub struct ErrorReport {
     pub buffer: usize,
     /// Start of the object holding `buffer` (0 if none).
     pub object: usize,
+    /// Bytes of a page-granular kmalloc block the report is about (whole
+    /// pages; 0 for slab objects and unknown blocks).
+    pub size: usize,
     /// The object's bufctl (bufctl caches; 0 otherwise).
     pub bufctl: usize,
     /// The object's slab (0 if none).
@@ -166,6 +169,7 @@ impl ErrorReport {
             owner: None,
             buffer,
             object: 0,
+            size: 0,
             bufctl: 0,
             slab: 0,
             corruption: None,
@@ -251,6 +255,12 @@ impl fmt::Display for ReportDisplay<'_> {
                 }
                 writeln!(f, "caller attempting free to {}.", report.cache)?;
             }
+            ErrorKind::DuplicateFree if report.size != 0 => writeln!(
+                f,
+                "buffer was allocated as whole pages (kmalloc): {} pages, {} bytes",
+                report.size / crate::platform::PAGE_SIZE,
+                report.size
+            )?,
             ErrorKind::InvalidFree if report.object != 0 => writeln!(
                 f,
                 "not an object start: offset {:#x} into object {:#x}",

@@ -275,7 +275,7 @@ fn misaligned_pointers() {
         alloc.kfree(large).unwrap();
         assert_eq!(
             alloc.kfree(large),
-            Err(FreeError::NotAllocated {
+            Err(FreeError::DoubleFree {
                 addr: large.as_ptr() as usize
             })
         );

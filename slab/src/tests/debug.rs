@@ -369,3 +369,70 @@ fn verify_walks_every_cache_and_counts() {
     #[cfg(debug_assertions)]
     alloc.check_invariants().unwrap();
 }
+
+#[test]
+fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
+    let (alloc, source) = setup_default();
+    let baseline = source.pages_outstanding();
+    // Three pages, and three pages aligned to four (lead and trail slack).
+    for (size, align, nr_pages) in [(3 * 4096 - 100, 8, 3), (3 * 4096, 4 * 4096, 3)] {
+        let block = alloc.kmalloc(size, align).unwrap();
+        let addr = block.as_ptr() as usize;
+        assert!(alloc.owns(block.as_ptr()));
+        let before = alloc.nr_errors();
+        // SAFETY: allocated above; the second free is refused.
+        unsafe {
+            alloc.kfree(block).unwrap();
+            assert!(!alloc.owns(block.as_ptr()), "a freed block is not ours");
+            assert_eq!(alloc.kfree(block), Err(FreeError::DoubleFree { addr }));
+            // Stays a duplicate free, however often.
+            assert_eq!(alloc.kfree(block), Err(FreeError::DoubleFree { addr }));
+            // A pointer inside the freed block, or freed to a cache: not ours.
+            let inner = NonNull::new_unchecked(block.as_ptr().add(4096));
+            assert_eq!(
+                alloc.kfree(inner),
+                Err(FreeError::NotAllocated { addr: addr + 4096 })
+            );
+            let cache = alloc.kmalloc_cache_for(64, 8).unwrap();
+            assert_eq!(cache.free(block), Err(FreeError::NotAllocated { addr }));
+        }
+        assert_eq!(alloc.ksize(block), Err(FreeError::NotAllocated { addr }));
+        let errors = errors_since(alloc, before);
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        for report in &errors[..2] {
+            assert_eq!(report.kind, ErrorKind::DuplicateFree);
+            assert_eq!(report.cache.as_str(), "kmalloc");
+            assert_eq!((report.buffer, report.object), (addr, addr));
+            assert_eq!(report.size, nr_pages * 4096);
+        }
+        assert_eq!(errors[2].kind, ErrorKind::ForeignPointer);
+        assert_eq!(errors[2].size, 0);
+        let text = format!("{}", errors[0].display(&RawFormat));
+        assert!(
+            text.starts_with("kernel memory allocator: duplicate free: buffer freed twice\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "whole pages (kmalloc): {nr_pages} pages, {} bytes",
+                nr_pages * 4096
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("buffer={addr:#x}")), "{text}");
+        // Nothing was lost: every page went back once.
+        assert_eq!(alloc.large_stats().nr_live, 0);
+        assert_eq!(source.pages_outstanding(), baseline);
+    }
+    // Once the pages serve again, the entry is the new owner's: the new
+    // block frees normally (the stale pointer is the new block's now).
+    let first = alloc.kmalloc(2 * 4096 + 1, 8).unwrap();
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(first) }.unwrap();
+    let again = alloc.kmalloc(2 * 4096 + 1, 8).unwrap();
+    assert_eq!(again, first, "the same pages (first fit)");
+    assert!(alloc.owns(again.as_ptr()));
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(again) }.unwrap();
+    assert_eq!(source.pages_outstanding(), baseline);
+}
