@@ -135,6 +135,29 @@ fn overflow_double_free_and_bad_frees_are_reported_once_each() {
 }
 
 #[test_case]
+fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
+    let before = SLAB.nr_errors();
+    // Above the largest size class: whole pages (3 of them).
+    let block = SLAB.kmalloc(3 * 4096 - 100, 8).expect("page-granular kmalloc");
+    let addr = block.as_ptr() as usize;
+    // SAFETY: allocated above; the second free is refused, changing nothing.
+    unsafe {
+        SLAB.kfree(block).unwrap();
+        assert_eq!(SLAB.kfree(block), Err(FreeError::DoubleFree { addr }));
+    }
+    let errors = errors_since(before);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].kind, ErrorKind::DuplicateFree);
+    assert_eq!((errors[0].object, errors[0].size), (addr, 3 * 4096));
+    let text = format!("{}", errors[0].display(&KernelFormat));
+    assert!(
+        text.contains("duplicate free: buffer freed twice")
+            && text.contains("whole pages (kmalloc): 3 pages, 12288 bytes"),
+        "{text}"
+    );
+}
+
+#[test_case]
 fn verify_and_whatis_at_the_shell() {
     let cache = debug_cache("dbg-verify");
     let obj = cache.alloc().unwrap();

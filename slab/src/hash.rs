@@ -5,7 +5,14 @@
 //! the table itself (like Akaros' `static_hash`), so a cache needs no memory
 //! for its hash until it grows. Bigger bucket arrays are whole pages from
 //! the allocator's primary page source; the caller allocates and frees them
-//! outside its locks (see [`AddrHash::wants_grow`] and [`AddrHash::rehash`]).
+//! outside its locks (see [`AddrHash::wants_grow`], [`AddrHash::wants_shrink`]
+//! and [`AddrHash::rehash`]). The table grows ×4 when the load passes
+//! [`MAX_LOAD`] nodes per bucket and shrinks back (on reap: illumos
+//! `kmem_hash_rescale`) when it falls below one node per
+//! [`SHRINK_LOAD_DIVISOR`] buckets — to the inline buckets if they hold the
+//! nodes at one per bucket, else to the smallest page-backed table with at
+//! least one bucket per node. A grown table is at load ½ or more, so a
+//! shrink never follows a grow without the nodes going away first.
 
 use core::ptr;
 
@@ -17,6 +24,8 @@ pub(crate) const INLINE_BUCKETS: usize = 16;
 const MIN_TABLE_BUCKETS: usize = PAGE_SIZE / core::mem::size_of::<usize>();
 /// Grow when there are more than this many nodes per bucket on average.
 const MAX_LOAD: usize = 2;
+/// Shrink when there are fewer than one node per this many buckets.
+const SHRINK_LOAD_DIVISOR: usize = 8;
 
 /// A node that can sit in an [`AddrHash`].
 pub(crate) trait HashNode: Sized {
@@ -161,6 +170,23 @@ impl<N: HashNode> AddrHash<N> {
         Some(target)
     }
 
+    /// If the load is low (fewer than one node per
+    /// [`SHRINK_LOAD_DIVISOR`] buckets of a page-backed table), the bucket
+    /// count to shrink to: [`INLINE_BUCKETS`] (the inline buckets, no
+    /// pages) if they hold the nodes at one per bucket, else the smallest
+    /// page-backed table with a bucket per node.
+    pub(crate) fn wants_shrink(&self) -> Option<usize> {
+        if self.table.is_null() || self.nr_items * SHRINK_LOAD_DIVISOR >= self.nr_buckets {
+            return None;
+        }
+        let target = if self.nr_items <= INLINE_BUCKETS {
+            INLINE_BUCKETS
+        } else {
+            self.nr_items.next_power_of_two().max(MIN_TABLE_BUCKETS)
+        };
+        (target < self.nr_buckets).then_some(target)
+    }
+
     /// Pages needed for a table of `nr_buckets` buckets (0 for the inline one).
     pub(crate) fn table_pages(nr_buckets: usize) -> usize {
         if nr_buckets <= INLINE_BUCKETS {
@@ -170,44 +196,58 @@ impl<N: HashNode> AddrHash<N> {
         }
     }
 
-    /// Move every node into `new_table` of `new_nr_buckets` buckets and
-    /// return the old page-backed table and its bucket count, to be freed
-    /// by the caller (null if the inline buckets were in use).
+    /// Move every node into `new_table` of `new_nr_buckets` buckets (null
+    /// with [`INLINE_BUCKETS`]: back into the inline buckets) and return
+    /// the old page-backed table and its bucket count, to be freed by the
+    /// caller (null if the inline buckets were in use).
     ///
     /// # Safety
+    /// `new_table` is null and `new_nr_buckets` is [`INLINE_BUCKETS`], or
     /// `new_table` points to `new_nr_buckets` writable bucket slots
     /// (`table_pages(new_nr_buckets)` pages), owned by this table from now
-    /// on; `new_nr_buckets` is a power of two above `INLINE_BUCKETS`.
+    /// on, and `new_nr_buckets` is a power of two above `INLINE_BUCKETS`.
     pub(crate) unsafe fn rehash(
         &mut self,
         new_table: *mut *mut N,
         new_nr_buckets: usize,
     ) -> (*mut *mut N, usize) {
-        debug_assert!(new_nr_buckets.is_power_of_two() && new_nr_buckets > INLINE_BUCKETS);
-        for index in 0..new_nr_buckets {
+        debug_assert!(new_nr_buckets.is_power_of_two());
+        debug_assert_eq!(new_table.is_null(), new_nr_buckets == INLINE_BUCKETS);
+        // Detach the old buckets (the inline ones by copy).
+        let old_table = self.table;
+        let old_nr = self.nr_buckets;
+        let old_inline = core::mem::replace(&mut self.inline, [ptr::null_mut(); INLINE_BUCKETS]);
+        let old_buckets: *const *mut N = if old_table.is_null() {
+            old_inline.as_ptr()
+        } else {
+            old_table
+        };
+        for index in 0..if new_table.is_null() { 0 } else { new_nr_buckets } {
             // SAFETY: the caller gives us new_nr_buckets slots.
             unsafe { new_table.add(index).write(ptr::null_mut()) };
         }
-        let old_table = self.table;
-        let old_nr = self.nr_buckets;
-        let nr_items = self.nr_items;
-        let mut moved = 0;
-        self.drain(|node| {
-            let index = Self::bucket_index(new_nr_buckets, {
-                // SAFETY: drained nodes are valid (type invariant).
-                unsafe { (*node).key() }
-            });
-            // SAFETY: index < new_nr_buckets; node valid.
-            unsafe {
-                *(*node).hash_next() = *new_table.add(index);
-                *new_table.add(index) = node;
-            }
-            moved += 1;
-        });
-        debug_assert_eq!(moved, nr_items);
         self.table = new_table;
         self.nr_buckets = new_nr_buckets;
-        self.nr_items = nr_items;
+        let buckets = self.buckets_mut();
+        let mut moved = 0;
+        for index in 0..old_nr {
+            // SAFETY: index < old_nr, the length of the old buckets (the
+            // copy of the inline ones, or the detached page-backed table,
+            // still allocated); chained nodes are valid (type invariant);
+            // `at` < new_nr_buckets, the length of `buckets`.
+            unsafe {
+                let mut node = *old_buckets.add(index);
+                while !node.is_null() {
+                    let next = *(*node).hash_next();
+                    let at = Self::bucket_index(new_nr_buckets, (*node).key());
+                    *(*node).hash_next() = *buckets.add(at);
+                    *buckets.add(at) = node;
+                    node = next;
+                    moved += 1;
+                }
+            }
+        }
+        debug_assert_eq!(moved, self.nr_items);
         if old_table.is_null() {
             (ptr::null_mut(), 0)
         } else {

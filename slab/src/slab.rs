@@ -925,24 +925,44 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// Free the bufctl hash's page-backed table if the hash is empty
-    /// (reap, destroy).
+    /// Shrink the bufctl hash if its load fell low (reap, destroy; illumos
+    /// `kmem_hash_rescale`): back to the inline buckets (no pages), or to a
+    /// smaller page-backed table (allocated here, with no lock held; if
+    /// that fails the table stays as it is). The old table's pages go back.
     pub(crate) fn free_hash_table(&self) {
-        let (table, nr_buckets) = {
-            let mut layer = self.slab.lock();
-            if layer.hash.nr_items() != 0 {
-                return;
-            }
-            layer.hash.take_table()
+        let Some(nr_buckets) = self.slab.lock().hash.wants_shrink() else {
+            return;
         };
-        if let Some(table) = NonNull::new(table.cast::<u8>()) {
-            // SAFETY: the table came from the primary source with
-            // table_pages(nr_buckets) pages and is detached.
-            unsafe {
-                self.owner()
-                    .primary_source()
-                    .free_pages(table, AddrHash::<Bufctl>::table_pages(nr_buckets))
-            };
+        let source = self.owner().primary_source();
+        let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
+        let table = if nr_pages == 0 {
+            ptr::null_mut()
+        } else {
+            match source.alloc_pages(nr_pages) {
+                Ok(table) => table.as_ptr(),
+                Err(_) => return,
+            }
+        };
+        let old = {
+            let mut layer = self.slab.lock();
+            if layer.hash.wants_shrink() != Some(nr_buckets) {
+                None
+            } else {
+                // SAFETY: `table` is null for the inline buckets, or
+                // nr_pages fresh pages, enough for nr_buckets bucket heads
+                // (table_pages), 8-aligned.
+                Some(unsafe { layer.hash.rehash(table.cast(), nr_buckets) })
+            }
+        };
+        let (unused, unused_nr) = match old {
+            // The load changed meanwhile: give our table back.
+            None => (table.cast(), nr_buckets),
+            Some(old) => old,
+        };
+        if let Some(unused) = NonNull::new(unused.cast::<u8>()) {
+            // SAFETY: a page-backed table from the primary source with
+            // table_pages(unused_nr) pages, referenced by nothing.
+            unsafe { source.free_pages(unused, AddrHash::<Bufctl>::table_pages(unused_nr)) };
         }
     }
 }

@@ -205,3 +205,51 @@ fn bufctl_hash_grows_and_shrinks() {
     );
     assert_eq!(source.pages_outstanding(), baseline);
 }
+
+/// The bufctl hash shrinks on reap when its load falls (illumos
+/// `kmem_hash_rescale`): one live object no longer keeps a 64-page table.
+#[test]
+fn bufctl_hash_shrinks_on_reap_with_live_objects() {
+    let (alloc, source) = setup_default();
+    let cache = alloc
+        .cache_create("bufctl-16", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .unwrap();
+    let buckets = || cache.slab.lock().hash.nr_buckets();
+    let keep = cache.alloc().unwrap();
+    alloc.reap_all();
+    // One live object, the hash inline: the pages this costs.
+    let with_one = source.pages_outstanding();
+    // 16,385 objects: the hash grows to 32,768 buckets, 64 pages.
+    let many: Vec<_> = (0..16_384).map(|_| cache.alloc().unwrap()).collect();
+    assert_eq!(buckets(), 32_768);
+    let (kept, freed) = many.split_at(200);
+    for &p in freed {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    alloc.reap_all();
+    // 201 objects in 32,768 buckets: down to one page (512 buckets).
+    assert_eq!(buckets(), 512);
+    for &p in kept {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    alloc.reap_all();
+    // One object: back to the inline buckets, and to the pages of before.
+    assert_eq!(buckets(), crate::hash::INLINE_BUCKETS);
+    assert_eq!(source.pages_outstanding(), with_one);
+    // Still found through the hash: it frees, and the cache empties.
+    // SAFETY: allocated above.
+    unsafe { cache.free(keep) }.unwrap();
+    assert_eq!(cache.stats().nr_allocated, 0);
+    // The table grows again when needed (checked when a slab is added).
+    let again: Vec<_> = (0..2000).map(|_| cache.alloc().unwrap()).collect();
+    assert!(buckets() >= 512);
+    for p in again {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    // SAFETY: our cache, empty, not used afterwards.
+    unsafe { cache.destroy() }.unwrap();
+}
+
