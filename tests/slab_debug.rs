@@ -138,7 +138,9 @@ fn overflow_double_free_and_bad_frees_are_reported_once_each() {
 fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
     let before = SLAB.nr_errors();
     // Above the largest size class: whole pages (3 of them).
-    let block = SLAB.kmalloc(3 * 4096 - 100, 8).expect("page-granular kmalloc");
+    let block = SLAB
+        .kmalloc(3 * 4096 - 100, 8)
+        .expect("page-granular kmalloc");
     let addr = block.as_ptr() as usize;
     // SAFETY: allocated above; the second free is refused, changing nothing.
     unsafe {

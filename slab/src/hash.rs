@@ -222,7 +222,12 @@ impl<N: HashNode> AddrHash<N> {
         } else {
             old_table
         };
-        for index in 0..if new_table.is_null() { 0 } else { new_nr_buckets } {
+        let nr_new_slots = if new_table.is_null() {
+            0
+        } else {
+            new_nr_buckets
+        };
+        for index in 0..nr_new_slots {
             // SAFETY: the caller gives us new_nr_buckets slots.
             unsafe { new_table.add(index).write(ptr::null_mut()) };
         }

@@ -252,4 +252,3 @@ fn bufctl_hash_shrinks_on_reap_with_live_objects() {
     // SAFETY: our cache, empty, not used afterwards.
     unsafe { cache.destroy() }.unwrap();
 }
-
