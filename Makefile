@@ -40,13 +40,15 @@ test-e2e:
 	python3 tests/e2e/test_kmemtrace.py -v
 	python3 tests/e2e/test_fuzz.py -v
 
-# Formatting and lints, warnings as errors (also run by .ci/run).
-# HOST_CRATES are the workspace members built for the host.
+# Formatting and lints, warnings as errors (also run by .ci/run). The lint
+# levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
+# HOST_CRATES are the workspace members built for the host; the kernel is
+# linted with its QEMU test kernels (tests/*.rs) too.
 HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
-	cargo clippy -- -D warnings
+	cargo clippy --all-targets -- -D warnings
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.

@@ -15,7 +15,7 @@ fn main(_boot: &'static BootInfo) -> ! {
 }
 
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     println!("[ok]");
     println!("\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n");
     exit_qemu(QemuExitCode::Success)

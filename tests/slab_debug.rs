@@ -11,7 +11,8 @@
 #![reexport_test_harness_main = "test_main"]
 #![allow(
     missing_docs,
-    reason = "#[test_case] functions are named for what they check"
+    clippy::missing_panics_doc,
+    reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
 extern crate alloc;
@@ -50,6 +51,7 @@ fn destroy(cache: &'static Cache) {
 }
 
 #[test_case]
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn write_after_free_report_is_symbolized_with_offset() {
     let cache = debug_cache("dbg-waf");
     let before = SLAB.nr_errors();

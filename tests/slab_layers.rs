@@ -13,7 +13,8 @@
 #![reexport_test_harness_main = "test_main"]
 #![allow(
     missing_docs,
-    reason = "#[test_case] functions are named for what they check"
+    clippy::missing_panics_doc,
+    reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
 extern crate alloc;
@@ -42,6 +43,10 @@ const MAGIC_OFFSET: usize = 8;
 const CONSTRUCTED: u64 = 0xC0FF_EE00_C0FF_EE00;
 const DESTRUCTED: u64 = 0xDEAD_BEEF_DEAD_BEEF;
 
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "object starts are 8-aligned and MAGIC_OFFSET is a multiple of 8"
+)]
 fn read_magic(obj: NonNull<u8>) -> u64 {
     // SAFETY: every object of the caches using this is at least 16 bytes
     // and 8-aligned; the caller owns it (or the allocator does not touch
@@ -49,6 +54,10 @@ fn read_magic(obj: NonNull<u8>) -> u64 {
     unsafe { obj.as_ptr().add(MAGIC_OFFSET).cast::<u64>().read() }
 }
 
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "object starts are 8-aligned and MAGIC_OFFSET is a multiple of 8"
+)]
 fn write_magic(obj: NonNull<u8>, value: u64) {
     // SAFETY: as for read_magic; the constructor/destructor owns the object.
     unsafe { obj.as_ptr().add(MAGIC_OFFSET).cast::<u64>().write(value) }
@@ -729,16 +738,16 @@ fn kmalloc_above_the_classes_is_page_granular() {
                 addr: tail.as_ptr() as usize
             })
         );
-        // SAFETY: the allocator must refuse pointers into the allocation.
         assert_eq!(
+            // SAFETY: the allocator must refuse pointers into the allocation.
             unsafe { SLAB.kfree(tail) },
             Err(FreeError::Misaligned {
                 addr: tail.as_ptr() as usize
             })
         );
         let inside = offset(p, 8);
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { SLAB.kfree(inside) },
             Err(FreeError::Misaligned {
                 addr: inside.as_ptr() as usize
@@ -750,8 +759,8 @@ fn kmalloc_above_the_classes_is_page_granular() {
         assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
         assert_eq!(SLAB.large_stats().live_bytes, large.live_bytes);
         assert_eq!(KPAGES.nr_pages_out(), kpages);
-        // SAFETY: freed already: must be refused.
         assert!(
+            // SAFETY: freed already: must be refused.
             unsafe { SLAB.kfree(p) }.is_err(),
             "double kfree of a page-granular allocation"
         );
@@ -806,7 +815,7 @@ fn kfree_of_bogus_pointers_changes_nothing() {
 fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
     let k64 = kmalloc_cache("kmalloc-64");
     let boxed = Box::new([3u8; 64]);
-    let inside = (&*boxed as *const [u8; 64] as *mut u8).wrapping_add(16);
+    let inside = (&raw const *boxed).cast::<u8>().cast_mut().wrapping_add(16);
     let before = k64.stats();
     let nr_bad_frees = SLAB.nr_bad_frees();
     let layout = core::alloc::Layout::new::<[u8; 48]>();
@@ -847,8 +856,8 @@ fn destroy_refuses_busy_and_permanent_caches() {
         .expect("cache_create");
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
-    // SAFETY: refused (Busy); the cache stays intact and usable.
     assert_eq!(
+        // SAFETY: refused (Busy); the cache stays intact and usable.
         unsafe { cache.destroy() },
         Err(DestroyError::Busy { nr_allocated: 2 })
     );
@@ -857,8 +866,8 @@ fn destroy_refuses_busy_and_permanent_caches() {
         "a busy cache stays listed"
     );
     free(cache, a);
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { cache.destroy() },
         Err(DestroyError::Busy { nr_allocated: 1 })
     );
@@ -874,8 +883,8 @@ fn destroy_refuses_busy_and_permanent_caches() {
 
     for name in ["kmalloc-64", "kmem_cache", "kmem_magazine"] {
         let permanent = kmalloc_cache(name);
-        // SAFETY: refused (Permanent); nothing changes.
         assert_eq!(
+            // SAFETY: refused (Permanent); nothing changes.
             unsafe { permanent.destroy() },
             Err(DestroyError::Permanent),
             "{name}"
@@ -900,8 +909,8 @@ fn destroy_with_traced_objects() {
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
     assert_eq!(cache.trace_stats().nr_records, 2);
-    // SAFETY: refused (Busy): the traced objects and their records stay.
     assert_eq!(
+        // SAFETY: refused (Busy): the traced objects and their records stay.
         unsafe { cache.destroy() },
         Err(DestroyError::Busy { nr_allocated: 2 })
     );
@@ -938,7 +947,7 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
         "Box<[u8; 64]> from kmalloc-64"
     );
     assert_eq!(during.nr_allocated, before.nr_allocated + 1);
-    let addr = &*boxed as *const [u8; 64] as *const u8;
+    let addr = (&raw const *boxed).cast::<u8>();
     assert!(SLAB.owns(addr));
     assert_eq!(SLAB.ksize(NonNull::new(addr.cast_mut()).unwrap()), Ok(64));
     drop(boxed);

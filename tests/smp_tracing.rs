@@ -12,7 +12,8 @@
 #![reexport_test_harness_main = "test_main"]
 #![allow(
     missing_docs,
-    reason = "#[test_case] functions are named for what they check"
+    clippy::missing_panics_doc,
+    reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
 extern crate alloc;

@@ -38,6 +38,6 @@ fn on_exception(info: &ExceptionInfo<'_>) {
 }
 
 #[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
     magpie::test_panic_handler(info)
 }

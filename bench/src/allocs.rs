@@ -442,7 +442,7 @@ impl SlabMalloc {
     ///
     /// # Safety
     /// Only the thread acting as this CPU uses it, and not reentrantly.
-    #[allow(clippy::mut_from_ref)]
+    #[allow(clippy::mut_from_ref, reason = "one zone per CPU, see Safety")]
     #[inline(always)]
     unsafe fn zone(&self) -> &mut ZoneAllocator<'static> {
         let cpu = BenchPlatform::cpu_id().min(host::NR_CPUS - 1);
@@ -452,6 +452,10 @@ impl SlabMalloc {
 
     #[cold]
     #[inline(never)]
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "alloc_aligned returns page-aligned (4 KiB or 2 MiB) memory"
+    )]
     fn refill(&self, zone: &mut ZoneAllocator<'static>, layout: Layout) -> bool {
         use slabmalloc::Allocator as _;
         if layout.size() <= ZoneAllocator::MAX_BASE_ALLOC_SIZE {
@@ -569,7 +573,7 @@ impl BenchAlloc for SlabMallocBench {
 pub struct Null;
 
 #[repr(align(4096))]
-#[allow(dead_code)] // only its address is used
+#[allow(dead_code, reason = "only its address is used")]
 struct NullBuf([u8; 2 * PAGE_SIZE]);
 
 std::thread_local! {

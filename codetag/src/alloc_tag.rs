@@ -266,9 +266,11 @@ impl AllocTagCounters {
         // SAFETY: nr_tags is non-zero, so (acquire, pairing with init's
         // release) init gave us nr_cpus blocks of block_len counters
         // (block_bytes bytes each) for the program's lifetime and blocks,
-        // last_cpu and block_bytes are visible; cpu <= last_cpu < nr_cpus
-        // and index < nr_tags <= block_len.
-        Some(unsafe { blocks.byte_add(offset).add(index) }.cast_const())
+        // last_cpu and block_bytes are visible; cpu <= last_cpu < nr_cpus:
+        // `offset` is the start of CPU `cpu`'s block.
+        let block = unsafe { blocks.byte_add(offset) };
+        // SAFETY: index < nr_tags <= block_len: inside that block.
+        Some(unsafe { block.add(index) }.cast_const())
     }
 
     /// Counts a new object of `bytes` at `tag_ref`, on CPU `cpu`.
@@ -408,6 +410,7 @@ impl ProfilingSwitch {
     /// Turn profiling on (off → on marks the counts possibly inaccurate).
     ///
     /// # Errors
+    ///
     /// [`SwitchLocked`] if the switch is `never`.
     pub fn enable(&self) -> Result<(), SwitchLocked> {
         match self.state.compare_exchange(
@@ -429,6 +432,7 @@ impl ProfilingSwitch {
     /// objects still subtract.
     ///
     /// # Errors
+    ///
     /// [`SwitchLocked`] if the switch is `never` (it is off anyway).
     pub fn disable(&self) -> Result<(), SwitchLocked> {
         match self.state.compare_exchange(
@@ -514,6 +518,10 @@ impl fmt::Write for FixedBuf<'_> {
 }
 
 /// Writes the `allocinfo` header (`/proc/allocinfo` version 1.0).
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_allocinfo_header(out: &mut dyn fmt::Write) -> fmt::Result {
     writeln!(out, "allocinfo - version: 1.0")?;
     writeln!(out, "#     <size>  <calls> <tag info>")
@@ -521,6 +529,10 @@ pub fn write_allocinfo_header(out: &mut dyn fmt::Write) -> fmt::Result {
 
 /// Writes one `allocinfo` row: `%12 bytes %8 calls file:line func:name`,
 /// with ` accurate:no` appended when `inaccurate` (Linux 6.14's marker).
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_allocinfo_row(
     out: &mut dyn fmt::Write,
     tag: &AllocTag,
@@ -556,12 +568,12 @@ const _: () = assert!(core::mem::offset_of!(TagCounter, calls) == 8);
 #[inline(always)]
 unsafe fn local_update(counter: *const TagCounter, bytes: u64, add: bool) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `counter` points to a valid, aligned TagCounter (two u64s,
-    // calls at offset 8: asserted above); by the caller's contract no
-    // other CPU writes it (others only load it, and an aligned 8-byte
-    // store is never torn).
-    unsafe {
-        if add {
+    if add {
+        // SAFETY: `counter` points to a valid, aligned TagCounter (two u64s,
+        // calls at offset 8: asserted above); by the caller's contract no
+        // other CPU writes it (others only load it, and an aligned 8-byte
+        // store is never torn).
+        unsafe {
             core::arch::asm!(
                 "add qword ptr [{counter}], {bytes}",
                 "inc qword ptr [{counter} + 8]",
@@ -569,7 +581,10 @@ unsafe fn local_update(counter: *const TagCounter, bytes: u64, add: bool) {
                 bytes = in(reg) bytes,
                 options(nostack),
             );
-        } else {
+        }
+    } else {
+        // SAFETY: as for the add above.
+        unsafe {
             core::arch::asm!(
                 "sub qword ptr [{counter}], {bytes}",
                 "dec qword ptr [{counter} + 8]",

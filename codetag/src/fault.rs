@@ -94,6 +94,7 @@ impl FaultMode {
     /// up to four decimals: `0.0001` is one in a million).
     ///
     /// # Errors
+    ///
     /// A message naming what is wrong.
     pub fn parse(words: &[&str]) -> Result<Self, FaultParseError> {
         match words {

@@ -259,6 +259,10 @@ impl fmt::Display for Duration {
 /// max duration:   20 us
 /// quantiles (ns): p50 288 p75 296 p90 336 p99 336 p100 20480
 /// ```
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_time_stats(
     out: &mut dyn fmt::Write,
     stats: &TimeStats,

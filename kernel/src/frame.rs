@@ -242,7 +242,11 @@ pub fn alloc_aligned(nr_pages: usize, align_pages: usize) -> Option<PhysAddr> {
 }
 
 /// Frees `nr_pages` frames starting at `phys` (page-aligned; any sub-range of
-/// earlier allocations). Panics on a frame that is not allocated.
+/// earlier allocations).
+///
+/// # Panics
+///
+/// If a frame in the range is not allocated (a double or a bad free).
 pub fn free(phys: PhysAddr, nr_pages: usize) {
     assert!(
         phys.is_aligned(PAGE_SIZE as u64),

@@ -52,7 +52,7 @@ pub fn init() {
     }
     // SAFETY: REGION is a static, 'static region used by nothing but this
     // heap; READY (checked under the lock) ensures it is handed over once.
-    unsafe { heap.init(REGION.0.get() as *mut u8, BOOTSTRAP_HEAP_SIZE) };
+    unsafe { heap.init(REGION.0.get().cast::<u8>(), BOOTSTRAP_HEAP_SIZE) };
     READY.store(true, Ordering::Release);
 }
 

@@ -281,6 +281,10 @@ pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
 /// Brings the slab allocator up on [`KPAGES`]; from then on the global
 /// allocator serves new allocations from it. Panics if that fails: without
 /// it the kernel has no heap worth the name.
+///
+/// # Panics
+///
+/// If the slab allocator cannot start (see above).
 pub fn init(cmdline: &str) {
     // `slab_debug=` / `kmem_flags=` must reach the allocator before it
     // creates the kmalloc caches; its report hook prints every bad free

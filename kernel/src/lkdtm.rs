@@ -473,6 +473,10 @@ fn slab_free_page(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
 /// object is chosen so that the write lands in memory this run owns: the
 /// object's own slack or redzone, or a neighbouring object it holds — never
 /// a free object, whose first word may be a free-list link.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "object starts are 8-aligned; the u32 accesses are at offsets that are multiples of 4"
+)]
 fn slab_linear_overflow(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x1234_5678;
     let kind = LkdtmType::SlabLinearOverflow;
@@ -553,6 +557,10 @@ const MIDDLE: usize = SCRATCH_OBJ_SIZE / 2;
 
 /// `WRITE_AFTER_FREE`: a word written into the middle of a freed object,
 /// then the same object allocated again.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "object starts are 8-aligned; MIDDLE is a multiple of 4"
+)]
 fn write_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x0abc_def0;
     let kind = LkdtmType::WriteAfterFree;
@@ -615,6 +623,10 @@ fn write_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
 /// `READ_AFTER_FREE`: a word written into an object, the object freed, the
 /// word read back. Poisoning would change it; without it the old value is
 /// still there.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "object starts are 8-aligned; MIDDLE is a multiple of 4"
+)]
 fn read_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x1234_5678;
     let kind = LkdtmType::ReadAfterFree;

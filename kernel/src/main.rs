@@ -24,6 +24,6 @@ fn main(boot: &'static BootInfo) -> ! {
 }
 
 #[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
     magpie::panic::panic_handler(info)
 }

@@ -290,6 +290,10 @@ pub fn kernel_pml4() -> u64 {
 /// Maps `size` bytes of device memory at physical `phys` (uncached, NX) into
 /// the MMIO window and returns the virtual address of `phys`. Mappings are
 /// permanent. Returns `None` if the window or the frame allocator is exhausted.
+///
+/// # Panics
+///
+/// If called before `memory::init`.
 pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
     let first = phys & !(PAGE_SIZE - 1);
     let end = (phys + size as u64).next_multiple_of(PAGE_SIZE);

@@ -331,6 +331,10 @@ unsafe impl Send for SharedWork {}
 ///
 /// [`SmpError::Offline`] (before anything runs) if a listed CPU is not
 /// online.
+///
+/// # Panics
+///
+/// Only on a broken invariant (a CPU checked online cannot be posted to).
 pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), SmpError> {
     if let Some(&cpu) = cpus.iter().find(|&&cpu| !is_online(cpu)) {
         return Err(SmpError::Offline(cpu));
@@ -364,6 +368,10 @@ pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), 
 
 /// Runs `work(cpu)` on every online CPU at once (this one included) and
 /// returns when all have finished.
+///
+/// # Panics
+///
+/// Only on a broken invariant (an online CPU refusing work).
 pub fn run_on_all(work: &(dyn Fn(usize) + Sync)) {
     let cpus: Vec<usize> = online_cpus().collect();
     run_on_cpus(&cpus, work).expect("online CPUs are online");
@@ -396,7 +404,7 @@ pub fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
         work,
         done: AtomicBool::new(false),
     };
-    let request_ptr = (&request as *const CallRequest<'_>).cast_mut().cast::<()>();
+    let request_ptr = (&raw const request).cast_mut().cast::<()>();
     let slot = &CALL_SLOTS[cpu];
     while slot
         .compare_exchange(

@@ -209,6 +209,7 @@ pub fn nr_ctor_runs() -> u64 {
 ///
 /// `ptr` is 8-aligned and valid for writes of `size` bytes that nobody
 /// else accesses meanwhile (an object the caller owns).
+#[expect(clippy::cast_ptr_alignment, reason = "ptr is 8-aligned (see Safety)")]
 unsafe fn fill_words(ptr: *mut u8, size: usize, word: impl Fn(usize) -> u64) {
     let nr_words = size / 8;
     let words = ptr.cast::<u64>();
@@ -230,6 +231,7 @@ unsafe fn fill_words(ptr: *mut u8, size: usize, word: impl Fn(usize) -> u64) {
 /// # Safety
 ///
 /// As for [`fill_words`], for reads.
+#[expect(clippy::cast_ptr_alignment, reason = "ptr is 8-aligned (see Safety)")]
 unsafe fn check_words(
     ptr: *const u8,
     size: usize,
@@ -323,6 +325,10 @@ struct Run<'a> {
 /// # Errors
 ///
 /// [`SmpError::Offline`] if a listed CPU is not online.
+///
+/// # Panics
+///
+/// If the `stress-ctor` cache was not created first (the caller's job).
 pub fn run(config: &StressConfig) -> Result<StressReport, SmpError> {
     // Callers create the cache first (the shell's `stress` reports when it
     // cannot); once created it stays, so this does not fail here.

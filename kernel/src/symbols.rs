@@ -112,6 +112,10 @@ pub(crate) fn init(boot: &BootInfo) {
     log::warn!("no kernel ELF module (run through boot/run-qemu.sh); backtraces are unsymbolized");
 }
 
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "frame::alloc_zeroed returns page-aligned memory"
+)]
 fn build(symtab: &'static [u8], strtab: &'static [u8]) -> Option<Table> {
     const SYMBOL_SIZE: usize = 24;
     let symbols = || {
@@ -144,7 +148,7 @@ fn build(symtab: &'static [u8], strtab: &'static [u8]) -> Option<Table> {
     let nr_pages = (nr_entries * size_of::<Entry>())
         .div_ceil(crate::frame::PAGE_SIZE)
         .max(1);
-    let memory = crate::frame::alloc_zeroed(nr_pages)? as *mut Entry;
+    let memory = crate::frame::alloc_zeroed(nr_pages)?.cast::<Entry>();
     // SAFETY: freshly allocated, zeroed frames big enough for nr_entries
     // entries, owned by the index forever; Entry is plain data (zero is valid).
     let entries: &'static mut [Entry] =
@@ -306,6 +310,10 @@ pub fn backtrace(out: &mut [usize]) -> usize {
 }
 
 /// Prints a symbolized backtrace of the caller to `out`, one frame per line.
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_backtrace(out: &mut dyn fmt::Write, indent: &str) -> fmt::Result {
     let mut trace = [0usize; 32];
     let depth = backtrace(&mut trace);
@@ -314,6 +322,10 @@ pub fn write_backtrace(out: &mut dyn fmt::Write, indent: &str) -> fmt::Result {
 
 /// Prints `trace` symbolized, one frame per line numbered from
 /// `first_index`; runs of one repeated address (recursion) are collapsed.
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_trace(
     out: &mut dyn fmt::Write,
     indent: &str,

@@ -531,7 +531,10 @@ impl<P: Platform> Allocator<P> {
     /// [`AllocError::NotInitialized`], [`AllocError::InvalidLayout`] (size
     /// 0 or too large, bad alignment), [`AllocError::OutOfMemory`] (no
     /// memory for the cache's struct or per-CPU array).
-    #[allow(clippy::too_many_arguments)] // the kmem_cache_create signature
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kmem_cache_create signature (Bonwick 1994)"
+    )]
     pub fn cache_create(
         &'static self,
         name: &str,
@@ -548,7 +551,14 @@ impl<P: Platform> Allocator<P> {
         self.create_cache(name, size, align, flags, ctor, dtor, source, false)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "cache_create's arguments and whether the cache is a boot cache"
+    )]
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "boot-cache objects are aligned to their cache's align, that of KmemCache / PcpuCache"
+    )]
     fn create_cache(
         &'static self,
         name: &str,

@@ -59,7 +59,10 @@ pub(crate) struct Geometry {
     /// Small slabs with tag references: offset from the slab's start of
     /// the array of one [`AllocTagRef`](crate::AllocTagRef) per object,
     /// after the last object. 0 if the slabs have none.
-    #[cfg_attr(not(feature = "alloc-profiling"), allow(dead_code))]
+    #[cfg_attr(
+        not(feature = "alloc-profiling"),
+        allow(dead_code, reason = "read by the tag array code of alloc-profiling")
+    )]
     pub(crate) tag_array_offset: usize,
 }
 
@@ -178,7 +181,13 @@ impl Geometry {
 
     /// Bytes of a slab that hold no object (tail, in-slab header, tag
     /// array), plus the header's bytes when it lives off slab.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg_attr(
+        any(not(test), loom),
+        allow(
+            dead_code,
+            reason = "the geometry tests' waste bound (not built under loom)"
+        )
+    )]
     pub(crate) fn waste_per_slab(&self) -> usize {
         let header = match self.kind {
             SlabKind::Small => HEADER_BYTES,

@@ -904,6 +904,10 @@ impl DumpWriter<'_> {
 
 /// Allocate the ring descriptors, the sub-buffer pointer arrays and the
 /// sub-buffers; all or nothing.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "alloc_pages returns page-aligned memory"
+)]
 fn allocate_rings(
     source: &dyn PageSource,
     nr_cpus: usize,

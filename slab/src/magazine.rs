@@ -398,6 +398,10 @@ impl Magazine {
     /// # Safety
     /// `mem` is a fresh `kmem_magazine` object: 512 writable bytes,
     /// 8-aligned, owned by the caller.
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_magazine objects are 8-aligned (see Safety)"
+    )]
     pub(crate) unsafe fn init(mem: NonNull<u8>) -> *mut Magazine {
         let mag = mem.as_ptr().cast::<Magazine>();
         // SAFETY: per the caller.

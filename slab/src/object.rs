@@ -70,6 +70,10 @@ impl<P: Platform> SlabBox<P> {
 
     /// The object's first `len / 8` 8-byte words (objects are 8-aligned),
     /// possibly uninitialised.
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "every object is at least 8-aligned (debug-asserted)"
+    )]
     pub fn as_uninit_words_mut(&mut self) -> &mut [MaybeUninit<u64>] {
         debug_assert!(self.ptr.as_ptr().cast::<u64>().is_aligned());
         // SAFETY: as above; every object is at least 8-aligned, so the

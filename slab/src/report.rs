@@ -220,6 +220,10 @@ impl ErrorReport {
 /// nanoseconds.
 pub trait ReportFormat {
     /// Write `function+0xoff` for a return address (or nothing known: `?`).
+    ///
+    /// # Errors
+    ///
+    /// The error of `out` (`fmt::Error`), as is.
     fn symbol(&self, address: usize, out: &mut dyn fmt::Write) -> fmt::Result {
         let _ = address;
         out.write_str("?")
@@ -331,6 +335,10 @@ impl fmt::Display for ReportDisplay<'_> {
 /// thread=cpu1  time=T+0.000123s  slab=0x...  cache: kmalloc-64
 ///   #01 [<0x...>] function+0xoff
 /// ```
+///
+/// # Errors
+///
+/// The error of `f` (`fmt::Error`), as is.
 pub fn write_transaction(
     f: &mut dyn fmt::Write,
     which: &str,

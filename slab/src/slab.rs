@@ -310,6 +310,10 @@ impl SlabLayer {
     /// free object) is returned in `bad` (with its slab) and the free list
     /// is rebuilt from the slab's bitmap: the object handed out is always
     /// a free object of the slab.
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
+    )]
     fn take_object(
         &mut self,
         kind: SlabKind,
@@ -651,6 +655,10 @@ impl<P: Platform> KmemCache<P> {
         grown
     }
 
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_slab objects are aligned for Slab (boot cache geometry)"
+    )]
     fn grow_timed(&self) -> Result<*mut Slab, AllocError> {
         let nr_pages = self.nr_pages_per_slab;
         let pages = match self.source.alloc_pages(nr_pages) {
@@ -753,6 +761,10 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// One bufctl per object, from `kmem_bufctl`.
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_bufctl objects are aligned for Bufctl (boot cache geometry)"
+    )]
     fn carve_bufctls(&self, slab: *mut Slab) -> Result<(), AllocError> {
         let bufctl_cache = self.owner().boot(BootCache::Bufctl);
         // SAFETY: slab initialised by grow.
@@ -782,6 +794,10 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// `slab` is an alive slab of this cache, unlisted, with no busy
     /// objects; `registered` says whether its pages are in the page map.
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
+    )]
     unsafe fn destroy_slab(&self, slab: *mut Slab, registered: bool) {
         // SAFETY: per the caller, the slab is alive and ours alone.
         unsafe {

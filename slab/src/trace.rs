@@ -239,6 +239,10 @@ impl<P: Platform> KmemCache<P> {
 
     /// Record an allocation by a caller.
     #[cold]
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
+    )]
     pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
         let Ok(node) = self.owner().boot(BootCache::Trace).slab_alloc_raw() else {
             self.nr_trace_dropped.fetch_add(1, Ordering::Relaxed);

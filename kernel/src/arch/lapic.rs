@@ -54,6 +54,11 @@ fn write(register: usize, value: u32) {
 
 /// Maps the LAPIC registers at physical `phys` (from the MADT) and enables
 /// the boot CPU's LAPIC. Idempotent; call after `memory::init`.
+///
+/// # Panics
+///
+/// If the LAPIC registers cannot be mapped (MMIO window or frames
+/// exhausted at boot).
 pub fn init(phys: u64) {
     if BASE.load(Ordering::Acquire) == 0 {
         let virt = memory::map_mmio(phys, 4096).expect("lapic: cannot map the LAPIC registers");

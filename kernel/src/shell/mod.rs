@@ -380,6 +380,11 @@ pub fn is_line_byte(byte: u8) -> bool {
 
 /// Refuses a line the shell would otherwise misread: longer than
 /// [`MAX_LINE`], or holding a byte that is not printable ASCII or a tab.
+///
+/// # Errors
+///
+/// `ShellError::LineTooLong`, or the error for the first byte that is not
+/// printable ASCII or a tab.
 pub fn check_line(line: &[u8]) -> Result<'static> {
     if let Some(index) = line.iter().position(|&byte| !is_line_byte(byte)) {
         return Err(ShellError::BadByte {
@@ -394,6 +399,10 @@ pub fn check_line(line: &[u8]) -> Result<'static> {
 }
 
 /// `Err(Usage)` unless `args` is empty.
+///
+/// # Errors
+///
+/// `ShellError::Usage(command)` when `args` is not empty.
 pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
     if args.is_empty() {
         Ok(())
@@ -404,6 +413,11 @@ pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
 
 /// Parses a number: decimal `[0-9]+` or hexadecimal `0x[0-9a-f]+`, nothing
 /// else (no sign, no spaces, no upper-case hex, no `_`).
+///
+/// # Errors
+///
+/// `ShellError::NotANumber(text)` for anything but the two forms,
+/// `ShellError::NumberTooLarge(text)` above `u64::MAX`.
 pub fn parse_u64(text: &str) -> Result<'_, u64> {
     let (digits, radix) = match text.strip_prefix("0x") {
         Some(hex) => (hex, 16),
@@ -420,6 +434,11 @@ pub fn parse_u64(text: &str) -> Result<'_, u64> {
 }
 
 /// [`parse_u64`] as a `usize`.
+///
+/// # Errors
+///
+/// Those of [`parse_u64`]; `ShellError::NumberTooLarge(text)` above
+/// `usize::MAX`.
 pub fn parse_number(text: &str) -> Result<'_, usize> {
     usize::try_from(parse_u64(text)?).map_err(|_| ShellError::NumberTooLarge(text))
 }

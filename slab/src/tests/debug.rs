@@ -239,6 +239,7 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
 }
 
 #[test]
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
     let (alloc, source) = setup_default();
     let cache = alloc
@@ -349,7 +350,7 @@ fn whatis_names_cache_object_offset_and_state() {
     assert!(!info.allocated);
     assert!(format!("{info}").contains("is free in whatis"));
     let mut on_stack = 0u8;
-    assert!(alloc.whatis(&mut on_stack as *mut u8 as usize).is_none());
+    assert!(alloc.whatis((&raw mut on_stack) as usize).is_none());
 }
 
 #[test]

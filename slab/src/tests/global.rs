@@ -112,9 +112,9 @@ fn collections_with_the_allocator_api() {
         let b = Box::new_in([7u8; 3000], alloc);
         assert!(b.iter().all(|&x| x == 7));
         #[repr(align(4096))]
-        struct Page(#[allow(dead_code)] [u8; 4096]);
+        struct Page(#[allow(dead_code, reason = "only its alignment is used")] [u8; 4096]);
         let page = Box::new_in(Page([1; 4096]), alloc);
-        assert_eq!(&*page as *const Page as usize % 4096, 0);
+        assert_eq!((&raw const *page) as usize % 4096, 0);
         let zst = Box::new_in((), alloc);
         drop(zst);
     }

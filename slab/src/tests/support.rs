@@ -1,7 +1,12 @@
 //! Test platform and fake page source.
 
-// The loom models use the page source only (they have their own platform).
-#![cfg_attr(loom, allow(dead_code))]
+#![cfg_attr(
+    loom,
+    allow(
+        dead_code,
+        reason = "the loom models use the page source only (they have their own platform)"
+    )
+)]
 
 use std::boxed::Box;
 use std::cell::Cell;

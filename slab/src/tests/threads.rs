@@ -34,6 +34,7 @@ fn ctor_word(index: usize) -> u64 {
 }
 
 /// Whether an object of the constructor cache is in constructed state.
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn constructed(obj: NonNull<u8>, size: usize) -> bool {
     (0..size / 8).all(|index| {
         // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
@@ -42,6 +43,7 @@ fn constructed(obj: NonNull<u8>, size: usize) -> bool {
 }
 
 /// Put an object in constructed state.
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn write_constructed(obj: NonNull<u8>, size: usize) {
     for index in 0..size / 8 {
         // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
@@ -90,6 +92,7 @@ unsafe impl Send for Obj {}
 /// Write the object's pattern: its stamp in the first word, then bytes
 /// derived from it (a second live object overlapping it, or the object
 /// handed out twice, breaks one of the two patterns).
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn stamp_object(obj: &Obj) {
     // SAFETY: the test owns `size >= 8` bytes at ptr, 8-aligned.
     unsafe { obj.ptr.as_ptr().cast::<u64>().write(obj.stamp) };
@@ -101,6 +104,7 @@ fn stamp_object(obj: &Obj) {
     );
 }
 
+#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn check_object(obj: &Obj) {
     // SAFETY: as in stamp_object.
     let found = unsafe { obj.ptr.as_ptr().cast::<u64>().read() };

@@ -352,6 +352,12 @@ impl Dump {
     /// order, and the last is returned ([`Dump::nr_earlier_dumps`] says how
     /// many came before it). Offsets in errors and events are offsets in
     /// the file.
+    ///
+    /// # Errors
+    ///
+    /// [`DumpError::Truncated`] when the file ends inside a structure,
+    /// [`DumpError::Corrupt`] (or another [`DumpError`]) when a dump is not
+    /// well formed; each carries the offset in the file.
     pub fn parse(bytes: &[u8]) -> Result<Dump, DumpError> {
         let mut base = 0usize;
         let mut nr_earlier_dumps = 0usize;

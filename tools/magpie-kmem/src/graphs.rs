@@ -57,6 +57,10 @@ pub fn folded_stacks(dump: &Dump, replay: &Replay, sym: &Symbolizer, live: bool)
 }
 
 /// Writes the flamegraph SVG. Errors: nothing to draw, or inferno's.
+///
+/// # Errors
+///
+/// A message when there is nothing to draw, or inferno's error as text.
 pub fn flamegraph(
     dump: &Dump,
     replay: &Replay,
@@ -168,6 +172,10 @@ fn downsample(points: Vec<(u64, i64)>, end: u64) -> Vec<(u64, i64)> {
 }
 
 /// Writes the timeline SVG. Errors: nothing to draw, or plotters'.
+///
+/// # Errors
+///
+/// A message when there is nothing to draw, or plotters' error as text.
 pub fn timeline(dump: &Dump, replay: &Replay) -> Result<String, String> {
     let series = timeline_series(dump, replay);
     if series.is_empty() {

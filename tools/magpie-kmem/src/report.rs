@@ -169,6 +169,10 @@ pub enum SortKey {
 }
 
 /// Parses `bytes,hit,frag`.
+///
+/// # Errors
+///
+/// A message naming the first word that is not a sort key.
 pub fn parse_sort_keys(text: &str) -> Result<Vec<SortKey>, String> {
     text.split(',')
         .map(|k| match k.trim() {

@@ -18,6 +18,11 @@ use crate::dump::{Header, hex};
 
 /// Reads the GNU build id of an ELF file without reading all of it.
 /// `Ok(None)`: a valid object file without a build id.
+///
+/// # Errors
+///
+/// A message with the path when the file cannot be read or is not an
+/// object file.
 pub fn read_build_id(path: &Path) -> Result<Option<Vec<u8>>, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let cache = ReadCache::new(file);
@@ -98,7 +103,9 @@ fn candidates(target: &Path) -> Vec<PathBuf> {
 
 /// Chooses the ELF to symbolize with (see the module doc).
 ///
-/// Errors: `explicit` is given and its build id differs from the dump's;
+/// # Errors
+///
+/// `explicit` is given and its build id differs from the dump's;
 /// or no ELF was given, kernels were found, and none matches.
 pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelChoice, String> {
     let want = header.build_id.to_vec();
@@ -194,6 +201,11 @@ impl Symbolizer {
     }
 
     /// Loads an ELF's symbol table and DWARF.
+    ///
+    /// # Errors
+    ///
+    /// A message with the path when the file cannot be read or is not an
+    /// ELF with symbols.
     pub fn from_elf(path: &Path) -> Result<Symbolizer, String> {
         let loader = addr2line::Loader::new(path)
             .map_err(|e| format!("{}: cannot load symbols: {e}", path.display()))?;

@@ -1,7 +1,11 @@
 //! A small kmemtrace dump writer for the tests (ABI version 1, written
 //! from docs/KMEMTRACE-ABI.md independently of the reader), and helpers to
 //! run the `magpie-kmem` binary.
-#![allow(dead_code, unused_imports)]
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "shared by several test binaries; each uses a part"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -61,7 +65,10 @@ impl Ev {
 }
 
 /// A kmalloc alloc on `cpu` at `ts` ns, sequence `seq`.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one argument per field of the ABI's alloc record"
+)]
 pub fn alloc(
     cpu: u16,
     ts: u64,
