@@ -402,6 +402,10 @@ macro_rules! fault_tag {
 
 /// Writes one `fault list` row:
 /// `file:line module:M func:F class:C STATE hits:N injected:N`.
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
 pub fn write_fault_row(out: &mut dyn fmt::Write, point: &FaultTag) -> fmt::Result {
     let counts = point.counts();
     writeln!(
