@@ -10,18 +10,29 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use magpie_codetag::alloc_tag;
 use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, BootSetting, ProfilingSwitch};
-use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{AllocError, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Platform};
 
 /// CPUs the benchmark platform reports.
 pub const NR_CPUS: usize = 4;
 
 std::thread_local! {
     static CPU: Cell<usize> = const { Cell::new(0) };
+    /// [`ProfPlatform`]'s per-CPU words, as a kernel keeps them in its
+    /// per-CPU area (`%gs`): this CPU's counter base in [`PROF_COUNTERS`]
+    /// (until [`set_cpu`] after [`prof_init`], the sink, which nothing
+    /// reads) and the tag this CPU charges.
+    static PROF_BASE: Cell<*const u8> =
+        const { Cell::new(std::ptr::addr_of!(PROF_SINK).cast::<u8>().wrapping_sub(16)) };
+    static PROF_CURRENT: Cell<Option<AllocTagRef>> = const { Cell::new(None) };
 }
 
 /// Act as CPU `cpu` on this thread.
 pub fn set_cpu(cpu: usize) {
     CPU.with(|c| c.set(cpu));
+    if let Some(base) = PROF_COUNTERS.cpu_base(cpu) {
+        PROF_BASE.with(|b| b.set(base as *const u8));
+        PROF_CURRENT.with(|c| c.set(AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed))));
+    }
 }
 
 /// Thread-local CPU id, 4 CPUs, no-op interrupts, TSC clock.
@@ -70,14 +81,25 @@ pub static PROF_SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
 /// Per-CPU tag counters of [`ProfPlatform`] (`magpie-codetag`).
 pub static PROF_COUNTERS: AllocTagCounters = AllocTagCounters::new();
 /// The tag every allocation is charged to while profiling is on (a kernel
-/// charges its per-CPU "current" tag, or `UNTAGGED`; one tag here).
+/// charges its per-CPU "current" tag, or `UNTAGGED`; one tag here, copied
+/// into each CPU's `PROF_CURRENT` by [`set_cpu`]).
 static PROF_TAG: AtomicU32 = AtomicU32::new(0);
+/// Tags the sink has room for.
+const SINK_TAGS: usize = 64;
+/// Counters of the threads that have no CPU block yet (never read): a
+/// valid place for [`AllocTagCounters::add_at`] to write, so that the
+/// thread-local base needs no test. [`prof_init`] checks that every tag
+/// fits.
+static PROF_SINK: [AtomicU64; 2 * SINK_TAGS] = [const { AtomicU64::new(0) }; 2 * SINK_TAGS];
 
-/// [`BenchPlatform`] plus allocation profiling wired as a kernel would
-/// (and as `slab/src/tests/profiling.rs` does): `alloc_tag_current` tests
-/// the runtime switch and returns a real tag reference, `alloc_tag_add` /
-/// `alloc_tag_sub` update `magpie-codetag`'s per-CPU `AllocTagCounters`.
-/// With feature `alloc-profiling` off, the allocator never calls these.
+/// [`BenchPlatform`] plus allocation profiling wired as the kernel does
+/// (kernel/src/profiling.rs): `alloc_tag_current` is one per-CPU load (the
+/// allocator asks only while its profiling switch is on, which
+/// [`prof_init`] sets from [`PROF_SWITCH`]), `alloc_tag_add` /
+/// `alloc_tag_sub` one `add` and one `inc` at this CPU's counter base in
+/// `magpie-codetag`'s `AllocTagCounters` (`add_at`/`sub_at`): the kernel's
+/// `%gs`-relative base is a thread-local (`%fs`) here. With feature
+/// `alloc-profiling` off, the allocator never calls these.
 pub struct ProfPlatform;
 
 // SAFETY: as for BenchPlatform (the same CPU ids).
@@ -107,22 +129,23 @@ unsafe impl Platform for ProfPlatform {
         BenchPlatform::context(buf)
     }
     #[inline]
-    fn alloc_tag_current() -> u32 {
-        if !PROF_SWITCH.is_on() {
-            return 0;
-        }
-        PROF_TAG.load(Ordering::Relaxed)
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        PROF_CURRENT.with(Cell::get)
     }
     #[inline]
-    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
-        // SAFETY: every benchmark thread has its own CPU id (thread-local),
-        // so only this thread writes that CPU's counter block.
-        unsafe { PROF_COUNTERS.add_local(BenchPlatform::cpu_id(), tag, bytes) };
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        let base = PROF_BASE.with(Cell::get) as usize;
+        // SAFETY: `base` is this thread's CPU's counter base (set by
+        // set_cpu; every benchmark thread has its own CPU id, so only this
+        // thread writes that block), or the sink, which has room for
+        // every tag (prof_init checks) and which nobody reads.
+        unsafe { PROF_COUNTERS.add_at(base, tag, bytes) };
     }
     #[inline]
-    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        let base = PROF_BASE.with(Cell::get) as usize;
         // SAFETY: as in alloc_tag_add.
-        unsafe { PROF_COUNTERS.sub_local(BenchPlatform::cpu_id(), tag, bytes) };
+        unsafe { PROF_COUNTERS.sub_at(base, tag, bytes) };
     }
 }
 
@@ -138,13 +161,19 @@ pub fn prof_init(on: bool) {
         let ready =
             unsafe { PROF_COUNTERS.init(NonNull::new(addr as *mut u8).unwrap(), len, NR_CPUS) };
         assert!(ready, "alloc tag counters");
-        PROF_TAG.store(bench_tag().tag_ref(), Ordering::Relaxed);
+        assert!(
+            alloc_tag::nr_alloc_tags() <= SINK_TAGS,
+            "the counter sink has room for every tag"
+        );
+        PROF_TAG.store(bench_tag().tag_ref().get(), Ordering::Relaxed);
     });
     PROF_SWITCH.set_at_boot(if on {
         BootSetting::On
     } else {
         BootSetting::Off
     });
+    // This thread's per-CPU words (worker threads: thread_init).
+    set_cpu(BenchPlatform::cpu_id());
     // As a kernel does whenever its switch flips: off, the allocator's
     // alloc fast path does not ask `alloc_tag_current` at all.
     crate::allocs::MAGPIE_PROF.set_alloc_profiling(PROF_SWITCH.is_on());
@@ -156,7 +185,10 @@ fn bench_tag() -> &'static AllocTag {
 
 /// Bytes and calls outstanding on the benchmark tag (a sanity check).
 pub fn prof_counts() -> (u64, u64) {
-    let counts = PROF_COUNTERS.read(PROF_TAG.load(Ordering::Relaxed));
+    let Some(tag) = AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed)) else {
+        return (0, 0);
+    };
+    let counts = PROF_COUNTERS.read(tag);
     (counts.bytes, counts.calls)
 }
 

@@ -7,11 +7,20 @@
 //! the counters of every tag, each block cache-line aligned, so an
 //! allocation writes only its own CPU's lines. Readers sum over CPUs.
 //!
-//! Objects name their tag with a 4-byte [`AllocTagRef`]: the tag's index in
-//! the section plus one. `0` means "no tag" (allocated while profiling was
-//! off): freeing such an object subtracts nothing, so counters never
-//! underflow. The catch-all [`UNTAGGED`] tag lives in the section too and is
-//! printed like any other site.
+//! Objects name their tag with a 4-byte [`AllocTagRef`] (a `NonZeroU32`):
+//! the tag's index in the section plus one. "No tag" (allocated while
+//! profiling was off) is `None`, and an `Option<AllocTagRef>` is still 4
+//! bytes (0 for `None`): freeing such an object subtracts nothing, so
+//! counters never underflow. The catch-all [`UNTAGGED`] tag lives in the
+//! section too and is printed like any other site.
+//!
+//! The update paths: a platform keeps each CPU's counter base
+//! ([`AllocTagCounters::cpu_base`]) in its per-CPU area (a kernel: a
+//! `%gs`-relative word; a host: a thread-local) and counts with
+//! [`AllocTagCounters::add_at`] / [`AllocTagCounters::sub_at`]: one compare
+//! of the reference against the number of tags, then one `add` to the
+//! bytes and one `inc` of the calls at `base + ref * 16` — Linux's
+//! `this_cpu_add` on `tag->counters`.
 //!
 //! [`ProfilingSwitch`] is the runtime on/off/never switch
 //! (`mem_profiling=0|1|never`); the allocator asks its platform for the
@@ -28,9 +37,10 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize
 
 use crate::{CodeTag, CodeTagFlags, TaggedWith, codetag_section};
 
-/// Reference from an object to its tag: index in [`ALLOC_TAGS`] plus one;
-/// 0 is "no tag". Four bytes per object.
-pub type AllocTagRef = u32;
+/// Reference from an object to its tag: index in [`ALLOC_TAGS`] plus one,
+/// never 0 (`Option<AllocTagRef>` is "maybe no tag", still four bytes per
+/// object). The same type as `magpie_slab::AllocTagRef`.
+pub type AllocTagRef = core::num::NonZeroU32;
 
 /// One allocation call site.
 #[derive(Debug)]
@@ -77,19 +87,18 @@ impl AllocTag {
         ALLOC_TAGS.static_slice()
     }
 
-    /// This tag's reference (index in the section plus one, never 0).
+    /// This tag's reference (index in the section plus one).
     #[inline]
     pub fn tag_ref(&'static self) -> AllocTagRef {
         let base = ALLOC_TAGS.static_slice().as_ptr() as usize;
         let offset = (self as *const AllocTag as usize).wrapping_sub(base);
         // Division by a constant: a multiply and a shift.
-        (offset / core::mem::size_of::<AllocTag>()) as AllocTagRef + 1
+        AllocTagRef::MIN.saturating_add((offset / core::mem::size_of::<AllocTag>()) as u32)
     }
 
-    /// The tag a reference names; `None` for 0 or a reference past the end.
+    /// The tag a reference names; `None` for a reference past the end.
     pub fn from_ref(tag_ref: AllocTagRef) -> Option<&'static AllocTag> {
-        let index = (tag_ref as usize).checked_sub(1)?;
-        ALLOC_TAGS.static_slice().get(index)
+        ALLOC_TAGS.static_slice().get(tag_ref.get() as usize - 1)
     }
 
     /// Whether this is the [`UNTAGGED`] bucket.
@@ -255,7 +264,7 @@ impl AllocTagCounters {
     /// lifetime.
     #[inline(always)]
     fn counter_ptr(&self, cpu: usize, tag_ref: AllocTagRef) -> Option<*const TagCounter> {
-        let index = (tag_ref as usize).wrapping_sub(1);
+        let index = tag_ref.get() as usize - 1;
         if index >= self.nr_tags.load(Ordering::Acquire) {
             return None;
         }
@@ -316,6 +325,66 @@ impl AllocTagCounters {
             // this CPU writes its block.
             unsafe { local_update(counter, bytes as u64, false) };
         }
+    }
+
+    /// CPU `cpu`'s counter base, for a platform to keep in its per-CPU
+    /// area and hand to [`add_at`](Self::add_at) / [`sub_at`](Self::sub_at):
+    /// the address such that tag reference `r`'s counter of that CPU is at
+    /// `base + r * 16` (its block minus one counter). `None` before
+    /// [`AllocTagCounters::init`] or for a CPU it has no block for.
+    pub fn cpu_base(&self, cpu: usize) -> Option<usize> {
+        if !self.is_ready() || cpu >= self.nr_cpus.load(Ordering::Relaxed) {
+            return None;
+        }
+        let blocks = self.blocks.load(Ordering::Relaxed) as usize;
+        let block = blocks + cpu * self.block_bytes.load(Ordering::Relaxed);
+        Some(block - core::mem::size_of::<TagCounter>())
+    }
+
+    /// [`add_local`](Self::add_local) at a counter base the caller keeps
+    /// per CPU: one compare of `tag_ref` against the number of tags (a bad
+    /// reference counts nothing), then one `add` and one `inc` at
+    /// `cpu_base + tag_ref * 16`. No CPU id, no multiply.
+    ///
+    /// # Safety
+    ///
+    /// `cpu_base` is [`cpu_base`](Self::cpu_base)`(cpu)` of these counters
+    /// for the CPU `cpu` the caller runs on, and nothing else writes that
+    /// CPU's block concurrently (as for [`add_local`](Self::add_local)).
+    #[inline(always)]
+    pub unsafe fn add_at(&self, cpu_base: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter_at(cpu_base, tag_ref) {
+            // SAFETY: per our caller (see counter_at).
+            unsafe { local_update(counter, bytes as u64, true) };
+        }
+    }
+
+    /// [`sub_local`](Self::sub_local) at a counter base the caller keeps
+    /// per CPU; see [`add_at`](Self::add_at).
+    ///
+    /// # Safety
+    ///
+    /// As for [`add_at`](Self::add_at).
+    #[inline(always)]
+    pub unsafe fn sub_at(&self, cpu_base: usize, tag_ref: AllocTagRef, bytes: usize) {
+        if let Some(counter) = self.counter_at(cpu_base, tag_ref) {
+            // SAFETY: per our caller (see counter_at).
+            unsafe { local_update(counter, bytes as u64, false) };
+        }
+    }
+
+    /// The counter of `tag_ref` at a CPU's counter base: `None` for a
+    /// reference past the last tag (and before init: `nr_tags` is 0).
+    /// Valid for the program's lifetime if `cpu_base` came from
+    /// [`cpu_base`](Self::cpu_base): then `1 <= tag_ref <= nr_tags` puts it
+    /// inside that CPU's block.
+    #[inline(always)]
+    fn counter_at(&self, cpu_base: usize, tag_ref: AllocTagRef) -> Option<*const TagCounter> {
+        let tag_ref = tag_ref.get() as usize;
+        if tag_ref > self.nr_tags.load(Ordering::Acquire) {
+            return None;
+        }
+        Some((cpu_base + tag_ref * core::mem::size_of::<TagCounter>()) as *const TagCounter)
     }
 
     /// Uncounts a freed object of `bytes` at `tag_ref`, on CPU `cpu` (any

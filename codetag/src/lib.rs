@@ -40,8 +40,10 @@
 //! - [`alloc_tag`]: allocation tags ([`alloc_tag::AllocTag`], the
 //!   [`alloc_tag!`] macro, per-CPU [`alloc_tag::AllocTagCounters`], the
 //!   runtime [`alloc_tag::ProfilingSwitch`] and the `/proc/allocinfo`
-//!   printer). The allocator stores a 4-byte [`alloc_tag::AllocTagRef`]
-//!   with each object; this crate turns references back into tags.
+//!   printer). The allocator stores a 4-byte `Option<`[`alloc_tag::AllocTagRef`]`>`
+//!   with each object; this crate turns references back into tags, and
+//!   counts them at a per-CPU base a platform keeps in its per-CPU area
+//!   ([`alloc_tag::AllocTagCounters::add_at`]: one `add` per counter).
 //! - [`time_stats`]: latency statistics at a code location
 //!   ([`time_stats!`]): count, average, maximum, quantiles.
 //! - [`fault`]: fault injection ([`fault::FaultTag`], [`dynamic_fault!`]):

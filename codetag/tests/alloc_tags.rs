@@ -6,8 +6,9 @@ use std::ptr::NonNull;
 use std::string::String;
 
 use magpie_codetag::alloc_tag::{
-    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, HumanBytes, ProfilingSwitch,
-    SwitchLocked, UNTAGGED, nr_alloc_tags, write_allocinfo_header, write_allocinfo_row,
+    AllocTag, AllocTagCounters, AllocTagCounts, AllocTagRef, BootSetting, HumanBytes,
+    ProfilingSwitch, SwitchLocked, UNTAGGED, nr_alloc_tags, write_allocinfo_header,
+    write_allocinfo_row,
 };
 use magpie_codetag::time_stats::{TimeStats, write_time_stats};
 use magpie_codetag::{alloc_tag, time_stats};
@@ -48,14 +49,19 @@ fn tags_enumerate_from_their_section() {
 }
 
 #[test]
-fn tag_refs_round_trip_and_zero_is_no_tag() {
-    for tag in AllocTag::all() {
+fn tag_refs_round_trip_and_past_the_end_is_no_tag() {
+    for (index, tag) in AllocTag::all().iter().enumerate() {
         let tag_ref = tag.tag_ref();
-        assert_ne!(tag_ref, 0);
+        assert_eq!(tag_ref.get() as usize, index + 1);
         assert!(std::ptr::eq(AllocTag::from_ref(tag_ref).unwrap(), tag));
     }
-    assert!(AllocTag::from_ref(0).is_none());
-    assert!(AllocTag::from_ref(nr_alloc_tags() as u32 + 1).is_none());
+    let past_end = AllocTagRef::new(nr_alloc_tags() as u32 + 1).unwrap();
+    assert!(AllocTag::from_ref(past_end).is_none());
+    assert_eq!(
+        std::mem::size_of::<Option<AllocTagRef>>(),
+        4,
+        "a maybe-tag is still 4 bytes per object"
+    );
     assert_ne!(site_a().tag_ref(), site_b().tag_ref());
 }
 
@@ -95,10 +101,10 @@ fn per_cpu_counters_sum_over_cpus() {
         }
     );
     assert_eq!(counters.read(b), AllocTagCounts::default());
-    // No tag, or a bad reference: counted nowhere.
-    counters.add(0, 0, 8);
-    counters.sub(0, 0, 8);
-    counters.add(0, 10_000, 8);
+    // A bad reference: counted nowhere.
+    let bad = AllocTagRef::new(10_000).unwrap();
+    counters.add(0, bad, 8);
+    counters.sub(0, bad, 8);
     assert_eq!(counters.read(UNTAGGED.tag_ref()), AllocTagCounts::default());
 }
 
@@ -143,6 +149,61 @@ fn local_counters_sum_like_atomic_ones_across_threads() {
         },
         "-24,000 + 30,000 live objects: the per-CPU values wrap, the sum is exact"
     );
+}
+
+#[test]
+fn counts_at_a_cpu_base_match_counts_by_cpu_id() {
+    // add_at/sub_at at each CPU's base (what a platform keeps per CPU)
+    // land in the same counters as add/sub by CPU id; one thread per CPU.
+    let counters = counters(3);
+    let a = site_a().tag_ref();
+    let b = site_b().tag_ref();
+    assert_eq!(counters.cpu_base(3), None, "no block for CPU 3");
+    std::thread::scope(|scope| {
+        for cpu in 0..3 {
+            let base = counters.cpu_base(cpu).unwrap();
+            scope.spawn(move || {
+                for _ in 0..1_000 {
+                    // SAFETY: this thread is CPU `cpu`, the only writer of
+                    // its block; `base` is that CPU's.
+                    unsafe {
+                        counters.add_at(base, a, 48);
+                        counters.add_at(base, b, 16);
+                    }
+                }
+                for _ in 0..400 {
+                    // SAFETY: as above.
+                    unsafe { counters.sub_at(base, a, 48) };
+                }
+            });
+        }
+    });
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts {
+            bytes: 3 * 600 * 48,
+            calls: 3 * 600
+        }
+    );
+    counters.sub(1, b, 16);
+    assert_eq!(
+        counters.read(b),
+        AllocTagCounts {
+            bytes: (3_000 - 1) * 16,
+            calls: 3_000 - 1
+        },
+        "add_at and sub by CPU id are the same counters"
+    );
+    let base = counters.cpu_base(0).unwrap();
+    let before = counters.read(UNTAGGED.tag_ref());
+    // SAFETY: this thread is the only writer now.
+    unsafe { counters.add_at(base, AllocTagRef::new(10_000).unwrap(), 8) };
+    assert_eq!(
+        counters.read(UNTAGGED.tag_ref()),
+        before,
+        "a bad reference counts nothing"
+    );
+    assert_eq!(AllocTagCounters::new().cpu_base(0), None, "before init");
 }
 
 #[test]

@@ -103,18 +103,18 @@ unsafe impl Platform for KernelPlatform {
 
     // Allocation profiling (kernel feature `alloc-profiling`): see
     // `crate::profiling`.
-    #[inline]
-    fn alloc_tag_current() -> u32 {
-        crate::profiling::current_tag()
+    #[inline(always)]
+    fn alloc_tag_current() -> Option<magpie_slab::AllocTagRef> {
+        crate::profiling::this_cpu_tag()
     }
 
-    #[inline]
-    fn alloc_tag_add(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    #[inline(always)]
+    fn alloc_tag_add(tag: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         crate::profiling::charge(tag, ptr, bytes)
     }
 
-    #[inline]
-    fn alloc_tag_sub(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    #[inline(always)]
+    fn alloc_tag_sub(tag: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         crate::profiling::uncharge(tag, ptr, bytes)
     }
 }

@@ -337,7 +337,10 @@ fn slab_free_double(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     // uncharged (the object's allocation tag was already uncharged by the
     // first free; charging the takes would count it twice in allocinfo),
     // and not through a fault point (the repair must not fail on purpose).
-    let again = [scratch.cache.alloc_tagged(0), scratch.cache.alloc_tagged(0)];
+    let again = [
+        scratch.cache.alloc_tagged(None),
+        scratch.cache.alloc_tagged(None),
+    ];
     match again {
         [Ok(a), Ok(b)] if a == obj && b == obj => {
             let _ = writeln!(
@@ -395,7 +398,7 @@ fn slab_free_cross(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     // Accepted: `owner` still counts it as allocated, `other` holds it free.
     owner.release(obj);
     // Uncharged and not a fault point, as the double-free repair.
-    match other.cache.alloc_tagged(0) {
+    match other.cache.alloc_tagged(None) {
         Ok(back) if back == obj => {
             let _ = writeln!(
                 out,

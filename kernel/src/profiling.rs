@@ -66,12 +66,13 @@ use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use magpie_codetag;
 use magpie_codetag::alloc_tag::{
-    AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, SwitchLocked,
+    AllocTag, AllocTagCounters, AllocTagCounts, AllocTagRef, BootSetting, ProfilingSwitch,
+    SwitchLocked,
 };
 use magpie_slab::{PAGE_SIZE, PageSource, Platform, TraceRecord};
 use spin::Mutex;
 
-use crate::arch::{self, IrqGuard, MAX_CPUS};
+use crate::arch::{self, IrqGuard};
 use crate::kmem::{KPAGES, KernelPlatform};
 
 /// Whether allocation profiling is compiled in (cargo feature
@@ -85,13 +86,9 @@ pub static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
 /// Per-CPU `{bytes, calls}` of every tag.
 pub static COUNTERS: AllocTagCounters = AllocTagCounters::new();
 
-#[repr(align(64))]
-struct CurrentTag(AtomicU32);
-
-/// Each CPU's innermost scope tag (0: none).
-static CURRENT: [CurrentTag; MAX_CPUS] = [const { CurrentTag(AtomicU32::new(0)) }; MAX_CPUS];
-
-/// The untagged bucket's reference (set by [`init`]).
+/// The untagged bucket's reference (set by [`init`]); each CPU's current
+/// tag (`PerCpu::alloc_tag_current`, read `%gs`-relative) is this when no
+/// scope is open.
 static UNTAGGED_REF: AtomicU32 = AtomicU32::new(0);
 
 /// Sets profiling up once the slab allocator is up: counters for every CPU
@@ -157,10 +154,21 @@ fn init_switch() {
         SWITCH.set_at_boot(BootSetting::Never);
         return;
     }
-    UNTAGGED_REF.store(
-        magpie_codetag::alloc_tag::UNTAGGED.tag_ref(),
-        Ordering::Relaxed,
-    );
+    let untagged = magpie_codetag::alloc_tag::UNTAGGED.tag_ref().get();
+    UNTAGGED_REF.store(untagged, Ordering::Relaxed);
+    // Every CPU's per-CPU words, before anything can be charged (the
+    // switch is still off): its counter base and its current tag.
+    for cpu in 0..nr_cpus {
+        if let (Some(percpu), Some(base)) = (arch::percpu::get(cpu), COUNTERS.cpu_base(cpu)) {
+            percpu.set_alloc_tag_base(base);
+            let _ = percpu.alloc_tag_current().compare_exchange(
+                0,
+                untagged,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
     SWITCH.set_at_boot(setting);
     log::debug!(
         "allocation profiling: {} tags, {} CPU(s), {:?}",
@@ -171,50 +179,59 @@ fn init_switch() {
 }
 
 /// The tag to charge an allocation that names none: this CPU's scope, else
-/// the untagged bucket; 0 while profiling is off.
+/// the untagged bucket; `None` while profiling is off.
 #[inline]
-pub fn current_tag() -> u32 {
+pub fn current_tag() -> Option<AllocTagRef> {
     if !COMPILED_IN || !SWITCH.is_on() {
-        return 0;
+        return None;
     }
-    let cpu = arch::cpu_id();
-    let scoped = CURRENT[cpu % MAX_CPUS].0.load(Ordering::Relaxed);
-    if scoped != 0 {
-        scoped
-    } else {
-        UNTAGGED_REF.load(Ordering::Relaxed)
-    }
+    this_cpu_tag()
 }
 
-/// The reference to charge an explicitly tagged allocation: `tag`'s, or 0
-/// while profiling is off.
+/// [`Platform::alloc_tag_current`]: this CPU's current tag, one
+/// `%gs`-relative load (`None` until [`init`]). No switch test: the slab
+/// allocator asks only while its own switch is on, which
+/// `sync_slab_switch` keeps equal to [`SWITCH`].
+#[inline(always)]
+pub fn this_cpu_tag() -> Option<AllocTagRef> {
+    AllocTagRef::new(arch::alloc_tag_current())
+}
+
+/// The reference to charge an explicitly tagged allocation: `tag`'s, or
+/// `None` while profiling is off.
 #[inline]
-pub fn explicit_tag(tag: &'static AllocTag) -> u32 {
+pub fn explicit_tag(tag: &'static AllocTag) -> Option<AllocTagRef> {
     if COMPILED_IN && SWITCH.is_on() {
-        tag.tag_ref()
+        Some(tag.tag_ref())
     } else {
-        0
+        None
     }
 }
 
-/// [`Platform::alloc_tag_add`]: count on this CPU, and capture context if
-/// the site is being captured.
-#[inline]
-pub fn charge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: this kernel has no preemption: code runs on the CPU whose id
-    // GS gives until it returns, so only this CPU writes its counter block.
-    unsafe { COUNTERS.add_local(arch::cpu_id(), tag, bytes) };
-    if tag == CTX_TAG.load(Ordering::Relaxed) {
+/// [`Platform::alloc_tag_add`]: count on this CPU (one compare, then one
+/// `add` and one `inc` at this CPU's `%gs`-relative counter base), and
+/// capture context if the site is being captured.
+#[inline(always)]
+pub fn charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: `alloc_tag_base()` is this CPU's base in COUNTERS: `init` set
+    // it on every CPU before the switch could go on, and nothing is
+    // charged before (no tag is handed out while the switch is off, nor
+    // by `this_cpu_tag` before `init`). This kernel has no preemption: code
+    // runs on the CPU whose GS it read until it returns, so only this CPU
+    // writes its counter block.
+    unsafe { COUNTERS.add_at(arch::alloc_tag_base(), tag, bytes) };
+    if tag.get() == CTX_TAG.load(Ordering::Relaxed) {
         ctx_record(ptr, bytes);
     }
 }
 
 /// [`Platform::alloc_tag_sub`]: uncount (on whichever CPU frees) and drop a
 /// context record.
-#[inline]
-pub fn uncharge(tag: u32, ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: as in `charge`: only this CPU writes its counter block.
-    unsafe { COUNTERS.sub_local(arch::cpu_id(), tag, bytes) };
+#[inline(always)]
+pub fn uncharge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: as in `charge` (a tagged object exists only once `init` set
+    // every CPU's base).
+    unsafe { COUNTERS.sub_at(arch::alloc_tag_base(), tag, bytes) };
     if CTX_NR_RECORDS.load(Ordering::Relaxed) != 0 {
         ctx_remove(ptr);
     }
@@ -235,8 +252,10 @@ impl AllocTagScope {
     /// Makes `tag` this CPU's current tag until the guard is dropped.
     #[inline]
     pub fn enter(tag: &'static AllocTag) -> Self {
-        let cpu = arch::cpu_id() % MAX_CPUS;
-        let previous = CURRENT[cpu].0.swap(tag.tag_ref(), Ordering::Relaxed);
+        let cpu = arch::cpu_id();
+        let previous = arch::this_cpu()
+            .alloc_tag_current()
+            .swap(tag.tag_ref().get(), Ordering::Relaxed);
         Self { cpu, previous }
     }
 
@@ -252,8 +271,16 @@ impl AllocTagScope {
 impl Drop for AllocTagScope {
     #[inline]
     fn drop(&mut self) {
-        if let Some(current) = CURRENT.get(self.cpu) {
-            current.0.store(self.previous, Ordering::Relaxed);
+        if let Some(percpu) = arch::percpu::get(self.cpu) {
+            // A scope opened before `init` gives back the untagged bucket.
+            let previous = if self.previous == 0 {
+                UNTAGGED_REF.load(Ordering::Relaxed)
+            } else {
+                self.previous
+            };
+            percpu
+                .alloc_tag_current()
+                .store(previous, Ordering::Relaxed);
         }
     }
 }
@@ -607,7 +634,7 @@ pub fn ctx_enable(tag: &'static AllocTag) {
     CTX_TAG.store(0, Ordering::Relaxed);
     ctx_clear();
     CTX_NR_DROPPED.store(0, Ordering::Relaxed);
-    CTX_TAG.store(tag.tag_ref(), Ordering::Relaxed);
+    CTX_TAG.store(tag.tag_ref().get(), Ordering::Relaxed);
 }
 
 /// Stops capturing and drops the records.
@@ -652,7 +679,7 @@ pub fn ctx_copy(from: usize, buf: &mut [TraceRecord]) -> (usize, usize) {
 
 /// Whether context capture is on for `tag`.
 pub fn ctx_is_capturing(tag: &'static AllocTag) -> bool {
-    CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref()
+    CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref().get()
 }
 
 /// Records dropped because the pool was full since capture was enabled.

@@ -10,39 +10,47 @@
 //!
 //! Where the reference lives:
 //!
-//! - **small-object slabs**: an array of one `u32` per object at the end of
-//!   the slab page, just below the header (`objs_per_slab` is computed with
-//!   `stride + 4` per object). An object's index is the high word of
+//! - **small-object slabs**: an array of one `Option<AllocTagRef>` per
+//!   object after the last object of the slab (`objs_per_slab` is computed
+//!   with `stride + 4` per object). An object's index is the high word of
 //!   `offset * ceil(2^64 / stride)`, the multiply that also checks frees;
 //! - **bufctl slabs**: a `u32` in the object's bufctl (it fits in padding:
-//!   no extra bytes);
+//!   no extra bytes; 0 is `None`);
 //! - **page-granular kmalloc**: the upper 32 bits of the first page's
-//!   page-map entry (no extra bytes).
+//!   page-map entry (no extra bytes; 0 is `None`).
 //!
-//! Reference 0 means "no tag" (allocated while profiling was off): its free
+//! `None` means "no tag" (allocated while profiling was off): its free
 //! uncharges nothing, so no counter underflows. A free object's reference
-//! is always 0 (frees clear it), so an object allocated while profiling is
-//! off needs no store at all.
+//! is always `None` (frees clear it), so an object allocated while
+//! profiling is off needs no store at all.
 //!
 //! The runtime switch: [`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)
-//! sets or clears `HOT_PROFILING` in every cache's `hot_flags` (new caches
-//! inherit it); a kernel calls it whenever its own switch flips. Set, the
-//! alloc goes to the out-of-line profiled path, which asks
-//! `alloc_tag_current()` after the magazine hit; clear, no tag is asked
-//! for (explicit tags are ignored too) and the object gets reference 0.
+//! sets or clears `PROFILING` in every cache's `hot_flags` (new caches
+//! inherit it); a kernel calls it whenever its own switch flips. Setting
+//! it also sets `TAGGED` (in the same atomic update) on caches with tag
+//! arrays, so the profiled alloc tests no flag; clearing it leaves
+//! `TAGGED` (objects may still carry references). Set, the alloc goes to
+//! the out-of-line profiled path, which asks `alloc_tag_current()` after
+//! the magazine hit; clear, no tag is asked for (explicit tags are ignored
+//! too) and the object gets no reference.
 //!
-//! Costs: compiled out, nothing (no code, no bytes). Compiled in but off:
-//! nothing per alloc (the bit is in the word the hit tests anyway);
-//! nothing per free until some object of the cache has been tagged. On:
-//! a call to the profiled path, `alloc_tag_current()`, a multiply, a
-//! 4-byte store and `alloc_tag_add` per alloc; a load, a store and
-//! `alloc_tag_sub` per free. Bootstrap (metadata) caches have no reference arrays.
+//! Costs (callgrind, 64-byte `GlobalAlloc` pair on the host bench, see
+//! docs/BENCHMARKS.md): compiled out, nothing (no code, no bytes).
+//! Compiled in but off: nothing per alloc (the bit is in the word the hit
+//! tests anyway); per free, `TAGGED` is one more bit of the one
+//! `FREE_SLOW` mask test, and a cache that has been profiled sends its
+//! frees one tail call away. On: a tail call to the profiled path,
+//! `alloc_tag_current()` (a per-CPU load), a multiply, a 4-byte store and
+//! `alloc_tag_add` per alloc; a tail call with the index in a register, a
+//! load, a store and `alloc_tag_sub` per free. Bootstrap (metadata) caches
+//! have no reference arrays.
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
 
+use crate::cache::HotFlags;
 #[cfg(feature = "alloc-profiling")]
-use crate::cache::{HotFlags, KmemCache};
+use crate::cache::KmemCache;
 #[cfg(feature = "alloc-profiling")]
 use crate::path::Located;
 #[cfg(feature = "alloc-profiling")]
@@ -50,18 +58,22 @@ use crate::platform::PAGE_SIZE;
 use crate::platform::Platform;
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
-/// the tag's index in its section plus one). 0: no tag.
-pub type AllocTagRef = u32;
+/// the tag's index in its section plus one; the same type). Never 0: "no
+/// tag" is `None`, and an `Option<AllocTagRef>` is 4 bytes, 0 for `None`
+/// (what a free object's slot holds).
+pub type AllocTagRef = core::num::NonZeroU32;
 
 /// Bytes of tag reference per object of a small slab.
 pub(crate) const TAG_REF_BYTES: usize = if cfg!(feature = "alloc-profiling") {
-    core::mem::size_of::<AllocTagRef>()
+    core::mem::size_of::<Option<AllocTagRef>>()
 } else {
     0
 };
 
-/// The tag to charge an allocation made now (0 when profiling is compiled
-/// out or the platform says off).
+const _: () = assert!(core::mem::size_of::<Option<AllocTagRef>>() == 4);
+
+/// The tag to charge an allocation made now (`None` when profiling is
+/// compiled out or the platform says none).
 #[inline(always)]
 #[cfg_attr(
     not(feature = "alloc-profiling"),
@@ -70,14 +82,33 @@ pub(crate) const TAG_REF_BYTES: usize = if cfg!(feature = "alloc-profiling") {
         reason = "P is used with the feature"
     )
 )]
-pub(crate) fn current<P: Platform>() -> AllocTagRef {
+pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
     #[cfg(feature = "alloc-profiling")]
     {
         P::alloc_tag_current()
     }
     #[cfg(not(feature = "alloc-profiling"))]
     {
-        0
+        None
+    }
+}
+
+impl<P: Platform> crate::cache::KmemCache<P> {
+    /// Switch allocation profiling on or off in this cache's hot flags.
+    /// On also sets `TAGGED` (in the same atomic update) on a cache with
+    /// tag arrays, so the profiled alloc needs no flag test; off leaves
+    /// `TAGGED` (objects may still carry references).
+    pub(crate) fn set_profiling(&self, on: bool) {
+        #[cfg(feature = "alloc-profiling")]
+        if on && self.tag_array_offset != 0 && !self.hot().contains(HotFlags::BUFCTL) {
+            self.set_hot(HotFlags::PROFILING | HotFlags::TAGGED);
+            return;
+        }
+        if on {
+            self.set_hot(HotFlags::PROFILING);
+        } else {
+            self.clear_hot(HotFlags::PROFILING);
+        }
     }
 }
 
@@ -86,28 +117,32 @@ impl<P: Platform> KmemCache<P> {
     /// The tag-reference slot of object `index` of the small slab that
     /// starts at `base`.
     #[inline(always)]
-    fn tag_slot_at(&self, base: usize, index: usize) -> *mut AllocTagRef {
+    fn tag_slot_at(&self, base: usize, index: usize) -> *mut Option<AllocTagRef> {
         debug_assert!(self.tag_array_offset != 0);
-        (base + self.tag_array_offset + index * TAG_REF_BYTES) as *mut AllocTagRef
+        (base + self.tag_array_offset + index * TAG_REF_BYTES) as *mut Option<AllocTagRef>
     }
 
-    /// The tag-reference slot of a small-slab object (one multiply for
-    /// its index). A one-page slab starts at the object's page; a longer
-    /// one is found through the page map.
+    /// The tag-reference slot of a small-slab object: one multiply for its
+    /// index. A one-page slab starts at the object's page (its offset is
+    /// the address's low bits); a longer one is found through the page
+    /// map.
     #[inline(always)]
-    fn tag_slot(&self, obj: NonNull<u8>) -> *mut AllocTagRef {
+    fn tag_slot(&self, obj: NonNull<u8>) -> *mut Option<AllocTagRef> {
         let addr = obj.as_ptr() as usize;
-        let base = if self.nr_pages_per_slab == 1 {
-            addr & !(PAGE_SIZE - 1)
+        let (base, offset) = if self.nr_pages_per_slab == 1 {
+            (addr & !(PAGE_SIZE - 1), addr & (PAGE_SIZE - 1))
         } else {
             // SAFETY: a busy object of ours: its slab is alive.
-            unsafe { (*self.small_slab_of(addr)).base }
+            let base = unsafe { (*self.small_slab_of(addr)).base };
+            (base, addr - base)
         };
-        let (index, _) = self.obj_index(addr - base);
+        let (index, _) = self.obj_index(offset);
         self.tag_slot_at(base, index)
     }
 
-    /// Store `tag` with a small-slab object just allocated (`tag != 0`).
+    /// Store `tag` with a small-slab object just allocated, setting
+    /// `TAGGED` first if the cache does not have it yet (the out-of-line
+    /// paths: explicit tags, debug caches).
     #[inline(always)]
     pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
         if !hot.contains(HotFlags::TAGGED) {
@@ -118,12 +153,23 @@ impl<P: Platform> KmemCache<P> {
         // slot lies in the slab page's tag array (tag_array_offset is set
         // for every small cache callers allocate from); the object is ours
         // until freed, and so is its slot.
-        unsafe { self.tag_slot(obj).write(tag) };
+        unsafe { self.tag_slot(obj).write(Some(tag)) };
+    }
+
+    /// The profiled hit's store: `tag` with a small-slab object just
+    /// allocated, then the charge. `TAGGED` is set with `PROFILING`
+    /// ([`KmemCache::set_profiling`]), so there is no flag to test.
+    #[inline(always)]
+    pub(crate) fn charge_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef) {
+        debug_assert!(self.hot().contains(HotFlags::TAGGED));
+        // SAFETY: as in tag_small_object.
+        unsafe { self.tag_slot(obj).write(Some(tag)) };
+        P::alloc_tag_add(tag, obj, self.obj_size);
     }
 
     /// A busy small-slab object's tag reference (tests).
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn small_tag_ref(&self, obj: NonNull<u8>) -> AllocTagRef {
+    pub(crate) fn small_tag_ref(&self, obj: NonNull<u8>) -> Option<AllocTagRef> {
         // SAFETY: as in tag_small_object: obj is a busy object of one of
         // our small slabs (the caller's promise), its slot ours to read.
         unsafe { self.tag_slot(obj).read() }
@@ -141,10 +187,9 @@ impl<P: Platform> KmemCache<P> {
         let slot = self.tag_slot_at(unsafe { (*at.slab).base }, at.index);
         // SAFETY: per the caller, the slot is the object's, in its slab
         // page's tag array; nobody else uses the object or its slot now.
-        let tag = unsafe { slot.read() };
-        if tag != 0 {
+        if let Some(tag) = unsafe { slot.read() } {
             // SAFETY: as above.
-            unsafe { slot.write(0) };
+            unsafe { slot.write(None) };
             P::alloc_tag_sub(tag, obj, self.obj_size);
         }
     }

@@ -201,11 +201,7 @@ impl<P: Platform> Allocator<P> {
             // SAFETY: caches on the list are alive while we hold its lock;
             // links are only touched under it.
             unsafe {
-                if on {
-                    (*cache).set_hot(HotFlags::PROFILING);
-                } else {
-                    (*cache).clear_hot(HotFlags::PROFILING);
-                }
+                (*cache).set_profiling(on);
                 cache = (*(*cache).links.get()).next;
             }
         }
@@ -472,7 +468,7 @@ impl<P: Platform> Allocator<P> {
             // Inherit the profiling switch (read under the same lock as
             // set_alloc_profiling writes it).
             if self.alloc_profiling() {
-                (*cache).set_hot(HotFlags::PROFILING);
+                (*cache).set_profiling(true);
             }
             // And kmemtrace recording of every cache.
             if self.kmemtrace.recording_all.load(Ordering::Relaxed) && !(*cache).is_bootstrap() {

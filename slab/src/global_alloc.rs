@@ -89,7 +89,7 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
                 let ptr = unsafe { NonNull::new_unchecked(ptr) };
                 // SAFETY: as above; a refused free is reported (inside, so
                 // every branch is a tail call).
-                let _ = unsafe { cache.finish_free::<true>(ptr, at) };
+                unsafe { cache.finish_free::<()>(ptr, at) }
             }
             // SAFETY: as above; nothing changed.
             None => unsafe { self.dealloc_slow(ptr) },

@@ -6,6 +6,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
+use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
 use crate::cache::{KmemCache, pack};
 use crate::error::{AllocError, FreeError};
@@ -207,7 +208,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Allocator::kmalloc`] charging the memory to the allocation tag
-    /// `tag` (0 charges nothing): the entry point of call sites that name
+    /// `tag` (`None` charges nothing): the entry point of call sites that name
     /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
     /// tag is ignored.
     ///
@@ -218,7 +219,7 @@ impl<P: Platform> Allocator<P> {
         &self,
         size: usize,
         align: usize,
-        tag: u32,
+        tag: Option<AllocTagRef>,
     ) -> Result<NonNull<u8>, AllocError> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
@@ -320,7 +321,12 @@ impl<P: Platform> Allocator<P> {
 
     /// [`Self::large_alloc`] out of line, its result in one register.
     #[inline(never)]
-    pub(crate) fn large_alloc_packed(&self, size: usize, align: usize, tag: u32) -> usize {
+    pub(crate) fn large_alloc_packed(
+        &self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> usize {
         let packed = pack(self.large_alloc(size, align, tag));
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
@@ -330,7 +336,12 @@ impl<P: Platform> Allocator<P> {
     }
 
     #[inline(always)]
-    fn large_alloc(&self, size: usize, align: usize, tag: u32) -> Result<NonNull<u8>, AllocError> {
+    fn large_alloc(
+        &self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
         if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
             return Err(AllocError::InvalidLayout);
         }
@@ -343,9 +354,9 @@ impl<P: Platform> Allocator<P> {
         }
         let nr_taken = nr_pages + nr_slack;
         #[cfg(not(feature = "alloc-profiling"))]
-        let tag = {
+        let tag: Option<AllocTagRef> = {
             let _ = tag;
-            0u32
+            None
         };
         let source = self.primary_source();
         let taken = match source.alloc_pages(nr_taken) {
@@ -368,7 +379,9 @@ impl<P: Platform> Allocator<P> {
             if page < lead {
                 slack | TAG_LARGE_LEAD
             } else if page == lead {
-                ((tag as usize) << LARGE_TAG_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD
+                ((tag.map_or(0, AllocTagRef::get) as usize) << LARGE_TAG_SHIFT)
+                    | (nr_pages << 3)
+                    | TAG_LARGE_HEAD
             } else if page < lead + nr_pages {
                 ((page - lead) << 3) | TAG_LARGE_TAIL
             } else {
@@ -386,7 +399,7 @@ impl<P: Platform> Allocator<P> {
         self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
         self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "alloc-profiling")]
-        if tag != 0 {
+        if let Some(tag) = tag {
             P::alloc_tag_add(tag, pages, nr_pages * PAGE_SIZE);
         }
         Ok(pages)
@@ -449,8 +462,7 @@ impl<P: Platform> Allocator<P> {
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
                 {
-                    let tag = (entry >> LARGE_TAG_SHIFT) as u32;
-                    if tag != 0 {
+                    if let Some(tag) = AllocTagRef::new((entry >> LARGE_TAG_SHIFT) as u32) {
                         P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
                     }
                 }

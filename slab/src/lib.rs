@@ -67,15 +67,22 @@
 //! every object callers hold and reports each allocation and free to the
 //! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
-//! [`AllocTagRef`], [`KmemCache::alloc_tagged`] and
-//! [`Allocator::kmalloc_tagged`]. The runtime switch is
-//! [`Allocator::set_alloc_profiling`] (a kernel calls it whenever its own
-//! switch flips; on by default): off, nothing asks `alloc_tag_current` or
-//! charges anything (a `PROFILING` bit in every cache's `hot_flags`). On,
-//! the profiled hit of a small-object cache is inline: the magazine hit,
-//! then the tag reference stored (alloc: one multiply for the object
-//! index) or cleared (free: the index the owner check computed) and the
-//! tag charged. Feature `time-stats` puts `magpie-codetag` latency
+//! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
+//! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
+//! [`KmemCache::alloc_tagged`] and [`Allocator::kmalloc_tagged`]. The
+//! runtime switch is [`Allocator::set_alloc_profiling`] (a kernel calls
+//! it whenever its own switch flips; on by default): off, nothing asks
+//! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
+//! cache's `hot_flags`) and both hits cost what they cost compiled out
+//! (the free's `TAGGED` bit is one more bit of the one `FREE_SLOW` mask
+//! test). On, the profiled hit of a small-object cache is one tail call
+//! away: the magazine hit, then the tag reference stored (alloc: one
+//! multiply for the object index; no flag test, `TAGGED` is set with
+//! `PROFILING`) or cleared (free: the index the owner check computed,
+//! passed on in a register) and the tag charged — a kernel's charge is one
+//! compare and one `add` per counter at its `%gs`-relative per-CPU counter
+//! base (`magpie-codetag`'s `AllocTagCounters::add_at`).
+//! Feature `time-stats` puts `magpie-codetag` latency
 //! statistics on the slab-layer refill (`grow`) and the depot exchanges
 //! (`exchange_for_full`, `exchange_for_empty`; timed with
 //! `Platform::now`).

@@ -9,7 +9,7 @@
 //!            ▼                                        ▼ (page-granular: kmalloc.rs)
 //!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
 //!       │                     (IrqGuard, pop)                         (prev, depot, slab)
-//!       ├─ profiling on ─► magazine_alloc_hit + tag_small_object (inline)
+//!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
 //!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
 //!
 //!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
@@ -21,8 +21,9 @@
 //!                      ▼
 //!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
 //!                      │                    (IrqGuard, push)           (prev, depot, new
-//!                      ├─ tagged ──► untag (index known) + hit          magazine, slab)
-//!                      └─ other flags ──► free_flagged ► free_cold (debug, trace, bufctl tag)
+//!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
+//!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
+//!                           └─ else: free_flagged ► free_cold (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
 //!   with the error reports; page-granular kfree: kmalloc.rs)
 //! ```
@@ -50,6 +51,7 @@
 
 use core::ptr::{self, NonNull};
 
+use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
 use crate::cache::{HotFlags, KmemCache, pack, unpack};
 use crate::debug_cache::DebugFree;
@@ -77,6 +79,12 @@ pub(crate) trait AllocOut {
     fn from_obj(obj: NonNull<u8>) -> Self;
     /// A [`pack`]ed result as `Raw` (in the out-of-line function).
     fn raw_from_packed(packed: usize) -> Self::Raw;
+    /// An object as `Raw` (in the out-of-line function; no test).
+    #[cfg_attr(
+        not(feature = "alloc-profiling"),
+        allow(dead_code, reason = "the profiled alloc's")
+    )]
+    fn raw_from_obj(obj: NonNull<u8>) -> Self::Raw;
     /// `Raw` as the caller's result (inline, after the call).
     fn from_raw(raw: Self::Raw) -> Self;
 }
@@ -90,6 +98,10 @@ impl AllocOut for Result<NonNull<u8>, AllocError> {
     #[inline(always)]
     fn raw_from_packed(packed: usize) -> usize {
         packed
+    }
+    #[inline(always)]
+    fn raw_from_obj(obj: NonNull<u8>) -> usize {
+        pack(Ok(obj))
     }
     #[inline(always)]
     fn from_raw(packed: usize) -> Self {
@@ -111,6 +123,10 @@ impl AllocOut for *mut u8 {
         }
     }
     #[inline(always)]
+    fn raw_from_obj(obj: NonNull<u8>) -> *mut u8 {
+        obj.as_ptr()
+    }
+    #[inline(always)]
     fn from_raw(ptr: *mut u8) -> Self {
         ptr
     }
@@ -121,7 +137,7 @@ impl<P: Platform> KmemCache<P> {
     /// `align()`.
     ///
     /// With feature `alloc-profiling`, the object is charged to the tag
-    /// [`Platform::alloc_tag_current`] names (nothing if it says 0), which
+    /// [`Platform::alloc_tag_current`] names (nothing if it says `None`), which
     /// is asked only while profiling is switched on in the allocator
     /// ([`Allocator::set_alloc_profiling`]).
     ///
@@ -149,7 +165,7 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// [`KmemCache::alloc`] charging the object to the allocation tag
-    /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); 0 charges nothing),
+    /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); `None` charges nothing),
     /// for call sites that name their own tag (`kmem_cache_alloc!`). The
     /// object remembers the tag, so whoever frees it, on whatever CPU,
     /// uncharges the same tag. Without feature `alloc-profiling` the tag
@@ -159,7 +175,7 @@ impl<P: Platform> KmemCache<P> {
     /// # Errors
     /// As for [`KmemCache::alloc`].
     #[inline]
-    pub fn alloc_tagged(&self, tag: u32) -> Result<NonNull<u8>, AllocError> {
+    pub fn alloc_tagged(&self, tag: Option<crate::AllocTagRef>) -> Result<NonNull<u8>, AllocError> {
         self.alloc_with(move || tag, 0)
     }
 
@@ -175,18 +191,22 @@ impl<P: Platform> KmemCache<P> {
     /// paths return it directly and every way out of the hit is a tail
     /// call.
     #[inline(always)]
-    pub(crate) fn alloc_with<O: AllocOut>(&self, tag: impl Fn() -> u32, bytes_req: usize) -> O {
+    pub(crate) fn alloc_with<O: AllocOut>(
+        &self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> O {
         let hot = self.hot();
         if hot.intersects(HotFlags::ALLOC_SLOW) {
             #[cfg(feature = "alloc-profiling")]
             if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
-                return O::from_raw(self.alloc_profiled::<O>(hot, tag));
+                return O::from_raw(self.alloc_profiled::<O>(tag));
             }
             return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
         }
         match self.magazine_alloc_hit() {
             Some(obj) => O::from_obj(obj),
-            None => O::from_raw(self.alloc_slow::<O>(0)),
+            None => O::from_raw(self.alloc_slow::<O>(None)),
         }
     }
 
@@ -219,40 +239,39 @@ impl<P: Platform> KmemCache<P> {
 
     /// The profiled alloc of a small-object cache (`PROFILING` the only
     /// flag): the magazine hit, then the tag reference stored (one multiply
-    /// for the object's index) and the tag charged. Out of line but not
-    /// cold, reached by a tail call and returning in one register, so the
-    /// plain hit stays a leaf when profiling is compiled in.
+    /// for the object's index) and the tag charged — no flag test
+    /// (`TAGGED` comes with `PROFILING`). Out of line but not cold,
+    /// reached by a tail call and returning in one register, so the plain
+    /// hit stays a leaf when profiling is compiled in.
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
-    fn alloc_profiled<O: AllocOut>(&self, hot: HotFlags, tag: impl Fn() -> u32) -> O::Raw {
+    fn alloc_profiled<O: AllocOut>(&self, tag: impl Fn() -> Option<AllocTagRef>) -> O::Raw {
         let Some(obj) = self.magazine_alloc_hit() else {
             return self.alloc_slow::<O>(tag());
         };
-        let tag = tag();
-        if tag != 0 {
-            self.tag_small_object(obj, tag, hot);
-            P::alloc_tag_add(tag, obj, self.obj_size);
+        if let Some(tag) = tag() {
+            self.charge_small_object(obj, tag);
         }
-        O::raw_from_packed(pack(Ok(obj)))
+        O::raw_from_obj(obj)
     }
 
     /// [`Self::alloc_slow_packed`] out of line, in the caller's result type.
     #[cold]
     #[inline(never)]
-    fn alloc_slow<O: AllocOut>(&self, tag: u32) -> O::Raw {
+    fn alloc_slow<O: AllocOut>(&self, tag: Option<AllocTagRef>) -> O::Raw {
         O::raw_from_packed(self.alloc_slow_packed(tag))
     }
 
-    /// The magazine miss (no bookkeeping flag), then charge `tag` (0:
+    /// The magazine miss (no bookkeeping flag), then charge `tag` (`None`:
     /// nothing). Its result packed in one register.
     #[inline(always)]
-    fn alloc_slow_packed(&self, tag: u32) -> usize {
+    fn alloc_slow_packed(&self, tag: Option<AllocTagRef>) -> usize {
         let obj = match self.magazine_alloc_or_miss() {
             Ok(obj) => obj,
             Err(error) => return pack(Err(error)),
         };
         #[cfg(feature = "alloc-profiling")]
-        if tag != 0 {
+        if let Some(tag) = tag {
             // The cache is a small one: bufctl caches with profiling on
             // take alloc_flagged.
             self.tag_small_object(obj, tag, self.hot());
@@ -304,7 +323,7 @@ impl<P: Platform> KmemCache<P> {
     fn alloc_flagged<O: AllocOut>(
         &self,
         hot: HotFlags,
-        tag: impl Fn() -> u32,
+        tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> O::Raw {
         O::raw_from_packed(self.alloc_flagged_packed(hot, tag, bytes_req))
@@ -314,7 +333,7 @@ impl<P: Platform> KmemCache<P> {
     fn alloc_flagged_packed(
         &self,
         hot: HotFlags,
-        tag: impl Fn() -> u32,
+        tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> usize {
         if hot.contains(HotFlags::KMEMTRACE) {
@@ -324,7 +343,7 @@ impl<P: Platform> KmemCache<P> {
         let tag = if hot.contains(HotFlags::PROFILING) {
             tag()
         } else {
-            0
+            None
         };
         pack(self.alloc_cold(hot, tag))
     }
@@ -332,11 +351,16 @@ impl<P: Platform> KmemCache<P> {
     /// An allocation kmemtrace records: the alloc as without the bit, then
     /// the event (alloc or failed alloc).
     #[inline(never)]
-    fn alloc_recorded(&self, hot: HotFlags, tag: impl Fn() -> u32, bytes_req: usize) -> usize {
+    fn alloc_recorded(
+        &self,
+        hot: HotFlags,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> usize {
         let packed = if !hot.intersects(HotFlags::ALLOC_SLOW) {
             match self.magazine_alloc_hit() {
                 Some(obj) => pack(Ok(obj)),
-                None => self.alloc_slow_packed(0),
+                None => self.alloc_slow_packed(None),
             }
         } else {
             self.alloc_flagged_packed(hot, tag, bytes_req)
@@ -346,7 +370,11 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Alloc with bookkeeping: debug checks, bufctl tag, tracing.
-    fn alloc_cold(&self, hot: HotFlags, tag: u32) -> Result<NonNull<u8>, AllocError> {
+    fn alloc_cold(
+        &self,
+        hot: HotFlags,
+        tag: Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Err(AllocError::InvalidLayout);
         }
@@ -366,12 +394,12 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         if self.kind == SlabKind::Bufctl {
-            if tag != 0 {
+            if tag.is_some() {
                 self.bufctl_mark_allocated(addr, tag);
             }
         } else {
             #[cfg(feature = "alloc-profiling")]
-            if tag != 0 {
+            if let Some(tag) = tag {
                 self.tag_small_object(obj, tag, hot);
             }
         }
@@ -379,18 +407,18 @@ impl<P: Platform> KmemCache<P> {
             self.trace_alloc(obj);
         }
         #[cfg(feature = "alloc-profiling")]
-        if tag != 0 {
+        if let Some(tag) = tag {
             P::alloc_tag_add(tag, obj, self.obj_size);
         }
         Ok(obj)
     }
 
     /// A bufctl object leaves for a caller: state `Allocated` (what an
-    /// `AUDIT` free checks), its tag stored (0: none; always written so a
-    /// reused bufctl does not keep an old tag).
-    fn bufctl_mark_allocated(&self, addr: usize, tag: u32) {
+    /// `AUDIT` free checks), its tag stored (`None`: none; always written
+    /// so a reused bufctl does not keep an old tag).
+    fn bufctl_mark_allocated(&self, addr: usize, tag: Option<AllocTagRef>) {
         #[cfg(feature = "alloc-profiling")]
-        if tag != 0 && !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
+        if tag.is_some() && !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::BUFCTL_TAGGED);
         }
@@ -403,7 +431,7 @@ impl<P: Platform> KmemCache<P> {
                 (*bufctl).state = BufctlState::Allocated;
                 #[cfg(feature = "alloc-profiling")]
                 {
-                    (*bufctl).tag = tag;
+                    (*bufctl).tag = tag.map_or(0, AllocTagRef::get);
                 }
             }
         }
@@ -475,13 +503,49 @@ fn push_round(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
 
 /// Where the page map put a freed pointer: its slab and object index.
 #[derive(Clone, Copy)]
+/// (The index first: it is where the owner check's multiply leaves it,
+/// `rdx`, when a `Located` is passed on in two registers.)
 pub(crate) struct Located {
-    pub(crate) slab: *mut Slab,
     #[cfg_attr(
         not(feature = "alloc-profiling"),
         allow(dead_code, reason = "read by the profiled free")
     )]
     pub(crate) index: usize,
+    pub(crate) slab: *mut Slab,
+}
+
+/// What a free path returns to its caller: `Result` (the library API), or
+/// `()` for the `GlobalAlloc` edge, which reports a refused free to the
+/// allocator's free-error hook ([`Allocator::set_free_error_hook`]) and
+/// counts it in [`Allocator::nr_bad_frees`]. Returned by the out-of-line
+/// paths directly, so the hit's ways out are tail calls.
+pub(crate) trait FreeOut {
+    /// The free happened.
+    fn ok() -> Self;
+    /// The result of a free by `cache`, as the caller takes it.
+    fn from_result<P: Platform>(cache: &KmemCache<P>, result: Result<(), FreeError>) -> Self;
+}
+
+impl FreeOut for Result<(), FreeError> {
+    #[inline(always)]
+    fn ok() -> Self {
+        Ok(())
+    }
+    #[inline(always)]
+    fn from_result<P: Platform>(_cache: &KmemCache<P>, result: Result<(), FreeError>) -> Self {
+        result
+    }
+}
+
+impl FreeOut for () {
+    #[inline(always)]
+    fn ok() -> Self {}
+    #[inline(always)]
+    fn from_result<P: Platform>(cache: &KmemCache<P>, result: Result<(), FreeError>) -> Self {
+        if let Err(error) = result {
+            cache.owner().report_free_error(error);
+        }
+    }
 }
 
 impl<P: Platform> KmemCache<P> {
@@ -507,7 +571,7 @@ impl<P: Platform> KmemCache<P> {
     pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         match self.free_locate(obj) {
             // SAFETY: per our caller; located in this cache.
-            Some(at) => unsafe { self.finish_free::<false>(obj, at) },
+            Some(at) => unsafe { self.finish_free::<Result<(), FreeError>>(obj, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.free_slow(obj) },
         }
@@ -538,70 +602,82 @@ impl<P: Platform> KmemCache<P> {
 
     /// Finish a free whose owner check passed — for all three callers
     /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
-    /// Plain: the magazine hit. Profiled (`TAGGED` the only flag): the tag
-    /// reference at the known index cleared and uncharged, then the hit.
-    /// Anything else out of line. With `REPORT` (the `GlobalAlloc` edge) a
-    /// refused free goes to the free-error report and `Ok` is returned, so
-    /// every way out of the hit is a tail call.
+    /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
+    /// included): one test of the flags the hit loads anyway, then a tail
+    /// call to [`Self::free_off_hit`], so a cache with profiling compiled
+    /// in but off pays nothing more than a plain one. The result type `O`
+    /// is the caller's ([`FreeOut`]: a `Result`, or `()` for the
+    /// `GlobalAlloc` edge, where a refused free goes to the free-error
+    /// report), so every way out of the hit is a tail call.
     ///
     /// # Safety
     /// `obj` is object `at.index` of `at.slab`, a live slab of this cache;
     /// if it is allocated, the caller gives it up.
     #[inline(always)]
-    pub(crate) unsafe fn finish_free<const REPORT: bool>(
-        &self,
-        obj: NonNull<u8>,
-        at: Located,
-    ) -> Result<(), FreeError> {
+    pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
         let hot = self.hot().intersection(HotFlags::FREE_SLOW);
         if !hot.is_empty() {
-            #[cfg(feature = "alloc-profiling")]
-            if hot == HotFlags::TAGGED {
-                // SAFETY: per our caller.
-                return unsafe { self.free_tagged(obj, at) };
-            }
-            if REPORT {
-                // SAFETY: per our caller.
-                unsafe { self.free_flagged_reported(obj, at.slab) };
-                return Ok(());
-            }
             // SAFETY: per our caller.
-            return unsafe { self.free_flagged(obj, at.slab) };
+            return unsafe { self.free_off_hit::<O>(obj, at, hot) };
         }
         // SAFETY: per our caller.
-        unsafe { self.magazine_free(obj) }
+        if unsafe { self.magazine_free_hit(obj) } {
+            return O::ok();
+        }
+        // SAFETY: per our caller; the hit changed nothing.
+        unsafe { self.magazine_free_miss_out::<O>(obj) }
     }
 
-    /// The profiled free (`TAGGED` the only flag): the tag reference at the
-    /// index the owner check computed cleared and its tag uncharged, then
-    /// the magazines. Out of line but not cold, reached by a tail call, so
-    /// the plain hit stays a leaf. Nothing here can refuse the free.
+    /// A free with some `FREE_SLOW` flag (`hot`, read by the caller). The
+    /// profiled free (`TAGGED` the only flag) first, inline: the tag
+    /// reference at the index the owner check computed, cleared and
+    /// uncharged, then the magazine hit — nothing here can refuse the
+    /// free. Anything else: [`Self::free_flagged`]. Out of line but not
+    /// cold, reached by a tail call, so the plain hit stays a leaf.
     ///
     /// # Safety
-    /// As for [`Self::finish_free`]; the cache has small slabs (`TAGGED` is
-    /// only set for those).
-    #[cfg(feature = "alloc-profiling")]
+    /// As for [`Self::finish_free`].
     #[inline(never)]
-    unsafe fn free_tagged(&self, obj: NonNull<u8>, at: Located) -> Result<(), FreeError> {
-        // SAFETY: per our caller; the object is given up. (A double free
-        // the magazines refuse finds the tag reference cleared: nothing is
-        // uncharged twice.)
-        unsafe { self.untag_small_object(obj, at) };
+    unsafe fn free_off_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located, hot: HotFlags) -> O {
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HotFlags::TAGGED {
+            // SAFETY: per our caller; `TAGGED` is only set for caches with
+            // small slabs and tag arrays. The object is given up. (A double
+            // free the magazines refuse finds the reference cleared:
+            // nothing is uncharged twice.)
+            unsafe { self.untag_small_object(obj, at) };
+            // SAFETY: per our caller.
+            if unsafe { self.magazine_free_hit(obj) } {
+                return O::ok();
+            }
+            // SAFETY: per our caller; the hit changed nothing.
+            return unsafe { self.magazine_free_miss_out::<O>(obj) };
+        }
+        let _ = hot;
         // SAFETY: per our caller.
-        unsafe { self.magazine_free(obj) }
+        unsafe { self.free_flagged_out::<O>(obj, at.slab) }
     }
 
-    /// [`Self::free_flagged`], a refused free reported to the allocator's
-    /// free-error hook (`GlobalAlloc::dealloc`).
+    /// [`Self::free_flagged`] in the caller's result type (its own
+    /// function, so that [`Self::free_off_hit`] needs no stack frame).
     ///
     /// # Safety
     /// As for [`Self::free_flagged`].
     #[inline(never)]
-    unsafe fn free_flagged_reported(&self, obj: NonNull<u8>, slab: *mut Slab) {
+    unsafe fn free_flagged_out<O: FreeOut>(&self, obj: NonNull<u8>, slab: *mut Slab) -> O {
         // SAFETY: per our caller.
-        if let Err(error) = unsafe { self.free_flagged(obj, slab) } {
-            self.owner().report_free_error(error);
-        }
+        O::from_result(self, unsafe { self.free_flagged(obj, slab) })
+    }
+
+    /// [`Self::magazine_free_slow`] in the caller's result type.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn magazine_free_miss_out<O: FreeOut>(&self, obj: NonNull<u8>) -> O {
+        // SAFETY: per our caller.
+        O::from_result(self, unsafe { self.magazine_free_slow(obj) })
     }
 
     /// The hit, else the out-of-line miss (which refuses a double free of
@@ -821,7 +897,7 @@ impl<P: Platform> KmemCache<P> {
             return Err(self.refuse(FreeError::NotAllocated { addr }));
         }
         #[cfg(feature = "alloc-profiling")]
-        let mut bufctl_tag = 0;
+        let mut bufctl_tag = None;
         if self.kind == SlabKind::Bufctl
             && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
         {
@@ -845,7 +921,7 @@ impl<P: Platform> KmemCache<P> {
                 (*bufctl).state = BufctlState::Cached;
                 #[cfg(feature = "alloc-profiling")]
                 {
-                    bufctl_tag = core::mem::take(&mut (*bufctl).tag);
+                    bufctl_tag = AllocTagRef::new(core::mem::take(&mut (*bufctl).tag));
                 }
             }
         }
@@ -868,8 +944,8 @@ impl<P: Platform> KmemCache<P> {
         // changes nothing. No lock is held here.
         #[cfg(feature = "alloc-profiling")]
         if self.kind == SlabKind::Bufctl {
-            if bufctl_tag != 0 {
-                P::alloc_tag_sub(bufctl_tag, obj, self.obj_size);
+            if let Some(tag) = bufctl_tag {
+                P::alloc_tag_sub(tag, obj, self.obj_size);
             }
         } else if hot.contains(HotFlags::TAGGED) {
             // SAFETY: `slab` is the located, alive small slab of addr.
@@ -907,7 +983,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: `locate` checked the slab is ours and addr an object start.
         let index = unsafe { self.object_index(slab, addr) }.unwrap_or(0);
         // SAFETY: per our caller; located in this cache.
-        unsafe { self.finish_free::<false>(obj, Located { slab, index }) }
+        unsafe { self.finish_free::<Result<(), FreeError>>(obj, Located { slab, index }) }
     }
 }
 
@@ -923,7 +999,7 @@ impl<P: Platform> Allocator<P> {
         &self,
         size: usize,
         align: usize,
-        tag: impl Fn() -> u32,
+        tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O {
         debug_assert!(self.is_ready() && align.is_power_of_two());
         match Self::kmalloc_index(size, align) {
@@ -938,9 +1014,9 @@ impl<P: Platform> Allocator<P> {
         &self,
         size: usize,
         align: usize,
-        tag: impl Fn() -> u32,
+        tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {
-        let tag = if self.alloc_profiling() { tag() } else { 0 };
+        let tag = if self.alloc_profiling() { tag() } else { None };
         O::raw_from_packed(self.large_alloc_packed(size, align, tag))
     }
 
@@ -960,7 +1036,7 @@ impl<P: Platform> Allocator<P> {
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         match self.kfree_locate(ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
-            Some((cache, at)) => unsafe { cache.finish_free::<false>(ptr, at) },
+            Some((cache, at)) => unsafe { cache.finish_free::<Result<(), FreeError>>(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
@@ -1016,7 +1092,9 @@ impl<P: Platform> Allocator<P> {
                 return Err(cache.refuse(FreeError::Misaligned { addr }));
             };
             // SAFETY: located in `cache`; our caller gives it up.
-            return unsafe { cache.finish_free::<false>(ptr, Located { slab, index }) };
+            return unsafe {
+                cache.finish_free::<Result<(), FreeError>>(ptr, Located { slab, index })
+            };
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };

@@ -3,7 +3,7 @@
 
 use core::ptr::NonNull;
 
-use crate::AllocError;
+use crate::{AllocError, AllocTagRef};
 
 /// Size of a page in bytes. Every [`PageSource`] hands out whole pages of
 /// this size, aligned to it.
@@ -115,33 +115,37 @@ pub unsafe trait Platform: 'static {
     /// Allocation profiling (feature `alloc-profiling`; never called
     /// without it): the allocation tag reference to charge an allocation
     /// made now by a caller that named none (`alloc`, `kmalloc`, the
-    /// `GlobalAlloc` and `Allocator` shims). Return 0 to charge nothing:
-    /// profiling is off, and the object will never be uncharged either.
-    /// A kernel returns its per-CPU "current scope" tag, or its catch-all
-    /// "untagged" tag. The default is 0: profiling off. Asked only while
-    /// profiling is switched on in the allocator
-    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)).
+    /// `GlobalAlloc` and `Allocator` shims). Return `None` to charge
+    /// nothing (the object will never be uncharged either). A kernel
+    /// returns its per-CPU "current scope" tag, or its catch-all "untagged"
+    /// tag: one per-CPU load. The default is `None`: profiling off. Asked
+    /// only while profiling is switched on in the allocator
+    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)),
+    /// on every profiled allocation: keep it a load, and leave the
+    /// platform's own on/off switch to that call.
     #[inline(always)]
-    fn alloc_tag_current() -> u32 {
-        0
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        None
     }
 
-    /// A caller got the object at `ptr`, charged to tag `tag` (never 0);
+    /// A caller got the object at `ptr`, charged to tag `tag`;
     /// `bytes` is the cache's object size, or whole pages for page-granular
     /// kmalloc. Add to the tag's counters on this CPU. Called with no
     /// allocator lock held; it must not allocate from the allocator with a
-    /// non-zero tag (that would recurse).
+    /// tag (that would recurse). Called on every profiled allocation: a
+    /// kernel adds to this CPU's counters with one `add` per counter at a
+    /// per-CPU base (`magpie-codetag`'s `AllocTagCounters::add_at`).
     #[inline(always)]
-    fn alloc_tag_add(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    fn alloc_tag_add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         let _ = (tag, ptr, bytes);
     }
 
-    /// The object at `ptr`, charged to `tag` (never 0) when allocated, is
+    /// The object at `ptr`, charged to `tag` when allocated, is
     /// being freed (maybe on another CPU than its allocation): subtract
     /// `bytes` (the same figure `alloc_tag_add` got). Called with no
     /// allocator lock held, before the memory is reused.
     #[inline(always)]
-    fn alloc_tag_sub(tag: u32, ptr: NonNull<u8>, bytes: usize) {
+    fn alloc_tag_sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         let _ = (tag, ptr, bytes);
     }
 }

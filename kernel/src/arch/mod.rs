@@ -17,7 +17,10 @@ pub mod tsc;
 
 use x86_64::instructions::port::Port;
 
-pub use percpu::{CPU_SLOT_BYTES, CpuState, MAX_CPUS, PerCpu, cpu_id, cpu_offset, this_cpu};
+pub use percpu::{
+    CPU_SLOT_BYTES, CpuState, MAX_CPUS, PerCpu, alloc_tag_base, alloc_tag_current, cpu_id,
+    cpu_offset, this_cpu,
+};
 
 /// The number of CPUs the platform reports (enabled or online-capable
 /// processors in the ACPI MADT, at most [`MAX_CPUS`]; 1 if there is no

@@ -30,6 +30,14 @@ pub struct PerCpu {
     state: AtomicU32,
     /// Work items this CPU has run from its `smp` mailbox.
     nr_jobs: AtomicU64,
+    /// Allocation profiling: this CPU's counter base in
+    /// `profiling::COUNTERS` (`AllocTagCounters::cpu_base`), read with
+    /// `gs:` addressing by every charge; 0 until profiling is set up.
+    alloc_tag_base: AtomicUsize,
+    /// Allocation profiling: the tag this CPU charges allocations that
+    /// name none (its innermost scope's, else `untagged`); 0 (none) until
+    /// profiling is set up. Read with `gs:` addressing.
+    alloc_tag_current: AtomicU32,
 }
 
 /// Where a CPU is in its life.
@@ -75,6 +83,8 @@ impl CpuState {
 const _: () = assert!(core::mem::offset_of!(PerCpu, self_ptr) == 0);
 const _: () = assert!(core::mem::offset_of!(PerCpu, cpu_id) == 8);
 const _: () = assert!(core::mem::offset_of!(PerCpu, cpu_offset) == 16);
+const _: () = assert!(core::mem::offset_of!(PerCpu, alloc_tag_base) == 40);
+const _: () = assert!(core::mem::offset_of!(PerCpu, alloc_tag_current) == 48);
 const _: () = assert!(core::mem::size_of::<PerCpu>() == 64);
 
 impl PerCpu {
@@ -86,6 +96,8 @@ impl PerCpu {
             cpu_offset: AtomicUsize::new(0),
             state: AtomicU32::new(CpuState::Offline as u32),
             nr_jobs: AtomicU64::new(0),
+            alloc_tag_base: AtomicUsize::new(0),
+            alloc_tag_current: AtomicU32::new(0),
         }
     }
 
@@ -119,6 +131,17 @@ impl PerCpu {
 
     pub(crate) fn count_job(&self) {
         self.nr_jobs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets this CPU's allocation-tag counter base (profiling setup, for
+    /// every CPU before profiling is switched on).
+    pub(crate) fn set_alloc_tag_base(&self, base: usize) {
+        self.alloc_tag_base.store(base, Ordering::Relaxed);
+    }
+
+    /// The tag this CPU charges allocations that name none (0: none).
+    pub(crate) fn alloc_tag_current(&self) -> &AtomicU32 {
+        &self.alloc_tag_current
     }
 }
 
@@ -166,6 +189,31 @@ pub fn cpu_offset() -> usize {
         core::arch::asm!("mov {}, gs:[16]", out(reg) offset, options(nostack, preserves_flags, readonly));
     }
     offset
+}
+
+/// This CPU's allocation-tag counter base ([`PerCpu`]'s
+/// `alloc_tag_base`), in one instruction.
+#[inline(always)]
+pub fn alloc_tag_base() -> usize {
+    let base: usize;
+    // SAFETY: as in `cpu_id`; offset 40 is `alloc_tag_base` (const assert).
+    unsafe {
+        core::arch::asm!("mov {}, gs:[40]", out(reg) base, options(nostack, preserves_flags, readonly));
+    }
+    base
+}
+
+/// The tag this CPU charges allocations that name none ([`PerCpu`]'s
+/// `alloc_tag_current`, 0: none), in one instruction.
+#[inline(always)]
+pub fn alloc_tag_current() -> u32 {
+    let tag: u32;
+    // SAFETY: as in `cpu_id`; offset 48 is `alloc_tag_current` (const
+    // assert).
+    unsafe {
+        core::arch::asm!("mov {:e}, gs:[48]", out(reg) tag, options(nostack, preserves_flags, readonly));
+    }
+    tag
 }
 
 /// The current CPU's [`PerCpu`].

@@ -17,7 +17,7 @@ use magpie_codetag::alloc_tag::{
 };
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, set_cpu};
-use crate::{Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
+use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
@@ -26,7 +26,7 @@ static COUNTERS_ONCE: Once = Once::new();
 
 std::thread_local! {
     /// The scoped "current tag" of this thread (a kernel keeps it per CPU).
-    static CURRENT: Cell<u32> = const { Cell::new(0) };
+    static CURRENT: Cell<Option<AllocTagRef>> = const { Cell::new(None) };
 }
 
 /// The machine half of a test [`Platform`]: everything but the
@@ -66,19 +66,16 @@ struct ProfiledPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for ProfiledPlatform {
     test_platform_basics!();
-    fn alloc_tag_current() -> u32 {
+    fn alloc_tag_current() -> Option<AllocTagRef> {
         if !SWITCH.is_on() {
-            return 0;
+            return None;
         }
-        match CURRENT.with(Cell::get) {
-            0 => UNTAGGED.tag_ref(),
-            scoped => scoped,
-        }
+        Some(CURRENT.with(Cell::get).unwrap_or(UNTAGGED.tag_ref()))
     }
-    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.add(cpu(), tag, bytes);
     }
-    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, bytes: usize) {
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.sub(cpu(), tag, bytes);
     }
 }
@@ -99,7 +96,7 @@ fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
     });
     SWITCH.set_at_boot(BootSetting::On);
     set_cpu(0);
-    CURRENT.with(|current| current.set(0));
+    CURRENT.with(|current| current.set(None));
     let source = FakeSource::new(4096);
     let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Allocator::new()));
     alloc.init(source).expect("init");
@@ -138,7 +135,7 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
     let tag = site_small();
     // 100 bytes come from kmalloc-104: charged 104 bytes each.
     let objs: Vec<_> = (0..10)
-        .map(|_| alloc.kmalloc_tagged(100, 8, tag.tag_ref()).unwrap())
+        .map(|_| alloc.kmalloc_tagged(100, 8, Some(tag.tag_ref())).unwrap())
         .collect();
     assert_eq!(
         counts(tag),
@@ -162,10 +159,10 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
         .unwrap();
     let (bufctl_tag, large_tag) = (site_bufctl(), site_large());
     let objs: Vec<_> = (0..5)
-        .map(|_| cache.alloc_tagged(bufctl_tag.tag_ref()).unwrap())
+        .map(|_| cache.alloc_tagged(Some(bufctl_tag.tag_ref())).unwrap())
         .collect();
     let big = alloc
-        .kmalloc_tagged(20_000, 8, large_tag.tag_ref())
+        .kmalloc_tagged(20_000, 8, Some(large_tag.tag_ref()))
         .unwrap();
     assert_eq!(
         counts(bufctl_tag),
@@ -225,13 +222,13 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
     assert_eq!(after.bytes, untagged_before.bytes + 64);
     // A scope: kmalloc, the GlobalAlloc shim and the Allocator shim all
     // charge the scope's tag.
-    CURRENT.with(|current| current.set(scope.tag_ref()));
+    CURRENT.with(|current| current.set(Some(scope.tag_ref())));
     let layout = core::alloc::Layout::from_size_align(24, 8).unwrap();
     let by_kmalloc = alloc.kmalloc(64, 8).unwrap();
     // SAFETY: a valid non-zero layout.
     let by_global = unsafe { core::alloc::GlobalAlloc::alloc(alloc, layout) };
     let by_allocator = core::alloc::Allocator::allocate(&alloc, layout).unwrap();
-    CURRENT.with(|current| current.set(0));
+    CURRENT.with(|current| current.set(None));
     assert_eq!(
         counts(scope),
         AllocTagCounts {
@@ -267,7 +264,7 @@ fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
             .spawn(|| {
                 set_cpu(1);
                 (0..200)
-                    .map(|_| Obj(cache.alloc_tagged(tag.tag_ref()).unwrap()))
+                    .map(|_| Obj(cache.alloc_tagged(Some(tag.tag_ref())).unwrap()))
                     .collect()
             })
             .join()
@@ -297,7 +294,7 @@ fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
 fn switch_on_off_never_and_no_underflow() {
     let (_serial, alloc) = setup();
     let tag = site_switch();
-    CURRENT.with(|current| current.set(tag.tag_ref()));
+    CURRENT.with(|current| current.set(Some(tag.tag_ref())));
 
     // Off: objects carry no tag; freeing them after turning on subtracts
     // nothing (no underflow), and the counts are marked inaccurate.
@@ -356,7 +353,7 @@ fn switch_on_off_never_and_no_underflow() {
     assert_eq!(counts(tag), AllocTagCounts::default());
     // SAFETY: allocated just now, freed once.
     unsafe { alloc.kfree(ignored) }.unwrap();
-    CURRENT.with(|current| current.set(0));
+    CURRENT.with(|current| current.set(None));
     SWITCH.set_at_boot(BootSetting::On);
 }
 
@@ -371,8 +368,8 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
         .cache_create("tag-traced", 200, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     traced.trace_start().unwrap();
-    let a = audit.alloc_tagged(tag.tag_ref()).unwrap();
-    let t = traced.alloc_tagged(tag.tag_ref()).unwrap();
+    let a = audit.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    let t = traced.alloc_tagged(Some(tag.tag_ref())).unwrap();
     assert_eq!(
         counts(tag),
         AllocTagCounts {
@@ -416,7 +413,7 @@ fn objects_per_small_slab_leave_room_for_tag_refs() {
         // inside the page below the header.
         let tag = site_small();
         let objs: Vec<_> = (0..2 * stats.objs_per_slab)
-            .map(|_| cache.alloc_tagged(tag.tag_ref()).unwrap())
+            .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
             .collect();
         assert_eq!(counts(tag).calls, objs.len() as u64);
         for obj in objs {
@@ -464,7 +461,7 @@ static COUNTING_CURRENT_CALLS: AtomicUsize = AtomicUsize::new(0);
 static COUNTING_ADD_CALLS: AtomicUsize = AtomicUsize::new(0);
 static COUNTING_SUB_CALLS: AtomicUsize = AtomicUsize::new(0);
 /// The tag [`CountingPlatform`] always names (its own switch always on).
-const COUNTING_TAG: u32 = 7;
+const COUNTING_TAG: AllocTagRef = AllocTagRef::new(7).unwrap();
 
 /// [`TestPlatform`] whose `alloc_tag_*` hooks only count their calls
 /// (used by one test only: no `SERIAL` needed).
@@ -473,15 +470,15 @@ struct CountingPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for CountingPlatform {
     test_platform_basics!();
-    fn alloc_tag_current() -> u32 {
+    fn alloc_tag_current() -> Option<AllocTagRef> {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
-        COUNTING_TAG
+        Some(COUNTING_TAG)
     }
-    fn alloc_tag_add(tag: u32, _ptr: NonNull<u8>, _bytes: usize) {
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(tag, COUNTING_TAG);
         COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
     }
-    fn alloc_tag_sub(tag: u32, _ptr: NonNull<u8>, _bytes: usize) {
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(tag, COUNTING_TAG);
         COUNTING_SUB_CALLS.fetch_add(1, Ordering::Relaxed);
     }
@@ -521,7 +518,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     let mut off_small = Vec::new();
     for _ in 0..100 {
         off_small.push((cache, cache.alloc().unwrap()));
-        off_small.push((cache, cache.alloc_tagged(COUNTING_TAG).unwrap()));
+        off_small.push((cache, cache.alloc_tagged(Some(COUNTING_TAG)).unwrap()));
     }
     let off_kmalloc: Vec<_> = (0..100).map(|_| alloc.kmalloc(64, 8).unwrap()).collect();
     let off_big = big_cache.alloc().unwrap();
@@ -529,10 +526,10 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     let kmalloc_64 = alloc.kmalloc_cache_for(64, 8).unwrap();
     assert_eq!(calls(), before, "off: no alloc_tag_* call at all");
     for &(cache, obj) in &off_small {
-        assert_eq!(cache.small_tag_ref(obj), 0);
+        assert_eq!(cache.small_tag_ref(obj), None);
     }
     for &obj in &off_kmalloc {
-        assert_eq!(kmalloc_64.small_tag_ref(obj), 0);
+        assert_eq!(kmalloc_64.small_tag_ref(obj), None);
     }
 
     // Switched on: asked on every path, tagged, charged.
@@ -545,9 +542,9 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     assert_eq!(after_on.0 - before.0, 103, "asked once per alloc");
     assert_eq!(after_on.1 - before.1, 103, "charged once per alloc");
     for &obj in &on_small {
-        assert_eq!(cache.small_tag_ref(obj), COUNTING_TAG);
+        assert_eq!(cache.small_tag_ref(obj), Some(COUNTING_TAG));
     }
-    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), COUNTING_TAG);
+    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), Some(COUNTING_TAG));
 
     // Frees of objects allocated while off uncharge nothing, even with
     // profiling on now; those allocated while on uncharge once each.
