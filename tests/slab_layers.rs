@@ -881,7 +881,7 @@ fn destroy_refuses_busy_and_permanent_caches() {
         "destroyed cache is unlisted"
     );
 
-    for name in ["kmalloc-64", "kmem_cache", "kmem_magazine"] {
+    for name in ["kmalloc-64", "kmem_cache", "kmem_magazine_60"] {
         let permanent = kmalloc_cache(name);
         assert_eq!(
             // SAFETY: refused (Permanent); nothing changes.

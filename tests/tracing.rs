@@ -391,7 +391,8 @@ fn notrace_caches_are_refused() {
     let mut shell = Shell::new();
     for name in [
         "kmem_trace",
-        "kmem_magazine",
+        "kmem_magazine_1",
+        "kmem_magazine_60",
         "kmem_cache",
         "kmem_slab",
         "kmem_bufctl",

@@ -22,7 +22,7 @@ use crate::kmemtrace::{
     CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, Kmemtrace,
     KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
 };
-use crate::magazine::{MAG_INITIAL_ROUNDS, Magazine, PcpuCache};
+use crate::magazine::{MAG_CACHE_NAMES, MAGAZINE_ROUNDS, NR_MAG_TYPES, PcpuCache, magazine_bytes};
 use crate::pagemap::PageMap;
 use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::report::{ErrorReport, ErrorRing};
@@ -31,28 +31,28 @@ use crate::stats::CpuCacheStats;
 use crate::trace::TraceNode;
 
 const _: () = {
-    // The metadata caches that bufctl slabs need (and kmem_magazine) must
-    // themselves use small-object slabs, which need no metadata: otherwise
-    // growing them would recurse forever.
-    assert!(core::mem::size_of::<Magazine>() <= crate::slab::SMALL_MAX_STRIDE);
+    // The metadata caches that bufctl slabs need (and the magazine caches)
+    // must themselves use small-object slabs, which need no metadata:
+    // otherwise growing them would recurse forever. (magazine.rs checks
+    // the largest magazine.)
     assert!(core::mem::size_of::<Slab>() <= crate::slab::SMALL_MAX_STRIDE);
     assert!(core::mem::size_of::<Bufctl>() <= crate::slab::SMALL_MAX_STRIDE);
     assert!(core::mem::size_of::<TraceNode>() <= crate::slab::SMALL_MAX_STRIDE);
 };
 
-/// The bootstrap caches, in creation order.
+/// The bootstrap caches other than the magazine caches, which come first
+/// (one per magazine type, `kmem_magazine_<rounds>`: see
+/// [`Allocator::magazine_cache`]); in creation order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BootCache {
-    Magazine = 0,
-    Cache = 1,
-    Slab = 2,
-    Bufctl = 3,
-    Trace = 4,
-    Pcpu = 5,
+    Cache = NR_MAG_TYPES as isize,
+    Slab,
+    Bufctl,
+    Trace,
+    Pcpu,
 }
-const NR_BOOT: usize = 6;
-const BOOT_NAMES: [&str; NR_BOOT] = [
-    "kmem_magazine",
+const NR_BOOT: usize = NR_MAG_TYPES + 5;
+const BOOT_NAMES: [&str; NR_BOOT - NR_MAG_TYPES] = [
     "kmem_cache",
     "kmem_slab",
     "kmem_bufctl",
@@ -216,7 +216,8 @@ impl<P: Platform> Allocator<P> {
 
     /// Bring the allocator up on `source`, its primary page source: build
     /// the page map (one word per page of `source.span()`, from the source
-    /// itself), the bootstrap caches (`kmem_magazine`, `kmem_cache`,
+    /// itself), the bootstrap caches (`kmem_magazine_1` …
+    /// `kmem_magazine_60`, one per magazine type, then `kmem_cache`,
     /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`) and the
     /// kmalloc caches. Reads [`Platform::max_cpus`].
     ///
@@ -289,11 +290,7 @@ impl<P: Platform> Allocator<P> {
             *self.page_map_pages.get() = map_pages;
         }
 
-        let boot_layouts: [(usize, usize); NR_BOOT] = [
-            (
-                core::mem::size_of::<Magazine>(),
-                core::mem::align_of::<Magazine>(),
-            ),
+        let fixed_layouts: [(usize, usize); NR_BOOT - NR_MAG_TYPES] = [
             (
                 core::mem::size_of::<KmemCache<P>>(),
                 core::mem::align_of::<KmemCache<P>>(),
@@ -312,9 +309,12 @@ impl<P: Platform> Allocator<P> {
                 core::mem::align_of::<PcpuCache>(),
             ),
         ];
-        for (index, (size, align)) in boot_layouts.into_iter().enumerate() {
+        let magazine_layouts = MAGAZINE_ROUNDS.map(|rounds| (magazine_bytes(rounds), 8));
+        let names = MAG_CACHE_NAMES.iter().chain(BOOT_NAMES.iter());
+        let layouts = magazine_layouts.into_iter().chain(fixed_layouts);
+        for (index, (name, (size, align))) in names.zip(layouts).enumerate() {
             let spec = CacheSpec {
-                name: BOOT_NAMES[index],
+                name,
                 size,
                 geometry: Geometry::new(size, align, CacheFlags::NOTRACE, false, false)?,
                 flags: CacheFlags::NOTRACE,
@@ -456,6 +456,15 @@ impl<P: Platform> Allocator<P> {
         // metadata caches are small-slab caches or need only kmem_slab and
         // kmem_bufctl, created before anything allocates) and never moved.
         unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(which as usize) }
+    }
+
+    /// The bootstrap cache of magazine type `magtype` (an index into the
+    /// magazine types: `kmem_magazine_<rounds>`).
+    pub(crate) fn magazine_cache(&self, magtype: usize) -> &KmemCache<P> {
+        assert!(magtype < NR_MAG_TYPES);
+        // SAFETY: as for `boot`; the magazine caches are the first
+        // NR_MAG_TYPES bootstrap slots.
+        unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(magtype) }
     }
 
     /// # Safety
@@ -615,7 +624,7 @@ impl<P: Platform> Allocator<P> {
         // cache lives until destroy.
         unsafe {
             for cpu in 0..nr_cpus {
-                pcpu.add(cpu).write(PcpuCache::new(MAG_INITIAL_ROUNDS));
+                pcpu.add(cpu).write(PcpuCache::new());
             }
             mem.write(KmemCache::construct(
                 spec,
@@ -738,18 +747,25 @@ impl<P: Platform> Allocator<P> {
             return crate::MetadataStats::default();
         }
         let mut bootstrap_bytes = 0;
+        let mut magazine_bytes = [0; NR_MAG_TYPES];
         // SAFETY: READY: the init-only cells are immutable.
         let nr_boot = unsafe { *self.nr_boot.get() };
         for index in 0..nr_boot {
             // SAFETY: READY: bootstrap slots below nr_boot are initialised.
             let boot = unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) };
-            bootstrap_bytes += boot.slab.lock().counts().nr_pages * PAGE_SIZE;
+            let bytes = boot.slab.lock().counts().nr_pages * PAGE_SIZE;
+            bootstrap_bytes += bytes;
+            // The magazine caches are the first NR_MAG_TYPES slots.
+            if let Some(slot) = magazine_bytes.get_mut(index) {
+                *slot = bytes;
+            }
         }
         // SAFETY: READY: the init-only cells are immutable.
         let (page_map_pages, map) = unsafe { (*self.page_map_pages.get(), *self.page_map.get()) };
         crate::MetadataStats {
             page_map_bytes: page_map_pages * PAGE_SIZE,
             bootstrap_bytes,
+            magazine_bytes,
             managed_bytes: map.nr_pages * PAGE_SIZE,
         }
     }

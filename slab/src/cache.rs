@@ -11,7 +11,9 @@ use crate::allocator::Allocator;
 use crate::debug::{DebugLayout, freelist_secret};
 use crate::error::{AllocError, DestroyError, FreeError};
 use crate::geometry::{Geometry, SlabKind};
-use crate::magazine::{Depot, MAG_INITIAL_ROUNDS, Magazine, PcpuCache, PcpuInner};
+use crate::magazine::{
+    Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, Stale, max_magtype, start_magtype,
+};
 use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::slab::{SLAB_MAGIC, Slab, SlabLayer, small_header};
@@ -346,7 +348,7 @@ impl<P: Platform> KmemCache<P> {
             source: spec.source,
             owner,
             permanent: spec.permanent,
-            depot: Depot::new(MAG_INITIAL_ROUNDS),
+            depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
             slab: Mutex::new(SlabLayer::new()),
             nr_allocs_direct: AtomicU64::new(0),
             nr_frees_direct: AtomicU64::new(0),
@@ -501,23 +503,37 @@ impl<P: Platform> KmemCache<P> {
         self.on_cpu(cpu, |pcc| pcc.stats())
     }
 
-    /// A new empty magazine from the `kmem_magazine` bootstrap cache.
+    /// A new empty magazine of the depot's type, from its
+    /// `kmem_magazine_<rounds>` bootstrap cache.
     pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
-        let mem = self
-            .owner()
-            .boot(crate::BootCache::Magazine)
-            .slab_alloc_raw()?;
-        // SAFETY: a fresh kmem_magazine object: 512 bytes, 8-aligned, ours.
-        Ok(unsafe { Magazine::init(mem) })
+        let magtype = self.depot.magtype();
+        let mem = self.owner().magazine_cache(magtype).slab_alloc_raw()?;
+        // SAFETY: a fresh object of the magazine type's cache:
+        // magazine_bytes(capacity) bytes, 8-aligned, ours.
+        Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
+    }
+
+    /// Free the magazines an exchange detached (see [`Stale`]).
+    pub(crate) fn free_stale(&self, stale: Stale) {
+        let mut mag = stale.0;
+        while !mag.is_null() {
+            // SAFETY: detached from the depot (or handed over by a
+            // per-CPU cache); ours alone now.
+            unsafe {
+                let next = Magazine::next_of(mag);
+                self.free_magazine(mag);
+                mag = next;
+            }
+        }
     }
 
     /// Empty every per-CPU cache and the depot: rounds are destructed and
-    /// go back to the slab layer, magazines go back to `kmem_magazine`.
+    /// go back to the slab layer, magazines to their `kmem_magazine_<N>`.
     ///
     /// CPU by CPU, a cross-CPU call hands that CPU's two magazines over;
     /// then the depot lock is held only to detach its lists. Nothing is
-    /// freed on the other CPU or under a lock (destructors and
-    /// `kmem_magazine` run here with no lock held). CPUs may allocate and
+    /// freed on the other CPU or under a lock (destructors and the
+    /// magazine caches run here with no lock held). CPUs may allocate and
     /// free throughout: whatever they put in magazines after their turn
     /// stays there.
     pub(crate) fn drain_magazines(&self) {
@@ -559,7 +575,7 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Free a detached magazine's rounds (destructed) to the slab layer
-    /// and the magazine itself to `kmem_magazine`'s slab layer.
+    /// and the magazine itself to its `kmem_magazine_<capacity>` cache.
     ///
     /// # Safety
     /// `mag` is a live magazine of this cache referenced by no per-CPU
@@ -567,11 +583,14 @@ impl<P: Platform> KmemCache<P> {
     unsafe fn free_magazine(&self, mag: *mut Magazine) {
         // SAFETY: per the caller, the magazine and its rounds are ours.
         unsafe {
-            let nr_rounds = (*mag).nr_rounds;
-            let rounds = &(&(*mag).rounds)[..nr_rounds];
-            self.slab_free_objects(rounds);
+            self.slab_free_objects(crate::magazine::held_rounds(mag));
+            let capacity = (*mag).capacity as usize;
+            let magtype = MAGAZINE_ROUNDS
+                .iter()
+                .position(|&rounds| rounds == capacity)
+                .expect("a magazine's capacity is a magazine type's");
             self.owner()
-                .boot(crate::BootCache::Magazine)
+                .magazine_cache(magtype)
                 .slab_free_raw(mag.cast());
         }
     }
@@ -587,12 +606,9 @@ impl<P: Platform> KmemCache<P> {
                 let rounds = self.on_cpu(cpu, |pcc| {
                     let mut rounds = alloc::vec::Vec::new();
                     for mag in [pcc.loaded, pcc.prev] {
-                        // SAFETY: this CPU's own magazines.
-                        let nr_rounds = unsafe { crate::magazine::rounds_of(mag) };
-                        for index in 0..nr_rounds {
-                            // SAFETY: as above; index < nr_rounds.
-                            rounds.push(unsafe { (&(*mag).rounds)[index] } as usize);
-                        }
+                        // SAFETY: this CPU's own magazines, read on it.
+                        let held = unsafe { crate::magazine::held_rounds(mag) };
+                        rounds.extend(held.iter().map(|&round| round as usize));
                     }
                     rounds
                 });
@@ -604,10 +620,8 @@ impl<P: Platform> KmemCache<P> {
         let depot = self.depot.lock();
         depot.for_each_magazine(|mag| {
             // SAFETY: a magazine on a depot list, under the depot lock.
-            let nr_rounds = unsafe { (*mag).nr_rounds };
-            for index in 0..nr_rounds {
-                // SAFETY: as above; index < nr_rounds.
-                f(unsafe { (&(*mag).rounds)[index] });
+            for &round in unsafe { crate::magazine::held_rounds(mag) } {
+                f(round);
             }
         });
     }
@@ -889,7 +903,7 @@ impl<P: Platform> KmemCache<P> {
         let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs) = {
             let depot = self.depot.inner.lock();
             (
-                depot.magsize,
+                depot.magsize(),
                 depot.nr_full,
                 depot.nr_empty,
                 depot.nr_rounds(),

@@ -18,11 +18,17 @@
 //!    magazine. A cache that was never traced pays nothing for it (a bit of
 //!    the `hot_flags` word every alloc and free tests anyway).
 //! 2. **Magazine layer** (`src/magazine.rs`): a per-CPU cache `{ loaded,
-//!    prev, magsize }` of two magazines of constructed objects ("rounds"),
-//!    owned by its CPU, behind a depot of full and empty magazines per
-//!    cache. Most allocs and frees end here, touching nothing but their
-//!    CPU's cache line and the magazine. The magazine size grows when the
-//!    depot lock is contended.
+//!    prev }` of two magazines of constructed objects ("rounds"), owned by
+//!    its CPU, behind a depot of full and empty magazines per cache. Most
+//!    allocs and frees end here, touching nothing but their CPU's cache
+//!    line and the magazine. Magazines are sized to their capacity
+//!    (Bonwick & Adams 2001 §3.3): one bootstrap cache per magazine type,
+//!    `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60` (the rounds a
+//!    magazine of that cache holds; [`MAGAZINE_ROUNDS`]); a cache starts
+//!    with the largest type whose rounds hold at most 32 KiB of its
+//!    objects, so a cached object costs at most 8.6 bytes of magazine up
+//!    to 128 bytes and at most 1/15 of its size above, and moves to the
+//!    next type when the depot lock is contended.
 //! 3. **Slab layer** (`src/slab.rs`): small-object slabs (free list
 //!    through the objects; on the primary source objects up to 8 KiB, in
 //!    slabs of 1 to 8 pages chosen for the least waste, the header at the
@@ -36,8 +42,8 @@
 //!    one per cache.
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
-//! metadata (`kmem_magazine`, `kmem_cache`, `kmem_slab`, `kmem_bufctl`,
-//! `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
+//! metadata (`kmem_magazine_<N>` for each magazine type, `kmem_cache`,
+//! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
 //! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
 //! then eight per power of two, so above 64 bytes rounding wastes less
 //! than 12.5 %; the Linux classes among them) plus page-granular
@@ -89,8 +95,8 @@
 //!
 //! ## The per-CPU protocol
 //!
-//! A CPU's per-CPU cache of a kmem_cache (`loaded`, `prev`, `magsize`,
-//! its counters: one cache line) belongs to that CPU (Bonwick & Adams
+//! A CPU's per-CPU cache of a kmem_cache (`loaded`, `prev`, its
+//! counters: one cache line) belongs to that CPU (Bonwick & Adams
 //! 2001: the common case touches only the CPU's own cache; Linux SLUB's
 //! per-CPU sheaves work the same way). It has no lock:
 //!
@@ -126,8 +132,10 @@
 //! for "interrupts off", taken by cross-CPU calls too) and check it and
 //! the depot exchange under every interleaving up to a preemption bound.
 //!
-//! Magazine resizing needs no cross-CPU call: the depot grows `magsize`
-//! under its lock and each CPU adopts it at its next depot exchange.
+//! Magazine resizing needs no cross-CPU call: the depot moves to the next
+//! magazine type under its lock; a CPU keeps using the magazines it holds
+//! (each carries its own capacity, which the hit tests) and gets new-type
+//! ones at its next depot exchange, where empty old-type ones are freed.
 //!
 //! ## Lock order
 //!
@@ -249,9 +257,11 @@
 //!
 //! **Why doesn't the magazine cache deadlock on itself?** (Akaros asks the
 //! same.) A free that needs a new magazine turns interrupts back on before
-//! allocating one from `kmem_magazine`, and the bootstrap caches have no
-//! magazine layer at all: metadata is allocated straight from their slab
-//! layers. `kmem_magazine`, `kmem_slab` and `kmem_bufctl` use small-object
+//! allocating one from its `kmem_magazine_<N>` cache (and a depot exchange
+//! frees an old-type magazine only after interrupts are back on), and the
+//! bootstrap caches have no magazine layer at all: metadata is allocated
+//! straight from their slab layers. The magazine caches, `kmem_slab` and
+//! `kmem_bufctl` use small-object
 //! slabs, which need no metadata, so allocating metadata nests at most one
 //! level (a bufctl cache growing asks `kmem_slab` and `kmem_bufctl`) and
 //! never returns to a lock already held.
@@ -281,8 +291,16 @@
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The
 //! depot counts failed `try_lock`s; every 64 depot visits, if at least 8
-//! were contended, the magazine size grows by 4 rounds (up to 62). Per-CPU
-//! caches adopt the new size when they next visit the depot.
+//! were contended, the depot moves to the next magazine type (3 → 6 → 14
+//! → 29 → 60 rounds), up to the largest whose rounds hold at most 128 KiB
+//! of objects. Per-CPU caches get the new type when they next visit the
+//! depot.
+//!
+//! **Why several magazine caches?** A magazine holds pointers, 8 bytes a
+//! round; one size for all (62 slots in 512 bytes, filled to 8 rounds)
+//! cost 64 bytes of metadata per cached object, so freeing a burst of small
+//! objects made memory grow. Sized magazines (illumos `kmem_magtype`) cost
+//! what they hold: 8.5 bytes per round in a 60-round magazine.
 //!
 //! **Why are objects at least 8-aligned?** Small slabs thread their free
 //! list through free objects; a pointer must fit and be aligned.
@@ -447,7 +465,7 @@ pub use kmemtrace::{
     DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
     KmemtraceError, KmemtraceEvent, KmemtraceStatus,
 };
-pub use magazine::MAG_MAX_ROUNDS;
+pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::SlabBox;
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};

@@ -2,16 +2,29 @@
 //! of two magazines and the depot behind them.
 //!
 //! Each CPU has a [`PcpuCache`] holding two magazines, `loaded` and `prev`,
-//! of object pointers ("rounds"), and the current `magsize` (rounds per
-//! full magazine). Behind them is the cache's [`Depot`]: a list of
-//! non-empty ("full") magazines and a list of empty ones.
+//! of object pointers ("rounds"). Behind them is the cache's [`Depot`]: a
+//! list of non-empty ("full") magazines and a list of empty ones.
+//!
+//! **Magazines are sized to their capacity** (Bonwick & Adams 2001 §3.3,
+//! illumos `kmem_magtype`): a magazine carries its `capacity` and lives in
+//! the bootstrap cache of its type, `kmem_magazine_<capacity>`, of
+//! `16 + 8 × capacity` bytes ([`MAGAZINE_ROUNDS`]: 1, 3, 6, 14, 29 and 60
+//! rounds; the four larger fill a one-page slab exactly). The free hit
+//! compares the round count with the loaded magazine's own capacity. A
+//! cache starts with the largest type whose rounds hold at most
+//! [`MAG_START_BYTES`] of objects (32 KiB: 60 rounds for objects up to
+//! 546 bytes, 3 for 8 KiB ones), so a cached object costs at most 8.6
+//! bytes of magazine pages up to 128 bytes and at most 1/15 of its own
+//! size above (checked per kmalloc class by the magazine tests); before,
+//! every magazine was 512 bytes for 8 rounds, 64 bytes per cached object.
 //!
 //! - **alloc**: pop from `loaded`; else swap with `prev` if it has rounds;
 //!   else trade the empty `prev` for a full magazine from the depot; else
 //!   go to the slab layer.
-//! - **free**: push to `loaded`; else swap with `prev` if it is empty; else
-//!   trade `prev` (full) for an empty magazine from the depot; else
-//!   allocate a new magazine from `kmem_magazine` and retry; if that fails,
+//! - **free**: push to `loaded` if it is below its capacity; else swap
+//!   with `prev` if it is empty; else trade `prev` (full) for an empty
+//!   magazine of the depot's type; else allocate a new magazine of that
+//!   type from its `kmem_magazine_<N>` cache and retry; if that fails,
 //!   destruct the object and free it to the slab layer. A free never waits
 //!   for memory.
 //! - **drain** (`reap`, `destroy`): each CPU hands its `loaded` and `prev`
@@ -42,23 +55,51 @@
 //!
 //! Objects in magazines stay constructed. The depot counts how often its
 //! lock was contended (a failed `try_lock`); past a threshold within an
-//! interval the magazine size grows, and each per-CPU cache adopts the new
-//! size the next time it visits the depot.
+//! interval the depot moves to the next magazine type (up to the largest
+//! whose rounds hold at most [`MAG_GROW_MAX_BYTES`]): new magazines are of
+//! that type, full magazines of the old one are still used until they run
+//! empty, and empty ones of the old type are freed as they come back to
+//! the depot (after the lock is dropped, interrupts on). No per-CPU cache
+//! needs to be told.
 
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::platform::CPU_SLOT_BYTES;
 use crate::stats::CpuCacheStats;
 use crate::sync::{Mutex, MutexGuard};
 
-/// Rounds a magazine struct can hold: the largest magazine size.
-pub const MAG_MAX_ROUNDS: usize = 62;
-/// Starting magazine size.
-pub(crate) const MAG_INITIAL_ROUNDS: usize = 8;
-/// Rounds added each time contention makes the depot grow the size.
-pub(crate) const MAG_GROW_STEP: usize = 4;
+/// The magazine types (Bonwick & Adams 2001 §3.3; illumos `kmem_magtype`):
+/// rounds per magazine. Each has its own bootstrap cache,
+/// `kmem_magazine_<rounds>` ([`MAG_CACHE_NAMES`]), of
+/// [`magazine_bytes`]`(rounds)`-byte objects. The four larger ones fill a
+/// one-page bootstrap slab exactly (4096 bytes minus the 128-byte header:
+/// 62 × 64 B, 31 × 128 B, 16 × 248 B, 8 × 496 B), so a round costs 11.0,
+/// 9.2, 8.8 and 8.5 bytes of magazine pages; 1 and 3 rounds are for the
+/// largest objects (as illumos' 1 and 3).
+pub const MAGAZINE_ROUNDS: [usize; NR_MAG_TYPES] = [1, 3, 6, 14, 29, 60];
+/// Number of magazine types.
+pub(crate) const NR_MAG_TYPES: usize = 6;
+/// The bootstrap cache of each magazine type.
+pub(crate) const MAG_CACHE_NAMES: [&str; NR_MAG_TYPES] = [
+    "kmem_magazine_1",
+    "kmem_magazine_3",
+    "kmem_magazine_6",
+    "kmem_magazine_14",
+    "kmem_magazine_29",
+    "kmem_magazine_60",
+];
+/// Rounds the largest magazine holds.
+pub const MAG_MAX_ROUNDS: usize = MAGAZINE_ROUNDS[NR_MAG_TYPES - 1];
+/// A cache starts with the largest magazine whose rounds hold at most
+/// this many bytes of objects (`rounds × stride ≤ 8 KiB`; at least 1
+/// round): see [`start_magtype`].
+pub(crate) const MAG_START_BYTES: usize = 32768;
+/// Contention grows a cache's magazines to the next type only while the
+/// next type's rounds hold at most this many bytes of objects (illumos
+/// stops at a type's `mt_maxbuf`).
+pub(crate) const MAG_GROW_MAX_BYTES: usize = 128 * 1024;
 /// Depot visits per contention-measuring interval.
 pub(crate) const MAG_RESIZE_INTERVAL: u32 = 64;
 /// Contended depot acquisitions per interval that trigger growth.
@@ -67,30 +108,87 @@ pub(crate) const MAG_RESIZE_THRESHOLD: u64 = 8;
 /// CPU took first, before freeing straight to the slab layer.
 pub(crate) const MAG_FREE_RETRIES: usize = 3;
 
-/// A magazine: a stack of up to `MAG_MAX_ROUNDS` constructed objects.
+/// Bytes of the magazine header (`next`, `capacity`, `nr_rounds`).
+const MAG_HEADER_BYTES: usize = 16;
+
+/// Bytes of a magazine of `capacity` rounds.
+pub(crate) const fn magazine_bytes(capacity: usize) -> usize {
+    MAG_HEADER_BYTES + capacity * core::mem::size_of::<*mut u8>()
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Magazine>() == MAG_HEADER_BYTES);
+    // `top_round` (path.rs) reads the word before `rounds[0]` of an empty
+    // magazine: `capacity` in its low half (little-endian), `nr_rounds`
+    // (0) in its high half, so that word is the capacity, below any
+    // object's address.
+    assert!(cfg!(target_endian = "little"));
+    assert!(
+        core::mem::offset_of!(Magazine, capacity) + 4 == core::mem::offset_of!(Magazine, nr_rounds)
+    );
+    assert!(
+        core::mem::offset_of!(Magazine, rounds) == core::mem::offset_of!(Magazine, capacity) + 8
+    );
+    let mut index = 1;
+    while index < NR_MAG_TYPES {
+        assert!(MAGAZINE_ROUNDS[index - 1] < MAGAZINE_ROUNDS[index]);
+        index += 1;
+    }
+    assert!(magazine_bytes(MAG_MAX_ROUNDS) <= crate::slab::SMALL_MAX_STRIDE);
+};
+
+/// The magazine type a cache of `stride`-byte objects starts with: the
+/// largest whose rounds hold at most [`MAG_START_BYTES`] (the smallest
+/// type if none does).
+pub(crate) fn start_magtype(stride: usize) -> usize {
+    (0..NR_MAG_TYPES)
+        .rev()
+        .find(|&magtype| MAGAZINE_ROUNDS[magtype] * stride <= MAG_START_BYTES)
+        .unwrap_or(0)
+}
+
+/// The largest magazine type contention may grow a cache of
+/// `stride`-byte objects to: the largest whose rounds hold at most
+/// [`MAG_GROW_MAX_BYTES`], and at least the starting type.
+pub(crate) fn max_magtype(stride: usize) -> usize {
+    (0..NR_MAG_TYPES)
+        .rev()
+        .find(|&magtype| MAGAZINE_ROUNDS[magtype] * stride <= MAG_GROW_MAX_BYTES)
+        .unwrap_or(0)
+        .max(start_magtype(stride))
+}
+
+/// A magazine: a stack of up to `capacity` constructed objects, in a
+/// `kmem_magazine_<capacity>` object of [`magazine_bytes`]`(capacity)`
+/// bytes: this header, then the `capacity` round slots (reached through
+/// raw pointers: the struct declares none).
 #[repr(C)]
 pub(crate) struct Magazine {
     next: *mut Magazine,
-    pub(crate) nr_rounds: usize,
-    pub(crate) rounds: [*mut u8; MAG_MAX_ROUNDS],
+    /// Rounds this magazine holds when full (one of [`MAGAZINE_ROUNDS`];
+    /// 0 for the absent magazine).
+    pub(crate) capacity: u32,
+    /// Rounds it holds now.
+    pub(crate) nr_rounds: u32,
+    rounds: [*mut u8; 0],
 }
 
-const _: () = assert!(core::mem::size_of::<Magazine>() == 512);
-
 /// The absent magazine: a per-CPU cache without a `loaded` or `prev`
-/// points here. Never written: its round count fails the alloc hit's test
-/// (`nr_rounds - 1 < MAG_MAX_ROUNDS`) and the free hit's
-/// (`nr_rounds < magsize`), and the miss paths test for it by address.
+/// points here. Never written: its round count (`u32::MAX`) fails the
+/// alloc hit's test (`nr_rounds - 1 < MAG_MAX_ROUNDS`) and the free hit's
+/// (`nr_rounds < capacity`, with capacity 0), and the miss paths test for
+/// it by address.
 struct NoMagazine(Magazine);
 
-// SAFETY: never written (see above); the null and dangling pointers in it
-// are never dereferenced.
+// SAFETY: never written (see above); the null pointer in it is never
+// dereferenced.
 unsafe impl Sync for NoMagazine {}
 
 static NO_MAGAZINE: NoMagazine = NoMagazine(Magazine {
     next: ptr::null_mut(),
-    nr_rounds: usize::MAX,
-    rounds: [ptr::null_mut(); MAG_MAX_ROUNDS],
+    capacity: 0,
+    nr_rounds: u32::MAX,
+    rounds: [],
 });
 
 /// The absent magazine's address (see [`NO_MAGAZINE`]).
@@ -109,8 +207,24 @@ pub(crate) unsafe fn rounds_of(mag: *mut Magazine) -> usize {
         0
     } else {
         // SAFETY: per the caller, a live magazine.
-        unsafe { (*mag).nr_rounds }
+        unsafe { (*mag).nr_rounds as usize }
     }
+}
+
+/// The rounds a magazine holds (none for [`no_magazine`]).
+///
+/// # Safety
+/// `mag` is `no_magazine()` or a live magazine the caller owns, and is not
+/// changed while the slice lives.
+pub(crate) unsafe fn held_rounds<'a>(mag: *mut Magazine) -> &'a [*mut u8] {
+    // SAFETY: per the caller.
+    let nr_rounds = unsafe { rounds_of(mag) };
+    if nr_rounds == 0 {
+        return &[];
+    }
+    // SAFETY: a live magazine's first nr_rounds slots are initialised
+    // rounds, inside its kmem_magazine object.
+    unsafe { core::slice::from_raw_parts(Magazine::slots(mag), nr_rounds) }
 }
 
 /// A CPU's magazines of one cache, owned by that CPU (see the module
@@ -119,9 +233,6 @@ pub(crate) unsafe fn rounds_of(mag: *mut Magazine) -> usize {
 pub(crate) struct PcpuInner {
     pub(crate) loaded: *mut Magazine,
     pub(crate) prev: *mut Magazine,
-    /// Rounds per full magazine for this CPU (adopted from the depot at
-    /// each visit).
-    pub(crate) magsize: usize,
     /// Allocations served by this CPU's magazines, ever.
     pub(crate) nr_allocs: u64,
     /// Rounds that came into this CPU's magazines from the depot minus
@@ -176,12 +287,11 @@ const _: () = {
 };
 
 impl PcpuCache {
-    pub(crate) fn new(magsize: usize) -> Self {
+    pub(crate) fn new() -> Self {
         PcpuCache {
             inner: UnsafeCell::new(PcpuInner {
                 loaded: no_magazine(),
                 prev: no_magazine(),
-                magsize,
                 nr_allocs: 0,
                 nr_rounds_exchanged: 0,
             }),
@@ -213,7 +323,12 @@ pub(crate) struct DepotInner {
     pub(crate) nr_full: usize,
     empty: *mut Magazine,
     pub(crate) nr_empty: usize,
-    pub(crate) magsize: usize,
+    /// The type (index into [`MAGAZINE_ROUNDS`]) of the magazines the depot
+    /// hands out and keeps empty: new magazines are made of it, older
+    /// smaller ones are freed when they come back empty.
+    pub(crate) magtype: usize,
+    /// The largest type contention may grow `magtype` to.
+    max_magtype: usize,
     nr_visits: u32,
     contention_at_mark: u64,
     /// Working set: fewest full / empty magazines since the last update.
@@ -238,17 +353,50 @@ unsafe impl Send for DepotInner {}
 pub(crate) struct Depot {
     pub(crate) inner: Mutex<DepotInner>,
     pub(crate) nr_contention: AtomicU64,
+    /// `magtype` as of the last change, read without the lock by a free
+    /// that makes a new magazine (a stale value makes a magazine the
+    /// depot frees when it next pops it).
+    magtype: AtomicUsize,
+}
+
+/// Magazines detached from a depot under its lock, to be freed after it
+/// is dropped (linked through `next`; null: none).
+#[must_use]
+pub(crate) struct Stale(pub(crate) *mut Magazine);
+
+impl Stale {
+    /// No magazine.
+    pub(crate) const NONE: Stale = Stale(ptr::null_mut());
+
+    /// Both lists as one.
+    pub(crate) fn join(self, other: Stale) -> Stale {
+        if self.0.is_null() {
+            return other;
+        }
+        let mut last = self.0;
+        // SAFETY: a detached list, owned by whoever holds the value.
+        unsafe {
+            while !(*last).next.is_null() {
+                last = (*last).next;
+            }
+            (*last).next = other.0;
+        }
+        self
+    }
 }
 
 impl Depot {
-    pub(crate) fn new(magsize: usize) -> Self {
+    /// A depot of `magtype` magazines that contention may grow up to
+    /// `max_magtype`.
+    pub(crate) fn new(magtype: usize, max_magtype: usize) -> Self {
         Depot {
             inner: Mutex::new(DepotInner {
                 full: ptr::null_mut(),
                 nr_full: 0,
                 empty: ptr::null_mut(),
                 nr_empty: 0,
-                magsize,
+                magtype,
+                max_magtype: max_magtype.max(magtype),
                 nr_visits: 0,
                 contention_at_mark: 0,
                 full_min: 0,
@@ -257,7 +405,23 @@ impl Depot {
                 empty_reaplimit: 0,
             }),
             nr_contention: AtomicU64::new(0),
+            magtype: AtomicUsize::new(magtype),
         }
+    }
+
+    /// The magazine type a new magazine should be (read without the lock).
+    pub(crate) fn magtype(&self) -> usize {
+        self.magtype.load(Ordering::Relaxed)
+    }
+
+    /// Set the magazine type (and raise its growth limit to it): empty
+    /// magazines of another type are freed as they leave the depot.
+    #[cfg(test)]
+    pub(crate) fn set_magtype(&self, magtype: usize) {
+        let mut depot = self.lock();
+        depot.magtype = magtype;
+        depot.max_magtype = depot.max_magtype.max(magtype);
+        self.magtype.store(magtype, Ordering::Relaxed);
     }
 
     /// Lock the depot, counting contention (Akaros: a failed try-lock).
@@ -272,62 +436,83 @@ impl Depot {
     /// Lock for an exchange: also runs the resize heuristic.
     fn lock_for_exchange(&self) -> MutexGuard<'_, DepotInner> {
         let mut depot = self.lock();
-        depot.note_visit(self.nr_contention.load(Ordering::Relaxed));
+        if depot.note_visit(self.nr_contention.load(Ordering::Relaxed)) {
+            self.magtype.store(depot.magtype, Ordering::Relaxed);
+        }
         depot
     }
 
     /// The alloc miss's exchange: `pcc`'s `loaded` and `prev` are empty
     /// (or absent). Trade the empty `prev` for a full magazine, which
-    /// becomes `loaded`. False if the depot has no full magazine. Adopts
-    /// the depot's magazine size. (The `time-stats` point
+    /// becomes `loaded`; `prev` stays in the depot if it is of the depot's
+    /// type, else it is returned to be freed (with no lock held). False if
+    /// the depot has no full magazine. (The `time-stats` point
     /// `func:exchange_for_full`.)
-    pub(crate) fn exchange_for_full<P: crate::Platform>(&self, pcc: &mut PcpuInner) -> bool {
+    pub(crate) fn exchange_for_full<P: crate::Platform>(
+        &self,
+        pcc: &mut PcpuInner,
+    ) -> (bool, Stale) {
         let start = time_stats_start!(P);
         let mut depot = self.lock_for_exchange();
-        pcc.magsize = depot.magsize;
         let full = depot.pop_full();
+        let mut stale = Stale::NONE;
         if !full.is_null() {
             if pcc.prev != no_magazine() {
                 // SAFETY: prev is empty (our caller's case) and leaves the pcc.
-                unsafe { depot.push_empty(pcc.prev) };
+                stale = unsafe { depot.keep_empty(pcc.prev) };
             }
             pcc.prev = pcc.loaded;
             pcc.loaded = full;
             // SAFETY: a live magazine, ours now.
             let nr_rounds = unsafe { (*full).nr_rounds };
-            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(nr_rounds as u64);
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(u64::from(nr_rounds));
         }
         drop(depot);
         time_stats_end!(P, start);
-        !full.is_null()
+        (!full.is_null(), stale)
     }
 
     /// The free miss's exchange: `loaded` is full (or absent) and `prev`
-    /// not empty. Trade `prev` for an empty magazine, which becomes
-    /// `loaded`. False if the depot has none. Adopts the depot's magazine
-    /// size (a grown size may leave room in `loaded` at once). (The
-    /// `time-stats` point `func:exchange_for_empty`.)
-    pub(crate) fn exchange_for_empty<P: crate::Platform>(&self, pcc: &mut PcpuInner) -> bool {
+    /// not empty. Trade `prev` for an empty magazine of the depot's type,
+    /// which becomes `loaded`. False if the depot has none. Empty
+    /// magazines of an older type met on the way are returned to be freed
+    /// (with no lock held). (The `time-stats` point
+    /// `func:exchange_for_empty`.)
+    pub(crate) fn exchange_for_empty<P: crate::Platform>(
+        &self,
+        pcc: &mut PcpuInner,
+    ) -> (bool, Stale) {
         let start = time_stats_start!(P);
         let mut depot = self.lock_for_exchange();
-        pcc.magsize = depot.magsize;
-        // SAFETY: the pcc's magazines are owned by our caller.
-        if pcc.loaded != no_magazine() && unsafe { rounds_of(pcc.loaded) } < pcc.magsize {
-            // The magazine size grew: room again (not timed: rare).
-            let _: u64 = start;
-            return true;
-        }
-        let empty = depot.pop_empty();
+        // Empty magazines of an older type leave as they come up.
+        let mut stale = Stale::NONE;
+        let magsize = depot.magsize();
+        let empty = loop {
+            let mag = depot.pop_empty();
+            // SAFETY: popped, alive and ours; `next` is ours to link.
+            unsafe {
+                if mag.is_null() || (*mag).capacity as usize == magsize {
+                    break mag;
+                }
+                (*mag).next = stale.0;
+            }
+            stale = Stale(mag);
+        };
         if !empty.is_null() {
             let prev = pcc.prev;
             if prev != no_magazine() {
                 // SAFETY: a live magazine leaving the pcc.
                 let nr_rounds = unsafe { (*prev).nr_rounds };
-                pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(nr_rounds as u64);
+                pcc.nr_rounds_exchanged =
+                    pcc.nr_rounds_exchanged.wrapping_sub(u64::from(nr_rounds));
                 // SAFETY: as above, on no list; empty or not as pushed.
                 unsafe {
                     if nr_rounds == 0 {
-                        depot.push_empty(prev);
+                        let more = depot.keep_empty(prev);
+                        if !more.0.is_null() {
+                            (*more.0).next = stale.0;
+                            stale = more;
+                        }
                     } else {
                         depot.push_full(prev);
                     }
@@ -338,7 +523,7 @@ impl Depot {
         }
         drop(depot);
         time_stats_end!(P, start);
-        !empty.is_null()
+        (!empty.is_null(), stale)
     }
 
     /// Detach both lists (for reap and destroy), linked through `next`:
@@ -393,42 +578,85 @@ impl Magazine {
         unsafe { (*mag).next }
     }
 
-    /// A new, empty magazine written at `mem`.
+    /// A new, empty magazine of `capacity` rounds written at `mem`. The
+    /// round slots are left uninitialised: only those below `nr_rounds`
+    /// are ever read.
     ///
     /// # Safety
-    /// `mem` is a fresh `kmem_magazine` object: 512 writable bytes,
-    /// 8-aligned, owned by the caller.
+    /// `mem` is a fresh object of `kmem_magazine_<capacity>`:
+    /// [`magazine_bytes`]`(capacity)` writable bytes, 8-aligned, owned by
+    /// the caller.
     #[expect(
         clippy::cast_ptr_alignment,
-        reason = "kmem_magazine objects are 8-aligned (see Safety)"
+        reason = "magazine objects are 8-aligned (see Safety)"
     )]
-    pub(crate) unsafe fn init(mem: NonNull<u8>) -> *mut Magazine {
+    pub(crate) unsafe fn init(mem: NonNull<u8>, capacity: usize) -> *mut Magazine {
         let mag = mem.as_ptr().cast::<Magazine>();
         // SAFETY: per the caller.
         unsafe {
             mag.write(Magazine {
                 next: ptr::null_mut(),
+                capacity: capacity as u32,
                 nr_rounds: 0,
-                rounds: [ptr::null_mut(); MAG_MAX_ROUNDS],
+                rounds: [],
             })
         };
         mag
     }
+
+    /// The first round slot of `mag`: slot `i < capacity` is at `+ i`.
+    /// Derived from the raw pointer, so it may reach every slot of the
+    /// magazine's object.
+    ///
+    /// # Safety
+    /// `mag` is a live magazine or the absent one (whose slots must not be
+    /// read or written).
+    #[inline(always)]
+    pub(crate) unsafe fn slots(mag: *mut Magazine) -> *mut *mut u8 {
+        // SAFETY: per the caller, `mag` points to a magazine header.
+        unsafe { ptr::addr_of_mut!((*mag).rounds).cast::<*mut u8>() }
+    }
 }
 
 impl DepotInner {
-    /// Count a visit; at the end of an interval, grow the magazine size if
-    /// the depot lock was contended too often during it.
-    pub(crate) fn note_visit(&mut self, nr_contention: u64) {
+    /// Rounds per magazine of the depot's type.
+    pub(crate) fn magsize(&self) -> usize {
+        MAGAZINE_ROUNDS[self.magtype]
+    }
+
+    /// Count a visit; at the end of an interval, move to the next magazine
+    /// type (up to `max_magtype`) if the depot lock was contended too
+    /// often during it. True if the type changed.
+    pub(crate) fn note_visit(&mut self, nr_contention: u64) -> bool {
         self.nr_visits += 1;
         if self.nr_visits < MAG_RESIZE_INTERVAL {
-            return;
+            return false;
         }
-        if nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD {
-            self.magsize = (self.magsize + MAG_GROW_STEP).min(MAG_MAX_ROUNDS);
+        let grow = nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
+            && self.magtype < self.max_magtype;
+        if grow {
+            self.magtype += 1;
         }
         self.nr_visits = 0;
         self.contention_at_mark = nr_contention;
+        grow
+    }
+
+    /// Put an empty magazine leaving a per-CPU cache on the empty list if
+    /// it is of the depot's type; else return it to be freed.
+    ///
+    /// # Safety
+    /// As for [`DepotInner::push_empty`].
+    unsafe fn keep_empty(&mut self, mag: *mut Magazine) -> Stale {
+        // SAFETY: per the caller, alive.
+        if unsafe { (*mag).capacity } as usize == self.magsize() {
+            // SAFETY: per the caller.
+            unsafe { self.push_empty(mag) };
+            return Stale::NONE;
+        }
+        // SAFETY: per the caller, on no list: `next` is ours to link.
+        unsafe { (*mag).next = ptr::null_mut() };
+        Stale(mag)
     }
 
     fn pop_full(&mut self) -> *mut Magazine {
@@ -478,7 +706,7 @@ impl DepotInner {
         while !mag.is_null() {
             // SAFETY: magazines on the depot lists are alive and ours.
             unsafe {
-                total += (*mag).nr_rounds;
+                total += (*mag).nr_rounds as usize;
                 mag = (*mag).next;
             }
         }

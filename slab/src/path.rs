@@ -49,7 +49,7 @@
 //! state word on its cold path, which catches them all. Every refusal is
 //! reported ([`crate::report`]).
 
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 
 use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
@@ -58,7 +58,7 @@ use crate::debug_cache::DebugFree;
 use crate::error::{AllocError, FreeError};
 use crate::geometry::SlabKind;
 use crate::magazine::{
-    MAG_FREE_RETRIES, MAG_MAX_ROUNDS, Magazine, PcpuInner, no_magazine, rounds_of,
+    MAG_FREE_RETRIES, MAG_MAX_ROUNDS, Magazine, PcpuInner, Stale, no_magazine, rounds_of,
 };
 use crate::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
@@ -222,17 +222,17 @@ impl<P: Platform> KmemCache<P> {
         // one, readable either way.
         let nr_rounds = unsafe { (*loaded).nr_rounds };
         // 1..=MAG_MAX_ROUNDS for a magazine with rounds; 0 (empty) and
-        // usize::MAX (absent) wrap out of range.
-        if nr_rounds.wrapping_sub(1) >= MAG_MAX_ROUNDS {
+        // u32::MAX (absent) wrap out of range.
+        if nr_rounds.wrapping_sub(1) >= MAG_MAX_ROUNDS as u32 {
             return None;
         }
         pcc.nr_allocs += 1;
         // SAFETY: a real magazine (the absent one failed above) owned by
-        // this CPU, interrupts off; rounds below nr_rounds are objects.
+        // this CPU, interrupts off; its slots below nr_rounds are objects.
         unsafe {
             (*loaded).nr_rounds = nr_rounds - 1;
             Some(NonNull::new_unchecked(
-                *(*loaded).rounds.get_unchecked(nr_rounds - 1),
+                *Magazine::slots(loaded).add(nr_rounds as usize - 1),
             ))
         }
     }
@@ -296,23 +296,31 @@ impl<P: Platform> KmemCache<P> {
 
     /// `loaded` is empty (or absent): swap with `prev` if it has rounds,
     /// else trade with the depot. `None` if the depot has no full
-    /// magazine either (the caller goes to the slab layer).
+    /// magazine either (the caller goes to the slab layer). An empty
+    /// magazine of an older type the depot did not keep is freed after
+    /// interrupts are back on.
     fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
         let mut irq = IrqGuard::<P>::new();
         let pcc = self.pcpu_mut(&mut irq);
-        loop {
+        let mut stale = Stale::NONE;
+        let obj = loop {
             if let Some(obj) = pop_round(pcc) {
-                return Some(obj);
+                break Some(obj);
             }
             // SAFETY: this CPU's magazines, interrupts off.
             if unsafe { rounds_of(pcc.prev) } > 0 {
                 core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
                 continue;
             }
-            if !self.depot.exchange_for_full::<P>(pcc) {
-                return None;
+            let (found, left) = self.depot.exchange_for_full::<P>(pcc);
+            stale = stale.join(left);
+            if !found {
+                break None;
             }
-        }
+        };
+        drop(irq);
+        self.free_stale(stale);
+        obj
     }
 
     /// With some flag other than those the plain hit ignores: profiling
@@ -440,25 +448,20 @@ impl<P: Platform> KmemCache<P> {
     }
 }
 
-// `top_round` reads the word before `rounds[0]` for an empty magazine.
-const _: () = assert!(
-    core::mem::offset_of!(Magazine, rounds) == core::mem::offset_of!(Magazine, nr_rounds) + 8
-);
-
 /// The round on top of a magazine holding `nr_rounds` rounds, as an
-/// address. For an empty magazine this is the word before `rounds[0]`,
-/// its `nr_rounds` (0): never an object, and no branch for the case.
+/// address. For an empty magazine this is the header word before slot 0,
+/// `capacity` and `nr_rounds` (0), whose value is the capacity (asserted
+/// in magazine.rs): never an object, and no branch for the case.
 ///
 /// # Safety
-/// `mag` is a live magazine (not the absent one) with `nr_rounds <
-/// MAG_MAX_ROUNDS` rounds, owned by the caller.
+/// `mag` is a live magazine (not the absent one) holding `nr_rounds ≤
+/// capacity` rounds, owned by the caller.
 #[inline(always)]
 unsafe fn top_round(mag: *mut Magazine, nr_rounds: usize) -> usize {
-    // SAFETY: rounds[nr_rounds - 1], or for nr_rounds == 0 the
-    // `nr_rounds` field right before the array (asserted above): inside
-    // the magazine either way.
+    // SAFETY: slot nr_rounds - 1, or for nr_rounds == 0 the header word
+    // right before slot 0: inside the magazine's object either way.
     unsafe {
-        ptr::addr_of!((*mag).rounds)
+        Magazine::slots(mag)
             .cast::<usize>()
             .wrapping_add(nr_rounds)
             .wrapping_sub(1)
@@ -475,11 +478,12 @@ fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
         return None;
     }
     pcc.nr_allocs += 1;
-    // SAFETY: a real magazine with at least one round; rounds are objects.
+    // SAFETY: a real magazine with at least one round; its slots below
+    // nr_rounds are objects.
     unsafe {
         (*loaded).nr_rounds -= 1;
         Some(NonNull::new_unchecked(
-            (*loaded).rounds[(*loaded).nr_rounds],
+            *Magazine::slots(loaded).add((*loaded).nr_rounds as usize),
         ))
     }
 }
@@ -488,13 +492,15 @@ fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
 #[inline(always)]
 fn push_round(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
     let loaded = pcc.loaded;
-    // SAFETY: the caller owns pcc; a real magazine when it has room.
+    // SAFETY: the caller owns pcc. The absent magazine has capacity 0
+    // (never room); a real one has `capacity` slots.
     unsafe {
-        if loaded == no_magazine() || (*loaded).nr_rounds >= pcc.magsize {
+        let nr_rounds = (*loaded).nr_rounds;
+        if nr_rounds >= (*loaded).capacity {
             return false;
         }
-        (*loaded).rounds[(*loaded).nr_rounds] = obj.as_ptr();
-        (*loaded).nr_rounds += 1;
+        *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr();
+        (*loaded).nr_rounds = nr_rounds + 1;
     }
     true
 }
@@ -709,20 +715,22 @@ impl<P: Platform> KmemCache<P> {
         let loaded = pcc.loaded;
         // SAFETY: a live magazine of this CPU's or the absent one.
         let nr_rounds = unsafe { (*loaded).nr_rounds };
-        // The absent magazine's usize::MAX never is below magsize.
-        if nr_rounds >= pcc.magsize {
+        // The magazine's own capacity: the absent magazine's is 0 (and its
+        // round count u32::MAX), never room.
+        // SAFETY: as above.
+        if nr_rounds >= unsafe { (*loaded).capacity } {
             return false;
         }
         // Linux's naive double-free check: the object already on top of
         // `loaded` (the miss path refuses it). Two instructions.
-        // SAFETY: a real magazine (above), nr_rounds < MAG_MAX_ROUNDS.
-        if unsafe { top_round(loaded, nr_rounds) } == obj.as_ptr() as usize {
+        // SAFETY: a real magazine (above), nr_rounds < capacity.
+        if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
             return false;
         }
         // SAFETY: a real magazine owned by this CPU, interrupts off;
-        // nr_rounds < magsize <= MAG_MAX_ROUNDS, in bounds.
+        // nr_rounds < capacity, a slot of its object.
         unsafe {
-            *(*loaded).rounds.get_unchecked_mut(nr_rounds) = obj.as_ptr();
+            *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr();
             (*loaded).nr_rounds = nr_rounds + 1;
         }
         true
@@ -748,8 +756,8 @@ impl<P: Platform> KmemCache<P> {
         }
         for _ in 0..MAG_FREE_RETRIES {
             // No room and no empty magazine in the depot: make one. No
-            // lock is held and interrupts are on, so allocating from
-            // kmem_magazine cannot deadlock.
+            // lock is held and interrupts are on, so allocating from a
+            // magazine cache cannot deadlock.
             match self.new_magazine() {
                 // SAFETY: a fresh empty magazine, owned by nobody yet.
                 Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
@@ -807,9 +815,10 @@ impl<P: Platform> KmemCache<P> {
     fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
         let pcc = self.pcpu_mut(&mut irq);
-        loop {
+        let mut stale = Stale::NONE;
+        let stored = loop {
             if push_round(pcc, obj) {
-                return true;
+                break true;
             }
             // SAFETY: this CPU's magazines, interrupts off.
             let swap = unsafe {
@@ -819,13 +828,19 @@ impl<P: Platform> KmemCache<P> {
             if swap {
                 core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
                 if push_round(pcc, obj) {
-                    return true;
+                    break true;
                 }
             }
-            if !self.depot.exchange_for_empty::<P>(pcc) {
-                return false;
+            let (found, left) = self.depot.exchange_for_empty::<P>(pcc);
+            stale = stale.join(left);
+            if !found {
+                break false;
             }
-        }
+        };
+        drop(irq);
+        // Empty magazines of an older type: freed with interrupts on.
+        self.free_stale(stale);
+        stored
     }
 
     /// Free with bookkeeping (a `FREE_SLOW` flag other than the profiled

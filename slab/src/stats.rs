@@ -54,10 +54,14 @@ pub struct CacheStats {
 pub struct MetadataStats {
     /// The page map (one word per page of the primary source's span).
     pub page_map_bytes: usize,
-    /// Slab pages of the bootstrap caches: magazines (`kmem_magazine`),
-    /// cache structs, off-slab slab headers (`kmem_slab`), bufctls,
-    /// trace records, per-CPU arrays.
+    /// Slab pages of the bootstrap caches: magazines (the
+    /// `kmem_magazine_<rounds>` caches), cache structs, off-slab slab
+    /// headers (`kmem_slab`), bufctls, trace records, per-CPU arrays.
     pub bootstrap_bytes: usize,
+    /// Of those, the slab pages of each magazine cache, smallest magazine
+    /// first ([`MAGAZINE_ROUNDS`](crate::MAGAZINE_ROUNDS)`[i]` rounds per magazine:
+    /// `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60`).
+    pub magazine_bytes: [usize; crate::MAGAZINE_ROUNDS.len()],
     /// Bytes the primary source manages (its span's pages), the base of
     /// the metadata share.
     pub managed_bytes: usize,
@@ -67,6 +71,11 @@ impl MetadataStats {
     /// All metadata bytes.
     pub fn total(&self) -> usize {
         self.page_map_bytes + self.bootstrap_bytes
+    }
+
+    /// Slab pages of all magazine caches, in bytes.
+    pub fn magazine_total(&self) -> usize {
+        self.magazine_bytes.iter().sum()
     }
 }
 

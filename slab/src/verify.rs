@@ -463,10 +463,9 @@ impl<P: Platform> KmemCache<P> {
         let search = |mag: *mut crate::magazine::Magazine| {
             // SAFETY: a magazine its holder owns (the CPU's own, read on
             // that CPU; or on a depot list, under the depot lock).
-            let nr_rounds = unsafe { crate::magazine::rounds_of(mag) };
-            // SAFETY: as above; index < nr_rounds.
-            (0..nr_rounds)
-                .map(|index| unsafe { (&(*mag).rounds)[index] } as usize)
+            let held = unsafe { crate::magazine::held_rounds(mag) };
+            held.iter()
+                .map(|&round| round as usize)
                 .find(|&round| pred(round))
         };
         for cpu in 0..self.nr_cpus() {

@@ -118,7 +118,7 @@ class ShellSession(unittest.TestCase):
         self.assertLessEqual(int(active), int(total))
         self.assertTrue(tunables.split()[0] == "tunables")
         self.assertTrue(slabdata.split()[0] == "slabdata")
-        for cache in ["kmalloc-8", "kmalloc-8192", "kmem_magazine", "kmem_trace"]:
+        for cache in ["kmalloc-8", "kmalloc-8192", "kmem_magazine_1", "kmem_magazine_60", "kmem_trace"]:
             self.assertTrue(any(l.startswith(cache + " ") for l in lines), cache)
 
     def test_trace_shows_exactly_the_objects_still_held(self):

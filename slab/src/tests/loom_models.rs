@@ -19,7 +19,8 @@
 //! map's atomics, the fake page source) runs unmodelled: between two loom
 //! operations a thread runs alone.
 //!
-//! Every model uses magazines of one round, so that a handful of
+//! Every model uses magazines of one round (the `kmem_magazine_1`
+//! type, set as the depot's before any magazine exists), so that a handful of
 //! operations already goes through every branch of the exchange (loaded
 //! and prev swapped, a full magazine from the depot, an empty one to it, a
 //! new magazine when the depot has none) and checks:
@@ -169,10 +170,10 @@ impl Fixture {
         let cache = alloc
             .cache_create("loom", size, 8, flags, None, None, None)
             .expect("cache");
-        cache.depot.lock().magsize = 1;
-        for cpu in 0..NR_CPUS {
-            cache.on_cpu(cpu, |pcc| pcc.magsize = 1);
-        }
+        // No CPU holds a magazine yet: every magazine will be a
+        // `kmem_magazine_1` one.
+        cache.depot.set_magtype(0);
+        assert_eq!(crate::MAGAZINE_ROUNDS[0], 1);
         alloc.reap_all();
         Fixture {
             alloc,

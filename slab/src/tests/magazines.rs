@@ -5,9 +5,10 @@ use std::vec::Vec;
 
 use super::support::*;
 use crate::magazine::{
-    DepotInner, MAG_GROW_STEP, MAG_INITIAL_ROUNDS, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD,
+    DepotInner, MAG_GROW_MAX_BYTES, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD, MAG_START_BYTES,
+    NR_MAG_TYPES, magazine_bytes, max_magtype, start_magtype,
 };
-use crate::{CacheFlags, MAG_MAX_ROUNDS};
+use crate::{CacheFlags, KmemCache, MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, PAGE_SIZE};
 
 #[test]
 fn freed_object_rests_in_a_magazine() {
@@ -60,7 +61,7 @@ fn depot_exchanges_full_and_empty_magazines() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let magsize = cache.stats().magsize;
-    assert_eq!(magsize, MAG_INITIAL_ROUNDS);
+    assert_eq!(magsize, MAGAZINE_ROUNDS[start_magtype(64)]);
     let n = 5 * magsize;
     set_cpu(0);
     let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
@@ -130,28 +131,79 @@ fn cross_cpu_free() {
 }
 
 #[test]
-fn magazine_size_grows_with_contention() {
-    let mut depot = crate::magazine::Depot::new(MAG_INITIAL_ROUNDS)
-        .inner
-        .into_inner();
-    let grow = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
+fn magazine_type_grows_with_contention_up_to_its_limit() {
+    let stride = 1024;
+    let (start, max) = (start_magtype(stride), max_magtype(stride));
+    assert!(start < max, "a 1 KiB cache may grow");
+    let mut depot = crate::magazine::Depot::new(start, max).inner.into_inner();
+    // One interval of depot visits; true if the type changed at its end.
+    let interval = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
+        let mut changed = false;
         for _ in 0..MAG_RESIZE_INTERVAL {
             if contended {
                 *contention += 1;
             }
-            depot.note_visit(*contention);
+            changed |= depot.note_visit(*contention);
         }
+        changed
     };
     let mut contention = 0;
-    grow(&mut depot, &mut contention, false);
-    assert_eq!(depot.magsize, MAG_INITIAL_ROUNDS);
-    grow(&mut depot, &mut contention, true);
-    assert_eq!(depot.magsize, MAG_INITIAL_ROUNDS + MAG_GROW_STEP);
+    assert!(!interval(&mut depot, &mut contention, false));
+    assert_eq!(depot.magtype, start);
+    assert!(interval(&mut depot, &mut contention, true));
+    assert_eq!(depot.magtype, start + 1);
+    assert_eq!(depot.magsize(), MAGAZINE_ROUNDS[start + 1]);
     assert!(MAG_RESIZE_INTERVAL as u64 >= MAG_RESIZE_THRESHOLD);
     for _ in 0..100 {
-        grow(&mut depot, &mut contention, true);
+        interval(&mut depot, &mut contention, true);
     }
-    assert_eq!(depot.magsize, MAG_MAX_ROUNDS);
+    assert_eq!(depot.magtype, max);
+    assert_eq!(
+        max,
+        NR_MAG_TYPES - 1,
+        "1 KiB objects may reach the largest type"
+    );
+    assert_eq!(depot.magsize(), MAG_MAX_ROUNDS);
+    // An 8 KiB object's cache starts at one round and stops growing where
+    // the rounds would hold more than MAG_GROW_MAX_BYTES.
+    let big = 8192;
+    let mut depot = crate::magazine::Depot::new(start_magtype(big), max_magtype(big))
+        .inner
+        .into_inner();
+    for _ in 0..100 {
+        interval(&mut depot, &mut contention, true);
+    }
+    assert!(depot.magsize() * big <= MAG_GROW_MAX_BYTES);
+    assert!(
+        depot.magtype == NR_MAG_TYPES - 1
+            || MAGAZINE_ROUNDS[depot.magtype + 1] * big > MAG_GROW_MAX_BYTES
+    );
+}
+
+/// The starting rule: the largest magazine whose rounds hold at most
+/// MAG_START_BYTES of objects, so magazines stay a small part of what
+/// they cache (checked per kmalloc class).
+#[test]
+fn starting_magazine_follows_the_byte_rule() {
+    for &size in crate::KMALLOC_SIZES.iter() {
+        let magtype = start_magtype(size);
+        let rounds = MAGAZINE_ROUNDS[magtype];
+        assert!(rounds * size <= MAG_START_BYTES || magtype == 0, "{size}");
+        assert!(
+            magtype == NR_MAG_TYPES - 1 || MAGAZINE_ROUNDS[magtype + 1] * size > MAG_START_BYTES,
+            "{size}: a larger magazine would fit"
+        );
+        // Page bytes of magazines per cached object (one-page bootstrap
+        // slabs, 128-byte header): at most 8.6 bytes for objects up to
+        // 128 B, at most 1/15 of the object above.
+        let mags_per_page = (PAGE_SIZE - 128) / magazine_bytes(rounds);
+        let per_round = PAGE_SIZE as f64 / (mags_per_page * rounds) as f64;
+        if size <= 128 {
+            assert!(per_round <= 8.6, "{size}: {per_round}");
+        } else {
+            assert!(per_round * 15.0 <= size as f64, "{size}: {per_round}");
+        }
+    }
 }
 
 #[test]
@@ -178,35 +230,241 @@ fn contended_depot_lock_is_counted() {
     assert_eq!(cache.stats().depot_contention, 1);
 }
 
-#[test]
-fn live_cache_adopts_a_grown_magazine_size() {
-    let (alloc, _) = setup_default();
-    let cache = alloc
-        .cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
-    assert_eq!(cache.stats().magsize, MAG_INITIAL_ROUNDS);
-    // Pretend the depot lock was contended often in this interval.
+/// Busy objects of each magazine cache (`kmem_magazine_<rounds>`).
+fn magazines_in_use(alloc: &TestAlloc) -> [usize; NR_MAG_TYPES] {
+    core::array::from_fn(|magtype| alloc.magazine_cache(magtype).stats().nr_allocated)
+}
+
+/// Make the depot's contention count look high enough to grow the type
+/// at the end of the next interval, and visit it for an interval.
+fn grow_once(cache: &KmemCache<TestPlatform>) {
+    let before = cache.stats().magsize;
     cache
         .depot
         .nr_contention
         .fetch_add(MAG_RESIZE_THRESHOLD, Ordering::Relaxed);
-    // Every alloc+free+reap cycle visits the depot at least once.
-    for _ in 0..MAG_RESIZE_INTERVAL {
-        let p = cache.alloc().unwrap();
+    let mut visits = 0;
+    while cache.stats().magsize == before {
+        // Two magazines' worth out and back: at least one depot exchange
+        // each way.
+        let objs: Vec<_> = (0..2 * before + 1)
+            .map(|_| cache.alloc().unwrap())
+            .collect();
+        for &p in &objs {
+            // SAFETY: allocated above.
+            unsafe { cache.free(p) }.unwrap();
+        }
+        visits += 1;
+        assert!(visits <= MAG_RESIZE_INTERVAL as usize, "never grew");
+    }
+}
+
+#[test]
+fn magazine_of_capacity_n_holds_exactly_n_rounds_then_goes_to_the_depot() {
+    let (alloc, _) = setup_default();
+    for magtype in 0..NR_MAG_TYPES {
+        let cache = alloc
+            .cache_create("cap", 64, 8, CacheFlags::empty(), None, None, None)
+            .unwrap();
+        cache.depot.set_magtype(magtype);
+        let n = MAGAZINE_ROUNDS[magtype];
+        let before = magazines_in_use(alloc);
+        set_cpu(0);
+        let objs: Vec<_> = (0..2 * n + 1).map(|_| cache.alloc().unwrap()).collect();
+        let free = |p| {
+            // SAFETY: allocated above, freed once.
+            unsafe { cache.free(p) }.unwrap()
+        };
+        for &p in &objs[..n] {
+            free(p);
+        }
+        let cpu = cache.cpu_stats(0);
+        assert_eq!((cpu.nr_rounds_loaded, cpu.nr_rounds_prev), (n, 0), "{n}");
+        for &p in &objs[n..2 * n] {
+            free(p);
+        }
+        let cpu = cache.cpu_stats(0);
+        assert_eq!((cpu.nr_rounds_loaded, cpu.nr_rounds_prev), (n, n), "{n}");
+        assert_eq!(cache.stats().depot_nr_full, 0);
+        // One more: prev (full) goes to the depot, a new empty one is loaded.
+        free(objs[2 * n]);
+        let st = cache.stats();
+        assert_eq!((st.depot_nr_full, st.nr_depot_objs), (1, n), "{n}");
+        let cpu = cache.cpu_stats(0);
+        assert_eq!((cpu.nr_rounds_loaded, cpu.nr_rounds_prev), (1, n), "{n}");
+        // Three magazines, all of this type.
+        let mut expected = before;
+        expected[magtype] += 3;
+        assert_eq!(magazines_in_use(alloc), expected, "{n}");
+        // SAFETY: nothing allocated; not used again.
+        unsafe { cache.destroy() }.unwrap();
+        assert_eq!(magazines_in_use(alloc), before, "{n}: magazines freed");
+    }
+}
+
+/// Freeing many small objects costs at most the magazine pages the
+/// starting rule promises per cached object (was 64 bytes per object: a
+/// 512-byte magazine per 8 rounds).
+#[test]
+fn magazines_cost_a_few_bytes_per_cached_object() {
+    let (alloc, _) = setup(16384);
+    for size in [8, 64, 128, 256, 512, 1024, 4096] {
+        alloc.reap_all();
+        let before = alloc.metadata_stats().magazine_total();
+        let k = alloc.find_cache(&std::format!("kmalloc-{size}")).unwrap();
+        let n = 20_000.min((32 << 20) / size);
+        let objs: Vec<_> = (0..n).map(|_| alloc.kmalloc(size, 8).unwrap()).collect();
+        for &p in &objs {
+            // SAFETY: allocated above.
+            unsafe { alloc.kfree(p) }.unwrap();
+        }
+        let st = k.stats();
+        assert_eq!(
+            st.nr_cpu_cached_objs + st.nr_depot_objs,
+            n,
+            "{size}: all cached"
+        );
+        let bytes = alloc.metadata_stats().magazine_total() - before;
+        let per_obj = bytes as f64 / n as f64;
+        // The bound of starting_magazine_follows_the_byte_rule, plus one
+        // partly used page per magazine cache.
+        let bound =
+            if size <= 128 { 8.6 } else { size as f64 / 15.0 } + PAGE_SIZE as f64 / n as f64;
+        assert!(
+            per_obj <= bound,
+            "kmalloc-{size}: {per_obj:.2} B per cached object > {bound:.2}"
+        );
+        std::eprintln!("kmalloc-{size}: {per_obj:.2} B of magazines per cached object");
+        alloc.reap_all();
+        assert_eq!(alloc.metadata_stats().magazine_total(), before, "{size}");
+    }
+}
+
+#[test]
+fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
+    let (alloc, source) = setup_default();
+    let baseline = source.pages_outstanding();
+    let before = magazines_in_use(alloc);
+    let cache = alloc
+        .cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    // Start small so growth is quick to see.
+    cache.depot.set_magtype(1);
+    set_cpu(0);
+    // CPU 1 caches 2 magazines' worth plus one in the depot, of type 1.
+    set_cpu(1);
+    let small = MAGAZINE_ROUNDS[1];
+    let kept: Vec<_> = (0..2 * small + 1).map(|_| cache.alloc().unwrap()).collect();
+    for &p in &kept {
         // SAFETY: allocated above.
         unsafe { cache.free(p) }.unwrap();
-        cache.reap();
     }
-    let magsize = cache.stats().magsize;
-    assert_eq!(magsize, MAG_INITIAL_ROUNDS + MAG_GROW_STEP);
-    // The per-CPU cache now holds magsize rounds per magazine.
-    let objs: Vec<_> = (0..magsize).map(|_| cache.alloc().unwrap()).collect();
+    set_cpu(0);
+    grow_once(cache);
+    let big = MAGAZINE_ROUNDS[2];
+    assert_eq!(cache.stats().magsize, big);
+    // CPU 0 frees into new magazines of the new type.
+    let objs: Vec<_> = (0..4 * big).map(|_| cache.alloc().unwrap()).collect();
     for &p in &objs {
         // SAFETY: allocated above.
         unsafe { cache.free(p) }.unwrap();
     }
+    let in_use = magazines_in_use(alloc);
+    assert!(
+        in_use[2] > before[2],
+        "magazines of the new type: {in_use:?}"
+    );
+    // Nothing lost: every object freed is a round, each once.
+    let mut rounds = std::collections::HashSet::new();
+    cache.for_each_round(|round| assert!(rounds.insert(round as usize)));
     let st = cache.stats();
-    assert_eq!(st.nr_cpu_cached_objs, magsize, "{st:?}");
+    assert_eq!(st.nr_allocated, 0);
+    assert_eq!(rounds.len(), st.nr_cpu_cached_objs + st.nr_depot_objs);
+    assert_eq!(cache.slab.lock().counts().nr_busy_objs, rounds.len());
+    // CPU 1 empties its two old magazines and takes full ones from the
+    // depot: the old ones come back empty and are freed, not kept (the
+    // depot keeps empty magazines of the new type only).
+    set_cpu(1);
+    let old_in_use = magazines_in_use(alloc)[1];
+    let again: Vec<_> = (0..3 * small + 1).map(|_| cache.alloc().unwrap()).collect();
+    assert!(
+        magazines_in_use(alloc)[1] < old_in_use,
+        "an old magazine freed"
+    );
+    let depot = cache.depot.lock();
+    depot.for_each_magazine(|mag| {
+        // SAFETY: a magazine on a depot list, under the depot lock.
+        let (capacity, nr_rounds) = unsafe { ((*mag).capacity, (*mag).nr_rounds) };
+        assert!(
+            nr_rounds > 0 || capacity as usize == big,
+            "an old empty magazine kept"
+        );
+    });
+    drop(depot);
+    alloc.reap_all();
+    let in_use = magazines_in_use(alloc);
+    assert_eq!(in_use, before, "every magazine freed by the reap");
+    for &p in &again {
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    set_cpu(0);
+    // SAFETY: nothing allocated; not used again.
+    unsafe { cache.destroy() }.unwrap();
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
+    assert_eq!(magazines_in_use(alloc), before);
+}
+
+/// Reap and destroy with magazines of several types on several CPUs and
+/// in the depot give every object back to its slab and every magazine to
+/// its cache.
+#[test]
+fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
+    let (alloc, source) = setup_default();
+    let before_pages = source.pages_outstanding();
+    let before = magazines_in_use(alloc);
+    let cache = alloc
+        .cache_create("mixed-mags", 96, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let mut held = Vec::new();
+    for (cpu, magtype) in [(0, 0), (1, 2), (2, 4), (3, 5)] {
+        cache.depot.set_magtype(magtype);
+        set_cpu(cpu);
+        let n = 3 * MAGAZINE_ROUNDS[magtype] + 1;
+        let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
+        // Keep one per CPU allocated until after the reap.
+        held.push((cpu, objs[0]));
+        for &p in &objs[1..] {
+            // SAFETY: allocated above.
+            unsafe { cache.free(p) }.unwrap();
+        }
+    }
+    let in_use = magazines_in_use(alloc);
+    assert!(
+        (0..NR_MAG_TYPES).filter(|&t| in_use[t] > before[t]).count() >= 3,
+        "several magazine types in use: {in_use:?}"
+    );
+    set_cpu(0);
+    cache.reap();
+    let st = cache.stats();
+    assert_eq!((st.nr_cpu_cached_objs, st.nr_depot_objs), (0, 0), "{st:?}");
+    assert_eq!((st.depot_nr_full, st.depot_nr_empty), (0, 0), "{st:?}");
+    assert_eq!(st.nr_allocated, held.len());
+    assert_eq!(cache.slab.lock().counts().nr_busy_objs, held.len());
+    assert_eq!(magazines_in_use(alloc), before, "every magazine back");
+    // Refill magazines of several types again, then destroy.
+    for &(cpu, p) in &held {
+        set_cpu(cpu);
+        // SAFETY: allocated above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    set_cpu(0);
+    // SAFETY: nothing allocated; not used again.
+    unsafe { cache.destroy() }.unwrap();
+    assert_eq!(magazines_in_use(alloc), before);
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), before_pages);
 }
 
 #[test]
