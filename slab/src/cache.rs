@@ -18,7 +18,7 @@ use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::slab::{SLAB_MAGIC, Slab, SlabLayer, small_header};
 use crate::stats::{CacheStats, CpuCacheStats};
-use crate::sync::{IrqGuard, Mutex};
+use crate::sync::IrqGuard;
 use crate::trace::TraceTable;
 
 bitflags::bitflags! {
@@ -234,13 +234,12 @@ pub struct KmemCache<P: Platform> {
     // Written by any CPU on slow paths: from here on, away from the fields
     // above (`Depot` is cache-line aligned).
     pub(crate) depot: Depot,
-    pub(crate) slab: Mutex<SlabLayer>,
+    pub(crate) slab: SlabLayer,
     /// Objects allocated from / freed to the slab layer directly by
     /// callers (magazine layer missed).
     pub(crate) nr_allocs_direct: AtomicU64,
     pub(crate) nr_frees_direct: AtomicU64,
-    pub(crate) trace: Mutex<TraceTable>,
-    pub(crate) nr_trace_dropped: AtomicU64,
+    pub(crate) trace: TraceTable,
     pub(crate) name: [u8; 32],
     pub(crate) name_len: usize,
     /// kmemtrace cache id (1, 2, ... in creation order).
@@ -349,11 +348,10 @@ impl<P: Platform> KmemCache<P> {
             owner,
             permanent: spec.permanent,
             depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
-            slab: Mutex::new(SlabLayer::new()),
+            slab: SlabLayer::new(),
             nr_allocs_direct: AtomicU64::new(0),
             nr_frees_direct: AtomicU64::new(0),
-            trace: Mutex::new(TraceTable::new()),
-            nr_trace_dropped: AtomicU64::new(0),
+            trace: TraceTable::new(),
             name,
             name_len,
             id: spec.id,

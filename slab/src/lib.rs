@@ -66,6 +66,15 @@
 //! `src/alloc_tag.rs`, `src/hash.rs`, `src/pagemap.rs`, `src/platform.rs`
 //! and `src/sync.rs` (the locks and [`IrqGuard`]).
 //!
+//! Each layer is a struct that owns its state and its methods, and a
+//! `KmemCache` holds one of each: `PcpuInner` and `Depot` (magazine.rs),
+//! `SlabLayer` (slab.rs: the slab lists and bufctl hash behind the slab
+//! lock, `SlabLists`, and growing, taking and returning objects with their
+//! bufctl state, reaping empty slabs), `TraceTable` (trace.rs). A layer
+//! that needs the cache's read-only geometry (kind, stride, page source)
+//! gets the cache as an argument; the `KmemCache` methods of those files
+//! are thin callers (`slab_alloc_raw`, `reap_slabs`, `trace_alloc`, ...).
+//!
 //! ## Allocation profiling and latency statistics
 //!
 //! Feature `alloc-profiling` (on by default for host tests; off in the

@@ -62,7 +62,7 @@ use crate::magazine::{
 };
 use crate::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
-use crate::slab::{BufctlState, Slab};
+use crate::slab::Slab;
 use crate::sync::IrqGuard;
 
 // ---------------------------------------------------------------- alloc
@@ -430,21 +430,8 @@ impl<P: Platform> KmemCache<P> {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::BUFCTL_TAGGED);
         }
-        let layer = self.slab.lock();
-        let bufctl = layer.hash.find(addr);
-        debug_assert!(!bufctl.is_null());
-        if !bufctl.is_null() {
-            // SAFETY: bufctls in the hash are alive; we hold the lock.
-            unsafe {
-                (*bufctl).state = BufctlState::Allocated;
-                #[cfg(feature = "alloc-profiling")]
-                {
-                    (*bufctl).tag = tag.map_or(0, AllocTagRef::get);
-                }
-            }
-        }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let _ = tag;
+        let busy = self.slab.lock().mark_allocated(addr, tag);
+        debug_assert!(busy);
     }
 }
 
@@ -916,10 +903,7 @@ impl<P: Platform> KmemCache<P> {
         if self.kind == SlabKind::Bufctl
             && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
         {
-            let layer = self.slab.lock();
-            let bufctl = layer.hash.find(addr);
-            if bufctl.is_null() {
-                drop(layer);
+            let Ok(tag) = self.slab.lock().mark_cached(addr) else {
                 // Not busy in the slab layer. If the page map located an
                 // exact object start in a live slab of ours, the object is
                 // free in its slab. Without a slab (a cache off the
@@ -930,15 +914,13 @@ impl<P: Platform> KmemCache<P> {
                 } else {
                     FreeError::DoubleFree { addr }
                 }));
+            };
+            #[cfg(feature = "alloc-profiling")]
+            {
+                bufctl_tag = tag;
             }
-            // SAFETY: bufctls in the hash are alive; we hold the lock.
-            unsafe {
-                (*bufctl).state = BufctlState::Cached;
-                #[cfg(feature = "alloc-profiling")]
-                {
-                    bufctl_tag = AllocTagRef::new(core::mem::take(&mut (*bufctl).tag));
-                }
-            }
+            #[cfg(not(feature = "alloc-profiling"))]
+            let _ = tag;
         }
         if let Some(layout) = self.debug.as_ref() {
             // SAFETY: an object start of ours (the owner check, or the

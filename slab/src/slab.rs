@@ -21,13 +21,16 @@
 //! the least used slabs drain and become empty; `reap` returns empty
 //! slabs to the page source.
 //!
-//! Everything here runs under the cache's slab lock, except growing and
-//! releasing a slab, which call the page source and the bootstrap caches
-//! and therefore run with no lock held.
+//! [`SlabLists`] is the state behind the cache's slab lock (the lists, the
+//! bufctl hash, the counters) and its methods run under it; [`SlabLayer`]
+//! holds that lock and does everything else: growing and releasing a slab
+//! call the page source and the bootstrap caches and therefore run with no
+//! lock held. `KmemCache`'s `slab_*` methods (end of this file) call it.
 
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use crate::alloc_tag::AllocTagRef;
 use crate::freelist::{BadLink, FreeList, FreeMap, map_test};
 use crate::report::{ErrorKind, ErrorReport};
 
@@ -36,6 +39,7 @@ use crate::geometry::SlabKind;
 use crate::hash::{AddrHash, HashNode};
 use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
+use crate::sync::{Mutex, MutexGuard};
 use crate::{AllocError, BootCache};
 
 /// Header of a small-object slab (at the end of its page) and struct of a
@@ -132,6 +136,10 @@ impl HashNode for Bufctl {
     }
 }
 
+/// `SlabLists::mark_cached` found no busy bufctl at the address.
+#[derive(Debug)]
+pub(crate) struct NotBusy;
+
 /// One of the three slab lists (doubly linked through the slabs).
 struct SlabListHead {
     head: *mut Slab,
@@ -139,8 +147,9 @@ struct SlabListHead {
     nr: usize,
 }
 
-/// The state behind a cache's slab lock.
-pub(crate) struct SlabLayer {
+/// The state behind a cache's slab lock: the three slab lists and the
+/// bufctl hash. Changed only through its own methods, under the lock.
+pub(crate) struct SlabLists {
     lists: [SlabListHead; 3],
     /// Bufctl caches: buffer address → bufctl of every busy buffer.
     pub(crate) hash: AddrHash<Bufctl>,
@@ -150,8 +159,8 @@ pub(crate) struct SlabLayer {
 }
 
 // SAFETY: the raw pointers are owned by the cache and only touched under
-// the mutex around the SlabLayer.
-unsafe impl Send for SlabLayer {}
+// the mutex around the SlabLists.
+unsafe impl Send for SlabLists {}
 
 /// Counts of the slab layer, read under the lock.
 pub(crate) struct SlabCounts {
@@ -161,9 +170,9 @@ pub(crate) struct SlabCounts {
     pub(crate) nr_pages: usize,
 }
 
-impl SlabLayer {
+impl SlabLists {
     pub(crate) const fn new() -> Self {
-        SlabLayer {
+        SlabLists {
             lists: [
                 SlabListHead {
                     head: ptr::null_mut(),
@@ -432,6 +441,45 @@ impl SlabLayer {
         Ok(())
     }
 
+    /// A busy bufctl object leaves for a caller: state `Allocated` (what an
+    /// `AUDIT` free checks) and its allocation tag (`None`: none) stored.
+    /// Returns false, changing nothing, if `addr` is not busy in this layer.
+    pub(crate) fn mark_allocated(&mut self, addr: usize, tag: Option<AllocTagRef>) -> bool {
+        let bufctl = self.hash.find(addr);
+        if bufctl.is_null() {
+            return false;
+        }
+        // SAFETY: bufctls in the hash are alive; the caller holds the lock.
+        unsafe {
+            (*bufctl).state = BufctlState::Allocated;
+            #[cfg(feature = "alloc-profiling")]
+            {
+                (*bufctl).tag = tag.map_or(0, AllocTagRef::get);
+            }
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        true
+    }
+
+    /// A busy bufctl object comes back from a caller: state `Cached`, its
+    /// allocation tag taken (`None`: none, or profiling compiled out).
+    /// `Err`, changing nothing, if `addr` is not busy in this layer.
+    pub(crate) fn mark_cached(&mut self, addr: usize) -> Result<Option<AllocTagRef>, NotBusy> {
+        let bufctl = self.hash.find(addr);
+        if bufctl.is_null() {
+            return Err(NotBusy);
+        }
+        // SAFETY: bufctls in the hash are alive; the caller holds the lock.
+        unsafe { (*bufctl).state = BufctlState::Cached };
+        #[cfg(feature = "alloc-profiling")]
+        // SAFETY: as above.
+        let tag = AllocTagRef::new(unsafe { core::mem::take(&mut (*bufctl).tag) });
+        #[cfg(not(feature = "alloc-profiling"))]
+        let tag = None;
+        Ok(tag)
+    }
+
     /// Call `f` with every slab on the lists and whether it is on the list
     /// its busy count says.
     pub(crate) fn for_each_listed_slab(&self, mut f: impl FnMut(*mut Slab, bool)) {
@@ -499,83 +547,124 @@ pub(crate) fn small_header(addr: usize) -> *mut Slab {
     ((addr & !(PAGE_SIZE - 1)) + SMALL_HEADER_OFFSET) as *mut Slab
 }
 
-impl<P: Platform> KmemCache<P> {
+/// Object 0 of a small slab (0 for null: bufctl caches, unused there).
+fn slab_base(slab: *mut Slab) -> usize {
+    if slab.is_null() {
+        0
+    } else {
+        // SAFETY: a live slab of ours (callers' contract).
+        unsafe { (*slab).base }
+    }
+}
+
+/// A cache's slab layer: its slab lists behind a spin lock, and every
+/// operation on its slabs: growing (pages from the source, carved into
+/// objects), taking and returning objects (bufctl state changes with
+/// them), reaping empty slabs, and the bufctl hash's table. The cache's
+/// read-only geometry (`kind`, `stride`, `nr_objs_per_slab`, the page
+/// source, ...) is passed in as `cache`: the hot fields stay at the head of
+/// [`KmemCache`], where the magazine hit reads them.
+pub(crate) struct SlabLayer {
+    lists: Mutex<SlabLists>,
+}
+
+impl SlabLayer {
+    pub(crate) fn new() -> Self {
+        SlabLayer {
+            lists: Mutex::new(SlabLists::new()),
+        }
+    }
+
+    /// Lock the slab lists.
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SlabLists> {
+        self.lists.lock()
+    }
+
     /// Allocate one object from the slab layer, growing it if needed. The
     /// object is not constructed and not counted; bufctl objects come back
     /// `BufctlState::Cached`. A corrupted free list met on the way is
     /// reported (after the lock is dropped) and repaired.
-    pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_raw<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+    ) -> Result<NonNull<u8>, AllocError> {
         let mut bad = None;
         let taken = self
-            .slab
             .lock()
-            .take_object(self.kind, |base| self.free_list(base), &mut bad);
-        self.report_bad_link(bad);
+            .take_object(cache.kind, |base| cache.free_list(base), &mut bad);
+        self.report_bad_link(cache, bad);
         if let Some(obj) = taken {
             return Ok(obj);
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
-        let slab = match self.grow() {
+        let slab = match self.grow(cache) {
             Ok(slab) => slab,
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
                 let taken =
-                    self.slab
-                        .lock()
-                        .take_object(self.kind, |base| self.free_list(base), &mut bad);
-                self.report_bad_link(bad);
+                    self.lock()
+                        .take_object(cache.kind, |base| cache.free_list(base), &mut bad);
+                self.report_bad_link(cache, bad);
                 return taken.ok_or(error);
             }
         };
-        let mut layer = self.slab.lock();
+        let mut layer = self.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
-        let obj = layer.take_object(self.kind, |base| self.free_list(base), &mut bad);
+        let obj = layer.take_object(cache.kind, |base| cache.free_list(base), &mut bad);
         drop(layer);
-        self.report_bad_link(bad);
-        self.maybe_grow_hash();
+        self.report_bad_link(cache, bad);
+        self.maybe_grow_hash(cache);
         obj.ok_or(AllocError::OutOfMemory)
     }
 
     /// Report a free-list link that failed its check (`take_object`).
-    fn report_bad_link(&self, bad: Option<(*mut Slab, BadLink)>) {
+    fn report_bad_link<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+        bad: Option<(*mut Slab, BadLink)>,
+    ) {
         let Some((slab, link)) = bad else {
             return;
         };
-        let mut report = ErrorReport::new(ErrorKind::FreeListCorrupted, self.name(), link.obj);
+        let mut report = ErrorReport::new(ErrorKind::FreeListCorrupted, cache.name(), link.obj);
         report.object = link.obj;
         report.slab = slab as usize;
         report.corruption = Some(crate::debug::Mismatch {
-            offset: self.freeptr_offset,
+            offset: cache.freeptr_offset,
             expected: 0,
             found: link.decoded as u64,
         });
-        self.owner().report_error(report);
+        cache.owner().report_error(report);
     }
 
     /// Allocate one constructed object from the slab layer for a caller
     /// (the magazine layer missed). Counted in the cache's direct counters.
-    pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.slab_alloc_raw()?;
-        if let Some(ctor) = self.ctor
-            && ctor(obj, self.obj_size).is_err()
+    pub(crate) fn alloc_constructed<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let obj = self.alloc_raw(cache)?;
+        if let Some(ctor) = cache.ctor
+            && ctor(obj, cache.obj_size).is_err()
         {
             // SAFETY: obj came from our slab layer just now, unconstructed.
-            unsafe { self.slab_free_raw(obj.as_ptr()) };
+            unsafe { self.free_raw(cache, obj.as_ptr()) };
             return Err(AllocError::ConstructorFailed);
         }
-        self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
+        cache.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
         Ok(obj)
     }
 
     /// The slab a busy object of this cache's slab layer was checked
     /// against: the header for a small slab (null for bufctl slabs: the
     /// hash decides).
-    fn slab_of(&self, obj: *mut u8) -> *mut Slab {
-        match self.kind {
-            SlabKind::Small => self.small_slab_of(obj as usize),
+    fn slab_of<P: Platform>(&self, cache: &KmemCache<P>, obj: *mut u8) -> *mut Slab {
+        match cache.kind {
+            SlabKind::Small => cache.small_slab_of(obj as usize),
             SlabKind::Bufctl => ptr::null_mut(),
         }
     }
@@ -586,13 +675,13 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// `obj` is an object of this cache's slab layer (small: in one of its
     /// live slabs), not in any magazine, not with a caller.
-    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
-        let slab = self.slab_of(obj);
-        let list = self.free_list(self.slab_base(slab));
+    pub(crate) unsafe fn free_raw<P: Platform>(&self, cache: &KmemCache<P>, obj: *mut u8) {
+        let slab = self.slab_of(cache, obj);
+        let list = cache.free_list(slab_base(slab));
         // SAFETY: per the caller.
-        let refused = unsafe { self.slab.lock().put_object(self.kind, obj, slab, list) };
+        let refused = unsafe { self.lock().put_object(cache.kind, obj, slab, list) };
         if let Err(kind) = refused {
-            self.report_slab_refusal(kind, obj, slab);
+            self.report_refusal(cache, kind, obj, slab);
         }
     }
 
@@ -604,53 +693,49 @@ impl<P: Platform> KmemCache<P> {
     /// Every pointer is an object start of a live slab of this cache (small
     /// slabs) or was handed out by it (bufctl slabs), constructed, in no
     /// magazine and with no caller.
-    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
-        if let Some(dtor) = self.dtor {
+    pub(crate) unsafe fn free_objects<P: Platform>(&self, cache: &KmemCache<P>, objs: &[*mut u8]) {
+        if let Some(dtor) = cache.dtor {
             for &obj in objs {
                 if let Some(obj) = NonNull::new(obj) {
-                    dtor(obj, self.obj_size);
+                    dtor(obj, cache.obj_size);
                 }
             }
         }
-        let mut layer = self.slab.lock();
+        let mut layer = self.lock();
         for &obj in objs {
-            let slab = self.slab_of(obj);
-            let list = self.free_list(self.slab_base(slab));
+            let slab = self.slab_of(cache, obj);
+            let list = cache.free_list(slab_base(slab));
             // SAFETY: per the caller.
-            if let Err(kind) = unsafe { layer.put_object(self.kind, obj, slab, list) } {
+            if let Err(kind) = unsafe { layer.put_object(cache.kind, obj, slab, list) } {
                 drop(layer);
-                self.report_slab_refusal(kind, obj, slab);
-                layer = self.slab.lock();
+                self.report_refusal(cache, kind, obj, slab);
+                layer = self.lock();
             }
-        }
-    }
-
-    /// Object 0 of a small slab (0 for null: bufctl caches, unused there).
-    fn slab_base(&self, slab: *mut Slab) -> usize {
-        if slab.is_null() {
-            0
-        } else {
-            // SAFETY: a live slab of ours (callers' contract).
-            unsafe { (*slab).base }
         }
     }
 
     /// Report an object the slab layer refused (`put_object`).
-    fn report_slab_refusal(&self, kind: ErrorKind, obj: *mut u8, slab: *mut Slab) {
+    fn report_refusal<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+        kind: ErrorKind,
+        obj: *mut u8,
+        slab: *mut Slab,
+    ) {
         let addr = obj as usize;
-        let mut report = ErrorReport::new(kind, self.name(), addr);
+        let mut report = ErrorReport::new(kind, cache.name(), addr);
         report.slab = slab as usize;
         if kind == ErrorKind::DuplicateFree {
             report.object = addr;
         }
-        self.owner().report_error(report);
+        cache.owner().report_error(report);
     }
 
     /// Make a new slab: pages from the source, carved into objects, and
     /// registered in the page map. Runs with no lock held.
-    fn grow(&self) -> Result<*mut Slab, AllocError> {
+    fn grow<P: Platform>(&self, cache: &KmemCache<P>) -> Result<*mut Slab, AllocError> {
         let start = time_stats_start!(P);
-        let grown = self.grow_timed();
+        let grown = self.grow_timed(cache);
         time_stats_end!(P, start);
         grown
     }
@@ -659,28 +744,28 @@ impl<P: Platform> KmemCache<P> {
         clippy::cast_ptr_alignment,
         reason = "kmem_slab objects are aligned for Slab (boot cache geometry)"
     )]
-    fn grow_timed(&self) -> Result<*mut Slab, AllocError> {
-        let nr_pages = self.nr_pages_per_slab;
-        let pages = match self.source.alloc_pages(nr_pages) {
+    fn grow_timed<P: Platform>(&self, cache: &KmemCache<P>) -> Result<*mut Slab, AllocError> {
+        let nr_pages = cache.nr_pages_per_slab;
+        let pages = match cache.source.alloc_pages(nr_pages) {
             Ok(pages) => pages,
             // Out of memory: reap every cache (every CPU's magazines, the
             // depots, empty slabs) and try once more.
-            Err(_) if self.owner().reap_for_pressure().is_some() => {
-                self.source.alloc_pages(nr_pages)?
+            Err(_) if cache.owner().reap_for_pressure().is_some() => {
+                cache.source.alloc_pages(nr_pages)?
             }
             Err(error) => return Err(error),
         };
         let base = pages.as_ptr() as usize;
-        let slab = match self.kind {
-            SlabKind::Small if !self.header_off_slab => {
+        let slab = match cache.kind {
+            SlabKind::Small if !cache.header_off_slab => {
                 (base + nr_pages * PAGE_SIZE - core::mem::size_of::<Slab>()) as *mut Slab
             }
             SlabKind::Small | SlabKind::Bufctl => {
-                match self.owner().boot(BootCache::Slab).slab_alloc_raw() {
+                match cache.owner().boot(BootCache::Slab).slab_alloc_raw() {
                     Ok(slab) => slab.as_ptr().cast::<Slab>(),
                     Err(error) => {
                         // SAFETY: the pages came from this source just now.
-                        unsafe { self.source.free_pages(pages, nr_pages) };
+                        unsafe { cache.source.free_pages(pages, nr_pages) };
                         return Err(error);
                     }
                 }
@@ -693,8 +778,8 @@ impl<P: Platform> KmemCache<P> {
                 magic: SLAB_MAGIC,
                 list: SlabList::Empty,
                 nr_busy: 0,
-                nr_objs: self.nr_objs_per_slab as u32,
-                cache: (self as *const Self).cast(),
+                nr_objs: cache.nr_objs_per_slab as u32,
+                cache: (cache as *const KmemCache<P>).cast(),
                 prev: ptr::null_mut(),
                 next: ptr::null_mut(),
                 base,
@@ -703,57 +788,57 @@ impl<P: Platform> KmemCache<P> {
                 free_map: [const { AtomicU64::new(0) }; 8],
             });
         }
-        if let Some(layout) = self.debug.as_ref() {
-            for index in 0..self.nr_objs_per_slab {
+        if let Some(layout) = cache.debug.as_ref() {
+            for index in 0..cache.nr_objs_per_slab {
                 // SAFETY: object `index` of our fresh slab (its stride
                 // holds the debug slot), ours alone.
-                unsafe { self.debug_init_object(layout, base + index * self.stride) };
+                unsafe { cache.debug_init_object(layout, base + index * cache.stride) };
             }
         }
-        let carved = match self.kind {
+        let carved = match cache.kind {
             SlabKind::Small => {
-                let list = self.free_list(base);
+                let list = cache.free_list(base);
                 let mut free = 0;
                 // SAFETY: slab initialised above, ours alone.
                 let map = unsafe { &(*slab).free_map };
-                for index in (0..self.nr_objs_per_slab).rev() {
+                for index in (0..cache.nr_objs_per_slab).rev() {
                     // SAFETY: object `index` lies inside our page below the
                     // header; its link word is 8-aligned inside its stride.
-                    unsafe { list.push(&mut free, map, base + index * self.stride, index) };
+                    unsafe { list.push(&mut free, map, base + index * cache.stride, index) };
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free as *mut u8 };
                 // Every free object's tag reference is 0 ("no tag").
                 #[cfg(feature = "alloc-profiling")]
-                if self.tag_array_offset != 0 {
+                if cache.tag_array_offset != 0 {
                     // SAFETY: the tag array lies in our fresh slab between
                     // the last object and the header (or the slab's end).
                     unsafe {
                         ptr::write_bytes(
-                            (base + self.tag_array_offset) as *mut u8,
+                            (base + cache.tag_array_offset) as *mut u8,
                             0,
-                            self.nr_objs_per_slab * crate::alloc_tag::TAG_REF_BYTES,
+                            cache.nr_objs_per_slab * crate::alloc_tag::TAG_REF_BYTES,
                         )
                     };
                 }
                 Ok(())
             }
-            SlabKind::Bufctl => self.carve_bufctls(slab),
+            SlabKind::Bufctl => self.carve_bufctls(cache, slab),
         };
         if let Err(error) = carved {
             // SAFETY: the slab was never listed or registered.
-            unsafe { self.destroy_slab(slab, false) };
+            unsafe { self.destroy_slab(cache, slab, false) };
             return Err(error);
         }
-        if self.on_primary {
-            let registered = self
+        if cache.on_primary {
+            let registered = cache
                 .page_map
                 .set_range(base, nr_pages, |_| slab as usize | TAG_SLAB);
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.
                 // SAFETY: never listed or registered.
-                unsafe { self.destroy_slab(slab, false) };
+                unsafe { self.destroy_slab(cache, slab, false) };
                 return Err(AllocError::OutOfMemory);
             }
         }
@@ -765,18 +850,22 @@ impl<P: Platform> KmemCache<P> {
         clippy::cast_ptr_alignment,
         reason = "kmem_bufctl objects are aligned for Bufctl (boot cache geometry)"
     )]
-    fn carve_bufctls(&self, slab: *mut Slab) -> Result<(), AllocError> {
-        let bufctl_cache = self.owner().boot(BootCache::Bufctl);
+    fn carve_bufctls<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+        slab: *mut Slab,
+    ) -> Result<(), AllocError> {
+        let bufctl_cache = cache.owner().boot(BootCache::Bufctl);
         // SAFETY: slab initialised by grow.
         let base = unsafe { (*slab).base };
-        for index in (0..self.nr_objs_per_slab).rev() {
+        for index in (0..cache.nr_objs_per_slab).rev() {
             let bufctl = bufctl_cache.slab_alloc_raw()?.as_ptr().cast::<Bufctl>();
             // SAFETY: fresh kmem_bufctl object, ours to write; slab alive.
             unsafe {
                 bufctl.write(Bufctl {
                     hash_next: ptr::null_mut(),
                     free_next: (*slab).free.cast(),
-                    addr: base + index * self.stride,
+                    addr: base + index * cache.stride,
                     slab,
                     state: BufctlState::Free,
                     #[cfg(feature = "alloc-profiling")]
@@ -798,42 +887,49 @@ impl<P: Platform> KmemCache<P> {
         clippy::cast_ptr_alignment,
         reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
     )]
-    unsafe fn destroy_slab(&self, slab: *mut Slab, registered: bool) {
+    unsafe fn destroy_slab<P: Platform>(
+        &self,
+        cache: &KmemCache<P>,
+        slab: *mut Slab,
+        registered: bool,
+    ) {
         // SAFETY: per the caller, the slab is alive and ours alone.
         unsafe {
             debug_assert_eq!((*slab).nr_busy, 0);
             let base = (*slab).base;
             let nr_pages = (*slab).nr_pages;
             if registered {
-                self.page_map.clear_range(base, nr_pages);
+                cache.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
-            if self.kind == SlabKind::Small && self.header_off_slab {
-                self.owner()
+            if cache.kind == SlabKind::Small && cache.header_off_slab {
+                cache
+                    .owner()
                     .boot(BootCache::Slab)
                     .slab_free_raw(slab.cast());
             }
-            if self.kind == SlabKind::Bufctl {
-                let bufctl_cache = self.owner().boot(BootCache::Bufctl);
+            if cache.kind == SlabKind::Bufctl {
+                let bufctl_cache = cache.owner().boot(BootCache::Bufctl);
                 let mut bufctl = (*slab).free.cast::<Bufctl>();
                 while !bufctl.is_null() {
                     let next = (*bufctl).free_next;
                     bufctl_cache.slab_free_raw(bufctl.cast());
                     bufctl = next;
                 }
-                self.owner()
+                cache
+                    .owner()
                     .boot(BootCache::Slab)
                     .slab_free_raw(slab.cast());
             }
             if let Some(pages) = NonNull::new(base as *mut u8) {
-                self.source.free_pages(pages, nr_pages);
+                cache.source.free_pages(pages, nr_pages);
             }
         }
     }
 
     /// Return every empty slab to the page source. Returns pages freed.
-    pub(crate) fn reap_slabs(&self) -> usize {
-        let mut slab = self.slab.lock().take_empty();
+    pub(crate) fn reap<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
+        let mut slab = self.lock().take_empty();
         let mut nr_pages = 0;
         while !slab.is_null() {
             // SAFETY: detached empty slabs are alive, unlisted and have no
@@ -841,8 +937,8 @@ impl<P: Platform> KmemCache<P> {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages;
-                self.verify_before_destroy(slab);
-                self.destroy_slab(slab, self.on_primary);
+                self.verify_before_destroy(cache, slab);
+                self.destroy_slab(cache, slab, cache.on_primary);
                 slab = next;
             }
         }
@@ -855,20 +951,20 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// `slab` is a detached empty slab of this cache, alive.
-    unsafe fn verify_before_destroy(&self, slab: *mut Slab) {
-        let Some(layout) = self.debug.as_ref() else {
+    unsafe fn verify_before_destroy<P: Platform>(&self, cache: &KmemCache<P>, slab: *mut Slab) {
+        let Some(layout) = cache.debug.as_ref() else {
             return;
         };
         // SAFETY: per the caller.
         let base = unsafe { (*slab).base };
-        for index in 0..self.nr_objs_per_slab {
+        for index in 0..cache.nr_objs_per_slab {
             // SAFETY: an object of a detached slab of ours: nobody else
             // touches it.
             let found = unsafe {
-                self.debug_verify_object(layout, base + index * self.stride, slab as usize, true)
+                cache.debug_verify_object(layout, base + index * cache.stride, slab as usize, true)
             };
             if let Some(report) = found {
-                self.owner().report_error(report);
+                cache.owner().report_error(report);
             }
         }
     }
@@ -880,8 +976,8 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// Nothing uses this cache or its objects afterwards; metadata caches
     /// are discarded after the caches whose metadata they hold.
-    pub(crate) unsafe fn discard_all_slabs(&self) {
-        let mut slab = self.slab.lock().take_all();
+    pub(crate) unsafe fn discard_all<P: Platform>(&self, cache: &KmemCache<P>) {
+        let mut slab = self.lock().take_all();
         while !slab.is_null() {
             // SAFETY: detached slabs are alive until their pages go back;
             // `next` is read before the page (maybe holding the header) goes.
@@ -889,12 +985,12 @@ impl<P: Platform> KmemCache<P> {
                 let next = (*slab).next;
                 let base = (*slab).base;
                 let nr_pages = (*slab).nr_pages;
-                if self.on_primary {
-                    self.page_map.clear_range(base, nr_pages);
+                if cache.on_primary {
+                    cache.page_map.clear_range(base, nr_pages);
                 }
                 (*slab).magic = 0;
                 if let Some(pages) = NonNull::new(base as *mut u8) {
-                    self.source.free_pages(pages, nr_pages);
+                    cache.source.free_pages(pages, nr_pages);
                 }
                 slab = next;
             }
@@ -902,20 +998,20 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Grow the bufctl hash if its load is too high. Runs with no lock held.
-    pub(crate) fn maybe_grow_hash(&self) {
-        if self.kind != SlabKind::Bufctl {
+    pub(crate) fn maybe_grow_hash<P: Platform>(&self, cache: &KmemCache<P>) {
+        if cache.kind != SlabKind::Bufctl {
             return;
         }
-        let Some(nr_buckets) = self.slab.lock().hash.wants_grow() else {
+        let Some(nr_buckets) = self.lock().hash.wants_grow() else {
             return;
         };
-        let source = self.owner().primary_source();
+        let source = cache.owner().primary_source();
         let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
         let Ok(table) = source.alloc_pages(nr_pages) else {
             return;
         };
         let old = {
-            let mut layer = self.slab.lock();
+            let mut layer = self.lock();
             if layer.hash.nr_buckets() >= nr_buckets {
                 None
             } else {
@@ -945,11 +1041,11 @@ impl<P: Platform> KmemCache<P> {
     /// `kmem_hash_rescale`): back to the inline buckets (no pages), or to a
     /// smaller page-backed table (allocated here, with no lock held; if
     /// that fails the table stays as it is). The old table's pages go back.
-    pub(crate) fn free_hash_table(&self) {
-        let Some(nr_buckets) = self.slab.lock().hash.wants_shrink() else {
+    pub(crate) fn free_hash_table<P: Platform>(&self, cache: &KmemCache<P>) {
+        let Some(nr_buckets) = self.lock().hash.wants_shrink() else {
             return;
         };
-        let source = self.owner().primary_source();
+        let source = cache.owner().primary_source();
         let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
         let table = if nr_pages == 0 {
             ptr::null_mut()
@@ -960,7 +1056,7 @@ impl<P: Platform> KmemCache<P> {
             }
         };
         let old = {
-            let mut layer = self.slab.lock();
+            let mut layer = self.lock();
             if layer.hash.wants_shrink() != Some(nr_buckets) {
                 None
             } else {
@@ -980,5 +1076,55 @@ impl<P: Platform> KmemCache<P> {
             // table_pages(unused_nr) pages, referenced by nothing.
             unsafe { source.free_pages(unused, AddrHash::<Bufctl>::table_pages(unused_nr)) };
         }
+    }
+}
+
+/// The slab layer's entry points used by the rest of the crate.
+impl<P: Platform> KmemCache<P> {
+    /// [`SlabLayer::alloc_raw`].
+    pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
+        self.slab.alloc_raw(self)
+    }
+
+    /// [`SlabLayer::alloc_constructed`].
+    pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
+        self.slab.alloc_constructed(self)
+    }
+
+    /// [`SlabLayer::free_raw`].
+    ///
+    /// # Safety
+    /// As [`SlabLayer::free_raw`].
+    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
+        // SAFETY: per the caller.
+        unsafe { self.slab.free_raw(self, obj) }
+    }
+
+    /// [`SlabLayer::free_objects`].
+    ///
+    /// # Safety
+    /// As [`SlabLayer::free_objects`].
+    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
+        // SAFETY: per the caller.
+        unsafe { self.slab.free_objects(self, objs) }
+    }
+
+    /// [`SlabLayer::reap`].
+    pub(crate) fn reap_slabs(&self) -> usize {
+        self.slab.reap(self)
+    }
+
+    /// [`SlabLayer::discard_all`].
+    ///
+    /// # Safety
+    /// As [`SlabLayer::discard_all`].
+    pub(crate) unsafe fn discard_all_slabs(&self) {
+        // SAFETY: per the caller.
+        unsafe { self.slab.discard_all(self) }
+    }
+
+    /// [`SlabLayer::free_hash_table`].
+    pub(crate) fn free_hash_table(&self) {
+        self.slab.free_hash_table(self)
     }
 }

@@ -17,12 +17,13 @@
 //! - Records are kept on an age list too, so they are visited oldest first.
 
 use core::ptr::{self, NonNull};
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::TraceError;
 use crate::hash::{AddrHash, HashNode};
 use crate::platform::Platform;
+use crate::sync::{Mutex, MutexGuard};
 use crate::{BootCache, CacheFlags};
 
 /// Return addresses kept per record.
@@ -98,19 +99,20 @@ impl HashNode for TraceNode {
     }
 }
 
-/// The trace table behind a cache's trace lock.
-pub(crate) struct TraceTable {
+/// The state behind a cache's trace lock: the records by address (the
+/// hash) and by age (a doubly linked list through the nodes).
+pub(crate) struct TraceTableInner {
     pub(crate) hash: AddrHash<TraceNode>,
     oldest: *mut TraceNode,
     newest: *mut TraceNode,
 }
 
 // SAFETY: the nodes are owned by the table and only touched under its lock.
-unsafe impl Send for TraceTable {}
+unsafe impl Send for TraceTableInner {}
 
-impl TraceTable {
-    pub(crate) const fn new() -> Self {
-        TraceTable {
+impl TraceTableInner {
+    const fn new() -> Self {
+        TraceTableInner {
             hash: AddrHash::new(),
             oldest: ptr::null_mut(),
             newest: ptr::null_mut(),
@@ -165,6 +167,193 @@ impl TraceTable {
     }
 }
 
+/// A cache's trace table: its records behind a spin lock, and every
+/// operation on them. Record nodes come from (and go back to) the
+/// `kmem_trace` bootstrap cache of `cache`'s allocator; the hash's
+/// page-backed table from its primary source.
+pub(crate) struct TraceTable {
+    inner: Mutex<TraceTableInner>,
+    /// Records that could not be allocated.
+    nr_dropped: AtomicU64,
+}
+
+impl TraceTable {
+    pub(crate) fn new() -> Self {
+        TraceTable {
+            inner: Mutex::new(TraceTableInner::new()),
+            nr_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Lock the records.
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TraceTableInner> {
+        self.inner.lock()
+    }
+
+    /// Number of records and of dropped records.
+    fn counts(&self) -> (usize, u64) {
+        (
+            self.lock().hash.nr_items(),
+            self.nr_dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Drop every record; returns how many there were.
+    fn drop_all<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
+        let mut node = self.lock().take_all();
+        let records = cache.owner().boot(BootCache::Trace);
+        let mut nr = 0;
+        while !node.is_null() {
+            // SAFETY: detached nodes are ours; each came from kmem_trace's
+            // slab layer and is freed exactly once here.
+            unsafe {
+                let next = (*node).newer;
+                records.slab_free_raw(node.cast());
+                node = next;
+            }
+            nr += 1;
+        }
+        nr
+    }
+
+    /// Visit every record, oldest first, under the lock.
+    fn for_each(&self, mut f: impl FnMut(&TraceRecord)) {
+        let table = self.lock();
+        let mut node = table.oldest;
+        while !node.is_null() {
+            // SAFETY: nodes in the table are live while we hold its lock.
+            unsafe {
+                f(&(*node).record);
+                node = (*node).newer;
+            }
+        }
+    }
+
+    /// Record an allocation of `obj` by a caller of `cache`.
+    #[inline]
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
+    )]
+    fn record_alloc<P: Platform>(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
+        let Ok(node) = cache.owner().boot(BootCache::Trace).slab_alloc_raw() else {
+            self.nr_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let node = node.as_ptr().cast::<TraceNode>();
+        let mut record = TraceRecord {
+            addr: obj.as_ptr() as usize,
+            size: cache.obj_size,
+            cpu: P::cpu_id() as u32,
+            timestamp: P::now(),
+            context: [0; 32],
+            context_len: 0,
+            nr_frames: 0,
+            frames: [0; TRACE_MAX_FRAMES],
+        };
+        record.context_len = P::context(&mut record.context).min(31) as u8;
+        record.nr_frames = P::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
+        // SAFETY: a fresh kmem_trace object, sized and aligned for a TraceNode.
+        unsafe {
+            node.write(TraceNode {
+                hash_next: ptr::null_mut(),
+                older: ptr::null_mut(),
+                newer: ptr::null_mut(),
+                record,
+            })
+        };
+        let stale = {
+            let mut table = self.lock();
+            // A record for the same address can only be left over if a free
+            // raced with trace_reset; replace it.
+            let stale = table.remove(record.addr);
+            // SAFETY: node is valid and in no table.
+            unsafe { table.insert(node) };
+            stale
+        };
+        if !stale.is_null() {
+            // SAFETY: removed from the table; a kmem_trace object.
+            unsafe {
+                cache
+                    .owner()
+                    .boot(BootCache::Trace)
+                    .slab_free_raw(stale.cast())
+            };
+        }
+        self.maybe_grow(cache);
+    }
+
+    /// Remove the record of a freed object of `cache`, if there is one.
+    #[inline]
+    fn record_free<P: Platform>(&self, cache: &KmemCache<P>, addr: usize) {
+        let node = self.lock().remove(addr);
+        if !node.is_null() {
+            // SAFETY: removed from the table; a kmem_trace object.
+            unsafe {
+                cache
+                    .owner()
+                    .boot(BootCache::Trace)
+                    .slab_free_raw(node.cast())
+            };
+        }
+    }
+
+    /// Grow the hash if its load is too high. Runs with no lock held.
+    fn maybe_grow<P: Platform>(&self, cache: &KmemCache<P>) {
+        let Some(nr_buckets) = self.lock().hash.wants_grow() else {
+            return;
+        };
+        let source = cache.owner().primary_source();
+        let nr_pages = AddrHash::<TraceNode>::table_pages(nr_buckets);
+        let Ok(table) = source.alloc_pages(nr_pages) else {
+            return;
+        };
+        let old = {
+            let mut guard = self.lock();
+            if guard.hash.nr_buckets() >= nr_buckets {
+                None
+            } else {
+                // SAFETY: nr_pages fresh pages hold nr_buckets bucket heads.
+                Some(unsafe { guard.hash.rehash(table.as_ptr().cast(), nr_buckets) })
+            }
+        };
+        match old {
+            // SAFETY: our unused fresh pages.
+            None => unsafe { source.free_pages(table, nr_pages) },
+            Some((old_table, old_nr)) => {
+                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
+                    // SAFETY: the detached old table, from the primary source.
+                    unsafe {
+                        source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr))
+                    };
+                }
+            }
+        }
+    }
+
+    /// Free the hash's page-backed buckets if there are no records.
+    fn free_table<P: Platform>(&self, cache: &KmemCache<P>) {
+        let (table, nr_buckets) = {
+            let mut guard = self.lock();
+            if guard.hash.nr_items() != 0 {
+                return;
+            }
+            guard.hash.take_table()
+        };
+        if let Some(table) = NonNull::new(table.cast::<u8>()) {
+            // SAFETY: detached table from the primary source.
+            unsafe {
+                cache
+                    .owner()
+                    .primary_source()
+                    .free_pages(table, AddrHash::<TraceNode>::table_pages(nr_buckets))
+            };
+        }
+    }
+}
+
+/// The public tracing API and the crate's entry points to the trace table.
 impl<P: Platform> KmemCache<P> {
     /// Start recording allocations.
     ///
@@ -198,161 +387,40 @@ impl<P: Platform> KmemCache<P> {
 
     /// Drop every record; returns how many there were.
     pub(crate) fn trace_drop_all(&self) -> usize {
-        let mut node = self.trace.lock().take_all();
-        let records = self.owner().boot(BootCache::Trace);
-        let mut nr = 0;
-        while !node.is_null() {
-            // SAFETY: detached nodes are ours; each came from kmem_trace's
-            // slab layer and is freed exactly once here.
-            unsafe {
-                let next = (*node).newer;
-                records.slab_free_raw(node.cast());
-                node = next;
-            }
-            nr += 1;
-        }
-        nr
+        self.trace.drop_all(self)
     }
 
     /// Visit every outstanding record, oldest first, under the trace lock.
     /// `f` must not allocate from or free to this cache.
-    pub fn trace_for_each(&self, mut f: impl FnMut(&TraceRecord)) {
-        let table = self.trace.lock();
-        let mut node = table.oldest;
-        while !node.is_null() {
-            // SAFETY: nodes in the table are live while we hold its lock.
-            unsafe {
-                f(&(*node).record);
-                node = (*node).newer;
-            }
-        }
+    pub fn trace_for_each(&self, f: impl FnMut(&TraceRecord)) {
+        self.trace.for_each(f);
     }
 
     /// Number of records, dropped records, and whether tracing is on.
     pub fn trace_stats(&self) -> TraceStats {
+        let (nr_records, nr_dropped) = self.trace.counts();
         TraceStats {
-            nr_records: self.trace.lock().hash.nr_items(),
-            nr_dropped: self.nr_trace_dropped.load(Ordering::Relaxed),
+            nr_records,
+            nr_dropped,
             tracing: self.is_tracing(),
         }
     }
 
     /// Record an allocation by a caller.
     #[cold]
-    #[expect(
-        clippy::cast_ptr_alignment,
-        reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
-    )]
     pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
-        let Ok(node) = self.owner().boot(BootCache::Trace).slab_alloc_raw() else {
-            self.nr_trace_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let node = node.as_ptr().cast::<TraceNode>();
-        let mut record = TraceRecord {
-            addr: obj.as_ptr() as usize,
-            size: self.obj_size,
-            cpu: P::cpu_id() as u32,
-            timestamp: P::now(),
-            context: [0; 32],
-            context_len: 0,
-            nr_frames: 0,
-            frames: [0; TRACE_MAX_FRAMES],
-        };
-        record.context_len = P::context(&mut record.context).min(31) as u8;
-        record.nr_frames = P::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
-        // SAFETY: a fresh kmem_trace object, sized and aligned for a TraceNode.
-        unsafe {
-            node.write(TraceNode {
-                hash_next: ptr::null_mut(),
-                older: ptr::null_mut(),
-                newer: ptr::null_mut(),
-                record,
-            })
-        };
-        let stale = {
-            let mut table = self.trace.lock();
-            // A record for the same address can only be left over if a free
-            // raced with trace_reset; replace it.
-            let stale = table.remove(record.addr);
-            // SAFETY: node is valid and in no table.
-            unsafe { table.insert(node) };
-            stale
-        };
-        if !stale.is_null() {
-            // SAFETY: removed from the table; a kmem_trace object.
-            unsafe {
-                self.owner()
-                    .boot(BootCache::Trace)
-                    .slab_free_raw(stale.cast())
-            };
-        }
-        self.maybe_grow_trace_table();
+        self.trace.record_alloc(self, obj);
     }
 
     /// Remove the record of a freed object, if there is one.
     #[cold]
     pub(crate) fn trace_free(&self, addr: usize) {
-        let node = self.trace.lock().remove(addr);
-        if !node.is_null() {
-            // SAFETY: removed from the table; a kmem_trace object.
-            unsafe {
-                self.owner()
-                    .boot(BootCache::Trace)
-                    .slab_free_raw(node.cast())
-            };
-        }
-    }
-
-    fn maybe_grow_trace_table(&self) {
-        let Some(nr_buckets) = self.trace.lock().hash.wants_grow() else {
-            return;
-        };
-        let source = self.owner().primary_source();
-        let nr_pages = AddrHash::<TraceNode>::table_pages(nr_buckets);
-        let Ok(table) = source.alloc_pages(nr_pages) else {
-            return;
-        };
-        let old = {
-            let mut guard = self.trace.lock();
-            if guard.hash.nr_buckets() >= nr_buckets {
-                None
-            } else {
-                // SAFETY: nr_pages fresh pages hold nr_buckets bucket heads.
-                Some(unsafe { guard.hash.rehash(table.as_ptr().cast(), nr_buckets) })
-            }
-        };
-        match old {
-            // SAFETY: our unused fresh pages.
-            None => unsafe { source.free_pages(table, nr_pages) },
-            Some((old_table, old_nr)) => {
-                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
-                    // SAFETY: the detached old table, from the primary source.
-                    unsafe {
-                        source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr))
-                    };
-                }
-            }
-        }
+        self.trace.record_free(self, addr);
     }
 
     /// Free the trace table's page-backed buckets if it has no records
     /// (reap, destroy).
     pub(crate) fn free_trace_table(&self) {
-        let (table, nr_buckets) = {
-            let mut guard = self.trace.lock();
-            if guard.hash.nr_items() != 0 {
-                return;
-            }
-            guard.hash.take_table()
-        };
-        if let Some(table) = NonNull::new(table.cast::<u8>()) {
-            // SAFETY: detached table from the primary source.
-            unsafe {
-                self.owner()
-                    .primary_source()
-                    .free_pages(table, AddrHash::<TraceNode>::table_pages(nr_buckets))
-            };
-        }
+        self.trace.free_table(self);
     }
 }

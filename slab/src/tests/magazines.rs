@@ -571,7 +571,6 @@ fn hot_fields_first() {
         offset_of!(Cache, nr_allocs_direct),
         offset_of!(Cache, nr_frees_direct),
         offset_of!(Cache, trace),
-        offset_of!(Cache, nr_trace_dropped),
         offset_of!(Cache, links),
     ] {
         assert!(offset > depot);
