@@ -408,6 +408,73 @@ macro_rules! kmem_cache_alloc {
     }};
 }
 
+/// `kmalloc_box!(size, align)`: [`kmalloc!`](crate::kmalloc) as an owned
+/// [`SlabBox`](magpie_slab::SlabBox) (written, read and freed without
+/// `unsafe`, on any CPU), charged to this call site; a fault point too.
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! kmalloc_box {
+    ($size:expr, $align:expr) => {{
+        let (size, align): (usize, usize) = ($size, $align);
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            $crate::kmem::SLAB.kmalloc_box_tagged(
+                size,
+                align,
+                $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
+            )
+        }
+    }};
+}
+
+/// `kmalloc_box!(size, align)` with profiling compiled out.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! kmalloc_box {
+    ($size:expr, $align:expr) => {{
+        let (size, align): (usize, usize) = ($size, $align);
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            $crate::kmem::SLAB.kmalloc_box(size, align)
+        }
+    }};
+}
+
+/// `kmem_cache_alloc_box!(cache)` (`cache`: a `&'static KmemCache`):
+/// [`kmem_cache_alloc!`](crate::kmem_cache_alloc) as an owned
+/// [`SlabBox`](magpie_slab::SlabBox), charged to this call site; a fault
+/// point too.
+#[cfg(feature = "alloc-profiling")]
+#[macro_export]
+macro_rules! kmem_cache_alloc_box {
+    ($cache:expr) => {{
+        let cache = $cache;
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            cache.alloc_box_tagged($crate::profiling::explicit_tag(
+                $crate::profiling::magpie_codetag::alloc_tag!(),
+            ))
+        }
+    }};
+}
+
+/// `kmem_cache_alloc_box!(cache)` with profiling compiled out.
+#[cfg(not(feature = "alloc-profiling"))]
+#[macro_export]
+macro_rules! kmem_cache_alloc_box {
+    ($cache:expr) => {{
+        let cache = $cache;
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            cache.alloc_box()
+        }
+    }};
+}
+
 /// `let _scope = alloc_tag_scope!();` charges every allocation this CPU
 /// makes without a tag of its own (`Box`, `Vec`, `String`, plain
 /// `SLAB.kmalloc`) to this call site until `_scope` is dropped.

@@ -42,10 +42,11 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::fmt::Write;
-use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use magpie_slab::{CacheFlags, KmemCache};
+use magpie_slab::{
+    CacheFlags, Constructed, InitBox, KmemCache, ObjectInit, ObjectRef, WordMismatch,
+};
 use spin::{Mutex, Once};
 
 use crate::arch::{self, IrqGuard};
@@ -155,19 +156,19 @@ static CTOR_CACHE: Once<&'static KmemCache<KernelPlatform>> = Once::new();
 static NR_DTOR_MISMATCHES: AtomicU64 = AtomicU64::new(0);
 static NR_CTOR_RUNS: AtomicU64 = AtomicU64::new(0);
 
-fn ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
-    // SAFETY: the allocator hands a constructor an object of `size` bytes
-    // (8-aligned: every cache's objects are) that no caller has yet.
-    unsafe { fill_words(obj.as_ptr(), size, |index| CTOR_WORD ^ index as u64) };
-    NR_CTOR_RUNS.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+fn ctor_word(index: usize) -> u64 {
+    CTOR_WORD ^ index as u64
 }
 
-fn dtor(obj: NonNull<u8>, size: usize) {
-    // SAFETY: the allocator hands a destructor an object of `size` bytes
-    // (8-aligned) on its way back to the slab layer, owned by nobody else.
-    let mismatch = unsafe { check_words(obj.as_ptr(), size, |index| CTOR_WORD ^ index as u64) };
-    if mismatch.is_some() {
+fn ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
+    NR_CTOR_RUNS.fetch_add(1, Ordering::Relaxed);
+    Ok(obj.write_words(ctor_word))
+}
+
+fn dtor(obj: ObjectRef<'_>) {
+    // Objects go back to the cache constructed: readable, and in the
+    // constructor's state.
+    if obj.check_words(ctor_word) != Some(Ok(())) {
         NR_DTOR_MISMATCHES.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -200,62 +201,9 @@ pub fn nr_ctor_runs() -> u64 {
 }
 
 // ---------------------------------------------------------------------------
-// Patterns
-
-/// Writes `word(i)` over the `size` bytes at `ptr` (8-aligned): whole words,
-/// then the low bytes of the next word for the tail.
-///
-/// # Safety
-///
-/// `ptr` is 8-aligned and valid for writes of `size` bytes that nobody
-/// else accesses meanwhile (an object the caller owns).
-#[expect(clippy::cast_ptr_alignment, reason = "ptr is 8-aligned (see Safety)")]
-unsafe fn fill_words(ptr: *mut u8, size: usize, word: impl Fn(usize) -> u64) {
-    let nr_words = size / 8;
-    let words = ptr.cast::<u64>();
-    for index in 0..nr_words {
-        // SAFETY: per the contract `ptr` is 8-aligned and valid for `size`
-        // bytes; index * 8 + 8 <= size.
-        unsafe { words.add(index).write_volatile(word(index)) };
-    }
-    let tail = word(nr_words).to_le_bytes();
-    for (offset, &byte) in tail.iter().enumerate().take(size % 8) {
-        // SAFETY: as above; nr_words * 8 + offset < size.
-        unsafe { ptr.add(nr_words * 8 + offset).write_volatile(byte) };
-    }
-}
-
-/// Checks what [`fill_words`] wrote; returns the first mismatch as
-/// (byte offset, expected, found).
-///
-/// # Safety
-///
-/// As for [`fill_words`], for reads.
-#[expect(clippy::cast_ptr_alignment, reason = "ptr is 8-aligned (see Safety)")]
-unsafe fn check_words(
-    ptr: *const u8,
-    size: usize,
-    word: impl Fn(usize) -> u64,
-) -> Option<(usize, u64, u64)> {
-    let nr_words = size / 8;
-    let words = ptr.cast::<u64>();
-    for index in 0..nr_words {
-        // SAFETY: as in fill_words: inside the object the caller owns.
-        let found = unsafe { words.add(index).read_volatile() };
-        if found != word(index) {
-            return Some((index * 8, word(index), found));
-        }
-    }
-    let tail = word(nr_words).to_le_bytes();
-    for (offset, &byte) in tail.iter().enumerate().take(size % 8) {
-        // SAFETY: as in fill_words.
-        let found = unsafe { ptr.add(nr_words * 8 + offset).read_volatile() };
-        if found != byte {
-            return Some((nr_words * 8 + offset, u64::from(byte), u64::from(found)));
-        }
-    }
-    None
-}
+// Patterns (written and checked by `SlabBox::write_words` and
+// `InitBox::check_words`: whole words, then the low bytes of the next word
+// for the tail; volatile)
 
 fn pattern(stamp: u64, index: usize) -> u64 {
     stamp.wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -293,18 +241,14 @@ impl Rng {
 // ---------------------------------------------------------------------------
 // The engine
 
-/// A live object: where, how big, its unique stamp, where it came from.
-#[derive(Clone, Copy)]
+/// A live object: the object (written with its stamp's pattern), the
+/// stamp, where it came from. Handing it to another CPU hands over the
+/// object.
 struct Obj {
-    ptr: NonNull<u8>,
-    size: usize,
+    obj: InitBox<KernelPlatform>,
     stamp: u64,
     from_ctor_cache: bool,
 }
-
-// SAFETY: an `Obj` is a plain handle to memory owned by whoever holds the
-// `Obj`; handing it to another CPU hands over that ownership.
-unsafe impl Send for Obj {}
 
 /// A CPU's inbox of objects other CPUs handed it to free.
 struct Inbox {
@@ -377,71 +321,60 @@ struct Worker<'r, 'a> {
 impl Worker<'_, '_> {
     fn alloc(&mut self) {
         let from_ctor_cache = self.rng.below(CTOR_SHARE) == 0;
-        let (result, size) = if from_ctor_cache {
-            (crate::kmem_cache_alloc!(self.run.ctor_cache), CTOR_OBJ_SIZE)
+        let result = if from_ctor_cache {
+            crate::kmem_cache_alloc_box!(self.run.ctor_cache)
         } else {
             let span = (self.run.config.max_size - self.run.config.min_size) as u64 + 1;
             let size = self.run.config.min_size + self.rng.below(span) as usize;
-            (crate::kmalloc!(size, 1), size)
+            crate::kmalloc_box!(size, 1)
         };
-        let Ok(ptr) = result else {
+        let Ok(obj) = result else {
             self.report.nr_failures += 1;
             return;
         };
         self.report.nr_allocs += 1;
-        let constructed = if from_ctor_cache {
-            // SAFETY: a fresh object of at least `size` bytes, 8-aligned
-            // (every cache's objects are), ours alone.
-            unsafe { check_words(ptr.as_ptr(), size, |index| CTOR_WORD ^ index as u64) }
-        } else {
-            None
-        };
-        if let Some((offset, expected, found)) = constructed {
-            self.corrupt(ptr, offset, expected, found);
-        }
         self.serial += 1;
         let stamp = ((self.cpu as u64) << 48) | self.serial;
-        // SAFETY: as above.
-        unsafe { fill_words(ptr.as_ptr(), size, |index| pattern(stamp, index)) };
+        let obj = match obj.into_constructed() {
+            // A stress-ctor object comes constructed: check that first.
+            Ok(mut obj) => {
+                if let Err(mismatch) = obj.check_words(ctor_word) {
+                    self.corrupt(&obj, mismatch);
+                }
+                obj.write_words(|index| pattern(stamp, index));
+                obj
+            }
+            Err(obj) => obj.write_words(|index| pattern(stamp, index)),
+        };
         self.live.push(Obj {
-            ptr,
-            size,
+            obj,
             stamp,
             from_ctor_cache,
         });
     }
 
-    fn corrupt(&mut self, ptr: NonNull<u8>, offset: usize, expected: u64, found: u64) {
+    fn corrupt(&mut self, obj: &InitBox<KernelPlatform>, mismatch: WordMismatch) {
         self.report.nr_corruptions += 1;
         if self.report.first_corruption.is_none() {
-            self.report.first_corruption = Some((ptr.as_ptr() as usize, offset, expected, found));
+            self.report.first_corruption = Some((
+                obj.as_ptr().as_ptr() as usize,
+                mismatch.offset,
+                mismatch.expected,
+                mismatch.found,
+            ));
         }
     }
 
     /// Checks `obj`'s pattern and frees it.
-    fn free(&mut self, obj: Obj) {
-        // SAFETY: `obj` is owned by this worker (taken out of `live` or its
-        // inbox): an 8-aligned object of at least `obj.size` bytes.
-        let mismatch = unsafe {
-            check_words(obj.ptr.as_ptr(), obj.size, |index| {
-                pattern(obj.stamp, index)
-            })
-        };
-        if let Some((offset, expected, found)) = mismatch {
-            self.corrupt(obj.ptr, offset, expected, found);
+    fn free(&mut self, mut obj: Obj) {
+        if let Err(mismatch) = obj.obj.check_words(|index| pattern(obj.stamp, index)) {
+            self.corrupt(&obj.obj, mismatch);
         }
-        let result = if obj.from_ctor_cache {
+        if obj.from_ctor_cache {
             // Objects go back to a cache constructed (Bonwick): restore it.
-            // SAFETY: as above.
-            unsafe { fill_words(obj.ptr.as_ptr(), obj.size, |index| CTOR_WORD ^ index as u64) };
-            // SAFETY: `obj` came from this cache's alloc and is owned by
-            // this worker (taken out of `live` or an inbox); freed once.
-            unsafe { self.run.ctor_cache.free(obj.ptr) }
-        } else {
-            // SAFETY: as above, from SLAB.kmalloc.
-            unsafe { SLAB.kfree(obj.ptr) }
-        };
-        match result {
+            obj.obj.write_words(ctor_word);
+        }
+        match obj.obj.free() {
             Ok(()) => {
                 self.report.nr_frees += 1;
                 if (obj.stamp >> 48) as usize != self.cpu {

@@ -14,6 +14,7 @@ use crate::geometry::{Geometry, SlabKind};
 use crate::magazine::{
     Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, Stale, max_magtype, start_magtype,
 };
+use crate::object::{Constructed, ObjectInit, ObjectRef};
 use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::slab::{SLAB_MAGIC, Slab, SlabLayer, small_header};
@@ -116,12 +117,18 @@ impl HotFlags {
 }
 
 /// Object constructor: runs when an object leaves the slab layer towards
-/// callers (it then stays constructed in the magazines). `size` is the
-/// cache's object size in bytes. An `Err` fails the allocation.
-pub type Ctor = fn(obj: NonNull<u8>, size: usize) -> Result<(), ()>;
+/// callers (it then stays constructed in the magazines). It is handed the
+/// object (the cache's object size in bytes, possibly uninitialised) and
+/// returns the [`Constructed`] that writing all of it yields; an `Err`
+/// fails the allocation. Callers get the objects of a cache with a
+/// constructor constructed, and give them back constructed (Bonwick 1994):
+/// every byte initialised, so they can be read
+/// ([`SlabBox::into_constructed`](crate::SlabBox::into_constructed)).
+pub type Ctor = for<'a> fn(obj: ObjectInit<'a>) -> Result<Constructed<'a>, ()>;
 /// Object destructor: runs when an object goes back from the magazine
-/// layer to the slab layer. `size` is the object size in bytes.
-pub type Dtor = fn(obj: NonNull<u8>, size: usize);
+/// layer to the slab layer; readable if the cache has a constructor
+/// ([`ObjectRef::as_bytes`](crate::ObjectRef::as_bytes)).
+pub type Dtor = for<'a> fn(obj: ObjectRef<'a>);
 
 /// What [`KmemCache::destroy`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

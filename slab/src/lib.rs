@@ -475,7 +475,7 @@ pub use kmemtrace::{
     KmemtraceError, KmemtraceEvent, KmemtraceStatus,
 };
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
-pub use object::SlabBox;
+pub use object::{Constructed, InitBox, ObjectInit, ObjectRef, SlabBox, WordMismatch};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;

@@ -3,14 +3,104 @@
 //! once, by consuming it (or dropping it), and only to where it came from.
 //! The raw `unsafe` [`KmemCache::free`] and [`Allocator::kfree`] stay for
 //! the shims and for callers that keep raw pointers.
+//!
+//! Reading an object is safe only once every byte of it is known to be
+//! written, and the types say when that is:
+//!
+//! - a [`SlabBox`] may hold uninitialised bytes (a fresh object): it has
+//!   no view to read them, and none that could leave a byte uninitialised;
+//!   [`SlabBox::write_words`] and [`SlabBox::fill`] write every byte and
+//!   return an [`InitBox`], which can be read ([`InitBox::as_bytes`],
+//!   [`InitBox::check_words`]); [`SlabBox::into_constructed`] makes one
+//!   without writing for an object of a cache with a constructor (callers
+//!   always get those constructed);
+//! - a constructor ([`Ctor`](crate::Ctor)) is handed an [`ObjectInit`] and
+//!   proves it wrote the whole object by returning the [`Constructed`]
+//!   that only writing it yields; a destructor ([`Dtor`](crate::Dtor)) is
+//!   handed an [`ObjectRef`], readable when the cache has a constructor.
+//!
+//! Word patterns ([`SlabBox::write_words`], [`InitBox::check_words`]) are
+//! written and read with volatile accesses, so a check really reads the
+//! memory (a stress test looking for overlapping objects or stray writes).
 
+use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
+use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
 use crate::error::{AllocError, FreeError};
 use crate::platform::Platform;
+
+/// Where a word pattern first differs from what an object holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WordMismatch {
+    /// Byte offset of the first differing word (or tail byte).
+    pub offset: usize,
+    /// What the pattern says (a tail byte: that byte).
+    pub expected: u64,
+    /// What the object holds.
+    pub found: u64,
+}
+
+/// Write `word(i)` over the `len` bytes at `ptr`: whole little-endian words,
+/// then the low bytes of `word(len / 8)` for the tail. Volatile stores.
+///
+/// # Safety
+/// `ptr` is 8-aligned and valid for writes of `len` bytes nobody else
+/// accesses meanwhile.
+unsafe fn write_words_at(ptr: NonNull<u8>, len: usize, word: impl Fn(usize) -> u64) {
+    let nr_words = len / 8;
+    let words = ptr.as_ptr().cast::<u64>();
+    for index in 0..nr_words {
+        // SAFETY: per the caller; (index + 1) * 8 <= len, 8-aligned.
+        unsafe { words.add(index).write_volatile(word(index).to_le()) };
+    }
+    let tail = word(nr_words).to_le_bytes();
+    for (offset, &byte) in tail.iter().enumerate().take(len % 8) {
+        // SAFETY: per the caller; nr_words * 8 + offset < len.
+        unsafe { ptr.as_ptr().add(nr_words * 8 + offset).write_volatile(byte) };
+    }
+}
+
+/// Compare the `len` bytes at `ptr` with what [`write_words_at`] writes.
+/// Volatile loads.
+///
+/// # Safety
+/// `ptr` is 8-aligned and valid for reads of `len` initialised bytes.
+unsafe fn check_words_at(
+    ptr: NonNull<u8>,
+    len: usize,
+    word: impl Fn(usize) -> u64,
+) -> Result<(), WordMismatch> {
+    let nr_words = len / 8;
+    let words = ptr.as_ptr().cast::<u64>();
+    for index in 0..nr_words {
+        // SAFETY: per the caller; inside the object, 8-aligned.
+        let found = u64::from_le(unsafe { words.add(index).read_volatile() });
+        if found != word(index) {
+            return Err(WordMismatch {
+                offset: index * 8,
+                expected: word(index),
+                found,
+            });
+        }
+    }
+    let tail = word(nr_words).to_le_bytes();
+    for (offset, &byte) in tail.iter().enumerate().take(len % 8) {
+        // SAFETY: per the caller; nr_words * 8 + offset < len.
+        let found = unsafe { ptr.as_ptr().add(nr_words * 8 + offset).read_volatile() };
+        if found != byte {
+            return Err(WordMismatch {
+                offset: nr_words * 8 + offset,
+                expected: u64::from(byte),
+                found: u64::from(found),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// Where a [`SlabBox`] goes back to.
 enum Owner<P: Platform> {
@@ -29,7 +119,11 @@ impl<P: Platform> Copy for Owner<P> {}
 /// An object a caller owns: from [`KmemCache::alloc_box`] (`obj_size()`
 /// bytes) or [`Allocator::kmalloc_box`] (at least the requested size).
 /// Freed by [`SlabBox::free`], or when dropped. `Send`: any CPU may free
-/// it.
+/// it. Its bytes may be uninitialised, so it gives no view to read them:
+/// [`SlabBox::write_words`] and [`SlabBox::fill`] write all of them and
+/// return a readable [`InitBox`]. No safe view leaves a byte of a
+/// constructed object uninitialised (what [`SlabBox::into_constructed`]
+/// relies on).
 pub struct SlabBox<P: Platform> {
     ptr: NonNull<u8>,
     len: usize,
@@ -60,25 +154,12 @@ impl<P: Platform> SlabBox<P> {
         self.len == 0
     }
 
-    /// The object's bytes, possibly uninitialised (a constructed object's
-    /// bytes are what its constructor wrote).
-    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
-        // SAFETY: the object is `len` bytes we own exclusively (`&mut self`);
-        // MaybeUninit<u8> accepts any contents.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len) }
-    }
-
-    /// The object's first `len / 8` 8-byte words (objects are 8-aligned),
-    /// possibly uninitialised.
-    #[expect(
-        clippy::cast_ptr_alignment,
-        reason = "every object is at least 8-aligned (debug-asserted)"
-    )]
-    pub fn as_uninit_words_mut(&mut self) -> &mut [MaybeUninit<u64>] {
-        debug_assert!(self.ptr.as_ptr().cast::<u64>().is_aligned());
-        // SAFETY: as above; every object is at least 8-aligned, so the
-        // words lie inside the object and are aligned.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len / 8) }
+    /// Fill the whole object with `byte`: every byte written, so the
+    /// result can be read.
+    pub fn fill(self, byte: u8) -> InitBox<P> {
+        // SAFETY: the object is `len` bytes we own exclusively (consumed).
+        unsafe { self.ptr.as_ptr().write_bytes(byte, self.len) };
+        InitBox(self)
     }
 
     /// Give the object up as a raw pointer (to be freed with the unsafe
@@ -87,6 +168,31 @@ impl<P: Platform> SlabBox<P> {
         let ptr = self.ptr;
         core::mem::forget(self);
         ptr
+    }
+
+    /// Write `word(i)` to the object's i-th 8-byte word (little-endian; for
+    /// a length not a multiple of 8, the low bytes of the next word fill the
+    /// tail): every byte written, so the result can be read.
+    pub fn write_words(self, word: impl Fn(usize) -> u64) -> InitBox<P> {
+        // SAFETY: the object is `len` bytes we own exclusively (consumed),
+        // 8-aligned (every object is).
+        unsafe { write_words_at(self.ptr, self.len, word) };
+        InitBox(self)
+    }
+
+    /// The object as an [`InitBox`] if it comes from a cache with a
+    /// constructor: callers always get such objects in their constructed
+    /// state, every byte written by the constructor ([`Constructed`]) or
+    /// by the caller that freed it. Otherwise the box back, unchanged.
+    ///
+    /// # Errors
+    /// `Err(self)` for a kmalloc object or one of a cache without a
+    /// constructor.
+    pub fn into_constructed(self) -> Result<InitBox<P>, SlabBox<P>> {
+        match self.owner {
+            Owner::Cache(cache) if cache.ctor.is_some() => Ok(InitBox(self)),
+            _ => Err(self),
+        }
     }
 
     /// Free the object. Cannot fail for an object the handle owns; an
@@ -109,6 +215,215 @@ impl<P: Platform> SlabBox<P> {
     }
 }
 
+/// A [`SlabBox`] whose every byte is written: readable. From
+/// [`SlabBox::write_words`] or [`SlabBox::into_constructed`]; freed by
+/// [`InitBox::free`] or when dropped. Its views keep every byte
+/// initialised.
+pub struct InitBox<P: Platform>(SlabBox<P>);
+
+impl<P: Platform> InitBox<P> {
+    /// The object's address.
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.0.ptr
+    }
+
+    /// The object's size in bytes (as [`SlabBox::len`]).
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// Whether the object has no bytes (never).
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The object's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes we own, every one initialised (the type's
+        // invariant); shared borrow of the handle.
+        unsafe { core::slice::from_raw_parts(self.0.ptr.as_ptr(), self.0.len) }
+    }
+
+    /// The object's bytes, to change.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed; `u8` writes keep every
+        // byte initialised.
+        unsafe { core::slice::from_raw_parts_mut(self.0.ptr.as_ptr(), self.0.len) }
+    }
+
+    /// Write a word pattern over the object, as [`SlabBox::write_words`].
+    pub fn write_words(&mut self, word: impl Fn(usize) -> u64) {
+        // SAFETY: `len` bytes we own exclusively (`&mut self`), 8-aligned.
+        unsafe { write_words_at(self.0.ptr, self.0.len, word) };
+    }
+
+    /// Compare the object with the pattern [`InitBox::write_words`] writes
+    /// (volatile loads: the memory is really read).
+    ///
+    /// # Errors
+    /// The first word (or tail byte) that differs.
+    pub fn check_words(&self, word: impl Fn(usize) -> u64) -> Result<(), WordMismatch> {
+        // SAFETY: `len` initialised bytes we own, 8-aligned.
+        unsafe { check_words_at(self.0.ptr, self.0.len, word) }
+    }
+
+    /// Free the object, as [`SlabBox::free`].
+    ///
+    /// # Errors
+    /// As for [`SlabBox::free`].
+    pub fn free(self) -> Result<(), FreeError> {
+        self.0.free()
+    }
+
+    /// Give the object up as a raw pointer, as [`SlabBox::into_raw`].
+    pub fn into_raw(self) -> NonNull<u8> {
+        self.0.into_raw()
+    }
+}
+
+/// The object a constructor ([`Ctor`](crate::Ctor)) is handed: `len`
+/// bytes, 8-aligned, possibly uninitialised, the constructor's alone for
+/// the call. Writing all of it yields the [`Constructed`] the constructor
+/// returns.
+pub struct ObjectInit<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _object: PhantomData<fn(&'a ()) -> &'a ()>,
+}
+
+/// Proof that every byte of the object of an [`ObjectInit`] was written:
+/// what a constructor returns. Only the `ObjectInit<'a>` of the same call
+/// makes a `Constructed<'a>` (`'a` is invariant).
+pub struct Constructed<'a> {
+    _object: PhantomData<fn(&'a ()) -> &'a ()>,
+}
+
+impl<'a> ObjectInit<'a> {
+    /// # Safety
+    /// `ptr` is 8-aligned, valid for writes of `len` bytes nobody else
+    /// accesses during `'a`.
+    pub(crate) unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
+        ObjectInit {
+            ptr,
+            len,
+            _object: PhantomData,
+        }
+    }
+
+    /// The object's address.
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The object's size in bytes (the cache's object size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the object has no bytes (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The object's bytes, possibly uninitialised.
+    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: `len` bytes the constructor owns for `'a` (`new`).
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len) }
+    }
+
+    /// Write a word pattern over the whole object, as
+    /// [`SlabBox::write_words`].
+    pub fn write_words(self, word: impl Fn(usize) -> u64) -> Constructed<'a> {
+        // SAFETY: `len` bytes the constructor owns (`new`), 8-aligned.
+        unsafe { write_words_at(self.ptr, self.len, word) };
+        Constructed {
+            _object: PhantomData,
+        }
+    }
+
+    /// Fill the whole object with `byte`.
+    pub fn fill(mut self, byte: u8) -> Constructed<'a> {
+        for slot in self.as_uninit_mut() {
+            slot.write(byte);
+        }
+        Constructed {
+            _object: PhantomData,
+        }
+    }
+
+    /// The object is constructed: every byte was written through
+    /// [`ObjectInit::as_ptr`] or [`ObjectInit::as_uninit_mut`].
+    ///
+    /// # Safety
+    /// Every one of the `len` bytes is initialised.
+    pub unsafe fn assume_init(self) -> Constructed<'a> {
+        Constructed {
+            _object: PhantomData,
+        }
+    }
+}
+
+/// The object a destructor ([`Dtor`](crate::Dtor)) is handed, on its way
+/// back to the slab layer: `len` bytes, 8-aligned, nobody else's during
+/// the call.
+pub struct ObjectRef<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    constructed: bool,
+    _object: PhantomData<&'a [u8]>,
+}
+
+impl ObjectRef<'_> {
+    /// # Safety
+    /// `ptr` is 8-aligned, valid for reads of `len` bytes nobody else
+    /// writes during the borrow; if `constructed`, every byte is
+    /// initialised.
+    pub(crate) unsafe fn new(ptr: NonNull<u8>, len: usize, constructed: bool) -> Self {
+        ObjectRef {
+            ptr,
+            len,
+            constructed,
+            _object: PhantomData,
+        }
+    }
+
+    /// The object's address.
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The object's size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the object has no bytes (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The object's bytes, if the cache has a constructor (every byte is
+    /// then written: the constructor's state, or what the caller that
+    /// freed the object left); `None` for a cache without one.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        if !self.constructed {
+            return None;
+        }
+        // SAFETY: `new`'s contract: initialised when `constructed`.
+        Some(unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Compare the object with a word pattern, as
+    /// [`InitBox::check_words`]; `None` for a cache without a constructor.
+    pub fn check_words(&self, word: impl Fn(usize) -> u64) -> Option<Result<(), WordMismatch>> {
+        if !self.constructed {
+            return None;
+        }
+        // SAFETY: as above; 8-aligned (`new`).
+        Some(unsafe { check_words_at(self.ptr, self.len, word) })
+    }
+}
+
 impl<P: Platform> Drop for SlabBox<P> {
     fn drop(&mut self) {
         let ptr = self.ptr;
@@ -128,12 +443,23 @@ impl<P: Platform> KmemCache<P> {
     /// # Errors
     /// As for [`KmemCache::alloc`].
     pub fn alloc_box(&'static self) -> Result<SlabBox<P>, AllocError> {
-        let ptr = self.alloc()?;
-        Ok(SlabBox {
+        self.alloc().map(|ptr| self.boxed(ptr))
+    }
+
+    /// [`KmemCache::alloc_tagged`] as an owned [`SlabBox`].
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    pub fn alloc_box_tagged(&'static self, tag: Option<AllocTagRef>) -> Result<SlabBox<P>, AllocError> {
+        self.alloc_tagged(tag).map(|ptr| self.boxed(ptr))
+    }
+
+    fn boxed(&'static self, ptr: NonNull<u8>) -> SlabBox<P> {
+        SlabBox {
             ptr,
             len: self.obj_size(),
             owner: Owner::Cache(self),
-        })
+        }
     }
 }
 
@@ -145,10 +471,29 @@ impl<P: Platform> Allocator<P> {
     /// As for [`Allocator::kmalloc`].
     pub fn kmalloc_box(&'static self, size: usize, align: usize) -> Result<SlabBox<P>, AllocError> {
         let ptr = self.kmalloc(size, align)?;
-        Ok(SlabBox {
+        Ok(self.kmalloc_boxed(ptr, size))
+    }
+
+    /// [`Allocator::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
+    /// bytes.
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    pub fn kmalloc_box_tagged(
+        &'static self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<SlabBox<P>, AllocError> {
+        let ptr = self.kmalloc_tagged(size, align, tag)?;
+        Ok(self.kmalloc_boxed(ptr, size))
+    }
+
+    fn kmalloc_boxed(&'static self, ptr: NonNull<u8>, size: usize) -> SlabBox<P> {
+        SlabBox {
             ptr,
             len: size,
             owner: Owner::Kmalloc(self),
-        })
+        }
     }
 }

@@ -552,7 +552,9 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// If `obj` is an allocated object of this cache, the caller gives it
-    /// up: nothing uses it afterwards. (Bad pointers are detected as above
+    /// up: nothing uses it afterwards; for a cache with a constructor, in
+    /// its constructed state, every byte initialised ([`Ctor`](crate::Ctor)).
+    /// (Bad pointers are detected as above
     /// and are safe to pass, except a double free of an object resting
     /// deeper in a magazine of a cache without debug flags, which is
     /// undetected: the object is later handed out twice. The slab layer

@@ -37,6 +37,7 @@ use crate::report::{ErrorKind, ErrorReport};
 use crate::cache::KmemCache;
 use crate::geometry::SlabKind;
 use crate::hash::{AddrHash, HashNode};
+use crate::object::{ObjectInit, ObjectRef};
 use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::sync::{Mutex, MutexGuard};
@@ -649,7 +650,10 @@ impl SlabLayer {
     ) -> Result<NonNull<u8>, AllocError> {
         let obj = self.alloc_raw(cache)?;
         if let Some(ctor) = cache.ctor
-            && ctor(obj, cache.obj_size).is_err()
+            // SAFETY: a fresh object of our slab layer: obj_size bytes,
+            // 8-aligned (every stride is a multiple of 8 and slabs start on
+            // a page), nobody else's until we return it.
+            && ctor(unsafe { ObjectInit::new(obj, cache.obj_size) }).is_err()
         {
             // SAFETY: obj came from our slab layer just now, unconstructed.
             unsafe { self.free_raw(cache, obj.as_ptr()) };
@@ -695,9 +699,14 @@ impl SlabLayer {
     /// magazine and with no caller.
     pub(crate) unsafe fn free_objects<P: Platform>(&self, cache: &KmemCache<P>, objs: &[*mut u8]) {
         if let Some(dtor) = cache.dtor {
+            let constructed = cache.ctor.is_some();
             for &obj in objs {
                 if let Some(obj) = NonNull::new(obj) {
-                    dtor(obj, cache.obj_size);
+                    // SAFETY: per the caller, an object of ours (8-aligned)
+                    // with nobody else; constructed, so initialised, if the
+                    // cache has a constructor (callers give objects back
+                    // constructed: `Ctor`).
+                    dtor(unsafe { ObjectRef::new(obj, cache.obj_size, constructed) });
                 }
             }
         }

@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, DestroyError, KMALLOC_SIZES, PAGE_SIZE, SlabKind, TraceError};
+use crate::{
+    AllocError, CacheFlags, Constructed, DestroyError, KMALLOC_SIZES, ObjectInit, ObjectRef,
+    PAGE_SIZE, SlabKind, TraceError, WordMismatch,
+};
 
 #[test]
 fn init_twice_is_refused() {
@@ -163,20 +166,20 @@ static CTORS: AtomicUsize = AtomicUsize::new(0);
 static DTORS: AtomicUsize = AtomicUsize::new(0);
 static FAIL_CTOR: AtomicUsize = AtomicUsize::new(usize::MAX);
 
-fn counting_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
+fn counting_ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
     let n = CTORS.fetch_add(1, Ordering::SeqCst);
     if n == FAIL_CTOR.load(Ordering::SeqCst) {
         CTORS.fetch_sub(1, Ordering::SeqCst);
         return Err(());
     }
     // Mark the object as constructed.
-    fill(obj, size.min(8), 0xc0);
-    Ok(())
+    Ok(obj.fill(0xc0))
 }
 
-fn counting_dtor(obj: NonNull<u8>, size: usize) {
+fn counting_dtor(obj: ObjectRef<'_>) {
+    let bytes = obj.as_bytes().expect("a cache with a constructor");
     assert!(
-        check(obj, size.min(8), 0xc0),
+        bytes.iter().all(|&byte| byte == 0xc0),
         "destructing an unconstructed object"
     );
     DTORS.fetch_add(1, Ordering::SeqCst);
@@ -201,22 +204,22 @@ fn ctor_dtor_counts_and_ctor_failure() {
     let baseline = source.pages_outstanding();
     let mut objs = Vec::new();
     for _ in 0..10 {
-        let p = cache.alloc().unwrap();
-        assert!(check(p, 8, 0xc0));
-        objs.push(p);
+        let Ok(obj) = cache.alloc_box().unwrap().into_constructed() else {
+            panic!("a cache with a constructor gives constructed objects");
+        };
+        assert!(obj.as_bytes().iter().all(|&byte| byte == 0xc0));
+        objs.push(obj);
     }
     assert_eq!(CTORS.load(Ordering::SeqCst), 10);
-    for p in objs.drain(..) {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    for obj in objs.drain(..) {
+        obj.free().unwrap();
     }
     // Freed objects rest constructed in the magazine: no dtor yet.
     assert_eq!(DTORS.load(Ordering::SeqCst), 0);
     // Reallocating from the magazine does not construct again.
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
     assert_eq!(CTORS.load(Ordering::SeqCst), 10);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     cache.reap();
     assert_eq!(DTORS.load(Ordering::SeqCst), 10);
 
@@ -227,9 +230,7 @@ fn ctor_dtor_counts_and_ctor_failure() {
     let stats = cache.stats();
     assert_eq!(stats.nr_allocated, 0);
     assert_eq!(stats.nr_active_slabs, 0);
-    let p = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    drop(cache.alloc_box().unwrap());
     assert_eq!(
         CTORS.load(Ordering::SeqCst) - DTORS.load(Ordering::SeqCst),
         1
@@ -358,19 +359,33 @@ fn reap_all_returns_metadata_in_one_pass() {
 }
 
 /// Owned handles: allocate, use and free without `unsafe`; dropping frees
-/// too; the counts come back.
+/// too; the counts come back. A word pattern written is read back; a
+/// changed byte is found; only a constructor's objects are readable
+/// without writing them first.
 #[test]
 fn slab_box_frees_once_without_unsafe() {
     let (alloc, _) = setup_default();
     let cache = alloc
         .cache_create("boxed", 48, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let mut obj = cache.alloc_box().unwrap();
+    let obj = cache.alloc_box().unwrap();
     assert_eq!(obj.len(), 48);
-    for (index, word) in obj.as_uninit_words_mut().iter_mut().enumerate() {
-        word.write(index as u64);
-    }
     assert_eq!(cache.stats().nr_allocated, 1);
+    let Err(obj) = obj.into_constructed() else {
+        panic!("no constructor: the object is not known to be written");
+    };
+    let mut obj = obj.write_words(|index| index as u64 * 3);
+    assert_eq!(obj.check_words(|index| index as u64 * 3), Ok(()));
+    assert_eq!(obj.as_bytes()[8], 3);
+    obj.as_bytes_mut()[17] ^= 1;
+    assert_eq!(
+        obj.check_words(|index| index as u64 * 3),
+        Err(WordMismatch {
+            offset: 16,
+            expected: 6,
+            found: 6 ^ (1 << 8),
+        })
+    );
     obj.free().unwrap();
     assert_eq!(cache.stats().nr_allocated, 0);
     {
@@ -378,11 +393,33 @@ fn slab_box_frees_once_without_unsafe() {
         assert_eq!(cache.stats().nr_allocated, 1);
     }
     assert_eq!(cache.stats().nr_allocated, 0);
-    let k64 = alloc.kmalloc_cache_for(40, 8).unwrap();
+    let k64 = alloc.kmalloc_cache_for(43, 8).unwrap();
     let before = k64.stats().nr_allocated;
-    let mut bytes = alloc.kmalloc_box(40, 8).unwrap();
-    bytes.as_uninit_mut()[39].write(7);
+    // 43 bytes: five words and a 3-byte tail (the low bytes of word 5).
+    let bytes = alloc.kmalloc_box(43, 8).unwrap();
+    assert!(bytes.into_constructed().is_err());
+    let bytes = alloc
+        .kmalloc_box(43, 8)
+        .unwrap()
+        .write_words(|index| 0x0102_0304_0506_0700 | index as u64);
+    assert_eq!(bytes.len(), 43);
+    assert_eq!(&bytes.as_bytes()[40..], &[0x05, 0x07, 0x06]);
+    assert_eq!(
+        bytes.check_words(|index| 0x0102_0304_0506_0700 | index as u64),
+        Ok(())
+    );
+    assert_eq!(
+        bytes.check_words(|_| 0),
+        Err(WordMismatch {
+            offset: 0,
+            expected: 0,
+            found: 0x0102_0304_0506_0700,
+        })
+    );
     assert_eq!(k64.stats().nr_allocated, before + 1);
     drop(bytes);
     assert_eq!(k64.stats().nr_allocated, before);
+    let filled = alloc.kmalloc_box(5, 1).unwrap().fill(0xa5);
+    assert_eq!(filled.as_bytes(), &[0xa5; 5]);
+    filled.free().unwrap();
 }

@@ -8,19 +8,19 @@ use std::vec::Vec;
 use proptest::prelude::*;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, KmemCache};
+use crate::{AllocError, CacheFlags, Constructed, KmemCache, ObjectInit, ObjectRef};
 
 std::thread_local! {
     static NR_CTORS: Cell<u64> = const { Cell::new(0) };
     static NR_DTORS: Cell<u64> = const { Cell::new(0) };
 }
 
-fn model_ctor(_obj: NonNull<u8>, _size: usize) -> Result<(), ()> {
+fn model_ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
     NR_CTORS.with(|c| c.set(c.get() + 1));
-    Ok(())
+    Ok(obj.fill(0))
 }
 
-fn model_dtor(_obj: NonNull<u8>, _size: usize) {
+fn model_dtor(_obj: ObjectRef<'_>) {
     NR_DTORS.with(|c| c.set(c.get() + 1));
 }
 

@@ -7,13 +7,12 @@
 //! baseline and the page source has every page back.
 
 use std::collections::HashSet;
-use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{CacheFlags, KmemCache, PAGE_SIZE};
+use crate::{CacheFlags, Constructed, InitBox, KmemCache, ObjectInit, ObjectRef, PAGE_SIZE};
 
 /// Random-mix operations per thread.
 const NR_OPS: usize = 150_000;
@@ -33,44 +32,20 @@ fn ctor_word(index: usize) -> u64 {
     CTOR_WORD ^ index as u64
 }
 
-/// Whether an object of the constructor cache is in constructed state.
-#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
-fn constructed(obj: NonNull<u8>, size: usize) -> bool {
-    (0..size / 8).all(|index| {
-        // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
-        unsafe { obj.as_ptr().cast::<u64>().add(index).read() == ctor_word(index) }
-    })
-}
-
-/// Put an object in constructed state.
-#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
-fn write_constructed(obj: NonNull<u8>, size: usize) {
-    for index in 0..size / 8 {
-        // SAFETY: `size` bytes at obj, 8-aligned, owned by the caller.
-        unsafe {
-            obj.as_ptr()
-                .cast::<u64>()
-                .add(index)
-                .write(ctor_word(index))
-        };
-    }
-}
-
-fn ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
+fn ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
     // The allocator hands the constructor an object no caller holds.
-    write_constructed(obj, size);
     NR_CTOR_RUNS.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    Ok(obj.write_words(ctor_word))
 }
 
-fn dtor(obj: NonNull<u8>, size: usize) {
-    if !constructed(obj, size) {
+fn dtor(obj: ObjectRef<'_>) {
+    if obj.check_words(ctor_word) != Some(Ok(())) {
         NR_DTOR_MISMATCHES.fetch_add(1, Ordering::Relaxed);
     }
     NR_DTOR_RUNS.fetch_add(1, Ordering::Relaxed);
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Small,
     Big,
@@ -78,47 +53,27 @@ enum Kind {
     Kmalloc,
 }
 
-/// A live object: where it came from, its size, its unique stamp.
-#[derive(Clone, Copy)]
+/// A live object: where it came from, its unique stamp, the object
+/// (written with the stamp's pattern: a second live object overlapping
+/// it, or the object handed out twice, breaks one of the two patterns).
 struct Obj {
-    ptr: NonNull<u8>,
     kind: Kind,
-    size: usize,
     stamp: u64,
-}
-// SAFETY: the test hands objects between threads whole.
-unsafe impl Send for Obj {}
-
-/// Write the object's pattern: its stamp in the first word, then bytes
-/// derived from it (a second live object overlapping it, or the object
-/// handed out twice, breaks one of the two patterns).
-#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
-fn stamp_object(obj: &Obj) {
-    // SAFETY: the test owns `size >= 8` bytes at ptr, 8-aligned.
-    unsafe { obj.ptr.as_ptr().cast::<u64>().write(obj.stamp) };
-    fill(
-        // SAFETY: inside the object (size >= 8).
-        unsafe { obj.ptr.add(8) },
-        obj.size - 8,
-        obj.stamp as u8,
-    );
+    obj: InitBox<TestPlatform>,
 }
 
-#[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
+fn pattern(stamp: u64, index: usize) -> u64 {
+    stamp ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 fn check_object(obj: &Obj) {
-    // SAFETY: as in stamp_object.
-    let found = unsafe { obj.ptr.as_ptr().cast::<u64>().read() };
+    let checked = obj.obj.check_words(|index| pattern(obj.stamp, index));
     assert_eq!(
-        found, obj.stamp,
-        "{:?} object {:p} overwritten",
-        obj.kind, obj.ptr
-    );
-    assert!(
-        // SAFETY: inside the object.
-        check(unsafe { obj.ptr.add(8) }, obj.size - 8, obj.stamp as u8),
+        checked,
+        Ok(()),
         "{:?} object {:p} damaged",
         obj.kind,
-        obj.ptr
+        obj.obj.as_ptr()
     );
 }
 
@@ -131,41 +86,36 @@ struct Caches {
 
 impl Caches {
     fn alloc(&self, kind: Kind, size: usize, stamp: u64) -> Obj {
-        let (ptr, size) = match kind {
-            Kind::Small => (self.small.alloc().unwrap(), SMALL_SIZE),
-            Kind::Big => (self.big.alloc().unwrap(), BIG_SIZE),
+        let word = |index| pattern(stamp, index);
+        let obj = match kind {
+            Kind::Small => self.small.alloc_box().unwrap().write_words(word),
+            Kind::Big => self.big.alloc_box().unwrap().write_words(word),
             Kind::Ctor => {
-                let ptr = self.ctor.alloc().unwrap();
-                assert!(constructed(ptr, CTOR_SIZE), "handed out unconstructed");
-                (ptr, CTOR_SIZE)
+                let Ok(mut obj) = self.ctor.alloc_box().unwrap().into_constructed() else {
+                    panic!("a cache with a constructor");
+                };
+                assert_eq!(obj.len(), CTOR_SIZE);
+                assert_eq!(
+                    obj.check_words(ctor_word),
+                    Ok(()),
+                    "handed out unconstructed"
+                );
+                obj.write_words(word);
+                obj
             }
-            Kind::Kmalloc => (self.alloc.kmalloc(size, 8).unwrap(), size),
+            Kind::Kmalloc => self.alloc.kmalloc_box(size, 8).unwrap().write_words(word),
         };
-        let obj = Obj {
-            ptr,
-            kind,
-            size,
-            stamp,
-        };
-        stamp_object(&obj);
-        obj
+        Obj { kind, stamp, obj }
     }
 
-    fn free(&self, obj: Obj) {
+    /// Each object is freed exactly once, by whoever took it out of a list;
+    /// the constructor cache gets it back constructed.
+    fn free(&self, mut obj: Obj) {
         check_object(&obj);
-        // SAFETY: each object is freed exactly once, by whoever took it
-        // out of a list; the constructor cache gets it back constructed.
-        unsafe {
-            match obj.kind {
-                Kind::Small => self.small.free(obj.ptr).unwrap(),
-                Kind::Big => self.big.free(obj.ptr).unwrap(),
-                Kind::Ctor => {
-                    write_constructed(obj.ptr, CTOR_SIZE);
-                    self.ctor.free(obj.ptr).unwrap()
-                }
-                Kind::Kmalloc => self.alloc.kfree(obj.ptr).unwrap(),
-            }
+        if obj.kind == Kind::Ctor {
+            obj.obj.write_words(ctor_word);
         }
+        obj.obj.free().unwrap();
     }
 }
 
