@@ -129,21 +129,20 @@ fn round_trips_per_size() {
                 .unwrap();
             let n = 40;
             let mut objs = Vec::new();
+            let word = |i: usize| move |index: usize| ((i as u64) << 32) | index as u64;
             for i in 0..n {
-                let p = cache.alloc().unwrap();
+                let obj = cache.alloc_box().unwrap();
                 assert_eq!(
-                    p.as_ptr() as usize % align.max(8),
+                    obj.as_ptr().as_ptr() as usize % align.max(8),
                     0,
                     "size {size} align {align}"
                 );
-                fill(p, size, i as u8);
-                objs.push(p);
+                objs.push(obj.write_words(word(i)));
             }
             assert_eq!(cache.stats().nr_allocated, n);
-            for (i, p) in objs.iter().enumerate() {
-                assert!(check(*p, size, i as u8));
-                // SAFETY: allocated above, freed once.
-                unsafe { cache.free(*p) }.unwrap();
+            for (i, obj) in objs.into_iter().enumerate() {
+                assert_eq!(obj.check_words(word(i)), Ok(()));
+                obj.free().unwrap();
             }
             let stats = cache.stats();
             assert_eq!(stats.nr_allocated, 0);

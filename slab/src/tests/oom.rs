@@ -18,9 +18,7 @@ fn init_fails_cleanly_at_every_point() {
             Ok(()) => {
                 source.fail_after(None);
                 // Works after a successful init.
-                let p = alloc.kmalloc(100, 8).unwrap();
-                // SAFETY: allocated above.
-                unsafe { alloc.kfree(p) }.unwrap();
+                alloc.kmalloc_box(100, 8).unwrap().free().unwrap();
                 break;
             }
             Err(e) => {
@@ -72,8 +70,8 @@ fn allocations_fail_without_panicking_and_recover() {
     let mut objs = Vec::new();
     source.fail_after(Some(50));
     loop {
-        match big.alloc() {
-            Ok(p) => objs.push(p),
+        match big.alloc_box() {
+            Ok(obj) => objs.push(obj),
             Err(e) => {
                 assert_eq!(e, AllocError::OutOfMemory);
                 break;
@@ -84,9 +82,8 @@ fn allocations_fail_without_panicking_and_recover() {
     // Frees never need memory to succeed, even with the source dry (new
     // magazines cannot be allocated: objects go straight to the slab layer).
     source.set_fail(true);
-    for p in objs.drain(..) {
-        // SAFETY: allocated above.
-        unsafe { big.free(p) }.unwrap();
+    for obj in objs.drain(..) {
+        obj.free().unwrap();
     }
     source.set_fail(false);
     source.fail_after(None);

@@ -4,19 +4,21 @@
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, PAGE_SIZE};
+use crate::{AllocError, InitBox, PAGE_SIZE};
 
 const NR_CPUS_USED: usize = 2;
 
-/// Allocate `count` objects of `size` bytes on CPU 0, each filled.
-fn burst(alloc: &TestAlloc, count: usize, size: usize) -> Vec<core::ptr::NonNull<u8>> {
+/// The pattern of the `i`-th object of a burst.
+fn word(i: usize) -> impl Fn(usize) -> u64 {
+    move |index| ((i as u64) << 32) | index as u64
+}
+
+/// Allocate `count` objects of `size` bytes on CPU 0, each written with
+/// its pattern.
+fn burst(alloc: &'static TestAlloc, count: usize, size: usize) -> Vec<InitBox<TestPlatform>> {
     set_cpu(0);
     (0..count)
-        .map(|i| {
-            let p = alloc.kmalloc(size, 8).unwrap();
-            fill(p, size, i as u8);
-            p
-        })
+        .map(|i| alloc.kmalloc_box(size, 8).unwrap().write_words(word(i)))
         .collect()
 }
 
@@ -30,15 +32,14 @@ fn working_set_reap_gives_back_a_burst_after_one_idle_interval() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let size = 64;
-    let objs = burst(alloc, 200_000, size);
+    let mut objs = burst(alloc, 200_000, size);
     let keep_from = objs.len() * 9 / 10;
-    for (i, &p) in objs[..keep_from].iter().enumerate() {
+    for (i, obj) in objs.drain(..keep_from).enumerate() {
         set_cpu(i % NR_CPUS_USED);
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(p) }.unwrap();
+        obj.free().unwrap();
     }
     set_cpu(0);
-    let live_bytes = (objs.len() - keep_from) * size;
+    let live_bytes = objs.len() * size;
     let held = (source.pages_outstanding() - baseline) * PAGE_SIZE;
     assert!(held > 5 * live_bytes, "the freed objects sit in magazines");
     // The first tick only starts an interval: the depot may be needed.
@@ -62,10 +63,10 @@ fn working_set_reap_gives_back_a_burst_after_one_idle_interval() {
         "{after} B held for {live_bytes} B live"
     );
     // Nothing live was lost.
-    for (i, &p) in objs.iter().enumerate().skip(keep_from) {
-        assert!(check(p, size, i as u8), "live object {i} changed");
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for (i, obj) in objs.into_iter().enumerate() {
+        let i = keep_from + i;
+        assert_eq!(obj.check_words(word(i)), Ok(()), "live object {i} changed");
+        obj.free().unwrap();
     }
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
@@ -76,10 +77,8 @@ fn a_steady_load_keeps_its_magazines() {
     let (alloc, _) = setup_default();
     let cache = alloc.kmalloc_cache_for(64, 8).unwrap();
     // Warm up: magazines in the depot.
-    let objs = burst(alloc, 2000, 64);
-    for p in objs {
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for obj in burst(alloc, 2000, 64) {
+        obj.free().unwrap();
     }
     let full_before = cache.stats().depot_nr_full;
     assert!(full_before > 0);
@@ -87,10 +86,8 @@ fn a_steady_load_keeps_its_magazines() {
     // back: the working set is the whole depot, nothing is reaped.
     for _ in 0..3 {
         alloc.kmem_update();
-        let objs = burst(alloc, 2000, 64);
-        for p in objs {
-            // SAFETY: allocated above, freed once.
-            unsafe { alloc.kfree(p) }.unwrap();
+        for obj in burst(alloc, 2000, 64) {
+            obj.free().unwrap();
         }
     }
     alloc.kmem_update();
@@ -107,8 +104,8 @@ fn out_of_memory_reaps_every_cpu_before_failing() {
     let keep: Vec<_> = burst(alloc, 100, 200);
     let mut objs = Vec::new();
     loop {
-        match alloc.kmalloc(64, 8) {
-            Ok(p) => objs.push(p),
+        match alloc.kmalloc_box(64, 8) {
+            Ok(obj) => objs.push(obj),
             Err(AllocError::OutOfMemory) => break,
             Err(error) => panic!("{error:?}"),
         }
@@ -116,31 +113,27 @@ fn out_of_memory_reaps_every_cpu_before_failing() {
     assert!(objs.len() > 300_000, "{} objects", objs.len());
     // The frees need magazines, which need pages: they may reap already.
     let reaps = alloc.nr_pressure_reaps();
-    for (i, p) in objs.into_iter().enumerate() {
+    for (i, obj) in objs.into_iter().enumerate() {
         set_cpu(i % NR_CPUS_USED);
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(p) }.unwrap();
+        obj.free().unwrap();
     }
     set_cpu(0);
     let big = alloc
-        .kmalloc(1 << 20, 8)
+        .kmalloc_box(1 << 20, 8)
         .expect("1 MiB after freeing everything");
     assert!(alloc.nr_pressure_reaps() > reaps);
-    fill(big, 1 << 20, 9);
+    let big = big.write_words(word(usize::MAX));
     // A slab-sized request works the same way.
-    let k = alloc.kmalloc(4000, 8).unwrap();
+    let k = alloc.kmalloc_box(4000, 8).unwrap();
     // Nothing live was lost.
-    for (i, &p) in keep.iter().enumerate() {
-        assert!(check(p, 200, i as u8));
+    for (i, obj) in keep.iter().enumerate() {
+        assert_eq!(obj.check_words(word(i)), Ok(()));
     }
-    assert!(check(big, 1 << 20, 9));
-    // SAFETY: allocated above, freed once.
-    unsafe {
-        alloc.kfree(big).unwrap();
-        alloc.kfree(k).unwrap();
-        for p in keep {
-            alloc.kfree(p).unwrap();
-        }
+    assert_eq!(big.check_words(word(usize::MAX)), Ok(()));
+    big.free().unwrap();
+    k.free().unwrap();
+    for obj in keep {
+        obj.free().unwrap();
     }
     // A request no reap can satisfy still fails cleanly.
     assert_eq!(alloc.kmalloc(64 << 20, 8), Err(AllocError::OutOfMemory));
