@@ -27,7 +27,8 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie_slab::{
-    AllocError, CacheFlags, CacheStats, DestroyError, FreeError, KmemCache, PAGE_SIZE, SlabKind,
+    AllocError, CacheFlags, CacheStats, Constructed, DestroyError, FreeError, KmemCache,
+    ObjectInit, ObjectRef, PAGE_SIZE, SlabKind,
 };
 
 type Cache = KmemCache<KernelPlatform>;
@@ -95,26 +96,34 @@ fn offset(obj: NonNull<u8>, bytes: usize) -> NonNull<u8> {
 static OBJ_NR_CTOR: AtomicUsize = AtomicUsize::new(0);
 static OBJ_NR_DTOR: AtomicUsize = AtomicUsize::new(0);
 
-fn obj_ctor(obj: NonNull<u8>, size: usize) -> Result<(), ()> {
-    assert_eq!(size, 100, "the constructor is told the object size");
+/// The constructed state: the magic word, zeroes around it.
+fn constructed(index: usize) -> u64 {
+    if index == MAGIC_OFFSET / 8 {
+        CONSTRUCTED
+    } else {
+        0
+    }
+}
+
+fn obj_ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
+    assert_eq!(obj.len(), 100, "the constructor is told the object size");
     assert_ne!(
-        read_magic(obj),
+        read_magic(obj.as_ptr()),
         CONSTRUCTED,
         "constructing a constructed object"
     );
-    write_magic(obj, CONSTRUCTED);
     OBJ_NR_CTOR.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    Ok(obj.write_words(constructed))
 }
 
-fn obj_dtor(obj: NonNull<u8>, size: usize) {
-    assert_eq!(size, 100);
+fn obj_dtor(obj: ObjectRef<'_>) {
+    assert_eq!(obj.len(), 100);
     assert_eq!(
-        read_magic(obj),
+        read_magic(obj.as_ptr()),
         CONSTRUCTED,
         "destructing an unconstructed object"
     );
-    write_magic(obj, DESTRUCTED);
+    write_magic(obj.as_ptr(), DESTRUCTED);
     OBJ_NR_DTOR.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -332,22 +341,21 @@ static CTOR_FAILS: AtomicBool = AtomicBool::new(false);
 static FAILING_NR_CTOR_CALLS: AtomicUsize = AtomicUsize::new(0);
 static FAILING_NR_DTOR: AtomicUsize = AtomicUsize::new(0);
 
-fn failing_ctor(obj: NonNull<u8>, _size: usize) -> Result<(), ()> {
+fn failing_ctor(obj: ObjectInit<'_>) -> Result<Constructed<'_>, ()> {
     FAILING_NR_CTOR_CALLS.fetch_add(1, Ordering::Relaxed);
     if CTOR_FAILS.load(Ordering::Relaxed) {
         return Err(());
     }
-    write_magic(obj, CONSTRUCTED);
-    Ok(())
+    Ok(obj.write_words(constructed))
 }
 
-fn failing_dtor(obj: NonNull<u8>, _size: usize) {
+fn failing_dtor(obj: ObjectRef<'_>) {
     assert_eq!(
-        read_magic(obj),
+        read_magic(obj.as_ptr()),
         CONSTRUCTED,
         "destructor of an object whose constructor failed"
     );
-    write_magic(obj, DESTRUCTED);
+    write_magic(obj.as_ptr(), DESTRUCTED);
     FAILING_NR_DTOR.fetch_add(1, Ordering::Relaxed);
 }
 

@@ -4,9 +4,9 @@
 //! address → trace record. The first [`INLINE_BUCKETS`] buckets live inside
 //! the table itself (like Akaros' `static_hash`), so a cache needs no memory
 //! for its hash until it grows. Bigger bucket arrays are whole pages from
-//! the allocator's primary page source; the caller allocates and frees them
-//! outside its locks (see [`AddrHash::wants_grow`], [`AddrHash::wants_shrink`]
-//! and [`AddrHash::rehash`]). The table grows ×4 when the load passes
+//! the allocator's primary page source, allocated and freed outside the
+//! lock that guards the hash: [`rescale_locked`] does it for both hashes
+//! (with [`AddrHash::wants_grow`] or [`AddrHash::wants_shrink`]). The table grows ×4 when the load passes
 //! [`MAX_LOAD`] nodes per bucket and shrinks back (on reap: illumos
 //! `kmem_hash_rescale`) when it falls below one node per
 //! [`SHRINK_LOAD_DIVISOR`] buckets — to the inline buckets if they hold the
@@ -14,9 +14,10 @@
 //! least one bucket per node. A grown table is at load ½ or more, so a
 //! shrink never follows a grow without the nodes going away first.
 
-use core::ptr;
+use core::ptr::{self, NonNull};
 
-use crate::platform::PAGE_SIZE;
+use crate::platform::{PAGE_SIZE, PageSource};
+use crate::sync::Mutex;
 
 /// Buckets stored inline.
 pub(crate) const INLINE_BUCKETS: usize = 16;
@@ -60,6 +61,7 @@ impl<N: HashNode> AddrHash<N> {
         self.nr_items
     }
 
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn nr_buckets(&self) -> usize {
         self.nr_buckets
     }
@@ -259,21 +261,55 @@ impl<N: HashNode> AddrHash<N> {
             (old_table, old_nr)
         }
     }
+}
 
-    /// Detach the page-backed table (if any) and go back to the inline
-    /// buckets. Only for an empty table. Returns the table and its bucket
-    /// count for the caller to free.
-    pub(crate) fn take_table(&mut self) -> (*mut *mut N, usize) {
-        debug_assert_eq!(self.nr_items, 0);
-        let table = self.table;
-        let nr = self.nr_buckets;
-        self.table = ptr::null_mut();
-        self.nr_buckets = INLINE_BUCKETS;
-        self.inline = [ptr::null_mut(); INLINE_BUCKETS];
-        if table.is_null() {
-            (ptr::null_mut(), 0)
-        } else {
-            (table, nr)
+/// Grow or shrink the hash that `hash` finds inside `lock` to the bucket
+/// count `want` asks for ([`AddrHash::wants_grow`] after inserts,
+/// [`AddrHash::wants_shrink`] on reap and destroy; illumos
+/// `kmem_hash_rescale`): the new table's pages come from `source` with no
+/// lock held (none for the inline buckets), the rehash runs under the lock
+/// if `want` still asks for the same count, and whichever table ends up
+/// unused — the new one after a lost race, or the old page-backed one —
+/// goes back to `source`. Call with `lock` not held. Out of memory: the
+/// hash stays as it is.
+pub(crate) fn rescale_locked<L, N: HashNode>(
+    lock: &Mutex<L>,
+    hash: fn(&mut L) -> &mut AddrHash<N>,
+    want: fn(&AddrHash<N>) -> Option<usize>,
+    source: &dyn PageSource,
+) {
+    let Some(nr_buckets) = want(hash(&mut lock.lock())) else {
+        return;
+    };
+    let nr_pages = AddrHash::<N>::table_pages(nr_buckets);
+    let table = if nr_pages == 0 {
+        ptr::null_mut()
+    } else {
+        match source.alloc_pages(nr_pages) {
+            Ok(table) => table.as_ptr(),
+            Err(_) => return,
         }
+    };
+    let old = {
+        let mut guard = lock.lock();
+        let hash = hash(&mut guard);
+        if want(hash) == Some(nr_buckets) {
+            // SAFETY: `table` is null for the inline buckets, or nr_pages
+            // fresh pages, enough for nr_buckets bucket heads (table_pages),
+            // 8-aligned; both wants give a power of two.
+            Some(unsafe { hash.rehash(table.cast(), nr_buckets) })
+        } else {
+            None
+        }
+    };
+    let (unused, unused_nr) = match old {
+        // Someone else rescaled first: give our table back.
+        None => (table.cast(), nr_buckets),
+        Some(old) => old,
+    };
+    if let Some(unused) = NonNull::new(unused.cast::<u8>()) {
+        // SAFETY: a page-backed table from `source` with
+        // table_pages(unused_nr) pages, referenced by nothing.
+        unsafe { source.free_pages(unused, AddrHash::<N>::table_pages(unused_nr)) };
     }
 }

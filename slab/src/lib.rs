@@ -55,25 +55,35 @@
 //!
 //! ## Reading the crate
 //!
-//! `src/path.rs` holds every alloc and free path, from the entry points
-//! (`KmemCache::alloc`/`free`, `kmalloc`/`kfree`, `GlobalAlloc`) to the
-//! magazine hit and its misses, and opens with their call graph. Then
-//! `src/magazine.rs` (per-CPU caches and the depot), `src/slab.rs` (the
-//! slab layer), `src/cache.rs` (the `kmem_cache` struct, reap, destroy,
-//! statistics), `src/allocator.rs` (init, bootstrap caches, the cache
-//! list), `src/kmalloc.rs`, `src/global_alloc.rs` (the shims),
-//! `src/geometry.rs` (object layout), `src/stats.rs`, `src/trace.rs`,
-//! `src/alloc_tag.rs`, `src/hash.rs`, `src/pagemap.rs`, `src/platform.rs`
-//! and `src/sync.rs` (the locks and [`IrqGuard`]).
+//! Start with `src/path.rs`: every alloc and free path, from the entry
+//! points (`KmemCache::alloc`/`free`, `kmalloc`/`kfree`, `GlobalAlloc`) to
+//! the magazine hit and its misses; it opens with their call graph, and
+//! `finish_free` finishes a located free for all three callers. Then one
+//! file per layer, each a struct that owns its state and its methods (a
+//! `KmemCache` holds one of each):
 //!
-//! Each layer is a struct that owns its state and its methods, and a
-//! `KmemCache` holds one of each: `PcpuInner` and `Depot` (magazine.rs),
-//! `SlabLayer` (slab.rs: the slab lists and bufctl hash behind the slab
-//! lock, `SlabLists`, and growing, taking and returning objects with their
-//! bufctl state, reaping empty slabs), `TraceTable` (trace.rs). A layer
-//! that needs the cache's read-only geometry (kind, stride, page source)
-//! gets the cache as an argument; the `KmemCache` methods of those files
-//! are thin callers (`slab_alloc_raw`, `reap_slabs`, `trace_alloc`, ...).
+//! | file | layer | the struct, and what it does |
+//! | --- | --- | --- |
+//! | `src/trace.rs` | tracing | `TraceTable`: records by address and age behind the trace lock (`TraceTableInner`), recording and removing, growing its hash |
+//! | `src/magazine.rs` | magazines | `PcpuInner` (one CPU's `loaded`/`prev`, counts), `Depot` (full and empty magazines, exchanges, working set) |
+//! | `src/slab.rs` | slabs | `SlabLayer`: the lists and bufctl hash behind the slab lock (`SlabLists`: take and put objects, `BufctlState` changes, `SlabList` moves), growing and reaping slabs, the hash's table |
+//! | `src/hash.rs` | — | `AddrHash`, the one address hash of both the bufctl hash and the trace table, and how either grows and gives back its page-backed table |
+//!
+//! A layer that needs the cache's read-only geometry (kind, stride, page
+//! source) is handed the cache; the `KmemCache` methods in those files are
+//! thin callers (`slab_alloc_raw`, `reap_slabs`, `trace_alloc`, ...).
+//! Around them: `src/cache.rs` (the `kmem_cache` struct, its hot fields
+//! first, reap, destroy, statistics), `src/allocator.rs` (init, bootstrap
+//! caches, the cache list, profiling and kmemtrace switches),
+//! `src/kmalloc.rs` (size classes, page-granular, `ksize`),
+//! `src/global_alloc.rs` (the shims), `src/object.rs` ([`SlabBox`],
+//! [`InitBox`] and the constructor's [`ObjectInit`]: objects owned and
+//! read without `unsafe`), `src/geometry.rs` (object layout),
+//! `src/stats.rs`, `src/alloc_tag.rs`, `src/pagemap.rs`, `src/freelist.rs`
+//! (the hardened free list), the debug flags (`src/debug.rs`,
+//! `src/debug_cache.rs`, `src/verify.rs`, `src/report.rs`), kmemtrace
+//! (`src/kmemtrace.rs`), `src/platform.rs` and `src/sync.rs` (the locks
+//! and [`IrqGuard`]).
 //!
 //! ## Allocation profiling and latency statistics
 //!

@@ -50,7 +50,12 @@ pub struct WordMismatch {
 /// # Safety
 /// `ptr` is 8-aligned and valid for writes of `len` bytes nobody else
 /// accesses meanwhile.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "`ptr` is 8-aligned (the Safety contract; every object is)"
+)]
 unsafe fn write_words_at(ptr: NonNull<u8>, len: usize, word: impl Fn(usize) -> u64) {
+    debug_assert!(ptr.as_ptr().cast::<u64>().is_aligned());
     let nr_words = len / 8;
     let words = ptr.as_ptr().cast::<u64>();
     for index in 0..nr_words {
@@ -69,6 +74,10 @@ unsafe fn write_words_at(ptr: NonNull<u8>, len: usize, word: impl Fn(usize) -> u
 ///
 /// # Safety
 /// `ptr` is 8-aligned and valid for reads of `len` initialised bytes.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "`ptr` is 8-aligned (the Safety contract; every object is)"
+)]
 unsafe fn check_words_at(
     ptr: NonNull<u8>,
     len: usize,
@@ -450,7 +459,10 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Errors
     /// As for [`KmemCache::alloc`].
-    pub fn alloc_box_tagged(&'static self, tag: Option<AllocTagRef>) -> Result<SlabBox<P>, AllocError> {
+    pub fn alloc_box_tagged(
+        &'static self,
+        tag: Option<AllocTagRef>,
+    ) -> Result<SlabBox<P>, AllocError> {
         self.alloc_tagged(tag).map(|ptr| self.boxed(ptr))
     }
 

@@ -36,7 +36,7 @@ use crate::report::{ErrorKind, ErrorReport};
 
 use crate::cache::KmemCache;
 use crate::geometry::SlabKind;
-use crate::hash::{AddrHash, HashNode};
+use crate::hash::{AddrHash, HashNode, rescale_locked};
 use crate::object::{ObjectInit, ObjectRef};
 use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -1008,41 +1008,13 @@ impl SlabLayer {
 
     /// Grow the bufctl hash if its load is too high. Runs with no lock held.
     pub(crate) fn maybe_grow_hash<P: Platform>(&self, cache: &KmemCache<P>) {
-        if cache.kind != SlabKind::Bufctl {
-            return;
-        }
-        let Some(nr_buckets) = self.lock().hash.wants_grow() else {
-            return;
-        };
-        let source = cache.owner().primary_source();
-        let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
-        let Ok(table) = source.alloc_pages(nr_pages) else {
-            return;
-        };
-        let old = {
-            let mut layer = self.lock();
-            if layer.hash.nr_buckets() >= nr_buckets {
-                None
-            } else {
-                // SAFETY: `table` is nr_pages fresh pages, enough for
-                // nr_buckets bucket heads (table_pages), 8-aligned.
-                Some(unsafe { layer.hash.rehash(table.as_ptr().cast(), nr_buckets) })
-            }
-        };
-        match old {
-            // Someone else grew it first: give our table back.
-            // SAFETY: unused pages we allocated above.
-            None => unsafe { source.free_pages(table, nr_pages) },
-            Some((old_table, old_nr)) => {
-                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
-                    // SAFETY: the old page-backed table came from the
-                    // primary source with table_pages(old_nr) pages and is
-                    // no longer referenced.
-                    unsafe {
-                        source.free_pages(old_table, AddrHash::<Bufctl>::table_pages(old_nr))
-                    };
-                }
-            }
+        if cache.kind == SlabKind::Bufctl {
+            rescale_locked(
+                &self.lists,
+                |lists| &mut lists.hash,
+                AddrHash::wants_grow,
+                cache.owner().primary_source(),
+            );
         }
     }
 
@@ -1051,40 +1023,12 @@ impl SlabLayer {
     /// smaller page-backed table (allocated here, with no lock held; if
     /// that fails the table stays as it is). The old table's pages go back.
     pub(crate) fn free_hash_table<P: Platform>(&self, cache: &KmemCache<P>) {
-        let Some(nr_buckets) = self.lock().hash.wants_shrink() else {
-            return;
-        };
-        let source = cache.owner().primary_source();
-        let nr_pages = AddrHash::<Bufctl>::table_pages(nr_buckets);
-        let table = if nr_pages == 0 {
-            ptr::null_mut()
-        } else {
-            match source.alloc_pages(nr_pages) {
-                Ok(table) => table.as_ptr(),
-                Err(_) => return,
-            }
-        };
-        let old = {
-            let mut layer = self.lock();
-            if layer.hash.wants_shrink() != Some(nr_buckets) {
-                None
-            } else {
-                // SAFETY: `table` is null for the inline buckets, or
-                // nr_pages fresh pages, enough for nr_buckets bucket heads
-                // (table_pages), 8-aligned.
-                Some(unsafe { layer.hash.rehash(table.cast(), nr_buckets) })
-            }
-        };
-        let (unused, unused_nr) = match old {
-            // The load changed meanwhile: give our table back.
-            None => (table.cast(), nr_buckets),
-            Some(old) => old,
-        };
-        if let Some(unused) = NonNull::new(unused.cast::<u8>()) {
-            // SAFETY: a page-backed table from the primary source with
-            // table_pages(unused_nr) pages, referenced by nothing.
-            unsafe { source.free_pages(unused, AddrHash::<Bufctl>::table_pages(unused_nr)) };
-        }
+        rescale_locked(
+            &self.lists,
+            |lists| &mut lists.hash,
+            AddrHash::wants_shrink,
+            cache.owner().primary_source(),
+        );
     }
 }
 

@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::TraceError;
-use crate::hash::{AddrHash, HashNode};
+use crate::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::Platform;
 use crate::sync::{Mutex, MutexGuard};
 use crate::{BootCache, CacheFlags};
@@ -301,55 +301,23 @@ impl TraceTable {
 
     /// Grow the hash if its load is too high. Runs with no lock held.
     fn maybe_grow<P: Platform>(&self, cache: &KmemCache<P>) {
-        let Some(nr_buckets) = self.lock().hash.wants_grow() else {
-            return;
-        };
-        let source = cache.owner().primary_source();
-        let nr_pages = AddrHash::<TraceNode>::table_pages(nr_buckets);
-        let Ok(table) = source.alloc_pages(nr_pages) else {
-            return;
-        };
-        let old = {
-            let mut guard = self.lock();
-            if guard.hash.nr_buckets() >= nr_buckets {
-                None
-            } else {
-                // SAFETY: nr_pages fresh pages hold nr_buckets bucket heads.
-                Some(unsafe { guard.hash.rehash(table.as_ptr().cast(), nr_buckets) })
-            }
-        };
-        match old {
-            // SAFETY: our unused fresh pages.
-            None => unsafe { source.free_pages(table, nr_pages) },
-            Some((old_table, old_nr)) => {
-                if let Some(old_table) = NonNull::new(old_table.cast::<u8>()) {
-                    // SAFETY: the detached old table, from the primary source.
-                    unsafe {
-                        source.free_pages(old_table, AddrHash::<TraceNode>::table_pages(old_nr))
-                    };
-                }
-            }
-        }
+        rescale_locked(
+            &self.inner,
+            |inner| &mut inner.hash,
+            AddrHash::wants_grow,
+            cache.owner().primary_source(),
+        );
     }
 
-    /// Free the hash's page-backed buckets if there are no records.
+    /// Shrink the hash if its load fell low, as the bufctl hash does
+    /// (reap, destroy): with no records, back to the inline buckets.
     fn free_table<P: Platform>(&self, cache: &KmemCache<P>) {
-        let (table, nr_buckets) = {
-            let mut guard = self.lock();
-            if guard.hash.nr_items() != 0 {
-                return;
-            }
-            guard.hash.take_table()
-        };
-        if let Some(table) = NonNull::new(table.cast::<u8>()) {
-            // SAFETY: detached table from the primary source.
-            unsafe {
-                cache
-                    .owner()
-                    .primary_source()
-                    .free_pages(table, AddrHash::<TraceNode>::table_pages(nr_buckets))
-            };
-        }
+        rescale_locked(
+            &self.inner,
+            |inner| &mut inner.hash,
+            AddrHash::wants_shrink,
+            cache.owner().primary_source(),
+        );
     }
 }
 
