@@ -6,6 +6,7 @@
 //! magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]
 //! magpie-bench list
 //! magpie-bench fault
+//! magpie-bench slab-debug
 //! ```
 //!
 //! A single run prints a `RESULT` line (median over the repetitions). With
@@ -57,6 +58,7 @@ fn usage() -> ! {
          \x20      magpie-bench memory <allocator> <heap|burst>\n\
          \x20      magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]\n\
          \x20      magpie-bench list\n\
+         \x20      magpie-bench fault | slab-debug\n\
          workloads: {}\nallocators: {}",
         workloads::names().join(" "),
         ALLOCATORS.join(" ")
@@ -99,6 +101,26 @@ fn main() {
                 with_point - plain,
                 variant()
             );
+        }
+        Some("slab-debug") => {
+            let me = suite::exe();
+            for (&(label, letters), result) in suite::SLAB_DEBUG_ROWS
+                .iter()
+                .zip(suite::slab_debug_cost(&me))
+            {
+                match result {
+                    Ok(v) => println!(
+                        "SLAB_DEBUG flags={} pair={v:.2} ({label}; callgrind instructions per \
+                         kmem_cache alloc+free pair, variant {})",
+                        if letters.is_empty() { "-" } else { letters },
+                        variant()
+                    ),
+                    Err(error) => {
+                        eprintln!("magpie-bench slab-debug {letters}: {error}");
+                        std::process::exit(1)
+                    }
+                }
+            }
         }
         Some("memory") => match (args.get(1), args.get(2)) {
             (Some(a), Some(what)) if ALLOCATORS.contains(&a.as_str()) => memory::main(a, what),

@@ -91,15 +91,17 @@ fn tail(text: &str) -> String {
 /// Run `bin args` in a child process, optionally under callgrind; returns
 /// its stdout and, under callgrind, the instructions collected.
 fn child(bin: &str, args: &[String], callgrind: bool) -> Result<(String, Option<u64>), String> {
-    child_timeout(bin, args, callgrind, None)
+    child_timeout(bin, args, callgrind, None, &[])
 }
 
 /// [`child`], killed after `limit` seconds if given.
+/// `env`: variables set for the child (e.g. `MAGPIE_SLAB_DEBUG`).
 fn child_timeout(
     bin: &str,
     args: &[String],
     callgrind: bool,
     limit: Option<u64>,
+    env: &[(&str, &str)],
 ) -> Result<(String, Option<u64>), String> {
     let mut cmd = if callgrind {
         let mut c = Command::new("valgrind");
@@ -115,6 +117,7 @@ fn child_timeout(
         Command::new(bin)
     };
     cmd.args(args);
+    cmd.envs(env.iter().copied());
     let out = match limit {
         None => cmd.output().map_err(|e| format!("spawn: {e}"))?,
         Some(secs) => {
@@ -182,19 +185,29 @@ fn counts(workload: &str) -> (u64, u64, usize) {
 /// Instructions per operation from two exact-count runs (the difference
 /// cancels process start-up, allocator init and warm-up).
 fn instructions(bin: &str, workload: &str, allocator: &str) -> Result<f64, String> {
+    instructions_env(bin, workload, allocator, &[])
+}
+
+/// [`instructions`] with `env` set for the runs.
+fn instructions_env(
+    bin: &str,
+    workload: &str,
+    allocator: &str,
+    env: &[(&str, &str)],
+) -> Result<f64, String> {
     let (n1, n2, threads) = counts(workload);
-    let go = |n: u64| {
-        run(
-            bin,
-            &args(&[
-                workload,
-                allocator,
-                &threads.to_string(),
-                "--n",
-                &n.to_string(),
-            ]),
-            true,
-        )
+    let go = |n: u64| -> Result<(Res, Option<u64>), String> {
+        let ta = args(&[
+            workload,
+            allocator,
+            &threads.to_string(),
+            "--n",
+            &n.to_string(),
+        ]);
+        let (stdout, ir) = child_timeout(bin, &ta, true, None, env)?;
+        let res =
+            parse_result(&stdout).ok_or_else(|| format!("no RESULT line: {}", tail(&stdout)))?;
+        Ok((res, ir))
     };
     let (r1, i1) = go(n1)?;
     let (r2, i2) = go(n2)?;
@@ -650,6 +663,7 @@ pub fn main(argv: &[String]) {
 
     if opts.callgrind {
         fault(&mut r, &mut failures, &me);
+        slab_debug(&mut r, &mut failures, &me);
     }
 
     // ------------------------------------------------------------ memory
@@ -981,6 +995,71 @@ fn fault(r: &mut String, failures: &mut Vec<String>, me: &str) {
     }
 }
 
+/// The slab debug flags measured on `pair64` (`kmem_cache`): label and
+/// `slab_debug=` letters (empty: no flags). Every letter implies `F`.
+pub const SLAB_DEBUG_ROWS: [(&str, &str); 7] = [
+    ("no flags", ""),
+    ("`F` CONSISTENCY (state word)", "F"),
+    ("`P` POISON", "P"),
+    ("`Z` REDZONE", "Z"),
+    ("`U` AUDIT", "U"),
+    ("`C` CONTENTS", "C"),
+    ("`FZPU` together", "FZPU"),
+];
+
+/// Instructions per `kmem_cache` alloc+free pair of 64 B (`pair64`,
+/// magpie-cache) for each of [`SLAB_DEBUG_ROWS`], the flags given to the
+/// "bench-64" cache alone (`MAGPIE_SLAB_DEBUG=<letters>,bench-64`).
+pub fn slab_debug_cost(bin: &str) -> Vec<Result<f64, String>> {
+    par_map(&SLAB_DEBUG_ROWS, |&(_, letters)| {
+        let value = format!("{letters},bench-64");
+        let env: &[(&str, &str)] = if letters.is_empty() {
+            &[]
+        } else {
+            &[("MAGPIE_SLAB_DEBUG", value.as_str())]
+        };
+        instructions_env(bin, "pair64", "magpie-cache", env)
+    })
+}
+
+/// Slab debugging: what each debug flag costs per pair.
+fn slab_debug(r: &mut String, failures: &mut Vec<String>, me: &str) {
+    writeln!(
+        r,
+        "### Slab debugging: the cost of each flag
+"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "`pair64` on the `kmem_cache` interface with `slab_debug=<letters>,bench-64` (the \
+         64-byte bench cache alone; raw instructions per alloc+free pair, harness included; \
+         also `magpie-bench slab-debug`). Any flag sends the cache to the cold path and implies \
+         `F`. The bench platform's backtrace is empty, so `U` leaves out the kernel's stack \
+         walk.\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "| flags | instructions per pair | over no flags |\n|---|---:|---:|"
+    )
+    .unwrap();
+    let results = slab_debug_cost(me);
+    let plain = results[0].as_ref().ok().copied();
+    for (&(label, letters), result) in SLAB_DEBUG_ROWS.iter().zip(results) {
+        match result {
+            Ok(v) => writeln!(
+                r,
+                "| {label} | {v:.1} | {} |",
+                plain.map_or("—".to_string(), |p| format!("{:+.1}", v - p))
+            )
+            .unwrap(),
+            Err(e) => failures.push(format!("slab-debug {letters}: {e}")),
+        }
+    }
+    writeln!(r).unwrap();
+}
+
 /// Iterations of every kmemtrace-on wall-clock run (twice that with the
 /// warm-up: 800,000 events at most, under the rings' 1,048,576).
 const KMT_N: u64 = 200_000;
@@ -1016,6 +1095,7 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
             &args(&["memory", a, what]),
             false,
             Some(MEMORY_LIMIT_S),
+            &[],
         )
     });
     for (&(label, _, a, what), result) in items.iter().zip(results) {

@@ -446,9 +446,12 @@ pub const POISON_FREE: u64 = 0xdead_beef_dead_beef;
 pub const POISON_UNINITIALIZED: u64 = 0xbadd_cafe_badd_cafe;
 /// The redzone word after every object (illumos `KMEM_REDZONE_PATTERN`).
 pub const REDZONE_PATTERN: u64 = 0xfeed_face_feed_face;
-/// The redzone bytes between the object's end and the next 8-byte boundary
+/// The redzone bytes between the end of what the caller asked for (the
+/// object's end, or a kmalloc's requested size) and the redzone word
 /// (illumos `KMEM_REDZONE_BYTE`).
 pub const REDZONE_BYTE: u8 = 0xbb;
+/// Eight [`REDZONE_BYTE`]s, for word-wise fills and checks.
+const REDZONE_BYTES_WORD: u64 = u64::from_ne_bytes([REDZONE_BYTE; 8]);
 /// State word of an object with a caller: its address XOR this (illumos
 /// `KMEM_BUFTAG_ALLOC`).
 pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
@@ -470,32 +473,56 @@ pub struct Mismatch {
     pub found: u64,
 }
 
-/// Fill `buf` with `pattern` (repeated little-endian words, cut at the end).
+/// Fill `buf` with `pattern` (repeated little-endian words, cut at the
+/// end), a word at a time.
 pub fn fill_pattern(buf: &mut [u8], pattern: u64) {
     let bytes = pattern.to_le_bytes();
-    let mut chunks = buf.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        chunk.copy_from_slice(&bytes);
+    let (words, tail) = buf.as_chunks_mut::<8>();
+    for word in words {
+        *word = bytes;
     }
-    let tail = chunks.into_remainder();
-    let len = tail.len();
-    tail.copy_from_slice(&bytes[..len]);
+    for (byte, &value) in tail.iter_mut().zip(&bytes) {
+        *byte = value;
+    }
 }
 
 /// The first word of `buf` (an object starting at offset `base` of the
-/// object) that is not `pattern`; `None` if all of it is.
+/// object) that is not `pattern`; `None` if all of it is. Compared a
+/// word at a time (the cut tail word by its bytes).
 pub fn find_mismatch(buf: &[u8], pattern: u64, base: usize) -> Option<Mismatch> {
+    let (words, tail) = buf.as_chunks::<8>();
+    // Whether any word differs, in one pass with no early exit (it
+    // vectorizes); then where, only if one does.
+    let differs = words
+        .iter()
+        .fold(0, |acc, word| acc | (u64::from_le_bytes(*word) ^ pattern));
+    if differs != 0 {
+        let (index, found) = words
+            .iter()
+            .map(|word| u64::from_le_bytes(*word))
+            .enumerate()
+            .find(|&(_, found)| found != pattern)?;
+        return Some(Mismatch {
+            offset: base + index * 8,
+            expected: pattern,
+            found,
+        });
+    }
     let bytes = pattern.to_le_bytes();
-    for (index, chunk) in buf.chunks(8).enumerate() {
-        if chunk != &bytes[..chunk.len()] {
-            return Some(Mismatch {
-                offset: base + index * 8,
-                expected: word_of(&bytes[..chunk.len()]),
-                found: word_of(chunk),
-            });
-        }
+    if tail.iter().zip(&bytes).any(|(byte, value)| byte != value) {
+        return Some(Mismatch {
+            offset: base + (buf.len() - tail.len()),
+            expected: word_of(&bytes[..tail.len()]),
+            found: word_of(tail),
+        });
     }
     None
+}
+
+/// Index of the first byte (in memory order) where the little-endian
+/// words `a` and `b` differ; they differ.
+fn first_different_byte(a: u64, b: u64) -> usize {
+    ((a ^ b).trailing_zeros() / 8) as usize
 }
 
 /// Up to 8 bytes as a little-endian word.
@@ -565,11 +592,16 @@ pub(crate) struct DebugLayout {
     pub(crate) obj_size: usize,
     /// Whether free objects are poisoned (`POISON` and no constructor).
     pub(crate) poison: bool,
-    /// Redzone: `[obj_size, redzone_end)`; empty without `REDZONE`.
+    /// Redzone: `[requested size, redzone_end)` (the requested size is
+    /// the object size but for kmalloc); empty without `REDZONE`.
     pub(crate) redzone_end: usize,
     pub(crate) state_offset: usize,
     /// Where the slab free list's link of a free object lives.
     pub(crate) freeptr_offset: usize,
+    /// `REDZONE`: the bytes the caller asked for (Linux `orig_size`): a
+    /// kmalloc's requested size, so the redzone starts right after it and
+    /// catches an overflow into the size class's padding.
+    pub(crate) size_offset: Option<usize>,
     /// `AUDIT`: last alloc at this offset, last free right after it.
     pub(crate) audit_offset: Option<usize>,
     pub(crate) contents_offset: Option<usize>,
@@ -595,6 +627,11 @@ impl DebugLayout {
         let state_offset = redzone_end.next_multiple_of(8);
         let freeptr_offset = state_offset + 8;
         let mut end = freeptr_offset + 8;
+        let size_offset = flags.contains(DebugFlags::REDZONE).then(|| {
+            let at = end;
+            end += 8;
+            at
+        });
         let audit_offset = flags.contains(DebugFlags::AUDIT).then(|| {
             let at = end;
             end += 2 * core::mem::size_of::<AuditRecord>();
@@ -612,14 +649,15 @@ impl DebugLayout {
             redzone_end,
             state_offset,
             freeptr_offset,
+            size_offset,
             audit_offset,
             contents_offset,
             slot_size: end,
         })
     }
 
-    /// The expected byte at `offset` of the redzone (`obj_size <= offset <
-    /// redzone_end`).
+    /// The expected byte at `offset` of the redzone (`requested size <=
+    /// offset < redzone_end`).
     fn redzone_byte(&self, offset: usize) -> u8 {
         let word_start = self.redzone_end - 8;
         if offset < word_start {
@@ -630,31 +668,82 @@ impl DebugLayout {
     }
 
     /// Write the redzone of the object whose slot is `slot` (the whole
-    /// slot: object and trailer).
-    pub(crate) fn fill_redzone(&self, slot: &mut [u8]) {
-        if self.redzone_end == self.obj_size {
-            return;
-        }
-        let start = self.obj_size;
-        for (offset, byte) in (start..).zip(&mut slot[start..self.redzone_end]) {
-            *byte = self.redzone_byte(offset);
+    /// slot: object and trailer), from `start` (the requested size, at
+    /// most the object size): `0xbb` bytes, then the pattern word. Word
+    /// stores, the unaligned rest byte by byte.
+    #[inline]
+    pub(crate) fn fill_redzone(&self, slot: &mut [u8], start: usize) {
+        if self.redzone_end != self.obj_size {
+            self.fill_redzone_from(slot, start);
         }
     }
 
-    /// The first redzone byte of `slot` that was overwritten: its offset,
-    /// and the redzone word containing it (expected and found; bytes of the
-    /// word before the redzone read as the pattern would).
-    pub(crate) fn check_redzone(&self, slot: &[u8]) -> Option<Mismatch> {
+    /// [`Self::fill_redzone`] of a cache with a redzone.
+    fn fill_redzone_from(&self, slot: &mut [u8], start: usize) {
+        let word_start = self.redzone_end - 8;
+        let mut at = start;
+        while at + 8 <= word_start {
+            write_word(slot, at, REDZONE_BYTES_WORD);
+            at += 8;
+        }
+        while at < word_start {
+            slot[at] = REDZONE_BYTE;
+            at += 1;
+        }
+        write_word(slot, word_start, REDZONE_PATTERN);
+    }
+
+    /// The first overwritten byte of the redzone of `slot` starting at
+    /// `start` (the requested size): its offset, and the redzone word
+    /// containing it (expected and found; bytes of the word before the
+    /// redzone read as 0). Compared a word at a time.
+    #[inline]
+    pub(crate) fn check_redzone(&self, slot: &[u8], start: usize) -> Option<Mismatch> {
         if self.redzone_end == self.obj_size {
             return None;
         }
-        let offset =
-            (self.obj_size..self.redzone_end).find(|&at| slot[at] != self.redzone_byte(at))?;
+        self.check_redzone_from(slot, start)
+    }
+
+    /// [`Self::check_redzone`] of the object's redzone as its caller uses
+    /// it: from the [requested size](Self::requested_size).
+    #[inline]
+    pub(crate) fn check_redzone_in_use(&self, slot: &[u8]) -> Option<Mismatch> {
+        if self.redzone_end == self.obj_size {
+            return None;
+        }
+        self.check_redzone_from(slot, self.requested_size(slot))
+    }
+
+    /// [`Self::check_redzone`] of a cache with a redzone.
+    fn check_redzone_from(&self, slot: &[u8], start: usize) -> Option<Mismatch> {
+        let word_start = self.redzone_end - 8;
+        let mut at = start;
+        let offset = loop {
+            if at + 8 <= word_start {
+                let word = read_word(slot, at);
+                if word != REDZONE_BYTES_WORD {
+                    break at + first_different_byte(word, REDZONE_BYTES_WORD);
+                }
+                at += 8;
+            } else if at < word_start {
+                if slot[at] != REDZONE_BYTE {
+                    break at;
+                }
+                at += 1;
+            } else {
+                let word = read_word(slot, word_start);
+                if word == REDZONE_PATTERN {
+                    return None;
+                }
+                break word_start + first_different_byte(word, REDZONE_PATTERN);
+            }
+        };
         let word = offset & !7;
         let mut expected = [0u8; 8];
         let mut found = [0u8; 8];
         for (index, at) in (word..word + 8).enumerate() {
-            if at >= self.obj_size && at < self.redzone_end {
+            if at >= start && at < self.redzone_end {
                 expected[index] = self.redzone_byte(at);
                 found[index] = slot[at];
             }
@@ -667,14 +756,36 @@ impl DebugLayout {
     }
 
     /// Poison the object part of a slot.
+    #[inline]
     pub(crate) fn fill_poison(&self, slot: &mut [u8], pattern: u64) {
         fill_pattern(&mut slot[..self.obj_size], pattern);
     }
 
     /// The first word of the object part of `slot` that is not
     /// [`POISON_FREE`].
+    #[inline]
     pub(crate) fn check_poison(&self, slot: &[u8]) -> Option<Mismatch> {
         find_mismatch(&slot[..self.obj_size], POISON_FREE, 0)
+    }
+
+    /// The bytes the caller of an allocated object asked for (the object
+    /// size unless recorded smaller: a kmalloc's requested size).
+    pub(crate) fn requested_size(&self, slot: &[u8]) -> usize {
+        match self.size_offset {
+            Some(at) => match read_word(slot, at) as usize {
+                size @ 1.. if size < self.obj_size => size,
+                _ => self.obj_size,
+            },
+            None => self.obj_size,
+        }
+    }
+
+    /// Record the bytes the caller asked for (`REDZONE` only; see
+    /// [`Self::requested_size`]).
+    pub(crate) fn set_requested_size(&self, slot: &mut [u8], size: usize) {
+        if let Some(at) = self.size_offset {
+            write_word(slot, at, size as u64);
+        }
     }
 
     /// The state word of the slot of the object at `addr`.
@@ -749,9 +860,7 @@ pub(crate) enum ObjectState {
 }
 
 fn read_word(slot: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&slot[at..at + 8]);
-    u64::from_le_bytes(word)
+    word_of(&slot[at..at + 8])
 }
 
 fn write_word(slot: &mut [u8], at: usize, word: u64) {
@@ -940,14 +1049,15 @@ mod tests {
         assert_eq!(layout.redzone_end, 64);
         assert_eq!(layout.state_offset, 64);
         assert_eq!(layout.freeptr_offset, 72);
-        assert_eq!(layout.audit_offset, Some(80));
-        assert_eq!(layout.contents_offset, Some(240));
-        assert_eq!(layout.slot_size, 272);
+        assert_eq!(layout.size_offset, Some(80));
+        assert_eq!(layout.audit_offset, Some(88));
+        assert_eq!(layout.contents_offset, Some(248));
+        assert_eq!(layout.slot_size, 280);
         assert!(layout.poison);
         // F alone: state and free pointer only, no redzone.
         let layout = DebugLayout::new(64, DebugFlags::CONSISTENCY, false).unwrap();
         assert_eq!((layout.redzone_end, layout.state_offset), (64, 64));
-        assert_eq!(layout.slot_size, 80);
+        assert_eq!((layout.size_offset, layout.slot_size), (None, 80));
         // A constructor keeps objects unpoisoned.
         let layout = DebugLayout::new(64, DebugFlags::POISON, true).unwrap();
         assert!(!layout.poison);
@@ -973,18 +1083,46 @@ mod tests {
     fn redzone_catches_the_first_byte_past_the_end() {
         let layout = DebugLayout::new(50, DebugFlags::REDZONE, false).unwrap();
         let mut slot = std::vec![0u8; layout.slot_size];
-        layout.fill_redzone(&mut slot);
-        assert_eq!(layout.check_redzone(&slot), None);
+        layout.fill_redzone(&mut slot, 50);
+        assert_eq!(layout.check_redzone(&slot, 50), None);
+        assert_eq!(slot[49], 0);
         assert_eq!(slot[50], REDZONE_BYTE);
         assert_eq!(&slot[56..60], &[0xce, 0xfa, 0xed, 0xfe]);
         slot[50] = 0x41;
-        let mismatch = layout.check_redzone(&slot).unwrap();
+        let mismatch = layout.check_redzone(&slot, 50).unwrap();
         assert_eq!(mismatch.offset, 50);
         assert_eq!(mismatch.expected, 0xbbbb_bbbb_bbbb_0000);
         assert_eq!(mismatch.found, 0xbbbb_bbbb_bb41_0000);
-        layout.fill_redzone(&mut slot);
+        layout.fill_redzone(&mut slot, 50);
         slot[60] = 0;
-        assert_eq!(layout.check_redzone(&slot).unwrap().offset, 60);
+        assert_eq!(layout.check_redzone(&slot, 50).unwrap().offset, 60);
+    }
+
+    #[test]
+    fn redzone_from_the_requested_size_word_by_word() {
+        let layout = DebugLayout::new(104, DebugFlags::REDZONE, false).unwrap();
+        assert_eq!(layout.redzone_end, 112);
+        let mut slot = std::vec![0u8; layout.slot_size];
+        assert_eq!(layout.requested_size(&slot), 104, "0: the object size");
+        layout.set_requested_size(&mut slot, 100);
+        assert_eq!(layout.requested_size(&slot), 100);
+        // Every start, every overwritten byte: the first one is found.
+        for start in [3, 11, 16, 100, 104] {
+            layout.fill_redzone(&mut slot, start);
+            assert_eq!(layout.check_redzone(&slot, start), None, "start {start}");
+            assert!(slot[start..104].iter().all(|&byte| byte == REDZONE_BYTE));
+            for bad in start..112 {
+                let saved = slot[bad];
+                slot[bad] ^= 0x10;
+                let mismatch = layout.check_redzone(&slot, start).unwrap();
+                assert_eq!(mismatch.offset, bad, "start {start}");
+                assert_eq!(mismatch.expected ^ mismatch.found, 0x10 << (8 * (bad % 8)));
+                slot[bad] = saved;
+            }
+        }
+        // A bad recorded size reads as the object size.
+        layout.set_requested_size(&mut slot, 4096);
+        assert_eq!(layout.requested_size(&slot), 104);
     }
 
     #[test]

@@ -8,11 +8,14 @@
 //!        state must be FREE  (else: bad state)
 //!        poison intact       (else: modified after free, at the first bad word)
 //!        redzone intact      (else: redzone violation)
-//!        → state ALLOCATED, audit alloc record, 0xbaddcafe fill, redzone
+//!        → state ALLOCATED, requested size, audit alloc record,
+//!          0xbaddcafe fill, redzone from the requested size
 //!  free ─► owner check ─► debug_on_free:
 //!        state FREE          → duplicate free: refused, nothing changed
 //!        state not ALLOCATED → bad state: reported, the free goes on
 //!        redzone broken      → redzone violation: reported, repaired, goes on
+//!                              (from the requested size: a kmalloc(100)
+//!                              in kmalloc-104 has 4 more redzone bytes)
 //!        → contents saved, audit free record, state FREE, 0xdeadbeef fill
 //!        ─► magazines (the object rests there poisoned)
 //! ```
@@ -75,7 +78,7 @@ impl<P: Platform> KmemCache<P> {
         if layout.poison {
             layout.fill_poison(slot, POISON_FREE);
         }
-        layout.fill_redzone(slot);
+        layout.fill_redzone(slot, layout.obj_size);
         layout.set_state(slot, addr, STATE_FREE);
     }
 
@@ -83,6 +86,9 @@ impl<P: Platform> KmemCache<P> {
     /// Always completes the hand-over (an object found corrupted is
     /// repaired: state, poison and redzone are rewritten); returns the
     /// report of what was found, if anything.
+    ///
+    /// `requested`: the bytes the caller asked for (a kmalloc's size; 0
+    /// for the whole object): with `REDZONE` the redzone starts there.
     ///
     /// # Safety
     /// As for `debug_slot`: `addr` was just taken from the magazines or
@@ -92,16 +98,57 @@ impl<P: Platform> KmemCache<P> {
         layout: &DebugLayout,
         addr: usize,
         slab: usize,
+        requested: usize,
     ) -> Option<ErrorReport> {
         // SAFETY: per the caller.
         let slot = unsafe { self.debug_slot(layout, addr) };
         let report = self.debug_check_free_slot(layout, slot, addr, slab);
         layout.set_state(slot, addr, STATE_ALLOCATED);
+        let requested = match requested {
+            1.. if requested < layout.obj_size => requested,
+            _ => layout.obj_size,
+        };
+        layout.set_requested_size(slot, requested);
         layout.record_audit::<P>(slot, false);
         if layout.poison {
             layout.fill_poison(slot, POISON_UNINITIALIZED);
         }
-        layout.fill_redzone(slot);
+        layout.fill_redzone(slot, requested);
+        report
+    }
+
+    /// A kept kmalloc block's caller now uses `new_size` bytes
+    /// (`krealloc` in place, `GlobalAlloc::realloc`,
+    /// `Allocator::allocate`): check the redzone as it was, then move its
+    /// start to `new_size` (Linux `krealloc` with `orig_size`). Returns
+    /// the report of a redzone found broken.
+    ///
+    /// # Safety
+    /// As for `debug_slot`: `addr` is an allocated object of this cache
+    /// that the caller owns.
+    pub(crate) unsafe fn debug_resize(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+        new_size: usize,
+    ) -> Option<ErrorReport> {
+        layout.size_offset?;
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let report = layout.check_redzone_in_use(slot).map(|mismatch| {
+            self.debug_report(
+                layout,
+                slot,
+                ErrorKind::RedzoneViolation,
+                addr,
+                slab,
+                Some(mismatch),
+            )
+        });
+        let new_size = new_size.clamp(1, layout.obj_size);
+        layout.set_requested_size(slot, new_size);
+        layout.fill_redzone(slot, new_size);
         report
     }
 
@@ -117,7 +164,10 @@ impl<P: Platform> KmemCache<P> {
         let (kind, mismatch) = match layout.object_state(slot, addr) {
             ObjectState::Free => match layout.poison.then(|| layout.check_poison(slot)).flatten() {
                 Some(mismatch) => (ErrorKind::ModifiedAfterFree, mismatch),
-                None => (ErrorKind::RedzoneViolation, layout.check_redzone(slot)?),
+                None => (
+                    ErrorKind::RedzoneViolation,
+                    layout.check_redzone(slot, layout.obj_size)?,
+                ),
             },
             // Allocated (a free object must not say so) or overwritten.
             state => (
@@ -167,7 +217,7 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         if found.is_none()
-            && let Some(mismatch) = layout.check_redzone(slot)
+            && let Some(mismatch) = layout.check_redzone_in_use(slot)
         {
             found = Some(self.debug_report(
                 layout,
@@ -184,7 +234,7 @@ impl<P: Platform> KmemCache<P> {
         if layout.poison {
             layout.fill_poison(slot, POISON_FREE);
         }
-        layout.fill_redzone(slot);
+        layout.fill_redzone(slot, layout.obj_size);
         match found {
             Some(report) => DebugFree::Repaired(report),
             None => DebugFree::Clean,
@@ -237,7 +287,7 @@ impl<P: Platform> KmemCache<P> {
         if let ObjectState::Corrupt(word) = state {
             return Some(self.bad_state_report(layout, slot, addr, slab, word));
         }
-        layout.check_redzone(slot).map(|mismatch| {
+        layout.check_redzone_in_use(slot).map(|mismatch| {
             self.debug_report(
                 layout,
                 slot,

@@ -108,6 +108,10 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
             && new_size <= usable
             && new_size.max(1) * 2 > usable
         {
+            if let Some(block) = NonNull::new(ptr) {
+                // SAFETY: the caller's live block, kept (GlobalAlloc contract).
+                unsafe { self.kmalloc_resized(block, new_size) };
+            }
             return ptr;
         }
         let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
@@ -143,6 +147,9 @@ unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
             .kmalloc(layout.size(), layout.align())
             .map_err(|_| core::alloc::AllocError)?;
         let usable = self.ksize(ptr).unwrap_or(layout.size());
+        // The caller may use all of it (a REDZONE cache moves the redzone).
+        // SAFETY: the block just allocated, ours to hand out.
+        unsafe { self.kmalloc_resized(ptr, usable) };
         Ok(NonNull::slice_from_raw_parts(ptr, usable))
     }
 

@@ -306,6 +306,8 @@ impl<P: Platform> Allocator<P> {
         }
         let usable = self.ksize(old).map_err(|_| AllocError::InvalidLayout)?;
         if new_size <= usable && (old.as_ptr() as usize).is_multiple_of(align) {
+            // SAFETY: a live block of the caller's, kept.
+            unsafe { self.kmalloc_resized(old, new_size) };
             return Ok(old);
         }
         let new = self.kmalloc(new_size, align)?;
@@ -484,8 +486,34 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    /// A kmalloc block kept by a resize (`krealloc`, `GlobalAlloc::realloc`,
+    /// `Allocator::allocate`) is now used for `new_size` bytes: a `REDZONE`
+    /// cache moves the object's redzone there (after checking it where it
+    /// was). Nothing for other caches and page-granular blocks.
+    ///
+    /// # Safety
+    /// `ptr` is a live kmalloc block the caller owns.
+    pub(crate) unsafe fn kmalloc_resized(&self, ptr: NonNull<u8>, new_size: usize) {
+        let addr = ptr.as_ptr() as usize;
+        let Some((cache, at)) = self.kfree_locate(addr) else {
+            return;
+        };
+        let Some(layout) = cache.debug.as_ref() else {
+            return;
+        };
+        // SAFETY: an allocated object of `cache` (located by the page
+        // map) that the caller owns.
+        if let Some(report) =
+            unsafe { cache.debug_resize(layout, addr, at.slab as usize, new_size) }
+        {
+            self.report_error(report);
+        }
+    }
+
     /// Usable size in bytes of an allocated pointer: the object size of its
-    /// cache, or the whole pages of a page-granular allocation.
+    /// cache, or the whole pages of a page-granular allocation. (With
+    /// `REDZONE`, a kmalloc object's redzone starts at the size asked for:
+    /// to use more of it, `krealloc` to that size first, as in Linux.)
     ///
     /// # Errors
     /// [`FreeError::NotAllocated`] for memory the allocator does not own;

@@ -353,7 +353,7 @@ impl<P: Platform> KmemCache<P> {
         } else {
             None
         };
-        pack(self.alloc_cold(hot, tag))
+        pack(self.alloc_cold(hot, tag, bytes_req))
     }
 
     /// An allocation kmemtrace records: the alloc as without the bit, then
@@ -378,10 +378,13 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Alloc with bookkeeping: debug checks, bufctl tag, tracing.
+    /// `bytes_req`: what a kmalloc caller asked for (0: the whole object),
+    /// where a `REDZONE` cache starts the redzone.
     fn alloc_cold(
         &self,
         hot: HotFlags,
         tag: Option<AllocTagRef>,
+        bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Err(AllocError::InvalidLayout);
@@ -397,7 +400,7 @@ impl<P: Platform> KmemCache<P> {
             };
             // SAFETY: just taken from our magazines or slab layer: ours
             // until returned (its stride holds the debug slot).
-            if let Some(report) = unsafe { self.debug_on_alloc(layout, addr, slab) } {
+            if let Some(report) = unsafe { self.debug_on_alloc(layout, addr, slab, bytes_req) } {
                 self.owner().report_error(report);
             }
         }

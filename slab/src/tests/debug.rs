@@ -437,3 +437,115 @@ fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
     unsafe { alloc.kfree(again) }.unwrap();
     assert_eq!(source.pages_outstanding(), baseline);
 }
+
+/// With `REDZONE`, a kmalloc object's redzone starts at the size asked
+/// for (Linux `orig_size`): an overflow into the class's padding is caught.
+#[test]
+fn kmalloc_overflow_into_the_class_padding_is_a_redzone_violation() {
+    let config = SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-104")).unwrap();
+    let (alloc, _) = setup_debug(config);
+    let cache = alloc.find_cache("kmalloc-104").unwrap();
+    let before = alloc.nr_errors();
+    // All 100 bytes asked for are usable; nothing is reported.
+    let p = alloc.kmalloc(100, 8).unwrap();
+    assert_eq!(alloc.ksize(p), Ok(104));
+    for offset in 0..100 {
+        write(p, offset, 0x55);
+    }
+    assert_eq!(cache.verify().nr_problems, 0);
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(p) }.unwrap();
+    assert_eq!(alloc.nr_errors(), before);
+    // One byte past the 100: in the class's padding, caught by verify on
+    // the live object and at the free, at offset 100 (0x64).
+    let p = alloc.kmalloc(100, 8).unwrap();
+    write(p, 100, 0x41);
+    assert_eq!(cache.verify().nr_problems, 1);
+    // SAFETY: allocated above; the free reports, repairs and goes on.
+    unsafe { alloc.kfree(p) }.unwrap();
+    let errors = errors_since(alloc, before);
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for report in &errors {
+        assert_eq!(report.kind, ErrorKind::RedzoneViolation);
+        assert_eq!(report.cache.as_str(), "kmalloc-104");
+        assert_eq!(report.object, p.as_ptr() as usize);
+        assert_eq!(report.offset(), Some(100));
+        let mismatch = report.corruption.unwrap();
+        assert_eq!(mismatch.expected, 0xbbbb_bbbb_0000_0000);
+        assert_eq!(mismatch.found, 0xbbbb_bb41_0000_0000);
+    }
+    let text = format!("{}", errors[1].display(&RawFormat));
+    assert!(
+        text.contains("redzone violation") && text.contains("offset 0x64"),
+        "{text}"
+    );
+    assert_eq!(cache.verify().nr_problems, 0, "repaired");
+    // The whole object through kmem_cache_alloc, and after the object's end
+    // as before (offset 104).
+    let p = cache.alloc().unwrap();
+    for offset in 0..104 {
+        write(p, offset, 0x55);
+    }
+    let mark = alloc.nr_errors();
+    assert_eq!(cache.verify().nr_problems, 0);
+    write(p, 104, 0x41);
+    // SAFETY: allocated above.
+    unsafe { cache.free(p) }.unwrap();
+    let errors = errors_since(alloc, mark);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].offset(), Some(104));
+}
+
+/// Resizing in place moves the redzone with the size in use: `krealloc`
+/// and `GlobalAlloc::realloc` up to the class size are not overflows,
+/// a shrink puts the redzone back at the new size.
+#[test]
+fn krealloc_in_place_moves_the_redzone() {
+    use core::alloc::{GlobalAlloc, Layout};
+    let config = SlabDebugConfig::parse_slab_debug(Some("Z,kmalloc-104")).unwrap();
+    let (alloc, _) = setup_debug(config);
+    let before = alloc.nr_errors();
+    let p = alloc.kmalloc(100, 8).unwrap();
+    // SAFETY: p is ours; kept in place (104 fits the class).
+    let q = unsafe { alloc.krealloc(Some(p), 104, 8) }.unwrap();
+    assert_eq!(q, p);
+    for offset in 0..104 {
+        write(q, offset, 0x55);
+    }
+    // SAFETY: ours; shrunk in place to 98 bytes.
+    let r = unsafe { alloc.krealloc(Some(q), 98, 8) }.unwrap();
+    assert_eq!(r, p);
+    assert_eq!(alloc.nr_errors(), before);
+    write(r, 99, 0x41);
+    // SAFETY: ours; a realloc in place checks the redzone where it was.
+    let layout = Layout::from_size_align(98, 8).unwrap();
+    let s = unsafe { alloc.realloc(r.as_ptr(), layout, 103) };
+    assert_eq!(s, p.as_ptr());
+    let errors = errors_since(alloc, before);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].kind, ErrorKind::RedzoneViolation);
+    assert_eq!(errors[0].offset(), Some(99));
+    // 103 bytes in use now: byte 102 is fine, byte 103 is not.
+    write(p, 102, 0x55);
+    write(p, 103, 0x41);
+    // SAFETY: allocated above.
+    unsafe { alloc.kfree(p) }.unwrap();
+    let errors = errors_since(alloc, before + 1);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].offset(), Some(103));
+    // `Allocator::allocate` hands out the whole usable size: all of it
+    // may be written.
+    let mark = alloc.nr_errors();
+    let block =
+        core::alloc::Allocator::allocate(&alloc, Layout::from_size_align(100, 8).unwrap()).unwrap();
+    assert_eq!(block.len(), 104);
+    let start = block.cast::<u8>();
+    for offset in 0..104 {
+        write(start, offset, 0x55);
+    }
+    // SAFETY: allocated above with this layout.
+    unsafe {
+        core::alloc::Allocator::deallocate(&alloc, start, Layout::from_size_align(100, 8).unwrap())
+    };
+    assert_eq!(alloc.nr_errors(), mark);
+}
