@@ -117,6 +117,21 @@ impl<P: Platform> KmemCache<P> {
         report
     }
 
+    /// [`Self::debug_resize`] of a debug cache's object, reported.
+    ///
+    /// # Safety
+    /// As for `debug_resize`; `slab` is the object's slab.
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn debug_resized(&self, addr: usize, slab: *mut Slab, new_size: usize) {
+        if let Some(layout) = self.debug.as_ref()
+            // SAFETY: per our caller.
+            && let Some(report) = unsafe { self.debug_resize(layout, addr, slab as usize, new_size) }
+        {
+            self.owner().report_error(report);
+        }
+    }
+
     /// A kept kmalloc block's caller now uses `new_size` bytes
     /// (`krealloc` in place, `GlobalAlloc::realloc`,
     /// `Allocator::allocate`): check the redzone as it was, then move its

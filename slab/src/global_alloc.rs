@@ -100,7 +100,8 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// of it (a size in the same kmalloc class always does: each class is
     /// at most twice the one below); otherwise allocate, copy, free.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let usable = match self.kfree_locate(ptr as usize) {
+        let located = self.kfree_locate(ptr as usize);
+        let usable = match located {
             Some((cache, _)) => Some(cache.obj_size()),
             None => NonNull::new(ptr).and_then(|old| self.ksize(old).ok()),
         };
@@ -108,9 +109,12 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
             && new_size <= usable
             && new_size.max(1) * 2 > usable
         {
-            if let Some(block) = NonNull::new(ptr) {
-                // SAFETY: the caller's live block, kept (GlobalAlloc contract).
-                unsafe { self.kmalloc_resized(block, new_size) };
+            if let Some((cache, at)) = located
+                && cache.debug.is_some()
+            {
+                // SAFETY: the caller's live block of `cache`, kept
+                // (GlobalAlloc contract).
+                unsafe { cache.debug_resized(ptr as usize, at.slab, new_size) };
             }
             return ptr;
         }

@@ -495,18 +495,12 @@ impl<P: Platform> Allocator<P> {
     /// `ptr` is a live kmalloc block the caller owns.
     pub(crate) unsafe fn kmalloc_resized(&self, ptr: NonNull<u8>, new_size: usize) {
         let addr = ptr.as_ptr() as usize;
-        let Some((cache, at)) = self.kfree_locate(addr) else {
-            return;
-        };
-        let Some(layout) = cache.debug.as_ref() else {
-            return;
-        };
-        // SAFETY: an allocated object of `cache` (located by the page
-        // map) that the caller owns.
-        if let Some(report) =
-            unsafe { cache.debug_resize(layout, addr, at.slab as usize, new_size) }
+        if let Some((cache, at)) = self.kfree_locate(addr)
+            && cache.debug.is_some()
         {
-            self.report_error(report);
+            // SAFETY: an allocated object of `cache` (located by the page
+            // map) that the caller owns.
+            unsafe { cache.debug_resized(addr, at.slab, new_size) };
         }
     }
 
