@@ -15,13 +15,22 @@
 //!
 //! ```text
 //! [0, size)            the object; while free: POISON_FREE (0xdeadbeef…)
-//! [size, align8(size)) REDZONE: REDZONE_BYTE (0xbb) in the tail gap
+//! [req, align8(size))  REDZONE: REDZONE_BYTE (0xbb) from the requested size
+//!                      (`req`: a kmalloc's size, else `size`) to the word
 //! +8                   REDZONE: one word of REDZONE_PATTERN (0xfeedface…)
 //! state (8)            object address ^ STATE_ALLOCATED / STATE_FREE
 //! free pointer (8)     the slab's free-list link while the object is free
+//! requested size (8)   REDZONE: `req` (Linux `orig_size`)
 //! audit (2 × 80)       AUDIT: last alloc and last free (CPU, time, stack)
 //! contents (32)        CONTENTS: the first bytes of the object at its free
 //! ```
+//!
+//! With the requested size, a kmalloc(100) served by `kmalloc-104` has
+//! its redzone from byte 100: an overflow into the size class's padding is
+//! a redzone violation, as with Linux `slab_debug=Z` on kmalloc caches.
+//! A block kept by `krealloc` / `GlobalAlloc::realloc` in place moves its
+//! redzone to the new size; `Allocator::allocate` hands out (and moves the
+//! redzone to) the whole usable size. Fills and checks go a word at a time.
 //!
 //! The state word is illumos' `bt_bxstat`: a free of an object whose state
 //! is already free is a duplicate free, exactly, wherever the first free
