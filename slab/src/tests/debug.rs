@@ -517,8 +517,8 @@ fn krealloc_in_place_moves_the_redzone() {
     assert_eq!(r, p);
     assert_eq!(alloc.nr_errors(), before);
     write(r, 99, 0x41);
-    // SAFETY: ours; a realloc in place checks the redzone where it was.
     let layout = Layout::from_size_align(98, 8).unwrap();
+    // SAFETY: ours; a realloc in place checks the redzone where it was.
     let s = unsafe { alloc.realloc(r.as_ptr(), layout, 103) };
     assert_eq!(s, p.as_ptr());
     let errors = errors_since(alloc, before);
