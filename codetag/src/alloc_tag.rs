@@ -353,9 +353,9 @@ impl AllocTagCounters {
     /// CPU's block concurrently (as for [`add_local`](Self::add_local)).
     #[inline(always)]
     pub unsafe fn add_at(&self, cpu_base: usize, tag_ref: AllocTagRef, bytes: usize) {
-        if let Some(counter) = self.counter_at(cpu_base, tag_ref) {
-            // SAFETY: per our caller (see counter_at).
-            unsafe { local_update(counter, bytes as u64, true) };
+        if let Some(offset) = self.counter_offset(tag_ref) {
+            // SAFETY: per our caller (see counter_offset).
+            unsafe { local_update_at(cpu_base, offset, bytes as u64, true) };
         }
     }
 
@@ -367,24 +367,24 @@ impl AllocTagCounters {
     /// As for [`add_at`](Self::add_at).
     #[inline(always)]
     pub unsafe fn sub_at(&self, cpu_base: usize, tag_ref: AllocTagRef, bytes: usize) {
-        if let Some(counter) = self.counter_at(cpu_base, tag_ref) {
-            // SAFETY: per our caller (see counter_at).
-            unsafe { local_update(counter, bytes as u64, false) };
+        if let Some(offset) = self.counter_offset(tag_ref) {
+            // SAFETY: per our caller (see counter_offset).
+            unsafe { local_update_at(cpu_base, offset, bytes as u64, false) };
         }
     }
 
-    /// The counter of `tag_ref` at a CPU's counter base: `None` for a
-    /// reference past the last tag (and before init: `nr_tags` is 0).
-    /// Valid for the program's lifetime if `cpu_base` came from
-    /// [`cpu_base`](Self::cpu_base): then `1 <= tag_ref <= nr_tags` puts it
-    /// inside that CPU's block.
+    /// The byte offset of `tag_ref`'s counter from a CPU's counter base:
+    /// `None` for a reference past the last tag (and before init:
+    /// `nr_tags` is 0). If `cpu_base` came from [`cpu_base`](Self::cpu_base),
+    /// `1 <= tag_ref <= nr_tags` puts `cpu_base + offset` at a counter of
+    /// that CPU's block, valid for the program's lifetime.
     #[inline(always)]
-    fn counter_at(&self, cpu_base: usize, tag_ref: AllocTagRef) -> Option<*const TagCounter> {
+    fn counter_offset(&self, tag_ref: AllocTagRef) -> Option<usize> {
         let tag_ref = tag_ref.get() as usize;
         if tag_ref > self.nr_tags.load(Ordering::Acquire) {
             return None;
         }
-        Some((cpu_base + tag_ref * core::mem::size_of::<TagCounter>()) as *const TagCounter)
+        Some(tag_ref * core::mem::size_of::<TagCounter>())
     }
 
     /// Uncounts a freed object of `bytes` at `tag_ref`, on CPU `cpu` (any
@@ -621,8 +621,50 @@ pub fn write_allocinfo_row(
     writeln!(out)
 }
 
-/// `calls` is 8 bytes into a [`TagCounter`] (the `asm!` below says so).
+/// `calls` is 8 bytes into a [`TagCounter`] (the `asm!` below says so),
+/// and a counter is 16 bytes (`cpu_base`'s bias, `counter_offset`).
 const _: () = assert!(core::mem::offset_of!(TagCounter, calls) == 8);
+const _: () = assert!(core::mem::size_of::<TagCounter>() == 16);
+
+/// [`local_update`] of the counter at `base + offset`, the sum left to the
+/// addressing mode (`add [base + offset], bytes; inc [base + offset + 8]`).
+///
+/// # Safety
+///
+/// As for [`local_update`], for the counter at `base + offset`.
+#[inline(always)]
+unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: per our caller, `base + offset` is a valid, aligned
+    // TagCounter (calls at offset 8: asserted above) that no other CPU
+    // writes (others only load it; aligned 8-byte stores are never torn).
+    unsafe {
+        if add {
+            core::arch::asm!(
+                "add qword ptr [{base} + {offset}], {bytes}",
+                "inc qword ptr [{base} + {offset} + 8]",
+                base = in(reg) base,
+                offset = in(reg) offset,
+                bytes = in(reg) bytes,
+                options(nostack),
+            );
+        } else {
+            core::arch::asm!(
+                "sub qword ptr [{base} + {offset}], {bytes}",
+                "dec qword ptr [{base} + {offset} + 8]",
+                base = in(reg) base,
+                offset = in(reg) offset,
+                bytes = in(reg) bytes,
+                options(nostack),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: per our caller.
+    unsafe {
+        local_update((base + offset) as *const TagCounter, bytes, add)
+    };
+}
 
 /// Counts one object of `bytes` in (`add`) or out of a counter only this
 /// CPU writes, without a locked instruction: on x86_64 one `asm!` block,

@@ -520,6 +520,17 @@ pub(crate) trait FreeOut {
     fn ok() -> Self;
     /// The result of a free by `cache`, as the caller takes it.
     fn from_result<P: Platform>(cache: &KmemCache<P>, result: Result<(), FreeError>) -> Self;
+    /// [`KmemCache::free_off_hit`] or its `sret` twin, whichever keeps
+    /// the index in place for this result type.
+    ///
+    /// # Safety
+    /// As for [`KmemCache::finish_free`].
+    unsafe fn off_hit<P: Platform>(
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+        at: Located,
+        hot: HotFlags,
+    ) -> Self;
 }
 
 impl FreeOut for Result<(), FreeError> {
@@ -531,6 +542,16 @@ impl FreeOut for Result<(), FreeError> {
     fn from_result<P: Platform>(_cache: &KmemCache<P>, result: Result<(), FreeError>) -> Self {
         result
     }
+    #[inline(always)]
+    unsafe fn off_hit<P: Platform>(
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+        at: Located,
+        hot: HotFlags,
+    ) -> Self {
+        // SAFETY: per our caller.
+        unsafe { cache.free_off_hit_sret::<Self>(at.index, obj, at.slab, hot) }
+    }
 }
 
 impl FreeOut for () {
@@ -541,6 +562,16 @@ impl FreeOut for () {
         if let Err(error) = result {
             cache.owner().report_free_error(error);
         }
+    }
+    #[inline(always)]
+    unsafe fn off_hit<P: Platform>(
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+        at: Located,
+        hot: HotFlags,
+    ) -> Self {
+        // SAFETY: per our caller.
+        unsafe { KmemCache::free_off_hit::<Self>(obj, cache, at.index, at.slab, hot) }
     }
 }
 
@@ -616,7 +647,7 @@ impl<P: Platform> KmemCache<P> {
         let hot = self.hot().intersection(HotFlags::FREE_SLOW);
         if !hot.is_empty() {
             // SAFETY: per our caller.
-            return unsafe { self.free_off_hit::<O>(obj, at, hot) };
+            return unsafe { O::off_hit(self, obj, at, hot) };
         }
         // SAFETY: per our caller.
         if unsafe { self.magazine_free_hit(obj) } {
@@ -633,10 +664,55 @@ impl<P: Platform> KmemCache<P> {
     /// free. Anything else: [`Self::free_flagged`]. Out of line but not
     /// cold, reached by a tail call, so the plain hit stays a leaf.
     ///
+    /// Two entry points with one body, their parameters ordered so that
+    /// no register moves on the hit: the owner check's index stays where
+    /// its multiply left it (`rdx`, the third integer argument), and
+    /// `GlobalAlloc::dealloc`'s pointer where it came (first, when LLVM
+    /// drops the constant `&self` of a `#[global_allocator]`'s `dealloc`).
+    /// This one has no result (`GlobalAlloc::dealloc`); `Result`'s has a
+    /// hidden result pointer first ([`FreeOut::off_hit`] picks).
+    ///
     /// # Safety
     /// As for [`Self::finish_free`].
     #[inline(never)]
-    unsafe fn free_off_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located, hot: HotFlags) -> O {
+    pub(crate) unsafe fn free_off_hit<O: FreeOut>(
+        obj: NonNull<u8>,
+        cache: &Self,
+        index: usize,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> O {
+        // SAFETY: per our caller.
+        unsafe { cache.free_off_hit_body(obj, Located { index, slab }, hot) }
+    }
+
+    /// [`Self::free_off_hit`] for a result returned through memory.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_off_hit_sret<O: FreeOut>(
+        &self,
+        index: usize,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> O {
+        // SAFETY: per our caller.
+        unsafe { self.free_off_hit_body(obj, Located { index, slab }, hot) }
+    }
+
+    /// The body of [`Self::free_off_hit`].
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(always)]
+    unsafe fn free_off_hit_body<O: FreeOut>(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+        hot: HotFlags,
+    ) -> O {
         #[cfg(feature = "alloc-profiling")]
         if hot == HotFlags::TAGGED {
             // SAFETY: per our caller; `TAGGED` is only set for caches with
