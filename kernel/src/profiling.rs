@@ -24,15 +24,23 @@
 //!
 //! # Where the state lives
 //!
-//! * Each object's 4-byte tag reference: in `magpie-slab` (see its
-//!   `alloc_tag` module): a `u32` array per small slab page, a `u32` in each
-//!   bufctl, the upper half of a page-granular allocation's page-map entry.
+//! * Each object's 4-byte tag reference (an `Option<AllocTagRef>`): in
+//!   `magpie-slab` (see its `alloc_tag` module): an array per small slab, a
+//!   `u32` in each bufctl, the upper half of a page-granular allocation's
+//!   page-map entry.
 //! * Counters: [`AllocTagCounters`], one block per CPU of `{bytes, calls}`
 //!   for every tag, cache-line aligned, allocated from `kpages` in
-//!   [`init`] once the CPU count is known. Allocations update only their
-//!   CPU's block; `allocinfo` sums over CPUs. Until `init`, profiling is off.
-//! * The current scope tag: one cache-line padded word per CPU here (there
-//!   is no scheduler: a scope guard saves and restores the previous value).
+//!   [`init`] once the CPU count is known. Each CPU's counter base
+//!   (`AllocTagCounters::cpu_base`) is a word of its `PerCpu`, so a charge
+//!   is one `%gs`-relative load, one compare of the reference against the
+//!   number of tags, and one `add` / one `inc` (Linux's `this_cpu_add`).
+//!   Allocations update only their CPU's block; `allocinfo` sums over CPUs.
+//!   Until `init`, profiling is off.
+//! * The current tag: a word of each CPU's `PerCpu` (read `%gs`-relative
+//!   by the slab allocator's `alloc_tag_current` hook, no switch test: the
+//!   slab allocator asks only while its own switch, kept equal to
+//!   [`SWITCH`], is on), `untagged` from [`init`] on; a scope guard swaps
+//!   its tag in and restores the previous value (there is no scheduler).
 //!
 //! # Switches
 //!
