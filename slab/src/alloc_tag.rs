@@ -52,6 +52,8 @@ use crate::cache::HotFlags;
 #[cfg(feature = "alloc-profiling")]
 use crate::cache::KmemCache;
 #[cfg(feature = "alloc-profiling")]
+use crate::pagemap::TAG_MASK;
+#[cfg(feature = "alloc-profiling")]
 use crate::path::Located;
 #[cfg(feature = "alloc-profiling")]
 use crate::platform::PAGE_SIZE;
@@ -132,8 +134,13 @@ impl<P: Platform> KmemCache<P> {
         let (base, offset) = if self.nr_pages_per_slab == 1 {
             (addr & !(PAGE_SIZE - 1), addr & (PAGE_SIZE - 1))
         } else {
-            // SAFETY: a busy object of ours: its slab is alive.
-            let base = unsafe { (*self.small_slab_of(addr)).base };
+            // Slabs of several pages are packed ones, on the primary
+            // source: the page map names the slab (no `on_primary` test).
+            debug_assert!(self.on_primary);
+            let slab = (self.page_map.get(addr) & !TAG_MASK) as *const crate::slab::Slab;
+            // SAFETY: a busy object of ours on the primary source: its
+            // pages map to its slab, which is alive.
+            let base = unsafe { (*slab).base };
             (base, addr - base)
         };
         let (index, _) = self.obj_index(offset);
