@@ -635,11 +635,12 @@ const _: () = assert!(core::mem::size_of::<TagCounter>() == 16);
 #[inline(always)]
 unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: per our caller, `base + offset` is a valid, aligned
-    // TagCounter (calls at offset 8: asserted above) that no other CPU
-    // writes (others only load it; aligned 8-byte stores are never torn).
-    unsafe {
-        if add {
+    if add {
+        // SAFETY: per our caller, `base + offset` is a valid, aligned
+        // TagCounter (calls at offset 8: asserted above) that no other CPU
+        // writes (others only load it; aligned 8-byte stores are never
+        // torn).
+        unsafe {
             core::arch::asm!(
                 "add qword ptr [{base} + {offset}], {bytes}",
                 "inc qword ptr [{base} + {offset} + 8]",
@@ -648,7 +649,10 @@ unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
                 bytes = in(reg) bytes,
                 options(nostack),
             );
-        } else {
+        }
+    } else {
+        // SAFETY: as for the add above.
+        unsafe {
             core::arch::asm!(
                 "sub qword ptr [{base} + {offset}], {bytes}",
                 "dec qword ptr [{base} + {offset} + 8]",
