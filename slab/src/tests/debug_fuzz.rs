@@ -221,7 +221,7 @@ fn settle(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(32))]
     #[test]
     fn debug_fuzz(ops in proptest::collection::vec(op(), 1..300)) {
         run(ops)?;

@@ -150,6 +150,10 @@ fn mixed_sizes(count: usize) -> Vec<usize> {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "a measurement over 100,000 live objects (hours under Miri); the paths it takes are the kmalloc tests'"
+)]
 fn heap_efficiency_of_mixed_live_objects() {
     // 100,000 live objects of 8..=512 bytes, each written in full: the
     // pages the allocator took from its source (slabs and all metadata)

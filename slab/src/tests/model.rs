@@ -256,7 +256,7 @@ fn add(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(48))]
     #[test]
     fn model(ops in proptest::collection::vec(op(), 1..400)) {
         run(ops)?;

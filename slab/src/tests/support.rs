@@ -20,6 +20,35 @@ use crate::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform};
 
 pub const NR_CPUS: usize = 4;
 
+/// How much smaller the big tests run under Miri (`make test-miri`), which
+/// interprets every instruction and checks every access (a test's setup,
+/// 7 ms native, takes about a second there): their operation counts and
+/// bursts are divided by this. 1 natively: the native run is unchanged.
+pub const MIRI_SCALE: usize = if cfg!(miri) { 100 } else { 1 };
+
+/// `n` operations, divided by [`MIRI_SCALE`] under Miri (at least 1).
+pub const fn scaled(n: usize) -> usize {
+    if n / MIRI_SCALE == 0 {
+        1
+    } else {
+        n / MIRI_SCALE
+    }
+}
+
+/// The proptest configuration of `cases` cases, [`scaled`]; under Miri
+/// without the regression file (Miri's isolation has no working
+/// directory to find it from).
+pub fn proptest_config(cases: usize) -> proptest::test_runner::Config {
+    let mut config = proptest::test_runner::Config {
+        cases: scaled(cases) as u32,
+        ..proptest::test_runner::Config::default()
+    };
+    if cfg!(miri) {
+        config.failure_persistence = None;
+    }
+    config
+}
+
 std::thread_local! {
     static CPU: Cell<usize> = const { Cell::new(0) };
     static CALLER: Cell<usize> = const { Cell::new(0xffff_8000_0000_0c00) };

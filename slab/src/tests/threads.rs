@@ -14,8 +14,8 @@ use std::vec::Vec;
 use super::support::*;
 use crate::{CacheFlags, Constructed, InitBox, KmemCache, ObjectInit, ObjectRef, PAGE_SIZE};
 
-/// Random-mix operations per thread.
-const NR_OPS: usize = 150_000;
+/// Random-mix operations per thread (1,500 under Miri).
+const NR_OPS: usize = scaled(150_000);
 /// Most objects one thread holds at once; most in the shared pool.
 const MAX_LIVE: usize = 192;
 const MAX_SHARED: usize = 256;
