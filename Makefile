@@ -89,7 +89,7 @@ test-loom:
 # warns on each). -Zmiri-ignore-leaks: the test page source leaks its arena
 # on purpose.
 MIRI_FLAGS := -Zmiri-permissive-provenance -Zmiri-ignore-leaks
-MIRI_TEST := MIRIFLAGS="$(MIRI_FLAGS)" cargo miri test --target $(HOST)
+MIRI_TEST := MAKEFLAGS= MIRIFLAGS="$(MIRI_FLAGS)" cargo miri test --target $(HOST)
 MIRI_SKIP := --skip alloc_free::reap_all_returns_metadata_in_one_pass \
 	--skip kmemtrace::events_span_sub_buffers_in_order \
 	--skip kmemtrace::full_ring_counts_overruns_and_sequence_gaps \
@@ -107,7 +107,7 @@ MIRI_SLAB_2 := tests::kmemtrace tests::oom tests::profiling tests::tracing \
 test-miri:
 	cargo miri setup
 	$(MIRI_TEST) -p magpie-slab --lib --no-run
-	$(MAKE) --no-print-directory -j2 --output-sync=target miri-slab-1 miri-slab-2
+	$(MAKE) --no-print-directory -j2 --output-sync=line miri-slab-1 miri-slab-2
 	$(MIRI_TEST) -p magpie-codetag --lib
 miri-slab-1:
 	$(MIRI_TEST) -p magpie-slab --lib -- $(MIRI_SKIP) $(MIRI_SLAB_1)

@@ -682,7 +682,8 @@ unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
 /// concurrently.
 #[inline(always)]
 unsafe fn local_update(counter: *const TagCounter, bytes: u64, add: bool) {
-    #[cfg(target_arch = "x86_64")]
+    // Miri cannot run `asm!`: it checks the atomic fallback below instead.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     if add {
         // SAFETY: `counter` points to a valid, aligned TagCounter (two u64s,
         // calls at offset 8: asserted above); by the caller's contract no
@@ -709,7 +710,7 @@ unsafe fn local_update(counter: *const TagCounter, bytes: u64, add: bool) {
             );
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
     {
         // SAFETY: per our caller, `counter` is valid.
         let counter = unsafe { &*counter };
