@@ -634,7 +634,8 @@ const _: () = assert!(core::mem::size_of::<TagCounter>() == 16);
 /// As for [`local_update`], for the counter at `base + offset`.
 #[inline(always)]
 unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
-    #[cfg(target_arch = "x86_64")]
+    // Miri cannot run `asm!`: it checks the fallback below instead.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     if add {
         // SAFETY: per our caller, `base + offset` is a valid, aligned
         // TagCounter (calls at offset 8: asserted above) that no other CPU
@@ -663,7 +664,7 @@ unsafe fn local_update_at(base: usize, offset: usize, bytes: u64, add: bool) {
             );
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
     // SAFETY: per our caller.
     unsafe {
         local_update((base + offset) as *const TagCounter, bytes, add)
