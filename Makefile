@@ -48,6 +48,8 @@ HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
+	# magpie-slab without its default features (as the kernel and the bench build it).
+	cargo clippy -p magpie-slab --no-default-features --target $(HOST) --all-targets -- -D warnings
 	cargo clippy --all-targets -- -D warnings
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction

@@ -15,23 +15,33 @@ use magpie_slab::{AllocError, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Pl
 /// CPUs the benchmark platform reports.
 pub const NR_CPUS: usize = 4;
 
-std::thread_local! {
-    static CPU: Cell<usize> = const { Cell::new(0) };
-    /// [`ProfPlatform`]'s per-CPU words, as a kernel keeps them in its
-    /// per-CPU area (`%gs`): this CPU's counter base in [`PROF_COUNTERS`]
-    /// (until [`set_cpu`] after [`prof_init`], the sink, which nothing
-    /// reads) and the tag this CPU charges.
-    static PROF_BASE: Cell<*const u8> =
-        const { Cell::new(std::ptr::addr_of!(PROF_SINK).cast::<u8>().wrapping_sub(16)) };
-    static PROF_CURRENT: Cell<Option<AllocTagRef>> = const { Cell::new(None) };
-}
+// The per-CPU words are `#[thread_local]` statics (nightly feature
+// `thread_local`, enabled in main.rs), not `std::thread_local!`: a read is
+// one `%fs`-relative load that the compiler cannot outline. Through
+// `LocalKey::with`, whether the read was inlined into the benchmark loop
+// depended on how rustc split the crate into codegen units, so unrelated
+// slab changes moved the GlobalAlloc rows by ~13 instructions.
+
+/// This thread's CPU id ([`set_cpu`]).
+#[thread_local]
+static CPU: Cell<usize> = Cell::new(0);
+/// [`ProfPlatform`]'s per-CPU words, as a kernel keeps them in its
+/// per-CPU area (`%gs`): this CPU's counter base in [`PROF_COUNTERS`]
+/// (until [`set_cpu`] after [`prof_init`], the sink, which nothing
+/// reads) and the tag this CPU charges.
+#[thread_local]
+static PROF_BASE: Cell<*const u8> =
+    Cell::new(std::ptr::addr_of!(PROF_SINK).cast::<u8>().wrapping_sub(16));
+/// The tag this CPU charges (see [`PROF_BASE`]).
+#[thread_local]
+static PROF_CURRENT: Cell<Option<AllocTagRef>> = Cell::new(None);
 
 /// Act as CPU `cpu` on this thread.
 pub fn set_cpu(cpu: usize) {
-    CPU.with(|c| c.set(cpu));
+    CPU.set(cpu);
     if let Some(base) = PROF_COUNTERS.cpu_base(cpu) {
-        PROF_BASE.with(|b| b.set(base as *const u8));
-        PROF_CURRENT.with(|c| c.set(AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed))));
+        PROF_BASE.set(base as *const u8);
+        PROF_CURRENT.set(AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed)));
     }
 }
 
@@ -50,7 +60,7 @@ unsafe impl Platform for BenchPlatform {
     }
     #[inline]
     fn cpu_id() -> usize {
-        CPU.with(|c| c.get())
+        CPU.get()
     }
     #[inline]
     fn irq_save() -> usize {
@@ -130,11 +140,11 @@ unsafe impl Platform for ProfPlatform {
     }
     #[inline]
     fn alloc_tag_current() -> Option<AllocTagRef> {
-        PROF_CURRENT.with(Cell::get)
+        PROF_CURRENT.get()
     }
     #[inline]
     fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
-        let base = PROF_BASE.with(Cell::get) as usize;
+        let base = PROF_BASE.get() as usize;
         // SAFETY: `base` is this thread's CPU's counter base (set by
         // set_cpu; every benchmark thread has its own CPU id, so only this
         // thread writes that block), or the sink, which has room for
@@ -143,7 +153,7 @@ unsafe impl Platform for ProfPlatform {
     }
     #[inline]
     fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
-        let base = PROF_BASE.with(Cell::get) as usize;
+        let base = PROF_BASE.get() as usize;
         // SAFETY: as in alloc_tag_add.
         unsafe { PROF_COUNTERS.sub_at(base, tag, bytes) };
     }

@@ -18,6 +18,7 @@
 //! (and the `--prof` build for the profiling rows) and writes one markdown
 //! report, optionally into `docs/BENCHMARKS.md` between its markers. See
 //! docs/BENCHMARKS.md.
+#![feature(thread_local)]
 
 mod allocs;
 mod host;

@@ -448,6 +448,13 @@ impl Depot {
     /// type, else it is returned to be freed (with no lock held). False if
     /// the depot has no full magazine. (The `time-stats` point
     /// `func:exchange_for_full`.)
+    #[cfg_attr(
+        not(feature = "time-stats"),
+        expect(
+            clippy::extra_unused_type_parameters,
+            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
+        )
+    )]
     pub(crate) fn exchange_for_full<P: crate::Platform>(
         &self,
         pcc: &mut PcpuInner,
@@ -478,6 +485,13 @@ impl Depot {
     /// magazines of an older type met on the way are returned to be freed
     /// (with no lock held). (The `time-stats` point
     /// `func:exchange_for_empty`.)
+    #[cfg_attr(
+        not(feature = "time-stats"),
+        expect(
+            clippy::extra_unused_type_parameters,
+            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
+        )
+    )]
     pub(crate) fn exchange_for_empty<P: crate::Platform>(
         &self,
         pcc: &mut PcpuInner,
