@@ -82,7 +82,10 @@ test-loom:
 #   cfg(miri) (slab/src/tests/support.rs MIRI_SCALE: thread stress, proptest
 #   models, bursts, cost loops at 1/100; tests marked
 #   `#[cfg_attr(miri, ignore = "...")]` say why they are left out); it
-#   needs well over 10 minutes of CPU per half, more than the CI budget;
+#   measured 2026-11-23 on the 2-core CI-class VM: each half still running
+#   after 26 min wall / 20.5 min CPU (stopped there), against 7.5 min for
+#   the whole of .ci/run with this tier: not in `make test` until the
+#   allocator's setup under Miri is cheaper;
 # - codetag's integration tests: the linker-section (linkme) registries,
 #   Miri cannot read `__start_*` section symbols.
 # -Zmiri-permissive-provenance: the allocator keeps addresses as words and
