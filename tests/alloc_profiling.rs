@@ -67,6 +67,14 @@ mod profiled {
 
     use super::{free_all, run, ten_from_a_known_site};
 
+    /// The first tag in `function`.
+    fn tag_of(function: &str) -> &'static magpie_codetag::alloc_tag::AllocTag {
+        magpie_codetag::alloc_tag::AllocTag::all()
+            .iter()
+            .find(|tag| tag.tag.function() == function)
+            .unwrap_or_else(|| panic!("no tag in {function}"))
+    }
+
     fn counts(function: &str) -> AllocTagCounts {
         counts_of_function(function).unwrap_or_else(|| panic!("no tag in {function}"))
     }
@@ -251,10 +259,7 @@ mod profiled {
 
     #[test_case]
     fn context_capture_records_each_live_object_of_one_site() {
-        let tag = magpie_codetag::alloc_tag::AllocTag::all()
-            .iter()
-            .find(|tag| tag.tag.function() == "ten_from_a_known_site")
-            .expect("tag");
+        let tag = tag_of("ten_from_a_known_site");
         let location = alloc::format!("{}:{}", tag.tag.file, tag.tag.line);
         let enabled = run(&alloc::format!("allocinfo ctx {location} enable"));
         assert!(enabled.starts_with("capturing context of "), "{enabled}");
@@ -281,6 +286,76 @@ mod profiled {
         assert!(profiling::ctx_records().is_empty());
         free_all(objs);
         assert!(run("allocinfo ctx nowhere.rs:1 print").starts_with("error: no allocation tag"));
+    }
+
+    /// `n` boxes of 64 bytes through the global allocator, charged to this
+    /// function's scope; each holds its own index in every word.
+    #[inline(never)]
+    #[expect(
+        clippy::vec_box,
+        reason = "one global-allocator object per box: the boxes are what is captured"
+    )]
+    fn boxes_in_a_scope(n: u64) -> Vec<Box<[u64; 8]>> {
+        let mut boxes = Vec::with_capacity(n as usize);
+        let _scope = magpie::alloc_tag_scope!();
+        for index in 0..n {
+            boxes.push(Box::new([index; 8]));
+        }
+        boxes
+    }
+
+    #[test_case]
+    fn context_capture_through_the_global_allocator_hit() {
+        // The GlobalAlloc hit (`alloc_profiled`, `free_off_hit`) tests the
+        // capture word inline and calls the capture through a thunk that
+        // must keep every register: the boxes' contents and the counts
+        // after the frees check that, the records that it captured.
+        let tag = tag_of("boxes_in_a_scope");
+        let warm = boxes_in_a_scope(16);
+        drop(warm);
+        profiling::ctx_enable(tag);
+        let mut boxes = boxes_in_a_scope(12);
+        let records = profiling::ctx_records();
+        // The Vec's buffer is reserved before the scope opens: 12 boxes.
+        assert_eq!(records.len(), 12, "one record per box");
+        for boxed in &boxes {
+            let addr = core::ptr::from_ref::<[u64; 8]>(boxed) as usize;
+            assert!(
+                records
+                    .iter()
+                    .any(|record| record.addr == addr && record.size == 64 && record.nr_frames > 0),
+                "no record of {addr:#x}"
+            );
+        }
+        // The backtrace walks through the thunk's frame to the caller.
+        assert!(records.iter().all(|record| {
+            record.frames[..usize::from(record.nr_frames)]
+                .iter()
+                .any(|&frame| {
+                    magpie::symbols::lookup(frame)
+                        .is_some_and(|(name, _)| name.contains("boxes_in_a_scope"))
+                })
+        }));
+        for (index, boxed) in boxes.iter().enumerate() {
+            assert_eq!(**boxed, [index as u64; 8]);
+        }
+        drop(boxes.split_off(5));
+        assert_eq!(profiling::ctx_records().len(), 5);
+        assert_eq!(
+            counts("boxes_in_a_scope"),
+            AllocTagCounts {
+                bytes: 5 * 64,
+                calls: 5
+            }
+        );
+        for (index, boxed) in boxes.iter().enumerate() {
+            assert_eq!(**boxed, [index as u64; 8]);
+        }
+        profiling::ctx_disable();
+        drop(boxes);
+        assert!(profiling::ctx_records().is_empty());
+        assert_eq!(counts("boxes_in_a_scope"), AllocTagCounts::default());
+        assert_eq!(profiling::ctx_nr_dropped(), 0);
     }
 
     #[test_case]

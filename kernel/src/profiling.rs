@@ -59,7 +59,10 @@
 //! backtrace, until the object is freed (the Linux RFC's per-callsite
 //! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
 //! (recording never allocates, so it cannot recurse into the allocator);
-//! when the pool is full the record is dropped and counted.
+//! when the pool is full the record is dropped and counted. With no capture
+//! armed, the profiled hit pays one compare and branch on each side, and no
+//! stack frame: the capture is called through a register-preserving thunk
+//! (see `ctx_capture_alloc`).
 //!
 //! # Latency statistics
 //!
@@ -218,7 +221,8 @@ pub fn explicit_tag(tag: &'static AllocTag) -> Option<AllocTagRef> {
 
 /// [`Platform::alloc_tag_add`]: count on this CPU (one compare, then one
 /// `add` and one `inc` at this CPU's `%gs`-relative counter base), and
-/// capture context if the site is being captured.
+/// capture context if the site is being captured (one compare and branch;
+/// see [`ctx_capture_alloc`]).
 #[inline(always)]
 pub fn charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // SAFETY: `alloc_tag_base()` is this CPU's base in COUNTERS: `init` set
@@ -228,21 +232,18 @@ pub fn charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // runs on the CPU whose GS it read until it returns, so only this CPU
     // writes its counter block.
     unsafe { COUNTERS.add_at(arch::alloc_tag_base(), tag, bytes) };
-    if tag.get() == CTX_TAG.load(Ordering::Relaxed) {
-        ctx_record(ptr, bytes);
-    }
+    ctx_capture_alloc(tag, ptr, bytes);
 }
 
 /// [`Platform::alloc_tag_sub`]: uncount (on whichever CPU frees) and drop a
-/// context record.
+/// context record (one compare and branch while the pool is empty; see
+/// [`ctx_capture_free`]).
 #[inline(always)]
 pub fn uncharge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // SAFETY: as in `charge` (a tagged object exists only once `init` set
     // every CPU's base).
     unsafe { COUNTERS.sub_at(arch::alloc_tag_base(), tag, bytes) };
-    if CTX_NR_RECORDS.load(Ordering::Relaxed) != 0 {
-        ctx_remove(ptr);
-    }
+    ctx_capture_free(ptr);
 }
 
 // ---------------------------------------------------------------------------
@@ -659,12 +660,143 @@ static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
     records: [EMPTY_RECORD; CTX_MAX_RECORDS],
 });
 
-/// Captures the context of a new object of the captured site. Never
-/// allocates.
+// The capture hooks on the profiled hit paths.
+//
+// `charge` and `uncharge` are inlined into the slab allocator's profiled
+// alloc and free. A Rust call to the capture functions there, even behind a
+// `#[cold]` branch, makes those functions non-leaf: LLVM gives them a stack
+// frame and keeps the object in a callee-saved register across the call,
+// on every hit, captured or not (15 instructions per pair, measured by
+// disassembly; docs/BENCHMARKS.md "The hit in the kernel"). So the test and
+// the call are one `asm!` block the register allocator sees as clobbering
+// only the flags: a compare of the word in memory with a register and a
+// branch over the call. The call goes to a thunk that saves every register
+// the C ABI lets a callee clobber, aligns the stack, calls the capture
+// function and returns popping its stack arguments (the shape of Linux's
+// callee-save thunks, `PV_CALLEE_SAVE_REGS_THUNK`). With capture off, the
+// hit pays the compare and the branch, and nothing else.
+
+/// The capture test of a new object: if `tag` is the captured site, record
+/// `ptr` and `bytes` ([`ctx_record`], through [`ctx_record_thunk`]).
+#[inline(always)]
+fn ctx_capture_alloc(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: the block compares CTX_TAG (a 4-byte static) with `tag` and,
+    // if equal, pushes the two arguments and calls the thunk, which keeps
+    // every general-purpose register but the flags (declared clobbered:
+    // no `preserves_flags`) and pops its arguments on return (`ret 16`), so
+    // the stack pointer is back where it was; the block uses stack below
+    // it (no `nostack`), which this target allows (no red zone).
+    unsafe {
+        core::arch::asm!(
+            "cmp dword ptr [rip + {ctx_tag}], {tag:e}",
+            "jne 2f",
+            "push {ptr}",
+            "push {bytes}",
+            "call {thunk}",
+            "2:",
+            ctx_tag = sym CTX_TAG,
+            thunk = sym ctx_record_thunk,
+            tag = in(reg) tag.get(),
+            ptr = in(reg) ptr.as_ptr(),
+            bytes = in(reg) bytes,
+        );
+    }
+}
+
+/// The capture test of a freed object: while the pool holds records, drop
+/// `ptr`'s ([`ctx_remove`], through [`ctx_remove_thunk`]).
+#[inline(always)]
+fn ctx_capture_free(ptr: NonNull<u8>) {
+    // SAFETY: as in `ctx_capture_alloc`: one argument, popped by the
+    // thunk's `ret 8`.
+    unsafe {
+        core::arch::asm!(
+            "cmp qword ptr [rip + {nr_records}], 0",
+            "je 2f",
+            "push {ptr}",
+            "call {thunk}",
+            "2:",
+            nr_records = sym CTX_NR_RECORDS,
+            thunk = sym ctx_remove_thunk,
+            ptr = in(reg) ptr.as_ptr(),
+        );
+    }
+}
+
+/// A naked thunk that calls `$callee` (an `extern "C"` function) keeping
+/// every general-purpose register: it links a frame (so backtraces walk
+/// through it), saves the registers the C ABI lets a callee clobber, loads
+/// the callee's arguments from its caller's stack pushes (`$load`: `[rbp +
+/// 16]` is the last word pushed), aligns the stack for the call, restores,
+/// and returns with `$ret` (`ret N` pops the N bytes of arguments).
+macro_rules! callee_save_thunk {
+    ($(#[$meta:meta])* fn $name:ident => $callee:path, load: [$($load:literal),+], $ret:literal) => {
+        $(#[$meta])*
+        #[unsafe(naked)]
+        unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                "push rbp",
+                "mov rbp, rsp",
+                "push rax",
+                "push rcx",
+                "push rdx",
+                "push rsi",
+                "push rdi",
+                "push r8",
+                "push r9",
+                "push r10",
+                "push r11",
+                $($load,)+
+                "and rsp, -16",
+                "call {callee}",
+                // Back to the nine saved registers below the frame link.
+                "lea rsp, [rbp - 72]",
+                "pop r11",
+                "pop r10",
+                "pop r9",
+                "pop r8",
+                "pop rdi",
+                "pop rsi",
+                "pop rdx",
+                "pop rcx",
+                "pop rax",
+                "pop rbp",
+                $ret,
+                callee = sym $callee,
+            );
+        }
+    };
+}
+
+callee_save_thunk! {
+    /// Calls [`ctx_record`]`(ptr, bytes)` keeping every register; the
+    /// arguments are on the stack (`ptr` pushed first), popped on return.
+    ///
+    /// # Safety
+    ///
+    /// Only for [`ctx_capture_alloc`]'s `call`: two words pushed just
+    /// before it (not a Rust-callable function).
+    fn ctx_record_thunk => ctx_record, load: ["mov rdi, [rbp + 24]", "mov rsi, [rbp + 16]"], "ret 16"
+}
+
+callee_save_thunk! {
+    /// Calls [`ctx_remove`]`(ptr)` keeping every register; `ptr` is on the
+    /// stack, popped on return.
+    ///
+    /// # Safety
+    ///
+    /// Only for [`ctx_capture_free`]'s `call`: one word pushed just before
+    /// it (not a Rust-callable function).
+    fn ctx_remove_thunk => ctx_remove, load: ["mov rdi, [rbp + 16]"], "ret 8"
+}
+
+/// Captures the context of a new object of the captured site (`addr`, its
+/// `bytes`). Never allocates. Called through [`ctx_record_thunk`].
+#[cold]
 #[inline(never)]
-fn ctx_record(ptr: NonNull<u8>, bytes: usize) {
+extern "C" fn ctx_record(addr: usize, bytes: usize) {
     let mut record = EMPTY_RECORD;
-    record.addr = ptr.as_ptr() as usize;
+    record.addr = addr;
     record.size = bytes;
     record.cpu = arch::cpu_id() as u32;
     record.timestamp = KernelPlatform::now();
@@ -683,9 +815,11 @@ fn ctx_record(ptr: NonNull<u8>, bytes: usize) {
     }
 }
 
+/// Drops the record of a freed object at `addr`, if there is one. Called
+/// through [`ctx_remove_thunk`].
+#[cold]
 #[inline(never)]
-fn ctx_remove(ptr: NonNull<u8>) {
-    let addr = ptr.as_ptr() as usize;
+extern "C" fn ctx_remove(addr: usize) {
     let _irq = IrqGuard::new();
     let mut pool = CTX_POOL.lock();
     if let Some(slot) = pool.records.iter_mut().find(|slot| slot.addr == addr) {
