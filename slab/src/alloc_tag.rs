@@ -10,47 +10,77 @@
 //!
 //! Where the reference lives:
 //!
-//! - **small-object slabs**: an array of one `Option<AllocTagRef>` per
-//!   object after the last object of the slab (`objs_per_slab` is computed
-//!   with `stride + 4` per object). An object's index is the high word of
-//!   `offset * ceil(2^64 / stride)`, the multiply that also checks frees;
-//! - **bufctl slabs**: a `u32` in the object's bufctl (it fits in padding:
-//!   no extra bytes; 0 is `None`);
+//! - **small-object slabs**: a per-slab **tag side array** of one
+//!   `Option<AllocTagRef>` per object (`nr_objs * 4` bytes), after Linux's
+//!   `alloc_slab_obj_exts` (mm/slub.c). The slab header's `tags` pointer
+//!   is null until the first tagged allocation from the slab, which
+//!   allocates the array (zeroed: every object `None`) from the
+//!   bootstrap cache `kmem_tags_<bytes>` of the next size up (32 … 2048
+//!   bytes) and installs it with a compare-exchange; a CPU that loses the
+//!   race frees its copy and uses the winner's. The array goes back with
+//!   the slab (`destroy_slab`). So the slab layout is the same with the
+//!   feature and without (kmalloc-8 holds 496 objects per page either
+//!   way), and a slab that never held a tagged object costs nothing. An
+//!   object's slot is at the object's index, the high word of `offset *
+//!   ceil(2^64 / stride)` — the multiply that also checks frees;
+//! - **bufctl slabs**: an `Option<AllocTagRef>` in the object's bufctl (it
+//!   fits in padding: no extra bytes);
 //! - **page-granular kmalloc**: the upper 32 bits of the first page's
 //!   page-map entry (no extra bytes; 0 is `None`).
 //!
 //! `None` means "no tag" (allocated while profiling was off): its free
 //! uncharges nothing, so no counter underflows. A free object's reference
 //! is always `None` (frees clear it), so an object allocated while
-//! profiling is off needs no store at all.
+//! profiling is off needs no store at all, and profiling switched on late
+//! finds the untagged objects of older slabs `None` in the array their
+//! first tagged neighbour installs.
+//!
+//! **No recursion**: the side-array caches are bootstrap caches, whose
+//! objects are never tagged, so allocating a side array never needs
+//! another one; it is allocated after the magazine hit, with no lock held
+//! and interrupts on (lock order: like any metadata allocation).
+//! **Never a failure caused by profiling**: if the side array cannot be
+//! allocated, the object is still handed out, untagged and uncharged
+//! (its free uncharges nothing), and the miss is counted
+//! ([`Allocator::nr_tag_array_misses`](crate::Allocator::nr_tag_array_misses)).
 //!
 //! The runtime switch: [`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)
 //! sets or clears `PROFILING` in every cache's `hot_flags` (new caches
 //! inherit it); a kernel calls it whenever its own switch flips. Setting
-//! it also sets `TAGGED` (in the same atomic update) on caches with tag
-//! arrays, so the profiled alloc tests no flag; clearing it leaves
-//! `TAGGED` (objects may still carry references). Set, the alloc goes to
-//! the out-of-line profiled path, which asks `alloc_tag_current()` after
-//! the magazine hit; clear, no tag is asked for (explicit tags are ignored
-//! too) and the object gets no reference.
+//! it also sets `TAGGED` (in the same atomic update) on small-slab caches
+//! (not bootstrap ones), so the profiled alloc tests no flag; clearing it
+//! leaves `TAGGED` (objects may still carry references). Set, the alloc
+//! goes to the out-of-line profiled path, which asks `alloc_tag_current()`
+//! after the magazine hit; clear, no tag is asked for (explicit tags are
+//! ignored too) and the object gets no reference.
 //!
 //! Costs (callgrind, 64-byte `GlobalAlloc` pair on the host bench, see
 //! docs/BENCHMARKS.md): compiled out, nothing (no code, no bytes).
 //! Compiled in but off: nothing per alloc (the bit is in the word the hit
-//! tests anyway); per free, `TAGGED` is one more bit of the one
-//! `FREE_SLOW` mask test, and a cache that has been profiled sends its
-//! frees one tail call away. On: a tail call to the profiled path,
-//! `alloc_tag_current()` (a per-CPU load), a multiply, a 4-byte store and
-//! `alloc_tag_add` per alloc; a tail call with the index in a register, a
-//! load, a store and `alloc_tag_sub` per free. Bootstrap (metadata) caches
-//! have no reference arrays.
+//! tests anyway), and no memory (no side array is allocated); per free,
+//! `TAGGED` is one more bit of the one `FREE_SLOW` mask test, and a cache
+//! that has been profiled sends its frees one tail call away. On: a tail
+//! call to the profiled path, `alloc_tag_current()` (a per-CPU load), the
+//! slab header (masking the address for a one-page slab with its header
+//! at its end, else the page map), its side-array pointer and a null
+//! test, a multiply, a 4-byte store and `alloc_tag_add` per alloc; a tail
+//! call with the index in a register, the side-array pointer and a null
+//! test, a load, a store and `alloc_tag_sub` per free. Memory: 4 bytes
+//! per object of every small slab that ever held a tagged object, rounded
+//! up to the side-array cache's size (`MetadataStats::tag_array_bytes`).
 
 #[cfg(feature = "alloc-profiling")]
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
+#[cfg(feature = "alloc-profiling")]
+use core::sync::atomic::Ordering;
 
+#[cfg(feature = "alloc-profiling")]
+use crate::allocator::TAG_ARRAY_SIZES;
 use crate::cache::HotFlags;
 #[cfg(feature = "alloc-profiling")]
 use crate::cache::KmemCache;
+#[cfg(feature = "alloc-profiling")]
+use crate::geometry::SlabKind;
 #[cfg(feature = "alloc-profiling")]
 use crate::pagemap::TAG_MASK;
 #[cfg(feature = "alloc-profiling")]
@@ -58,6 +88,8 @@ use crate::path::Located;
 #[cfg(feature = "alloc-profiling")]
 use crate::platform::PAGE_SIZE;
 use crate::platform::Platform;
+#[cfg(feature = "alloc-profiling")]
+use crate::slab::{Slab, small_header};
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
 /// the tag's index in its section plus one; the same type). Never 0: "no
@@ -65,12 +97,9 @@ use crate::platform::Platform;
 /// (what a free object's slot holds).
 pub type AllocTagRef = core::num::NonZeroU32;
 
-/// Bytes of tag reference per object of a small slab.
-pub(crate) const TAG_REF_BYTES: usize = if cfg!(feature = "alloc-profiling") {
-    core::mem::size_of::<Option<AllocTagRef>>()
-} else {
-    0
-};
+/// Bytes of tag reference per object of a small slab, in its side array.
+#[cfg(feature = "alloc-profiling")]
+pub(crate) const TAG_REF_BYTES: usize = core::mem::size_of::<Option<AllocTagRef>>();
 
 const _: () = assert!(core::mem::size_of::<Option<AllocTagRef>>() == 4);
 
@@ -97,12 +126,13 @@ pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
 
 impl<P: Platform> crate::cache::KmemCache<P> {
     /// Switch allocation profiling on or off in this cache's hot flags.
-    /// On also sets `TAGGED` (in the same atomic update) on a cache with
-    /// tag arrays, so the profiled alloc needs no flag test; off leaves
-    /// `TAGGED` (objects may still carry references).
+    /// On also sets `TAGGED` (in the same atomic update) on a small-slab
+    /// cache that may tag its objects (not a bootstrap cache), so the
+    /// profiled alloc needs no flag test; off leaves `TAGGED` (objects may
+    /// still carry references).
     pub(crate) fn set_profiling(&self, on: bool) {
         #[cfg(feature = "alloc-profiling")]
-        if on && self.tag_array_offset != 0 && !self.hot().contains(HotFlags::BUFCTL) {
+        if on && self.kind == SlabKind::Small && !self.hot().contains(HotFlags::BOOTSTRAP) {
             self.set_hot(HotFlags::PROFILING | HotFlags::TAGGED);
             return;
         }
@@ -116,74 +146,205 @@ impl<P: Platform> crate::cache::KmemCache<P> {
 
 #[cfg(feature = "alloc-profiling")]
 impl<P: Platform> KmemCache<P> {
-    /// The tag-reference slot of object `index` of the small slab that
-    /// starts at `base`.
+    /// The header of the small slab holding `addr`, a busy object of
+    /// ours, for the profiled alloc: a one-page slab with its header at
+    /// its end by masking, any other through the page map (slabs of
+    /// several pages, and off-slab headers, are packed ones, on the
+    /// primary source: no `on_primary` test).
     #[inline(always)]
-    fn tag_slot_at(&self, base: usize, index: usize) -> *mut Option<AllocTagRef> {
-        debug_assert!(self.tag_array_offset != 0);
-        (base + self.tag_array_offset + index * TAG_REF_BYTES) as *mut Option<AllocTagRef>
+    fn tag_slab_of(&self, addr: usize) -> *mut Slab {
+        if self.tag_header_in_page {
+            small_header(addr)
+        } else {
+            debug_assert!(self.on_primary);
+            (self.page_map.get(addr) & !TAG_MASK) as *mut Slab
+        }
     }
 
-    /// The tag-reference slot of a small-slab object: one multiply for its
-    /// index. A one-page slab starts at the object's page (its offset is
-    /// the address's low bits); a longer one is found through the page
-    /// map.
+    /// The profiled hit's store: `tag` in the side-array slot of a
+    /// small-slab object just allocated, then the charge. `TAGGED` is set
+    /// with `PROFILING` ([`KmemCache::set_profiling`]), so there is no
+    /// flag to test. A slab without a side array yet gets one (out of
+    /// line, [`Self::install_tag_array`]); if that fails the object stays
+    /// untagged and is not charged.
     #[inline(always)]
-    fn tag_slot(&self, obj: NonNull<u8>) -> *mut Option<AllocTagRef> {
+    pub(crate) fn charge_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef) {
+        debug_assert!(self.hot().contains(HotFlags::TAGGED));
         let addr = obj.as_ptr() as usize;
-        let (base, offset) = if self.nr_pages_per_slab == 1 {
-            (addr & !(PAGE_SIZE - 1), addr & (PAGE_SIZE - 1))
+        let slab = self.tag_slab_of(addr);
+        // SAFETY: obj is a busy object of ours, so its slab is alive.
+        let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
+        if tags.is_null() {
+            return self.charge_first_in_slab(obj, slab, tag);
+        }
+        let base = if self.tag_header_in_page {
+            addr & !(PAGE_SIZE - 1)
         } else {
-            // Slabs of several pages are packed ones, on the primary
-            // source: the page map names the slab (no `on_primary` test).
-            debug_assert!(self.on_primary);
-            let slab = (self.page_map.get(addr) & !TAG_MASK) as *const crate::slab::Slab;
-            // SAFETY: a busy object of ours on the primary source: its
-            // pages map to its slab, which is alive.
-            let base = unsafe { (*slab).base };
-            (base, addr - base)
+            // SAFETY: as above.
+            unsafe { (*slab).base }
         };
-        let (index, _) = self.obj_index(offset);
-        self.tag_slot_at(base, index)
+        let (index, _) = self.obj_index(addr - base);
+        // SAFETY: index < nr_objs (a busy object of the slab), the side
+        // array's length; the object is ours until freed, and so is its
+        // slot.
+        unsafe { tags.add(index).write(Some(tag)) };
+        P::alloc_tag_add(tag, obj, self.obj_size);
+    }
+
+    /// [`Self::charge_small_object`] for a slab without a side array yet.
+    #[cold]
+    #[inline(never)]
+    fn charge_first_in_slab(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) {
+        // SAFETY: obj is a busy object of ours in `slab`, alive.
+        if unsafe { self.store_tag(obj, slab, tag) } {
+            P::alloc_tag_add(tag, obj, self.obj_size);
+        }
     }
 
     /// Store `tag` with a small-slab object just allocated, setting
     /// `TAGGED` first if the cache does not have it yet (the out-of-line
-    /// paths: explicit tags, debug caches).
-    #[inline(always)]
-    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
+    /// paths: explicit tags, debug caches). Returns whether it was stored
+    /// (false: no side array could be allocated, the miss counted); the
+    /// caller charges the tag only then.
+    pub(crate) fn tag_small_object(
+        &self,
+        obj: NonNull<u8>,
+        tag: AllocTagRef,
+        hot: HotFlags,
+    ) -> bool {
         if !hot.contains(HotFlags::TAGGED) {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::TAGGED);
         }
-        // SAFETY: obj is a busy object of one of our small slabs, so its
-        // slot lies in the slab page's tag array (tag_array_offset is set
-        // for every small cache callers allocate from); the object is ours
-        // until freed, and so is its slot.
-        unsafe { self.tag_slot(obj).write(Some(tag)) };
+        let slab = self.small_slab_of(obj.as_ptr() as usize);
+        // SAFETY: obj is a busy object of one of our small slabs, alive.
+        unsafe { self.store_tag(obj, slab, tag) }
     }
 
-    /// The profiled hit's store: `tag` with a small-slab object just
-    /// allocated, then the charge. `TAGGED` is set with `PROFILING`
-    /// ([`KmemCache::set_profiling`]), so there is no flag to test.
-    #[inline(always)]
-    pub(crate) fn charge_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef) {
-        debug_assert!(self.hot().contains(HotFlags::TAGGED));
-        // SAFETY: as in tag_small_object.
-        unsafe { self.tag_slot(obj).write(Some(tag)) };
-        P::alloc_tag_add(tag, obj, self.obj_size);
+    /// Store `tag` in `obj`'s side-array slot, installing the slab's side
+    /// array first if it has none. False if it had none and none could be
+    /// allocated (counted in `nr_tag_array_misses`).
+    ///
+    /// # Safety
+    /// `obj` is a busy object of `slab`, a live small slab of this cache.
+    unsafe fn store_tag(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) -> bool {
+        // SAFETY: per the caller, the slab is alive.
+        let mut tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
+        if tags.is_null() {
+            // SAFETY: as above.
+            tags = unsafe { self.install_tag_array(slab) };
+            if tags.is_null() {
+                return false;
+            }
+        }
+        // SAFETY: as above.
+        let base = unsafe { (*slab).base };
+        let (index, _) = self.obj_index(obj.as_ptr() as usize - base);
+        // SAFETY: index < nr_objs (a busy object of the slab), the side
+        // array's length; the object and its slot are ours until freed.
+        unsafe { tags.add(index).write(Some(tag)) };
+        true
+    }
+
+    /// The `kmem_tags_<bytes>` cache (an index into `TAG_ARRAY_SIZES`)
+    /// holding this cache's side arrays.
+    fn tag_array_cache_index(&self) -> usize {
+        let bytes = self.nr_objs_per_slab * TAG_REF_BYTES;
+        // The largest holds MAX_SMALL_OBJS slots (asserted in allocator.rs).
+        TAG_ARRAY_SIZES
+            .iter()
+            .position(|&size| size >= bytes)
+            .unwrap_or(TAG_ARRAY_SIZES.len() - 1)
+    }
+
+    /// Give `slab` its side array (Linux `alloc_slab_obj_exts`): allocate
+    /// one, zeroed (every object `None`), from the side-array cache and
+    /// install it with a compare-exchange; if another CPU installed one
+    /// first, free ours and return theirs. Null if none could be
+    /// allocated (counted). Runs with no lock held.
+    ///
+    /// # Safety
+    /// `slab` is a live small slab of this cache holding a busy object of
+    /// the caller's (so it is not destroyed meanwhile).
+    #[cold]
+    #[inline(never)]
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "kmem_tags_<bytes> objects are 8-aligned (bootstrap geometry)"
+    )]
+    pub(crate) unsafe fn install_tag_array(&self, slab: *mut Slab) -> *mut Option<AllocTagRef> {
+        let cache = self.owner().tag_array_cache(self.tag_array_cache_index());
+        let Ok(new) = cache.slab_alloc_raw() else {
+            self.owner()
+                .nr_tag_array_misses
+                .fetch_add(1, Ordering::Relaxed);
+            return ptr::null_mut();
+        };
+        let new = new.as_ptr().cast::<Option<AllocTagRef>>();
+        // SAFETY: a fresh object of at least nr_objs * 4 bytes, 8-aligned,
+        // ours; all-zero bytes are `None` in every slot.
+        unsafe { ptr::write_bytes(new, 0, self.nr_objs_per_slab) };
+        // SAFETY: per the caller, the slab is alive. Release: whoever
+        // loads the pointer (Acquire) sees the zeroed slots.
+        let installed = unsafe {
+            (*slab)
+                .tags
+                .compare_exchange(ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire)
+        };
+        match installed {
+            Ok(_) => new,
+            Err(winner) => {
+                // SAFETY: our fresh object, never published.
+                unsafe { cache.slab_free_raw(new.cast()) };
+                winner
+            }
+        }
+    }
+
+    /// Free a destroyed slab's side array (nothing for null).
+    ///
+    /// # Safety
+    /// `tags` is null or the side array of a slab of this cache that is
+    /// being destroyed (no busy object, nobody else uses it).
+    pub(crate) unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>) {
+        if tags.is_null() {
+            return;
+        }
+        let cache = self.owner().tag_array_cache(self.tag_array_cache_index());
+        // SAFETY: per the caller, an object of that side-array cache
+        // (installed by install_tag_array), no longer used.
+        unsafe { cache.slab_free_raw(tags.cast()) };
     }
 
     /// A busy small-slab object's tag reference (tests).
     #[cfg(all(test, not(loom)))]
     pub(crate) fn small_tag_ref(&self, obj: NonNull<u8>) -> Option<AllocTagRef> {
-        // SAFETY: as in tag_small_object: obj is a busy object of one of
-        // our small slabs (the caller's promise), its slot ours to read.
-        unsafe { self.tag_slot(obj).read() }
+        let addr = obj.as_ptr() as usize;
+        let slab = self.small_slab_of(addr);
+        // SAFETY: obj is a busy object of one of our small slabs (the
+        // caller's promise), its slab alive and its slot ours to read.
+        unsafe {
+            let tags = (*slab).tags.load(Ordering::Acquire);
+            if tags.is_null() {
+                return None;
+            }
+            let (index, _) = self.obj_index(addr - (*slab).base);
+            tags.add(index).read()
+        }
+    }
+
+    /// Whether a small slab has a side array (tests).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn has_tag_array(&self, obj: NonNull<u8>) -> bool {
+        let slab = self.small_slab_of(obj.as_ptr() as usize);
+        // SAFETY: obj is a busy object of one of our small slabs (the
+        // caller's promise), its slab alive.
+        !unsafe { (*slab).tags.load(Ordering::Acquire) }.is_null()
     }
 
     /// Clear a small-slab object's tag reference and uncharge its tag
-    /// (nothing if it has none). The index is the free's owner check's.
+    /// (nothing if it has none, or its slab no side array). The index is
+    /// the free's owner check's.
     ///
     /// # Safety
     /// `obj` is object `at.index` of `at.slab`, a small slab of this cache,
@@ -191,9 +352,15 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) unsafe fn untag_small_object(&self, obj: NonNull<u8>, at: Located) {
         // SAFETY: per the caller, at.slab is alive.
-        let slot = self.tag_slot_at(unsafe { (*at.slab).base }, at.index);
-        // SAFETY: per the caller, the slot is the object's, in its slab
-        // page's tag array; nobody else uses the object or its slot now.
+        let tags = unsafe { (*at.slab).tags.load(Ordering::Acquire) };
+        if tags.is_null() {
+            // No object of this slab was ever tagged.
+            return;
+        }
+        // SAFETY: at.index < nr_objs (the owner check), the side array's
+        // length; nobody else uses the object or its slot now.
+        let slot = unsafe { tags.add(at.index) };
+        // SAFETY: as above.
         if let Some(tag) = unsafe { slot.read() } {
             // SAFETY: as above.
             unsafe { slot.write(None) };

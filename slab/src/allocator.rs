@@ -51,14 +51,49 @@ pub(crate) enum BootCache {
     Trace,
     Pcpu,
 }
-const NR_BOOT: usize = NR_MAG_TYPES + 5;
-const BOOT_NAMES: [&str; NR_BOOT - NR_MAG_TYPES] = [
+/// The bootstrap caches before the tag side-array caches.
+const NR_FIXED_BOOT: usize = NR_MAG_TYPES + 5;
+const NR_BOOT: usize = NR_FIXED_BOOT + NR_TAG_ARRAY_CACHES;
+const BOOT_NAMES: [&str; NR_FIXED_BOOT - NR_MAG_TYPES] = [
     "kmem_cache",
     "kmem_slab",
     "kmem_bufctl",
     "kmem_trace",
     "kmem_pcpu",
 ];
+
+/// Object sizes, in bytes, of the bootstrap caches that hold small slabs'
+/// tag side arrays (feature `alloc-profiling`; none without), one cache
+/// `kmem_tags_<bytes>` each, last of the bootstrap caches: a slab of `n`
+/// objects takes the smallest that holds `4 n` bytes
+/// ([`crate::alloc_tag`]). They are bootstrap caches, so their own
+/// objects never carry tags (no recursion).
+#[cfg(feature = "alloc-profiling")]
+pub(crate) const TAG_ARRAY_SIZES: [usize; 7] = [32, 64, 128, 256, 512, 1024, 2048];
+#[cfg(not(feature = "alloc-profiling"))]
+pub(crate) const TAG_ARRAY_SIZES: [usize; 0] = [];
+const NR_TAG_ARRAY_CACHES: usize = TAG_ARRAY_SIZES.len();
+#[cfg(feature = "alloc-profiling")]
+const TAG_ARRAY_NAMES: [&str; NR_TAG_ARRAY_CACHES] = [
+    "kmem_tags_32",
+    "kmem_tags_64",
+    "kmem_tags_128",
+    "kmem_tags_256",
+    "kmem_tags_512",
+    "kmem_tags_1024",
+    "kmem_tags_2048",
+];
+#[cfg(not(feature = "alloc-profiling"))]
+const TAG_ARRAY_NAMES: [&str; 0] = [];
+
+#[cfg(feature = "alloc-profiling")]
+const _: () = {
+    // The largest side array: a slab of MAX_SMALL_OBJS objects.
+    assert!(
+        crate::geometry::MAX_SMALL_OBJS * crate::alloc_tag::TAG_REF_BYTES
+            <= TAG_ARRAY_SIZES[NR_TAG_ARRAY_CACHES - 1]
+    );
+};
 
 const STATE_UNINIT: u8 = 0;
 const STATE_INITIALIZING: u8 = 1;
@@ -98,6 +133,9 @@ pub struct Allocator<P: Platform> {
     pub(crate) nr_bad_frees: AtomicU64,
     /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
     nr_pressure_reaps: AtomicU64,
+    /// Tagged allocations left untagged because their slab's side array
+    /// could not be allocated ([`Allocator::nr_tag_array_misses`]).
+    pub(crate) nr_tag_array_misses: AtomicU64,
     pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
     /// The latest error reports ([`Allocator::read_errors`]).
     pub(crate) errors: ErrorRing,
@@ -173,6 +211,7 @@ impl<P: Platform> Allocator<P> {
             large_nr_allocs_ever: AtomicU64::new(0),
             nr_bad_frees: AtomicU64::new(0),
             nr_pressure_reaps: AtomicU64::new(0),
+            nr_tag_array_misses: AtomicU64::new(0),
             free_error_hook: Mutex::new(None),
             errors: ErrorRing::new(),
             error_hook: spin::Mutex::new(None),
@@ -290,7 +329,7 @@ impl<P: Platform> Allocator<P> {
             *self.page_map_pages.get() = map_pages;
         }
 
-        let fixed_layouts: [(usize, usize); NR_BOOT - NR_MAG_TYPES] = [
+        let fixed_layouts: [(usize, usize); NR_FIXED_BOOT - NR_MAG_TYPES] = [
             (
                 core::mem::size_of::<KmemCache<P>>(),
                 core::mem::align_of::<KmemCache<P>>(),
@@ -310,13 +349,25 @@ impl<P: Platform> Allocator<P> {
             ),
         ];
         let magazine_layouts = MAGAZINE_ROUNDS.map(|rounds| (magazine_bytes(rounds), 8));
-        let names = MAG_CACHE_NAMES.iter().chain(BOOT_NAMES.iter());
-        let layouts = magazine_layouts.into_iter().chain(fixed_layouts);
+        let tag_array_layouts = TAG_ARRAY_SIZES.map(|bytes| (bytes, 8));
+        let names = MAG_CACHE_NAMES
+            .iter()
+            .chain(BOOT_NAMES.iter())
+            .chain(TAG_ARRAY_NAMES.iter());
+        let layouts = magazine_layouts
+            .into_iter()
+            .chain(fixed_layouts)
+            .chain(tag_array_layouts);
         for (index, (name, (size, align))) in names.zip(layouts).enumerate() {
+            // The tag side-array caches may have multi-page slabs with
+            // their headers in kmem_slab (created before them), like any
+            // cache on the primary source: their 2 KiB objects would
+            // otherwise need bufctl slabs.
+            let packed = index >= NR_FIXED_BOOT;
             let spec = CacheSpec {
                 name,
                 size,
-                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, false, false)?,
+                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, packed)?,
                 flags: CacheFlags::NOTRACE,
                 ctor: None,
                 dtor: None,
@@ -458,6 +509,22 @@ impl<P: Platform> Allocator<P> {
         unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(which as usize) }
     }
 
+    /// The bootstrap cache of tag side arrays of `TAG_ARRAY_SIZES[index]`
+    /// bytes (`kmem_tags_<bytes>`).
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) fn tag_array_cache(&self, index: usize) -> &KmemCache<P> {
+        assert!(index < NR_TAG_ARRAY_CACHES);
+        // SAFETY: as for `boot`; the side-array caches are the last
+        // NR_TAG_ARRAY_CACHES bootstrap slots.
+        unsafe {
+            &*self
+                .boot
+                .get()
+                .cast::<KmemCache<P>>()
+                .add(NR_FIXED_BOOT + index)
+        }
+    }
+
     /// The bootstrap cache of magazine type `magtype` (an index into the
     /// magazine types: `kmem_magazine_<rounds>`).
     pub(crate) fn magazine_cache(&self, magtype: usize) -> &KmemCache<P> {
@@ -588,7 +655,7 @@ impl<P: Platform> Allocator<P> {
         let source = source.unwrap_or(primary);
         // On the primary source the page map finds any slab's header, so
         // slabs may span pages and keep their header off slab.
-        let geometry = Geometry::new(slot_size, align, flags, true, same_source(source, primary))?;
+        let geometry = Geometry::new(slot_size, align, flags, same_source(source, primary))?;
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self
@@ -748,6 +815,7 @@ impl<P: Platform> Allocator<P> {
         }
         let mut bootstrap_bytes = 0;
         let mut magazine_bytes = [0; NR_MAG_TYPES];
+        let mut tag_array_bytes = 0;
         // SAFETY: READY: the init-only cells are immutable.
         let nr_boot = unsafe { *self.nr_boot.get() };
         for index in 0..nr_boot {
@@ -759,6 +827,10 @@ impl<P: Platform> Allocator<P> {
             if let Some(slot) = magazine_bytes.get_mut(index) {
                 *slot = bytes;
             }
+            // The tag side-array caches are the last ones.
+            if index >= NR_FIXED_BOOT {
+                tag_array_bytes += bytes;
+            }
         }
         // SAFETY: READY: the init-only cells are immutable.
         let (page_map_pages, map) = unsafe { (*self.page_map_pages.get(), *self.page_map.get()) };
@@ -766,6 +838,7 @@ impl<P: Platform> Allocator<P> {
             page_map_bytes: page_map_pages * PAGE_SIZE,
             bootstrap_bytes,
             magazine_bytes,
+            tag_array_bytes,
             managed_bytes: map.nr_pages * PAGE_SIZE,
         }
     }
@@ -774,6 +847,17 @@ impl<P: Platform> Allocator<P> {
     /// cache before retrying.
     pub fn nr_pressure_reaps(&self) -> u64 {
         self.nr_pressure_reaps.load(Ordering::Relaxed)
+    }
+
+    /// Allocations that profiling should have charged but could not
+    /// (feature `alloc-profiling`): the object's small slab had no tag
+    /// side array yet and allocating one failed, so the object was handed
+    /// out untagged — allocated, charged to no tag, its free uncharging
+    /// nothing (Linux counts these failures too,
+    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
+    /// miss that many objects. Always 0 without the feature.
+    pub fn nr_tag_array_misses(&self) -> u64 {
+        self.nr_tag_array_misses.load(Ordering::Relaxed)
     }
 
     /// Call `reap` on every cache, newest first, `kmem_bufctl` and

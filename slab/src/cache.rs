@@ -82,9 +82,9 @@ bitflags::bitflags! {
         const BUFCTL = 8;
         /// A bootstrap cache: callers may neither allocate nor free.
         const BOOTSTRAP = 16;
-        /// Some object of this small-object cache carries a tag reference
-        /// in its slab's tag array (feature `alloc-profiling`): frees must
-        /// look at it.
+        /// Some object of this small-object cache may carry a tag reference
+        /// in its slab's tag side array (feature `alloc-profiling`): frees
+        /// must look at it.
         const TAGGED = 32;
         /// Allocation profiling is switched on in the allocator
         /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)):
@@ -205,6 +205,11 @@ pub struct KmemCache<P: Platform> {
     pub(crate) on_primary: bool,
     pub(crate) kind: SlabKind,
     pub(crate) permanent: bool,
+    /// Small slabs of one page with the header at its end: the profiled
+    /// alloc finds a slab's header (its tag side array) by masking the
+    /// object's address; otherwise through the page map.
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) tag_header_in_page: bool,
     /// The per-CPU caches, one per CPU (null for bootstrap caches); this
     /// CPU's is at `pcpu + Platform::cpu_offset()`.
     pub(crate) pcpu: *mut PcpuCache,
@@ -224,10 +229,6 @@ pub struct KmemCache<P: Platform> {
     pub(crate) page_map: PageMap,
     pub(crate) stride: usize,
     pub(crate) obj_size: usize,
-    /// Small slabs: where each slab page's tag-reference array starts
-    /// (0: none).
-    #[cfg(feature = "alloc-profiling")]
-    pub(crate) tag_array_offset: usize,
     pub(crate) nr_pages_per_slab: usize,
     /// Small slabs: the header is a `kmem_slab` object, not the slab's
     /// last bytes.
@@ -348,7 +349,9 @@ impl<P: Platform> KmemCache<P> {
             dtor: spec.dtor,
             obj_size: spec.size,
             #[cfg(feature = "alloc-profiling")]
-            tag_array_offset: geometry.tag_array_offset,
+            tag_header_in_page: geometry.kind == SlabKind::Small
+                && geometry.nr_pages_per_slab == 1
+                && !geometry.header_off_slab,
             align: geometry.align,
             flags: spec.flags,
             source: spec.source,

@@ -2,14 +2,17 @@
 //! per cache for the least waste (Bonwick 1994 §4).
 //!
 //! A small-object slab (free list through the free objects) is
-//! `nr_pages_per_slab` pages: objects from offset 0, then the tag-reference
-//! array (feature `alloc-profiling`), then — if the header lives in the
-//! slab — the 128-byte [`Slab`](crate::slab::Slab) header at the very end.
+//! `nr_pages_per_slab` pages: objects from offset 0, then — if the header
+//! lives in the slab — the 128-byte [`Slab`](crate::slab::Slab) header at
+//! the very end. Allocation-tag references (feature `alloc-profiling`)
+//! take no room in the slab: they live in a per-slab side array, allocated
+//! on the slab's first tagged allocation ([`crate::alloc_tag`]), so the
+//! geometry is the same with the feature and without.
 //! For a cache on the primary page source the header may instead come from
 //! `kmem_slab` ("off slab"): the page map finds it either way. The choice,
 //! for each object stride: the fewest pages (1..=[`MAX_SLAB_PAGES`]) and
-//! the header placement whose waste — tail bytes no object fills, the
-//! header and the tag array — is at most [`WASTE_TARGET_DIV`]th of the
+//! the header placement whose waste — tail bytes no object fills and the
+//! header — is at most [`WASTE_TARGET_DIV`]th of the
 //! slab; if none is, the least waste. So no class loses an object per
 //! slab to the header (kmalloc-512: 8 objects per page, header off slab).
 //! `src/tests/geometry.rs` prints and checks the table of every kmalloc
@@ -56,14 +59,6 @@ pub(crate) struct Geometry {
     /// Small slabs: the header comes from `kmem_slab` (only for caches on
     /// the primary source, where the page map finds it).
     pub(crate) header_off_slab: bool,
-    /// Small slabs with tag references: offset from the slab's start of
-    /// the array of one [`AllocTagRef`](crate::AllocTagRef) per object,
-    /// after the last object. 0 if the slabs have none.
-    #[cfg_attr(
-        not(feature = "alloc-profiling"),
-        allow(dead_code, reason = "read by the tag array code of alloc-profiling")
-    )]
-    pub(crate) tag_array_offset: usize,
 }
 
 /// Largest object a cache may hold.
@@ -74,16 +69,18 @@ const PACKED_MAX_STRIDE: usize = 8192;
 
 impl Geometry {
     /// Lay out objects of `size` bytes aligned to `align` (0 means 1).
-    /// Objects are at least 8 bytes apart and 8-aligned. With `tag_refs`
-    /// (and feature `alloc-profiling`), small slabs keep 4 bytes per object
-    /// for its allocation tag reference. `packed`: the cache is on the
-    /// primary source and not a bootstrap cache, so its slabs may span
-    /// pages and keep their header off slab.
+    /// Objects are at least 8 bytes apart and 8-aligned. `packed`: the
+    /// cache is on the primary source (and is not one of the bootstrap
+    /// caches slab headers come from), so its slabs may span pages and
+    /// keep their header off slab.
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidLayout`] for a size of 0 or above 1 GiB, an
+    /// alignment that is not a power of two or is above a page.
     pub(crate) fn new(
         size: usize,
         align: usize,
         flags: CacheFlags,
-        tag_refs: bool,
         packed: bool,
     ) -> Result<Self, AllocError> {
         let align = if align == 0 { 1 } else { align };
@@ -92,25 +89,18 @@ impl Geometry {
         }
         let align = align.max(8);
         let stride = size.next_multiple_of(align);
-        let ref_bytes = if tag_refs {
-            crate::alloc_tag::TAG_REF_BYTES
-        } else {
-            0
-        };
         let notouch = flags.contains(CacheFlags::NOTOUCH);
         if packed && !notouch && stride <= PACKED_MAX_STRIDE {
-            return Ok(Self::packed(stride, align, ref_bytes));
+            return Ok(Self::packed(stride, align));
         }
         if stride <= SMALL_MAX_STRIDE && !notouch {
-            let nr_objs = SMALL_HEADER_OFFSET / (stride + ref_bytes);
             return Ok(Geometry {
                 stride,
                 align,
                 kind: SlabKind::Small,
                 nr_pages_per_slab: 1,
-                nr_objs_per_slab: nr_objs,
+                nr_objs_per_slab: SMALL_HEADER_OFFSET / stride,
                 header_off_slab: false,
-                tag_array_offset: if ref_bytes == 0 { 0 } else { nr_objs * stride },
             });
         }
         let target_objs = if stride <= 8192 {
@@ -119,19 +109,23 @@ impl Geometry {
             (65536 / stride).max(1)
         };
         let nr_pages = (stride * target_objs).div_ceil(PAGE_SIZE);
-        Ok(Geometry {
+        let geometry = Geometry {
             stride,
             align,
             kind: SlabKind::Bufctl,
             nr_pages_per_slab: nr_pages,
             nr_objs_per_slab: nr_pages * PAGE_SIZE / stride,
             header_off_slab: false,
-            tag_array_offset: 0,
-        })
+        };
+        // The slab header's counts (`u16` objects, `u32` pages): a bufctl
+        // slab holds at most 8 objects of more than 512 bytes (or 512 of a
+        // `NOTOUCH` cache), and 1 GiB is 2^18 pages.
+        debug_assert!(geometry.nr_objs_per_slab <= MAX_SMALL_OBJS && nr_pages <= u32::MAX as usize);
+        Ok(geometry)
     }
 
     /// The small-object layout with the least waste (see the module docs).
-    fn packed(stride: usize, align: usize, ref_bytes: usize) -> Self {
+    fn packed(stride: usize, align: usize) -> Self {
         // (waste bytes, slab bytes, pages, objects, off slab) of the best.
         let mut best: Option<(usize, usize, usize, usize, bool)> = None;
         for nr_pages in 1..=MAX_SLAB_PAGES {
@@ -142,7 +136,7 @@ impl Geometry {
                 } else {
                     slab_bytes - HEADER_BYTES
                 };
-                let nr_objs = (room / (stride + ref_bytes)).min(MAX_SMALL_OBJS);
+                let nr_objs = (room / stride).min(MAX_SMALL_OBJS);
                 if nr_objs == 0 {
                     continue;
                 }
@@ -175,12 +169,11 @@ impl Geometry {
             nr_pages_per_slab: nr_pages,
             nr_objs_per_slab: nr_objs,
             header_off_slab: off_slab,
-            tag_array_offset: if ref_bytes == 0 { 0 } else { nr_objs * stride },
         }
     }
 
-    /// Bytes of a slab that hold no object (tail, in-slab header, tag
-    /// array), plus the header's bytes when it lives off slab.
+    /// Bytes of a slab that hold no object (tail, in-slab header), plus
+    /// the header's bytes when it lives off slab.
     #[cfg_attr(
         any(not(test), loom),
         allow(

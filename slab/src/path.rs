@@ -271,10 +271,11 @@ impl<P: Platform> KmemCache<P> {
             Err(error) => return pack(Err(error)),
         };
         #[cfg(feature = "alloc-profiling")]
-        if let Some(tag) = tag {
+        if let Some(tag) = tag
             // The cache is a small one: bufctl caches with profiling on
-            // take alloc_flagged.
-            self.tag_small_object(obj, tag, self.hot());
+            // take alloc_flagged. Charged only if stored.
+            && self.tag_small_object(obj, tag, self.hot())
+        {
             P::alloc_tag_add(tag, obj, self.obj_size);
         }
         #[cfg(not(feature = "alloc-profiling"))]
@@ -404,14 +405,23 @@ impl<P: Platform> KmemCache<P> {
                 self.owner().report_error(report);
             }
         }
+        // A small object whose side array could not be allocated stays
+        // untagged: not charged.
+        #[cfg_attr(
+            not(feature = "alloc-profiling"),
+            expect(unused_mut, reason = "tags are stored with the feature")
+        )]
+        let mut tag = tag;
         if self.kind == SlabKind::Bufctl {
             if tag.is_some() {
                 self.bufctl_mark_allocated(addr, tag);
             }
         } else {
             #[cfg(feature = "alloc-profiling")]
-            if let Some(tag) = tag {
-                self.tag_small_object(obj, tag, hot);
+            if let Some(stored) = tag
+                && !self.tag_small_object(obj, stored, hot)
+            {
+                tag = None;
             }
         }
         if hot.contains(HotFlags::TRACED) {

@@ -28,6 +28,8 @@
 //! lock held. `KmemCache`'s `slab_*` methods (end of this file) call it.
 
 use core::ptr::{self, NonNull};
+#[cfg(feature = "alloc-profiling")]
+use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc_tag::AllocTagRef;
@@ -45,24 +47,39 @@ use crate::{AllocError, BootCache};
 
 /// Header of a small-object slab (at the end of its page) and struct of a
 /// bufctl slab (from `kmem_slab`).
+///
+/// Counts are narrow so that the header keeps 128 bytes with the tag side
+/// array's pointer: a slab holds at most [`u16::MAX`] objects and spans
+/// at most [`u32::MAX`] pages (every geometry holds at most 512 objects,
+/// `MAX_SMALL_OBJS`, and 1 GiB objects span 2^18 pages; `grow` asserts).
 #[repr(C)]
 pub(crate) struct Slab {
     /// [`SLAB_MAGIC`] while the slab is alive.
     pub(crate) magic: u32,
+    pub(crate) nr_pages: u32,
+    pub(crate) nr_busy: u16,
+    pub(crate) nr_objs: u16,
     /// Which list it is on.
     list: SlabList,
-    pub(crate) nr_busy: u32,
-    pub(crate) nr_objs: u32,
     /// The owning `KmemCache<P>`, type-erased.
     pub(crate) cache: *const (),
     prev: *mut Slab,
     next: *mut Slab,
     /// Address of object 0 (the first page of the slab).
     pub(crate) base: usize,
-    pub(crate) nr_pages: usize,
     /// Small: first free object (each free object holds the next
     /// pointer, hardened: [`crate::freelist`]). Bufctl: first free `Bufctl`.
     pub(crate) free: *mut u8,
+    /// Small slabs of a cache with tag references (feature
+    /// `alloc-profiling`): the tag side array, one `Option<AllocTagRef>`
+    /// per object (`nr_objs * 4` bytes, from a `kmem_tags_<bytes>`
+    /// bootstrap cache), installed on the slab's first tagged allocation
+    /// (Linux `alloc_slab_obj_exts`) and freed with the slab; null until
+    /// then (every object untagged). See [`crate::alloc_tag`].
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) tags: AtomicPtr<Option<AllocTagRef>>,
+    #[cfg(not(feature = "alloc-profiling"))]
+    _no_tags: usize,
     /// Small slabs: bit i set while object i is on the free list (the
     /// free list's cross-check, and what catches a double free reaching
     /// the slab layer).
@@ -83,6 +100,8 @@ const _: () = {
     assert!(SMALL_HEADER_OFFSET.is_multiple_of(core::mem::align_of::<Slab>()));
     // The free map covers every object of a small slab (stride >= 8).
     assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
+    // Every slab's object count fits the header's u16.
+    assert!(crate::geometry::MAX_SMALL_OBJS <= u16::MAX as usize);
 };
 
 /// The slab lists, by how many of a slab's objects are busy.
@@ -125,7 +144,7 @@ pub(crate) struct Bufctl {
     /// Allocation tag of the object while a caller holds it (feature
     /// `alloc-profiling`; in padding, so no extra bytes).
     #[cfg(feature = "alloc-profiling")]
-    pub(crate) tag: u32,
+    pub(crate) tag: Option<AllocTagRef>,
 }
 
 impl HashNode for Bufctl {
@@ -214,7 +233,7 @@ impl SlabLists {
                 // SAFETY: slabs on our lists are alive (owned by this layer).
                 unsafe {
                     counts.nr_busy_objs += (*slab).nr_busy as usize;
-                    counts.nr_pages += (*slab).nr_pages;
+                    counts.nr_pages += (*slab).nr_pages as usize;
                     slab = (*slab).next;
                 }
             }
@@ -455,7 +474,7 @@ impl SlabLists {
             (*bufctl).state = BufctlState::Allocated;
             #[cfg(feature = "alloc-profiling")]
             {
-                (*bufctl).tag = tag.map_or(0, AllocTagRef::get);
+                (*bufctl).tag = tag;
             }
         }
         #[cfg(not(feature = "alloc-profiling"))]
@@ -475,7 +494,7 @@ impl SlabLists {
         unsafe { (*bufctl).state = BufctlState::Cached };
         #[cfg(feature = "alloc-profiling")]
         // SAFETY: as above.
-        let tag = AllocTagRef::new(unsafe { core::mem::take(&mut (*bufctl).tag) });
+        let tag = unsafe { (*bufctl).tag.take() };
         #[cfg(not(feature = "alloc-profiling"))]
         let tag = None;
         Ok(tag)
@@ -780,20 +799,27 @@ impl SlabLayer {
                 }
             }
         };
+        // The geometry keeps both counts in range (`Geometry::new`).
+        debug_assert!(cache.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize);
         // SAFETY: `slab` is either the header area at the end of our fresh
         // slab or a fresh kmem_slab object, both writable and ours.
         unsafe {
             slab.write(Slab {
                 magic: SLAB_MAGIC,
-                list: SlabList::Empty,
+                nr_pages: nr_pages as u32,
                 nr_busy: 0,
-                nr_objs: cache.nr_objs_per_slab as u32,
+                nr_objs: cache.nr_objs_per_slab as u16,
+                list: SlabList::Empty,
                 cache: (cache as *const KmemCache<P>).cast(),
                 prev: ptr::null_mut(),
                 next: ptr::null_mut(),
                 base,
-                nr_pages,
                 free: ptr::null_mut(),
+                // No tagged object yet: no side array.
+                #[cfg(feature = "alloc-profiling")]
+                tags: AtomicPtr::new(ptr::null_mut()),
+                #[cfg(not(feature = "alloc-profiling"))]
+                _no_tags: 0,
                 free_map: [const { AtomicU64::new(0) }; 8],
             });
         }
@@ -817,19 +843,6 @@ impl SlabLayer {
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free as *mut u8 };
-                // Every free object's tag reference is 0 ("no tag").
-                #[cfg(feature = "alloc-profiling")]
-                if cache.tag_array_offset != 0 {
-                    // SAFETY: the tag array lies in our fresh slab between
-                    // the last object and the header (or the slab's end).
-                    unsafe {
-                        ptr::write_bytes(
-                            (base + cache.tag_array_offset) as *mut u8,
-                            0,
-                            cache.nr_objs_per_slab * crate::alloc_tag::TAG_REF_BYTES,
-                        )
-                    };
-                }
                 Ok(())
             }
             SlabKind::Bufctl => self.carve_bufctls(cache, slab),
@@ -878,7 +891,7 @@ impl SlabLayer {
                     slab,
                     state: BufctlState::Free,
                     #[cfg(feature = "alloc-profiling")]
-                    tag: 0,
+                    tag: None,
                 });
                 (*slab).free = bufctl.cast();
             }
@@ -906,11 +919,14 @@ impl SlabLayer {
         unsafe {
             debug_assert_eq!((*slab).nr_busy, 0);
             let base = (*slab).base;
-            let nr_pages = (*slab).nr_pages;
+            let nr_pages = (*slab).nr_pages as usize;
             if registered {
                 cache.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
+            // No busy object, so nobody installs a side array meanwhile.
+            #[cfg(feature = "alloc-profiling")]
+            cache.free_tag_array((*slab).tags.load(Ordering::Acquire));
             if cache.kind == SlabKind::Small && cache.header_off_slab {
                 cache
                     .owner()
@@ -945,7 +961,7 @@ impl SlabLayer {
             // busy objects; they are registered if we are on the primary.
             unsafe {
                 let next = (*slab).next;
-                nr_pages += (*slab).nr_pages;
+                nr_pages += (*slab).nr_pages as usize;
                 self.verify_before_destroy(cache, slab);
                 self.destroy_slab(cache, slab, cache.on_primary);
                 slab = next;
@@ -993,7 +1009,7 @@ impl SlabLayer {
             unsafe {
                 let next = (*slab).next;
                 let base = (*slab).base;
-                let nr_pages = (*slab).nr_pages;
+                let nr_pages = (*slab).nr_pages as usize;
                 if cache.on_primary {
                     cache.page_map.clear_range(base, nr_pages);
                 }

@@ -41,8 +41,8 @@ pub struct CacheStats {
     /// Bytes of slab pages (`pages * PAGE_SIZE`).
     pub total_bytes: usize,
     /// Bytes of those pages that can hold no object of `obj_size` bytes:
-    /// slab tails, in-slab headers, tag-reference arrays, padding up to
-    /// the stride (`total_bytes - nr_total_objs * obj_size`).
+    /// slab tails, in-slab headers, padding up to the stride
+    /// (`total_bytes - nr_total_objs * obj_size`).
     pub waste_bytes: usize,
     /// Slab layout.
     pub kind: SlabKind,
@@ -56,12 +56,18 @@ pub struct MetadataStats {
     pub page_map_bytes: usize,
     /// Slab pages of the bootstrap caches: magazines (the
     /// `kmem_magazine_<rounds>` caches), cache structs, off-slab slab
-    /// headers (`kmem_slab`), bufctls, trace records, per-CPU arrays.
+    /// headers (`kmem_slab`), bufctls, trace records, per-CPU arrays, tag
+    /// side arrays (`kmem_tags_<bytes>`).
     pub bootstrap_bytes: usize,
     /// Of those, the slab pages of each magazine cache, smallest magazine
     /// first ([`MAGAZINE_ROUNDS`](crate::MAGAZINE_ROUNDS)`[i]` rounds per magazine:
     /// `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60`).
     pub magazine_bytes: [usize; crate::MAGAZINE_ROUNDS.len()],
+    /// Of those, the slab pages of the tag side-array caches
+    /// (`kmem_tags_<bytes>`, feature `alloc-profiling`: one array of 4
+    /// bytes per object in each small slab that ever held a tagged
+    /// object; 0 without the feature).
+    pub tag_array_bytes: usize,
     /// Bytes the primary source manages (its span's pages), the base of
     /// the metadata share.
     pub managed_bytes: usize,

@@ -56,6 +56,20 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
         "kmem_bufctl",
         "kmem_trace",
         "kmem_pcpu",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_32",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_64",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_128",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_256",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_512",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_1024",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_2048",
     ];
     assert_eq!(&names[..boot.len()], &boot);
     for (i, size) in KMALLOC_SIZES.iter().enumerate() {
@@ -277,9 +291,9 @@ fn layouts_match_the_design() {
         .unwrap();
     let st = small.stats();
     // The least-waste geometry (geometry.rs), the same for any cache of
-    // that layout; with alloc-profiling, 4 bytes per object go to its tag
-    // reference.
-    let geometry = crate::geometry::Geometry::new(64, 64, CacheFlags::empty(), true, true).unwrap();
+    // that layout, with alloc-profiling or without (tag references live in
+    // side arrays, not in the slab): one page of 62 objects.
+    let geometry = crate::geometry::Geometry::new(64, 64, CacheFlags::empty(), true).unwrap();
     assert_eq!(
         (st.kind, st.nr_pages_per_slab, st.objs_per_slab),
         (
@@ -288,8 +302,8 @@ fn layouts_match_the_design() {
             geometry.nr_objs_per_slab
         )
     );
-    let per_object = 64 + crate::alloc_tag::TAG_REF_BYTES;
-    assert!(st.objs_per_slab * per_object <= st.nr_pages_per_slab * PAGE_SIZE);
+    assert_eq!((st.nr_pages_per_slab, st.objs_per_slab), (1, 62));
+    assert!(st.objs_per_slab * 64 <= st.nr_pages_per_slab * PAGE_SIZE - 128);
     // Objects start at offset 0 of their page.
     let p = small.alloc().unwrap();
     assert_eq!(p.as_ptr() as usize % PAGE_SIZE % 64, 0);

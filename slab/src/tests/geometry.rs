@@ -12,36 +12,40 @@ use super::support::*;
 use crate::geometry::{Geometry, MAX_SLAB_PAGES, MAX_SMALL_OBJS, SlabKind, WASTE_TARGET_DIV};
 use crate::{CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
-/// The geometry of kmalloc class `size`, with or without tag references.
-fn class_geometry(size: usize, tag_refs: bool) -> Geometry {
-    Geometry::new(
-        size,
-        natural_align(size),
-        CacheFlags::empty(),
-        tag_refs,
-        true,
-    )
-    .unwrap()
+/// The geometry of kmalloc class `size` (the same with feature
+/// `alloc-profiling` and without: `Geometry::new` has no tag term).
+fn class_geometry(size: usize) -> Geometry {
+    Geometry::new(size, natural_align(size), CacheFlags::empty(), true).unwrap()
+}
+
+/// Bytes of the side array a slab of `nr_objs` objects gets with its
+/// first tagged object: the smallest `kmem_tags_<bytes>` holding 4 bytes
+/// per object (0: profiling compiled out).
+fn side_array_bytes(nr_objs: usize) -> usize {
+    crate::allocator::TAG_ARRAY_SIZES
+        .iter()
+        .copied()
+        .find(|&size| size >= 4 * nr_objs)
+        .unwrap_or(0)
 }
 
 #[test]
 fn class_table_bounds_waste() {
-    println!("class   pages objs header  waste/slab  waste%  (tag refs: objs waste%)");
+    println!(
+        "class   pages objs header  waste/slab  waste%  (profiled: side array bytes, % of slab)"
+    );
     for &size in &KMALLOC_SIZES {
-        let plain = class_geometry(size, false);
-        let tagged = class_geometry(size, true);
+        let plain = class_geometry(size);
         let slab_bytes = plain.nr_pages_per_slab * PAGE_SIZE;
         let waste = plain.waste_per_slab();
-        let tagged_waste =
-            tagged.waste_per_slab() as f64 / (tagged.nr_pages_per_slab * PAGE_SIZE) as f64 * 100.0;
+        let side = side_array_bytes(plain.nr_objs_per_slab);
         println!(
-            "{size:>6} {:>6} {:>4} {:>6} {waste:>11} {:>6.2}  ({:>4} {:>5.2})",
+            "{size:>6} {:>6} {:>4} {:>6} {waste:>11} {:>6.2}  ({side:>5} {:>5.2})",
             plain.nr_pages_per_slab,
             plain.nr_objs_per_slab,
             if plain.header_off_slab { "off" } else { "in" },
             waste as f64 / slab_bytes as f64 * 100.0,
-            tagged.nr_objs_per_slab,
-            tagged_waste,
+            side as f64 / slab_bytes as f64 * 100.0,
         );
         assert_eq!(plain.kind, SlabKind::Small, "kmalloc-{size}");
         assert!(plain.nr_objs_per_slab <= MAX_SMALL_OBJS);
@@ -71,12 +75,53 @@ fn class_table_bounds_waste() {
                 "kmalloc-{size} loses an object to the header"
             );
         }
-        // Objects, tag array and in-slab header fit in the slab.
-        let header = if tagged.header_off_slab { 0 } else { 128 };
-        assert!(
-            tagged.nr_objs_per_slab * (size + crate::alloc_tag::TAG_REF_BYTES) + header
-                <= tagged.nr_pages_per_slab * PAGE_SIZE
+        // Objects and in-slab header fit in the slab.
+        let header = if plain.header_off_slab { 0 } else { 128 };
+        assert!(plain.nr_objs_per_slab * size + header <= slab_bytes);
+    }
+}
+
+#[test]
+fn class_geometry_is_the_same_with_profiling_compiled_in() {
+    // Tag references live in per-slab side arrays, so every kmalloc class
+    // of a running allocator (built with alloc-profiling in host tests)
+    // has exactly the layout of the geometry, which has no tag term, and
+    // profiling on changes nothing in a slab's layout.
+    let (alloc, _) = setup_default();
+    assert!(cfg!(feature = "alloc-profiling") == !crate::allocator::TAG_ARRAY_SIZES.is_empty());
+    alloc.set_alloc_profiling(true);
+    for &size in &KMALLOC_SIZES {
+        let geometry = class_geometry(size);
+        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.kind, stats.nr_pages_per_slab, stats.objs_per_slab),
+            (
+                geometry.kind,
+                geometry.nr_pages_per_slab,
+                geometry.nr_objs_per_slab
+            ),
+            "kmalloc-{size}"
         );
+        assert_eq!(
+            cache.header_off_slab, geometry.header_off_slab,
+            "kmalloc-{size}"
+        );
+        // Objects fill the slab but for the in-slab header and a tail
+        // shorter than one object (or the MAX_SMALL_OBJS bound): no room
+        // kept for tag references.
+        let slab_bytes = stats.nr_pages_per_slab * PAGE_SIZE;
+        let room = slab_bytes - if geometry.header_off_slab { 0 } else { 128 };
+        assert!(
+            room - stats.objs_per_slab * size < size || stats.objs_per_slab == MAX_SMALL_OBJS,
+            "kmalloc-{size}"
+        );
+    }
+    // The figures issue 9 names: kmalloc-8 496 objects in one page,
+    // kmalloc-16 248, kmalloc-64 62.
+    for (size, objs) in [(8, 496), (16, 248), (64, 62)] {
+        let stats = alloc.kmalloc_cache_for(size, 8).unwrap().stats();
+        assert_eq!((stats.nr_pages_per_slab, stats.objs_per_slab), (1, objs));
     }
 }
 
@@ -108,7 +153,7 @@ fn multi_page_and_off_slab_headers_work() {
     for size in [24, 512, 4608, 8192] {
         let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
         assert_eq!(cache.obj_size(), size);
-        let geometry = class_geometry(size, true);
+        let geometry = class_geometry(size);
         let mut live = Vec::new();
         for i in 0..3 * cache.stats().objs_per_slab.max(1) {
             let p = alloc.kmalloc(size, 8).unwrap();

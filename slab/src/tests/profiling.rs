@@ -16,7 +16,7 @@ use magpie_codetag::alloc_tag::{
     AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, UNTAGGED,
 };
 
-use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, set_cpu};
+use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill, set_cpu};
 use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -84,6 +84,16 @@ type ProfiledAlloc = Allocator<ProfiledPlatform>;
 
 /// Serialise, make sure the counters exist, profiling on, CPU 0.
 fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
+    let (guard, alloc, _) = setup_with_source();
+    (guard, alloc)
+}
+
+/// [`setup`], with the allocator's page source.
+fn setup_with_source() -> (
+    MutexGuard<'static, ()>,
+    &'static ProfiledAlloc,
+    &'static FakeSource,
+) {
     let guard = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -100,7 +110,7 @@ fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
     let source = FakeSource::new(4096);
     let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Allocator::new()));
     alloc.init(source).expect("init");
-    (guard, alloc)
+    (guard, alloc, source)
 }
 
 fn counts(tag: &'static AllocTag) -> AllocTagCounts {
@@ -127,6 +137,18 @@ fn site_switch() -> &'static AllocTag {
 }
 fn site_audit() -> &'static AllocTag {
     alloc_tag!()
+}
+fn site_side_array() -> &'static AllocTag {
+    alloc_tag!()
+}
+
+/// Objects of the side-array cache `kmem_tags_<bytes>` allocated now.
+fn side_arrays(alloc: &ProfiledAlloc, bytes: usize) -> usize {
+    alloc
+        .find_cache(&std::format!("kmem_tags_{bytes}"))
+        .unwrap()
+        .stats()
+        .nr_allocated
 }
 
 #[test]
@@ -389,7 +411,7 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
 }
 
 #[test]
-fn objects_per_small_slab_leave_room_for_tag_refs() {
+fn tag_refs_live_in_side_arrays_not_in_the_slab() {
     let (_serial, alloc) = setup();
     for size in [8usize, 64, 96, 192, 512] {
         let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
@@ -399,29 +421,254 @@ fn objects_per_small_slab_leave_room_for_tag_refs() {
             crate::natural_align(size),
             CacheFlags::empty(),
             true,
-            true,
         )
         .unwrap();
-        assert_eq!(stats.objs_per_slab, geometry.nr_objs_per_slab, "{size}");
-        assert!(
-            stats.objs_per_slab * (size + 4)
-                <= stats.nr_pages_per_slab * crate::PAGE_SIZE
-                    - if geometry.header_off_slab { 0 } else { 128 },
+        assert_eq!(
+            (stats.nr_pages_per_slab, stats.objs_per_slab),
+            (geometry.nr_pages_per_slab, geometry.nr_objs_per_slab),
             "{size}"
         );
-        // Fill a whole slab with tagged objects: every slot is distinct and
-        // inside the page below the header.
+        // Two slabs' worth of tagged objects: every object remembers its
+        // tag in its slab's side array (one per slab).
         let tag = site_small();
         let objs: Vec<_> = (0..2 * stats.objs_per_slab)
             .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
             .collect();
         assert_eq!(counts(tag).calls, objs.len() as u64);
+        for &obj in &objs {
+            assert!(cache.has_tag_array(obj), "{size}");
+            assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()), "{size}");
+        }
         for obj in objs {
             // SAFETY: allocated above, freed once.
             unsafe { cache.free(obj) }.unwrap();
         }
         assert_eq!(counts(tag), AllocTagCounts::default());
     }
+    assert_eq!(alloc.nr_tag_array_misses(), 0);
+}
+
+#[test]
+fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
+    let (_serial, alloc, source) = setup_with_source();
+    alloc.reap_all();
+    let pages_before = source.pages_outstanding();
+    let metadata_before = alloc.metadata_stats().tag_array_bytes;
+    // 64-byte objects, one-page slabs of 62: a 256-byte side array each.
+    let cache = alloc
+        .cache_create("side-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_side_array();
+    let before = side_arrays(alloc, 256);
+    // Untagged objects (profiling off) get no side array.
+    alloc.set_alloc_profiling(false);
+    let untagged: Vec<_> = (0..3 * 62).map(|_| cache.alloc().unwrap()).collect();
+    assert_eq!(side_arrays(alloc, 256), before);
+    assert!(untagged.iter().all(|&obj| !cache.has_tag_array(obj)));
+    // Tagged ones: one side array per slab they land in.
+    alloc.set_alloc_profiling(true);
+    let tagged: Vec<_> = (0..5 * 62)
+        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .collect();
+    let nr_slabs = cache.stats().nr_slabs;
+    assert_eq!(nr_slabs, 8, "3 untagged slabs, 5 tagged ones");
+    assert_eq!(side_arrays(alloc, 256), before + 5);
+    assert!(alloc.metadata_stats().tag_array_bytes > metadata_before);
+    // Free everything (some through the slab layer: reap drains the
+    // magazines) and reap: every side array goes back with its slab.
+    // SAFETY: each object allocated above, freed once.
+    unsafe {
+        for &obj in untagged.iter().chain(&tagged) {
+            cache.free(obj).unwrap();
+        }
+    }
+    assert_eq!(counts(tag), AllocTagCounts::default());
+    cache.reap();
+    assert_eq!(cache.stats().nr_slabs, 0);
+    assert_eq!(side_arrays(alloc, 256), before, "no side array leaked");
+    // SAFETY: no object of the cache is allocated.
+    unsafe { cache.destroy() }.unwrap();
+    alloc.reap_all();
+    assert_eq!(alloc.metadata_stats().tag_array_bytes, metadata_before);
+    assert_eq!(source.pages_outstanding(), pages_before);
+}
+
+#[test]
+fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
+    let (_serial, alloc) = setup();
+    let cache = alloc
+        .cache_create("late-96", 96, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_side_array();
+    let before = counts(tag);
+    alloc.set_alloc_profiling(false);
+    let old: Vec<_> = (0..10)
+        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .collect();
+    assert!(!cache.has_tag_array(old[0]));
+    alloc.set_alloc_profiling(true);
+    // The same partial slab: its side array comes now, with every older
+    // object's slot None.
+    let new: Vec<_> = (0..10)
+        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .collect();
+    assert_eq!(cache.stats().nr_slabs, 1);
+    assert!(cache.has_tag_array(old[0]));
+    for &obj in &old {
+        assert_eq!(cache.small_tag_ref(obj), None);
+    }
+    for &obj in &new {
+        assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()));
+    }
+    let charged = counts(tag);
+    assert_eq!(charged.calls, before.calls + 10);
+    // Old objects uncharge nothing (no underflow), new ones once each.
+    // SAFETY: each object allocated above, freed once.
+    unsafe {
+        for &obj in &old {
+            cache.free(obj).unwrap();
+        }
+        assert_eq!(counts(tag), charged);
+        for &obj in &new {
+            cache.free(obj).unwrap();
+        }
+    }
+    assert_eq!(counts(tag), before);
+}
+
+#[test]
+fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
+    let (_serial, alloc, source) = setup_with_source();
+    let cache = alloc
+        .cache_create("miss-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_side_array();
+    let before = counts(tag);
+    // A slab and a magazine holding one of its objects, untagged.
+    alloc.set_alloc_profiling(false);
+    let kept = cache.alloc().unwrap();
+    let cached = cache.alloc().unwrap();
+    // SAFETY: allocated just now, freed once.
+    unsafe { cache.free(cached) }.unwrap();
+    alloc.set_alloc_profiling(true);
+    // No page for a side array: the profiled magazine hit, then the slab
+    // layer (the magazine is empty) hand out their objects untagged.
+    source.set_fail(true);
+    let by_hit = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    assert_eq!(by_hit, cached, "the magazine's round");
+    assert_eq!(alloc.nr_tag_array_misses(), 1);
+    let by_slab = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    assert_eq!(alloc.nr_tag_array_misses(), 2);
+    source.set_fail(false);
+    assert_eq!(counts(tag), before, "nothing charged for them");
+    for obj in [kept, by_hit, by_slab] {
+        assert!(!cache.has_tag_array(obj));
+        fill(obj, 64, 0x5a);
+    }
+    // With pages back, the next tagged object installs the side array.
+    let tagged = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    assert_eq!(cache.small_tag_ref(tagged), Some(tag.tag_ref()));
+    assert_eq!(cache.small_tag_ref(by_hit), None);
+    assert_eq!(counts(tag).calls, before.calls + 1);
+    // SAFETY: each object allocated above, freed once.
+    unsafe {
+        for obj in [kept, by_hit, by_slab, tagged] {
+            cache.free(obj).unwrap();
+        }
+    }
+    assert_eq!(counts(tag), before, "untagged frees uncharge nothing");
+    assert_eq!(alloc.nr_tag_array_misses(), 2);
+}
+
+#[test]
+fn concurrent_first_tagged_allocations_install_one_side_array() {
+    let (_serial, alloc, source) = setup_with_source();
+    alloc.reap_all();
+    let pages_before = source.pages_outstanding();
+    // 24-byte objects: slabs of 2 pages holding 336, a 2 KiB side array.
+    let cache = alloc
+        .cache_create("race-24", 24, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_cross_cpu();
+    let before = counts(tag);
+    let arrays_before = side_arrays(alloc, 2048);
+    #[derive(Clone, Copy)]
+    struct Obj(NonNull<u8>);
+    // SAFETY: the test hands objects between threads whole.
+    unsafe impl Send for Obj {}
+    for round in 0..20 {
+        // Every CPU races for the first tagged objects of fresh slabs.
+        let start = std::sync::Barrier::new(NR_CPUS);
+        let objs: Vec<Vec<Obj>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..NR_CPUS)
+                .map(|cpu_id| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        set_cpu(cpu_id);
+                        start.wait();
+                        (0..50)
+                            .map(|_| Obj(cache.alloc_tagged(Some(tag.tag_ref())).unwrap()))
+                            .collect()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let nr_objs: usize = objs.iter().map(Vec::len).sum();
+        assert_eq!(
+            counts(tag).calls,
+            before.calls + nr_objs as u64,
+            "round {round}"
+        );
+        for obj in objs.iter().flatten() {
+            assert_eq!(cache.small_tag_ref(obj.0), Some(tag.tag_ref()));
+        }
+        assert!(side_arrays(alloc, 2048) - arrays_before <= cache.stats().nr_slabs);
+        // Freed on other CPUs than their own.
+        std::thread::scope(|scope| {
+            for (index, list) in objs.into_iter().enumerate() {
+                scope.spawn(move || {
+                    set_cpu((index + 1) % NR_CPUS);
+                    for obj in list {
+                        // SAFETY: allocated above, freed once.
+                        unsafe { cache.free(obj.0) }.unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(counts(tag), before, "round {round}");
+        cache.reap();
+        assert_eq!(side_arrays(alloc, 2048), arrays_before, "round {round}");
+    }
+    assert_eq!(alloc.nr_tag_array_misses(), 0);
+    // SAFETY: no object of the cache is allocated.
+    unsafe { cache.destroy() }.unwrap();
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), pages_before);
+}
+
+#[test]
+fn the_loser_of_an_install_race_frees_its_copy() {
+    let (_serial, alloc) = setup();
+    let cache = alloc
+        .cache_create("loser-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let tag = site_side_array();
+    let obj = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    let arrays = side_arrays(alloc, 256);
+    let slab = cache.small_slab_of(obj.as_ptr() as usize);
+    // SAFETY: `obj` is a busy object of this live slab.
+    let installed = unsafe { (*slab).tags.load(core::sync::atomic::Ordering::Acquire) };
+    assert!(!installed.is_null());
+    // A CPU that found no side array a moment ago installs one now: its
+    // compare-exchange fails, it frees its copy and takes the winner's.
+    // SAFETY: as above.
+    let taken = unsafe { cache.install_tag_array(slab) };
+    assert_eq!(taken, installed);
+    assert_eq!(side_arrays(alloc, 256), arrays, "the loser's copy is freed");
+    assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()));
+    // SAFETY: allocated above, freed once.
+    unsafe { cache.free(obj) }.unwrap();
 }
 
 #[cfg(feature = "time-stats")]
