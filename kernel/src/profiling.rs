@@ -25,9 +25,9 @@
 //! # Where the state lives
 //!
 //! * Each object's 4-byte tag reference (an `Option<AllocTagRef>`): in
-//!   `magpie-slab` (see its `alloc_tag` module): an array per small slab, a
-//!   `u32` in each bufctl, the upper half of a page-granular allocation's
-//!   page-map entry.
+//!   `magpie-slab` (see its `alloc_tag` module): a side array per small
+//!   slab (allocated with the slab's first tagged object), a slot in each
+//!   bufctl, the upper half of a page-granular allocation's page-map entry.
 //! * Counters: [`AllocTagCounters`], one block per CPU of `{bytes, calls}`
 //!   for every tag, cache-line aligned, allocated from `kpages` in
 //!   [`init`] once the CPU count is known. Each CPU's counter base

@@ -15,9 +15,9 @@
 //!   `alloc_slab_obj_exts` (mm/slub.c). The slab header's `tags` pointer
 //!   is null until the first tagged allocation from the slab, which
 //!   allocates the array (zeroed: every object `None`) from the
-//!   bootstrap cache `kmem_tags_<bytes>` of the next size up (32 … 2048
-//!   bytes) and installs it with a compare-exchange; a CPU that loses the
-//!   race frees its copy and uses the winner's. The array goes back with
+//!   bootstrap cache `kmem_tags_<bytes>` of the next size up (32, 48, 64,
+//!   96, … 1536, 2048 bytes) and installs it with a compare-exchange; a
+//!   CPU that loses the race frees its copy and uses the winner's. The array goes back with
 //!   the slab (`destroy_slab`). So the slab layout is the same with the
 //!   feature and without (kmalloc-8 holds 496 objects per page either
 //!   way), and a slab that never held a tagged object costs nothing. An

@@ -43,7 +43,9 @@
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
 //! metadata (`kmem_magazine_<N>` for each magazine type, `kmem_cache`,
-//! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`; all `NOTRACE`), the **kmalloc** size classes
+//! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`, and with
+//! `alloc-profiling` the tag side arrays' `kmem_tags_32` …
+//! `kmem_tags_2048`; all `NOTRACE`), the **kmalloc** size classes
 //! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
 //! then eight per power of two, so above 64 bytes rounding wastes less
 //! than 12.5 %; the Linux classes among them) plus page-granular
@@ -89,7 +91,10 @@
 //!
 //! Feature `alloc-profiling` (on by default for host tests; off in the
 //! workspace dependency) stores a 4-byte allocation-tag reference with
-//! every object callers hold and reports each allocation and free to the
+//! every object callers hold — for small slabs in a per-slab side array
+//! allocated with the slab's first tagged object (`kmem_tags_<bytes>`;
+//! the slab layout is the same with the feature and without) — and
+//! reports each allocation and free to the
 //! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an

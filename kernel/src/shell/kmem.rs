@@ -192,7 +192,7 @@ struct KmemstatRow<'a> {
     alloc: usize,
     nr_allocs_ever: u64,
     /// Bytes of `total` that hold no object (slab tails, in-slab headers,
-    /// tag arrays, padding).
+    /// padding).
     waste: usize,
 }
 

@@ -59,15 +59,27 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
         #[cfg(feature = "alloc-profiling")]
         "kmem_tags_32",
         #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_48",
+        #[cfg(feature = "alloc-profiling")]
         "kmem_tags_64",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_96",
         #[cfg(feature = "alloc-profiling")]
         "kmem_tags_128",
         #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_192",
+        #[cfg(feature = "alloc-profiling")]
         "kmem_tags_256",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_384",
         #[cfg(feature = "alloc-profiling")]
         "kmem_tags_512",
         #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_768",
+        #[cfg(feature = "alloc-profiling")]
         "kmem_tags_1024",
+        #[cfg(feature = "alloc-profiling")]
+        "kmem_tags_1536",
         #[cfg(feature = "alloc-profiling")]
         "kmem_tags_2048",
     ];

@@ -585,13 +585,14 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
     let (_serial, alloc, source) = setup_with_source();
     alloc.reap_all();
     let pages_before = source.pages_outstanding();
-    // 24-byte objects: slabs of 2 pages holding 336, a 2 KiB side array.
+    // 24-byte objects: slabs of 2 pages holding 336, a 1536-byte side
+    // array (1344 bytes used).
     let cache = alloc
         .cache_create("race-24", 24, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let tag = site_cross_cpu();
     let before = counts(tag);
-    let arrays_before = side_arrays(alloc, 2048);
+    let arrays_before = side_arrays(alloc, 1536);
     #[derive(Clone, Copy)]
     struct Obj(NonNull<u8>);
     // SAFETY: the test hands objects between threads whole.
@@ -623,7 +624,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
         for obj in objs.iter().flatten() {
             assert_eq!(cache.small_tag_ref(obj.0), Some(tag.tag_ref()));
         }
-        assert!(side_arrays(alloc, 2048) - arrays_before <= cache.stats().nr_slabs);
+        assert!(side_arrays(alloc, 1536) - arrays_before <= cache.stats().nr_slabs);
         // Freed on other CPUs than their own.
         std::thread::scope(|scope| {
             for (index, list) in objs.into_iter().enumerate() {
@@ -638,7 +639,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
         });
         assert_eq!(counts(tag), before, "round {round}");
         cache.reap();
-        assert_eq!(side_arrays(alloc, 2048), arrays_before, "round {round}");
+        assert_eq!(side_arrays(alloc, 1536), arrays_before, "round {round}");
     }
     assert_eq!(alloc.nr_tag_array_misses(), 0);
     // SAFETY: no object of the cache is allocated.
