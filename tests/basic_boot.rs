@@ -1,5 +1,6 @@
 //! Boots the kernel and checks what it learned at boot: memory map, frames,
-//! direct map, per-CPU data, symbols and backtraces.
+//! direct map, per-CPU data, symbols and backtraces, and the TSC rate
+//! (against the CMOS RTC and the PIT).
 
 #![no_std]
 #![no_main]
@@ -12,8 +13,11 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
+use magpie::arch::rdtsc;
+use magpie::arch::tsc::{self, Calibration, CpuidTiming, MAX_ERROR_PPM, PitRef, Source};
 use magpie::boot_info::MemoryKind;
 use magpie::{BootInfo, arch, frame, memory, println, symbols};
+use x86_64::instructions::port::Port;
 
 extern crate alloc;
 use alloc::format;
@@ -156,4 +160,165 @@ fn mmio_mapping_reads_the_local_apic() {
         0,
         "LAPIC version register reads {version:#x}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// The TSC calibration (kernel/src/arch/tsc.rs) against clocks it was not
+// calibrated with.
+//
+// Under QEMU TCG the guest's instructions run at no fixed speed (the vCPU
+// thread shares the host and can be descheduled for milliseconds), so no
+// test here times a loop. What holds is that the TSC (the host's, under
+// TCG), the ACPI PM timer, the PIT and the CMOS RTC all follow host time.
+// The checks compare clocks with clocks, and every reading of the other
+// clock is bracketed by two TSC reads: a descheduled vCPU makes a bracket
+// wider (the bound looser), never the comparison wrong.
+//
+// * Wall-clock time: whole seconds of the CMOS RTC, which QEMU drives
+//   from the host's wall clock (`-rtc clock=host`, its default), a clock
+//   domain apart from the PM timer's and the PIT's (QEMU's virtual clock).
+//   The guest sees QEMU's RTC seconds change up to ~40 ms early or late
+//   (measured under TCG: single seconds of 0.993–1.014 s against the PM
+//   timer, which itself agrees with the TSC to 1 ppm over 1 s), so the
+//   check spans `RTC_SECONDS` seconds and allows `RTC_TOLERANCE_PPM`
+//   (5 %) beyond the brackets: loose, but the PIT terminal-count
+//   calibration this replaced read 23–200 % high.
+// * The PIT (the fallback when there is no PM timer; another device and
+//   rate, read another way) measures the same rate within the two
+//   measurements' bounds plus 0.1 %.
+// * The CPUID sources decode the leaves as documented.
+
+/// Allowed disagreement with the RTC beyond the brackets: 5 % (ppm).
+const RTC_TOLERANCE_PPM: u64 = 50_000;
+/// Whole RTC seconds measured.
+const RTC_SECONDS: u64 = 3;
+
+fn boot_calibration() -> Calibration {
+    tsc::calibration().expect("calibrated at boot")
+}
+
+#[test_case]
+fn boot_calibrated_against_the_pm_timer_within_its_bound() {
+    let calibration = boot_calibration();
+    println!("{calibration}");
+    // QEMU q35 has a PM timer, and TCG exposes neither CPUID source.
+    assert_eq!(calibration.source, Source::PmTimer, "{calibration}");
+    assert!(calibration.error_ppm <= MAX_ERROR_PPM, "{calibration}");
+    assert_eq!(tsc::khz(), calibration.khz);
+}
+
+/// The RTC's seconds register (binary or BCD: only changes matter).
+fn rtc_seconds() -> u8 {
+    // SAFETY: ports 0x70/0x71 select and read CMOS register 0 (seconds);
+    // the kernel uses the CMOS nowhere else, and bit 7 of 0x70 (NMI mask)
+    // stays clear as QEMU leaves it.
+    unsafe {
+        Port::<u8>::new(0x70).write(0x00);
+        Port::<u8>::new(0x71).read()
+    }
+}
+
+/// Waits for the RTC's next second; returns the TSC of the last read
+/// before it and of the first read after it (the edge lies between).
+fn rtc_edge() -> (u64, u64) {
+    let old = rtc_seconds();
+    let mut before = rdtsc();
+    loop {
+        let seconds = rtc_seconds();
+        let now = rdtsc();
+        if seconds != old {
+            return (before, now);
+        }
+        before = now;
+    }
+}
+
+/// TSC cycles in `RTC_SECONDS` RTC seconds: at least and at most.
+fn tsc_cycles_per_rtc_seconds() -> (u64, u64) {
+    let (start_before, start_after) = rtc_edge();
+    let mut end = rtc_edge();
+    for _ in 1..RTC_SECONDS {
+        end = rtc_edge();
+    }
+    let (end_before, end_after) = end;
+    (end_before - start_after, end_after - start_before)
+}
+
+#[test_case]
+fn calibrated_rate_agrees_with_the_rtc() {
+    let calibration = boot_calibration();
+    let claimed = calibration.khz * 1000 * RTC_SECONDS;
+    let (low, high) = {
+        let _irq = magpie::arch::IrqGuard::new();
+        tsc_cycles_per_rtc_seconds()
+    };
+    println!(
+        "{RTC_SECONDS} RTC s = {low}..={high} TSC cycles; calibrated {} kHz",
+        calibration.khz
+    );
+    let slack = |cycles: u64| cycles / 1_000_000 * RTC_TOLERANCE_PPM;
+    assert!(
+        low - slack(low) <= claimed && claimed <= high + slack(high),
+        "calibrated {} kHz ({}), the RTC says {}..={} kHz (±5 %)",
+        calibration.khz,
+        calibration.source,
+        low / 1000 / RTC_SECONDS,
+        high / 1000 / RTC_SECONDS
+    );
+}
+
+#[test_case]
+fn pit_measures_the_same_rate() {
+    let boot = boot_calibration();
+    let pit = tsc::measure(&PitRef::start()).expect("PIT channel 2 counts");
+    println!("{pit}");
+    assert_eq!(pit.source, Source::Pit);
+    let bound_ppm = boot.error_ppm + pit.error_ppm + MAX_ERROR_PPM;
+    let difference = boot.khz.abs_diff(pit.khz);
+    assert!(
+        difference * 1_000_000 <= boot.khz * bound_ppm,
+        "PM timer {boot}, PIT {pit}: {difference} kHz apart, bound {bound_ppm} ppm"
+    );
+}
+
+#[test_case]
+fn cpuid_sources_decode_their_leaves() {
+    // This machine (TCG): basic leaves end before 0x15, the hypervisor's
+    // at 0x4000_0001: no CPUID source.
+    assert_eq!(CpuidTiming::read().tsc_khz(), None);
+    // Skylake-like: 24 MHz crystal × 216 / 2 = 2592 MHz.
+    let skylake = CpuidTiming {
+        max_basic: 0x16,
+        leaf_15: [2, 216, 24_000_000],
+        ..CpuidTiming::default()
+    };
+    assert_eq!(skylake.tsc_khz(), Some((2_592_000, Source::Cpuid15)));
+    // Leaf 0x15 without the crystal's rate (ECX = 0) states no rate.
+    let no_crystal = CpuidTiming {
+        leaf_15: [2, 216, 0],
+        ..skylake
+    };
+    assert_eq!(no_crystal.tsc_khz(), None);
+    // A leaf beyond the maximum is not read, whatever it holds.
+    let below = CpuidTiming {
+        max_basic: 0x14,
+        ..skylake
+    };
+    assert_eq!(below.tsc_khz(), None);
+    // The hypervisor's leaf wins over 0x15, if the hypervisor has it.
+    let hypervisor = CpuidTiming {
+        hypervisor: true,
+        max_hypervisor: 0x4000_0010,
+        leaf_4000_0010_eax: 2_596_122,
+        ..skylake
+    };
+    assert_eq!(
+        hypervisor.tsc_khz(),
+        Some((2_596_122, Source::HypervisorLeaf))
+    );
+    let tcg = CpuidTiming {
+        max_hypervisor: 0x4000_0001,
+        ..hypervisor
+    };
+    assert_eq!(tcg.tsc_khz(), Some((2_592_000, Source::Cpuid15)));
 }

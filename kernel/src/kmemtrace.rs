@@ -5,7 +5,7 @@
 //! * `kmemtrace=on` records from boot (right after the slab allocator is
 //!   up, before the other CPUs start); `kmemtrace.subbufs=N` sizes each
 //!   CPU's ring (N sub-buffers of 64 KiB, from `kpages`; default 256).
-//! * Timestamps: the TSC, calibrated once at boot against the PIT
+//! * Timestamps: the TSC, calibrated once at boot (the ACPI PM timer here)
 //!   ([`crate::arch::tsc`]), converted to nanoseconds at dump time.
 //! * Call sites: [`KernelPlatform::caller_frames`](crate::kmem::KernelPlatform)
 //!   walks frame pointers while the return address lies in the allocator's

@@ -87,6 +87,7 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     let boot = boot_info::init(start_info_phys);
     klog::init(boot.cmdline);
     arch::acpi::init(boot.rsdp);
+    arch::tsc::calibrate();
     frame::init(boot);
     check_memory(boot);
     memory::init(boot);

@@ -113,7 +113,6 @@ static BOOT_CYCLES: AtomicUsize = AtomicUsize::new(0);
 /// `kmem::init`.
 pub(crate) fn init() {
     let _scope = crate::alloc_tag_scope!();
-    tsc::calibrate();
     let Some(info) = arch::acpi::info() else {
         return;
     };

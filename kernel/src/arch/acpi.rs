@@ -15,6 +15,8 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use acpi::address::AddressSpace;
+use acpi::fadt::Fadt;
 use acpi::madt::{Madt, MadtEntry};
 use acpi::sdt::SdtHeader;
 use acpi::{AcpiHandler, AcpiTables, PhysicalMapping};
@@ -41,8 +43,22 @@ impl AcpiInfo {
     }
 }
 
+/// The ACPI power-management timer (FADT `PM_TMR_BLK`): a free-running
+/// counter at [`PM_TIMER_HZ`] in an I/O port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PmTimer {
+    /// The I/O port of the counter (a 32-bit read).
+    pub port: u16,
+    /// Whether the counter has 32 bits (FADT flag `TMR_VAL_EXT`); else 24.
+    pub is_32_bit: bool,
+}
+
+/// The PM timer's rate in Hz (ACPI 6.5 §4.8.3.3: 3.579545 MHz).
+pub const PM_TIMER_HZ: u64 = 3_579_545;
+
 const MAX_TABLES: usize = 64;
 static INFO: Once<AcpiInfo> = Once::new();
+static PM_TIMER: Once<PmTimer> = Once::new();
 static RANGES: [(AtomicU64, AtomicU64); MAX_TABLES] =
     [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_TABLES];
 static NR_RANGES: AtomicUsize = AtomicUsize::new(0);
@@ -81,6 +97,11 @@ pub fn table_ranges() -> impl Iterator<Item = (u64, u64)> {
 /// The MADT summary, if one was found.
 pub fn info() -> Option<&'static AcpiInfo> {
     INFO.get()
+}
+
+/// The PM timer the FADT describes, if it has one in I/O space.
+pub fn pm_timer() -> Option<PmTimer> {
+    PM_TIMER.get().copied()
 }
 
 /// Processors reported by the MADT (1 if there was none).
@@ -152,6 +173,17 @@ pub(crate) fn init(rsdp: Option<u64>) {
     };
     // Look at every table once, so each one's range is recorded.
     let nr_tables = tables.headers().count();
+    match parse_pm_timer(&tables) {
+        Some(timer) => {
+            log::debug!(
+                "ACPI PM timer at port {:#x}, {} bits",
+                timer.port,
+                if timer.is_32_bit { 32 } else { 24 }
+            );
+            PM_TIMER.call_once(|| timer);
+        }
+        None => log::debug!("no ACPI PM timer in I/O space"),
+    }
     match parse_madt(&tables) {
         Some(info) => {
             log::debug!(
@@ -165,6 +197,16 @@ pub(crate) fn init(rsdp: Option<u64>) {
         }
         None => log::warn!("no usable MADT; assuming 1 CPU"),
     }
+}
+
+fn parse_pm_timer(tables: &AcpiTables<DirectMapHandler>) -> Option<PmTimer> {
+    let fadt = tables.find_table::<Fadt>().ok()?;
+    let block = fadt.pm_timer_block().ok()??;
+    let port = u16::try_from(block.address).ok()?;
+    (block.address_space == AddressSpace::SystemIo && port != 0).then_some(PmTimer {
+        port,
+        is_32_bit: { fadt.flags }.pm_timer_is_32_bit(),
+    })
 }
 
 fn parse_madt(tables: &AcpiTables<DirectMapHandler>) -> Option<AcpiInfo> {
