@@ -25,10 +25,11 @@
 //!    (Bonwick & Adams 2001 §3.3): one bootstrap cache per magazine type,
 //!    `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60` (the rounds a
 //!    magazine of that cache holds; [`MAGAZINE_ROUNDS`]); a cache starts
-//!    with the largest type whose rounds hold at most 32 KiB of its
+//!    with the largest type whose rounds hold at most 64 KiB of its
 //!    objects, so a cached object costs at most 8.6 bytes of magazine up
 //!    to 128 bytes and at most 1/15 of its size above, and moves to the
-//!    next type when the depot lock is contended.
+//!    next type when the depot lock is contended or the depot keeps
+//!    changing hands between CPUs.
 //! 3. **Slab layer** (`src/slab.rs`): small-object slabs (free list
 //!    through the objects; on the primary source objects up to 8 KiB, in
 //!    slabs of 1 to 8 pages chosen for the least waste, the header at the
@@ -314,11 +315,17 @@
 //!
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The
-//! depot counts failed `try_lock`s; every 64 depot visits, if at least 8
-//! were contended, the depot moves to the next magazine type (3 → 6 → 14
-//! → 29 → 60 rounds), up to the largest whose rounds hold at most 128 KiB
-//! of objects. Per-CPU caches get the new type when they next visit the
-//! depot.
+//! depot counts failed `try_lock`s and hand-offs (a visit by another
+//! CPU than the visit before: the depot's lines and the magazines move
+//! between caches, which costs more than the exchange even uncontended);
+//! every 64 depot visits, if at least 8 were contended or 16 were
+//! hand-offs, the depot moves to the next magazine type (3 → 6 → 14 → 29
+//! → 60 rounds), up to the largest whose rounds hold at most 128 KiB of
+//! objects. Per-CPU caches get the new type when they next visit the
+//! depot. Hand-offs were added because the lock is almost never
+//! contended on two CPUs trading 8 KiB objects (0 failed `try_lock`s in
+//! a 2-thread run of the bench's 8–8192 B mix), while its lines still
+//! moved on every hand-off.
 //!
 //! **Why several magazine caches?** A magazine holds pointers, 8 bytes a
 //! round; one size for all (62 slots in 512 bytes, filled to 8 rounds)

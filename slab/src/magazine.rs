@@ -12,8 +12,11 @@
 //! rounds; the four larger fill a one-page slab exactly). The free hit
 //! compares the round count with the loaded magazine's own capacity. A
 //! cache starts with the largest type whose rounds hold at most
-//! [`MAG_START_BYTES`] of objects (32 KiB: 60 rounds for objects up to
-//! 546 bytes, 3 for 8 KiB ones), so a cached object costs at most 8.6
+//! [`MAG_START_BYTES`] of objects (64 KiB: 60 rounds for objects up to
+//! 1092 bytes, 29 up to 2259, 14 up to 4681, 6 for 8 KiB ones), so a
+//! large-object cache meets its depot about as rarely per object as a
+//! small one (a few times per thousand operations on the bench's
+//! 8–8192 B mix), and a cached object costs at most 8.6
 //! bytes of magazine pages up to 128 bytes and at most 1/15 of its own
 //! size above (checked per kmalloc class by the magazine tests); before,
 //! every magazine was 512 bytes for 8 rounds, 64 bytes per cached object.
@@ -54,8 +57,12 @@
 //! [`PcpuInner::stats`]).
 //!
 //! Objects in magazines stay constructed. The depot counts how often its
-//! lock was contended (a failed `try_lock`); past a threshold within an
-//! interval the depot moves to the next magazine type (up to the largest
+//! lock was contended (a failed `try_lock`, Bonwick & Adams 2001 §3.6)
+//! and how often it was handed off, visited by another CPU than the
+//! visit before (each hand-off moves the lock's, the lists' and the
+//! magazines' cache lines between CPUs, which costs more than the
+//! exchange itself even when nobody waits); past a threshold of either
+//! within an interval the depot moves to the next magazine type (up to the largest
 //! whose rounds hold at most [`MAG_GROW_MAX_BYTES`]): new magazines are of
 //! that type, full magazines of the old one are still used until they run
 //! empty, and empty ones of the old type are freed as they come back to
@@ -93,9 +100,9 @@ pub(crate) const MAG_CACHE_NAMES: [&str; NR_MAG_TYPES] = [
 /// Rounds the largest magazine holds.
 pub const MAG_MAX_ROUNDS: usize = MAGAZINE_ROUNDS[NR_MAG_TYPES - 1];
 /// A cache starts with the largest magazine whose rounds hold at most
-/// this many bytes of objects (`rounds × stride ≤ 8 KiB`; at least 1
+/// this many bytes of objects (`rounds × stride ≤ 64 KiB`; at least 1
 /// round): see [`start_magtype`].
-pub(crate) const MAG_START_BYTES: usize = 32768;
+pub(crate) const MAG_START_BYTES: usize = 64 * 1024;
 /// Contention grows a cache's magazines to the next type only while the
 /// next type's rounds hold at most this many bytes of objects (illumos
 /// stops at a type's `mt_maxbuf`).
@@ -104,6 +111,12 @@ pub(crate) const MAG_GROW_MAX_BYTES: usize = 128 * 1024;
 pub(crate) const MAG_RESIZE_INTERVAL: u32 = 64;
 /// Contended depot acquisitions per interval that trigger growth.
 pub(crate) const MAG_RESIZE_THRESHOLD: u64 = 8;
+/// Hand-offs per interval that trigger growth: depot visits by another
+/// CPU than the visit before. Each one moves the depot's cache lines (the
+/// lock, the lists, the magazines' headers and rounds) between CPUs, the
+/// cost of an exchange on a modern machine even when nobody waits for the
+/// lock; a quarter of the visits is a cache the CPUs trade through.
+pub(crate) const MAG_HANDOFF_THRESHOLD: u32 = 16;
 /// How often a free retries after allocating a fresh magazine that another
 /// CPU took first, before freeing straight to the slab layer.
 pub(crate) const MAG_FREE_RETRIES: usize = 3;
@@ -331,6 +344,10 @@ pub(crate) struct DepotInner {
     max_magtype: usize,
     nr_visits: u32,
     contention_at_mark: u64,
+    /// Visits in this interval by another per-CPU cache than the one
+    /// before (`last_visitor`, a per-CPU cache's address).
+    nr_handoffs: u32,
+    last_visitor: usize,
     /// Working set: fewest full / empty magazines since the last update.
     full_min: usize,
     empty_min: usize,
@@ -399,6 +416,8 @@ impl Depot {
                 max_magtype: max_magtype.max(magtype),
                 nr_visits: 0,
                 contention_at_mark: 0,
+                nr_handoffs: 0,
+                last_visitor: 0,
                 full_min: 0,
                 empty_min: 0,
                 full_reaplimit: 0,
@@ -433,10 +452,12 @@ impl Depot {
         self.inner.lock()
     }
 
-    /// Lock for an exchange: also runs the resize heuristic.
-    fn lock_for_exchange(&self) -> MutexGuard<'_, DepotInner> {
+    /// Lock for an exchange by the per-CPU cache `pcc`: also runs the
+    /// resize heuristic.
+    fn lock_for_exchange(&self, pcc: &PcpuInner) -> MutexGuard<'_, DepotInner> {
         let mut depot = self.lock();
-        if depot.note_visit(self.nr_contention.load(Ordering::Relaxed)) {
+        let visitor = ptr::from_ref(pcc) as usize;
+        if depot.note_visit(self.nr_contention.load(Ordering::Relaxed), visitor) {
             self.magtype.store(depot.magtype, Ordering::Relaxed);
         }
         depot
@@ -460,7 +481,7 @@ impl Depot {
         pcc: &mut PcpuInner,
     ) -> (bool, Stale) {
         let start = time_stats_start!(P);
-        let mut depot = self.lock_for_exchange();
+        let mut depot = self.lock_for_exchange(pcc);
         let full = depot.pop_full();
         let mut stale = Stale::NONE;
         if !full.is_null() {
@@ -497,7 +518,7 @@ impl Depot {
         pcc: &mut PcpuInner,
     ) -> (bool, Stale) {
         let start = time_stats_start!(P);
-        let mut depot = self.lock_for_exchange();
+        let mut depot = self.lock_for_exchange(pcc);
         // Empty magazines of an older type leave as they come up.
         let mut stale = Stale::NONE;
         let magsize = depot.magsize();
@@ -638,20 +659,28 @@ impl DepotInner {
         MAGAZINE_ROUNDS[self.magtype]
     }
 
-    /// Count a visit; at the end of an interval, move to the next magazine
-    /// type (up to `max_magtype`) if the depot lock was contended too
-    /// often during it. True if the type changed.
-    pub(crate) fn note_visit(&mut self, nr_contention: u64) -> bool {
+    /// Count a visit by `visitor` (a per-CPU cache's address); at the end
+    /// of an interval, move to the next magazine type (up to
+    /// `max_magtype`) if the depot lock was contended too often during
+    /// it, or the depot handed off between CPUs too often. True if the
+    /// type changed.
+    pub(crate) fn note_visit(&mut self, nr_contention: u64, visitor: usize) -> bool {
+        if visitor != self.last_visitor {
+            self.last_visitor = visitor;
+            self.nr_handoffs += 1;
+        }
         self.nr_visits += 1;
         if self.nr_visits < MAG_RESIZE_INTERVAL {
             return false;
         }
-        let grow = nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
+        let grow = (nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
+            || self.nr_handoffs >= MAG_HANDOFF_THRESHOLD)
             && self.magtype < self.max_magtype;
         if grow {
             self.magtype += 1;
         }
         self.nr_visits = 0;
+        self.nr_handoffs = 0;
         self.contention_at_mark = nr_contention;
         grow
     }

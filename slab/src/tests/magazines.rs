@@ -5,8 +5,9 @@ use std::vec::Vec;
 
 use super::support::*;
 use crate::magazine::{
-    DepotInner, MAG_GROW_MAX_BYTES, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD, MAG_START_BYTES,
-    NR_MAG_TYPES, magazine_bytes, max_magtype, start_magtype,
+    DepotInner, MAG_GROW_MAX_BYTES, MAG_HANDOFF_THRESHOLD, MAG_RESIZE_INTERVAL,
+    MAG_RESIZE_THRESHOLD, MAG_START_BYTES, NR_MAG_TYPES, magazine_bytes, max_magtype,
+    start_magtype,
 };
 use crate::{CacheFlags, KmemCache, MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, PAGE_SIZE};
 
@@ -132,18 +133,19 @@ fn cross_cpu_free() {
 
 #[test]
 fn magazine_type_grows_with_contention_up_to_its_limit() {
-    let stride = 1024;
+    let stride = 2048;
     let (start, max) = (start_magtype(stride), max_magtype(stride));
-    assert!(start < max, "a 1 KiB cache may grow");
+    assert!(start < max, "a 2 KiB cache may grow");
     let mut depot = crate::magazine::Depot::new(start, max).inner.into_inner();
-    // One interval of depot visits; true if the type changed at its end.
+    // One interval of depot visits, all by one per-CPU cache (no
+    // hand-off); true if the type changed at its end.
     let interval = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
         let mut changed = false;
         for _ in 0..MAG_RESIZE_INTERVAL {
             if contended {
                 *contention += 1;
             }
-            changed |= depot.note_visit(*contention);
+            changed |= depot.note_visit(*contention, 0x1000);
         }
         changed
     };
@@ -161,11 +163,11 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     assert_eq!(
         max,
         NR_MAG_TYPES - 1,
-        "1 KiB objects may reach the largest type"
+        "2 KiB objects may reach the largest type"
     );
     assert_eq!(depot.magsize(), MAG_MAX_ROUNDS);
-    // An 8 KiB object's cache starts at one round and stops growing where
-    // the rounds would hold more than MAG_GROW_MAX_BYTES.
+    // An 8 KiB object's cache stops growing where the rounds would hold
+    // more than MAG_GROW_MAX_BYTES.
     let big = 8192;
     let mut depot = crate::magazine::Depot::new(start_magtype(big), max_magtype(big))
         .inner
@@ -178,6 +180,78 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
         depot.magtype == NR_MAG_TYPES - 1
             || MAGAZINE_ROUNDS[depot.magtype + 1] * big > MAG_GROW_MAX_BYTES
     );
+}
+
+/// Visits that alternate between CPUs grow the type with no contention
+/// at all; below the threshold they do not.
+#[test]
+fn magazine_type_grows_when_the_depot_hands_off_between_cpus() {
+    let stride = 8192;
+    let (start, max) = (start_magtype(stride), max_magtype(stride));
+    assert!(start < max, "an 8 KiB cache may grow");
+    let mut depot = crate::magazine::Depot::new(start, max).inner.into_inner();
+    // `handoffs` visits of an interval change CPU, the rest stay.
+    let interval = |depot: &mut DepotInner, handoffs: u32| {
+        let mut changed = false;
+        let mut cpu = 0;
+        for visit in 0..MAG_RESIZE_INTERVAL {
+            if visit < handoffs {
+                cpu ^= 1;
+            }
+            changed |= depot.note_visit(0, 0x1000 + 64 * cpu);
+        }
+        changed
+    };
+    // Starts with a visit by CPU 0 after one by CPU 0: none counted.
+    assert!(!interval(&mut depot, 0));
+    assert!(!interval(&mut depot, MAG_HANDOFF_THRESHOLD - 1));
+    assert_eq!(depot.magtype, start);
+    assert!(interval(&mut depot, MAG_HANDOFF_THRESHOLD + 1));
+    assert_eq!(depot.magtype, start + 1);
+    for _ in 0..10 {
+        interval(&mut depot, MAG_RESIZE_INTERVAL);
+    }
+    assert_eq!(depot.magtype, max);
+}
+
+/// A producer on one CPU and a consumer on another trade every object
+/// through the depot: its magazines grow (fewer exchanges per object)
+/// and nothing is lost; one CPU doing the same alone keeps the starting
+/// type.
+#[test]
+fn producer_and_consumer_cpus_grow_the_magazines() {
+    let (alloc, source) = setup(16384);
+    alloc.reap_all();
+    let baseline = source.pages_outstanding();
+    let size = 8192;
+    let start = MAGAZINE_ROUNDS[start_magtype(size)];
+    let max = MAGAZINE_ROUNDS[max_magtype(size)];
+    assert!(start < max);
+    let run = |name: &str, consumer: usize| {
+        let cache = alloc
+            .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+            .unwrap();
+        for _ in 0..4 * MAG_RESIZE_INTERVAL as usize {
+            set_cpu(0);
+            let objs: Vec<_> = (0..2 * start + 1).map(|_| cache.alloc().unwrap()).collect();
+            set_cpu(consumer);
+            for &p in &objs {
+                // SAFETY: allocated above, freed once.
+                unsafe { cache.free(p) }.unwrap();
+            }
+        }
+        set_cpu(0);
+        let st = cache.stats();
+        assert_eq!(st.nr_allocated, 0, "{name}");
+        let magsize = st.magsize;
+        // SAFETY: nothing allocated; not used again.
+        unsafe { cache.destroy() }.unwrap();
+        magsize
+    };
+    assert_eq!(run("one-cpu", 0), start);
+    assert!(run("two-cpus", 1) > start);
+    alloc.reap_all();
+    assert_eq!(source.pages_outstanding(), baseline);
 }
 
 /// The starting rule: the largest magazine whose rounds hold at most
