@@ -285,6 +285,9 @@ fn stamp(cpu: usize, serial: u64) -> u64 {
     ((cpu as u64) << 32) | serial
 }
 
+/// Stack of the thread a model runs in (loom's default is 32 KiB).
+const MODEL_STACK_BYTES: usize = 1 << 20;
+
 /// Run `f` under loom; print how many executions it explored.
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
@@ -296,9 +299,20 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     builder.max_branches = builder.max_branches.max(100_000);
     let nr_executions = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = nr_executions.clone();
+    let f = std::sync::Arc::new(f);
     builder.check(move || {
         counter.fetch_add(1, Ordering::Relaxed);
-        f();
+        // Loom runs a model's main thread on a 32 KiB coroutine stack;
+        // `init` (every bootstrap and kmalloc cache) needs more, so the
+        // model runs in a thread of its own with room to spare. One more
+        // thread, but it only waits in `join`: no new interleaving.
+        let f = f.clone();
+        thread::Builder::new()
+            .stack_size(MODEL_STACK_BYTES)
+            .spawn(move || f())
+            .expect("model thread")
+            .join()
+            .unwrap();
     });
     std::println!(
         "{name}: {} executions (preemption bound {:?})",
