@@ -146,59 +146,64 @@ impl<P: Platform> crate::cache::KmemCache<P> {
 
 #[cfg(feature = "alloc-profiling")]
 impl<P: Platform> KmemCache<P> {
-    /// The header of the small slab holding `addr`, a busy object of
-    /// ours, for the profiled alloc: a one-page slab with its header at
-    /// its end by masking, any other through the page map (slabs of
-    /// several pages, and off-slab headers, are packed ones, on the
-    /// primary source: no `on_primary` test).
+    /// The profiled alloc's side-array slot of `obj`, or `None` if its
+    /// slab has no side array yet. The slab header: for a one-page slab
+    /// with its header at its end, at the end of the object's page (one
+    /// mask; the offset is the address's low bits); for any other through
+    /// the page map (slabs of several pages, and off-slab headers, are
+    /// packed ones, on the primary source: no `on_primary` test). `TAGGED`
+    /// is set with `PROFILING` ([`KmemCache::set_profiling`]), so there
+    /// is no flag to test.
+    ///
+    /// # Safety
+    /// `obj` is a busy object of one of this cache's small slabs.
     #[inline(always)]
-    fn tag_slab_of(&self, addr: usize) -> *mut Slab {
-        if self.tag_header_in_page {
-            small_header(addr)
-        } else {
-            debug_assert!(self.on_primary);
-            (self.page_map.get(addr) & !TAG_MASK) as *mut Slab
-        }
-    }
-
-    /// The profiled hit's store: `tag` in the side-array slot of a
-    /// small-slab object just allocated, then the charge. `TAGGED` is set
-    /// with `PROFILING` ([`KmemCache::set_profiling`]), so there is no
-    /// flag to test. A slab without a side array yet gets one (out of
-    /// line, [`Self::install_tag_array`]); if that fails the object stays
-    /// untagged and is not charged.
-    #[inline(always)]
-    pub(crate) fn charge_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef) {
+    pub(crate) unsafe fn alloc_tag_slot(
+        &self,
+        obj: NonNull<u8>,
+    ) -> Option<*mut Option<AllocTagRef>> {
         debug_assert!(self.hot().contains(HotFlags::TAGGED));
         let addr = obj.as_ptr() as usize;
-        let slab = self.tag_slab_of(addr);
-        // SAFETY: obj is a busy object of ours, so its slab is alive.
-        let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
-        if tags.is_null() {
-            return self.charge_first_in_slab(obj, slab, tag);
-        }
-        let base = if self.tag_header_in_page {
-            addr & !(PAGE_SIZE - 1)
+        let (tags, offset) = if self.tag_header_in_page {
+            let page = addr & !(PAGE_SIZE - 1);
+            let slab = small_header(page);
+            // SAFETY: per the caller, the slab is alive.
+            (unsafe { (*slab).tags.load(Ordering::Acquire) }, addr - page)
         } else {
+            debug_assert!(self.on_primary);
+            let slab = (self.page_map.get(addr) & !TAG_MASK) as *mut Slab;
             // SAFETY: as above.
-            unsafe { (*slab).base }
+            unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };
-        let (index, _) = self.obj_index(addr - base);
+        if tags.is_null() {
+            return None;
+        }
+        let (index, _) = self.obj_index(offset);
         // SAFETY: index < nr_objs (a busy object of the slab), the side
-        // array's length; the object is ours until freed, and so is its
-        // slot.
-        unsafe { tags.add(index).write(Some(tag)) };
-        P::alloc_tag_add(tag, obj, self.obj_size);
+        // array's length.
+        Some(unsafe { tags.add(index) })
     }
 
-    /// [`Self::charge_small_object`] for a slab without a side array yet.
+    /// The profiled alloc for a slab without a side array yet: install
+    /// one, store and charge (nothing if it cannot be allocated), in the
+    /// caller's result type.
     #[cold]
     #[inline(never)]
-    fn charge_first_in_slab(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) {
+    pub(crate) fn charge_first_in_slab<O: crate::path::AllocOut>(
+        &self,
+        obj: NonNull<u8>,
+        tag: AllocTagRef,
+    ) -> O::Raw {
+        let slab = self.small_slab_of(obj.as_ptr() as usize);
         // SAFETY: obj is a busy object of ours in `slab`, alive.
         if unsafe { self.store_tag(obj, slab, tag) } {
             P::alloc_tag_add(tag, obj, self.obj_size);
         }
+        // Opaque to the caller: were LLVM to infer that this returns its
+        // argument, the caller would keep `obj` in a callee-saved
+        // register across a plain call instead of tail-calling (a frame
+        // on the profiled hit).
+        O::raw_from_obj(core::hint::black_box(obj))
     }
 
     /// Store `tag` with a small-slab object just allocated, setting

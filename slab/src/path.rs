@@ -238,20 +238,31 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The profiled alloc of a small-object cache (`PROFILING` the only
-    /// flag): the magazine hit, then the tag reference stored (one multiply
-    /// for the object's index) and the tag charged — no flag test
-    /// (`TAGGED` comes with `PROFILING`). Out of line but not cold,
-    /// reached by a tail call and returning in one register, so the plain
-    /// hit stays a leaf when profiling is compiled in.
+    /// flag): the magazine hit, then the tag reference stored in the
+    /// slab's side array (one multiply for the object's index) and the tag
+    /// charged — no flag test (`TAGGED` comes with `PROFILING`). Out of
+    /// line but not cold, reached by a tail call and returning in one
+    /// register, so the plain hit stays a leaf when profiling is compiled
+    /// in; a slab without a side array yet is a tail call too (so this
+    /// needs no callee-saved register).
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
     fn alloc_profiled<O: AllocOut>(&self, tag: impl Fn() -> Option<AllocTagRef>) -> O::Raw {
         let Some(obj) = self.magazine_alloc_hit() else {
             return self.alloc_slow::<O>(tag());
         };
-        if let Some(tag) = tag() {
-            self.charge_small_object(obj, tag);
-        }
+        let Some(tag) = tag() else {
+            return O::raw_from_obj(obj);
+        };
+        // SAFETY: obj is a busy object of one of our small slabs (just
+        // popped from this CPU's magazine).
+        let Some(slot) = (unsafe { self.alloc_tag_slot(obj) }) else {
+            return self.charge_first_in_slab::<O>(obj, tag);
+        };
+        // SAFETY: the object's own slot; the object is ours until freed,
+        // and so is its slot.
+        unsafe { slot.write(Some(tag)) };
+        P::alloc_tag_add(tag, obj, self.obj_size);
         O::raw_from_obj(obj)
     }
 
