@@ -13,16 +13,18 @@
 //! - **small-object slabs**: a per-slab **tag side array** of one
 //!   `Option<AllocTagRef>` per object (`nr_objs * 4` bytes), after Linux's
 //!   `alloc_slab_obj_exts` (mm/slub.c). The slab header's `tags` pointer
-//!   is null until the first tagged allocation from the slab, which
-//!   allocates the array (zeroed: every object `None`) from the
-//!   bootstrap cache `kmem_tags_<bytes>` of the next size up (32, 48, 64,
-//!   96, … 1536, 2048 bytes) and installs it with a compare-exchange; a
-//!   CPU that loses the race frees its copy and uses the winner's. The array goes back with
-//!   the slab (`destroy_slab`). So the slab layout is the same with the
-//!   feature and without (kmalloc-8 holds 496 objects per page either
-//!   way), and a slab that never held a tagged object costs nothing. An
-//!   object's slot is at the object's index, the high word of `offset *
-//!   ceil(2^64 / stride)` — the multiply that also checks frees;
+//!   names a shared all-`None` array (`NO_TAGS`, never written, so a free
+//!   reads its object's slot without testing) until the first tagged
+//!   allocation from the slab, which allocates the slab's own array
+//!   (zeroed: every object `None`) from the bootstrap cache
+//!   `kmem_tags_<bytes>` of the next size up (32, 48, 64, 96, … 1536,
+//!   2048 bytes) and installs it with a compare-exchange; a CPU that
+//!   loses the race frees its copy and uses the winner's. The array goes
+//!   back with the slab (`destroy_slab`). So the slab layout is the same
+//!   with the feature and without (kmalloc-8 holds 496 objects per page
+//!   either way), and a slab that never held a tagged object costs
+//!   nothing. An object's slot is at the object's index, the high word of
+//!   `offset * ceil(2^64 / stride)` — the multiply that also checks frees;
 //! - **bufctl slabs**: an `Option<AllocTagRef>` in the object's bufctl (it
 //!   fits in padding: no extra bytes);
 //! - **page-granular kmalloc**: the upper 32 bits of the first page's
@@ -103,6 +105,24 @@ pub(crate) const TAG_REF_BYTES: usize = core::mem::size_of::<Option<AllocTagRef>
 
 const _: () = assert!(core::mem::size_of::<Option<AllocTagRef>>() == 4);
 
+/// The side array of every slab that has none of its own yet: a slot of
+/// `None` for each object of any slab, never written (a free writes a
+/// slot only to clear a `Some`). So the profiled free reads an object's
+/// slot without testing for a side array (`None`: nothing to uncharge);
+/// the profiled alloc compares with [`no_tags`] to know it must install
+/// one. In a read-only section: a stray write faults.
+#[cfg(feature = "alloc-profiling")]
+static NO_TAGS: [Option<AllocTagRef>; crate::geometry::MAX_SMALL_OBJS] =
+    [None; crate::geometry::MAX_SMALL_OBJS];
+
+/// [`NO_TAGS`] as a slab header's `tags` pointer ("no side array yet").
+#[cfg(feature = "alloc-profiling")]
+#[inline(always)]
+pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
+    // Never written through (see NO_TAGS).
+    NO_TAGS.as_ptr().cast_mut()
+}
+
 /// The tag to charge an allocation made now (`None` when profiling is
 /// compiled out or the platform says none).
 #[inline(always)]
@@ -175,7 +195,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: as above.
             unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };
-        if tags.is_null() {
+        if tags == no_tags() {
             return None;
         }
         let (index, _) = self.obj_index(offset);
@@ -235,7 +255,7 @@ impl<P: Platform> KmemCache<P> {
     unsafe fn store_tag(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) -> bool {
         // SAFETY: per the caller, the slab is alive.
         let mut tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
-        if tags.is_null() {
+        if tags == no_tags() {
             // SAFETY: as above.
             tags = unsafe { self.install_tag_array(slab) };
             if tags.is_null() {
@@ -294,7 +314,7 @@ impl<P: Platform> KmemCache<P> {
         let installed = unsafe {
             (*slab)
                 .tags
-                .compare_exchange(ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(no_tags(), new, Ordering::AcqRel, Ordering::Acquire)
         };
         match installed {
             Ok(_) => new,
@@ -306,13 +326,13 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// Free a destroyed slab's side array (nothing for null).
+    /// Free a destroyed slab's side array (nothing for [`no_tags`]).
     ///
     /// # Safety
-    /// `tags` is null or the side array of a slab of this cache that is
-    /// being destroyed (no busy object, nobody else uses it).
+    /// `tags` is [`no_tags`] or the side array of a slab of this cache
+    /// that is being destroyed (no busy object, nobody else uses it).
     pub(crate) unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>) {
-        if tags.is_null() {
+        if tags == no_tags() {
             return;
         }
         let cache = self.owner().tag_array_cache(self.tag_array_cache_index());
@@ -330,9 +350,6 @@ impl<P: Platform> KmemCache<P> {
         // caller's promise), its slab alive and its slot ours to read.
         unsafe {
             let tags = (*slab).tags.load(Ordering::Acquire);
-            if tags.is_null() {
-                return None;
-            }
             let (index, _) = self.obj_index(addr - (*slab).base);
             tags.add(index).read()
         }
@@ -344,12 +361,13 @@ impl<P: Platform> KmemCache<P> {
         let slab = self.small_slab_of(obj.as_ptr() as usize);
         // SAFETY: obj is a busy object of one of our small slabs (the
         // caller's promise), its slab alive.
-        !unsafe { (*slab).tags.load(Ordering::Acquire) }.is_null()
+        let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
+        tags != no_tags()
     }
 
     /// Clear a small-slab object's tag reference and uncharge its tag
-    /// (nothing if it has none, or its slab no side array). The index is
-    /// the free's owner check's.
+    /// (nothing if it has none; a slab without a side array has
+    /// [`no_tags`], all `None`). The index is the free's owner check's.
     ///
     /// # Safety
     /// `obj` is object `at.index` of `at.slab`, a small slab of this cache,
@@ -358,12 +376,9 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) unsafe fn untag_small_object(&self, obj: NonNull<u8>, at: Located) {
         // SAFETY: per the caller, at.slab is alive.
         let tags = unsafe { (*at.slab).tags.load(Ordering::Acquire) };
-        if tags.is_null() {
-            // No object of this slab was ever tagged.
-            return;
-        }
-        // SAFETY: at.index < nr_objs (the owner check), the side array's
-        // length; nobody else uses the object or its slot now.
+        // SAFETY: at.index < nr_objs (the owner check), at most the side
+        // array's length (NO_TAGS has MAX_SMALL_OBJS slots); nobody else
+        // uses the object or its slot now.
         let slot = unsafe { tags.add(at.index) };
         // SAFETY: as above.
         if let Some(tag) = unsafe { slot.read() } {

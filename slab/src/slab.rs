@@ -74,8 +74,9 @@ pub(crate) struct Slab {
     /// `alloc-profiling`): the tag side array, one `Option<AllocTagRef>`
     /// per object (`nr_objs * 4` bytes, from a `kmem_tags_<bytes>`
     /// bootstrap cache), installed on the slab's first tagged allocation
-    /// (Linux `alloc_slab_obj_exts`) and freed with the slab; null until
-    /// then (every object untagged). See [`crate::alloc_tag`].
+    /// (Linux `alloc_slab_obj_exts`) and freed with the slab; until then
+    /// the shared all-`None` `NO_TAGS` (every object untagged). See
+    /// [`crate::alloc_tag`].
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tags: AtomicPtr<Option<AllocTagRef>>,
     #[cfg(not(feature = "alloc-profiling"))]
@@ -817,7 +818,7 @@ impl SlabLayer {
                 free: ptr::null_mut(),
                 // No tagged object yet: no side array.
                 #[cfg(feature = "alloc-profiling")]
-                tags: AtomicPtr::new(ptr::null_mut()),
+                tags: AtomicPtr::new(crate::alloc_tag::no_tags()),
                 #[cfg(not(feature = "alloc-profiling"))]
                 _no_tags: 0,
                 free_map: [const { AtomicU64::new(0) }; 8],

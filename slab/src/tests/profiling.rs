@@ -660,7 +660,7 @@ fn the_loser_of_an_install_race_frees_its_copy() {
     let slab = cache.small_slab_of(obj.as_ptr() as usize);
     // SAFETY: `obj` is a busy object of this live slab.
     let installed = unsafe { (*slab).tags.load(core::sync::atomic::Ordering::Acquire) };
-    assert!(!installed.is_null());
+    assert_ne!(installed, crate::alloc_tag::no_tags());
     // A CPU that found no side array a moment ago installs one now: its
     // compare-exchange fails, it frees its copy and takes the winner's.
     // SAFETY: as above.
