@@ -157,6 +157,23 @@ unsafe impl Platform for ProfPlatform {
         // SAFETY: as in alloc_tag_add.
         unsafe { PROF_COUNTERS.sub_at(base, tag, bytes) };
     }
+    /// The reference checked once, here: the object keeps its counter's
+    /// byte offset (`charge_at`'s token), so the free needs no check.
+    #[inline]
+    fn alloc_tag_charge(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) -> Option<AllocTagRef> {
+        let base = PROF_BASE.get() as usize;
+        // SAFETY: as in alloc_tag_add.
+        unsafe { PROF_COUNTERS.charge_at(base, tag, bytes) }
+    }
+    #[inline]
+    unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        let base = PROF_BASE.get() as usize;
+        // SAFETY: base as in alloc_tag_add; the allocator hands back only
+        // tokens alloc_tag_charge returned (charge_at's, valid offsets
+        // into every CPU's block and the sink's, which has room for every
+        // tag).
+        unsafe { PROF_COUNTERS.uncharge_at(base, token, bytes) };
+    }
 }
 
 /// Set up [`ProfPlatform`]'s counters (once) and its switch: `on` is

@@ -209,6 +209,11 @@ impl AllocTagCounters {
     /// Alignment [`AllocTagCounters::init`] needs.
     pub const ALIGN: usize = CACHE_LINE;
 
+    /// Most tags the counters take (so that a charge token, a counter's
+    /// byte offset, fits in 32 bits): [`AllocTagCounters::init`] refuses
+    /// more.
+    pub const MAX_TAGS: usize = (u32::MAX as usize) / core::mem::size_of::<TagCounter>();
+
     /// Hands the counters their memory (zeroed here). Returns false, using
     /// nothing, if they already have memory or `len` is too small or the
     /// memory misaligned.
@@ -219,7 +224,8 @@ impl AllocTagCounters {
     pub unsafe fn init(&self, memory: NonNull<u8>, len: usize, nr_cpus: usize) -> bool {
         let nr_cpus = nr_cpus.max(1);
         let nr_tags = nr_alloc_tags();
-        if len < Self::bytes_needed(nr_cpus)
+        if nr_tags > Self::MAX_TAGS
+            || len < Self::bytes_needed(nr_cpus)
             || !(memory.as_ptr() as usize).is_multiple_of(Self::ALIGN)
             || !self.blocks.load(Ordering::Acquire).is_null()
         {
@@ -371,6 +377,53 @@ impl AllocTagCounters {
             // SAFETY: per our caller (see counter_offset).
             unsafe { local_update_at(cpu_base, offset, bytes as u64, false) };
         }
+    }
+
+    /// [`add_at`](Self::add_at), returning a **charge token**: the byte
+    /// offset of `tag_ref`'s counter from a CPU's counter base (the same
+    /// for every CPU), checked here once, so that the free's
+    /// [`uncharge_at`](Self::uncharge_at) needs no check (an allocator
+    /// stores the token with the object: `magpie-slab`'s
+    /// `Platform::alloc_tag_charge`). `None`, counting nothing, for a bad
+    /// reference (past the last tag, or before init).
+    ///
+    /// # Safety
+    ///
+    /// As for [`add_at`](Self::add_at).
+    #[inline(always)]
+    pub unsafe fn charge_at(
+        &self,
+        cpu_base: usize,
+        tag_ref: AllocTagRef,
+        bytes: usize,
+    ) -> Option<AllocTagRef> {
+        let offset = self.counter_offset(tag_ref)?;
+        // SAFETY: per our caller (see counter_offset).
+        unsafe { local_update_at(cpu_base, offset, bytes as u64, true) };
+        // SAFETY: 16 <= offset = 16 * tag_ref <= 16 * nr_tags <= u32::MAX
+        // (init refuses more than MAX_TAGS tags): non-zero as a u32.
+        Some(unsafe { AllocTagRef::new_unchecked(offset as u32) })
+    }
+
+    /// Uncounts an object charged with `token` (from
+    /// [`charge_at`](Self::charge_at)) at this CPU's counter base: one
+    /// `sub` and one `dec` at `cpu_base + token`, no check.
+    ///
+    /// # Safety
+    ///
+    /// `cpu_base` as for [`add_at`](Self::add_at); `token` was returned
+    /// by `charge_at` of these counters (so `cpu_base + token` is a
+    /// counter of that CPU's block).
+    #[inline(always)]
+    pub unsafe fn uncharge_at(&self, cpu_base: usize, token: AllocTagRef, bytes: usize) {
+        // SAFETY: per our caller, a checked counter offset.
+        unsafe { local_update_at(cpu_base, token.get() as usize, bytes as u64, false) };
+    }
+
+    /// The tag reference a [`charge_at`](Self::charge_at) token stands
+    /// for.
+    pub fn token_tag_ref(token: AllocTagRef) -> Option<AllocTagRef> {
+        AllocTagRef::new(token.get() / core::mem::size_of::<TagCounter>() as u32)
     }
 
     /// The byte offset of `tag_ref`'s counter from a CPU's counter base:

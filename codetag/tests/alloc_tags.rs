@@ -207,6 +207,42 @@ fn counts_at_a_cpu_base_match_counts_by_cpu_id() {
 }
 
 #[test]
+fn charge_tokens_are_checked_once_and_uncharge_the_same_counter() {
+    // charge_at checks the reference and returns its counter's offset;
+    // uncharge_at of that token (on another CPU) undoes it, no check.
+    let counters = counters(2);
+    let a = site_a().tag_ref();
+    let before = counters.read(a);
+    let (base0, base1) = (counters.cpu_base(0).unwrap(), counters.cpu_base(1).unwrap());
+    // SAFETY: this thread is the only writer of both blocks here.
+    let token = unsafe { counters.charge_at(base0, a, 40) }.expect("a valid reference");
+    assert_eq!(AllocTagCounters::token_tag_ref(token), Some(a));
+    assert_eq!(
+        counters.read(a),
+        AllocTagCounts {
+            bytes: before.bytes + 40,
+            calls: before.calls + 1
+        }
+    );
+    // SAFETY: as above; `token` came from charge_at of these counters.
+    unsafe { counters.uncharge_at(base1, token, 40) };
+    assert_eq!(counters.read(a), before);
+    let untagged = counters.read(UNTAGGED.tag_ref());
+    // SAFETY: as above.
+    let bad = unsafe { counters.charge_at(base0, AllocTagRef::new(10_000).unwrap(), 8) };
+    assert_eq!(bad, None, "a bad reference gets no token");
+    assert_eq!(
+        counters.read(UNTAGGED.tag_ref()),
+        untagged,
+        "and counts nothing"
+    );
+    // Before init there is no valid reference at all.
+    let empty = AllocTagCounters::new();
+    // SAFETY: nothing is written for a refused reference.
+    assert_eq!(unsafe { empty.charge_at(base0, a, 8) }, None);
+}
+
+#[test]
 fn counters_without_memory_count_nothing_and_init_once() {
     let counters = AllocTagCounters::new();
     assert!(!counters.is_ready());

@@ -205,8 +205,8 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The profiled alloc for a slab without a side array yet: install
-    /// one, store and charge (nothing if it cannot be allocated), in the
-    /// caller's result type.
+    /// one, charge and store the charge token (nothing if it cannot be
+    /// allocated), in the caller's result type.
     #[cold]
     #[inline(never)]
     pub(crate) fn charge_first_in_slab<O: crate::path::AllocOut>(
@@ -216,9 +216,7 @@ impl<P: Platform> KmemCache<P> {
     ) -> O::Raw {
         let slab = self.small_slab_of(obj.as_ptr() as usize);
         // SAFETY: obj is a busy object of ours in `slab`, alive.
-        if unsafe { self.store_tag(obj, slab, tag) } {
-            P::alloc_tag_add(tag, obj, self.obj_size);
-        }
+        unsafe { self.charge_and_store(obj, slab, tag) };
         // Opaque to the caller: were LLVM to infer that this returns its
         // argument, the caller would keep `obj` in a callee-saved
         // register across a plain call instead of tail-calling (a frame
@@ -226,49 +224,48 @@ impl<P: Platform> KmemCache<P> {
         O::raw_from_obj(core::hint::black_box(obj))
     }
 
-    /// Store `tag` with a small-slab object just allocated, setting
-    /// `TAGGED` first if the cache does not have it yet (the out-of-line
-    /// paths: explicit tags, debug caches). Returns whether it was stored
-    /// (false: no side array could be allocated, the miss counted); the
-    /// caller charges the tag only then.
-    pub(crate) fn tag_small_object(
-        &self,
-        obj: NonNull<u8>,
-        tag: AllocTagRef,
-        hot: HotFlags,
-    ) -> bool {
+    /// Charge `tag` for a small-slab object just allocated and store the
+    /// charge token in its slot, setting `TAGGED` first if the cache does
+    /// not have it yet (the out-of-line paths: explicit tags, debug
+    /// caches). Nothing is charged if no side array could be allocated
+    /// (the miss counted).
+    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
         if !hot.contains(HotFlags::TAGGED) {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::TAGGED);
         }
         let slab = self.small_slab_of(obj.as_ptr() as usize);
         // SAFETY: obj is a busy object of one of our small slabs, alive.
-        unsafe { self.store_tag(obj, slab, tag) }
+        unsafe { self.charge_and_store(obj, slab, tag) }
     }
 
-    /// Store `tag` in `obj`'s side-array slot, installing the slab's side
-    /// array first if it has none. False if it had none and none could be
+    /// Charge `tag` for `obj` and store the charge token in its
+    /// side-array slot, installing the slab's side array first if it has
+    /// none. Nothing is charged if it had none and none could be
     /// allocated (counted in `nr_tag_array_misses`).
     ///
     /// # Safety
     /// `obj` is a busy object of `slab`, a live small slab of this cache.
-    unsafe fn store_tag(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) -> bool {
+    unsafe fn charge_and_store(&self, obj: NonNull<u8>, slab: *mut Slab, tag: AllocTagRef) {
         // SAFETY: per the caller, the slab is alive.
         let mut tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
         if tags == no_tags() {
             // SAFETY: as above.
             tags = unsafe { self.install_tag_array(slab) };
             if tags.is_null() {
-                return false;
+                return;
             }
         }
         // SAFETY: as above.
         let base = unsafe { (*slab).base };
         let (index, _) = self.obj_index(obj.as_ptr() as usize - base);
-        // SAFETY: index < nr_objs (a busy object of the slab), the side
-        // array's length; the object and its slot are ours until freed.
-        unsafe { tags.add(index).write(Some(tag)) };
-        true
+        // A free object's slot is `None`: stored only if charged.
+        if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
+            // SAFETY: index < nr_objs (a busy object of the slab), the
+            // side array's length; the object and its slot are ours until
+            // freed.
+            unsafe { tags.add(index).write(Some(token)) };
+        }
     }
 
     /// The `kmem_tags_<bytes>` cache (an index into `TAG_ARRAY_SIZES`)
@@ -381,10 +378,13 @@ impl<P: Platform> KmemCache<P> {
         // uses the object or its slot now.
         let slot = unsafe { tags.add(at.index) };
         // SAFETY: as above.
-        if let Some(tag) = unsafe { slot.read() } {
+        if let Some(token) = unsafe { slot.read() } {
             // SAFETY: as above.
             unsafe { slot.write(None) };
-            P::alloc_tag_sub(tag, obj, self.obj_size);
+            // SAFETY: every `Some` in a slot is a token alloc_tag_charge
+            // returned for this object (slots are written only by
+            // charge_and_store and the profiled alloc), cleared here once.
+            unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
         }
     }
 }

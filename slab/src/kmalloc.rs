@@ -88,8 +88,10 @@ const fn class_index_above_table(size: usize) -> usize {
 const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// Page-granular allocations: the head page's page-map entry is
-/// `tag << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the allocation tag
-/// reference riding in the upper half (0 without profiling).
+/// `token << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the charge token of the
+/// allocation's tag (`Platform::alloc_tag_charge`; an
+/// `Option<AllocTagRef>`, 0 for `None` and without profiling) riding in
+/// the upper half.
 const LARGE_TAG_SHIFT: u32 = 32;
 /// Most pages one page-granular kmalloc may span (its count must fit below
 /// the tag bits).
@@ -99,6 +101,22 @@ const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
 #[inline]
 pub(crate) fn large_nr_pages(entry: usize) -> usize {
     (entry >> 3) & LARGE_MAX_PAGES
+}
+
+/// The head entry of a live page-granular kmalloc of `nr_pages` pages
+/// charged with `token`.
+#[inline]
+fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> usize {
+    ((token.map_or(0, AllocTagRef::get) as usize) << LARGE_TAG_SHIFT)
+        | (nr_pages << 3)
+        | TAG_LARGE_HEAD
+}
+
+/// The charge token in a live head entry ([`large_head_entry`]).
+#[cfg(feature = "alloc-profiling")]
+#[inline]
+fn large_entry_token(entry: usize) -> Option<AllocTagRef> {
+    AllocTagRef::new((entry >> LARGE_TAG_SHIFT) as u32)
 }
 
 /// Natural alignment of a size class: the largest power of two dividing
@@ -375,15 +393,20 @@ impl<P: Platform> Allocator<P> {
         };
         let base = taken.as_ptr() as usize;
         let addr = base.next_multiple_of(align.max(PAGE_SIZE));
+        // SAFETY: inside the block just taken, non-null.
+        let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+        // Charged first: the head entry keeps the charge token.
+        #[cfg(feature = "alloc-profiling")]
+        let token = tag.and_then(|tag| P::alloc_tag_charge(tag, pages, nr_pages * PAGE_SIZE));
+        #[cfg(not(feature = "alloc-profiling"))]
+        let token = tag;
         let lead = (addr - base) / PAGE_SIZE;
         let slack = ((nr_slack - lead) << LARGE_TAG_SHIFT) | (lead << 3);
         let registered = self.page_map().set_range(base, nr_taken, |page| {
             if page < lead {
                 slack | TAG_LARGE_LEAD
             } else if page == lead {
-                ((tag.map_or(0, AllocTagRef::get) as usize) << LARGE_TAG_SHIFT)
-                    | (nr_pages << 3)
-                    | TAG_LARGE_HEAD
+                large_head_entry(nr_pages, token)
             } else if page < lead + nr_pages {
                 ((page - lead) << 3) | TAG_LARGE_TAIL
             } else {
@@ -391,19 +414,18 @@ impl<P: Platform> Allocator<P> {
             }
         });
         if !registered {
+            #[cfg(feature = "alloc-profiling")]
+            if let Some(token) = token {
+                // SAFETY: charged just above for this block, never stored.
+                unsafe { P::alloc_tag_uncharge(token, pages, nr_pages * PAGE_SIZE) };
+            }
             // SAFETY: pages just allocated from this source, unused.
             unsafe { source.free_pages(taken, nr_taken) };
             return Err(AllocError::OutOfMemory);
         }
-        // SAFETY: inside the block just taken, non-null.
-        let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
         self.large_nr_live.fetch_add(1, Ordering::Relaxed);
         self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
         self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "alloc-profiling")]
-        if let Some(tag) = tag {
-            P::alloc_tag_add(tag, pages, nr_pages * PAGE_SIZE);
-        }
         Ok(pages)
     }
 
@@ -463,10 +485,11 @@ impl<P: Platform> Allocator<P> {
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
-                {
-                    if let Some(tag) = AllocTagRef::new((entry >> LARGE_TAG_SHIFT) as u32) {
-                        P::alloc_tag_sub(tag, ptr, nr_pages * PAGE_SIZE);
-                    }
+                if let Some(token) = large_entry_token(entry) {
+                    // SAFETY: the head entry's charge token, stored at the
+                    // allocation; the claim above makes this free the one
+                    // that uncharges it.
+                    unsafe { P::alloc_tag_uncharge(token, ptr, nr_pages * PAGE_SIZE) };
                 }
                 // SAFETY: a live page-granular allocation of nr_taken pages
                 // at base from the primary source, claimed by us alone (the

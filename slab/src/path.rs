@@ -259,10 +259,12 @@ impl<P: Platform> KmemCache<P> {
         let Some(slot) = (unsafe { self.alloc_tag_slot(obj) }) else {
             return self.charge_first_in_slab::<O>(obj, tag);
         };
-        // SAFETY: the object's own slot; the object is ours until freed,
-        // and so is its slot.
-        unsafe { slot.write(Some(tag)) };
-        P::alloc_tag_add(tag, obj, self.obj_size);
+        // A free object's slot is `None`: stored only if charged.
+        if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
+            // SAFETY: the object's own slot; the object is ours until
+            // freed, and so is its slot.
+            unsafe { slot.write(Some(token)) };
+        }
         O::raw_from_obj(obj)
     }
 
@@ -281,13 +283,11 @@ impl<P: Platform> KmemCache<P> {
             Ok(obj) => obj,
             Err(error) => return pack(Err(error)),
         };
+        // The cache is a small one: bufctl caches with profiling on take
+        // alloc_flagged.
         #[cfg(feature = "alloc-profiling")]
-        if let Some(tag) = tag
-            // The cache is a small one: bufctl caches with profiling on
-            // take alloc_flagged. Charged only if stored.
-            && self.tag_small_object(obj, tag, self.hot())
-        {
-            P::alloc_tag_add(tag, obj, self.obj_size);
+        if let Some(tag) = tag {
+            self.tag_small_object(obj, tag, self.hot());
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
@@ -416,45 +416,36 @@ impl<P: Platform> KmemCache<P> {
                 self.owner().report_error(report);
             }
         }
-        // A small object whose side array could not be allocated stays
-        // untagged: not charged.
-        #[cfg_attr(
-            not(feature = "alloc-profiling"),
-            expect(unused_mut, reason = "tags are stored with the feature")
-        )]
-        let mut tag = tag;
-        if self.kind == SlabKind::Bufctl {
-            if tag.is_some() {
-                self.bufctl_mark_allocated(addr, tag);
-            }
-        } else {
-            #[cfg(feature = "alloc-profiling")]
-            if let Some(stored) = tag
-                && !self.tag_small_object(obj, stored, hot)
-            {
-                tag = None;
-            }
-        }
-        if hot.contains(HotFlags::TRACED) {
-            self.trace_alloc(obj);
-        }
+        // Charged, and the charge token stored: in the bufctl, or in the
+        // small slab's side array (not charged if there is none and none
+        // can be allocated).
         #[cfg(feature = "alloc-profiling")]
         if let Some(tag) = tag {
-            P::alloc_tag_add(tag, obj, self.obj_size);
+            if self.kind == SlabKind::Bufctl {
+                if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
+                    self.bufctl_mark_allocated(addr, token);
+                }
+            } else {
+                self.tag_small_object(obj, tag, hot);
+            }
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = (tag, addr);
+        if hot.contains(HotFlags::TRACED) {
+            self.trace_alloc(obj);
         }
         Ok(obj)
     }
 
-    /// A bufctl object leaves for a caller: state `Allocated` (what an
-    /// `AUDIT` free checks), its tag stored (`None`: none; always written
-    /// so a reused bufctl does not keep an old tag).
-    fn bufctl_mark_allocated(&self, addr: usize, tag: Option<AllocTagRef>) {
-        #[cfg(feature = "alloc-profiling")]
-        if tag.is_some() && !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
+    /// A bufctl object leaves for a caller charged to a tag: state
+    /// `Allocated` and the charge `token` stored.
+    #[cfg(feature = "alloc-profiling")]
+    fn bufctl_mark_allocated(&self, addr: usize, token: AllocTagRef) {
+        if !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::BUFCTL_TAGGED);
         }
-        let busy = self.slab.lock().mark_allocated(addr, tag);
+        let busy = self.slab.lock().mark_allocated(addr, Some(token));
         debug_assert!(busy);
     }
 }
@@ -1043,8 +1034,11 @@ impl<P: Platform> KmemCache<P> {
         // changes nothing. No lock is held here.
         #[cfg(feature = "alloc-profiling")]
         if self.kind == SlabKind::Bufctl {
-            if let Some(tag) = bufctl_tag {
-                P::alloc_tag_sub(tag, obj, self.obj_size);
+            if let Some(token) = bufctl_tag {
+                // SAFETY: the bufctl's token, stored by alloc_cold from
+                // alloc_tag_charge for this object and taken (cleared) by
+                // mark_cached above: uncharged once.
+                unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
             }
         } else if hot.contains(HotFlags::TAGGED) {
             // SAFETY: `slab` is the located, alive small slab of addr.

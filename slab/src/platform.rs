@@ -148,6 +148,39 @@ pub unsafe trait Platform: 'static {
     fn alloc_tag_sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         let _ = (tag, ptr, bytes);
     }
+
+    /// What the allocator calls to charge an allocation: charge the object
+    /// at `ptr` to `tag` (as [`Platform::alloc_tag_add`]) and return the
+    /// **charge token** the allocator stores in the object's 4-byte slot
+    /// and hands back to [`Platform::alloc_tag_uncharge`] when the object
+    /// is freed; `None` charges nothing (a reference the platform
+    /// rejects). The default charges with `alloc_tag_add` and returns the
+    /// reference itself. A platform may return a form it validated once,
+    /// here — e.g. the byte offset of the tag's counter from a per-CPU
+    /// base (`magpie-codetag`'s `AllocTagCounters::charge_at`) — so that
+    /// the free needs no check: a reference from a safe caller of
+    /// `alloc_tagged` is checked here, and only tokens this returned
+    /// reach `alloc_tag_uncharge`.
+    #[inline(always)]
+    fn alloc_tag_charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) -> Option<AllocTagRef> {
+        Self::alloc_tag_add(tag, ptr, bytes);
+        Some(tag)
+    }
+
+    /// Uncharge the object at `ptr`, being freed, charged with `token`
+    /// (and `bytes`, the same figure as at the charge). The default is
+    /// [`Platform::alloc_tag_sub`] of the token (the reference itself
+    /// with the default [`Platform::alloc_tag_charge`]).
+    ///
+    /// # Safety
+    /// The allocator calls it only with a token that
+    /// [`Platform::alloc_tag_charge`] returned for this object and that
+    /// was not uncharged since: a platform may use it unchecked (as an
+    /// offset into its counters).
+    #[inline(always)]
+    unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        Self::alloc_tag_sub(token, ptr, bytes);
+    }
 }
 
 /// Statistics a [`PageSource`] reports for `kmemstat`.

@@ -131,6 +131,10 @@ pub(crate) enum BufctlState {
     /// Out of the slab layer (in the hash): in a magazine, or with a caller.
     Cached = 1,
     /// With a caller, charged to an allocation tag.
+    #[cfg_attr(
+        not(feature = "alloc-profiling"),
+        allow(dead_code, reason = "objects are charged to tags with the feature")
+    )]
     Allocated = 2,
 }
 
@@ -142,8 +146,9 @@ pub(crate) struct Bufctl {
     pub(crate) addr: usize,
     slab: *mut Slab,
     pub(crate) state: BufctlState,
-    /// Allocation tag of the object while a caller holds it (feature
-    /// `alloc-profiling`; in padding, so no extra bytes).
+    /// Charge token of the allocation tag of the object while a caller
+    /// holds it (`Platform::alloc_tag_charge`; feature `alloc-profiling`;
+    /// in padding, so no extra bytes).
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag: Option<AllocTagRef>,
 }
@@ -462,10 +467,12 @@ impl SlabLists {
         Ok(())
     }
 
-    /// A busy bufctl object leaves for a caller: state `Allocated` (what an
-    /// `AUDIT` free checks) and its allocation tag (`None`: none) stored.
-    /// Returns false, changing nothing, if `addr` is not busy in this layer.
-    pub(crate) fn mark_allocated(&mut self, addr: usize, tag: Option<AllocTagRef>) -> bool {
+    /// A busy bufctl object leaves for a caller charged to a tag: state
+    /// `Allocated` (what an `AUDIT` free checks) and its charge token
+    /// (`Platform::alloc_tag_charge`'s) stored. Returns false, changing
+    /// nothing, if `addr` is not busy in this layer.
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) fn mark_allocated(&mut self, addr: usize, token: Option<AllocTagRef>) -> bool {
         let bufctl = self.hash.find(addr);
         if bufctl.is_null() {
             return false;
@@ -473,18 +480,13 @@ impl SlabLists {
         // SAFETY: bufctls in the hash are alive; the caller holds the lock.
         unsafe {
             (*bufctl).state = BufctlState::Allocated;
-            #[cfg(feature = "alloc-profiling")]
-            {
-                (*bufctl).tag = tag;
-            }
+            (*bufctl).tag = token;
         }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let _ = tag;
         true
     }
 
     /// A busy bufctl object comes back from a caller: state `Cached`, its
-    /// allocation tag taken (`None`: none, or profiling compiled out).
+    /// charge token taken (`None`: none, or profiling compiled out).
     /// `Err`, changing nothing, if `addr` is not busy in this layer.
     pub(crate) fn mark_cached(&mut self, addr: usize) -> Result<Option<AllocTagRef>, NotBusy> {
         let bufctl = self.hash.find(addr);

@@ -710,9 +710,13 @@ static COUNTING_ADD_CALLS: AtomicUsize = AtomicUsize::new(0);
 static COUNTING_SUB_CALLS: AtomicUsize = AtomicUsize::new(0);
 /// The tag [`CountingPlatform`] always names (its own switch always on).
 const COUNTING_TAG: AllocTagRef = AllocTagRef::new(7).unwrap();
+/// The charge token [`CountingPlatform`] gives for it: what objects store
+/// and what their frees must hand back.
+const COUNTING_TOKEN: AllocTagRef = AllocTagRef::new(0x7000).unwrap();
 
 /// [`TestPlatform`] whose `alloc_tag_*` hooks only count their calls
-/// (used by one test only: no `SERIAL` needed).
+/// (used by one test only: no `SERIAL` needed), charging with a token
+/// unlike the reference.
 struct CountingPlatform;
 
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
@@ -722,12 +726,19 @@ unsafe impl Platform for CountingPlatform {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
         Some(COUNTING_TAG)
     }
-    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+    fn alloc_tag_add(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        panic!("the allocator charges through alloc_tag_charge");
+    }
+    fn alloc_tag_sub(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        panic!("the allocator uncharges through alloc_tag_uncharge");
+    }
+    fn alloc_tag_charge(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) -> Option<AllocTagRef> {
         assert_eq!(tag, COUNTING_TAG);
         COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
+        Some(COUNTING_TOKEN)
     }
-    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
-        assert_eq!(tag, COUNTING_TAG);
+    unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(token, COUNTING_TOKEN, "the token the charge returned");
         COUNTING_SUB_CALLS.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -789,10 +800,12 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     let after_on = calls();
     assert_eq!(after_on.0 - before.0, 103, "asked once per alloc");
     assert_eq!(after_on.1 - before.1, 103, "charged once per alloc");
+    // Every object keeps the charge token (small slabs, bufctls and
+    // page-granular blocks alike: their frees assert it).
     for &obj in &on_small {
-        assert_eq!(cache.small_tag_ref(obj), Some(COUNTING_TAG));
+        assert_eq!(cache.small_tag_ref(obj), Some(COUNTING_TOKEN));
     }
-    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), Some(COUNTING_TAG));
+    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), Some(COUNTING_TOKEN));
 
     // Frees of objects allocated while off uncharge nothing, even with
     // profiling on now; those allocated while on uncharge once each.
