@@ -98,6 +98,17 @@ mod profiled {
             .unwrap_or_else(|| panic!("no row in:\n{text}"));
         let fields: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(&fields[..2], &["1040", "10"], "{row}");
+        // The site is the caller's kmalloc! line, not the macro's body.
+        let line = include_str!("alloc_profiling.rs")
+            .lines()
+            .position(|line| line.contains("magpie::kmalloc!(100).expect"))
+            .expect("the kmalloc! line in this file")
+            + 1;
+        // (file!() is relative to the kernel package: kernel/../tests/...)
+        assert!(
+            fields[2].ends_with(&alloc::format!("/tests/alloc_profiling.rs:{line}")),
+            "{row}"
+        );
         assert!(text.starts_with("allocinfo - version: 1.0\n#     <size>  <calls> <tag info>\n"));
         free_all(objs);
         assert_eq!(counts("ten_from_a_known_site"), AllocTagCounts::default());

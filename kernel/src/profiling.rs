@@ -344,110 +344,92 @@ unsafe impl core::alloc::Allocator for TaggedAlloc {
     }
 }
 
+/// This call site's tag argument for the `*_tagged` calls of the
+/// allocation macros: `explicit_tag(alloc_tag!())` (the site's own tag
+/// while profiling is on, `None` while it is off). Not for direct use.
+#[cfg(feature = "alloc-profiling")]
+#[doc(hidden)]
+#[macro_export]
+#[collapse_debuginfo(yes)]
+macro_rules! __site_tag {
+    () => {
+        $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!())
+    };
+}
+
+/// This call site's tag argument with profiling compiled out: `None` (the
+/// `*_tagged` calls then ignore it, as the plain calls would).
+#[cfg(not(feature = "alloc-profiling"))]
+#[doc(hidden)]
+#[macro_export]
+#[collapse_debuginfo(yes)]
+macro_rules! __site_tag {
+    () => {
+        ::core::option::Option::None
+    };
+}
+
+/// The body of every allocation macro: a fault point ([`crate::fault`];
+/// armed, `Err(AllocError::OutOfMemory)` without allocating), else
+/// `$alloc`, a `*_tagged` call given [`__site_tag!`](crate::__site_tag).
+/// Not for direct use.
+#[doc(hidden)]
+#[macro_export]
+#[collapse_debuginfo(yes)]
+macro_rules! __alloc_site {
+    ($alloc:expr) => {
+        if $crate::alloc_fault!() {
+            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+        } else {
+            $alloc
+        }
+    };
+}
+
 /// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`](crate::kmem::SLAB)
 /// `.kmalloc` charged to this call site. `align` defaults to 8. (Linux
 /// takes GFP flags here; this kernel has none, so the second argument is
 /// the alignment.) The site is also a fault point ([`crate::fault`]): armed,
-/// it returns `Err(AllocError::OutOfMemory)` without allocating.
-#[cfg(feature = "alloc-profiling")]
+/// it returns `Err(AllocError::OutOfMemory)` without allocating. Its code
+/// carries the caller's file and line in the debug info
+/// (`collapse_debuginfo`), so symbolizers name the call site, not this
+/// file.
 #[macro_export]
+#[collapse_debuginfo(yes)]
 macro_rules! kmalloc {
     ($size:expr) => {
         $crate::kmalloc!($size, 8)
     };
     ($size:expr, $align:expr) => {{
         let (size, align): (usize, usize) = ($size, $align);
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            $crate::kmem::SLAB.kmalloc_tagged(
-                size,
-                align,
-                $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
-            )
-        }
-    }};
-}
-
-/// `kmalloc!(size)` / `kmalloc!(size, align)` with profiling compiled out.
-#[cfg(not(feature = "alloc-profiling"))]
-#[macro_export]
-macro_rules! kmalloc {
-    ($size:expr) => {
-        $crate::kmalloc!($size, 8)
-    };
-    ($size:expr, $align:expr) => {{
-        let (size, align): (usize, usize) = ($size, $align);
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            $crate::kmem::SLAB.kmalloc(size, align)
-        }
+        $crate::__alloc_site!($crate::kmem::SLAB.kmalloc_tagged(size, align, $crate::__site_tag!()))
     }};
 }
 
 /// `kmem_cache_alloc!(cache)`: `cache.alloc()` charged to this call site,
 /// and a fault point ([`crate::fault`]) like [`kmalloc!`](crate::kmalloc).
-#[cfg(feature = "alloc-profiling")]
 #[macro_export]
+#[collapse_debuginfo(yes)]
 macro_rules! kmem_cache_alloc {
     ($cache:expr) => {{
         let cache = &$cache;
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            cache.alloc_tagged($crate::profiling::explicit_tag(
-                $crate::profiling::magpie_codetag::alloc_tag!(),
-            ))
-        }
-    }};
-}
-
-/// `kmem_cache_alloc!(cache)` with profiling compiled out.
-#[cfg(not(feature = "alloc-profiling"))]
-#[macro_export]
-macro_rules! kmem_cache_alloc {
-    ($cache:expr) => {{
-        let cache = &$cache;
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            cache.alloc()
-        }
+        $crate::__alloc_site!(cache.alloc_tagged($crate::__site_tag!()))
     }};
 }
 
 /// `kmalloc_box!(size, align)`: [`kmalloc!`](crate::kmalloc) as an owned
 /// [`SlabBox`](magpie_slab::SlabBox) (written, read and freed without
 /// `unsafe`, on any CPU), charged to this call site; a fault point too.
-#[cfg(feature = "alloc-profiling")]
 #[macro_export]
+#[collapse_debuginfo(yes)]
 macro_rules! kmalloc_box {
     ($size:expr, $align:expr) => {{
         let (size, align): (usize, usize) = ($size, $align);
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            $crate::kmem::SLAB.kmalloc_box_tagged(
-                size,
-                align,
-                $crate::profiling::explicit_tag($crate::profiling::magpie_codetag::alloc_tag!()),
-            )
-        }
-    }};
-}
-
-/// `kmalloc_box!(size, align)` with profiling compiled out.
-#[cfg(not(feature = "alloc-profiling"))]
-#[macro_export]
-macro_rules! kmalloc_box {
-    ($size:expr, $align:expr) => {{
-        let (size, align): (usize, usize) = ($size, $align);
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            $crate::kmem::SLAB.kmalloc_box(size, align)
-        }
+        $crate::__alloc_site!($crate::kmem::SLAB.kmalloc_box_tagged(
+            size,
+            align,
+            $crate::__site_tag!()
+        ))
     }};
 }
 
@@ -455,32 +437,12 @@ macro_rules! kmalloc_box {
 /// [`kmem_cache_alloc!`](crate::kmem_cache_alloc) as an owned
 /// [`SlabBox`](magpie_slab::SlabBox), charged to this call site; a fault
 /// point too.
-#[cfg(feature = "alloc-profiling")]
 #[macro_export]
+#[collapse_debuginfo(yes)]
 macro_rules! kmem_cache_alloc_box {
     ($cache:expr) => {{
         let cache = $cache;
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            cache.alloc_box_tagged($crate::profiling::explicit_tag(
-                $crate::profiling::magpie_codetag::alloc_tag!(),
-            ))
-        }
-    }};
-}
-
-/// `kmem_cache_alloc_box!(cache)` with profiling compiled out.
-#[cfg(not(feature = "alloc-profiling"))]
-#[macro_export]
-macro_rules! kmem_cache_alloc_box {
-    ($cache:expr) => {{
-        let cache = $cache;
-        if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
-        } else {
-            cache.alloc_box()
-        }
+        $crate::__alloc_site!(cache.alloc_box_tagged($crate::__site_tag!()))
     }};
 }
 
