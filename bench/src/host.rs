@@ -32,7 +32,8 @@ static CPU: Cell<usize> = Cell::new(0);
 #[thread_local]
 static PROF_BASE: Cell<*const u8> =
     Cell::new(std::ptr::addr_of!(PROF_SINK).cast::<u8>().wrapping_sub(16));
-/// The tag this CPU charges (see [`PROF_BASE`]).
+/// The tag this CPU charges (see [`PROF_BASE`]), as its charge token
+/// (`AllocTagCounters::token`, checked when set).
 #[thread_local]
 static PROF_CURRENT: Cell<Option<AllocTagRef>> = Cell::new(None);
 
@@ -41,7 +42,10 @@ pub fn set_cpu(cpu: usize) {
     CPU.set(cpu);
     if let Some(base) = PROF_COUNTERS.cpu_base(cpu) {
         PROF_BASE.set(base as *const u8);
-        PROF_CURRENT.set(AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed)));
+        PROF_CURRENT.set(
+            AllocTagRef::new(PROF_TAG.load(Ordering::Relaxed))
+                .and_then(|tag| PROF_COUNTERS.token(tag)),
+        );
     }
 }
 
@@ -140,7 +144,7 @@ unsafe impl Platform for ProfPlatform {
     }
     #[inline]
     fn alloc_tag_current() -> Option<AllocTagRef> {
-        PROF_CURRENT.get()
+        PROF_CURRENT.get().and_then(AllocTagCounters::token_tag_ref)
     }
     #[inline]
     fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
@@ -157,21 +161,30 @@ unsafe impl Platform for ProfPlatform {
         // SAFETY: as in alloc_tag_add.
         unsafe { PROF_COUNTERS.sub_at(base, tag, bytes) };
     }
-    /// The reference checked once, here: the object keeps its counter's
-    /// byte offset (`charge_at`'s token), so the free needs no check.
+    /// Tokens are counter offsets (`AllocTagCounters::token`): a
+    /// reference is checked once, here or when the current tag is set, so
+    /// neither the charge nor the free checks it.
     #[inline]
-    fn alloc_tag_charge(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) -> Option<AllocTagRef> {
+    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
+        PROF_COUNTERS.token(tag)
+    }
+    #[inline]
+    fn alloc_tag_current_token() -> Option<AllocTagRef> {
+        PROF_CURRENT.get()
+    }
+    #[inline]
+    unsafe fn alloc_tag_charge_token(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
-        // SAFETY: as in alloc_tag_add.
-        unsafe { PROF_COUNTERS.charge_at(base, tag, bytes) }
+        // SAFETY: base as in alloc_tag_add; the allocator passes only
+        // tokens of the two hooks above (offsets `token` checked, valid in
+        // every CPU's block and in the sink, which has room for every
+        // tag).
+        unsafe { PROF_COUNTERS.charge_token_at(base, token, bytes) };
     }
     #[inline]
     unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
-        // SAFETY: base as in alloc_tag_add; the allocator hands back only
-        // tokens alloc_tag_charge returned (charge_at's, valid offsets
-        // into every CPU's block and the sink's, which has room for every
-        // tag).
+        // SAFETY: as in alloc_tag_charge_token.
         unsafe { PROF_COUNTERS.uncharge_at(base, token, bytes) };
     }
 }

@@ -397,12 +397,37 @@ impl AllocTagCounters {
         tag_ref: AllocTagRef,
         bytes: usize,
     ) -> Option<AllocTagRef> {
+        let token = self.token(tag_ref)?;
+        // SAFETY: per our caller; a token of these counters.
+        unsafe { self.charge_token_at(cpu_base, token, bytes) };
+        Some(token)
+    }
+
+    /// The charge token of `tag_ref` (see [`charge_at`](Self::charge_at)):
+    /// its counter's byte offset from any CPU's counter base, checked
+    /// here; `None` for a bad reference (past the last tag, or before
+    /// init). A platform can keep its current tag as a token, checked
+    /// once when it is set.
+    #[inline(always)]
+    pub fn token(&self, tag_ref: AllocTagRef) -> Option<AllocTagRef> {
         let offset = self.counter_offset(tag_ref)?;
-        // SAFETY: per our caller (see counter_offset).
-        unsafe { local_update_at(cpu_base, offset, bytes as u64, true) };
         // SAFETY: 16 <= offset = 16 * tag_ref <= 16 * nr_tags <= u32::MAX
         // (init refuses more than MAX_TAGS tags): non-zero as a u32.
         Some(unsafe { AllocTagRef::new_unchecked(offset as u32) })
+    }
+
+    /// Counts an object of `bytes` at a token from
+    /// [`token`](Self::token) or [`charge_at`](Self::charge_at): one `add`
+    /// and one `inc` at `cpu_base + token`, no check.
+    ///
+    /// # Safety
+    ///
+    /// `cpu_base` as for [`add_at`](Self::add_at); `token` came from these
+    /// counters (so `cpu_base + token` is a counter of that CPU's block).
+    #[inline(always)]
+    pub unsafe fn charge_token_at(&self, cpu_base: usize, token: AllocTagRef, bytes: usize) {
+        // SAFETY: per our caller, a checked counter offset.
+        unsafe { local_update_at(cpu_base, token.get() as usize, bytes as u64, true) };
     }
 
     /// Uncounts an object charged with `token` (from

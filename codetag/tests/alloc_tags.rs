@@ -227,6 +227,15 @@ fn charge_tokens_are_checked_once_and_uncharge_the_same_counter() {
     // SAFETY: as above; `token` came from charge_at of these counters.
     unsafe { counters.uncharge_at(base1, token, 40) };
     assert_eq!(counters.read(a), before);
+    // A token kept (a platform's current tag) charges the same counter.
+    assert_eq!(counters.token(a), Some(token));
+    // SAFETY: as above.
+    unsafe { counters.charge_token_at(base1, token, 8) };
+    assert_eq!(counters.read(a).calls, before.calls + 1);
+    // SAFETY: as above.
+    unsafe { counters.uncharge_at(base0, token, 8) };
+    assert_eq!(counters.read(a), before);
+    assert_eq!(counters.token(AllocTagRef::new(10_000).unwrap()), None);
     let untagged = counters.read(UNTAGGED.tag_ref());
     // SAFETY: as above.
     let bad = unsafe { counters.charge_at(base0, AllocTagRef::new(10_000).unwrap(), 8) };

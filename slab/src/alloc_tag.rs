@@ -123,8 +123,10 @@ pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
     NO_TAGS.as_ptr().cast_mut()
 }
 
-/// The tag to charge an allocation made now (`None` when profiling is
-/// compiled out or the platform says none).
+/// The charge token of the tag to charge an allocation made now
+/// ([`Platform::alloc_tag_current_token`]; `None` when profiling is
+/// compiled out or the platform says none). Every tag closure of the
+/// alloc paths returns a token: this one, or [`explicit`]'s.
 #[inline(always)]
 #[cfg_attr(
     not(feature = "alloc-profiling"),
@@ -136,10 +138,33 @@ pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
 pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
     #[cfg(feature = "alloc-profiling")]
     {
-        P::alloc_tag_current()
+        P::alloc_tag_current_token()
     }
     #[cfg(not(feature = "alloc-profiling"))]
     {
+        None
+    }
+}
+
+/// The charge token of an explicit tag (`alloc_tagged`,
+/// `kmalloc_tagged`): checked once by [`Platform::alloc_tag_token`]
+/// (`None`: charge nothing).
+#[inline(always)]
+#[cfg_attr(
+    not(feature = "alloc-profiling"),
+    allow(
+        clippy::extra_unused_type_parameters,
+        reason = "P is used with the feature"
+    )
+)]
+pub(crate) fn explicit<P: Platform>(tag: Option<AllocTagRef>) -> Option<AllocTagRef> {
+    #[cfg(feature = "alloc-profiling")]
+    {
+        tag.and_then(P::alloc_tag_token)
+    }
+    #[cfg(not(feature = "alloc-profiling"))]
+    {
+        let _ = tag;
         None
     }
 }
@@ -259,13 +284,12 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: as above.
         let base = unsafe { (*slab).base };
         let (index, _) = self.obj_index(obj.as_ptr() as usize - base);
-        // A free object's slot is `None`: stored only if charged.
-        if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
-            // SAFETY: index < nr_objs (a busy object of the slab), the
-            // side array's length; the object and its slot are ours until
-            // freed.
-            unsafe { tags.add(index).write(Some(token)) };
-        }
+        // SAFETY: `tag` is a charge token (the tag closures return the
+        // platform's tokens).
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+        // SAFETY: index < nr_objs (a busy object of the slab), the side
+        // array's length; the object and its slot are ours until freed.
+        unsafe { tags.add(index).write(Some(tag)) };
     }
 
     /// The `kmem_tags_<bytes>` cache (an index into `TAG_ARRAY_SIZES`)
@@ -381,9 +405,10 @@ impl<P: Platform> KmemCache<P> {
         if let Some(token) = unsafe { slot.read() } {
             // SAFETY: as above.
             unsafe { slot.write(None) };
-            // SAFETY: every `Some` in a slot is a token alloc_tag_charge
-            // returned for this object (slots are written only by
-            // charge_and_store and the profiled alloc), cleared here once.
+            // SAFETY: every `Some` in a slot is the token this object was
+            // charged with (slots are written only by charge_and_store
+            // and the profiled alloc, right after the charge), cleared
+            // here once.
             unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
         }
     }

@@ -89,7 +89,7 @@ const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// Page-granular allocations: the head page's page-map entry is
 /// `token << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the charge token of the
-/// allocation's tag (`Platform::alloc_tag_charge`; an
+/// allocation's tag (`Platform::alloc_tag_token`; an
 /// `Option<AllocTagRef>`, 0 for `None` and without profiling) riding in
 /// the upper half.
 const LARGE_TAG_SHIFT: u32 = 32;
@@ -245,7 +245,7 @@ impl<P: Platform> Allocator<P> {
         if size == 0 || !align.is_power_of_two() {
             return Err(AllocError::InvalidLayout);
         }
-        self.kmalloc_checked(size, align, move || tag)
+        self.kmalloc_checked(size, align, move || crate::alloc_tag::explicit::<P>(tag))
     }
 
     /// [`Allocator::kmalloc`] with the first `size` bytes zeroed (Linux
@@ -395,11 +395,15 @@ impl<P: Platform> Allocator<P> {
         let addr = base.next_multiple_of(align.max(PAGE_SIZE));
         // SAFETY: inside the block just taken, non-null.
         let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
-        // Charged first: the head entry keeps the charge token.
-        #[cfg(feature = "alloc-profiling")]
-        let token = tag.and_then(|tag| P::alloc_tag_charge(tag, pages, nr_pages * PAGE_SIZE));
-        #[cfg(not(feature = "alloc-profiling"))]
+        // Charged first: the head entry keeps the charge token (the tag
+        // closures return the platform's tokens: alloc_tag::current,
+        // alloc_tag::explicit).
         let token = tag;
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = token {
+            // SAFETY: a charge token, as above.
+            unsafe { P::alloc_tag_charge_token(token, pages, nr_pages * PAGE_SIZE) };
+        }
         let lead = (addr - base) / PAGE_SIZE;
         let slack = ((nr_slack - lead) << LARGE_TAG_SHIFT) | (lead << 3);
         let registered = self.page_map().set_range(base, nr_taken, |page| {

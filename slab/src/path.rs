@@ -176,7 +176,7 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: Option<crate::AllocTagRef>) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(move || tag, 0)
+        self.alloc_with(move || crate::alloc_tag::explicit::<P>(tag), 0)
     }
 
     /// Allocate, charging the tag `tag()` names (asked only with profiling
@@ -259,12 +259,12 @@ impl<P: Platform> KmemCache<P> {
         let Some(slot) = (unsafe { self.alloc_tag_slot(obj) }) else {
             return self.charge_first_in_slab::<O>(obj, tag);
         };
-        // A free object's slot is `None`: stored only if charged.
-        if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
-            // SAFETY: the object's own slot; the object is ours until
-            // freed, and so is its slot.
-            unsafe { slot.write(Some(token)) };
-        }
+        // SAFETY: `tag` is a charge token (the tag closures return the
+        // platform's tokens: alloc_tag::current, explicit_tag).
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+        // SAFETY: the object's own slot; the object is ours until freed,
+        // and so is its slot.
+        unsafe { slot.write(Some(tag)) };
         O::raw_from_obj(obj)
     }
 
@@ -422,9 +422,9 @@ impl<P: Platform> KmemCache<P> {
         #[cfg(feature = "alloc-profiling")]
         if let Some(tag) = tag {
             if self.kind == SlabKind::Bufctl {
-                if let Some(token) = P::alloc_tag_charge(tag, obj, self.obj_size) {
-                    self.bufctl_mark_allocated(addr, token);
-                }
+                // SAFETY: `tag` is a charge token (see alloc_profiled).
+                unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+                self.bufctl_mark_allocated(addr, tag);
             } else {
                 self.tag_small_object(obj, tag, hot);
             }
@@ -1036,7 +1036,7 @@ impl<P: Platform> KmemCache<P> {
         if self.kind == SlabKind::Bufctl {
             if let Some(token) = bufctl_tag {
                 // SAFETY: the bufctl's token, stored by alloc_cold from
-                // alloc_tag_charge for this object and taken (cleared) by
+                // the charge of this object and taken (cleared) by
                 // mark_cached above: uncharged once.
                 unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
             }

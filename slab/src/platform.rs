@@ -149,34 +149,57 @@ pub unsafe trait Platform: 'static {
         let _ = (tag, ptr, bytes);
     }
 
-    /// What the allocator calls to charge an allocation: charge the object
-    /// at `ptr` to `tag` (as [`Platform::alloc_tag_add`]) and return the
-    /// **charge token** the allocator stores in the object's 4-byte slot
-    /// and hands back to [`Platform::alloc_tag_uncharge`] when the object
-    /// is freed; `None` charges nothing (a reference the platform
-    /// rejects). The default charges with `alloc_tag_add` and returns the
-    /// reference itself. A platform may return a form it validated once,
-    /// here — e.g. the byte offset of the tag's counter from a per-CPU
-    /// base (`magpie-codetag`'s `AllocTagCounters::charge_at`) — so that
-    /// the free needs no check: a reference from a safe caller of
-    /// `alloc_tagged` is checked here, and only tokens this returned
-    /// reach `alloc_tag_uncharge`.
+    /// The **charge token** of an explicit tag (`alloc_tagged`,
+    /// `kmalloc_tagged`): the form of `tag` the allocator passes to
+    /// [`Platform::alloc_tag_charge_token`], stores in the object's 4-byte
+    /// slot and hands back to [`Platform::alloc_tag_uncharge`] at the
+    /// free; `None` charges nothing (a reference the platform rejects).
+    /// A platform may return a form it checks once, here — e.g. the byte
+    /// offset of the tag's counter from a per-CPU base
+    /// (`magpie-codetag`'s `AllocTagCounters::token`) — so that neither
+    /// the charge nor the free checks it again: a reference from a safe
+    /// caller is checked here, and only tokens from this hook and
+    /// [`Platform::alloc_tag_current_token`] reach the unsafe hooks. The
+    /// default is the reference itself (the plain hooks then get it).
     #[inline(always)]
-    fn alloc_tag_charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) -> Option<AllocTagRef> {
-        Self::alloc_tag_add(tag, ptr, bytes);
+    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
         Some(tag)
+    }
+
+    /// The charge token of the current tag ([`Platform::alloc_tag_current`]
+    /// as a token): what a profiled allocation without an explicit tag
+    /// charges. The default checks the current tag with
+    /// [`Platform::alloc_tag_token`]; a platform that keeps its current
+    /// tag as a token already (checked when it was set) returns it: one
+    /// per-CPU load.
+    #[inline(always)]
+    fn alloc_tag_current_token() -> Option<AllocTagRef> {
+        Self::alloc_tag_current().and_then(Self::alloc_tag_token)
+    }
+
+    /// Charge the object at `ptr` (`bytes` as for
+    /// [`Platform::alloc_tag_add`]) with `token`. The default is
+    /// `alloc_tag_add` of the token (the reference itself with the
+    /// default [`Platform::alloc_tag_token`]).
+    ///
+    /// # Safety
+    /// The allocator calls it only with a token that
+    /// [`Platform::alloc_tag_token`] or [`Platform::alloc_tag_current_token`]
+    /// returned: a platform may use it unchecked.
+    #[inline(always)]
+    unsafe fn alloc_tag_charge_token(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        Self::alloc_tag_add(token, ptr, bytes);
     }
 
     /// Uncharge the object at `ptr`, being freed, charged with `token`
     /// (and `bytes`, the same figure as at the charge). The default is
-    /// [`Platform::alloc_tag_sub`] of the token (the reference itself
-    /// with the default [`Platform::alloc_tag_charge`]).
+    /// [`Platform::alloc_tag_sub`] of the token.
     ///
     /// # Safety
-    /// The allocator calls it only with a token that
-    /// [`Platform::alloc_tag_charge`] returned for this object and that
-    /// was not uncharged since: a platform may use it unchecked (as an
-    /// offset into its counters).
+    /// The allocator calls it only with the token it charged this object
+    /// with ([`Platform::alloc_tag_charge_token`]) and that was not
+    /// uncharged since: a platform may use it unchecked (as an offset
+    /// into its counters).
     #[inline(always)]
     unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         Self::alloc_tag_sub(token, ptr, bytes);

@@ -727,15 +727,18 @@ unsafe impl Platform for CountingPlatform {
         Some(COUNTING_TAG)
     }
     fn alloc_tag_add(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
-        panic!("the allocator charges through alloc_tag_charge");
+        panic!("the allocator charges through alloc_tag_charge_token");
     }
     fn alloc_tag_sub(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         panic!("the allocator uncharges through alloc_tag_uncharge");
     }
-    fn alloc_tag_charge(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) -> Option<AllocTagRef> {
+    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
         assert_eq!(tag, COUNTING_TAG);
-        COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
         Some(COUNTING_TOKEN)
+    }
+    unsafe fn alloc_tag_charge_token(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(token, COUNTING_TOKEN, "a token of alloc_tag_token");
+        COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
     }
     unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(token, COUNTING_TOKEN, "the token the charge returned");
