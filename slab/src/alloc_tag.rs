@@ -128,43 +128,22 @@ pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
 /// compiled out or the platform says none). Every tag closure of the
 /// alloc paths returns a token: this one, or [`explicit`]'s.
 #[inline(always)]
-#[cfg_attr(
-    not(feature = "alloc-profiling"),
-    allow(
-        clippy::extra_unused_type_parameters,
-        reason = "P is used with the feature"
-    )
-)]
 pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
-    #[cfg(feature = "alloc-profiling")]
-    {
+    if cfg!(feature = "alloc-profiling") {
         P::alloc_tag_current_token()
-    }
-    #[cfg(not(feature = "alloc-profiling"))]
-    {
+    } else {
         None
     }
 }
 
 /// The charge token of an explicit tag (`alloc_tagged`,
 /// `kmalloc_tagged`): checked once by [`Platform::alloc_tag_token`]
-/// (`None`: charge nothing).
+/// (`None`: charge nothing; always without the feature).
 #[inline(always)]
-#[cfg_attr(
-    not(feature = "alloc-profiling"),
-    allow(
-        clippy::extra_unused_type_parameters,
-        reason = "P is used with the feature"
-    )
-)]
 pub(crate) fn explicit<P: Platform>(tag: Option<AllocTagRef>) -> Option<AllocTagRef> {
-    #[cfg(feature = "alloc-profiling")]
-    {
+    if cfg!(feature = "alloc-profiling") {
         tag.and_then(P::alloc_tag_token)
-    }
-    #[cfg(not(feature = "alloc-profiling"))]
-    {
-        let _ = tag;
+    } else {
         None
     }
 }
