@@ -43,7 +43,9 @@
 //!   printer). The allocator stores a 4-byte `Option<`[`alloc_tag::AllocTagRef`]`>`
 //!   with each object; this crate turns references back into tags, and
 //!   counts them at a per-CPU base a platform keeps in its per-CPU area
-//!   ([`alloc_tag::AllocTagCounters::add_at`]: one `add` per counter).
+//!   ([`alloc_tag::AllocTagCounters::add_at`]: one `add` per counter; or
+//!   with a charge token checked once, [`alloc_tag::AllocTagCounters::token`]
+//!   and `charge_token_at` / `uncharge_at`, no check per update).
 //! - [`time_stats`]: latency statistics at a code location
 //!   ([`time_stats!`]): count, average, maximum, quantiles.
 //! - [`fault`]: fault injection ([`fault::FaultTag`], [`dynamic_fault!`]):

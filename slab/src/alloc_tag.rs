@@ -62,14 +62,25 @@
 //! tests anyway), and no memory (no side array is allocated); per free,
 //! `TAGGED` is one more bit of the one `FREE_SLOW` mask test, and a cache
 //! that has been profiled sends its frees one tail call away. On: a tail
-//! call to the profiled path, `alloc_tag_current()` (a per-CPU load), the
-//! slab header (masking the address for a one-page slab with its header
-//! at its end, else the page map), its side-array pointer and a null
-//! test, a multiply, a 4-byte store and `alloc_tag_add` per alloc; a tail
-//! call with the index in a register, the side-array pointer and a null
-//! test, a load, a store and `alloc_tag_sub` per free. Memory: 4 bytes
-//! per object of every small slab that ever held a tagged object, rounded
-//! up to the side-array cache's size (`MetadataStats::tag_array_bytes`).
+//! call to the profiled path, `alloc_tag_current_token()` (a per-CPU
+//! load and its `None` test), the slab header (masking the address for a
+//! one-page slab with its header at its end, else the page map), its
+//! side-array pointer compared with `NO_TAGS`, a multiply, the charge
+//! (`alloc_tag_charge_token`) and a 4-byte store per alloc; a tail call
+//! with the index in a register, the side-array pointer, the slot's
+//! load, test and clear and `alloc_tag_uncharge` per free (23 + 15
+//! instructions on the host bench's 64-byte `GlobalAlloc` pair: see
+//! docs/BENCHMARKS.md). Memory: 4 bytes per object of every small slab
+//! that ever held a tagged object, rounded up to the side-array cache's
+//! size (`MetadataStats::tag_array_bytes`).
+//!
+//! **Charge tokens.** What a slot (or a bufctl, or a page-granular
+//! block's page-map entry) holds is the platform's token for the tag
+//! ([`Platform::alloc_tag_token`], [`Platform::alloc_tag_current_token`]),
+//! checked once when made; the tag closures of the alloc paths return
+//! tokens ([`current`], [`explicit`]), and only those reach the `unsafe`
+//! [`Platform::alloc_tag_charge_token`] and
+//! [`Platform::alloc_tag_uncharge`]. A free object's slot is `None`.
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::{self, NonNull};

@@ -110,9 +110,16 @@
 //! away: the magazine hit, then the tag reference stored (alloc: one
 //! multiply for the object index; no flag test, `TAGGED` is set with
 //! `PROFILING`) or cleared (free: the index the owner check computed,
-//! passed on in a register) and the tag charged — a kernel's charge is one
-//! compare and one `add` per counter at its `%gs`-relative per-CPU counter
-//! base (`magpie-codetag`'s `AllocTagCounters::add_at`).
+//! passed on in a register) and the tag charged — one `add` per counter
+//! at a `%gs`-relative per-CPU counter base (`magpie-codetag`'s
+//! `AllocTagCounters`). Objects keep a **charge token**, the form of the
+//! tag the platform checked once (`Platform::alloc_tag_token`,
+//! `alloc_tag_current_token`: e.g. the counter's byte offset, checked when
+//! a scope sets the current tag), so neither the charge nor the free
+//! checks it again (`unsafe` hooks `alloc_tag_charge_token`,
+//! `alloc_tag_uncharge`); a forged reference from a safe caller of
+//! `alloc_tagged` is checked at the token hook and never indexes anything.
+//! The defaults are the reference itself and `alloc_tag_add`/`_sub`.
 //! Feature `time-stats` puts `magpie-codetag` latency
 //! statistics on the slab-layer refill (`grow`) and the depot exchanges
 //! (`exchange_for_full`, `exchange_for_empty`; timed with
