@@ -12,7 +12,8 @@ use crate::debug::{DebugLayout, freelist_secret};
 use crate::error::{AllocError, DestroyError, FreeError};
 use crate::geometry::{Geometry, SlabKind};
 use crate::magazine::{
-    Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, Stale, max_magtype, start_magtype,
+    Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, max_magtype,
+    start_magtype,
 };
 use crate::object::{Constructed, ObjectInit, ObjectRef};
 use crate::pagemap::{PageMap, TAG_MASK, TAG_SLAB, entry_is_live};
@@ -473,6 +474,13 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
+    /// [`Self::pcpu_mut`] for code off the hits: the magazines' headers
+    /// exact while the result lives ([`PcpuSynced`]).
+    #[inline]
+    pub(crate) fn pcpu_synced<'g>(&self, irq: &'g mut IrqGuard<P>) -> PcpuSynced<'g> {
+        PcpuSynced::new(self.pcpu_mut(irq))
+    }
+
     /// Run `f` on CPU `cpu`'s per-CPU cache of this cache, on that CPU
     /// (a [cross-CPU call](Platform::cross_cpu_call)). Not for bootstrap
     /// caches; `cpu < nr_cpus`. Called with no allocator lock held.
@@ -488,8 +496,8 @@ impl<P: Platform> KmemCache<P> {
         P::cross_cpu_call(cpu, &|| {
             // SAFETY: runs as CPU `cpu`, exclusive with its interrupts-off
             // sections (the Platform contract), so the slot is ours.
-            let pcc = unsafe { pcpu.get() };
-            *result.lock() = f(pcc);
+            let mut pcc = PcpuSynced::new(unsafe { pcpu.get() });
+            *result.lock() = f(&mut pcc);
         });
         result.into_inner()
     }

@@ -166,7 +166,8 @@
 //!
 //! Magazine resizing needs no cross-CPU call: the depot moves to the next
 //! magazine type under its lock; a CPU keeps using the magazines it holds
-//! (each carries its own capacity, which the hit tests) and gets new-type
+//! (each carries its own capacity, which its per-CPU cache copies for the
+//! hits) and gets new-type
 //! ones at its next depot exchange, where empty old-type ones are freed.
 //!
 //! ## Lock order
@@ -242,8 +243,12 @@
 //! into it (every miss, error and bookkeeping case is a tail call to an
 //! out-of-line function), so it needs no callee-saved registers. **alloc**:
 //! one `hot_flags` test, interrupts off, the per-CPU base, pop from
-//! `loaded` (an absent magazine is a shared sentinel whose round count
-//! fails the test: no null test), count, interrupts back. **free**
+//! `loaded`, count, interrupts back. The per-CPU cache keeps `loaded`'s
+//! round count and capacity itself (Bonwick & Adams 2001's `cc_rounds`,
+//! `cc_magsize`; both 0 with the absent magazine, a shared sentinel: no
+//! null test), so a hit touches the per-CPU line and one round slot, not
+//! the magazine's header (code off the hits writes the count back first:
+//! `PcpuSynced`). **free**
 //! (`KmemCache::free`, `kfree`, `GlobalAlloc::dealloc`; one function,
 //! `finish_free`, ends all three): one page-map load gives the slab, its
 //! owner is compared (`free`) or taken as the cache (`kfree`), one

@@ -9,8 +9,12 @@
 //! illumos `kmem_magtype`): a magazine carries its `capacity` and lives in
 //! the bootstrap cache of its type, `kmem_magazine_<capacity>`, of
 //! `16 + 8 × capacity` bytes ([`MAGAZINE_ROUNDS`]: 1, 3, 6, 14, 29 and 60
-//! rounds; the four larger fill a one-page slab exactly). The free hit
-//! compares the round count with the loaded magazine's own capacity. A
+//! rounds; the four larger fill a one-page slab exactly). The per-CPU
+//! cache keeps the loaded magazine's round count and capacity itself
+//! (Bonwick & Adams 2001's `cc_rounds` and `cc_magsize`), so the hits
+//! read one line and a round slot, never the magazine's header; all other
+//! code reaches a per-CPU cache through [`PcpuSynced`], which writes the
+//! count back into the header first and takes both again after. A
 //! cache starts with the largest type whose rounds hold at most
 //! [`MAG_START_BYTES`] of objects (64 KiB: 60 rounds for objects up to
 //! 1092 bytes, 29 up to 2259, 14 up to 4681, 6 for 8 KiB ones), so a
@@ -133,9 +137,17 @@ const _: () = {
     assert!(core::mem::size_of::<Magazine>() == MAG_HEADER_BYTES);
     // `top_round` (path.rs) reads the word before `rounds[0]` of an empty
     // magazine: `capacity` in its low half (little-endian), `nr_rounds`
-    // (0) in its high half, so that word is the capacity, below any
-    // object's address.
+    // in its high half.
     assert!(cfg!(target_endian = "little"));
+    // A loaded magazine's header count is stale (the per-CPU cache keeps
+    // it), so that word is `capacity` plus a multiple of 2^32: never
+    // 8-aligned if no capacity is a multiple of 8, so never an object
+    // (objects are at least 8-aligned).
+    let mut magtype = 0;
+    while magtype < NR_MAG_TYPES {
+        assert!(!MAGAZINE_ROUNDS[magtype].is_multiple_of(8));
+        magtype += 1;
+    }
     assert!(
         core::mem::offset_of!(Magazine, capacity) + 4 == core::mem::offset_of!(Magazine, nr_rounds)
     );
@@ -187,10 +199,10 @@ pub(crate) struct Magazine {
 }
 
 /// The absent magazine: a per-CPU cache without a `loaded` or `prev`
-/// points here. Never written: its round count (`u32::MAX`) fails the
-/// alloc hit's test (`nr_rounds - 1 < MAG_MAX_ROUNDS`) and the free hit's
-/// (`nr_rounds < capacity`, with capacity 0), and the miss paths test for
-/// it by address.
+/// points here. Never written: with it loaded the per-CPU cache's round
+/// count and capacity are 0 (its `capacity`, and [`rounds_of`] tests the
+/// address), which fail both hits' tests; the miss paths test for it by
+/// address. (Its header count, `u32::MAX`, is never read as a count.)
 struct NoMagazine(Magazine);
 
 // SAFETY: never written (see above); the null pointer in it is never
@@ -251,6 +263,13 @@ pub(crate) struct PcpuInner {
     /// Rounds that came into this CPU's magazines from the depot minus
     /// those that left to the depot or to a drain (wrapping).
     pub(crate) nr_rounds_exchanged: u64,
+    /// Rounds in `loaded` (Bonwick & Adams' `cc_rounds`): the hits count
+    /// here, in the line they read anyway, and leave `loaded`'s header
+    /// count stale (see [`PcpuSynced`]). 0 with the absent magazine.
+    pub(crate) rounds: u32,
+    /// `loaded`'s capacity (`cc_magsize`); 0 with the absent magazine,
+    /// so neither hit passes its test.
+    pub(crate) capacity: u32,
 }
 
 impl PcpuInner {
@@ -272,6 +291,33 @@ impl PcpuInner {
         }
     }
 
+    /// Write the hits' round count into `loaded`'s header.
+    #[inline(always)]
+    pub(crate) fn flush(&mut self) {
+        if self.loaded != no_magazine() {
+            // SAFETY: a live magazine owned by this per-CPU cache, whose
+            // owner holds `&mut self`.
+            unsafe { (*self.loaded).nr_rounds = self.rounds };
+        }
+    }
+
+    /// Take the round count and capacity from `loaded`'s header (after
+    /// code that may have changed either magazine or its rounds).
+    #[inline(always)]
+    pub(crate) fn reload(&mut self) {
+        // SAFETY: `loaded` is the absent magazine (capacity 0, no rounds)
+        // or a live one owned by this per-CPU cache.
+        unsafe {
+            self.rounds = rounds_of(self.loaded) as u32;
+            self.capacity = (*self.loaded).capacity;
+        }
+    }
+
+    /// Swap `loaded` and `prev` (with exact headers: a [`PcpuSynced`]).
+    pub(crate) fn swap_magazines(&mut self) {
+        core::mem::swap(&mut self.loaded, &mut self.prev);
+    }
+
     /// Hand both magazines over (drain): they leave this CPU, their rounds
     /// counted as exchanged away. Returns `(loaded, prev)`, each a live
     /// magazine or `no_magazine()`.
@@ -283,6 +329,43 @@ impl PcpuInner {
         self.loaded = no_magazine();
         self.prev = no_magazine();
         mags
+    }
+}
+
+/// A per-CPU cache as all code but the hits sees it: flushed
+/// ([`PcpuInner::flush`]) when made and reloaded ([`PcpuInner::reload`])
+/// when dropped, so in between both magazines' headers hold their exact
+/// round counts — what the misses, drains, statistics and the depot read
+/// and change. The hits keep `loaded`'s count in the per-CPU cache
+/// instead (one line, no dependent load of the magazine's header).
+pub(crate) struct PcpuSynced<'g>(&'g mut PcpuInner);
+
+impl<'g> PcpuSynced<'g> {
+    /// Flush `pcc`, and reload it when the result is dropped.
+    #[inline]
+    pub(crate) fn new(pcc: &'g mut PcpuInner) -> Self {
+        pcc.flush();
+        PcpuSynced(pcc)
+    }
+}
+
+impl core::ops::Deref for PcpuSynced<'_> {
+    type Target = PcpuInner;
+    fn deref(&self) -> &PcpuInner {
+        self.0
+    }
+}
+
+impl core::ops::DerefMut for PcpuSynced<'_> {
+    fn deref_mut(&mut self) -> &mut PcpuInner {
+        self.0
+    }
+}
+
+impl Drop for PcpuSynced<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.reload();
     }
 }
 
@@ -307,6 +390,8 @@ impl PcpuCache {
                 prev: no_magazine(),
                 nr_allocs: 0,
                 nr_rounds_exchanged: 0,
+                rounds: 0,
+                capacity: 0,
             }),
         }
     }

@@ -31,8 +31,11 @@
 //! **The hits** take no lock and no atomic read-modify-write: interrupts
 //! off ([`IrqGuard`]), this CPU's per-CPU cache at `pcpu +
 //! Platform::cpu_offset()`, pop from (push to) `loaded`, count (alloc
-//! only), interrupts back on. An absent magazine fails the hit's round
-//! test, so there is no null test. Everything else — misses, errors,
+//! only), interrupts back on. `loaded`'s round count and capacity are
+//! kept in the per-CPU cache (Bonwick & Adams' `cc_rounds`,
+//! `cc_magsize`): a hit reads the per-CPU line and one round slot, and no
+//! load waits for the magazine's header. An absent magazine has count and
+//! capacity 0 there, so there is no null test. Everything else — misses, errors,
 //! bookkeeping flags — is a tail call to an out-of-line function, so a hit
 //! needs no callee-saved register.
 //!
@@ -57,9 +60,7 @@ use crate::cache::{HotFlags, KmemCache, pack, unpack};
 use crate::debug_cache::DebugFree;
 use crate::error::{AllocError, FreeError};
 use crate::geometry::SlabKind;
-use crate::magazine::{
-    MAG_FREE_RETRIES, MAG_MAX_ROUNDS, Magazine, PcpuInner, Stale, no_magazine, rounds_of,
-};
+use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuInner, Stale, no_magazine, rounds_of};
 use crate::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
 use crate::slab::Slab;
@@ -217,22 +218,19 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
         let mut irq = IrqGuard::<P>::new();
         let pcc = self.pcpu_mut(&mut irq);
-        let loaded = pcc.loaded;
-        // SAFETY: `loaded` is a live magazine of this CPU's or the absent
-        // one, readable either way.
-        let nr_rounds = unsafe { (*loaded).nr_rounds };
-        // 1..=MAG_MAX_ROUNDS for a magazine with rounds; 0 (empty) and
-        // u32::MAX (absent) wrap out of range.
-        if nr_rounds.wrapping_sub(1) >= MAG_MAX_ROUNDS as u32 {
+        // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
+        // absent magazine.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds == 0 {
             return None;
         }
         pcc.nr_allocs += 1;
-        // SAFETY: a real magazine (the absent one failed above) owned by
+        pcc.rounds = nr_rounds - 1;
+        // SAFETY: a real magazine (the absent one has no rounds) owned by
         // this CPU, interrupts off; its slots below nr_rounds are objects.
         unsafe {
-            (*loaded).nr_rounds = nr_rounds - 1;
             Some(NonNull::new_unchecked(
-                *Magazine::slots(loaded).add(nr_rounds as usize - 1),
+                *Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1),
             ))
         }
     }
@@ -313,23 +311,24 @@ impl<P: Platform> KmemCache<P> {
     /// interrupts are back on.
     fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
         let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
+        let mut pcc = self.pcpu_synced(&mut irq);
         let mut stale = Stale::NONE;
         let obj = loop {
-            if let Some(obj) = pop_round(pcc) {
+            if let Some(obj) = pop_round(&mut pcc) {
                 break Some(obj);
             }
             // SAFETY: this CPU's magazines, interrupts off.
             if unsafe { rounds_of(pcc.prev) } > 0 {
-                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
+                pcc.swap_magazines();
                 continue;
             }
-            let (found, left) = self.depot.exchange_for_full::<P>(pcc);
+            let (found, left) = self.depot.exchange_for_full::<P>(&mut pcc);
             stale = stale.join(left);
             if !found {
                 break None;
             }
         };
+        drop(pcc);
         drop(irq);
         self.free_stale(stale);
         obj
@@ -452,8 +451,9 @@ impl<P: Platform> KmemCache<P> {
 
 /// The round on top of a magazine holding `nr_rounds` rounds, as an
 /// address. For an empty magazine this is the header word before slot 0,
-/// `capacity` and `nr_rounds` (0), whose value is the capacity (asserted
-/// in magazine.rs): never an object, and no branch for the case.
+/// `capacity` plus `nr_rounds << 32` (stale while loaded): never
+/// 8-aligned, as no capacity is a multiple of 8 (asserted in
+/// magazine.rs), so never an object, and no branch for the case.
 ///
 /// # Safety
 /// `mag` is a live magazine (not the absent one) holding `nr_rounds ≤
@@ -792,15 +792,13 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
         let pcc = self.pcpu_mut(&mut irq);
-        let loaded = pcc.loaded;
-        // SAFETY: a live magazine of this CPU's or the absent one.
-        let nr_rounds = unsafe { (*loaded).nr_rounds };
-        // The magazine's own capacity: the absent magazine's is 0 (and its
-        // round count u32::MAX), never room.
-        // SAFETY: as above.
-        if nr_rounds >= unsafe { (*loaded).capacity } {
+        // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
+        // absent magazine's capacity is 0, never room.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds >= pcc.capacity {
             return false;
         }
+        let loaded = pcc.loaded;
         // Linux's naive double-free check: the object already on top of
         // `loaded` (the miss path refuses it). Two instructions.
         // SAFETY: a real magazine (above), nr_rounds < capacity.
@@ -809,10 +807,8 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: a real magazine owned by this CPU, interrupts off;
         // nr_rounds < capacity, a slot of its object.
-        unsafe {
-            *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr();
-            (*loaded).nr_rounds = nr_rounds + 1;
-        }
+        unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
+        pcc.rounds = nr_rounds + 1;
         true
     }
 
@@ -879,7 +875,7 @@ impl<P: Platform> KmemCache<P> {
     /// (a double free Linux's naive check catches).
     fn on_top_of_magazines(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
+        let pcc = self.pcpu_synced(&mut irq);
         [pcc.loaded, pcc.prev].into_iter().any(|mag| {
             // SAFETY: this CPU's magazines (or the absent one), interrupts off.
             let nr_rounds = unsafe { rounds_of(mag) };
@@ -894,10 +890,10 @@ impl<P: Platform> KmemCache<P> {
     /// the depot has no empty magazine.
     fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
+        let mut pcc = self.pcpu_synced(&mut irq);
         let mut stale = Stale::NONE;
         let stored = loop {
-            if push_round(pcc, obj) {
+            if push_round(&mut pcc, obj) {
                 break true;
             }
             // SAFETY: this CPU's magazines, interrupts off.
@@ -906,17 +902,18 @@ impl<P: Platform> KmemCache<P> {
                     && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
             };
             if swap {
-                core::mem::swap(&mut pcc.loaded, &mut pcc.prev);
-                if push_round(pcc, obj) {
+                pcc.swap_magazines();
+                if push_round(&mut pcc, obj) {
                     break true;
                 }
             }
-            let (found, left) = self.depot.exchange_for_empty::<P>(pcc);
+            let (found, left) = self.depot.exchange_for_empty::<P>(&mut pcc);
             stale = stale.join(left);
             if !found {
                 break false;
             }
         };
+        drop(pcc);
         drop(irq);
         // Empty magazines of an older type: freed with interrupts on.
         self.free_stale(stale);
