@@ -7,7 +7,10 @@
 # (Ir(N) - Ir(N/10)) / (ops(N) - ops(N/10)) for every source line (inlined
 # code is charged to its own line, e.g. slab/src/magazine.rs) and every
 # function, so start-up and warm-up cancel out. Lines under min-per-op
-# (default 0.5) are left out. Needs valgrind and python3.
+# (default 0.5) are left out. Needs valgrind and python3. Builds with the
+# `bench-release` profile (Cargo.toml: release, one codegen unit), as
+# `make bench` does; honours CARGO_TARGET_DIR (e.g. a separate directory
+# for BENCH_FEATURES=alloc-profiling so two builds do not overwrite each other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,8 +19,8 @@ allocator=${2:?allocator}
 n=${3:-200000}
 min=${4:-0.5}
 host=x86_64-unknown-linux-gnu
-cargo build -q -p magpie-bench --release --target "$host" ${BENCH_FEATURES:+--features "$BENCH_FEATURES"}
-bin=target/$host/release/magpie-bench
+cargo build -q -p magpie-bench --profile bench-release --target "$host" ${BENCH_FEATURES:+--features "$BENCH_FEATURES"}
+bin=${CARGO_TARGET_DIR:-target}/$host/bench-release/magpie-bench
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

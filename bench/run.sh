@@ -4,7 +4,8 @@
 #   bench/run.sh [suite options]     e.g. --reps 9 --target-ms 200 --no-callgrind
 #   BENCH_DOC= bench/run.sh          # leave docs/BENCHMARKS.md alone (report only)
 #
-# Builds magpie-bench twice (plain, and with magpie-slab's alloc-profiling
+# Builds magpie-bench twice with the `bench-release` profile (release, one
+# codegen unit; Cargo.toml) (plain, and with magpie-slab's alloc-profiling
 # in target/bench-prof), then runs `magpie-bench suite`: callgrind
 # instruction counts, wall clock (interleaved rounds, 1 and 2 threads),
 # profiling out / in-off / on, memory workloads. The report goes to stdout,
@@ -22,10 +23,10 @@ if ! command -v valgrind >/dev/null; then
         apt-get install -y valgrind >&2 || { apt-get update >&2 && apt-get install -y valgrind >&2; }
     fi
 fi
-cargo build -q -p magpie-bench --release --target "$host"
-CARGO_TARGET_DIR=target/bench-prof cargo build -q -p magpie-bench --release --target "$host" --features alloc-profiling
-plain=$PWD/target/$host/release/magpie-bench
-prof=$PWD/target/bench-prof/$host/release/magpie-bench
+cargo build -q -p magpie-bench --profile bench-release --target "$host"
+CARGO_TARGET_DIR=target/bench-prof cargo build -q -p magpie-bench --profile bench-release --target "$host" --features alloc-profiling
+plain=$PWD/target/$host/bench-release/magpie-bench
+prof=$PWD/target/bench-prof/$host/bench-release/magpie-bench
 extra=()
 if ! command -v valgrind >/dev/null; then
     echo "run.sh: valgrind not found and not installable here: no instruction counts" >&2

@@ -346,8 +346,9 @@ pub fn main(argv: &[String]) {
         r,
         "Generated {date} by `make bench`; {}; {}; magpie-slab at the last commit touching \
          `slab/`: `{commit}`; magpie-slab features: `{}` (plus `alloc-profiling` for the \
-         profiling rows); wall clock: median of {} interleaved rounds, each run ~{} ms \
-         after a warm-up, each in a fresh process.\n",
+         profiling rows); build: the `bench-release` profile (release, one codegen \
+         unit, the same for every allocator); wall clock: median of {} interleaved \
+         rounds, each run ~{} ms after a warm-up, each in a fresh process.\n",
         machine(),
         sh("rustc", &["-V"]),
         crate::variant(),
