@@ -299,6 +299,24 @@ mod profiled {
         assert!(run("allocinfo ctx nowhere.rs:1 print").starts_with("error: no allocation tag"));
     }
 
+    #[test_case]
+    fn a_forged_reference_charges_and_uncharges_nothing() {
+        // The kernel's charge returns a token (the counter's offset) only
+        // for a real tag; the free uses the token unchecked, so a reference
+        // past the last tag from a safe caller must charge nothing and
+        // leave nothing to uncharge, for a small object, a bufctl object
+        // and whole pages alike.
+        let forged = magpie_codetag::alloc_tag::AllocTagRef::new(u32::MAX).expect("non-zero");
+        let before = profiling::totals();
+        for size in [64, 3000, 20_000] {
+            let ptr = SLAB.kmalloc_tagged(size, 8, Some(forged)).expect("kmalloc");
+            assert_eq!(profiling::totals(), before, "{size} bytes");
+            // SAFETY: from the slab allocator just above, freed once.
+            unsafe { SLAB.kfree(ptr) }.expect("kfree");
+            assert_eq!(profiling::totals(), before, "{size} bytes");
+        }
+    }
+
     /// `n` boxes of 64 bytes through the global allocator, charged to this
     /// function's scope; each holds its own index in every word.
     #[inline(never)]

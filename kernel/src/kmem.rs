@@ -109,13 +109,26 @@ unsafe impl Platform for KernelPlatform {
     }
 
     #[inline(always)]
-    fn alloc_tag_add(tag: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        crate::profiling::charge(tag, ptr, bytes)
+    fn alloc_tag_token(tag: magpie_slab::AllocTagRef) -> Option<magpie_slab::AllocTagRef> {
+        crate::profiling::token(tag)
     }
 
     #[inline(always)]
-    fn alloc_tag_sub(tag: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        crate::profiling::uncharge(tag, ptr, bytes)
+    unsafe fn alloc_tag_charge_token(
+        token: magpie_slab::AllocTagRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+    ) {
+        // SAFETY: the allocator's contract: `token` came from
+        // `alloc_tag_token` (directly or through `alloc_tag_current_token`).
+        unsafe { crate::profiling::charge(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_tag_uncharge(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: the allocator's contract: `token` is the one this object
+        // was charged with, not uncharged since.
+        unsafe { crate::profiling::uncharge(token, ptr, bytes) }
     }
 }
 

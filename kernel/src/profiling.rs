@@ -35,6 +35,9 @@
 //!   is one `%gs`-relative load, one compare of the reference against the
 //!   number of tags, and one `add` / one `inc` (Linux's `this_cpu_add`).
 //!   Allocations update only their CPU's block; `allocinfo` sums over CPUs.
+//!   The object keeps its tag's charge token (`AllocTagCounters::token`:
+//!   the counter's byte offset, validated once), so its free is one `sub`
+//!   and one `dec` with no check.
 //!   Until `init`, profiling is off.
 //! * The current tag: a word of each CPU's `PerCpu` (read `%gs`-relative
 //!   by the slab allocator's `alloc_tag_current` hook, no switch test: the
@@ -219,30 +222,54 @@ pub fn explicit_tag(tag: &'static AllocTag) -> Option<AllocTagRef> {
     }
 }
 
-/// [`Platform::alloc_tag_add`]: count on this CPU (one compare, then one
-/// `add` and one `inc` at this CPU's `%gs`-relative counter base), and
-/// capture context if the site is being captured (one compare and branch;
-/// see [`ctx_capture_alloc`]).
+/// [`Platform::alloc_tag_token`]: `tag`'s **charge token**, the byte
+/// offset of its counter from any CPU's counter base, checked here once
+/// (`None`, charging nothing, for a reference past the last tag, or before
+/// [`init`]); the object keeps it, so neither its charge nor its free
+/// checks it again.
 #[inline(always)]
-pub fn charge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
+    COUNTERS.token(tag)
+}
+
+/// [`Platform::alloc_tag_charge_token`]: count on this CPU, one `add` and
+/// one `inc` at this CPU's `%gs`-relative counter base plus `token`, then
+/// capture context if the site is being captured (one compare and branch;
+/// see `ctx_capture_alloc`; the captured site is kept as its token too).
+///
+/// # Safety
+///
+/// `token` came from [`token`] (the slab allocator's contract for
+/// `alloc_tag_charge_token`).
+#[inline(always)]
+pub unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // SAFETY: `alloc_tag_base()` is this CPU's base in COUNTERS: `init` set
     // it on every CPU before the switch could go on, and nothing is
     // charged before (no tag is handed out while the switch is off, nor
     // by `this_cpu_tag` before `init`). This kernel has no preemption: code
     // runs on the CPU whose GS it read until it returns, so only this CPU
-    // writes its counter block.
-    unsafe { COUNTERS.add_at(arch::alloc_tag_base(), tag, bytes) };
-    ctx_capture_alloc(tag, ptr, bytes);
+    // writes its counter block. `token` is a checked counter offset (our
+    // caller's contract).
+    unsafe { COUNTERS.charge_token_at(arch::alloc_tag_base(), token, bytes) };
+    ctx_capture_alloc(token, ptr, bytes);
 }
 
-/// [`Platform::alloc_tag_sub`]: uncount (on whichever CPU frees) and drop a
-/// context record (one compare and branch while the pool is empty; see
-/// [`ctx_capture_free`]).
+/// [`Platform::alloc_tag_uncharge`]: uncount (on whichever CPU frees: one
+/// `sub` and one `dec` at its counter base plus the token, no check) and
+/// drop a context record (one compare and branch while the pool is empty;
+/// see `ctx_capture_free`).
+///
+/// # Safety
+///
+/// `token` is the one the object at `ptr` was charged with ([`charge`]),
+/// not uncharged since (the slab allocator's contract for
+/// `alloc_tag_uncharge`).
 #[inline(always)]
-pub fn uncharge(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: as in `charge` (a tagged object exists only once `init` set
-    // every CPU's base).
-    unsafe { COUNTERS.sub_at(arch::alloc_tag_base(), tag, bytes) };
+pub unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: the base as in `charge` (a charged object exists only once
+    // `init` set every CPU's base); `token` came from `token` (our
+    // caller's contract), a counter of every CPU's block.
+    unsafe { COUNTERS.uncharge_at(arch::alloc_tag_base(), token, bytes) };
     ctx_capture_free(ptr);
 }
 
@@ -594,7 +621,7 @@ pub fn untagged_counts() -> AllocTagCounts {
 /// Records the context-capture pool holds.
 pub const CTX_MAX_RECORDS: usize = 256;
 
-/// The site being captured (0: none).
+/// The charge token of the site being captured (0: none).
 static CTX_TAG: AtomicU32 = AtomicU32::new(0);
 /// Records in the pool (read without the lock to skip lookups).
 static CTX_NR_RECORDS: AtomicUsize = AtomicUsize::new(0);
@@ -638,11 +665,11 @@ static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
 // callee-save thunks, `PV_CALLEE_SAVE_REGS_THUNK`). With capture off, the
 // hit pays the compare and the branch, and nothing else.
 
-/// The capture test of a new object: if `tag` is the captured site, record
-/// `ptr` and `bytes` ([`ctx_record`], through [`ctx_record_thunk`]).
+/// The capture test of a new object: if `token` is the captured site's,
+/// record `ptr` and `bytes` ([`ctx_record`], through [`ctx_record_thunk`]).
 #[inline(always)]
-fn ctx_capture_alloc(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: the block compares CTX_TAG (a 4-byte static) with `tag` and,
+fn ctx_capture_alloc(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    // SAFETY: the block compares CTX_TAG (a 4-byte static) with `token` and,
     // if equal, pushes the two arguments and calls the thunk, which keeps
     // every general-purpose register but the flags (declared clobbered:
     // no `preserves_flags`) and pops its arguments on return (`ret 16`), so
@@ -658,7 +685,7 @@ fn ctx_capture_alloc(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
             "2:",
             ctx_tag = sym CTX_TAG,
             thunk = sym ctx_record_thunk,
-            tag = in(reg) tag.get(),
+            tag = in(reg) token.get(),
             ptr = in(reg) ptr.as_ptr(),
             bytes = in(reg) bytes,
         );
@@ -805,7 +832,8 @@ pub fn ctx_enable(tag: &'static AllocTag) {
     CTX_TAG.store(0, Ordering::Relaxed);
     ctx_clear();
     CTX_NR_DROPPED.store(0, Ordering::Relaxed);
-    CTX_TAG.store(tag.tag_ref().get(), Ordering::Relaxed);
+    let token = COUNTERS.token(tag.tag_ref()).map_or(0, AllocTagRef::get);
+    CTX_TAG.store(token, Ordering::Relaxed);
 }
 
 /// Stops capturing and drops the records.
@@ -850,7 +878,9 @@ pub fn ctx_copy(from: usize, buf: &mut [TraceRecord]) -> (usize, usize) {
 
 /// Whether context capture is on for `tag`.
 pub fn ctx_is_capturing(tag: &'static AllocTag) -> bool {
-    CTX_TAG.load(Ordering::Relaxed) == tag.tag_ref().get()
+    COUNTERS
+        .token(tag.tag_ref())
+        .is_some_and(|token| CTX_TAG.load(Ordering::Relaxed) == token.get())
 }
 
 /// Records dropped because the pool was full since capture was enabled.
