@@ -105,7 +105,13 @@ unsafe impl Platform for KernelPlatform {
     // `crate::profiling`.
     #[inline(always)]
     fn alloc_tag_current() -> Option<magpie_slab::AllocTagRef> {
-        crate::profiling::this_cpu_tag()
+        crate::profiling::this_cpu_token()
+            .and_then(magpie_codetag::alloc_tag::AllocTagCounters::token_tag_ref)
+    }
+
+    #[inline(always)]
+    fn alloc_tag_current_token() -> Option<magpie_slab::AllocTagRef> {
+        crate::profiling::this_cpu_token()
     }
 
     #[inline(always)]

@@ -39,7 +39,8 @@
 //!   the counter's byte offset, validated once), so its free is one `sub`
 //!   and one `dec` with no check.
 //!   Until `init`, profiling is off.
-//! * The current tag: a word of each CPU's `PerCpu` (read `%gs`-relative
+//! * The current tag: a word of each CPU's `PerCpu`, kept as a charge
+//!   token (read `%gs`-relative
 //!   by the slab allocator's `alloc_tag_current` hook, no switch test: the
 //!   slab allocator asks only while its own switch, kept equal to
 //!   [`SWITCH`], is on), `untagged` from [`init`] on; a scope guard swaps
@@ -100,10 +101,10 @@ pub static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
 /// Per-CPU `{bytes, calls}` of every tag.
 pub static COUNTERS: AllocTagCounters = AllocTagCounters::new();
 
-/// The untagged bucket's reference (set by [`init`]); each CPU's current
-/// tag (`PerCpu::alloc_tag_current`, read `%gs`-relative) is this when no
-/// scope is open.
-static UNTAGGED_REF: AtomicU32 = AtomicU32::new(0);
+/// The untagged bucket's charge token (set by [`init`]); each CPU's
+/// current tag (`PerCpu::alloc_tag_current`, read `%gs`-relative, kept as
+/// a token) is this when no scope is open.
+static UNTAGGED_TOKEN: AtomicU32 = AtomicU32::new(0);
 
 /// Sets profiling up once the slab allocator is up: counters for every CPU
 /// from `kpages`, then the boot argument `mem_profiling=0|1|never`.
@@ -168,10 +169,15 @@ fn init_switch() {
         SWITCH.set_at_boot(BootSetting::Never);
         return;
     }
-    let untagged = magpie_codetag::alloc_tag::UNTAGGED.tag_ref().get();
-    UNTAGGED_REF.store(untagged, Ordering::Relaxed);
+    let Some(untagged) = COUNTERS.token(magpie_codetag::alloc_tag::UNTAGGED.tag_ref()) else {
+        SWITCH.set_at_boot(BootSetting::Never);
+        return;
+    };
+    let untagged = untagged.get();
+    UNTAGGED_TOKEN.store(untagged, Ordering::Relaxed);
     // Every CPU's per-CPU words, before anything can be charged (the
-    // switch is still off): its counter base and its current tag.
+    // switch is still off): its counter base and its current tag (a
+    // token; a scope opened before now set a token too, or 0).
     for cpu in 0..nr_cpus {
         if let (Some(percpu), Some(base)) = (arch::percpu::get(cpu), COUNTERS.cpu_base(cpu)) {
             percpu.set_alloc_tag_base(base);
@@ -199,15 +205,16 @@ pub fn current_tag() -> Option<AllocTagRef> {
     if !COMPILED_IN || !SWITCH.is_on() {
         return None;
     }
-    this_cpu_tag()
+    this_cpu_token().and_then(AllocTagCounters::token_tag_ref)
 }
 
-/// [`Platform::alloc_tag_current`]: this CPU's current tag, one
-/// `%gs`-relative load (`None` until [`init`]). No switch test: the slab
-/// allocator asks only while its own switch is on, which
-/// `sync_slab_switch` keeps equal to [`SWITCH`].
+/// [`Platform::alloc_tag_current_token`]: this CPU's current tag as a
+/// charge token, one `%gs`-relative load and no check (it was checked
+/// when it was set: by [`init`] or a scope); `None` until [`init`]. No
+/// switch test: the slab allocator asks only while its own switch is on,
+/// which `sync_slab_switch` keeps equal to [`SWITCH`].
 #[inline(always)]
-pub fn this_cpu_tag() -> Option<AllocTagRef> {
+pub fn this_cpu_token() -> Option<AllocTagRef> {
     AllocTagRef::new(arch::alloc_tag_current())
 }
 
@@ -289,9 +296,12 @@ impl AllocTagScope {
     #[inline]
     pub fn enter(tag: &'static AllocTag) -> Self {
         let cpu = arch::cpu_id();
+        // Before `init` (no counters) there is no token: the scope then
+        // charges nothing, like the untagged allocations around it.
+        let token = COUNTERS.token(tag.tag_ref()).map_or(0, AllocTagRef::get);
         let previous = arch::this_cpu()
             .alloc_tag_current()
-            .swap(tag.tag_ref().get(), Ordering::Relaxed);
+            .swap(token, Ordering::Relaxed);
         Self { cpu, previous }
     }
 
@@ -310,7 +320,7 @@ impl Drop for AllocTagScope {
         if let Some(percpu) = arch::percpu::get(self.cpu) {
             // A scope opened before `init` gives back the untagged bucket.
             let previous = if self.previous == 0 {
-                UNTAGGED_REF.load(Ordering::Relaxed)
+                UNTAGGED_TOKEN.load(Ordering::Relaxed)
             } else {
                 self.previous
             };

@@ -34,8 +34,9 @@ pub struct PerCpu {
     /// `profiling::COUNTERS` (`AllocTagCounters::cpu_base`), read with
     /// `gs:` addressing by every charge; 0 until profiling is set up.
     alloc_tag_base: AtomicUsize,
-    /// Allocation profiling: the tag this CPU charges allocations that
-    /// name none (its innermost scope's, else `untagged`); 0 (none) until
+    /// Allocation profiling: the charge token (`AllocTagCounters::token`,
+    /// checked when set) of the tag this CPU charges allocations that name
+    /// none (its innermost scope's, else `untagged`); 0 (none) until
     /// profiling is set up. Read with `gs:` addressing.
     alloc_tag_current: AtomicU32,
 }
@@ -203,8 +204,8 @@ pub fn alloc_tag_base() -> usize {
     base
 }
 
-/// The tag this CPU charges allocations that name none ([`PerCpu`]'s
-/// `alloc_tag_current`, 0: none), in one instruction.
+/// The charge token of the tag this CPU charges allocations that name
+/// none ([`PerCpu`]'s `alloc_tag_current`, 0: none), in one instruction.
 #[inline(always)]
 pub fn alloc_tag_current() -> u32 {
     let tag: u32;
