@@ -581,19 +581,19 @@ std::thread_local! {
         const { UnsafeCell::new(NullBuf([0; 2 * PAGE_SIZE])) };
 }
 
-/// An empty `asm!` block that "uses" `p`: no instruction, but not `pure`,
-/// so the compiler must assume it has side effects. Without it, LLVM sees
-/// (in a one-codegen-unit build) that `null`'s out-of-line `call::*`
-/// functions do nothing and deletes or hoists the calls themselves, and
-/// `null` stops paying the calls every other row pays: its `pair64` fell
-/// from 14 to 3 instructions and every net figure rose by 11.
+/// An empty `asm!` block that "uses" `p`'s address: no instruction, and
+/// (no outputs) never `pure`, so the compiler must assume it has side
+/// effects. Without it, LLVM sees (in a one-codegen-unit build) that
+/// `null`'s out-of-line `call::*` functions do nothing and deletes or
+/// hoists the calls themselves, and `null` stops paying the calls every
+/// other row pays: its `pair64` fell from 12 to 3 instructions and every
+/// net figure rose by about 10.
 #[inline(always)]
 fn opaque(p: *mut u8) -> *mut u8 {
-    let mut p = p;
     // SAFETY: the template is empty: it reads and writes no memory, keeps
-    // the stack and the flags, and leaves `p` as it was.
+    // the stack and the flags; it only receives the address as an integer.
     unsafe {
-        std::arch::asm!("/* {0} */", inout(reg) p, options(nomem, nostack, preserves_flags));
+        std::arch::asm!("/* {0} */", in(reg) p.addr(), options(nomem, nostack, preserves_flags));
     }
     p
 }
