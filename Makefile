@@ -51,6 +51,11 @@ check:
 	# magpie-slab without its default features (as the kernel and the bench build it).
 	cargo clippy -p magpie-slab --no-default-features --target $(HOST) --all-targets -- -D warnings
 	cargo clippy --all-targets -- -D warnings
+	# The docs build without warnings (broken intra-doc links): the host
+	# crates as a user's `cargo doc` shows them; the kernel with its private
+	# items, which is what its docs are for (so links to them are fine).
+	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST)
+	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc -q --no-deps -p magpie --document-private-items
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.

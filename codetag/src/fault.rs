@@ -3,7 +3,7 @@
 //!
 //! A [`FaultTag`] is a [`CodeTag`] for one place whose error path can be
 //! exercised on demand: every `kmalloc!` / `kmem_cache_alloc!` site of the
-//! kernel, and any site a developer marks with [`dynamic_fault!`]. The tags
+//! kernel, and any site a developer marks with [`dynamic_fault!`](crate::dynamic_fault). The tags
 //! live in the [`FAULT_TAGS`] section, so a tool can walk every fault point
 //! of the program and arm them one at a time.
 //!

@@ -37,7 +37,7 @@
 //!
 //! ## Applications in this crate
 //!
-//! - [`alloc_tag`]: allocation tags ([`alloc_tag::AllocTag`], the
+//! - [`alloc_tag`](mod@alloc_tag): allocation tags ([`alloc_tag::AllocTag`], the
 //!   [`alloc_tag!`] macro, per-CPU [`alloc_tag::AllocTagCounters`], the
 //!   runtime [`alloc_tag::ProfilingSwitch`] and the `/proc/allocinfo`
 //!   printer). The allocator stores a 4-byte `Option<`[`alloc_tag::AllocTagRef`]`>`
@@ -46,7 +46,7 @@
 //!   ([`alloc_tag::AllocTagCounters::add_at`]: one `add` per counter; or
 //!   with a charge token checked once, [`alloc_tag::AllocTagCounters::token`]
 //!   and `charge_token_at` / `uncharge_at`, no check per update).
-//! - [`time_stats`]: latency statistics at a code location
+//! - [`time_stats`](mod@time_stats): latency statistics at a code location
 //!   ([`time_stats!`]): count, average, maximum, quantiles.
 //! - [`fault`]: fault injection ([`fault::FaultTag`], [`dynamic_fault!`]):
 //!   any tagged site can be made to fail once, every N times or with a

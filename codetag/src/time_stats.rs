@@ -82,7 +82,7 @@ fn bucket_floor(bucket: usize) -> u64 {
 }
 
 impl TimeStats {
-    /// Empty statistics for `tag` (used by [`time_stats!`](crate::time_stats)).
+    /// Empty statistics for `tag` (used by [`time_stats!`](macro@crate::time_stats)).
     pub const fn new(tag: CodeTag) -> Self {
         Self {
             tag,

@@ -191,7 +191,7 @@ pub fn write(bytes: &[u8]) -> bool {
     true
 }
 
-/// Sends what [`write`] left in the bounce buffer.
+/// Sends what [`write`](fn@write) left in the bounce buffer.
 pub fn flush() -> bool {
     let mut guard = CONSOLE.lock();
     match guard.as_mut() {

@@ -752,9 +752,11 @@ impl<P: Platform> Allocator<P> {
     /// frees they served (magazine hits; slab-layer misses and
     /// page-granular kmallocs are not counted) and the rounds they hold.
     /// See [`KmemCache::cpu_stats`]. Walks the cache list under its lock
-    /// (like [`Allocator::for_each_cache`], so not from inside one), taking
-    /// each cache's per-CPU lock of `cpu` in turn: a near-snapshot under
-    /// concurrent use. All zero before `init` and for `cpu` out of range.
+    /// (like [`Allocator::for_each_cache`], so not from inside one),
+    /// reading each cache's per-CPU cache on `cpu` through a
+    /// [cross-CPU call](crate::Platform::cross_cpu_call), one cache at a
+    /// time: each cache's figures are exact, their sum a near-snapshot
+    /// under concurrent use. All zero before `init` and for `cpu` out of range.
     pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
         let mut total = CpuCacheStats::default();
         self.for_each_cache(|cache| total = total + cache.cpu_stats(cpu));

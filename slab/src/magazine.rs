@@ -83,8 +83,7 @@ use crate::sync::{Mutex, MutexGuard};
 
 /// The magazine types (Bonwick & Adams 2001 §3.3; illumos `kmem_magtype`):
 /// rounds per magazine. Each has its own bootstrap cache,
-/// `kmem_magazine_<rounds>` ([`MAG_CACHE_NAMES`]), of
-/// [`magazine_bytes`]`(rounds)`-byte objects. The four larger ones fill a
+/// `kmem_magazine_<rounds>`, of `16 + 8 × rounds`-byte objects. The four larger ones fill a
 /// one-page bootstrap slab exactly (4096 bytes minus the 128-byte header:
 /// 62 × 64 B, 31 × 128 B, 16 × 248 B, 8 × 496 B), so a round costs 11.0,
 /// 9.2, 8.8 and 8.5 bytes of magazine pages; 1 and 3 rounds are for the

@@ -86,13 +86,14 @@ impl MetadataStats {
 }
 
 /// One CPU's share of the magazine layer: what its magazines served and
-/// what they hold now. From [`KmemCache::cpu_stats`] (one cache) or
+/// what they hold now. From [`KmemCache::cpu_stats`](crate::KmemCache::cpu_stats) (one cache) or
 /// [`Allocator::cpu_stats`](crate::Allocator::cpu_stats) (summed over
 /// every cache).
 ///
-/// The counters are that CPU's own, written only under its per-CPU lock
-/// (no counter shared between CPUs is written on the magazine-hit paths);
-/// readers sum them. An object allocated on one CPU and freed on another
+/// The counters are that CPU's own, written only by that CPU with its
+/// interrupts off (no lock, and no counter shared between CPUs is written
+/// on the magazine-hit paths); readers read them on that CPU through a
+/// [cross-CPU call](crate::Platform::cross_cpu_call) and sum them. An object allocated on one CPU and freed on another
 /// counts in the first CPU's `nr_allocs` and the second CPU's `nr_frees`.
 /// Allocations and frees that missed the magazines (served by the slab
 /// layer) are not in these counts, only in [`CacheStats`].

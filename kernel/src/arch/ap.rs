@@ -12,7 +12,7 @@
 //! 0xb000  PD: [0] = 2 MiB identity page at 0 (the trampoline runs there)
 //! ```
 //!
-//! The AP leaves the trampoline on these tables, jumps to [`ap_entry`] in
+//! The AP leaves the trampoline on these tables, jumps to `smp::ap_entry` in
 //! the higher half (mapped identically in both), and switches to the
 //! kernel's own PML4 before anything else: every CPU runs on the same page
 //! tables.

@@ -10,7 +10,7 @@
 //! * this file: the [`COMMANDS`] table (from which both `help` and dispatch
 //!   come), the one error type [`ShellError`], the argument parsers, and the
 //!   console loop [`run`];
-//! * [`line`]: the line editor (bytes in, lines out);
+//! * [`line`](mod@line): the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
 //!   reap), `kmem_debug` (kmem verify, whatis, errors),
 //!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,

@@ -341,7 +341,7 @@ const MAX_FUNCTION_NAME: usize = 90;
 /// (`Vec<T>::push` → `Vec::push`), the type and trait of a leading
 /// qualified path cut to their last segment
 /// (`<alloc::vec::Vec<T> as core::ops::Drop>::drop` → `<Vec as Drop>::drop`),
-/// and at most [`MAX_FUNCTION_NAME`] characters.
+/// and at most `MAX_FUNCTION_NAME` (90) characters.
 pub fn short_function_name(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
     let mut out = String::with_capacity(name.len());
