@@ -474,24 +474,20 @@ mod alloc_tag;
 mod allocator;
 mod cache;
 pub mod debug;
-mod debug_cache;
 mod error;
 mod freelist;
 mod geometry;
-mod global_alloc;
 mod hash;
-mod kmalloc;
 pub mod kmemtrace;
 mod magazine;
 mod object;
 mod pagemap;
-mod path;
 mod platform;
 pub mod report;
 mod slab;
 mod stats;
 mod sync;
-mod trace;
+mod trace_table;
 mod verify;
 
 #[cfg(test)]
@@ -500,10 +496,10 @@ mod tests;
 pub use alloc_tag::AllocTagRef;
 pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
+pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use cache::{CacheFlags, Ctor, DestroyReport, Dtor, KmemCache};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use geometry::SlabKind;
-pub use kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use kmemtrace::{
     DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
     KmemtraceError, KmemtraceEvent, KmemtraceStatus,
@@ -513,5 +509,5 @@ pub use object::{Constructed, InitBox, ObjectInit, ObjectRef, SlabBox, WordMisma
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
-pub use trace::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
+pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
 pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs, WhatIsDisplay};

@@ -27,10 +27,9 @@ use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
-use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
-use crate::error::{AllocError, FreeError};
+use crate::error::FreeError;
 use crate::platform::Platform;
 
 /// Where a word pattern first differs from what an object holds.
@@ -433,6 +432,32 @@ impl ObjectRef<'_> {
     }
 }
 
+/// How the cache and kmalloc paths make a [`SlabBox`] (`cache/boxes.rs`,
+/// `allocator/boxes.rs`).
+impl<P: Platform> SlabBox<P> {
+    /// The box of `ptr`, an object of `cache` just allocated.
+    pub(crate) fn from_cache(cache: &'static KmemCache<P>, ptr: NonNull<u8>) -> SlabBox<P> {
+        SlabBox {
+            ptr,
+            len: cache.obj_size(),
+            owner: Owner::Cache(cache),
+        }
+    }
+
+    /// The box of `ptr`, `size` bytes just allocated by `kmalloc`.
+    pub(crate) fn from_kmalloc(
+        allocator: &'static Allocator<P>,
+        ptr: NonNull<u8>,
+        size: usize,
+    ) -> SlabBox<P> {
+        SlabBox {
+            ptr,
+            len: size,
+            owner: Owner::Kmalloc(allocator),
+        }
+    }
+}
+
 impl<P: Platform> Drop for SlabBox<P> {
     fn drop(&mut self) {
         let ptr = self.ptr;
@@ -443,69 +468,5 @@ impl<P: Platform> Drop for SlabBox<P> {
             Owner::Kmalloc(alloc) => unsafe { alloc.kfree(ptr) },
         };
         debug_assert!(result.is_ok(), "{result:?}");
-    }
-}
-
-impl<P: Platform> KmemCache<P> {
-    /// [`KmemCache::alloc`] as an owned [`SlabBox`], freed without `unsafe`.
-    ///
-    /// # Errors
-    /// As for [`KmemCache::alloc`].
-    pub fn alloc_box(&'static self) -> Result<SlabBox<P>, AllocError> {
-        self.alloc().map(|ptr| self.boxed(ptr))
-    }
-
-    /// [`KmemCache::alloc_tagged`] as an owned [`SlabBox`].
-    ///
-    /// # Errors
-    /// As for [`KmemCache::alloc`].
-    pub fn alloc_box_tagged(
-        &'static self,
-        tag: Option<AllocTagRef>,
-    ) -> Result<SlabBox<P>, AllocError> {
-        self.alloc_tagged(tag).map(|ptr| self.boxed(ptr))
-    }
-
-    fn boxed(&'static self, ptr: NonNull<u8>) -> SlabBox<P> {
-        SlabBox {
-            ptr,
-            len: self.obj_size(),
-            owner: Owner::Cache(self),
-        }
-    }
-}
-
-impl<P: Platform> Allocator<P> {
-    /// [`Allocator::kmalloc`] as an owned [`SlabBox`] of `size` bytes,
-    /// freed without `unsafe`.
-    ///
-    /// # Errors
-    /// As for [`Allocator::kmalloc`].
-    pub fn kmalloc_box(&'static self, size: usize, align: usize) -> Result<SlabBox<P>, AllocError> {
-        let ptr = self.kmalloc(size, align)?;
-        Ok(self.kmalloc_boxed(ptr, size))
-    }
-
-    /// [`Allocator::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
-    /// bytes.
-    ///
-    /// # Errors
-    /// As for [`Allocator::kmalloc`].
-    pub fn kmalloc_box_tagged(
-        &'static self,
-        size: usize,
-        align: usize,
-        tag: Option<AllocTagRef>,
-    ) -> Result<SlabBox<P>, AllocError> {
-        let ptr = self.kmalloc_tagged(size, align, tag)?;
-        Ok(self.kmalloc_boxed(ptr, size))
-    }
-
-    fn kmalloc_boxed(&'static self, ptr: NonNull<u8>, size: usize) -> SlabBox<P> {
-        SlabBox {
-            ptr,
-            len: size,
-            owner: Owner::Kmalloc(self),
-        }
     }
 }

@@ -33,15 +33,14 @@ use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc_tag::AllocTagRef;
-use crate::freelist::{BadLink, FreeList, FreeMap, map_test};
-use crate::report::{ErrorKind, ErrorReport};
-
 use crate::cache::KmemCache;
+use crate::freelist::{BadLink, FreeList, FreeMap, map_test};
 use crate::geometry::SlabKind;
 use crate::hash::{AddrHash, HashNode, rescale_locked};
 use crate::object::{ObjectInit, ObjectRef};
 use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
+use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::{Mutex, MutexGuard};
 use crate::{AllocError, BootCache};
 
@@ -1048,55 +1047,5 @@ impl SlabLayer {
             AddrHash::wants_shrink,
             cache.owner().primary_source(),
         );
-    }
-}
-
-/// The slab layer's entry points used by the rest of the crate.
-impl<P: Platform> KmemCache<P> {
-    /// [`SlabLayer::alloc_raw`].
-    pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
-        self.slab.alloc_raw(self)
-    }
-
-    /// [`SlabLayer::alloc_constructed`].
-    pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
-        self.slab.alloc_constructed(self)
-    }
-
-    /// [`SlabLayer::free_raw`].
-    ///
-    /// # Safety
-    /// As [`SlabLayer::free_raw`].
-    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
-        // SAFETY: per the caller.
-        unsafe { self.slab.free_raw(self, obj) }
-    }
-
-    /// [`SlabLayer::free_objects`].
-    ///
-    /// # Safety
-    /// As [`SlabLayer::free_objects`].
-    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
-        // SAFETY: per the caller.
-        unsafe { self.slab.free_objects(self, objs) }
-    }
-
-    /// [`SlabLayer::reap`].
-    pub(crate) fn reap_slabs(&self) -> usize {
-        self.slab.reap(self)
-    }
-
-    /// [`SlabLayer::discard_all`].
-    ///
-    /// # Safety
-    /// As [`SlabLayer::discard_all`].
-    pub(crate) unsafe fn discard_all_slabs(&self) {
-        // SAFETY: per the caller.
-        unsafe { self.slab.discard_all(self) }
-    }
-
-    /// [`SlabLayer::free_hash_table`].
-    pub(crate) fn free_hash_table(&self) {
-        self.slab.free_hash_table(self)
     }
 }

@@ -23,19 +23,13 @@
 //! Every function here returns the reports it produced instead of
 //! reporting them, so its callers report with no lock held.
 
-use crate::allocator::Allocator;
-use crate::cache::KmemCache;
-use crate::debug::SlabDebugConfig;
+use super::KmemCache;
 use crate::debug::{
     AuditRecord, DebugFlags, DebugLayout, Mismatch, ObjectState, POISON_FREE, POISON_UNINITIALIZED,
     STATE_ALLOCATED, STATE_FREE,
 };
-use crate::error::FreeError;
-use crate::kmalloc::large_nr_pages;
-use crate::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
-use crate::platform::PAGE_SIZE;
 use crate::platform::Platform;
-use crate::report::{ErrorKind, ErrorReport, ReportName};
+use crate::report::{ErrorKind, ErrorReport};
 use crate::slab::Slab;
 
 /// What a debug free decided.
@@ -62,7 +56,7 @@ impl<P: Platform> KmemCache<P> {
         clippy::mut_from_ref,
         reason = "raw object memory, owned per the caller"
     )]
-    unsafe fn debug_slot(&self, layout: &DebugLayout, addr: usize) -> &mut [u8] {
+    pub(super) unsafe fn debug_slot(&self, layout: &DebugLayout, addr: usize) -> &mut [u8] {
         // SAFETY: per the caller.
         unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, layout.slot_size) }
     }
@@ -169,7 +163,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// The checks of an object that should be free (in a magazine, the
     /// depot or its slab): state, poison, redzone. The first problem found.
-    fn debug_check_free_slot(
+    pub(super) fn debug_check_free_slot(
         &self,
         layout: &DebugLayout,
         slot: &[u8],
@@ -258,7 +252,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// The report for an object whose state word is neither "free" nor
     /// "allocated" for its address (`found`): a write over the state word.
-    fn bad_state_report(
+    pub(super) fn bad_state_report(
         &self,
         layout: &DebugLayout,
         slot: &[u8],
@@ -336,7 +330,7 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// A report about object `addr` of this cache, with its transactions.
-    fn debug_report(
+    pub(super) fn debug_report(
         &self,
         layout: &DebugLayout,
         slot: &[u8],
@@ -367,121 +361,4 @@ pub(crate) struct DebugObjectInfo {
     pub(crate) last_alloc: Option<AuditRecord>,
     pub(crate) last_free: Option<AuditRecord>,
     pub(crate) contents: Option<[u8; crate::debug::CONTENTS_BYTES]>,
-}
-
-impl<P: Platform> KmemCache<P> {
-    /// Report a free this cache refuses, and hand the error back.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn refuse(&self, error: FreeError) -> FreeError {
-        self.owner().report_bad_free(self.name(), error);
-        error
-    }
-}
-
-impl<P: Platform> Allocator<P> {
-    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
-    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
-    /// kmalloc caches get it; caches created later get it too (by name).
-    /// Caches that exist already keep their flags.
-    pub fn set_debug_config(&self, config: SlabDebugConfig) {
-        *self.debug_config.lock() = config;
-    }
-
-    /// The debug configuration in force.
-    pub fn debug_config(&self) -> SlabDebugConfig {
-        *self.debug_config.lock()
-    }
-
-    /// Called with every error report, after it is kept in the error ring,
-    /// with no allocator lock held; the kernel prints it (and may panic).
-    /// The hook must not allocate from this allocator.
-    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
-        *self.error_hook.lock() = hook;
-    }
-
-    /// Errors reported since the allocator was created (the ring keeps the
-    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
-    pub fn nr_errors(&self) -> u64 {
-        self.errors.nr_reported()
-    }
-
-    /// Copy the kept reports numbered after `after` into `out`, oldest
-    /// first; returns how many.
-    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
-        self.errors.read(after, out)
-    }
-
-    /// Keep a report (stamped with now and this CPU) and hand it to the
-    /// hook. Callers hold no allocator lock.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn report_error(&self, mut report: ErrorReport) {
-        report.timestamp = P::now();
-        report.cpu = P::cpu_id() as u32;
-        let report = self.errors.push(report);
-        let hook = *self.error_hook.lock();
-        if let Some(hook) = hook {
-            hook(&report);
-        }
-    }
-
-    /// Report a refused free (`cache`: the cache the caller freed to, or
-    /// `kmalloc`): the kind from the error, the object and slab from the
-    /// page map, and for a duplicate free in a debug cache its last
-    /// transactions.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn report_bad_free(&self, cache: &str, error: FreeError) {
-        let addr = error.addr();
-        let entry = if self.is_ready() {
-            self.page_map().get(addr)
-        } else {
-            0
-        };
-        let kind = match error {
-            FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
-            FreeError::WrongCache { .. } => ErrorKind::WrongCache,
-            FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
-            FreeError::NotAllocated { .. } if !entry_is_live(entry) => ErrorKind::ForeignPointer,
-            FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
-        };
-        let mut report = ErrorReport::new(kind, cache, addr);
-        if let FreeError::WrongCache {
-            owner: Some(owner), ..
-        } = error
-        {
-            report.owner = Some(ReportName::new(owner));
-        }
-        if kind == ErrorKind::DuplicateFree && entry & TAG_MASK == TAG_LARGE_FREED {
-            // A page-granular block kfree gave back (its head's freed
-            // mark): its address and size.
-            report.object = addr;
-            report.size = large_nr_pages(entry) * PAGE_SIZE;
-        }
-        if entry & TAG_MASK == TAG_SLAB {
-            let slab = (entry & !TAG_MASK) as *mut Slab;
-            // SAFETY: registered slabs are alive and belong to caches of
-            // this allocator.
-            let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-            // SAFETY: as above.
-            let base = unsafe { (*slab).base };
-            let index = addr.wrapping_sub(base) / owner.stride;
-            if index < owner.nr_objs_per_slab {
-                report.object = base + index * owner.stride;
-                report.slab = slab as usize;
-            }
-            if kind == ErrorKind::DuplicateFree
-                && report.object == addr
-                && let Some(layout) = owner.debug.as_ref()
-            {
-                // SAFETY: an object start of a live slab; read only.
-                let info = unsafe { owner.debug_object_info(layout, addr) };
-                report.last_alloc = info.last_alloc;
-                report.last_free = info.last_free;
-                report.contents = info.contents;
-            }
-        }
-        self.report_error(report);
-    }
 }

@@ -19,12 +19,11 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cache::{HotFlags, KmemCache};
-use crate::error::TraceError;
+use crate::BootCache;
+use crate::cache::KmemCache;
 use crate::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::Platform;
 use crate::sync::{Mutex, MutexGuard};
-use crate::{BootCache, CacheFlags};
 
 /// Return addresses kept per record.
 pub const TRACE_MAX_FRAMES: usize = 16;
@@ -192,7 +191,7 @@ impl TraceTable {
     }
 
     /// Number of records and of dropped records.
-    fn counts(&self) -> (usize, u64) {
+    pub(crate) fn counts(&self) -> (usize, u64) {
         (
             self.lock().hash.nr_items(),
             self.nr_dropped.load(Ordering::Relaxed),
@@ -200,7 +199,7 @@ impl TraceTable {
     }
 
     /// Drop every record; returns how many there were.
-    fn drop_all<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
+    pub(crate) fn drop_all<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
         let mut node = self.lock().take_all();
         let records = cache.owner().boot(BootCache::Trace);
         let mut nr = 0;
@@ -218,7 +217,7 @@ impl TraceTable {
     }
 
     /// Visit every record, oldest first, under the lock.
-    fn for_each(&self, mut f: impl FnMut(&TraceRecord)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&TraceRecord)) {
         let table = self.lock();
         let mut node = table.oldest;
         while !node.is_null() {
@@ -236,7 +235,7 @@ impl TraceTable {
         clippy::cast_ptr_alignment,
         reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
     )]
-    fn record_alloc<P: Platform>(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
+    pub(crate) fn record_alloc<P: Platform>(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
         let Ok(node) = cache.owner().boot(BootCache::Trace).slab_alloc_raw() else {
             self.nr_dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -286,7 +285,7 @@ impl TraceTable {
 
     /// Remove the record of a freed object of `cache`, if there is one.
     #[inline]
-    fn record_free<P: Platform>(&self, cache: &KmemCache<P>, addr: usize) {
+    pub(crate) fn record_free<P: Platform>(&self, cache: &KmemCache<P>, addr: usize) {
         let node = self.lock().remove(addr);
         if !node.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
@@ -300,7 +299,7 @@ impl TraceTable {
     }
 
     /// Grow the hash if its load is too high. Runs with no lock held.
-    fn maybe_grow<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) fn maybe_grow<P: Platform>(&self, cache: &KmemCache<P>) {
         rescale_locked(
             &self.inner,
             |inner| &mut inner.hash,
@@ -311,84 +310,12 @@ impl TraceTable {
 
     /// Shrink the hash if its load fell low, as the bufctl hash does
     /// (reap, destroy): with no records, back to the inline buckets.
-    fn free_table<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) fn free_table<P: Platform>(&self, cache: &KmemCache<P>) {
         rescale_locked(
             &self.inner,
             |inner| &mut inner.hash,
             AddrHash::wants_shrink,
             cache.owner().primary_source(),
         );
-    }
-}
-
-/// The public tracing API and the crate's entry points to the trace table.
-impl<P: Platform> KmemCache<P> {
-    /// Start recording allocations.
-    ///
-    /// # Errors
-    /// [`TraceError::NoTrace`] if the cache was created `NOTRACE` (all
-    /// bootstrap caches are).
-    pub fn trace_start(&self) -> Result<(), TraceError> {
-        if self.flags.contains(CacheFlags::NOTRACE) {
-            return Err(TraceError::NoTrace);
-        }
-        self.set_hot(HotFlags::TRACED | HotFlags::EVER_TRACED);
-        Ok(())
-    }
-
-    /// Stop recording new allocations. Frees keep removing records made
-    /// earlier. An allocation racing with `trace_stop` may still complete
-    /// its record afterwards (as in Akaros).
-    pub fn trace_stop(&self) {
-        self.clear_hot(HotFlags::TRACED);
-    }
-
-    /// Whether new allocations are being recorded.
-    pub fn is_tracing(&self) -> bool {
-        self.hot().contains(HotFlags::TRACED)
-    }
-
-    /// Drop (free) every record. Tracing stays on or off as it was.
-    pub fn trace_reset(&self) {
-        self.trace_drop_all();
-    }
-
-    /// Drop every record; returns how many there were.
-    pub(crate) fn trace_drop_all(&self) -> usize {
-        self.trace.drop_all(self)
-    }
-
-    /// Visit every outstanding record, oldest first, under the trace lock.
-    /// `f` must not allocate from or free to this cache.
-    pub fn trace_for_each(&self, f: impl FnMut(&TraceRecord)) {
-        self.trace.for_each(f);
-    }
-
-    /// Number of records, dropped records, and whether tracing is on.
-    pub fn trace_stats(&self) -> TraceStats {
-        let (nr_records, nr_dropped) = self.trace.counts();
-        TraceStats {
-            nr_records,
-            nr_dropped,
-            tracing: self.is_tracing(),
-        }
-    }
-
-    /// Record an allocation by a caller.
-    #[cold]
-    pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
-        self.trace.record_alloc(self, obj);
-    }
-
-    /// Remove the record of a freed object, if there is one.
-    #[cold]
-    pub(crate) fn trace_free(&self, addr: usize) {
-        self.trace.record_free(self, addr);
-    }
-
-    /// Free the trace table's page-backed buckets if it has no records
-    /// (reap, destroy).
-    pub(crate) fn free_trace_table(&self) {
-        self.trace.free_table(self);
     }
 }

@@ -1,34 +1,38 @@
-//! [`Allocator`]: all global state — `init`, the bootstrap caches, the
-//! cache list (create, find, walk, reap), the profiling switch. The
-//! kmalloc size classes and page-granular kmalloc are in
-//! [`crate::kmalloc`], the `GlobalAlloc` / `core::alloc::Allocator` shims
-//! in [`crate::global_alloc`], the alloc and free paths in
-//! [`crate::path`].
+//! [`Allocator`]: all global state — the bootstrap caches, the cache list
+//! (create, find, walk, reap), the profiling switch (this file); `init`
+//! (`init.rs`); the kmalloc size classes, page-granular kmalloc and
+//! `kfree` (`kmalloc.rs`); the `GlobalAlloc` / `core::alloc::Allocator`
+//! shims (`global_alloc.rs`); error reports (`reports.rs`); the kmemtrace
+//! switches (`kmemtrace_control.rs`); boxes from kmalloc (`boxes.rs`).
+
+mod boxes;
+mod global_alloc;
+mod init;
+pub(crate) mod kmalloc;
+mod kmemtrace_control;
+mod reports;
 
 use core::cell::UnsafeCell;
-use core::fmt::{self, Write as _};
+use core::fmt;
 use core::mem::MaybeUninit;
-use core::ptr::{self, NonNull};
+use core::ptr::{self};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
+use self::kmalloc::NR_KMALLOC;
 use crate::cache::{CacheFlags, CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
 use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
 use crate::geometry::Geometry;
-use crate::kmalloc::{KMALLOC_SIZES, NR_KMALLOC, natural_align};
-use crate::kmemtrace::{
-    CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, Kmemtrace,
-    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
-};
-use crate::magazine::{MAG_CACHE_NAMES, MAGAZINE_ROUNDS, NR_MAG_TYPES, PcpuCache, magazine_bytes};
+use crate::kmemtrace::Kmemtrace;
+use crate::magazine::{NR_MAG_TYPES, PcpuCache};
 use crate::pagemap::PageMap;
-use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform, same_source};
+use crate::platform::{NullSource, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::report::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
 use crate::stats::CpuCacheStats;
-use crate::trace::TraceNode;
+use crate::trace_table::TraceNode;
 
 const _: () = {
     // The metadata caches that bufctl slabs need (and the magazine caches)
@@ -262,217 +266,6 @@ impl<P: Platform> Allocator<P> {
     /// `alloc-profiling`).
     pub fn alloc_profiling(&self) -> bool {
         cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
-    }
-
-    /// Bring the allocator up on `source`, its primary page source: build
-    /// the page map (one word per page of `source.span()`, from the source
-    /// itself), the bootstrap caches (`kmem_magazine_1` …
-    /// `kmem_magazine_60`, one per magazine type, then `kmem_cache`,
-    /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`, then with
-    /// `alloc-profiling` the tag side-array caches `kmem_tags_<bytes>`)
-    /// and the kmalloc caches. Reads [`Platform::max_cpus`].
-    ///
-    /// # Errors
-    /// [`AllocError::AlreadyInitialized`] if called before (or during
-    /// another call); [`AllocError::OutOfMemory`] if the source cannot
-    /// supply the initial pages — everything taken is given back and
-    /// `init` may be retried; [`AllocError::InvalidLayout`] if the
-    /// source's span is empty.
-    pub fn init(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {
-        if self
-            .state
-            .compare_exchange(
-                STATE_UNINIT,
-                STATE_INITIALIZING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            return Err(AllocError::AlreadyInitialized);
-        }
-        match self.init_inner(source) {
-            Ok(()) => {
-                self.state.store(STATE_READY, Ordering::Release);
-                Ok(())
-            }
-            Err(error) => {
-                // SAFETY: state is INITIALIZING and owned by this call; no
-                // cache or object has been handed out.
-                unsafe { self.teardown() };
-                self.state.store(STATE_UNINIT, Ordering::Release);
-                Err(error)
-            }
-        }
-    }
-
-    fn init_inner(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {
-        let nr_cpus = P::max_cpus().max(1);
-        // SAFETY: INITIALIZING: this thread owns the init-only cells.
-        unsafe {
-            *self.source.get() = source;
-            *self.nr_cpus.get() = nr_cpus;
-        }
-        let (start, end) = source.span();
-        let base = start & !(PAGE_SIZE - 1);
-        let end = end
-            .checked_next_multiple_of(PAGE_SIZE)
-            .ok_or(AllocError::InvalidLayout)?;
-        if end <= base {
-            return Err(AllocError::InvalidLayout);
-        }
-        let nr_pages = (end - base) >> PAGE_SHIFT;
-        let map_pages = PageMap::pages_for(nr_pages);
-        let map = source.alloc_pages(map_pages)?;
-        if !source.zeroes_pages() {
-            // SAFETY: map_pages fresh pages from the source: writable,
-            // ours; all-zero is a valid array of AtomicUsize (all "not
-            // slab memory"). A zeroing source gave them zeroed already.
-            unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
-        }
-        let page_map = PageMap {
-            base,
-            nr_pages,
-            entries: map.as_ptr().cast(),
-        };
-        // SAFETY: INITIALIZING: this thread owns the init-only cells.
-        unsafe {
-            *self.page_map.get() = page_map;
-            *self.page_map_pages.get() = map_pages;
-        }
-
-        let fixed_layouts: [(usize, usize); NR_FIXED_BOOT - NR_MAG_TYPES] = [
-            (
-                core::mem::size_of::<KmemCache<P>>(),
-                core::mem::align_of::<KmemCache<P>>(),
-            ),
-            (core::mem::size_of::<Slab>(), core::mem::align_of::<Slab>()),
-            (
-                core::mem::size_of::<Bufctl>(),
-                core::mem::align_of::<Bufctl>(),
-            ),
-            (
-                core::mem::size_of::<TraceNode>(),
-                core::mem::align_of::<TraceNode>(),
-            ),
-            (
-                nr_cpus * core::mem::size_of::<PcpuCache>(),
-                core::mem::align_of::<PcpuCache>(),
-            ),
-        ];
-        let magazine_layouts = MAGAZINE_ROUNDS.map(|rounds| (magazine_bytes(rounds), 8));
-        let tag_array_layouts = TAG_ARRAY_SIZES.map(|bytes| (bytes, 8));
-        let names = MAG_CACHE_NAMES
-            .iter()
-            .chain(BOOT_NAMES.iter())
-            .chain(TAG_ARRAY_NAMES.iter());
-        let layouts = magazine_layouts
-            .into_iter()
-            .chain(fixed_layouts)
-            .chain(tag_array_layouts);
-        for (index, (name, (size, align))) in names.zip(layouts).enumerate() {
-            // The tag side-array caches may have multi-page slabs with
-            // their headers in kmem_slab (created before them), like any
-            // cache on the primary source: their 2 KiB objects would
-            // otherwise need bufctl slabs.
-            let packed = index >= NR_FIXED_BOOT;
-            let spec = CacheSpec {
-                name,
-                size,
-                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, packed)?,
-                flags: CacheFlags::NOTRACE,
-                ctor: None,
-                dtor: None,
-                source,
-                on_primary: true,
-                bootstrap: true,
-                permanent: true,
-                id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
-                debug: None,
-            };
-            // Bootstrap caches have no magazine layer (pcpu null): metadata
-            // goes straight to and from their slab layers.
-            let cache = KmemCache::construct(spec, self, page_map, ptr::null_mut(), nr_cpus);
-            // SAFETY: INITIALIZING; slot `index` < NR_BOOT is not yet
-            // initialised and nothing references it.
-            unsafe {
-                let slot = self.boot.get().cast::<KmemCache<P>>().add(index);
-                slot.write(cache);
-                *self.nr_boot.get() = index + 1;
-                self.link_cache(slot);
-            }
-        }
-
-        for (index, &size) in KMALLOC_SIZES.iter().enumerate() {
-            let mut name = NameBuf {
-                bytes: [0; 32],
-                len: 0,
-            };
-            // "kmalloc-8192" fits in 31 bytes.
-            let _ = write!(name, "kmalloc-{size}");
-            let cache = self.create_cache(
-                name.as_str(),
-                size,
-                natural_align(size),
-                CacheFlags::empty(),
-                None,
-                None,
-                None,
-                true,
-            )?;
-            // SAFETY: INITIALIZING: this thread owns the init-only cells.
-            unsafe { (*self.kmalloc.get())[index] = cache };
-        }
-        Ok(())
-    }
-
-    /// Give back everything a failed `init` took.
-    ///
-    /// # Safety
-    /// Only from `init`, while INITIALIZING, before anything was handed out.
-    unsafe fn teardown(&self) {
-        // SAFETY: INITIALIZING: we own every cell; every cache on the list
-        // is alive. Caches are discarded in an order that keeps the
-        // metadata they read alive: ordinary caches (their structs and
-        // per-CPU arrays live in bootstrap slabs), then bootstrap bufctl
-        // caches (their slab structs live in kmem_slab / kmem_bufctl),
-        // then bootstrap small-slab caches (headers inside their own pages).
-        unsafe {
-            let head = self.caches.lock().head;
-            let mut cache = head;
-            while !cache.is_null() {
-                let next = (*(*cache).links.get()).next;
-                if !(*cache).is_bootstrap() {
-                    (*cache).slab.lock().hash.drain(|_| {});
-                    (*cache).free_hash_table();
-                    (*cache).discard_all_slabs();
-                }
-                cache = next;
-            }
-            let nr_boot = *self.nr_boot.get();
-            for pass_small in [false, true] {
-                for index in 0..nr_boot {
-                    let boot = &*self.boot.get().cast::<KmemCache<P>>().add(index);
-                    if (boot.kind == crate::geometry::SlabKind::Small) == pass_small {
-                        boot.slab.lock().hash.drain(|_| {});
-                        boot.free_hash_table();
-                        boot.discard_all_slabs();
-                    }
-                }
-            }
-            let map = *self.page_map.get();
-            if let Some(entries) = NonNull::new(map.entries.cast_mut().cast::<u8>()) {
-                (*self.source.get()).free_pages(entries, *self.page_map_pages.get());
-            }
-            *self.page_map.get() = PageMap::empty();
-            *self.page_map_pages.get() = 0;
-            *self.nr_boot.get() = 0;
-            *self.kmalloc.get() = [ptr::null(); NR_KMALLOC];
-            *self.source.get() = &NullSource;
-            let mut list = self.caches.lock();
-            list.head = ptr::null();
-            list.tail = ptr::null();
-        }
     }
 
     /// Whether `init` has completed.
@@ -905,157 +698,5 @@ impl<P: Platform> Allocator<P> {
             }
         }
         nr_pages
-    }
-}
-
-/// kmemtrace: recording, status, dump (see [`crate::kmemtrace`]).
-impl<P: Platform> Allocator<P> {
-    /// Start recording events: allocate the per-CPU rings on the first
-    /// call (`config.nr_subbufs` sub-buffers per CPU from the primary page
-    /// source; later calls keep that size), empty them, and set the
-    /// recording bit of every cache (or of the cache `config.cache_id`
-    /// only). Restarting drops the events recorded so far.
-    ///
-    /// # Safety
-    /// [`Platform::cpu_id`] returns the running CPU's own id (distinct per
-    /// CPU) and [`Platform::irq_save`] keeps the caller on its CPU until
-    /// `irq_restore`: each ring is written without a lock by the CPU whose
-    /// id it has.
-    ///
-    /// # Errors
-    /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
-    /// (nothing kept, recording off); [`KmemtraceError::StackDepth`];
-    /// [`KmemtraceError::TooManySubbufs`].
-    pub unsafe fn kmemtrace_start(&self, config: KmemtraceConfig) -> Result<(), KmemtraceError> {
-        if !self.is_ready() {
-            return Err(KmemtraceError::NotInitialized);
-        }
-        self.kmemtrace_stop();
-        self.kmemtrace
-            .prepare::<P>(self.primary_source(), self.nr_cpus(), &config)?;
-        self.set_kmemtrace_bits(config.cache_id);
-        Ok(())
-    }
-
-    /// Stop recording (the events stay until the next start). Frees and
-    /// allocations already past the recording test may still land.
-    pub fn kmemtrace_stop(&self) {
-        self.kmemtrace.stop();
-        self.set_kmemtrace_bits(Some(u32::MAX));
-    }
-
-    /// Set `HOT_KMEMTRACE` on every non-bootstrap cache (`None`), on the
-    /// cache with id `cache_id`, and clear it on the others.
-    fn set_kmemtrace_bits(&self, cache_id: Option<u32>) {
-        self.for_each_cache(|cache| {
-            let on = !cache.is_bootstrap() && cache_id.is_none_or(|id| id == cache.id);
-            if on {
-                cache.set_hot(HotFlags::KMEMTRACE);
-            } else {
-                cache.clear_hot(HotFlags::KMEMTRACE);
-            }
-        });
-    }
-
-    /// Recording state, events and overruns summed over CPUs.
-    pub fn kmemtrace_status(&self) -> KmemtraceStatus {
-        self.kmemtrace.status()
-    }
-
-    /// One CPU's ring: events, overruns, capacity (all zero before the
-    /// first start and for `cpu` out of range).
-    pub fn kmemtrace_cpu_status(&self, cpu: usize) -> KmemtraceCpuStatus {
-        self.kmemtrace.cpu_status(cpu)
-    }
-
-    /// Write a dump of the record to `sink`, in pieces: the header, a
-    /// CACHE record per cache (caches destroyed meanwhile are not named),
-    /// the stacks, each CPU's events (one record per sub-buffer, timestamps
-    /// converted with `info.ticks_to_ns`), the trailer with the CRC-32 of
-    /// everything before it. May run while recording: each ring is read up
-    /// to the events published when the dump reaches it. `sink` must not
-    /// create or destroy caches (the cache list is locked around the
-    /// CACHE records).
-    pub fn kmemtrace_dump(&self, info: &DumpInfo<'_>, sink: &mut dyn FnMut(&[u8])) -> DumpSummary {
-        let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
-            self.for_each_cache(|cache| {
-                emit(CacheRecord {
-                    id: cache.id,
-                    obj_size: cache.obj_size as u32,
-                    align: cache.align as u32,
-                    flags: cache.flags.bits(),
-                    name: cache.name(),
-                })
-            })
-        };
-        self.kmemtrace.dump(info, &mut caches, sink)
-    }
-
-    /// Record an allocation from `cache` (its packed result).
-    #[inline(always)]
-    pub(crate) fn kmemtrace_alloc(&self, cache: &KmemCache<P>, packed: usize, bytes_req: usize) {
-        let (kind, ptr) = match crate::cache::unpack(packed) {
-            Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
-            Err(_) => (EventKind::FailedAlloc, 0),
-        };
-        let (type_id, bytes_req) = if bytes_req == 0 {
-            (EventType::Cache, cache.obj_size)
-        } else {
-            (EventType::Kmalloc, bytes_req)
-        };
-        self.kmemtrace_record(kind, type_id, cache.id, ptr, bytes_req, cache.obj_size);
-    }
-
-    /// Record a free to `cache` (`None`: the pointer is no cache's), good
-    /// or refused. Frees to kmalloc caches are `kfree`s.
-    #[inline(always)]
-    pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
-        let kind = if ok {
-            EventKind::Free
-        } else {
-            EventKind::BadFree
-        };
-        let (type_id, cache_id, bytes) = match cache {
-            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.obj_size),
-            Some(cache) => (EventType::Cache, cache.id, cache.obj_size),
-            None => (EventType::Kmalloc, 0, 0),
-        };
-        self.kmemtrace_record(kind, type_id, cache_id, obj.as_ptr() as usize, 0, bytes);
-    }
-
-    /// Record a page-granular kmalloc (its packed result).
-    #[cold]
-    pub(crate) fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
-        let (kind, ptr, bytes) = match crate::cache::unpack(packed) {
-            Ok(pages) => (
-                EventKind::Alloc,
-                pages.as_ptr() as usize,
-                size.div_ceil(PAGE_SIZE) * PAGE_SIZE,
-            ),
-            Err(_) => (EventKind::FailedAlloc, 0, 0),
-        };
-        self.kmemtrace_record(kind, EventType::Pages, 0, ptr, size, bytes);
-    }
-
-    #[inline(always)]
-    pub(crate) fn kmemtrace_record(
-        &self,
-        kind: EventKind,
-        type_id: EventType,
-        cache_id: u32,
-        ptr: usize,
-        bytes_req: usize,
-        bytes_alloc: usize,
-    ) {
-        self.kmemtrace.record::<P>(
-            kind,
-            EventFields {
-                type_id,
-                cache_id,
-                ptr,
-                bytes_req,
-                bytes_alloc,
-            },
-        );
     }
 }

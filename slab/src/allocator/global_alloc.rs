@@ -6,7 +6,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
-use crate::allocator::Allocator;
+use super::Allocator;
 use crate::error::FreeError;
 use crate::platform::Platform;
 

@@ -6,9 +6,9 @@
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
+use super::Allocator;
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
-use crate::cache::{KmemCache, pack};
+use crate::cache::{AllocOut, HotFlags, KmemCache, Located, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::pagemap::{
@@ -579,5 +579,131 @@ impl<P: Platform> Allocator<P> {
             live_bytes: self.large_live_pages.load(Ordering::Relaxed) * PAGE_SIZE,
             nr_allocs_ever: self.large_nr_allocs_ever.load(Ordering::Relaxed),
         }
+    }
+}
+
+// -------------------------------------------------------- kmalloc / kfree
+
+impl<P: Platform> Allocator<P> {
+    /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
+    /// size non-zero and the alignment a power of two (a `Layout`'s): the
+    /// size class's cache, or page-granular.
+    /// (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it up.)
+    #[inline(always)]
+    pub(crate) fn kmalloc_checked<O: AllocOut>(
+        &self,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> O {
+        debug_assert!(self.is_ready() && align.is_power_of_two());
+        match Self::kmalloc_index(size, align) {
+            Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
+            None => O::from_raw(self.large_alloc_out::<O>(size, align, tag)),
+        }
+    }
+
+    /// Page-granular kmalloc, out of line, in the caller's result type.
+    #[inline(never)]
+    fn large_alloc_out<O: AllocOut>(
+        &self,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> O::Raw {
+        let tag = if self.alloc_profiling() { tag() } else { None };
+        O::raw_from_packed(self.large_alloc_packed(size, align, tag))
+    }
+
+    /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
+    /// primary source (the owner is found through the page map).
+    ///
+    /// # Safety
+    /// If `ptr` is allocated, the caller gives it up. Bad pointers are
+    /// detected and refused as for [`KmemCache::free`] (same caveat for
+    /// double frees without debug flags).
+    ///
+    /// # Errors
+    /// [`FreeError::NotAllocated`] (outside the page map, not slab memory,
+    /// or before init), [`FreeError::Misaligned`], [`FreeError::DoubleFree`].
+    /// On error nothing changed.
+    #[inline]
+    pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        match self.kfree_locate(ptr.as_ptr() as usize) {
+            // SAFETY: per our caller; located in `cache`.
+            Some((cache, at)) => unsafe { cache.finish_free::<Result<(), FreeError>>(ptr, at) },
+            // SAFETY: per our caller; nothing changed.
+            None => unsafe { self.kfree_slow(ptr) },
+        }
+    }
+
+    /// The common case of locating a `kfree`d pointer: one page-map read
+    /// names the slab, hence the cache (its owner by construction: no
+    /// second lookup); one multiply checks the object start and gives the
+    /// index. `None` for anything else, with nothing changed.
+    #[inline(always)]
+    pub(crate) fn kfree_locate(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
+        if !self.is_ready() {
+            return None;
+        }
+        // A slab entry minus its tag is the 8-aligned slab (see free_locate).
+        let slab = self.page_map().get(addr).wrapping_sub(TAG_SLAB);
+        if slab & TAG_MASK != 0 {
+            return None;
+        }
+        let slab = slab as *mut Slab;
+        // SAFETY: registered slabs are alive and belong to caches of this
+        // allocator (same P), alive while they have slabs (a cache in use
+        // is never destroyed: `destroy` requires no objects allocated).
+        let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+        // SAFETY: the page map puts addr in this live slab of `cache`.
+        let index = unsafe { cache.object_index(slab, addr) }?;
+        Some((cache, Located { slab, index }))
+    }
+
+    /// [`Allocator::kfree`] past the fast path, with the error reports.
+    ///
+    /// # Safety
+    /// As for [`Allocator::kfree`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        if !self.is_ready() {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let entry = self.page_map().get(addr);
+        if entry & TAG_MASK == TAG_SLAB {
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator (same P), alive while they have slabs.
+            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: the page map puts addr in this live slab of `cache`.
+            let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
+                // KMEMTRACE HOOK: kfree of a pointer inside an object.
+                if cache.hot().contains(HotFlags::KMEMTRACE) {
+                    self.kmemtrace_free(Some(cache), ptr, false);
+                }
+                return Err(cache.refuse(FreeError::Misaligned { addr }));
+            };
+            // SAFETY: located in `cache`; our caller gives it up.
+            return unsafe {
+                cache.finish_free::<Result<(), FreeError>>(ptr, Located { slab, index })
+            };
+        }
+        // SAFETY: per our caller.
+        let result = unsafe { self.kfree_pages(ptr, entry) };
+        if let Err(error) = result {
+            if self
+                .kmemtrace
+                .recording_all
+                .load(core::sync::atomic::Ordering::Relaxed)
+            {
+                // KMEMTRACE HOOK: kfree of a pointer that is not ours.
+                self.kmemtrace_free(None, ptr, false);
+            }
+            self.report_bad_free("kmalloc", error);
+        }
+        result
     }
 }

@@ -1,0 +1,238 @@
+//! [`Allocator::init`]: the page map, the bootstrap caches (each a cache
+//! struct built in place), the kmalloc caches; and the teardown of a
+//! failed init.
+
+use core::fmt::Write as _;
+use core::ptr;
+use core::ptr::NonNull;
+use core::sync::atomic::Ordering;
+
+use super::kmalloc::{KMALLOC_SIZES, natural_align};
+use super::{
+    Allocator, BOOT_NAMES, NR_FIXED_BOOT, NR_KMALLOC, NameBuf, STATE_INITIALIZING, STATE_READY,
+    STATE_UNINIT, TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
+};
+use crate::cache::{CacheFlags, CacheSpec, KmemCache};
+use crate::error::AllocError;
+use crate::geometry::Geometry;
+use crate::magazine::{MAG_CACHE_NAMES, MAGAZINE_ROUNDS, NR_MAG_TYPES, PcpuCache, magazine_bytes};
+use crate::pagemap::PageMap;
+use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform};
+use crate::slab::{Bufctl, Slab};
+use crate::trace_table::TraceNode;
+
+impl<P: Platform> Allocator<P> {
+    /// Bring the allocator up on `source`, its primary page source: build
+    /// the page map (one word per page of `source.span()`, from the source
+    /// itself), the bootstrap caches (`kmem_magazine_1` …
+    /// `kmem_magazine_60`, one per magazine type, then `kmem_cache`,
+    /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`, then with
+    /// `alloc-profiling` the tag side-array caches `kmem_tags_<bytes>`)
+    /// and the kmalloc caches. Reads [`Platform::max_cpus`].
+    ///
+    /// # Errors
+    /// [`AllocError::AlreadyInitialized`] if called before (or during
+    /// another call); [`AllocError::OutOfMemory`] if the source cannot
+    /// supply the initial pages — everything taken is given back and
+    /// `init` may be retried; [`AllocError::InvalidLayout`] if the
+    /// source's span is empty.
+    pub fn init(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {
+        if self
+            .state
+            .compare_exchange(
+                STATE_UNINIT,
+                STATE_INITIALIZING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return Err(AllocError::AlreadyInitialized);
+        }
+        match self.init_inner(source) {
+            Ok(()) => {
+                self.state.store(STATE_READY, Ordering::Release);
+                Ok(())
+            }
+            Err(error) => {
+                // SAFETY: state is INITIALIZING and owned by this call; no
+                // cache or object has been handed out.
+                unsafe { self.teardown() };
+                self.state.store(STATE_UNINIT, Ordering::Release);
+                Err(error)
+            }
+        }
+    }
+
+    pub(super) fn init_inner(
+        &'static self,
+        source: &'static dyn PageSource,
+    ) -> Result<(), AllocError> {
+        let nr_cpus = P::max_cpus().max(1);
+        // SAFETY: INITIALIZING: this thread owns the init-only cells.
+        unsafe {
+            *self.source.get() = source;
+            *self.nr_cpus.get() = nr_cpus;
+        }
+        let (start, end) = source.span();
+        let base = start & !(PAGE_SIZE - 1);
+        let end = end
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(AllocError::InvalidLayout)?;
+        if end <= base {
+            return Err(AllocError::InvalidLayout);
+        }
+        let nr_pages = (end - base) >> PAGE_SHIFT;
+        let map_pages = PageMap::pages_for(nr_pages);
+        let map = source.alloc_pages(map_pages)?;
+        if !source.zeroes_pages() {
+            // SAFETY: map_pages fresh pages from the source: writable,
+            // ours; all-zero is a valid array of AtomicUsize (all "not
+            // slab memory"). A zeroing source gave them zeroed already.
+            unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
+        }
+        let page_map = PageMap {
+            base,
+            nr_pages,
+            entries: map.as_ptr().cast(),
+        };
+        // SAFETY: INITIALIZING: this thread owns the init-only cells.
+        unsafe {
+            *self.page_map.get() = page_map;
+            *self.page_map_pages.get() = map_pages;
+        }
+
+        let fixed_layouts: [(usize, usize); NR_FIXED_BOOT - NR_MAG_TYPES] = [
+            (
+                core::mem::size_of::<KmemCache<P>>(),
+                core::mem::align_of::<KmemCache<P>>(),
+            ),
+            (core::mem::size_of::<Slab>(), core::mem::align_of::<Slab>()),
+            (
+                core::mem::size_of::<Bufctl>(),
+                core::mem::align_of::<Bufctl>(),
+            ),
+            (
+                core::mem::size_of::<TraceNode>(),
+                core::mem::align_of::<TraceNode>(),
+            ),
+            (
+                nr_cpus * core::mem::size_of::<PcpuCache>(),
+                core::mem::align_of::<PcpuCache>(),
+            ),
+        ];
+        let magazine_layouts = MAGAZINE_ROUNDS.map(|rounds| (magazine_bytes(rounds), 8));
+        let tag_array_layouts = TAG_ARRAY_SIZES.map(|bytes| (bytes, 8));
+        let names = MAG_CACHE_NAMES
+            .iter()
+            .chain(BOOT_NAMES.iter())
+            .chain(TAG_ARRAY_NAMES.iter());
+        let layouts = magazine_layouts
+            .into_iter()
+            .chain(fixed_layouts)
+            .chain(tag_array_layouts);
+        for (index, (name, (size, align))) in names.zip(layouts).enumerate() {
+            // The tag side-array caches may have multi-page slabs with
+            // their headers in kmem_slab (created before them), like any
+            // cache on the primary source: their 2 KiB objects would
+            // otherwise need bufctl slabs.
+            let packed = index >= NR_FIXED_BOOT;
+            let spec = CacheSpec {
+                name,
+                size,
+                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, packed)?,
+                flags: CacheFlags::NOTRACE,
+                ctor: None,
+                dtor: None,
+                source,
+                on_primary: true,
+                bootstrap: true,
+                permanent: true,
+                id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
+                debug: None,
+            };
+            // Bootstrap caches have no magazine layer (pcpu null): metadata
+            // goes straight to and from their slab layers.
+            let cache = KmemCache::construct(spec, self, page_map, ptr::null_mut(), nr_cpus);
+            // SAFETY: INITIALIZING; slot `index` < NR_BOOT is not yet
+            // initialised and nothing references it.
+            unsafe {
+                let slot = self.boot.get().cast::<KmemCache<P>>().add(index);
+                slot.write(cache);
+                *self.nr_boot.get() = index + 1;
+                self.link_cache(slot);
+            }
+        }
+
+        for (index, &size) in KMALLOC_SIZES.iter().enumerate() {
+            let mut name = NameBuf {
+                bytes: [0; 32],
+                len: 0,
+            };
+            // "kmalloc-8192" fits in 31 bytes.
+            let _ = write!(name, "kmalloc-{size}");
+            let cache = self.create_cache(
+                name.as_str(),
+                size,
+                natural_align(size),
+                CacheFlags::empty(),
+                None,
+                None,
+                None,
+                true,
+            )?;
+            // SAFETY: INITIALIZING: this thread owns the init-only cells.
+            unsafe { (*self.kmalloc.get())[index] = cache };
+        }
+        Ok(())
+    }
+
+    /// Give back everything a failed `init` took.
+    ///
+    /// # Safety
+    /// Only from `init`, while INITIALIZING, before anything was handed out.
+    pub(super) unsafe fn teardown(&self) {
+        // SAFETY: INITIALIZING: we own every cell; every cache on the list
+        // is alive. Caches are discarded in an order that keeps the
+        // metadata they read alive: ordinary caches (their structs and
+        // per-CPU arrays live in bootstrap slabs), then bootstrap bufctl
+        // caches (their slab structs live in kmem_slab / kmem_bufctl),
+        // then bootstrap small-slab caches (headers inside their own pages).
+        unsafe {
+            let head = self.caches.lock().head;
+            let mut cache = head;
+            while !cache.is_null() {
+                let next = (*(*cache).links.get()).next;
+                if !(*cache).is_bootstrap() {
+                    (*cache).slab.lock().hash.drain(|_| {});
+                    (*cache).free_hash_table();
+                    (*cache).discard_all_slabs();
+                }
+                cache = next;
+            }
+            let nr_boot = *self.nr_boot.get();
+            for pass_small in [false, true] {
+                for index in 0..nr_boot {
+                    let boot = &*self.boot.get().cast::<KmemCache<P>>().add(index);
+                    if (boot.kind == crate::geometry::SlabKind::Small) == pass_small {
+                        boot.slab.lock().hash.drain(|_| {});
+                        boot.free_hash_table();
+                        boot.discard_all_slabs();
+                    }
+                }
+            }
+            let map = *self.page_map.get();
+            if let Some(entries) = NonNull::new(map.entries.cast_mut().cast::<u8>()) {
+                (*self.source.get()).free_pages(entries, *self.page_map_pages.get());
+            }
+            *self.page_map.get() = PageMap::empty();
+            *self.page_map_pages.get() = 0;
+            *self.nr_boot.get() = 0;
+            *self.kmalloc.get() = [ptr::null(); NR_KMALLOC];
+            *self.source.get() = &NullSource;
+            let mut list = self.caches.lock();
+            list.head = ptr::null();
+            list.tail = ptr::null();
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! kmemtrace from the allocator's side: switching recording on and off
+//! (the `KMEMTRACE` hot flag of every recorded cache), status, dumps,
+//! and the calls the cache paths make to record an event (the stream
+//! itself: [`crate::kmemtrace`]).
+
+use core::ptr::NonNull;
+
+use super::Allocator;
+use crate::cache::{HotFlags, KmemCache};
+use crate::kmemtrace::{
+    CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, KmemtraceConfig,
+    KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
+};
+use crate::platform::{PAGE_SIZE, Platform};
+
+/// kmemtrace: recording, status, dump (see [`crate::kmemtrace`]).
+impl<P: Platform> Allocator<P> {
+    /// Start recording events: allocate the per-CPU rings on the first
+    /// call (`config.nr_subbufs` sub-buffers per CPU from the primary page
+    /// source; later calls keep that size), empty them, and set the
+    /// recording bit of every cache (or of the cache `config.cache_id`
+    /// only). Restarting drops the events recorded so far.
+    ///
+    /// # Safety
+    /// [`Platform::cpu_id`] returns the running CPU's own id (distinct per
+    /// CPU) and [`Platform::irq_save`] keeps the caller on its CPU until
+    /// `irq_restore`: each ring is written without a lock by the CPU whose
+    /// id it has.
+    ///
+    /// # Errors
+    /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
+    /// (nothing kept, recording off); [`KmemtraceError::StackDepth`];
+    /// [`KmemtraceError::TooManySubbufs`].
+    pub unsafe fn kmemtrace_start(&self, config: KmemtraceConfig) -> Result<(), KmemtraceError> {
+        if !self.is_ready() {
+            return Err(KmemtraceError::NotInitialized);
+        }
+        self.kmemtrace_stop();
+        self.kmemtrace
+            .prepare::<P>(self.primary_source(), self.nr_cpus(), &config)?;
+        self.set_kmemtrace_bits(config.cache_id);
+        Ok(())
+    }
+
+    /// Stop recording (the events stay until the next start). Frees and
+    /// allocations already past the recording test may still land.
+    pub fn kmemtrace_stop(&self) {
+        self.kmemtrace.stop();
+        self.set_kmemtrace_bits(Some(u32::MAX));
+    }
+
+    /// Set `HOT_KMEMTRACE` on every non-bootstrap cache (`None`), on the
+    /// cache with id `cache_id`, and clear it on the others.
+    fn set_kmemtrace_bits(&self, cache_id: Option<u32>) {
+        self.for_each_cache(|cache| {
+            let on = !cache.is_bootstrap() && cache_id.is_none_or(|id| id == cache.id);
+            if on {
+                cache.set_hot(HotFlags::KMEMTRACE);
+            } else {
+                cache.clear_hot(HotFlags::KMEMTRACE);
+            }
+        });
+    }
+
+    /// Recording state, events and overruns summed over CPUs.
+    pub fn kmemtrace_status(&self) -> KmemtraceStatus {
+        self.kmemtrace.status()
+    }
+
+    /// One CPU's ring: events, overruns, capacity (all zero before the
+    /// first start and for `cpu` out of range).
+    pub fn kmemtrace_cpu_status(&self, cpu: usize) -> KmemtraceCpuStatus {
+        self.kmemtrace.cpu_status(cpu)
+    }
+
+    /// Write a dump of the record to `sink`, in pieces: the header, a
+    /// CACHE record per cache (caches destroyed meanwhile are not named),
+    /// the stacks, each CPU's events (one record per sub-buffer, timestamps
+    /// converted with `info.ticks_to_ns`), the trailer with the CRC-32 of
+    /// everything before it. May run while recording: each ring is read up
+    /// to the events published when the dump reaches it. `sink` must not
+    /// create or destroy caches (the cache list is locked around the
+    /// CACHE records).
+    pub fn kmemtrace_dump(&self, info: &DumpInfo<'_>, sink: &mut dyn FnMut(&[u8])) -> DumpSummary {
+        let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
+            self.for_each_cache(|cache| {
+                emit(CacheRecord {
+                    id: cache.id,
+                    obj_size: cache.obj_size as u32,
+                    align: cache.align as u32,
+                    flags: cache.flags.bits(),
+                    name: cache.name(),
+                })
+            })
+        };
+        self.kmemtrace.dump(info, &mut caches, sink)
+    }
+
+    /// Record an allocation from `cache` (its packed result).
+    #[inline(always)]
+    pub(crate) fn kmemtrace_alloc(&self, cache: &KmemCache<P>, packed: usize, bytes_req: usize) {
+        let (kind, ptr) = match crate::cache::unpack(packed) {
+            Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
+            Err(_) => (EventKind::FailedAlloc, 0),
+        };
+        let (type_id, bytes_req) = if bytes_req == 0 {
+            (EventType::Cache, cache.obj_size)
+        } else {
+            (EventType::Kmalloc, bytes_req)
+        };
+        self.kmemtrace_record(kind, type_id, cache.id, ptr, bytes_req, cache.obj_size);
+    }
+
+    /// Record a free to `cache` (`None`: the pointer is no cache's), good
+    /// or refused. Frees to kmalloc caches are `kfree`s.
+    #[inline(always)]
+    pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
+        let kind = if ok {
+            EventKind::Free
+        } else {
+            EventKind::BadFree
+        };
+        let (type_id, cache_id, bytes) = match cache {
+            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.obj_size),
+            Some(cache) => (EventType::Cache, cache.id, cache.obj_size),
+            None => (EventType::Kmalloc, 0, 0),
+        };
+        self.kmemtrace_record(kind, type_id, cache_id, obj.as_ptr() as usize, 0, bytes);
+    }
+
+    /// Record a page-granular kmalloc (its packed result).
+    #[cold]
+    pub(crate) fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
+        let (kind, ptr, bytes) = match crate::cache::unpack(packed) {
+            Ok(pages) => (
+                EventKind::Alloc,
+                pages.as_ptr() as usize,
+                size.div_ceil(PAGE_SIZE) * PAGE_SIZE,
+            ),
+            Err(_) => (EventKind::FailedAlloc, 0, 0),
+        };
+        self.kmemtrace_record(kind, EventType::Pages, 0, ptr, size, bytes);
+    }
+
+    #[inline(always)]
+    pub(crate) fn kmemtrace_record(
+        &self,
+        kind: EventKind,
+        type_id: EventType,
+        cache_id: u32,
+        ptr: usize,
+        bytes_req: usize,
+        bytes_alloc: usize,
+    ) {
+        self.kmemtrace.record::<P>(
+            kind,
+            EventFields {
+                type_id,
+                cache_id,
+                ptr,
+                bytes_req,
+                bytes_alloc,
+            },
+        );
+    }
+}

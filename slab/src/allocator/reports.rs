@@ -1,0 +1,119 @@
+//! Error reports from the allocator's side: the debug configuration, the
+//! error ring and the kernel's hook ([`crate::report`]), bad frees.
+
+use super::Allocator;
+use super::kmalloc::large_nr_pages;
+use crate::cache::KmemCache;
+use crate::debug::SlabDebugConfig;
+use crate::error::FreeError;
+use crate::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::report::{ErrorKind, ErrorReport, ReportName};
+use crate::slab::Slab;
+
+impl<P: Platform> Allocator<P> {
+    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
+    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
+    /// kmalloc caches get it; caches created later get it too (by name).
+    /// Caches that exist already keep their flags.
+    pub fn set_debug_config(&self, config: SlabDebugConfig) {
+        *self.debug_config.lock() = config;
+    }
+
+    /// The debug configuration in force.
+    pub fn debug_config(&self) -> SlabDebugConfig {
+        *self.debug_config.lock()
+    }
+
+    /// Called with every error report, after it is kept in the error ring,
+    /// with no allocator lock held; the kernel prints it (and may panic).
+    /// The hook must not allocate from this allocator.
+    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
+        *self.error_hook.lock() = hook;
+    }
+
+    /// Errors reported since the allocator was created (the ring keeps the
+    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
+    pub fn nr_errors(&self) -> u64 {
+        self.errors.nr_reported()
+    }
+
+    /// Copy the kept reports numbered after `after` into `out`, oldest
+    /// first; returns how many.
+    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        self.errors.read(after, out)
+    }
+
+    /// Keep a report (stamped with now and this CPU) and hand it to the
+    /// hook. Callers hold no allocator lock.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn report_error(&self, mut report: ErrorReport) {
+        report.timestamp = P::now();
+        report.cpu = P::cpu_id() as u32;
+        let report = self.errors.push(report);
+        let hook = *self.error_hook.lock();
+        if let Some(hook) = hook {
+            hook(&report);
+        }
+    }
+
+    /// Report a refused free (`cache`: the cache the caller freed to, or
+    /// `kmalloc`): the kind from the error, the object and slab from the
+    /// page map, and for a duplicate free in a debug cache its last
+    /// transactions.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn report_bad_free(&self, cache: &str, error: FreeError) {
+        let addr = error.addr();
+        let entry = if self.is_ready() {
+            self.page_map().get(addr)
+        } else {
+            0
+        };
+        let kind = match error {
+            FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
+            FreeError::WrongCache { .. } => ErrorKind::WrongCache,
+            FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
+            FreeError::NotAllocated { .. } if !entry_is_live(entry) => ErrorKind::ForeignPointer,
+            FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
+        };
+        let mut report = ErrorReport::new(kind, cache, addr);
+        if let FreeError::WrongCache {
+            owner: Some(owner), ..
+        } = error
+        {
+            report.owner = Some(ReportName::new(owner));
+        }
+        if kind == ErrorKind::DuplicateFree && entry & TAG_MASK == TAG_LARGE_FREED {
+            // A page-granular block kfree gave back (its head's freed
+            // mark): its address and size.
+            report.object = addr;
+            report.size = large_nr_pages(entry) * PAGE_SIZE;
+        }
+        if entry & TAG_MASK == TAG_SLAB {
+            let slab = (entry & !TAG_MASK) as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator.
+            let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: as above.
+            let base = unsafe { (*slab).base };
+            let index = addr.wrapping_sub(base) / owner.stride;
+            if index < owner.nr_objs_per_slab {
+                report.object = base + index * owner.stride;
+                report.slab = slab as usize;
+            }
+            if kind == ErrorKind::DuplicateFree
+                && report.object == addr
+                && let Some(layout) = owner.debug.as_ref()
+            {
+                // SAFETY: an object start of a live slab; read only.
+                let info = unsafe { owner.debug_object_info(layout, addr) };
+                report.last_alloc = info.last_alloc;
+                report.last_free = info.last_free;
+                report.contents = info.contents;
+            }
+        }
+        self.report_error(report);
+    }
+}

@@ -1,0 +1,189 @@
+//! The alloc entry points ([`KmemCache::alloc`], `zalloc`, `alloc_tagged`;
+//! `kmalloc` comes through [`KmemCache::alloc_with`] too), the magazine
+//! hit, the profiled hit, and the one slow function (`alloc_slow`: the
+//! magazine miss, then the slab layer). Caches with any other flag take
+//! [`hooks`](super::hooks).
+
+use core::ptr::NonNull;
+
+use super::{AllocOut, HotFlags, KmemCache, pack};
+use crate::alloc_tag::AllocTagRef;
+use crate::error::AllocError;
+use crate::magazine::Magazine;
+use crate::platform::Platform;
+use crate::sync::IrqGuard;
+
+impl<P: Platform> KmemCache<P> {
+    /// Allocate one constructed object of `obj_size()` bytes, aligned to
+    /// `align()`.
+    ///
+    /// With feature `alloc-profiling`, the object is charged to the tag
+    /// [`Platform::alloc_tag_current`] names (nothing if it says `None`), which
+    /// is asked only while profiling is switched on in the allocator
+    /// ([`crate::Allocator::set_alloc_profiling`]).
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
+    /// the page source have an object; [`AllocError::ConstructorFailed`] if
+    /// the constructor refused (the object went back to its slab);
+    /// [`AllocError::InvalidLayout`] for a bootstrap cache.
+    #[inline]
+    pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_with(crate::alloc_tag::current::<P>, 0)
+    }
+
+    /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
+    /// (Linux `kmem_cache_zalloc`; the constructor's work, if any, is
+    /// overwritten).
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    pub fn zalloc(&self) -> Result<NonNull<u8>, AllocError> {
+        let obj = self.alloc()?;
+        // SAFETY: a fresh object of obj_size bytes, ours.
+        unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, self.obj_size) };
+        Ok(obj)
+    }
+
+    /// [`KmemCache::alloc`] charging the object to the allocation tag
+    /// `tag` (an [`AllocTagRef`](crate::AllocTagRef); `None` charges nothing),
+    /// for call sites that name their own tag (`kmem_cache_alloc!`). The
+    /// object remembers the tag, so whoever frees it, on whatever CPU,
+    /// uncharges the same tag. Without feature `alloc-profiling` the tag
+    /// is ignored, and so it is while profiling is switched off in the
+    /// allocator.
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    #[inline]
+    pub fn alloc_tagged(&self, tag: Option<crate::AllocTagRef>) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_with(move || crate::alloc_tag::explicit::<P>(tag), 0)
+    }
+
+    /// Allocate, charging the tag `tag()` names (asked only with profiling
+    /// on). Plain (no flag): one `hot_flags` test, then the hit. Profiling
+    /// on and nothing else (small slabs): the hit, then the tag reference
+    /// stored and charged inline. Anything else: out of line. `bytes_req`
+    /// is what a kmalloc caller asked for (0: a `kmem_cache_alloc`), for
+    /// kmemtrace only.
+    ///
+    /// The result type `O` is the caller's ([`AllocOut`]: a `Result`, or a
+    /// pointer that is null on error for `GlobalAlloc`), so the out-of-line
+    /// paths return it directly and every way out of the hit is a tail
+    /// call.
+    #[inline(always)]
+    pub(crate) fn alloc_with<O: AllocOut>(
+        &self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> O {
+        let hot = self.hot();
+        if hot.intersects(HotFlags::ALLOC_SLOW) {
+            #[cfg(feature = "alloc-profiling")]
+            if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
+                return O::from_raw(self.alloc_profiled::<O>(tag));
+            }
+            return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
+        }
+        match self.magazine_alloc_hit() {
+            Some(obj) => O::from_obj(obj),
+            None => O::from_raw(self.alloc_slow::<O>(None)),
+        }
+    }
+
+    /// The magazine hit of an allocation: pop a round from this CPU's
+    /// `loaded` and count it. `None` (nothing changed) if `loaded` is
+    /// empty or absent. Not for bootstrap caches.
+    #[inline(always)]
+    pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
+        // absent magazine.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds == 0 {
+            return None;
+        }
+        pcc.nr_allocs += 1;
+        pcc.rounds = nr_rounds - 1;
+        // SAFETY: a real magazine (the absent one has no rounds) owned by
+        // this CPU, interrupts off; its slots below nr_rounds are objects.
+        unsafe {
+            Some(NonNull::new_unchecked(
+                *Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1),
+            ))
+        }
+    }
+
+    /// The profiled alloc of a small-object cache (`PROFILING` the only
+    /// flag): the magazine hit, then the tag reference stored in the
+    /// slab's side array (one multiply for the object's index) and the tag
+    /// charged — no flag test (`TAGGED` comes with `PROFILING`). Out of
+    /// line but not cold, reached by a tail call and returning in one
+    /// register, so the plain hit stays a leaf when profiling is compiled
+    /// in; a slab without a side array yet is a tail call too (so this
+    /// needs no callee-saved register).
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(never)]
+    pub(super) fn alloc_profiled<O: AllocOut>(
+        &self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> O::Raw {
+        let Some(obj) = self.magazine_alloc_hit() else {
+            return self.alloc_slow::<O>(tag());
+        };
+        let Some(tag) = tag() else {
+            return O::raw_from_obj(obj);
+        };
+        // SAFETY: obj is a busy object of one of our small slabs (just
+        // popped from this CPU's magazine).
+        let Some(slot) = (unsafe { self.alloc_tag_slot(obj) }) else {
+            return self.charge_first_in_slab::<O>(obj, tag);
+        };
+        // SAFETY: `tag` is a charge token (the tag closures return the
+        // platform's tokens: alloc_tag::current, explicit_tag).
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+        // SAFETY: the object's own slot; the object is ours until freed,
+        // and so is its slot.
+        unsafe { slot.write(Some(tag)) };
+        O::raw_from_obj(obj)
+    }
+
+    /// [`Self::alloc_slow_packed`] out of line, in the caller's result type.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_slow<O: AllocOut>(&self, tag: Option<AllocTagRef>) -> O::Raw {
+        O::raw_from_packed(self.alloc_slow_packed(tag))
+    }
+
+    /// The magazine miss (no bookkeeping flag), then charge `tag` (`None`:
+    /// nothing). Its result packed in one register.
+    #[inline(always)]
+    pub(super) fn alloc_slow_packed(&self, tag: Option<AllocTagRef>) -> usize {
+        let obj = match self.magazine_alloc_or_miss() {
+            Ok(obj) => obj,
+            Err(error) => return pack(Err(error)),
+        };
+        // The cache is a small one: bufctl caches with profiling on take
+        // alloc_flagged.
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(tag) = tag {
+            self.tag_small_object(obj, tag, self.hot());
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        pack(Ok(obj))
+    }
+
+    /// The magazines, hit or miss; on a miss of both magazines and the
+    /// depot, the slab layer (constructed). Not traced, not marked.
+    pub(crate) fn magazine_alloc_or_miss(&self) -> Result<NonNull<u8>, AllocError> {
+        if let Some(obj) = self.magazine_alloc_hit() {
+            return Ok(obj);
+        }
+        if let Some(obj) = self.magazine_alloc_miss() {
+            return Ok(obj);
+        }
+        self.slab_alloc_constructed()
+    }
+}

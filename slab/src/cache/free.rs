@@ -1,0 +1,510 @@
+//! The free entry point ([`KmemCache::free`]; `kfree` and
+//! `GlobalAlloc::dealloc` locate in `allocator/kmalloc.rs` and join at
+//! [`KmemCache::finish_free`]), locating a freed pointer (the owner check
+//! and the object index), the magazine hit, and the one slow function
+//! (`magazine_free_slow`: the double-free checks of the miss, then the
+//! magazine miss, a new magazine, or the slab layer). Frees with a
+//! bookkeeping flag take [`hooks`](super::hooks).
+
+use core::ptr::{self, NonNull};
+
+use super::{FreeOut, HotFlags, KmemCache, Located};
+use crate::error::FreeError;
+use crate::geometry::SlabKind;
+use crate::magazine::{MAG_FREE_RETRIES, Magazine};
+use crate::pagemap::{TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::platform::Platform;
+use crate::slab::{SLAB_MAGIC, Slab, small_header};
+use crate::sync::IrqGuard;
+
+impl<P: Platform> KmemCache<P> {
+    /// Free an object back to this cache.
+    ///
+    /// Checked: the pointer must be slab memory (`NotAllocated`), of this
+    /// cache (`WrongCache`), at an object start (`Misaligned`), and not
+    /// free (`DoubleFree`: always for the object on top of this CPU's
+    /// magazines or back in its slab; anywhere for a debug cache). On error
+    /// nothing has changed, and the error is reported ([`crate::report`]).
+    ///
+    /// # Safety
+    /// If `obj` is an allocated object of this cache, the caller gives it
+    /// up: nothing uses it afterwards; for a cache with a constructor, in
+    /// its constructed state, every byte initialised ([`Ctor`](crate::Ctor)).
+    /// (Bad pointers are detected as above
+    /// and are safe to pass, except a double free of an object resting
+    /// deeper in a magazine of a cache without debug flags, which is
+    /// undetected: the object is later handed out twice. The slab layer
+    /// still refuses it when it comes back there.)
+    ///
+    /// # Errors
+    /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
+    #[inline]
+    pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        match self.free_locate(obj) {
+            // SAFETY: per our caller; located in this cache.
+            Some(at) => unsafe { self.finish_free::<Result<(), FreeError>>(obj, at) },
+            // SAFETY: per our caller; nothing changed.
+            None => unsafe { self.free_slow(obj) },
+        }
+    }
+
+    /// The common case of locating a freed pointer: the page map (so: on
+    /// the primary source) names one of our slabs and `obj` is an object
+    /// start. `None` for anything else (the slow path says why).
+    #[inline(always)]
+    pub(super) fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
+        let addr = obj.as_ptr() as usize;
+        // Off the primary source the map is empty: entry 0, slow path.
+        // A slab entry minus its tag is the 8-aligned slab: one subtract
+        // and one test find it and check the tag.
+        let slab = self.page_map.get(addr).wrapping_sub(TAG_SLAB);
+        if slab & TAG_MASK != 0
+            // SAFETY: a TAG_SLAB entry names a registered slab, alive
+            // (entries are cleared before a slab is destroyed); `||` reads
+            // it only then.
+            || unsafe { (*(slab as *mut Slab)).cache } != (self as *const Self).cast()
+        {
+            return None;
+        }
+        let slab = slab as *mut Slab;
+        // SAFETY: a live slab of ours whose pages hold addr.
+        unsafe { self.object_index(slab, addr) }.map(|index| Located { slab, index })
+    }
+
+    /// Finish a free whose owner check passed — for all three callers
+    /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
+    /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
+    /// included): one test of the flags the hit loads anyway, then a tail
+    /// call to [`Self::free_off_hit`], so a cache with profiling compiled
+    /// in but off pays nothing more than a plain one. The result type `O`
+    /// is the caller's ([`FreeOut`]: a `Result`, or `()` for the
+    /// `GlobalAlloc` edge, where a refused free goes to the free-error
+    /// report), so every way out of the hit is a tail call.
+    ///
+    /// # Safety
+    /// `obj` is object `at.index` of `at.slab`, a live slab of this cache;
+    /// if it is allocated, the caller gives it up.
+    #[inline(always)]
+    pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
+        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
+        if !hot.is_empty() {
+            // SAFETY: per our caller.
+            return unsafe { O::off_hit(self, obj, at, hot) };
+        }
+        // SAFETY: per our caller.
+        if unsafe { self.magazine_free_hit(obj) } {
+            return O::ok();
+        }
+        // SAFETY: per our caller; the hit changed nothing.
+        unsafe { self.magazine_free_miss_out::<O>(obj) }
+    }
+
+    /// A free with some `FREE_SLOW` flag (`hot`, read by the caller). The
+    /// profiled free (`TAGGED` the only flag) first, inline: the tag
+    /// reference at the index the owner check computed, cleared and
+    /// uncharged, then the magazine hit — nothing here can refuse the
+    /// free. Anything else: [`Self::free_flagged`]. Out of line but not
+    /// cold, reached by a tail call, so the plain hit stays a leaf.
+    ///
+    /// Two entry points with one body, their parameters ordered so that
+    /// no register moves on the hit: the owner check's index stays where
+    /// its multiply left it (`rdx`, the third integer argument), and
+    /// `GlobalAlloc::dealloc`'s pointer where it came (first, when LLVM
+    /// drops the constant `&self` of a `#[global_allocator]`'s `dealloc`).
+    /// This one has no result (`GlobalAlloc::dealloc`); `Result`'s has a
+    /// hidden result pointer first ([`FreeOut::off_hit`] picks).
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_off_hit<O: FreeOut>(
+        obj: NonNull<u8>,
+        cache: &Self,
+        index: usize,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> O {
+        // SAFETY: per our caller.
+        unsafe { cache.free_off_hit_body(obj, Located { index, slab }, hot) }
+    }
+
+    /// [`Self::free_off_hit`] for a result returned through memory.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_off_hit_sret<O: FreeOut>(
+        &self,
+        index: usize,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        hot: HotFlags,
+    ) -> O {
+        // SAFETY: per our caller.
+        unsafe { self.free_off_hit_body(obj, Located { index, slab }, hot) }
+    }
+
+    /// The body of [`Self::free_off_hit`].
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(always)]
+    pub(super) unsafe fn free_off_hit_body<O: FreeOut>(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+        hot: HotFlags,
+    ) -> O {
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HotFlags::TAGGED {
+            // SAFETY: per our caller; `TAGGED` is only set for caches with
+            // small slabs and tag arrays. The object is given up. (A double
+            // free the magazines refuse finds the reference cleared:
+            // nothing is uncharged twice.)
+            unsafe { self.untag_small_object(obj, at) };
+            // SAFETY: per our caller.
+            if unsafe { self.magazine_free_hit(obj) } {
+                return O::ok();
+            }
+            // SAFETY: per our caller; the hit changed nothing.
+            return unsafe { self.magazine_free_miss_out::<O>(obj) };
+        }
+        let _ = hot;
+        // SAFETY: per our caller.
+        unsafe { self.free_flagged_out::<O>(obj, at.slab) }
+    }
+
+    /// [`Self::free_flagged`] in the caller's result type (its own
+    /// function, so that [`Self::free_off_hit`] needs no stack frame).
+    ///
+    /// # Safety
+    /// As for [`Self::free_flagged`].
+    #[inline(never)]
+    pub(super) unsafe fn free_flagged_out<O: FreeOut>(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+    ) -> O {
+        // SAFETY: per our caller.
+        O::from_result(self, unsafe { self.free_flagged(obj, slab) })
+    }
+
+    /// [`Self::magazine_free_slow`] in the caller's result type.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn magazine_free_miss_out<O: FreeOut>(&self, obj: NonNull<u8>) -> O {
+        // SAFETY: per our caller.
+        O::from_result(self, unsafe { self.magazine_free_slow(obj) })
+    }
+
+    /// The hit, else the out-of-line miss (which refuses a double free of
+    /// the object on top of `loaded` or `prev`).
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up (validated by the caller).
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        if unsafe { self.magazine_free_hit(obj) } {
+            return Ok(());
+        }
+        // SAFETY: per our caller; the hit changed nothing.
+        unsafe { self.magazine_free_slow(obj) }
+    }
+
+    /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
+    /// False (nothing changed) if `loaded` is full or absent.
+    ///
+    /// # Safety
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up if this returns true.
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_mut(&mut irq);
+        // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
+        // absent magazine's capacity is 0, never room.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds >= pcc.capacity {
+            return false;
+        }
+        let loaded = pcc.loaded;
+        // Linux's naive double-free check: the object already on top of
+        // `loaded` (the miss path refuses it). Two instructions.
+        // SAFETY: a real magazine (above), nr_rounds < capacity.
+        if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
+            return false;
+        }
+        // SAFETY: a real magazine owned by this CPU, interrupts off;
+        // nr_rounds < capacity, a slot of its object.
+        unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
+        pcc.rounds = nr_rounds + 1;
+        true
+    }
+
+    /// `loaded` is full (or absent): swap, trade with the depot, make a
+    /// new magazine, or free to the slab layer.
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn magazine_free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: per our caller, obj is an object start of a live slab of
+        // ours.
+        if self.on_top_of_magazines(obj) || unsafe { self.is_free_in_slab(obj) } {
+            return Err(self.refuse(FreeError::DoubleFree {
+                addr: obj.as_ptr() as usize,
+            }));
+        }
+        if self.magazine_free_miss(obj) {
+            return Ok(());
+        }
+        for _ in 0..MAG_FREE_RETRIES {
+            // No room and no empty magazine in the depot: make one. No
+            // lock is held and interrupts are on, so allocating from a
+            // magazine cache cannot deadlock.
+            match self.new_magazine() {
+                // SAFETY: a fresh empty magazine, owned by nobody yet.
+                Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                Err(_) => break,
+            }
+            if self.magazine_free_miss(obj) {
+                return Ok(());
+            }
+        }
+        self.nr_frees_direct
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        // SAFETY: per our caller, obj is a constructed busy object of ours.
+        unsafe { self.slab_free_objects(&[obj.as_ptr()]) };
+        Ok(())
+    }
+
+    /// [`KmemCache::free`] past the fast path: locate with error reports,
+    /// then finish.
+    ///
+    /// # Safety
+    /// As for [`KmemCache::free`].
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = obj.as_ptr() as usize;
+        let slab = match self.locate(addr) {
+            Ok(slab) => slab,
+            Err(error) => {
+                // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
+                if self.hot().contains(HotFlags::KMEMTRACE) {
+                    self.owner().kmemtrace_free(Some(self), obj, false);
+                }
+                return Err(self.refuse(error));
+            }
+        };
+        if slab.is_null() {
+            // A bufctl cache off the primary source: the hash decides.
+            // SAFETY: per our caller.
+            return unsafe { self.free_flagged(obj, slab) };
+        }
+        // SAFETY: `locate` checked the slab is ours and addr an object start.
+        let index = unsafe { self.object_index(slab, addr) }.unwrap_or(0);
+        // SAFETY: per our caller; located in this cache.
+        unsafe { self.finish_free::<Result<(), FreeError>>(obj, Located { slab, index }) }
+    }
+
+    /// Whether `obj`, an object of ours, is back in its slab (small slabs:
+    /// on the free list; bufctl slabs: not in the hash): a double free.
+    /// Checked on the free miss only: on the hit it would cost 7
+    /// instructions per alloc+free pair (measured: 56 → 63 on `cache-pair`).
+    ///
+    /// # Safety
+    /// `obj` is an object start of a live slab of this cache.
+    pub(super) unsafe fn is_free_in_slab(&self, obj: NonNull<u8>) -> bool {
+        let addr = obj.as_ptr() as usize;
+        if self.kind != SlabKind::Small {
+            // Bufctl slabs: a busy object has its bufctl in the hash (one
+            // locked lookup, on the miss only).
+            return self.slab.lock().hash.find(addr).is_null();
+        }
+        let slab = self.small_slab_of(addr);
+        // SAFETY: per our caller, a live small slab of ours.
+        let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
+        // SAFETY: as above.
+        crate::freelist::map_test(unsafe { &(*slab).free_map }, index)
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Find and check the slab of a pointer freed to this cache. Returns
+    /// null for bufctl caches off the primary source (the hash decides).
+    ///
+    /// On the primary source: one page-map load, a tag test, one compare
+    /// of the slab's owner, then [`Self::check_object`].
+    #[inline]
+    pub(crate) fn locate(&self, addr: usize) -> Result<*mut Slab, FreeError> {
+        if !self.on_primary {
+            return self.locate_off_primary(addr);
+        }
+        let entry = self.page_map.get(addr);
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        if entry & TAG_MASK != TAG_SLAB
+            // SAFETY: a TAG_SLAB entry names a registered slab, alive
+            // (entries are cleared before a slab is destroyed); `||` reads
+            // it only then.
+            || unsafe { (*slab).cache } != (self as *const Self).cast()
+        {
+            return Err(self.locate_error(addr, entry));
+        }
+        // SAFETY: a live slab of ours (above).
+        unsafe { self.check_object(slab, addr) }?;
+        Ok(slab)
+    }
+
+    /// Why `addr` (page-map entry `entry`) is not one of our slabs' pages.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn locate_error(&self, addr: usize, entry: usize) -> FreeError {
+        if !entry_is_live(entry) {
+            return FreeError::NotAllocated { addr };
+        }
+        if entry & TAG_MASK != TAG_SLAB {
+            return FreeError::WrongCache { addr, owner: None };
+        }
+        let slab = (entry & !TAG_MASK) as *mut Slab;
+        // SAFETY: registered slabs are alive; slabs on the primary source
+        // belong to caches of this allocator (same P), alive while they
+        // have slabs.
+        let other = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+        FreeError::WrongCache {
+            addr,
+            owner: Some(other.static_name()),
+        }
+    }
+
+    /// [`Self::locate`] for a cache on another page source: small slabs
+    /// by header magic and owner, bufctl slabs by the hash (null here).
+    #[inline(never)]
+    pub(super) fn locate_off_primary(&self, addr: usize) -> Result<*mut Slab, FreeError> {
+        if self.kind != SlabKind::Small {
+            return Ok(ptr::null_mut());
+        }
+        let (start, end) = self.source.span();
+        if addr < start || addr >= end {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let slab = small_header(addr);
+        // SAFETY: the page lies in our source's span, which the source
+        // promises is memory it manages (readable); a page that is not
+        // one of our slabs fails the magic/owner test.
+        let ours =
+            unsafe { (*slab).magic == SLAB_MAGIC && (*slab).cache == (self as *const Self).cast() };
+        if !ours {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        // SAFETY: a live slab of ours (above).
+        unsafe { self.check_object(slab, addr) }?;
+        Ok(slab)
+    }
+
+    /// Check that `addr`, inside one of `slab`'s pages, is an object start
+    /// (`Misaligned` otherwise): one multiply (`obj_index`) and two
+    /// compares. (`addr >= base` holds: the page map, or the small slab's
+    /// header, put `addr` in the slab; so the offset is below the slab
+    /// size, below 2^32.)
+    ///
+    /// # Safety
+    /// `slab` is a live slab of this cache and `addr` lies in its pages.
+    #[inline(always)]
+    pub(crate) unsafe fn check_object(
+        &self,
+        slab: *mut Slab,
+        addr: usize,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        if unsafe { self.object_index(slab, addr) }.is_some() {
+            Ok(())
+        } else {
+            Err(misaligned(addr))
+        }
+    }
+
+    /// The index of the object starting at `addr` in `slab`, or `None`
+    /// if `addr` is not an object start: one multiply (`obj_index`) and
+    /// two compares.
+    ///
+    /// # Safety
+    /// As for [`Self::check_object`].
+    #[inline(always)]
+    pub(crate) unsafe fn object_index(&self, slab: *mut Slab, addr: usize) -> Option<usize> {
+        // SAFETY: per the caller; base never changes.
+        let base = unsafe { (*slab).base };
+        let (index, exact) = self.obj_index(addr.wrapping_sub(base));
+        if exact && index < self.nr_objs_per_slab {
+            Some(index)
+        } else {
+            None
+        }
+    }
+
+    /// Index of the object at `offset` bytes into a slab, and whether
+    /// `offset` is an object start: one 64×64→128 multiply (see
+    /// `stride_magic`). `offset` must be below 2^32 (every slab is).
+    #[inline(always)]
+    pub(crate) fn obj_index(&self, offset: usize) -> (usize, bool) {
+        debug_assert!(offset < 1 << 32);
+        let product = (offset as u64 as u128) * (self.stride_magic as u128);
+        (
+            (product >> 64) as usize,
+            (product as u64) < self.stride_magic,
+        )
+    }
+
+    /// The header of the small slab holding `addr` (an object of this
+    /// cache in a live slab): through the page map on the primary source
+    /// (the header may be off slab or at the end of a later page), at the
+    /// end of the page otherwise (one-page slabs there).
+    #[inline]
+    pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
+        if self.on_primary {
+            (self.page_map.get(addr) & !TAG_MASK) as *mut Slab
+        } else {
+            small_header(addr)
+        }
+    }
+
+    /// Name with the cache's lifetime, for error reports.
+    pub(super) fn static_name(&'static self) -> &'static str {
+        self.name()
+    }
+}
+
+/// The `Misaligned` error, built out of line.
+#[cold]
+#[inline(never)]
+pub(super) fn misaligned(addr: usize) -> FreeError {
+    FreeError::Misaligned { addr }
+}
+
+/// The round on top of a magazine holding `nr_rounds` rounds, as an
+/// address. For an empty magazine this is the header word before slot 0,
+/// `capacity` plus `nr_rounds << 32` (stale while loaded): never
+/// 8-aligned, as no capacity is a multiple of 8 (asserted in
+/// magazine.rs), so never an object, and no branch for the case.
+///
+/// # Safety
+/// `mag` is a live magazine (not the absent one) holding `nr_rounds ≤
+/// capacity` rounds, owned by the caller.
+#[inline(always)]
+pub(super) unsafe fn top_round(mag: *mut Magazine, nr_rounds: usize) -> usize {
+    // SAFETY: slot nr_rounds - 1, or for nr_rounds == 0 the header word
+    // right before slot 0: inside the magazine's object either way.
+    unsafe {
+        Magazine::slots(mag)
+            .cast::<usize>()
+            .wrapping_add(nr_rounds)
+            .wrapping_sub(1)
+            .read()
+    }
+}

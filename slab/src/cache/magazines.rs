@@ -1,0 +1,322 @@
+//! The cache's side of the magazine layer: this CPU's per-CPU cache
+//! (interrupts off), another CPU's by a cross-CPU call, the misses of
+//! both directions (swap with `prev`, trade with the depot), new
+//! magazines, and draining magazines back to the slab layer.
+
+use core::ptr::{self, NonNull};
+
+use super::KmemCache;
+use super::free::top_round;
+use crate::error::AllocError;
+use crate::magazine::{
+    MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine, rounds_of,
+};
+use crate::platform::Platform;
+use crate::sync::IrqGuard;
+
+/// A magazine pointer handed over by its CPU in a cross-CPU call.
+struct SendMagazine(*mut Magazine);
+
+// SAFETY: the magazine is owned by whoever holds the value (its CPU gave
+// it up).
+unsafe impl Send for SendMagazine {}
+
+impl Default for SendMagazine {
+    fn default() -> Self {
+        SendMagazine(ptr::null_mut())
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// This CPU's per-CPU cache, owned while `irq` lives. Only for caches
+    /// with a magazine layer (every cache but the bootstrap ones, whose
+    /// allocs and frees are refused on the `BOOTSTRAP` paths first).
+    #[inline(always)]
+    pub(crate) fn pcpu_mut<'g>(&self, irq: &'g mut IrqGuard<P>) -> &'g mut PcpuInner {
+        let _ = irq;
+        debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
+        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
+        // cpu_id() < nr_cpus (the Platform contract). Interrupts are off
+        // (`irq`), so this CPU owns its slot; the allocator never holds
+        // two guards at once, so this is the only reference.
+        unsafe {
+            let pcpu = self.pcpu.byte_add(P::cpu_offset());
+            (*pcpu).get()
+        }
+    }
+
+    /// [`Self::pcpu_mut`] for code off the hits: the magazines' headers
+    /// exact while the result lives ([`PcpuSynced`]).
+    #[inline]
+    pub(crate) fn pcpu_synced<'g>(&self, irq: &'g mut IrqGuard<P>) -> PcpuSynced<'g> {
+        PcpuSynced::new(self.pcpu_mut(irq))
+    }
+
+    /// Run `f` on CPU `cpu`'s per-CPU cache of this cache, on that CPU
+    /// (a [cross-CPU call](Platform::cross_cpu_call)). Not for bootstrap
+    /// caches; `cpu < nr_cpus`. Called with no allocator lock held.
+    pub(crate) fn on_cpu<R: Send + Default>(
+        &self,
+        cpu: usize,
+        f: impl Fn(&mut PcpuInner) -> R + Sync,
+    ) -> R {
+        debug_assert!(!self.pcpu.is_null() && cpu <= self.last_cpu);
+        let result = spin::Mutex::new(R::default());
+        // SAFETY: cpu < nr_cpus, the array's length; alive with the cache.
+        let pcpu: &PcpuCache = unsafe { &*self.pcpu.add(cpu) };
+        P::cross_cpu_call(cpu, &|| {
+            // SAFETY: runs as CPU `cpu`, exclusive with its interrupts-off
+            // sections (the Platform contract), so the slot is ours.
+            let mut pcc = PcpuSynced::new(unsafe { pcpu.get() });
+            *result.lock() = f(&mut pcc);
+        });
+        result.into_inner()
+    }
+
+    /// Length of the per-CPU array (for caches that have one).
+    #[inline]
+    pub(crate) fn nr_cpus(&self) -> usize {
+        self.last_cpu + 1
+    }
+
+    /// A new empty magazine of the depot's type, from its
+    /// `kmem_magazine_<rounds>` bootstrap cache.
+    pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
+        let magtype = self.depot.magtype();
+        let mem = self.owner().magazine_cache(magtype).slab_alloc_raw()?;
+        // SAFETY: a fresh object of the magazine type's cache:
+        // magazine_bytes(capacity) bytes, 8-aligned, ours.
+        Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
+    }
+
+    /// Free the magazines an exchange detached (see [`Stale`]).
+    pub(crate) fn free_stale(&self, stale: Stale) {
+        let mut mag = stale.0;
+        while !mag.is_null() {
+            // SAFETY: detached from the depot (or handed over by a
+            // per-CPU cache); ours alone now.
+            unsafe {
+                let next = Magazine::next_of(mag);
+                self.free_magazine(mag);
+                mag = next;
+            }
+        }
+    }
+
+    /// Empty every per-CPU cache and the depot: rounds are destructed and
+    /// go back to the slab layer, magazines to their `kmem_magazine_<N>`.
+    ///
+    /// CPU by CPU, a cross-CPU call hands that CPU's two magazines over;
+    /// then the depot lock is held only to detach its lists. Nothing is
+    /// freed on the other CPU or under a lock (destructors and the
+    /// magazine caches run here with no lock held). CPUs may allocate and
+    /// free throughout: whatever they put in magazines after their turn
+    /// stays there.
+    pub(crate) fn drain_magazines(&self) {
+        if self.pcpu.is_null() {
+            return;
+        }
+        for cpu in 0..self.nr_cpus() {
+            let (loaded, prev) = self.on_cpu(cpu, |pcc| {
+                let (loaded, prev) = pcc.take_magazines();
+                (SendMagazine(loaded), SendMagazine(prev))
+            });
+            for mag in [loaded.0, prev.0] {
+                if mag != crate::magazine::no_magazine() && !mag.is_null() {
+                    // SAFETY: handed over by its CPU; ours alone now.
+                    unsafe { self.free_magazine(mag) };
+                }
+            }
+        }
+        let (full, empty) = self.depot.take_all();
+        // SAFETY: detached from the depot; ours alone now.
+        unsafe { self.free_magazine_lists(full, empty) };
+    }
+
+    /// Free two detached lists of magazines (rounds and all).
+    ///
+    /// # Safety
+    /// Both lists were detached from this cache's depot and are ours.
+    pub(super) unsafe fn free_magazine_lists(&self, full: *mut Magazine, empty: *mut Magazine) {
+        for mut mag in [full, empty] {
+            while !mag.is_null() {
+                // SAFETY: detached from the depot; ours alone now.
+                unsafe {
+                    let next = Magazine::next_of(mag);
+                    self.free_magazine(mag);
+                    mag = next;
+                }
+            }
+        }
+    }
+
+    /// Free a detached magazine's rounds (destructed) to the slab layer
+    /// and the magazine itself to its `kmem_magazine_<capacity>` cache.
+    ///
+    /// # Safety
+    /// `mag` is a live magazine of this cache referenced by no per-CPU
+    /// cache or depot list.
+    pub(super) unsafe fn free_magazine(&self, mag: *mut Magazine) {
+        // SAFETY: per the caller, the magazine and its rounds are ours.
+        unsafe {
+            self.slab_free_objects(crate::magazine::held_rounds(mag));
+            let capacity = (*mag).capacity as usize;
+            let magtype = MAGAZINE_ROUNDS
+                .iter()
+                .position(|&rounds| rounds == capacity)
+                .expect("a magazine's capacity is a magazine type's");
+            self.owner()
+                .magazine_cache(magtype)
+                .slab_free_raw(mag.cast());
+        }
+    }
+
+    /// Test support: call `f` with every round in every per-CPU cache
+    /// (read on each CPU in turn) and in the depot, so a test can check
+    /// that no object rests in two places.
+    #[cfg(test)]
+    pub(crate) fn for_each_round(&self, mut f: impl FnMut(*mut u8)) {
+        extern crate alloc;
+        if !self.pcpu.is_null() {
+            for cpu in 0..self.nr_cpus() {
+                let rounds = self.on_cpu(cpu, |pcc| {
+                    let mut rounds = alloc::vec::Vec::new();
+                    for mag in [pcc.loaded, pcc.prev] {
+                        // SAFETY: this CPU's own magazines, read on it.
+                        let held = unsafe { crate::magazine::held_rounds(mag) };
+                        rounds.extend(held.iter().map(|&round| round as usize));
+                    }
+                    rounds
+                });
+                for round in rounds {
+                    f(round as *mut u8);
+                }
+            }
+        }
+        let depot = self.depot.lock();
+        depot.for_each_magazine(|mag| {
+            // SAFETY: a magazine on a depot list, under the depot lock.
+            for &round in unsafe { crate::magazine::held_rounds(mag) } {
+                f(round);
+            }
+        });
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// `loaded` is empty (or absent): swap with `prev` if it has rounds,
+    /// else trade with the depot. `None` if the depot has no full
+    /// magazine either (the caller goes to the slab layer). An empty
+    /// magazine of an older type the depot did not keep is freed after
+    /// interrupts are back on.
+    pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
+        let mut irq = IrqGuard::<P>::new();
+        let mut pcc = self.pcpu_synced(&mut irq);
+        let mut stale = Stale::NONE;
+        let obj = loop {
+            if let Some(obj) = pop_round(&mut pcc) {
+                break Some(obj);
+            }
+            // SAFETY: this CPU's magazines, interrupts off.
+            if unsafe { rounds_of(pcc.prev) } > 0 {
+                pcc.swap_magazines();
+                continue;
+            }
+            let (found, left) = self.depot.exchange_for_full::<P>(&mut pcc);
+            stale = stale.join(left);
+            if !found {
+                break None;
+            }
+        };
+        drop(pcc);
+        drop(irq);
+        self.free_stale(stale);
+        obj
+    }
+
+    /// One pass of the free miss with interrupts off: store `obj` in
+    /// `loaded`, swapping with `prev` or trading `prev` for an empty
+    /// magazine from the depot as needed; false if there is no room and
+    /// the depot has no empty magazine.
+    pub(super) fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
+        let mut irq = IrqGuard::<P>::new();
+        let mut pcc = self.pcpu_synced(&mut irq);
+        let mut stale = Stale::NONE;
+        let stored = loop {
+            if push_round(&mut pcc, obj) {
+                break true;
+            }
+            // SAFETY: this CPU's magazines, interrupts off.
+            let swap = unsafe {
+                pcc.prev != no_magazine()
+                    && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
+            };
+            if swap {
+                pcc.swap_magazines();
+                if push_round(&mut pcc, obj) {
+                    break true;
+                }
+            }
+            let (found, left) = self.depot.exchange_for_empty::<P>(&mut pcc);
+            stale = stale.join(left);
+            if !found {
+                break false;
+            }
+        };
+        drop(pcc);
+        drop(irq);
+        // Empty magazines of an older type: freed with interrupts on.
+        self.free_stale(stale);
+        stored
+    }
+
+    /// Whether `obj` is the round on top of this CPU's `loaded` or `prev`
+    /// (a double free Linux's naive check catches).
+    pub(super) fn on_top_of_magazines(&self, obj: NonNull<u8>) -> bool {
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = self.pcpu_synced(&mut irq);
+        [pcc.loaded, pcc.prev].into_iter().any(|mag| {
+            // SAFETY: this CPU's magazines (or the absent one), interrupts off.
+            let nr_rounds = unsafe { rounds_of(mag) };
+            // SAFETY: a real magazine with nr_rounds > 0 rounds.
+            nr_rounds != 0 && unsafe { top_round(mag, nr_rounds) } == obj.as_ptr() as usize
+        })
+    }
+}
+
+/// Pop a round from `loaded` (the miss paths' retry), counting it.
+#[inline(always)]
+pub(super) fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
+    let loaded = pcc.loaded;
+    // SAFETY: the caller owns pcc (its CPU, interrupts off).
+    if unsafe { rounds_of(loaded) } == 0 {
+        return None;
+    }
+    pcc.nr_allocs += 1;
+    // SAFETY: a real magazine with at least one round; its slots below
+    // nr_rounds are objects.
+    unsafe {
+        (*loaded).nr_rounds -= 1;
+        Some(NonNull::new_unchecked(
+            *Magazine::slots(loaded).add((*loaded).nr_rounds as usize),
+        ))
+    }
+}
+
+/// Push a round on `loaded` if it has room (the miss paths' retry).
+#[inline(always)]
+pub(super) fn push_round(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
+    let loaded = pcc.loaded;
+    // SAFETY: the caller owns pcc. The absent magazine has capacity 0
+    // (never room); a real one has `capacity` slots.
+    unsafe {
+        let nr_rounds = (*loaded).nr_rounds;
+        if nr_rounds >= (*loaded).capacity {
+            return false;
+        }
+        *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr();
+        (*loaded).nr_rounds = nr_rounds + 1;
+    }
+    true
+}

@@ -1,0 +1,556 @@
+//! `kmem_cache`: the object cache, tying the magazine layer
+//! ([`crate::magazine`]), the slab layer ([`crate::slab`]) and the trace
+//! table ([`crate::trace_table`]) together. This folder is the only home
+//! of `impl KmemCache`; this file holds the struct, its flags, and
+//! creation and destruction. The paths:
+//!
+//!
+//! ```text
+//!  KmemCache::alloc / alloc_tagged          Allocator::kmalloc / kmalloc_tagged
+//!            │                               GlobalAlloc::alloc, Allocator::allocate
+//!            │                                        │ kmalloc_checked: size class
+//!            ▼                                        ▼ (page-granular: kmalloc.rs)
+//!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
+//!       │                     (IrqGuard, pop)                         (prev, depot, slab)
+//!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
+//!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
+//!
+//!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
+//!       │ free_locate            │ kfree_locate             │ kfree_locate
+//!       │ (page map: owner       │ (page map: the slab      │
+//!       │  is self, object       │  names the cache,        │
+//!       │  start, index)         │  object start, index)    │
+//!       └──────────────┬─────────┴──────────────────────────┘
+//!                      ▼
+//!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
+//!                      │                    (IrqGuard, push)           (prev, depot, new
+//!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
+//!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
+//!                           └─ else: free_flagged ► free_cold (debug, trace, bufctl tag)
+//!  (anything the page map does not vouch for: free_slow / kfree_slow,
+//!   with the error reports; page-granular kfree: kmalloc.rs)
+//! ```
+//!
+//! **The hits** take no lock and no atomic read-modify-write: interrupts
+//! off ([`IrqGuard`]), this CPU's per-CPU cache at `pcpu +
+//! Platform::cpu_offset()`, pop from (push to) `loaded`, count (alloc
+//! only), interrupts back on. `loaded`'s round count and capacity are
+//! kept in the per-CPU cache (Bonwick & Adams' `cc_rounds`,
+//! `cc_magsize`): a hit reads the per-CPU line and one round slot, and no
+//! load waits for the magazine's header. An absent magazine has count and
+//! capacity 0 there, so there is no null test. Everything else — misses, errors,
+//! bookkeeping flags — is a tail call to an out-of-line function, so a hit
+//! needs no callee-saved register.
+//!
+//! **The free's owner check** is constant time: one page-map load (the
+//! slab), its owner compared with the cache (`free`) or taken as the cache
+//! (`kfree`), and one 64×64→128 multiply by `ceil(2^64 / stride)` that
+//! both tests that the pointer is an object start and gives its index
+//! (Lemire, Kaser and Kurz 2019) — the index the profiled free uses for
+//! the tag reference. A free to the wrong cache, of a non-slab pointer or
+//! of an interior pointer is an error, never corruption. Double frees: the
+//! hit refuses the object already on top of `loaded` (Linux's naive check,
+//! two instructions); the miss also checks the top of `prev` and the
+//! slab's free map; every debug cache (any debug flag) checks the object's
+//! state word on its cold path, which catches them all. Every refusal is
+//! reported ([`crate::report`]).
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `cache/alloc.rs` | the alloc entry points, the hit, its one slow function (the magazine miss) |
+//! | `cache/free.rs` | the free entry point, locating a pointer (owner check, object index), `finish_free`, the hit, its one slow function |
+//! | `cache/hooks.rs` | what happens on alloc and on free when a cache is debugged, traced, profiled (bufctl), recorded (kmemtrace) or a bootstrap cache: the flagged paths, each hook called from one place |
+//! | `cache/codegen.rs` | what exists only to steer code generation: packed results, the `AllocOut`/`FreeOut` return traits, `Located`'s field order |
+//! | `cache/magazines.rs` | this CPU's per-CPU cache, cross-CPU calls, the magazine misses, new magazines, draining |
+//! | `cache/slab_layer.rs` | the calls into the slab layer |
+//! | `cache/reap.rs`, `cache/stats.rs` | giving memory back; statistics |
+//! | `cache/profiling.rs` | allocation tags of small-slab objects (side arrays) |
+//! | `cache/trace_table.rs` | the trace table switch and its calls |
+//! | `cache/debug.rs` | the debug cold paths (poison, redzone, state word, audit) |
+//! | `cache/verify.rs` | `verify`, invariants |
+//! | `cache/boxes.rs` | [`SlabBox`](crate::SlabBox) and [`InitBox`](crate::InitBox) constructors |
+
+mod alloc;
+mod boxes;
+mod codegen;
+mod debug;
+mod free;
+mod hooks;
+mod magazines;
+#[cfg(feature = "alloc-profiling")]
+mod profiling;
+mod reap;
+mod slab_layer;
+mod stats;
+mod trace_table;
+mod verify;
+
+use core::cell::UnsafeCell;
+use core::marker::PhantomData;
+use core::ptr;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
+
+use crate::allocator::Allocator;
+use crate::debug::{DebugLayout, freelist_secret};
+use crate::error::DestroyError;
+use crate::geometry::{Geometry, SlabKind};
+use crate::magazine::{Depot, PcpuCache, max_magtype, start_magtype};
+use crate::object::{Constructed, ObjectInit, ObjectRef};
+use crate::pagemap::PageMap;
+use crate::platform::{PageSource, Platform};
+use crate::slab::SlabLayer;
+use crate::trace_table::TraceTable;
+
+bitflags::bitflags! {
+    /// Flags given to [`Allocator::cache_create`](crate::Allocator::cache_create).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct CacheFlags: u32 {
+        /// Never touch object memory (the source's pages may not be
+        /// memory): always use bufctl slabs, no free list in the objects.
+        const NOTOUCH = 1;
+        /// Refuse tracing (all bootstrap caches are NOTRACE).
+        const NOTRACE = 2;
+        /// Keep every object's last alloc and last free (CPU, time,
+        /// stack) in its debug trailer, for reports and `whatis` (illumos
+        /// `KMF_AUDIT`, Linux `U`). Like every debug flag it makes the
+        /// cache a debug cache: every alloc and free goes out of line,
+        /// every double free is detected (see [`crate::debug`]).
+        const AUDIT = 4;
+        /// Poison free objects with `0xdeadbeef` and check it when they
+        /// are handed out: writes after free are reported (illumos
+        /// `KMF_DEADBEEF`, Linux `P`). Not for caches with a constructor.
+        const POISON = 8;
+        /// A redzone after every object, checked on free and by verify:
+        /// linear overflows are reported (illumos `KMF_REDZONE`, Linux `Z`).
+        const REDZONE = 16;
+        /// Keep the first bytes of a freed object for the report (illumos
+        /// `KMF_CONTENTS`).
+        const CONTENTS = 32;
+        /// The consistency checks alone: the state word that catches every
+        /// double free, and full checks of frees (Linux `F`).
+        const CONSISTENCY = 64;
+    }
+}
+
+bitflags::bitflags! {
+    /// `hot_flags` bits: anything in [`HotFlags::ALLOC_SLOW`] /
+    /// [`HotFlags::FREE_SLOW`] sends alloc / free off the plain hit, so a
+    /// plain cache pays one load and one branch for all of these.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct HotFlags: u32 {
+        /// Tracing is on: allocations are recorded.
+        const TRACED = 1;
+        /// Tracing was on once: frees look for a record.
+        const EVER_TRACED = 2;
+        /// A debug cache (any debug flag: see [`crate::debug`]): every
+        /// alloc and free takes the debug cold path.
+        const DEBUG = 4;
+        /// A bufctl cache (profiled allocations store the tag in the bufctl).
+        const BUFCTL = 8;
+        /// A bootstrap cache: callers may neither allocate nor free.
+        const BOOTSTRAP = 16;
+        /// Some object of this small-object cache may carry a tag reference
+        /// in its slab's tag side array (feature `alloc-profiling`): frees
+        /// must look at it.
+        const TAGGED = 32;
+        /// Allocation profiling is switched on in the allocator
+        /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)):
+        /// allocations ask [`Platform::alloc_tag_current`].
+        const PROFILING = 64;
+        /// Some object of this bufctl cache carries a tag in its bufctl:
+        /// frees look it up (out of line).
+        const BUFCTL_TAGGED = 128;
+        /// kmemtrace is recording this cache
+        /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
+        /// allocs and frees take the flagged paths, which record an event.
+        const KMEMTRACE = 256;
+    }
+}
+
+impl HotFlags {
+    /// The bits that send an allocation off the plain hit.
+    pub(crate) const ALLOC_SLOW: HotFlags = HotFlags::TRACED
+        .union(HotFlags::KMEMTRACE)
+        .union(HotFlags::DEBUG)
+        .union(HotFlags::BOOTSTRAP)
+        .union(HotFlags::PROFILING);
+    /// The bits that send a free off the plain hit.
+    pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
+        .union(HotFlags::KMEMTRACE)
+        .union(HotFlags::DEBUG)
+        .union(HotFlags::BOOTSTRAP)
+        .union(HotFlags::TAGGED)
+        .union(HotFlags::BUFCTL_TAGGED);
+}
+
+impl CacheFlags {
+    /// The debug flags among these.
+    pub fn debug(self) -> crate::debug::DebugFlags {
+        crate::debug::DebugFlags::from_bits_truncate(self.bits())
+    }
+
+    /// The cache flags of these debug flags (same bits).
+    pub fn from_debug(flags: crate::debug::DebugFlags) -> CacheFlags {
+        CacheFlags::from_bits_truncate(flags.bits())
+    }
+}
+
+/// Object constructor: runs when an object leaves the slab layer towards
+/// callers (it then stays constructed in the magazines). It is handed the
+/// object (the cache's object size in bytes, possibly uninitialised) and
+/// returns the [`Constructed`] that writing all of it yields; an `Err`
+/// fails the allocation. Callers get the objects of a cache with a
+/// constructor constructed, and give them back constructed (Bonwick 1994):
+/// every byte initialised, so they can be read
+/// ([`SlabBox::into_constructed`](crate::SlabBox::into_constructed)).
+pub type Ctor = for<'a> fn(obj: ObjectInit<'a>) -> Result<Constructed<'a>, ()>;
+
+/// Object destructor: runs when an object goes back from the magazine
+/// layer to the slab layer; readable if the cache has a constructor
+/// ([`ObjectRef::as_bytes`](crate::ObjectRef::as_bytes)).
+pub type Dtor = for<'a> fn(obj: ObjectRef<'a>);
+
+/// What [`KmemCache::destroy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyReport {
+    /// Trace records still outstanding at destruction, now dropped. Non-zero
+    /// means some traced object was never freed: the kernel should warn.
+    pub nr_trace_records_dropped: usize,
+}
+
+/// Links of the allocator's cache list (under the cache-list lock).
+pub(crate) struct CacheLinks<P: Platform> {
+    pub(crate) prev: *const KmemCache<P>,
+    pub(crate) next: *const KmemCache<P>,
+}
+
+/// An object cache (`kmem_cache`).
+///
+/// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
+/// (or [`Allocator::find_cache`](crate::Allocator::find_cache)); lives until
+/// [`KmemCache::destroy`]. All methods are safe to call from any CPU
+/// concurrently.
+#[repr(C)]
+pub struct KmemCache<P: Platform> {
+    // Read-only after creation, except `hot_flags` (written when tracing
+    // or profiling switches on). In declaration order (`repr(C)`): the
+    // first 64 bytes hold everything the magazine-hit paths of alloc and
+    // free read, and nothing a CPU writes on any path lives before
+    // `depot`, which starts a new cache line (see `hot_fields_first`).
+    pub(crate) hot_flags: AtomicU32,
+    pub(crate) on_primary: bool,
+    pub(crate) kind: SlabKind,
+    pub(crate) permanent: bool,
+    /// Small slabs of one page with the header at its end: the profiled
+    /// alloc finds a slab's header (its tag side array) by masking the
+    /// object's address; otherwise through the page map.
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) tag_header_in_page: bool,
+    /// The per-CPU caches, one per CPU (null for bootstrap caches); this
+    /// CPU's is at `pcpu + Platform::cpu_offset()`.
+    pub(crate) pcpu: *mut PcpuCache,
+    /// Number of CPUs minus one: the last index of `pcpu`.
+    pub(crate) last_cpu: usize,
+    /// `ceil(2^64 / stride)`: for an offset `n < 2^32` into a slab,
+    /// `n * stride_magic` (128-bit) has `n / stride` in its high word and
+    /// is an object start iff its low word is below `stride_magic`
+    /// (Lemire, Kaser and Kurz, "Faster remainder by direct computation",
+    /// 2019): one multiply checks and indexes a freed pointer.
+    pub(crate) stride_magic: u64,
+    pub(crate) nr_objs_per_slab: usize,
+    /// The allocator's page map for a cache on the primary source; empty
+    /// (every lookup finds 0) for one on another source, so the free fast
+    /// path needs no `on_primary` test: its lookup misses and the slow
+    /// path locates by header or hash.
+    pub(crate) page_map: PageMap,
+    pub(crate) stride: usize,
+    pub(crate) obj_size: usize,
+    pub(crate) nr_pages_per_slab: usize,
+    /// Small slabs: the header is a `kmem_slab` object, not the slab's
+    /// last bytes.
+    pub(crate) header_off_slab: bool,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
+    pub(crate) align: usize,
+    pub(crate) flags: CacheFlags,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) owner: *const Allocator<P>,
+    // Written by any CPU on slow paths: from here on, away from the fields
+    // above (`Depot` is cache-line aligned).
+    pub(crate) depot: Depot,
+    pub(crate) slab: SlabLayer,
+    /// Objects allocated from / freed to the slab layer directly by
+    /// callers (magazine layer missed).
+    pub(crate) nr_allocs_direct: AtomicU64,
+    pub(crate) nr_frees_direct: AtomicU64,
+    pub(crate) trace: TraceTable,
+    pub(crate) name: [u8; 32],
+    pub(crate) name_len: usize,
+    /// kmemtrace cache id (1, 2, ... in creation order).
+    pub(crate) id: u32,
+    pub(crate) links: UnsafeCell<CacheLinks<P>>,
+    /// Debug caches: where the debug trailer's parts are.
+    pub(crate) debug: Option<DebugLayout>,
+    /// The free-list obfuscation secret ([`crate::freelist`]).
+    pub(crate) freelist_secret: usize,
+    /// Where a free object holds its free-list link: 0, or in the debug
+    /// trailer (so the poison stays whole).
+    pub(crate) freeptr_offset: usize,
+    _platform: PhantomData<fn() -> P>,
+}
+
+// SAFETY: shared state is behind spin locks or atomics; `pcpu` is an array
+// of per-CPU caches each owned by its CPU (see `pcpu_mut`); `links` is only touched under
+// the allocator's cache-list lock; everything else is immutable after
+// creation.
+unsafe impl<P: Platform> Sync for KmemCache<P> {}
+// SAFETY: as above; nothing is tied to the creating CPU.
+unsafe impl<P: Platform> Send for KmemCache<P> {}
+
+/// Arguments to [`KmemCache::construct`].
+pub(crate) struct CacheSpec<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) size: usize,
+    pub(crate) geometry: Geometry,
+    pub(crate) flags: CacheFlags,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) on_primary: bool,
+    pub(crate) bootstrap: bool,
+    pub(crate) permanent: bool,
+    /// kmemtrace cache id.
+    pub(crate) id: u32,
+    /// The debug object layout (a cache with debug flags).
+    pub(crate) debug: Option<DebugLayout>,
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Build a cache value (not yet linked anywhere).
+    pub(crate) fn construct(
+        spec: CacheSpec<'_>,
+        owner: *const Allocator<P>,
+        page_map: PageMap,
+        pcpu: *mut PcpuCache,
+        nr_cpus: usize,
+    ) -> Self {
+        let mut name = [0u8; 32];
+        let mut name_len = spec.name.len().min(31);
+        while !spec.name.is_char_boundary(name_len) {
+            name_len -= 1;
+        }
+        name[..name_len].copy_from_slice(&spec.name.as_bytes()[..name_len]);
+        let geometry = spec.geometry;
+        let mut hot = HotFlags::empty();
+        if geometry.kind == SlabKind::Bufctl {
+            hot |= HotFlags::BUFCTL;
+        }
+        if spec.debug.is_some() {
+            hot |= HotFlags::DEBUG;
+        }
+        if spec.bootstrap {
+            hot |= HotFlags::BOOTSTRAP;
+        }
+        KmemCache {
+            hot_flags: AtomicU32::new(hot.bits()),
+            pcpu,
+            last_cpu: nr_cpus.max(1) - 1,
+            stride: geometry.stride,
+            // stride >= 8, so the quotient fits in 64 bits.
+            stride_magic: (u64::MAX / geometry.stride as u64) + 1,
+            page_map: if spec.on_primary {
+                page_map
+            } else {
+                PageMap::empty()
+            },
+            on_primary: spec.on_primary,
+            kind: geometry.kind,
+            nr_objs_per_slab: geometry.nr_objs_per_slab,
+            nr_pages_per_slab: geometry.nr_pages_per_slab,
+            header_off_slab: geometry.header_off_slab,
+            ctor: spec.ctor,
+            dtor: spec.dtor,
+            obj_size: spec.size,
+            #[cfg(feature = "alloc-profiling")]
+            tag_header_in_page: geometry.kind == SlabKind::Small
+                && geometry.nr_pages_per_slab == 1
+                && !geometry.header_off_slab,
+            align: geometry.align,
+            flags: spec.flags,
+            source: spec.source,
+            owner,
+            permanent: spec.permanent,
+            depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
+            slab: SlabLayer::new(),
+            nr_allocs_direct: AtomicU64::new(0),
+            nr_frees_direct: AtomicU64::new(0),
+            trace: TraceTable::new(),
+            name,
+            name_len,
+            id: spec.id,
+            links: UnsafeCell::new(CacheLinks {
+                prev: ptr::null(),
+                next: ptr::null(),
+            }),
+            debug: spec.debug,
+            freelist_secret: freelist_secret(
+                P::now()
+                    ^ (spec.name.as_ptr() as u64).rotate_left(29)
+                    ^ ((geometry.stride as u64) << 40)
+                    ^ (owner as u64).rotate_left(7),
+            ),
+            freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
+            _platform: PhantomData,
+        }
+    }
+
+    /// The allocator this cache belongs to.
+    #[inline]
+    pub(crate) fn owner(&self) -> &Allocator<P> {
+        // SAFETY: caches are created by an `Allocator` living in a
+        // `'static` (init takes `&'static self`), never moved.
+        unsafe { &*self.owner }
+    }
+
+    /// Cache name (at most 31 bytes), e.g. `"kmalloc-64"`.
+    pub fn name(&self) -> &str {
+        core::str::from_utf8(&self.name[..self.name_len]).unwrap_or("?")
+    }
+
+    /// The cache's id in kmemtrace events and dumps (1, 2, ... in creation
+    /// order; 0 names no cache).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Object size in bytes, as requested at creation.
+    pub fn obj_size(&self) -> usize {
+        self.obj_size
+    }
+
+    /// Alignment in bytes every object is guaranteed (at least the
+    /// requested one, at least 8).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Bytes from one object's start to the next in a slab: the object
+    /// size rounded up to the alignment, plus, in a debug cache, the debug
+    /// trailer (redzone, state word, audit records, ...).
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Creation flags.
+    pub fn flags(&self) -> CacheFlags {
+        self.flags
+    }
+
+    /// Slab layout of this cache.
+    pub fn kind(&self) -> SlabKind {
+        self.kind
+    }
+
+    /// The page source slabs come from.
+    pub fn source(&self) -> &'static dyn PageSource {
+        self.source
+    }
+
+    /// Whether this is one of the allocator's bootstrap (metadata) caches,
+    /// whose objects callers can neither allocate nor free.
+    pub fn is_bootstrap(&self) -> bool {
+        self.hot().contains(HotFlags::BOOTSTRAP)
+    }
+
+    /// The hot flags now.
+    #[inline(always)]
+    pub(crate) fn hot(&self) -> HotFlags {
+        HotFlags::from_bits_retain(self.hot_flags.load(Ordering::Relaxed))
+    }
+
+    /// Set hot flags (tracing, profiling, tagging switch on).
+    pub(crate) fn set_hot(&self, flags: HotFlags) {
+        self.hot_flags.fetch_or(flags.bits(), Ordering::AcqRel);
+    }
+
+    /// Clear hot flags.
+    pub(crate) fn clear_hot(&self, flags: HotFlags) {
+        self.hot_flags.fetch_and(!flags.bits(), Ordering::AcqRel);
+    }
+
+    /// Switch allocation profiling on or off in this cache's hot flags.
+    /// On also sets `TAGGED` (in the same atomic update) on a small-slab
+    /// cache that may tag its objects (not a bootstrap cache), so the
+    /// profiled alloc needs no flag test; off leaves `TAGGED` (objects may
+    /// still carry references).
+    pub(crate) fn set_profiling(&self, on: bool) {
+        #[cfg(feature = "alloc-profiling")]
+        if on && self.kind == SlabKind::Small && !self.hot().contains(HotFlags::BOOTSTRAP) {
+            self.set_hot(HotFlags::PROFILING | HotFlags::TAGGED);
+            return;
+        }
+        if on {
+            self.set_hot(HotFlags::PROFILING);
+        } else {
+            self.clear_hot(HotFlags::PROFILING);
+        }
+    }
+
+    /// The debug flags this cache runs with (empty: a plain cache).
+    pub fn debug_flags(&self) -> crate::debug::DebugFlags {
+        self.debug
+            .map_or(crate::debug::DebugFlags::empty(), |layout| layout.flags)
+    }
+
+    /// Destroy the cache: drain it, return all its pages, free its
+    /// metadata. Trace records still present are dropped and counted in
+    /// the report (the kernel should warn: objects were leaked).
+    ///
+    /// # Safety
+    /// Nothing uses this cache (or the reference) afterwards, and no other
+    /// CPU is using it during the call.
+    ///
+    /// # Errors
+    /// [`DestroyError::Busy`] if objects are still allocated (the cache is
+    /// left intact and usable); [`DestroyError::Permanent`] for bootstrap
+    /// and kmalloc caches.
+    pub unsafe fn destroy(&'static self) -> Result<DestroyReport, DestroyError> {
+        if self.permanent {
+            return Err(DestroyError::Permanent);
+        }
+        let nr_allocated = self.stats().nr_allocated;
+        if nr_allocated != 0 {
+            return Err(DestroyError::Busy { nr_allocated });
+        }
+        self.reap();
+        let counts = self.slab.lock().counts();
+        if counts.nr_slabs != 0 {
+            return Err(DestroyError::Busy {
+                nr_allocated: counts.nr_busy_objs,
+            });
+        }
+        let owner = self.owner();
+        owner.unlink_cache(self);
+        let nr_trace_records_dropped = self.trace_drop_all();
+        self.free_trace_table();
+        self.free_hash_table();
+        // SAFETY: unlinked and drained; per our caller nobody uses the
+        // cache any more. The per-CPU array and the cache struct came from
+        // the kmem_pcpu / kmem_cache slab layers.
+        unsafe {
+            if !self.pcpu.is_null() {
+                owner
+                    .boot(crate::BootCache::Pcpu)
+                    .slab_free_raw(self.pcpu.cast());
+            }
+            owner
+                .boot(crate::BootCache::Cache)
+                .slab_free_raw((self as *const Self).cast_mut().cast());
+        }
+        Ok(DestroyReport {
+            nr_trace_records_dropped,
+        })
+    }
+}

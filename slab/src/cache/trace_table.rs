@@ -1,0 +1,80 @@
+//! The trace table's switch and calls ([`crate::trace_table`]): tracing
+//! on and off, reading the records.
+
+use core::ptr::NonNull;
+
+use super::{CacheFlags, HotFlags, KmemCache};
+use crate::error::TraceError;
+use crate::platform::Platform;
+use crate::trace_table::{TraceRecord, TraceStats};
+
+impl<P: Platform> KmemCache<P> {
+    /// Start recording allocations.
+    ///
+    /// # Errors
+    /// [`TraceError::NoTrace`] if the cache was created `NOTRACE` (all
+    /// bootstrap caches are).
+    pub fn trace_start(&self) -> Result<(), TraceError> {
+        if self.flags.contains(CacheFlags::NOTRACE) {
+            return Err(TraceError::NoTrace);
+        }
+        self.set_hot(HotFlags::TRACED | HotFlags::EVER_TRACED);
+        Ok(())
+    }
+
+    /// Stop recording new allocations. Frees keep removing records made
+    /// earlier. An allocation racing with `trace_stop` may still complete
+    /// its record afterwards (as in Akaros).
+    pub fn trace_stop(&self) {
+        self.clear_hot(HotFlags::TRACED);
+    }
+
+    /// Whether new allocations are being recorded.
+    pub fn is_tracing(&self) -> bool {
+        self.hot().contains(HotFlags::TRACED)
+    }
+
+    /// Drop (free) every record. Tracing stays on or off as it was.
+    pub fn trace_reset(&self) {
+        self.trace_drop_all();
+    }
+
+    /// Drop every record; returns how many there were.
+    pub(crate) fn trace_drop_all(&self) -> usize {
+        self.trace.drop_all(self)
+    }
+
+    /// Visit every outstanding record, oldest first, under the trace lock.
+    /// `f` must not allocate from or free to this cache.
+    pub fn trace_for_each(&self, f: impl FnMut(&TraceRecord)) {
+        self.trace.for_each(f);
+    }
+
+    /// Number of records, dropped records, and whether tracing is on.
+    pub fn trace_stats(&self) -> TraceStats {
+        let (nr_records, nr_dropped) = self.trace.counts();
+        TraceStats {
+            nr_records,
+            nr_dropped,
+            tracing: self.is_tracing(),
+        }
+    }
+
+    /// Record an allocation by a caller.
+    #[cold]
+    pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
+        self.trace.record_alloc(self, obj);
+    }
+
+    /// Remove the record of a freed object, if there is one.
+    #[cold]
+    pub(crate) fn trace_free(&self, addr: usize) {
+        self.trace.record_free(self, addr);
+    }
+
+    /// Free the trace table's page-backed buckets if it has no records
+    /// (reap, destroy).
+    pub(crate) fn free_trace_table(&self) {
+        self.trace.free_table(self);
+    }
+}
