@@ -103,8 +103,8 @@ const _: () = assert!(core::mem::size_of::<Option<AllocTagRef>>() == 4);
 /// the profiled alloc compares with [`no_tags`] to know it must install
 /// one. In a read-only section: a stray write faults.
 #[cfg(feature = "alloc-profiling")]
-static NO_TAGS: [Option<AllocTagRef>; crate::geometry::MAX_SMALL_OBJS] =
-    [None; crate::geometry::MAX_SMALL_OBJS];
+static NO_TAGS: [Option<AllocTagRef>; crate::layout::geometry::MAX_SMALL_OBJS] =
+    [None; crate::layout::geometry::MAX_SMALL_OBJS];
 
 /// [`NO_TAGS`] as a slab header's `tags` pointer ("no side array yet").
 #[cfg(feature = "alloc-profiling")]

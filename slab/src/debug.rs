@@ -54,32 +54,7 @@ use core::fmt;
 
 use crate::platform::Platform;
 
-bitflags::bitflags! {
-    /// Debug flags of a cache: the debugging subset of
-    /// [`CacheFlags`](crate::CacheFlags), with the same bit values.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct DebugFlags: u32 {
-        /// Keep the last alloc and last free of every object (CPU,
-        /// timestamp, stack) for reports and `whatis` (Linux `U`, illumos
-        /// `KMF_AUDIT`).
-        const AUDIT = 4;
-        /// Fill free objects with [`POISON_FREE`] and check it when they
-        /// are handed out again: a write after free is reported (Linux `P`,
-        /// illumos `KMF_DEADBEEF`). Not applied to caches with a
-        /// constructor.
-        const POISON = 8;
-        /// Guard bytes after every object, checked on free and by verify:
-        /// a linear overflow is reported (Linux `Z`, illumos `KMF_REDZONE`).
-        const REDZONE = 16;
-        /// Keep the first [`CONTENTS_BYTES`] bytes of a freed object for
-        /// the report (illumos `KMF_CONTENTS`; Magpie letter `C`).
-        const CONTENTS = 32;
-        /// Consistency checks: the state word (exact duplicate-free
-        /// detection) and full checks of frees (Linux `F`). Implied by
-        /// every other debug flag.
-        const CONSISTENCY = 64;
-    }
-}
+pub use crate::flags::DebugFlags;
 
 impl DebugFlags {
     /// What a bare `slab_debug` (no value, or no letters) turns on, as in
@@ -904,30 +879,6 @@ fn write_audit(slot: &mut [u8], at: usize, record: &AuditRecord) {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Hardened free list
-// ---------------------------------------------------------------------------
-
-/// A per-cache secret for the free-list obfuscation: splitmix64 of `seed`
-/// (a timestamp mixed with the cache's address), never 0.
-pub(crate) fn freelist_secret(seed: u64) -> usize {
-    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z as usize) | 1
-}
-
-/// The free-list link as stored at address `slot_addr`: `next XOR secret
-/// XOR swab(slot_addr)` (Linux `freelist_ptr`). Its own inverse: decoding
-/// is the same operation. An overwrite (a use after free or an overflow)
-/// decodes to a pseudo-random pointer, which the slab layer then refuses
-/// (not inside the slab, or not at an object start).
-#[inline(always)]
-pub(crate) fn freelist_ptr(value: usize, secret: usize, slot_addr: usize) -> usize {
-    value ^ secret ^ slot_addr.swap_bytes()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1164,22 +1115,5 @@ mod tests {
         let contents = layout.contents(&slot).unwrap();
         assert_eq!(&contents[..24], &[7u8; 24]);
         assert_eq!(&contents[24..], &[0u8; 8]);
-    }
-
-    #[test]
-    fn freelist_pointer_is_obfuscated_and_reversible() {
-        let secret = freelist_secret(12345);
-        assert_ne!(secret, 0);
-        assert_ne!(secret, freelist_secret(12346));
-        let slot = 0xffff_8000_0020_0040usize;
-        let next = 0xffff_8000_0020_0080usize;
-        let stored = freelist_ptr(next, secret, slot);
-        assert_ne!(stored, next);
-        assert_eq!(freelist_ptr(stored, secret, slot), next);
-        // The same pointer stored elsewhere looks different.
-        assert_ne!(freelist_ptr(next, secret, slot + 64), stored);
-        // A small overwrite decodes far outside any slab.
-        let decoded = freelist_ptr(0x4141_4141, secret, slot);
-        assert!(decoded.abs_diff(next) > 1 << 32);
     }
 }

@@ -39,7 +39,7 @@ impl fmt::Display for AllocError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FreeError {
     /// The object was already free. Always detected for a debug cache
-    /// (any [`DebugFlags`](crate::debug::DebugFlags)); without flags, when
+    /// (any [`DebugFlags`](crate::flags::DebugFlags)); without flags, when
     /// the object is on top of this CPU's `loaded` or `prev` magazine, or
     /// back in its slab (a bufctl cache off the primary source cannot tell
     /// that from a stray pointer and reports `NotAllocated`). A

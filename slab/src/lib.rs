@@ -475,13 +475,11 @@ mod allocator;
 mod cache;
 pub mod debug;
 mod error;
-mod freelist;
-mod geometry;
-mod hash;
+mod flags;
 pub mod kmemtrace;
+mod layout;
 mod magazine;
 mod object;
-mod pagemap;
 mod platform;
 pub mod report;
 mod slab;
@@ -497,13 +495,14 @@ pub use alloc_tag::AllocTagRef;
 pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use cache::{CacheFlags, Ctor, DestroyReport, Dtor, KmemCache};
+pub use cache::{Ctor, DestroyReport, Dtor, KmemCache};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
-pub use geometry::SlabKind;
+pub use flags::CacheFlags;
 pub use kmemtrace::{
     DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
     KmemtraceError, KmemtraceEvent, KmemtraceStatus,
 };
+pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{Constructed, InitBox, ObjectInit, ObjectRef, SlabBox, WordMismatch};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};

@@ -158,7 +158,7 @@ const _: () = {
         assert!(MAGAZINE_ROUNDS[index - 1] < MAGAZINE_ROUNDS[index]);
         index += 1;
     }
-    assert!(magazine_bytes(MAG_MAX_ROUNDS) <= crate::slab::SMALL_MAX_STRIDE);
+    assert!(magazine_bytes(MAG_MAX_ROUNDS) <= crate::layout::geometry::SMALL_MAX_STRIDE);
 };
 
 /// The magazine type a cache of `stride`-byte objects starts with: the

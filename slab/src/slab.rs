@@ -10,7 +10,7 @@
 //! - **Bufctl slabs** (larger objects, or `NOTOUCH`): several pages; the
 //!   [`Slab`] struct comes from the `kmem_slab` bootstrap cache and one
 //!   [`Bufctl`] per object from `kmem_bufctl`. The object memory is never
-//!   touched. A per-cache [`AddrHash`](crate::hash::AddrHash) maps a busy
+//!   touched. A per-cache [`AddrHash`](crate::layout::hash::AddrHash) maps a busy
 //!   buffer's address to its bufctl.
 //!
 //! Slabs sit on one of three lists by how many objects are busy: empty,
@@ -34,11 +34,13 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::KmemCache;
-use crate::freelist::{BadLink, FreeList, FreeMap, map_test};
-use crate::geometry::SlabKind;
-use crate::hash::{AddrHash, HashNode, rescale_locked};
+use crate::layout::freelist::{BadLink, FreeList, FreeMap, map_test};
+use crate::layout::geometry::{
+    BUFCTL_BYTES, MAX_SMALL_OBJS, SLAB_HEADER_BYTES, SMALL_HEADER_OFFSET, SlabKind,
+};
+use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
+use crate::layout::pagemap::TAG_SLAB;
 use crate::object::{ObjectInit, ObjectRef};
-use crate::pagemap::TAG_SLAB;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::{Mutex, MutexGuard};
@@ -87,21 +89,18 @@ pub(crate) struct Slab {
 }
 
 pub(crate) const SLAB_MAGIC: u32 = 0x51ab_ca5e;
-/// Where a small slab's header starts inside its page.
-pub(crate) const SMALL_HEADER_OFFSET: usize = PAGE_SIZE - core::mem::size_of::<Slab>();
-/// Largest buffer that gets a small-object slab.
-pub(crate) const SMALL_MAX_STRIDE: usize = PAGE_SIZE / 8;
 
 const _: () = {
-    assert!(core::mem::size_of::<Slab>() == 128);
+    // The geometry's figures (layout/geometry.rs).
+    assert!(core::mem::size_of::<Slab>() == SLAB_HEADER_BYTES);
     // The tag reference rides in the bufctl's padding.
-    assert!(core::mem::size_of::<Bufctl>() == 40);
+    assert!(core::mem::size_of::<Bufctl>() == BUFCTL_BYTES);
     assert!(core::mem::align_of::<Slab>() <= 8);
     assert!(SMALL_HEADER_OFFSET.is_multiple_of(core::mem::align_of::<Slab>()));
     // The free map covers every object of a small slab (stride >= 8).
     assert!(SMALL_HEADER_OFFSET / 8 <= 8 * 64);
     // Every slab's object count fits the header's u16.
-    assert!(crate::geometry::MAX_SMALL_OBJS <= u16::MAX as usize);
+    assert!(MAX_SMALL_OBJS <= u16::MAX as usize);
 };
 
 /// The slab lists, by how many of a slab's objects are busy.

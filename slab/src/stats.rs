@@ -1,7 +1,7 @@
 //! Statistics types: per cache ([`CacheStats`]) and per CPU
 //! ([`CpuCacheStats`]), and how they are read.
 
-use crate::geometry::SlabKind;
+use crate::layout::geometry::SlabKind;
 
 /// A cache's statistics, summed over CPUs at the time of the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::BootCache;
 use crate::cache::KmemCache;
-use crate::hash::{AddrHash, HashNode, rescale_locked};
+use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::Platform;
 use crate::sync::{Mutex, MutexGuard};
 

@@ -12,11 +12,12 @@ use super::{
     Allocator, BOOT_NAMES, NR_FIXED_BOOT, NR_KMALLOC, NameBuf, STATE_INITIALIZING, STATE_READY,
     STATE_UNINIT, TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
 };
-use crate::cache::{CacheFlags, CacheSpec, KmemCache};
+use crate::cache::{CacheSpec, KmemCache};
 use crate::error::AllocError;
-use crate::geometry::Geometry;
+use crate::flags::CacheFlags;
+use crate::layout::geometry::Geometry;
+use crate::layout::pagemap::PageMap;
 use crate::magazine::{MAG_CACHE_NAMES, MAGAZINE_ROUNDS, NR_MAG_TYPES, PcpuCache, magazine_bytes};
-use crate::pagemap::PageMap;
 use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Bufctl, Slab};
 use crate::trace_table::TraceNode;
@@ -214,7 +215,7 @@ impl<P: Platform> Allocator<P> {
             for pass_small in [false, true] {
                 for index in 0..nr_boot {
                     let boot = &*self.boot.get().cast::<KmemCache<P>>().add(index);
-                    if (boot.kind == crate::geometry::SlabKind::Small) == pass_small {
+                    if (boot.kind == crate::layout::geometry::SlabKind::Small) == pass_small {
                         boot.slab.lock().hash.drain(|_| {});
                         boot.free_hash_table();
                         boot.discard_all_slabs();

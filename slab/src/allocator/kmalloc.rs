@@ -11,7 +11,7 @@ use crate::alloc_tag::AllocTagRef;
 use crate::cache::{AllocOut, HotFlags, KmemCache, Located, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
-use crate::pagemap::{
+use crate::layout::pagemap::{
     TAG_LARGE_FREED, TAG_LARGE_HEAD, TAG_LARGE_LEAD, TAG_LARGE_TAIL, TAG_LARGE_TRAIL, TAG_MASK,
     TAG_SLAB, entry_is_live,
 };

@@ -21,13 +21,14 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize
 use spin::Mutex;
 
 use self::kmalloc::NR_KMALLOC;
-use crate::cache::{CacheFlags, CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
+use crate::cache::{CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
 use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
-use crate::geometry::Geometry;
+use crate::flags::CacheFlags;
 use crate::kmemtrace::Kmemtrace;
+use crate::layout::geometry::Geometry;
+use crate::layout::pagemap::PageMap;
 use crate::magazine::{NR_MAG_TYPES, PcpuCache};
-use crate::pagemap::PageMap;
 use crate::platform::{NullSource, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::report::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
@@ -39,9 +40,9 @@ const _: () = {
     // must themselves use small-object slabs, which need no metadata:
     // otherwise growing them would recurse forever. (magazine.rs checks
     // the largest magazine.)
-    assert!(core::mem::size_of::<Slab>() <= crate::slab::SMALL_MAX_STRIDE);
-    assert!(core::mem::size_of::<Bufctl>() <= crate::slab::SMALL_MAX_STRIDE);
-    assert!(core::mem::size_of::<TraceNode>() <= crate::slab::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<Slab>() <= crate::layout::geometry::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<Bufctl>() <= crate::layout::geometry::SMALL_MAX_STRIDE);
+    assert!(core::mem::size_of::<TraceNode>() <= crate::layout::geometry::SMALL_MAX_STRIDE);
 };
 
 /// The bootstrap caches other than the magazine caches, which come first
@@ -105,7 +106,7 @@ const TAG_ARRAY_NAMES: [&str; 0] = [];
 const _: () = {
     // The largest side array: a slab of MAX_SMALL_OBJS objects.
     assert!(
-        crate::geometry::MAX_SMALL_OBJS * crate::alloc_tag::TAG_REF_BYTES
+        crate::layout::geometry::MAX_SMALL_OBJS * crate::alloc_tag::TAG_REF_BYTES
             <= TAG_ARRAY_SIZES[NR_TAG_ARRAY_CACHES - 1]
     );
 };

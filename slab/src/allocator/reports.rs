@@ -6,7 +6,7 @@ use super::kmalloc::large_nr_pages;
 use crate::cache::KmemCache;
 use crate::debug::SlabDebugConfig;
 use crate::error::FreeError;
-use crate::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::layout::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;

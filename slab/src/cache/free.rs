@@ -10,9 +10,9 @@ use core::ptr::{self, NonNull};
 
 use super::{FreeOut, HotFlags, KmemCache, Located};
 use crate::error::FreeError;
-use crate::geometry::SlabKind;
+use crate::layout::geometry::SlabKind;
+use crate::layout::pagemap::{TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::magazine::{MAG_FREE_RETRIES, Magazine};
-use crate::pagemap::{TAG_MASK, TAG_SLAB, entry_is_live};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
 use crate::sync::IrqGuard;
@@ -332,7 +332,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per our caller, a live small slab of ours.
         let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
         // SAFETY: as above.
-        crate::freelist::map_test(unsafe { &(*slab).free_map }, index)
+        crate::layout::freelist::map_test(unsafe { &(*slab).free_map }, index)
     }
 }
 

@@ -93,46 +93,17 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
 
 use crate::allocator::Allocator;
-use crate::debug::{DebugLayout, freelist_secret};
+use crate::debug::DebugLayout;
 use crate::error::DestroyError;
-use crate::geometry::{Geometry, SlabKind};
+use crate::flags::CacheFlags;
+use crate::layout::freelist::freelist_secret;
+use crate::layout::geometry::{Geometry, SlabKind};
+use crate::layout::pagemap::PageMap;
 use crate::magazine::{Depot, PcpuCache, max_magtype, start_magtype};
 use crate::object::{Constructed, ObjectInit, ObjectRef};
-use crate::pagemap::PageMap;
 use crate::platform::{PageSource, Platform};
 use crate::slab::SlabLayer;
 use crate::trace_table::TraceTable;
-
-bitflags::bitflags! {
-    /// Flags given to [`Allocator::cache_create`](crate::Allocator::cache_create).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct CacheFlags: u32 {
-        /// Never touch object memory (the source's pages may not be
-        /// memory): always use bufctl slabs, no free list in the objects.
-        const NOTOUCH = 1;
-        /// Refuse tracing (all bootstrap caches are NOTRACE).
-        const NOTRACE = 2;
-        /// Keep every object's last alloc and last free (CPU, time,
-        /// stack) in its debug trailer, for reports and `whatis` (illumos
-        /// `KMF_AUDIT`, Linux `U`). Like every debug flag it makes the
-        /// cache a debug cache: every alloc and free goes out of line,
-        /// every double free is detected (see [`crate::debug`]).
-        const AUDIT = 4;
-        /// Poison free objects with `0xdeadbeef` and check it when they
-        /// are handed out: writes after free are reported (illumos
-        /// `KMF_DEADBEEF`, Linux `P`). Not for caches with a constructor.
-        const POISON = 8;
-        /// A redzone after every object, checked on free and by verify:
-        /// linear overflows are reported (illumos `KMF_REDZONE`, Linux `Z`).
-        const REDZONE = 16;
-        /// Keep the first bytes of a freed object for the report (illumos
-        /// `KMF_CONTENTS`).
-        const CONTENTS = 32;
-        /// The consistency checks alone: the state word that catches every
-        /// double free, and full checks of frees (Linux `F`).
-        const CONSISTENCY = 64;
-    }
-}
 
 bitflags::bitflags! {
     /// `hot_flags` bits: anything in [`HotFlags::ALLOC_SLOW`] /
@@ -183,18 +154,6 @@ impl HotFlags {
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::TAGGED)
         .union(HotFlags::BUFCTL_TAGGED);
-}
-
-impl CacheFlags {
-    /// The debug flags among these.
-    pub fn debug(self) -> crate::debug::DebugFlags {
-        crate::debug::DebugFlags::from_bits_truncate(self.bits())
-    }
-
-    /// The cache flags of these debug flags (same bits).
-    pub fn from_debug(flags: crate::debug::DebugFlags) -> CacheFlags {
-        CacheFlags::from_bits_truncate(flags.bits())
-    }
 }
 
 /// Object constructor: runs when an object leaves the slab layer towards
@@ -499,9 +458,9 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The debug flags this cache runs with (empty: a plain cache).
-    pub fn debug_flags(&self) -> crate::debug::DebugFlags {
+    pub fn debug_flags(&self) -> crate::flags::DebugFlags {
         self.debug
-            .map_or(crate::debug::DebugFlags::empty(), |layout| layout.flags)
+            .map_or(crate::flags::DebugFlags::empty(), |layout| layout.flags)
     }
 
     /// Destroy the cache: drain it, return all its pages, free its

@@ -9,7 +9,7 @@ use core::sync::atomic::Ordering;
 use super::{HotFlags, KmemCache, Located};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
 use crate::allocator::TAG_ARRAY_SIZES;
-use crate::pagemap::TAG_MASK;
+use crate::layout::pagemap::TAG_MASK;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Slab, small_header};
 

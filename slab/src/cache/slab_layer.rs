@@ -60,8 +60,8 @@ impl<P: Platform> KmemCache<P> {
 impl<P: Platform> KmemCache<P> {
     /// The hardened free list of the small slab whose object 0 is at
     /// `base`.
-    pub(crate) fn free_list(&self, base: usize) -> crate::freelist::FreeList {
-        crate::freelist::FreeList {
+    pub(crate) fn free_list(&self, base: usize) -> crate::layout::freelist::FreeList {
+        crate::layout::freelist::FreeList {
             base,
             stride: self.stride,
             nr_objs: self.nr_objs_per_slab,

@@ -3,8 +3,9 @@
 
 use core::ptr::NonNull;
 
-use super::{CacheFlags, HotFlags, KmemCache};
+use super::{HotFlags, KmemCache};
 use crate::error::TraceError;
+use crate::flags::CacheFlags;
 use crate::platform::Platform;
 use crate::trace_table::{TraceRecord, TraceStats};
 

@@ -2,12 +2,14 @@
 //! debug builds the invariant walker ([`crate::Allocator::check_invariants`]).
 
 use super::KmemCache;
-use crate::freelist::{BadLink, map_test};
-use crate::geometry::SlabKind;
+use crate::layout::freelist::{BadLink, map_test};
+use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
 use crate::report::{ErrorKind, ErrorReport};
 use crate::slab::Slab;
-use crate::verify::{Found, InvariantError, VerifySummary};
+#[cfg(debug_assertions)]
+use crate::verify::InvariantError;
+use crate::verify::{Found, VerifySummary};
 
 impl<P: Platform> KmemCache<P> {
     /// Walk every slab of this cache and check it: the free list of a
@@ -143,7 +145,7 @@ impl<P: Platform> KmemCache<P> {
                         Err(_) => result = Err(error("free list broken", slab as usize)),
                     }
                     debug_assert_eq!(
-                        crate::freelist::map_count(free_map),
+                        crate::layout::freelist::map_count(free_map),
                         nr_objs as usize - nr_busy as usize
                     );
                 }

@@ -305,7 +305,8 @@ fn layouts_match_the_design() {
     // The least-waste geometry (geometry.rs), the same for any cache of
     // that layout, with alloc-profiling or without (tag references live in
     // side arrays, not in the slab): one page of 62 objects.
-    let geometry = crate::geometry::Geometry::new(64, 64, CacheFlags::empty(), true).unwrap();
+    let geometry =
+        crate::layout::geometry::Geometry::new(64, 64, CacheFlags::empty(), true).unwrap();
     assert_eq!(
         (st.kind, st.nr_pages_per_slab, st.objs_per_slab),
         (

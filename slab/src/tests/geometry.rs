@@ -9,7 +9,9 @@ use std::println;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::geometry::{Geometry, MAX_SLAB_PAGES, MAX_SMALL_OBJS, SlabKind, WASTE_TARGET_DIV};
+use crate::layout::geometry::{
+    Geometry, MAX_SLAB_PAGES, MAX_SMALL_OBJS, SlabKind, WASTE_TARGET_DIV,
+};
 use crate::{CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 /// The geometry of kmalloc class `size` (the same with feature

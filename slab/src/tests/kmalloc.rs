@@ -192,7 +192,7 @@ fn bufctl_hash_grows_and_shrinks() {
             p
         })
         .collect();
-    assert!(cache.slab.lock().hash.nr_buckets() > crate::hash::INLINE_BUCKETS);
+    assert!(cache.slab.lock().hash.nr_buckets() > crate::layout::hash::INLINE_BUCKETS);
     for (i, &p) in objs.iter().enumerate() {
         assert!(check(p, 1024, i as u8));
         // SAFETY: allocated above.
@@ -201,7 +201,7 @@ fn bufctl_hash_grows_and_shrinks() {
     alloc.reap_all();
     assert_eq!(
         cache.slab.lock().hash.nr_buckets(),
-        crate::hash::INLINE_BUCKETS
+        crate::layout::hash::INLINE_BUCKETS
     );
     assert_eq!(source.pages_outstanding(), baseline);
 }
@@ -236,7 +236,7 @@ fn bufctl_hash_shrinks_on_reap_with_live_objects() {
     }
     alloc.reap_all();
     // One object: back to the inline buckets, and to the pages of before.
-    assert_eq!(buckets(), crate::hash::INLINE_BUCKETS);
+    assert_eq!(buckets(), crate::layout::hash::INLINE_BUCKETS);
     assert_eq!(source.pages_outstanding(), with_one);
     // Still found through the hash: it frees, and the cache empties.
     // SAFETY: allocated above.

@@ -416,7 +416,7 @@ fn tag_refs_live_in_side_arrays_not_in_the_slab() {
     for size in [8usize, 64, 96, 192, 512] {
         let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
         let stats = cache.stats();
-        let geometry = crate::geometry::Geometry::new(
+        let geometry = crate::layout::geometry::Geometry::new(
             size,
             crate::natural_align(size),
             CacheFlags::empty(),

@@ -183,7 +183,7 @@ fn trace_table_grows_with_many_records() {
     cache.trace_start().unwrap();
     let objs: Vec<_> = (0..3000).map(|_| cache.alloc().unwrap()).collect();
     assert_eq!(cache.trace_stats().nr_records, 3000);
-    assert!(cache.trace.lock().hash.nr_buckets() > crate::hash::INLINE_BUCKETS);
+    assert!(cache.trace.lock().hash.nr_buckets() > crate::layout::hash::INLINE_BUCKETS);
     let mut n = 0;
     cache.trace_for_each(|_| n += 1);
     assert_eq!(n, 3000);

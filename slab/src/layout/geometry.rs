@@ -23,10 +23,9 @@
 //! objects above `PAGE_SIZE / 8` there (and `NOTOUCH` caches) use bufctl
 //! slabs, as before.
 
-use crate::cache::CacheFlags;
 use crate::error::AllocError;
+use crate::flags::CacheFlags;
 use crate::platform::PAGE_SIZE;
-use crate::slab::{SMALL_HEADER_OFFSET, SMALL_MAX_STRIDE};
 
 /// Which slab layout a cache uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +45,17 @@ pub(crate) const WASTE_TARGET_DIV: usize = 32;
 /// Most objects in a small-object slab (the `AUDIT` bitmap's bits).
 pub(crate) const MAX_SMALL_OBJS: usize = 512;
 /// Bytes of a slab header.
-const HEADER_BYTES: usize = PAGE_SIZE - SMALL_HEADER_OFFSET;
+const HEADER_BYTES: usize = SLAB_HEADER_BYTES;
+
+/// Bytes of a small slab's header ([`Slab`](crate::slab::Slab), asserted
+/// there).
+pub(crate) const SLAB_HEADER_BYTES: usize = 128;
+/// Bytes of a bufctl ([`Bufctl`](crate::slab::Bufctl), asserted there).
+pub(crate) const BUFCTL_BYTES: usize = 40;
+/// Where a small slab's header starts inside its page.
+pub(crate) const SMALL_HEADER_OFFSET: usize = PAGE_SIZE - SLAB_HEADER_BYTES;
+/// Largest buffer that gets a small-object slab.
+pub(crate) const SMALL_MAX_STRIDE: usize = PAGE_SIZE / 8;
 
 /// Object layout of a cache.
 #[derive(Debug, Clone, Copy)]
@@ -185,9 +194,7 @@ impl Geometry {
         let header = match self.kind {
             SlabKind::Small => HEADER_BYTES,
             // Slab struct and bufctls are metadata.
-            SlabKind::Bufctl => {
-                HEADER_BYTES + self.nr_objs_per_slab * core::mem::size_of::<crate::slab::Bufctl>()
-            }
+            SlabKind::Bufctl => HEADER_BYTES + self.nr_objs_per_slab * BUFCTL_BYTES,
         };
         let off = if self.kind == SlabKind::Bufctl || self.header_off_slab {
             header

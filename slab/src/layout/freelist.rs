@@ -22,8 +22,6 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::debug::freelist_ptr;
-
 /// Bitmap of a small slab's free objects (bit `i`: object `i` is on the
 /// free list). Written only under the slab lock; atomic so verifiers may
 /// read it without the lock.
@@ -216,6 +214,26 @@ impl FreeList {
     }
 }
 
+/// A per-cache secret for the free-list obfuscation: splitmix64 of `seed`
+/// (a timestamp mixed with the cache's address), never 0.
+pub(crate) fn freelist_secret(seed: u64) -> usize {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z as usize) | 1
+}
+
+/// The free-list link as stored at address `slot_addr`: `next XOR secret
+/// XOR swab(slot_addr)` (Linux `freelist_ptr`). Its own inverse: decoding
+/// is the same operation. An overwrite (a use after free or an overflow)
+/// decodes to a pseudo-random pointer, which the slab layer then refuses
+/// (not inside the slab, or not at an object start).
+#[inline(always)]
+pub(crate) fn freelist_ptr(value: usize, secret: usize, slot_addr: usize) -> usize {
+    value ^ secret ^ slot_addr.swap_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use std::vec;
@@ -228,7 +246,7 @@ mod tests {
             stride: 32,
             nr_objs: memory.len() * 8 / 32,
             link_offset,
-            secret: crate::debug::freelist_secret(7),
+            secret: freelist_secret(7),
         }
     }
 
@@ -303,5 +321,22 @@ mod tests {
         assert_eq!(list.index_of(list.base + 33), None);
         assert_eq!(list.index_of(list.base + 16 * 32), None);
         assert_eq!(list.index_of(list.base + 15 * 32), Some(15));
+    }
+
+    #[test]
+    fn freelist_pointer_is_obfuscated_and_reversible() {
+        let secret = freelist_secret(12345);
+        assert_ne!(secret, 0);
+        assert_ne!(secret, freelist_secret(12346));
+        let slot = 0xffff_8000_0020_0040usize;
+        let next = 0xffff_8000_0020_0080usize;
+        let stored = freelist_ptr(next, secret, slot);
+        assert_ne!(stored, next);
+        assert_eq!(freelist_ptr(stored, secret, slot), next);
+        // The same pointer stored elsewhere looks different.
+        assert_ne!(freelist_ptr(next, secret, slot + 64), stored);
+        // A small overwrite decodes far outside any slab.
+        let decoded = freelist_ptr(0x4141_4141, secret, slot);
+        assert!(decoded.abs_diff(next) > 1 << 32);
     }
 }
