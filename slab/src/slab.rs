@@ -39,7 +39,7 @@ use crate::layout::geometry::{
     BUFCTL_BYTES, MAX_SMALL_OBJS, SLAB_HEADER_BYTES, SMALL_HEADER_OFFSET, SlabKind,
 };
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
-use crate::layout::pagemap::TAG_SLAB;
+use crate::layout::pagemap::PageEntry;
 use crate::object::{ObjectInit, ObjectRef};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport};
@@ -856,7 +856,7 @@ impl SlabLayer {
         if cache.on_primary {
             let registered = cache
                 .page_map
-                .set_range(base, nr_pages, |_| slab as usize | TAG_SLAB);
+                .set_range(base, nr_pages, |_| PageEntry::slab_page(slab as usize));
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.

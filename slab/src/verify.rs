@@ -9,7 +9,6 @@ use crate::cache::KmemCache;
 use crate::debug::{AuditRecord, ObjectState};
 use crate::layout::freelist::map_test;
 use crate::layout::geometry::SlabKind;
-use crate::layout::pagemap::{TAG_MASK, TAG_SLAB};
 use crate::platform::Platform;
 use crate::report::{ErrorReport, RawFormat, ReportFormat, write_transaction};
 use crate::slab::Slab;
@@ -188,10 +187,7 @@ impl<P: Platform> Allocator<P> {
             return None;
         }
         let entry = self.page_map().get(addr);
-        if entry & TAG_MASK != TAG_SLAB {
-            return None;
-        }
-        let slab = (entry & !TAG_MASK) as *mut Slab;
+        let slab = entry.slab()? as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator.
         let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };

@@ -11,10 +11,7 @@ use crate::alloc_tag::AllocTagRef;
 use crate::cache::{AllocOut, HotFlags, KmemCache, Located, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
-use crate::layout::pagemap::{
-    TAG_LARGE_FREED, TAG_LARGE_HEAD, TAG_LARGE_LEAD, TAG_LARGE_TAIL, TAG_LARGE_TRAIL, TAG_MASK,
-    TAG_SLAB, entry_is_live,
-};
+use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
 
@@ -87,36 +84,13 @@ const fn class_index_above_table(size: usize) -> usize {
 /// Largest alignment a page-granular kmalloc gives (1 GiB).
 const LARGE_MAX_ALIGN: usize = 1 << 30;
 
-/// Page-granular allocations: the head page's page-map entry is
-/// `token << 32 | nr_pages << 3 | TAG_LARGE_HEAD`, the charge token of the
-/// allocation's tag (`Platform::alloc_tag_token`; an
-/// `Option<AllocTagRef>`, 0 for `None` and without profiling) riding in
-/// the upper half.
-const LARGE_TAG_SHIFT: u32 = 32;
-/// Most pages one page-granular kmalloc may span (its count must fit below
-/// the tag bits).
-const LARGE_MAX_PAGES: usize = (1 << (LARGE_TAG_SHIFT - 3)) - 1;
-
-/// Page count of a page-granular head entry (live or freed).
-#[inline]
-pub(crate) fn large_nr_pages(entry: usize) -> usize {
-    (entry >> 3) & LARGE_MAX_PAGES
-}
-
 /// The head entry of a live page-granular kmalloc of `nr_pages` pages
-/// charged with `token`.
+/// charged with `token`: the charge token of the allocation's tag
+/// (`Platform::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
+/// and without profiling) rides in the entry ([`PageEntry::large_head`]).
 #[inline]
-fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> usize {
-    ((token.map_or(0, AllocTagRef::get) as usize) << LARGE_TAG_SHIFT)
-        | (nr_pages << 3)
-        | TAG_LARGE_HEAD
-}
-
-/// The charge token in a live head entry ([`large_head_entry`]).
-#[cfg(feature = "alloc-profiling")]
-#[inline]
-fn large_entry_token(entry: usize) -> Option<AllocTagRef> {
-    AllocTagRef::new((entry >> LARGE_TAG_SHIFT) as u32)
+fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> PageEntry {
+    PageEntry::large_head(nr_pages, token.map_or(0, AllocTagRef::get))
 }
 
 /// Natural alignment of a size class: the largest power of two dividing
@@ -405,16 +379,19 @@ impl<P: Platform> Allocator<P> {
             unsafe { P::alloc_tag_charge_token(token, pages, nr_pages * PAGE_SIZE) };
         }
         let lead = (addr - base) / PAGE_SIZE;
-        let slack = ((nr_slack - lead) << LARGE_TAG_SHIFT) | (lead << 3);
+        let slack = Slack {
+            lead,
+            trail: nr_slack - lead,
+        };
         let registered = self.page_map().set_range(base, nr_taken, |page| {
             if page < lead {
-                slack | TAG_LARGE_LEAD
+                PageEntry::large_lead(slack)
             } else if page == lead {
                 large_head_entry(nr_pages, token)
             } else if page < lead + nr_pages {
-                ((page - lead) << 3) | TAG_LARGE_TAIL
+                PageEntry::large_tail(page - lead)
             } else {
-                slack | TAG_LARGE_TRAIL
+                PageEntry::large_trail(slack)
             }
         });
         if !registered {
@@ -440,19 +417,20 @@ impl<P: Platform> Allocator<P> {
     pub(crate) unsafe fn kfree_pages(
         &self,
         ptr: NonNull<u8>,
-        entry: usize,
+        entry: PageEntry,
     ) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
         let map = self.page_map();
-        match entry & TAG_MASK {
-            TAG_LARGE_HEAD => {
+        match entry.owner() {
+            PageOwner::LargeHead { nr_pages, token } => {
                 if addr & (PAGE_SIZE - 1) != 0 {
                     return Err(FreeError::Misaligned { addr });
                 }
-                let nr_pages = large_nr_pages(entry);
+                #[cfg(not(feature = "alloc-profiling"))]
+                let _ = token;
                 // The head keeps a freed mark (until the page is used
                 // again), so a second kfree is a duplicate free.
-                if !map.claim(addr, entry, (nr_pages << 3) | TAG_LARGE_FREED) {
+                if !map.claim(addr, entry, PageEntry::large_freed(nr_pages)) {
                     // Another CPU freed it first.
                     return Err(FreeError::DoubleFree { addr });
                 }
@@ -470,17 +448,12 @@ impl<P: Platform> Allocator<P> {
                 // The slack of a block aligned above a page: the page
                 // before it is our lead slack or not ours, the page after
                 // our trail slack or not ours.
-                let before = map.get(addr.wrapping_sub(PAGE_SIZE));
-                let after = map.get(addr + nr_pages * PAGE_SIZE);
-                let slack = if before & TAG_MASK == TAG_LARGE_LEAD {
-                    before
-                } else if after & TAG_MASK == TAG_LARGE_TRAIL {
-                    after
-                } else {
-                    0
+                let before = map.get(addr.wrapping_sub(PAGE_SIZE)).owner();
+                let after = map.get(addr + nr_pages * PAGE_SIZE).owner();
+                let Slack { lead, trail } = match (before, after) {
+                    (PageOwner::LargeLead(slack), _) | (_, PageOwner::LargeTrail(slack)) => slack,
+                    _ => Slack::default(),
                 };
-                let lead = (slack >> 3) & LARGE_MAX_PAGES;
-                let trail = slack >> LARGE_TAG_SHIFT;
                 let base = addr - lead * PAGE_SIZE;
                 let nr_taken = lead + nr_pages + trail;
                 // Every page but the head (its freed mark stays).
@@ -489,7 +462,7 @@ impl<P: Platform> Allocator<P> {
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
-                if let Some(token) = large_entry_token(entry) {
+                if let Some(token) = AllocTagRef::new(token) {
                     // SAFETY: the head entry's charge token, stored at the
                     // allocation; the claim above makes this free the one
                     // that uncharges it.
@@ -504,11 +477,13 @@ impl<P: Platform> Allocator<P> {
                 };
                 Ok(())
             }
-            TAG_LARGE_TAIL | TAG_LARGE_LEAD | TAG_LARGE_TRAIL => {
+            PageOwner::LargeTail | PageOwner::LargeLead(_) | PageOwner::LargeTrail(_) => {
                 Err(FreeError::Misaligned { addr })
             }
             // The head of a block kfree gave back, its pages not used again.
-            TAG_LARGE_FREED if addr & (PAGE_SIZE - 1) == 0 => Err(FreeError::DoubleFree { addr }),
+            PageOwner::LargeFreed { .. } if addr & (PAGE_SIZE - 1) == 0 => {
+                Err(FreeError::DoubleFree { addr })
+            }
             _ => Err(FreeError::NotAllocated { addr }),
         }
     }
@@ -546,18 +521,21 @@ impl<P: Platform> Allocator<P> {
             return Err(FreeError::NotAllocated { addr });
         }
         let entry = self.page_map().get(addr);
-        match entry & TAG_MASK {
-            TAG_SLAB => {
-                let slab = (entry & !TAG_MASK) as *mut Slab;
+        match entry.owner() {
+            PageOwner::Slab(slab) => {
+                let slab = slab as *mut Slab;
                 // SAFETY: registered slabs are alive, caches of this allocator.
                 let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
                 cache.locate(addr)?;
                 Ok(cache.obj_size())
             }
-            TAG_LARGE_HEAD if addr & (PAGE_SIZE - 1) == 0 => Ok(large_nr_pages(entry) * PAGE_SIZE),
-            TAG_LARGE_HEAD | TAG_LARGE_TAIL | TAG_LARGE_LEAD | TAG_LARGE_TRAIL => {
-                Err(FreeError::Misaligned { addr })
+            PageOwner::LargeHead { nr_pages, .. } if addr & (PAGE_SIZE - 1) == 0 => {
+                Ok(nr_pages * PAGE_SIZE)
             }
+            PageOwner::LargeHead { .. }
+            | PageOwner::LargeTail
+            | PageOwner::LargeLead(_)
+            | PageOwner::LargeTrail(_) => Err(FreeError::Misaligned { addr }),
             _ => Err(FreeError::NotAllocated { addr }),
         }
     }
@@ -569,7 +547,7 @@ impl<P: Platform> Allocator<P> {
     /// bootstrap heap. False before init.
     #[inline]
     pub fn owns(&self, ptr: *const u8) -> bool {
-        self.is_ready() && entry_is_live(self.page_map().get(ptr as usize))
+        self.is_ready() && self.page_map().get(ptr as usize).is_live()
     }
 
     /// Page-granular kmalloc statistics.
@@ -646,12 +624,7 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() {
             return None;
         }
-        // A slab entry minus its tag is the 8-aligned slab (see free_locate).
-        let slab = self.page_map().get(addr).wrapping_sub(TAG_SLAB);
-        if slab & TAG_MASK != 0 {
-            return None;
-        }
-        let slab = slab as *mut Slab;
+        let slab = self.page_map().get(addr).slab()? as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator (same P), alive while they have slabs (a cache in use
         // is never destroyed: `destroy` requires no objects allocated).
@@ -673,8 +646,8 @@ impl<P: Platform> Allocator<P> {
             return Err(FreeError::NotAllocated { addr });
         }
         let entry = self.page_map().get(addr);
-        if entry & TAG_MASK == TAG_SLAB {
-            let slab = (entry & !TAG_MASK) as *mut Slab;
+        if let Some(slab) = entry.slab() {
+            let slab = slab as *mut Slab;
             // SAFETY: registered slabs are alive and belong to caches of
             // this allocator (same P), alive while they have slabs.
             let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };

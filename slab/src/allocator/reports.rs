@@ -2,11 +2,10 @@
 //! error ring and the kernel's hook ([`crate::report`]), bad frees.
 
 use super::Allocator;
-use super::kmalloc::large_nr_pages;
 use crate::cache::KmemCache;
 use crate::debug::SlabDebugConfig;
 use crate::error::FreeError;
-use crate::layout::pagemap::{TAG_LARGE_FREED, TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
@@ -69,13 +68,13 @@ impl<P: Platform> Allocator<P> {
         let entry = if self.is_ready() {
             self.page_map().get(addr)
         } else {
-            0
+            PageEntry::NONE
         };
         let kind = match error {
             FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
             FreeError::WrongCache { .. } => ErrorKind::WrongCache,
             FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
-            FreeError::NotAllocated { .. } if !entry_is_live(entry) => ErrorKind::ForeignPointer,
+            FreeError::NotAllocated { .. } if !entry.is_live() => ErrorKind::ForeignPointer,
             FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
         };
         let mut report = ErrorReport::new(kind, cache, addr);
@@ -85,14 +84,16 @@ impl<P: Platform> Allocator<P> {
         {
             report.owner = Some(ReportName::new(owner));
         }
-        if kind == ErrorKind::DuplicateFree && entry & TAG_MASK == TAG_LARGE_FREED {
+        if kind == ErrorKind::DuplicateFree
+            && let PageOwner::LargeFreed { nr_pages } = entry.owner()
+        {
             // A page-granular block kfree gave back (its head's freed
             // mark): its address and size.
             report.object = addr;
-            report.size = large_nr_pages(entry) * PAGE_SIZE;
+            report.size = nr_pages * PAGE_SIZE;
         }
-        if entry & TAG_MASK == TAG_SLAB {
-            let slab = (entry & !TAG_MASK) as *mut Slab;
+        if let Some(slab) = entry.slab() {
+            let slab = slab as *mut Slab;
             // SAFETY: registered slabs are alive and belong to caches of
             // this allocator.
             let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };

@@ -11,7 +11,7 @@ use core::ptr::{self, NonNull};
 use super::{FreeOut, HotFlags, KmemCache, Located};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
-use crate::layout::pagemap::{TAG_MASK, TAG_SLAB, entry_is_live};
+use crate::layout::pagemap::PageEntry;
 use crate::magazine::{MAG_FREE_RETRIES, Magazine};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
@@ -57,16 +57,12 @@ impl<P: Platform> KmemCache<P> {
         // Off the primary source the map is empty: entry 0, slow path.
         // A slab entry minus its tag is the 8-aligned slab: one subtract
         // and one test find it and check the tag.
-        let slab = self.page_map.get(addr).wrapping_sub(TAG_SLAB);
-        if slab & TAG_MASK != 0
-            // SAFETY: a TAG_SLAB entry names a registered slab, alive
-            // (entries are cleared before a slab is destroyed); `||` reads
-            // it only then.
-            || unsafe { (*(slab as *mut Slab)).cache } != (self as *const Self).cast()
-        {
+        let slab = self.page_map.get(addr).slab()? as *mut Slab;
+        // SAFETY: a slab entry names a registered slab, alive (entries
+        // are cleared before a slab is destroyed).
+        if unsafe { (*slab).cache } != (self as *const Self).cast() {
             return None;
         }
-        let slab = slab as *mut Slab;
         // SAFETY: a live slab of ours whose pages hold addr.
         unsafe { self.object_index(slab, addr) }.map(|index| Located { slab, index })
     }
@@ -348,15 +344,15 @@ impl<P: Platform> KmemCache<P> {
             return self.locate_off_primary(addr);
         }
         let entry = self.page_map.get(addr);
-        let slab = (entry & !TAG_MASK) as *mut Slab;
-        if entry & TAG_MASK != TAG_SLAB
-            // SAFETY: a TAG_SLAB entry names a registered slab, alive
-            // (entries are cleared before a slab is destroyed); `||` reads
-            // it only then.
-            || unsafe { (*slab).cache } != (self as *const Self).cast()
-        {
+        let ours = entry.slab().map(|slab| slab as *mut Slab).filter(|&slab| {
+            // SAFETY: a slab entry names a registered slab, alive (entries
+            // are cleared before a slab is destroyed).
+            let owner = unsafe { (*slab).cache };
+            owner == (self as *const Self).cast()
+        });
+        let Some(slab) = ours else {
             return Err(self.locate_error(addr, entry));
-        }
+        };
         // SAFETY: a live slab of ours (above).
         unsafe { self.check_object(slab, addr) }?;
         Ok(slab)
@@ -365,14 +361,14 @@ impl<P: Platform> KmemCache<P> {
     /// Why `addr` (page-map entry `entry`) is not one of our slabs' pages.
     #[cold]
     #[inline(never)]
-    pub(super) fn locate_error(&self, addr: usize, entry: usize) -> FreeError {
-        if !entry_is_live(entry) {
+    pub(super) fn locate_error(&self, addr: usize, entry: PageEntry) -> FreeError {
+        if !entry.is_live() {
             return FreeError::NotAllocated { addr };
         }
-        if entry & TAG_MASK != TAG_SLAB {
+        let Some(slab) = entry.slab() else {
             return FreeError::WrongCache { addr, owner: None };
-        }
-        let slab = (entry & !TAG_MASK) as *mut Slab;
+        };
+        let slab = slab as *mut Slab;
         // SAFETY: registered slabs are alive; slabs on the primary source
         // belong to caches of this allocator (same P), alive while they
         // have slabs.
@@ -468,7 +464,7 @@ impl<P: Platform> KmemCache<P> {
     #[inline]
     pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
         if self.on_primary {
-            (self.page_map.get(addr) & !TAG_MASK) as *mut Slab
+            self.page_map.get(addr).slab_unchecked() as *mut Slab
         } else {
             small_header(addr)
         }

@@ -13,7 +13,6 @@ use super::{AllocOut, HotFlags, KmemCache, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
 use crate::layout::geometry::SlabKind;
-use crate::layout::pagemap::TAG_MASK;
 use crate::platform::Platform;
 use crate::slab::Slab;
 use crate::sync::IrqGuard;
@@ -92,7 +91,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(layout) = self.debug.as_ref() {
             let slab = match self.kind {
                 SlabKind::Small => self.small_slab_of(addr) as usize,
-                SlabKind::Bufctl => self.page_map.get(addr) & !TAG_MASK,
+                SlabKind::Bufctl => self.page_map.get(addr).slab_unchecked(),
             };
             // SAFETY: just taken from our magazines or slab layer: ours
             // until returned (its stride holds the debug slot).

@@ -9,7 +9,6 @@ use core::sync::atomic::Ordering;
 use super::{HotFlags, KmemCache, Located};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
 use crate::allocator::TAG_ARRAY_SIZES;
-use crate::layout::pagemap::TAG_MASK;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Slab, small_header};
 
@@ -39,7 +38,7 @@ impl<P: Platform> KmemCache<P> {
             (unsafe { (*slab).tags.load(Ordering::Acquire) }, addr - page)
         } else {
             debug_assert!(self.on_primary);
-            let slab = (self.page_map.get(addr) & !TAG_MASK) as *mut Slab;
+            let slab = self.page_map.get(addr).slab_unchecked() as *mut Slab;
             // SAFETY: as above.
             unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };

@@ -2,7 +2,8 @@
 //! Linux's `struct page` → slab pointer. It answers "who owns this
 //! pointer?" for `kfree`, `ksize`, `owns` and wrong-cache detection.
 //!
-//! Entry encoding (low 3 bits are the tag; slab structs are 8-aligned):
+//! Entry encoding ([`PageEntry`]; low 3 bits are the tag; slab structs
+//! are 8-aligned):
 //! - `0`: not slab memory (not handed out by the allocator, or free);
 //! - `slab | TAG_SLAB`: a page of a slab (small or bufctl) whose
 //!   [`Slab`](crate::slab::Slab) struct is at `slab`;
@@ -23,20 +24,170 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::platform::{PAGE_SHIFT, PAGE_SIZE};
 
-pub(crate) const TAG_MASK: usize = 7;
-pub(crate) const TAG_SLAB: usize = 1;
-pub(crate) const TAG_LARGE_HEAD: usize = 2;
-pub(crate) const TAG_LARGE_TAIL: usize = 3;
-pub(crate) const TAG_LARGE_LEAD: usize = 4;
-pub(crate) const TAG_LARGE_TRAIL: usize = 5;
-pub(crate) const TAG_LARGE_FREED: usize = 6;
+const TAG_MASK: usize = 7;
+const TAG_SLAB: usize = 1;
+const TAG_LARGE_HEAD: usize = 2;
+const TAG_LARGE_TAIL: usize = 3;
+const TAG_LARGE_LEAD: usize = 4;
+const TAG_LARGE_TRAIL: usize = 5;
+const TAG_LARGE_FREED: usize = 6;
 
-/// Whether a page-map entry says the allocator owns the page now (a slab
-/// page or a live page-granular kmalloc): not 0, not a freed block's mark.
-#[inline(always)]
-pub(crate) const fn entry_is_live(entry: usize) -> bool {
-    // Tags 1..=5 are live; 0 (nothing) and TAG_LARGE_FREED are not.
-    (entry & TAG_MASK).wrapping_sub(1) < TAG_LARGE_TRAIL
+/// Where a page-granular head entry keeps its charge token (an
+/// `Option<AllocTagRef>` as a `u32`, 0 for `None`), and a slack entry
+/// its trail count.
+const LARGE_HIGH_SHIFT: u32 = 32;
+/// Most pages one page-granular kmalloc may span (its count must fit below
+/// the token bits).
+pub(crate) const LARGE_MAX_PAGES: usize = (1 << (LARGE_HIGH_SHIFT - 3)) - 1;
+
+/// One page's page-map entry: who owns the page. A word (see the module
+/// docs for the encoding), built by the named constructors and decoded
+/// only here: [`PageEntry::owner`], or [`PageEntry::slab`] on the free
+/// hit (one subtract and one test).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub(crate) struct PageEntry(usize);
+
+/// A page-map entry decoded ([`PageEntry::owner`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum PageOwner {
+    /// Not slab memory: not handed out by the allocator, or free.
+    None,
+    /// A page of a slab whose struct is at this (8-aligned) address.
+    Slab(usize),
+    /// The first page of a live page-granular kmalloc of `nr_pages`
+    /// pages, charged with `token` (0: none).
+    LargeHead {
+        /// Pages of the allocation.
+        nr_pages: usize,
+        /// The charge token, 0 for none.
+        token: u32,
+    },
+    /// A later page of a page-granular kmalloc.
+    LargeTail,
+    /// A slack page before a page-granular kmalloc aligned above a page.
+    LargeLead(Slack),
+    /// A slack page after one.
+    LargeTrail(Slack),
+    /// The first page of a page-granular kmalloc `kfree` gave back, until
+    /// the page is used again.
+    LargeFreed {
+        /// Pages the allocation had.
+        nr_pages: usize,
+    },
+}
+
+/// The slack pages around a page-granular kmalloc aligned above a page.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) struct Slack {
+    /// Pages before the block.
+    pub(crate) lead: usize,
+    /// Pages after it.
+    pub(crate) trail: usize,
+}
+
+impl PageEntry {
+    /// Not slab memory.
+    pub(crate) const NONE: PageEntry = PageEntry(0);
+
+    /// A page of the slab whose struct is at `slab` (8-aligned).
+    #[inline(always)]
+    pub(crate) fn slab_page(slab: usize) -> PageEntry {
+        debug_assert!(slab & TAG_MASK == 0);
+        PageEntry(slab | TAG_SLAB)
+    }
+
+    /// The head page of a live page-granular kmalloc.
+    #[inline]
+    pub(crate) fn large_head(nr_pages: usize, token: u32) -> PageEntry {
+        debug_assert!(nr_pages <= LARGE_MAX_PAGES);
+        PageEntry(((token as usize) << LARGE_HIGH_SHIFT) | (nr_pages << 3) | TAG_LARGE_HEAD)
+    }
+
+    /// Page `distance` (≥ 1) of a page-granular kmalloc.
+    #[inline]
+    pub(crate) fn large_tail(distance: usize) -> PageEntry {
+        PageEntry((distance << 3) | TAG_LARGE_TAIL)
+    }
+
+    /// A slack page before an over-aligned page-granular kmalloc.
+    #[inline]
+    pub(crate) fn large_lead(slack: Slack) -> PageEntry {
+        PageEntry(Self::slack_bits(slack) | TAG_LARGE_LEAD)
+    }
+
+    /// A slack page after one.
+    #[inline]
+    pub(crate) fn large_trail(slack: Slack) -> PageEntry {
+        PageEntry(Self::slack_bits(slack) | TAG_LARGE_TRAIL)
+    }
+
+    /// The freed mark of a page-granular kmalloc's head.
+    #[inline]
+    pub(crate) fn large_freed(nr_pages: usize) -> PageEntry {
+        PageEntry((nr_pages << 3) | TAG_LARGE_FREED)
+    }
+
+    fn slack_bits(slack: Slack) -> usize {
+        (slack.trail << LARGE_HIGH_SHIFT) | (slack.lead << 3)
+    }
+
+    fn slack(self) -> Slack {
+        Slack {
+            lead: (self.0 >> 3) & LARGE_MAX_PAGES,
+            trail: self.0 >> LARGE_HIGH_SHIFT,
+        }
+    }
+
+    /// The slab struct's address if this is a slab page: one subtract and
+    /// one test (a slab entry minus its tag is the 8-aligned slab). The
+    /// free hit's decoding.
+    #[inline(always)]
+    pub(crate) fn slab(self) -> Option<usize> {
+        let slab = self.0.wrapping_sub(TAG_SLAB);
+        if slab & TAG_MASK != 0 {
+            None
+        } else {
+            Some(slab)
+        }
+    }
+
+    /// The slab struct's address of an entry known to be a slab page (a
+    /// busy object's page: its slab cannot go meanwhile), or 0 for
+    /// [`PageEntry::NONE`] (the empty page map of a cache off the primary
+    /// source). One mask.
+    #[inline(always)]
+    pub(crate) fn slab_unchecked(self) -> usize {
+        debug_assert!(self.0 == 0 || self.0 & TAG_MASK == TAG_SLAB);
+        self.0 & !TAG_MASK
+    }
+
+    /// What the entry says.
+    #[inline]
+    pub(crate) fn owner(self) -> PageOwner {
+        match self.0 & TAG_MASK {
+            TAG_SLAB => PageOwner::Slab(self.0 & !TAG_MASK),
+            TAG_LARGE_HEAD => PageOwner::LargeHead {
+                nr_pages: (self.0 >> 3) & LARGE_MAX_PAGES,
+                token: (self.0 >> LARGE_HIGH_SHIFT) as u32,
+            },
+            TAG_LARGE_TAIL => PageOwner::LargeTail,
+            TAG_LARGE_LEAD => PageOwner::LargeLead(self.slack()),
+            TAG_LARGE_TRAIL => PageOwner::LargeTrail(self.slack()),
+            TAG_LARGE_FREED => PageOwner::LargeFreed {
+                nr_pages: (self.0 >> 3) & LARGE_MAX_PAGES,
+            },
+            _ => PageOwner::None,
+        }
+    }
+
+    /// Whether the allocator owns the page now (a slab page or a live
+    /// page-granular kmalloc): not 0, not a freed block's mark.
+    #[inline(always)]
+    pub(crate) const fn is_live(self) -> bool {
+        // Tags 1..=5 are live; 0 (nothing) and TAG_LARGE_FREED are not.
+        (self.0 & TAG_MASK).wrapping_sub(1) < TAG_LARGE_TRAIL
+    }
 }
 
 /// Where the page map lives. Copied into every cache at creation; never
@@ -77,12 +228,12 @@ impl PageMap {
         unsafe { &*self.entries.add(index) }
     }
 
-    /// The entry for `addr`, 0 if outside the span.
+    /// The entry for `addr`, [`PageEntry::NONE`] if outside the span.
     #[inline]
-    pub(crate) fn get(&self, addr: usize) -> usize {
+    pub(crate) fn get(&self, addr: usize) -> PageEntry {
         match self.index(addr) {
-            Some(index) => self.entry(index).load(Ordering::Acquire),
-            None => 0,
+            Some(index) => PageEntry(self.entry(index).load(Ordering::Acquire)),
+            None => PageEntry::NONE,
         }
     }
 
@@ -92,7 +243,7 @@ impl PageMap {
         &self,
         addr: usize,
         nr_pages: usize,
-        value: impl Fn(usize) -> usize,
+        value: impl Fn(usize) -> PageEntry,
     ) -> bool {
         let Some(first) = self.index(addr) else {
             return false;
@@ -102,24 +253,24 @@ impl PageMap {
         }
         for page in 0..nr_pages {
             self.entry(first + page)
-                .store(value(page), Ordering::Release);
+                .store(value(page).0, Ordering::Release);
         }
         true
     }
 
     /// Clear the entries of `nr_pages` pages from `addr` (none for 0).
     pub(crate) fn clear_range(&self, addr: usize, nr_pages: usize) {
-        self.set_range(addr, nr_pages, |_| 0);
+        self.set_range(addr, nr_pages, |_| PageEntry::NONE);
     }
 
     /// Atomically claim a large-allocation head entry: replace `expected`
-    /// by `freed` (its [`TAG_LARGE_FREED`] mark). False if someone else
-    /// changed it first.
-    pub(crate) fn claim(&self, addr: usize, expected: usize, freed: usize) -> bool {
+    /// by `freed` (its [`PageEntry::large_freed`] mark). False if someone
+    /// else changed it first.
+    pub(crate) fn claim(&self, addr: usize, expected: PageEntry, freed: PageEntry) -> bool {
         match self.index(addr) {
             Some(index) => self
                 .entry(index)
-                .compare_exchange(expected, freed, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(expected.0, freed.0, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok(),
             None => false,
         }
