@@ -473,6 +473,7 @@ macro_rules! time_stats_end {
 mod alloc_tag;
 mod allocator;
 mod cache;
+mod constructor;
 pub mod debug;
 mod error;
 mod flags;
@@ -495,7 +496,8 @@ pub use alloc_tag::AllocTagRef;
 pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use cache::{Ctor, DestroyReport, Dtor, KmemCache};
+pub use cache::{DestroyReport, KmemCache};
+pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use flags::CacheFlags;
 pub use kmemtrace::{
@@ -504,7 +506,7 @@ pub use kmemtrace::{
 };
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
-pub use object::{Constructed, InitBox, ObjectInit, ObjectRef, SlabBox, WordMismatch};
+pub use object::{InitBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;

@@ -30,21 +30,26 @@
 use core::ptr::{self, NonNull};
 #[cfg(feature = "alloc-profiling")]
 use core::sync::atomic::AtomicPtr;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::AtomicU64;
+#[cfg(feature = "alloc-profiling")]
+use core::sync::atomic::Ordering;
 
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::KmemCache;
+use crate::constructor::Ctor;
+use crate::constructor::Dtor;
+use crate::constructor::{ObjectInit, ObjectRef};
+use crate::error::AllocError;
 use crate::layout::freelist::{BadLink, FreeList, FreeMap, map_test};
 use crate::layout::geometry::{
     BUFCTL_BYTES, MAX_SMALL_OBJS, SLAB_HEADER_BYTES, SMALL_HEADER_OFFSET, SlabKind,
 };
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::layout::pagemap::PageEntry;
-use crate::object::{ObjectInit, ObjectRef};
+use crate::layout::pagemap::PageMap;
+use crate::platform::PageSource;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::{Mutex, MutexGuard};
-use crate::{AllocError, BootCache};
 
 /// Header of a small-object slab (at the end of its page) and struct of a
 /// bufctl slab (from `kmem_slab`).
@@ -578,21 +583,139 @@ fn slab_base(slab: *mut Slab) -> usize {
     }
 }
 
-/// A cache's slab layer: its slab lists behind a spin lock, and every
-/// operation on its slabs: growing (pages from the source, carved into
-/// objects), taking and returning objects (bufctl state changes with
-/// them), reaping empty slabs, and the bufctl hash's table. The cache's
-/// read-only geometry (`kind`, `stride`, `nr_objs_per_slab`, the page
-/// source, ...) is passed in as `cache`: the hot fields stay at the head of
-/// [`KmemCache`], where the magazine hit reads them.
+/// The slab layer's parameters: the cache's geometry, its page source,
+/// constructor and destructor, fixed at creation. The slab layer owns
+/// them; the fields the magazine hits read are also kept at the head of
+/// the cache (`KmemCache`), where the hits find them in one cache line.
+pub(crate) struct SlabParams {
+    pub(crate) kind: SlabKind,
+    pub(crate) stride: usize,
+    pub(crate) obj_size: usize,
+    pub(crate) nr_objs_per_slab: usize,
+    pub(crate) nr_pages_per_slab: usize,
+    /// Small slabs: the header is a `kmem_slab` object, not the slab's
+    /// last bytes.
+    pub(crate) header_off_slab: bool,
+    /// On the primary source: slabs are registered in `page_map`.
+    pub(crate) on_primary: bool,
+    pub(crate) page_map: PageMap,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) dtor: Option<Dtor>,
+    /// Where a free object holds its free-list link: 0, or in the debug
+    /// trailer (so the poison stays whole).
+    pub(crate) freeptr_offset: usize,
+    /// The free-list obfuscation secret ([`crate::layout::freelist`]).
+    pub(crate) freelist_secret: usize,
+    /// A debug cache: objects are initialised and checked through
+    /// [`SlabOwner::debug_init_object`] and
+    /// [`SlabOwner::debug_verify_free_object`].
+    pub(crate) debug: bool,
+}
+
+impl SlabParams {
+    /// The hardened free list of the small slab whose object 0 is at
+    /// `base`.
+    pub(crate) fn free_list(&self, base: usize) -> FreeList {
+        FreeList {
+            base,
+            stride: self.stride,
+            nr_objs: self.nr_objs_per_slab,
+            link_offset: self.freeptr_offset,
+            secret: self.freelist_secret,
+        }
+    }
+
+    /// The header of the small slab holding `addr` (an object of a live
+    /// slab): through the page map on the primary source (the header may
+    /// be off slab or at the end of a later page), at the end of the page
+    /// otherwise (one-page slabs there).
+    #[inline]
+    pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
+        if self.on_primary {
+            self.page_map.get(addr).slab_unchecked() as *mut Slab
+        } else {
+            small_header(addr)
+        }
+    }
+}
+
+/// Metadata the slab layer takes from the bootstrap caches.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Metadata {
+    /// A `kmem_slab` object (a [`Slab`] struct off its slab).
+    Slab,
+    /// A `kmem_bufctl` object (a [`Bufctl`]).
+    Bufctl,
+}
+
+/// What the slab layer needs from the cache it serves, beside its
+/// [`SlabParams`]: its identity, the error sink, the bootstrap caches and
+/// the debug hooks. The cache implements it (`cache/slab_layer.rs`), so
+/// this layer never names the cache. Every call is made with no slab lock
+/// held.
+pub(crate) trait SlabOwner {
+    /// The platform (the clock of the `time-stats` points).
+    type Platform: Platform;
+    /// The cache's identity, stored in every slab ([`Slab::cache`]).
+    fn id(&self) -> *const ();
+    /// The cache's name, for reports.
+    fn name(&self) -> &str;
+    /// The error sink: a report of something this layer refused or
+    /// repaired.
+    fn report(&self, report: ErrorReport);
+    /// A page source ran dry: reap every cache. True if the reap ran (then
+    /// the allocation is retried once).
+    fn reap_for_pressure(&self) -> bool;
+    /// A metadata object.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`].
+    fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError>;
+    /// Give a metadata object back.
+    ///
+    /// # Safety
+    /// `obj` came from [`SlabOwner::alloc_metadata`] with `which` and is
+    /// no longer used.
+    unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8);
+    /// Where the bufctl hash's tables come from.
+    fn metadata_source(&self) -> &'static dyn PageSource;
+    /// A debug cache: initialise the trailer of the fresh object at
+    /// `addr` (state free, poison, redzone).
+    ///
+    /// # Safety
+    /// `addr` is an object of a fresh slab of this cache, ours alone.
+    unsafe fn debug_init_object(&self, addr: usize);
+    /// A debug cache: check the free object at `addr` of `slab` before
+    /// the slab's pages go back (a write after free is reported then).
+    ///
+    /// # Safety
+    /// `addr` is an object of `slab`, a detached empty slab of this cache.
+    unsafe fn debug_verify_free_object(&self, addr: usize, slab: *mut Slab) -> Option<ErrorReport>;
+    /// Free a slab's tag side array (`alloc-profiling`).
+    ///
+    /// # Safety
+    /// `tags` is the side array of a slab being destroyed, with no busy
+    /// object (or the shared empty one).
+    #[cfg(feature = "alloc-profiling")]
+    unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>);
+}
+
+/// A cache's slab layer: its parameters, its slab lists behind a spin
+/// lock, and every operation on its slabs: growing (pages from the
+/// source, carved into objects), taking and returning objects (bufctl
+/// state changes with them), reaping empty slabs, and the bufctl hash's
+/// table. What it needs of the cache comes through `owner` ([`SlabOwner`]).
 pub(crate) struct SlabLayer {
     lists: Mutex<SlabLists>,
+    pub(crate) params: SlabParams,
 }
 
 impl SlabLayer {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(params: SlabParams) -> Self {
         SlabLayer {
             lists: Mutex::new(SlabLists::new()),
+            params,
         }
     }
 
@@ -606,89 +729,89 @@ impl SlabLayer {
     /// object is not constructed and not counted; bufctl objects come back
     /// `BufctlState::Cached`. A corrupted free list met on the way is
     /// reported (after the lock is dropped) and repaired.
-    pub(crate) fn alloc_raw<P: Platform>(
-        &self,
-        cache: &KmemCache<P>,
-    ) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_raw<O: SlabOwner>(&self, owner: &O) -> Result<NonNull<u8>, AllocError> {
         let mut bad = None;
-        let taken = self
-            .lock()
-            .take_object(cache.kind, |base| cache.free_list(base), &mut bad);
-        self.report_bad_link(cache, bad);
+        let taken = self.lock().take_object(
+            self.params.kind,
+            |base| self.params.free_list(base),
+            &mut bad,
+        );
+        self.report_bad_link(owner, bad);
         if let Some(obj) = taken {
             return Ok(obj);
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
-        let slab = match self.grow(cache) {
+        let slab = match self.grow(owner) {
             Ok(slab) => slab,
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
-                let taken =
-                    self.lock()
-                        .take_object(cache.kind, |base| cache.free_list(base), &mut bad);
-                self.report_bad_link(cache, bad);
+                let taken = self.lock().take_object(
+                    self.params.kind,
+                    |base| self.params.free_list(base),
+                    &mut bad,
+                );
+                self.report_bad_link(owner, bad);
                 return taken.ok_or(error);
             }
         };
         let mut layer = self.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
-        let obj = layer.take_object(cache.kind, |base| cache.free_list(base), &mut bad);
+        let obj = layer.take_object(
+            self.params.kind,
+            |base| self.params.free_list(base),
+            &mut bad,
+        );
         drop(layer);
-        self.report_bad_link(cache, bad);
-        self.maybe_grow_hash(cache);
+        self.report_bad_link(owner, bad);
+        self.maybe_grow_hash(owner);
         obj.ok_or(AllocError::OutOfMemory)
     }
 
     /// Report a free-list link that failed its check (`take_object`).
-    fn report_bad_link<P: Platform>(
-        &self,
-        cache: &KmemCache<P>,
-        bad: Option<(*mut Slab, BadLink)>,
-    ) {
+    fn report_bad_link<O: SlabOwner>(&self, owner: &O, bad: Option<(*mut Slab, BadLink)>) {
         let Some((slab, link)) = bad else {
             return;
         };
-        let mut report = ErrorReport::new(ErrorKind::FreeListCorrupted, cache.name(), link.obj);
+        let mut report = ErrorReport::new(ErrorKind::FreeListCorrupted, owner.name(), link.obj);
         report.object = link.obj;
         report.slab = slab as usize;
         report.corruption = Some(crate::debug::Mismatch {
-            offset: cache.freeptr_offset,
+            offset: self.params.freeptr_offset,
             expected: 0,
             found: link.decoded as u64,
         });
-        cache.owner().report_error(report);
+        owner.report(report);
     }
 
     /// Allocate one constructed object from the slab layer for a caller
-    /// (the magazine layer missed). Counted in the cache's direct counters.
-    pub(crate) fn alloc_constructed<P: Platform>(
+    /// (the magazine layer missed; the cache counts it).
+    pub(crate) fn alloc_constructed<O: SlabOwner>(
         &self,
-        cache: &KmemCache<P>,
+        owner: &O,
     ) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.alloc_raw(cache)?;
-        if let Some(ctor) = cache.ctor
+        let obj = self.alloc_raw(owner)?;
+        if let Some(ctor) = self.params.ctor
             // SAFETY: a fresh object of our slab layer: obj_size bytes,
             // 8-aligned (every stride is a multiple of 8 and slabs start on
             // a page), nobody else's until we return it.
-            && ctor(unsafe { ObjectInit::new(obj, cache.obj_size) }).is_err()
+            && ctor(unsafe { ObjectInit::new(obj, self.params.obj_size) }).is_err()
         {
             // SAFETY: obj came from our slab layer just now, unconstructed.
-            unsafe { self.free_raw(cache, obj.as_ptr()) };
+            unsafe { self.free_raw(owner, obj.as_ptr()) };
             return Err(AllocError::ConstructorFailed);
         }
-        cache.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
         Ok(obj)
     }
 
     /// The slab a busy object of this cache's slab layer was checked
     /// against: the header for a small slab (null for bufctl slabs: the
     /// hash decides).
-    fn slab_of<P: Platform>(&self, cache: &KmemCache<P>, obj: *mut u8) -> *mut Slab {
-        match cache.kind {
-            SlabKind::Small => cache.small_slab_of(obj as usize),
+    fn slab_of(&self, obj: *mut u8) -> *mut Slab {
+        match self.params.kind {
+            SlabKind::Small => self.params.small_slab_of(obj as usize),
             SlabKind::Bufctl => ptr::null_mut(),
         }
     }
@@ -699,13 +822,13 @@ impl SlabLayer {
     /// # Safety
     /// `obj` is an object of this cache's slab layer (small: in one of its
     /// live slabs), not in any magazine, not with a caller.
-    pub(crate) unsafe fn free_raw<P: Platform>(&self, cache: &KmemCache<P>, obj: *mut u8) {
-        let slab = self.slab_of(cache, obj);
-        let list = cache.free_list(slab_base(slab));
+    pub(crate) unsafe fn free_raw<O: SlabOwner>(&self, owner: &O, obj: *mut u8) {
+        let slab = self.slab_of(obj);
+        let list = self.params.free_list(slab_base(slab));
         // SAFETY: per the caller.
-        let refused = unsafe { self.lock().put_object(cache.kind, obj, slab, list) };
+        let refused = unsafe { self.lock().put_object(self.params.kind, obj, slab, list) };
         if let Err(kind) = refused {
-            self.report_refusal(cache, kind, obj, slab);
+            self.report_refusal(owner, kind, obj, slab);
         }
     }
 
@@ -717,55 +840,55 @@ impl SlabLayer {
     /// Every pointer is an object start of a live slab of this cache (small
     /// slabs) or was handed out by it (bufctl slabs), constructed, in no
     /// magazine and with no caller.
-    pub(crate) unsafe fn free_objects<P: Platform>(&self, cache: &KmemCache<P>, objs: &[*mut u8]) {
-        if let Some(dtor) = cache.dtor {
-            let constructed = cache.ctor.is_some();
+    pub(crate) unsafe fn free_objects<O: SlabOwner>(&self, owner: &O, objs: &[*mut u8]) {
+        if let Some(dtor) = self.params.dtor {
+            let constructed = self.params.ctor.is_some();
             for &obj in objs {
                 if let Some(obj) = NonNull::new(obj) {
                     // SAFETY: per the caller, an object of ours (8-aligned)
                     // with nobody else; constructed, so initialised, if the
                     // cache has a constructor (callers give objects back
                     // constructed: `Ctor`).
-                    dtor(unsafe { ObjectRef::new(obj, cache.obj_size, constructed) });
+                    dtor(unsafe { ObjectRef::new(obj, self.params.obj_size, constructed) });
                 }
             }
         }
         let mut layer = self.lock();
         for &obj in objs {
-            let slab = self.slab_of(cache, obj);
-            let list = cache.free_list(slab_base(slab));
+            let slab = self.slab_of(obj);
+            let list = self.params.free_list(slab_base(slab));
             // SAFETY: per the caller.
-            if let Err(kind) = unsafe { layer.put_object(cache.kind, obj, slab, list) } {
+            if let Err(kind) = unsafe { layer.put_object(self.params.kind, obj, slab, list) } {
                 drop(layer);
-                self.report_refusal(cache, kind, obj, slab);
+                self.report_refusal(owner, kind, obj, slab);
                 layer = self.lock();
             }
         }
     }
 
     /// Report an object the slab layer refused (`put_object`).
-    fn report_refusal<P: Platform>(
+    fn report_refusal<O: SlabOwner>(
         &self,
-        cache: &KmemCache<P>,
+        owner: &O,
         kind: ErrorKind,
         obj: *mut u8,
         slab: *mut Slab,
     ) {
         let addr = obj as usize;
-        let mut report = ErrorReport::new(kind, cache.name(), addr);
+        let mut report = ErrorReport::new(kind, owner.name(), addr);
         report.slab = slab as usize;
         if kind == ErrorKind::DuplicateFree {
             report.object = addr;
         }
-        cache.owner().report_error(report);
+        owner.report(report);
     }
 
     /// Make a new slab: pages from the source, carved into objects, and
     /// registered in the page map. Runs with no lock held.
-    fn grow<P: Platform>(&self, cache: &KmemCache<P>) -> Result<*mut Slab, AllocError> {
-        let start = time_stats_start!(P);
-        let grown = self.grow_timed(cache);
-        time_stats_end!(P, start);
+    fn grow<O: SlabOwner>(&self, owner: &O) -> Result<*mut Slab, AllocError> {
+        let start = time_stats_start!(O::Platform);
+        let grown = self.grow_timed(owner);
+        time_stats_end!(O::Platform, start);
         grown
     }
 
@@ -773,35 +896,35 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "kmem_slab objects are aligned for Slab (boot cache geometry)"
     )]
-    fn grow_timed<P: Platform>(&self, cache: &KmemCache<P>) -> Result<*mut Slab, AllocError> {
-        let nr_pages = cache.nr_pages_per_slab;
-        let pages = match cache.source.alloc_pages(nr_pages) {
+    fn grow_timed<O: SlabOwner>(&self, owner: &O) -> Result<*mut Slab, AllocError> {
+        let nr_pages = self.params.nr_pages_per_slab;
+        let pages = match self.params.source.alloc_pages(nr_pages) {
             Ok(pages) => pages,
             // Out of memory: reap every cache (every CPU's magazines, the
             // depots, empty slabs) and try once more.
-            Err(_) if cache.owner().reap_for_pressure().is_some() => {
-                cache.source.alloc_pages(nr_pages)?
-            }
+            Err(_) if owner.reap_for_pressure() => self.params.source.alloc_pages(nr_pages)?,
             Err(error) => return Err(error),
         };
         let base = pages.as_ptr() as usize;
-        let slab = match cache.kind {
-            SlabKind::Small if !cache.header_off_slab => {
+        let slab = match self.params.kind {
+            SlabKind::Small if !self.params.header_off_slab => {
                 (base + nr_pages * PAGE_SIZE - core::mem::size_of::<Slab>()) as *mut Slab
             }
             SlabKind::Small | SlabKind::Bufctl => {
-                match cache.owner().boot(BootCache::Slab).slab_alloc_raw() {
+                match owner.alloc_metadata(Metadata::Slab) {
                     Ok(slab) => slab.as_ptr().cast::<Slab>(),
                     Err(error) => {
                         // SAFETY: the pages came from this source just now.
-                        unsafe { cache.source.free_pages(pages, nr_pages) };
+                        unsafe { self.params.source.free_pages(pages, nr_pages) };
                         return Err(error);
                     }
                 }
             }
         };
         // The geometry keeps both counts in range (`Geometry::new`).
-        debug_assert!(cache.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize);
+        debug_assert!(
+            self.params.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize
+        );
         // SAFETY: `slab` is either the header area at the end of our fresh
         // slab or a fresh kmem_slab object, both writable and ours.
         unsafe {
@@ -809,9 +932,9 @@ impl SlabLayer {
                 magic: SLAB_MAGIC,
                 nr_pages: nr_pages as u32,
                 nr_busy: 0,
-                nr_objs: cache.nr_objs_per_slab as u16,
+                nr_objs: self.params.nr_objs_per_slab as u16,
                 list: SlabList::Empty,
-                cache: (cache as *const KmemCache<P>).cast(),
+                cache: owner.id(),
                 prev: ptr::null_mut(),
                 next: ptr::null_mut(),
                 base,
@@ -824,44 +947,45 @@ impl SlabLayer {
                 free_map: [const { AtomicU64::new(0) }; 8],
             });
         }
-        if let Some(layout) = cache.debug.as_ref() {
-            for index in 0..cache.nr_objs_per_slab {
+        if self.params.debug {
+            for index in 0..self.params.nr_objs_per_slab {
                 // SAFETY: object `index` of our fresh slab (its stride
                 // holds the debug slot), ours alone.
-                unsafe { cache.debug_init_object(layout, base + index * cache.stride) };
+                unsafe { owner.debug_init_object(base + index * self.params.stride) };
             }
         }
-        let carved = match cache.kind {
+        let carved = match self.params.kind {
             SlabKind::Small => {
-                let list = cache.free_list(base);
+                let list = self.params.free_list(base);
                 let mut free = 0;
                 // SAFETY: slab initialised above, ours alone.
                 let map = unsafe { &(*slab).free_map };
-                for index in (0..cache.nr_objs_per_slab).rev() {
+                for index in (0..self.params.nr_objs_per_slab).rev() {
                     // SAFETY: object `index` lies inside our page below the
                     // header; its link word is 8-aligned inside its stride.
-                    unsafe { list.push(&mut free, map, base + index * cache.stride, index) };
+                    unsafe { list.push(&mut free, map, base + index * self.params.stride, index) };
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free as *mut u8 };
                 Ok(())
             }
-            SlabKind::Bufctl => self.carve_bufctls(cache, slab),
+            SlabKind::Bufctl => self.carve_bufctls(owner, slab),
         };
         if let Err(error) = carved {
             // SAFETY: the slab was never listed or registered.
-            unsafe { self.destroy_slab(cache, slab, false) };
+            unsafe { self.destroy_slab(owner, slab, false) };
             return Err(error);
         }
-        if cache.on_primary {
-            let registered = cache
+        if self.params.on_primary {
+            let registered = self
+                .params
                 .page_map
                 .set_range(base, nr_pages, |_| PageEntry::slab_page(slab as usize));
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.
                 // SAFETY: never listed or registered.
-                unsafe { self.destroy_slab(cache, slab, false) };
+                unsafe { self.destroy_slab(owner, slab, false) };
                 return Err(AllocError::OutOfMemory);
             }
         }
@@ -873,22 +997,20 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "kmem_bufctl objects are aligned for Bufctl (boot cache geometry)"
     )]
-    fn carve_bufctls<P: Platform>(
-        &self,
-        cache: &KmemCache<P>,
-        slab: *mut Slab,
-    ) -> Result<(), AllocError> {
-        let bufctl_cache = cache.owner().boot(BootCache::Bufctl);
+    fn carve_bufctls<O: SlabOwner>(&self, owner: &O, slab: *mut Slab) -> Result<(), AllocError> {
         // SAFETY: slab initialised by grow.
         let base = unsafe { (*slab).base };
-        for index in (0..cache.nr_objs_per_slab).rev() {
-            let bufctl = bufctl_cache.slab_alloc_raw()?.as_ptr().cast::<Bufctl>();
+        for index in (0..self.params.nr_objs_per_slab).rev() {
+            let bufctl = owner
+                .alloc_metadata(Metadata::Bufctl)?
+                .as_ptr()
+                .cast::<Bufctl>();
             // SAFETY: fresh kmem_bufctl object, ours to write; slab alive.
             unsafe {
                 bufctl.write(Bufctl {
                     hash_next: ptr::null_mut(),
                     free_next: (*slab).free.cast(),
-                    addr: base + index * cache.stride,
+                    addr: base + index * self.params.stride,
                     slab,
                     state: BufctlState::Free,
                     #[cfg(feature = "alloc-profiling")]
@@ -910,51 +1032,39 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
     )]
-    unsafe fn destroy_slab<P: Platform>(
-        &self,
-        cache: &KmemCache<P>,
-        slab: *mut Slab,
-        registered: bool,
-    ) {
+    unsafe fn destroy_slab<O: SlabOwner>(&self, owner: &O, slab: *mut Slab, registered: bool) {
         // SAFETY: per the caller, the slab is alive and ours alone.
         unsafe {
             debug_assert_eq!((*slab).nr_busy, 0);
             let base = (*slab).base;
             let nr_pages = (*slab).nr_pages as usize;
             if registered {
-                cache.page_map.clear_range(base, nr_pages);
+                self.params.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
             // No busy object, so nobody installs a side array meanwhile.
             #[cfg(feature = "alloc-profiling")]
-            cache.free_tag_array((*slab).tags.load(Ordering::Acquire));
-            if cache.kind == SlabKind::Small && cache.header_off_slab {
-                cache
-                    .owner()
-                    .boot(BootCache::Slab)
-                    .slab_free_raw(slab.cast());
+            owner.free_tag_array((*slab).tags.load(Ordering::Acquire));
+            if self.params.kind == SlabKind::Small && self.params.header_off_slab {
+                owner.free_metadata(Metadata::Slab, slab.cast());
             }
-            if cache.kind == SlabKind::Bufctl {
-                let bufctl_cache = cache.owner().boot(BootCache::Bufctl);
+            if self.params.kind == SlabKind::Bufctl {
                 let mut bufctl = (*slab).free.cast::<Bufctl>();
                 while !bufctl.is_null() {
                     let next = (*bufctl).free_next;
-                    bufctl_cache.slab_free_raw(bufctl.cast());
+                    owner.free_metadata(Metadata::Bufctl, bufctl.cast());
                     bufctl = next;
                 }
-                cache
-                    .owner()
-                    .boot(BootCache::Slab)
-                    .slab_free_raw(slab.cast());
+                owner.free_metadata(Metadata::Slab, slab.cast());
             }
             if let Some(pages) = NonNull::new(base as *mut u8) {
-                cache.source.free_pages(pages, nr_pages);
+                self.params.source.free_pages(pages, nr_pages);
             }
         }
     }
 
     /// Return every empty slab to the page source. Returns pages freed.
-    pub(crate) fn reap<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
+    pub(crate) fn reap<O: SlabOwner>(&self, owner: &O) -> usize {
         let mut slab = self.lock().take_empty();
         let mut nr_pages = 0;
         while !slab.is_null() {
@@ -963,8 +1073,8 @@ impl SlabLayer {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages as usize;
-                self.verify_before_destroy(cache, slab);
-                self.destroy_slab(cache, slab, cache.on_primary);
+                self.verify_before_destroy(owner, slab);
+                self.destroy_slab(owner, slab, self.params.on_primary);
                 slab = next;
             }
         }
@@ -977,20 +1087,19 @@ impl SlabLayer {
     ///
     /// # Safety
     /// `slab` is a detached empty slab of this cache, alive.
-    unsafe fn verify_before_destroy<P: Platform>(&self, cache: &KmemCache<P>, slab: *mut Slab) {
-        let Some(layout) = cache.debug.as_ref() else {
+    unsafe fn verify_before_destroy<O: SlabOwner>(&self, owner: &O, slab: *mut Slab) {
+        if !self.params.debug {
             return;
-        };
+        }
         // SAFETY: per the caller.
         let base = unsafe { (*slab).base };
-        for index in 0..cache.nr_objs_per_slab {
+        for index in 0..self.params.nr_objs_per_slab {
             // SAFETY: an object of a detached slab of ours: nobody else
             // touches it.
-            let found = unsafe {
-                cache.debug_verify_object(layout, base + index * cache.stride, slab as usize, true)
-            };
+            let found =
+                unsafe { owner.debug_verify_free_object(base + index * self.params.stride, slab) };
             if let Some(report) = found {
-                cache.owner().report_error(report);
+                owner.report(report);
             }
         }
     }
@@ -1002,7 +1111,7 @@ impl SlabLayer {
     /// # Safety
     /// Nothing uses this cache or its objects afterwards; metadata caches
     /// are discarded after the caches whose metadata they hold.
-    pub(crate) unsafe fn discard_all<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) unsafe fn discard_all(&self) {
         let mut slab = self.lock().take_all();
         while !slab.is_null() {
             // SAFETY: detached slabs are alive until their pages go back;
@@ -1011,12 +1120,12 @@ impl SlabLayer {
                 let next = (*slab).next;
                 let base = (*slab).base;
                 let nr_pages = (*slab).nr_pages as usize;
-                if cache.on_primary {
-                    cache.page_map.clear_range(base, nr_pages);
+                if self.params.on_primary {
+                    self.params.page_map.clear_range(base, nr_pages);
                 }
                 (*slab).magic = 0;
                 if let Some(pages) = NonNull::new(base as *mut u8) {
-                    cache.source.free_pages(pages, nr_pages);
+                    self.params.source.free_pages(pages, nr_pages);
                 }
                 slab = next;
             }
@@ -1024,13 +1133,13 @@ impl SlabLayer {
     }
 
     /// Grow the bufctl hash if its load is too high. Runs with no lock held.
-    pub(crate) fn maybe_grow_hash<P: Platform>(&self, cache: &KmemCache<P>) {
-        if cache.kind == SlabKind::Bufctl {
+    pub(crate) fn maybe_grow_hash<O: SlabOwner>(&self, owner: &O) {
+        if self.params.kind == SlabKind::Bufctl {
             rescale_locked(
                 &self.lists,
                 |lists| &mut lists.hash,
                 AddrHash::wants_grow,
-                cache.owner().primary_source(),
+                owner.metadata_source(),
             );
         }
     }
@@ -1039,12 +1148,12 @@ impl SlabLayer {
     /// `kmem_hash_rescale`): back to the inline buckets (no pages), or to a
     /// smaller page-backed table (allocated here, with no lock held; if
     /// that fails the table stays as it is). The old table's pages go back.
-    pub(crate) fn free_hash_table<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) fn free_hash_table<O: SlabOwner>(&self, owner: &O) {
         rescale_locked(
             &self.lists,
             |lists| &mut lists.hash,
             AddrHash::wants_shrink,
-            cache.owner().primary_source(),
+            owner.metadata_source(),
         );
     }
 }

@@ -19,10 +19,9 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::BootCache;
-use crate::cache::KmemCache;
+use crate::error::AllocError;
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
-use crate::platform::Platform;
+use crate::platform::{PageSource, Platform};
 use crate::sync::{Mutex, MutexGuard};
 
 /// Return addresses kept per record.
@@ -166,6 +165,30 @@ impl TraceTableInner {
     }
 }
 
+/// What a trace table needs from the cache it serves: the traced
+/// objects' size, its records (`kmem_trace` objects) and the pages of its
+/// hash. The cache implements it (`cache/trace_table.rs`). Called with no
+/// trace-table lock held.
+pub(crate) trait TraceOwner {
+    /// The platform (CPU id, clock, context and backtrace of a record).
+    type Platform: Platform;
+    /// Size of the traced objects.
+    fn obj_size(&self) -> usize;
+    /// A record (a `kmem_trace` object, sized and aligned for a
+    /// [`TraceNode`]).
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`].
+    fn alloc_record(&self) -> Result<NonNull<u8>, AllocError>;
+    /// Give a record back.
+    ///
+    /// # Safety
+    /// `node` came from [`TraceOwner::alloc_record`] and is in no table.
+    unsafe fn free_record(&self, node: *mut u8);
+    /// Where the hash's tables come from.
+    fn metadata_source(&self) -> &'static dyn PageSource;
+}
+
 /// A cache's trace table: its records behind a spin lock, and every
 /// operation on them. Record nodes come from (and go back to) the
 /// `kmem_trace` bootstrap cache of `cache`'s allocator; the hash's
@@ -199,16 +222,15 @@ impl TraceTable {
     }
 
     /// Drop every record; returns how many there were.
-    pub(crate) fn drop_all<P: Platform>(&self, cache: &KmemCache<P>) -> usize {
+    pub(crate) fn drop_all<O: TraceOwner>(&self, owner: &O) -> usize {
         let mut node = self.lock().take_all();
-        let records = cache.owner().boot(BootCache::Trace);
         let mut nr = 0;
         while !node.is_null() {
             // SAFETY: detached nodes are ours; each came from kmem_trace's
             // slab layer and is freed exactly once here.
             unsafe {
                 let next = (*node).newer;
-                records.slab_free_raw(node.cast());
+                owner.free_record(node.cast());
                 node = next;
             }
             nr += 1;
@@ -235,24 +257,24 @@ impl TraceTable {
         clippy::cast_ptr_alignment,
         reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
     )]
-    pub(crate) fn record_alloc<P: Platform>(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
-        let Ok(node) = cache.owner().boot(BootCache::Trace).slab_alloc_raw() else {
+    pub(crate) fn record_alloc<O: TraceOwner>(&self, owner: &O, obj: NonNull<u8>) {
+        let Ok(node) = owner.alloc_record() else {
             self.nr_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let node = node.as_ptr().cast::<TraceNode>();
         let mut record = TraceRecord {
             addr: obj.as_ptr() as usize,
-            size: cache.obj_size,
-            cpu: P::cpu_id() as u32,
-            timestamp: P::now(),
+            size: owner.obj_size(),
+            cpu: O::Platform::cpu_id() as u32,
+            timestamp: O::Platform::now(),
             context: [0; 32],
             context_len: 0,
             nr_frames: 0,
             frames: [0; TRACE_MAX_FRAMES],
         };
-        record.context_len = P::context(&mut record.context).min(31) as u8;
-        record.nr_frames = P::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
+        record.context_len = O::Platform::context(&mut record.context).min(31) as u8;
+        record.nr_frames = O::Platform::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
         // SAFETY: a fresh kmem_trace object, sized and aligned for a TraceNode.
         unsafe {
             node.write(TraceNode {
@@ -273,49 +295,39 @@ impl TraceTable {
         };
         if !stale.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe {
-                cache
-                    .owner()
-                    .boot(BootCache::Trace)
-                    .slab_free_raw(stale.cast())
-            };
+            unsafe { owner.free_record(stale.cast()) };
         }
-        self.maybe_grow(cache);
+        self.maybe_grow(owner);
     }
 
     /// Remove the record of a freed object of `cache`, if there is one.
     #[inline]
-    pub(crate) fn record_free<P: Platform>(&self, cache: &KmemCache<P>, addr: usize) {
+    pub(crate) fn record_free<O: TraceOwner>(&self, owner: &O, addr: usize) {
         let node = self.lock().remove(addr);
         if !node.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe {
-                cache
-                    .owner()
-                    .boot(BootCache::Trace)
-                    .slab_free_raw(node.cast())
-            };
+            unsafe { owner.free_record(node.cast()) };
         }
     }
 
     /// Grow the hash if its load is too high. Runs with no lock held.
-    pub(crate) fn maybe_grow<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) fn maybe_grow<O: TraceOwner>(&self, owner: &O) {
         rescale_locked(
             &self.inner,
             |inner| &mut inner.hash,
             AddrHash::wants_grow,
-            cache.owner().primary_source(),
+            owner.metadata_source(),
         );
     }
 
     /// Shrink the hash if its load fell low, as the bufctl hash does
     /// (reap, destroy): with no records, back to the inline buckets.
-    pub(crate) fn free_table<P: Platform>(&self, cache: &KmemCache<P>) {
+    pub(crate) fn free_table<O: TraceOwner>(&self, owner: &O) {
         rescale_locked(
             &self.inner,
             |inner| &mut inner.hash,
             AddrHash::wants_shrink,
-            cache.owner().primary_source(),
+            owner.metadata_source(),
         );
     }
 }

@@ -21,7 +21,8 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize
 use spin::Mutex;
 
 use self::kmalloc::NR_KMALLOC;
-use crate::cache::{CacheSpec, Ctor, Dtor, HotFlags, KmemCache};
+use crate::cache::{CacheSpec, HotFlags, KmemCache};
+use crate::constructor::{Ctor, Dtor};
 use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
 use crate::flags::CacheFlags;

@@ -93,6 +93,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
 
 use crate::allocator::Allocator;
+use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;
 use crate::error::DestroyError;
 use crate::flags::CacheFlags;
@@ -100,9 +101,8 @@ use crate::layout::freelist::freelist_secret;
 use crate::layout::geometry::{Geometry, SlabKind};
 use crate::layout::pagemap::PageMap;
 use crate::magazine::{Depot, PcpuCache, max_magtype, start_magtype};
-use crate::object::{Constructed, ObjectInit, ObjectRef};
 use crate::platform::{PageSource, Platform};
-use crate::slab::SlabLayer;
+use crate::slab::{SlabLayer, SlabParams};
 use crate::trace_table::TraceTable;
 
 bitflags::bitflags! {
@@ -155,21 +155,6 @@ impl HotFlags {
         .union(HotFlags::TAGGED)
         .union(HotFlags::BUFCTL_TAGGED);
 }
-
-/// Object constructor: runs when an object leaves the slab layer towards
-/// callers (it then stays constructed in the magazines). It is handed the
-/// object (the cache's object size in bytes, possibly uninitialised) and
-/// returns the [`Constructed`] that writing all of it yields; an `Err`
-/// fails the allocation. Callers get the objects of a cache with a
-/// constructor constructed, and give them back constructed (Bonwick 1994):
-/// every byte initialised, so they can be read
-/// ([`SlabBox::into_constructed`](crate::SlabBox::into_constructed)).
-pub type Ctor = for<'a> fn(obj: ObjectInit<'a>) -> Result<Constructed<'a>, ()>;
-
-/// Object destructor: runs when an object goes back from the magazine
-/// layer to the slab layer; readable if the cache has a constructor
-/// ([`ObjectRef::as_bytes`](crate::ObjectRef::as_bytes)).
-pub type Dtor = for<'a> fn(obj: ObjectRef<'a>);
 
 /// What [`KmemCache::destroy`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,10 +211,6 @@ pub struct KmemCache<P: Platform> {
     pub(crate) page_map: PageMap,
     pub(crate) stride: usize,
     pub(crate) obj_size: usize,
-    pub(crate) nr_pages_per_slab: usize,
-    /// Small slabs: the header is a `kmem_slab` object, not the slab's
-    /// last bytes.
-    pub(crate) header_off_slab: bool,
     pub(crate) ctor: Option<Ctor>,
     pub(crate) dtor: Option<Dtor>,
     pub(crate) align: usize,
@@ -252,11 +233,6 @@ pub struct KmemCache<P: Platform> {
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
-    /// The free-list obfuscation secret ([`crate::freelist`]).
-    pub(crate) freelist_secret: usize,
-    /// Where a free object holds its free-list link: 0, or in the debug
-    /// trailer (so the poison stays whole).
-    pub(crate) freeptr_offset: usize,
     _platform: PhantomData<fn() -> P>,
 }
 
@@ -327,8 +303,6 @@ impl<P: Platform> KmemCache<P> {
             on_primary: spec.on_primary,
             kind: geometry.kind,
             nr_objs_per_slab: geometry.nr_objs_per_slab,
-            nr_pages_per_slab: geometry.nr_pages_per_slab,
-            header_off_slab: geometry.header_off_slab,
             ctor: spec.ctor,
             dtor: spec.dtor,
             obj_size: spec.size,
@@ -342,7 +316,31 @@ impl<P: Platform> KmemCache<P> {
             owner,
             permanent: spec.permanent,
             depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
-            slab: SlabLayer::new(),
+            slab: SlabLayer::new(SlabParams {
+                kind: geometry.kind,
+                stride: geometry.stride,
+                obj_size: spec.size,
+                nr_objs_per_slab: geometry.nr_objs_per_slab,
+                nr_pages_per_slab: geometry.nr_pages_per_slab,
+                header_off_slab: geometry.header_off_slab,
+                on_primary: spec.on_primary,
+                page_map: if spec.on_primary {
+                    page_map
+                } else {
+                    PageMap::empty()
+                },
+                source: spec.source,
+                ctor: spec.ctor,
+                dtor: spec.dtor,
+                freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
+                freelist_secret: freelist_secret(
+                    P::now()
+                        ^ (spec.name.as_ptr() as u64).rotate_left(29)
+                        ^ ((geometry.stride as u64) << 40)
+                        ^ (owner as u64).rotate_left(7),
+                ),
+                debug: spec.debug.is_some(),
+            }),
             nr_allocs_direct: AtomicU64::new(0),
             nr_frees_direct: AtomicU64::new(0),
             trace: TraceTable::new(),
@@ -354,13 +352,6 @@ impl<P: Platform> KmemCache<P> {
                 next: ptr::null(),
             }),
             debug: spec.debug,
-            freelist_secret: freelist_secret(
-                P::now()
-                    ^ (spec.name.as_ptr() as u64).rotate_left(29)
-                    ^ ((geometry.stride as u64) << 40)
-                    ^ (owner as u64).rotate_left(7),
-            ),
-            freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
             _platform: PhantomData,
         }
     }

@@ -1,11 +1,20 @@
-//! The cache's calls into its slab layer ([`crate::slab::SlabLayer`]),
-//! and the hardened free list of one of its small slabs.
+//! The cache and its slab layer ([`crate::slab::SlabLayer`]): the
+//! cache's calls into it, and what the layer asks of the cache
+//! ([`SlabOwner`]: identity, error sink, bootstrap caches, debug hooks).
 
 use core::ptr::NonNull;
 
+use core::sync::atomic::Ordering;
+
 use super::KmemCache;
+#[cfg(feature = "alloc-profiling")]
+use crate::alloc_tag::AllocTagRef;
+use crate::allocator::BootCache;
 use crate::error::AllocError;
+use crate::platform::PageSource;
 use crate::platform::Platform;
+use crate::report::ErrorReport;
+use crate::slab::{Metadata, Slab, SlabOwner};
 
 /// The slab layer's entry points used by the rest of the crate.
 impl<P: Platform> KmemCache<P> {
@@ -15,8 +24,11 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// [`SlabLayer::alloc_constructed`].
+    /// Counted in the cache's direct counters.
     pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
-        self.slab.alloc_constructed(self)
+        let obj = self.slab.alloc_constructed(self)?;
+        self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
+        Ok(obj)
     }
 
     /// [`SlabLayer::free_raw`].
@@ -48,7 +60,7 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::discard_all`].
     pub(crate) unsafe fn discard_all_slabs(&self) {
         // SAFETY: per the caller.
-        unsafe { self.slab.discard_all(self) }
+        unsafe { self.slab.discard_all() }
     }
 
     /// [`SlabLayer::free_hash_table`].
@@ -57,16 +69,64 @@ impl<P: Platform> KmemCache<P> {
     }
 }
 
-impl<P: Platform> KmemCache<P> {
-    /// The hardened free list of the small slab whose object 0 is at
-    /// `base`.
-    pub(crate) fn free_list(&self, base: usize) -> crate::layout::freelist::FreeList {
-        crate::layout::freelist::FreeList {
-            base,
-            stride: self.stride,
-            nr_objs: self.nr_objs_per_slab,
-            link_offset: self.freeptr_offset,
-            secret: self.freelist_secret,
+impl<P: Platform> SlabOwner for KmemCache<P> {
+    type Platform = P;
+
+    #[inline]
+    fn id(&self) -> *const () {
+        (self as *const Self).cast()
+    }
+
+    fn name(&self) -> &str {
+        KmemCache::name(self)
+    }
+
+    fn report(&self, report: ErrorReport) {
+        self.owner().report_error(report);
+    }
+
+    fn reap_for_pressure(&self) -> bool {
+        self.owner().reap_for_pressure().is_some()
+    }
+
+    fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError> {
+        self.owner().boot(boot_cache(which)).slab_alloc_raw()
+    }
+
+    unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8) {
+        // SAFETY: per our caller, an object of that bootstrap cache's
+        // slab layer, unused.
+        unsafe { self.owner().boot(boot_cache(which)).slab_free_raw(obj) }
+    }
+
+    fn metadata_source(&self) -> &'static dyn PageSource {
+        self.owner().primary_source()
+    }
+
+    unsafe fn debug_init_object(&self, addr: usize) {
+        if let Some(layout) = self.debug.as_ref() {
+            // SAFETY: per our caller.
+            unsafe { KmemCache::debug_init_object(self, layout, addr) };
         }
+    }
+
+    unsafe fn debug_verify_free_object(&self, addr: usize, slab: *mut Slab) -> Option<ErrorReport> {
+        let layout = self.debug.as_ref()?;
+        // SAFETY: per our caller.
+        unsafe { self.debug_verify_object(layout, addr, slab as usize, true) }
+    }
+
+    #[cfg(feature = "alloc-profiling")]
+    unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>) {
+        // SAFETY: per our caller.
+        unsafe { KmemCache::free_tag_array(self, tags) }
+    }
+}
+
+/// The bootstrap cache of a kind of slab metadata.
+fn boot_cache(which: Metadata) -> BootCache {
+    match which {
+        Metadata::Slab => BootCache::Slab,
+        Metadata::Bufctl => BootCache::Bufctl,
     }
 }

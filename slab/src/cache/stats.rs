@@ -51,7 +51,7 @@ impl<P: Platform> KmemCache<P> {
             align: self.align,
             nr_allocated,
             nr_slabs: counts.nr_slabs,
-            nr_pages_per_slab: self.nr_pages_per_slab,
+            nr_pages_per_slab: self.slab.params.nr_pages_per_slab,
             objs_per_slab: self.nr_objs_per_slab,
             nr_active_slabs: counts.nr_active_slabs,
             nr_total_objs: counts.nr_slabs * self.nr_objs_per_slab,

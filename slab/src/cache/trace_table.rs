@@ -4,10 +4,13 @@
 use core::ptr::NonNull;
 
 use super::{HotFlags, KmemCache};
+use crate::allocator::BootCache;
+use crate::error::AllocError;
 use crate::error::TraceError;
 use crate::flags::CacheFlags;
+use crate::platform::PageSource;
 use crate::platform::Platform;
-use crate::trace_table::{TraceRecord, TraceStats};
+use crate::trace_table::{TraceOwner, TraceRecord, TraceStats};
 
 impl<P: Platform> KmemCache<P> {
     /// Start recording allocations.
@@ -77,5 +80,26 @@ impl<P: Platform> KmemCache<P> {
     /// (reap, destroy).
     pub(crate) fn free_trace_table(&self) {
         self.trace.free_table(self);
+    }
+}
+
+impl<P: Platform> TraceOwner for KmemCache<P> {
+    type Platform = P;
+
+    fn obj_size(&self) -> usize {
+        self.obj_size
+    }
+
+    fn alloc_record(&self) -> Result<NonNull<u8>, AllocError> {
+        self.owner().boot(BootCache::Trace).slab_alloc_raw()
+    }
+
+    unsafe fn free_record(&self, node: *mut u8) {
+        // SAFETY: per our caller, an object of kmem_trace's slab layer, unused.
+        unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(node) }
+    }
+
+    fn metadata_source(&self) -> &'static dyn PageSource {
+        self.owner().primary_source()
     }
 }
