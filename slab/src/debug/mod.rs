@@ -1,0 +1,529 @@
+//! Slab debugging: the per-cache debug flags, the boot-line syntax that
+//! switches them on (`slab_debug=` after Linux, `kmem_flags=` after
+//! illumos), the patterns freed and allocated objects are filled with, the
+//! layout of a debug object's trailer, the audit record of a transaction,
+//! and the hardened (obfuscated) free-list pointer.
+//!
+//! This module holds the mechanisms only; the cold alloc and free paths of
+//! a debug cache use them, and [`report`](crate::report) turns what they
+//! find into an illumos-style report.
+//!
+//! ## A debug object
+//!
+//! A cache with any [`DebugFlags`] lays each object slot out as (offsets
+//! from the object start, in bytes; see `DebugLayout`):
+//!
+//! ```text
+//! [0, size)            the object; while free: POISON_FREE (0xdeadbeef…)
+//! [req, align8(size))  REDZONE: REDZONE_BYTE (0xbb) from the requested size
+//!                      (`req`: a kmalloc's size, else `size`) to the word
+//! +8                   REDZONE: one word of REDZONE_PATTERN (0xfeedface…)
+//! state (8)            object address ^ STATE_ALLOCATED / STATE_FREE
+//! free pointer (8)     the slab's free-list link while the object is free
+//! requested size (8)   REDZONE: `req` (Linux `orig_size`)
+//! audit (2 × 80)       AUDIT: last alloc and last free (CPU, time, stack)
+//! contents (32)        CONTENTS: the first bytes of the object at its free
+//! ```
+//!
+//! With the requested size, a kmalloc(100) served by `kmalloc-104` has
+//! its redzone from byte 100: an overflow into the size class's padding is
+//! a redzone violation, as with Linux `slab_debug=Z` on kmalloc caches.
+//! A block kept by `krealloc` / `GlobalAlloc::realloc` in place moves its
+//! redzone to the new size; `Allocator::allocate` hands out (and moves the
+//! redzone to) the whole usable size. Fills and checks go a word at a time.
+//!
+//! The state word is illumos' `bt_bxstat`: a free of an object whose state
+//! is already free is a duplicate free, exactly, wherever the first free
+//! went (magazine, depot or slab). A state that is neither value means the
+//! trailer was overwritten (an overflow past the redzone).
+//!
+//! As in Linux (`calculate_sizes`), caches with a constructor are not
+//! poisoned: their free objects must stay constructed.
+//!
+//! ## Sources
+//!
+//! - illumos `usr/src/uts/common/os/kmem.c` and `sys/kmem_impl.h`
+//!   (`KMF_AUDIT` 0x1, `KMF_DEADBEEF` 0x2, `KMF_REDZONE` 0x4,
+//!   `KMF_CONTENTS` 0x8; `KMEM_FREE_PATTERN`, `KMEM_UNINITIALIZED_PATTERN`,
+//!   `KMEM_REDZONE_PATTERN`, `KMEM_REDZONE_BYTE`; the buftag).
+//! - Linux `mm/slub.c` (`slab_debug=` letters F, Z, P, U; `freelist_ptr`
+//!   of `CONFIG_SLAB_FREELIST_HARDENED`: pointer XOR a per-cache random
+//!   XOR the byte-swapped address the pointer is stored at).
+
+use core::fmt;
+
+mod trailer;
+
+pub use crate::flags::DebugFlags;
+
+impl DebugFlags {
+    /// What a bare `slab_debug` (no value, or no letters) turns on, as in
+    /// Linux: `F`, `Z`, `P`, `U`.
+    pub const DEFAULT: DebugFlags = DebugFlags::CONSISTENCY
+        .union(DebugFlags::REDZONE)
+        .union(DebugFlags::POISON)
+        .union(DebugFlags::AUDIT);
+
+    /// The flags as `slab_debug=` letters (`-` for none), e.g. `FZPU`.
+    pub fn letters(self) -> Letters {
+        Letters(self)
+    }
+}
+
+/// [`DebugFlags`] shown as `slab_debug=` letters.
+#[derive(Debug, Clone, Copy)]
+pub struct Letters(DebugFlags);
+
+/// The `slab_debug=` letters and their flags, in Linux's order.
+const LETTERS: [(char, DebugFlags); 5] = [
+    ('F', DebugFlags::CONSISTENCY),
+    ('Z', DebugFlags::REDZONE),
+    ('P', DebugFlags::POISON),
+    ('U', DebugFlags::AUDIT),
+    ('C', DebugFlags::CONTENTS),
+];
+
+impl fmt::Display for Letters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("-");
+        }
+        for (letter, flag) in LETTERS {
+            if self.0.contains(flag) {
+                write!(f, "{letter}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Boot-line configuration
+// ---------------------------------------------------------------------------
+
+/// Longest cache name kept (as [`KmemCache::name`](crate::KmemCache::name)).
+pub const DEBUG_NAME_MAX: usize = 31;
+/// Cache names one `slab_debug=` block may list.
+pub const DEBUG_MAX_CACHES: usize = 8;
+/// `;`-separated blocks in one `slab_debug=`.
+pub const DEBUG_MAX_RULES: usize = 4;
+
+/// A cache name (or a `prefix*` pattern) of a `slab_debug=` block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NamePattern {
+    bytes: [u8; DEBUG_NAME_MAX],
+    len: u8,
+}
+
+impl NamePattern {
+    const EMPTY: NamePattern = NamePattern {
+        bytes: [0; DEBUG_NAME_MAX],
+        len: 0,
+    };
+
+    fn new(name: &str) -> Result<NamePattern, SlabDebugError> {
+        if name.len() > DEBUG_NAME_MAX {
+            return Err(SlabDebugError::NameTooLong);
+        }
+        let mut pattern = NamePattern::EMPTY;
+        pattern.bytes[..name.len()].copy_from_slice(name.as_bytes());
+        pattern.len = name.len() as u8;
+        Ok(pattern)
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// Exact match, or a prefix match for a pattern ending in `*`.
+    fn matches(&self, name: &str) -> bool {
+        match self.as_bytes().split_last() {
+            Some((b'*', prefix)) => name.as_bytes().starts_with(prefix),
+            _ => self.as_bytes() == name.as_bytes(),
+        }
+    }
+}
+
+/// One `;`-separated block: flags, and the caches they apply to (none
+/// listed: every cache).
+#[derive(Clone, Copy)]
+struct Rule {
+    flags: DebugFlags,
+    caches: [NamePattern; DEBUG_MAX_CACHES],
+    nr_caches: u8,
+}
+
+impl Rule {
+    const EMPTY: Rule = Rule {
+        flags: DebugFlags::empty(),
+        caches: [NamePattern::EMPTY; DEBUG_MAX_CACHES],
+        nr_caches: 0,
+    };
+
+    fn caches(&self) -> &[NamePattern] {
+        &self.caches[..self.nr_caches as usize]
+    }
+}
+
+/// Why a `slab_debug=` or `kmem_flags=` value was refused. Nothing of a
+/// refused value is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlabDebugError {
+    /// A letter that is not one of `F Z P U C -` (`T`, `A` and `O` exist in
+    /// Linux but not here).
+    UnknownLetter(char),
+    /// A cache name longer than [`DEBUG_NAME_MAX`] bytes.
+    NameTooLong,
+    /// More than [`DEBUG_MAX_CACHES`] caches in one block.
+    TooManyCaches,
+    /// More than [`DEBUG_MAX_RULES`] `;`-separated blocks.
+    TooManyRules,
+    /// A `kmem_flags=` value that is not a number (`0x` hex or decimal).
+    BadNumber,
+    /// `kmem_flags=` bits other than `KMF_AUDIT | KMF_DEADBEEF |
+    /// KMF_REDZONE | KMF_CONTENTS` (0xf).
+    UnsupportedBits(u32),
+}
+
+impl fmt::Display for SlabDebugError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SlabDebugError::UnknownLetter('T') => {
+                f.write_str("slab_debug letter T (trace) is not supported; use kmemtrace")
+            }
+            SlabDebugError::UnknownLetter('A') => {
+                f.write_str("slab_debug letter A (failslab) is not supported; use fault")
+            }
+            SlabDebugError::UnknownLetter(letter) => write!(
+                f,
+                "unknown slab_debug letter {letter:?} (known: F Z P U C, - for none)"
+            ),
+            SlabDebugError::NameTooLong => write!(
+                f,
+                "slab_debug cache name longer than {DEBUG_NAME_MAX} bytes"
+            ),
+            SlabDebugError::TooManyCaches => write!(
+                f,
+                "more than {DEBUG_MAX_CACHES} caches in one slab_debug block"
+            ),
+            SlabDebugError::TooManyRules => {
+                write!(
+                    f,
+                    "more than {DEBUG_MAX_RULES} ';'-separated slab_debug blocks"
+                )
+            }
+            SlabDebugError::BadNumber => {
+                f.write_str("kmem_flags is not a number (0x hex or decimal)")
+            }
+            SlabDebugError::UnsupportedBits(bits) => write!(
+                f,
+                "kmem_flags bits {bits:#x} are not supported (known: 0x1 audit, 0x2 deadbeef, 0x4 redzone, 0x8 contents)"
+            ),
+        }
+    }
+}
+
+/// Which caches get which debug flags, from the boot line.
+///
+/// Syntax (Linux `slab_debug`): `slab_debug` alone turns `FZPU` on for
+/// every cache; `slab_debug=FLAGS[,CACHE…][;FLAGS,CACHE…]…` where `FLAGS`
+/// are letters (case-insensitive; empty means `FZPU`, `-` means none):
+/// `F` consistency checks, `Z` redzones, `P` poison, `U` audit (user
+/// tracking), `C` contents (Magpie). A block without caches sets the
+/// flags of every cache; a block with caches sets theirs (a name ending
+/// in `*` matches a prefix), the last matching block wins. The word
+/// `panic` anywhere in the list makes the kernel panic on a detected error
+/// instead of reporting and going on (illumos `kmem_panic`).
+///
+/// `kmem_flags=0xN` (illumos, hex with `0x` or decimal) is an alias for
+/// every cache: `0x1` audit, `0x2` poison (deadbeef), `0x4` redzone, `0x8`
+/// contents; any of them also turns on the consistency checks.
+#[derive(Clone, Copy)]
+pub struct SlabDebugConfig {
+    rules: [Rule; DEBUG_MAX_RULES],
+    nr_rules: u8,
+    /// Panic on a detected error (the kernel's policy; the allocator only
+    /// reports).
+    pub panic: bool,
+}
+
+impl Default for SlabDebugConfig {
+    fn default() -> Self {
+        SlabDebugConfig::NONE
+    }
+}
+
+impl fmt::Debug for SlabDebugConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SlabDebugConfig({self})")
+    }
+}
+
+/// The configuration back in `slab_debug=` syntax (`-` when off).
+impl fmt::Display for SlabDebugConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for rule in self.rules() {
+            if !first {
+                f.write_str(";")?;
+            }
+            first = false;
+            write!(f, "{}", rule.flags.letters())?;
+            for cache in rule.caches() {
+                let name = core::str::from_utf8(cache.as_bytes()).unwrap_or("?");
+                write!(f, ",{name}")?;
+            }
+        }
+        if first {
+            f.write_str("-")?;
+        }
+        if self.panic {
+            f.write_str(",panic")?;
+        }
+        Ok(())
+    }
+}
+
+impl SlabDebugConfig {
+    /// No debugging (the default).
+    pub const NONE: SlabDebugConfig = SlabDebugConfig {
+        rules: [Rule::EMPTY; DEBUG_MAX_RULES],
+        nr_rules: 0,
+        panic: false,
+    };
+
+    fn rules(&self) -> &[Rule] {
+        &self.rules[..self.nr_rules as usize]
+    }
+
+    /// The same flags for every cache.
+    pub fn all(flags: DebugFlags) -> SlabDebugConfig {
+        let mut config = SlabDebugConfig::NONE;
+        config.rules[0].flags = flags;
+        config.nr_rules = 1;
+        config
+    }
+
+    /// Parse the value of `slab_debug` (`None`: the bare word, no `=`).
+    ///
+    /// # Errors
+    /// See [`SlabDebugError`]; nothing is half-applied.
+    pub fn parse_slab_debug(value: Option<&str>) -> Result<SlabDebugConfig, SlabDebugError> {
+        let Some(value) = value else {
+            return Ok(SlabDebugConfig::all(DebugFlags::DEFAULT));
+        };
+        let mut config = SlabDebugConfig::NONE;
+        for block in value.split(';') {
+            let mut tokens = block.split(',');
+            let letters = tokens.next().unwrap_or("");
+            if letters.eq_ignore_ascii_case("panic") {
+                config.panic = true;
+                if tokens.next().is_none() {
+                    continue;
+                }
+                return Err(SlabDebugError::UnknownLetter('p'));
+            }
+            let mut rule = Rule::EMPTY;
+            rule.flags = parse_letters(letters)?;
+            for token in tokens {
+                if token.is_empty() {
+                    continue;
+                }
+                if token == "panic" {
+                    config.panic = true;
+                    continue;
+                }
+                if rule.nr_caches as usize == DEBUG_MAX_CACHES {
+                    return Err(SlabDebugError::TooManyCaches);
+                }
+                rule.caches[rule.nr_caches as usize] = NamePattern::new(token)?;
+                rule.nr_caches += 1;
+            }
+            if config.nr_rules as usize == DEBUG_MAX_RULES {
+                return Err(SlabDebugError::TooManyRules);
+            }
+            config.rules[config.nr_rules as usize] = rule;
+            config.nr_rules += 1;
+        }
+        Ok(config)
+    }
+
+    /// Parse the value of illumos `kmem_flags` (for every cache).
+    ///
+    /// # Errors
+    /// [`SlabDebugError::BadNumber`], [`SlabDebugError::UnsupportedBits`].
+    pub fn parse_kmem_flags(value: &str) -> Result<SlabDebugConfig, SlabDebugError> {
+        let number = match value
+            .strip_prefix("0x")
+            .or_else(|| value.strip_prefix("0X"))
+        {
+            Some(hex) => u32::from_str_radix(hex, 16),
+            None => value.parse::<u32>(),
+        }
+        .map_err(|_| SlabDebugError::BadNumber)?;
+        const KMF: [(u32, DebugFlags); 4] = [
+            (0x1, DebugFlags::AUDIT),
+            (0x2, DebugFlags::POISON),
+            (0x4, DebugFlags::REDZONE),
+            (0x8, DebugFlags::CONTENTS),
+        ];
+        let unsupported = number & !0xf;
+        if unsupported != 0 {
+            return Err(SlabDebugError::UnsupportedBits(unsupported));
+        }
+        let mut flags = DebugFlags::empty();
+        for (bit, flag) in KMF {
+            if number & bit != 0 {
+                flags |= flag | DebugFlags::CONSISTENCY;
+            }
+        }
+        Ok(SlabDebugConfig::all(flags))
+    }
+
+    /// The debug flags the cache named `name` gets.
+    pub fn flags_for(&self, name: &str) -> DebugFlags {
+        let mut global = DebugFlags::empty();
+        let mut listed = None;
+        for rule in self.rules() {
+            if rule.caches().is_empty() {
+                global = rule.flags;
+            } else if rule.caches().iter().any(|cache| cache.matches(name)) {
+                listed = Some(rule.flags);
+            }
+        }
+        listed.unwrap_or(global)
+    }
+
+    /// Whether any cache gets any flag.
+    pub fn is_enabled(&self) -> bool {
+        self.rules().iter().any(|rule| !rule.flags.is_empty())
+    }
+}
+
+fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
+    if letters.is_empty() {
+        return Ok(DebugFlags::DEFAULT);
+    }
+    let mut flags = DebugFlags::empty();
+    for letter in letters.chars() {
+        if letter == '-' {
+            flags = DebugFlags::empty();
+            continue;
+        }
+        let upper = letter.to_ascii_uppercase();
+        let Some(&(_, flag)) = LETTERS.iter().find(|(known, _)| *known == upper) else {
+            return Err(SlabDebugError::UnknownLetter(upper));
+        };
+        flags |= flag;
+    }
+    Ok(flags)
+}
+
+pub use trailer::{
+    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, Mismatch, POISON_FREE, POISON_UNINITIALIZED,
+    REDZONE_BYTE, REDZONE_PATTERN, STATE_ALLOCATED, STATE_FREE, fill_pattern, find_mismatch,
+};
+pub(crate) use trailer::{DebugLayout, ObjectState};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn letters_parse_and_print() {
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU")).unwrap();
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(std::format!("{config}"), "FZPU");
+        let config = SlabDebugConfig::parse_slab_debug(Some("pz")).unwrap();
+        assert_eq!(
+            config.flags_for("x"),
+            DebugFlags::POISON | DebugFlags::REDZONE
+        );
+        assert_eq!(std::format!("{}", config.flags_for("x").letters()), "ZP");
+    }
+
+    #[test]
+    fn bare_slab_debug_is_fzpu_everywhere() {
+        let config = SlabDebugConfig::parse_slab_debug(None).unwrap();
+        assert_eq!(config.flags_for("dentry"), DebugFlags::DEFAULT);
+        assert!(config.is_enabled());
+        let config = SlabDebugConfig::parse_slab_debug(Some("")).unwrap();
+        assert_eq!(config.flags_for("dentry"), DebugFlags::DEFAULT);
+    }
+
+    #[test]
+    fn cache_lists_and_blocks() {
+        let config =
+            SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-64,inode*;P,dentry")).unwrap();
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("inode_cache"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("dentry"), DebugFlags::POISON);
+        assert_eq!(config.flags_for("kmalloc-128"), DebugFlags::empty());
+        assert!(!config.panic);
+        // A global block and an exception, as in Linux's documentation.
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZ;-,zs_handle")).unwrap();
+        assert_eq!(
+            config.flags_for("kmalloc-8"),
+            DebugFlags::CONSISTENCY | DebugFlags::REDZONE
+        );
+        assert_eq!(config.flags_for("zs_handle"), DebugFlags::empty());
+        assert_eq!(std::format!("{config}"), "FZ;-,zs_handle");
+    }
+
+    #[test]
+    fn panic_option() {
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-64,panic")).unwrap();
+        assert!(config.panic);
+        assert_eq!(config.flags_for("kmalloc-64"), DebugFlags::DEFAULT);
+        assert_eq!(config.flags_for("panic"), DebugFlags::empty());
+        let config = SlabDebugConfig::parse_slab_debug(Some("FZPU;panic")).unwrap();
+        assert!(config.panic);
+        assert_eq!(config.flags_for("any"), DebugFlags::DEFAULT);
+    }
+
+    #[test]
+    fn bad_slab_debug_values_are_refused_clearly() {
+        let parse = |value| SlabDebugConfig::parse_slab_debug(Some(value)).err();
+        assert_eq!(parse("FZX"), Some(SlabDebugError::UnknownLetter('X')));
+        assert_eq!(parse("T"), Some(SlabDebugError::UnknownLetter('T')));
+        let long = "F,0123456789012345678901234567890123";
+        assert_eq!(parse(long), Some(SlabDebugError::NameTooLong));
+        assert_eq!(
+            parse("F,a,b,c,d,e,f,g,h,i"),
+            Some(SlabDebugError::TooManyCaches)
+        );
+        assert_eq!(parse("F;F;F;F;F"), Some(SlabDebugError::TooManyRules));
+        let text = std::format!("{}", SlabDebugError::UnknownLetter('X'));
+        assert!(text.contains("unknown slab_debug letter 'X'"), "{text}");
+        let text = std::format!("{}", SlabDebugError::UnknownLetter('T'));
+        assert!(text.contains("kmemtrace"), "{text}");
+    }
+
+    #[test]
+    fn kmem_flags_alias() {
+        let config = SlabDebugConfig::parse_kmem_flags("0xf").unwrap();
+        assert_eq!(
+            config.flags_for("kmalloc-64"),
+            DebugFlags::DEFAULT | DebugFlags::CONTENTS
+        );
+        let config = SlabDebugConfig::parse_kmem_flags("2").unwrap();
+        assert_eq!(
+            config.flags_for("x"),
+            DebugFlags::POISON | DebugFlags::CONSISTENCY
+        );
+        let config = SlabDebugConfig::parse_kmem_flags("0").unwrap();
+        assert!(!config.is_enabled());
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("0x30").err(),
+            Some(SlabDebugError::UnsupportedBits(0x30))
+        );
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("0xzz").err(),
+            Some(SlabDebugError::BadNumber)
+        );
+        assert_eq!(
+            SlabDebugConfig::parse_kmem_flags("").err(),
+            Some(SlabDebugError::BadNumber)
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! The depot (Bonwick & Adams 2001 §3.2): a cache's full and empty
+//! magazines behind the depot lock, the exchanges a per-CPU cache makes
+//! with it, its working set, and its move to a larger magazine type
+//! under contention. It knows magazines, not slabs.
+
+use core::ptr;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::{
+    MAG_HANDOFF_THRESHOLD, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD, MAGAZINE_ROUNDS, Magazine,
+    PcpuInner, no_magazine,
+};
+use crate::sync::{Mutex, MutexGuard};
+
+/// The depot's state, under the depot lock.
+pub(crate) struct DepotInner {
+    full: *mut Magazine,
+    pub(crate) nr_full: usize,
+    empty: *mut Magazine,
+    pub(crate) nr_empty: usize,
+    /// The type (index into [`MAGAZINE_ROUNDS`]) of the magazines the depot
+    /// hands out and keeps empty: new magazines are made of it, older
+    /// smaller ones are freed when they come back empty.
+    pub(crate) magtype: usize,
+    /// The largest type contention may grow `magtype` to.
+    max_magtype: usize,
+    nr_visits: u32,
+    contention_at_mark: u64,
+    /// Visits in this interval by another per-CPU cache than the one
+    /// before (`last_visitor`, a per-CPU cache's address).
+    nr_handoffs: u32,
+    last_visitor: usize,
+    /// Working set: fewest full / empty magazines since the last update.
+    full_min: usize,
+    empty_min: usize,
+    /// Working set: `min` of the previous interval (what a working-set
+    /// reap may free).
+    full_reaplimit: usize,
+    empty_reaplimit: usize,
+}
+
+// SAFETY: the magazines are owned by the depot and only touched under its lock.
+unsafe impl Send for DepotInner {}
+
+/// A cache's depot of full and empty magazines.
+///
+/// Cache-line aligned: every CPU writes it (the lock, the contention count)
+/// on its exchanges, and it must not share a line with the read-mostly
+/// fields at the head of [`KmemCache`](crate::KmemCache) that every alloc
+/// and free reads.
+#[repr(align(64))]
+pub(crate) struct Depot {
+    pub(crate) inner: Mutex<DepotInner>,
+    pub(crate) nr_contention: AtomicU64,
+    /// `magtype` as of the last change, read without the lock by a free
+    /// that makes a new magazine (a stale value makes a magazine the
+    /// depot frees when it next pops it).
+    magtype: AtomicUsize,
+}
+
+/// Magazines detached from a depot under its lock, to be freed after it
+/// is dropped (linked through `next`; null: none).
+#[must_use]
+pub(crate) struct Stale(pub(crate) *mut Magazine);
+
+impl Stale {
+    /// No magazine.
+    pub(crate) const NONE: Stale = Stale(ptr::null_mut());
+
+    /// Both lists as one.
+    pub(crate) fn join(self, other: Stale) -> Stale {
+        if self.0.is_null() {
+            return other;
+        }
+        let mut last = self.0;
+        // SAFETY: a detached list, owned by whoever holds the value.
+        unsafe {
+            while !(*last).next.is_null() {
+                last = (*last).next;
+            }
+            (*last).next = other.0;
+        }
+        self
+    }
+}
+
+impl Depot {
+    /// A depot of `magtype` magazines that contention may grow up to
+    /// `max_magtype`.
+    pub(crate) fn new(magtype: usize, max_magtype: usize) -> Self {
+        Depot {
+            inner: Mutex::new(DepotInner {
+                full: ptr::null_mut(),
+                nr_full: 0,
+                empty: ptr::null_mut(),
+                nr_empty: 0,
+                magtype,
+                max_magtype: max_magtype.max(magtype),
+                nr_visits: 0,
+                contention_at_mark: 0,
+                nr_handoffs: 0,
+                last_visitor: 0,
+                full_min: 0,
+                empty_min: 0,
+                full_reaplimit: 0,
+                empty_reaplimit: 0,
+            }),
+            nr_contention: AtomicU64::new(0),
+            magtype: AtomicUsize::new(magtype),
+        }
+    }
+
+    /// The magazine type a new magazine should be (read without the lock).
+    pub(crate) fn magtype(&self) -> usize {
+        self.magtype.load(Ordering::Relaxed)
+    }
+
+    /// Set the magazine type (and raise its growth limit to it): empty
+    /// magazines of another type are freed as they leave the depot.
+    #[cfg(test)]
+    pub(crate) fn set_magtype(&self, magtype: usize) {
+        let mut depot = self.lock();
+        depot.magtype = magtype;
+        depot.max_magtype = depot.max_magtype.max(magtype);
+        self.magtype.store(magtype, Ordering::Relaxed);
+    }
+
+    /// Lock the depot, counting contention (Akaros: a failed try-lock).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, DepotInner> {
+        if let Some(guard) = self.inner.try_lock() {
+            return guard;
+        }
+        self.nr_contention.fetch_add(1, Ordering::Relaxed);
+        self.inner.lock()
+    }
+
+    /// Lock for an exchange by the per-CPU cache `pcc`: also runs the
+    /// resize heuristic.
+    fn lock_for_exchange(&self, pcc: &PcpuInner) -> MutexGuard<'_, DepotInner> {
+        let mut depot = self.lock();
+        let visitor = ptr::from_ref(pcc) as usize;
+        if depot.note_visit(self.nr_contention.load(Ordering::Relaxed), visitor) {
+            self.magtype.store(depot.magtype, Ordering::Relaxed);
+        }
+        depot
+    }
+
+    /// The alloc miss's exchange: `pcc`'s `loaded` and `prev` are empty
+    /// (or absent). Trade the empty `prev` for a full magazine, which
+    /// becomes `loaded`; `prev` stays in the depot if it is of the depot's
+    /// type, else it is returned to be freed (with no lock held). False if
+    /// the depot has no full magazine. (The `time-stats` point
+    /// `func:exchange_for_full`.)
+    #[cfg_attr(
+        not(feature = "time-stats"),
+        expect(
+            clippy::extra_unused_type_parameters,
+            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
+        )
+    )]
+    pub(crate) fn exchange_for_full<P: crate::Platform>(
+        &self,
+        pcc: &mut PcpuInner,
+    ) -> (bool, Stale) {
+        let start = time_stats_start!(P);
+        let mut depot = self.lock_for_exchange(pcc);
+        let full = depot.pop_full();
+        let mut stale = Stale::NONE;
+        if !full.is_null() {
+            if pcc.prev != no_magazine() {
+                // SAFETY: prev is empty (our caller's case) and leaves the pcc.
+                stale = unsafe { depot.keep_empty(pcc.prev) };
+            }
+            pcc.prev = pcc.loaded;
+            pcc.loaded = full;
+            // SAFETY: a live magazine, ours now.
+            let nr_rounds = unsafe { (*full).nr_rounds };
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(u64::from(nr_rounds));
+        }
+        drop(depot);
+        time_stats_end!(P, start);
+        (!full.is_null(), stale)
+    }
+
+    /// The free miss's exchange: `loaded` is full (or absent) and `prev`
+    /// not empty. Trade `prev` for an empty magazine of the depot's type,
+    /// which becomes `loaded`. False if the depot has none. Empty
+    /// magazines of an older type met on the way are returned to be freed
+    /// (with no lock held). (The `time-stats` point
+    /// `func:exchange_for_empty`.)
+    #[cfg_attr(
+        not(feature = "time-stats"),
+        expect(
+            clippy::extra_unused_type_parameters,
+            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
+        )
+    )]
+    pub(crate) fn exchange_for_empty<P: crate::Platform>(
+        &self,
+        pcc: &mut PcpuInner,
+    ) -> (bool, Stale) {
+        let start = time_stats_start!(P);
+        let mut depot = self.lock_for_exchange(pcc);
+        // Empty magazines of an older type leave as they come up.
+        let mut stale = Stale::NONE;
+        let magsize = depot.magsize();
+        let empty = loop {
+            let mag = depot.pop_empty();
+            // SAFETY: popped, alive and ours; `next` is ours to link.
+            unsafe {
+                if mag.is_null() || (*mag).capacity as usize == magsize {
+                    break mag;
+                }
+                (*mag).next = stale.0;
+            }
+            stale = Stale(mag);
+        };
+        if !empty.is_null() {
+            let prev = pcc.prev;
+            if prev != no_magazine() {
+                // SAFETY: a live magazine leaving the pcc.
+                let nr_rounds = unsafe { (*prev).nr_rounds };
+                pcc.nr_rounds_exchanged =
+                    pcc.nr_rounds_exchanged.wrapping_sub(u64::from(nr_rounds));
+                // SAFETY: as above, on no list; empty or not as pushed.
+                unsafe {
+                    if nr_rounds == 0 {
+                        let more = depot.keep_empty(prev);
+                        if !more.0.is_null() {
+                            (*more.0).next = stale.0;
+                            stale = more;
+                        }
+                    } else {
+                        depot.push_full(prev);
+                    }
+                }
+            }
+            pcc.prev = pcc.loaded;
+            pcc.loaded = empty;
+        }
+        drop(depot);
+        time_stats_end!(P, start);
+        (!empty.is_null(), stale)
+    }
+
+    /// Detach both lists (for reap and destroy), linked through `next`:
+    /// call [`Magazine::next_of`] to walk them.
+    pub(crate) fn take_all(&self) -> (*mut Magazine, *mut Magazine) {
+        self.lock().take_all()
+    }
+
+    /// Start a new working-set interval (illumos `kmem_depot_ws_update`):
+    /// each list's reap limit becomes the fewest magazines it held during
+    /// the interval that ends.
+    pub(crate) fn ws_update(&self) {
+        let mut depot = self.lock();
+        depot.full_reaplimit = depot.full_min;
+        depot.full_min = depot.nr_full;
+        depot.empty_reaplimit = depot.empty_min;
+        depot.empty_min = depot.nr_empty;
+    }
+
+    /// Detach the magazines beyond the working set (illumos
+    /// `kmem_depot_ws_reap`): `min(reaplimit, min)` of each list, linked
+    /// through `next`.
+    pub(crate) fn ws_take(&self) -> (*mut Magazine, *mut Magazine) {
+        let mut depot = self.lock();
+        let nr_full = depot.full_reaplimit.min(depot.full_min);
+        let nr_empty = depot.empty_reaplimit.min(depot.empty_min);
+        let mut full = ptr::null_mut();
+        for _ in 0..nr_full {
+            let mag = depot.pop_full();
+            // SAFETY: popped, ours; `next` links the detached list.
+            unsafe { (*mag).next = full };
+            full = mag;
+        }
+        let mut empty = ptr::null_mut();
+        for _ in 0..nr_empty {
+            let mag = depot.pop_empty();
+            // SAFETY: as above.
+            unsafe { (*mag).next = empty };
+            empty = mag;
+        }
+        (full, empty)
+    }
+}
+
+impl DepotInner {
+    /// Rounds per magazine of the depot's type.
+    pub(crate) fn magsize(&self) -> usize {
+        MAGAZINE_ROUNDS[self.magtype]
+    }
+
+    /// Count a visit by `visitor` (a per-CPU cache's address); at the end
+    /// of an interval, move to the next magazine type (up to
+    /// `max_magtype`) if the depot lock was contended too often during
+    /// it, or the depot handed off between CPUs too often. True if the
+    /// type changed.
+    pub(crate) fn note_visit(&mut self, nr_contention: u64, visitor: usize) -> bool {
+        if visitor != self.last_visitor {
+            self.last_visitor = visitor;
+            self.nr_handoffs += 1;
+        }
+        self.nr_visits += 1;
+        if self.nr_visits < MAG_RESIZE_INTERVAL {
+            return false;
+        }
+        let grow = (nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
+            || self.nr_handoffs >= MAG_HANDOFF_THRESHOLD)
+            && self.magtype < self.max_magtype;
+        if grow {
+            self.magtype += 1;
+        }
+        self.nr_visits = 0;
+        self.nr_handoffs = 0;
+        self.contention_at_mark = nr_contention;
+        grow
+    }
+
+    /// Put an empty magazine leaving a per-CPU cache on the empty list if
+    /// it is of the depot's type; else return it to be freed.
+    ///
+    /// # Safety
+    /// As for [`DepotInner::push_empty`].
+    unsafe fn keep_empty(&mut self, mag: *mut Magazine) -> Stale {
+        // SAFETY: per the caller, alive.
+        if unsafe { (*mag).capacity } as usize == self.magsize() {
+            // SAFETY: per the caller.
+            unsafe { self.push_empty(mag) };
+            return Stale::NONE;
+        }
+        // SAFETY: per the caller, on no list: `next` is ours to link.
+        unsafe { (*mag).next = ptr::null_mut() };
+        Stale(mag)
+    }
+
+    fn pop_full(&mut self) -> *mut Magazine {
+        let mag = self.full;
+        if !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe { self.full = (*mag).next };
+            self.nr_full -= 1;
+            self.full_min = self.full_min.min(self.nr_full);
+        }
+        mag
+    }
+
+    fn pop_empty(&mut self) -> *mut Magazine {
+        let mag = self.empty;
+        if !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe { self.empty = (*mag).next };
+            self.nr_empty -= 1;
+            self.empty_min = self.empty_min.min(self.nr_empty);
+        }
+        mag
+    }
+
+    /// # Safety
+    /// `mag` is alive, non-empty, and on no list and in no per-CPU cache.
+    unsafe fn push_full(&mut self, mag: *mut Magazine) {
+        // SAFETY: per the caller.
+        unsafe { (*mag).next = self.full };
+        self.full = mag;
+        self.nr_full += 1;
+    }
+
+    /// # Safety
+    /// `mag` is alive, empty, and on no list and in no per-CPU cache.
+    pub(crate) unsafe fn push_empty(&mut self, mag: *mut Magazine) {
+        // SAFETY: per the caller.
+        unsafe { (*mag).next = self.empty };
+        self.empty = mag;
+        self.nr_empty += 1;
+    }
+
+    /// Rounds in the full list.
+    pub(crate) fn nr_rounds(&self) -> usize {
+        let mut total = 0;
+        let mut mag = self.full;
+        while !mag.is_null() {
+            // SAFETY: magazines on the depot lists are alive and ours.
+            unsafe {
+                total += (*mag).nr_rounds as usize;
+                mag = (*mag).next;
+            }
+        }
+        total
+    }
+
+    /// Call `f` with every magazine on both lists (tests, `whatis`, the
+    /// invariant walker).
+    pub(crate) fn for_each_magazine(&self, mut f: impl FnMut(*mut Magazine)) {
+        for list in [self.full, self.empty] {
+            let mut mag = list;
+            while !mag.is_null() {
+                f(mag);
+                // SAFETY: magazines on the depot lists are alive and ours.
+                mag = unsafe { (*mag).next };
+            }
+        }
+    }
+
+    fn take_all(&mut self) -> (*mut Magazine, *mut Magazine) {
+        let lists = (self.full, self.empty);
+        self.full = ptr::null_mut();
+        self.empty = ptr::null_mut();
+        self.nr_full = 0;
+        self.nr_empty = 0;
+        self.full_min = 0;
+        self.empty_min = 0;
+        lists
+    }
+}
