@@ -2,7 +2,16 @@
 //! debugged (`DEBUG`), traced (the trace table), profiled with bufctl
 //! slabs (`BUFCTL_TAGGED`), recorded (kmemtrace) or a bootstrap cache
 //! (refused). The hits send every such cache here with one `hot_flags`
-//! test (see [`HotFlags::ALLOC_SLOW`], [`HotFlags::FREE_SLOW`]).
+//! test (see [`HotFlags::ALLOC_SLOW`], [`HotFlags::FREE_SLOW`]). As in
+//! Linux `mm/slub.c`, everything debug-related sits behind three hooks,
+//! each called from one place:
+//!
+//! ```text
+//!  alloc_flagged ─► alloc_recorded (KMEMTRACE: the event after the alloc)
+//!        └─► alloc_cold: pre_alloc_hook ─► magazines ─► post_alloc_hook
+//!  free_flagged ──► free_recorded (KMEMTRACE: the event after the free)
+//!        └─► free_flagged_with: free_hook ─► magazines
+//! ```
 
 use core::ptr::NonNull;
 
@@ -72,21 +81,47 @@ impl<P: Platform> KmemCache<P> {
         packed
     }
 
-    /// Alloc with bookkeeping: debug checks, bufctl tag, tracing.
-    /// `bytes_req`: what a kmalloc caller asked for (0: the whole object),
-    /// where a `REDZONE` cache starts the redzone.
+    /// Alloc with bookkeeping (Linux `slab_alloc_node` with its hooks):
+    /// [`Self::pre_alloc_hook`], the magazines (hit or miss), then
+    /// [`Self::post_alloc_hook`]. `bytes_req`: what a kmalloc caller asked
+    /// for (0: the whole object), where a `REDZONE` cache starts the
+    /// redzone.
     pub(super) fn alloc_cold(
         &self,
         hot: HotFlags,
         tag: Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
+        self.pre_alloc_hook(hot)?;
+        let obj = self.magazine_alloc_or_miss()?;
+        self.post_alloc_hook(obj, hot, tag, bytes_req);
+        Ok(obj)
+    }
+
+    /// Before an alloc with bookkeeping (Linux `slab_pre_alloc_hook`):
+    /// callers may not allocate from a bootstrap cache.
+    #[inline(always)]
+    fn pre_alloc_hook(&self, hot: HotFlags) -> Result<(), AllocError> {
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Err(AllocError::InvalidLayout);
         }
+        Ok(())
+    }
+
+    /// After an alloc with bookkeeping (Linux `slab_post_alloc_hook`): the
+    /// debug checks and trailer (debug caches), the tag charged and its
+    /// token stored (profiling: bufctl caches, and small ones whose hit
+    /// missed), the trace record (traced caches).
+    #[inline(always)]
+    fn post_alloc_hook(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        tag: Option<AllocTagRef>,
+        bytes_req: usize,
+    ) {
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
-        let obj = self.magazine_alloc_or_miss()?;
         let addr = obj.as_ptr() as usize;
         if let Some(layout) = self.debug.as_ref() {
             let slab = match self.kind {
@@ -117,7 +152,6 @@ impl<P: Platform> KmemCache<P> {
         if hot.contains(HotFlags::TRACED) {
             self.trace_alloc(obj);
         }
-        Ok(obj)
     }
 
     /// A bufctl object leaves for a caller charged to a tag: state
@@ -167,7 +201,7 @@ impl<P: Platform> KmemCache<P> {
         slab: *mut Slab,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        self.free_cold(obj, slab, hot)?;
+        self.free_hook(obj, slab, hot)?;
         // SAFETY: validated above; the caller gives the object up.
         unsafe { self.magazine_free(obj) }
     }
@@ -193,9 +227,12 @@ impl<P: Platform> KmemCache<P> {
         result
     }
 
-    /// Free-side bookkeeping: the checks that can refuse (each refusal
-    /// reported), then tracing and uncharging.
-    pub(super) fn free_cold(
+    /// Before a free with bookkeeping goes to the magazines (Linux
+    /// `slab_free_hook`): the checks that can refuse (each refusal
+    /// reported: bootstrap caches, a bufctl object not busy, a debug
+    /// cache's state word), the debug trailer, then the trace record
+    /// removed and the tag uncharged.
+    pub(super) fn free_hook(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,

@@ -26,7 +26,7 @@
 //!                      │                    (IrqGuard, push)           (prev, depot, new
 //!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
 //!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
-//!                           └─ else: free_flagged ► free_cold (debug, trace, bufctl tag)
+//!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
 //!   with the error reports; page-granular kfree: kmalloc.rs)
 //! ```
