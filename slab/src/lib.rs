@@ -10,16 +10,32 @@
 //!
 //! ## Layers
 //!
-//! From the caller down:
+//! From the caller down (each layer is a folder or a file of `src/`, and
+//! imports only the ones below it):
 //!
-//! 1. **Tracing** ([`trace`](KmemCache::trace_start)): a per-cache hash of
-//!    outstanding objects with backtraces. It sits above the magazines, so
-//!    it sees what callers allocate and free, never objects resting in a
-//!    magazine. A cache that was never traced pays nothing for it (a bit of
-//!    the `hot_flags` word every alloc and free tests anyway).
-//! 2. **Magazine layer** (`src/magazine.rs`): a per-CPU cache `{ loaded,
+//! 1. **Allocator** (`allocator/`): [`Allocator`], all global state —
+//!    `init` and the bootstrap caches, the cache list, kmalloc (size
+//!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
+//!    `kmalloc_array`, `krealloc` too), `kfree`, the `GlobalAlloc` shims,
+//!    error reports, the kmemtrace switches.
+//! 2. **The cache** (`cache/`): [`KmemCache`], the only home of its
+//!    `impl` blocks: the alloc and free paths (the hits, one slow
+//!    function each way, the hooks of flagged caches), and everything
+//!    that needs the whole cache (reap, statistics, verify, debug,
+//!    profiling and the trace table's switch). It ties the layers below
+//!    together; the cache and the allocator point at each other (a cache
+//!    reports to its allocator and takes metadata from its bootstrap
+//!    caches), the one pair of files that import each other.
+//! 3. **Tracing** (`trace_table.rs`, the Akaros trace table; not the
+//!    kmemtrace event stream of `kmemtrace.rs`): a per-cache hash of
+//!    outstanding objects with backtraces. It sits above the magazines,
+//!    so it sees what callers allocate and free, never objects resting in
+//!    a magazine. A cache that was never traced pays nothing for it (a
+//!    bit of the `hot_flags` word every alloc and free tests anyway).
+//! 4. **Magazine layer** (`magazine/`): a per-CPU cache `{ loaded,
 //!    prev }` of two magazines of constructed objects ("rounds"), owned by
-//!    its CPU, behind a depot of full and empty magazines per cache. Most
+//!    its CPU, behind a depot (`magazine/depot.rs`) of full and empty
+//!    magazines per cache; it knows magazines, not slabs. Most
 //!    allocs and frees end here, touching nothing but their CPU's cache
 //!    line and the magazine. Magazines are sized to their capacity
 //!    (Bonwick & Adams 2001 §3.3): one bootstrap cache per magazine type,
@@ -30,16 +46,22 @@
 //!    to 128 bytes and at most 1/15 of its size above, and moves to the
 //!    next type when the depot lock is contended or the depot keeps
 //!    changing hands between CPUs.
-//! 3. **Slab layer** (`src/slab.rs`): small-object slabs (free list
+//! 5. **Slab layer** (`slab/`): small-object slabs (free list
 //!    through the objects; on the primary source objects up to 8 KiB, in
 //!    slabs of 1 to 8 pages chosen for the least waste, the header at the
-//!    end of the slab or from `kmem_slab` — `src/geometry.rs`) or bufctl
+//!    end of the slab or from `kmem_slab` — `layout/geometry.rs`) or bufctl
 //!    slabs (larger or `NOTOUCH` objects; a bufctl per object and a
 //!    per-cache hash from address to bufctl), on empty/partial/full lists;
 //!    allocation takes from the fullest partial slab first.
 //!    Constructors run when objects leave this layer, destructors when they
-//!    come back; bufctl states change here too.
-//! 4. **Page sources**: the primary one given to [`Allocator::init`], or
+//!    come back; bufctl states change here too. It takes its parameters
+//!    (`SlabParams`: geometry, page source, constructor) and calls back
+//!    through a small trait (`SlabOwner`: the error sink, the bootstrap
+//!    metadata, the debug hooks), never the cache itself.
+//! 6. **Layout** (`layout/`): slab geometry, the hardened free list, the
+//!    address hash, the page map and its typed entry (`PageEntry`); it
+//!    imports nothing above it.
+//! 7. **Page sources**: the primary one given to [`Allocator::init`], or
 //!    one per cache.
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
@@ -50,43 +72,37 @@
 //! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
 //! then eight per power of two, so above 64 bytes rounding wastes less
 //! than 12.5 %; the Linux classes among them) plus page-granular
-//! allocations above that (`src/kmalloc.rs`; `kzalloc`, `kcalloc`,
-//! `kmalloc_array`, `krealloc` too), and the **page map**: one word per page of the
-//! primary source's span naming the slab (or large allocation) that owns
-//! the page, so `kfree`, `ksize` and the free's owner check find the owner
-//! of any pointer.
+//! allocations above that (`allocator/kmalloc.rs`), and the **page
+//! map**: one word per page of the primary source's span naming the slab
+//! (or large allocation) that owns the page, so `kfree`, `ksize` and the
+//! free's owner check find the owner of any pointer.
 //!
 //! ## Reading the crate
 //!
-//! Start with `src/path.rs`: every alloc and free path, from the entry
-//! points (`KmemCache::alloc`/`free`, `kmalloc`/`kfree`, `GlobalAlloc`) to
-//! the magazine hit and its misses; it opens with their call graph, and
-//! `finish_free` finishes a located free for all three callers. Then one
-//! file per layer, each a struct that owns its state and its methods (a
-//! `KmemCache` holds one of each):
+//! Start with `cache/mod.rs`: the call graph of every alloc and free
+//! path, from the entry points (`KmemCache::alloc`/`free`,
+//! `kmalloc`/`kfree`, `GlobalAlloc`) to the magazine hit and its misses,
+//! then `cache/alloc.rs` and `cache/free.rs` (`finish_free` finishes a
+//! located free for all three callers) and `cache/hooks.rs`. Then one
+//! folder per layer:
 //!
-//! | file | layer | the struct, and what it does |
+//! | folder / file | holds | may import |
 //! | --- | --- | --- |
-//! | `src/trace.rs` | tracing | `TraceTable`: records by address and age behind the trace lock (`TraceTableInner`), recording and removing, growing its hash |
-//! | `src/magazine.rs` | magazines | `PcpuInner` (one CPU's `loaded`/`prev`, counts), `Depot` (full and empty magazines, exchanges, working set) |
-//! | `src/slab.rs` | slabs | `SlabLayer`: the lists and bufctl hash behind the slab lock (`SlabLists`: take and put objects, `BufctlState` changes, `SlabList` moves), growing and reaping slabs, the hash's table |
-//! | `src/hash.rs` | — | `AddrHash`, the one address hash of both the bufctl hash and the trace table, and how either grows and gives back its page-backed table |
+//! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
+//! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
+//! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
+//! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
+//! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
+//! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `report.rs`, `layout/`, below |
+//! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
+//! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
+//! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
+//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks and [`IrqGuard`] | nothing above |
+//! | `kmemtrace.rs` | the kmemtrace event stream (dump format) | `platform.rs` |
 //!
-//! A layer that needs the cache's read-only geometry (kind, stride, page
-//! source) is handed the cache; the `KmemCache` methods in those files are
-//! thin callers (`slab_alloc_raw`, `reap_slabs`, `trace_alloc`, ...).
-//! Around them: `src/cache.rs` (the `kmem_cache` struct, its hot fields
-//! first, reap, destroy, statistics), `src/allocator.rs` (init, bootstrap
-//! caches, the cache list, profiling and kmemtrace switches),
-//! `src/kmalloc.rs` (size classes, page-granular, `ksize`),
-//! `src/global_alloc.rs` (the shims), `src/object.rs` ([`SlabBox`],
-//! [`InitBox`] and the constructor's [`ObjectInit`]: objects owned and
-//! read without `unsafe`), `src/geometry.rs` (object layout),
-//! `src/stats.rs`, `src/alloc_tag.rs`, `src/pagemap.rs`, `src/freelist.rs`
-//! (the hardened free list), the debug flags (`src/debug.rs`,
-//! `src/debug_cache.rs`, `src/verify.rs`, `src/report.rs`), kmemtrace
-//! (`src/kmemtrace.rs`), `src/platform.rs` and `src/sync.rs` (the locks
-//! and [`IrqGuard`]).
+//! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
+//! of files that import each other (`allocator/mod.rs` and
+//! `cache/mod.rs`) and no larger circle.
 //!
 //! ## Allocation profiling and latency statistics
 //!
@@ -239,7 +255,8 @@
 //!
 //! ## Hit paths
 //!
-//! See `src/path.rs`. A magazine hit is a leaf with no call that returns
+//! See `cache/mod.rs` (and `cache/codegen.rs` for what steers code
+//! generation). A magazine hit is a leaf with no call that returns
 //! into it (every miss, error and bookkeeping case is a tail call to an
 //! out-of-line function), so it needs no callee-saved registers. **alloc**:
 //! one `hot_flags` test, interrupts off, the per-CPU base, pop from
@@ -274,7 +291,7 @@
 //!   [`report::ErrorReport`] — kept in a ring ([`Allocator::read_errors`])
 //!   and handed to the kernel's hook ([`Allocator::set_error_hook`]) with no
 //!   allocator lock held. Detection never panics; the kernel decides.
-//! - **Hardened free lists** (`src/freelist.rs`): small-slab links are stored as `next ^ secret ^
+//! - **Hardened free lists** (`layout/freelist.rs`): small-slab links are stored as `next ^ secret ^
 //!   swab(link address)` and checked against the slab's free map when
 //!   followed; a bad link is reported and the list rebuilt from the map.
 //!   The allocator never hands out memory it does not own.
@@ -344,6 +361,14 @@
 //! cost 64 bytes of metadata per cached object, so freeing a burst of small
 //! objects made memory grow. Sized magazines (illumos `kmem_magtype`) cost
 //! what they hold: 8.5 bytes per round in a 60-round magazine.
+//!
+//! **Why does the slab layer not take the cache?** So that it can be read
+//! (and tested) alone, and so that no lower layer reaches back up: it is
+//! given its `SlabParams` and a `SlabOwner` (an error sink, the bootstrap
+//! metadata, the debug hooks) that the cache implements, as Asterinas'
+//! slab knows only its slot size. The fields the hits read stay at the
+//! head of `KmemCache` as well (one cache line); the copies never change
+//! after creation.
 //!
 //! **Why are objects at least 8-aligned?** Small slabs thread their free
 //! list through free objects; a pointer must fit and be aligned.

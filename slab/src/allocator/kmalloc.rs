@@ -1,7 +1,8 @@
 //! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`: the Linux
 //! set and classes between them) and page-granular allocations above
-//! them, `kfree`'s page-granular half, `ksize` and `owns`. (The class hits themselves are in
-//! [`crate::path`].)
+//! them, `kfree` (its locate, then [`KmemCache::finish_free`] or the
+//! page-granular half), `ksize` and `owns`. A size class's alloc is its
+//! cache's ([`KmemCache::alloc_with`], `cache/alloc.rs`).
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;

@@ -39,7 +39,7 @@ use crate::trace_table::TraceNode;
 const _: () = {
     // The metadata caches that bufctl slabs need (and the magazine caches)
     // must themselves use small-object slabs, which need no metadata:
-    // otherwise growing them would recurse forever. (magazine.rs checks
+    // otherwise growing them would recurse forever. (magazine/mod.rs checks
     // the largest magazine.)
     assert!(core::mem::size_of::<Slab>() <= crate::layout::geometry::SMALL_MAX_STRIDE);
     assert!(core::mem::size_of::<Bufctl>() <= crate::layout::geometry::SMALL_MAX_STRIDE);

@@ -487,7 +487,7 @@ pub(super) fn misaligned(addr: usize) -> FreeError {
 /// address. For an empty magazine this is the header word before slot 0,
 /// `capacity` plus `nr_rounds << 32` (stale while loaded): never
 /// 8-aligned, as no capacity is a multiple of 8 (asserted in
-/// magazine.rs), so never an object, and no branch for the case.
+/// magazine/mod.rs), so never an object, and no branch for the case.
 ///
 /// # Safety
 /// `mag` is a live magazine (not the absent one) holding `nr_rounds ≤

@@ -9,7 +9,7 @@
 //!  KmemCache::alloc / alloc_tagged          Allocator::kmalloc / kmalloc_tagged
 //!            │                               GlobalAlloc::alloc, Allocator::allocate
 //!            │                                        │ kmalloc_checked: size class
-//!            ▼                                        ▼ (page-granular: kmalloc.rs)
+//!            ▼                                        ▼ (page-granular: allocator/kmalloc.rs)
 //!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
 //!       │                     (IrqGuard, pop)                         (prev, depot, slab)
 //!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
@@ -28,7 +28,7 @@
 //!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
 //!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
-//!   with the error reports; page-granular kfree: kmalloc.rs)
+//!   with the error reports; page-granular kfree: allocator/kmalloc.rs)
 //! ```
 //!
 //! **The hits** take no lock and no atomic read-modify-write: interrupts

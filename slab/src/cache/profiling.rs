@@ -118,7 +118,7 @@ impl<P: Platform> KmemCache<P> {
     /// holding this cache's side arrays.
     fn tag_array_cache_index(&self) -> usize {
         let bytes = self.nr_objs_per_slab * TAG_REF_BYTES;
-        // The largest holds MAX_SMALL_OBJS slots (asserted in allocator.rs).
+        // The largest holds MAX_SMALL_OBJS slots (asserted in allocator/mod.rs).
         TAG_ARRAY_SIZES
             .iter()
             .position(|&size| size >= bytes)

@@ -139,7 +139,7 @@ pub(crate) const fn magazine_bytes(capacity: usize) -> usize {
 
 const _: () = {
     assert!(core::mem::size_of::<Magazine>() == MAG_HEADER_BYTES);
-    // `top_round` (path.rs) reads the word before `rounds[0]` of an empty
+    // `top_round` (cache/free.rs) reads the word before `rounds[0]` of an empty
     // magazine: `capacity` in its low half (little-endian), `nr_rounds`
     // in its high half.
     assert!(cfg!(target_endian = "little"));
