@@ -458,16 +458,10 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The header of the small slab holding `addr` (an object of this
-    /// cache in a live slab): through the page map on the primary source
-    /// (the header may be off slab or at the end of a later page), at the
-    /// end of the page otherwise (one-page slabs there).
+    /// cache in a live slab): [`SlabParams::small_slab_of`](crate::slab::SlabParams::small_slab_of).
     #[inline]
     pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
-        if self.on_primary {
-            self.page_map.get(addr).slab_unchecked() as *mut Slab
-        } else {
-            small_header(addr)
-        }
+        self.slab.params.small_slab_of(addr)
     }
 
     /// Name with the cache's lifetime, for error reports.
