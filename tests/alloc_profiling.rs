@@ -361,7 +361,7 @@ mod profiled {
             record.frames[..usize::from(record.nr_frames)]
                 .iter()
                 .any(|&frame| {
-                    magpie::symbols::lookup(frame)
+                    magpie::debug::symbols::lookup(frame)
                         .is_some_and(|(name, _)| name.contains("boxes_in_a_scope"))
                 })
         }));

@@ -21,8 +21,10 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 
+use magpie::arch;
+use magpie::debug::symbols;
 use magpie::kmem::SLAB;
-use magpie::{arch, kmemtrace, symbols};
+use magpie::tracing::event_stream;
 use magpie_slab::kmemtrace::{
     EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceHeader, RECORD_CPU, RECORD_STACK,
     RECORD_TRAILER,
@@ -49,8 +51,8 @@ fn dump() -> Dump {
         (status.nr_events as usize + 64) * EVENT_SIZE + 64 * 1024 + status.nr_stacks * 160,
     );
     let info = DumpInfo {
-        build_id: kmemtrace::build_id(),
-        ticks_to_ns: &kmemtrace::ticks_to_ns,
+        build_id: event_stream::build_id(),
+        ticks_to_ns: &event_stream::ticks_to_ns,
     };
     let summary = SLAB.kmemtrace_dump(&info, &mut |chunk| {
         assert!(
@@ -127,7 +129,7 @@ fn box_here() -> Box<[u64; 40]> {
 
 #[test_case]
 fn kmalloc_events_name_the_calling_function_with_exact_sizes() {
-    kmemtrace::start(0, None).expect("start");
+    event_stream::start(0, None).expect("start");
     let held = allocate_here(5);
     let addresses: Vec<u64> = held.iter().map(|p| p.as_ptr() as u64).collect();
     free_here(held);
@@ -175,11 +177,11 @@ fn kmalloc_events_name_the_calling_function_with_exact_sizes() {
 
 #[test_case]
 fn timestamps_are_nanoseconds_since_boot() {
-    let before = kmemtrace::ticks_to_ns(arch::rdtsc());
-    kmemtrace::start(0, None).expect("start");
+    let before = event_stream::ticks_to_ns(arch::rdtsc());
+    event_stream::start(0, None).expect("start");
     free_here(allocate_here(3));
     SLAB.kmemtrace_stop();
-    let after = kmemtrace::ticks_to_ns(arch::rdtsc());
+    let after = event_stream::ticks_to_ns(arch::rdtsc());
     let dump = dump();
     assert!(dump.header.record_start_ns >= before && dump.header.record_start_ns <= after);
     for event in &dump.events {
@@ -192,7 +194,7 @@ fn timestamps_are_nanoseconds_since_boot() {
 
 #[test_case]
 fn stacks_start_at_the_call_site_and_are_deduplicated() {
-    kmemtrace::start(4, None).expect("start with stacks");
+    event_stream::start(4, None).expect("start with stacks");
     free_here(allocate_here(6));
     SLAB.kmemtrace_stop();
     let dump = dump();
@@ -220,7 +222,7 @@ fn stacks_start_at_the_call_site_and_are_deduplicated() {
 
 #[test_case]
 fn recording_off_records_nothing() {
-    kmemtrace::start(0, None).expect("start");
+    event_stream::start(0, None).expect("start");
     SLAB.kmemtrace_stop();
     let before = SLAB.kmemtrace_status().nr_events;
     free_here(allocate_here(10));
@@ -229,10 +231,10 @@ fn recording_off_records_nothing() {
 
 #[test_case]
 fn dump_goes_out_over_debugcon() {
-    kmemtrace::start(0, None).expect("start");
+    event_stream::start(0, None).expect("start");
     free_here(allocate_here(2));
     SLAB.kmemtrace_stop();
-    let (summary, _channel) = kmemtrace::dump();
+    let (summary, _channel) = event_stream::dump();
     assert_eq!(summary.nr_events, SLAB.kmemtrace_status().nr_events);
     assert!(summary.nr_bytes >= (HEADER_SIZE + 4 * EVENT_SIZE) as u64);
 }

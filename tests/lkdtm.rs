@@ -20,8 +20,8 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use magpie::debug::lkdtm::{self, LkdtmType, Verdict};
 use magpie::kmem::SLAB;
-use magpie::lkdtm::{self, LkdtmType, Verdict};
 
 magpie::test_kernel!();
 

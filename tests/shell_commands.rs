@@ -279,7 +279,7 @@ fn kmemstat_has_the_akaros_layout() {
         (heap.indent, heap.name, heap.kind),
         (0, "bootstrap-heap", "A")
     );
-    assert_eq!(heap.total, magpie::heap::BOOTSTRAP_HEAP_SIZE);
+    assert_eq!(heap.total, magpie::kmem::heap::BOOTSTRAP_HEAP_SIZE);
 }
 
 // ---------------------------------------------------------------------------

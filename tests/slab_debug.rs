@@ -22,9 +22,9 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 
+use magpie::debug::slab_debug::KernelFormat;
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
-use magpie::slab_debug::KernelFormat;
 use magpie_slab::report::{ErrorKind, ErrorReport};
 use magpie_slab::{CacheFlags, FreeError, KmemCache};
 

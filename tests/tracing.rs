@@ -249,8 +249,10 @@ fn print_shows_exactly_the_live_traced_objects() {
     // The record's first frame symbolizes to the same function.
     let mut first_frame = 0;
     cache.trace_for_each(|record| first_frame = record.frames()[0]);
-    let (name, offset) = magpie::symbols::lookup(first_frame).expect("symbol");
-    assert!(format!("{}", magpie::symbols::demangled(name)).ends_with("allocate_for_trace_test"));
+    let (name, offset) = magpie::debug::symbols::lookup(first_frame).expect("symbol");
+    assert!(
+        format!("{}", magpie::debug::symbols::demangled(name)).ends_with("allocate_for_trace_test")
+    );
     assert!(offset > 0);
 
     for obj in live.into_iter().chain(untraced) {

@@ -16,18 +16,18 @@
 //! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
 //! ranges) → frame allocator → memory check ([`min_free_bytes`]) → final
 //! page tables (direct map) → symbols → slab allocator ([`kmem`]) →
-//! [`kmemtrace`] (`kmemtrace=on`) → application processors ([`smp`]) →
+//! [`tracing::event_stream`] (`kmemtrace=on`) → application processors ([`smp`]) →
 //! `kmain`.
 //!
 //! # FAQ
 //!
 //! * *Why does the kernel read its own ELF?* The runner passes the kernel
 //!   ELF (a copy without DWARF, so it stays small) as the PVH module
-//!   (`-initrd`), and [`symbols`] reads `.symtab` from it, so backtraces are
+//!   (`-initrd`), and [`debug::symbols`] reads `.symtab` from it, so backtraces are
 //!   symbolized inside the kernel with no post-link step.
 //! * *Why not `uart_16550`?* Its `init` writes the FIFO control register,
 //!   which makes QEMU drop input that is already queued (piped stdin). The
-//!   16550 driver in [`console`] is twenty lines and never touches FCR.
+//!   16550 driver in [`dev::console`] is twenty lines and never touches FCR.
 //! * *Why `acpi` 5.2 and not 6.x?* 6.x's handler trait asks for some
 //!   twenty AML, I/O and PCI hooks; 5.2's is map/unmap, and its MADT parser
 //!   is all the kernel needs (see [`arch::acpi`]).
@@ -44,29 +44,18 @@
 extern crate alloc;
 
 pub mod arch;
-pub mod boot_info;
-pub mod console;
-pub mod fault;
-pub mod frame;
-pub mod heap;
-pub mod klog;
+pub mod debug;
+pub mod dev;
 pub mod kmem;
-pub mod kmemtrace;
-pub mod lkdtm;
-pub mod memory;
-pub mod panic;
+pub mod mm;
 pub mod profiling;
-pub mod qemu;
 pub mod shell;
-pub mod slab_debug;
 pub mod smp;
-pub mod stress;
-pub mod symbols;
 pub mod testing;
-pub mod virtio_console;
+pub mod tracing;
 
-pub use boot_info::BootInfo;
-pub use qemu::{QemuExitCode, exit_qemu};
+pub use dev::qemu::{QemuExitCode, exit_qemu};
+pub use mm::boot_info::BootInfo;
 pub use testing::{test_panic_handler, test_runner};
 
 core::arch::global_asm!(include_str!("../../boot/entry.S"), options(att_syntax));
@@ -81,24 +70,24 @@ unsafe extern "Rust" {
 /// with the physical address of the PVH `hvm_start_info`.
 #[unsafe(no_mangle)]
 pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
-    console::init();
-    heap::init();
+    dev::console::init();
+    kmem::heap::init();
     arch::init_bsp();
-    let boot = boot_info::init(start_info_phys);
-    klog::init(boot.cmdline);
+    let boot = mm::boot_info::init(start_info_phys);
+    dev::klog::init(boot.cmdline);
     arch::acpi::init(boot.rsdp);
     arch::tsc::calibrate();
-    frame::init(boot);
+    mm::frame::init(boot);
     check_memory(boot);
-    memory::init(boot);
-    symbols::init(boot);
+    mm::paging::init(boot);
+    debug::symbols::init(boot);
     kmem::init(boot.cmdline);
-    kmemtrace::init(boot);
-    fault::init();
+    tracing::event_stream::init(boot);
+    debug::fault::init();
     smp::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",
-        frame::stats().nr_total * frame::PAGE_SIZE / (1024 * 1024),
+        mm::frame::stats().nr_total * mm::frame::PAGE_SIZE / (1024 * 1024),
         arch::max_cpus(),
         boot.cmdline
     );
@@ -120,7 +109,7 @@ pub fn min_free_bytes(nr_cpus: usize) -> usize {
 fn check_memory(boot: &BootInfo) {
     let nr_cpus = arch::max_cpus();
     let need = min_free_bytes(nr_cpus);
-    let free = frame::stats().nr_free * frame::PAGE_SIZE;
+    let free = mm::frame::stats().nr_free * mm::frame::PAGE_SIZE;
     if free >= need {
         return;
     }

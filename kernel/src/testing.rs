@@ -30,7 +30,7 @@ use core::fmt::Write;
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::qemu::{QemuExitCode, exit_qemu};
+use crate::dev::qemu::{QemuExitCode, exit_qemu};
 use crate::{print, println};
 
 static NR_TESTS: AtomicUsize = AtomicUsize::new(0);
@@ -73,9 +73,9 @@ pub fn test_runner(tests: &[&dyn Testable]) {
 pub fn test_panic_handler(info: &PanicInfo<'_>) -> ! {
     crate::arch::irq_save();
     // Lock-free output: the panic may have happened while printing.
-    let mut out = crate::console::emergency_writer();
+    let mut out = crate::dev::console::emergency_writer();
     let _ = out.write_str("[failed]\n");
-    crate::panic::report(info);
+    crate::debug::panic::report(info);
     let passed = NR_PASSED.load(Ordering::Relaxed);
     let total = NR_TESTS.load(Ordering::Relaxed);
     let _ = out.write_fmt(format_args!(
@@ -100,7 +100,7 @@ pub fn test_panic_handler(info: &PanicInfo<'_>) -> ! {
 /// magpie::test_kernel!();
 /// ```
 ///
-/// The boot information is at [`crate::boot_info::get`].
+/// The boot information is at [`crate::mm::boot_info::get`].
 #[macro_export]
 macro_rules! test_kernel {
     () => {

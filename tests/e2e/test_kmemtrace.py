@@ -322,7 +322,7 @@ class KmemtraceSession(unittest.TestCase):
         cross_frees = int(re.search(r"^total\s+\d+\s+\d+\s+\d+\s+(\d+)", text, re.M).group(1))
         code, out, err = self.magpie_kmem("stat", "--caller", "--json")
         self.assertEqual(code, 0, err)
-        stress = [s for s in json.loads(out)["callsites"] if s["function"].startswith("magpie::stress::run")]
+        stress = [s for s in json.loads(out)["callsites"] if s["function"].startswith("magpie::smp::stress::run")]
         self.assertTrue(stress)
         self.assertEqual(sum(s["pingpong"] for s in stress), cross_frees)
 

@@ -18,8 +18,8 @@ use x86_64::registers::control::Cr2;
 use x86_64::structures::idt::{InterruptDescriptorTable, InterruptStackFrame, PageFaultErrorCode};
 
 use super::gdt::DOUBLE_FAULT_IST_INDEX;
-use crate::console::emergency_writer;
-use crate::symbols::Symbolized;
+use crate::debug::symbols::Symbolized;
+use crate::dev::console::emergency_writer;
 
 /// What an exception handler saw; passed to the hook.
 pub struct ExceptionInfo<'a> {
@@ -54,7 +54,7 @@ macro_rules! interrupted_frame_pointer {
         let rbp: usize;
         // SAFETY: reads this handler's own RBP; no memory access.
         unsafe { core::arch::asm!("mov {}, rbp", out(reg) rbp, options(nomem, nostack, preserves_flags)) };
-        crate::symbols::read_frame_word(rbp).unwrap_or(0)
+        crate::debug::symbols::read_frame_word(rbp).unwrap_or(0)
     }};
 }
 
@@ -264,10 +264,10 @@ fn report(info: &ExceptionInfo<'_>) {
         frame.code_segment.0
     );
     let mut trace = [0usize; 32];
-    let depth = crate::symbols::backtrace_from(info.frame_pointer, &mut trace);
+    let depth = crate::debug::symbols::backtrace_from(info.frame_pointer, &mut trace);
     let _ = writeln!(out, "    backtrace:");
     let _ = writeln!(out, "      #0  {:#018x} {}", rip, Symbolized(rip));
-    let _ = crate::symbols::write_trace(&mut out, "      ", 1, &trace[..depth]);
+    let _ = crate::debug::symbols::write_trace(&mut out, "      ", 1, &trace[..depth]);
 }
 
 fn fatal(info: &ExceptionInfo<'_>) -> ! {
@@ -277,7 +277,7 @@ fn fatal(info: &ExceptionInfo<'_>) -> ! {
             "\n!!! nested exception {} while reporting; giving up",
             info.name
         );
-        crate::qemu::exit_qemu(crate::qemu::QemuExitCode::Failed);
+        crate::dev::qemu::exit_qemu(crate::dev::qemu::QemuExitCode::Failed);
     }
     report(info);
     let hook = HOOK.load(Ordering::Acquire);
@@ -287,5 +287,5 @@ fn fatal(info: &ExceptionInfo<'_>) -> ! {
             unsafe { core::mem::transmute::<usize, fn(&ExceptionInfo<'_>)>(hook) };
         hook(info);
     }
-    crate::qemu::exit_qemu(crate::qemu::QemuExitCode::Failed)
+    crate::dev::qemu::exit_qemu(crate::dev::qemu::QemuExitCode::Failed)
 }

@@ -59,15 +59,14 @@ mod lkdtm;
 mod profiling;
 mod smp;
 mod system;
-mod tracing;
 
 use alloc::vec::Vec;
 use core::fmt::{self, Write};
 
 pub use self::kmem::Held;
+pub use self::kmemtrace::write_record;
 pub use self::line::{ConsoleWriter, Edit, LineEditor};
-pub use self::tracing::write_record;
-use crate::console;
+use crate::dev::console;
 use crate::kmem as kernel_kmem;
 
 /// Longest command line accepted, in bytes.
@@ -113,7 +112,7 @@ pub static COMMANDS: &[Command] = &[
     system::HELP,
     kmem::KMEMSTAT,
     kmem::SLABINFO,
-    tracing::KMEMTRACE,
+    kmemtrace::KMEMTRACE,
     kmem::KMALLOC,
     kmem::KFREE,
     kmem::LEAK,
@@ -462,7 +461,7 @@ pub fn run() -> ! {
                 break byte;
             }
             let now = crate::arch::rdtsc();
-            if crate::kmemtrace::ticks_to_ns(now.wrapping_sub(last_update))
+            if crate::tracing::event_stream::ticks_to_ns(now.wrapping_sub(last_update))
                 >= KMEM_UPDATE_INTERVAL_NS
             {
                 last_update = now;

@@ -21,8 +21,9 @@ use magpie_slab::debug::SlabDebugConfig;
 use magpie_slab::report::{ErrorReport, ReportFormat};
 
 use crate::arch::tsc;
+use crate::debug::symbols;
+use crate::dev::console;
 use crate::kmem::SLAB;
-use crate::{console, symbols};
 
 /// Panic on the first report (`slab_debug=...,panic`).
 static PANIC_ON_ERROR: AtomicBool = AtomicBool::new(false);

@@ -14,8 +14,9 @@ use core::fmt;
 
 use spin::Once;
 
-use crate::boot_info::BootInfo;
-use crate::memory::{is_kernel_text, is_readable, phys_to_virt};
+use crate::mm::boot_info::BootInfo;
+use crate::mm::layout::{is_kernel_text, phys_to_virt};
+use crate::mm::paging::is_readable;
 
 /// One function symbol in the index.
 #[derive(Clone, Copy)]
@@ -146,9 +147,9 @@ fn build(symtab: &'static [u8], strtab: &'static [u8]) -> Option<Table> {
     }
     let nr_entries = symbols().count();
     let nr_pages = (nr_entries * size_of::<Entry>())
-        .div_ceil(crate::frame::PAGE_SIZE)
+        .div_ceil(crate::mm::frame::PAGE_SIZE)
         .max(1);
-    let memory = crate::frame::alloc_zeroed(nr_pages)?.cast::<Entry>();
+    let memory = crate::mm::frame::alloc_zeroed(nr_pages)?.cast::<Entry>();
     // SAFETY: freshly allocated, zeroed frames big enough for nr_entries
     // entries, owned by the index forever; Entry is plain data (zero is valid).
     let entries: &'static mut [Entry] =

@@ -5,8 +5,8 @@ use core::fmt::Write;
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use crate::console::emergency_writer;
-use crate::qemu::{QemuExitCode, exit_qemu};
+use crate::dev::console::emergency_writer;
+use crate::dev::qemu::{QemuExitCode, exit_qemu};
 
 static PANICKING: AtomicBool = AtomicBool::new(false);
 
@@ -34,7 +34,7 @@ pub fn report(info: &PanicInfo<'_>) {
         );
     }
     let _ = writeln!(out, "    backtrace:");
-    let _ = crate::symbols::write_backtrace(&mut out, "      ");
+    let _ = crate::debug::symbols::write_backtrace(&mut out, "      ");
 }
 
 /// The kernel binary's panic handler body: report, then exit QEMU with failure.

@@ -38,7 +38,7 @@ pub fn init() {
         return;
     }
     magpie_codetag::fault::set_cpu_id_fn(crate::arch::cpu_id);
-    let seed = crate::boot_info::get()
+    let seed = crate::mm::boot_info::get()
         .and_then(|boot| boot.arg("fault_seed"))
         .and_then(|value| {
             let parsed = match value.strip_prefix("0x") {

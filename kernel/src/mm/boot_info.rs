@@ -6,7 +6,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use spin::Once;
 
-use crate::memory::phys_to_virt;
+use crate::mm::layout::{kernel_image_phys, phys_to_virt};
 
 const START_INFO_MAGIC: u32 = 0x336e_c578;
 const MAX_REGIONS: usize = 128;
@@ -249,7 +249,7 @@ pub(crate) fn init(start_info_phys: u64) -> &'static BootInfo {
         .unwrap_or("")
         .trim();
 
-    let kernel_phys = crate::memory::kernel_image_phys();
+    let kernel_phys = kernel_image_phys();
 
     BOOT_INFO.call_once(|| BootInfo {
         memmap,

@@ -1,5 +1,6 @@
 //! `kmemtrace start|stop|print|reset [CACHE|all]`: the per-cache trace
-//! table (Akaros semantics; the mechanism is in `magpie-slab`).
+//! table (Akaros semantics; the mechanism is in `magpie-slab`). Reached
+//! from the `kmemtrace` row in `mod.rs`, whose help lists these forms.
 //!
 //! # Printing with no free memory
 //!
@@ -25,43 +26,15 @@ use core::fmt::Write;
 use magpie_slab::{KmemCache, TraceRecord};
 use spin::Mutex;
 
-use super::{Command, Result, Shell, ShellError};
+use super::KMEMTRACE;
+use crate::debug::symbols::Symbolized;
 use crate::kmem::{KernelPlatform, SLAB};
-use crate::symbols::Symbolized;
-
-pub(super) const KMEMTRACE: Command = Command {
-    name: "kmemtrace",
-    help: &[
-        (
-            "kmemtrace start|stop|print|reset [CACHE|all]",
-            "trace a cache's outstanding objects",
-        ),
-        (
-            "kmemtrace record start [--stacks [DEPTH]] [CACHE|all]",
-            "record every alloc and free as events (per-CPU rings)",
-        ),
-        (
-            "kmemtrace record stop|status",
-            "stop recording; events, overruns and fill per CPU",
-        ),
-        (
-            "kmemtrace dump",
-            "send the events to the host (target/kmemtrace/latest.kmt)",
-        ),
-    ],
-    context: "shell kmemtrace",
-    run: cmd_kmemtrace,
-};
+use crate::shell::{Result, ShellError};
 
 type Cache = KmemCache<KernelPlatform>;
 
-fn cmd_kmemtrace<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
-    // The event stream: `record ...` and `dump` (shell/kmemtrace.rs).
-    match args {
-        ["record", rest @ ..] => return super::kmemtrace::cmd_record(rest, out),
-        ["dump", rest @ ..] => return super::kmemtrace::cmd_dump(rest, out),
-        _ => {}
-    }
+/// `kmemtrace start|stop|print|reset [CACHE|all]`.
+pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let (verb, target) = match args {
         [verb] => (*verb, "all"),
         [verb, target] => (*verb, *target),

@@ -8,10 +8,11 @@
 
 use spin::Mutex;
 pub use x86_64::PhysAddr;
+use x86_64::instructions::interrupts::without_interrupts;
 
-use crate::arch::IrqGuard;
-use crate::boot_info::{BootInfo, MemoryKind};
-use crate::memory::phys_to_virt;
+use crate::mm::boot_info::{BootInfo, MemoryKind};
+use crate::mm::layout::phys_to_virt;
+use crate::mm::reserved;
 
 /// Size of a frame.
 pub const PAGE_SIZE: usize = 4096;
@@ -112,7 +113,7 @@ fn reserved_ranges(boot: &BootInfo) -> impl Iterator<Item = (u64, u64)> + '_ {
                 .iter()
                 .map(|module| (module.start, module.start + module.size)),
         )
-        .chain(crate::arch::acpi::table_ranges())
+        .chain(reserved::ranges())
         .chain(core::iter::once((
             boot.start_info_phys,
             boot.start_info_phys + 64,
@@ -217,12 +218,15 @@ pub(crate) fn init(boot: &BootInfo) {
     *FRAMES.lock() = Some(bitmap);
 }
 
+/// Runs `f` on the bitmap with interrupts off on this CPU (the lock is
+/// taken in interrupt handlers too) and the lock held.
 fn with_frames<R>(f: impl FnOnce(&mut Bitmap) -> R) -> R {
-    let _irq = IrqGuard::new();
-    let mut frames = FRAMES.lock();
-    f(frames
-        .as_mut()
-        .expect("frame allocator used before frame::init"))
+    without_interrupts(|| {
+        let mut frames = FRAMES.lock();
+        f(frames
+            .as_mut()
+            .expect("frame allocator used before frame::init"))
+    })
 }
 
 /// Allocates `nr_pages` physically contiguous frames. Returns the first
@@ -267,10 +271,11 @@ pub fn alloc_zeroed(nr_pages: usize) -> Option<*mut u8> {
 
 /// Current statistics (zero before `frame::init`).
 pub fn stats() -> FrameStats {
-    let _irq = IrqGuard::new();
-    FRAMES
-        .lock()
-        .as_ref()
-        .map(|frames| frames.stats)
-        .unwrap_or_default()
+    without_interrupts(|| {
+        FRAMES
+            .lock()
+            .as_ref()
+            .map(|frames| frames.stats)
+            .unwrap_or_default()
+    })
 }

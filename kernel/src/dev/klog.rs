@@ -10,7 +10,7 @@
 
 use log::{LevelFilter, Log, Metadata, Record};
 
-use crate::console;
+use crate::dev::console;
 
 struct KernelLog;
 
@@ -56,7 +56,7 @@ pub fn parse_level(value: &str) -> Option<LevelFilter> {
 
 /// Installs the logger with the level from the command line's `loglevel=`.
 pub(crate) fn init(cmdline: &str) {
-    let requested = crate::boot_info::cmdline_arg(cmdline, "loglevel");
+    let requested = crate::mm::boot_info::cmdline_arg(cmdline, "loglevel");
     let level = requested.and_then(parse_level).unwrap_or(LevelFilter::Info);
     // A second call (never made by the kernel) would keep the first logger.
     let _ = log::set_logger(&LOGGER);

@@ -18,7 +18,7 @@ use core::sync::atomic::{Ordering, fence};
 use spin::Mutex;
 use x86_64::instructions::port::Port;
 
-use crate::{frame, memory};
+use crate::mm::{frame, layout};
 
 const VENDOR_VIRTIO: u16 = 0x1af4;
 const DEVICE_CONSOLE_LEGACY: u16 = 0x1003;
@@ -132,7 +132,7 @@ pub fn init() -> bool {
         frame::free(ring, ring_pages);
         return false;
     };
-    let ring_virt = memory::phys_to_virt(ring.as_u64());
+    let ring_virt = layout::phys_to_virt(ring.as_u64());
     // SAFETY: fresh frames, ours, mapped in the direct map.
     unsafe { core::ptr::write_bytes(ring_virt as *mut u8, 0, ring_bytes) };
     // SAFETY: as above (the device's registers).
@@ -147,7 +147,7 @@ pub fn init() -> bool {
         descriptors: ring_virt,
         available: ring_virt + 16 * size,
         used: ring_virt + used_offset,
-        buffer: memory::phys_to_virt(buffer.as_u64()),
+        buffer: layout::phys_to_virt(buffer.as_u64()),
         buffer_phys: buffer.as_u64(),
         fill: 0,
         next_available: 0,

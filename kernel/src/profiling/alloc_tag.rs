@@ -141,7 +141,7 @@ pub fn set_enabled(on: bool) -> Result<(), SwitchLocked> {
 
 /// [`init`]'s counters and boot argument.
 fn init_switch() {
-    let setting = crate::boot_info::get()
+    let setting = crate::mm::boot_info::get()
         .and_then(|boot| boot.arg("mem_profiling"))
         .map(|value| {
             BootSetting::parse(value).unwrap_or_else(|| {
@@ -406,7 +406,7 @@ macro_rules! __site_tag {
     };
 }
 
-/// The body of every allocation macro: a fault point ([`crate::fault`];
+/// The body of every allocation macro: a fault point ([`crate::debug::fault`];
 /// armed, `Err(AllocError::OutOfMemory)` without allocating), else
 /// `$alloc`, a `*_tagged` call given [`__site_tag!`](crate::__site_tag).
 /// Not for direct use.
@@ -416,7 +416,7 @@ macro_rules! __site_tag {
 macro_rules! __alloc_site {
     ($alloc:expr) => {
         if $crate::alloc_fault!() {
-            ::core::result::Result::Err($crate::fault::AllocError::OutOfMemory)
+            ::core::result::Result::Err($crate::debug::fault::AllocError::OutOfMemory)
         } else {
             $alloc
         }
@@ -426,7 +426,7 @@ macro_rules! __alloc_site {
 /// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`](crate::kmem::SLAB)
 /// `.kmalloc` charged to this call site. `align` defaults to 8. (Linux
 /// takes GFP flags here; this kernel has none, so the second argument is
-/// the alignment.) The site is also a fault point ([`crate::fault`]): armed,
+/// the alignment.) The site is also a fault point ([`crate::debug::fault`]): armed,
 /// it returns `Err(AllocError::OutOfMemory)` without allocating. Its code
 /// carries the caller's file and line in the debug info
 /// (`collapse_debuginfo`), so symbolizers name the call site, not this
@@ -444,7 +444,7 @@ macro_rules! kmalloc {
 }
 
 /// `kmem_cache_alloc!(cache)`: `cache.alloc()` charged to this call site,
-/// and a fault point ([`crate::fault`]) like [`kmalloc!`](crate::kmalloc).
+/// and a fault point ([`crate::debug::fault`]) like [`kmalloc!`](crate::kmalloc).
 #[macro_export]
 #[collapse_debuginfo(yes)]
 macro_rules! kmem_cache_alloc {

@@ -16,6 +16,8 @@
 //! clock, frame-pointer backtraces, a per-CPU context string) and [`Arena`]
 //! (pages from the frame allocator, addressed through the direct map).
 
+pub mod heap;
+
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -23,7 +25,8 @@ use magpie_slab::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Plat
 use spin::Mutex;
 
 use crate::arch::{self, MAX_CPUS};
-use crate::{frame, memory, symbols};
+use crate::debug::symbols;
+use crate::mm::{frame, layout, paging};
 
 /// The machine as `magpie-slab` sees it.
 pub struct KernelPlatform;
@@ -95,10 +98,10 @@ unsafe impl Platform for KernelPlatform {
     }
 
     // kmemtrace call sites: a frame-pointer walk over the allocator's text
-    // range (see `crate::kmemtrace`).
+    // range (see `crate::tracing::event_stream`).
     #[inline(always)]
     fn caller_frames(frames: &mut [usize]) -> usize {
-        crate::kmemtrace::caller_frames(frames)
+        crate::tracing::event_stream::caller_frames(frames)
     }
 
     // Allocation profiling (kernel feature `alloc-profiling`): see
@@ -244,18 +247,18 @@ impl PageSource for Arena {
             .ok_or(AllocError::OutOfMemory)?;
         self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
         self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
-        NonNull::new(memory::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+        NonNull::new(layout::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
-        let phys = memory::virt_to_phys(addr.as_ptr() as usize)
+        let phys = paging::virt_to_phys(addr.as_ptr() as usize)
             .expect("kpages: freed pages are not in the direct map");
         frame::free(frame::PhysAddr::new(phys), nr_pages);
         self.nr_pages_out.fetch_sub(nr_pages, Ordering::Relaxed);
     }
 
     fn span(&self) -> (usize, usize) {
-        memory::direct_map_span()
+        paging::direct_map_span()
     }
 
     fn stats(&self) -> ArenaStats {
@@ -307,8 +310,8 @@ pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
 pub fn init(cmdline: &str) {
     // `slab_debug=` / `kmem_flags=` must reach the allocator before it
     // creates the kmalloc caches; its report hook prints every bad free
-    // and every corruption it finds (`crate::slab_debug`).
-    crate::slab_debug::configure(cmdline);
+    // and every corruption it finds (`crate::debug::slab_debug`).
+    crate::debug::slab_debug::configure(cmdline);
     SLAB.init(&KPAGES)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     crate::profiling::init();

@@ -56,6 +56,8 @@
 //!   and exits QEMU: there is no unwinding, so borrowed closures in
 //!   [`run_on_cpus`] cannot outlive their borrow.
 
+pub mod stress;
+
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::sync::Arc;
@@ -66,7 +68,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use spin::Mutex;
 
 use crate::arch::{self, CpuState, IrqGuard, MAX_CPUS, ap, lapic, percpu, tsc};
-use crate::{frame, memory};
+use crate::mm::{frame, layout};
 
 /// Kernel stack of each AP.
 pub const AP_STACK_SIZE: usize = 128 * 1024;
@@ -151,7 +153,7 @@ fn start_ap(cpu: usize, apic_id: u32) -> bool {
         log::warn!("no memory for cpu {cpu}'s stack");
         return false;
     };
-    let stack_top = memory::phys_to_virt(stack.as_u64()) as u64 + AP_STACK_SIZE as u64;
+    let stack_top = layout::phys_to_virt(stack.as_u64()) as u64 + AP_STACK_SIZE as u64;
     {
         // Room for the mailbox up front: posting work later allocates
         // nothing that outlives the work (tests compare allocation counts).

@@ -12,7 +12,7 @@
 //!   text, which `boot/linker.ld` gathers in one range
 //!   (`__kmem_text_start`..`__kmem_text_end`).
 //! * The dump goes to the host over a legacy virtio console
-//!   ([`crate::virtio_console`]; QEMU `virtio-serial-pci` + `virtconsole`),
+//!   ([`crate::dev::virtio_console`]; QEMU `virtio-serial-pci` + `virtconsole`),
 //!   which `boot/run-qemu.sh` connects to `target/kmemtrace/latest.kmt`
 //!   (`MAGPIE_KMEMTRACE=FILE`); without one, over QEMU's `isa-debugcon`
 //!   (I/O port `0xe9`). Measured with a 5,500-event dump (354 KiB) into a
@@ -29,8 +29,8 @@ use magpie_slab::kmemtrace::DEFAULT_SUBBUFS;
 use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
 
 use crate::arch::tsc;
-use crate::boot_info::BootInfo;
 use crate::kmem::SLAB;
+use crate::mm::boot_info::BootInfo;
 
 /// I/O port of QEMU's `isa-debugcon` (the dump channel).
 pub const DEBUGCON_PORT: u16 = 0xe9;
@@ -142,7 +142,7 @@ fn debugcon_write(bytes: &[u8]) {
 /// The channel a dump went out on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
-    /// The legacy virtio console ([`crate::virtio_console`]): bulk.
+    /// The legacy virtio console ([`crate::dev::virtio_console`]): bulk.
     VirtioConsole,
     /// QEMU's `isa-debugcon` at [`DEBUGCON_PORT`]: a byte per I/O access.
     Debugcon,
@@ -167,12 +167,12 @@ pub fn dump() -> (DumpSummary, Channel) {
         build_id: build_id(),
         ticks_to_ns: &ticks_to_ns,
     };
-    if crate::virtio_console::init() {
+    if crate::dev::virtio_console::init() {
         let mut ok = true;
         let summary = SLAB.kmemtrace_dump(&info, &mut |bytes| {
-            ok = ok && crate::virtio_console::write(bytes);
+            ok = ok && crate::dev::virtio_console::write(bytes);
         });
-        if ok && crate::virtio_console::flush() {
+        if ok && crate::dev::virtio_console::flush() {
             return (summary, Channel::VirtioConsole);
         }
         log::error!("kmemtrace dump: the virtio console stopped answering; dumping over debugcon");
@@ -212,7 +212,7 @@ const MAX_ALLOCATOR_FRAMES: usize = 16;
 /// glue between `__kmem_text_start` and `__kmem_text_end`); the first
 /// return address outside is the call site. About five instructions per
 /// allocator frame. With more than one slot, the call site's own callers
-/// follow (a checked walk, [`crate::symbols::backtrace_from`]).
+/// follow (a checked walk, [`crate::debug::symbols::backtrace_from`]).
 #[inline(always)]
 pub fn caller_frames(frames: &mut [usize]) -> usize {
     let Some(first) = frames.first_mut() else {
@@ -243,7 +243,7 @@ pub fn caller_frames(frames: &mut [usize]) -> usize {
                 return 1;
             }
             // `next` is the call site's own frame: its callers follow.
-            return 1 + crate::symbols::backtrace_from(next, &mut frames[1..]);
+            return 1 + crate::debug::symbols::backtrace_from(next, &mut frames[1..]);
         }
         frame_pointer = next;
     }

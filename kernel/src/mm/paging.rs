@@ -10,9 +10,9 @@
 //!                        the page below the boot stack is left unmapped (guard)
 //! ```
 //!
-//! Until [`init`] runs, the boot page tables from `boot/entry.S` map
-//! physical `[0, 4 GiB)` at the same direct-map offset, so [`phys_to_virt`]
-//! works from the first line of `kernel_entry`.
+//! The addresses of this layout are constants of [`crate::mm::layout`];
+//! until [`init`] runs, the boot page tables from `boot/entry.S` map
+//! physical `[0, 4 GiB)` at the same direct-map offset.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,88 +25,16 @@ use x86_64::structures::paging::{
 };
 pub use x86_64::{PhysAddr, VirtAddr};
 
-use crate::boot_info::BootInfo;
-use crate::frame;
-
-/// Base of the direct map: physical address `p` is at `DIRECT_MAP_BASE + p`.
-pub const DIRECT_MAP_BASE: u64 = 0xffff_8000_0000_0000;
-/// Base of the MMIO window used by [`map_mmio`].
-pub const MMIO_BASE: u64 = 0xffff_c000_0000_0000;
-/// Size of the MMIO window.
-pub const MMIO_SIZE: u64 = 1 << 39;
-/// The kernel image's virtual address minus its physical address.
-pub const KERNEL_VMA: u64 = 0xffff_ffff_8000_0000;
+use crate::mm::boot_info::BootInfo;
+use crate::mm::frame;
+use crate::mm::layout::{
+    DIRECT_MAP_BASE, KERNEL_VMA, MMIO_BASE, MMIO_SIZE, kernel_layout, phys_to_virt,
+};
+use crate::mm::reserved;
 
 const HUGE_PAGE_SIZE: u64 = 2 << 20;
-/// [`crate::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
-const PAGE_SIZE: u64 = crate::frame::PAGE_SIZE as u64;
-
-unsafe extern "C" {
-    static __kernel_start: u8;
-    static __text_start: u8;
-    static __text_end: u8;
-    static __rodata_end: u8;
-    static __boot_stack_guard: u8;
-    static __boot_stack_bottom: u8;
-    static __boot_stack_top: u8;
-    static __kernel_end: u8;
-}
-
-/// Addresses of the kernel image's parts (higher-half virtual).
-#[derive(Debug, Clone, Copy)]
-pub struct KernelLayout {
-    /// Start of the image (its load address in the higher half).
-    pub start: u64,
-    /// Start of `.text`.
-    pub text_start: u64,
-    /// End of `.text` (page-aligned).
-    pub text_end: u64,
-    /// End of read-only data (page-aligned); writable data follows.
-    pub rodata_end: u64,
-    /// The unmapped guard page below the boot stack.
-    pub boot_stack_guard: u64,
-    /// Lowest address of the boot stack.
-    pub boot_stack_bottom: u64,
-    /// Top of the boot stack.
-    pub boot_stack_top: u64,
-    /// End of the image (.bss included).
-    pub end: u64,
-}
-
-/// The kernel image's layout from the linker script.
-pub fn kernel_layout() -> KernelLayout {
-    // Linker-script symbols: only their addresses are taken (no unsafe needed).
-    {
-        KernelLayout {
-            start: core::ptr::addr_of!(__kernel_start) as u64,
-            text_start: core::ptr::addr_of!(__text_start) as u64,
-            text_end: core::ptr::addr_of!(__text_end) as u64,
-            rodata_end: core::ptr::addr_of!(__rodata_end) as u64,
-            boot_stack_guard: core::ptr::addr_of!(__boot_stack_guard) as u64,
-            boot_stack_bottom: core::ptr::addr_of!(__boot_stack_bottom) as u64,
-            boot_stack_top: core::ptr::addr_of!(__boot_stack_top) as u64,
-            end: core::ptr::addr_of!(__kernel_end) as u64,
-        }
-    }
-}
-
-/// Physical `[start, end)` of the kernel image.
-pub fn kernel_image_phys() -> (u64, u64) {
-    let layout = kernel_layout();
-    (layout.start - KERNEL_VMA, layout.end - KERNEL_VMA)
-}
-
-/// Whether `address` lies in the kernel's `.text`.
-pub fn is_kernel_text(address: usize) -> bool {
-    let layout = kernel_layout();
-    (layout.text_start..layout.text_end).contains(&(address as u64))
-}
-
-/// The direct-map address of physical address `phys`.
-#[inline]
-pub fn phys_to_virt(phys: u64) -> usize {
-    (DIRECT_MAP_BASE + phys) as usize
-}
+/// [`crate::mm::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
+const PAGE_SIZE: u64 = crate::mm::frame::PAGE_SIZE as u64;
 
 /// The physical address behind a direct-map or kernel-image address.
 pub fn virt_to_phys(virt: usize) -> Option<u64> {
@@ -150,7 +78,7 @@ pub fn is_readable(address: usize, len: usize) -> bool {
     }
     let (map_start, map_end) = direct_map_span();
     if start >= map_start as u64 && last < map_end as u64 {
-        let Some(boot) = crate::boot_info::get() else {
+        let Some(boot) = crate::mm::boot_info::get() else {
             return false;
         };
         let (phys_start, phys_last) = (start - DIRECT_MAP_BASE, last - DIRECT_MAP_BASE);
@@ -219,7 +147,7 @@ pub(crate) fn init(boot: &BootInfo) {
         .filter(|region| region.kind.is_ram() && region.size > 0)
         .map(|region| (region.start, region.end()));
     let mut map_end = 0u64;
-    for (start, end) in ram.chain(crate::arch::acpi::table_ranges()) {
+    for (start, end) in ram.chain(reserved::ranges()) {
         let end = end.next_multiple_of(HUGE_PAGE_SIZE);
         let mut chunk = start & !(HUGE_PAGE_SIZE - 1);
         while chunk < end {

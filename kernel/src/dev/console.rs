@@ -148,14 +148,14 @@ pub fn _print(args: fmt::Arguments<'_>) {
 /// Prints to the serial console.
 #[macro_export]
 macro_rules! print {
-    ($($arg:tt)*) => ($crate::console::_print(format_args!($($arg)*)));
+    ($($arg:tt)*) => ($crate::dev::console::_print(format_args!($($arg)*)));
 }
 
 /// Prints to the serial console, with a newline.
 #[macro_export]
 macro_rules! println {
     () => ($crate::print!("\n"));
-    ($($arg:tt)*) => ($crate::console::_print(format_args!("{}\n", format_args!($($arg)*))));
+    ($($arg:tt)*) => ($crate::dev::console::_print(format_args!("{}\n", format_args!($($arg)*))));
 }
 
 /// Same as [`print!`] (the console is the serial port).

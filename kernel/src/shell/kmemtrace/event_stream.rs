@@ -1,6 +1,6 @@
 //! `kmemtrace record start|stop|status` and `kmemtrace dump`: the event
 //! stream (the rings are `magpie_slab::kmemtrace`, the boot arguments,
-//! clock and dump channel `crate::kmemtrace`). Reached from the
+//! clock and dump channel `crate::tracing::event_stream`). Reached from the
 //! `kmemtrace` row in `tracing.rs`, whose help lists these forms.
 
 use core::fmt::Write;
@@ -8,11 +8,11 @@ use core::fmt::Write;
 use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
 use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
 
-use super::tracing::KMEMTRACE;
-use super::{Result, ShellError, parse_number, shell_error};
+use super::KMEMTRACE;
 use crate::arch;
 use crate::kmem::SLAB;
-use crate::kmemtrace;
+use crate::shell::{Result, ShellError, parse_number, shell_error};
+use crate::tracing::event_stream;
 
 /// Frames per event with `--stacks` and no DEPTH.
 const DEFAULT_STACK_DEPTH: usize = 8;
@@ -81,7 +81,7 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         }
         Some(cache)
     };
-    kmemtrace::start(stack_depth, cache.map(|cache| cache.id()))
+    event_stream::start(stack_depth, cache.map(|cache| cache.id()))
         .map_err(|error| shell_error!("cannot record: {error}"))?;
     let status = SLAB.kmemtrace_status();
     let _ = write!(
@@ -109,7 +109,7 @@ fn record_status(out: &mut dyn Write) {
         let _ = writeln!(
             out,
             "kmemtrace: never started ('kmemtrace record start'); {} sub-buffers per CPU at start",
-            kmemtrace::nr_subbufs()
+            event_stream::nr_subbufs()
         );
         return;
     }
@@ -189,8 +189,8 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
         ));
     }
     let start = arch::rdtsc();
-    let (summary, channel) = kmemtrace::dump();
-    let elapsed_ns = kmemtrace::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
+    let (summary, channel) = event_stream::dump();
+    let elapsed_ns = event_stream::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
     let _ = writeln!(
         out,
         "sent {} events ({} overruns) in {} records, {} bytes, crc32 {:#010x}, over the {}",

@@ -1,0 +1,5 @@
+//! Devices.
+pub mod console;
+pub mod klog;
+pub mod qemu;
+pub mod virtio_console;

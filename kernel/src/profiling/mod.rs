@@ -1,0 +1,3 @@
+//! Profiling.
+mod alloc_tag;
+pub use alloc_tag::*;

@@ -1,0 +1,2 @@
+//! Tracing.
+pub mod event_stream;
