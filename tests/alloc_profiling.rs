@@ -342,7 +342,7 @@ mod profiled {
         let tag = tag_of("boxes_in_a_scope");
         let warm = boxes_in_a_scope(16);
         drop(warm);
-        profiling::ctx_enable(tag);
+        profiling::ctx_enable(profiling::alloc_tag::token(tag.tag_ref()));
         let mut boxes = boxes_in_a_scope(12);
         let records = profiling::ctx_records();
         // The Vec's buffer is reserved before the scope opens: 12 boxes.

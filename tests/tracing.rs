@@ -148,7 +148,7 @@ fn print_shows_exactly_the_live_traced_objects() {
     assert!(cache.is_tracing());
     let mut objs = Vec::with_capacity(NR_ALLOCS);
     {
-        let _context = magpie::kmem::enter_context("trace test");
+        let _context = magpie::tracing::context::enter_context("trace test");
         allocate_for_trace_test(cache, NR_ALLOCS, &mut objs);
     }
     assert_eq!(cache.trace_stats().nr_records, NR_ALLOCS);

@@ -55,6 +55,10 @@ pub mod testing;
 pub mod tracing;
 
 pub use dev::qemu::{QemuExitCode, exit_qemu};
+/// The code-tag crate, for the exported macros (`kmalloc!`, `alloc_fault!`,
+/// `alloc_tag_scope!` ...) to name as `$crate::magpie_codetag`.
+#[doc(hidden)]
+pub use magpie_codetag;
 pub use mm::boot_info::BootInfo;
 pub use testing::{test_panic_handler, test_runner};
 

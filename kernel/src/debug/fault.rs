@@ -67,7 +67,7 @@ pub fn points() -> &'static [FaultTag] {
 #[macro_export]
 macro_rules! alloc_fault {
     () => {
-        $crate::profiling::magpie_codetag::dynamic_fault!(Memory)
+        $crate::magpie_codetag::dynamic_fault!(Memory)
     };
 }
 

@@ -5,7 +5,7 @@
 //!   `F` consistency checks, `Z` redzones, `P` poison, `U` audit, `C`
 //!   contents; the word `panic` in the list panics on the first report) and
 //!   `kmem_flags=0xN` (illumos: `0x1` audit, `0x2` deadbeef, `0x4` redzone,
-//!   `0x8` contents) configure [`SLAB`] before it starts. A bad value is
+//!   `0x8` contents) configure the slab allocator before it starts. A bad value is
 //!   reported on the console and ignored (the kernel boots without
 //!   debugging).
 //! - Every error the allocator detects (with or without debug flags: bad
@@ -23,15 +23,14 @@ use magpie_slab::report::{ErrorReport, ReportFormat};
 use crate::arch::tsc;
 use crate::debug::symbols;
 use crate::dev::console;
-use crate::kmem::SLAB;
 
 /// Panic on the first report (`slab_debug=...,panic`).
 static PANIC_ON_ERROR: AtomicBool = AtomicBool::new(false);
 
-/// Read `slab_debug` and `kmem_flags` from the command line and hand the
-/// configuration to [`SLAB`] (before its `init`), and install the report
-/// hook.
-pub fn configure(cmdline: &str) {
+/// Reads `slab_debug` and `kmem_flags` from the command line: the
+/// configuration `kmem::init` hands to the slab allocator before its
+/// `init`, with [`report`] as its error hook.
+pub fn configure(cmdline: &str) -> SlabDebugConfig {
     let mut config = SlabDebugConfig::NONE;
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = match word.split_once('=') {
@@ -49,11 +48,10 @@ pub fn configure(cmdline: &str) {
         }
     }
     PANIC_ON_ERROR.store(config.panic, Ordering::Relaxed);
-    SLAB.set_debug_config(config);
-    SLAB.set_error_hook(Some(report));
     if config.is_enabled() {
         log::info!("slab debugging: slab_debug={config}");
     }
+    config
 }
 
 /// Renders report frames with kernel symbols and ticks as nanoseconds.
@@ -72,7 +70,11 @@ impl ReportFormat for KernelFormat {
 /// The allocator's report hook: print the report on the console; panic if
 /// the boot line asked for it. Runs with no allocator lock held and
 /// allocates nothing.
-fn report(report: &ErrorReport) {
+///
+/// # Panics
+///
+/// On purpose, with `slab_debug=...,panic` on the boot line.
+pub fn report(report: &ErrorReport) {
     console::write_fmt(format_args!("{}", report.display(&KernelFormat)));
     if PANIC_ON_ERROR.load(Ordering::Relaxed) {
         panic!("kernel heap corruption detected ({})", report.kind.name());

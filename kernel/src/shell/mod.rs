@@ -366,7 +366,7 @@ impl Shell {
         };
         let command = find_command(name).ok_or(ShellError::UnknownCommand(name))?;
         let _tag = crate::alloc_tag_scope!();
-        let _context = kernel_kmem::enter_context(command.context);
+        let _context = crate::tracing::context::enter_context(command.context);
         (command.run)(self, args, out)
     }
 }

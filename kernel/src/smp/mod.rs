@@ -196,7 +196,7 @@ extern "C" fn ap_entry(cpu: u64) -> ! {
     // SAFETY: this is the ApEntry the trampoline called, running first.
     unsafe { ap::enter_kernel() };
     arch::init_ap(cpu as usize);
-    let _context = crate::kmem::enter_context("smp work");
+    let _context = crate::tracing::context::enter_context("smp work");
     log::debug!("cpu {cpu} up (APIC id {})", arch::this_cpu().apic_id());
     // Work runs with interrupts on, so cross-CPU calls reach this CPU
     // while it works (the idle `sti; hlt` turns them on anyway).

@@ -433,7 +433,7 @@ impl Worker<'_, '_> {
 
 fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
     let _scope = crate::alloc_tag_scope!();
-    let _context = crate::kmem::enter_context("stress");
+    let _context = crate::tracing::context::enter_context("stress");
     let mut worker = Worker {
         run,
         slot,

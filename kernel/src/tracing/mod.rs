@@ -1,2 +1,4 @@
 //! Tracing.
+pub mod call_site;
+pub mod context;
 pub mod event_stream;
