@@ -54,6 +54,7 @@ pub mod smp;
 pub mod testing;
 pub mod tracing;
 
+pub use arch::halt_loop;
 pub use dev::qemu::{QemuExitCode, exit_qemu};
 /// The code-tag crate, for the exported macros (`kmalloc!`, `alloc_fault!`,
 /// `alloc_tag_scope!` ...) to name as `$crate::magpie_codetag`.
@@ -76,6 +77,7 @@ unsafe extern "Rust" {
 pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     dev::console::init();
     kmem::heap::init();
+    arch::idt::set_reporter(debug::panic::EXCEPTION_REPORTER);
     arch::init_bsp();
     let boot = mm::boot_info::init(start_info_phys);
     dev::klog::init(boot.cmdline);
@@ -145,12 +147,4 @@ macro_rules! entry_point {
             f(boot)
         }
     };
-}
-
-/// Halts the CPU forever with interrupts disabled.
-pub fn halt_loop() -> ! {
-    loop {
-        x86_64::instructions::interrupts::disable();
-        x86_64::instructions::hlt();
-    }
 }

@@ -20,5 +20,5 @@ pub fn exit_qemu(code: QemuExitCode) -> ! {
     // SAFETY: port 0xf4 is the isa-debug-exit device the runner configures;
     // writing it ends the VM. Without the device the write is ignored.
     unsafe { Port::<u32>::new(0xf4).write(code as u32) };
-    crate::halt_loop()
+    crate::arch::halt_loop()
 }

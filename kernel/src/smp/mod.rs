@@ -67,7 +67,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use spin::Mutex;
 
-use crate::arch::{self, CpuState, IrqGuard, MAX_CPUS, ap, lapic, percpu, tsc};
+use crate::arch::{self, CpuState, IrqGuard, MAX_CPUS, ap, idt, lapic, percpu, tsc};
 use crate::mm::{frame, layout};
 
 /// Kernel stack of each AP.
@@ -114,6 +114,7 @@ static BOOT_CYCLES: AtomicUsize = AtomicUsize::new(0);
 /// Starts every AP the MADT lists. Call once, on the boot CPU, after
 /// `kmem::init`.
 pub(crate) fn init() {
+    idt::set_wake_handler(run_pending_call);
     let _scope = crate::alloc_tag_scope!();
     let Some(info) = arch::acpi::info() else {
         return;
@@ -195,7 +196,12 @@ fn start_ap(cpu: usize, apic_id: u32) -> bool {
 extern "C" fn ap_entry(cpu: u64) -> ! {
     // SAFETY: this is the ApEntry the trampoline called, running first.
     unsafe { ap::enter_kernel() };
-    arch::init_ap(cpu as usize);
+    arch::init_ap_percpu(cpu as usize);
+    {
+        // The AP's GDT, TSS and double-fault stack, charged to this site.
+        let _scope = crate::alloc_tag_scope!();
+        arch::init_ap();
+    }
     let _context = crate::tracing::context::enter_context("smp work");
     log::debug!("cpu {cpu} up (APIC id {})", arch::this_cpu().apic_id());
     // Work runs with interrupts on, so cross-CPU calls reach this CPU
@@ -429,7 +435,7 @@ pub fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
 
 /// Runs the cross-CPU call waiting for this CPU, if any (the wake IPI
 /// handler, and every waiting loop of this module).
-pub(crate) fn run_pending_call() {
+fn run_pending_call() {
     let _irq = IrqGuard::new();
     let request = CALL_SLOTS[arch::cpu_id()].swap(core::ptr::null_mut(), Ordering::AcqRel);
     if request.is_null() {
