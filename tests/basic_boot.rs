@@ -21,7 +21,6 @@ use magpie::mm::{frame, layout, paging};
 use magpie::{BootInfo, arch, println};
 use x86_64::instructions::port::Port;
 
-extern crate alloc;
 use alloc::format;
 
 magpie::test_kernel!();

@@ -15,8 +15,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ptr::NonNull;

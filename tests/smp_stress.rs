@@ -20,8 +20,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
