@@ -11,10 +11,21 @@
 //!                               frame:: bitmap over all usable RAM ("base")
 //! ```
 //!
-//! This module is the whole adoption surface of `magpie-slab` in this
-//! kernel: [`KernelPlatform`] (CPU id and count, interrupt save/restore, TSC
-//! clock, frame-pointer backtraces, a per-CPU context string) and [`Arena`]
-//! (pages from the frame allocator, addressed through the direct map).
+//! This folder is the whole adoption surface of `magpie-slab` in this
+//! kernel:
+//!
+//! * this file: the [`SLAB`] static, its start ([`init`]: debug
+//!   configuration, page source, reclaim, profiling), the profiling switch
+//!   and `kmem_cache_destroy`;
+//! * [`platform`]: [`KernelPlatform`] (CPU id and count, interrupt
+//!   save/restore, TSC clock, cross-CPU calls, backtraces, call sites, a
+//!   per-CPU context string, allocation-tag charges), every hook a call
+//!   down into `arch`, `smp`, `tracing` or `profiling::alloc_tag`, none of
+//!   which touches `SLAB`;
+//! * [`kpages`]: [`Arena`] (pages from the frame allocator, addressed
+//!   through the direct map), which reaps through a function `init`
+//!   registers rather than by naming `SLAB`;
+//! * [`heap`]: the `#[global_allocator]` shim.
 
 pub mod heap;
 pub mod kpages;

@@ -13,12 +13,13 @@
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
 //!   reap), `kmem_debug` (kmem verify, whatis, errors),
-//!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
+//!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
+//!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
 //!   `system` (help, poweroff).
 //!
 //! Commands parse and print; the mechanisms stay in their modules
-//! (`kmem`, `profiling`, `stress`, `smp`, the slab library).
+//! (`kmem`, `profiling`, `tracing`, `smp`, `debug`, the slab library).
 //!
 //! # Adding a command
 //!

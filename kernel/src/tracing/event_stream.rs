@@ -1,13 +1,14 @@
-//! kmemtrace in this kernel: the boot arguments, the nanosecond clock, the
-//! build id, and the dump channel (the event rings themselves are
-//! `magpie_slab::kmemtrace`).
+//! kmemtrace's event stream in this kernel (`kmemtrace record ...`,
+//! `kmemtrace dump`; not the per-cache trace table): the boot arguments,
+//! the nanosecond clock, the build id, and the dump channel (the event
+//! rings themselves are `magpie_slab::kmemtrace`).
 //!
 //! * `kmemtrace=on` records from boot (right after the slab allocator is
 //!   up, before the other CPUs start); `kmemtrace.subbufs=N` sizes each
 //!   CPU's ring (N sub-buffers of 64 KiB, from `kpages`; default 256).
 //! * Timestamps: the TSC, calibrated once at boot (the ACPI PM timer here)
 //!   ([`crate::arch::tsc`]), converted to nanoseconds at dump time.
-//! * Call sites: [`KernelPlatform::caller_frames`](crate::kmem::KernelPlatform)
+//! * Call sites: [`caller_frames`](crate::tracing::call_site::caller_frames)
 //!   walks frame pointers while the return address lies in the allocator's
 //!   text, which `boot/linker.ld` gathers in one range
 //!   (`__kmem_text_start`..`__kmem_text_end`).
