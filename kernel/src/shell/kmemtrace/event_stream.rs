@@ -1,7 +1,7 @@
 //! `kmemtrace record start|stop|status` and `kmemtrace dump`: the event
 //! stream (the rings are `magpie_slab::kmemtrace`, the boot arguments,
 //! clock and dump channel `crate::tracing::event_stream`). Reached from the
-//! `kmemtrace` row in `tracing.rs`, whose help lists these forms.
+//! `kmemtrace` row in `mod.rs`, whose help lists these forms.
 
 use core::fmt::Write;
 

@@ -1,8 +1,9 @@
-//! Per-cache allocation tracing with Akaros semantics, in the real kernel:
-//! records for exactly the objects callers hold, symbolized backtraces
-//! naming the allocating function, "ever traced" frees after `stop`,
-//! `reset`, `NOTRACE` refusal, and independence between caches. Printing
-//! goes through the shell (`kmemtrace print CACHE`).
+//! The per-cache trace table (Akaros semantics: `kmemtrace
+//! start|stop|print|reset`), in the real kernel: records for exactly the
+//! objects callers hold, symbolized backtraces naming the allocating
+//! function, "ever traced" frees after `stop`, `reset`, `NOTRACE` refusal,
+//! and independence between caches. Printing goes through the shell
+//! (`kmemtrace print CACHE`).
 
 #![no_std]
 #![no_main]

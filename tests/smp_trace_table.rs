@@ -1,4 +1,4 @@
-//! Tracing and statistics stay exact under SMP: a cache is traced while
+//! The trace table and statistics stay exact under SMP: a cache is traced while
 //! every CPU allocates and frees from it at once (some frees crossing
 //! CPUs); `kmemtrace print` then shows exactly the objects still live,
 //! each with the CPU that allocated it, and the cache's counters match.

@@ -1,8 +1,9 @@
-//! kmemtrace in the real kernel: events of a known workload read back from
-//! a dump (the same bytes `kmemtrace dump` sends), call sites that name the
-//! allocating function (the frame-pointer walk over the allocator's linker
-//! range), nanosecond timestamps, the kernel's build id in the header,
-//! stacks, recording off, and the debugcon channel.
+//! The kmemtrace event stream (`kmemtrace record`, `kmemtrace dump`) in the
+//! real kernel: events of a known workload read back from a dump (the same
+//! bytes `kmemtrace dump` sends), call sites that name the allocating
+//! function (the frame-pointer walk over the allocator's linker range),
+//! nanosecond timestamps, the kernel's build id in the header, stacks,
+//! recording off, and the debugcon channel.
 
 #![no_std]
 #![no_main]
