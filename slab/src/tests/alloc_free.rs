@@ -273,20 +273,16 @@ fn destroy_busy_then_ok() {
     let cache = alloc
         .cache_create("d", 600, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
-    let q = cache.alloc().unwrap();
+    let p = cache.alloc_box().unwrap();
+    let q = cache.alloc_box().unwrap();
     // SAFETY: refused, cache intact.
     let refused = unsafe { cache.destroy() };
     assert_eq!(refused, Err(DestroyError::Busy { nr_allocated: 2 }));
     // The cache still works after a refused destroy.
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
-    let r = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe {
-        cache.free(q).unwrap();
-        cache.free(r).unwrap();
-    }
+    p.free().unwrap();
+    let r = cache.alloc_box().unwrap();
+    q.free().unwrap();
+    r.free().unwrap();
     assert!(alloc.find_cache("d").is_some());
     // SAFETY: all freed; not used afterwards.
     unsafe { cache.destroy() }.unwrap();
@@ -360,7 +356,7 @@ fn reap_all_returns_metadata_in_one_pass() {
         let big = alloc
             .cache_create("filler", 2000, 8, CacheFlags::empty(), None, None, None)
             .unwrap();
-        let objs: Vec<_> = (0..nr_big).map(|_| big.alloc().unwrap()).collect();
+        let objs: Vec<_> = (0..nr_big).map(|_| big.alloc_box().unwrap()).collect();
         // Enough caches that kmem_cache grows a slab, whose bufctls come
         // after the filler's.
         let caches: Vec<_> = (0..12)
@@ -371,8 +367,7 @@ fn reap_all_returns_metadata_in_one_pass() {
             })
             .collect();
         for obj in objs {
-            // SAFETY: allocated above.
-            unsafe { big.free(obj) }.unwrap();
+            obj.free().unwrap();
         }
         for cache in caches.into_iter().chain([big]) {
             // SAFETY: empty, not used afterwards.
