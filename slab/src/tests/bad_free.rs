@@ -19,10 +19,10 @@ fn double_free_on_bufctl_cache() {
     let cache = alloc
         .cache_create("big", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
     let keep = cache.alloc_box().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     let before = cache.stats();
     let addr = p.as_ptr() as usize;
     // SAFETY: refused.
@@ -55,12 +55,12 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     let cache = alloc
         .cache_create("big-drained", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
     // Keeps the slab alive through the reap below.
     let keep = cache.alloc_box().unwrap();
     assert_eq!(cache.stats().nr_slabs, 1);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     // The reap drains the magazines: p goes back to its slab (and out of
     // the bufctl hash); the slab stays, keep is in it.
     cache.reap();
@@ -112,9 +112,9 @@ fn double_free_with_audit_on_small_cache() {
     let cache = alloc
         .cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
+    obj.free().unwrap();
     let before = cache.stats();
     // SAFETY: refused.
     let refused = unsafe { cache.free(p) };
