@@ -54,12 +54,12 @@ fn debug_cache(
 fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
     let (alloc, _) = setup_default();
     let cache = debug_cache(alloc, "waf", 64);
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
     // A POISON cache hands out 0xbaddcafe, not zeroes.
     assert_eq!(read_u64(p, 8), POISON_UNINITIALIZED);
     write(p, 0, 0x41);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     assert_eq!(read_u64(p, 8), POISON_FREE);
     let before = alloc.nr_errors();
     write(p, 0x1a, 0x41);
