@@ -233,9 +233,9 @@ fn bad_frees_are_recorded_and_still_refused() {
         .cache_create("big", 2048, 0, CacheFlags::AUDIT, None, None, None)
         .unwrap();
     start(alloc, small(1));
-    let obj = bufctl.alloc().unwrap();
-    // SAFETY: from the cache, given up.
-    unsafe { bufctl.free(obj) }.unwrap();
+    let boxed = bufctl.alloc_box().unwrap();
+    let obj = boxed.as_ptr();
+    boxed.free().unwrap();
     // SAFETY: a double free, detected for AUDIT caches.
     let error = unsafe { bufctl.free(obj) }.unwrap_err();
     assert!(matches!(error, FreeError::DoubleFree { .. }));
@@ -486,14 +486,14 @@ fn truncated_or_foreign_headers_are_refused() {
     assert_eq!(KmemtraceEvent::from_bytes(&bytes), event);
 }
 
-/// kmalloc(64) + kfree pairs, recording off: the loop `cost_loop_on`
-/// is compared with under callgrind (see `kmemtrace_cost_loops`).
+/// kmalloc(64) + kfree pairs (through a `SlabBox`), recording off: the
+/// loop `cost_loop_on` is compared with under callgrind (see
+/// `kmemtrace_cost_loops`).
 #[inline(never)]
 fn cost_loop_off(alloc: &'static TestAlloc, nr: usize) {
     for _ in 0..nr {
-        let p = alloc.kmalloc(64, 8).unwrap();
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+        let p = alloc.kmalloc_box(64, 8).unwrap();
+        std::hint::black_box(p).free().unwrap();
     }
 }
 
@@ -501,9 +501,8 @@ fn cost_loop_off(alloc: &'static TestAlloc, nr: usize) {
 #[inline(never)]
 fn cost_loop_on(alloc: &'static TestAlloc, nr: usize) {
     for _ in 0..nr {
-        let p = alloc.kmalloc(64, 8).unwrap();
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+        let p = alloc.kmalloc_box(64, 8).unwrap();
+        std::hint::black_box(p).free().unwrap();
     }
 }
 
