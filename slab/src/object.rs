@@ -231,6 +231,26 @@ impl<P: Platform> SlabBox<P> {
 pub struct InitBox<P: Platform>(SlabBox<P>);
 
 impl<P: Platform> InitBox<P> {
+    /// [`Allocator::kzalloc`] as an owned [`InitBox`] of `size` bytes, all
+    /// zero (so readable at once), aligned to `align`; freed without
+    /// `unsafe`, like a [`Allocator::kmalloc_box`].
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    pub fn kzalloc(
+        alloc: &'static Allocator<P>,
+        size: usize,
+        align: usize,
+    ) -> Result<InitBox<P>, AllocError> {
+        let ptr = alloc.kzalloc(size, align)?;
+        // Every one of the `size` bytes is zero (kzalloc): initialised.
+        Ok(InitBox(SlabBox {
+            ptr,
+            len: size,
+            owner: Owner::Kmalloc(alloc),
+        }))
+    }
+
     /// The object's address.
     pub fn as_ptr(&self) -> NonNull<u8> {
         self.0.ptr
