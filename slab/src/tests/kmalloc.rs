@@ -4,7 +4,7 @@ use core::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+use crate::{AllocError, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 #[test]
 fn class_selection() {
@@ -121,15 +121,10 @@ fn page_granular_allocations_aligned_above_a_page() {
         baseline,
         "slack pages went back too"
     );
-    let z = alloc.kzalloc(3 * PAGE_SIZE, 1 << 14).unwrap();
-    assert!(
-        // SAFETY: 3 pages just allocated, ours.
-        unsafe { core::slice::from_raw_parts(z.as_ptr(), 3 * PAGE_SIZE) }
-            .iter()
-            .all(|&b| b == 0)
-    );
-    // SAFETY: allocated above, freed once.
-    unsafe { alloc.kfree(z) }.unwrap();
+    let z = InitBox::kzalloc(alloc, 3 * PAGE_SIZE, 1 << 14).unwrap();
+    assert_eq!(z.len(), 3 * PAGE_SIZE);
+    assert!(z.as_bytes().iter().all(|&b| b == 0));
+    z.free().unwrap();
 }
 
 #[test]
