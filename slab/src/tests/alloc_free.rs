@@ -442,4 +442,21 @@ fn slab_box_frees_once_without_unsafe() {
     let filled = alloc.kmalloc_box(5, 1).unwrap().fill(0xa5);
     assert_eq!(filled.as_bytes(), &[0xa5; 5]);
     filled.free().unwrap();
+    // Only kmalloc objects resize; a refused resize gives the box back.
+    let Err((obj, error)) = cache.alloc_box().unwrap().krealloc(96, 8) else {
+        panic!("a cache object resized");
+    };
+    assert_eq!(error, AllocError::InvalidLayout);
+    assert_eq!(cache.stats().nr_allocated, 1);
+    obj.free().unwrap();
+    let Ok(grown) = alloc.kmalloc_box(40, 8).unwrap().krealloc(500, 8) else {
+        panic!("a kmalloc object not resized");
+    };
+    assert_eq!((grown.len(), k64.stats().nr_allocated), (500, before));
+    grown.free().unwrap();
+    let zeroed = crate::InitBox::kzalloc(alloc, 43, 8).unwrap();
+    assert_eq!(zeroed.as_bytes(), &[0; 43]);
+    assert_eq!(k64.stats().nr_allocated, before + 1);
+    zeroed.free().unwrap();
+    assert_eq!(k64.stats().nr_allocated, before);
 }
