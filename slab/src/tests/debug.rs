@@ -486,19 +486,21 @@ fn krealloc_in_place_moves_the_redzone() {
     let config = SlabDebugConfig::parse_slab_debug(Some("Z,kmalloc-104")).unwrap();
     let (alloc, _) = setup_debug(config);
     let before = alloc.nr_errors();
-    let p = alloc.kmalloc(100, 8).unwrap();
-    // SAFETY: p is ours; kept in place (104 fits the class).
-    let q = unsafe { alloc.krealloc(Some(p), 104, 8) }.unwrap();
-    assert_eq!(q, p);
+    let obj = alloc.kmalloc_box(100, 8).unwrap();
+    let p = obj.as_ptr();
+    // Kept in place (104 fits the class).
+    let q = obj.krealloc(104, 8).map_err(|(_, error)| error).unwrap();
+    assert_eq!(q.as_ptr(), p);
     for offset in 0..104 {
-        write(q, offset, 0x55);
+        write(q.as_ptr(), offset, 0x55);
     }
-    // SAFETY: ours; shrunk in place to 98 bytes.
-    let r = unsafe { alloc.krealloc(Some(q), 98, 8) }.unwrap();
-    assert_eq!(r, p);
+    // Shrunk in place to 98 bytes.
+    let r = q.krealloc(98, 8).map_err(|(_, error)| error).unwrap();
+    assert_eq!(r.as_ptr(), p);
     assert_eq!(alloc.nr_errors(), before);
-    write(r, 99, 0x41);
+    write(r.as_ptr(), 99, 0x41);
     let layout = Layout::from_size_align(98, 8).unwrap();
+    let r = r.into_raw();
     // SAFETY: ours; a realloc in place checks the redzone where it was.
     let s = unsafe { alloc.realloc(r.as_ptr(), layout, 103) };
     assert_eq!(s, p.as_ptr());
