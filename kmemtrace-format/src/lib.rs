@@ -129,6 +129,14 @@ pub const EVENT_FLAG_ZEROED: u32 = 1;
 const _: () = assert!(core::mem::size_of::<KmemtraceEvent>() == EVENT_SIZE);
 const _: () = assert!(TRAILER_SIZE.is_multiple_of(RECORD_ALIGN));
 const _: () = assert!(HEADER_SIZE.is_multiple_of(RECORD_ALIGN));
+// STACK and CPU records need no padding: their fixed parts and their
+// frames and events are whole multiples of the record alignment.
+const _: () = assert!(
+    STACK_BODY_SIZE.is_multiple_of(RECORD_ALIGN)
+        && FRAME_SIZE.is_multiple_of(RECORD_ALIGN)
+        && CPU_BODY_SIZE.is_multiple_of(RECORD_ALIGN)
+        && EVENT_SIZE.is_multiple_of(RECORD_ALIGN)
+);
 
 /// The little-endian `u16` at `offset` of `bytes`.
 ///

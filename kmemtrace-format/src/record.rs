@@ -93,15 +93,21 @@ impl RecordHeader {
     }
 }
 
-/// Write a record header, `parts` of a body, and its padding.
-fn encode_record(kind: u16, parts: &[&[u8]], out: &mut dyn FnMut(&[u8])) {
-    let body_len: usize = parts.iter().map(|part| part.len()).sum();
+/// Write the header of a record of `kind` and the `fixed` part of its
+/// body; the caller writes the `tail_len` bytes that follow, then the
+/// padding this returns (in bytes).
+fn begin_record(kind: u16, fixed: &[u8], tail_len: usize, out: &mut dyn FnMut(&[u8])) -> usize {
+    let body_len = fixed.len() + tail_len;
     let header = RecordHeader::for_body(kind, body_len);
     out(&header.to_bytes());
-    for part in parts {
-        out(part);
-    }
-    let padding = header.length as usize - RECORD_HEADER_SIZE - body_len;
+    out(fixed);
+    header.length as usize - RECORD_HEADER_SIZE - body_len
+}
+
+/// Write a whole record: header, `fixed`, `tail`, padding.
+fn encode_record(kind: u16, fixed: &[u8], tail: &[u8], out: &mut dyn FnMut(&[u8])) {
+    let padding = begin_record(kind, fixed, tail.len(), out);
+    out(tail);
     out(&[0u8; RECORD_ALIGN][..padding]);
 }
 
@@ -213,7 +219,7 @@ impl<Name: AsRef<str>> CacheRecord<Name> {
         for (index, word) in words.iter().enumerate() {
             fixed[index * 4..index * 4 + 4].copy_from_slice(&word.to_le_bytes());
         }
-        encode_record(RECORD_CACHE, &[&fixed, name], out);
+        encode_record(RECORD_CACHE, &fixed, name, out);
     }
 }
 
@@ -275,9 +281,8 @@ impl<'a> StackRecord<'a> {
         let mut fixed = [0u8; STACK_BODY_SIZE];
         fixed[0..4].copy_from_slice(&id.to_le_bytes());
         fixed[4..8].copy_from_slice(&depth.to_le_bytes());
-        let header = RecordHeader::for_body(RECORD_STACK, STACK_BODY_SIZE + frames.len() * 8);
-        out(&header.to_bytes());
-        out(&fixed);
+        // Frames are 8 bytes: no padding.
+        begin_record(RECORD_STACK, &fixed, frames.len() * FRAME_SIZE, out);
         for frame in frames {
             out(&frame.to_le_bytes());
         }
@@ -369,9 +374,8 @@ impl<'a> CpuRecord<'a> {
         let count = u32::try_from(nr_events).expect("a CPU record holds below 2^32 events");
         fixed[4..8].copy_from_slice(&count.to_le_bytes());
         fixed[8..16].copy_from_slice(&nr_overruns.to_le_bytes());
-        let header = RecordHeader::for_body(RECORD_CPU, CPU_BODY_SIZE + nr_events * EVENT_SIZE);
-        out(&header.to_bytes());
-        out(&fixed);
+        // Events are 64 bytes: no padding.
+        begin_record(RECORD_CPU, &fixed, nr_events * EVENT_SIZE, out);
         for event in events {
             out(&event.to_bytes());
         }
