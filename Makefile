@@ -17,10 +17,11 @@ setup:
 	@scripts/setup.sh
 
 # Tier 1: the libraries and the host tool magpie-kmem on the host (unit,
-# property and model tests; magpie-kmem on synthetic dumps), then the loom
+# property and model tests; the kmemtrace format's round trips; magpie-kmem
+# on synthetic dumps and on dumps of the real writer), then the loom
 # models (test-loom, below).
 test-host:
-	cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem --target $(HOST)
+	cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format --target $(HOST)
 	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
@@ -44,12 +45,14 @@ test-e2e:
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
 # HOST_CRATES are the workspace members built for the host; the kernel is
 # linted with its QEMU test kernels (tests/*.rs) too.
-HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem
+HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -p magpie-kmemtrace-format
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
 	# magpie-slab without its default features (as the kernel and the bench build it).
 	cargo clippy -p magpie-slab --no-default-features --target $(HOST) --all-targets -- -D warnings
+	# The dump format crate as the kernel builds it (no_std, bare metal).
+	cargo clippy -p magpie-kmemtrace-format --target x86_64-unknown-none -- -D warnings
 	cargo clippy --all-targets -- -D warnings
 	# The docs build without warnings (broken intra-doc links): the host
 	# crates as a user's `cargo doc` shows them; the kernel with its private

@@ -8,7 +8,7 @@
  * We zero .bss, build boot page tables, enter long mode and call the Rust
  * `kernel_entry(start_info_phys)` on the boot stack in the higher half.
  *
- * Boot page tables (replaced by kernel/src/memory.rs once the frame
+ * Boot page tables (replaced by kernel/src/mm/paging.rs once the frame
  * allocator is up), all with 2 MiB pages:
  *   0x0000_0000_0000_0000 + [0, 4 GiB)  identity (this code runs there)
  *   0xffff_8000_0000_0000 + [0, 4 GiB)  direct map (same PDPT)

@@ -21,8 +21,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
@@ -342,7 +340,7 @@ mod profiled {
         let tag = tag_of("boxes_in_a_scope");
         let warm = boxes_in_a_scope(16);
         drop(warm);
-        profiling::ctx_enable(tag);
+        profiling::ctx_enable(profiling::alloc_tag::token(tag.tag_ref()));
         let mut boxes = boxes_in_a_scope(12);
         let records = profiling::ctx_records();
         // The Vec's buffer is reserved before the scope opens: 12 boxes.
@@ -361,7 +359,7 @@ mod profiled {
             record.frames[..usize::from(record.nr_frames)]
                 .iter()
                 .any(|&frame| {
-                    magpie::symbols::lookup(frame)
+                    magpie::debug::symbols::lookup(frame)
                         .is_some_and(|(name, _)| name.contains("boxes_in_a_scope"))
                 })
         }));

@@ -15,17 +15,18 @@
 
 use magpie::arch::rdtsc;
 use magpie::arch::tsc::{self, Calibration, CpuidTiming, MAX_ERROR_PPM, PitRef, Source};
-use magpie::boot_info::MemoryKind;
-use magpie::{BootInfo, arch, frame, memory, println, symbols};
+use magpie::debug::symbols;
+use magpie::mm::boot_info::MemoryKind;
+use magpie::mm::{frame, layout, paging};
+use magpie::{BootInfo, arch, println};
 use x86_64::instructions::port::Port;
 
-extern crate alloc;
 use alloc::format;
 
 magpie::test_kernel!();
 
 fn boot() -> &'static BootInfo {
-    magpie::boot_info::get().expect("booted")
+    magpie::mm::boot_info::get().expect("booted")
 }
 
 #[test_case]
@@ -74,10 +75,10 @@ fn frames_allocate_free_and_reuse() {
             || run.as_u64() + 33 * 4096 <= one.as_u64()
     );
     // Write through the direct map: the frames are RAM and mapped.
-    let virt = memory::phys_to_virt(run.as_u64()) as *mut u8;
+    let virt = layout::phys_to_virt(run.as_u64()) as *mut u8;
     // SAFETY: the 33 frames were just allocated to this test.
     unsafe { core::ptr::write_bytes(virt, 0xa5, 33 * frame::PAGE_SIZE) };
-    assert_eq!(memory::virt_to_phys(virt as usize), Some(run.as_u64()));
+    assert_eq!(paging::virt_to_phys(virt as usize), Some(run.as_u64()));
     assert_eq!(frame::stats().nr_free, before.nr_free - 1 - 33 - 16);
     frame::free(run, 33);
     frame::free(one, 1);
@@ -94,16 +95,16 @@ fn frames_allocate_free_and_reuse() {
 
 #[test_case]
 fn direct_map_covers_all_ram() {
-    let (start, end) = memory::direct_map_span();
-    assert_eq!(start as u64, memory::DIRECT_MAP_BASE);
+    let (start, end) = paging::direct_map_span();
+    assert_eq!(start as u64, layout::DIRECT_MAP_BASE);
     for region in boot()
         .memmap
         .iter()
         .filter(|region| region.kind == MemoryKind::Usable)
     {
-        assert!(memory::phys_to_virt(region.end() - 1) < end);
-        assert!(memory::is_readable(
-            memory::phys_to_virt(region.end() - 8),
+        assert!(layout::phys_to_virt(region.end() - 1) < end);
+        assert!(paging::is_readable(
+            layout::phys_to_virt(region.end() - 8),
             8
         ));
     }
@@ -152,7 +153,7 @@ fn backtrace_is_symbolized() {
 #[test_case]
 fn mmio_mapping_reads_the_local_apic() {
     let lapic = arch::acpi::info().map_or(0xfee0_0000, |info| info.lapic_phys);
-    let registers = memory::map_mmio(lapic, 4096).expect("map LAPIC");
+    let registers = paging::map_mmio(lapic, 4096).expect("map LAPIC");
     // SAFETY: the LAPIC register page was just mapped uncached; offset 0x30 is its version register.
     let version = unsafe { core::ptr::read_volatile((registers.as_u64() + 0x30) as *const u32) };
     assert_ne!(

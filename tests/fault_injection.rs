@@ -22,11 +22,9 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::string::String;
 
-use magpie::fault::{FaultMode, FaultTag};
+use magpie::debug::fault::{FaultMode, FaultTag};
 use magpie::shell::Shell;
 
 magpie::test_kernel!();
@@ -62,14 +60,14 @@ const WORKLOADS: &[Workload] = &[
     // Both of the stress worker's sites (kmalloc and the stress-ctor cache,
     // one allocation in 8): a failure is counted, the run carries on.
     Workload {
-        module: "magpie::stress",
+        module: "magpie::smp::stress",
         function: "alloc",
         lines: &["stress --cpus all --ops 4000 --seed 7"],
         error: "failures=1",
         cleanup: &[],
     },
     Workload {
-        module: "magpie::lkdtm",
+        module: "magpie::debug::lkdtm",
         function: "alloc",
         lines: &["lkdtm SLAB_FREE_CROSS"],
         error: "error: lkdtm SLAB_FREE_CROSS: could not set up: out of memory; nothing was done",
@@ -138,7 +136,7 @@ fn run_workload(shell: &mut Shell, workload: &Workload) -> String {
 #[test_case]
 fn every_point_has_a_workload_or_a_reason() {
     let points = FaultTag::all();
-    if !magpie::fault::COMPILED_IN {
+    if !magpie::debug::fault::COMPILED_IN {
         assert!(points.is_empty(), "fault injection compiled out: no points");
         return;
     }
@@ -275,7 +273,7 @@ fn fault_list_uses_the_slides_layout() {
             .is_ok()
     );
     // A pattern selects; FILE:LINE selects exactly one.
-    let selected = run(&mut shell, "fault list magpie::stress");
+    let selected = run(&mut shell, "fault list magpie::smp::stress");
     assert_eq!(selected.lines().count(), 3, "{selected}");
     let one = run(&mut shell, &alloc::format!("fault list {}", words[0]));
     assert_eq!(one.lines().next(), Some(*row), "{one}");
@@ -327,10 +325,10 @@ fn every_n_fails_every_nth_kmalloc_and_disable_stops_it() {
 #[test_case]
 fn probability_fails_about_that_share_on_every_cpu() {
     let mut shell = Shell::new();
-    let set = run(&mut shell, "fault magpie::stress probability 10");
+    let set = run(&mut shell, "fault magpie::smp::stress probability 10");
     assert_eq!(set.matches("enabled:probability=10%").count(), 2, "{set}");
     let out = run(&mut shell, "stress --cpus all --ops 20000 --seed 3");
-    run(&mut shell, "fault magpie::stress disable");
+    run(&mut shell, "fault magpie::smp::stress disable");
     let total = out
         .lines()
         .find(|line| line.starts_with("total "))
@@ -350,7 +348,7 @@ fn probability_fails_about_that_share_on_every_cpu() {
     );
     let counted: u64 = FaultTag::all()
         .iter()
-        .filter(|point| point.tag.module == "magpie::stress")
+        .filter(|point| point.tag.module == "magpie::smp::stress")
         .map(|point| point.counts().nr_injected)
         .sum();
     assert!(

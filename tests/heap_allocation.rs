@@ -11,8 +11,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
@@ -118,7 +116,7 @@ fn usage_returns_to_baseline() {
     // Once the slab allocator is up, Box/Vec go through its kmalloc caches
     // and the bootstrap heap no longer grows.
     let kmalloc_104 = SLAB.find_cache("kmalloc-104").expect("kmalloc-104 exists");
-    let (bootstrap_before, _) = magpie::heap::bootstrap_usage();
+    let (bootstrap_before, _) = magpie::kmem::heap::bootstrap_usage();
     let before = kmalloc_104.stats().nr_allocated;
     {
         let data: Vec<Box<[u8; 100]>> = (0..1000).map(|_| Box::new([7u8; 100])).collect();
@@ -126,5 +124,5 @@ fn usage_returns_to_baseline() {
         assert!(data.iter().all(|b| b.iter().all(|&x| x == 7)));
     }
     assert_eq!(kmalloc_104.stats().nr_allocated, before);
-    assert_eq!(magpie::heap::bootstrap_usage().0, bootstrap_before);
+    assert_eq!(magpie::kmem::heap::bootstrap_usage().0, bootstrap_before);
 }

@@ -15,13 +15,11 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use magpie::debug::lkdtm::{self, LkdtmType, Verdict};
 use magpie::kmem::SLAB;
-use magpie::lkdtm::{self, LkdtmType, Verdict};
 
 magpie::test_kernel!();
 

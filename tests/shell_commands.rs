@@ -14,8 +14,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -279,7 +277,7 @@ fn kmemstat_has_the_akaros_layout() {
         (heap.indent, heap.name, heap.kind),
         (0, "bootstrap-heap", "A")
     );
-    assert_eq!(heap.total, magpie::heap::BOOTSTRAP_HEAP_SIZE);
+    assert_eq!(heap.total, magpie::kmem::heap::BOOTSTRAP_HEAP_SIZE);
 }
 
 // ---------------------------------------------------------------------------

@@ -15,16 +15,14 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 
+use magpie::debug::slab_debug::KernelFormat;
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
-use magpie::slab_debug::KernelFormat;
 use magpie_slab::report::{ErrorKind, ErrorReport};
 use magpie_slab::{CacheFlags, FreeError, KmemCache};
 

@@ -17,8 +17,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;

@@ -20,13 +20,11 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-extern crate alloc;
-
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
-use magpie::stress::{self, StressConfig};
+use magpie::smp::stress::{self, StressConfig};
 use magpie::{arch, println, smp};
 use magpie_slab::KmemCache;
 
@@ -36,7 +34,7 @@ const NR_OPS: u64 = 1_000_000;
 magpie::test_kernel!();
 
 fn nr_ops() -> u64 {
-    magpie::boot_info::get()
+    magpie::mm::boot_info::get()
         .and_then(|boot| boot.arg("stress_ops"))
         .and_then(|value| value.parse().ok())
         .unwrap_or(NR_OPS)
@@ -91,7 +89,7 @@ fn aps_have_their_own_stacks_and_tables() {
         let (frame, _) = x86_64::registers::control::Cr3::read();
         assert_eq!(
             frame.start_address().as_u64(),
-            magpie::memory::kernel_pml4()
+            magpie::mm::paging::kernel_pml4()
         );
     });
     let mut seen: Vec<usize> = stacks

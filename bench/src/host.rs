@@ -107,7 +107,7 @@ const SINK_TAGS: usize = 64;
 static PROF_SINK: [AtomicU64; 2 * SINK_TAGS] = [const { AtomicU64::new(0) }; 2 * SINK_TAGS];
 
 /// [`BenchPlatform`] plus allocation profiling wired as the kernel does
-/// (kernel/src/profiling.rs): `alloc_tag_current` is one per-CPU load (the
+/// (kernel/src/kmem/platform.rs, kernel/src/profiling/alloc_tag.rs): `alloc_tag_current` is one per-CPU load (the
 /// allocator asks only while its profiling switch is on, which
 /// [`prof_init`] sets from [`PROF_SWITCH`]), `alloc_tag_add` /
 /// `alloc_tag_sub` one `add` and one `inc` at this CPU's counter base in

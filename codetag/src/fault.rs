@@ -32,8 +32,8 @@
 //! [`write_fault_row`] prints the slides' layout plus the counts:
 //!
 //! ```text
-//! kernel/src/shell.rs:196 module:magpie::shell func:cmd_kmalloc class:memory disabled hits:0 injected:0
-//! kernel/src/shell.rs:196 module:magpie::shell func:cmd_kmalloc class:memory enabled:every=10 hits:20 injected:2
+//! kernel/src/shell/kmem.rs:122 module:magpie::shell::kmem func:cmd_kmalloc class:memory disabled hits:0 injected:0
+//! kernel/src/shell/kmem.rs:122 module:magpie::shell::kmem func:cmd_kmalloc class:memory enabled:every=10 hits:20 injected:2
 //! ```
 
 use core::fmt;

@@ -131,7 +131,7 @@ impl CodeTag {
     }
 
     /// Whether this tag's `file:line` equals `spec` (the form users type,
-    /// e.g. `kernel/src/shell.rs:120`).
+    /// e.g. `kernel/src/shell/kmem.rs:122`).
     pub fn matches_location(&self, spec: &str) -> bool {
         let Some((file, line)) = spec.rsplit_once(':') else {
             return false;

@@ -1,41 +1,80 @@
 //! Magpie: the kernel that hosts and demonstrates the `magpie-slab` allocator.
 //!
-//! # Layers
+//! # Layout
 //!
-//! ```text
-//!  kmain (src/main.rs or a test)       shell, tests
-//!  ───────────────────────────────────────────────────────────────
-//!  heap (GlobalAlloc shim)  symbols  console/klog  testing  qemu
-//!  frame (bitmap frame allocator)  memory (page tables, direct map)
-//!  boot_info (PVH start info)      arch (GDT/TSS/IDT, per-CPU, ACPI)
-//!  ───────────────────────────────────────────────────────────────
-//!  boot/entry.S: PVH note, 32-bit entry, long mode  →  kernel_entry
-//! ```
+//! `kernel/src` is in folders by concern. Each layer imports only the ones
+//! below it (`tools/import_circles.py kernel/src`: no circle); where a low
+//! layer needs code from above (an exception report, the wake IPI's work,
+//! the slab reap when the page arena runs dry) it is registered at boot
+//! (`kernel_entry`, `kmem::init`, `smp::init`), not imported.
 //!
-//! Boot order in [`kernel_entry`]: serial console → bootstrap heap → per-CPU
-//! data (GS base) → GDT/TSS/IDT → PVH start info → ACPI (CPU count, table
-//! ranges) → frame allocator → memory check ([`min_free_bytes`]) → final
-//! page tables (direct map) → symbols → slab allocator ([`kmem`]) →
-//! [`kmemtrace`] (`kmemtrace=on`) → application processors ([`smp`]) →
-//! `kmain`.
+//! | folder | what it holds | may import |
+//! |---|---|---|
+//! | [`mm`] | the virtual layout, the PVH boot info (memory map, modules, command line), the frame allocator, page tables and MMIO, firmware-reserved ranges | nothing outside `mm/` |
+//! | [`arch`] | x86_64: GDT/TSS, IDT and exception entry, per-CPU data (GS), the interrupt flag, TSC, ACPI, LAPIC, AP trampoline | `mm` |
+//! | [`dev`] | the 16550 console and `print!`, the `log` backend, QEMU's exit device, the virtio console | `arch`, `mm` |
+//! | [`debug`] | symbols and backtraces, panic and exception reports, slab-debug boot arguments and report hook, fault-injection glue, lkdtm | `arch`, `mm`, `dev`; lkdtm also `kmem` |
+//! | [`tracing`] | per-CPU context strings, the allocation call-site walks, the kmemtrace event stream (boot arguments, clock, dump) | `arch`, `debug::symbols`; `event_stream` also `kmem`, `dev`, `mm` |
+//! | [`profiling`] | allocation tags (counters, switch, charge hooks, scopes), context capture, the allocation macros and `TaggedAlloc` | `alloc_tag`, `capture`: `arch`, `mm`, `tracing`; `tagged`: `kmem`, `debug::fault` |
+//! | [`smp`] | AP bring-up, mailboxes, cross-CPU calls; the stress engine | `arch`, `mm`, `tracing`; `stress` also `kmem` |
+//! | [`kmem`] | the slab allocator `SLAB` and its start, `KernelPlatform`, the `kpages` arena, the `#[global_allocator]` shim | the hooks below: `arch`, `mm`, `smp`, `tracing`, `profiling::alloc_tag`, `debug::slab_debug` |
+//! | [`shell`] | the command table, line editor and one file per command area | anything |
+//! | root | `kernel_entry` (boot order, registrations), [`testing`] (the QEMU test framework) | anything |
+//!
+//! From the bottom up, file by file: `mm` → `arch` → `dev` →
+//! `debug::symbols` → `tracing::{context, call_site}`, `smp`,
+//! `profiling::{capture, alloc_tag}` → `kmem::{platform, kpages}` →
+//! `kmem` (`SLAB`) → what allocates through `SLAB` by name (`kmem::heap`,
+//! `profiling::tagged`, `tracing::event_stream`, `debug::lkdtm`,
+//! `smp::stress`) → `shell` → `kmain`.
+//!
+//! `KernelPlatform` is the whole `magpie_slab::Platform` implementation and
+//! every hook in it is a call down: nothing it calls touches `SLAB`.
+//!
+//! # Boot order
+//!
+//! In [`kernel_entry`]: serial console → bootstrap heap → exception
+//! reporter → per-CPU data (GS base) → GDT/TSS/IDT → PVH start info → ACPI
+//! (CPU count, table ranges) → frame allocator → memory check
+//! ([`min_free_bytes`]) → final page tables (direct map) → symbols → slab
+//! allocator ([`kmem::init`]) → kmemtrace ([`tracing::event_stream`],
+//! `kmemtrace=on`) → fault injection → application processors
+//! ([`smp::init`]) → `kmain`.
+//!
+//! # Two things named kmemtrace
+//!
+//! The shell's `kmemtrace` command reaches two mechanisms, named apart in
+//! the code: the per-cache **trace table** of outstanding objects (Akaros
+//! `kmem_trace`: `kmemtrace start|stop|print|reset`,
+//! `shell/kmemtrace/trace_table.rs`) and the **event stream** of every
+//! alloc and free (Linux kmemtrace: `kmemtrace record ...` and
+//! `kmemtrace dump`, `shell/kmemtrace/event_stream.rs` over
+//! [`tracing::event_stream`]).
 //!
 //! # FAQ
 //!
 //! * *Why does the kernel read its own ELF?* The runner passes the kernel
 //!   ELF (a copy without DWARF, so it stays small) as the PVH module
-//!   (`-initrd`), and [`symbols`] reads `.symtab` from it, so backtraces are
-//!   symbolized inside the kernel with no post-link step.
+//!   (`-initrd`), and [`debug::symbols`] reads `.symtab` from it, so
+//!   backtraces are symbolized inside the kernel with no post-link step.
 //! * *Why not `uart_16550`?* Its `init` writes the FIFO control register,
 //!   which makes QEMU drop input that is already queued (piped stdin). The
-//!   16550 driver in [`console`] is twenty lines and never touches FCR.
+//!   16550 driver in [`dev::console`] is twenty lines and never touches FCR.
 //! * *Why `acpi` 5.2 and not 6.x?* 6.x's handler trait asks for some
 //!   twenty AML, I/O and PCI hooks; 5.2's is map/unmap, and its MADT parser
 //!   is all the kernel needs (see [`arch::acpi`]).
+//! * *Why registration instead of a call?* A call from `arch/` into the
+//!   console or `smp` would make the bottom layer depend on the top one
+//!   (and on everything those import); a function pointer set once at
+//!   boot keeps the arrows pointing down at the cost of one indirect call
+//!   on paths that are already slow (an exception, an IPI, an empty page
+//!   arena).
 //!
 //! # Adding a kernel (binary or test)
 //!
-//! Define `kmain` with [`entry_point!`] and a `#[panic_handler]` (see
-//! `tests/basic_boot.rs`).
+//! A test kernel: the crate attributes and `magpie::test_kernel!();` (see
+//! [`testing`]). Any other kernel: define `kmain` with [`entry_point!`]
+//! and a `#[panic_handler]` (see `tests/should_panic.rs`).
 
 #![no_std]
 #![feature(abi_x86_interrupt)]
@@ -44,29 +83,23 @@
 extern crate alloc;
 
 pub mod arch;
-pub mod boot_info;
-pub mod console;
-pub mod fault;
-pub mod frame;
-pub mod heap;
-pub mod klog;
+pub mod debug;
+pub mod dev;
 pub mod kmem;
-pub mod kmemtrace;
-pub mod lkdtm;
-pub mod memory;
-pub mod panic;
+pub mod mm;
 pub mod profiling;
-pub mod qemu;
 pub mod shell;
-pub mod slab_debug;
 pub mod smp;
-pub mod stress;
-pub mod symbols;
 pub mod testing;
-pub mod virtio_console;
+pub mod tracing;
 
-pub use boot_info::BootInfo;
-pub use qemu::{QemuExitCode, exit_qemu};
+pub use arch::halt_loop;
+pub use dev::qemu::{QemuExitCode, exit_qemu};
+/// The code-tag crate, for the exported macros (`kmalloc!`, `alloc_fault!`,
+/// `alloc_tag_scope!` ...) to name as `$crate::magpie_codetag`.
+#[doc(hidden)]
+pub use magpie_codetag;
+pub use mm::boot_info::BootInfo;
 pub use testing::{test_panic_handler, test_runner};
 
 core::arch::global_asm!(include_str!("../../boot/entry.S"), options(att_syntax));
@@ -81,24 +114,25 @@ unsafe extern "Rust" {
 /// with the physical address of the PVH `hvm_start_info`.
 #[unsafe(no_mangle)]
 pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
-    console::init();
-    heap::init();
+    dev::console::init();
+    kmem::heap::init();
+    arch::idt::set_reporter(debug::panic::EXCEPTION_REPORTER);
     arch::init_bsp();
-    let boot = boot_info::init(start_info_phys);
-    klog::init(boot.cmdline);
+    let boot = mm::boot_info::init(start_info_phys);
+    dev::klog::init(boot.cmdline);
     arch::acpi::init(boot.rsdp);
     arch::tsc::calibrate();
-    frame::init(boot);
+    mm::frame::init(boot);
     check_memory(boot);
-    memory::init(boot);
-    symbols::init(boot);
+    mm::paging::init(boot);
+    debug::symbols::init(boot);
     kmem::init(boot.cmdline);
-    kmemtrace::init(boot);
-    fault::init();
+    tracing::event_stream::init(boot);
+    debug::fault::init();
     smp::init();
     log::debug!(
         "{} MiB usable, {} CPUs, cmdline {:?}",
-        frame::stats().nr_total * frame::PAGE_SIZE / (1024 * 1024),
+        mm::frame::stats().nr_total * mm::frame::PAGE_SIZE / (1024 * 1024),
         arch::max_cpus(),
         boot.cmdline
     );
@@ -120,7 +154,7 @@ pub fn min_free_bytes(nr_cpus: usize) -> usize {
 fn check_memory(boot: &BootInfo) {
     let nr_cpus = arch::max_cpus();
     let need = min_free_bytes(nr_cpus);
-    let free = frame::stats().nr_free * frame::PAGE_SIZE;
+    let free = mm::frame::stats().nr_free * mm::frame::PAGE_SIZE;
     if free >= need {
         return;
     }
@@ -152,12 +186,4 @@ macro_rules! entry_point {
             f(boot)
         }
     };
-}
-
-/// Halts the CPU forever with interrupts disabled.
-pub fn halt_loop() -> ! {
-    loop {
-        x86_64::instructions::interrupts::disable();
-        x86_64::instructions::hlt();
-    }
 }

@@ -4,7 +4,8 @@
 #![no_std]
 #![no_main]
 
-use magpie::{BootInfo, frame, println};
+use magpie::mm::frame;
+use magpie::{BootInfo, println};
 
 magpie::entry_point!(main);
 
@@ -25,5 +26,5 @@ fn main(boot: &'static BootInfo) -> ! {
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    magpie::panic::panic_handler(info)
+    magpie::debug::panic::panic_handler(info)
 }

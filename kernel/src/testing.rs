@@ -1,36 +1,50 @@
 //! The QEMU test framework (Rust custom test frameworks).
 //!
-//! A test kernel in `tests/NAME.rs` (declared in kernel/Cargo.toml as
-//! `[[test]] name = "NAME" path = "../tests/NAME.rs"`):
+//! A test kernel is a file `tests/NAME.rs` (declared in kernel/Cargo.toml
+//! as `[[test]] name = "NAME" path = "../tests/NAME.rs"`). Its preamble is
+//! the crate attributes and one macro line:
 //!
 //! ```ignore
+//! //! What this test kernel checks.
+//!
 //! #![no_std]
 //! #![no_main]
 //! #![feature(custom_test_frameworks)]
 //! #![test_runner(magpie::test_runner)]
 //! #![reexport_test_harness_main = "test_main"]
+//! #![allow(
+//!     missing_docs,
+//!     clippy::missing_panics_doc,
+//!     reason = "#[test_case] functions are named for what they check and fail by panicking"
+//! )]
 //!
-//! magpie::entry_point!(main);
-//! fn main(_boot: &'static magpie::BootInfo) -> ! {
-//!     test_main();
-//!     magpie::exit_qemu(magpie::QemuExitCode::Success)
-//! }
-//! #[panic_handler]
-//! fn panic(info: &core::panic::PanicInfo) -> ! { magpie::test_panic_handler(info) }
+//! magpie::test_kernel!();
 //!
 //! #[test_case]
 //! fn one_plus_one() { assert_eq!(1 + 1, 2); }
 //! ```
 //!
+//! The `#![...]` lines are crate-level inner attributes, which no macro
+//! can emit (an inner attribute is only allowed at the start of the
+//! crate's own source), so every test kernel repeats those few lines;
+//! everything else it shares comes from [`test_kernel!`](crate::test_kernel):
+//! `extern crate alloc`, the entry point (run every `#[test_case]`, then
+//! exit QEMU with success) and the panic handler. The `allow` is for the
+//! test harness: it makes the `#[test_case]` functions and `test_main`
+//! public items of the crate.
+//!
 //! Output per test is `path::name... [ok]`, and a libtest-style
 //! `test result:` line at the end; a panic prints `[failed]`, the message
-//! and a backtrace, and exits QEMU with failure.
+//! and a backtrace, and exits QEMU with failure. Two test kernels run
+//! without the harness (`harness = false`: `should_panic`,
+//! `stack_overflow`): they define `kmain` with
+//! [`entry_point!`](crate::entry_point) and their own `#[panic_handler]`.
 
 use core::fmt::Write;
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::qemu::{QemuExitCode, exit_qemu};
+use crate::dev::qemu::{QemuExitCode, exit_qemu};
 use crate::{print, println};
 
 static NR_TESTS: AtomicUsize = AtomicUsize::new(0);
@@ -73,9 +87,9 @@ pub fn test_runner(tests: &[&dyn Testable]) {
 pub fn test_panic_handler(info: &PanicInfo<'_>) -> ! {
     crate::arch::irq_save();
     // Lock-free output: the panic may have happened while printing.
-    let mut out = crate::console::emergency_writer();
+    let mut out = crate::dev::console::emergency_writer();
     let _ = out.write_str("[failed]\n");
-    crate::panic::report(info);
+    crate::debug::panic::report(info);
     let passed = NR_PASSED.load(Ordering::Relaxed);
     let total = NR_TESTS.load(Ordering::Relaxed);
     let _ = out.write_fmt(format_args!(
@@ -86,24 +100,18 @@ pub fn test_panic_handler(info: &PanicInfo<'_>) -> ! {
     exit_qemu(QemuExitCode::Failed)
 }
 
-/// Defines a test kernel's `kmain` (run every `#[test_case]`, then exit
-/// QEMU with success) and its `#[panic_handler]` (`[failed]`, the report,
-/// exit failure). A test file needs the crate attributes and this line:
+/// The shared part of a test kernel's preamble (see the module docs for
+/// the crate attributes that must precede it): `extern crate alloc`, the
+/// kernel's `kmain` (run every `#[test_case]`, then exit QEMU with
+/// success) and its `#[panic_handler]` (`[failed]`, the report, exit
+/// failure).
 ///
-/// ```ignore
-/// #![no_std]
-/// #![no_main]
-/// #![feature(custom_test_frameworks)]
-/// #![test_runner(magpie::test_runner)]
-/// #![reexport_test_harness_main = "test_main"]
-///
-/// magpie::test_kernel!();
-/// ```
-///
-/// The boot information is at [`crate::boot_info::get`].
+/// The boot information is at [`crate::mm::boot_info::get`].
 #[macro_export]
 macro_rules! test_kernel {
     () => {
+        extern crate alloc;
+
         $crate::entry_point!(__magpie_test_main);
 
         fn __magpie_test_main(_boot: &'static $crate::BootInfo) -> ! {

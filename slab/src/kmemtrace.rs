@@ -28,12 +28,17 @@
 //!
 //! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`])
 //!
-//! All little-endian: a 64-byte header ([`KmemtraceHeader`]), records of
-//! an 8-byte header (`kind u16, reserved u16, length u32`) and a body
+//! The layout is written once, in the `magpie-kmemtrace-format` crate,
+//! which the host reader `magpie-kmem` decodes with too; this module
+//! re-exports its types under their names here ([`KmemtraceEvent`],
+//! [`KmemtraceHeader`], the `RECORD_*` kinds, the sizes). All
+//! little-endian: a 64-byte header, records of an 8-byte header and a body
 //! padded to 8 bytes — [`RECORD_CACHE`] per cache, [`RECORD_STACK`] per
 //! distinct backtrace, [`RECORD_CPU`] per CPU sub-buffer holding 64-byte
-//! events ([`KmemtraceEvent`]) — and a [`RECORD_TRAILER`] with counts and a
-//! CRC-32 of every byte before it. The public description is
+//! events — and a [`RECORD_TRAILER`] with counts and a CRC-32 of every
+//! byte before it. The ring slots hold [`KmemtraceEvent`]s as the dump
+//! does (`#[repr(C)]`, 64 bytes), so recording is eight stores and the
+//! dump only converts the timestamps. The public description is
 //! `docs/KMEMTRACE-ABI.md`.
 //!
 //! ## Call sites and stacks
@@ -47,16 +52,17 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use magpie_kmemtrace_format::DumpWriter;
+
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
-/// Version of the dump format; bumped on any incompatible change.
-pub const KMEMTRACE_ABI_VERSION: u32 = 1;
-/// First 8 bytes of a dump.
-pub const KMEMTRACE_MAGIC: [u8; 8] = *b"MAGPKMT\0";
-/// Size of the dump header in bytes.
-pub const HEADER_SIZE: usize = 64;
-/// Size of one event in bytes (in the rings and in the dump).
-pub const EVENT_SIZE: usize = 64;
+pub use magpie_kmemtrace_format::{
+    DumpFormatError, DumpSummary, EVENT_FLAG_ZEROED, EVENT_SIZE, EventKind, EventType,
+    HEADER_FLAG_FROM_BOOT, HEADER_FLAG_STACKS, HEADER_SIZE, KMEMTRACE_ABI_VERSION, KMEMTRACE_MAGIC,
+    KmemtraceEvent, KmemtraceHeader, RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE, RECORD_STACK,
+    RECORD_TRAILER, TRAILER_SIZE,
+};
+
 /// Events per sub-buffer.
 pub const SUBBUF_EVENTS: usize = 1024;
 /// Pages per sub-buffer (64 KiB).
@@ -69,218 +75,7 @@ pub const MAX_STACK_DEPTH: usize = 16;
 /// are counted in [`KmemtraceStatus::nr_stacks_dropped`].
 pub const MAX_STACKS: usize = 4096;
 
-/// Record kind: a cache's id, geometry and name.
-pub const RECORD_CACHE: u16 = 1;
-/// Record kind: one distinct backtrace.
-pub const RECORD_STACK: u16 = 2;
-/// Record kind: one CPU's events (one record per sub-buffer).
-pub const RECORD_CPU: u16 = 3;
-/// Record kind: the trailer, last in a complete dump.
-pub const RECORD_TRAILER: u16 = 0xFFFF;
-/// Size of a record header in bytes.
-pub const RECORD_HEADER_SIZE: usize = 8;
-/// Size of a trailer record in bytes (header and body).
-pub const TRAILER_SIZE: usize = RECORD_HEADER_SIZE + 32;
-
-/// Header flag: events carry stack ids and the dump has STACK records.
-pub const HEADER_FLAG_STACKS: u32 = 1;
-/// Header flag: recording began at boot (`kmemtrace=on`), so every live
-/// object was allocated inside the record.
-pub const HEADER_FLAG_FROM_BOOT: u32 = 2;
-
-/// Event flag: the allocation was zeroed.
-pub const EVENT_FLAG_ZEROED: u32 = 1;
-
 const _: () = assert!(SUBBUF_EVENTS * EVENT_SIZE == SUBBUF_PAGES * PAGE_SIZE);
-const _: () = assert!(core::mem::size_of::<KmemtraceEvent>() == EVENT_SIZE);
-
-/// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum EventKind {
-    /// A caller got memory.
-    Alloc = 1,
-    /// A caller gave memory back.
-    Free = 2,
-    /// An allocation failed (pointer 0).
-    FailedAlloc = 3,
-    /// A free was refused (double free, foreign pointer, wrong cache...).
-    BadFree = 4,
-}
-
-/// Which interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum EventType {
-    /// `kmalloc`/`kfree`, including `GlobalAlloc` and `Allocator`.
-    Kmalloc = 1,
-    /// `kmem_cache_alloc`/`kmem_cache_free`.
-    Cache = 2,
-    /// Page-granular kmalloc (above [`KMALLOC_MAX_SIZE`](crate::KMALLOC_MAX_SIZE)).
-    Pages = 3,
-}
-
-/// One event, 64 bytes, exactly as it appears in a dump (little-endian
-/// fields in this order). In the rings, `timestamp_ns` holds the raw
-/// [`Platform::now`] reading; the dump converts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct KmemtraceEvent {
-    /// [`EventKind`] as a number.
-    pub event: u8,
-    /// [`EventType`] as a number.
-    pub type_id: u8,
-    /// CPU that recorded the event.
-    pub cpu: u16,
-    /// Cache id (0: page-granular, or no cache).
-    pub cache_id: u32,
-    /// Nanoseconds since boot.
-    pub timestamp_ns: u64,
-    /// Per-CPU sequence number; counts dropped events too.
-    pub seq: u64,
-    /// Return address of the caller.
-    pub call_site: u64,
-    /// The object (0 for a failed allocation).
-    pub ptr: u64,
-    /// Bytes the caller asked for (0 for frees).
-    pub bytes_req: u64,
-    /// Bytes the allocator gave: object size, or whole pages.
-    pub bytes_alloc: u64,
-    /// [`EVENT_FLAG_ZEROED`]; other bits 0.
-    pub flags: u32,
-    /// Stack id (0: none).
-    pub stack_id: u32,
-}
-
-impl KmemtraceEvent {
-    /// The 64 little-endian bytes of the dump format.
-    pub fn to_bytes(&self) -> [u8; EVENT_SIZE] {
-        let mut out = [0u8; EVENT_SIZE];
-        out[0] = self.event;
-        out[1] = self.type_id;
-        out[2..4].copy_from_slice(&self.cpu.to_le_bytes());
-        out[4..8].copy_from_slice(&self.cache_id.to_le_bytes());
-        let words = [
-            self.timestamp_ns,
-            self.seq,
-            self.call_site,
-            self.ptr,
-            self.bytes_req,
-            self.bytes_alloc,
-        ];
-        for (index, word) in words.iter().enumerate() {
-            out[8 + index * 8..16 + index * 8].copy_from_slice(&word.to_le_bytes());
-        }
-        out[56..60].copy_from_slice(&self.flags.to_le_bytes());
-        out[60..64].copy_from_slice(&self.stack_id.to_le_bytes());
-        out
-    }
-
-    /// Parse the dump format (the inverse of [`Self::to_bytes`]).
-    pub fn from_bytes(bytes: &[u8; EVENT_SIZE]) -> Self {
-        let word = |offset: usize| u64::from_le_bytes(le_array(&bytes[offset..offset + 8]));
-        let half = |offset: usize| u32::from_le_bytes(le_array(&bytes[offset..offset + 4]));
-        KmemtraceEvent {
-            event: bytes[0],
-            type_id: bytes[1],
-            cpu: u16::from_le_bytes([bytes[2], bytes[3]]),
-            cache_id: half(4),
-            timestamp_ns: word(8),
-            seq: word(16),
-            call_site: word(24),
-            ptr: word(32),
-            bytes_req: word(40),
-            bytes_alloc: word(48),
-            flags: half(56),
-            stack_id: half(60),
-        }
-    }
-}
-
-fn le_array<const N: usize>(bytes: &[u8]) -> [u8; N] {
-    let mut out = [0u8; N];
-    out.copy_from_slice(bytes);
-    out
-}
-
-/// The 64-byte dump header.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KmemtraceHeader {
-    /// CPUs the kernel runs (ids `0..nr_cpus`).
-    pub nr_cpus: u32,
-    /// The kernel ELF's GNU build id (SHA-1), zero if none.
-    pub build_id: [u8; 20],
-    /// [`HEADER_FLAG_STACKS`], [`HEADER_FLAG_FROM_BOOT`].
-    pub flags: u32,
-    /// When recording started, nanoseconds since boot.
-    pub record_start_ns: u64,
-    /// Most frames per stack (0: no stacks).
-    pub stack_depth: u32,
-}
-
-impl KmemtraceHeader {
-    /// The header's bytes: magic, ABI version, sizes, then the fields.
-    pub fn to_bytes(&self) -> [u8; HEADER_SIZE] {
-        let mut out = [0u8; HEADER_SIZE];
-        out[0..8].copy_from_slice(&KMEMTRACE_MAGIC);
-        out[8..12].copy_from_slice(&KMEMTRACE_ABI_VERSION.to_le_bytes());
-        out[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
-        out[16..20].copy_from_slice(&(EVENT_SIZE as u32).to_le_bytes());
-        out[20..24].copy_from_slice(&self.nr_cpus.to_le_bytes());
-        out[24..44].copy_from_slice(&self.build_id);
-        out[44..48].copy_from_slice(&self.flags.to_le_bytes());
-        out[48..56].copy_from_slice(&self.record_start_ns.to_le_bytes());
-        out[56..60].copy_from_slice(&self.stack_depth.to_le_bytes());
-        out
-    }
-
-    /// Parse a header.
-    ///
-    /// # Errors
-    /// [`DumpFormatError::BadMagic`], [`DumpFormatError::AbiVersion`] or
-    /// [`DumpFormatError::Truncated`].
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, DumpFormatError> {
-        let bytes = bytes.get(..HEADER_SIZE).ok_or(DumpFormatError::Truncated)?;
-        if bytes[0..8] != KMEMTRACE_MAGIC {
-            return Err(DumpFormatError::BadMagic);
-        }
-        let half = |offset: usize| u32::from_le_bytes(le_array(&bytes[offset..offset + 4]));
-        if half(8) != KMEMTRACE_ABI_VERSION {
-            return Err(DumpFormatError::AbiVersion(half(8)));
-        }
-        Ok(KmemtraceHeader {
-            nr_cpus: half(20),
-            build_id: le_array(&bytes[24..44]),
-            flags: half(44),
-            record_start_ns: u64::from_le_bytes(le_array(&bytes[48..56])),
-            stack_depth: half(56),
-        })
-    }
-}
-
-/// Why a byte string is not a dump (see [`KmemtraceHeader::from_bytes`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DumpFormatError {
-    /// Shorter than its header says.
-    Truncated,
-    /// Does not start with [`KMEMTRACE_MAGIC`].
-    BadMagic,
-    /// Written by another ABI version.
-    AbiVersion(u32),
-}
-
-impl core::fmt::Display for DumpFormatError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            DumpFormatError::Truncated => write!(f, "truncated kmemtrace dump"),
-            DumpFormatError::BadMagic => write!(f, "not a kmemtrace dump (bad magic)"),
-            DumpFormatError::AbiVersion(version) => write!(
-                f,
-                "kmemtrace ABI version {version}, expected {KMEMTRACE_ABI_VERSION}"
-            ),
-        }
-    }
-}
 
 /// How to record ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,21 +168,6 @@ pub struct KmemtraceStatus {
     pub nr_stacks: usize,
     /// Events whose new stack did not fit in the table (stack id 0).
     pub nr_stacks_dropped: u64,
-}
-
-/// What a dump wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DumpSummary {
-    /// Events written.
-    pub nr_events: u64,
-    /// Overruns reported (all CPUs).
-    pub nr_overruns: u64,
-    /// Records before the trailer.
-    pub nr_records: u64,
-    /// Bytes written, trailer included.
-    pub nr_bytes: u64,
-    /// The trailer's CRC-32.
-    pub checksum: u32,
 }
 
 /// Kernel facts a dump's header carries and how to read the clock.
@@ -744,12 +524,6 @@ impl Kmemtrace {
         sink: &mut dyn FnMut(&[u8]),
     ) -> DumpSummary {
         let _control = self.control.lock();
-        let mut out = DumpWriter {
-            sink,
-            crc: crc32fast::Hasher::new(),
-            nr_bytes: 0,
-            nr_records: 0,
-        };
         let stack_depth = self.stack_depth.load(Ordering::Relaxed);
         let rings = self.rings();
         let mut flags = 0;
@@ -766,19 +540,8 @@ impl Kmemtrace {
             record_start_ns: (info.ticks_to_ns)(self.start_ticks.load(Ordering::Relaxed)),
             stack_depth: stack_depth as u32,
         };
-        out.write(&header.to_bytes());
-        caches(&mut |cache| {
-            let name = cache.name.as_bytes();
-            let body = 24 + name.len();
-            out.record_header(RECORD_CACHE, body);
-            for word in [cache.id, cache.obj_size, cache.align, cache.flags] {
-                out.write(&word.to_le_bytes());
-            }
-            out.write(&(name.len() as u32).to_le_bytes());
-            out.write(&0u32.to_le_bytes());
-            out.write(name);
-            out.pad(body);
-        });
+        let mut out = DumpWriter::new(&header, sink);
+        caches(&mut |cache| out.cache(&cache));
         if stack_depth > 0 {
             let table = self.stacks.lock();
             for index in 0..table.nr_stacks {
@@ -787,64 +550,37 @@ impl Kmemtrace {
                     let depth = *table.depths.add(index) as usize;
                     core::slice::from_raw_parts(table.frames.add(index * MAX_STACK_DEPTH), depth)
                 };
-                out.record_header(RECORD_STACK, 8 + frames.len() * 8);
-                out.write(&(index as u32 + 1).to_le_bytes());
-                out.write(&(frames.len() as u32).to_le_bytes());
-                for frame in frames {
-                    out.write(&frame.to_le_bytes());
-                }
+                out.stack(index as u32 + 1, frames);
             }
         }
-        let mut nr_events = 0u64;
-        let mut nr_overruns = 0u64;
         for (cpu, ring) in rings.iter().enumerate() {
             let nr_written = ring.nr_written.load(Ordering::Acquire);
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
-            nr_overruns += overruns;
             let nr_subbufs_used = nr_written.div_ceil(SUBBUF_EVENTS).max(1);
             for subbuf_index in 0..nr_subbufs_used {
                 let first = subbuf_index * SUBBUF_EVENTS;
                 let count = nr_written.saturating_sub(first).min(SUBBUF_EVENTS);
-                out.record_header(RECORD_CPU, 24 + count * EVENT_SIZE);
-                out.write(&(cpu as u32).to_le_bytes());
-                out.write(&(count as u32).to_le_bytes());
+                let events: &[KmemtraceEvent] = if count == 0 {
+                    &[]
+                } else {
+                    // SAFETY: sub-buffer subbuf_index exists (count > 0
+                    // means first < nr_written <= capacity) and its first
+                    // `count` events are published (Acquire above), never
+                    // written again until the next start (which holds
+                    // `control`).
+                    unsafe { core::slice::from_raw_parts(*ring.subbufs.add(subbuf_index), count) }
+                };
                 // The CPU's overruns ride in its first record only, so the
                 // CPU records sum to the total.
                 let record_overruns = if subbuf_index == 0 { overruns } else { 0 };
-                out.write(&record_overruns.to_le_bytes());
-                out.write(&0u64.to_le_bytes());
-                if count == 0 {
-                    continue;
-                }
-                // SAFETY: sub-buffer subbuf_index exists (count > 0 means
-                // first < nr_written <= capacity) and its first `count`
-                // events are published (Acquire above), never written again
-                // until the next start (which holds `control`).
-                let events =
-                    unsafe { core::slice::from_raw_parts(*ring.subbufs.add(subbuf_index), count) };
-                for event in events {
-                    let mut event = *event;
-                    event.timestamp_ns = (info.ticks_to_ns)(event.timestamp_ns);
-                    out.write(&event.to_bytes());
-                }
-                nr_events += count as u64;
+                let converted = events.iter().map(|event| KmemtraceEvent {
+                    timestamp_ns: (info.ticks_to_ns)(event.timestamp_ns),
+                    ..*event
+                });
+                out.cpu(cpu as u32, record_overruns, converted);
             }
         }
-        let nr_records = out.nr_records;
-        let checksum = out.crc.clone().finalize();
-        out.record_header(RECORD_TRAILER, 32);
-        out.write(&nr_events.to_le_bytes());
-        out.write(&nr_overruns.to_le_bytes());
-        out.write(&nr_records.to_le_bytes());
-        out.write(&checksum.to_le_bytes());
-        out.write(&0u32.to_le_bytes());
-        DumpSummary {
-            nr_events,
-            nr_overruns,
-            nr_records,
-            nr_bytes: out.nr_bytes,
-            checksum,
-        }
+        out.finish()
     }
 }
 
@@ -862,45 +598,7 @@ pub(crate) struct EventFields {
 pub(crate) type CacheLister<'a> = dyn FnMut(&mut dyn FnMut(CacheRecord<'_>)) + 'a;
 
 /// A cache as a dump's CACHE record describes it.
-pub(crate) struct CacheRecord<'a> {
-    pub(crate) id: u32,
-    pub(crate) obj_size: u32,
-    pub(crate) align: u32,
-    pub(crate) flags: u32,
-    pub(crate) name: &'a str,
-}
-
-struct DumpWriter<'a> {
-    sink: &'a mut dyn FnMut(&[u8]),
-    crc: crc32fast::Hasher,
-    nr_bytes: u64,
-    nr_records: u64,
-}
-
-impl DumpWriter<'_> {
-    fn write(&mut self, bytes: &[u8]) {
-        self.crc.update(bytes);
-        (self.sink)(bytes);
-        self.nr_bytes += bytes.len() as u64;
-    }
-
-    /// A record header for a body of `body` bytes (before padding).
-    fn record_header(&mut self, kind: u16, body: usize) {
-        let length = (RECORD_HEADER_SIZE + body).next_multiple_of(8) as u32;
-        self.write(&kind.to_le_bytes());
-        self.write(&0u16.to_le_bytes());
-        self.write(&length.to_le_bytes());
-        if kind != RECORD_TRAILER {
-            self.nr_records += 1;
-        }
-    }
-
-    /// Zero padding after a body of `body` bytes.
-    fn pad(&mut self, body: usize) {
-        let padding = body.next_multiple_of(8) - body;
-        self.write(&[0u8; 8][..padding]);
-    }
-}
+pub(crate) type CacheRecord<'a> = magpie_kmemtrace_format::CacheRecord<&'a str>;
 
 /// Allocate the ring descriptors, the sub-buffer pointer arrays and the
 /// sub-buffers; all or nothing.

@@ -98,7 +98,7 @@
 //! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
 //! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks and [`IrqGuard`] | nothing above |
-//! | `kmemtrace.rs` | the kmemtrace event stream (dump format) | `platform.rs` |
+//! | `kmemtrace.rs` | the kmemtrace event stream (per-CPU rings; the dump written with `magpie-kmemtrace-format`) | `platform.rs` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
 //! of files that import each other (`allocator/mod.rs` and

@@ -28,7 +28,7 @@ use core::ptr::NonNull;
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
 use crate::constructor::{WordMismatch, check_words_at, write_words_at};
-use crate::error::FreeError;
+use crate::error::{AllocError, FreeError};
 use crate::platform::Platform;
 
 /// Where a [`SlabBox`] goes back to.
@@ -124,6 +124,36 @@ impl<P: Platform> SlabBox<P> {
         }
     }
 
+    /// Resize a kmalloc object ([`Allocator::krealloc`]) to `new_size`
+    /// bytes aligned to `align`: in place when the block's usable size
+    /// holds them and it is so aligned, otherwise a new block gets the
+    /// first `min(usable size, new_size)` bytes and this one is freed. The
+    /// result may hold uninitialised bytes, so it is a [`SlabBox`].
+    ///
+    /// # Errors
+    /// `Err((self, error))`, the object untouched and still the caller's:
+    /// [`AllocError::InvalidLayout`] for an object of a cache (only
+    /// kmalloc objects resize), a `new_size` of 0 or an `align` that is not
+    /// a power of two; otherwise as for [`Allocator::kmalloc`].
+    pub fn krealloc(
+        self,
+        new_size: usize,
+        align: usize,
+    ) -> Result<SlabBox<P>, (SlabBox<P>, AllocError)> {
+        let Owner::Kmalloc(alloc) = self.owner else {
+            return Err((self, AllocError::InvalidLayout));
+        };
+        // SAFETY: a live kmalloc block the handle owns; on success it is
+        // given up (the handle is forgotten below), on error untouched.
+        match unsafe { alloc.krealloc(Some(self.ptr), new_size, align) } {
+            Ok(ptr) => {
+                core::mem::forget(self);
+                Ok(SlabBox::from_kmalloc(alloc, ptr, new_size))
+            }
+            Err(error) => Err((self, error)),
+        }
+    }
+
     /// Free the object. Cannot fail for an object the handle owns; an
     /// error means the allocator found its state corrupted (reported, the
     /// object kept).
@@ -151,6 +181,26 @@ impl<P: Platform> SlabBox<P> {
 pub struct InitBox<P: Platform>(SlabBox<P>);
 
 impl<P: Platform> InitBox<P> {
+    /// [`Allocator::kzalloc`] as an owned [`InitBox`] of `size` bytes, all
+    /// zero (so readable at once), aligned to `align`; freed without
+    /// `unsafe`, like a [`Allocator::kmalloc_box`].
+    ///
+    /// # Errors
+    /// As for [`Allocator::kmalloc`].
+    pub fn kzalloc(
+        alloc: &'static Allocator<P>,
+        size: usize,
+        align: usize,
+    ) -> Result<InitBox<P>, AllocError> {
+        let ptr = alloc.kzalloc(size, align)?;
+        // Every one of the `size` bytes is zero (kzalloc): initialised.
+        Ok(InitBox(SlabBox {
+            ptr,
+            len: size,
+            owner: Owner::Kmalloc(alloc),
+        }))
+    }
+
     /// The object's address.
     pub fn as_ptr(&self) -> NonNull<u8> {
         self.0.ptr

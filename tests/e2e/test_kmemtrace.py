@@ -296,7 +296,7 @@ class KmemtraceSession(unittest.TestCase):
         # Symbolized from DWARF, the site is the kmalloc! line in the shell
         # (the allocation macros collapse their debug info to the caller),
         # the same file:line allocinfo shows, not the macro's body in
-        # kernel/src/profiling.rs.
+        # kernel/src/profiling/tagged.rs.
         self.assertEqual(site["location"], kmalloc_site(), site)
         # kmalloc 100 10 and kmalloc 4000 3 from the one kmalloc! line.
         self.assertEqual((site["hit"], site["bytes_req"], site["bytes_alloc"]),
@@ -322,7 +322,7 @@ class KmemtraceSession(unittest.TestCase):
         cross_frees = int(re.search(r"^total\s+\d+\s+\d+\s+\d+\s+(\d+)", text, re.M).group(1))
         code, out, err = self.magpie_kmem("stat", "--caller", "--json")
         self.assertEqual(code, 0, err)
-        stress = [s for s in json.loads(out)["callsites"] if s["function"].startswith("magpie::stress::run")]
+        stress = [s for s in json.loads(out)["callsites"] if s["function"].startswith("magpie::smp::stress::run")]
         self.assertTrue(stress)
         self.assertEqual(sum(s["pingpong"] for s in stress), cross_frees)
 

@@ -4,8 +4,9 @@
 //! Runs before the frame allocator, through the boot direct map (all
 //! physical memory below 4 GiB). It also records where the tables are: the
 //! PVH memory map comes from QEMU's raw e820 and may list the ACPI tables
-//! the firmware placed at the top of RAM as usable, so [`crate::frame`]
-//! reserves [`table_ranges`] and [`crate::memory`] keeps them mapped.
+//! the firmware placed at the top of RAM as usable, so every table read is
+//! recorded in [`crate::mm::reserved`]: the frame allocator reserves those
+//! ranges and the page tables keep them mapped.
 //!
 //! `acpi` 5.2 is used rather than 6.x: its handler trait is two functions
 //! (map and unmap a physical region), where 6.x asks for some twenty AML,
@@ -13,7 +14,6 @@
 //! used (`default-features = false`: no allocator, no AML).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use acpi::address::AddressSpace;
 use acpi::fadt::Fadt;
@@ -22,7 +22,8 @@ use acpi::sdt::SdtHeader;
 use acpi::{AcpiHandler, AcpiTables, PhysicalMapping};
 use spin::Once;
 
-use crate::memory::phys_to_virt;
+use crate::mm::layout::phys_to_virt;
+use crate::mm::reserved;
 
 /// What the MADT says about the machine.
 #[derive(Debug, Clone, Copy)]
@@ -56,43 +57,13 @@ pub struct PmTimer {
 /// The PM timer's rate in Hz (ACPI 6.5 §4.8.3.3: 3.579545 MHz).
 pub const PM_TIMER_HZ: u64 = 3_579_545;
 
-const MAX_TABLES: usize = 64;
 static INFO: Once<AcpiInfo> = Once::new();
 static PM_TIMER: Once<PmTimer> = Once::new();
-static RANGES: [(AtomicU64, AtomicU64); MAX_TABLES] =
-    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_TABLES];
-static NR_RANGES: AtomicUsize = AtomicUsize::new(0);
 /// Physical memory the boot page tables map (the handler refuses anything above).
 const BOOT_MAPPED_LIMIT: u64 = 4 << 30;
 /// `size_of::<SdtHeader>()`: the `acpi` crate maps a table's header first.
 const SDT_HEADER_SIZE: usize = 36;
 const _: () = assert!(core::mem::size_of::<SdtHeader>() == SDT_HEADER_SIZE);
-
-fn record(start: u64, len: u64) {
-    let (start, end) = (start, start + len);
-    let nr = NR_RANGES.load(Ordering::Relaxed).min(MAX_TABLES);
-    let known = RANGES[..nr]
-        .iter()
-        .any(|(s, e)| s.load(Ordering::Relaxed) <= start && end <= e.load(Ordering::Relaxed));
-    if known {
-        return;
-    }
-    let index = NR_RANGES.fetch_add(1, Ordering::Relaxed);
-    if index < MAX_TABLES {
-        RANGES[index].0.store(start, Ordering::Relaxed);
-        RANGES[index].1.store(end, Ordering::Relaxed);
-    } else {
-        log::warn!("acpi: more than {MAX_TABLES} table ranges; {start:#x}..{end:#x} not reserved");
-    }
-}
-
-/// Physical `[start, end)` ranges of the ACPI tables read at boot.
-pub fn table_ranges() -> impl Iterator<Item = (u64, u64)> {
-    let nr = NR_RANGES.load(Ordering::Relaxed).min(MAX_TABLES);
-    RANGES[..nr]
-        .iter()
-        .map(|(start, end)| (start.load(Ordering::Relaxed), end.load(Ordering::Relaxed)))
-}
 
 /// The MADT summary, if one was found.
 pub fn info() -> Option<&'static AcpiInfo> {
@@ -111,7 +82,7 @@ pub fn nr_cpus() -> usize {
 
 /// The `acpi` crate's window on physical memory: the boot direct map.
 ///
-/// Every region it maps is recorded in [`table_ranges`]; a table header
+/// Every region it maps is recorded in [`crate::mm::reserved`]; a table header
 /// is recorded with the whole table's length, so every table the crate
 /// looks at (not only those it reads in full) stays reserved and mapped.
 #[derive(Clone, Copy)]
@@ -139,7 +110,7 @@ impl AcpiHandler for DirectMapHandler {
                 len = u64::from(table_len);
             }
         }
-        record(phys, len);
+        reserved::add(phys, len);
         let virt =
             NonNull::new(phys_to_virt(phys) as *mut T).expect("direct map address is not null");
         // SAFETY: `virt` is the direct-map alias of `phys`, which the boot

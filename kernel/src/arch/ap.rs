@@ -25,7 +25,8 @@ use x86_64::registers::model_specific::{Efer, EferFlags};
 use x86_64::structures::paging::PhysFrame;
 
 use super::{lapic, tsc};
-use crate::memory::{self, phys_to_virt};
+use crate::mm::layout::phys_to_virt;
+use crate::mm::paging;
 
 core::arch::global_asm!(
     include_str!("../../../boot/ap_trampoline.S"),
@@ -52,8 +53,8 @@ const SLOT_ENTRY: u64 = 24;
 const SLOT_ARG: u64 = 32;
 const SLOT_EFER: u64 = 40;
 
-/// [`crate::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
-const PAGE_SIZE: u64 = crate::frame::PAGE_SIZE as u64;
+/// [`crate::mm::frame::PAGE_SIZE`] as the `u64` that page-table arithmetic uses.
+const PAGE_SIZE: u64 = crate::mm::frame::PAGE_SIZE as u64;
 const PRESENT_WRITABLE: u64 = 0b11;
 const HUGE: u64 = 1 << 7;
 
@@ -73,7 +74,7 @@ fn write_u64(phys: u64, value: u64) {
 }
 
 /// Copies the trampoline to low memory and builds its page tables from the
-/// kernel's PML4. Call on the boot CPU after `memory::init`, before [`start`].
+/// kernel's PML4. Call on the boot CPU after `paging::init`, before [`start`].
 pub(crate) fn prepare() {
     // Symbols from boot/ap_trampoline.S: only their addresses are taken.
     let start = core::ptr::addr_of!(ap_trampoline_start) as usize;
@@ -84,7 +85,7 @@ pub(crate) fn prepare() {
         "AP trampoline is {len} bytes, more than a page"
     );
     assert!(
-        memory::is_readable(phys_to_virt(AP_TRAMPOLINE_PHYS), 4 * PAGE_SIZE as usize),
+        paging::is_readable(phys_to_virt(AP_TRAMPOLINE_PHYS), 4 * PAGE_SIZE as usize),
         "AP trampoline pages are not RAM in the direct map"
     );
     // SAFETY: source: the trampoline bytes in .rodata; destination: the
@@ -107,8 +108,8 @@ pub(crate) fn prepare() {
         TRAMPOLINE_PML4_PHYS,
         TRAMPOLINE_PDPT_PHYS | PRESENT_WRITABLE,
     );
-    let kernel_pml4 = memory::kernel_pml4();
-    assert!(kernel_pml4 != 0, "ap::prepare before memory::init");
+    let kernel_pml4 = paging::kernel_pml4();
+    assert!(kernel_pml4 != 0, "ap::prepare before paging::init");
     for index in 256..512u64 {
         // SAFETY: the kernel PML4 is a live page table frame in the direct
         // map; reading its upper-half entries has no side effect.
@@ -169,7 +170,7 @@ pub(crate) unsafe fn start(
 ///
 /// Runs once per AP, first, from an [`ApEntry`] that the trampoline called.
 pub(crate) unsafe fn enter_kernel() {
-    let pml4 = PhysFrame::containing_address(PhysAddr::new(memory::kernel_pml4()));
+    let pml4 = PhysFrame::containing_address(PhysAddr::new(paging::kernel_pml4()));
     // SAFETY: the kernel PML4 maps the higher half exactly as the
     // trampoline tables do (their upper entries are copies), so the code,
     // this stack (direct map) and the statics stay mapped across the switch.

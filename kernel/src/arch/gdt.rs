@@ -19,7 +19,6 @@ pub const DOUBLE_FAULT_STACK_SIZE: usize = 16 * 1024;
 /// Builds and loads a GDT (kernel code, kernel data, TSS) for this CPU.
 /// `double_fault_stack_top` overrides the freshly allocated IST stack.
 pub(crate) fn init_this_cpu(double_fault_stack_top: Option<VirtAddr>) {
-    let _scope = crate::alloc_tag_scope!();
     let stack_top = double_fault_stack_top.unwrap_or_else(|| {
         let stack: &'static mut [u8] =
             Box::leak(vec![0u8; DOUBLE_FAULT_STACK_SIZE].into_boxed_slice());

@@ -9,17 +9,19 @@
 //!
 //! A test may install a hook ([`set_exception_hook`]) that runs after the
 //! report, e.g. to turn an expected double fault into success.
+//!
+//! `arch/` calls up into nothing: what the handlers need from the kernel
+//! above is registered at boot, before the IDT is loaded. The report
+//! (console, symbolized backtrace) and the exit (QEMU) are an
+//! [`ExceptionReporter`] ([`set_reporter`], by `kernel_entry`); the wake
+//! IPI's work (`smp`'s pending cross-CPU call) is [`set_wake_handler`]'s.
 
-use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use spin::Once;
-use x86_64::registers::control::Cr2;
 use x86_64::structures::idt::{InterruptDescriptorTable, InterruptStackFrame, PageFaultErrorCode};
 
 use super::gdt::DOUBLE_FAULT_IST_INDEX;
-use crate::console::emergency_writer;
-use crate::symbols::Symbolized;
 
 /// What an exception handler saw; passed to the hook.
 pub struct ExceptionInfo<'a> {
@@ -35,9 +37,34 @@ pub struct ExceptionInfo<'a> {
     pub frame_pointer: usize,
 }
 
+/// What the exception handlers need from the kernel above `arch/`.
+#[derive(Clone, Copy)]
+pub struct ExceptionReporter {
+    /// Prints the report of an exception. `nested`: a fatal exception
+    /// happened while another one was being reported (say so in one line).
+    pub report: fn(info: &ExceptionInfo<'_>, nested: bool),
+    /// Ends the kernel after a fatal exception (QEMU exits with failure).
+    pub exit: fn() -> !,
+}
+
 static IDT: Once<InterruptDescriptorTable> = Once::new();
+static REPORTER: Once<ExceptionReporter> = Once::new();
+static WAKE_HANDLER: Once<fn()> = Once::new();
 static HOOK: AtomicUsize = AtomicUsize::new(0);
 static IN_REPORT: AtomicBool = AtomicBool::new(false);
+
+/// Sets how exceptions are reported and how the kernel ends after a fatal
+/// one (once, at boot, before [`init`]; later calls are ignored). Until
+/// then an exception prints nothing and halts the CPU.
+pub fn set_reporter(reporter: ExceptionReporter) {
+    REPORTER.call_once(|| reporter);
+}
+
+/// Sets the work of the wake-up IPI, run after its EOI: `smp`'s pending
+/// cross-CPU call (once; later calls are ignored).
+pub fn set_wake_handler(handler: fn()) {
+    WAKE_HANDLER.call_once(|| handler);
+}
 
 /// Installs a function called after each fatal exception report (before the
 /// kernel exits QEMU with failure). A hook may itself exit (e.g. with
@@ -54,7 +81,11 @@ macro_rules! interrupted_frame_pointer {
         let rbp: usize;
         // SAFETY: reads this handler's own RBP; no memory access.
         unsafe { core::arch::asm!("mov {}, rbp", out(reg) rbp, options(nomem, nostack, preserves_flags)) };
-        crate::symbols::read_frame_word(rbp).unwrap_or(0)
+        // SAFETY: `rbp` is this handler's frame pointer (forced frame
+        // pointers): its prologue pushed the interrupted RBP there, on the
+        // stack the handler runs on (the interrupted one or an IST stack),
+        // mapped and 8-byte aligned.
+        unsafe { core::ptr::read_volatile(rbp as *const usize) }
     }};
 }
 
@@ -167,11 +198,13 @@ extern "x86-interrupt" fn machine_check(frame: InterruptStackFrame) -> ! {
     })
 }
 
-/// The `smp` wake-up IPI: ends a `hlt`, and runs a pending cross-CPU call
-/// (`smp::cross_cpu_call`).
+/// The `smp` wake-up IPI: ends a `hlt`, and runs the registered wake
+/// handler ([`set_wake_handler`]: a pending `smp::cross_cpu_call`).
 extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
     super::lapic::eoi();
-    crate::smp::run_pending_call();
+    if let Some(handler) = WAKE_HANDLER.get() {
+        handler();
+    }
 }
 
 /// Spurious LAPIC interrupt: no EOI (the LAPIC did not set an in-service bit).
@@ -223,61 +256,25 @@ pub(crate) fn load() {
 }
 
 fn report(info: &ExceptionInfo<'_>) {
-    let mut out = emergency_writer();
-    let frame = info.frame;
-    let rip = frame.instruction_pointer.as_u64() as usize;
-    let _ = writeln!(
-        out,
-        "\n!!! EXCEPTION: {} (vector {}) on cpu {}",
-        info.name,
-        info.vector,
-        super::cpu_id()
-    );
-    if let Some(code) = info.error_code {
-        if info.vector == 14 {
-            let flags = PageFaultErrorCode::from_bits_truncate(code);
-            let _ = writeln!(out, "    error code: {code:#x} {flags:?}");
-        } else {
-            let _ = writeln!(out, "    error code: {code:#x}");
-        }
+    if let Some(reporter) = REPORTER.get() {
+        (reporter.report)(info, false);
     }
-    let _ = writeln!(out, "    RIP: {:#018x} {}", rip, Symbolized(rip));
-    if info.vector == 14 {
-        match Cr2::read() {
-            Ok(address) => {
-                let _ = writeln!(
-                    out,
-                    "    CR2: {:#018x} (faulting address)",
-                    address.as_u64()
-                );
-            }
-            Err(error) => {
-                let _ = writeln!(out, "    CR2: {:#018x} (non-canonical)", error.0);
-            }
-        }
+}
+
+/// Ends the kernel: the registered exit, else a halt.
+fn exit() -> ! {
+    match REPORTER.get() {
+        Some(reporter) => (reporter.exit)(),
+        None => super::halt_loop(),
     }
-    let _ = writeln!(
-        out,
-        "    RSP: {:#018x}  RFLAGS: {:#x}  CS: {:#x}",
-        frame.stack_pointer.as_u64(),
-        frame.cpu_flags.bits(),
-        frame.code_segment.0
-    );
-    let mut trace = [0usize; 32];
-    let depth = crate::symbols::backtrace_from(info.frame_pointer, &mut trace);
-    let _ = writeln!(out, "    backtrace:");
-    let _ = writeln!(out, "      #0  {:#018x} {}", rip, Symbolized(rip));
-    let _ = crate::symbols::write_trace(&mut out, "      ", 1, &trace[..depth]);
 }
 
 fn fatal(info: &ExceptionInfo<'_>) -> ! {
     if IN_REPORT.swap(true, Ordering::AcqRel) {
-        let _ = writeln!(
-            emergency_writer(),
-            "\n!!! nested exception {} while reporting; giving up",
-            info.name
-        );
-        crate::qemu::exit_qemu(crate::qemu::QemuExitCode::Failed);
+        if let Some(reporter) = REPORTER.get() {
+            (reporter.report)(info, true);
+        }
+        exit();
     }
     report(info);
     let hook = HOOK.load(Ordering::Acquire);
@@ -287,5 +284,5 @@ fn fatal(info: &ExceptionInfo<'_>) -> ! {
             unsafe { core::mem::transmute::<usize, fn(&ExceptionInfo<'_>)>(hook) };
         hook(info);
     }
-    crate::qemu::exit_qemu(crate::qemu::QemuExitCode::Failed)
+    exit()
 }

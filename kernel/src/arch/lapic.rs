@@ -8,7 +8,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::memory;
+use crate::mm::paging;
 
 /// Vector of the wake-up IPI (handled by `idt`: EOI only).
 pub const WAKE_VECTOR: u8 = 0xf0;
@@ -53,7 +53,7 @@ fn write(register: usize, value: u32) {
 }
 
 /// Maps the LAPIC registers at physical `phys` (from the MADT) and enables
-/// the boot CPU's LAPIC. Idempotent; call after `memory::init`.
+/// the boot CPU's LAPIC. Idempotent; call after `paging::init`.
 ///
 /// # Panics
 ///
@@ -61,7 +61,7 @@ fn write(register: usize, value: u32) {
 /// exhausted at boot).
 pub fn init(phys: u64) {
     if BASE.load(Ordering::Acquire) == 0 {
-        let virt = memory::map_mmio(phys, 4096).expect("lapic: cannot map the LAPIC registers");
+        let virt = paging::map_mmio(phys, 4096).expect("lapic: cannot map the LAPIC registers");
         BASE.store(virt.as_u64(), Ordering::Release);
         log::debug!(
             "{phys:#x} mapped at {:#x}, version {:#x}",

@@ -4,7 +4,7 @@
 //!
 //! Per-CPU state is reached through GS base ([`cpu_id`], [`this_cpu`]).
 //! The boot CPU runs [`init_bsp`]; each application processor, started by
-//! [`crate::smp`] through [`ap`], runs [`init_ap`]: its own GDT and TSS
+//! [`crate::smp`] through [`ap`], runs [`init_ap_percpu`] and [`init_ap`]: its own GDT and TSS
 //! (with its own double-fault stack), the shared IDT, its LAPIC.
 
 pub mod acpi;
@@ -106,13 +106,27 @@ pub(crate) fn init_bsp() {
     mask_pic();
 }
 
-/// Sets up an application processor: per-CPU data with `cpu_id` (GS
-/// base, first: the allocator needs it), a GDT/TSS with a freshly
-/// allocated double-fault stack, the shared IDT, and its local APIC. Must
-/// run on that CPU, once, with interrupts off, on the kernel's page tables.
-pub fn init_ap(cpu_id: usize) {
+/// Sets up an application processor, first step: its per-CPU data with
+/// `cpu_id` (GS base: the allocator needs it). Must run on that CPU, once,
+/// with interrupts off, on the kernel's page tables, before [`init_ap`].
+pub fn init_ap_percpu(cpu_id: usize) {
     percpu::init_this_cpu(cpu_id, lapic::id());
+}
+
+/// Sets up an application processor, second step (after
+/// [`init_ap_percpu`]): a GDT/TSS with a freshly allocated double-fault
+/// stack, the shared IDT, and its local APIC. The caller chooses the
+/// allocation tag the GDT, TSS and stack are charged to.
+pub fn init_ap() {
     gdt::init_this_cpu(None);
     idt::load();
     lapic::enable_this_cpu();
+}
+
+/// Halts the CPU forever with interrupts disabled.
+pub fn halt_loop() -> ! {
+    loop {
+        x86_64::instructions::interrupts::disable();
+        x86_64::instructions::hlt();
+    }
 }

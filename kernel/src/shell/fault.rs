@@ -1,12 +1,12 @@
 //! `fault`: fault injection by code tags (the mechanism is
-//! `magpie_codetag::fault`; the kernel's side is `crate::fault`).
+//! `magpie_codetag::fault`; the kernel's side is `crate::debug::fault`).
 
 use core::fmt::Write;
 
 use magpie_codetag::fault::write_fault_row;
 
 use super::{Command, Result, Shell, ShellError, shell_error};
-use crate::fault::{COMPILED_IN, FaultMode, FaultTag, points};
+use crate::debug::fault::{COMPILED_IN, FaultMode, FaultTag, points};
 
 pub(super) const FAULT: Command = Command {
     name: "fault",

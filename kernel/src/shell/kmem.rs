@@ -9,7 +9,7 @@ use super::{
     Command, MAX_COUNT, MAX_SIZE, Result, Shell, ShellError, no_args, out_of_memory, parse_number,
     shell_error,
 };
-use crate::heap;
+use crate::kmem::heap;
 use crate::kmem::{self, KPAGES, SLAB};
 
 pub(super) const KMEMSTAT: Command = Command {

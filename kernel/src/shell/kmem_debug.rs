@@ -2,15 +2,15 @@
 //! illumos mdb's `::kmem_verify`, `::whatis` and the `kmem_error` log).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
 //! ring); reports found by `verify` are printed as they are made (the
-//! report hook, `crate::slab_debug`).
+//! report hook, `crate::debug::slab_debug`).
 
 use core::fmt::Write;
 
 use magpie_slab::report::{ERROR_RING_SIZE, ErrorKind, ErrorReport};
 
 use super::{Command, Result, Shell, ShellError, parse_number};
+use crate::debug::slab_debug::KernelFormat;
 use crate::kmem::SLAB;
-use crate::slab_debug::KernelFormat;
 
 pub(super) const KMEM: Command = Command {
     name: "kmem",

@@ -14,7 +14,7 @@
 use core::fmt::{self, Write};
 
 use super::{MAX_LINE, is_line_byte};
-use crate::console;
+use crate::dev::console;
 
 /// Collects a command line from console bytes: echo, backspace, overlong
 /// lines, bytes the shell does not take. Feeds on bytes, so it is testable

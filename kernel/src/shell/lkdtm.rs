@@ -1,10 +1,10 @@
 //! `lkdtm`: commit a known heap bug on purpose (the mechanism is
-//! `crate::lkdtm`).
+//! `crate::debug::lkdtm`).
 
 use core::fmt::Write;
 
 use super::{Command, Result, Shell, ShellError};
-use crate::lkdtm::{self, LkdtmType};
+use crate::debug::lkdtm::{self, LkdtmType};
 
 pub(super) const LKDTM: Command = Command {
     name: "lkdtm",

@@ -13,12 +13,13 @@
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
 //!   reap), `kmem_debug` (kmem verify, whatis, errors),
-//!   `tracing` (kmemtrace), `profiling` (allocinfo, timestats), `smp` (cpus,
+//!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
+//!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
 //!   `system` (help, poweroff).
 //!
 //! Commands parse and print; the mechanisms stay in their modules
-//! (`kmem`, `profiling`, `stress`, `smp`, the slab library).
+//! (`kmem`, `profiling`, `tracing`, `smp`, `debug`, the slab library).
 //!
 //! # Adding a command
 //!
@@ -59,15 +60,14 @@ mod lkdtm;
 mod profiling;
 mod smp;
 mod system;
-mod tracing;
 
 use alloc::vec::Vec;
 use core::fmt::{self, Write};
 
 pub use self::kmem::Held;
+pub use self::kmemtrace::write_record;
 pub use self::line::{ConsoleWriter, Edit, LineEditor};
-pub use self::tracing::write_record;
-use crate::console;
+use crate::dev::console;
 use crate::kmem as kernel_kmem;
 
 /// Longest command line accepted, in bytes.
@@ -113,7 +113,7 @@ pub static COMMANDS: &[Command] = &[
     system::HELP,
     kmem::KMEMSTAT,
     kmem::SLABINFO,
-    tracing::KMEMTRACE,
+    kmemtrace::KMEMTRACE,
     kmem::KMALLOC,
     kmem::KFREE,
     kmem::LEAK,
@@ -367,7 +367,7 @@ impl Shell {
         };
         let command = find_command(name).ok_or(ShellError::UnknownCommand(name))?;
         let _tag = crate::alloc_tag_scope!();
-        let _context = kernel_kmem::enter_context(command.context);
+        let _context = crate::tracing::context::enter_context(command.context);
         (command.run)(self, args, out)
     }
 }
@@ -462,7 +462,7 @@ pub fn run() -> ! {
                 break byte;
             }
             let now = crate::arch::rdtsc();
-            if crate::kmemtrace::ticks_to_ns(now.wrapping_sub(last_update))
+            if crate::tracing::event_stream::ticks_to_ns(now.wrapping_sub(last_update))
                 >= KMEM_UPDATE_INTERVAL_NS
             {
                 last_update = now;

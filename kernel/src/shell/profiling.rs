@@ -96,7 +96,7 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
     match args {
         [switch @ ("on" | "off")] => {
             let on = *switch == "on";
-            profiling::set_enabled(on).map_err(|error| shell_error!("{error}"))?;
+            crate::kmem::set_alloc_profiling(on).map_err(|error| shell_error!("{error}"))?;
             let _ = writeln!(
                 out,
                 "allocation profiling {}",
@@ -257,7 +257,7 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
     };
     match verb {
         "enable" => {
-            profiling::ctx_enable(tag);
+            profiling::ctx_enable(profiling::alloc_tag::token(tag.tag_ref()));
             let _ = writeln!(
                 out,
                 "capturing context of {} func:{}",
@@ -266,13 +266,13 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
             );
         }
         "disable" => {
-            if profiling::ctx_is_capturing(tag) {
+            if profiling::ctx_is_capturing(profiling::alloc_tag::token(tag.tag_ref())) {
                 profiling::ctx_disable();
             }
             let _ = writeln!(out, "stopped capturing context of {}", tag.tag.location());
         }
         _ => {
-            let capturing = profiling::ctx_is_capturing(tag);
+            let capturing = profiling::ctx_is_capturing(profiling::alloc_tag::token(tag.tag_ref()));
             let _ = writeln!(
                 out,
                 "Context of live objects from {} func:{}",

@@ -1,16 +1,17 @@
 //! `cpus` and `stress` (the mechanisms are in `crate::smp` and
-//! `crate::stress`).
+//! `crate::smp::stress`).
 
 use alloc::vec::Vec;
 use core::fmt::Write;
 
 use super::{Command, Result, Shell, ShellError, no_args, out_of_memory, parse_u64, shell_error};
+use crate::arch;
 use crate::kmem::SLAB;
+use crate::mm::frame;
 use crate::smp;
-use crate::stress::{
+use crate::smp::stress::{
     self, CTOR_OBJ_SIZE, MAX_STRESS_OPS, MAX_STRESS_SIZE, StressConfig, print_report,
 };
-use crate::{arch, frame};
 
 pub(super) const CPUS: Command = Command {
     name: "cpus",

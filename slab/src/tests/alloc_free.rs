@@ -273,20 +273,16 @@ fn destroy_busy_then_ok() {
     let cache = alloc
         .cache_create("d", 600, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
-    let q = cache.alloc().unwrap();
+    let p = cache.alloc_box().unwrap();
+    let q = cache.alloc_box().unwrap();
     // SAFETY: refused, cache intact.
     let refused = unsafe { cache.destroy() };
     assert_eq!(refused, Err(DestroyError::Busy { nr_allocated: 2 }));
     // The cache still works after a refused destroy.
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
-    let r = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe {
-        cache.free(q).unwrap();
-        cache.free(r).unwrap();
-    }
+    p.free().unwrap();
+    let r = cache.alloc_box().unwrap();
+    q.free().unwrap();
+    r.free().unwrap();
     assert!(alloc.find_cache("d").is_some());
     // SAFETY: all freed; not used afterwards.
     unsafe { cache.destroy() }.unwrap();
@@ -361,7 +357,7 @@ fn reap_all_returns_metadata_in_one_pass() {
         let big = alloc
             .cache_create("filler", 2000, 8, CacheFlags::empty(), None, None, None)
             .unwrap();
-        let objs: Vec<_> = (0..nr_big).map(|_| big.alloc().unwrap()).collect();
+        let objs: Vec<_> = (0..nr_big).map(|_| big.alloc_box().unwrap()).collect();
         // Enough caches that kmem_cache grows a slab, whose bufctls come
         // after the filler's.
         let caches: Vec<_> = (0..12)
@@ -372,8 +368,7 @@ fn reap_all_returns_metadata_in_one_pass() {
             })
             .collect();
         for obj in objs {
-            // SAFETY: allocated above.
-            unsafe { big.free(obj) }.unwrap();
+            obj.free().unwrap();
         }
         for cache in caches.into_iter().chain([big]) {
             // SAFETY: empty, not used afterwards.
@@ -448,4 +443,21 @@ fn slab_box_frees_once_without_unsafe() {
     let filled = alloc.kmalloc_box(5, 1).unwrap().fill(0xa5);
     assert_eq!(filled.as_bytes(), &[0xa5; 5]);
     filled.free().unwrap();
+    // Only kmalloc objects resize; a refused resize gives the box back.
+    let Err((obj, error)) = cache.alloc_box().unwrap().krealloc(96, 8) else {
+        panic!("a cache object resized");
+    };
+    assert_eq!(error, AllocError::InvalidLayout);
+    assert_eq!(cache.stats().nr_allocated, 1);
+    obj.free().unwrap();
+    let Ok(grown) = alloc.kmalloc_box(40, 8).unwrap().krealloc(500, 8) else {
+        panic!("a kmalloc object not resized");
+    };
+    assert_eq!((grown.len(), k64.stats().nr_allocated), (500, before));
+    grown.free().unwrap();
+    let zeroed = crate::InitBox::kzalloc(alloc, 43, 8).unwrap();
+    assert_eq!(zeroed.as_bytes(), &[0; 43]);
+    assert_eq!(k64.stats().nr_allocated, before + 1);
+    zeroed.free().unwrap();
+    assert_eq!(k64.stats().nr_allocated, before);
 }

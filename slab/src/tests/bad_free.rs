@@ -19,10 +19,10 @@ fn double_free_on_bufctl_cache() {
     let cache = alloc
         .cache_create("big", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
-    let keep = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
+    let keep = cache.alloc_box().unwrap();
+    obj.free().unwrap();
     let before = cache.stats();
     let addr = p.as_ptr() as usize;
     // SAFETY: refused.
@@ -33,16 +33,13 @@ fn double_free_on_bufctl_cache() {
     assert_eq!(refused, Err(FreeError::DoubleFree { addr }));
     same_counts(&before, &cache.stats());
     // Still usable: the object comes back exactly once.
-    let q = cache.alloc().unwrap();
-    assert_eq!(p, q);
-    let r = cache.alloc().unwrap();
-    assert_ne!(q, r);
-    // SAFETY: allocated above.
-    unsafe {
-        cache.free(q).unwrap();
-        cache.free(r).unwrap();
-        cache.free(keep).unwrap();
-    }
+    let q = cache.alloc_box().unwrap();
+    assert_eq!(p, q.as_ptr());
+    let r = cache.alloc_box().unwrap();
+    assert_ne!(q.as_ptr(), r.as_ptr());
+    q.free().unwrap();
+    r.free().unwrap();
+    keep.free().unwrap();
     // Reaped, slab and all: the page is no longer slab memory.
     cache.reap();
     assert_eq!(cache.stats().nr_slabs, 0);
@@ -58,12 +55,12 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     let cache = alloc
         .cache_create("big-drained", 1000, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
     // Keeps the slab alive through the reap below.
-    let keep = cache.alloc().unwrap();
+    let keep = cache.alloc_box().unwrap();
     assert_eq!(cache.stats().nr_slabs, 1);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     // The reap drains the magazines: p goes back to its slab (and out of
     // the bufctl hash); the slab stays, keep is in it.
     cache.reap();
@@ -85,8 +82,8 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     same_counts(&before, &cache.stats());
     // A never-allocated object start of the live slab is judged the same
     // (it is free in its slab): p is object 0, keep object 1, this is 2.
-    let stride = keep.as_ptr() as usize - p.as_ptr() as usize;
-    let never = NonNull::new(keep.as_ptr().wrapping_add(stride)).unwrap();
+    let stride = keep.as_ptr().as_ptr() as usize - p.as_ptr() as usize;
+    let never = NonNull::new(keep.as_ptr().as_ptr().wrapping_add(stride)).unwrap();
     // SAFETY: refused.
     let refused = unsafe { cache.free(never) };
     assert_eq!(
@@ -96,14 +93,11 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
         })
     );
     // Still usable: p comes back (first on its slab's free list).
-    let q = cache.alloc().unwrap();
-    assert_eq!(q, p);
+    let q = cache.alloc_box().unwrap();
+    assert_eq!(q.as_ptr(), p);
     assert_eq!(cache.stats().nr_allocated, 2);
-    // SAFETY: allocated above.
-    unsafe {
-        cache.free(q).unwrap();
-        cache.free(keep).unwrap();
-    }
+    q.free().unwrap();
+    keep.free().unwrap();
     cache.reap();
     assert_eq!(cache.stats().nr_slabs, 0);
     // Slab gone: not slab memory any more.
@@ -118,9 +112,9 @@ fn double_free_with_audit_on_small_cache() {
     let cache = alloc
         .cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None)
         .unwrap();
-    let p = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
+    obj.free().unwrap();
     let before = cache.stats();
     // SAFETY: refused.
     let refused = unsafe { cache.free(p) };
@@ -131,14 +125,11 @@ fn double_free_with_audit_on_small_cache() {
         })
     );
     same_counts(&before, &cache.stats());
-    let q = cache.alloc().unwrap();
-    let r = cache.alloc().unwrap();
-    assert_ne!(q, r);
-    // SAFETY: allocated above.
-    unsafe {
-        cache.free(q).unwrap();
-        cache.free(r).unwrap();
-    }
+    let q = cache.alloc_box().unwrap();
+    let r = cache.alloc_box().unwrap();
+    assert_ne!(q.as_ptr(), r.as_ptr());
+    q.free().unwrap();
+    r.free().unwrap();
 }
 
 #[test]
@@ -150,7 +141,7 @@ fn foreign_pointers_are_not_allocated() {
     let big = alloc
         .cache_create("fb", 3000, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
-    let keep = cache.alloc().unwrap();
+    let keep = cache.alloc_box().unwrap();
     let before = cache.stats();
     let mut on_stack = 0u64;
     let stack = NonNull::from(&mut on_stack).cast::<u8>();
@@ -169,7 +160,7 @@ fn foreign_pointers_are_not_allocated() {
         assert!(!alloc.owns(ptr.as_ptr()));
         assert_eq!(alloc.ksize(ptr), Err(FreeError::NotAllocated { addr }));
     }
-    assert!(alloc.owns(keep.as_ptr()));
+    assert!(alloc.owns(keep.as_ptr().as_ptr()));
     same_counts(&before, &cache.stats());
     // The metadata of the allocator is not the caller's to free.
     let kmem_cache_obj = NonNull::from(cache).cast::<u8>();
@@ -178,8 +169,7 @@ fn foreign_pointers_are_not_allocated() {
     assert!(matches!(refused, Err(FreeError::NotAllocated { .. })));
     // SAFETY: pages from the source above.
     unsafe { source.free_pages(raw, 1) };
-    // SAFETY: allocated above.
-    unsafe { cache.free(keep) }.unwrap();
+    keep.free().unwrap();
 }
 
 #[test]
@@ -242,11 +232,10 @@ fn misaligned_pointers() {
         let cache = alloc
             .cache_create("mis", size, 8, flags, None, None, None)
             .unwrap();
-        let p = cache.alloc().unwrap();
+        let p = cache.alloc_box().unwrap();
         let before = cache.stats();
         for offset in [1, 8, size - 1] {
-            // SAFETY: inside the object; the free is refused.
-            let inner = unsafe { NonNull::new_unchecked(p.as_ptr().add(offset)) };
+            let inner = NonNull::new(p.as_ptr().as_ptr().wrapping_add(offset)).unwrap();
             let addr = inner.as_ptr() as usize;
             // SAFETY: refused.
             unsafe {
@@ -256,8 +245,7 @@ fn misaligned_pointers() {
             assert_eq!(alloc.ksize(inner), Err(FreeError::Misaligned { addr }));
         }
         same_counts(&before, &cache.stats());
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        p.free().unwrap();
     }
     let large = alloc.kmalloc(3 * 4096, 8).unwrap();
     // SAFETY: inside the allocation; refused.

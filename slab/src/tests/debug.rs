@@ -54,18 +54,18 @@ fn debug_cache(
 fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
     let (alloc, _) = setup_default();
     let cache = debug_cache(alloc, "waf", 64);
-    let p = cache.alloc().unwrap();
+    let obj = cache.alloc_box().unwrap();
+    let p = obj.as_ptr();
     // A POISON cache hands out 0xbaddcafe, not zeroes.
     assert_eq!(read_u64(p, 8), POISON_UNINITIALIZED);
     write(p, 0, 0x41);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    obj.free().unwrap();
     assert_eq!(read_u64(p, 8), POISON_FREE);
     let before = alloc.nr_errors();
     write(p, 0x1a, 0x41);
     // LIFO magazines: the same object comes back, and its poison is checked.
-    let q = cache.alloc().unwrap();
-    assert_eq!(q, p);
+    let q = cache.alloc_box().unwrap();
+    assert_eq!(q.as_ptr(), p);
     let errors = errors_since(alloc, before);
     assert_eq!(errors.len(), 1, "{errors:?}");
     let report = errors[0];
@@ -95,11 +95,8 @@ fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
         "{text}"
     );
     // Repaired and handed out: nothing lost, no second report.
-    // SAFETY: allocated above.
-    unsafe { cache.free(q) }.unwrap();
-    let r = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe { cache.free(r) }.unwrap();
+    q.free().unwrap();
+    cache.alloc_box().unwrap().free().unwrap();
     assert_eq!(alloc.nr_errors(), before + 1);
     assert_eq!(cache.verify().nr_problems, 0);
 }
@@ -108,9 +105,10 @@ fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
 fn linear_overflow_is_a_redzone_violation_at_free() {
     let (alloc, _) = setup_default();
     let cache = debug_cache(alloc, "overflow", 50);
-    let p = cache.alloc().unwrap();
+    let p = cache.alloc_box().unwrap();
+    let addr = p.as_ptr().as_ptr() as usize;
     let before = alloc.nr_errors();
-    write(p, 50, 0x41);
+    write(p.as_ptr(), 50, 0x41);
     // Verify sees it on the live object, without changing it.
     let summary = cache.verify();
     assert_eq!(summary.nr_problems, 1);
@@ -118,12 +116,11 @@ fn linear_overflow_is_a_redzone_violation_at_free() {
     assert_eq!(errors[0].kind, ErrorKind::RedzoneViolation);
     assert_eq!(errors[0].offset(), Some(50));
     // The free reports it again (the bug is still there), repairs, goes on.
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    p.free().unwrap();
     let errors = errors_since(alloc, before + 1);
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].kind, ErrorKind::RedzoneViolation);
-    assert_eq!(errors[0].object, p.as_ptr() as usize);
+    assert_eq!(errors[0].object, addr);
     assert_eq!(cache.stats().nr_allocated, 0);
     assert_eq!(cache.verify().nr_problems, 0);
 }
@@ -132,12 +129,10 @@ fn linear_overflow_is_a_redzone_violation_at_free() {
 fn duplicate_free_anywhere_is_refused_with_flags() {
     let (alloc, _) = setup_default();
     let cache = debug_cache(alloc, "dup", 64);
-    let objs: Vec<_> = (0..40).map(|_| cache.alloc().unwrap()).collect();
-    // SAFETY: allocated above.
-    unsafe {
-        for &obj in &objs {
-            cache.free(obj).unwrap();
-        }
+    let boxes: Vec<_> = (0..40).map(|_| cache.alloc_box().unwrap()).collect();
+    let objs: Vec<_> = boxes.iter().map(|obj| obj.as_ptr()).collect();
+    for obj in boxes {
+        obj.free().unwrap();
     }
     let before = alloc.nr_errors();
     let stats = cache.stats();
@@ -169,7 +164,8 @@ fn bad_frees_get_one_report_each() {
     let (alloc, _) = setup_default();
     let a = debug_cache(alloc, "a", 64);
     let b = debug_cache(alloc, "b", 64);
-    let p = a.alloc().unwrap();
+    let obj = a.alloc_box().unwrap();
+    let p = obj.as_ptr();
     let before = alloc.nr_errors();
     // SAFETY: all refused.
     unsafe {
@@ -192,8 +188,7 @@ fn bad_frees_get_one_report_each() {
     assert_eq!(errors[0].cache.as_str(), "b");
     assert_eq!(errors[1].object, p.as_ptr() as usize);
     assert_eq!(errors[1].offset(), Some(8));
-    // SAFETY: allocated above.
-    unsafe { a.free(p) }.unwrap();
+    obj.free().unwrap();
 }
 
 #[test]
@@ -208,9 +203,9 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
         alloc.find_cache("kmalloc-128").unwrap().debug_flags(),
         DebugFlags::empty()
     );
-    let p = alloc.kmalloc(64, 8).unwrap();
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(p) }.unwrap();
+    let obj = alloc.kmalloc_box(64, 8).unwrap();
+    let p = obj.as_ptr();
+    obj.free().unwrap();
     let before = alloc.nr_errors();
     write(p, 0, 0);
     let q = alloc.kmalloc(60, 8).unwrap();
@@ -246,13 +241,11 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
         .cache_create("plain", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     // Fill a slab, free everything, reap the magazines into the slab layer.
-    let objs: Vec<_> = (0..60).map(|_| cache.alloc().unwrap()).collect();
-    let keep = cache.alloc().unwrap();
-    // SAFETY: allocated above.
-    unsafe {
-        for &obj in &objs {
-            cache.free(obj).unwrap();
-        }
+    let boxes: Vec<_> = (0..60).map(|_| cache.alloc_box().unwrap()).collect();
+    let objs: Vec<_> = boxes.iter().map(|obj| obj.as_ptr()).collect();
+    let keep = cache.alloc_box().unwrap();
+    for obj in boxes {
+        obj.free().unwrap();
     }
     cache.reap();
     let before = alloc.nr_errors();
@@ -265,17 +258,18 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
     }
     let mut got = Vec::new();
     for _ in 0..200 {
-        let obj = cache.alloc().unwrap();
+        let obj = cache.alloc_box().unwrap();
         assert!(
-            source.contains(obj.as_ptr() as usize),
+            source.contains(obj.as_ptr().as_ptr() as usize),
             "foreign pointer handed out"
         );
-        assert!(alloc.owns(obj.as_ptr()));
+        assert!(alloc.owns(obj.as_ptr().as_ptr()));
         got.push(obj);
     }
-    got.sort();
-    got.dedup();
-    assert_eq!(got.len(), 200, "an object was handed out twice");
+    let mut addrs: Vec<_> = got.iter().map(|obj| obj.as_ptr()).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 200, "an object was handed out twice");
     let errors = errors_since(alloc, before);
     assert!(!errors.is_empty());
     assert!(
@@ -283,13 +277,10 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
             .iter()
             .all(|e| e.kind == ErrorKind::FreeListCorrupted)
     );
-    // SAFETY: allocated above.
-    unsafe {
-        for obj in got {
-            cache.free(obj).unwrap();
-        }
-        cache.free(keep).unwrap();
+    for obj in got {
+        obj.free().unwrap();
     }
+    keep.free().unwrap();
 }
 
 #[test]
@@ -299,7 +290,7 @@ fn double_free_without_flags_naive_and_slab_layer() {
         .cache_create("plain-df", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let p = cache.alloc().unwrap();
-    let keep = cache.alloc().unwrap();
+    let keep = cache.alloc_box().unwrap();
     let before = alloc.nr_errors();
     // Linux's naive check: the object on top of the loaded magazine.
     // SAFETY: freed once, then refused.
@@ -324,8 +315,7 @@ fn double_free_without_flags_naive_and_slab_layer() {
     // The slab still counts `keep`: reap must not free its page.
     cache.reap();
     assert_eq!(cache.stats().nr_slabs, 1);
-    // SAFETY: allocated above.
-    unsafe { cache.free(keep) }.unwrap();
+    keep.free().unwrap();
     cache.reap();
     assert_eq!(cache.stats().nr_slabs, 0);
 }
@@ -334,18 +324,17 @@ fn double_free_without_flags_naive_and_slab_layer() {
 fn whatis_names_cache_object_offset_and_state() {
     let (alloc, _) = setup_default();
     let cache = debug_cache(alloc, "whatis", 96);
-    let p = cache.alloc().unwrap();
-    let inside = p.as_ptr() as usize + 0x10;
+    let p = cache.alloc_box().unwrap();
+    let inside = p.as_ptr().as_ptr() as usize + 0x10;
     let info = alloc.whatis(inside).unwrap();
     assert_eq!(info.cache.name(), "whatis");
-    assert_eq!(info.object, p.as_ptr() as usize);
+    assert_eq!(info.object, p.as_ptr().as_ptr() as usize);
     assert_eq!(info.offset, 0x10);
     assert!(info.allocated);
     assert!(info.last_alloc.is_some());
     let text = format!("{info}");
     assert!(text.contains("is allocated from whatis"), "{text}");
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    p.free().unwrap();
     let info = alloc.whatis(inside).unwrap();
     assert!(!info.allocated);
     assert!(format!("{info}").contains("is free in whatis"));
@@ -357,15 +346,14 @@ fn whatis_names_cache_object_offset_and_state() {
 fn verify_walks_every_cache_and_counts() {
     let config = SlabDebugConfig::parse_slab_debug(None).unwrap();
     let (alloc, _) = setup_debug(config);
-    let ptrs: Vec<_> = (1..=8).map(|i| alloc.kmalloc(i * 60, 8).unwrap()).collect();
+    let objs: Vec<_> = (1..=8)
+        .map(|i| alloc.kmalloc_box(i * 60, 8).unwrap())
+        .collect();
     let summary = alloc.verify();
     assert!(summary.nr_slabs > 0 && summary.nr_objects > 0);
     assert_eq!(summary.nr_problems, 0);
-    // SAFETY: allocated above.
-    unsafe {
-        for p in ptrs {
-            alloc.kfree(p).unwrap();
-        }
+    for obj in objs {
+        obj.free().unwrap();
     }
     #[cfg(debug_assertions)]
     alloc.check_invariants().unwrap();
@@ -427,14 +415,13 @@ fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
     }
     // Once the pages serve again, the entry is the new owner's: the new
     // block frees normally (the stale pointer is the new block's now).
-    let first = alloc.kmalloc(2 * 4096 + 1, 8).unwrap();
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(first) }.unwrap();
-    let again = alloc.kmalloc(2 * 4096 + 1, 8).unwrap();
-    assert_eq!(again, first, "the same pages (first fit)");
-    assert!(alloc.owns(again.as_ptr()));
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(again) }.unwrap();
+    let first = alloc.kmalloc_box(2 * 4096 + 1, 8).unwrap();
+    let first_ptr = first.as_ptr();
+    first.free().unwrap();
+    let again = alloc.kmalloc_box(2 * 4096 + 1, 8).unwrap();
+    assert_eq!(again.as_ptr(), first_ptr, "the same pages (first fit)");
+    assert!(alloc.owns(again.as_ptr().as_ptr()));
+    again.free().unwrap();
     assert_eq!(source.pages_outstanding(), baseline);
 }
 
@@ -447,22 +434,20 @@ fn kmalloc_overflow_into_the_class_padding_is_a_redzone_violation() {
     let cache = alloc.find_cache("kmalloc-104").unwrap();
     let before = alloc.nr_errors();
     // All 100 bytes asked for are usable; nothing is reported.
-    let p = alloc.kmalloc(100, 8).unwrap();
-    assert_eq!(alloc.ksize(p), Ok(104));
-    for offset in 0..100 {
-        write(p, offset, 0x55);
-    }
+    let obj = alloc.kmalloc_box(100, 8).unwrap();
+    assert_eq!(alloc.ksize(obj.as_ptr()), Ok(104));
+    let obj = obj.fill(0x55);
     assert_eq!(cache.verify().nr_problems, 0);
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(p) }.unwrap();
+    obj.free().unwrap();
     assert_eq!(alloc.nr_errors(), before);
     // One byte past the 100: in the class's padding, caught by verify on
     // the live object and at the free, at offset 100 (0x64).
-    let p = alloc.kmalloc(100, 8).unwrap();
+    let obj = alloc.kmalloc_box(100, 8).unwrap();
+    let p = obj.as_ptr();
     write(p, 100, 0x41);
     assert_eq!(cache.verify().nr_problems, 1);
-    // SAFETY: allocated above; the free reports, repairs and goes on.
-    unsafe { alloc.kfree(p) }.unwrap();
+    // The free reports, repairs and goes on.
+    obj.free().unwrap();
     let errors = errors_since(alloc, before);
     assert_eq!(errors.len(), 2, "{errors:?}");
     for report in &errors {
@@ -482,15 +467,11 @@ fn kmalloc_overflow_into_the_class_padding_is_a_redzone_violation() {
     assert_eq!(cache.verify().nr_problems, 0, "repaired");
     // The whole object through kmem_cache_alloc, and after the object's end
     // as before (offset 104).
-    let p = cache.alloc().unwrap();
-    for offset in 0..104 {
-        write(p, offset, 0x55);
-    }
+    let obj = cache.alloc_box().unwrap().fill(0x55);
     let mark = alloc.nr_errors();
     assert_eq!(cache.verify().nr_problems, 0);
-    write(p, 104, 0x41);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    write(obj.as_ptr(), 104, 0x41);
+    obj.free().unwrap();
     let errors = errors_since(alloc, mark);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].offset(), Some(104));
@@ -505,19 +486,21 @@ fn krealloc_in_place_moves_the_redzone() {
     let config = SlabDebugConfig::parse_slab_debug(Some("Z,kmalloc-104")).unwrap();
     let (alloc, _) = setup_debug(config);
     let before = alloc.nr_errors();
-    let p = alloc.kmalloc(100, 8).unwrap();
-    // SAFETY: p is ours; kept in place (104 fits the class).
-    let q = unsafe { alloc.krealloc(Some(p), 104, 8) }.unwrap();
-    assert_eq!(q, p);
+    let obj = alloc.kmalloc_box(100, 8).unwrap();
+    let p = obj.as_ptr();
+    // Kept in place (104 fits the class).
+    let q = obj.krealloc(104, 8).map_err(|(_, error)| error).unwrap();
+    assert_eq!(q.as_ptr(), p);
     for offset in 0..104 {
-        write(q, offset, 0x55);
+        write(q.as_ptr(), offset, 0x55);
     }
-    // SAFETY: ours; shrunk in place to 98 bytes.
-    let r = unsafe { alloc.krealloc(Some(q), 98, 8) }.unwrap();
-    assert_eq!(r, p);
+    // Shrunk in place to 98 bytes.
+    let r = q.krealloc(98, 8).map_err(|(_, error)| error).unwrap();
+    assert_eq!(r.as_ptr(), p);
     assert_eq!(alloc.nr_errors(), before);
-    write(r, 99, 0x41);
+    write(r.as_ptr(), 99, 0x41);
     let layout = Layout::from_size_align(98, 8).unwrap();
+    let r = r.into_raw();
     // SAFETY: ours; a realloc in place checks the redzone where it was.
     let s = unsafe { alloc.realloc(r.as_ptr(), layout, 103) };
     assert_eq!(s, p.as_ptr());

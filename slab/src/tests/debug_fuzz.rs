@@ -16,7 +16,7 @@ use super::debug::errors_since;
 use super::support::*;
 use crate::debug::POISON_FREE;
 use crate::report::ErrorKind;
-use crate::{CacheFlags, FreeError, KmemCache};
+use crate::{CacheFlags, FreeError, KmemCache, SlabBox};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -50,9 +50,22 @@ fn op() -> impl Strategy<Value = Op> {
 /// Object sizes of the fuzzed caches: small slabs and bufctl slabs.
 const SIZES: [usize; 4] = [24, 64, 200, 1000];
 
+/// A freed object: a raw pointer, kept for the injected bugs.
 struct Obj {
     ptr: NonNull<u8>,
     cache: usize,
+}
+
+/// A live object, owned.
+struct Live {
+    obj: SlabBox<TestPlatform>,
+    cache: usize,
+}
+
+impl Live {
+    fn addr(&self) -> usize {
+        self.obj.as_ptr().as_ptr() as usize
+    }
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -66,7 +79,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 .unwrap()
         })
         .collect();
-    let mut live: Vec<Obj> = Vec::new();
+    let mut live: Vec<Live> = Vec::new();
     // Freed and not handed out again: safe to double free or scribble on.
     let mut freed: Vec<Obj> = Vec::new();
     // Reports owed: (kind, object) -> count.
@@ -78,20 +91,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Alloc { cache } => {
-                let ptr = caches[cache].alloc().unwrap();
+                let obj = caches[cache].alloc_box().unwrap();
+                let ptr = obj.as_ptr();
                 let addr = ptr.as_ptr() as usize;
                 freed.retain(|obj| obj.ptr != ptr);
                 // The alloc check reported a write after free (if any).
                 dirty.retain(|&d| d != addr);
-                live.push(Obj { ptr, cache });
+                live.push(Live { obj, cache });
             }
             Op::Free { pick } if !live.is_empty() => {
-                let obj = live.swap_remove(pick % live.len());
-                // SAFETY: a live object, freed once.
-                unsafe { caches[obj.cache].free(obj.ptr) }.unwrap();
+                let Live { obj, cache } = live.swap_remove(pick % live.len());
+                let ptr = obj.as_ptr();
+                obj.free().unwrap();
                 // The free check reported an overflow (if any).
-                dirty.retain(|&d| d != obj.ptr.as_ptr() as usize);
-                freed.push(obj);
+                dirty.retain(|&d| d != ptr.as_ptr() as usize);
+                freed.push(Obj { ptr, cache });
             }
             Op::DoubleFree { pick } if !freed.is_empty() => {
                 let obj = &freed[pick % freed.len()];
@@ -102,12 +116,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 *owed.entry((ErrorKind::DuplicateFree, addr)).or_default() += 1;
             }
             Op::InteriorFree { pick } if !live.is_empty() => {
-                let obj = &live[pick % live.len()];
-                let addr = obj.ptr.as_ptr() as usize;
+                let addr = live[pick % live.len()].addr();
+                let cache = live[pick % live.len()].cache;
                 // SAFETY: refused: not an object start.
-                let result = unsafe {
-                    caches[obj.cache].free(NonNull::new_unchecked((addr + 8) as *mut u8))
-                };
+                let result =
+                    unsafe { caches[cache].free(NonNull::new_unchecked((addr + 8) as *mut u8)) };
                 prop_assert_eq!(result, Err(FreeError::Misaligned { addr: addr + 8 }));
                 *owed.entry((ErrorKind::InvalidFree, addr + 8)).or_default() += 1;
             }
@@ -116,9 +129,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if obj.cache == to {
                     continue;
                 }
-                let addr = obj.ptr.as_ptr() as usize;
+                let addr = obj.addr();
                 // SAFETY: refused: another cache's object.
-                let result = unsafe { caches[to].free(obj.ptr) };
+                let result = unsafe { caches[to].free(obj.obj.as_ptr()) };
                 let refused = matches!(result, Err(FreeError::WrongCache { .. }));
                 prop_assert!(refused, "wrong-cache free not refused: {:?}", result);
                 *owed.entry((ErrorKind::WrongCache, addr)).or_default() += 1;
@@ -148,12 +161,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Overflow { pick } if !live.is_empty() => {
                 let obj = &live[pick % live.len()];
-                let addr = obj.ptr.as_ptr() as usize;
+                let addr = obj.addr();
                 if dirty.contains(&addr) {
                     continue;
                 }
                 // SAFETY: test: one byte past the object, into its redzone.
-                unsafe { obj.ptr.as_ptr().add(SIZES[obj.cache]).write(0x41) };
+                unsafe { obj.obj.as_ptr().as_ptr().add(SIZES[obj.cache]).write(0x41) };
                 dirty.push(addr);
                 *owed.entry((ErrorKind::RedzoneViolation, addr)).or_default() += 1;
             }
@@ -162,7 +175,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // Freed objects may have left with their slab (a write
                 // after free in them was reported by the reap).
                 freed.clear();
-                dirty.retain(|&d| live.iter().any(|obj| obj.ptr.as_ptr() as usize == d));
+                dirty.retain(|&d| live.iter().any(|obj| obj.addr() == d));
             }
             Op::SwitchCpu { cpu } => set_cpu(cpu),
             _ => {}
@@ -175,9 +188,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
     // Free everything (overflows are reported here), verify the rest
     // (writes after free into objects still free).
-    for obj in live.drain(..) {
-        // SAFETY: live objects, freed once.
-        unsafe { caches[obj.cache].free(obj.ptr) }.unwrap();
+    for Live { obj, .. } in live.drain(..) {
+        obj.free().unwrap();
     }
     alloc.verify();
     settle(alloc, &mut seen, &mut owed)?;

@@ -158,25 +158,22 @@ fn multi_page_and_off_slab_headers_work() {
         let geometry = class_geometry(size);
         let mut live = Vec::new();
         for i in 0..3 * cache.stats().objs_per_slab.max(1) {
-            let p = alloc.kmalloc(size, 8).unwrap();
-            fill(p, size, i as u8);
-            assert_eq!(alloc.ksize(p), Ok(size));
+            let p = fill_box(alloc.kmalloc_box(size, 8).unwrap(), i as u8);
+            assert_eq!(alloc.ksize(p.as_ptr()), Ok(size));
             live.push((p, i as u8));
         }
         let stats = cache.stats();
         assert_eq!(stats.nr_pages_per_slab, geometry.nr_pages_per_slab);
         assert_eq!(stats.objs_per_slab, geometry.nr_objs_per_slab);
-        for &(p, seed) in &live {
-            assert!(check(p, size, seed), "kmalloc-{size} object overwritten");
+        for (p, seed) in &live {
+            assert!(check_box(p, *seed), "kmalloc-{size} object overwritten");
             // An interior pointer is refused, nothing lost.
-            // SAFETY: 8 bytes into a live object of at least 24 bytes.
-            let inner = unsafe { core::ptr::NonNull::new_unchecked(p.as_ptr().add(8)) };
+            let inner = core::ptr::NonNull::new(p.as_ptr().as_ptr().wrapping_add(8)).unwrap();
             // SAFETY: refused (not an object start).
             assert!(unsafe { alloc.kfree(inner) }.is_err());
         }
         for (p, _) in live {
-            // SAFETY: allocated above.
-            unsafe { alloc.kfree(p) }.unwrap();
+            p.free().unwrap();
         }
     }
     alloc.reap_all();
@@ -214,9 +211,10 @@ fn heap_efficiency_of_mixed_live_objects() {
         .iter()
         .enumerate()
         .map(|(i, &size)| {
-            let p = alloc.kmalloc(size, 8).unwrap();
-            fill(p, size, i as u8);
-            (p, size, i as u8)
+            (
+                fill_box(alloc.kmalloc_box(size, 8).unwrap(), i as u8),
+                i as u8,
+            )
         })
         .collect();
     let bytes = (source.pages_outstanding() - before) * PAGE_SIZE;
@@ -236,9 +234,8 @@ fn heap_efficiency_of_mixed_live_objects() {
         0.90
     };
     assert!(efficiency >= target, "efficiency {efficiency:.3}");
-    for (p, size, seed) in live {
-        assert!(check(p, size, seed));
-        // SAFETY: allocated above.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for (p, seed) in live {
+        assert!(check_box(&p, seed));
+        p.free().unwrap();
     }
 }

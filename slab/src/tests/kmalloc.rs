@@ -4,7 +4,7 @@ use core::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+use crate::{AllocError, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 #[test]
 fn class_selection() {
@@ -59,17 +59,15 @@ fn kmalloc_honours_size_and_alignment() {
         .enumerate()
     {
         for align in [1, 8, 32, 64, 512, 4096] {
-            let p = alloc.kmalloc(size, align).unwrap();
-            assert_eq!(p.as_ptr() as usize % align, 0);
-            assert!(alloc.ksize(p).unwrap() >= size);
-            fill(p, size, i as u8);
-            live.push((p, size, i as u8));
+            let p = alloc.kmalloc_box(size, align).unwrap();
+            assert_eq!(p.as_ptr().as_ptr() as usize % align, 0);
+            assert!(alloc.ksize(p.as_ptr()).unwrap() >= size);
+            live.push((fill_box(p, i as u8), i as u8));
         }
     }
-    for (p, size, seed) in live {
-        assert!(check(p, size, seed));
-        // SAFETY: allocated above.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for (p, seed) in live {
+        assert!(check_box(&p, seed));
+        p.free().unwrap();
     }
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
@@ -82,7 +80,7 @@ fn page_granular_allocations_aligned_above_a_page() {
     let baseline = source.pages_outstanding();
     let mut live = Vec::new();
     // A one-page block first, so the source's next pages are not aligned.
-    let skew = alloc.kmalloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+    let skew = alloc.kmalloc_box(PAGE_SIZE, PAGE_SIZE).unwrap();
     for (i, (size, align)) in [
         (10, 8192),
         (100_000, 8192),
@@ -92,13 +90,17 @@ fn page_granular_allocations_aligned_above_a_page() {
     .into_iter()
     .enumerate()
     {
-        let p = alloc.kmalloc(size, align).unwrap();
-        assert_eq!(p.as_ptr() as usize % align, 0, "{size} aligned {align}");
-        assert_eq!(alloc.ksize(p), Ok(size.div_ceil(PAGE_SIZE) * PAGE_SIZE));
-        fill(p, size, i as u8);
+        let p = alloc.kmalloc_box(size, align).unwrap();
+        let addr = p.as_ptr().as_ptr() as usize;
+        assert_eq!(addr % align, 0, "{size} aligned {align}");
+        assert_eq!(
+            alloc.ksize(p.as_ptr()),
+            Ok(size.div_ceil(PAGE_SIZE) * PAGE_SIZE)
+        );
+        let p = fill_box(p, i as u8);
         // Pointers into the slack (the page before may be another block:
         // only if ksize refuses it) or into the block are refused.
-        for bad in [p.as_ptr() as usize - PAGE_SIZE, p.as_ptr() as usize + 8] {
+        for bad in [addr - PAGE_SIZE, addr + 8] {
             let bad_ptr = NonNull::new(bad as *mut u8).unwrap();
             if alloc.owns(bad as *const u8) && alloc.ksize(bad_ptr).is_err() {
                 // SAFETY: refused (not a block start).
@@ -106,30 +108,23 @@ fn page_granular_allocations_aligned_above_a_page() {
                 assert!(refused.is_err(), "{bad:#x}");
             }
         }
-        live.push((p, size, i as u8));
+        live.push((p, i as u8));
     }
-    for (p, size, seed) in live {
-        assert!(check(p, size, seed));
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for (p, seed) in live {
+        assert!(check_box(&p, seed));
+        p.free().unwrap();
     }
-    // SAFETY: allocated above, freed once.
-    unsafe { alloc.kfree(skew) }.unwrap();
+    skew.free().unwrap();
     alloc.reap_all();
     assert_eq!(
         source.pages_outstanding(),
         baseline,
         "slack pages went back too"
     );
-    let z = alloc.kzalloc(3 * PAGE_SIZE, 1 << 14).unwrap();
-    assert!(
-        // SAFETY: 3 pages just allocated, ours.
-        unsafe { core::slice::from_raw_parts(z.as_ptr(), 3 * PAGE_SIZE) }
-            .iter()
-            .all(|&b| b == 0)
-    );
-    // SAFETY: allocated above, freed once.
-    unsafe { alloc.kfree(z) }.unwrap();
+    let z = InitBox::kzalloc(alloc, 3 * PAGE_SIZE, 1 << 14).unwrap();
+    assert_eq!(z.len(), 3 * PAGE_SIZE);
+    assert!(z.as_bytes().iter().all(|&b| b == 0));
+    z.free().unwrap();
 }
 
 #[test]
@@ -137,27 +132,23 @@ fn page_granular_allocations() {
     let (alloc, source) = setup_default();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    let p = alloc.kmalloc(8193, 8).unwrap();
-    assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
-    assert_eq!(alloc.ksize(p), Ok(3 * PAGE_SIZE));
+    let p = alloc.kmalloc_box(8193, 8).unwrap();
+    assert_eq!(p.as_ptr().as_ptr() as usize % PAGE_SIZE, 0);
+    assert_eq!(alloc.ksize(p.as_ptr()), Ok(3 * PAGE_SIZE));
     assert_eq!(source.pages_outstanding(), baseline + 3);
-    let q = alloc.kmalloc(100_000, 4096).unwrap();
-    assert_eq!(alloc.ksize(q), Ok(25 * PAGE_SIZE));
-    fill(q, 100_000, 3);
+    let q = alloc.kmalloc_box(100_000, 4096).unwrap();
+    assert_eq!(alloc.ksize(q.as_ptr()), Ok(25 * PAGE_SIZE));
+    let q = fill_box(q, 3);
     let ls = alloc.large_stats();
     assert_eq!(
         (ls.nr_live, ls.live_bytes, ls.nr_allocs_ever),
         (2, 28 * PAGE_SIZE, 2)
     );
-    assert!(alloc.owns(q.as_ptr()));
-    // SAFETY: inside q, for owns only.
-    assert!(alloc.owns(unsafe { q.as_ptr().add(50_000) }));
-    assert!(check(q, 100_000, 3));
-    // SAFETY: allocated above.
-    unsafe {
-        alloc.kfree(p).unwrap();
-        alloc.kfree(q).unwrap();
-    }
+    assert!(alloc.owns(q.as_ptr().as_ptr()));
+    assert!(alloc.owns(q.as_ptr().as_ptr().wrapping_add(50_000)));
+    assert!(check_box(&q, 3));
+    p.free().unwrap();
+    q.free().unwrap();
     assert_eq!(alloc.large_stats().nr_live, 0);
     assert_eq!(source.pages_outstanding(), baseline);
     assert_eq!(alloc.kmalloc(10, 2 << 30), Err(AllocError::InvalidLayout));
@@ -186,17 +177,13 @@ fn bufctl_hash_grows_and_shrinks() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let objs: Vec<_> = (0..600)
-        .map(|i| {
-            let p = cache.alloc().unwrap();
-            fill(p, 1024, i as u8);
-            p
-        })
+        .map(|i| fill_box(cache.alloc_box().unwrap(), i as u8))
         .collect();
     assert!(cache.slab.lock().hash.nr_buckets() > crate::layout::hash::INLINE_BUCKETS);
-    for (i, &p) in objs.iter().enumerate() {
-        assert!(check(p, 1024, i as u8));
-        // SAFETY: allocated above.
-        unsafe { alloc.kfree(p) }.unwrap();
+    for (i, p) in objs.into_iter().enumerate() {
+        assert_eq!(p.len(), 1024);
+        assert!(check_box(&p, i as u8));
+        p.free().unwrap();
     }
     alloc.reap_all();
     assert_eq!(
@@ -215,39 +202,35 @@ fn bufctl_hash_shrinks_on_reap_with_live_objects() {
         .cache_create("bufctl-16", 16, 8, CacheFlags::NOTOUCH, None, None, None)
         .unwrap();
     let buckets = || cache.slab.lock().hash.nr_buckets();
-    let keep = cache.alloc().unwrap();
+    let keep = cache.alloc_box().unwrap();
     alloc.reap_all();
     // One live object, the hash inline: the pages this costs.
     let with_one = source.pages_outstanding();
     // 16,385 objects: the hash grows to 32,768 buckets, 64 pages.
-    let many: Vec<_> = (0..16_384).map(|_| cache.alloc().unwrap()).collect();
+    let mut kept: Vec<_> = (0..16_384).map(|_| cache.alloc_box().unwrap()).collect();
     assert_eq!(buckets(), 32_768);
-    let (kept, freed) = many.split_at(200);
-    for &p in freed {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let freed = kept.split_off(200);
+    for p in freed {
+        p.free().unwrap();
     }
     alloc.reap_all();
     // 201 objects in 32,768 buckets: down to one page (512 buckets).
     assert_eq!(buckets(), 512);
-    for &p in kept {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    for p in kept {
+        p.free().unwrap();
     }
     alloc.reap_all();
     // One object: back to the inline buckets, and to the pages of before.
     assert_eq!(buckets(), crate::layout::hash::INLINE_BUCKETS);
     assert_eq!(source.pages_outstanding(), with_one);
     // Still found through the hash: it frees, and the cache empties.
-    // SAFETY: allocated above.
-    unsafe { cache.free(keep) }.unwrap();
+    keep.free().unwrap();
     assert_eq!(cache.stats().nr_allocated, 0);
     // The table grows again when needed (checked when a slab is added).
-    let again: Vec<_> = (0..2000).map(|_| cache.alloc().unwrap()).collect();
+    let again: Vec<_> = (0..2000).map(|_| cache.alloc_box().unwrap()).collect();
     assert!(buckets() >= 512);
     for p in again {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        p.free().unwrap();
     }
     // SAFETY: our cache, empty, not used afterwards.
     unsafe { cache.destroy() }.unwrap();

@@ -136,11 +136,11 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
     let (alloc, _) = setup_default();
     set_caller(0xffff_8000_0000_1000);
     start(alloc, small(2));
-    let p = alloc.kmalloc(125, 8).unwrap();
+    let obj = alloc.kmalloc_box(125, 8).unwrap();
+    let p = obj.as_ptr();
     set_cpu(1);
     set_caller(0xffff_8000_0000_2000);
-    // SAFETY: from kmalloc, given up.
-    unsafe { alloc.kfree(p) }.unwrap();
+    obj.free().unwrap();
     set_cpu(0);
     alloc.kmemtrace_stop();
     let (bytes, summary) = dump(alloc);
@@ -195,12 +195,8 @@ fn cache_pages_global_and_failed_allocations() {
         .cache_create("inode", 200, 0, CacheFlags::empty(), None, None, None)
         .unwrap();
     start(alloc, small(2));
-    let obj = cache.alloc().unwrap();
-    // SAFETY: from the cache, given up.
-    unsafe { cache.free(obj) }.unwrap();
-    let big = alloc.kmalloc(10_000, 8).unwrap();
-    // SAFETY: from kmalloc, given up.
-    unsafe { alloc.kfree(big) }.unwrap();
+    cache.alloc_box().unwrap().free().unwrap();
+    alloc.kmalloc_box(10_000, 8).unwrap().free().unwrap();
     let boxed = std::boxed::Box::new_in(7u64, alloc);
     drop(boxed);
     source.set_fail(true);
@@ -237,9 +233,9 @@ fn bad_frees_are_recorded_and_still_refused() {
         .cache_create("big", 2048, 0, CacheFlags::AUDIT, None, None, None)
         .unwrap();
     start(alloc, small(1));
-    let obj = bufctl.alloc().unwrap();
-    // SAFETY: from the cache, given up.
-    unsafe { bufctl.free(obj) }.unwrap();
+    let boxed = bufctl.alloc_box().unwrap();
+    let obj = boxed.as_ptr();
+    boxed.free().unwrap();
     // SAFETY: a double free, detected for AUDIT caches.
     let error = unsafe { bufctl.free(obj) }.unwrap_err();
     assert!(matches!(error, FreeError::DoubleFree { .. }));
@@ -269,7 +265,7 @@ fn full_ring_counts_overruns_and_sequence_gaps() {
     start(alloc, small(1));
     let mut held = Vec::new();
     for _ in 0..SUBBUF_EVENTS + 100 {
-        held.push(alloc.kmalloc(32, 8).unwrap());
+        held.push(alloc.kmalloc_box(32, 8).unwrap());
     }
     let status = alloc.kmemtrace_status();
     assert_eq!(status.nr_events, SUBBUF_EVENTS as u64);
@@ -288,8 +284,7 @@ fn full_ring_counts_overruns_and_sequence_gaps() {
     let overruns: u64 = parsed.cpus.iter().map(|(_, overruns, _)| overruns).sum();
     assert_eq!(overruns, 100, "CPU records sum to the total");
     for p in held {
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(p) }.unwrap();
+        p.free().unwrap();
     }
     // Recording is off: nothing more was recorded.
     assert_eq!(alloc.kmemtrace_status().nr_events, 1024);
@@ -301,7 +296,7 @@ fn events_span_sub_buffers_in_order() {
     start(alloc, small(3));
     let mut held = Vec::new();
     for _ in 0..SUBBUF_EVENTS + 10 {
-        held.push(alloc.kmalloc(16, 8).unwrap());
+        held.push(alloc.kmalloc_box(16, 8).unwrap());
     }
     alloc.kmemtrace_stop();
     let parsed = parse(&dump(alloc).0);
@@ -313,11 +308,10 @@ fn events_span_sub_buffers_in_order() {
     assert!(
         all.iter()
             .zip(&held)
-            .all(|(e, p)| e.ptr == p.as_ptr() as u64)
+            .all(|(e, p)| e.ptr == p.as_ptr().as_ptr() as u64)
     );
     for p in held {
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(p) }.unwrap();
+        p.free().unwrap();
     }
 }
 
@@ -334,17 +328,14 @@ fn one_cache_only_and_restart_empties_the_rings() {
             ..small(1)
         },
     );
-    let p = alloc.kmalloc(64, 8).unwrap();
-    let big = alloc.kmalloc(20_000, 8).unwrap();
-    let obj = inode.alloc().unwrap();
+    let p = alloc.kmalloc_box(64, 8).unwrap();
+    let big = alloc.kmalloc_box(20_000, 8).unwrap();
+    let obj = inode.alloc_box().unwrap();
     assert_eq!(alloc.kmemtrace_status().nr_events, 1);
     assert_eq!(alloc.kmemtrace_status().cache_id, Some(inode.id()));
-    // SAFETY: all from the allocator, given up.
-    unsafe {
-        alloc.kfree(p).unwrap();
-        alloc.kfree(big).unwrap();
-        inode.free(obj).unwrap();
-    }
+    p.free().unwrap();
+    big.free().unwrap();
+    obj.free().unwrap();
     assert_eq!(alloc.kmemtrace_status().nr_events, 2);
     start(alloc, small(1));
     assert_eq!(alloc.kmemtrace_status().nr_events, 0);
@@ -352,10 +343,9 @@ fn one_cache_only_and_restart_empties_the_rings() {
     let late = alloc
         .cache_create("late", 48, 0, CacheFlags::empty(), None, None, None)
         .unwrap();
-    let obj = late.alloc().unwrap();
+    let obj = late.alloc_box().unwrap();
     assert_eq!(alloc.kmemtrace_status().nr_events, 1);
-    // SAFETY: from the cache, given up.
-    unsafe { late.free(obj) }.unwrap();
+    obj.free().unwrap();
     alloc.kmemtrace_stop();
 }
 
@@ -372,7 +362,7 @@ fn stacks_are_deduplicated() {
     let mut held = Vec::new();
     for site in [0x1000usize, 0x2000, 0x1000, 0x1000] {
         set_caller(0xffff_8000_0000_0000 | site);
-        held.push(alloc.kmalloc(24, 8).unwrap());
+        held.push(alloc.kmalloc_box(24, 8).unwrap());
     }
     alloc.kmemtrace_stop();
     assert_eq!(alloc.kmemtrace_status().nr_stacks, 2);
@@ -398,8 +388,7 @@ fn stacks_are_deduplicated() {
             .all(|e| e.call_site == parsed.stacks[e.stack_id as usize - 1].1[0])
     );
     for p in held {
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(p) }.unwrap();
+        p.free().unwrap();
     }
 }
 
@@ -421,9 +410,7 @@ fn bad_configuration_and_no_memory_are_clear_errors() {
     assert_eq!(source.pages_outstanding(), before, "nothing kept");
     assert!(!alloc.kmemtrace_status().recording);
     // The allocator still works and records nothing.
-    let p = alloc.kmalloc(64, 8).unwrap();
-    // SAFETY: from kmalloc, given up.
-    unsafe { alloc.kfree(p) }.unwrap();
+    alloc.kmalloc_box(64, 8).unwrap().free().unwrap();
     assert_eq!(alloc.kmemtrace_status().nr_events, 0);
 }
 
@@ -434,11 +421,10 @@ fn recording_changes_no_statistic() {
     let run = || {
         let mut held = Vec::new();
         for _ in 0..100 {
-            held.push(alloc.kmalloc(64, 8).unwrap());
+            held.push(alloc.kmalloc_box(64, 8).unwrap());
         }
         for p in held {
-            // SAFETY: from kmalloc, given up.
-            unsafe { alloc.kfree(p) }.unwrap();
+            p.free().unwrap();
         }
     };
     run();
@@ -500,14 +486,14 @@ fn truncated_or_foreign_headers_are_refused() {
     assert_eq!(KmemtraceEvent::from_bytes(&bytes), event);
 }
 
-/// kmalloc(64) + kfree pairs, recording off: the loop `cost_loop_on`
-/// is compared with under callgrind (see `kmemtrace_cost_loops`).
+/// kmalloc(64) + kfree pairs (through a `SlabBox`), recording off: the
+/// loop `cost_loop_on` is compared with under callgrind (see
+/// `kmemtrace_cost_loops`).
 #[inline(never)]
 fn cost_loop_off(alloc: &'static TestAlloc, nr: usize) {
     for _ in 0..nr {
-        let p = alloc.kmalloc(64, 8).unwrap();
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+        let p = alloc.kmalloc_box(64, 8).unwrap();
+        std::hint::black_box(p).free().unwrap();
     }
 }
 
@@ -515,9 +501,8 @@ fn cost_loop_off(alloc: &'static TestAlloc, nr: usize) {
 #[inline(never)]
 fn cost_loop_on(alloc: &'static TestAlloc, nr: usize) {
     for _ in 0..nr {
-        let p = alloc.kmalloc(64, 8).unwrap();
-        // SAFETY: from kmalloc, given up.
-        unsafe { alloc.kfree(std::hint::black_box(p)) }.unwrap();
+        let p = alloc.kmalloc_box(64, 8).unwrap();
+        std::hint::black_box(p).free().unwrap();
     }
 }
 

@@ -48,7 +48,6 @@
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
-use std::ptr::NonNull;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec::Vec;
@@ -56,7 +55,7 @@ use std::vec::Vec;
 use loom::thread;
 
 use super::support::FakeSource;
-use crate::{Allocator, CacheFlags, KmemCache, Platform};
+use crate::{Allocator, CacheFlags, InitBox, KmemCache, Platform};
 
 /// Preemptions per execution that loom explores unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise.
@@ -185,30 +184,33 @@ impl Fixture {
     }
 
     /// Allocate on the running CPU; check nobody else holds the object;
-    /// stamp it.
-    fn alloc(&self, stamp: u64) -> usize {
-        let obj = self.cache.alloc().expect("alloc");
-        let addr = obj.as_ptr() as usize;
+    /// stamp it (every word of it).
+    fn alloc(&self, stamp: u64) -> Held {
+        let obj = self.cache.alloc_box().expect("alloc");
+        let addr = obj.as_ptr().as_ptr() as usize;
         assert!(
             self.live.lock().unwrap().insert(addr),
             "object {addr:#x} handed out twice"
         );
-        // SAFETY: the object is ours (at least 8 bytes, 8-aligned).
-        unsafe { obj.as_ptr().cast::<u64>().write(stamp) };
-        addr
+        Held {
+            obj: obj.write_words(|_| stamp),
+            stamp,
+        }
     }
 
     /// Check the stamp and free on the running CPU.
-    fn free(&self, addr: usize, stamp: u64) {
-        let obj = NonNull::new(addr as *mut u8).unwrap();
-        // SAFETY: allocated and stamped by `alloc`, still ours.
-        let found = unsafe { obj.as_ptr().cast::<u64>().read() };
-        assert_eq!(found, stamp, "object {addr:#x} overwritten");
+    fn free(&self, held: Held) {
+        let Held { obj, stamp } = held;
+        let addr = obj.as_ptr().as_ptr() as usize;
+        assert_eq!(
+            obj.check_words(|_| stamp),
+            Ok(()),
+            "object {addr:#x} overwritten"
+        );
         // Out of the live set before the free: another thread may get the
         // object back as soon as it is in a magazine.
         assert!(self.live.lock().unwrap().remove(&addr));
-        // SAFETY: allocated above, given up now.
-        unsafe { self.cache.free(obj) }.expect("free");
+        obj.free().expect("free");
     }
 
     /// After the threads joined: every round distinct, and the slab
@@ -321,17 +323,20 @@ fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-/// A shareable object address.
-#[derive(Clone, Copy)]
-struct Handed(usize, u64);
+/// An object a model holds (any CPU may free it): its handle and the
+/// stamp [`Fixture::alloc`] wrote into it.
+struct Held {
+    obj: InitBox<LoomPlatform>,
+    stamp: u64,
+}
 
 /// The main CPU leaves one full magazine in the depot (and two in its own
 /// per-CPU cache).
 fn prime_depot(fixture: &Fixture) {
     set_cpu(MAIN_CPU);
-    let primed: Vec<usize> = (0..3).map(|i| fixture.alloc(stamp(MAIN_CPU, i))).collect();
-    for (i, &addr) in primed.iter().enumerate() {
-        fixture.free(addr, stamp(MAIN_CPU, i as u64));
+    let primed: Vec<Held> = (0..3).map(|i| fixture.alloc(stamp(MAIN_CPU, i))).collect();
+    for held in primed {
+        fixture.free(held);
     }
     assert!(fixture.cache.stats().depot_nr_full >= 1);
 }
@@ -354,22 +359,20 @@ fn reclaim(fixture: &'static Fixture) -> Fixture {
 fn depot_exchange(nr_workers: usize, nr_own: u64) {
     let fixture = Fixture::new(64);
     prime_depot(&fixture);
-    let handed: Vec<Handed> = (0..nr_workers as u64)
-        .map(|cpu| {
-            let stamp = stamp(MAIN_CPU, 10 + cpu);
-            Handed(fixture.alloc(stamp), stamp)
-        })
+    let handed: Vec<Held> = (0..nr_workers as u64)
+        .map(|cpu| fixture.alloc(stamp(MAIN_CPU, 10 + cpu)))
         .collect();
     let fixture = share(fixture);
-    let workers: Vec<_> = (0..nr_workers)
-        .map(|cpu| {
-            let handed = handed[cpu];
+    let workers: Vec<_> = handed
+        .into_iter()
+        .enumerate()
+        .map(|(cpu, handed)| {
             thread::spawn(move || {
                 set_cpu(cpu);
-                let own: Vec<usize> = (0..nr_own).map(|i| fixture.alloc(stamp(cpu, i))).collect();
-                fixture.free(handed.0, handed.1);
-                for (i, addr) in own.into_iter().enumerate() {
-                    fixture.free(addr, stamp(cpu, i as u64));
+                let own: Vec<Held> = (0..nr_own).map(|i| fixture.alloc(stamp(cpu, i))).collect();
+                fixture.free(handed);
+                for held in own {
+                    fixture.free(held);
                 }
             })
         })
@@ -408,15 +411,15 @@ fn loom_drain_while_allocating() {
         // gets a full magazine from the main CPU.
         set_cpu(0);
         let warm = fixture.alloc(stamp(0, 100));
-        fixture.free(warm, stamp(0, 100));
+        fixture.free(warm);
         prime_depot(&fixture);
         let fixture = share(fixture);
         let worker = thread::spawn(move || {
             set_cpu(0);
             let a = fixture.alloc(stamp(0, 0));
             let b = fixture.alloc(stamp(0, 1));
-            fixture.free(a, stamp(0, 0));
-            fixture.free(b, stamp(0, 1));
+            fixture.free(a);
+            fixture.free(b);
         });
         let reaper = thread::spawn(move || {
             set_cpu(1);
@@ -447,7 +450,7 @@ fn loom_drain_while_two_cpus_allocate_bufctl() {
                 thread::spawn(move || {
                     set_cpu(cpu);
                     let a = fixture.alloc(stamp(cpu, 0));
-                    fixture.free(a, stamp(cpu, 0));
+                    fixture.free(a);
                 })
             })
             .collect();

@@ -19,12 +19,12 @@ fn freed_object_rests_in_a_magazine() {
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    let p = cache.alloc().unwrap();
+    let p = cache.alloc_box().unwrap();
+    let p_ptr = p.as_ptr();
     let before = cache.stats();
     assert_eq!(before.nr_allocated, 1);
     assert_eq!(before.nr_slabs, 1);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    p.free().unwrap();
     let after = cache.stats();
     assert_eq!(after.nr_allocated, 0);
     assert_eq!(after.nr_cpu_cached_objs, 1);
@@ -34,10 +34,9 @@ fn freed_object_rests_in_a_magazine() {
         "the object is still busy in the slab layer"
     );
     // The next alloc on this CPU gets the same object back from the magazine.
-    let q = cache.alloc().unwrap();
-    assert_eq!(p, q);
-    // SAFETY: allocated above.
-    unsafe { cache.free(q) }.unwrap();
+    let q = cache.alloc_box().unwrap();
+    assert_eq!(p_ptr, q.as_ptr());
+    q.free().unwrap();
     let pages = cache.reap();
     assert!(pages >= 1);
     let reaped = cache.stats();
@@ -65,10 +64,9 @@ fn depot_exchanges_full_and_empty_magazines() {
     assert_eq!(magsize, MAGAZINE_ROUNDS[start_magtype(64)]);
     let n = 5 * magsize;
     set_cpu(0);
-    let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
-    for &p in &objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let objs: Vec<_> = (0..n).map(|_| cache.alloc_box().unwrap()).collect();
+    for p in objs {
+        p.free().unwrap();
     }
     let st = cache.stats();
     // loaded + prev hold at most 2 magazines; the rest went to the depot full.
@@ -79,7 +77,9 @@ fn depot_exchanges_full_and_empty_magazines() {
 
     // CPU 1 has empty per-CPU magazines: it takes full ones from the depot.
     set_cpu(1);
-    let again: Vec<_> = (0..3 * magsize).map(|_| cache.alloc().unwrap()).collect();
+    let again: Vec<_> = (0..3 * magsize)
+        .map(|_| cache.alloc_box().unwrap())
+        .collect();
     let st = cache.stats();
     assert_eq!(
         st.nr_slabs, slabs,
@@ -90,9 +90,8 @@ fn depot_exchanges_full_and_empty_magazines() {
         st.depot_nr_empty >= 1,
         "CPU 1 returned empty magazines: {st:?}"
     );
-    for &p in &again {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    for p in again {
+        p.free().unwrap();
     }
     set_cpu(0);
     assert_eq!(cache.stats().nr_allocated, 0);
@@ -110,17 +109,13 @@ fn cross_cpu_free() {
     let baseline = source.pages_outstanding();
     set_cpu(0);
     let objs: Vec<_> = (0..100)
-        .map(|i| {
-            let p = cache.alloc().unwrap();
-            fill(p, 200, i);
-            p
-        })
+        .map(|i| fill_box(cache.alloc_box().unwrap(), i))
         .collect();
     set_cpu(1);
-    for (i, &p) in objs.iter().enumerate() {
-        assert!(check(p, 200, i as u8));
-        // SAFETY: allocated above on CPU 0.
-        unsafe { cache.free(p) }.unwrap();
+    for (i, p) in objs.into_iter().enumerate() {
+        assert_eq!(p.len(), 200);
+        assert!(check_box(&p, i as u8));
+        p.free().unwrap();
     }
     let st = cache.stats();
     assert_eq!(st.nr_allocated, 0);
@@ -233,11 +228,12 @@ fn producer_and_consumer_cpus_grow_the_magazines() {
             .unwrap();
         for _ in 0..4 * MAG_RESIZE_INTERVAL as usize {
             set_cpu(0);
-            let objs: Vec<_> = (0..2 * start + 1).map(|_| cache.alloc().unwrap()).collect();
+            let objs: Vec<_> = (0..2 * start + 1)
+                .map(|_| cache.alloc_box().unwrap())
+                .collect();
             set_cpu(consumer);
-            for &p in &objs {
-                // SAFETY: allocated above, freed once.
-                unsafe { cache.free(p) }.unwrap();
+            for p in objs {
+                p.free().unwrap();
             }
         }
         set_cpu(0);
@@ -291,9 +287,7 @@ fn contended_depot_lock_is_counted() {
         let t = scope.spawn(|| {
             set_cpu(2);
             // Loaded and prev are empty: this alloc visits the depot.
-            let p = cache.alloc().unwrap();
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+            cache.alloc_box().unwrap().free().unwrap();
         });
         while cache.depot.nr_contention.load(Ordering::Relaxed) == 0 {
             std::thread::yield_now();
@@ -311,7 +305,7 @@ fn magazines_in_use(alloc: &TestAlloc) -> [usize; NR_MAG_TYPES] {
 
 /// Make the depot's contention count look high enough to grow the type
 /// at the end of the next interval, and visit it for an interval.
-fn grow_once(cache: &KmemCache<TestPlatform>) {
+fn grow_once(cache: &'static KmemCache<TestPlatform>) {
     let before = cache.stats().magsize;
     cache
         .depot
@@ -322,11 +316,10 @@ fn grow_once(cache: &KmemCache<TestPlatform>) {
         // Two magazines' worth out and back: at least one depot exchange
         // each way.
         let objs: Vec<_> = (0..2 * before + 1)
-            .map(|_| cache.alloc().unwrap())
+            .map(|_| cache.alloc_box().unwrap())
             .collect();
-        for &p in &objs {
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+        for p in objs {
+            p.free().unwrap();
         }
         visits += 1;
         assert!(visits <= MAG_RESIZE_INTERVAL as usize, "never grew");
@@ -344,24 +337,23 @@ fn magazine_of_capacity_n_holds_exactly_n_rounds_then_goes_to_the_depot() {
         let n = MAGAZINE_ROUNDS[magtype];
         let before = magazines_in_use(alloc);
         set_cpu(0);
-        let objs: Vec<_> = (0..2 * n + 1).map(|_| cache.alloc().unwrap()).collect();
-        let free = |p| {
-            // SAFETY: allocated above, freed once.
-            unsafe { cache.free(p) }.unwrap()
-        };
-        for &p in &objs[..n] {
-            free(p);
+        let objs: Vec<_> = (0..2 * n + 1).map(|_| cache.alloc_box().unwrap()).collect();
+        let mut objs = objs.into_iter();
+        for p in objs.by_ref().take(n) {
+            p.free().unwrap();
         }
         let cpu = cache.cpu_stats(0);
         assert_eq!((cpu.nr_rounds_loaded, cpu.nr_rounds_prev), (n, 0), "{n}");
-        for &p in &objs[n..2 * n] {
-            free(p);
+        for p in objs.by_ref().take(n) {
+            p.free().unwrap();
         }
         let cpu = cache.cpu_stats(0);
         assert_eq!((cpu.nr_rounds_loaded, cpu.nr_rounds_prev), (n, n), "{n}");
         assert_eq!(cache.stats().depot_nr_full, 0);
         // One more: prev (full) goes to the depot, a new empty one is loaded.
-        free(objs[2 * n]);
+        let last = objs.next().unwrap();
+        assert!(objs.next().is_none());
+        last.free().unwrap();
         let st = cache.stats();
         assert_eq!((st.depot_nr_full, st.nr_depot_objs), (1, n), "{n}");
         let cpu = cache.cpu_stats(0);
@@ -387,10 +379,11 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
         let before = alloc.metadata_stats().magazine_total();
         let k = alloc.find_cache(&std::format!("kmalloc-{size}")).unwrap();
         let n = 20_000.min((32 << 20) / size);
-        let objs: Vec<_> = (0..n).map(|_| alloc.kmalloc(size, 8).unwrap()).collect();
-        for &p in &objs {
-            // SAFETY: allocated above.
-            unsafe { alloc.kfree(p) }.unwrap();
+        let objs: Vec<_> = (0..n)
+            .map(|_| alloc.kmalloc_box(size, 8).unwrap())
+            .collect();
+        for p in objs {
+            p.free().unwrap();
         }
         let st = k.stats();
         assert_eq!(
@@ -428,20 +421,20 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
     // CPU 1 caches 2 magazines' worth plus one in the depot, of type 1.
     set_cpu(1);
     let small = MAGAZINE_ROUNDS[1];
-    let kept: Vec<_> = (0..2 * small + 1).map(|_| cache.alloc().unwrap()).collect();
-    for &p in &kept {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let kept: Vec<_> = (0..2 * small + 1)
+        .map(|_| cache.alloc_box().unwrap())
+        .collect();
+    for p in kept {
+        p.free().unwrap();
     }
     set_cpu(0);
     grow_once(cache);
     let big = MAGAZINE_ROUNDS[2];
     assert_eq!(cache.stats().magsize, big);
     // CPU 0 frees into new magazines of the new type.
-    let objs: Vec<_> = (0..4 * big).map(|_| cache.alloc().unwrap()).collect();
-    for &p in &objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let objs: Vec<_> = (0..4 * big).map(|_| cache.alloc_box().unwrap()).collect();
+    for p in objs {
+        p.free().unwrap();
     }
     let in_use = magazines_in_use(alloc);
     assert!(
@@ -460,7 +453,9 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
     // depot keeps empty magazines of the new type only).
     set_cpu(1);
     let old_in_use = magazines_in_use(alloc)[1];
-    let again: Vec<_> = (0..3 * small + 1).map(|_| cache.alloc().unwrap()).collect();
+    let again: Vec<_> = (0..3 * small + 1)
+        .map(|_| cache.alloc_box().unwrap())
+        .collect();
     assert!(
         magazines_in_use(alloc)[1] < old_in_use,
         "an old magazine freed"
@@ -478,9 +473,8 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
     alloc.reap_all();
     let in_use = magazines_in_use(alloc);
     assert_eq!(in_use, before, "every magazine freed by the reap");
-    for &p in &again {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    for p in again {
+        p.free().unwrap();
     }
     set_cpu(0);
     // SAFETY: nothing allocated; not used again.
@@ -506,12 +500,14 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
         cache.depot.set_magtype(magtype);
         set_cpu(cpu);
         let n = 3 * MAGAZINE_ROUNDS[magtype] + 1;
-        let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
+        let mut objs = (0..n)
+            .map(|_| cache.alloc_box().unwrap())
+            .collect::<Vec<_>>()
+            .into_iter();
         // Keep one per CPU allocated until after the reap.
-        held.push((cpu, objs[0]));
-        for &p in &objs[1..] {
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+        held.push((cpu, objs.next().unwrap()));
+        for p in objs {
+            p.free().unwrap();
         }
     }
     let in_use = magazines_in_use(alloc);
@@ -528,10 +524,9 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
     assert_eq!(cache.slab.lock().counts().nr_busy_objs, held.len());
     assert_eq!(magazines_in_use(alloc), before, "every magazine back");
     // Refill magazines of several types again, then destroy.
-    for &(cpu, p) in &held {
+    for (cpu, p) in held {
         set_cpu(cpu);
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        p.free().unwrap();
     }
     set_cpu(0);
     // SAFETY: nothing allocated; not used again.
@@ -551,9 +546,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     // empty per-CPU cache misses to the slab layer and is not a hit).
     for cpu in [0, 1] {
         set_cpu(cpu);
-        let p = cache.alloc().unwrap();
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        cache.alloc_box().unwrap().free().unwrap();
     }
     set_cpu(0);
     let before: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();
@@ -561,10 +554,9 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     assert_eq!(before[0].nr_rounds_loaded, 1);
 
     // Allocated on CPU 0 (a hit in its loaded magazine), freed on CPU 1.
-    let p = cache.alloc().unwrap();
+    let p = cache.alloc_box().unwrap();
     set_cpu(1);
-    // SAFETY: allocated above.
-    unsafe { cache.free(p) }.unwrap();
+    p.free().unwrap();
     set_cpu(0);
 
     let after: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();

@@ -2,13 +2,12 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::ptr::NonNull;
 use std::vec::Vec;
 
 use proptest::prelude::*;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, Constructed, KmemCache, ObjectInit, ObjectRef};
+use crate::{AllocError, CacheFlags, Constructed, InitBox, KmemCache, ObjectInit, ObjectRef};
 
 std::thread_local! {
     static NR_CTORS: Cell<u64> = const { Cell::new(0) };
@@ -62,8 +61,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct Live {
-    ptr: NonNull<u8>,
-    size: usize,
+    /// The object, filled with `seed`'s pattern ([`fill_box`]).
+    obj: InitBox<TestPlatform>,
     seed: u8,
     /// Index of the cache, or None for kmalloc.
     cache: Option<usize>,
@@ -126,19 +125,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 let index = cache % caches.len();
                 let c = caches[index];
-                let ptr = c.alloc().unwrap();
-                let size = c.obj_size();
-                prop_assert_eq!(ptr.as_ptr() as usize % c.align(), 0);
+                let obj = c.alloc_box().unwrap();
+                prop_assert_eq!(obj.len(), c.obj_size());
+                prop_assert_eq!(obj.as_ptr().as_ptr() as usize % c.align(), 0);
                 seed = seed.wrapping_add(1);
                 // NOTOUCH objects are ordinary memory here: the allocator
                 // does not touch them, the caller may.
-                fill(ptr, size, seed);
+                let obj = fill_box(obj, seed);
                 add(
                     &mut live,
                     &mut order,
                     Live {
-                        ptr,
-                        size,
+                        obj,
                         seed,
                         cache: Some(index),
                     },
@@ -147,17 +145,17 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Kmalloc { size, align_log2 } => {
                 let align = 1usize << align_log2;
-                let ptr = alloc.kmalloc(size, align).unwrap();
-                prop_assert_eq!(ptr.as_ptr() as usize % align, 0);
-                prop_assert!(alloc.ksize(ptr).unwrap() >= size);
+                let obj = alloc.kmalloc_box(size, align).unwrap();
+                prop_assert_eq!(obj.len(), size);
+                prop_assert_eq!(obj.as_ptr().as_ptr() as usize % align, 0);
+                prop_assert!(alloc.ksize(obj.as_ptr()).unwrap() >= size);
                 seed = seed.wrapping_add(1);
-                fill(ptr, size, seed);
+                let obj = fill_box(obj, seed);
                 add(
                     &mut live,
                     &mut order,
                     Live {
-                        ptr,
-                        size,
+                        obj,
                         seed,
                         cache: None,
                     },
@@ -168,17 +166,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     continue;
                 }
                 let key = order.swap_remove(index % order.len());
-                let obj = live.remove(&key).unwrap();
-                prop_assert!(check(obj.ptr, obj.size, obj.seed), "pattern damaged");
-                // SAFETY: a live object, freed once.
-                unsafe {
-                    match obj.cache {
-                        Some(c) => {
-                            caches[c].free(obj.ptr).unwrap();
-                            model_live[c] -= 1;
-                        }
-                        None => alloc.kfree(obj.ptr).unwrap(),
-                    }
+                let Live { obj, seed, cache } = live.remove(&key).unwrap();
+                prop_assert!(check_box(&obj, seed), "pattern damaged");
+                obj.free().unwrap();
+                if let Some(c) = cache {
+                    model_live[c] -= 1;
                 }
             }
             Op::Reap => {
@@ -212,15 +204,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(alloc.nr_errors(), 0);
     }
     // Every live object still holds its pattern; free everything.
-    for (_, obj) in live.drain() {
-        prop_assert!(check(obj.ptr, obj.size, obj.seed));
-        // SAFETY: live objects, freed once.
-        unsafe {
-            match obj.cache {
-                Some(c) => caches[c].free(obj.ptr).unwrap(),
-                None => alloc.kfree(obj.ptr).unwrap(),
-            }
-        }
+    for (_, Live { obj, seed, .. }) in live.drain() {
+        prop_assert!(check_box(&obj, seed));
+        obj.free().unwrap();
     }
     alloc.reap_all();
     prop_assert_eq!(NR_CTORS.with(|c| c.get()), NR_DTORS.with(|c| c.get()));
@@ -240,11 +226,11 @@ fn add(
     order: &mut Vec<usize>,
     obj: Live,
 ) -> Result<(), TestCaseError> {
-    let start = obj.ptr.as_ptr() as usize;
-    let end = start + obj.size;
+    let start = obj.obj.as_ptr().as_ptr() as usize;
+    let end = start + obj.obj.len();
     for other in live.values() {
-        let o_start = other.ptr.as_ptr() as usize;
-        let o_end = o_start + other.size;
+        let o_start = other.obj.as_ptr().as_ptr() as usize;
+        let o_end = o_start + other.obj.len();
         prop_assert!(
             end <= o_start || o_end <= start,
             "overlap {start:#x}..{end:#x} with {o_start:#x}..{o_end:#x}"

@@ -16,7 +16,7 @@ use magpie_codetag::alloc_tag::{
     AllocTag, AllocTagCounters, AllocTagCounts, BootSetting, ProfilingSwitch, UNTAGGED,
 };
 
-use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill, set_cpu};
+use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill_box, set_cpu};
 use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -157,7 +157,11 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
     let tag = site_small();
     // 100 bytes come from kmalloc-104: charged 104 bytes each.
     let objs: Vec<_> = (0..10)
-        .map(|_| alloc.kmalloc_tagged(100, 8, Some(tag.tag_ref())).unwrap())
+        .map(|_| {
+            alloc
+                .kmalloc_box_tagged(100, 8, Some(tag.tag_ref()))
+                .unwrap()
+        })
         .collect();
     assert_eq!(
         counts(tag),
@@ -167,8 +171,7 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
         }
     );
     for obj in objs {
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(obj) }.unwrap();
+        obj.free().unwrap();
     }
     assert_eq!(counts(tag), AllocTagCounts::default());
 }
@@ -180,11 +183,11 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
         .cache_create("tagged-big", 1500, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let (bufctl_tag, large_tag) = (site_bufctl(), site_large());
-    let objs: Vec<_> = (0..5)
-        .map(|_| cache.alloc_tagged(Some(bufctl_tag.tag_ref())).unwrap())
+    let mut objs: Vec<_> = (0..5)
+        .map(|_| cache.alloc_box_tagged(Some(bufctl_tag.tag_ref())).unwrap())
         .collect();
     let big = alloc
-        .kmalloc_tagged(20_000, 8, Some(large_tag.tag_ref()))
+        .kmalloc_box_tagged(20_000, 8, Some(large_tag.tag_ref()))
         .unwrap();
     assert_eq!(
         counts(bufctl_tag),
@@ -201,20 +204,16 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
         }
     );
     assert_eq!(
-        alloc.ksize(big).unwrap(),
+        alloc.ksize(big.as_ptr()).unwrap(),
         5 * PAGE_SIZE,
         "the tag bits do not leak into ksize"
     );
     // A refused free (an interior pointer) changes nothing.
-    // SAFETY: the first free is refused, the second frees objs[0] once.
-    unsafe {
-        let inner = NonNull::new(objs[0].as_ptr().add(8)).unwrap();
-        assert!(matches!(
-            cache.free(inner),
-            Err(FreeError::Misaligned { .. })
-        ));
-        cache.free(objs[0]).unwrap();
-    }
+    let inner = NonNull::new(objs[0].as_ptr().as_ptr().wrapping_add(8)).unwrap();
+    // SAFETY: refused.
+    let refused = unsafe { cache.free(inner) };
+    assert!(matches!(refused, Err(FreeError::Misaligned { .. })));
+    objs.remove(0).free().unwrap();
     assert_eq!(
         counts(bufctl_tag),
         AllocTagCounts {
@@ -222,12 +221,10 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
             calls: 4
         }
     );
-    for &obj in &objs[1..] {
-        // SAFETY: allocated above, freed once.
-        unsafe { cache.free(obj) }.unwrap();
+    for obj in objs {
+        obj.free().unwrap();
     }
-    // SAFETY: allocated above, freed once.
-    unsafe { alloc.kfree(big) }.unwrap();
+    big.free().unwrap();
     assert_eq!(counts(bufctl_tag), AllocTagCounts::default());
     assert_eq!(counts(large_tag), AllocTagCounts::default());
 }
@@ -238,7 +235,7 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
     let untagged_before = counts(&UNTAGGED);
     let scope = site_scope();
     // No scope: the untagged bucket.
-    let loose = alloc.kmalloc(64, 8).unwrap();
+    let loose = alloc.kmalloc_box(64, 8).unwrap();
     let after = counts(&UNTAGGED);
     assert_eq!(after.calls, untagged_before.calls + 1);
     assert_eq!(after.bytes, untagged_before.bytes + 64);
@@ -246,7 +243,7 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
     // charge the scope's tag.
     CURRENT.with(|current| current.set(Some(scope.tag_ref())));
     let layout = core::alloc::Layout::from_size_align(24, 8).unwrap();
-    let by_kmalloc = alloc.kmalloc(64, 8).unwrap();
+    let by_kmalloc = alloc.kmalloc_box(64, 8).unwrap();
     // SAFETY: a valid non-zero layout.
     let by_global = unsafe { core::alloc::GlobalAlloc::alloc(alloc, layout) };
     let by_allocator = core::alloc::Allocator::allocate(&alloc, layout).unwrap();
@@ -259,13 +256,13 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
         }
     );
     // Frees outside the scope still uncharge the scope's tag.
+    by_kmalloc.free().unwrap();
     // SAFETY: each block allocated above with this layout, freed once.
     unsafe {
-        alloc.kfree(by_kmalloc).unwrap();
         core::alloc::GlobalAlloc::dealloc(alloc, by_global, layout);
         core::alloc::Allocator::deallocate(&alloc, by_allocator.cast(), layout);
-        alloc.kfree(loose).unwrap();
     }
+    loose.free().unwrap();
     assert_eq!(counts(scope), AllocTagCounts::default());
     assert_eq!(counts(&UNTAGGED), untagged_before);
 }
@@ -277,17 +274,13 @@ fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
         .cache_create("cross", 96, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let tag = site_cross_cpu();
-    #[derive(Clone, Copy)]
-    struct Obj(NonNull<u8>);
-    // SAFETY: the test hands objects between threads whole.
-    unsafe impl Send for Obj {}
-    let objs: Vec<Obj> = std::thread::scope(|scope| {
+    let objs: Vec<_> = std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 set_cpu(1);
                 (0..200)
-                    .map(|_| Obj(cache.alloc_tagged(Some(tag.tag_ref())).unwrap()))
-                    .collect()
+                    .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
+                    .collect::<Vec<_>>()
             })
             .join()
             .unwrap()
@@ -303,8 +296,7 @@ fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
         scope.spawn(move || {
             set_cpu(3);
             for obj in objs {
-                // SAFETY: allocated above, freed once.
-                unsafe { cache.free(obj.0) }.unwrap();
+                obj.free().unwrap();
             }
         });
     });
@@ -321,12 +313,12 @@ fn switch_on_off_never_and_no_underflow() {
     // Off: objects carry no tag; freeing them after turning on subtracts
     // nothing (no underflow), and the counts are marked inaccurate.
     SWITCH.set_at_boot(BootSetting::Off);
-    let while_off: Vec<_> = (0..8).map(|_| alloc.kmalloc(32, 8).unwrap()).collect();
-    let big_while_off = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    let while_off: Vec<_> = (0..8).map(|_| alloc.kmalloc_box(32, 8).unwrap()).collect();
+    let big_while_off = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
     assert_eq!(counts(tag), AllocTagCounts::default());
     SWITCH.enable().unwrap();
     assert!(SWITCH.is_inaccurate());
-    let while_on: Vec<_> = (0..4).map(|_| alloc.kmalloc(32, 8).unwrap()).collect();
+    let while_on: Vec<_> = (0..4).map(|_| alloc.kmalloc_box(32, 8).unwrap()).collect();
     assert_eq!(
         counts(tag),
         AllocTagCounts {
@@ -334,9 +326,8 @@ fn switch_on_off_never_and_no_underflow() {
             calls: 4
         }
     );
-    for &obj in while_off.iter().chain([&big_while_off]) {
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(obj) }.unwrap();
+    for obj in while_off.into_iter().chain([big_while_off]) {
+        obj.free().unwrap();
     }
     assert_eq!(
         counts(tag),
@@ -348,33 +339,34 @@ fn switch_on_off_never_and_no_underflow() {
 
     // Turned off again: frees of objects tagged while on still subtract.
     SWITCH.disable().unwrap();
-    for &obj in &while_on {
-        // SAFETY: allocated above, freed once.
-        unsafe { alloc.kfree(obj) }.unwrap();
+    for obj in while_on {
+        obj.free().unwrap();
     }
     assert_eq!(counts(tag), AllocTagCounts::default());
 
     // A freed object forgets its tag: reallocated (same memory, LIFO
     // magazines) while off, then freed while on, it subtracts nothing.
     SWITCH.enable().unwrap();
-    let first = alloc.kmalloc(32, 8).unwrap();
-    // SAFETY: allocated just now, freed once.
-    unsafe { alloc.kfree(first) }.unwrap();
+    let first = alloc.kmalloc_box(32, 8).unwrap();
+    let first_ptr = first.as_ptr();
+    first.free().unwrap();
     SWITCH.disable().unwrap();
-    let again = alloc.kmalloc(32, 8).unwrap();
-    assert_eq!(again, first, "LIFO magazines hand back the same object");
+    let again = alloc.kmalloc_box(32, 8).unwrap();
+    assert_eq!(
+        again.as_ptr(),
+        first_ptr,
+        "LIFO magazines hand back the same object"
+    );
     SWITCH.enable().unwrap();
-    // SAFETY: allocated just now, freed once.
-    unsafe { alloc.kfree(again) }.unwrap();
+    again.free().unwrap();
     assert_eq!(counts(tag), AllocTagCounts::default());
 
     // never: nothing is charged and the switch cannot be turned on.
     SWITCH.set_at_boot(BootSetting::Never);
     assert!(SWITCH.enable().is_err());
-    let ignored = alloc.kmalloc(32, 8).unwrap();
+    let ignored = alloc.kmalloc_box(32, 8).unwrap();
     assert_eq!(counts(tag), AllocTagCounts::default());
-    // SAFETY: allocated just now, freed once.
-    unsafe { alloc.kfree(ignored) }.unwrap();
+    ignored.free().unwrap();
     CURRENT.with(|current| current.set(None));
     SWITCH.set_at_boot(BootSetting::On);
 }
@@ -432,16 +424,19 @@ fn tag_refs_live_in_side_arrays_not_in_the_slab() {
         // tag in its slab's side array (one per slab).
         let tag = site_small();
         let objs: Vec<_> = (0..2 * stats.objs_per_slab)
-            .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+            .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
             .collect();
         assert_eq!(counts(tag).calls, objs.len() as u64);
-        for &obj in &objs {
-            assert!(cache.has_tag_array(obj), "{size}");
-            assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()), "{size}");
+        for obj in &objs {
+            assert!(cache.has_tag_array(obj.as_ptr()), "{size}");
+            assert_eq!(
+                cache.small_tag_ref(obj.as_ptr()),
+                Some(tag.tag_ref()),
+                "{size}"
+            );
         }
         for obj in objs {
-            // SAFETY: allocated above, freed once.
-            unsafe { cache.free(obj) }.unwrap();
+            obj.free().unwrap();
         }
         assert_eq!(counts(tag), AllocTagCounts::default());
     }
@@ -462,13 +457,17 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     let before = side_arrays(alloc, 256);
     // Untagged objects (profiling off) get no side array.
     alloc.set_alloc_profiling(false);
-    let untagged: Vec<_> = (0..3 * 62).map(|_| cache.alloc().unwrap()).collect();
+    let untagged: Vec<_> = (0..3 * 62).map(|_| cache.alloc_box().unwrap()).collect();
     assert_eq!(side_arrays(alloc, 256), before);
-    assert!(untagged.iter().all(|&obj| !cache.has_tag_array(obj)));
+    assert!(
+        untagged
+            .iter()
+            .all(|obj| !cache.has_tag_array(obj.as_ptr()))
+    );
     // Tagged ones: one side array per slab they land in.
     alloc.set_alloc_profiling(true);
     let tagged: Vec<_> = (0..5 * 62)
-        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     let nr_slabs = cache.stats().nr_slabs;
     assert_eq!(nr_slabs, 8, "3 untagged slabs, 5 tagged ones");
@@ -476,11 +475,8 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     assert!(alloc.metadata_stats().tag_array_bytes > metadata_before);
     // Free everything (some through the slab layer: reap drains the
     // magazines) and reap: every side array goes back with its slab.
-    // SAFETY: each object allocated above, freed once.
-    unsafe {
-        for &obj in untagged.iter().chain(&tagged) {
-            cache.free(obj).unwrap();
-        }
+    for obj in untagged.into_iter().chain(tagged) {
+        obj.free().unwrap();
     }
     assert_eq!(counts(tag), AllocTagCounts::default());
     cache.reap();
@@ -503,35 +499,32 @@ fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
     let before = counts(tag);
     alloc.set_alloc_profiling(false);
     let old: Vec<_> = (0..10)
-        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
-    assert!(!cache.has_tag_array(old[0]));
+    assert!(!cache.has_tag_array(old[0].as_ptr()));
     alloc.set_alloc_profiling(true);
     // The same partial slab: its side array comes now, with every older
     // object's slot None.
     let new: Vec<_> = (0..10)
-        .map(|_| cache.alloc_tagged(Some(tag.tag_ref())).unwrap())
+        .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     assert_eq!(cache.stats().nr_slabs, 1);
-    assert!(cache.has_tag_array(old[0]));
-    for &obj in &old {
-        assert_eq!(cache.small_tag_ref(obj), None);
+    assert!(cache.has_tag_array(old[0].as_ptr()));
+    for obj in &old {
+        assert_eq!(cache.small_tag_ref(obj.as_ptr()), None);
     }
-    for &obj in &new {
-        assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()));
+    for obj in &new {
+        assert_eq!(cache.small_tag_ref(obj.as_ptr()), Some(tag.tag_ref()));
     }
     let charged = counts(tag);
     assert_eq!(charged.calls, before.calls + 10);
     // Old objects uncharge nothing (no underflow), new ones once each.
-    // SAFETY: each object allocated above, freed once.
-    unsafe {
-        for &obj in &old {
-            cache.free(obj).unwrap();
-        }
-        assert_eq!(counts(tag), charged);
-        for &obj in &new {
-            cache.free(obj).unwrap();
-        }
+    for obj in old {
+        obj.free().unwrap();
+    }
+    assert_eq!(counts(tag), charged);
+    for obj in new {
+        obj.free().unwrap();
     }
     assert_eq!(counts(tag), before);
 }
@@ -546,36 +539,34 @@ fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     let before = counts(tag);
     // A slab and a magazine holding one of its objects, untagged.
     alloc.set_alloc_profiling(false);
-    let kept = cache.alloc().unwrap();
-    let cached = cache.alloc().unwrap();
-    // SAFETY: allocated just now, freed once.
-    unsafe { cache.free(cached) }.unwrap();
+    let kept = cache.alloc_box().unwrap();
+    let cached = cache.alloc_box().unwrap();
+    let cached_ptr = cached.as_ptr();
+    cached.free().unwrap();
     alloc.set_alloc_profiling(true);
     // No page for a side array: the profiled magazine hit, then the slab
     // layer (the magazine is empty) hand out their objects untagged.
     source.set_fail(true);
-    let by_hit = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
-    assert_eq!(by_hit, cached, "the magazine's round");
+    let by_hit = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
+    assert_eq!(by_hit.as_ptr(), cached_ptr, "the magazine's round");
     assert_eq!(alloc.nr_tag_array_misses(), 1);
-    let by_slab = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    let by_slab = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
     assert_eq!(alloc.nr_tag_array_misses(), 2);
     source.set_fail(false);
     assert_eq!(counts(tag), before, "nothing charged for them");
-    for obj in [kept, by_hit, by_slab] {
-        assert!(!cache.has_tag_array(obj));
-        fill(obj, 64, 0x5a);
-    }
+    let [kept, by_hit, by_slab] = [kept, by_hit, by_slab].map(|obj| {
+        assert!(!cache.has_tag_array(obj.as_ptr()));
+        fill_box(obj, 0x5a)
+    });
     // With pages back, the next tagged object installs the side array.
-    let tagged = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
-    assert_eq!(cache.small_tag_ref(tagged), Some(tag.tag_ref()));
-    assert_eq!(cache.small_tag_ref(by_hit), None);
+    let tagged = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
+    assert_eq!(cache.small_tag_ref(tagged.as_ptr()), Some(tag.tag_ref()));
+    assert_eq!(cache.small_tag_ref(by_hit.as_ptr()), None);
     assert_eq!(counts(tag).calls, before.calls + 1);
-    // SAFETY: each object allocated above, freed once.
-    unsafe {
-        for obj in [kept, by_hit, by_slab, tagged] {
-            cache.free(obj).unwrap();
-        }
+    for obj in [kept, by_hit, by_slab] {
+        obj.free().unwrap();
     }
+    tagged.free().unwrap();
     assert_eq!(counts(tag), before, "untagged frees uncharge nothing");
     assert_eq!(alloc.nr_tag_array_misses(), 2);
 }
@@ -593,14 +584,10 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
     let tag = site_cross_cpu();
     let before = counts(tag);
     let arrays_before = side_arrays(alloc, 1536);
-    #[derive(Clone, Copy)]
-    struct Obj(NonNull<u8>);
-    // SAFETY: the test hands objects between threads whole.
-    unsafe impl Send for Obj {}
     for round in 0..20 {
         // Every CPU races for the first tagged objects of fresh slabs.
         let start = std::sync::Barrier::new(NR_CPUS);
-        let objs: Vec<Vec<Obj>> = std::thread::scope(|scope| {
+        let objs: Vec<Vec<_>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..NR_CPUS)
                 .map(|cpu_id| {
                     let start = &start;
@@ -608,8 +595,8 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
                         set_cpu(cpu_id);
                         start.wait();
                         (0..50)
-                            .map(|_| Obj(cache.alloc_tagged(Some(tag.tag_ref())).unwrap()))
-                            .collect()
+                            .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
+                            .collect::<Vec<_>>()
                     })
                 })
                 .collect();
@@ -622,7 +609,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
             "round {round}"
         );
         for obj in objs.iter().flatten() {
-            assert_eq!(cache.small_tag_ref(obj.0), Some(tag.tag_ref()));
+            assert_eq!(cache.small_tag_ref(obj.as_ptr()), Some(tag.tag_ref()));
         }
         assert!(side_arrays(alloc, 1536) - arrays_before <= cache.stats().nr_slabs);
         // Freed on other CPUs than their own.
@@ -631,8 +618,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
                 scope.spawn(move || {
                     set_cpu((index + 1) % NR_CPUS);
                     for obj in list {
-                        // SAFETY: allocated above, freed once.
-                        unsafe { cache.free(obj.0) }.unwrap();
+                        obj.free().unwrap();
                     }
                 });
             }
@@ -655,9 +641,9 @@ fn the_loser_of_an_install_race_frees_its_copy() {
         .cache_create("loser-64", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let tag = site_side_array();
-    let obj = cache.alloc_tagged(Some(tag.tag_ref())).unwrap();
+    let obj = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
     let arrays = side_arrays(alloc, 256);
-    let slab = cache.small_slab_of(obj.as_ptr() as usize);
+    let slab = cache.small_slab_of(obj.as_ptr().as_ptr() as usize);
     // SAFETY: `obj` is a busy object of this live slab.
     let installed = unsafe { (*slab).tags.load(core::sync::atomic::Ordering::Acquire) };
     assert_ne!(installed, crate::alloc_tag::no_tags());
@@ -667,9 +653,8 @@ fn the_loser_of_an_install_race_frees_its_copy() {
     let taken = unsafe { cache.install_tag_array(slab) };
     assert_eq!(taken, installed);
     assert_eq!(side_arrays(alloc, 256), arrays, "the loser's copy is freed");
-    assert_eq!(cache.small_tag_ref(obj), Some(tag.tag_ref()));
-    // SAFETY: allocated above, freed once.
-    unsafe { cache.free(obj) }.unwrap();
+    assert_eq!(cache.small_tag_ref(obj.as_ptr()), Some(tag.tag_ref()));
+    obj.free().unwrap();
 }
 
 #[cfg(feature = "time-stats")]
@@ -680,15 +665,13 @@ fn refill_and_depot_exchanges_are_timed() {
     let cache = alloc
         .cache_create("timed", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
-    let objs: Vec<_> = (0..500).map(|_| cache.alloc().unwrap()).collect();
+    let objs: Vec<_> = (0..500).map(|_| cache.alloc_box().unwrap()).collect();
     for obj in objs {
-        // SAFETY: allocated above, freed once.
-        unsafe { cache.free(obj) }.unwrap();
+        obj.free().unwrap();
     }
-    let objs: Vec<_> = (0..500).map(|_| cache.alloc().unwrap()).collect();
+    let objs: Vec<_> = (0..500).map(|_| cache.alloc_box().unwrap()).collect();
     for obj in objs {
-        // SAFETY: allocated above, freed once.
-        unsafe { cache.free(obj) }.unwrap();
+        obj.free().unwrap();
     }
     let functions: Vec<(&str, u64)> = TimeStats::all()
         .iter()
@@ -779,56 +762,58 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     let before = calls();
     let mut off_small = Vec::new();
     for _ in 0..100 {
-        off_small.push((cache, cache.alloc().unwrap()));
-        off_small.push((cache, cache.alloc_tagged(Some(COUNTING_TAG)).unwrap()));
+        off_small.push((cache, cache.alloc_box().unwrap()));
+        off_small.push((cache, cache.alloc_box_tagged(Some(COUNTING_TAG)).unwrap()));
     }
-    let off_kmalloc: Vec<_> = (0..100).map(|_| alloc.kmalloc(64, 8).unwrap()).collect();
-    let off_big = big_cache.alloc().unwrap();
-    let off_large = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    let off_kmalloc: Vec<_> = (0..100)
+        .map(|_| alloc.kmalloc_box(64, 8).unwrap())
+        .collect();
+    let off_big = big_cache.alloc_box().unwrap();
+    let off_large = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
     let kmalloc_64 = alloc.kmalloc_cache_for(64, 8).unwrap();
     assert_eq!(calls(), before, "off: no alloc_tag_* call at all");
-    for &(cache, obj) in &off_small {
-        assert_eq!(cache.small_tag_ref(obj), None);
+    for (cache, obj) in &off_small {
+        assert_eq!(cache.small_tag_ref(obj.as_ptr()), None);
     }
-    for &obj in &off_kmalloc {
-        assert_eq!(kmalloc_64.small_tag_ref(obj), None);
+    for obj in &off_kmalloc {
+        assert_eq!(kmalloc_64.small_tag_ref(obj.as_ptr()), None);
     }
 
     // Switched on: asked on every path, tagged, charged.
     alloc.set_alloc_profiling(true);
-    let on_small: Vec<_> = (0..100).map(|_| cache.alloc().unwrap()).collect();
-    let on_kmalloc = alloc.kmalloc(64, 8).unwrap();
-    let on_big = big_cache.alloc().unwrap();
-    let on_large = alloc.kmalloc(3 * PAGE_SIZE, 8).unwrap();
+    let on_small: Vec<_> = (0..100).map(|_| cache.alloc_box().unwrap()).collect();
+    let on_kmalloc = alloc.kmalloc_box(64, 8).unwrap();
+    let on_big = big_cache.alloc_box().unwrap();
+    let on_large = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
     let after_on = calls();
     assert_eq!(after_on.0 - before.0, 103, "asked once per alloc");
     assert_eq!(after_on.1 - before.1, 103, "charged once per alloc");
     // Every object keeps the charge token (small slabs, bufctls and
     // page-granular blocks alike: their frees assert it).
-    for &obj in &on_small {
-        assert_eq!(cache.small_tag_ref(obj), Some(COUNTING_TOKEN));
+    for obj in &on_small {
+        assert_eq!(cache.small_tag_ref(obj.as_ptr()), Some(COUNTING_TOKEN));
     }
-    assert_eq!(kmalloc_64.small_tag_ref(on_kmalloc), Some(COUNTING_TOKEN));
+    assert_eq!(
+        kmalloc_64.small_tag_ref(on_kmalloc.as_ptr()),
+        Some(COUNTING_TOKEN)
+    );
 
     // Frees of objects allocated while off uncharge nothing, even with
     // profiling on now; those allocated while on uncharge once each.
-    // SAFETY: every object allocated above, freed once.
-    unsafe {
-        for &(cache, obj) in &off_small {
-            cache.free(obj).unwrap();
-        }
-        for &obj in &off_kmalloc {
-            alloc.kfree(obj).unwrap();
-        }
-        big_cache.free(off_big).unwrap();
-        alloc.kfree(off_large).unwrap();
-        assert_eq!(calls().2, after_on.2, "objects of the off period");
-        for &obj in &on_small {
-            cache.free(obj).unwrap();
-        }
-        alloc.kfree(on_kmalloc).unwrap();
-        big_cache.free(on_big).unwrap();
-        alloc.kfree(on_large).unwrap();
+    for (_, obj) in off_small {
+        obj.free().unwrap();
     }
+    for obj in off_kmalloc {
+        obj.free().unwrap();
+    }
+    off_big.free().unwrap();
+    off_large.free().unwrap();
+    assert_eq!(calls().2, after_on.2, "objects of the off period");
+    for obj in on_small {
+        obj.free().unwrap();
+    }
+    on_kmalloc.free().unwrap();
+    on_big.free().unwrap();
+    on_large.free().unwrap();
     assert_eq!(calls().2 - after_on.2, 103);
 }

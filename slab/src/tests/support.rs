@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::vec;
 use std::vec::Vec;
 
-use crate::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform};
+use crate::{AllocError, Allocator, ArenaStats, InitBox, PAGE_SIZE, PageSource, Platform, SlabBox};
 
 pub const NR_CPUS: usize = 4;
 
@@ -354,4 +354,22 @@ pub fn check(ptr: NonNull<u8>, len: usize, seed: u8) -> bool {
         // SAFETY: the test owns `len` bytes at ptr.
         unsafe { ptr.as_ptr().add(i).read() == seed.wrapping_add(i as u8) }
     })
+}
+
+/// Fill an owned object with the pattern of [`fill`] (every byte written,
+/// so the result can be read).
+pub fn fill_box<P: Platform>(obj: SlabBox<P>, seed: u8) -> InitBox<P> {
+    let mut obj = obj.fill(0);
+    for (i, byte) in obj.as_bytes_mut().iter_mut().enumerate() {
+        *byte = seed.wrapping_add(i as u8);
+    }
+    obj
+}
+
+/// Check the pattern written by [`fill_box`] (or [`fill`]).
+pub fn check_box<P: Platform>(obj: &InitBox<P>, seed: u8) -> bool {
+    obj.as_bytes()
+        .iter()
+        .enumerate()
+        .all(|(i, &byte)| byte == seed.wrapping_add(i as u8))
 }

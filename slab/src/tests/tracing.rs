@@ -14,19 +14,17 @@ fn records_exactly_the_outstanding_objects() {
             .cache_create("t", size, 8, CacheFlags::empty(), None, None, None)
             .unwrap();
         // Objects allocated before tracing are not recorded...
-        let early = cache.alloc().unwrap();
+        let early = cache.alloc_box().unwrap();
         cache.trace_start().unwrap();
         assert!(cache.is_tracing());
         let n = 50;
         let m = 20;
-        let objs: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
-        for &p in &objs[..m] {
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+        let mut objs: Vec<_> = (0..n).map(|_| cache.alloc_box().unwrap()).collect();
+        for p in objs.drain(..m) {
+            p.free().unwrap();
         }
         // ...and freeing them is harmless.
-        // SAFETY: allocated above.
-        unsafe { cache.free(early) }.unwrap();
+        early.free().unwrap();
         let stats = cache.trace_stats();
         assert_eq!(stats.nr_records, n - m);
         assert_eq!(stats.nr_dropped, 0);
@@ -39,7 +37,7 @@ fn records_exactly_the_outstanding_objects() {
             assert_eq!(r.cpu, 0);
             seen.push((r.addr, r.timestamp));
         });
-        let expected: HashSet<usize> = objs[m..].iter().map(|p| p.as_ptr() as usize).collect();
+        let expected: HashSet<usize> = objs.iter().map(|p| p.as_ptr().as_ptr() as usize).collect();
         let got: HashSet<usize> = seen.iter().map(|s| s.0).collect();
         assert_eq!(got, expected);
         assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "oldest first");
@@ -48,21 +46,18 @@ fn records_exactly_the_outstanding_objects() {
         // remove old records ("ever traced").
         cache.trace_stop();
         assert!(!cache.is_tracing());
-        let untraced = cache.alloc().unwrap();
+        let untraced = cache.alloc_box().unwrap();
         assert_eq!(cache.trace_stats().nr_records, n - m);
-        for &p in &objs[m..m + 10] {
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+        for p in objs.drain(..10) {
+            p.free().unwrap();
         }
         assert_eq!(cache.trace_stats().nr_records, n - m - 10);
-        // SAFETY: allocated above.
-        unsafe { cache.free(untraced) }.unwrap();
+        untraced.free().unwrap();
 
         cache.trace_reset();
         assert_eq!(cache.trace_stats().nr_records, 0);
-        for &p in &objs[m + 10..] {
-            // SAFETY: allocated above.
-            unsafe { cache.free(p) }.unwrap();
+        for p in objs {
+            p.free().unwrap();
         }
         // SAFETY: empty, not used afterwards.
         let report = unsafe { cache.destroy() }.unwrap();
@@ -75,16 +70,14 @@ fn kmalloc_caches_trace_through_kfree() {
     let (alloc, _) = setup_default();
     let cache = alloc.find_cache("kmalloc-128").unwrap();
     cache.trace_start().unwrap();
-    let a = alloc.kmalloc(121, 8).unwrap();
-    let b = alloc.kmalloc(128, 8).unwrap();
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(a) }.unwrap();
+    let a = alloc.kmalloc_box(121, 8).unwrap();
+    let b = alloc.kmalloc_box(128, 8).unwrap();
+    a.free().unwrap();
     let mut addrs = Vec::new();
     cache.trace_for_each(|r| addrs.push(r.addr));
-    assert_eq!(addrs, [b.as_ptr() as usize]);
+    assert_eq!(addrs, [b.as_ptr().as_ptr() as usize]);
     cache.trace_stop();
-    // SAFETY: allocated above.
-    unsafe { alloc.kfree(b) }.unwrap();
+    b.free().unwrap();
     assert_eq!(cache.trace_stats().nr_records, 0);
 }
 
@@ -109,31 +102,28 @@ fn dropped_records_are_counted() {
         .cache_create("drop", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     // Put objects in the magazines so allocating them needs no pages.
-    let objs: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
-    for &p in &objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let objs: Vec<_> = (0..8).map(|_| cache.alloc_box().unwrap()).collect();
+    for p in objs {
+        p.free().unwrap();
     }
     alloc.reap_all();
     // reap_all drained the magazines too; refill them.
-    let objs: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
-    for &p in &objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    let objs: Vec<_> = (0..8).map(|_| cache.alloc_box().unwrap()).collect();
+    for p in objs {
+        p.free().unwrap();
     }
     // kmem_trace has no slab (nothing was ever traced): it needs a page.
     assert_eq!(alloc.find_cache("kmem_trace").unwrap().stats().nr_slabs, 0);
     cache.trace_start().unwrap();
     source.set_fail(true);
-    let objs: Vec<_> = (0..5).map(|_| cache.alloc().unwrap()).collect();
+    let objs: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
     source.set_fail(false);
     let stats = cache.trace_stats();
     assert_eq!((stats.nr_records, stats.nr_dropped), (0, 5));
-    let more = cache.alloc().unwrap();
+    let more = cache.alloc_box().unwrap();
     assert_eq!(cache.trace_stats().nr_records, 1);
     for p in objs.into_iter().chain([more]) {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        p.free().unwrap();
     }
     assert_eq!(cache.trace_stats().nr_records, 0);
     assert_eq!(cache.trace_stats().nr_dropped, 5);
@@ -148,20 +138,19 @@ fn destroy_reports_leftover_records() {
         .cache_create("leak", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     cache.trace_start().unwrap();
-    let objs: Vec<_> = (0..3).map(|_| cache.alloc().unwrap()).collect();
+    let objs: Vec<_> = (0..3).map(|_| cache.alloc_box().unwrap()).collect();
+    let p = objs[0].as_ptr();
     // SAFETY: refused while busy.
     assert!(unsafe { cache.destroy() }.is_err());
     assert_eq!(cache.trace_stats().nr_records, 3);
     cache.trace_reset();
     assert_eq!(cache.trace_stats().nr_records, 0);
-    for &p in &objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+    for obj in objs {
+        obj.free().unwrap();
     }
     // A record can outlive its object when an allocation races with
     // `trace_reset` (Akaros notes the same); plant one to see destroy
-    // report it.
-    let p = objs[0];
+    // report it (objs[0]'s address, p).
     // A stale record for an address no longer allocated:
     cache.trace_alloc(p);
     assert_eq!(cache.trace_stats().nr_records, 1);
@@ -181,15 +170,14 @@ fn trace_table_grows_with_many_records() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     cache.trace_start().unwrap();
-    let objs: Vec<_> = (0..3000).map(|_| cache.alloc().unwrap()).collect();
+    let objs: Vec<_> = (0..3000).map(|_| cache.alloc_box().unwrap()).collect();
     assert_eq!(cache.trace_stats().nr_records, 3000);
     assert!(cache.trace.lock().hash.nr_buckets() > crate::layout::hash::INLINE_BUCKETS);
     let mut n = 0;
     cache.trace_for_each(|_| n += 1);
     assert_eq!(n, 3000);
     for p in objs {
-        // SAFETY: allocated above.
-        unsafe { cache.free(p) }.unwrap();
+        p.free().unwrap();
     }
     assert_eq!(cache.trace_stats().nr_records, 0);
     alloc.reap_all();

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::dump::{Dump, Event, EventKind};
+use crate::dump::{DecodedEvent, Dump, EventKind};
 
 /// How serious a finding of `check` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -97,7 +97,7 @@ pub struct Replay {
     /// Per CPU.
     pub cpus: BTreeMap<u32, CpuSummary>,
     /// Objects live at the end: ptr → its alloc event.
-    pub live: BTreeMap<u64, Event>,
+    pub live: BTreeMap<u64, DecodedEvent>,
     /// Findings, in the order found.
     pub issues: Vec<Issue>,
     /// Total bytes requested by allocs.
@@ -187,10 +187,10 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
              the objects may predate the record, or their allocs were dropped"
         }
     };
-    let mut first_unknown_free: Option<Event> = None;
+    let mut first_unknown_free: Option<DecodedEvent> = None;
 
-    let mut live: HashMap<u64, Event> = HashMap::new();
-    let mut first_mismatch: Option<(Event, Event)> = None;
+    let mut live: HashMap<u64, DecodedEvent> = HashMap::new();
+    let mut first_mismatch: Option<(DecodedEvent, DecodedEvent)> = None;
     for e in dump.merged_events() {
         match e.kind {
             EventKind::Alloc => {
@@ -318,7 +318,7 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
 /// Per-CPU order: seq strictly increasing (gaps are overruns), timestamps
 /// never going back.
 fn check_cpus(dump: &Dump, r: &mut Replay) {
-    let mut by_cpu: BTreeMap<u32, Vec<&Event>> = BTreeMap::new();
+    let mut by_cpu: BTreeMap<u32, Vec<&DecodedEvent>> = BTreeMap::new();
     for record in &dump.cpu_records {
         let summary = r.cpus.entry(record.cpu).or_default();
         summary.nr_overruns += record.nr_overruns;
@@ -328,7 +328,7 @@ fn check_cpus(dump: &Dump, r: &mut Replay) {
             .extend(record.events.iter());
     }
     let start = dump.header.record_start_ns;
-    let early: Vec<&Event> = dump.events().filter(|e| e.timestamp_ns < start).collect();
+    let early: Vec<&DecodedEvent> = dump.events().filter(|e| e.timestamp_ns < start).collect();
     if let Some(first) = early.first() {
         r.nr_before_start = early.len() as u64;
         issue(

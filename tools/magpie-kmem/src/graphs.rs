@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use plotters::prelude::*;
 
 use crate::analysis::Replay;
-use crate::dump::{Dump, Event};
+use crate::dump::{DecodedEvent, Dump};
 use crate::symbols::Symbolizer;
 
 /// One folded stack line's frames (outermost first) for an alloc event:
@@ -15,7 +15,7 @@ use crate::symbols::Symbolizer;
 fn frames_of(
     dump: &Dump,
     sym: &Symbolizer,
-    e: &Event,
+    e: &DecodedEvent,
     memo: &mut BTreeMap<u64, Vec<String>>,
 ) -> Vec<String> {
     let addresses: Vec<u64> = match dump.stacks.get(&e.stack_id) {
@@ -38,7 +38,7 @@ fn frames_of(
 pub fn folded_stacks(dump: &Dump, replay: &Replay, sym: &Symbolizer, live: bool) -> Vec<String> {
     let mut memo = BTreeMap::new();
     let mut weights: BTreeMap<String, u64> = BTreeMap::new();
-    let mut add = |e: &Event| {
+    let mut add = |e: &DecodedEvent| {
         let key = frames_of(dump, sym, e, &mut memo).join(";");
         *weights.entry(key).or_default() += e.bytes_alloc;
     };

@@ -5,7 +5,7 @@
 //! `GlobalAlloc`) as fixed-size binary events in per-CPU buffers, and
 //! `kmemtrace dump` sends them to the host as one file
 //! (`target/kmemtrace/latest.kmt`). This crate reads that file — the ABI is
-//! `docs/KMEMTRACE-ABI.md`, version [`dump::ABI_VERSION`] — and answers
+//! `docs/KMEMTRACE-ABI.md`, version [`dump::KMEMTRACE_ABI_VERSION`] — and answers
 //! "what happened": which call sites allocate most, how much each size
 //! class wastes, how many objects are freed on another CPU than the one
 //! that allocated them, what is still live at the end, and how live bytes
@@ -16,7 +16,8 @@
 //!
 //! ## Layers
 //!
-//! - [`dump`]: the reader. Validates magic, ABI version, sizes, record
+//! - [`dump`]: the reader, on the layout of the `magpie-kmemtrace-format`
+//!   crate (which the writer in `magpie-slab` encodes with). Validates magic, ABI version, sizes, record
 //!   lengths and the trailer's CRC-32; every error names the byte offset
 //!   ([`dump::DumpError`]: truncated, corrupt, ABI mismatch). A file
 //!   holding several dumps back to back (one per `kmemtrace dump` of a

@@ -46,7 +46,9 @@ pub fn check_text(file: &str, dump: &Dump, replay: &Replay, kernel: &str) -> Str
     let _ = writeln!(
         out,
         "{file}: kmemtrace dump, ABI {}, {} CPUs, {} bytes",
-        h.abi_version, h.nr_cpus, dump.file_size
+        crate::dump::KMEMTRACE_ABI_VERSION,
+        h.nr_cpus,
+        dump.file_size
     );
     if dump.nr_earlier_dumps > 0 {
         let _ = writeln!(out, "  dumps     {}", earlier_dumps_note(dump));
@@ -55,7 +57,7 @@ pub fn check_text(file: &str, dump: &Dump, replay: &Replay, kernel: &str) -> Str
         out,
         "  build id  {}",
         if h.has_build_id() {
-            h.build_id_hex()
+            crate::dump::hex(&h.build_id)
         } else {
             "(none)".into()
         }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, read::ReadCache};
 
-use crate::dump::{Header, hex};
+use crate::dump::{KmemtraceHeader, hex};
 
 /// Reads the GNU build id of an ELF file without reading all of it.
 /// `Ok(None)`: a valid object file without a build id.
@@ -107,7 +107,10 @@ fn candidates(target: &Path) -> Vec<PathBuf> {
 ///
 /// `explicit` is given and its build id differs from the dump's;
 /// or no ELF was given, kernels were found, and none matches.
-pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelChoice, String> {
+pub fn find_kernel(
+    header: &KmemtraceHeader,
+    explicit: Option<&Path>,
+) -> Result<KernelChoice, String> {
     let want = header.build_id.to_vec();
     if let Some(path) = explicit {
         let got = read_build_id(path)?;
@@ -120,12 +123,12 @@ pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelCho
                 "kernel ELF mismatch: {} has build id {}, the dump was written by build id {}",
                 path.display(),
                 hex(&id),
-                header.build_id_hex()
+                hex(&header.build_id)
             )),
             None => Err(format!(
                 "kernel ELF mismatch: {} has no GNU build id, the dump was written by build id {}",
                 path.display(),
-                header.build_id_hex()
+                hex(&header.build_id)
             )),
         };
     }
@@ -149,7 +152,7 @@ pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelCho
     if searched.is_empty() {
         return Ok(KernelChoice::Raw(format!(
             "no kernel ELF found to match build id {} (searched {}); pass --kernel PATH",
-            header.build_id_hex(),
+            hex(&header.build_id),
             if dirs.is_empty() {
                 "no target directory".to_string()
             } else {
@@ -168,7 +171,7 @@ pub fn find_kernel(header: &Header, explicit: Option<&Path>) -> Result<KernelCho
             .map(|d| d.join("x86_64-unknown-none").display().to_string())
             .collect::<Vec<_>>()
             .join(", "),
-        header.build_id_hex()
+        hex(&header.build_id)
     ))
 }
 

@@ -18,7 +18,9 @@ pub const KMALLOC: u8 = 1;
 pub const CACHE: u8 = 2;
 pub const PAGES: u8 = 3;
 
-pub use magpie_kmem::dump::{FLAG_FROM_BOOT, FLAG_STACKS};
+pub use magpie_kmemtrace_format::{
+    HEADER_FLAG_FROM_BOOT as FLAG_FROM_BOOT, HEADER_FLAG_STACKS as FLAG_STACKS,
+};
 
 /// One event, field by field as in the ABI table.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,171 @@
+//! Serial console on COM1 (16550 UART): output, polled input and the
+//! `print!` family of macros.
+//!
+//! Output and input share one lock taken with interrupts off. Crash paths
+//! (panic, exception reports) use [`emergency_writer`], which bypasses the
+//! lock so a fault while printing cannot deadlock the report.
+//!
+//! The FIFO control register is never written: in QEMU that flushes the
+//! receive buffer and loses bytes already queued from a piped stdin.
+
+use core::fmt::{self, Write};
+
+use spin::Mutex;
+use x86_64::instructions::port::Port;
+
+use crate::arch::IrqGuard;
+
+const COM1: u16 = 0x3f8;
+const LSR_DATA_READY: u8 = 1 << 0;
+const LSR_THR_EMPTY: u8 = 1 << 5;
+
+/// The COM1 UART (a zero-sized handle: all state lives in the device).
+struct Serial;
+
+impl Serial {
+    fn outb(offset: u16, value: u8) {
+        // SAFETY: COM1's ports belong to this driver; writes only configure the UART.
+        unsafe { Port::new(COM1 + offset).write(value) }
+    }
+
+    fn inb(offset: u16) -> u8 {
+        // SAFETY: reading COM1's registers has no side effect beyond consuming a received byte.
+        unsafe { Port::new(COM1 + offset).read() }
+    }
+
+    fn init() {
+        Self::outb(1, 0x00); // IER: no interrupts (the console is polled)
+        Self::outb(3, 0x80); // LCR: DLAB on
+        Self::outb(0, 0x01); // divisor 1: 115200 baud
+        Self::outb(1, 0x00);
+        Self::outb(3, 0x03); // LCR: 8N1, DLAB off
+        Self::outb(4, 0x0b); // MCR: DTR | RTS | OUT2
+    }
+
+    fn put(byte: u8) {
+        while Self::inb(5) & LSR_THR_EMPTY == 0 {
+            core::hint::spin_loop();
+        }
+        Self::outb(0, byte);
+    }
+
+    fn get() -> Option<u8> {
+        if Self::inb(5) & LSR_DATA_READY != 0 {
+            Some(Self::inb(0))
+        } else {
+            None
+        }
+    }
+
+    fn write_bytes(bytes: &[u8]) {
+        for &byte in bytes {
+            if byte == b'\n' {
+                Self::put(b'\r');
+            }
+            Self::put(byte);
+        }
+    }
+}
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// Initializes COM1. Called first thing by `kernel_entry`.
+pub fn init() {
+    Serial::init();
+}
+
+/// A [`fmt::Write`] sink to the serial console (takes the console lock per write).
+pub struct Console;
+
+impl Write for Console {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let _irq = IrqGuard::new();
+        let _lock = LOCK.lock();
+        Serial::write_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// A lock-free writer for crash reports: never blocks, may interleave with
+/// other CPUs' output.
+pub struct EmergencyConsole;
+
+impl Write for EmergencyConsole {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        Serial::write_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Returns the lock-free crash-report writer.
+pub fn emergency_writer() -> EmergencyConsole {
+    EmergencyConsole
+}
+
+/// Writes preformatted text atomically with respect to other console output.
+pub fn write_fmt(args: fmt::Arguments<'_>) {
+    let _irq = IrqGuard::new();
+    let _lock = LOCK.lock();
+    struct Raw;
+    impl Write for Raw {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            Serial::write_bytes(s.as_bytes());
+            Ok(())
+        }
+    }
+    let _ = Raw.write_fmt(args);
+}
+
+/// Writes raw bytes (no formatting; `\n` becomes `\r\n`).
+pub fn write_bytes(bytes: &[u8]) {
+    let _irq = IrqGuard::new();
+    let _lock = LOCK.lock();
+    Serial::write_bytes(bytes);
+}
+
+/// Returns the next received byte, or `None` if none is waiting (non-blocking).
+pub fn read_byte() -> Option<u8> {
+    let _irq = IrqGuard::new();
+    let _lock = LOCK.lock();
+    Serial::get()
+}
+
+/// Waits for the next received byte (spins; the console is polled).
+pub fn read_byte_blocking() -> u8 {
+    loop {
+        if let Some(byte) = read_byte() {
+            return byte;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+#[doc(hidden)]
+pub fn _print(args: fmt::Arguments<'_>) {
+    write_fmt(args);
+}
+
+/// Prints to the serial console.
+#[macro_export]
+macro_rules! print {
+    ($($arg:tt)*) => ($crate::dev::console::_print(format_args!($($arg)*)));
+}
+
+/// Prints to the serial console, with a newline.
+#[macro_export]
+macro_rules! println {
+    () => ($crate::print!("\n"));
+    ($($arg:tt)*) => ($crate::dev::console::_print(format_args!("{}\n", format_args!($($arg)*))));
+}
+
+/// Same as [`print!`] (the console is the serial port).
+#[macro_export]
+macro_rules! serial_print {
+    ($($arg:tt)*) => ($crate::print!($($arg)*));
+}
+
+/// Same as [`println!`] (the console is the serial port).
+#[macro_export]
+macro_rules! serial_println {
+    ($($arg:tt)*) => ($crate::println!($($arg)*));
+}

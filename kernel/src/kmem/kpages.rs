@@ -1,0 +1,120 @@
+//! The kernel's page arena `kpages` (Akaros' name): whole pages from the
+//! frame allocator, addressed through the direct map; the slab allocator's
+//! page source. And the frame allocator's statistics as the `base` arena.
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource};
+use spin::Once;
+
+use crate::mm::{frame, layout, paging};
+
+/// A page source over the frame allocator: whole pages, addressed through
+/// the direct map. Akaros calls the kernel's page arena `kpages`.
+pub struct Arena {
+    name: &'static str,
+    nr_pages_out: AtomicUsize,
+    nr_allocs_ever: AtomicU64,
+    /// Gives pages back to the frame allocator when it runs out (the slab
+    /// allocator's reap, set by `kmem::init` once it is up).
+    reclaim: Once<fn() -> usize>,
+}
+
+impl Arena {
+    const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            nr_pages_out: AtomicUsize::new(0),
+            nr_allocs_ever: AtomicU64::new(0),
+            reclaim: Once::new(),
+        }
+    }
+
+    /// Sets what a failed page allocation calls before it tries again
+    /// (once; later calls are ignored). Registered rather than called by
+    /// name: the arena sits below the slab allocator it feeds.
+    pub fn set_reclaim(&self, reclaim: fn() -> usize) {
+        self.reclaim.call_once(|| reclaim);
+    }
+
+    /// Pages this arena has handed out and not had back.
+    pub fn nr_pages_out(&self) -> usize {
+        self.nr_pages_out.load(Ordering::Relaxed)
+    }
+}
+
+impl PageSource for Arena {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    /// Pages from the frame allocator; when it has none, reap every cache
+    /// once (empty slabs, magazines and depots go back to the frame
+    /// allocator) and try again before failing. `magpie-slab` calls a page
+    /// source with none of its locks held, so the reap cannot deadlock;
+    /// kernel code must not allocate inside `SLAB.for_each_cache` for the
+    /// same reason (the reap takes the cache-list lock).
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        let phys = frame::alloc_contiguous(nr_pages)
+            .or_else(|| {
+                self.reclaim_for_retry();
+                frame::alloc_contiguous(nr_pages)
+            })
+            .ok_or(AllocError::OutOfMemory)?;
+        self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
+        self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+        NonNull::new(layout::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        let phys = paging::virt_to_phys(addr.as_ptr() as usize)
+            .expect("kpages: freed pages are not in the direct map");
+        frame::free(frame::PhysAddr::new(phys), nr_pages);
+        self.nr_pages_out.fetch_sub(nr_pages, Ordering::Relaxed);
+    }
+
+    fn span(&self) -> (usize, usize) {
+        paging::direct_map_span()
+    }
+
+    fn stats(&self) -> ArenaStats {
+        // kpages holds exactly what it imported from the frame allocator.
+        let bytes = self.nr_pages_out() * PAGE_SIZE;
+        ArenaStats {
+            total_bytes: bytes,
+            alloc_bytes: bytes,
+            nr_allocs_ever: self.nr_allocs_ever.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Arena {
+    /// Reclaims pages (every cache reaped, see [`Arena::set_reclaim`]) so
+    /// that a failed page allocation can be retried; one reclaim at a time
+    /// (an allocation failing during it, or on another CPU meanwhile,
+    /// retries without reclaiming again).
+    fn reclaim_for_retry(&self) {
+        static REAPING: AtomicBool = AtomicBool::new(false);
+        if let Some(reclaim) = self.reclaim.get()
+            && !REAPING.swap(true, Ordering::Acquire)
+        {
+            let nr_pages = reclaim();
+            REAPING.store(false, Ordering::Release);
+            log::debug!("kpages: out of frames; reaped {nr_pages} pages");
+        }
+    }
+}
+
+/// Statistics of the frame allocator, shown as the `base` arena.
+pub fn base_stats() -> ArenaStats {
+    let stats = frame::stats();
+    ArenaStats {
+        total_bytes: stats.nr_total * PAGE_SIZE,
+        alloc_bytes: (stats.nr_total - stats.nr_free) * PAGE_SIZE,
+        nr_allocs_ever: stats.nr_allocs_ever,
+    }
+}
+
+/// The kernel's page arena: slabs and page-granular kmalloc come from here.
+pub static KPAGES: Arena = Arena::new("kpages");

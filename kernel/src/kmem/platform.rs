@@ -1,0 +1,114 @@
+//! [`KernelPlatform`]: the machine as `magpie-slab` sees it. Every hook is
+//! a call down: CPU id, count and offset, interrupt save/restore and the
+//! TSC from `arch/`, cross-CPU calls from `smp`, backtraces, call sites and
+//! context strings from `tracing/`, allocation-tag charges from
+//! `profiling::alloc_tag`. Nothing here (nor below it) touches the
+//! [`SLAB`](crate::kmem::SLAB) static this type parameterizes.
+
+use core::ptr::NonNull;
+
+use magpie_slab::Platform;
+
+use crate::arch::{self, MAX_CPUS};
+use crate::profiling::alloc_tag;
+use crate::smp;
+use crate::tracing::{call_site, context};
+
+/// The machine as `magpie-slab` sees it.
+pub struct KernelPlatform;
+
+const _: () = assert!(arch::CPU_SLOT_BYTES == magpie_slab::CPU_SLOT_BYTES);
+
+// SAFETY: CPU ids are dense and unique, below `arch::max_cpus()` (at most
+// MAX_CPUS; the GS base of each CPU points at its own PerCpu); nothing
+// preempts or migrates kernel code, and with interrupts off nothing else
+// runs on a CPU; `cpu_offset` is `cpu_id * CPU_SLOT_BYTES` (set with the
+// id by `percpu::init_this_cpu`); `smp::cross_cpu_call` runs the work in
+// the target's IPI handler (interrupts off there) or its polling loops,
+// or here with interrupts off for this CPU or a CPU not running the
+// kernel, and returns after it ran.
+unsafe impl Platform for KernelPlatform {
+    fn max_cpus() -> usize {
+        arch::max_cpus().clamp(1, MAX_CPUS)
+    }
+
+    #[inline]
+    fn cpu_id() -> usize {
+        arch::cpu_id()
+    }
+
+    #[inline(always)]
+    fn cpu_offset() -> usize {
+        arch::cpu_offset()
+    }
+
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        smp::cross_cpu_call(cpu, work)
+    }
+
+    #[inline]
+    fn irq_save() -> usize {
+        arch::irq_save()
+    }
+
+    #[inline]
+    fn irq_restore(state: usize) {
+        arch::irq_restore(state)
+    }
+
+    fn now() -> u64 {
+        arch::rdtsc()
+    }
+
+    // The first frame outside the allocator (see `crate::tracing::call_site`).
+    fn backtrace(frames: &mut [usize]) -> usize {
+        call_site::backtrace(frames)
+    }
+
+    fn context(buf: &mut [u8; 32]) -> usize {
+        context::write_this_cpu(buf)
+    }
+
+    // kmemtrace call sites: a frame-pointer walk over the allocator's text
+    // range (see `crate::tracing::call_site`).
+    #[inline(always)]
+    fn caller_frames(frames: &mut [usize]) -> usize {
+        call_site::caller_frames(frames)
+    }
+
+    // Allocation profiling (kernel feature `alloc-profiling`): see
+    // `crate::profiling::alloc_tag`.
+    #[inline(always)]
+    fn alloc_tag_current() -> Option<magpie_slab::AllocTagRef> {
+        alloc_tag::this_cpu_token()
+            .and_then(magpie_codetag::alloc_tag::AllocTagCounters::token_tag_ref)
+    }
+
+    #[inline(always)]
+    fn alloc_tag_current_token() -> Option<magpie_slab::AllocTagRef> {
+        alloc_tag::this_cpu_token()
+    }
+
+    #[inline(always)]
+    fn alloc_tag_token(tag: magpie_slab::AllocTagRef) -> Option<magpie_slab::AllocTagRef> {
+        alloc_tag::token(tag)
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_tag_charge_token(
+        token: magpie_slab::AllocTagRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+    ) {
+        // SAFETY: the allocator's contract: `token` came from
+        // `alloc_tag_token` (directly or through `alloc_tag_current_token`).
+        unsafe { alloc_tag::charge(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_tag_uncharge(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: the allocator's contract: `token` is the one this object
+        // was charged with, not uncharged since.
+        unsafe { alloc_tag::uncharge(token, ptr, bytes) }
+    }
+}

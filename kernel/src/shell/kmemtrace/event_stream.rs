@@ -1,0 +1,212 @@
+//! `kmemtrace record start|stop|status` and `kmemtrace dump`: the event
+//! stream (the rings are `magpie_slab::kmemtrace`, the boot arguments,
+//! clock and dump channel `crate::tracing::event_stream`). Reached from the
+//! `kmemtrace` row in `mod.rs`, whose help lists these forms.
+
+use core::fmt::Write;
+
+use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
+use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
+
+use super::KMEMTRACE;
+use crate::arch;
+use crate::kmem::SLAB;
+use crate::shell::{Result, ShellError, parse_number, shell_error};
+use crate::tracing::event_stream;
+
+/// Frames per event with `--stacks` and no DEPTH.
+const DEFAULT_STACK_DEPTH: usize = 8;
+
+/// `kmemtrace record start [--stacks [DEPTH]] [CACHE|all]`,
+/// `kmemtrace record stop`, `kmemtrace record status`.
+pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    match args {
+        ["start", rest @ ..] => record_start(rest, out),
+        ["stop"] => {
+            SLAB.kmemtrace_stop();
+            let status = SLAB.kmemtrace_status();
+            let _ = writeln!(
+                out,
+                "recording stopped: {} events, {} overruns; 'kmemtrace dump' sends them",
+                status.nr_events, status.nr_overruns
+            );
+            Ok(())
+        }
+        ["status"] => {
+            record_status(out);
+            Ok(())
+        }
+        _ => Err(ShellError::Usage(&KMEMTRACE)),
+    }
+}
+
+fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    let mut stack_depth = 0;
+    let mut target = "all";
+    let mut rest = args;
+    while let [word, tail @ ..] = rest {
+        rest = tail;
+        if *word == "--stacks" {
+            stack_depth = DEFAULT_STACK_DEPTH;
+            if let [depth, tail @ ..] = rest
+                && depth.starts_with(|c: char| c.is_ascii_digit())
+            {
+                stack_depth = parse_number(depth)?;
+                if !(1..=MAX_STACK_DEPTH).contains(&stack_depth) {
+                    return Err(shell_error!(
+                        "stack depth {stack_depth} out of range: give 1 to {MAX_STACK_DEPTH}"
+                    ));
+                }
+                rest = tail;
+            }
+        } else if word.starts_with("--") {
+            return Err(ShellError::UnknownOption(word, &KMEMTRACE));
+        } else if target == "all" && rest.is_empty() {
+            target = word;
+        } else {
+            return Err(ShellError::Usage(&KMEMTRACE));
+        }
+    }
+    let cache = if target == "all" {
+        None
+    } else {
+        let cache = SLAB
+            .find_cache(target)
+            .ok_or(ShellError::UnknownCache(target))?;
+        if cache.is_bootstrap() {
+            return Err(shell_error!(
+                "{} holds the allocator's own metadata: nothing to record",
+                cache.name()
+            ));
+        }
+        Some(cache)
+    };
+    event_stream::start(stack_depth, cache.map(|cache| cache.id()))
+        .map_err(|error| shell_error!("cannot record: {error}"))?;
+    let status = SLAB.kmemtrace_status();
+    let _ = write!(
+        out,
+        "recording {}",
+        cache.map_or("all caches", |c| c.name())
+    );
+    if stack_depth > 0 {
+        let _ = write!(out, " with stacks of {stack_depth} frames");
+    }
+    let _ = writeln!(
+        out,
+        " ({} CPUs x {} sub-buffers of {} events, {} KiB per CPU)",
+        status.nr_cpus,
+        status.nr_subbufs,
+        SUBBUF_EVENTS,
+        status.nr_subbufs * SUBBUF_PAGES * PAGE_SIZE / 1024
+    );
+    Ok(())
+}
+
+fn record_status(out: &mut dyn Write) {
+    let status: KmemtraceStatus = SLAB.kmemtrace_status();
+    if status.nr_cpus == 0 {
+        let _ = writeln!(
+            out,
+            "kmemtrace: never started ('kmemtrace record start'); {} sub-buffers per CPU at start",
+            event_stream::nr_subbufs()
+        );
+        return;
+    }
+    let what = match status.cache_id {
+        None => "all caches",
+        Some(_) => "one cache",
+    };
+    let mut name = "";
+    if let Some(id) = status.cache_id {
+        SLAB.for_each_cache(|cache| {
+            if cache.id() == id {
+                name = cache.name();
+            }
+        });
+    }
+    let _ = write!(
+        out,
+        "kmemtrace: {} {}{}{}",
+        if status.recording {
+            "recording"
+        } else {
+            "stopped,"
+        },
+        what,
+        if name.is_empty() { "" } else { " " },
+        name
+    );
+    if status.stack_depth > 0 {
+        let _ = write!(
+            out,
+            ", stacks of {} frames ({} distinct, {} dropped)",
+            status.stack_depth, status.nr_stacks, status.nr_stacks_dropped
+        );
+    }
+    let _ = writeln!(out, ", {} sub-buffers per CPU", status.nr_subbufs);
+    let _ = writeln!(
+        out,
+        "{:>5} {:>10} {:>10} {:>7}",
+        "cpu", "events", "overruns", "fill"
+    );
+    for cpu in 0..status.nr_cpus {
+        let ring = SLAB.kmemtrace_cpu_status(cpu);
+        let permille = ring.nr_events * 1000 / ring.capacity.max(1);
+        let _ = writeln!(
+            out,
+            "{:>5} {:>10} {:>10} {:>5}.{}%",
+            cpu,
+            ring.nr_events,
+            ring.nr_overruns,
+            permille / 10,
+            permille % 10
+        );
+    }
+    let _ = writeln!(
+        out,
+        "total {:>10} {:>10}",
+        status.nr_events, status.nr_overruns
+    );
+    if status.nr_overruns > 0 {
+        let _ = writeln!(
+            out,
+            "overruns: events were dropped; boot with a larger kmemtrace.subbufs=N (now {})",
+            status.nr_subbufs
+        );
+    }
+}
+
+/// `kmemtrace dump`: sends the record to the host over the debugcon
+/// channel and says how much was sent.
+pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    if !args.is_empty() {
+        return Err(ShellError::Usage(&KMEMTRACE));
+    }
+    if SLAB.kmemtrace_status().nr_cpus == 0 {
+        return Err(shell_error!(
+            "nothing recorded yet: 'kmemtrace record start' first"
+        ));
+    }
+    let start = arch::rdtsc();
+    let (summary, channel) = event_stream::dump();
+    let elapsed_ns = event_stream::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
+    let _ = writeln!(
+        out,
+        "sent {} events ({} overruns) in {} records, {} bytes, crc32 {:#010x}, over the {}",
+        summary.nr_events,
+        summary.nr_overruns,
+        summary.nr_records,
+        summary.nr_bytes,
+        summary.checksum,
+        channel
+    );
+    let _ = writeln!(
+        out,
+        "took {} ms ({} events/s, {} KiB/s)",
+        elapsed_ns / 1_000_000,
+        u128::from(summary.nr_events) * 1_000_000_000 / u128::from(elapsed_ns),
+        u128::from(summary.nr_bytes) * 1_000_000_000 / 1024 / u128::from(elapsed_ns)
+    );
+    Ok(())
+}
