@@ -82,7 +82,7 @@ use crate::stats::CpuCacheStats;
 mod depot;
 
 /// The depot's state, for the tests of its exchanges.
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use depot::DepotInner;
 pub(crate) use depot::{Depot, Stale};
 
