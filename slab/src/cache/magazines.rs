@@ -9,7 +9,8 @@ use super::KmemCache;
 use super::free::top_round;
 use crate::error::AllocError;
 use crate::magazine::{
-    MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine, rounds_of,
+    Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine,
+    rounds_of,
 };
 use crate::platform::Platform;
 use crate::sync::IrqGuard;
@@ -211,19 +212,58 @@ impl<P: Platform> KmemCache<P> {
     /// magazine of an older type the depot did not keep is freed after
     /// interrupts are back on.
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
+        self.magazine_miss(
+            pop_round,
+            // SAFETY: this CPU's magazines, interrupts off.
+            |pcc| unsafe { rounds_of(pcc.prev) } > 0,
+            |depot, pcc| depot.exchange_for_full::<P>(pcc),
+        )
+    }
+
+    /// One pass of the free miss with interrupts off: store `obj` in
+    /// `loaded`, swapping with `prev` or trading `prev` for an empty
+    /// magazine from the depot as needed; false if there is no room and
+    /// the depot has no empty magazine.
+    pub(super) fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
+        self.magazine_miss(
+            |pcc| push_round(pcc, obj).then_some(()),
+            // SAFETY: this CPU's magazines, interrupts off.
+            |pcc| unsafe {
+                pcc.prev != no_magazine()
+                    && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
+            },
+            |depot, pcc| depot.exchange_for_empty::<P>(pcc),
+        )
+        .is_some()
+    }
+
+    /// The one miss loop of both directions, with interrupts off: `round`
+    /// (pop or push on `loaded`), else swap `loaded` and `prev` if
+    /// `swap_helps` and try again, else `exchange` with the depot and
+    /// start over; `None` when the depot has nothing to trade. Magazines
+    /// of an older type the exchanges detached are freed after interrupts
+    /// are back on.
+    #[inline(always)]
+    fn magazine_miss<R>(
+        &self,
+        mut round: impl FnMut(&mut PcpuInner) -> Option<R>,
+        swap_helps: impl Fn(&PcpuInner) -> bool,
+        exchange: impl Fn(&Depot, &mut PcpuInner) -> (bool, Stale),
+    ) -> Option<R> {
         let mut irq = IrqGuard::<P>::new();
         let mut pcc = self.pcpu_synced(&mut irq);
         let mut stale = Stale::NONE;
-        let obj = loop {
-            if let Some(obj) = pop_round(&mut pcc) {
-                break Some(obj);
+        let result = loop {
+            if let Some(result) = round(&mut pcc) {
+                break Some(result);
             }
-            // SAFETY: this CPU's magazines, interrupts off.
-            if unsafe { rounds_of(pcc.prev) } > 0 {
+            if swap_helps(&pcc) {
                 pcc.swap_magazines();
-                continue;
+                if let Some(result) = round(&mut pcc) {
+                    break Some(result);
+                }
             }
-            let (found, left) = self.depot.exchange_for_full::<P>(&mut pcc);
+            let (found, left) = exchange(&self.depot, &mut pcc);
             stale = stale.join(left);
             if !found {
                 break None;
@@ -232,43 +272,7 @@ impl<P: Platform> KmemCache<P> {
         drop(pcc);
         drop(irq);
         self.free_stale(stale);
-        obj
-    }
-
-    /// One pass of the free miss with interrupts off: store `obj` in
-    /// `loaded`, swapping with `prev` or trading `prev` for an empty
-    /// magazine from the depot as needed; false if there is no room and
-    /// the depot has no empty magazine.
-    pub(super) fn magazine_free_miss(&self, obj: NonNull<u8>) -> bool {
-        let mut irq = IrqGuard::<P>::new();
-        let mut pcc = self.pcpu_synced(&mut irq);
-        let mut stale = Stale::NONE;
-        let stored = loop {
-            if push_round(&mut pcc, obj) {
-                break true;
-            }
-            // SAFETY: this CPU's magazines, interrupts off.
-            let swap = unsafe {
-                pcc.prev != no_magazine()
-                    && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
-            };
-            if swap {
-                pcc.swap_magazines();
-                if push_round(&mut pcc, obj) {
-                    break true;
-                }
-            }
-            let (found, left) = self.depot.exchange_for_empty::<P>(&mut pcc);
-            stale = stale.join(left);
-            if !found {
-                break false;
-            }
-        };
-        drop(pcc);
-        drop(irq);
-        // Empty magazines of an older type: freed with interrupts on.
-        self.free_stale(stale);
-        stored
+        result
     }
 
     /// Whether `obj` is the round on top of this CPU's `loaded` or `prev`
