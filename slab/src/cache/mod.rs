@@ -61,7 +61,7 @@
 //! | `cache/free.rs` | the free entry point, locating a pointer (owner check, object index), `finish_free`, the hit, its one slow function |
 //! | `cache/hooks.rs` | what happens on alloc and on free when a cache is debugged, traced, profiled (bufctl), recorded (kmemtrace) or a bootstrap cache: the flagged paths, each hook called from one place |
 //! | `cache/codegen.rs` | what exists only to steer code generation: packed results, the `AllocOut`/`FreeOut` return traits, `Located`'s field order |
-//! | `cache/magazines.rs` | this CPU's per-CPU cache, cross-CPU calls, the magazine misses, new magazines, draining |
+//! | `cache/magazines.rs` | this CPU's per-CPU cache, cross-CPU calls, the one miss loop of both directions (`magazine_miss`), new magazines, draining |
 //! | `cache/slab_layer.rs` | the calls into the slab layer |
 //! | `cache/reap.rs`, `cache/stats.rs` | giving memory back; statistics |
 //! | `cache/profiling.rs` | allocation tags of small-slab objects (side arrays) |
