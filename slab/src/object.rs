@@ -119,7 +119,7 @@ impl<P: Platform> SlabBox<P> {
     /// constructor.
     pub fn into_constructed(self) -> Result<InitBox<P>, SlabBox<P>> {
         match self.owner {
-            Owner::Cache(cache) if cache.ctor.is_some() => Ok(InitBox(self)),
+            Owner::Cache(cache) if cache.params.ctor.is_some() => Ok(InitBox(self)),
             _ => Err(self),
         }
     }

@@ -193,11 +193,11 @@ impl<P: Platform> Allocator<P> {
         let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
         // SAFETY: as above.
         let base = unsafe { (*slab).base };
-        let index = (addr - base) / cache.stride;
-        if index >= cache.nr_objs_per_slab {
+        let index = (addr - base) / cache.params.stride;
+        if index >= cache.params.nr_objs_per_slab {
             return None;
         }
-        let object = base + index * cache.stride;
+        let object = base + index * cache.params.stride;
         let mut info = WhatIs {
             addr,
             cache,

@@ -86,7 +86,7 @@ impl<P: Platform> Allocator<P> {
             self.for_each_cache(|cache| {
                 emit(CacheRecord {
                     id: cache.id,
-                    obj_size: cache.obj_size as u32,
+                    obj_size: cache.params.obj_size as u32,
                     align: cache.align as u32,
                     flags: cache.flags.bits(),
                     name: cache.name(),
@@ -104,11 +104,18 @@ impl<P: Platform> Allocator<P> {
             Err(_) => (EventKind::FailedAlloc, 0),
         };
         let (type_id, bytes_req) = if bytes_req == 0 {
-            (EventType::Cache, cache.obj_size)
+            (EventType::Cache, cache.params.obj_size)
         } else {
             (EventType::Kmalloc, bytes_req)
         };
-        self.kmemtrace_record(kind, type_id, cache.id, ptr, bytes_req, cache.obj_size);
+        self.kmemtrace_record(
+            kind,
+            type_id,
+            cache.id,
+            ptr,
+            bytes_req,
+            cache.params.obj_size,
+        );
     }
 
     /// Record a free to `cache` (`None`: the pointer is no cache's), good
@@ -121,8 +128,8 @@ impl<P: Platform> Allocator<P> {
             EventKind::BadFree
         };
         let (type_id, cache_id, bytes) = match cache {
-            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.obj_size),
-            Some(cache) => (EventType::Cache, cache.id, cache.obj_size),
+            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.params.obj_size),
+            Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
             None => (EventType::Kmalloc, 0, 0),
         };
         self.kmemtrace_record(kind, type_id, cache_id, obj.as_ptr() as usize, 0, bytes);

@@ -99,9 +99,9 @@ impl<P: Platform> Allocator<P> {
             let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
             // SAFETY: as above.
             let base = unsafe { (*slab).base };
-            let index = addr.wrapping_sub(base) / owner.stride;
-            if index < owner.nr_objs_per_slab {
-                report.object = base + index * owner.stride;
+            let index = addr.wrapping_sub(base) / owner.params.stride;
+            if index < owner.params.nr_objs_per_slab {
+                report.object = base + index * owner.params.stride;
                 report.slab = slab as usize;
             }
             if kind == ErrorKind::DuplicateFree

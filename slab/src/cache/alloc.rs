@@ -41,7 +41,7 @@ impl<P: Platform> KmemCache<P> {
     pub fn zalloc(&self) -> Result<NonNull<u8>, AllocError> {
         let obj = self.alloc()?;
         // SAFETY: a fresh object of obj_size bytes, ours.
-        unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, self.obj_size) };
+        unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, self.params.obj_size) };
         Ok(obj)
     }
 
@@ -142,7 +142,7 @@ impl<P: Platform> KmemCache<P> {
         };
         // SAFETY: `tag` is a charge token (the tag closures return the
         // platform's tokens: alloc_tag::current, explicit_tag).
-        unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
         // SAFETY: the object's own slot; the object is ours until freed,
         // and so is its slot.
         unsafe { slot.write(Some(tag)) };

@@ -57,7 +57,7 @@ impl<P: Platform> KmemCache<P> {
         // Off the primary source the map is empty: entry 0, slow path.
         // A slab entry minus its tag is the 8-aligned slab: one subtract
         // and one test find it and check the tag.
-        let slab = self.page_map.get(addr).slab()? as *mut Slab;
+        let slab = self.params.page_map.get(addr).slab()? as *mut Slab;
         // SAFETY: a slab entry names a registered slab, alive (entries
         // are cleared before a slab is destroyed).
         if unsafe { (*slab).cache } != (self as *const Self).cast() {
@@ -343,7 +343,7 @@ impl<P: Platform> KmemCache<P> {
         if !self.on_primary {
             return self.locate_off_primary(addr);
         }
-        let entry = self.page_map.get(addr);
+        let entry = self.params.page_map.get(addr);
         let ours = entry.slab().map(|slab| slab as *mut Slab).filter(|&slab| {
             // SAFETY: a slab entry names a registered slab, alive (entries
             // are cleared before a slab is destroyed).
@@ -386,7 +386,7 @@ impl<P: Platform> KmemCache<P> {
         if self.kind != SlabKind::Small {
             return Ok(ptr::null_mut());
         }
-        let (start, end) = self.source.span();
+        let (start, end) = self.params.source.span();
         if addr < start || addr >= end {
             return Err(FreeError::NotAllocated { addr });
         }
@@ -437,7 +437,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per the caller; base never changes.
         let base = unsafe { (*slab).base };
         let (index, exact) = self.obj_index(addr.wrapping_sub(base));
-        if exact && index < self.nr_objs_per_slab {
+        if exact && index < self.params.nr_objs_per_slab {
             Some(index)
         } else {
             None
@@ -461,7 +461,7 @@ impl<P: Platform> KmemCache<P> {
     /// cache in a live slab): [`SlabParams::small_slab_of`](crate::slab::SlabParams::small_slab_of).
     #[inline]
     pub(crate) fn small_slab_of(&self, addr: usize) -> *mut Slab {
-        self.slab.params.small_slab_of(addr)
+        self.params.small_slab_of(addr)
     }
 
     /// Name with the cache's lifetime, for error reports.

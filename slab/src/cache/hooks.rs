@@ -126,7 +126,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(layout) = self.debug.as_ref() {
             let slab = match self.kind {
                 SlabKind::Small => self.small_slab_of(addr) as usize,
-                SlabKind::Bufctl => self.page_map.get(addr).slab_unchecked(),
+                SlabKind::Bufctl => self.params.page_map.get(addr).slab_unchecked(),
             };
             // SAFETY: just taken from our magazines or slab layer: ours
             // until returned (its stride holds the debug slot).
@@ -141,7 +141,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(tag) = tag {
             if self.kind == SlabKind::Bufctl {
                 // SAFETY: `tag` is a charge token (see alloc_profiled).
-                unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+                unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
                 self.bufctl_mark_allocated(addr, tag);
             } else {
                 self.tag_small_object(obj, tag, hot);
@@ -289,7 +289,7 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: the bufctl's token, stored by alloc_cold from
                 // the charge of this object and taken (cleared) by
                 // mark_cached above: uncharged once.
-                unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
+                unsafe { P::alloc_tag_uncharge(token, obj, self.params.obj_size) };
             }
         } else if hot.contains(HotFlags::TAGGED) {
             // SAFETY: `slab` is the located, alive small slab of addr.

@@ -184,6 +184,8 @@ pub struct KmemCache<P: Platform> {
     // free read, and nothing a CPU writes on any path lives before
     // `depot`, which starts a new cache line (see `hot_fields_first`).
     pub(crate) hot_flags: AtomicU32,
+    /// `params.on_primary` and `params.kind` again, in the padding after
+    /// `hot_flags`: the `kmem_cache` free's hit tests them in this line.
     pub(crate) on_primary: bool,
     pub(crate) kind: SlabKind,
     pub(crate) permanent: bool,
@@ -203,19 +205,16 @@ pub struct KmemCache<P: Platform> {
     /// (Lemire, Kaser and Kurz, "Faster remainder by direct computation",
     /// 2019): one multiply checks and indexes a freed pointer.
     pub(crate) stride_magic: u64,
-    pub(crate) nr_objs_per_slab: usize,
-    /// The allocator's page map for a cache on the primary source; empty
-    /// (every lookup finds 0) for one on another source, so the free fast
-    /// path needs no `on_primary` test: its lookup misses and the slow
-    /// path locates by header or hash.
-    pub(crate) page_map: PageMap,
-    pub(crate) stride: usize,
-    pub(crate) obj_size: usize,
-    pub(crate) ctor: Option<Ctor>,
-    pub(crate) dtor: Option<Dtor>,
+    /// The slab layer's parameters (geometry, page map, page source,
+    /// constructor, destructor), `repr(C)` with the hit's fields first:
+    /// `nr_objs_per_slab` and `page_map` end this cache line, `stride`
+    /// opens the next. The page map is the allocator's for a cache on
+    /// the primary source, empty (every lookup finds 0) for one on
+    /// another source, so the free fast path needs no `on_primary` test:
+    /// its lookup misses and the slow path locates by header or hash.
+    pub(crate) params: SlabParams,
     pub(crate) align: usize,
     pub(crate) flags: CacheFlags,
-    pub(crate) source: &'static dyn PageSource,
     pub(crate) owner: *const Allocator<P>,
     // Written by any CPU on slow paths: from here on, away from the fields
     // above (`Depot` is cache-line aligned).
@@ -292,46 +291,27 @@ impl<P: Platform> KmemCache<P> {
             hot_flags: AtomicU32::new(hot.bits()),
             pcpu,
             last_cpu: nr_cpus.max(1) - 1,
-            stride: geometry.stride,
             // stride >= 8, so the quotient fits in 64 bits.
             stride_magic: (u64::MAX / geometry.stride as u64) + 1,
-            page_map: if spec.on_primary {
-                page_map
-            } else {
-                PageMap::empty()
-            },
             on_primary: spec.on_primary,
             kind: geometry.kind,
-            nr_objs_per_slab: geometry.nr_objs_per_slab,
-            ctor: spec.ctor,
-            dtor: spec.dtor,
-            obj_size: spec.size,
             #[cfg(feature = "alloc-profiling")]
             tag_header_in_page: geometry.kind == SlabKind::Small
                 && geometry.nr_pages_per_slab == 1
                 && !geometry.header_off_slab,
-            align: geometry.align,
-            flags: spec.flags,
-            source: spec.source,
-            owner,
-            permanent: spec.permanent,
-            depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
-            slab: SlabLayer::new(SlabParams {
-                kind: geometry.kind,
-                stride: geometry.stride,
-                obj_size: spec.size,
+            params: SlabParams {
                 nr_objs_per_slab: geometry.nr_objs_per_slab,
-                nr_pages_per_slab: geometry.nr_pages_per_slab,
-                header_off_slab: geometry.header_off_slab,
-                on_primary: spec.on_primary,
                 page_map: if spec.on_primary {
                     page_map
                 } else {
                     PageMap::empty()
                 },
-                source: spec.source,
+                stride: geometry.stride,
+                obj_size: spec.size,
                 ctor: spec.ctor,
                 dtor: spec.dtor,
+                source: spec.source,
+                nr_pages_per_slab: geometry.nr_pages_per_slab,
                 freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
                 freelist_secret: freelist_secret(
                     P::now()
@@ -339,8 +319,17 @@ impl<P: Platform> KmemCache<P> {
                         ^ ((geometry.stride as u64) << 40)
                         ^ (owner as u64).rotate_left(7),
                 ),
+                kind: geometry.kind,
+                on_primary: spec.on_primary,
+                header_off_slab: geometry.header_off_slab,
                 debug: spec.debug.is_some(),
-            }),
+            },
+            align: geometry.align,
+            flags: spec.flags,
+            owner,
+            permanent: spec.permanent,
+            depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
+            slab: SlabLayer::new(),
             nr_allocs_direct: AtomicU64::new(0),
             nr_frees_direct: AtomicU64::new(0),
             trace: TraceTable::new(),
@@ -377,7 +366,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// Object size in bytes, as requested at creation.
     pub fn obj_size(&self) -> usize {
-        self.obj_size
+        self.params.obj_size
     }
 
     /// Alignment in bytes every object is guaranteed (at least the
@@ -390,7 +379,7 @@ impl<P: Platform> KmemCache<P> {
     /// size rounded up to the alignment, plus, in a debug cache, the debug
     /// trailer (redzone, state word, audit records, ...).
     pub fn stride(&self) -> usize {
-        self.stride
+        self.params.stride
     }
 
     /// Creation flags.
@@ -405,7 +394,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// The page source slabs come from.
     pub fn source(&self) -> &'static dyn PageSource {
-        self.source
+        self.params.source
     }
 
     /// Whether this is one of the allocator's bootstrap (metadata) caches,

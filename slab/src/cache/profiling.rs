@@ -38,7 +38,7 @@ impl<P: Platform> KmemCache<P> {
             (unsafe { (*slab).tags.load(Ordering::Acquire) }, addr - page)
         } else {
             debug_assert!(self.on_primary);
-            let slab = self.page_map.get(addr).slab_unchecked() as *mut Slab;
+            let slab = self.params.page_map.get(addr).slab_unchecked() as *mut Slab;
             // SAFETY: as above.
             unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };
@@ -108,7 +108,7 @@ impl<P: Platform> KmemCache<P> {
         let (index, _) = self.obj_index(obj.as_ptr() as usize - base);
         // SAFETY: `tag` is a charge token (the tag closures return the
         // platform's tokens).
-        unsafe { P::alloc_tag_charge_token(tag, obj, self.obj_size) };
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
         // SAFETY: index < nr_objs (a busy object of the slab), the side
         // array's length; the object and its slot are ours until freed.
         unsafe { tags.add(index).write(Some(tag)) };
@@ -117,7 +117,7 @@ impl<P: Platform> KmemCache<P> {
     /// The `kmem_tags_<bytes>` cache (an index into `TAG_ARRAY_SIZES`)
     /// holding this cache's side arrays.
     fn tag_array_cache_index(&self) -> usize {
-        let bytes = self.nr_objs_per_slab * TAG_REF_BYTES;
+        let bytes = self.params.nr_objs_per_slab * TAG_REF_BYTES;
         // The largest holds MAX_SMALL_OBJS slots (asserted in allocator/mod.rs).
         TAG_ARRAY_SIZES
             .iter()
@@ -151,7 +151,7 @@ impl<P: Platform> KmemCache<P> {
         let new = new.as_ptr().cast::<Option<AllocTagRef>>();
         // SAFETY: a fresh object of at least nr_objs * 4 bytes, 8-aligned,
         // ours; all-zero bytes are `None` in every slot.
-        unsafe { ptr::write_bytes(new, 0, self.nr_objs_per_slab) };
+        unsafe { ptr::write_bytes(new, 0, self.params.nr_objs_per_slab) };
         // SAFETY: per the caller, the slab is alive. Release: whoever
         // loads the pointer (Acquire) sees the zeroed slots.
         let installed = unsafe {
@@ -231,7 +231,7 @@ impl<P: Platform> KmemCache<P> {
             // charged with (slots are written only by charge_and_store
             // and the profiled alloc, right after the charge), cleared
             // here once.
-            unsafe { P::alloc_tag_uncharge(token, obj, self.obj_size) };
+            unsafe { P::alloc_tag_uncharge(token, obj, self.params.obj_size) };
         }
     }
 }

@@ -20,13 +20,13 @@ use crate::slab::{Metadata, Slab, SlabOwner};
 impl<P: Platform> KmemCache<P> {
     /// [`SlabLayer::alloc_raw`].
     pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
-        self.slab.alloc_raw(self)
+        self.slab.alloc_raw(&self.params, self)
     }
 
     /// [`SlabLayer::alloc_constructed`].
     /// Counted in the cache's direct counters.
     pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.slab.alloc_constructed(self)?;
+        let obj = self.slab.alloc_constructed(&self.params, self)?;
         self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
         Ok(obj)
     }
@@ -37,7 +37,7 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::free_raw`].
     pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
         // SAFETY: per the caller.
-        unsafe { self.slab.free_raw(self, obj) }
+        unsafe { self.slab.free_raw(&self.params, self, obj) }
     }
 
     /// [`SlabLayer::free_objects`].
@@ -46,12 +46,12 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::free_objects`].
     pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
         // SAFETY: per the caller.
-        unsafe { self.slab.free_objects(self, objs) }
+        unsafe { self.slab.free_objects(&self.params, self, objs) }
     }
 
     /// [`SlabLayer::reap`].
     pub(crate) fn reap_slabs(&self) -> usize {
-        self.slab.reap(self)
+        self.slab.reap(&self.params, self)
     }
 
     /// [`SlabLayer::discard_all`].
@@ -60,7 +60,7 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::discard_all`].
     pub(crate) unsafe fn discard_all_slabs(&self) {
         // SAFETY: per the caller.
-        unsafe { self.slab.discard_all() }
+        unsafe { self.slab.discard_all(&self.params) }
     }
 
     /// [`SlabLayer::free_hash_table`].

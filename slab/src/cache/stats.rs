@@ -47,14 +47,14 @@ impl<P: Platform> KmemCache<P> {
         };
         drop(layer);
         CacheStats {
-            obj_size: self.obj_size,
+            obj_size: self.params.obj_size,
             align: self.align,
             nr_allocated,
             nr_slabs: counts.nr_slabs,
-            nr_pages_per_slab: self.slab.params.nr_pages_per_slab,
-            objs_per_slab: self.nr_objs_per_slab,
+            nr_pages_per_slab: self.params.nr_pages_per_slab,
+            objs_per_slab: self.params.nr_objs_per_slab,
             nr_active_slabs: counts.nr_active_slabs,
-            nr_total_objs: counts.nr_slabs * self.nr_objs_per_slab,
+            nr_total_objs: counts.nr_slabs * self.params.nr_objs_per_slab,
             nr_allocs_ever: nr_allocs,
             nr_frees_ever: nr_frees,
             magsize: if self.pcpu.is_null() { 0 } else { magsize },
@@ -64,8 +64,9 @@ impl<P: Platform> KmemCache<P> {
             nr_cpu_cached_objs,
             nr_depot_objs,
             total_bytes: counts.nr_pages * PAGE_SIZE,
-            waste_bytes: (counts.nr_pages * PAGE_SIZE)
-                .saturating_sub(counts.nr_slabs * self.nr_objs_per_slab * self.obj_size),
+            waste_bytes: (counts.nr_pages * PAGE_SIZE).saturating_sub(
+                counts.nr_slabs * self.params.nr_objs_per_slab * self.params.obj_size,
+            ),
             kind: self.kind,
         }
     }

@@ -87,7 +87,7 @@ impl<P: Platform> TraceOwner for KmemCache<P> {
     type Platform = P;
 
     fn obj_size(&self) -> usize {
-        self.obj_size
+        self.params.obj_size
     }
 
     fn alloc_record(&self) -> Result<NonNull<u8>, AllocError> {

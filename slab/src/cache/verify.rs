@@ -47,7 +47,7 @@ impl<P: Platform> KmemCache<P> {
         let (base, nr_busy, nr_objs) = unsafe { ((*slab).base, (*slab).nr_busy, (*slab).nr_objs) };
         let mut nr_objects = 0;
         if self.kind == SlabKind::Small {
-            let list = self.slab.params.free_list(base);
+            let list = self.params.free_list(base);
             // SAFETY: per the caller: the slab's list and map, locked.
             let checked = unsafe { list.check((*slab).free as usize, &(*slab).free_map) };
             match checked {
@@ -65,7 +65,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(layout) = self.debug.as_ref() {
             nr_objects = nr_objs as usize;
             for index in 0..nr_objs as usize {
-                let addr = base + index * self.stride;
+                let addr = base + index * self.params.stride;
                 // SAFETY: per the caller (small slabs: the bitmap is ours
                 // under the lock).
                 let free_in_slab =
@@ -92,7 +92,7 @@ impl<P: Platform> KmemCache<P> {
         report.object = obj;
         report.slab = slab as usize;
         report.corruption = bad.map(|bad| crate::debug::Mismatch {
-            offset: self.slab.params.freeptr_offset,
+            offset: self.params.freeptr_offset,
             expected: 0,
             found: bad.decoded as u64,
         });
@@ -133,7 +133,7 @@ impl<P: Platform> KmemCache<P> {
                 } else if nr_busy > nr_objs || !on_list_matches {
                     result = Err(error("busy count and list disagree", slab as usize));
                 } else if self.kind == SlabKind::Small {
-                    let list = self.slab.params.free_list(base);
+                    let list = self.params.free_list(base);
                     // SAFETY: the slab's list and map, under the lock.
                     let free_map = unsafe { &(*slab).free_map };
                     // SAFETY: as above.
@@ -162,7 +162,10 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: located: a live slab of ours, under its lock.
                 let base = unsafe { (*slab).base };
                 // SAFETY: as above.
-                map_test(unsafe { &(*slab).free_map }, (round - base) / self.stride)
+                map_test(
+                    unsafe { &(*slab).free_map },
+                    (round - base) / self.params.stride,
+                )
             }
             Ok(_) => self.slab.lock().hash.find(round).is_null(),
             Err(_) => true,

@@ -25,29 +25,34 @@ use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::{Mutex, MutexGuard};
 
 /// The slab layer's parameters: the cache's geometry, its page source,
-/// constructor and destructor, fixed at creation. The slab layer owns
-/// them; the fields the magazine hits read are also kept at the head of
-/// the cache (`KmemCache`), where the hits find them in one cache line.
+/// constructor and destructor, fixed at creation. The cache owns them
+/// (`KmemCache::params`, one copy) and hands them to every [`SlabLayer`]
+/// call. `repr(C)`, the fields the magazine hits read first: the cache
+/// places them right after its own hot fields, so that `nr_objs_per_slab`
+/// and `page_map` end its first cache line and `stride` opens the second
+/// (`tests::magazines::hot_fields_first`).
+#[repr(C)]
 pub(crate) struct SlabParams {
-    pub(crate) kind: SlabKind,
+    pub(crate) nr_objs_per_slab: usize,
+    /// Slabs on the primary source are registered here (empty otherwise).
+    pub(crate) page_map: PageMap,
     pub(crate) stride: usize,
     pub(crate) obj_size: usize,
-    pub(crate) nr_objs_per_slab: usize,
-    pub(crate) nr_pages_per_slab: usize,
-    /// Small slabs: the header is a `kmem_slab` object, not the slab's
-    /// last bytes.
-    pub(crate) header_off_slab: bool,
-    /// On the primary source: slabs are registered in `page_map`.
-    pub(crate) on_primary: bool,
-    pub(crate) page_map: PageMap,
-    pub(crate) source: &'static dyn PageSource,
     pub(crate) ctor: Option<Ctor>,
     pub(crate) dtor: Option<Dtor>,
+    pub(crate) source: &'static dyn PageSource,
+    pub(crate) nr_pages_per_slab: usize,
     /// Where a free object holds its free-list link: 0, or in the debug
     /// trailer (so the poison stays whole).
     pub(crate) freeptr_offset: usize,
     /// The free-list obfuscation secret ([`crate::layout::freelist`]).
     pub(crate) freelist_secret: usize,
+    pub(crate) kind: SlabKind,
+    /// On the primary source: slabs are registered in `page_map`.
+    pub(crate) on_primary: bool,
+    /// Small slabs: the header is a `kmem_slab` object, not the slab's
+    /// last bytes.
+    pub(crate) header_off_slab: bool,
     /// A debug cache: objects are initialised and checked through
     /// [`SlabOwner::debug_init_object`] and
     /// [`SlabOwner::debug_verify_free_object`].
@@ -142,21 +147,19 @@ pub(crate) trait SlabOwner {
     unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>);
 }
 
-/// A cache's slab layer: its parameters, its slab lists behind a spin
+/// A cache's slab layer: its slab lists behind a spin
 /// lock, and every operation on its slabs: growing (pages from the
 /// source, carved into objects), taking and returning objects (bufctl
 /// state changes with them), reaping empty slabs, and the bufctl hash's
 /// table. What it needs of the cache comes through `owner` ([`SlabOwner`]).
 pub(crate) struct SlabLayer {
     lists: Mutex<SlabLists>,
-    pub(crate) params: SlabParams,
 }
 
 impl SlabLayer {
-    pub(crate) fn new(params: SlabParams) -> Self {
+    pub(crate) fn new() -> Self {
         SlabLayer {
             lists: Mutex::new(SlabLists::new()),
-            params,
         }
     }
 
@@ -170,49 +173,50 @@ impl SlabLayer {
     /// object is not constructed and not counted; bufctl objects come back
     /// `BufctlState::Cached`. A corrupted free list met on the way is
     /// reported (after the lock is dropped) and repaired.
-    pub(crate) fn alloc_raw<O: SlabOwner>(&self, owner: &O) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_raw<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+    ) -> Result<NonNull<u8>, AllocError> {
         let mut bad = None;
-        let taken = self.lock().take_object(
-            self.params.kind,
-            |base| self.params.free_list(base),
-            &mut bad,
-        );
-        self.report_bad_link(owner, bad);
+        let taken = self
+            .lock()
+            .take_object(params.kind, |base| params.free_list(base), &mut bad);
+        self.report_bad_link(params, owner, bad);
         if let Some(obj) = taken {
             return Ok(obj);
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
-        let slab = match self.grow(owner) {
+        let slab = match self.grow(params, owner) {
             Ok(slab) => slab,
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
-                let taken = self.lock().take_object(
-                    self.params.kind,
-                    |base| self.params.free_list(base),
-                    &mut bad,
-                );
-                self.report_bad_link(owner, bad);
+                let taken =
+                    self.lock()
+                        .take_object(params.kind, |base| params.free_list(base), &mut bad);
+                self.report_bad_link(params, owner, bad);
                 return taken.ok_or(error);
             }
         };
         let mut layer = self.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
-        let obj = layer.take_object(
-            self.params.kind,
-            |base| self.params.free_list(base),
-            &mut bad,
-        );
+        let obj = layer.take_object(params.kind, |base| params.free_list(base), &mut bad);
         drop(layer);
-        self.report_bad_link(owner, bad);
-        self.maybe_grow_hash(owner);
+        self.report_bad_link(params, owner, bad);
+        self.maybe_grow_hash(params, owner);
         obj.ok_or(AllocError::OutOfMemory)
     }
 
     /// Report a free-list link that failed its check (`take_object`).
-    fn report_bad_link<O: SlabOwner>(&self, owner: &O, bad: Option<(*mut Slab, BadLink)>) {
+    fn report_bad_link<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        bad: Option<(*mut Slab, BadLink)>,
+    ) {
         let Some((slab, link)) = bad else {
             return;
         };
@@ -220,7 +224,7 @@ impl SlabLayer {
         report.object = link.obj;
         report.slab = slab as usize;
         report.corruption = Some(crate::debug::Mismatch {
-            offset: self.params.freeptr_offset,
+            offset: params.freeptr_offset,
             expected: 0,
             found: link.decoded as u64,
         });
@@ -231,17 +235,18 @@ impl SlabLayer {
     /// (the magazine layer missed; the cache counts it).
     pub(crate) fn alloc_constructed<O: SlabOwner>(
         &self,
+        params: &SlabParams,
         owner: &O,
     ) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.alloc_raw(owner)?;
-        if let Some(ctor) = self.params.ctor
+        let obj = self.alloc_raw(params, owner)?;
+        if let Some(ctor) = params.ctor
             // SAFETY: a fresh object of our slab layer: obj_size bytes,
             // 8-aligned (every stride is a multiple of 8 and slabs start on
             // a page), nobody else's until we return it.
-            && ctor(unsafe { ObjectInit::new(obj, self.params.obj_size) }).is_err()
+            && ctor(unsafe { ObjectInit::new(obj, params.obj_size) }).is_err()
         {
             // SAFETY: obj came from our slab layer just now, unconstructed.
-            unsafe { self.free_raw(owner, obj.as_ptr()) };
+            unsafe { self.free_raw(params, owner, obj.as_ptr()) };
             return Err(AllocError::ConstructorFailed);
         }
         Ok(obj)
@@ -250,9 +255,9 @@ impl SlabLayer {
     /// The slab a busy object of this cache's slab layer was checked
     /// against: the header for a small slab (null for bufctl slabs: the
     /// hash decides).
-    fn slab_of(&self, obj: *mut u8) -> *mut Slab {
-        match self.params.kind {
-            SlabKind::Small => self.params.small_slab_of(obj as usize),
+    fn slab_of(&self, params: &SlabParams, obj: *mut u8) -> *mut Slab {
+        match params.kind {
+            SlabKind::Small => params.small_slab_of(obj as usize),
             SlabKind::Bufctl => ptr::null_mut(),
         }
     }
@@ -263,11 +268,16 @@ impl SlabLayer {
     /// # Safety
     /// `obj` is an object of this cache's slab layer (small: in one of its
     /// live slabs), not in any magazine, not with a caller.
-    pub(crate) unsafe fn free_raw<O: SlabOwner>(&self, owner: &O, obj: *mut u8) {
-        let slab = self.slab_of(obj);
-        let list = self.params.free_list(slab_base(slab));
+    pub(crate) unsafe fn free_raw<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        obj: *mut u8,
+    ) {
+        let slab = self.slab_of(params, obj);
+        let list = params.free_list(slab_base(slab));
         // SAFETY: per the caller.
-        let refused = unsafe { self.lock().put_object(self.params.kind, obj, slab, list) };
+        let refused = unsafe { self.lock().put_object(params.kind, obj, slab, list) };
         if let Err(kind) = refused {
             self.report_refusal(owner, kind, obj, slab);
         }
@@ -281,25 +291,30 @@ impl SlabLayer {
     /// Every pointer is an object start of a live slab of this cache (small
     /// slabs) or was handed out by it (bufctl slabs), constructed, in no
     /// magazine and with no caller.
-    pub(crate) unsafe fn free_objects<O: SlabOwner>(&self, owner: &O, objs: &[*mut u8]) {
-        if let Some(dtor) = self.params.dtor {
-            let constructed = self.params.ctor.is_some();
+    pub(crate) unsafe fn free_objects<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        objs: &[*mut u8],
+    ) {
+        if let Some(dtor) = params.dtor {
+            let constructed = params.ctor.is_some();
             for &obj in objs {
                 if let Some(obj) = NonNull::new(obj) {
                     // SAFETY: per the caller, an object of ours (8-aligned)
                     // with nobody else; constructed, so initialised, if the
                     // cache has a constructor (callers give objects back
                     // constructed: `Ctor`).
-                    dtor(unsafe { ObjectRef::new(obj, self.params.obj_size, constructed) });
+                    dtor(unsafe { ObjectRef::new(obj, params.obj_size, constructed) });
                 }
             }
         }
         let mut layer = self.lock();
         for &obj in objs {
-            let slab = self.slab_of(obj);
-            let list = self.params.free_list(slab_base(slab));
+            let slab = self.slab_of(params, obj);
+            let list = params.free_list(slab_base(slab));
             // SAFETY: per the caller.
-            if let Err(kind) = unsafe { layer.put_object(self.params.kind, obj, slab, list) } {
+            if let Err(kind) = unsafe { layer.put_object(params.kind, obj, slab, list) } {
                 drop(layer);
                 self.report_refusal(owner, kind, obj, slab);
                 layer = self.lock();
@@ -326,9 +341,9 @@ impl SlabLayer {
 
     /// Make a new slab: pages from the source, carved into objects, and
     /// registered in the page map. Runs with no lock held.
-    fn grow<O: SlabOwner>(&self, owner: &O) -> Result<*mut Slab, AllocError> {
+    fn grow<O: SlabOwner>(&self, params: &SlabParams, owner: &O) -> Result<*mut Slab, AllocError> {
         let start = time_stats_start!(O::Platform);
-        let grown = self.grow_timed(owner);
+        let grown = self.grow_timed(params, owner);
         time_stats_end!(O::Platform, start);
         grown
     }
@@ -337,18 +352,22 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "kmem_slab objects are aligned for Slab (boot cache geometry)"
     )]
-    fn grow_timed<O: SlabOwner>(&self, owner: &O) -> Result<*mut Slab, AllocError> {
-        let nr_pages = self.params.nr_pages_per_slab;
-        let pages = match self.params.source.alloc_pages(nr_pages) {
+    fn grow_timed<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+    ) -> Result<*mut Slab, AllocError> {
+        let nr_pages = params.nr_pages_per_slab;
+        let pages = match params.source.alloc_pages(nr_pages) {
             Ok(pages) => pages,
             // Out of memory: reap every cache (every CPU's magazines, the
             // depots, empty slabs) and try once more.
-            Err(_) if owner.reap_for_pressure() => self.params.source.alloc_pages(nr_pages)?,
+            Err(_) if owner.reap_for_pressure() => params.source.alloc_pages(nr_pages)?,
             Err(error) => return Err(error),
         };
         let base = pages.as_ptr() as usize;
-        let slab = match self.params.kind {
-            SlabKind::Small if !self.params.header_off_slab => {
+        let slab = match params.kind {
+            SlabKind::Small if !params.header_off_slab => {
                 (base + nr_pages * PAGE_SIZE - core::mem::size_of::<Slab>()) as *mut Slab
             }
             SlabKind::Small | SlabKind::Bufctl => {
@@ -356,7 +375,7 @@ impl SlabLayer {
                     Ok(slab) => slab.as_ptr().cast::<Slab>(),
                     Err(error) => {
                         // SAFETY: the pages came from this source just now.
-                        unsafe { self.params.source.free_pages(pages, nr_pages) };
+                        unsafe { params.source.free_pages(pages, nr_pages) };
                         return Err(error);
                     }
                 }
@@ -364,7 +383,7 @@ impl SlabLayer {
         };
         // The geometry keeps both counts in range (`Geometry::new`).
         debug_assert!(
-            self.params.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize
+            params.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize
         );
         // SAFETY: `slab` is either the header area at the end of our fresh
         // slab or a fresh kmem_slab object, both writable and ours.
@@ -373,7 +392,7 @@ impl SlabLayer {
                 magic: SLAB_MAGIC,
                 nr_pages: nr_pages as u32,
                 nr_busy: 0,
-                nr_objs: self.params.nr_objs_per_slab as u16,
+                nr_objs: params.nr_objs_per_slab as u16,
                 list: SlabList::Empty,
                 cache: owner.id(),
                 prev: ptr::null_mut(),
@@ -388,45 +407,44 @@ impl SlabLayer {
                 free_map: [const { AtomicU64::new(0) }; 8],
             });
         }
-        if self.params.debug {
-            for index in 0..self.params.nr_objs_per_slab {
+        if params.debug {
+            for index in 0..params.nr_objs_per_slab {
                 // SAFETY: object `index` of our fresh slab (its stride
                 // holds the debug slot), ours alone.
-                unsafe { owner.debug_init_object(base + index * self.params.stride) };
+                unsafe { owner.debug_init_object(base + index * params.stride) };
             }
         }
-        let carved = match self.params.kind {
+        let carved = match params.kind {
             SlabKind::Small => {
-                let list = self.params.free_list(base);
+                let list = params.free_list(base);
                 let mut free = 0;
                 // SAFETY: slab initialised above, ours alone.
                 let map = unsafe { &(*slab).free_map };
-                for index in (0..self.params.nr_objs_per_slab).rev() {
+                for index in (0..params.nr_objs_per_slab).rev() {
                     // SAFETY: object `index` lies inside our page below the
                     // header; its link word is 8-aligned inside its stride.
-                    unsafe { list.push(&mut free, map, base + index * self.params.stride, index) };
+                    unsafe { list.push(&mut free, map, base + index * params.stride, index) };
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free as *mut u8 };
                 Ok(())
             }
-            SlabKind::Bufctl => self.carve_bufctls(owner, slab),
+            SlabKind::Bufctl => self.carve_bufctls(params, owner, slab),
         };
         if let Err(error) = carved {
             // SAFETY: the slab was never listed or registered.
-            unsafe { self.destroy_slab(owner, slab, false) };
+            unsafe { self.destroy_slab(params, owner, slab, false) };
             return Err(error);
         }
-        if self.params.on_primary {
-            let registered = self
-                .params
+        if params.on_primary {
+            let registered = params
                 .page_map
                 .set_range(base, nr_pages, |_| PageEntry::slab_page(slab as usize));
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.
                 // SAFETY: never listed or registered.
-                unsafe { self.destroy_slab(owner, slab, false) };
+                unsafe { self.destroy_slab(params, owner, slab, false) };
                 return Err(AllocError::OutOfMemory);
             }
         }
@@ -438,10 +456,15 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "kmem_bufctl objects are aligned for Bufctl (boot cache geometry)"
     )]
-    fn carve_bufctls<O: SlabOwner>(&self, owner: &O, slab: *mut Slab) -> Result<(), AllocError> {
+    fn carve_bufctls<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        slab: *mut Slab,
+    ) -> Result<(), AllocError> {
         // SAFETY: slab initialised by grow.
         let base = unsafe { (*slab).base };
-        for index in (0..self.params.nr_objs_per_slab).rev() {
+        for index in (0..params.nr_objs_per_slab).rev() {
             let bufctl = owner
                 .alloc_metadata(Metadata::Bufctl)?
                 .as_ptr()
@@ -451,7 +474,7 @@ impl SlabLayer {
                 bufctl.write(Bufctl {
                     hash_next: ptr::null_mut(),
                     free_next: (*slab).free.cast(),
-                    addr: base + index * self.params.stride,
+                    addr: base + index * params.stride,
                     slab,
                     state: BufctlState::Free,
                     #[cfg(feature = "alloc-profiling")]
@@ -473,23 +496,29 @@ impl SlabLayer {
         clippy::cast_ptr_alignment,
         reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
     )]
-    unsafe fn destroy_slab<O: SlabOwner>(&self, owner: &O, slab: *mut Slab, registered: bool) {
+    unsafe fn destroy_slab<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        slab: *mut Slab,
+        registered: bool,
+    ) {
         // SAFETY: per the caller, the slab is alive and ours alone.
         unsafe {
             debug_assert_eq!((*slab).nr_busy, 0);
             let base = (*slab).base;
             let nr_pages = (*slab).nr_pages as usize;
             if registered {
-                self.params.page_map.clear_range(base, nr_pages);
+                params.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
             // No busy object, so nobody installs a side array meanwhile.
             #[cfg(feature = "alloc-profiling")]
             owner.free_tag_array((*slab).tags.load(Ordering::Acquire));
-            if self.params.kind == SlabKind::Small && self.params.header_off_slab {
+            if params.kind == SlabKind::Small && params.header_off_slab {
                 owner.free_metadata(Metadata::Slab, slab.cast());
             }
-            if self.params.kind == SlabKind::Bufctl {
+            if params.kind == SlabKind::Bufctl {
                 let mut bufctl = (*slab).free.cast::<Bufctl>();
                 while !bufctl.is_null() {
                     let next = (*bufctl).free_next;
@@ -499,13 +528,13 @@ impl SlabLayer {
                 owner.free_metadata(Metadata::Slab, slab.cast());
             }
             if let Some(pages) = NonNull::new(base as *mut u8) {
-                self.params.source.free_pages(pages, nr_pages);
+                params.source.free_pages(pages, nr_pages);
             }
         }
     }
 
     /// Return every empty slab to the page source. Returns pages freed.
-    pub(crate) fn reap<O: SlabOwner>(&self, owner: &O) -> usize {
+    pub(crate) fn reap<O: SlabOwner>(&self, params: &SlabParams, owner: &O) -> usize {
         let mut slab = self.lock().take_empty();
         let mut nr_pages = 0;
         while !slab.is_null() {
@@ -514,8 +543,8 @@ impl SlabLayer {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages as usize;
-                self.verify_before_destroy(owner, slab);
-                self.destroy_slab(owner, slab, self.params.on_primary);
+                self.verify_before_destroy(params, owner, slab);
+                self.destroy_slab(params, owner, slab, params.on_primary);
                 slab = next;
             }
         }
@@ -528,17 +557,22 @@ impl SlabLayer {
     ///
     /// # Safety
     /// `slab` is a detached empty slab of this cache, alive.
-    unsafe fn verify_before_destroy<O: SlabOwner>(&self, owner: &O, slab: *mut Slab) {
-        if !self.params.debug {
+    unsafe fn verify_before_destroy<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        slab: *mut Slab,
+    ) {
+        if !params.debug {
             return;
         }
         // SAFETY: per the caller.
         let base = unsafe { (*slab).base };
-        for index in 0..self.params.nr_objs_per_slab {
+        for index in 0..params.nr_objs_per_slab {
             // SAFETY: an object of a detached slab of ours: nobody else
             // touches it.
             let found =
-                unsafe { owner.debug_verify_free_object(base + index * self.params.stride, slab) };
+                unsafe { owner.debug_verify_free_object(base + index * params.stride, slab) };
             if let Some(report) = found {
                 owner.report(report);
             }
@@ -552,7 +586,7 @@ impl SlabLayer {
     /// # Safety
     /// Nothing uses this cache or its objects afterwards; metadata caches
     /// are discarded after the caches whose metadata they hold.
-    pub(crate) unsafe fn discard_all(&self) {
+    pub(crate) unsafe fn discard_all(&self, params: &SlabParams) {
         let mut slab = self.lock().take_all();
         while !slab.is_null() {
             // SAFETY: detached slabs are alive until their pages go back;
@@ -561,12 +595,12 @@ impl SlabLayer {
                 let next = (*slab).next;
                 let base = (*slab).base;
                 let nr_pages = (*slab).nr_pages as usize;
-                if self.params.on_primary {
-                    self.params.page_map.clear_range(base, nr_pages);
+                if params.on_primary {
+                    params.page_map.clear_range(base, nr_pages);
                 }
                 (*slab).magic = 0;
                 if let Some(pages) = NonNull::new(base as *mut u8) {
-                    self.params.source.free_pages(pages, nr_pages);
+                    params.source.free_pages(pages, nr_pages);
                 }
                 slab = next;
             }
@@ -574,8 +608,8 @@ impl SlabLayer {
     }
 
     /// Grow the bufctl hash if its load is too high. Runs with no lock held.
-    pub(crate) fn maybe_grow_hash<O: SlabOwner>(&self, owner: &O) {
-        if self.params.kind == SlabKind::Bufctl {
+    pub(crate) fn maybe_grow_hash<O: SlabOwner>(&self, params: &SlabParams, owner: &O) {
+        if params.kind == SlabKind::Bufctl {
             rescale_locked(
                 &self.lists,
                 |lists| &mut lists.hash,

@@ -106,7 +106,7 @@ fn class_geometry_is_the_same_with_profiling_compiled_in() {
             "kmalloc-{size}"
         );
         assert_eq!(
-            cache.slab.params.header_off_slab, geometry.header_off_slab,
+            cache.params.header_off_slab, geometry.header_off_slab,
             "kmalloc-{size}"
         );
         // Objects fill the slab but for the in-slab header and a tail

@@ -610,6 +610,14 @@ fn hot_fields_first() {
     let depot = offset_of!(Cache, depot);
     assert!(core::mem::align_of::<Cache>() >= 64);
     assert_eq!(depot % 64, 0);
+    // One copy of the slab layer's parameters (`params`), not a second one
+    // in the slab layer: the cache stays at 15 cache lines, and every
+    // kmalloc and bootstrap cache with it.
+    assert!(
+        core::mem::size_of::<Cache>() <= 15 * 64,
+        "{}",
+        core::mem::size_of::<Cache>()
+    );
     for (name, offset) in [
         ("hot_flags", offset_of!(Cache, hot_flags)),
         ("on_primary", offset_of!(Cache, on_primary)),
@@ -617,18 +625,21 @@ fn hot_fields_first() {
         ("pcpu", offset_of!(Cache, pcpu)),
         ("last_cpu", offset_of!(Cache, last_cpu)),
         ("stride_magic", offset_of!(Cache, stride_magic)),
-        ("nr_objs_per_slab", offset_of!(Cache, nr_objs_per_slab)),
-        ("page_map", offset_of!(Cache, page_map)),
+        (
+            "nr_objs_per_slab",
+            offset_of!(Cache, params.nr_objs_per_slab),
+        ),
+        ("page_map", offset_of!(Cache, params.page_map)),
     ] {
         let size = if name == "page_map" { 24 } else { 1 };
         assert!(offset + size <= 64, "{name} at {offset}");
     }
     for offset in [
-        offset_of!(Cache, stride),
-        offset_of!(Cache, obj_size),
-        offset_of!(Cache, ctor),
+        offset_of!(Cache, params.stride),
+        offset_of!(Cache, params.obj_size),
+        offset_of!(Cache, params.ctor),
         offset_of!(Cache, owner),
-        offset_of!(Cache, source),
+        offset_of!(Cache, params.source),
     ] {
         assert!(offset < depot);
     }
