@@ -97,9 +97,9 @@ test-loom:
 # - codetag's integration tests: the linker-section (linkme) registries,
 #   Miri cannot read `__start_*` section symbols.
 # -Zmiri-permissive-provenance: the allocator keeps addresses as words and
-# casts them back (the page map's slab entries, slab/src/cache.rs
+# casts them back (the page map's slab entries, slab/src/slab/layer.rs
 # `small_slab_of`; the hardened free list's obfuscated links,
-# slab/src/freelist.rs; the test page source's arena base): Miri checks
+# slab/src/layout/freelist.rs; the test page source's arena base): Miri checks
 # these int-to-pointer casts with exposed provenance (without the flag it
 # only warns on each). -Zmiri-ignore-leaks: the test page source leaks its
 # arena on purpose.

@@ -5,7 +5,7 @@
 #
 # Runs the workload under callgrind twice (N/10 and N iterations) and prints
 # (Ir(N) - Ir(N/10)) / (ops(N) - ops(N/10)) for every source line (inlined
-# code is charged to its own line, e.g. slab/src/magazine.rs) and every
+# code is charged to its own line, e.g. slab/src/magazine/mod.rs) and every
 # function, so start-up and warm-up cancel out. Lines under min-per-op
 # (default 0.5) are left out. Needs valgrind and python3. Builds with the
 # `bench-release` profile (Cargo.toml: release, one codegen unit), as

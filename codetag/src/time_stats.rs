@@ -251,7 +251,7 @@ impl fmt::Display for Duration {
 /// (printed only when known: two events recorded with `record_at`):
 ///
 /// ```text
-/// slab/src/slab.rs:512 func:grow
+/// slab/src/slab/layer.rs:347 func:grow
 /// count:          61
 /// rate:           3/sec
 /// frequency:      312 ms
