@@ -137,5 +137,5 @@ test-miri-wide:
 	$(MAKE) --no-print-directory -j2 --output-sync=line \
 		MIRI_SKIP='$(MIRI_WIDE_SKIP)' \
 		MIRI_SLAB_1='tests::alloc_free tests::bad_free tests::debug:: tests::geometry tests::global tests::kmalloc tests::magazines tests::double_free_rate' \
-		MIRI_SLAB_2='tests::kmemtrace tests::oom tests::profiling tests::tracing tests::reclaim tests::threads tests::model tests::debug_fuzz' \
+		MIRI_SLAB_2='tests::kmemtrace tests::oom tests::profiling tests::trace_table tests::reclaim tests::threads tests::model tests::debug_fuzz' \
 		miri-slab-1 miri-slab-2

@@ -38,4 +38,4 @@ mod reclaim;
 #[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]
-mod tracing;
+mod trace_table;

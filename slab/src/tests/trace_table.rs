@@ -1,4 +1,5 @@
-//! Akaros trace semantics.
+//! The per-cache trace table (Akaros `kmem_trace`): start, stop, print,
+//! reset semantics. (The kmemtrace event stream is `tests/kmemtrace.rs`.)
 
 use std::collections::HashSet;
 use std::vec::Vec;
