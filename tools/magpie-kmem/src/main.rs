@@ -174,10 +174,12 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
                     }
                 }
             };
-            print!(
-                "{}",
-                report::check_text(&file.display().to_string(), &dump, &replay, &kernel)
-            );
+            emit(&report::check_text(
+                &file.display().to_string(),
+                &dump,
+                &replay,
+                &kernel,
+            ))?;
             Ok(if replay.has_errors() {
                 ExitCode::FAILURE
             } else {
@@ -207,12 +209,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let replay = analysis::replay(&dump);
             if *json {
                 let value = report::stat_json(&dump, &replay, &sym, &opts);
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-                );
+                emit_json(&value)?;
             } else {
-                print!("{}", report::stat_text(&dump, &replay, &sym, &opts));
+                emit(&report::stat_text(&dump, &replay, &sym, &opts))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -226,15 +225,14 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let replay = analysis::replay(&dump);
             if *json {
                 let value = report::leaks_json(&dump, &replay, &sym);
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-                );
+                emit_json(&value)?;
             } else {
+                let mut text = String::new();
                 for note in report::leak_caveats(&dump, &replay) {
-                    println!("note: {note}");
+                    text.push_str(&format!("note: {note}\n"));
                 }
-                print!("{}", report::leaks_text(&dump, &replay, &sym, *verbose));
+                text.push_str(&report::leaks_text(&dump, &replay, &sym, *verbose));
+                emit(&text)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -254,6 +252,28 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Write a report to standard output. A reader that stops early (`| head`)
+/// closes the pipe: that ends the output quietly, as it does for `grep`
+/// or `cat`, instead of a panic with a backtrace (`print!` panics on
+/// `EPIPE`, and Rust ignores `SIGPIPE`).
+fn emit(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing the report: {error}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`emit`] a JSON value, pretty-printed, with a final newline.
+fn emit_json(value: &serde_json::Value) -> Result<(), String> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    text.push('\n');
+    emit(&text)
 }
 
 fn main() -> ExitCode {

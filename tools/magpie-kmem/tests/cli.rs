@@ -992,3 +992,35 @@ fn a_kernel_of_another_build_is_refused() {
         stdout(&o)
     );
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_the_output_quietly() {
+    // `magpie-kmem leaks --json FILE | head`: the reader closes the pipe
+    // before the report is written. The tool stops writing and exits 0,
+    // with nothing on stderr (no panic, no backtrace).
+    let (dir, _) = scenario_file("broken_pipe");
+    for args in [
+        &["leaks", "--no-symbols", "--json", "s.kmt"][..],
+        &["leaks", "--no-symbols", "s.kmt"][..],
+        &["stat", "--no-symbols", "s.kmt"][..],
+        &["stat", "--no-symbols", "--json", "s.kmt"][..],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_magpie-kmem"))
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run magpie-kmem");
+        drop(child.stdout.take());
+        let o = child.wait_with_output().expect("wait for magpie-kmem");
+        assert!(
+            o.status.success(),
+            "{args:?}: {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+}
