@@ -456,6 +456,40 @@ fn start_all_skips_notrace_caches() {
 }
 
 #[test_case]
+fn print_all_shows_only_caches_with_records() {
+    let cache = create("trace-print-all");
+    let mut shell = Shell::new();
+    run(&mut shell, "kmemtrace start all");
+    let mut objs = Vec::with_capacity(3);
+    allocate_for_trace_test(cache, 3, &mut objs);
+    // While every cache is traced, most hold nothing: they get one line
+    // together, not an empty block each.
+    let text = run(&mut shell, "kmemtrace print");
+    run(&mut shell, "kmemtrace stop all");
+    let ours = format!("Dumping outstanding allocs from {}\n", cache.name());
+    assert!(text.contains(&ours), "{text}");
+    for block in text.split("Dumping outstanding allocs from ").skip(1) {
+        assert!(block.contains("\nObj 0x"), "an empty block: {block}");
+    }
+    let quiet = text
+        .lines()
+        .find_map(|line| line.strip_suffix(" more traced caches: no outstanding objects"))
+        .unwrap_or_else(|| panic!("no line for the quiet caches: {text}"));
+    assert!(quiet.parse::<usize>().unwrap() > 0, "{text}");
+    let mine: Vec<usize> = parse_blocks(&text)
+        .iter()
+        .map(|block| block.addr)
+        .filter(|addr| objs.iter().any(|obj| obj.as_ptr() as usize == *addr))
+        .collect();
+    assert_eq!(sorted(mine), addrs(&objs), "{text}");
+    run(&mut shell, "kmemtrace reset all");
+    for obj in objs {
+        free(cache, obj);
+    }
+    destroy(cache);
+}
+
+#[test_case]
 fn caches_trace_independently() {
     let a = create("trace-ind-a");
     let b = create("trace-ind-b");

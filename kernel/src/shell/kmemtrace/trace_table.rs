@@ -88,14 +88,22 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
             None => {
                 // Printing happens outside the cache list lock: take the
                 // caches one by one by position.
+                // `print all` shows the caches that have something to show
+                // (records, or records it could not keep); caches that are
+                // traced but hold nothing get one line, not a block each.
                 let mut index = 0;
+                let mut nr_quiet = 0usize;
                 while let Some(cache) = nth_cache(index) {
                     let stats = cache.trace_stats();
-                    // `print all` shows the caches that have something to show.
-                    if stats.nr_records != 0 || stats.nr_dropped != 0 || stats.tracing {
+                    if stats.nr_records != 0 || stats.nr_dropped != 0 {
                         trace_print(cache, out);
+                    } else if stats.tracing {
+                        nr_quiet += 1;
                     }
                     index += 1;
+                }
+                if nr_quiet != 0 {
+                    let _ = writeln!(out, "{nr_quiet} more traced caches: no outstanding objects");
                 }
             }
         },
