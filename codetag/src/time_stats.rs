@@ -246,7 +246,8 @@ impl fmt::Display for Duration {
 
 /// Prints the slides' layout, durations in ns, us, ms or sec (`to_ns`
 /// converts the clock's units to nanoseconds); quantiles in the unit of
-/// the maximum. `rate` is events per second and `frequency` the mean time
+/// the median (p50), so a long tail does not print the typical figures
+/// as 0. `rate` is events per second and `frequency` the mean time
 /// between events, both over the span from the first to the last event
 /// (printed only when known: two events recorded with `record_at`):
 ///
@@ -289,7 +290,10 @@ pub fn write_time_stats(
     writeln!(out, "avg duration:   {}", Duration(to_ns(snapshot.average)))?;
     let max = Duration(to_ns(snapshot.max));
     writeln!(out, "max duration:   {max}")?;
-    let (unit, scale) = max.unit();
+    // The median chooses the unit, so typical durations read as figures,
+    // not as 0 beside a far larger maximum (a tail is just a bigger number).
+    let median = Duration(to_ns(snapshot.quantiles[0]));
+    let (unit, scale) = if median.0 == 0 { max } else { median }.unit();
     write!(out, "quantiles ({unit}):")?;
     for (percent, value) in QUANTILES.iter().zip(snapshot.quantiles) {
         write!(out, " p{percent} {}", to_ns(value) / scale)?;

@@ -386,3 +386,32 @@ fn time_stats_count_average_max_quantiles() {
     stats.reset();
     assert_eq!(stats.snapshot().count, 0);
 }
+
+fn tailed_site() -> &'static TimeStats {
+    time_stats!()
+}
+
+#[test]
+fn time_stats_quantiles_read_in_the_median_unit() {
+    // 99 events of 500 ns and one of 50 us: the maximum is in microseconds,
+    // but the typical event is not 0 us.
+    let stats = tailed_site();
+    for index in 0..100u64 {
+        let duration = if index == 99 { 50_000 } else { 500 };
+        stats.start(1000).end(1000 + duration);
+    }
+    let mut out = String::new();
+    write_time_stats(&mut out, stats, &|ns| ns).unwrap();
+    assert!(out.contains("max duration:   50 us"), "{out}");
+    let line = out
+        .lines()
+        .find(|line| line.starts_with("quantiles ("))
+        .unwrap();
+    let rest = line.strip_prefix("quantiles (ns): p50 ").expect(line);
+    let p50: u64 = rest.split(' ').next().unwrap().parse().unwrap();
+    assert!((375..=500).contains(&p50), "{out}");
+    assert!(
+        line.ends_with(&format!("p100 {}", stats.snapshot().quantiles[4])),
+        "{out}"
+    );
+}
