@@ -42,11 +42,14 @@ pub(crate) struct SlabParams {
     pub(crate) dtor: Option<Dtor>,
     pub(crate) source: &'static dyn PageSource,
     pub(crate) nr_pages_per_slab: usize,
-    /// Where a free object holds its free-list link: 0, or in the debug
-    /// trailer (so the poison stays whole).
+    /// Where a free object holds its free-list link: 0, 8 (after the
+    /// free key), or in the debug trailer (so the poison stays whole).
     pub(crate) freeptr_offset: usize,
     /// The free-list obfuscation secret ([`crate::layout::freelist`]).
     pub(crate) freelist_secret: usize,
+    /// The free key free objects of small slabs hold in their first word
+    /// (their link then at 8), or 0 (`cache/double_free.rs`).
+    pub(crate) free_key: usize,
     pub(crate) kind: SlabKind,
     /// On the primary source: slabs are registered in `page_map`.
     pub(crate) on_primary: bool,
@@ -69,6 +72,7 @@ impl SlabParams {
             nr_objs: self.nr_objs_per_slab,
             link_offset: self.freeptr_offset,
             secret: self.freelist_secret,
+            key: self.free_key,
         }
     }
 

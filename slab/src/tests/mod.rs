@@ -10,6 +10,8 @@ mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
+mod bad_free_kinds;
+#[cfg(not(loom))]
 mod debug;
 #[cfg(not(loom))]
 mod debug_fuzz;
