@@ -85,10 +85,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
         // Only a whole-kernel record begun at boot sees every allocation.
         from_boot: FROM_BOOT.swap(false, Ordering::Relaxed) && cache_id.is_none(),
     };
-    // SAFETY: KernelPlatform::cpu_id reads this CPU's own per-CPU block
-    // (distinct ids), and irq_save keeps the caller on its CPU (no
-    // preemption in this kernel).
-    unsafe { SLAB.kmemtrace_start(config) }
+    SLAB.kmemtrace_start(config)
 }
 
 /// Nanoseconds since boot for a TSC reading.
