@@ -9,7 +9,6 @@ use std::vec::Vec;
 
 use super::support::*;
 use crate::layout::geometry::SlabKind;
-use crate::magazine::held_rounds;
 use crate::{CacheFlags, CacheStats, FreeError, KmemCache};
 
 type Cache = KmemCache<TestPlatform>;
@@ -30,30 +29,6 @@ fn same_counts(a: &CacheStats, b: &CacheStats) -> bool {
         b.nr_depot_objs,
         b.nr_slabs,
     )
-}
-
-/// The rounds of CPU `cpu`'s `loaded` and `prev`, bottom first.
-fn cpu_rounds(cache: &Cache, cpu: usize) -> (Vec<usize>, Vec<usize>) {
-    cache.on_cpu(cpu, |pcc| {
-        let rounds = |mag| {
-            // SAFETY: this CPU's own magazines, read on it.
-            unsafe { held_rounds(mag) }
-                .iter()
-                .map(|&round| round as usize)
-                .collect::<Vec<_>>()
-        };
-        (rounds(pcc.loaded), rounds(pcc.prev))
-    })
-}
-
-/// The rounds resting in the depot.
-fn depot_rounds(cache: &Cache) -> Vec<usize> {
-    let mut rounds = Vec::new();
-    cache.depot.lock().for_each_magazine(|mag| {
-        // SAFETY: a depot magazine, under the depot lock.
-        rounds.extend(unsafe { held_rounds(mag) }.iter().map(|&r| r as usize));
-    });
-    rounds
 }
 
 /// Free `addr` to `cache` (on CPU 0) and check that it is refused with
@@ -82,28 +57,27 @@ fn bad_free_kinds(size: usize, kind: SlabKind) -> Vec<(&'static str, bool)> {
     let mut results = Vec::new();
     // CPU 1 frees a few objects: they rest in its `loaded`.
     set_cpu(1);
-    let on_cpu1: Vec<_> = (0..5).map(|_| cache.alloc().unwrap()).collect();
-    for &obj in &on_cpu1 {
-        // SAFETY: live objects, freed once.
-        unsafe { cache.free(obj) }.unwrap();
+    let on_cpu1: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
+    for obj in on_cpu1 {
+        obj.free().unwrap();
     }
     // CPU 0 frees enough to fill `loaded`, `prev` and the depot.
     set_cpu(0);
-    let keep = cache.alloc().unwrap();
-    let objs: Vec<_> = (0..400).map(|_| cache.alloc().unwrap()).collect();
-    let mut live: Vec<_> = objs.iter().rev().copied().collect();
-    // Free until the depot holds some and `loaded` two or more.
+    let keep = cache.alloc_box().unwrap();
+    let mut live: Vec<_> = (0..400).map(|_| cache.alloc_box().unwrap()).collect();
+    let first = live[0].as_ptr().as_ptr() as usize;
+    live.reverse();
+    // Free until the depot holds some and `loaded` and `prev` two or more.
     while let Some(obj) = live.pop() {
-        // SAFETY: live objects, freed once.
-        unsafe { cache.free(obj) }.unwrap();
-        let (loaded, prev) = cpu_rounds(cache, 0);
-        if loaded.len() >= 2 && prev.len() >= 2 && !depot_rounds(cache).is_empty() {
+        obj.free().unwrap();
+        let (loaded, prev) = cache.cpu_rounds(0);
+        if loaded.len() >= 2 && prev.len() >= 2 && !cache.depot_rounds().is_empty() {
             break;
         }
     }
-    let (loaded, prev) = cpu_rounds(cache, 0);
-    let depot = depot_rounds(cache);
-    let (cpu1_loaded, _) = cpu_rounds(cache, 1);
+    let (loaded, prev) = cache.cpu_rounds(0);
+    let depot = cache.depot_rounds();
+    let (cpu1_loaded, _) = cache.cpu_rounds(1);
     let shape = (loaded.len(), prev.len(), depot.len(), cpu1_loaded.len());
     assert!(
         shape.0 >= 2 && shape.1 >= 2 && shape.2 > 0 && shape.3 >= 2,
@@ -124,22 +98,21 @@ fn bad_free_kinds(size: usize, kind: SlabKind) -> Vec<(&'static str, bool)> {
     // Back in its slab: the reap drains every magazine (`keep` holds
     // the first slab).
     cache.reap();
-    // objs[0] was freed first; it shares `keep`'s slab.
-    let addr = objs[0].as_ptr() as usize;
+    // The first freed; it shares `keep`'s slab.
+    let addr = first;
     assert_eq!(
         cache.stats().nr_cpu_cached_objs + cache.stats().nr_depot_objs,
         0
     );
     // A loaded magazine with room, so that the free takes the hit.
-    let warm = cache.alloc().unwrap();
-    assert_ne!(warm.as_ptr() as usize, addr);
-    // SAFETY: a live object, freed once.
-    unsafe { cache.free(warm) }.unwrap();
+    let warm = cache.alloc_box().unwrap();
+    assert_ne!(warm.as_ptr().as_ptr() as usize, addr);
+    warm.free().unwrap();
     results.push((
         "back in its slab",
         refused(alloc, cache, addr, double(addr)),
     ));
-    let interior = keep.as_ptr() as usize + 8;
+    let interior = keep.as_ptr().as_ptr() as usize + 8;
     results.push((
         "interior pointer",
         refused(
@@ -149,8 +122,8 @@ fn bad_free_kinds(size: usize, kind: SlabKind) -> Vec<(&'static str, bool)> {
             FreeError::Misaligned { addr: interior },
         ),
     ));
-    let foreign = other.alloc().unwrap();
-    let addr = foreign.as_ptr() as usize;
+    let foreign = other.alloc_box().unwrap();
+    let addr = foreign.as_ptr().as_ptr() as usize;
     results.push((
         "to the wrong cache",
         refused(
@@ -164,25 +137,18 @@ fn bad_free_kinds(size: usize, kind: SlabKind) -> Vec<(&'static str, bool)> {
         ),
     ));
     // Nothing is handed out twice, and the counts never wrapped.
-    let mut again: Vec<_> = (0..500).map(|_| cache.alloc().unwrap()).collect();
+    let mut again: Vec<_> = (0..500).map(|_| cache.alloc_box().unwrap()).collect();
     again.extend(live);
-    assert_eq!(cache.stats().nr_allocated, again.len() + 1);
-    let mut addrs: Vec<_> = again.iter().map(|obj| obj.as_ptr() as usize).collect();
-    addrs.push(keep.as_ptr() as usize);
+    again.push(keep);
+    assert_eq!(cache.stats().nr_allocated, again.len());
+    let mut addrs: Vec<_> = again.iter().map(|obj| obj.as_ptr()).collect();
     addrs.sort_unstable();
     addrs.dedup();
-    assert_eq!(
-        addrs.len(),
-        again.len() + 1,
-        "an object was handed out twice"
-    );
-    again.push(keep);
+    assert_eq!(addrs.len(), again.len(), "an object was handed out twice");
     for obj in again {
-        // SAFETY: live objects, freed once.
-        unsafe { cache.free(obj) }.unwrap();
+        obj.free().unwrap();
     }
-    // SAFETY: freed once.
-    unsafe { other.free(foreign) }.unwrap();
+    foreign.free().unwrap();
     assert_eq!(cache.stats().nr_allocated, 0);
     results
 }
