@@ -1,7 +1,8 @@
 //! Double frees refused at the free, without debug flags: the free key
 //! (glibc's tcache `key`, 2.29).
 //!
-//! A per-boot secret, [`free_key`], is written into a freed object's first
+//! A per-boot secret, [`free_key`] (copied into every per-CPU cache's
+//! line, where the hit reads it), is written into a freed object's first
 //! word as the object enters a magazine (the free's hit, or its miss), and
 //! the free first tests that word: an object that holds the key was freed
 //! already, wherever it rests now (deeper in a magazine, another CPU's, the
@@ -61,7 +62,15 @@ pub(crate) fn init_free_key(seed: u64) {
     let _ = FREE_KEY.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed);
 }
 
-/// This boot's key (one load).
+/// This boot's key after choosing it from `seed` if no cache has yet:
+/// for the per-CPU caches of a new cache, whose line the free's hit reads
+/// it from.
+pub(crate) fn boot_free_key(seed: u64) -> usize {
+    init_free_key(seed);
+    free_key()
+}
+
+/// This boot's key.
 #[inline(always)]
 pub(crate) fn free_key() -> usize {
     FREE_KEY.load(Ordering::Relaxed)

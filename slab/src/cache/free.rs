@@ -257,7 +257,7 @@ impl<P: Platform> KmemCache<P> {
             // The free key ([`super::double_free`]): an object holding it
             // was freed already (the miss confirms and refuses); else it
             // gets it. Load, compare, store.
-            let key = double_free::free_key();
+            let key = pcc.free_key;
             // SAFETY: per our caller, an object of this keyed cache.
             if unsafe { double_free::holds_key(obj, key) } {
                 return false;

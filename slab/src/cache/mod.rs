@@ -97,6 +97,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
+pub(crate) use double_free::boot_free_key;
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -335,6 +336,7 @@ impl<P: Platform> KmemCache<P> {
                         layout.freeptr_offset
                     }),
                 free_key: slab_key,
+                obj_offset: spec.debug.map_or(0, |layout| layout.left),
                 freelist_secret: freelist_secret(
                     P::now()
                         ^ (spec.name.as_ptr() as u64).rotate_left(29)
