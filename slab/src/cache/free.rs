@@ -22,8 +22,8 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// Checked: the pointer must be slab memory (`NotAllocated`), of this
     /// cache (`WrongCache`), at an object start (`Misaligned`), and not
-    /// free (`DoubleFree`: anywhere, by the free key of
-    /// [`double_free`](super::double_free) or a debug cache's state word;
+    /// free (`DoubleFree`: anywhere, by the free key
+    /// (`cache/double_free.rs`) or a debug cache's state word;
     /// for the other keyless caches, on top of this CPU's magazines or back
     /// in its slab). On error nothing has changed, and the error is
     /// reported ([`crate::report`]).

@@ -97,7 +97,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
-pub(crate) use double_free::boot_free_key;
+pub(crate) use double_free::{boot_free_key, holds_free_key};
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};

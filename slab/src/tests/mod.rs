@@ -27,6 +27,8 @@ mod global;
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod leaks;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]
