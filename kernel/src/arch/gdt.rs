@@ -4,6 +4,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use x86_64::VirtAddr;
 use x86_64::instructions::segmentation::{CS, DS, ES, SS, Segment};
@@ -35,6 +36,10 @@ pub(crate) fn init_this_cpu(double_fault_stack_top: Option<VirtAddr>) {
     let data: SegmentSelector = gdt.append(Descriptor::kernel_data_segment());
     let tss_selector: SegmentSelector = gdt.append(Descriptor::tss_segment(tss));
     let gdt: &'static GlobalDescriptorTable = Box::leak(Box::new(gdt));
+    keep_in_memory(
+        gdt as *const GlobalDescriptorTable as usize,
+        tss as *const TaskStateSegment as usize,
+    );
 
     gdt.load();
     // SAFETY: the selectors index the GDT just loaded, which lives forever
@@ -46,5 +51,26 @@ pub(crate) fn init_this_cpu(double_fault_stack_top: Option<VirtAddr>) {
         ES::set_reg(data);
         SS::set_reg(data);
         load_tss(tss_selector);
+    }
+}
+
+/// Every CPU's GDT and TSS, by address: a CPU names them only in its GDTR
+/// and task register (the TSS's address is split across a descriptor), so
+/// they are kept here too, where a scan of the kernel's memory sees them
+/// (`kmem findleaks`: a CPU's registers are roots). `#[used]`: written,
+/// never read by code, so the stores must not be optimised away.
+#[used]
+static TABLES: [AtomicUsize; 2 * crate::arch::percpu::MAX_CPUS] =
+    [const { AtomicUsize::new(0) }; 2 * crate::arch::percpu::MAX_CPUS];
+/// Slots of [`TABLES`] taken.
+static NR_TABLES: AtomicUsize = AtomicUsize::new(0);
+
+/// Note a CPU's GDT and TSS in [`TABLES`].
+fn keep_in_memory(gdt: usize, tss: usize) {
+    for address in [gdt, tss] {
+        let slot = NR_TABLES.fetch_add(1, Ordering::Relaxed);
+        if let Some(slot) = TABLES.get(slot) {
+            slot.store(address, Ordering::Relaxed);
+        }
     }
 }

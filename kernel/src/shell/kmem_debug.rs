@@ -27,6 +27,10 @@ pub(super) const KMEM: Command = Command {
             "kmem errors",
             "the allocator's error reports kept since boot",
         ),
+        (
+            "kmem findleaks",
+            "objects nothing points to, by allocation site (::findleaks)",
+        ),
     ],
     context: "shell kmem",
     run: cmd_kmem,
@@ -38,6 +42,7 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         ["verify", target] => verify(out, target),
         ["whatis", addr] => whatis(out, addr),
         ["errors"] => errors(out),
+        ["findleaks"] => super::findleaks::findleaks(out),
         _ => Err(ShellError::Usage(&KMEM)),
     }
 }

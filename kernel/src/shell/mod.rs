@@ -52,6 +52,7 @@
 //! * `allocinfo` — Linux `/proc/allocinfo` version 1.0.
 
 mod fault;
+mod findleaks;
 mod kmem;
 mod kmem_debug;
 mod kmemtrace;
@@ -348,6 +349,7 @@ impl Shell {
         if let Err(error) = self.dispatch(line, out) {
             let _ = writeln!(out, "error: {error}");
         }
+        crate::debug::findleaks::scrub_dead_stack();
     }
 
     fn dispatch<'a>(&mut self, line: &'a str, out: &mut dyn Write) -> Result<'a> {
