@@ -182,16 +182,9 @@ impl<P: Platform> KmemCache<P> {
         layout.size_offset?;
         // SAFETY: per the caller.
         let slot = unsafe { self.debug_slot(layout, addr) };
-        let report = layout.check_redzone_in_use(slot).map(|mismatch| {
-            self.debug_report(
-                layout,
-                slot,
-                ErrorKind::RedzoneViolation,
-                addr,
-                slab,
-                Some(mismatch),
-            )
-        });
+        let report = layout
+            .check_redzone_in_use(slot)
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch));
         let new_size = new_size.clamp(1, layout.obj_size);
         layout.set_requested_size(slot, new_size);
         layout.fill_redzone(slot, new_size);
@@ -272,14 +265,7 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: per our caller.
                 .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
         {
-            found = Some(self.debug_report(
-                layout,
-                slot,
-                ErrorKind::RedzoneViolation,
-                addr,
-                slab,
-                Some(mismatch),
-            ));
+            found = Some(self.redzone_report(layout, slot, addr, slab, mismatch));
         }
         layout.save_contents(slot);
         layout.record_audit::<P>(slot, true);
@@ -294,6 +280,26 @@ impl<P: Platform> KmemCache<P> {
             Some(report) => DebugFree::Repaired(report),
             None => DebugFree::Clean,
         }
+    }
+
+    /// The report of a redzone violation (right or left) of the object at
+    /// `addr`.
+    fn redzone_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        mismatch: Mismatch,
+    ) -> ErrorReport {
+        self.debug_report(
+            layout,
+            slot,
+            ErrorKind::RedzoneViolation,
+            addr,
+            slab,
+            Some(mismatch),
+        )
     }
 
     /// The report for an object whose state word is neither "free" nor
@@ -346,16 +352,7 @@ impl<P: Platform> KmemCache<P> {
             .check_redzone_in_use(slot)
             // SAFETY: per our caller, read-only.
             .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
-            .map(|mismatch| {
-                self.debug_report(
-                    layout,
-                    slot,
-                    ErrorKind::RedzoneViolation,
-                    addr,
-                    slab,
-                    Some(mismatch),
-                )
-            })
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch))
     }
 
     /// What the trailer of a debug object says: its state, last alloc,
