@@ -10,7 +10,7 @@ use crate::debug::{AuditRecord, ObjectState};
 use crate::layout::freelist::map_test;
 use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
-use crate::report::{ErrorReport, RawFormat, ReportFormat, write_transaction};
+use crate::report::ErrorReport;
 use crate::slab::Slab;
 
 /// What a verify pass looked at and found.
@@ -96,79 +96,6 @@ pub struct WhatIs<P: Platform> {
     pub last_alloc: Option<AuditRecord>,
     /// Last free (`AUDIT`).
     pub last_free: Option<AuditRecord>,
-}
-
-impl<P: Platform> WhatIs<P> {
-    /// The answer as text, frames and times rendered by `format`:
-    ///
-    /// ```text
-    /// 0xffff800000123050 is allocated from kmalloc-64: object 0xffff800000123040+0x10 of 64 bytes, slab 0x...
-    /// last alloc transaction on buffer 0xffff800000123040:
-    /// thread=cpu0  time=T+1.234567s  slab=0x...  cache: kmalloc-64
-    ///   #01 [<0x...>] function+0xoff
-    /// ```
-    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> WhatIsDisplay<'a, P> {
-        WhatIsDisplay { info: self, format }
-    }
-}
-
-/// [`WhatIs`] as text: see [`WhatIs::display`].
-pub struct WhatIsDisplay<'a, P: Platform> {
-    info: &'a WhatIs<P>,
-    format: &'a dyn ReportFormat,
-}
-
-impl<P: Platform> fmt::Display for WhatIsDisplay<'_, P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let info = self.info;
-        if info.allocated {
-            write!(
-                f,
-                "{:#x} is allocated from {}",
-                info.addr,
-                info.cache.name()
-            )?;
-        } else {
-            write!(
-                f,
-                "{:#x} is free in {} (in a {})",
-                info.addr,
-                info.cache.name(),
-                info.resting
-            )?;
-        }
-        writeln!(
-            f,
-            ": object {:#x}+{:#x} of {} bytes, slab {:#x}",
-            info.object,
-            info.offset,
-            info.cache.obj_size(),
-            info.slab
-        )?;
-        for (which, record) in [
-            ("last alloc", info.last_alloc),
-            ("last free", info.last_free),
-        ] {
-            if let Some(record) = record.filter(AuditRecord::is_recorded) {
-                write_transaction(
-                    f,
-                    which,
-                    info.object,
-                    &record,
-                    info.slab,
-                    info.cache.name(),
-                    self.format,
-                )?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<P: Platform> fmt::Display for WhatIs<P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.display(&RawFormat), f)
-    }
 }
 
 impl<P: Platform> Allocator<P> {

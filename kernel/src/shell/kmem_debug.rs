@@ -60,14 +60,7 @@ fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
 
 fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
     let address = parse_number(addr)?;
-    match SLAB.whatis(address) {
-        Some(info) => {
-            let _ = write!(out, "{}", info.display(&KernelFormat));
-        }
-        None => {
-            let _ = writeln!(out, "{address:#x} is not in any slab");
-        }
-    }
+    let _ = magpie_slab::reports::whatis(out, &SLAB, address, &KernelFormat);
     Ok(())
 }
 
