@@ -542,4 +542,4 @@ pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};
+pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};

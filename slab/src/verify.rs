@@ -6,7 +6,7 @@ use core::fmt;
 
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
-use crate::debug::{AuditRecord, ObjectState};
+use crate::debug::{AuditRecord, CONTENTS_BYTES, DebugLayout, ObjectState};
 use crate::layout::freelist::map_test;
 use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
@@ -75,6 +75,75 @@ impl Found {
     }
 }
 
+/// Where in an object's slot an address falls: the object, or what the
+/// slot holds past it (a debug cache's redzone and trailer, alignment
+/// padding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectRegion {
+    /// Inside the object's bytes.
+    Object,
+    /// The redzone after the object (`REDZONE`).
+    Redzone,
+    /// The debug trailer's state word (allocated or free).
+    StateWord,
+    /// The debug trailer's free-list link.
+    FreeListLink,
+    /// The debug trailer's record of the size asked for (`REDZONE`).
+    RequestedSize,
+    /// The debug trailer's last-alloc and last-free records (`AUDIT`).
+    AuditRecords,
+    /// The debug trailer's copy of the contents at the last free
+    /// (`CONTENTS`).
+    SavedContents,
+    /// Padding up to the next object (alignment).
+    Padding,
+}
+
+impl ObjectRegion {
+    /// Where `offset` (from the object start) falls in a slot of a cache
+    /// of `obj_size`-byte objects with debug layout `layout`.
+    pub(crate) fn of(offset: usize, obj_size: usize, layout: Option<&DebugLayout>) -> Self {
+        if offset < obj_size {
+            return ObjectRegion::Object;
+        }
+        let Some(layout) = layout else {
+            return ObjectRegion::Padding;
+        };
+        let within = |start: Option<usize>, len: usize| {
+            start.is_some_and(|start| (start..start + len).contains(&offset))
+        };
+        if offset < layout.redzone_end {
+            ObjectRegion::Redzone
+        } else if within(Some(layout.state_offset), 8) {
+            ObjectRegion::StateWord
+        } else if within(Some(layout.freeptr_offset), 8) {
+            ObjectRegion::FreeListLink
+        } else if within(layout.size_offset, 8) {
+            ObjectRegion::RequestedSize
+        } else if within(layout.audit_offset, 2 * core::mem::size_of::<AuditRecord>()) {
+            ObjectRegion::AuditRecords
+        } else if within(layout.contents_offset, CONTENTS_BYTES) {
+            ObjectRegion::SavedContents
+        } else {
+            ObjectRegion::Padding
+        }
+    }
+
+    /// How `whatis` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectRegion::Object => "object",
+            ObjectRegion::Redzone => "redzone",
+            ObjectRegion::StateWord => "debug trailer (state word)",
+            ObjectRegion::FreeListLink => "debug trailer (free-list link)",
+            ObjectRegion::RequestedSize => "debug trailer (requested size)",
+            ObjectRegion::AuditRecords => "debug trailer (audit records)",
+            ObjectRegion::SavedContents => "debug trailer (saved contents)",
+            ObjectRegion::Padding => "padding",
+        }
+    }
+}
+
 /// What `whatis` found out about an address (illumos `::whatis`).
 pub struct WhatIs<P: Platform> {
     /// The address asked about.
@@ -83,8 +152,11 @@ pub struct WhatIs<P: Platform> {
     pub cache: &'static KmemCache<P>,
     /// Start of the object holding it.
     pub object: usize,
-    /// `addr - object`; beyond the object size: in its redzone or trailer.
+    /// `addr - object`; beyond the object size: in its redzone, debug
+    /// trailer or padding (`region` says which).
     pub offset: usize,
+    /// Where in the object's slot `addr` falls.
+    pub region: ObjectRegion,
     /// The slab.
     pub slab: usize,
     /// With a caller (debug caches: by its state word; others: neither in
@@ -130,6 +202,7 @@ impl<P: Platform> Allocator<P> {
             cache,
             object,
             offset: addr - object,
+            region: ObjectRegion::of(addr - object, cache.obj_size(), cache.debug.as_ref()),
             slab: slab as usize,
             allocated: true,
             resting: "slab",

@@ -7,7 +7,7 @@ use crate::allocator::Allocator;
 use crate::debug::AuditRecord;
 use crate::platform::Platform;
 use crate::report::{RawFormat, ReportFormat, write_transaction};
-use crate::verify::WhatIs;
+use crate::verify::{ObjectRegion, WhatIs};
 
 /// Writes what `address` is ([`WhatIs::display`]), or
 /// `0x... is not in any slab` for an address outside every slab
@@ -33,6 +33,7 @@ impl<P: Platform> WhatIs<P> {
     ///
     /// ```text
     /// 0xffff800000123050 is allocated from kmalloc-64: object 0xffff800000123040+0x10 of 64 bytes, slab 0x...
+    /// 0xffff8000001230c8 is allocated from kmalloc-104: redzone of object 0xffff800000123040 (+0x88, past its 104 bytes), slab 0x...
     /// last alloc transaction on buffer 0xffff800000123040:
     /// thread=cpu0  time=T+1.234567s  slab=0x...  cache: kmalloc-64
     ///   #01 [<0x...>] function+0xoff
@@ -67,14 +68,26 @@ impl<P: Platform> fmt::Display for WhatIsDisplay<'_, P> {
                 info.resting
             )?;
         }
-        writeln!(
-            f,
-            ": object {:#x}+{:#x} of {} bytes, slab {:#x}",
-            info.object,
-            info.offset,
-            info.cache.obj_size(),
-            info.slab
-        )?;
+        match info.region {
+            ObjectRegion::Object => writeln!(
+                f,
+                ": object {:#x}+{:#x} of {} bytes, slab {:#x}",
+                info.object,
+                info.offset,
+                info.cache.obj_size(),
+                info.slab
+            )?,
+            // Past the object: say where, not "+0x88 of 64 bytes".
+            region => writeln!(
+                f,
+                ": {} of object {:#x} (+{:#x}, past its {} bytes), slab {:#x}",
+                region.name(),
+                info.object,
+                info.offset,
+                info.cache.obj_size(),
+                info.slab
+            )?,
+        }
         for (which, record) in [
             ("last alloc", info.last_alloc),
             ("last free", info.last_free),
