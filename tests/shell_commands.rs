@@ -645,3 +645,50 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     let lines = feed(&mut editor, b"help\r", &mut echo);
     assert_eq!(lines, [Some(String::from("help"))], "the next line is fine");
 }
+
+// ---------------------------------------------------------------------------
+// slabtop
+
+#[test_case]
+fn slabtop_once_shows_every_cache_with_its_magazine_counts() {
+    let mut shell = Shell::new();
+    let before = cache("kmalloc-64").stats().nr_allocs_ever;
+    let held = run(&mut shell, "kmalloc 64 20");
+    assert_eq!(addresses(&held).len(), 20);
+    let out = run(&mut shell, "slabtop --once --sort n");
+    assert!(
+        out.starts_with(" Active / Total Objects (% used)    : "),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n Magazines since boot               : "),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|line| line.split_whitespace().nth(7) == Some("kmalloc-64"))
+        .unwrap_or_else(|| panic!("no kmalloc-64 row in {out}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    let stats = cache("kmalloc-64").stats();
+    assert_eq!(fields[0], format!("{}", stats.nr_total_objs));
+    assert_eq!(fields[8], format!("{}", stats.magsize));
+    let hits: u64 = fields[9].parse().unwrap();
+    let misses: u64 = fields[10].parse().unwrap();
+    assert!(hits + misses >= before + 20, "{row}");
+    // Every cache has its row, in name order.
+    let mut nr_caches = 0;
+    SLAB.for_each_cache(|_| nr_caches += 1);
+    let names: Vec<&str> = out
+        .lines()
+        .skip(8)
+        .filter_map(|line| line.split_whitespace().nth(7))
+        .collect();
+    assert_eq!(names.len(), nr_caches);
+    assert!(names.windows(2).all(|pair| pair[0] <= pair[1]), "{names:?}");
+    assert_one_error_line(
+        &run(&mut shell, "slabtop --delay 0"),
+        "delay 0 ms out of range",
+    );
+    assert_one_error_line(&run(&mut shell, "slabtop --sort"), "--sort needs a value");
+    run(&mut shell, "kfree all");
+}

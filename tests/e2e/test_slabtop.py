@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the shell's slabtop and per-cache commands (issue 20):
+`slabtop --once` and the live view, `kmem cache CACHE ...`. Run after
+`cargo build --bin magpie`; boots the kernel as tests/e2e/test_shell.py does
+(and uses its helpers)."""
+import os
+import re
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_shell import boot, reply_to  # noqa: E402
+
+COLUMNS = "  OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME"
+# Linux's `%6u %6u %3u%% %7.2fK %6u %8u %9uK %-23s`, then MAG HITS MISSES CONTEND.
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)%\s+(\d+\.\d\d)K\s+(\d+)\s+(\d+)\s+(\d+)K (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$")
+
+
+def rows(text):
+    return {m.group(8): m.groups() for m in map(ROW.match, text.splitlines()) if m}
+
+
+class Slabtop(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.code, cls.out = boot([
+            "slabtop --once",
+            "kmalloc 1000 50",
+            "slabtop --once --sort c",
+            "slabtop --once --sort x",
+            "slabtop --once --bogus",
+            "slabtop --delay 100",
+            "q",
+            "kfree all",
+            "poweroff",
+        ])
+
+    def test_once_has_linux_columns_and_magazine_counts(self):
+        self.assertEqual(self.code, 0, self.out)
+        text = reply_to(self.out, "slabtop --once")
+        lines = text.splitlines()
+        self.assertRegex(lines[0], r"^ Active / Total Objects \(% used\)    : \d+ / \d+ \(\d+\.\d%\)$")
+        self.assertRegex(lines[1], r"^ Active / Total Slabs \(% used\)      : \d+ / \d+ ")
+        self.assertRegex(lines[2], r"^ Active / Total Caches \(% used\)     : \d+ / \d+ ")
+        self.assertRegex(lines[3], r"^ Active / Total Size \(% used\)       : \d+\.\d\dK / \d+\.\d\dK ")
+        self.assertRegex(lines[4], r"^ Minimum / Average / Maximum Object : \d+\.\d\dK / ")
+        self.assertRegex(lines[5], r"^ Magazines since boot\s+: \d+ hits, \d+ misses \(\d+\.\d% hits\), \d+ depot contention$")
+        self.assertTrue(lines[7].startswith(COLUMNS), lines[7])
+        self.assertTrue(lines[7].endswith("MAG     HITS   MISSES CONTEND"), lines[7])
+        table = rows(text)
+        self.assertIn("kmalloc-64", table, text)
+        # Sorted by objects, most first.
+        objs = [int(m.group(1)) for m in map(ROW.match, lines[8:]) if m]
+        self.assertEqual(objs, sorted(objs, reverse=True))
+
+    def test_kmalloc_shows_in_its_cache_and_sort_by_cache_size(self):
+        text = reply_to(self.out, "slabtop --once --sort c")
+        table = rows(text)
+        row = table["kmalloc-1024"]
+        self.assertGreaterEqual(int(row[1]), 50, text)  # ACTIVE
+        self.assertEqual(row[3], "1.00")  # OBJ SIZE, in K
+        # 50 allocations since boot at least: hits plus misses.
+        self.assertGreaterEqual(int(row[9]) + int(row[10]), 50, text)
+        sizes = [int(m.group(7)) for m in map(ROW.match, text.splitlines()) if m]
+        self.assertEqual(sizes, sorted(sizes, reverse=True))
+
+    def test_bad_options_are_one_error_line(self):
+        self.assertIn("error: usage: slabtop", reply_to(self.out, "slabtop --once --sort x"))
+        self.assertIn("error: unknown option '--bogus'", reply_to(self.out, "slabtop --once --bogus"))
+
+    def test_live_view_refreshes_until_a_key(self):
+        text = reply_to(self.out, "slabtop --delay 100")
+        self.assertIn("\x1b[H\x1b[2J", text)
+        self.assertIn("(refresh every 100 ms; press any key to stop)", text)
+        self.assertIn(COLUMNS, text)
+        # The key ended it: the shell went on to the next commands.
+        self.assertIn("kfree all", [line.strip() for line in self.out.split("magpie> ")[1:] for line in [line.split("\n")[0]]])
+
+
+if __name__ == "__main__":
+    unittest.main()
