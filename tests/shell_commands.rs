@@ -692,3 +692,64 @@ fn slabtop_once_shows_every_cache_with_its_magazine_counts() {
     assert_one_error_line(&run(&mut shell, "slabtop --sort"), "--sort needs a value");
     run(&mut shell, "kfree all");
 }
+
+// ---------------------------------------------------------------------------
+// kmem cache CACHE ...
+
+#[test_case]
+fn kmem_cache_shows_validates_and_shrinks_one_cache() {
+    let mut shell = Shell::new();
+    run(&mut shell, "kmalloc 200 30");
+    let out = run(&mut shell, "kmem cache kmalloc-208");
+    let stats = cache("kmalloc-208").stats();
+    let mut lines = out.lines();
+    let first = lines.next().unwrap();
+    assert!(
+        first.starts_with(&format!(
+            "kmalloc-208: 208-byte objects (stride {}, align {}), ",
+            cache("kmalloc-208").stride(),
+            stats.align
+        )),
+        "{out}"
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with(&format!("slabs {} (", stats.nr_slabs))
+    );
+    let magazines = lines.next().unwrap();
+    assert!(
+        magazines.starts_with(&format!("magazines: {} rounds each; depot ", stats.magsize)),
+        "{out}"
+    );
+    assert!(magazines.contains("; depot lock contended "), "{out}");
+    assert!(lines.next().unwrap().ends_with("; debug flags -"), "{out}");
+    let validated = run(&mut shell, "kmem cache kmalloc-208 validate");
+    assert!(
+        validated.starts_with("verified 1 cache(s), ") && validated.ends_with(": 0 problem(s)\n"),
+        "{validated}"
+    );
+    run(&mut shell, "kfree all");
+    let shrunk = run(&mut shell, "kmem cache kmalloc-208 shrink");
+    assert!(shrunk.starts_with("shrink kmalloc-208: "), "{shrunk}");
+    assert_eq!(cache("kmalloc-208").stats().nr_slabs, 0, "{shrunk}");
+    assert_eq!(
+        run(&mut shell, "kmem cache kmalloc-208 debug"),
+        "kmalloc-208: debug flags -\n"
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache kmalloc-208 debug FZ"),
+        "debug flags are fixed at creation",
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache nosuch"),
+        "no cache named 'nosuch'",
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache kmalloc-208 frob"),
+        "usage: kmem",
+    );
+    // Bootstrap caches have no magazine layer, and say so.
+    assert!(run(&mut shell, "kmem cache kmem_cache").contains("magazines: none"));
+}

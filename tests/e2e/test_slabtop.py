@@ -31,7 +31,11 @@ class Slabtop(unittest.TestCase):
             "slabtop --once --bogus",
             "slabtop --delay 100",
             "q",
+            "kmem cache kmalloc-1024",
+            "kmem cache kmalloc-1024 validate",
             "kfree all",
+            "kmem cache kmalloc-1024 shrink",
+            "kmem cache kmalloc-1024 debug FZ",
             "poweroff",
         ])
 
@@ -75,6 +79,15 @@ class Slabtop(unittest.TestCase):
         self.assertIn(COLUMNS, text)
         # The key ended it: the shell went on to the next commands.
         self.assertIn("kfree all", [line.strip() for line in self.out.split("magpie> ")[1:] for line in [line.split("\n")[0]]])
+
+
+    def test_kmem_cache_shows_validates_and_shrinks(self):
+        text = reply_to(self.out, "kmem cache kmalloc-1024")
+        self.assertRegex(text, r"^kmalloc-1024: 1024-byte objects \(stride \d+, align \d+\), \w+ slabs of \d+ page\(s\), \d+ objects each\n")
+        self.assertRegex(text, r"\nmagazines: \d+ rounds each; depot \d+ full, \d+ empty; depot lock contended \d+ times\n")
+        self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 validate"), r"^verified 1 cache\(s\), \d+ slab\(s\), \d+ object\(s\): 0 problem\(s\)\n")
+        self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 shrink"), r"^shrink kmalloc-1024: \d+ pages \(\d+ KiB\) returned\n")
+        self.assertIn("error: kmalloc-1024: debug flags are fixed at creation", reply_to(self.out, "kmem cache kmalloc-1024 debug FZ"))
 
 
 if __name__ == "__main__":
