@@ -753,3 +753,79 @@ fn kmem_cache_shows_validates_and_shrinks_one_cache() {
     // Bootstrap caches have no magazine layer, and say so.
     assert!(run(&mut shell, "kmem cache kmem_cache").contains("magazines: none"));
 }
+
+// ---------------------------------------------------------------------------
+// allocinfo filters
+
+#[test_case]
+fn allocinfo_filters_like_linux() {
+    if !magpie::profiling::COMPILED_IN {
+        return;
+    }
+    let mut shell = Shell::new();
+    run(&mut shell, "kmalloc 300 3");
+    let rows = |out: &str| -> Vec<String> {
+        let mut lines = out.lines();
+        assert_eq!(lines.next(), Some("allocinfo - version: 1.0"), "{out}");
+        assert_eq!(
+            lines.next(),
+            Some("#     <size>  <calls> <tag info>"),
+            "{out}"
+        );
+        lines.map(String::from).collect()
+    };
+    let by_function = rows(&run(&mut shell, "allocinfo --function cmd_kmalloc"));
+    assert!(!by_function.is_empty());
+    assert!(
+        by_function
+            .iter()
+            .all(|row| row.ends_with(" func:cmd_kmalloc")),
+        "{by_function:?}"
+    );
+    // The kmalloc site, by file and line.
+    let site = by_function
+        .iter()
+        .find(|row| row.contains("kernel/src/shell/kmem.rs:"))
+        .unwrap();
+    let location = site.split_whitespace().nth(2).unwrap();
+    let (file, line) = location.rsplit_once(':').unwrap();
+    let one = rows(&run(
+        &mut shell,
+        &format!("allocinfo --file {file} --line {line}"),
+    ));
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert!(one[0].contains(location));
+    let bytes: u64 = one[0].split_whitespace().next().unwrap().parse().unwrap();
+    assert!(bytes >= 900);
+    // Size range, inclusive.
+    let ranged = rows(&run(
+        &mut shell,
+        &format!("allocinfo --file {file} --line {line} --min-size {bytes} --max-size {bytes}"),
+    ));
+    assert_eq!(ranged.len(), 1);
+    assert!(
+        rows(&run(
+            &mut shell,
+            &format!("allocinfo --line {line} --min-size {}", bytes + 1)
+        ))
+        .iter()
+        .all(|row| !row.contains(location))
+    );
+    let small = rows(&run(&mut shell, "allocinfo --max-size 0"));
+    assert!(
+        small.iter().all(|row| row.trim_start().starts_with("0 ")),
+        "{small:?}"
+    );
+    // Counts are accurate (profiling on since boot): no inaccurate rows.
+    assert!(rows(&run(&mut shell, "allocinfo --accurate no")).is_empty());
+    assert!(!rows(&run(&mut shell, "allocinfo --accurate yes")).is_empty());
+    for bad in [
+        "allocinfo --accurate maybe",
+        "allocinfo --function",
+        "allocinfo --line",
+    ] {
+        assert_one_error_line(&run(&mut shell, bad), "usage: allocinfo");
+    }
+    assert_one_error_line(&run(&mut shell, "allocinfo --min-size x"), "not a number");
+    run(&mut shell, "kfree all");
+}

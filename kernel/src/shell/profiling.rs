@@ -21,8 +21,9 @@ pub(super) const ALLOCINFO: Command = Command {
     name: "allocinfo",
     help: &[
         (
-            "allocinfo [--sort bytes|calls] [--top N] [--file PATTERN] [-h]",
-            "live bytes and calls per allocation site (/proc/allocinfo 1.0)",
+            "allocinfo [--sort bytes|calls] [--top N] [-h] [--function NAME] [--file PART] \
+             [--line N] [--min-size BYTES] [--max-size BYTES] [--accurate yes|no]",
+            "live bytes and calls per allocation site (/proc/allocinfo), the sites matching every filter",
         ),
         (
             "allocinfo on|off",
@@ -123,10 +124,31 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
                 }
             }
             "--file" => {
-                let Some(&pattern) = words.next() else {
-                    return Err(usage);
-                };
-                options.filter.file = Some(pattern);
+                options.filter.file = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
+            }
+            "--function" => {
+                options.filter.function = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
+            }
+            "--line" => {
+                let line = super::parse_u64(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)?;
+                options.filter.line = Some(u32::try_from(line).unwrap_or(u32::MAX));
+            }
+            "--min-size" => {
+                options.filter.min_bytes = Some(super::parse_u64(
+                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
+                )?);
+            }
+            "--max-size" => {
+                options.filter.max_bytes = Some(super::parse_u64(
+                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
+                )?);
+            }
+            "--accurate" => {
+                options.filter.accurate = match words.next().copied() {
+                    Some("yes") => Some(true),
+                    Some("no") => Some(false),
+                    _ => return Err(usage),
+                }
             }
             "-h" => options.human = true,
             _ => return Err(usage),
