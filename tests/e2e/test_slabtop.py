@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """End-to-end tests of the shell's slabtop and per-cache commands (issue 20):
-`slabtop --once` and the live view, `kmem cache CACHE ...`. Run after
+`slabtop --once` and the live view, `kmem cache CACHE ...`, and `kmemtrace
+record start` over a recording not dumped yet. Run after
 `cargo build --bin magpie`; boots the kernel as tests/e2e/test_shell.py does
 (and uses its helpers)."""
 import os
 import re
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +90,38 @@ class Slabtop(unittest.TestCase):
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 validate"), r"^verified 1 cache\(s\), \d+ slab\(s\), \d+ object\(s\): 0 problem\(s\)\n")
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 shrink"), r"^shrink kmalloc-1024: \d+ pages \(\d+ KiB\) returned\n")
         self.assertIn("error: kmalloc-1024: debug flags are fixed at creation", reply_to(self.out, "kmem cache kmalloc-1024 debug FZ"))
+
+
+class RecordStartOverAnUnreadRecording(unittest.TestCase):
+    def test_asks_for_force_then_says_what_it_drops(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            os.environ["MAGPIE_KMEMTRACE"] = os.path.join(tmp, "unread.kmt")
+            try:
+                code, out = boot([
+                    "kmemtrace record start kmalloc-64",
+                    "kmalloc 64 3",
+                    "kmemtrace record start kmalloc-64",
+                    "kmemtrace record stop",
+                    "kmemtrace record start kmalloc-64",
+                    "kmemtrace record start --force kmalloc-64",
+                    "kmemtrace record stop",
+                    "kmemtrace dump",
+                    "kmemtrace record start kmalloc-64",
+                    "kmemtrace record stop",
+                    "kfree all",
+                    "poweroff",
+                ])
+            finally:
+                del os.environ["MAGPIE_KMEMTRACE"]
+        self.assertEqual(code, 0, out)
+        refused = reply_to(out, "kmemtrace record start kmalloc-64", nth=1)
+        self.assertRegex(refused, r"^error: \d+ events recorded and not dumped: 'kmemtrace dump' first, or 'record start --force'\n$")
+        self.assertEqual(reply_to(out, "kmemtrace record start kmalloc-64", nth=2), refused)
+        forced = reply_to(out, "kmemtrace record start --force kmalloc-64")
+        self.assertRegex(forced, r"^dropped the last recording: \d+ events \(\d+ overruns\) never dumped\nrecording kmalloc-64 ")
+        # Once dumped, a new recording starts without a word about the old one.
+        after_dump = reply_to(out, "kmemtrace record start kmalloc-64", nth=3)
+        self.assertTrue(after_dump.startswith("recording kmalloc-64 "), after_dump)
 
 
 if __name__ == "__main__":
