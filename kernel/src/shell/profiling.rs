@@ -11,7 +11,9 @@ use core::fmt::Write;
 
 use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounts};
 use magpie_codetag::time_stats::{TimeStats, write_time_stats};
-use magpie_slab::reports::{self, AllocinfoError, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
+use magpie_slab::reports::{
+    self, AllocinfoError, AllocinfoOptions, AllocinfoRow, AllocinfoSort, Nanoseconds,
+};
 use spin::Mutex;
 
 use super::{Command, Result, Shell, ShellError, out_of_memory, shell_error, write_record};
@@ -194,8 +196,8 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     };
     let _ = writeln!(
         out,
-        "allocinfo diff - since mark {} ms ago, {} site{} changed",
-        elapsed_ns / 1_000_000,
+        "allocinfo diff - since mark {} ago, {} site{} changed",
+        Nanoseconds(elapsed_ns),
         rows.len(),
         if rows.len() == 1 { "" } else { "s" }
     );

@@ -23,6 +23,7 @@
 
 use core::fmt::{self, Write};
 
+use super::Nanoseconds;
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
 use crate::platform::Platform;
@@ -141,13 +142,13 @@ impl TracePrintBuffer {
 /// any other list of records (a kernel's context capture):
 ///
 /// ```text
-/// Obj 0xffff8000005f9040, size 64, cpu 0, at 128058896 ns, from cpu0 shell kmalloc:
+/// Obj 0xffff8000005f9040, size 64, cpu 0, at 128.058 ms, from cpu0 shell kmalloc:
 /// #01 [<0xffffffff8010963c>] magpie::shell::kmem::cmd_kmalloc+0x3d5
 ///
 /// ```
 ///
-/// The time is `format`'s nanoseconds since the clock's zero; frames are
-/// symbolized by `format`.
+/// The time is `format`'s nanoseconds since the clock's zero, written by
+/// [`Nanoseconds`]; frames are symbolized by `format`.
 ///
 /// # Errors
 ///
@@ -159,11 +160,11 @@ pub fn write_trace_record(
 ) -> fmt::Result {
     writeln!(
         out,
-        "Obj {:#x}, size {}, cpu {}, at {} ns, from {}:",
+        "Obj {:#x}, size {}, cpu {}, at {}, from {}:",
         record.addr,
         record.size,
         record.cpu,
-        format.nanoseconds(record.timestamp),
+        Nanoseconds(format.nanoseconds(record.timestamp)),
         record.ctx()
     )?;
     for (index, &address) in record.frames().iter().enumerate() {
@@ -181,7 +182,7 @@ pub fn write_trace_record(
 /// ```text
 /// Dumping outstanding allocs from kmalloc-64
 /// -------------------------
-/// Obj 0x..., size 64, cpu 0, at ... ns, from cpu0 shell kmalloc:
+/// Obj 0x..., size 64, cpu 0, at 1.234 s, from cpu0 shell kmalloc:
 /// #01 [<0x...>] function+0xoff
 ///
 /// By call site:

@@ -35,7 +35,7 @@ impl<P: Platform> WhatIs<P> {
     /// 0xffff800000123050 is allocated from kmalloc-64: object 0xffff800000123040+0x10 of 64 bytes, slab 0x...
     /// 0xffff8000001230c8 is allocated from kmalloc-104: redzone of object 0xffff800000123040 (+0x88, past its 104 bytes), slab 0x...
     /// last alloc transaction on buffer 0xffff800000123040:
-    /// thread=cpu0  time=T+1.234567s  slab=0x...  cache: kmalloc-64
+    /// thread=cpu0  time=T+1.234 s  slab=0x...  cache: kmalloc-64
     ///   #01 [<0x...>] function+0xoff
     /// ```
     pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> WhatIsDisplay<'a, P> {

@@ -7,6 +7,7 @@ use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
+use magpie_slab::reports::Nanoseconds;
 use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
 
 use super::KMEMTRACE;
@@ -229,8 +230,8 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
     );
     let _ = writeln!(
         out,
-        "took {} ms ({} events/s, {} KiB/s)",
-        elapsed_ns / 1_000_000,
+        "took {} ({} events/s, {} KiB/s)",
+        Nanoseconds(elapsed_ns),
         u128::from(summary.nr_events) * 1_000_000_000 / u128::from(elapsed_ns),
         u128::from(summary.nr_bytes) * 1_000_000_000 / 1024 / u128::from(elapsed_ns)
     );

@@ -24,11 +24,11 @@ fn record_block_is_akaros_kmem_trace() {
     assert_eq!(
         text,
         std::format!(
-            "Obj {:#x}, size 48, cpu 0, at {} ns, from test ctx:\n\
+            "Obj {:#x}, size 48, cpu 0, at {}, from test ctx:\n\
              #01 [<0xffff800000001234>] fn_ffff800000001234\n\
              #02 [<0xffff800000005678>] fn_ffff800000005678\n\n",
             record.addr,
-            record.timestamp * 1000
+            crate::reports::Nanoseconds(record.timestamp * 1000)
         )
     );
     obj.free().unwrap();
