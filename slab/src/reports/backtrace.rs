@@ -2,7 +2,10 @@
 //! (x86_64 System V frames: `[rbp]` holds the caller's frame pointer,
 //! `[rbp + 8]` the return address), bounded and checked so it never
 //! follows a frame pointer out of the stack or reports an address outside
-//! the kernel's text.
+//! the kernel's text. [`backtrace`] and [`backtrace_from`] read a stack
+//! whose bounds the platform knows; [`walk_frames`] is the walk alone, for
+//! a platform that checks readability its own way (Magpie's kernel: its
+//! page tables).
 //!
 //! ```ignore
 //! fn backtrace(frames: &mut [usize]) -> usize {
@@ -31,13 +34,47 @@ pub struct FrameBounds {
     pub text: Range<usize>,
 }
 
-/// Fills `out` with return addresses, innermost first, walking the frame
-/// records from `frame_pointer`; returns how many were written. Stops at
-/// `out.len()` or [`MAX_WALK_FRAMES`] frames, at a frame pointer that is
-/// unaligned, outside `bounds.stack` (with its 16-byte record) or not
-/// above the previous one (frames grow toward higher addresses as the
-/// walk goes outward, so the walk always ends), and at a return address
-/// outside `bounds.text`.
+/// The walk itself, memory access left to the caller: fills `out` with
+/// return addresses, innermost first, from the frame record at
+/// `frame_pointer` (`[fp]` the caller's frame pointer, `[fp + 8]` the
+/// return address); returns how many were written. `read_word` reads the
+/// aligned word at an address, or says it may not be read (`None`: the
+/// walk ends); `is_text` says whether a return address is code (if not,
+/// the walk ends before it). Stops at `out.len()` or [`MAX_WALK_FRAMES`]
+/// frames, and at a frame pointer not above the previous one (frames lie
+/// at higher addresses as the walk goes outward, so it always ends).
+pub fn walk_frames(
+    frame_pointer: usize,
+    out: &mut [usize],
+    read_word: &dyn Fn(usize) -> Option<usize>,
+    is_text: &dyn Fn(usize) -> bool,
+) -> usize {
+    let mut frame_pointer = frame_pointer;
+    let mut depth = 0;
+    let limit = out.len().min(MAX_WALK_FRAMES);
+    while depth < limit {
+        let Some(next) = read_word(frame_pointer) else {
+            break;
+        };
+        let Some(return_address) = frame_pointer.checked_add(8).and_then(read_word) else {
+            break;
+        };
+        if !is_text(return_address) {
+            break;
+        }
+        out[depth] = return_address;
+        depth += 1;
+        if next <= frame_pointer {
+            break;
+        }
+        frame_pointer = next;
+    }
+    depth
+}
+
+/// [`walk_frames`] over a known stack: reads only 8-byte aligned words
+/// wholly inside `bounds.stack`, and reports only return addresses inside
+/// `bounds.text`.
 ///
 /// # Safety
 ///
@@ -49,35 +86,21 @@ pub unsafe fn backtrace_from(
     bounds: &FrameBounds,
     out: &mut [usize],
 ) -> usize {
-    let mut frame_pointer = frame_pointer;
-    let mut depth = 0;
-    let limit = out.len().min(MAX_WALK_FRAMES);
-    while depth < limit {
-        let record_fits = frame_pointer
-            .checked_add(16)
-            .is_some_and(|end| frame_pointer >= bounds.stack.start && end <= bounds.stack.end);
-        if !frame_pointer.is_multiple_of(8) || !record_fits {
-            break;
+    let read_word = |address: usize| {
+        let inside = address >= bounds.stack.start
+            && address
+                .checked_add(8)
+                .is_some_and(|end| end <= bounds.stack.end);
+        if !address.is_multiple_of(8) || !inside {
+            return None;
         }
-        // SAFETY: the 16-byte record at `frame_pointer` is 8-byte aligned
-        // and inside `bounds.stack`, readable per our caller.
-        let (next, return_address) = unsafe {
-            (
-                core::ptr::read_volatile(frame_pointer as *const usize),
-                core::ptr::read_volatile((frame_pointer + 8) as *const usize),
-            )
-        };
-        if !bounds.text.contains(&return_address) {
-            break;
-        }
-        out[depth] = return_address;
-        depth += 1;
-        if next <= frame_pointer {
-            break;
-        }
-        frame_pointer = next;
-    }
-    depth
+        // SAFETY: an aligned word inside `bounds.stack`, readable per our
+        // caller.
+        Some(unsafe { core::ptr::read_volatile(address as *const usize) })
+    };
+    walk_frames(frame_pointer, out, &read_word, &|address| {
+        bounds.text.contains(&address)
+    })
 }
 
 /// [`backtrace_from`] the caller's own frame: `out[0]` is the return

@@ -119,120 +119,101 @@ fn header_version_goes_with_the_accuracy_field() {
 
 #[test]
 fn filters_like_linux() {
-    let rows_of = |filter: AllocinfoFilter<'_>, inaccurate: bool| -> usize {
-        run(&AllocinfoOptions {
-            filter,
-            inaccurate,
-            ..AllocinfoOptions::default()
-        })
-        .lines()
-        .count()
-            - 2
-    };
     let none = AllocinfoFilter::default();
-    assert_eq!(rows_of(none, false), 3);
-    assert_eq!(
-        rows_of(
+    // (filter, counts inaccurate, rows shown)
+    let cases = [
+        (none, false, 3),
+        (
             AllocinfoFilter {
                 function: Some("shrink"),
                 ..none
             },
-            false
+            false,
+            2,
         ),
-        2
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 function: Some("shrin"),
                 ..none
             },
-            false
+            false,
+            0,
         ),
-        0
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 file: Some("shell/"),
                 ..none
             },
-            false
+            false,
+            2,
         ),
-        2
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 file: Some("kmem.rs"),
                 line: Some(173),
                 ..none
             },
-            false
+            false,
+            1,
         ),
-        1
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 min_bytes: Some(6144),
                 ..none
             },
-            false
+            false,
+            2,
         ),
-        2
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 max_bytes: Some(6144),
                 ..none
             },
-            false
+            false,
+            2,
         ),
-        2
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 min_bytes: Some(101),
                 max_bytes: Some(8191),
                 ..none
             },
-            false
+            false,
+            1,
         ),
-        1
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 accurate: Some(true),
                 ..none
             },
-            false
+            false,
+            3,
         ),
-        3
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 accurate: Some(true),
                 ..none
             },
-            true
+            true,
+            0,
         ),
-        0
-    );
-    assert_eq!(
-        rows_of(
+        (
             AllocinfoFilter {
                 accurate: Some(false),
                 ..none
             },
-            true
+            true,
+            3,
         ),
-        3
-    );
+    ];
+    for (filter, inaccurate, nr_rows) in cases {
+        let text = run(&AllocinfoOptions {
+            filter,
+            inaccurate,
+            ..AllocinfoOptions::default()
+        });
+        assert_eq!(text.lines().count() - 2, nr_rows, "{filter:?}: {text}");
+    }
 }
 
 #[test]

@@ -1,9 +1,10 @@
 use std::string::String;
 
 use super::FailingSink;
+use super::plain_cache;
+use crate::PageSource;
 use crate::reports::{KmemstatRow, kmemstat, write_kmemstat_caches, write_kmemstat_header};
 use crate::tests::support::*;
-use crate::{CacheFlags, PageSource};
 
 #[test]
 fn header_and_rows_are_akaros_columns() {
@@ -37,9 +38,7 @@ fn header_and_rows_are_akaros_columns() {
 #[test]
 fn whole_report_counts_objects_out_of_the_slab_layer() {
     let (alloc, source) = setup(256);
-    let cache = alloc
-        .cache_create("report-64", 64, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let cache = plain_cache(alloc, "report-64", 64);
     let objs: std::vec::Vec<_> = (0..3).map(|_| cache.alloc_box().unwrap()).collect();
     let mut text = String::new();
     kmemstat(&mut text, alloc, "pages", source.stats()).unwrap();

@@ -13,6 +13,19 @@ mod whatis;
 use core::fmt;
 
 use crate::report::ReportFormat;
+use crate::tests::support::{TestAlloc, TestPlatform};
+use crate::{CacheFlags, KmemCache};
+
+/// A new cache of `size`-byte objects, aligned to 8, no flags.
+pub fn plain_cache(
+    alloc: &'static TestAlloc,
+    name: &str,
+    size: usize,
+) -> &'static KmemCache<TestPlatform> {
+    alloc
+        .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+        .unwrap()
+}
 
 /// Symbols as `fn_<address>`, ticks as microseconds.
 pub struct TestFormat;

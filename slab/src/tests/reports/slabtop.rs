@@ -1,7 +1,7 @@
 use std::string::String;
 use std::vec::Vec;
 
-use crate::CacheFlags;
+use super::plain_cache;
 use crate::reports::{EMPTY_SLABTOP_ROW, SlabtopSample, SlabtopSort, slabtop};
 use crate::tests::support::*;
 
@@ -10,9 +10,7 @@ const COLUMNS: &str = "  OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NA
 #[test]
 fn linux_columns_plus_magazine_hits_misses_and_deltas() {
     let (alloc, _) = setup_default();
-    let cache = alloc
-        .cache_create("report-top", 256, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let cache = plain_cache(alloc, "report-top", 256);
     let objs: Vec<_> = (0..40).map(|_| cache.alloc_box().unwrap()).collect();
     let mut rows = [EMPTY_SLABTOP_ROW; 128];
     let mut text = String::new();

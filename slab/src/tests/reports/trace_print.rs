@@ -1,8 +1,8 @@
 use std::string::String;
 use std::vec::Vec;
 
+use super::plain_cache;
 use super::{FailingSink, TestFormat};
-use crate::CacheFlags;
 use crate::reports::{
     TRACE_PRINT_CHUNK, TracePrintBuffer, trace_print, trace_print_all, write_trace_record,
 };
@@ -11,9 +11,7 @@ use crate::tests::support::*;
 #[test]
 fn record_block_is_akaros_kmem_trace() {
     let (alloc, _) = setup_default();
-    let cache = alloc
-        .cache_create("report-trace", 48, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let cache = plain_cache(alloc, "report-trace", 48);
     cache.trace_start().unwrap();
     let obj = cache.alloc_box().unwrap();
     let mut record = None;
@@ -38,17 +36,7 @@ fn record_block_is_akaros_kmem_trace() {
 #[test]
 fn print_streams_every_record_in_address_order_with_a_site_summary() {
     let (alloc, _) = setup_default();
-    let cache = alloc
-        .cache_create(
-            "report-trace-many",
-            32,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
-        .unwrap();
+    let cache = plain_cache(alloc, "report-trace-many", 32);
     cache.trace_start().unwrap();
     // More than one chunk.
     let n = TRACE_PRINT_CHUNK * 2 + 5;
@@ -85,12 +73,8 @@ fn print_streams_every_record_in_address_order_with_a_site_summary() {
 #[test]
 fn print_all_shows_caches_with_records_and_counts_the_quiet_ones() {
     let (alloc, _) = setup_default();
-    let busy = alloc
-        .cache_create("report-busy", 32, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
-    let quiet = alloc
-        .cache_create("report-quiet", 32, 8, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let busy = plain_cache(alloc, "report-busy", 32);
+    let quiet = plain_cache(alloc, "report-quiet", 32);
     busy.trace_start().unwrap();
     quiet.trace_start().unwrap();
     let obj = busy.alloc_box().unwrap();

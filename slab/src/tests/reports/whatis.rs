@@ -1,6 +1,7 @@
 use std::string::String;
 
 use super::TestFormat;
+use super::plain_cache;
 use crate::CacheFlags;
 use crate::reports::whatis;
 use crate::tests::support::*;
@@ -8,17 +9,7 @@ use crate::tests::support::*;
 #[test]
 fn allocated_free_and_foreign_addresses() {
     let (alloc, _) = setup_default();
-    let cache = alloc
-        .cache_create(
-            "report-whatis",
-            64,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
-        .unwrap();
+    let cache = plain_cache(alloc, "report-whatis", 64);
     let obj = cache.alloc_box().unwrap();
     let address = obj.as_ptr().as_ptr() as usize;
     let mut text = String::new();
@@ -75,17 +66,7 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
     assert!(text.contains(": redzone of object "), "{text}");
     obj.free().unwrap();
     // A plain cache's stride past the object is padding.
-    let plain = alloc
-        .cache_create(
-            "report-whatis-pad",
-            20,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
-        .unwrap();
+    let plain = plain_cache(alloc, "report-whatis-pad", 20);
     let obj = plain.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
     assert_eq!(
