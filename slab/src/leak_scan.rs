@@ -308,6 +308,20 @@ impl<'t, P: Platform> LeakScan<'t, P> {
     pub unsafe fn scan_range(&mut self, start: usize, end: usize) {
         // SAFETY: per our caller.
         unsafe { self.scan_words(start, end) };
+        self.propagate();
+    }
+
+    /// [`scan_range`](Self::scan_range) over a root the borrow checker
+    /// vouches for (saved registers copied out, a table of pointers).
+    pub fn scan_slice(&mut self, roots: &[usize]) {
+        let range = roots.as_ptr_range();
+        // SAFETY: a live shared slice: mapped and readable for the call.
+        unsafe { self.scan_words(range.start as usize, range.end as usize) };
+        self.propagate();
+    }
+
+    /// Scan every reached object not scanned yet.
+    fn propagate(&mut self) {
         while self.stack != NONE {
             let index = self.stack as usize;
             self.stack = self.table[index].next;

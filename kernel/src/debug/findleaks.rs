@@ -118,23 +118,22 @@ fn scan(
             in(reg) registers.as_mut_ptr(), options(nostack, preserves_flags)
         );
     }
-    let regs = registers.as_ptr_range();
     // SAFETY: the kernel image's writable sections up to the boot stack's
     // guard page are mapped; the stack from our caller's frame to its
     // top is the live part of the stack we run on; AP stacks are frames
-    // in the direct map; `registers` is ours.
+    // in the direct map.
     unsafe {
         scan.scan_range(data_start, guard);
         if (guard..boot_top).contains(&stack_from) {
             scan.scan_range(stack_from, boot_top);
         }
-        scan.scan_range(regs.start as usize, regs.end as usize);
         for cpu in 0..crate::arch::MAX_CPUS {
             if let Some((bottom, top)) = crate::smp::ap_stack(cpu) {
                 scan.scan_range(bottom, top);
             }
         }
     }
+    scan.scan_slice(&registers);
     let mut header = false;
     let summary = scan.finish(|group| {
         if !header {

@@ -4,27 +4,28 @@
 use std::vec::Vec;
 
 use super::support::*;
-use crate::leak_scan::{LeakEntry, LeakGroup, LeakScanError};
+use crate::leak_scan::{LeakEntry, LeakGroup, LeakScanError, LeakSummary};
 use crate::{CacheFlags, PAGE_SIZE};
 
-/// A table for the allocator's objects now, with slack.
-fn table(alloc: &TestAlloc) -> Vec<LeakEntry> {
-    (0..alloc.leak_scan_capacity() + 16)
-        .map(|_| LeakEntry::empty())
-        .collect()
-}
-
-/// Scan with `roots` as the only root; the groups found and the summary.
-fn scan(alloc: &TestAlloc, roots: &[usize]) -> (Vec<LeakGroup>, crate::leak_scan::LeakSummary) {
-    let mut table = table(alloc);
+/// Scan with `roots` as the only root, with a table of `table_len`
+/// entries (`None`: enough); the groups found and the summary.
+fn scan_with(
+    alloc: &TestAlloc,
+    table_len: Option<usize>,
+    roots: &[usize],
+) -> Result<(Vec<LeakGroup>, LeakSummary), LeakScanError> {
+    let len = table_len.unwrap_or(alloc.leak_scan_capacity() + 16);
+    let mut table: Vec<LeakEntry> = (0..len).map(|_| LeakEntry::empty()).collect();
     // SAFETY: nothing reaps or destroys during the scan (this thread only).
-    let mut scan = unsafe { alloc.leak_scan(&mut table) }.unwrap();
-    let range = roots.as_ptr_range();
-    // SAFETY: our own slice, readable.
-    unsafe { scan.scan_range(range.start as usize, range.end as usize) };
+    let mut scan = unsafe { alloc.leak_scan(&mut table) }?;
+    scan.scan_slice(roots);
     let mut groups = Vec::new();
     let summary = scan.finish(|group| groups.push(*group));
-    (groups, summary)
+    Ok((groups, summary))
+}
+
+fn scan(alloc: &TestAlloc, roots: &[usize]) -> (Vec<LeakGroup>, LeakSummary) {
+    scan_with(alloc, None, roots).unwrap()
 }
 
 #[test]
@@ -86,8 +87,6 @@ fn a_quiet_allocator_has_no_leaks_and_a_small_table_is_refused() {
     let _objs: Vec<_> = (0..10)
         .map(|_| alloc.kmalloc_box(100, 8).unwrap())
         .collect();
-    let mut table: Vec<LeakEntry> = (0..3).map(|_| LeakEntry::empty()).collect();
-    // SAFETY: as in `scan`.
-    let refused = unsafe { alloc.leak_scan(&mut table) }.err();
+    let refused = scan_with(alloc, Some(3), &[]).err();
     assert_eq!(refused, Some(LeakScanError::TableTooSmall { needed: 10 }));
 }
