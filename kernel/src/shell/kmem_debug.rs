@@ -1,5 +1,6 @@
-//! `kmem verify|whatis|errors`: slab debugging at the shell (after
-//! illumos mdb's `::kmem_verify`, `::whatis` and the `kmem_error` log).
+//! `kmem verify|whatis|errors|findleaks`: slab debugging at the shell
+//! (after illumos mdb's `::kmem_verify`, `::whatis`, the `kmem_error` log
+//! and `::findleaks`).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
 //! ring); reports found by `verify` are printed as they are made (the
 //! report hook, `crate::debug::slab_debug`).
@@ -31,6 +32,10 @@ pub(super) const KMEM: Command = Command {
             "kmem cache CACHE [validate|shrink|debug [FLAGS|off]]",
             "one cache: geometry, magazines, depot contention; check it, reap it, its debug flags",
         ),
+        (
+            "kmem findleaks",
+            "objects nothing points to (illumos ::findleaks), by cache and allocation site",
+        ),
     ],
     context: "shell kmem",
     run: cmd_kmem,
@@ -43,6 +48,9 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         ["whatis", addr] => whatis(out, addr),
         ["errors"] => errors(out),
         ["cache", name, verb @ ..] => cache_control(out, name, verb),
+        ["findleaks"] => crate::debug::findleaks::findleaks(out)
+            .map(|_| ())
+            .map_err(|error| shell_error!("findleaks: {error}")),
         _ => Err(ShellError::Usage(&KMEM)),
     }
 }

@@ -25,6 +25,8 @@ mod idle_tick;
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod leak_scan;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]
