@@ -36,6 +36,7 @@ fn a_cache_idle_for_two_intervals_returns_its_empty_slabs() {
         stats.nr_cpu_cached_objs > 0,
         "one idle interval keeps the CPUs' magazines"
     );
+    let after_one = source.pages_outstanding();
     alloc.kmem_update();
     let stats = cache.stats();
     assert_eq!(stats.nr_cpu_cached_objs, 0);
@@ -43,6 +44,10 @@ fn a_cache_idle_for_two_intervals_returns_its_empty_slabs() {
     assert_eq!(
         stats.nr_slabs, 0,
         "idle for two intervals: every empty slab returned"
+    );
+    std::println!(
+        "idle tick: {before} pages outstanding before, {after_one} after one idle interval, {} after two",
+        source.pages_outstanding()
     );
     assert!(source.pages_outstanding() < before);
 }
