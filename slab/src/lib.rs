@@ -468,6 +468,7 @@
 
 #![no_std]
 #![feature(allocator_api)]
+#![cfg_attr(test, feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(test)]
@@ -521,9 +522,9 @@ mod verify;
 mod tests;
 
 pub use alloc_tag::AllocTagRef;
-pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
+pub use allocator::{Allocator, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};

@@ -36,6 +36,8 @@ mod profiling;
 #[cfg(not(loom))]
 mod reclaim;
 #[cfg(not(loom))]
+mod small_heap;
+#[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]
 mod trace_table;
