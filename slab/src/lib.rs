@@ -506,6 +506,7 @@ mod constructor;
 pub mod debug;
 mod error;
 mod flags;
+pub mod glue;
 pub mod kmemtrace;
 mod layout;
 mod magazine;

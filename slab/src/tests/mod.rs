@@ -20,6 +20,8 @@ mod geometry;
 #[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
+mod glue;
+#[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;

@@ -12,7 +12,7 @@ use super::support::*;
 use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform};
 
 /// One CPU (id 0), the emulated interrupts of CPU 0.
-struct UpPlatform;
+pub(super) struct UpPlatform;
 
 // SAFETY: one CPU, id 0; every test thread using it acts as CPU 0
 // (`set_cpu(0)` in `up_setup`) and takes CPU 0's emulated interrupt lock,
