@@ -31,10 +31,8 @@ fn region_source_hands_out_runs_and_takes_them_back() {
     assert_eq!(source.span(), (base + 2 * PAGE_SIZE, base + 11 * PAGE_SIZE));
     assert_eq!(source.stats().total_bytes, 9 * PAGE_SIZE);
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { source.init(base, PAGE_SIZE * 12) },
-        Err(AllocError::AlreadyInitialized)
-    );
+    let again = unsafe { source.init(base, PAGE_SIZE * 12) };
+    assert_eq!(again, Err(AllocError::AlreadyInitialized));
     let a = source.alloc_pages(3).unwrap();
     let b = source.alloc_pages(2).unwrap();
     assert_eq!(a.as_ptr() as usize, base + 2 * PAGE_SIZE);
@@ -63,15 +61,11 @@ fn region_source_refuses_a_region_without_a_page_to_give() {
     let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
     let base = region(2);
     // SAFETY: the host buffer is ours.
-    assert_eq!(
-        unsafe { source.init(base, PAGE_SIZE) },
-        Err(AllocError::InvalidLayout)
-    );
+    let one_page = unsafe { source.init(base, PAGE_SIZE) };
+    assert_eq!(one_page, Err(AllocError::InvalidLayout));
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { source.init(base + 1, 2 * PAGE_SIZE - 1) },
-        Err(AllocError::InvalidLayout)
-    );
+    let unaligned = unsafe { source.init(base + 1, 2 * PAGE_SIZE - 1) };
+    assert_eq!(unaligned, Err(AllocError::InvalidLayout));
 }
 
 #[test]
