@@ -6,12 +6,12 @@
 
 HOST := x86_64-unknown-linux-gnu
 
-.PHONY: run test setup test-host test-qemu test-e2e check
+.PHONY: run test setup test-host test-qemu test-example test-e2e check
 
 run: setup
 	cargo run
 
-test: setup test-host test-miri test-qemu test-e2e
+test: setup test-host test-miri test-qemu test-example test-e2e
 
 setup:
 	@scripts/setup.sh
@@ -32,6 +32,13 @@ test-qemu:
 	cargo test
 	cargo test --no-default-features
 	cargo test --no-default-features --features fault-injection --test fault_injection
+
+# The adopter's view (docs/ADOPTING.md): examples/hobby-kernel, a one-CPU
+# kernel on the shipped glue with a 100 KiB heap, booted in QEMU running
+# the heap tests of "Writing an OS in Rust"; then the host example.
+test-example:
+	cargo run -p magpie-hobby-kernel
+	cargo run -q -p magpie-slab --example host_heap --target $(HOST)
 
 # Tier 3: boot the real kernel, type sessions on its serial console; then
 # the shell fuzz test (3,000 random and crafted lines, seeded: MAGPIE_FUZZ_SEED).
@@ -54,6 +61,7 @@ check:
 	# The dump format crate as the kernel builds it (no_std, bare metal).
 	cargo clippy -p magpie-kmemtrace-format --target x86_64-unknown-none -- -D warnings
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy -p magpie-hobby-kernel -- -D warnings
 	# The docs build without warnings (broken intra-doc links): the host
 	# crates as a user's `cargo doc` shows them; the kernel with its private
 	# items, which is what its docs are for (so links to them are fine).
