@@ -56,8 +56,12 @@ HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
-	# magpie-slab without its default features (as the kernel and the bench build it).
-	cargo clippy -p magpie-slab --no-default-features --target $(HOST) --all-targets -- -D warnings
+	# magpie-slab with no features (its default; as the kernel and the bench
+	# build it without theirs): the library alone, since its tests and
+	# examples turn profiling and time stats on (slab/Cargo.toml dev-dependency).
+	cargo clippy -p magpie-slab --target $(HOST) --lib -- -D warnings
+	# ... and on the bare target with the uniprocessor glue (examples/hobby-kernel).
+	cargo clippy -p magpie-slab --target x86_64-unknown-none --features x86_64-uniprocessor -- -D warnings
 	# The dump format crate as the kernel builds it (no_std, bare metal).
 	cargo clippy -p magpie-kmemtrace-format --target x86_64-unknown-none -- -D warnings
 	cargo clippy --all-targets -- -D warnings
@@ -67,6 +71,9 @@ check:
 	# items, which is what its docs are for (so links to them are fine).
 	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST)
 	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc -q --no-deps -p magpie --document-private-items
+	# The library crates package and build alone, as crates.io would have them
+	# (packaged together: magpie-slab's path dependencies resolve to the others).
+	cargo package -q --allow-dirty -p magpie-kmemtrace-format -p magpie-codetag -p magpie-slab --target $(HOST)
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.

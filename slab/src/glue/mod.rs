@@ -4,11 +4,23 @@
 //! `x86_64-uniprocessor`), and [`Heap`], the two with an [`Allocator`]
 //! in one `static`, so that a one-CPU kernel adopts with two lines:
 //!
-//! ```ignore
+//! ```no_run,standalone_crate
+//! # #[cfg(feature = "x86_64-uniprocessor")]
+//! # mod example {
+//! use magpie_slab::glue::{Heap, X86Uniprocessor};
+//!
 //! #[global_allocator]
 //! static HEAP: Heap<X86Uniprocessor> = Heap::new();
-//! // once the heap range is mapped:
-//! unsafe { HEAP.init_region(HEAP_START, HEAP_SIZE) }.expect("heap");
+//! # const HEAP_START: usize = 0x4444_4444_0000;
+//! # const HEAP_SIZE: usize = 100 * 1024;
+//!
+//! fn kernel_main() {
+//!     // Once the heap range is mapped:
+//!     // SAFETY: it is mapped, writable and the heap's alone.
+//!     unsafe { HEAP.init_region(HEAP_START, HEAP_SIZE) }.expect("heap");
+//! }
+//! # }
+//! # fn main() {}
 //! ```
 //!
 //! (`examples/` and `docs/ADOPTING.md` show it in a kernel.)
