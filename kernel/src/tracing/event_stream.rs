@@ -26,7 +26,6 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use magpie_slab::kmemtrace::DEFAULT_SUBBUFS;
 use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
 
 use crate::arch::tsc;
@@ -36,7 +35,9 @@ use crate::mm::boot_info::BootInfo;
 /// I/O port of QEMU's `isa-debugcon` (the dump channel).
 pub const DEBUGCON_PORT: u16 = 0xe9;
 
-static SUBBUFS: AtomicUsize = AtomicUsize::new(DEFAULT_SUBBUFS);
+/// Sub-buffers per CPU from `kmemtrace.subbufs`; 0: sized to memory
+/// (`Allocator::kmemtrace_default_subbufs`).
+static SUBBUFS: AtomicUsize = AtomicUsize::new(0);
 static FROM_BOOT: AtomicBool = AtomicBool::new(false);
 
 /// Reads `kmemtrace=on|off` and `kmemtrace.subbufs=N`; starts recording
@@ -46,7 +47,8 @@ pub fn init(boot: &BootInfo) {
         match value.parse::<usize>() {
             Ok(nr) if (1..=1 << 16).contains(&nr) => SUBBUFS.store(nr, Ordering::Relaxed),
             _ => log::warn!(
-                "kmemtrace.subbufs={value}: expected 1 to 65536; using {DEFAULT_SUBBUFS}"
+                "kmemtrace.subbufs={value}: expected 1 to 65536; using {}",
+                nr_subbufs()
             ),
         }
     }
@@ -66,9 +68,13 @@ pub fn init(boot: &BootInfo) {
     }
 }
 
-/// Sub-buffers per CPU (boot argument `kmemtrace.subbufs`).
+/// Sub-buffers per CPU (boot argument `kmemtrace.subbufs`; without it,
+/// `magpie_slab::kmemtrace::DEFAULT_SUBBUFS` or fewer, sized to memory).
 pub fn nr_subbufs() -> usize {
-    SUBBUFS.load(Ordering::Relaxed)
+    match SUBBUFS.load(Ordering::Relaxed) {
+        0 => SLAB.kmemtrace_default_subbufs(),
+        nr => nr,
+    }
 }
 
 /// Starts (or restarts) recording: every cache (`cache_id` `None`) or one,
@@ -85,10 +91,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
         // Only a whole-kernel record begun at boot sees every allocation.
         from_boot: FROM_BOOT.swap(false, Ordering::Relaxed) && cache_id.is_none(),
     };
-    // SAFETY: KernelPlatform::cpu_id reads this CPU's own per-CPU block
-    // (distinct ids), and irq_save keeps the caller on its CPU (no
-    // preemption in this kernel).
-    unsafe { SLAB.kmemtrace_start(config) }
+    SLAB.kmemtrace_start(config)
 }
 
 /// Nanoseconds since boot for a TSC reading.

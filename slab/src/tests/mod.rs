@@ -25,6 +25,8 @@ mod glue;
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod kmemtrace_sizing;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]
