@@ -35,12 +35,11 @@ test-qemu:
 
 # The adopter's view (docs/ADOPTING.md): examples/hobby-kernel, a one-CPU
 # kernel on the shipped glue with a 100 KiB heap, booted in QEMU running
-# the heap tests of "Writing an OS in Rust"; then the host examples (the
-# glue in a program; allocation profiling to an allocinfo table).
+# the heap tests of "Writing an OS in Rust"; then the host example (the
+# glue in a program, through allocation profiling to an allocinfo table).
 test-example:
 	cargo run -p magpie-hobby-kernel
 	cargo run -q -p magpie-slab --example host_heap --target $(HOST)
-	cargo run -q -p magpie-slab --example allocinfo --target $(HOST)
 
 # Tier 3: boot the real kernel, type sessions on its serial console; then
 # the shell fuzz test (3,000 random and crafted lines, seeded: MAGPIE_FUZZ_SEED).

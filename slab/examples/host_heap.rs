@@ -1,6 +1,9 @@
 //! magpie-slab in an ordinary program: a 100 KiB heap from the shipped
 //! glue ([`Heap`] over a region), a `Vec` and a `BTreeMap` in it, an
-//! object cache, and the statistics a kernel's `kmemstat` prints.
+//! object cache, the statistics a kernel's `kmemstat` prints, and the
+//! last step of docs/ADOPTING.md: allocation profiling (feature
+//! `alloc-profiling`, and magpie-codetag) to an `allocinfo` table — who
+//! holds the memory, by call site.
 //!
 //! ```text
 //! cargo run -p magpie-slab --example host_heap --target x86_64-unknown-linux-gnu
@@ -8,12 +11,20 @@
 
 #![feature(allocator_api, btreemap_alloc)]
 
+use core::ptr::NonNull;
 use std::collections::BTreeMap;
 
+use magpie_codetag::alloc_tag::{
+    self, ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED,
+};
 use magpie_slab::glue::Heap;
-use magpie_slab::{Allocator, CacheFlags, PageSource, Platform};
+use magpie_slab::{Allocator, CacheFlags, PAGE_SIZE, PageSource, Platform};
 
-/// One CPU, one thread: "interrupts off" needs nothing.
+/// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
+static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+
+/// One CPU, one thread: "interrupts off" needs nothing. And the three
+/// profiling hooks.
 struct OneThread;
 
 // SAFETY: only the main thread uses the heap (CPU 0 of 1), and nothing
@@ -38,6 +49,17 @@ unsafe impl Platform for OneThread {
     fn context(buf: &mut [u8; 32]) -> usize {
         buf[..4].copy_from_slice(b"main");
         4
+    }
+    // Allocations that name no tag are charged to the catch-all
+    // "untagged" row.
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        Some(UNTAGGED.tag_ref())
+    }
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.add(0, tag, bytes);
+    }
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.sub(0, tag, bytes);
     }
 }
 
@@ -90,4 +112,45 @@ fn main() {
         source.total_bytes / 1024
     );
     drop((object, numbers, words));
+    allocinfo();
+}
+
+/// Allocation profiling: counters, tagged call sites, the table.
+fn allocinfo() {
+    // The counters' memory: 16 bytes a tag a CPU, from the heap's source.
+    let nr_pages = AllocTagCounters::bytes_needed(1).div_ceil(PAGE_SIZE);
+    let pages = HEAP.source().alloc_pages(nr_pages).expect("counter pages");
+    // SAFETY: fresh pages of the source, never freed, used by nothing else.
+    assert!(unsafe { COUNTERS.init(pages, nr_pages * PAGE_SIZE, 1) });
+
+    // Call sites that name their tag (a kernel's `kmalloc!` macro does this).
+    let buffers: Vec<_> = (0..10)
+        .map(|_| {
+            let here: &'static AllocTag = magpie_codetag::alloc_tag!();
+            HEAP.kmalloc_tagged(300, 8, Some(here.tag_ref()))
+                .expect("kmalloc")
+        })
+        .collect();
+    let table = HEAP.kmalloc_tagged(2000, 8, Some(magpie_codetag::alloc_tag!().tag_ref()));
+
+    // allocinfo: every tag with live objects, biggest first.
+    let mut rows: Vec<(&AllocTag, alloc_tag::AllocTagCounts)> = ALLOC_TAGS
+        .iter()
+        .map(|tag| (tag, COUNTERS.read(tag.tag_ref())))
+        .filter(|(_, counts)| counts.calls > 0)
+        .collect();
+    rows.sort_by_key(|(_, counts)| core::cmp::Reverse(counts.bytes));
+    let mut out = String::new();
+    alloc_tag::write_allocinfo_header(&mut out).unwrap();
+    for (tag, counts) in rows {
+        alloc_tag::write_allocinfo_row(&mut out, tag, counts, false, false).unwrap();
+    }
+    print!("{out}");
+
+    for buffer in buffers {
+        // SAFETY: from kmalloc_tagged above, not used again.
+        unsafe { HEAP.kfree(buffer) }.unwrap();
+    }
+    // SAFETY: as above.
+    unsafe { HEAP.kfree(table.unwrap()) }.unwrap();
 }
