@@ -138,6 +138,9 @@ bitflags::bitflags! {
         /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
         /// allocs and frees take the flagged paths, which record an event.
         const KMEMTRACE = 256;
+        /// An unborn size-class stub (`allocator/classes.rs`): its first
+        /// allocation creates the kmalloc class and allocates from it.
+        const UNBORN = 512;
     }
 }
 
@@ -147,7 +150,8 @@ impl HotFlags {
         .union(HotFlags::KMEMTRACE)
         .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
-        .union(HotFlags::PROFILING);
+        .union(HotFlags::PROFILING)
+        .union(HotFlags::UNBORN);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
