@@ -48,58 +48,6 @@ fn destroy(cache: &'static Cache) {
     unsafe { magpie::kmem::cache_destroy(cache) }.expect("destroy");
 }
 
-/// Runs one shell line.
-fn run(shell: &mut Shell, line: &str) -> String {
-    let mut out = String::new();
-    shell.execute(line, &mut out);
-    out
-}
-
-/// First, on a quiet kernel: `kmem findleaks` (leaks by reachability,
-/// issue 19) reports nothing; after `leak 64 10`, exactly those 10 at
-/// `cmd_leak`; what the shell holds (`kmalloc`) is not reported.
-#[test_case]
-fn findleaks_reports_exactly_the_unreachable_objects() {
-    let mut shell = Shell::new();
-    let quiet = run(&mut shell, "kmem findleaks");
-    assert!(quiet.starts_with("no leaks: "), "{quiet}");
-    let leaked = run(&mut shell, "leak 64 10");
-    assert_eq!(leaked.lines().count(), 10, "{leaked}");
-    run(&mut shell, "kmalloc 64 5");
-    let found = run(&mut shell, "kmem findleaks");
-    let lines: Vec<&str> = found.lines().collect();
-    assert_eq!(lines.len(), 4, "{found}");
-    assert!(
-        lines[0].starts_with("CACHE ") && lines[0].ends_with(" CALLER"),
-        "{found}"
-    );
-    let row: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(row[1], "10", "{found}");
-    // The caller is the objects' code tag (profiling); without it (and
-    // without `AUDIT`) the site is unknown.
-    let caller = if cfg!(feature = "alloc-profiling") {
-        "cmd_leak"
-    } else {
-        "?"
-    };
-    assert_eq!(row[3], caller, "{found}");
-    assert!(lines[1].ends_with("(kmalloc-64)"), "{found}");
-    // The BUFCTL column is the lowest leaked object, one of those printed.
-    assert!(
-        leaked.contains(&format!(
-            "{:#018x}",
-            usize::from_str_radix(row[2], 16).unwrap()
-        )),
-        "{found}"
-    );
-    assert_eq!(
-        lines[3].trim(),
-        "Total     10 buffers, 640 bytes",
-        "{found}"
-    );
-    run(&mut shell, "kfree all");
-}
-
 #[test_case]
 #[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn write_after_free_report_is_symbolized_with_offset() {

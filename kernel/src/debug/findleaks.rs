@@ -1,129 +1,203 @@
-//! `kmem findleaks`: the kernel's roots for the slab library's leak scan
-//! ([`magpie_slab::leaks`], illumos `::findleaks`), and its report.
+//! `kmem findleaks`: leaks by reachability (illumos `::findleaks`, Linux
+//! kmemleak) over [`magpie_slab::leak_scan`].
 //!
-//! Roots: the kernel image's writable data and `.bss` (every static, the
-//! bootstrap heap, the per-CPU areas reached from them), and the live part
-//! of this CPU's stack (the boot stack, from the stack pointer up: the
-//! dead frames below it are not roots; the shell zeroes them after each
-//! command, [`scrub_dead_stack`], so no stale slot of a live frame hides a
-//! leak). The other CPUs sit in their idle
-//! loops while the shell runs and hold no allocations; their stacks and
-//! saved registers are not scanned (left out).
+//! Roots: the kernel's writable data (`.data`, the link-time registries
+//! after it, and `.bss`, which holds the per-CPU blocks and every
+//! `static`), the running CPU's stack from its caller's caller's frame up
+//! (the shell's dispatcher and above, for `kmem findleaks`), the
+//! callee-saved registers, and every AP's whole kernel stack (an AP sits
+//! in its work loop; its saved interrupt frames are on that stack). The
+//! boot stack below the caller's frame is not a root: it holds stale
+//! copies of pointers (the leaking command's own frame) that would hide
+//! the very leaks asked about. The scan's table comes from the frame
+//! allocator, so the scan allocates nothing from the slab allocator.
+//!
+//! Output: illumos' layout, one line per cache and allocation site:
+//!
+//! ```text
+//! CACHE                 LEAKED           BUFCTL CALLER
+//! kmalloc-64                10 ffff800000a31040 kernel/src/shell/kmem.rs:173 magpie::shell::kmem::cmd_leak
+//! ------------------------------------------------------------------------
+//!            Total      10 buffers, 640 bytes
+//! ```
+//!
+//! `BUFCTL` is the lowest leaked object's address (a representative
+//! buffer to give `kmem whatis`; small-object slabs have no bufctls);
+//! `CALLER` the code tag the objects were charged to (`?` without one).
 
-use core::fmt::{self, Write};
+use core::fmt::Write;
+use core::mem::MaybeUninit;
 
-use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters};
-use magpie_slab::AllocError;
-use magpie_slab::leaks::{
-    LeakGroup, LeakSummary, write_findleaks_header, write_findleaks_row, write_findleaks_total,
-};
+use magpie_slab::leak_scan::{LeakEntry, LeakScanError, LeakSummary};
 
-use crate::kmem::{KernelPlatform, SLAB};
-use crate::mm::layout::kernel_layout;
+use crate::kmem::SLAB;
+use crate::mm::{frame, layout};
 
-/// The allocation site of a group, as `::findleaks` prints its caller:
-/// the code tag's function and place (profiling), else the symbol of the
-/// first frame of the last allocation (`AUDIT`), else `?`.
-struct Caller<'a>(&'a LeakGroup<KernelPlatform>);
+unsafe extern "C" {
+    static __data_start: u8;
+    static __boot_stack_guard: u8;
+    static __boot_stack_top: u8;
+}
 
-impl fmt::Display for Caller<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tag = self
-            .0
-            .tag
-            .and_then(AllocTagCounters::token_tag_ref)
-            .and_then(AllocTag::from_ref);
-        if let Some(tag) = tag {
-            return write!(
-                f,
-                "{} {}:{}",
-                tag.tag.function(),
-                tag.tag.file,
-                tag.tag.line
-            );
-        }
-        match crate::debug::symbols::lookup(self.0.alloc_frame) {
-            Some((name, offset)) if self.0.alloc_frame != 0 => {
-                write!(f, "{}+{offset:#x}", crate::debug::symbols::demangled(name))
+/// Why `findleaks` did not run.
+#[derive(Debug)]
+pub enum FindleaksError {
+    /// The slab allocator refused (not initialised, or the table filled
+    /// up because objects were allocated during the scan).
+    Scan(LeakScanError),
+    /// No frames for the scan's table.
+    NoMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+}
+
+impl core::fmt::Display for FindleaksError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FindleaksError::Scan(error) => write!(f, "{error}"),
+            FindleaksError::NoMemory { bytes } => {
+                write!(f, "no memory for the scan's table ({bytes} bytes)")
             }
-            _ => f.write_str("?"),
         }
     }
 }
 
-/// Bytes below the caller's frame that [`scrub_dead_stack`] zeroes.
-const SCRUB_BYTES: usize = 16 * 1024;
-
-/// Zero the dead stack below the caller's frame (the shell calls it after
-/// each command). A conservative scan takes every word of a live frame as
-/// a possible pointer, and a frame's unused slots keep whatever an earlier
-/// call at the same depth left there: after `leak`, its pointers. Zeroed,
-/// the next command's frames start clean, so `kmem findleaks` reports
-/// exactly what nothing points to.
-#[inline(never)]
-pub fn scrub_dead_stack() {
-    let mut dead = [0u8; SCRUB_BYTES];
-    // Written for real (not optimised away), then dropped.
-    core::hint::black_box(&mut dead);
-}
-
-/// The stack pointer of the caller.
-#[inline(always)]
-fn stack_pointer() -> usize {
-    let rsp: usize;
-    // SAFETY: reads a register; no memory, no flags.
-    unsafe {
-        core::arch::asm!("mov {}, rsp", out(reg) rsp, options(nomem, nostack, preserves_flags))
-    };
-    rsp
-}
-
-/// Scan for leaks and print them in the `::findleaks` layout (nothing but
-/// one line when there are none).
+/// Scan for leaks and write the `::findleaks` report to `out`. Call from
+/// the command that asks, directly: the frames above that command's are
+/// the stack roots.
 ///
 /// # Errors
-/// The scan's: out of memory for its table.
-pub fn find_leaks(out: &mut dyn Write) -> Result<LeakSummary, AllocError> {
-    let layout = kernel_layout();
-    let (data, guard) = (layout.rodata_end as usize, layout.boot_stack_guard as usize);
-    let (bottom, top) = (
-        layout.boot_stack_bottom as usize,
-        layout.boot_stack_top as usize,
-    );
-    let rsp = stack_pointer();
-    let live_stack = if (bottom..top).contains(&rsp) {
-        rsp
-    } else {
-        bottom
-    };
-    let roots = [
-        // .data, orphan sections and .bss up to the boot stack's guard page.
-        (data, guard),
-        // The boot stack's live frames.
-        (live_stack, top),
-        // .bss after the boot stack.
-        (top, layout.end as usize),
-    ];
-    let mut printed = false;
-    // SAFETY: the image's data and bss and the live stack are mapped and
-    // readable for the scan (the guard page is left out).
-    let summary = unsafe {
-        SLAB.find_leaks(&roots, &mut |group| {
-            if !printed {
-                let _ = write_findleaks_header(out);
-                printed = true;
+/// [`FindleaksError`]; nothing is written then.
+#[inline(never)]
+pub fn findleaks(out: &mut dyn Write) -> Result<LeakSummary, FindleaksError> {
+    let frame_base: usize;
+    // SAFETY: reads rbp (frame pointers are on: this function's frame
+    // base); no memory access.
+    unsafe { core::arch::asm!("mov {}, rbp", out(reg) frame_base, options(nomem, nostack)) };
+    // SAFETY: with frame pointers, [rbp] is our caller's saved rbp, on
+    // the live stack.
+    let caller_base = unsafe { (frame_base as *const usize).read() };
+    // Our caller's caller's frames start above the caller's saved rbp and
+    // return address: the command's own frame is skipped too (it sits
+    // where the previous command's frame was, stale slots and all).
+    let stack_from = caller_base + 16;
+    let capacity = SLAB.leak_scan_capacity() + 256;
+    let bytes = capacity * core::mem::size_of::<LeakEntry>();
+    let nr_pages = bytes.div_ceil(frame::PAGE_SIZE);
+    let phys = frame::alloc_contiguous(nr_pages).ok_or(FindleaksError::NoMemory { bytes })?;
+    let virt = layout::phys_to_virt(phys.as_u64());
+    // SAFETY: fresh frames, ours until freed below, mapped in the direct
+    // map, aligned for LeakEntry (page-aligned).
+    let memory =
+        unsafe { core::slice::from_raw_parts_mut(virt as *mut MaybeUninit<LeakEntry>, capacity) };
+    let table = LeakEntry::init_table(memory);
+    let result = scan(table, stack_from, out);
+    frame::free(phys, nr_pages);
+    result
+}
+
+fn scan(
+    table: &mut [LeakEntry],
+    stack_from: usize,
+    out: &mut dyn Write,
+) -> Result<LeakSummary, FindleaksError> {
+    // SAFETY: the kernel's slab pages stay mapped (the direct map) even
+    // when reaped, and caches destroyed meanwhile only misreport; the
+    // shell scans a quiet kernel.
+    let mut scan = unsafe { SLAB.leak_scan(table) }.map_err(FindleaksError::Scan)?;
+    let data_start = &raw const __data_start as usize;
+    let guard = &raw const __boot_stack_guard as usize;
+    let boot_top = &raw const __boot_stack_top as usize;
+    let mut registers = [0usize; 6];
+    // SAFETY: stores the callee-saved registers into our array.
+    unsafe {
+        core::arch::asm!(
+            "mov [{0}], rbx", "mov [{0} + 8], rbp", "mov [{0} + 16], r12",
+            "mov [{0} + 24], r13", "mov [{0} + 32], r14", "mov [{0} + 40], r15",
+            in(reg) registers.as_mut_ptr(), options(nostack, preserves_flags)
+        );
+    }
+    // SAFETY: the kernel image's writable sections up to the boot stack's
+    // guard page are mapped; the stack from our caller's frame to its
+    // top is the live part of the stack we run on; AP stacks are frames
+    // in the direct map.
+    unsafe {
+        scan.scan_range(data_start, guard);
+        if (guard..boot_top).contains(&stack_from) {
+            scan.scan_range(stack_from, boot_top);
+        }
+        for cpu in 0..crate::arch::MAX_CPUS {
+            if let Some((bottom, top)) = crate::smp::ap_stack(cpu) {
+                scan.scan_range(bottom, top);
             }
-            let _ = write_findleaks_row(out, group, &Caller(group));
-        })
-    }?;
-    if printed {
-        let _ = write_findleaks_total(out, &summary);
+        }
+    }
+    scan.scan_slice(&registers);
+    let mut header = false;
+    let summary = scan.finish(|group| {
+        if !header {
+            let _ = writeln!(out, "CACHE                 LEAKED           BUFCTL CALLER");
+            header = true;
+        }
+        let _ = write!(
+            out,
+            "{:<17} {:>10} {:016x} ",
+            group.cache.as_str(),
+            group.nr_leaked,
+            group.first
+        );
+        write_site(out, group.site);
+        let _ = writeln!(out);
+    });
+    if summary.nr_leaked == 0 {
+        let _ = writeln!(out, "findleaks: no memory leaks detected");
     } else {
         let _ = writeln!(
             out,
-            "no leaks: {} held object(s), all reachable",
-            summary.nr_objects
+            "------------------------------------------------------------------------"
+        );
+        let _ = writeln!(
+            out,
+            "           Total {:>7} buffer{}, {} byte{}",
+            summary.nr_leaked,
+            if summary.nr_leaked == 1 { "" } else { "s" },
+            summary.leaked_bytes,
+            if summary.leaked_bytes == 1 { "" } else { "s" }
         );
     }
+    let _ = writeln!(
+        out,
+        "findleaks: {} objects, {} reachable, {} resting in magazines; {} KiB scanned",
+        summary.nr_objects,
+        summary.nr_reached,
+        summary.nr_resting,
+        summary.scanned_bytes / 1024
+    );
     Ok(summary)
+}
+
+/// The allocation site of a charge token: `file:line function`.
+fn write_site(out: &mut dyn Write, site: Option<magpie_slab::AllocTagRef>) {
+    #[cfg(feature = "alloc-profiling")]
+    {
+        use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters};
+        if let Some(tag) = site
+            .and_then(AllocTagCounters::token_tag_ref)
+            .and_then(AllocTag::from_ref)
+            && !tag.is_untagged()
+        {
+            let _ = write!(
+                out,
+                "{}:{} {}",
+                tag.tag.file,
+                tag.tag.line,
+                tag.tag.function()
+            );
+            return;
+        }
+    }
+    #[cfg(not(feature = "alloc-profiling"))]
+    let _ = site;
+    let _ = out.write_str("?");
 }

@@ -120,16 +120,6 @@ pub(crate) unsafe fn holds_key(obj: NonNull<u8>, key: usize) -> bool {
     unsafe { key_word(obj).read() == key }
 }
 
-/// Whether `obj` holds this boot's key: resting in a magazine or the
-/// depot (or its owner wrote the key).
-///
-/// # Safety
-/// As for [`holds_key`].
-pub(crate) unsafe fn holds_free_key(obj: NonNull<u8>) -> bool {
-    // SAFETY: per our caller.
-    unsafe { holds_key(obj, free_key()) }
-}
-
 /// Mark `obj` freed: the key in its first word.
 ///
 /// # Safety

@@ -82,6 +82,7 @@ mod debug;
 mod double_free;
 mod free;
 mod hooks;
+mod leak_scan;
 mod magazines;
 #[cfg(feature = "alloc-profiling")]
 mod profiling;
@@ -97,7 +98,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
-pub(crate) use double_free::{boot_free_key, holds_free_key};
+pub(crate) use double_free::boot_free_key;
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -144,10 +145,13 @@ bitflags::bitflags! {
         /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
         /// allocs and frees take the flagged paths, which record an event.
         const KMEMTRACE = 256;
+        /// An unborn size-class stub (`allocator/classes.rs`): its first
+        /// allocation creates the kmalloc class and allocates from it.
+        const UNBORN = 512;
         /// Objects carry no free key ([`double_free`]): a constructor's
         /// state, a debug layout or `NOTOUCH` own their first word, so
         /// allocs and frees leave the keyed hits.
-        const KEYLESS = 512;
+        const KEYLESS = 1024;
     }
 }
 
@@ -158,6 +162,7 @@ impl HotFlags {
         .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::PROFILING)
+        .union(HotFlags::UNBORN)
         .union(HotFlags::KEYLESS);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
@@ -245,6 +250,8 @@ pub struct KmemCache<P: Platform> {
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
+    /// The working-set tick's idle count (`reap.rs`).
+    pub(crate) idle: reap::IdleTicks,
     _platform: PhantomData<fn() -> P>,
 }
 
@@ -365,6 +372,7 @@ impl<P: Platform> KmemCache<P> {
                 next: ptr::null(),
             }),
             debug: spec.debug,
+            idle: reap::IdleTicks::new(),
             _platform: PhantomData,
         }
     }

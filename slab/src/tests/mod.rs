@@ -24,11 +24,17 @@ mod geometry;
 #[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
+mod glue;
+#[cfg(not(loom))]
+mod idle_tick;
+#[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
 #[cfg(not(loom))]
-mod leaks;
+mod kmemtrace_sizing;
+#[cfg(not(loom))]
+mod leak_scan;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]
@@ -41,6 +47,10 @@ mod oom;
 mod profiling;
 #[cfg(not(loom))]
 mod reclaim;
+#[cfg(not(loom))]
+mod reports;
+#[cfg(not(loom))]
+mod small_heap;
 #[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]
