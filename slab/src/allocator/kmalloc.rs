@@ -127,6 +127,24 @@ const _: () = {
         assert!(KMALLOC_SIZES[class] >= size && (class == 0 || KMALLOC_SIZES[class - 1] < size));
         size += 1;
     }
+    // The aligned lookup (`kmalloc_index_general`): for every alignment
+    // up to PAGE_SIZE, the class of a multiple of the alignment is itself
+    // a multiple of it, so it is the smallest class that is at least the
+    // rounded size and naturally aligned to `align`.
+    let mut align = 8;
+    while align <= PAGE_SIZE {
+        let mut rounded = align;
+        while rounded <= KMALLOC_MAX_SIZE {
+            let class = if rounded <= CLASS_TABLE_MAX {
+                CLASS_BY_8[(rounded + 7) >> 3] as usize
+            } else {
+                class_index_above_table(rounded)
+            };
+            assert!(natural_align(KMALLOC_SIZES[class]) >= align);
+            rounded += align;
+        }
+        align *= 2;
+    }
 };
 
 impl<P: Platform> Allocator<P> {
@@ -142,17 +160,25 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Self::kmalloc_index`] for sizes above the table or alignments
-    /// above 8.
+    /// above 8, in O(1) for every alignment: a class serves `align` (up
+    /// to [`PAGE_SIZE`]) exactly when `align` divides its size, and the
+    /// smallest such class at least `size` bytes is the class of `size`
+    /// rounded up to `align` (the const block below checks it for every
+    /// alignment), so one rounding and one class lookup replace a scan.
+    #[inline]
     fn kmalloc_index_general(size: usize, align: usize) -> Option<usize> {
-        if size > KMALLOC_MAX_SIZE {
+        if size > KMALLOC_MAX_SIZE || align > PAGE_SIZE {
             return None;
         }
-        let first = if size <= CLASS_TABLE_MAX {
-            CLASS_BY_8[(size + 7) >> 3] as usize
+        // size.max(align): size 0 still gets an `align`-aligned class.
+        let rounded = (size.max(align) + (align - 1)) & !(align - 1);
+        if rounded <= CLASS_TABLE_MAX {
+            Some(CLASS_BY_8[(rounded + 7) >> 3] as usize)
+        } else if rounded <= KMALLOC_MAX_SIZE {
+            Some(class_index_above_table(rounded))
         } else {
-            class_index_above_table(size)
-        };
-        (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
+            None
+        }
     }
 
     #[inline(always)]
