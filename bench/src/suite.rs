@@ -845,7 +845,7 @@ type Variant<'a> = (&'a str, &'a str, &'a str, &'a str);
 
 /// Instructions (and CPU-time ratios against the first variant) of
 /// `variants` on the 64-byte pair (`GlobalAlloc` and `kmem_cache`) and
-/// mixed 8–512 B. `fixed_n`: CPU-time runs of that many iterations
+/// mixed 8–512 B. `fixed_n`: wall-clock runs of that many iterations
 /// instead of calibrated ones. Returns `ins[variant][column]`.
 fn variants(
     r: &mut String,
@@ -906,7 +906,18 @@ fn variants(
             let mut first = None;
             for (v, &(_, bin, glob, cache)) in variants.iter().enumerate() {
                 let a = if use_cache { cache } else { glob };
-                match cpu_per_op(bin, w, a, n) {
+                // Fixed n (kmemtrace: bounded by the rings) is too short
+                // for CPU time differenced between processes: wall clock
+                // inside one process after a warm-up, as before.
+                let timed = match fixed_n {
+                    None => cpu_per_op(bin, w, a, n),
+                    Some(_) => {
+                        let ta =
+                            args(&[w, a, "1", "--n", &n.to_string(), "--warmup", "--reps", "1"]);
+                        run(bin, &ta, false).map(|(res, _)| res.ns_per_op)
+                    }
+                };
+                match timed {
                     Ok(ns) => {
                         let base = *first.get_or_insert(ns);
                         ratios[v][c].push(ns / base);
@@ -1053,8 +1064,9 @@ fn kmemtrace(r: &mut String, failures: &mut Vec<String>, me: &str, opts: &SuiteO
          {KMT_N} iterations after a warm-up recorded {events}). The bench platform's \
          `caller_frames` is the default (no call site), so a kernel's call-site capture is \
          not in these figures. Instructions per operation (raw), `Δ` against off; an \
-         event is one alloc or one free (2 per pair, 1 per mixed operation); CPU time at a \
-         fixed {KMT_N} iterations per run (and a fifth of it).\n",
+         event is one alloc or one free (2 per pair, 1 per mixed operation); `×`: wall clock \
+         inside the process at a fixed {KMT_N} iterations per run after a warm-up (too short \
+         for CPU time differenced between processes; the rings bound it).\n",
         crate::allocs::KMT_SUBBUFS,
     )
     .unwrap();
@@ -1189,8 +1201,8 @@ fn slab_debug(r: &mut String, failures: &mut Vec<String>, me: &str) {
     writeln!(r).unwrap();
 }
 
-/// Iterations of every kmemtrace-on CPU-time run (400,000 events at
-/// most, under the rings' 1,048,576).
+/// Iterations of every kmemtrace-on timed run (twice that with the
+/// warm-up: 800,000 events at most, under the rings' 1,048,576).
 const KMT_N: u64 = 200_000;
 
 /// The memory workloads for every peer (and magpie with profiling

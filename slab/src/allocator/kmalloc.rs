@@ -113,6 +113,8 @@ pub struct LargeStats {
 }
 
 const _: () = {
+    // The one-test bound of `kmalloc_index` needs a power of two.
+    assert!(CLASS_TABLE_MAX.is_power_of_two());
     // The table and the arithmetic agree with the class list.
     assert!(KMALLOC_SIZES[63] == KMALLOC_MAX_SIZE && KMALLOC_SIZES[15] == 128);
     let mut size = CLASS_TABLE_MAX + 1;
@@ -152,8 +154,13 @@ impl<P: Platform> Allocator<P> {
     #[inline(always)]
     pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
         // Every class is at least 8-aligned. (Size 0 maps to kmalloc-8:
-        // callers refuse it or round it up first.)
-        if size <= CLASS_TABLE_MAX && align <= 8 {
+        // callers refuse it or round it up first.) One test for both
+        // `size < 1024` and `align <= 8`: `(align - 1) << 7` stays below
+        // 1024 exactly for alignments up to 8 (bits 7..=10 are set from
+        // 16 up, whatever is shifted out), and an OR of two values is
+        // below a power of two exactly when both are. (Size 1024 takes
+        // the general path, which gives the same class.)
+        if (size | ((align - 1) << 7)) < CLASS_TABLE_MAX {
             return Some(CLASS_BY_8[(size + 7) >> 3] as usize);
         }
         Self::kmalloc_index_general(size, align)
@@ -651,6 +658,17 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() {
             return None;
         }
+        self.locate_allocated(addr)
+    }
+
+    /// [`Self::kfree_locate`] with no readiness test of its own, for a
+    /// pointer the caller got from this allocator (`GlobalAlloc`'s
+    /// `dealloc` and `realloc` contract): its allocation happened after
+    /// `init` published the page map (READY, Release), so the map is
+    /// read without the test. Before init the map is empty (no pages):
+    /// every address misses and goes to the slow path, which tests.
+    #[inline(always)]
+    pub(crate) fn locate_allocated(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
         let slab = self.page_map().get(addr).slab()? as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator (same P), alive while they have slabs (a cache in use
