@@ -25,6 +25,8 @@ struct SuiteOpts {
     reps: u64,
     target_ms: u64,
     callgrind: bool,
+    /// `KERNEL_HIT` lines of tests/kernel_hit.rs (bench/run.sh).
+    kernel_hit: Option<String>,
 }
 
 fn parse(args: &[String]) -> SuiteOpts {
@@ -35,6 +37,7 @@ fn parse(args: &[String]) -> SuiteOpts {
         reps: 7,
         target_ms: 100,
         callgrind: true,
+        kernel_hit: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -45,6 +48,7 @@ fn parse(args: &[String]) -> SuiteOpts {
             "--reps" => opts.reps = it.next().and_then(|v| v.parse().ok()).unwrap_or(7),
             "--target-ms" => opts.target_ms = it.next().and_then(|v| v.parse().ok()).unwrap_or(100),
             "--no-callgrind" => opts.callgrind = false,
+            "--kernel-hit" => opts.kernel_hit = it.next().cloned(),
             other => {
                 eprintln!("suite: unknown option {other}");
                 std::process::exit(2);
@@ -796,6 +800,11 @@ pub fn main(argv: &[String]) {
         slab_debug(&mut r, &mut failures, &me);
     }
 
+    // ------------------------------------------------------------ kernel
+    if let Some(path) = &opts.kernel_hit {
+        kernel_hit(&mut r, &mut failures, path);
+    }
+
     // ------------------------------------------------------------ memory
     memory(&mut r, &mut failures, &me, opts.prof.as_deref());
 
@@ -1199,6 +1208,77 @@ fn slab_debug(r: &mut String, failures: &mut Vec<String>, me: &str) {
         }
     }
     writeln!(r).unwrap();
+}
+
+/// The kernel's hit counted exactly in QEMU: the `KERNEL_HIT` lines
+/// tests/kernel_hit.rs printed (bench/run.sh ran it and kept them in
+/// `path`).
+fn kernel_hit(r: &mut String, failures: &mut Vec<String>, path: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let fields: BTreeMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .collect();
+        let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(&on), Some(a), Some(f), Some(p)) = (
+            fields.get("profiling"),
+            get("alloc"),
+            get("free"),
+            get("pair"),
+        ) {
+            rows.push((on.to_string(), a, f, p));
+        }
+    }
+    if rows.is_empty() {
+        failures.push(format!("kernel hit: no KERNEL_HIT lines in {path}"));
+        return;
+    }
+    writeln!(
+        r,
+        "### The kernel hit, counted in QEMU
+"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "Exact instructions executed by the kernel's `GlobalAlloc::alloc` and `::dealloc` of \
+         `Allocator<KernelPlatform>` on a 64-byte magazine hit (the functions \
+         `bench/kernel-hit.py` prints; frame pointers and `pushf; cli … popf` included; \
+         interrupts on at entry), each single-stepped with the trap flag and its debug \
+         exceptions counted (tests/kernel_hit.rs, release build; median of 9 pairs after a \
+         warm-up; the call is subtracted with a call of a one-`ret` function). The kernel's \
+         default features (`alloc-profiling` compiled in), booted with `mem_profiling=0` \
+         and `=1` (bench/run.sh runs the test kernel twice). Not through the kernel's own \
+         `#[global_allocator]` shim (kernel/src/kmem/heap.rs), which adds its bootstrap-heap \
+         tests on top.\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "| profiling | alloc | free | pair |\n|---|---:|---:|---:|"
+    )
+    .unwrap();
+    for (on, a, f, p) in &rows {
+        writeln!(r, "| {on} | {a} | {f} | {p} |").unwrap();
+    }
+    let pair = |state: &str| rows.iter().find(|row| row.0 == state).map(|row| row.3);
+    if let (Some(on), Some(off)) = (pair("on"), pair("off")) {
+        writeln!(
+            r,
+            "\n- kernel pair, profiling off: {off} (target ≤ 55 → **{}**); profiling on: +{} \
+             (target ≤ +30 → **{}**)\n",
+            if off <= 55 { "met" } else { "not met" },
+            on.saturating_sub(off),
+            if on.saturating_sub(off) <= 30 {
+                "met"
+            } else {
+                "not met"
+            }
+        )
+        .unwrap();
+    }
 }
 
 /// Iterations of every kmemtrace-on timed run (twice that with the
