@@ -39,6 +39,8 @@ test-e2e:
 	cargo build --bin magpie
 	python3 tests/e2e/test_shell.py -v
 	python3 tests/e2e/test_kmemtrace.py -v
+	python3 tests/e2e/test_dump_channel.py -v
+	python3 tests/e2e/test_findleaks.py -v
 	python3 tests/e2e/test_fuzz.py -v
 
 # Formatting and lints, warnings as errors (also run by .ci/run). The lint
