@@ -305,7 +305,12 @@ impl<P: Platform> KmemCache<P> {
             // magazine cache cannot deadlock.
             match self.new_magazine() {
                 // SAFETY: a fresh empty magazine, owned by nobody yet.
-                Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                // The depot lock with interrupts off: an interrupt
+                // handler's free on this CPU may need it.
+                Ok(mag) => unsafe {
+                    let _irq = IrqGuard::<P>::new();
+                    self.depot.lock().push_empty(mag);
+                },
                 Err(_) => break,
             }
             if self.magazine_free_miss(obj) {
@@ -361,6 +366,9 @@ impl<P: Platform> KmemCache<P> {
         if self.kind != SlabKind::Small {
             // Bufctl slabs: a busy object has its bufctl in the hash (one
             // locked lookup, on the miss only).
+            // The slab layer's lock with interrupts off, as every lock an
+            // interrupt handler's alloc or free can reach must be taken.
+            let _irq = IrqGuard::<P>::new();
             return self.slab.lock().hash.find(addr).is_null();
         }
         let slab = self.small_slab_of(addr);
