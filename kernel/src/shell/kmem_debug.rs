@@ -1,6 +1,6 @@
-//! `kmem verify|whatis|errors|findleaks`: slab debugging at the shell
+//! `kmem verify|whatis|errors|findleaks|cache`: slab debugging at the shell
 //! (after illumos mdb's `::kmem_verify`, `::whatis`, the `kmem_error` log
-//! and `::findleaks`).
+//! and `::findleaks`), and Linux `/sys/kernel/slab/<cache>/` verbs (`kmem cache`).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
 //! ring); reports found by `verify` are printed as they are made (the
 //! report hook, `crate::debug::slab_debug`).
