@@ -133,7 +133,10 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
         ["debug", _flags] => {
             // A cache's object layout (stride, trailer) is fixed when it is
             // created, and every object of a live slab carries it: the
-            // flags cannot change under them.
+            // flags cannot change under them. Linux made the same call:
+            // its red_zone, poison, store_user and sanity_checks files
+            // are read-only since 5.9 ("mm, slub: make remaining
+            // slub_debug related attributes read-only").
             return Err(shell_error!(
                 "{}: debug flags are fixed at creation; boot with slab_debug=FLAGS,{}",
                 cache.name(),
