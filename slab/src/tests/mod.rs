@@ -10,6 +10,10 @@ mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
+mod bad_free_kinds;
+#[cfg(not(loom))]
+mod corruption_kinds;
+#[cfg(not(loom))]
 mod debug;
 #[cfg(not(loom))]
 mod debug_fuzz;
@@ -20,11 +24,15 @@ mod geometry;
 #[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
+mod glue;
+#[cfg(not(loom))]
 mod idle_tick;
 #[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod kmemtrace_sizing;
 #[cfg(not(loom))]
 mod leak_scan;
 #[cfg(loom)]
@@ -41,6 +49,8 @@ mod profiling;
 mod reclaim;
 #[cfg(not(loom))]
 mod reports;
+#[cfg(not(loom))]
+mod small_heap;
 #[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]
