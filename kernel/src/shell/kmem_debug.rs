@@ -1,6 +1,6 @@
-//! `kmem verify|whatis|errors|findleaks`: slab debugging at the shell
+//! `kmem verify|whatis|errors|findleaks|cache`: slab debugging at the shell
 //! (after illumos mdb's `::kmem_verify`, `::whatis`, the `kmem_error` log
-//! and `::findleaks`).
+//! and `::findleaks`), and Linux `/sys/kernel/slab/<cache>/` verbs (`kmem cache`).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
 //! ring); reports found by `verify` are printed as they are made (the
 //! report hook, `crate::debug::slab_debug`).
@@ -133,7 +133,10 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
         ["debug", _flags] => {
             // A cache's object layout (stride, trailer) is fixed when it is
             // created, and every object of a live slab carries it: the
-            // flags cannot change under them.
+            // flags cannot change under them. Linux made the same call:
+            // its red_zone, poison, store_user and sanity_checks files
+            // are read-only since 5.9 ("mm, slub: make remaining
+            // slub_debug related attributes read-only").
             return Err(shell_error!(
                 "{}: debug flags are fixed at creation; boot with slab_debug=FLAGS,{}",
                 cache.name(),

@@ -12,7 +12,7 @@
 //!   console loop [`run`];
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
-//!   reap), `slabtop` (the live view), `kmem_debug` (kmem verify, whatis, errors),
+//!   reap), `slabtop` (the live view), `kmem_debug` (kmem verify, whatis, errors, cache, findleaks),
 //!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
 //!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`kmemstat`] | Akaros `kmemstat` (`kern/drivers/dev/mem.c`): arenas with the slab caches importing from them indented beneath; amounts in bytes |
 //! | [`slabinfo`] | Linux `/proc/slabinfo` version 2.1 (`mm/slab_common.c` `cache_show`), to the column |
-//! | [`allocinfo`] (feature `allocinfo`) | Linux `/proc/allocinfo` (`lib/alloc_tag.c`): live bytes and calls per code tag, with Linux's filters |
+//! | `allocinfo` (feature `allocinfo`) | Linux `/proc/allocinfo` (`lib/alloc_tag.c`): live bytes and calls per code tag, with Linux's filters |
 //! | [`trace_print`], [`trace_print_all`] | Akaros `kmem_trace_print`: one block per outstanding object with its backtrace, then a by-site summary |
 //! | [`whatis`] | illumos mdb `::whatis`: cache, object and offset of an address, with the last transactions |
 //! | [`slabtop`] | Linux `slabtop(1)`'s columns, plus the magazine layer's hits, misses and depot contention |
@@ -19,7 +19,7 @@
 //! # Errors
 //!
 //! Every function returns the error of its sink (`fmt::Error`) as is and
-//! stops writing at the first one; [`allocinfo`] also refuses a row table
+//! stops writing at the first one; `allocinfo` also refuses a row table
 //! too small for the tags. None of them panics or allocates.
 //!
 //! # Locks
