@@ -90,6 +90,7 @@
 //! | --- | --- | --- |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
+//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
 //! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
@@ -533,10 +534,12 @@ mod flags;
 pub mod glue;
 pub mod kmemtrace;
 mod layout;
+pub mod leak_scan;
 mod magazine;
 mod object;
 mod platform;
 pub mod report;
+pub mod reports;
 mod slab;
 mod stats;
 mod sync;
@@ -567,7 +570,8 @@ pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{InitBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs, WhatIsDisplay};
+pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};

@@ -603,7 +603,9 @@ impl<P: Platform> Allocator<P> {
     /// `kmem_reap_interval`): every cache's depot starts a new working-set
     /// interval ([`KmemCache::ws_update`]), then gives back what lay beyond
     /// the working set of the interval that ended ([`KmemCache::ws_reap`]:
-    /// idle depot magazines, then empty slabs). Returns pages returned to
+    /// idle depot magazines, then empty slabs); a cache with no allocation
+    /// or free for two whole intervals is reaped in full (its CPUs'
+    /// magazines too), so its empty slabs come back. Returns pages returned to
     /// page sources. A kernel calls it from a timer tick or its idle loop,
     /// every few seconds; memory a burst left in magazines comes back
     /// after one idle interval. Call it as [`Allocator::reap_all`].
@@ -621,7 +623,7 @@ impl<P: Platform> Allocator<P> {
             if cache.is_bootstrap() {
                 cache.reap()
             } else {
-                cache.ws_reap()
+                cache.ws_tick()
             }
         })
     }

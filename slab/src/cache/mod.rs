@@ -76,6 +76,7 @@ mod codegen;
 mod debug;
 mod free;
 mod hooks;
+mod leak_scan;
 mod magazines;
 #[cfg(feature = "alloc-profiling")]
 mod profiling;
@@ -236,6 +237,8 @@ pub struct KmemCache<P: Platform> {
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
+    /// The working-set tick's idle count (`reap.rs`).
+    pub(crate) idle: reap::IdleTicks,
     _platform: PhantomData<fn() -> P>,
 }
 
@@ -345,6 +348,7 @@ impl<P: Platform> KmemCache<P> {
                 next: ptr::null(),
             }),
             debug: spec.debug,
+            idle: reap::IdleTicks::new(),
             _platform: PhantomData,
         }
     }

@@ -22,11 +22,15 @@ mod global;
 #[cfg(not(loom))]
 mod glue;
 #[cfg(not(loom))]
+mod idle_tick;
+#[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
 #[cfg(not(loom))]
 mod kmemtrace_sizing;
+#[cfg(not(loom))]
+mod leak_scan;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]
@@ -39,6 +43,8 @@ mod oom;
 mod profiling;
 #[cfg(not(loom))]
 mod reclaim;
+#[cfg(not(loom))]
+mod reports;
 #[cfg(not(loom))]
 mod small_heap;
 #[cfg(not(loom))]
