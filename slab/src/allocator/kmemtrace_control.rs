@@ -26,11 +26,10 @@ impl<P: Platform> Allocator<P> {
     /// recording bit of every cache (or of the cache `config.cache_id`
     /// only). Restarting drops the events recorded so far.
     ///
-    /// Safe: each ring is written without a lock by the CPU whose id it
-    /// has, which is sound by [`Platform`]'s own contract (item 1:
-    /// `cpu_id` is the running CPU's own id and nothing else runs
-    /// allocator code under that id between `irq_save` and
-    /// `irq_restore`), the same promise the magazine hit relies on.
+    /// Each ring is written without a lock by the CPU whose id it has,
+    /// with its interrupts off: sound by the [`Platform`] contract
+    /// (`cpu_id` exact and exclusive while interrupts are off), which
+    /// every allocator already relies on, so starting is safe.
     ///
     /// # Errors
     /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
