@@ -56,6 +56,7 @@ test-e2e:
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
 # HOST_CRATES are the workspace members built for the host; the kernel is
 # linted with its QEMU test kernels (tests/*.rs) too.
+SLAB_ALL_FEATURES := --features magpie-slab/alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/x86_64-uniprocessor
 HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -p magpie-kmemtrace-format
 check:
 	cargo fmt --all --check
@@ -73,7 +74,9 @@ check:
 	# The docs build without warnings (broken intra-doc links): the host
 	# crates as a user's `cargo doc` shows them; the kernel with its private
 	# items, which is what its docs are for (so links to them are fine).
-	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST)
+	# magpie-slab with every feature (as docs.rs builds it: Cargo.toml
+	# [package.metadata.docs.rs]).
+	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST) $(SLAB_ALL_FEATURES)
 	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc -q --no-deps -p magpie --document-private-items
 	# The library crates package and build alone, as crates.io would have them
 	# (packaged together: magpie-slab's path dependencies resolve to the others).

@@ -14,10 +14,9 @@
 use core::ptr::NonNull;
 use std::collections::BTreeMap;
 
-use magpie_codetag::alloc_tag::{
-    self, ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED,
-};
+use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
+use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
 use magpie_slab::{Allocator, CacheFlags, PAGE_SIZE, PageSource, Platform};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
@@ -92,25 +91,10 @@ fn main() {
         object.as_bytes().len()
     );
 
-    heap.for_each_cache(|cache| {
-        let stats = cache.stats();
-        if stats.nr_slabs > 0 {
-            println!(
-                "{:<16} {:>5} objects of {:>4} bytes in {} slabs of {} pages",
-                cache.name(),
-                stats.nr_allocated,
-                stats.obj_size,
-                stats.nr_slabs,
-                stats.nr_pages_per_slab
-            );
-        }
-    });
-    let source = HEAP.source().stats();
-    println!(
-        "heap: {} of {} KiB in use",
-        source.alloc_bytes / 1024,
-        source.total_bytes / 1024
-    );
+    // kmemstat: the page source with every cache beneath it.
+    let mut out = String::new();
+    reports::kmemstat(&mut out, heap, "region", HEAP.source().stats()).unwrap();
+    print!("{out}");
     drop((object, numbers, words));
     allocinfo();
 }
@@ -133,18 +117,20 @@ fn allocinfo() {
         .collect();
     let table = HEAP.kmalloc_tagged(2000, 8, Some(magpie_codetag::alloc_tag!().tag_ref()));
 
-    // allocinfo: every tag with live objects, biggest first.
-    let mut rows: Vec<(&AllocTag, alloc_tag::AllocTagCounts)> = ALLOC_TAGS
-        .iter()
-        .map(|tag| (tag, COUNTERS.read(tag.tag_ref())))
-        .filter(|(_, counts)| counts.calls > 0)
-        .collect();
-    rows.sort_by_key(|(_, counts)| core::cmp::Reverse(counts.bytes));
+    // allocinfo: every tag with live objects, biggest first (the rows
+    // are reserved beforehand: the report allocates nothing).
+    let mut rows = vec![AllocinfoRow::default(); ALLOC_TAGS.len()];
+    let options = AllocinfoOptions {
+        sort: AllocinfoSort::Bytes,
+        filter: reports::AllocinfoFilter {
+            min_bytes: Some(1),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let read = |tag: &'static AllocTag| COUNTERS.read(tag.tag_ref());
     let mut out = String::new();
-    alloc_tag::write_allocinfo_header(&mut out).unwrap();
-    for (tag, counts) in rows {
-        alloc_tag::write_allocinfo_row(&mut out, tag, counts, false, false).unwrap();
-    }
+    reports::allocinfo(&mut out, &ALLOC_TAGS, &read, &mut rows, &options).unwrap();
     print!("{out}");
 
     for buffer in buffers {

@@ -493,7 +493,7 @@
 
 #![no_std]
 #![feature(allocator_api)]
-#![cfg_attr(test, feature(btreemap_alloc))]
+#![cfg_attr(all(test, not(loom)), feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(test)]

@@ -37,18 +37,20 @@ unsafe impl Platform for X86Uniprocessor {
     fn irq_save() -> usize {
         let rflags: usize;
         // SAFETY: reads RFLAGS through the stack and clears IF: ring 0
-        // (the type's documented requirement); touches no memory of ours.
-        unsafe {
-            asm!("pushfq", "pop {}", "cli", out(reg) rflags, options(nomem, preserves_flags))
-        };
+        // (the type's documented requirement). Not `nomem`: the asm is a
+        // compiler barrier, so no access of the critical section moves
+        // above it.
+        unsafe { asm!("pushfq", "pop {}", "cli", out(reg) rflags, options(preserves_flags)) };
         rflags
     }
 
     #[inline(always)]
     fn irq_restore(state: usize) {
         if state & RFLAGS_IF != 0 {
-            // SAFETY: interrupts were on at the matching irq_save.
-            unsafe { asm!("sti", options(nomem, nostack)) };
+            // SAFETY: interrupts were on at the matching irq_save. Not
+            // `nomem`: a compiler barrier, so no access of the critical
+            // section moves below it.
+            unsafe { asm!("sti", options(nostack, preserves_flags)) };
         }
     }
 
