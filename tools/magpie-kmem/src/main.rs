@@ -84,6 +84,10 @@ enum Command {
         /// Bytes still live at the end instead of all bytes allocated.
         #[arg(long)]
         live: bool,
+        /// The cache as a leaf frame under each site (leaf, the default)
+        /// or as a label of the site's frame (label: one box per site).
+        #[arg(long, value_name = "leaf|label", default_value = "leaf")]
+        caches: String,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
@@ -119,6 +123,9 @@ enum Command {
     },
     /// Timeline SVG of live bytes over time for the top caches.
     Timeline {
+        /// One line per cache (default) or per call site.
+        #[arg(long, value_name = "cache|site", default_value = "cache")]
+        by: String,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
@@ -264,11 +271,21 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Flamegraph { live, file, output } => {
+        Command::Flamegraph {
+            live,
+            caches,
+            file,
+            output,
+        } => {
+            let caches = match caches.as_str() {
+                "leaf" => graphs::CacheFrames::Leaf,
+                "label" => graphs::CacheFrames::Label,
+                other => return Err(format!("--caches {other}: leaf or label")),
+            };
             let dump = load(file)?;
             let sym = symbolizer(cli, &dump)?;
             let replay = analysis::replay(&dump);
-            let svg = graphs::flamegraph(&dump, &replay, &sym, *live)?;
+            let svg = graphs::flamegraph(&dump, &replay, &sym, *live, caches)?;
             write_output(output, &svg)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -305,10 +322,26 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             emit(&diff::diff_text(&sides[0], &sides[1], *top))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Timeline { file, output } => {
+        Command::Timeline { by, file, output } => {
             let dump = load(file)?;
-            let replay = analysis::replay_with_timeline(&dump);
-            let svg = graphs::timeline(&dump, &replay)?;
+            let (series, by) = match by.as_str() {
+                "cache" => {
+                    let replay = analysis::replay_with_timeline(&dump);
+                    (
+                        graphs::timeline_series(&dump, &replay),
+                        graphs::TimelineBy::Cache,
+                    )
+                }
+                "site" => {
+                    let sym = symbolizer(cli, &dump)?;
+                    (
+                        graphs::timeline_series_by_site(&dump, &sym),
+                        graphs::TimelineBy::Site,
+                    )
+                }
+                other => return Err(format!("--by {other}: cache or site")),
+            };
+            let svg = graphs::timeline(&series, by)?;
             write_output(output, svg.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }

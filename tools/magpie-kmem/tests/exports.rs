@@ -361,3 +361,91 @@ magpie-kmem diff - live at the end of a.kmt -> b.kmt, 2 sites changed
         stdout(&o)
     );
 }
+
+// ---- pictures people read ----
+
+fn svg(dir: &std::path::Path, args: &[&str], out: &str) -> String {
+    let mut all = vec!["--no-symbols"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", out]);
+    let o = run(dir, &all);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::read_to_string(dir.join(out)).unwrap()
+}
+
+#[test]
+fn timeline_axes_read_kib_and_lines_may_be_call_sites() {
+    let dir = scratch("timeline_kib");
+    let mut d = DumpBuilder::new(1);
+    d.cache(1, 8192, "kmalloc-8192").cache(2, 64, "kmalloc-64");
+    d.cpu(
+        0,
+        0,
+        &[
+            alloc(0, 1_000, 0, SITE_A, P1, 8192, 8192, 1),
+            alloc(0, 2_000, 1, SITE_A, P2, 8192, 8192, 1),
+            alloc(0, 3_000, 2, SITE_B, Q1, 64, 64, 2),
+            free(0, 4_000, 3, SITE_A, P1, 8192, 1),
+        ],
+    );
+    write(&dir, "k.kmt", &d.build());
+    let text = svg(&dir, &["timeline", "k.kmt"], "cache.svg");
+    assert!(text.contains("live KiB"), "the y axis in KiB");
+    assert!(text.contains("kmalloc-8192 (peak 16.0 KiB)"));
+    assert!(text.contains("kmalloc-64 (peak 64 bytes)"));
+    // The legend is beside the plot: its text starts right of the plot
+    // area (760 px wide), not over it.
+    let at = text.find("kmalloc-8192 (peak").unwrap();
+    let tag = &text[text[..at].rfind("<text").unwrap()..at];
+    let x: f64 = tag
+        .split("x=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(x > 760.0, "legend at x={x}: {tag}");
+
+    let text = svg(&dir, &["timeline", "--by", "site", "k.kmt"], "site.svg");
+    assert!(text.contains("live bytes per call site"));
+    assert!(text.contains("0xffffffff80100010 (peak 16.0 KiB)"));
+    assert!(text.contains("0xffffffff80200020 (peak 64 bytes)"));
+    let o = run(&dir, &["timeline", "--by", "cpu", "k.kmt", "-o", "x.svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("--by cpu: cache or site"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn flamegraph_can_label_sites_with_their_caches() {
+    let dir = scratch("flamegraph_label");
+    let mut d = DumpBuilder::new(1);
+    d.cache(1, 64, "kmalloc-64")
+        .cache(2, 8, "kmalloc-8")
+        .cache(3, 512, "kmalloc-512");
+    d.cpu(
+        0,
+        0,
+        &[
+            alloc(0, 1_000, 0, SITE_A, P1, 64, 64, 1),
+            alloc(0, 2_000, 1, SITE_A, P2, 8, 8, 2),
+            alloc(0, 3_000, 2, SITE_A, Q1, 500, 512, 3),
+            alloc(0, 4_000, 3, SITE_B, 0xffff_8000_0030_0000, 64, 64, 1),
+        ],
+    );
+    write(&dir, "l.kmt", &d.build());
+    let text = svg(&dir, &["flamegraph", "--caches", "label", "l.kmt"], "l.svg");
+    // One box per site, the caches in its label, sorted by object size.
+    assert!(
+        text.contains("0xffffffff80100010 [3 caches: kmalloc-8 … kmalloc-512] (584 bytes"),
+        "{text}"
+    );
+    assert!(text.contains("0xffffffff80200020 [kmalloc-64] (64 bytes"));
+    assert!(!text.contains(">[kmalloc-8]"), "no leaf frame per cache");
+    // The default keeps the cache as a leaf frame.
+    let text = svg(&dir, &["flamegraph", "l.kmt"], "leaf.svg");
+    assert!(text.contains("[kmalloc-8] (8 bytes"));
+}
