@@ -30,7 +30,9 @@
 #                     virtio-serial-pci + virtconsole; truncated at boot).
 #                     Default target/kmemtrace/latest.kmt, for test kernels
 #                     target/kmemtrace/test.kmt; relative paths are taken
-#                     from the workspace root; the directory is created
+#                     from the workspace root; the directory is created.
+#                     `none`: no virtio console, so the kernel has no dump
+#                     channel (`kmemtrace dump` then refuses)
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,7 +93,9 @@ if [ $# -gt 0 ]; then
     APPEND="${APPEND:+$APPEND }$*"
 fi
 
-if [ -n "${MAGPIE_KMEMTRACE:-}" ]; then
+if [ "${MAGPIE_KMEMTRACE:-}" = none ]; then
+    KMEMTRACE=
+elif [ -n "${MAGPIE_KMEMTRACE:-}" ]; then
     KMEMTRACE=$MAGPIE_KMEMTRACE
     case "$KMEMTRACE" in /*) ;; *) KMEMTRACE=$ROOT/$KMEMTRACE ;; esac
 elif [[ "$ELF" == */deps/* ]]; then
@@ -99,7 +103,7 @@ elif [[ "$ELF" == */deps/* ]]; then
 else
     KMEMTRACE=$ROOT/target/kmemtrace/latest.kmt
 fi
-if ! mkdir -p "$(dirname "$KMEMTRACE")"; then
+if [ -n "$KMEMTRACE" ] && ! mkdir -p "$(dirname "$KMEMTRACE")"; then
     echo "run-qemu.sh: cannot create the directory of $KMEMTRACE (MAGPIE_KMEMTRACE)" >&2
     exit 2
 fi
@@ -129,10 +133,13 @@ fi
 CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
      -serial stdio -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
-     -chardev file,id=kmemtrace,path="$KMEMTRACE"
-     -device virtio-serial-pci,id=kmemtrace-serial
-     -device virtconsole,bus=kmemtrace-serial.0,chardev=kmemtrace
-     -kernel "$ELF" -initrd "$MODULE" -append "$APPEND" "${EXTRA[@]}")
+     -kernel "$ELF" -initrd "$MODULE" -append "$APPEND")
+if [ -n "$KMEMTRACE" ]; then
+    CMD+=(-chardev file,id=kmemtrace,path="$KMEMTRACE"
+          -device virtio-serial-pci,id=kmemtrace-serial
+          -device virtconsole,bus=kmemtrace-serial.0,chardev=kmemtrace)
+fi
+CMD+=("${EXTRA[@]}")
 
 if [ "$TIMEOUT" != 0 ]; then
     timeout -k 5 "$TIMEOUT" "${CMD[@]}"

@@ -3,7 +3,7 @@
 //! bytes `kmemtrace dump` sends), call sites that name the allocating
 //! function (the frame-pointer walk over the allocator's linker range),
 //! nanosecond timestamps, the kernel's build id in the header, stacks,
-//! recording off, and the debugcon channel.
+//! recording off, and the dump channel.
 
 #![no_std]
 #![no_main]
@@ -228,12 +228,19 @@ fn recording_off_records_nothing() {
     assert_eq!(SLAB.kmemtrace_status().nr_events, before);
 }
 
+/// The runner connects a virtio console; the channel is set up before the
+/// dump (at boot), and the dump goes out over it.
 #[test_case]
-fn dump_goes_out_over_debugcon() {
+fn dump_goes_out_over_the_virtio_console_set_up_at_boot() {
+    assert_eq!(
+        event_stream::dump_channel(),
+        Some(event_stream::Channel::VirtioConsole)
+    );
     event_stream::start(0, None).expect("start");
     free_here(allocate_here(2));
     SLAB.kmemtrace_stop();
-    let (summary, _channel) = event_stream::dump();
+    let (summary, channel) = event_stream::dump().expect("dump");
+    assert_eq!(channel, event_stream::Channel::VirtioConsole);
     assert_eq!(summary.nr_events, SLAB.kmemtrace_status().nr_events);
     assert!(summary.nr_bytes >= (HEADER_SIZE + 4 * EVENT_SIZE) as u64);
 }

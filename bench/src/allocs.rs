@@ -327,11 +327,7 @@ pub fn kmemtrace_on() {
         ..Default::default()
     };
     let start = || {
-        // SAFETY: BenchPlatform's CPU id is a thread-local that each
-        // benchmark thread sets to its own index (distinct per thread),
-        // and a thread never migrates between ids: each ring is written
-        // by one thread.
-        unsafe { MAGPIE.kmemtrace_start(config) }.expect("kmemtrace start");
+        MAGPIE.kmemtrace_start(config).expect("kmemtrace start");
     };
     start();
     set_cpu(0);

@@ -214,6 +214,19 @@ impl AllocTagCounters {
     /// more.
     pub const MAX_TAGS: usize = (u32::MAX as usize) / core::mem::size_of::<TagCounter>();
 
+    /// [`AllocTagCounters::init`] on memory the borrow checker vouches
+    /// for: a `'static` exclusive slice is valid for the rest of the
+    /// program and used by nothing else. Returns false, using nothing, as
+    /// `init` does (already initialised, fewer than
+    /// [`bytes_needed`](Self::bytes_needed) bytes, or the slice's start not
+    /// aligned to [`ALIGN`](Self::ALIGN)).
+    pub fn init_static(&self, memory: &'static mut [u8], nr_cpus: usize) -> bool {
+        let len = memory.len();
+        // SAFETY: a `'static mut` slice: valid for reads and writes of
+        // `len` bytes for the rest of the program, and exclusively ours.
+        unsafe { self.init(NonNull::from(memory).cast(), len, nr_cpus) }
+    }
+
     /// Hands the counters their memory (zeroed here). Returns false, using
     /// nothing, if they already have memory or `len` is too small or the
     /// memory misaligned.

@@ -507,6 +507,7 @@ mod error;
 mod flags;
 pub mod kmemtrace;
 mod layout;
+pub mod leak_scan;
 mod magazine;
 mod object;
 mod platform;

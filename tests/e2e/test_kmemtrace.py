@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kmemtrace end to end: boot the real kernel, record a known workload with
-`kmemtrace record start`, send it with `kmemtrace dump` over the debugcon
-channel to a file (boot/run-qemu.sh, MAGPIE_KMEMTRACE), and read the dump
+`kmemtrace record start`, send it with `kmemtrace dump` over the virtio
+console to a file (boot/run-qemu.sh, MAGPIE_KMEMTRACE), and read the dump
 back here against docs/KMEMTRACE-ABI.md: header, CRC, trailer, the shell's
 call site with exact sizes, stress's cross-CPU frees as ping-pong, the
 objects still held, and overruns with `kmemtrace.subbufs=1`.

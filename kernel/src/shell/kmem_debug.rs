@@ -1,5 +1,6 @@
-//! `kmem verify|whatis|errors`: slab debugging at the shell (after
-//! illumos mdb's `::kmem_verify`, `::whatis` and the `kmem_error` log).
+//! `kmem verify|whatis|errors|findleaks`: slab debugging at the shell
+//! (after illumos mdb's `::kmem_verify`, `::whatis`, the `kmem_error` log
+//! and `::findleaks`).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
 //! ring); reports found by `verify` are printed as they are made (the
 //! report hook, `crate::debug::slab_debug`).
@@ -8,7 +9,7 @@ use core::fmt::Write;
 
 use magpie_slab::report::{ERROR_RING_SIZE, ErrorKind, ErrorReport};
 
-use super::{Command, Result, Shell, ShellError, parse_number};
+use super::{Command, Result, Shell, ShellError, parse_number, shell_error};
 use crate::debug::slab_debug::KernelFormat;
 use crate::kmem::SLAB;
 
@@ -27,6 +28,10 @@ pub(super) const KMEM: Command = Command {
             "kmem errors",
             "the allocator's error reports kept since boot",
         ),
+        (
+            "kmem findleaks",
+            "objects nothing points to (illumos ::findleaks), by cache and allocation site",
+        ),
     ],
     context: "shell kmem",
     run: cmd_kmem,
@@ -38,6 +43,9 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         ["verify", target] => verify(out, target),
         ["whatis", addr] => whatis(out, addr),
         ["errors"] => errors(out),
+        ["findleaks"] => crate::debug::findleaks::findleaks(out)
+            .map(|_| ())
+            .map_err(|error| shell_error!("findleaks: {error}")),
         _ => Err(ShellError::Usage(&KMEM)),
     }
 }

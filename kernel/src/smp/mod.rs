@@ -146,6 +146,16 @@ pub(crate) fn init() {
     );
 }
 
+/// Top of each AP's kernel stack (0: none), for the leak scan's roots.
+static AP_STACK_TOPS: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+
+/// CPU `cpu`'s kernel stack as `bottom..top` (APs only; the boot CPU's is
+/// in the kernel image), once it was given one.
+pub fn ap_stack(cpu: usize) -> Option<(usize, usize)> {
+    let top = AP_STACK_TOPS.get(cpu)?.load(Ordering::Acquire);
+    (top != 0).then(|| (top - AP_STACK_SIZE, top))
+}
+
 /// Starts CPU `cpu` at `apic_id` and waits for it. Returns whether it came up.
 fn start_ap(cpu: usize, apic_id: u32) -> bool {
     let percpu = percpu::get(cpu).expect("cpu id below MAX_CPUS");
@@ -155,6 +165,7 @@ fn start_ap(cpu: usize, apic_id: u32) -> bool {
         return false;
     };
     let stack_top = layout::phys_to_virt(stack.as_u64()) as u64 + AP_STACK_SIZE as u64;
+    AP_STACK_TOPS[cpu].store(stack_top as usize, Ordering::Release);
     {
         // Room for the mailbox up front: posting work later allocates
         // nothing that outlives the work (tests compare allocation counts).

@@ -15,14 +15,18 @@
 //! * The dump goes to the host over a legacy virtio console
 //!   ([`crate::dev::virtio_console`]; QEMU `virtio-serial-pci` + `virtconsole`),
 //!   which `boot/run-qemu.sh` connects to `target/kmemtrace/latest.kmt`
-//!   (`MAGPIE_KMEMTRACE=FILE`); without one, over QEMU's `isa-debugcon`
-//!   (I/O port `0xe9`). Measured with a 5,500-event dump (354 KiB) into a
-//!   file chardev under TCG: a second 16550 (line-status read per byte)
-//!   196 KiB/s, debugcon 358 KiB/s, the virtio console 32–63 MiB/s. The
-//!   byte-wide channels pay one host `write(2)` per byte (debugcon with no
-//!   chardev behind it runs at 5.7 MiB/s); the virtio console hands QEMU
-//!   64 KiB per notification. 1,000,000 events: about 2 s over virtio,
-//!   3 minutes over debugcon.
+//!   (`MAGPIE_KMEMTRACE=FILE`). Its queue and bounce buffer are set up at
+//!   boot ([`init`]) and, if that failed, again when recording starts
+//!   ([`start`]), never at the moment of the dump: a dump taken when memory
+//!   has run out still goes out. Without the device (`MAGPIE_KMEMTRACE=none`,
+//!   or a QEMU started by hand) there is no channel and [`dump`] refuses,
+//!   sending nothing and keeping the record. Earlier versions fell back to
+//!   QEMU's `isa-debugcon`, which the runner never connected, so such a
+//!   dump vanished while the shell reported it sent. Measured with a
+//!   5,500-event dump (354 KiB) into a file chardev under TCG: a second
+//!   16550 (line-status read per byte) 196 KiB/s, debugcon 358 KiB/s, the
+//!   virtio console 32–63 MiB/s (it hands QEMU 64 KiB per notification).
+//!   1,000,000 events: about 2 s over virtio.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -33,15 +37,18 @@ use crate::arch::tsc;
 use crate::kmem::SLAB;
 use crate::mm::boot_info::BootInfo;
 
-/// I/O port of QEMU's `isa-debugcon` (the dump channel).
-pub const DEBUGCON_PORT: u16 = 0xe9;
-
 static SUBBUFS: AtomicUsize = AtomicUsize::new(DEFAULT_SUBBUFS);
 static FROM_BOOT: AtomicBool = AtomicBool::new(false);
 
-/// Reads `kmemtrace=on|off` and `kmemtrace.subbufs=N`; starts recording
-/// if asked. Call once, right after the slab allocator is up.
+/// Sets up the dump channel (the virtio console, when QEMU has one), reads
+/// `kmemtrace=on|off` and `kmemtrace.subbufs=N`, and starts recording if
+/// asked. Call once, right after the slab allocator is up.
 pub fn init(boot: &BootInfo) {
+    if !crate::dev::virtio_console::init() {
+        log::info!(
+            "kmemtrace: no virtio console, so no dump channel ('kmemtrace dump' will refuse)"
+        );
+    }
     if let Some(value) = boot.arg("kmemtrace.subbufs") {
         match value.parse::<usize>() {
             Ok(nr) if (1..=1 << 16).contains(&nr) => SUBBUFS.store(nr, Ordering::Relaxed),
@@ -74,10 +81,14 @@ pub fn nr_subbufs() -> usize {
 /// Starts (or restarts) recording: every cache (`cache_id` `None`) or one,
 /// with `stack_depth` frames per event (0: call sites only).
 ///
+/// Sets up the dump channel first if boot could not (see [`dump_channel`]
+/// for whether there is one).
+///
 /// # Errors
 /// As [`magpie_slab::Allocator::kmemtrace_start`]: no memory for the rings
 /// (nothing kept), a stack depth above the maximum.
 pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceError> {
+    crate::dev::virtio_console::init();
     let config = KmemtraceConfig {
         nr_subbufs: nr_subbufs(),
         stack_depth,
@@ -85,10 +96,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
         // Only a whole-kernel record begun at boot sees every allocation.
         from_boot: FROM_BOOT.swap(false, Ordering::Relaxed) && cache_id.is_none(),
     };
-    // SAFETY: KernelPlatform::cpu_id reads this CPU's own per-CPU block
-    // (distinct ids), and irq_save keeps the caller on its CPU (no
-    // preemption in this kernel).
-    unsafe { SLAB.kmemtrace_start(config) }
+    SLAB.kmemtrace_start(config)
 }
 
 /// Nanoseconds since boot for a TSC reading.
@@ -124,76 +132,78 @@ fn parse_build_id(note: &[u8]) -> Option<[u8; 20]> {
     note.get(16..36)?.try_into().ok()
 }
 
-/// Writes bytes to the debugcon port: `rep outsb`.
-fn debugcon_write(bytes: &[u8]) {
-    // SAFETY: `rep outsb` reads `bytes.len()` bytes at `bytes` (valid) and
-    // writes them to port 0xe9, QEMU's debugcon (ignored when absent); the
-    // direction flag is clear (the ABI guarantees it).
-    unsafe {
-        core::arch::asm!(
-            "rep outsb",
-            in("dx") DEBUGCON_PORT,
-            inout("rsi") bytes.as_ptr() => _,
-            inout("rcx") bytes.len() => _,
-            options(nostack, preserves_flags, readonly)
-        );
-    }
-}
-
-/// The channel a dump went out on.
+/// The channel a dump goes out on, when there is one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
     /// The legacy virtio console ([`crate::dev::virtio_console`]): bulk.
     VirtioConsole,
-    /// QEMU's `isa-debugcon` at [`DEBUGCON_PORT`]: a byte per I/O access.
-    Debugcon,
 }
 
 impl core::fmt::Display for Channel {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Channel::VirtioConsole => f.write_str("virtio console"),
-            Channel::Debugcon => write!(f, "debugcon port {DEBUGCON_PORT:#x}"),
         }
     }
 }
 
-/// Sends a dump of the record to the host: over the virtio console when
-/// QEMU has one (boot/run-qemu.sh adds it), else over debugcon. Returns
-/// what was sent and how. If the virtio console stops answering, the whole
-/// dump is sent again over debugcon (the virtio file then ends in a
-/// truncated dump, which readers report).
-pub fn dump() -> (DumpSummary, Channel) {
+/// The dump channel set up at boot or at the last `start`, if any.
+pub fn dump_channel() -> Option<Channel> {
+    crate::dev::virtio_console::is_present().then_some(Channel::VirtioConsole)
+}
+
+/// Why a dump did not reach the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpError {
+    /// No dump channel (no virtio console): nothing was sent, the record
+    /// is kept.
+    NoChannel,
+    /// The virtio console stopped taking data part way: the host file ends
+    /// in a truncated dump (readers report it); the record is kept.
+    ChannelFailed {
+        /// What the dump would have been.
+        summary: DumpSummary,
+    },
+}
+
+impl core::fmt::Display for DumpError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DumpError::NoChannel => f.write_str(
+                "no dump channel: QEMU has no virtio console (boot/run-qemu.sh connects one \
+                 to MAGPIE_KMEMTRACE, default target/kmemtrace/latest.kmt); nothing sent, \
+                 the record is kept",
+            ),
+            DumpError::ChannelFailed { summary } => write!(
+                f,
+                "the virtio console stopped answering: the host file holds a truncated dump \
+                 (of {} bytes); the record is kept, dump again",
+                summary.nr_bytes
+            ),
+        }
+    }
+}
+
+/// Sends a dump of the record to the host over the dump channel set up
+/// at boot or at `start`; allocates nothing. Returns what was sent and
+/// how.
+///
+/// # Errors
+/// [`DumpError::NoChannel`] (nothing sent) and
+/// [`DumpError::ChannelFailed`] (part sent); the record stays either way.
+pub fn dump() -> Result<(DumpSummary, Channel), DumpError> {
+    let channel = dump_channel().ok_or(DumpError::NoChannel)?;
     let info = DumpInfo {
         build_id: build_id(),
         ticks_to_ns: &ticks_to_ns,
     };
-    if crate::dev::virtio_console::init() {
-        let mut ok = true;
-        let summary = SLAB.kmemtrace_dump(&info, &mut |bytes| {
-            ok = ok && crate::dev::virtio_console::write(bytes);
-        });
-        if ok && crate::dev::virtio_console::flush() {
-            return (summary, Channel::VirtioConsole);
-        }
-        log::error!("kmemtrace dump: the virtio console stopped answering; dumping over debugcon");
-    }
-    // Batch the many small pieces (record headers, fields): one `rep
-    // outsb` per 4 KiB.
-    let mut buffer = [0u8; 4096];
-    let mut len = 0;
+    let mut ok = true;
     let summary = SLAB.kmemtrace_dump(&info, &mut |bytes| {
-        if len + bytes.len() > buffer.len() {
-            debugcon_write(&buffer[..len]);
-            len = 0;
-        }
-        if bytes.len() > buffer.len() {
-            debugcon_write(bytes);
-        } else {
-            buffer[len..len + bytes.len()].copy_from_slice(bytes);
-            len += bytes.len();
-        }
+        ok = ok && crate::dev::virtio_console::write(bytes);
     });
-    debugcon_write(&buffer[..len]);
-    (summary, Channel::Debugcon)
+    if ok && crate::dev::virtio_console::flush() {
+        Ok((summary, channel))
+    } else {
+        Err(DumpError::ChannelFailed { summary })
+    }
 }

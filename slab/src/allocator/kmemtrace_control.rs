@@ -21,17 +21,17 @@ impl<P: Platform> Allocator<P> {
     /// recording bit of every cache (or of the cache `config.cache_id`
     /// only). Restarting drops the events recorded so far.
     ///
-    /// # Safety
-    /// [`Platform::cpu_id`] returns the running CPU's own id (distinct per
-    /// CPU) and [`Platform::irq_save`] keeps the caller on its CPU until
-    /// `irq_restore`: each ring is written without a lock by the CPU whose
-    /// id it has.
+    /// Safe: each ring is written without a lock by the CPU whose id it
+    /// has, which is sound by [`Platform`]'s own contract (item 1:
+    /// `cpu_id` is the running CPU's own id and nothing else runs
+    /// allocator code under that id between `irq_save` and
+    /// `irq_restore`), the same promise the magazine hit relies on.
     ///
     /// # Errors
     /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
     /// (nothing kept, recording off); [`KmemtraceError::StackDepth`];
     /// [`KmemtraceError::TooManySubbufs`].
-    pub unsafe fn kmemtrace_start(&self, config: KmemtraceConfig) -> Result<(), KmemtraceError> {
+    pub fn kmemtrace_start(&self, config: KmemtraceConfig) -> Result<(), KmemtraceError> {
         if !self.is_ready() {
             return Err(KmemtraceError::NotInitialized);
         }

@@ -76,6 +76,7 @@ mod codegen;
 mod debug;
 mod free;
 mod hooks;
+mod leak_scan;
 mod magazines;
 #[cfg(feature = "alloc-profiling")]
 mod profiling;

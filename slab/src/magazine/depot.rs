@@ -401,6 +401,20 @@ impl DepotInner {
         }
     }
 
+    /// `(capacity, nr_rounds)` of every magazine on both lists, full list
+    /// first (the tests' view of which magazine types the depot keeps).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn magazine_shapes(&self) -> std::vec::Vec<(usize, usize)> {
+        let mut shapes = std::vec::Vec::new();
+        self.for_each_magazine(|mag| {
+            // SAFETY: a magazine on one of our lists: alive, and read
+            // under `&self` (the depot lock the caller holds).
+            let (capacity, nr_rounds) = unsafe { ((*mag).capacity, (*mag).nr_rounds) };
+            shapes.push((capacity as usize, nr_rounds as usize));
+        });
+        shapes
+    }
+
     fn take_all(&mut self) -> (*mut Magazine, *mut Magazine) {
         let lists = (self.full, self.empty);
         self.full = ptr::null_mut();

@@ -22,9 +22,7 @@ const CACHE: u8 = 2;
 const PAGES: u8 = 3;
 
 fn start(alloc: &'static TestAlloc, config: KmemtraceConfig) {
-    // SAFETY: the test platform's CPU ids are distinct per thread and
-    // every test thread acts as its own CPU.
-    unsafe { alloc.kmemtrace_start(config) }.expect("kmemtrace start");
+    alloc.kmemtrace_start(config).expect("kmemtrace start");
 }
 
 fn small(nr_subbufs: usize) -> KmemtraceConfig {
@@ -399,13 +397,11 @@ fn bad_configuration_and_no_memory_are_clear_errors() {
         stack_depth: 17,
         ..small(1)
     };
-    // SAFETY: as in `start`.
-    let refused = unsafe { alloc.kmemtrace_start(too_deep) };
+    let refused = alloc.kmemtrace_start(too_deep);
     assert_eq!(refused, Err(KmemtraceError::StackDepth(17)));
     let before = source.pages_outstanding();
     // 4 CPUs x 64 sub-buffers x 16 pages: more than the source has.
-    // SAFETY: as in `start`.
-    let error = unsafe { alloc.kmemtrace_start(small(64)) }.unwrap_err();
+    let error = alloc.kmemtrace_start(small(64)).unwrap_err();
     assert!(matches!(error, KmemtraceError::OutOfMemory { .. }));
     assert_eq!(source.pages_outstanding(), before, "nothing kept");
     assert!(!alloc.kmemtrace_status().recording);

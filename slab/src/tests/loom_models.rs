@@ -48,6 +48,7 @@
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec::Vec;
@@ -341,15 +342,14 @@ fn prime_depot(fixture: &Fixture) {
     assert!(fixture.cache.stats().depot_nr_full >= 1);
 }
 
-/// Leak a fixture for `'static` threads; [`reclaim`] takes it back.
-fn share(fixture: Fixture) -> &'static Fixture {
-    Box::leak(Box::new(fixture))
+/// Share a fixture with `'static` threads; [`reclaim`] takes it back.
+fn share(fixture: Fixture) -> Arc<Fixture> {
+    Arc::new(fixture)
 }
 
 /// Take back a fixture from [`share`] once every thread using it joined.
-fn reclaim(fixture: &'static Fixture) -> Fixture {
-    // SAFETY: leaked by `share`; the threads that used it have joined.
-    *unsafe { Box::from_raw((fixture as *const Fixture).cast_mut()) }
+fn reclaim(fixture: Arc<Fixture>) -> Fixture {
+    Arc::into_inner(fixture).expect("every thread using the fixture joined")
 }
 
 /// `nr_workers` CPUs allocate and free at once with one-round magazines,
@@ -367,6 +367,7 @@ fn depot_exchange(nr_workers: usize, nr_own: u64) {
         .into_iter()
         .enumerate()
         .map(|(cpu, handed)| {
+            let fixture = Arc::clone(&fixture);
             thread::spawn(move || {
                 set_cpu(cpu);
                 let own: Vec<Held> = (0..nr_own).map(|i| fixture.alloc(stamp(cpu, i))).collect();
@@ -414,16 +415,22 @@ fn loom_drain_while_allocating() {
         fixture.free(warm);
         prime_depot(&fixture);
         let fixture = share(fixture);
-        let worker = thread::spawn(move || {
-            set_cpu(0);
-            let a = fixture.alloc(stamp(0, 0));
-            let b = fixture.alloc(stamp(0, 1));
-            fixture.free(a);
-            fixture.free(b);
+        let worker = thread::spawn({
+            let fixture = Arc::clone(&fixture);
+            move || {
+                set_cpu(0);
+                let a = fixture.alloc(stamp(0, 0));
+                let b = fixture.alloc(stamp(0, 1));
+                fixture.free(a);
+                fixture.free(b);
+            }
         });
-        let reaper = thread::spawn(move || {
-            set_cpu(1);
-            fixture.cache.reap();
+        let reaper = thread::spawn({
+            let fixture = Arc::clone(&fixture);
+            move || {
+                set_cpu(1);
+                fixture.cache.reap();
+            }
         });
         worker.join().unwrap();
         reaper.join().unwrap();
@@ -447,6 +454,7 @@ fn loom_drain_while_two_cpus_allocate_bufctl() {
         let fixture = share(fixture);
         let workers: Vec<_> = (0..2)
             .map(|cpu| {
+                let fixture = Arc::clone(&fixture);
                 thread::spawn(move || {
                     set_cpu(cpu);
                     let a = fixture.alloc(stamp(cpu, 0));

@@ -461,14 +461,12 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
         "an old magazine freed"
     );
     let depot = cache.depot.lock();
-    depot.for_each_magazine(|mag| {
-        // SAFETY: a magazine on a depot list, under the depot lock.
-        let (capacity, nr_rounds) = unsafe { ((*mag).capacity, (*mag).nr_rounds) };
+    for (capacity, nr_rounds) in depot.magazine_shapes() {
         assert!(
-            nr_rounds > 0 || capacity as usize == big,
+            nr_rounds > 0 || capacity == big,
             "an old empty magazine kept"
         );
-    });
+    }
     drop(depot);
     alloc.reap_all();
     let in_use = magazines_in_use(alloc);

@@ -23,6 +23,8 @@ mod global;
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod leak_scan;
 #[cfg(loom)]
 mod loom_models;
 #[cfg(not(loom))]

@@ -188,8 +188,20 @@ unsafe impl Platform for TestPlatform {
     }
 }
 
+/// One page of a [`FakeSource`]: its type gives the region its alignment.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([u8; PAGE_SIZE]);
+
 /// One big 4096-aligned region with a page bitmap.
 pub struct FakeSource {
+    /// The region (taken back by `release`); the allocator reaches it
+    /// only through `base`, derived once the region is in place.
+    #[cfg_attr(
+        not(loom),
+        allow(dead_code, reason = "only the loom models release a source")
+    )]
+    region: Mutex<Option<Box<[Page]>>>,
     base: usize,
     nr_pages: usize,
     used: Mutex<Vec<bool>>,
@@ -203,12 +215,12 @@ pub struct FakeSource {
 
 impl FakeSource {
     pub fn new(nr_pages: usize) -> &'static FakeSource {
-        let layout = std::alloc::Layout::from_size_align(nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
-        // SAFETY: non-zero size.
-        let base = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
-        assert!(base != 0);
-        Box::leak(Box::new(FakeSource {
-            base,
+        assert!(nr_pages > 0);
+        let source = Box::leak(Box::new(FakeSource {
+            region: Mutex::new(Some(
+                vec![Page([0; PAGE_SIZE]); nr_pages].into_boxed_slice(),
+            )),
+            base: 0,
             nr_pages,
             used: Mutex::new(vec![false; nr_pages]),
             outstanding: AtomicUsize::new(0),
@@ -216,7 +228,17 @@ impl FakeSource {
             budget: AtomicUsize::new(usize::MAX),
             fail: AtomicBool::new(false),
             nr_failures: AtomicU64::new(0),
-        }))
+        }));
+        // The region's address, taken after the region reached its final
+        // place (the box is not moved again until `release`).
+        source.base = source
+            .region
+            .get_mut()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .as_mut_ptr() as usize;
+        source
     }
 
     pub fn pages_outstanding(&self) -> usize {
@@ -241,11 +263,7 @@ impl FakeSource {
     /// Nothing uses the source or any of its pages afterwards.
     #[cfg(loom)]
     pub unsafe fn release(&self) {
-        let layout =
-            std::alloc::Layout::from_size_align(self.nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
-        // SAFETY: allocated in `new` with this layout; unused from now on
-        // per the caller.
-        unsafe { std::alloc::dealloc(self.base as *mut u8, layout) };
+        drop(self.region.lock().unwrap().take());
     }
 
     pub fn contains(&self, addr: usize) -> bool {

@@ -130,9 +130,7 @@ fn start(alloc: &'static Allocator<HostPlatform>, nr_subbufs: usize) {
         nr_subbufs,
         ..Default::default()
     };
-    // SAFETY: HostPlatform's cpu_id is the running (acted) CPU and only
-    // this thread runs the allocator (see its Platform impl).
-    unsafe { alloc.kmemtrace_start(config) }.unwrap();
+    alloc.kmemtrace_start(config).unwrap();
 }
 
 fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {

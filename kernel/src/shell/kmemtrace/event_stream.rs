@@ -100,6 +100,12 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         SUBBUF_EVENTS,
         status.nr_subbufs * SUBBUF_PAGES * PAGE_SIZE / 1024
     );
+    if event_stream::dump_channel().is_none() {
+        let _ = writeln!(
+            out,
+            "note: no dump channel (no virtio console): 'kmemtrace dump' cannot send this record"
+        );
+    }
     Ok(())
 }
 
@@ -177,8 +183,9 @@ fn record_status(out: &mut dyn Write) {
     }
 }
 
-/// `kmemtrace dump`: sends the record to the host over the debugcon
-/// channel and says how much was sent.
+/// `kmemtrace dump`: sends the record to the host over the dump channel
+/// (the virtio console set up at boot) and says how much was sent, or that
+/// nothing was.
 pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     if !args.is_empty() {
         return Err(ShellError::Usage(&KMEMTRACE));
@@ -189,7 +196,8 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
         ));
     }
     let start = arch::rdtsc();
-    let (summary, channel) = event_stream::dump();
+    let (summary, channel) =
+        event_stream::dump().map_err(|error| shell_error!("kmemtrace dump: {error}"))?;
     let elapsed_ns = event_stream::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
     let _ = writeln!(
         out,

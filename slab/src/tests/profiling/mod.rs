@@ -99,10 +99,9 @@ fn setup_with_source() -> (
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     COUNTERS_ONCE.call_once(|| {
         let len = AllocTagCounters::bytes_needed(NR_CPUS);
-        let memory: &'static mut [u64] = Vec::leak(std::vec![0u64; len / 8 + 8]);
-        let addr = (memory.as_mut_ptr() as usize).next_multiple_of(AllocTagCounters::ALIGN);
-        // SAFETY: `len` bytes from `addr` lie inside the leaked buffer.
-        assert!(unsafe { COUNTERS.init(NonNull::new(addr as *mut u8).unwrap(), len, NR_CPUS) });
+        let memory: &'static mut [u8] = Vec::leak(std::vec![0u8; len + AllocTagCounters::ALIGN]);
+        let start = memory.as_ptr().align_offset(AllocTagCounters::ALIGN);
+        assert!(COUNTERS.init_static(&mut memory[start..start + len], NR_CPUS));
     });
     SWITCH.set_at_boot(BootSetting::On);
     set_cpu(0);
