@@ -18,13 +18,13 @@ is not a session (it says why).
 Comparing, line by line (`compile_line`):
 
 - a line `...` stands for any number of lines (none included);
-- addresses (`0x` and 6+ hex digits), symbol offsets (`+0x3d5`), times
+- addresses (`0x` and 6+ hex digits, or 16 hex digits), symbol offsets (`+0x3d5`), times
   (`128058896 ns`, `18 ms`, `T+0.297228s`, `[    0.5]`), speeds
   (`756313 events/s`) and amounts in KiB/MiB match any value: they change
   with every build and every run;
 - every other number must be the same, unless the block says
   `numbers=any` (for sessions whose counts depend on timing, e.g. a
-  two-CPU `stress`);
+  two-CPU `stress`); a `FILE:LINE`'s line is exact even then;
 - runs of spaces match runs of spaces (columns widen with their values);
 - a command's trailing `  (remark)` is the README's, not typed.
 
@@ -61,13 +61,15 @@ MARKER = re.compile(r"^<!-- replay:\s*(.*?)\s*-->\s*$")
 VOLATILE = [
     (r"\+0x[0-9a-f]+", r"\+0x[0-9a-f]+"),  # symbol offset
     (r"0x[0-9a-f]{6,16}", r"0x[0-9a-f]+"),  # address, checksum
+    (r"\b[0-9a-f]{16}\b", r"[0-9a-f]{16}"),  # address without 0x (findleaks' BUFCTL)
     (r"T\+\d+\.\d+s", r"T\+\d+\.\d+s"),
     (r"\[ *\d+\.\d+\]", r"\[ *\d+\.\d+\]"),  # log timestamp
     (r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b", r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b"),
     (r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)", r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)"),
     (r"\d+(?:\.\d+)? ?(?:KiB|MiB)\b", r"\d+(?:\.\d+)? ?(?:KiB|MiB)\b"),
 ]
-NUMBER = (r"(?<![\w.-])[+-]?\d[\d,]*(?:\.\d+)?%?", r"[+-]?\d[\d,]*(?:\.\d+)?%?")
+# (Not a line number: `FILE:LINE` stays exact even with numbers=any.)
+NUMBER = (r"(?<![\w.:-])[+-]?\d[\d,]*(?:\.\d+)?%?", r"[+-]?\d[\d,]*(?:\.\d+)?%?")
 ADDRESS = re.compile(r"0x[0-9a-f]{6,16}")
 
 
@@ -261,6 +263,7 @@ class ReadmeSessions(unittest.TestCase):
         self.assertIsNotNone(match_lines(["6 objects"], ["7 objects"]))
         self.assertIsNone(match_lines(["6 objects   384 bytes"], ["7 objects 1384 bytes"], any_number=True))
         self.assertIsNotNone(match_lines(["kmalloc-64"], ["kmalloc-96"], any_number=True))
+        self.assertIsNotNone(match_lines(["640 kernel/src/a.rs:122"], ["640 kernel/src/a.rs:125"], any_number=True))
         self.assertEqual(substitute_addresses("kmem whatis 0x1000050", {0x1000000: 0x2000000}),
                          "kmem whatis 0x2000050")
 
