@@ -317,6 +317,27 @@ class KmemtraceSession(unittest.TestCase):
         self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13328/1025\s*\|\s*13000/1000\s*\|\s*13 ")
 
     @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_stress_sites_name_their_code_tags_not_the_inlining_closure(self):
+        """stat's Source is inline-aware: stress's sites are inlined three
+        calls deep into one closure; each names the line of its own
+        allocation macro and the function it is in (`func:alloc`), as the
+        code tags (`fault list`, `allocinfo`) do, not the closure's line."""
+        code, out, err = self.magpie_kmem("stat", "--caller", "--json")
+        self.assertEqual(code, 0, err)
+        stress = [s for s in json.loads(out)["callsites"]
+                  if s["function"].startswith("magpie::smp::stress::run") and s["hit"] > 100]
+        self.assertEqual(len(stress), 2, stress)
+        with open(os.path.join(ROOT, "kernel", "src", "smp", "stress.rs")) as f:
+            lines = f.read().splitlines()
+        tags = {f"kernel/src/smp/stress.rs:{n}" for n, line in enumerate(lines, 1)
+                if re.search(r"\b(kmalloc|kmem_cache_alloc)(_box)?!", line)}
+        self.assertEqual({s["location"] for s in stress}, tags)
+        self.assertEqual({s["func"] for s in stress}, {"alloc"})
+        code, out, err = self.magpie_kmem("stat", "--caller")
+        for site in stress:
+            self.assertIn(f'{site["location"]} func:alloc', out)
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
     def test_magpie_kmem_ping_pong_is_stress_cross_cpu_frees(self):
         text = reply_to(self.out, "stress --cpus all --ops 3000")
         cross_frees = int(re.search(r"^total\s+\d+\s+\d+\s+\d+\s+(\d+)", text, re.M).group(1))
