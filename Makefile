@@ -6,12 +6,12 @@
 
 HOST := x86_64-unknown-linux-gnu
 
-.PHONY: run test setup test-host test-qemu test-e2e check
+.PHONY: run test setup test-host test-qemu test-example test-e2e check
 
 run: setup
 	cargo run
 
-test: setup test-host test-miri test-qemu test-e2e
+test: setup test-host test-miri test-qemu test-example test-e2e
 
 setup:
 	@scripts/setup.sh
@@ -33,6 +33,14 @@ test-qemu:
 	cargo test --no-default-features
 	cargo test --no-default-features --features fault-injection --test fault_injection
 
+# The adopter's view (docs/ADOPTING.md): examples/hobby-kernel, a one-CPU
+# kernel on the shipped glue with a 100 KiB heap, booted in QEMU running
+# the heap tests of "Writing an OS in Rust"; then the host example (the
+# glue in a program, through allocation profiling to an allocinfo table).
+test-example:
+	cargo run -p magpie-hobby-kernel
+	cargo run -q -p magpie-slab --example host_heap --target $(HOST)
+
 # Tier 3: setup.sh's toolchain repair and lock (fake rustup); boot the real
 # kernel, type sessions on its serial console (the README's too); then
 # the shell fuzz test (3,000 random and crafted lines, seeded: MAGPIE_FUZZ_SEED).
@@ -41,6 +49,7 @@ test-e2e: magpie-kmem
 	python3 tests/e2e/test_setup.py -v
 	python3 tests/e2e/test_shell.py -v
 	python3 tests/e2e/test_kmemtrace.py -v
+	python3 tests/e2e/test_slabtop.py -v
 	python3 tests/e2e/test_dump_channel.py -v
 	python3 tests/e2e/test_findleaks.py -v
 	python3 tests/e2e/test_fuzz.py -v
@@ -59,16 +68,24 @@ HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -
 check:
 	cargo fmt --all --check
 	cargo clippy $(HOST_CRATES) --target $(HOST) --all-targets -- -D warnings
-	# magpie-slab without its default features (as the kernel and the bench build it).
-	cargo clippy -p magpie-slab --no-default-features --target $(HOST) --all-targets -- -D warnings
+	# magpie-slab with no features (its default; as the kernel and the bench
+	# build it without theirs): the library alone, since its tests and
+	# examples turn profiling and time stats on (slab/Cargo.toml dev-dependency).
+	cargo clippy -p magpie-slab --target $(HOST) --lib -- -D warnings
+	# ... and on the bare target with the uniprocessor glue (examples/hobby-kernel).
+	cargo clippy -p magpie-slab --target x86_64-unknown-none --features x86_64-uniprocessor -- -D warnings
 	# The dump format crate as the kernel builds it (no_std, bare metal).
 	cargo clippy -p magpie-kmemtrace-format --target x86_64-unknown-none -- -D warnings
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy -p magpie-hobby-kernel -- -D warnings
 	# The docs build without warnings (broken intra-doc links): the host
 	# crates as a user's `cargo doc` shows them; the kernel with its private
 	# items, which is what its docs are for (so links to them are fine).
 	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST)
 	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc -q --no-deps -p magpie --document-private-items
+	# The library crates package and build alone, as crates.io would have them
+	# (packaged together: magpie-slab's path dependencies resolve to the others).
+	cargo package -q --allow-dirty -p magpie-kmemtrace-format -p magpie-codetag -p magpie-slab --target $(HOST)
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.

@@ -645,3 +645,187 @@ fn line_editor_handles_crlf_backspace_and_overlong_lines() {
     let lines = feed(&mut editor, b"help\r", &mut echo);
     assert_eq!(lines, [Some(String::from("help"))], "the next line is fine");
 }
+
+// ---------------------------------------------------------------------------
+// slabtop
+
+#[test_case]
+fn slabtop_once_shows_every_cache_with_its_magazine_counts() {
+    let mut shell = Shell::new();
+    let before = cache("kmalloc-64").stats().nr_allocs_ever;
+    let held = run(&mut shell, "kmalloc 64 20");
+    assert_eq!(addresses(&held).len(), 20);
+    let out = run(&mut shell, "slabtop --once --sort n");
+    assert!(
+        out.starts_with(" Active / Total Objects (% used)    : "),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n Magazines since boot               : "),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|line| line.split_whitespace().nth(7) == Some("kmalloc-64"))
+        .unwrap_or_else(|| panic!("no kmalloc-64 row in {out}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    let stats = cache("kmalloc-64").stats();
+    assert_eq!(fields[0], format!("{}", stats.nr_total_objs));
+    assert_eq!(fields[8], format!("{}", stats.magsize));
+    let hits: u64 = fields[9].parse().unwrap();
+    let misses: u64 = fields[10].parse().unwrap();
+    assert!(hits + misses >= before + 20, "{row}");
+    // Every cache has its row, in name order.
+    let mut nr_caches = 0;
+    SLAB.for_each_cache(|_| nr_caches += 1);
+    let names: Vec<&str> = out
+        .lines()
+        .skip(8)
+        .filter_map(|line| line.split_whitespace().nth(7))
+        .collect();
+    assert_eq!(names.len(), nr_caches);
+    assert!(names.windows(2).all(|pair| pair[0] <= pair[1]), "{names:?}");
+    assert_one_error_line(
+        &run(&mut shell, "slabtop --delay 0"),
+        "delay 0 ms out of range",
+    );
+    assert_one_error_line(&run(&mut shell, "slabtop --sort"), "--sort needs a value");
+    run(&mut shell, "kfree all");
+}
+
+// ---------------------------------------------------------------------------
+// kmem cache CACHE ...
+
+#[test_case]
+fn kmem_cache_shows_validates_and_shrinks_one_cache() {
+    let mut shell = Shell::new();
+    run(&mut shell, "kmalloc 200 30");
+    let out = run(&mut shell, "kmem cache kmalloc-208");
+    let stats = cache("kmalloc-208").stats();
+    let mut lines = out.lines();
+    let first = lines.next().unwrap();
+    assert!(
+        first.starts_with(&format!(
+            "kmalloc-208: 208-byte objects (stride {}, align {}), ",
+            cache("kmalloc-208").stride(),
+            stats.align
+        )),
+        "{out}"
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with(&format!("slabs {} (", stats.nr_slabs))
+    );
+    let magazines = lines.next().unwrap();
+    assert!(
+        magazines.starts_with(&format!("magazines: {} rounds each; depot ", stats.magsize)),
+        "{out}"
+    );
+    assert!(magazines.contains("; depot lock contended "), "{out}");
+    assert!(lines.next().unwrap().ends_with("; debug flags -"), "{out}");
+    let validated = run(&mut shell, "kmem cache kmalloc-208 validate");
+    assert!(
+        validated.starts_with("verified 1 cache(s), ") && validated.ends_with(": 0 problem(s)\n"),
+        "{validated}"
+    );
+    run(&mut shell, "kfree all");
+    let shrunk = run(&mut shell, "kmem cache kmalloc-208 shrink");
+    assert!(shrunk.starts_with("shrink kmalloc-208: "), "{shrunk}");
+    assert_eq!(cache("kmalloc-208").stats().nr_slabs, 0, "{shrunk}");
+    assert_eq!(
+        run(&mut shell, "kmem cache kmalloc-208 debug"),
+        "kmalloc-208: debug flags -\n"
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache kmalloc-208 debug FZ"),
+        "debug flags are fixed at creation",
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache nosuch"),
+        "no cache named 'nosuch'",
+    );
+    assert_one_error_line(
+        &run(&mut shell, "kmem cache kmalloc-208 frob"),
+        "usage: kmem",
+    );
+    // Bootstrap caches have no magazine layer, and say so.
+    assert!(run(&mut shell, "kmem cache kmem_cache").contains("magazines: none"));
+}
+
+// ---------------------------------------------------------------------------
+// allocinfo filters
+
+#[test_case]
+fn allocinfo_filters_like_linux() {
+    if !magpie::profiling::COMPILED_IN {
+        return;
+    }
+    let mut shell = Shell::new();
+    run(&mut shell, "kmalloc 300 3");
+    let rows = |out: &str| -> Vec<String> {
+        let mut lines = out.lines();
+        assert_eq!(lines.next(), Some("allocinfo - version: 1.0"), "{out}");
+        assert_eq!(
+            lines.next(),
+            Some("#     <size>  <calls> <tag info>"),
+            "{out}"
+        );
+        lines.map(String::from).collect()
+    };
+    let by_function = rows(&run(&mut shell, "allocinfo --function cmd_kmalloc"));
+    assert!(!by_function.is_empty());
+    assert!(
+        by_function
+            .iter()
+            .all(|row| row.ends_with(" func:cmd_kmalloc")),
+        "{by_function:?}"
+    );
+    // The kmalloc site, by file and line.
+    let site = by_function
+        .iter()
+        .find(|row| row.contains("kernel/src/shell/kmem.rs:"))
+        .unwrap();
+    let location = site.split_whitespace().nth(2).unwrap();
+    let (file, line) = location.rsplit_once(':').unwrap();
+    let one = rows(&run(
+        &mut shell,
+        &format!("allocinfo --file {file} --line {line}"),
+    ));
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert!(one[0].contains(location));
+    let bytes: u64 = one[0].split_whitespace().next().unwrap().parse().unwrap();
+    assert!(bytes >= 900);
+    // Size range, inclusive.
+    let ranged = rows(&run(
+        &mut shell,
+        &format!("allocinfo --file {file} --line {line} --min-size {bytes} --max-size {bytes}"),
+    ));
+    assert_eq!(ranged.len(), 1);
+    assert!(
+        rows(&run(
+            &mut shell,
+            &format!("allocinfo --line {line} --min-size {}", bytes + 1)
+        ))
+        .iter()
+        .all(|row| !row.contains(location))
+    );
+    let small = rows(&run(&mut shell, "allocinfo --max-size 0"));
+    assert!(
+        small.iter().all(|row| row.trim_start().starts_with("0 ")),
+        "{small:?}"
+    );
+    // Counts are accurate (profiling on since boot): no inaccurate rows.
+    assert!(rows(&run(&mut shell, "allocinfo --accurate no")).is_empty());
+    assert!(!rows(&run(&mut shell, "allocinfo --accurate yes")).is_empty());
+    for bad in [
+        "allocinfo --accurate maybe",
+        "allocinfo --function",
+        "allocinfo --line",
+    ] {
+        assert_one_error_line(&run(&mut shell, bad), "usage: allocinfo");
+    }
+    assert_one_error_line(&run(&mut shell, "allocinfo --min-size x"), "not a number");
+    run(&mut shell, "kfree all");
+}

@@ -26,9 +26,11 @@
 //! (`mem_profiling=0|1|never`); the allocator asks its platform for the
 //! current tag and gets 0 while the switch is off.
 //!
-//! ```ignore
+//! ```
+//! # use magpie_codetag::alloc_tag::AllocTag;
+//! # fn kmalloc_tagged(_size: usize, _align: usize, _tag: impl Copy) {}
 //! let here: &'static AllocTag = magpie_codetag::alloc_tag!();
-//! let ptr = allocator.kmalloc_tagged(64, 8, here.tag_ref())?;
+//! kmalloc_tagged(64, 8, here.tag_ref()); // magpie-slab's Allocator::kmalloc_tagged
 //! ```
 
 use core::fmt;

@@ -7,10 +7,15 @@
 //! live in the [`FAULT_TAGS`] section, so a tool can walk every fault point
 //! of the program and arm them one at a time.
 //!
-//! ```ignore
+//! ```
+//! # #[derive(Debug)] enum AllocError { OutOfMemory }
+//! # fn alloc() -> Result<(), AllocError> {
 //! if magpie_codetag::dynamic_fault!(Memory) {
 //!     return Err(AllocError::OutOfMemory); // the error path under test
 //! }
+//! # Ok(())
+//! # }
+//! # alloc().unwrap();
 //! ```
 //!
 //! Each point is in one [`FaultMode`]: disabled (the default), enabled

@@ -12,7 +12,8 @@
 //! the linker's `__start_`/`__stop_` bounds), so no registration runs at boot
 //! and walking the tags costs nothing until someone asks.
 //!
-//! ```ignore
+//! ```
+//! use core::sync::atomic::AtomicBool;
 //! use magpie_codetag::{codetag, codetag_section, CodeTag, TaggedWith};
 //!
 //! pub struct FaultPoint { pub tag: CodeTag, pub armed: AtomicBool }

@@ -9,7 +9,9 @@
 //! this crate never reads a clock: [`write_time_stats`] takes a
 //! conversion to nanoseconds and prints ns, us, ms or sec.
 //!
-//! ```ignore
+//! ```
+//! # fn now() -> u64 { 7 }
+//! # fn refill() {}
 //! let start = now();
 //! refill();
 //! magpie_codetag::time_stats!().record(now().wrapping_sub(start));

@@ -18,6 +18,11 @@ pub enum AllocError {
     NotInitialized,
     /// [`Allocator::init`](crate::Allocator::init) was called twice.
     AlreadyInitialized,
+    /// [`Allocator::init`](crate::Allocator::init) was given a page source
+    /// too small to hold the allocator's metadata and a few slabs:
+    /// [`Allocator::init_cost`](crate::Allocator::init_cost) has the
+    /// figures (its `Display` prints them).
+    SourceTooSmall,
 }
 
 impl fmt::Display for AllocError {
@@ -30,6 +35,9 @@ impl fmt::Display for AllocError {
             AllocError::ConstructorFailed => f.write_str("object constructor failed"),
             AllocError::NotInitialized => f.write_str("slab allocator not initialised"),
             AllocError::AlreadyInitialized => f.write_str("slab allocator already initialised"),
+            AllocError::SourceTooSmall => f.write_str(
+                "page source too small for the slab allocator (Allocator::init_cost has the figures)",
+            ),
         }
     }
 }

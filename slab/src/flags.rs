@@ -33,7 +33,7 @@ bitflags::bitflags! {
 
 bitflags::bitflags! {
     /// Flags given to [`Allocator::cache_create`](crate::Allocator::cache_create).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct CacheFlags: u32 {
         /// Never touch object memory (the source's pages may not be
         /// memory): always use bufctl slabs, no free list in the objects.

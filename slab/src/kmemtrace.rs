@@ -78,10 +78,14 @@ pub const MAX_STACKS: usize = 4096;
 const _: () = assert!(SUBBUF_EVENTS * EVENT_SIZE == SUBBUF_PAGES * PAGE_SIZE);
 
 /// How to record ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The default: rings sized to the page source, no stacks, every cache,
+/// not from boot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KmemtraceConfig {
     /// Sub-buffers per CPU (used by the first start only: the rings keep
-    /// their size afterwards). 0 means [`DEFAULT_SUBBUFS`].
+    /// their size afterwards). 0 (the default) sizes them to the page
+    /// source: [`DEFAULT_SUBBUFS`] or fewer
+    /// ([`Allocator::kmemtrace_default_subbufs`](crate::Allocator::kmemtrace_default_subbufs)).
     pub nr_subbufs: usize,
     /// Frames per event's stack, 0 for none; at most [`MAX_STACK_DEPTH`].
     pub stack_depth: usize,
@@ -92,17 +96,6 @@ pub struct KmemtraceConfig {
     /// Recording starts at boot: the dump header says every live object
     /// was allocated inside the record.
     pub from_boot: bool,
-}
-
-impl Default for KmemtraceConfig {
-    fn default() -> Self {
-        KmemtraceConfig {
-            nr_subbufs: DEFAULT_SUBBUFS,
-            stack_depth: 0,
-            cache_id: None,
-            from_boot: false,
-        }
-    }
 }
 
 /// Why recording could not start.

@@ -90,6 +90,7 @@
 //! | --- | --- | --- |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
+//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
 //! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
@@ -396,40 +397,64 @@
 //!
 //! ## Adopting magpie-slab in your kernel
 //!
-//! 1. Implement [`Platform`] (an `unsafe trait`: read its safety
-//!    contract) for a unit type: CPU count and id, interrupt
+//! The fifteen-minute path, with what each step costs in memory, is
+//! `docs/ADOPTING.md`; `README.md` (its examples are doctests) and
+//! `examples/hobby-kernel` show it done. In short:
+//!
+//! 1. A one-CPU x86_64 kernel whose heap is one mapped range takes the
+//!    shipped glue ([`glue`]): [`glue::Heap`] (the allocator and a page
+//!    source over the range, [`glue::RegionSource`], in one `static`) and
+//!    `glue::X86Uniprocessor` (feature `x86_64-uniprocessor`).
+//! 2. Otherwise implement [`Platform`] (an `unsafe trait`: read its
+//!    safety contract) for a unit type: CPU count and id, interrupt
 //!    save/restore, a cross-CPU call (an IPI running a closure; the
-//!    default is right for one CPU only), a clock, a frame-pointer
-//!    backtrace, a context string.
-//! 2. Implement [`PageSource`] over your physical memory's direct map (a
-//!    buddy allocator or a simple page bitmap), with `span()` covering
-//!    every page it can return.
+//!    default is right for one CPU only), a clock, a backtrace, a context
+//!    string; and, if memory is not one mapped range, [`PageSource`] (a
+//!    buddy allocator or a page bitmap over the direct map, with `span()`
+//!    covering every page it can return).
 //! 3. Declare the allocator and make it the global allocator:
 //!
-//! ```ignore
-//! use magpie_slab::{Allocator, CacheFlags, PageSource, Platform};
+//! ```no_run,standalone_crate
+//! use magpie_slab::glue::{Heap, RegionSource};
+//! use magpie_slab::{Allocator, CacheFlags, Platform};
 //!
 //! struct MyPlatform;
-//! // SAFETY: see the trait's contract (ids exact and exclusive with
-//! // interrupts off, cross_cpu_call runs on the target CPU).
-//! unsafe impl Platform for MyPlatform { /* ... */ }
+//! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
+//! // right for it), and nothing runs allocator code while "interrupts are
+//! // off" but the code that turned them off (this example has no
+//! // interrupts and one thread).
+//! unsafe impl Platform for MyPlatform {
+//!     fn max_cpus() -> usize { 1 }
+//!     fn cpu_id() -> usize { 0 }
+//!     fn irq_save() -> usize { 0 }
+//!     fn irq_restore(_state: usize) {}
+//!     fn now() -> u64 { 0 }
+//!     fn backtrace(_frames: &mut [usize]) -> usize { 0 }
+//!     fn context(_buf: &mut [u8; 32]) -> usize { 0 }
+//! }
 //!
-//! static MY_ARENA: MyPageAllocator = MyPageAllocator::new();
-//!
+//! // Either the allocator and a region source in one static ...
 //! #[global_allocator]
-//! static ALLOC: Allocator<MyPlatform> = Allocator::new();
+//! static HEAP: Heap<MyPlatform> = Heap::new();
+//! // ... or the two apart (any PageSource will do).
+//! static PAGES: RegionSource<MyPlatform> = RegionSource::new();
+//! static SLAB: Allocator<MyPlatform> = Allocator::new();
 //!
-//! fn kernel_main() {
-//!     MY_ARENA.add_memory(/* from the memory map */);
-//!     ALLOC.init(&MY_ARENA).expect("slab init");
-//!     let dentry_cache = ALLOC
-//!         .cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)
-//!         .expect("dentry cache");
+//! fn kernel_main(heap: (usize, usize), more: (usize, usize)) -> Result<(), magpie_slab::AllocError> {
+//!     // SAFETY: both ranges are mapped, writable and used by nothing else.
+//!     unsafe { HEAP.init_region(heap.0, heap.1)? };
+//!     // SAFETY: as above.
+//!     unsafe { PAGES.init(more.0, more.1)? };
+//!     SLAB.init(&PAGES)?;
+//!     let dentry_cache =
+//!         SLAB.cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)?;
 //!     let obj = dentry_cache.alloc()?;
 //!     // ...
 //!     // SAFETY: `obj` came from `dentry_cache` and is not used after this.
-//!     unsafe { dentry_cache.free(obj) }?;
+//!     unsafe { dentry_cache.free(obj) }.expect("a valid free");
+//!     Ok(())
 //! }
+//! # fn main() {}
 //! ```
 //!
 //! Before `init` completes, `GlobalAlloc::alloc` returns null. A kernel
@@ -468,6 +493,7 @@
 
 #![no_std]
 #![feature(allocator_api)]
+#![cfg_attr(test, feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(test)]
@@ -505,6 +531,7 @@ mod constructor;
 pub mod debug;
 mod error;
 mod flags;
+pub mod glue;
 pub mod kmemtrace;
 mod layout;
 pub mod leak_scan;
@@ -512,6 +539,7 @@ mod magazine;
 mod object;
 mod platform;
 pub mod report;
+pub mod reports;
 mod slab;
 mod stats;
 mod sync;
@@ -521,10 +549,15 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
+/// `README.md`'s examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use alloc_tag::AllocTagRef;
-pub use allocator::Allocator;
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
+pub use allocator::{Allocator, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
@@ -537,7 +570,8 @@ pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{InitBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, VERIFY_MAX_REPORTS, VerifySummary, WhatIs, WhatIsDisplay};
+pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};

@@ -12,7 +12,7 @@
 //! modification occurred at offset 0x18 (0xdeadbeefdeadbeef replaced by 0xdeadbeefde41beef)
 //! buffer=0xffff8000005f9040  bufctl=0x0  cache: kmalloc-64
 //! previous transaction on buffer 0xffff8000005f9040:
-//! thread=cpu1  time=T+0.000123s  slab=0xffff8000005f9f80  cache: kmalloc-64
+//! thread=cpu1  time=T+123.000 µs  slab=0xffff8000005f9f80  cache: kmalloc-64
 //!   #01 [<0xffffffff8010963c>] magpie::shell::cmd_kfree+0x3c
 //! ```
 //!
@@ -25,6 +25,7 @@
 use core::fmt;
 
 use crate::debug::{AuditRecord, CONTENTS_BYTES, Mismatch};
+use crate::reports::Nanoseconds;
 
 /// What went wrong (illumos `KMERR_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -332,7 +333,7 @@ impl fmt::Display for ReportDisplay<'_> {
 ///
 /// ```text
 /// previous transaction on buffer 0x...:
-/// thread=cpu1  time=T+0.000123s  slab=0x...  cache: kmalloc-64
+/// thread=cpu1  time=T+123.000 µs  slab=0x...  cache: kmalloc-64
 ///   #01 [<0x...>] function+0xoff
 /// ```
 ///
@@ -349,13 +350,11 @@ pub fn write_transaction(
     format: &dyn ReportFormat,
 ) -> fmt::Result {
     writeln!(f, "{which} transaction on buffer {object:#x}:")?;
-    let nanoseconds = format.nanoseconds(record.timestamp);
     writeln!(
         f,
-        "thread=cpu{}  time=T+{}.{:06}s  slab={slab:#x}  cache: {cache}",
+        "thread=cpu{}  time=T+{}  slab={slab:#x}  cache: {cache}",
         record.cpu,
-        nanoseconds / 1_000_000_000,
-        nanoseconds % 1_000_000_000 / 1000,
+        Nanoseconds(format.nanoseconds(record.timestamp)),
     )?;
     for (depth, &frame) in record.frames().iter().enumerate() {
         write!(f, "  #{:02} [<{frame:#x}>] ", depth + 1)?;
@@ -493,11 +492,11 @@ kernel memory allocator: buffer modified after being freed
 modification occurred at offset 0x18 (0xdeadbeefdeadbeef replaced by 0xdeadbeefde41beef)
 buffer=0xffff8000005f9040  bufctl=0x0  cache: kmalloc-64
 previous transaction on buffer 0xffff8000005f9040:
-thread=cpu1  time=T+0.000123s  slab=0xffff8000005f9f80  cache: kmalloc-64
+thread=cpu1  time=T+123.000 µs  slab=0xffff8000005f9f80  cache: kmalloc-64
   #01 [<0x5678>] func_56+0x78
   #02 [<0x9abc>] func_9a+0xbc
 earlier transaction on buffer 0xffff8000005f9040:
-thread=cpu0  time=T+0.000100s  slab=0xffff8000005f9f80  cache: kmalloc-64
+thread=cpu0  time=T+100.000 µs  slab=0xffff8000005f9f80  cache: kmalloc-64
   #01 [<0x1234>] func_12+0x34
 ";
         assert_eq!(text, expected);

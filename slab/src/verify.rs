@@ -6,11 +6,11 @@ use core::fmt;
 
 use crate::allocator::Allocator;
 use crate::cache::KmemCache;
-use crate::debug::{AuditRecord, ObjectState};
+use crate::debug::{AuditRecord, CONTENTS_BYTES, DebugLayout, ObjectState};
 use crate::layout::freelist::map_test;
 use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
-use crate::report::{ErrorReport, RawFormat, ReportFormat, write_transaction};
+use crate::report::ErrorReport;
 use crate::slab::Slab;
 
 /// What a verify pass looked at and found.
@@ -75,6 +75,75 @@ impl Found {
     }
 }
 
+/// Where in an object's slot an address falls: the object, or what the
+/// slot holds past it (a debug cache's redzone and trailer, alignment
+/// padding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectRegion {
+    /// Inside the object's bytes.
+    Object,
+    /// The redzone after the object (`REDZONE`).
+    Redzone,
+    /// The debug trailer's state word (allocated or free).
+    StateWord,
+    /// The debug trailer's free-list link.
+    FreeListLink,
+    /// The debug trailer's record of the size asked for (`REDZONE`).
+    RequestedSize,
+    /// The debug trailer's last-alloc and last-free records (`AUDIT`).
+    AuditRecords,
+    /// The debug trailer's copy of the contents at the last free
+    /// (`CONTENTS`).
+    SavedContents,
+    /// Padding up to the next object (alignment).
+    Padding,
+}
+
+impl ObjectRegion {
+    /// Where `offset` (from the object start) falls in a slot of a cache
+    /// of `obj_size`-byte objects with debug layout `layout`.
+    pub(crate) fn of(offset: usize, obj_size: usize, layout: Option<&DebugLayout>) -> Self {
+        if offset < obj_size {
+            return ObjectRegion::Object;
+        }
+        let Some(layout) = layout else {
+            return ObjectRegion::Padding;
+        };
+        let within = |start: Option<usize>, len: usize| {
+            start.is_some_and(|start| (start..start + len).contains(&offset))
+        };
+        if offset < layout.redzone_end {
+            ObjectRegion::Redzone
+        } else if within(Some(layout.state_offset), 8) {
+            ObjectRegion::StateWord
+        } else if within(Some(layout.freeptr_offset), 8) {
+            ObjectRegion::FreeListLink
+        } else if within(layout.size_offset, 8) {
+            ObjectRegion::RequestedSize
+        } else if within(layout.audit_offset, 2 * core::mem::size_of::<AuditRecord>()) {
+            ObjectRegion::AuditRecords
+        } else if within(layout.contents_offset, CONTENTS_BYTES) {
+            ObjectRegion::SavedContents
+        } else {
+            ObjectRegion::Padding
+        }
+    }
+
+    /// How `whatis` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectRegion::Object => "object",
+            ObjectRegion::Redzone => "redzone",
+            ObjectRegion::StateWord => "debug trailer (state word)",
+            ObjectRegion::FreeListLink => "debug trailer (free-list link)",
+            ObjectRegion::RequestedSize => "debug trailer (requested size)",
+            ObjectRegion::AuditRecords => "debug trailer (audit records)",
+            ObjectRegion::SavedContents => "debug trailer (saved contents)",
+            ObjectRegion::Padding => "padding",
+        }
+    }
+}
+
 /// What `whatis` found out about an address (illumos `::whatis`).
 pub struct WhatIs<P: Platform> {
     /// The address asked about.
@@ -83,8 +152,11 @@ pub struct WhatIs<P: Platform> {
     pub cache: &'static KmemCache<P>,
     /// Start of the object holding it.
     pub object: usize,
-    /// `addr - object`; beyond the object size: in its redzone or trailer.
+    /// `addr - object`; beyond the object size: in its redzone, debug
+    /// trailer or padding (`region` says which).
     pub offset: usize,
+    /// Where in the object's slot `addr` falls.
+    pub region: ObjectRegion,
     /// The slab.
     pub slab: usize,
     /// With a caller (debug caches: by its state word; others: neither in
@@ -96,79 +168,6 @@ pub struct WhatIs<P: Platform> {
     pub last_alloc: Option<AuditRecord>,
     /// Last free (`AUDIT`).
     pub last_free: Option<AuditRecord>,
-}
-
-impl<P: Platform> WhatIs<P> {
-    /// The answer as text, frames and times rendered by `format`:
-    ///
-    /// ```text
-    /// 0xffff800000123050 is allocated from kmalloc-64: object 0xffff800000123040+0x10 of 64 bytes, slab 0x...
-    /// last alloc transaction on buffer 0xffff800000123040:
-    /// thread=cpu0  time=T+1.234567s  slab=0x...  cache: kmalloc-64
-    ///   #01 [<0x...>] function+0xoff
-    /// ```
-    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> WhatIsDisplay<'a, P> {
-        WhatIsDisplay { info: self, format }
-    }
-}
-
-/// [`WhatIs`] as text: see [`WhatIs::display`].
-pub struct WhatIsDisplay<'a, P: Platform> {
-    info: &'a WhatIs<P>,
-    format: &'a dyn ReportFormat,
-}
-
-impl<P: Platform> fmt::Display for WhatIsDisplay<'_, P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let info = self.info;
-        if info.allocated {
-            write!(
-                f,
-                "{:#x} is allocated from {}",
-                info.addr,
-                info.cache.name()
-            )?;
-        } else {
-            write!(
-                f,
-                "{:#x} is free in {} (in a {})",
-                info.addr,
-                info.cache.name(),
-                info.resting
-            )?;
-        }
-        writeln!(
-            f,
-            ": object {:#x}+{:#x} of {} bytes, slab {:#x}",
-            info.object,
-            info.offset,
-            info.cache.obj_size(),
-            info.slab
-        )?;
-        for (which, record) in [
-            ("last alloc", info.last_alloc),
-            ("last free", info.last_free),
-        ] {
-            if let Some(record) = record.filter(AuditRecord::is_recorded) {
-                write_transaction(
-                    f,
-                    which,
-                    info.object,
-                    &record,
-                    info.slab,
-                    info.cache.name(),
-                    self.format,
-                )?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<P: Platform> fmt::Display for WhatIs<P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.display(&RawFormat), f)
-    }
 }
 
 impl<P: Platform> Allocator<P> {
@@ -203,6 +202,7 @@ impl<P: Platform> Allocator<P> {
             cache,
             object,
             offset: addr - object,
+            region: ObjectRegion::of(addr - object, cache.obj_size(), cache.debug.as_ref()),
             slab: slab as usize,
             allocated: true,
             resting: "slab",

@@ -501,7 +501,7 @@ class AllocinfoMarkDiff(unittest.TestCase):
     def test_diff_shows_what_grew_at_the_shell_site(self):
         text = reply_to(self.out, "allocinfo diff --top 1")
         lines = text.splitlines()
-        self.assertRegex(lines[0], r"^allocinfo diff - since mark \d+ ms ago, \d+ sites? changed$")
+        self.assertRegex(lines[0], r"^allocinfo diff - since mark \d+(\.\d{3})? (ns|µs|ms|s) ago, \d+ sites? changed$")
         self.assertEqual(lines[1], "#     <size>  <calls> <tag info>")
         # Six objects of 100 B still held, class-rounded to 104 B.
         self.assertRegex(lines[2], r"^\s+\+624\s+\+6 kernel/src/shell/kmem\.rs:\d+ func:cmd_kmalloc$")

@@ -275,26 +275,13 @@ pub fn read_frame_word(address: usize) -> Option<usize> {
 /// Fills `out` with return addresses, walking frame pointers from `frame_pointer`.
 /// Stops at a null, unaligned, unreadable or non-increasing frame pointer,
 /// or a return address outside kernel text. Never faults.
-pub fn backtrace_from(mut frame_pointer: usize, out: &mut [usize]) -> usize {
-    let mut depth = 0;
-    while depth < out.len() {
-        let Some(next) = read_frame_word(frame_pointer) else {
-            break;
-        };
-        let Some(return_address) = frame_pointer.checked_add(8).and_then(read_frame_word) else {
-            break;
-        };
-        if !is_kernel_text(return_address) {
-            break;
-        }
-        out[depth] = return_address;
-        depth += 1;
-        if next <= frame_pointer {
-            break;
-        }
-        frame_pointer = next;
-    }
-    depth
+pub fn backtrace_from(frame_pointer: usize, out: &mut [usize]) -> usize {
+    magpie_slab::reports::backtrace::walk_frames(
+        frame_pointer,
+        out,
+        &read_frame_word,
+        &is_kernel_text,
+    )
 }
 
 /// Captures the caller's backtrace into `out` (return addresses, innermost

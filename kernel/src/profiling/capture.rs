@@ -32,16 +32,7 @@ struct CtxPool {
 }
 
 /// A trace record with nothing in it (`addr == 0`), for fixed buffers.
-pub const EMPTY_RECORD: TraceRecord = TraceRecord {
-    addr: 0,
-    size: 0,
-    cpu: 0,
-    timestamp: 0,
-    context: [0; 32],
-    context_len: 0,
-    nr_frames: 0,
-    frames: [0; magpie_slab::TRACE_MAX_FRAMES],
-};
+pub const EMPTY_RECORD: TraceRecord = magpie_slab::reports::EMPTY_TRACE_RECORD;
 
 static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
     records: [EMPTY_RECORD; CTX_MAX_RECORDS],

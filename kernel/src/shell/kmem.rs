@@ -3,7 +3,7 @@
 use core::fmt::Write;
 use core::ptr::NonNull;
 
-use magpie_slab::CacheStats;
+use magpie_slab::reports::{self, KmemstatRow};
 
 use super::{
     Command, MAX_COUNT, MAX_SIZE, Result, Shell, ShellError, no_args, out_of_memory, parse_number,
@@ -179,123 +179,21 @@ fn cmd_leak<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
 // ---------------------------------------------------------------------------
 // kmemstat
 
-const KMEMSTAT_NAME: usize = 30;
-
-/// One `kmemstat` line: an arena (`A`), a slab cache (`S`) or the
-/// page-granular kmalloc pseudo-cache (`P`). Amounts are in bytes.
-struct KmemstatRow<'a> {
-    indent: usize,
-    name: &'a str,
-    kind: char,
-    objsize: usize,
-    total: usize,
-    alloc: usize,
-    nr_allocs_ever: u64,
-    /// Bytes of `total` that hold no object (slab tails, in-slab headers,
-    /// padding).
-    waste: usize,
-}
-
-impl KmemstatRow<'_> {
-    /// Akaros `kmemstat`: `%-*s: %c :%*llu:%*llu:%*llu:%*llu` with widths
-    /// 30 (less 4 per indent level), 8, 15, 15, 12; then Magpie's
-    /// `:%*llu` waste, width 12.
-    fn write(&self, out: &mut dyn Write) {
-        for _ in 0..self.indent {
-            let _ = out.write_str("    ");
-        }
-        let width = KMEMSTAT_NAME - 4 * self.indent;
-        let _ = writeln!(
-            out,
-            "{:<width$}: {} :{:>8}:{:>15}:{:>15}:{:>12}:{:>12}",
-            self.name,
-            self.kind,
-            self.objsize,
-            self.total,
-            self.alloc,
-            self.nr_allocs_ever,
-            self.waste
-        );
-    }
-
-    fn arena(
-        indent: usize,
-        name: &str,
-        quantum: usize,
-        stats: magpie_slab::ArenaStats,
-    ) -> KmemstatRow<'_> {
-        KmemstatRow {
-            indent,
-            name,
-            kind: 'A',
-            objsize: quantum,
-            total: stats.total_bytes,
-            alloc: stats.alloc_bytes,
-            nr_allocs_ever: stats.nr_allocs_ever,
-            waste: 0,
-        }
-    }
-}
-
+/// `kmemstat`: the library's report (`magpie_slab::reports`) with this
+/// kernel's arenas around it: `base` > `kpages` > the caches, and the
+/// bootstrap heap.
 fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     no_args(args, &KMEMSTAT)?;
-    let _ = writeln!(
-        out,
-        "{:<KMEMSTAT_NAME$}:Typ:{:>8}:{:>15}:{:>15}:{:>12}:{:>12}",
-        "Arena/Slab Name", "Objsize", "Total Amt", "Alloc Amt", "Allocs Ever", "Waste"
-    );
-    for _ in 0..8 + KMEMSTAT_NAME + 8 + 15 + 15 + 12 + 13 {
-        let _ = out.write_char('-');
-    }
-    let _ = writeln!(out);
+    let _ = write_kmemstat(out);
+    Ok(())
+}
+
+fn write_kmemstat(out: &mut dyn Write) -> core::fmt::Result {
     let page = magpie_slab::PAGE_SIZE;
-    KmemstatRow::arena(0, "base", page, kmem::base_stats()).write(out);
-    KmemstatRow::arena(1, "kpages", page, magpie_slab::PageSource::stats(&KPAGES)).write(out);
-    SLAB.for_each_cache(|cache| {
-        let stats = cache.stats();
-        // Akaros counts objects out of the slab layer: with callers or in magazines.
-        let out_of_slabs = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
-        KmemstatRow {
-            indent: 2,
-            name: cache.name(),
-            kind: 'S',
-            objsize: stats.obj_size,
-            total: stats.obj_size * stats.nr_total_objs,
-            alloc: stats.obj_size * out_of_slabs,
-            nr_allocs_ever: stats.nr_allocs_ever,
-            waste: stats.waste_bytes,
-        }
-        .write(out);
-    });
-    // The allocator's own memory: page map and bootstrap caches (whose
-    // rows above count their slabs too), Objsize the share of managed
-    // memory in hundredths of a percent.
-    let meta = SLAB.metadata_stats();
-    KmemstatRow {
-        indent: 2,
-        name: "slab-metadata",
-        kind: 'M',
-        objsize: (meta.total() * 10_000)
-            .checked_div(meta.managed_bytes)
-            .unwrap_or(0),
-        total: meta.total(),
-        alloc: meta.total(),
-        nr_allocs_ever: SLAB.nr_pressure_reaps(),
-        waste: 0,
-    }
-    .write(out);
-    let large = SLAB.large_stats();
-    KmemstatRow {
-        indent: 2,
-        name: "kmalloc-large",
-        kind: 'P',
-        objsize: page,
-        total: large.live_bytes,
-        alloc: large.live_bytes,
-        nr_allocs_ever: large.nr_allocs_ever,
-        waste: 0,
-    }
-    .write(out);
+    reports::write_kmemstat_header(out)?;
+    KmemstatRow::arena(0, "base", page, kmem::base_stats()).write(out)?;
+    KmemstatRow::arena(1, "kpages", page, magpie_slab::PageSource::stats(&KPAGES)).write(out)?;
+    reports::write_kmemstat_caches(out, &SLAB, 2)?;
     let (used, free) = heap::bootstrap_usage();
     KmemstatRow {
         indent: 0,
@@ -307,8 +205,7 @@ fn cmd_kmemstat<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Res
         nr_allocs_ever: 0,
         waste: 0,
     }
-    .write(out);
-    Ok(())
+    .write(out)
 }
 
 // ---------------------------------------------------------------------------
@@ -338,36 +235,9 @@ fn cmd_reap<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
 // ---------------------------------------------------------------------------
 // slabinfo
 
+/// `slabinfo`: `/proc/slabinfo` 2.1, written by `magpie_slab::reports`.
 fn cmd_slabinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     no_args(args, &SLABINFO)?;
-    let _ = writeln!(out, "slabinfo - version: 2.1");
-    let _ = writeln!(
-        out,
-        "# name            <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab> \
-         : tunables <limit> <batchcount> <sharedfactor> \
-         : slabdata <active_slabs> <num_slabs> <sharedavail>"
-    );
-    SLAB.for_each_cache(|cache| slabinfo_line(out, cache.name(), &cache.stats()));
+    let _ = reports::slabinfo(out, &SLAB);
     Ok(())
-}
-
-/// Linux `cache_show`: `%-17s %6lu %6lu %6u %4u %4d : tunables %4u %4u %4u :
-/// slabdata %6lu %6lu %6lu`. Active objects are those out of the slab
-/// layer (with callers or resting in magazines), as Linux SLAB counted them.
-fn slabinfo_line(out: &mut dyn Write, name: &str, stats: &CacheStats) {
-    let active = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
-    let _ = writeln!(
-        out,
-        "{name:<17} {active:>6} {:>6} {:>6} {:>4} {:>4} : tunables {:>4} {:>4} {:>4} : slabdata {:>6} {:>6} {:>6}",
-        stats.nr_total_objs,
-        stats.obj_size,
-        stats.objs_per_slab,
-        stats.nr_pages_per_slab,
-        stats.magsize,
-        stats.magsize,
-        0,
-        stats.nr_active_slabs,
-        stats.nr_slabs,
-        stats.nr_depot_objs,
-    );
 }

@@ -29,6 +29,10 @@ pub(super) const KMEM: Command = Command {
             "the allocator's error reports kept since boot",
         ),
         (
+            "kmem cache CACHE [validate|shrink|debug [FLAGS|off]]",
+            "one cache: geometry, magazines, depot contention; check it, reap it, its debug flags",
+        ),
+        (
             "kmem findleaks",
             "objects nothing points to (illumos ::findleaks), by cache and allocation site",
         ),
@@ -43,11 +47,102 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         ["verify", target] => verify(out, target),
         ["whatis", addr] => whatis(out, addr),
         ["errors"] => errors(out),
+        ["cache", name, verb @ ..] => cache_control(out, name, verb),
         ["findleaks"] => crate::debug::findleaks::findleaks(out)
             .map(|_| ())
             .map_err(|error| shell_error!("findleaks: {error}")),
         _ => Err(ShellError::Usage(&KMEM)),
     }
+}
+
+/// `kmem cache CACHE [validate|shrink|debug [FLAGS|off]]`: Linux's
+/// `/sys/kernel/slab/<cache>/` at the shell. No verb shows the cache
+/// (`slab_size`, `objs_per_slab`, `order` and the magazine layer's
+/// `cpu_partial` counterpart: magazine size, depot magazines and
+/// contention); `validate` checks every slab (`validate`), `shrink` gives
+/// its free memory back (`shrink`); `debug` shows the debug flags as
+/// `slab_debug=` letters.
+fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Result<'a> {
+    let cache = SLAB
+        .find_cache(name)
+        .ok_or(ShellError::UnknownCache(name))?;
+    match verb {
+        [] => {
+            let stats = cache.stats();
+            let _ = writeln!(
+                out,
+                "{}: {}-byte objects (stride {}, align {}), {:?} slabs of {} page(s), {} objects each",
+                cache.name(),
+                stats.obj_size,
+                cache.stride(),
+                stats.align,
+                stats.kind,
+                stats.nr_pages_per_slab,
+                stats.objs_per_slab
+            );
+            let _ = writeln!(
+                out,
+                "slabs {} ({} active), objects {} allocated, {} in CPU magazines, {} in the depot",
+                stats.nr_slabs,
+                stats.nr_active_slabs,
+                stats.nr_allocated,
+                stats.nr_cpu_cached_objs,
+                stats.nr_depot_objs
+            );
+            if stats.magsize == 0 {
+                let _ = writeln!(
+                    out,
+                    "magazines: none (a bootstrap cache: straight from its slabs)"
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "magazines: {} rounds each; depot {} full, {} empty; depot lock contended {} times",
+                    stats.magsize,
+                    stats.depot_nr_full,
+                    stats.depot_nr_empty,
+                    stats.depot_contention
+                );
+            }
+            let _ = writeln!(
+                out,
+                "allocs {}, frees {}; debug flags {}",
+                stats.nr_allocs_ever,
+                stats.nr_frees_ever,
+                cache.debug_flags().letters()
+            );
+        }
+        ["validate"] => return verify(out, name),
+        ["shrink"] => {
+            let nr_pages = cache.reap();
+            let _ = writeln!(
+                out,
+                "shrink {}: {nr_pages} pages ({} KiB) returned",
+                cache.name(),
+                nr_pages * magpie_slab::PAGE_SIZE / 1024
+            );
+        }
+        ["debug"] => {
+            let _ = writeln!(
+                out,
+                "{}: debug flags {}",
+                cache.name(),
+                cache.debug_flags().letters()
+            );
+        }
+        ["debug", _flags] => {
+            // A cache's object layout (stride, trailer) is fixed when it is
+            // created, and every object of a live slab carries it: the
+            // flags cannot change under them.
+            return Err(shell_error!(
+                "{}: debug flags are fixed at creation; boot with slab_debug=FLAGS,{}",
+                cache.name(),
+                cache.name()
+            ));
+        }
+        _ => return Err(ShellError::Usage(&KMEM)),
+    }
+    Ok(())
 }
 
 fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
@@ -68,14 +163,7 @@ fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
 
 fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
     let address = parse_number(addr)?;
-    match SLAB.whatis(address) {
-        Some(info) => {
-            let _ = write!(out, "{}", info.display(&KernelFormat));
-        }
-        None => {
-            let _ = writeln!(out, "{address:#x} is not in any slab");
-        }
-    }
+    let _ = magpie_slab::reports::whatis(out, &SLAB, address, &KernelFormat);
     Ok(())
 }
 

@@ -12,7 +12,7 @@
 //!   console loop [`run`];
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
 //! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
-//!   reap), `kmem_debug` (kmem verify, whatis, errors),
+//!   reap), `slabtop` (the live view), `kmem_debug` (kmem verify, whatis, errors),
 //!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
 //!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
 //!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
@@ -49,7 +49,13 @@
 //!   <sharedavail>` is the rounds held in the depot.
 //! * `kmemtrace print` — Akaros `kmem_trace_print`, one block per outstanding
 //!   object with its backtrace as `#NN [<address>] function+0xoff`.
-//! * `allocinfo` — Linux `/proc/allocinfo` version 1.0.
+//! * `allocinfo` — Linux `/proc/allocinfo` version 1.0 (2.0 when rows
+//!   carry `accurate:no`).
+//! * `slabtop` — Linux `slabtop(1)`'s summary and columns, plus the
+//!   magazine layer's hits, misses and depot contention per interval.
+//!
+//! The formats are written by `magpie_slab::reports` (the library's
+//! reports); the shell parses, holds the buffers and calls them.
 
 mod fault;
 mod kmem;
@@ -58,6 +64,7 @@ mod kmemtrace;
 mod line;
 mod lkdtm;
 mod profiling;
+mod slabtop;
 mod smp;
 mod system;
 
@@ -113,6 +120,7 @@ pub static COMMANDS: &[Command] = &[
     system::HELP,
     kmem::KMEMSTAT,
     kmem::SLABINFO,
+    slabtop::SLABTOP,
     kmemtrace::KMEMTRACE,
     kmem::KMALLOC,
     kmem::KFREE,

@@ -9,10 +9,11 @@
 
 use core::fmt::Write;
 
-use magpie_codetag::alloc_tag::{
-    AllocTag, AllocTagCounts, write_allocinfo_header, write_allocinfo_row,
-};
+use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounts};
 use magpie_codetag::time_stats::{TimeStats, write_time_stats};
+use magpie_slab::reports::{
+    self, AllocinfoError, AllocinfoOptions, AllocinfoRow, AllocinfoSort, Nanoseconds,
+};
 use spin::Mutex;
 
 use super::{Command, Result, Shell, ShellError, out_of_memory, shell_error, write_record};
@@ -22,8 +23,9 @@ pub(super) const ALLOCINFO: Command = Command {
     name: "allocinfo",
     help: &[
         (
-            "allocinfo [--sort bytes|calls] [--top N] [--file PATTERN] [-h]",
-            "live bytes and calls per allocation site (/proc/allocinfo 1.0)",
+            "allocinfo [--sort bytes|calls] [--top N] [-h] [--function NAME] [--file PART] \
+             [--line N] [--min-size BYTES] [--max-size BYTES] [--accurate yes|no]",
+            "live bytes and calls per allocation site (/proc/allocinfo), the sites matching every filter",
         ),
         (
             "allocinfo on|off",
@@ -59,17 +61,9 @@ pub(super) const TIMESTATS: Command = Command {
 /// Allocation tags `allocinfo` can show (the kernel has a few dozen).
 pub const MAX_ROWS: usize = 1024;
 
-/// One tag's counts, read once.
-#[derive(Clone, Copy)]
-struct Row {
-    /// Index of the tag in the `ALLOC_TAGS` section.
-    index: usize,
-    counts: AllocTagCounts,
-}
-
 /// The snapshot `allocinfo` sorts and prints: reserved at boot (24 KiB).
-static ROWS: Mutex<[Row; MAX_ROWS]> = Mutex::new(
-    [Row {
+static ROWS: Mutex<[AllocinfoRow; MAX_ROWS]> = Mutex::new(
+    [AllocinfoRow {
         index: 0,
         counts: AllocTagCounts { bytes: 0, calls: 0 },
     }; MAX_ROWS],
@@ -77,13 +71,6 @@ static ROWS: Mutex<[Row; MAX_ROWS]> = Mutex::new(
 
 /// Records `allocinfo ctx print` copies per pass.
 const CTX_CHUNK: usize = 16;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SortKey {
-    Section,
-    Bytes,
-    Calls,
-}
 
 /// `allocinfo ...`.
 fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
@@ -118,17 +105,14 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
         ["ctx", ..] => return Err(usage),
         _ => {}
     }
-    let mut sort = SortKey::Section;
-    let mut top = usize::MAX;
-    let mut file: Option<&str> = None;
-    let mut human = false;
+    let mut options = AllocinfoOptions::default();
     let mut words = args.iter();
     while let Some(&word) = words.next() {
         match word {
             "--sort" => {
-                sort = match words.next().copied() {
-                    Some("bytes") => SortKey::Bytes,
-                    Some("calls") => SortKey::Calls,
+                options.sort = match words.next().copied() {
+                    Some("bytes") => AllocinfoSort::Bytes,
+                    Some("calls") => AllocinfoSort::Calls,
                     _ => return Err(usage),
                 }
             }
@@ -136,54 +120,47 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
                 let Some(number) = words.next() else {
                     return Err(usage);
                 };
-                top = super::parse_number(number)?;
-                if sort == SortKey::Section {
-                    sort = SortKey::Bytes;
+                options.top = super::parse_number(number)?;
+                if options.sort == AllocinfoSort::Section {
+                    options.sort = AllocinfoSort::Bytes;
                 }
             }
             "--file" => {
-                let Some(&pattern) = words.next() else {
-                    return Err(usage);
-                };
-                file = Some(pattern);
+                options.filter.file = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
             }
-            "-h" => human = true,
+            "--function" => {
+                options.filter.function = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
+            }
+            "--line" => {
+                let line = super::parse_u64(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)?;
+                options.filter.line = Some(u32::try_from(line).unwrap_or(u32::MAX));
+            }
+            "--min-size" => {
+                options.filter.min_bytes = Some(super::parse_u64(
+                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
+                )?);
+            }
+            "--max-size" => {
+                options.filter.max_bytes = Some(super::parse_u64(
+                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
+                )?);
+            }
+            "--accurate" => {
+                options.filter.accurate = match words.next().copied() {
+                    Some("yes") => Some(true),
+                    Some("no") => Some(false),
+                    _ => return Err(usage),
+                }
+            }
+            "-h" => options.human = true,
             _ => return Err(usage),
         }
     }
-    let tags = AllocTag::all();
-    if tags.len() > MAX_ROWS {
-        return Err(shell_error!(
-            "{} allocation tags, allocinfo shows at most {MAX_ROWS}",
-            tags.len()
-        ));
-    }
-    let mut rows = ROWS.lock();
-    let mut nr_rows = 0;
-    for (index, tag) in tags.iter().enumerate() {
-        if file.is_none_or(|pattern| tag.tag.file.contains(pattern)) {
-            rows[nr_rows] = Row {
-                index,
-                counts: COUNTERS.read(tag.tag_ref()),
-            };
-            nr_rows += 1;
-        }
-    }
-    let rows = &mut rows[..nr_rows];
-    // Ties keep section order.
-    match sort {
-        SortKey::Section => {}
-        SortKey::Bytes => {
-            rows.sort_unstable_by_key(|row| (core::cmp::Reverse(row.counts.bytes), row.index))
-        }
-        SortKey::Calls => {
-            rows.sort_unstable_by_key(|row| (core::cmp::Reverse(row.counts.calls), row.index))
-        }
-    }
-    let inaccurate = SWITCH.is_inaccurate();
-    let _ = write_allocinfo_header(out);
-    for row in rows.iter().take(top) {
-        let _ = write_allocinfo_row(out, &tags[row.index], row.counts, human, inaccurate);
+    options.inaccurate = SWITCH.is_inaccurate();
+    let read = |tag: &'static AllocTag| COUNTERS.read(tag.tag_ref());
+    match reports::allocinfo(out, AllocTag::all(), &read, &mut *ROWS.lock(), &options) {
+        Err(error @ AllocinfoError::TooManyTags { .. }) => return Err(shell_error!("{error}")),
+        Err(AllocinfoError::Format) | Ok(_) => {}
     }
     if !SWITCH.is_on() {
         let _ = writeln!(
@@ -219,8 +196,8 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     };
     let _ = writeln!(
         out,
-        "allocinfo diff - since mark {} ms ago, {} site{} changed",
-        elapsed_ns / 1_000_000,
+        "allocinfo diff - since mark {} ago, {} site{} changed",
+        Nanoseconds(elapsed_ns),
         rows.len(),
         if rows.len() == 1 { "" } else { "s" }
     );

@@ -30,14 +30,15 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use magpie_slab::kmemtrace::DEFAULT_SUBBUFS;
 use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
 
 use crate::arch::tsc;
 use crate::kmem::SLAB;
 use crate::mm::boot_info::BootInfo;
 
-static SUBBUFS: AtomicUsize = AtomicUsize::new(DEFAULT_SUBBUFS);
+/// Sub-buffers per CPU from `kmemtrace.subbufs`; 0: sized to memory
+/// (`Allocator::kmemtrace_default_subbufs`).
+static SUBBUFS: AtomicUsize = AtomicUsize::new(0);
 static FROM_BOOT: AtomicBool = AtomicBool::new(false);
 
 /// Sets up the dump channel (the virtio console, when QEMU has one), reads
@@ -53,7 +54,8 @@ pub fn init(boot: &BootInfo) {
         match value.parse::<usize>() {
             Ok(nr) if (1..=1 << 16).contains(&nr) => SUBBUFS.store(nr, Ordering::Relaxed),
             _ => log::warn!(
-                "kmemtrace.subbufs={value}: expected 1 to 65536; using {DEFAULT_SUBBUFS}"
+                "kmemtrace.subbufs={value}: expected 1 to 65536; using {}",
+                nr_subbufs()
             ),
         }
     }
@@ -73,9 +75,13 @@ pub fn init(boot: &BootInfo) {
     }
 }
 
-/// Sub-buffers per CPU (boot argument `kmemtrace.subbufs`).
+/// Sub-buffers per CPU (boot argument `kmemtrace.subbufs`; without it,
+/// `magpie_slab::kmemtrace::DEFAULT_SUBBUFS` or fewer, sized to memory).
 pub fn nr_subbufs() -> usize {
-    SUBBUFS.load(Ordering::Relaxed)
+    match SUBBUFS.load(Ordering::Relaxed) {
+        0 => SLAB.kmemtrace_default_subbufs(),
+        nr => nr,
+    }
 }
 
 /// Starts (or restarts) recording: every cache (`cache_id` `None`) or one,

@@ -2,15 +2,13 @@
 //! struct built in place), the kmalloc caches; and the teardown of a
 //! failed init.
 
-use core::fmt::Write as _;
 use core::ptr;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use super::kmalloc::{KMALLOC_SIZES, natural_align};
 use super::{
-    Allocator, BOOT_NAMES, NR_FIXED_BOOT, NR_KMALLOC, NameBuf, STATE_INITIALIZING, STATE_READY,
-    STATE_UNINIT, TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
+    Allocator, BOOT_NAMES, NR_FIXED_BOOT, STATE_INITIALIZING, STATE_READY, STATE_UNINIT,
+    TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
 };
 use crate::cache::{CacheSpec, KmemCache};
 use crate::error::AllocError;
@@ -31,9 +29,22 @@ impl<P: Platform> Allocator<P> {
     /// `alloc-profiling` the tag side-array caches `kmem_tags_<bytes>`)
     /// and the kmalloc caches. Reads [`Platform::max_cpus`].
     ///
+    /// What it takes from `source` ([`Allocator::init_cost`], formula in
+    /// [`InitCost`](crate::InitCost)): the page map (8 bytes a page of the
+    /// span: one page up to 2 MiB), and on a source large enough for
+    /// them to cost at most a sixteenth of it, the 64 size classes
+    /// (`64 × (960 + 64 × nr_cpus)` bytes); on a smaller one each class is
+    /// created by its first allocation. Packed slabs are capped at
+    /// `span / 32` pages (1 … 8), so the first objects of a class on a
+    /// small heap take one page, not eight.
+    ///
     /// # Errors
     /// [`AllocError::AlreadyInitialized`] if called before (or during
-    /// another call); [`AllocError::OutOfMemory`] if the source cannot
+    /// another call); [`AllocError::SourceTooSmall`] if the source
+    /// manages less than [`InitCost::min_source_bytes`](crate::InitCost)
+    /// (what `init` takes plus [`MIN_FREE_PAGES`](crate::MIN_FREE_PAGES)
+    /// pages: `Allocator::init_cost(source)` has the figures, and prints
+    /// them); [`AllocError::OutOfMemory`] if the source cannot
     /// supply the initial pages — everything taken is given back and
     /// `init` may be retried; [`AllocError::InvalidLayout`] if the
     /// source's span is empty.
@@ -70,10 +81,15 @@ impl<P: Platform> Allocator<P> {
         source: &'static dyn PageSource,
     ) -> Result<(), AllocError> {
         let nr_cpus = P::max_cpus().max(1);
+        let cost = Self::init_cost(source).ok_or(AllocError::InvalidLayout)?;
+        if cost.span_bytes < cost.min_source_bytes {
+            return Err(AllocError::SourceTooSmall);
+        }
         // SAFETY: INITIALIZING: this thread owns the init-only cells.
         unsafe {
             *self.source.get() = source;
             *self.nr_cpus.get() = nr_cpus;
+            *self.max_slab_pages.get() = cost.max_slab_pages;
         }
         let (start, end) = source.span();
         let base = start & !(PAGE_SIZE - 1);
@@ -141,7 +157,13 @@ impl<P: Platform> Allocator<P> {
             let spec = CacheSpec {
                 name,
                 size,
-                geometry: Geometry::new(size, align, CacheFlags::NOTRACE, packed)?,
+                geometry: Geometry::with_max_slab_pages(
+                    size,
+                    align,
+                    CacheFlags::NOTRACE,
+                    packed,
+                    cost.max_slab_pages,
+                )?,
                 flags: CacheFlags::NOTRACE,
                 ctor: None,
                 dtor: None,
@@ -165,26 +187,7 @@ impl<P: Platform> Allocator<P> {
             }
         }
 
-        for (index, &size) in KMALLOC_SIZES.iter().enumerate() {
-            let mut name = NameBuf {
-                bytes: [0; 32],
-                len: 0,
-            };
-            // "kmalloc-8192" fits in 31 bytes.
-            let _ = write!(name, "kmalloc-{size}");
-            let cache = self.create_cache(
-                name.as_str(),
-                size,
-                natural_align(size),
-                CacheFlags::empty(),
-                None,
-                None,
-                None,
-                true,
-            )?;
-            // SAFETY: INITIALIZING: this thread owns the init-only cells.
-            unsafe { (*self.kmalloc.get())[index] = cache };
-        }
+        self.init_classes(&cost)?;
         Ok(())
     }
 
@@ -229,7 +232,9 @@ impl<P: Platform> Allocator<P> {
             *self.page_map.get() = PageMap::empty();
             *self.page_map_pages.get() = 0;
             *self.nr_boot.get() = 0;
-            *self.kmalloc.get() = [ptr::null(); NR_KMALLOC];
+            for slot in &self.kmalloc {
+                slot.store(ptr::null_mut(), Ordering::Relaxed);
+            }
             *self.source.get() = &NullSource;
             let mut list = self.caches.lock();
             list.head = ptr::null();

@@ -158,10 +158,11 @@ impl<P: Platform> Allocator<P> {
     #[inline(always)]
     pub(crate) fn kmalloc_cache(&self, index: usize) -> &'static KmemCache<P> {
         debug_assert!(index < NR_KMALLOC);
-        // SAFETY: READY (checked by callers): the kmalloc caches exist,
-        // are permanent, and the array is immutable; index < NR_KMALLOC
-        // (kmalloc_index returns class indices only).
-        unsafe { &**(*self.kmalloc.get()).get_unchecked(index) }
+        // SAFETY: READY (checked by callers): every slot holds a cache or
+        // an unborn stub (allocator/classes.rs), both permanent, published
+        // with Release; index < NR_KMALLOC (kmalloc_index returns class
+        // indices only).
+        unsafe { &*self.kmalloc.get_unchecked(index).load(Ordering::Acquire) }
     }
 
     /// The kmalloc cache that would serve `size` bytes aligned to `align`,
@@ -171,7 +172,7 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() || size == 0 || !align.is_power_of_two() {
             return None;
         }
-        Self::kmalloc_index(size, align).map(|index| self.kmalloc_cache(index))
+        Self::kmalloc_index(size, align).and_then(|index| self.kmalloc_class(index).ok())
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two).

@@ -8,24 +8,28 @@ use core::ptr::NonNull;
 use super::Allocator;
 use crate::cache::{HotFlags, KmemCache};
 use crate::kmemtrace::{
-    CacheRecord, DumpInfo, DumpSummary, EventFields, EventKind, EventType, KmemtraceConfig,
-    KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus,
+    CacheRecord, DEFAULT_SUBBUFS, DumpInfo, DumpSummary, EventFields, EventKind, EventType,
+    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus, SUBBUF_PAGES,
 };
 use crate::platform::{PAGE_SIZE, Platform};
+
+/// The default rings take at most `1 / RING_SPAN_DIV` of the primary
+/// source's span ([`Allocator::kmemtrace_default_subbufs`]).
+const RING_SPAN_DIV: usize = 4;
 
 /// kmemtrace: recording, status, dump (see [`crate::kmemtrace`]).
 impl<P: Platform> Allocator<P> {
     /// Start recording events: allocate the per-CPU rings on the first
     /// call (`config.nr_subbufs` sub-buffers per CPU from the primary page
-    /// source; later calls keep that size), empty them, and set the
+    /// source, or with 0 [`Allocator::kmemtrace_default_subbufs`]: sized to
+    /// the source; later calls keep that size), empty them, and set the
     /// recording bit of every cache (or of the cache `config.cache_id`
     /// only). Restarting drops the events recorded so far.
     ///
-    /// Safe: each ring is written without a lock by the CPU whose id it
-    /// has, which is sound by [`Platform`]'s own contract (item 1:
-    /// `cpu_id` is the running CPU's own id and nothing else runs
-    /// allocator code under that id between `irq_save` and
-    /// `irq_restore`), the same promise the magazine hit relies on.
+    /// Each ring is written without a lock by the CPU whose id it has,
+    /// with its interrupts off: sound by the [`Platform`] contract
+    /// (`cpu_id` exact and exclusive while interrupts are off), which
+    /// every allocator already relies on, so starting is safe.
     ///
     /// # Errors
     /// [`KmemtraceError::NotInitialized`]; [`KmemtraceError::OutOfMemory`]
@@ -35,11 +39,34 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() {
             return Err(KmemtraceError::NotInitialized);
         }
+        let config = KmemtraceConfig {
+            nr_subbufs: match config.nr_subbufs {
+                0 => self.kmemtrace_default_subbufs(),
+                nr_subbufs => nr_subbufs,
+            },
+            ..config
+        };
         self.kmemtrace_stop();
         self.kmemtrace
             .prepare::<P>(self.primary_source(), self.nr_cpus(), &config)?;
         self.set_kmemtrace_bits(config.cache_id);
         Ok(())
+    }
+
+    /// The rings' size when [`KmemtraceConfig::nr_subbufs`] is 0 (the
+    /// default), in sub-buffers per CPU ([`SUBBUF_PAGES`] pages, 1,024
+    /// events each): [`DEFAULT_SUBBUFS`] (16 MiB per CPU), fewer if the
+    /// rings of all CPUs would take more than a quarter of the primary
+    /// source's span, at least one. So 2 CPUs on 256 MiB get 256; 64 CPUs
+    /// on 255 MiB get 15 (960 KiB each, 60 MiB in all) instead of asking
+    /// for 1 GiB. 0 before `init`.
+    pub fn kmemtrace_default_subbufs(&self) -> usize {
+        if !self.is_ready() {
+            return 0;
+        }
+        let (start, end) = self.primary_source().span();
+        let per_cpu = end.saturating_sub(start) / RING_SPAN_DIV / self.nr_cpus().max(1);
+        (per_cpu / (SUBBUF_PAGES * PAGE_SIZE)).clamp(1, DEFAULT_SUBBUFS)
     }
 
     /// Stop recording (the events stay until the next start). Frees and

@@ -6,6 +6,7 @@
 //! switches (`kmemtrace_control.rs`); boxes from kmalloc (`boxes.rs`).
 
 mod boxes;
+mod classes;
 mod global_alloc;
 mod init;
 pub(crate) mod kmalloc;
@@ -16,10 +17,14 @@ use core::cell::UnsafeCell;
 use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self};
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 use spin::Mutex;
 
+use self::classes::NR_UNBORN;
+pub use self::classes::{InitCost, MIN_FREE_PAGES};
 use self::kmalloc::NR_KMALLOC;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
@@ -142,7 +147,19 @@ pub struct Allocator<P: Platform> {
     pub(crate) nr_cpus: UnsafeCell<usize>,
     boot: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_BOOT]>>,
     nr_boot: UnsafeCell<usize>,
-    pub(crate) kmalloc: UnsafeCell<[*const KmemCache<P>; NR_KMALLOC]>,
+    /// The kmalloc size classes: a class's cache, or until its first use
+    /// on a small source (`classes.rs`) the unborn stub of its natural
+    /// alignment. Written under `class_lock` (Release), read by every
+    /// kmalloc (Acquire: a plain load on x86).
+    pub(crate) kmalloc: [AtomicPtr<KmemCache<P>>; NR_KMALLOC],
+    /// The unborn stubs (`classes.rs`), one per natural alignment of a
+    /// class (8 … 4096 bytes); initialised by `init` on a small source.
+    unborn: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_UNBORN]>>,
+    /// Serialises creating a size class on first use.
+    class_lock: Mutex<()>,
+    /// Most pages in a packed small slab, chosen by `init` from the
+    /// primary source's size (`classes.rs`).
+    pub(crate) max_slab_pages: UnsafeCell<usize>,
     caches: Mutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
@@ -218,7 +235,10 @@ impl<P: Platform> Allocator<P> {
             nr_cpus: UnsafeCell::new(1),
             boot: UnsafeCell::new(MaybeUninit::uninit()),
             nr_boot: UnsafeCell::new(0),
-            kmalloc: UnsafeCell::new([ptr::null(); NR_KMALLOC]),
+            kmalloc: [const { AtomicPtr::new(ptr::null_mut()) }; NR_KMALLOC],
+            unborn: UnsafeCell::new(MaybeUninit::uninit()),
+            class_lock: Mutex::new(()),
+            max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
             caches: Mutex::new(CacheList {
                 head: ptr::null(),
                 tail: ptr::null(),
@@ -462,7 +482,15 @@ impl<P: Platform> Allocator<P> {
         let source = source.unwrap_or(primary);
         // On the primary source the page map finds any slab's header, so
         // slabs may span pages and keep their header off slab.
-        let geometry = Geometry::new(slot_size, align, flags, same_source(source, primary))?;
+        // SAFETY: READY or INITIALIZING on this thread: cells readable.
+        let max_slab_pages = unsafe { *self.max_slab_pages.get() };
+        let geometry = Geometry::with_max_slab_pages(
+            slot_size,
+            align,
+            flags,
+            same_source(source, primary),
+            max_slab_pages,
+        )?;
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self
@@ -575,7 +603,9 @@ impl<P: Platform> Allocator<P> {
     /// `kmem_reap_interval`): every cache's depot starts a new working-set
     /// interval ([`KmemCache::ws_update`]), then gives back what lay beyond
     /// the working set of the interval that ended ([`KmemCache::ws_reap`]:
-    /// idle depot magazines, then empty slabs). Returns pages returned to
+    /// idle depot magazines, then empty slabs); a cache with no allocation
+    /// or free for two whole intervals is reaped in full (its CPUs'
+    /// magazines too), so its empty slabs come back. Returns pages returned to
     /// page sources. A kernel calls it from a timer tick or its idle loop,
     /// every few seconds; memory a burst left in magazines comes back
     /// after one idle interval. Call it as [`Allocator::reap_all`].
@@ -593,7 +623,7 @@ impl<P: Platform> Allocator<P> {
             if cache.is_bootstrap() {
                 cache.reap()
             } else {
-                cache.ws_reap()
+                cache.ws_tick()
             }
         })
     }

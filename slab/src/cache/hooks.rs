@@ -48,6 +48,10 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> usize {
+        if hot.contains(HotFlags::UNBORN) {
+            // A size class's first kmalloc on a small source: create it.
+            return self.owner().kmalloc_unborn(self, tag, bytes_req);
+        }
         if hot.contains(HotFlags::KMEMTRACE) {
             // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
             return self.alloc_recorded(hot - HotFlags::KMEMTRACE, tag, bytes_req);

@@ -138,6 +138,9 @@ bitflags::bitflags! {
         /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
         /// allocs and frees take the flagged paths, which record an event.
         const KMEMTRACE = 256;
+        /// An unborn size-class stub (`allocator/classes.rs`): its first
+        /// allocation creates the kmalloc class and allocates from it.
+        const UNBORN = 512;
     }
 }
 
@@ -147,7 +150,8 @@ impl HotFlags {
         .union(HotFlags::KMEMTRACE)
         .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
-        .union(HotFlags::PROFILING);
+        .union(HotFlags::PROFILING)
+        .union(HotFlags::UNBORN);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
@@ -233,6 +237,8 @@ pub struct KmemCache<P: Platform> {
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
+    /// The working-set tick's idle count (`reap.rs`).
+    pub(crate) idle: reap::IdleTicks,
     _platform: PhantomData<fn() -> P>,
 }
 
@@ -342,6 +348,7 @@ impl<P: Platform> KmemCache<P> {
                 next: ptr::null(),
             }),
             debug: spec.debug,
+            idle: reap::IdleTicks::new(),
             _platform: PhantomData,
         }
     }

@@ -1,8 +1,35 @@
-//! Giving memory back: [`KmemCache::reap`] and the depot working set
-//! (`ws_update`, `ws_reap`).
+//! Giving memory back: [`KmemCache::reap`], the depot working set
+//! (`ws_update`, `ws_reap`), and the tick's idle drain (`ws_tick`): a
+//! cache with no allocation or free for [`IDLE_INTERVALS`] whole
+//! intervals gives back its CPUs' magazines too, and so its empty slabs.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::KmemCache;
 use crate::platform::Platform;
+
+/// Whole idle working-set intervals after which the tick drains a cache's
+/// per-CPU magazines as well as its depot (its slabs then empty out and go
+/// back to the page source).
+pub const IDLE_INTERVALS: u32 = 2;
+
+/// What the working-set tick remembers of a cache between ticks: its
+/// allocations plus frees at the last tick, and how many ticks in a row
+/// saw none. Written only by the tick (under the allocator's cache-list
+/// lock), so relaxed atomics suffice.
+pub(crate) struct IdleTicks {
+    last_nr_ops: AtomicU64,
+    nr_idle: AtomicU32,
+}
+
+impl IdleTicks {
+    pub(crate) const fn new() -> IdleTicks {
+        IdleTicks {
+            last_nr_ops: AtomicU64::new(0),
+            nr_idle: AtomicU32::new(0),
+        }
+    }
+}
 
 impl<P: Platform> KmemCache<P> {
     /// Return free memory: empty every CPU's magazines and the depot
@@ -51,5 +78,44 @@ impl<P: Platform> KmemCache<P> {
         let nr_pages = self.reap_slabs();
         self.free_hash_table();
         nr_pages
+    }
+
+    /// One working-set tick of this cache ([`Allocator::kmem_update`]):
+    /// [`KmemCache::ws_reap`], and when the cache has been idle (no
+    /// allocation or free on any CPU) for [`IDLE_INTERVALS`] whole
+    /// intervals, a full [`KmemCache::reap`]: the CPUs' magazines are
+    /// drained too, so its empty slabs go back rather than stay pinned by
+    /// rounds nobody will use. Reads every CPU's counters (cross-CPU
+    /// calls) only for a cache that has slabs. Returns pages returned.
+    ///
+    /// [`Allocator::kmem_update`]: crate::Allocator::kmem_update
+    pub(crate) fn ws_tick(&self) -> usize {
+        if self.pcpu.is_null() || self.slab.lock().counts().nr_slabs == 0 {
+            self.idle.nr_idle.store(0, Ordering::Relaxed);
+            return self.ws_reap();
+        }
+        let nr_ops = (0..self.nr_cpus())
+            .map(|cpu| {
+                let stats = self.cpu_stats(cpu);
+                stats.nr_allocs.wrapping_add(stats.nr_frees)
+            })
+            .fold(
+                self.nr_allocs_direct
+                    .load(Ordering::Relaxed)
+                    .wrapping_add(self.nr_frees_direct.load(Ordering::Relaxed)),
+                u64::wrapping_add,
+            );
+        let idle = self.idle.last_nr_ops.swap(nr_ops, Ordering::Relaxed) == nr_ops;
+        let nr_idle = if idle {
+            self.idle.nr_idle.load(Ordering::Relaxed).saturating_add(1)
+        } else {
+            0
+        };
+        self.idle.nr_idle.store(nr_idle, Ordering::Relaxed);
+        if nr_idle >= IDLE_INTERVALS {
+            self.reap()
+        } else {
+            self.ws_reap()
+        }
     }
 }

@@ -92,6 +92,23 @@ impl Geometry {
         flags: CacheFlags,
         packed: bool,
     ) -> Result<Self, AllocError> {
+        Self::with_max_slab_pages(size, align, flags, packed, MAX_SLAB_PAGES)
+    }
+
+    /// [`Geometry::new`] with packed slabs of at most `max_slab_pages`
+    /// pages (1..=[`MAX_SLAB_PAGES`]; more if one object needs more): a
+    /// small page source keeps its slabs small, so that the first object
+    /// of a class does not take 8 pages (`Allocator::init` chooses it).
+    ///
+    /// # Errors
+    /// As for [`Geometry::new`].
+    pub(crate) fn with_max_slab_pages(
+        size: usize,
+        align: usize,
+        flags: CacheFlags,
+        packed: bool,
+        max_slab_pages: usize,
+    ) -> Result<Self, AllocError> {
         let align = if align == 0 { 1 } else { align };
         if size == 0 || size > MAX_OBJ_SIZE || !align.is_power_of_two() || align > PAGE_SIZE {
             return Err(AllocError::InvalidLayout);
@@ -100,7 +117,7 @@ impl Geometry {
         let stride = size.next_multiple_of(align);
         let notouch = flags.contains(CacheFlags::NOTOUCH);
         if packed && !notouch && stride <= PACKED_MAX_STRIDE {
-            return Ok(Self::packed(stride, align));
+            return Ok(Self::packed(stride, align, max_slab_pages));
         }
         if stride <= SMALL_MAX_STRIDE && !notouch {
             return Ok(Geometry {
@@ -134,10 +151,13 @@ impl Geometry {
     }
 
     /// The small-object layout with the least waste (see the module docs).
-    fn packed(stride: usize, align: usize) -> Self {
+    fn packed(stride: usize, align: usize, max_slab_pages: usize) -> Self {
         // (waste bytes, slab bytes, pages, objects, off slab) of the best.
         let mut best: Option<(usize, usize, usize, usize, bool)> = None;
-        for nr_pages in 1..=MAX_SLAB_PAGES {
+        let max_slab_pages = max_slab_pages
+            .clamp(1, MAX_SLAB_PAGES)
+            .max(stride.div_ceil(PAGE_SIZE));
+        for nr_pages in 1..=max_slab_pages {
             let slab_bytes = nr_pages * PAGE_SIZE;
             for off_slab in [false, true] {
                 let room = if off_slab {

@@ -20,9 +20,15 @@ mod geometry;
 #[cfg(not(loom))]
 mod global;
 #[cfg(not(loom))]
+mod glue;
+#[cfg(not(loom))]
+mod idle_tick;
+#[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;
+#[cfg(not(loom))]
+mod kmemtrace_sizing;
 #[cfg(not(loom))]
 mod leak_scan;
 #[cfg(loom)]
@@ -37,6 +43,10 @@ mod oom;
 mod profiling;
 #[cfg(not(loom))]
 mod reclaim;
+#[cfg(not(loom))]
+mod reports;
+#[cfg(not(loom))]
+mod small_heap;
 #[cfg(not(loom))]
 mod threads;
 #[cfg(not(loom))]

@@ -4,8 +4,10 @@
 //! `kmemtrace` row in `mod.rs`, whose help lists these forms.
 
 use core::fmt::Write;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
+use magpie_slab::reports::Nanoseconds;
 use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
 
 use super::KMEMTRACE;
@@ -16,6 +18,10 @@ use crate::tracing::event_stream;
 
 /// Frames per event with `--stacks` and no DEPTH.
 const DEFAULT_STACK_DEPTH: usize = 8;
+
+/// A recording was started and has not been sent with `kmemtrace dump`
+/// since: `record start` over it asks for `--force`.
+static UNREAD: AtomicBool = AtomicBool::new(false);
 
 /// `kmemtrace record start [--stacks [DEPTH]] [CACHE|all]`,
 /// `kmemtrace record stop`, `kmemtrace record status`.
@@ -43,10 +49,13 @@ pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a
 fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let mut stack_depth = 0;
     let mut target = "all";
+    let mut force = false;
     let mut rest = args;
     while let [word, tail @ ..] = rest {
         rest = tail;
-        if *word == "--stacks" {
+        if *word == "--force" {
+            force = true;
+        } else if *word == "--stacks" {
             stack_depth = DEFAULT_STACK_DEPTH;
             if let [depth, tail @ ..] = rest
                 && depth.starts_with(|c: char| c.is_ascii_digit())
@@ -81,8 +90,25 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         }
         Some(cache)
     };
+    // A recording nobody has read yet is not dropped silently.
+    let before = SLAB.kmemtrace_status();
+    let unread = UNREAD.load(Ordering::Relaxed) && before.nr_events > 0;
+    if unread && !force {
+        return Err(shell_error!(
+            "{} events recorded and not dumped: 'kmemtrace dump' first, or 'record start --force'",
+            before.nr_events
+        ));
+    }
     event_stream::start(stack_depth, cache.map(|cache| cache.id()))
         .map_err(|error| shell_error!("cannot record: {error}"))?;
+    UNREAD.store(true, Ordering::Relaxed);
+    if unread {
+        let _ = writeln!(
+            out,
+            "dropped the last recording: {} events ({} overruns) never dumped",
+            before.nr_events, before.nr_overruns
+        );
+    }
     let status = SLAB.kmemtrace_status();
     let _ = write!(
         out,
@@ -198,6 +224,7 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
     let start = arch::rdtsc();
     let (summary, channel) =
         event_stream::dump().map_err(|error| shell_error!("kmemtrace dump: {error}"))?;
+    UNREAD.store(false, Ordering::Relaxed);
     let elapsed_ns = event_stream::ticks_to_ns(arch::rdtsc().wrapping_sub(start)).max(1);
     let _ = writeln!(
         out,
@@ -211,8 +238,8 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
     );
     let _ = writeln!(
         out,
-        "took {} ms ({} events/s, {} KiB/s)",
-        elapsed_ns / 1_000_000,
+        "took {} ({} events/s, {} KiB/s)",
+        Nanoseconds(elapsed_ns),
         u128::from(summary.nr_events) * 1_000_000_000 / u128::from(elapsed_ns),
         u128::from(summary.nr_bytes) * 1_000_000_000 / 1024 / u128::from(elapsed_ns)
     );

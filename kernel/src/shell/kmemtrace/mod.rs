@@ -24,8 +24,8 @@ pub(super) const KMEMTRACE: Command = Command {
             "trace a cache's outstanding objects",
         ),
         (
-            "kmemtrace record start [--stacks [DEPTH]] [CACHE|all]",
-            "record every alloc and free as events (per-CPU rings)",
+            "kmemtrace record start [--force] [--stacks [DEPTH]] [CACHE|all]",
+            "record every alloc and free as events (per-CPU rings); --force drops an undumped one",
         ),
         (
             "kmemtrace record stop|status",

@@ -1,0 +1,124 @@
+//! A one-CPU hobby kernel adopting magpie-slab, as an adopter writes it:
+//! the shipped glue (`Heap`, `X86Uniprocessor`), a 100 KiB heap, the heap
+//! tests of "Writing an OS in Rust". Booted by Magpie's PVH path (QEMU
+//! `-kernel`: `cargo run -p magpie-hobby-kernel`, `make test-example`);
+//! output on COM1, result through QEMU's isa-debug-exit.
+
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+use core::fmt::Write;
+
+use magpie_slab::PageSource;
+use magpie_slab::glue::{Heap, X86Uniprocessor};
+
+/// `println!` to COM1.
+macro_rules! println {
+    ($($arg:tt)*) => {{ let _ = writeln!(Com1, $($arg)*); }};
+}
+
+// Magpie's PVH entry: long mode, the image mapped, a stack; calls kernel_entry.
+core::arch::global_asm!(include_str!("../../../boot/entry.S"), options(att_syntax));
+
+// ---- The adopter's glue: these lines and the init_region call. ----
+#[global_allocator]
+static HEAP: Heap<X86Uniprocessor> = Heap::new();
+
+const HEAP_SIZE: usize = 100 * 1024;
+/// The heap's memory: mapped already (in the image's .bss).
+#[repr(align(4096))]
+#[expect(dead_code, reason = "only its address is used")]
+struct HeapMemory([u8; HEAP_SIZE]);
+static mut HEAP_MEMORY: HeapMemory = HeapMemory([0; HEAP_SIZE]);
+// ---------------------------------------------------------------------
+
+/// Called by `boot/entry.S` with interrupts off.
+#[unsafe(no_mangle)]
+extern "C" fn kernel_entry(_start_info: u64) -> ! {
+    // SAFETY: HEAP_MEMORY is mapped and nothing but the heap touches it.
+    unsafe { HEAP.init_region((&raw mut HEAP_MEMORY) as usize, HEAP_SIZE) }.expect("heap");
+    let before = HEAP.source().stats().alloc_bytes;
+    println!("hobby-kernel: 100 KiB heap, init took {before} bytes");
+
+    let (a, b) = (Box::new(41), Box::new(13));
+    assert_eq!(*a + *b, 54);
+    println!("simple_box... [ok]");
+
+    let mut vec = Vec::new();
+    for i in 0..1000_u64 {
+        vec.push(i);
+    }
+    assert_eq!(vec.iter().sum::<u64>(), 999 * 1000 / 2);
+    drop(vec);
+    println!("large_vec (8 KiB)... [ok]");
+
+    for i in 0..10_000_usize {
+        assert_eq!(*Box::new(i), i);
+    }
+    println!("many_boxes (10,000)... [ok]");
+
+    let long_lived = Box::new(1);
+    for i in 0..10_000_usize {
+        assert_eq!(*Box::new(i), i);
+    }
+    assert_eq!(*long_lived, 1);
+    println!("many_boxes_long_lived... [ok]");
+
+    let mut map = BTreeMap::new();
+    for round in 0..20_u64 {
+        for key in 0..500_u64 {
+            map.insert(key * 7919 % 1000, round + key);
+        }
+        for key in 0..250_u64 {
+            map.remove(&(key * 3));
+        }
+    }
+    for key in 0..500_u64 {
+        let k = key * 7919 % 1000;
+        let removed = k % 3 == 0 && k < 750;
+        assert_eq!(map.get(&k).copied(), (!removed).then_some(19 + key));
+    }
+    drop(map);
+    println!("btreemap_churn... [ok]");
+
+    let used = HEAP.source().stats().alloc_bytes;
+    println!(
+        "heap pages in use after the tests: {} of {}",
+        used / 4096,
+        HEAP_SIZE / 4096
+    );
+    exit_qemu(0x10)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    println!("[failed] {info}");
+    exit_qemu(0x11)
+}
+
+// ---- Console (COM1) and exit (isa-debug-exit: status (code << 1) | 1). ----
+struct Com1;
+
+impl Write for Com1 {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for byte in s.bytes() {
+            // SAFETY: port 0x3f8 is COM1's data register; writing a byte sends it.
+            unsafe { core::arch::asm!("out dx, al", in("dx") 0x3f8_u16, in("al") byte) };
+        }
+        Ok(())
+    }
+}
+
+fn exit_qemu(code: u32) -> ! {
+    // SAFETY: QEMU's isa-debug-exit device at 0xf4 (the runner adds it) exits.
+    unsafe { core::arch::asm!("out dx, eax", in("dx") 0xf4_u16, in("eax") code) };
+    loop {
+        // SAFETY: halts with interrupts off: the end.
+        unsafe { core::arch::asm!("cli", "hlt") };
+    }
+}

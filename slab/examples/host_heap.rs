@@ -1,0 +1,156 @@
+//! magpie-slab in an ordinary program: a 100 KiB heap from the shipped
+//! glue ([`Heap`] over a region), a `Vec` and a `BTreeMap` in it, an
+//! object cache, the statistics a kernel's `kmemstat` prints, and the
+//! last step of docs/ADOPTING.md: allocation profiling (feature
+//! `alloc-profiling`, and magpie-codetag) to an `allocinfo` table — who
+//! holds the memory, by call site.
+//!
+//! ```text
+//! cargo run -p magpie-slab --example host_heap --target x86_64-unknown-linux-gnu
+//! ```
+
+#![feature(allocator_api, btreemap_alloc)]
+
+use core::ptr::NonNull;
+use std::collections::BTreeMap;
+
+use magpie_codetag::alloc_tag::{
+    self, ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED,
+};
+use magpie_slab::glue::Heap;
+use magpie_slab::{Allocator, CacheFlags, PAGE_SIZE, PageSource, Platform};
+
+/// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
+static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+
+/// One CPU, one thread: "interrupts off" needs nothing. And the three
+/// profiling hooks.
+struct OneThread;
+
+// SAFETY: only the main thread uses the heap (CPU 0 of 1), and nothing
+// interrupts it, so interrupts-off sections are trivially exclusive.
+unsafe impl Platform for OneThread {
+    fn max_cpus() -> usize {
+        1
+    }
+    fn cpu_id() -> usize {
+        0
+    }
+    fn irq_save() -> usize {
+        0
+    }
+    fn irq_restore(_state: usize) {}
+    fn now() -> u64 {
+        0
+    }
+    fn backtrace(_frames: &mut [usize]) -> usize {
+        0
+    }
+    fn context(buf: &mut [u8; 32]) -> usize {
+        buf[..4].copy_from_slice(b"main");
+        4
+    }
+    // Allocations that name no tag are charged to the catch-all
+    // "untagged" row.
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        Some(UNTAGGED.tag_ref())
+    }
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.add(0, tag, bytes);
+    }
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+        COUNTERS.sub(0, tag, bytes);
+    }
+}
+
+static HEAP: Heap<OneThread> = Heap::new();
+const HEAP_SIZE: usize = 100 * 1024;
+
+fn main() {
+    // The "already-mapped region": 100 KiB of the process's memory, for ever.
+    let region = Box::leak(vec![0u8; HEAP_SIZE].into_boxed_slice());
+    // SAFETY: the region is ours, writable, and used by the heap alone.
+    unsafe { HEAP.init_region(region.as_mut_ptr() as usize, region.len()) }.expect("heap");
+    let cost = Allocator::<OneThread>::init_cost(HEAP.source()).expect("a span");
+    println!("{cost}");
+
+    let heap: &'static Allocator<OneThread> = &HEAP;
+    let mut numbers = Vec::new_in(heap);
+    numbers.extend(0..1000_u64);
+    let mut words = BTreeMap::new_in(heap);
+    for (index, word) in ["slab", "magazine", "depot", "bufctl"].iter().enumerate() {
+        words.insert(*word, index);
+    }
+    let dentry = heap
+        .cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)
+        .expect("cache");
+    let object = dentry.alloc_box().expect("object").fill(0);
+    println!(
+        "sum {}, {} words, a {}-byte dentry",
+        numbers.iter().sum::<u64>(),
+        words.len(),
+        object.as_bytes().len()
+    );
+
+    heap.for_each_cache(|cache| {
+        let stats = cache.stats();
+        if stats.nr_slabs > 0 {
+            println!(
+                "{:<16} {:>5} objects of {:>4} bytes in {} slabs of {} pages",
+                cache.name(),
+                stats.nr_allocated,
+                stats.obj_size,
+                stats.nr_slabs,
+                stats.nr_pages_per_slab
+            );
+        }
+    });
+    let source = HEAP.source().stats();
+    println!(
+        "heap: {} of {} KiB in use",
+        source.alloc_bytes / 1024,
+        source.total_bytes / 1024
+    );
+    drop((object, numbers, words));
+    allocinfo();
+}
+
+/// Allocation profiling: counters, tagged call sites, the table.
+fn allocinfo() {
+    // The counters' memory: 16 bytes a tag a CPU, from the heap's source.
+    let nr_pages = AllocTagCounters::bytes_needed(1).div_ceil(PAGE_SIZE);
+    let pages = HEAP.source().alloc_pages(nr_pages).expect("counter pages");
+    // SAFETY: fresh pages of the source, never freed, used by nothing else.
+    assert!(unsafe { COUNTERS.init(pages, nr_pages * PAGE_SIZE, 1) });
+
+    // Call sites that name their tag (a kernel's `kmalloc!` macro does this).
+    let buffers: Vec<_> = (0..10)
+        .map(|_| {
+            let here: &'static AllocTag = magpie_codetag::alloc_tag!();
+            HEAP.kmalloc_tagged(300, 8, Some(here.tag_ref()))
+                .expect("kmalloc")
+        })
+        .collect();
+    let table = HEAP.kmalloc_tagged(2000, 8, Some(magpie_codetag::alloc_tag!().tag_ref()));
+
+    // allocinfo: every tag with live objects, biggest first.
+    let mut rows: Vec<(&AllocTag, alloc_tag::AllocTagCounts)> = ALLOC_TAGS
+        .iter()
+        .map(|tag| (tag, COUNTERS.read(tag.tag_ref())))
+        .filter(|(_, counts)| counts.calls > 0)
+        .collect();
+    rows.sort_by_key(|(_, counts)| core::cmp::Reverse(counts.bytes));
+    let mut out = String::new();
+    alloc_tag::write_allocinfo_header(&mut out).unwrap();
+    for (tag, counts) in rows {
+        alloc_tag::write_allocinfo_row(&mut out, tag, counts, false, false).unwrap();
+    }
+    print!("{out}");
+
+    for buffer in buffers {
+        // SAFETY: from kmalloc_tagged above, not used again.
+        unsafe { HEAP.kfree(buffer) }.unwrap();
+    }
+    // SAFETY: as above.
+    unsafe { HEAP.kfree(table.unwrap()) }.unwrap();
+}

@@ -1,0 +1,306 @@
+//! The kmalloc size classes: created by `init` on a large page source,
+//! on first use on a small one; what `init` costs ([`InitCost`]).
+//!
+//! **Why on first use.** A class costs its `kmem_cache` struct and its
+//! per-CPU array before it holds an object: `size_of::<KmemCache>()`
+//! (960 bytes) plus `64 × nr_cpus`, so about 62 KiB for the 64 classes
+//! on one CPU — more than half of a 100 KiB hobby-kernel heap. When all
+//! of them would take more than a sixteenth of the source ([`InitCost`]),
+//! `init` creates none: every kmalloc slot points at an **unborn stub**, a
+//! cache with no memory whose hot flags send the allocation off the hit
+//! (`HotFlags::UNBORN`, tested by the flag test every alloc makes
+//! anyway: the hit costs nothing more). The stub's cold path creates the
+//! class (under `class_lock`), publishes it in the slot (Release; every
+//! kmalloc loads the slot with Acquire, a plain load on x86) and
+//! allocates from it. The class is created exactly as `init` would have
+//! (name, alignment, boot-line debug flags), so everything after its
+//! first allocation is unchanged.
+//!
+//! **Why one stub per natural alignment.** The stub's cold path knows
+//! the requested size, not the alignment. A request `(size, align)` is
+//! served by the first class at least `size` bytes big whose natural
+//! alignment is at least `align`; that class `i` has natural alignment
+//! `A ≥ align`, and every class between the smallest one that fits and
+//! `i` has a smaller one, so `i` is also the first class that fits with
+//! alignment at least `A`. The slot of class `i` holds the stub of `A`
+//! (10 stubs: 8 … 4096 bytes), and the stub asks for `(size, A)`.
+//!
+//! **Why slabs no larger than the source allows.** A packed class picks
+//! the fewest pages (up to 8) that waste at most 1/32 of a slab; on a
+//! 100 KiB heap the first `Vec` of 832 bytes would take 20 KiB that way.
+//! `init` caps packed slabs at `span / 32` pages (8 from a 1 MiB source
+//! up), one object's pages at least.
+
+use core::fmt::Write as _;
+use core::ptr::NonNull;
+use core::sync::atomic::Ordering;
+
+use super::kmalloc::{KMALLOC_SIZES, natural_align};
+use super::{Allocator, NR_KMALLOC, NameBuf};
+use crate::alloc_tag::AllocTagRef;
+use crate::cache::{CacheSpec, HotFlags, KmemCache, pack};
+use crate::error::AllocError;
+use crate::flags::CacheFlags;
+use crate::layout::geometry::{Geometry, MAX_SLAB_PAGES};
+use crate::magazine::PcpuCache;
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
+
+/// Unborn stubs: one per natural alignment of a class, 8 … 4096 bytes.
+pub(crate) const NR_UNBORN: usize = 10;
+
+const _: () = {
+    // The largest natural alignment of a class is the last stub's.
+    assert!(8 << (NR_UNBORN - 1) == PAGE_SIZE);
+    let mut index = 0;
+    while index < NR_KMALLOC {
+        assert!(natural_align(KMALLOC_SIZES[index]) >= 8);
+        index += 1;
+    }
+};
+
+/// Pages a source must have beyond what `init` takes: the metadata slabs
+/// the first allocations need (`kmem_cache` (2 pages), `kmem_pcpu`,
+/// `kmem_slab`, `kmem_bufctl`, a magazine slab, a tag side-array slab:
+/// 7 pages) and a slab for each of a few classes.
+pub const MIN_FREE_PAGES: usize = 16;
+
+/// Packed slabs of at most `span_pages / SLAB_PAGES_DIV` pages.
+const SLAB_PAGES_DIV: usize = 32;
+
+/// Size classes are created by `init` when they take at most
+/// `1 / EAGER_DIV` of the source's span.
+const EAGER_DIV: usize = 16;
+
+/// What [`Allocator::init`] takes from a page source, and the smallest
+/// source it accepts ([`Allocator::init_cost`]). Bytes throughout.
+///
+/// The formula, for a source spanning `S` bytes (`S / 4096` pages) on
+/// `n` CPUs:
+///
+/// - the page map: `8 × S / 4096` bytes, in whole pages (one page up to
+///   a 2 MiB span);
+/// - the size classes, only if they take at most `S / 16`:
+///   `64 × (960 + 64 n)` bytes of `kmem_cache` and `kmem_pcpu` objects
+///   (struct and per-CPU array of each class; their slabs round up to
+///   whole pages: 25 pages on 4 CPUs). Otherwise 0: each class is created
+///   by its first allocation and costs that then;
+/// - nothing else: the bootstrap caches live in the `Allocator` static
+///   and take slabs on first use.
+///
+/// So a source up to 1 MiB on one CPU costs `init` one page; `init`
+/// refuses a source with fewer than [`MIN_FREE_PAGES`] pages left after
+/// it ([`AllocError::SourceTooSmall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitCost {
+    /// Bytes the source spans ([`PageSource::span`], page-rounded).
+    pub span_bytes: usize,
+    /// The page map: 8 bytes a page of the span, whole pages.
+    pub page_map_bytes: usize,
+    /// The size classes' structs and per-CPU arrays if `init` creates
+    /// them; 0 if they are created on first use.
+    pub classes_bytes: usize,
+    /// Whether the size classes are created on first use.
+    pub classes_on_first_use: bool,
+    /// Most pages in a packed small slab (1 … 8).
+    pub max_slab_pages: usize,
+    /// The smallest span `init` accepts: `page_map_bytes +
+    /// classes_bytes + MIN_FREE_PAGES × 4096`. (The span, not what the
+    /// source holds now: a source may import memory as it is asked.)
+    pub min_source_bytes: usize,
+}
+
+impl InitCost {
+    /// What `init` takes: the page map and the classes it creates.
+    pub fn init_bytes(&self) -> usize {
+        self.page_map_bytes + self.classes_bytes
+    }
+}
+
+impl core::fmt::Display for InitCost {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "source spans {} KiB: init takes {} KiB (page map {} KiB, size classes {} KiB{}), \
+             needs at least {} KiB",
+            self.span_bytes / 1024,
+            self.init_bytes() / 1024,
+            self.page_map_bytes / 1024,
+            self.classes_bytes / 1024,
+            if self.classes_on_first_use {
+                ": created on first use"
+            } else {
+                ""
+            },
+            self.min_source_bytes / 1024,
+        )
+    }
+}
+
+impl<P: Platform> Allocator<P> {
+    /// What [`Allocator::init`] would take from `source` with
+    /// [`Platform::max_cpus`] CPUs, and whether it is big enough (see
+    /// [`InitCost`] for the formula). `None` for an empty span.
+    pub fn init_cost(source: &dyn PageSource) -> Option<InitCost> {
+        let nr_cpus = P::max_cpus().max(1);
+        let (start, end) = source.span();
+        let base = start & !(PAGE_SIZE - 1);
+        let end = end.checked_next_multiple_of(PAGE_SIZE)?;
+        if end <= base {
+            return None;
+        }
+        let span_bytes = end - base;
+        let span_pages = span_bytes / PAGE_SIZE;
+        let page_map_bytes = crate::layout::pagemap::PageMap::pages_for(span_pages) * PAGE_SIZE;
+        let eager_bytes = NR_KMALLOC
+            * (core::mem::size_of::<KmemCache<P>>() + nr_cpus * core::mem::size_of::<PcpuCache>());
+        let classes_on_first_use = eager_bytes.saturating_mul(EAGER_DIV) > span_bytes;
+        let classes_bytes = if classes_on_first_use { 0 } else { eager_bytes };
+        Some(InitCost {
+            span_bytes,
+            page_map_bytes,
+            classes_bytes,
+            classes_on_first_use,
+            max_slab_pages: (span_pages / SLAB_PAGES_DIV).clamp(1, MAX_SLAB_PAGES),
+            min_source_bytes: page_map_bytes + classes_bytes + MIN_FREE_PAGES * PAGE_SIZE,
+        })
+    }
+
+    /// Fill the kmalloc slots (`init`): create every class, or on a small
+    /// source build the unborn stubs and point every slot at its own.
+    ///
+    /// # Errors
+    /// As for `cache_create` (out of memory).
+    pub(super) fn init_classes(&'static self, cost: &InitCost) -> Result<(), AllocError> {
+        if !cost.classes_on_first_use {
+            for index in 0..NR_KMALLOC {
+                let cache = self.create_class(index)?;
+                self.kmalloc[index].store(cache.cast_mut(), Ordering::Release);
+            }
+            return Ok(());
+        }
+        let primary = self.primary_source();
+        // SAFETY: INITIALIZING: this thread owns the init-only cells.
+        let nr_cpus = unsafe { *self.nr_cpus.get() };
+        let stubs = self.unborn.get().cast::<KmemCache<P>>();
+        for rank in 0..NR_UNBORN {
+            let align = 8 << rank;
+            let spec = CacheSpec {
+                name: "kmalloc-unborn",
+                // The stub's object size is the alignment it stands for.
+                size: align,
+                geometry: Geometry::new(align, align, CacheFlags::NOTRACE, false)?,
+                flags: CacheFlags::NOTRACE,
+                ctor: None,
+                dtor: None,
+                source: primary,
+                on_primary: false,
+                bootstrap: true,
+                permanent: true,
+                id: 0,
+                debug: None,
+            };
+            let stub =
+                KmemCache::construct(spec, self, self.page_map(), core::ptr::null_mut(), nr_cpus);
+            stub.set_hot(HotFlags::UNBORN);
+            // SAFETY: INITIALIZING; stub slot `rank` < NR_UNBORN is ours and
+            // nothing references it yet. Stubs are never linked or freed.
+            unsafe { stubs.add(rank).write(stub) };
+        }
+        for (index, &size) in KMALLOC_SIZES.iter().enumerate() {
+            let rank = natural_align(size).trailing_zeros() as usize - 3;
+            // SAFETY: just initialised, permanent (in the static).
+            let stub = unsafe { stubs.add(rank) };
+            self.kmalloc[index].store(stub, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Create size class `index` (`kmalloc-<size>`, naturally aligned).
+    fn create_class(&'static self, index: usize) -> Result<*const KmemCache<P>, AllocError> {
+        let size = KMALLOC_SIZES[index];
+        let mut name = NameBuf {
+            bytes: [0; 32],
+            len: 0,
+        };
+        // "kmalloc-8192" fits in 31 bytes.
+        let _ = write!(name, "kmalloc-{size}");
+        let cache = self.create_cache(
+            name.as_str(),
+            size,
+            natural_align(size),
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+            true,
+        )?;
+        Ok(cache)
+    }
+
+    /// Size class `index`, created now if it is still unborn.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] if creating it failed, or if the
+    /// allocator's locks stayed busy (this CPU holds them: a
+    /// `for_each_cache` callback, or an interrupt handler that interrupted
+    /// a class's creation).
+    pub(crate) fn kmalloc_class(&self, index: usize) -> Result<&'static KmemCache<P>, AllocError> {
+        let cache = self.kmalloc_cache(index);
+        if !cache.hot().contains(HotFlags::UNBORN) {
+            return Ok(cache);
+        }
+        // SAFETY: `init` takes `&'static self`: an allocator with a cache
+        // (the stub is one) lives forever.
+        let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
+        let Some(_guard) = spin_try(|| self.class_lock.try_lock()) else {
+            return Err(AllocError::OutOfMemory);
+        };
+        let cache = self.kmalloc_cache(index);
+        if !cache.hot().contains(HotFlags::UNBORN) {
+            return Ok(cache);
+        }
+        // Creating links the class under the cache-list lock: not if this
+        // CPU holds it (that would never return).
+        if spin_try(|| self.caches.try_lock()).is_none() {
+            return Err(AllocError::OutOfMemory);
+        }
+        let created = this.create_class(index)?;
+        self.kmalloc[index].store(created.cast_mut(), Ordering::Release);
+        // SAFETY: just created, permanent.
+        Ok(unsafe { &*created })
+    }
+
+    /// The first allocation of an unborn class, reached through `stub`
+    /// (`cache/hooks.rs`): create the class, allocate from it. Returns
+    /// the packed result (`cache::pack`).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn kmalloc_unborn(
+        &self,
+        stub: &KmemCache<P>,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        size: usize,
+    ) -> usize {
+        // The stub's object size is the natural alignment it stands for.
+        let align = stub.params.obj_size;
+        let result = match Self::kmalloc_index(size, align) {
+            Some(index) => self
+                .kmalloc_class(index)
+                .and_then(|cache| cache.alloc_with::<Result<NonNull<u8>, AllocError>>(tag, size)),
+            None => Err(AllocError::InvalidLayout),
+        };
+        pack(result)
+    }
+}
+
+/// `try_lock` until it succeeds, a bounded number of times (the lock may
+/// be held by this CPU, which spinning would never release).
+fn spin_try<T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
+    for _ in 0..(1 << 16) {
+        if let Some(guard) = try_lock() {
+            return Some(guard);
+        }
+        core::hint::spin_loop();
+    }
+    None
+}

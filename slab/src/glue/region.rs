@@ -1,0 +1,187 @@
+//! [`RegionSource`]: a page source over one already-mapped region.
+
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use spin::Mutex;
+
+use crate::platform::{ArenaStats, PAGE_SIZE, PageSource, Platform};
+use crate::{AllocError, IrqGuard};
+
+/// Pages one bitmap page covers (a bit a page).
+const PAGES_PER_BITMAP_PAGE: usize = PAGE_SIZE * 8;
+
+/// A [`PageSource`] over one region of memory that is already mapped
+/// (a hobby kernel's heap range): runs of contiguous pages, first fit,
+/// freed pages reused. `const`-constructible for a `static`; given its
+/// region once, by [`RegionSource::init`].
+///
+/// **Cost.** One bit a page, kept in the region's first pages (one page
+/// of bitmap per 128 MiB: a 100 KiB region gives 24 pages to the
+/// allocator), and a spin lock taken with interrupts off (through
+/// [`IrqGuard`]`<P>`, so an interrupt handler that allocates cannot find
+/// it held by the code it interrupted). An allocation scans the bitmap
+/// from the lowest page: fine for the few page allocations a slab
+/// allocator makes, not meant as a general physical memory manager.
+pub struct RegionSource<P: Platform> {
+    state: Mutex<Region>,
+    _platform: PhantomData<fn() -> P>,
+}
+
+/// The region and its bitmap.
+struct Region {
+    /// First page handed out (after the bitmap).
+    base: usize,
+    nr_pages: usize,
+    /// One bit a page, set while handed out; in the region's first pages.
+    bitmap: *mut u64,
+    nr_free: usize,
+    nr_allocs_ever: u64,
+}
+
+// SAFETY: `bitmap` points into the region, which `init`'s caller gave to
+// this source alone; it is only touched under the mutex.
+unsafe impl Send for Region {}
+
+impl<P: Platform> Default for RegionSource<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: Platform> RegionSource<P> {
+    /// A source with no memory until [`RegionSource::init`].
+    pub const fn new() -> Self {
+        RegionSource {
+            state: Mutex::new(Region {
+                base: 0,
+                nr_pages: 0,
+                bitmap: core::ptr::null_mut(),
+                nr_free: 0,
+                nr_allocs_ever: 0,
+            }),
+            _platform: PhantomData,
+        }
+    }
+
+    /// Give the source the `len` bytes at `start` (rounded inwards to
+    /// whole pages). The first `ceil(pages / 32768)` pages hold the
+    /// bitmap; the others are handed out.
+    ///
+    /// # Errors
+    /// [`AllocError::AlreadyInitialized`] the second time;
+    /// [`AllocError::InvalidLayout`] if fewer than two whole pages remain.
+    ///
+    /// # Safety
+    /// The region is mapped, readable and writable, and used by nothing
+    /// else from now on, for ever.
+    pub unsafe fn init(&self, start: usize, len: usize) -> Result<(), AllocError> {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        if !region.bitmap.is_null() {
+            return Err(AllocError::AlreadyInitialized);
+        }
+        let first = start
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(AllocError::InvalidLayout)?;
+        let end = start.checked_add(len).ok_or(AllocError::InvalidLayout)? & !(PAGE_SIZE - 1);
+        let nr_total = end.saturating_sub(first) / PAGE_SIZE;
+        let nr_bitmap_pages = nr_total.div_ceil(PAGES_PER_BITMAP_PAGE);
+        if nr_total < nr_bitmap_pages + 1 || first == 0 {
+            return Err(AllocError::InvalidLayout);
+        }
+        let bitmap = first as *mut u64;
+        // SAFETY: the region's first pages are ours (the caller's
+        // contract), page-aligned hence u64-aligned.
+        unsafe { core::ptr::write_bytes(bitmap, 0, nr_bitmap_pages * PAGE_SIZE / 8) };
+        *region = Region {
+            base: first + nr_bitmap_pages * PAGE_SIZE,
+            nr_pages: nr_total - nr_bitmap_pages,
+            bitmap,
+            nr_free: nr_total - nr_bitmap_pages,
+            nr_allocs_ever: 0,
+        };
+        Ok(())
+    }
+}
+
+impl Region {
+    fn is_used(&self, page: usize) -> bool {
+        // SAFETY: page < nr_pages: its word lies in the bitmap.
+        unsafe { *self.bitmap.add(page / 64) & (1 << (page % 64)) != 0 }
+    }
+
+    fn set(&mut self, pages: core::ops::Range<usize>, used: bool) {
+        for page in pages {
+            debug_assert!(page < self.nr_pages && self.is_used(page) != used);
+            // SAFETY: page < nr_pages (callers): its word is in the bitmap.
+            let word = unsafe { &mut *self.bitmap.add(page / 64) };
+            if used {
+                *word |= 1 << (page % 64);
+            } else {
+                *word &= !(1 << (page % 64));
+            }
+        }
+    }
+
+    /// The first run of `nr_pages` free pages.
+    fn find(&self, nr_pages: usize) -> Option<usize> {
+        let mut run = 0;
+        for page in 0..self.nr_pages {
+            if self.is_used(page) {
+                run = 0;
+            } else {
+                run += 1;
+                if run == nr_pages {
+                    return Some(page + 1 - nr_pages);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl<P: Platform> PageSource for RegionSource<P> {
+    fn name(&self) -> &str {
+        "region"
+    }
+
+    fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        if nr_pages == 0 || nr_pages > region.nr_free {
+            return Err(AllocError::OutOfMemory);
+        }
+        let first = region.find(nr_pages).ok_or(AllocError::OutOfMemory)?;
+        region.set(first..first + nr_pages, true);
+        region.nr_free -= nr_pages;
+        region.nr_allocs_ever += 1;
+        NonNull::new((region.base + first * PAGE_SIZE) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
+    unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        let addr = addr.as_ptr() as usize;
+        let first = (addr - region.base) / PAGE_SIZE;
+        debug_assert!(addr.is_multiple_of(PAGE_SIZE) && first + nr_pages <= region.nr_pages);
+        region.set(first..first + nr_pages, false);
+        region.nr_free += nr_pages;
+    }
+
+    fn span(&self) -> (usize, usize) {
+        let _irq = IrqGuard::<P>::new();
+        let region = self.state.lock();
+        (region.base, region.base + region.nr_pages * PAGE_SIZE)
+    }
+
+    fn stats(&self) -> ArenaStats {
+        let _irq = IrqGuard::<P>::new();
+        let region = self.state.lock();
+        ArenaStats {
+            total_bytes: region.nr_pages * PAGE_SIZE,
+            alloc_bytes: (region.nr_pages - region.nr_free) * PAGE_SIZE,
+            nr_allocs_ever: region.nr_allocs_ever,
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The allocator's reports as library functions: each writes plain text
+//! to any [`core::fmt::Write`], allocates nothing, and is what the Magpie
+//! shell prints (so an adopting kernel gets the same tools with one call).
+//!
+//! | Function | Shape (source of the format) |
+//! |---|---|
+//! | [`kmemstat`] | Akaros `kmemstat` (`kern/drivers/dev/mem.c`): arenas with the slab caches importing from them indented beneath; amounts in bytes |
+//! | [`slabinfo`] | Linux `/proc/slabinfo` version 2.1 (`mm/slab_common.c` `cache_show`), to the column |
+//! | [`allocinfo`] (feature `allocinfo`) | Linux `/proc/allocinfo` (`lib/alloc_tag.c`): live bytes and calls per code tag, with Linux's filters |
+//! | [`trace_print`], [`trace_print_all`] | Akaros `kmem_trace_print`: one block per outstanding object with its backtrace, then a by-site summary |
+//! | [`whatis`] | illumos mdb `::whatis`: cache, object and offset of an address, with the last transactions |
+//! | [`slabtop`] | Linux `slabtop(1)`'s columns, plus the magazine layer's hits, misses and depot contention |
+//!
+//! What the library cannot know comes in through [`ReportFormat`]: how a
+//! return address is symbolized and how [`Platform::now`] ticks convert
+//! to nanoseconds. Times for a person are written by [`Nanoseconds`]
+//! (ns, µs, ms or s, always with the unit).
+//!
+//! # Errors
+//!
+//! Every function returns the error of its sink (`fmt::Error`) as is and
+//! stops writing at the first one; [`allocinfo`] also refuses a row table
+//! too small for the tags. None of them panics or allocates.
+//!
+//! # Locks
+//!
+//! [`kmemstat`], [`slabinfo`] and [`slabtop`] write while the cache list
+//! is locked (as `/proc/slabinfo` does under `slab_mutex`): a sink that
+//! allocates from the allocator itself must not create or destroy a
+//! cache. [`trace_print`] writes with no allocator lock held (records are
+//! copied out a chunk at a time first), so its sink may allocate from the
+//! traced cache.
+//!
+//! A frame-pointer walker a [`Platform::backtrace`] may use is in
+//! [`backtrace`](mod@backtrace).
+//!
+//! [`Platform::now`]: crate::Platform::now
+//! [`Platform::backtrace`]: crate::Platform::backtrace
+//! [`ReportFormat`]: crate::report::ReportFormat
+
+#[cfg(feature = "allocinfo")]
+mod allocinfo;
+pub mod backtrace;
+mod kmemstat;
+mod slabinfo;
+mod slabtop;
+mod time;
+mod trace_print;
+mod whatis;
+
+#[cfg(feature = "allocinfo")]
+pub use self::allocinfo::{
+    ALLOCINFO_VERSION, ALLOCINFO_VERSION_ACCURACY, AllocinfoError, AllocinfoFilter,
+    AllocinfoOptions, AllocinfoRow, AllocinfoSort, allocinfo, write_allocinfo_header,
+    write_allocinfo_row,
+};
+pub use self::kmemstat::{
+    KMEMSTAT_NAME_WIDTH, KmemstatRow, kmemstat, write_kmemstat_caches, write_kmemstat_header,
+};
+pub use self::slabinfo::{slabinfo, write_slabinfo_header, write_slabinfo_line};
+pub use self::slabtop::{EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, slabtop};
+pub use self::time::Nanoseconds;
+pub use self::trace_print::{
+    EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, trace_print,
+    trace_print_all, write_trace_record,
+};
+pub use self::whatis::{WhatIsDisplay, whatis};

@@ -1,0 +1,233 @@
+//! Small heaps (issue 17): what `init` costs, a source too small refused
+//! with the figures, size classes created on first use, slabs no larger
+//! than the source allows, and the heap tests of a hobby kernel's
+//! 100 KiB heap, on one CPU.
+
+use std::boxed::Box;
+use std::collections::BTreeMap;
+use std::format;
+use std::vec::Vec;
+
+use super::support::*;
+use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform};
+
+/// One CPU (id 0), the emulated interrupts of CPU 0.
+pub(super) struct UpPlatform;
+
+// SAFETY: one CPU, id 0; every test thread using it acts as CPU 0
+// (`set_cpu(0)` in `up_setup`) and takes CPU 0's emulated interrupt lock,
+// so interrupts-off sections exclude each other; the default
+// cross_cpu_call is right for one CPU.
+unsafe impl Platform for UpPlatform {
+    fn max_cpus() -> usize {
+        1
+    }
+    fn cpu_id() -> usize {
+        0
+    }
+    fn irq_save() -> usize {
+        emulated_irq_save()
+    }
+    fn irq_restore(_state: usize) {
+        emulated_irq_restore()
+    }
+    fn now() -> u64 {
+        0
+    }
+    fn backtrace(_frames: &mut [usize]) -> usize {
+        0
+    }
+    fn context(_buf: &mut [u8; 32]) -> usize {
+        0
+    }
+}
+
+type UpAlloc = Allocator<UpPlatform>;
+
+/// A hobby kernel's heap: 100 KiB.
+const HEAP_PAGES: usize = 100 * 1024 / PAGE_SIZE;
+
+fn up_setup(nr_pages: usize) -> (&'static UpAlloc, &'static FakeSource) {
+    set_cpu(0);
+    let source = FakeSource::new(nr_pages);
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    alloc.init(source).expect("init");
+    (alloc, source)
+}
+
+#[test]
+fn init_takes_one_page_of_a_100_kib_heap() {
+    let (alloc, source) = up_setup(HEAP_PAGES);
+    let cost = UpAlloc::init_cost(source).unwrap();
+    std::println!("{cost}");
+    assert_eq!(
+        cost,
+        InitCost {
+            span_bytes: HEAP_PAGES * PAGE_SIZE,
+            page_map_bytes: PAGE_SIZE,
+            classes_bytes: 0,
+            classes_on_first_use: true,
+            max_slab_pages: 1,
+            min_source_bytes: (1 + MIN_FREE_PAGES) * PAGE_SIZE,
+        }
+    );
+    assert!(cost.init_bytes() <= 16 * 1024);
+    // What init took is what it said: the page map.
+    assert_eq!(source.pages_outstanding() * PAGE_SIZE, cost.init_bytes());
+    // No size class exists yet.
+    assert!(alloc.find_cache("kmalloc-64").is_none());
+}
+
+#[test]
+fn init_on_a_large_source_creates_the_classes_as_before() {
+    let (alloc, source) = up_setup(4096);
+    let cost = UpAlloc::init_cost(source).unwrap();
+    assert!(!cost.classes_on_first_use);
+    assert_eq!(cost.max_slab_pages, 8);
+    assert_eq!(
+        cost.classes_bytes,
+        64 * (core::mem::size_of::<crate::KmemCache<UpPlatform>>() + 64)
+    );
+    assert!(alloc.find_cache("kmalloc-64").is_some());
+    assert!(alloc.find_cache("kmalloc-8192").is_some());
+    // The struct and per-CPU arrays, in whole slabs, plus the page map.
+    let taken = source.pages_outstanding() * PAGE_SIZE;
+    assert!(
+        taken >= cost.init_bytes(),
+        "{taken} < {}",
+        cost.init_bytes()
+    );
+}
+
+#[test]
+fn init_refuses_a_source_too_small_with_the_figures() {
+    set_cpu(0);
+    let source = FakeSource::new(MIN_FREE_PAGES);
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    assert_eq!(alloc.init(source), Err(AllocError::SourceTooSmall));
+    assert!(!alloc.is_ready());
+    assert_eq!(source.pages_outstanding(), 0);
+    let cost = UpAlloc::init_cost(source).unwrap();
+    assert_eq!(
+        format!("{cost}"),
+        "source spans 64 KiB: init takes 4 KiB (page map 4 KiB, size classes 0 KiB: \
+         created on first use), needs at least 68 KiB"
+    );
+    assert!(format!("{}", AllocError::SourceTooSmall).contains("init_cost"));
+    // One page more is enough.
+    let source = FakeSource::new(MIN_FREE_PAGES + 1);
+    alloc.init(source).unwrap();
+}
+
+#[test]
+fn a_class_is_created_by_its_first_allocation() {
+    let (alloc, source) = up_setup(HEAP_PAGES);
+    let before = source.pages_outstanding();
+    let obj = alloc.kmalloc(832, 8).unwrap();
+    let cache = alloc
+        .find_cache("kmalloc-832")
+        .expect("created on first use");
+    let stats = cache.stats();
+    assert_eq!(
+        stats.nr_pages_per_slab, 1,
+        "one page, not 8, on a small heap"
+    );
+    assert_eq!(stats.nr_allocated, 1);
+    // The class's struct and per-CPU array (the metadata slabs they come
+    // from) and one page of objects; with the tag side array, well under
+    // the 20 KiB one 832-byte Vec took before.
+    let taken = source.pages_outstanding() - before;
+    assert!(taken <= 7, "the first kmalloc took {taken} pages");
+    // SAFETY: from kmalloc, not used again.
+    unsafe { alloc.kfree(obj) }.unwrap();
+    // Every class only once.
+    let again = alloc.kmalloc(832, 8).unwrap();
+    // SAFETY: as above.
+    unsafe { alloc.kfree(again) }.unwrap();
+    let mut nr_classes = 0;
+    alloc.for_each_cache(|cache| nr_classes += usize::from(cache.name() == "kmalloc-832"));
+    assert_eq!(nr_classes, 1);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn an_unborn_class_keeps_the_alignment_asked_for() {
+    let (alloc, _source) = up_setup(HEAP_PAGES);
+    // 24 bytes aligned to 16: kmalloc-32 (kmalloc-24 is 8-aligned), though
+    // the stub sees only the size.
+    let obj = alloc.kmalloc(24, 16).unwrap();
+    assert!((obj.as_ptr() as usize).is_multiple_of(16));
+    assert!(alloc.find_cache("kmalloc-32").is_some());
+    assert!(alloc.find_cache("kmalloc-24").is_none());
+    // SAFETY: from kmalloc, not used again.
+    unsafe { alloc.kfree(obj) }.unwrap();
+    for align in [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096] {
+        for size in [1, 24, 100, 1000, 3000, 5000, 8192] {
+            let obj = alloc.kmalloc(size, align).unwrap();
+            assert!(
+                (obj.as_ptr() as usize).is_multiple_of(align),
+                "{size} {align}"
+            );
+            assert!(alloc.ksize(obj).unwrap() >= size);
+            // SAFETY: as above.
+            unsafe { alloc.kfree(obj) }.unwrap();
+        }
+    }
+    // The public lookup creates the class too.
+    let cache = alloc.kmalloc_cache_for(40, 8).unwrap();
+    assert_eq!(cache.name(), "kmalloc-40");
+    alloc.check_invariants().unwrap();
+}
+
+/// The heap tests of a hobby kernel (blog_os `tests/heap_allocation.rs`)
+/// through the `core::alloc::Allocator` shim, on a 100 KiB source.
+#[test]
+fn hobby_kernel_heap_tests_fit_in_100_kib() {
+    let (alloc, source) = up_setup(HEAP_PAGES);
+    // A few boxes.
+    let a = Box::new_in(41_u64, alloc);
+    let b = Box::new_in(13_u64, alloc);
+    assert_eq!(*a + *b, 54);
+    drop((a, b));
+    // An 8 KiB Vec, grown an element at a time.
+    let mut vec = Vec::new_in(alloc);
+    for i in 0..1000_u64 {
+        vec.push(i);
+    }
+    assert_eq!(vec.iter().sum::<u64>(), 999 * 1000 / 2);
+    drop(vec);
+    // 10,000 boxes, one at a time.
+    for i in 0..10_000_usize {
+        let x = Box::new_in(i, alloc);
+        assert_eq!(*x, i);
+    }
+    // Long-lived boxes among them.
+    let long_lived = Box::new_in(1_usize, alloc);
+    let more: Vec<_, _> = (0..100).map(|i| Box::new_in(i, alloc)).collect::<Vec<_>>();
+    for i in 0..10_000_usize {
+        let x = Box::new_in(i, alloc);
+        assert_eq!(*x, i);
+    }
+    assert_eq!(*long_lived, 1);
+    drop(more);
+    // A BTreeMap churn.
+    let mut map = BTreeMap::new_in(alloc);
+    for round in 0..20_u64 {
+        for key in 0..500_u64 {
+            map.insert(key * 7919 % 1000, round + key);
+        }
+        for key in 0..250_u64 {
+            map.remove(&(key * 3));
+        }
+    }
+    assert!(!map.is_empty());
+    drop(map);
+    drop(long_lived);
+    alloc.check_invariants().unwrap();
+    std::println!(
+        "100 KiB heap: {} of {} pages used after the tests, {} pressure reaps",
+        source.pages_outstanding(),
+        HEAP_PAGES,
+        alloc.nr_pressure_reaps()
+    );
+}
