@@ -62,7 +62,7 @@ VOLATILE = [
     (r"\+0x[0-9a-f]+", r"\+0x[0-9a-f]+"),  # symbol offset
     (r"0x[0-9a-f]{6,16}", r"0x[0-9a-f]+"),  # address, checksum
     (r"\b[0-9a-f]{16}\b", r"[0-9a-f]{16}"),  # address without 0x (findleaks' BUFCTL)
-    (r"T\+\d+\.\d+s", r"T\+\d+\.\d+s"),
+    (r"T\+\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b", r"T\+\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b"),
     (r"\[ *\d+\.\d+\]", r"\[ *\d+\.\d+\]"),  # log timestamp
     (r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b", r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b"),
     (r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)", r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)"),
@@ -261,6 +261,7 @@ class ReadmeSessions(unittest.TestCase):
         self.assertIsNone(match_lines(["a 0xffff800000600000 at 12 ns", "...", "6 objects"],
                                       ["a 0xffff8000006f9040 at 128058896 ns", "x", "y", "6 objects"]))
         self.assertIsNotNone(match_lines(["6 objects"], ["7 objects"]))
+        self.assertIsNone(match_lines(["time=T+1.255 s  x"], ["time=T+844.347 ms  x"]))
         self.assertIsNone(match_lines(["6 objects   384 bytes"], ["7 objects 1384 bytes"], any_number=True))
         self.assertIsNotNone(match_lines(["kmalloc-64"], ["kmalloc-96"], any_number=True))
         self.assertIsNotNone(match_lines(["640 kernel/src/a.rs:122"], ["640 kernel/src/a.rs:125"], any_number=True))
