@@ -201,7 +201,7 @@ const STACK_TABLE_BYTES: usize = STACK_BUCKETS * 4 + MAX_STACKS * MAX_STACK_DEPT
 
 /// Caches destroyed since the record started whose CACHE records a dump
 /// still writes (the oldest are forgotten beyond this many).
-const MAX_DESTROYED_CACHES: usize = 64;
+const MAX_DESTROYED_CACHES: usize = 16;
 
 /// A destroyed cache's CACHE record, its name copied (the cache's own
 /// storage is freed with it).

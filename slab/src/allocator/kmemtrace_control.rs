@@ -102,7 +102,7 @@ impl<P: Platform> Allocator<P> {
 
     /// Write a dump of the record to `sink`, in pieces: the header, a
     /// CACHE record per cache (and per cache destroyed since the record
-    /// started, the last 64, so their events keep their cache's name),
+    /// started, the last 16, so their events keep their cache's name),
     /// the stacks, each CPU's events (one record per sub-buffer, timestamps
     /// converted with `info.ticks_to_ns`), the trailer with the CRC-32 of
     /// everything before it. May run while recording: each ring is read up
