@@ -52,7 +52,7 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use magpie_kmemtrace_format::DumpWriter;
+use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
@@ -234,6 +234,27 @@ struct DestroyedCaches {
     nr_noted: usize,
 }
 
+/// Marks (shell command lines) a record keeps; later ones are counted
+/// and dropped.
+const MAX_MARKS: usize = 32;
+/// Bytes of a mark's text kept.
+const MARK_TEXT: usize = 64;
+
+/// One mark: when (ticks), on which CPU, what.
+#[derive(Clone, Copy)]
+struct Mark {
+    ticks: u64,
+    cpu: u32,
+    text: [u8; MARK_TEXT],
+    text_len: usize,
+}
+
+/// The marks of the current record.
+struct Marks {
+    entries: [Mark; MAX_MARKS],
+    nr_marks: usize,
+}
+
 /// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
 pub(crate) struct Kmemtrace {
     /// `nr_rings` cache-line aligned [`CpuRing`]s; null before the first
@@ -257,6 +278,8 @@ pub(crate) struct Kmemtrace {
     /// Caches destroyed during the record, so that the dump still names
     /// their events' cache (cold path: cache destroy and dump only).
     destroyed: spin::Mutex<DestroyedCaches>,
+    /// What the platform marked during the record (cold path).
+    marks: spin::Mutex<Marks>,
 }
 
 // SAFETY: the raw pointers are to memory owned by the recorder for its
@@ -295,7 +318,39 @@ impl Kmemtrace {
                 entries: [DestroyedCache::EMPTY; MAX_DESTROYED_CACHES],
                 nr_noted: 0,
             }),
+            marks: spin::Mutex::new(Marks {
+                entries: [Mark {
+                    ticks: 0,
+                    cpu: 0,
+                    text: [0; MARK_TEXT],
+                    text_len: 0,
+                }; MAX_MARKS],
+                nr_marks: 0,
+            }),
         }
+    }
+
+    /// Note `text` (a shell command line) at this time on this CPU, for
+    /// the dump's MARK records; nothing unless recording; the first
+    /// `MAX_MARKS` of a record, `MARK_TEXT` bytes of each, are kept.
+    pub(crate) fn mark<P: Platform>(&self, text: &str) {
+        if !self.is_recording() {
+            return;
+        }
+        let mut marks = self.marks.lock();
+        let index = marks.nr_marks;
+        let Some(entry) = marks.entries.get_mut(index) else {
+            return;
+        };
+        let mut text_len = text.len().min(MARK_TEXT);
+        while !text.is_char_boundary(text_len) {
+            text_len -= 1;
+        }
+        entry.ticks = P::now();
+        entry.cpu = P::cpu_id() as u32;
+        entry.text[..text_len].copy_from_slice(&text.as_bytes()[..text_len]);
+        entry.text_len = text_len;
+        marks.nr_marks += 1;
     }
 
     /// Keep a cache's CACHE record past its destruction, for the dump of
@@ -388,6 +443,7 @@ impl Kmemtrace {
         }
         self.nr_stacks_dropped.store(0, Ordering::Relaxed);
         self.destroyed.lock().nr_noted = 0;
+        self.marks.lock().nr_marks = 0;
         for ring in self.rings() {
             ring.nr_written.store(0, Ordering::Release);
             ring.seq.store(0, Ordering::Relaxed);
@@ -611,6 +667,16 @@ impl Kmemtrace {
                     align: entry.align,
                     flags: entry.flags,
                     name: core::str::from_utf8(&entry.name[..entry.name_len]).unwrap_or("?"),
+                });
+            }
+        }
+        {
+            let marks = self.marks.lock();
+            for mark in &marks.entries[..marks.nr_marks] {
+                out.mark(&MarkRecord {
+                    timestamp_ns: (info.ticks_to_ns)(mark.ticks),
+                    cpu: mark.cpu,
+                    text: core::str::from_utf8(&mark.text[..mark.text_len]).unwrap_or("?"),
                 });
             }
         }

@@ -387,13 +387,18 @@ class KmemtraceSession(unittest.TestCase):
         code, out, err = self.magpie_kmem("export", "--format", "chrome")
         self.assertEqual(code, 0, err)
         trace = json.loads(out)
-        instants = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] != "record start"]
+        instants = [e for e in trace["traceEvents"] if e["ph"] == "i" and e.get("cat") == "kmem"]
         self.assertEqual(len(instants), len(events))
         self.assertEqual({e["tid"] for e in instants}, {e["cpu"] for e in events})
         for e in trace["traceEvents"]:
             self.assertIn(e["ph"], "MiC")
             if e["ph"] != "M":
                 self.assertGreaterEqual(e["ts"], 0)
+        # The shell's command lines typed while recording are markers (MARK
+        # records), in order.
+        marks = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "shell"]
+        self.assertEqual(marks, ["kmalloc 100 10", "kfree 4", "kmalloc 4000 3", "stress --cpus all --ops 3000",
+                                 "kmemtrace record stop"])
         counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "live bytes kmalloc-4096"]
         self.assertEqual(counters[-1]["args"]["bytes"], 3 * 4096, "kmalloc 4000 3 still held at the end")
 

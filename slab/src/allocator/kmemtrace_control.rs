@@ -116,6 +116,15 @@ impl<P: Platform> Allocator<P> {
         self.kmemtrace.dump(info, &mut caches, sink)
     }
 
+    /// Mark what happens now (a shell command line) in the record: the
+    /// dump carries it as a MARK record (time, CPU, the first 64 bytes),
+    /// which `magpie-kmem` draws as a marker on its timeline and Chrome
+    /// trace. Nothing while not recording; at most 32 marks per record.
+    /// Takes a lock: not for hot paths.
+    pub fn kmemtrace_mark(&self, text: &str) {
+        self.kmemtrace.mark::<P>(text);
+    }
+
     /// Keep `cache`'s CACHE record for the dump of the current record
     /// (cold: `KmemCache::destroy` calls it once, before the name goes).
     pub(crate) fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>) {

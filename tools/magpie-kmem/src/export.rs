@@ -9,8 +9,9 @@
 //!   arguments; each cache's live bytes a counter track (`ph: "C"`,
 //!   `live bytes CACHE`), one sample per change. Times are microseconds
 //!   since `record start` (the format's unit; fractional, so ns survive).
-//!   The dump format has no record of shell commands yet, so there are no
-//!   command markers; `record start` is one global instant event.
+//!   The shell's command lines (MARK records) and `record start` are
+//!   global instant events (`s: "g"`, category `shell`): markers across
+//!   every track.
 //! - **speedscope** (its published JSON schema, `file-format-schema.json`):
 //!   one `sampled` profile in `bytes`, one sample per distinct stack
 //!   weighted by the bytes it allocated (or, `live`, still holds), the
@@ -112,6 +113,14 @@ pub fn chrome(dump: &Dump, sym: &Symbolizer) -> Value {
     events.push(json!({
         "ph": "i", "s": "g", "pid": PID, "tid": 0, "ts": 0.0, "name": "record start"
     }));
+    // What the shell ran, as global markers (Perfetto draws them across
+    // every track).
+    for mark in &dump.marks {
+        events.push(json!({
+            "ph": "i", "s": "g", "pid": PID, "tid": mark.cpu, "cat": "shell",
+            "ts": micros(dump, mark.timestamp_ns), "name": mark.text,
+        }));
+    }
     let mut names: BTreeMap<u64, String> = BTreeMap::new();
     let mut live: BTreeMap<u32, i64> = BTreeMap::new();
     let mut sizes: BTreeMap<u64, (u32, u64)> = BTreeMap::new();

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::analysis::Replay;
 use crate::dump::{DecodedEvent, Dump};
@@ -293,20 +294,43 @@ fn axis_unit(max: f64) -> (&'static str, f64) {
     }
 }
 
+/// A marker on the timeline: what the shell ran, and when (ns since
+/// record start).
+pub struct Marker {
+    /// Nanoseconds since `record start`.
+    pub at_ns: u64,
+    /// The command line.
+    pub text: String,
+}
+
+/// The dump's MARK records as timeline markers.
+pub fn markers(dump: &Dump) -> Vec<Marker> {
+    let start = dump.header.record_start_ns;
+    dump.marks
+        .iter()
+        .map(|mark| Marker {
+            at_ns: mark.timestamp_ns.saturating_sub(start),
+            text: mark.text.clone(),
+        })
+        .collect()
+}
+
 /// Writes the timeline SVG: live bytes per cache (or per call site) over
-/// time, the y axis in bytes, KiB or MiB, the legend beside the plot.
+/// time, the y axis in bytes, KiB or MiB, the legend beside the plot, a
+/// dashed line and a label for each command the shell ran (`marks`).
 /// Errors: nothing to draw, or plotters'.
 ///
 /// # Errors
 ///
 /// A message when there is nothing to draw, or plotters' error as text.
-pub fn timeline(series: &[Series], by: TimelineBy) -> Result<String, String> {
+pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<String, String> {
     if series.is_empty() {
         return Err("the record holds no allocation: nothing to draw".into());
     }
     let end_ns = series
         .iter()
         .filter_map(|s| s.points.last().map(|p| p.0))
+        .chain(marks.iter().map(|m| m.at_ns))
         .max()
         .unwrap_or(0)
         .max(1);
@@ -351,6 +375,34 @@ pub fn timeline(series: &[Series], by: TimelineBy) -> Result<String, String> {
             .y_label_formatter(&|v| format!("{v:.decimals$}"))
             .draw()
             .map_err(|e| err(&e))?;
+        let grey = RGBColor(120, 120, 120);
+        for (i, mark) in marks.iter().enumerate() {
+            let x = mark.at_ns as f64 / scale;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(x, 0.0), (x, y_max)],
+                    4,
+                    3,
+                    grey.stroke_width(1),
+                ))
+                .map_err(|e| err(&e))?;
+            // Labels take turns at four heights so neighbours do not overlap.
+            // (Right of its line, or left of it in the last fifth.)
+            let label: String = mark.text.chars().take(28).collect();
+            let y = y_max * (0.98 - 0.045 * (i % 4) as f64);
+            let side = if x > 0.8 * x_max {
+                HPos::Right
+            } else {
+                HPos::Left
+            };
+            let style = ("sans-serif", 11)
+                .into_font()
+                .color(&grey)
+                .pos(Pos::new(side, VPos::Top));
+            chart
+                .draw_series(std::iter::once(Text::new(label, (x, y), style)))
+                .map_err(|e| err(&e))?;
+        }
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let mut points: Vec<(f64, f64)> = Vec::with_capacity(s.points.len() * 2 + 1);

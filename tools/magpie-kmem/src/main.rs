@@ -341,7 +341,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
                 }
                 other => return Err(format!("--by {other}: cache or site")),
             };
-            let svg = graphs::timeline(&series, by)?;
+            let svg = graphs::timeline(&series, by, &graphs::markers(&dump))?;
             write_output(output, svg.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }

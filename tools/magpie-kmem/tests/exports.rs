@@ -449,3 +449,54 @@ fn flamegraph_can_label_sites_with_their_caches() {
     let text = svg(&dir, &["flamegraph", "l.kmt"], "leaf.svg");
     assert!(text.contains("[kmalloc-8] (8 bytes"));
 }
+
+/// A MARK record body: `timestamp_ns u64, cpu u32, text_len u32, text`.
+fn mark_body(ns: u64, cpu: u32, text: &str) -> Vec<u8> {
+    let mut body = ns.to_le_bytes().to_vec();
+    body.extend_from_slice(&cpu.to_le_bytes());
+    body.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    body.extend_from_slice(text.as_bytes());
+    body
+}
+
+#[test]
+fn shell_commands_are_markers_in_the_trace_and_on_the_timeline() {
+    let dir = scratch("markers");
+    let mut d = scenario();
+    d.raw_record(4, &mark_body(3_000, 0, "kmalloc 100 2"))
+        .raw_record(4, &mark_body(1_500, 1, "kmemtrace record start"));
+    write(&dir, "m.kmt", &d.build());
+    let value: Value =
+        serde_json::from_str(&export(&dir, &["--format", "chrome", "m.kmt"])).unwrap();
+    let marks: Vec<(&str, f64, &str)> = value["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "shell")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["ts"].as_f64().unwrap(),
+                e["s"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // By time, µs since record start (1,000 ns), global markers.
+    assert_eq!(
+        marks,
+        [
+            ("kmemtrace record start", 0.5, "g"),
+            ("kmalloc 100 2", 2.0, "g")
+        ]
+    );
+    let text = svg(&dir, &["timeline", "m.kmt"], "t.svg");
+    assert!(text.contains("kmalloc 100 2"), "the marker's label");
+    // check reads a dump with marks as sound (not an unknown record).
+    let o = run(&dir, &["check", "--no-symbols", "m.kmt"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("0 of unknown kind skipped"),
+        "{}",
+        stdout(&o)
+    );
+}

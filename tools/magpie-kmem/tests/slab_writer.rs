@@ -312,3 +312,55 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
     let o = run(&dir, &["check", "--no-symbols", "d.kmt"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+static MARKED: Allocator<HostPlatform> = Allocator::new();
+
+/// `Allocator::kmemtrace_mark` while recording becomes a MARK record the
+/// tool shows as a marker; marks before the start are not kept.
+#[test]
+fn marks_made_while_recording_reach_the_dump() {
+    set_cpu(0);
+    MARKED.init(HostPages::leak(64 << 20)).unwrap();
+    MARKED.kmemtrace_mark("before the record");
+    let config = KmemtraceConfig {
+        nr_subbufs: 4,
+        ..Default::default()
+    };
+    MARKED.kmemtrace_start(config).unwrap();
+    MARKED.kmemtrace_mark("kmalloc 100 1");
+    set_caller(SITE_A);
+    let p = MARKED.kmalloc(100, 8).unwrap();
+    set_cpu(1);
+    MARKED.kmemtrace_mark("kfree all");
+    // SAFETY: from kmalloc, freed once.
+    unsafe { MARKED.kfree(p) }.unwrap();
+    set_cpu(0);
+    MARKED.kmemtrace_stop();
+    let dir = scratch("slab_writer_marks");
+    write(&dir, "m.kmt", &dump(&MARKED));
+    let o = run(
+        &dir,
+        &["export", "--no-symbols", "--format", "chrome", "m.kmt"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let marks: Vec<(String, u64)> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "shell")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["tid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            ("kmalloc 100 1".to_string(), 0),
+            ("kfree all".to_string(), 1)
+        ]
+    );
+}
