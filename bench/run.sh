@@ -7,8 +7,10 @@
 # Builds magpie-bench twice with the `bench-release` profile (release, one
 # codegen unit; Cargo.toml) (plain, and with magpie-slab's alloc-profiling
 # in target/bench-prof), then runs `magpie-bench suite`: callgrind
-# instruction counts, wall clock (interleaved rounds, 1 and 2 threads),
-# profiling out / in-off / on, memory workloads. The report goes to stdout,
+# instruction counts, CPU time (fresh processes at two N, interleaved and
+# shuffled rounds), wall clock at 1 and 2 threads,
+# profiling out / in-off / on, memory workloads, and the kernel hit counted
+# in QEMU (tests/kernel_hit.rs). The report goes to stdout,
 # target/bench/results.md, and between the markers of docs/BENCHMARKS.md.
 #
 # valgrind (for the instruction counts) is a benchmark-only tool: this
@@ -31,6 +33,23 @@ extra=()
 if ! command -v valgrind >/dev/null; then
     echo "run.sh: valgrind not found and not installable here: no instruction counts" >&2
     extra+=(--no-callgrind)
+fi
+# The kernel hit counted exactly in QEMU (tests/kernel_hit.rs, trap-flag
+# single-stepping): its KERNEL_HIT lines become the suite's kernel row.
+# Release build (the kernel's), booted with profiling off and on.
+mkdir -p target/bench
+: >target/bench/kernel-hit.txt
+for profiling in 0 1; do
+    if command -v qemu-system-x86_64 >/dev/null \
+        && MAGPIE_APPEND=mem_profiling=$profiling cargo test -q --release -p magpie --test kernel_hit \
+            >target/bench/kernel-hit.log 2>&1; then
+        grep -o 'KERNEL_HIT .*' target/bench/kernel-hit.log >>target/bench/kernel-hit.txt || true
+    else
+        echo "run.sh: the QEMU kernel-hit count failed or QEMU is missing (target/bench/kernel-hit.log)" >&2
+    fi
+done
+if [ -s target/bench/kernel-hit.txt ]; then
+    extra+=(--kernel-hit target/bench/kernel-hit.txt)
 fi
 doc=${BENCH_DOC-docs/BENCHMARKS.md}
 if [ -n "$doc" ]; then

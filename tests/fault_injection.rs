@@ -383,6 +383,13 @@ fn bad_fault_commands_are_one_error_line_and_change_nothing() {
             "no fault point matches 'nowhere.rs:1'",
         ),
         ("fault no_such_function oneshot", "no fault point matches"),
+        // Patterns are whole path components (`:` is in every path but is
+        // none); numbers are written as the shell's others (issue 19).
+        ("fault : enable", "no fault point matches ':'"),
+        ("fault she enable", "no fault point matches 'she'"),
+        ("fault cmd_kmalloc probability .5", "probability P"),
+        ("fault cmd_kmalloc probability 50.", "probability P"),
+        ("fault cmd_kmalloc every +5", "every N: N is a whole number"),
         (
             "fault list nothing-matches",
             "no fault point matches 'nothing-matches'",

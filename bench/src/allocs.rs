@@ -50,20 +50,22 @@ pub trait BenchAlloc: Sync + 'static {
     /// # Safety
     /// As `GlobalAlloc::realloc`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8;
-    /// Allocate one `OBJ` (`magpie-cache`: from a 64-byte `kmem_cache`).
+    /// Allocate one object of `layout` (always [`OBJ`], passed at run
+    /// time by the workloads; `magpie-cache`: from a 64-byte `kmem_cache`,
+    /// which takes no layout).
     #[inline(always)]
-    fn obj_alloc(&self) -> *mut u8 {
+    fn obj_alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: OBJ has non-zero size.
-        unsafe { self.alloc(OBJ) }
+        unsafe { self.alloc(layout) }
     }
-    /// Free one `OBJ`.
+    /// Free one object of `layout`.
     ///
     /// # Safety
-    /// `ptr` came from `obj_alloc` of this allocator.
+    /// `ptr` came from `obj_alloc(layout)` of this allocator.
     #[inline(always)]
-    unsafe fn obj_free(&self, ptr: *mut u8) {
+    unsafe fn obj_free(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: per our caller.
-        unsafe { self.free(ptr, OBJ) }
+        unsafe { self.free(ptr, layout) }
     }
     /// What the allocator offers to hand free memory back to its source,
     /// called once by the memory workloads after the frees (magpie:
@@ -122,20 +124,46 @@ pub mod call {
         // SAFETY: per our caller.
         unsafe { a.realloc(ptr, layout, new_size) }
     }
-    /// `a.obj_alloc()`, out of line.
+    /// `a.obj_alloc(layout)`, out of line: the layout is a run-time
+    /// value inside, as `__rust_alloc` gets it (the workloads pass
+    /// [`obj_layout`]).
     #[inline(never)]
-    pub fn obj_alloc<A: BenchAlloc>(a: &A) -> *mut u8 {
-        a.obj_alloc()
+    pub fn obj_alloc<A: BenchAlloc>(a: &A, layout: Layout) -> *mut u8 {
+        a.obj_alloc(layout)
     }
-    /// `a.obj_free(ptr)`, out of line.
+    /// `a.obj_free(ptr, layout)`, out of line.
     ///
     /// # Safety
     /// As [`BenchAlloc::obj_free`].
     #[inline(never)]
-    pub unsafe fn obj_free<A: BenchAlloc>(a: &A, ptr: *mut u8) {
+    pub unsafe fn obj_free<A: BenchAlloc>(a: &A, ptr: *mut u8, layout: Layout) {
         // SAFETY: per our caller.
-        unsafe { a.obj_free(ptr) }
+        unsafe { a.obj_free(ptr, layout) }
     }
+    /// `a.obj_alloc(OBJ)` with the layout a constant inside the call, so
+    /// a Rust allocator's size-class lookup folds away (a C allocator
+    /// behind FFI cannot fold it): the labelled `pair64-const` row only.
+    #[inline(never)]
+    pub fn obj_alloc_const<A: BenchAlloc>(a: &A) -> *mut u8 {
+        a.obj_alloc(OBJ)
+    }
+    /// `a.obj_free(ptr, OBJ)`, the layout a constant inside the call.
+    ///
+    /// # Safety
+    /// As [`BenchAlloc::obj_free`].
+    #[inline(never)]
+    pub unsafe fn obj_free_const<A: BenchAlloc>(a: &A, ptr: *mut u8) {
+        // SAFETY: per our caller.
+        unsafe { a.obj_free(ptr, OBJ) }
+    }
+}
+
+/// [`OBJ`] as a run-time value: the compiler cannot see through it, so
+/// every allocator gets the 64-byte layout the way `__rust_alloc` passes
+/// a layout, and none can fold its size-class lookup away.
+#[inline(always)]
+pub fn obj_layout() -> Layout {
+    std::hint::black_box(OBJ)
 }
 
 /// Any `GlobalAlloc` is a `BenchAlloc`; `give_back` is the allocator's own
@@ -263,7 +291,7 @@ impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
         unsafe { P::allocator().realloc(ptr, layout, new_size) }
     }
     #[inline(always)]
-    fn obj_alloc(&self) -> *mut u8 {
+    fn obj_alloc(&self, layout: Layout) -> *mut u8 {
         if CACHE {
             match self.cache.alloc() {
                 Ok(ptr) => ptr.as_ptr(),
@@ -271,17 +299,17 @@ impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
             }
         } else {
             // SAFETY: OBJ has non-zero size.
-            unsafe { self.alloc(OBJ) }
+            unsafe { self.alloc(layout) }
         }
     }
     #[inline(always)]
-    unsafe fn obj_free(&self, ptr: *mut u8) {
+    unsafe fn obj_free(&self, ptr: *mut u8, layout: Layout) {
         if CACHE {
             // SAFETY: per our caller: an object of this cache.
             let _ = unsafe { self.cache.free(NonNull::new_unchecked(ptr)) };
         } else {
             // SAFETY: per our caller.
-            unsafe { self.free(ptr, OBJ) }
+            unsafe { self.free(ptr, layout) }
         }
     }
     fn idle(&self) -> Option<&'static str> {

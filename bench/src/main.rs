@@ -270,10 +270,12 @@ fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, std::time
     };
     match opts.workload.as_str() {
         "pair64" => workloads::run_threads(a, threads, |a, _| workloads::pair64(a, n)),
+        "pair64-const" => workloads::run_threads(a, threads, |a, _| workloads::pair64_const(a, n)),
         "pair64-fault" => workloads::run_threads(a, threads, |a, _| workloads::pair64_fault(a, n)),
         "mixed" => window(Sizes::Small),
         "mixed-8k" => window(Sizes::Large),
         "align" => window(Sizes::Aligned),
+        "align-4k" => window(Sizes::PageAligned),
         "realloc-same" => workloads::run_threads(a, threads, |a, _| workloads::realloc_same(a, n)),
         "realloc-grow" => workloads::run_threads(a, threads, |a, _| workloads::realloc_grow(a, n)),
         "batch" => workloads::run_threads(a, threads, |a, _| {

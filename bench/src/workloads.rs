@@ -1,7 +1,10 @@
 //! The workloads. Each returns how many operations it did; what an
 //! operation is per workload is in [`WORKLOADS`] (and docs/BENCHMARKS.md).
 //! Every allocator call goes through [`crate::allocs::call`] (one
-//! out-of-line function per call, as `__rust_alloc` is).
+//! out-of-line function per call, as `__rust_alloc` is), with the layout
+//! a run-time value for every allocator (the 64-byte workloads pass
+//! [`obj_layout`]); only the labelled `pair64-const` row passes a
+//! constant layout.
 
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
@@ -10,7 +13,7 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::allocs::{BenchAlloc, call};
+use crate::allocs::{BenchAlloc, call, obj_layout};
 
 /// One workload: its name, what one operation is, and whether it runs on
 /// 2 threads in the scaling table.
@@ -35,6 +38,12 @@ pub const WORKLOADS: &[Workload] = &[
         obj: true,
     },
     Workload {
+        name: "pair64-const",
+        op: "the same pair, layout a constant inside the call (folded by Rust allocators, not by C ones)",
+        two_threads: false,
+        obj: true,
+    },
+    Workload {
         name: "mixed",
         op: "alloc or free, 8–512 B",
         two_threads: true,
@@ -49,6 +58,12 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "align",
         op: "alloc or free, 8–512 B, align 16–256",
+        two_threads: false,
+        obj: false,
+    },
+    Workload {
+        name: "align-4k",
+        op: "alloc or free, 8–512 B, align 512–4096",
         two_threads: false,
         obj: false,
     },
@@ -131,6 +146,8 @@ pub enum Sizes {
     Large,
     /// Uniform 8..=512 B, align 16, 32, 64, 128 or 256.
     Aligned,
+    /// Uniform 8..=512 B, align 512, 1024, 2048 or 4096.
+    PageAligned,
 }
 
 impl Sizes {
@@ -145,6 +162,7 @@ impl Sizes {
                 (low + ((r >> 16) as usize % (low + 1)), 8)
             }
             Sizes::Aligned => (mixed_size(r), 16 << ((r >> 40) % 5)),
+            Sizes::PageAligned => (mixed_size(r), 512 << ((r >> 40) % 4)),
         };
         // SAFETY: align is a power of two; size is small.
         unsafe { Layout::from_size_align_unchecked(size, align) }
@@ -164,14 +182,30 @@ pub fn mixed_layout(size: usize) -> Layout {
     unsafe { Layout::from_size_align_unchecked(size, 8) }
 }
 
-/// `n` alloc+free pairs of one 64-byte object (the magazine hit path).
+/// `n` alloc+free pairs of one 64-byte object (the magazine hit path),
+/// the layout passed at run time.
 #[inline(never)]
 pub fn pair64<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    let layout = obj_layout();
     for _ in 0..n {
-        let p = call::obj_alloc(a);
+        let p = call::obj_alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
         // SAFETY: just allocated.
-        unsafe { call::obj_free(a, black_box(p)) };
+        unsafe { call::obj_free(a, black_box(p), layout) };
+    }
+    n
+}
+
+/// [`pair64`] with the layout a constant inside each call (the labelled
+/// `pair64-const` row: what a Rust allocator gives when the compiler
+/// folds its size-class lookup; a C allocator behind FFI cannot fold).
+#[inline(never)]
+pub fn pair64_const<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    for _ in 0..n {
+        let p = call::obj_alloc_const(a);
+        assert!(!p.is_null(), "out of memory");
+        // SAFETY: just allocated.
+        unsafe { call::obj_free_const(a, black_box(p)) };
     }
     n
 }
@@ -182,15 +216,16 @@ pub fn pair64<A: BenchAlloc>(a: &A, n: u64) -> u64 {
 /// disabled point's cost. Not in [`WORKLOADS`].
 #[inline(never)]
 pub fn pair64_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
+    let layout = obj_layout();
     for _ in 0..n {
         let p = if magpie_codetag::dynamic_fault!(Memory) {
             std::ptr::null_mut()
         } else {
-            call::obj_alloc(a)
+            call::obj_alloc(a, layout)
         };
         assert!(!p.is_null(), "out of memory");
         // SAFETY: just allocated.
-        unsafe { call::obj_free(a, black_box(p)) };
+        unsafe { call::obj_free(a, black_box(p), layout) };
     }
     n
 }
@@ -256,13 +291,13 @@ pub fn mixed<A: BenchAlloc>(a: &A, m: &mut Mixed, steps: u64) -> u64 {
 /// after each.
 #[inline(never)]
 pub fn realloc_same<A: BenchAlloc>(a: &A, n: u64) -> u64 {
-    let mut layout = mixed_layout(40);
+    let mut layout = mixed_layout(black_box(40));
     let mut p = call::alloc(a, layout);
     assert!(!p.is_null(), "out of memory");
     for i in 0..n {
         let new_size = if layout.size() == 40 { 56 } else { 40 };
         // SAFETY: p is live with `layout`.
-        p = unsafe { call::realloc(a, black_box(p), layout, new_size) };
+        p = unsafe { call::realloc(a, black_box(p), layout, black_box(new_size)) };
         assert!(!p.is_null(), "out of memory");
         layout = mixed_layout(new_size);
         // SAFETY: p has new_size >= 1 bytes.
@@ -282,13 +317,13 @@ pub const GROW_STEPS: u64 = 8;
 #[inline(never)]
 pub fn realloc_grow<A: BenchAlloc>(a: &A, chains: u64) -> u64 {
     for _ in 0..chains {
-        let mut layout = mixed_layout(16);
+        let mut layout = mixed_layout(black_box(16));
         let mut p = call::alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
         for _ in 0..GROW_STEPS {
             let new_size = layout.size() * 2;
             // SAFETY: p is live with `layout`.
-            p = unsafe { call::realloc(a, black_box(p), layout, new_size) };
+            p = unsafe { call::realloc(a, black_box(p), layout, black_box(new_size)) };
             assert!(!p.is_null(), "out of memory");
             layout = mixed_layout(new_size);
             // SAFETY: p has new_size bytes.
@@ -306,15 +341,16 @@ pub fn realloc_grow<A: BenchAlloc>(a: &A, chains: u64) -> u64 {
 /// allocations come back from there. Returns operations (allocs + frees).
 #[inline(never)]
 pub fn batch<A: BenchAlloc>(a: &A, objs: &mut [*mut u8], rounds: u64) -> u64 {
+    let layout = obj_layout();
     for _ in 0..rounds {
         for slot in objs.iter_mut() {
-            let p = call::obj_alloc(a);
+            let p = call::obj_alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
             *slot = p;
         }
         for &p in black_box(&*objs).iter() {
             // SAFETY: allocated above.
-            unsafe { call::obj_free(a, p) };
+            unsafe { call::obj_free(a, p, layout) };
         }
     }
     rounds * 2 * objs.len() as u64
@@ -326,15 +362,16 @@ pub fn batch<A: BenchAlloc>(a: &A, objs: &mut [*mut u8], rounds: u64) -> u64 {
 pub fn cross_free_local<A: BenchAlloc>(a: &A, objects: u64) -> u64 {
     let mut batch = [std::ptr::null_mut::<u8>(); CROSS_BATCH];
     let batches = objects / CROSS_BATCH as u64;
+    let layout = obj_layout();
     for _ in 0..batches {
         for slot in batch.iter_mut() {
-            let p = call::obj_alloc(a);
+            let p = call::obj_alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
             *slot = p;
         }
         for &p in black_box(&batch).iter() {
             // SAFETY: allocated above.
-            unsafe { call::obj_free(a, p) };
+            unsafe { call::obj_free(a, p, layout) };
         }
     }
     batches * CROSS_BATCH as u64
@@ -419,6 +456,7 @@ fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
     let (start, end) = std::thread::scope(|s| {
         let producer = s.spawn(move || {
             a.thread_init(0);
+            let layout = obj_layout();
             barrier.wait();
             let start = Instant::now();
             for i in 0..batches as usize {
@@ -427,7 +465,7 @@ fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
                 // SAFETY: the slot is empty: ours until we set `full`.
                 let batch = unsafe { &mut *slot.batch.get() };
                 for p in batch.iter_mut() {
-                    let obj = call::obj_alloc(a);
+                    let obj = call::obj_alloc(a, layout);
                     assert!(!obj.is_null(), "out of memory");
                     *p = obj;
                 }
@@ -437,6 +475,7 @@ fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
         });
         let consumer = s.spawn(move || {
             a.thread_init(1);
+            let layout = obj_layout();
             barrier.wait();
             for i in 0..batches as usize {
                 let slot = &ring.0[i % D];
@@ -445,7 +484,7 @@ fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
                 let batch = unsafe { &*slot.batch.get() };
                 for &p in batch.iter() {
                     // SAFETY: allocated by the producer, handed over whole.
-                    unsafe { call::obj_free(a, p) };
+                    unsafe { call::obj_free(a, p, layout) };
                 }
                 slot.full.store(false, Ordering::Release);
             }

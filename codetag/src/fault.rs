@@ -106,8 +106,8 @@ impl FaultMode {
             ["enable"] => Ok(FaultMode::Enabled),
             ["disable"] => Ok(FaultMode::Disabled),
             ["oneshot"] => Ok(FaultMode::Oneshot),
-            ["every", n] => match n.parse::<u32>() {
-                Ok(n) if n >= 1 => Ok(FaultMode::Every(n)),
+            ["every", n] => match parse_count(n) {
+                Some(n) if n >= 1 => Ok(FaultMode::Every(n)),
                 _ => Err(FaultParseError::BadEvery),
             },
             ["probability", p] => parse_percent(p)
@@ -144,10 +144,29 @@ impl fmt::Display for FaultParseError {
     }
 }
 
-/// `12.5` (percent) as parts per million; `None` if malformed.
+/// A count as the shell reads numbers: decimal digits, or `0x` and hex
+/// digits; no sign, no spaces. `None` if malformed or above `u32::MAX`.
+fn parse_count(text: &str) -> Option<u32> {
+    let (digits, radix) = match text.strip_prefix("0x") {
+        Some(hex) => (hex, 16),
+        None => (text, 10),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| (b as char).is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
+}
+
+/// `12.5` (percent) as parts per million; `None` if malformed. Digits on
+/// both sides of a point, as written in the shell's other numbers: `0.5`,
+/// not `.5` or `50.`.
 fn parse_percent(text: &str) -> Option<u32> {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    if whole.is_empty() && fraction.is_empty() {
+    let (whole, fraction) = match text.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
+        Some(_) => return None,
+        None => (text, ""),
+    };
+    if whole.is_empty() {
         return None;
     }
     if fraction.len() > 4
@@ -350,8 +369,10 @@ impl FaultTag {
     }
 
     /// Whether `pattern` selects this point: `FILE:LINE` exactly (as
-    /// `fault list` prints it), `all`, or else a word contained in the
-    /// file or the module, or equal to the function's name.
+    /// `fault list` prints it), `all`, or else whole path components: of
+    /// the file (`shell`, `kmem.rs`, `kernel/src/shell`), of the module
+    /// (`stress`, `magpie::smp::stress`), or the function's name. A part
+    /// of a component (`:`, `she`) selects nothing.
     pub fn matches(&self, pattern: &str) -> bool {
         if pattern == "all" {
             return true;
@@ -362,11 +383,24 @@ impl FaultTag {
         {
             return self.tag.matches_location(pattern);
         }
-        !pattern.is_empty()
-            && (self.tag.file.contains(pattern)
-                || self.tag.module.contains(pattern)
-                || self.tag.function() == pattern)
+        has_components(self.tag.file, "/", pattern)
+            || has_components(self.tag.module, "::", pattern)
+            || self.tag.function() == pattern
     }
+}
+
+/// Whether `pattern` is a run of whole components of `path` (separated by
+/// `separator`): it occurs in `path` starting and ending at component
+/// boundaries, and has no empty component itself.
+fn has_components(path: &str, separator: &str, pattern: &str) -> bool {
+    if pattern.split(separator).any(str::is_empty) {
+        return false;
+    }
+    path.match_indices(pattern).any(|(at, _)| {
+        let end = at + pattern.len();
+        (at == 0 || path[..at].ends_with(separator))
+            && (end == path.len() || path[end..].starts_with(separator))
+    })
 }
 
 /// A point's counts.
@@ -491,18 +525,87 @@ mod tests {
     use std::format;
 
     #[test]
+    fn counts_parse_as_the_shells_numbers() {
+        for (text, n) in [("1", 1), ("10", 10), ("0x10", 16), ("4294967295", u32::MAX)] {
+            assert_eq!(parse_count(text), Some(n), "{text}");
+        }
+        for bad in [
+            "",
+            "+5",
+            "-1",
+            " 5",
+            "5 ",
+            "0x",
+            "1_000",
+            "4294967296",
+            "1.0",
+        ] {
+            assert_eq!(parse_count(bad), None, "{bad}");
+        }
+        assert_eq!(
+            FaultMode::parse(&["every", "0x10"]),
+            Ok(FaultMode::Every(16))
+        );
+        assert_eq!(
+            FaultMode::parse(&["every", "+5"]),
+            Err(FaultParseError::BadEvery)
+        );
+        assert_eq!(
+            FaultMode::parse(&["probability", ".5"]),
+            Err(FaultParseError::BadProbability)
+        );
+    }
+
+    #[test]
+    fn patterns_match_whole_components() {
+        let file = "kernel/src/shell/kmem.rs";
+        for pattern in [
+            "kernel",
+            "shell",
+            "kmem.rs",
+            "kernel/src/shell",
+            "src/shell/kmem.rs",
+            file,
+        ] {
+            assert!(has_components(file, "/", pattern), "{pattern}");
+        }
+        for pattern in [
+            ":",
+            "",
+            "/",
+            "she",
+            "kmem",
+            "shell/",
+            "/shell",
+            "src//shell",
+            "l/src",
+        ] {
+            assert!(!has_components(file, "/", pattern), "{pattern}");
+        }
+        let module = "magpie::smp::stress";
+        for pattern in ["magpie", "smp::stress", module] {
+            assert!(has_components(module, "::", pattern), "{pattern}");
+        }
+        for pattern in [":", "::", "magpie::", "smp:", "stres", "gpie::smp"] {
+            assert!(!has_components(module, "::", pattern), "{pattern}");
+        }
+    }
+
+    #[test]
     fn percent_parses_and_prints_back() {
         for (text, ppm) in [
             ("100", PPM),
             ("50", 500_000),
             ("2.5", 25_000),
             ("0.0001", 1),
-            (".5", 5_000),
-            ("1.", 10_000),
+            ("0.5", 5_000),
         ] {
             assert_eq!(parse_percent(text), Some(ppm), "{text}");
         }
-        for bad in ["", ".", "-1", "1e3", "0.00001", "abc", "1.2.3", "1000000"] {
+        // As the shell's other numbers: digits on both sides of a point.
+        for bad in [
+            "", ".", "-1", "1e3", "0.00001", "abc", "1.2.3", "1000000", ".5", "50.", "+5",
+        ] {
             assert_eq!(parse_percent(bad).filter(|&p| p <= PPM), None, "{bad}");
         }
         for (ppm, printed) in [

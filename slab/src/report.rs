@@ -283,10 +283,15 @@ impl fmt::Display for ReportDisplay<'_> {
             }
             _ => {
                 if let Some(mismatch) = report.corruption {
+                    // A left redzone's offsets are negative (wrapping).
+                    let (sign, offset) = match mismatch.offset as isize {
+                        ..0 => ("-", mismatch.offset.wrapping_neg()),
+                        _ => ("", mismatch.offset),
+                    };
                     writeln!(
                         f,
-                        "modification occurred at offset {:#x} ({:#x} replaced by {:#x})",
-                        mismatch.offset, mismatch.expected, mismatch.found
+                        "modification occurred at offset {sign}{offset:#x} ({:#x} replaced by {:#x})",
+                        mismatch.expected, mismatch.found
                     )?;
                 }
             }

@@ -192,7 +192,7 @@ impl<P: Platform> Allocator<P> {
         let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
         // SAFETY: as above.
         let base = unsafe { (*slab).base };
-        let index = (addr - base) / cache.params.stride;
+        let index = addr.wrapping_sub(base) / cache.params.stride;
         if index >= cache.params.nr_objs_per_slab {
             return None;
         }

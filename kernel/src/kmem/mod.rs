@@ -55,6 +55,12 @@ pub fn init(cmdline: &str) {
     // and every corruption it finds (`crate::debug::slab_debug`).
     SLAB.set_debug_config(slab_debug::configure(cmdline));
     SLAB.set_error_hook(Some(slab_debug::report));
+    // Profiling off until `sync_alloc_profiling` below says otherwise: the
+    // caches are created untagged, so with `mem_profiling=0|never` their
+    // free hit is the plain one (switching off after the caches were
+    // tagged keeps the `TAGGED` free path: objects may carry references).
+    // Nothing is charged before `alloc_tag::init` either way.
+    SLAB.set_alloc_profiling(false);
     SLAB.init(&KPAGES)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     // Out of frames, kpages reaps every cache and tries again.

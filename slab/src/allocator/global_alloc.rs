@@ -82,7 +82,9 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
         // SAFETY: the GlobalAlloc contract: ptr came from this allocator
         // with this layout and is given up. (Null, which the contract
         // excludes, is not in the page map: the slow path ignores it.)
-        match self.kfree_locate(ptr as usize) {
+        // The contract also puts init before this call: no readiness test
+        // on the hit (`locate_allocated`; the slow path tests).
+        match self.locate_allocated(ptr as usize) {
             Some((cache, at)) => {
                 // SAFETY: as above; located in `cache`, so on a slab page,
                 // never null (page sources hand out non-null pages).
@@ -100,7 +102,9 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// of it (a size in the same kmalloc class always does: each class is
     /// at most twice the one below); otherwise allocate, copy, free.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let located = self.kfree_locate(ptr as usize);
+        // A pointer of ours (the contract): located without a readiness
+        // test, as in `dealloc`.
+        let located = self.locate_allocated(ptr as usize);
         let usable = match located {
             Some((cache, _)) => Some(cache.obj_size()),
             None => NonNull::new(ptr).and_then(|old| self.ksize(old).ok()),

@@ -113,6 +113,8 @@ pub struct LargeStats {
 }
 
 const _: () = {
+    // The one-test bound of `kmalloc_index` needs a power of two.
+    assert!(CLASS_TABLE_MAX.is_power_of_two());
     // The table and the arithmetic agree with the class list.
     assert!(KMALLOC_SIZES[63] == KMALLOC_MAX_SIZE && KMALLOC_SIZES[15] == 128);
     let mut size = CLASS_TABLE_MAX + 1;
@@ -127,6 +129,24 @@ const _: () = {
         assert!(KMALLOC_SIZES[class] >= size && (class == 0 || KMALLOC_SIZES[class - 1] < size));
         size += 1;
     }
+    // The aligned lookup (`kmalloc_index_general`): for every alignment
+    // up to PAGE_SIZE, the class of a multiple of the alignment is itself
+    // a multiple of it, so it is the smallest class that is at least the
+    // rounded size and naturally aligned to `align`.
+    let mut align = 8;
+    while align <= PAGE_SIZE {
+        let mut rounded = align;
+        while rounded <= KMALLOC_MAX_SIZE {
+            let class = if rounded <= CLASS_TABLE_MAX {
+                CLASS_BY_8[(rounded + 7) >> 3] as usize
+            } else {
+                class_index_above_table(rounded)
+            };
+            assert!(natural_align(KMALLOC_SIZES[class]) >= align);
+            rounded += align;
+        }
+        align *= 2;
+    }
 };
 
 impl<P: Platform> Allocator<P> {
@@ -134,25 +154,38 @@ impl<P: Platform> Allocator<P> {
     #[inline(always)]
     pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
         // Every class is at least 8-aligned. (Size 0 maps to kmalloc-8:
-        // callers refuse it or round it up first.)
-        if size <= CLASS_TABLE_MAX && align <= 8 {
+        // callers refuse it or round it up first.) One test for both
+        // `size < 1024` and `align <= 8`: `(align - 1) << 7` stays below
+        // 1024 exactly for alignments up to 8 (bits 7..=10 are set from
+        // 16 up, whatever is shifted out), and an OR of two values is
+        // below a power of two exactly when both are. (Size 1024 takes
+        // the general path, which gives the same class.)
+        if (size | ((align - 1) << 7)) < CLASS_TABLE_MAX {
             return Some(CLASS_BY_8[(size + 7) >> 3] as usize);
         }
         Self::kmalloc_index_general(size, align)
     }
 
     /// [`Self::kmalloc_index`] for sizes above the table or alignments
-    /// above 8.
+    /// above 8, in O(1) for every alignment: a class serves `align` (up
+    /// to [`PAGE_SIZE`]) exactly when `align` divides its size, and the
+    /// smallest such class at least `size` bytes is the class of `size`
+    /// rounded up to `align` (the const block below checks it for every
+    /// alignment), so one rounding and one class lookup replace a scan.
+    #[inline]
     fn kmalloc_index_general(size: usize, align: usize) -> Option<usize> {
-        if size > KMALLOC_MAX_SIZE {
+        if size > KMALLOC_MAX_SIZE || align > PAGE_SIZE {
             return None;
         }
-        let first = if size <= CLASS_TABLE_MAX {
-            CLASS_BY_8[(size + 7) >> 3] as usize
+        // size.max(align): size 0 still gets an `align`-aligned class.
+        let rounded = (size.max(align) + (align - 1)) & !(align - 1);
+        if rounded <= CLASS_TABLE_MAX {
+            Some(CLASS_BY_8[(rounded + 7) >> 3] as usize)
+        } else if rounded <= KMALLOC_MAX_SIZE {
+            Some(class_index_above_table(rounded))
         } else {
-            class_index_above_table(size)
-        };
-        (first..NR_KMALLOC).find(|&index| natural_align(KMALLOC_SIZES[index]) >= align)
+            None
+        }
     }
 
     #[inline(always)]
@@ -626,6 +659,17 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() {
             return None;
         }
+        self.locate_allocated(addr)
+    }
+
+    /// [`Self::kfree_locate`] with no readiness test of its own, for a
+    /// pointer the caller got from this allocator (`GlobalAlloc`'s
+    /// `dealloc` and `realloc` contract): its allocation happened after
+    /// `init` published the page map (READY, Release), so the map is
+    /// read without the test. Before init the map is empty (no pages):
+    /// every address misses and goes to the slow path, which tests.
+    #[inline(always)]
+    pub(crate) fn locate_allocated(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
         let slab = self.page_map().get(addr).slab()? as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator (same P), alive while they have slabs (a cache in use

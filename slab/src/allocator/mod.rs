@@ -476,8 +476,10 @@ impl<P: Platform> Allocator<P> {
             None
         } else {
             DebugLayout::new(size, flags.debug(), ctor.is_some())
+                .map(|layout| layout.aligned(align))
         };
-        let slot_size = debug.map_or(size, |layout| layout.slot_size);
+        // A left redzone's bytes come before the object, in its stride.
+        let slot_size = debug.map_or(size, |layout| layout.left + layout.slot_size);
         let primary = self.primary_source();
         let source = source.unwrap_or(primary);
         // On the primary source the page map finds any slab's header, so
@@ -525,8 +527,10 @@ impl<P: Platform> Allocator<P> {
         // and aligned for a KmemCache<P>. Both are ours; once linked the
         // cache lives until destroy.
         unsafe {
+            // The free key in every CPU's line, where the free's hit reads it.
+            let free_key = crate::cache::boot_free_key(P::now() ^ (self as *const Self as u64));
             for cpu in 0..nr_cpus {
-                pcpu.add(cpu).write(PcpuCache::new());
+                pcpu.add(cpu).write(PcpuCache::new(free_key));
             }
             mem.write(KmemCache::construct(
                 spec,

@@ -6,7 +6,7 @@
 
 use core::ptr::NonNull;
 
-use super::{AllocOut, HotFlags, KmemCache, pack};
+use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::magazine::Magazine;
@@ -86,7 +86,11 @@ impl<P: Platform> KmemCache<P> {
             return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
         }
         match self.magazine_alloc_hit() {
-            Some(obj) => O::from_obj(obj),
+            Some(obj) => {
+                // SAFETY: just popped; a plain cache is keyed.
+                unsafe { double_free::clear_key(obj) };
+                O::from_obj(obj)
+            }
             None => O::from_raw(self.alloc_slow::<O>(None)),
         }
     }
@@ -132,6 +136,8 @@ impl<P: Platform> KmemCache<P> {
         let Some(obj) = self.magazine_alloc_hit() else {
             return self.alloc_slow::<O>(tag());
         };
+        // SAFETY: just popped; a profiled cache on this path is keyed.
+        unsafe { double_free::clear_key(obj) };
         let Some(tag) = tag() else {
             return O::raw_from_obj(obj);
         };
@@ -164,6 +170,8 @@ impl<P: Platform> KmemCache<P> {
             Ok(obj) => obj,
             Err(error) => return pack(Err(error)),
         };
+        // SAFETY: just taken; every cache on this path is keyed.
+        unsafe { double_free::clear_key(obj) };
         // The cache is a small one: bufctl caches with profiling on take
         // alloc_flagged.
         #[cfg(feature = "alloc-profiling")]

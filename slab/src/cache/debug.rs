@@ -49,7 +49,8 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// `addr` is an object start of this cache, whose stride holds
-    /// `layout.slot_size` bytes; nobody else uses the slot for the
+    /// `layout.slot_size` bytes (and `layout.left` before `addr`, the left
+    /// redzone's, which the object's own checks use); nobody else uses the slot for the
     /// lifetime of the slice (the caller owns the object: it is being
     /// created, handed out, freed or verified under the slab lock).
     #[allow(
@@ -59,6 +60,38 @@ impl<P: Platform> KmemCache<P> {
     pub(super) unsafe fn debug_slot(&self, layout: &DebugLayout, addr: usize) -> &mut [u8] {
         // SAFETY: per the caller.
         unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, layout.slot_size) }
+    }
+
+    /// The left redzone word of the object at `addr`: the 8 bytes right
+    /// before it (`layout.left` is not 0).
+    fn left_redzone_word(addr: usize) -> *mut u64 {
+        (addr - 8) as *mut u64
+    }
+
+    /// The first overwritten byte of the left redzone of the object at
+    /// `addr` (an underflow), if the cache has one.
+    ///
+    /// # Safety
+    /// As for `debug_slot` (the `layout.left` bytes before `addr` are the
+    /// object's too, in its stride).
+    unsafe fn check_left_redzone(&self, layout: &DebugLayout, addr: usize) -> Option<Mismatch> {
+        if layout.left == 0 {
+            return None;
+        }
+        // SAFETY: per our caller.
+        layout.check_left_redzone(unsafe { Self::left_redzone_word(addr).read() })
+    }
+
+    /// Write (or repair) the left redzone of the object at `addr`, if the
+    /// cache has one.
+    ///
+    /// # Safety
+    /// As for [`Self::check_left_redzone`].
+    unsafe fn fill_left_redzone(&self, layout: &DebugLayout, addr: usize) {
+        if layout.left != 0 {
+            // SAFETY: per our caller.
+            unsafe { Self::left_redzone_word(addr).write(layout.left_redzone()) };
+        }
     }
 
     /// Make a fresh object of a new slab a free debug object.
@@ -74,6 +107,8 @@ impl<P: Platform> KmemCache<P> {
         }
         layout.fill_redzone(slot, layout.obj_size);
         layout.set_state(slot, addr, STATE_FREE);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
     }
 
     /// Check a free object being handed to a caller and mark it allocated.
@@ -108,6 +143,8 @@ impl<P: Platform> KmemCache<P> {
             layout.fill_poison(slot, POISON_UNINITIALIZED);
         }
         layout.fill_redzone(slot, requested);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
         report
     }
 
@@ -145,16 +182,9 @@ impl<P: Platform> KmemCache<P> {
         layout.size_offset?;
         // SAFETY: per the caller.
         let slot = unsafe { self.debug_slot(layout, addr) };
-        let report = layout.check_redzone_in_use(slot).map(|mismatch| {
-            self.debug_report(
-                layout,
-                slot,
-                ErrorKind::RedzoneViolation,
-                addr,
-                slab,
-                Some(mismatch),
-            )
-        });
+        let report = layout
+            .check_redzone_in_use(slot)
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch));
         let new_size = new_size.clamp(1, layout.obj_size);
         layout.set_requested_size(slot, new_size);
         layout.fill_redzone(slot, new_size);
@@ -175,7 +205,11 @@ impl<P: Platform> KmemCache<P> {
                 Some(mismatch) => (ErrorKind::ModifiedAfterFree, mismatch),
                 None => (
                     ErrorKind::RedzoneViolation,
-                    layout.check_redzone(slot, layout.obj_size)?,
+                    layout
+                        .check_redzone(slot, layout.obj_size)
+                        // SAFETY: the slot is the caller's (see `debug_slot`),
+                        // and so are the left redzone's bytes before it.
+                        .or_else(|| unsafe { self.check_left_redzone(layout, addr) })?,
                 ),
             },
             // Allocated (a free object must not say so) or overwritten.
@@ -226,16 +260,12 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         if found.is_none()
-            && let Some(mismatch) = layout.check_redzone_in_use(slot)
+            && let Some(mismatch) = layout
+                .check_redzone_in_use(slot)
+                // SAFETY: per our caller.
+                .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
         {
-            found = Some(self.debug_report(
-                layout,
-                slot,
-                ErrorKind::RedzoneViolation,
-                addr,
-                slab,
-                Some(mismatch),
-            ));
+            found = Some(self.redzone_report(layout, slot, addr, slab, mismatch));
         }
         layout.save_contents(slot);
         layout.record_audit::<P>(slot, true);
@@ -244,10 +274,32 @@ impl<P: Platform> KmemCache<P> {
             layout.fill_poison(slot, POISON_FREE);
         }
         layout.fill_redzone(slot, layout.obj_size);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
         match found {
             Some(report) => DebugFree::Repaired(report),
             None => DebugFree::Clean,
         }
+    }
+
+    /// The report of a redzone violation (right or left) of the object at
+    /// `addr`.
+    fn redzone_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        mismatch: Mismatch,
+    ) -> ErrorReport {
+        self.debug_report(
+            layout,
+            slot,
+            ErrorKind::RedzoneViolation,
+            addr,
+            slab,
+            Some(mismatch),
+        )
     }
 
     /// The report for an object whose state word is neither "free" nor
@@ -296,16 +348,11 @@ impl<P: Platform> KmemCache<P> {
         if let ObjectState::Corrupt(word) = state {
             return Some(self.bad_state_report(layout, slot, addr, slab, word));
         }
-        layout.check_redzone_in_use(slot).map(|mismatch| {
-            self.debug_report(
-                layout,
-                slot,
-                ErrorKind::RedzoneViolation,
-                addr,
-                slab,
-                Some(mismatch),
-            )
-        })
+        layout
+            .check_redzone_in_use(slot)
+            // SAFETY: per our caller, read-only.
+            .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch))
     }
 
     /// What the trailer of a debug object says: its state, last alloc,

@@ -8,7 +8,7 @@
 
 use core::ptr::{self, NonNull};
 
-use super::{FreeOut, HotFlags, KmemCache, Located};
+use super::{FreeOut, HotFlags, KmemCache, Located, double_free};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::PageEntry;
@@ -22,9 +22,11 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// Checked: the pointer must be slab memory (`NotAllocated`), of this
     /// cache (`WrongCache`), at an object start (`Misaligned`), and not
-    /// free (`DoubleFree`: always for the object on top of this CPU's
-    /// magazines or back in its slab; anywhere for a debug cache). On error
-    /// nothing has changed, and the error is reported ([`crate::report`]).
+    /// free (`DoubleFree`: anywhere, by the free key
+    /// (`cache/double_free.rs`) or a debug cache's state word;
+    /// for the other keyless caches, on top of this CPU's magazines or back
+    /// in its slab). On error nothing has changed, and the error is
+    /// reported ([`crate::report`]).
     ///
     /// # Safety
     /// If `obj` is an allocated object of this cache, the caller gives it
@@ -32,9 +34,10 @@ impl<P: Platform> KmemCache<P> {
     /// its constructed state, every byte initialised ([`Ctor`](crate::Ctor)).
     /// (Bad pointers are detected as above
     /// and are safe to pass, except a double free of an object resting
-    /// deeper in a magazine of a cache without debug flags, which is
-    /// undetected: the object is later handed out twice. The slab layer
-    /// still refuses it when it comes back there.)
+    /// deeper in a magazine of a keyless cache without debug flags (a
+    /// constructor's, `NOTOUCH`), which is undetected: the object is later
+    /// handed out twice. The slab layer still refuses it when it comes
+    /// back there.)
     ///
     /// # Errors
     /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
@@ -196,30 +199,51 @@ impl<P: Platform> KmemCache<P> {
         O::from_result(self, unsafe { self.magazine_free_slow(obj) })
     }
 
-    /// The hit, else the out-of-line miss (which refuses a double free of
-    /// the object on top of `loaded` or `prev`).
+    /// The hit (keyed or not, as the cache is), else the out-of-line miss
+    /// (which refuses every double free the key finds, and that of the
+    /// object on top of `loaded` or `prev`).
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
     /// gives up (validated by the caller).
     #[inline(always)]
     pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
-        // SAFETY: per our caller.
-        if unsafe { self.magazine_free_hit(obj) } {
+        // SAFETY: per our caller; keyed as the cache says.
+        let hit = unsafe {
+            if self.is_keyed() {
+                self.magazine_free_hit_as::<true>(obj)
+            } else {
+                self.magazine_free_hit_as::<false>(obj)
+            }
+        };
+        if hit {
             return Ok(());
         }
         // SAFETY: per our caller; the hit changed nothing.
         unsafe { self.magazine_free_slow(obj) }
     }
 
+    /// The magazine hit of a free of a keyed cache (every cache on the
+    /// plain and profiled hits): [`Self::magazine_free_hit_as`].
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free_hit_as`], the cache keyed.
+    #[inline(always)]
+    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
+        // SAFETY: per our caller.
+        unsafe { self.magazine_free_hit_as::<true>(obj) }
+    }
+
     /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
-    /// False (nothing changed) if `loaded` is full or absent.
+    /// False (nothing changed but the key's test) if `loaded` is full or
+    /// absent, or if `obj` holds the free key (`KEYED`) or is on top of
+    /// `loaded` (keyless).
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
-    /// gives up if this returns true.
+    /// gives up if this returns true; `KEYED` only if the cache is keyed.
     #[inline(always)]
-    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
+    pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
         let pcc = self.pcpu_mut(&mut irq);
         // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
@@ -229,11 +253,24 @@ impl<P: Platform> KmemCache<P> {
             return false;
         }
         let loaded = pcc.loaded;
-        // Linux's naive double-free check: the object already on top of
-        // `loaded` (the miss path refuses it). Two instructions.
-        // SAFETY: a real magazine (above), nr_rounds < capacity.
-        if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
-            return false;
+        if KEYED {
+            // The free key ([`super::double_free`]): an object holding it
+            // was freed already (the miss confirms and refuses); else it
+            // gets it. Load, compare, store.
+            let key = pcc.free_key;
+            // SAFETY: per our caller, an object of this keyed cache.
+            if unsafe { double_free::holds_key(obj, key) } {
+                return false;
+            }
+            // SAFETY: as above; the caller gives it up (pushed below).
+            unsafe { double_free::write_key(obj, key) };
+        } else {
+            // Linux's naive double-free check: the object already on top
+            // of `loaded` (the miss path refuses it).
+            // SAFETY: a real magazine (above), nr_rounds < capacity.
+            if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
+                return false;
+            }
         }
         // SAFETY: a real magazine owned by this CPU, interrupts off;
         // nr_rounds < capacity, a slot of its object.
@@ -252,11 +289,13 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) unsafe fn magazine_free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         // SAFETY: per our caller, obj is an object start of a live slab of
         // ours.
-        if self.on_top_of_magazines(obj) || unsafe { self.is_free_in_slab(obj) } {
+        if unsafe { self.is_double_free(obj) } {
             return Err(self.refuse(FreeError::DoubleFree {
                 addr: obj.as_ptr() as usize,
             }));
         }
+        // SAFETY: per our caller, given up.
+        unsafe { self.key_freed(obj) };
         if self.magazine_free_miss(obj) {
             return Ok(());
         }
@@ -266,7 +305,12 @@ impl<P: Platform> KmemCache<P> {
             // magazine cache cannot deadlock.
             match self.new_magazine() {
                 // SAFETY: a fresh empty magazine, owned by nobody yet.
-                Ok(mag) => unsafe { self.depot.lock().push_empty(mag) },
+                // The depot lock with interrupts off: an interrupt
+                // handler's free on this CPU may need it.
+                Ok(mag) => unsafe {
+                    let _irq = IrqGuard::<P>::new();
+                    self.depot.lock().push_empty(mag);
+                },
                 Err(_) => break,
             }
             if self.magazine_free_miss(obj) {
@@ -322,6 +366,9 @@ impl<P: Platform> KmemCache<P> {
         if self.kind != SlabKind::Small {
             // Bufctl slabs: a busy object has its bufctl in the hash (one
             // locked lookup, on the miss only).
+            // The slab layer's lock with interrupts off, as every lock an
+            // interrupt handler's alloc or free can reach must be taken.
+            let _irq = IrqGuard::<P>::new();
             return self.slab.lock().hash.find(addr).is_null();
         }
         let slab = self.small_slab_of(addr);

@@ -75,7 +75,11 @@ impl<P: Platform> KmemCache<P> {
     ) -> usize {
         let packed = if !hot.intersects(HotFlags::ALLOC_SLOW) {
             match self.magazine_alloc_hit() {
-                Some(obj) => pack(Ok(obj)),
+                Some(obj) => {
+                    // SAFETY: just popped; no slow bit: the cache is keyed.
+                    unsafe { super::double_free::clear_key(obj) };
+                    pack(Ok(obj))
+                }
                 None => self.alloc_slow_packed(None),
             }
         } else {
@@ -98,6 +102,8 @@ impl<P: Platform> KmemCache<P> {
     ) -> Result<NonNull<u8>, AllocError> {
         self.pre_alloc_hook(hot)?;
         let obj = self.magazine_alloc_or_miss()?;
+        // SAFETY: just taken from our magazines or slab layer.
+        unsafe { self.key_allocated(obj) };
         self.post_alloc_hook(obj, hot, tag, bytes_req);
         Ok(obj)
     }
@@ -223,7 +229,15 @@ impl<P: Platform> KmemCache<P> {
         slab: *mut Slab,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        let irq = IrqGuard::<P>::new();
+        // An object holding the free key is confirmed by a search of every
+        // CPU's magazines, which needs interrupts on (cross-CPU calls):
+        // then the free runs with them on (a double free, refused; or, if
+        // the owner wrote the key, a free recorded a moment late).
+        // SAFETY: per our caller, an object start of ours; keyed objects
+        // hold a word.
+        let suspect = self.is_keyed()
+            && unsafe { super::double_free::holds_key(obj, super::double_free::free_key()) };
+        let irq = (!suspect).then(IrqGuard::<P>::new);
         // SAFETY: per our caller.
         let result = unsafe { self.free_flagged_with(obj, slab, hot) };
         self.owner().kmemtrace_free(Some(self), obj, result.is_ok());

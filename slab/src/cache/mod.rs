@@ -49,11 +49,15 @@
 //! (Lemire, Kaser and Kurz 2019) — the index the profiled free uses for
 //! the tag reference. A free to the wrong cache, of a non-slab pointer or
 //! of an interior pointer is an error, never corruption. Double frees: the
-//! hit refuses the object already on top of `loaded` (Linux's naive check,
-//! two instructions); the miss also checks the top of `prev` and the
-//! slab's free map; every debug cache (any debug flag) checks the object's
-//! state word on its cold path, which catches them all. Every refusal is
-//! reported ([`crate::report`]).
+//! hit tests the free key in the object's first word (glibc's tcache key,
+//! `cache/double_free.rs`), which a free writes and an alloc clears, and
+//! the miss confirms a match by a search of the magazines, the depot and
+//! the slab before refusing: every double free, wherever the first free
+//! went. Keyless caches (a constructor's, `NOTOUCH`) keep Linux's naive
+//! check (the object on top of `loaded`) and the miss's (the top of `prev`,
+//! the slab's free map); every debug cache (any debug flag) checks the
+//! object's state word on its cold path, which catches them all. Every
+//! refusal is reported ([`crate::report`]).
 //!
 //! | file | what it holds |
 //! | --- | --- |
@@ -67,6 +71,7 @@
 //! | `cache/profiling.rs` | allocation tags of small-slab objects (side arrays) |
 //! | `cache/trace_table.rs` | the trace table switch and its calls |
 //! | `cache/debug.rs` | the debug cold paths (poison, redzone, state word, audit) |
+//! | `cache/double_free.rs` | the free key: double frees refused at the free without flags |
 //! | `cache/verify.rs` | `verify`, invariants |
 //! | `cache/boxes.rs` | [`SlabBox`](crate::SlabBox) and [`InitBox`](crate::InitBox) constructors |
 
@@ -74,6 +79,7 @@ mod alloc;
 mod boxes;
 mod codegen;
 mod debug;
+mod double_free;
 mod free;
 mod hooks;
 mod leak_scan;
@@ -92,6 +98,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
+pub(crate) use double_free::boot_free_key;
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -141,6 +148,10 @@ bitflags::bitflags! {
         /// An unborn size-class stub (`allocator/classes.rs`): its first
         /// allocation creates the kmalloc class and allocates from it.
         const UNBORN = 512;
+        /// Objects carry no free key ([`double_free`]): a constructor's
+        /// state, a debug layout or `NOTOUCH` own their first word, so
+        /// allocs and frees leave the keyed hits.
+        const KEYLESS = 1024;
     }
 }
 
@@ -151,14 +162,16 @@ impl HotFlags {
         .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::PROFILING)
-        .union(HotFlags::UNBORN);
+        .union(HotFlags::UNBORN)
+        .union(HotFlags::KEYLESS);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
         .union(HotFlags::DEBUG)
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::TAGGED)
-        .union(HotFlags::BUFCTL_TAGGED);
+        .union(HotFlags::BUFCTL_TAGGED)
+        .union(HotFlags::KEYLESS);
 }
 
 /// What [`KmemCache::destroy`] did.
@@ -294,6 +307,11 @@ impl<P: Platform> KmemCache<P> {
         if spec.bootstrap {
             hot |= HotFlags::BOOTSTRAP;
         }
+        if !double_free::keyed(&spec) {
+            hot |= HotFlags::KEYLESS;
+        }
+        double_free::init_free_key(P::now() ^ (owner as u64).rotate_left(17));
+        let slab_key = double_free::slab_key(&spec);
         KmemCache {
             hot_flags: AtomicU32::new(hot.bits()),
             pcpu,
@@ -319,7 +337,13 @@ impl<P: Platform> KmemCache<P> {
                 dtor: spec.dtor,
                 source: spec.source,
                 nr_pages_per_slab: geometry.nr_pages_per_slab,
-                freeptr_offset: spec.debug.map_or(0, |layout| layout.freeptr_offset),
+                freeptr_offset: spec
+                    .debug
+                    .map_or(if slab_key != 0 { 8 } else { 0 }, |layout| {
+                        layout.freeptr_offset
+                    }),
+                free_key: slab_key,
+                obj_offset: spec.debug.map_or(0, |layout| layout.left),
                 freelist_secret: freelist_secret(
                     P::now()
                         ^ (spec.name.as_ptr() as u64).rotate_left(29)

@@ -40,7 +40,8 @@ impl<P: Platform> KmemCache<P> {
             (counts.nr_busy_objs, layer.nr_allocs, layer.nr_frees)
         } else {
             (
-                nr_allocs.wrapping_sub(nr_frees) as usize,
+                // Never wraps: a near-snapshot may see a free before its alloc.
+                nr_allocs.saturating_sub(nr_frees) as usize,
                 nr_allocs,
                 nr_frees,
             )

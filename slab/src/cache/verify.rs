@@ -213,3 +213,32 @@ impl<P: Platform> KmemCache<P> {
         found
     }
 }
+
+#[cfg(test)]
+impl<P: Platform> KmemCache<P> {
+    /// Test support: the rounds of CPU `cpu`'s `loaded` and `prev`,
+    /// bottom first (read on that CPU).
+    pub(crate) fn cpu_rounds(&self, cpu: usize) -> (std::vec::Vec<usize>, std::vec::Vec<usize>) {
+        self.on_cpu(cpu, |pcc| {
+            (rounds_of_magazine(pcc.loaded), rounds_of_magazine(pcc.prev))
+        })
+    }
+
+    /// Test support: the rounds resting in the depot.
+    pub(crate) fn depot_rounds(&self) -> std::vec::Vec<usize> {
+        let mut rounds = std::vec::Vec::new();
+        self.depot
+            .lock()
+            .for_each_magazine(|mag| rounds.extend(rounds_of_magazine(mag)));
+        rounds
+    }
+}
+
+/// The rounds of `mag`, owned by the caller (its CPU's, read on it; or a
+/// depot magazine, under the depot lock), bottom first.
+#[cfg(test)]
+fn rounds_of_magazine(mag: *mut crate::magazine::Magazine) -> std::vec::Vec<usize> {
+    // SAFETY: per our callers, the magazine is theirs to read.
+    let held = unsafe { crate::magazine::held_rounds(mag) };
+    held.iter().map(|&round| round as usize).collect()
+}

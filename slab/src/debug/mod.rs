@@ -420,8 +420,9 @@ fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
 }
 
 pub use trailer::{
-    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, Mismatch, POISON_FREE, POISON_UNINITIALIZED,
-    REDZONE_BYTE, REDZONE_PATTERN, STATE_ALLOCATED, STATE_FREE, fill_pattern, find_mismatch,
+    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, LEFT_REDZONE_PATTERN, Mismatch, POISON_FREE,
+    POISON_UNINITIALIZED, REDZONE_BYTE, REDZONE_PATTERN, STATE_ALLOCATED, STATE_FREE, fill_pattern,
+    find_mismatch,
 };
 pub(crate) use trailer::{DebugLayout, ObjectState};
 

@@ -17,6 +17,9 @@ pub const POISON_FREE: u64 = 0xdead_beef_dead_beef;
 pub const POISON_UNINITIALIZED: u64 = 0xbadd_cafe_badd_cafe;
 /// The redzone word after every object (illumos `KMEM_REDZONE_PATTERN`).
 pub const REDZONE_PATTERN: u64 = 0xfeed_face_feed_face;
+/// The left redzone word right before every object of a `REDZONE` cache
+/// (Linux `SLUB_RED_INACTIVE` bytes; a word of its own pattern here).
+pub const LEFT_REDZONE_PATTERN: u64 = 0xbbbb_bbbb_cafe_f00d;
 /// The redzone bytes between the end of what the caller asked for (the
 /// object's end, or a kmalloc's requested size) and the redzone word
 /// (illumos `KMEM_REDZONE_BYTE`).
@@ -176,8 +179,14 @@ pub(crate) struct DebugLayout {
     /// `AUDIT`: last alloc at this offset, last free right after it.
     pub(crate) audit_offset: Option<usize>,
     pub(crate) contents_offset: Option<usize>,
-    /// Bytes the slot needs (before rounding up to the alignment).
+    /// Bytes the slot needs from the object start (before rounding up to
+    /// the alignment).
     pub(crate) slot_size: usize,
+    /// `REDZONE`: bytes before the object (the alignment, at least 8),
+    /// whose last word is the left redzone ([`LEFT_REDZONE_PATTERN`]):
+    /// an underflow is caught as an overflow is. Objects start this far
+    /// into their slab; 0 without `REDZONE`.
+    pub(crate) left: usize,
 }
 
 impl DebugLayout {
@@ -224,6 +233,40 @@ impl DebugLayout {
             audit_offset,
             contents_offset,
             slot_size: end,
+            left: if flags.contains(DebugFlags::REDZONE) {
+                8
+            } else {
+                0
+            },
+        })
+    }
+
+    /// This layout for objects aligned to `align`: the left redzone's
+    /// bytes keep objects aligned.
+    pub(crate) fn aligned(mut self, align: usize) -> DebugLayout {
+        if self.left != 0 {
+            self.left = align.max(8);
+        }
+        self
+    }
+
+    /// The left redzone word as it should be.
+    pub(crate) fn left_redzone(&self) -> u64 {
+        LEFT_REDZONE_PATTERN
+    }
+
+    /// The first overwritten byte of a left redzone word `found` (the 8
+    /// bytes right before the object): its offset from the object start,
+    /// negative (as `usize`, wrapping: -8 to -1).
+    pub(crate) fn check_left_redzone(&self, found: u64) -> Option<Mismatch> {
+        if self.left == 0 || found == LEFT_REDZONE_PATTERN {
+            return None;
+        }
+        let first = first_different_byte(found, LEFT_REDZONE_PATTERN);
+        Some(Mismatch {
+            offset: (first as isize - 8) as usize,
+            expected: LEFT_REDZONE_PATTERN,
+            found,
         })
     }
 

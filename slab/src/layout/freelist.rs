@@ -79,6 +79,10 @@ pub(crate) struct FreeList {
     pub(crate) link_offset: usize,
     /// The cache's obfuscation secret.
     pub(crate) secret: usize,
+    /// The free key every free object holds in its first word (its link
+    /// then lives at 8), or 0: none (`cache/double_free.rs`). A free
+    /// object without it was written after its free: its link is bad.
+    pub(crate) key: usize,
 }
 
 impl FreeList {
@@ -105,6 +109,10 @@ impl FreeList {
         // SAFETY: per the caller, the object (and its link word, inside
         // its stride, 8-aligned) is the slab layer's.
         unsafe { link.write(freelist_ptr(next, self.secret, link as usize)) };
+        if self.key != 0 {
+            // SAFETY: as above; the key's word 0 is not the link's.
+            unsafe { (obj as *mut usize).write(self.key) };
+        }
     }
 
     /// The decoded link of free object `obj`.
@@ -113,6 +121,11 @@ impl FreeList {
     /// As for [`Self::write_link`].
     #[inline]
     pub(crate) unsafe fn read_link(&self, obj: usize) -> usize {
+        // SAFETY: per the caller.
+        if self.key != 0 && unsafe { (obj as *const usize).read() } != self.key {
+            // Never an object start: the link check fails.
+            return usize::MAX;
+        }
         let link = self.link(obj);
         // SAFETY: per the caller.
         freelist_ptr(unsafe { link.read() }, self.secret, link as usize)
@@ -247,6 +260,7 @@ mod tests {
             nr_objs: memory.len() * 8 / 32,
             link_offset,
             secret: freelist_secret(7),
+            key: 0,
         }
     }
 

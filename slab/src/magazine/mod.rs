@@ -274,6 +274,9 @@ pub(crate) struct PcpuInner {
     /// `loaded`'s capacity (`cc_magsize`); 0 with the absent magazine,
     /// so neither hit passes its test.
     pub(crate) capacity: u32,
+    /// This boot's free key (`cache/double_free.rs`), in the line the
+    /// free's hit reads anyway: one load, no GOT indirection.
+    pub(crate) free_key: usize,
 }
 
 impl PcpuInner {
@@ -387,7 +390,8 @@ const _: () = {
 };
 
 impl PcpuCache {
-    pub(crate) fn new() -> Self {
+    /// Empty, with this boot's `free_key`.
+    pub(crate) fn new(free_key: usize) -> Self {
         PcpuCache {
             inner: UnsafeCell::new(PcpuInner {
                 loaded: no_magazine(),
@@ -396,6 +400,7 @@ impl PcpuCache {
                 nr_rounds_exchanged: 0,
                 rounds: 0,
                 capacity: 0,
+                free_key,
             }),
         }
     }

@@ -42,11 +42,18 @@ pub(crate) struct SlabParams {
     pub(crate) dtor: Option<Dtor>,
     pub(crate) source: &'static dyn PageSource,
     pub(crate) nr_pages_per_slab: usize,
-    /// Where a free object holds its free-list link: 0, or in the debug
-    /// trailer (so the poison stays whole).
+    /// Where a free object holds its free-list link: 0, 8 (after the
+    /// free key), or in the debug trailer (so the poison stays whole).
     pub(crate) freeptr_offset: usize,
     /// The free-list obfuscation secret ([`crate::layout::freelist`]).
     pub(crate) freelist_secret: usize,
+    /// The free key free objects of small slabs hold in their first word
+    /// (their link then at 8), or 0 (`cache/double_free.rs`).
+    pub(crate) free_key: usize,
+    /// Bytes from a slab's first page to its object 0 (a debug cache's
+    /// left redzone, [`DebugLayout::left`](crate::debug::DebugLayout)):
+    /// `Slab::base` is object 0, its pages start this much lower.
+    pub(crate) obj_offset: usize,
     pub(crate) kind: SlabKind,
     /// On the primary source: slabs are registered in `page_map`.
     pub(crate) on_primary: bool,
@@ -69,6 +76,7 @@ impl SlabParams {
             nr_objs: self.nr_objs_per_slab,
             link_offset: self.freeptr_offset,
             secret: self.freelist_secret,
+            key: self.free_key,
         }
     }
 
@@ -381,6 +389,8 @@ impl SlabLayer {
                 }
             }
         };
+        // Object 0 (after a left redzone's bytes).
+        let objs = base + params.obj_offset;
         // The geometry keeps both counts in range (`Geometry::new`).
         debug_assert!(
             params.nr_objs_per_slab <= u16::MAX as usize && nr_pages <= u32::MAX as usize
@@ -397,7 +407,7 @@ impl SlabLayer {
                 cache: owner.id(),
                 prev: ptr::null_mut(),
                 next: ptr::null_mut(),
-                base,
+                base: objs,
                 free: ptr::null_mut(),
                 // No tagged object yet: no side array.
                 #[cfg(feature = "alloc-profiling")]
@@ -411,19 +421,19 @@ impl SlabLayer {
             for index in 0..params.nr_objs_per_slab {
                 // SAFETY: object `index` of our fresh slab (its stride
                 // holds the debug slot), ours alone.
-                unsafe { owner.debug_init_object(base + index * params.stride) };
+                unsafe { owner.debug_init_object(objs + index * params.stride) };
             }
         }
         let carved = match params.kind {
             SlabKind::Small => {
-                let list = params.free_list(base);
+                let list = params.free_list(objs);
                 let mut free = 0;
                 // SAFETY: slab initialised above, ours alone.
                 let map = unsafe { &(*slab).free_map };
                 for index in (0..params.nr_objs_per_slab).rev() {
                     // SAFETY: object `index` lies inside our page below the
                     // header; its link word is 8-aligned inside its stride.
-                    unsafe { list.push(&mut free, map, base + index * params.stride, index) };
+                    unsafe { list.push(&mut free, map, objs + index * params.stride, index) };
                 }
                 // SAFETY: slab initialised above.
                 unsafe { (*slab).free = free as *mut u8 };
@@ -506,7 +516,7 @@ impl SlabLayer {
         // SAFETY: per the caller, the slab is alive and ours alone.
         unsafe {
             debug_assert_eq!((*slab).nr_busy, 0);
-            let base = (*slab).base;
+            let base = (*slab).base - params.obj_offset;
             let nr_pages = (*slab).nr_pages as usize;
             if registered {
                 params.page_map.clear_range(base, nr_pages);
@@ -593,7 +603,7 @@ impl SlabLayer {
             // `next` is read before the page (maybe holding the header) goes.
             unsafe {
                 let next = (*slab).next;
-                let base = (*slab).base;
+                let base = (*slab).base - params.obj_offset;
                 let nr_pages = (*slab).nr_pages as usize;
                 if params.on_primary {
                     params.page_map.clear_range(base, nr_pages);

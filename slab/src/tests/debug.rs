@@ -29,12 +29,12 @@ pub fn errors_since(alloc: &TestAlloc, after: u64) -> Vec<ErrorReport> {
     out[..nr].to_vec()
 }
 
-fn write(ptr: NonNull<u8>, offset: usize, byte: u8) {
+pub(super) fn write(ptr: NonNull<u8>, offset: usize, byte: u8) {
     // SAFETY: tests write into (or just past) memory of a live slab.
     unsafe { ptr.as_ptr().add(offset).write(byte) };
 }
 
-fn read_u64(ptr: NonNull<u8>, offset: usize) -> u64 {
+pub(super) fn read_u64(ptr: NonNull<u8>, offset: usize) -> u64 {
     // SAFETY: tests read memory of a live slab.
     unsafe { ptr.as_ptr().add(offset).cast::<u64>().read_unaligned() }
 }

@@ -153,4 +153,8 @@ fn double_free_detection_rate() {
     assert_eq!(consistency.at_free, consistency.trials);
     assert_eq!(consistency.handed_out_twice, 0);
     assert!(plain.at_free + plain.later > plain.trials / 2);
+    // The free key (issue 19): without flags too, every double free is
+    // refused at the free, and nothing is handed out twice.
+    assert_eq!(plain.at_free, plain.trials);
+    assert_eq!(plain.handed_out_twice, 0);
 }

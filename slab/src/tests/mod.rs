@@ -10,6 +10,10 @@ mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
+mod bad_free_kinds;
+#[cfg(not(loom))]
+mod corruption_kinds;
+#[cfg(not(loom))]
 mod debug;
 #[cfg(not(loom))]
 mod debug_fuzz;

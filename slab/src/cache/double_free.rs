@@ -1,0 +1,197 @@
+//! Double frees refused at the free, without debug flags: the free key
+//! (glibc's tcache `key`, 2.29).
+//!
+//! A per-boot secret, [`free_key`] (copied into every per-CPU cache's
+//! line, where the hit reads it), is written into a freed object's first
+//! word as the object enters a magazine (the free's hit, or its miss), and
+//! the free first tests that word: an object that holds the key was freed
+//! already, wherever it rests now (deeper in a magazine, another CPU's, the
+//! depot, a bufctl slab). The alloc clears the word, so a live object holds
+//! the key only if its owner wrote it there. That is why a match is
+//! *confirmed* before anything is reported ([`KmemCache::is_double_free`]):
+//! the object is looked for in every magazine and the depot, and in its
+//! slab's free map or bufctl hash; if it is nowhere free, the free goes on.
+//! No false positive, and a refused free changes nothing.
+//!
+//! Cost on the magazine hits: the free's old naive test (the object on top
+//! of `loaded`, two instructions) becomes the key's load, compare and store
+//! (four), and the alloc clears one word: +3 instructions per pair.
+//!
+//! The key is not a pointer (bit 63 set, bit 47 clear: non-canonical on
+//! x86_64), so no pointer a caller stores can equal it.
+//!
+//! **Caches whose objects keep their own first word** are *keyless*
+//! ([`HotFlags::KEYLESS`], in both slow masks, so their allocs and frees
+//! leave the keyed hits): a constructor's or destructor's object state,
+//! a debug cache (poison and the state word, which already refuses every
+//! double free), `NOTOUCH` (object memory may not be memory) and bootstrap
+//! caches. A keyless free takes the miss's checks every time (the tops of
+//! `loaded` and `prev`, the slab's free map or bufctl hash).
+//!
+//! **In the slab layer** the key stays: a small slab's free object holds
+//! it in its first word and its free-list link in its second (the slab
+//! layer writes both, and a free object found without its key when it is
+//! handed out was written after its free: reported as a corrupted free
+//! list, the list rebuilt); a bufctl slab never touches its objects. So a
+//! double free of an object back in its slab is refused on the hit too.
+//! The exception is a slab of 8-byte objects (one word, the link's): such
+//! a double free is refused at a free that misses the magazine, or
+//! reported when it reaches the slab layer, as before the key.
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{CacheSpec, HotFlags, KmemCache};
+use crate::flags::CacheFlags;
+use crate::layout::freelist::freelist_secret;
+use crate::platform::Platform;
+
+/// The key of this boot: 0 until the first cache is made.
+static FREE_KEY: AtomicUsize = AtomicUsize::new(0);
+
+/// Bits forced in the key: bit 63 set and bit 47 clear make it a
+/// non-canonical address (never a pointer), bit 0 an odd one.
+const KEY_SET: usize = 1 << 63 | 1;
+/// Bits forced clear in the key.
+const KEY_CLEAR: usize = 1 << 47;
+
+/// Choose this boot's key from `seed` (a clock mixed with an address), once:
+/// later calls keep the first key (objects already freed hold it).
+pub(crate) fn init_free_key(seed: u64) {
+    let key = (freelist_secret(seed) & !KEY_CLEAR) | KEY_SET;
+    let _ = FREE_KEY.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed);
+}
+
+/// This boot's key after choosing it from `seed` if no cache has yet:
+/// for the per-CPU caches of a new cache, whose line the free's hit reads
+/// it from.
+pub(crate) fn boot_free_key(seed: u64) -> usize {
+    init_free_key(seed);
+    free_key()
+}
+
+/// This boot's key.
+#[inline(always)]
+pub(crate) fn free_key() -> usize {
+    FREE_KEY.load(Ordering::Relaxed)
+}
+
+/// Whether a cache made from `spec` keys its objects (see the module docs).
+pub(super) fn keyed(spec: &CacheSpec<'_>) -> bool {
+    spec.ctor.is_none()
+        && spec.dtor.is_none()
+        && spec.debug.is_none()
+        && !spec.bootstrap
+        && !spec.flags.contains(CacheFlags::NOTOUCH)
+}
+
+/// The key free objects of small slabs keep in the slab layer (their
+/// free-list link moves to their second word), or 0: a keyless cache, a
+/// bufctl cache (the slab layer never touches its objects, so the key
+/// stays anyway), or 8-byte objects (one word: the link's).
+pub(super) fn slab_key(spec: &CacheSpec<'_>) -> usize {
+    let small = spec.geometry.kind == crate::layout::geometry::SlabKind::Small;
+    if keyed(spec) && small && spec.geometry.stride >= 16 {
+        free_key()
+    } else {
+        0
+    }
+}
+
+/// The word of object `obj` that holds the key: its first.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "objects start 8-aligned: every alignment is at least 8 (geometry), and so are strides and slab bases"
+)]
+#[inline(always)]
+fn key_word(obj: NonNull<u8>) -> *mut usize {
+    obj.as_ptr().cast::<usize>()
+}
+
+/// Whether freed object `obj` holds the key: freed already, or its owner
+/// wrote the key (the slow path confirms).
+///
+/// # Safety
+/// `obj` is an object start of a keyed cache (at least 8 bytes of its
+/// stride, 8-aligned, ours to read).
+#[inline(always)]
+pub(crate) unsafe fn holds_key(obj: NonNull<u8>, key: usize) -> bool {
+    // SAFETY: per our caller.
+    unsafe { key_word(obj).read() == key }
+}
+
+/// Mark `obj` freed: the key in its first word.
+///
+/// # Safety
+/// As for [`holds_key`], and the caller gives the object up.
+#[inline(always)]
+pub(crate) unsafe fn write_key(obj: NonNull<u8>, key: usize) {
+    // SAFETY: per our caller.
+    unsafe { key_word(obj).write(key) };
+}
+
+/// Clear the key of an object a keyed cache hands out (glibc `e->key =
+/// 0`), so that only its owner can put the key back.
+///
+/// # Safety
+/// `obj` is an object of a keyed cache, just taken from its magazines or
+/// slab layer for a caller.
+#[inline(always)]
+pub(crate) unsafe fn clear_key(obj: NonNull<u8>) {
+    // SAFETY: per our caller.
+    unsafe { key_word(obj).write(0) };
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// Whether this cache keys its objects.
+    #[inline]
+    pub(crate) fn is_keyed(&self) -> bool {
+        !self.hot().contains(HotFlags::KEYLESS)
+    }
+
+    /// Whether freeing `obj` now would free it twice: for a keyed cache
+    /// whose object holds the key, confirmed by a search of every
+    /// magazine and the depot and by its slab (see the module docs);
+    /// otherwise the miss's checks (the tops of this CPU's magazines, the
+    /// slab). Call with no allocator lock held (the search visits each
+    /// CPU).
+    ///
+    /// # Safety
+    /// `obj` is an object start of a live slab of this cache.
+    pub(crate) unsafe fn is_double_free(&self, obj: NonNull<u8>) -> bool {
+        let addr = obj.as_ptr() as usize;
+        // SAFETY: per our caller; keyed objects hold at least a word.
+        if self.is_keyed() && unsafe { holds_key(obj, free_key()) } {
+            // SAFETY: per our caller.
+            return unsafe { self.is_free_in_slab(obj) }
+                || self.find_round(|round| round == addr).is_some();
+        }
+        // SAFETY: per our caller.
+        self.on_top_of_magazines(obj) || unsafe { self.is_free_in_slab(obj) }
+    }
+
+    /// A free that passed [`Self::is_double_free`] on the miss: mark the
+    /// object freed (keyed caches) before it enters a magazine or its slab.
+    ///
+    /// # Safety
+    /// `obj` is an object of this cache the caller gives up.
+    pub(crate) unsafe fn key_freed(&self, obj: NonNull<u8>) {
+        if self.is_keyed() {
+            // SAFETY: per our caller.
+            unsafe { write_key(obj, free_key()) };
+        }
+    }
+
+    /// An object leaves a flagged alloc path for a caller: clear its key
+    /// (keyed caches).
+    ///
+    /// # Safety
+    /// `obj` was just taken from this cache's magazines or slab layer.
+    #[inline]
+    pub(crate) unsafe fn key_allocated(&self, obj: NonNull<u8>) {
+        if self.is_keyed() {
+            // SAFETY: per our caller.
+            unsafe { clear_key(obj) };
+        }
+    }
+}
