@@ -41,16 +41,24 @@ test-example:
 	cargo run -p magpie-hobby-kernel
 	cargo run -q -p magpie-slab --example host_heap --target $(HOST)
 
-# Tier 3: boot the real kernel, type sessions on its serial console; then
+# Tier 3: setup.sh's toolchain repair and lock (fake rustup); boot the real
+# kernel, type sessions on its serial console (the README's too); then
 # the shell fuzz test (3,000 random and crafted lines, seeded: MAGPIE_FUZZ_SEED).
-test-e2e:
+test-e2e: magpie-kmem
 	cargo build --bin magpie
+	python3 tests/e2e/test_setup.py -v
 	python3 tests/e2e/test_shell.py -v
 	python3 tests/e2e/test_kmemtrace.py -v
 	python3 tests/e2e/test_slabtop.py -v
 	python3 tests/e2e/test_dump_channel.py -v
 	python3 tests/e2e/test_findleaks.py -v
 	python3 tests/e2e/test_fuzz.py -v
+
+# The host tool (tools/magpie-kmem), built once with cargo's progress shown
+# (the first build compiles ~90 crates); scripts/magpie-kmem runs it.
+.PHONY: magpie-kmem
+magpie-kmem:
+	cargo build -p magpie-kmem --target $(HOST)
 
 # Formatting and lints, warnings as errors (also run by .ci/run). The lint
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).

@@ -2,15 +2,63 @@
 # Installs what `cargo run` and `cargo test` need and is missing: the pinned
 # toolchain from rust-toolchain.toml and QEMU. Safe to run again; fast when
 # everything is present.
+#
+# Safe to run twice at once (two `make` runs): the rustup steps hold a lock
+# (flock on $RUSTUP_HOME/magpie-setup.lock), because concurrent installs were
+# seen to leave the toolchain's x86_64-unknown-none library directory empty,
+# and every kernel build then failed with "can't find crate for `core`". A
+# toolchain left like that (by a concurrent or interrupted install) is
+# detected here and repaired: the target is removed and added again.
+#
+# For tests: MAGPIE_RUSTUP (the rustup to run), MAGPIE_SYSROOT (the
+# toolchain directory to check, default `rustc --print sysroot`),
+# MAGPIE_SETUP_LOCK (the lock file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v rustup >/dev/null 2>&1; then
+RUSTUP=${MAGPIE_RUSTUP:-rustup}
+BARE_TARGET=x86_64-unknown-none
+CHANNEL=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+
+if ! command -v "$RUSTUP" >/dev/null 2>&1; then
     echo "setup: rustup not found; install it from https://rustup.rs and run this again" >&2
     exit 1
 fi
+
+# Whether the toolchain at sysroot $1 has the bare target's library (the
+# precompiled `core` the kernel builds against).
+bare_target_ok() {
+    compgen -G "$1/lib/rustlib/$BARE_TARGET/lib/libcore-*.rlib" >/dev/null
+}
+
+lock=${MAGPIE_SETUP_LOCK:-${RUSTUP_HOME:-$HOME/.rustup}/magpie-setup.lock}
+mkdir -p "$(dirname "$lock")"
+exec 9>"$lock"
+if command -v flock >/dev/null 2>&1; then
+    if ! flock -n 9; then
+        echo "setup: another setup is installing the toolchain; waiting for it ($lock)" >&2
+        flock 9
+    fi
+fi
+
 # Reads rust-toolchain.toml (channel, components, x86_64-unknown-none target).
-rustup toolchain install --no-self-update >/dev/null
+"$RUSTUP" toolchain install --no-self-update >/dev/null
+
+sysroot=${MAGPIE_SYSROOT:-$(rustc --print sysroot)}
+if ! bare_target_ok "$sysroot"; then
+    echo "setup: toolchain $CHANNEL has no $BARE_TARGET library" \
+         "($sysroot/lib/rustlib/$BARE_TARGET/lib is missing or empty: an interrupted" \
+         "or concurrent install); repairing it" >&2
+    "$RUSTUP" target remove --toolchain "$CHANNEL" "$BARE_TARGET" >/dev/null 2>&1 || true
+    "$RUSTUP" target add --toolchain "$CHANNEL" "$BARE_TARGET" >/dev/null
+    if ! bare_target_ok "$sysroot"; then
+        echo "setup: $BARE_TARGET is still missing from $sysroot after 'rustup target add';" \
+             "try: rustup toolchain uninstall $CHANNEL && make setup" >&2
+        exit 1
+    fi
+    echo "setup: repaired: $BARE_TARGET library installed in $sysroot" >&2
+fi
+flock -u 9 2>/dev/null || true
 
 if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -159,6 +159,17 @@ fn check_memory(boot: &BootInfo) {
         return;
     }
     let usable = boot.usable_bytes() as usize;
+    // The RAM the machine was given (QEMU `-m`) is where its highest RAM
+    // region ends: the low MiB's holes and the firmware's tables count
+    // towards it but not towards `usable`, so an estimate from `usable`
+    // (8.5 MiB of 9) named a size that did not boot.
+    let ram_end = boot
+        .memmap
+        .iter()
+        .filter(|region| region.kind.is_ram())
+        .map(|region| region.end())
+        .max()
+        .unwrap_or(usable as u64) as usize;
     println!(
         "error: too little memory: found {} KiB of usable RAM, {} KiB of it free after the \
          kernel image and boot modules; the kernel needs {} KiB free with {nr_cpus} CPU(s), \
@@ -166,7 +177,7 @@ fn check_memory(boot: &BootInfo) {
         usable >> 10,
         free >> 10,
         need >> 10,
-        (usable - free + need).div_ceil(1 << 20),
+        (ram_end.max(usable) - free + need).div_ceil(1 << 20),
     );
     exit_qemu(QemuExitCode::Failed)
 }

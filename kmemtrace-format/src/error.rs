@@ -417,6 +417,7 @@ pub(crate) fn fixed_body_size(kind: u16) -> usize {
         crate::RECORD_STACK => crate::STACK_BODY_SIZE,
         crate::RECORD_CPU => CPU_BODY_SIZE,
         crate::RECORD_TRAILER => TRAILER_BODY_SIZE,
+        crate::RECORD_MARK => crate::MARK_BODY_SIZE,
         _ => 0,
     }
 }

@@ -79,7 +79,8 @@ pub use event::{DecodedEvent, EventKind, EventType, KmemtraceEvent};
 pub use header::KmemtraceHeader;
 pub use read::{DumpLayout, Records};
 pub use record::{
-    CacheRecord, CpuRecord, Record, RecordBody, RecordHeader, StackRecord, Trailer, record_name,
+    CacheRecord, CpuRecord, MarkRecord, Record, RecordBody, RecordHeader, StackRecord, Trailer,
+    record_name,
 };
 pub use write::{DumpSummary, DumpWriter};
 
@@ -114,6 +115,10 @@ pub const RECORD_CACHE: u16 = 1;
 pub const RECORD_STACK: u16 = 2;
 /// Record kind: a batch of one CPU's events (one record per sub-buffer).
 pub const RECORD_CPU: u16 = 3;
+/// Record kind: a marker, what happened at a time (a shell command line).
+pub const RECORD_MARK: u16 = 4;
+/// Size of the fixed part of a MARK body (timestamp, CPU, text length).
+pub const MARK_BODY_SIZE: usize = 16;
 /// Record kind: the trailer (counts and checksum), last in a complete dump.
 pub const RECORD_TRAILER: u16 = 0xFFFF;
 

@@ -5,9 +5,9 @@ use crate::error::fixed_body_size;
 use crate::event::event_bytes;
 use crate::{
     CACHE_BODY_SIZE, CPU_BODY_SIZE, DecodedEvent, DumpFormatError, EVENT_SIZE, FRAME_SIZE,
-    KmemtraceEvent, KmemtraceHeader, RECORD_ALIGN, RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE,
-    RECORD_STACK, RECORD_TRAILER, STACK_BODY_SIZE, TRAILER_BODY_SIZE, TRAILER_SIZE, le_u16, le_u32,
-    le_u64,
+    KmemtraceEvent, KmemtraceHeader, MARK_BODY_SIZE, RECORD_ALIGN, RECORD_CACHE, RECORD_CPU,
+    RECORD_HEADER_SIZE, RECORD_MARK, RECORD_STACK, RECORD_TRAILER, STACK_BODY_SIZE,
+    TRAILER_BODY_SIZE, TRAILER_SIZE, le_u16, le_u32, le_u64,
 };
 
 /// The name of a record kind in messages (`CACHE`, `STACK`, `CPU`,
@@ -18,6 +18,7 @@ pub fn record_name(kind: u16) -> &'static str {
         RECORD_STACK => "STACK",
         RECORD_CPU => "CPU",
         RECORD_TRAILER => "TRAILER",
+        RECORD_MARK => "MARK",
         _ => "unknown",
     }
 }
@@ -141,6 +142,7 @@ impl<'a> Record<'a> {
             RECORD_STACK => RecordBody::Stack(StackRecord::decode(self.body, offset, header)?),
             RECORD_CPU => RecordBody::Cpu(CpuRecord::decode(self.body, offset, header)?),
             RECORD_TRAILER => RecordBody::Trailer(Trailer::decode(self.body, self.offset)?),
+            RECORD_MARK => RecordBody::Mark(MarkRecord::decode(self.body, offset)?),
             kind => RecordBody::Unknown(kind),
         })
     }
@@ -157,6 +159,8 @@ pub enum RecordBody<'a> {
     Cpu(CpuRecord<'a>),
     /// [`RECORD_TRAILER`].
     Trailer(Trailer),
+    /// [`RECORD_MARK`].
+    Mark(MarkRecord<&'a str>),
     /// A kind this version does not know (skipped).
     Unknown(u16),
 }
@@ -173,6 +177,65 @@ fn check_body(kind: u16, body: &[u8], offset: usize) -> Result<(), DumpFormatErr
         });
     }
     Ok(())
+}
+
+/// A MARK record: what happened at a time, e.g. the shell command line
+/// typed while recording (`timestamp_ns u64, cpu u32, text_len u32,
+/// text`). Readers of ABI 1 that predate it skip it (an unknown kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MarkRecord<Text> {
+    /// Nanoseconds since boot.
+    pub timestamp_ns: u64,
+    /// The CPU it happened on.
+    pub cpu: u32,
+    /// What happened, UTF-8.
+    pub text: Text,
+}
+
+impl<Text: AsRef<str>> MarkRecord<Text> {
+    /// Write the record (header, body, padding) to `out`.
+    ///
+    /// # Panics
+    /// If the text is 4 GiB or longer.
+    pub fn encode(&self, out: &mut dyn FnMut(&[u8])) {
+        let text = self.text.as_ref().as_bytes();
+        let text_len = u32::try_from(text.len()).expect("a mark is below 4 GiB");
+        let mut fixed = [0u8; MARK_BODY_SIZE];
+        fixed[..8].copy_from_slice(&self.timestamp_ns.to_le_bytes());
+        fixed[8..12].copy_from_slice(&self.cpu.to_le_bytes());
+        fixed[12..16].copy_from_slice(&text_len.to_le_bytes());
+        encode_record(RECORD_MARK, &fixed, text, out);
+    }
+}
+
+impl<'a> MarkRecord<&'a str> {
+    /// Decode a MARK body found at `offset`. Text that is not UTF-8 is cut
+    /// at its first bad byte (a mark is for people, not checked data).
+    ///
+    /// # Errors
+    /// [`DumpFormatError::BodyTooShort`] when the body is shorter than its
+    /// fixed part plus the text length it states.
+    pub fn decode(body: &'a [u8], offset: usize) -> Result<Self, DumpFormatError> {
+        check_body(RECORD_MARK, body, offset)?;
+        let text_len = le_u32(body, 12) as usize;
+        let Some(bytes) = body.get(MARK_BODY_SIZE..MARK_BODY_SIZE.saturating_add(text_len)) else {
+            return Err(DumpFormatError::BodyTooShort {
+                offset,
+                kind: RECORD_MARK,
+                length: body.len(),
+                needed: MARK_BODY_SIZE.saturating_add(text_len),
+            });
+        };
+        let text = match core::str::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(error) => core::str::from_utf8(&bytes[..error.valid_up_to()]).unwrap_or_default(),
+        };
+        Ok(MarkRecord {
+            timestamp_ns: le_u64(body, 0),
+            cpu: le_u32(body, 8),
+            text,
+        })
+    }
 }
 
 /// A CACHE record: a cache's id, geometry and name (one per cache at dump

@@ -1,7 +1,8 @@
 //! Writing a dump: one pass into a sink, nothing buffered.
 
 use crate::{
-    CacheRecord, CpuRecord, KmemtraceEvent, KmemtraceHeader, StackRecord, TRAILER_SIZE, Trailer,
+    CacheRecord, CpuRecord, KmemtraceEvent, KmemtraceHeader, MarkRecord, StackRecord, TRAILER_SIZE,
+    Trailer,
 };
 
 /// What a dump wrote.
@@ -55,6 +56,11 @@ impl<'a> DumpWriter<'a> {
     /// A CACHE record.
     pub fn cache<Name: AsRef<str>>(&mut self, cache: &CacheRecord<Name>) {
         self.record(|out| cache.encode(out));
+    }
+
+    /// A MARK record.
+    pub fn mark<Text: AsRef<str>>(&mut self, mark: &MarkRecord<Text>) {
+        self.record(|out| mark.encode(out));
     }
 
     /// A STACK record (stack `id`, frames innermost first).

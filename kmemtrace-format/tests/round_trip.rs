@@ -5,8 +5,8 @@
 use magpie_kmemtrace_format::{
     CacheRecord, CpuRecord, DecodedEvent, DumpFormatError, DumpLayout, DumpSummary, DumpWriter,
     EVENT_SIZE, ErrorClass, EventKind, EventType, HEADER_SIZE, KmemtraceEvent, KmemtraceHeader,
-    RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE, RECORD_STACK, RECORD_TRAILER, Record, RecordBody,
-    RecordHeader, StackRecord, TRAILER_SIZE, Trailer,
+    MarkRecord, RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE, RECORD_MARK, RECORD_STACK,
+    RECORD_TRAILER, Record, RecordBody, RecordHeader, StackRecord, TRAILER_SIZE, Trailer,
 };
 use proptest::prelude::*;
 
@@ -101,6 +101,16 @@ proptest! {
         let record = only_record(&bytes);
         prop_assert_eq!(record.kind, RECORD_CACHE);
         prop_assert_eq!(record.decode(&header(1, 0)), Ok(RecordBody::Cache(cache)));
+    }
+
+    #[test]
+    fn mark_records_round_trip(timestamp_ns in any::<u64>(), cpu in any::<u32>(), text in "\\PC{0,80}") {
+        let mark = MarkRecord { timestamp_ns, cpu, text: text.as_str() };
+        let bytes = collect(|out| mark.encode(out));
+        prop_assert_eq!(bytes.len() % 8, 0);
+        let record = only_record(&bytes);
+        prop_assert_eq!(record.kind, RECORD_MARK);
+        prop_assert_eq!(record.decode(&header(1, 0)), Ok(RecordBody::Mark(mark)));
     }
 
     #[test]
@@ -533,4 +543,34 @@ fn short_bodies_are_refused() {
         body: &[],
     };
     assert_eq!(unknown.decode(&header(1, 0)), Ok(RecordBody::Unknown(0x77)));
+}
+
+#[test]
+fn a_mark_longer_than_its_record_is_refused_and_bad_text_is_cut() {
+    let mark = MarkRecord {
+        timestamp_ns: 5,
+        cpu: 1,
+        text: "kmalloc 64 10",
+    };
+    let mut bytes = collect(|out| mark.encode(out));
+    // text_len (body offset 12) says 200 bytes.
+    bytes[RECORD_HEADER_SIZE + 12..RECORD_HEADER_SIZE + 16].copy_from_slice(&200u32.to_le_bytes());
+    let error = only_record(&bytes).decode(&header(1, 0)).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            DumpFormatError::BodyTooShort {
+                kind: RECORD_MARK,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    // A byte that is not UTF-8 ends the text.
+    let mut bytes = collect(|out| mark.encode(out));
+    bytes[RECORD_HEADER_SIZE + 16 + 7] = 0xff;
+    let Ok(RecordBody::Mark(decoded)) = only_record(&bytes).decode(&header(1, 0)) else {
+        panic!("not a mark");
+    };
+    assert_eq!(decoded.text, "kmalloc");
 }

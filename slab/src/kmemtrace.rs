@@ -52,7 +52,7 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use magpie_kmemtrace_format::DumpWriter;
+use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 
@@ -199,6 +199,62 @@ struct StackTable {
 const STACK_BUCKETS: usize = MAX_STACKS * 2;
 const STACK_TABLE_BYTES: usize = STACK_BUCKETS * 4 + MAX_STACKS * MAX_STACK_DEPTH * 8 + MAX_STACKS;
 
+/// Caches destroyed since the record started whose CACHE records a dump
+/// still writes (the oldest are forgotten beyond this many).
+const MAX_DESTROYED_CACHES: usize = 16;
+
+/// A destroyed cache's CACHE record, its name copied (the cache's own
+/// storage is freed with it).
+#[derive(Clone, Copy)]
+struct DestroyedCache {
+    id: u32,
+    obj_size: u32,
+    align: u32,
+    flags: u32,
+    name: [u8; 32],
+    name_len: usize,
+}
+
+impl DestroyedCache {
+    const EMPTY: Self = DestroyedCache {
+        id: 0,
+        obj_size: 0,
+        align: 0,
+        flags: 0,
+        name: [0; 32],
+        name_len: 0,
+    };
+}
+
+/// The destroyed caches of the current record, oldest overwritten first.
+struct DestroyedCaches {
+    entries: [DestroyedCache; MAX_DESTROYED_CACHES],
+    /// Caches noted since the record started (entries hold the last
+    /// `MAX_DESTROYED_CACHES`).
+    nr_noted: usize,
+}
+
+/// Marks (shell command lines) a record keeps; later ones are counted
+/// and dropped.
+const MAX_MARKS: usize = 32;
+/// Bytes of a mark's text kept.
+const MARK_TEXT: usize = 64;
+
+/// One mark: when (ticks), on which CPU, what.
+#[derive(Clone, Copy)]
+struct Mark {
+    ticks: u64,
+    cpu: u32,
+    text: [u8; MARK_TEXT],
+    text_len: usize,
+}
+
+/// The marks of the current record.
+struct Marks {
+    entries: [Mark; MAX_MARKS],
+    nr_marks: usize,
+}
+
 /// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
 pub(crate) struct Kmemtrace {
     /// `nr_rings` cache-line aligned [`CpuRing`]s; null before the first
@@ -219,6 +275,11 @@ pub(crate) struct Kmemtrace {
     nr_stacks_dropped: AtomicU64,
     /// Serialises start, stop and dump.
     control: spin::Mutex<()>,
+    /// Caches destroyed during the record, so that the dump still names
+    /// their events' cache (cold path: cache destroy and dump only).
+    destroyed: spin::Mutex<DestroyedCaches>,
+    /// What the platform marked during the record (cold path).
+    marks: spin::Mutex<Marks>,
 }
 
 // SAFETY: the raw pointers are to memory owned by the recorder for its
@@ -253,7 +314,66 @@ impl Kmemtrace {
             }),
             nr_stacks_dropped: AtomicU64::new(0),
             control: spin::Mutex::new(()),
+            destroyed: spin::Mutex::new(DestroyedCaches {
+                entries: [DestroyedCache::EMPTY; MAX_DESTROYED_CACHES],
+                nr_noted: 0,
+            }),
+            marks: spin::Mutex::new(Marks {
+                entries: [Mark {
+                    ticks: 0,
+                    cpu: 0,
+                    text: [0; MARK_TEXT],
+                    text_len: 0,
+                }; MAX_MARKS],
+                nr_marks: 0,
+            }),
         }
+    }
+
+    /// Note `text` (a shell command line) at this time on this CPU, for
+    /// the dump's MARK records; nothing unless recording; the first
+    /// `MAX_MARKS` of a record, `MARK_TEXT` bytes of each, are kept.
+    pub(crate) fn mark<P: Platform>(&self, text: &str) {
+        if !self.is_recording() {
+            return;
+        }
+        let mut marks = self.marks.lock();
+        let index = marks.nr_marks;
+        let Some(entry) = marks.entries.get_mut(index) else {
+            return;
+        };
+        let mut text_len = text.len().min(MARK_TEXT);
+        while !text.is_char_boundary(text_len) {
+            text_len -= 1;
+        }
+        entry.ticks = P::now();
+        entry.cpu = P::cpu_id() as u32;
+        entry.text[..text_len].copy_from_slice(&text.as_bytes()[..text_len]);
+        entry.text_len = text_len;
+        marks.nr_marks += 1;
+    }
+
+    /// Keep a cache's CACHE record past its destruction, for the dump of
+    /// the current record (its events name it by id). Nothing to keep
+    /// before the first start. Called from `KmemCache::destroy` only.
+    pub(crate) fn note_destroyed(&self, cache: &CacheRecord<'_>) {
+        if self.rings.load(Ordering::Acquire).is_null() {
+            return;
+        }
+        let mut destroyed = self.destroyed.lock();
+        let index = destroyed.nr_noted % MAX_DESTROYED_CACHES;
+        let name_len = cache.name.len().min(32);
+        let mut name = [0; 32];
+        name[..name_len].copy_from_slice(&cache.name.as_bytes()[..name_len]);
+        destroyed.entries[index] = DestroyedCache {
+            id: cache.id,
+            obj_size: cache.obj_size,
+            align: cache.align,
+            flags: cache.flags,
+            name,
+            name_len,
+        };
+        destroyed.nr_noted += 1;
     }
 
     /// Whether recording is on (for some cache or all).
@@ -322,6 +442,8 @@ impl Kmemtrace {
             table.nr_stacks = 0;
         }
         self.nr_stacks_dropped.store(0, Ordering::Relaxed);
+        self.destroyed.lock().nr_noted = 0;
+        self.marks.lock().nr_marks = 0;
         for ring in self.rings() {
             ring.nr_written.store(0, Ordering::Release);
             ring.seq.store(0, Ordering::Relaxed);
@@ -535,6 +657,29 @@ impl Kmemtrace {
         };
         let mut out = DumpWriter::new(&header, sink);
         caches(&mut |cache| out.cache(&cache));
+        {
+            let destroyed = self.destroyed.lock();
+            let nr_kept = destroyed.nr_noted.min(MAX_DESTROYED_CACHES);
+            for entry in &destroyed.entries[..nr_kept] {
+                out.cache(&CacheRecord {
+                    id: entry.id,
+                    obj_size: entry.obj_size,
+                    align: entry.align,
+                    flags: entry.flags,
+                    name: core::str::from_utf8(&entry.name[..entry.name_len]).unwrap_or("?"),
+                });
+            }
+        }
+        {
+            let marks = self.marks.lock();
+            for mark in &marks.entries[..marks.nr_marks] {
+                out.mark(&MarkRecord {
+                    timestamp_ns: (info.ticks_to_ns)(mark.ticks),
+                    cpu: mark.cpu,
+                    text: core::str::from_utf8(&mark.text[..mark.text_len]).unwrap_or("?"),
+                });
+            }
+        }
         if stack_depth > 0 {
             let table = self.stacks.lock();
             for index in 0..table.nr_stacks {

@@ -317,6 +317,27 @@ class KmemtraceSession(unittest.TestCase):
         self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13328/1025\s*\|\s*13000/1000\s*\|\s*13 ")
 
     @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_stress_sites_name_their_code_tags_not_the_inlining_closure(self):
+        """stat's Source is inline-aware: stress's sites are inlined three
+        calls deep into one closure; each names the line of its own
+        allocation macro and the function it is in (`func:alloc`), as the
+        code tags (`fault list`, `allocinfo`) do, not the closure's line."""
+        code, out, err = self.magpie_kmem("stat", "--caller", "--json")
+        self.assertEqual(code, 0, err)
+        stress = [s for s in json.loads(out)["callsites"]
+                  if s["function"].startswith("magpie::smp::stress::run") and s["hit"] > 100]
+        self.assertEqual(len(stress), 2, stress)
+        with open(os.path.join(ROOT, "kernel", "src", "smp", "stress.rs")) as f:
+            lines = f.read().splitlines()
+        tags = {f"kernel/src/smp/stress.rs:{n}" for n, line in enumerate(lines, 1)
+                if re.search(r"\b(kmalloc|kmem_cache_alloc)(_box)?!", line)}
+        self.assertEqual({s["location"] for s in stress}, tags)
+        self.assertEqual({s["func"] for s in stress}, {"alloc"})
+        code, out, err = self.magpie_kmem("stat", "--caller")
+        for site in stress:
+            self.assertIn(f'{site["location"]} func:alloc', out)
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
     def test_magpie_kmem_ping_pong_is_stress_cross_cpu_frees(self):
         text = reply_to(self.out, "stress --cpus all --ops 3000")
         cross_frees = int(re.search(r"^total\s+\d+\s+\d+\s+\d+\s+(\d+)", text, re.M).group(1))
@@ -336,6 +357,78 @@ class KmemtraceSession(unittest.TestCase):
         held = [int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 100 10"))][:6]
         held += [int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 4000 3"))]
         self.assertEqual(leaked, sorted(held))
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_exports_load_in_their_readers(self):
+        """speedscope JSON validates against speedscope's published schema
+        (vendored: tools/magpie-kmem/tests/data); the Chrome trace holds
+        every event of the dump, per CPU, with live-byte counters; folded
+        stacks weigh exactly the bytes allocated."""
+        import jsonschema
+        schema_path = os.path.join(ROOT, "tools", "magpie-kmem", "tests", "data",
+                                   "speedscope-file-format-schema.json")
+        with open(schema_path) as f:
+            schema = json.load(f)
+        code, out, err = self.magpie_kmem("export", "--format", "speedscope")
+        self.assertEqual(code, 0, err)
+        speedscope = json.loads(out)
+        jsonschema.validate(speedscope, schema)
+        events = self.dump()["events"]
+        allocated = sum(e["alloc"] for e in events if e["event"] == 1)
+        self.assertEqual(sum(speedscope["profiles"][0]["weights"]), allocated)
+
+        code, out, err = self.magpie_kmem("export", "--format", "folded")
+        self.assertEqual(code, 0, err)
+        lines = out.splitlines()
+        self.assertTrue(all(re.fullmatch(r"[^ ].* \d+", line) for line in lines), lines[:5])
+        self.assertEqual(sum(int(line.rsplit(" ", 1)[1]) for line in lines), allocated)
+        self.assertTrue(any("cmd_kmalloc" in line for line in lines))
+
+        code, out, err = self.magpie_kmem("export", "--format", "chrome")
+        self.assertEqual(code, 0, err)
+        trace = json.loads(out)
+        instants = [e for e in trace["traceEvents"] if e["ph"] == "i" and e.get("cat") == "kmem"]
+        self.assertEqual(len(instants), len(events))
+        self.assertEqual({e["tid"] for e in instants}, {e["cpu"] for e in events})
+        for e in trace["traceEvents"]:
+            self.assertIn(e["ph"], "MiC")
+            if e["ph"] != "M":
+                self.assertGreaterEqual(e["ts"], 0)
+        # The shell's command lines typed while recording are markers (MARK
+        # records), in order.
+        marks = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "shell"]
+        self.assertEqual(marks, ["kmalloc 100 10", "kfree 4", "kmalloc 4000 3", "stress --cpus all --ops 3000",
+                                 "kmemtrace record stop"])
+        counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "live bytes kmalloc-4096"]
+        self.assertEqual(counters[-1]["args"]["bytes"], 3 * 4096, "kmalloc 4000 3 still held at the end")
+
+
+class KmemtraceDiff(unittest.TestCase):
+    """`magpie-kmem diff A B` on two boots: what the second holds more of."""
+
+    @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+    def test_diff_of_two_boots_shows_the_extra_leak(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for extra in ([], ["leak 200 7"]):
+                path = os.path.join(tmp, f"{len(paths)}.kmt")
+                code, out = boot_recording(["kmemtrace record start", "kmalloc 100 10", *extra,
+                                            "kmemtrace record stop", "kmemtrace dump", "poweroff"], path)
+                self.assertEqual(code, 0, out)
+                paths.append(path)
+            result = subprocess.run([MAGPIE_KMEM, "--kernel", KERNEL, "diff", *paths],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+            out = result.stdout.decode()
+            self.assertEqual(result.returncode, 0, result.stderr.decode())
+            lines = out.splitlines()
+            self.assertRegex(lines[0], r"^magpie-kmem diff - live at the end of .* -> .*, \d+ sites? changed$")
+            self.assertEqual(lines[1], "#     <size>  <calls> <tag info>")
+            # leak 200 7: seven kmalloc-208 objects at cmd_leak's kmalloc! line.
+            self.assertRegex(out, r"\n\s+\+1456\s+\+7 kernel/src/shell/kmem\.rs:\d+ func:cmd_leak\n")
+            self.assertRegex(out, r"\n\s+\+1456\s+\+7 kmalloc-208\n")
+            self.assertNotIn("func:cmd_kmalloc", out.split("\n\n")[0], "kmalloc 100 10 in both")
 
 
 class KmemtraceOverruns(unittest.TestCase):

@@ -353,6 +353,7 @@ impl Shell {
 
     /// Runs one command line, writing its output (or one error line) to `out`.
     pub fn execute(&mut self, line: &str, out: &mut dyn Write) {
+        crate::tracing::event_stream::mark(line);
         if let Err(error) = self.dispatch(line, out) {
             let _ = writeln!(out, "error: {error}");
         }

@@ -105,6 +105,15 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
     SLAB.kmemtrace_start(config)
 }
 
+/// Marks `line` (a shell command) in the record, if one is being made:
+/// the dump's MARK records, drawn by `magpie-kmem` as markers.
+pub fn mark(line: &str) {
+    let line = line.trim();
+    if !line.is_empty() {
+        SLAB.kmemtrace_mark(line);
+    }
+}
+
 /// Nanoseconds since boot for a TSC reading.
 pub fn ticks_to_ns(ticks: u64) -> u64 {
     tsc::cycles_to_ns(ticks)

@@ -101,7 +101,8 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// Write a dump of the record to `sink`, in pieces: the header, a
-    /// CACHE record per cache (caches destroyed meanwhile are not named),
+    /// CACHE record per cache (and per cache destroyed since the record
+    /// started, the last 16, so their events keep their cache's name),
     /// the stacks, each CPU's events (one record per sub-buffer, timestamps
     /// converted with `info.ticks_to_ns`), the trailer with the CRC-32 of
     /// everything before it. May run while recording: each ring is read up
@@ -110,17 +111,24 @@ impl<P: Platform> Allocator<P> {
     /// CACHE records).
     pub fn kmemtrace_dump(&self, info: &DumpInfo<'_>, sink: &mut dyn FnMut(&[u8])) -> DumpSummary {
         let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
-            self.for_each_cache(|cache| {
-                emit(CacheRecord {
-                    id: cache.id,
-                    obj_size: cache.params.obj_size as u32,
-                    align: cache.align as u32,
-                    flags: cache.flags.bits(),
-                    name: cache.name(),
-                })
-            })
+            self.for_each_cache(|cache| emit(cache_record(cache)))
         };
         self.kmemtrace.dump(info, &mut caches, sink)
+    }
+
+    /// Mark what happens now (a shell command line) in the record: the
+    /// dump carries it as a MARK record (time, CPU, the first 64 bytes),
+    /// which `magpie-kmem` draws as a marker on its timeline and Chrome
+    /// trace. Nothing while not recording; at most 32 marks per record.
+    /// Takes a lock: not for hot paths.
+    pub fn kmemtrace_mark(&self, text: &str) {
+        self.kmemtrace.mark::<P>(text);
+    }
+
+    /// Keep `cache`'s CACHE record for the dump of the current record
+    /// (cold: `KmemCache::destroy` calls it once, before the name goes).
+    pub(crate) fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>) {
+        self.kmemtrace.note_destroyed(&cache_record(cache));
     }
 
     /// Record an allocation from `cache` (its packed result).
@@ -196,5 +204,16 @@ impl<P: Platform> Allocator<P> {
                 bytes_alloc,
             },
         );
+    }
+}
+
+/// A cache as its dump's CACHE record describes it.
+fn cache_record<P: Platform>(cache: &KmemCache<P>) -> CacheRecord<'_> {
+    CacheRecord {
+        id: cache.id,
+        obj_size: cache.params.obj_size as u32,
+        align: cache.align as u32,
+        flags: cache.flags.bits(),
+        name: cache.name(),
     }
 }

@@ -503,6 +503,7 @@ impl<P: Platform> KmemCache<P> {
             });
         }
         let owner = self.owner();
+        owner.kmemtrace_cache_destroyed(self);
         owner.unlink_cache(self);
         let nr_trace_records_dropped = self.trace_drop_all();
         self.free_trace_table();

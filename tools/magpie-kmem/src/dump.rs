@@ -134,6 +134,17 @@ pub struct CpuRecord {
     pub events: Vec<DecodedEvent>,
 }
 
+/// A MARK record: what happened at a time (a shell command line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// Nanoseconds since boot.
+    pub timestamp_ns: u64,
+    /// The CPU.
+    pub cpu: u32,
+    /// What happened.
+    pub text: String,
+}
+
 /// A whole dump, decoded and validated.
 #[derive(Debug, Clone)]
 pub struct Dump {
@@ -151,6 +162,8 @@ pub struct Dump {
     pub trailer_offset: u64,
     /// Records of unknown kind that were skipped: (offset, kind).
     pub skipped: Vec<(u64, u16)>,
+    /// MARK records (what the shell ran while recording), by time.
+    pub marks: Vec<Mark>,
     /// Size of the file in bytes.
     pub file_size: u64,
     /// Offset of this dump in the file.
@@ -229,6 +242,7 @@ impl Dump {
             trailer: layout.trailer,
             trailer_offset: layout.trailer_offset as u64,
             skipped: Vec::new(),
+            marks: Vec::new(),
             file_size: bytes.len() as u64,
             offset: 0,
             nr_earlier_dumps: 0,
@@ -264,6 +278,11 @@ impl Dump {
                         .collect::<Result<_, _>>()
                         .map_err(format_error)?,
                 }),
+                RecordBody::Mark(mark) => dump.marks.push(Mark {
+                    timestamp_ns: mark.timestamp_ns,
+                    cpu: mark.cpu,
+                    text: mark.text.to_string(),
+                }),
                 // (The layout's records stop before the trailer.)
                 RecordBody::Trailer(_) | RecordBody::Unknown(_) => {
                     dump.skipped.push((record.offset as u64, record.kind));
@@ -288,6 +307,7 @@ impl Dump {
                 found: nr_overruns,
             }));
         }
+        dump.marks.sort_by_key(|mark| mark.timestamp_ns);
         Ok((dump, layout.len()))
     }
 

@@ -4,14 +4,26 @@
 use std::collections::BTreeMap;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::analysis::Replay;
 use crate::dump::{DecodedEvent, Dump};
 use crate::symbols::Symbolizer;
 
-/// One folded stack line's frames (outermost first) for an alloc event:
-/// the recorded stack when there is one, else the call site; then the
-/// cache as the leaf frame, in brackets.
+/// Where a flamegraph shows the cache an allocation came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheFrames {
+    /// As a leaf frame `[cache]` under the call site: a site that
+    /// allocates from many caches splits into one sliver per cache.
+    #[default]
+    Leaf,
+    /// As a label of the call site's frame (`alloc [kmalloc-64]`, or
+    /// `alloc [30 caches: kmalloc-8 … kmalloc-512]`): one box per site.
+    Label,
+}
+
+/// One folded stack's frames (outermost first) for an alloc event: the
+/// recorded stack when there is one, else the call site.
 fn frames_of(
     dump: &Dump,
     sym: &Symbolizer,
@@ -28,19 +40,53 @@ fn frames_of(
         let names = memo.entry(*addr).or_insert_with(|| sym.frames(*addr));
         out.extend(names.iter().map(|n| n.replace(';', ":")));
     }
-    out.push(format!("[{}]", dump.cache_name(e.cache_id)));
     out
+}
+
+/// The label of a site that allocated from `caches` (sorted by object
+/// size, as the kmalloc names sort people expect).
+fn cache_label(dump: &Dump, caches: &std::collections::BTreeSet<u32>) -> String {
+    let mut named: Vec<(u64, String)> = caches
+        .iter()
+        .map(|&id| {
+            let size = dump.caches.get(&id).map_or(0, |c| u64::from(c.obj_size));
+            (size, dump.cache_name(id))
+        })
+        .collect();
+    named.sort();
+    match named.as_slice() {
+        [(_, only)] => format!("[{only}]"),
+        [(_, first), .., (_, last)] => format!("[{} caches: {first} … {last}]", named.len()),
+        [] => String::new(),
+    }
 }
 
 /// Folded stacks (`root;...;leaf BYTES`), sorted: bytes allocated by each
 /// stack over the whole record, or (`live`) bytes of objects still live at
-/// the end.
+/// the end; the cache a leaf frame (the default) or the site's label.
 pub fn folded_stacks(dump: &Dump, replay: &Replay, sym: &Symbolizer, live: bool) -> Vec<String> {
+    folded_stacks_with(dump, replay, sym, live, CacheFrames::Leaf)
+}
+
+/// [`folded_stacks`] with the cache shown as `caches` says.
+pub fn folded_stacks_with(
+    dump: &Dump,
+    replay: &Replay,
+    sym: &Symbolizer,
+    live: bool,
+    caches: CacheFrames,
+) -> Vec<String> {
     let mut memo = BTreeMap::new();
-    let mut weights: BTreeMap<String, u64> = BTreeMap::new();
+    let mut weights: BTreeMap<Vec<String>, (u64, std::collections::BTreeSet<u32>)> =
+        BTreeMap::new();
     let mut add = |e: &DecodedEvent| {
-        let key = frames_of(dump, sym, e, &mut memo).join(";");
-        *weights.entry(key).or_default() += e.bytes_alloc;
+        let mut frames = frames_of(dump, sym, e, &mut memo);
+        if caches == CacheFrames::Leaf {
+            frames.push(format!("[{}]", dump.cache_name(e.cache_id)));
+        }
+        let entry = weights.entry(frames).or_default();
+        entry.0 += e.bytes_alloc;
+        entry.1.insert(e.cache_id);
     };
     if live {
         replay.live.values().for_each(&mut add);
@@ -49,11 +95,21 @@ pub fn folded_stacks(dump: &Dump, replay: &Replay, sym: &Symbolizer, live: bool)
             .filter(|e| e.kind == crate::dump::EventKind::Alloc)
             .for_each(&mut add);
     }
-    weights
+    let mut lines: Vec<String> = weights
         .into_iter()
-        .filter(|(_, w)| *w > 0)
-        .map(|(k, w)| format!("{k} {w}"))
-        .collect()
+        .filter(|(_, (w, _))| *w > 0)
+        .map(|(mut frames, (w, ids))| {
+            if caches == CacheFrames::Label
+                && let Some(leaf) = frames.last_mut()
+            {
+                leaf.push(' ');
+                leaf.push_str(&cache_label(dump, &ids));
+            }
+            format!("{} {w}", frames.join(";"))
+        })
+        .collect();
+    lines.sort();
+    lines
 }
 
 /// Writes the flamegraph SVG. Errors: nothing to draw, or inferno's.
@@ -66,8 +122,9 @@ pub fn flamegraph(
     replay: &Replay,
     sym: &Symbolizer,
     live: bool,
+    caches: CacheFrames,
 ) -> Result<Vec<u8>, String> {
-    let lines = folded_stacks(dump, replay, sym, live);
+    let lines = folded_stacks_with(dump, replay, sym, live, caches);
     if lines.is_empty() {
         return Err(if live {
             "no object is live at the end of the record: nothing to draw".into()
@@ -90,14 +147,24 @@ pub fn flamegraph(
     Ok(svg)
 }
 
-/// Caches the timeline draws at most.
+/// Lines the timeline draws at most.
 pub const TIMELINE_CACHES: usize = 6;
 /// Points per line at most (the series is bucketed in time beyond that).
 const TIMELINE_POINTS: usize = 2000;
 
-/// A cache's live bytes over time: (ns since record start, live bytes).
+/// What the timeline draws one line for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimelineBy {
+    /// One line per cache (the default).
+    Cache,
+    /// One line per call site, named `FILE:LINE func:NAME`.
+    Site,
+}
+
+/// A cache's (or call site's) live bytes over time: (ns since record
+/// start, live bytes).
 pub struct Series {
-    /// Cache name.
+    /// Cache name, or the call site's `FILE:LINE func:NAME`.
     pub name: String,
     /// Peak live bytes.
     pub peak: i64,
@@ -109,32 +176,65 @@ pub struct Series {
 /// [`TIMELINE_CACHES`]). Events of all CPUs are merged by timestamp; the
 /// replay must come from [`crate::analysis::replay_with_timeline`].
 pub fn timeline_series(dump: &Dump, replay: &Replay) -> Vec<Series> {
+    let deltas = replay
+        .timeline
+        .iter()
+        .map(|&(ts, cache, delta)| (ts, dump.cache_name(cache), delta));
+    series_of(dump, deltas.collect())
+}
+
+/// Live bytes over time per call site (named as the code tags name
+/// theirs), the sites with the highest peaks: allocs and frees of all
+/// CPUs merged by timestamp, each free matched to its alloc's site.
+pub fn timeline_series_by_site(dump: &Dump, sym: &Symbolizer) -> Vec<Series> {
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut live: std::collections::HashMap<u64, (String, u64)> = std::collections::HashMap::new();
+    let mut deltas = Vec::new();
+    for e in dump.merged_events() {
+        match e.kind {
+            crate::dump::EventKind::Alloc => {
+                let name = names
+                    .entry(e.call_site)
+                    .or_insert_with(|| sym.site(e.call_site).tag_info())
+                    .clone();
+                deltas.push((e.timestamp_ns, name.clone(), e.bytes_alloc as i64));
+                live.insert(e.ptr, (name, e.bytes_alloc));
+            }
+            crate::dump::EventKind::Free => {
+                if let Some((name, bytes)) = live.remove(&e.ptr) {
+                    deltas.push((e.timestamp_ns, name, -(bytes as i64)));
+                }
+            }
+            _ => {}
+        }
+    }
+    series_of(dump, deltas)
+}
+
+fn series_of(dump: &Dump, deltas: Vec<(u64, String, i64)>) -> Vec<Series> {
     let start = dump.header.record_start_ns;
-    let mut live: BTreeMap<u32, i64> = BTreeMap::new();
-    let mut peaks: BTreeMap<u32, i64> = BTreeMap::new();
-    let mut raw: BTreeMap<u32, Vec<(u64, i64)>> = BTreeMap::new();
-    for &(ts, cache, delta) in &replay.timeline {
-        let value = live.entry(cache).or_default();
+    let mut live: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut peaks: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut raw: BTreeMap<&str, Vec<(u64, i64)>> = BTreeMap::new();
+    for (ts, name, delta) in &deltas {
+        let value = live.entry(name).or_default();
         *value += delta;
-        let peak = peaks.entry(cache).or_default();
+        let peak = peaks.entry(name).or_default();
         *peak = (*peak).max(*value);
-        raw.entry(cache)
+        raw.entry(name)
             .or_default()
             .push((ts.saturating_sub(start), *value));
     }
-    let mut order: Vec<(u32, i64)> = peaks.into_iter().collect();
-    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut order: Vec<(&str, i64)> = peaks.into_iter().collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     order.truncate(TIMELINE_CACHES);
-    let end = replay
-        .timeline
-        .last()
-        .map_or(0, |t| t.0.saturating_sub(start));
+    let end = deltas.last().map_or(0, |t| t.0.saturating_sub(start));
     order
         .into_iter()
-        .map(|(cache, peak)| {
-            let points = raw.remove(&cache).unwrap_or_default();
+        .map(|(name, peak)| {
+            let points = raw.remove(name).unwrap_or_default();
             Series {
-                name: dump.cache_name(cache),
+                name: name.to_string(),
                 peak,
                 points: downsample(points, end),
             }
@@ -171,19 +271,66 @@ fn downsample(points: Vec<(u64, i64)>, end: u64) -> Vec<(u64, i64)> {
     out
 }
 
-/// Writes the timeline SVG. Errors: nothing to draw, or plotters'.
+/// Bytes as people read them: `384 bytes`, `12.0 KiB`, `1.5 MiB`.
+pub fn human_bytes(bytes: i64) -> String {
+    let magnitude = bytes.unsigned_abs();
+    if magnitude < 1024 {
+        format!("{bytes} bytes")
+    } else if magnitude < 1024 * 1024 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+/// The y axis' unit for values up to `max` bytes: (name, bytes per unit).
+fn axis_unit(max: f64) -> (&'static str, f64) {
+    if max >= 4.0 * 1024.0 * 1024.0 {
+        ("MiB", 1024.0 * 1024.0)
+    } else if max >= 4.0 * 1024.0 {
+        ("KiB", 1024.0)
+    } else {
+        ("bytes", 1.0)
+    }
+}
+
+/// A marker on the timeline: what the shell ran, and when (ns since
+/// record start).
+pub struct Marker {
+    /// Nanoseconds since `record start`.
+    pub at_ns: u64,
+    /// The command line.
+    pub text: String,
+}
+
+/// The dump's MARK records as timeline markers.
+pub fn markers(dump: &Dump) -> Vec<Marker> {
+    let start = dump.header.record_start_ns;
+    dump.marks
+        .iter()
+        .map(|mark| Marker {
+            at_ns: mark.timestamp_ns.saturating_sub(start),
+            text: mark.text.clone(),
+        })
+        .collect()
+}
+
+/// Writes the timeline SVG: live bytes per cache (or per call site) over
+/// time, the y axis in bytes, KiB or MiB, the legend beside the plot, a
+/// dashed line and a label for each command the shell ran (`marks`).
+/// Errors: nothing to draw, or plotters'.
 ///
 /// # Errors
 ///
 /// A message when there is nothing to draw, or plotters' error as text.
-pub fn timeline(dump: &Dump, replay: &Replay) -> Result<String, String> {
-    let series = timeline_series(dump, replay);
+pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<String, String> {
     if series.is_empty() {
         return Err("the record holds no allocation: nothing to draw".into());
     }
     let end_ns = series
         .iter()
         .filter_map(|s| s.points.last().map(|p| p.0))
+        .chain(marks.iter().map(|m| m.at_ns))
         .max()
         .unwrap_or(0)
         .max(1);
@@ -194,29 +341,68 @@ pub fn timeline(dump: &Dump, replay: &Replay) -> Result<String, String> {
         ("µs", 1e3)
     };
     let x_max = end_ns as f64 / scale;
-    let y_max = series.iter().map(|s| s.peak).max().unwrap_or(1).max(1) as f64 * 1.1;
+    let peak = series.iter().map(|s| s.peak).max().unwrap_or(1).max(1) as f64;
+    let (y_unit, y_scale) = axis_unit(peak);
+    let y_max = peak * 1.1 / y_scale;
+    let (what, legend_width) = match by {
+        TimelineBy::Cache => ("cache (top caches by peak)", 240),
+        TimelineBy::Site => ("call site (top sites by peak)", 480),
+    };
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1000, 520)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (760 + legend_width, 480)).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| format!("timeline: {e}");
         root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "magpie-kmem: live bytes per cache (top caches by peak)",
+        let root = root
+            .titled(
+                &format!("magpie-kmem: live bytes per {what}"),
                 ("sans-serif", 20),
             )
+            .map_err(|e| err(&e))?;
+        let (plot, legend) = root.split_horizontally(760);
+        let mut chart = ChartBuilder::on(&plot)
             .margin(12)
             .x_label_area_size(40)
-            .y_label_area_size(80)
+            .y_label_area_size(70)
             .build_cartesian_2d(0f64..x_max, 0f64..y_max)
             .map_err(|e| err(&e))?;
+        let decimals = usize::from(y_max < 10.0);
         chart
             .configure_mesh()
             .x_desc(format!("{unit} since record start"))
-            .y_desc("live bytes")
-            .y_label_formatter(&|v| format!("{v:.0}"))
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_desc(format!("live {y_unit}"))
+            .y_label_formatter(&|v| format!("{v:.decimals$}"))
             .draw()
             .map_err(|e| err(&e))?;
+        let grey = RGBColor(120, 120, 120);
+        for (i, mark) in marks.iter().enumerate() {
+            let x = mark.at_ns as f64 / scale;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(x, 0.0), (x, y_max)],
+                    4,
+                    3,
+                    grey.stroke_width(1),
+                ))
+                .map_err(|e| err(&e))?;
+            // Labels take turns at four heights so neighbours do not overlap.
+            // (Right of its line, or left of it in the last fifth.)
+            let label: String = mark.text.chars().take(28).collect();
+            let y = y_max * (0.98 - 0.045 * (i % 4) as f64);
+            let side = if x > 0.8 * x_max {
+                HPos::Right
+            } else {
+                HPos::Left
+            };
+            let style = ("sans-serif", 11)
+                .into_font()
+                .color(&grey)
+                .pos(Pos::new(side, VPos::Top));
+            chart
+                .draw_series(std::iter::once(Text::new(label, (x, y), style)))
+                .map_err(|e| err(&e))?;
+        }
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let mut points: Vec<(f64, f64)> = Vec::with_capacity(s.points.len() * 2 + 1);
@@ -226,22 +412,26 @@ pub fn timeline(dump: &Dump, replay: &Replay) -> Result<String, String> {
             for &(t, v) in &s.points {
                 let x = t as f64 / scale;
                 points.push((x, last));
-                points.push((x, v as f64));
-                last = v as f64;
+                points.push((x, v as f64 / y_scale));
+                last = v as f64 / y_scale;
             }
             points.push((x_max, last));
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(format!("{} (peak {} bytes)", s.name, s.peak))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .map_err(|e| err(&e))?;
+            // The legend beside the plot: a swatch, the name, its peak.
+            let y = 30 + 30 * i as i32;
+            legend
+                .draw(&Rectangle::new([(4, y + 5), (24, y + 9)], color.filled()))
+                .map_err(|e| err(&e))?;
+            legend
+                .draw(&Text::new(
+                    format!("{} (peak {})", s.name, human_bytes(s.peak)),
+                    (32, y),
+                    ("sans-serif", 14),
+                ))
+                .map_err(|e| err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)

@@ -32,6 +32,10 @@
 //!   arguments dropped) and `file:line` (DWARF, via `addr2line`).
 //! - [`report`]: the `check`, `stat` and `leaks` reports, text and JSON.
 //! - [`graphs`]: flamegraph (`inferno`) and timeline (`plotters`) SVGs.
+//! - [`export`]: Chrome trace-event JSON (Perfetto), speedscope JSON and
+//!   folded stacks, for other people's viewers.
+//! - [`diff`]: two dumps compared per call site and per cache, in the
+//!   shell's `allocinfo diff` layout.
 //!
 //! ## Units
 //!
@@ -54,7 +58,9 @@
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod diff;
 pub mod dump;
+pub mod export;
 pub mod graphs;
 pub mod report;
 pub mod symbols;

@@ -12,6 +12,7 @@ use magpie_kmem::dump::Dump;
 use magpie_kmem::graphs;
 use magpie_kmem::report::{self, StatOptions};
 use magpie_kmem::symbols::{self, KernelChoice, Symbolizer};
+use magpie_kmem::{diff, export};
 
 /// Offline analysis of Magpie kmemtrace dumps (target/kmemtrace/latest.kmt).
 #[derive(Parser)]
@@ -83,14 +84,48 @@ enum Command {
         /// Bytes still live at the end instead of all bytes allocated.
         #[arg(long)]
         live: bool,
+        /// The cache as a leaf frame under each site (leaf, the default)
+        /// or as a label of the site's frame (label: one box per site).
+        #[arg(long, value_name = "leaf|label", default_value = "leaf")]
+        caches: String,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
         #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
         output: PathBuf,
     },
+    /// Export for other viewers: Chrome trace-event JSON (Perfetto UI),
+    /// speedscope JSON, or folded stacks (`frame;frame BYTES`).
+    Export {
+        /// chrome (Perfetto), speedscope or folded.
+        #[arg(long, value_name = "FORMAT")]
+        format: String,
+        /// Bytes still live at the end instead of all bytes allocated
+        /// (speedscope, folded).
+        #[arg(long)]
+        live: bool,
+        /// The dump file.
+        file: PathBuf,
+        /// Output file (default: standard output).
+        #[arg(short = 'o', long = "output", value_name = "OUT")]
+        output: Option<PathBuf>,
+    },
+    /// What grew from dump A to dump B: live bytes and objects at the end
+    /// of each record, per call site and per cache (`allocinfo diff` layout).
+    Diff {
+        /// Rows per table.
+        #[arg(long, value_name = "N")]
+        top: Option<usize>,
+        /// The earlier dump.
+        a: PathBuf,
+        /// The later dump.
+        b: PathBuf,
+    },
     /// Timeline SVG of live bytes over time for the top caches.
     Timeline {
+        /// One line per cache (default) or per call site.
+        #[arg(long, value_name = "cache|site", default_value = "cache")]
+        by: String,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
@@ -236,18 +271,77 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Flamegraph { live, file, output } => {
+        Command::Flamegraph {
+            live,
+            caches,
+            file,
+            output,
+        } => {
+            let caches = match caches.as_str() {
+                "leaf" => graphs::CacheFrames::Leaf,
+                "label" => graphs::CacheFrames::Label,
+                other => return Err(format!("--caches {other}: leaf or label")),
+            };
             let dump = load(file)?;
             let sym = symbolizer(cli, &dump)?;
             let replay = analysis::replay(&dump);
-            let svg = graphs::flamegraph(&dump, &replay, &sym, *live)?;
+            let svg = graphs::flamegraph(&dump, &replay, &sym, *live, caches)?;
             write_output(output, &svg)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Timeline { file, output } => {
+        Command::Export {
+            format,
+            live,
+            file,
+            output,
+        } => {
+            let format = export::Format::parse(format)?;
             let dump = load(file)?;
-            let replay = analysis::replay_with_timeline(&dump);
-            let svg = graphs::timeline(&dump, &replay)?;
+            let sym = symbolizer(cli, &dump)?;
+            let replay = analysis::replay(&dump);
+            let bytes = export::export(&dump, &replay, &sym, format, *live)?;
+            match output {
+                Some(path) => write_output(path, &bytes)?,
+                None => emit(&String::from_utf8_lossy(&bytes))?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Diff { top, a, b } => {
+            let mut sides = Vec::new();
+            for file in [a, b] {
+                let dump = load(file)?;
+                let sym = symbolizer(cli, &dump)?;
+                let replay = analysis::replay(&dump);
+                sides.push(diff::Side::of(
+                    &file.display().to_string(),
+                    &dump,
+                    &replay,
+                    &sym,
+                ));
+            }
+            emit(&diff::diff_text(&sides[0], &sides[1], *top))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Timeline { by, file, output } => {
+            let dump = load(file)?;
+            let (series, by) = match by.as_str() {
+                "cache" => {
+                    let replay = analysis::replay_with_timeline(&dump);
+                    (
+                        graphs::timeline_series(&dump, &replay),
+                        graphs::TimelineBy::Cache,
+                    )
+                }
+                "site" => {
+                    let sym = symbolizer(cli, &dump)?;
+                    (
+                        graphs::timeline_series_by_site(&dump, &sym),
+                        graphs::TimelineBy::Site,
+                    )
+                }
+                other => return Err(format!("--by {other}: cache or site")),
+            };
+            let svg = graphs::timeline(&series, by, &graphs::markers(&dump))?;
             write_output(output, svg.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }

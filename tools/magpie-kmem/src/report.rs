@@ -311,8 +311,8 @@ pub fn stat_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, opts: &StatOpti
             .map(|(addr, stat)| {
                 let site = sym.site(addr);
                 Row {
+                    source: site.source(),
                     name: site.name,
-                    source: site.location.unwrap_or_default(),
                     stat,
                 }
             })
@@ -425,6 +425,7 @@ pub fn stat_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, opts: &StatOpti
                 m.insert("call_site".into(), json!(format!("{addr:#x}")));
                 m.insert("function".into(), json!(site.name));
                 m.insert("location".into(), json!(site.location));
+                m.insert("func".into(), json!(site.function));
                 Value::Object(m)
             })
             .collect();
@@ -515,9 +516,9 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
     let _ = writeln!(out, "{header}");
     for g in &groups {
         let site = sym.site(g.call_site);
-        let mut caller = site.name;
-        if let Some(location) = site.location {
-            let _ = write!(caller, "  {location}");
+        let mut caller = site.name.clone();
+        if site.location.is_some() {
+            let _ = write!(caller, "  {}", site.source());
         }
         let _ = writeln!(
             out,
@@ -540,7 +541,10 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
                     out,
                     "      #{i:<2} [{frame:#018x}] {}{}",
                     site.name,
-                    site.location.map(|l| format!("  {l}")).unwrap_or_default()
+                    site.location
+                        .as_ref()
+                        .map(|_| format!("  {}", site.source()))
+                        .unwrap_or_default()
                 );
             }
         }
@@ -603,6 +607,7 @@ fn leak_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, g: &LeakGroup) -> V
         "call_site": format!("{:#x}", g.call_site),
         "function": site.name,
         "location": site.location,
+        "func": site.function,
         "stack_id": g.stack_id,
         "stack": stack,
         "nr_objects": g.ptrs.len(),

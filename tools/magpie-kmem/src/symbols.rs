@@ -181,8 +181,48 @@ pub struct Site {
     /// `function+0xoff`, or `0xaddress` when unknown.
     pub name: String,
     /// `file:line` of the call (the instruction before the return
-    /// address), when DWARF knows it.
+    /// address), when DWARF knows it: the line in the innermost inlined
+    /// function of the workspace (the `kmalloc!` line of a tagged site,
+    /// which is its code tag's `file:line`), else the outermost frame's.
     pub location: Option<String>,
+    /// The function that line is in (last path segment, as a code tag's
+    /// `func:` names it), when it is a workspace function.
+    pub function: Option<String>,
+}
+
+impl Site {
+    /// `FILE:LINE func:NAME` (the code-tag layout of `allocinfo`), or as
+    /// much of it as is known; the raw name without symbols.
+    pub fn tag_info(&self) -> String {
+        match (&self.location, &self.function) {
+            (Some(location), Some(function)) => format!("{location} func:{function}"),
+            (Some(location), None) => location.clone(),
+            _ => self.name.clone(),
+        }
+    }
+
+    /// The report's Source column: `FILE:LINE func:NAME` when the line is
+    /// in a workspace function, `FILE:LINE` otherwise, empty without DWARF.
+    pub fn source(&self) -> String {
+        match &self.location {
+            Some(_) => self.tag_info(),
+            None => String::new(),
+        }
+    }
+}
+
+/// The last path segment of a demangled function name, generic arguments
+/// and closures dropped: `<magpie::smp::stress::Worker>::alloc` → `alloc`,
+/// `magpie::smp::stress::run::{closure#2}` → `run`.
+pub fn bare_function_name(name: &str) -> String {
+    let short = short_function_name(name);
+    short
+        .rsplit("::")
+        .find(|segment| !segment.starts_with('{') && !segment.is_empty())
+        .unwrap_or(&short)
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .to_string()
 }
 
 /// Names addresses: with an ELF, or raw.
@@ -234,6 +274,14 @@ impl Symbolizer {
         })
     }
 
+    /// Whether a DWARF file path is in the workspace that built the
+    /// kernel (not the Rust library, not a crates.io dependency).
+    fn in_workspace(&self, file: &str) -> bool {
+        self.strip
+            .first()
+            .is_some_and(|root| file.starts_with(root.as_str()) && !file.contains("/registry/src/"))
+    }
+
     /// A source path as people read it: relative to the workspace;
     /// `core/src/...` for the Rust library; `crate-x.y.z/src/...` for a
     /// crates.io dependency.
@@ -282,20 +330,35 @@ impl Symbolizer {
             }
             None => format!("{addr:#x}"),
         };
+        let mut function = None;
         let location = self.loader.as_ref().and_then(|loader| {
             // The return address follows the call; the call is the line.
-            // Of the inlined frames there, the outermost one's location is
-            // the line in the function named above.
+            // Of the inlined frames there (innermost first), the innermost
+            // one in the workspace holds the allocation call (a
+            // `kmalloc!` line, or a `Vec::with_capacity` in kernel code);
+            // when every frame is in a library, the outermost one's line
+            // is in the function named above.
             let probe = addr.saturating_sub(1);
             let mut outermost = None;
+            let mut ours = None;
             if let Ok(mut frames) = loader.find_frames(probe) {
                 while let Ok(Some(frame)) = frames.next() {
                     if let Some(location) = frame.location {
+                        if ours.is_none()
+                            && location.file.is_some_and(|file| self.in_workspace(file))
+                        {
+                            ours = Some((location.file, location.line));
+                            function = frame
+                                .function
+                                .as_ref()
+                                .and_then(|f| f.demangle().ok())
+                                .map(|name| bare_function_name(&name));
+                        }
                         outermost = Some((location.file, location.line));
                     }
                 }
             }
-            let (file, line) = match outermost {
+            let (file, line) = match ours.or(outermost) {
                 Some(found) => found,
                 None => {
                     let location = loader.find_location(probe).ok()??;
@@ -308,7 +371,11 @@ impl Symbolizer {
                 None => file,
             })
         });
-        Site { name, location }
+        Site {
+            name,
+            location,
+            function,
+        }
     }
 
     /// The functions at a return address, outermost first, with inlined

@@ -264,3 +264,103 @@ fn a_full_buffer_reads_back_as_overruns_not_corruption() {
     );
     assert!(out.ends_with("check: OK (0 errors, 1 warning)\n"), "{out}");
 }
+
+static DESTROYED: Allocator<HostPlatform> = Allocator::new();
+
+/// A cache destroyed before the dump: its events still name it (the
+/// writer keeps the CACHE record of a cache destroyed during the record).
+#[test]
+fn a_cache_destroyed_before_the_dump_keeps_its_name() {
+    start(&DESTROYED, 4);
+    set_caller(SITE_A);
+    let cache = DESTROYED
+        .cache_create(
+            "dentry-scratch",
+            96,
+            8,
+            magpie_slab::CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+    let objects: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
+    for object in objects {
+        object.free().unwrap();
+    }
+    // SAFETY: nothing uses the cache afterwards; one thread.
+    unsafe { cache.destroy() }.unwrap();
+    DESTROYED.kmemtrace_stop();
+
+    let dir = scratch("slab_writer_destroyed");
+    write(&dir, "d.kmt", &dump(&DESTROYED));
+    let o = run(
+        &dir,
+        &["stat", "--no-symbols", "--cache", "--json", "d.kmt"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let row = v["caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "dentry-scratch")
+        .unwrap_or_else(|| panic!("no dentry-scratch row in {v}"))
+        .clone();
+    assert_eq!(row["hit"], 5, "{row}");
+    assert!(!stdout(&o).contains("cache#"), "{}", stdout(&o));
+    let o = run(&dir, &["check", "--no-symbols", "d.kmt"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
+
+static MARKED: Allocator<HostPlatform> = Allocator::new();
+
+/// `Allocator::kmemtrace_mark` while recording becomes a MARK record the
+/// tool shows as a marker; marks before the start are not kept.
+#[test]
+fn marks_made_while_recording_reach_the_dump() {
+    set_cpu(0);
+    MARKED.init(HostPages::leak(64 << 20)).unwrap();
+    MARKED.kmemtrace_mark("before the record");
+    let config = KmemtraceConfig {
+        nr_subbufs: 4,
+        ..Default::default()
+    };
+    MARKED.kmemtrace_start(config).unwrap();
+    MARKED.kmemtrace_mark("kmalloc 100 1");
+    set_caller(SITE_A);
+    let p = MARKED.kmalloc(100, 8).unwrap();
+    set_cpu(1);
+    MARKED.kmemtrace_mark("kfree all");
+    // SAFETY: from kmalloc, freed once.
+    unsafe { MARKED.kfree(p) }.unwrap();
+    set_cpu(0);
+    MARKED.kmemtrace_stop();
+    let dir = scratch("slab_writer_marks");
+    write(&dir, "m.kmt", &dump(&MARKED));
+    let o = run(
+        &dir,
+        &["export", "--no-symbols", "--format", "chrome", "m.kmt"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let marks: Vec<(String, u64)> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "shell")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["tid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            ("kmalloc 100 1".to_string(), 0),
+            ("kfree all".to_string(), 1)
+        ]
+    );
+}
