@@ -231,3 +231,49 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
         alloc.nr_pressure_reaps()
     );
 }
+
+/// Four CPUs racing to the first allocations of the same classes on a
+/// small source: each class is created once, and every object is good.
+#[test]
+fn classes_created_on_first_use_race_safely() {
+    let (alloc, source) = setup(256);
+    assert!(
+        Allocator::<TestPlatform>::init_cost(source)
+            .unwrap()
+            .classes_on_first_use
+    );
+    let threads: Vec<_> = (0..NR_CPUS)
+        .map(|cpu| {
+            std::thread::spawn(move || {
+                set_cpu(cpu);
+                for round in 0..20 {
+                    let mut held = Vec::new();
+                    for size in [8, 24, 100, 500, 1000, 3000] {
+                        let obj = alloc.kmalloc_box(size, 8).unwrap();
+                        held.push(fill_box(obj, (cpu * 31 + round) as u8));
+                    }
+                    for obj in held {
+                        assert!(check_box(&obj, (cpu * 31 + round) as u8));
+                        obj.free().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    for name in [
+        "kmalloc-8",
+        "kmalloc-24",
+        "kmalloc-104",
+        "kmalloc-512",
+        "kmalloc-1024",
+        "kmalloc-3072",
+    ] {
+        let mut nr = 0;
+        alloc.for_each_cache(|cache| nr += usize::from(cache.name() == name));
+        assert_eq!(nr, 1, "{name}");
+    }
+    alloc.check_invariants().unwrap();
+}
