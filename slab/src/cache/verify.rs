@@ -214,7 +214,7 @@ impl<P: Platform> KmemCache<P> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 impl<P: Platform> KmemCache<P> {
     /// Test support: the rounds of CPU `cpu`'s `loaded` and `prev`,
     /// bottom first (read on that CPU).
@@ -236,7 +236,7 @@ impl<P: Platform> KmemCache<P> {
 
 /// The rounds of `mag`, owned by the caller (its CPU's, read on it; or a
 /// depot magazine, under the depot lock), bottom first.
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 fn rounds_of_magazine(mag: *mut crate::magazine::Magazine) -> std::vec::Vec<usize> {
     // SAFETY: per our callers, the magazine is theirs to read.
     let held = unsafe { crate::magazine::held_rounds(mag) };
