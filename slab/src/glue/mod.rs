@@ -81,6 +81,16 @@ impl<P: Platform> Heap<P> {
         self.allocator.init(&self.source)
     }
 
+    /// [`Heap::init_region`] on a region the borrow checker vouches for
+    /// (a `'static` exclusive slice: mapped, writable, ours for ever).
+    ///
+    /// # Errors
+    /// As [`Heap::init_region`].
+    pub fn init_static(&'static self, region: &'static mut [u8]) -> Result<(), AllocError> {
+        self.source.init_static(region)?;
+        self.allocator.init(&self.source)
+    }
+
     /// The page source.
     pub fn source(&self) -> &RegionSource<P> {
         &self.source

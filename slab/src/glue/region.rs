@@ -64,6 +64,24 @@ impl<P: Platform> RegionSource<P> {
         }
     }
 
+    /// [`RegionSource::init`] on a region the borrow checker vouches for:
+    /// a `'static` exclusive slice (a `static` buffer taken once, a leaked
+    /// allocation) is mapped, writable and used by nothing else for ever.
+    ///
+    /// # Errors
+    /// As [`RegionSource::init`].
+    pub fn init_static(&self, region: &'static mut [u8]) -> Result<(), AllocError> {
+        let range = region.as_mut_ptr_range();
+        // SAFETY: a `'static mut` slice: mapped, readable and writable,
+        // and exclusively ours for the rest of the program.
+        unsafe {
+            self.init(
+                range.start as usize,
+                range.end as usize - range.start as usize,
+            )
+        }
+    }
+
     /// Give the source the `len` bytes at `start` (rounded inwards to
     /// whole pages). The first `ceil(pages / 32768)` pages hold the
     /// bitmap; the others are handed out.

@@ -9,13 +9,11 @@ use super::support::set_cpu;
 use crate::glue::{Heap, RegionSource};
 use crate::{AllocError, PAGE_SIZE, PageSource};
 
-/// `nr_pages` pages of leaked host memory, page-aligned; its address.
-fn region(nr_pages: usize) -> usize {
-    let layout = Layout::from_size_align(nr_pages * PAGE_SIZE, PAGE_SIZE).unwrap();
-    // SAFETY: non-zero size.
-    let base = unsafe { std::alloc::alloc(layout) } as usize;
-    assert_ne!(base, 0);
-    base
+/// `nr_pages` pages of leaked host memory, page-aligned.
+fn region(nr_pages: usize) -> &'static mut [u8] {
+    let memory = Vec::leak(std::vec![0u8; (nr_pages + 1) * PAGE_SIZE]);
+    let start = memory.as_ptr().align_offset(PAGE_SIZE);
+    &mut memory[start..start + nr_pages * PAGE_SIZE]
 }
 
 #[test]
@@ -25,13 +23,14 @@ fn region_source_hands_out_runs_and_takes_them_back() {
     assert_eq!(source.span(), (0, 0));
     assert_eq!(source.alloc_pages(1), Err(AllocError::OutOfMemory));
     // Unaligned on both ends: 10 whole pages inside, the first is the bitmap.
-    let base = region(12);
-    // SAFETY: the host buffer is ours, mapped, used by nothing else.
-    unsafe { source.init(base + 100, 11 * PAGE_SIZE) }.unwrap();
+    let memory = region(12);
+    let base = memory.as_ptr() as usize;
+    source
+        .init_static(&mut memory[100..100 + 11 * PAGE_SIZE])
+        .unwrap();
     assert_eq!(source.span(), (base + 2 * PAGE_SIZE, base + 11 * PAGE_SIZE));
     assert_eq!(source.stats().total_bytes, 9 * PAGE_SIZE);
-    // SAFETY: as above.
-    let again = unsafe { source.init(base, PAGE_SIZE * 12) };
+    let again = source.init_static(region(12));
     assert_eq!(again, Err(AllocError::AlreadyInitialized));
     let a = source.alloc_pages(3).unwrap();
     let b = source.alloc_pages(2).unwrap();
@@ -59,12 +58,9 @@ fn region_source_hands_out_runs_and_takes_them_back() {
 #[test]
 fn region_source_refuses_a_region_without_a_page_to_give() {
     let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
-    let base = region(2);
-    // SAFETY: the host buffer is ours.
-    let one_page = unsafe { source.init(base, PAGE_SIZE) };
+    let one_page = source.init_static(&mut region(2)[..PAGE_SIZE]);
     assert_eq!(one_page, Err(AllocError::InvalidLayout));
-    // SAFETY: as above.
-    let unaligned = unsafe { source.init(base + 1, 2 * PAGE_SIZE - 1) };
+    let unaligned = source.init_static(&mut region(2)[1..]);
     assert_eq!(unaligned, Err(AllocError::InvalidLayout));
 }
 
@@ -75,9 +71,7 @@ fn heap_adopts_a_region_in_one_call() {
     let layout = Layout::from_size_align(40, 8).unwrap();
     // SAFETY: a valid layout; null before init.
     assert!(unsafe { heap.alloc(layout) }.is_null());
-    let base = region(25);
-    // SAFETY: the host buffer is ours.
-    unsafe { heap.init_region(base, 25 * PAGE_SIZE) }.unwrap();
+    heap.init_static(region(25)).unwrap();
     assert!(heap.is_ready());
     let mut objects = Vec::new();
     for size in [8, 40, 100, 832, 4000, 8192, 20000] {
@@ -99,9 +93,7 @@ fn heap_adopts_a_region_in_one_call() {
 fn heap_refuses_a_region_too_small_with_the_figures() {
     set_cpu(0);
     let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
-    let base = region(8);
-    // SAFETY: the host buffer is ours.
-    let result = unsafe { heap.init_region(base, 8 * PAGE_SIZE) };
+    let result = heap.init_static(region(8));
     assert_eq!(result, Err(AllocError::SourceTooSmall));
     let cost = crate::Allocator::<UpPlatform>::init_cost(heap.source()).unwrap();
     assert_eq!(cost.min_source_bytes, 68 * 1024);

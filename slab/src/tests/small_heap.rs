@@ -123,7 +123,7 @@ fn init_refuses_a_source_too_small_with_the_figures() {
 fn a_class_is_created_by_its_first_allocation() {
     let (alloc, source) = up_setup(HEAP_PAGES);
     let before = source.pages_outstanding();
-    let obj = alloc.kmalloc(832, 8).unwrap();
+    let obj = alloc.kmalloc_box(832, 8).unwrap();
     let cache = alloc
         .find_cache("kmalloc-832")
         .expect("created on first use");
@@ -138,12 +138,9 @@ fn a_class_is_created_by_its_first_allocation() {
     // the 20 KiB one 832-byte Vec took before.
     let taken = source.pages_outstanding() - before;
     assert!(taken <= 7, "the first kmalloc took {taken} pages");
-    // SAFETY: from kmalloc, not used again.
-    unsafe { alloc.kfree(obj) }.unwrap();
+    obj.free().unwrap();
     // Every class only once.
-    let again = alloc.kmalloc(832, 8).unwrap();
-    // SAFETY: as above.
-    unsafe { alloc.kfree(again) }.unwrap();
+    alloc.kmalloc_box(832, 8).unwrap().free().unwrap();
     let mut nr_classes = 0;
     alloc.for_each_cache(|cache| nr_classes += usize::from(cache.name() == "kmalloc-832"));
     assert_eq!(nr_classes, 1);
@@ -155,22 +152,20 @@ fn an_unborn_class_keeps_the_alignment_asked_for() {
     let (alloc, _source) = up_setup(HEAP_PAGES);
     // 24 bytes aligned to 16: kmalloc-32 (kmalloc-24 is 8-aligned), though
     // the stub sees only the size.
-    let obj = alloc.kmalloc(24, 16).unwrap();
-    assert!((obj.as_ptr() as usize).is_multiple_of(16));
+    let obj = alloc.kmalloc_box(24, 16).unwrap();
+    assert!((obj.as_ptr().as_ptr() as usize).is_multiple_of(16));
     assert!(alloc.find_cache("kmalloc-32").is_some());
     assert!(alloc.find_cache("kmalloc-24").is_none());
-    // SAFETY: from kmalloc, not used again.
-    unsafe { alloc.kfree(obj) }.unwrap();
+    obj.free().unwrap();
     for align in [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096] {
         for size in [1, 24, 100, 1000, 3000, 5000, 8192] {
-            let obj = alloc.kmalloc(size, align).unwrap();
+            let obj = alloc.kmalloc_box(size, align).unwrap();
             assert!(
-                (obj.as_ptr() as usize).is_multiple_of(align),
+                (obj.as_ptr().as_ptr() as usize).is_multiple_of(align),
                 "{size} {align}"
             );
-            assert!(alloc.ksize(obj).unwrap() >= size);
-            // SAFETY: as above.
-            unsafe { alloc.kfree(obj) }.unwrap();
+            assert!(alloc.ksize(obj.as_ptr()).unwrap() >= size);
+            obj.free().unwrap();
         }
     }
     // The public lookup creates the class too.
