@@ -27,7 +27,7 @@
 //!    reports to its allocator and takes metadata from its bootstrap
 //!    caches), the one pair of files that import each other.
 //! 3. **Tracing** (`trace_table.rs`, the Akaros trace table; not the
-//!    kmemtrace event stream of `kmemtrace.rs`): a per-cache hash of
+//!    kmemtrace event stream of `kmemtrace/`): a per-cache hash of
 //!    outstanding objects with backtraces. It sits above the magazines,
 //!    so it sees what callers allocate and free, never objects resting in
 //!    a magazine. A cache that was never traced pays nothing for it (a
@@ -88,7 +88,9 @@
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
-//! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
+//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Allocator` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
+//! | `leak_scan.rs` | leaks by reachability ([`leak_scan`]: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
@@ -99,7 +101,7 @@
 //! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
 //! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks and [`IrqGuard`] | nothing above |
-//! | `kmemtrace.rs` | the kmemtrace event stream (per-CPU rings; the dump written with `magpie-kmemtrace-format`) | `platform.rs` |
+//! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
 //! of files that import each other (`allocator/mod.rs` and

@@ -1,0 +1,113 @@
+//! The per-CPU rings' memory: descriptors, sub-buffer pointer arrays and
+//! sub-buffers from the page source, taken all or nothing and given back
+//! (see the parent module's "Buffers").
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, AtomicUsize};
+
+use super::{KmemtraceError, KmemtraceEvent, SUBBUF_EVENTS, SUBBUF_PAGES};
+use crate::platform::{PAGE_SIZE, PageSource};
+
+/// One CPU's ring descriptor: written only by its CPU with interrupts off
+/// (plain loads and stores; the atomics are for readers on other CPUs).
+#[repr(C, align(64))]
+pub(super) struct CpuRing {
+    /// `nr_subbufs` pointers to sub-buffers of [`SUBBUF_EVENTS`] events.
+    pub(super) subbufs: *mut *mut KmemtraceEvent,
+    pub(super) capacity: usize,
+    /// Events written and published (release store after each).
+    pub(super) nr_written: AtomicUsize,
+    /// Next sequence number.
+    pub(super) seq: AtomicU64,
+    pub(super) nr_overruns: AtomicU64,
+}
+
+/// Allocate the ring descriptors, the sub-buffer pointer arrays and the
+/// sub-buffers; all or nothing.
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "alloc_pages returns page-aligned memory"
+)]
+pub(super) fn allocate_rings(
+    source: &dyn PageSource,
+    nr_cpus: usize,
+    nr_subbufs: usize,
+) -> Result<NonNull<CpuRing>, KmemtraceError> {
+    let capacity = nr_subbufs
+        .checked_mul(SUBBUF_EVENTS)
+        .filter(|_| nr_subbufs <= 1 << 20)
+        .ok_or(KmemtraceError::TooManySubbufs(nr_subbufs))?;
+    let total_bytes = nr_cpus * nr_subbufs * SUBBUF_PAGES * PAGE_SIZE;
+    let oom = KmemtraceError::OutOfMemory { bytes: total_bytes };
+    let ring_pages = (nr_cpus * core::mem::size_of::<CpuRing>()).div_ceil(PAGE_SIZE);
+    let array_pages = (nr_subbufs * core::mem::size_of::<usize>()).div_ceil(PAGE_SIZE);
+    let rings = source.alloc_pages(ring_pages).map_err(|_| oom)?;
+    let rings = rings.cast::<CpuRing>();
+    let mut done = 0;
+    let mut failed = false;
+    'cpus: for cpu in 0..nr_cpus {
+        let Ok(array) = source.alloc_pages(array_pages) else {
+            failed = true;
+            break;
+        };
+        let array = array.as_ptr().cast::<*mut KmemtraceEvent>();
+        for index in 0..nr_subbufs {
+            match source.alloc_pages(SUBBUF_PAGES) {
+                // SAFETY: index < nr_subbufs, inside the array's pages.
+                Ok(subbuf) => unsafe { *array.add(index) = subbuf.as_ptr().cast() },
+                Err(_) => {
+                    // SAFETY: the first `index` sub-buffers and the array
+                    // are ours, unused.
+                    unsafe { free_subbufs(source, array, index, array_pages) };
+                    failed = true;
+                    break 'cpus;
+                }
+            }
+        }
+        // SAFETY: cpu < nr_cpus, inside the descriptor pages (aligned to
+        // the page, CpuRing is 64-aligned).
+        unsafe {
+            rings.as_ptr().add(cpu).write(CpuRing {
+                subbufs: array,
+                capacity,
+                nr_written: AtomicUsize::new(0),
+                seq: AtomicU64::new(0),
+                nr_overruns: AtomicU64::new(0),
+            })
+        };
+        done = cpu + 1;
+    }
+    if failed {
+        for cpu in 0..done {
+            // SAFETY: CPU `cpu`'s ring is complete and unused.
+            unsafe {
+                let ring = &*rings.as_ptr().add(cpu);
+                free_subbufs(source, ring.subbufs, nr_subbufs, array_pages);
+            }
+        }
+        // SAFETY: from alloc_pages(ring_pages) above, unused.
+        unsafe { source.free_pages(rings.cast(), ring_pages) };
+        return Err(oom);
+    }
+    Ok(rings)
+}
+
+/// # Safety
+/// `array` (from `alloc_pages(array_pages)`) holds `nr` sub-buffers from
+/// `alloc_pages(SUBBUF_PAGES)`; none is used afterwards.
+unsafe fn free_subbufs(
+    source: &dyn PageSource,
+    array: *mut *mut KmemtraceEvent,
+    nr: usize,
+    array_pages: usize,
+) {
+    for index in 0..nr {
+        // SAFETY: per our caller.
+        unsafe {
+            let subbuf = NonNull::new_unchecked((*array.add(index)).cast::<u8>());
+            source.free_pages(subbuf, SUBBUF_PAGES);
+        }
+    }
+    // SAFETY: per our caller.
+    unsafe { source.free_pages(NonNull::new_unchecked(array.cast()), array_pages) };
+}
