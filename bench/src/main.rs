@@ -43,6 +43,9 @@ struct RunOpts {
     /// With `n`: warm up once and time `reps` repetitions (wall clock at
     /// a fixed size, as the suite's interleaved rounds do).
     warmup: bool,
+    /// `--slots 1048576`: the window workloads keep 1Mi objects live
+    /// instead of 256 (cache misses of a free far from its allocation).
+    big_window: bool,
 }
 
 /// Median of the repetitions of a single run.
@@ -55,7 +58,7 @@ struct RunResult {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]\n\
+        "usage: magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS] [--slots 256|1048576]\n\
          \x20      magpie-bench memory <allocator> <heap|burst>\n\
          \x20      magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]\n\
          \x20      magpie-bench list\n\
@@ -156,6 +159,7 @@ fn parse_run(args: &[String]) -> RunOpts {
         reps: 7,
         target: Duration::from_millis(100),
         warmup: false,
+        big_window: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -169,6 +173,11 @@ fn parse_run(args: &[String]) -> RunOpts {
             "--reps" => opts.reps = value().max(1) as usize,
             "--target-ms" => opts.target = Duration::from_millis(value()),
             "--warmup" => opts.warmup = true,
+            "--slots" => match value() {
+                256 => opts.big_window = false,
+                1_048_576 => opts.big_window = true,
+                _ => usage(),
+            },
             _ => positional.push(arg.clone()),
         }
     }
@@ -260,9 +269,17 @@ fn run(opts: &RunOpts) -> RunResult {
 /// One repetition: `n` iterations per thread. Returns (ops, wall time).
 fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, std::time::Duration) {
     let threads = opts.threads;
+    let big = opts.big_window;
     let window = |sizes: Sizes| {
         workloads::run_threads(a, threads, move |a, cpu| {
-            let mut m = Mixed::new(a, 0x5eed + cpu as u64, sizes);
+            let seed = 0x5eed + cpu as u64;
+            if big {
+                let mut m = Mixed::<{ workloads::BIG_SLOTS }>::new(a, seed, sizes);
+                let ops = workloads::mixed(a, &mut m, n);
+                m.finish(a);
+                return ops;
+            }
+            let mut m = Mixed::<{ workloads::MIXED_SLOTS }>::new(a, seed, sizes);
             let ops = workloads::mixed(a, &mut m, n);
             m.finish(a);
             ops

@@ -106,6 +106,10 @@ pub fn names() -> Vec<&'static str> {
 
 /// Live-object window of the mixed workloads.
 pub const MIXED_SLOTS: usize = 256;
+/// The window of `--slots 1048576` (not in the suite): 1Mi live objects,
+/// for cache-miss counts of the free (`valgrind --tool=cachegrind`;
+/// issue 18).
+pub const BIG_SLOTS: usize = 1 << 20;
 /// Objects alive at once in `batch` (far beyond a CPU's magazines).
 pub const BATCH_OBJS: usize = 16 * 1024;
 /// Objects per hand-over in `remote-free`.
@@ -230,22 +234,23 @@ pub fn pair64_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
     n
 }
 
-/// State of one mixed run: a window of live objects.
-pub struct Mixed {
-    slots: Box<[(*mut u8, Layout); MIXED_SLOTS]>,
+/// State of one mixed run: a window of `SLOTS` live objects.
+pub struct Mixed<const SLOTS: usize = MIXED_SLOTS> {
+    slots: Box<[(*mut u8, Layout); SLOTS]>,
     rng: XorShift,
     sizes: Sizes,
 }
 
-impl Mixed {
+impl<const SLOTS: usize> Mixed<SLOTS> {
     /// Fill every slot (not measured), so each step is one free + one alloc.
-    pub fn new<A: BenchAlloc>(a: &A, seed: u64, sizes: Sizes) -> Mixed {
+    pub fn new<A: BenchAlloc>(a: &A, seed: u64, sizes: Sizes) -> Mixed<SLOTS> {
+        let slots = vec![(std::ptr::null_mut(), Layout::new::<u8>()); SLOTS];
         let mut m = Mixed {
-            slots: Box::new([(std::ptr::null_mut(), Layout::new::<u8>()); MIXED_SLOTS]),
+            slots: slots.into_boxed_slice().try_into().expect("SLOTS slots"),
             rng: XorShift::new(seed),
             sizes,
         };
-        for i in 0..MIXED_SLOTS {
+        for i in 0..SLOTS {
             let layout = sizes.layout(m.rng.next());
             let p = call::alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
@@ -269,10 +274,11 @@ impl Mixed {
 /// the (full) window and allocates a random layout into it, writing one
 /// byte. Returns operations: 2 per step.
 #[inline(never)]
-pub fn mixed<A: BenchAlloc>(a: &A, m: &mut Mixed, steps: u64) -> u64 {
+pub fn mixed<A: BenchAlloc, const SLOTS: usize>(a: &A, m: &mut Mixed<SLOTS>, steps: u64) -> u64 {
+    const { assert!(SLOTS.is_power_of_two()) };
     for _ in 0..steps {
         let r = m.rng.next();
-        let slot = (r as usize) & (MIXED_SLOTS - 1);
+        let slot = (r as usize) & (SLOTS - 1);
         let layout = m.sizes.layout(r);
         let (old, old_layout) = m.slots[slot];
         // SAFETY: every slot holds a live allocation of its layout.

@@ -118,7 +118,7 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
             {
                 // SAFETY: the caller's live block of `cache`, kept
                 // (GlobalAlloc contract).
-                unsafe { cache.debug_resized(ptr as usize, at.slab, new_size) };
+                unsafe { cache.debug_resized(ptr as usize, at.slab(), new_size) };
             }
             return ptr;
         }

@@ -104,7 +104,7 @@ impl<P: Platform> Allocator<P> {
         let map = source.alloc_pages(map_pages)?;
         if !source.zeroes_pages() {
             // SAFETY: map_pages fresh pages from the source: writable,
-            // ours; all-zero is a valid array of AtomicUsize (all "not
+            // ours; all-zero is a valid array of PageSlot (all "not
             // slab memory"). A zeroing source gave them zeroed already.
             unsafe { ptr::write_bytes(map.as_ptr(), 0, map_pages * PAGE_SIZE) };
         }

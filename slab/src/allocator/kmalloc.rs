@@ -537,7 +537,7 @@ impl<P: Platform> Allocator<P> {
         {
             // SAFETY: an allocated object of `cache` (located by the page
             // map) that the caller owns.
-            unsafe { cache.debug_resized(addr, at.slab, new_size) };
+            unsafe { cache.debug_resized(addr, at.slab(), new_size) };
         }
     }
 
@@ -650,34 +650,38 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// The common case of locating a `kfree`d pointer: one page-map read
-    /// names the slab, hence the cache (its owner by construction: no
-    /// second lookup); one multiply checks the object start and gives the
-    /// index. `None` for anything else, with nothing changed.
+    /// The common case of locating a `kfree`d pointer: [`Self::locate_allocated`].
+    /// No readiness test of its own: before `init` the page map is empty
+    /// (no pages), so every address misses there and goes to the slow
+    /// path, which tests.
     #[inline(always)]
     pub(crate) fn kfree_locate(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
-        if !self.is_ready() {
-            return None;
-        }
         self.locate_allocated(addr)
     }
 
-    /// [`Self::kfree_locate`] with no readiness test of its own, for a
-    /// pointer the caller got from this allocator (`GlobalAlloc`'s
-    /// `dealloc` and `realloc` contract): its allocation happened after
-    /// `init` published the page map (READY, Release), so the map is
-    /// read without the test. Before init the map is empty (no pages):
-    /// every address misses and goes to the slow path, which tests.
+    /// Locate a freed pointer: one read of its page-map slot names the
+    /// owning cache (0 for a page that is not a slab page) and the slab's
+    /// first object; one multiply checks the object start and gives the
+    /// index. No slab header is read. `None` for anything else, with
+    /// nothing changed. No readiness test: `init` publishes the page map
+    /// (READY, Release) before any allocation; before it the map is empty
+    /// (no pages), every address misses and goes to the slow path, which
+    /// tests.
     #[inline(always)]
     pub(crate) fn locate_allocated(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
-        let slab = self.page_map().get(addr).slab()? as *mut Slab;
-        // SAFETY: registered slabs are alive and belong to caches of this
-        // allocator (same P), alive while they have slabs (a cache in use
-        // is never destroyed: `destroy` requires no objects allocated).
-        let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-        // SAFETY: the page map puts addr in this live slab of `cache`.
-        let index = unsafe { cache.object_index(slab, addr) }?;
-        Some((cache, Located { slab, index }))
+        let map = self.page_map();
+        let slot = map.slot(addr)?;
+        let cache = slot.cache() as *const KmemCache<P>;
+        if cache.is_null() {
+            return None;
+        }
+        // SAFETY: a slot's owner is a cache of this allocator (same P)
+        // with a live slab on the page, alive while it has slabs (a cache
+        // in use is never destroyed: `destroy` requires no objects
+        // allocated); its pointer is cleared before the slab goes.
+        let cache: &'static KmemCache<P> = unsafe { &*cache };
+        let index = cache.index_from(slot.base(), addr)?;
+        Some((cache, Located { index, slot }))
     }
 
     /// [`Allocator::kfree`] past the fast path, with the error reports.
@@ -705,10 +709,9 @@ impl<P: Platform> Allocator<P> {
                 }
                 return Err(cache.refuse(FreeError::Misaligned { addr }));
             };
+            let _ = index;
             // SAFETY: located in `cache`; our caller gives it up.
-            return unsafe {
-                cache.finish_free::<Result<(), FreeError>>(ptr, Located { slab, index })
-            };
+            return unsafe { cache.free_flagged(ptr, slab) };
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };

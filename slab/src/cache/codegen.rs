@@ -25,6 +25,7 @@ use core::ptr::NonNull;
 
 use super::{HotFlags, KmemCache};
 use crate::error::{AllocError, FreeError};
+use crate::layout::pagemap::PageSlot;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
 
@@ -130,7 +131,9 @@ impl AllocOut for *mut u8 {
     }
 }
 
-/// Where the page map put a freed pointer: its slab and object index.
+/// Where the page map put a freed pointer: its object index and its
+/// page-map slot (the slab struct is read from the slot only off the
+/// hit: [`Located::slab`]).
 #[derive(Clone, Copy)]
 /// (The index first: it is where the owner check's multiply leaves it,
 /// `rdx`, when a `Located` is passed on in two registers.)
@@ -140,7 +143,20 @@ pub(crate) struct Located {
         allow(dead_code, reason = "read by the profiled free")
     )]
     pub(crate) index: usize,
-    pub(crate) slab: *mut Slab,
+    pub(crate) slot: *const PageSlot,
+}
+
+impl Located {
+    /// The slab struct of the located object (one load from its slot).
+    ///
+    /// # Safety
+    /// `self` came from a free's owner check of a busy object (its slab
+    /// and slot stay while the caller frees it).
+    #[inline(always)]
+    pub(crate) unsafe fn slab(self) -> *mut Slab {
+        // SAFETY: per our caller, a slot of the page map, alive.
+        unsafe { (*self.slot).slab() as *mut Slab }
+    }
 }
 
 /// What a free path returns to its caller: `Result` (the library API), or
@@ -183,7 +199,7 @@ impl FreeOut for Result<(), FreeError> {
         hot: HotFlags,
     ) -> Self {
         // SAFETY: per our caller.
-        unsafe { cache.free_off_hit_sret::<Self>(at.index, obj, at.slab, hot) }
+        unsafe { cache.free_off_hit_sret::<Self>(at.index, obj, at.slot, hot) }
     }
 }
 
@@ -204,6 +220,6 @@ impl FreeOut for () {
         hot: HotFlags,
     ) -> Self {
         // SAFETY: per our caller.
-        unsafe { KmemCache::free_off_hit::<Self>(obj, cache, at.index, at.slab, hot) }
+        unsafe { KmemCache::free_off_hit::<Self>(obj, cache, at.index, at.slot, hot) }
     }
 }

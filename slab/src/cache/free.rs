@@ -11,7 +11,7 @@ use core::ptr::{self, NonNull};
 use super::{FreeOut, HotFlags, KmemCache, Located, double_free};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
-use crate::layout::pagemap::PageEntry;
+use crate::layout::pagemap::{PageEntry, PageSlot};
 use crate::magazine::{MAG_FREE_RETRIES, Magazine};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
@@ -52,22 +52,22 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The common case of locating a freed pointer: the page map (so: on
-    /// the primary source) names one of our slabs and `obj` is an object
-    /// start. `None` for anything else (the slow path says why).
+    /// the primary source) names this cache as the page's owner and `obj`
+    /// is an object start. `None` for anything else (the slow path says
+    /// why). Reads the object's page-map slot only, no slab header: the
+    /// owner test is one compare with `self` (it also refuses every page
+    /// that is not a slab page, whose owner word is 0), and the slot holds
+    /// the slab's first object for the index.
     #[inline(always)]
     pub(super) fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
         let addr = obj.as_ptr() as usize;
-        // Off the primary source the map is empty: entry 0, slow path.
-        // A slab entry minus its tag is the 8-aligned slab: one subtract
-        // and one test find it and check the tag.
-        let slab = self.params.page_map.get(addr).slab()? as *mut Slab;
-        // SAFETY: a slab entry names a registered slab, alive (entries
-        // are cleared before a slab is destroyed).
-        if unsafe { (*slab).cache } != (self as *const Self).cast() {
+        // Off the primary source the map is empty: slow path.
+        let slot = self.params.page_map.slot(addr)?;
+        if slot.cache() != self as *const Self as usize {
             return None;
         }
-        // SAFETY: a live slab of ours whose pages hold addr.
-        unsafe { self.object_index(slab, addr) }.map(|index| Located { slab, index })
+        self.index_from(slot.base(), addr)
+            .map(|index| Located { index, slot })
     }
 
     /// Finish a free whose owner check passed — for all three callers
@@ -81,8 +81,8 @@ impl<P: Platform> KmemCache<P> {
     /// report), so every way out of the hit is a tail call.
     ///
     /// # Safety
-    /// `obj` is object `at.index` of `at.slab`, a live slab of this cache;
-    /// if it is allocated, the caller gives it up.
+    /// `obj` is object `at.index` of the live slab of this cache that
+    /// `at.slot` names; if it is allocated, the caller gives it up.
     #[inline(always)]
     pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
         let hot = self.hot().intersection(HotFlags::FREE_SLOW);
@@ -120,11 +120,11 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         cache: &Self,
         index: usize,
-        slab: *mut Slab,
+        slot: *const PageSlot,
         hot: HotFlags,
     ) -> O {
         // SAFETY: per our caller.
-        unsafe { cache.free_off_hit_body(obj, Located { index, slab }, hot) }
+        unsafe { cache.free_off_hit_body(obj, Located { index, slot }, hot) }
     }
 
     /// [`Self::free_off_hit`] for a result returned through memory.
@@ -136,11 +136,11 @@ impl<P: Platform> KmemCache<P> {
         &self,
         index: usize,
         obj: NonNull<u8>,
-        slab: *mut Slab,
+        slot: *const PageSlot,
         hot: HotFlags,
     ) -> O {
         // SAFETY: per our caller.
-        unsafe { self.free_off_hit_body(obj, Located { index, slab }, hot) }
+        unsafe { self.free_off_hit_body(obj, Located { index, slot }, hot) }
     }
 
     /// The body of [`Self::free_off_hit`].
@@ -160,7 +160,7 @@ impl<P: Platform> KmemCache<P> {
             // small slabs and tag arrays. The object is given up. (A double
             // free the magazines refuse finds the reference cleared:
             // nothing is uncharged twice.)
-            unsafe { self.untag_small_object(obj, at) };
+            unsafe { self.untag_small_object(obj, at.slab(), at.index) };
             // SAFETY: per our caller.
             if unsafe { self.magazine_free_hit(obj) } {
                 return O::ok();
@@ -170,7 +170,7 @@ impl<P: Platform> KmemCache<P> {
         }
         let _ = hot;
         // SAFETY: per our caller.
-        unsafe { self.free_flagged_out::<O>(obj, at.slab) }
+        unsafe { self.free_flagged_out::<O>(obj, at.slab()) }
     }
 
     /// [`Self::free_flagged`] in the caller's result type (its own
@@ -343,15 +343,13 @@ impl<P: Platform> KmemCache<P> {
                 return Err(self.refuse(error));
             }
         };
-        if slab.is_null() {
-            // A bufctl cache off the primary source: the hash decides.
-            // SAFETY: per our caller.
-            return unsafe { self.free_flagged(obj, slab) };
-        }
-        // SAFETY: `locate` checked the slab is ours and addr an object start.
-        let index = unsafe { self.object_index(slab, addr) }.unwrap_or(0);
-        // SAFETY: per our caller; located in this cache.
-        unsafe { self.finish_free::<Result<(), FreeError>>(obj, Located { slab, index }) }
+        // Off the primary source (the fast path locates every other
+        // pointer it accepts): a small slab by its header, or null for a
+        // bufctl cache, where the hash decides. Every flag's free with
+        // it, plain ones included.
+        // SAFETY: per our caller; `locate` checked the slab is ours (or
+        // left it to the hash) and addr an object start.
+        unsafe { self.free_flagged(obj, slab) }
     }
 
     /// Whether `obj`, an object of ours, is back in its slab (small slabs:
@@ -482,7 +480,14 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) unsafe fn object_index(&self, slab: *mut Slab, addr: usize) -> Option<usize> {
         // SAFETY: per the caller; base never changes.
-        let base = unsafe { (*slab).base };
+        self.index_from(unsafe { (*slab).base }, addr)
+    }
+
+    /// [`Self::object_index`] with the slab's first object `base` given
+    /// (from the page-map slot on the free hit). `addr` lies in the slab's
+    /// pages.
+    #[inline(always)]
+    pub(crate) fn index_from(&self, base: usize, addr: usize) -> Option<usize> {
         let (index, exact) = self.obj_index(addr.wrapping_sub(base));
         if exact && index < self.params.nr_objs_per_slab {
             Some(index)

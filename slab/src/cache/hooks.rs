@@ -15,8 +15,6 @@
 
 use core::ptr::NonNull;
 
-#[cfg(feature = "alloc-profiling")]
-use super::Located;
 use super::debug::DebugFree;
 use super::{AllocOut, HotFlags, KmemCache, pack};
 use crate::alloc_tag::AllocTagRef;
@@ -313,7 +311,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: `slab` is the located, alive small slab of addr.
             let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
             // SAFETY: a located small-slab object of ours, given up.
-            unsafe { self.untag_small_object(obj, Located { slab, index }) };
+            unsafe { self.untag_small_object(obj, slab, index) };
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use core::ptr;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use super::{HotFlags, KmemCache, Located};
+use super::{HotFlags, KmemCache};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
 use crate::allocator::TAG_ARRAY_SIZES;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -213,16 +213,21 @@ impl<P: Platform> KmemCache<P> {
     /// [`no_tags`], all `None`). The index is the free's owner check's.
     ///
     /// # Safety
-    /// `obj` is object `at.index` of `at.slab`, a small slab of this cache,
+    /// `obj` is object `index` of `slab`, a small slab of this cache,
     /// and is being freed by the caller.
     #[inline(always)]
-    pub(crate) unsafe fn untag_small_object(&self, obj: NonNull<u8>, at: Located) {
-        // SAFETY: per the caller, at.slab is alive.
-        let tags = unsafe { (*at.slab).tags.load(Ordering::Acquire) };
-        // SAFETY: at.index < nr_objs (the owner check), at most the side
+    pub(crate) unsafe fn untag_small_object(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+    ) {
+        // SAFETY: per the caller, slab is alive.
+        let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
+        // SAFETY: index < nr_objs (the owner check), at most the side
         // array's length (NO_TAGS has MAX_SMALL_OBJS slots); nobody else
         // uses the object or its slot now.
-        let slot = unsafe { tags.add(at.index) };
+        let slot = unsafe { tags.add(index) };
         // SAFETY: as above.
         if let Some(token) = unsafe { slot.read() } {
             // SAFETY: as above.

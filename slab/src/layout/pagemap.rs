@@ -1,6 +1,14 @@
-//! The page map: one word per page of the primary source's span, like
+//! The page map: one slot per page of the primary source's span, like
 //! Linux's `struct page` → slab pointer. It answers "who owns this
 //! pointer?" for `kfree`, `ksize`, `owns` and wrong-cache detection.
+//!
+//! A slot ([`PageSlot`], 32 bytes, two to a cache line) is the entry
+//! word below plus, for a slab page, what the free hit needs from the
+//! slab so that it reads no slab header: the owning cache and the
+//! address of the slab's first object (its colour included). A free
+//! then touches the object's page-map slot and the per-CPU line only
+//! (issue 18; the header was a D1 and LL miss per free at 1M live
+//! objects). Like SLUB's `struct slab` fields in `struct page`.
 //!
 //! Entry encoding ([`PageEntry`]; low 3 bits are the tag; slab structs
 //! are 8-aligned):
@@ -190,6 +198,43 @@ impl PageEntry {
     }
 }
 
+/// One page's slot in the page map: the entry, and for a slab page the
+/// owner and first-object address the free hit checks the pointer
+/// against ([`PageMap::slot`]). Zeroed: not slab memory.
+#[repr(C, align(32))]
+pub(crate) struct PageSlot {
+    /// The [`PageEntry`] word.
+    entry: AtomicUsize,
+    /// The owning cache's address for a slab page, else 0. Written after
+    /// `base` and cleared first: a reader that sees it sees `base`.
+    cache: AtomicUsize,
+    /// The slab's first object (its base, colour included), for a slab
+    /// page.
+    base: AtomicUsize,
+}
+
+impl PageSlot {
+    /// The owning cache of a slab page (0 for any other page). Acquire:
+    /// the slot's `base` and the slab's header are visible after it.
+    #[inline(always)]
+    pub(crate) fn cache(&self) -> usize {
+        self.cache.load(Ordering::Acquire)
+    }
+
+    /// The slab's first object, once [`PageSlot::cache`] named an owner.
+    #[inline(always)]
+    pub(crate) fn base(&self) -> usize {
+        self.base.load(Ordering::Relaxed)
+    }
+
+    /// The slab struct of a slab page whose owner the caller read (its
+    /// slab cannot go meanwhile): [`PageEntry::slab_unchecked`].
+    #[inline(always)]
+    pub(crate) fn slab(&self) -> usize {
+        PageEntry(self.entry.load(Ordering::Acquire)).slab_unchecked()
+    }
+}
+
 /// Where the page map lives. Copied into every cache at creation; never
 /// changes after `init`.
 #[derive(Clone, Copy)]
@@ -197,7 +242,7 @@ pub(crate) struct PageMap {
     /// Address of the first page of the span.
     pub(crate) base: usize,
     pub(crate) nr_pages: usize,
-    pub(crate) entries: *const AtomicUsize,
+    pub(crate) entries: *const PageSlot,
 }
 
 impl PageMap {
@@ -222,10 +267,40 @@ impl PageMap {
 
     #[inline]
     fn entry(&self, index: usize) -> &AtomicUsize {
+        &self.slot_at(index).entry
+    }
+
+    #[inline(always)]
+    fn slot_at(&self, index: usize) -> &PageSlot {
         debug_assert!(index < self.nr_pages);
-        // SAFETY: index < nr_pages, the length of the entry array, which
+        // SAFETY: index < nr_pages, the length of the slot array, which
         // lives (from the primary source) as long as the allocator.
         unsafe { &*self.entries.add(index) }
+    }
+
+    /// The slot of the page holding `addr`, if it is inside the span: the
+    /// free hit's lookup (a subtract, a shift, a bounds test; before
+    /// `init` the span is empty, so every address is refused here without
+    /// a readiness test of its own).
+    #[inline(always)]
+    pub(crate) fn slot(&self, addr: usize) -> Option<&PageSlot> {
+        self.index(addr).map(|index| self.slot_at(index))
+    }
+
+    /// Register `nr_pages` pages from `addr` as pages of the slab whose
+    /// struct is at `slab`, owned by the cache at `cache`, whose first
+    /// object is at `obj_base`. Returns false (and sets nothing) if any
+    /// page is outside the span.
+    pub(crate) fn set_slab(
+        &self,
+        addr: usize,
+        nr_pages: usize,
+        slab: usize,
+        cache: usize,
+        obj_base: usize,
+    ) -> bool {
+        let entry = PageEntry::slab_page(slab);
+        self.set_range_with(addr, nr_pages, |_| (entry, cache, obj_base))
     }
 
     /// The entry for `addr`, [`PageEntry::NONE`] if outside the span.
@@ -245,6 +320,19 @@ impl PageMap {
         nr_pages: usize,
         value: impl Fn(usize) -> PageEntry,
     ) -> bool {
+        self.set_range_with(addr, nr_pages, |page| (value(page), 0, 0))
+    }
+
+    /// [`Self::set_range`] with each slot's owner and first object
+    /// (`0, 0` for a page that is not a slab page). The owner is cleared
+    /// first and written last, so a free hit that reads an owner reads
+    /// that slab's base.
+    fn set_range_with(
+        &self,
+        addr: usize,
+        nr_pages: usize,
+        value: impl Fn(usize) -> (PageEntry, usize, usize),
+    ) -> bool {
         let Some(first) = self.index(addr) else {
             return false;
         };
@@ -252,8 +340,12 @@ impl PageMap {
             return false;
         }
         for page in 0..nr_pages {
-            self.entry(first + page)
-                .store(value(page).0, Ordering::Release);
+            let slot = self.slot_at(first + page);
+            let (entry, cache, obj_base) = value(page);
+            slot.cache.store(0, Ordering::Release);
+            slot.base.store(obj_base, Ordering::Relaxed);
+            slot.entry.store(entry.0, Ordering::Release);
+            slot.cache.store(cache, Ordering::Release);
         }
         true
     }
@@ -276,8 +368,8 @@ impl PageMap {
         }
     }
 
-    /// Bytes of entry array needed for a span of `nr_pages` pages, in pages.
+    /// Bytes of slot array needed for a span of `nr_pages` pages, in pages.
     pub(crate) fn pages_for(nr_pages: usize) -> usize {
-        (nr_pages * core::mem::size_of::<usize>()).div_ceil(PAGE_SIZE)
+        (nr_pages * core::mem::size_of::<PageSlot>()).div_ceil(PAGE_SIZE)
     }
 }

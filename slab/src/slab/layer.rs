@@ -19,7 +19,7 @@ use crate::error::AllocError;
 use crate::layout::freelist::{BadLink, FreeList};
 use crate::layout::geometry::SlabKind;
 use crate::layout::hash::{AddrHash, rescale_locked};
-use crate::layout::pagemap::{PageEntry, PageMap};
+use crate::layout::pagemap::PageMap;
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::{Mutex, MutexGuard};
@@ -447,9 +447,12 @@ impl SlabLayer {
             return Err(error);
         }
         if params.on_primary {
-            let registered = params
-                .page_map
-                .set_range(base, nr_pages, |_| PageEntry::slab_page(slab as usize));
+            // SAFETY: slab initialised above (owner and first object).
+            let (cache, obj_base) = unsafe { ((*slab).cache as usize, (*slab).base) };
+            let registered =
+                params
+                    .page_map
+                    .set_slab(base, nr_pages, slab as usize, cache, obj_base);
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.
