@@ -266,6 +266,7 @@ impl<P: Platform> Allocator<P> {
         }
         let created = this.create_class(index)?;
         self.kmalloc[index].store(created.cast_mut(), Ordering::Release);
+        self.update_by_8(index);
         // SAFETY: just created, permanent.
         Ok(unsafe { &*created })
     }

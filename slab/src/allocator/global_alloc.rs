@@ -55,11 +55,9 @@ impl<P: Platform> Allocator<P> {
 // returned (and refuses anything else without touching it).
 unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
-    /// init). Every way out of the hit is a tail call.
+    /// init: `kmalloc_checked` refuses, no readiness test here). Every way
+    /// out of the hit is a tail call.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !self.is_ready() {
-            return ptr::null_mut();
-        }
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
         let tag = crate::alloc_tag::current::<P>;
         self.kmalloc_checked::<*mut u8>(layout.size(), layout.align(), tag)

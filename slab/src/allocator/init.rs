@@ -63,6 +63,9 @@ impl<P: Platform> Allocator<P> {
         }
         match self.init_inner(source) {
             Ok(()) => {
+                // The small-size alloc hit's table last: an alloc that
+                // finds it filled finds everything else done.
+                self.publish_by_8();
                 self.state.store(STATE_READY, Ordering::Release);
                 Ok(())
             }
@@ -232,7 +235,7 @@ impl<P: Platform> Allocator<P> {
             *self.page_map.get() = PageMap::empty();
             *self.page_map_pages.get() = 0;
             *self.nr_boot.get() = 0;
-            for slot in &self.kmalloc {
+            for slot in self.kmalloc.iter().chain(&self.kmalloc_by_8) {
                 slot.store(ptr::null_mut(), Ordering::Relaxed);
             }
             *self.source.get() = &NullSource;

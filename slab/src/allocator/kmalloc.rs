@@ -54,12 +54,14 @@ const fn kmalloc_sizes() -> [usize; 64] {
 
 /// Largest size the one-lookup class table covers.
 const CLASS_TABLE_MAX: usize = 1024;
+/// Entries of the by-8 tables ([`CLASS_BY_8`], `Allocator::kmalloc_by_8`).
+pub(crate) const NR_BY_8: usize = CLASS_TABLE_MAX / 8 + 1;
 
 /// Class index for sizes `0..=CLASS_TABLE_MAX`, by `(size + 7) / 8`: the
 /// smallest class at least that big (size 0 shares `kmalloc-8`). One load
 /// on the kmalloc hit.
-const CLASS_BY_8: [u8; CLASS_TABLE_MAX / 8 + 1] = {
-    let mut table = [0u8; CLASS_TABLE_MAX / 8 + 1];
+const CLASS_BY_8: [u8; NR_BY_8] = {
+    let mut table = [0u8; NR_BY_8];
     let mut slot = 0;
     while slot < table.len() {
         let size = slot * 8;
@@ -188,6 +190,25 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    /// Copy the kmalloc slots into the by-8 table (`init`, right before
+    /// READY: until then the small-size hit finds null and refuses).
+    pub(super) fn publish_by_8(&self) {
+        for index in 0..NR_KMALLOC {
+            self.update_by_8(index);
+        }
+    }
+
+    /// Copy slot `index` to its entries of the by-8 table (after the slot
+    /// changed: `init`, a class born on first use).
+    pub(super) fn update_by_8(&self, index: usize) {
+        let cache = self.kmalloc[index].load(Ordering::Acquire);
+        for (entry, &class) in self.kmalloc_by_8.iter().zip(&CLASS_BY_8) {
+            if class as usize == index {
+                entry.store(cache, Ordering::Release);
+            }
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn kmalloc_cache(&self, index: usize) -> &'static KmemCache<P> {
         debug_assert!(index < NR_KMALLOC);
@@ -225,12 +246,10 @@ impl<P: Platform> Allocator<P> {
     /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
         if size == 0 || !align.is_power_of_two() {
-            return Err(AllocError::InvalidLayout);
+            return Err(self.invalid_layout());
         }
+        // Not ready: refused by `kmalloc_checked` (NotInitialized).
         self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
     }
 
@@ -248,11 +267,8 @@ impl<P: Platform> Allocator<P> {
         align: usize,
         tag: Option<AllocTagRef>,
     ) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
         if size == 0 || !align.is_power_of_two() {
-            return Err(AllocError::InvalidLayout);
+            return Err(self.invalid_layout());
         }
         self.kmalloc_checked(size, align, move || crate::alloc_tag::explicit::<P>(tag))
     }
@@ -598,9 +614,10 @@ impl<P: Platform> Allocator<P> {
 // -------------------------------------------------------- kmalloc / kfree
 
 impl<P: Platform> Allocator<P> {
-    /// [`Allocator::kmalloc_tagged`] once the allocator is known ready, the
-    /// size non-zero and the alignment a power of two (a `Layout`'s): the
-    /// size class's cache, or page-granular.
+    /// [`Allocator::kmalloc_tagged`] once the size is known non-zero and
+    /// the alignment a power of two (a `Layout`'s): the size class's
+    /// cache, or page-granular; `NotInitialized` before init (no test on
+    /// the small-size hit: its table is null until then).
     /// (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it up.)
     #[inline(always)]
     pub(crate) fn kmalloc_checked<O: AllocOut>(
@@ -609,10 +626,37 @@ impl<P: Platform> Allocator<P> {
         align: usize,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O {
-        debug_assert!(self.is_ready() && align.is_power_of_two());
-        match Self::kmalloc_index(size, align) {
+        debug_assert!(align.is_power_of_two());
+        // The one test of `kmalloc_index`, then the class's cache by size
+        // in one load: null before init, refused without a readiness test
+        // of its own.
+        if (size | ((align - 1) << 7)) < CLASS_TABLE_MAX {
+            let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Acquire);
+            if cache.is_null() {
+                return O::from_raw(not_initialized_out::<O>());
+            }
+            // SAFETY: a published slot: a class's cache or an unborn stub,
+            // both permanent.
+            return unsafe { &*cache }.alloc_with(tag, size);
+        }
+        if !self.is_ready() {
+            return O::from_raw(not_initialized_out::<O>());
+        }
+        match Self::kmalloc_index_general(size, align) {
             Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
             None => O::from_raw(self.large_alloc_out::<O>(size, align, tag)),
+        }
+    }
+
+    /// The error of a bad layout: `NotInitialized` before init (tested
+    /// first, as it always was), else `InvalidLayout`.
+    #[cold]
+    #[inline(never)]
+    fn invalid_layout(&self) -> AllocError {
+        if self.is_ready() {
+            AllocError::InvalidLayout
+        } else {
+            AllocError::NotInitialized
         }
     }
 
@@ -728,4 +772,11 @@ impl<P: Platform> Allocator<P> {
         }
         result
     }
+}
+
+/// `NotInitialized` in the caller's result type, out of line.
+#[cold]
+#[inline(never)]
+fn not_initialized_out<O: AllocOut>() -> O::Raw {
+    O::raw_from_packed(crate::cache::pack(Err(AllocError::NotInitialized)))
 }

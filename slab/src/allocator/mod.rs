@@ -152,6 +152,12 @@ pub struct Allocator<P: Platform> {
     /// alignment. Written under `class_lock` (Release), read by every
     /// kmalloc (Acquire: a plain load on x86).
     pub(crate) kmalloc: [AtomicPtr<KmemCache<P>>; NR_KMALLOC],
+    /// [`Allocator::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
+    /// up to 1 KiB (`kmalloc.rs`): the small-size alloc hit's one lookup.
+    /// Null until `init` publishes it, right before READY, so the hit
+    /// needs no readiness test (its null test refuses instead). Written
+    /// with its class's slot.
+    pub(crate) kmalloc_by_8: [AtomicPtr<KmemCache<P>>; kmalloc::NR_BY_8],
     /// The unborn stubs (`classes.rs`), one per natural alignment of a
     /// class (8 … 4096 bytes); initialised by `init` on a small source.
     unborn: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_UNBORN]>>,
@@ -236,6 +242,7 @@ impl<P: Platform> Allocator<P> {
             boot: UnsafeCell::new(MaybeUninit::uninit()),
             nr_boot: UnsafeCell::new(0),
             kmalloc: [const { AtomicPtr::new(ptr::null_mut()) }; NR_KMALLOC],
+            kmalloc_by_8: [const { AtomicPtr::new(ptr::null_mut()) }; kmalloc::NR_BY_8],
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
             class_lock: Mutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),

@@ -39,6 +39,51 @@ fn before_init_everything_fails_cleanly() {
     );
 }
 
+/// The alloc and free hits have no readiness test of their own (issue
+/// 18): before init the small-size table is null and the page map empty,
+/// and they refuse through those, for every size and alignment, the
+/// bad-layout errors still saying `NotInitialized` first.
+#[test]
+fn before_init_the_hits_refuse_without_a_readiness_test() {
+    use core::alloc::{GlobalAlloc, Layout};
+    let alloc: &'static TestAlloc =
+        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    for (size, align) in [
+        (1, 1),
+        (8, 8),
+        (64, 8),
+        (1024, 8),
+        (100, 64),
+        (5000, 8),
+        (8, 4096),
+    ] {
+        assert_eq!(alloc.kmalloc(size, align), Err(AllocError::NotInitialized));
+        assert_eq!(
+            alloc.kmalloc_tagged(size, align, None),
+            Err(AllocError::NotInitialized)
+        );
+        let layout = Layout::from_size_align(size, align).unwrap();
+        // SAFETY: a valid layout; null expected.
+        assert!(unsafe { alloc.alloc(layout) }.is_null());
+    }
+    assert_eq!(alloc.kmalloc(0, 8), Err(AllocError::NotInitialized));
+    assert_eq!(alloc.kmalloc(8, 3), Err(AllocError::NotInitialized));
+    let mut x = [0u64; 8];
+    let p = x.as_mut_ptr().cast::<u8>();
+    // SAFETY: refused without touching anything (reported, counted).
+    unsafe { alloc.dealloc(p, Layout::new::<u64>()) };
+    assert_eq!(alloc.nr_bad_frees(), 1);
+    assert_eq!(x, [0; 8]);
+    // After init the same calls succeed: the table was published.
+    let (ready, _) = setup_default();
+    // SAFETY: a valid layout.
+    let q = unsafe { ready.alloc(Layout::from_size_align(64, 8).unwrap()) };
+    assert!(!q.is_null());
+    // SAFETY: just allocated with this layout.
+    unsafe { ready.dealloc(q, Layout::from_size_align(64, 8).unwrap()) };
+    assert_eq!(ready.nr_bad_frees(), 0);
+}
+
 #[test]
 fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
     let (alloc, _) = setup_default();
