@@ -138,36 +138,97 @@ impl<P: Platform> Allocator<P> {
             Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
             Err(_) => (EventKind::FailedAlloc, 0),
         };
-        let (type_id, bytes_req) = if bytes_req == 0 {
-            (EventType::Cache, cache.params.obj_size)
-        } else {
-            (EventType::Kmalloc, bytes_req)
+        self.kmemtrace
+            .record::<P>(kind, alloc_fields(cache, ptr, bytes_req));
+    }
+
+    /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
+    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`); with
+    /// stacks on, out of line.
+    ///
+    /// # Safety
+    /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
+    #[inline(always)]
+    pub(crate) unsafe fn kmemtrace_alloc_on(
+        &self,
+        cpu: usize,
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+        bytes_req: usize,
+    ) {
+        if self.kmemtrace.stacks_on() {
+            // SAFETY: per our caller.
+            return unsafe { self.kmemtrace_alloc_stacked(cpu, cache, obj, bytes_req) };
+        }
+        let fields = alloc_fields(cache, obj.as_ptr() as usize, bytes_req);
+        // SAFETY: per our caller.
+        unsafe {
+            self.kmemtrace
+                .record_on::<P, false>(cpu, EventKind::Alloc, fields)
         };
-        self.kmemtrace_record(
-            kind,
-            type_id,
-            cache.id,
-            ptr,
-            bytes_req,
-            cache.params.obj_size,
-        );
+    }
+
+    /// [`Self::kmemtrace_alloc_on`] with stacks on.
+    ///
+    /// # Safety
+    /// As for [`Self::kmemtrace_alloc_on`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn kmemtrace_alloc_stacked(
+        &self,
+        cpu: usize,
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+        bytes_req: usize,
+    ) {
+        let fields = alloc_fields(cache, obj.as_ptr() as usize, bytes_req);
+        // SAFETY: per our caller.
+        unsafe {
+            self.kmemtrace
+                .record_on::<P, true>(cpu, EventKind::Alloc, fields)
+        };
     }
 
     /// Record a free to `cache` (`None`: the pointer is no cache's), good
     /// or refused. Frees to kmalloc caches are `kfree`s.
     #[inline(always)]
     pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
-        let kind = if ok {
-            EventKind::Free
-        } else {
-            EventKind::BadFree
-        };
-        let (type_id, cache_id, bytes) = match cache {
-            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.params.obj_size),
-            Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
-            None => (EventType::Kmalloc, 0, 0),
-        };
-        self.kmemtrace_record(kind, type_id, cache_id, obj.as_ptr() as usize, 0, bytes);
+        let (kind, fields) = free_event(cache, obj, ok);
+        self.kmemtrace.record::<P>(kind, fields);
+    }
+
+    /// [`Self::kmemtrace_free`] of a good free from inside the free hit's
+    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`); with stacks
+    /// on, out of line.
+    ///
+    /// # Safety
+    /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
+    #[inline(always)]
+    pub(crate) unsafe fn kmemtrace_free_on(
+        &self,
+        cpu: usize,
+        cache: &KmemCache<P>,
+        obj: NonNull<u8>,
+    ) {
+        if self.kmemtrace.stacks_on() {
+            // SAFETY: per our caller.
+            return unsafe { self.kmemtrace_free_stacked(cpu, cache, obj) };
+        }
+        let (kind, fields) = free_event(Some(cache), obj, true);
+        // SAFETY: per our caller.
+        unsafe { self.kmemtrace.record_on::<P, false>(cpu, kind, fields) };
+    }
+
+    /// [`Self::kmemtrace_free_on`] with stacks on.
+    ///
+    /// # Safety
+    /// As for [`Self::kmemtrace_free_on`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn kmemtrace_free_stacked(&self, cpu: usize, cache: &KmemCache<P>, obj: NonNull<u8>) {
+        let (kind, fields) = free_event(Some(cache), obj, true);
+        // SAFETY: per our caller.
+        unsafe { self.kmemtrace.record_on::<P, true>(cpu, kind, fields) };
     }
 
     /// Record a page-granular kmalloc (its packed result).
@@ -216,4 +277,50 @@ fn cache_record<P: Platform>(cache: &KmemCache<P>) -> CacheRecord<'_> {
         flags: cache.flags.bits(),
         name: cache.name(),
     }
+}
+
+/// The fields of an allocation event from `cache` (`ptr` 0 for a failed
+/// one).
+#[inline(always)]
+fn alloc_fields<P: Platform>(cache: &KmemCache<P>, ptr: usize, bytes_req: usize) -> EventFields {
+    let (type_id, bytes_req) = if bytes_req == 0 {
+        (EventType::Cache, cache.params.obj_size)
+    } else {
+        (EventType::Kmalloc, bytes_req)
+    };
+    EventFields {
+        type_id,
+        cache_id: cache.id,
+        ptr,
+        bytes_req,
+        bytes_alloc: cache.params.obj_size,
+    }
+}
+
+/// The event of a free to `cache` (`None`: the pointer is no cache's),
+/// good or refused. Frees to kmalloc caches are `kfree`s.
+#[inline(always)]
+fn free_event<P: Platform>(
+    cache: Option<&KmemCache<P>>,
+    obj: NonNull<u8>,
+    ok: bool,
+) -> (EventKind, EventFields) {
+    let kind = if ok {
+        EventKind::Free
+    } else {
+        EventKind::BadFree
+    };
+    let (type_id, cache_id, bytes) = match cache {
+        Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.params.obj_size),
+        Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
+        None => (EventType::Kmalloc, 0, 0),
+    };
+    let fields = EventFields {
+        type_id,
+        cache_id,
+        ptr: obj.as_ptr() as usize,
+        bytes_req: 0,
+        bytes_alloc: bytes,
+    };
+    (kind, fields)
 }

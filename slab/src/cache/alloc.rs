@@ -9,7 +9,7 @@ use core::ptr::NonNull;
 use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
-use crate::magazine::Magazine;
+use crate::magazine::{Magazine, PcpuInner};
 use crate::platform::Platform;
 use crate::sync::IrqGuard;
 
@@ -83,6 +83,9 @@ impl<P: Platform> KmemCache<P> {
             if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
                 return O::from_raw(self.alloc_profiled::<O>(tag));
             }
+            if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
+                return O::from_raw(self.alloc_recorded_hit::<O>(tag, bytes_req));
+            }
             return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
         }
         match self.magazine_alloc_hit() {
@@ -101,24 +104,35 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
         let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
-        // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
-        // absent magazine.
-        let nr_rounds = pcc.rounds;
-        if nr_rounds == 0 {
-            return None;
-        }
-        pcc.nr_allocs += 1;
-        pcc.rounds = nr_rounds - 1;
-        // SAFETY: a real magazine (the absent one has no rounds) owned by
-        // this CPU, interrupts off; its slots below nr_rounds are objects.
-        unsafe {
-            Some(NonNull::new_unchecked(
-                *Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1),
-            ))
-        }
+        pop_round(self.pcpu_mut(&mut irq))
     }
 
+    /// A recorded allocation (kmemtrace on, no other slow flag): the
+    /// magazine hit with its event written inside the hit's section (the
+    /// CPU read once, no second guard), else the recorded slow path
+    /// ([`Self::alloc_flagged`], which records the miss's result).
+    #[inline(never)]
+    fn alloc_recorded_hit<O: AllocOut>(
+        &self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> O::Raw {
+        let mut irq = IrqGuard::<P>::new();
+        let cpu = P::cpu_id();
+        if let Some(obj) = pop_round(self.pcpu_mut(&mut irq)) {
+            // SAFETY: just popped; no slow bit but KMEMTRACE: the cache is
+            // keyed.
+            unsafe { double_free::clear_key(obj) };
+            // SAFETY: interrupts off on `cpu`, the running CPU.
+            unsafe { self.owner().kmemtrace_alloc_on(cpu, self, obj, bytes_req) };
+            return O::raw_from_obj(obj);
+        }
+        drop(irq);
+        self.alloc_flagged::<O>(self.hot(), tag, bytes_req)
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
     /// The profiled alloc of a small-object cache (`PROFILING` the only
     /// flag): the magazine hit, then the tag reference stored in the
     /// slab's side array (one multiply for the object's index) and the tag
@@ -193,5 +207,27 @@ impl<P: Platform> KmemCache<P> {
             return Ok(obj);
         }
         self.slab_alloc_constructed()
+    }
+}
+
+/// Pop a round from `loaded` of the per-CPU cache `pcc` (owned by the
+/// caller's guard) and count it. `None` (nothing changed) if `loaded` is
+/// empty or absent.
+#[inline(always)]
+fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
+    // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
+    // absent magazine.
+    let nr_rounds = pcc.rounds;
+    if nr_rounds == 0 {
+        return None;
+    }
+    pcc.nr_allocs += 1;
+    pcc.rounds = nr_rounds - 1;
+    // SAFETY: a real magazine (the absent one has no rounds) owned by
+    // this CPU, interrupts off; its slots below nr_rounds are objects.
+    unsafe {
+        Some(NonNull::new_unchecked(
+            *Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1),
+        ))
     }
 }

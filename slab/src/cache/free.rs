@@ -12,7 +12,7 @@ use super::{FreeOut, HotFlags, KmemCache, Located, double_free};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::{PageEntry, PageSlot};
-use crate::magazine::{MAG_FREE_RETRIES, Magazine};
+use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuInner};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
 use crate::sync::IrqGuard;
@@ -168,8 +168,34 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.magazine_free_miss_out::<O>(obj) };
         }
-        let _ = hot;
+        if hot == HotFlags::KMEMTRACE {
+            // SAFETY: per our caller.
+            return unsafe { self.free_recorded_hit::<O>(obj, at) };
+        }
         // SAFETY: per our caller.
+        unsafe { self.free_flagged_out::<O>(obj, at.slab()) }
+    }
+
+    /// A recorded free (kmemtrace on, no other slow flag, so the cache is
+    /// keyed): the magazine hit with its event written inside the hit's
+    /// section (the CPU read once, no second guard, nothing on this CPU
+    /// reuses the object before its free is recorded), else the recorded
+    /// slow path ([`Self::free_flagged`], which records the outcome).
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(never)]
+    unsafe fn free_recorded_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
+        let mut irq = IrqGuard::<P>::new();
+        let cpu = P::cpu_id();
+        // SAFETY: per our caller; the guard owns this CPU's cache.
+        if unsafe { push_round::<true>(self.pcpu_mut(&mut irq), obj) } {
+            // SAFETY: interrupts off on `cpu`, the running CPU.
+            unsafe { self.owner().kmemtrace_free_on(cpu, self, obj) };
+            return O::ok();
+        }
+        drop(irq);
+        // SAFETY: per our caller; the hit changed nothing.
         unsafe { self.free_flagged_out::<O>(obj, at.slab()) }
     }
 
@@ -245,38 +271,8 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
         let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
-        // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
-        // absent magazine's capacity is 0, never room.
-        let nr_rounds = pcc.rounds;
-        if nr_rounds >= pcc.capacity {
-            return false;
-        }
-        let loaded = pcc.loaded;
-        if KEYED {
-            // The free key ([`super::double_free`]): an object holding it
-            // was freed already (the miss confirms and refuses); else it
-            // gets it. Load, compare, store.
-            let key = pcc.free_key;
-            // SAFETY: per our caller, an object of this keyed cache.
-            if unsafe { double_free::holds_key(obj, key) } {
-                return false;
-            }
-            // SAFETY: as above; the caller gives it up (pushed below).
-            unsafe { double_free::write_key(obj, key) };
-        } else {
-            // Linux's naive double-free check: the object already on top
-            // of `loaded` (the miss path refuses it).
-            // SAFETY: a real magazine (above), nr_rounds < capacity.
-            if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
-                return false;
-            }
-        }
-        // SAFETY: a real magazine owned by this CPU, interrupts off;
-        // nr_rounds < capacity, a slot of its object.
-        unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
-        pcc.rounds = nr_rounds + 1;
-        true
+        // SAFETY: per our caller; the guard owns this CPU's cache.
+        unsafe { push_round::<KEYED>(self.pcpu_mut(&mut irq), obj) }
     }
 
     /// `loaded` is full (or absent): swap, trade with the depot, make a
@@ -549,4 +545,46 @@ pub(super) unsafe fn top_round(mag: *mut Magazine, nr_rounds: usize) -> usize {
             .wrapping_sub(1)
             .read()
     }
+}
+
+/// Push `obj` on `loaded` of the per-CPU cache `pcc` (owned by the
+/// caller's guard): the magazine hit of a free
+/// ([`KmemCache::magazine_free_hit_as`]).
+///
+/// # Safety
+/// As for [`KmemCache::magazine_free_hit_as`]; `pcc` is this CPU's cache
+/// of that cache.
+#[inline(always)]
+unsafe fn push_round<const KEYED: bool>(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
+    // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
+    // absent magazine's capacity is 0, never room.
+    let nr_rounds = pcc.rounds;
+    if nr_rounds >= pcc.capacity {
+        return false;
+    }
+    let loaded = pcc.loaded;
+    if KEYED {
+        // The free key ([`super::double_free`]): an object holding it
+        // was freed already (the miss confirms and refuses); else it
+        // gets it. Load, compare, store.
+        let key = pcc.free_key;
+        // SAFETY: per our caller, an object of this keyed cache.
+        if unsafe { double_free::holds_key(obj, key) } {
+            return false;
+        }
+        // SAFETY: as above; the caller gives it up (pushed below).
+        unsafe { double_free::write_key(obj, key) };
+    } else {
+        // Linux's naive double-free check: the object already on top
+        // of `loaded` (the miss path refuses it).
+        // SAFETY: a real magazine (above), nr_rounds < capacity.
+        if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
+            return false;
+        }
+    }
+    // SAFETY: a real magazine owned by this CPU, interrupts off;
+    // nr_rounds < capacity, a slot of its object.
+    unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
+    pcc.rounds = nr_rounds + 1;
+    true
 }

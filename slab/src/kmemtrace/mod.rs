@@ -475,9 +475,41 @@ impl Kmemtrace {
     pub(crate) fn record<P: Platform>(&self, event: EventKind, fields: EventFields) {
         let irq = P::irq_save();
         let cpu = P::cpu_id();
+        // SAFETY: interrupts off; the running CPU's id.
+        unsafe {
+            if self.stacks_on() {
+                self.record_on::<P, true>(cpu, event, fields);
+            } else {
+                self.record_on::<P, false>(cpu, event, fields);
+            }
+        }
+        P::irq_restore(irq);
+    }
+
+    /// Whether events carry backtraces ([`Self::record_on`]'s `STACKS`).
+    #[inline(always)]
+    pub(crate) fn stacks_on(&self) -> bool {
+        self.stack_depth.load(Ordering::Relaxed) != 0
+    }
+
+    /// [`Self::record`] from inside a section that already owns CPU
+    /// `cpu`'s ring (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
+    /// no second interrupt guard, no second CPU-id read. `STACKS`: as
+    /// [`Self::stacks_on`] said (a backtrace walked and deduplicated; off
+    /// the hits, which then keep nothing across a call).
+    ///
+    /// # Safety
+    /// `cpu` is the running CPU and nothing else on it runs until this
+    /// returns (interrupts off, or the per-CPU section the hits hold).
+    #[inline(always)]
+    pub(crate) unsafe fn record_on<P: Platform, const STACKS: bool>(
+        &self,
+        cpu: usize,
+        event: EventKind,
+        fields: EventFields,
+    ) {
         let rings = self.rings.load(Ordering::Relaxed);
         if cpu >= self.nr_rings.load(Ordering::Relaxed) || rings.is_null() {
-            P::irq_restore(irq);
             return;
         }
         // SAFETY: cpu < nr_rings and the rings live forever; only this
@@ -491,16 +523,14 @@ impl Kmemtrace {
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
             ring.nr_overruns
                 .store(overruns.wrapping_add(1), Ordering::Relaxed);
-            P::irq_restore(irq);
             return;
         }
-        let depth = self.stack_depth.load(Ordering::Relaxed);
-        let (call_site, stack_id) = if depth == 0 {
+        let (call_site, stack_id) = if STACKS {
+            self.caller_stack::<P>(self.stack_depth.load(Ordering::Relaxed))
+        } else {
             let mut site = [0usize; 1];
             P::caller_frames(&mut site);
             (site[0], 0)
-        } else {
-            self.caller_stack::<P>(depth)
         };
         // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
         // sub-buffer exists and the slot is inside it; unpublished slots
@@ -524,7 +554,6 @@ impl Kmemtrace {
         }
         ring.nr_written
             .store(index.wrapping_add(1), Ordering::Release);
-        P::irq_restore(irq);
     }
 
     /// The call site and stack id of an event with stacks on (`depth`

@@ -523,3 +523,56 @@ fn kmemtrace_cost_loops() {
         (2 * scaled(10_000) as u64, 0)
     );
 }
+
+/// The recorded magazine hits (issue 18: the event written inside the
+/// hit's own section, `alloc_recorded_hit` / `free_recorded_hit`), with
+/// stacks off and on: every alloc and free of a warm cache is one event,
+/// in order, on its CPU, with its call site (and stack).
+#[test]
+fn recorded_hits_write_one_event_each() {
+    for depth in [0, 2] {
+        let (alloc, _) = setup_default();
+        let cache = alloc
+            .cache_create("hits", 64, 8, CacheFlags::empty(), None, None, None)
+            .unwrap();
+        // Warm this CPU's magazines: the recorded operations below hit.
+        let warm: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
+        for obj in warm {
+            // SAFETY: allocated just above, given back once.
+            unsafe { cache.free(obj) }.unwrap();
+        }
+        start(
+            alloc,
+            KmemtraceConfig {
+                stack_depth: depth,
+                ..small(1)
+            },
+        );
+        set_caller(0xffff_8000_0000_3000);
+        let mut ptrs = Vec::new();
+        for _ in 0..4 {
+            let obj = cache.alloc().unwrap();
+            ptrs.push(obj.as_ptr() as u64);
+            // SAFETY: allocated just above, given back once.
+            unsafe { cache.free(obj) }.unwrap();
+        }
+        alloc.kmemtrace_stop();
+        let parsed = parse(&dump(alloc).0);
+        let all = events(&parsed);
+        assert_eq!(all.len(), 8, "stack depth {depth}");
+        for (i, e) in all.iter().enumerate() {
+            let kind = if i % 2 == 0 { ALLOC } else { FREE };
+            assert_eq!(
+                (e.event, e.type_id, e.cpu, e.cache_id, e.ptr, e.seq),
+                (kind, CACHE, 0, cache.id(), ptrs[i / 2], i as u64)
+            );
+            assert_eq!(
+                (e.bytes_req, e.bytes_alloc),
+                (if kind == ALLOC { 64 } else { 0 }, 64)
+            );
+            assert_eq!(e.call_site, 0xffff_8000_0000_3000);
+            assert_eq!(e.stack_id != 0, depth != 0);
+        }
+        assert_eq!(cache.stats().nr_allocated, 0);
+    }
+}
