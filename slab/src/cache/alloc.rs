@@ -9,7 +9,7 @@ use core::ptr::NonNull;
 use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
-use crate::magazine::{Magazine, PcpuInner};
+use crate::magazine::Magazine;
 use crate::platform::Platform;
 use crate::sync::IrqGuard;
 
@@ -83,10 +83,7 @@ impl<P: Platform> KmemCache<P> {
             if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
                 return O::from_raw(self.alloc_profiled::<O>(tag));
             }
-            if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
-                return O::from_raw(self.alloc_recorded_hit::<O>(tag, bytes_req));
-            }
-            return O::from_raw(self.alloc_flagged::<O>(hot, tag, bytes_req));
+            return O::from_raw(self.alloc_off_hit::<O>(hot, tag, bytes_req));
         }
         match self.magazine_alloc_hit() {
             Some(obj) => {
@@ -103,31 +100,72 @@ impl<P: Platform> KmemCache<P> {
     /// empty or absent. Not for bootstrap caches.
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+        self.magazine_alloc_hit_then(|_| {})
+    }
+
+    /// [`Self::magazine_alloc_hit`], running `then` on the object inside
+    /// the hit's section (the recorded alloc's event).
+    #[inline(always)]
+    fn magazine_alloc_hit_then(&self, then: impl FnOnce(NonNull<u8>)) -> Option<NonNull<u8>> {
         let mut irq = IrqGuard::<P>::new();
-        pop_round(self.pcpu_mut(&mut irq))
+        let pcc = self.pcpu_mut(&mut irq);
+        // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
+        // absent magazine.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds == 0 {
+            return None;
+        }
+        pcc.nr_allocs += 1;
+        pcc.rounds = nr_rounds - 1;
+        // SAFETY: a real magazine (the absent one has no rounds) owned by
+        // this CPU, interrupts off; its slots below nr_rounds are objects.
+        let obj = unsafe {
+            NonNull::new_unchecked(*Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1))
+        };
+        then(obj);
+        Some(obj)
+    }
+
+    /// An alloc with a slow flag, past the profiled one: recorded
+    /// ([`Self::alloc_recorded_hit`]) or [`Self::alloc_flagged`]. Its own
+    /// function, so that the plain hit tests the flags once and keeps
+    /// nothing of the test for here.
+    #[inline(never)]
+    fn alloc_off_hit<O: AllocOut>(
+        &self,
+        hot: HotFlags,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> O::Raw {
+        if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
+            return self.alloc_recorded_hit::<O>(tag, bytes_req);
+        }
+        self.alloc_flagged::<O>(hot, tag, bytes_req)
     }
 
     /// A recorded allocation (kmemtrace on, no other slow flag): the
     /// magazine hit with its event written inside the hit's section (the
     /// CPU read once, no second guard), else the recorded slow path
     /// ([`Self::alloc_flagged`], which records the miss's result).
-    #[inline(never)]
+    #[inline(always)]
     fn alloc_recorded_hit<O: AllocOut>(
         &self,
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> O::Raw {
-        let mut irq = IrqGuard::<P>::new();
-        let cpu = P::cpu_id();
-        if let Some(obj) = pop_round(self.pcpu_mut(&mut irq)) {
+        let hit = self.magazine_alloc_hit_then(|obj| {
             // SAFETY: just popped; no slow bit but KMEMTRACE: the cache is
             // keyed.
             unsafe { double_free::clear_key(obj) };
-            // SAFETY: interrupts off on `cpu`, the running CPU.
-            unsafe { self.owner().kmemtrace_alloc_on(cpu, self, obj, bytes_req) };
+            // SAFETY: inside the hit's section: this CPU's ring is ours.
+            unsafe {
+                self.owner()
+                    .kmemtrace_alloc_on(P::cpu_id(), self, obj, bytes_req)
+            };
+        });
+        if let Some(obj) = hit {
             return O::raw_from_obj(obj);
         }
-        drop(irq);
         self.alloc_flagged::<O>(self.hot(), tag, bytes_req)
     }
 }
@@ -207,27 +245,5 @@ impl<P: Platform> KmemCache<P> {
             return Ok(obj);
         }
         self.slab_alloc_constructed()
-    }
-}
-
-/// Pop a round from `loaded` of the per-CPU cache `pcc` (owned by the
-/// caller's guard) and count it. `None` (nothing changed) if `loaded` is
-/// empty or absent.
-#[inline(always)]
-fn pop_round(pcc: &mut PcpuInner) -> Option<NonNull<u8>> {
-    // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
-    // absent magazine.
-    let nr_rounds = pcc.rounds;
-    if nr_rounds == 0 {
-        return None;
-    }
-    pcc.nr_allocs += 1;
-    pcc.rounds = nr_rounds - 1;
-    // SAFETY: a real magazine (the absent one has no rounds) owned by
-    // this CPU, interrupts off; its slots below nr_rounds are objects.
-    unsafe {
-        Some(NonNull::new_unchecked(
-            *Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1),
-        ))
     }
 }

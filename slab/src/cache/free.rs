@@ -12,7 +12,7 @@ use super::{FreeOut, HotFlags, KmemCache, Located, double_free};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::{PageEntry, PageSlot};
-use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuInner};
+use crate::magazine::{MAG_FREE_RETRIES, Magazine};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
 use crate::sync::IrqGuard;
@@ -168,12 +168,8 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.magazine_free_miss_out::<O>(obj) };
         }
-        if hot == HotFlags::KMEMTRACE {
-            // SAFETY: per our caller.
-            return unsafe { self.free_recorded_hit::<O>(obj, at) };
-        }
         // SAFETY: per our caller.
-        unsafe { self.free_flagged_out::<O>(obj, at.slab()) }
+        unsafe { self.free_flagged_out::<O>(obj, at, hot) }
     }
 
     /// A recorded free (kmemtrace on, no other slow flag, so the cache is
@@ -184,34 +180,42 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// As for [`Self::finish_free`].
-    #[inline(never)]
+    #[inline(always)]
     unsafe fn free_recorded_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        let mut irq = IrqGuard::<P>::new();
-        let cpu = P::cpu_id();
-        // SAFETY: per our caller; the guard owns this CPU's cache.
-        if unsafe { push_round::<true>(self.pcpu_mut(&mut irq), obj) } {
-            // SAFETY: interrupts off on `cpu`, the running CPU.
-            unsafe { self.owner().kmemtrace_free_on(cpu, self, obj) };
+        let record = || {
+            // SAFETY: inside the hit's section: this CPU's ring is ours.
+            unsafe { self.owner().kmemtrace_free_on(P::cpu_id(), self, obj) };
+        };
+        // SAFETY: per our caller (keyed: see above).
+        let pushed = unsafe { self.magazine_free_hit_then::<true>(obj, record) };
+        if pushed {
             return O::ok();
         }
-        drop(irq);
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_flagged_out::<O>(obj, at.slab()) }
+        O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
     }
 
-    /// [`Self::free_flagged`] in the caller's result type (its own
-    /// function, so that [`Self::free_off_hit`] needs no stack frame).
+    /// A free with some `FREE_SLOW` flag (`hot`) other than the profiled
+    /// one: recorded ([`Self::free_recorded_hit`]) or [`Self::free_flagged`],
+    /// in the caller's result type (its own function, so that
+    /// [`Self::free_off_hit`] needs no stack frame and tests nothing more
+    /// before its profiled path).
     ///
     /// # Safety
-    /// As for [`Self::free_flagged`].
+    /// As for [`Self::finish_free`].
     #[inline(never)]
     pub(super) unsafe fn free_flagged_out<O: FreeOut>(
         &self,
         obj: NonNull<u8>,
-        slab: *mut Slab,
+        at: Located,
+        hot: HotFlags,
     ) -> O {
+        if hot == HotFlags::KMEMTRACE {
+            // SAFETY: per our caller.
+            return unsafe { self.free_recorded_hit::<O>(obj, at) };
+        }
         // SAFETY: per our caller.
-        O::from_result(self, unsafe { self.free_flagged(obj, slab) })
+        O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
     }
 
     /// [`Self::magazine_free_slow`] in the caller's result type.
@@ -270,9 +274,55 @@ impl<P: Platform> KmemCache<P> {
     /// gives up if this returns true; `KEYED` only if the cache is keyed.
     #[inline(always)]
     pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
+        // SAFETY: per our caller.
+        unsafe { self.magazine_free_hit_then::<KEYED>(obj, || {}) }
+    }
+
+    /// [`Self::magazine_free_hit_as`], running `then` inside the hit's
+    /// section once `obj` is pushed (the recorded free's event).
+    ///
+    /// # Safety
+    /// As for [`Self::magazine_free_hit_as`].
+    #[inline(always)]
+    unsafe fn magazine_free_hit_then<const KEYED: bool>(
+        &self,
+        obj: NonNull<u8>,
+        then: impl FnOnce(),
+    ) -> bool {
         let mut irq = IrqGuard::<P>::new();
-        // SAFETY: per our caller; the guard owns this CPU's cache.
-        unsafe { push_round::<KEYED>(self.pcpu_mut(&mut irq), obj) }
+        let pcc = self.pcpu_mut(&mut irq);
+        // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
+        // absent magazine's capacity is 0, never room.
+        let nr_rounds = pcc.rounds;
+        if nr_rounds >= pcc.capacity {
+            return false;
+        }
+        let loaded = pcc.loaded;
+        if KEYED {
+            // The free key ([`super::double_free`]): an object holding it
+            // was freed already (the miss confirms and refuses); else it
+            // gets it. Load, compare, store.
+            let key = pcc.free_key;
+            // SAFETY: per our caller, an object of this keyed cache.
+            if unsafe { double_free::holds_key(obj, key) } {
+                return false;
+            }
+            // SAFETY: as above; the caller gives it up (pushed below).
+            unsafe { double_free::write_key(obj, key) };
+        } else {
+            // Linux's naive double-free check: the object already on top
+            // of `loaded` (the miss path refuses it).
+            // SAFETY: a real magazine (above), nr_rounds < capacity.
+            if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
+                return false;
+            }
+        }
+        // SAFETY: a real magazine owned by this CPU, interrupts off;
+        // nr_rounds < capacity, a slot of its object.
+        unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
+        pcc.rounds = nr_rounds + 1;
+        then();
+        true
     }
 
     /// `loaded` is full (or absent): swap, trade with the depot, make a
@@ -545,46 +595,4 @@ pub(super) unsafe fn top_round(mag: *mut Magazine, nr_rounds: usize) -> usize {
             .wrapping_sub(1)
             .read()
     }
-}
-
-/// Push `obj` on `loaded` of the per-CPU cache `pcc` (owned by the
-/// caller's guard): the magazine hit of a free
-/// ([`KmemCache::magazine_free_hit_as`]).
-///
-/// # Safety
-/// As for [`KmemCache::magazine_free_hit_as`]; `pcc` is this CPU's cache
-/// of that cache.
-#[inline(always)]
-unsafe fn push_round<const KEYED: bool>(pcc: &mut PcpuInner, obj: NonNull<u8>) -> bool {
-    // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
-    // absent magazine's capacity is 0, never room.
-    let nr_rounds = pcc.rounds;
-    if nr_rounds >= pcc.capacity {
-        return false;
-    }
-    let loaded = pcc.loaded;
-    if KEYED {
-        // The free key ([`super::double_free`]): an object holding it
-        // was freed already (the miss confirms and refuses); else it
-        // gets it. Load, compare, store.
-        let key = pcc.free_key;
-        // SAFETY: per our caller, an object of this keyed cache.
-        if unsafe { double_free::holds_key(obj, key) } {
-            return false;
-        }
-        // SAFETY: as above; the caller gives it up (pushed below).
-        unsafe { double_free::write_key(obj, key) };
-    } else {
-        // Linux's naive double-free check: the object already on top
-        // of `loaded` (the miss path refuses it).
-        // SAFETY: a real magazine (above), nr_rounds < capacity.
-        if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
-            return false;
-        }
-    }
-    // SAFETY: a real magazine owned by this CPU, interrupts off;
-    // nr_rounds < capacity, a slot of its object.
-    unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
-    pcc.rounds = nr_rounds + 1;
-    true
 }
