@@ -5,7 +5,8 @@
 //! A slot ([`PageSlot`], 32 bytes, two to a cache line) is the entry
 //! word below plus, for a slab page, what the free hit needs from the
 //! slab so that it reads no slab header: the owning cache and the
-//! address of the slab's first object (its colour included). A free
+//! address of the slab's first object (its colour included), and the
+//! slab struct untagged for the paths off the hit. A free
 //! then touches the object's page-map slot and the per-CPU line only
 //! (issue 18; the header was a D1 and LL miss per free at 1M live
 //! objects). Like SLUB's `struct slab` fields in `struct page`.
@@ -211,6 +212,9 @@ pub(crate) struct PageSlot {
     /// The slab's first object (its base, colour included), for a slab
     /// page.
     base: AtomicUsize,
+    /// The slab struct of a slab page, untagged (the entry's, without
+    /// its decoding: one load for the paths off the hit).
+    slab: AtomicUsize,
 }
 
 impl PageSlot {
@@ -228,10 +232,10 @@ impl PageSlot {
     }
 
     /// The slab struct of a slab page whose owner the caller read (its
-    /// slab cannot go meanwhile): [`PageEntry::slab_unchecked`].
+    /// slab cannot go meanwhile; the owner's Acquire made it visible).
     #[inline(always)]
     pub(crate) fn slab(&self) -> usize {
-        PageEntry(self.entry.load(Ordering::Acquire)).slab_unchecked()
+        self.slab.load(Ordering::Relaxed)
     }
 }
 
@@ -344,6 +348,8 @@ impl PageMap {
             let (entry, cache, obj_base) = value(page);
             slot.cache.store(0, Ordering::Release);
             slot.base.store(obj_base, Ordering::Relaxed);
+            slot.slab
+                .store(entry.slab().unwrap_or(0), Ordering::Relaxed);
             slot.entry.store(entry.0, Ordering::Release);
             slot.cache.store(cache, Ordering::Release);
         }
