@@ -521,6 +521,10 @@ fn bad_fault_commands_are_one_error_line_and_change_nothing() {
         ("fault cmd_kmalloc probability 50.", "probability P"),
         ("fault cmd_kmalloc every +5", "every N: N is a whole number"),
         (
+            "fault cmd_kmalloc every 0xA",
+            "every N: N is a whole number",
+        ),
+        (
             "fault list nothing-matches",
             "no fault point matches 'nothing-matches'",
         ),

@@ -9,8 +9,8 @@ and the shell carries on: the same command succeeds again.
 
 A point with no workload here fails the test unless `UNREACHABLE` names it
 with the reason; a workload or reason that matches no point fails it too.
-Two boots: one to list the points, one to sweep them all (about 20 s under
-TCG).
+Two boots: one to list the points, one to sweep them all (2 to 15 s under
+TCG on the 2-core build machine, by its load).
 
 `tests/fault_injection.rs` is the same sweep as a QEMU test kernel (and
 with profiling compiled out); this one runs the kernel as shipped, so it
