@@ -9,8 +9,11 @@ and the shell carries on: the same command succeeds again.
 
 A point with no workload here fails the test unless `UNREACHABLE` names it
 with the reason; a workload or reason that matches no point fails it too.
-Two boots: one to list the points, one to sweep them all (2 to 15 s under
-TCG on the 2-core build machine, by its load).
+And the converse, `EveryAllocationIsAPoint`: a kmemtrace record over every
+shell command must name no allocation call site outside a fault point's
+function (or its scope), so an allocation added without a point fails.
+Three boots: one to list the points, one to sweep them all, one to record
+(2 to 15 s in all under TCG on the 2-core build machine, by its load).
 
 `tests/fault_injection.rs` is the same sweep as a QEMU test kernel (and
 with profiling compiled out); this one runs the kernel as shipped, so it
@@ -18,14 +21,18 @@ also reaches the points only a fresh boot has (the `stress-ctor` cache).
 
 Run after `cargo build --bin magpie`.
 """
+import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_shell import KERNEL, allocinfo_rows, boot, replies  # noqa: E402
+from test_shell import KERNEL, ROOT, allocinfo_rows, boot, replies  # noqa: E402
 
+MAGPIE_KMEM = os.path.join(ROOT, "scripts", "magpie-kmem")
 POINT = re.compile(r"^(\S+:\d+) module:(\S+) func:(\S+) class:(\S+) (\S+) hits:(\d+) injected:(\d+)$")
 
 
@@ -82,6 +89,39 @@ UNREACHABLE = {
     ("magpie::dev::virtio_console", "init"):
         "sets up the dump channel at boot; `kmemtrace record start` finds it set up",
 }
+
+
+# Functions whose allocations a point's allocation scope covers: helper ->
+# the function holding the point (same file).
+SCOPE_HELPERS = {
+    "bookkeeping": "run",
+    "grow_inbox": "hand_off",
+    "shared_jobs": "run_on_cpus",
+    "new_job": "run_on_cpus",
+}
+
+# Call sites in the Rust library (the record names the first frame outside
+# the allocator's text, and `VecDeque`'s out-of-line growth is not in it):
+# function -> the kernel callers, each under a fault point.
+LIBRARY_SITES = {
+    "<VecDeque>::try_reserve":
+        "smp::stress::grow_inbox (hand_off's point), smp::new_job (run_on_cpus' and run_on's)",
+}
+
+# Every other shell command, for the coverage record: what they allocate
+# must be under a fault point too.
+OTHER_COMMANDS = [
+    "help", "kmemstat", "slabinfo", "slabtop --once", "allocinfo", "allocinfo --top 3 -h",
+    "kmalloc 100 3", "kmemtrace start kmalloc-104", "kmemtrace print kmalloc-104",
+    "kmemtrace stop kmalloc-104", "kmemtrace reset kmalloc-104",
+    "allocinfo ctx kernel/src/shell/kmem.rs:117 enable", "kmalloc 100 2",
+    "allocinfo ctx kernel/src/shell/kmem.rs:117 print", "allocinfo ctx kernel/src/shell/kmem.rs:117 disable",
+    "kfree all", "reap", "kmem verify", "kmem errors", "kmem cache kmalloc-64",
+    "kmem cache kmalloc-64 validate", "kmem cache kmalloc-64 shrink", "timestats", "cpus", "fault list",
+    "lkdtm list", "lkdtm SLAB_FREE_DOUBLE", "lkdtm SLAB_FREE_CROSS", "lkdtm SLAB_FREE_PAGE",
+    "lkdtm SLAB_LINEAR_OVERFLOW", "lkdtm WRITE_AFTER_FREE", "lkdtm READ_AFTER_FREE",
+    "kmemtrace record status",
+]
 
 
 def points(listing):
@@ -195,6 +235,51 @@ class FaultSweep(unittest.TestCase):
                                  f"{location}: allocinfo not back to its baseline")
                 again = self.replies_of(step["again"])
                 self.assertNotIn("error", again, f"{location}: the command fails again")
+
+
+@unittest.skipUnless(os.path.exists(KERNEL), f"{KERNEL} not built; run `cargo build --bin magpie`")
+@unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
+class EveryAllocationIsAPoint(unittest.TestCase):
+    """A kmemtrace record over every shell command (each workload above and
+    the rest of `help`): every call site the record names lies in a
+    function that holds a fault point (or in a helper of its allocation
+    scope, `SCOPE_HELPERS`; or is a library function `LIBRARY_SITES`
+    names the callers of). A new allocation without a point fails here."""
+
+    def test_every_call_site_in_a_record_of_every_command_is_a_fault_point(self):
+        lines = []
+        for workload in WORKLOADS.values():
+            lines += [line for line in workload.lines + workload.cleanup
+                      if not line.startswith("kmemtrace record")]
+        script = ["fault list", "kmemtrace record start"] + lines + OTHER_COMMANDS
+        script += ["kmemtrace record stop", "kmemtrace dump", "poweroff"]
+        with tempfile.TemporaryDirectory() as tmp:
+            dump = os.path.join(tmp, "sweep.kmt")
+            os.environ["MAGPIE_KMEMTRACE"] = dump
+            try:
+                code, out = boot(script, timeout=170)
+            finally:
+                del os.environ["MAGPIE_KMEMTRACE"]
+            self.assertEqual(code, 0, out[-4000:])
+            self.assertNotIn("panicked", out)
+            result = subprocess.run([MAGPIE_KMEM, "stat", "--caller", "--json", "--top", "100000",
+                                     "--kernel", KERNEL, dump],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        self.assertEqual(result.returncode, 0, result.stderr.decode(errors="replace"))
+        sites = json.loads(result.stdout)["callsites"]
+        self.assertTrue(sites)
+        held = {(location.split(":")[0], function)
+                for location, _, function, *_ in points(dict(replies(out))["fault list"])}
+        for site in sites:
+            file = site["location"].split(":")[0]
+            if not file.startswith("kernel/"):
+                name = site["function"].rsplit("+0x", 1)[0]
+                self.assertIn(name, LIBRARY_SITES, f"library call site {site} with no kernel caller named")
+                continue
+            func = SCOPE_HELPERS.get(site["func"], site["func"])
+            self.assertIn((file, func), held,
+                          f"{site['location']} func:{site['func']} ({site['function']}, {site['hit']} "
+                          "allocations) has no fault point: allocate through try_alloc! or kmalloc!")
 
 
 if __name__ == "__main__":

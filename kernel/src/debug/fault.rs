@@ -58,7 +58,9 @@
 //! `tests/e2e/test_fault_sweep.py` (the booted shell) fail each point in
 //! turn and check that it injected once, the command printed one clear
 //! error, `allocinfo` came back to its baseline and the shell carries on;
-//! points no shell command reaches are named there with the reason.
+//! points no shell command reaches are named there with the reason. The
+//! latter also records every shell command with kmemtrace and fails on
+//! any allocation call site outside a point's function or scope.
 //!
 //! The shell's `fault list [PATTERN]` prints every point in the slides'
 //! layout with its hit and injected counts; `fault FILE:LINE|PATTERN
