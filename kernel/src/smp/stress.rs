@@ -118,7 +118,7 @@ pub struct CpuReport {
     pub nr_cross_frees: u64,
     /// Objects handed to another CPU to free.
     pub nr_handoffs: u64,
-    /// Allocations that failed (out of memory) and frees the allocator refused.
+    /// Allocations that failed (out of memory, inbox growth too) and frees refused.
     pub nr_failures: u64,
     /// Pattern mismatches (overlap, double hand-out, stray write).
     pub nr_corruptions: u64,
