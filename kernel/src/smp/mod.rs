@@ -385,26 +385,25 @@ pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), 
         return Err(SmpError::Offline(cpu));
     }
     let this_cpu = arch::cpu_id();
-    // SAFETY: lifetime erasure only; every posted job is waited for below
-    // before this function returns, so `work` outlives all uses. A panic
-    // anywhere ends the kernel (panic = abort), so nothing returns early.
+    // SAFETY: lifetime erasure only; every posted job is waited for below,
+    // so `work` outlives all uses. The one early return (no memory for jobs)
+    // comes before any is posted; a panic ends the kernel (panic = abort).
     let shared: *const (dyn Fn(usize) + Sync) = unsafe {
         core::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(work)
     };
     let _scope = crate::alloc_tag_scope!();
     // One allocation scope: every other CPU's job, before any is posted.
-    let jobs = crate::try_alloc!(shared_jobs(cpus, this_cpu, shared))
+    let mut slots = crate::try_alloc!(shared_jobs(cpus, this_cpu, shared))
         .map_err(|_| SmpError::OutOfMemory("the work items"))?;
-    let mut completions = jobs;
-    for (cpu, job) in &mut completions {
-        if let Slot::Job(posted) = core::mem::replace(job, Slot::Empty) {
-            *job = Slot::Posted(post(*cpu, posted));
+    for (cpu, slot) in &mut slots {
+        if let Slot::Job(job) = core::mem::replace(slot, Slot::Empty) {
+            *slot = Slot::Posted(post(*cpu, job));
         }
     }
     if cpus.contains(&this_cpu) {
         work(this_cpu);
     }
-    for (_, slot) in &completions {
+    for (_, slot) in &slots {
         if let Slot::Posted(completion) = slot {
             completion.wait();
         }
