@@ -60,10 +60,11 @@ pub unsafe trait Platform: 'static {
     /// CPU's per-CPU cache by its in-use flag alone (promise 1 of the
     /// trait's safety contract, interrupts-on part): no `pushf; cli …
     /// popf` on the hit. A kernel without preemption sets it. False (the
-    /// default): the hits also disable interrupts
-    /// ([`irq_save`](Platform::irq_save)) while they hold the flag, for
-    /// platforms where other threads share a CPU id (host tests emulating
-    /// interrupts with a per-id lock) or that preempt.
+    /// default): the hits disable interrupts instead
+    /// ([`irq_save`](Platform::irq_save) … `irq_restore`, the flag left
+    /// alone), for platforms where other threads share a CPU id (host
+    /// tests emulating interrupts with a per-id lock) or that preempt, and
+    /// for those without interrupts (whose `irq_save` is free).
     const LOCAL_TRYLOCK: bool = false;
 
     /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by

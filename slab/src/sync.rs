@@ -86,14 +86,17 @@ impl<P: Platform> Drop for IrqGuard<P> {
 /// it must not touch `T` and takes the locked slow path instead.
 ///
 /// With [`Platform::LOCAL_TRYLOCK`] false (host platforms whose threads
-/// share an id under an emulated interrupt lock), [`LocalLocked::try_lock`]
-/// also disables interrupts for as long as it is held.
+/// share an id under an emulated interrupt lock, kernels that preempt),
+/// [`LocalLocked::try_lock`] disables interrupts instead, for as long as
+/// it is held, and leaves the flag alone (nothing that tests it can run
+/// on this CPU meanwhile).
 #[must_use = "the flag is given back when the guard is dropped"]
 pub(crate) struct LocalLocked<'a, P: Platform, T> {
     flag: &'a AtomicBool,
     cell: &'a UnsafeCell<T>,
     /// `Some(state)` when [`LocalLocked::try_lock`] disabled interrupts
-    /// (never with [`Platform::LOCAL_TRYLOCK`]).
+    /// instead of taking the flag (never with
+    /// [`Platform::LOCAL_TRYLOCK`]).
     irq: Option<usize>,
     _not_send: PhantomData<NotSend<P>>,
 }
@@ -110,12 +113,19 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
     /// [`LocalLocked::try_lock_here`]).
     #[inline(always)]
     pub(crate) unsafe fn try_lock(flag: &'a AtomicBool, cell: &'a UnsafeCell<T>) -> Option<Self> {
-        let irq = (!P::LOCAL_TRYLOCK).then(P::irq_save);
+        if !P::LOCAL_TRYLOCK {
+            // Interrupts off exclude everything else on this CPU (the
+            // flag is only ever held with them off then): the flag is
+            // neither tested nor taken, the hit is as cheap as before.
+            return Some(LocalLocked {
+                flag,
+                cell,
+                irq: Some(P::irq_save()),
+                _not_send: PhantomData,
+            });
+        }
         interrupt_point::<P>();
         if flag.load(Ordering::Relaxed) {
-            if let Some(state) = irq {
-                P::irq_restore(state);
-            }
             return None;
         }
         interrupt_point::<P>();
@@ -126,7 +136,7 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
         Some(LocalLocked {
             flag,
             cell,
-            irq,
+            irq: None,
             _not_send: PhantomData,
         })
     }
@@ -171,14 +181,15 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
 impl<P: Platform, T> Drop for LocalLocked<'_, P, T> {
     #[inline(always)]
     fn drop(&mut self) {
+        if let Some(state) = self.irq {
+            P::irq_restore(state);
+            return;
+        }
         interrupt_point::<P>();
         // Every write to `cell` is done before the flag is given back.
         compiler_fence(Ordering::SeqCst);
         self.flag.store(false, Ordering::Relaxed);
         interrupt_point::<P>();
-        if let Some(state) = self.irq {
-            P::irq_restore(state);
-        }
     }
 }
 
