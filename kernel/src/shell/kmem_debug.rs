@@ -103,6 +103,11 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
                     stats.depot_nr_empty,
                     stats.depot_contention
                 );
+                let _ = writeln!(
+                    out,
+                    "magazine resizes: {} (the size grows when the depot lock is contended or hands magazines between CPUs)",
+                    stats.nr_magazine_resizes
+                );
             }
             let _ = writeln!(
                 out,
