@@ -76,8 +76,9 @@
 //! # Latency statistics
 //!
 //! `timestats` prints every `magpie_codetag::time_stats!` point: the slab
-//! layer's refill (`grow`) and depot exchanges (feature `time-stats`), in
-//! TSC cycles.
+//! layer's refill (`grow`) and depot exchanges (feature `time-stats`),
+//! recorded in TSC cycles and printed in ns/µs/ms/s with the unit
+//! (`magpie_slab::reports::write_time_stats`).
 //!
 //! # Files
 //!
