@@ -78,7 +78,7 @@
 
 #![no_std]
 #![feature(abi_x86_interrupt)]
-#![feature(allocator_api)]
+#![feature(allocator_api, try_with_capacity)]
 
 extern crate alloc;
 

@@ -3,7 +3,6 @@
 //! scope guard, and reading the counters (`allocinfo`). See
 //! [`crate::profiling`] for the design.
 
-use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -299,10 +298,10 @@ static MARK: Mutex<Option<Mark>> = Mutex::new(None);
 /// # Errors
 /// No memory for the copy (one `{bytes, calls}` per site); the previous
 /// mark is kept.
-pub fn mark() -> Result<usize, TryReserveError> {
+pub fn mark() -> Result<usize, magpie_slab::AllocError> {
     let tags = AllocTag::all();
     let mut counts = Vec::new();
-    counts.try_reserve_exact(tags.len())?;
+    crate::try_alloc!(counts.try_reserve_exact(tags.len()))?;
     counts.extend(tags.iter().map(|tag| COUNTERS.read(tag.tag_ref())));
     let new = Mark {
         at_tsc: arch::rdtsc(),
@@ -330,10 +329,10 @@ pub struct DiffRow {
 ///
 /// # Errors
 /// No memory for the rows (one per site).
-pub fn diff() -> Result<Option<(u64, Vec<DiffRow>)>, TryReserveError> {
+pub fn diff() -> Result<Option<(u64, Vec<DiffRow>)>, magpie_slab::AllocError> {
     let tags = AllocTag::all();
     let mut rows = Vec::new();
-    rows.try_reserve_exact(tags.len())?;
+    crate::try_alloc!(rows.try_reserve_exact(tags.len()))?;
     let guard = MARK.lock();
     let Some(mark) = guard.as_ref() else {
         return Ok(None);
