@@ -92,7 +92,7 @@
 //! | `leak_scan.rs` | leaks by reachability ([`leak_scan`]: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
-//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
+//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
 //! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |

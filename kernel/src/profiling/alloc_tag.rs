@@ -15,6 +15,7 @@ use spin::Mutex;
 
 use super::capture::{ctx_capture_alloc, ctx_capture_free};
 use crate::arch;
+use crate::mm::frame::TagCounting;
 
 /// Whether allocation profiling is compiled in (cargo feature
 /// `alloc-profiling`).
@@ -85,6 +86,10 @@ pub fn init(pages: &dyn PageSource) {
             );
         }
     }
+    crate::mm::frame::set_tag_counting(TagCounting {
+        charge: charge_frames,
+        uncharge: uncharge_frames,
+    });
     SWITCH.set_at_boot(setting);
     log::debug!(
         "allocation profiling: {} tags, {} CPU(s), {:?}",
@@ -174,6 +179,19 @@ pub unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // caller's contract), a counter of every CPU's block.
     unsafe { COUNTERS.uncharge_at(arch::alloc_tag_base(), token, bytes) };
     ctx_capture_free(ptr);
+}
+
+/// The frame allocator's charge ([`TagCounting`], see
+/// [`crate::profiling::pages`]): `bytes` and one call at `tag` on this CPU
+/// (the frame lock is held, interrupts are off).
+fn charge_frames(tag: AllocTagRef, bytes: usize) {
+    COUNTERS.add(arch::cpu_id(), tag, bytes);
+}
+
+/// The frame allocator's uncharge: `bytes` and `nr_calls` fewer at `tag`
+/// (a free of tagged frames, on any CPU).
+fn uncharge_frames(tag: AllocTagRef, bytes: usize, nr_calls: u64) {
+    COUNTERS.sub_counts(arch::cpu_id(), tag, bytes, nr_calls);
 }
 
 // ---------------------------------------------------------------------------

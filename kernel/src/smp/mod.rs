@@ -164,7 +164,7 @@ pub fn ap_stack(cpu: usize) -> Option<(usize, usize)> {
 fn start_ap(cpu: usize, apic_id: u32) -> bool {
     let percpu = percpu::get(cpu).expect("cpu id below MAX_CPUS");
     let nr_frames = AP_STACK_SIZE / frame::PAGE_SIZE;
-    let Some(stack) = frame::alloc_contiguous(nr_frames) else {
+    let Some(stack) = crate::alloc_pages!(nr_frames) else {
         log::warn!("no memory for cpu {cpu}'s stack");
         return false;
     };

@@ -27,9 +27,15 @@ pub(crate) struct DepotInner {
     max_magtype: usize,
     nr_visits: u32,
     contention_at_mark: u64,
+    /// Times `magtype` grew (Bonwick & Adams 2001 §3.7: the magazine
+    /// size grows when the depot lock is contended), ever: at most
+    /// `NR_MAG_TYPES - 1`. A `u16` beside `nr_handoffs` (at most
+    /// `MAG_RESIZE_INTERVAL`), so the pair fills the word `nr_handoffs`
+    /// had and the cache keeps its size.
+    pub(crate) nr_resizes: u16,
     /// Visits in this interval by another per-CPU cache than the one
     /// before (`last_visitor`, a per-CPU cache's address).
-    nr_handoffs: u32,
+    nr_handoffs: u16,
     last_visitor: usize,
     /// Working set: fewest full / empty magazines since the last update.
     full_min: usize,
@@ -99,6 +105,7 @@ impl<P: Platform> Depot<P> {
                 max_magtype: max_magtype.max(magtype),
                 nr_visits: 0,
                 contention_at_mark: 0,
+                nr_resizes: 0,
                 nr_handoffs: 0,
                 last_visitor: 0,
                 full_min: 0,
@@ -287,10 +294,11 @@ impl DepotInner {
             return false;
         }
         let grow = (nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
-            || self.nr_handoffs >= MAG_HANDOFF_THRESHOLD)
+            || u32::from(self.nr_handoffs) >= MAG_HANDOFF_THRESHOLD)
             && self.magtype < self.max_magtype;
         if grow {
             self.magtype += 1;
+            self.nr_resizes += 1;
         }
         self.nr_visits = 0;
         self.nr_handoffs = 0;
