@@ -60,6 +60,7 @@ test-e2e: magpie-kmem
 # in node; installed once.
 .PHONY: chrome-reader
 chrome-reader:
+	@scripts/setup.sh node
 	@test -d tools/magpie-kmem/tests/chrome-reader/node_modules/@paulirish/trace_engine \
 		|| npm ci --no-audit --no-fund --prefix tools/magpie-kmem/tests/chrome-reader
 
