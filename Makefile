@@ -70,6 +70,13 @@ chrome-reader:
 magpie-kmem:
 	cargo build -p magpie-kmem --target $(HOST)
 
+# The README's kmemtrace pictures (docs/images/*.svg), regenerated from the
+# README session they show (scripts/readme-images.py says which).
+.PHONY: readme-images
+readme-images: magpie-kmem
+	cargo build --bin magpie
+	python3 scripts/readme-images.py
+
 # Formatting and lints, warnings as errors (also run by .ci/run). The lint
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
 # HOST_CRATES are the workspace members built for the host; the kernel is
