@@ -91,7 +91,7 @@ impl<P: Platform> Allocator<P> {
 
     /// Recording state, events and overruns summed over CPUs.
     pub fn kmemtrace_status(&self) -> KmemtraceStatus {
-        self.kmemtrace.status()
+        self.kmemtrace.status::<P>()
     }
 
     /// One CPU's ring: events, overruns, capacity (all zero before the
@@ -113,7 +113,7 @@ impl<P: Platform> Allocator<P> {
         let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
             self.for_each_cache(|cache| emit(cache_record(cache)))
         };
-        self.kmemtrace.dump(info, &mut caches, sink)
+        self.kmemtrace.dump::<P>(info, &mut caches, sink)
     }
 
     /// Mark what happens now (a shell command line) in the record: the
@@ -143,8 +143,11 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
-    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`); with
-    /// stacks on, out of line.
+    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`). Out of
+    /// line and with its own interrupt guard ([`Self::kmemtrace_alloc`])
+    /// with stacks on, and on a platform whose hits keep interrupts on
+    /// ([`Platform::LOCAL_TRYLOCK`]: an interrupt handler's event, written
+    /// with interrupts off, must not land in the middle of this one).
     ///
     /// # Safety
     /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
@@ -156,9 +159,8 @@ impl<P: Platform> Allocator<P> {
         obj: NonNull<u8>,
         bytes_req: usize,
     ) {
-        if self.kmemtrace.stacks_on() {
-            // SAFETY: per our caller.
-            return unsafe { self.kmemtrace_alloc_stacked(cpu, cache, obj, bytes_req) };
+        if P::LOCAL_TRYLOCK || self.kmemtrace.stacks_on() {
+            return self.kmemtrace_alloc_guarded(cache, obj, bytes_req);
         }
         let fields = alloc_fields(cache, obj.as_ptr() as usize, bytes_req);
         // SAFETY: per our caller.
@@ -168,25 +170,10 @@ impl<P: Platform> Allocator<P> {
         };
     }
 
-    /// [`Self::kmemtrace_alloc_on`] with stacks on.
-    ///
-    /// # Safety
-    /// As for [`Self::kmemtrace_alloc_on`].
-    #[cold]
+    /// [`Self::kmemtrace_alloc_on`] through [`Self::kmemtrace_alloc`].
     #[inline(never)]
-    unsafe fn kmemtrace_alloc_stacked(
-        &self,
-        cpu: usize,
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-        bytes_req: usize,
-    ) {
-        let fields = alloc_fields(cache, obj.as_ptr() as usize, bytes_req);
-        // SAFETY: per our caller.
-        unsafe {
-            self.kmemtrace
-                .record_on::<P, true>(cpu, EventKind::Alloc, fields)
-        };
+    fn kmemtrace_alloc_guarded(&self, cache: &KmemCache<P>, obj: NonNull<u8>, bytes_req: usize) {
+        self.kmemtrace_alloc(cache, crate::cache::pack(Ok(obj)), bytes_req);
     }
 
     /// Record a free to `cache` (`None`: the pointer is no cache's), good
@@ -198,8 +185,8 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Self::kmemtrace_free`] of a good free from inside the free hit's
-    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`); with stacks
-    /// on, out of line.
+    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`); out of line
+    /// as for [`Self::kmemtrace_alloc_on`].
     ///
     /// # Safety
     /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
@@ -210,25 +197,18 @@ impl<P: Platform> Allocator<P> {
         cache: &KmemCache<P>,
         obj: NonNull<u8>,
     ) {
-        if self.kmemtrace.stacks_on() {
-            // SAFETY: per our caller.
-            return unsafe { self.kmemtrace_free_stacked(cpu, cache, obj) };
+        if P::LOCAL_TRYLOCK || self.kmemtrace.stacks_on() {
+            return self.kmemtrace_free_guarded(cache, obj);
         }
         let (kind, fields) = free_event(Some(cache), obj, true);
         // SAFETY: per our caller.
         unsafe { self.kmemtrace.record_on::<P, false>(cpu, kind, fields) };
     }
 
-    /// [`Self::kmemtrace_free_on`] with stacks on.
-    ///
-    /// # Safety
-    /// As for [`Self::kmemtrace_free_on`].
-    #[cold]
+    /// [`Self::kmemtrace_free_on`] through [`Self::kmemtrace_free`].
     #[inline(never)]
-    unsafe fn kmemtrace_free_stacked(&self, cpu: usize, cache: &KmemCache<P>, obj: NonNull<u8>) {
-        let (kind, fields) = free_event(Some(cache), obj, true);
-        // SAFETY: per our caller.
-        unsafe { self.kmemtrace.record_on::<P, true>(cpu, kind, fields) };
+    fn kmemtrace_free_guarded(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
+        self.kmemtrace_free(Some(cache), obj, true);
     }
 
     /// Record a page-granular kmalloc (its packed result).

@@ -406,7 +406,7 @@ impl Kmemtrace {
             self.rings.store(rings.as_ptr(), Ordering::Release);
         }
         if config.stack_depth > 0 {
-            let mut table = self.stacks.lock();
+            let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
             if table.buckets.is_null() {
                 let nr_pages = STACK_TABLE_BYTES.div_ceil(PAGE_SIZE);
                 let base = source
@@ -500,7 +500,8 @@ impl Kmemtrace {
     ///
     /// # Safety
     /// `cpu` is the running CPU and nothing else on it runs until this
-    /// returns (interrupts off, or the per-CPU section the hits hold).
+    /// returns (interrupts off: [`Self::record`], or a magazine hit's
+    /// section on a platform without `LOCAL_TRYLOCK`).
     #[inline(always)]
     pub(crate) unsafe fn record_on<P: Platform, const STACKS: bool>(
         &self,
@@ -618,14 +619,14 @@ impl Kmemtrace {
     }
 
     /// The recorder's state.
-    pub(crate) fn status(&self) -> KmemtraceStatus {
+    pub(crate) fn status<P: Platform>(&self) -> KmemtraceStatus {
         let mut status = KmemtraceStatus {
             recording: self.is_recording(),
             cache_id: self.filter(),
             stack_depth: self.stack_depth.load(Ordering::Relaxed),
             nr_cpus: self.nr_rings.load(Ordering::Relaxed),
             nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
-            nr_stacks: self.stacks.lock().nr_stacks,
+            nr_stacks: crate::sync::spin_lock_irq::<P, _>(&self.stacks).nr_stacks,
             nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
             ..KmemtraceStatus::default()
         };
@@ -651,7 +652,7 @@ impl Kmemtrace {
 
     /// Write a dump: header, `caches` (id, object size, align, flags,
     /// name), the stacks, each CPU's events, the trailer.
-    pub(crate) fn dump(
+    pub(crate) fn dump<P: Platform>(
         &self,
         info: &DumpInfo<'_>,
         caches: &mut CacheLister<'_>,
@@ -700,7 +701,7 @@ impl Kmemtrace {
             }
         }
         if stack_depth > 0 {
-            let table = self.stacks.lock();
+            let table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
             for index in 0..table.nr_stacks {
                 // SAFETY: index < nr_stacks <= MAX_STACKS; under the lock.
                 let frames = unsafe {
