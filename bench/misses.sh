@@ -20,15 +20,9 @@ allocator=${2:?allocator}
 n=${3:-200000}
 shift $(( $# < 3 ? $# : 3 ))
 if [ "${1:-}" = "--" ]; then shift; fi
-host=x86_64-unknown-linux-gnu
-if [ -n "${BENCH_BIN:-}" ]; then
-    bin=$BENCH_BIN # a binary built before, e.g. of another commit
-else
-    cargo build -q -p magpie-bench --profile bench-release --target "$host" ${BENCH_FEATURES:+--features "$BENCH_FEATURES"}
-    bin=${CARGO_TARGET_DIR:-target}/$host/bench-release/magpie-bench
-fi
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_setup
 
 for k in small big; do
     if [ "$k" = small ]; then m=$((n / 10)); else m=$n; fi

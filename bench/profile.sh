@@ -18,11 +18,9 @@ workload=${1:?workload}
 allocator=${2:?allocator}
 n=${3:-200000}
 min=${4:-0.5}
-host=x86_64-unknown-linux-gnu
-cargo build -q -p magpie-bench --profile bench-release --target "$host" ${BENCH_FEATURES:+--features "$BENCH_FEATURES"}
-bin=${CARGO_TARGET_DIR:-target}/$host/bench-release/magpie-bench
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_setup
 
 for k in small big; do
     if [ "$k" = small ]; then m=$((n / 10)); else m=$n; fi
