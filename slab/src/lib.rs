@@ -534,6 +534,7 @@ pub mod debug;
 mod error;
 mod flags;
 pub mod glue;
+pub mod kfence;
 pub mod kmemtrace;
 mod layout;
 pub mod leak_scan;

@@ -571,7 +571,10 @@ impl<P: Platform> Allocator<P> {
             | PageOwner::LargeTail
             | PageOwner::LargeLead(_)
             | PageOwner::LargeTrail(_) => Err(FreeError::Misaligned { addr }),
-            _ => Err(FreeError::NotAllocated { addr }),
+            // KFENCE HOOK: a sampled object's size.
+            _ => self
+                .kfence_ksize(addr)
+                .ok_or(FreeError::NotAllocated { addr }),
         }
     }
 
@@ -709,6 +712,10 @@ impl<P: Platform> Allocator<P> {
             return unsafe {
                 cache.finish_free::<Result<(), FreeError>>(ptr, Located { slab, index })
             };
+        }
+        if self.kfence_contains(addr) {
+            // KFENCE HOOK: a sampled object is in no slab page.
+            return self.kfree_sampled(ptr);
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };

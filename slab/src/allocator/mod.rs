@@ -185,6 +185,8 @@ pub struct Allocator<P: Platform> {
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
     pub(crate) kmemtrace: Kmemtrace,
+    /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
+    pub(crate) kfence: crate::kfence::Kfence,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -256,6 +258,7 @@ impl<P: Platform> Allocator<P> {
             alloc_profiling: AtomicBool::new(true),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: Kmemtrace::new(),
+            kfence: crate::kfence::Kfence::new(),
         }
     }
 

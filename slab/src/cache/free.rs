@@ -336,11 +336,14 @@ impl<P: Platform> KmemCache<P> {
         let slab = match self.locate(addr) {
             Ok(slab) => slab,
             Err(error) => {
+                // KFENCE HOOK: a sampled object is in no slab page.
+                let sampled = self.owner().kfence_free(addr, Some(self));
                 // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
                 if self.hot().contains(HotFlags::KMEMTRACE) {
-                    self.owner().kmemtrace_free(Some(self), obj, false);
+                    let ok = matches!(sampled, Some(Ok(())));
+                    self.owner().kmemtrace_free(Some(self), obj, ok);
                 }
-                return Err(self.refuse(error));
+                return sampled.unwrap_or_else(|| Err(self.refuse(error)));
             }
         };
         if slab.is_null() {
