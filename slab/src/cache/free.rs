@@ -333,17 +333,22 @@ impl<P: Platform> KmemCache<P> {
     #[inline(never)]
     pub(super) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         let addr = obj.as_ptr() as usize;
+        // KFENCE HOOK: a sampled object is in no slab page (and off the
+        // primary source a bufctl cache's hash would not know it).
+        if let Some(result) = self.owner().kfence_free(addr, Some(self)) {
+            if self.hot().contains(HotFlags::KMEMTRACE) {
+                self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
+            }
+            return result;
+        }
         let slab = match self.locate(addr) {
             Ok(slab) => slab,
             Err(error) => {
-                // KFENCE HOOK: a sampled object is in no slab page.
-                let sampled = self.owner().kfence_free(addr, Some(self));
                 // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
                 if self.hot().contains(HotFlags::KMEMTRACE) {
-                    let ok = matches!(sampled, Some(Ok(())));
-                    self.owner().kmemtrace_free(Some(self), obj, ok);
+                    self.owner().kmemtrace_free(Some(self), obj, false);
                 }
-                return sampled.unwrap_or_else(|| Err(self.refuse(error)));
+                return Err(self.refuse(error));
             }
         };
         if slab.is_null() {
