@@ -225,7 +225,19 @@ pub fn kernel_pml4() -> u64 {
 pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
     let first = phys & !(PAGE_SIZE - 1);
     let end = (phys + size as u64).next_multiple_of(PAGE_SIZE);
-    let nr_pages = (end - first) / PAGE_SIZE;
+    let flags = PageTableFlags::PRESENT
+        | PageTableFlags::WRITABLE
+        | PageTableFlags::NO_CACHE
+        | PageTableFlags::WRITE_THROUGH
+        | nx_flag();
+    let base = map_window(first, (end - first) / PAGE_SIZE, flags)?;
+    Some(VirtAddr::new(base + (phys - first)))
+}
+
+/// Maps the `nr_pages` frames from physical `first` at fresh pages of the
+/// MMIO window with `flags`, permanently; their virtual address. `None` if
+/// the window or the frame allocator (page tables) is exhausted.
+fn map_window(first: u64, nr_pages: u64, flags: PageTableFlags) -> Option<u64> {
     let _lock = MAP_LOCK.lock();
     let base = MMIO_NEXT.fetch_add(nr_pages * PAGE_SIZE, Ordering::Relaxed);
     if base + nr_pages * PAGE_SIZE > MMIO_BASE + MMIO_SIZE {
@@ -235,17 +247,12 @@ pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
     assert!(pml4 != 0, "map_mmio before memory::init");
     // SAFETY: the kernel PML4 is live and MAP_LOCK is held.
     let mut table = unsafe { mapper(pml4) };
-    let flags = PageTableFlags::PRESENT
-        | PageTableFlags::WRITABLE
-        | PageTableFlags::NO_CACHE
-        | PageTableFlags::WRITE_THROUGH
-        | nx_flag();
     for index in 0..nr_pages {
         let page = Page::<Size4KiB>::containing_address(VirtAddr::new(base + index * PAGE_SIZE));
         let frame =
             PhysFrame::<Size4KiB>::containing_address(PhysAddr::new(first + index * PAGE_SIZE));
         // SAFETY: the page is fresh in the MMIO window (bump allocated); the
-        // frame is device memory the caller asked for.
+        // frame is device memory or RAM the caller owns for this mapping.
         unsafe {
             table.map_to_with_table_flags(
                 page,
@@ -258,7 +265,7 @@ pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
         .ok()?
         .flush();
     }
-    Some(VirtAddr::new(base + (phys - first)))
+    Some(base)
 }
 
 /// Maps `nr_pages` fresh RAM frames (contiguous) with 4 KiB pages,
@@ -271,36 +278,8 @@ pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
 /// If called before `memory::init`.
 pub fn map_kfence_pool(nr_pages: usize) -> Option<usize> {
     let phys = frame::alloc_contiguous(nr_pages)?.as_u64();
-    let size = nr_pages as u64 * PAGE_SIZE;
-    let _lock = MAP_LOCK.lock();
-    let base = MMIO_NEXT.fetch_add(size, Ordering::Relaxed);
-    if base + size > MMIO_BASE + MMIO_SIZE {
-        return None;
-    }
-    let pml4 = kernel_pml4();
-    assert!(pml4 != 0, "map_kfence_pool before memory::init");
-    // SAFETY: the kernel PML4 is live and MAP_LOCK is held.
-    let mut table = unsafe { mapper(pml4) };
     let flags = PageTableFlags::PRESENT | PageTableFlags::WRITABLE | nx_flag();
-    for index in 0..nr_pages as u64 {
-        let page = Page::<Size4KiB>::containing_address(VirtAddr::new(base + index * PAGE_SIZE));
-        let frame =
-            PhysFrame::<Size4KiB>::containing_address(PhysAddr::new(phys + index * PAGE_SIZE));
-        // SAFETY: the page is fresh in the window (bump allocated); the
-        // frame is RAM just allocated for it alone.
-        unsafe {
-            table.map_to_with_table_flags(
-                page,
-                frame,
-                flags,
-                PageTableFlags::PRESENT | PageTableFlags::WRITABLE,
-                &mut TableFrames,
-            )
-        }
-        .ok()?
-        .flush();
-    }
-    Some(base as usize)
+    map_window(phys, nr_pages as u64, flags).map(|base| base as usize)
 }
 
 /// Makes the 4 KiB page at `page` (mapped by [`map_kfence_pool`]) present or

@@ -60,7 +60,7 @@ impl<P: Platform> KmemCache<P> {
         if hot.contains(HotFlags::SAMPLE) {
             // KFENCE HOOK: a sample is armed; served from the guarded pool
             // (this cache's bit cleared either way).
-            if let Some(obj) = self.owner().kfence_alloc(self, bytes_req) {
+            if let Some(obj) = self.owner().kfence_alloc(self, bytes_req, &tag) {
                 return pack(Ok(obj));
             }
             hot -= HotFlags::SAMPLE;

@@ -46,6 +46,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 pub use self::report::{KfenceBug, KfenceReport, KfenceReportDisplay};
+use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Allocator;
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::FreeError;
@@ -157,6 +158,8 @@ pub struct KfenceObject {
     pub free: KfenceStack,
     /// The owning cache (for `KmemCache::free`'s check).
     cache_ptr: usize,
+    /// The allocation tag's charge token (profiling), uncharged at the free.
+    tag: Option<AllocTagRef>,
 }
 
 impl KfenceObject {
@@ -169,6 +172,7 @@ impl KfenceObject {
         alloc: KfenceStack::EMPTY,
         free: KfenceStack::EMPTY,
         cache_ptr: 0,
+        tag: None,
     };
 }
 
@@ -497,6 +501,41 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    /// Call `f(start, end)` for every allocated sample (a snapshot: the
+    /// pool lock is not held during the calls).
+    pub fn kfence_for_each_allocated(&self, mut f: impl FnMut(usize, usize)) {
+        self.kfence_for_each_sample(|start, size, _, _| f(start, start + size));
+    }
+
+    /// Call `f(start, size, cache, site)` for every allocated sample (its
+    /// cache type-erased, its tag's charge token): the leak scan's entries
+    /// for samples, which are in no slab. A snapshot: the pool lock is not
+    /// held during the calls.
+    pub(crate) fn kfence_for_each_sample(
+        &self,
+        mut f: impl FnMut(usize, usize, usize, Option<AllocTagRef>),
+    ) {
+        if self.kfence.pool.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut live = [(0usize, 0usize, 0usize, None); KFENCE_NUM_OBJECTS];
+        let mut nr = 0;
+        {
+            let _irq = IrqGuard::<P>::new();
+            let mut state = self.kfence.lock.lock();
+            for index in 0..KFENCE_NUM_OBJECTS {
+                let meta = state.meta(index);
+                if meta.state == KfenceState::Allocated {
+                    live[nr] = (meta.addr, meta.size, meta.cache_ptr, meta.tag);
+                    nr += 1;
+                }
+            }
+        }
+        for &(start, size, cache, site) in &live[..nr] {
+            f(start, size, cache, site);
+        }
+    }
+
     /// Whether `addr` lies in the KFENCE pool.
     pub fn kfence_contains(&self, addr: usize) -> bool {
         self.kfence.contains(addr)
@@ -551,10 +590,29 @@ impl<P: Platform> Allocator<P> {
     /// Serve a sampled allocation of `cache` (`size` bytes, 0: the
     /// object size): `None` if the cache is not eligible, the sample was
     /// taken by another allocation, or the pool is full. Clears the
-    /// cache's `SAMPLE` bit.
+    /// cache's `SAMPLE` bit. Charged to `tag()` (asked with profiling on)
+    /// and traced as the cache's other objects are.
     #[cold]
     #[inline(never)]
-    pub(crate) fn kfence_alloc(&self, cache: &KmemCache<P>, size: usize) -> Option<NonNull<u8>> {
+    pub(crate) fn kfence_alloc(
+        &self,
+        cache: &KmemCache<P>,
+        size: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Option<NonNull<u8>> {
+        let obj = self.kfence_alloc_untagged(cache, size, tag)?;
+        if cache.hot().contains(HotFlags::TRACED) {
+            cache.trace_alloc(obj);
+        }
+        Some(obj)
+    }
+
+    fn kfence_alloc_untagged(
+        &self,
+        cache: &KmemCache<P>,
+        size: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Option<NonNull<u8>> {
         cache.clear_hot(HotFlags::SAMPLE);
         if !Self::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
             return None;
@@ -581,6 +639,11 @@ impl<P: Platform> Allocator<P> {
             .min(PAGE_SIZE);
         let pool = self.kfence.pool.load(Ordering::Acquire);
         let alloc = KfenceStack::capture::<P>();
+        let tag = if cache.hot().contains(HotFlags::PROFILING) {
+            tag()
+        } else {
+            None
+        };
         let _irq = IrqGuard::<P>::new();
         let mut state = self.kfence.lock.lock();
         if state.len == 0 {
@@ -620,10 +683,19 @@ impl<P: Platform> Allocator<P> {
             alloc,
             free: KfenceStack::EMPTY,
             cache_ptr: cache as *const KmemCache<P> as usize,
+            tag,
         };
+        drop(state);
         self.kfence.nr_allocs.fetch_add(1, Ordering::Relaxed);
         // SAFETY: in the pool, not null.
-        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
+        let obj = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = tag {
+            // SAFETY: `tag` is a charge token (the tag closures return the
+            // platform's tokens, as for every profiled allocation).
+            unsafe { P::alloc_tag_charge_token(token, obj, cache.obj_size()) };
+        }
+        Some(obj)
     }
 
     /// The usable size of a sampled object at `addr` (`None`: not the start
@@ -720,6 +792,23 @@ impl<P: Platform> Allocator<P> {
         drop(state);
         drop(irq);
         self.kfence.nr_frees.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the cache of an object allocated until now: alive (a
+        // cache is not destroyed while its objects are in use).
+        let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        if owner.hot().contains(HotFlags::EVER_TRACED) {
+            owner.trace_free(addr);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = object.tag {
+            // SAFETY: the token this object was charged with, once.
+            unsafe {
+                P::alloc_tag_uncharge(
+                    token,
+                    NonNull::new_unchecked(addr as *mut u8),
+                    owner.obj_size(),
+                )
+            };
+        }
         if let Some(mut report) = report {
             if let Some(o) = report.object.as_mut() {
                 o.state = KfenceState::Freed;

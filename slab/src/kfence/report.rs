@@ -132,9 +132,21 @@ impl KfenceReportDisplay<'_> {
         Ok(())
     }
 
-    fn seconds(&self, ticks: u64) -> (u64, u64) {
-        let ns = self.format.nanoseconds(ticks);
-        (ns / 1_000_000_000, ns % 1_000_000_000 / 1000)
+    /// `allocated by task 0 on cpu N at S.UUUUUUs:` and the stack.
+    fn transaction(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        what: &str,
+        stack: &KfenceStack,
+    ) -> fmt::Result {
+        let ns = self.format.nanoseconds(stack.time);
+        let (s, us) = (ns / 1_000_000_000, ns % 1_000_000_000 / 1000);
+        writeln!(
+            f,
+            "\n{what} by task 0 on cpu {} at {s}.{us:06}s:",
+            stack.cpu
+        )?;
+        self.stack(f, stack)
     }
 }
 
@@ -191,21 +203,9 @@ impl fmt::Display for KfenceReportDisplay<'_> {
                     object.size,
                     object.cache.as_str()
                 )?;
-                let (s, us) = self.seconds(object.alloc.time);
-                writeln!(
-                    f,
-                    "\nallocated by task 0 on cpu {} at {s}.{us:06}s:",
-                    object.alloc.cpu
-                )?;
-                self.stack(f, &object.alloc)?;
+                self.transaction(f, "allocated", &object.alloc)?;
                 if object.state == KfenceState::Freed {
-                    let (s, us) = self.seconds(object.free.time);
-                    writeln!(
-                        f,
-                        "\nfreed by task 0 on cpu {} at {s}.{us:06}s:",
-                        object.free.cpu
-                    )?;
-                    self.stack(f, &object.free)?;
+                    self.transaction(f, "freed", &object.free)?;
                 }
             }
         }

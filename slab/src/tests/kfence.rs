@@ -378,3 +378,34 @@ fn a_sample_forced_for_one_cache_skips_the_others() {
     plain.free().unwrap();
     sampled.free().unwrap();
 }
+
+#[test]
+fn a_leaked_sample_is_found_by_the_leak_scan() {
+    let (alloc, cache) = kfence_setup();
+    alloc.kfence_force_sample(None);
+    let obj = cache.alloc().unwrap();
+    let addr = obj.as_ptr() as usize;
+    let mut seen = Vec::new();
+    alloc.kfence_for_each_allocated(|start, end| seen.push((start, end)));
+    assert_eq!(seen, [(addr, addr + 64)]);
+    let mut table: Vec<_> = (0..4096)
+        .map(|_| crate::leak_scan::LeakEntry::empty())
+        .collect();
+    // SAFETY: the fake source's pages stay mapped; nothing runs meanwhile.
+    let scan = unsafe { alloc.leak_scan(&mut table) }.unwrap();
+    let mut leaked = Vec::new();
+    let summary = scan.finish(|group| {
+        leaked.push((
+            group.cache.as_str().to_string(),
+            group.nr_leaked,
+            group.first,
+        ))
+    });
+    assert_eq!(summary.nr_leaked, 1, "{leaked:?}");
+    assert_eq!(leaked, [("kf-64".to_string(), 1, addr)]);
+    // SAFETY: allocated above, ours.
+    unsafe { cache.free(obj) }.unwrap();
+    seen.clear();
+    alloc.kfence_for_each_allocated(|start, end| seen.push((start, end)));
+    assert!(seen.is_empty());
+}
