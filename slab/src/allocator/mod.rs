@@ -578,6 +578,26 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    /// [`Allocator::for_each_cache`] if the cache-list lock is free now;
+    /// false (nothing done) if it is held — by this CPU too: the KFENCE
+    /// tick runs on an allocation's miss, which a `for_each_cache`
+    /// callback may make.
+    pub(crate) fn try_for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) -> bool {
+        let Some(list) = self.caches.try_lock() else {
+            return false;
+        };
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache: listed caches are alive while
+            // we hold the list lock.
+            unsafe {
+                f(&*cache);
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+        true
+    }
+
     /// CPU `cpu`'s magazines summed over every cache: the allocations and
     /// frees they served (magazine hits; slab-layer misses and
     /// page-granular kmallocs are not counted) and the rounds they hold.

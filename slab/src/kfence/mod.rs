@@ -31,7 +31,9 @@
 //! runs on the magazine-miss path's clock ([`Platform::kfence_clock_ns`]).
 //!
 //! Eligible caches: keyed ones (no constructor, no debug flags, not
-//! `NOTOUCH`, not bootstrap) with objects of at most a page.
+//! `NOTOUCH`, not bootstrap, not traced or recorded) with objects of at
+//! most a page. A sample counts in its cache's statistics, is charged to
+//! its allocation tag, and is an object of its cache to the leak scan.
 //!
 //! The platform turns a fault in the pool into a report with
 //! [`Allocator::kfence_fault`] (which maps the page back in, so the faulting
@@ -427,12 +429,36 @@ impl<P: Platform> Allocator<P> {
         true
     }
 
-    /// Whether `cache` may be sampled.
+    /// Whether `cache` may be sampled: keyed (no constructor, debug flags
+    /// or `NOTOUCH`), not bootstrap, objects of at most a page, and not
+    /// traced or recorded now (the trace table and kmemtrace account for
+    /// every object exactly; a traced cache is being debugged already).
     fn kfence_eligible(cache: &KmemCache<P>) -> bool {
-        !cache
-            .hot()
-            .intersects(HotFlags::KEYLESS | HotFlags::BOOTSTRAP | HotFlags::DEBUG)
-            && cache.obj_size() <= PAGE_SIZE
+        !cache.hot().intersects(
+            HotFlags::KEYLESS
+                | HotFlags::BOOTSTRAP
+                | HotFlags::DEBUG
+                | HotFlags::TRACED
+                | HotFlags::KMEMTRACE,
+        ) && cache.obj_size() <= PAGE_SIZE
+    }
+
+    /// Count a sample in its cache's statistics, as the magazines count
+    /// their objects: an allocation (`alloc`) is an allocation of a round
+    /// that came in, a free a round that left, so `nr_allocated` and the
+    /// `_ever` figures include samples.
+    fn kfence_count(cache: &KmemCache<P>, alloc: bool) {
+        if cache.pcpu.is_null() {
+            return;
+        }
+        let mut irq = IrqGuard::<P>::new();
+        let pcc = cache.pcpu_mut(&mut irq);
+        if alloc {
+            pcc.nr_allocs += 1;
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
+        } else {
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
+        }
     }
 
     /// Arm a sample: every cache's next allocation takes the flagged path.
@@ -453,25 +479,23 @@ impl<P: Platform> Allocator<P> {
         self.kfence_tick_due(interval);
     }
 
+    /// The interval has perhaps passed: arm a sample, unless one is armed
+    /// or the cache list is busy (then the next miss tries again: this
+    /// runs inside allocations, which may happen under the list lock).
     #[inline(never)]
     fn kfence_tick_due(&self, interval: u64) {
         let now = P::kfence_clock_ns();
-        let next = self.kfence.next_ns.load(Ordering::Relaxed);
-        if now < next || self.kfence.armed.load(Ordering::Relaxed) {
+        if now < self.kfence.next_ns.load(Ordering::Relaxed)
+            || self.kfence.armed.swap(true, Ordering::AcqRel)
+        {
             return;
         }
-        let won = self
-            .kfence
-            .next_ns
-            .compare_exchange(
-                next,
-                now.saturating_add(interval),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok();
-        if won {
-            self.kfence_arm();
+        if self.try_for_each_cache(|cache| cache.set_hot(HotFlags::SAMPLE)) {
+            self.kfence
+                .next_ns
+                .store(now.saturating_add(interval), Ordering::Relaxed);
+        } else {
+            self.kfence.armed.store(false, Ordering::Release);
         }
     }
 
@@ -591,7 +615,7 @@ impl<P: Platform> Allocator<P> {
     /// object size): `None` if the cache is not eligible, the sample was
     /// taken by another allocation, or the pool is full. Clears the
     /// cache's `SAMPLE` bit. Charged to `tag()` (asked with profiling on)
-    /// and traced as the cache's other objects are.
+    /// and counted in the cache's statistics as its other objects are.
     #[cold]
     #[inline(never)]
     pub(crate) fn kfence_alloc(
@@ -601,9 +625,7 @@ impl<P: Platform> Allocator<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
         let obj = self.kfence_alloc_untagged(cache, size, tag)?;
-        if cache.hot().contains(HotFlags::TRACED) {
-            cache.trace_alloc(obj);
-        }
+        Self::kfence_count(cache, true);
         Some(obj)
     }
 
@@ -795,7 +817,9 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: the cache of an object allocated until now: alive (a
         // cache is not destroyed while its objects are in use).
         let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        Self::kfence_count(owner, false);
         if owner.hot().contains(HotFlags::EVER_TRACED) {
+            // Sampled before tracing started, maybe; no record then.
             owner.trace_free(addr);
         }
         #[cfg(feature = "alloc-profiling")]

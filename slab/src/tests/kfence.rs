@@ -105,6 +105,13 @@ fn sampled_objects_sit_between_guards_right_then_left_with_canary() {
     );
     assert_eq!(stats.nr_bugs, 0);
     assert!(reports(alloc).is_empty());
+    let cache_stats = cache.stats();
+    assert_eq!(cache_stats.nr_allocated, 0);
+    assert_eq!(
+        (cache_stats.nr_allocs_ever, cache_stats.nr_frees_ever),
+        (3, 3),
+        "samples count"
+    );
 }
 
 #[test]
@@ -408,4 +415,51 @@ fn a_leaked_sample_is_found_by_the_leak_scan() {
     seen.clear();
     alloc.kfence_for_each_allocated(|start, end| seen.push((start, end)));
     assert!(seen.is_empty());
+}
+
+#[test]
+fn samples_count_in_their_caches_statistics_and_traced_caches_are_not_sampled() {
+    let (alloc, cache) = kfence_setup();
+    alloc.kfence_force_sample(None);
+    let obj = cache.alloc_box().unwrap();
+    assert!(alloc.kfence_contains(obj.as_ptr().as_ptr() as usize));
+    assert_eq!(cache.stats().nr_allocated, 1);
+    obj.free().unwrap();
+    assert_eq!(cache.stats().nr_allocated, 0);
+    cache.trace_start().unwrap();
+    assert!(
+        !alloc.kfence_force_sample_of(cache, None),
+        "a traced cache is not sampled"
+    );
+    alloc.kfence_force_sample(None);
+    let traced = cache.alloc_box().unwrap();
+    assert!(!alloc.kfence_contains(traced.as_ptr().as_ptr() as usize));
+    traced.free().unwrap();
+}
+
+#[test]
+fn the_tick_never_waits_for_the_cache_list() {
+    let (alloc, _) = setup_default();
+    alloc.kfence_init(1).unwrap();
+    let cache = alloc
+        .cache_create("kf-list", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    KFENCE_CLOCK.fetch_add(1_000_000_000, Ordering::Relaxed);
+    // Misses under the cache-list lock (a for_each_cache callback may
+    // allocate): the tick must not take the lock again (it deadlocked).
+    let mut objs = Vec::new();
+    alloc.for_each_cache(|c| {
+        if std::ptr::eq(c, cache) {
+            objs.extend((0..200).map(|_| cache.alloc_box().unwrap()));
+        }
+    });
+    assert_eq!(objs.len(), 200);
+    drop(objs);
+    // Outside the lock the next miss arms a sample.
+    let later: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
+    assert!(
+        later
+            .iter()
+            .any(|o| alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
+    );
 }
