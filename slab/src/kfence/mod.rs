@@ -720,6 +720,38 @@ impl<P: Platform> Allocator<P> {
         Some(obj)
     }
 
+    /// `kmem whatis` of a pool address: the allocated sample whose page
+    /// holds `addr` (the canary around it shows as its redzone; `slab` is
+    /// 0). `None` for guard pages and free slots.
+    pub(crate) fn kfence_whatis(&self, addr: usize) -> Option<crate::verify::WhatIs<P>> {
+        let object = self.kfence_object(addr)?;
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        if object.state != KfenceState::Allocated
+            || object_of_page((addr - pool) / PAGE_SIZE) != Some(object.index)
+        {
+            return None;
+        }
+        // SAFETY: the cache of an allocated sample: alive.
+        let cache: &'static KmemCache<P> = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        let inside = (object.addr..object.addr + object.size).contains(&addr);
+        Some(crate::verify::WhatIs {
+            addr,
+            cache,
+            object: object.addr,
+            offset: addr.wrapping_sub(object.addr),
+            region: if inside {
+                crate::verify::ObjectRegion::Object
+            } else {
+                crate::verify::ObjectRegion::Redzone
+            },
+            slab: 0,
+            allocated: true,
+            resting: "kfence pool",
+            last_alloc: None,
+            last_free: None,
+        })
+    }
+
     /// The usable size of a sampled object at `addr` (`None`: not the start
     /// of an allocated pool object).
     pub(crate) fn kfence_ksize(&self, addr: usize) -> Option<usize> {

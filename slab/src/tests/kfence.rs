@@ -463,3 +463,22 @@ fn the_tick_never_waits_for_the_cache_list() {
             .any(|o| alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
     );
 }
+
+#[test]
+fn whatis_names_an_allocated_sample() {
+    let (alloc, cache) = kfence_setup();
+    alloc.kfence_force_sample(Some(KfencePlace::Right));
+    let obj = cache.alloc_box().unwrap();
+    let addr = obj.as_ptr().as_ptr() as usize;
+    let info = alloc.whatis(addr + 8).expect("a sample");
+    assert!(core::ptr::eq(info.cache, cache));
+    assert_eq!((info.object, info.offset, info.allocated), (addr, 8, true));
+    assert_eq!(info.region, crate::ObjectRegion::Object);
+    assert_eq!(
+        alloc.whatis(addr - 1).unwrap().region,
+        crate::ObjectRegion::Redzone
+    );
+    assert!(alloc.whatis(addr + 64).is_none(), "a guard page");
+    obj.free().unwrap();
+    assert!(alloc.whatis(addr).is_none(), "a freed sample");
+}
