@@ -391,6 +391,7 @@ impl<P: Platform> Allocator<P> {
     /// free, canary corruption). Fault reports are returned by
     /// [`Allocator::kfence_fault`] instead.
     pub fn set_kfence_hook(&self, hook: Option<fn(&KfenceReport)>) {
+        let _irq = IrqGuard::<P>::new();
         *self.kfence.hook.lock() = hook;
     }
 
@@ -908,7 +909,12 @@ impl<P: Platform> Allocator<P> {
     /// Count and hand a report to the hook.
     fn kfence_report(&self, report: KfenceReport) {
         self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
-        let hook = *self.kfence.hook.lock();
+        // Interrupts off while the hook's lock is held: a free in an
+        // interrupt handler on this CPU may report too.
+        let hook = {
+            let _irq = IrqGuard::<P>::new();
+            *self.kfence.hook.lock()
+        };
         if let Some(hook) = hook {
             hook(&report);
         }
