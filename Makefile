@@ -20,8 +20,8 @@ setup:
 # property and model tests; the kmemtrace format's round trips; magpie-kmem
 # on synthetic dumps and on dumps of the real writer), then the loom
 # models (test-loom, below).
-test-host:
-	cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format --target $(HOST)
+test-host: chrome-reader
+	MAGPIE_REQUIRE_CHROME_READER=1 cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format --target $(HOST)
 	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
@@ -52,7 +52,16 @@ test-e2e: magpie-kmem
 	python3 tests/e2e/test_slabtop.py -v
 	python3 tests/e2e/test_dump_channel.py -v
 	python3 tests/e2e/test_findleaks.py -v
+	python3 tests/e2e/test_fault_sweep.py -v
 	python3 tests/e2e/test_fuzz.py -v
+
+# The real reader magpie-kmem's tests load its Chrome trace-event export
+# with: Chrome DevTools' trace engine (npm, pinned by the lock file), run
+# in node; installed once.
+.PHONY: chrome-reader
+chrome-reader:
+	@test -d tools/magpie-kmem/tests/chrome-reader/node_modules/@paulirish/trace_engine \
+		|| npm ci --no-audit --no-fund --prefix tools/magpie-kmem/tests/chrome-reader
 
 # The host tool (tools/magpie-kmem), built once with cargo's progress shown
 # (the first build compiles ~90 crates); scripts/magpie-kmem runs it.

@@ -385,6 +385,79 @@ mod profiled {
         assert_eq!(profiling::ctx_nr_dropped(), 0);
     }
 
+    /// N = 5 page frames from one known call site.
+    #[inline(never)]
+    fn five_frames() -> magpie::mm::frame::PhysAddr {
+        magpie::alloc_pages!(5).expect("5 frames")
+    }
+
+    /// 3 pages of the kpages arena from one known call site.
+    #[inline(never)]
+    fn three_kpages() -> NonNull<u8> {
+        magpie::kpages_alloc!(3).expect("3 kpages")
+    }
+
+    #[test_case]
+    fn page_frames_show_at_their_site_as_pages_times_4096_until_freed() {
+        use magpie::mm::frame::{self, PAGE_SIZE};
+        use magpie_slab::PageSource;
+
+        let first = five_frames();
+        assert_eq!(
+            counts("five_frames"),
+            AllocTagCounts {
+                bytes: 5 * 4096,
+                calls: 1
+            }
+        );
+        let text = run("allocinfo --function five_frames");
+        let row = text
+            .lines()
+            .find(|line| line.ends_with("func:five_frames"))
+            .unwrap_or_else(|| panic!("no row in:\n{text}"));
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&fields[..2], &["20480", "1"], "{row}");
+        let line = include_str!("alloc_profiling.rs")
+            .lines()
+            .position(|line| line.contains("magpie::alloc_pages!(5)"))
+            .expect("the alloc_pages! line in this file")
+            + 1;
+        assert!(
+            fields[2].ends_with(&alloc::format!("/tests/alloc_profiling.rs:{line}")),
+            "{row}"
+        );
+        // A sub-range without the first frame gives back its bytes only;
+        // the rest (with the first frame) the call too.
+        frame::free(first + (3 * PAGE_SIZE) as u64, 2);
+        assert_eq!(
+            counts("five_frames"),
+            AllocTagCounts {
+                bytes: 3 * 4096,
+                calls: 1
+            }
+        );
+        frame::free(first, 3);
+        assert_eq!(counts("five_frames"), AllocTagCounts::default());
+
+        let pages = three_kpages();
+        assert_eq!(
+            counts("three_kpages"),
+            AllocTagCounts {
+                bytes: 3 * 4096,
+                calls: 1
+            }
+        );
+        // SAFETY: the 3 pages came from KPAGES above and are freed once.
+        unsafe { magpie::kmem::KPAGES.free_pages(pages, 3) };
+        assert_eq!(counts("three_kpages"), AllocTagCounts::default());
+        // The plain calls (the slab allocator's pages) are not counted.
+        let totals_before = profiling::totals();
+        let plain = frame::alloc_contiguous(4).expect("4 frames");
+        assert_eq!(profiling::totals(), totals_before);
+        frame::free(plain, 4);
+        assert_eq!(profiling::totals(), totals_before);
+    }
+
     #[test_case]
     fn allocinfo_options_and_timestats() {
         let objs = ten_from_a_known_site();

@@ -490,6 +490,18 @@ impl AllocTagCounters {
         }
     }
 
+    /// Uncounts `bytes` and `nr_calls` objects at `tag_ref`, on CPU `cpu`
+    /// (any CPU): [`sub`](Self::sub) for a free that ends no allocation or
+    /// several (a page allocator freeing part of a run, or runs of two
+    /// allocations at once).
+    #[inline]
+    pub fn sub_counts(&self, cpu: usize, tag_ref: AllocTagRef, bytes: usize, nr_calls: u64) {
+        if let Some(counter) = self.counter(cpu, tag_ref) {
+            counter.bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+            counter.calls.fetch_sub(nr_calls, Ordering::Relaxed);
+        }
+    }
+
     /// A tag's counters summed over CPUs. A sum that is transiently
     /// negative (a free seen before its allocation while reading) reads 0.
     pub fn read(&self, tag_ref: AllocTagRef) -> AllocTagCounts {

@@ -144,14 +144,16 @@ impl fmt::Display for FaultParseError {
     }
 }
 
-/// A count as the shell reads numbers: decimal digits, or `0x` and hex
-/// digits; no sign, no spaces. `None` if malformed or above `u32::MAX`.
+/// A count as the shell reads numbers: decimal digits, or `0x` and
+/// lower-case hex digits (as the shell prints addresses); no sign, no
+/// spaces. `None` if malformed or above `u32::MAX`.
 fn parse_count(text: &str) -> Option<u32> {
     let (digits, radix) = match text.strip_prefix("0x") {
         Some(hex) => (hex, 16),
         None => (text, 10),
     };
-    if digits.is_empty() || !digits.bytes().all(|b| (b as char).is_digit(radix)) {
+    let valid = |b: u8| b.is_ascii_digit() || (radix == 16 && matches!(b, b'a'..=b'f'));
+    if digits.is_empty() || !digits.bytes().all(valid) {
         return None;
     }
     u32::from_str_radix(digits, radix).ok()
@@ -295,16 +297,24 @@ impl FaultTag {
         let inject = match mode {
             MODE_DISABLED => return false,
             MODE_ENABLED => true,
-            // One winner even if several CPUs race here.
-            MODE_ONESHOT => self
-                .mode
-                .compare_exchange(
-                    MODE_ONESHOT,
-                    MODE_DISABLED,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok(),
+            // One winner even if several CPUs race here; a loser found the
+            // point disarmed and, as at a disabled point, counts nothing
+            // (so a oneshot always reads `hits:1 injected:1`).
+            MODE_ONESHOT => {
+                let lost = self
+                    .mode
+                    .compare_exchange(
+                        MODE_ONESHOT,
+                        MODE_DISABLED,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_err();
+                if lost {
+                    return false;
+                }
+                true
+            }
             MODE_EVERY => {
                 let n = u64::from(self.parameter.load(Ordering::Relaxed).max(1));
                 let hit = self.nr_hits_in_mode.fetch_add(1, Ordering::Relaxed) + 1;
@@ -526,7 +536,13 @@ mod tests {
 
     #[test]
     fn counts_parse_as_the_shells_numbers() {
-        for (text, n) in [("1", 1), ("10", 10), ("0x10", 16), ("4294967295", u32::MAX)] {
+        for (text, n) in [
+            ("1", 1),
+            ("10", 10),
+            ("0x10", 16),
+            ("0xff", 255),
+            ("4294967295", u32::MAX),
+        ] {
             assert_eq!(parse_count(text), Some(n), "{text}");
         }
         for bad in [
@@ -536,6 +552,8 @@ mod tests {
             " 5",
             "5 ",
             "0x",
+            "0xFF",
+            "0X10",
             "1_000",
             "4294967296",
             "1.0",

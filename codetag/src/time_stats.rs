@@ -6,8 +6,10 @@
 //! quantiles are read, and (with [`TimeStats::record_at`]) when the first
 //! and last events ended, for the `rate` and `frequency` lines. Durations
 //! and times are in the caller's clock units (TSC cycles in the kernel);
-//! this crate never reads a clock: [`write_time_stats`] takes a
-//! conversion to nanoseconds and prints ns, us, ms or sec.
+//! this crate never reads a clock, nor prints: a reader takes a
+//! [`TimeStats::snapshot`] (`magpie_slab::reports::write_time_stats`
+//! prints one in the slides' layout, every time in ns/µs/ms/s with its
+//! unit: the one time format of the Magpie reports).
 //!
 //! ```
 //! # fn now() -> u64 { 7 }
@@ -21,7 +23,6 @@
 //! is within 25% of the truth. Updates are relaxed atomics on the stats
 //! (shared by all CPUs: meant for slow paths).
 
-use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{CodeTag, TaggedWith, codetag_section};
@@ -220,87 +221,6 @@ pub struct TimeStatsSnapshot {
     pub first_at: u64,
     /// Clock reading when the last timed event ended (0: unknown).
     pub last_at: u64,
-}
-
-/// A duration in nanoseconds, printed in the largest unit that keeps at
-/// least two digits: `ns`, `us`, `ms` or `sec` (the slides' units).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Duration(pub u64);
-
-impl Duration {
-    /// The unit [`Duration`] prints `self` in and its size in ns.
-    pub fn unit(self) -> (&'static str, u64) {
-        match self.0 {
-            0..10_000 => ("ns", 1),
-            10_000..10_000_000 => ("us", 1_000),
-            10_000_000..10_000_000_000 => ("ms", 1_000_000),
-            _ => ("sec", 1_000_000_000),
-        }
-    }
-}
-
-impl fmt::Display for Duration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (unit, scale) = self.unit();
-        write!(f, "{} {unit}", self.0 / scale)
-    }
-}
-
-/// Prints the slides' layout, durations in ns, us, ms or sec (`to_ns`
-/// converts the clock's units to nanoseconds); quantiles in the unit of
-/// the median (p50), so a long tail does not print the typical figures
-/// as 0. `rate` is events per second and `frequency` the mean time
-/// between events, both over the span from the first to the last event
-/// (printed only when known: two events recorded with `record_at`):
-///
-/// ```text
-/// slab/src/slab/layer.rs:347 func:grow
-/// count:          61
-/// rate:           3/sec
-/// frequency:      312 ms
-/// avg duration:   632 ns
-/// max duration:   20 us
-/// quantiles (ns): p50 288 p75 296 p90 336 p99 336 p100 20480
-/// ```
-///
-/// # Errors
-///
-/// The error of `out` (`fmt::Error`), as is.
-pub fn write_time_stats(
-    out: &mut dyn fmt::Write,
-    stats: &TimeStats,
-    to_ns: &dyn Fn(u64) -> u64,
-) -> fmt::Result {
-    let snapshot = stats.snapshot();
-    writeln!(
-        out,
-        "{} func:{}",
-        stats.tag.location(),
-        stats.tag.function()
-    )?;
-    writeln!(out, "count:          {}", snapshot.count)?;
-    let span_ns = to_ns(snapshot.last_at.saturating_sub(snapshot.first_at));
-    if snapshot.count >= 2 && snapshot.first_at != 0 && span_ns > 0 {
-        let rate = u128::from(snapshot.count - 1) * 1_000_000_000 / u128::from(span_ns);
-        writeln!(out, "rate:           {rate}/sec")?;
-        writeln!(
-            out,
-            "frequency:      {}",
-            Duration(span_ns / (snapshot.count - 1))
-        )?;
-    }
-    writeln!(out, "avg duration:   {}", Duration(to_ns(snapshot.average)))?;
-    let max = Duration(to_ns(snapshot.max));
-    writeln!(out, "max duration:   {max}")?;
-    // The median chooses the unit, so typical durations read as figures,
-    // not as 0 beside a far larger maximum (a tail is just a bigger number).
-    let median = Duration(to_ns(snapshot.quantiles[0]));
-    let (unit, scale) = if median.0 == 0 { max } else { median }.unit();
-    write!(out, "quantiles ({unit}):")?;
-    for (percent, value) in QUANTILES.iter().zip(snapshot.quantiles) {
-        write!(out, " p{percent} {}", to_ns(value) / scale)?;
-    }
-    writeln!(out)
 }
 
 /// Defines a [`TimeStats`] for the place where it is written and evaluates

@@ -15,7 +15,7 @@
 //! | [`dev`] | the 16550 console and `print!`, the `log` backend, QEMU's exit device, the virtio console | `arch`, `mm` |
 //! | [`debug`] | symbols and backtraces, panic and exception reports, slab-debug boot arguments and report hook, fault-injection glue, lkdtm | `arch`, `mm`, `dev`; lkdtm also `kmem` |
 //! | [`tracing`] | per-CPU context strings, the allocation call-site walks, the kmemtrace event stream (boot arguments, clock, dump) | `arch`, `debug::symbols`; `event_stream` also `kmem`, `dev`, `mm` |
-//! | [`profiling`] | allocation tags (counters, switch, charge hooks, scopes), context capture, the allocation macros and `TaggedAlloc` | `alloc_tag`, `capture`: `arch`, `mm`, `tracing`; `tagged`: `kmem`, `debug::fault` |
+//! | [`profiling`] | allocation tags (counters, switch, charge hooks, scopes), context capture, the allocation macros and `TaggedAlloc`, code tags on page frames (`alloc_pages!`, `kpages_alloc!`) | `alloc_tag`, `capture`: `arch`, `mm`, `tracing`; `tagged`: `kmem`, `debug::fault` |
 //! | [`smp`] | AP bring-up, mailboxes, cross-CPU calls; the stress engine | `arch`, `mm`, `tracing`; `stress` also `kmem` |
 //! | [`kmem`] | the slab allocator `SLAB` and its start, `KernelPlatform`, the `kpages` arena, the `#[global_allocator]` shim | the hooks below: `arch`, `mm`, `smp`, `tracing`, `profiling::alloc_tag`, `debug::slab_debug` |
 //! | [`shell`] | the command table, line editor and one file per command area | anything |
@@ -78,7 +78,7 @@
 
 #![no_std]
 #![feature(abi_x86_interrupt)]
-#![feature(allocator_api)]
+#![feature(allocator_api, try_with_capacity)]
 
 extern crate alloc;
 

@@ -93,7 +93,7 @@
 //! | `kfence/` | sampled guarded allocations ([`kfence`]: Linux KFENCE) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
-//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
+//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
 //! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
@@ -101,7 +101,7 @@
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
 //! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
-//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks and [`IrqGuard`] | nothing above |
+//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] and the per-CPU in-use flag | nothing above |
 //! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
@@ -152,11 +152,15 @@
 //! 2001: the common case touches only the CPU's own cache; Linux SLUB's
 //! per-CPU sheaves work the same way). It has no lock:
 //!
-//! - **Its own CPU** reaches it only with interrupts off, through an
-//!   [`IrqGuard`] (`Platform::irq_save`/`irq_restore`), at `pcpu +
+//! - **Its own CPU** reaches it through its in-use flag, at `pcpu +
 //!   Platform::cpu_offset()` (a kernel reads the offset `%gs`-relative in
-//!   one instruction). Nothing else runs on that CPU meanwhile, so the hit
-//!   is plain loads and stores: no atomic read-modify-write, no lock.
+//!   one instruction): a plain load and store take the flag (Linux's
+//!   `local_trylock`, as SLUB's sheaves use it), with interrupts on when
+//!   the platform sets `Platform::LOCAL_TRYLOCK` (else also with them off,
+//!   [`IrqGuard`]). The only code that can run on that CPU meanwhile is an
+//!   interrupt handler, which finds the flag held and takes the locked
+//!   slow path instead, so the hit is plain loads and stores: no atomic
+//!   read-modify-write, no lock, no `cli`.
 //! - **Any other CPU** that needs it — [`KmemCache::reap`] and
 //!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
 //!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
@@ -197,8 +201,11 @@
 //!
 //! 1. the allocator's cache list (`for_each_cache`, `find_cache`,
 //!    `reap_all`, create/destroy linking);
-//! 2. interrupts off on this CPU ([`IrqGuard`]: owning its per-CPU
-//!    caches);
+//! 2. interrupts off on this CPU ([`IrqGuard`]) — every lock below is
+//!    taken with them off, so an interrupt handler that allocates never
+//!    spins on a lock the code it interrupted holds — and this CPU's
+//!    per-CPU in-use flag (owning its per-CPU cache; tried, never waited
+//!    for);
 //! 3. a cache's depot lock;
 //! 4. that cache's slab-layer lock (slab lists and bufctl hash);
 //! 5. that cache's trace-table lock.

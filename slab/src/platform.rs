@@ -26,9 +26,12 @@ pub const CPU_SLOT_BYTES: usize = 64;
 /// # Safety
 ///
 /// The magazine-hit paths take no lock and no atomic read-modify-write:
-/// a CPU's per-CPU caches are owned by that CPU and reached only with its
-/// interrupts off. The allocator is sound only if the implementation keeps
-/// these promises:
+/// a CPU's per-CPU caches are owned by that CPU, each behind an in-use
+/// flag taken with a plain load and store (Linux's `local_trylock`, as
+/// SLUB's sheaves use it). An interrupt handler that finds the flag held
+/// has interrupted its holder on the same CPU and takes the locked slow
+/// path; every lock that path can take is taken with interrupts off. The
+/// allocator is sound only if the implementation keeps these promises:
 ///
 /// 1. [`cpu_id`](Platform::cpu_id) is below [`max_cpus`](Platform::max_cpus),
 ///    and between [`irq_save`](Platform::irq_save) and the matching
@@ -37,12 +40,33 @@ pub const CPU_SLOT_BYTES: usize = 64;
 ///    thread (a kernel: ids are unique and nothing migrates or preempts
 ///    with interrupts off; host tests: one thread per id, or a per-id lock
 ///    taken by `irq_save`). `irq_save`/`irq_restore` nest.
+///
+///    With [`LOCAL_TRYLOCK`](Platform::LOCAL_TRYLOCK) true, also with
+///    interrupts on: the only code that runs allocator code under this
+///    CPU's id besides the running code is this CPU's interrupt handlers,
+///    and each runs to completion before the code it interrupted resumes
+///    (no preemption, no migration, no thread switch while allocator code
+///    runs: a kernel whose tasks are not preempted in kernel mode). An
+///    interrupt handler that allocates or frees runs with interrupts off
+///    (as x86 interrupt gates leave them), or at least does not enable
+///    them while the allocator runs in it.
 /// 2. [`cpu_offset`](Platform::cpu_offset) is `cpu_id() * CPU_SLOT_BYTES`.
 /// 3. [`cross_cpu_call`](Platform::cross_cpu_call)`(cpu, work)` runs
 ///    `work` to completion, exclusively with CPU `cpu`'s interrupts-off
 ///    sections (as a kernel's IPI handler on that CPU would), and returns
 ///    only after it has finished.
 pub unsafe trait Platform: 'static {
+    /// Whether the magazine hits may run with interrupts on, owning this
+    /// CPU's per-CPU cache by its in-use flag alone (promise 1 of the
+    /// trait's safety contract, interrupts-on part): no `pushf; cli …
+    /// popf` on the hit. A kernel without preemption sets it. False (the
+    /// default): the hits disable interrupts instead
+    /// ([`irq_save`](Platform::irq_save) … `irq_restore`, the flag left
+    /// alone), for platforms where other threads share a CPU id (host
+    /// tests emulating interrupts with a per-id lock) or that preempt, and
+    /// for those without interrupts (whose `irq_save` is free).
+    const LOCAL_TRYLOCK: bool = false;
+
     /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by
     /// [`Allocator::init`](crate::Allocator::init); per-CPU arrays are
     /// sized by it. A value of 0 is treated as 1.
@@ -86,6 +110,18 @@ pub unsafe trait Platform: 'static {
         let state = Self::irq_save();
         work();
         Self::irq_restore(state);
+    }
+    /// Whether the caller runs in an interrupt handler (kernel: a device
+    /// interrupt's handler between its entry and exit). Such a caller
+    /// makes no [`cross_cpu_call`](Platform::cross_cpu_call): two CPUs'
+    /// handlers each waiting for the other could deadlock. Then a free
+    /// whose object holds the free key is refused as a double free
+    /// without the confirming search of every CPU's magazines, and a page
+    /// source running dry does not reap. The default is `false`: a
+    /// platform whose interrupt handlers never allocate.
+    #[inline(always)]
+    fn in_interrupt() -> bool {
+        false
     }
     /// Monotonic timestamp (kernel: TSC cycles; host tests: a counter).
     /// Only stored in trace records, never interpreted.

@@ -34,6 +34,10 @@ pub struct CacheStats {
     pub depot_nr_empty: usize,
     /// Times the depot lock was contended.
     pub depot_contention: u64,
+    /// Times the depot moved to a larger magazine type (Bonwick & Adams
+    /// 2001 §3.7: the magazine size grows while the depot lock is
+    /// contended, or the depot hands magazines from CPU to CPU), ever.
+    pub nr_magazine_resizes: u64,
     /// Rounds (objects) in per-CPU magazines.
     pub nr_cpu_cached_objs: usize,
     /// Rounds (objects) in depot magazines.

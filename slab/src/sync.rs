@@ -1,6 +1,9 @@
 //! The cache's locks (depot, slab layer, trace table) behind one name so
-//! the `loom` model tests can swap them, and [`IrqGuard`], the interrupts-
-//! off guard through which a CPU reaches its own per-CPU caches.
+//! the `loom` model tests can swap them, taken with interrupts off
+//! ([`IrqMutex`]); [`IrqGuard`], the interrupts-off guard; and
+//! [`LocalLocked`], the per-CPU in-use flag (Linux's `local_trylock`, as
+//! SLUB's sheaves use it) through which a CPU reaches its own per-CPU
+//! caches on the magazine hits.
 //!
 //! Normal builds: exactly [`spin::Mutex`] and [`spin::MutexGuard`]
 //! re-exported, so this module costs nothing. Host tests built with
@@ -15,7 +18,10 @@
 //! ([`Allocator::new`](crate::Allocator::new)), which loom's are not, and
 //! the models never contend on them.
 
+use core::cell::UnsafeCell;
 use core::marker::PhantomData;
+use core::ops::{Deref, DerefMut};
+use core::sync::atomic::{AtomicBool, Ordering, compiler_fence};
 
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::{Mutex, MutexGuard};
@@ -64,6 +70,219 @@ impl<P: Platform> Drop for IrqGuard<P> {
     #[inline(always)]
     fn drop(&mut self) {
         P::irq_restore(self.state);
+    }
+}
+
+/// This CPU's per-CPU state `T` held through its in-use flag: a plain
+/// load, a plain store and a compiler fence to take it (no atomic
+/// read-modify-write, no `cli`), a compiler fence and a plain store to
+/// give it back on drop. Linux's `local_trylock` as SLUB's sheaves use it.
+///
+/// Why a plain store is enough: only this CPU takes the flag, and what
+/// can run on this CPU between the flag's load and store is an interrupt
+/// handler, which runs to completion (and gives the flag back) before the
+/// code it interrupted resumes ([`Platform::LOCAL_TRYLOCK`]). An
+/// interrupt handler that finds the flag held has interrupted the owner:
+/// it must not touch `T` and takes the locked slow path instead.
+///
+/// With [`Platform::LOCAL_TRYLOCK`] false (host platforms whose threads
+/// share an id under an emulated interrupt lock, kernels that preempt),
+/// [`LocalLocked::try_lock`] disables interrupts instead, for as long as
+/// it is held, and leaves the flag alone (nothing that tests it can run
+/// on this CPU meanwhile).
+#[must_use = "the flag is given back when the guard is dropped"]
+pub(crate) struct LocalLocked<'a, P: Platform, T> {
+    flag: &'a AtomicBool,
+    cell: &'a UnsafeCell<T>,
+    /// `Some(state)` when [`LocalLocked::try_lock`] disabled interrupts
+    /// instead of taking the flag (never with
+    /// [`Platform::LOCAL_TRYLOCK`]).
+    irq: Option<usize>,
+    _not_send: PhantomData<NotSend<P>>,
+}
+
+impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
+    /// The magazine hits' entry (interrupts possibly on): take `flag`,
+    /// guarding `cell`, unless it is held (`None`: the caller interrupted
+    /// its holder).
+    ///
+    /// # Safety
+    /// `flag` and `cell` are the running CPU's (read from its
+    /// [`Platform::cpu_offset`]), and `cell` is reached only under `flag`
+    /// (or in a cross-CPU call to this CPU that holds it:
+    /// [`LocalLocked::try_lock_here`]).
+    #[inline(always)]
+    pub(crate) unsafe fn try_lock(flag: &'a AtomicBool, cell: &'a UnsafeCell<T>) -> Option<Self> {
+        if !P::LOCAL_TRYLOCK {
+            // Interrupts off exclude everything else on this CPU (the
+            // flag is only ever held with them off then): the flag is
+            // neither tested nor taken, the hit is as cheap as before.
+            return Some(LocalLocked {
+                flag,
+                cell,
+                irq: Some(P::irq_save()),
+                _not_send: PhantomData,
+            });
+        }
+        interrupt_point::<P>();
+        if flag.load(Ordering::Relaxed) {
+            return None;
+        }
+        interrupt_point::<P>();
+        flag.store(true, Ordering::Relaxed);
+        // Nothing of `cell` is read before the flag is ours.
+        compiler_fence(Ordering::SeqCst);
+        interrupt_point::<P>();
+        Some(LocalLocked {
+            flag,
+            cell,
+            irq: None,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// [`LocalLocked::try_lock`] for code that already excludes this
+    /// CPU's other interrupts-off sections (interrupts off, or a
+    /// cross-CPU call running on the CPU): the flag only. `None` if held:
+    /// the code interrupted a hit on the flag's CPU.
+    ///
+    /// # Safety
+    /// As for [`LocalLocked::try_lock`], `flag` and `cell` being those of
+    /// the CPU the caller runs as.
+    #[inline]
+    pub(crate) unsafe fn try_lock_here(
+        flag: &'a AtomicBool,
+        cell: &'a UnsafeCell<T>,
+    ) -> Option<Self> {
+        if flag.load(Ordering::Relaxed) {
+            return None;
+        }
+        flag.store(true, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        Some(LocalLocked {
+            flag,
+            cell,
+            irq: None,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The guarded state, ours while the guard lives.
+    #[inline(always)]
+    pub(crate) fn get(&mut self) -> &mut T {
+        // SAFETY: the flag is ours (try_lock): nothing else on this CPU
+        // touches `cell` until it is given back, and other CPUs reach it
+        // only in cross-CPU calls that run on this CPU and take the flag
+        // first (try_lock_here).
+        unsafe { &mut *self.cell.get() }
+    }
+}
+
+impl<P: Platform, T> Drop for LocalLocked<'_, P, T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(state) = self.irq {
+            P::irq_restore(state);
+            return;
+        }
+        interrupt_point::<P>();
+        // Every write to `cell` is done before the flag is given back.
+        compiler_fence(Ordering::SeqCst);
+        self.flag.store(false, Ordering::Relaxed);
+        interrupt_point::<P>();
+    }
+}
+
+/// A point of a magazine hit where the `loom` models let an interrupt
+/// handler of this CPU run (`tests/loom_models.rs`); nothing in other
+/// builds.
+#[inline(always)]
+pub(crate) fn interrupt_point<P: Platform>() {
+    #[cfg(all(test, loom))]
+    crate::tests::loom_models::interrupt_window::<P>();
+}
+
+/// A lock an interrupt handler's allocation or free can reach (the depot,
+/// the slab layer and its bufctl hash, the trace table): [`Mutex`] taken
+/// only with interrupts off on this CPU, so that a handler that needs it
+/// on the CPU that holds it cannot spin forever on it. Held as an
+/// [`IrqMutexGuard`] (interrupts come back on after the lock is released).
+pub(crate) struct IrqMutex<P: Platform, T> {
+    inner: Mutex<T>,
+    _platform: PhantomData<fn() -> P>,
+}
+
+/// A lock guard `G` taken with interrupts off: on drop, the lock is
+/// released, then interrupts restored.
+pub(crate) struct IrqLockGuard<P: Platform, G> {
+    // Field order is drop order: the lock is released before interrupts
+    // are restored.
+    guard: G,
+    _irq: IrqGuard<P>,
+}
+
+/// An [`IrqMutex`] held.
+pub(crate) type IrqMutexGuard<'a, P, T> = IrqLockGuard<P, MutexGuard<'a, T>>;
+
+/// A [`spin::Mutex`] outside the cache (the kmemtrace stack table) held
+/// with interrupts off, for the same reason as [`IrqMutex`].
+pub(crate) type SpinIrqGuard<'a, P, T> = IrqLockGuard<P, spin::MutexGuard<'a, T>>;
+
+impl<P: Platform, T> IrqMutex<P, T> {
+    pub(crate) fn new(value: T) -> Self {
+        IrqMutex {
+            inner: Mutex::new(value),
+            _platform: PhantomData,
+        }
+    }
+
+    /// Disable interrupts, then take the lock.
+    #[inline]
+    pub(crate) fn lock(&self) -> IrqMutexGuard<'_, P, T> {
+        let irq = IrqGuard::new();
+        IrqLockGuard {
+            guard: self.inner.lock(),
+            _irq: irq,
+        }
+    }
+
+    /// Disable interrupts and try the lock once; `None` (interrupts as
+    /// they were) if it is held.
+    #[inline]
+    pub(crate) fn try_lock(&self) -> Option<IrqMutexGuard<'_, P, T>> {
+        let irq = IrqGuard::new();
+        let guard = self.inner.try_lock()?;
+        Some(IrqLockGuard { guard, _irq: irq })
+    }
+
+    #[allow(dead_code, reason = "used by host unit tests on a fresh Depot")]
+    pub(crate) fn into_inner(self) -> T {
+        self.inner.into_inner()
+    }
+}
+
+impl<P: Platform, G: Deref> Deref for IrqLockGuard<P, G> {
+    type Target = G::Target;
+    #[inline(always)]
+    fn deref(&self) -> &G::Target {
+        &self.guard
+    }
+}
+
+impl<P: Platform, G: DerefMut> DerefMut for IrqLockGuard<P, G> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut G::Target {
+        &mut self.guard
+    }
+}
+
+/// Disable interrupts, then take `lock`.
+#[inline]
+pub(crate) fn spin_lock_irq<P: Platform, T>(lock: &spin::Mutex<T>) -> SpinIrqGuard<'_, P, T> {
+    let irq = IrqGuard::new();
+    IrqLockGuard {
+        guard: lock.lock(),
+        _irq: irq,
     }
 }
 

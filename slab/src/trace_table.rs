@@ -22,7 +22,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::error::AllocError;
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::{PageSource, Platform};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// Return addresses kept per record.
 pub const TRACE_MAX_FRAMES: usize = 16;
@@ -193,23 +193,23 @@ pub(crate) trait TraceOwner {
 /// operation on them. Record nodes come from (and go back to) the
 /// `kmem_trace` bootstrap cache of `cache`'s allocator; the hash's
 /// page-backed table from its primary source.
-pub(crate) struct TraceTable {
-    inner: Mutex<TraceTableInner>,
+pub(crate) struct TraceTable<P: Platform> {
+    inner: IrqMutex<P, TraceTableInner>,
     /// Records that could not be allocated.
     nr_dropped: AtomicU64,
 }
 
-impl TraceTable {
+impl<P: Platform> TraceTable<P> {
     pub(crate) fn new() -> Self {
         TraceTable {
-            inner: Mutex::new(TraceTableInner::new()),
+            inner: IrqMutex::new(TraceTableInner::new()),
             nr_dropped: AtomicU64::new(0),
         }
     }
 
     /// Lock the records.
     #[inline]
-    pub(crate) fn lock(&self) -> MutexGuard<'_, TraceTableInner> {
+    pub(crate) fn lock(&self) -> IrqMutexGuard<'_, P, TraceTableInner> {
         self.inner.lock()
     }
 

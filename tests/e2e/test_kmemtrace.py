@@ -387,11 +387,13 @@ class KmemtraceSession(unittest.TestCase):
         code, out, err = self.magpie_kmem("export", "--format", "chrome")
         self.assertEqual(code, 0, err)
         trace = json.loads(out)
-        instants = [e for e in trace["traceEvents"] if e["ph"] == "i" and e.get("cat") == "kmem"]
+        # Instants are "I" (Chrome's phase; DevTools reads no "i"); tid =
+        # CPU + 1 (Perfetto drops thread-scoped instants on tid 0).
+        instants = [e for e in trace["traceEvents"] if e["ph"] == "I" and e.get("cat") == "kmem"]
         self.assertEqual(len(instants), len(events))
-        self.assertEqual({e["tid"] for e in instants}, {e["cpu"] for e in events})
+        self.assertEqual({e["tid"] for e in instants}, {e["cpu"] + 1 for e in events})
         for e in trace["traceEvents"]:
-            self.assertIn(e["ph"], "MiC")
+            self.assertIn(e["ph"], "MIC")
             if e["ph"] != "M":
                 self.assertGreaterEqual(e["ts"], 0)
         # The shell's command lines typed while recording are markers (MARK
@@ -401,6 +403,21 @@ class KmemtraceSession(unittest.TestCase):
                                  "kmemtrace record stop"])
         counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "live bytes kmalloc-4096"]
         self.assertEqual(counters[-1]["args"]["bytes"], 3 * 4096, "kmalloc 4000 3 still held at the end")
+
+        # A real reader: Chrome DevTools' trace engine (make chrome-reader)
+        # puts every alloc and free of the recording on its CPU's track.
+        reader = os.path.join(ROOT, "tools", "magpie-kmem", "tests", "chrome-reader")
+        if os.path.isdir(os.path.join(reader, "node_modules", "@paulirish", "trace_engine")):
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+                f.write(out)
+                f.flush()
+                seen = subprocess.run(["node", os.path.join(reader, "read.mjs"), f.name],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.assertEqual(seen.returncode, 0, seen.stderr.decode(errors="replace"))
+            tracks = {t["name"]: t["entries"] for t in json.loads(seen.stdout)["threads"]}
+            for cpu in {e["cpu"] for e in events}:
+                kmem = [name for name, _ in tracks[f"cpu {cpu}"] if name.startswith(("alloc ", "free "))]
+                self.assertEqual(len(kmem), sum(1 for e in events if e["cpu"] == cpu), cpu)
 
 
 class KmemtraceDiff(unittest.TestCase):

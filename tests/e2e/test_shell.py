@@ -304,12 +304,16 @@ class AllocInfo(unittest.TestCase):
             self.assertRegex(text, r"slab/src/\S+\.rs:\d+ func:" + function)
         for field in ["count:", "avg duration:", "max duration:"]:
             self.assertIn(field, text)
-        # Times in ns/us/ms, never TSC cycles; rate and frequency as in the
-        # codetag slides once a point has two events.
-        self.assertRegex(text, r"avg duration:   \d+ (ns|us|ms|sec)\n")
-        self.assertRegex(text, r"quantiles \((ns|us|ms|sec)\): p50 \d+")
-        self.assertRegex(text, r"rate:           \d+/sec\nfrequency:      \d+ (ns|us|ms|sec)\n")
+        # Times in the one format (ns exact, else three decimals of µs, ms
+        # or s, always with the unit), never TSC cycles; each quantile with
+        # its own unit; rate and frequency as in the codetag slides once a
+        # point has two events.
+        time = r"(\d+ ns|\d+\.\d{3} (µs|ms|s))"
+        self.assertRegex(text, r"avg duration:   " + time + r"\n")
+        self.assertRegex(text, r"quantiles:      p50 " + time + r"(, p\d+ " + time + r"){4}\n")
+        self.assertRegex(text, r"rate:           \d+/sec\nfrequency:      " + time + r"\n")
         self.assertNotIn("cycles", text)
+        self.assertNotRegex(text, r"\d (us|sec)\b")
 
     def test_off_then_on_marks_counts_inaccurate_without_underflow(self):
         self.assertEqual(reply_to(self.out, "allocinfo off").strip(), "allocation profiling off")

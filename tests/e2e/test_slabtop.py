@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_shell import boot, reply_to  # noqa: E402
 
 COLUMNS = "  OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME"
-# Linux's `%6u %6u %3u%% %7.2fK %6u %8u %9uK %-23s`, then MAG HITS MISSES CONTEND.
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)%\s+(\d+\.\d\d)K\s+(\d+)\s+(\d+)\s+(\d+)K (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$")
+# Linux's `%6u %6u %3u%% %7.2fK %6u %8u %9uK %-23s`, then MAG HITS MISSES CONTEND RESIZE.
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)%\s+(\d+\.\d\d)K\s+(\d+)\s+(\d+)\s+(\d+)K (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$")
 
 
 def rows(text):
@@ -52,7 +52,7 @@ class Slabtop(unittest.TestCase):
         self.assertRegex(lines[4], r"^ Minimum / Average / Maximum Object : \d+\.\d\dK / ")
         self.assertRegex(lines[5], r"^ Magazines since boot\s+: \d+ hits, \d+ misses \(\d+\.\d% hits\), \d+ depot contention$")
         self.assertTrue(lines[7].startswith(COLUMNS), lines[7])
-        self.assertTrue(lines[7].endswith("MAG     HITS   MISSES CONTEND"), lines[7])
+        self.assertTrue(lines[7].endswith("MAG     HITS   MISSES CONTEND RESIZE"), lines[7])
         table = rows(text)
         self.assertIn("kmalloc-64", table, text)
         # Sorted by objects, most first.
@@ -87,6 +87,7 @@ class Slabtop(unittest.TestCase):
         text = reply_to(self.out, "kmem cache kmalloc-1024")
         self.assertRegex(text, r"^kmalloc-1024: 1024-byte objects \(stride \d+, align \d+\), \w+ slabs of \d+ page\(s\), \d+ objects each\n")
         self.assertRegex(text, r"\nmagazines: \d+ rounds each; depot \d+ full, \d+ empty; depot lock contended \d+ times\n")
+        self.assertRegex(text, r"\nmagazine resizes: \d+ \(the size grows when the depot lock is contended or hands magazines between CPUs\)\n")
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 validate"), r"^verified 1 cache\(s\), \d+ slab\(s\), \d+ object\(s\): 0 problem\(s\)\n")
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 shrink"), r"^shrink kmalloc-1024: \d+ pages \(\d+ KiB\) returned\n")
         self.assertIn("error: kmalloc-1024: debug flags are fixed at creation", reply_to(self.out, "kmem cache kmalloc-1024 debug FZ"))

@@ -5,7 +5,9 @@
 //! symbolized frame-pointer backtrace of the interrupted code; then the
 //! kernel exits QEMU with failure. `#BP` (int3) reports and continues.
 //!
-//! Two device vectors: the `smp` wake-up IPI and the LAPIC spurious vector.
+//! Three device vectors: the `smp` wake-up IPI, the LAPIC timer (the
+//! handler [`set_timer_handler`] registered, in interrupt context:
+//! `arch::in_interrupt`) and the LAPIC spurious vector.
 //!
 //! A test may install a hook ([`set_exception_hook`]) that runs after the
 //! report, e.g. to turn an expected double fault into success.
@@ -51,6 +53,8 @@ static IDT: Once<InterruptDescriptorTable> = Once::new();
 static REPORTER: Once<ExceptionReporter> = Once::new();
 static WAKE_HANDLER: Once<fn()> = Once::new();
 static PAGE_FAULT_HANDLER: Once<fn(&ExceptionInfo<'_>, usize) -> bool> = Once::new();
+/// The LAPIC timer's work (a `fn()` as `usize`; 0: none).
+static TIMER_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static HOOK: AtomicUsize = AtomicUsize::new(0);
 static IN_REPORT: AtomicBool = AtomicBool::new(false);
 
@@ -73,6 +77,12 @@ pub fn set_wake_handler(handler: fn()) {
 /// (KFENCE, `crate::debug::kfence`), otherwise the fault is fatal.
 pub fn set_page_fault_handler(handler: fn(&ExceptionInfo<'_>, usize) -> bool) {
     PAGE_FAULT_HANDLER.call_once(|| handler);
+}
+
+/// Sets the work of the LAPIC timer interrupt (`lapic::timer_start`), run
+/// in interrupt context before its EOI; replaces the previous one.
+pub fn set_timer_handler(handler: fn()) {
+    TIMER_HANDLER.store(handler as usize, Ordering::Release);
 }
 
 /// Installs a function called after each fatal exception report (before the
@@ -225,6 +235,21 @@ extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
     }
 }
 
+/// The LAPIC timer: the registered handler between `irq_enter` and
+/// `irq_exit`, then EOI.
+extern "x86-interrupt" fn timer(_frame: InterruptStackFrame) {
+    let handler = TIMER_HANDLER.load(Ordering::Acquire);
+    if handler != 0 {
+        // SAFETY: TIMER_HANDLER only ever holds a `fn()` stored by
+        // set_timer_handler.
+        let handler: fn() = unsafe { core::mem::transmute::<usize, fn()>(handler) };
+        super::irq_enter();
+        handler();
+        super::irq_exit();
+    }
+    super::lapic::eoi();
+}
+
 /// Spurious LAPIC interrupt: no EOI (the LAPIC did not set an in-service bit).
 extern "x86-interrupt" fn spurious(_frame: InterruptStackFrame) {}
 
@@ -263,6 +288,7 @@ pub(crate) fn init() {
             .set_handler_fn(control_protection);
         idt.security_exception.set_handler_fn(security);
         idt[super::lapic::WAKE_VECTOR].set_handler_fn(wake);
+        idt[super::lapic::TIMER_VECTOR].set_handler_fn(timer);
         idt[super::lapic::SPURIOUS_VECTOR].set_handler_fn(spurious);
         idt
     });

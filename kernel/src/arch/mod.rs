@@ -19,7 +19,7 @@ use x86_64::instructions::port::Port;
 
 pub use percpu::{
     CPU_SLOT_BYTES, CpuState, MAX_CPUS, PerCpu, alloc_tag_base, alloc_tag_current, cpu_id,
-    cpu_offset, this_cpu,
+    cpu_offset, in_interrupt, irq_enter, irq_exit, this_cpu,
 };
 
 /// The number of CPUs the platform reports (enabled or online-capable

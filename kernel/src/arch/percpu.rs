@@ -39,6 +39,9 @@ pub struct PerCpu {
     /// none (its innermost scope's, else `untagged`); 0 (none) until
     /// profiling is set up. Read with `gs:` addressing.
     alloc_tag_current: AtomicU32,
+    /// Device interrupt handlers (the LAPIC timer's) running on this CPU,
+    /// nested: non-zero in interrupt context ([`in_interrupt`]).
+    irq_depth: AtomicU32,
 }
 
 /// Where a CPU is in its life.
@@ -99,6 +102,7 @@ impl PerCpu {
             nr_jobs: AtomicU64::new(0),
             alloc_tag_base: AtomicUsize::new(0),
             alloc_tag_current: AtomicU32::new(0),
+            irq_depth: AtomicU32::new(0),
         }
     }
 
@@ -227,4 +231,26 @@ pub fn this_cpu() -> &'static PerCpu {
     }
     // SAFETY: the address is that of an element of the static PERCPU array.
     unsafe { &*(address as *const PerCpu) }
+}
+
+/// Whether this CPU is running a device interrupt handler (between
+/// [`irq_enter`] and [`irq_exit`]): `magpie_slab`'s
+/// `Platform::in_interrupt`.
+#[inline]
+pub fn in_interrupt() -> bool {
+    this_cpu().irq_depth.load(Ordering::Relaxed) != 0
+}
+
+/// A device interrupt handler starts on this CPU (interrupts off).
+#[inline]
+pub fn irq_enter() {
+    let depth = &this_cpu().irq_depth;
+    depth.store(depth.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// The handler [`irq_enter`] announced ends.
+#[inline]
+pub fn irq_exit() {
+    let depth = &this_cpu().irq_depth;
+    depth.store(depth.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
 }

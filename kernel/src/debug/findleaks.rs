@@ -85,7 +85,8 @@ pub fn findleaks(out: &mut dyn Write) -> Result<LeakSummary, FindleaksError> {
     let capacity = SLAB.leak_scan_capacity() + 256;
     let bytes = capacity * core::mem::size_of::<LeakEntry>();
     let nr_pages = bytes.div_ceil(frame::PAGE_SIZE);
-    let phys = frame::alloc_contiguous(nr_pages).ok_or(FindleaksError::NoMemory { bytes })?;
+    let phys = crate::try_alloc!(frame::alloc_contiguous(nr_pages).ok_or(()))
+        .map_err(|_| FindleaksError::NoMemory { bytes })?;
     let virt = layout::phys_to_virt(phys.as_u64());
     // SAFETY: fresh frames, ours until freed below, mapped in the direct
     // map, aligned for LeakEntry (page-aligned).

@@ -125,11 +125,20 @@ pub fn init() -> bool {
     let used_offset = (16 * size + 6 + 2 * size).next_multiple_of(4096);
     let ring_bytes = used_offset + (6 + 8 * size).next_multiple_of(4096);
     let ring_pages = ring_bytes / frame::PAGE_SIZE;
-    let Some(ring) = frame::alloc_contiguous(ring_pages) else {
-        return false;
-    };
-    let Some(buffer) = frame::alloc_contiguous(CHUNK_PAGES) else {
-        frame::free(ring, ring_pages);
+    // One allocation scope: the queue's rings and the transmit buffer.
+    let frames = crate::try_alloc!(frame::alloc_contiguous(ring_pages).ok_or(()).and_then(
+        |ring| {
+            match frame::alloc_contiguous(CHUNK_PAGES) {
+                Some(buffer) => Ok((ring, buffer)),
+                None => {
+                    frame::free(ring, ring_pages);
+                    Err(())
+                }
+            }
+        }
+    ));
+    let Ok((ring, buffer)) = frames else {
+        log::warn!("virtio console: no memory for the transmit queue");
         return false;
     };
     let ring_virt = layout::phys_to_virt(ring.as_u64());

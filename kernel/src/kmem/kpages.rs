@@ -1,10 +1,18 @@
 //! The kernel's page arena `kpages` (Akaros' name): whole pages from the
 //! frame allocator, addressed through the direct map; the slab allocator's
 //! page source. And the frame allocator's statistics as the `base` arena.
+//!
+//! The slab allocator's pages ([`PageSource::alloc_pages`]) carry no code
+//! tag: the slab allocator charges its objects (a page-granular kmalloc
+//! its whole pages) to their call sites itself. Kernel code that takes
+//! pages from the arena directly calls `kpages_alloc!(nr_pages)`, which
+//! charges `nr_pages x 4096` bytes to its own call site until the pages
+//! are freed ([`Arena::alloc_pages_tagged`], `frame`'s tags).
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use magpie_codetag::alloc_tag::AllocTagRef;
 use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource};
 use spin::Once;
 
@@ -38,6 +46,31 @@ impl Arena {
         self.reclaim.call_once(|| reclaim);
     }
 
+    /// [`PageSource::alloc_pages`] charged to allocation tag `tag` (`None`:
+    /// uncounted, as the slab allocator's pages), counted by the frame
+    /// allocator until the pages are freed; what `kpages_alloc!` calls
+    /// with its call site's tag.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::OutOfMemory`]: no run of `nr_pages` free frames, even
+    /// after a reclaim.
+    pub fn alloc_pages_tagged(
+        &self,
+        nr_pages: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let phys = frame::alloc_tagged(nr_pages, 1, tag)
+            .or_else(|| {
+                self.reclaim_for_retry();
+                frame::alloc_tagged(nr_pages, 1, tag)
+            })
+            .ok_or(AllocError::OutOfMemory)?;
+        self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
+        self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+        NonNull::new(layout::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
     /// Pages this arena has handed out and not had back.
     pub fn nr_pages_out(&self) -> usize {
         self.nr_pages_out.load(Ordering::Relaxed)
@@ -56,15 +89,7 @@ impl PageSource for Arena {
     /// kernel code must not allocate inside `SLAB.for_each_cache` for the
     /// same reason (the reap takes the cache-list lock).
     fn alloc_pages(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
-        let phys = frame::alloc_contiguous(nr_pages)
-            .or_else(|| {
-                self.reclaim_for_retry();
-                frame::alloc_contiguous(nr_pages)
-            })
-            .ok_or(AllocError::OutOfMemory)?;
-        self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
-        self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
-        NonNull::new(layout::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+        self.alloc_pages_tagged(nr_pages, None)
     }
 
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize) {

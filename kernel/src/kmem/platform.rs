@@ -22,12 +22,17 @@ const _: () = assert!(arch::CPU_SLOT_BYTES == magpie_slab::CPU_SLOT_BYTES);
 // SAFETY: CPU ids are dense and unique, below `arch::max_cpus()` (at most
 // MAX_CPUS; the GS base of each CPU points at its own PerCpu); nothing
 // preempts or migrates kernel code, and with interrupts off nothing else
-// runs on a CPU; `cpu_offset` is `cpu_id * CPU_SLOT_BYTES` (set with the
+// runs on a CPU; with them on, only this CPU's interrupt handlers, which
+// run to completion with interrupts off (interrupt gates; the timer's
+// handler never enables them) before the interrupted code resumes
+// (LOCAL_TRYLOCK); `cpu_offset` is `cpu_id * CPU_SLOT_BYTES` (set with the
 // id by `percpu::init_this_cpu`); `smp::cross_cpu_call` runs the work in
 // the target's IPI handler (interrupts off there) or its polling loops,
 // or here with interrupts off for this CPU or a CPU not running the
 // kernel, and returns after it ran.
 unsafe impl Platform for KernelPlatform {
+    const LOCAL_TRYLOCK: bool = true;
+
     fn max_cpus() -> usize {
         arch::max_cpus().clamp(1, MAX_CPUS)
     }
@@ -54,6 +59,11 @@ unsafe impl Platform for KernelPlatform {
     #[inline]
     fn irq_restore(state: usize) {
         arch::irq_restore(state)
+    }
+
+    #[inline]
+    fn in_interrupt() -> bool {
+        arch::in_interrupt()
     }
 
     fn now() -> u64 {

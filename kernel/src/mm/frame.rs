@@ -5,8 +5,23 @@
 //! frees of any sub-range. The bitmap itself lives in RAM found at boot.
 //! Reserved at init: everything below 1 MiB, the kernel image, boot modules
 //! (the kernel ELF used for symbols) and the ACPI tables.
+//!
+//! # Code tags on frames
+//!
+//! With allocation profiling compiled in, a second array beside the
+//! bitmap keeps each frame's allocation tag (Linux keeps it in `page_ext`,
+//! `include/linux/pgalloc_tag.h`): [`alloc_tagged`] (the `alloc_pages!`
+//! macro's call, one tag per call site) stores the tag in every frame of
+//! the run, marks the first frame as the allocation's head, and counts
+//! `bytes = frames x 4096`, `calls = 1` at the tag; [`free`] of any
+//! sub-range uncounts what it frees (4096 bytes a tagged frame, one call
+//! a head). The counting is registered by the profiling layer above
+//! ([`set_tag_counting`]); frames allocated untagged (the plain calls: the
+//! slab allocator's pages, whose objects are counted by the slab
+//! allocator, and everything before profiling is up) count nothing.
 
-use spin::Mutex;
+use magpie_codetag::alloc_tag::AllocTagRef;
+use spin::{Mutex, Once};
 pub use x86_64::PhysAddr;
 use x86_64::instructions::interrupts::without_interrupts;
 
@@ -32,8 +47,33 @@ pub struct FrameStats {
     pub nr_frees_ever: u64,
 }
 
+/// How tagged frames are counted: registered by the profiling layer
+/// ([`set_tag_counting`]), called with the frame lock held (each is a few
+/// atomic adds on its tag's counters and must not allocate).
+#[derive(Clone, Copy)]
+pub struct TagCounting {
+    /// `bytes` more, one call more, at a tag.
+    pub charge: fn(tag: AllocTagRef, bytes: usize),
+    /// `bytes` fewer and `nr_calls` fewer at a tag.
+    pub uncharge: fn(tag: AllocTagRef, bytes: usize, nr_calls: u64),
+}
+
+static TAG_COUNTING: Once<TagCounting> = Once::new();
+
+/// Registers how tagged frames are counted (once; later calls are
+/// ignored). Until then [`alloc_tagged`] stores no tag.
+pub fn set_tag_counting(counting: TagCounting) {
+    TAG_COUNTING.call_once(|| counting);
+}
+
+/// Bit of a frame's tag word marking the first frame of an allocation.
+const TAG_HEAD: u32 = 1 << 31;
+
 struct Bitmap {
     words: &'static mut [u64],
+    /// Each frame's allocation tag reference (0: none), `TAG_HEAD` on an
+    /// allocation's first frame; empty with profiling compiled out.
+    tags: &'static mut [u32],
     nr_frames: usize,
     /// Lowest frame that may be free (search start).
     hint: usize,
@@ -70,10 +110,23 @@ impl Bitmap {
         None
     }
 
-    fn allocate(&mut self, nr_frames: usize, align: usize) -> Option<usize> {
+    fn allocate(
+        &mut self,
+        nr_frames: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Option<usize> {
         let start = self.find_run(nr_frames, align)?;
         for frame in start..start + nr_frames {
             self.set_used(frame, true);
+        }
+        let counting = TAG_COUNTING.get();
+        if let (Some(tag), Some(counting), Some(tags)) =
+            (tag, counting, self.tags.get_mut(start..start + nr_frames))
+        {
+            tags.fill(tag.get());
+            tags[0] |= TAG_HEAD;
+            (counting.charge)(tag, nr_frames * PAGE_SIZE);
         }
         if start == self.hint {
             self.hint = start + nr_frames;
@@ -96,9 +149,31 @@ impl Bitmap {
             );
             self.set_used(frame, false);
         }
+        self.uncharge(first, nr_frames);
         self.hint = self.hint.min(first);
         self.stats.nr_free += nr_frames;
         self.stats.nr_frees_ever += 1;
+    }
+}
+
+impl Bitmap {
+    /// Uncounts the tagged frames of `first..first + nr_frames` (being
+    /// freed) and clears their tags: per run of frames with one tag, its
+    /// bytes and the heads among them.
+    fn uncharge(&mut self, first: usize, nr_frames: usize) {
+        let Some(tags) = self.tags.get_mut(first..first + nr_frames) else {
+            return;
+        };
+        let Some(counting) = TAG_COUNTING.get() else {
+            return;
+        };
+        for run in tags.chunk_by_mut(|a, b| *a & !TAG_HEAD == *b & !TAG_HEAD) {
+            if let Some(tag) = AllocTagRef::new(run[0] & !TAG_HEAD) {
+                let nr_heads = run.iter().filter(|&&word| word & TAG_HEAD != 0).count();
+                (counting.uncharge)(tag, run.len() * PAGE_SIZE, nr_heads as u64);
+            }
+            run.fill(0);
+        }
     }
 }
 
@@ -166,17 +241,31 @@ pub(crate) fn init(boot: &BootInfo) {
         .unwrap_or(0);
     let nr_frames = (max_end >> FRAME_SHIFT) as usize;
     let nr_words = nr_frames.div_ceil(64);
-    let bitmap_bytes = ((nr_words * 8) as u64).next_multiple_of(PAGE_SIZE as u64);
+    let nr_tags = if cfg!(feature = "alloc-profiling") {
+        nr_frames
+    } else {
+        0
+    };
+    let bitmap_bytes = ((nr_words * 8 + nr_tags * 4) as u64).next_multiple_of(PAGE_SIZE as u64);
     let home = find_bitmap_home(boot, bitmap_bytes).expect("no RAM for the frame bitmap");
     // SAFETY: [home, home + bitmap_bytes) is usable RAM below 4 GiB (mapped
     // by the boot direct map) that no reserved range overlaps; from here on
-    // the bitmap marks it used, so nothing else will ever own it.
-    let words: &'static mut [u64] =
-        unsafe { core::slice::from_raw_parts_mut(phys_to_virt(home) as *mut u64, nr_words) };
+    // the bitmap marks it used, so nothing else will ever own it. The words
+    // come first, the tags (4-byte aligned: after 8-byte words) after them,
+    // nr_words * 8 + nr_tags * 4 <= bitmap_bytes.
+    let (words, tags): (&'static mut [u64], &'static mut [u32]) = unsafe {
+        let base = phys_to_virt(home) as *mut u64;
+        (
+            core::slice::from_raw_parts_mut(base, nr_words),
+            core::slice::from_raw_parts_mut(base.add(nr_words).cast::<u32>(), nr_tags),
+        )
+    };
     words.fill(u64::MAX);
+    tags.fill(0);
 
     let mut bitmap = Bitmap {
         words,
+        tags,
         nr_frames,
         hint: 0,
         stats: FrameStats::default(),
@@ -238,10 +327,22 @@ pub fn alloc_contiguous(nr_pages: usize) -> Option<PhysAddr> {
 /// Allocates `nr_pages` contiguous frames whose first frame number is a
 /// multiple of `align_pages` (a power of two), e.g. for naturally aligned slabs.
 pub fn alloc_aligned(nr_pages: usize, align_pages: usize) -> Option<PhysAddr> {
+    alloc_tagged(nr_pages, align_pages, None)
+}
+
+/// [`alloc_aligned`] charged to allocation tag `tag` (`None`: uncounted):
+/// `nr_pages x 4096` bytes and one call at the tag until the frames are
+/// freed (see the module docs). Called by the `alloc_pages!` macro with
+/// its call site's tag.
+pub fn alloc_tagged(
+    nr_pages: usize,
+    align_pages: usize,
+    tag: Option<AllocTagRef>,
+) -> Option<PhysAddr> {
     if nr_pages == 0 || !align_pages.is_power_of_two() {
         return None;
     }
-    let first = with_frames(|frames| frames.allocate(nr_pages, align_pages))?;
+    let first = with_frames(|frames| frames.allocate(nr_pages, align_pages, tag))?;
     Some(PhysAddr::new((first as u64) << FRAME_SHIFT))
 }
 

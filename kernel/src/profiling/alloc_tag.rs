@@ -3,7 +3,6 @@
 //! scope guard, and reading the counters (`allocinfo`). See
 //! [`crate::profiling`] for the design.
 
-use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -16,6 +15,7 @@ use spin::Mutex;
 
 use super::capture::{ctx_capture_alloc, ctx_capture_free};
 use crate::arch;
+use crate::mm::frame::TagCounting;
 
 /// Whether allocation profiling is compiled in (cargo feature
 /// `alloc-profiling`).
@@ -86,6 +86,10 @@ pub fn init(pages: &dyn PageSource) {
             );
         }
     }
+    crate::mm::frame::set_tag_counting(TagCounting {
+        charge: charge_frames,
+        uncharge: uncharge_frames,
+    });
     SWITCH.set_at_boot(setting);
     log::debug!(
         "allocation profiling: {} tags, {} CPU(s), {:?}",
@@ -175,6 +179,19 @@ pub unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // caller's contract), a counter of every CPU's block.
     unsafe { COUNTERS.uncharge_at(arch::alloc_tag_base(), token, bytes) };
     ctx_capture_free(ptr);
+}
+
+/// The frame allocator's charge ([`TagCounting`], see
+/// [`crate::profiling::pages`]): `bytes` and one call at `tag` on this CPU
+/// (the frame lock is held, interrupts are off).
+fn charge_frames(tag: AllocTagRef, bytes: usize) {
+    COUNTERS.add(arch::cpu_id(), tag, bytes);
+}
+
+/// The frame allocator's uncharge: `bytes` and `nr_calls` fewer at `tag`
+/// (a free of tagged frames, on any CPU).
+fn uncharge_frames(tag: AllocTagRef, bytes: usize, nr_calls: u64) {
+    COUNTERS.sub_counts(arch::cpu_id(), tag, bytes, nr_calls);
 }
 
 // ---------------------------------------------------------------------------
@@ -281,10 +298,10 @@ static MARK: Mutex<Option<Mark>> = Mutex::new(None);
 /// # Errors
 /// No memory for the copy (one `{bytes, calls}` per site); the previous
 /// mark is kept.
-pub fn mark() -> Result<usize, TryReserveError> {
+pub fn mark() -> Result<usize, magpie_slab::AllocError> {
     let tags = AllocTag::all();
     let mut counts = Vec::new();
-    counts.try_reserve_exact(tags.len())?;
+    crate::try_alloc!(counts.try_reserve_exact(tags.len()))?;
     counts.extend(tags.iter().map(|tag| COUNTERS.read(tag.tag_ref())));
     let new = Mark {
         at_tsc: arch::rdtsc(),
@@ -312,10 +329,10 @@ pub struct DiffRow {
 ///
 /// # Errors
 /// No memory for the rows (one per site).
-pub fn diff() -> Result<Option<(u64, Vec<DiffRow>)>, TryReserveError> {
+pub fn diff() -> Result<Option<(u64, Vec<DiffRow>)>, magpie_slab::AllocError> {
     let tags = AllocTag::all();
     let mut rows = Vec::new();
-    rows.try_reserve_exact(tags.len())?;
+    crate::try_alloc!(rows.try_reserve_exact(tags.len()))?;
     let guard = MARK.lock();
     let Some(mark) = guard.as_ref() else {
         return Ok(None);

@@ -17,6 +17,11 @@
 //!   scopes: the innermost wins, the outer one is restored when it ends;
 //! * everything else goes to the `untagged` bucket, shown like any site.
 //!
+//! Page frames taken outside the slab allocator are charged too, by
+//! [`alloc_pages!`](crate::alloc_pages) and
+//! [`kpages_alloc!`](crate::kpages_alloc) to their call sites ([`pages`]):
+//! `N` frames are `N x 4096` bytes and one call until they are freed.
+//!
 //! Bytes are class-rounded: a kmalloc of 100 bytes is charged 104
 //! (`kmalloc-104`'s object size), a cache object its cache's object size, a
 //! page-granular kmalloc its whole pages. `calls` is the number of live
@@ -71,8 +76,9 @@
 //! # Latency statistics
 //!
 //! `timestats` prints every `magpie_codetag::time_stats!` point: the slab
-//! layer's refill (`grow`) and depot exchanges (feature `time-stats`), in
-//! TSC cycles.
+//! layer's refill (`grow`) and depot exchanges (feature `time-stats`),
+//! recorded in TSC cycles and printed in ns/µs/ms/s with the unit
+//! (`magpie_slab::reports::write_time_stats`).
 //!
 //! # Files
 //!
@@ -81,12 +87,15 @@
 //!   allocator (imports `arch` and [`capture`] only);
 //! * [`capture`]: context capture on the profiled hit (imports `arch` and
 //!   `tracing`);
+//! * [`pages`]: code tags on page frames (`alloc_pages!`, `kpages_alloc!`,
+//!   the frame allocator's counting);
 //! * [`tagged`]: the call-site forms that allocate (`kmalloc!`,
 //!   `kmem_cache_alloc!`, `kmalloc_box!`, `kmem_cache_alloc_box!`,
 //!   `TaggedAlloc`), above [`SLAB`](crate::kmem::SLAB).
 
 pub mod alloc_tag;
 pub mod capture;
+pub mod pages;
 pub mod tagged;
 
 pub use self::alloc_tag::{

@@ -111,12 +111,7 @@ fn kmalloc_failed(
 #[inline(never)]
 fn cmd_kmalloc<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let (size, count) = size_and_count(args, &KMALLOC)?;
-    if shell.held.try_reserve(count).is_err() {
-        return Err(out_of_memory!(
-            "{} bytes to hold {count} more objects",
-            (shell.held.len() + count) * core::mem::size_of::<Held>()
-        ));
-    }
+    hold_room(shell, count)?;
     for done in 0..count {
         let ptr =
             crate::kmalloc!(size, 1).map_err(|error| kmalloc_failed(size, done, count, error))?;
@@ -125,6 +120,17 @@ fn cmd_kmalloc<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> 
         let _ = writeln!(out, "{:#018x}", ptr.as_ptr() as usize);
     }
     Ok(())
+}
+
+/// Room for `count` more objects in the shell's held list (a fault point
+/// of its own, apart from `cmd_kmalloc`'s `kmalloc!`).
+fn hold_room(shell: &mut Shell, count: usize) -> Result<'static> {
+    crate::try_alloc!(shell.held.try_reserve(count)).map_err(|_| {
+        out_of_memory!(
+            "{} bytes to hold {count} more objects",
+            (shell.held.len() + count) * core::mem::size_of::<Held>()
+        )
+    })
 }
 
 /// `kfree [COUNT|all]`: frees the most recently allocated objects held.

@@ -119,6 +119,14 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
                 stats.nr_frees_ever,
                 cache.debug_flags().letters()
             );
+            if stats.magsize != 0 {
+                // After the line readers expect below the magazines line.
+                let _ = writeln!(
+                    out,
+                    "magazine resizes: {} (the size grows when the depot lock is contended or hands magazines between CPUs)",
+                    stats.nr_magazine_resizes
+                );
+            }
         }
         ["validate"] => return verify(out, name),
         ["shrink"] => {

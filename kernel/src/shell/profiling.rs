@@ -10,9 +10,10 @@
 use core::fmt::Write;
 
 use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounts};
-use magpie_codetag::time_stats::{TimeStats, write_time_stats};
+use magpie_codetag::time_stats::TimeStats;
 use magpie_slab::reports::{
     self, AllocinfoError, AllocinfoOptions, AllocinfoRow, AllocinfoSort, Nanoseconds,
+    write_time_stats,
 };
 use spin::Mutex;
 
@@ -288,8 +289,9 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
     Ok(())
 }
 
-/// `timestats [reset]`: every latency statistic point, in ns/us/ms (TSC
-/// cycles converted with the boot-time calibration).
+/// `timestats [reset]`: every latency statistic point, each time in
+/// ns/µs/ms/s with its unit (TSC cycles converted with the boot-time
+/// calibration).
 fn cmd_timestats<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let all = TimeStats::all();
     match args {

@@ -8,10 +8,10 @@ use super::{Command, Result, Shell, ShellError, no_args, out_of_memory, parse_u6
 use crate::arch;
 use crate::kmem::SLAB;
 use crate::mm::frame;
-use crate::smp;
 use crate::smp::stress::{
     self, CTOR_OBJ_SIZE, MAX_STRESS_OPS, MAX_STRESS_SIZE, StressConfig, print_report,
 };
+use crate::smp::{self, SmpError};
 
 pub(super) const CPUS: Command = Command {
     name: "cpus",
@@ -45,7 +45,7 @@ fn online_cpus<'a>(n: Option<usize>) -> Result<'a, Vec<usize>> {
         ));
     }
     let mut cpus = Vec::new();
-    cpus.try_reserve_exact(n)
+    crate::try_alloc!(cpus.try_reserve_exact(n))
         .map_err(|_| out_of_memory!("a list of {n} CPUs"))?;
     cpus.extend(smp::online_cpus().take(n));
     Ok(cpus)
@@ -103,10 +103,13 @@ fn parse_args<'a>(args: &[&'a str]) -> Result<'a, StressConfig> {
 /// `stress [--cpus N|all] [--ops N] [--sizes A-B] [--seed S]`: runs the mix
 /// and prints one line per CPU, then the totals.
 ///
-/// The run's bookkeeping (inboxes, live lists, work items) is allocated
-/// infallibly on every CPU, so the command first makes sure the memory is
-/// there: each CPU's live set at its largest, plus bookkeeping, must be
-/// free (after a reap if need be), else it stops with `out of memory`.
+/// The command first makes sure the memory is there: each CPU's live set
+/// at its largest, plus bookkeeping, must be free (after a reap if need
+/// be), else it stops with `out of memory`. The run's bookkeeping
+/// (inboxes, live lists, work items) is then allocated fallibly, all of it
+/// before any CPU starts (fault points in `stress::run` and
+/// `smp::run_on_cpus`): a failure is one `out of memory` line and nothing
+/// ran.
 fn cmd_stress<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let config = parse_args(args)?;
     let nr_cpus = config.cpus.len();
@@ -141,7 +144,10 @@ fn cmd_stress<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resul
             0
         }
     );
-    let report = stress::run(&config).map_err(|error| shell_error!("{error}"))?;
+    let report = stress::run(&config).map_err(|error| match error {
+        SmpError::OutOfMemory(what) => out_of_memory!("{what}"),
+        other => shell_error!("{other}"),
+    })?;
     print_report(&report, out);
     Ok(())
 }

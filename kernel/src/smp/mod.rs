@@ -80,12 +80,16 @@ pub const AP_START_TIMEOUT_MS: u64 = 2000;
 pub enum SmpError {
     /// No such CPU, or it is not running.
     Offline(usize),
+    /// No memory for the named bookkeeping (work items, completion flags,
+    /// mailbox room); nothing was posted.
+    OutOfMemory(&'static str),
 }
 
 impl fmt::Display for SmpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SmpError::Offline(cpu) => write!(f, "cpu {cpu} is not online"),
+            SmpError::OutOfMemory(what) => write!(f, "out of memory for {what}"),
         }
     }
 }
@@ -160,7 +164,7 @@ pub fn ap_stack(cpu: usize) -> Option<(usize, usize)> {
 fn start_ap(cpu: usize, apic_id: u32) -> bool {
     let percpu = percpu::get(cpu).expect("cpu id below MAX_CPUS");
     let nr_frames = AP_STACK_SIZE / frame::PAGE_SIZE;
-    let Some(stack) = frame::alloc_contiguous(nr_frames) else {
+    let Some(stack) = crate::alloc_pages!(nr_frames) else {
         log::warn!("no memory for cpu {cpu}'s stack");
         return false;
     };
@@ -306,33 +310,59 @@ impl Completion {
 ///
 /// # Errors
 ///
-/// [`SmpError::Offline`] if `cpu` does not run the kernel.
+/// [`SmpError::Offline`] if `cpu` does not run the kernel;
+/// [`SmpError::OutOfMemory`] (nothing posted) if the work item, its flag or
+/// room in the mailbox cannot be allocated.
 pub fn run_on(cpu: usize, work: impl FnOnce() + Send + 'static) -> Result<Completion, SmpError> {
-    let _scope = crate::alloc_tag_scope!();
-    post(cpu, Box::new(work))
-}
-
-fn post(cpu: usize, work: Work) -> Result<Completion, SmpError> {
     if !is_online(cpu) {
         return Err(SmpError::Offline(cpu));
     }
-    let done = Arc::new(AtomicBool::new(false));
-    if cpu == arch::cpu_id() {
-        work();
-        done.store(true, Ordering::Release);
-        return Ok(Completion { done });
+    let _scope = crate::alloc_tag_scope!();
+    // One allocation scope: the boxed work, its flag, room in the mailbox.
+    let job = crate::try_alloc!(new_job(cpu, |_| Ok(Box::try_new(work)?)))
+        .map_err(|_| SmpError::OutOfMemory("a work item"))?;
+    Ok(post(cpu, job))
+}
+
+/// A job for `cpu` (its work made by `make_work`, given `cpu`), with its
+/// completion flag and, for another CPU, room for one more job in that
+/// CPU's mailbox; all or nothing.
+fn new_job(
+    cpu: usize,
+    make_work: impl FnOnce(usize) -> Result<Work, core::alloc::AllocError>,
+) -> Result<Job, core::alloc::AllocError> {
+    let done = Arc::try_new(AtomicBool::new(false))?;
+    let work = make_work(cpu)?;
+    if cpu != arch::cpu_id() {
+        let _irq = IrqGuard::new();
+        MAILBOXES[cpu]
+            .jobs
+            .lock()
+            .try_reserve(1)
+            .map_err(|_| core::alloc::AllocError)?;
     }
-    let job = Job {
-        work,
-        done: done.clone(),
+    Ok(Job { work, done })
+}
+
+/// Posts `job` to online CPU `cpu` (room in its mailbox reserved by
+/// [`new_job`]) and wakes it; on the calling CPU, runs it at once.
+fn post(cpu: usize, job: Job) -> Completion {
+    let completion = Completion {
+        done: job.done.clone(),
     };
+    if cpu == arch::cpu_id() {
+        (job.work)();
+        job.done.store(true, Ordering::Release);
+        return completion;
+    }
     {
         let _irq = IrqGuard::new();
+        // Does not grow: `new_job` reserved the room.
         MAILBOXES[cpu].jobs.lock().push_back(job);
     }
     let apic_id = percpu::get(cpu).map_or(0, |percpu| percpu.apic_id());
     lapic::send_wake(apic_id);
-    Ok(Completion { done })
+    completion
 }
 
 /// A borrowed closure sent to other CPUs by [`run_on_cpus`].
@@ -348,40 +378,69 @@ unsafe impl Send for SharedWork {}
 /// # Errors
 ///
 /// [`SmpError::Offline`] (before anything runs) if a listed CPU is not
-/// online.
-///
-/// # Panics
-///
-/// Only on a broken invariant (a CPU checked online cannot be posted to).
+/// online; [`SmpError::OutOfMemory`] (before anything runs) if the work
+/// items cannot be allocated.
 pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), SmpError> {
     if let Some(&cpu) = cpus.iter().find(|&&cpu| !is_online(cpu)) {
         return Err(SmpError::Offline(cpu));
     }
     let this_cpu = arch::cpu_id();
-    // SAFETY: lifetime erasure only; every posted job is waited for below
-    // before this function returns, so `work` outlives all uses. A panic
-    // anywhere ends the kernel (panic = abort), so nothing returns early.
+    // SAFETY: lifetime erasure only; every posted job is waited for below,
+    // so `work` outlives all uses. The one early return (no memory for jobs)
+    // comes before any is posted; a panic ends the kernel (panic = abort).
     let shared: *const (dyn Fn(usize) + Sync) = unsafe {
         core::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(work)
     };
     let _scope = crate::alloc_tag_scope!();
-    let mut completions = Vec::with_capacity(cpus.len());
-    for &cpu in cpus.iter().filter(|&&cpu| cpu != this_cpu) {
-        let job = SharedWork(shared);
-        let work: Work = Box::new(move || {
-            let job = job;
-            // SAFETY: see SharedWork; the closure is alive until waited for.
-            unsafe { (*job.0)(cpu) }
-        });
-        completions.push(post(cpu, work).expect("checked online above"));
+    // One allocation scope: every other CPU's job, before any is posted.
+    let mut slots = crate::try_alloc!(shared_jobs(cpus, this_cpu, shared))
+        .map_err(|_| SmpError::OutOfMemory("the work items"))?;
+    for (cpu, slot) in &mut slots {
+        if let Slot::Job(job) = core::mem::replace(slot, Slot::Empty) {
+            *slot = Slot::Posted(post(*cpu, job));
+        }
     }
     if cpus.contains(&this_cpu) {
         work(this_cpu);
     }
-    for completion in &completions {
-        completion.wait();
+    for (_, slot) in &slots {
+        if let Slot::Posted(completion) = slot {
+            completion.wait();
+        }
     }
     Ok(())
+}
+
+/// One CPU's part of [`run_on_cpus`]: its job until posted, then the job's
+/// completion.
+enum Slot {
+    Job(Job),
+    Posted(Completion),
+    Empty,
+}
+
+/// A job calling `shared(cpu)` for each CPU in `cpus` but `this_cpu`; all
+/// or nothing.
+fn shared_jobs(
+    cpus: &[usize],
+    this_cpu: usize,
+    shared: *const (dyn Fn(usize) + Sync),
+) -> Result<Vec<(usize, Slot)>, core::alloc::AllocError> {
+    let mut jobs = Vec::new();
+    jobs.try_reserve_exact(cpus.len())
+        .map_err(|_| core::alloc::AllocError)?;
+    for &cpu in cpus.iter().filter(|&&cpu| cpu != this_cpu) {
+        let job = new_job(cpu, |cpu| {
+            let job = SharedWork(shared);
+            Ok(Box::try_new(move || {
+                let job = job;
+                // SAFETY: see SharedWork; the closure is alive until waited for.
+                unsafe { (*job.0)(cpu) }
+            })?)
+        })?;
+        jobs.push((cpu, Slot::Job(job)));
+    }
+    Ok(jobs)
 }
 
 /// Runs `work(cpu)` on every online CPU at once (this one included) and
@@ -389,10 +448,18 @@ pub fn run_on_cpus(cpus: &[usize], work: &(dyn Fn(usize) + Sync)) -> Result<(), 
 ///
 /// # Panics
 ///
-/// Only on a broken invariant (an online CPU refusing work).
+/// If the work items cannot be allocated (a test helper: no shell command
+/// calls it).
 pub fn run_on_all(work: &(dyn Fn(usize) + Sync)) {
-    let cpus: Vec<usize> = online_cpus().collect();
-    run_on_cpus(&cpus, work).expect("online CPUs are online");
+    let mut cpus = [0; MAX_CPUS];
+    let mut nr_cpus = 0;
+    for (slot, cpu) in cpus.iter_mut().zip(online_cpus()) {
+        *slot = cpu;
+        nr_cpus += 1;
+    }
+    if let Err(error) = run_on_cpus(&cpus[..nr_cpus], work) {
+        panic!("run_on_all: {error}");
+    }
 }
 
 /// A cross-CPU call waiting in its target's slot: the work, and the flag

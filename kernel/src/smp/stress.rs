@@ -41,7 +41,7 @@
 //! and vCPUs share host cores, so these ratios say little about real
 //! hardware; they are a regression baseline.
 
-use alloc::collections::VecDeque;
+use alloc::collections::{TryReserveError, VecDeque};
 use alloc::vec::Vec;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -118,7 +118,7 @@ pub struct CpuReport {
     pub nr_cross_frees: u64,
     /// Objects handed to another CPU to free.
     pub nr_handoffs: u64,
-    /// Allocations that failed (out of memory) and frees the allocator refused.
+    /// Allocations that failed (out of memory, inbox growth too) and frees refused.
     pub nr_failures: u64,
     /// Pattern mismatches (overlap, double hand-out, stray write).
     pub nr_corruptions: u64,
@@ -185,7 +185,7 @@ fn dtor(obj: ObjectRef<'_>) {
 pub fn ctor_cache() -> Result<&'static KmemCache<KernelPlatform>, magpie_slab::AllocError> {
     CTOR_CACHE
         .try_call_once(|| {
-            SLAB.cache_create(
+            crate::try_alloc!(SLAB.cache_create(
                 CTOR_CACHE_NAME,
                 CTOR_OBJ_SIZE,
                 8,
@@ -193,7 +193,7 @@ pub fn ctor_cache() -> Result<&'static KmemCache<KernelPlatform>, magpie_slab::A
                 Some(ctor),
                 Some(dtor),
                 None,
-            )
+            ))
         })
         .copied()
 }
@@ -265,13 +265,56 @@ struct Run<'a> {
     inboxes: Vec<Inbox>,
     nr_finished: AtomicUsize,
     reports: Vec<Mutex<CpuReport>>,
+    /// Each CPU's list of live objects, at its largest (`max_live`), made
+    /// before the run; the CPU's worker takes it.
+    lives: Vec<Mutex<Vec<Obj>>>,
+}
+
+/// A run's bookkeeping, all or nothing: every CPU's inbox (room for 256
+/// objects; it grows fallibly past that), live list and report, and the
+/// list the reports are copied into at the end. Out of line, as is
+/// [`grow_inbox`]: a kmemtrace record names them as the call sites, apart
+/// from the stress objects of `run`'s workers.
+#[inline(never)]
+fn bookkeeping<'a>(
+    config: &'a StressConfig,
+    ctor_cache: &'static KmemCache<KernelPlatform>,
+) -> Result<(Run<'a>, Vec<CpuReport>), TryReserveError> {
+    let n = config.cpus.len();
+    let mut inboxes = Vec::new();
+    inboxes.try_reserve_exact(n)?;
+    let mut reports = Vec::new();
+    reports.try_reserve_exact(n)?;
+    let mut lives = Vec::new();
+    lives.try_reserve_exact(n)?;
+    let mut per_cpu = Vec::new();
+    per_cpu.try_reserve_exact(n)?;
+    for _ in 0..n {
+        inboxes.push(Inbox {
+            objs: Mutex::new(VecDeque::try_with_capacity(256)?),
+            len: AtomicUsize::new(0),
+        });
+        reports.push(Mutex::new(CpuReport::default()));
+        lives.push(Mutex::new(Vec::try_with_capacity(config.max_live)?));
+    }
+    let run = Run {
+        config,
+        ctor_cache,
+        inboxes,
+        nr_finished: AtomicUsize::new(0),
+        reports,
+        lives,
+    };
+    Ok((run, per_cpu))
 }
 
 /// Runs the stress mix on `config.cpus` at once and returns what each did.
 ///
 /// # Errors
 ///
-/// [`SmpError::Offline`] if a listed CPU is not online.
+/// [`SmpError::Offline`] if a listed CPU is not online;
+/// [`SmpError::OutOfMemory`] if the run's bookkeeping cannot be allocated
+/// (nothing ran).
 ///
 /// # Panics
 ///
@@ -281,19 +324,9 @@ pub fn run(config: &StressConfig) -> Result<StressReport, SmpError> {
     // cannot); once created it stays, so this does not fail here.
     let ctor_cache = ctor_cache().expect("stress-ctor cache created by the caller");
     let nr_dtor_before = NR_DTOR_MISMATCHES.load(Ordering::Relaxed);
-    let n = config.cpus.len();
-    let run = Run {
-        config,
-        ctor_cache,
-        inboxes: (0..n)
-            .map(|_| Inbox {
-                objs: Mutex::new(VecDeque::with_capacity(256)),
-                len: AtomicUsize::new(0),
-            })
-            .collect(),
-        nr_finished: AtomicUsize::new(0),
-        reports: (0..n).map(|_| Mutex::new(CpuReport::default())).collect(),
-    };
+    // One allocation scope: every CPU's bookkeeping before any CPU starts.
+    let (run, mut per_cpu) = crate::try_alloc!(bookkeeping(config, ctor_cache))
+        .map_err(|_| SmpError::OutOfMemory("the stress run's bookkeeping"))?;
     smp::run_on_cpus(&config.cpus, &|cpu| {
         let slot = config
             .cpus
@@ -304,7 +337,8 @@ pub fn run(config: &StressConfig) -> Result<StressReport, SmpError> {
         let _irq = IrqGuard::new();
         *run.reports[slot].lock() = report;
     })?;
-    let per_cpu = run.reports.iter().map(|report| *report.lock()).collect();
+    // Does not grow: `bookkeeping` reserved a report per CPU.
+    per_cpu.extend(run.reports.iter().map(|report| *report.lock()));
     Ok(StressReport {
         per_cpu,
         nr_dtor_mismatches: NR_DTOR_MISMATCHES.load(Ordering::Relaxed) - nr_dtor_before,
@@ -392,11 +426,27 @@ impl Worker<'_, '_> {
         let n = self.run.inboxes.len() as u64;
         let target = (self.slot as u64 + 1 + self.rng.below(n - 1)) % n;
         let inbox = &self.run.inboxes[target as usize];
-        let _irq = IrqGuard::new();
-        let mut objs = inbox.objs.lock();
-        objs.push_back(obj);
-        inbox.len.store(objs.len(), Ordering::Release);
-        self.report.nr_handoffs += 1;
+        let refused = {
+            let _irq = IrqGuard::new();
+            let mut objs = inbox.objs.lock();
+            // Past its first 256 objects the inbox grows, fallibly.
+            match crate::try_alloc!(grow_inbox(&mut objs)) {
+                Ok(()) => {
+                    objs.push_back(obj);
+                    inbox.len.store(objs.len(), Ordering::Release);
+                    None
+                }
+                Err(_) => Some(obj),
+            }
+        };
+        match refused {
+            None => self.report.nr_handoffs += 1,
+            // No room: counted as a failure, and freed here instead.
+            Some(obj) => {
+                self.report.nr_failures += 1;
+                self.free(obj);
+            }
+        }
     }
 
     fn take_inbound(&mut self) -> Option<Obj> {
@@ -434,6 +484,12 @@ impl Worker<'_, '_> {
     }
 }
 
+/// Room for one more object in an inbox (see [`bookkeeping`]).
+#[inline(never)]
+fn grow_inbox(objs: &mut VecDeque<Obj>) -> Result<(), TryReserveError> {
+    objs.try_reserve(1)
+}
+
 fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
     let _scope = crate::alloc_tag_scope!();
     let _context = crate::tracing::context::enter_context("stress");
@@ -443,7 +499,10 @@ fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
         cpu,
         rng: Rng::new(run.config.seed, cpu),
         serial: 0,
-        live: Vec::with_capacity(run.config.max_live),
+        live: {
+            let _irq = IrqGuard::new();
+            core::mem::take(&mut *run.lives[slot].lock())
+        },
         report: CpuReport {
             cpu,
             ..CpuReport::default()
@@ -459,6 +518,12 @@ fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
     // CPU has finished handing objects off.
     while let Some(obj) = worker.live.pop() {
         worker.free(obj);
+    }
+    {
+        // The empty list goes back, to be freed where it was allocated (a
+        // free on another CPU would count as the run's own ping-pong).
+        let _irq = IrqGuard::new();
+        *run.lives[slot].lock() = core::mem::take(&mut worker.live);
     }
     run.nr_finished.fetch_add(1, Ordering::AcqRel);
     loop {

@@ -95,6 +95,16 @@ pub fn nr_subbufs() -> usize {
 /// (nothing kept), a stack depth above the maximum.
 pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceError> {
     crate::dev::virtio_console::init();
+    // The rings' memory comes from kpages inside the allocator: this call
+    // site is its fault point, failing as the allocator does when kpages
+    // runs out (nothing kept).
+    if crate::alloc_fault!() {
+        let bytes = crate::arch::max_cpus()
+            * nr_subbufs()
+            * magpie_slab::kmemtrace::SUBBUF_PAGES
+            * crate::mm::frame::PAGE_SIZE;
+        return Err(KmemtraceError::OutOfMemory { bytes });
+    }
     let config = KmemtraceConfig {
         nr_subbufs: nr_subbufs(),
         stack_depth,

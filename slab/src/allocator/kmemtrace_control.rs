@@ -91,7 +91,7 @@ impl<P: Platform> Allocator<P> {
 
     /// Recording state, events and overruns summed over CPUs.
     pub fn kmemtrace_status(&self) -> KmemtraceStatus {
-        self.kmemtrace.status()
+        self.kmemtrace.status::<P>()
     }
 
     /// One CPU's ring: events, overruns, capacity (all zero before the
@@ -113,7 +113,7 @@ impl<P: Platform> Allocator<P> {
         let mut caches = |emit: &mut dyn FnMut(CacheRecord<'_>)| {
             self.for_each_cache(|cache| emit(cache_record(cache)))
         };
-        self.kmemtrace.dump(info, &mut caches, sink)
+        self.kmemtrace.dump::<P>(info, &mut caches, sink)
     }
 
     /// Mark what happens now (a shell command line) in the record: the

@@ -664,7 +664,9 @@ impl<P: Platform> Allocator<P> {
     #[cold]
     #[inline(never)]
     pub(crate) fn reap_for_pressure(&self) -> Option<usize> {
-        if !self.is_ready() {
+        // No reap from an interrupt handler: it drains every CPU's
+        // magazines by cross-CPU calls.
+        if !self.is_ready() || P::in_interrupt() {
             return None;
         }
         let list = self.caches.try_lock()?;

@@ -11,7 +11,6 @@ use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::magazine::Magazine;
 use crate::platform::Platform;
-use crate::sync::IrqGuard;
 
 impl<P: Platform> KmemCache<P> {
     /// Allocate one constructed object of `obj_size()` bytes, aligned to
@@ -100,14 +99,15 @@ impl<P: Platform> KmemCache<P> {
     /// empty or absent. Not for bootstrap caches.
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
-        let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
+        let mut pcpu = self.pcpu_lock()?;
+        let pcc = pcpu.get();
         // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
         // absent magazine.
         let nr_rounds = pcc.rounds;
         if nr_rounds == 0 {
             return None;
         }
+        crate::sync::interrupt_point::<P>();
         pcc.nr_allocs += 1;
         pcc.rounds = nr_rounds - 1;
         // SAFETY: a real magazine (the absent one has no rounds) owned by

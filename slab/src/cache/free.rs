@@ -244,14 +244,17 @@ impl<P: Platform> KmemCache<P> {
     /// gives up if this returns true; `KEYED` only if the cache is keyed.
     #[inline(always)]
     pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
-        let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_mut(&mut irq);
+        let Some(mut pcpu) = self.pcpu_lock() else {
+            return false;
+        };
+        let pcc = pcpu.get();
         // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
         // absent magazine's capacity is 0, never room.
         let nr_rounds = pcc.rounds;
         if nr_rounds >= pcc.capacity {
             return false;
         }
+        crate::sync::interrupt_point::<P>();
         let loaded = pcc.loaded;
         if KEYED {
             // The free key ([`super::double_free`]): an object holding it

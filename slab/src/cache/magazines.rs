@@ -1,5 +1,5 @@
 //! The cache's side of the magazine layer: this CPU's per-CPU cache
-//! (interrupts off), another CPU's by a cross-CPU call, the misses of
+//! (its in-use flag), another CPU's by a cross-CPU call, the misses of
 //! both directions (swap with `prev`, trade with the depot), new
 //! magazines, and draining magazines back to the slab layer.
 
@@ -13,7 +13,10 @@ use crate::magazine::{
     rounds_of,
 };
 use crate::platform::Platform;
-use crate::sync::IrqGuard;
+use crate::sync::{IrqGuard, LocalLocked};
+
+/// This CPU's per-CPU cache, held through its in-use flag.
+pub(crate) type PcpuLocked<'a, P> = LocalLocked<'a, P, PcpuInner>;
 
 /// A magazine pointer handed over by its CPU in a cross-CPU call.
 struct SendMagazine(*mut Magazine);
@@ -29,29 +32,31 @@ impl Default for SendMagazine {
 }
 
 impl<P: Platform> KmemCache<P> {
-    /// This CPU's per-CPU cache, owned while `irq` lives. Only for caches
-    /// with a magazine layer (every cache but the bootstrap ones, whose
-    /// allocs and frees are refused on the `BOOTSTRAP` paths first).
+    /// This CPU's per-CPU cache, for a magazine hit (interrupts possibly
+    /// on): held through its in-use flag while the result lives; `None`
+    /// if the flag is held (this is an interrupt handler that interrupted
+    /// its holder: take the slow path, which leaves the magazines alone).
+    /// Only for caches with a magazine layer (every cache but the
+    /// bootstrap ones, whose allocs and frees are refused on the
+    /// `BOOTSTRAP` paths first).
     #[inline(always)]
-    pub(crate) fn pcpu_mut<'g>(&self, irq: &'g mut IrqGuard<P>) -> &'g mut PcpuInner {
-        let _ = irq;
+    pub(crate) fn pcpu_lock(&self) -> Option<PcpuLocked<'_, P>> {
         debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
         // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
         // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
-        // cpu_id() < nr_cpus (the Platform contract). Interrupts are off
-        // (`irq`), so this CPU owns its slot; the allocator never holds
-        // two guards at once, so this is the only reference.
-        unsafe {
-            let pcpu = self.pcpu.byte_add(P::cpu_offset());
-            (*pcpu).get()
-        }
+        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
+        unsafe { (*self.pcpu.byte_add(P::cpu_offset())).try_lock::<P>() }
     }
 
-    /// [`Self::pcpu_mut`] for code off the hits: the magazines' headers
-    /// exact while the result lives ([`PcpuSynced`]).
+    /// [`Self::pcpu_lock`] for code off the hits, with interrupts off
+    /// (`irq`); `None` if a hit this code interrupted holds the per-CPU
+    /// cache.
     #[inline]
-    pub(crate) fn pcpu_synced<'g>(&self, irq: &'g mut IrqGuard<P>) -> PcpuSynced<'g> {
-        PcpuSynced::new(self.pcpu_mut(irq))
+    pub(crate) fn pcpu_lock_here<'g>(&'g self, irq: &'g IrqGuard<P>) -> Option<PcpuLocked<'g, P>> {
+        let _ = irq;
+        debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+        // SAFETY: as in pcpu_lock; interrupts are off (`irq`).
+        unsafe { (*self.pcpu.byte_add(P::cpu_offset())).try_lock_here::<P>() }
     }
 
     /// Run `f` on CPU `cpu`'s per-CPU cache of this cache, on that CPU
@@ -63,16 +68,31 @@ impl<P: Platform> KmemCache<P> {
         f: impl Fn(&mut PcpuInner) -> R + Sync,
     ) -> R {
         debug_assert!(!self.pcpu.is_null() && cpu <= self.last_cpu);
-        let result = spin::Mutex::new(R::default());
+        let result = spin::Mutex::new(None);
         // SAFETY: cpu < nr_cpus, the array's length; alive with the cache.
         let pcpu: &PcpuCache = unsafe { &*self.pcpu.add(cpu) };
-        P::cross_cpu_call(cpu, &|| {
-            // SAFETY: runs as CPU `cpu`, exclusive with its interrupts-off
-            // sections (the Platform contract), so the slot is ours.
-            let mut pcc = PcpuSynced::new(unsafe { pcpu.get() });
-            *result.lock() = f(&mut pcc);
-        });
-        result.into_inner()
+        loop {
+            P::cross_cpu_call(cpu, &|| {
+                // SAFETY: runs as CPU `cpu`, exclusive with its
+                // interrupts-off sections (the Platform contract); the
+                // flag says whether it interrupted a hit there.
+                if let Some(mut locked) = unsafe { pcpu.try_lock_here::<P>() } {
+                    let mut pcc = PcpuSynced::new(locked.get());
+                    *result.lock() = Some(f(&mut pcc));
+                }
+            });
+            if let Some(value) = result.lock().take() {
+                return value;
+            }
+            // The call interrupted a hit on that CPU, which finishes as
+            // soon as the call returns: try again. Not from an interrupt
+            // handler (this CPU's own hit cannot finish under it): then
+            // nothing.
+            if P::in_interrupt() {
+                return R::default();
+            }
+            core::hint::spin_loop();
+        }
     }
 
     /// Length of the per-CPU array (for caches that have one).
@@ -216,7 +236,7 @@ impl<P: Platform> KmemCache<P> {
             pop_round,
             // SAFETY: this CPU's magazines, interrupts off.
             |pcc| unsafe { rounds_of(pcc.prev) } > 0,
-            |depot, pcc| depot.exchange_for_full::<P>(pcc),
+            |depot, pcc| depot.exchange_for_full(pcc),
         )
     }
 
@@ -232,7 +252,7 @@ impl<P: Platform> KmemCache<P> {
                 pcc.prev != no_magazine()
                     && (pcc.loaded == no_magazine() || rounds_of(pcc.prev) == 0)
             },
-            |depot, pcc| depot.exchange_for_empty::<P>(pcc),
+            |depot, pcc| depot.exchange_for_empty(pcc),
         )
         .is_some()
     }
@@ -248,10 +268,13 @@ impl<P: Platform> KmemCache<P> {
         &self,
         mut round: impl FnMut(&mut PcpuInner) -> Option<R>,
         swap_helps: impl Fn(&PcpuInner) -> bool,
-        exchange: impl Fn(&Depot, &mut PcpuInner) -> (bool, Stale),
+        exchange: impl Fn(&Depot<P>, &mut PcpuInner) -> (bool, Stale),
     ) -> Option<R> {
-        let mut irq = IrqGuard::<P>::new();
-        let mut pcc = self.pcpu_synced(&mut irq);
+        let irq = IrqGuard::<P>::new();
+        // A hit this interrupt handler interrupted holds the magazines:
+        // leave them alone (the caller goes to the slab layer).
+        let mut locked = self.pcpu_lock_here(&irq)?;
+        let mut pcc = PcpuSynced::new(locked.get());
         let mut stale = Stale::NONE;
         let result = loop {
             if let Some(result) = round(&mut pcc) {
@@ -270,6 +293,7 @@ impl<P: Platform> KmemCache<P> {
             }
         };
         drop(pcc);
+        drop(locked);
         drop(irq);
         self.free_stale(stale);
         result
@@ -278,8 +302,12 @@ impl<P: Platform> KmemCache<P> {
     /// Whether `obj` is the round on top of this CPU's `loaded` or `prev`
     /// (a double free Linux's naive check catches).
     pub(super) fn on_top_of_magazines(&self, obj: NonNull<u8>) -> bool {
-        let mut irq = IrqGuard::<P>::new();
-        let pcc = self.pcpu_synced(&mut irq);
+        let irq = IrqGuard::<P>::new();
+        // Under a hit this interrupt handler interrupted: not checked.
+        let Some(mut locked) = self.pcpu_lock_here(&irq) else {
+            return false;
+        };
+        let pcc = PcpuSynced::new(locked.get());
         [pcc.loaded, pcc.prev].into_iter().any(|mag| {
             // SAFETY: this CPU's magazines (or the absent one), interrupts off.
             let nr_rounds = unsafe { rounds_of(mag) };

@@ -11,7 +11,7 @@
 //!            │                                        │ kmalloc_checked: size class
 //!            ▼                                        ▼ (page-granular: allocator/kmalloc.rs)
 //!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
-//!       │                     (IrqGuard, pop)                         (prev, depot, slab)
+//!       │                   (in-use flag, pop)                        (prev, depot, slab)
 //!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
 //!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
 //!
@@ -23,7 +23,7 @@
 //!       └──────────────┬─────────┴──────────────────────────┘
 //!                      ▼
 //!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
-//!                      │                    (IrqGuard, push)           (prev, depot, new
+//!                      │                  (in-use flag, push)          (prev, depot, new
 //!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
 //!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
 //!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
@@ -31,10 +31,11 @@
 //!   with the error reports; page-granular kfree: allocator/kmalloc.rs)
 //! ```
 //!
-//! **The hits** take no lock and no atomic read-modify-write: interrupts
-//! off ([`IrqGuard`]), this CPU's per-CPU cache at `pcpu +
-//! Platform::cpu_offset()`, pop from (push to) `loaded`, count (alloc
-//! only), interrupts back on. `loaded`'s round count and capacity are
+//! **The hits** take no lock and no atomic read-modify-write: this CPU's
+//! per-CPU cache at `pcpu + Platform::cpu_offset()`, its in-use flag
+//! taken (a plain load and store; held already: an interrupt handler that
+//! interrupted the holder, which takes the slow path to the slab layer),
+//! pop from (push to) `loaded`, count (alloc only), the flag given back. `loaded`'s round count and capacity are
 //! kept in the per-CPU cache (Bonwick & Adams' `cc_rounds`,
 //! `cc_magsize`): a hit reads the per-CPU line and one round slot, and no
 //! load waits for the magazine's header. An absent magazine has count and
@@ -241,13 +242,13 @@ pub struct KmemCache<P: Platform> {
     pub(crate) owner: *const Allocator<P>,
     // Written by any CPU on slow paths: from here on, away from the fields
     // above (`Depot` is cache-line aligned).
-    pub(crate) depot: Depot,
-    pub(crate) slab: SlabLayer,
+    pub(crate) depot: Depot<P>,
+    pub(crate) slab: SlabLayer<P>,
     /// Objects allocated from / freed to the slab layer directly by
     /// callers (magazine layer missed).
     pub(crate) nr_allocs_direct: AtomicU64,
     pub(crate) nr_frees_direct: AtomicU64,
-    pub(crate) trace: TraceTable,
+    pub(crate) trace: TraceTable<P>,
     pub(crate) name: [u8; 32],
     pub(crate) name_len: usize,
     /// kmemtrace cache id (1, 2, ... in creation order).

@@ -24,13 +24,14 @@ impl<P: Platform> KmemCache<P> {
                 nr_cpu_cached_objs += cpu_stats.nr_rounds_loaded + cpu_stats.nr_rounds_prev;
             }
         }
-        let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs) = {
+        let (magsize, depot_nr_full, depot_nr_empty, nr_depot_objs, nr_magazine_resizes) = {
             let depot = self.depot.inner.lock();
             (
                 depot.magsize(),
                 depot.nr_full,
                 depot.nr_empty,
                 depot.nr_rounds(),
+                u64::from(depot.nr_resizes),
             )
         };
         let layer = self.slab.lock();
@@ -62,6 +63,7 @@ impl<P: Platform> KmemCache<P> {
             depot_nr_full,
             depot_nr_empty,
             depot_contention: self.depot.nr_contention.load(Ordering::Relaxed),
+            nr_magazine_resizes,
             nr_cpu_cached_objs,
             nr_depot_objs,
             total_bytes: counts.nr_pages * PAGE_SIZE,

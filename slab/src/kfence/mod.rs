@@ -444,20 +444,19 @@ impl<P: Platform> Allocator<P> {
         ) && cache.obj_size() <= PAGE_SIZE
     }
 
-    /// Count a sample in its cache's statistics, as the magazines count
-    /// their objects: an allocation (`alloc`) is an allocation of a round
-    /// that came in, a free a round that left, so `nr_allocated` and the
-    /// `_ever` figures include samples.
-    fn kfence_count(cache: &KmemCache<P>, alloc: bool) {
+    /// Count a sample's free in its cache's statistics, as the magazines
+    /// count their objects (a round that left; the allocation counted as
+    /// the allocation of a round that came in), so `nr_allocated` and the
+    /// `_ever` figures include samples. Uncounted if this CPU's per-CPU
+    /// cache is held (an interrupt handler that interrupted a magazine
+    /// hit freed the sample: rare; `nr_allocated` stays one too high).
+    fn kfence_count_free(cache: &KmemCache<P>) {
         if cache.pcpu.is_null() {
             return;
         }
-        let mut irq = IrqGuard::<P>::new();
-        let pcc = cache.pcpu_mut(&mut irq);
-        if alloc {
-            pcc.nr_allocs += 1;
-            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
-        } else {
+        let irq = IrqGuard::<P>::new();
+        if let Some(mut locked) = cache.pcpu_lock_here(&irq) {
+            let pcc = locked.get();
             pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
         }
     }
@@ -625,8 +624,18 @@ impl<P: Platform> Allocator<P> {
         size: usize,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
+        // This CPU's per-CPU cache held throughout, to count the sample:
+        // if a hit this interrupted holds it, no sample now (the bit
+        // stays: the next allocation tries again).
+        if cache.pcpu.is_null() {
+            return None;
+        }
+        let irq = IrqGuard::<P>::new();
+        let mut locked = cache.pcpu_lock_here(&irq)?;
         let obj = self.kfence_alloc_untagged(cache, size, tag)?;
-        Self::kfence_count(cache, true);
+        let pcc = locked.get();
+        pcc.nr_allocs += 1;
+        pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
         Some(obj)
     }
 
@@ -850,7 +859,7 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: the cache of an object allocated until now: alive (a
         // cache is not destroyed while its objects are in use).
         let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
-        Self::kfence_count(owner, false);
+        Self::kfence_count_free(owner);
         if owner.hot().contains(HotFlags::EVER_TRACED) {
             // Sampled before tracing started, maybe; no record then.
             owner.trace_free(addr);

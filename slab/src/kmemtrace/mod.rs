@@ -406,7 +406,7 @@ impl Kmemtrace {
             self.rings.store(rings.as_ptr(), Ordering::Release);
         }
         if config.stack_depth > 0 {
-            let mut table = self.stacks.lock();
+            let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
             if table.buckets.is_null() {
                 let nr_pages = STACK_TABLE_BYTES.div_ceil(PAGE_SIZE);
                 let base = source
@@ -589,14 +589,14 @@ impl Kmemtrace {
     }
 
     /// The recorder's state.
-    pub(crate) fn status(&self) -> KmemtraceStatus {
+    pub(crate) fn status<P: Platform>(&self) -> KmemtraceStatus {
         let mut status = KmemtraceStatus {
             recording: self.is_recording(),
             cache_id: self.filter(),
             stack_depth: self.stack_depth.load(Ordering::Relaxed),
             nr_cpus: self.nr_rings.load(Ordering::Relaxed),
             nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
-            nr_stacks: self.stacks.lock().nr_stacks,
+            nr_stacks: crate::sync::spin_lock_irq::<P, _>(&self.stacks).nr_stacks,
             nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
             ..KmemtraceStatus::default()
         };
@@ -622,7 +622,7 @@ impl Kmemtrace {
 
     /// Write a dump: header, `caches` (id, object size, align, flags,
     /// name), the stacks, each CPU's events, the trailer.
-    pub(crate) fn dump(
+    pub(crate) fn dump<P: Platform>(
         &self,
         info: &DumpInfo<'_>,
         caches: &mut CacheLister<'_>,
@@ -671,7 +671,7 @@ impl Kmemtrace {
             }
         }
         if stack_depth > 0 {
-            let table = self.stacks.lock();
+            let table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
             for index in 0..table.nr_stacks {
                 // SAFETY: index < nr_stacks <= MAX_STACKS; under the lock.
                 let frames = unsafe {

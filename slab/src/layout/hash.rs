@@ -16,8 +16,8 @@
 
 use core::ptr::{self, NonNull};
 
-use crate::platform::{PAGE_SIZE, PageSource};
-use crate::sync::Mutex;
+use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::sync::IrqMutex;
 
 /// Buckets stored inline.
 pub(crate) const INLINE_BUCKETS: usize = 16;
@@ -272,8 +272,8 @@ impl<N: HashNode> AddrHash<N> {
 /// unused — the new one after a lost race, or the old page-backed one —
 /// goes back to `source`. Call with `lock` not held. Out of memory: the
 /// hash stays as it is.
-pub(crate) fn rescale_locked<L, N: HashNode>(
-    lock: &Mutex<L>,
+pub(crate) fn rescale_locked<P: Platform, L, N: HashNode>(
+    lock: &IrqMutex<P, L>,
     hash: fn(&mut L) -> &mut AddrHash<N>,
     want: fn(&AddrHash<N>) -> Option<usize>,
     source: &dyn PageSource,

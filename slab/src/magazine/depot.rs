@@ -10,7 +10,8 @@ use super::{
     MAG_HANDOFF_THRESHOLD, MAG_RESIZE_INTERVAL, MAG_RESIZE_THRESHOLD, MAGAZINE_ROUNDS, Magazine,
     PcpuInner, no_magazine,
 };
-use crate::sync::{Mutex, MutexGuard};
+use crate::platform::Platform;
+use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// The depot's state, under the depot lock.
 pub(crate) struct DepotInner {
@@ -26,9 +27,15 @@ pub(crate) struct DepotInner {
     max_magtype: usize,
     nr_visits: u32,
     contention_at_mark: u64,
+    /// Times `magtype` grew (Bonwick & Adams 2001 §3.7: the magazine
+    /// size grows when the depot lock is contended), ever: at most
+    /// `NR_MAG_TYPES - 1`. A `u16` beside `nr_handoffs` (at most
+    /// `MAG_RESIZE_INTERVAL`), so the pair fills the word `nr_handoffs`
+    /// had and the cache keeps its size.
+    pub(crate) nr_resizes: u16,
     /// Visits in this interval by another per-CPU cache than the one
     /// before (`last_visitor`, a per-CPU cache's address).
-    nr_handoffs: u32,
+    nr_handoffs: u16,
     last_visitor: usize,
     /// Working set: fewest full / empty magazines since the last update.
     full_min: usize,
@@ -49,8 +56,8 @@ unsafe impl Send for DepotInner {}
 /// fields at the head of [`KmemCache`](crate::KmemCache) that every alloc
 /// and free reads.
 #[repr(align(64))]
-pub(crate) struct Depot {
-    pub(crate) inner: Mutex<DepotInner>,
+pub(crate) struct Depot<P: Platform> {
+    pub(crate) inner: IrqMutex<P, DepotInner>,
     pub(crate) nr_contention: AtomicU64,
     /// `magtype` as of the last change, read without the lock by a free
     /// that makes a new magazine (a stale value makes a magazine the
@@ -84,12 +91,12 @@ impl Stale {
     }
 }
 
-impl Depot {
+impl<P: Platform> Depot<P> {
     /// A depot of `magtype` magazines that contention may grow up to
     /// `max_magtype`.
     pub(crate) fn new(magtype: usize, max_magtype: usize) -> Self {
         Depot {
-            inner: Mutex::new(DepotInner {
+            inner: IrqMutex::new(DepotInner {
                 full: ptr::null_mut(),
                 nr_full: 0,
                 empty: ptr::null_mut(),
@@ -98,6 +105,7 @@ impl Depot {
                 max_magtype: max_magtype.max(magtype),
                 nr_visits: 0,
                 contention_at_mark: 0,
+                nr_resizes: 0,
                 nr_handoffs: 0,
                 last_visitor: 0,
                 full_min: 0,
@@ -126,7 +134,7 @@ impl Depot {
     }
 
     /// Lock the depot, counting contention (Akaros: a failed try-lock).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, DepotInner> {
+    pub(crate) fn lock(&self) -> IrqMutexGuard<'_, P, DepotInner> {
         if let Some(guard) = self.inner.try_lock() {
             return guard;
         }
@@ -136,7 +144,7 @@ impl Depot {
 
     /// Lock for an exchange by the per-CPU cache `pcc`: also runs the
     /// resize heuristic.
-    fn lock_for_exchange(&self, pcc: &PcpuInner) -> MutexGuard<'_, DepotInner> {
+    fn lock_for_exchange(&self, pcc: &PcpuInner) -> IrqMutexGuard<'_, P, DepotInner> {
         let mut depot = self.lock();
         let visitor = ptr::from_ref(pcc) as usize;
         if depot.note_visit(self.nr_contention.load(Ordering::Relaxed), visitor) {
@@ -151,17 +159,7 @@ impl Depot {
     /// type, else it is returned to be freed (with no lock held). False if
     /// the depot has no full magazine. (The `time-stats` point
     /// `func:exchange_for_full`.)
-    #[cfg_attr(
-        not(feature = "time-stats"),
-        expect(
-            clippy::extra_unused_type_parameters,
-            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
-        )
-    )]
-    pub(crate) fn exchange_for_full<P: crate::Platform>(
-        &self,
-        pcc: &mut PcpuInner,
-    ) -> (bool, Stale) {
+    pub(crate) fn exchange_for_full(&self, pcc: &mut PcpuInner) -> (bool, Stale) {
         let start = time_stats_start!(P);
         let mut depot = self.lock_for_exchange(pcc);
         let full = depot.pop_full();
@@ -188,17 +186,7 @@ impl Depot {
     /// magazines of an older type met on the way are returned to be freed
     /// (with no lock held). (The `time-stats` point
     /// `func:exchange_for_empty`.)
-    #[cfg_attr(
-        not(feature = "time-stats"),
-        expect(
-            clippy::extra_unused_type_parameters,
-            reason = "P is the time-stats clock (Platform::now); without feature time-stats the points compile to nothing"
-        )
-    )]
-    pub(crate) fn exchange_for_empty<P: crate::Platform>(
-        &self,
-        pcc: &mut PcpuInner,
-    ) -> (bool, Stale) {
+    pub(crate) fn exchange_for_empty(&self, pcc: &mut PcpuInner) -> (bool, Stale) {
         let start = time_stats_start!(P);
         let mut depot = self.lock_for_exchange(pcc);
         // Empty magazines of an older type leave as they come up.
@@ -306,10 +294,11 @@ impl DepotInner {
             return false;
         }
         let grow = (nr_contention.wrapping_sub(self.contention_at_mark) >= MAG_RESIZE_THRESHOLD
-            || self.nr_handoffs >= MAG_HANDOFF_THRESHOLD)
+            || u32::from(self.nr_handoffs) >= MAG_HANDOFF_THRESHOLD)
             && self.magtype < self.max_magtype;
         if grow {
             self.magtype += 1;
+            self.nr_resizes += 1;
         }
         self.nr_visits = 0;
         self.nr_handoffs = 0;

@@ -47,9 +47,12 @@
 //!   and their rounds. So memory a burst left in the depot goes back after
 //!   one idle interval, and a steady load keeps its magazines.
 //!
-//! A per-CPU cache belongs to its CPU: only that CPU touches it, with
-//! interrupts off ([`IrqGuard`]), or code that CPU runs on another's
-//! behalf in a cross-CPU call. So it has no lock and the hits no atomic
+//! A per-CPU cache belongs to its CPU: only that CPU touches it, holding
+//! its in-use flag ([`LocalLocked`](crate::sync::LocalLocked): a plain
+//! load and store, interrupts possibly on; an interrupt handler that finds
+//! it held leaves the magazines alone), or code that CPU runs on another's
+//! behalf in a cross-CPU call (which takes the flag too, and retries if
+//! it interrupted a hit). So it has no lock and the hits no atomic
 //! instruction. An absent magazine is the shared, never-written
 //! [`NO_MAGAZINE`], whose round count (`usize::MAX`) fails both hit tests,
 //! so the hits need no null test.
@@ -75,6 +78,7 @@
 
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
+use core::sync::atomic::AtomicBool;
 
 use crate::platform::CPU_SLOT_BYTES;
 use crate::stats::CpuCacheStats;
@@ -257,8 +261,8 @@ pub(crate) unsafe fn held_rounds<'a>(mag: *mut Magazine) -> &'a [*mut u8] {
 }
 
 /// A CPU's magazines of one cache, owned by that CPU (see the module
-/// docs): reached through [`KmemCache`](crate::KmemCache)'s `pcpu_mut`
-/// with interrupts off, or in a cross-CPU call.
+/// docs): reached through [`KmemCache`](crate::KmemCache)'s `pcpu_lock`
+/// (its in-use flag), or in a cross-CPU call.
 pub(crate) struct PcpuInner {
     pub(crate) loaded: *mut Magazine,
     pub(crate) prev: *mut Magazine,
@@ -382,6 +386,10 @@ impl Drop for PcpuSynced<'_> {
 #[repr(C, align(64))]
 pub(crate) struct PcpuCache {
     inner: UnsafeCell<PcpuInner>,
+    /// The in-use flag ([`LocalLocked`](crate::sync::LocalLocked)):
+    /// `inner` belongs to whoever set it. In the line the hits read
+    /// anyway, after `inner`.
+    in_use: AtomicBool,
 }
 
 const _: () = {
@@ -402,23 +410,41 @@ impl PcpuCache {
                 capacity: 0,
                 free_key,
             }),
+            in_use: AtomicBool::new(false),
         }
     }
 
-    /// The owned state.
+    /// This CPU's state for a magazine hit, interrupts possibly on (see
+    /// [`LocalLocked::try_lock`](crate::sync::LocalLocked::try_lock));
+    /// `None` if the flag is held: the caller interrupted its holder.
     ///
     /// # Safety
-    /// The caller is this per-CPU cache's CPU with interrupts off, or runs
-    /// in a cross-CPU call to it, and holds no other reference to it.
+    /// `self` is the running CPU's per-CPU cache.
     #[inline(always)]
-    #[allow(clippy::mut_from_ref, reason = "ownership is by CPU, see Safety")]
-    pub(crate) unsafe fn get(&self) -> &mut PcpuInner {
-        // SAFETY: per the caller, nobody else reaches the state now.
-        unsafe { &mut *self.inner.get() }
+    pub(crate) unsafe fn try_lock<P: crate::Platform>(
+        &self,
+    ) -> Option<crate::sync::LocalLocked<'_, P, PcpuInner>> {
+        // SAFETY: per our caller; `inner` is reached only under the flag.
+        unsafe { crate::sync::LocalLocked::try_lock(&self.in_use, &self.inner) }
+    }
+
+    /// [`PcpuCache::try_lock`] for code that excludes this CPU's other
+    /// interrupts-off sections already: interrupts off on this CPU, or a
+    /// cross-CPU call running on it.
+    ///
+    /// # Safety
+    /// `self` is the per-CPU cache of the CPU the caller runs as.
+    #[inline]
+    pub(crate) unsafe fn try_lock_here<P: crate::Platform>(
+        &self,
+    ) -> Option<crate::sync::LocalLocked<'_, P, PcpuInner>> {
+        // SAFETY: per our caller.
+        unsafe { crate::sync::LocalLocked::try_lock_here(&self.in_use, &self.inner) }
     }
 }
 
-// SAFETY: the cell is reached only by its CPU (see `get`); the raw
+// SAFETY: the cell is reached only by its CPU, under its flag (see
+// `try_lock`); the raw
 // magazine pointers are owned by the per-CPU cache.
 unsafe impl Sync for PcpuCache {}
 // SAFETY: as above.

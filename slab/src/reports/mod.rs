@@ -9,7 +9,8 @@
 //! | `allocinfo` (feature `allocinfo`) | Linux `/proc/allocinfo` (`lib/alloc_tag.c`): live bytes and calls per code tag, with Linux's filters |
 //! | [`trace_print`], [`trace_print_all`] | Akaros `kmem_trace_print`: one block per outstanding object with its backtrace, then a by-site summary |
 //! | [`whatis`] | illumos mdb `::whatis`: cache, object and offset of an address, with the last transactions |
-//! | [`slabtop`] | Linux `slabtop(1)`'s columns, plus the magazine layer's hits, misses and depot contention |
+//! | [`slabtop`] | Linux `slabtop(1)`'s columns, plus the magazine layer's hits, misses, depot contention and magazine resizes |
+//! | `write_time_stats` (features `allocinfo` or `time-stats`: with `magpie-codetag`) | the codetag slides' latency statistics of one `time_stats!` point, times in [`Nanoseconds`] |
 //!
 //! What the library cannot know comes in through [`ReportFormat`]: how a
 //! return address is symbolized and how [`Platform::now`] ticks convert
@@ -45,6 +46,8 @@ mod kmemstat;
 mod slabinfo;
 mod slabtop;
 mod time;
+#[cfg(any(feature = "allocinfo", feature = "time-stats"))]
+mod timestats;
 mod trace_print;
 mod whatis;
 
@@ -60,6 +63,8 @@ pub use self::kmemstat::{
 pub use self::slabinfo::{slabinfo, write_slabinfo_header, write_slabinfo_line};
 pub use self::slabtop::{EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, slabtop};
 pub use self::time::Nanoseconds;
+#[cfg(any(feature = "allocinfo", feature = "time-stats"))]
+pub use self::timestats::write_time_stats;
 pub use self::trace_print::{
     EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, trace_print,
     trace_print_all, write_trace_record,

@@ -1,8 +1,9 @@
 //! `slabtop`: Linux `slabtop(1)`'s summary and columns (`procps`
 //! `slabtop.c`), plus what the magazine layer adds: hits (allocations a
 //! CPU's magazines served), misses (allocations that went to the depot or
-//! the slab layer) and depot lock contention, as deltas over the interval
-//! since the previous frame.
+//! the slab layer), depot lock contention and magazine resizes (the
+//! depot moving to a larger magazine, Bonwick & Adams 2001 §3.7), as
+//! deltas over the interval since the previous frame.
 
 use core::fmt::{self, Write};
 
@@ -40,7 +41,7 @@ impl SlabtopSort {
 }
 
 /// One cache's figures in a frame. Counters (`nr_hits`, `nr_misses`,
-/// `depot_contention`) are totals since the cache was created; the frame
+/// `depot_contention`, `nr_magazine_resizes`) are totals since the cache was created; the frame
 /// prints their change since the previous frame's row of the same cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlabtopRow {
@@ -68,6 +69,8 @@ pub struct SlabtopRow {
     pub nr_misses: u64,
     /// Times the depot lock was contended, ever.
     pub depot_contention: u64,
+    /// Times the magazine size grew, ever.
+    pub nr_magazine_resizes: u64,
 }
 
 /// A row holding nothing (to fill the caller's buffers).
@@ -84,6 +87,7 @@ pub const EMPTY_SLABTOP_ROW: SlabtopRow = SlabtopRow {
     nr_hits: 0,
     nr_misses: 0,
     depot_contention: 0,
+    nr_magazine_resizes: 0,
 };
 
 /// The previous frame a new one is compared with.
@@ -114,12 +118,13 @@ impl SlabtopRow {
             nr_hits,
             nr_misses: stats.nr_allocs_ever.wrapping_sub(nr_hits),
             depot_contention: stats.depot_contention,
+            nr_magazine_resizes: stats.nr_magazine_resizes,
         }
     }
 
-    /// `(hits, misses, contention)` since `previous`'s row of this cache
-    /// (all of them when it has none).
-    fn deltas(&self, previous: Option<&SlabtopSample<'_>>) -> (u64, u64, u64) {
+    /// `(hits, misses, contention, resizes)` since `previous`'s row of
+    /// this cache (all of them when it has none).
+    fn deltas(&self, previous: Option<&SlabtopSample<'_>>) -> (u64, u64, u64, u64) {
         let before = previous.and_then(|sample| {
             sample
                 .rows
@@ -131,8 +136,15 @@ impl SlabtopRow {
                 self.nr_hits.wrapping_sub(row.nr_hits),
                 self.nr_misses.wrapping_sub(row.nr_misses),
                 self.depot_contention.wrapping_sub(row.depot_contention),
+                self.nr_magazine_resizes
+                    .wrapping_sub(row.nr_magazine_resizes),
             ),
-            None => (self.nr_hits, self.nr_misses, self.depot_contention),
+            None => (
+                self.nr_hits,
+                self.nr_misses,
+                self.depot_contention,
+                self.nr_magazine_resizes,
+            ),
         }
     }
 }
@@ -168,15 +180,16 @@ fn kib(bytes: usize) -> impl fmt::Display {
 ///  Minimum / Average / Maximum Object : 0.01K / 0.19K / 4.00K
 ///  Magazines over 1.002 s             : 1200 hits, 31 misses (97.4% hits), 0 depot contention
 ///
-///   OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME                      MAG     HITS   MISSES CONTEND
-///    512    130  25%    0.06K      2      256         8K kmalloc-64                 15      120        3       0
+///   OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME                      MAG     HITS   MISSES CONTEND RESIZE
+///    512    130  25%    0.06K      2      256         8K kmalloc-64                 15      120        3       0      0
 /// ```
 ///
 /// `previous` is the frame before (`None` for the first: counters since
 /// boot). Returns the number of rows filled, for the caller to keep as
 /// the next frame's `previous`. The columns up to NAME are Linux's
 /// (`%6u %6u %3u%% %7.2fK %6u %8u %9uK %-23s`); MAG is the magazine
-/// size, HITS, MISSES and CONTEND the deltas since `previous`.
+/// size, HITS, MISSES, CONTEND and RESIZE (magazine size growths) the
+/// deltas since `previous`.
 ///
 /// # Errors
 ///
@@ -258,7 +271,7 @@ pub fn slabtop<P: Platform>(
     )?;
     let (mut hits, mut misses, mut contention) = (0u64, 0u64, 0u64);
     for row in rows.iter() {
-        let (row_hits, row_misses, row_contention) = row.deltas(previous.as_ref());
+        let (row_hits, row_misses, row_contention, _) = row.deltas(previous.as_ref());
         hits = hits.wrapping_add(row_hits);
         misses = misses.wrapping_add(row_misses);
         contention = contention.wrapping_add(row_contention);
@@ -279,15 +292,15 @@ pub fn slabtop<P: Platform>(
     writeln!(out)?;
     writeln!(
         out,
-        "  OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME                     {:>4} {:>8} {:>8} {:>7}",
-        "MAG", "HITS", "MISSES", "CONTEND"
+        "  OBJS ACTIVE  USE OBJ SIZE  SLABS OBJ/SLAB CACHE SIZE NAME                     {:>4} {:>8} {:>8} {:>7} {:>6}",
+        "MAG", "HITS", "MISSES", "CONTEND", "RESIZE"
     )?;
     for row in rows.iter() {
-        let (row_hits, row_misses, row_contention) = row.deltas(previous.as_ref());
+        let (row_hits, row_misses, row_contention, row_resizes) = row.deltas(previous.as_ref());
         let used = (row.nr_active * 100).checked_div(row.nr_objs).unwrap_or(0);
         writeln!(
             out,
-            "{:>6} {:>6} {:>3}% {:>8} {:>6} {:>8} {:>9}K {:<23} {:>5} {:>8} {:>8} {:>7}",
+            "{:>6} {:>6} {:>3}% {:>8} {:>6} {:>8} {:>9}K {:<23} {:>5} {:>8} {:>8} {:>7} {:>6}",
             row.nr_objs,
             row.nr_active,
             used,
@@ -299,7 +312,8 @@ pub fn slabtop<P: Platform>(
             row.magsize,
             row_hits,
             row_misses,
-            row_contention
+            row_contention,
+            row_resizes
         )?;
     }
     if nr_caches > nr_rows {

@@ -22,7 +22,7 @@ use crate::layout::hash::{AddrHash, rescale_locked};
 use crate::layout::pagemap::{PageEntry, PageMap};
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
 use crate::report::{ErrorKind, ErrorReport};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// The slab layer's parameters: the cache's geometry, its page source,
 /// constructor and destructor, fixed at creation. The cache owns them
@@ -160,20 +160,20 @@ pub(crate) trait SlabOwner {
 /// source, carved into objects), taking and returning objects (bufctl
 /// state changes with them), reaping empty slabs, and the bufctl hash's
 /// table. What it needs of the cache comes through `owner` ([`SlabOwner`]).
-pub(crate) struct SlabLayer {
-    lists: Mutex<SlabLists>,
+pub(crate) struct SlabLayer<P: Platform> {
+    lists: IrqMutex<P, SlabLists>,
 }
 
-impl SlabLayer {
+impl<P: Platform> SlabLayer<P> {
     pub(crate) fn new() -> Self {
         SlabLayer {
-            lists: Mutex::new(SlabLists::new()),
+            lists: IrqMutex::new(SlabLists::new()),
         }
     }
 
     /// Lock the slab lists.
     #[inline]
-    pub(crate) fn lock(&self) -> MutexGuard<'_, SlabLists> {
+    pub(crate) fn lock(&self) -> IrqMutexGuard<'_, P, SlabLists> {
         self.lists.lock()
     }
 

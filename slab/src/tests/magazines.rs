@@ -131,7 +131,9 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     let stride = 2048;
     let (start, max) = (start_magtype(stride), max_magtype(stride));
     assert!(start < max, "a 2 KiB cache may grow");
-    let mut depot = crate::magazine::Depot::new(start, max).inner.into_inner();
+    let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max)
+        .inner
+        .into_inner();
     // One interval of depot visits, all by one per-CPU cache (no
     // hand-off); true if the type changed at its end.
     let interval = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
@@ -147,14 +149,18 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     let mut contention = 0;
     assert!(!interval(&mut depot, &mut contention, false));
     assert_eq!(depot.magtype, start);
+    assert_eq!(depot.nr_resizes, 0);
     assert!(interval(&mut depot, &mut contention, true));
     assert_eq!(depot.magtype, start + 1);
+    assert_eq!(depot.nr_resizes, 1);
     assert_eq!(depot.magsize(), MAGAZINE_ROUNDS[start + 1]);
     assert!(MAG_RESIZE_INTERVAL as u64 >= MAG_RESIZE_THRESHOLD);
     for _ in 0..100 {
         interval(&mut depot, &mut contention, true);
     }
     assert_eq!(depot.magtype, max);
+    // One resize a step, none once at the limit.
+    assert_eq!(usize::from(depot.nr_resizes), max - start);
     assert_eq!(
         max,
         NR_MAG_TYPES - 1,
@@ -164,9 +170,12 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     // An 8 KiB object's cache stops growing where the rounds would hold
     // more than MAG_GROW_MAX_BYTES.
     let big = 8192;
-    let mut depot = crate::magazine::Depot::new(start_magtype(big), max_magtype(big))
-        .inner
-        .into_inner();
+    let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(
+        start_magtype(big),
+        max_magtype(big),
+    )
+    .inner
+    .into_inner();
     for _ in 0..100 {
         interval(&mut depot, &mut contention, true);
     }
@@ -184,7 +193,9 @@ fn magazine_type_grows_when_the_depot_hands_off_between_cpus() {
     let stride = 8192;
     let (start, max) = (start_magtype(stride), max_magtype(stride));
     assert!(start < max, "an 8 KiB cache may grow");
-    let mut depot = crate::magazine::Depot::new(start, max).inner.into_inner();
+    let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max)
+        .inner
+        .into_inner();
     // `handoffs` visits of an interval change CPU, the rest stay.
     let interval = |depot: &mut DepotInner, handoffs: u32| {
         let mut changed = false;
@@ -650,4 +661,66 @@ fn hot_fields_first() {
     ] {
         assert!(offset > depot);
     }
+}
+
+/// Real contention on the depot lock (Bonwick & Adams 2001 §3.7): the
+/// test holds a cache's depot lock while a thread on CPU 1 needs the
+/// depot, until that thread's failed `try_lock` is counted; again and
+/// again, from one CPU only (no hand-off). The magazine size grows, and
+/// `CacheStats::nr_magazine_resizes`, `slabtop`'s RESIZE column and its
+/// CONTEND column say so.
+#[test]
+fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
+    use crate::reports::{EMPTY_SLABTOP_ROW, SlabtopSort, slabtop};
+
+    let (alloc, _) = setup(16384);
+    let size = 2048;
+    let cache = alloc
+        .cache_create("contended", size, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let before = cache.stats();
+    assert_eq!(before.nr_magazine_resizes, 0);
+    assert_eq!(before.magsize, MAGAZINE_ROUNDS[start_magtype(size)]);
+    let mut nr_rounds = 0;
+    while cache.stats().nr_magazine_resizes == 0 {
+        nr_rounds += 1;
+        assert!(nr_rounds <= 200, "no resize after 200 contended visits");
+        let contention = cache.depot.nr_contention.load(Ordering::Relaxed);
+        let held = cache.depot.inner.lock();
+        let worker = std::thread::spawn(move || {
+            set_cpu(1);
+            // Enough to miss the magazines both ways: the depot is visited.
+            let nr_objs = 2 * MAGAZINE_ROUNDS[NR_MAG_TYPES - 1] + 1;
+            let objs: Vec<_> = (0..nr_objs).map(|_| cache.alloc_box().unwrap()).collect();
+            for obj in objs {
+                obj.free().unwrap();
+            }
+        });
+        while cache.depot.nr_contention.load(Ordering::Relaxed) == contention {
+            std::thread::yield_now();
+        }
+        drop(held);
+        worker.join().unwrap();
+    }
+    let after = cache.stats();
+    assert_eq!(after.nr_magazine_resizes, 1, "{after:?}");
+    assert!(after.magsize > before.magsize, "{after:?}");
+    assert!(after.depot_contention >= MAG_RESIZE_THRESHOLD, "{after:?}");
+
+    let mut rows = [EMPTY_SLABTOP_ROW; 128];
+    let mut text = std::string::String::new();
+    slabtop(&mut text, alloc, &mut rows, None, SlabtopSort::Name).unwrap();
+    let row = text
+        .lines()
+        .find(|line| line.contains(" contended "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(fields[7], "contended", "{row}");
+    assert_eq!(fields[8], std::format!("{}", after.magsize), "{row}");
+    assert_eq!(
+        fields[11],
+        std::format!("{}", after.depot_contention),
+        "{row}"
+    );
+    assert_eq!(fields[12], "1", "RESIZE: {row}");
 }

@@ -38,7 +38,7 @@ mod kmemtrace_sizing;
 #[cfg(not(loom))]
 mod leak_scan;
 #[cfg(loom)]
-mod loom_models;
+pub(crate) mod loom_models;
 #[cfg(not(loom))]
 mod magazines;
 #[cfg(not(loom))]

@@ -16,6 +16,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use magpie_slab::reports::Nanoseconds;
+
 use crate::dump::{DecodedEvent, Dump, EventKind};
 
 /// How serious a finding of `check` is.
@@ -213,15 +215,15 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
                 if let Some(old) = live.insert(e.ptr, e.clone()) {
                     r.nr_double_allocs += 1;
                     let message = format!(
-                        "double alloc: ptr {:#x} allocated on cpu {} at {} ns (seq {}, offset {:#x}) \
-                         while live since its alloc on cpu {} at {} ns (seq {}, offset {:#x}){}",
+                        "double alloc: ptr {:#x} allocated on cpu {} at {} (seq {}, offset {:#x}) \
+                         while live since its alloc on cpu {} at {} (seq {}, offset {:#x}){}",
                         e.ptr,
                         e.cpu,
-                        e.timestamp_ns,
+                        Nanoseconds(e.timestamp_ns),
                         e.seq,
                         e.offset,
                         old.cpu,
-                        old.timestamp_ns,
+                        Nanoseconds(old.timestamp_ns),
                         old.seq,
                         old.offset,
                         if nr_overruns == 0 {
@@ -275,10 +277,14 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
                         r.total_freed += e.bytes_alloc;
                         if complete {
                             let message = format!(
-                                "free of unknown ptr {:#x} on cpu {} at {} ns (seq {}, offset {:#x}): \
+                                "free of unknown ptr {:#x} on cpu {} at {} (seq {}, offset {:#x}): \
                                  no alloc of it in the record although recording began at boot \
                                  and nothing overran",
-                                e.ptr, e.cpu, e.timestamp_ns, e.seq, e.offset,
+                                e.ptr,
+                                e.cpu,
+                                Nanoseconds(e.timestamp_ns),
+                                e.seq,
+                                e.offset,
                             );
                             issue(&mut r, Severity::Error, "unknown-free", message);
                         } else if first_unknown_free.is_none() {
@@ -293,9 +299,14 @@ fn replay_inner(dump: &Dump, keep_timeline: bool) -> Replay {
     }
     if let Some(e) = first_unknown_free {
         let message = format!(
-            "{} frees of pointers with no alloc in the record (first: ptr {:#x} on cpu {} at {} ns, \
+            "{} frees of pointers with no alloc in the record (first: ptr {:#x} on cpu {} at {}, \
              seq {}, offset {:#x}); {why}",
-            r.nr_unknown_frees, e.ptr, e.cpu, e.timestamp_ns, e.seq, e.offset,
+            r.nr_unknown_frees,
+            e.ptr,
+            e.cpu,
+            Nanoseconds(e.timestamp_ns),
+            e.seq,
+            e.offset,
         );
         issue(&mut r, Severity::Warning, "unknown-free", message);
     }
@@ -336,10 +347,11 @@ fn check_cpus(dump: &Dump, r: &mut Replay) {
             Severity::Warning,
             "before-start",
             format!(
-                "{} events are stamped before `record start` ({start} ns): first on cpu {} at {} ns (offset {:#x})",
+                "{} events are stamped before `record start` ({}): first on cpu {} at {} (offset {:#x})",
                 early.len(),
+                Nanoseconds(start),
                 first.cpu,
-                first.timestamp_ns,
+                Nanoseconds(first.timestamp_ns),
                 first.offset
             ),
         );
@@ -371,8 +383,12 @@ fn check_cpus(dump: &Dump, r: &mut Replay) {
                     Severity::Error,
                     "timestamp-order",
                     format!(
-                        "cpu {cpu}: timestamp goes back from {} ns (seq {}) to {} ns (seq {}) at offset {:#x}",
-                        a.timestamp_ns, a.seq, b.timestamp_ns, b.seq, b.offset
+                        "cpu {cpu}: timestamp goes back from {} (seq {}) to {} (seq {}) at offset {:#x}",
+                        Nanoseconds(a.timestamp_ns),
+                        a.seq,
+                        Nanoseconds(b.timestamp_ns),
+                        b.seq,
+                        b.offset
                     ),
                 );
             }

@@ -3,8 +3,12 @@
 //! Brendan Gregg's `flamegraph.pl`, speedscope's import).
 //!
 //! - **Chrome trace events** (the "Trace Event Format" document): one
-//!   process, `magpie kernel`; one thread per CPU (`cpu N`, `tid` = CPU);
-//!   each alloc and free an instant event (`ph: "i"`, thread scope) named
+//!   process, `magpie kernel`; one thread per CPU (`cpu N`, `tid` = CPU + 1:
+//!   Perfetto's JSON importer drops a thread-scoped instant on `tid` 0 as
+//!   a parse failure, `json_trace_parser_impl.cc`);
+//!   each alloc and free an instant event (`ph: "I"`, Chrome's own
+//!   `TRACE_EVENT_PHASE_INSTANT`: Perfetto reads `i` and `I`, Chrome
+//!   DevTools' trace engine only `I`; thread scope) named
 //!   `alloc CACHE` / `free CACHE` with the pointer, sizes and call site as
 //!   arguments; each cache's live bytes a counter track (`ph: "C"`,
 //!   `live bytes CACHE`), one sample per change. Times are microseconds
@@ -98,6 +102,7 @@ fn micros(dump: &Dump, ns: u64) -> f64 {
 /// The Chrome trace-event JSON object (see the module doc).
 pub fn chrome(dump: &Dump, sym: &Symbolizer) -> Value {
     const PID: u32 = 1;
+    let tid = |cpu: u32| cpu + 1;
     let mut events = vec![json!({
         "ph": "M", "pid": PID, "name": "process_name", "args": { "name": "magpie kernel" }
     })];
@@ -106,18 +111,19 @@ pub fn chrome(dump: &Dump, sym: &Symbolizer) -> Value {
     cpus.dedup();
     for cpu in &cpus {
         events.push(json!({
-            "ph": "M", "pid": PID, "tid": cpu, "name": "thread_name",
+            "ph": "M", "pid": PID, "tid": tid(*cpu), "name": "thread_name",
             "args": { "name": format!("cpu {cpu}") }
         }));
     }
     events.push(json!({
-        "ph": "i", "s": "g", "pid": PID, "tid": 0, "ts": 0.0, "name": "record start"
+        "ph": "I", "s": "g", "pid": PID, "tid": tid(cpus.first().copied().unwrap_or(0)), "ts": 0.0,
+        "name": "record start"
     }));
     // What the shell ran, as global markers (Perfetto draws them across
     // every track).
     for mark in &dump.marks {
         events.push(json!({
-            "ph": "i", "s": "g", "pid": PID, "tid": mark.cpu, "cat": "shell",
+            "ph": "I", "s": "g", "pid": PID, "tid": tid(mark.cpu), "cat": "shell",
             "ts": micros(dump, mark.timestamp_ns), "name": mark.text,
         }));
     }
@@ -143,12 +149,19 @@ pub fn chrome(dump: &Dump, sym: &Symbolizer) -> Value {
             EventKind::FailedAlloc => ("alloc failed", 0),
             EventKind::BadFree => ("bad free", 0),
         };
-        events.push(instant(e, PID, ts, &format!("{verb} {cache}"), &site));
+        events.push(instant(
+            e,
+            PID,
+            tid(u32::from(e.cpu)),
+            ts,
+            &format!("{verb} {cache}"),
+            &site,
+        ));
         if delta != 0 {
             let value = live.entry(e.cache_id).or_default();
             *value += delta;
             events.push(json!({
-                "ph": "C", "pid": PID, "tid": 0, "ts": ts,
+                "ph": "C", "pid": PID, "tid": tid(u32::from(e.cpu)), "ts": ts,
                 "name": format!("live bytes {cache}"), "args": { "bytes": *value }
             }));
         }
@@ -164,9 +177,9 @@ pub fn chrome(dump: &Dump, sym: &Symbolizer) -> Value {
     })
 }
 
-fn instant(e: &DecodedEvent, pid: u32, ts: f64, name: &str, site: &str) -> Value {
+fn instant(e: &DecodedEvent, pid: u32, tid: u32, ts: f64, name: &str, site: &str) -> Value {
     json!({
-        "ph": "i", "s": "t", "pid": pid, "tid": e.cpu, "ts": ts, "name": name,
+        "ph": "I", "s": "t", "pid": pid, "tid": tid, "ts": ts, "name": name,
         "cat": "kmem",
         "args": {
             "ptr": format!("{:#x}", e.ptr),

@@ -4,6 +4,8 @@
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 
+use magpie_slab::reports::Nanoseconds;
+
 use serde_json::{Value, json};
 
 use crate::analysis::{LeakGroup, Replay, Severity, Stat, fragmentation, leak_groups};
@@ -553,8 +555,11 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
                 let e = &replay.live[ptr];
                 let _ = writeln!(
                     out,
-                    "    {ptr:#x}  {} bytes (requested {}), cpu {}, {} ns",
-                    e.bytes_alloc, e.bytes_req, e.cpu, e.timestamp_ns
+                    "    {ptr:#x}  {} bytes (requested {}), cpu {}, at {}",
+                    e.bytes_alloc,
+                    e.bytes_req,
+                    e.cpu,
+                    Nanoseconds(e.timestamp_ns)
                 );
             }
         }

@@ -248,11 +248,11 @@ fn leaks_lists_live_objects_largest_first() {
 note: recording did not begin at boot: objects allocated before `record start` are not seen
 CACHE              LEAKED        BYTES  BUFFER              CALLER
 inode                   1          256  0xffff800000300000  0xffffffff80300030
-    0xffff800000300000  256 bytes (requested 256), cpu 1, 1700 ns
+    0xffff800000300000  256 bytes (requested 256), cpu 1, at 1.700 µs
 kmalloc-128             1          128  0xffff800000100100  0xffffffff80100010
-    0xffff800000100100  128 bytes (requested 100), cpu 0, 1200 ns
+    0xffff800000100100  128 bytes (requested 100), cpu 0, at 1.200 µs
 kmalloc-64              1           64  0xffff800000200040  0xffffffff80200020
-    0xffff800000200040  64 bytes (requested 64), cpu 0, 1400 ns
+    0xffff800000200040  64 bytes (requested 64), cpu 0, at 1.400 µs
 ----------------------------------------------------------------------------------------------------
    Total        3 objects, 448 bytes in 3 groups
 ";
@@ -395,7 +395,7 @@ fn check_detects_timestamp_and_seq_disorder() {
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.contains(
-            "error: cpu 0: timestamp goes back from 1000 ns (seq 0) to 900 ns (seq 1) at offset 0x"
+            "error: cpu 0: timestamp goes back from 1.000 µs (seq 0) to 900 ns (seq 1) at offset 0x"
         ),
         "{out}"
     );

@@ -1,8 +1,9 @@
 //! `magpie-kmem export` and `diff` on synthetic dumps: speedscope JSON
 //! validated against speedscope's published schema (vendored in
 //! tests/data), folded stacks read back by `inferno` (a real reader),
-//! Chrome trace events checked against the trace-event format's rules, and
-//! `diff`'s exact table.
+//! Chrome trace events checked against the trace-event format's rules and
+//! loaded by Chrome DevTools' trace engine (a real reader, run in node:
+//! tests/chrome-reader), and `diff`'s exact table.
 
 mod common;
 use common::*;
@@ -254,7 +255,7 @@ fn chrome_trace_has_events_per_cpu_and_live_byte_counters() {
         assert!(e["pid"].is_u64() && e["name"].is_string(), "{e}");
         match ph {
             "M" => assert!(e["args"]["name"].is_string(), "{e}"),
-            "i" => {
+            "I" => {
                 assert!(e["ts"].is_number(), "{e}");
                 assert!(matches!(e["s"].as_str(), Some("g" | "p" | "t")), "{e}");
             }
@@ -279,15 +280,21 @@ fn chrome_trace_has_events_per_cpu_and_live_byte_counters() {
         .map(|e| e["args"]["name"].as_str().unwrap())
         .collect();
     assert_eq!(threads, ["cpu 0", "cpu 1"]);
+    // tid = CPU + 1: Perfetto drops thread-scoped instants on tid 0.
+    let tids: Vec<u64> = named("thread_name")
+        .iter()
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(tids, [1, 2]);
     let allocs = named("alloc kmalloc-128");
     assert_eq!(allocs.len(), 2);
     // Microseconds since record start (1,000 ns): 2,000 ns is 1 µs.
     assert_eq!(allocs[0]["ts"].as_f64(), Some(1.0));
-    assert_eq!(allocs[0]["tid"], 0);
+    assert_eq!(allocs[0]["tid"], 1, "CPU 0");
     assert_eq!(allocs[0]["args"]["ptr"], "0xffff800000100000");
     let frees = named("free kmalloc-64");
     assert_eq!(frees.len(), 1);
-    assert_eq!(frees[0]["tid"], 1, "freed on CPU 1");
+    assert_eq!(frees[0]["tid"], 2, "freed on CPU 1");
     let counter: Vec<i64> = named("live bytes kmalloc-128")
         .iter()
         .map(|e| e["args"]["bytes"].as_i64().unwrap())
@@ -457,6 +464,95 @@ fn mark_body(ns: u64, cpu: u32, text: &str) -> Vec<u8> {
     body.extend_from_slice(&(text.len() as u32).to_le_bytes());
     body.extend_from_slice(text.as_bytes());
     body
+}
+
+/// The Chrome export loaded by a real reader: Chrome DevTools' trace
+/// engine (the Performance panel's, npm `@paulirish/trace_engine`, pinned
+/// in tests/chrome-reader/package-lock.json and installed there by `make
+/// chrome-reader`), run by `node tests/chrome-reader/read.mjs`. It must
+/// draw one track per CPU, named, with every alloc and free on the CPU
+/// that did it, in time order, within the trace's bounds. (Perfetto's
+/// reader, `trace_processor`, is not installable here: its PyPI package
+/// downloads the binary at run time.) Skipped, saying so, when node or
+/// the reader is not installed, unless `MAGPIE_REQUIRE_CHROME_READER=1`
+/// (the Makefile's `test-host` sets it after installing the reader).
+#[test]
+fn chrome_export_loads_in_chrome_devtools_trace_engine() {
+    let reader = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chrome-reader");
+    let required = std::env::var("MAGPIE_REQUIRE_CHROME_READER").as_deref() == Ok("1");
+    if !reader.join("node_modules/@paulirish/trace_engine").is_dir() {
+        assert!(
+            !required,
+            "the Chrome DevTools trace engine is not installed: make chrome-reader"
+        );
+        eprintln!("skipped: no tests/chrome-reader/node_modules (make chrome-reader)");
+        return;
+    }
+    let dir = scratch("export_chrome_reader");
+    let mut d = scenario();
+    d.raw_record(4, &mark_body(3_000, 0, "kmalloc 100 2"));
+    write(&dir, "s.kmt", &d.build());
+    write(
+        &dir,
+        "s.json",
+        export(&dir, &["--format", "chrome", "s.kmt"]).as_bytes(),
+    );
+    let output = match std::process::Command::new("node")
+        .arg(reader.join("read.mjs"))
+        .arg(dir.join("s.json"))
+        .output()
+    {
+        Ok(output) => output,
+        Err(error) => {
+            assert!(!required, "node: {error}");
+            eprintln!("skipped: node: {error}");
+            return;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "the trace engine refused the export: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["generic"], true, "{seen}");
+    assert_eq!(seen["processes"]["1"], "magpie kernel", "{seen}");
+    let tracks: Vec<(&str, Vec<(&str, f64)>)> = seen["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|thread| {
+            let entries = thread["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| (e[0].as_str().unwrap(), e[1].as_f64().unwrap()))
+                .collect();
+            (thread["name"].as_str().unwrap(), entries)
+        })
+        .collect();
+    // µs since record start (1,000 ns); the markers on the CPU that ran
+    // the command.
+    assert_eq!(
+        tracks,
+        [
+            (
+                "cpu 0",
+                vec![
+                    ("record start", 0.0),
+                    ("alloc kmalloc-128", 1.0),
+                    ("kmalloc 100 2", 2.0),
+                    ("alloc kmalloc-128", 2.5),
+                    ("alloc kmalloc-64", 3.0),
+                    ("free kmalloc-128", 4.0),
+                ]
+            ),
+            ("cpu 1", vec![("free kmalloc-64", 5.0)]),
+        ],
+        "{seen}"
+    );
+    assert_eq!(seen["bounds"]["min"].as_f64(), Some(1.0), "{seen}");
+    assert_eq!(seen["bounds"]["max"].as_f64(), Some(5.0), "{seen}");
 }
 
 #[test]

@@ -359,8 +359,9 @@ fn marks_made_while_recording_reach_the_dump() {
     assert_eq!(
         marks,
         [
-            ("kmalloc 100 1".to_string(), 0),
-            ("kfree all".to_string(), 1)
+            // tid = CPU + 1 (CPU 0 and CPU 1).
+            ("kmalloc 100 1".to_string(), 1),
+            ("kfree all".to_string(), 2)
         ]
     );
 }

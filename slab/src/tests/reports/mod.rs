@@ -7,6 +7,7 @@ mod kmemstat;
 mod slabinfo;
 mod slabtop;
 mod time;
+mod timestats;
 mod trace_print;
 mod whatis;
 

@@ -32,7 +32,7 @@ fn linux_columns_plus_magazine_hits_misses_and_deltas() {
     assert_eq!(lines[6], "");
     assert!(lines[7].starts_with(COLUMNS), "{text}");
     assert!(
-        lines[7].ends_with(" MAG     HITS   MISSES CONTEND"),
+        lines[7].ends_with(" MAG     HITS   MISSES CONTEND RESIZE"),
         "{text}"
     );
     let row = lines
