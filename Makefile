@@ -60,6 +60,7 @@ test-e2e: magpie-kmem
 # in node; installed once.
 .PHONY: chrome-reader
 chrome-reader:
+	@scripts/setup.sh node
 	@test -d tools/magpie-kmem/tests/chrome-reader/node_modules/@paulirish/trace_engine \
 		|| npm ci --no-audit --no-fund --prefix tools/magpie-kmem/tests/chrome-reader
 
@@ -68,6 +69,13 @@ chrome-reader:
 .PHONY: magpie-kmem
 magpie-kmem:
 	cargo build -p magpie-kmem --target $(HOST)
+
+# The README's kmemtrace pictures (docs/images/*.svg), regenerated from the
+# README session they show (scripts/readme-images.py says which).
+.PHONY: readme-images
+readme-images: magpie-kmem
+	cargo build --bin magpie
+	python3 scripts/readme-images.py
 
 # Formatting and lints, warnings as errors (also run by .ci/run). The lint
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).

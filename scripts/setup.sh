@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `cargo run` and `cargo test` need and is missing: the pinned
-# toolchain from rust-toolchain.toml and QEMU. Safe to run again; fast when
+# toolchain from rust-toolchain.toml and QEMU (`setup.sh node`: node and
+# npm, for one test step). Safe to run again; fast when
 # everything is present.
 #
 # Safe to run twice at once (two `make` runs): the rustup steps hold a lock
@@ -15,6 +16,24 @@
 # MAGPIE_SETUP_LOCK (the lock file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# `scripts/setup.sh node`: node and npm only, for the test step that loads
+# magpie-kmem's Chrome trace-event export with Chrome DevTools' trace engine
+# (npm, `make chrome-reader`); `make run` does not need them.
+if [ "${1:-}" = node ]; then
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "setup: installing node and npm (apt-get install -y nodejs npm)"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+        else
+            echo "setup: node/npm not found (the Chrome-export reader test needs them);" \
+                 "install them, e.g.: sudo apt-get install nodejs npm" >&2
+            exit 1
+        fi
+    fi
+    exit 0
+fi
 
 RUSTUP=${MAGPIE_RUSTUP:-rustup}
 BARE_TARGET=x86_64-unknown-none
