@@ -553,7 +553,8 @@ fn lkdtm_list_names_the_linux_types() {
     assert_eq!(
         run(&mut shell, "lkdtm list"),
         "SLAB_FREE_DOUBLE\nSLAB_FREE_CROSS\nSLAB_FREE_PAGE\nSLAB_LINEAR_OVERFLOW\n\
-         WRITE_AFTER_FREE\nREAD_AFTER_FREE\n"
+         WRITE_AFTER_FREE\nREAD_AFTER_FREE\nKFENCE_OOB_LEFT\nKFENCE_OOB_RIGHT\n\
+         KFENCE_CORRUPTION\nKFENCE_DOUBLE_FREE\nKFENCE_INVALID_FREE\n"
     );
     let out = run(&mut shell, "lkdtm slab_free_cross");
     assert!(

@@ -1,8 +1,10 @@
 //! `lkdtm`: every type commits its bug on a scratch cache, the kernel
 //! survives, the scratch caches are gone afterwards (or quarantined, said
 //! so), nothing leaks, and the verdict is what the allocator does without
-//! debug flags (the README's table; with `slab_debug=FZPU` every type is
-//! detected: `tests/e2e/test_shell.py`, `LkdtmSlabDebug`).
+//! debug flags: every type detected, the last three slab types and the
+//! `KFENCE_*` ones by KFENCE samples (the README's table; with
+//! `slab_debug=FZPU` every slab type is detected:
+//! `tests/e2e/test_shell.py`, `LkdtmSlabDebug`).
 
 #![no_std]
 #![no_main]
@@ -23,9 +25,9 @@ use magpie::kmem::SLAB;
 
 magpie::test_kernel!();
 
-/// Today's behaviour without debug flags, and the words the verdict line
-/// must contain.
-const EXPECTED: [(LkdtmType, Verdict, &str); 6] = [
+/// Today's behaviour without debug flags (KFENCE on, as by default), and
+/// the words the verdict line must contain: every type is detected.
+const EXPECTED: [(LkdtmType, Verdict, &str); 11] = [
     (
         LkdtmType::SlabFreeDouble,
         Verdict::Detected,
@@ -43,18 +45,43 @@ const EXPECTED: [(LkdtmType, Verdict, &str); 6] = [
     ),
     (
         LkdtmType::SlabLinearOverflow,
-        Verdict::NotDetected,
-        "went unnoticed",
+        Verdict::Detected,
+        "KFENCE: out-of-bounds write at 0x",
     ),
     (
         LkdtmType::WriteAfterFree,
-        Verdict::NotDetected,
-        "handed out again with the write in it",
+        Verdict::Detected,
+        "KFENCE: use-after-free write at 0x",
     ),
     (
         LkdtmType::ReadAfterFree,
-        Verdict::NotDetected,
-        "memory was not poisoned",
+        Verdict::Detected,
+        "KFENCE: use-after-free read at 0x",
+    ),
+    (
+        LkdtmType::KfenceOobLeft,
+        Verdict::Detected,
+        "KFENCE: out-of-bounds read at 0x",
+    ),
+    (
+        LkdtmType::KfenceOobRight,
+        Verdict::Detected,
+        "KFENCE: out-of-bounds read at 0x",
+    ),
+    (
+        LkdtmType::KfenceCorruption,
+        Verdict::Detected,
+        "KFENCE: memory corruption at 0x",
+    ),
+    (
+        LkdtmType::KfenceDoubleFree,
+        Verdict::Detected,
+        "double free of 0x",
+    ),
+    (
+        LkdtmType::KfenceInvalidFree,
+        Verdict::Detected,
+        "which was never allocated",
     ),
 ];
 
@@ -165,17 +192,49 @@ fn double_free_is_refused_without_debug_flags() {
     assert_eq!(reports[0].cache.as_str(), "lkdtm-free-double");
 }
 
+/// The latest KFENCE report as the console shows it.
+fn last_kfence_report() -> String {
+    let report = magpie::debug::kfence::last_report().expect("a KFENCE report");
+    alloc::format!(
+        "{}",
+        report.display(&magpie::debug::slab_debug::KernelFormat)
+    )
+}
+
 #[test_case]
-fn overflow_lands_in_a_neighbour_the_run_holds() {
+fn overflow_runs_into_a_kfence_guard_page_one_byte_right() {
     let (_, out) = run(LkdtmType::SlabLinearOverflow);
-    let line = out
-        .lines()
-        .find(|line| line.contains("landed in the neighbouring object"))
-        .unwrap_or_else(|| panic!("{out}"));
+    assert!(out.contains("a KFENCE sample at its page's end"), "{out}");
+    let report = last_kfence_report();
     assert!(
-        line.ends_with("at offset 0 (it now reads 0x12345678)"),
-        "{line}"
+        report.contains("BUG: KFENCE: out-of-bounds write in magpie::debug::lkdtm::"),
+        "{report}"
     );
+    assert!(report.contains("(1B right of kfence-#"), "{report}");
+    assert!(
+        report.contains("size=64, cache=lkdtm-linear-overflow"),
+        "{report}"
+    );
+    assert!(report.contains("allocated by task 0 on cpu "), "{report}");
+}
+
+#[test_case]
+fn use_after_free_report_has_both_stacks() {
+    let _ = run(LkdtmType::WriteAfterFree);
+    let report = last_kfence_report();
+    assert!(
+        report.contains("BUG: KFENCE: use-after-free write in "),
+        "{report}"
+    );
+    assert!(report.contains("Use-after-free write at 0x"), "{report}");
+    let alloc_at = report
+        .find("allocated by task 0")
+        .unwrap_or_else(|| panic!("{report}"));
+    let free_at = report
+        .find("freed by task 0")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(alloc_at < free_at, "{report}");
+    assert!(report[free_at..].contains("Scratch>::free+0x"), "{report}");
 }
 
 #[test_case]

@@ -226,6 +226,8 @@ impl<P: Platform> Allocator<P> {
                 _ => index += 1,
             }
         }
+        // KFENCE samples are in no slab: objects of their caches too.
+        self.kfence_for_each_sample(&mut push);
         if nr > table.len() || nr > NONE as usize {
             return Err(LeakScanError::TableTooSmall { needed: nr });
         }

@@ -90,6 +90,7 @@
 //! | --- | --- | --- |
 //! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Allocator` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
 //! | `leak_scan.rs` | leaks by reachability ([`leak_scan`]: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `kfence/` | sampled guarded allocations ([`kfence`]: Linux KFENCE) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
@@ -541,6 +542,7 @@ pub mod debug;
 mod error;
 mod flags;
 pub mod glue;
+pub mod kfence;
 pub mod kmemtrace;
 mod layout;
 pub mod leak_scan;

@@ -240,6 +240,36 @@ pub unsafe trait Platform: 'static {
     unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         Self::alloc_tag_sub(token, ptr, bytes);
     }
+
+    // ---- KFENCE (`crate::kfence`): sampled guarded allocations. The
+    // defaults disable it, so a platform that maps no pages needs nothing.
+
+    /// Memory for the KFENCE pool: `nr_pages` contiguous pages, mapped
+    /// with 4 KiB pages that [`Platform::kfence_protect`] can unmap one by
+    /// one, outside every page source's span (the page map must not know
+    /// them). Asked once, by [`Allocator::kfence_init`](crate::Allocator::kfence_init).
+    /// The default is `None`: no KFENCE.
+    fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
+        let _ = nr_pages;
+        None
+    }
+
+    /// Unmap (`protect`) or map back the pool page at `page` (page-aligned,
+    /// from [`Platform::kfence_pool`]); return whether it worked. Called
+    /// with interrupts off, from a fault handler too: no allocation, no
+    /// lock a fault could find held. The default does nothing and says no.
+    fn kfence_protect(page: usize, protect: bool) -> bool {
+        let _ = (page, protect);
+        false
+    }
+
+    /// Monotonic time in nanoseconds, for the sample interval (called on
+    /// the magazine-miss path: keep it cheap). The default is 0: samples
+    /// are taken only when forced.
+    #[inline(always)]
+    fn kfence_clock_ns() -> u64 {
+        0
+    }
 }
 
 /// Statistics a [`PageSource`] reports for `kmemstat`.

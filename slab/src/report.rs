@@ -89,6 +89,12 @@ pub struct ReportName {
 }
 
 impl ReportName {
+    /// The empty name.
+    pub const EMPTY: ReportName = ReportName {
+        bytes: [0; 31],
+        len: 0,
+    };
+
     /// `name`, cut to 31 bytes at a character boundary.
     pub fn new(name: &str) -> ReportName {
         let mut len = name.len().min(31);

@@ -186,7 +186,11 @@ impl<P: Platform> Allocator<P> {
             return None;
         }
         let entry = self.page_map().get(addr);
-        let slab = entry.slab()? as *mut Slab;
+        let Some(slab) = entry.slab() else {
+            // KFENCE HOOK: a sample is in no slab.
+            return self.kfence_whatis(addr);
+        };
+        let slab = slab as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
         // allocator.
         let cache: &'static KmemCache<P> = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };

@@ -52,6 +52,7 @@ pub struct ExceptionReporter {
 static IDT: Once<InterruptDescriptorTable> = Once::new();
 static REPORTER: Once<ExceptionReporter> = Once::new();
 static WAKE_HANDLER: Once<fn()> = Once::new();
+static PAGE_FAULT_HANDLER: Once<fn(&ExceptionInfo<'_>, usize) -> bool> = Once::new();
 /// The LAPIC timer's work (a `fn()` as `usize`; 0: none).
 static TIMER_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static HOOK: AtomicUsize = AtomicUsize::new(0);
@@ -68,6 +69,14 @@ pub fn set_reporter(reporter: ExceptionReporter) {
 /// cross-CPU call (once; later calls are ignored).
 pub fn set_wake_handler(handler: fn()) {
     WAKE_HANDLER.call_once(|| handler);
+}
+
+/// Installs the page-fault handler's first resort (once; later calls are
+/// ignored): called with the fault and the faulting address (CR2); if it
+/// returns true the fault was handled and the interrupted code resumes
+/// (KFENCE, `crate::debug::kfence`), otherwise the fault is fatal.
+pub fn set_page_fault_handler(handler: fn(&ExceptionInfo<'_>, usize) -> bool) {
+    PAGE_FAULT_HANDLER.call_once(|| handler);
 }
 
 /// Sets the work of the LAPIC timer interrupt (`lapic::timer_start`), run
@@ -177,13 +186,22 @@ extern "x86-interrupt" fn breakpoint(frame: InterruptStackFrame) {
 
 extern "x86-interrupt" fn page_fault(frame: InterruptStackFrame, error_code: PageFaultErrorCode) {
     let frame_pointer = interrupted_frame_pointer!();
-    fatal(&ExceptionInfo {
+    let info = ExceptionInfo {
         vector: 14,
         name: "Page fault (#PF)",
         error_code: Some(error_code.bits()),
         frame: &frame,
         frame_pointer,
-    });
+    };
+    if let Some(handler) = PAGE_FAULT_HANDLER.get() {
+        let address = x86_64::registers::control::Cr2::read_raw() as usize;
+        if handler(&info, address) {
+            // Handled (a KFENCE report; the page is mapped back in): the
+            // faulting instruction runs again.
+            return;
+        }
+    }
+    fatal(&info);
 }
 
 extern "x86-interrupt" fn double_fault(frame: InterruptStackFrame, error_code: u64) -> ! {

@@ -36,6 +36,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use magpie_slab::report::{ErrorKind, ErrorReport};
 use magpie_slab::{AllocError, CacheFlags, FreeError, KmemCache, PageSource};
 
+use magpie_slab::kfence::{KfencePlace, KfenceReport};
+
+use crate::debug::kfence::{self, Summary};
 use crate::kmem::{KPAGES, KernelPlatform, SLAB};
 
 type Cache = KmemCache<KernelPlatform>;
@@ -60,17 +63,33 @@ pub enum LkdtmType {
     WriteAfterFree,
     /// `READ_AFTER_FREE`: a read of a freed object.
     ReadAfterFree,
+    /// `KFENCE_OOB_LEFT`: a read 1 byte before a sampled object.
+    KfenceOobLeft,
+    /// `KFENCE_OOB_RIGHT`: a read 1 byte past a sampled object.
+    KfenceOobRight,
+    /// `KFENCE_CORRUPTION`: a write 1 byte before a sampled object placed
+    /// at its page's end (into the canary, found at the free).
+    KfenceCorruption,
+    /// `KFENCE_DOUBLE_FREE`: a sampled object freed twice.
+    KfenceDoubleFree,
+    /// `KFENCE_INVALID_FREE`: a pointer inside a sampled object freed.
+    KfenceInvalidFree,
 }
 
 impl LkdtmType {
     /// Every type, in the order `lkdtm` lists them.
-    pub const ALL: [LkdtmType; 6] = [
+    pub const ALL: [LkdtmType; 11] = [
         LkdtmType::SlabFreeDouble,
         LkdtmType::SlabFreeCross,
         LkdtmType::SlabFreePage,
         LkdtmType::SlabLinearOverflow,
         LkdtmType::WriteAfterFree,
         LkdtmType::ReadAfterFree,
+        LkdtmType::KfenceOobLeft,
+        LkdtmType::KfenceOobRight,
+        LkdtmType::KfenceCorruption,
+        LkdtmType::KfenceDoubleFree,
+        LkdtmType::KfenceInvalidFree,
     ];
 
     /// The Linux LKDTM name.
@@ -82,6 +101,11 @@ impl LkdtmType {
             LkdtmType::SlabLinearOverflow => "SLAB_LINEAR_OVERFLOW",
             LkdtmType::WriteAfterFree => "WRITE_AFTER_FREE",
             LkdtmType::ReadAfterFree => "READ_AFTER_FREE",
+            LkdtmType::KfenceOobLeft => "KFENCE_OOB_LEFT",
+            LkdtmType::KfenceOobRight => "KFENCE_OOB_RIGHT",
+            LkdtmType::KfenceCorruption => "KFENCE_CORRUPTION",
+            LkdtmType::KfenceDoubleFree => "KFENCE_DOUBLE_FREE",
+            LkdtmType::KfenceInvalidFree => "KFENCE_INVALID_FREE",
         }
     }
 
@@ -121,6 +145,9 @@ pub enum LkdtmError {
     /// A correct free, before the bug, was refused (the scratch cache is
     /// quarantined).
     Refused(FreeError),
+    /// A `KFENCE_*` type could not get a sampled object (no pool, or the
+    /// scratch cache has slab debug flags).
+    NoSample,
 }
 
 impl fmt::Display for LkdtmError {
@@ -133,6 +160,9 @@ impl fmt::Display for LkdtmError {
             LkdtmError::Refused(error) => write!(
                 f,
                 "a correct free before the bug was refused ({error}); scratch cache quarantined"
+            ),
+            LkdtmError::NoSample => f.write_str(
+                "no KFENCE sample for the scratch cache (no pool, or slab debug flags); nothing was done",
             ),
         }
     }
@@ -188,6 +218,16 @@ impl Scratch {
         let obj = crate::kmem_cache_alloc!(self.cache)?;
         self.held[slot] = Some(obj);
         Ok(obj)
+    }
+
+    /// A KFENCE sample from the scratch cache, placed as `place` says:
+    /// `None` if the cache cannot be sampled (no pool, slab debug flags).
+    fn alloc_sampled(&mut self, place: KfencePlace) -> Result<Option<NonNull<u8>>, LkdtmError> {
+        if !SLAB.kfence_force_sample_of(self.cache, Some(place)) {
+            return Ok(None);
+        }
+        let obj = self.alloc()?;
+        Ok(SLAB.kfence_contains(addr(obj)).then_some(obj))
     }
 
     /// Stops holding `obj` (the caller frees it, or commits its bug).
@@ -246,6 +286,7 @@ impl Drop for Scratch {
 pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     let _ = writeln!(out, "lkdtm: Performing direct entry {kind}");
     RUN_START.store(SLAB.nr_errors(), Ordering::Relaxed);
+    KFENCE_START.store(SLAB.kfence_stats().nr_bugs, Ordering::Relaxed);
     let verdict = match kind {
         LkdtmType::SlabFreeDouble => slab_free_double(out),
         LkdtmType::SlabFreeCross => slab_free_cross(out),
@@ -253,6 +294,7 @@ pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> 
         LkdtmType::SlabLinearOverflow => slab_linear_overflow(out),
         LkdtmType::WriteAfterFree => write_after_free(out),
         LkdtmType::ReadAfterFree => read_after_free(out),
+        kfence_kind => kfence_bug(kfence_kind, out),
     }?;
     Ok(verdict)
 }
@@ -283,7 +325,21 @@ fn report_of_run() -> Option<ErrorReport> {
         .find(|report| report.cache.as_str().starts_with("lkdtm-"))
 }
 
+/// KFENCE's report count when the current run started.
+static KFENCE_START: AtomicU64 = AtomicU64::new(0);
+
+/// The latest KFENCE report, if KFENCE reported during this run.
+fn kfence_report_of_run() -> Option<KfenceReport> {
+    (SLAB.kfence_stats().nr_bugs > KFENCE_START.load(Ordering::Relaxed))
+        .then(kfence::last_report)
+        .flatten()
+}
+
 fn not_detected(kind: LkdtmType, what: fmt::Arguments<'_>, out: &mut dyn Write) -> Verdict {
+    if let Some(report) = kfence_report_of_run() {
+        let _ = writeln!(out, "lkdtm: {kind}: detected: {}", Summary(&report));
+        return Verdict::Detected;
+    }
     if let Some(report) = report_of_run() {
         let _ = writeln!(
             out,
@@ -484,6 +540,29 @@ fn slab_linear_overflow(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x1234_5678;
     let kind = LkdtmType::SlabLinearOverflow;
     let mut scratch = Scratch::create("lkdtm-linear-overflow", out)?;
+    if let Some(victim) = scratch.alloc_sampled(KfencePlace::Right)? {
+        let target = addr(victim) + SCRATCH_OBJ_SIZE;
+        let _ = writeln!(
+            out,
+            "lkdtm: allocated {:#x} ({SCRATCH_OBJ_SIZE} bytes, a KFENCE sample at its page's end); writing {VALUE:#x} at offset {SCRATCH_OBJ_SIZE} ({target:#x}), just past its end",
+            addr(victim)
+        );
+        // SAFETY: the bug this command commits: `target` is the guard
+        // page after the sampled object; the fault is reported and the
+        // page mapped back in, so the write lands in pool memory nobody
+        // uses. 4-byte aligned.
+        unsafe { core::ptr::write_volatile(target as *mut u32, VALUE) };
+        let freed = scratch.free(victim);
+        let _ = writeln!(out, "lkdtm: free of {:#x}: {}", addr(victim), said(freed));
+        return Ok(not_detected(
+            kind,
+            format_args!(
+                "the write past the end of {:#x} went unnoticed",
+                addr(victim)
+            ),
+            out,
+        ));
+    }
     // With slab debugging the stride holds a redzone after the object.
     let stride = scratch.cache.stride();
     let mut objs = [None; 8];
@@ -568,7 +647,11 @@ fn write_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x0abc_def0;
     let kind = LkdtmType::WriteAfterFree;
     let mut scratch = Scratch::create("lkdtm-write-after-free", out)?;
-    let obj = scratch.alloc()?;
+    let sampled = scratch.alloc_sampled(KfencePlace::Right)?;
+    let obj = match sampled {
+        Some(obj) => obj,
+        None => scratch.alloc()?,
+    };
     let _ = writeln!(
         out,
         "lkdtm: allocated {:#x}, freeing it, then writing {VALUE:#x} at offset {MIDDLE}",
@@ -583,6 +666,15 @@ fn write_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     // run, so the write stays inside memory nobody else uses; the middle
     // word is not the free-list link (offset 0).
     unsafe { core::ptr::write_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>(), VALUE) };
+    if sampled.is_some() {
+        // A KFENCE sample: its page was unmapped at the free, the write
+        // faulted and was reported.
+        return Ok(not_detected(
+            kind,
+            format_args!("the write into {:#x} went unnoticed", addr(obj)),
+            out,
+        ));
+    }
     let again = scratch.alloc();
     let verdict = match again {
         Ok(back) if back == obj => {
@@ -634,7 +726,10 @@ fn read_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     const VALUE: u32 = 0x1234_5678;
     let kind = LkdtmType::ReadAfterFree;
     let mut scratch = Scratch::create("lkdtm-read-after-free", out)?;
-    let obj = scratch.alloc()?;
+    let obj = match scratch.alloc_sampled(KfencePlace::Right)? {
+        Some(obj) => obj,
+        None => scratch.alloc()?,
+    };
     // SAFETY: an allocated 64-byte object of ours.
     unsafe { core::ptr::write_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>(), VALUE) };
     let _ = writeln!(
@@ -651,7 +746,7 @@ fn read_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     // changes nothing.
     let seen = unsafe { core::ptr::read_volatile(obj.as_ptr().add(MIDDLE).cast::<u32>()) };
     let _ = writeln!(out, "lkdtm: read {seen:#x} from the freed object");
-    if seen == VALUE {
+    if seen == VALUE || kfence_report_of_run().is_some() {
         Ok(not_detected(
             kind,
             format_args!("the freed object still held {VALUE:#x} (memory was not poisoned)"),
@@ -664,4 +759,89 @@ fn read_after_free(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
         );
         Ok(Verdict::Detected)
     }
+}
+
+/// The `KFENCE_*` types: each takes a KFENCE sample from a scratch cache
+/// (placed where its bug needs it) and commits the bug on it; the guard
+/// pages, the unmapped freed page, the canary and the free's checks do the
+/// rest (Linux `mm/kfence/kfence_test.c`).
+fn kfence_bug(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let place = match kind {
+        LkdtmType::KfenceOobLeft => KfencePlace::Left,
+        _ => KfencePlace::Right,
+    };
+    let mut scratch = Scratch::create("lkdtm-kfence", out)?;
+    let Some(obj) = scratch.alloc_sampled(place)? else {
+        return Err(LkdtmError::NoSample);
+    };
+    let base = addr(obj);
+    let _ = writeln!(
+        out,
+        "lkdtm: allocated {base:#x} ({SCRATCH_OBJ_SIZE} bytes), a KFENCE sample at its page's {}",
+        if place == KfencePlace::Left {
+            "start"
+        } else {
+            "end"
+        }
+    );
+    let what = match kind {
+        LkdtmType::KfenceOobLeft | LkdtmType::KfenceOobRight => {
+            let at = if kind == LkdtmType::KfenceOobLeft {
+                base - 1
+            } else {
+                base + SCRATCH_OBJ_SIZE
+            };
+            let _ = writeln!(out, "lkdtm: reading the byte at {at:#x}");
+            // SAFETY: the bug this command commits: `at` is in the guard
+            // page beside the sample; the fault is reported and the page
+            // mapped back in (pool memory nobody uses); a read changes
+            // nothing.
+            let seen = unsafe { core::ptr::read_volatile(at as *const u8) };
+            let _ = writeln!(out, "lkdtm: read {seen:#x}");
+            let freed = scratch.free(obj);
+            let _ = writeln!(out, "lkdtm: free of {base:#x}: {}", said(freed));
+            "the read outside the object went unnoticed"
+        }
+        LkdtmType::KfenceCorruption => {
+            let _ = writeln!(
+                out,
+                "lkdtm: writing 0x41 at {:#x}, 1 byte before it",
+                base - 1
+            );
+            // SAFETY: the bug this command commits: the byte before a
+            // sample at its page's end is the sample's own canary (pool
+            // memory, mapped while the object is allocated).
+            unsafe { core::ptr::write_volatile((base - 1) as *mut u8, 0x41) };
+            let freed = scratch.free(obj);
+            let _ = writeln!(out, "lkdtm: free of {base:#x}: {}", said(freed));
+            "the write into the canary went unnoticed"
+        }
+        LkdtmType::KfenceDoubleFree => {
+            if let Err(error) = scratch.free(obj) {
+                return Err(LkdtmError::Refused(error));
+            }
+            // SAFETY: the bug this command commits: a second free of a
+            // freed sample, refused by the pool without touching it.
+            let again = unsafe { scratch.cache.free(obj) };
+            let _ = writeln!(out, "lkdtm: second free of {base:#x}: {}", said(again));
+            if let Err(error) = again {
+                return Ok(detected(kind, error, out));
+            }
+            "the second free was accepted"
+        }
+        _ => {
+            let inner = base + 8;
+            // SAFETY: the bug this command commits: a pointer inside a
+            // sample, refused by the pool without touching it.
+            let bad = unsafe { SLAB.kfree(NonNull::new_unchecked(inner as *mut u8)) };
+            let _ = writeln!(out, "lkdtm: kfree of {inner:#x} (inside it): {}", said(bad));
+            let freed = scratch.free(obj);
+            let _ = writeln!(out, "lkdtm: free of {base:#x}: {}", said(freed));
+            if let Err(error) = bad {
+                return Ok(detected(kind, error, out));
+            }
+            "the free of an inner pointer was accepted"
+        }
+    };
+    Ok(not_detected(kind, format_args!("{what}"), out))
 }

@@ -79,6 +79,20 @@ unsafe impl Platform for KernelPlatform {
         context::write_this_cpu(buf)
     }
 
+    // KFENCE: the pool is mapped with 4 KiB pages in the MMIO window
+    // (`crate::mm::paging::map_kfence_pool`); see `crate::debug::kfence`.
+    fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
+        crate::mm::paging::map_kfence_pool(nr_pages).and_then(|base| NonNull::new(base as *mut u8))
+    }
+
+    fn kfence_protect(page: usize, protect: bool) -> bool {
+        crate::mm::paging::set_present(page, !protect)
+    }
+
+    fn kfence_clock_ns() -> u64 {
+        arch::tsc::cycles_to_ns(arch::rdtsc())
+    }
+
     // kmemtrace call sites: a frame-pointer walk over the allocator's text
     // range (see `crate::tracing::call_site`).
     #[inline(always)]

@@ -225,7 +225,19 @@ pub fn kernel_pml4() -> u64 {
 pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
     let first = phys & !(PAGE_SIZE - 1);
     let end = (phys + size as u64).next_multiple_of(PAGE_SIZE);
-    let nr_pages = (end - first) / PAGE_SIZE;
+    let flags = PageTableFlags::PRESENT
+        | PageTableFlags::WRITABLE
+        | PageTableFlags::NO_CACHE
+        | PageTableFlags::WRITE_THROUGH
+        | nx_flag();
+    let base = map_window(first, (end - first) / PAGE_SIZE, flags)?;
+    Some(VirtAddr::new(base + (phys - first)))
+}
+
+/// Maps the `nr_pages` frames from physical `first` at fresh pages of the
+/// MMIO window with `flags`, permanently; their virtual address. `None` if
+/// the window or the frame allocator (page tables) is exhausted.
+fn map_window(first: u64, nr_pages: u64, flags: PageTableFlags) -> Option<u64> {
     let _lock = MAP_LOCK.lock();
     let base = MMIO_NEXT.fetch_add(nr_pages * PAGE_SIZE, Ordering::Relaxed);
     if base + nr_pages * PAGE_SIZE > MMIO_BASE + MMIO_SIZE {
@@ -235,17 +247,12 @@ pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
     assert!(pml4 != 0, "map_mmio before memory::init");
     // SAFETY: the kernel PML4 is live and MAP_LOCK is held.
     let mut table = unsafe { mapper(pml4) };
-    let flags = PageTableFlags::PRESENT
-        | PageTableFlags::WRITABLE
-        | PageTableFlags::NO_CACHE
-        | PageTableFlags::WRITE_THROUGH
-        | nx_flag();
     for index in 0..nr_pages {
         let page = Page::<Size4KiB>::containing_address(VirtAddr::new(base + index * PAGE_SIZE));
         let frame =
             PhysFrame::<Size4KiB>::containing_address(PhysAddr::new(first + index * PAGE_SIZE));
         // SAFETY: the page is fresh in the MMIO window (bump allocated); the
-        // frame is device memory the caller asked for.
+        // frame is device memory or RAM the caller owns for this mapping.
         unsafe {
             table.map_to_with_table_flags(
                 page,
@@ -258,5 +265,59 @@ pub fn map_mmio(phys: u64, size: usize) -> Option<VirtAddr> {
         .ok()?
         .flush();
     }
-    Some(VirtAddr::new(base + (phys - first)))
+    Some(base)
+}
+
+/// Maps `nr_pages` fresh RAM frames (contiguous) with 4 KiB pages,
+/// writable, NX and cached, into the MMIO window (a range no page source
+/// spans): the KFENCE pool, whose pages [`set_present`] unmaps one by one.
+/// Returns its virtual address; `None` if the window or the frames ran out.
+///
+/// # Panics
+///
+/// If called before `memory::init`.
+pub fn map_kfence_pool(nr_pages: usize) -> Option<usize> {
+    let phys = frame::alloc_contiguous(nr_pages)?.as_u64();
+    let flags = PageTableFlags::PRESENT | PageTableFlags::WRITABLE | nx_flag();
+    map_window(phys, nr_pages as u64, flags).map(|base| base as usize)
+}
+
+/// Makes the 4 KiB page at `page` (mapped by [`map_kfence_pool`]) present or
+/// not, and flushes it from this CPU's TLB (as Linux KFENCE does: other
+/// CPUs may see the old mapping until their next flush). False if the page
+/// is not a 4 KiB mapping. Callable from the page-fault handler: it takes
+/// no lock (the page's tables exist since [`map_kfence_pool`]; only its own
+/// entry changes, one atomic store).
+pub fn set_present(page: usize, present: bool) -> bool {
+    let pml4 = kernel_pml4();
+    if pml4 == 0 {
+        return false;
+    }
+    let virt = VirtAddr::new(page as u64);
+    let mut table_phys = pml4;
+    let indices = [
+        virt.p4_index(),
+        virt.p3_index(),
+        virt.p2_index(),
+        virt.p1_index(),
+    ];
+    for (level, index) in indices.into_iter().enumerate() {
+        // SAFETY: page tables live in RAM, reachable through the direct map.
+        let table = unsafe { &mut *(phys_to_virt(table_phys) as *mut PageTable) };
+        let entry = &mut table[index];
+        if level == 3 {
+            let mut flags = entry.flags();
+            flags.set(PageTableFlags::PRESENT, present);
+            let frame = entry.addr();
+            entry.set_addr(frame, flags);
+            x86_64::instructions::tlb::flush(virt);
+            return true;
+        }
+        let flags = entry.flags();
+        if !flags.contains(PageTableFlags::PRESENT) || flags.contains(PageTableFlags::HUGE_PAGE) {
+            return false;
+        }
+        table_phys = entry.addr().as_u64();
+    }
+    false
 }

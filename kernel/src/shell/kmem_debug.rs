@@ -1,4 +1,4 @@
-//! `kmem verify|whatis|errors|findleaks|cache`: slab debugging at the shell
+//! `kmem verify|whatis|errors|findleaks|cache|kfence`: slab debugging at the shell
 //! (after illumos mdb's `::kmem_verify`, `::whatis`, the `kmem_error` log
 //! and `::findleaks`), and Linux `/sys/kernel/slab/<cache>/` verbs (`kmem cache`).
 //! The mechanisms are in `magpie-slab` (`verify`, `whatis`, the error
@@ -36,6 +36,10 @@ pub(super) const KMEM: Command = Command {
             "kmem findleaks",
             "objects nothing points to (illumos ::findleaks), by cache and allocation site",
         ),
+        (
+            "kmem kfence",
+            "the sampled guarded pool (Linux KFENCE): interval, objects in use, bugs found",
+        ),
     ],
     context: "shell kmem",
     run: cmd_kmem,
@@ -51,6 +55,10 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         ["findleaks"] => crate::debug::findleaks::findleaks(out)
             .map(|_| ())
             .map_err(|error| shell_error!("findleaks: {error}")),
+        ["kfence"] => {
+            let _ = crate::debug::kfence::write_stats(out);
+            Ok(())
+        }
         _ => Err(ShellError::Usage(&KMEM)),
     }
 }

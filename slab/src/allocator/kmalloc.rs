@@ -587,7 +587,10 @@ impl<P: Platform> Allocator<P> {
             | PageOwner::LargeTail
             | PageOwner::LargeLead(_)
             | PageOwner::LargeTrail(_) => Err(FreeError::Misaligned { addr }),
-            _ => Err(FreeError::NotAllocated { addr }),
+            // KFENCE HOOK: a sampled object's size.
+            _ => self
+                .kfence_ksize(addr)
+                .ok_or(FreeError::NotAllocated { addr }),
         }
     }
 
@@ -756,6 +759,10 @@ impl<P: Platform> Allocator<P> {
             let _ = index;
             // SAFETY: located in `cache`; our caller gives it up.
             return unsafe { cache.free_flagged(ptr, slab) };
+        }
+        if self.kfence_contains(addr) {
+            // KFENCE HOOK: a sampled object is in no slab page.
+            return self.kfree_sampled(ptr);
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };

@@ -191,6 +191,8 @@ pub struct Allocator<P: Platform> {
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
     pub(crate) kmemtrace: Kmemtrace,
+    /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
+    pub(crate) kfence: crate::kfence::Kfence,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -263,6 +265,7 @@ impl<P: Platform> Allocator<P> {
             alloc_profiling: AtomicBool::new(true),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: Kmemtrace::new(),
+            kfence: crate::kfence::Kfence::new(),
         }
     }
 
@@ -580,6 +583,26 @@ impl<P: Platform> Allocator<P> {
                 cache = (*(*cache).links.get()).next;
             }
         }
+    }
+
+    /// [`Allocator::for_each_cache`] if the cache-list lock is free now;
+    /// false (nothing done) if it is held — by this CPU too: the KFENCE
+    /// tick runs on an allocation's miss, which a `for_each_cache`
+    /// callback may make.
+    pub(crate) fn try_for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) -> bool {
+        let Some(list) = self.caches.try_lock() else {
+            return false;
+        };
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache: listed caches are alive while
+            // we hold the list lock.
+            unsafe {
+                f(&*cache);
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+        true
     }
 
     /// CPU `cpu`'s magazines summed over every cache: the allocations and

@@ -241,6 +241,8 @@ impl<P: Platform> KmemCache<P> {
         if let Some(obj) = self.magazine_alloc_hit() {
             return Ok(obj);
         }
+        // KFENCE HOOK: the sample interval is checked on the miss.
+        self.owner().kfence_tick();
         if let Some(obj) = self.magazine_alloc_miss() {
             return Ok(obj);
         }

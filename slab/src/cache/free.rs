@@ -382,6 +382,14 @@ impl<P: Platform> KmemCache<P> {
     #[inline(never)]
     pub(super) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         let addr = obj.as_ptr() as usize;
+        // KFENCE HOOK: a sampled object is in no slab page (and off the
+        // primary source a bufctl cache's hash would not know it).
+        if let Some(result) = self.owner().kfence_free(addr, Some(self)) {
+            if self.hot().contains(HotFlags::KMEMTRACE) {
+                self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
+            }
+            return result;
+        }
         let slab = match self.locate(addr) {
             Ok(slab) => slab,
             Err(error) => {

@@ -54,6 +54,15 @@ impl<P: Platform> KmemCache<P> {
             // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
             return self.alloc_recorded(hot - HotFlags::KMEMTRACE, tag, bytes_req);
         }
+        let mut hot = hot;
+        if hot.contains(HotFlags::SAMPLE) {
+            // KFENCE HOOK: a sample is armed; served from the guarded pool
+            // (this cache's bit cleared either way).
+            if let Some(obj) = self.owner().kfence_alloc(self, bytes_req, &tag) {
+                return pack(Ok(obj));
+            }
+            hot -= HotFlags::SAMPLE;
+        }
         let tag = if hot.contains(HotFlags::PROFILING) {
             tag()
         } else {

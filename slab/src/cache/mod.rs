@@ -153,6 +153,10 @@ bitflags::bitflags! {
         /// state, a debug layout or `NOTOUCH` own their first word, so
         /// allocs and frees leave the keyed hits.
         const KEYLESS = 1024;
+        /// A KFENCE sample is armed ([`crate::kfence`]): the next
+        /// allocation takes the flagged path and may be served from the
+        /// guarded pool; the bit is cleared there.
+        const SAMPLE = 2048;
     }
 }
 
@@ -164,7 +168,8 @@ impl HotFlags {
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::PROFILING)
         .union(HotFlags::UNBORN)
-        .union(HotFlags::KEYLESS);
+        .union(HotFlags::KEYLESS)
+        .union(HotFlags::SAMPLE);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)

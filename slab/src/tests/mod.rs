@@ -28,6 +28,8 @@ mod glue;
 #[cfg(not(loom))]
 mod idle_tick;
 #[cfg(not(loom))]
+mod kfence;
+#[cfg(not(loom))]
 mod kmalloc;
 #[cfg(not(loom))]
 mod kmemtrace;

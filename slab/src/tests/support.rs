@@ -177,6 +177,22 @@ unsafe impl Platform for TestPlatform {
         buf[..bytes.len()].copy_from_slice(bytes);
         bytes.len()
     }
+    fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
+        let pages = vec![Page([0; PAGE_SIZE]); nr_pages].into_boxed_slice();
+        NonNull::new(Box::leak(pages).as_mut_ptr().cast())
+    }
+    fn kfence_protect(page: usize, protect: bool) -> bool {
+        let mut protected = KFENCE_PROTECTED.lock().unwrap();
+        if protect {
+            protected.push(page);
+        } else {
+            protected.retain(|&p| p != page);
+        }
+        true
+    }
+    fn kfence_clock_ns() -> u64 {
+        KFENCE_CLOCK.load(Ordering::Relaxed)
+    }
     fn caller_frames(frames: &mut [usize]) -> usize {
         let Some(first) = frames.first_mut() else {
             return 0;
@@ -186,6 +202,16 @@ unsafe impl Platform for TestPlatform {
         frames[1..1 + rest].copy_from_slice(&FAKE_FRAMES[..rest]);
         1 + rest
     }
+}
+
+/// The pages the fake KFENCE pools have unmapped (every pool's).
+pub static KFENCE_PROTECTED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The fake KFENCE clock, in ns.
+pub static KFENCE_CLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the fake platform has the pool page at `page` unmapped.
+pub fn kfence_protected(page: usize) -> bool {
+    KFENCE_PROTECTED.lock().unwrap().contains(&page)
 }
 
 /// One page of a [`FakeSource`]: its type gives the region its alignment.

@@ -1,0 +1,976 @@
+//! KFENCE: sampled guarded allocations, on by default (after Linux
+//! `mm/kfence/core.c`, `Documentation/dev-tools/kfence.rst`).
+//!
+//! A pool of [`KFENCE_POOL_PAGES`] pages from the platform
+//! ([`Platform::kfence_pool`]): pages 0 and 1 are guards, then object page,
+//! guard page, object page, … — [`KFENCE_NUM_OBJECTS`] object pages, each
+//! between two guard pages the platform keeps unmapped
+//! ([`Platform::kfence_protect`]). Once every sample interval
+//! ([`Allocator::kfence_set_interval`], Linux `kfence.sample_interval`, in
+//! ms) the next allocation of an eligible cache is served from the pool:
+//!
+//! ```text
+//!  page:  0      1      2            3      4            5   …  127
+//!        guard  guard  [canary|obj]  guard  [obj|canary]  guard   guard
+//!                       right-placed        left-placed
+//! ```
+//!
+//! The object sits at its page's right end (aligned down to the cache's
+//! alignment) or its left end, alternately, so that an overflow or an
+//! underflow runs into a guard page and faults; the rest of the page holds
+//! a canary (`0xaa ^ (addr & 7)`, Linux's pattern) checked at the free. A
+//! freed object's page is unmapped, so a use after free faults too; freed
+//! objects are reused least-recently-freed first.
+//!
+//! The hit pays nothing: arming sets the `SAMPLE` bit in every cache's
+//! hot-flags word (the word the hit tests anyway), the next allocation of
+//! a cache takes the flagged path, claims the sample (one per interval,
+//! over all caches) and clears its bit. The free pays nothing either: a
+//! pool address is in no slab page, so the owner lookup misses and the
+//! slow path asks the pool before reporting a bad free. The interval
+//! runs on the magazine-miss path's clock ([`Platform::kfence_clock_ns`]).
+//!
+//! Eligible caches: keyed ones (no constructor, no debug flags, not
+//! `NOTOUCH`, not bootstrap, not traced or recorded) with objects of at
+//! most a page. A sample counts in its cache's statistics, is charged to
+//! its allocation tag, and is an object of its cache to the leak scan.
+//!
+//! The platform turns a fault in the pool into a report with
+//! [`Allocator::kfence_fault`] (which maps the page back in, so the faulting
+//! access completes and the kernel carries on); bad frees and canary
+//! corruption are reported at the free to the hook of
+//! [`Allocator::set_kfence_hook`]. Reports are [`KfenceReport`]s, written
+//! in KFENCE's layout by [`KfenceReport::display`].
+
+mod report;
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+pub use self::report::{KfenceBug, KfenceReport, KfenceReportDisplay};
+use crate::alloc_tag::AllocTagRef;
+use crate::allocator::Allocator;
+use crate::cache::{HotFlags, KmemCache};
+use crate::error::FreeError;
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::report::ReportName;
+use crate::sync::IrqGuard;
+
+/// Objects in the pool (Linux `CONFIG_KFENCE_NUM_OBJECTS`, 255 by default;
+/// smaller here).
+pub const KFENCE_NUM_OBJECTS: usize = 63;
+/// Pages of the pool: two per object and two leading guards.
+pub const KFENCE_POOL_PAGES: usize = (KFENCE_NUM_OBJECTS + 1) * 2;
+/// Frames kept of an allocation's and a free's stack.
+pub const KFENCE_STACK_DEPTH: usize = 16;
+/// The default sample interval in ms (Linux's `CONFIG_KFENCE_SAMPLE_INTERVAL`).
+pub const KFENCE_DEFAULT_INTERVAL_MS: u64 = 100;
+
+/// The canary byte at `addr` (Linux `KFENCE_CANARY_PATTERN_U8`).
+#[inline]
+pub(crate) const fn canary(addr: usize) -> u8 {
+    0xaa ^ (addr & 7) as u8
+}
+
+/// Where a sampled object sits in its page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KfencePlace {
+    /// At the page's start: an underflow runs into the guard page on the left.
+    Left,
+    /// At the page's end: an overflow runs into the guard page on the right.
+    Right,
+}
+
+/// The state of a pool object (Linux `enum kfence_object_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KfenceState {
+    /// Never allocated.
+    Unused,
+    /// Handed out.
+    Allocated,
+    /// Freed (its page is unmapped).
+    Freed,
+}
+
+/// A stack kept by the pool: the allocation's or the free's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KfenceStack {
+    /// Return addresses, innermost first.
+    pub frames: [usize; KFENCE_STACK_DEPTH],
+    /// How many of `frames` are valid.
+    pub len: usize,
+    /// The CPU it ran on.
+    pub cpu: usize,
+    /// When ([`Platform::now`] ticks).
+    pub time: u64,
+}
+
+impl KfenceStack {
+    const EMPTY: KfenceStack = KfenceStack {
+        frames: [0; KFENCE_STACK_DEPTH],
+        len: 0,
+        cpu: 0,
+        time: 0,
+    };
+
+    /// The caller's stack now.
+    fn capture<P: Platform>() -> KfenceStack {
+        let mut stack = KfenceStack::EMPTY;
+        stack.len = P::backtrace(&mut stack.frames).min(KFENCE_STACK_DEPTH);
+        stack.cpu = P::cpu_id();
+        stack.time = P::now();
+        stack
+    }
+
+    /// A stack from frames the caller has (a fault's interrupted stack).
+    pub fn from_frames(frames: &[usize], cpu: usize, time: u64) -> KfenceStack {
+        let mut stack = KfenceStack::EMPTY;
+        let len = frames.len().min(KFENCE_STACK_DEPTH);
+        stack.frames[..len].copy_from_slice(&frames[..len]);
+        stack.len = len;
+        stack.cpu = cpu;
+        stack.time = time;
+        stack
+    }
+
+    /// The valid frames.
+    pub fn frames(&self) -> &[usize] {
+        &self.frames[..self.len]
+    }
+}
+
+/// A pool object's metadata (Linux `struct kfence_metadata`), as reports
+/// show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KfenceObject {
+    /// Its index in the pool (`kfence-#N`).
+    pub index: usize,
+    /// Allocated or freed (or never used).
+    pub state: KfenceState,
+    /// The object's address.
+    pub addr: usize,
+    /// Its size in bytes (what the caller asked for: kmalloc's size, or
+    /// the cache's object size).
+    pub size: usize,
+    /// The cache it was allocated from.
+    pub cache: ReportName,
+    /// Where it was allocated.
+    pub alloc: KfenceStack,
+    /// Where it was freed (`state` is `Freed`).
+    pub free: KfenceStack,
+    /// The owning cache (for `KmemCache::free`'s check).
+    cache_ptr: usize,
+    /// The allocation tag's charge token (profiling), uncharged at the free.
+    tag: Option<AllocTagRef>,
+}
+
+impl KfenceObject {
+    const UNUSED: KfenceObject = KfenceObject {
+        index: 0,
+        state: KfenceState::Unused,
+        addr: 0,
+        size: 0,
+        cache: ReportName::EMPTY,
+        alloc: KfenceStack::EMPTY,
+        free: KfenceStack::EMPTY,
+        cache_ptr: 0,
+        tag: None,
+    };
+}
+
+/// Pool figures for `kmem kfence`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KfenceStats {
+    /// A pool exists ([`Allocator::kfence_init`] succeeded).
+    pub enabled: bool,
+    /// The sample interval in ms (0: sampling off).
+    pub interval_ms: u64,
+    /// Pages in the pool.
+    pub pool_pages: usize,
+    /// Objects in the pool.
+    pub nr_objects: usize,
+    /// Objects handed out now.
+    pub nr_in_use: usize,
+    /// Sampled allocations ever.
+    pub nr_allocs: u64,
+    /// Frees of sampled objects ever.
+    pub nr_frees: u64,
+    /// Samples not served (the pool was full or the cache not eligible).
+    pub nr_skipped: u64,
+    /// Bugs reported.
+    pub nr_bugs: u64,
+}
+
+/// Why [`Allocator::kfence_init`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KfenceError {
+    /// The platform has no pool ([`Platform::kfence_pool`] said `None`) or
+    /// cannot unmap pages.
+    Unsupported,
+    /// The allocator is not initialised, or the metadata pages could not
+    /// be had.
+    NoMemory,
+    /// A pool exists already.
+    AlreadyInitialized,
+}
+
+impl core::fmt::Display for KfenceError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            KfenceError::Unsupported => "the platform provides no KFENCE pool",
+            KfenceError::NoMemory => "no memory for the KFENCE metadata",
+            KfenceError::AlreadyInitialized => "KFENCE is already initialised",
+        })
+    }
+}
+
+/// The pool's mutable state, under [`Kfence::lock`].
+struct PoolState {
+    /// Free object indices, least recently freed first (a ring).
+    free: [u8; KFENCE_NUM_OBJECTS],
+    head: usize,
+    len: usize,
+    /// The placement of the next object (alternates).
+    next_right: bool,
+    /// A placement forced for the next sample.
+    forced: Option<KfencePlace>,
+    /// The objects' metadata (in pages from the primary source).
+    meta: *mut KfenceObject,
+}
+
+impl PoolState {
+    fn meta(&mut self, index: usize) -> &mut KfenceObject {
+        debug_assert!(index < KFENCE_NUM_OBJECTS);
+        // SAFETY: `meta` holds KFENCE_NUM_OBJECTS initialised entries
+        // (kfence_init) once a pool exists, and only the lock's holder
+        // reaches them.
+        unsafe { &mut *self.meta.add(index) }
+    }
+}
+
+/// The allocator's KFENCE state.
+pub(crate) struct Kfence {
+    /// The pool's first page (0: no pool).
+    pool: AtomicUsize,
+    /// Sample interval in ns (0: off).
+    interval_ns: AtomicU64,
+    /// When the next sample is due ([`Platform::kfence_clock_ns`]).
+    next_ns: AtomicU64,
+    /// A sample is armed: the next eligible allocation takes it.
+    armed: AtomicBool,
+    /// The cache a forced sample is for (0: any).
+    target: AtomicUsize,
+    lock: spin::Mutex<PoolState>,
+    nr_allocs: AtomicU64,
+    nr_frees: AtomicU64,
+    nr_skipped: AtomicU64,
+    nr_bugs: AtomicU64,
+    /// The meta array (also in `lock`'s state), for the hook-free lookups.
+    meta: AtomicPtr<KfenceObject>,
+    hook: spin::Mutex<Option<fn(&KfenceReport)>>,
+}
+
+// SAFETY: the raw pointer in PoolState is only reached under the lock.
+unsafe impl Send for PoolState {}
+
+impl Kfence {
+    pub(crate) const fn new() -> Kfence {
+        Kfence {
+            pool: AtomicUsize::new(0),
+            interval_ns: AtomicU64::new(0),
+            next_ns: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            target: AtomicUsize::new(0),
+            lock: spin::Mutex::new(PoolState {
+                free: [0; KFENCE_NUM_OBJECTS],
+                head: 0,
+                len: 0,
+                next_right: true,
+                forced: None,
+                meta: core::ptr::null_mut(),
+            }),
+            nr_allocs: AtomicU64::new(0),
+            nr_frees: AtomicU64::new(0),
+            nr_skipped: AtomicU64::new(0),
+            nr_bugs: AtomicU64::new(0),
+            meta: AtomicPtr::new(core::ptr::null_mut()),
+            hook: spin::Mutex::new(None),
+        }
+    }
+
+    /// Whether `addr` lies in the pool.
+    #[inline]
+    fn contains(&self, addr: usize) -> bool {
+        let pool = self.pool.load(Ordering::Acquire);
+        pool != 0 && addr.wrapping_sub(pool) < KFENCE_POOL_PAGES * PAGE_SIZE
+    }
+}
+
+/// The object whose page is pool page `page` (`None`: a guard page).
+const fn object_of_page(page: usize) -> Option<usize> {
+    if page >= 2 && page.is_multiple_of(2) {
+        Some((page - 2) / 2)
+    } else {
+        None
+    }
+}
+
+/// The page index (in the pool) of object `index`.
+const fn object_page(index: usize) -> usize {
+    2 + 2 * index
+}
+
+impl<P: Platform> Allocator<P> {
+    /// Set up the KFENCE pool ([`KFENCE_POOL_PAGES`] pages from
+    /// [`Platform::kfence_pool`], every page unmapped until used) and
+    /// sample every `interval_ms` ms (0: only when forced, see
+    /// [`Allocator::kfence_force_sample`]). Call once, after `init`.
+    ///
+    /// # Errors
+    /// [`KfenceError`]: no pool from the platform, no memory for the
+    /// metadata, or a pool exists already.
+    pub fn kfence_init(&self, interval_ms: u64) -> Result<(), KfenceError> {
+        if !self.is_ready() {
+            return Err(KfenceError::NoMemory);
+        }
+        if self.kfence.pool.load(Ordering::Acquire) != 0 {
+            return Err(KfenceError::AlreadyInitialized);
+        }
+        let pool = P::kfence_pool(KFENCE_POOL_PAGES).ok_or(KfenceError::Unsupported)?;
+        let pool = pool.as_ptr() as usize;
+        let meta_bytes = KFENCE_NUM_OBJECTS * core::mem::size_of::<KfenceObject>();
+        let meta_pages = meta_bytes.div_ceil(PAGE_SIZE);
+        let meta = self
+            .primary_source()
+            .alloc_pages(meta_pages)
+            .map_err(|_| KfenceError::NoMemory)?
+            .cast::<KfenceObject>()
+            .as_ptr();
+        for index in 0..KFENCE_NUM_OBJECTS {
+            // SAFETY: meta_pages fresh pages hold KFENCE_NUM_OBJECTS
+            // entries (page-aligned, so aligned for KfenceObject).
+            unsafe {
+                meta.add(index).write(KfenceObject {
+                    index,
+                    ..KfenceObject::UNUSED
+                });
+            }
+        }
+        for page in 0..KFENCE_POOL_PAGES {
+            if !P::kfence_protect(pool + page * PAGE_SIZE, true) {
+                return Err(KfenceError::Unsupported);
+            }
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            let mut state = self.kfence.lock.lock();
+            state.meta = meta;
+            for (slot, index) in state.free.iter_mut().zip(0u8..) {
+                *slot = index;
+            }
+            state.head = 0;
+            state.len = KFENCE_NUM_OBJECTS;
+        }
+        self.kfence.meta.store(meta, Ordering::Release);
+        self.kfence.pool.store(pool, Ordering::Release);
+        self.kfence_set_interval(interval_ms);
+        Ok(())
+    }
+
+    /// Sample every `interval_ms` ms (Linux `kfence.sample_interval`); 0
+    /// switches sampling off (forced samples still work).
+    pub fn kfence_set_interval(&self, interval_ms: u64) {
+        let ns = interval_ms.saturating_mul(1_000_000);
+        self.kfence.interval_ns.store(ns, Ordering::Relaxed);
+        self.kfence
+            .next_ns
+            .store(P::kfence_clock_ns().saturating_add(ns), Ordering::Relaxed);
+    }
+
+    /// The hook called with every report made at a free (invalid or double
+    /// free, canary corruption). Fault reports are returned by
+    /// [`Allocator::kfence_fault`] instead.
+    pub fn set_kfence_hook(&self, hook: Option<fn(&KfenceReport)>) {
+        let _irq = IrqGuard::<P>::new();
+        *self.kfence.hook.lock() = hook;
+    }
+
+    /// Sample the next eligible allocation (of any cache), placed as
+    /// `place` says (`None`: the next in turn). False if there is no pool.
+    pub fn kfence_force_sample(&self, place: Option<KfencePlace>) -> bool {
+        if self.kfence.pool.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            self.kfence.lock.lock().forced = place;
+        }
+        self.kfence.target.store(0, Ordering::Release);
+        self.kfence_arm();
+        true
+    }
+
+    /// Sample the next allocation of `cache` (and of no other), placed as
+    /// `place` says: how `lkdtm` puts its victim in the pool. False if
+    /// there is no pool or the cache is not eligible (a constructor, debug
+    /// flags, `NOTOUCH`, objects over a page).
+    pub fn kfence_force_sample_of(&self, cache: &KmemCache<P>, place: Option<KfencePlace>) -> bool {
+        if self.kfence.pool.load(Ordering::Acquire) == 0 || !Self::kfence_eligible(cache) {
+            return false;
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            self.kfence.lock.lock().forced = place;
+        }
+        self.kfence
+            .target
+            .store(cache as *const KmemCache<P> as usize, Ordering::Release);
+        self.kfence.armed.store(true, Ordering::Release);
+        cache.set_hot(HotFlags::SAMPLE);
+        true
+    }
+
+    /// Whether `cache` may be sampled: keyed (no constructor, debug flags
+    /// or `NOTOUCH`), not bootstrap, objects of at most a page, and not
+    /// traced or recorded now (the trace table and kmemtrace account for
+    /// every object exactly; a traced cache is being debugged already).
+    fn kfence_eligible(cache: &KmemCache<P>) -> bool {
+        !cache.hot().intersects(
+            HotFlags::KEYLESS
+                | HotFlags::BOOTSTRAP
+                | HotFlags::DEBUG
+                | HotFlags::TRACED
+                | HotFlags::KMEMTRACE,
+        ) && cache.obj_size() <= PAGE_SIZE
+    }
+
+    /// Count a sample's free in its cache's statistics, as the magazines
+    /// count their objects (a round that left; the allocation counted as
+    /// the allocation of a round that came in), so `nr_allocated` and the
+    /// `_ever` figures include samples. Uncounted if this CPU's per-CPU
+    /// cache is held (an interrupt handler that interrupted a magazine
+    /// hit freed the sample: rare; `nr_allocated` stays one too high).
+    fn kfence_count_free(cache: &KmemCache<P>) {
+        if cache.pcpu.is_null() {
+            return;
+        }
+        let irq = IrqGuard::<P>::new();
+        if let Some(mut locked) = cache.pcpu_lock_here(&irq) {
+            let pcc = locked.get();
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
+        }
+    }
+
+    /// Arm a sample: every cache's next allocation takes the flagged path.
+    fn kfence_arm(&self) {
+        if !self.kfence.armed.swap(true, Ordering::AcqRel) {
+            self.for_each_cache(|cache| cache.set_hot(HotFlags::SAMPLE));
+        }
+    }
+
+    /// The slow paths' clock check: arm a sample if the interval has
+    /// passed. A load and a test while sampling is off.
+    #[inline]
+    pub(crate) fn kfence_tick(&self) {
+        let interval = self.kfence.interval_ns.load(Ordering::Relaxed);
+        if interval == 0 {
+            return;
+        }
+        self.kfence_tick_due(interval);
+    }
+
+    /// The interval has perhaps passed: arm a sample, unless one is armed
+    /// or the cache list is busy (then the next miss tries again: this
+    /// runs inside allocations, which may happen under the list lock).
+    #[inline(never)]
+    fn kfence_tick_due(&self, interval: u64) {
+        let now = P::kfence_clock_ns();
+        if now < self.kfence.next_ns.load(Ordering::Relaxed)
+            || self.kfence.armed.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        if self.try_for_each_cache(|cache| cache.set_hot(HotFlags::SAMPLE)) {
+            self.kfence
+                .next_ns
+                .store(now.saturating_add(interval), Ordering::Relaxed);
+        } else {
+            self.kfence.armed.store(false, Ordering::Release);
+        }
+    }
+
+    /// Pool figures.
+    pub fn kfence_stats(&self) -> KfenceStats {
+        let enabled = self.kfence.pool.load(Ordering::Acquire) != 0;
+        let free = if enabled {
+            let _irq = IrqGuard::<P>::new();
+            self.kfence.lock.lock().len
+        } else {
+            0
+        };
+        KfenceStats {
+            enabled,
+            interval_ms: self.kfence.interval_ns.load(Ordering::Relaxed) / 1_000_000,
+            pool_pages: if enabled { KFENCE_POOL_PAGES } else { 0 },
+            nr_objects: if enabled { KFENCE_NUM_OBJECTS } else { 0 },
+            nr_in_use: if enabled {
+                KFENCE_NUM_OBJECTS - free
+            } else {
+                0
+            },
+            nr_allocs: self.kfence.nr_allocs.load(Ordering::Relaxed),
+            nr_frees: self.kfence.nr_frees.load(Ordering::Relaxed),
+            nr_skipped: self.kfence.nr_skipped.load(Ordering::Relaxed),
+            nr_bugs: self.kfence.nr_bugs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Call `f(start, end)` for every allocated sample (a snapshot: the
+    /// pool lock is not held during the calls).
+    pub fn kfence_for_each_allocated(&self, mut f: impl FnMut(usize, usize)) {
+        self.kfence_for_each_sample(|start, size, _, _| f(start, start + size));
+    }
+
+    /// Call `f(start, size, cache, site)` for every allocated sample (its
+    /// cache type-erased, its tag's charge token): the leak scan's entries
+    /// for samples, which are in no slab. A snapshot: the pool lock is not
+    /// held during the calls.
+    pub(crate) fn kfence_for_each_sample(
+        &self,
+        mut f: impl FnMut(usize, usize, usize, Option<AllocTagRef>),
+    ) {
+        if self.kfence.pool.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut live = [(0usize, 0usize, 0usize, None); KFENCE_NUM_OBJECTS];
+        let mut nr = 0;
+        {
+            let _irq = IrqGuard::<P>::new();
+            let mut state = self.kfence.lock.lock();
+            for index in 0..KFENCE_NUM_OBJECTS {
+                let meta = state.meta(index);
+                if meta.state == KfenceState::Allocated {
+                    live[nr] = (meta.addr, meta.size, meta.cache_ptr, meta.tag);
+                    nr += 1;
+                }
+            }
+        }
+        for &(start, size, cache, site) in &live[..nr] {
+            f(start, size, cache, site);
+        }
+    }
+
+    /// Whether `addr` lies in the KFENCE pool.
+    pub fn kfence_contains(&self, addr: usize) -> bool {
+        self.kfence.contains(addr)
+    }
+
+    /// The metadata of the pool object whose page (or neighbouring guard
+    /// page) holds `addr`, if `addr` is in the pool: the object a report
+    /// about `addr` names.
+    pub fn kfence_object(&self, addr: usize) -> Option<KfenceObject> {
+        if !self.kfence.contains(addr) {
+            return None;
+        }
+        let _irq = IrqGuard::<P>::new();
+        let mut state = self.kfence.lock.lock();
+        let index = self.kfence_nearest(&mut state, addr)?;
+        Some(*state.meta(index))
+    }
+
+    /// The object `addr` belongs to, or for a guard page the nearer
+    /// allocated neighbour (Linux `kfence_handle_page_fault`).
+    fn kfence_nearest(&self, state: &mut PoolState, addr: usize) -> Option<usize> {
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        let page = (addr - pool) / PAGE_SIZE;
+        if let Some(index) = object_of_page(page) {
+            return Some(index);
+        }
+        let left = (page >= 3).then(|| (page - 3) / 2);
+        let right = (page + 1 < KFENCE_POOL_PAGES).then(|| (page.max(1) - 1) / 2);
+        let distance = |state: &mut PoolState, index: usize| {
+            let meta = *state.meta(index);
+            if meta.state == KfenceState::Unused {
+                return usize::MAX;
+            }
+            if addr < meta.addr {
+                meta.addr - addr
+            } else {
+                addr - (meta.addr + meta.size) + 1
+            }
+        };
+        match (left, right) {
+            (Some(l), Some(r)) => {
+                if distance(state, l) <= distance(state, r) {
+                    Some(l)
+                } else {
+                    Some(r)
+                }
+            }
+            (l, r) => l.or(r),
+        }
+    }
+
+    /// Serve a sampled allocation of `cache` (`size` bytes, 0: the
+    /// object size): `None` if the cache is not eligible, the sample was
+    /// taken by another allocation, or the pool is full. Clears the
+    /// cache's `SAMPLE` bit. Charged to `tag()` (asked with profiling on)
+    /// and counted in the cache's statistics as its other objects are.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn kfence_alloc(
+        &self,
+        cache: &KmemCache<P>,
+        size: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Option<NonNull<u8>> {
+        // This CPU's per-CPU cache held throughout, to count the sample:
+        // if a hit this interrupted holds it, no sample now (the bit
+        // stays: the next allocation tries again).
+        if cache.pcpu.is_null() {
+            return None;
+        }
+        let irq = IrqGuard::<P>::new();
+        let mut locked = cache.pcpu_lock_here(&irq)?;
+        let obj = self.kfence_alloc_untagged(cache, size, tag)?;
+        let pcc = locked.get();
+        pcc.nr_allocs += 1;
+        pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
+        Some(obj)
+    }
+
+    fn kfence_alloc_untagged(
+        &self,
+        cache: &KmemCache<P>,
+        size: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Option<NonNull<u8>> {
+        cache.clear_hot(HotFlags::SAMPLE);
+        if !Self::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let this = cache as *const KmemCache<P> as usize;
+        let target = self.kfence.target.load(Ordering::Acquire);
+        if target != 0 && target != this {
+            return None;
+        }
+        if !self.kfence.armed.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.kfence.target.store(0, Ordering::Relaxed);
+        let size = if size == 0 {
+            cache.obj_size()
+        } else {
+            size.min(cache.obj_size())
+        };
+        // Objects of a cache are aligned to its alignment and, in a slab,
+        // to the largest power of two dividing their size.
+        let align = cache
+            .align()
+            .max(1 << cache.obj_size().trailing_zeros())
+            .min(PAGE_SIZE);
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        let alloc = KfenceStack::capture::<P>();
+        let tag = if cache.hot().contains(HotFlags::PROFILING) {
+            tag()
+        } else {
+            None
+        };
+        let _irq = IrqGuard::<P>::new();
+        let mut state = self.kfence.lock.lock();
+        if state.len == 0 {
+            self.kfence.nr_skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let index = usize::from(state.free[state.head]);
+        state.head = (state.head + 1) % KFENCE_NUM_OBJECTS;
+        state.len -= 1;
+        let right = match state.forced.take() {
+            Some(place) => place == KfencePlace::Right,
+            None => {
+                state.next_right = !state.next_right;
+                !state.next_right
+            }
+        };
+        let page = pool + object_page(index) * PAGE_SIZE;
+        let addr = if right {
+            (page + PAGE_SIZE - size) & !(align - 1)
+        } else {
+            page
+        };
+        // The guards again (a report may have mapped one in), then the page.
+        P::kfence_protect(page - PAGE_SIZE, true);
+        P::kfence_protect(page + PAGE_SIZE, true);
+        P::kfence_protect(page, false);
+        for byte in (page..addr).chain(addr + size..page + PAGE_SIZE) {
+            // SAFETY: the object's page, mapped above, ours under the lock.
+            unsafe { (byte as *mut u8).write(canary(byte)) };
+        }
+        *state.meta(index) = KfenceObject {
+            index,
+            state: KfenceState::Allocated,
+            addr,
+            size,
+            cache: ReportName::new(cache.name()),
+            alloc,
+            free: KfenceStack::EMPTY,
+            cache_ptr: cache as *const KmemCache<P> as usize,
+            tag,
+        };
+        drop(state);
+        self.kfence.nr_allocs.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: in the pool, not null.
+        let obj = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = tag {
+            // SAFETY: `tag` is a charge token (the tag closures return the
+            // platform's tokens, as for every profiled allocation).
+            unsafe { P::alloc_tag_charge_token(token, obj, cache.obj_size()) };
+        }
+        Some(obj)
+    }
+
+    /// `kmem whatis` of a pool address: the allocated sample whose page
+    /// holds `addr` (the canary around it shows as its redzone; `slab` is
+    /// 0). `None` for guard pages and free slots.
+    pub(crate) fn kfence_whatis(&self, addr: usize) -> Option<crate::verify::WhatIs<P>> {
+        let object = self.kfence_object(addr)?;
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        if object.state != KfenceState::Allocated
+            || object_of_page((addr - pool) / PAGE_SIZE) != Some(object.index)
+        {
+            return None;
+        }
+        // SAFETY: the cache of an allocated sample: alive.
+        let cache: &'static KmemCache<P> = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        let inside = (object.addr..object.addr + object.size).contains(&addr);
+        Some(crate::verify::WhatIs {
+            addr,
+            cache,
+            object: object.addr,
+            offset: addr.wrapping_sub(object.addr),
+            region: if inside {
+                crate::verify::ObjectRegion::Object
+            } else {
+                crate::verify::ObjectRegion::Redzone
+            },
+            slab: 0,
+            allocated: true,
+            resting: "kfence pool",
+            last_alloc: None,
+            last_free: None,
+        })
+    }
+
+    /// The usable size of a sampled object at `addr` (`None`: not the start
+    /// of an allocated pool object).
+    pub(crate) fn kfence_ksize(&self, addr: usize) -> Option<usize> {
+        let object = self.kfence_object(addr)?;
+        (object.state == KfenceState::Allocated && object.addr == addr).then_some(object.size)
+    }
+
+    /// Free `addr` if it is in the pool (`None`: it is not, nothing done):
+    /// a bad free (not an allocated object's start; freed to another
+    /// `cache` than its own) is reported and refused; a good one has its
+    /// canary checked (corruption reported, the free goes on), its page
+    /// unmapped, and joins the back of the free queue.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn kfence_free(
+        &self,
+        addr: usize,
+        cache: Option<&KmemCache<P>>,
+    ) -> Option<Result<(), FreeError>> {
+        if !self.kfence.contains(addr) {
+            return None;
+        }
+        let stack = KfenceStack::capture::<P>();
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        let irq = IrqGuard::<P>::new();
+        let mut state = self.kfence.lock.lock();
+        let page = (addr - pool) / PAGE_SIZE;
+        let index = object_of_page(page);
+        let object = index.map(|index| *state.meta(index));
+        let good = object.filter(|o| o.state == KfenceState::Allocated && o.addr == addr);
+        let Some(object) = good else {
+            let double = object.is_some_and(|o| o.state == KfenceState::Freed && o.addr == addr);
+            let nearest = self
+                .kfence_nearest(&mut state, addr)
+                .map(|i| *state.meta(i));
+            drop(state);
+            drop(irq);
+            self.kfence_report(KfenceReport::new(
+                KfenceBug::InvalidFree,
+                addr,
+                nearest,
+                stack,
+            ));
+            return Some(Err(if double {
+                FreeError::DoubleFree { addr }
+            } else {
+                FreeError::NotAllocated { addr }
+            }));
+        };
+        if let Some(cache) = cache
+            && cache as *const KmemCache<P> as usize != object.cache_ptr
+        {
+            drop(state);
+            drop(irq);
+            self.kfence_report(KfenceReport::new(
+                KfenceBug::InvalidFree,
+                addr,
+                Some(object),
+                stack,
+            ));
+            return Some(Err(FreeError::WrongCache { addr, owner: None }));
+        }
+        let page = pool + page * PAGE_SIZE;
+        let corrupt = (page..object.addr)
+            .chain(object.addr + object.size..page + PAGE_SIZE)
+            // SAFETY: the object's page, mapped while it is allocated.
+            .find(|&byte| unsafe { (byte as *const u8).read() } != canary(byte));
+        let mut report = None;
+        if let Some(first) = corrupt {
+            let mut bytes = [None; 16];
+            for (i, slot) in bytes.iter_mut().enumerate() {
+                let byte = first + i;
+                let in_canary = byte < page + PAGE_SIZE
+                    && !(object.addr..object.addr + object.size).contains(&byte);
+                if in_canary {
+                    // SAFETY: as above, inside the page.
+                    let seen = unsafe { (byte as *const u8).read() };
+                    *slot = Some((seen, seen != canary(byte)));
+                }
+            }
+            let mut r = KfenceReport::new(KfenceBug::Corruption, first, Some(object), stack);
+            r.bytes = bytes;
+            report = Some(r);
+        }
+        let meta = state.meta(object.index);
+        meta.state = KfenceState::Freed;
+        meta.free = stack;
+        P::kfence_protect(page, true);
+        let tail = (state.head + state.len) % KFENCE_NUM_OBJECTS;
+        state.free[tail] = object.index as u8;
+        state.len += 1;
+        drop(state);
+        drop(irq);
+        self.kfence.nr_frees.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the cache of an object allocated until now: alive (a
+        // cache is not destroyed while its objects are in use).
+        let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        Self::kfence_count_free(owner);
+        if owner.hot().contains(HotFlags::EVER_TRACED) {
+            // Sampled before tracing started, maybe; no record then.
+            owner.trace_free(addr);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = object.tag {
+            // SAFETY: the token this object was charged with, once.
+            unsafe {
+                P::alloc_tag_uncharge(
+                    token,
+                    NonNull::new_unchecked(addr as *mut u8),
+                    owner.obj_size(),
+                )
+            };
+        }
+        if let Some(mut report) = report {
+            if let Some(o) = report.object.as_mut() {
+                o.state = KfenceState::Freed;
+                o.free = stack;
+            }
+            self.kfence_report(report);
+        }
+        Some(Ok(()))
+    }
+
+    /// `kfree` (or `GlobalAlloc::dealloc`) of a pool address: the free,
+    /// and the kmemtrace event of the object's cache if it is recorded.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn kfree_sampled(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        let owner = self
+            .kfence_object(addr)
+            .filter(|o| o.state == KfenceState::Allocated && o.addr == addr)
+            .map(|o| o.cache_ptr as *const KmemCache<P>);
+        let result = self
+            .kfence_free(addr, None)
+            .unwrap_or(Err(FreeError::NotAllocated { addr }));
+        // SAFETY: the cache of an object allocated until now: alive (a
+        // cache is not destroyed while its objects are in use).
+        let owner = owner.map(|cache| unsafe { &*cache });
+        match owner {
+            Some(cache) if cache.hot().contains(HotFlags::KMEMTRACE) => {
+                // KMEMTRACE HOOK: kfree of a sampled object.
+                self.kmemtrace_free(Some(cache), ptr, result.is_ok());
+            }
+            None if self.kmemtrace.recording_all.load(Ordering::Relaxed) => {
+                // KMEMTRACE HOOK: kfree of a pool address that is no object.
+                self.kmemtrace_free(None, ptr, false);
+            }
+            _ => {}
+        }
+        result
+    }
+
+    /// Count and hand a report to the hook.
+    fn kfence_report(&self, report: KfenceReport) {
+        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
+        // Interrupts off while the hook's lock is held: a free in an
+        // interrupt handler on this CPU may report too.
+        let hook = {
+            let _irq = IrqGuard::<P>::new();
+            *self.kfence.hook.lock()
+        };
+        if let Some(hook) = hook {
+            hook(&report);
+        }
+    }
+
+    /// A page fault at `addr` (a `write` or a read), from code whose stack
+    /// is `stack` (innermost first: the faulting instruction): if `addr` is
+    /// in the pool, map its page in (so the access completes when the
+    /// handler returns, as KFENCE does) and return the report to print:
+    /// out-of-bounds for a guard page, use-after-free for a freed object's
+    /// page, invalid access otherwise. `None`: not a pool address (a real
+    /// fault). Callable from a fault handler: takes the pool lock only
+    /// (never held across an access to a pool page).
+    pub fn kfence_fault(
+        &self,
+        addr: usize,
+        write: bool,
+        stack: KfenceStack,
+    ) -> Option<KfenceReport> {
+        if !self.kfence.contains(addr) {
+            return None;
+        }
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        let page_index = (addr - pool) / PAGE_SIZE;
+        let object = {
+            let _irq = IrqGuard::<P>::new();
+            let mut state = self.kfence.lock.lock();
+            self.kfence_nearest(&mut state, addr)
+                .map(|i| *state.meta(i))
+        };
+        let on_object_page = object_of_page(page_index).is_some();
+        let bug = match object {
+            Some(o) if on_object_page && o.state == KfenceState::Freed => KfenceBug::UseAfterFree,
+            Some(o) if !on_object_page && o.state == KfenceState::Allocated => {
+                KfenceBug::OutOfBounds
+            }
+            Some(o) if !on_object_page && o.state == KfenceState::Freed => KfenceBug::UseAfterFree,
+            _ => KfenceBug::InvalidAccess,
+        };
+        P::kfence_protect(pool + page_index * PAGE_SIZE, false);
+        let mut report = KfenceReport::new(bug, addr, object, stack);
+        report.write = Some(write);
+        self.kfence_report_counted();
+        Some(report)
+    }
+
+    fn kfence_report_counted(&self) {
+        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
+    }
+}
