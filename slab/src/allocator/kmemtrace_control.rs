@@ -9,7 +9,7 @@ use super::Allocator;
 use crate::cache::{HotFlags, KmemCache};
 use crate::kmemtrace::{
     CacheRecord, DEFAULT_SUBBUFS, DumpInfo, DumpSummary, EventFields, EventKind, EventType,
-    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus, SUBBUF_PAGES,
+    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus, SUBBUF_PAGES, head_word,
 };
 use crate::platform::{PAGE_SIZE, Platform};
 
@@ -138,19 +138,20 @@ impl<P: Platform> Allocator<P> {
             Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
             Err(_) => (EventKind::FailedAlloc, 0),
         };
+        let head = EventFields::head(kind, EventType::Cache, cache.id);
         self.kmemtrace
-            .record::<P>(kind, alloc_fields(cache, ptr, bytes_req));
+            .record::<P>(alloc_fields(cache, head, ptr, bytes_req));
     }
 
     /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
-    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`). Out of
-    /// line and with its own interrupt guard ([`Self::kmemtrace_alloc`])
-    /// with stacks on, and on a platform whose hits keep interrupts on
-    /// ([`Platform::LOCAL_TRYLOCK`]: an interrupt handler's event, written
-    /// with interrupts off, must not land in the middle of this one).
+    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`): the CPU
+    /// read once, inline. On a platform whose hits keep interrupts on
+    /// ([`Platform::LOCAL_TRYLOCK`], the kernel) the event is written with
+    /// interrupts off ([`Self::kmemtrace_on`]).
     ///
     /// # Safety
-    /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
+    /// `cpu` is the running CPU and the caller holds its magazine section
+    /// (see [`Self::kmemtrace_on`]).
     #[inline(always)]
     pub(crate) unsafe fn kmemtrace_alloc_on(
         &self,
@@ -159,37 +160,57 @@ impl<P: Platform> Allocator<P> {
         obj: NonNull<u8>,
         bytes_req: usize,
     ) {
-        if P::LOCAL_TRYLOCK || self.kmemtrace.stacks_on() {
-            return self.kmemtrace_alloc_guarded(cache, obj, bytes_req);
-        }
-        let fields = alloc_fields(cache, obj.as_ptr() as usize, bytes_req);
+        let fields = alloc_fields(
+            cache,
+            (cache.kmemtrace_free_head & !0xffff)
+                | EventFields::head(EventKind::Alloc, EventType::Cache, 0),
+            obj.as_ptr() as usize,
+            bytes_req,
+        );
         // SAFETY: per our caller.
-        unsafe {
-            self.kmemtrace
-                .record_on::<P, false>(cpu, EventKind::Alloc, fields)
-        };
+        unsafe { self.kmemtrace_on(cpu, fields) };
     }
 
-    /// [`Self::kmemtrace_alloc_on`] through [`Self::kmemtrace_alloc`].
-    #[inline(never)]
-    fn kmemtrace_alloc_guarded(&self, cache: &KmemCache<P>, obj: NonNull<u8>, bytes_req: usize) {
-        self.kmemtrace_alloc(cache, crate::cache::pack(Ok(obj)), bytes_req);
+    /// An event from inside a magazine hit's section on CPU `cpu`. The
+    /// ring has two writers on a CPU: the hit's event and an interrupt
+    /// handler's (an allocation or free in the handler records through
+    /// [`Self::kmemtrace_alloc`] and the like, with interrupts off). Where
+    /// the hit's section has interrupts off (no `LOCAL_TRYLOCK`) nothing
+    /// can land inside this event; with `LOCAL_TRYLOCK` the section only
+    /// holds the cache's per-CPU in-use flag, which a handler recording
+    /// for another cache does not see, so the event takes its own
+    /// interrupt guard here (inline, the hit's CPU id kept: the hit does
+    /// not migrate while it holds the flag).
+    ///
+    /// # Safety
+    /// `cpu` is the running CPU, which stays so until this returns; the
+    /// caller's section has interrupts off unless `P::LOCAL_TRYLOCK`.
+    #[inline(always)]
+    unsafe fn kmemtrace_on(&self, cpu: usize, fields: EventFields) {
+        if P::LOCAL_TRYLOCK {
+            let irq = P::irq_save();
+            // SAFETY: interrupts off on CPU `cpu` (our caller).
+            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
+            P::irq_restore(irq);
+        } else {
+            // SAFETY: interrupts off in the caller's section.
+            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
+        }
     }
 
     /// Record a free to `cache` (`None`: the pointer is no cache's), good
     /// or refused. Frees to kmalloc caches are `kfree`s.
     #[inline(always)]
     pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
-        let (kind, fields) = free_event(cache, obj, ok);
-        self.kmemtrace.record::<P>(kind, fields);
+        self.kmemtrace.record::<P>(free_event(cache, obj, ok));
     }
 
     /// [`Self::kmemtrace_free`] of a good free from inside the free hit's
-    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`); out of line
-    /// as for [`Self::kmemtrace_alloc_on`].
+    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`), as
+    /// [`Self::kmemtrace_alloc_on`].
     ///
     /// # Safety
-    /// As for [`Kmemtrace::record_on`](crate::kmemtrace::Kmemtrace::record_on).
+    /// As for [`Self::kmemtrace_alloc_on`].
     #[inline(always)]
     pub(crate) unsafe fn kmemtrace_free_on(
         &self,
@@ -197,18 +218,14 @@ impl<P: Platform> Allocator<P> {
         cache: &KmemCache<P>,
         obj: NonNull<u8>,
     ) {
-        if P::LOCAL_TRYLOCK || self.kmemtrace.stacks_on() {
-            return self.kmemtrace_free_guarded(cache, obj);
-        }
-        let (kind, fields) = free_event(Some(cache), obj, true);
+        let fields = EventFields {
+            head: cache.kmemtrace_free_head,
+            ptr: obj.as_ptr() as usize,
+            bytes_req: 0,
+            bytes_alloc: cache.params.obj_size,
+        };
         // SAFETY: per our caller.
-        unsafe { self.kmemtrace.record_on::<P, false>(cpu, kind, fields) };
-    }
-
-    /// [`Self::kmemtrace_free_on`] through [`Self::kmemtrace_free`].
-    #[inline(never)]
-    fn kmemtrace_free_guarded(&self, cache: &KmemCache<P>, obj: NonNull<u8>) {
-        self.kmemtrace_free(Some(cache), obj, true);
+        unsafe { self.kmemtrace_on(cpu, fields) };
     }
 
     /// Record a page-granular kmalloc (its packed result).
@@ -235,16 +252,12 @@ impl<P: Platform> Allocator<P> {
         bytes_req: usize,
         bytes_alloc: usize,
     ) {
-        self.kmemtrace.record::<P>(
-            kind,
-            EventFields {
-                type_id,
-                cache_id,
-                ptr,
-                bytes_req,
-                bytes_alloc,
-            },
-        );
+        self.kmemtrace.record::<P>(EventFields {
+            head: EventFields::head(kind, type_id, cache_id),
+            ptr,
+            bytes_req,
+            bytes_alloc,
+        });
     }
 }
 
@@ -260,17 +273,24 @@ fn cache_record<P: Platform>(cache: &KmemCache<P>) -> CacheRecord<'_> {
 }
 
 /// The fields of an allocation event from `cache` (`ptr` 0 for a failed
-/// one).
+/// one) whose `head` has type [`EventType::Cache`]: `bytes_req` 0 is a
+/// `kmem_cache_alloc`, else a kmalloc (the type switched).
 #[inline(always)]
-fn alloc_fields<P: Platform>(cache: &KmemCache<P>, ptr: usize, bytes_req: usize) -> EventFields {
-    let (type_id, bytes_req) = if bytes_req == 0 {
-        (EventType::Cache, cache.params.obj_size)
+fn alloc_fields<P: Platform>(
+    cache: &KmemCache<P>,
+    head: u64,
+    ptr: usize,
+    bytes_req: usize,
+) -> EventFields {
+    const CACHE_TO_KMALLOC: u64 =
+        head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+    let (head, bytes_req) = if bytes_req == 0 {
+        (head, cache.params.obj_size)
     } else {
-        (EventType::Kmalloc, bytes_req)
+        (head ^ CACHE_TO_KMALLOC, bytes_req)
     };
     EventFields {
-        type_id,
-        cache_id: cache.id,
+        head,
         ptr,
         bytes_req,
         bytes_alloc: cache.params.obj_size,
@@ -284,7 +304,7 @@ fn free_event<P: Platform>(
     cache: Option<&KmemCache<P>>,
     obj: NonNull<u8>,
     ok: bool,
-) -> (EventKind, EventFields) {
+) -> EventFields {
     let kind = if ok {
         EventKind::Free
     } else {
@@ -295,12 +315,10 @@ fn free_event<P: Platform>(
         Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
         None => (EventType::Kmalloc, 0, 0),
     };
-    let fields = EventFields {
-        type_id,
-        cache_id,
+    EventFields {
+        head: EventFields::head(kind, type_id, cache_id),
         ptr: obj.as_ptr() as usize,
         bytes_req: 0,
         bytes_alloc: bytes,
-    };
-    (kind, fields)
+    }
 }

@@ -180,7 +180,10 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// As for [`Self::finish_free`].
-    #[inline(always)]
+    /// Its own function, reached by a tail call, and a leaf on the hit
+    /// (the miss is a tail call of [`Self::free_flagged_result`]): no
+    /// register saved, no stack frame.
+    #[inline(never)]
     unsafe fn free_recorded_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
         let record = || {
             // SAFETY: inside the hit's section: this CPU's ring is ours.
@@ -192,6 +195,16 @@ impl<P: Platform> KmemCache<P> {
             return O::ok();
         }
         // SAFETY: per our caller; the hit changed nothing.
+        unsafe { self.free_flagged_result::<O>(obj, at) }
+    }
+
+    /// [`Self::free_flagged`] in the caller's result type, out of line.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_free`].
+    #[inline(never)]
+    unsafe fn free_flagged_result<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
+        // SAFETY: per our caller.
         O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
     }
 
@@ -214,8 +227,9 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller.
             return unsafe { self.free_recorded_hit::<O>(obj, at) };
         }
-        // SAFETY: per our caller.
-        O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
+        // SAFETY: per our caller (a tail call: no frame on the way to the
+        // recorded hit).
+        unsafe { self.free_flagged_result::<O>(obj, at) }
     }
 
     /// [`Self::magazine_free_slow`] in the caller's result type.

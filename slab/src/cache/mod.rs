@@ -106,6 +106,7 @@ use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;
 use crate::error::DestroyError;
 use crate::flags::CacheFlags;
+use crate::kmemtrace::{EventFields, EventKind, EventType};
 use crate::layout::freelist::freelist_secret;
 use crate::layout::geometry::{Geometry, SlabKind};
 use crate::layout::pagemap::PageMap;
@@ -253,6 +254,10 @@ pub struct KmemCache<P: Platform> {
     pub(crate) name_len: usize,
     /// kmemtrace cache id (1, 2, ... in creation order).
     pub(crate) id: u32,
+    /// The first word of this cache's free event (kind, type, id:
+    /// `kmemtrace::EventFields::head`), so that the recorded hits write it
+    /// with one load and one store (the alloc's: its low bytes replaced).
+    pub(crate) kmemtrace_free_head: u64,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
@@ -373,6 +378,15 @@ impl<P: Platform> KmemCache<P> {
             name,
             name_len,
             id: spec.id,
+            kmemtrace_free_head: EventFields::head(
+                EventKind::Free,
+                if spec.permanent {
+                    EventType::Kmalloc
+                } else {
+                    EventType::Cache
+                },
+                spec.id,
+            ),
             links: UnsafeCell::new(CacheLinks {
                 prev: ptr::null(),
                 next: ptr::null(),

@@ -401,9 +401,10 @@ impl Kmemtrace {
                 config.nr_subbufs
             };
             let rings = allocate_rings(source, nr_cpus, nr_subbufs)?;
-            self.nr_rings.store(nr_cpus, Ordering::Relaxed);
             self.nr_subbufs.store(nr_subbufs, Ordering::Relaxed);
-            self.rings.store(rings.as_ptr(), Ordering::Release);
+            self.rings.store(rings.as_ptr(), Ordering::Relaxed);
+            // Publishes the rings: the event path tests only nr_rings.
+            self.nr_rings.store(nr_cpus, Ordering::Release);
         }
         if config.stack_depth > 0 {
             let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
@@ -436,7 +437,8 @@ impl Kmemtrace {
         self.marks.lock().nr_marks = 0;
         for ring in self.rings() {
             ring.nr_written.store(0, Ordering::Release);
-            ring.seq.store(0, Ordering::Relaxed);
+            ring.next.store(ptr::null_mut(), Ordering::Relaxed);
+            ring.limit.store(ptr::null_mut(), Ordering::Relaxed);
             ring.nr_overruns.store(0, Ordering::Relaxed);
         }
         self.stack_depth
@@ -459,66 +461,78 @@ impl Kmemtrace {
     }
 
     fn rings(&self) -> &[CpuRing] {
-        let rings = self.rings.load(Ordering::Acquire);
-        if rings.is_null() {
+        let nr_rings = self.nr_rings.load(Ordering::Acquire);
+        if nr_rings == 0 {
             return &[];
         }
-        // SAFETY: set once with nr_rings initialised rings (Release after
-        // nr_rings), never freed.
-        unsafe { core::slice::from_raw_parts(rings, self.nr_rings.load(Ordering::Relaxed)) }
+        // SAFETY: set once with nr_rings initialised rings (before the
+        // Release store of nr_rings), never freed.
+        unsafe { core::slice::from_raw_parts(self.rings.load(Ordering::Relaxed), nr_rings) }
     }
 
     /// Record one event from the running CPU. Interrupts are disabled
     /// here (nesting is fine). The event path: no lock (unless stacks are
     /// recorded), no atomic read-modify-write, only this CPU's ring.
     #[inline(always)]
-    pub(crate) fn record<P: Platform>(&self, event: EventKind, fields: EventFields) {
+    pub(crate) fn record<P: Platform>(&self, fields: EventFields) {
         let irq = P::irq_save();
         let cpu = P::cpu_id();
         // SAFETY: interrupts off; the running CPU's id.
-        unsafe {
-            if self.stacks_on() {
-                self.record_on::<P, true>(cpu, event, fields);
-            } else {
-                self.record_on::<P, false>(cpu, event, fields);
-            }
-        }
+        unsafe { self.record_on::<P>(cpu, fields) };
         P::irq_restore(irq);
-    }
-
-    /// Whether events carry backtraces ([`Self::record_on`]'s `STACKS`).
-    #[inline(always)]
-    pub(crate) fn stacks_on(&self) -> bool {
-        self.stack_depth.load(Ordering::Relaxed) != 0
     }
 
     /// [`Self::record`] from inside a section that already owns CPU
     /// `cpu`'s ring (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
-    /// no second interrupt guard, no second CPU-id read. `STACKS`: as
-    /// [`Self::stacks_on`] said (a backtrace walked and deduplicated; off
-    /// the hits, which then keep nothing across a call).
+    /// no second interrupt guard, no second CPU-id read. The common event
+    /// is a bounds test of `cpu`, the ring's `next < limit` test, eight
+    /// word stores and the bump of `next` and `nr_written`; a new
+    /// sub-buffer, a full ring and stacks take [`Self::record_cold`]
+    /// (see [`CpuRing`]).
     ///
     /// # Safety
     /// `cpu` is the running CPU and nothing else on it runs until this
     /// returns (interrupts off: [`Self::record`], or a magazine hit's
     /// section on a platform without `LOCAL_TRYLOCK`).
     #[inline(always)]
-    pub(crate) unsafe fn record_on<P: Platform, const STACKS: bool>(
-        &self,
-        cpu: usize,
-        event: EventKind,
-        fields: EventFields,
-    ) {
-        let rings = self.rings.load(Ordering::Relaxed);
-        if cpu >= self.nr_rings.load(Ordering::Relaxed) || rings.is_null() {
+    pub(crate) unsafe fn record_on<P: Platform>(&self, cpu: usize, fields: EventFields) {
+        // nr_rings is published after the rings (Release): non-zero, the
+        // rings are there.
+        if cpu >= self.nr_rings.load(Ordering::Acquire) {
             return;
         }
         // SAFETY: cpu < nr_rings and the rings live forever; only this
-        // CPU writes its ring, with interrupts off (so nothing else on this
-        // CPU either).
-        let ring = unsafe { &*rings.add(cpu) };
-        let seq = ring.seq.load(Ordering::Relaxed);
-        ring.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // CPU writes its ring, and nothing else on this CPU runs (our
+        // caller).
+        let ring = unsafe { &*self.rings.load(Ordering::Relaxed).add(cpu) };
+        let slot = ring.next.load(Ordering::Relaxed);
+        if slot == ring.limit.load(Ordering::Relaxed) {
+            // SAFETY: per our caller.
+            return unsafe { self.record_cold::<P>(ring, fields) };
+        }
+        let index = ring.nr_written.load(Ordering::Relaxed);
+        let mut site = [0usize; 1];
+        P::caller_frames(&mut site);
+        // SAFETY: `next` below `limit` is the slot of event `index`, inside
+        // its sub-buffer, unpublished (read by nobody).
+        unsafe {
+            write_event::<P>(slot, ring, index, &fields, site[0], 0);
+            ring.next.store(slot.add(1), Ordering::Relaxed);
+        }
+        ring.nr_written
+            .store(index.wrapping_add(1), Ordering::Release);
+    }
+
+    /// [`Self::record_on`] when `next` reached `limit`: the event's slot
+    /// from the sub-buffer array, an overrun when the ring is full, the
+    /// backtrace when stacks are on; else `next`/`limit` move to the slot's
+    /// sub-buffer, so that the next events take the common path.
+    ///
+    /// # Safety
+    /// As for [`Self::record_on`]; `ring` is CPU `cpu`'s.
+    #[cold]
+    #[inline(never)]
+    unsafe fn record_cold<P: Platform>(&self, ring: &CpuRing, fields: EventFields) {
         let index = ring.nr_written.load(Ordering::Relaxed);
         if index >= ring.capacity {
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
@@ -526,33 +540,29 @@ impl Kmemtrace {
                 .store(overruns.wrapping_add(1), Ordering::Relaxed);
             return;
         }
-        let (call_site, stack_id) = if STACKS {
-            self.caller_stack::<P>(self.stack_depth.load(Ordering::Relaxed))
+        // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
+        // sub-buffer exists and the slot is inside it.
+        let (subbuf, slot) = unsafe {
+            let subbuf = *ring.subbufs.add(index / SUBBUF_EVENTS);
+            (subbuf, subbuf.add(index % SUBBUF_EVENTS))
+        };
+        let depth = self.stack_depth.load(Ordering::Relaxed);
+        let (call_site, stack_id) = if depth != 0 {
+            self.caller_stack::<P>(depth)
         } else {
             let mut site = [0usize; 1];
             P::caller_frames(&mut site);
+            // SAFETY: the slots after `slot` up to the sub-buffer's end
+            // are those of the events after this one.
+            unsafe {
+                ring.next.store(slot.add(1), Ordering::Relaxed);
+                ring.limit
+                    .store(subbuf.add(SUBBUF_EVENTS), Ordering::Relaxed);
+            }
             (site[0], 0)
         };
-        // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
-        // sub-buffer exists and the slot is inside it; unpublished slots
-        // are read by nobody.
-        unsafe {
-            let subbuf = *ring.subbufs.add(index / SUBBUF_EVENTS);
-            subbuf.add(index % SUBBUF_EVENTS).write(KmemtraceEvent {
-                event: event as u8,
-                type_id: fields.type_id as u8,
-                cpu: cpu as u16,
-                cache_id: fields.cache_id,
-                timestamp_ns: P::now(),
-                seq,
-                call_site: call_site as u64,
-                ptr: fields.ptr as u64,
-                bytes_req: fields.bytes_req as u64,
-                bytes_alloc: fields.bytes_alloc as u64,
-                flags: 0,
-                stack_id,
-            });
-        }
+        // SAFETY: the slot of event `index`, unpublished.
+        unsafe { write_event::<P>(slot, ring, index, &fields, call_site, stack_id) };
         ring.nr_written
             .store(index.wrapping_add(1), Ordering::Release);
     }
@@ -742,14 +752,87 @@ impl Kmemtrace {
     }
 }
 
-/// What an event records besides its kind.
+/// An event's first word as the ring holds it: kind, type, CPU and cache
+/// id (offsets 0, 1, 2, 4 of [`KmemtraceEvent`]), so that the event path
+/// writes them with one store. Each part lands in its own bytes: the
+/// CPU's part ([`CpuRing`]'s `cpu_word`) is or-ed in.
+#[inline(always)]
+pub(crate) const fn head_word(event: u8, type_id: u8, cpu: u16, cache_id: u32) -> u64 {
+    let cpu = cpu.to_ne_bytes();
+    let id = cache_id.to_ne_bytes();
+    u64::from_ne_bytes([event, type_id, cpu[0], cpu[1], id[0], id[1], id[2], id[3]])
+}
+
+/// An event's last word (flags at offset 56, stack id at 60).
+#[inline(always)]
+const fn tail_word(flags: u32, stack_id: u32) -> u64 {
+    let flags = flags.to_ne_bytes();
+    let id = stack_id.to_ne_bytes();
+    u64::from_ne_bytes([
+        flags[0], flags[1], flags[2], flags[3], id[0], id[1], id[2], id[3],
+    ])
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<KmemtraceEvent>() == 8 * 8);
+    assert!(core::mem::offset_of!(KmemtraceEvent, cache_id) == 4);
+    assert!(core::mem::offset_of!(KmemtraceEvent, timestamp_ns) == 8);
+    assert!(core::mem::offset_of!(KmemtraceEvent, seq) == 16);
+    assert!(core::mem::offset_of!(KmemtraceEvent, call_site) == 24);
+    assert!(core::mem::offset_of!(KmemtraceEvent, ptr) == 32);
+    assert!(core::mem::offset_of!(KmemtraceEvent, bytes_req) == 40);
+    assert!(core::mem::offset_of!(KmemtraceEvent, bytes_alloc) == 48);
+    assert!(core::mem::offset_of!(KmemtraceEvent, flags) == 56);
+    assert!(core::mem::offset_of!(KmemtraceEvent, stack_id) == 60);
+};
+
+/// Write event number `seq` of `ring` into `slot` as eight words (the
+/// [`KmemtraceEvent`] layout, checked above), stamped now.
+///
+/// # Safety
+/// `slot` is a 64-byte aligned slot of `ring` that nobody reads.
+#[inline(always)]
+unsafe fn write_event<P: Platform>(
+    slot: *mut KmemtraceEvent,
+    ring: &CpuRing,
+    seq: usize,
+    fields: &EventFields,
+    call_site: usize,
+    stack_id: u32,
+) {
+    let words = slot.cast::<u64>();
+    let head = fields.head | ring.cpu_word;
+    // SAFETY: per our caller: eight aligned words, ours.
+    unsafe {
+        words.write(head);
+        words.add(1).write(P::now());
+        words.add(2).write(seq as u64);
+        words.add(3).write(call_site as u64);
+        words.add(4).write(fields.ptr as u64);
+        words.add(5).write(fields.bytes_req as u64);
+        words.add(6).write(fields.bytes_alloc as u64);
+        words.add(7).write(tail_word(0, stack_id));
+    }
+}
+
+/// What an event records.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EventFields {
-    pub(crate) type_id: EventType,
-    pub(crate) cache_id: u32,
+    /// Kind, type and cache id as the event's first word
+    /// ([`EventFields::head`]; the CPU is or-ed in when written).
+    pub(crate) head: u64,
     pub(crate) ptr: usize,
     pub(crate) bytes_req: usize,
     pub(crate) bytes_alloc: usize,
+}
+
+impl EventFields {
+    /// The first word of an event of `kind` and `type_id` for cache
+    /// `cache_id` (0: none), without the CPU.
+    #[inline(always)]
+    pub(crate) const fn head(kind: EventKind, type_id: EventType, cache_id: u32) -> u64 {
+        head_word(kind as u8, type_id as u8, 0, cache_id)
+    }
 }
 
 /// Calls its argument once per cache (the allocator's cache walk).

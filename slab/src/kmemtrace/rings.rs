@@ -3,22 +3,36 @@
 //! (see the parent module's "Buffers").
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, AtomicUsize};
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
 
-use super::{KmemtraceError, KmemtraceEvent, SUBBUF_EVENTS, SUBBUF_PAGES};
+use super::{KmemtraceError, KmemtraceEvent, SUBBUF_EVENTS, SUBBUF_PAGES, head_word};
 use crate::platform::{PAGE_SIZE, PageSource};
 
 /// One CPU's ring descriptor: written only by its CPU with interrupts off
 /// (plain loads and stores; the atomics are for readers on other CPUs).
+///
+/// The event path writes at `next` while it is below `limit` (the end of
+/// the current sub-buffer) and bumps it: no index arithmetic. `next ==
+/// limit` (both null after a start, or the sub-buffer full, or stacks on,
+/// which keep them null) sends an event to the cold path, which finds the
+/// slot of event `nr_written` from the sub-buffer array, counts an overrun
+/// when the ring is full, and (stacks off) moves `next`/`limit` to the
+/// slot's sub-buffer. An event's sequence number is `nr_written`: the ring
+/// never overwrites, so every event dropped for a full ring comes after
+/// every event written (a gap at the end, counted in `nr_overruns`).
 #[repr(C, align(64))]
 pub(super) struct CpuRing {
+    /// The slot of event `nr_written` while below `limit`.
+    pub(super) next: AtomicPtr<KmemtraceEvent>,
+    /// End of `next`'s sub-buffer (`next == limit`: the cold path).
+    pub(super) limit: AtomicPtr<KmemtraceEvent>,
+    /// Events written and published (release store after each).
+    pub(super) nr_written: AtomicUsize,
+    /// The CPU's bits of an event's first word ([`head_word`]).
+    pub(super) cpu_word: u64,
     /// `nr_subbufs` pointers to sub-buffers of [`SUBBUF_EVENTS`] events.
     pub(super) subbufs: *mut *mut KmemtraceEvent,
     pub(super) capacity: usize,
-    /// Events written and published (release store after each).
-    pub(super) nr_written: AtomicUsize,
-    /// Next sequence number.
-    pub(super) seq: AtomicU64,
     pub(super) nr_overruns: AtomicU64,
 }
 
@@ -68,10 +82,12 @@ pub(super) fn allocate_rings(
         // the page, CpuRing is 64-aligned).
         unsafe {
             rings.as_ptr().add(cpu).write(CpuRing {
+                next: AtomicPtr::new(core::ptr::null_mut()),
+                limit: AtomicPtr::new(core::ptr::null_mut()),
+                nr_written: AtomicUsize::new(0),
+                cpu_word: head_word(0, 0, cpu as u16, 0),
                 subbufs: array,
                 capacity,
-                nr_written: AtomicUsize::new(0),
-                seq: AtomicU64::new(0),
                 nr_overruns: AtomicU64::new(0),
             })
         };
