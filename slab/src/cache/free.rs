@@ -168,6 +168,11 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.magazine_free_miss_out::<O>(obj) };
         }
+        if hot == HotFlags::KMEMTRACE {
+            // SAFETY: per our caller (a tail call, the arguments in the
+            // order they came).
+            return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
+        }
         // SAFETY: per our caller.
         unsafe { self.free_flagged_out::<O>(obj, at, hot) }
     }
@@ -184,18 +189,18 @@ impl<P: Platform> KmemCache<P> {
     /// (the miss is a tail call of [`Self::free_flagged_result`]): no
     /// register saved, no stack frame.
     #[inline(never)]
-    unsafe fn free_recorded_hit<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
+    unsafe fn free_recorded_hit<O: FreeOut>(obj: NonNull<u8>, cache: &Self, at: Located) -> O {
         let record = || {
             // SAFETY: inside the hit's section: this CPU's ring is ours.
-            unsafe { self.owner().kmemtrace_free_on(P::cpu_id(), self, obj) };
+            unsafe { cache.owner().kmemtrace_free_on(P::cpu_id(), cache, obj) };
         };
         // SAFETY: per our caller (keyed: see above).
-        let pushed = unsafe { self.magazine_free_hit_then::<true>(obj, record) };
+        let pushed = unsafe { cache.magazine_free_hit_then::<true>(obj, record) };
         if pushed {
             return O::ok();
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_flagged_result::<O>(obj, at) }
+        unsafe { cache.free_flagged_result::<O>(obj, at) }
     }
 
     /// [`Self::free_flagged`] in the caller's result type, out of line.
@@ -225,7 +230,7 @@ impl<P: Platform> KmemCache<P> {
     ) -> O {
         if hot == HotFlags::KMEMTRACE {
             // SAFETY: per our caller.
-            return unsafe { self.free_recorded_hit::<O>(obj, at) };
+            return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
         }
         // SAFETY: per our caller (a tail call: no frame on the way to the
         // recorded hit).

@@ -508,7 +508,15 @@ impl Kmemtrace {
         let slot = ring.next.load(Ordering::Relaxed);
         if slot == ring.limit.load(Ordering::Relaxed) {
             // SAFETY: per our caller.
-            return unsafe { self.record_cold::<P>(ring, fields) };
+            return unsafe {
+                self.record_cold::<P>(
+                    ring,
+                    fields.head,
+                    fields.ptr,
+                    fields.bytes_req,
+                    fields.bytes_alloc,
+                )
+            };
         }
         let index = ring.nr_written.load(Ordering::Relaxed);
         let mut site = [0usize; 1];
@@ -532,7 +540,22 @@ impl Kmemtrace {
     /// As for [`Self::record_on`]; `ring` is CPU `cpu`'s.
     #[cold]
     #[inline(never)]
-    unsafe fn record_cold<P: Platform>(&self, ring: &CpuRing, fields: EventFields) {
+    /// (The fields one by one: in registers, not through the caller's
+    /// stack.)
+    unsafe fn record_cold<P: Platform>(
+        &self,
+        ring: &CpuRing,
+        head: u64,
+        ptr: usize,
+        bytes_req: usize,
+        bytes_alloc: usize,
+    ) {
+        let fields = EventFields {
+            head,
+            ptr,
+            bytes_req,
+            bytes_alloc,
+        };
         let index = ring.nr_written.load(Ordering::Relaxed);
         if index >= ring.capacity {
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
