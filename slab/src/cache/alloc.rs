@@ -153,7 +153,7 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> O::Raw {
-        let hit = self.magazine_alloc_hit_then(|obj| {
+        let record = |obj: NonNull<u8>, bytes_req: usize| {
             // SAFETY: just popped; no slow bit but KMEMTRACE: the cache is
             // keyed.
             unsafe { double_free::clear_key(obj) };
@@ -162,7 +162,14 @@ impl<P: Platform> KmemCache<P> {
                 self.owner()
                     .kmemtrace_alloc_on(P::cpu_id(), self, obj, bytes_req)
             };
-        });
+        };
+        // Two copies, so that each knows the event's type (kmem_cache or
+        // kmalloc) without a test inside the event.
+        let hit = if bytes_req == 0 {
+            self.magazine_alloc_hit_then(|obj| record(obj, 0))
+        } else {
+            self.magazine_alloc_hit_then(|obj| record(obj, bytes_req))
+        };
         if let Some(obj) = hit {
             return O::raw_from_obj(obj);
         }
