@@ -50,13 +50,38 @@ struct Tally {
 }
 
 fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
+    run_trials_of(&Trial::plain(flags), nr_trials, seed)
+}
+
+/// The cache each trial makes, and how often a step reaps it (sending the
+/// objects of its magazines back to their slabs: a later double free then
+/// finds its object in the slab layer).
+struct Trial {
+    size: usize,
+    flags: CacheFlags,
+    ctor: Option<crate::Ctor>,
+    reap_percent: usize,
+}
+
+impl Trial {
+    fn plain(flags: CacheFlags) -> Self {
+        Trial {
+            size: 64,
+            flags,
+            ctor: None,
+            reap_percent: 0,
+        }
+    }
+}
+
+fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
     let (alloc, _) = setup(4096);
     let mut rng = Rng(seed);
     let mut tally = Tally::default();
     for _ in 0..nr_trials {
         set_cpu(0);
         let cache = alloc
-            .cache_create("df", 64, 8, flags, None, None, None)
+            .cache_create("df", trial.size, 8, trial.flags, trial.ctor, None, None)
             .unwrap();
         let nr_ops = 50 + rng.below(300);
         let inject_at = rng.below(nr_ops);
@@ -85,6 +110,10 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
                 at_free = matches!(result, Err(FreeError::DoubleFree { .. }));
                 tally.immediate += immediate as usize;
                 tally.immediate_at_free += (immediate && at_free) as usize;
+                continue;
+            }
+            if trial.reap_percent > 0 && rng.below(100) < trial.reap_percent {
+                cache.reap();
                 continue;
             }
             if live.is_empty() || rng.below(100) < 55 {
@@ -157,4 +186,27 @@ fn double_free_detection_rate() {
     // refused at the free, and nothing is handed out twice.
     assert_eq!(plain.at_free, plain.trials);
     assert_eq!(plain.handed_out_twice, 0);
+}
+
+/// [`run_trials_of`] with `trial` must refuse every double free at the
+/// free and hand nothing out twice.
+fn assert_all_refused(name: &str, trial: &Trial) {
+    let tally = run_trials_of(trial, 200, 0x2545_f491_4f6c_dd1d);
+    std::println!("double frees, {name}: {tally:?}");
+    assert!(tally.trials > 150);
+    assert_eq!(tally.at_free, tally.trials, "{name}");
+    assert_eq!(tally.handed_out_twice, 0, "{name}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn eight_byte_double_frees_refused_at_the_free() {
+    // Objects of one word go back to their slab (reaps): the key stays in
+    // that word, the bitmap finds the free objects (layout/freelist.rs).
+    let trial = Trial {
+        size: 8,
+        reap_percent: 5,
+        ..Trial::plain(CacheFlags::empty())
+    };
+    assert_all_refused("8-byte objects", &trial);
 }
