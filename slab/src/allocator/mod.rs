@@ -496,13 +496,28 @@ impl<P: Platform> Allocator<P> {
         // slabs may span pages and keep their header off slab.
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let max_slab_pages = unsafe { *self.max_slab_pages.get() };
-        let geometry = Geometry::with_max_slab_pages(
-            slot_size,
-            align,
-            flags,
-            same_source(source, primary),
-            max_slab_pages,
-        )?;
+        let geometry_of = |slot_size| {
+            Geometry::with_max_slab_pages(
+                slot_size,
+                align,
+                flags,
+                same_source(source, primary),
+                max_slab_pages,
+            )
+        };
+        let mut geometry = geometry_of(slot_size)?;
+        // Constructed objects of small slabs keep the free key in a word
+        // after the object (cache/double_free.rs; bufctl slabs mark the
+        // bufctl instead).
+        if (ctor.is_some() || dtor.is_some())
+            && debug.is_none()
+            && geometry.kind == crate::layout::geometry::SlabKind::Small
+        {
+            let keyed = geometry_of(crate::cache::key_after(size) + 8)?;
+            if keyed.kind == crate::layout::geometry::SlabKind::Small {
+                geometry = keyed;
+            }
+        }
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self

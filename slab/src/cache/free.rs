@@ -242,6 +242,10 @@ impl<P: Platform> KmemCache<P> {
         let hit = unsafe {
             if self.is_keyed() {
                 self.magazine_free_hit_as::<true>(obj)
+            } else if self.key_place.marks() {
+                // Keyless, marked elsewhere (`double_free.rs`): the miss
+                // tests and sets the mark.
+                false
             } else {
                 self.magazine_free_hit_as::<false>(obj)
             }

@@ -99,7 +99,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
-pub(crate) use double_free::boot_free_key;
+pub(crate) use double_free::{boot_free_key, key_after};
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -253,6 +253,9 @@ pub struct KmemCache<P: Platform> {
     pub(crate) name_len: usize,
     /// kmemtrace cache id (1, 2, ... in creation order).
     pub(crate) id: u32,
+    /// Where a freed object's mark is kept (`double_free.rs`; beside
+    /// `id`, in what was its padding).
+    pub(crate) key_place: double_free::KeyPlace,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
@@ -377,6 +380,7 @@ impl<P: Platform> KmemCache<P> {
                 prev: ptr::null(),
                 next: ptr::null(),
             }),
+            key_place: double_free::key_place(&spec),
             debug: spec.debug,
             idle: reap::IdleTicks::new(),
             _platform: PhantomData,

@@ -118,6 +118,13 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
             }
             if live.is_empty() || rng.below(100) < 55 {
                 let obj = cache.alloc().unwrap();
+                if trial.ctor.is_some() {
+                    // The constructed state is whole: the key is kept
+                    // outside the object.
+                    // SAFETY: a live object of `trial.size` bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts(obj.as_ptr(), trial.size) };
+                    assert!(bytes.iter().all(|&byte| byte == CONSTRUCTED));
+                }
                 freed.retain(|&f| f != obj);
                 twice |= live.contains(&obj);
                 live.push(obj);
@@ -209,4 +216,42 @@ fn eight_byte_double_frees_refused_at_the_free() {
         ..Trial::plain(CacheFlags::empty())
     };
     assert_all_refused("8-byte objects", &trial);
+}
+
+/// What [`fill_ctor`] writes into every byte of an object.
+const CONSTRUCTED: u8 = 0xa5;
+
+fn fill_ctor(obj: crate::ObjectInit<'_>) -> Result<crate::Constructed<'_>, ()> {
+    Ok(obj.fill(CONSTRUCTED))
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn constructed_double_frees_refused_at_the_free() {
+    // Small slabs: the key in a word after the object (its constructed
+    // state untouched, checked at every alloc).
+    let trial = Trial {
+        ctor: Some(fill_ctor),
+        reap_percent: 2,
+        ..Trial::plain(CacheFlags::empty())
+    };
+    assert_all_refused("constructed 64-byte objects", &trial);
+    // Bufctl slabs: the bufctl's state.
+    let trial = Trial {
+        size: 1024,
+        ..trial
+    };
+    assert_all_refused("constructed 1 KiB objects", &trial);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn notouch_double_frees_refused_at_the_free() {
+    // Object memory is never touched: the bufctl's state marks a freed
+    // object.
+    let trial = Trial {
+        reap_percent: 2,
+        ..Trial::plain(CacheFlags::NOTOUCH)
+    };
+    assert_all_refused("NOTOUCH objects", &trial);
 }
