@@ -252,7 +252,7 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: `init` takes `&'static self`: an allocator with a cache
         // (the stub is one) lives forever.
         let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
-        let Some(_guard) = spin_try(|| self.class_lock.try_lock()) else {
+        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock()) else {
             return Err(AllocError::OutOfMemory);
         };
         let cache = self.kmalloc_cache(index);
@@ -261,7 +261,7 @@ impl<P: Platform> Allocator<P> {
         }
         // Creating links the class under the cache-list lock: not if this
         // CPU holds it (that would never return).
-        if spin_try(|| self.caches.try_lock()).is_none() {
+        if spin_try::<P, _>(|| self.caches.try_lock()).is_none() {
             return Err(AllocError::OutOfMemory);
         }
         let created = this.create_class(index)?;
@@ -295,8 +295,13 @@ impl<P: Platform> Allocator<P> {
 }
 
 /// `try_lock` until it succeeds, a bounded number of times (the lock may
-/// be held by this CPU, which spinning would never release).
-fn spin_try<T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
+/// be held by this CPU, which spinning would never release); once only in
+/// an interrupt handler, which must not spin a few milliseconds on a lock
+/// the code it interrupted holds.
+fn spin_try<P: Platform, T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
+    if P::in_interrupt() {
+        return try_lock();
+    }
     for _ in 0..(1 << 16) {
         if let Some(guard) = try_lock() {
             return Some(guard);
