@@ -243,7 +243,7 @@ impl<P: Platform> Allocator<P> {
     /// [`AllocError::OutOfMemory`] if creating it failed, or if the
     /// allocator's locks stayed busy (this CPU holds them: a
     /// `for_each_cache` callback, or an interrupt handler that interrupted
-    /// a class's creation).
+    /// a class's creation), or were busy once from an interrupt handler.
     pub(crate) fn kmalloc_class(&self, index: usize) -> Result<&'static KmemCache<P>, AllocError> {
         let cache = self.kmalloc_cache(index);
         if !cache.hot().contains(HotFlags::UNBORN) {
