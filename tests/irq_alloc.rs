@@ -228,6 +228,31 @@ fn main_side(round: usize, held: &mut Vec<(usize, NonNull<u8>, u64)>) {
     }
 }
 
+/// Run `handler` on every LAPIC timer tick and `thread` in a loop until
+/// `ticks` reaches `until` (at most 15 s); return with the timer stopped,
+/// every pending tick run, and interrupts off.
+fn run_timer(handler: fn(), ticks: &AtomicU64, until: u64, mut thread: impl FnMut()) {
+    arch::idt::set_timer_handler(handler);
+    lapic::timer_start(PERIOD_US);
+    x86_64::instructions::interrupts::enable();
+    let start = arch::rdtsc();
+    let limit = tsc::khz() * 15_000; // 15 s of TSC time
+    while ticks.load(Ordering::Relaxed) < until {
+        thread();
+        assert!(
+            arch::rdtsc() - start < limit,
+            "only {} timer ticks in 15 s",
+            ticks.load(Ordering::Relaxed)
+        );
+    }
+    x86_64::instructions::interrupts::disable();
+    lapic::timer_stop();
+    x86_64::instructions::interrupts::enable();
+    // A tick that was pending when the timer stopped has run by now.
+    tsc::delay_us(1000);
+    x86_64::instructions::interrupts::disable();
+}
+
 #[test_case]
 fn timer_interrupt_allocates_against_the_thread() {
     let created = [
@@ -244,30 +269,14 @@ fn timer_interrupt_allocates_against_the_thread() {
     }
     let before: Vec<_> = (0..NR_CACHES).map(|i| cache(i).stats()).collect();
 
-    arch::idt::set_timer_handler(on_tick);
-    lapic::timer_start(PERIOD_US);
-    x86_64::instructions::interrupts::enable();
-    let start = arch::rdtsc();
-    let limit = tsc::khz() * 15_000; // 15 s of TSC time
     let mut held = Vec::new();
     let mut round = 0;
     let rounds = AtomicUsize::new(0);
-    while NR_TICKS.load(Ordering::Relaxed) < TICKS {
+    run_timer(on_tick, &NR_TICKS, TICKS, || {
         main_side(round, &mut held);
         round += 1;
         rounds.store(round, Ordering::Relaxed);
-        assert!(
-            arch::rdtsc() - start < limit,
-            "only {} timer ticks in 15 s",
-            NR_TICKS.load(Ordering::Relaxed)
-        );
-    }
-    x86_64::instructions::interrupts::disable();
-    lapic::timer_stop();
-    x86_64::instructions::interrupts::enable();
-    // A tick that was pending when the timer stopped has run by now.
-    tsc::delay_us(1000);
-    x86_64::instructions::interrupts::disable();
+    });
 
     // Give everything back: the thread's, then the handler's.
     for (cache_index, obj, value) in held.drain(..) {
@@ -371,15 +380,10 @@ fn timer_interrupt_reports_bad_frees_against_the_thread() {
     let errors_before = SLAB.nr_errors();
     let bad_before = SLAB.nr_bad_frees();
 
-    arch::idt::set_timer_handler(on_bad_tick);
-    lapic::timer_start(PERIOD_US);
-    x86_64::instructions::interrupts::enable();
-    let start = arch::rdtsc();
-    let limit = tsc::khz() * 15_000; // 15 s of TSC time
     let mut nr_thread = 0u64;
     let mut seen = 0;
     let mut ring = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); 16];
-    while NR_BAD_TICKS.load(Ordering::Relaxed) < BAD_TICKS {
+    run_timer(on_bad_tick, &NR_BAD_TICKS, BAD_TICKS, || {
         bad_frees(cache);
         nr_thread += 1;
         let read = SLAB.read_errors(seen, &mut ring);
@@ -391,17 +395,7 @@ fn timer_interrupt_reports_bad_frees_against_the_thread() {
                 .iter()
                 .all(|r| r.buffer == FOREIGN.as_ptr() as usize)
         );
-        assert!(
-            arch::rdtsc() - start < limit,
-            "only {} timer ticks in 15 s",
-            NR_BAD_TICKS.load(Ordering::Relaxed)
-        );
-    }
-    x86_64::instructions::interrupts::disable();
-    lapic::timer_stop();
-    x86_64::instructions::interrupts::enable();
-    tsc::delay_us(1000);
-    x86_64::instructions::interrupts::disable();
+    });
     let nr_irq = NR_BAD_TICKS.load(Ordering::Relaxed);
     let nr_reports = SLAB.nr_errors() - errors_before;
     let nr_bad = SLAB.nr_bad_frees() - bad_before;
