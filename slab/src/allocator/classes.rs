@@ -294,15 +294,26 @@ impl<P: Platform> Allocator<P> {
     }
 }
 
+/// How many times [`spin_try`] tries a busy lock outside interrupts.
+const SPIN_TRIES: u32 = 1 << 22;
+
 /// `try_lock` until it succeeds, a bounded number of times (the lock may
 /// be held by this CPU, which spinning would never release); once only in
-/// an interrupt handler, which must not spin a few milliseconds on a lock
-/// the code it interrupted holds.
+/// an interrupt handler, which must not spin on a lock the code it
+/// interrupted holds.
+///
+/// The bound, [`SPIN_TRIES`], is 2^22 `pause`s: about 0.1–0.6 s at
+/// `pause`'s 40–140 cycles. Creating a class on another CPU takes
+/// microseconds, so only this CPU holding the lock (a `for_each_cache`
+/// callback that allocates) runs it out. It was 2^16 (a few hundred
+/// microseconds): a host thread the scheduler paused while holding the
+/// lock made another fail with a spurious `OutOfMemory`
+/// (`classes_created_on_first_use_race_safely`, once under load).
 fn spin_try<P: Platform, T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
     if P::in_interrupt() {
         return try_lock();
     }
-    for _ in 0..(1 << 16) {
+    for _ in 0..SPIN_TRIES {
         if let Some(guard) = try_lock() {
             return Some(guard);
         }
