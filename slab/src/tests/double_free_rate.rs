@@ -61,6 +61,9 @@ struct Trial {
     flags: CacheFlags,
     ctor: Option<crate::Ctor>,
     reap_percent: usize,
+    /// Each step runs on one of this many CPUs, at random (1: CPU 0 only),
+    /// so a double-freed object may rest in another CPU's magazine.
+    nr_cpus: usize,
 }
 
 impl Trial {
@@ -70,6 +73,7 @@ impl Trial {
             flags,
             ctor: None,
             reap_percent: 0,
+            nr_cpus: 1,
         }
     }
 }
@@ -92,6 +96,9 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
         let mut injected = false;
         let mut twice = false;
         for op in 0..nr_ops {
+            if trial.nr_cpus > 1 {
+                set_cpu(rng.below(trial.nr_cpus));
+            }
             // The double free: at step `inject_at`, or the first step after
             // it with something freed.
             if op >= inject_at && !injected && !freed.is_empty() {
@@ -212,6 +219,7 @@ fn eight_byte_double_frees_refused_at_the_free() {
     // that word, the bitmap finds the free objects (layout/freelist.rs).
     let trial = Trial {
         size: 8,
+        nr_cpus: NR_CPUS,
         reap_percent: 5,
         ..Trial::plain(CacheFlags::empty())
     };
@@ -232,6 +240,7 @@ fn constructed_double_frees_refused_at_the_free() {
     // state untouched, checked at every alloc).
     let trial = Trial {
         ctor: Some(fill_ctor),
+        nr_cpus: NR_CPUS,
         reap_percent: 2,
         ..Trial::plain(CacheFlags::empty())
     };
@@ -250,6 +259,7 @@ fn notouch_double_frees_refused_at_the_free() {
     // Object memory is never touched: the bufctl's state marks a freed
     // object.
     let trial = Trial {
+        nr_cpus: NR_CPUS,
         reap_percent: 2,
         ..Trial::plain(CacheFlags::NOTOUCH)
     };
