@@ -15,7 +15,13 @@
 #
 # Environment:
 #   MAGPIE_APPEND     kernel command line (e.g. "loglevel=debug"); extra
-#                     runner arguments are appended to it
+#                     runner arguments are appended to it. Test kernels
+#                     (.../deps/...) other than tests/kfence.rs's boot with
+#                     `kfence.sample_interval=0` first on the line (a later
+#                     word wins): a KFENCE sample taken at random changes
+#                     what ksize, whatis and slab placement tests assert;
+#                     tests/kfence.rs tests the default (100 ms) and the
+#                     samples, `cargo run` and the shell tests keep it on
 #   MAGPIE_SMP        number of CPUs, 1..64. Precedence: `--smp N` argument,
 #                     then MAGPIE_SMP, then the kernel's own default: test
 #                     kernels named smp_* (tests/smp_*.rs) boot with 4 CPUs,
@@ -89,6 +95,9 @@ else
 fi
 
 APPEND=${MAGPIE_APPEND:-}
+if [[ "$ELF" == */deps/* && "$(basename "$ELF")" != kfence-* ]]; then
+    APPEND="kfence.sample_interval=0${APPEND:+ $APPEND}"
+fi
 if [ $# -gt 0 ]; then
     APPEND="${APPEND:+$APPEND }$*"
 fi

@@ -12,6 +12,13 @@
 //! free (an object handed out twice loses one holder's stamp); at the end
 //! every object is back (cache statistics), `verify` finds nothing, and
 //! the caches are destroyed without leaks.
+//!
+//! Then the handler makes bad frees (`KmemCache::free` and
+//! `GlobalAlloc::dealloc` of a pointer the allocator never handed out)
+//! while the thread makes them too and reads the error ring: both report
+//! through the error ring and the error and free-error hooks, whose locks
+//! must be taken with interrupts off (the handler spun forever on one the
+//! thread held).
 
 #![no_std]
 #![no_main]
@@ -31,7 +38,8 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use magpie::arch::{self, lapic, tsc};
 use magpie::kmem::{KernelPlatform, SLAB};
-use magpie_slab::{CacheFlags, KmemCache, SlabKind};
+use magpie_slab::report::{ErrorKind, ErrorReport};
+use magpie_slab::{CacheFlags, FreeError, KmemCache, SlabKind};
 
 type Cache = KmemCache<KernelPlatform>;
 
@@ -220,6 +228,31 @@ fn main_side(round: usize, held: &mut Vec<(usize, NonNull<u8>, u64)>) {
     }
 }
 
+/// Run `handler` on every LAPIC timer tick and `thread` in a loop until
+/// `ticks` reaches `until` (at most 15 s); return with the timer stopped,
+/// every pending tick run, and interrupts off.
+fn run_timer(handler: fn(), ticks: &AtomicU64, until: u64, mut thread: impl FnMut()) {
+    arch::idt::set_timer_handler(handler);
+    lapic::timer_start(PERIOD_US);
+    x86_64::instructions::interrupts::enable();
+    let start = arch::rdtsc();
+    let limit = tsc::khz() * 15_000; // 15 s of TSC time
+    while ticks.load(Ordering::Relaxed) < until {
+        thread();
+        assert!(
+            arch::rdtsc() - start < limit,
+            "only {} timer ticks in 15 s",
+            ticks.load(Ordering::Relaxed)
+        );
+    }
+    x86_64::instructions::interrupts::disable();
+    lapic::timer_stop();
+    x86_64::instructions::interrupts::enable();
+    // A tick that was pending when the timer stopped has run by now.
+    tsc::delay_us(1000);
+    x86_64::instructions::interrupts::disable();
+}
+
 #[test_case]
 fn timer_interrupt_allocates_against_the_thread() {
     let created = [
@@ -236,30 +269,14 @@ fn timer_interrupt_allocates_against_the_thread() {
     }
     let before: Vec<_> = (0..NR_CACHES).map(|i| cache(i).stats()).collect();
 
-    arch::idt::set_timer_handler(on_tick);
-    lapic::timer_start(PERIOD_US);
-    x86_64::instructions::interrupts::enable();
-    let start = arch::rdtsc();
-    let limit = tsc::khz() * 15_000; // 15 s of TSC time
     let mut held = Vec::new();
     let mut round = 0;
     let rounds = AtomicUsize::new(0);
-    while NR_TICKS.load(Ordering::Relaxed) < TICKS {
+    run_timer(on_tick, &NR_TICKS, TICKS, || {
         main_side(round, &mut held);
         round += 1;
         rounds.store(round, Ordering::Relaxed);
-        assert!(
-            arch::rdtsc() - start < limit,
-            "only {} timer ticks in 15 s",
-            NR_TICKS.load(Ordering::Relaxed)
-        );
-    }
-    x86_64::instructions::interrupts::disable();
-    lapic::timer_stop();
-    x86_64::instructions::interrupts::enable();
-    // A tick that was pending when the timer stopped has run by now.
-    tsc::delay_us(1000);
-    x86_64::instructions::interrupts::disable();
+    });
 
     // Give everything back: the thread's, then the handler's.
     for (cache_index, obj, value) in held.drain(..) {
@@ -312,4 +329,91 @@ fn timer_interrupt_allocates_against_the_thread() {
         let report = unsafe { magpie::kmem::cache_destroy(&*cache) }.expect("destroy");
         let _ = report;
     }
+}
+
+/// A block the allocator never handed out: freeing it is refused and
+/// reported (a foreign pointer), nothing else changes.
+static FOREIGN: [u64; 16] = [0; 16];
+
+/// Bad-free ticks whose handler ran before the second test stops.
+const BAD_TICKS: u64 = 400;
+static NR_BAD_TICKS: AtomicU64 = AtomicU64::new(0);
+/// Error reports and free errors the hooks saw.
+static NR_REPORTS: AtomicU64 = AtomicU64::new(0);
+static NR_FREE_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+fn count_report(report: &ErrorReport) {
+    assert_eq!(report.buffer, FOREIGN.as_ptr() as usize, "{report:?}");
+    NR_REPORTS.fetch_add(1, Ordering::Relaxed);
+}
+
+fn count_free_error(error: &FreeError) {
+    assert_eq!(error.addr(), FOREIGN.as_ptr() as usize, "{error:?}");
+    NR_FREE_ERRORS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One bad free of each kind: `KmemCache::free` (an error report) and
+/// `GlobalAlloc::dealloc` (an error report and a free error).
+fn bad_frees(cache: &Cache) {
+    let foreign = NonNull::from(&FOREIGN).cast::<u8>();
+    // SAFETY: refused without touching it: FOREIGN is no object of ours.
+    let refused = unsafe { cache.free(foreign) };
+    assert!(refused.is_err(), "a foreign pointer's free is refused");
+    let layout = core::alloc::Layout::new::<[u64; 16]>();
+    // SAFETY: as above (dealloc refuses it and reports).
+    unsafe { core::alloc::GlobalAlloc::dealloc(&SLAB, foreign.as_ptr(), layout) };
+}
+
+fn on_bad_tick() {
+    bad_frees(cache(0));
+    NR_BAD_TICKS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[test_case]
+fn timer_interrupt_reports_bad_frees_against_the_thread() {
+    let cache = SLAB
+        .cache_create("irq-bad", 48, 8, CacheFlags::empty(), None, None, None)
+        .expect("cache_create");
+    CACHES[0].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
+    SLAB.set_error_hook(Some(count_report));
+    SLAB.set_free_error_hook(Some(count_free_error));
+    let errors_before = SLAB.nr_errors();
+    let bad_before = SLAB.nr_bad_frees();
+
+    let mut nr_thread = 0u64;
+    let mut seen = 0;
+    let mut ring = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); 16];
+    run_timer(on_bad_tick, &NR_BAD_TICKS, BAD_TICKS, || {
+        bad_frees(cache);
+        nr_thread += 1;
+        let read = SLAB.read_errors(seen, &mut ring);
+        if read > 0 {
+            seen = ring[read - 1].seq;
+        }
+        assert!(
+            ring[..read]
+                .iter()
+                .all(|r| r.buffer == FOREIGN.as_ptr() as usize)
+        );
+    });
+    let nr_irq = NR_BAD_TICKS.load(Ordering::Relaxed);
+    let nr_reports = SLAB.nr_errors() - errors_before;
+    let nr_bad = SLAB.nr_bad_frees() - bad_before;
+    SLAB.set_error_hook(Some(magpie::debug::slab_debug::report));
+    SLAB.set_free_error_hook(None);
+    x86_64::instructions::interrupts::enable();
+    magpie::println!(
+        "IRQ_BAD_FREES ticks={nr_irq} thread={nr_thread} reports={nr_reports} free_errors={nr_bad}"
+    );
+    // Two reports (the cache's free, kmalloc's) and one free error per
+    // bad_frees, on either side.
+    assert_eq!(nr_reports, 2 * (nr_irq + nr_thread));
+    assert_eq!(NR_REPORTS.load(Ordering::Relaxed), nr_reports);
+    assert_eq!(nr_bad, nr_irq + nr_thread);
+    assert_eq!(NR_FREE_ERRORS.load(Ordering::Relaxed), nr_bad);
+    assert_eq!(cache.stats().nr_allocated, 0);
+    CACHES[0].store(core::ptr::null_mut(), Ordering::Release);
+    // SAFETY: created above; the timer has stopped, nothing is allocated.
+    let report = unsafe { magpie::kmem::cache_destroy(cache) }.expect("destroy");
+    let _ = report;
 }

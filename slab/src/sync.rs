@@ -13,10 +13,13 @@
 //! lock would hang a loom model: loom only switches threads at its own
 //! operations).
 //!
-//! The allocator-wide locks (the cache list, the free-error hook) stay
-//! `spin::Mutex` in both builds: they must be constructible in a `const fn`
+//! The allocator-wide locks (the cache list, the size-class lock, the
+//! error ring, the hooks, the debug configuration) stay `spin::Mutex` in
+//! both builds: they must be constructible in a `const fn`
 //! ([`Allocator::new`](crate::Allocator::new)), which loom's are not, and
-//! the models never contend on them.
+//! the models never contend on them. Those an interrupt handler's report
+//! reads are taken with interrupts off ([`spin_lock_irq`]); the cache
+//! list and the size-class lock are only tried from a handler.
 
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
@@ -224,8 +227,9 @@ pub(crate) struct IrqLockGuard<P: Platform, G> {
 /// An [`IrqMutex`] held.
 pub(crate) type IrqMutexGuard<'a, P, T> = IrqLockGuard<P, MutexGuard<'a, T>>;
 
-/// A [`spin::Mutex`] outside the cache (the kmemtrace stack table) held
-/// with interrupts off, for the same reason as [`IrqMutex`].
+/// A [`spin::Mutex`] outside the cache (the kmemtrace stack table, the
+/// error hooks, the debug configuration) held with interrupts off, for the
+/// same reason as [`IrqMutex`].
 pub(crate) type SpinIrqGuard<'a, P, T> = IrqLockGuard<P, spin::MutexGuard<'a, T>>;
 
 impl<P: Platform, T> IrqMutex<P, T> {

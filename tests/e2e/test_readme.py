@@ -13,7 +13,9 @@ the boot and the first prompt must appear at the end of the boot output.
 `$ scripts/magpie-kmem ARGS` lines run the host tool on the session's
 kmemtrace dump once the kernel has powered off, and their output is
 compared the same way. A block marked `<!-- replay: none (REASON) -->`
-is not a session (it says why).
+is not a session (it says why). Sessions that do not exercise KFENCE boot
+with `kfence.sample_interval=0` (test_shell.kernel_append: a random sample
+changes `whatis` and placement); the KFENCE session keeps the default.
 
 Comparing, line by line (`compile_line`):
 
@@ -51,7 +53,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_shell import KERNEL, PROMPT, ROOT, RUNNER  # noqa: E402
+from test_shell import KERNEL, PROMPT, ROOT, RUNNER, kernel_append  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 MAGPIE_KMEM = os.path.join(ROOT, "scripts", "magpie-kmem")
@@ -284,7 +286,8 @@ class ReadmeSessions(unittest.TestCase):
         any_number = options.get("numbers") == "any"
         with tempfile.TemporaryDirectory() as tmp:
             dump = os.path.join(tmp, "latest.kmt")
-            session = Session(append=options.get("append", boot["env"].get("MAGPIE_APPEND")),
+            session = Session(append=kernel_append(options.get("append", boot["env"].get("MAGPIE_APPEND")),
+                                                   [command for command, _ in commands]),
                               mem=options.get("mem", boot["env"].get("MAGPIE_MEM")),
                               kmemtrace=dump)
             try:

@@ -243,7 +243,7 @@ impl<P: Platform> Allocator<P> {
     /// [`AllocError::OutOfMemory`] if creating it failed, or if the
     /// allocator's locks stayed busy (this CPU holds them: a
     /// `for_each_cache` callback, or an interrupt handler that interrupted
-    /// a class's creation).
+    /// a class's creation), or were busy once from an interrupt handler.
     pub(crate) fn kmalloc_class(&self, index: usize) -> Result<&'static KmemCache<P>, AllocError> {
         let cache = self.kmalloc_cache(index);
         if !cache.hot().contains(HotFlags::UNBORN) {
@@ -252,7 +252,7 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: `init` takes `&'static self`: an allocator with a cache
         // (the stub is one) lives forever.
         let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
-        let Some(_guard) = spin_try(|| self.class_lock.try_lock()) else {
+        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock()) else {
             return Err(AllocError::OutOfMemory);
         };
         let cache = self.kmalloc_cache(index);
@@ -261,7 +261,7 @@ impl<P: Platform> Allocator<P> {
         }
         // Creating links the class under the cache-list lock: not if this
         // CPU holds it (that would never return).
-        if spin_try(|| self.caches.try_lock()).is_none() {
+        if spin_try::<P, _>(|| self.caches.try_lock()).is_none() {
             return Err(AllocError::OutOfMemory);
         }
         let created = this.create_class(index)?;
@@ -294,10 +294,26 @@ impl<P: Platform> Allocator<P> {
     }
 }
 
+/// How many times [`spin_try`] tries a busy lock outside interrupts.
+const SPIN_TRIES: u32 = 1 << 22;
+
 /// `try_lock` until it succeeds, a bounded number of times (the lock may
-/// be held by this CPU, which spinning would never release).
-fn spin_try<T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
-    for _ in 0..(1 << 16) {
+/// be held by this CPU, which spinning would never release); once only in
+/// an interrupt handler, which must not spin on a lock the code it
+/// interrupted holds.
+///
+/// The bound, [`SPIN_TRIES`], is 2^22 `pause`s: about 0.1–0.6 s at
+/// `pause`'s 40–140 cycles. Creating a class on another CPU takes
+/// microseconds, so only this CPU holding the lock (a `for_each_cache`
+/// callback that allocates) runs it out. It was 2^16 (a few hundred
+/// microseconds): a host thread the scheduler paused while holding the
+/// lock made another fail with a spurious `OutOfMemory`
+/// (`classes_created_on_first_use_race_safely`, once under load).
+fn spin_try<P: Platform, T>(mut try_lock: impl FnMut() -> Option<T>) -> Option<T> {
+    if P::in_interrupt() {
+        return try_lock();
+    }
+    for _ in 0..SPIN_TRIES {
         if let Some(guard) = try_lock() {
             return Some(guard);
         }

@@ -39,6 +39,7 @@ use crate::platform::{NullSource, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::report::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
 use crate::stats::CpuCacheStats;
+use crate::sync::spin_lock_irq;
 use crate::trace_table::TraceNode;
 
 const _: () = {
@@ -161,7 +162,8 @@ pub struct Allocator<P: Platform> {
     /// The unborn stubs (`classes.rs`), one per natural alignment of a
     /// class (8 … 4096 bytes); initialised by `init` on a small source.
     unborn: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_UNBORN]>>,
-    /// Serialises creating a size class on first use.
+    /// Serialises creating a size class on first use; only tried from an
+    /// interrupt handler (`classes.rs`).
     class_lock: Mutex<()>,
     /// Most pages in a packed small slab, chosen by `init` from the
     /// primary source's size (`classes.rs`).
@@ -176,6 +178,9 @@ pub struct Allocator<P: Platform> {
     /// Tagged allocations left untagged because their slab's side array
     /// could not be allocated ([`Allocator::nr_tag_array_misses`]).
     pub(crate) nr_tag_array_misses: AtomicU64,
+    /// [`Allocator::set_free_error_hook`]. This lock, `error_hook`,
+    /// `debug_config` and the error ring's are taken with interrupts off
+    /// (`sync::spin_lock_irq`): a handler's bad free reports through them.
     pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
     /// The latest error reports ([`Allocator::read_errors`]).
     pub(crate) errors: ErrorRing,
@@ -374,7 +379,15 @@ impl<P: Platform> Allocator<P> {
     /// # Safety
     /// `cache` is alive, in no list, and lives until unlinked.
     unsafe fn link_cache(&self, cache: *const KmemCache<P>) {
-        let mut list = self.caches.lock();
+        // SAFETY: per our caller.
+        unsafe { self.link_cache_locked(&mut self.caches.lock(), cache) };
+    }
+
+    /// [`Allocator::link_cache`] with the cache-list lock held (`list`).
+    ///
+    /// # Safety
+    /// As for [`Allocator::link_cache`].
+    unsafe fn link_cache_locked(&self, list: &mut CacheList<P>, cache: *const KmemCache<P>) {
         // SAFETY: links are only touched under the cache-list lock; cache
         // and the tail are alive.
         unsafe {
@@ -481,7 +494,18 @@ impl<P: Platform> Allocator<P> {
     ) -> Result<&'static KmemCache<P>, AllocError> {
         // Debug flags: the caller's, and the boot line's for this name.
         // NOTOUCH caches cannot have any (their memory is not touched).
-        let flags = flags | CacheFlags::from_debug(self.debug_config.lock().flags_for(name));
+        // From an interrupt handler (a size class made on first use) the
+        // cache-list lock is only tried, and held from here to the link:
+        // the code the handler interrupted may hold it, or another CPU
+        // may hold it across a cross-CPU call to this one (`reap_all`),
+        // which this CPU cannot answer until the handler returns.
+        let mut irq_list = if P::in_interrupt() {
+            Some(self.caches.try_lock().ok_or(AllocError::OutOfMemory)?)
+        } else {
+            None
+        };
+        let flags = flags
+            | CacheFlags::from_debug(spin_lock_irq::<P, _>(&self.debug_config).flags_for(name));
         let debug = if flags.contains(CacheFlags::NOTOUCH) {
             None
         } else {
@@ -496,13 +520,28 @@ impl<P: Platform> Allocator<P> {
         // slabs may span pages and keep their header off slab.
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let max_slab_pages = unsafe { *self.max_slab_pages.get() };
-        let geometry = Geometry::with_max_slab_pages(
-            slot_size,
-            align,
-            flags,
-            same_source(source, primary),
-            max_slab_pages,
-        )?;
+        let geometry_of = |slot_size| {
+            Geometry::with_max_slab_pages(
+                slot_size,
+                align,
+                flags,
+                same_source(source, primary),
+                max_slab_pages,
+            )
+        };
+        let mut geometry = geometry_of(slot_size)?;
+        // Constructed objects of small slabs keep the free key in a word
+        // after the object (cache/double_free.rs; bufctl slabs mark the
+        // bufctl instead).
+        if (ctor.is_some() || dtor.is_some())
+            && debug.is_none()
+            && geometry.kind == crate::layout::geometry::SlabKind::Small
+        {
+            let keyed = geometry_of(crate::cache::key_after(size) + 8)?;
+            if keyed.kind == crate::layout::geometry::SlabKind::Small {
+                geometry = keyed;
+            }
+        }
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         let mem = self
@@ -549,7 +588,10 @@ impl<P: Platform> Allocator<P> {
                 pcpu,
                 nr_cpus,
             ));
-            self.link_cache(mem);
+            match irq_list.as_deref_mut() {
+                Some(list) => self.link_cache_locked(list, mem),
+                None => self.link_cache(mem),
+            }
             Ok(&*mem)
         }
     }

@@ -9,6 +9,7 @@ use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
+use crate::sync::{IrqGuard, spin_lock_irq};
 
 impl<P: Platform> Allocator<P> {
     /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
@@ -16,30 +17,32 @@ impl<P: Platform> Allocator<P> {
     /// kmalloc caches get it; caches created later get it too (by name).
     /// Caches that exist already keep their flags.
     pub fn set_debug_config(&self, config: SlabDebugConfig) {
-        *self.debug_config.lock() = config;
+        *spin_lock_irq::<P, _>(&self.debug_config) = config;
     }
 
     /// The debug configuration in force.
     pub fn debug_config(&self) -> SlabDebugConfig {
-        *self.debug_config.lock()
+        *spin_lock_irq::<P, _>(&self.debug_config)
     }
 
     /// Called with every error report, after it is kept in the error ring,
     /// with no allocator lock held; the kernel prints it (and may panic).
     /// The hook must not allocate from this allocator.
     pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
-        *self.error_hook.lock() = hook;
+        *spin_lock_irq::<P, _>(&self.error_hook) = hook;
     }
 
     /// Errors reported since the allocator was created (the ring keeps the
     /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
     pub fn nr_errors(&self) -> u64 {
+        let _irq = IrqGuard::<P>::new();
         self.errors.nr_reported()
     }
 
     /// Copy the kept reports numbered after `after` into `out`, oldest
     /// first; returns how many.
     pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        let _irq = IrqGuard::<P>::new();
         self.errors.read(after, out)
     }
 
@@ -50,8 +53,14 @@ impl<P: Platform> Allocator<P> {
     pub(crate) fn report_error(&self, mut report: ErrorReport) {
         report.timestamp = P::now();
         report.cpu = P::cpu_id() as u32;
-        let report = self.errors.push(report);
-        let hook = *self.error_hook.lock();
+        // The ring's lock and the hook's with interrupts off: an interrupt
+        // handler's bad free reports here too, and must not find them held
+        // by the code it interrupted.
+        let report = {
+            let _irq = IrqGuard::<P>::new();
+            self.errors.push(report)
+        };
+        let hook = *spin_lock_irq::<P, _>(&self.error_hook);
         if let Some(hook) = hook {
             hook(&report);
         }

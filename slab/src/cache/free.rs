@@ -261,6 +261,10 @@ impl<P: Platform> KmemCache<P> {
         let hit = unsafe {
             if self.is_keyed() {
                 self.magazine_free_hit_as::<true>(obj)
+            } else if self.key_place.marks() {
+                // Keyless, marked elsewhere (`double_free.rs`): the miss
+                // tests and sets the mark.
+                false
             } else {
                 self.magazine_free_hit_as::<false>(obj)
             }
@@ -367,7 +371,16 @@ impl<P: Platform> KmemCache<P> {
         if self.magazine_free_miss(obj) {
             return Ok(());
         }
-        for _ in 0..MAG_FREE_RETRIES {
+        // An interrupt handler that interrupted a magazine hit on this CPU
+        // finds the per-CPU cache held: no magazine it made could be used
+        // (the miss leaves the magazines alone), so straight to the slab
+        // layer (the checks above kept).
+        let retries = if self.pcpu_busy() {
+            0
+        } else {
+            MAG_FREE_RETRIES
+        };
+        for _ in 0..retries {
             // No room and no empty magazine in the depot: make one. No
             // lock is held and interrupts are on, so allocating from a
             // magazine cache cannot deadlock.
@@ -390,6 +403,14 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per our caller, obj is a constructed busy object of ours.
         unsafe { self.slab_free_objects(&[obj.as_ptr()]) };
         Ok(())
+    }
+
+    /// Whether this CPU's per-CPU cache is held by the code this runs
+    /// under: an interrupt handler (or a cross-CPU call) that interrupted
+    /// a magazine hit.
+    fn pcpu_busy(&self) -> bool {
+        let irq = IrqGuard::<P>::new();
+        self.pcpu_lock_here(&irq).is_none()
     }
 
     /// [`KmemCache::free`] past the fast path: locate with error reports,

@@ -99,7 +99,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
-pub(crate) use double_free::boot_free_key;
+pub(crate) use double_free::{boot_free_key, key_after};
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -254,6 +254,9 @@ pub struct KmemCache<P: Platform> {
     pub(crate) name_len: usize,
     /// kmemtrace cache id (1, 2, ... in creation order).
     pub(crate) id: u32,
+    /// Where a freed object's mark is kept (`double_free.rs`; beside
+    /// `id`, in what was its padding).
+    pub(crate) key_place: double_free::KeyPlace,
     /// The first word of this cache's free event (kind, type, id:
     /// `kmemtrace::EventFields::head`), so that the recorded hits write it
     /// with one load and one store (the alloc's: its low bytes replaced).
@@ -391,6 +394,7 @@ impl<P: Platform> KmemCache<P> {
                 prev: ptr::null(),
                 next: ptr::null(),
             }),
+            key_place: double_free::key_place(&spec),
             debug: spec.debug,
             idle: reap::IdleTicks::new(),
             _platform: PhantomData,

@@ -41,6 +41,16 @@
 //! corruption are reported at the free to the hook of
 //! [`Allocator::set_kfence_hook`]. Reports are [`KfenceReport`]s, written
 //! in KFENCE's layout by [`KfenceReport::display`].
+//!
+//! **TLBs.** [`Platform::kfence_protect`] need flush only this CPU's TLB
+//! (the kernel's `invlpg`), as Linux's x86 `kfence_protect_page` does on
+//! purpose (`arch/x86/include/asm/kfence.h`: it flushes the local TLB
+//! only, on the assumption that the code that allocated or freed goes on
+//! running on this CPU): another CPU with a stale entry may miss a use
+//! after free or an overflow into a guard page until its entry goes. No
+//! shootdown: a missed report on another CPU is the accepted cost of
+//! sampling with no cross-CPU interrupts (which a free from an interrupt
+//! handler could not wait for anyway).
 
 mod report;
 
@@ -447,9 +457,10 @@ impl<P: Platform> Allocator<P> {
     /// Count a sample's free in its cache's statistics, as the magazines
     /// count their objects (a round that left; the allocation counted as
     /// the allocation of a round that came in), so `nr_allocated` and the
-    /// `_ever` figures include samples. Uncounted if this CPU's per-CPU
-    /// cache is held (an interrupt handler that interrupted a magazine
-    /// hit freed the sample: rare; `nr_allocated` stays one too high).
+    /// `_ever` figures include samples. If this CPU's per-CPU cache is
+    /// held (an interrupt handler that interrupted a magazine hit freed
+    /// the sample), the free is counted as one straight to the slab layer
+    /// (`nr_frees_direct`) instead: the same figures.
     fn kfence_count_free(cache: &KmemCache<P>) {
         if cache.pcpu.is_null() {
             return;
@@ -458,6 +469,8 @@ impl<P: Platform> Allocator<P> {
         if let Some(mut locked) = cache.pcpu_lock_here(&irq) {
             let pcc = locked.get();
             pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
+        } else {
+            cache.nr_frees_direct.fetch_add(1, Ordering::Relaxed);
         }
     }
 

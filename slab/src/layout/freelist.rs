@@ -80,8 +80,9 @@ pub(crate) struct FreeList {
     /// The cache's obfuscation secret.
     pub(crate) secret: usize,
     /// The free key every free object holds in its first word (its link
-    /// then lives at 8), or 0: none (`cache/double_free.rs`). A free
-    /// object without it was written after its free: its link is bad.
+    /// then lives at 8; objects of one word have no link, the bitmap
+    /// finds them), or 0: none (`cache/double_free.rs`). A free object
+    /// without it was written after its free: its link is bad.
     pub(crate) key: usize,
 }
 
@@ -95,6 +96,27 @@ impl FreeList {
         (offset.is_multiple_of(self.stride) && index < self.nr_objs).then_some(index)
     }
 
+    /// Whether this slab's free objects are found by the bitmap alone: its
+    /// objects are one word (8 bytes), the key's, so no link fits beside
+    /// it. The head is then any free object, and a pop takes it and makes
+    /// the lowest free object of the bitmap the head.
+    #[inline]
+    fn by_map(&self) -> bool {
+        self.key != 0 && self.link_offset >= self.stride
+    }
+
+    /// The lowest free object of the bitmap, or 0.
+    fn first_free(&self, map: &FreeMap) -> usize {
+        map.iter()
+            .enumerate()
+            .find_map(|(word, bits)| {
+                let bits = bits.load(Ordering::Relaxed);
+                (bits != 0).then(|| word * 64 + bits.trailing_zeros() as usize)
+            })
+            .filter(|&index| index < self.nr_objs)
+            .map_or(0, |index| self.base + index * self.stride)
+    }
+
     fn link(&self, obj: usize) -> *mut usize {
         (obj + self.link_offset) as *mut usize
     }
@@ -105,10 +127,12 @@ impl FreeList {
     /// `obj` is an object of this slab owned by the slab layer (free).
     #[inline]
     pub(crate) unsafe fn write_link(&self, obj: usize, next: usize) {
-        let link = self.link(obj);
-        // SAFETY: per the caller, the object (and its link word, inside
-        // its stride, 8-aligned) is the slab layer's.
-        unsafe { link.write(freelist_ptr(next, self.secret, link as usize)) };
+        if !self.by_map() {
+            let link = self.link(obj);
+            // SAFETY: per the caller, the object (and its link word, inside
+            // its stride, 8-aligned) is the slab layer's.
+            unsafe { link.write(freelist_ptr(next, self.secret, link as usize)) };
+        }
         if self.key != 0 {
             // SAFETY: as above; the key's word 0 is not the link's.
             unsafe { (obj as *mut usize).write(self.key) };
@@ -125,6 +149,10 @@ impl FreeList {
         if self.key != 0 && unsafe { (obj as *const usize).read() } != self.key {
             // Never an object start: the link check fails.
             return usize::MAX;
+        }
+        if self.by_map() {
+            // No link: the key alone is checked (above).
+            return 0;
         }
         let link = self.link(obj);
         // SAFETY: per the caller.
@@ -171,7 +199,11 @@ impl FreeList {
         if let Some(index) = self.index_of(obj) {
             map_clear(map, index);
         }
-        *head = next;
+        *head = if self.by_map() {
+            self.first_free(map)
+        } else {
+            next
+        };
         Ok(obj)
     }
 
@@ -194,6 +226,31 @@ impl FreeList {
         head
     }
 
+    /// [`Self::check`] of a slab whose free objects are found by the
+    /// bitmap: the head is a free object (or 0 with none), and every free
+    /// object holds the key.
+    ///
+    /// # Safety
+    /// As for [`Self::rebuild`].
+    unsafe fn check_by_map(&self, head: usize, map: &FreeMap) -> Result<usize, BadLink> {
+        let nr_free = map_count(map);
+        if (head == 0) != (nr_free == 0) || (head != 0 && !self.link_ok(map, 0, head)) {
+            return Err(BadLink {
+                obj: 0,
+                decoded: head,
+            });
+        }
+        for index in (0..self.nr_objs).filter(|&index| map_test(map, index)) {
+            let obj = self.base + index * self.stride;
+            // SAFETY: a free object of ours, per the bitmap.
+            let next = unsafe { self.read_link(obj) };
+            if next != 0 {
+                return Err(BadLink { obj, decoded: next });
+            }
+        }
+        Ok(nr_free)
+    }
+
     /// Walk the free list and check every link against the bitmap: each
     /// object appears once, the list holds exactly the bitmap's objects.
     /// Returns the number of objects on it.
@@ -201,6 +258,10 @@ impl FreeList {
     /// # Safety
     /// As for [`Self::rebuild`].
     pub(crate) unsafe fn check(&self, head: usize, map: &FreeMap) -> Result<usize, BadLink> {
+        if self.by_map() {
+            // SAFETY: per our caller.
+            return unsafe { self.check_by_map(head, map) };
+        }
         let nr_free = map_count(map);
         if head != 0 && !self.link_ok(map, 0, head) {
             return Err(BadLink {
@@ -335,6 +396,42 @@ mod tests {
         assert_eq!(list.index_of(list.base + 33), None);
         assert_eq!(list.index_of(list.base + 16 * 32), None);
         assert_eq!(list.index_of(list.base + 15 * 32), Some(15));
+    }
+
+    #[test]
+    fn one_word_objects_keep_the_key_and_are_found_by_the_bitmap() {
+        let mut memory = vec![0u64; 16];
+        let key = 0x8000_0000_0000_0001;
+        let list = FreeList {
+            base: memory.as_mut_ptr() as usize,
+            stride: 8,
+            nr_objs: 16,
+            link_offset: 8,
+            secret: freelist_secret(7),
+            key,
+        };
+        let map: FreeMap = Default::default();
+        let mut head = 0;
+        // SAFETY: the test's slab.
+        unsafe {
+            for index in (0..16).rev() {
+                list.push(&mut head, &map, list.base + index * 8, index);
+            }
+            // Every free object holds the key, and nothing else.
+            assert!(memory.iter().all(|&word| word as usize == key));
+            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base + 8));
+            list.push(&mut head, &map, list.base, 0);
+            assert_eq!(list.check(head, &map), Ok(15));
+            assert_eq!(list.pop(&mut head, &map), Ok(list.base));
+            // A write after free of object 2: its key is gone.
+            memory[2] = 0x4141;
+            assert!(list.check(head, &map).is_err());
+            assert_eq!(list.pop(&mut head, &map).unwrap_err().obj, list.base + 16);
+            head = list.rebuild(&map);
+            assert_eq!(list.check(head, &map), Ok(14));
+        }
     }
 
     #[test]

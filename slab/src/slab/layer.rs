@@ -43,7 +43,8 @@ pub(crate) struct SlabParams {
     pub(crate) source: &'static dyn PageSource,
     pub(crate) nr_pages_per_slab: usize,
     /// Where a free object holds its free-list link: 0, 8 (after the
-    /// free key), or in the debug trailer (so the poison stays whole).
+    /// free key; none in 8-byte objects, found by the bitmap), or in the
+    /// debug trailer (so the poison stays whole).
     pub(crate) freeptr_offset: usize,
     /// The free-list obfuscation secret ([`crate::layout::freelist`]).
     pub(crate) freelist_secret: usize,

@@ -132,6 +132,10 @@ pub(crate) enum BufctlState {
         allow(dead_code, reason = "objects are charged to tags with the feature")
     )]
     Allocated = 2,
+    /// In a magazine, in a cache whose objects hold no free key (`NOTOUCH`,
+    /// or constructed objects of bufctl slabs): a free of it is a double
+    /// free (`cache/double_free.rs`).
+    Magazine = 3,
 }
 
 /// One per object of a bufctl slab.
@@ -486,7 +490,8 @@ impl SlabLists {
     /// `Err`, changing nothing, if `addr` is not busy in this layer.
     pub(crate) fn mark_cached(&mut self, addr: usize) -> Result<Option<AllocTagRef>, NotBusy> {
         let bufctl = self.hash.find(addr);
-        if bufctl.is_null() {
+        // SAFETY: bufctls in the hash are alive; the caller holds the lock.
+        if bufctl.is_null() || unsafe { (*bufctl).state } == BufctlState::Magazine {
             return Err(NotBusy);
         }
         // SAFETY: bufctls in the hash are alive; the caller holds the lock.
@@ -497,6 +502,32 @@ impl SlabLists {
         #[cfg(not(feature = "alloc-profiling"))]
         let tag = None;
         Ok(tag)
+    }
+
+    /// Whether busy bufctl object `addr` rests in a magazine (state
+    /// `Magazine`, in a cache whose objects hold no free key), after
+    /// setting that to `into_magazine` if given (it enters a magazine, or
+    /// leaves one for a caller). `Err`, changing nothing, if `addr` is not
+    /// busy in this layer.
+    pub(crate) fn mark_magazine(
+        &mut self,
+        addr: usize,
+        into_magazine: Option<bool>,
+    ) -> Result<bool, NotBusy> {
+        let bufctl = self.hash.find(addr);
+        if bufctl.is_null() {
+            return Err(NotBusy);
+        }
+        // SAFETY: bufctls in the hash are alive; the caller holds the lock.
+        unsafe {
+            let was = (*bufctl).state == BufctlState::Magazine;
+            match into_magazine {
+                Some(true) => (*bufctl).state = BufctlState::Magazine,
+                Some(false) if was => (*bufctl).state = BufctlState::Cached,
+                _ => {}
+            }
+            Ok(was)
+        }
     }
 
     /// Call `f` with every slab on the lists and whether it is on the list

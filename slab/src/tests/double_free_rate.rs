@@ -50,13 +50,42 @@ struct Tally {
 }
 
 fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
+    run_trials_of(&Trial::plain(flags), nr_trials, seed)
+}
+
+/// The cache each trial makes, and how often a step reaps it (sending the
+/// objects of its magazines back to their slabs: a later double free then
+/// finds its object in the slab layer).
+struct Trial {
+    size: usize,
+    flags: CacheFlags,
+    ctor: Option<crate::Ctor>,
+    reap_percent: usize,
+    /// Each step runs on one of this many CPUs, at random (1: CPU 0 only),
+    /// so a double-freed object may rest in another CPU's magazine.
+    nr_cpus: usize,
+}
+
+impl Trial {
+    fn plain(flags: CacheFlags) -> Self {
+        Trial {
+            size: 64,
+            flags,
+            ctor: None,
+            reap_percent: 0,
+            nr_cpus: 1,
+        }
+    }
+}
+
+fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
     let (alloc, _) = setup(4096);
     let mut rng = Rng(seed);
     let mut tally = Tally::default();
     for _ in 0..nr_trials {
         set_cpu(0);
         let cache = alloc
-            .cache_create("df", 64, 8, flags, None, None, None)
+            .cache_create("df", trial.size, 8, trial.flags, trial.ctor, None, None)
             .unwrap();
         let nr_ops = 50 + rng.below(300);
         let inject_at = rng.below(nr_ops);
@@ -67,6 +96,9 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
         let mut injected = false;
         let mut twice = false;
         for op in 0..nr_ops {
+            if trial.nr_cpus > 1 {
+                set_cpu(rng.below(trial.nr_cpus));
+            }
             // The double free: at step `inject_at`, or the first step after
             // it with something freed.
             if op >= inject_at && !injected && !freed.is_empty() {
@@ -87,8 +119,19 @@ fn run_trials(flags: CacheFlags, nr_trials: usize, seed: u64) -> Tally {
                 tally.immediate_at_free += (immediate && at_free) as usize;
                 continue;
             }
+            if trial.reap_percent > 0 && rng.below(100) < trial.reap_percent {
+                cache.reap();
+                continue;
+            }
             if live.is_empty() || rng.below(100) < 55 {
                 let obj = cache.alloc().unwrap();
+                if trial.ctor.is_some() {
+                    // The constructed state is whole: the key is kept
+                    // outside the object.
+                    // SAFETY: a live object of `trial.size` bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts(obj.as_ptr(), trial.size) };
+                    assert!(bytes.iter().all(|&byte| byte == CONSTRUCTED));
+                }
                 freed.retain(|&f| f != obj);
                 twice |= live.contains(&obj);
                 live.push(obj);
@@ -157,4 +200,68 @@ fn double_free_detection_rate() {
     // refused at the free, and nothing is handed out twice.
     assert_eq!(plain.at_free, plain.trials);
     assert_eq!(plain.handed_out_twice, 0);
+}
+
+/// [`run_trials_of`] with `trial` must refuse every double free at the
+/// free and hand nothing out twice.
+fn assert_all_refused(name: &str, trial: &Trial) {
+    let tally = run_trials_of(trial, 200, 0x2545_f491_4f6c_dd1d);
+    std::println!("double frees, {name}: {tally:?}");
+    assert!(tally.trials > 150);
+    assert_eq!(tally.at_free, tally.trials, "{name}");
+    assert_eq!(tally.handed_out_twice, 0, "{name}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn eight_byte_double_frees_refused_at_the_free() {
+    // Objects of one word go back to their slab (reaps): the key stays in
+    // that word, the bitmap finds the free objects (layout/freelist.rs).
+    let trial = Trial {
+        size: 8,
+        nr_cpus: NR_CPUS,
+        reap_percent: 5,
+        ..Trial::plain(CacheFlags::empty())
+    };
+    assert_all_refused("8-byte objects", &trial);
+}
+
+/// What [`fill_ctor`] writes into every byte of an object.
+const CONSTRUCTED: u8 = 0xa5;
+
+fn fill_ctor(obj: crate::ObjectInit<'_>) -> Result<crate::Constructed<'_>, ()> {
+    Ok(obj.fill(CONSTRUCTED))
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn constructed_double_frees_refused_at_the_free() {
+    // Small slabs: the key in a word after the object (its constructed
+    // state untouched, checked at every alloc).
+    let trial = Trial {
+        ctor: Some(fill_ctor),
+        nr_cpus: NR_CPUS,
+        reap_percent: 2,
+        ..Trial::plain(CacheFlags::empty())
+    };
+    assert_all_refused("constructed 64-byte objects", &trial);
+    // Bufctl slabs: the bufctl's state.
+    let trial = Trial {
+        size: 1024,
+        ..trial
+    };
+    assert_all_refused("constructed 1 KiB objects", &trial);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "200 randomized trials")]
+fn notouch_double_frees_refused_at_the_free() {
+    // Object memory is never touched: the bufctl's state marks a freed
+    // object.
+    let trial = Trial {
+        nr_cpus: NR_CPUS,
+        reap_percent: 2,
+        ..Trial::plain(CacheFlags::NOTOUCH)
+    };
+    assert_all_refused("NOTOUCH objects", &trial);
 }

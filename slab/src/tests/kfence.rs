@@ -482,3 +482,24 @@ fn whatis_names_an_allocated_sample() {
     obj.free().unwrap();
     assert!(alloc.whatis(addr).is_none(), "a freed sample");
 }
+
+/// A sample freed by an interrupt handler that interrupted a magazine hit
+/// (this CPU's per-CPU cache held: the free cannot count it there) is
+/// still counted: `nr_allocated` back to 0 (it stayed at 1).
+#[test]
+fn a_sample_freed_while_the_per_cpu_cache_is_held_is_counted() {
+    let (alloc, cache) = kfence_setup();
+    assert!(alloc.kfence_force_sample(None));
+    let obj = cache.alloc_box().unwrap();
+    assert!(alloc.kfence_contains(obj.as_ptr().as_ptr() as usize));
+    assert_eq!(cache.stats().nr_allocated, 1);
+    {
+        // The interrupted hit: this CPU's per-CPU cache held.
+        let irq = crate::IrqGuard::<TestPlatform>::new();
+        let _hit = cache.pcpu_lock_here(&irq).expect("per-CPU cache free");
+        obj.free().unwrap();
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.nr_allocated, 0, "{stats:?}");
+    assert_eq!(stats.nr_allocs_ever, stats.nr_frees_ever, "{stats:?}");
+}

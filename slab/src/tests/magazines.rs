@@ -724,3 +724,42 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
     );
     assert_eq!(fields[12], "1", "RESIZE: {row}");
 }
+
+/// A free that misses while this CPU's per-CPU cache is held (an
+/// interrupt handler that interrupted a magazine hit) goes straight to the
+/// slab layer: it makes no magazine for the depot (it made up to 3, none
+/// of them usable by it), and its checks still refuse a double free.
+#[test]
+fn a_free_under_a_held_per_cpu_cache_goes_straight_to_the_slab_layer() {
+    let (alloc, _) = setup_default();
+    let cache = alloc
+        .cache_create("held-miss", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    let objs: Vec<_> = (0..4).map(|_| cache.alloc_box().unwrap()).collect();
+    cache.reap();
+    let before = cache.stats();
+    assert_eq!(before.depot_nr_empty, 0, "{before:?}");
+    {
+        // The interrupted hit: this CPU's per-CPU cache held.
+        let irq = crate::IrqGuard::<TestPlatform>::new();
+        let _hit = cache.pcpu_lock_here(&irq).expect("per-CPU cache free");
+        let mut objs = objs.into_iter();
+        let first = objs.next().unwrap();
+        let addr = first.as_ptr();
+        first.free().unwrap();
+        // SAFETY: freed just above: a double free, refused untouched.
+        let again = unsafe { cache.free(addr.cast()) };
+        assert!(
+            matches!(again, Err(crate::FreeError::DoubleFree { .. })),
+            "{again:?}"
+        );
+        for obj in objs {
+            obj.free().unwrap();
+        }
+    }
+    let after = cache.stats();
+    assert_eq!(after.depot_nr_empty, 0, "no magazine made: {after:?}");
+    assert_eq!(after.nr_allocated, 0, "{after:?}");
+    assert_eq!(after.nr_cpu_cached_objs, 0, "{after:?}");
+    assert_eq!(cache.slab.lock().counts().nr_busy_objs, 0);
+}

@@ -11,8 +11,14 @@ use std::vec::Vec;
 use super::support::*;
 use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform};
 
-/// One CPU (id 0), the emulated interrupts of CPU 0.
+/// One CPU (id 0), the emulated interrupts of CPU 0; in an interrupt
+/// handler while this thread's [`IN_HANDLER`] is set.
 pub(super) struct UpPlatform;
+
+std::thread_local! {
+    /// This test thread acts as an interrupt handler (`in_interrupt`).
+    static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 // SAFETY: one CPU, id 0; every test thread using it acts as CPU 0
 // (`set_cpu(0)` in `up_setup`) and takes CPU 0's emulated interrupt lock,
@@ -24,6 +30,9 @@ unsafe impl Platform for UpPlatform {
     }
     fn cpu_id() -> usize {
         0
+    }
+    fn in_interrupt() -> bool {
+        IN_HANDLER.with(std::cell::Cell::get)
     }
     fn irq_save() -> usize {
         emulated_irq_save()
@@ -171,6 +180,32 @@ fn an_unborn_class_keeps_the_alignment_asked_for() {
     // The public lookup creates the class too.
     let cache = alloc.kmalloc_cache_for(40, 8).unwrap();
     assert_eq!(cache.name(), "kmalloc-40");
+    alloc.check_invariants().unwrap();
+}
+
+/// From an interrupt handler the cache list and the size-class lock are
+/// only tried, once: with the list held (by the code the handler
+/// interrupted, a `for_each_cache` walk), the handler's first allocation
+/// of an unborn class fails at once (`OutOfMemory`) and leaves it unborn;
+/// the next allocation outside the walk makes it.
+#[test]
+fn a_handler_does_not_wait_for_the_cache_list_to_make_a_class() {
+    let (alloc, _source) = up_setup(HEAP_PAGES);
+    let mut result = None;
+    alloc.for_each_cache(|_| {
+        if result.is_none() {
+            IN_HANDLER.with(|handler| handler.set(true));
+            result = Some(alloc.kmalloc_box(100, 8).map(crate::SlabBox::free));
+            IN_HANDLER.with(|handler| handler.set(false));
+        }
+    });
+    assert!(
+        matches!(result, Some(Err(AllocError::OutOfMemory))),
+        "{result:?}"
+    );
+    assert!(alloc.find_cache("kmalloc-104").is_none());
+    alloc.kmalloc_box(100, 8).unwrap().free().unwrap();
+    assert!(alloc.find_cache("kmalloc-104").is_some());
     alloc.check_invariants().unwrap();
 }
 
