@@ -37,7 +37,7 @@
 //! reporter → per-CPU data (GS base) → GDT/TSS/IDT → PVH start info → ACPI
 //! (CPU count, table ranges) → frame allocator → memory check
 //! ([`min_free_bytes`]) → final page tables (direct map) → symbols → slab
-//! allocator ([`kmem::init`]) → kmemtrace ([`tracing::event_stream`],
+//! allocator ([`kmem::init`]) → KFENCE ([`debug::kfence::init`]) → kmemtrace ([`tracing::event_stream`],
 //! `kmemtrace=on`) → fault injection → application processors
 //! ([`smp::init`]) → `kmain`.
 //!
@@ -127,6 +127,10 @@ pub extern "C" fn kernel_entry(start_info_phys: u64) -> ! {
     mm::paging::init(boot);
     debug::symbols::init(boot);
     kmem::init(boot.cmdline);
+    // KFENCE (`kfence.sample_interval=MS`, on by default): the guarded
+    // pool, its report hook and the page-fault handler, once the slab
+    // allocator is up (called here, not from kmem: debug/ builds on kmem).
+    debug::kfence::init(boot.cmdline);
     tracing::event_stream::init(boot);
     debug::fault::init();
     smp::init();

@@ -69,9 +69,6 @@ pub fn init(cmdline: &str) {
         alloc_tag::init(&KPAGES);
         sync_alloc_profiling();
     }
-    // KFENCE (`kfence.sample_interval=MS`, on by default): the guarded
-    // pool, its report hook and the page-fault handler.
-    crate::debug::kfence::init(cmdline);
     log::info!(
         "slab allocator up: {} caches, {} CPU(s), {} pages from kpages",
         {
