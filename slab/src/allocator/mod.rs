@@ -197,7 +197,7 @@ pub struct Allocator<P: Platform> {
     /// kmemtrace: per-CPU event rings and the recording state.
     pub(crate) kmemtrace: Kmemtrace,
     /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
-    pub(crate) kfence: crate::kfence::Kfence,
+    pub(crate) kfence: crate::kfence::pool::Kfence,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -270,7 +270,7 @@ impl<P: Platform> Allocator<P> {
             alloc_profiling: AtomicBool::new(true),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: Kmemtrace::new(),
-            kfence: crate::kfence::Kfence::new(),
+            kfence: crate::kfence::pool::Kfence::new(),
         }
     }
 

@@ -17,7 +17,7 @@
 
 use core::fmt;
 
-use super::{KfenceObject, KfenceStack, KfenceState};
+use super::object::{KfenceObject, KfenceStack, KfenceState};
 use crate::report::ReportFormat;
 
 /// What a KFENCE report is about (Linux `enum kfence_error_type`).
