@@ -1,0 +1,108 @@
+//! Giving memory back: [`Allocator::reap_all`], the working-set tick
+//! [`Allocator::kmem_update`] (illumos `kmem_update` /
+//! `kmem_reap_interval`) and the reap before an allocation fails for
+//! want of pages; all walk the cache list in the order that leaves no
+//! empty slab behind.
+
+use core::ptr;
+use core::sync::atomic::Ordering;
+
+use super::{Allocator, BootCache, CacheList};
+use crate::cache::KmemCache;
+use crate::platform::Platform;
+
+impl<P: Platform> Allocator<P> {
+    /// Reap every cache. Returns pages returned to page sources.
+    ///
+    /// Newest first, so that metadata freed by later caches (their slab
+    /// structs, bufctls, magazines and cache structs) is reaped with the
+    /// bootstrap caches at the end; and `kmem_slab` and `kmem_bufctl` come
+    /// last of all, after `kmem_cache` and `kmem_pcpu`, whose bufctl slabs
+    /// (when their objects are large) free into them. So one call leaves no
+    /// empty slab anywhere.
+    pub fn reap_all(&self) -> usize {
+        let list = self.caches.lock();
+        self.reap_walk(&list, KmemCache::reap)
+    }
+
+    /// The periodic working-set tick (illumos `kmem_update`, every
+    /// `kmem_reap_interval`): every cache's depot starts a new working-set
+    /// interval ([`KmemCache::ws_update`]), then gives back what lay beyond
+    /// the working set of the interval that ended ([`KmemCache::ws_reap`]:
+    /// idle depot magazines, then empty slabs); a cache with no allocation
+    /// or free for two whole intervals is reaped in full (its CPUs'
+    /// magazines too), so its empty slabs come back. Returns pages returned to
+    /// page sources. A kernel calls it from a timer tick or its idle loop,
+    /// every few seconds; memory a burst left in magazines comes back
+    /// after one idle interval. Call it as [`Allocator::reap_all`].
+    pub fn kmem_update(&self) -> usize {
+        let list = self.caches.lock();
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache.
+            unsafe {
+                (*cache).ws_update();
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+        self.reap_walk(&list, |cache| {
+            if cache.is_bootstrap() {
+                cache.reap()
+            } else {
+                cache.ws_tick()
+            }
+        })
+    }
+
+    /// Out of memory: reap every cache ([`Allocator::reap_all`]: every
+    /// CPU's magazines, the depots, empty slabs) so that the caller can
+    /// retry. Returns pages returned, or `None` if it could not reap:
+    /// before init, or the cache list is busy (this CPU may hold it: a
+    /// `for_each_cache` callback allocating, or a page source called
+    /// under it).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn reap_for_pressure(&self) -> Option<usize> {
+        // No reap from an interrupt handler: it drains every CPU's
+        // magazines by cross-CPU calls.
+        if !self.is_ready() || P::in_interrupt() {
+            return None;
+        }
+        let list = self.caches.try_lock()?;
+        self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
+        Some(self.reap_walk(&list, KmemCache::reap))
+    }
+
+    /// Call `reap` on every cache, newest first, `kmem_bufctl` and
+    /// `kmem_slab` last (see [`Allocator::reap_all`]); sum its results.
+    fn reap_walk(&self, list: &CacheList<P>, reap: impl Fn(&KmemCache<P>) -> usize) -> usize {
+        // Before init completes, no deferring: one pass as listed. The
+        // pointers are only compared, never dereferenced.
+        let ready = self.is_ready();
+        let boot_base = self.boot.get().cast::<KmemCache<P>>().cast_const();
+        let last = [BootCache::Bufctl, BootCache::Slab].map(|which| {
+            if ready {
+                boot_base.wrapping_add(which as usize)
+            } else {
+                ptr::null()
+            }
+        });
+        let mut cache = list.tail;
+        let mut nr_pages = 0;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache.
+            unsafe {
+                if !last.contains(&cache) {
+                    nr_pages += reap(&*cache);
+                }
+                cache = (*(*cache).links.get()).prev;
+            }
+        }
+        if ready {
+            for which in [BootCache::Bufctl, BootCache::Slab] {
+                nr_pages += reap(self.boot(which));
+            }
+        }
+        nr_pages
+    }
+}
