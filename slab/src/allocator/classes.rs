@@ -285,9 +285,9 @@ impl<P: Platform> Allocator<P> {
         // The stub's object size is the natural alignment it stands for.
         let align = stub.params.obj_size;
         let result = match Self::kmalloc_index(size, align) {
-            Some(index) => self
-                .kmalloc_class(index)
-                .and_then(|cache| cache.alloc_with::<Result<NonNull<u8>, AllocError>>(tag, size)),
+            Some(index) => self.kmalloc_class(index).and_then(|cache| {
+                cache.alloc_with::<Result<NonNull<u8>, AllocError>, usize>(tag, size)
+            }),
             None => Err(AllocError::InvalidLayout),
         };
         pack(result)

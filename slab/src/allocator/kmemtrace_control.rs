@@ -147,19 +147,22 @@ impl<P: Platform> Allocator<P> {
     /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`): the CPU
     /// read once, inline. On a platform whose hits keep interrupts on
     /// ([`Platform::LOCAL_TRYLOCK`], the kernel) the event is written with
-    /// interrupts off ([`Self::kmemtrace_on`]).
+    /// interrupts off ([`Self::kmemtrace_on`]). Returns `obj` (from the
+    /// event's last act: see `Kmemtrace::record_on`), for the hit to hand
+    /// out.
     ///
     /// # Safety
     /// `cpu` is the running CPU and the caller holds its magazine section
     /// (see [`Self::kmemtrace_on`]).
     #[inline(always)]
+    #[must_use]
     pub(crate) unsafe fn kmemtrace_alloc_on(
         &self,
         cpu: usize,
         cache: &KmemCache<P>,
         obj: NonNull<u8>,
         bytes_req: usize,
-    ) {
+    ) -> NonNull<u8> {
         let fields = alloc_fields(
             cache,
             (cache.kmemtrace_free_head & !0xffff)
@@ -167,8 +170,9 @@ impl<P: Platform> Allocator<P> {
             obj.as_ptr() as usize,
             bytes_req,
         );
-        // SAFETY: per our caller.
-        unsafe { self.kmemtrace_on(cpu, fields) };
+        // SAFETY: per our caller; `kmemtrace_on` returns `fields.ptr`,
+        // `obj`, non-null.
+        unsafe { NonNull::new_unchecked(self.kmemtrace_on(cpu, fields) as *mut u8) }
     }
 
     /// An event from inside a magazine hit's section on CPU `cpu`. The
@@ -180,21 +184,24 @@ impl<P: Platform> Allocator<P> {
     /// holds the cache's per-CPU in-use flag, which a handler recording
     /// for another cache does not see, so the event takes its own
     /// interrupt guard here (inline, the hit's CPU id kept: the hit does
-    /// not migrate while it holds the flag).
+    /// not migrate while it holds the flag). Returns `fields.ptr`
+    /// (`Kmemtrace::record_on`).
     ///
     /// # Safety
     /// `cpu` is the running CPU, which stays so until this returns; the
     /// caller's section has interrupts off unless `P::LOCAL_TRYLOCK`.
     #[inline(always)]
-    unsafe fn kmemtrace_on(&self, cpu: usize, fields: EventFields) {
+    #[must_use]
+    unsafe fn kmemtrace_on(&self, cpu: usize, fields: EventFields) -> usize {
         if P::LOCAL_TRYLOCK {
             let irq = P::irq_save();
             // SAFETY: interrupts off on CPU `cpu` (our caller).
-            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
+            let ptr = unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
             P::irq_restore(irq);
+            ptr
         } else {
             // SAFETY: interrupts off in the caller's section.
-            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
+            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) }
         }
     }
 
@@ -225,7 +232,7 @@ impl<P: Platform> Allocator<P> {
             bytes_alloc: cache.params.obj_size,
         };
         // SAFETY: per our caller.
-        unsafe { self.kmemtrace_on(cpu, fields) };
+        let _ = unsafe { self.kmemtrace_on(cpu, fields) };
     }
 
     /// Record a page-granular kmalloc (its packed result).

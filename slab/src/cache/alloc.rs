@@ -28,7 +28,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`AllocError::InvalidLayout`] for a bootstrap cache.
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(crate::alloc_tag::current::<P>, 0)
+        self.alloc_with(crate::alloc_tag::current::<P>, CacheAlloc)
     }
 
     /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
@@ -56,33 +56,52 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: Option<crate::AllocTagRef>) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(move || crate::alloc_tag::explicit::<P>(tag), 0)
+        self.alloc_with(move || crate::alloc_tag::explicit::<P>(tag), CacheAlloc)
     }
 
     /// Allocate, charging the tag `tag()` names (asked only with profiling
     /// on). Plain (no flag): one `hot_flags` test, then the hit. Profiling
     /// on and nothing else (small slabs): the hit, then the tag reference
-    /// stored and charged inline. Anything else: out of line. `bytes_req`
-    /// is what a kmalloc caller asked for (0: a `kmem_cache_alloc`), for
-    /// kmemtrace only.
+    /// stored and charged inline. Recording on and nothing else:
+    /// [`Self::alloc_recorded_hit`], tested here (off the plain hit; with
+    /// profiling compiled in, in `alloc_off_hit`), so the recorded hit
+    /// tests no flag. Anything else: out of line.
+    /// `bytes_req` is what a kmalloc caller asked for (a `usize`, 0 read
+    /// as a `kmem_cache_alloc`) or [`CacheAlloc`] (a `kmem_cache_alloc`,
+    /// known at compile time), for kmemtrace only.
     ///
     /// The result type `O` is the caller's ([`AllocOut`]: a `Result`, or a
     /// pointer that is null on error for `GlobalAlloc`), so the out-of-line
     /// paths return it directly and every way out of the hit is a tail
     /// call.
     #[inline(always)]
-    pub(crate) fn alloc_with<O: AllocOut>(
+    pub(crate) fn alloc_with<O: AllocOut, B: BytesReq>(
         &self,
         tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
+        bytes_req: B,
     ) -> O {
         let hot = self.hot();
         if hot.intersects(HotFlags::ALLOC_SLOW) {
             #[cfg(feature = "alloc-profiling")]
-            if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
-                return O::from_raw(self.alloc_profiled::<O>(tag));
+            {
+                if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING
+                {
+                    return O::from_raw(self.alloc_profiled::<O>(tag));
+                }
+                // Recording is told apart out of line: a second test of
+                // the flags here would cost the plain hit a register copy
+                // (the flags kept for both tests).
+                return O::from_raw(self.alloc_off_hit::<O, B>(hot, tag, bytes_req));
             }
-            return O::from_raw(self.alloc_off_hit::<O>(hot, tag, bytes_req));
+            #[cfg(not(feature = "alloc-profiling"))]
+            {
+                if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
+                    return O::from_raw(self.alloc_recorded_hit::<O, B>(tag, bytes_req));
+                }
+                // The flags read again: kept from above, they would cost
+                // the plain hit a register copy.
+                return O::from_raw(self.alloc_flagged::<O>(self.hot(), tag, bytes_req.get()));
+            }
         }
         match self.magazine_alloc_hit() {
             Some(obj) => {
@@ -99,13 +118,14 @@ impl<P: Platform> KmemCache<P> {
     /// empty or absent. Not for bootstrap caches.
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
-        self.magazine_alloc_hit_then(|_| {})
+        self.magazine_alloc_hit_with(|obj| obj)
     }
 
     /// [`Self::magazine_alloc_hit`], running `then` on the object inside
-    /// the hit's section (the recorded alloc's event).
+    /// the hit's section (the recorded alloc's event) and returning what
+    /// it returns (so that a call ending `then` can be a tail call).
     #[inline(always)]
-    fn magazine_alloc_hit_then(&self, then: impl FnOnce(NonNull<u8>)) -> Option<NonNull<u8>> {
+    fn magazine_alloc_hit_with<R>(&self, then: impl FnOnce(NonNull<u8>) -> R) -> Option<R> {
         let mut pcpu = self.pcpu_lock()?;
         let pcc = pcpu.get();
         // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
@@ -122,58 +142,94 @@ impl<P: Platform> KmemCache<P> {
         let obj = unsafe {
             NonNull::new_unchecked(*Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1))
         };
-        then(obj);
-        Some(obj)
+        Some(then(obj))
     }
 
-    /// An alloc with a slow flag, past the profiled one: recorded
-    /// ([`Self::alloc_recorded_hit`]) or [`Self::alloc_flagged`]. Its own
-    /// function, so that the plain hit tests the flags once and keeps
-    /// nothing of the test for here.
+    /// With profiling compiled in, an alloc with a slow flag past the
+    /// profiled one: recorded ([`Self::alloc_recorded_hit`], a tail call)
+    /// or [`Self::alloc_flagged`]. Its own function, so that the plain
+    /// hit tests the flags once and keeps nothing of the test for here.
+    #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
-    fn alloc_off_hit<O: AllocOut>(
+    fn alloc_off_hit<O: AllocOut, B: BytesReq>(
         &self,
         hot: HotFlags,
         tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
+        bytes_req: B,
     ) -> O::Raw {
         if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
-            return self.alloc_recorded_hit::<O>(tag, bytes_req);
+            return self.alloc_recorded_hit::<O, B>(tag, bytes_req);
         }
-        self.alloc_flagged::<O>(hot, tag, bytes_req)
+        self.alloc_flagged::<O>(hot, tag, bytes_req.get())
     }
 
-    /// A recorded allocation (kmemtrace on, no other slow flag): the
-    /// magazine hit with its event written inside the hit's section (the
-    /// CPU read once, no second guard), else the recorded slow path
-    /// ([`Self::alloc_flagged`], which records the miss's result).
-    #[inline(always)]
-    fn alloc_recorded_hit<O: AllocOut>(
+    /// A recorded allocation (kmemtrace on, no other slow flag: the
+    /// caller tested): the magazine hit with its event written inside the
+    /// hit's section (the CPU read once, no second guard), else the
+    /// recorded slow path ([`Self::alloc_flagged`], which records the
+    /// miss's result). Its own function, reached by a call the caller's
+    /// result follows (as [`Self::alloc_slow`]; or a tail call from
+    /// `alloc_off_hit` with profiling compiled in); the event's write is its
+    /// last act, a tail call when the ring needs its cold path, so no
+    /// register is saved.
+    #[inline(never)]
+    fn alloc_recorded_hit<O: AllocOut, B: BytesReq>(
         &self,
         tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
+        bytes_req: B,
     ) -> O::Raw {
         let record = |obj: NonNull<u8>, bytes_req: usize| {
             // SAFETY: just popped; no slow bit but KMEMTRACE: the cache is
             // keyed.
             unsafe { double_free::clear_key(obj) };
             // SAFETY: inside the hit's section: this CPU's ring is ours.
-            unsafe {
+            let obj = unsafe {
                 self.owner()
                     .kmemtrace_alloc_on(P::cpu_id(), self, obj, bytes_req)
             };
+            O::raw_from_obj(obj)
         };
-        // Two copies, so that each knows the event's type (kmem_cache or
-        // kmalloc) without a test inside the event.
+        // Two copies for a kmalloc (one for a `CacheAlloc`), so that each
+        // knows the event's type (kmem_cache or kmalloc) without a test
+        // inside the event.
+        let bytes_req = bytes_req.get();
         let hit = if bytes_req == 0 {
-            self.magazine_alloc_hit_then(|obj| record(obj, 0))
+            self.magazine_alloc_hit_with(|obj| record(obj, 0))
         } else {
-            self.magazine_alloc_hit_then(|obj| record(obj, bytes_req))
+            self.magazine_alloc_hit_with(|obj| record(obj, bytes_req))
         };
-        if let Some(obj) = hit {
-            return O::raw_from_obj(obj);
+        if let Some(raw) = hit {
+            return raw;
         }
         self.alloc_flagged::<O>(self.hot(), tag, bytes_req)
+    }
+}
+
+/// The `bytes_req` of an allocation, for kmemtrace: what a kmalloc caller
+/// asked for (a `usize`; 0 is recorded as a `kmem_cache_alloc`, as it
+/// always was), or [`CacheAlloc`].
+pub(crate) trait BytesReq: Copy {
+    /// The size asked for; 0 for a `kmem_cache_alloc`.
+    fn get(self) -> usize;
+}
+
+impl BytesReq for usize {
+    #[inline(always)]
+    fn get(self) -> usize {
+        self
+    }
+}
+
+/// The `bytes_req` of a `kmem_cache_alloc` (0), as a type: no argument,
+/// and the recorded hit has one copy, its event's type known at compile
+/// time.
+#[derive(Clone, Copy)]
+pub(crate) struct CacheAlloc;
+
+impl BytesReq for CacheAlloc {
+    #[inline(always)]
+    fn get(self) -> usize {
+        0
     }
 }
 

@@ -75,7 +75,12 @@ impl<P: Platform> KmemCache<P> {
     /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
     /// included): one test of the flags the hit loads anyway, then a tail
     /// call to [`Self::free_off_hit`], so a cache with profiling compiled
-    /// in but off pays nothing more than a plain one. The result type `O`
+    /// in but off pays nothing more than a plain one. Without profiling
+    /// compiled in, recording (`KMEMTRACE` the only flag) is told apart
+    /// here, off the plain hit, and goes straight to
+    /// [`Self::free_recorded_hit`] (with profiling compiled in, that test
+    /// would come before the profiled free's: `free_off_hit` tells them
+    /// apart, the profiled one first). The result type `O`
     /// is the caller's ([`FreeOut`]: a `Result`, or `()` for the
     /// `GlobalAlloc` edge, where a refused free goes to the free-error
     /// report), so every way out of the hit is a tail call.
@@ -87,6 +92,14 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
         let hot = self.hot().intersection(HotFlags::FREE_SLOW);
         if !hot.is_empty() {
+            #[cfg(not(feature = "alloc-profiling"))]
+            if hot == HotFlags::KMEMTRACE {
+                // Off the hit (else LLVM tests this first, on the plain
+                // hit too).
+                core::hint::cold_path();
+                // SAFETY: per our caller.
+                return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
+            }
             // SAFETY: per our caller.
             return unsafe { O::off_hit(self, obj, at, hot) };
         }
@@ -185,7 +198,8 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// # Safety
     /// As for [`Self::finish_free`].
-    /// Its own function, reached by a tail call, and a leaf on the hit
+    /// Its own function, reached by a tail call (or, for a `Result`
+    /// returned through memory, by the caller's call), and a leaf on the hit
     /// (the miss is a tail call of [`Self::free_flagged_result`]): no
     /// register saved, no stack frame.
     #[inline(never)]

@@ -13,6 +13,7 @@
 //!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
 //!       │                   (in-use flag, pop)                        (prev, depot, slab)
 //!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
+//!       ├─ recording on ─► alloc_recorded_hit: the magazine pop + its kmemtrace event
 //!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
 //!
 //!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
@@ -26,6 +27,7 @@
 //!                      │                  (in-use flag, push)          (prev, depot, new
 //!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
 //!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
+//!                           ├─ KMEMTRACE only: free_recorded_hit (push + event)
 //!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
 //!   with the error reports; page-granular kfree: allocator/kmalloc.rs)

@@ -375,7 +375,7 @@ impl Kmemtrace {
         let irq = P::irq_save();
         let cpu = P::cpu_id();
         // SAFETY: interrupts off; the running CPU's id.
-        unsafe { self.record_on::<P>(cpu, fields) };
+        let _ = unsafe { self.record_on::<P>(cpu, fields) };
         P::irq_restore(irq);
     }
 
@@ -385,18 +385,21 @@ impl Kmemtrace {
     /// is a bounds test of `cpu`, the ring's `next < limit` test, eight
     /// word stores and the bump of `next` and `nr_written`; a new
     /// sub-buffer, a full ring and stacks take [`Self::record_cold`]
-    /// (see [`CpuRing`]).
+    /// (see [`CpuRing`]). Returns `fields.ptr`, whatever happened: a
+    /// caller that hands it on (the recorded alloc hit's object) keeps
+    /// nothing across the event, and the cold path is a tail call.
     ///
     /// # Safety
     /// `cpu` is the running CPU and nothing else on it runs until this
     /// returns (interrupts off: [`Self::record`], or a magazine hit's
     /// section on a platform without `LOCAL_TRYLOCK`).
     #[inline(always)]
-    pub(crate) unsafe fn record_on<P: Platform>(&self, cpu: usize, fields: EventFields) {
+    #[must_use]
+    pub(crate) unsafe fn record_on<P: Platform>(&self, cpu: usize, fields: EventFields) -> usize {
         // nr_rings is published after the rings (Release): non-zero, the
         // rings are there.
         if cpu >= self.nr_rings.load(Ordering::Acquire) {
-            return;
+            return fields.ptr;
         }
         // SAFETY: cpu < nr_rings and the rings live forever; only this
         // CPU writes its ring, and nothing else on this CPU runs (our
@@ -426,12 +429,14 @@ impl Kmemtrace {
         }
         ring.nr_written
             .store(index.wrapping_add(1), Ordering::Release);
+        fields.ptr
     }
 
     /// [`Self::record_on`] when `next` reached `limit`: the event's slot
     /// from the sub-buffer array, an overrun when the ring is full, the
     /// backtrace when stacks are on; else `next`/`limit` move to the slot's
-    /// sub-buffer, so that the next events take the common path.
+    /// sub-buffer, so that the next events take the common path. Returns
+    /// `ptr`, as [`Self::record_on`].
     ///
     /// # Safety
     /// As for [`Self::record_on`]; `ring` is CPU `cpu`'s.
@@ -446,7 +451,7 @@ impl Kmemtrace {
         ptr: usize,
         bytes_req: usize,
         bytes_alloc: usize,
-    ) {
+    ) -> usize {
         let fields = EventFields {
             head,
             ptr,
@@ -458,7 +463,7 @@ impl Kmemtrace {
             let overruns = ring.nr_overruns.load(Ordering::Relaxed);
             ring.nr_overruns
                 .store(overruns.wrapping_add(1), Ordering::Relaxed);
-            return;
+            return opaque(ptr);
         }
         // SAFETY: index < capacity = nr_subbufs * SUBBUF_EVENTS: the
         // sub-buffer exists and the slot is inside it.
@@ -485,6 +490,7 @@ impl Kmemtrace {
         unsafe { write_event::<P>(slot, ring, index, &fields, call_site, stack_id) };
         ring.nr_written
             .store(index.wrapping_add(1), Ordering::Release);
+        opaque(ptr)
     }
 
     /// The call site and stack id of an event with stacks on (`depth`
@@ -705,6 +711,15 @@ const _: () = {
     assert!(core::mem::offset_of!(KmemtraceEvent, flags) == 56);
     assert!(core::mem::offset_of!(KmemtraceEvent, stack_id) == 60);
 };
+
+/// `value`, hidden from the optimiser ([`Kmemtrace::record_cold`]'s
+/// result: were LLVM to see that it returns its `ptr`, a caller would keep
+/// its own copy of the pointer across the call, in a saved register,
+/// instead of taking the result and reaching the cold path by a tail call).
+#[inline(always)]
+fn opaque(value: usize) -> usize {
+    core::hint::black_box(value)
+}
 
 /// Write event number `seq` of `ring` into `slot` as eight words (the
 /// [`KmemtraceEvent`] layout, checked above), stamped now.
