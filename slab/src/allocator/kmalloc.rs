@@ -630,10 +630,12 @@ impl<P: Platform> Allocator<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O {
         debug_assert!(align.is_power_of_two());
-        // The one test of `kmalloc_index`, then the class's cache by size
-        // in one load: null before init, refused without a readiness test
-        // of its own.
-        if (size | ((align - 1) << 7)) < CLASS_TABLE_MAX {
+        // `kmalloc_index`'s test as two compares (`kmalloc_index`'s one
+        // OR-ed test costs two register copies here, where both `size` and
+        // `align` stay live for the paths off the hit), then the class's
+        // cache by size in one load: null before init, refused without a
+        // readiness test of its own.
+        if size < CLASS_TABLE_MAX && align <= 8 {
             let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Acquire);
             if cache.is_null() {
                 return O::from_raw(not_initialized_out::<O>());
@@ -642,6 +644,24 @@ impl<P: Platform> Allocator<P> {
             // both permanent.
             return unsafe { &*cache }.alloc_with(tag, size);
         }
+        // Unlikely (so LLVM keeps the two compares as two branches rather
+        // than combining their flags), and a tail call.
+        core::hint::cold_path();
+        self.kmalloc_general_out::<O>(align, size, tag)
+    }
+
+    /// [`Self::kmalloc_checked`] for sizes above the by-8 table or
+    /// alignments above 8: out of line, so the hit neither copies `size`
+    /// nor `align` for it. Its parameters come in `Layout`'s register
+    /// order (alignment first), so `GlobalAlloc::alloc` reaches it with no
+    /// register moves.
+    #[inline(never)]
+    fn kmalloc_general_out<O: AllocOut>(
+        &self,
+        align: usize,
+        size: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> O {
         if !self.is_ready() {
             return O::from_raw(not_initialized_out::<O>());
         }

@@ -100,7 +100,7 @@ impl<P: Platform> KmemCache<P> {
                 }
                 // The flags read again: kept from above, they would cost
                 // the plain hit a register copy.
-                return O::from_raw(self.alloc_flagged::<O>(self.hot(), tag, bytes_req.get()));
+                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), self.hot(), tag));
             }
         }
         match self.magazine_alloc_hit() {
@@ -160,7 +160,7 @@ impl<P: Platform> KmemCache<P> {
         if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
             return self.alloc_recorded_hit::<O, B>(tag, bytes_req);
         }
-        self.alloc_flagged::<O>(hot, tag, bytes_req.get())
+        self.alloc_flagged::<O>(bytes_req.get(), hot, tag)
     }
 
     /// A recorded allocation (kmemtrace on, no other slow flag: the
@@ -201,7 +201,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(raw) = hit {
             return raw;
         }
-        self.alloc_flagged::<O>(self.hot(), tag, bytes_req)
+        self.alloc_flagged::<O>(bytes_req, self.hot(), tag)
     }
 }
 
