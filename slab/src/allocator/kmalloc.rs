@@ -9,7 +9,7 @@ use core::sync::atomic::Ordering;
 
 use super::Allocator;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{AllocOut, HotFlags, KmemCache, Located, pack};
+use crate::cache::{AllocOut, HotFlags, KmemCache, Located, obj_index_with, pack};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
@@ -726,10 +726,10 @@ impl<P: Platform> Allocator<P> {
         self.locate_allocated(addr)
     }
 
-    /// Locate a freed pointer: one read of its page-map slot names the
-    /// owning cache (0 for a page that is not a slab page) and the slab's
-    /// first object; one multiply checks the object start and gives the
-    /// index. No slab header is read. `None` for anything else, with
+    /// Locate a freed pointer: its page-map slot gives the stride magic
+    /// (0 for a page that is not a slab page) and the slab's first
+    /// object, and one multiply checks the object start and gives the
+    /// index; then the slot names the owning cache, for the index bound. No slab header is read. `None` for anything else, with
     /// nothing changed. No readiness test: `init` publishes the page map
     /// (READY, Release) before any allocation; before it the map is empty
     /// (no pages), every address misses and goes to the slow path, which
@@ -738,16 +738,23 @@ impl<P: Platform> Allocator<P> {
     pub(crate) fn locate_allocated(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
         let map = self.page_map();
         let slot = map.slot(addr)?;
-        let cache = slot.cache() as *const KmemCache<P>;
-        if cache.is_null() {
+        // The object-start test by the slot's magic (Acquire, first): 0
+        // on any page that is no slab page, so it refuses those too and
+        // the owner needs no null test.
+        let (index, exact) = obj_index_with(slot.magic(), addr.wrapping_sub(slot.base()));
+        if !exact {
             return None;
         }
-        // SAFETY: a slot's owner is a cache of this allocator (same P)
-        // with a live slab on the page, alive while it has slabs (a cache
-        // in use is never destroyed: `destroy` requires no objects
-        // allocated); its pointer is cleared before the slab goes.
-        let cache: &'static KmemCache<P> = unsafe { &*cache };
-        let index = cache.index_from(slot.base(), addr)?;
+        // SAFETY: the magic was non-zero, so the owner written before it
+        // (Release) is visible and non-null (never cleared once set): a
+        // cache of this allocator (same P) with a live slab on the page,
+        // alive while it has slabs (a cache in use is never destroyed:
+        // `destroy` requires no objects allocated); the magic is cleared
+        // before the slab goes.
+        let cache: &'static KmemCache<P> = unsafe { &*(slot.cache() as *const KmemCache<P>) };
+        if index >= cache.params.nr_objs_per_slab {
+            return None;
+        }
         Some((cache, Located { index, slot }))
     }
 

@@ -147,7 +147,8 @@ pub(crate) struct Located {
 }
 
 impl Located {
-    /// The slab struct of the located object (one load from its slot).
+    /// The slab struct of the located object (its slot's entry, one load
+    /// and one mask).
     ///
     /// # Safety
     /// `self` came from a free's owner check of a busy object (its slab

@@ -55,18 +55,22 @@ impl<P: Platform> KmemCache<P> {
     /// the primary source) names this cache as the page's owner and `obj`
     /// is an object start. `None` for anything else (the slow path says
     /// why). Reads the object's page-map slot only, no slab header: the
-    /// owner test is one compare with `self` (it also refuses every page
-    /// that is not a slab page, whose owner word is 0), and the slot holds
-    /// the slab's first object for the index.
+    /// owner test is one compare with `self`, and the slot holds the
+    /// slab's first object and the stride magic for the index (a page
+    /// that is not a slab page has magic 0, refused by the object-start
+    /// test even if its owner word still names this cache).
     #[inline(always)]
     pub(super) fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
         let addr = obj.as_ptr() as usize;
         // Off the primary source the map is empty: slow path.
         let slot = self.params.page_map.slot(addr)?;
+        // The magic first (Acquire): 0 on a page that is no slab page,
+        // whose owner may be stale; the object-start test refuses it.
+        let magic = slot.magic();
         if slot.cache() != self as *const Self as usize {
             return None;
         }
-        self.index_from(slot.base(), addr)
+        self.index_with(magic, slot.base(), addr)
             .map(|index| Located { index, slot })
     }
 
@@ -599,7 +603,15 @@ impl<P: Platform> KmemCache<P> {
     /// pages.
     #[inline(always)]
     pub(crate) fn index_from(&self, base: usize, addr: usize) -> Option<usize> {
-        let (index, exact) = self.obj_index(addr.wrapping_sub(base));
+        self.index_with(self.stride_magic, base, addr)
+    }
+
+    /// [`Self::index_from`] with the stride magic given: the page-map
+    /// slot's (the cache's own for a slab page, 0 for any other page,
+    /// where nothing is an object start).
+    #[inline(always)]
+    pub(crate) fn index_with(&self, magic: u64, base: usize, addr: usize) -> Option<usize> {
+        let (index, exact) = obj_index_with(magic, addr.wrapping_sub(base));
         if exact && index < self.params.nr_objs_per_slab {
             Some(index)
         } else {
@@ -612,12 +624,7 @@ impl<P: Platform> KmemCache<P> {
     /// `stride_magic`). `offset` must be below 2^32 (every slab is).
     #[inline(always)]
     pub(crate) fn obj_index(&self, offset: usize) -> (usize, bool) {
-        debug_assert!(offset < 1 << 32);
-        let product = (offset as u64 as u128) * (self.stride_magic as u128);
-        (
-            (product >> 64) as usize,
-            (product as u64) < self.stride_magic,
-        )
+        obj_index_with(self.stride_magic, offset)
     }
 
     /// The header of the small slab holding `addr` (an object of this
@@ -631,6 +638,16 @@ impl<P: Platform> KmemCache<P> {
     pub(super) fn static_name(&'static self) -> &'static str {
         self.name()
     }
+}
+
+/// [`KmemCache::obj_index`] by a given stride magic
+/// ([`stride_magic`](crate::layout::pagemap::stride_magic)); with magic
+/// 0, no offset is an object start.
+#[inline(always)]
+pub(crate) fn obj_index_with(magic: u64, offset: usize) -> (usize, bool) {
+    debug_assert!(magic == 0 || offset < 1 << 32);
+    let product = (offset as u64 as u128) * (magic as u128);
+    ((product >> 64) as usize, (product as u64) < magic)
 }
 
 /// The `Misaligned` error, built out of line.

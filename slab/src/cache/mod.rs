@@ -102,6 +102,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
 pub(crate) use double_free::{boot_free_key, key_after};
+pub(crate) use free::obj_index_with;
 
 use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
@@ -332,8 +333,8 @@ impl<P: Platform> KmemCache<P> {
             hot_flags: AtomicU32::new(hot.bits()),
             pcpu,
             last_cpu: nr_cpus.max(1) - 1,
-            // stride >= 8, so the quotient fits in 64 bits.
-            stride_magic: (u64::MAX / geometry.stride as u64) + 1,
+            // The page-map slots of its slabs hold the same.
+            stride_magic: crate::layout::pagemap::stride_magic(geometry.stride),
             on_primary: spec.on_primary,
             kind: geometry.kind,
             #[cfg(feature = "alloc-profiling")]

@@ -4,9 +4,10 @@
 //!
 //! A slot ([`PageSlot`], 32 bytes, two to a cache line) is the entry
 //! word below plus, for a slab page, what the free hit needs from the
-//! slab so that it reads no slab header: the owning cache and the
-//! address of the slab's first object (its colour included), and the
-//! slab struct untagged for the paths off the hit. A free
+//! slab so that it reads no slab header: the owning cache, the
+//! address of the slab's first object (its colour included) and the
+//! stride's magic, which is 0 on every other page: so the object-start
+//! test refuses those pages, and the hit needs no owner null test. A free
 //! then touches the object's page-map slot and the per-CPU line only
 //! (issue 18; the header was a D1 and LL miss per free at 1M live
 //! objects). Like SLUB's `struct slab` fields in `struct page`.
@@ -29,7 +30,7 @@
 //!   `kfree` of it is told apart from a stray pointer and reported as a
 //!   duplicate free (illumos `KMERR_DUPFREE`) with the block's size.
 
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::platform::{PAGE_SHIFT, PAGE_SIZE};
 
@@ -200,42 +201,64 @@ impl PageEntry {
 }
 
 /// One page's slot in the page map: the entry, and for a slab page the
-/// owner and first-object address the free hit checks the pointer
-/// against ([`PageMap::slot`]). Zeroed: not slab memory.
+/// owner, first-object address and stride magic the free hit checks the
+/// pointer against ([`PageMap::slot`]). Zeroed: not slab memory.
 #[repr(C, align(32))]
 pub(crate) struct PageSlot {
     /// The [`PageEntry`] word.
     entry: AtomicUsize,
-    /// The owning cache's address for a slab page, else 0. Written after
-    /// `base` and cleared first: a reader that sees it sees `base`.
+    /// The owning cache's address for a slab page. Not cleared when the
+    /// page stops being one (`magic` is): once a slot has had an owner
+    /// it never holds 0 again, so a reader that saw a non-zero `magic`
+    /// (Acquire) reads a non-null owner.
     cache: AtomicUsize,
     /// The slab's first object (its base, colour included), for a slab
     /// page.
     base: AtomicUsize,
-    /// The slab struct of a slab page, untagged (the entry's, without
-    /// its decoding: one load for the paths off the hit).
-    slab: AtomicUsize,
+    /// The owner's [`stride_magic`] for a slab page, 0 for any other
+    /// page (with 0 no offset is an object start). Cleared first and
+    /// written last (Release): a reader that sees it non-zero sees that
+    /// slab's owner and base.
+    magic: AtomicU64,
+}
+
+/// `ceil(2^64 / stride)` (`stride >= 8`, so the quotient fits in 64
+/// bits): for an offset `n < 2^32` into a slab, `n * magic` (128-bit) has
+/// `n / stride` in its high word and is an object start iff its low word
+/// is below `magic` (Lemire, Kaser and Kurz, "Faster remainder by direct
+/// computation", 2019).
+pub(crate) const fn stride_magic(stride: usize) -> u64 {
+    (u64::MAX / stride as u64) + 1
 }
 
 impl PageSlot {
-    /// The owning cache of a slab page (0 for any other page). Acquire:
-    /// the slot's `base` and the slab's header are visible after it.
+    /// The stride magic of a slab page's owner, 0 for any other page.
+    /// Acquire: the slot's `cache` and `base` (and the slab's header)
+    /// are visible after a non-zero one. Read first.
     #[inline(always)]
-    pub(crate) fn cache(&self) -> usize {
-        self.cache.load(Ordering::Acquire)
+    pub(crate) fn magic(&self) -> u64 {
+        self.magic.load(Ordering::Acquire)
     }
 
-    /// The slab's first object, once [`PageSlot::cache`] named an owner.
+    /// The owning cache, once [`PageSlot::magic`] was non-zero (then
+    /// never 0); a stale owner or 0 on any other page.
+    #[inline(always)]
+    pub(crate) fn cache(&self) -> usize {
+        self.cache.load(Ordering::Relaxed)
+    }
+
+    /// The slab's first object, once [`PageSlot::magic`] was non-zero.
     #[inline(always)]
     pub(crate) fn base(&self) -> usize {
         self.base.load(Ordering::Relaxed)
     }
 
-    /// The slab struct of a slab page whose owner the caller read (its
-    /// slab cannot go meanwhile; the owner's Acquire made it visible).
+    /// The slab struct of a slab page whose object the caller located
+    /// (its slab cannot go meanwhile; the magic's Acquire made it
+    /// visible): the entry untagged, one load and one mask.
     #[inline(always)]
     pub(crate) fn slab(&self) -> usize {
-        self.slab.load(Ordering::Relaxed)
+        PageEntry(self.entry.load(Ordering::Relaxed)).slab_unchecked()
     }
 }
 
@@ -292,8 +315,8 @@ impl PageMap {
     }
 
     /// Register `nr_pages` pages from `addr` as pages of the slab whose
-    /// struct is at `slab`, owned by the cache at `cache`, whose first
-    /// object is at `obj_base`. Returns false (and sets nothing) if any
+    /// struct is at `slab`, owned by the cache at `cache` (objects every
+    /// `stride` bytes), whose first object is at `obj_base`. Returns false (and sets nothing) if any
     /// page is outside the span.
     pub(crate) fn set_slab(
         &self,
@@ -301,10 +324,12 @@ impl PageMap {
         nr_pages: usize,
         slab: usize,
         cache: usize,
+        stride: usize,
         obj_base: usize,
     ) -> bool {
         let entry = PageEntry::slab_page(slab);
-        self.set_range_with(addr, nr_pages, |_| (entry, cache, obj_base))
+        let magic = stride_magic(stride);
+        self.set_range_with(addr, nr_pages, |_| (entry, cache, obj_base, magic))
     }
 
     /// The entry for `addr`, [`PageEntry::NONE`] if outside the span.
@@ -324,18 +349,19 @@ impl PageMap {
         nr_pages: usize,
         value: impl Fn(usize) -> PageEntry,
     ) -> bool {
-        self.set_range_with(addr, nr_pages, |page| (value(page), 0, 0))
+        self.set_range_with(addr, nr_pages, |page| (value(page), 0, 0, 0))
     }
 
-    /// [`Self::set_range`] with each slot's owner and first object
-    /// (`0, 0` for a page that is not a slab page). The owner is cleared
-    /// first and written last, so a free hit that reads an owner reads
-    /// that slab's base.
+    /// [`Self::set_range`] with each slot's owner, first object and
+    /// stride magic (`0, 0, 0` for a page that is not a slab page: the
+    /// owner is then left as it was). The magic is cleared first and
+    /// written last, so a free hit that reads a non-zero magic reads that
+    /// slab's owner and base.
     fn set_range_with(
         &self,
         addr: usize,
         nr_pages: usize,
-        value: impl Fn(usize) -> (PageEntry, usize, usize),
+        value: impl Fn(usize) -> (PageEntry, usize, usize, u64),
     ) -> bool {
         let Some(first) = self.index(addr) else {
             return false;
@@ -345,13 +371,15 @@ impl PageMap {
         }
         for page in 0..nr_pages {
             let slot = self.slot_at(first + page);
-            let (entry, cache, obj_base) = value(page);
-            slot.cache.store(0, Ordering::Release);
+            let (entry, cache, obj_base, magic) = value(page);
+            debug_assert_eq!(cache == 0, magic == 0);
+            slot.magic.store(0, Ordering::Release);
             slot.base.store(obj_base, Ordering::Relaxed);
-            slot.slab
-                .store(entry.slab().unwrap_or(0), Ordering::Relaxed);
+            if cache != 0 {
+                slot.cache.store(cache, Ordering::Relaxed);
+            }
             slot.entry.store(entry.0, Ordering::Release);
-            slot.cache.store(cache, Ordering::Release);
+            slot.magic.store(magic, Ordering::Release);
         }
         true
     }

@@ -450,10 +450,14 @@ impl<P: Platform> SlabLayer<P> {
         if params.on_primary {
             // SAFETY: slab initialised above (owner and first object).
             let (cache, obj_base) = unsafe { ((*slab).cache as usize, (*slab).base) };
-            let registered =
-                params
-                    .page_map
-                    .set_slab(base, nr_pages, slab as usize, cache, obj_base);
+            let registered = params.page_map.set_slab(
+                base,
+                nr_pages,
+                slab as usize,
+                cache,
+                params.stride,
+                obj_base,
+            );
             if !registered {
                 // A page source outside its own span is broken; refuse its
                 // memory rather than hand out pages kfree cannot find.
