@@ -25,6 +25,10 @@ pub const NR_CPUS: usize = 4;
 /// This thread's CPU id ([`set_cpu`]).
 #[thread_local]
 static CPU: Cell<usize> = Cell::new(0);
+/// `CPU * CPU_SLOT_BYTES`, kept beside it as the kernel keeps its
+/// per-CPU offset in `PerCpu` (`Platform::cpu_offset`: one load).
+#[thread_local]
+static CPU_OFFSET: Cell<usize> = Cell::new(0);
 /// [`ProfPlatform`]'s per-CPU words, as a kernel keeps them in its
 /// per-CPU area (`%gs`): this CPU's counter base in [`PROF_COUNTERS`]
 /// (until [`set_cpu`] after [`prof_init`], the sink, which nothing
@@ -40,6 +44,7 @@ static PROF_CURRENT: Cell<Option<AllocTagRef>> = Cell::new(None);
 /// Act as CPU `cpu` on this thread.
 pub fn set_cpu(cpu: usize) {
     CPU.set(cpu);
+    CPU_OFFSET.set(cpu * magpie_slab::CPU_SLOT_BYTES);
     if let Some(base) = PROF_COUNTERS.cpu_base(cpu) {
         PROF_BASE.set(base as *const u8);
         PROF_CURRENT.set(
@@ -65,6 +70,10 @@ unsafe impl Platform for BenchPlatform {
     #[inline]
     fn cpu_id() -> usize {
         CPU.get()
+    }
+    #[inline(always)]
+    fn cpu_offset() -> usize {
+        CPU_OFFSET.get()
     }
     #[inline]
     fn irq_save() -> usize {
@@ -125,6 +134,10 @@ unsafe impl Platform for ProfPlatform {
     #[inline]
     fn cpu_id() -> usize {
         BenchPlatform::cpu_id()
+    }
+    #[inline(always)]
+    fn cpu_offset() -> usize {
+        BenchPlatform::cpu_offset()
     }
     #[inline]
     fn irq_save() -> usize {
