@@ -91,7 +91,7 @@ impl<P: Platform> KmemCache<P> {
                 // Recording is told apart out of line: a second test of
                 // the flags here would cost the plain hit a register copy
                 // (the flags kept for both tests).
-                return O::from_raw(self.alloc_off_hit::<O, B>(hot, tag, bytes_req));
+                return O::from_raw(self.alloc_off_hit::<O, B>(bytes_req, hot, tag));
             }
             #[cfg(not(feature = "alloc-profiling"))]
             {
@@ -149,13 +149,15 @@ impl<P: Platform> KmemCache<P> {
     /// profiled one: recorded ([`Self::alloc_recorded_hit`], a tail call)
     /// or [`Self::alloc_flagged`]. Its own function, so that the plain
     /// hit tests the flags once and keeps nothing of the test for here.
+    /// `bytes_req` first: a kmalloc's size stays in the register it came
+    /// in (no copy on the plain hit).
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
     fn alloc_off_hit<O: AllocOut, B: BytesReq>(
         &self,
+        bytes_req: B,
         hot: HotFlags,
         tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: B,
     ) -> O::Raw {
         if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
             return self.alloc_recorded_hit::<O, B>(tag, bytes_req);
