@@ -144,21 +144,22 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
-    /// section on CPU `cpu` (`KmemCache::alloc_recorded_hit`): the CPU
-    /// read once, inline. On a platform whose hits keep interrupts on
+    /// section on the CPU at `cpu_offset` ([`Platform::cpu_offset`], as
+    /// the hit read it: `KmemCache::alloc_recorded_hit`): the CPU read
+    /// once, inline. On a platform whose hits keep interrupts on
     /// ([`Platform::LOCAL_TRYLOCK`], the kernel) the event is written with
     /// interrupts off ([`Self::kmemtrace_on`]). Returns `obj` (from the
     /// event's last act: see `Kmemtrace::record_on`), for the hit to hand
     /// out.
     ///
     /// # Safety
-    /// `cpu` is the running CPU and the caller holds its magazine section
-    /// (see [`Self::kmemtrace_on`]).
+    /// `cpu_offset` is the running CPU's and the caller holds its magazine
+    /// section (see [`Self::kmemtrace_on`]).
     #[inline(always)]
     #[must_use]
     pub(crate) unsafe fn kmemtrace_alloc_on(
         &self,
-        cpu: usize,
+        cpu_offset: usize,
         cache: &KmemCache<P>,
         obj: NonNull<u8>,
         bytes_req: usize,
@@ -172,10 +173,11 @@ impl<P: Platform> Allocator<P> {
         );
         // SAFETY: per our caller; `kmemtrace_on` returns `fields.ptr`,
         // `obj`, non-null.
-        unsafe { NonNull::new_unchecked(self.kmemtrace_on(cpu, fields) as *mut u8) }
+        unsafe { NonNull::new_unchecked(self.kmemtrace_on(cpu_offset, fields) as *mut u8) }
     }
 
-    /// An event from inside a magazine hit's section on CPU `cpu`. The
+    /// An event from inside a magazine hit's section on the CPU at
+    /// `cpu_offset` ([`Platform::cpu_offset`]). The
     /// ring has two writers on a CPU: the hit's event and an interrupt
     /// handler's (an allocation or free in the handler records through
     /// [`Self::kmemtrace_alloc`] and the like, with interrupts off). Where
@@ -183,25 +185,26 @@ impl<P: Platform> Allocator<P> {
     /// can land inside this event; with `LOCAL_TRYLOCK` the section only
     /// holds the cache's per-CPU in-use flag, which a handler recording
     /// for another cache does not see, so the event takes its own
-    /// interrupt guard here (inline, the hit's CPU id kept: the hit does
+    /// interrupt guard here (inline, the hit's CPU offset kept: the hit does
     /// not migrate while it holds the flag). Returns `fields.ptr`
     /// (`Kmemtrace::record_on`).
     ///
     /// # Safety
-    /// `cpu` is the running CPU, which stays so until this returns; the
-    /// caller's section has interrupts off unless `P::LOCAL_TRYLOCK`.
+    /// `cpu_offset` is the running CPU's, which stays so until this
+    /// returns; the caller's section has interrupts off unless
+    /// `P::LOCAL_TRYLOCK`.
     #[inline(always)]
     #[must_use]
-    unsafe fn kmemtrace_on(&self, cpu: usize, fields: EventFields) -> usize {
+    unsafe fn kmemtrace_on(&self, cpu_offset: usize, fields: EventFields) -> usize {
         if P::LOCAL_TRYLOCK {
             let irq = P::irq_save();
-            // SAFETY: interrupts off on CPU `cpu` (our caller).
-            let ptr = unsafe { self.kmemtrace.record_on::<P>(cpu, fields) };
+            // SAFETY: interrupts off on the CPU at `cpu_offset` (our caller).
+            let ptr = unsafe { self.kmemtrace.record_on::<P>(cpu_offset, fields) };
             P::irq_restore(irq);
             ptr
         } else {
             // SAFETY: interrupts off in the caller's section.
-            unsafe { self.kmemtrace.record_on::<P>(cpu, fields) }
+            unsafe { self.kmemtrace.record_on::<P>(cpu_offset, fields) }
         }
     }
 
@@ -213,7 +216,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// [`Self::kmemtrace_free`] of a good free from inside the free hit's
-    /// section on CPU `cpu` (`KmemCache::free_recorded_hit`), as
+    /// section on the CPU at `cpu_offset` (`KmemCache::free_recorded_hit`), as
     /// [`Self::kmemtrace_alloc_on`].
     ///
     /// # Safety
@@ -221,7 +224,7 @@ impl<P: Platform> Allocator<P> {
     #[inline(always)]
     pub(crate) unsafe fn kmemtrace_free_on(
         &self,
-        cpu: usize,
+        cpu_offset: usize,
         cache: &KmemCache<P>,
         obj: NonNull<u8>,
     ) {
@@ -232,7 +235,7 @@ impl<P: Platform> Allocator<P> {
             bytes_alloc: cache.params.obj_size,
         };
         // SAFETY: per our caller.
-        let _ = unsafe { self.kmemtrace_on(cpu, fields) };
+        let _ = unsafe { self.kmemtrace_on(cpu_offset, fields) };
     }
 
     /// Record a page-granular kmalloc (its packed result).

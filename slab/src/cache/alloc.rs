@@ -187,7 +187,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: inside the hit's section: this CPU's ring is ours.
             let obj = unsafe {
                 self.owner()
-                    .kmemtrace_alloc_on(P::cpu_id(), self, obj, bytes_req)
+                    .kmemtrace_alloc_on(P::cpu_offset(), self, obj, bytes_req)
             };
             O::raw_from_obj(obj)
         };

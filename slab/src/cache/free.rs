@@ -210,7 +210,7 @@ impl<P: Platform> KmemCache<P> {
     unsafe fn free_recorded_hit<O: FreeOut>(obj: NonNull<u8>, cache: &Self, at: Located) -> O {
         let record = || {
             // SAFETY: inside the hit's section: this CPU's ring is ours.
-            unsafe { cache.owner().kmemtrace_free_on(P::cpu_id(), cache, obj) };
+            unsafe { cache.owner().kmemtrace_free_on(P::cpu_offset(), cache, obj) };
         };
         // SAFETY: per our caller (keyed: see above).
         let pushed = unsafe { cache.magazine_free_hit_then::<true>(obj, record) };

@@ -54,7 +54,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsiz
 
 use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 
-use crate::platform::{PAGE_SIZE, PageSource, Platform};
+use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 
 mod config;
 mod rings;
@@ -64,6 +64,9 @@ pub use config::{
     KmemtraceStatus, MAX_STACK_DEPTH, MAX_STACKS, SUBBUF_EVENTS, SUBBUF_PAGES,
 };
 use rings::{CpuRing, allocate_rings};
+
+// A CPU's ring is at its `Platform::cpu_offset` in the rings' array.
+const _: () = assert!(core::mem::size_of::<CpuRing>() == CPU_SLOT_BYTES);
 
 pub use magpie_kmemtrace_format::{
     DumpFormatError, DumpSummary, EVENT_FLAG_ZEROED, EVENT_SIZE, EventKind, EventType,
@@ -144,10 +147,13 @@ struct Marks {
 
 /// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
 pub(crate) struct Kmemtrace {
-    /// `nr_rings` cache-line aligned [`CpuRing`]s; null before the first
+    /// One cache-line aligned [`CpuRing`] per CPU; null before the first
     /// start. Never freed (writers may still hold it after a stop).
     rings: AtomicPtr<CpuRing>,
-    nr_rings: AtomicUsize,
+    /// The rings' size in bytes (`nr_rings * CPU_SLOT_BYTES`: a CPU's
+    /// ring is at its [`Platform::cpu_offset`], so the event path bounds
+    /// the offset it already has); 0 before the first start.
+    rings_bytes: AtomicUsize,
     nr_subbufs: AtomicUsize,
     /// Recording everything: page-granular kmalloc and bad frees outside
     /// caches are recorded too (caches have their `HOT_KMEMTRACE` bit).
@@ -185,7 +191,7 @@ impl Kmemtrace {
     pub(crate) const fn new() -> Self {
         Kmemtrace {
             rings: AtomicPtr::new(ptr::null_mut()),
-            nr_rings: AtomicUsize::new(0),
+            rings_bytes: AtomicUsize::new(0),
             nr_subbufs: AtomicUsize::new(0),
             recording_all: AtomicBool::new(false),
             recording: AtomicBool::new(false),
@@ -300,8 +306,9 @@ impl Kmemtrace {
             let rings = allocate_rings(source, nr_cpus, nr_subbufs)?;
             self.nr_subbufs.store(nr_subbufs, Ordering::Relaxed);
             self.rings.store(rings.as_ptr(), Ordering::Relaxed);
-            // Publishes the rings: the event path tests only nr_rings.
-            self.nr_rings.store(nr_cpus, Ordering::Release);
+            // Publishes the rings: the event path tests only rings_bytes.
+            self.rings_bytes
+                .store(nr_cpus * CPU_SLOT_BYTES, Ordering::Release);
         }
         if config.stack_depth > 0 {
             let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
@@ -357,13 +364,18 @@ impl Kmemtrace {
         self.recording.store(false, Ordering::Relaxed);
     }
 
+    /// The number of rings (CPUs), 0 before the first start.
+    fn nr_rings(&self, order: Ordering) -> usize {
+        self.rings_bytes.load(order) / CPU_SLOT_BYTES
+    }
+
     fn rings(&self) -> &[CpuRing] {
-        let nr_rings = self.nr_rings.load(Ordering::Acquire);
+        let nr_rings = self.nr_rings(Ordering::Acquire);
         if nr_rings == 0 {
             return &[];
         }
         // SAFETY: set once with nr_rings initialised rings (before the
-        // Release store of nr_rings), never freed.
+        // Release store of rings_bytes), never freed.
         unsafe { core::slice::from_raw_parts(self.rings.load(Ordering::Relaxed), nr_rings) }
     }
 
@@ -373,16 +385,17 @@ impl Kmemtrace {
     #[inline(always)]
     pub(crate) fn record<P: Platform>(&self, fields: EventFields) {
         let irq = P::irq_save();
-        let cpu = P::cpu_id();
-        // SAFETY: interrupts off; the running CPU's id.
-        let _ = unsafe { self.record_on::<P>(cpu, fields) };
+        let cpu_offset = P::cpu_offset();
+        // SAFETY: interrupts off; the running CPU's offset.
+        let _ = unsafe { self.record_on::<P>(cpu_offset, fields) };
         P::irq_restore(irq);
     }
 
-    /// [`Self::record`] from inside a section that already owns CPU
-    /// `cpu`'s ring (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
+    /// [`Self::record`] from inside a section that already owns the ring
+    /// of the CPU at `cpu_offset` ([`Platform::cpu_offset`], which the
+    /// hit's section has read already) (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
     /// no second interrupt guard, no second CPU-id read. The common event
-    /// is a bounds test of `cpu`, the ring's `next < limit` test, eight
+    /// is a bounds test of `cpu_offset`, the ring's `next < limit` test, eight
     /// word stores and the bump of `next` and `nr_written`; a new
     /// sub-buffer, a full ring and stacks take [`Self::record_cold`]
     /// (see [`CpuRing`]). Returns `fields.ptr`, whatever happened: a
@@ -390,21 +403,28 @@ impl Kmemtrace {
     /// nothing across the event, and the cold path is a tail call.
     ///
     /// # Safety
-    /// `cpu` is the running CPU and nothing else on it runs until this
-    /// returns (interrupts off: [`Self::record`], or a magazine hit's
-    /// section on a platform without `LOCAL_TRYLOCK`).
+    /// `cpu_offset` is the running CPU's [`Platform::cpu_offset`] and
+    /// nothing else on it runs until this returns (interrupts off:
+    /// [`Self::record`], or a magazine hit's section on a platform
+    /// without `LOCAL_TRYLOCK`).
     #[inline(always)]
     #[must_use]
-    pub(crate) unsafe fn record_on<P: Platform>(&self, cpu: usize, fields: EventFields) -> usize {
-        // nr_rings is published after the rings (Release): non-zero, the
-        // rings are there.
-        if cpu >= self.nr_rings.load(Ordering::Acquire) {
+    pub(crate) unsafe fn record_on<P: Platform>(
+        &self,
+        cpu_offset: usize,
+        fields: EventFields,
+    ) -> usize {
+        // rings_bytes is published after the rings (Release): the offset
+        // below it, the rings are there.
+        if cpu_offset >= self.rings_bytes.load(Ordering::Acquire) {
             return fields.ptr;
         }
-        // SAFETY: cpu < nr_rings and the rings live forever; only this
-        // CPU writes its ring, and nothing else on this CPU runs (our
-        // caller).
-        let ring = unsafe { &*self.rings.load(Ordering::Relaxed).add(cpu) };
+        // SAFETY: cpu_offset is cpu_id * CPU_SLOT_BYTES (the Platform
+        // contract) = cpu_id * size_of::<CpuRing>() (asserted at
+        // compile time), below the rings' bytes: this CPU's ring; the
+        // rings live forever; only this CPU writes its ring, and nothing
+        // else on this CPU runs (our caller).
+        let ring = unsafe { &*self.rings.load(Ordering::Relaxed).byte_add(cpu_offset) };
         let slot = ring.next.load(Ordering::Relaxed);
         if slot == ring.limit.load(Ordering::Relaxed) {
             // SAFETY: per our caller.
@@ -439,7 +459,7 @@ impl Kmemtrace {
     /// `ptr`, as [`Self::record_on`].
     ///
     /// # Safety
-    /// As for [`Self::record_on`]; `ring` is CPU `cpu`'s.
+    /// As for [`Self::record_on`]; `ring` is the running CPU's.
     #[cold]
     #[inline(never)]
     /// (The fields one by one: in registers, not through the caller's
@@ -560,7 +580,7 @@ impl Kmemtrace {
             recording: self.is_recording(),
             cache_id: self.filter(),
             stack_depth: self.stack_depth.load(Ordering::Relaxed),
-            nr_cpus: self.nr_rings.load(Ordering::Relaxed),
+            nr_cpus: self.nr_rings(Ordering::Relaxed),
             nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
             nr_stacks: crate::sync::spin_lock_irq::<P, _>(&self.stacks).nr_stacks,
             nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
