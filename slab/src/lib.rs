@@ -272,11 +272,12 @@
 //! out-of-line function), so it needs no callee-saved registers. **alloc**:
 //! one `hot_flags` test, interrupts off, the per-CPU base, pop from
 //! `loaded`, count, interrupts back. The per-CPU cache keeps `loaded`'s
-//! round count and capacity itself (Bonwick & Adams 2001's `cc_rounds`,
-//! `cc_magsize`; both 0 with the absent magazine, a shared sentinel: no
-//! null test), so a hit touches the per-CPU line and one round slot, not
-//! the magazine's header (code off the hits writes the count back first:
-//! `PcpuSynced`). **free**
+//! top and end as slot pointers itself (Bonwick & Adams 2001's
+//! `cc_rounds`, `cc_magsize`; equal with the absent magazine, a shared
+//! sentinel: no null test; the word below slot 0 is null, so an empty
+//! magazine's "top round" is the empty test), so a hit touches the
+//! per-CPU line and one round slot, not the magazine's header (code off
+//! the hits writes the count back first: `PcpuSynced`). **free**
 //! (`KmemCache::free`, `kfree`, `GlobalAlloc::dealloc`; one function,
 //! `finish_free`, ends all three): one page-map load gives the slab, its
 //! owner is compared (`free`) or taken as the cache (`kfree`), one

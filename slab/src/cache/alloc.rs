@@ -9,7 +9,6 @@ use core::ptr::NonNull;
 use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
-use crate::magazine::Magazine;
 use crate::platform::Platform;
 
 impl<P: Platform> KmemCache<P> {
@@ -128,20 +127,19 @@ impl<P: Platform> KmemCache<P> {
     fn magazine_alloc_hit_with<R>(&self, then: impl FnOnce(NonNull<u8>) -> R) -> Option<R> {
         let mut pcpu = self.pcpu_lock()?;
         let pcc = pcpu.get();
-        // `loaded`'s rounds, kept in the per-CPU cache: 0 for an empty or
-        // absent magazine.
-        let nr_rounds = pcc.rounds;
-        if nr_rounds == 0 {
-            return None;
-        }
+        // The word below `loaded`'s top (kept in the per-CPU cache): the
+        // top round, or null for an empty or absent magazine (the
+        // header's `next`: see `PcpuInner::top`).
+        let top = pcc.top;
+        // SAFETY: `top` is at or above slot 0 of `loaded` (or of the
+        // absent magazine), owned by this CPU under its flag: the word
+        // below it is in the magazine's object.
+        let round = unsafe { *top.sub(1) };
+        let obj = NonNull::new(round)?;
         crate::sync::interrupt_point::<P>();
         pcc.nr_allocs += 1;
-        pcc.rounds = nr_rounds - 1;
-        // SAFETY: a real magazine (the absent one has no rounds) owned by
-        // this CPU, interrupts off; its slots below nr_rounds are objects.
-        let obj = unsafe {
-            NonNull::new_unchecked(*Magazine::slots(pcc.loaded).add(nr_rounds as usize - 1))
-        };
+        // SAFETY: a round was below `top`, so slot 0 is at or below it.
+        pcc.top = unsafe { top.sub(1) };
         Some(then(obj))
     }
 

@@ -334,14 +334,13 @@ impl<P: Platform> KmemCache<P> {
             return false;
         };
         let pcc = pcpu.get();
-        // `loaded`'s rounds and capacity, kept in the per-CPU cache: the
-        // absent magazine's capacity is 0, never room.
-        let nr_rounds = pcc.rounds;
-        if nr_rounds >= pcc.capacity {
+        // `loaded`'s top and end, kept in the per-CPU cache: equal for a
+        // full or absent magazine, never room.
+        let top = pcc.top;
+        if top >= pcc.limit {
             return false;
         }
         crate::sync::interrupt_point::<P>();
-        let loaded = pcc.loaded;
         if KEYED {
             // The free key ([`super::double_free`]): an object holding it
             // was freed already (the miss confirms and refuses); else it
@@ -355,16 +354,19 @@ impl<P: Platform> KmemCache<P> {
             unsafe { double_free::write_key(obj, key) };
         } else {
             // Linux's naive double-free check: the object already on top
-            // of `loaded` (the miss path refuses it).
-            // SAFETY: a real magazine (above), nr_rounds < capacity.
-            if unsafe { top_round(loaded, nr_rounds as usize) } == obj.as_ptr() as usize {
+            // of `loaded` (the miss path refuses it). With no rounds the
+            // word below `top` is the header's null `next`: no object.
+            // SAFETY: a real magazine (room above), `top` at or above its
+            // slot 0: the word below is in its object.
+            if unsafe { *top.sub(1) } == obj.as_ptr() {
                 return false;
             }
         }
-        // SAFETY: a real magazine owned by this CPU, interrupts off;
-        // nr_rounds < capacity, a slot of its object.
-        unsafe { *Magazine::slots(loaded).add(nr_rounds as usize) = obj.as_ptr() };
-        pcc.rounds = nr_rounds + 1;
+        // SAFETY: a real magazine owned by this CPU under its flag; `top`
+        // below `limit`, a slot of its object.
+        unsafe { *top = obj.as_ptr() };
+        // SAFETY: at most `limit`, the end of its slots.
+        pcc.top = unsafe { top.add(1) };
         then();
         true
     }
@@ -658,9 +660,8 @@ pub(super) fn misaligned(addr: usize) -> FreeError {
 }
 
 /// The round on top of a magazine holding `nr_rounds` rounds, as an
-/// address. For an empty magazine this is the header word before slot 0,
-/// `capacity` plus `nr_rounds << 32` (stale while loaded): never
-/// 8-aligned, as no capacity is a multiple of 8 (asserted in
+/// address. For an empty magazine held by a per-CPU cache this is the
+/// header word before slot 0, its null `next` (asserted in
 /// magazine/mod.rs), so never an object, and no branch for the case.
 ///
 /// # Safety

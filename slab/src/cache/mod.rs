@@ -37,11 +37,12 @@
 //! per-CPU cache at `pcpu + Platform::cpu_offset()`, its in-use flag
 //! taken (a plain load and store; held already: an interrupt handler that
 //! interrupted the holder, which takes the slow path to the slab layer),
-//! pop from (push to) `loaded`, count (alloc only), the flag given back. `loaded`'s round count and capacity are
-//! kept in the per-CPU cache (Bonwick & Adams' `cc_rounds`,
-//! `cc_magsize`): a hit reads the per-CPU line and one round slot, and no
-//! load waits for the magazine's header. An absent magazine has count and
-//! capacity 0 there, so there is no null test. Everything else — misses, errors,
+//! pop from (push to) `loaded`, count (alloc only), the flag given back. `loaded`'s top and end are
+//! kept in the per-CPU cache as slot pointers (Bonwick & Adams'
+//! `cc_rounds`, `cc_magsize`): a hit reads the per-CPU line and one round
+//! slot, and no load waits for the magazine's header or its address (an
+//! empty magazine's "top round" is its header's null `next`). An absent
+//! magazine has top equal to end there, so there is no null test. Everything else — misses, errors,
 //! bookkeeping flags — is a tail call to an out-of-line function, so a hit
 //! needs no callee-saved register.
 //!

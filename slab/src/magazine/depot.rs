@@ -326,8 +326,13 @@ impl DepotInner {
     fn pop_full(&mut self) -> *mut Magazine {
         let mag = self.full;
         if !mag.is_null() {
-            // SAFETY: magazines on the depot lists are alive and ours.
-            unsafe { self.full = (*mag).next };
+            // SAFETY: magazines on the depot lists are alive and ours; it
+            // leaves the list with a null `next`, as a per-CPU cache
+            // holds it (the alloc hit's empty test).
+            unsafe {
+                self.full = (*mag).next;
+                (*mag).next = ptr::null_mut();
+            }
             self.nr_full -= 1;
             self.full_min = self.full_min.min(self.nr_full);
         }
@@ -337,8 +342,11 @@ impl DepotInner {
     fn pop_empty(&mut self) -> *mut Magazine {
         let mag = self.empty;
         if !mag.is_null() {
-            // SAFETY: magazines on the depot lists are alive and ours.
-            unsafe { self.empty = (*mag).next };
+            // SAFETY: as in `pop_full`.
+            unsafe {
+                self.empty = (*mag).next;
+                (*mag).next = ptr::null_mut();
+            }
             self.nr_empty -= 1;
             self.empty_min = self.empty_min.min(self.nr_empty);
         }

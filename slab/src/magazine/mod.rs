@@ -10,9 +10,11 @@
 //! the bootstrap cache of its type, `kmem_magazine_<capacity>`, of
 //! `16 + 8 × capacity` bytes ([`MAGAZINE_ROUNDS`]: 1, 3, 6, 14, 29 and 60
 //! rounds; the four larger fill a one-page slab exactly). The per-CPU
-//! cache keeps the loaded magazine's round count and capacity itself
+//! cache keeps the loaded magazine's top and end as slot pointers itself
 //! (Bonwick & Adams 2001's `cc_rounds` and `cc_magsize`), so the hits
-//! read one line and a round slot, never the magazine's header; all other
+//! read one line and a round slot, never the magazine's header (its
+//! `next`, the word below slot 0, is null while a CPU holds it: an empty
+//! magazine's "top round" is null, the alloc hit's empty test); all other
 //! code reaches a per-CPU cache through [`PcpuSynced`], which writes the
 //! count back into the header first and takes both again after. A
 //! cache starts with the largest type whose rounds hold at most
@@ -54,8 +56,9 @@
 //! behalf in a cross-CPU call (which takes the flag too, and retries if
 //! it interrupted a hit). So it has no lock and the hits no atomic
 //! instruction. An absent magazine is the shared, never-written
-//! [`NO_MAGAZINE`], whose round count (`usize::MAX`) fails both hit tests,
-//! so the hits need no null test.
+//! [`NO_MAGAZINE`], with no rounds and no room (`top == limit` at its
+//! slot 0, a null `next` below it), which fails both hit tests, so the
+//! hits need no null test.
 //!
 //! Statistics are kept at exchanges: a CPU counts its magazine allocations
 //! (one plain add on the alloc hit, in the line it writes anyway) and the
@@ -147,20 +150,13 @@ const _: () = {
     // magazine: `capacity` in its low half (little-endian), `nr_rounds`
     // in its high half.
     assert!(cfg!(target_endian = "little"));
-    // A loaded magazine's header count is stale (the per-CPU cache keeps
-    // it), so that word is `capacity` plus a multiple of 2^32: never
-    // 8-aligned if no capacity is a multiple of 8, so never an object
-    // (objects are at least 8-aligned).
-    let mut magtype = 0;
-    while magtype < NR_MAG_TYPES {
-        assert!(!MAGAZINE_ROUNDS[magtype].is_multiple_of(8));
-        magtype += 1;
-    }
+    // The word right below slot 0 is `next`, null while a per-CPU cache
+    // holds the magazine: the alloc hit reads it as "no round" (a round
+    // is never null), and the top-of-`loaded` double-free check as no
+    // object.
     assert!(
-        core::mem::offset_of!(Magazine, capacity) + 4 == core::mem::offset_of!(Magazine, nr_rounds)
-    );
-    assert!(
-        core::mem::offset_of!(Magazine, rounds) == core::mem::offset_of!(Magazine, capacity) + 8
+        core::mem::offset_of!(Magazine, rounds)
+            == core::mem::offset_of!(Magazine, next) + core::mem::size_of::<*mut Magazine>()
     );
     let mut index = 1;
     while index < NR_MAG_TYPES {
@@ -197,20 +193,25 @@ pub(crate) fn max_magtype(stride: usize) -> usize {
 /// raw pointers: the struct declares none).
 #[repr(C)]
 pub(crate) struct Magazine {
-    next: *mut Magazine,
     /// Rounds this magazine holds when full (one of [`MAGAZINE_ROUNDS`];
     /// 0 for the absent magazine).
     pub(crate) capacity: u32,
     /// Rounds it holds now.
     pub(crate) nr_rounds: u32,
+    /// The depot list's (or a detached list's) link. Null while a
+    /// per-CPU cache holds the magazine (new magazines start null, the
+    /// depot's pops clear it): it is the word right below slot 0, which
+    /// the alloc hit reads as its empty test.
+    next: *mut Magazine,
     rounds: [*mut u8; 0],
 }
 
 /// The absent magazine: a per-CPU cache without a `loaded` or `prev`
 /// points here. Never written: with it loaded the per-CPU cache's round
-/// count and capacity are 0 (its `capacity`, and [`rounds_of`] tests the
-/// address), which fail both hits' tests; the miss paths test for it by
-/// address. (Its header count, `u32::MAX`, is never read as a count.)
+/// top and end are both its slot 0 (its `capacity` 0, and [`rounds_of`]
+/// tests the address) with its null `next` below, which fail both hits'
+/// tests; the miss paths test for it by address. (Its header count,
+/// `u32::MAX`, is never read as a count.)
 struct NoMagazine(Magazine);
 
 // SAFETY: never written (see above); the null pointer in it is never
@@ -271,13 +272,18 @@ pub(crate) struct PcpuInner {
     /// Rounds that came into this CPU's magazines from the depot minus
     /// those that left to the depot or to a drain (wrapping).
     pub(crate) nr_rounds_exchanged: u64,
-    /// Rounds in `loaded` (Bonwick & Adams' `cc_rounds`): the hits count
-    /// here, in the line they read anyway, and leave `loaded`'s header
-    /// count stale (see [`PcpuSynced`]). 0 with the absent magazine.
-    pub(crate) rounds: u32,
-    /// `loaded`'s capacity (`cc_magsize`); 0 with the absent magazine,
-    /// so neither hit passes its test.
-    pub(crate) capacity: u32,
+    /// `loaded`'s slot above its top round, `slots + rounds` (Bonwick &
+    /// Adams' `cc_rounds`, as a pointer: the hits pop and push without
+    /// loading `loaded`): the hits move it, in the line they read anyway,
+    /// and leave `loaded`'s header count stale (see [`PcpuSynced`]). The
+    /// word below it is the top round, or with no rounds the header's
+    /// null `next`: the alloc hit's empty test. The absent magazine's
+    /// slot 0 when there is none.
+    pub(crate) top: *mut *mut u8,
+    /// `loaded`'s end, `slots + capacity` (`cc_magsize`): `top` below it
+    /// is room for a round. Equal to `top` with the absent magazine, so
+    /// neither hit passes its test.
+    pub(crate) limit: *mut *mut u8,
     /// This boot's free key (`cache/double_free.rs`), in the line the
     /// free's hit reads anyway: one load, no GOT indirection.
     pub(crate) free_key: usize,
@@ -308,7 +314,11 @@ impl PcpuInner {
         if self.loaded != no_magazine() {
             // SAFETY: a live magazine owned by this per-CPU cache, whose
             // owner holds `&mut self`.
-            unsafe { (*self.loaded).nr_rounds = self.rounds };
+            // `top` is in `loaded`'s slots, at or above slot 0.
+            unsafe {
+                (*self.loaded).nr_rounds =
+                    self.top.offset_from(Magazine::slots(self.loaded)) as u32;
+            };
         }
     }
 
@@ -317,10 +327,12 @@ impl PcpuInner {
     #[inline(always)]
     pub(crate) fn reload(&mut self) {
         // SAFETY: `loaded` is the absent magazine (capacity 0, no rounds)
-        // or a live one owned by this per-CPU cache.
+        // or a live one owned by this per-CPU cache: its slots, up to its
+        // capacity, are in its object.
         unsafe {
-            self.rounds = rounds_of(self.loaded) as u32;
-            self.capacity = (*self.loaded).capacity;
+            let slots = Magazine::slots(self.loaded);
+            self.top = slots.add(rounds_of(self.loaded));
+            self.limit = slots.add((*self.loaded).capacity as usize);
         }
     }
 
@@ -406,8 +418,11 @@ impl PcpuCache {
                 prev: no_magazine(),
                 nr_allocs: 0,
                 nr_rounds_exchanged: 0,
-                rounds: 0,
-                capacity: 0,
+                // SAFETY: the absent magazine; its slot 0 is never read or
+                // written (it has no rounds and no room).
+                top: unsafe { Magazine::slots(no_magazine()) },
+                // SAFETY: as above.
+                limit: unsafe { Magazine::slots(no_magazine()) },
                 free_key,
             }),
             in_use: AtomicBool::new(false),
