@@ -24,7 +24,7 @@
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicBool, Ordering, compiler_fence};
+use core::sync::atomic::{AtomicU8, Ordering, compiler_fence};
 
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::{Mutex, MutexGuard};
@@ -76,15 +76,17 @@ impl<P: Platform> Drop for IrqGuard<P> {
     }
 }
 
-/// This CPU's per-CPU state `T` held through its in-use flag: a plain
-/// load, a plain store and a compiler fence to take it (no atomic
-/// read-modify-write, no `cli`), a compiler fence and a plain store to
-/// give it back on drop. Linux's `local_trylock` as SLUB's sheaves use it.
+/// This CPU's per-CPU state `T` held through its in-use flag (a byte, 0
+/// when free): one non-atomic read-modify-write instruction and a
+/// compiler fence to take it on x86-64 ([`take_flag`]: no `lock` prefix,
+/// no `cli`), a compiler fence and a plain store of 0 to give it back on
+/// drop. Linux's `local_trylock` as SLUB's sheaves use it.
 ///
-/// Why a plain store is enough: only this CPU takes the flag, and what
-/// can run on this CPU between the flag's load and store is an interrupt
-/// handler, which runs to completion (and gives the flag back) before the
-/// code it interrupted resumes ([`Platform::LOCAL_TRYLOCK`]). An
+/// Why no atomic instruction is needed: only this CPU takes the flag, and
+/// what can run on this CPU between the flag's test and its store is an
+/// interrupt handler, which runs to completion (and gives the flag back)
+/// before the code it interrupted resumes ([`Platform::LOCAL_TRYLOCK`]);
+/// on x86-64 test and store are one instruction, so nothing runs between. An
 /// interrupt handler that finds the flag held has interrupted the owner:
 /// it must not touch `T` and takes the locked slow path instead.
 ///
@@ -95,7 +97,7 @@ impl<P: Platform> Drop for IrqGuard<P> {
 /// on this CPU meanwhile).
 #[must_use = "the flag is given back when the guard is dropped"]
 pub(crate) struct LocalLocked<'a, P: Platform, T> {
-    flag: &'a AtomicBool,
+    flag: &'a AtomicU8,
     cell: &'a UnsafeCell<T>,
     /// `Some(state)` when [`LocalLocked::try_lock`] disabled interrupts
     /// instead of taking the flag (never with
@@ -111,11 +113,23 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
     ///
     /// # Safety
     /// `flag` and `cell` are the running CPU's (read from its
-    /// [`Platform::cpu_offset`]), and `cell` is reached only under `flag`
+    /// [`Platform::cpu_offset`]), `flag` is the byte at `base + index +
+    /// FLAG` (three terms so the hit's `sub` addresses it as
+    /// `[base + index + FLAG]`, with the registers the rest of the hit
+    /// uses), and `cell` is reached only under `flag`
     /// (or in a cross-CPU call to this CPU that holds it:
     /// [`LocalLocked::try_lock_here`]).
     #[inline(always)]
-    pub(crate) unsafe fn try_lock(flag: &'a AtomicBool, cell: &'a UnsafeCell<T>) -> Option<Self> {
+    pub(crate) unsafe fn try_lock<const FLAG: usize>(
+        base: *const u8,
+        index: usize,
+        flag: &'a AtomicU8,
+        cell: &'a UnsafeCell<T>,
+    ) -> Option<Self> {
+        debug_assert!(core::ptr::eq(
+            flag.as_ptr().cast_const(),
+            base.wrapping_add(index + FLAG)
+        ));
         if !P::LOCAL_TRYLOCK {
             // Interrupts off exclude everything else on this CPU (the
             // flag is only ever held with them off then): the flag is
@@ -127,12 +141,11 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
                 _not_send: PhantomData,
             });
         }
-        interrupt_point::<P>();
-        if flag.load(Ordering::Relaxed) {
+        // SAFETY: the flag is at base + index + FLAG (our caller's
+        // promise, asserted above).
+        if !unsafe { take_flag::<P, FLAG>(base, index) } {
             return None;
         }
-        interrupt_point::<P>();
-        flag.store(true, Ordering::Relaxed);
         // Nothing of `cell` is read before the flag is ours.
         compiler_fence(Ordering::SeqCst);
         interrupt_point::<P>();
@@ -154,13 +167,13 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
     /// the CPU the caller runs as.
     #[inline]
     pub(crate) unsafe fn try_lock_here(
-        flag: &'a AtomicBool,
+        flag: &'a AtomicU8,
         cell: &'a UnsafeCell<T>,
     ) -> Option<Self> {
-        if flag.load(Ordering::Relaxed) {
+        if flag.load(Ordering::Relaxed) != 0 {
             return None;
         }
-        flag.store(true, Ordering::Relaxed);
+        flag.store(FLAG_HELD, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
         Some(LocalLocked {
             flag,
@@ -191,8 +204,81 @@ impl<P: Platform, T> Drop for LocalLocked<'_, P, T> {
         interrupt_point::<P>();
         // Every write to `cell` is done before the flag is given back.
         compiler_fence(Ordering::SeqCst);
-        self.flag.store(false, Ordering::Relaxed);
+        self.flag.store(0, Ordering::Relaxed);
         interrupt_point::<P>();
+    }
+}
+
+/// The value [`LocalLocked::try_lock_here`] stores in a free flag (any
+/// value but 0 means held).
+const FLAG_HELD: u8 = 1;
+
+/// Take this CPU's in-use flag, the byte at `base + index + FLAG`, if it is free (0): true if it was and is
+/// now ours (non-zero), false if it is held (it is left held, unchanged).
+///
+/// On x86-64 (loom models and Miri aside) the test and the store are one
+/// instruction, `sub byte ptr [flag], 1`, whose borrow says the flag was
+/// 0: an interrupt on this CPU lands before it or after it, never between
+/// a test and a store, so no interrupt handler can take the flag the
+/// interrupted code is about to take. A held flag (non-zero, left at
+/// non-zero by the `sub`) gets its 1 back before the held branch returns.
+/// The hit pays the `sub` and the branch (two instructions, against a load,
+/// a test, a branch and a store); elsewhere a load and a store, with the
+/// `loom` models' interrupt points between them.
+///
+/// # Safety
+/// The byte at `base + index + FLAG` is the flag, alive for the call.
+#[inline(always)]
+pub(crate) unsafe fn take_flag<P: Platform, const FLAG: usize>(
+    base: *const u8,
+    index: usize,
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    {
+        interrupt_point::<P>();
+        // SAFETY: `[base + index + FLAG]` is the flag's byte, alive for
+        // the call (our caller's promise). Only code on this CPU writes the flag, and each
+        // instruction of the block is one read-modify-write of it that an
+        // interrupt on this CPU cannot split (other CPUs reach this
+        // CPU's per-CPU cache only in cross-CPU calls, which run on this
+        // CPU). The block touches no stack and no register but the flags,
+        // which it declares clobbered (no `preserves_flags`).
+        unsafe {
+            core::arch::asm!(
+                "sub byte ptr [{base} + {index} + {flag}], 1",
+                "jnc {held}",
+                base = in(reg) base,
+                index = in(reg) index,
+                flag = const FLAG,
+                held = label {
+                    // SAFETY: as above: the 1 the `sub` took, given back.
+                    unsafe {
+                        core::arch::asm!(
+                            "add byte ptr [{base} + {index} + {flag}], 1",
+                            base = in(reg) base,
+                            index = in(reg) index,
+                            flag = const FLAG,
+                            options(nostack),
+                        );
+                    }
+                    return false;
+                },
+                options(nostack),
+            );
+        }
+        true
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+    {
+        // SAFETY: per our caller, the flag (an `AtomicU8`) is there.
+        let flag = unsafe { &*base.wrapping_add(index + FLAG).cast::<AtomicU8>() };
+        interrupt_point::<P>();
+        if flag.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        interrupt_point::<P>();
+        flag.store(FLAG_HELD, Ordering::Relaxed);
+        true
     }
 }
 

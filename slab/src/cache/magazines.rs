@@ -45,7 +45,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
         // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
         // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
-        unsafe { (*self.pcpu.byte_add(P::cpu_offset())).try_lock::<P>() }
+        unsafe { PcpuCache::try_lock::<P>(self.pcpu, P::cpu_offset()) }
     }
 
     /// [`Self::pcpu_lock`] for code off the hits, with interrupts off

@@ -81,7 +81,7 @@
 
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::AtomicBool;
+use core::sync::atomic::AtomicU8;
 
 use crate::platform::CPU_SLOT_BYTES;
 use crate::stats::CpuCacheStats;
@@ -401,7 +401,7 @@ pub(crate) struct PcpuCache {
     /// The in-use flag ([`LocalLocked`](crate::sync::LocalLocked)):
     /// `inner` belongs to whoever set it. In the line the hits read
     /// anyway, after `inner`.
-    in_use: AtomicBool,
+    in_use: AtomicU8,
 }
 
 const _: () = {
@@ -425,22 +425,35 @@ impl PcpuCache {
                 limit: unsafe { Magazine::slots(no_magazine()) },
                 free_key,
             }),
-            in_use: AtomicBool::new(false),
+            in_use: AtomicU8::new(0),
         }
     }
 
     /// This CPU's state for a magazine hit, interrupts possibly on (see
-    /// [`LocalLocked::try_lock`](crate::sync::LocalLocked::try_lock));
-    /// `None` if the flag is held: the caller interrupted its holder.
+    /// [`LocalLocked::try_lock`](crate::sync::LocalLocked::try_lock)): the
+    /// per-CPU cache `offset` bytes into `array`; `None` if the flag is
+    /// held: the caller interrupted its holder.
     ///
     /// # Safety
-    /// `self` is the running CPU's per-CPU cache.
+    /// `array + offset` is the running CPU's per-CPU cache, alive for
+    /// `'a`.
     #[inline(always)]
-    pub(crate) unsafe fn try_lock<P: crate::Platform>(
-        &self,
-    ) -> Option<crate::sync::LocalLocked<'_, P, PcpuInner>> {
-        // SAFETY: per our caller; `inner` is reached only under the flag.
-        unsafe { crate::sync::LocalLocked::try_lock(&self.in_use, &self.inner) }
+    pub(crate) unsafe fn try_lock<'a, P: crate::Platform>(
+        array: *const PcpuCache,
+        offset: usize,
+    ) -> Option<crate::sync::LocalLocked<'a, P, PcpuInner>> {
+        // SAFETY: per our caller, a live per-CPU cache, ours for 'a.
+        let this: &'a PcpuCache = unsafe { &*array.byte_add(offset) };
+        // SAFETY: per our caller; `inner` is reached only under the flag,
+        // which is at array + offset + FLAG_OFFSET.
+        unsafe {
+            crate::sync::LocalLocked::try_lock::<{ core::mem::offset_of!(PcpuCache, in_use) }>(
+                array.cast(),
+                offset,
+                &this.in_use,
+                &this.inner,
+            )
+        }
     }
 
     /// [`PcpuCache::try_lock`] for code that excludes this CPU's other

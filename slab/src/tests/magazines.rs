@@ -763,3 +763,39 @@ fn a_free_under_a_held_per_cpu_cache_goes_straight_to_the_slab_layer() {
     assert_eq!(after.nr_cpu_cached_objs, 0, "{after:?}");
     assert_eq!(cache.slab.lock().counts().nr_busy_objs, 0);
 }
+
+/// The per-CPU in-use flag's take (`crate::sync::take_flag`, on x86-64
+/// one `sub byte ptr [base + index + FLAG], 1` and a branch on its
+/// borrow): a free flag (0) is taken and left non-zero; a held one is
+/// refused and left exactly as it was, however often it is tried (an
+/// interrupt handler that finds its CPU's hit in progress must not change
+/// what the hit gives back); and it addresses the byte at base + index +
+/// FLAG, no other.
+#[test]
+fn in_use_flag_take() {
+    use core::sync::atomic::AtomicU8;
+
+    let bytes: [AtomicU8; 16] = core::array::from_fn(|_| AtomicU8::new(0));
+    let base = bytes[0].as_ptr().cast_const();
+    // The flag at 3 + 5 = byte 8.
+    // SAFETY: byte 8 of `bytes`, alive for the calls.
+    let take = || unsafe { crate::sync::take_flag::<TestPlatform, 5>(base, 3) };
+    assert!(take(), "a free flag is taken");
+    let held = bytes[8].load(Ordering::Relaxed);
+    assert_ne!(held, 0, "a taken flag reads as held");
+    for _ in 0..300 {
+        assert!(!take(), "a held flag is refused");
+        assert_eq!(
+            bytes[8].load(Ordering::Relaxed),
+            held,
+            "a refused take changes nothing"
+        );
+    }
+    bytes[8].store(0, Ordering::Relaxed);
+    assert!(take(), "a flag given back is taken again");
+    for (i, byte) in bytes.iter().enumerate() {
+        if i != 8 {
+            assert_eq!(byte.load(Ordering::Relaxed), 0, "byte {i} untouched");
+        }
+    }
+}
