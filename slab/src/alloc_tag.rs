@@ -82,6 +82,9 @@
 //! [`Platform::alloc_tag_charge_token`] and
 //! [`Platform::alloc_tag_uncharge`]. A free object's slot is `None`.
 
+#[cfg(feature = "alloc-profiling")]
+use core::ptr::NonNull;
+
 use crate::platform::Platform;
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
@@ -112,6 +115,43 @@ static NO_TAGS: [Option<AllocTagRef>; crate::layout::geometry::MAX_SMALL_OBJS] =
 pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
     // Never written through (see NO_TAGS).
     NO_TAGS.as_ptr().cast_mut()
+}
+
+/// A charge off the profiled hits: the platform's charge
+/// ([`Platform::alloc_tag_charge_token`]), then its hook
+/// ([`Platform::alloc_tag_charge_hook`]).
+///
+/// # Safety
+/// As for [`Platform::alloc_tag_charge_token`]: `token` is a charge token.
+#[cfg(feature = "alloc-profiling")]
+#[inline]
+pub(crate) unsafe fn charge_off_hit<P: Platform>(
+    token: AllocTagRef,
+    ptr: NonNull<u8>,
+    bytes: usize,
+) {
+    // SAFETY: per our caller.
+    unsafe { P::alloc_tag_charge_token(token, ptr, bytes) };
+    P::alloc_tag_charge_hook(token, ptr, bytes);
+}
+
+/// An uncharge off the profiled free hit: the platform's hook
+/// ([`Platform::alloc_tag_uncharge_hook`]), then its uncharge
+/// ([`Platform::alloc_tag_uncharge`]).
+///
+/// # Safety
+/// As for [`Platform::alloc_tag_uncharge`]: the object's charge token,
+/// not uncharged since.
+#[cfg(feature = "alloc-profiling")]
+#[inline]
+pub(crate) unsafe fn uncharge_off_hit<P: Platform>(
+    token: AllocTagRef,
+    ptr: NonNull<u8>,
+    bytes: usize,
+) {
+    P::alloc_tag_uncharge_hook(token, ptr, bytes);
+    // SAFETY: per our caller.
+    unsafe { P::alloc_tag_uncharge(token, ptr, bytes) };
 }
 
 /// The charge token of the tag to charge an allocation made now

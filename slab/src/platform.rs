@@ -241,6 +241,32 @@ pub unsafe trait Platform: 'static {
         Self::alloc_tag_sub(token, ptr, bytes);
     }
 
+    /// Called after every charge ([`Platform::alloc_tag_charge_token`])
+    /// the allocator makes off its profiled hits — a slab object on a
+    /// slow path, a page-granular kmalloc block, a KFENCE sample — with
+    /// the same token, object and bytes. While
+    /// [`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)
+    /// is on, no allocation takes a profiled hit, so it is called after
+    /// every charge. For what is too slow for the hit, which must not call
+    /// out: e.g. capturing the context (backtrace, CPU, time) of one code
+    /// tag's new objects, as Linux's allocation-profiling context capture
+    /// proposal does. Called with no allocator lock held, in whatever
+    /// context the allocation was made (an interrupt handler's too). The
+    /// default does nothing.
+    #[inline(always)]
+    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (token, ptr, bytes);
+    }
+
+    /// Called before every uncharge ([`Platform::alloc_tag_uncharge`])
+    /// off the profiled free hit, with the same arguments: the
+    /// counterpart of [`Platform::alloc_tag_charge_hook`] (e.g. dropping
+    /// the freed object's captured context). The default does nothing.
+    #[inline(always)]
+    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (token, ptr, bytes);
+    }
+
     // ---- KFENCE (`crate::kfence`): sampled guarded allocations. The
     // defaults disable it, so a platform that maps no pages needs nothing.
 

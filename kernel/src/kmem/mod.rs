@@ -105,6 +105,24 @@ pub fn set_alloc_profiling(on: bool) -> Result<(), SwitchLocked> {
     result
 }
 
+/// `allocinfo ctx FILE:LINE enable`: captures the context of the new
+/// objects of the site whose charge token is `token`
+/// ([`crate::profiling::ctx_enable`]), and turns the slab allocator's tag
+/// hooks on, so that every allocation and free goes through the hooks
+/// that capture (the profiled hits call out to nothing:
+/// [`Allocator::set_alloc_tag_hooks`]).
+pub fn ctx_capture_enable(token: Option<magpie_slab::AllocTagRef>) {
+    crate::profiling::ctx_enable(token);
+    SLAB.set_alloc_tag_hooks(token.is_some());
+}
+
+/// `allocinfo ctx FILE:LINE disable`: the hits back, then the capture
+/// stopped and its records dropped ([`crate::profiling::ctx_disable`]).
+pub fn ctx_capture_disable() {
+    SLAB.set_alloc_tag_hooks(false);
+    crate::profiling::ctx_disable();
+}
+
 /// Destroys `cache` (Akaros `kmem_cache_destroy`), warning on the console
 /// when it still has trace records: objects that were traced and never
 /// freed, i.e. a probable leak in the cache's users. The allocator refuses

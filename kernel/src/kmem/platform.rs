@@ -10,7 +10,7 @@ use core::ptr::NonNull;
 use magpie_slab::Platform;
 
 use crate::arch::{self, MAX_CPUS};
-use crate::profiling::alloc_tag;
+use crate::profiling::{alloc_tag, capture};
 use crate::smp;
 use crate::tracing::{call_site, context};
 
@@ -110,7 +110,7 @@ unsafe impl Platform for KernelPlatform {
 
     #[inline(always)]
     fn alloc_tag_current_token() -> Option<magpie_slab::AllocTagRef> {
-        alloc_tag::this_cpu_token()
+        Some(alloc_tag::this_cpu_token_profiling())
     }
 
     #[inline(always)]
@@ -134,5 +134,17 @@ unsafe impl Platform for KernelPlatform {
         // SAFETY: the allocator's contract: `token` is the one this object
         // was charged with, not uncharged since.
         unsafe { alloc_tag::uncharge(token, ptr, bytes) }
+    }
+
+    // Context capture (`allocinfo ctx`): off the profiled hits, which
+    // `kmem::ctx_capture_enable` turns off while a site is captured.
+    #[inline]
+    fn alloc_tag_charge_hook(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        capture::ctx_capture_alloc(token, ptr, bytes);
+    }
+
+    #[inline]
+    fn alloc_tag_uncharge_hook(_token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, _bytes: usize) {
+        capture::ctx_capture_free(ptr);
     }
 }

@@ -13,7 +13,6 @@ use magpie_codetag::alloc_tag::{
 use magpie_slab::{PAGE_SIZE, PageSource};
 use spin::Mutex;
 
-use super::capture::{ctx_capture_alloc, ctx_capture_free};
 use crate::arch;
 use crate::mm::frame::TagCounting;
 
@@ -119,6 +118,27 @@ pub fn this_cpu_token() -> Option<AllocTagRef> {
     AllocTagRef::new(arch::alloc_tag_current())
 }
 
+/// [`Platform::alloc_tag_current_token`](magpie_slab::Platform::alloc_tag_current_token):
+/// this CPU's current tag as a charge token, one `%gs`-relative load and
+/// no test at all, for while profiling is on: the slab allocator asks only
+/// then (its switch is turned on by `kmem::init` after [`init`], and
+/// mirrors [`SWITCH`] from then on), and from [`init`] on no CPU's word
+/// is 0 (see the SAFETY comment).
+#[inline(always)]
+pub fn this_cpu_token_profiling() -> AllocTagRef {
+    let token = arch::alloc_tag_current();
+    debug_assert_ne!(token, 0, "a CPU's current tag read before alloc_tag::init");
+    // SAFETY: `init` gives every CPU's word the untagged bucket's token
+    // (non-zero) before the switch can go on, on the boot CPU alone
+    // (`kmem::init` runs before `smp::init`). After that every store to a
+    // CPU's word is a token: `AllocTagScope::enter` stores one only when
+    // it has one (else it leaves the word alone), and its drop gives back
+    // what enter found, or the untagged token for a 0 found before
+    // `init`. The slab allocator calls this only with its profiling on,
+    // which is after `init` (see above).
+    unsafe { AllocTagRef::new_unchecked(token) }
+}
+
 /// The reference to charge an explicitly tagged allocation: `tag`'s, or
 /// `None` while profiling is off.
 #[inline]
@@ -141,9 +161,9 @@ pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
 }
 
 /// [`Platform::alloc_tag_charge_token`](magpie_slab::Platform::alloc_tag_charge_token): count on this CPU, one `add` and
-/// one `inc` at this CPU's `%gs`-relative counter base plus `token`, then
-/// capture context if the site is being captured (one compare and branch;
-/// see `ctx_capture_alloc`; the captured site is kept as its token too).
+/// one `inc` at this CPU's `%gs`-relative counter base plus `token`, and
+/// nothing else (context capture runs in the platform's charge hook, off
+/// the profiled hits: `capture::ctx_capture_alloc`).
 ///
 /// # Safety
 ///
@@ -159,13 +179,13 @@ pub unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // writes its counter block. `token` is a checked counter offset (our
     // caller's contract).
     unsafe { COUNTERS.charge_token_at(arch::alloc_tag_base(), token, bytes) };
-    ctx_capture_alloc(token, ptr, bytes);
+    let _ = ptr;
 }
 
 /// [`Platform::alloc_tag_uncharge`](magpie_slab::Platform::alloc_tag_uncharge): uncount (on whichever CPU frees: one
-/// `sub` and one `dec` at its counter base plus the token, no check) and
-/// drop a context record (one compare and branch while the pool is empty;
-/// see `ctx_capture_free`).
+/// `sub` and one `dec` at its counter base plus the token, no check; a
+/// context record is dropped in the platform's uncharge hook,
+/// `capture::ctx_capture_free`).
 ///
 /// # Safety
 ///
@@ -178,7 +198,7 @@ pub unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // `init` set every CPU's base); `token` came from `token` (our
     // caller's contract), a counter of every CPU's block.
     unsafe { COUNTERS.uncharge_at(arch::alloc_tag_base(), token, bytes) };
-    ctx_capture_free(ptr);
+    let _ = ptr;
 }
 
 /// The frame allocator's charge ([`TagCounting`], see
@@ -211,15 +231,20 @@ impl AllocTagScope {
     pub fn enter(tag: &'static AllocTag) -> Self {
         let cpu = arch::cpu_id();
         // Before `init` (no counters) there is no token: the scope then
-        // charges nothing, like the untagged allocations around it.
-        let token = COUNTERS.token(tag.tag_ref()).map_or(0, AllocTagRef::get);
+        // changes nothing and charges nothing, like the untagged
+        // allocations around it. A CPU's word is only ever given a token
+        // (`this_cpu_token_profiling` relies on it).
+        let Some(token) = COUNTERS.token(tag.tag_ref()) else {
+            return Self::none();
+        };
         let previous = arch::this_cpu()
             .alloc_tag_current()
-            .swap(token, Ordering::Relaxed);
+            .swap(token.get(), Ordering::Relaxed);
         Self { cpu, previous }
     }
 
-    /// A guard that changes nothing (profiling compiled out).
+    /// A guard that changes nothing (profiling compiled out, or a scope
+    /// opened before [`init`]).
     pub fn none() -> Self {
         Self {
             cpu: usize::MAX,
@@ -232,7 +257,8 @@ impl Drop for AllocTagScope {
     #[inline]
     fn drop(&mut self) {
         if let Some(percpu) = arch::percpu::get(self.cpu) {
-            // A scope opened before `init` gives back the untagged bucket.
+            // A 0 found (a CPU's word before `init`) gives back the
+            // untagged bucket: from `init` on, no word is 0.
             let previous = if self.previous == 0 {
                 UNTAGGED_TOKEN.load(Ordering::Relaxed)
             } else {

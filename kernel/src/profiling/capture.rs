@@ -2,8 +2,8 @@
 //! each object one site allocates, its address, size, CPU, timestamp,
 //! context string and backtrace, kept until the object is freed, in a
 //! fixed pool (recording never allocates). The tests that decide whether
-//! to record are inlined into `alloc_tag::charge` / `uncharge` on the
-//! profiled hit; see [`crate::profiling`].
+//! to record run in the slab allocator's tag hooks, off its profiled hits
+//! (`kmem::ctx_capture_enable`); see [`crate::profiling`].
 
 use alloc::vec::Vec;
 use core::ptr::NonNull;
@@ -38,141 +38,37 @@ static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
     records: [EMPTY_RECORD; CTX_MAX_RECORDS],
 });
 
-// The capture hooks on the profiled hit paths.
-//
-// `charge` and `uncharge` are inlined into the slab allocator's profiled
-// alloc and free. A Rust call to the capture functions there, even behind a
-// `#[cold]` branch, makes those functions non-leaf: LLVM gives them a stack
-// frame and keeps the object in a callee-saved register across the call,
-// on every hit, captured or not (15 instructions per pair, measured by
-// disassembly; docs/BENCHMARKS.md "The hit in the kernel"). So the test and
-// the call are one `asm!` block the register allocator sees as clobbering
-// only the flags: a compare of the word in memory with a register and a
-// branch over the call. The call goes to a thunk that saves every register
-// the C ABI lets a callee clobber, aligns the stack, calls the capture
-// function and returns popping its stack arguments (the shape of Linux's
-// callee-save thunks, `PV_CALLEE_SAVE_REGS_THUNK`). With capture off, the
-// hit pays the compare and the branch, and nothing else.
+// The capture hooks. They run in the slab allocator's tag hooks
+// (`Platform::alloc_tag_charge_hook`, `alloc_tag_uncharge_hook`), which it
+// calls off its profiled hits; `kmem::ctx_capture_enable` turns the hits off
+// (`Allocator::set_alloc_tag_hooks`) while a site is captured, so every
+// charge and uncharge comes here then, and the hits pay nothing for capture
+// at any time (they used to pay a compare and a branch each side, and an
+// `asm!` call to a register-preserving thunk, to stay free of a frame).
 
 /// The capture test of a new object: if `token` is the captured site's,
-/// record `ptr` and `bytes` ([`ctx_record`], through [`ctx_record_thunk`]).
-#[inline(always)]
-pub(super) fn ctx_capture_alloc(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: the block compares CTX_TAG (a 4-byte static) with `token` and,
-    // if equal, pushes the two arguments and calls the thunk, which keeps
-    // every general-purpose register but the flags (declared clobbered:
-    // no `preserves_flags`) and pops its arguments on return (`ret 16`), so
-    // the stack pointer is back where it was; the block uses stack below
-    // it (no `nostack`), which this target allows (no red zone).
-    unsafe {
-        core::arch::asm!(
-            "cmp dword ptr [rip + {ctx_tag}], {tag:e}",
-            "jne 2f",
-            "push {ptr}",
-            "push {bytes}",
-            "call {thunk}",
-            "2:",
-            ctx_tag = sym CTX_TAG,
-            thunk = sym ctx_record_thunk,
-            tag = in(reg) token.get(),
-            ptr = in(reg) ptr.as_ptr(),
-            bytes = in(reg) bytes,
-        );
+/// record `ptr` and `bytes` ([`ctx_record`]).
+#[inline]
+pub fn ctx_capture_alloc(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    if CTX_TAG.load(Ordering::Relaxed) == token.get() {
+        ctx_record(ptr.as_ptr() as usize, bytes);
     }
 }
 
 /// The capture test of a freed object: while the pool holds records, drop
-/// `ptr`'s ([`ctx_remove`], through [`ctx_remove_thunk`]).
-#[inline(always)]
-pub(super) fn ctx_capture_free(ptr: NonNull<u8>) {
-    // SAFETY: as in `ctx_capture_alloc`: one argument, popped by the
-    // thunk's `ret 8`.
-    unsafe {
-        core::arch::asm!(
-            "cmp qword ptr [rip + {nr_records}], 0",
-            "je 2f",
-            "push {ptr}",
-            "call {thunk}",
-            "2:",
-            nr_records = sym CTX_NR_RECORDS,
-            thunk = sym ctx_remove_thunk,
-            ptr = in(reg) ptr.as_ptr(),
-        );
+/// `ptr`'s ([`ctx_remove`]).
+#[inline]
+pub fn ctx_capture_free(ptr: NonNull<u8>) {
+    if CTX_NR_RECORDS.load(Ordering::Relaxed) != 0 {
+        ctx_remove(ptr.as_ptr() as usize);
     }
 }
 
-/// A naked thunk that calls `$callee` (an `extern "C"` function) keeping
-/// every general-purpose register: it links a frame (so backtraces walk
-/// through it), saves the registers the C ABI lets a callee clobber, loads
-/// the callee's arguments from its caller's stack pushes (`$load`: `[rbp +
-/// 16]` is the last word pushed), aligns the stack for the call, restores,
-/// and returns with `$ret` (`ret N` pops the N bytes of arguments).
-macro_rules! callee_save_thunk {
-    ($(#[$meta:meta])* fn $name:ident => $callee:path, load: [$($load:literal),+], $ret:literal) => {
-        $(#[$meta])*
-        #[unsafe(naked)]
-        unsafe extern "C" fn $name() {
-            core::arch::naked_asm!(
-                "push rbp",
-                "mov rbp, rsp",
-                "push rax",
-                "push rcx",
-                "push rdx",
-                "push rsi",
-                "push rdi",
-                "push r8",
-                "push r9",
-                "push r10",
-                "push r11",
-                $($load,)+
-                "and rsp, -16",
-                "call {callee}",
-                // Back to the nine saved registers below the frame link.
-                "lea rsp, [rbp - 72]",
-                "pop r11",
-                "pop r10",
-                "pop r9",
-                "pop r8",
-                "pop rdi",
-                "pop rsi",
-                "pop rdx",
-                "pop rcx",
-                "pop rax",
-                "pop rbp",
-                $ret,
-                callee = sym $callee,
-            );
-        }
-    };
-}
-
-callee_save_thunk! {
-    /// Calls [`ctx_record`]`(ptr, bytes)` keeping every register; the
-    /// arguments are on the stack (`ptr` pushed first), popped on return.
-    ///
-    /// # Safety
-    ///
-    /// Only for [`ctx_capture_alloc`]'s `call`: two words pushed just
-    /// before it (not a Rust-callable function).
-    fn ctx_record_thunk => ctx_record, load: ["mov rdi, [rbp + 24]", "mov rsi, [rbp + 16]"], "ret 16"
-}
-
-callee_save_thunk! {
-    /// Calls [`ctx_remove`]`(ptr)` keeping every register; `ptr` is on the
-    /// stack, popped on return.
-    ///
-    /// # Safety
-    ///
-    /// Only for [`ctx_capture_free`]'s `call`: one word pushed just before
-    /// it (not a Rust-callable function).
-    fn ctx_remove_thunk => ctx_remove, load: ["mov rdi, [rbp + 16]"], "ret 8"
-}
-
 /// Captures the context of a new object of the captured site (`addr`, its
-/// `bytes`). Never allocates. Called through [`ctx_record_thunk`].
+/// `bytes`). Never allocates.
 #[cold]
 #[inline(never)]
-extern "C" fn ctx_record(addr: usize, bytes: usize) {
+fn ctx_record(addr: usize, bytes: usize) {
     let mut record = EMPTY_RECORD;
     record.addr = addr;
     record.size = bytes;
@@ -193,11 +89,10 @@ extern "C" fn ctx_record(addr: usize, bytes: usize) {
     }
 }
 
-/// Drops the record of a freed object at `addr`, if there is one. Called
-/// through [`ctx_remove_thunk`].
+/// Drops the record of a freed object at `addr`, if there is one.
 #[cold]
 #[inline(never)]
-extern "C" fn ctx_remove(addr: usize) {
+fn ctx_remove(addr: usize) {
     let _irq = IrqGuard::new();
     let mut pool = CTX_POOL.lock();
     if let Some(slot) = pool.records.iter_mut().find(|slot| slot.addr == addr) {

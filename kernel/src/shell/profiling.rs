@@ -235,7 +235,7 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
     };
     match verb {
         "enable" => {
-            profiling::ctx_enable(profiling::alloc_tag::token(tag.tag_ref()));
+            crate::kmem::ctx_capture_enable(profiling::alloc_tag::token(tag.tag_ref()));
             let _ = writeln!(
                 out,
                 "capturing context of {} func:{}",
@@ -245,7 +245,7 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
         }
         "disable" => {
             if profiling::ctx_is_capturing(profiling::alloc_tag::token(tag.tag_ref())) {
-                profiling::ctx_disable();
+                crate::kmem::ctx_capture_disable();
             }
             let _ = writeln!(out, "stopped capturing context of {}", tag.tag.location());
         }

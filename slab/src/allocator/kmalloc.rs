@@ -427,7 +427,7 @@ impl<P: Platform> Allocator<P> {
         #[cfg(feature = "alloc-profiling")]
         if let Some(token) = token {
             // SAFETY: a charge token, as above.
-            unsafe { P::alloc_tag_charge_token(token, pages, nr_pages * PAGE_SIZE) };
+            unsafe { crate::alloc_tag::charge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE) };
         }
         let lead = (addr - base) / PAGE_SIZE;
         let slack = Slack {
@@ -449,7 +449,9 @@ impl<P: Platform> Allocator<P> {
             #[cfg(feature = "alloc-profiling")]
             if let Some(token) = token {
                 // SAFETY: charged just above for this block, never stored.
-                unsafe { P::alloc_tag_uncharge(token, pages, nr_pages * PAGE_SIZE) };
+                unsafe {
+                    crate::alloc_tag::uncharge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE)
+                };
             }
             // SAFETY: pages just allocated from this source, unused.
             unsafe { source.free_pages(taken, nr_taken) };
@@ -517,7 +519,9 @@ impl<P: Platform> Allocator<P> {
                     // SAFETY: the head entry's charge token, stored at the
                     // allocation; the claim above makes this free the one
                     // that uncharges it.
-                    unsafe { P::alloc_tag_uncharge(token, ptr, nr_pages * PAGE_SIZE) };
+                    unsafe {
+                        crate::alloc_tag::uncharge_off_hit::<P>(token, ptr, nr_pages * PAGE_SIZE)
+                    };
                 }
                 // SAFETY: a live page-granular allocation of nr_taken pages
                 // at base from the primary source, claimed by us alone (the

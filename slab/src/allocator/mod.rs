@@ -193,6 +193,9 @@ pub struct Allocator<P: Platform> {
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
     pub(crate) alloc_profiling: AtomicBool,
+    /// [`Allocator::set_alloc_tag_hooks`]: written under the cache-list
+    /// lock, mirrored in every cache's `TAG_HOOKS` bit.
+    alloc_tag_hooks: AtomicBool,
     /// The next cache id (kmemtrace).
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
@@ -269,6 +272,7 @@ impl<P: Platform> Allocator<P> {
             error_hook: spin::Mutex::new(None),
             debug_config: spin::Mutex::new(SlabDebugConfig::NONE),
             alloc_profiling: AtomicBool::new(true),
+            alloc_tag_hooks: AtomicBool::new(false),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: Kmemtrace::new(),
             kfence: crate::kfence::pool::Kfence::new(),
@@ -297,6 +301,39 @@ impl<P: Platform> Allocator<P> {
                 cache = (*(*cache).links.get()).next;
             }
         }
+    }
+
+    /// Send every allocation and free off the profiled hits (`on`), so
+    /// that every charge calls [`Platform::alloc_tag_charge_hook`] and
+    /// every uncharge [`Platform::alloc_tag_uncharge_hook`]; or back
+    /// (`!on`, the default), the hooks then called only off the hits. For
+    /// a platform whose hooks have work to do for a while (a context
+    /// capture, say): the hits stay free of calls, and pay nothing for the
+    /// hooks while they are off. Every cache, present and future (the
+    /// bootstrap caches aside). An allocation or free running on another
+    /// CPU while this runs may still take its hit. Without feature
+    /// `alloc-profiling`, a no-op.
+    pub fn set_alloc_tag_hooks(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        let list = self.caches.lock();
+        self.alloc_tag_hooks.store(on, Ordering::Relaxed);
+        let mut cache = list.head;
+        while !cache.is_null() {
+            // SAFETY: caches on the list are alive while we hold its lock;
+            // links are only touched under it.
+            unsafe {
+                (*cache).set_tag_hooks(on);
+                cache = (*(*cache).links.get()).next;
+            }
+        }
+    }
+
+    /// Whether the tag hooks are on ([`Allocator::set_alloc_tag_hooks`];
+    /// false without feature `alloc-profiling`).
+    pub fn alloc_tag_hooks(&self) -> bool {
+        cfg!(feature = "alloc-profiling") && self.alloc_tag_hooks.load(Ordering::Relaxed)
     }
 
     /// Whether allocation profiling is switched on
@@ -396,6 +433,10 @@ impl<P: Platform> Allocator<P> {
             // set_alloc_profiling writes it).
             if self.alloc_profiling() {
                 (*cache).set_profiling(true);
+            }
+            // And the tag hooks.
+            if self.alloc_tag_hooks() {
+                (*cache).set_tag_hooks(true);
             }
             // And kmemtrace recording of every cache.
             if self.kmemtrace.recording_all.load(Ordering::Relaxed) && !(*cache).is_bootstrap() {

@@ -83,9 +83,12 @@ impl<P: Platform> KmemCache<P> {
         if hot.intersects(HotFlags::ALLOC_SLOW) {
             #[cfg(feature = "alloc-profiling")]
             {
-                if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING
-                {
-                    return O::from_raw(self.alloc_profiled::<O>(tag));
+                // The whole word against a profiled cache's usual one (one
+                // compare and branch, no mask): any other word with the
+                // same meaning (an `EVER_TRACED` past, say) is told apart
+                // in `alloc_off_hit`.
+                if hot == HotFlags::PROFILED_USUAL {
+                    return O::from_raw(self.alloc_profiled::<O, true>(tag));
                 }
                 // Recording is told apart out of line: a second test of
                 // the flags here would cost the plain hit a register copy
@@ -143,8 +146,10 @@ impl<P: Platform> KmemCache<P> {
         Some(then(obj))
     }
 
-    /// With profiling compiled in, an alloc with a slow flag past the
-    /// profiled one: recorded ([`Self::alloc_recorded_hit`], a tail call)
+    /// With profiling compiled in, an alloc with a slow flag whose word is
+    /// not [`HotFlags::PROFILED_USUAL`]: profiled all the same (the word
+    /// says so under the mask: [`Self::alloc_profiled`], a tail call),
+    /// recorded ([`Self::alloc_recorded_hit`], a tail call)
     /// or [`Self::alloc_flagged`]. Its own function, so that the plain
     /// hit tests the flags once and keeps nothing of the test for here.
     /// `bytes_req` first: a kmalloc's size stays in the register it came
@@ -157,6 +162,9 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {
+        if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
+            return self.alloc_profiled::<O, false>(tag);
+        }
         if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
             return self.alloc_recorded_hit::<O, B>(tag, bytes_req);
         }
@@ -244,7 +252,7 @@ impl<P: Platform> KmemCache<P> {
     /// needs no callee-saved register).
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
-    pub(super) fn alloc_profiled<O: AllocOut>(
+    pub(super) fn alloc_profiled<O: AllocOut, const IN_PAGE: bool>(
         &self,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {
@@ -258,7 +266,7 @@ impl<P: Platform> KmemCache<P> {
         };
         // SAFETY: obj is a busy object of one of our small slabs (just
         // popped from this CPU's magazine).
-        let Some(slot) = (unsafe { self.alloc_tag_slot(obj) }) else {
+        let Some(slot) = (unsafe { self.alloc_tag_slot::<IN_PAGE>(obj) }) else {
             return self.charge_first_in_slab::<O>(obj, tag);
         };
         // SAFETY: `tag` is a charge token (the tag closures return the

@@ -104,6 +104,18 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: per our caller.
                 return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
             }
+            #[cfg(feature = "alloc-profiling")]
+            if hot == HotFlags::TAGGED {
+                core::hint::cold_path();
+                // SAFETY: per our caller.
+                unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
+                // SAFETY: per our caller.
+                if unsafe { self.magazine_free_hit(obj) } {
+                    return O::ok();
+                }
+                // SAFETY: per our caller; the hit changed nothing.
+                return unsafe { self.magazine_free_miss_out::<O>(obj) };
+            }
             // SAFETY: per our caller.
             return unsafe { O::off_hit(self, obj, at, hot) };
         }
@@ -177,7 +189,7 @@ impl<P: Platform> KmemCache<P> {
             // small slabs and tag arrays. The object is given up. (A double
             // free the magazines refuse finds the reference cleared:
             // nothing is uncharged twice.)
-            unsafe { self.untag_small_object(obj, at.slab(), at.index) };
+            unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
             // SAFETY: per our caller.
             if unsafe { self.magazine_free_hit(obj) } {
                 return O::ok();
@@ -186,6 +198,8 @@ impl<P: Platform> KmemCache<P> {
             return unsafe { self.magazine_free_miss_out::<O>(obj) };
         }
         if hot == HotFlags::KMEMTRACE {
+            // After the profiled test (LLVM would test this first).
+            core::hint::cold_path();
             // SAFETY: per our caller (a tail call, the arguments in the
             // order they came).
             return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };

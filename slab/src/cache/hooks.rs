@@ -160,7 +160,7 @@ impl<P: Platform> KmemCache<P> {
         if let Some(tag) = tag {
             if self.kind == SlabKind::Bufctl {
                 // SAFETY: `tag` is a charge token (see alloc_profiled).
-                unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
+                unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
                 self.bufctl_mark_allocated(addr, tag);
             } else {
                 self.tag_small_object(obj, tag, hot);
@@ -316,13 +316,15 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: the bufctl's token, stored by alloc_cold from
                 // the charge of this object and taken (cleared) by
                 // mark_cached above: uncharged once.
-                unsafe { P::alloc_tag_uncharge(token, obj, self.params.obj_size) };
+                unsafe {
+                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
+                };
             }
         } else if hot.contains(HotFlags::TAGGED) {
             // SAFETY: `slab` is the located, alive small slab of addr.
             let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
             // SAFETY: a located small-slab object of ours, given up.
-            unsafe { self.untag_small_object(obj, slab, index) };
+            unsafe { self.untag_small_object::<false>(obj, slab, index) };
         }
         Ok(())
     }

@@ -162,6 +162,19 @@ bitflags::bitflags! {
         /// allocation takes the flagged path and may be served from the
         /// guarded pool; the bit is cleared there.
         const SAMPLE = 2048;
+        /// The platform's tag hooks are on
+        /// ([`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)):
+        /// allocs and frees take the flagged paths, whose charges and
+        /// uncharges call [`Platform::alloc_tag_charge_hook`] and
+        /// [`Platform::alloc_tag_uncharge_hook`] (the profiled hits call
+        /// out to nothing).
+        const TAG_HOOKS = 4096;
+        /// Not a slow bit, a fact: a small cache whose slabs are one page
+        /// with the header at its end (`tag_header_in_page`), so the
+        /// profiled alloc finds an object's side array by masking its
+        /// address. Part of [`HotFlags::PROFILED_USUAL`]: the profiled
+        /// alloc of such a cache tests nothing more to know it.
+        const TAGS_IN_PAGE = 8192;
     }
 }
 
@@ -174,7 +187,17 @@ impl HotFlags {
         .union(HotFlags::PROFILING)
         .union(HotFlags::UNBORN)
         .union(HotFlags::KEYLESS)
-        .union(HotFlags::SAMPLE);
+        .union(HotFlags::SAMPLE)
+        .union(HotFlags::TAG_HOOKS);
+    /// The usual word of a profiled small-object cache with nothing else
+    /// on (`PROFILING` and the `TAGGED` that comes with it) and one-page
+    /// slabs with their headers in the page: the profiled alloc's one
+    /// compare, and its side array found by a mask (any other profiled
+    /// word is found out of line, and tests where the header is).
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) const PROFILED_USUAL: HotFlags = HotFlags::PROFILING
+        .union(HotFlags::TAGGED)
+        .union(HotFlags::TAGS_IN_PAGE);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
@@ -182,7 +205,8 @@ impl HotFlags {
         .union(HotFlags::BOOTSTRAP)
         .union(HotFlags::TAGGED)
         .union(HotFlags::BUFCTL_TAGGED)
-        .union(HotFlags::KEYLESS);
+        .union(HotFlags::KEYLESS)
+        .union(HotFlags::TAG_HOOKS);
 }
 
 /// What [`KmemCache::destroy`] did.
@@ -330,6 +354,14 @@ impl<P: Platform> KmemCache<P> {
         }
         double_free::init_free_key(P::now() ^ (owner as u64).rotate_left(17));
         let slab_key = double_free::slab_key(&spec);
+        #[cfg(feature = "alloc-profiling")]
+        let tag_header_in_page = geometry.kind == SlabKind::Small
+            && geometry.nr_pages_per_slab == 1
+            && !geometry.header_off_slab;
+        #[cfg(feature = "alloc-profiling")]
+        if tag_header_in_page {
+            hot |= HotFlags::TAGS_IN_PAGE;
+        }
         KmemCache {
             hot_flags: AtomicU32::new(hot.bits()),
             pcpu,
@@ -339,9 +371,7 @@ impl<P: Platform> KmemCache<P> {
             on_primary: spec.on_primary,
             kind: geometry.kind,
             #[cfg(feature = "alloc-profiling")]
-            tag_header_in_page: geometry.kind == SlabKind::Small
-                && geometry.nr_pages_per_slab == 1
-                && !geometry.header_off_slab,
+            tag_header_in_page,
             params: SlabParams {
                 nr_objs_per_slab: geometry.nr_objs_per_slab,
                 page_map: if spec.on_primary {
@@ -494,6 +524,17 @@ impl<P: Platform> KmemCache<P> {
             self.set_hot(HotFlags::PROFILING);
         } else {
             self.clear_hot(HotFlags::PROFILING);
+        }
+    }
+
+    /// Set or clear `TAG_HOOKS` ([`crate::Allocator::set_alloc_tag_hooks`];
+    /// never on a bootstrap cache, whose allocs and frees are refused to
+    /// callers anyway).
+    pub(crate) fn set_tag_hooks(&self, on: bool) {
+        if on && !self.hot().contains(HotFlags::BOOTSTRAP) {
+            self.set_hot(HotFlags::TAG_HOOKS);
+        } else {
+            self.clear_hot(HotFlags::TAG_HOOKS);
         }
     }
 

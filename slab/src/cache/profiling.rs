@@ -20,18 +20,21 @@ impl<P: Platform> KmemCache<P> {
     /// the page map (slabs of several pages, and off-slab headers, are
     /// packed ones, on the primary source: no `on_primary` test). `TAGGED`
     /// is set with `PROFILING` ([`KmemCache::set_profiling`]), so there
-    /// is no flag to test.
+    /// is no flag to test. `IN_PAGE`: the caller knows the header is at
+    /// the end of the object's page (its hot word has `TAGS_IN_PAGE`), so
+    /// the header's place is not tested.
     ///
     /// # Safety
     /// `obj` is a busy object of one of this cache's small slabs.
     #[inline(always)]
-    pub(crate) unsafe fn alloc_tag_slot(
+    pub(crate) unsafe fn alloc_tag_slot<const IN_PAGE: bool>(
         &self,
         obj: NonNull<u8>,
     ) -> Option<*mut Option<AllocTagRef>> {
         debug_assert!(self.hot().contains(HotFlags::TAGGED));
+        debug_assert!(!IN_PAGE || self.tag_header_in_page);
         let addr = obj.as_ptr() as usize;
-        let (tags, offset) = if self.tag_header_in_page {
+        let (tags, offset) = if IN_PAGE || self.tag_header_in_page {
             let page = addr & !(PAGE_SIZE - 1);
             let slab = small_header(page);
             // SAFETY: per the caller, the slab is alive.
@@ -108,7 +111,7 @@ impl<P: Platform> KmemCache<P> {
         let (index, _) = self.obj_index(obj.as_ptr() as usize - base);
         // SAFETY: `tag` is a charge token (the tag closures return the
         // platform's tokens).
-        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
+        unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
         // SAFETY: index < nr_objs (a busy object of the slab), the side
         // array's length; the object and its slot are ours until freed.
         unsafe { tags.add(index).write(Some(tag)) };
@@ -211,12 +214,15 @@ impl<P: Platform> KmemCache<P> {
     /// Clear a small-slab object's tag reference and uncharge its tag
     /// (nothing if it has none; a slab without a side array has
     /// [`no_tags`], all `None`). The index is the free's owner check's.
+    /// `HIT`: the profiled free hit, which calls no
+    /// [`Platform::alloc_tag_uncharge_hook`] (it is off while the hooks
+    /// are on).
     ///
     /// # Safety
     /// `obj` is object `index` of `slab`, a small slab of this cache,
     /// and is being freed by the caller.
     #[inline(always)]
-    pub(crate) unsafe fn untag_small_object(
+    pub(crate) unsafe fn untag_small_object<const HIT: bool>(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
@@ -236,7 +242,13 @@ impl<P: Platform> KmemCache<P> {
             // charged with (slots are written only by charge_and_store
             // and the profiled alloc, right after the charge), cleared
             // here once.
-            unsafe { P::alloc_tag_uncharge(token, obj, self.params.obj_size) };
+            unsafe {
+                if HIT {
+                    P::alloc_tag_uncharge(token, obj, self.params.obj_size);
+                } else {
+                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size);
+                }
+            }
         }
     }
 }

@@ -482,7 +482,7 @@ impl<P: Platform> Allocator<P> {
         if let Some(token) = tag {
             // SAFETY: `tag` is a charge token (the tag closures return the
             // platform's tokens, as for every profiled allocation).
-            unsafe { P::alloc_tag_charge_token(token, obj, cache.obj_size()) };
+            unsafe { crate::alloc_tag::charge_off_hit::<P>(token, obj, cache.obj_size()) };
         }
         Some(obj)
     }
@@ -625,7 +625,7 @@ impl<P: Platform> Allocator<P> {
         if let Some(token) = object.tag {
             // SAFETY: the token this object was charged with, once.
             unsafe {
-                P::alloc_tag_uncharge(
+                crate::alloc_tag::uncharge_off_hit::<P>(
                     token,
                     NonNull::new_unchecked(addr as *mut u8),
                     owner.obj_size(),

@@ -563,3 +563,143 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     on_large.free().unwrap();
     assert_eq!(calls().2 - after_on.2, 103);
 }
+
+// ----------------------------------------------- the platform's tag hooks
+
+/// Charges, uncharges and calls of each hook of [`HookPlatform`]; the
+/// last object each hook saw.
+static HOOK_CHARGES: AtomicUsize = AtomicUsize::new(0);
+static HOOK_UNCHARGES: AtomicUsize = AtomicUsize::new(0);
+static HOOK_CHARGE_HOOKS: AtomicUsize = AtomicUsize::new(0);
+static HOOK_UNCHARGE_HOOKS: AtomicUsize = AtomicUsize::new(0);
+static HOOK_LAST_CHARGED: AtomicUsize = AtomicUsize::new(0);
+static HOOK_LAST_UNCHARGED: AtomicUsize = AtomicUsize::new(0);
+const HOOK_TAG: AllocTagRef = AllocTagRef::new(9).unwrap();
+
+/// [`TestPlatform`] whose charges and hooks only count (one test only:
+/// no `SERIAL` needed).
+struct HookPlatform;
+
+// SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
+unsafe impl Platform for HookPlatform {
+    test_platform_basics!();
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        Some(HOOK_TAG)
+    }
+    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(tag, HOOK_TAG);
+        HOOK_CHARGES.fetch_add(1, Ordering::Relaxed);
+    }
+    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(tag, HOOK_TAG);
+        HOOK_UNCHARGES.fetch_add(1, Ordering::Relaxed);
+    }
+    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        assert_eq!(token, HOOK_TAG, "the token just charged");
+        assert!(bytes >= 64, "the charge's bytes");
+        HOOK_CHARGE_HOOKS.fetch_add(1, Ordering::Relaxed);
+        HOOK_LAST_CHARGED.store(ptr.as_ptr() as usize, Ordering::Relaxed);
+    }
+    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        assert_eq!(token, HOOK_TAG, "the token the object was charged with");
+        assert!(bytes >= 64, "the charge's bytes");
+        HOOK_UNCHARGE_HOOKS.fetch_add(1, Ordering::Relaxed);
+        HOOK_LAST_UNCHARGED.store(ptr.as_ptr() as usize, Ordering::Relaxed);
+    }
+}
+
+/// `Allocator::set_alloc_tag_hooks`: off (the default), the profiled hits
+/// charge and uncharge without calling a hook (the slow paths do call
+/// them: a page-granular block); on, every charge and uncharge calls its
+/// hook with the object, caches created meanwhile included; off again,
+/// the hits call none. Counts stay balanced throughout.
+#[test]
+fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
+    set_cpu(0);
+    let count = |counter: &AtomicUsize| counter.load(Ordering::Relaxed);
+    let hooks = || (count(&HOOK_CHARGE_HOOKS), count(&HOOK_UNCHARGE_HOOKS));
+    let alloc: &'static Allocator<HookPlatform> = Box::leak(Box::new(Allocator::new()));
+    alloc.init(FakeSource::new(4096)).expect("init");
+    assert!(!alloc.alloc_tag_hooks(), "off by default");
+    let cache = alloc
+        .cache_create("hooks-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .unwrap();
+    // Warm this CPU's magazines and the slab's side array (the first
+    // alloc misses: a slow path, which may call the hook).
+    let warm: Vec<_> = (0..8).map(|_| cache.alloc_box().unwrap()).collect();
+    drop(warm);
+
+    let before = hooks();
+    let charges = count(&HOOK_CHARGES);
+    for _ in 0..100 {
+        let obj = cache.alloc_box().unwrap();
+        obj.free().unwrap();
+    }
+    assert_eq!(count(&HOOK_CHARGES) - charges, 100, "every alloc charged");
+    assert_eq!(hooks(), before, "hooks off: the hits call no hook");
+
+    // A page-granular block is charged off the hits: its hooks run.
+    let large = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
+    let large_addr = large.as_ptr().as_ptr() as usize;
+    assert_eq!(hooks().0, before.0 + 1);
+    assert_eq!(count(&HOOK_LAST_CHARGED), large_addr);
+    large.free().unwrap();
+    assert_eq!(hooks().1, before.1 + 1);
+    assert_eq!(count(&HOOK_LAST_UNCHARGED), large_addr);
+
+    alloc.set_alloc_tag_hooks(true);
+    assert!(alloc.alloc_tag_hooks());
+    let late = alloc
+        .cache_create(
+            "hooks-late-96",
+            96,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+    let before = hooks();
+    for cache in [cache, late] {
+        for _ in 0..100 {
+            let obj = cache.alloc_box().unwrap();
+            let addr = obj.as_ptr().as_ptr() as usize;
+            assert_eq!(
+                count(&HOOK_LAST_CHARGED),
+                addr,
+                "{}: the charge hook saw it",
+                cache.name()
+            );
+            obj.free().unwrap();
+            assert_eq!(
+                count(&HOOK_LAST_UNCHARGED),
+                addr,
+                "{}: the uncharge hook saw it",
+                cache.name()
+            );
+        }
+    }
+    let kmalloc = alloc.kmalloc_box(64, 8).unwrap();
+    kmalloc.free().unwrap();
+    assert_eq!(
+        hooks(),
+        (before.0 + 201, before.1 + 201),
+        "hooks on: one call per charge and uncharge"
+    );
+
+    alloc.set_alloc_tag_hooks(false);
+    assert!(!alloc.alloc_tag_hooks());
+    let before = hooks();
+    for cache in [cache, late] {
+        for _ in 0..100 {
+            cache.alloc_box().unwrap().free().unwrap();
+        }
+    }
+    assert_eq!(hooks(), before, "off again: the hits call no hook");
+    assert_eq!(
+        count(&HOOK_CHARGES),
+        count(&HOOK_UNCHARGES),
+        "every charge uncharged"
+    );
+}
