@@ -333,14 +333,20 @@ mod profiled {
 
     #[test_case]
     fn context_capture_through_the_global_allocator_hit() {
-        // The GlobalAlloc hit (`alloc_profiled`, `free_off_hit`) tests the
-        // capture word inline and calls the capture through a thunk that
-        // must keep every register: the boxes' contents and the counts
-        // after the frees check that, the records that it captured.
+        // While a site is captured, every allocation and free leaves the
+        // profiled GlobalAlloc hit (`alloc_profiled`, `free_off_hit`, which
+        // call out to nothing) for the paths that call the platform's tag
+        // hooks, where the capture runs: the records show every box was
+        // seen, the boxes' contents and the counts after the frees that
+        // nothing else changed.
         let tag = tag_of("boxes_in_a_scope");
         let warm = boxes_in_a_scope(16);
         drop(warm);
-        profiling::ctx_enable(profiling::alloc_tag::token(tag.tag_ref()));
+        magpie::kmem::ctx_capture_enable(profiling::alloc_tag::token(tag.tag_ref()));
+        assert!(
+            magpie::kmem::SLAB.alloc_tag_hooks(),
+            "capture sends allocations off the hits"
+        );
         let mut boxes = boxes_in_a_scope(12);
         let records = profiling::ctx_records();
         // The Vec's buffer is reserved before the scope opens: 12 boxes.
@@ -354,7 +360,7 @@ mod profiled {
                 "no record of {addr:#x}"
             );
         }
-        // The backtrace walks through the thunk's frame to the caller.
+        // The backtrace reaches the caller.
         assert!(records.iter().all(|record| {
             record.frames[..usize::from(record.nr_frames)]
                 .iter()
@@ -378,7 +384,8 @@ mod profiled {
         for (index, boxed) in boxes.iter().enumerate() {
             assert_eq!(**boxed, [index as u64; 8]);
         }
-        profiling::ctx_disable();
+        magpie::kmem::ctx_capture_disable();
+        assert!(!magpie::kmem::SLAB.alloc_tag_hooks(), "and back");
         drop(boxes);
         assert!(profiling::ctx_records().is_empty());
         assert_eq!(counts("boxes_in_a_scope"), AllocTagCounts::default());

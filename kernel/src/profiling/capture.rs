@@ -112,16 +112,19 @@ fn ctx_clear() {
 
 /// Starts capturing context for the new objects of the site whose charge
 /// token is `token` (`alloc_tag::token`; `None`, before profiling is up:
-/// none), stops any other site and drops its records.
-pub fn ctx_enable(token: Option<AllocTagRef>) {
+/// none), stops any other site and drops its records. Crate-only: the
+/// kernel's entry point is `kmem::ctx_capture_enable`, which also sends
+/// every allocation through the hooks that capture.
+pub(crate) fn ctx_enable(token: Option<AllocTagRef>) {
     CTX_TAG.store(0, Ordering::Relaxed);
     ctx_clear();
     CTX_NR_DROPPED.store(0, Ordering::Relaxed);
     CTX_TAG.store(token.map_or(0, AllocTagRef::get), Ordering::Relaxed);
 }
 
-/// Stops capturing and drops the records.
-pub fn ctx_disable() {
+/// Stops capturing and drops the records (crate-only: see
+/// `kmem::ctx_capture_disable`).
+pub(crate) fn ctx_disable() {
     CTX_TAG.store(0, Ordering::Relaxed);
     ctx_clear();
 }

@@ -68,10 +68,12 @@
 //! backtrace, until the object is freed (the Linux RFC's per-callsite
 //! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
 //! (recording never allocates, so it cannot recurse into the allocator);
-//! when the pool is full the record is dropped and counted. With no capture
-//! armed, the profiled hit pays one compare and branch on each side, and no
-//! stack frame: the capture is called through a register-preserving thunk
-//! (see `capture::ctx_capture_alloc`).
+//! when the pool is full the record is dropped and counted. The capture runs
+//! in the slab allocator's tag hooks (`Platform::alloc_tag_charge_hook`,
+//! `alloc_tag_uncharge_hook`), off its profiled hits; while a site is
+//! captured, `kmem::ctx_capture_enable` sends every allocation and free
+//! there (`Allocator::set_alloc_tag_hooks`), so the hits pay nothing for
+//! capture, armed or not.
 //!
 //! # Latency statistics
 //!
@@ -85,8 +87,8 @@
 //! * [`alloc_tag`]: counters, switch, charge and uncharge (the platform
 //!   hooks), the scope guard, reading the counters; below the slab
 //!   allocator (imports `arch` and [`capture`] only);
-//! * [`capture`]: context capture on the profiled hit (imports `arch` and
-//!   `tracing`);
+//! * [`capture`]: context capture in the slab allocator's tag hooks
+//!   (imports `arch` and `tracing`);
 //! * [`pages`]: code tags on page frames (`alloc_pages!`, `kpages_alloc!`,
 //!   the frame allocator's counting);
 //! * [`tagged`]: the call-site forms that allocate (`kmalloc!`,
@@ -103,7 +105,7 @@ pub use self::alloc_tag::{
     explicit_tag, mark, totals, untagged_counts,
 };
 pub use self::capture::{
-    CTX_MAX_RECORDS, EMPTY_RECORD, ctx_copy, ctx_disable, ctx_enable, ctx_is_capturing,
-    ctx_nr_dropped, ctx_records,
+    CTX_MAX_RECORDS, EMPTY_RECORD, ctx_copy, ctx_is_capturing, ctx_nr_dropped, ctx_records,
 };
+pub(crate) use self::capture::{ctx_disable, ctx_enable};
 pub use self::tagged::TaggedAlloc;
