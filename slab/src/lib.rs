@@ -139,7 +139,12 @@
 //! checks it again (`unsafe` hooks `alloc_tag_charge_token`,
 //! `alloc_tag_uncharge`); a forged reference from a safe caller of
 //! `alloc_tagged` is checked at the token hook and never indexes anything.
-//! The defaults are the reference itself and `alloc_tag_add`/`_sub`.
+//! The defaults are the reference itself and `alloc_tag_add`/`_sub`. The
+//! profiled hits call out to nothing: work too slow for them (a context
+//! capture of one site, say) goes in `Platform::alloc_tag_charge_hook` and
+//! `alloc_tag_uncharge_hook`, called on every charge off the hits, and
+//! [`Allocator::set_alloc_tag_hooks`] sends every allocation off the hits
+//! while the platform needs them all.
 //! Feature `time-stats` puts `magpie-codetag` latency
 //! statistics on the slab-layer refill (`grow`) and the depot exchanges
 //! (`exchange_for_full`, `exchange_for_empty`; timed with

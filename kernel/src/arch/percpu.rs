@@ -212,13 +212,17 @@ pub fn alloc_tag_base() -> usize {
 /// none ([`PerCpu`]'s `alloc_tag_current`, 0: none), in one instruction.
 #[inline(always)]
 pub fn alloc_tag_current() -> u32 {
-    let tag: u32;
+    let tag: u64;
     // SAFETY: as in `cpu_id`; offset 48 is `alloc_tag_current` (const
-    // assert).
+    // assert). A 32-bit `mov` clears the register's upper half.
     unsafe {
         core::arch::asm!("mov {:e}, gs:[48]", out(reg) tag, options(nostack, preserves_flags, readonly));
     }
-    tag
+    // SAFETY: the upper half is 0 (above): told to the compiler, so a
+    // token used as a 64-bit offset (the profiled hit's counters) needs
+    // no zero-extending copy.
+    unsafe { core::hint::assert_unchecked(tag <= u64::from(u32::MAX)) };
+    tag as u32
 }
 
 /// The current CPU's [`PerCpu`].

@@ -147,8 +147,8 @@ pub(crate) struct Located {
 }
 
 impl Located {
-    /// The slab struct of the located object (its slot's entry, one load
-    /// and one mask).
+    /// The slab struct of the located object (its slot's entry, one load;
+    /// its tag subtracted in the next load's displacement).
     ///
     /// # Safety
     /// `self` came from a free's owner check of a busy object (its slab

@@ -172,6 +172,17 @@ impl PageEntry {
         self.0 & !TAG_MASK
     }
 
+    /// The slab struct's address of an entry that is a slab page's (a
+    /// located object's: the free's owner check passed, so the tag is
+    /// `TAG_SLAB`): one subtract, which a load from the slab struct folds
+    /// into its displacement (no mask, as [`PageEntry::slab_unchecked`]
+    /// needs for [`PageEntry::NONE`]).
+    #[inline(always)]
+    pub(crate) fn slab_of_slab_page(self) -> usize {
+        debug_assert_eq!(self.0 & TAG_MASK, TAG_SLAB);
+        self.0.wrapping_sub(TAG_SLAB)
+    }
+
     /// What the entry says.
     #[inline]
     pub(crate) fn owner(self) -> PageOwner {
@@ -255,10 +266,11 @@ impl PageSlot {
 
     /// The slab struct of a slab page whose object the caller located
     /// (its slab cannot go meanwhile; the magic's Acquire made it
-    /// visible): the entry untagged, one load and one mask.
+    /// visible): the entry untagged, one load (its tag subtracted in the
+    /// displacement of the load that follows).
     #[inline(always)]
     pub(crate) fn slab(&self) -> usize {
-        PageEntry(self.entry.load(Ordering::Relaxed)).slab_unchecked()
+        PageEntry(self.entry.load(Ordering::Relaxed)).slab_of_slab_page()
     }
 }
 
