@@ -7,7 +7,9 @@
 Prints the four functions docs/BENCHMARKS.md ("The hit in the kernel, by
 disassembly") counts by hand: `GlobalAlloc::alloc` and `::dealloc` of the
 kernel's `Allocator<KernelPlatform>`, and the profiled hits
-`KmemCache::alloc_profiled::<*mut u8, ..>` and `KmemCache::free_off_hit::<()>`.
+`KmemCache::alloc_profiled::<*mut u8, true, ..>` (a cache whose slab header
+is in the page, as kmalloc-64's; the profiled free is inline in `dealloc`,
+behind its `TAGGED` test) and `KmemCache::free_off_hit::<()>`.
 Offsets are from each function's start; branch targets, RIP-relative and
 absolute addresses are replaced by placeholders, module paths are dropped.
 Two builds whose outputs `diff` equal run the same instructions on every
@@ -21,7 +23,7 @@ import sys
 FUNCTIONS = [
     r"as core::alloc::global::GlobalAlloc>::alloc>:$",
     r"as core::alloc::global::GlobalAlloc>::dealloc>:$",
-    r">::alloc_profiled::<\*mut u8, .*>>:$",
+    r">::alloc_profiled::<\*mut u8, true, .*>>:$",
     r">::free_off_hit::<\(\)>>:$",
 ]
 

@@ -159,8 +159,9 @@
 //!
 //! - **Its own CPU** reaches it through its in-use flag, at `pcpu +
 //!   Platform::cpu_offset()` (a kernel reads the offset `%gs`-relative in
-//!   one instruction): a plain load and store take the flag (Linux's
-//!   `local_trylock`, as SLUB's sheaves use it), with interrupts on when
+//!   one instruction): one non-atomic `sub` on x86-64 (elsewhere a plain
+//!   load and store) takes the flag (Linux's `local_trylock`, as SLUB's
+//!   sheaves use it), with interrupts on when
 //!   the platform sets `Platform::LOCAL_TRYLOCK` (else also with them off,
 //!   [`IrqGuard`]). The only code that can run on that CPU meanwhile is an
 //!   interrupt handler, which finds the flag held and takes the locked

@@ -27,8 +27,9 @@ pub const CPU_SLOT_BYTES: usize = 64;
 ///
 /// The magazine-hit paths take no lock and no atomic read-modify-write:
 /// a CPU's per-CPU caches are owned by that CPU, each behind an in-use
-/// flag taken with a plain load and store (Linux's `local_trylock`, as
-/// SLUB's sheaves use it). An interrupt handler that finds the flag held
+/// flag taken with one non-atomic read-modify-write on x86-64, a plain
+/// load and store elsewhere (Linux's `local_trylock`, as SLUB's sheaves
+/// use it). An interrupt handler that finds the flag held
 /// has interrupted its holder on the same CPU and takes the locked slow
 /// path; every lock that path can take is taken with interrupts off. The
 /// allocator is sound only if the implementation keeps these promises:

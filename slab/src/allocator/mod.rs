@@ -290,14 +290,27 @@ impl<P: Platform> Allocator<P> {
         if !cfg!(feature = "alloc-profiling") {
             return;
         }
+        self.switch_every_cache(&self.alloc_profiling, on, KmemCache::set_profiling);
+    }
+
+    /// Store `on` in the allocator-wide `switch` and apply it to every
+    /// cache with `apply`, under the cache-list lock (so a cache created
+    /// meanwhile, which reads the switch under the same lock, is not
+    /// missed).
+    fn switch_every_cache(
+        &self,
+        switch: &AtomicBool,
+        on: bool,
+        apply: impl Fn(&KmemCache<P>, bool),
+    ) {
         let list = self.caches.lock();
-        self.alloc_profiling.store(on, Ordering::Relaxed);
+        switch.store(on, Ordering::Relaxed);
         let mut cache = list.head;
         while !cache.is_null() {
             // SAFETY: caches on the list are alive while we hold its lock;
             // links are only touched under it.
             unsafe {
-                (*cache).set_profiling(on);
+                apply(&*cache, on);
                 cache = (*(*cache).links.get()).next;
             }
         }
@@ -317,17 +330,7 @@ impl<P: Platform> Allocator<P> {
         if !cfg!(feature = "alloc-profiling") {
             return;
         }
-        let list = self.caches.lock();
-        self.alloc_tag_hooks.store(on, Ordering::Relaxed);
-        let mut cache = list.head;
-        while !cache.is_null() {
-            // SAFETY: caches on the list are alive while we hold its lock;
-            // links are only touched under it.
-            unsafe {
-                (*cache).set_tag_hooks(on);
-                cache = (*(*cache).links.get()).next;
-            }
-        }
+        self.switch_every_cache(&self.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
     }
 
     /// Whether the tag hooks are on ([`Allocator::set_alloc_tag_hooks`];
