@@ -94,7 +94,8 @@ pub fn set_exception_hook(hook: fn(&ExceptionInfo<'_>)) {
 
 /// Reads the interrupted code's frame pointer. Must be expanded directly in
 /// the `x86-interrupt` handler: its prologue pushed the interrupted RBP at
-/// `[rbp]` (the kernel is built with forced frame pointers).
+/// `[rbp]` (the kernel is built with frame pointers in every non-leaf
+/// function, and the handlers that expand this call out).
 macro_rules! interrupted_frame_pointer {
     () => {{
         let rbp: usize;

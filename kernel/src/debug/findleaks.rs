@@ -72,8 +72,8 @@ impl core::fmt::Display for FindleaksError {
 #[inline(never)]
 pub fn findleaks(out: &mut dyn Write) -> Result<LeakSummary, FindleaksError> {
     let frame_base: usize;
-    // SAFETY: reads rbp (frame pointers are on: this function's frame
-    // base); no memory access.
+    // SAFETY: reads rbp (this function calls out, so it has a frame:
+    // `-C force-frame-pointers=non-leaf`; its frame base); no memory access.
     unsafe { core::arch::asm!("mov {}, rbp", out(reg) frame_base, options(nomem, nostack)) };
     // SAFETY: with frame pointers, [rbp] is our caller's saved rbp, on
     // the live stack.

@@ -7,7 +7,7 @@
 //! frames stay reserved, as the names point into it).
 //!
 //! [`backtrace`] walks the frame-pointer chain (the kernel is built with
-//! `force-frame-pointers`) and checks every frame pointer before reading it,
+//! frame pointers in every non-leaf function) and checks every frame pointer before reading it,
 //! so it never faults. [`Symbolized`] prints `function+0xoff` demangled.
 
 use core::fmt;
@@ -290,7 +290,8 @@ pub fn backtrace_from(frame_pointer: usize, out: &mut [usize]) -> usize {
 #[inline(never)]
 pub fn backtrace(out: &mut [usize]) -> usize {
     let frame_pointer: usize;
-    // SAFETY: reads RBP, this function's own frame pointer (frame pointers are forced).
+    // SAFETY: reads RBP, this function's own frame pointer (it calls out,
+    // so it has one: `-C force-frame-pointers=non-leaf`).
     unsafe {
         core::arch::asm!("mov {}, rbp", out(reg) frame_pointer, options(nomem, nostack, preserves_flags))
     };

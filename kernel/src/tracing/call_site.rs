@@ -1,6 +1,7 @@
 //! Where an allocation came from: the first return address outside the
 //! allocator. Two walks, both over frame pointers (the kernel is built
-//! with them forced):
+//! with them in every non-leaf function, and rbp reserved in leaves too:
+//! `.cargo/config.toml`):
 //!
 //! * [`backtrace`] (`Platform::backtrace`: the trace table, context
 //!   capture): a checked walk of the whole stack, then the allocator's own
@@ -74,15 +75,18 @@ pub fn caller_frames(frames: &mut [usize]) -> usize {
     let start = (&raw const __kmem_text_start) as usize;
     let end = (&raw const __kmem_text_end) as usize;
     let mut frame_pointer: usize;
-    // SAFETY: reads RBP, the frame pointer of the allocator function this
-    // is inlined into (frame pointers are forced).
+    // SAFETY: reads RBP: the frame record of the allocator function this
+    // is inlined into, or, if that is a leaf (no frame of its own), of its
+    // nearest caller that has one; rbp is reserved in every function
+    // (`-C force-frame-pointers=non-leaf`), so it is never anything else.
     unsafe {
         core::arch::asm!("mov {}, rbp", out(reg) frame_pointer, options(nomem, nostack, preserves_flags))
     };
     for _ in 0..MAX_ALLOCATOR_FRAMES {
         // SAFETY: `frame_pointer` is the frame of an allocator function
         // (the walk starts in one and goes on only while the return address
-        // is allocator text), built with frame pointers: [fp] is the saved
+        // is allocator text), built with frame pointers in every function
+        // that calls out (only those can be on the chain): [fp] is the saved
         // frame pointer and [fp + 8] the return address, both on the stack.
         let (next, return_address) = unsafe {
             (

@@ -9,7 +9,8 @@
 //!
 //! ```ignore
 //! fn backtrace(frames: &mut [usize]) -> usize {
-//!     // SAFETY: the kernel is built with frame pointers forced, and the
+//!     // SAFETY: the kernel is built with frame pointers (at least in every
+//!     // non-leaf function, rbp reserved in all), and the
 //!     // current stack [stack_bottom, stack_top) is mapped and readable.
 //!     let bounds = FrameBounds { stack: stack_bottom()..stack_top(), text: text_start()..text_end() };
 //!     unsafe { magpie_slab::reports::backtrace::backtrace(&bounds, frames) }
@@ -109,8 +110,9 @@ pub unsafe fn backtrace_from(
 /// # Safety
 ///
 /// As for [`backtrace_from`], with `bounds.stack` the stack this runs on;
-/// and the code is built with frame pointers (`-C force-frame-pointers`),
-/// so `rbp` holds a frame record here.
+/// and the code is built with frame pointers (`-C force-frame-pointers`,
+/// `=yes` or `=non-leaf`: this function calls out, so it has one), so
+/// `rbp` holds a frame record here.
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 pub unsafe fn backtrace(bounds: &FrameBounds, out: &mut [usize]) -> usize {
