@@ -63,9 +63,12 @@ impl<P: Platform> Allocator<P> {
         }
         match self.init_inner(source) {
             Ok(()) => {
-                // The small-size alloc hit's table last: an alloc that
-                // finds it filled finds everything else done.
+                // The small-size alloc hit's table last, then the sizes
+                // it serves: an alloc that finds the limit finds the table
+                // filled and everything else done.
                 self.publish_by_8();
+                self.kmalloc_by_8_limit
+                    .store(super::kmalloc::CLASS_TABLE_MAX, Ordering::Release);
                 self.state.store(STATE_READY, Ordering::Release);
                 Ok(())
             }

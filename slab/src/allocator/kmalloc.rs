@@ -53,7 +53,7 @@ const fn kmalloc_sizes() -> [usize; 64] {
 }
 
 /// Largest size the one-lookup class table covers.
-const CLASS_TABLE_MAX: usize = 1024;
+pub(crate) const CLASS_TABLE_MAX: usize = 1024;
 /// Entries of the by-8 tables ([`CLASS_BY_8`], `Allocator::kmalloc_by_8`).
 pub(crate) const NR_BY_8: usize = CLASS_TABLE_MAX / 8 + 1;
 
@@ -636,16 +636,21 @@ impl<P: Platform> Allocator<P> {
         debug_assert!(align.is_power_of_two());
         // `kmalloc_index`'s test as two compares (`kmalloc_index`'s one
         // OR-ed test costs two register copies here, where both `size` and
-        // `align` stay live for the paths off the hit), then the class's
-        // cache by size in one load: null before init, refused without a
-        // readiness test of its own.
-        if size < CLASS_TABLE_MAX && align <= 8 {
-            let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Acquire);
-            if cache.is_null() {
-                return O::from_raw(not_initialized_out::<O>());
-            }
-            // SAFETY: a published slot: a class's cache or an unborn stub,
-            // both permanent.
+        // `align` stay live for the paths off the hit), the size against
+        // the table's published limit (0 before init: the general path
+        // refuses, so no readiness or null test here), then the class's
+        // cache by size in one load.
+        if size < self.kmalloc_by_8_limit.load(Ordering::Acquire) && align <= 8 {
+            // SAFETY: the limit is only ever 0 or CLASS_TABLE_MAX (`init`):
+            // told to the compiler, so the table index needs no bounds
+            // check.
+            unsafe { core::hint::assert_unchecked(size < CLASS_TABLE_MAX) };
+            let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Relaxed);
+            debug_assert!(!cache.is_null());
+            // SAFETY: the limit is non-zero only once `init` filled every
+            // entry (Release, paired with the Acquire above); an entry is
+            // a class's cache or an unborn stub, both permanent, and is
+            // never null again.
             return unsafe { &*cache }.alloc_with(tag, size);
         }
         // Unlikely (so LLVM keeps the two compares as two branches rather
