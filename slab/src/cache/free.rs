@@ -77,14 +77,16 @@ impl<P: Platform> KmemCache<P> {
     /// Finish a free whose owner check passed — for all three callers
     /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
     /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
-    /// included): one test of the flags the hit loads anyway, then a tail
-    /// call to [`Self::free_off_hit`], so a cache with profiling compiled
-    /// in but off pays nothing more than a plain one. Without profiling
-    /// compiled in, recording (`KMEMTRACE` the only flag) is told apart
-    /// here, off the plain hit, and goes straight to
-    /// [`Self::free_recorded_hit`] (with profiling compiled in, that test
-    /// would come before the profiled free's: `free_off_hit` tells them
-    /// apart, the profiled one first). The result type `O`
+    /// included): one test of the flags the hit loads anyway, so a cache
+    /// with profiling compiled in but off pays nothing more than a plain
+    /// one. Then, with profiling compiled in, the profiled free (`TAGGED`
+    /// the only flag) inline, behind a `cold_path` weight that keeps it
+    /// off the plain hit's layout: the tag reference at the index the
+    /// owner check computed, cleared and uncharged, then the magazine hit.
+    /// Without profiling compiled in, recording (`KMEMTRACE` the only
+    /// flag) is told apart here instead and goes straight to
+    /// [`Self::free_recorded_hit`]. Anything else: a tail call to
+    /// [`Self::free_off_hit`]. The result type `O`
     /// is the caller's ([`FreeOut`]: a `Result`, or `()` for the
     /// `GlobalAlloc` edge, where a refused free goes to the free-error
     /// report), so every way out of the hit is a tail call.
@@ -107,7 +109,10 @@ impl<P: Platform> KmemCache<P> {
             #[cfg(feature = "alloc-profiling")]
             if hot == HotFlags::TAGGED {
                 core::hint::cold_path();
-                // SAFETY: per our caller.
+                // SAFETY: per our caller; `TAGGED` is only set for caches
+                // with small slabs and tag arrays. The object is given up.
+                // (A double free the magazines refuse finds the reference
+                // cleared: nothing is uncharged twice.)
                 unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
                 // SAFETY: per our caller.
                 if unsafe { self.magazine_free_hit(obj) } {
@@ -127,12 +132,11 @@ impl<P: Platform> KmemCache<P> {
         unsafe { self.magazine_free_miss_out::<O>(obj) }
     }
 
-    /// A free with some `FREE_SLOW` flag (`hot`, read by the caller). The
-    /// profiled free (`TAGGED` the only flag) first, inline: the tag
-    /// reference at the index the owner check computed, cleared and
-    /// uncharged, then the magazine hit — nothing here can refuse the
-    /// free. Anything else: [`Self::free_flagged`]. Out of line but not
-    /// cold, reached by a tail call, so the plain hit stays a leaf.
+    /// A free with some `FREE_SLOW` flag (`hot`, read by the caller) other
+    /// than the profiled one ([`Self::finish_free`] takes that inline):
+    /// recorded ([`Self::free_recorded_hit`], `KMEMTRACE` the only flag),
+    /// else [`Self::free_flagged`]. Out of line, reached by a tail call, so
+    /// the plain hit stays a leaf.
     ///
     /// Two entry points with one body, their parameters ordered so that
     /// no register moves on the hit: the owner check's index stays where
@@ -183,29 +187,14 @@ impl<P: Platform> KmemCache<P> {
         at: Located,
         hot: HotFlags,
     ) -> O {
-        #[cfg(feature = "alloc-profiling")]
-        if hot == HotFlags::TAGGED {
-            // SAFETY: per our caller; `TAGGED` is only set for caches with
-            // small slabs and tag arrays. The object is given up. (A double
-            // free the magazines refuse finds the reference cleared:
-            // nothing is uncharged twice.)
-            unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
-            // SAFETY: per our caller.
-            if unsafe { self.magazine_free_hit(obj) } {
-                return O::ok();
-            }
-            // SAFETY: per our caller; the hit changed nothing.
-            return unsafe { self.magazine_free_miss_out::<O>(obj) };
-        }
         if hot == HotFlags::KMEMTRACE {
-            // After the profiled test (LLVM would test this first).
-            core::hint::cold_path();
             // SAFETY: per our caller (a tail call, the arguments in the
             // order they came).
             return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
         }
-        // SAFETY: per our caller.
-        unsafe { self.free_flagged_out::<O>(obj, at, hot) }
+        // SAFETY: per our caller (a tail call: no frame on the way to the
+        // recorded hit).
+        unsafe { self.free_flagged_result::<O>(obj, at) }
     }
 
     /// A recorded free (kmemtrace on, no other slow flag, so the cache is
@@ -243,30 +232,6 @@ impl<P: Platform> KmemCache<P> {
     unsafe fn free_flagged_result<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
         // SAFETY: per our caller.
         O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
-    }
-
-    /// A free with some `FREE_SLOW` flag (`hot`) other than the profiled
-    /// one: recorded ([`Self::free_recorded_hit`]) or [`Self::free_flagged`],
-    /// in the caller's result type (its own function, so that
-    /// [`Self::free_off_hit`] needs no stack frame and tests nothing more
-    /// before its profiled path).
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`].
-    #[inline(never)]
-    pub(super) unsafe fn free_flagged_out<O: FreeOut>(
-        &self,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> O {
-        if hot == HotFlags::KMEMTRACE {
-            // SAFETY: per our caller.
-            return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
-        }
-        // SAFETY: per our caller (a tail call: no frame on the way to the
-        // recorded hit).
-        unsafe { self.free_flagged_result::<O>(obj, at) }
     }
 
     /// [`Self::magazine_free_slow`] in the caller's result type.

@@ -25,8 +25,8 @@
 //!                      ▼
 //!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
 //!                      │                  (in-use flag, push)          (prev, depot, new
+//!                      ├─ TAGGED only (inline): untag (index known) + magazine_free_hit
 //!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
-//!                           ├─ TAGGED only: untag (index known) + magazine_free_hit
 //!                           ├─ KMEMTRACE only: free_recorded_hit (push + event)
 //!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
 //!  (anything the page map does not vouch for: free_slow / kfree_slow,
