@@ -121,19 +121,19 @@ unsafe impl Platform for KernelPlatform {
     #[inline(always)]
     unsafe fn alloc_tag_charge_token(
         token: magpie_slab::AllocTagRef,
-        ptr: NonNull<u8>,
+        _ptr: NonNull<u8>,
         bytes: usize,
     ) {
         // SAFETY: the allocator's contract: `token` came from
         // `alloc_tag_token` (directly or through `alloc_tag_current_token`).
-        unsafe { alloc_tag::charge(token, ptr, bytes) }
+        unsafe { alloc_tag::charge(token, bytes) }
     }
 
     #[inline(always)]
-    unsafe fn alloc_tag_uncharge(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    unsafe fn alloc_tag_uncharge(token: magpie_slab::AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         // SAFETY: the allocator's contract: `token` is the one this object
         // was charged with, not uncharged since.
-        unsafe { alloc_tag::uncharge(token, ptr, bytes) }
+        unsafe { alloc_tag::uncharge(token, bytes) }
     }
 
     // Context capture (`allocinfo ctx`): off the profiled hits, which

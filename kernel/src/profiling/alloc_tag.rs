@@ -4,7 +4,6 @@
 //! [`crate::profiling`] for the design.
 
 use alloc::vec::Vec;
-use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use magpie_codetag::alloc_tag::{
@@ -170,7 +169,7 @@ pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
 /// `token` came from [`token`] (the slab allocator's contract for
 /// `alloc_tag_charge_token`).
 #[inline(always)]
-pub unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+pub unsafe fn charge(token: AllocTagRef, bytes: usize) {
     // SAFETY: `alloc_tag_base()` is this CPU's base in COUNTERS: `init` set
     // it on every CPU before the switch could go on, and nothing is
     // charged before (no tag is handed out while the switch is off, nor
@@ -179,7 +178,6 @@ pub unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
     // writes its counter block. `token` is a checked counter offset (our
     // caller's contract).
     unsafe { COUNTERS.charge_token_at(arch::alloc_tag_base(), token, bytes) };
-    let _ = ptr;
 }
 
 /// [`Platform::alloc_tag_uncharge`](magpie_slab::Platform::alloc_tag_uncharge): uncount (on whichever CPU frees: one
@@ -189,16 +187,15 @@ pub unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
 ///
 /// # Safety
 ///
-/// `token` is the one the object at `ptr` was charged with ([`charge`]),
+/// `token` is the one the object was charged with ([`charge`]),
 /// not uncharged since (the slab allocator's contract for
 /// `alloc_tag_uncharge`).
 #[inline(always)]
-pub unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+pub unsafe fn uncharge(token: AllocTagRef, bytes: usize) {
     // SAFETY: the base as in `charge` (a charged object exists only once
     // `init` set every CPU's base); `token` came from `token` (our
     // caller's contract), a counter of every CPU's block.
     unsafe { COUNTERS.uncharge_at(arch::alloc_tag_base(), token, bytes) };
-    let _ = ptr;
 }
 
 /// The frame allocator's charge ([`TagCounting`], see
