@@ -24,7 +24,7 @@
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicU8, Ordering, compiler_fence};
+use core::sync::atomic::{AtomicU8, AtomicU32, Ordering, compiler_fence};
 
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::{Mutex, MutexGuard};
@@ -279,6 +279,64 @@ pub(crate) unsafe fn take_flag<P: Platform, const FLAG: usize>(
         interrupt_point::<P>();
         flag.store(FLAG_HELD, Ordering::Relaxed);
         true
+    }
+}
+
+/// Whether `word` has any bit of `MASK` set: a relaxed load and a test.
+/// On x86-64 (loom models and Miri aside) one instruction and the branch,
+/// `test dword ptr [word], MASK; jnz`: LLVM folds no atomic load into a
+/// `test`, so the hot-flags test of a hit written in Rust is three (a
+/// load, the test, the branch).
+#[inline(always)]
+pub(crate) fn flags_any<const MASK: u32>(word: &AtomicU32) -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    {
+        // SAFETY: `word` is a live, aligned `AtomicU32` (a reference):
+        // the block reads its four bytes once, as a relaxed atomic load
+        // would (an aligned 32-bit read is single-copy atomic on x86-64),
+        // and writes nothing but the flags register, declared clobbered.
+        unsafe {
+            core::arch::asm!(
+                "test dword ptr [{word}], {mask}",
+                "jnz {set}",
+                word = in(reg) word.as_ptr(),
+                mask = const MASK,
+                set = label { return true; },
+                options(nostack, readonly),
+            );
+        }
+        false
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+    {
+        word.load(Ordering::Relaxed) & MASK != 0
+    }
+}
+
+/// Whether `word` is exactly `VALUE`: a relaxed load and a compare; on
+/// x86-64 (loom models and Miri aside) `cmp dword ptr [word], VALUE; je`,
+/// as [`flags_any`].
+#[cfg(feature = "alloc-profiling")]
+#[inline(always)]
+pub(crate) fn flags_eq<const VALUE: u32>(word: &AtomicU32) -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    {
+        // SAFETY: as in `flags_any`.
+        unsafe {
+            core::arch::asm!(
+                "cmp dword ptr [{word}], {value}",
+                "je {equal}",
+                word = in(reg) word.as_ptr(),
+                value = const VALUE,
+                equal = label { return true; },
+                options(nostack, readonly),
+            );
+        }
+        false
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+    {
+        word.load(Ordering::Relaxed) == VALUE
     }
 }
 

@@ -79,30 +79,28 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: B,
     ) -> O {
-        let hot = self.hot();
-        if hot.intersects(HotFlags::ALLOC_SLOW) {
+        // The flags tested in memory (`test dword ptr [flags], ALLOC_SLOW`
+        // and a branch), and read again by each test off the hit: a load
+        // kept for those would cost the plain hit an instruction.
+        if self.hot_any::<{ HotFlags::ALLOC_SLOW.bits() }>() {
             #[cfg(feature = "alloc-profiling")]
             {
                 // The whole word against a profiled cache's usual one (one
-                // compare and branch, no mask): any other word with the
-                // same meaning (an `EVER_TRACED` past, say) is told apart
-                // in `alloc_off_hit`.
-                if hot == HotFlags::PROFILED_USUAL {
+                // compare of the word in memory and a branch, no mask): any
+                // other word with the same meaning (an `EVER_TRACED` past,
+                // say) is told apart in `alloc_off_hit`.
+                if self.hot_is::<{ HotFlags::PROFILED_USUAL.bits() }>() {
                     return O::from_raw(self.alloc_profiled::<O, true>(tag));
                 }
-                // Recording is told apart out of line: a second test of
-                // the flags here would cost the plain hit a register copy
-                // (the flags kept for both tests).
-                return O::from_raw(self.alloc_off_hit::<O, B>(bytes_req, hot, tag));
+                return O::from_raw(self.alloc_off_hit::<O, B>(bytes_req, tag));
             }
             #[cfg(not(feature = "alloc-profiling"))]
             {
+                let hot = self.hot();
                 if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
                     return O::from_raw(self.alloc_recorded_hit::<O, B>(tag, bytes_req));
                 }
-                // The flags read again: kept from above, they would cost
-                // the plain hit a register copy.
-                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), self.hot(), tag));
+                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), hot, tag));
             }
         }
         match self.magazine_alloc_hit() {
@@ -159,9 +157,9 @@ impl<P: Platform> KmemCache<P> {
     fn alloc_off_hit<O: AllocOut, B: BytesReq>(
         &self,
         bytes_req: B,
-        hot: HotFlags,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {
+        let hot = self.hot();
         if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
             return self.alloc_profiled::<O, false>(tag);
         }

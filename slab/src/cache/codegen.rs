@@ -23,7 +23,7 @@
 
 use core::ptr::NonNull;
 
-use super::{HotFlags, KmemCache};
+use super::KmemCache;
 use crate::error::{AllocError, FreeError};
 use crate::layout::pagemap::PageSlot;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -175,12 +175,7 @@ pub(crate) trait FreeOut {
     ///
     /// # Safety
     /// As for [`KmemCache::finish_free`].
-    unsafe fn off_hit<P: Platform>(
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> Self;
+    unsafe fn off_hit<P: Platform>(cache: &KmemCache<P>, obj: NonNull<u8>, at: Located) -> Self;
 }
 
 impl FreeOut for Result<(), FreeError> {
@@ -193,14 +188,9 @@ impl FreeOut for Result<(), FreeError> {
         result
     }
     #[inline(always)]
-    unsafe fn off_hit<P: Platform>(
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> Self {
+    unsafe fn off_hit<P: Platform>(cache: &KmemCache<P>, obj: NonNull<u8>, at: Located) -> Self {
         // SAFETY: per our caller.
-        unsafe { cache.free_off_hit_sret::<Self>(at.index, obj, at.slot, hot) }
+        unsafe { cache.free_off_hit_sret::<Self>(at.index, obj, at.slot) }
     }
 }
 
@@ -214,13 +204,8 @@ impl FreeOut for () {
         }
     }
     #[inline(always)]
-    unsafe fn off_hit<P: Platform>(
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> Self {
+    unsafe fn off_hit<P: Platform>(cache: &KmemCache<P>, obj: NonNull<u8>, at: Located) -> Self {
         // SAFETY: per our caller.
-        unsafe { KmemCache::free_off_hit::<Self>(obj, cache, at.index, at.slot, hot) }
+        unsafe { KmemCache::free_off_hit::<Self>(obj, cache, at.index, at.slot) }
     }
 }

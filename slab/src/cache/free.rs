@@ -96,18 +96,23 @@ impl<P: Platform> KmemCache<P> {
     /// `at.slot` names; if it is allocated, the caller gives it up.
     #[inline(always)]
     pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
-        if !hot.is_empty() {
+        // The flags tested in memory (one `test` and a branch), read again
+        // off the hit, as in the alloc.
+        if self.hot_any::<{ HotFlags::FREE_SLOW.bits() }>() {
             #[cfg(not(feature = "alloc-profiling"))]
-            if hot == HotFlags::KMEMTRACE {
+            if self.hot().intersection(HotFlags::FREE_SLOW) == HotFlags::KMEMTRACE {
                 // Off the hit (else LLVM tests this first, on the plain
                 // hit too).
                 core::hint::cold_path();
                 // SAFETY: per our caller.
                 return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
             }
+            // The usual profiled word (whose only free bit is `TAGGED`),
+            // compared whole in memory; any other word with `TAGGED` alone
+            // of the free bits (profiling switched off, slabs with the
+            // header outside the page) is told apart in `free_off_hit`.
             #[cfg(feature = "alloc-profiling")]
-            if hot == HotFlags::TAGGED {
+            if self.hot_is::<{ HotFlags::PROFILED_USUAL.bits() }>() {
                 core::hint::cold_path();
                 // SAFETY: per our caller; `TAGGED` is only set for caches
                 // with small slabs and tag arrays. The object is given up.
@@ -122,7 +127,7 @@ impl<P: Platform> KmemCache<P> {
                 return unsafe { self.magazine_free_miss_out::<O>(obj) };
             }
             // SAFETY: per our caller.
-            return unsafe { O::off_hit(self, obj, at, hot) };
+            return unsafe { O::off_hit(self, obj, at) };
         }
         // SAFETY: per our caller.
         if unsafe { self.magazine_free_hit(obj) } {
@@ -154,10 +159,9 @@ impl<P: Platform> KmemCache<P> {
         cache: &Self,
         index: usize,
         slot: *const PageSlot,
-        hot: HotFlags,
     ) -> O {
         // SAFETY: per our caller.
-        unsafe { cache.free_off_hit_body(obj, Located { index, slot }, hot) }
+        unsafe { cache.free_off_hit_body(obj, Located { index, slot }) }
     }
 
     /// [`Self::free_off_hit`] for a result returned through memory.
@@ -170,10 +174,9 @@ impl<P: Platform> KmemCache<P> {
         index: usize,
         obj: NonNull<u8>,
         slot: *const PageSlot,
-        hot: HotFlags,
     ) -> O {
         // SAFETY: per our caller.
-        unsafe { self.free_off_hit_body(obj, Located { index, slot }, hot) }
+        unsafe { self.free_off_hit_body(obj, Located { index, slot }) }
     }
 
     /// The body of [`Self::free_off_hit`].
@@ -181,16 +184,27 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// As for [`Self::finish_free`].
     #[inline(always)]
-    pub(super) unsafe fn free_off_hit_body<O: FreeOut>(
-        &self,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> O {
+    pub(super) unsafe fn free_off_hit_body<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
+        // The flags read again (the hit tested them in memory).
+        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
         if hot == HotFlags::KMEMTRACE {
             // SAFETY: per our caller (a tail call, the arguments in the
             // order they came).
             return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if hot == HotFlags::TAGGED {
+            // SAFETY: per our caller; `TAGGED` is only set for caches with
+            // small slabs and tag arrays. As the inline profiled free in
+            // `finish_free`, for the other words whose only free bit is
+            // `TAGGED`.
+            unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
+            // SAFETY: per our caller.
+            if unsafe { self.magazine_free_hit(obj) } {
+                return O::ok();
+            }
+            // SAFETY: per our caller; the hit changed nothing.
+            return unsafe { self.magazine_free_miss_out::<O>(obj) };
         }
         // SAFETY: per our caller (a tail call: no frame on the way to the
         // recorded hit).

@@ -499,6 +499,21 @@ impl<P: Platform> KmemCache<P> {
         HotFlags::from_bits_retain(self.hot_flags.load(Ordering::Relaxed))
     }
 
+    /// Whether any bit of `MASK` is set in the hot flags (the hits' test:
+    /// on x86-64 one `test` of the word in memory, [`crate::sync::flags_any`]).
+    #[inline(always)]
+    pub(crate) fn hot_any<const MASK: u32>(&self) -> bool {
+        crate::sync::flags_any::<MASK>(&self.hot_flags)
+    }
+
+    /// Whether the hot flags are exactly `VALUE` (one `cmp` of the word in
+    /// memory on x86-64, [`crate::sync::flags_eq`]).
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(always)]
+    pub(crate) fn hot_is<const VALUE: u32>(&self) -> bool {
+        crate::sync::flags_eq::<VALUE>(&self.hot_flags)
+    }
+
     /// Set hot flags (tracing, profiling, tagging switch on).
     pub(crate) fn set_hot(&self, flags: HotFlags) {
         self.hot_flags.fetch_or(flags.bits(), Ordering::AcqRel);
