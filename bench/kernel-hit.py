@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """The kernel's hit functions, disassembled with addresses normalized.
 
-    cargo build --release --bin magpie
-    python3 bench/kernel-hit.py target/x86_64-unknown-none/release/magpie > hit.txt
+    python3 bench/kernel-hit.py > hit.txt            # builds and reads the test kernel
+    python3 bench/kernel-hit.py KERNEL_ELF > hit.txt # any image that has the functions
+
+Without an argument it builds `tests/kernel_hit.rs` (release, `cargo test
+--no-run`) and reads that test kernel: the very functions the test
+single-steps (it calls them through function pointers, so they exist as
+functions there; in the kernel image `__rust_alloc` inlines them).
 
 Prints the four functions docs/BENCHMARKS.md ("The hit in the kernel, by
 disassembly") counts by hand: `GlobalAlloc::alloc` and `::dealloc` of the
@@ -16,6 +21,7 @@ Two builds whose outputs `diff` equal run the same instructions on every
 path, so a hand count made on one holds for the other (struct field
 offsets are kept: a moved hot field shows up).
 """
+import json
 import re
 import subprocess
 import sys
@@ -40,11 +46,27 @@ def normalize(ins):
     return re.sub(r"\s*# .*$", "", ins)
 
 
+def test_kernel():
+    """Build tests/kernel_hit.rs (release) and return its executable."""
+    out = subprocess.run(
+        ["cargo", "test", "--release", "-p", "magpie", "--test", "kernel_hit",
+         "--no-run", "--message-format=json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("executable") \
+                and msg["target"]["name"] == "kernel_hit":
+            return msg["executable"]
+    sys.exit("kernel-hit: cargo built no kernel_hit test kernel")
+
+
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: bench/kernel-hit.py KERNEL_ELF")
+    if len(sys.argv) > 2:
+        sys.exit("usage: bench/kernel-hit.py [KERNEL_ELF]")
+    elf = sys.argv[1] if len(sys.argv) == 2 else test_kernel()
     dis = subprocess.run(
-        ["objdump", "-d", "-M", "intel", "-C", "--no-show-raw-insn", sys.argv[1]],
+        ["objdump", "-d", "-M", "intel", "-C", "--no-show-raw-insn", elf],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()
     for pattern in FUNCTIONS:

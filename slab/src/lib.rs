@@ -510,6 +510,7 @@
 
 #![no_std]
 #![feature(allocator_api)]
+#![feature(asm_goto_with_outputs)]
 #![cfg_attr(all(test, not(loom)), feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -558,6 +559,7 @@ mod object;
 mod platform;
 pub mod report;
 pub mod reports;
+pub mod restart;
 mod slab;
 mod stats;
 mod sync;

@@ -130,10 +130,13 @@ impl<'a, P: Platform, T> LocalLocked<'a, P, T> {
             flag.as_ptr().cast_const(),
             base.wrapping_add(index + FLAG)
         ));
-        if !P::LOCAL_TRYLOCK {
+        if !P::LOCAL_TRYLOCK || crate::restart::enabled::<P>() {
             // Interrupts off exclude everything else on this CPU (the
             // flag is only ever held with them off then): the flag is
             // neither tested nor taken, the hit is as cheap as before.
+            // With restartable hits too: they take no flag, so whatever
+            // else reaches the per-CPU cache here (a recorded hit) keeps
+            // them out by disabling interrupts (`crate::restart`).
             return Some(LocalLocked {
                 flag,
                 cell,

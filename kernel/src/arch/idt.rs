@@ -18,7 +18,7 @@
 //! [`ExceptionReporter`] ([`set_reporter`], by `kernel_entry`); the wake
 //! IPI's work (`smp`'s pending cross-CPU call) is [`set_wake_handler`]'s.
 
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use spin::Once;
 use x86_64::structures::idt::{InterruptDescriptorTable, InterruptStackFrame, PageFaultErrorCode};
@@ -227,9 +227,42 @@ extern "x86-interrupt" fn machine_check(frame: InterruptStackFrame) -> ! {
     })
 }
 
+/// Sends an interrupted restartable magazine hit back to its start
+/// (`magpie_slab::restart`: the kernel's `RESTARTABLE_HITS`), before the
+/// handler runs allocator code. Called first by every handler that can
+/// (the wake IPI's cross-CPU calls, the timer's work); not by exception
+/// handlers (single-stepping a hit must step through it).
+pub fn restart_interrupted_hit(frame: &mut InterruptStackFrame) {
+    let ip = frame.instruction_pointer.as_u64() as usize;
+    if let Some(start) = magpie_slab::restart::restart_ip(ip) {
+        // SAFETY: `start` is the first instruction of the restartable
+        // sequence the interrupted code was in (the ranges table): the
+        // code it interrupted resumes there with the same registers, the
+        // sequence's inputs (it wrote none of them), and no other field
+        // of the frame changes.
+        unsafe {
+            frame
+                .as_mut()
+                .update(|value| value.instruction_pointer = x86_64::VirtAddr::new(start as u64));
+        }
+        RESTARTS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Interrupted restartable hits sent back to their start, ever, on every
+/// CPU ([`restarts`]).
+static RESTARTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many interrupts landed in a restartable magazine hit and sent it
+/// back to its start (`magpie_slab::restart`), since boot, all CPUs.
+pub fn restarts() -> u64 {
+    RESTARTS.load(Ordering::Relaxed)
+}
+
 /// The `smp` wake-up IPI: ends a `hlt`, and runs the registered wake
 /// handler ([`set_wake_handler`]: a pending `smp::cross_cpu_call`).
-extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
+extern "x86-interrupt" fn wake(mut frame: InterruptStackFrame) {
+    restart_interrupted_hit(&mut frame);
     super::lapic::eoi();
     if let Some(handler) = WAKE_HANDLER.get() {
         handler();
@@ -238,7 +271,8 @@ extern "x86-interrupt" fn wake(_frame: InterruptStackFrame) {
 
 /// The LAPIC timer: the registered handler between `irq_enter` and
 /// `irq_exit`, then EOI.
-extern "x86-interrupt" fn timer(_frame: InterruptStackFrame) {
+extern "x86-interrupt" fn timer(mut frame: InterruptStackFrame) {
+    restart_interrupted_hit(&mut frame);
     let handler = TIMER_HANDLER.load(Ordering::Acquire);
     if handler != 0 {
         // SAFETY: TIMER_HANDLER only ever holds a `fn()` stored by

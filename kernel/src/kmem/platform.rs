@@ -29,9 +29,13 @@ const _: () = assert!(arch::CPU_SLOT_BYTES == magpie_slab::CPU_SLOT_BYTES);
 // id by `percpu::init_this_cpu`); `smp::cross_cpu_call` runs the work in
 // the target's IPI handler (interrupts off there) or its polling loops,
 // or here with interrupts off for this CPU or a CPU not running the
-// kernel, and returns after it ran.
+// kernel, and returns after it ran. The timer and wake-IPI handlers (the
+// only handlers that run allocator code or cross-CPU work) send an
+// interrupted restartable hit back to its start before anything else
+// (`arch::idt`, RESTARTABLE_HITS).
 unsafe impl Platform for KernelPlatform {
     const LOCAL_TRYLOCK: bool = true;
+    const RESTARTABLE_HITS: bool = true;
 
     fn max_cpus() -> usize {
         arch::max_cpus().clamp(1, MAX_CPUS)

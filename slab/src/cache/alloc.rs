@@ -9,6 +9,7 @@ use core::ptr::NonNull;
 use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
+use crate::magazine::PcpuCache;
 use crate::platform::Platform;
 
 impl<P: Platform> KmemCache<P> {
@@ -118,6 +119,13 @@ impl<P: Platform> KmemCache<P> {
     /// empty or absent. Not for bootstrap caches.
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+        if crate::restart::enabled::<P>() {
+            debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+            // SAFETY: pcpu has nr_cpus slots, alive as long as the cache;
+            // cpu_offset() is this CPU's slot (the Platform contract),
+            // whose hits are restartable.
+            return unsafe { PcpuCache::restartable_pop(self.pcpu, P::cpu_offset()) };
+        }
         self.magazine_alloc_hit_with(|obj| obj)
     }
 

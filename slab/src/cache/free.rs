@@ -308,6 +308,14 @@ impl<P: Platform> KmemCache<P> {
     /// gives up if this returns true; `KEYED` only if the cache is keyed.
     #[inline(always)]
     pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
+        if KEYED && crate::restart::enabled::<P>() {
+            debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+            // SAFETY: as in `magazine_alloc_hit`; per our caller, obj is a
+            // busy object of this keyed cache, given up if pushed.
+            return unsafe {
+                crate::magazine::PcpuCache::restartable_push(self.pcpu, P::cpu_offset(), obj)
+            };
+        }
         // SAFETY: per our caller.
         unsafe { self.magazine_free_hit_then::<KEYED>(obj, || {}) }
     }

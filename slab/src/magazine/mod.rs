@@ -456,6 +456,51 @@ impl PcpuCache {
         }
     }
 
+    /// The restartable alloc hit ([`crate::restart::pop`]) on the per-CPU
+    /// cache `offset` bytes into `array`.
+    ///
+    /// # Safety
+    /// As for [`crate::restart::pop`]: `array + offset` is the running
+    /// CPU's per-CPU cache, and the platform's hits are restartable.
+    #[inline(always)]
+    pub(crate) unsafe fn restartable_pop(
+        array: *const PcpuCache,
+        offset: usize,
+    ) -> Option<NonNull<u8>> {
+        const INNER: usize = core::mem::offset_of!(PcpuCache, inner);
+        // SAFETY: per our caller; the offsets are `top`'s and `nr_allocs`'
+        // in a `PcpuCache` (`UnsafeCell` is `repr(transparent)`).
+        unsafe {
+            crate::restart::pop::<
+                { INNER + core::mem::offset_of!(PcpuInner, top) },
+                { INNER + core::mem::offset_of!(PcpuInner, nr_allocs) },
+            >(array.cast(), offset)
+        }
+    }
+
+    /// The restartable free hit of a keyed cache ([`crate::restart::push`])
+    /// on the per-CPU cache `offset` bytes into `array`.
+    ///
+    /// # Safety
+    /// As for [`crate::restart::push`].
+    #[inline(always)]
+    pub(crate) unsafe fn restartable_push(
+        array: *const PcpuCache,
+        offset: usize,
+        obj: NonNull<u8>,
+    ) -> bool {
+        const INNER: usize = core::mem::offset_of!(PcpuCache, inner);
+        // SAFETY: per our caller; the offsets are `top`'s, `limit`'s and
+        // `free_key`'s in a `PcpuCache`.
+        unsafe {
+            crate::restart::push::<
+                { INNER + core::mem::offset_of!(PcpuInner, top) },
+                { INNER + core::mem::offset_of!(PcpuInner, limit) },
+                { INNER + core::mem::offset_of!(PcpuInner, free_key) },
+            >(array.cast(), offset, obj)
+        }
+    }
+
     /// [`PcpuCache::try_lock`] for code that excludes this CPU's other
     /// interrupts-off sections already: interrupts off on this CPU, or a
     /// cross-CPU call running on it.

@@ -1,0 +1,285 @@
+//! Restartable magazine hits: no in-use flag, no interrupt-off section.
+//!
+//! With [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)
+//! (x86-64), the plain alloc and free hits are *restartable sequences*
+//! (Bershad, Redell & Ellis, "Fast Mutual Exclusion for Uniprocessors",
+//! ASPLOS 1992; Linux's `rseq`, whose per-CPU operations SLUB-like
+//! allocators such as tcmalloc's run on): each is one `asm!` block that
+//! reads this CPU's per-CPU cache and ends in a single store, the
+//! *commit* (the new `top`). Everything before the commit only reads the
+//! per-CPU cache, or writes what no one else reads until the commit
+//! publishes it (the slot above `top`, the freed object's key word). An
+//! interrupt that lands before the commit is finished sends the
+//! interrupted code back to the sequence's first instruction when the
+//! handler returns: the platform's interrupt entry asks [`restart_ip`]
+//! about the interrupted instruction pointer and moves it. The handler
+//! itself can then allocate and free on this CPU as it likes (its own
+//! hits, misses, magazine exchanges): the interrupted hit starts again
+//! and reads the per-CPU cache as the handler left it.
+//!
+//! Cost on the hit: nothing. Each side drops the flag's take and give
+//! back (3 instructions; the kernel's pair 61 → 55, `tests/kernel_hit.rs`).
+//! Cost on an interrupt: one scan of the ranges table (one 8-byte entry
+//! per inlined copy of a hit; a few dozen in the kernel) in the handlers
+//! that need it (those that can run allocator code).
+//!
+//! Every other access to the per-CPU cache that runs with interrupts on
+//! (the recorded hits, whose events go into this CPU's ring inside the
+//! section) disables interrupts instead of taking the flag, so nothing
+//! but a restartable hit ever touches a per-CPU cache with interrupts on.
+//!
+//! The ranges live in the linker section `magpie_restart` (entries of two
+//! 32-bit offsets, each relative to its own address, so the table needs no
+//! relocation in a position-independent image), found through the
+//! linker's `__start_magpie_restart` / `__stop_magpie_restart`; the section
+//! is marked retained (`R`), so `--gc-sections` keeps it. This module puts
+//! one empty range there itself, so the section exists in every image that
+//! links it.
+//!
+//! Exceptions (`#DB` single-stepping in `tests/kernel_hit.rs`, a `#PF`
+//! KFENCE handles) must not restart: their handlers run no allocator code
+//! on the per-CPU caches and a trap flag would never get past a restart.
+
+/// Whether this build has the restartable hits at all (x86-64, not under
+/// Miri or the loom models): elsewhere the flag and interrupt-off hits are
+/// used whatever the platform says.
+pub(crate) const SUPPORTED: bool =
+    cfg!(all(target_arch = "x86_64", not(miri), not(all(test, loom))));
+
+#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+mod table {
+    // The table's anchor: an empty range (start == end, never matched), so
+    // that `__start_`/`__stop_magpie_restart` exist in every image.
+    core::arch::global_asm!(
+        ".pushsection magpie_restart, \"aR\", @progbits",
+        ".balign 4",
+        "1:",
+        ".long 1b - .",
+        ".long 1b - .",
+        ".popsection",
+    );
+
+    unsafe extern "C" {
+        /// The first entry of the ranges table (linker-defined).
+        static __start_magpie_restart: [i32; 2];
+        /// One past its last entry (linker-defined).
+        static __stop_magpie_restart: [i32; 2];
+    }
+
+    /// The table, as (start, end) addresses.
+    pub(super) fn ranges() -> impl Iterator<Item = (usize, usize)> {
+        let first = (&raw const __start_magpie_restart).cast::<[i32; 2]>();
+        let end = (&raw const __stop_magpie_restart).cast::<[i32; 2]>();
+        // SAFETY: both symbols bound the one `magpie_restart` section, an
+        // array of `[i32; 2]` entries (each written by `.long` pairs,
+        // 4-aligned, 8 bytes): `end` is `first` plus a whole number of
+        // entries.
+        let len = unsafe { end.offset_from(first) } as usize;
+        (0..len).map(move |i| {
+            // SAFETY: entry `i` of the section (i < len, above).
+            let entry = unsafe { first.add(i) };
+            let field = entry.cast::<i32>();
+            // SAFETY: as above; read-only data.
+            let (start, stop) = unsafe { (field.read(), field.add(1).read()) };
+            let start = (field as usize).wrapping_add_signed(start as isize);
+            let stop = (field.wrapping_add(1) as usize).wrapping_add_signed(stop as isize);
+            (start, stop)
+        })
+    }
+}
+
+/// Where an interrupted instruction pointer `ip` must resume: `Some(start)`
+/// if `ip` is inside a restartable hit that has not committed (from its
+/// first instruction up to, not including, the one after its commit), else
+/// `None` (resume at `ip`).
+///
+/// A platform with [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)
+/// calls this from every interrupt handler that can run allocator code
+/// (device interrupts, timer, the cross-CPU call's IPI), before that code
+/// runs, with the instruction pointer the CPU saved, and writes `start`
+/// back into the saved frame. Linear in the number of ranges
+/// ([`nr_ranges`]); nothing else.
+#[must_use]
+pub fn restart_ip(ip: usize) -> Option<usize> {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    for (start, end) in table::ranges() {
+        if (start..end).contains(&ip) {
+            return Some(start);
+        }
+    }
+    let _ = ip;
+    None
+}
+
+/// The restartable ranges in this image, as `(start, end)` instruction
+/// addresses (end exclusive), the empty anchor included: one per inlined
+/// copy of a hit. Empty where [`restart_ip`] is unsupported (not x86-64).
+pub fn ranges() -> impl Iterator<Item = (usize, usize)> {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    return table::ranges();
+    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+    return core::iter::empty();
+}
+
+/// Number of entries in the ranges table ([`ranges`]).
+#[must_use]
+pub fn nr_ranges() -> usize {
+    ranges().count()
+}
+
+/// The restartable alloc hit: pop the round below this CPU's `top` (the
+/// per-CPU cache at `base + offset`), move `top` down (the commit) and
+/// count the allocation; `None` (nothing changed) if the word below `top`
+/// is null (an empty or absent magazine).
+///
+/// `TOP` and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
+/// the per-CPU cache.
+///
+/// # Safety
+/// `base + offset` is the running CPU's per-CPU cache, alive for the call;
+/// the platform restarts the sequence as [`restart_ip`] says on every
+/// interrupt that can run allocator code, and no other code on this CPU
+/// touches the per-CPU cache with interrupts on
+/// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
+#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[inline(always)]
+pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize>(
+    base: *const u8,
+    offset: usize,
+) -> Option<core::ptr::NonNull<u8>> {
+    let round: *mut u8;
+    // SAFETY: `[base + offset + TOP]` is this CPU's `top`, a pointer at or
+    // above slot 0 of `loaded` (or of the absent magazine, whose word
+    // below is its null `next`): the word below it is readable. Up to the
+    // commit (the store of the new `top`) the block only reads, so an
+    // interrupt there is undone by starting again at `2:` (the range
+    // registered in `magpie_restart`), with `base` and `offset` unchanged
+    // (inputs, never written: the outputs are early-clobber `out`s). The
+    // count after the commit is one read-modify-write instruction, which
+    // an interrupt on this CPU cannot split. No stack; the flags are
+    // clobbered (no `preserves_flags`).
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+            "mov {round}, qword ptr [{top} - 8]",
+            "test {round}, {round}",
+            "jz {empty}",
+            "sub {top}, 8",
+            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+            "3:",
+            ".pushsection magpie_restart, \"aR\", @progbits",
+            ".balign 4",
+            ".long 2b - .",
+            ".long 3b - .",
+            ".popsection",
+            "inc qword ptr [{base} + {offset} + {nr_at}]",
+            base = in(reg) base,
+            offset = in(reg) offset,
+            top_at = const TOP,
+            nr_at = const NR_ALLOCS,
+            top = out(reg) _,
+            round = out(reg) round,
+            empty = label { return None; },
+            options(nostack),
+        );
+    }
+    // SAFETY: the jump above leaves on a null round.
+    Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
+}
+
+/// The restartable free hit of a keyed cache: if this CPU's `loaded` has
+/// room (`top` below `limit`) and `obj` does not hold the free key, write
+/// the key into `obj`'s first word, `obj` into the slot at `top`, and move
+/// `top` up (the commit); true. False otherwise, with nothing changed but,
+/// after a restart, the key already in `obj` (the miss then confirms the
+/// apparent double free, finds the object nowhere free, and frees it:
+/// [`crate::cache`]'s `is_double_free`).
+///
+/// `TOP`, `LIMIT` and `KEY` are the byte offsets of `top`, `limit` and
+/// `free_key` in the per-CPU cache.
+///
+/// # Safety
+/// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
+/// cache belongs to, given up by the caller if this returns true.
+#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[inline(always)]
+pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+    base: *const u8,
+    offset: usize,
+    obj: core::ptr::NonNull<u8>,
+) -> bool {
+    // SAFETY: `top` and `limit` are this CPU's `loaded` slots' top and end
+    // (equal for a full or absent magazine): below `limit`, the slot at
+    // `top` is free and ours to write. Before the commit the block writes
+    // only that slot (above `top`: nothing reads it until the commit
+    // publishes it, and a restart writes it again) and `obj`'s first word
+    // (the caller's object, given up): an interrupt there is undone by
+    // starting again at `2:`, inputs unchanged (early-clobber outputs).
+    // No stack; the flags are clobbered.
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+            "cmp {top}, qword ptr [{base} + {offset} + {limit_at}]",
+            "jae {no}",
+            "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
+            "cmp qword ptr [{obj}], {key}",
+            "je {no}",
+            "mov qword ptr [{obj}], {key}",
+            "mov qword ptr [{top}], {obj}",
+            "add {top}, 8",
+            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+            "3:",
+            ".pushsection magpie_restart, \"aR\", @progbits",
+            ".balign 4",
+            ".long 2b - .",
+            ".long 3b - .",
+            ".popsection",
+            base = in(reg) base,
+            offset = in(reg) offset,
+            obj = in(reg) obj.as_ptr(),
+            top_at = const TOP,
+            limit_at = const LIMIT,
+            key_at = const KEY,
+            top = out(reg) _,
+            key = out(reg) _,
+            no = label { return false; },
+            options(nostack),
+        );
+    }
+    true
+}
+
+/// Never called: [`SUPPORTED`] is false in this build.
+///
+/// # Safety
+/// None needed; it panics.
+#[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize>(
+    _base: *const u8,
+    _offset: usize,
+) -> Option<core::ptr::NonNull<u8>> {
+    unreachable!("restartable hits are not supported in this build")
+}
+
+/// Never called: [`SUPPORTED`] is false in this build.
+///
+/// # Safety
+/// None needed; it panics.
+#[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+    _base: *const u8,
+    _offset: usize,
+    _obj: core::ptr::NonNull<u8>,
+) -> bool {
+    unreachable!("restartable hits are not supported in this build")
+}
+
+/// Whether `P`'s plain magazine hits are restartable sequences (its
+/// [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS), in a
+/// build that has them).
+#[inline(always)]
+pub(crate) const fn enabled<P: crate::Platform>() -> bool {
+    SUPPORTED && P::RESTARTABLE_HITS
+}
