@@ -133,7 +133,10 @@ pub fn nr_ranges() -> usize {
 /// is null (an empty or absent magazine).
 ///
 /// `TOP` and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
-/// the per-CPU cache.
+/// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
+/// return register (for the plain hit, whose result LLVM would otherwise
+/// share a register with the profiled hit's, which its multiply keeps
+/// out of `rax`, and copy).
 ///
 /// # Safety
 /// `base + offset` is the running CPU's per-CPU cache, alive for the call;
@@ -143,7 +146,7 @@ pub fn nr_ranges() -> usize {
 /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
 #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
 #[inline(always)]
-pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize>(
+pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
     base: *const u8,
     offset: usize,
 ) -> Option<core::ptr::NonNull<u8>> {
@@ -154,35 +157,62 @@ pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize>(
     // commit (the store of the new `top`) the block only reads, so an
     // interrupt there is undone by starting again at `2:` (the range
     // registered in `magpie_restart`), with `base` and `offset` unchanged
-    // (inputs, never written: the outputs are early-clobber `out`s). The
+    // (inputs, never written: `out` registers are never an input's). The
     // count after the commit is one read-modify-write instruction, which
     // an interrupt on this CPU cannot split. No stack; the flags are
     // clobbered (no `preserves_flags`).
     unsafe {
-        core::arch::asm!(
-            "2:",
-            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-            "mov {round}, qword ptr [{top} - 8]",
-            "test {round}, {round}",
-            "jz {empty}",
-            "sub {top}, 8",
-            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-            "3:",
-            ".pushsection magpie_restart, \"aR\", @progbits",
-            ".balign 4",
-            ".long 2b - .",
-            ".long 3b - .",
-            ".popsection",
-            "inc qword ptr [{base} + {offset} + {nr_at}]",
-            base = in(reg) base,
-            offset = in(reg) offset,
-            top_at = const TOP,
-            nr_at = const NR_ALLOCS,
-            top = out(reg) _,
-            round = out(reg) round,
-            empty = label { return None; },
-            options(nostack),
-        );
+        if IN_RAX {
+            core::arch::asm!(
+                "2:",
+                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                "mov rax, qword ptr [{top} - 8]",
+                "test rax, rax",
+                "jz {empty}",
+                "sub {top}, 8",
+                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                "3:",
+                ".pushsection magpie_restart, \"aR\", @progbits",
+                ".balign 4",
+                ".long 2b - .",
+                ".long 3b - .",
+                ".popsection",
+                "inc qword ptr [{base} + {offset} + {nr_at}]",
+                base = in(reg) base,
+                offset = in(reg) offset,
+                top_at = const TOP,
+                nr_at = const NR_ALLOCS,
+                top = out(reg) _,
+                out("rax") round,
+                empty = label { return None; },
+                options(nostack),
+            );
+        } else {
+            core::arch::asm!(
+                "2:",
+                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                "mov {round}, qword ptr [{top} - 8]",
+                "test {round}, {round}",
+                "jz {empty}",
+                "sub {top}, 8",
+                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                "3:",
+                ".pushsection magpie_restart, \"aR\", @progbits",
+                ".balign 4",
+                ".long 2b - .",
+                ".long 3b - .",
+                ".popsection",
+                "inc qword ptr [{base} + {offset} + {nr_at}]",
+                base = in(reg) base,
+                offset = in(reg) offset,
+                top_at = const TOP,
+                nr_at = const NR_ALLOCS,
+                top = out(reg) _,
+                round = out(reg) round,
+                empty = label { return None; },
+                options(nostack),
+            );
+        }
     }
     // SAFETY: the jump above leaves on a null round.
     Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
@@ -256,7 +286,7 @@ pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize
 /// # Safety
 /// None needed; it panics.
 #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
-pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize>(
+pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
     _base: *const u8,
     _offset: usize,
 ) -> Option<core::ptr::NonNull<u8>> {

@@ -91,6 +91,9 @@ impl<P: Platform> KmemCache<P> {
                 // other word with the same meaning (an `EVER_TRACED` past,
                 // say) is told apart in `alloc_off_hit`.
                 if self.hot_is::<{ HotFlags::PROFILED_USUAL.bits() }>() {
+                    if O::INLINE_PROFILED {
+                        return O::from_raw(self.alloc_profiled_body::<O, true>(tag));
+                    }
                     return O::from_raw(self.alloc_profiled::<O, true>(tag));
                 }
                 return O::from_raw(self.alloc_off_hit::<O, B>(bytes_req, tag));
@@ -104,7 +107,7 @@ impl<P: Platform> KmemCache<P> {
                 return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), hot, tag));
             }
         }
-        match self.magazine_alloc_hit() {
+        match self.magazine_alloc_hit_in::<true>() {
             Some(obj) => {
                 // SAFETY: just popped; a plain cache is keyed.
                 unsafe { double_free::clear_key(obj) };
@@ -119,12 +122,19 @@ impl<P: Platform> KmemCache<P> {
     /// empty or absent. Not for bootstrap caches.
     #[inline(always)]
     pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+        self.magazine_alloc_hit_in::<false>()
+    }
+
+    /// [`Self::magazine_alloc_hit`]; `IN_RAX`: a restartable hit pops into
+    /// the return register (the plain hit: see [`crate::restart::pop`]).
+    #[inline(always)]
+    fn magazine_alloc_hit_in<const IN_RAX: bool>(&self) -> Option<NonNull<u8>> {
         if crate::restart::enabled::<P>() {
             debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
             // SAFETY: pcpu has nr_cpus slots, alive as long as the cache;
             // cpu_offset() is this CPU's slot (the Platform contract),
             // whose hits are restartable.
-            return unsafe { PcpuCache::restartable_pop(self.pcpu, P::cpu_offset()) };
+            return unsafe { PcpuCache::restartable_pop::<IN_RAX>(self.pcpu, P::cpu_offset()) };
         }
         self.magazine_alloc_hit_with(|obj| obj)
     }
@@ -259,6 +269,17 @@ impl<P: Platform> KmemCache<P> {
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
     pub(super) fn alloc_profiled<O: AllocOut, const IN_PAGE: bool>(
+        &self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> O::Raw {
+        self.alloc_profiled_body::<O, IN_PAGE>(tag)
+    }
+
+    /// The body of [`Self::alloc_profiled`], inlined as it is into the
+    /// `GlobalAlloc` hit ([`AllocOut::INLINE_PROFILED`]).
+    #[cfg(feature = "alloc-profiling")]
+    #[inline(always)]
+    fn alloc_profiled_body<O: AllocOut, const IN_PAGE: bool>(
         &self,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {

@@ -86,6 +86,13 @@ pub(crate) trait AllocOut {
     fn raw_from_obj(obj: NonNull<u8>) -> Self::Raw;
     /// `Raw` as the caller's result (inline, after the call).
     fn from_raw(raw: Self::Raw) -> Self;
+    /// Whether the usual profiled alloc is inlined into the caller's hit
+    /// rather than reached by a tail call: for the `GlobalAlloc` edge
+    /// (one call site, `__rust_alloc`, and the kernel's usual path with
+    /// profiling on: the tail call cost a `je` to a `jmp`, the hit's
+    /// flag test being an `asm!` branch), not for the library API, whose
+    /// every `kmem_cache_alloc` site would grow by the profiled path.
+    const INLINE_PROFILED: bool = false;
 }
 
 impl AllocOut for Result<NonNull<u8>, AllocError> {
@@ -109,6 +116,7 @@ impl AllocOut for Result<NonNull<u8>, AllocError> {
 }
 
 impl AllocOut for *mut u8 {
+    const INLINE_PROFILED: bool = true;
     type Raw = *mut u8;
     #[inline(always)]
     fn from_obj(obj: NonNull<u8>) -> Self {

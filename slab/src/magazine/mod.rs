@@ -463,7 +463,7 @@ impl PcpuCache {
     /// As for [`crate::restart::pop`]: `array + offset` is the running
     /// CPU's per-CPU cache, and the platform's hits are restartable.
     #[inline(always)]
-    pub(crate) unsafe fn restartable_pop(
+    pub(crate) unsafe fn restartable_pop<const IN_RAX: bool>(
         array: *const PcpuCache,
         offset: usize,
     ) -> Option<NonNull<u8>> {
@@ -474,6 +474,7 @@ impl PcpuCache {
             crate::restart::pop::<
                 { INNER + core::mem::offset_of!(PcpuInner, top) },
                 { INNER + core::mem::offset_of!(PcpuInner, nr_allocs) },
+                IN_RAX,
             >(array.cast(), offset)
         }
     }

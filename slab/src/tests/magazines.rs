@@ -799,3 +799,115 @@ fn in_use_flag_take() {
         }
     }
 }
+
+/// The restartable hits' sequences (`crate::restart`, which the kernel's
+/// hits run; `tests/restartable_hit.rs` interrupts them in QEMU) on a
+/// per-CPU line of our own: the alloc pops rounds LIFO, counts each and
+/// changes nothing on an empty magazine; the free pushes while there is
+/// room, writes the key into the object and refuses (changing nothing) a
+/// full magazine or an object holding the key. And their ranges table:
+/// every range this test instantiates is listed, and `restart_ip` sends
+/// every address inside a range, and no other, to its start.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[test]
+fn restartable_sequences_and_their_ranges() {
+    use core::ptr::NonNull;
+
+    // A per-CPU line: top at 8, limit at 16, key at 24, nr_allocs at 32.
+    const TOP: usize = 8;
+    const LIMIT: usize = 16;
+    const KEY: usize = 24;
+    const NR: usize = 32;
+    const KEY_VALUE: usize = 0x8000_0000_0000_0001;
+    // A magazine of 4 rounds after its null `next`.
+    let mut magazine = [0usize; 5];
+    let slots = magazine.as_mut_ptr().wrapping_add(1);
+    let mut line = [0usize; 8];
+    line[TOP / 8] = slots as usize;
+    line[LIMIT / 8] = slots.wrapping_add(4) as usize;
+    line[KEY / 8] = KEY_VALUE;
+    let base = line.as_mut_ptr().cast::<u8>().cast_const();
+    let mut objects = [[0usize; 2]; 6];
+    let object =
+        |objects: &mut [[usize; 2]; 6], i: usize| NonNull::from(&mut objects[i]).cast::<u8>();
+    // The line is a different CPU's at offset 0: the sequences add `offset`.
+    // SAFETY: `base + 0` is our line, its `top` at or above slot 0 of the
+    // magazine with the null `next` below; nothing else runs.
+    let pop = |in_rax: bool| unsafe {
+        if in_rax {
+            crate::restart::pop::<TOP, NR, true>(base, 0)
+        } else {
+            crate::restart::pop::<TOP, NR, false>(base, 0)
+        }
+    };
+    assert_eq!(pop(false), None, "empty: nothing popped");
+    assert_eq!(line[NR / 8], 0, "and nothing counted");
+    for i in 0..4 {
+        let obj = object(&mut objects, i);
+        // SAFETY: as above; `obj` is ours, 16 bytes.
+        assert!(
+            unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, obj) },
+            "room for {i}"
+        );
+        assert_eq!(objects[i][0], KEY_VALUE, "the key written into object {i}");
+    }
+    assert_eq!(
+        magazine[1..],
+        [0, 1, 2, 3].map(|i| object(&mut objects, i).as_ptr() as usize)
+    );
+    let full = object(&mut objects, 4);
+    // SAFETY: as above.
+    assert!(
+        !unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, full) },
+        "full"
+    );
+    assert_eq!(objects[4][0], 0, "a refused push writes no key");
+    assert_eq!(line[TOP / 8], slots.wrapping_add(4) as usize);
+    // Pop one, then push an object that already holds the key.
+    assert_eq!(pop(true), Some(object(&mut objects, 3)), "LIFO");
+    objects[5][0] = KEY_VALUE;
+    let keyed = object(&mut objects, 5);
+    // SAFETY: as above.
+    assert!(
+        !unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, keyed) },
+        "holds the key"
+    );
+    assert_eq!(
+        line[TOP / 8],
+        slots.wrapping_add(3) as usize,
+        "refused: top unchanged"
+    );
+    for i in (0..3).rev() {
+        assert_eq!(pop(i % 2 == 0), Some(object(&mut objects, i)), "LIFO");
+    }
+    assert_eq!(pop(false), None, "empty again");
+    assert_eq!(line[NR / 8], 4, "four pops counted");
+
+    // The ranges: the anchor and at least this test's three sequences.
+    let ranges: Vec<(usize, usize)> = crate::restart::ranges().collect();
+    assert_eq!(ranges.len(), crate::restart::nr_ranges());
+    let real: Vec<_> = ranges.iter().filter(|(start, end)| end > start).collect();
+    assert!(real.len() >= 3, "ranges {ranges:x?}");
+    for &&(start, end) in &real {
+        assert!(
+            end - start < 64,
+            "a sequence is a few instructions: {start:#x}..{end:#x}"
+        );
+        assert_eq!(crate::restart::restart_ip(start), Some(start));
+        assert_eq!(crate::restart::restart_ip(end - 1), Some(start));
+        if !real.iter().any(|&&(s, e)| (s..e).contains(&end)) {
+            assert_eq!(
+                crate::restart::restart_ip(end),
+                None,
+                "after the commit: no restart"
+            );
+        }
+    }
+    let outside = restartable_sequences_and_their_ranges as usize;
+    assert_eq!(
+        crate::restart::restart_ip(outside),
+        None,
+        "a function's entry"
+    );
+    assert_eq!(crate::restart::restart_ip(0), None);
+}
