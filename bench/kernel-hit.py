@@ -9,12 +9,13 @@ Without an argument it builds `tests/kernel_hit.rs` (release, `cargo test
 single-steps (it calls them through function pointers, so they exist as
 functions there; in the kernel image `__rust_alloc` inlines them).
 
-Prints the four functions docs/BENCHMARKS.md ("The hit in the kernel, by
-disassembly") counts by hand: `GlobalAlloc::alloc` and `::dealloc` of the
-kernel's `Allocator<KernelPlatform>`, and the profiled hits
-`KmemCache::alloc_profiled::<*mut u8, true, ..>` (a cache whose slab header
-is in the page, as kmalloc-64's; the profiled free is inline in `dealloc`,
-behind its `TAGGED` test) and `KmemCache::free_off_hit::<()>`.
+Prints the three functions docs/BENCHMARKS.md ("The hit in the kernel, by
+disassembly") counts: `GlobalAlloc::alloc` and `::dealloc` of the kernel's
+`Allocator<KernelPlatform>` (with the usual profiled alloc inlined into
+the first, `AllocOut::INLINE_PROFILED`, and the profiled free inline in
+the second, behind its hot-flags test: kmalloc-64's one-page slabs keep
+their header in the page) and `KmemCache::free_off_hit::<()>` (the other
+flagged frees).
 Offsets are from each function's start; branch targets, RIP-relative and
 absolute addresses are replaced by placeholders, module paths are dropped.
 Two builds whose outputs `diff` equal run the same instructions on every
@@ -29,7 +30,6 @@ import sys
 FUNCTIONS = [
     r"as core::alloc::global::GlobalAlloc>::alloc>:$",
     r"as core::alloc::global::GlobalAlloc>::dealloc>:$",
-    r">::alloc_profiled::<\*mut u8, true, .*>>:$",
     r">::free_off_hit::<\(\)>>:$",
 ]
 

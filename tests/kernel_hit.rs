@@ -2,8 +2,10 @@
 //! `GlobalAlloc::alloc` and `::dealloc` of `Allocator<KernelPlatform>`
 //! (the functions `bench/kernel-hit.py` prints and docs/BENCHMARKS.md
 //! counted by hand) on a 64-byte hit, single-stepped with the trap flag:
-//! one debug exception (#DB) per instruction executed, the per-CPU
-//! in-use flag's `sub` and store included.
+//! one debug exception (#DB) per instruction executed. The kernel's
+//! plain hits are restartable sequences (`magpie_slab::restart`: no
+//! in-use flag); #DB does not restart them (`tests/restartable_hit.rs`
+//! interrupts them instead).
 //!
 //! Prints one line, for the profiling state it was booted with
 //! (`mem_profiling=0|1`; bench/run.sh boots it both ways and puts the

@@ -1245,7 +1245,8 @@ fn kernel_hit(r: &mut String, failures: &mut Vec<String>, path: &str) {
         r,
         "Exact instructions executed by the kernel's `GlobalAlloc::alloc` and `::dealloc` of \
          `Allocator<KernelPlatform>` on a 64-byte magazine hit (the functions \
-         `bench/kernel-hit.py` prints; the per-CPU in-use flag included, and a frame \
+         `bench/kernel-hit.py` prints from the test kernel; the kernel's hits are restartable \
+         sequences, `magpie_slab::restart`, with no in-use flag to take; a frame \
          pointer where the kernel's non-leaf frame pointers give a function one; \
          interrupts on at entry), each single-stepped with the trap flag and its debug \
          exceptions counted (tests/kernel_hit.rs, release build; median of 9 pairs after a \

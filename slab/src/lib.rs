@@ -101,7 +101,7 @@
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
 //! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
-//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] and the per-CPU in-use flag | nothing above |
+//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
 //! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
@@ -167,6 +167,15 @@
 //!   interrupt handler, which finds the flag held and takes the locked
 //!   slow path instead, so the hit is plain loads and stores: no atomic
 //!   read-modify-write, no lock, no `cli`.
+//! - **Or with no flag at all**, when the platform sets
+//!   `Platform::RESTARTABLE_HITS` (x86-64; the Magpie kernel does): the
+//!   plain hits are restartable sequences ([`restart`]; Bershad et al.
+//!   1992, Linux `rseq`), one `asm!` block each that ends in one
+//!   committing store of `top`; an interrupt that lands before the commit
+//!   sends the hit back to its start ([`restart::restart_ip`], called by
+//!   the platform's interrupt entry), so the handler can use the per-CPU
+//!   cache freely. Everything else that reaches it with interrupts on (the
+//!   recorded hits) disables interrupts.
 //! - **Any other CPU** that needs it — [`KmemCache::reap`] and
 //!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
 //!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],

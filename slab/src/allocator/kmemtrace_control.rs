@@ -146,9 +146,9 @@ impl<P: Platform> Allocator<P> {
     /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
     /// section on the CPU at `cpu_offset` ([`Platform::cpu_offset`], as
     /// the hit read it: `KmemCache::alloc_recorded_hit`): the CPU read
-    /// once, inline. On a platform whose hits keep interrupts on
-    /// ([`Platform::LOCAL_TRYLOCK`], the kernel) the event is written with
-    /// interrupts off ([`Self::kmemtrace_on`]). Returns `obj` (from the
+    /// once, inline. On a platform whose hit sections keep interrupts on
+    /// ([`Platform::LOCAL_TRYLOCK`] without restartable hits) the event is
+    /// written with interrupts off ([`Self::kmemtrace_on`]). Returns `obj` (from the
     /// event's last act: see `Kmemtrace::record_on`), for the hit to hand
     /// out.
     ///
@@ -181,8 +181,10 @@ impl<P: Platform> Allocator<P> {
     /// ring has two writers on a CPU: the hit's event and an interrupt
     /// handler's (an allocation or free in the handler records through
     /// [`Self::kmemtrace_alloc`] and the like, with interrupts off). Where
-    /// the hit's section has interrupts off (no `LOCAL_TRYLOCK`) nothing
-    /// can land inside this event; with `LOCAL_TRYLOCK` the section only
+    /// the hit's section has interrupts off (no `LOCAL_TRYLOCK`, or
+    /// restartable hits, whose recorded hits disable interrupts:
+    /// [`crate::restart`]) nothing can land inside this event; with
+    /// `LOCAL_TRYLOCK` alone the section only
     /// holds the cache's per-CPU in-use flag, which a handler recording
     /// for another cache does not see, so the event takes its own
     /// interrupt guard here (inline, the hit's CPU offset kept: the hit does
@@ -192,11 +194,11 @@ impl<P: Platform> Allocator<P> {
     /// # Safety
     /// `cpu_offset` is the running CPU's, which stays so until this
     /// returns; the caller's section has interrupts off unless
-    /// `P::LOCAL_TRYLOCK`.
+    /// `P::LOCAL_TRYLOCK` without restartable hits.
     #[inline(always)]
     #[must_use]
     unsafe fn kmemtrace_on(&self, cpu_offset: usize, fields: EventFields) -> usize {
-        if P::LOCAL_TRYLOCK {
+        if P::LOCAL_TRYLOCK && !crate::restart::enabled::<P>() {
             let irq = P::irq_save();
             // SAFETY: interrupts off on the CPU at `cpu_offset` (our caller).
             let ptr = unsafe { self.kmemtrace.record_on::<P>(cpu_offset, fields) };

@@ -92,6 +92,10 @@ pub(crate) trait AllocOut {
     /// profiling on: the tail call cost a `je` to a `jmp`, the hit's
     /// flag test being an `asm!` branch), not for the library API, whose
     /// every `kmem_cache_alloc` site would grow by the profiled path.
+    #[cfg_attr(
+        not(feature = "alloc-profiling"),
+        allow(dead_code, reason = "the profiled alloc's")
+    )]
     const INLINE_PROFILED: bool = false;
 }
 

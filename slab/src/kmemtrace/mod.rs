@@ -406,7 +406,7 @@ impl Kmemtrace {
     /// `cpu_offset` is the running CPU's [`Platform::cpu_offset`] and
     /// nothing else on it runs until this returns (interrupts off:
     /// [`Self::record`], or a magazine hit's section on a platform
-    /// without `LOCAL_TRYLOCK`).
+    /// without `LOCAL_TRYLOCK` or with restartable hits).
     #[inline(always)]
     #[must_use]
     pub(crate) unsafe fn record_on<P: Platform>(

@@ -840,15 +840,15 @@ fn restartable_sequences_and_their_ranges() {
             crate::restart::pop::<TOP, NR, false>(base, 0)
         }
     };
+    let push = |obj: NonNull<u8>| {
+        // SAFETY: as above; `obj` is one of ours, 16 bytes, given up.
+        unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, obj) }
+    };
     assert_eq!(pop(false), None, "empty: nothing popped");
     assert_eq!(line[NR / 8], 0, "and nothing counted");
     for i in 0..4 {
         let obj = object(&mut objects, i);
-        // SAFETY: as above; `obj` is ours, 16 bytes.
-        assert!(
-            unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, obj) },
-            "room for {i}"
-        );
+        assert!(push(obj), "room for {i}");
         assert_eq!(objects[i][0], KEY_VALUE, "the key written into object {i}");
     }
     assert_eq!(
@@ -856,22 +856,14 @@ fn restartable_sequences_and_their_ranges() {
         [0, 1, 2, 3].map(|i| object(&mut objects, i).as_ptr() as usize)
     );
     let full = object(&mut objects, 4);
-    // SAFETY: as above.
-    assert!(
-        !unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, full) },
-        "full"
-    );
+    assert!(!push(full), "full");
     assert_eq!(objects[4][0], 0, "a refused push writes no key");
     assert_eq!(line[TOP / 8], slots.wrapping_add(4) as usize);
     // Pop one, then push an object that already holds the key.
     assert_eq!(pop(true), Some(object(&mut objects, 3)), "LIFO");
     objects[5][0] = KEY_VALUE;
     let keyed = object(&mut objects, 5);
-    // SAFETY: as above.
-    assert!(
-        !unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, keyed) },
-        "holds the key"
-    );
+    assert!(!push(keyed), "holds the key");
     assert_eq!(
         line[TOP / 8],
         slots.wrapping_add(3) as usize,
@@ -903,7 +895,7 @@ fn restartable_sequences_and_their_ranges() {
             );
         }
     }
-    let outside = restartable_sequences_and_their_ranges as usize;
+    let outside = restartable_sequences_and_their_ranges as fn() as usize;
     assert_eq!(
         crate::restart::restart_ip(outside),
         None,
