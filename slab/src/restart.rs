@@ -127,6 +127,39 @@ pub fn nr_ranges() -> usize {
     ranges().count()
 }
 
+/// The alloc hit's sequence ([`pop`]), the round's register named in the
+/// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
+/// (`$($round)*`).
+#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+macro_rules! pop_asm {
+    ($base:expr, $offset:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
+        core::arch::asm!(
+            "2:",
+            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+            concat!("mov ", $r, ", qword ptr [{top} - 8]"),
+            concat!("test ", $r, ", ", $r),
+            "jz {empty}",
+            "sub {top}, 8",
+            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+            "3:",
+            ".pushsection magpie_restart, \"aR\", @progbits",
+            ".balign 4",
+            ".long 2b - .",
+            ".long 3b - .",
+            ".popsection",
+            "inc qword ptr [{base} + {offset} + {nr_at}]",
+            base = in(reg) $base,
+            offset = in(reg) $offset,
+            top_at = const $top_at,
+            nr_at = const $nr_at,
+            top = out(reg) _,
+            empty = label { return None; },
+            $($round)*,
+            options(nostack),
+        )
+    };
+}
+
 /// The restartable alloc hit: pop the round below this CPU's `top` (the
 /// per-CPU cache at `base + offset`), move `top` down (the commit) and
 /// count the allocation; `None` (nothing changed) if the word below `top`
@@ -163,55 +196,9 @@ pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX:
     // clobbered (no `preserves_flags`).
     unsafe {
         if IN_RAX {
-            core::arch::asm!(
-                "2:",
-                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                "mov rax, qword ptr [{top} - 8]",
-                "test rax, rax",
-                "jz {empty}",
-                "sub {top}, 8",
-                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                "3:",
-                ".pushsection magpie_restart, \"aR\", @progbits",
-                ".balign 4",
-                ".long 2b - .",
-                ".long 3b - .",
-                ".popsection",
-                "inc qword ptr [{base} + {offset} + {nr_at}]",
-                base = in(reg) base,
-                offset = in(reg) offset,
-                top_at = const TOP,
-                nr_at = const NR_ALLOCS,
-                top = out(reg) _,
-                out("rax") round,
-                empty = label { return None; },
-                options(nostack),
-            );
+            pop_asm!(base, offset, TOP, NR_ALLOCS, "rax", out("rax") round);
         } else {
-            core::arch::asm!(
-                "2:",
-                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                "mov {round}, qword ptr [{top} - 8]",
-                "test {round}, {round}",
-                "jz {empty}",
-                "sub {top}, 8",
-                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                "3:",
-                ".pushsection magpie_restart, \"aR\", @progbits",
-                ".balign 4",
-                ".long 2b - .",
-                ".long 3b - .",
-                ".popsection",
-                "inc qword ptr [{base} + {offset} + {nr_at}]",
-                base = in(reg) base,
-                offset = in(reg) offset,
-                top_at = const TOP,
-                nr_at = const NR_ALLOCS,
-                top = out(reg) _,
-                round = out(reg) round,
-                empty = label { return None; },
-                options(nostack),
-            );
+            pop_asm!(base, offset, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
         }
     }
     // SAFETY: the jump above leaves on a null round.
