@@ -43,9 +43,9 @@ use alloc::boxed::Box;
 use magpie::kmem::SLAB;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::println;
+use magpie::testing::{trap_off, trap_on, with_debug_handler};
 use magpie_slab::Allocator;
-use x86_64::instructions::tables::{lidt, sidt};
-use x86_64::structures::idt::{InterruptDescriptorTable, InterruptStackFrame};
+use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
 
@@ -76,21 +76,6 @@ unsafe extern "Rust" {
     safe fn kernel_hit_return_alloc(slab: &'static Slab, layout: Layout) -> *mut u8;
     /// One `ret` with [`FreeFn`]'s signature.
     safe fn kernel_hit_return_free(slab: &'static Slab, ptr: *mut u8, layout: Layout);
-}
-
-/// Set the trap flag: every instruction after the next traps.
-#[inline(always)]
-fn trap_on() {
-    // SAFETY: sets RFLAGS.TF only; the loaded IDT's #DB entry counts and
-    // returns.
-    unsafe { core::arch::asm!("pushfq", "or qword ptr [rsp], 0x100", "popfq") };
-}
-
-/// Clear the trap flag.
-#[inline(always)]
-fn trap_off() {
-    // SAFETY: clears RFLAGS.TF only.
-    unsafe { core::arch::asm!("pushfq", "and qword ptr [rsp], -0x101", "popfq") };
 }
 
 /// Debug exceptions taken by `f(&SLAB, layout)` with the trap flag set,
@@ -150,25 +135,18 @@ fn hit_pair() -> (u64, u64) {
 #[test_case]
 fn kernel_hit_counted_by_single_stepping() {
     // A copy of the kernel's IDT with a counting #DB entry, loaded for the
-    // measurement only.
-    let kernel_idt = sidt();
-    // SAFETY: the IDTR names the kernel's loaded 256-entry IDT, alive
-    // forever; we copy it.
-    let mut idt: InterruptDescriptorTable =
-        unsafe { core::ptr::read(kernel_idt.base.as_ptr::<InterruptDescriptorTable>()) };
-    idt.debug.set_handler_fn(count_step);
-    let idt: &'static InterruptDescriptorTable = Box::leak(Box::new(idt));
-    idt.load();
-    // Interrupts on at entry, as in the kernel's threads (the guard's
-    // `sti` path); no timer runs in a test kernel, the other CPU idles.
-    let irqs_were_on = x86_64::instructions::interrupts::are_enabled();
-    x86_64::instructions::interrupts::enable();
-    let (alloc, free) = hit_pair();
-    if !irqs_were_on {
-        x86_64::instructions::interrupts::disable();
-    }
-    // SAFETY: the kernel's own IDT, as it was.
-    unsafe { lidt(&kernel_idt) };
+    // measurement only. Interrupts on at entry, as in the kernel's threads
+    // (the guard's `sti` path); no timer runs in a test kernel, the other
+    // CPU idles.
+    let (alloc, free) = with_debug_handler(count_step, || {
+        let irqs_were_on = x86_64::instructions::interrupts::are_enabled();
+        x86_64::instructions::interrupts::enable();
+        let counts = hit_pair();
+        if !irqs_were_on {
+            x86_64::instructions::interrupts::disable();
+        }
+        counts
+    });
     // Profiling as booted (`mem_profiling=1`, the default, or 0 from
     // boot: bench/run.sh boots this kernel both ways). Switching it off
     // later would leave the caches' `TAGGED` free path on, by design.

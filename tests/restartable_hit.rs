@@ -39,7 +39,6 @@
     reason = "#[test_case] functions are named for what they check and fail by panicking"
 )]
 
-use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::alloc::{GlobalAlloc, Layout};
 use core::hint::black_box;
@@ -49,9 +48,9 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering
 use magpie::arch::idt;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::kmem::{SLAB, cache_destroy};
+use magpie::testing::{trap_off, trap_on, with_debug_handler};
 use magpie_slab::{AllocError, Allocator, CacheFlags, FreeError, KmemCache};
-use x86_64::instructions::tables::{lidt, sidt};
-use x86_64::structures::idt::{InterruptDescriptorTable, InterruptStackFrame};
+use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
 
@@ -183,20 +182,6 @@ extern "x86-interrupt" fn step(mut frame: InterruptStackFrame) {
     if frame.instruction_pointer.as_u64() as usize != start {
         HANDLER_FAILURES.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// Set the trap flag: every instruction after the next traps.
-#[inline(always)]
-fn trap_on() {
-    // SAFETY: sets RFLAGS.TF only; the loaded IDT's #DB entry returns.
-    unsafe { core::arch::asm!("pushfq", "or qword ptr [rsp], 0x100", "popfq") };
-}
-
-/// Clear the trap flag.
-#[inline(always)]
-fn trap_off() {
-    // SAFETY: clears RFLAGS.TF only.
-    unsafe { core::arch::asm!("pushfq", "and qword ptr [rsp], -0x101", "popfq") };
 }
 
 /// Start trial `k` with interrupt work `work`.
@@ -372,20 +357,19 @@ fn trials() -> (usize, usize) {
     (alloc_trials, free_trials)
 }
 
-/// Run `f` with a copy of the kernel's IDT whose #DB entry is [`step`].
-fn with_step_idt<R>(f: impl FnOnce() -> R) -> R {
-    let kernel_idt = sidt();
-    // SAFETY: the IDTR names the kernel's loaded 256-entry IDT, alive
-    // forever; we copy it.
-    let mut idt: InterruptDescriptorTable =
-        unsafe { core::ptr::read(kernel_idt.base.as_ptr::<InterruptDescriptorTable>()) };
-    idt.debug.set_handler_fn(step);
-    let idt: &'static InterruptDescriptorTable = Box::leak(Box::new(idt));
-    idt.load();
-    let result = f();
-    // SAFETY: the kernel's own IDT, as it was.
-    unsafe { lidt(&kernel_idt) };
-    result
+/// [`trials`] under the #DB entry [`step`]: four kinds of work, each
+/// interrupting every instruction of both ranges, every interrupt
+/// restarted (the kernel's count moves by as many).
+fn interrupted_everywhere() -> (usize, usize) {
+    let restarts = idt::restarts();
+    let (allocs, frees) = with_debug_handler(step, trials);
+    assert_eq!((allocs, frees), (4 * ALLOC_RANGE, 4 * FREE_RANGE));
+    assert_eq!(
+        idt::restarts() - restarts,
+        (allocs + frees) as u64,
+        "restart count"
+    );
+    (allocs, frees)
 }
 
 #[test_case]
@@ -395,16 +379,7 @@ fn every_instruction_of_the_kmem_cache_hits_interrupted() {
         .expect("cache_create");
     CACHE.store(core::ptr::from_ref(cache).cast_mut(), Ordering::Relaxed);
     TARGET_KMALLOC.store(false, Ordering::Relaxed);
-    let restarts = idt::restarts();
-    let (allocs, frees) = with_step_idt(trials);
-    // Four kinds of work, each interrupting every instruction of both
-    // ranges.
-    assert_eq!((allocs, frees), (4 * ALLOC_RANGE, 4 * FREE_RANGE));
-    assert_eq!(
-        idt::restarts() - restarts,
-        (allocs + frees) as u64,
-        "restart count"
-    );
+    let (allocs, frees) = interrupted_everywhere();
     let stats = cache.stats();
     assert_eq!(stats.nr_allocated, 0, "objects still out");
     assert_eq!(cache.verify().nr_problems, 0, "verify");
@@ -418,14 +393,7 @@ fn every_instruction_of_the_kmalloc_hits_interrupted() {
     TARGET_KMALLOC.store(true, Ordering::Relaxed);
     let kmalloc = SLAB.find_cache("kmalloc-64").expect("kmalloc-64");
     let before = kmalloc.stats().nr_allocated;
-    let restarts = idt::restarts();
-    let (allocs, frees) = with_step_idt(trials);
-    assert_eq!((allocs, frees), (4 * ALLOC_RANGE, 4 * FREE_RANGE));
-    assert_eq!(
-        idt::restarts() - restarts,
-        (allocs + frees) as u64,
-        "restart count"
-    );
+    let (allocs, frees) = interrupted_everywhere();
     assert_eq!(kmalloc.stats().nr_allocated, before, "objects still out");
     assert_eq!(kmalloc.verify().nr_problems, 0, "verify");
     magpie::println!("restartable hits (kmalloc-64): {allocs} alloc and {frees} free trials");

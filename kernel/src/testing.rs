@@ -125,3 +125,46 @@ macro_rules! test_kernel {
         }
     };
 }
+
+/// Sets the trap flag (RFLAGS.TF): every instruction after the next
+/// raises a debug exception (#DB), for tests that single-step code under
+/// [`with_debug_handler`] (`tests/kernel_hit.rs` counts the hit's
+/// instructions, `tests/restartable_hit.rs` interrupts each of them).
+#[inline(always)]
+pub fn trap_on() {
+    // SAFETY: sets RFLAGS.TF only (through the stack: `pushfq`/`popfq`
+    // are balanced); the caller has a #DB entry that returns.
+    unsafe { core::arch::asm!("pushfq", "or qword ptr [rsp], 0x100", "popfq") };
+}
+
+/// Clears the trap flag ([`trap_on`]).
+#[inline(always)]
+pub fn trap_off() {
+    // SAFETY: clears RFLAGS.TF only.
+    unsafe { core::arch::asm!("pushfq", "and qword ptr [rsp], -0x101", "popfq") };
+}
+
+/// Runs `f` with a copy of the kernel's IDT whose #DB entry is `handler`
+/// loaded on this CPU, then the kernel's IDT again. The copy is leaked
+/// (a few KiB, once per call): an IDT must outlive its use.
+pub fn with_debug_handler<R>(
+    handler: x86_64::structures::idt::HandlerFunc,
+    f: impl FnOnce() -> R,
+) -> R {
+    use x86_64::instructions::tables::{lidt, sidt};
+    use x86_64::structures::idt::InterruptDescriptorTable;
+
+    let kernel_idt = sidt();
+    // SAFETY: the IDTR names the kernel's loaded 256-entry IDT
+    // (`arch::idt`), alive forever; we copy it.
+    let mut idt: InterruptDescriptorTable =
+        unsafe { core::ptr::read(kernel_idt.base.as_ptr::<InterruptDescriptorTable>()) };
+    idt.debug.set_handler_fn(handler);
+    let idt: &'static InterruptDescriptorTable =
+        alloc::boxed::Box::leak(alloc::boxed::Box::new(idt));
+    idt.load();
+    let result = f();
+    // SAFETY: the kernel's own IDT, as it was.
+    unsafe { lidt(&kernel_idt) };
+    result
+}

@@ -127,6 +127,22 @@ pub fn nr_ranges() -> usize {
     ranges().count()
 }
 
+/// The ranges-table entry of the sequence between the local labels `2:`
+/// (its first instruction) and `3:` (the one after its commit), for an
+/// `asm!` template.
+#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+macro_rules! restart_range {
+    () => {
+        concat!(
+            ".pushsection magpie_restart, \"aR\", @progbits\n",
+            ".balign 4\n",
+            ".long 2b - .\n",
+            ".long 3b - .\n",
+            ".popsection",
+        )
+    };
+}
+
 /// The alloc hit's sequence ([`pop`]), the round's register named in the
 /// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
 /// (`$($round)*`).
@@ -142,11 +158,7 @@ macro_rules! pop_asm {
             "sub {top}, 8",
             "mov qword ptr [{base} + {offset} + {top_at}], {top}",
             "3:",
-            ".pushsection magpie_restart, \"aR\", @progbits",
-            ".balign 4",
-            ".long 2b - .",
-            ".long 3b - .",
-            ".popsection",
+            restart_range!(),
             "inc qword ptr [{base} + {offset} + {nr_at}]",
             base = in(reg) $base,
             offset = in(reg) $offset,
@@ -248,11 +260,7 @@ pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize
             "add {top}, 8",
             "mov qword ptr [{base} + {offset} + {top_at}], {top}",
             "3:",
-            ".pushsection magpie_restart, \"aR\", @progbits",
-            ".balign 4",
-            ".long 2b - .",
-            ".long 3b - .",
-            ".popsection",
+            restart_range!(),
             base = in(reg) base,
             offset = in(reg) offset,
             obj = in(reg) obj.as_ptr(),
