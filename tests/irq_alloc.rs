@@ -11,7 +11,11 @@
 //! test. Every object is stamped by its holder and checked before its
 //! free (an object handed out twice loses one holder's stamp); at the end
 //! every object is back (cache statistics), `verify` finds nothing, and
-//! the caches are destroyed without leaks.
+//! the caches are destroyed without leaks. The kernel's hits are
+//! restartable sequences (`magpie_slab::restart`): the printed line says
+//! how many timer interrupts landed inside one and sent it back to its
+//! start (`restarts=`, a few per run; `tests/restartable_hit.rs` puts one
+//! at every instruction).
 //!
 //! Then the handler makes bad frees (`KmemCache::free` and
 //! `GlobalAlloc::dealloc` of a pointer the allocator never handed out)
@@ -301,10 +305,11 @@ fn timer_interrupt_allocates_against_the_thread() {
 
     let irq_allocs = IRQ_ALLOCS.load(Ordering::Relaxed);
     magpie::println!(
-        "IRQ_ALLOC ticks={} irq_allocs={irq_allocs} irq_frees={} thread_rounds={}",
+        "IRQ_ALLOC ticks={} irq_allocs={irq_allocs} irq_frees={} thread_rounds={} restarts={}",
         NR_TICKS.load(Ordering::Relaxed),
         IRQ_FREES.load(Ordering::Relaxed),
-        rounds.load(Ordering::Relaxed)
+        rounds.load(Ordering::Relaxed),
+        magpie::arch::idt::restarts()
     );
     assert_eq!(irq_allocs, IRQ_FREES.load(Ordering::Relaxed));
     for (index, before) in before.iter().enumerate() {

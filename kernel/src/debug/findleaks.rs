@@ -5,11 +5,13 @@
 //! after it, and `.bss`, which holds the per-CPU blocks and every
 //! `static`), the running CPU's stack from its caller's caller's frame up
 //! (the shell's dispatcher and above, for `kmem findleaks`), the
-//! callee-saved registers, and every AP's whole kernel stack (an AP sits
-//! in its work loop; its saved interrupt frames are on that stack). The
-//! boot stack below the caller's frame is not a root: it holds stale
-//! copies of pointers (the leaking command's own frame) that would hide
-//! the very leaks asked about. The scan's table comes from the frame
+//! callee-saved registers, and every AP's live kernel stack (from where
+//! it sleeps in its work loop up: `smp::ap_stack_live`; all of it while
+//! it runs work). The boot stack below the caller's frame and an idle
+//! AP's stack below its work loop are not roots: they hold stale copies
+//! of pointers (the leaking command's own frame, the frames of a job the
+//! AP ran, such as `stress`'s) that would hide the very leaks asked
+//! about. The scan's table comes from the frame
 //! allocator, so the scan allocates nothing from the slab allocator.
 //!
 //! Output: illumos' layout, one line per cache and allocation site:
@@ -129,7 +131,7 @@ fn scan(
             scan.scan_range(stack_from, boot_top);
         }
         for cpu in 0..crate::arch::MAX_CPUS {
-            if let Some((bottom, top)) = crate::smp::ap_stack(cpu) {
+            if let Some((bottom, top)) = crate::smp::ap_stack_live(cpu) {
                 scan.scan_range(bottom, top);
             }
         }

@@ -153,11 +153,32 @@ pub(crate) fn init() {
 /// Top of each AP's kernel stack (0: none), for the leak scan's roots.
 static AP_STACK_TOPS: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
 
+/// Each AP's stack pointer while it sleeps in its work loop (0 while it
+/// runs work, or before it first sleeps): its stack below it holds only
+/// dead frames (the last job's), not roots.
+static AP_IDLE_SP: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+
 /// CPU `cpu`'s kernel stack as `bottom..top` (APs only; the boot CPU's is
 /// in the kernel image), once it was given one.
 pub fn ap_stack(cpu: usize) -> Option<(usize, usize)> {
     let top = AP_STACK_TOPS.get(cpu)?.load(Ordering::Acquire);
     (top != 0).then(|| (top - AP_STACK_SIZE, top))
+}
+
+/// The live part of CPU `cpu`'s kernel stack, for the leak scan's roots:
+/// from where it sleeps in its work loop up to the top, or all of
+/// [`ap_stack`] while it runs work (or before it first slept). The dead
+/// part below holds stale copies of pointers (a finished job's frames:
+/// `stress` frees objects that a later command allocates and leaks),
+/// which would hide the very leaks asked about.
+pub fn ap_stack_live(cpu: usize) -> Option<(usize, usize)> {
+    let (bottom, top) = ap_stack(cpu)?;
+    let sp = AP_IDLE_SP[cpu].load(Ordering::Acquire);
+    Some(if (bottom..top).contains(&sp) {
+        (sp, top)
+    } else {
+        (bottom, top)
+    })
 }
 
 /// Starts CPU `cpu` at `apic_id` and waits for it. Returns whether it came up.
@@ -248,9 +269,16 @@ fn work_loop() -> ! {
                 x86_64::instructions::interrupts::disable();
                 run_pending_call();
                 if mailbox.jobs.lock().is_empty() {
+                    let sp: usize;
+                    // SAFETY: reads the stack pointer; no memory access.
+                    unsafe {
+                        core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags));
+                    }
+                    AP_IDLE_SP[this.cpu_id()].store(sp, Ordering::Release);
                     // Atomically enable interrupts and halt: a wake-up IPI
                     // pending since the check above ends the hlt at once.
                     x86_64::instructions::interrupts::enable_and_hlt();
+                    AP_IDLE_SP[this.cpu_id()].store(0, Ordering::Release);
                 }
             }
         }
