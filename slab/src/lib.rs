@@ -521,7 +521,12 @@
 #![feature(allocator_api)]
 // The restartable hits' `asm!` (`restart.rs`), where they are built.
 #![cfg_attr(
-    all(target_arch = "x86_64", not(miri), not(all(test, loom))),
+    all(
+        target_arch = "x86_64",
+        any(target_os = "none", target_os = "linux"),
+        not(miri),
+        not(all(test, loom))
+    ),
     feature(asm_goto_with_outputs)
 )]
 #![cfg_attr(all(test, not(loom)), feature(btreemap_alloc))]

@@ -40,13 +40,24 @@
 //! KFENCE handles) must not restart: their handlers run no allocator code
 //! on the per-CPU caches and a trap flag would never get past a restart.
 
-/// Whether this build has the restartable hits at all (x86-64, not under
-/// Miri or the loom models): elsewhere the flag and interrupt-off hits are
-/// used whatever the platform says.
-pub(crate) const SUPPORTED: bool =
-    cfg!(all(target_arch = "x86_64", not(miri), not(all(test, loom))));
+/// Whether this build has the restartable hits at all (x86-64 ELF targets:
+/// bare metal and Linux, whose linkers define the section's
+/// `__start_`/`__stop_` symbols; not under Miri or the loom models):
+/// elsewhere the flag and interrupt-off hits are used whatever the
+/// platform says.
+pub(crate) const SUPPORTED: bool = cfg!(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+));
 
-#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+))]
 mod table {
     // The table's anchor: an empty range (start == end, never matched), so
     // that `__start_`/`__stop_magpie_restart` exist in every image.
@@ -101,7 +112,12 @@ mod table {
 /// ([`nr_ranges`]); nothing else.
 #[must_use]
 pub fn restart_ip(ip: usize) -> Option<usize> {
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        any(target_os = "none", target_os = "linux"),
+        not(miri),
+        not(all(test, loom))
+    ))]
     for (start, end) in table::ranges() {
         if (start..end).contains(&ip) {
             return Some(start);
@@ -115,9 +131,19 @@ pub fn restart_ip(ip: usize) -> Option<usize> {
 /// addresses (end exclusive), the empty anchor included: one per inlined
 /// copy of a hit. Empty where [`restart_ip`] is unsupported (not x86-64).
 pub fn ranges() -> impl Iterator<Item = (usize, usize)> {
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        any(target_os = "none", target_os = "linux"),
+        not(miri),
+        not(all(test, loom))
+    ))]
     return table::ranges();
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        any(target_os = "none", target_os = "linux"),
+        not(miri),
+        not(all(test, loom))
+    )))]
     return core::iter::empty();
 }
 
@@ -130,7 +156,12 @@ pub fn nr_ranges() -> usize {
 /// The ranges-table entry of the sequence between the local labels `2:`
 /// (its first instruction) and `3:` (the one after its commit), for an
 /// `asm!` template.
-#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+))]
 macro_rules! restart_range {
     () => {
         concat!(
@@ -146,7 +177,12 @@ macro_rules! restart_range {
 /// The alloc hit's sequence ([`pop`]), the round's register named in the
 /// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
 /// (`$($round)*`).
-#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+))]
 macro_rules! pop_asm {
     ($base:expr, $offset:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
         core::arch::asm!(
@@ -189,7 +225,12 @@ macro_rules! pop_asm {
 /// interrupt that can run allocator code, and no other code on this CPU
 /// touches the per-CPU cache with interrupts on
 /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
-#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+))]
 #[inline(always)]
 pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
     base: *const u8,
@@ -231,7 +272,12 @@ pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX:
 /// # Safety
 /// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
 /// cache belongs to, given up by the caller if this returns true.
-#[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+))]
 #[inline(always)]
 pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
     base: *const u8,
@@ -280,7 +326,12 @@ pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize
 ///
 /// # Safety
 /// None needed; it panics.
-#[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+)))]
 pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
     _base: *const u8,
     _offset: usize,
@@ -292,7 +343,12 @@ pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX:
 ///
 /// # Safety
 /// None needed; it panics.
-#[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(target_os = "none", target_os = "linux"),
+    not(miri),
+    not(all(test, loom))
+)))]
 pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
     _base: *const u8,
     _offset: usize,
