@@ -100,11 +100,12 @@ impl<P: Platform> KmemCache<P> {
             }
             #[cfg(not(feature = "alloc-profiling"))]
             {
-                let hot = self.hot();
-                if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
+                if self
+                    .hot_only::<{ HotFlags::ALLOC_SLOW.bits() }, { HotFlags::KMEMTRACE.bits() }>()
+                {
                     return O::from_raw(self.alloc_recorded_hit::<O, B>(tag, bytes_req));
                 }
-                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), hot, tag));
+                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), self.hot(), tag));
             }
         }
         match self.magazine_alloc_hit_in::<true>() {

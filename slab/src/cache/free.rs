@@ -96,11 +96,21 @@ impl<P: Platform> KmemCache<P> {
     /// `at.slot` names; if it is allocated, the caller gives it up.
     #[inline(always)]
     pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        // The flags tested in memory (one `test` and a branch), read again
-        // off the hit, as in the alloc.
-        if self.hot_any::<{ HotFlags::FREE_SLOW.bits() }>() {
+        // With profiling compiled in (the kernel), the flags tested in
+        // memory (one `test` and a branch), read again off the hit, as in
+        // the alloc. Without, loaded once: the recorded free's dispatch
+        // uses the loaded word, which LLVM turns into conditional tail
+        // calls (the `asm!` test's branch cannot be one) with fewer
+        // register moves around the paths off the hit.
+        #[cfg(feature = "alloc-profiling")]
+        let slow = self.hot_any::<{ HotFlags::FREE_SLOW.bits() }>();
+        #[cfg(not(feature = "alloc-profiling"))]
+        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
+        #[cfg(not(feature = "alloc-profiling"))]
+        let slow = !hot.is_empty();
+        if slow {
             #[cfg(not(feature = "alloc-profiling"))]
-            if self.hot().intersection(HotFlags::FREE_SLOW) == HotFlags::KMEMTRACE {
+            if hot == HotFlags::KMEMTRACE {
                 // Off the hit (else LLVM tests this first, on the plain
                 // hit too).
                 core::hint::cold_path();

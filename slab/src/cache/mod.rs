@@ -514,6 +514,14 @@ impl<P: Platform> KmemCache<P> {
         crate::sync::flags_eq::<VALUE>(&self.hot_flags)
     }
 
+    /// Whether `BIT` is the only bit of `MASK` set in the hot flags
+    /// ([`crate::sync::flags_only`]: two `test`s of the word in memory).
+    #[cfg(not(feature = "alloc-profiling"))]
+    #[inline(always)]
+    pub(crate) fn hot_only<const MASK: u32, const BIT: u32>(&self) -> bool {
+        crate::sync::flags_only::<MASK, BIT>(&self.hot_flags)
+    }
+
     /// Set hot flags (tracing, profiling, tagging switch on).
     pub(crate) fn set_hot(&self, flags: HotFlags) {
         self.hot_flags.fetch_or(flags.bits(), Ordering::AcqRel);
