@@ -77,12 +77,14 @@ impl<P: Platform> KmemCache<P> {
     /// Finish a free whose owner check passed — for all three callers
     /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
     /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
-    /// included): one test of the flags the hit loads anyway, so a cache
-    /// with profiling compiled in but off pays nothing more than a plain
-    /// one. Then, with profiling compiled in, the profiled free (`TAGGED`
-    /// the only flag) inline, behind a `cold_path` weight that keeps it
-    /// off the plain hit's layout: the tag reference at the index the
-    /// owner check computed, cleared and uncharged, then the magazine hit.
+    /// included): one test of the flags (in memory with profiling compiled
+    /// in), so a cache with profiling compiled in but off pays nothing
+    /// more than a plain one. Then, with profiling compiled in, the
+    /// profiled free (the whole word equal to
+    /// [`HotFlags::PROFILED_USUAL`], whose only free bit is `TAGGED`)
+    /// inline, behind a `cold_path` weight that keeps it off the plain
+    /// hit's layout: the tag reference at the index the owner check
+    /// computed, cleared and uncharged, then the magazine hit.
     /// Without profiling compiled in, recording (`KMEMTRACE` the only
     /// flag) is told apart here instead and goes straight to
     /// [`Self::free_recorded_hit`]. Anything else: a tail call to
