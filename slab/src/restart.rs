@@ -52,13 +52,55 @@ pub(crate) const SUPPORTED: bool = cfg!(all(
     not(all(test, loom))
 ));
 
+/// Where an interrupted instruction pointer `ip` must resume: `Some(start)`
+/// if `ip` is inside a restartable hit that has not committed (from its
+/// first instruction up to, not including, the one after its commit), else
+/// `None` (resume at `ip`).
+///
+/// A platform with [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)
+/// calls this from every interrupt handler that can run allocator code
+/// (device interrupts, timer, the cross-CPU call's IPI), before that code
+/// runs, with the instruction pointer the CPU saved, and writes `start`
+/// back into the saved frame. Linear in the number of ranges
+/// ([`nr_ranges`]); nothing else.
+#[must_use]
+pub fn restart_ip(ip: usize) -> Option<usize> {
+    ranges().find_map(|(start, end)| (start..end).contains(&ip).then_some(start))
+}
+
+/// The restartable ranges in this image, as `(start, end)` instruction
+/// addresses (end exclusive), the empty anchor included: one per inlined
+/// copy of a hit. Empty where [`restart_ip`] is unsupported (not an x86-64
+/// ELF target).
+pub fn ranges() -> impl Iterator<Item = (usize, usize)> {
+    imp::ranges()
+}
+
+/// Number of entries in the ranges table ([`ranges`]).
+#[must_use]
+pub fn nr_ranges() -> usize {
+    ranges().count()
+}
+
+pub(crate) use imp::{pop, push};
+
+/// Whether `P`'s plain magazine hits are restartable sequences (its
+/// [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS), in a
+/// build that has them).
+#[inline(always)]
+pub(crate) const fn enabled<P: crate::Platform>() -> bool {
+    SUPPORTED && P::RESTARTABLE_HITS
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     any(target_os = "none", target_os = "linux"),
     not(miri),
     not(all(test, loom))
 ))]
-mod table {
+/// The sequences, their ranges table and its reader, where they are
+/// built ([`SUPPORTED`]).
+mod imp {
     // The table's anchor: an empty range (start == end, never matched), so
     // that `__start_`/`__stop_magpie_restart` exist in every image.
     core::arch::global_asm!(
@@ -97,270 +139,188 @@ mod table {
             (start, stop)
         })
     }
-}
 
-/// Where an interrupted instruction pointer `ip` must resume: `Some(start)`
-/// if `ip` is inside a restartable hit that has not committed (from its
-/// first instruction up to, not including, the one after its commit), else
-/// `None` (resume at `ip`).
-///
-/// A platform with [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)
-/// calls this from every interrupt handler that can run allocator code
-/// (device interrupts, timer, the cross-CPU call's IPI), before that code
-/// runs, with the instruction pointer the CPU saved, and writes `start`
-/// back into the saved frame. Linear in the number of ranges
-/// ([`nr_ranges`]); nothing else.
-#[must_use]
-pub fn restart_ip(ip: usize) -> Option<usize> {
-    #[cfg(all(
-        target_arch = "x86_64",
-        any(target_os = "none", target_os = "linux"),
-        not(miri),
-        not(all(test, loom))
-    ))]
-    for (start, end) in table::ranges() {
-        if (start..end).contains(&ip) {
-            return Some(start);
+    /// The ranges-table entry of the sequence between the local labels `2:`
+    /// (its first instruction) and `3:` (the one after its commit), for an
+    /// `asm!` template.
+    macro_rules! restart_range {
+        () => {
+            concat!(
+                ".pushsection magpie_restart, \"aR\", @progbits\n",
+                ".balign 4\n",
+                ".long 2b - .\n",
+                ".long 3b - .\n",
+                ".popsection",
+            )
+        };
+    }
+
+    /// The alloc hit's sequence ([`pop`]), the round's register named in the
+    /// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
+    /// (`$($round)*`).
+    macro_rules! pop_asm {
+        ($base:expr, $offset:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
+            core::arch::asm!(
+                "2:",
+                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                concat!("mov ", $r, ", qword ptr [{top} - 8]"),
+                concat!("test ", $r, ", ", $r),
+                "jz {empty}",
+                "sub {top}, 8",
+                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                "3:",
+                restart_range!(),
+                "inc qword ptr [{base} + {offset} + {nr_at}]",
+                base = in(reg) $base,
+                offset = in(reg) $offset,
+                top_at = const $top_at,
+                nr_at = const $nr_at,
+                top = out(reg) _,
+                empty = label { return None; },
+                $($round)*,
+                options(nostack),
+            )
+        };
+    }
+
+    /// The restartable alloc hit: pop the round below this CPU's `top` (the
+    /// per-CPU cache at `base + offset`), move `top` down (the commit) and
+    /// count the allocation; `None` (nothing changed) if the word below `top`
+    /// is null (an empty or absent magazine).
+    ///
+    /// `TOP` and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
+    /// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
+    /// return register (for the plain hit, whose result LLVM would otherwise
+    /// share a register with the profiled hit's, which its multiply keeps
+    /// out of `rax`, and copy).
+    ///
+    /// # Safety
+    /// `base + offset` is the running CPU's per-CPU cache, alive for the call;
+    /// the platform restarts the sequence as [`restart_ip`](super::restart_ip)
+    /// says on every interrupt that can run allocator code, and no other
+    /// code on this CPU
+    /// touches the per-CPU cache with interrupts on
+    /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
+    #[inline(always)]
+    pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
+        base: *const u8,
+        offset: usize,
+    ) -> Option<core::ptr::NonNull<u8>> {
+        let round: *mut u8;
+        // SAFETY: `[base + offset + TOP]` is this CPU's `top`, a pointer at or
+        // above slot 0 of `loaded` (or of the absent magazine, whose word
+        // below is its null `next`): the word below it is readable. Up to the
+        // commit (the store of the new `top`) the block only reads, so an
+        // interrupt there is undone by starting again at `2:` (the range
+        // registered in `magpie_restart`), with `base` and `offset` unchanged
+        // (inputs, never written: `out` registers are never an input's). The
+        // count after the commit is one read-modify-write instruction, which
+        // an interrupt on this CPU cannot split. No stack; the flags are
+        // clobbered (no `preserves_flags`).
+        unsafe {
+            if IN_RAX {
+                pop_asm!(base, offset, TOP, NR_ALLOCS, "rax", out("rax") round);
+            } else {
+                pop_asm!(base, offset, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
+            }
         }
+        // SAFETY: the jump above leaves on a null round.
+        Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
     }
-    let _ = ip;
-    None
-}
 
-/// The restartable ranges in this image, as `(start, end)` instruction
-/// addresses (end exclusive), the empty anchor included: one per inlined
-/// copy of a hit. Empty where [`restart_ip`] is unsupported (not x86-64).
-pub fn ranges() -> impl Iterator<Item = (usize, usize)> {
-    #[cfg(all(
-        target_arch = "x86_64",
-        any(target_os = "none", target_os = "linux"),
-        not(miri),
-        not(all(test, loom))
-    ))]
-    return table::ranges();
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        any(target_os = "none", target_os = "linux"),
-        not(miri),
-        not(all(test, loom))
-    )))]
-    return core::iter::empty();
-}
-
-/// Number of entries in the ranges table ([`ranges`]).
-#[must_use]
-pub fn nr_ranges() -> usize {
-    ranges().count()
-}
-
-/// The ranges-table entry of the sequence between the local labels `2:`
-/// (its first instruction) and `3:` (the one after its commit), for an
-/// `asm!` template.
-#[cfg(all(
-    target_arch = "x86_64",
-    any(target_os = "none", target_os = "linux"),
-    not(miri),
-    not(all(test, loom))
-))]
-macro_rules! restart_range {
-    () => {
-        concat!(
-            ".pushsection magpie_restart, \"aR\", @progbits\n",
-            ".balign 4\n",
-            ".long 2b - .\n",
-            ".long 3b - .\n",
-            ".popsection",
-        )
-    };
-}
-
-/// The alloc hit's sequence ([`pop`]), the round's register named in the
-/// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
-/// (`$($round)*`).
-#[cfg(all(
-    target_arch = "x86_64",
-    any(target_os = "none", target_os = "linux"),
-    not(miri),
-    not(all(test, loom))
-))]
-macro_rules! pop_asm {
-    ($base:expr, $offset:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
-        core::arch::asm!(
-            "2:",
-            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-            concat!("mov ", $r, ", qword ptr [{top} - 8]"),
-            concat!("test ", $r, ", ", $r),
-            "jz {empty}",
-            "sub {top}, 8",
-            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-            "3:",
-            restart_range!(),
-            "inc qword ptr [{base} + {offset} + {nr_at}]",
-            base = in(reg) $base,
-            offset = in(reg) $offset,
-            top_at = const $top_at,
-            nr_at = const $nr_at,
-            top = out(reg) _,
-            empty = label { return None; },
-            $($round)*,
-            options(nostack),
-        )
-    };
-}
-
-/// The restartable alloc hit: pop the round below this CPU's `top` (the
-/// per-CPU cache at `base + offset`), move `top` down (the commit) and
-/// count the allocation; `None` (nothing changed) if the word below `top`
-/// is null (an empty or absent magazine).
-///
-/// `TOP` and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
-/// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
-/// return register (for the plain hit, whose result LLVM would otherwise
-/// share a register with the profiled hit's, which its multiply keeps
-/// out of `rax`, and copy).
-///
-/// # Safety
-/// `base + offset` is the running CPU's per-CPU cache, alive for the call;
-/// the platform restarts the sequence as [`restart_ip`] says on every
-/// interrupt that can run allocator code, and no other code on this CPU
-/// touches the per-CPU cache with interrupts on
-/// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
-#[cfg(all(
-    target_arch = "x86_64",
-    any(target_os = "none", target_os = "linux"),
-    not(miri),
-    not(all(test, loom))
-))]
-#[inline(always)]
-pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
-    base: *const u8,
-    offset: usize,
-) -> Option<core::ptr::NonNull<u8>> {
-    let round: *mut u8;
-    // SAFETY: `[base + offset + TOP]` is this CPU's `top`, a pointer at or
-    // above slot 0 of `loaded` (or of the absent magazine, whose word
-    // below is its null `next`): the word below it is readable. Up to the
-    // commit (the store of the new `top`) the block only reads, so an
-    // interrupt there is undone by starting again at `2:` (the range
-    // registered in `magpie_restart`), with `base` and `offset` unchanged
-    // (inputs, never written: `out` registers are never an input's). The
-    // count after the commit is one read-modify-write instruction, which
-    // an interrupt on this CPU cannot split. No stack; the flags are
-    // clobbered (no `preserves_flags`).
-    unsafe {
-        if IN_RAX {
-            pop_asm!(base, offset, TOP, NR_ALLOCS, "rax", out("rax") round);
-        } else {
-            pop_asm!(base, offset, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
+    /// The restartable free hit of a keyed cache: if this CPU's `loaded` has
+    /// room (`top` below `limit`) and `obj` does not hold the free key, write
+    /// the key into `obj`'s first word, `obj` into the slot at `top`, and move
+    /// `top` up (the commit); true. False otherwise, with nothing changed but,
+    /// after a restart, the key already in `obj` (the miss then confirms the
+    /// apparent double free, finds the object nowhere free, and frees it:
+    /// [`crate::cache`]'s `is_double_free`).
+    ///
+    /// `TOP`, `LIMIT` and `KEY` are the byte offsets of `top`, `limit` and
+    /// `free_key` in the per-CPU cache.
+    ///
+    /// # Safety
+    /// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
+    /// cache belongs to, given up by the caller if this returns true.
+    #[inline(always)]
+    pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+        base: *const u8,
+        offset: usize,
+        obj: core::ptr::NonNull<u8>,
+    ) -> bool {
+        // SAFETY: `top` and `limit` are this CPU's `loaded` slots' top and end
+        // (equal for a full or absent magazine): below `limit`, the slot at
+        // `top` is free and ours to write. Before the commit the block writes
+        // only that slot (above `top`: nothing reads it until the commit
+        // publishes it, and a restart writes it again) and `obj`'s first word
+        // (the caller's object, given up): an interrupt there is undone by
+        // starting again at `2:`, inputs unchanged (early-clobber outputs).
+        // No stack; the flags are clobbered.
+        unsafe {
+            core::arch::asm!(
+                "2:",
+                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                "cmp {top}, qword ptr [{base} + {offset} + {limit_at}]",
+                "jae {no}",
+                "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
+                "cmp qword ptr [{obj}], {key}",
+                "je {no}",
+                "mov qword ptr [{obj}], {key}",
+                "mov qword ptr [{top}], {obj}",
+                "add {top}, 8",
+                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                "3:",
+                restart_range!(),
+                base = in(reg) base,
+                offset = in(reg) offset,
+                obj = in(reg) obj.as_ptr(),
+                top_at = const TOP,
+                limit_at = const LIMIT,
+                key_at = const KEY,
+                top = out(reg) _,
+                key = out(reg) _,
+                no = label { return false; },
+                options(nostack),
+            );
         }
+        true
     }
-    // SAFETY: the jump above leaves on a null round.
-    Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
 }
 
-/// The restartable free hit of a keyed cache: if this CPU's `loaded` has
-/// room (`top` below `limit`) and `obj` does not hold the free key, write
-/// the key into `obj`'s first word, `obj` into the slot at `top`, and move
-/// `top` up (the commit); true. False otherwise, with nothing changed but,
-/// after a restart, the key already in `obj` (the miss then confirms the
-/// apparent double free, finds the object nowhere free, and frees it:
-/// [`crate::cache`]'s `is_double_free`).
-///
-/// `TOP`, `LIMIT` and `KEY` are the byte offsets of `top`, `limit` and
-/// `free_key` in the per-CPU cache.
-///
-/// # Safety
-/// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
-/// cache belongs to, given up by the caller if this returns true.
-#[cfg(all(
-    target_arch = "x86_64",
-    any(target_os = "none", target_os = "linux"),
-    not(miri),
-    not(all(test, loom))
-))]
-#[inline(always)]
-pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
-    base: *const u8,
-    offset: usize,
-    obj: core::ptr::NonNull<u8>,
-) -> bool {
-    // SAFETY: `top` and `limit` are this CPU's `loaded` slots' top and end
-    // (equal for a full or absent magazine): below `limit`, the slot at
-    // `top` is free and ours to write. Before the commit the block writes
-    // only that slot (above `top`: nothing reads it until the commit
-    // publishes it, and a restart writes it again) and `obj`'s first word
-    // (the caller's object, given up): an interrupt there is undone by
-    // starting again at `2:`, inputs unchanged (early-clobber outputs).
-    // No stack; the flags are clobbered.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-            "cmp {top}, qword ptr [{base} + {offset} + {limit_at}]",
-            "jae {no}",
-            "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
-            "cmp qword ptr [{obj}], {key}",
-            "je {no}",
-            "mov qword ptr [{obj}], {key}",
-            "mov qword ptr [{top}], {obj}",
-            "add {top}, 8",
-            "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-            "3:",
-            restart_range!(),
-            base = in(reg) base,
-            offset = in(reg) offset,
-            obj = in(reg) obj.as_ptr(),
-            top_at = const TOP,
-            limit_at = const LIMIT,
-            key_at = const KEY,
-            top = out(reg) _,
-            key = out(reg) _,
-            no = label { return false; },
-            options(nostack),
-        );
-    }
-    true
-}
-
-/// Never called: [`SUPPORTED`] is false in this build.
-///
-/// # Safety
-/// None needed; it panics.
 #[cfg(not(all(
     target_arch = "x86_64",
     any(target_os = "none", target_os = "linux"),
     not(miri),
     not(all(test, loom))
 )))]
-pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
-    _base: *const u8,
-    _offset: usize,
-) -> Option<core::ptr::NonNull<u8>> {
-    unreachable!("restartable hits are not supported in this build")
-}
+/// Stand-ins where the sequences are not built ([`SUPPORTED`] is false):
+/// no ranges, and sequences never called.
+mod imp {
+    /// No ranges.
+    pub(super) fn ranges() -> impl Iterator<Item = (usize, usize)> {
+        core::iter::empty()
+    }
 
-/// Never called: [`SUPPORTED`] is false in this build.
-///
-/// # Safety
-/// None needed; it panics.
-#[cfg(not(all(
-    target_arch = "x86_64",
-    any(target_os = "none", target_os = "linux"),
-    not(miri),
-    not(all(test, loom))
-)))]
-pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
-    _base: *const u8,
-    _offset: usize,
-    _obj: core::ptr::NonNull<u8>,
-) -> bool {
-    unreachable!("restartable hits are not supported in this build")
-}
+    /// Never called: [`SUPPORTED`](super::SUPPORTED) is false in this build.
+    ///
+    /// # Safety
+    /// None needed; it panics.
+    pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
+        _base: *const u8,
+        _offset: usize,
+    ) -> Option<core::ptr::NonNull<u8>> {
+        unreachable!("restartable hits are not supported in this build")
+    }
 
-/// Whether `P`'s plain magazine hits are restartable sequences (its
-/// [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS), in a
-/// build that has them).
-#[inline(always)]
-pub(crate) const fn enabled<P: crate::Platform>() -> bool {
-    SUPPORTED && P::RESTARTABLE_HITS
+    /// Never called: [`SUPPORTED`](super::SUPPORTED) is false in this build.
+    ///
+    /// # Safety
+    /// None needed; it panics.
+    pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+        _base: *const u8,
+        _offset: usize,
+        _obj: core::ptr::NonNull<u8>,
+    ) -> bool {
+        unreachable!("restartable hits are not supported in this build")
+    }
 }
