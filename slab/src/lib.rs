@@ -66,7 +66,7 @@
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
 //! metadata (`kmem_magazine_<N>` for each magazine type, `kmem_cache`,
-//! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`, and with
+//! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, and with
 //! `alloc-profiling` the tag side arrays' `kmem_tags_32` …
 //! `kmem_tags_2048`; all `NOTRACE`), the **kmalloc** size classes
 //! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
@@ -348,8 +348,8 @@
 //! never returns to a lock already held.
 //!
 //! **Why do the bootstrap caches have no magazines?** Besides the above:
-//! metadata must not strand in depots, and `kmem_pcpu` would need its own
-//! per-CPU array to exist first. Callers cannot allocate from or free to
+//! metadata must not strand in depots, and `kmem_cache`, which holds every
+//! cache's per-CPU array, would need its own to exist first. Callers cannot allocate from or free to
 //! bootstrap caches.
 //!
 //! **Why no lock in a per-CPU cache?** The lock it used to have cost a

@@ -159,7 +159,7 @@ mod imp {
     /// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
     /// (`$($round)*`).
     macro_rules! pop_asm {
-        ($base:expr, $offset:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
+        ($base:expr, $offset:expr, $at:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
             core::arch::asm!(
                 "2:",
                 "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
@@ -173,8 +173,8 @@ mod imp {
                 "inc qword ptr [{base} + {offset} + {nr_at}]",
                 base = in(reg) $base,
                 offset = in(reg) $offset,
-                top_at = const $top_at,
-                nr_at = const $nr_at,
+                top_at = const $at + $top_at,
+                nr_at = const $at + $nr_at,
                 top = out(reg) _,
                 empty = label { return None; },
                 $($round)*,
@@ -184,30 +184,39 @@ mod imp {
     }
 
     /// The restartable alloc hit: pop the round below this CPU's `top` (the
-    /// per-CPU cache at `base + offset`), move `top` down (the commit) and
-    /// count the allocation; `None` (nothing changed) if the word below `top`
-    /// is null (an empty or absent magazine).
+    /// per-CPU cache at `base + AT + offset`), move `top` down (the commit)
+    /// and count the allocation; `None` (nothing changed) if the word below
+    /// `top` is null (an empty or absent magazine).
     ///
-    /// `TOP` and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
+    /// `AT` is where the per-CPU array starts, in bytes from `base` (a
+    /// constant, so that a cache's array placed after its struct costs no
+    /// load: `AT` and the field's offset become one displacement); `TOP`
+    /// and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
     /// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
     /// return register (for the plain hit, whose result LLVM would otherwise
     /// share a register with the profiled hit's, which its multiply keeps
     /// out of `rax`, and copy).
     ///
     /// # Safety
-    /// `base + offset` is the running CPU's per-CPU cache, alive for the call;
+    /// `base + AT + offset` is the running CPU's per-CPU cache, alive for
+    /// the call;
     /// the platform restarts the sequence as [`restart_ip`](super::restart_ip)
     /// says on every interrupt that can run allocator code, and no other
     /// code on this CPU
     /// touches the per-CPU cache with interrupts on
     /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
     #[inline(always)]
-    pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
+    pub(crate) unsafe fn pop<
+        const AT: usize,
+        const TOP: usize,
+        const NR_ALLOCS: usize,
+        const IN_RAX: bool,
+    >(
         base: *const u8,
         offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
         let round: *mut u8;
-        // SAFETY: `[base + offset + TOP]` is this CPU's `top`, a pointer at or
+        // SAFETY: `[base + offset + AT + TOP]` is this CPU's `top`, a pointer at or
         // above slot 0 of `loaded` (or of the absent magazine, whose word
         // below is its null `next`): the word below it is readable. Up to the
         // commit (the store of the new `top`) the block only reads, so an
@@ -219,9 +228,9 @@ mod imp {
         // clobbered (no `preserves_flags`).
         unsafe {
             if IN_RAX {
-                pop_asm!(base, offset, TOP, NR_ALLOCS, "rax", out("rax") round);
+                pop_asm!(base, offset, AT, TOP, NR_ALLOCS, "rax", out("rax") round);
             } else {
-                pop_asm!(base, offset, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
+                pop_asm!(base, offset, AT, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
             }
         }
         // SAFETY: the jump above leaves on a null round.
@@ -236,14 +245,19 @@ mod imp {
     /// apparent double free, finds the object nowhere free, and frees it:
     /// [`crate::cache`]'s `is_double_free`).
     ///
-    /// `TOP`, `LIMIT` and `KEY` are the byte offsets of `top`, `limit` and
-    /// `free_key` in the per-CPU cache.
+    /// `AT` as for [`pop`]; `TOP`, `LIMIT` and `KEY` are the byte offsets of
+    /// `top`, `limit` and `free_key` in the per-CPU cache.
     ///
     /// # Safety
     /// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
     /// cache belongs to, given up by the caller if this returns true.
     #[inline(always)]
-    pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+    pub(crate) unsafe fn push<
+        const AT: usize,
+        const TOP: usize,
+        const LIMIT: usize,
+        const KEY: usize,
+    >(
         base: *const u8,
         offset: usize,
         obj: core::ptr::NonNull<u8>,
@@ -274,9 +288,9 @@ mod imp {
                 base = in(reg) base,
                 offset = in(reg) offset,
                 obj = in(reg) obj.as_ptr(),
-                top_at = const TOP,
-                limit_at = const LIMIT,
-                key_at = const KEY,
+                top_at = const AT + TOP,
+                limit_at = const AT + LIMIT,
+                key_at = const AT + KEY,
                 top = out(reg) _,
                 key = out(reg) _,
                 no = label { return false; },
@@ -305,7 +319,12 @@ mod imp {
     ///
     /// # Safety
     /// None needed; it panics.
-    pub(crate) unsafe fn pop<const TOP: usize, const NR_ALLOCS: usize, const IN_RAX: bool>(
+    pub(crate) unsafe fn pop<
+        const AT: usize,
+        const TOP: usize,
+        const NR_ALLOCS: usize,
+        const IN_RAX: bool,
+    >(
         _base: *const u8,
         _offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
@@ -316,7 +335,12 @@ mod imp {
     ///
     /// # Safety
     /// None needed; it panics.
-    pub(crate) unsafe fn push<const TOP: usize, const LIMIT: usize, const KEY: usize>(
+    pub(crate) unsafe fn push<
+        const AT: usize,
+        const TOP: usize,
+        const LIMIT: usize,
+        const KEY: usize,
+    >(
         _base: *const u8,
         _offset: usize,
         _obj: core::ptr::NonNull<u8>,

@@ -59,9 +59,9 @@ const _: () = {
 };
 
 /// Pages a source must have beyond what `init` takes: the metadata slabs
-/// the first allocations need (`kmem_cache` (2 pages), `kmem_pcpu`,
-/// `kmem_slab`, `kmem_bufctl`, a magazine slab, a tag side-array slab:
-/// 7 pages) and a slab for each of a few classes.
+/// the first allocations need (`kmem_cache` (2 pages), `kmem_slab`,
+/// `kmem_bufctl`, a magazine slab, a tag side-array slab: 6 pages) and a
+/// slab for each of a few classes.
 pub const MIN_FREE_PAGES: usize = 16;
 
 /// Packed slabs of at most `span_pages / SLAB_PAGES_DIV` pages.
@@ -80,9 +80,9 @@ const EAGER_DIV: usize = 16;
 /// - the page map: `8 × S / 4096` bytes, in whole pages (one page up to
 ///   a 2 MiB span);
 /// - the size classes, only if they take at most `S / 16`:
-///   `64 × (960 + 64 n)` bytes of `kmem_cache` and `kmem_pcpu` objects
-///   (struct and per-CPU array of each class; their slabs round up to
-///   whole pages: 25 pages on 4 CPUs). Otherwise 0: each class is created
+///   `64 × (960 + 64 n)` bytes of `kmem_cache` objects (each class's
+///   struct and, after it, its per-CPU array; their slabs round up to
+///   whole pages). Otherwise 0: each class is created
 ///   by its first allocation and costs that then;
 /// - nothing else: the bootstrap caches live in the `Allocator` static
 ///   and take slabs on first use.
@@ -151,8 +151,8 @@ impl<P: Platform> Allocator<P> {
         let span_bytes = end - base;
         let span_pages = span_bytes / PAGE_SIZE;
         let page_map_bytes = crate::layout::pagemap::PageMap::pages_for(span_pages) * PAGE_SIZE;
-        let eager_bytes = NR_KMALLOC
-            * (core::mem::size_of::<KmemCache<P>>() + nr_cpus * core::mem::size_of::<PcpuCache>());
+        let eager_bytes =
+            NR_KMALLOC * (crate::cache::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>());
         let classes_on_first_use = eager_bytes.saturating_mul(EAGER_DIV) > span_bytes;
         let classes_bytes = if classes_on_first_use { 0 } else { eager_bytes };
         Some(InitCost {

@@ -25,7 +25,7 @@ impl<P: Platform> Allocator<P> {
     /// the page map (one word per page of `source.span()`, from the source
     /// itself), the bootstrap caches (`kmem_magazine_1` …
     /// `kmem_magazine_60`, one per magazine type, then `kmem_cache`,
-    /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, `kmem_pcpu`, then with
+    /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, then with
     /// `alloc-profiling` the tag side-array caches `kmem_tags_<bytes>`)
     /// and the kmalloc caches. Reads [`Platform::max_cpus`].
     ///
@@ -126,8 +126,9 @@ impl<P: Platform> Allocator<P> {
         }
 
         let fixed_layouts: [(usize, usize); NR_FIXED_BOOT - NR_MAG_TYPES] = [
+            // The struct and its per-CPU array (KmemCache::pcpu).
             (
-                core::mem::size_of::<KmemCache<P>>(),
+                crate::cache::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>(),
                 core::mem::align_of::<KmemCache<P>>(),
             ),
             (core::mem::size_of::<Slab>(), core::mem::align_of::<Slab>()),
@@ -138,10 +139,6 @@ impl<P: Platform> Allocator<P> {
             (
                 core::mem::size_of::<TraceNode>(),
                 core::mem::align_of::<TraceNode>(),
-            ),
-            (
-                nr_cpus * core::mem::size_of::<PcpuCache>(),
-                core::mem::align_of::<PcpuCache>(),
             ),
         ];
         let magazine_layouts = MAGAZINE_ROUNDS.map(|rounds| (magazine_bytes(rounds), 8));

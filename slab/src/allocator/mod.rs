@@ -62,18 +62,12 @@ pub(crate) enum BootCache {
     Slab,
     Bufctl,
     Trace,
-    Pcpu,
 }
 /// The bootstrap caches before the tag side-array caches.
-const NR_FIXED_BOOT: usize = NR_MAG_TYPES + 5;
+const NR_FIXED_BOOT: usize = NR_MAG_TYPES + 4;
 const NR_BOOT: usize = NR_FIXED_BOOT + NR_TAG_ARRAY_CACHES;
-const BOOT_NAMES: [&str; NR_FIXED_BOOT - NR_MAG_TYPES] = [
-    "kmem_cache",
-    "kmem_slab",
-    "kmem_bufctl",
-    "kmem_trace",
-    "kmem_pcpu",
-];
+const BOOT_NAMES: [&str; NR_FIXED_BOOT - NR_MAG_TYPES] =
+    ["kmem_cache", "kmem_slab", "kmem_bufctl", "kmem_trace"];
 
 /// Object sizes, in bytes, of the bootstrap caches that hold small slabs'
 /// tag side arrays (feature `alloc-profiling`; none without), one cache
@@ -598,19 +592,17 @@ impl<P: Platform> Allocator<P> {
         }
         // SAFETY: READY or INITIALIZING on this thread: cells readable.
         let nr_cpus = unsafe { *self.nr_cpus.get() };
+        // One kmem_cache object: the struct, then its per-CPU array at
+        // PCPU_OFFSET (where the hits compute it).
         let mem = self
             .boot(BootCache::Cache)
             .slab_alloc_raw()?
             .as_ptr()
             .cast::<KmemCache<P>>();
-        let pcpu = match self.boot(BootCache::Pcpu).slab_alloc_raw() {
-            Ok(pcpu) => pcpu.as_ptr().cast::<PcpuCache>(),
-            Err(error) => {
-                // SAFETY: fresh kmem_cache object, unused.
-                unsafe { self.boot(BootCache::Cache).slab_free_raw(mem.cast()) };
-                return Err(error);
-            }
-        };
+        let pcpu = mem
+            .cast::<u8>()
+            .wrapping_add(crate::cache::PCPU_OFFSET)
+            .cast::<PcpuCache>();
         let spec = CacheSpec {
             name,
             size,
@@ -625,9 +617,9 @@ impl<P: Platform> Allocator<P> {
             id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
             debug,
         };
-        // SAFETY: `pcpu` is a fresh kmem_pcpu object of nr_cpus
-        // PcpuCaches (64-aligned); `mem` a fresh kmem_cache object sized
-        // and aligned for a KmemCache<P>. Both are ours; once linked the
+        // SAFETY: `mem` is a fresh kmem_cache object, ours: a KmemCache<P>
+        // (64-aligned) and from PCPU_OFFSET (a multiple of 64 at or past
+        // the struct's end) nr_cpus PcpuCaches, `pcpu`. Once linked the
         // cache lives until destroy.
         unsafe {
             // The free key in every CPU's line, where the free's hit reads it.

@@ -17,7 +17,7 @@ impl<P: Platform> Allocator<P> {
     /// Newest first, so that metadata freed by later caches (their slab
     /// structs, bufctls, magazines and cache structs) is reaped with the
     /// bootstrap caches at the end; and `kmem_slab` and `kmem_bufctl` come
-    /// last of all, after `kmem_cache` and `kmem_pcpu`, whose bufctl slabs
+    /// last of all, after `kmem_cache`, whose bufctl slabs
     /// (when their objects are large) free into them. So one call leaves no
     /// empty slab anywhere.
     pub fn reap_all(&self) -> usize {

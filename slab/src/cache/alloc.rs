@@ -132,10 +132,16 @@ impl<P: Platform> KmemCache<P> {
     fn magazine_alloc_hit_in<const IN_RAX: bool>(&self) -> Option<NonNull<u8>> {
         if crate::restart::enabled::<P>() {
             debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
-            // SAFETY: pcpu has nr_cpus slots, alive as long as the cache;
-            // cpu_offset() is this CPU's slot (the Platform contract),
-            // whose hits are restartable.
-            return unsafe { PcpuCache::restartable_pop::<IN_RAX>(self.pcpu, P::cpu_offset()) };
+            // SAFETY: pcpu has nr_cpus slots, alive as long as the cache,
+            // PCPU_OFFSET bytes after the cache; cpu_offset() is this
+            // CPU's slot (the Platform contract), whose hits are
+            // restartable.
+            return unsafe {
+                PcpuCache::restartable_pop::<{ super::PCPU_OFFSET }, IN_RAX>(
+                    (self as *const Self).cast(),
+                    P::cpu_offset(),
+                )
+            };
         }
         self.magazine_alloc_hit_with(|obj| obj)
     }

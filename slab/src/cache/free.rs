@@ -325,7 +325,11 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: as in `magazine_alloc_hit`; per our caller, obj is a
             // busy object of this keyed cache, given up if pushed.
             return unsafe {
-                crate::magazine::PcpuCache::restartable_push(self.pcpu, P::cpu_offset(), obj)
+                crate::magazine::PcpuCache::restartable_push::<{ super::PCPU_OFFSET }>(
+                    (self as *const Self).cast(),
+                    P::cpu_offset(),
+                    obj,
+                )
             };
         }
         // SAFETY: per our caller.

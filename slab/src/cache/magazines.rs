@@ -5,8 +5,8 @@
 
 use core::ptr::{self, NonNull};
 
-use super::KmemCache;
 use super::free::top_round;
+use super::{KmemCache, PCPU_OFFSET};
 use crate::error::AllocError;
 use crate::magazine::{
     Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine,
@@ -32,6 +32,24 @@ impl Default for SendMagazine {
 }
 
 impl<P: Platform> KmemCache<P> {
+    /// The per-CPU array, computed from the cache's address: it follows
+    /// the struct at [`PCPU_OFFSET`] (no load of `pcpu`, which it equals
+    /// for every cache with a magazine layer; for a bootstrap cache the
+    /// address means nothing and is never used). From the address as an
+    /// integer, with its exposed provenance (the array lies past `self`'s
+    /// struct, in the same `kmem_cache` object).
+    #[inline(always)]
+    pub(crate) fn pcpu_array(&self) -> *mut PcpuCache {
+        debug_assert!(self.pcpu.is_null() || self.pcpu.addr() == self.pcpu_addr());
+        core::ptr::with_exposed_provenance_mut(self.pcpu_addr())
+    }
+
+    /// [`Self::pcpu_array`]'s address.
+    #[inline(always)]
+    fn pcpu_addr(&self) -> usize {
+        (self as *const Self).addr().wrapping_add(PCPU_OFFSET)
+    }
+
     /// This CPU's per-CPU cache, for a magazine hit (interrupts possibly
     /// on): held through its in-use flag while the result lives; `None`
     /// if the flag is held (this is an interrupt handler that interrupted
@@ -45,7 +63,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
         // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
         // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
-        unsafe { PcpuCache::try_lock::<P>(self.pcpu, P::cpu_offset()) }
+        unsafe { PcpuCache::try_lock::<P>(self.pcpu_array(), P::cpu_offset()) }
     }
 
     /// [`Self::pcpu_lock`] for code off the hits, with interrupts off

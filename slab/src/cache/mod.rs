@@ -223,6 +223,16 @@ pub(crate) struct CacheLinks<P: Platform> {
     pub(crate) next: *const KmemCache<P>,
 }
 
+/// Where a cache's per-CPU array starts in its `kmem_cache` object, in
+/// bytes: right after the [`KmemCache`] struct (960 bytes, 64-aligned;
+/// asserted at compile time, [`KmemCache::construct`]). A constant, so
+/// that a hit finds this CPU's line at `cache + PCPU_OFFSET +
+/// Platform::cpu_offset()` with no load: the free's chain of dependent
+/// loads is page-map slot → line, the alloc's size table → line →
+/// round, one load each shorter than through `pcpu` (`docs/BENCHMARKS.md`,
+/// issue 18: what that is worth in `mixed`'s CPU time).
+pub(crate) const PCPU_OFFSET: usize = 960;
+
 /// An object cache (`kmem_cache`).
 ///
 /// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
@@ -248,7 +258,11 @@ pub struct KmemCache<P: Platform> {
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag_header_in_page: bool,
     /// The per-CPU caches, one per CPU (null for bootstrap caches); this
-    /// CPU's is at `pcpu + Platform::cpu_offset()`.
+    /// CPU's is at `pcpu + Platform::cpu_offset()`. The array follows the
+    /// struct in its `kmem_cache` object, at [`PCPU_OFFSET`]: the hits
+    /// compute its address from the cache's ([`KmemCache::pcpu_array`])
+    /// rather than load this field; the rest of the code reads it (and
+    /// its null for a bootstrap cache).
     pub(crate) pcpu: *mut PcpuCache,
     /// Number of CPUs minus one: the last index of `pcpu`.
     pub(crate) last_cpu: usize,
@@ -332,6 +346,10 @@ impl<P: Platform> KmemCache<P> {
         pcpu: *mut PcpuCache,
         nr_cpus: usize,
     ) -> Self {
+        const {
+            assert!(core::mem::size_of::<Self>() <= PCPU_OFFSET);
+            assert!(PCPU_OFFSET.is_multiple_of(core::mem::align_of::<PcpuCache>()));
+        };
         let mut name = [0u8; 32];
         let mut name_len = spec.name.len().min(31);
         while !spec.name.is_char_boundary(name_len) {
@@ -601,14 +619,9 @@ impl<P: Platform> KmemCache<P> {
         self.free_trace_table();
         self.free_hash_table();
         // SAFETY: unlinked and drained; per our caller nobody uses the
-        // cache any more. The per-CPU array and the cache struct came from
-        // the kmem_pcpu / kmem_cache slab layers.
+        // cache any more. The cache struct and its per-CPU array came from
+        // the kmem_cache slab layer, as one object.
         unsafe {
-            if !self.pcpu.is_null() {
-                owner
-                    .boot(crate::BootCache::Pcpu)
-                    .slab_free_raw(self.pcpu.cast());
-            }
             owner
                 .boot(crate::BootCache::Cache)
                 .slab_free_raw((self as *const Self).cast_mut().cast());

@@ -457,14 +457,16 @@ impl PcpuCache {
     }
 
     /// The restartable alloc hit ([`crate::restart::pop`]) on the per-CPU
-    /// cache `offset` bytes into `array`.
+    /// cache `offset` bytes into the array that starts `AT` bytes after
+    /// `base` (a cache's struct, whose array follows it at a constant
+    /// offset: the hit computes the line's address, no load).
     ///
     /// # Safety
-    /// As for [`crate::restart::pop`]: `array + offset` is the running
+    /// As for [`crate::restart::pop`]: `base + AT + offset` is the running
     /// CPU's per-CPU cache, and the platform's hits are restartable.
     #[inline(always)]
-    pub(crate) unsafe fn restartable_pop<const IN_RAX: bool>(
-        array: *const PcpuCache,
+    pub(crate) unsafe fn restartable_pop<const AT: usize, const IN_RAX: bool>(
+        base: *const u8,
         offset: usize,
     ) -> Option<NonNull<u8>> {
         const INNER: usize = core::mem::offset_of!(PcpuCache, inner);
@@ -472,21 +474,23 @@ impl PcpuCache {
         // in a `PcpuCache` (`UnsafeCell` is `repr(transparent)`).
         unsafe {
             crate::restart::pop::<
+                AT,
                 { INNER + core::mem::offset_of!(PcpuInner, top) },
                 { INNER + core::mem::offset_of!(PcpuInner, nr_allocs) },
                 IN_RAX,
-            >(array.cast(), offset)
+            >(base, offset)
         }
     }
 
     /// The restartable free hit of a keyed cache ([`crate::restart::push`])
-    /// on the per-CPU cache `offset` bytes into `array`.
+    /// on the per-CPU cache `offset` bytes into the array `AT` bytes after
+    /// `base` (as for [`PcpuCache::restartable_pop`]).
     ///
     /// # Safety
     /// As for [`crate::restart::push`].
     #[inline(always)]
-    pub(crate) unsafe fn restartable_push(
-        array: *const PcpuCache,
+    pub(crate) unsafe fn restartable_push<const AT: usize>(
+        base: *const u8,
         offset: usize,
         obj: NonNull<u8>,
     ) -> bool {
@@ -495,10 +499,11 @@ impl PcpuCache {
         // `free_key`'s in a `PcpuCache`.
         unsafe {
             crate::restart::push::<
+                AT,
                 { INNER + core::mem::offset_of!(PcpuInner, top) },
                 { INNER + core::mem::offset_of!(PcpuInner, limit) },
                 { INNER + core::mem::offset_of!(PcpuInner, free_key) },
-            >(array.cast(), offset, obj)
+            >(base, offset, obj)
         }
     }
 

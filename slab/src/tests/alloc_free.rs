@@ -100,7 +100,6 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
         "kmem_slab",
         "kmem_bufctl",
         "kmem_trace",
-        "kmem_pcpu",
         #[cfg(feature = "alloc-profiling")]
         "kmem_tags_32",
         #[cfg(feature = "alloc-profiling")]

@@ -813,7 +813,10 @@ fn in_use_flag_take() {
 fn restartable_sequences_and_their_ranges() {
     use core::ptr::NonNull;
 
-    // A per-CPU line: top at 8, limit at 16, key at 24, nr_allocs at 32.
+    // A per-CPU line 64 bytes after `base` (where a cache's array follows
+    // its struct: the sequences' `AT`): top at 8, limit at 16, key at 24,
+    // nr_allocs at 32 in the line.
+    const AT: usize = 64;
     const TOP: usize = 8;
     const LIMIT: usize = 16;
     const KEY: usize = 24;
@@ -822,30 +825,30 @@ fn restartable_sequences_and_their_ranges() {
     // A magazine of 4 rounds after its null `next`.
     let mut magazine = [0usize; 5];
     let slots = magazine.as_mut_ptr().wrapping_add(1);
-    let mut line = [0usize; 8];
-    line[TOP / 8] = slots as usize;
-    line[LIMIT / 8] = slots.wrapping_add(4) as usize;
-    line[KEY / 8] = KEY_VALUE;
+    let mut line = [0usize; 16];
+    line[(AT + TOP) / 8] = slots as usize;
+    line[(AT + LIMIT) / 8] = slots.wrapping_add(4) as usize;
+    line[(AT + KEY) / 8] = KEY_VALUE;
     let base = line.as_mut_ptr().cast::<u8>().cast_const();
     let mut objects = [[0usize; 2]; 6];
     let object =
         |objects: &mut [[usize; 2]; 6], i: usize| NonNull::from(&mut objects[i]).cast::<u8>();
     // The line is a different CPU's at offset 0: the sequences add `offset`.
-    // SAFETY: `base + 0` is our line, its `top` at or above slot 0 of the
+    // SAFETY: `base + AT + 0` is our line, its `top` at or above slot 0 of the
     // magazine with the null `next` below; nothing else runs.
     let pop = |in_rax: bool| unsafe {
         if in_rax {
-            crate::restart::pop::<TOP, NR, true>(base, 0)
+            crate::restart::pop::<AT, TOP, NR, true>(base, 0)
         } else {
-            crate::restart::pop::<TOP, NR, false>(base, 0)
+            crate::restart::pop::<AT, TOP, NR, false>(base, 0)
         }
     };
     let push = |obj: NonNull<u8>| {
         // SAFETY: as above; `obj` is one of ours, 16 bytes, given up.
-        unsafe { crate::restart::push::<TOP, LIMIT, KEY>(base, 0, obj) }
+        unsafe { crate::restart::push::<AT, TOP, LIMIT, KEY>(base, 0, obj) }
     };
     assert_eq!(pop(false), None, "empty: nothing popped");
-    assert_eq!(line[NR / 8], 0, "and nothing counted");
+    assert_eq!(line[(AT + NR) / 8], 0, "and nothing counted");
     for i in 0..4 {
         let obj = object(&mut objects, i);
         assert!(push(obj), "room for {i}");
@@ -858,14 +861,14 @@ fn restartable_sequences_and_their_ranges() {
     let full = object(&mut objects, 4);
     assert!(!push(full), "full");
     assert_eq!(objects[4][0], 0, "a refused push writes no key");
-    assert_eq!(line[TOP / 8], slots.wrapping_add(4) as usize);
+    assert_eq!(line[(AT + TOP) / 8], slots.wrapping_add(4) as usize);
     // Pop one, then push an object that already holds the key.
     assert_eq!(pop(true), Some(object(&mut objects, 3)), "LIFO");
     objects[5][0] = KEY_VALUE;
     let keyed = object(&mut objects, 5);
     assert!(!push(keyed), "holds the key");
     assert_eq!(
-        line[TOP / 8],
+        line[(AT + TOP) / 8],
         slots.wrapping_add(3) as usize,
         "refused: top unchanged"
     );
@@ -873,7 +876,7 @@ fn restartable_sequences_and_their_ranges() {
         assert_eq!(pop(i % 2 == 0), Some(object(&mut objects, i)), "LIFO");
     }
     assert_eq!(pop(false), None, "empty again");
-    assert_eq!(line[NR / 8], 4, "four pops counted");
+    assert_eq!(line[(AT + NR) / 8], 4, "four pops counted");
 
     // The ranges: the anchor and at least this test's three sequences.
     let ranges: Vec<(usize, usize)> = crate::restart::ranges().collect();

@@ -98,7 +98,7 @@ fn cache_create_out_of_memory() {
     let baseline = source.pages_outstanding();
     source.set_fail(true);
     let mut created = Vec::new();
-    // kmem_cache / kmem_pcpu run out sooner or later.
+    // kmem_cache runs out sooner or later.
     let mut failed = false;
     for _ in 0..1000 {
         match alloc.cache_create("c", 8, 8, CacheFlags::empty(), None, None, None) {
