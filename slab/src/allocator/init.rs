@@ -63,12 +63,9 @@ impl<P: Platform> Allocator<P> {
         }
         match self.init_inner(source) {
             Ok(()) => {
-                // The small-size alloc hit's table last, then the sizes
-                // it serves: an alloc that finds the limit finds the table
-                // filled and everything else done.
+                // The small-size alloc hit's table last (Release): an alloc
+                // that finds a cache there finds everything else done.
                 self.publish_by_8();
-                self.kmalloc_by_8_limit
-                    .store(super::kmalloc::CLASS_TABLE_MAX, Ordering::Release);
                 self.state.store(STATE_READY, Ordering::Release);
                 Ok(())
             }
@@ -235,8 +232,11 @@ impl<P: Platform> Allocator<P> {
             *self.page_map.get() = PageMap::empty();
             *self.page_map_pages.get() = 0;
             *self.nr_boot.get() = 0;
-            for slot in self.kmalloc.iter().chain(&self.kmalloc_by_8) {
+            for slot in &self.kmalloc {
                 slot.store(ptr::null_mut(), Ordering::Relaxed);
+            }
+            for entry in &self.kmalloc_by_8 {
+                entry.store(crate::cache::unready::<P>(), Ordering::Relaxed);
             }
             *self.source.get() = &NullSource;
             let mut list = self.caches.lock();

@@ -624,7 +624,8 @@ impl<P: Platform> Allocator<P> {
     /// [`Allocator::kmalloc_tagged`] once the size is known non-zero and
     /// the alignment a power of two (a `Layout`'s): the size class's
     /// cache, or page-granular; `NotInitialized` before init (no test on
-    /// the small-size hit: its table is null until then).
+    /// the small-size hit: its table holds the unready entry until then,
+    /// which `KmemCache::alloc_at` refuses off the hit).
     /// (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it up.)
     #[inline(always)]
     pub(crate) fn kmalloc_checked<O: AllocOut>(
@@ -637,21 +638,18 @@ impl<P: Platform> Allocator<P> {
         // `kmalloc_index`'s test as two compares (`kmalloc_index`'s one
         // OR-ed test costs two register copies here, where both `size` and
         // `align` stay live for the paths off the hit), the size against
-        // the table's published limit (0 before init: the general path
-        // refuses, so no readiness or null test here), then the class's
-        // cache by size in one load.
-        if size < self.kmalloc_by_8_limit.load(Ordering::Acquire) && align <= 8 {
-            // SAFETY: the limit is only ever 0 or CLASS_TABLE_MAX (`init`):
-            // told to the compiler, so the table index needs no bounds
-            // check.
-            unsafe { core::hint::assert_unchecked(size < CLASS_TABLE_MAX) };
-            let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Relaxed);
+        // the table's constant bound, then the class's cache by size in
+        // one load: no readiness or null test (before init the entry is
+        // the unready one, refused off the hit).
+        if size < CLASS_TABLE_MAX && align <= 8 {
+            // Acquire (a plain load on x86): a cache published by `init`
+            // or a class's birth is seen whole.
+            let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Acquire);
             debug_assert!(!cache.is_null());
-            // SAFETY: the limit is non-zero only once `init` filled every
-            // entry (Release, paired with the Acquire above); an entry is
-            // a class's cache or an unborn stub, both permanent, and is
-            // never null again.
-            return unsafe { &*cache }.alloc_with(tag, size);
+            // SAFETY: an entry is the unready entry until `init` publishes
+            // the table, then a class's cache or an unborn stub, both
+            // permanent.
+            return unsafe { KmemCache::alloc_at::<O, usize, true>(cache, tag, size) };
         }
         // Unlikely (so LLVM keeps the two compares as two branches rather
         // than combining their flags), and a tail call.

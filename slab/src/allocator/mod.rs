@@ -148,19 +148,13 @@ pub struct Allocator<P: Platform> {
     /// alignment. Written under `class_lock` (Release), read by every
     /// kmalloc (Acquire: a plain load on x86).
     pub(crate) kmalloc: [AtomicPtr<KmemCache<P>>; NR_KMALLOC],
-    /// The sizes [`Allocator::kmalloc_by_8`] serves: below this, 0 until
-    /// `init` has filled the table (published with Release right after it,
-    /// before READY), then 1 KiB. The small-size alloc hit compares the
-    /// size with it instead of a constant, so before `init` every size
-    /// goes to the general path, which refuses: the hit needs neither a
-    /// readiness test nor a null test of the entry. Next to the table
-    /// (one line).
-    pub(crate) kmalloc_by_8_limit: AtomicUsize,
     /// [`Allocator::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
-    /// up to 1 KiB (`kmalloc.rs`): the small-size alloc hit's one lookup.
-    /// Null until `init` publishes it, right before
-    /// [`Allocator::kmalloc_by_8_limit`] and READY; never null after.
-    /// Written with its class's slot.
+    /// below 1 KiB (`kmalloc.rs`): the small-size alloc hit's one lookup.
+    /// Until `init` publishes it (Release, right before READY) every entry
+    /// is the unready entry (`cache::unready`), which the hit's one flag
+    /// test sends off the hit, where it is refused: the hit needs no
+    /// readiness test, no null test and no published size limit (its
+    /// bound is a constant). Written with its class's slot.
     pub(crate) kmalloc_by_8: [AtomicPtr<KmemCache<P>>; kmalloc::NR_BY_8],
     /// The unborn stubs (`classes.rs`), one per natural alignment of a
     /// class (8 … 4096 bytes); initialised by `init` on a small source.
@@ -255,8 +249,8 @@ impl<P: Platform> Allocator<P> {
             boot: UnsafeCell::new(MaybeUninit::uninit()),
             nr_boot: UnsafeCell::new(0),
             kmalloc: [const { AtomicPtr::new(ptr::null_mut()) }; NR_KMALLOC],
-            kmalloc_by_8_limit: AtomicUsize::new(0),
-            kmalloc_by_8: [const { AtomicPtr::new(ptr::null_mut()) }; kmalloc::NR_BY_8],
+            kmalloc_by_8: [const { AtomicPtr::new(crate::cache::unready::<P>()) };
+                kmalloc::NR_BY_8],
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
             class_lock: Mutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),

@@ -5,6 +5,8 @@
 //! [`hooks`](super::hooks).
 
 use core::ptr::NonNull;
+#[cfg(feature = "alloc-profiling")]
+use core::sync::atomic::Ordering;
 
 use super::{AllocOut, HotFlags, KmemCache, double_free, pack};
 use crate::alloc_tag::AllocTagRef;
@@ -80,41 +82,86 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: B,
     ) -> O {
+        // SAFETY: a reference: a live cache.
+        unsafe { Self::alloc_at::<O, B, false>(self, tag, bytes_req) }
+    }
+
+    /// [`Self::alloc_with`] on a cache named by a pointer that may be the
+    /// [`unready`] entry (`UNREADY`: the kmalloc by-8 table's, before
+    /// `init`), which the one flag test sends off the hit like any flagged
+    /// cache; there, after the profiled cache's test (whose word it never
+    /// has), it is told apart by its address before anything else is read,
+    /// and refused: [`AllocError::NotInitialized`]. So the table needs no
+    /// readiness test, no null test and no published limit: its size
+    /// bound is a constant.
+    ///
+    /// # Safety
+    /// `this` is a live cache, or `UNREADY` and the [`unready`] entry.
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_at<O: AllocOut, B: BytesReq, const UNREADY: bool>(
+        this: *const Self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: B,
+    ) -> O {
         // The flags tested in memory (`test dword ptr [flags], ALLOC_SLOW`
         // and a branch), and read again by each test off the hit: a load
         // kept for those would cost the plain hit an instruction.
-        if self.hot_any::<{ HotFlags::ALLOC_SLOW.bits() }>() {
+        // SAFETY: per our caller, `this` points at a hot-flags word (a
+        // cache's first field, or the unready entry's only one), read
+        // through this place only until the entry is ruled out.
+        let hot_flags = unsafe { &(*this).hot_flags };
+        if crate::sync::flags_any::<{ HotFlags::ALLOC_SLOW.bits() }>(hot_flags) {
             #[cfg(feature = "alloc-profiling")]
             {
                 // The whole word against a profiled cache's usual one (one
                 // compare of the word in memory and a branch, no mask): any
                 // other word with the same meaning (an `EVER_TRACED` past,
                 // say) is told apart in `alloc_off_hit`.
-                if self.hot_is::<{ HotFlags::PROFILED_USUAL.bits() }>() {
+                if crate::sync::flags_eq::<{ HotFlags::PROFILED_USUAL.bits() }>(hot_flags) {
+                    // SAFETY: the unready entry's word is all ones, never
+                    // this: a live cache.
+                    let this = unsafe { &*this };
                     if O::INLINE_PROFILED {
-                        return O::from_raw(self.alloc_profiled_body::<O, true>(tag));
+                        return O::from_raw(this.alloc_profiled_body::<O, true>(tag));
                     }
-                    return O::from_raw(self.alloc_profiled::<O, true>(tag));
+                    return O::from_raw(this.alloc_profiled::<O, true>(tag));
                 }
-                return O::from_raw(self.alloc_off_hit::<O, B>(bytes_req, tag));
             }
+            // SAFETY: per our caller (the unready entry is refused inside,
+            // after the profiled and recorded tests).
+            #[cfg(feature = "alloc-profiling")]
+            return O::from_raw(unsafe {
+                Self::alloc_off_hit::<O, B, UNREADY>(this, bytes_req, tag)
+            });
             #[cfg(not(feature = "alloc-profiling"))]
             {
-                if self
-                    .hot_only::<{ HotFlags::ALLOC_SLOW.bits() }, { HotFlags::KMEMTRACE.bits() }>()
+                if crate::sync::flags_only::<
+                    { HotFlags::ALLOC_SLOW.bits() },
+                    { HotFlags::KMEMTRACE.bits() },
+                >(hot_flags)
                 {
-                    return O::from_raw(self.alloc_recorded_hit::<O, B>(tag, bytes_req));
+                    // SAFETY: the unready entry's word has every slow bit:
+                    // a live cache.
+                    let this = unsafe { &*this };
+                    return O::from_raw(this.alloc_recorded_hit::<O, B>(tag, bytes_req));
                 }
-                return O::from_raw(self.alloc_flagged::<O>(bytes_req.get(), self.hot(), tag));
+                if UNREADY && core::ptr::eq(this.cast::<Unready>(), &raw const UNREADY_ENTRY) {
+                    return O::from_raw(not_initialized_out::<O>());
+                }
+                // SAFETY: per our caller, not the unready entry: a live cache.
+                let this = unsafe { &*this };
+                return O::from_raw(this.alloc_flagged::<O>(bytes_req.get(), this.hot(), tag));
             }
         }
-        match self.magazine_alloc_hit_in::<true>() {
+        // SAFETY: no slow flag, so not the unready entry: a live cache.
+        let this = unsafe { &*this };
+        match this.magazine_alloc_hit_in::<true>() {
             Some(obj) => {
                 // SAFETY: just popped; a plain cache is keyed.
                 unsafe { double_free::clear_key(obj) };
                 O::from_obj(obj)
             }
-            None => O::from_raw(self.alloc_slow::<O>(None)),
+            None => O::from_raw(this.alloc_slow::<O>(None)),
         }
     }
 
@@ -176,22 +223,35 @@ impl<P: Platform> KmemCache<P> {
     /// or [`Self::alloc_flagged`]. Its own function, so that the plain
     /// hit tests the flags once and keeps nothing of the test for here.
     /// `bytes_req` first: a kmalloc's size stays in the register it came
-    /// in (no copy on the plain hit).
+    /// in (no copy on the plain hit). `this` may be the [`unready`] entry
+    /// (`UNREADY`, as for [`Self::alloc_at`]), whose all-ones word fails
+    /// both tests and is refused after them, so the profiled and recorded
+    /// paths pay nothing for it.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`].
     #[cfg(feature = "alloc-profiling")]
     #[inline(never)]
-    fn alloc_off_hit<O: AllocOut, B: BytesReq>(
-        &self,
+    unsafe fn alloc_off_hit<O: AllocOut, B: BytesReq, const UNREADY: bool>(
+        this: *const Self,
         bytes_req: B,
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O::Raw {
-        let hot = self.hot();
+        // SAFETY: per our caller, a hot-flags word first (see alloc_at).
+        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
         if hot.intersection(HotFlags::ALLOC_SLOW | HotFlags::BUFCTL) == HotFlags::PROFILING {
-            return self.alloc_profiled::<O, false>(tag);
+            // SAFETY: not the unready entry's word: a live cache.
+            return unsafe { &*this }.alloc_profiled::<O, false>(tag);
         }
         if hot.intersection(HotFlags::ALLOC_SLOW) == HotFlags::KMEMTRACE {
-            return self.alloc_recorded_hit::<O, B>(tag, bytes_req);
+            // SAFETY: as above.
+            return unsafe { &*this }.alloc_recorded_hit::<O, B>(tag, bytes_req);
         }
-        self.alloc_flagged::<O>(bytes_req.get(), hot, tag)
+        if UNREADY && core::ptr::eq(this.cast::<Unready>(), &raw const UNREADY_ENTRY) {
+            return not_initialized_out::<O>();
+        }
+        // SAFETY: per our caller, not the unready entry: a live cache.
+        unsafe { &*this }.alloc_flagged::<O>(bytes_req.get(), hot, tag)
     }
 
     /// A recorded allocation (kmemtrace on, no other slow flag: the
@@ -353,4 +413,32 @@ impl<P: Platform> KmemCache<P> {
         }
         self.slab_alloc_constructed()
     }
+}
+
+/// The kmalloc by-8 table's entry before `init` (`Allocator::new` fills
+/// the table with it, [`unready`]): a hot-flags word with every bit set,
+/// so an allocation through it leaves the hit at its one flag test and
+/// [`KmemCache::alloc_at`] refuses it by its address. Not a cache: read
+/// only as that word.
+#[repr(C, align(64))]
+pub(crate) struct Unready {
+    hot_flags: core::sync::atomic::AtomicU32,
+}
+
+/// The one [`Unready`] entry.
+static UNREADY_ENTRY: Unready = Unready {
+    hot_flags: core::sync::atomic::AtomicU32::new(u32::MAX),
+};
+
+/// [`UNREADY_ENTRY`] as a table entry (never dereferenced as a cache:
+/// [`KmemCache::alloc_at`]).
+pub(crate) const fn unready<P: Platform>() -> *mut KmemCache<P> {
+    (&raw const UNREADY_ENTRY).cast_mut().cast()
+}
+
+/// `NotInitialized` in the caller's result type, out of line.
+#[cold]
+#[inline(never)]
+fn not_initialized_out<O: AllocOut>() -> O::Raw {
+    O::raw_from_packed(pack(Err(AllocError::NotInitialized)))
 }

@@ -101,6 +101,7 @@ use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+pub(crate) use alloc::unready;
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
 pub(crate) use double_free::{boot_free_key, key_after};
 pub(crate) use free::obj_index_with;
@@ -348,6 +349,8 @@ impl<P: Platform> KmemCache<P> {
     ) -> Self {
         const {
             assert!(core::mem::size_of::<Self>() <= PCPU_OFFSET);
+            // The unready entry (`alloc.rs`) is read as this word only.
+            assert!(core::mem::offset_of!(Self, hot_flags) == 0);
             assert!(PCPU_OFFSET.is_multiple_of(core::mem::align_of::<PcpuCache>()));
         };
         let mut name = [0u8; 32];
@@ -519,6 +522,9 @@ impl<P: Platform> KmemCache<P> {
 
     /// Whether any bit of `MASK` is set in the hot flags (the hits' test:
     /// on x86-64 one `test` of the word in memory, [`crate::sync::flags_any`]).
+    /// (The alloc tests its word through [`KmemCache::alloc_at`]'s
+    /// pointer.)
+    #[cfg(feature = "alloc-profiling")]
     #[inline(always)]
     pub(crate) fn hot_any<const MASK: u32>(&self) -> bool {
         crate::sync::flags_any::<MASK>(&self.hot_flags)
@@ -530,14 +536,6 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) fn hot_is<const VALUE: u32>(&self) -> bool {
         crate::sync::flags_eq::<VALUE>(&self.hot_flags)
-    }
-
-    /// Whether `BIT` is the only bit of `MASK` set in the hot flags
-    /// ([`crate::sync::flags_only`]: two `test`s of the word in memory).
-    #[cfg(not(feature = "alloc-profiling"))]
-    #[inline(always)]
-    pub(crate) fn hot_only<const MASK: u32, const BIT: u32>(&self) -> bool {
-        crate::sync::flags_only::<MASK, BIT>(&self.hot_flags)
     }
 
     /// Set hot flags (tracing, profiling, tagging switch on).

@@ -40,8 +40,9 @@ fn before_init_everything_fails_cleanly() {
 }
 
 /// The alloc and free hits have no readiness test of their own (issue
-/// 18): before init the small-size table is null and the page map empty,
-/// and they refuse through those, for every size and alignment, the
+/// 18): before init the small-size table holds the unready entry (whose
+/// flags send the alloc off the hit, where it is refused) and the page
+/// map is empty, and they refuse through those, for every size and alignment, the
 /// bad-layout errors still saying `NotInitialized` first.
 #[test]
 fn before_init_the_hits_refuse_without_a_readiness_test() {
