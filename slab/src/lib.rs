@@ -159,7 +159,9 @@
 //!
 //! - **Its own CPU** reaches it through its in-use flag, at `pcpu +
 //!   Platform::cpu_offset()` (a kernel reads the offset `%gs`-relative in
-//!   one instruction): one non-atomic `sub` on x86-64 (elsewhere a plain
+//!   one instruction; the array follows the cache's struct in its
+//!   `kmem_cache` object at a constant offset, so a hit computes the
+//!   line's address from the cache's and loads no pointer to it): one non-atomic `sub` on x86-64 (elsewhere a plain
 //!   load and store) takes the flag (Linux's `local_trylock`, as SLUB's
 //!   sheaves use it), with interrupts on when
 //!   the platform sets `Platform::LOCAL_TRYLOCK` (else also with them off,
@@ -349,8 +351,8 @@
 //!
 //! **Why do the bootstrap caches have no magazines?** Besides the above:
 //! metadata must not strand in depots, and `kmem_cache`, which holds every
-//! cache's per-CPU array, would need its own to exist first. Callers cannot allocate from or free to
-//! bootstrap caches.
+//! cache's per-CPU array, would need its own to exist first. Callers
+//! cannot allocate from or free to bootstrap caches.
 //!
 //! **Why no lock in a per-CPU cache?** The lock it used to have cost a
 //! locked `xchg` on both sides of every hit (the uncontended case). With
