@@ -73,7 +73,7 @@
 //! then eight per power of two, so above 64 bytes rounding wastes less
 //! than 12.5 %; the Linux classes among them) plus page-granular
 //! allocations above that (`allocator/kmalloc.rs`), and the **page
-//! map**: one word per page of the primary source's span naming the slab
+//! map**: a slot per page of the primary source's span naming the slab
 //! (or large allocation) that owns the page, so `kfree`, `ksize` and the
 //! free's owner check find the owner of any pointer.
 //!

@@ -356,7 +356,7 @@ pub trait PageSource: Sync {
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize);
     /// The virtual address range `[start, end)` every page of this source
     /// lies in (kernel: the direct map of RAM). For the allocator's primary
-    /// source this sizes the page map: one word per page of the span.
+    /// source this sizes the page map: a 32-byte slot per page of the span.
     fn span(&self) -> (usize, usize);
     /// Statistics for `kmemstat`.
     fn stats(&self) -> ArenaStats;

@@ -56,7 +56,7 @@ pub struct CacheStats {
 /// in bytes: what `kmemstat` reports as metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetadataStats {
-    /// The page map (one word per page of the primary source's span).
+    /// The page map (a 32-byte slot per page of the primary source's span).
     pub page_map_bytes: usize,
     /// Slab pages of the bootstrap caches: magazines (the
     /// `kmem_magazine_<rounds>` caches), cache structs, off-slab slab

@@ -77,8 +77,9 @@ const EAGER_DIV: usize = 16;
 /// The formula, for a source spanning `S` bytes (`S / 4096` pages) on
 /// `n` CPUs:
 ///
-/// - the page map: `8 × S / 4096` bytes, in whole pages (one page up to
-///   a 2 MiB span);
+/// - the page map: `32 × S / 4096` bytes (a 32-byte slot a page: its
+///   entry, owner, first object and stride magic), in whole pages (one
+///   page up to a 512 KiB span);
 /// - the size classes, only if they take at most `S / 16`:
 ///   `64 × (960 + 64 n)` bytes of `kmem_cache` objects (each class's
 ///   struct and, after it, its per-CPU array; their slabs round up to
@@ -87,14 +88,15 @@ const EAGER_DIV: usize = 16;
 /// - nothing else: the bootstrap caches live in the `Allocator` static
 ///   and take slabs on first use.
 ///
-/// So a source up to 1 MiB on one CPU costs `init` one page; `init`
+/// So a source under 512 KiB on one CPU costs `init` one page, one under
+/// 1 MiB two (its classes come on first use); `init`
 /// refuses a source with fewer than [`MIN_FREE_PAGES`] pages left after
 /// it ([`AllocError::SourceTooSmall`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InitCost {
     /// Bytes the source spans ([`PageSource::span`], page-rounded).
     pub span_bytes: usize,
-    /// The page map: 8 bytes a page of the span, whole pages.
+    /// The page map: 32 bytes a page of the span, whole pages.
     pub page_map_bytes: usize,
     /// The size classes' structs and per-CPU arrays if `init` creates
     /// them; 0 if they are created on first use.

@@ -22,7 +22,7 @@ use crate::trace_table::TraceNode;
 
 impl<P: Platform> Allocator<P> {
     /// Bring the allocator up on `source`, its primary page source: build
-    /// the page map (one word per page of `source.span()`, from the source
+    /// the page map (a 32-byte slot per page of `source.span()`, from the source
     /// itself), the bootstrap caches (`kmem_magazine_1` …
     /// `kmem_magazine_60`, one per magazine type, then `kmem_cache`,
     /// `kmem_slab`, `kmem_bufctl`, `kmem_trace`, then with
@@ -30,8 +30,8 @@ impl<P: Platform> Allocator<P> {
     /// and the kmalloc caches. Reads [`Platform::max_cpus`].
     ///
     /// What it takes from `source` ([`Allocator::init_cost`], formula in
-    /// [`InitCost`](crate::InitCost)): the page map (8 bytes a page of the
-    /// span: one page up to 2 MiB), and on a source large enough for
+    /// [`InitCost`](crate::InitCost)): the page map (32 bytes a page of
+    /// the span: one page up to 512 KiB), and on a source large enough for
     /// them to cost at most a sixteenth of it, the 64 size classes
     /// (`64 × (960 + 64 × nr_cpus)` bytes); on a smaller one each class is
     /// created by its first allocation. Packed slabs are capped at

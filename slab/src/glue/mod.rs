@@ -62,8 +62,8 @@ impl<P: Platform> Heap<P> {
 
     /// Give the heap the `len` bytes at `start` and bring the allocator
     /// up on them. What it costs: the region's bitmap (one page per
-    /// 128 MiB) and `Allocator::init`'s page map (one page up to 2 MiB);
-    /// a region under 2 MiB gets its size classes on first use
+    /// 128 MiB) and `Allocator::init`'s page map (one page up to 512
+    /// KiB); a region under 1 MiB gets its size classes on first use
     /// ([`InitCost`](crate::InitCost)).
     ///
     /// # Errors

@@ -93,10 +93,11 @@ fn init_on_a_large_source_creates_the_classes_as_before() {
     let cost = UpAlloc::init_cost(source).unwrap();
     assert!(!cost.classes_on_first_use);
     assert_eq!(cost.max_slab_pages, 8);
-    assert_eq!(
-        cost.classes_bytes,
-        64 * (core::mem::size_of::<crate::KmemCache<UpPlatform>>() + 64)
-    );
+    // A 32-byte page-map slot a page (InitCost's formula).
+    assert_eq!(cost.page_map_bytes, 4096 * 32);
+    // Each class one kmem_cache object: the struct, then at PCPU_OFFSET
+    // its per-CPU array (one CPU here).
+    assert_eq!(cost.classes_bytes, 64 * (crate::cache::PCPU_OFFSET + 64));
     assert!(alloc.find_cache("kmalloc-64").is_some());
     assert!(alloc.find_cache("kmalloc-8192").is_some());
     // The struct and per-CPU arrays, in whole slabs, plus the page map.
