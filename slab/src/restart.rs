@@ -84,6 +84,15 @@ pub fn nr_ranges() -> usize {
 
 pub(crate) use imp::{pop, push};
 
+/// Where the per-CPU array starts, in bytes from the base address the
+/// sequences are given ([`pop`], [`push`]): a constant of the owner's
+/// type (a cache's array follows its struct), so the sequences address
+/// the line with one displacement and load no pointer to it.
+pub(crate) trait ArrayAt {
+    /// The array's offset from the base, in bytes.
+    const AT: usize;
+}
+
 /// Whether `P`'s plain magazine hits are restartable sequences (its
 /// [`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS), in a
 /// build that has them).
@@ -184,13 +193,13 @@ mod imp {
     }
 
     /// The restartable alloc hit: pop the round below this CPU's `top` (the
-    /// per-CPU cache at `base + AT + offset`), move `top` down (the commit)
+    /// per-CPU cache at `base + A::AT + offset`), move `top` down (the commit)
     /// and count the allocation; `None` (nothing changed) if the word below
     /// `top` is null (an empty or absent magazine).
     ///
-    /// `AT` is where the per-CPU array starts, in bytes from `base` (a
+    /// `A::AT` is where the per-CPU array starts, in bytes from `base` (a
     /// constant, so that a cache's array placed after its struct costs no
-    /// load: `AT` and the field's offset become one displacement); `TOP`
+    /// load: it and the field's offset become one displacement); `TOP`
     /// and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
     /// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
     /// return register (for the plain hit, whose result LLVM would otherwise
@@ -198,8 +207,8 @@ mod imp {
     /// out of `rax`, and copy).
     ///
     /// # Safety
-    /// `base + AT + offset` is the running CPU's per-CPU cache, alive for
-    /// the call;
+    /// `base + A::AT + offset` is the running CPU's per-CPU cache, alive
+    /// for the call;
     /// the platform restarts the sequence as [`restart_ip`](super::restart_ip)
     /// says on every interrupt that can run allocator code, and no other
     /// code on this CPU
@@ -207,7 +216,7 @@ mod imp {
     /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
     #[inline(always)]
     pub(crate) unsafe fn pop<
-        const AT: usize,
+        A: super::ArrayAt,
         const TOP: usize,
         const NR_ALLOCS: usize,
         const IN_RAX: bool,
@@ -216,7 +225,7 @@ mod imp {
         offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
         let round: *mut u8;
-        // SAFETY: `[base + offset + AT + TOP]` is this CPU's `top`, a pointer at or
+        // SAFETY: `[base + offset + A::AT + TOP]` is this CPU's `top`, a pointer at or
         // above slot 0 of `loaded` (or of the absent magazine, whose word
         // below is its null `next`): the word below it is readable. Up to the
         // commit (the store of the new `top`) the block only reads, so an
@@ -228,9 +237,9 @@ mod imp {
         // clobbered (no `preserves_flags`).
         unsafe {
             if IN_RAX {
-                pop_asm!(base, offset, AT, TOP, NR_ALLOCS, "rax", out("rax") round);
+                pop_asm!(base, offset, A::AT, TOP, NR_ALLOCS, "rax", out("rax") round);
             } else {
-                pop_asm!(base, offset, AT, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
+                pop_asm!(base, offset, A::AT, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
             }
         }
         // SAFETY: the jump above leaves on a null round.
@@ -245,7 +254,7 @@ mod imp {
     /// apparent double free, finds the object nowhere free, and frees it:
     /// [`crate::cache`]'s `is_double_free`).
     ///
-    /// `AT` as for [`pop`]; `TOP`, `LIMIT` and `KEY` are the byte offsets of
+    /// `A` as for [`pop`]; `TOP`, `LIMIT` and `KEY` are the byte offsets of
     /// `top`, `limit` and `free_key` in the per-CPU cache.
     ///
     /// # Safety
@@ -253,7 +262,7 @@ mod imp {
     /// cache belongs to, given up by the caller if this returns true.
     #[inline(always)]
     pub(crate) unsafe fn push<
-        const AT: usize,
+        A: super::ArrayAt,
         const TOP: usize,
         const LIMIT: usize,
         const KEY: usize,
@@ -288,9 +297,9 @@ mod imp {
                 base = in(reg) base,
                 offset = in(reg) offset,
                 obj = in(reg) obj.as_ptr(),
-                top_at = const AT + TOP,
-                limit_at = const AT + LIMIT,
-                key_at = const AT + KEY,
+                top_at = const A::AT + TOP,
+                limit_at = const A::AT + LIMIT,
+                key_at = const A::AT + KEY,
                 top = out(reg) _,
                 key = out(reg) _,
                 no = label { return false; },
@@ -320,7 +329,7 @@ mod imp {
     /// # Safety
     /// None needed; it panics.
     pub(crate) unsafe fn pop<
-        const AT: usize,
+        A: super::ArrayAt,
         const TOP: usize,
         const NR_ALLOCS: usize,
         const IN_RAX: bool,
@@ -328,6 +337,7 @@ mod imp {
         _base: *const u8,
         _offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
+        let _ = A::AT;
         unreachable!("restartable hits are not supported in this build")
     }
 
@@ -336,7 +346,7 @@ mod imp {
     /// # Safety
     /// None needed; it panics.
     pub(crate) unsafe fn push<
-        const AT: usize,
+        A: super::ArrayAt,
         const TOP: usize,
         const LIMIT: usize,
         const KEY: usize,
@@ -345,6 +355,7 @@ mod imp {
         _offset: usize,
         _obj: core::ptr::NonNull<u8>,
     ) -> bool {
+        let _ = A::AT;
         unreachable!("restartable hits are not supported in this build")
     }
 }

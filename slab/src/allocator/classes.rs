@@ -153,8 +153,8 @@ impl<P: Platform> Allocator<P> {
         let span_bytes = end - base;
         let span_pages = span_bytes / PAGE_SIZE;
         let page_map_bytes = crate::layout::pagemap::PageMap::pages_for(span_pages) * PAGE_SIZE;
-        let eager_bytes =
-            NR_KMALLOC * (crate::cache::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>());
+        let eager_bytes = NR_KMALLOC
+            * (KmemCache::<P>::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>());
         let classes_on_first_use = eager_bytes.saturating_mul(EAGER_DIV) > span_bytes;
         let classes_bytes = if classes_on_first_use { 0 } else { eager_bytes };
         Some(InitCost {

@@ -125,7 +125,7 @@ impl<P: Platform> Allocator<P> {
         let fixed_layouts: [(usize, usize); NR_FIXED_BOOT - NR_MAG_TYPES] = [
             // The struct and its per-CPU array (KmemCache::pcpu).
             (
-                crate::cache::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>(),
+                KmemCache::<P>::PCPU_OFFSET + nr_cpus * core::mem::size_of::<PcpuCache>(),
                 core::mem::align_of::<KmemCache<P>>(),
             ),
             (core::mem::size_of::<Slab>(), core::mem::align_of::<Slab>()),

@@ -595,7 +595,7 @@ impl<P: Platform> Allocator<P> {
             .cast::<KmemCache<P>>();
         let pcpu = mem
             .cast::<u8>()
-            .wrapping_add(crate::cache::PCPU_OFFSET)
+            .wrapping_add(KmemCache::<P>::PCPU_OFFSET)
             .cast::<PcpuCache>();
         let spec = CacheSpec {
             name,

@@ -180,11 +180,11 @@ impl<P: Platform> KmemCache<P> {
         if crate::restart::enabled::<P>() {
             debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
             // SAFETY: pcpu has nr_cpus slots, alive as long as the cache,
-            // PCPU_OFFSET bytes after the cache; cpu_offset() is this
+            // PCPU_OFFSET bytes after the cache (`ArrayAt`); cpu_offset() is this
             // CPU's slot (the Platform contract), whose hits are
             // restartable.
             return unsafe {
-                PcpuCache::restartable_pop::<{ super::PCPU_OFFSET }, IN_RAX>(
+                PcpuCache::restartable_pop::<Self, IN_RAX>(
                     (self as *const Self).cast(),
                     P::cpu_offset(),
                 )

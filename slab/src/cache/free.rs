@@ -325,7 +325,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: as in `magazine_alloc_hit`; per our caller, obj is a
             // busy object of this keyed cache, given up if pushed.
             return unsafe {
-                crate::magazine::PcpuCache::restartable_push::<{ super::PCPU_OFFSET }>(
+                crate::magazine::PcpuCache::restartable_push::<Self>(
                     (self as *const Self).cast(),
                     P::cpu_offset(),
                     obj,

@@ -5,8 +5,8 @@
 
 use core::ptr::{self, NonNull};
 
+use super::KmemCache;
 use super::free::top_round;
-use super::{KmemCache, PCPU_OFFSET};
 use crate::error::AllocError;
 use crate::magazine::{
     Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine,
@@ -33,7 +33,7 @@ impl Default for SendMagazine {
 
 impl<P: Platform> KmemCache<P> {
     /// The per-CPU array, computed from the cache's address: it follows
-    /// the struct at [`PCPU_OFFSET`] (no load of `pcpu`, which it equals
+    /// the struct at [`Self::PCPU_OFFSET`] (no load of `pcpu`, which it equals
     /// for every cache with a magazine layer; for a bootstrap cache the
     /// address means nothing and is never used). From the address as an
     /// integer, with its exposed provenance (the array lies past `self`'s
@@ -47,7 +47,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`Self::pcpu_array`]'s address.
     #[inline(always)]
     fn pcpu_addr(&self) -> usize {
-        (self as *const Self).addr().wrapping_add(PCPU_OFFSET)
+        (self as *const Self).addr().wrapping_add(Self::PCPU_OFFSET)
     }
 
     /// This CPU's per-CPU cache, for a magazine hit (interrupts possibly

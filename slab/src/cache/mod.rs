@@ -224,16 +224,6 @@ pub(crate) struct CacheLinks<P: Platform> {
     pub(crate) next: *const KmemCache<P>,
 }
 
-/// Where a cache's per-CPU array starts in its `kmem_cache` object, in
-/// bytes: right after the [`KmemCache`] struct (960 bytes, 64-aligned;
-/// asserted at compile time, [`KmemCache::construct`]). A constant, so
-/// that a hit finds this CPU's line at `cache + PCPU_OFFSET +
-/// Platform::cpu_offset()` with no load: the free's chain of dependent
-/// loads is page-map slot → line, the alloc's size table → line →
-/// round, one load each shorter than through `pcpu` (`docs/BENCHMARKS.md`,
-/// issue 18: what that is worth in `mixed`'s CPU time).
-pub(crate) const PCPU_OFFSET: usize = 960;
-
 /// An object cache (`kmem_cache`).
 ///
 /// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
@@ -260,7 +250,7 @@ pub struct KmemCache<P: Platform> {
     pub(crate) tag_header_in_page: bool,
     /// The per-CPU caches, one per CPU (null for bootstrap caches); this
     /// CPU's is at `pcpu + Platform::cpu_offset()`. The array follows the
-    /// struct in its `kmem_cache` object, at [`PCPU_OFFSET`]: the hits
+    /// struct in its `kmem_cache` object, at [`KmemCache::PCPU_OFFSET`]: the hits
     /// compute its address from the cache's ([`KmemCache::pcpu_array`])
     /// rather than load this field; the rest of the code reads it (and
     /// its null for a bootstrap cache).
@@ -312,6 +302,12 @@ pub struct KmemCache<P: Platform> {
     _platform: PhantomData<fn() -> P>,
 }
 
+/// The restartable sequences find a cache's per-CPU array
+/// [`KmemCache::PCPU_OFFSET`] bytes after the cache.
+impl<P: Platform> crate::restart::ArrayAt for KmemCache<P> {
+    const AT: usize = Self::PCPU_OFFSET;
+}
+
 // SAFETY: shared state is behind spin locks or atomics; `pcpu` is an array
 // of per-CPU caches each owned by its CPU (see `pcpu_mut`); `links` is only touched under
 // the allocator's cache-list lock; everything else is immutable after
@@ -339,6 +335,18 @@ pub(crate) struct CacheSpec<'a> {
 }
 
 impl<P: Platform> KmemCache<P> {
+    /// Where a cache's per-CPU array starts in its `kmem_cache` object, in
+    /// bytes: right after the struct (960 bytes on x86-64, a multiple of
+    /// 64 already: the struct is cache-line aligned). A constant, so that
+    /// a hit finds this CPU's line at `cache + PCPU_OFFSET +
+    /// Platform::cpu_offset()`, a displacement, with no load: the free's
+    /// chain of dependent loads is page-map slot → line, the alloc's size
+    /// table → line → round, one load each shorter than through `pcpu`
+    /// (`docs/BENCHMARKS.md`, issue 18: what that is worth in `mixed`'s
+    /// CPU time).
+    pub(crate) const PCPU_OFFSET: usize =
+        core::mem::size_of::<Self>().next_multiple_of(core::mem::align_of::<PcpuCache>());
+
     /// Build a cache value (not yet linked anywhere).
     pub(crate) fn construct(
         spec: CacheSpec<'_>,
@@ -347,12 +355,8 @@ impl<P: Platform> KmemCache<P> {
         pcpu: *mut PcpuCache,
         nr_cpus: usize,
     ) -> Self {
-        const {
-            assert!(core::mem::size_of::<Self>() <= PCPU_OFFSET);
-            // The unready entry (`alloc.rs`) is read as this word only.
-            assert!(core::mem::offset_of!(Self, hot_flags) == 0);
-            assert!(PCPU_OFFSET.is_multiple_of(core::mem::align_of::<PcpuCache>()));
-        };
+        // The unready entry (`alloc.rs`) is read as this word only.
+        const { assert!(core::mem::offset_of!(Self, hot_flags) == 0) };
         let mut name = [0u8; 32];
         let mut name_len = spec.name.len().min(31);
         while !spec.name.is_char_boundary(name_len) {

@@ -457,15 +457,16 @@ impl PcpuCache {
     }
 
     /// The restartable alloc hit ([`crate::restart::pop`]) on the per-CPU
-    /// cache `offset` bytes into the array that starts `AT` bytes after
+    /// cache `offset` bytes into the array that starts `A::AT` bytes after
     /// `base` (a cache's struct, whose array follows it at a constant
     /// offset: the hit computes the line's address, no load).
     ///
     /// # Safety
-    /// As for [`crate::restart::pop`]: `base + AT + offset` is the running
-    /// CPU's per-CPU cache, and the platform's hits are restartable.
+    /// As for [`crate::restart::pop`]: `base + A::AT + offset` is the
+    /// running CPU's per-CPU cache, and the platform's hits are
+    /// restartable.
     #[inline(always)]
-    pub(crate) unsafe fn restartable_pop<const AT: usize, const IN_RAX: bool>(
+    pub(crate) unsafe fn restartable_pop<A: crate::restart::ArrayAt, const IN_RAX: bool>(
         base: *const u8,
         offset: usize,
     ) -> Option<NonNull<u8>> {
@@ -474,7 +475,7 @@ impl PcpuCache {
         // in a `PcpuCache` (`UnsafeCell` is `repr(transparent)`).
         unsafe {
             crate::restart::pop::<
-                AT,
+                A,
                 { INNER + core::mem::offset_of!(PcpuInner, top) },
                 { INNER + core::mem::offset_of!(PcpuInner, nr_allocs) },
                 IN_RAX,
@@ -483,13 +484,13 @@ impl PcpuCache {
     }
 
     /// The restartable free hit of a keyed cache ([`crate::restart::push`])
-    /// on the per-CPU cache `offset` bytes into the array `AT` bytes after
-    /// `base` (as for [`PcpuCache::restartable_pop`]).
+    /// on the per-CPU cache `offset` bytes into the array `A::AT` bytes
+    /// after `base` (as for [`PcpuCache::restartable_pop`]).
     ///
     /// # Safety
     /// As for [`crate::restart::push`].
     #[inline(always)]
-    pub(crate) unsafe fn restartable_push<const AT: usize>(
+    pub(crate) unsafe fn restartable_push<A: crate::restart::ArrayAt>(
         base: *const u8,
         offset: usize,
         obj: NonNull<u8>,
@@ -499,7 +500,7 @@ impl PcpuCache {
         // `free_key`'s in a `PcpuCache`.
         unsafe {
             crate::restart::push::<
-                AT,
+                A,
                 { INNER + core::mem::offset_of!(PcpuInner, top) },
                 { INNER + core::mem::offset_of!(PcpuInner, limit) },
                 { INNER + core::mem::offset_of!(PcpuInner, free_key) },

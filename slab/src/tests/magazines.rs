@@ -814,9 +814,13 @@ fn restartable_sequences_and_their_ranges() {
     use core::ptr::NonNull;
 
     // A per-CPU line 64 bytes after `base` (where a cache's array follows
-    // its struct: the sequences' `AT`): top at 8, limit at 16, key at 24,
-    // nr_allocs at 32 in the line.
+    // its struct: the sequences' `ArrayAt`): top at 8, limit at 16, key at
+    // 24, nr_allocs at 32 in the line.
     const AT: usize = 64;
+    struct Line;
+    impl crate::restart::ArrayAt for Line {
+        const AT: usize = AT;
+    }
     const TOP: usize = 8;
     const LIMIT: usize = 16;
     const KEY: usize = 24;
@@ -838,14 +842,14 @@ fn restartable_sequences_and_their_ranges() {
     // magazine with the null `next` below; nothing else runs.
     let pop = |in_rax: bool| unsafe {
         if in_rax {
-            crate::restart::pop::<AT, TOP, NR, true>(base, 0)
+            crate::restart::pop::<Line, TOP, NR, true>(base, 0)
         } else {
-            crate::restart::pop::<AT, TOP, NR, false>(base, 0)
+            crate::restart::pop::<Line, TOP, NR, false>(base, 0)
         }
     };
     let push = |obj: NonNull<u8>| {
         // SAFETY: as above; `obj` is one of ours, 16 bytes, given up.
-        unsafe { crate::restart::push::<AT, TOP, LIMIT, KEY>(base, 0, obj) }
+        unsafe { crate::restart::push::<Line, TOP, LIMIT, KEY>(base, 0, obj) }
     };
     assert_eq!(pop(false), None, "empty: nothing popped");
     assert_eq!(line[(AT + NR) / 8], 0, "and nothing counted");

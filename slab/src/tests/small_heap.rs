@@ -97,7 +97,10 @@ fn init_on_a_large_source_creates_the_classes_as_before() {
     assert_eq!(cost.page_map_bytes, 4096 * 32);
     // Each class one kmem_cache object: the struct, then at PCPU_OFFSET
     // its per-CPU array (one CPU here).
-    assert_eq!(cost.classes_bytes, 64 * (crate::cache::PCPU_OFFSET + 64));
+    assert_eq!(
+        cost.classes_bytes,
+        64 * (crate::KmemCache::<UpPlatform>::PCPU_OFFSET + 64)
+    );
     assert!(alloc.find_cache("kmalloc-64").is_some());
     assert!(alloc.find_cache("kmalloc-8192").is_some());
     // The struct and per-CPU arrays, in whole slabs, plus the page map.
