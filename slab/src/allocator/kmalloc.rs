@@ -670,7 +670,7 @@ impl<P: Platform> Allocator<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> O {
         if !self.is_ready() {
-            return O::from_raw(not_initialized_out::<O>());
+            return O::from_raw(crate::cache::not_initialized_out::<O>());
         }
         match Self::kmalloc_index_general(size, align) {
             Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
@@ -813,11 +813,4 @@ impl<P: Platform> Allocator<P> {
         }
         result
     }
-}
-
-/// `NotInitialized` in the caller's result type, out of line.
-#[cold]
-#[inline(never)]
-fn not_initialized_out<O: AllocOut>() -> O::Raw {
-    O::raw_from_packed(crate::cache::pack(Err(AllocError::NotInitialized)))
 }

@@ -145,7 +145,7 @@ impl<P: Platform> KmemCache<P> {
                     let this = unsafe { &*this };
                     return O::from_raw(this.alloc_recorded_hit::<O, B>(tag, bytes_req));
                 }
-                if UNREADY && core::ptr::eq(this.cast::<Unready>(), &raw const UNREADY_ENTRY) {
+                if UNREADY && is_unready(this) {
                     return O::from_raw(not_initialized_out::<O>());
                 }
                 // SAFETY: per our caller, not the unready entry: a live cache.
@@ -247,7 +247,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: as above.
             return unsafe { &*this }.alloc_recorded_hit::<O, B>(tag, bytes_req);
         }
-        if UNREADY && core::ptr::eq(this.cast::<Unready>(), &raw const UNREADY_ENTRY) {
+        if UNREADY && is_unready(this) {
             return not_initialized_out::<O>();
         }
         // SAFETY: per our caller, not the unready entry: a live cache.
@@ -436,9 +436,16 @@ pub(crate) const fn unready<P: Platform>() -> *mut KmemCache<P> {
     (&raw const UNREADY_ENTRY).cast_mut().cast()
 }
 
-/// `NotInitialized` in the caller's result type, out of line.
+/// Whether a table entry is [`unready`]'s (by address: nothing is read).
+#[inline(always)]
+fn is_unready<P: Platform>(entry: *const KmemCache<P>) -> bool {
+    core::ptr::eq(entry, unready::<P>())
+}
+
+/// `NotInitialized` in the caller's result type, out of line (the
+/// unready entry's refusal, and kmalloc's general path before `init`).
 #[cold]
 #[inline(never)]
-fn not_initialized_out<O: AllocOut>() -> O::Raw {
+pub(crate) fn not_initialized_out<O: AllocOut>() -> O::Raw {
     O::raw_from_packed(pack(Err(AllocError::NotInitialized)))
 }

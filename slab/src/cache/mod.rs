@@ -101,7 +101,7 @@ use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-pub(crate) use alloc::unready;
+pub(crate) use alloc::{not_initialized_out, unready};
 pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
 pub(crate) use double_free::{boot_free_key, key_after};
 pub(crate) use free::obj_index_with;
