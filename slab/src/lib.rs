@@ -157,7 +157,7 @@
 //! 2001: the common case touches only the CPU's own cache; Linux SLUB's
 //! per-CPU sheaves work the same way). It has no lock:
 //!
-//! - **Its own CPU** reaches it through its in-use flag, at `pcpu +
+//! - **Its own CPU** reaches it through its in-use flag, at `pcpu_array() +
 //!   Platform::cpu_offset()` (a kernel reads the offset `%gs`-relative in
 //!   one instruction; the array follows the cache's struct in its
 //!   `kmem_cache` object at a constant offset, so a hit computes the

@@ -201,8 +201,7 @@ impl<P: Platform> Allocator<P> {
                 id: 0,
                 debug: None,
             };
-            let stub =
-                KmemCache::construct(spec, self, self.page_map(), core::ptr::null_mut(), nr_cpus);
+            let stub = KmemCache::construct(spec, self, self.page_map(), nr_cpus);
             stub.set_hot(HotFlags::UNBORN);
             // SAFETY: INITIALIZING; stub slot `rank` < NR_UNBORN is ours and
             // nothing references it yet. Stubs are never linked or freed.

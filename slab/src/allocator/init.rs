@@ -176,7 +176,7 @@ impl<P: Platform> Allocator<P> {
             };
             // Bootstrap caches have no magazine layer (pcpu null): metadata
             // goes straight to and from their slab layers.
-            let cache = KmemCache::construct(spec, self, page_map, ptr::null_mut(), nr_cpus);
+            let cache = KmemCache::construct(spec, self, page_map, nr_cpus);
             // SAFETY: INITIALIZING; slot `index` < NR_BOOT is not yet
             // initialised and nothing references it.
             unsafe {

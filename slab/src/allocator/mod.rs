@@ -613,7 +613,7 @@ impl<P: Platform> Allocator<P> {
         };
         // SAFETY: `mem` is a fresh kmem_cache object, ours: a KmemCache<P>
         // (64-aligned) and from PCPU_OFFSET (a multiple of 64 at or past
-        // the struct's end) nr_cpus PcpuCaches, `pcpu`. Once linked the
+        // the struct's end) nr_cpus PcpuCaches, `pcpu` (`KmemCache::pcpu_array`). Once linked the
         // cache lives until destroy.
         unsafe {
             // The free key in every CPU's line, where the free's hit reads it.
@@ -621,13 +621,7 @@ impl<P: Platform> Allocator<P> {
             for cpu in 0..nr_cpus {
                 pcpu.add(cpu).write(PcpuCache::new(free_key));
             }
-            mem.write(KmemCache::construct(
-                spec,
-                self,
-                self.page_map(),
-                pcpu,
-                nr_cpus,
-            ));
+            mem.write(KmemCache::construct(spec, self, self.page_map(), nr_cpus));
             match irq_list.as_deref_mut() {
                 Some(list) => self.link_cache_locked(list, mem),
                 None => self.link_cache(mem),

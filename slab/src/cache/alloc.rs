@@ -178,7 +178,7 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     fn magazine_alloc_hit_in<const IN_RAX: bool>(&self) -> Option<NonNull<u8>> {
         if crate::restart::enabled::<P>() {
-            debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+            debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
             // SAFETY: pcpu has nr_cpus slots, alive as long as the cache,
             // PCPU_OFFSET bytes after the cache (`ArrayAt`); cpu_offset() is this
             // CPU's slot (the Platform contract), whose hits are

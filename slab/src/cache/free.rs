@@ -321,7 +321,7 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
         if KEYED && crate::restart::enabled::<P>() {
-            debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+            debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
             // SAFETY: as in `magazine_alloc_hit`; per our caller, obj is a
             // busy object of this keyed cache, given up if pushed.
             return unsafe {

@@ -32,22 +32,28 @@ impl Default for SendMagazine {
 }
 
 impl<P: Platform> KmemCache<P> {
-    /// The per-CPU array, computed from the cache's address: it follows
-    /// the struct at [`Self::PCPU_OFFSET`] (no load of `pcpu`, which it equals
-    /// for every cache with a magazine layer; for a bootstrap cache the
-    /// address means nothing and is never used). From the address as an
-    /// integer, with its exposed provenance (the array lies past `self`'s
-    /// struct, in the same `kmem_cache` object).
-    #[inline(always)]
-    pub(crate) fn pcpu_array(&self) -> *mut PcpuCache {
-        debug_assert!(self.pcpu.is_null() || self.pcpu.addr() == self.pcpu_addr());
-        core::ptr::with_exposed_provenance_mut(self.pcpu_addr())
+    /// Whether the cache has a magazine layer, hence a per-CPU array:
+    /// every cache but the bootstrap ones (the unborn kmalloc stubs among
+    /// them), whose allocs and frees never reach a magazine.
+    #[inline]
+    pub(crate) fn has_magazines(&self) -> bool {
+        !self.is_bootstrap()
     }
 
-    /// [`Self::pcpu_array`]'s address.
+    /// The per-CPU array, one `PcpuCache` per CPU (this CPU's at
+    /// `+ Platform::cpu_offset()`): it follows the struct in its
+    /// `kmem_cache` object at [`Self::PCPU_OFFSET`], so its address is
+    /// computed from the cache's, with no load (the hits fold the offset
+    /// into their displacements). Only for a cache with magazines
+    /// ([`Self::has_magazines`]); a bootstrap cache's address means
+    /// nothing. From the address as an integer, with its exposed
+    /// provenance (the array lies past `self`'s struct, in the same
+    /// `kmem_cache` object).
     #[inline(always)]
-    fn pcpu_addr(&self) -> usize {
-        (self as *const Self).addr().wrapping_add(Self::PCPU_OFFSET)
+    pub(crate) fn pcpu_array(&self) -> *mut PcpuCache {
+        core::ptr::with_exposed_provenance_mut(
+            (self as *const Self).addr().wrapping_add(Self::PCPU_OFFSET),
+        )
     }
 
     /// This CPU's per-CPU cache, for a magazine hit (interrupts possibly
@@ -59,7 +65,7 @@ impl<P: Platform> KmemCache<P> {
     /// `BOOTSTRAP` paths first).
     #[inline(always)]
     pub(crate) fn pcpu_lock(&self) -> Option<PcpuLocked<'_, P>> {
-        debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+        debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
         // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
         // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
         // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
@@ -72,9 +78,9 @@ impl<P: Platform> KmemCache<P> {
     #[inline]
     pub(crate) fn pcpu_lock_here<'g>(&'g self, irq: &'g IrqGuard<P>) -> Option<PcpuLocked<'g, P>> {
         let _ = irq;
-        debug_assert!(!self.pcpu.is_null() && P::cpu_id() <= self.last_cpu);
+        debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
         // SAFETY: as in pcpu_lock; interrupts are off (`irq`).
-        unsafe { (*self.pcpu.byte_add(P::cpu_offset())).try_lock_here::<P>() }
+        unsafe { (*self.pcpu_array().byte_add(P::cpu_offset())).try_lock_here::<P>() }
     }
 
     /// Run `f` on CPU `cpu`'s per-CPU cache of this cache, on that CPU
@@ -85,10 +91,10 @@ impl<P: Platform> KmemCache<P> {
         cpu: usize,
         f: impl Fn(&mut PcpuInner) -> R + Sync,
     ) -> R {
-        debug_assert!(!self.pcpu.is_null() && cpu <= self.last_cpu);
+        debug_assert!(self.has_magazines() && cpu <= self.last_cpu);
         let result = spin::Mutex::new(None);
         // SAFETY: cpu < nr_cpus, the array's length; alive with the cache.
-        let pcpu: &PcpuCache = unsafe { &*self.pcpu.add(cpu) };
+        let pcpu: &PcpuCache = unsafe { &*self.pcpu_array().add(cpu) };
         loop {
             P::cross_cpu_call(cpu, &|| {
                 // SAFETY: runs as CPU `cpu`, exclusive with its
@@ -153,7 +159,7 @@ impl<P: Platform> KmemCache<P> {
     /// free throughout: whatever they put in magazines after their turn
     /// stays there.
     pub(crate) fn drain_magazines(&self) {
-        if self.pcpu.is_null() {
+        if !self.has_magazines() {
             return;
         }
         for cpu in 0..self.nr_cpus() {
@@ -217,7 +223,7 @@ impl<P: Platform> KmemCache<P> {
     #[cfg(test)]
     pub(crate) fn for_each_round(&self, mut f: impl FnMut(*mut u8)) {
         extern crate alloc;
-        if !self.pcpu.is_null() {
+        if self.has_magazines() {
             for cpu in 0..self.nr_cpus() {
                 let rounds = self.on_cpu(cpu, |pcc| {
                     let mut rounds = alloc::vec::Vec::new();

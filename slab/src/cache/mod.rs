@@ -34,7 +34,7 @@
 //! ```
 //!
 //! **The hits** take no lock and no atomic read-modify-write: this CPU's
-//! per-CPU cache at `pcpu + Platform::cpu_offset()`, its in-use flag
+//! per-CPU cache at `pcpu_array() + Platform::cpu_offset()`, its in-use flag
 //! taken (a plain load and store; held already: an interrupt handler that
 //! interrupted the holder, which takes the slow path to the slab layer),
 //! pop from (push to) `loaded`, count (alloc only), the flag given back. `loaded`'s top and end are
@@ -248,14 +248,9 @@ pub struct KmemCache<P: Platform> {
     /// object's address; otherwise through the page map.
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag_header_in_page: bool,
-    /// The per-CPU caches, one per CPU (null for bootstrap caches); this
-    /// CPU's is at `pcpu + Platform::cpu_offset()`. The array follows the
-    /// struct in its `kmem_cache` object, at [`KmemCache::PCPU_OFFSET`]: the hits
-    /// compute its address from the cache's ([`KmemCache::pcpu_array`])
-    /// rather than load this field; the rest of the code reads it (and
-    /// its null for a bootstrap cache).
-    pub(crate) pcpu: *mut PcpuCache,
-    /// Number of CPUs minus one: the last index of `pcpu`.
+    // The per-CPU array follows the struct in its `kmem_cache` object
+    // (`KmemCache::pcpu_array`): no field points at it.
+    /// Number of CPUs minus one: the last index of the per-CPU array.
     pub(crate) last_cpu: usize,
     /// `ceil(2^64 / stride)`: for an offset `n < 2^32` into a slab,
     /// `n * stride_magic` (128-bit) has `n / stride` in its high word and
@@ -308,8 +303,8 @@ impl<P: Platform> crate::restart::ArrayAt for KmemCache<P> {
     const AT: usize = Self::PCPU_OFFSET;
 }
 
-// SAFETY: shared state is behind spin locks or atomics; `pcpu` is an array
-// of per-CPU caches each owned by its CPU (see `pcpu_mut`); `links` is only touched under
+// SAFETY: shared state is behind spin locks or atomics; the per-CPU array is
+// per-CPU caches each owned by its CPU (see `pcpu_lock`); `links` is only touched under
 // the allocator's cache-list lock; everything else is immutable after
 // creation.
 unsafe impl<P: Platform> Sync for KmemCache<P> {}
@@ -341,7 +336,8 @@ impl<P: Platform> KmemCache<P> {
     /// a hit finds this CPU's line at `cache + PCPU_OFFSET +
     /// Platform::cpu_offset()`, a displacement, with no load: the free's
     /// chain of dependent loads is page-map slot → line, the alloc's size
-    /// table → line → round, one load each shorter than through `pcpu`
+    /// table → line → round, one load each shorter than through a pointer
+    /// field
     /// (`docs/BENCHMARKS.md`, issue 18: what that is worth in `mixed`'s
     /// CPU time).
     pub(crate) const PCPU_OFFSET: usize =
@@ -352,7 +348,6 @@ impl<P: Platform> KmemCache<P> {
         spec: CacheSpec<'_>,
         owner: *const Allocator<P>,
         page_map: PageMap,
-        pcpu: *mut PcpuCache,
         nr_cpus: usize,
     ) -> Self {
         // The unready entry (`alloc.rs`) is read as this word only.
@@ -389,7 +384,6 @@ impl<P: Platform> KmemCache<P> {
         }
         KmemCache {
             hot_flags: AtomicU32::new(hot.bits()),
-            pcpu,
             last_cpu: nr_cpus.max(1) - 1,
             // The page-map slots of its slabs hold the same.
             stride_magic: crate::layout::pagemap::stride_magic(geometry.stride),

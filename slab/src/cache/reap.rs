@@ -59,7 +59,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`Allocator::kmem_update`](crate::Allocator::kmem_update) from a
     /// periodic tick instead of this.
     pub fn ws_update(&self) {
-        if !self.pcpu.is_null() {
+        if self.has_magazines() {
             self.depot.ws_update();
         }
     }
@@ -70,7 +70,7 @@ impl<P: Platform> KmemCache<P> {
     /// to the page source. Per-CPU magazines stay (no cross-CPU call).
     /// Returns pages returned. Call it as [`KmemCache::reap`].
     pub fn ws_reap(&self) -> usize {
-        if !self.pcpu.is_null() {
+        if self.has_magazines() {
             let (full, empty) = self.depot.ws_take();
             // SAFETY: detached from our depot; ours alone now.
             unsafe { self.free_magazine_lists(full, empty) };
@@ -90,7 +90,7 @@ impl<P: Platform> KmemCache<P> {
     ///
     /// [`Allocator::kmem_update`]: crate::Allocator::kmem_update
     pub(crate) fn ws_tick(&self) -> usize {
-        if self.pcpu.is_null() || self.slab.lock().counts().nr_slabs == 0 {
+        if !self.has_magazines() || self.slab.lock().counts().nr_slabs == 0 {
             self.idle.nr_idle.store(0, Ordering::Relaxed);
             return self.ws_reap();
         }

@@ -16,7 +16,7 @@ impl<P: Platform> KmemCache<P> {
         let mut nr_allocs = self.nr_allocs_direct.load(Ordering::Relaxed);
         let mut nr_frees = self.nr_frees_direct.load(Ordering::Relaxed);
         let mut nr_cpu_cached_objs = 0;
-        if !self.pcpu.is_null() {
+        if self.has_magazines() {
             for cpu in 0..self.nr_cpus() {
                 let cpu_stats = self.cpu_stats(cpu);
                 nr_allocs = nr_allocs.wrapping_add(cpu_stats.nr_allocs);
@@ -59,7 +59,7 @@ impl<P: Platform> KmemCache<P> {
             nr_total_objs: counts.nr_slabs * self.params.nr_objs_per_slab,
             nr_allocs_ever: nr_allocs,
             nr_frees_ever: nr_frees,
-            magsize: if self.pcpu.is_null() { 0 } else { magsize },
+            magsize: if !self.has_magazines() { 0 } else { magsize },
             depot_nr_full,
             depot_nr_empty,
             depot_contention: self.depot.nr_contention.load(Ordering::Relaxed),
@@ -79,7 +79,7 @@ impl<P: Platform> KmemCache<P> {
     /// and for bootstrap caches (no magazine layer). Reads them on that
     /// CPU (a cross-CPU call), so the four figures are one exact snapshot.
     pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
-        if self.pcpu.is_null() || cpu > self.last_cpu {
+        if !self.has_magazines() || cpu > self.last_cpu {
             return CpuCacheStats::default();
         }
         self.on_cpu(cpu, |pcc| pcc.stats())

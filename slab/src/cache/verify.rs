@@ -186,7 +186,7 @@ impl<P: Platform> KmemCache<P> {
     /// the depot's) for which `pred` holds. Call with no allocator lock
     /// held; `pred` may take this cache's slab lock.
     pub(crate) fn find_round(&self, pred: impl Fn(usize) -> bool + Sync) -> Option<usize> {
-        if self.pcpu.is_null() {
+        if !self.has_magazines() {
             return None;
         }
         let search = |mag: *mut crate::magazine::Magazine| {

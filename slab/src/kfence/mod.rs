@@ -206,7 +206,7 @@ impl<P: Platform> Allocator<P> {
     /// the sample), the free is counted as one straight to the slab layer
     /// (`nr_frees_direct`) instead: the same figures.
     fn kfence_count_free(cache: &KmemCache<P>) {
-        if cache.pcpu.is_null() {
+        if !cache.has_magazines() {
             return;
         }
         let irq = IrqGuard::<P>::new();
@@ -384,7 +384,7 @@ impl<P: Platform> Allocator<P> {
         // This CPU's per-CPU cache held throughout, to count the sample:
         // if a hit this interrupted holds it, no sample now (the bit
         // stays: the next allocation tries again).
-        if cache.pcpu.is_null() {
+        if !cache.has_magazines() {
             return None;
         }
         let irq = IrqGuard::<P>::new();

@@ -631,7 +631,6 @@ fn hot_fields_first() {
         ("hot_flags", offset_of!(Cache, hot_flags)),
         ("on_primary", offset_of!(Cache, on_primary)),
         ("kind", offset_of!(Cache, kind)),
-        ("pcpu", offset_of!(Cache, pcpu)),
         ("last_cpu", offset_of!(Cache, last_cpu)),
         ("stride_magic", offset_of!(Cache, stride_magic)),
         (
