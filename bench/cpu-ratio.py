@@ -12,7 +12,9 @@ Every round runs every configuration once, in an order shuffled per
 round. A configuration labelled `null` (the harness alone) is subtracted
 per round; the first configuration is the reference: each line prints
 its median raw and net nanoseconds per operation and the median (min-max
-over rounds) of its net time over the reference's.
+over rounds) of its net time over the reference's, and a 95 % bootstrap
+interval of that median (2,000 resamples of the rounds, seeded): an
+interval that holds a threshold cannot say on which side the ratio is.
 
 Example (issue 18: magpie against mimalloc on `mixed`, and a build of an
 older commit, through the same binary's harness):
@@ -54,6 +56,15 @@ def run(binary, workload, allocator, n):
     return int(ops.group(1)), children_cpu() - before
 
 
+def bootstrap_median(xs, resamples=2000):
+    """95 % percentile-bootstrap interval of the median of `xs`."""
+    rng = random.Random(0xB007)
+    medians = sorted(
+        statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples)
+    )
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def main():
     if len(sys.argv) < 5:
         usage()
@@ -82,8 +93,10 @@ def main():
             nets = [x - h for x, h in zip(ns[label], null)]
             refs = [x - h for x, h in zip(ns[ref], null)]
             ratios = sorted(a / b for a, b in zip(nets, refs))
+            lo, hi = bootstrap_median(ratios)
             line += (f"  net {statistics.median(nets):6.3f}"
-                     f"  ratio {statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
+                     f"  ratio {statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+                     f"  95% CI of the median {lo:.3f}-{hi:.3f}")
         print(line)
 
 
