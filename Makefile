@@ -21,7 +21,7 @@ setup:
 # on synthetic dumps and on dumps of the real writer), then the loom
 # models (test-loom, below).
 test-host: chrome-reader
-	MAGPIE_REQUIRE_CHROME_READER=1 cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format --target $(HOST)
+	MAGPIE_REQUIRE_CHROME_READER=1 cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format -p magpie-bench --target $(HOST)
 	$(MAKE) --no-print-directory test-loom
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: regenerate every table of docs/BENCHMARKS.md in one run.
 #
-#   bench/run.sh [suite options]     e.g. --reps 9 --target-ms 200 --no-callgrind
+#   bench/run.sh [suite options]     e.g. --reps 9 --target-reps 101 --target-ms 200 --no-callgrind
 #   BENCH_DOC= bench/run.sh          # leave docs/BENCHMARKS.md alone (report only)
 #
 # Builds magpie-bench twice with the `bench-release` profile (release, one

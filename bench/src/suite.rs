@@ -23,6 +23,9 @@ struct SuiteOpts {
     doc: Option<String>,
     prof: Option<String>,
     reps: u64,
+    /// Rounds of the time targets' own measurement (magpie, mimalloc and
+    /// `null` alone on `pair64` and `mixed`).
+    target_reps: u64,
     target_ms: u64,
     callgrind: bool,
     /// `KERNEL_HIT` lines of tests/kernel_hit.rs (bench/run.sh).
@@ -35,6 +38,7 @@ fn parse(args: &[String]) -> SuiteOpts {
         doc: None,
         prof: None,
         reps: 7,
+        target_reps: 61,
         target_ms: 100,
         callgrind: true,
         kernel_hit: None,
@@ -46,6 +50,9 @@ fn parse(args: &[String]) -> SuiteOpts {
             "--doc" => opts.doc = it.next().cloned(),
             "--prof" => opts.prof = it.next().cloned(),
             "--reps" => opts.reps = it.next().and_then(|v| v.parse().ok()).unwrap_or(7),
+            "--target-reps" => {
+                opts.target_reps = it.next().and_then(|v| v.parse().ok()).unwrap_or(61)
+            }
             "--target-ms" => opts.target_ms = it.next().and_then(|v| v.parse().ok()).unwrap_or(100),
             "--no-callgrind" => opts.callgrind = false,
             "--kernel-hit" => opts.kernel_hit = it.next().cloned(),
@@ -327,6 +334,27 @@ fn cpu_per_op(bin: &str, workload: &str, allocator: &str, n: u64) -> Result<f64,
         return Err(format!("no operations between N/5 and N (n = {n})"));
     }
     Ok((cpu2 - cpu1) / (ops2 - ops1) as f64)
+}
+
+/// A 95 % percentile-bootstrap interval of the median of `v` (non-empty):
+/// 2,000 resamples of its values with replacement, from a fixed seed (the
+/// same figures give the same interval).
+fn bootstrap_median(v: &[f64]) -> (f64, f64) {
+    const RESAMPLES: usize = 2000;
+    let mut rng = crate::workloads::XorShift::new(0xb007);
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let sample = (0..v.len())
+                .map(|_| v[(rng.next() % v.len() as u64) as usize])
+                .collect();
+            median(sample).unwrap_or(f64::NAN)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (
+        medians[RESAMPLES * 25 / 1000],
+        medians[RESAMPLES * 975 / 1000 - 1],
+    )
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -708,18 +736,68 @@ pub fn main(argv: &[String]) {
         writeln!(r, "{row}").unwrap();
     }
     writeln!(r).unwrap();
-    for (w, goal) in [("pair64", 0.9), ("mixed", 0.95)] {
-        let v = ratios(w, "magpie", "mimalloc");
-        let met = v.clone().and_then(median).map(|m| m <= goal);
+    // The time targets (issue 18) from their own rounds: the table's 7
+    // are too few for a 5 % question (its medians of `mixed` have moved
+    // between 0.54 and 1.38 on the same code). Magpie, mimalloc and `null`
+    // alone, shuffled per round, the same calibrated N.
+    const TARGETS: [(&str, f64); 2] = [("pair64", 0.9), ("mixed", 0.95)];
+    let mut focus_jobs: Vec<(&str, &str)> = TARGETS
+        .iter()
+        .flat_map(|&(w, _)| ["magpie", "mimalloc", "null"].map(|a| (w, a)))
+        .collect();
+    let mut focus: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
+    for round in 0..opts.target_reps {
+        eprintln!("time-target round {}/{}", round + 1, opts.target_reps);
+        shuffle(&mut focus_jobs, 0x7a26 ^ round);
+        for &(w, a) in &focus_jobs {
+            let Some(&n) = sizes.get(&(w, a, 1)) else {
+                continue;
+            };
+            match cpu_per_op(&me, w, a, n) {
+                Ok(ns) => focus.entry((w, a)).or_default().push(ns),
+                Err(e) => failures.push(format!("cpu {w} {a} (time targets): {e}")),
+            }
+        }
+    }
+    writeln!(
+        r,
+        "The time targets, from {} more rounds of magpie, mimalloc and `null` alone (shuffled \
+         per round, the same N): magpie's net CPU time / mimalloc's, per round, median \
+         (min–max) and a 95 % bootstrap interval of the median (2,000 seeded resamples of the \
+         rounds). Met if the interval is under the target, not met if it is above, undecided \
+         if it holds it. The interval is this run's: on this VM the median moves by about \
+         ±0.05 between runs on the same code, more than the interval says.\n",
+        opts.target_reps
+    )
+    .unwrap();
+    for (w, goal) in TARGETS {
+        let v = (|| -> Option<Vec<f64>> {
+            let m = focus.get(&(w, "magpie"))?;
+            let mi = focus.get(&(w, "mimalloc"))?;
+            let h = focus.get(&(w, "null"))?;
+            let v: Vec<f64> = m
+                .iter()
+                .zip(mi)
+                .zip(h)
+                .map(|((m, mi), h)| (m - h) / (mi - h))
+                .collect();
+            (!v.is_empty()).then_some(v)
+        })();
+        let interval = v.as_deref().map(bootstrap_median);
+        let verdict = match interval {
+            Some((_, hi)) if hi <= goal => "met",
+            Some((lo, _)) if lo > goal => "not met",
+            Some(_) => "undecided: the interval holds the target",
+            None => "unmeasured",
+        };
         writeln!(
             r,
-            "- `{w}` magpie / mimalloc net CPU time: {} (target ≤ {goal}) → **{}**",
+            "- `{w}` magpie / mimalloc net CPU time: {}, 95 % interval of the median {} \
+             (target ≤ {goal}) → **{verdict}** (the table's {} rounds: {})",
             fmt_spread(v, 2),
-            match met {
-                Some(true) => "met",
-                Some(false) => "not met",
-                None => "unmeasured",
-            }
+            interval.map_or("fail".into(), |(lo, hi)| format!("{lo:.2}–{hi:.2}")),
+            opts.reps,
+            fmt_spread(ratios(w, "magpie", "mimalloc"), 2),
         )
         .unwrap();
     }
@@ -1474,4 +1552,33 @@ fn burst_table(
         .unwrap();
     }
     writeln!(r).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bootstrap_median, median};
+
+    #[test]
+    fn bootstrap_interval_brackets_the_median_inside_the_range() {
+        // 61 rounds: a spread around 0.96 with two wild rounds, as the
+        // per-round ratios of the time targets look.
+        let mut v: Vec<f64> = (0..59).map(|i| 0.90 + 0.002 * i as f64).collect();
+        v.extend([0.2, 2.4]);
+        let (lo, hi) = bootstrap_median(&v);
+        let mid = median(v.clone()).unwrap();
+        assert!(lo <= mid && mid <= hi, "{lo} {mid} {hi}");
+        assert!(
+            lo > 0.9 && hi < 1.02,
+            "the outliers must not widen it: {lo} {hi}"
+        );
+        assert!(hi - lo > 0.0, "a spread gives an interval");
+        // The same figures give the same interval (seeded).
+        assert_eq!(bootstrap_median(&v), (lo, hi));
+    }
+
+    #[test]
+    fn bootstrap_interval_of_equal_rounds_is_a_point() {
+        assert_eq!(bootstrap_median(&[1.25; 7]), (1.25, 1.25));
+        assert_eq!(bootstrap_median(&[0.5]), (0.5, 0.5));
+    }
 }
