@@ -772,8 +772,9 @@ pub fn main(argv: &[String]) {
          operations): magpie's net CPU time / mimalloc's, per round, median \
          (min–max) and a 95 % bootstrap interval of the median (2,000 seeded resamples of the \
          rounds). Met if the interval is under the target, not met if it is above, undecided \
-         if it holds it. The interval is this run's: on this VM the median moves by about \
-         ±0.05 between runs on the same code, more than the interval says.\n",
+         if it holds it. The interval is this run's: on this VM the ratio follows the host's \
+         load (`null`'s raw time in the same rounds, printed with each line, says which host \
+         the run had; the note at the end of this file has runs on both).\n",
         opts.target_reps
     )
     .unwrap();
@@ -797,12 +798,15 @@ pub fn main(argv: &[String]) {
             Some(_) => "undecided: the interval holds the target",
             None => "unmeasured",
         };
+        let null_raw = focus.get(&(w, "null")).cloned().and_then(median);
         writeln!(
             r,
             "- `{w}` magpie / mimalloc net CPU time: {}, 95 % interval of the median {} \
-             (target ≤ {goal}) → **{verdict}** (the table's {} rounds: {})",
+             (target ≤ {goal}) → **{verdict}**; `null` raw {} ns an operation in these rounds \
+             (the table's {} rounds: {})",
             fmt_spread(v, 2),
             interval.map_or("fail".into(), |(lo, hi)| format!("{lo:.2}–{hi:.2}")),
+            fmt_f(null_raw, 2),
             opts.reps,
             fmt_spread(ratios(w, "magpie", "mimalloc"), 2),
         )
