@@ -739,26 +739,21 @@ pub fn main(argv: &[String]) {
     // The time targets (issue 18) from their own rounds: the table's 7
     // are too few for a 5 % question (its medians of `mixed` have moved
     // between 0.54 and 1.38 on the same code). Magpie, mimalloc and `null`
-    // alone, shuffled per round, the same calibrated N.
+    // alone, shuffled per round, with one N for the three: the largest
+    // calibrated (`null`'s, the fastest), so each runs the same operations.
     const TARGETS: [(&str, f64); 2] = [("pair64", 0.9), ("mixed", 0.95)];
-    let mut focus_jobs: Vec<(&str, &str)> = TARGETS
-        .iter()
-        .flat_map(|&(w, _)| ["magpie", "mimalloc", "null"].map(|a| (w, a)))
-        .collect();
+    let mut focus_jobs: Vec<(&str, &str, u64)> = Vec::new();
+    for (w, _) in TARGETS {
+        let trio = ["magpie", "mimalloc", "null"];
+        if let Some(n) = trio.iter().filter_map(|a| sizes.get(&(w, *a, 1))).max() {
+            focus_jobs.extend(trio.map(|a| (w, a, *n)));
+        }
+    }
     let mut focus: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
     for round in 0..opts.target_reps {
         eprintln!("time-target round {}/{}", round + 1, opts.target_reps);
         shuffle(&mut focus_jobs, 0x7a26 ^ round);
-        for &(w, a) in &focus_jobs {
-            // One N for all three: the largest calibrated (`null`'s, the
-            // fastest), so every allocator runs the same operations.
-            let Some(n) = ["magpie", "mimalloc", "null"]
-                .iter()
-                .filter_map(|a| sizes.get(&(w, *a, 1)).copied())
-                .max()
-            else {
-                continue;
-            };
+        for &(w, a, n) in &focus_jobs {
             match cpu_per_op(&me, w, a, n) {
                 Ok(ns) => focus.entry((w, a)).or_default().push(ns),
                 Err(e) => failures.push(format!("cpu {w} {a} (time targets): {e}")),
