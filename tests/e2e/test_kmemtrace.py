@@ -9,7 +9,7 @@ objects still held, and overruns with `kmemtrace.subbufs=1`.
 `scripts/magpie-kmem` (the host tool) then reads the same dump: `check`
 passes, `stat --caller` shows the shell site's exact calls and bytes (and
 21.9 % fragmentation per 100 B object with `--alloc`), its ping-pong for
-stress's sites equals stress's cross-CPU frees, `leaks` lists the objects
+stress's sites equals stress's cross-CPU frees, `live` lists the objects
 the shell still holds.
 """
 import json
@@ -348,8 +348,8 @@ class KmemtraceSession(unittest.TestCase):
         self.assertEqual(sum(s["pingpong"] for s in stress), cross_frees)
 
     @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
-    def test_magpie_kmem_leaks_lists_the_objects_held(self):
-        code, out, err = self.magpie_kmem("leaks", "--json")
+    def test_magpie_kmem_live_lists_the_objects_held(self):
+        code, out, err = self.magpie_kmem("live", "--json")
         self.assertEqual(code, 0, err)
         site = self.shell_kmalloc_site()
         leaked = sorted(int(o["ptr"], 16) for g in json.loads(out)["groups"]

@@ -466,10 +466,13 @@ fn check_references(dump: &Dump, r: &mut Replay) {
     }
 }
 
-/// Objects live at the end of the record, grouped as `::findleaks` does:
-/// by cache and call site (and stack when recorded), largest first.
+/// Objects live (outstanding) at the end of the record, grouped as
+/// `::findleaks` groups its leaks: by cache and call site (and stack when
+/// recorded), largest first. Live is not leaked: a leak is an object
+/// nothing points to, which only a scan of the kernel's memory can tell
+/// (`kmem findleaks` in the shell).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeakGroup {
+pub struct LiveGroup {
     /// Cache id of the objects (0: pages).
     pub cache_id: u32,
     /// Call site of their alloc.
@@ -484,14 +487,14 @@ pub struct LeakGroup {
     pub bytes_req: u64,
 }
 
-/// Groups the live objects (see [`LeakGroup`]): bytes descending, then
+/// Groups the live objects (see [`LiveGroup`]): bytes descending, then
 /// object count descending, then call site ascending.
-pub fn leak_groups(replay: &Replay) -> Vec<LeakGroup> {
-    let mut groups: BTreeMap<(u32, u64, u32), LeakGroup> = BTreeMap::new();
+pub fn live_groups(replay: &Replay) -> Vec<LiveGroup> {
+    let mut groups: BTreeMap<(u32, u64, u32), LiveGroup> = BTreeMap::new();
     for (ptr, e) in &replay.live {
         let g = groups
             .entry((e.cache_id, e.call_site, e.stack_id))
-            .or_insert_with(|| LeakGroup {
+            .or_insert_with(|| LiveGroup {
                 cache_id: e.cache_id,
                 call_site: e.call_site,
                 stack_id: e.stack_id,
@@ -503,7 +506,7 @@ pub fn leak_groups(replay: &Replay) -> Vec<LeakGroup> {
         g.bytes_alloc += e.bytes_alloc;
         g.bytes_req += e.bytes_req;
     }
-    let mut out: Vec<LeakGroup> = groups.into_values().collect();
+    let mut out: Vec<LiveGroup> = groups.into_values().collect();
     out.sort_by(|a, b| {
         b.bytes_alloc
             .cmp(&a.bytes_alloc)

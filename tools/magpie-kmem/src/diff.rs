@@ -3,7 +3,7 @@
 //! "two copies of `/proc/allocinfo`" step of leak hunting, from records).
 //!
 //! The figures are the bytes and objects **live at the end** of each
-//! record (as `leaks` counts them), B minus A, signed. Call sites are
+//! record (as `live` counts them), B minus A, signed. Call sites are
 //! matched by name (`FILE:LINE func:FUNCTION`, the code-tag layout, when
 //! the kernel's symbols are found; else the raw address), so two boots of
 //! different builds compare; caches by name.

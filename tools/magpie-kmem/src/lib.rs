@@ -11,8 +11,10 @@
 //! that allocated them, what is still live at the end, and how live bytes
 //! moved over time. It is the offline half of the 2008 kmemtrace RFC
 //! (per-CPU relay buffers, an overrun counter, analysis by a separate
-//! tool), with the report layout of Linux `perf kmem stat` and the leak
-//! listing of illumos `::findleaks`.
+//! tool), with the report layout of Linux `perf kmem stat`, and the live
+//! objects grouped as illumos `::findleaks` groups leaks (live is not
+//! leaked: leaks are the unreachable objects `kmem findleaks` finds in
+//! the shell).
 //!
 //! ## Layers
 //!
@@ -30,7 +32,7 @@
 //! - [`symbols`]: finds the kernel ELF whose GNU build id matches the
 //!   dump's and names addresses `function+0xoff` (symbol table, generic
 //!   arguments dropped) and `file:line` (DWARF, via `addr2line`).
-//! - [`report`]: the `check`, `stat` and `leaks` reports, text and JSON.
+//! - [`report`]: the `check`, `stat` and `live` reports, text and JSON.
 //! - [`graphs`]: flamegraph (`inferno`) and timeline (`plotters`) SVGs.
 //! - [`export`]: Chrome trace-event JSON (Perfetto), speedscope JSON and
 //!   folded stacks, for other people's viewers.

@@ -67,9 +67,12 @@ enum Command {
         /// The dump file.
         file: PathBuf,
     },
-    /// Objects still live at the end of the record, by cache and call
-    /// site (and stack), largest first.
-    Leaks {
+    /// Objects still live (outstanding) at the end of the record, by
+    /// cache and call site (and stack), largest first. Live is not
+    /// leaked: the objects the shell holds and the kernel's permanent
+    /// allocations are live too; `kmem findleaks` in the shell finds
+    /// the unreachable ones.
+    Live {
         /// JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -78,6 +81,13 @@ enum Command {
         verbose: bool,
         /// The dump file.
         file: PathBuf,
+    },
+    /// Renamed `live`: it lists outstanding objects, not leaks.
+    #[command(hide = true)]
+    Leaks {
+        /// Whatever was given (refused with the new name).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Flamegraph SVG of bytes allocated by stack.
     Flamegraph {
@@ -133,6 +143,11 @@ enum Command {
         output: PathBuf,
     },
 }
+
+/// The answer to the old `leaks` command.
+const LEAKS_RENAMED: &str = "`leaks` is now `live`: it lists the objects outstanding at the end \
+of the record, which are not all leaks (the shell's held objects, the kernel's permanent \
+allocations); a leak is an object nothing points to: run `kmem findleaks` in the shell";
 
 fn load(file: &Path) -> Result<Dump, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -250,7 +265,8 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Leaks {
+        Command::Leaks { .. } => Err(LEAKS_RENAMED.to_string()),
+        Command::Live {
             json,
             verbose,
             file,
@@ -259,14 +275,14 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let sym = symbolizer(cli, &dump)?;
             let replay = analysis::replay(&dump);
             if *json {
-                let value = report::leaks_json(&dump, &replay, &sym);
+                let value = report::live_json(&dump, &replay, &sym);
                 emit_json(&value)?;
             } else {
                 let mut text = String::new();
-                for note in report::leak_caveats(&dump, &replay) {
+                for note in report::live_caveats(&dump, &replay) {
                     text.push_str(&format!("note: {note}\n"));
                 }
-                text.push_str(&report::leaks_text(&dump, &replay, &sym, *verbose));
+                text.push_str(&report::live_text(&dump, &replay, &sym, *verbose));
                 emit(&text)?;
             }
             Ok(ExitCode::SUCCESS)

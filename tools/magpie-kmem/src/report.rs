@@ -1,5 +1,6 @@
 //! Text and JSON reports: `check`, `stat` (the `perf kmem stat` layout)
-//! and `leaks` (in the spirit of illumos `::findleaks`).
+//! and `live` (objects outstanding at the end, grouped as illumos
+//! `::findleaks` groups leaks; not a leak report: see [`live_text`]).
 
 use std::cmp::Ordering;
 use std::fmt::Write as _;
@@ -8,7 +9,7 @@ use magpie_slab::reports::Nanoseconds;
 
 use serde_json::{Value, json};
 
-use crate::analysis::{LeakGroup, Replay, Severity, Stat, fragmentation, leak_groups};
+use crate::analysis::{LiveGroup, Replay, Severity, Stat, fragmentation, live_groups};
 use crate::dump::{Dump, EventKind};
 use crate::symbols::Symbolizer;
 
@@ -482,8 +483,8 @@ pub fn stat_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, opts: &StatOpti
     Value::Object(top)
 }
 
-/// Notes that qualify a leak report (printed before it).
-pub fn leak_caveats(dump: &Dump, replay: &Replay) -> Vec<String> {
+/// Notes that qualify the `live` report (printed before it).
+pub fn live_caveats(dump: &Dump, replay: &Replay) -> Vec<String> {
     let mut notes = Vec::new();
     if !dump.header.from_boot() {
         notes.push(
@@ -500,9 +501,10 @@ pub fn leak_caveats(dump: &Dump, replay: &Replay) -> Vec<String> {
     notes
 }
 
-/// The `leaks` report. `verbose` lists every buffer.
-pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool) -> String {
-    let groups = leak_groups(replay);
+/// The `live` report: objects outstanding at the end of the record.
+/// `verbose` lists every buffer.
+pub fn live_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool) -> String {
+    let groups = live_groups(replay);
     let mut out = String::new();
     let cache_width = groups
         .iter()
@@ -512,7 +514,7 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
         .unwrap_or(16);
     let header = format!(
         "{:<cache_width$} {:>8} {:>12}  {:<18}  CALLER",
-        "CACHE", "LEAKED", "BYTES", "BUFFER"
+        "CACHE", "LIVE", "BYTES", "BUFFER"
     );
     let dashes = "-".repeat(header.len() + 34);
     let _ = writeln!(out, "{header}");
@@ -536,7 +538,7 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
                 .get(&g.stack_id)
                 .map(Vec::as_slice)
                 .unwrap_or(&[]);
-            let _ = writeln!(out, "    stack {}:", g.stack_id);
+            let _ = writeln!(out, "    allocated at:");
             for (i, &frame) in frames.iter().enumerate() {
                 let site = sym.site(frame);
                 let _ = writeln!(
@@ -579,7 +581,7 @@ pub fn leaks_text(dump: &Dump, replay: &Replay, sym: &Symbolizer, verbose: bool)
     out
 }
 
-fn leak_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, g: &LeakGroup) -> Value {
+fn live_group_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, g: &LiveGroup) -> Value {
     let site = sym.site(g.call_site);
     let stack: Vec<Value> = dump
         .stacks
@@ -622,14 +624,14 @@ fn leak_json(dump: &Dump, replay: &Replay, sym: &Symbolizer, g: &LeakGroup) -> V
     })
 }
 
-/// The `leaks --json` report.
-pub fn leaks_json(dump: &Dump, replay: &Replay, sym: &Symbolizer) -> Value {
-    let groups = leak_groups(replay);
+/// The `live --json` report.
+pub fn live_json(dump: &Dump, replay: &Replay, sym: &Symbolizer) -> Value {
+    let groups = live_groups(replay);
     let total_bytes: u64 = groups.iter().map(|g| g.bytes_alloc).sum();
     json!({
-        "groups": groups.iter().map(|g| leak_json(dump, replay, sym, g)).collect::<Vec<_>>(),
+        "groups": groups.iter().map(|g| live_group_json(dump, replay, sym, g)).collect::<Vec<_>>(),
         "nr_objects": replay.live.len(),
         "bytes_alloc": total_bytes,
-        "caveats": leak_caveats(dump, replay),
+        "caveats": live_caveats(dump, replay),
     })
 }

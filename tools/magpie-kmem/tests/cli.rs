@@ -1,4 +1,4 @@
-//! magpie-kmem on synthetic dumps: exact stat and leaks tables, check's
+//! magpie-kmem on synthetic dumps: exact stat and live tables, check's
 //! findings, bad input (truncation, corruption, ABI), pictures.
 
 mod common;
@@ -240,13 +240,13 @@ fn stat_pages_failed_and_bad_frees() {
 }
 
 #[test]
-fn leaks_lists_live_objects_largest_first() {
-    let (dir, _) = scenario_file("leaks");
-    let o = run(&dir, &["leaks", "--no-symbols", "-v", "s.kmt"]);
+fn live_lists_outstanding_objects_largest_first() {
+    let (dir, _) = scenario_file("live");
+    let o = run(&dir, &["live", "--no-symbols", "-v", "s.kmt"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let expected = "\
 note: recording did not begin at boot: objects allocated before `record start` are not seen
-CACHE              LEAKED        BYTES  BUFFER              CALLER
+CACHE                LIVE        BYTES  BUFFER              CALLER
 inode                   1          256  0xffff800000300000  0xffffffff80300030
     0xffff800000300000  256 bytes (requested 256), cpu 1, at 1.700 µs
 kmalloc-128             1          128  0xffff800000100100  0xffffffff80100010
@@ -260,8 +260,8 @@ kmalloc-64              1           64  0xffff800000200040  0xffffffff80200020
 }
 
 #[test]
-fn leaks_groups_by_stack_and_prints_frames() {
-    let dir = scratch("leaks_stacks");
+fn live_groups_by_stack_and_prints_frames() {
+    let dir = scratch("live_stacks");
     let mut d = DumpBuilder::new(1);
     d.flags = FLAG_STACKS | FLAG_FROM_BOOT;
     d.stack_depth = 4;
@@ -278,16 +278,16 @@ fn leaks_groups_by_stack_and_prints_frames() {
         ],
     );
     write(&dir, "k.kmt", &d.build());
-    let o = run(&dir, &["leaks", "--no-symbols", "k.kmt"]);
+    let o = run(&dir, &["live", "--no-symbols", "k.kmt"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let expected = "\
-CACHE              LEAKED        BYTES  BUFFER              CALLER
+CACHE                LIVE        BYTES  BUFFER              CALLER
 kmalloc-64              2          128  0xffff800000100080  0xffffffff80100010
-    stack 2:
+    allocated at:
       #0  [0xffffffff80100010] 0xffffffff80100010
       #1  [0xffffffff80a00000] 0xffffffff80a00000
 kmalloc-64              1           64  0xffff800000100000  0xffffffff80100010
-    stack 1:
+    allocated at:
       #0  [0xffffffff80100010] 0xffffffff80100010
       #1  [0xffffffff80900000] 0xffffffff80900000
 ----------------------------------------------------------------------------------------------------
@@ -295,13 +295,24 @@ kmalloc-64              1           64  0xffff800000100000  0xffffffff80100010
 ";
     assert_eq!(stdout(&o), expected);
 
-    let o = run(&dir, &["leaks", "--no-symbols", "--json", "k.kmt"]);
+    let o = run(&dir, &["live", "--no-symbols", "--json", "k.kmt"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["nr_objects"], 3);
     assert_eq!(v["groups"][0]["stack_id"], 2);
     assert_eq!(v["groups"][0]["objects"][1]["ptr"], "0xffff800000100100");
     assert_eq!(v["groups"][0]["stack"][1]["address"], "0xffffffff80a00000");
     assert_eq!(v["caveats"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn leaks_is_refused_with_its_new_name_and_what_a_leak_is() {
+    let (dir, _) = scenario_file("leaks_renamed");
+    let o = run(&dir, &["leaks", "--no-symbols", "-v", "s.kmt"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("`leaks` is now `live`"), "{err}");
+    assert!(err.contains("run `kmem findleaks` in the shell"), "{err}");
 }
 
 // ---- check ----
@@ -527,7 +538,7 @@ fn check_skips_unknown_record_kinds_and_flags_missing_stacks() {
 
 fn refuse(dir: &std::path::Path, bytes: &[u8], needle: &str) {
     write(dir, "bad.kmt", bytes);
-    for cmd in ["check", "stat", "leaks"] {
+    for cmd in ["check", "stat", "live"] {
         let o = run(dir, &[cmd, "--no-symbols", "bad.kmt"]);
         assert_eq!(o.status.code(), Some(1), "{cmd}: {}", stderr(&o));
         assert!(
@@ -971,7 +982,7 @@ fn a_kernel_of_another_build_is_refused() {
     let (exe, _) = exe_and_build_id();
     write(&dir, "s.kmt", &symbol_dump([0xcd; 20], 0x1000));
     let exe_arg = exe.display().to_string();
-    for cmd in ["stat", "leaks"] {
+    for cmd in ["stat", "live"] {
         let o = run(&dir, &[cmd, "--kernel", &exe_arg, "s.kmt"]);
         assert_eq!(o.status.code(), Some(1));
         assert!(
@@ -995,13 +1006,13 @@ fn a_kernel_of_another_build_is_refused() {
 
 #[test]
 fn a_reader_that_stops_early_ends_the_output_quietly() {
-    // `magpie-kmem leaks --json FILE | head`: the reader closes the pipe
+    // `magpie-kmem live --json FILE | head`: the reader closes the pipe
     // before the report is written. The tool stops writing and exits 0,
     // with nothing on stderr (no panic, no backtrace).
     let (dir, _) = scenario_file("broken_pipe");
     for args in [
-        &["leaks", "--no-symbols", "--json", "s.kmt"][..],
-        &["leaks", "--no-symbols", "s.kmt"][..],
+        &["live", "--no-symbols", "--json", "s.kmt"][..],
+        &["live", "--no-symbols", "s.kmt"][..],
         &["stat", "--no-symbols", "s.kmt"][..],
         &["stat", "--no-symbols", "--json", "s.kmt"][..],
     ] {

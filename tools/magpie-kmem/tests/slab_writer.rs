@@ -220,7 +220,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     assert_eq!(v["summary"]["pingpong_frees"], 1);
     assert_eq!(v["summary"]["matched_frees"], 2);
 
-    let o = run(&dir, &["leaks", "--no-symbols", "--json", "s.kmt"]);
+    let o = run(&dir, &["live", "--no-symbols", "--json", "s.kmt"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let mut live: Vec<String> = v["groups"]
         .as_array()
