@@ -14,6 +14,14 @@
 //! about. The scan's table comes from the frame
 //! allocator, so the scan allocates nothing from the slab allocator.
 //!
+//! Not roots: the kernel's own records of objects ([`NOT_ROOTS`]). The
+//! context-capture pool (`allocinfo ctx`) lies in `.bss` and holds the
+//! address of every object it describes: as a root it would make a
+//! captured leak reachable. The slab allocator's own metadata (trace
+//! table records, magazines, bufctls) lives in its bootstrap caches,
+//! which the scan neither counts nor scans, and the kmemtrace recorder's
+//! rings come from kpages: neither is a root either.
+//!
 //! Output: illumos' layout, one line per cache and allocation site:
 //!
 //! ```text
@@ -39,6 +47,38 @@ unsafe extern "C" {
     static __data_start: u8;
     static __boot_stack_guard: u8;
     static __boot_stack_top: u8;
+}
+
+/// The parts of the kernel's data that record objects without owning
+/// them (`start..end` each): left out of the roots.
+fn not_roots() -> [core::ops::Range<usize>; 1] {
+    [crate::profiling::capture::ctx_pool_range()]
+}
+
+/// Hands `start..end` to `scan` as a root, less the ranges of `holes`
+/// (sorted by start, disjoint).
+///
+/// # Safety
+/// As [`magpie_slab::leak_scan::LeakScan::scan_range`] for `start..end`.
+unsafe fn scan_range_except(
+    scan: &mut magpie_slab::leak_scan::LeakScan<'_, crate::kmem::KernelPlatform>,
+    start: usize,
+    end: usize,
+    holes: &[core::ops::Range<usize>],
+) {
+    let mut from = start;
+    for hole in holes {
+        let (hole_start, hole_end) = (hole.start.clamp(from, end), hole.end.clamp(from, end));
+        if hole_start > from {
+            // SAFETY: a part of `start..end` (the caller's promise).
+            unsafe { scan.scan_range(from, hole_start) };
+        }
+        from = from.max(hole_end);
+    }
+    if from < end {
+        // SAFETY: a part of `start..end` (the caller's promise).
+        unsafe { scan.scan_range(from, end) };
+    }
 }
 
 /// Why `findleaks` did not run.
@@ -125,8 +165,10 @@ fn scan(
     // guard page are mapped; the stack from our caller's frame to its
     // top is the live part of the stack we run on; AP stacks are frames
     // in the direct map.
+    let mut holes = not_roots();
+    holes.sort_unstable_by_key(|hole| hole.start);
     unsafe {
-        scan.scan_range(data_start, guard);
+        scan_range_except(&mut scan, data_start, guard, &holes);
         if (guard..boot_top).contains(&stack_from) {
             scan.scan_range(stack_from, boot_top);
         }

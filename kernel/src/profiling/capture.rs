@@ -129,6 +129,15 @@ pub(crate) fn ctx_disable() {
     ctx_clear();
 }
 
+/// Where the capture pool lies in the kernel's data (`start..end`): its
+/// records hold the addresses of the objects they describe, so
+/// `kmem findleaks` leaves it out of its roots (metadata never hides a
+/// leak).
+pub fn ctx_pool_range() -> core::ops::Range<usize> {
+    let start = (&raw const CTX_POOL).cast::<u8>() as usize;
+    start..start + core::mem::size_of_val(&CTX_POOL)
+}
+
 /// The live records, copied out (the copy's memory is reserved before the
 /// pool lock is taken: nothing allocates under it).
 pub fn ctx_records() -> Vec<TraceRecord> {

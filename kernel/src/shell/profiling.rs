@@ -34,7 +34,7 @@ pub(super) const ALLOCINFO: Command = Command {
         ),
         (
             "allocinfo ctx FILE:LINE enable|disable|print",
-            "capture context of each live object from one site",
+            "capture context of each live object from one site (FILE: its path or last components)",
         ),
         (
             "allocinfo mark",
@@ -227,12 +227,21 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
     if !matches!(verb, "enable" | "disable" | "print") {
         return Err(ShellError::Usage(&ALLOCINFO));
     }
-    let Some(tag) = AllocTag::all()
+    let mut matching = AllocTag::all()
         .iter()
-        .find(|tag| tag.tag.matches_location(location))
-    else {
+        .filter(|tag| location_matches(tag.tag.file, tag.tag.line, location));
+    let Some(tag) = matching.next() else {
         return Err(ShellError::NoAllocTag(location));
     };
+    if let Some(other) = matching.next() {
+        let nr_sites = 2 + matching.count();
+        return Err(shell_error!(
+            "'{location}' names {nr_sites} sites ({}, {}{}): give more of the path",
+            tag.tag.location(),
+            other.tag.location(),
+            if nr_sites > 2 { ", ..." } else { "" }
+        ));
+    }
     match verb {
         "enable" => {
             crate::kmem::ctx_capture_enable(profiling::alloc_tag::token(tag.tag_ref()));
@@ -287,6 +296,22 @@ fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<
         }
     }
     Ok(())
+}
+
+/// Whether `spec` (`FILE:LINE`) names the site at `file`:`line`: the line
+/// exactly, and FILE the whole path or its last components
+/// (`kmem.rs:179`, `shell/kmem.rs:179`), as `fault` takes them.
+fn location_matches(file: &str, line: u32, spec: &str) -> bool {
+    let Some((spec_file, spec_line)) = spec.rsplit_once(':') else {
+        return false;
+    };
+    if spec_line.parse::<u32>() != Ok(line) || spec_file.is_empty() {
+        return false;
+    }
+    file == spec_file
+        || file
+            .strip_suffix(spec_file)
+            .is_some_and(|head| head.ends_with('/'))
 }
 
 /// `timestats [reset]`: every latency statistic point, each time in
