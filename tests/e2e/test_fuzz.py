@@ -53,8 +53,10 @@ BAD = [
     ("stress --seed -1", "not a number"), ("x" * (MAX_LINE + 1), "line too long"),
     ("kmalloc " + "1" * 300, "line too long"),
 ]
-# Bytes the line editor refuses (CR, LF, tab, backspace and DEL have meanings).
-REFUSED = [b for b in range(256) if not (0x20 <= b <= 0x7e) and b not in (0x08, 0x09, 0x0a, 0x0d, 0x7f)]
+# Bytes the line editor refuses (CR, LF, tab, backspace, DEL, Ctrl-C,
+# Ctrl-U and ESC, the start of a cursor key, have meanings).
+REFUSED = [b for b in range(256)
+           if not (0x20 <= b <= 0x7e) and b not in (0x03, 0x08, 0x09, 0x0a, 0x0d, 0x15, 0x1b, 0x7f)]
 
 
 def crafted_bad_byte(rng):
@@ -87,8 +89,9 @@ def random_words(rng):
 
 
 def random_bytes(rng):
-    """Any bytes but the line ends; backspaces, escapes and all."""
-    return bytes(rng.choice([b for b in range(256) if b not in (0x0a, 0x0d)])
+    """Any bytes but the line ends and Ctrl-C (which cancels the line and
+    prompts again); backspaces, escapes, cursor keys and all."""
+    return bytes(rng.choice([b for b in range(256) if b not in (0x03, 0x0a, 0x0d)])
                  for _ in range(rng.randint(1, 60)))
 
 

@@ -71,17 +71,16 @@ class Slabtop(unittest.TestCase):
         self.assertEqual(sizes, sorted(sizes, reverse=True))
 
     def test_bad_options_are_one_error_line(self):
-        self.assertIn("error: usage: slabtop", reply_to(self.out, "slabtop --once --sort x"))
+        self.assertIn("error: unknown sort key 'x'; expected o, c, n or m", reply_to(self.out, "slabtop --once --sort x"))
         self.assertIn("error: unknown option '--bogus'", reply_to(self.out, "slabtop --once --bogus"))
 
-    def test_live_view_refreshes_until_a_key(self):
+    def test_live_view_refreshes_until_q(self):
         text = reply_to(self.out, "slabtop --delay 100")
         self.assertIn("\x1b[H\x1b[2J", text)
-        self.assertIn("(refresh every 100 ms; press any key to stop)", text)
+        self.assertIn("(every 100 ms, sorted by objects; q quits, o c n m sort)", text)
         self.assertIn(COLUMNS, text)
-        # The key ended it: the shell went on to the next commands.
+        # q ended it: the shell went on to the next commands.
         self.assertIn("kfree all", [line.strip() for line in self.out.split("magpie> ")[1:] for line in [line.split("\n")[0]]])
-
 
     def test_kmem_cache_shows_validates_and_shrinks(self):
         text = reply_to(self.out, "kmem cache kmalloc-1024")
@@ -91,6 +90,67 @@ class Slabtop(unittest.TestCase):
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 validate"), r"^verified 1 cache\(s\), \d+ slab\(s\), \d+ object\(s\): 0 problem\(s\)\n")
         self.assertRegex(reply_to(self.out, "kmem cache kmalloc-1024 shrink"), r"^shrink kmalloc-1024: \d+ pages \(\d+ KiB\) returned\n")
         self.assertIn("error: kmalloc-1024: debug flags are fixed at creation", reply_to(self.out, "kmem cache kmalloc-1024 debug FZ"))
+
+
+class SlabtopFitsTheScreen(unittest.TestCase):
+    """Issue 31: a live frame fits a terminal (24 lines unless --lines),
+    the summary on top and the busiest caches under it; o c n m re-sort at
+    once, keys it does not use are ignored, q and Ctrl-C quit (not any
+    key); a fresh boot's low hit ratio is explained."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.code, cls.out = boot([
+            "slabtop --once",
+            b"slabtop --delay 60000\nxcn\x03",
+            "slabtop --delay 60000 --lines 12",
+            "q",
+            "slabtop --once --lines 10",
+            "slabtop --once --lines 9",
+            "poweroff",
+        ])
+
+    def frames(self, text):
+        return [frame for frame in text.split("\x1b[H\x1b[2J")[1:]]
+
+    def test_a_frame_fits_24_lines_summary_first_busiest_rows(self):
+        self.assertEqual(self.code, 0, self.out)
+        every = rows(reply_to(self.out, "slabtop --once"))
+        self.assertGreater(len(every), 40, "the kernel has many caches")
+        frames = self.frames(reply_to(self.out, "slabtop --delay 60000"))
+        # The first frame, then one per sort key pressed (x is ignored),
+        # then Ctrl-C quits without waiting a minute.
+        self.assertEqual(len(frames), 3, frames)
+        for frame, by in zip(frames, ["objects", "cache size", "name"]):
+            lines = frame.splitlines()
+            self.assertLessEqual(len(lines), 24, frame)
+            self.assertTrue(lines[0].startswith(" Active / Total Objects"), frame)
+            self.assertRegex(frame, rf"\(14 of {len(every)} caches shown, by {by}; --lines N for more\)")
+            self.assertTrue(lines[-1].startswith(f"(every 60000 ms, sorted by {by}"), frame)
+        objs = [int(row[0]) for row in rows(frames[0]).values()]
+        self.assertEqual(len(objs), 14)
+        self.assertEqual(min(objs), sorted((int(r[0]) for r in every.values()), reverse=True)[13])
+        names = [m.group(8) for m in map(ROW.match, frames[2].splitlines()) if m]
+        self.assertEqual(names, sorted(every)[:14])
+
+    def test_lines_sets_the_height(self):
+        frames = self.frames(reply_to(self.out, "slabtop --delay 60000 --lines 12"))
+        self.assertEqual(len(frames), 1)
+        self.assertEqual(len(frames[0].splitlines()), 12, frames[0])
+        self.assertEqual(len(rows(frames[0])), 2)
+        once = reply_to(self.out, "slabtop --once --lines 10")
+        self.assertEqual(len(rows(once)), 1, once)
+        self.assertRegex(once, r"\n\(1 of \d+ caches shown, by objects; --lines N for more\)\n")
+        self.assertIn("error: --lines 9 out of range: give 10 to 1000", reply_to(self.out, "slabtop --once --lines 9"))
+
+    def test_fresh_boot_hit_ratio_is_explained(self):
+        text = reply_to(self.out, "slabtop --once")
+        hits = re.search(r"Magazines since boot\s+: (\d+) hits, (\d+) misses", text)
+        self.assertIsNotNone(hits, text)
+        if int(hits.group(1)) * 2 < int(hits.group(1)) + int(hits.group(2)):
+            self.assertIn("(few hits: magazines start empty", text)
+        else:
+            self.assertNotIn("(few hits", text)
 
 
 class RecordStartOverAnUnreadRecording(unittest.TestCase):

@@ -1,6 +1,14 @@
 //! Serial console on COM1 (16550 UART): output, polled input and the
 //! `print!` family of macros.
 //!
+//! Waiting for input ([`read_byte_timeout`]) polls for [`BUSY_WAIT_NS`]
+//! (a piped script's next byte comes within microseconds) and then idles
+//! in `hlt`, woken by a LAPIC timer tick every [`IDLE_TICK_US`]: an idle
+//! prompt costs the host a tick's worth of work a period instead of a
+//! core, and a key pressed after a pause is read within one tick. (The
+//! UART's receive interrupt would wake it at once, but needs an I/O APIC
+//! route the kernel does not program.)
+//!
 //! Output and input share one lock taken with interrupts off. Crash paths
 //! (panic, exception reports) use [`emergency_writer`], which bypasses the
 //! lock so a fault while printing cannot deadlock the report.
@@ -130,14 +138,65 @@ pub fn read_byte() -> Option<u8> {
     Serial::get()
 }
 
-/// Waits for the next received byte (spins; the console is polled).
+/// Waits for the next received byte (idles as [`read_byte_timeout`]).
 pub fn read_byte_blocking() -> u8 {
     loop {
-        if let Some(byte) = read_byte() {
+        if let Some(byte) = read_byte_timeout(None, &mut || {}) {
             return byte;
         }
-        core::hint::spin_loop();
     }
+}
+
+/// How long a wait for input polls before it idles in `hlt`, in
+/// nanoseconds.
+pub const BUSY_WAIT_NS: u64 = 20_000_000;
+/// The idle tick's period while a wait for input is in `hlt`, in
+/// microseconds (a key pressed at an idle prompt is read this late at most).
+pub const IDLE_TICK_US: u64 = 10_000;
+
+/// The idle tick's work: none (the interrupt ends the `hlt`).
+fn idle_tick() {}
+
+/// Waits for the next received byte, at most `timeout_ns` (`None`:
+/// forever), calling `on_idle` between checks. Polls for
+/// [`BUSY_WAIT_NS`], then halts the CPU between LAPIC timer ticks
+/// ([`IDLE_TICK_US`]) until a byte comes or the time is up; the timer is
+/// stopped again before it returns. Call with interrupts enabled or
+/// disabled (the state is kept); not from an interrupt handler.
+pub fn read_byte_timeout(timeout_ns: Option<u64>, on_idle: &mut dyn FnMut()) -> Option<u8> {
+    let start = crate::arch::rdtsc();
+    let mut ticking = false;
+    let byte = loop {
+        if let Some(byte) = read_byte() {
+            break Some(byte);
+        }
+        on_idle();
+        let waited = crate::arch::tsc::cycles_to_ns(crate::arch::rdtsc().wrapping_sub(start));
+        if timeout_ns.is_some_and(|timeout| waited >= timeout) {
+            break None;
+        }
+        if waited < BUSY_WAIT_NS || !crate::arch::lapic::is_ready() {
+            core::hint::spin_loop();
+            continue;
+        }
+        let flags = crate::arch::irq_save();
+        if !ticking {
+            crate::arch::idt::set_timer_handler(idle_tick);
+            crate::arch::lapic::timer_start(IDLE_TICK_US);
+            ticking = true;
+        }
+        // `sti; hlt` as one: a tick due between the check above and the
+        // `hlt` is taken right after `sti` and ends the `hlt` at once.
+        x86_64::instructions::interrupts::enable_and_hlt();
+        x86_64::instructions::interrupts::disable();
+        crate::arch::irq_restore(flags);
+    };
+    if ticking {
+        let flags = crate::arch::irq_save();
+        crate::arch::lapic::timer_stop();
+        crate::arch::irq_restore(flags);
+    }
+    byte
 }
 
 #[doc(hidden)]

@@ -1,6 +1,7 @@
 //! The Magpie shell on the serial console.
 //!
-//! One command per line at the `magpie> ` prompt, with echo and backspace.
+//! One command per line at the `magpie> ` prompt, with echo, a line
+//! history on the arrow keys and Ctrl-C to drop a line ([`line`](mod@line)).
 //! Every command writes to a `fmt::Write` sink, so tests can run commands
 //! and read their output without a console ([`Shell::execute`]). Errors are
 //! one line starting with `error:`; the shell always returns to its prompt.
@@ -462,25 +463,25 @@ pub fn run() -> ! {
     let mut out = ConsoleWriter;
     let _ = out.write_str(PROMPT);
     let mut last_update = crate::arch::rdtsc();
+    // Waiting for input is the kernel's idle time: run the slab
+    // allocator's working-set tick every KMEM_UPDATE_INTERVAL_NS there
+    // (idle depot magazines and empty slabs go back to the pages).
+    let mut on_idle = || {
+        let now = crate::arch::rdtsc();
+        if crate::tracing::event_stream::ticks_to_ns(now.wrapping_sub(last_update))
+            >= KMEM_UPDATE_INTERVAL_NS
+        {
+            last_update = now;
+            kernel_kmem::SLAB.kmem_update();
+        }
+    };
     loop {
-        // Waiting for input is the kernel's idle time: run the slab
-        // allocator's working-set tick every KMEM_UPDATE_INTERVAL_NS there
-        // (idle depot magazines and empty slabs go back to the pages).
-        let byte = loop {
-            if let Some(byte) = console::read_byte() {
-                break byte;
-            }
-            let now = crate::arch::rdtsc();
-            if crate::tracing::event_stream::ticks_to_ns(now.wrapping_sub(last_update))
-                >= KMEM_UPDATE_INTERVAL_NS
-            {
-                last_update = now;
-                kernel_kmem::SLAB.kmem_update();
-            }
-            core::hint::spin_loop();
+        let Some(byte) = console::read_byte_timeout(None, &mut on_idle) else {
+            continue;
         };
         match editor.feed(byte, &mut |bytes| console::write_bytes(bytes)) {
             Edit::Pending => continue,
+            Edit::Cancelled => {}
             Edit::Line(line) => {
                 let mut copy = [0u8; MAX_LINE];
                 let len = line.len();

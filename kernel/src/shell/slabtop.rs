@@ -1,14 +1,20 @@
-//! `slabtop [--once] [--sort o|c|n|m] [--delay MS]`: a live view of the
-//! caches (Linux `slabtop(1)`'s columns, plus magazine hits, misses and
-//! depot contention per interval), refreshed until a key is pressed. The
-//! frame is `magpie_slab::reports::slabtop`; this file keeps the two row
-//! buffers (reserved at boot) and the refresh loop.
+//! `slabtop [--once] [--sort o|c|n|m] [--delay MS] [--lines N]`: a live
+//! view of the caches (Linux `slabtop(1)`'s columns, plus magazine hits,
+//! misses and depot contention per interval), refreshed until `q` (or
+//! Ctrl-C); `o`, `c`, `n`, `m` re-sort it at once, as in Linux slabtop.
+//! A frame fits the terminal: the summary on top, then the rows that fit
+//! in `--lines` lines (24, a terminal's default height: the serial console
+//! cannot tell its size), the busiest by the sort key. The frame is
+//! `magpie_slab::reports::slabtop`; this file keeps the two row buffers
+//! (reserved at boot), cuts the frame to the screen and runs the refresh
+//! loop.
 
-use core::fmt::Write;
+use core::fmt::{self, Write};
 
 use magpie_slab::reports::{self, EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort};
 use spin::Mutex;
 
+use super::line::CTRL_C;
 use super::{Command, Result, Shell, ShellError, parse_number, shell_error};
 use crate::dev::console;
 use crate::kmem::SLAB;
@@ -17,19 +23,29 @@ use crate::tracing::event_stream::ticks_to_ns;
 pub(super) const SLABTOP: Command = Command {
     name: "slabtop",
     help: &[(
-        "slabtop [--once] [--sort o|c|n|m] [--delay MS]",
-        "live cache view (Linux slabtop + magazine hits/misses/contention), until a key",
+        "slabtop [--once] [--sort o|c|n|m] [--delay MS] [--lines N]",
+        "live cache view (Linux slabtop + magazine hits/misses/contention): q quits, o c n m sort",
     )],
     context: "shell",
     run: cmd_slabtop,
 };
 
-/// Caches a frame shows (the kernel has about 70).
+/// Caches a frame shows (the kernel has about 90).
 pub const MAX_ROWS: usize = 128;
 /// Default time between frames (Linux slabtop: 3 s).
 const DEFAULT_DELAY_MS: u64 = 3000;
 /// Longest delay accepted.
 const MAX_DELAY_MS: u64 = 60_000;
+/// Lines a live frame takes by default (a terminal's default height).
+pub const DEFAULT_LINES: usize = 24;
+/// Lines of a frame before its rows (summary, blank line, column header).
+const HEADER_LINES: usize = 8;
+/// Fewest `--lines`: the header, one row and the footer.
+const MIN_LINES: usize = HEADER_LINES + 2;
+/// Most `--lines`.
+const MAX_LINES: usize = 1000;
+/// Below this share of hits since boot, `slabtop` says why.
+const LOW_HIT_PERCENT: u64 = 50;
 
 /// This frame's rows and the previous frame's, reserved at boot.
 struct Frames {
@@ -42,10 +58,45 @@ static FRAMES: Mutex<Frames> = Mutex::new(Frames {
     previous: [EMPTY_SLABTOP_ROW; MAX_ROWS],
 });
 
+/// Passes the first `max_lines` lines to `out` and drops the rest.
+struct FirstLines<'o> {
+    out: &'o mut dyn Write,
+    max_lines: usize,
+    nr_lines: usize,
+}
+
+impl Write for FirstLines<'_> {
+    fn write_str(&mut self, mut s: &str) -> fmt::Result {
+        while !s.is_empty() && self.nr_lines < self.max_lines {
+            match s.find('\n') {
+                Some(end) => {
+                    self.out.write_str(&s[..=end])?;
+                    self.nr_lines += 1;
+                    s = &s[end + 1..];
+                }
+                None => return self.out.write_str(s),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sort a key pressed in the live view asks for (Linux slabtop's keys).
+fn sort_of_key(byte: u8) -> Option<SlabtopSort> {
+    match byte {
+        b'o' | b'O' => Some(SlabtopSort::Objects),
+        b'c' | b'C' => Some(SlabtopSort::CacheSize),
+        b'n' | b'N' => Some(SlabtopSort::Name),
+        b'm' | b'M' => Some(SlabtopSort::Misses),
+        _ => None,
+    }
+}
+
 fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     let mut once = false;
     let mut sort = SlabtopSort::Objects;
     let mut delay_ms = DEFAULT_DELAY_MS;
+    let mut lines = None;
     let mut words = args.iter();
     while let Some(&word) = words.next() {
         match word {
@@ -54,7 +105,9 @@ fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resu
                 let key = words
                     .next()
                     .ok_or(ShellError::MissingValue(word, &SLABTOP))?;
-                sort = SlabtopSort::from_key(key).ok_or(ShellError::Usage(&SLABTOP))?;
+                sort = SlabtopSort::from_key(key).ok_or_else(|| {
+                    shell_error!("unknown sort key '{key}'; expected o, c, n or m")
+                })?;
             }
             "--delay" | "-d" => {
                 let value = words
@@ -67,18 +120,40 @@ fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resu
                     ));
                 }
             }
+            "--lines" | "-l" => {
+                let value = words
+                    .next()
+                    .ok_or(ShellError::MissingValue(word, &SLABTOP))?;
+                let value = parse_number(value)?;
+                if !(MIN_LINES..=MAX_LINES).contains(&value) {
+                    return Err(shell_error!(
+                        "--lines {value} out of range: give {MIN_LINES} to {MAX_LINES}"
+                    ));
+                }
+                lines = Some(value);
+            }
             option if option.starts_with('-') => {
                 return Err(ShellError::UnknownOption(option, &SLABTOP));
             }
-            _ => return Err(ShellError::Usage(&SLABTOP)),
+            word => {
+                return Err(shell_error!(
+                    "unexpected '{word}'; usage: {}",
+                    super::Usage(&SLABTOP)
+                ));
+            }
         }
     }
     let mut frames = FRAMES.lock();
     let Frames { rows, previous } = &mut *frames;
     if once {
-        let _ = reports::slabtop(out, &SLAB, rows, None, sort);
+        // --once prints every cache, as `slabtop --once` does, unless
+        // --lines cuts it.
+        let lines = lines.unwrap_or(usize::MAX);
+        let nr_rows = frame(out, rows, None, sort, lines)?;
+        explain_hits(out, &rows[..nr_rows]);
         return Ok(());
     }
+    let lines = lines.unwrap_or(DEFAULT_LINES);
     let mut nr_previous = None;
     let mut taken_at = crate::arch::rdtsc();
     loop {
@@ -89,19 +164,86 @@ fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resu
         });
         // Home and clear, as slabtop's curses screen.
         let _ = out.write_str("\x1b[H\x1b[2J");
-        let Ok(nr_rows) = reports::slabtop(out, &SLAB, rows, sample, sort) else {
-            return Ok(());
-        };
-        let _ = writeln!(out, "(refresh every {delay_ms} ms; press any key to stop)");
+        let nr_rows = frame(out, rows, sample, sort, lines - 1)?;
+        let _ = write!(
+            out,
+            "(every {delay_ms} ms, sorted by {}; q quits, o c n m sort)\n",
+            sort_name(sort)
+        );
         previous[..nr_rows].copy_from_slice(&rows[..nr_rows]);
         nr_previous = Some(nr_rows);
         taken_at = now;
         // Wait for the next frame, or a key.
-        while ticks_to_ns(crate::arch::rdtsc().wrapping_sub(now)) < delay_ms * 1_000_000 {
-            if console::read_byte().is_some() {
-                return Ok(());
+        loop {
+            let waited = ticks_to_ns(crate::arch::rdtsc().wrapping_sub(now));
+            let Some(left) = (delay_ms * 1_000_000).checked_sub(waited) else {
+                break;
+            };
+            match console::read_byte_timeout(Some(left), &mut || {}) {
+                None => break,
+                Some(b'q' | b'Q' | CTRL_C) => return Ok(()),
+                Some(key) => {
+                    if let Some(new_sort) = sort_of_key(key) {
+                        sort = new_sort;
+                        break;
+                    }
+                }
             }
-            core::hint::spin_loop();
         }
+    }
+}
+
+/// Writes one frame of at most `max_lines` lines (the summary, then the
+/// rows that fit, sorted by `sort`) and, when rows were left out, a line
+/// saying how many. Returns the number of rows taken.
+fn frame<'a>(
+    out: &mut dyn Write,
+    rows: &mut [SlabtopRow],
+    sample: Option<SlabtopSample<'_>>,
+    sort: SlabtopSort,
+    max_lines: usize,
+) -> Result<'a, usize> {
+    let mut cut = FirstLines {
+        out,
+        // One line for the count of rows left out.
+        max_lines: max_lines.saturating_sub(1),
+        nr_lines: 0,
+    };
+    let nr_rows = reports::slabtop(&mut cut, &SLAB, rows, sample, sort)
+        .map_err(|_| shell_error!("slabtop: the console refused the frame"))?;
+    let nr_shown = cut.nr_lines.saturating_sub(HEADER_LINES).min(nr_rows);
+    if nr_shown < nr_rows {
+        let _ = writeln!(
+            out,
+            "({} of {} caches shown, by {}; --lines N for more)",
+            nr_shown,
+            nr_rows,
+            sort_name(sort)
+        );
+    }
+    Ok(nr_rows)
+}
+
+/// What a sort key sorts by, in words.
+fn sort_name(sort: SlabtopSort) -> &'static str {
+    match sort {
+        SlabtopSort::Objects => "objects",
+        SlabtopSort::CacheSize => "cache size",
+        SlabtopSort::Name => "name",
+        SlabtopSort::Misses => "misses",
+    }
+}
+
+/// Under a frame counted since boot with few magazine hits: why.
+fn explain_hits(out: &mut dyn Write, rows: &[SlabtopRow]) {
+    let hits: u64 = rows.iter().map(|row| row.nr_hits).sum();
+    let misses: u64 = rows.iter().map(|row| row.nr_misses).sum();
+    let total = hits + misses;
+    if total > 0 && hits * 100 < total * LOW_HIT_PERCENT {
+        let _ = writeln!(
+            out,
+            "(few hits: magazines start empty and fill only as objects are freed, so a fresh \
+             boot's allocations miss to the slab layer; the live view counts each interval)"
+        );
     }
 }
