@@ -19,7 +19,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
-use magpie::shell::{Edit, LineEditor, MAX_LINE, Shell};
+use magpie::shell::{Edit, LineEditor, MAX_LINE, Message, Shell};
 use magpie_slab::{CacheStats, KmemCache, PAGE_SIZE};
 
 type Cache = KmemCache<KernelPlatform>;
@@ -179,7 +179,7 @@ fn reap_returns_pages_and_refuses_bad_input() {
     assert!(out.starts_with("reap all caches: "), "{out}");
     for (line, error) in [
         ("reap nosuch", "error: no cache named 'nosuch'"),
-        ("reap a b", "error: usage: reap [CACHE|all]"),
+        ("reap a b", "error: unexpected 'b'; usage: reap [CACHE|all]"),
     ] {
         out.clear();
         run_quiet(&mut shell, line, &mut out);
@@ -707,6 +707,25 @@ fn line_editor_history_cursor_keys_and_ctrl_c() {
     );
 }
 
+#[test_case]
+fn messages_keep_their_text_and_mark_a_cut() {
+    let text = "x".repeat(250);
+    let message = Message::new(format_args!("{text}; and the remedy"));
+    assert_eq!(message.as_str(), format!("{text}; and the remedy"));
+    assert!(!message.is_cut());
+    // Longer than the buffer: cut at a character boundary, with "...".
+    let long = "\u{e9}".repeat(Message::CAPACITY);
+    let message = Message::new(format_args!("a{long}"));
+    assert!(message.is_cut());
+    assert!(
+        message.as_str().ends_with("\u{e9}..."),
+        "{}",
+        message.as_str()
+    );
+    assert!(message.as_str().len() <= Message::CAPACITY);
+    assert!(message.as_str().len() >= Message::CAPACITY - 4);
+}
+
 // ---------------------------------------------------------------------------
 // slabtop
 
@@ -810,7 +829,7 @@ fn kmem_cache_shows_validates_and_shrinks_one_cache() {
     );
     assert_one_error_line(
         &run(&mut shell, "kmem cache kmalloc-208 frob"),
-        "usage: kmem",
+        "unknown action 'frob' for kmem cache",
     );
     // Bootstrap caches have no magazine layer, and say so.
     assert!(run(&mut shell, "kmem cache kmem_cache").contains("magazines: none"));
@@ -881,12 +900,12 @@ fn allocinfo_filters_like_linux() {
     // Counts are accurate (profiling on since boot): no inaccurate rows.
     assert!(rows(&run(&mut shell, "allocinfo --accurate no")).is_empty());
     assert!(!rows(&run(&mut shell, "allocinfo --accurate yes")).is_empty());
-    for bad in [
-        "allocinfo --accurate maybe",
-        "allocinfo --function",
-        "allocinfo --line",
-    ] {
-        assert_one_error_line(&run(&mut shell, bad), "usage: allocinfo");
+    assert_one_error_line(
+        &run(&mut shell, "allocinfo --accurate maybe"),
+        "--accurate takes yes or no, not 'maybe'",
+    );
+    for bad in ["allocinfo --function", "allocinfo --line"] {
+        assert_one_error_line(&run(&mut shell, bad), "needs a value; usage: allocinfo");
     }
     assert_one_error_line(&run(&mut shell, "allocinfo --min-size x"), "not a number");
     run(&mut shell, "kfree all");

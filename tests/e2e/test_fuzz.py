@@ -47,7 +47,7 @@ BAD = [
     ("kmemtrace dance", "usage: kmemtrace"), ("kmemtrace print kmalloc-64 x", "usage: kmemtrace"),
     ("kmemtrace start no-such-cache", "no cache named"), ("kmemtrace start kmem_trace", "NOTRACE"),
     ("allocinfo --top", "usage: allocinfo"), ("allocinfo --top x", "not a number"),
-    ("allocinfo --sort size", "usage: allocinfo"), ("allocinfo ctx nowhere.rs:1 print", "no allocation tag"),
+    ("allocinfo --sort size", "unknown sort key 'size'"), ("allocinfo ctx nowhere.rs:1 print", "no allocation tag"),
     ("allocinfo ctx x", "usage: allocinfo"), ("stress --ops 0", "--ops 0"), ("stress --cpus 99", "--cpus 99"),
     ("stress --ops", "needs a value"), ("stress --frob 1", "unknown option"), ("stress --sizes 9-1", "--sizes 9-1"),
     ("stress --seed -1", "not a number"), ("x" * (MAX_LINE + 1), "line too long"),

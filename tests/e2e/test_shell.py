@@ -728,6 +728,93 @@ class SlabDebugWhatis(unittest.TestCase):
         self.assertIn("slab debugging: slab_debug=FZPUC", out)
 
 
+LONG_KEY = "k" * 150
+
+
+class NewcomerWords(unittest.TestCase):
+    """Issue 31: commands that did nothing say so, usage errors name the
+    word they refuse and give the usage of that subcommand, messages are
+    never cut; the line editor's history (Up), Ctrl-C and Ctrl-U."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.code, cls.out = boot([
+            "kmemtrace record stop", "kmemtrace stop", "kmemtrace stop kmalloc-64", "kmemtrace print",
+            "allocinfo --sort size", "allocinfo --sort " + LONG_KEY, "allocinfo --accurate maybe",
+            "allocinfo frob", "allocinfo --top", "allocinfo ctx x", "allocinfo on now",
+            "kmem cache kmalloc-64 frob", "kmem frob", "kmem verify all x",
+            "kmemtrace record frob", "kmemtrace frob", "kmemtrace start kmalloc-64 x",
+            "kmalloc 64 1 1", "kfree 1 2", "help x",
+            "kmalloc 64 1", b"\x1b[A", b"kfree all\x03", b"slabinfo\x15kfree all", "kfree",
+            "poweroff"])
+
+    def reply(self, command, nth=0):
+        return reply_to(self.out, command, nth)
+
+    def test_commands_that_did_nothing_say_so(self):
+        self.assertEqual(self.code, 0, self.out)
+        self.assertEqual(self.reply("kmemtrace record stop"),
+                         "error: not recording: nothing to stop ('kmemtrace record start' first)\n")
+        self.assertEqual(self.reply("kmemtrace stop"), "error: not tracing any cache: nothing to stop\n")
+        self.assertEqual(self.reply("kmemtrace stop kmalloc-64"), "error: not tracing kmalloc-64: nothing to stop\n")
+        self.assertEqual(self.reply("kmemtrace print"),
+                         "no cache traced, no records kept: 'kmemtrace start CACHE' first\n")
+
+    def test_usage_errors_name_the_word(self):
+        self.assertEqual(self.reply("allocinfo --sort size"),
+                         "error: unknown sort key 'size'; expected bytes or calls\n")
+        self.assertEqual(self.reply("allocinfo --accurate maybe"),
+                         "error: --accurate takes yes or no, not 'maybe'\n")
+        frob = self.reply("allocinfo frob")
+        self.assertTrue(frob.startswith("error: unexpected 'frob'; usage: allocinfo [--sort bytes|calls]"), frob)
+        self.assertIn(" | allocinfo ctx FILE:LINE", frob, "a word that names no form: every form")
+        # An option names the form that takes options: that usage only.
+        self.assertNotIn("allocinfo ctx", self.reply("allocinfo --top"))
+        self.assertIn("error: --top needs a value; usage: allocinfo [--sort", self.reply("allocinfo --top"))
+        self.assertEqual(self.reply("allocinfo ctx x"), "error: usage: allocinfo ctx FILE:LINE enable|disable|print\n")
+        self.assertEqual(self.reply("allocinfo on now"), "error: unexpected 'now'; usage: allocinfo on|off\n")
+        self.assertEqual(self.reply("kmem cache kmalloc-64 frob"),
+                         "error: unknown action 'frob' for kmem cache; expected validate, shrink or debug "
+                         "(or none: show the cache)\n")
+        kmem = self.reply("kmem frob")
+        self.assertTrue(kmem.startswith("error: unexpected 'frob'; usage: kmem verify [CACHE|all] | kmem whatis ADDR"), kmem)
+        self.assertEqual(self.reply("kmem verify all x"), "error: unexpected 'x'; usage: kmem verify [CACHE|all]\n")
+        record = self.reply("kmemtrace record frob")
+        self.assertTrue(record.startswith("error: unexpected 'frob'; usage: kmemtrace record start "), record)
+        self.assertIn(" | kmemtrace record stop|status\n", record)
+        self.assertNotIn("kmemtrace dump", record)
+        self.assertTrue(self.reply("kmemtrace frob").startswith("error: unexpected 'frob'; usage: kmemtrace "))
+        self.assertEqual(self.reply("kmemtrace start kmalloc-64 x"),
+                         "error: unexpected 'x'; usage: kmemtrace start|stop|print|reset [CACHE|all]\n")
+        self.assertTrue(self.reply("kmalloc 64 1 1").startswith("error: unexpected '1'; usage: kmalloc "))
+        self.assertTrue(self.reply("kfree 1 2").startswith("error: unexpected '2'; usage: kfree "))
+        self.assertTrue(self.reply("help x").startswith("error: unexpected 'x'; usage: help"))
+
+    def test_messages_are_never_cut(self):
+        reply = self.reply("allocinfo --sort " + LONG_KEY)
+        self.assertEqual(reply, f"error: unknown sort key '{LONG_KEY}'; expected bytes or calls\n")
+
+    def test_history_ctrl_c_and_ctrl_u(self):
+        chunks = self.out.split(PROMPT)
+        index = next(i for i, chunk in enumerate(chunks) if chunk.startswith("kmalloc 64 1\n"))
+        first = HEX.findall(chunks[index])
+        # Up recalls the line (redrawn in place, no new prompt) and runs it.
+        echo, _, reply = chunks[index + 1].partition("\n")
+        self.assertEqual(echo, "kmalloc 64 1\x1b[K")
+        again = HEX.findall(reply)
+        self.assertEqual(len(first), 1)
+        self.assertEqual(len(again), 1)
+        # Ctrl-C dropped `kfree all`: ^C, a new prompt, nothing run.
+        self.assertEqual(chunks[index + 2], "kfree all^C\n")
+        self.assertEqual(chunks[index + 3], "\n", "the rest of that line: an empty one")
+        # Ctrl-U dropped `slabinfo`; `kfree all` ran: both objects were
+        # still held.
+        echo, _, reply = chunks[index + 4].partition("\n")
+        self.assertTrue(echo.startswith("slabinfo\x1b[8Dkfree all") or "kfree all" in echo, repr(echo))
+        self.assertEqual(sorted(HEX.findall(reply)), sorted(first + again))
+        self.assertIn("cannot free 1: the shell holds 0 object(s)", chunks[index + 5])
+
+
 if __name__ == "__main__":
     # Every session of the README, replayed on a fresh kernel, and every
     # FILE:LINE it names checked against the code (tests/e2e/test_readme.py).

@@ -169,15 +169,21 @@ class RecordStartOverAnUnreadRecording(unittest.TestCase):
                     "kmemtrace dump",
                     "kmemtrace record start kmalloc-64",
                     "kmemtrace record stop",
+                    "kmemtrace record stop",
                     "kfree all",
                     "poweroff",
                 ])
             finally:
                 del os.environ["MAGPIE_KMEMTRACE"]
         self.assertEqual(code, 0, out)
-        refused = reply_to(out, "kmemtrace record start kmalloc-64", nth=1)
+        # During a recording: says so (issue 31: it said "not dumped").
+        self.assertRegex(reply_to(out, "kmemtrace record start kmalloc-64", nth=1),
+                         r"^error: already recording \(\d+ events so far\): 'kmemtrace record stop' first\n$")
+        refused = reply_to(out, "kmemtrace record start kmalloc-64", nth=2)
         self.assertRegex(refused, r"^error: \d+ events recorded and not dumped: 'kmemtrace dump' first, or 'record start --force'\n$")
-        self.assertEqual(reply_to(out, "kmemtrace record start kmalloc-64", nth=2), refused)
+        # A second stop did nothing and says so.
+        self.assertRegex(reply_to(out, "kmemtrace record stop", nth=3),
+                         r"^error: not recording: stopped already \(\d+ events kept; 'kmemtrace dump' sends them\)\n$")
         forced = reply_to(out, "kmemtrace record start --force kmalloc-64")
         self.assertRegex(forced, r"^dropped the last recording: \d+ events \(\d+ overruns\) never dumped\nrecording kmalloc-64 ")
         # Once dumped, a new recording starts without a word about the old one.

@@ -77,6 +77,7 @@ fn size_and_count<'a>(args: &[&'a str], command: &'static Command) -> Result<'a,
     let (size, count) = match args {
         [size] => (parse_number(size)?, 1),
         [size, count] => (parse_number(size)?, parse_number(count)?),
+        [_, _, extra, ..] => return Err(ShellError::Unexpected(extra, command)),
         _ => return Err(ShellError::Usage(command)),
     };
     if !(1..=MAX_SIZE).contains(&size) {
@@ -146,7 +147,7 @@ fn cmd_kfree<'a>(shell: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
             }
             count => count,
         },
-        _ => return Err(ShellError::Usage(&KFREE)),
+        [_, extra, ..] => return Err(ShellError::Unexpected(extra, &KFREE)),
     };
     if count > shell.held.len() {
         return Err(ShellError::NotHeld {
@@ -228,7 +229,7 @@ fn cmd_reap<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
                 .ok_or(ShellError::UnknownCache(name))?;
             (*name, cache.reap())
         }
-        _ => return Err(ShellError::Usage(&REAP)),
+        [_, extra, ..] => return Err(ShellError::Unexpected(extra, &REAP)),
     };
     let _ = writeln!(
         out,

@@ -45,6 +45,9 @@ pub(super) const KMEM: Command = Command {
     run: cmd_kmem,
 };
 
+/// The words that may follow `kmem`.
+const KMEM_VERBS: &[&str] = &["verify", "whatis", "errors", "cache", "findleaks", "kfence"];
+
 fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
     match args {
         ["verify"] => verify(out, "all"),
@@ -59,6 +62,9 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
             let _ = crate::debug::kfence::write_stats(out);
             Ok(())
         }
+        [verb, ..] if !KMEM_VERBS.contains(verb) => Err(ShellError::Unexpected(verb, &KMEM)),
+        // A verb with the wrong words after it.
+        [_, _, extra, ..] | [_, extra] => Err(ShellError::Unexpected(extra, &KMEM)),
         _ => Err(ShellError::Usage(&KMEM)),
     }
 }
@@ -159,7 +165,14 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
                 cache.name()
             ));
         }
-        _ => return Err(ShellError::Usage(&KMEM)),
+        [action, ..] if !matches!(*action, "validate" | "shrink" | "debug") => {
+            return Err(shell_error!(
+                "unknown action '{action}' for kmem cache; expected validate, shrink or debug \
+                 (or none: show the cache)"
+            ));
+        }
+        [_, .., extra] => return Err(ShellError::Unexpected(extra, &KMEM)),
+        [_] => return Err(ShellError::Usage(&KMEM)),
     }
     Ok(())
 }

@@ -148,13 +148,86 @@ pub struct Usage(pub &'static Command);
 
 impl fmt::Display for Usage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, (usage, _)) in self.0.help.iter().enumerate() {
-            if index > 0 {
-                f.write_str(" | ")?;
-            }
-            f.write_str(usage)?;
+        write_usages(f, self.0, &[])
+    }
+}
+
+/// The usage of the subcommand the words `args` name: the help usages of
+/// `command` whose leading words match the most of `args` (a usage word
+/// matches an argument equal to it or to one of its `|` alternatives);
+/// `-`-options match the usage that takes options; with no match, every
+/// usage.
+pub struct SubUsage<'w>(pub &'static Command, pub &'w [&'w str]);
+
+impl fmt::Display for SubUsage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_usages(f, self.0, self.1)
+    }
+}
+
+/// How many of `args` the usage line `usage` names, word for word after
+/// the command's name.
+fn usage_match(usage: &str, args: &[&str]) -> usize {
+    let words = usage.split_whitespace().skip(1);
+    let mut nr_matched = 0;
+    for (word, arg) in words.zip(args) {
+        if word.split('|').any(|alternative| alternative == *arg) {
+            nr_matched += 1;
+        } else if nr_matched == 0 && arg.starts_with('-') && word.starts_with("[-") {
+            // An option: the usage that takes options.
+            return 1;
+        } else {
+            break;
         }
-        Ok(())
+    }
+    nr_matched
+}
+
+fn write_usages(f: &mut fmt::Formatter<'_>, command: &Command, args: &[&str]) -> fmt::Result {
+    let best = command
+        .help
+        .iter()
+        .map(|(usage, _)| usage_match(usage, args))
+        .max()
+        .unwrap_or(0);
+    let mut first = true;
+    for (usage, _) in command.help {
+        if usage_match(usage, args) != best {
+            continue;
+        }
+        if !first {
+            f.write_str(" | ")?;
+        }
+        first = false;
+        f.write_str(usage)?;
+    }
+    Ok(())
+}
+
+/// An error with the words of the command it came from: usages narrowed
+/// to the subcommand the words name ([`SubUsage`]).
+pub struct ErrorIn<'e, 'w>(pub &'e ShellError<'e>, pub &'w [&'w str]);
+
+impl fmt::Display for ErrorIn<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let args = self.1;
+        match self.0 {
+            ShellError::Usage(command) => write!(f, "usage: {}", SubUsage(command, args)),
+            ShellError::UnknownOption(option, command) => write!(
+                f,
+                "unknown option '{option}'; usage: {}",
+                SubUsage(command, args)
+            ),
+            ShellError::MissingValue(option, command) => write!(
+                f,
+                "{option} needs a value; usage: {}",
+                SubUsage(command, args)
+            ),
+            ShellError::Unexpected(word, command) => {
+                write!(f, "unexpected '{word}'; usage: {}", SubUsage(command, args))
+            }
+            error => fmt::Display::fmt(error, f),
+        }
     }
 }
 
@@ -182,8 +255,11 @@ pub enum ShellError<'a> {
     OutOfMemory(Message),
     /// A size range `A-B` did not parse.
     NotASizeRange(&'a str),
-    /// Wrong arguments: the command's usage.
+    /// Wrong arguments: the command's usage (the subcommand's, when
+    /// printed by the shell: [`ErrorIn`]).
     Usage(&'static Command),
+    /// A word the command does not take there, and the command.
+    Unexpected(&'a str, &'static Command),
     /// A size outside 1..=MAX_SIZE.
     BadSize(usize),
     /// A count outside 1..=MAX_COUNT.
@@ -250,6 +326,9 @@ impl fmt::Display for ShellError<'_> {
             ShellError::MissingValue(option, command) => {
                 write!(f, "{option} needs a value; usage: {}", Usage(command))
             }
+            ShellError::Unexpected(word, command) => {
+                write!(f, "unexpected '{word}'; usage: {}", Usage(command))
+            }
             ShellError::NoAllocTag(location) => write!(
                 f,
                 "no allocation tag at '{location}' (see 'allocinfo' for FILE:LINE)"
@@ -269,24 +348,29 @@ impl fmt::Display for ShellError<'_> {
 /// What a command returns.
 pub type Result<'a, T = ()> = core::result::Result<T, ShellError<'a>>;
 
-/// A short error message formatted without allocating (cut at
-/// [`Message::CAPACITY`] bytes: keep words from the line out of it, they
-/// have variants of their own).
+/// An error message formatted without allocating, into
+/// [`Message::CAPACITY`] bytes: room for the longest message the shell
+/// writes (a host path and a remedy included). A longer one is cut at a
+/// character boundary and ends in `...`: never silently.
 #[derive(Clone)]
 pub struct Message {
     bytes: [u8; Message::CAPACITY],
-    len: u8,
+    len: u16,
+    cut: bool,
 }
 
 impl Message {
-    /// Longest message kept, in bytes.
-    pub const CAPACITY: usize = 96;
+    /// Longest message kept, in bytes (the shell's longest is about 160).
+    pub const CAPACITY: usize = 320;
+    /// What ends a message that was cut.
+    pub const ELLIPSIS: &'static str = "...";
 
     /// Formats `args`.
     pub fn new(args: fmt::Arguments<'_>) -> Self {
         let mut message = Self {
             bytes: [0; Self::CAPACITY],
             len: 0,
+            cut: false,
         };
         let _ = message.write_fmt(args);
         message
@@ -297,17 +381,39 @@ impl Message {
         // Only whole `str`s (cut at a char boundary) are copied in.
         core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
     }
+
+    /// Whether the text was cut (it then ends in [`Message::ELLIPSIS`]).
+    pub fn is_cut(&self) -> bool {
+        self.cut
+    }
 }
 
 impl Write for Message {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        if self.cut {
+            return Ok(());
+        }
         let len = usize::from(self.len);
-        let mut take = s.len().min(Self::CAPACITY - len);
+        if s.len() <= Self::CAPACITY - len {
+            self.bytes[len..len + s.len()].copy_from_slice(s.as_bytes());
+            self.len += s.len() as u16;
+            return Ok(());
+        }
+        // Cut: keep what fits before the ellipsis, at a char boundary.
+        let room = Self::CAPACITY - Self::ELLIPSIS.len();
+        let mut take = room.saturating_sub(len).min(s.len());
         while !s.is_char_boundary(take) {
             take -= 1;
         }
-        self.bytes[len..len + take].copy_from_slice(&s.as_bytes()[..take]);
-        self.len += take as u8;
+        let mut end = len.min(room) + take;
+        self.bytes[len.min(room)..end].copy_from_slice(&s.as_bytes()[..take]);
+        // The bytes kept before may end inside a character: back off.
+        while core::str::from_utf8(&self.bytes[..end]).is_err() {
+            end -= 1;
+        }
+        self.bytes[end..end + Self::ELLIPSIS.len()].copy_from_slice(Self::ELLIPSIS.as_bytes());
+        self.len = (end + Self::ELLIPSIS.len()) as u16;
+        self.cut = true;
         Ok(())
     }
 }
@@ -355,24 +461,23 @@ impl Shell {
     /// Runs one command line, writing its output (or one error line) to `out`.
     pub fn execute(&mut self, line: &str, out: &mut dyn Write) {
         crate::tracing::event_stream::mark(line);
-        if let Err(error) = self.dispatch(line, out) {
-            let _ = writeln!(out, "error: {error}");
+        let mut words = [""; MAX_WORDS];
+        let nr_words = match split_words(line, &mut words) {
+            Ok(nr_words) => nr_words,
+            Err(error) => {
+                let _ = writeln!(out, "error: {error}");
+                return;
+            }
+        };
+        let words = &words[..nr_words];
+        if let Err(error) = self.dispatch(words, out) {
+            let args = words.get(1..).unwrap_or(&[]);
+            let _ = writeln!(out, "error: {}", ErrorIn(&error, args));
         }
     }
 
-    fn dispatch<'a>(&mut self, line: &'a str, out: &mut dyn Write) -> Result<'a> {
-        check_line(line.as_bytes())?;
-        let mut words = [""; MAX_WORDS];
-        let mut nr_words = 0;
-        for word in line.split_whitespace() {
-            // A line of at most MAX_LINE bytes has at most MAX_WORDS words.
-            let Some(slot) = words.get_mut(nr_words) else {
-                return Err(ShellError::LineTooLong);
-            };
-            *slot = word;
-            nr_words += 1;
-        }
-        let Some((&name, args)) = words[..nr_words].split_first() else {
+    fn dispatch<'a>(&mut self, words: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+        let Some((&name, args)) = words.split_first() else {
             return Ok(());
         };
         let command = find_command(name).ok_or(ShellError::UnknownCommand(name))?;
@@ -380,6 +485,22 @@ impl Shell {
         let _context = crate::tracing::context::enter_context(command.context);
         (command.run)(self, args, out)
     }
+}
+
+/// Checks `line` ([`check_line`]) and splits it into `words`; returns how
+/// many.
+fn split_words<'a>(line: &'a str, words: &mut [&'a str; MAX_WORDS]) -> Result<'a, usize> {
+    check_line(line.as_bytes())?;
+    let mut nr_words = 0;
+    for word in line.split_whitespace() {
+        // A line of at most MAX_LINE bytes has at most MAX_WORDS words.
+        let Some(slot) = words.get_mut(nr_words) else {
+            return Err(ShellError::LineTooLong);
+        };
+        *slot = word;
+        nr_words += 1;
+    }
+    Ok(nr_words)
 }
 
 /// Whether the shell takes `byte` in a line: printable ASCII, or a tab
@@ -408,16 +529,15 @@ pub fn check_line(line: &[u8]) -> Result<'static> {
     Ok(())
 }
 
-/// `Err(Usage)` unless `args` is empty.
+/// `Err(Unexpected)` unless `args` is empty.
 ///
 /// # Errors
 ///
-/// `ShellError::Usage(command)` when `args` is not empty.
+/// `ShellError::Unexpected(first word, command)` when `args` is not empty.
 pub fn no_args<'a>(args: &[&'a str], command: &'static Command) -> Result<'a> {
-    if args.is_empty() {
-        Ok(())
-    } else {
-        Err(ShellError::Usage(command))
+    match args.first() {
+        None => Ok(()),
+        Some(word) => Err(ShellError::Unexpected(word, command)),
     }
 }
 

@@ -104,57 +104,60 @@ fn cmd_allocinfo<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Re
         }
         ["diff", rest @ ..] => return cmd_diff(rest, out),
         ["ctx", ..] => return Err(usage),
+        ["on" | "off" | "mark", extra, ..] => {
+            return Err(ShellError::Unexpected(extra, &ALLOCINFO));
+        }
         _ => {}
     }
     let mut options = AllocinfoOptions::default();
     let mut words = args.iter();
     while let Some(&word) = words.next() {
+        let mut value = || {
+            words
+                .next()
+                .copied()
+                .ok_or(ShellError::MissingValue(word, &ALLOCINFO))
+        };
         match word {
             "--sort" => {
-                options.sort = match words.next().copied() {
-                    Some("bytes") => AllocinfoSort::Bytes,
-                    Some("calls") => AllocinfoSort::Calls,
-                    _ => return Err(usage),
+                options.sort = match value()? {
+                    "bytes" => AllocinfoSort::Bytes,
+                    "calls" => AllocinfoSort::Calls,
+                    key => {
+                        return Err(shell_error!(
+                            "unknown sort key '{key}'; expected bytes or calls"
+                        ));
+                    }
                 }
             }
             "--top" => {
-                let Some(number) = words.next() else {
-                    return Err(usage);
-                };
-                options.top = super::parse_number(number)?;
+                options.top = super::parse_number(value()?)?;
                 if options.sort == AllocinfoSort::Section {
                     options.sort = AllocinfoSort::Bytes;
                 }
             }
-            "--file" => {
-                options.filter.file = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
-            }
-            "--function" => {
-                options.filter.function = Some(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)
-            }
+            "--file" => options.filter.file = Some(value()?),
+            "--function" => options.filter.function = Some(value()?),
             "--line" => {
-                let line = super::parse_u64(words.next().ok_or(ShellError::Usage(&ALLOCINFO))?)?;
+                let line = super::parse_u64(value()?)?;
                 options.filter.line = Some(u32::try_from(line).unwrap_or(u32::MAX));
             }
-            "--min-size" => {
-                options.filter.min_bytes = Some(super::parse_u64(
-                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
-                )?);
-            }
-            "--max-size" => {
-                options.filter.max_bytes = Some(super::parse_u64(
-                    words.next().ok_or(ShellError::Usage(&ALLOCINFO))?,
-                )?);
-            }
+            "--min-size" => options.filter.min_bytes = Some(super::parse_u64(value()?)?),
+            "--max-size" => options.filter.max_bytes = Some(super::parse_u64(value()?)?),
             "--accurate" => {
-                options.filter.accurate = match words.next().copied() {
-                    Some("yes") => Some(true),
-                    Some("no") => Some(false),
-                    _ => return Err(usage),
+                options.filter.accurate = match value()? {
+                    "yes" => Some(true),
+                    "no" => Some(false),
+                    other => {
+                        return Err(shell_error!("--accurate takes yes or no, not '{other}'"));
+                    }
                 }
             }
             "-h" => options.human = true,
-            _ => return Err(usage),
+            option if option.starts_with('-') => {
+                return Err(ShellError::UnknownOption(option, &ALLOCINFO));
+            }
+            other => return Err(ShellError::Unexpected(other, &ALLOCINFO)),
         }
     }
     options.inaccurate = SWITCH.is_inaccurate();
@@ -188,7 +191,7 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         [option, ..] if option.starts_with("--") => {
             return Err(ShellError::UnknownOption(option, &ALLOCINFO));
         }
-        _ => return Err(ShellError::Usage(&ALLOCINFO)),
+        [word, ..] => return Err(ShellError::Unexpected(word, &ALLOCINFO)),
     };
     let _scope = crate::alloc_tag_scope!();
     let diff = profiling::diff().map_err(|_| out_of_memory!("one row per site for the diff"))?;
@@ -225,7 +228,9 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
 /// `allocinfo ctx FILE:LINE enable|disable|print`.
 fn cmd_ctx<'a>(location: &'a str, verb: &'a str, out: &mut dyn Write) -> Result<'a> {
     if !matches!(verb, "enable" | "disable" | "print") {
-        return Err(ShellError::Usage(&ALLOCINFO));
+        return Err(shell_error!(
+            "unknown ctx action '{verb}'; expected enable, disable or print"
+        ));
     }
     let mut matching = AllocTag::all()
         .iter()

@@ -29,6 +29,18 @@ pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a
     match args {
         ["start", rest @ ..] => record_start(rest, out),
         ["stop"] => {
+            let before = SLAB.kmemtrace_status();
+            if before.nr_cpus == 0 {
+                return Err(shell_error!(
+                    "not recording: nothing to stop ('kmemtrace record start' first)"
+                ));
+            }
+            if !before.recording {
+                return Err(shell_error!(
+                    "not recording: stopped already ({} events kept; 'kmemtrace dump' sends them)",
+                    before.nr_events
+                ));
+            }
             SLAB.kmemtrace_stop();
             let status = SLAB.kmemtrace_status();
             let _ = writeln!(
@@ -42,6 +54,10 @@ pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a
             record_status(out);
             Ok(())
         }
+        [verb, ..] if !matches!(*verb, "start" | "stop" | "status") => {
+            Err(ShellError::Unexpected(verb, &KMEMTRACE))
+        }
+        [_, extra, ..] => Err(ShellError::Unexpected(extra, &KMEMTRACE)),
         _ => Err(ShellError::Usage(&KMEMTRACE)),
     }
 }
@@ -73,7 +89,7 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         } else if target == "all" && rest.is_empty() {
             target = word;
         } else {
-            return Err(ShellError::Usage(&KMEMTRACE));
+            return Err(ShellError::Unexpected(word, &KMEMTRACE));
         }
     }
     let cache = if target == "all" {
@@ -90,8 +106,14 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         }
         Some(cache)
     };
-    // A recording nobody has read yet is not dropped silently.
     let before = SLAB.kmemtrace_status();
+    if before.recording {
+        return Err(shell_error!(
+            "already recording ({} events so far): 'kmemtrace record stop' first",
+            before.nr_events
+        ));
+    }
+    // A recording nobody has read yet is not dropped silently.
     let unread = UNREAD.load(Ordering::Relaxed) && before.nr_events > 0;
     if unread && !force {
         return Err(shell_error!(
@@ -213,8 +235,8 @@ fn record_status(out: &mut dyn Write) {
 /// (the virtio console set up at boot) and says how much was sent, or that
 /// nothing was.
 pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
-    if !args.is_empty() {
-        return Err(ShellError::Usage(&KMEMTRACE));
+    if let Some(extra) = args.first() {
+        return Err(ShellError::Unexpected(extra, &KMEMTRACE));
     }
     if SLAB.kmemtrace_status().nr_cpus == 0 {
         return Err(shell_error!(

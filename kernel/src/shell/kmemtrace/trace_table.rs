@@ -13,7 +13,7 @@ use spin::Mutex;
 use super::KMEMTRACE;
 use crate::debug::slab_debug::KernelFormat;
 use crate::kmem::{KernelPlatform, SLAB};
-use crate::shell::{Result, ShellError};
+use crate::shell::{Result, ShellError, shell_error};
 
 type Cache = KmemCache<KernelPlatform>;
 
@@ -22,10 +22,11 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
     let (verb, target) = match args {
         [verb] => (*verb, "all"),
         [verb, target] => (*verb, *target),
-        _ => return Err(ShellError::Usage(&KMEMTRACE)),
+        [_, _, extra, ..] => return Err(ShellError::Unexpected(extra, &KMEMTRACE)),
+        [] => return Err(ShellError::Usage(&KMEMTRACE)),
     };
     if !matches!(verb, "start" | "stop" | "print" | "reset") {
-        return Err(ShellError::Usage(&KMEMTRACE));
+        return Err(ShellError::Unexpected(verb, &KMEMTRACE));
     }
     let one = match target {
         "all" => None,
@@ -56,7 +57,17 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
             }
         },
         "stop" => {
-            each(&mut |cache| cache.trace_stop());
+            let mut nr_stopped = 0;
+            each(&mut |cache| {
+                nr_stopped += usize::from(cache.is_tracing());
+                cache.trace_stop();
+            });
+            if nr_stopped == 0 {
+                return Err(shell_error!(
+                    "not tracing {}: nothing to stop",
+                    if one.is_some() { target } else { "any cache" }
+                ));
+            }
             let _ = writeln!(out, "stopped tracing {}", target);
         }
         "reset" => {
@@ -70,6 +81,19 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
         _ => match one {
             Some(cache) => trace_print(cache, out),
             None => {
+                let (mut nr_traced, mut nr_records) = (0, 0);
+                each(&mut |cache| {
+                    let stats = cache.trace_stats();
+                    nr_traced += usize::from(stats.tracing);
+                    nr_records += stats.nr_records;
+                });
+                if nr_traced == 0 && nr_records == 0 {
+                    let _ = writeln!(
+                        out,
+                        "no cache traced, no records kept: 'kmemtrace start CACHE' first"
+                    );
+                    return Ok(());
+                }
                 // Caches with records get a block each, quiet traced ones
                 // one line in all.
                 let _ =
