@@ -315,7 +315,7 @@ class AllocInfo(unittest.TestCase):
         self.assertIn("2 live objects recorded", second)
         self.assertIn("stopped capturing", reply_to(self.out, f"allocinfo ctx {self.site} disable"))
         self.assertTrue(reply_to(self.out, "allocinfo ctx nowhere.rs:1 print").startswith("error: no allocation tag"))
-        self.assertIn("error: usage: allocinfo", reply_to(self.out, "allocinfo --sort size"))
+        self.assertIn("error: unknown sort key 'size'", reply_to(self.out, "allocinfo --sort size"))
 
     def test_timestats_cover_slab_refill_and_depot_exchange(self):
         text = reply_to(self.out, "timestats")
@@ -542,7 +542,7 @@ class StrictInput(unittest.TestCase):
             "kfree 1?0": "error: byte 0x00 at column 8",
             "kmalloc 6??4 3": "error: byte 0xc3 at column 10",
             "????": "error: byte 0xc3 at column 1",
-            "poweroff now please": "error: usage: poweroff",
+            "poweroff now please": "error: unexpected 'now'; usage: poweroff",
             "kfree 0": "error: kfree 0 frees nothing",
             "kmalloc +64": "error: '+64' is not a number",
         }

@@ -22,23 +22,96 @@ pub enum CacheFrames {
     Label,
 }
 
+/// The root frame put above a stack cut at the recorded depth (its
+/// outermost frames were not recorded: what looks like its root is not).
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+
+/// Whether a recorded stack was cut at the recording's depth `depth`
+/// (`record start --stacks DEPTH`): it holds `depth` frames, so the walk
+/// stopped before the stack's root.
+pub fn is_truncated(frames: &[u64], depth: usize) -> bool {
+    depth > 0 && frames.len() >= depth
+}
+
+/// Frames of the allocation machinery: Rust's collections and `alloc`
+/// (a `Vec` growing goes through about ten of them), the global
+/// allocator's glue and the slab library. Folded away by default.
+const PLUMBING: &[&str] = &[
+    "<Vec",
+    "<RawVec",
+    "<VecDeque",
+    "<Box",
+    "<String",
+    "<BTreeMap",
+    "<BTreeSet",
+    "<hashbrown",
+    "<Global",
+    "<alloc::",
+    "alloc::",
+    "core::alloc::",
+    "__rust_",
+    "__rdl_",
+    "<magpie_slab::",
+    "magpie_slab::",
+    "<KernelAllocator",
+];
+
+/// Whether a frame's name is allocation plumbing ([`PLUMBING`]).
+pub fn is_plumbing(name: &str) -> bool {
+    PLUMBING.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// Folds the run of plumbing frames at the leaf end of `frames` (root
+/// first) into its first frame, the call the caller made; a stack of
+/// nothing but plumbing stays as it is.
+pub fn fold_plumbing(frames: &mut Vec<String>) {
+    let mut start = frames.len();
+    while start > 0 && is_plumbing(&frames[start - 1]) {
+        start -= 1;
+    }
+    if start > 0 && start + 1 < frames.len() {
+        frames.truncate(start + 1);
+    }
+}
+
+/// What the flamegraph (and the stack exports) draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StackOptions {
+    /// Where the cache goes.
+    pub caches: CacheFrames,
+    /// Keep the allocation plumbing frames (by default the run of them at
+    /// the leaf end of a stack is folded into its outermost frame, the
+    /// call the caller made: `hold_room;<Vec>::try_reserve`).
+    pub keep_plumbing: bool,
+}
+
 /// One folded stack's frames (outermost first) for an alloc event: the
-/// recorded stack when there is one, else the call site.
+/// recorded stack when there is one, else the call site. A stack cut at
+/// the recorded depth gets [`TRUNCATED_FRAME`] as its root.
 fn frames_of(
     dump: &Dump,
     sym: &Symbolizer,
     e: &DecodedEvent,
     memo: &mut BTreeMap<u64, Vec<String>>,
+    keep_plumbing: bool,
 ) -> Vec<String> {
+    let mut out = Vec::new();
     let addresses: Vec<u64> = match dump.stacks.get(&e.stack_id) {
-        Some(frames) if e.stack_id != 0 && !frames.is_empty() => frames.clone(),
+        Some(frames) if e.stack_id != 0 && !frames.is_empty() => {
+            if is_truncated(frames, dump.header.stack_depth as usize) {
+                out.push(TRUNCATED_FRAME.to_string());
+            }
+            frames.clone()
+        }
         _ => vec![e.call_site],
     };
-    let mut out = Vec::new();
     // Stacks are innermost first; a flamegraph wants the root first.
     for addr in addresses.iter().rev() {
         let names = memo.entry(*addr).or_insert_with(|| sym.frames(*addr));
         out.extend(names.iter().map(|n| n.replace(';', ":")));
+    }
+    if !keep_plumbing {
+        fold_plumbing(&mut out);
     }
     out
 }
@@ -65,22 +138,23 @@ fn cache_label(dump: &Dump, caches: &std::collections::BTreeSet<u32>) -> String 
 /// stack over the whole record, or (`live`) bytes of objects still live at
 /// the end; the cache a leaf frame (the default) or the site's label.
 pub fn folded_stacks(dump: &Dump, replay: &Replay, sym: &Symbolizer, live: bool) -> Vec<String> {
-    folded_stacks_with(dump, replay, sym, live, CacheFrames::Leaf)
+    folded_stacks_with(dump, replay, sym, live, StackOptions::default())
 }
 
-/// [`folded_stacks`] with the cache shown as `caches` says.
+/// [`folded_stacks`] drawn as `options` say.
 pub fn folded_stacks_with(
     dump: &Dump,
     replay: &Replay,
     sym: &Symbolizer,
     live: bool,
-    caches: CacheFrames,
+    options: StackOptions,
 ) -> Vec<String> {
+    let caches = options.caches;
     let mut memo = BTreeMap::new();
     let mut weights: BTreeMap<Vec<String>, (u64, std::collections::BTreeSet<u32>)> =
         BTreeMap::new();
     let mut add = |e: &DecodedEvent| {
-        let mut frames = frames_of(dump, sym, e, &mut memo);
+        let mut frames = frames_of(dump, sym, e, &mut memo, options.keep_plumbing);
         if caches == CacheFrames::Leaf {
             frames.push(format!("[{}]", dump.cache_name(e.cache_id)));
         }
@@ -122,9 +196,9 @@ pub fn flamegraph(
     replay: &Replay,
     sym: &Symbolizer,
     live: bool,
-    caches: CacheFrames,
+    stack_options: StackOptions,
 ) -> Result<Vec<u8>, String> {
-    let lines = folded_stacks_with(dump, replay, sym, live, caches);
+    let lines = folded_stacks_with(dump, replay, sym, live, stack_options);
     if lines.is_empty() {
         return Err(if live {
             "no object is live at the end of the record: nothing to draw".into()
@@ -435,4 +509,49 @@ pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<S
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folded(names: &[&str]) -> Vec<String> {
+        let mut frames: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        fold_plumbing(&mut frames);
+        frames
+    }
+
+    #[test]
+    fn plumbing_at_the_leaf_folds_into_the_call_made() {
+        // A `Vec` growing: the README flamegraph's ten frames under hold_room.
+        assert_eq!(
+            folded(&[
+                "kmain",
+                "magpie::shell::kmem::hold_room",
+                "<Vec>::try_reserve",
+                "<RawVec>::try_reserve",
+                "<RawVecInner>::try_reserve",
+                "<RawVecInner>::grow_amortized",
+                "<Global as Allocator>::allocate",
+                "alloc::alloc::alloc",
+            ]),
+            [
+                "kmain",
+                "magpie::shell::kmem::hold_room",
+                "<Vec>::try_reserve"
+            ]
+        );
+        // Plumbing above a real frame stays: only the leaf run folds.
+        assert_eq!(
+            folded(&["<Box as FnOnce>::call_once", "worker", "<Worker>::alloc"]),
+            ["<Box as FnOnce>::call_once", "worker", "<Worker>::alloc"]
+        );
+        // Nothing but plumbing: kept whole.
+        assert_eq!(
+            folded(&["alloc::alloc::alloc", "__rust_alloc"]),
+            ["alloc::alloc::alloc", "__rust_alloc"]
+        );
+        assert!(!is_plumbing("magpie::shell::kmem::cmd_kmalloc"));
+        assert!(is_plumbing("magpie_slab::allocator::kmalloc"));
+    }
 }

@@ -94,10 +94,15 @@ enum Command {
         /// Bytes still live at the end instead of all bytes allocated.
         #[arg(long)]
         live: bool,
-        /// The cache as a leaf frame under each site (leaf, the default)
-        /// or as a label of the site's frame (label: one box per site).
-        #[arg(long, value_name = "leaf|label", default_value = "leaf")]
+        /// The cache as a label of the site's frame (label, the default:
+        /// one box per site) or as a leaf frame under it (leaf).
+        #[arg(long, value_name = "label|leaf", default_value = "label")]
         caches: String,
+        /// Keep the allocation plumbing frames (Rust's collections and
+        /// `alloc`, the allocator's glue) instead of folding each run into
+        /// the call the caller made.
+        #[arg(long)]
+        keep_plumbing: bool,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
@@ -290,6 +295,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
         Command::Flamegraph {
             live,
             caches,
+            keep_plumbing,
             file,
             output,
         } => {
@@ -301,7 +307,11 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let dump = load(file)?;
             let sym = symbolizer(cli, &dump)?;
             let replay = analysis::replay(&dump);
-            let svg = graphs::flamegraph(&dump, &replay, &sym, *live, caches)?;
+            let options = graphs::StackOptions {
+                caches,
+                keep_plumbing: *keep_plumbing,
+            };
+            let svg = graphs::flamegraph(&dump, &replay, &sym, *live, options)?;
             write_output(output, &svg)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -314,6 +324,9 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             let format = export::Format::parse(format)?;
             let dump = load(file)?;
             let sym = symbolizer(cli, &dump)?;
+            if format == export::Format::Chrome {
+                return export_chrome(&dump, &sym, output.as_deref());
+            }
             let replay = analysis::replay(&dump);
             let bytes = export::export(&dump, &replay, &sym, format, *live)?;
             match output {
@@ -362,6 +375,43 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `export --format chrome`: streamed to `output` (standard output when
+/// `None`), with a progress line on stderr every tenth of a large dump.
+fn export_chrome(dump: &Dump, sym: &Symbolizer, output: Option<&Path>) -> Result<ExitCode, String> {
+    use std::io::Write;
+    let mut progress = |done: usize, total: usize| {
+        eprintln!(
+            "magpie-kmem: chrome export: {done}/{total} events ({}%)",
+            done * 100 / total.max(1)
+        );
+    };
+    match output {
+        Some(path) => {
+            let file =
+                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            export::write_chrome(dump, sym, &mut out, &mut progress)
+                .and_then(|()| out.flush())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            eprintln!("magpie-kmem: wrote {} ({bytes} bytes)", path.display());
+        }
+        None => {
+            let stdout = std::io::stdout().lock();
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout);
+            match export::write_chrome(dump, sym, &mut out, &mut progress)
+                .and_then(|()| out.flush())
+            {
+                Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(format!("writing the export: {error}"));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Write a report to standard output. A reader that stops early (`| head`)

@@ -774,7 +774,15 @@ fn flamegraph_draws_bytes_by_stack() {
     write(&dir, "s.kmt", &d.build());
     let o = run(
         &dir,
-        &["flamegraph", "--no-symbols", "s.kmt", "-o", "all.svg"],
+        &[
+            "flamegraph",
+            "--caches",
+            "leaf",
+            "--no-symbols",
+            "s.kmt",
+            "-o",
+            "all.svg",
+        ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let texts = svg_texts(&dir.join("all.svg"));
@@ -789,6 +797,8 @@ fn flamegraph_draws_bytes_by_stack() {
         &[
             "flamegraph",
             "--live",
+            "--caches",
+            "leaf",
             "--no-symbols",
             "s.kmt",
             "-o",
@@ -819,11 +829,12 @@ fn flamegraph_with_stacks_uses_the_stack_frames() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let texts = svg_texts(&dir.join("f.svg"));
+    // Three frames at a depth of three: cut, marked so.
     for frame in [
+        "[truncated] (64 bytes",
         "0xffffffff80300030 (64 bytes",
         "0xffffffff80200020 (64 bytes",
-        "0xffffffff80100010 (64 bytes",
-        "[kmalloc-64] (64 bytes",
+        "0xffffffff80100010 [kmalloc-64] (64 bytes",
     ] {
         assert!(
             texts.iter().any(|t| t.contains(frame)),

@@ -17,13 +17,14 @@ const P1: u64 = 0xffff_8000_0010_0000;
 const P2: u64 = 0xffff_8000_0010_0080;
 const Q1: u64 = 0xffff_8000_0020_0000;
 
-/// Two CPUs: site A allocates two kmalloc-128 objects (stack ROOT → A),
-/// site B one kmalloc-64 object freed on the other CPU; P1 is freed.
+/// Two CPUs: site A allocates two kmalloc-128 objects (stack ROOT → A,
+/// whole: shorter than the recorded depth), site B one kmalloc-64 object
+/// freed on the other CPU; P1 is freed.
 fn scenario() -> DumpBuilder {
     let mut d = DumpBuilder::new(2);
     d.record_start_ns = 1_000;
     d.flags = FLAG_STACKS;
-    d.stack_depth = 2;
+    d.stack_depth = 4;
     d.cache(1, 128, "kmalloc-128").cache(2, 64, "kmalloc-64");
     d.stack(1, &[SITE_A, ROOT]);
     d.cpu(
@@ -452,9 +453,137 @@ fn flamegraph_can_label_sites_with_their_caches() {
     );
     assert!(text.contains("0xffffffff80200020 [kmalloc-64] (64 bytes"));
     assert!(!text.contains(">[kmalloc-8]"), "no leaf frame per cache");
-    // The default keeps the cache as a leaf frame.
-    let text = svg(&dir, &["flamegraph", "l.kmt"], "leaf.svg");
+    // The default labels too (issue 31: leaf frames were unreadable).
+    let default = svg(&dir, &["flamegraph", "l.kmt"], "default.svg");
+    assert!(
+        default.contains("0xffffffff80100010 [3 caches: kmalloc-8 … kmalloc-512] (584 bytes"),
+        "{default}"
+    );
+    // --caches leaf keeps the cache as a leaf frame.
+    let text = svg(
+        &dir,
+        &["flamegraph", "--caches", "leaf", "l.kmt"],
+        "leaf.svg",
+    );
     assert!(text.contains("[kmalloc-8] (8 bytes"));
+}
+
+#[test]
+fn stacks_cut_at_the_recorded_depth_are_marked() {
+    let dir = scratch("truncated_stacks");
+    let mut d = DumpBuilder::new(1);
+    d.flags = FLAG_STACKS;
+    d.stack_depth = 2;
+    d.cache(1, 64, "kmalloc-64");
+    // Stack 1 fills the depth (its root was not recorded); stack 2 ended.
+    d.stack(1, &[SITE_A, ROOT]);
+    d.stack(2, &[SITE_B]);
+    d.cpu(
+        0,
+        0,
+        &[
+            alloc(0, 1_000, 0, SITE_A, P1, 64, 64, 1).stack(1),
+            alloc(0, 2_000, 1, SITE_B, P2, 64, 64, 1).stack(2),
+        ],
+    );
+    write(&dir, "t.kmt", &d.build());
+    let folded = export(&dir, &["--format", "folded", "t.kmt"]);
+    assert_eq!(
+        folded,
+        "0xffffffff80200020;[kmalloc-64] 64\n\
+         [truncated];0xffffffff80900000;0xffffffff80100010;[kmalloc-64] 64\n"
+    );
+    let text = svg(&dir, &["flamegraph", "t.kmt"], "t.svg");
+    assert!(text.contains("[truncated] (64 bytes"), "{text}");
+    // The Chrome export's stack tree has the same root.
+    let value: Value =
+        serde_json::from_str(&export(&dir, &["--format", "chrome", "t.kmt"])).unwrap();
+    let frames = &value["stackFrames"];
+    let event = value["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["args"]["ptr"] == "0xffff800000100000")
+        .unwrap();
+    let mut names = Vec::new();
+    let mut node = event["sf"].as_str().map(str::to_string);
+    while let Some(id) = node {
+        names.push(frames[&id]["name"].as_str().unwrap().to_string());
+        node = frames[&id]["parent"].as_str().map(str::to_string);
+    }
+    assert_eq!(
+        names,
+        ["0xffffffff80100010", "0xffffffff80900000", "[truncated]"]
+    );
+}
+
+#[test]
+fn chrome_export_streams_with_progress_and_carries_stacks() {
+    let dir = scratch("export_chrome_large");
+    let mut d = DumpBuilder::new(1);
+    d.flags = FLAG_STACKS;
+    d.stack_depth = 4;
+    d.cache(1, 64, "kmalloc-64");
+    d.stack(1, &[SITE_A, ROOT]);
+    let n = 120_000u64;
+    let events: Vec<_> = (0..n)
+        .map(|i| {
+            let ptr = P1 + (i % 1000) * 64;
+            if i % 2 == 0 {
+                alloc(0, 1_000 + i * 10, i, SITE_A, ptr, 64, 64, 1).stack(1)
+            } else {
+                free(
+                    0,
+                    1_000 + i * 10,
+                    i,
+                    SITE_A,
+                    ptr - 64 * ((i % 1000) % 2),
+                    64,
+                    1,
+                )
+            }
+        })
+        .collect();
+    d.cpu(0, 0, &events);
+    write(&dir, "big.kmt", &d.build());
+    let o = run(
+        &dir,
+        &[
+            "export",
+            "--no-symbols",
+            "--format",
+            "chrome",
+            "big.kmt",
+            "-o",
+            "big.json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for percent in [10, 50, 100] {
+        assert!(
+            err.contains(&format!("events ({percent}%)")),
+            "progress at {percent}%: {err}"
+        );
+    }
+    assert!(
+        err.contains("magpie-kmem: chrome export: 120000/120000 events (100%)"),
+        "{err}"
+    );
+    let value: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("big.json")).unwrap()).unwrap();
+    let events = value["traceEvents"].as_array().unwrap();
+    let instants = events.iter().filter(|e| e["cat"] == "kmem").count();
+    assert_eq!(instants, n as usize, "every event");
+    let with_stack = events.iter().filter(|e| e["sf"].is_string()).count();
+    assert_eq!(with_stack, (n / 2) as usize, "every alloc with its stack");
+    assert_eq!(value["stackFrames"].as_object().unwrap().len(), 2);
+    // Times keep their nanoseconds: 1,010 ns after the start is 1.010 µs.
+    let first_free = events
+        .iter()
+        .find(|e| e["name"] == "free kmalloc-64")
+        .unwrap();
+    assert_eq!(first_free["ts"].as_f64(), Some(1.01));
 }
 
 /// A MARK record body: `timestamp_ns u64, cpu u32, text_len u32, text`.
