@@ -9,6 +9,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::analysis::Replay;
 use crate::dump::{DecodedEvent, Dump};
 use crate::symbols::Symbolizer;
+use magpie_slab::reports::Nanoseconds;
 
 /// Where a flamegraph shows the cache an allocation came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -389,6 +390,80 @@ pub fn markers(dump: &Dump) -> Vec<Marker> {
         .collect()
 }
 
+/// The span of time a timeline draws, in ns since `record start`: by
+/// default from the first event to the last (typing before a command is
+/// not drawn), or what `--from` / `--to` chose ([`parse_when`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Start (`None`: the first event).
+    pub from_ns: Option<u64>,
+    /// End (`None`: the last event).
+    pub to_ns: Option<u64>,
+}
+
+/// Reads a `--from` / `--to` value: a time since `record start` with its
+/// unit (`1.5s`, `250ms`, `40us` or `40µs`, `1000ns`), or the command line
+/// of a MARK (a shell command recorded: `stress`, `kmemtrace record stop`),
+/// matched whole or as the first words of the line; its first run.
+///
+/// # Errors
+///
+/// A message naming the value and what is accepted.
+pub fn parse_when(text: &str, marks: &[Marker]) -> Result<u64, String> {
+    let units = [
+        ("ns", 1.0),
+        ("us", 1e3),
+        ("µs", 1e3),
+        ("ms", 1e6),
+        ("s", 1e9),
+    ];
+    for (suffix, scale) in units {
+        if let Some(number) = text.strip_suffix(suffix)
+            && let Ok(value) = number.trim().parse::<f64>()
+            && value.is_finite()
+            && value >= 0.0
+        {
+            return Ok((value * scale).round() as u64);
+        }
+    }
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let wanted = words(text);
+    if let Some(mark) = marks.iter().find(|mark| {
+        let line = words(&mark.text);
+        !wanted.is_empty() && line.len() >= wanted.len() && line[..wanted.len()] == wanted[..]
+    }) {
+        return Ok(mark.at_ns);
+    }
+    let mut known: Vec<&str> = marks.iter().map(|mark| mark.text.as_str()).collect();
+    known.dedup();
+    Err(format!(
+        "'{text}' is neither a time (1.5s, 250ms, 40us, 1000ns) nor a shell command of the record{}",
+        if known.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", known.join(", "))
+        }
+    ))
+}
+
+/// Longest marker label, in characters (a longer one ends in `…`).
+pub const MARKER_LABEL_CHARS: usize = 28;
+
+/// A marker's label: the command line, cut with `…` past
+/// [`MARKER_LABEL_CHARS`].
+pub fn marker_label(text: &str) -> String {
+    if text.chars().count() <= MARKER_LABEL_CHARS {
+        return text.to_string();
+    }
+    let mut label: String = text.chars().take(MARKER_LABEL_CHARS - 1).collect();
+    label.push('…');
+    label
+}
+
 /// Writes the timeline SVG: live bytes per cache (or per call site) over
 /// time, the y axis in bytes, KiB or MiB, the legend beside the plot, a
 /// dashed line and a label for each command the shell ran (`marks`).
@@ -397,24 +472,50 @@ pub fn markers(dump: &Dump) -> Vec<Marker> {
 /// # Errors
 ///
 /// A message when there is nothing to draw, or plotters' error as text.
-pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<String, String> {
+pub fn timeline(
+    series: &[Series],
+    by: TimelineBy,
+    marks: &[Marker],
+    window: Window,
+) -> Result<String, String> {
     if series.is_empty() {
         return Err("the record holds no allocation: nothing to draw".into());
     }
-    let end_ns = series
+    let first = series
+        .iter()
+        .filter_map(|s| s.points.first().map(|p| p.0))
+        .min()
+        .unwrap_or(0);
+    let last = series
         .iter()
         .filter_map(|s| s.points.last().map(|p| p.0))
-        .chain(marks.iter().map(|m| m.at_ns))
         .max()
-        .unwrap_or(0)
-        .max(1);
+        .unwrap_or(0);
+    // The events' span, a fiftieth wider each side so the command that
+    // started them (a MARK just before the first event) shows.
+    let pad = (last - first) / 50;
+    let from_ns = window.from_ns.unwrap_or(first.saturating_sub(pad));
+    let to_ns = window.to_ns.unwrap_or(last + pad).max(from_ns + 1);
+    if window.from_ns.is_some() && window.to_ns.is_some() && window.from_ns >= window.to_ns {
+        return Err(format!(
+            "--from {} is not before --to {}",
+            Nanoseconds(from_ns),
+            Nanoseconds(window.to_ns.unwrap_or(0))
+        ));
+    }
+    let span_ns = to_ns - from_ns;
     // People read ms (or µs for short records), never ticks.
-    let (unit, scale) = if end_ns >= 10_000_000 {
+    let (unit, scale) = if span_ns >= 10_000_000 {
         ("ms", 1e6)
     } else {
         ("µs", 1e3)
     };
-    let x_max = end_ns as f64 / scale;
+    let x_min = from_ns as f64 / scale;
+    let x_max = to_ns as f64 / scale;
+    let marks: Vec<&Marker> = marks
+        .iter()
+        .filter(|mark| (from_ns..=to_ns).contains(&mark.at_ns))
+        .collect();
     let peak = series.iter().map(|s| s.peak).max().unwrap_or(1).max(1) as f64;
     let (y_unit, y_scale) = axis_unit(peak);
     let y_max = peak * 1.1 / y_scale;
@@ -438,13 +539,19 @@ pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<S
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+            .build_cartesian_2d(x_min..x_max, 0f64..y_max)
             .map_err(|e| err(&e))?;
         let decimals = usize::from(y_max < 10.0);
         chart
             .configure_mesh()
             .x_desc(format!("{unit} since record start"))
-            .x_label_formatter(&|v| format!("{v:.0}"))
+            .x_label_formatter(&|v| {
+                if x_max - x_min >= 10.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.1}")
+                }
+            })
             .y_desc(format!("live {y_unit}"))
             .y_label_formatter(&|v| format!("{v:.decimals$}"))
             .draw()
@@ -462,9 +569,9 @@ pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<S
                 .map_err(|e| err(&e))?;
             // Labels take turns at four heights so neighbours do not overlap.
             // (Right of its line, or left of it in the last fifth.)
-            let label: String = mark.text.chars().take(28).collect();
+            let label = marker_label(&mark.text);
             let y = y_max * (0.98 - 0.045 * (i % 4) as f64);
-            let side = if x > 0.8 * x_max {
+            let side = if x > x_min + 0.8 * (x_max - x_min) {
                 HPos::Right
             } else {
                 HPos::Left
@@ -479,11 +586,17 @@ pub fn timeline(series: &[Series], by: TimelineBy, marks: &[Marker]) -> Result<S
         }
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let mut points: Vec<(f64, f64)> = Vec::with_capacity(s.points.len() * 2 + 1);
-            let mut last = 0f64;
-            points.push((0.0, 0.0));
-            // A step line: live bytes hold until the next event.
-            for &(t, v) in &s.points {
+            let mut points: Vec<(f64, f64)> = Vec::with_capacity(s.points.len() * 2 + 2);
+            // A step line: live bytes hold until the next event; it starts
+            // at the value live when the window opens.
+            let mut last = s
+                .points
+                .iter()
+                .take_while(|p| p.0 < from_ns)
+                .last()
+                .map_or(0.0, |p| p.1 as f64 / y_scale);
+            points.push((x_min, last));
+            for &(t, v) in s.points.iter().filter(|p| (from_ns..=to_ns).contains(&p.0)) {
                 let x = t as f64 / scale;
                 points.push((x, last));
                 points.push((x, v as f64 / y_scale));

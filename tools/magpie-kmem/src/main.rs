@@ -141,6 +141,14 @@ enum Command {
         /// One line per cache (default) or per call site.
         #[arg(long, value_name = "cache|site", default_value = "cache")]
         by: String,
+        /// Start of the window drawn: a time since `record start` (1.5s,
+        /// 250ms, 40us, 1000ns) or a shell command of the record
+        /// (`stress`). Default: the first event.
+        #[arg(long, value_name = "TIME|COMMAND")]
+        from: Option<String>,
+        /// End of the window drawn, as --from. Default: the last event.
+        #[arg(long, value_name = "TIME|COMMAND")]
+        to: Option<String>,
         /// The dump file.
         file: PathBuf,
         /// Output SVG.
@@ -351,8 +359,26 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             emit(&diff::diff_text(&sides[0], &sides[1], *top))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Timeline { by, file, output } => {
+        Command::Timeline {
+            by,
+            from,
+            to,
+            file,
+            output,
+        } => {
             let dump = load(file)?;
+            let marks = graphs::markers(&dump);
+            let when = |value: &Option<String>, option: &str| {
+                value
+                    .as_deref()
+                    .map(|text| graphs::parse_when(text, &marks))
+                    .transpose()
+                    .map_err(|error| format!("{option}: {error}"))
+            };
+            let window = graphs::Window {
+                from_ns: when(from, "--from")?,
+                to_ns: when(to, "--to")?,
+            };
             let (series, by) = match by.as_str() {
                 "cache" => {
                     let replay = analysis::replay_with_timeline(&dump);
@@ -370,7 +396,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
                 }
                 other => return Err(format!("--by {other}: cache or site")),
             };
-            let svg = graphs::timeline(&series, by, &graphs::markers(&dump))?;
+            let svg = graphs::timeline(&series, by, &marks, window)?;
             write_output(output, svg.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }

@@ -725,3 +725,101 @@ fn shell_commands_are_markers_in_the_trace_and_on_the_timeline() {
         stdout(&o)
     );
 }
+
+/// The text of every `<text>` element of an SVG, in order.
+fn svg_labels(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|part| {
+            let body = part.split_once('>')?.1;
+            Some(body.split("</text>").next()?.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn timeline_draws_the_events_not_the_typing_and_takes_a_window() {
+    let dir = scratch("timeline_window");
+    let mut d = DumpBuilder::new(1);
+    d.cache(1, 64, "kmalloc-64");
+    // Typed for 3.5 s, then 0.5 s of events.
+    let ms = 1_000_000u64;
+    d.cpu(
+        0,
+        0,
+        &[
+            alloc(0, 3_500 * ms, 0, SITE_A, P1, 64, 64, 1),
+            alloc(0, 3_700 * ms, 1, SITE_A, P2, 64, 64, 1),
+            free(0, 4_000 * ms, 2, SITE_A, P1, 64, 1),
+        ],
+    );
+    d.raw_record(4, &mark_body(0, 0, "kmemtrace record start"))
+        .raw_record(
+            4,
+            &mark_body(3_499 * ms, 0, "stress --cpus all --ops 200000 --seed 7"),
+        )
+        .raw_record(4, &mark_body(3_800 * ms, 0, "kfree all"));
+    write(&dir, "w.kmt", &d.build());
+    let labels = svg_labels(&svg(&dir, &["timeline", "w.kmt"], "default.svg"));
+    // The axis spans the events (3,490 .. 4,010 ms), not the typing (the
+    // y axis' ticks are below 200 bytes).
+    let x_ticks = |labels: &[String]| -> Vec<f64> {
+        labels
+            .iter()
+            .filter_map(|l| l.parse().ok())
+            .filter(|&t: &f64| t > 200.0)
+            .collect()
+    };
+    let ticks = x_ticks(&labels);
+    assert!(!ticks.is_empty(), "{labels:?}");
+    assert!(ticks.iter().all(|&t| t >= 3_480.0), "x ticks {ticks:?}");
+    assert!(
+        !labels.iter().any(|l| l == "kmemtrace record start"),
+        "{labels:?}"
+    );
+    // A long command's label is cut with an ellipsis (was: cut silently).
+    assert!(
+        labels.iter().any(|l| l == "stress --cpus all --ops 200…"),
+        "{labels:?}"
+    );
+    // --from a time: the typing is drawn again.
+    let labels = svg_labels(&svg(
+        &dir,
+        &["timeline", "--from", "0ms", "w.kmt"],
+        "all.svg",
+    ));
+    assert!(
+        labels.iter().any(|l| l == "kmemtrace record start"),
+        "{labels:?}"
+    );
+    // --from / --to a command of the record.
+    let labels = svg_labels(&svg(
+        &dir,
+        &["timeline", "--from", "stress", "--to", "kfree all", "w.kmt"],
+        "window.svg",
+    ));
+    let ticks = x_ticks(&labels);
+    assert!(!ticks.is_empty(), "{labels:?}");
+    assert!(
+        ticks.iter().all(|&t| (3_499.0..=3_800.0).contains(&t)),
+        "{ticks:?}"
+    );
+    for (args, message) in [
+        (
+            &["--from", "frob"][..],
+            "--from: 'frob' is neither a time (1.5s, 250ms, 40us, 1000ns) nor a shell command \
+             of the record (kmemtrace record start, stress --cpus all --ops 200000 --seed 7, kfree all)",
+        ),
+        (
+            &["--from", "4s", "--to", "3s"][..],
+            "--from 4.000 s is not before --to 3.000 s",
+        ),
+    ] {
+        let mut all = vec!["timeline", "--no-symbols"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["w.kmt", "-o", "bad.svg"]);
+        let o = run(&dir, &all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(message), "{args:?}: {}", stderr(&o));
+    }
+}
