@@ -161,12 +161,12 @@ fn scan(
             in(reg) registers.as_mut_ptr(), options(nostack, preserves_flags)
         );
     }
+    let mut holes = not_roots();
+    holes.sort_unstable_by_key(|hole| hole.start);
     // SAFETY: the kernel image's writable sections up to the boot stack's
     // guard page are mapped; the stack from our caller's frame to its
     // top is the live part of the stack we run on; AP stacks are frames
     // in the direct map.
-    let mut holes = not_roots();
-    holes.sort_unstable_by_key(|hole| hole.start);
     unsafe {
         scan_range_except(&mut scan, data_start, guard, &holes);
         if (guard..boot_top).contains(&stack_from) {

@@ -58,6 +58,13 @@
 //! The formats are written by `magpie_slab::reports` (the library's
 //! reports); the shell parses, holds the buffers and calls them.
 
+// A ShellError carries its message (a `Message`, 320 bytes) so that reporting
+// an error allocates nothing, even out of memory; one is returned per line.
+#![allow(
+    clippy::result_large_err,
+    reason = "ShellError holds its message in place (no allocation); one per command line"
+)]
+
 mod fault;
 mod kmem;
 mod kmem_debug;

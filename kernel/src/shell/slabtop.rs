@@ -165,9 +165,9 @@ fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resu
         // Home and clear, as slabtop's curses screen.
         let _ = out.write_str("\x1b[H\x1b[2J");
         let nr_rows = frame(out, rows, sample, sort, lines - 1)?;
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "(every {delay_ms} ms, sorted by {}; q quits, o c n m sort)\n",
+            "(every {delay_ms} ms, sorted by {}; q quits, o c n m sort)",
             sort_name(sort)
         );
         previous[..nr_rows].copy_from_slice(&rows[..nr_rows]);
