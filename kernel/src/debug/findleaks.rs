@@ -14,7 +14,7 @@
 //! about. The scan's table comes from the frame
 //! allocator, so the scan allocates nothing from the slab allocator.
 //!
-//! Not roots: the kernel's own records of objects ([`NOT_ROOTS`]). The
+//! Not roots: the kernel's own records of objects ([`not_roots`]). The
 //! context-capture pool (`allocinfo ctx`) lies in `.bss` and holds the
 //! address of every object it describes: as a root it would make a
 //! captured leak reachable. The slab allocator's own metadata (trace
