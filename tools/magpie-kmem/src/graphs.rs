@@ -57,7 +57,8 @@ const PLUMBING: &[&str] = &[
     "<KernelAllocator",
 ];
 
-/// Whether a frame's name is allocation plumbing ([`PLUMBING`]).
+/// Whether a frame's name is allocation plumbing: Rust's collections and
+/// `alloc`, the global allocator's glue, the slab library.
 pub fn is_plumbing(name: &str) -> bool {
     PLUMBING.iter().any(|prefix| name.starts_with(prefix))
 }
