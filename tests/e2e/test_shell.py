@@ -739,6 +739,7 @@ class NewcomerWords(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.code, cls.out = boot([
+            "allocinfo mark", "allocinfo diff",
             "kmemtrace record stop", "kmemtrace stop", "kmemtrace stop kmalloc-64", "kmemtrace print",
             "allocinfo --sort size", "allocinfo --sort " + LONG_KEY, "allocinfo --accurate maybe",
             "allocinfo frob", "allocinfo --top", "allocinfo ctx x", "allocinfo on now",
@@ -790,6 +791,10 @@ class NewcomerWords(unittest.TestCase):
         self.assertTrue(self.reply("kfree 1 2").startswith("error: unexpected '2'; usage: kfree "))
         self.assertTrue(self.reply("help x").startswith("error: unexpected 'x'; usage: help"))
 
+    def test_allocinfo_diff_does_not_count_itself(self):
+        reply = self.reply("allocinfo diff")
+        self.assertRegex(reply, r"^allocinfo diff - since mark .* ago, 0 sites changed\n", reply)
+
     def test_messages_are_never_cut(self):
         reply = self.reply("allocinfo --sort " + LONG_KEY)
         self.assertEqual(reply, f"error: unknown sort key '{LONG_KEY}'; expected bytes or calls\n")
@@ -813,6 +818,41 @@ class NewcomerWords(unittest.TestCase):
         self.assertTrue(echo.startswith("slabinfo\x1b[8Dkfree all") or "kfree all" in echo, repr(echo))
         self.assertEqual(sorted(HEX.findall(reply)), sorted(first + again))
         self.assertIn("cannot free 1: the shell holds 0 object(s)", chunks[index + 5])
+
+
+class WhatisBeyondSlabs(unittest.TestCase):
+    """Issue 31: `kmem whatis` names a KFENCE sample (in no slab) and
+    kernel text (a return address of a backtrace)."""
+
+    def test_kfence_sample_guard_and_kernel_text(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        from test_readme import Session  # noqa: E402 (imports this file)
+        nm = subprocess.run(["nm", KERNEL], capture_output=True, text=True, check=True).stdout
+        entry = int(next(line.split()[0] for line in nm.splitlines() if line.endswith(" T kernel_entry")), 16)
+        session = Session()
+        try:
+            session.read_until_prompt()
+            session.type("lkdtm KFENCE_OOB_RIGHT")
+            report = session.read_until_prompt()
+            match = re.search(r"kfence-#(\d+): (0x[0-9a-f]+)-(0x[0-9a-f]+), size=(\d+), cache=(\S+)", report)
+            self.assertIsNotNone(match, report)
+            index, start, end, size, cache = match.groups()
+            start, end = int(start, 16), int(end, 16)
+            replies = {}
+            for address in (start + 8, end + 1, entry + 0x10):
+                session.type(f"kmem whatis {address:#x}")
+                replies[address] = session.read_until_prompt()
+            session.type("poweroff")
+            code, _ = session.rest()
+        finally:
+            session.close()
+        self.assertEqual(code, 0)
+        self.assertIn(f"{start + 8:#x} is in the KFENCE pool: freed sample kfence-#{index}, "
+                      f"object {start:#x}+0x8 of {size} bytes from {cache}\n", replies[start + 8])
+        self.assertIn(f"{end + 1:#x} is in the KFENCE pool: guard of freed sample kfence-#{index}",
+                      replies[end + 1])
+        self.assertIn(f"{entry + 0x10:#x} is kernel text: kernel_entry+0x10\n", replies[entry + 0x10])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 use core::fmt::Write;
 
+use magpie_slab::kfence::KfenceState;
 use magpie_slab::report::{ERROR_RING_SIZE, ErrorKind, ErrorReport};
 
 use super::{Command, Result, Shell, ShellError, parse_number, shell_error};
@@ -193,8 +194,51 @@ fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
     Ok(())
 }
 
+/// `kmem whatis ADDR`: a KFENCE sample (the guarded pool is in no slab),
+/// kernel text (a return address from a backtrace), or the slab layer's
+/// answer (illumos `::whatis`).
 fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
     let address = parse_number(addr)?;
+    if let Some(object) = SLAB.kfence_object(address) {
+        let state = match object.state {
+            KfenceState::Allocated => "allocated",
+            KfenceState::Freed => "freed",
+            KfenceState::Unused => "never used",
+        };
+        let _ = write!(out, "{address:#x} is in the KFENCE pool: ");
+        if object.state == KfenceState::Unused {
+            let _ = writeln!(out, "sample slot kfence-#{} ({state})", object.index);
+        } else if (object.addr..object.addr + object.size).contains(&address) {
+            let _ = writeln!(
+                out,
+                "{state} sample kfence-#{}, object {:#x}+{:#x} of {} bytes from {}",
+                object.index,
+                object.addr,
+                address - object.addr,
+                object.size,
+                object.cache.as_str()
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "guard of {state} sample kfence-#{} (object {:#x}, {} bytes from {}): \
+                 an access here is out of bounds",
+                object.index,
+                object.addr,
+                object.size,
+                object.cache.as_str()
+            );
+        }
+        return Ok(());
+    }
+    if let Some((name, offset)) = crate::debug::symbols::lookup(address) {
+        let _ = writeln!(
+            out,
+            "{address:#x} is kernel text: {}+{offset:#x}",
+            crate::debug::symbols::demangled(name)
+        );
+        return Ok(());
+    }
     let _ = magpie_slab::reports::whatis(out, &SLAB, address, &KernelFormat);
     Ok(())
 }

@@ -194,10 +194,27 @@ fn cmd_diff<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         [word, ..] => return Err(ShellError::Unexpected(word, &ALLOCINFO)),
     };
     let _scope = crate::alloc_tag_scope!();
+    // The diff's own rows are charged to this scope's tag and live while
+    // the counters are read: their charge is taken back out below, so the
+    // diff does not count itself.
+    let own = profiling::current_tag();
+    let charged = || own.map(|tag| COUNTERS.read(tag)).unwrap_or_default();
+    let before = charged();
     let diff = profiling::diff().map_err(|_| out_of_memory!("one row per site for the diff"))?;
-    let Some((elapsed_ns, rows)) = diff else {
+    let Some((elapsed_ns, mut rows)) = diff else {
         return Err(shell_error!("no mark yet: 'allocinfo mark' first"));
     };
+    let after = charged();
+    if let Some(own) = own
+        && let Some(index) = rows.iter().position(|row| row.tag.tag_ref() == own)
+    {
+        let row = &mut rows[index];
+        row.bytes -= after.bytes.wrapping_sub(before.bytes) as i64;
+        row.calls -= after.calls.wrapping_sub(before.calls) as i64;
+        if row.bytes == 0 && row.calls == 0 {
+            rows.remove(index);
+        }
+    }
     let _ = writeln!(
         out,
         "allocinfo diff - since mark {} ago, {} site{} changed",
