@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -853,6 +854,52 @@ class WhatisBeyondSlabs(unittest.TestCase):
         self.assertIn(f"{end + 1:#x} is in the KFENCE pool: guard of freed sample kfence-#{index}",
                       replies[end + 1])
         self.assertIn(f"{entry + 0x10:#x} is kernel text: kernel_entry+0x10\n", replies[entry + 0x10])
+
+
+def descendants(pid):
+    """Every process below `pid` (the runner starts QEMU under `timeout`)."""
+    found = []
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        found.append(int(child))
+        found += descendants(int(child))
+    return found
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+class IdlePrompt(unittest.TestCase):
+    """Issue 31: at an idle prompt the boot CPU halts between timer ticks
+    instead of polling the serial port (it took about a third of a host
+    core; now a few percent)."""
+
+    def test_idle_prompt_costs_the_host_little(self):
+        if not os.path.exists(KERNEL):
+            self.skipTest("kernel not built")
+        from test_readme import Session  # noqa: E402 (imports this file)
+        session = Session(append=KFENCE_OFF)
+        try:
+            self.assertIsNotNone(session.read_until_prompt())
+            qemu = [pid for pid in descendants(session.proc.pid)
+                    if "qemu" in open(f"/proc/{pid}/comm").read()]
+            self.assertEqual(len(qemu), 1, qemu)
+            time.sleep(1)  # past the first 20 ms of polling
+            hz = os.sysconf("SC_CLK_TCK")
+            before, start = cpu_ticks(qemu[0]), time.monotonic()
+            time.sleep(5)
+            used = (cpu_ticks(qemu[0]) - before) / hz / (time.monotonic() - start)
+            # A key typed after the pause is read (within a tick).
+            session.type("help")
+            self.assertIn("poweroff", session.read_until_prompt())
+            session.type("poweroff")
+            code, _ = session.rest()
+        finally:
+            session.close()
+        self.assertEqual(code, 0)
+        self.assertLess(used, 0.10, f"idle QEMU used {used:.0%} of a host core")
 
 
 if __name__ == "__main__":
