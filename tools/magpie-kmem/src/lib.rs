@@ -58,6 +58,7 @@
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod core;
 pub mod diff;
 pub mod dump;
 pub mod export;
