@@ -67,6 +67,7 @@ mod profiling;
 mod slabtop;
 mod smp;
 mod system;
+mod vmcore;
 
 use alloc::vec::Vec;
 use core::fmt::{self, Write};
@@ -133,6 +134,7 @@ pub static COMMANDS: &[Command] = &[
     smp::STRESS,
     fault::FAULT,
     lkdtm::LKDTM,
+    vmcore::VMCORE,
     system::POWEROFF,
 ];
 
