@@ -39,6 +39,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::allocator::{Allocator, CacheList};
 use crate::cache::{CacheLinks, KmemCache};
+use crate::kmemtrace::rings::CpuRing;
+use crate::kmemtrace::{Kmemtrace, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform};
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
@@ -48,6 +50,11 @@ pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
 
 /// The format version (docs/VMCORE.md).
 pub const DESCRIPTOR_VERSION: u32 = 1;
+
+/// Bytes of the header (a version-1 descriptor's layout starts here).
+pub const DESCRIPTOR_HEADER_SIZE: usize = 88;
+
+const _: () = assert!(offset_of!(SlabDescriptor, layout) == DESCRIPTOR_HEADER_SIZE);
 
 /// The descriptor's symbol in a kernel ELF.
 pub const DESCRIPTOR_SYMBOL: &str = "MAGPIE_SLAB_DESCRIPTOR";
@@ -388,6 +395,63 @@ layout! {
     magazine_rounds_4 = Entry::value(MAGAZINE_ROUNDS[4]);
     /// Constant: as `magazine_rounds_0`, type 5.
     magazine_rounds_5 = Entry::value(MAGAZINE_ROUNDS[5]);
+
+    /// kmemtrace's state in the allocator.
+    allocator_kmemtrace = field!(LayoutAllocator, kmemtrace);
+    /// kmemtrace: the per-CPU rings (null before the first start).
+    kmemtrace_rings = field!(Kmemtrace, rings);
+    /// kmemtrace: bytes of the rings (`cpu_ring_size` per CPU).
+    kmemtrace_rings_bytes = field!(Kmemtrace, rings_bytes);
+    /// kmemtrace: frames recorded per event (0: no stacks).
+    kmemtrace_stack_depth = field!(Kmemtrace, stack_depth);
+    /// kmemtrace: recording since boot (`bool`).
+    kmemtrace_from_boot = field!(Kmemtrace, from_boot);
+    /// kmemtrace: the record's start (clock ticks).
+    kmemtrace_start_ticks = field!(Kmemtrace, start_ticks);
+    /// kmemtrace: the stack table's lock (payload at the header's
+    /// `stacks_lock_data`).
+    kmemtrace_stacks = field!(Kmemtrace, stacks);
+    /// Stack table: frames, `max_stack_depth` per stack (`u64`s).
+    stack_table_frames = field!(StackTable, frames);
+    /// Stack table: each stack's depth (`u8`s).
+    stack_table_depths = field!(StackTable, depths);
+    /// Stack table: stacks kept (ids 1..=nr).
+    stack_table_nr_stacks = field!(StackTable, nr_stacks);
+    /// Constant: frames per stack slot.
+    max_stack_depth = Entry::value(crate::kmemtrace::MAX_STACK_DEPTH);
+    /// kmemtrace: the marks' lock (payload at the header's
+    /// `marks_lock_data`).
+    kmemtrace_marks = field!(Kmemtrace, marks);
+    /// Marks: the entries (`mark_size` bytes each).
+    marks_entries = field!(Marks, entries);
+    /// Marks: entries used.
+    marks_nr_marks = field!(Marks, nr_marks);
+    /// Constant: bytes per mark.
+    mark_size = Entry::value(size_of::<Mark>());
+    /// Mark: when (clock ticks).
+    mark_ticks = field!(Mark, ticks);
+    /// Mark: the CPU.
+    mark_cpu = field!(Mark, cpu);
+    /// Mark: its text's bytes.
+    mark_text = field!(Mark, text);
+    /// Mark: its text's length.
+    mark_text_len = field!(Mark, text_len);
+    /// Constant: bytes per CPU ring.
+    cpu_ring_size = Entry::value(size_of::<CpuRing>());
+    /// CPU ring: events written since the start.
+    cpu_ring_nr_written = field!(CpuRing, nr_written);
+    /// CPU ring: the sub-buffer array (pointers to `subbuf_events` events
+    /// each).
+    cpu_ring_subbufs = field!(CpuRing, subbufs);
+    /// CPU ring: events it holds.
+    cpu_ring_capacity = field!(CpuRing, capacity);
+    /// CPU ring: events lost to a full ring.
+    cpu_ring_nr_overruns = field!(CpuRing, nr_overruns);
+    /// Constant: events per sub-buffer.
+    subbuf_events = Entry::value(crate::kmemtrace::SUBBUF_EVENTS);
+    /// Constant: bytes per event (the kmemtrace ABI's record,
+    /// docs/KMEMTRACE-ABI.md; timestamps in clock ticks).
+    event_size = Entry::value(size_of::<crate::kmemtrace::KmemtraceEvent>());
 }
 
 const _: () = assert!(MAGAZINE_ROUNDS.len() == 6);
@@ -414,6 +478,14 @@ pub struct SlabDescriptor {
     pub depot_lock_data: AtomicU64,
     /// Byte offset of the payload in a cache's slab lock.
     pub slab_lock_data: AtomicU64,
+    /// Byte offset of the payload in kmemtrace's stack-table lock.
+    pub stacks_lock_data: AtomicU64,
+    /// Byte offset of the payload in kmemtrace's marks lock.
+    pub marks_lock_data: AtomicU64,
+    /// The clock's rate ([`Platform::now`] ticks per millisecond), as the
+    /// kernel set it with [`set_clock_khz`]; 0: unknown (readers keep
+    /// ticks).
+    pub clock_khz: AtomicU64,
     /// The layout.
     pub layout: DescriptorLayout,
 }
@@ -431,6 +503,9 @@ pub static MAGPIE_SLAB_DESCRIPTOR: SlabDescriptor = SlabDescriptor {
     cache_list_lock_data: AtomicU64::new(0),
     depot_lock_data: AtomicU64::new(0),
     slab_lock_data: AtomicU64::new(0),
+    stacks_lock_data: AtomicU64::new(0),
+    marks_lock_data: AtomicU64::new(0),
+    clock_khz: AtomicU64::new(0),
     layout: LAYOUT,
 };
 
@@ -477,6 +552,15 @@ pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
     descriptor
         .slab_lock_data
         .store(slab_data, Ordering::Relaxed);
+    let kmemtrace = &allocator.kmemtrace;
+    if let Some(stacks) = kmemtrace.stacks.try_lock() {
+        let at = payload_offset(core::ptr::from_ref(&kmemtrace.stacks).cast(), &*stacks);
+        descriptor.stacks_lock_data.store(at, Ordering::Relaxed);
+    }
+    if let Some(marks) = kmemtrace.marks.try_lock() {
+        let at = payload_offset(core::ptr::from_ref(&kmemtrace.marks).cast(), &*marks);
+        descriptor.marks_lock_data.store(at, Ordering::Relaxed);
+    }
     // Published last: a reader that sees the allocator sees the rest.
     // A racing second allocator's init loses the exchange and changes
     // nothing above (the values are the same for every allocator).
@@ -491,4 +575,14 @@ pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
 /// The layout of this build (what [`MAGPIE_SLAB_DESCRIPTOR`] holds).
 pub fn layout() -> &'static DescriptorLayout {
     &MAGPIE_SLAB_DESCRIPTOR.layout
+}
+
+/// Tell readers the clock's rate: [`Platform::now`] ticks per millisecond
+/// (a kernel whose clock is the TSC calls it once calibrated), so that
+/// `magpie-kmem core CORE events` writes nanoseconds as the kernel's own
+/// dump does.
+pub fn set_clock_khz(khz: u64) {
+    MAGPIE_SLAB_DESCRIPTOR
+        .clock_khz
+        .store(khz, Ordering::Relaxed);
 }

@@ -49,13 +49,18 @@ class VmcoreOnDemand(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.core = os.path.join(cls.tmp.name, "on-demand.core")
+        cls.kmt = os.path.join(cls.tmp.name, "live.kmt")
         os.environ["MAGPIE_VMCORE"] = cls.core
+        os.environ["MAGPIE_KMEMTRACE"] = cls.kmt
         try:
             cls.code, cls.out = boot([
+                "kmemtrace record start --stacks 8",
                 "kmalloc 64 10", "kmalloc 200 3", "leak 32 2", "kfree 1",
-                "slabinfo", "kmemstat", "vmcore", "poweroff"])
+                "kmemtrace record stop",
+                "slabinfo", "kmemstat", "vmcore", "kmemtrace dump", "poweroff"])
         finally:
             del os.environ["MAGPIE_VMCORE"]
+            del os.environ["MAGPIE_KMEMTRACE"]
 
     @classmethod
     def tearDownClass(cls):
@@ -97,6 +102,18 @@ class VmcoreOnDemand(unittest.TestCase):
                 self.assertIn(f"is allocated from kmalloc-64: object {int(addr, 16):#x}+0x3 of 64 bytes", offline)
         code, offline, _ = tool("core", self.core, "whatis", "0x10")
         self.assertEqual(offline, "0x10 is not in any slab\n")
+
+    def test_events_are_the_dump_the_kernel_writes(self):
+        # The recording was stopped before `vmcore` and dumped after it:
+        # the core's events are that dump, byte for byte.
+        offline = os.path.join(self.tmp.name, "from-core.kmt")
+        code, out, err = tool("core", self.core, "events", "-o", offline)
+        self.assertEqual((code, err), (0, ""), err)
+        self.assertRegex(out, r"^[1-9]\d* events \(0 overruns\) in \d+ bytes written to ")
+        with open(offline, "rb") as f, open(self.kmt, "rb") as g:
+            self.assertTrue(f.read() == g.read(), "the dumps differ")
+        code, out, err = tool("check", offline)
+        self.assertEqual(code, 0, out + err)
 
     def test_verify_finds_nothing_broken(self):
         code, offline, err = tool("core", self.core, "verify")

@@ -12,11 +12,15 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
+use magpie_kmem::core::events::write_events;
 use magpie_kmem::core::heap::{Heap, decode_descriptor, descriptor_bytes};
 use magpie_kmem::core::image::{ElfCore, Memory, ProcessMemory, ReadError};
 use magpie_kmem::core::{Report, write_report};
 use magpie_slab::descriptor::{DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR};
-use magpie_slab::{AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform, reports};
+use magpie_slab::{
+    AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
+    reports,
+};
 
 const NR_CPUS: usize = 2;
 
@@ -247,6 +251,57 @@ fn whatis_finds_cache_object_and_state() {
         offline.contains("is free in kmalloc-64 (in a magazine)"),
         "{offline}"
     );
+}
+
+#[test]
+fn events_equal_the_kernels_own_dump() {
+    let _heap = heap();
+    let mem = ProcessMemory::open().unwrap();
+    set_cpu(0);
+    HEAP.kmemtrace_start(KmemtraceConfig {
+        nr_subbufs: 2,
+        stack_depth: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    HEAP.kmemtrace_mark("kmalloc 96 40");
+    let mut held = Vec::new();
+    for index in 0..1500 {
+        set_cpu(index % 2);
+        held.push(HEAP.kmalloc(96, 8).unwrap());
+    }
+    for object in held {
+        // SAFETY: allocated above, freed once.
+        unsafe { HEAP.kfree(object).unwrap() };
+    }
+    HEAP.kmemtrace_stop();
+    let mut live = Vec::new();
+    let identity = |ticks: u64| ticks;
+    let info = DumpInfo {
+        build_id: [0; 20],
+        ticks_to_ns: &identity,
+    };
+    let live_summary = HEAP.kmemtrace_dump(&info, &mut |chunk| live.extend_from_slice(chunk));
+    let heap = Heap::new(&mem, descriptor_addr()).unwrap();
+    let mut offline = Vec::new();
+    let mut problems = Vec::new();
+    let summary = write_events(
+        &heap,
+        [0; 20],
+        &mut |chunk| offline.extend_from_slice(chunk),
+        &mut problems,
+    )
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(summary.raw_ticks);
+    assert_eq!(summary.dump, live_summary);
+    // 1,500 allocations and 1,500 frees, those past a full ring counted.
+    assert_eq!(
+        summary.dump.nr_events + summary.dump.nr_overruns,
+        3000,
+        "{summary:?}"
+    );
+    assert!(offline == live, "the dumps differ");
 }
 
 /// This process's memory with some words replaced.

@@ -14,7 +14,8 @@ use std::collections::HashSet;
 use std::fmt;
 
 use magpie_slab::descriptor::{
-    DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, DescriptorLayout, Entry, SlabDescriptor,
+    DESCRIPTOR_HEADER_SIZE as HEADER_SIZE, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, DescriptorLayout,
+    Entry, SlabDescriptor,
 };
 use magpie_slab::{CacheStats, SlabKind};
 
@@ -55,6 +56,12 @@ pub struct Header {
     pub depot_lock_data: u64,
     /// See above.
     pub slab_lock_data: u64,
+    /// See above.
+    pub stacks_lock_data: u64,
+    /// See above.
+    pub marks_lock_data: u64,
+    /// Clock ticks per millisecond (0: unknown).
+    pub clock_khz: u64,
 }
 
 /// Decode a descriptor from its bytes (the header and the layout).
@@ -82,18 +89,57 @@ pub fn decode_descriptor(addr: u64, bytes: &[u8]) -> Result<(Header, DescriptorL
         ));
     }
     let header_size = u32_at(20).ok_or_else(short)? as usize;
+    if header_size != HEADER_SIZE {
+        return Err(format!(
+            "the descriptor at {addr:#x} has a header of {header_size} bytes, not version {DESCRIPTOR_VERSION}'s {HEADER_SIZE}"
+        ));
+    }
     let header = Header {
         addr,
         allocator: u64_at(32).ok_or_else(short)?,
         cache_list_lock_data: u64_at(40).ok_or_else(short)?,
         depot_lock_data: u64_at(48).ok_or_else(short)?,
         slab_lock_data: u64_at(56).ok_or_else(short)?,
+        stacks_lock_data: u64_at(64).ok_or_else(short)?,
+        marks_lock_data: u64_at(72).ok_or_else(short)?,
+        clock_khz: u64_at(80).ok_or_else(short)?,
     };
     let layout = bytes
         .get(header_size..)
         .and_then(DescriptorLayout::decode)
         .ok_or_else(short)?;
+    check_layout(&layout).map_err(|what| format!("the descriptor at {addr:#x}: {what}"))?;
     Ok((header, layout))
+}
+
+/// The layout's figures are ones a reader can walk with: fields inside a
+/// structure of at most 16 MiB and at most 64 KiB wide, counts and sizes
+/// that bound what the walk reads.
+fn check_layout(layout: &DescriptorLayout) -> Result<(), String> {
+    for (name, entry) in layout.entries() {
+        if entry.size != 0 && (entry.offset >= 1 << 24 || entry.size > 1 << 16) {
+            return Err(format!("entry {name} ({entry:?}) is corrupt"));
+        }
+    }
+    let bounded = [
+        (layout.page_size, 1 << 30),
+        (layout.cpu_slot_bytes, 1 << 12),
+        (layout.cache_size, 1 << 20),
+        (layout.cache_pcpu_offset, 1 << 20),
+        (layout.slab_list_head_size, 1 << 12),
+        (layout.magazine_rounds_5, 1 << 16),
+        (layout.max_stack_depth, 64),
+        (layout.mark_size, 1 << 12),
+        (layout.cpu_ring_size, 1 << 12),
+        (layout.subbuf_events, 1 << 20),
+        (layout.event_size, 1 << 12),
+    ];
+    for (entry, limit) in bounded {
+        if entry.size != 0 || entry.offset == 0 || entry.offset > limit {
+            return Err(format!("constant {entry:?} is out of range"));
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of this build's descriptor (what a reader reads at its address).
@@ -330,7 +376,7 @@ impl<'m> Heap<'m> {
         }
         let mut bytes = vec![0u8; len as usize];
         self.mem
-            .read(addr + layout.cache_name.offset, &mut bytes)
+            .read(addr.wrapping_add(layout.cache_name.offset), &mut bytes)
             .map_err(|e| e.to_string())?;
         String::from_utf8(bytes).map_err(|_| "its name is not UTF-8".to_string())
     }
@@ -376,8 +422,9 @@ impl<'m> Heap<'m> {
         let mut nr_cpu_cached_objs = 0u64;
         if !bootstrap {
             for cpu in 0..=last_cpu {
-                let pcpu =
-                    addr + layout.cache_pcpu_offset.offset + cpu * layout.cpu_slot_bytes.offset;
+                let pcpu = addr
+                    .wrapping_add(layout.cache_pcpu_offset.offset)
+                    .wrapping_add(cpu.wrapping_mul(layout.cpu_slot_bytes.offset));
                 let pcpu_read = |entry: Entry| {
                     self.field(pcpu, entry)
                         .map_err(|e| problem(format!("CPU {cpu}'s magazines: {e}")))
@@ -395,14 +442,16 @@ impl<'m> Heap<'m> {
                 let in_prev = self.magazine_rounds(prev, None, &mut rounds).map_err(|e| {
                     problem(format!("CPU {cpu}'s previous magazine {prev:#x}: {e}"))
                 })?;
-                let held = in_loaded + in_prev;
+                let held = in_loaded.wrapping_add(in_prev);
                 nr_cpu_cached_objs += held;
                 nr_allocs = nr_allocs.wrapping_add(cpu_allocs);
                 nr_frees =
                     nr_frees.wrapping_add(held.wrapping_sub(exchanged).wrapping_add(cpu_allocs));
             }
         }
-        let depot = addr + layout.cache_depot_lock.offset + self.header.depot_lock_data;
+        let depot = addr
+            .wrapping_add(layout.cache_depot_lock.offset)
+            .wrapping_add(self.header.depot_lock_data);
         let depot_read = |entry: Entry| {
             self.field(depot, entry)
                 .map_err(|e| problem(format!("its depot: {e}")))
@@ -441,7 +490,9 @@ impl<'m> Heap<'m> {
                 .map_err(|e| problem(format!("depot magazine {mag:#x}: {e}")))?;
         }
         let contention = read(layout.cache_depot_contention)?;
-        let lists = addr + layout.cache_slab_lock.offset + self.header.slab_lock_data;
+        let lists = addr
+            .wrapping_add(layout.cache_slab_lock.offset)
+            .wrapping_add(self.header.slab_lock_data);
         let (slabs, nr_slabs, nr_active_slabs) = self.slabs(addr, lists).map_err(problem)?;
         let nr_busy_objs: u64 = slabs.iter().map(|s| s.nr_busy).sum();
         let nr_pages: u64 = slabs.iter().map(|s| s.nr_pages).sum();
@@ -467,7 +518,7 @@ impl<'m> Heap<'m> {
             nr_pages_per_slab: pages_per_slab as usize,
             objs_per_slab: objs_per_slab as usize,
             nr_active_slabs: nr_active_slabs as usize,
-            nr_total_objs: (nr_slabs * objs_per_slab) as usize,
+            nr_total_objs: nr_slabs.wrapping_mul(objs_per_slab) as usize,
             nr_allocs_ever: nr_allocs,
             nr_frees_ever: nr_frees,
             magsize: if bootstrap { 0 } else { magsize as usize },
@@ -477,8 +528,10 @@ impl<'m> Heap<'m> {
             nr_magazine_resizes: nr_resizes,
             nr_cpu_cached_objs: nr_cpu_cached_objs as usize,
             nr_depot_objs: nr_depot_objs as usize,
-            total_bytes: (nr_pages * page) as usize,
-            waste_bytes: (nr_pages * page).saturating_sub(nr_slabs * objs_per_slab * obj_size)
+            total_bytes: nr_pages.wrapping_mul(page) as usize,
+            waste_bytes: nr_pages
+                .wrapping_mul(page)
+                .saturating_sub(nr_slabs.wrapping_mul(objs_per_slab).wrapping_mul(obj_size))
                 as usize,
             kind,
         };
@@ -514,7 +567,7 @@ impl<'m> Heap<'m> {
         if capacity > layout.magazine_rounds_5.offset {
             return Err(format!("capacity {capacity} is corrupt"));
         }
-        let slots = mag + layout.magazine_rounds.offset;
+        let slots = mag.wrapping_add(layout.magazine_rounds.offset);
         let nr_rounds = match top {
             Some(top) => {
                 let bytes = top.wrapping_sub(slots);
@@ -551,8 +604,9 @@ impl<'m> Heap<'m> {
         let mut nr_active = 0;
         let mut seen = HashSet::new();
         for list in 0..3u64 {
-            let head =
-                lists + layout.slab_lists_lists.offset + list * layout.slab_list_head_size.offset;
+            let head = lists
+                .wrapping_add(layout.slab_lists_lists.offset)
+                .wrapping_add(list.wrapping_mul(layout.slab_list_head_size.offset));
             let nr = self
                 .field(head, layout.slab_list_head_nr)
                 .map_err(|e| format!("slab list {list}: {e}"))?;
@@ -629,10 +683,13 @@ impl<'m> Heap<'m> {
                 if index >= slab.nr_objs {
                     continue;
                 }
-                let object = slab.base + index * cache.stride;
+                let object = slab.base.wrapping_add(index.wrapping_mul(cache.stride));
                 let in_slab = match cache.stats.kind {
                     SlabKind::Small => {
-                        let word = slab.addr + layout.slab_free_map.offset + (index / 64) * 8;
+                        let word = slab
+                            .addr
+                            .wrapping_add(layout.slab_free_map.offset)
+                            .wrapping_add((index / 64) * 8);
                         self.mem
                             .read_uint(word, 8)
                             .map(|bits| bits & (1 << (index % 64)) != 0)

@@ -13,6 +13,7 @@
 //! `--kernel`, or the build under `target/` whose GNU build id is the
 //! one in the image), else by its magic in the image's memory.
 
+pub mod events;
 pub mod heap;
 pub mod image;
 
@@ -39,6 +40,8 @@ pub enum Report {
     Whatis(u64),
     /// Every cache's structures walked: what is broken, or that none is.
     Verify,
+    /// The kmemtrace recording, written as a dump to the file.
+    Events(PathBuf),
 }
 
 /// Where the descriptor is, and how it was found.
@@ -48,6 +51,16 @@ pub struct Found {
     pub addr: u64,
     /// How it was found (for the report's first line).
     pub how: String,
+    /// The kernel's GNU build id (zeros: not known).
+    pub build_id: [u8; 20],
+}
+
+/// The 20-byte build id at the end of a build id note.
+fn build_id_of(note: &BuildIdNote) -> [u8; 20] {
+    note.as_ref()
+        .and_then(|(_, bytes)| bytes.get(bytes.len().checked_sub(20)?..))
+        .and_then(|id| id.try_into().ok())
+        .unwrap_or([0; 20])
 }
 
 /// The descriptor's address and the build id note's address and bytes in
@@ -101,6 +114,7 @@ pub fn find_descriptor(core: &ElfCore, kernel: Option<&Path>) -> Result<Found, S
         return Ok(Found {
             addr,
             how: format!("kernel {}", path.display()),
+            build_id: build_id_of(&note),
         });
     }
     let mut candidates: Vec<PathBuf> = Vec::new();
@@ -114,6 +128,7 @@ pub fn find_descriptor(core: &ElfCore, kernel: Option<&Path>) -> Result<Found, S
             return Ok(Found {
                 addr,
                 how: format!("kernel {} (build id in the image)", path.display()),
+                build_id: build_id_of(&note),
             });
         }
     }
@@ -143,6 +158,7 @@ fn scan_for_magic(core: &ElfCore) -> Option<Found> {
                 return Some(Found {
                     addr: physical,
                     how: format!("descriptor magic at physical {physical:#x}"),
+                    build_id: [0; 20],
                 });
             }
             from += at + 1;
@@ -165,7 +181,9 @@ struct Scanned<'a> {
 
 impl Memory for Scanned<'_> {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), image::ReadError> {
-        if addr >= self.physical && addr + buf.len() as u64 <= self.physical + self.len {
+        if addr >= self.physical
+            && addr.saturating_add(buf.len() as u64) <= self.physical.saturating_add(self.len)
+        {
             let bytes = self
                 .core
                 .physical(addr)
@@ -211,6 +229,9 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
+        Report::Events(_) => {
+            return Err("events are written to a file: see run".into());
+        }
         Report::Verify => {
             let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
             writeln!(
@@ -254,14 +275,17 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
     write_kmemstat_header(out)?;
     for cache in caches {
         let stats = &cache.stats;
-        let out_of_slabs = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+        let out_of_slabs = stats
+            .nr_allocated
+            .wrapping_add(stats.nr_cpu_cached_objs)
+            .wrapping_add(stats.nr_depot_objs);
         KmemstatRow {
             indent: 0,
             name: &cache.name,
             kind: 'S',
             objsize: stats.obj_size,
-            total: stats.obj_size * stats.nr_total_objs,
-            alloc: stats.obj_size * out_of_slabs,
+            total: stats.obj_size.wrapping_mul(stats.nr_total_objs),
+            alloc: stats.obj_size.wrapping_mul(out_of_slabs),
             nr_allocs_ever: stats.nr_allocs_ever,
             waste: stats.waste_bytes,
         }
@@ -273,22 +297,27 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
     let bootstrap: usize = caches
         .iter()
         .filter(|c| c.bootstrap)
-        .map(|c| c.nr_pages as usize * page)
-        .sum();
-    let metadata = field(layout.allocator_page_map_pages) * page + bootstrap;
-    let managed = field(layout.allocator_page_map_nr_pages) * page;
+        .map(|c| (c.nr_pages as usize).wrapping_mul(page))
+        .fold(0usize, usize::wrapping_add);
+    let metadata = field(layout.allocator_page_map_pages)
+        .wrapping_mul(page)
+        .wrapping_add(bootstrap);
+    let managed = field(layout.allocator_page_map_nr_pages).wrapping_mul(page);
     KmemstatRow {
         indent: 0,
         name: "slab-metadata",
         kind: 'M',
-        objsize: (metadata * 10_000).checked_div(managed).unwrap_or(0),
+        objsize: metadata
+            .wrapping_mul(10_000)
+            .checked_div(managed)
+            .unwrap_or(0),
         total: metadata,
         alloc: metadata,
         nr_allocs_ever: field(layout.allocator_nr_pressure_reaps) as u64,
         waste: 0,
     }
     .write(out)?;
-    let large = field(layout.allocator_large_live_pages) * page;
+    let large = field(layout.allocator_large_live_pages).wrapping_mul(page);
     KmemstatRow {
         indent: 0,
         name: "kmalloc-large",
@@ -326,7 +355,34 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
     };
     let mut out = String::new();
     let mut problems = Vec::new();
-    let clean = write_report(mem, found.addr, report, &mut out, &mut problems)?;
+    let clean = if let Report::Events(path) = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let mut bytes = Vec::new();
+        let mut found_problems = Vec::new();
+        let summary = events::write_events(
+            &heap,
+            found.build_id,
+            &mut |chunk| bytes.extend_from_slice(chunk),
+            &mut found_problems,
+        )?;
+        std::fs::write(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        println!(
+            "{} events ({} overruns) in {} bytes written to {}",
+            summary.dump.nr_events,
+            summary.dump.nr_overruns,
+            summary.dump.nr_bytes,
+            path.display()
+        );
+        if summary.raw_ticks {
+            eprintln!(
+                "magpie-kmem core: the image holds no clock rate: timestamps are clock ticks"
+            );
+        }
+        problems.is_empty()
+    } else {
+        write_report(mem, found.addr, report, &mut out, &mut problems)?
+    };
     print!("{out}");
     for problem in &problems {
         eprintln!("magpie-kmem core: {problem}");
@@ -366,6 +422,13 @@ pub enum CoreReport {
     /// Walk every cache's lists, slabs and magazines; report what is
     /// broken (exit 1), or that nothing is.
     Verify,
+    /// The kmemtrace recording the kernel held (not yet dumped), written
+    /// as a .kmt dump the other subcommands read.
+    Events {
+        /// The dump file to write.
+        #[arg(short = 'o', long = "output", value_name = "FILE.kmt")]
+        output: PathBuf,
+    },
 }
 
 /// Parse an address: `0x` hex, or decimal.
@@ -393,6 +456,7 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Kmemstat => Report::Kmemstat,
         CoreReport::Whatis { addr } => Report::Whatis(parse_addr(addr)?),
         CoreReport::Verify => Report::Verify,
+        CoreReport::Events { output } => Report::Events(output.clone()),
     };
     Ok(if run(&args.core, kernel, &report)? {
         std::process::ExitCode::SUCCESS
