@@ -14,7 +14,9 @@ import glob
 import os
 import random
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -157,6 +159,17 @@ class VmcoreOnDemand(unittest.TestCase):
         self.assertIn("kernel ELF mismatch", err)
 
 
+def read_until_prompts(proc, count, deadline=90):
+    out = b""
+    end = time.monotonic() + deadline
+    while out.count(PROMPT.encode()) < count and time.monotonic() < end:
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 class VmcoreOnSignal(unittest.TestCase):
     def test_sigterm_to_the_runner_takes_a_core_then_ends_qemu(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -167,13 +180,7 @@ class VmcoreOnSignal(unittest.TestCase):
                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             proc.stdin.write(b"kmalloc 96 7\nslabinfo\n")
             proc.stdin.flush()
-            out = b""
-            deadline = time.monotonic() + 90
-            while out.count(PROMPT.encode()) < 3 and time.monotonic() < deadline:
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                out += chunk
+            out = read_until_prompts(proc, 3)
             time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
             rest, _ = proc.communicate(timeout=60)
@@ -184,6 +191,46 @@ class VmcoreOnSignal(unittest.TestCase):
             code, offline, err = tool("core", core, "slabinfo")
             self.assertEqual((code, err), (0, ""), err)
             self.assertEqual(offline.splitlines(), reply_to(out, "slabinfo").splitlines())
+
+
+@unittest.skipUnless(shutil.which("gdb"), "no gdb (scripts/setup.sh installs it)")
+class GdbSession(unittest.TestCase):
+    def test_magpie_commands_in_gdb_equal_the_shell(self):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, MAGPIE_VMCORE="none", MAGPIE_TIMEOUT="120",
+                       MAGPIE_APPEND="kfence.sample_interval=0",
+                       MAGPIE_QEMU_ARGS=f"-gdb tcp:127.0.0.1:{port}",
+                       MAGPIE_GDB_CORE=os.path.join(tmp, "gdb.core"))
+            proc = subprocess.Popen([RUNNER, KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            try:
+                proc.stdin.write(b"kmalloc 128 9\nslabinfo\n")
+                proc.stdin.flush()
+                out = read_until_prompts(proc, 3)
+                time.sleep(0.5)
+                held = HEX.findall(reply_to(out.decode(errors="replace").replace("\r\n", "\n"), "kmalloc 128 9"))
+                gdb = subprocess.run(
+                    ["gdb", "-batch", "-nx", "-x", os.path.join(ROOT, "scripts", "magpie-gdb.py"),
+                     "-ex", f"target remote 127.0.0.1:{port}", "-ex", "magpie slabinfo",
+                     "-ex", f"magpie whatis {held[0]}", "-ex", "magpie verify", "-ex", "detach", KERNEL],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=120)
+                proc.stdin.write(b"poweroff\n")
+                proc.stdin.flush()
+                rest, _ = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            out = (out + rest).decode(errors="replace").replace("\r\n", "\n")
+            report = gdb.stdout.decode(errors="replace")
+            self.assertEqual(gdb.returncode, 0, report)
+            live = reply_to(out, "slabinfo").splitlines()
+            start = report.index("slabinfo - version: 2.1")
+            self.assertEqual(report[start:].splitlines()[:len(live)], live)
+            self.assertIn(f"{held[0]} is allocated from kmalloc-128", report)
+            self.assertRegex(report, r"\d+ caches, \d+ slabs walked; 0 broken")
 
 
 class KmemtraceKeepsEachBoot(unittest.TestCase):
