@@ -228,13 +228,15 @@ else
     # QEMU in the background with this terminal (`<&0`: a background job
     # would get /dev/null), the core taker beside it; SIGINT/SIGTERM to
     # the runner become a core and the end of QEMU.
+    # The taker ends a timed-out VM after its core; `timeout` is the
+    # backstop should the taker fail.
     if [ "$TIMEOUT" != 0 ]; then
-        timeout -k 5 "$TIMEOUT" "${CMD[@]}" <&0 &
+        timeout -k 5 "$((TIMEOUT + 60))" "${CMD[@]}" <&0 &
     else
         "${CMD[@]}" <&0 &
     fi
     QEMU_PID=$!
-    python3 "$ROOT/boot/vmcore.py" "$QMP_DIR/qmp.sock" "$VMCORE" "$QMP_DIR/status" &
+    python3 "$ROOT/boot/vmcore.py" "$QMP_DIR/qmp.sock" "$VMCORE" "$QMP_DIR/status" "$TIMEOUT" &
     TAKER_PID=$!
     trap 'kill -USR1 "$TAKER_PID" 2>/dev/null' INT TERM
     # `wait` returns early when a trapped signal arrives: wait again.
@@ -251,6 +253,7 @@ else
         panic) echo "run-qemu.sh: kernel $(basename "$ELF") panicked (vmcore: $VMCORE)" >&2; exit 1 ;;
         shutdown) echo "run-qemu.sh: the guest reset or shut down without isa-debug-exit (triple fault?; vmcore: $VMCORE)" >&2; exit 1 ;;
         signal) echo "run-qemu.sh: stopped by a signal (vmcore: $VMCORE)" >&2; exit 130 ;;
+        timeout) echo "run-qemu.sh: timed out after ${TIMEOUT} s (set MAGPIE_TIMEOUT; vmcore: $VMCORE)" >&2; exit 1 ;;
     esac
 fi
 

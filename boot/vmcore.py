@@ -14,13 +14,15 @@ what `magpie-kmem core` reads) when
 - the guest shuts down or resets in a way the kernel did not choose (a
   triple fault: QEMU runs with `-action shutdown=pause`), then ends QEMU;
 - the runner is told to stop (SIGINT/SIGTERM to run-qemu.sh: it sends this
-  process SIGUSR1): stop the guest, dump, end QEMU.
+  process SIGUSR1), or its timeout (MAGPIE_TIMEOUT) runs out: stop the
+  guest, dump, end QEMU (a hung kernel leaves its image).
 
 The core is written to a temporary file beside CORE and renamed, so CORE
 is always whole. One line per core on stderr says where. What happened
-is written to STATUS (`panic`, `shutdown`, `signal`) for the runner.
+is written to STATUS (`panic`, `shutdown`, `signal`, `timeout`) for the
+runner.
 
-    boot/vmcore.py SOCKET CORE STATUS
+    boot/vmcore.py SOCKET CORE STATUS [TIMEOUT_SECONDS]
 """
 
 import json
@@ -105,6 +107,8 @@ def dump(qmp, core, why):
 
 def main():
     sock_path, core, status = sys.argv[1:4]
+    timeout = float(sys.argv[4]) if len(sys.argv) > 4 and float(sys.argv[4]) > 0 else None
+    deadline = time.monotonic() + timeout if timeout else None
     stop_requested = []
     # The runner's SIGINT/SIGTERM arrives as SIGUSR1; the terminal's own
     # SIGINT (this process shares the runner's group) is the runner's.
@@ -131,6 +135,9 @@ def main():
     while True:
         if stop_requested:
             finish("signal", "stopped by the user")
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            finish("timeout", f"timed out after {timeout:g} s (hung?)")
             return 0
         try:
             # Polled, so that a stop request is seen.

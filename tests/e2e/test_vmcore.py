@@ -170,6 +170,42 @@ def read_until_prompts(proc, count, deadline=90):
     return out
 
 
+class VmcoreOnPanic(unittest.TestCase):
+    def test_a_panic_leaves_a_core_with_the_heap(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            core = os.path.join(tmp, "panic.core")
+            os.environ["MAGPIE_VMCORE"] = core
+            try:
+                code, out = boot(["kmalloc 512 4", "slabinfo", "lkdtm PANIC", "poweroff"])
+            finally:
+                del os.environ["MAGPIE_VMCORE"]
+            self.assertNotEqual(code, 0, out)
+            self.assertIn("lkdtm: PANIC", out)
+            self.assertIn(f"kernel panic: vmcore written to {core}", out)
+            self.assertIn(f"panicked (vmcore: {core})", out)
+            code, offline, err = tool("core", core, "slabinfo")
+            self.assertEqual((code, err), (0, ""), err)
+            live = {line.split()[0]: line for line in reply_to(out, "slabinfo").splitlines()}
+            row = offline.splitlines()[[l.split()[0] for l in offline.splitlines()].index("kmalloc-512")]
+            self.assertEqual(row, live["kmalloc-512"])
+
+    def test_a_hang_past_the_timeout_leaves_a_core(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            core = os.path.join(tmp, "hang.core")
+            env = dict(os.environ, MAGPIE_VMCORE=core, MAGPIE_TIMEOUT="8",
+                       MAGPIE_APPEND="kfence.sample_interval=0")
+            # The shell waits for input that never comes: a "hang".
+            proc = subprocess.Popen([RUNNER, KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            out, _ = proc.communicate(timeout=120)
+            out = out.decode(errors="replace")
+            self.assertEqual(proc.returncode, 1, out)
+            self.assertIn(f"timed out after 8 s (hung?): vmcore written to {core}", out)
+            code, offline, err = tool("core", core, "kmemstat")
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertIn("kmalloc-64", offline)
+
+
 class VmcoreOnSignal(unittest.TestCase):
     def test_sigterm_to_the_runner_takes_a_core_then_ends_qemu(self):
         with tempfile.TemporaryDirectory() as tmp:
