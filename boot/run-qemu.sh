@@ -260,7 +260,7 @@ fi
 case $STATUS in
     33) exit 0 ;;
     35) echo "run-qemu.sh: kernel $(basename "$ELF") reported failure" >&2 ;;
-    0)  echo "run-qemu.sh: QEMU exited without isa-debug-exit (triple fault or reset?)" >&2 ;;
+    0)  echo "run-qemu.sh: QEMU ended without isa-debug-exit (Ctrl-A X, or a triple fault or reset)" >&2 ;;
     124|137) echo "run-qemu.sh: timed out after ${TIMEOUT} s (set MAGPIE_TIMEOUT)" >&2 ;;
     *)  echo "run-qemu.sh: QEMU exited with status $STATUS" >&2 ;;
 esac

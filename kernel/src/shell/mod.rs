@@ -1,9 +1,8 @@
 //! The Magpie shell on the serial console.
 //!
-//! One command per line at the `magpie> ` prompt, with echo and backspace.
-//! Every command writes to a `fmt::Write` sink, so tests can run commands
-//! and read their output without a console ([`Shell::execute`]). Errors are
-//! one line starting with `error:`; the shell always returns to its prompt.
+//! One command per line at the `magpie> ` prompt, with echo and backspace. Every command writes
+//! to a `fmt::Write` sink, so tests can run commands and read their output without a console
+//! ([`Shell::execute`]). Errors are one line starting with `error:`; then the prompt comes back.
 //!
 //! # Layout
 //!
@@ -11,12 +10,11 @@
 //!   come), the one error type [`ShellError`], the argument parsers, and the
 //!   console loop [`run`];
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
-//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
-//!   reap), `slabtop` (the live view), `kmem_debug` (kmem verify, whatis, errors, cache, findleaks),
-//!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
-//!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
-//!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
-//!   `system` (help, poweroff).
+//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak, reap), `slabtop`
+//!   (the live view), `kmem_debug` (kmem verify, whatis, errors, cache, findleaks), `kmemtrace/`
+//!   (the trace table in `trace_table`, the event stream in `event_stream`), `profiling`
+//!   (allocinfo, timestats), `smp` (cpus, stress), `fault` (fault injection), `lkdtm` (heap
+//!   bugs on purpose), `system` (help, poweroff), `vmcore` (a core for `magpie-kmem core`).
 //!
 //! Commands parse and print; the mechanisms stay in their modules
 //! (`kmem`, `profiling`, `tracing`, `smp`, `debug`, the slab library).

@@ -8,6 +8,10 @@
 //! lets it go on. The command waits half a second for the stop, so the
 //! image is of the kernel sitting in this command, with nothing else
 //! typed: the caches as the last command left them.
+//!
+//! `vmcore crash` panics the kernel on purpose (Linux's sysrq-c, which
+//! tests kdump): the panic handler tells the runner, which takes the core
+//! of the dead kernel and ends QEMU.
 
 use core::fmt::Write;
 
@@ -16,7 +20,13 @@ use crate::dev::qemu::{PvpanicEvent, pvpanic, pvpanic_supports};
 
 pub(super) const VMCORE: Command = Command {
     name: "vmcore",
-    help: &[("vmcore", "take a memory image for magpie-kmem core")],
+    help: &[
+        ("vmcore", "take a memory image for magpie-kmem core"),
+        (
+            "vmcore crash",
+            "panic the kernel (the runner takes its core)",
+        ),
+    ],
     context: "shell",
     run: cmd_vmcore,
 };
@@ -25,6 +35,9 @@ pub(super) const VMCORE: Command = Command {
 const WAIT_US: u64 = 500_000;
 
 fn cmd_vmcore<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
+    if args == ["crash"] {
+        panic!("vmcore crash: a panic on purpose");
+    }
     no_args(args, &VMCORE)?;
     if !pvpanic_supports(PvpanicEvent::CrashLoaded) {
         return Err(shell_error!(
