@@ -317,6 +317,52 @@ class TerminalKeys(unittest.TestCase):
             os.close(master)
 
 
+class DocSession(unittest.TestCase):
+    """docs/VMCORE.md's session, replayed as the README's are
+    (test_readme's matcher): the kernel's replies, then the tool on the
+    session's core."""
+
+    def test_the_documented_session(self):
+        from test_readme import MARKER, learn_addresses, match_lines, parse_options, parse_session, \
+            substitute_addresses
+        with open(os.path.join(ROOT, "docs", "VMCORE.md")) as f:
+            lines = f.read().splitlines()
+        sessions = []
+        for index, line in enumerate(lines):
+            marker = MARKER.match(line)
+            if marker and lines[index + 1].startswith("```"):
+                end = lines.index("```", index + 2)
+                sessions.append((parse_options(marker.group(1)), lines[index + 2:end]))
+        self.assertEqual(len(sessions), 1)
+        options, body = sessions[0]
+        self.assertIn("vmcore", options)
+        any_number = options.get("numbers") == "any"
+        _, commands, host = parse_session(body)
+        with tempfile.TemporaryDirectory() as tmp:
+            core = os.path.join(tmp, "doc.core")
+            os.environ["MAGPIE_VMCORE"] = core
+            try:
+                code, out = boot([command for command, _ in commands])
+            finally:
+                del os.environ["MAGPIE_VMCORE"]
+            seen = {}
+            for command, expected in commands:
+                # The runner's own lines (stderr) are the doc's prose.
+                actual = [line for line in reply_to(out, command).splitlines()
+                          if not line.startswith("run-qemu.sh:")]
+                problem = match_lines(expected, actual, any_number)
+                self.assertIsNone(problem, f"{command}: {problem}:\n{out}")
+                learn_addresses(expected, actual, seen)
+            for argv, expected in host:
+                self.assertEqual(argv[:2], ["scripts/magpie-kmem", "core"], argv)
+                args = [core if arg == "target/vmcore/latest.core" else substitute_addresses(arg, seen)
+                        for arg in argv[1:]]
+                code, offline, err = tool(*args)
+                self.assertEqual(code, 0, err)
+                problem = match_lines(expected, offline.splitlines(), any_number)
+                self.assertIsNone(problem, f"{' '.join(argv)}: {problem}:\n{offline}")
+
+
 class KmemtraceKeepsEachBoot(unittest.TestCase):
     def test_each_boot_has_its_file_and_latest_links_the_newest(self):
         directory = os.path.join(ROOT, "target", "kmemtrace")

@@ -191,6 +191,22 @@ fn descriptor_round_trips() {
 }
 
 #[test]
+fn every_layout_entry_is_documented() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/VMCORE.md"))
+        .unwrap();
+    for name in DescriptorLayout::NAMES {
+        assert!(
+            doc.contains(&format!("| `{name}` |")),
+            "docs/VMCORE.md does not list descriptor entry {name}"
+        );
+    }
+    assert!(doc.contains(&format!(
+        "| 20 | 4 | header size: bytes to the layout ({}) |",
+        magpie_slab::descriptor::DESCRIPTOR_HEADER_SIZE
+    )));
+}
+
+#[test]
 fn slabinfo_and_kmemstat_equal_the_live_reports() {
     let _heap = heap();
     let mem = ProcessMemory::open().unwrap();
