@@ -74,10 +74,6 @@ pub enum LkdtmType {
     KfenceDoubleFree,
     /// `KFENCE_INVALID_FREE`: a pointer inside a sampled object freed.
     KfenceInvalidFree,
-    /// `PANIC`: a kernel panic (Linux LKDTM's `PANIC`), after which the
-    /// runner takes a core (docs/VMCORE.md). Not in [`LkdtmType::ALL`]:
-    /// the sweeps run every listed type and expect each to come back.
-    Panic,
 }
 
 impl LkdtmType {
@@ -110,7 +106,6 @@ impl LkdtmType {
             LkdtmType::KfenceCorruption => "KFENCE_CORRUPTION",
             LkdtmType::KfenceDoubleFree => "KFENCE_DOUBLE_FREE",
             LkdtmType::KfenceInvalidFree => "KFENCE_INVALID_FREE",
-            LkdtmType::Panic => "PANIC",
         }
     }
 
@@ -118,7 +113,6 @@ impl LkdtmType {
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
-            .chain([LkdtmType::Panic])
             .find(|kind| kind.name().eq_ignore_ascii_case(name))
     }
 }
@@ -300,7 +294,6 @@ pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> 
         LkdtmType::SlabLinearOverflow => slab_linear_overflow(out),
         LkdtmType::WriteAfterFree => write_after_free(out),
         LkdtmType::ReadAfterFree => read_after_free(out),
-        LkdtmType::Panic => panic!("lkdtm: PANIC"),
         kfence_kind => kfence_bug(kfence_kind, out),
     }?;
     Ok(verdict)
