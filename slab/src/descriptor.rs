@@ -44,6 +44,7 @@ use crate::kmemtrace::{Kmemtrace, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform};
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
+use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, TraceTableInner};
 
 /// The descriptor's first 16 bytes.
 pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
@@ -52,7 +53,7 @@ pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
 pub const DESCRIPTOR_VERSION: u32 = 1;
 
 /// Bytes of the header (a version-1 descriptor's layout starts here).
-pub const DESCRIPTOR_HEADER_SIZE: usize = 88;
+pub const DESCRIPTOR_HEADER_SIZE: usize = 96;
 
 const _: () = assert!(offset_of!(SlabDescriptor, layout) == DESCRIPTOR_HEADER_SIZE);
 
@@ -452,6 +453,42 @@ layout! {
     /// Constant: bytes per event (the kmemtrace ABI's record,
     /// docs/KMEMTRACE-ABI.md; timestamps in clock ticks).
     event_size = Entry::value(size_of::<crate::kmemtrace::KmemtraceEvent>());
+
+    /// A cache's trace table's lock (`spin::Mutex<TraceTableInner>`,
+    /// payload at the header's `trace_lock_data`).
+    cache_trace_lock = Entry::field(
+        offset_of!(LayoutCache, trace) + offset_of!(TraceTable<LayoutPlatform>, inner),
+        size_of::<TraceTable<LayoutPlatform>>(),
+    );
+    /// A cache's trace table: records it could not allocate.
+    cache_trace_nr_dropped = Entry::field(
+        offset_of!(LayoutCache, trace) + offset_of!(TraceTable<LayoutPlatform>, nr_dropped),
+        size_of::<u64>(),
+    );
+    /// Trace table: the newest record (linked to older ones).
+    trace_newest = field!(TraceTableInner, newest);
+    /// Trace record node: the next older one.
+    trace_node_older = field!(TraceNode, older);
+    /// Trace record node: the record ([`TraceRecord`], fields below).
+    trace_node_record = field!(TraceNode, record);
+    /// Trace record: the object.
+    trace_record_addr = field!(TraceRecord, addr);
+    /// Trace record: its size.
+    trace_record_size = field!(TraceRecord, size);
+    /// Trace record: the CPU.
+    trace_record_cpu = field!(TraceRecord, cpu);
+    /// Trace record: when (clock ticks).
+    trace_record_timestamp = field!(TraceRecord, timestamp);
+    /// Trace record: the context string's bytes.
+    trace_record_context = field!(TraceRecord, context);
+    /// Trace record: the context string's length.
+    trace_record_context_len = field!(TraceRecord, context_len);
+    /// Trace record: frames captured.
+    trace_record_nr_frames = field!(TraceRecord, nr_frames);
+    /// Trace record: the return addresses, innermost first.
+    trace_record_frames = field!(TraceRecord, frames);
+    /// Constant: frames per record.
+    trace_max_frames = Entry::value(TRACE_MAX_FRAMES);
 }
 
 const _: () = assert!(MAGAZINE_ROUNDS.len() == 6);
@@ -482,6 +519,8 @@ pub struct SlabDescriptor {
     pub stacks_lock_data: AtomicU64,
     /// Byte offset of the payload in kmemtrace's marks lock.
     pub marks_lock_data: AtomicU64,
+    /// Byte offset of the payload in a cache's trace-table lock.
+    pub trace_lock_data: AtomicU64,
     /// The clock's rate ([`Platform::now`] ticks per millisecond), as the
     /// kernel set it with [`set_clock_khz`]; 0: unknown (readers keep
     /// ticks).
@@ -505,6 +544,7 @@ pub static MAGPIE_SLAB_DESCRIPTOR: SlabDescriptor = SlabDescriptor {
     slab_lock_data: AtomicU64::new(0),
     stacks_lock_data: AtomicU64::new(0),
     marks_lock_data: AtomicU64::new(0),
+    trace_lock_data: AtomicU64::new(0),
     clock_khz: AtomicU64::new(0),
     layout: LAYOUT,
 };
@@ -552,6 +592,11 @@ pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
     descriptor
         .slab_lock_data
         .store(slab_data, Ordering::Relaxed);
+    let trace = TraceTable::<P>::new();
+    let trace_data = payload_offset(core::ptr::from_ref(&trace.inner).cast(), &*trace.lock());
+    descriptor
+        .trace_lock_data
+        .store(trace_data, Ordering::Relaxed);
     let kmemtrace = &allocator.kmemtrace;
     if let Some(stacks) = kmemtrace.stacks.try_lock() {
         let at = payload_offset(core::ptr::from_ref(&kmemtrace.stacks).cast(), &*stacks);

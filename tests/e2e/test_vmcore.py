@@ -58,10 +58,11 @@ class VmcoreOnDemand(unittest.TestCase):
         os.environ["MAGPIE_KMEMTRACE"] = cls.kmt
         try:
             cls.code, cls.out = boot([
-                "kmemtrace record start --stacks 8",
+                "kmemtrace record start --stacks 8", "kmemtrace start kmalloc-64",
                 "kmalloc 64 10", "kmalloc 200 3", "leak 32 2", "kfree 1",
                 "kmemtrace record stop",
-                "slabinfo", "kmemstat", "vmcore", "kmemtrace dump", "poweroff"])
+                "slabinfo", "kmemstat", "kmemtrace print kmalloc-64", "kmemtrace print",
+                "vmcore", "kmemtrace dump", "poweroff"])
         finally:
             del os.environ["MAGPIE_VMCORE"]
             del os.environ["MAGPIE_KMEMTRACE"]
@@ -118,6 +119,17 @@ class VmcoreOnDemand(unittest.TestCase):
             self.assertTrue(f.read() == g.read(), "the dumps differ")
         code, out, err = tool("check", offline)
         self.assertEqual(code, 0, out + err)
+
+    def test_trace_equals_kmemtrace_print(self):
+        for args, command in ((["trace", "kmalloc-64"], "kmemtrace print kmalloc-64"),
+                              (["trace"], "kmemtrace print")):
+            code, offline, err = tool("core", self.core, *args)
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertEqual(offline.splitlines(), reply_to(self.out, command).splitlines())
+        self.assertIn("10 outstanding objects in kmalloc-64, 0 records dropped (tracing on)", offline)
+        code, _, err = tool("core", self.core, "trace", "kmalloc-nope")
+        self.assertNotEqual(code, 0)
+        self.assertIn("no cache named 'kmalloc-nope' in the image", err)
 
     def test_verify_finds_nothing_broken(self):
         code, offline, err = tool("core", self.core, "verify")

@@ -60,6 +60,8 @@ pub struct Header {
     pub stacks_lock_data: u64,
     /// See above.
     pub marks_lock_data: u64,
+    /// See above.
+    pub trace_lock_data: u64,
     /// Clock ticks per millisecond (0: unknown).
     pub clock_khz: u64,
 }
@@ -102,7 +104,8 @@ pub fn decode_descriptor(addr: u64, bytes: &[u8]) -> Result<(Header, DescriptorL
         slab_lock_data: u64_at(56).ok_or_else(short)?,
         stacks_lock_data: u64_at(64).ok_or_else(short)?,
         marks_lock_data: u64_at(72).ok_or_else(short)?,
-        clock_khz: u64_at(80).ok_or_else(short)?,
+        trace_lock_data: u64_at(80).ok_or_else(short)?,
+        clock_khz: u64_at(88).ok_or_else(short)?,
     };
     let layout = bytes
         .get(header_size..)
@@ -133,6 +136,7 @@ fn check_layout(layout: &DescriptorLayout) -> Result<(), String> {
         (layout.cpu_ring_size, 1 << 12),
         (layout.subbuf_events, 1 << 20),
         (layout.event_size, 1 << 12),
+        (layout.trace_max_frames, 256),
     ];
     for (entry, limit) in bounded {
         if entry.size != 0 || entry.offset == 0 || entry.offset > limit {

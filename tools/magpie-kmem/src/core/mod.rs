@@ -16,6 +16,7 @@
 pub mod events;
 pub mod heap;
 pub mod image;
+pub mod trace;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,8 @@ pub enum Report {
     Verify,
     /// The kmemtrace recording, written as a dump to the file.
     Events(PathBuf),
+    /// The trace tables' outstanding objects (one cache, or all).
+    Trace(Option<String>),
 }
 
 /// Where the descriptor is, and how it was found.
@@ -53,6 +56,8 @@ pub struct Found {
     pub how: String,
     /// The kernel's GNU build id (zeros: not known).
     pub build_id: [u8; 20],
+    /// The kernel ELF, if one was found.
+    pub kernel: Option<PathBuf>,
 }
 
 /// The 20-byte build id at the end of a build id note.
@@ -115,6 +120,7 @@ pub fn find_descriptor(core: &ElfCore, kernel: Option<&Path>) -> Result<Found, S
             addr,
             how: format!("kernel {}", path.display()),
             build_id: build_id_of(&note),
+            kernel: Some(path.to_path_buf()),
         });
     }
     let mut candidates: Vec<PathBuf> = Vec::new();
@@ -129,6 +135,7 @@ pub fn find_descriptor(core: &ElfCore, kernel: Option<&Path>) -> Result<Found, S
                 addr,
                 how: format!("kernel {} (build id in the image)", path.display()),
                 build_id: build_id_of(&note),
+                kernel: Some(path.clone()),
             });
         }
     }
@@ -159,6 +166,7 @@ fn scan_for_magic(core: &ElfCore) -> Option<Found> {
                     addr: physical,
                     how: format!("descriptor magic at physical {physical:#x}"),
                     build_id: [0; 20],
+                    kernel: None,
                 });
             }
             from += at + 1;
@@ -229,8 +237,8 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
-        Report::Events(_) => {
-            return Err("events are written to a file: see run".into());
+        Report::Events(_) | Report::Trace(_) => {
+            return Err("events and trace are written by run".into());
         }
         Report::Verify => {
             let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
@@ -380,6 +388,19 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
             );
         }
         problems.is_empty()
+    } else if let Report::Trace(cache) = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let mut found_problems = Vec::new();
+        trace::write_trace(
+            &heap,
+            cache.as_deref(),
+            &symbols,
+            &mut out,
+            &mut found_problems,
+        )?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
     } else {
         write_report(mem, found.addr, report, &mut out, &mut problems)?
     };
@@ -422,6 +443,12 @@ pub enum CoreReport {
     /// Walk every cache's lists, slabs and magazines; report what is
     /// broken (exit 1), or that nothing is.
     Verify,
+    /// The Akaros trace tables' outstanding objects with their
+    /// backtraces, as the shell's `kmemtrace print [CACHE]`.
+    Trace {
+        /// One cache (default: every cache with records).
+        cache: Option<String>,
+    },
     /// The kmemtrace recording the kernel held (not yet dumped), written
     /// as a .kmt dump the other subcommands read.
     Events {
@@ -457,6 +484,7 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Whatis { addr } => Report::Whatis(parse_addr(addr)?),
         CoreReport::Verify => Report::Verify,
         CoreReport::Events { output } => Report::Events(output.clone()),
+        CoreReport::Trace { cache } => Report::Trace(cache.clone()),
     };
     Ok(if run(&args.core, kernel, &report)? {
         std::process::ExitCode::SUCCESS
