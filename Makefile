@@ -6,10 +6,19 @@
 
 HOST := x86_64-unknown-linux-gnu
 
-.PHONY: run test setup test-host test-qemu test-example test-e2e check
+.PHONY: run test setup test-host test-qemu test-example test-e2e check debug
 
 run: setup
 	cargo run
+
+# Boot Magpie stopped, waiting for gdb on localhost:1234 (QEMU -s -S);
+# scripts/magpie-gdb.py gives `magpie slabinfo`, `magpie whatis ADDR`, ...
+# (docs/VMCORE.md).
+debug: setup
+	cargo build --bin magpie
+	@echo "make debug: QEMU waits for gdb on localhost:1234; in another terminal:"
+	@echo "  gdb -x scripts/magpie-gdb.py -ex 'target remote :1234' target/x86_64-unknown-none/debug/magpie"
+	MAGPIE_QEMU_ARGS="-s -S $(MAGPIE_QEMU_ARGS)" MAGPIE_TIMEOUT=0 boot/run-qemu.sh target/x86_64-unknown-none/debug/magpie
 
 test: setup test-host test-miri test-qemu test-example test-e2e
 
@@ -52,6 +61,7 @@ test-e2e: magpie-kmem
 	python3 tests/e2e/test_slabtop.py -v
 	python3 tests/e2e/test_dump_channel.py -v
 	python3 tests/e2e/test_findleaks.py -v
+	python3 tests/e2e/test_vmcore.py -v
 	python3 tests/e2e/test_fault_sweep.py -v
 	python3 tests/e2e/test_fuzz.py -v
 

@@ -38,7 +38,26 @@
 #                     target/kmemtrace/test.kmt; relative paths are taken
 #                     from the workspace root; the directory is created.
 #                     `none`: no virtio console, so the kernel has no dump
-#                     channel (`kmemtrace dump` then refuses)
+#                     channel (`kmemtrace dump` then refuses). With the
+#                     default, each boot writes its own file,
+#                     target/kmemtrace/boot-<date>-<time>.kmt, and
+#                     latest.kmt is a symbolic link to the newest (the last
+#                     20 boots' dumps are kept: `magpie-kmem diff` of two
+#                     boots needs no copy by hand)
+#   MAGPIE_VMCORE     where the runner writes a QEMU dump-guest-memory ELF
+#                     core of the VM (docs/VMCORE.md): on a kernel panic, on
+#                     a reset or shutdown the kernel did not choose (triple
+#                     fault), when the shell's `vmcore` asks, and when the
+#                     runner gets SIGINT/SIGTERM (then QEMU ends). Default
+#                     target/vmcore/latest.core for `cargo run` kernels;
+#                     test kernels (.../deps/...) take none unless it is
+#                     set; `none`: no core (and no QMP socket). Needs
+#                     python3 (boot/vmcore.py speaks QMP to QEMU)
+#
+# On a terminal the serial console is QEMU's `mon:stdio`: Ctrl-C goes to
+# the kernel's shell, Ctrl-A X ends QEMU (at once, no core: type `vmcore`
+# first), Ctrl-A C switches to the QEMU monitor and back (its
+# `dump-guest-memory FILE` takes a core of a hung kernel by hand).
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -116,6 +135,43 @@ if [ -n "$KMEMTRACE" ] && ! mkdir -p "$(dirname "$KMEMTRACE")"; then
     echo "run-qemu.sh: cannot create the directory of $KMEMTRACE (MAGPIE_KMEMTRACE)" >&2
     exit 2
 fi
+# The default dump file: one per boot, latest.kmt links to the newest,
+# the 20 newest boots' files kept.
+if [ -z "${MAGPIE_KMEMTRACE:-}" ] && [[ "$ELF" != */deps/* ]]; then
+    KMEMTRACE_DIR=$(dirname "$KMEMTRACE")
+    BOOT_KMT=boot-$(date +%Y%m%d-%H%M%S)-$$.kmt
+    # A latest.kmt from before the per-boot files is kept as a boot file.
+    if [ -f "$KMEMTRACE" ] && [ ! -L "$KMEMTRACE" ]; then
+        mv -f "$KMEMTRACE" "$KMEMTRACE_DIR/boot-$(date -r "$KMEMTRACE" +%Y%m%d-%H%M%S)-old.kmt"
+    fi
+    : > "$KMEMTRACE_DIR/$BOOT_KMT"
+    ln -sfn "$BOOT_KMT" "$KMEMTRACE"
+    # shellcheck disable=SC2012 # names we made: no odd characters
+    ls -1t "$KMEMTRACE_DIR"/boot-*.kmt 2>/dev/null | tail -n +21 | while read -r old; do
+        rm -f "$old"
+    done
+    KMEMTRACE=$KMEMTRACE_DIR/$BOOT_KMT
+fi
+
+# The core taker (boot/vmcore.py, over a QMP socket).
+if [ "${MAGPIE_VMCORE:-}" = none ]; then
+    VMCORE=
+elif [ -n "${MAGPIE_VMCORE:-}" ]; then
+    VMCORE=$MAGPIE_VMCORE
+    case "$VMCORE" in /*) ;; *) VMCORE=$ROOT/$VMCORE ;; esac
+elif [[ "$ELF" == */deps/* ]]; then
+    VMCORE=
+else
+    VMCORE=$ROOT/target/vmcore/latest.core
+fi
+if [ -n "$VMCORE" ] && ! command -v python3 >/dev/null 2>&1; then
+    echo "run-qemu.sh: no python3: no vmcore will be taken (MAGPIE_VMCORE)" >&2
+    VMCORE=
+fi
+if [ -n "$VMCORE" ] && ! mkdir -p "$(dirname "$VMCORE")"; then
+    echo "run-qemu.sh: cannot create the directory of $VMCORE (MAGPIE_VMCORE)" >&2
+    exit 2
+fi
 
 # shellcheck disable=SC2206 # word splitting of MAGPIE_QEMU_ARGS is intended
 EXTRA=(${MAGPIE_QEMU_ARGS:-})
@@ -126,6 +182,7 @@ EXTRA=(${MAGPIE_QEMU_ARGS:-})
 # large one would overlap the kernel image before it runs. objcopy from
 # binutils, else llvm-objcopy from the toolchain's llvm-tools; without
 # either, the ELF itself.
+SYMBOLS=
 MODULE=$ELF
 OBJCOPY=$(command -v objcopy || true)
 if [ -z "$OBJCOPY" ]; then
@@ -133,14 +190,16 @@ if [ -z "$OBJCOPY" ]; then
 fi
 if [ -n "$OBJCOPY" ]; then
     SYMBOLS=$(mktemp "${TMPDIR:-/tmp}/magpie-symbols.XXXXXX")
-    trap 'rm -f "$SYMBOLS"' EXIT
     if "$OBJCOPY" --strip-debug "$ELF" "$SYMBOLS" 2>/dev/null; then
         MODULE=$SYMBOLS
     fi
 fi
 
+# On a terminal: Ctrl-C to the guest, Ctrl-A X / Ctrl-A C as documented.
+SERIAL=stdio
+[ -t 0 ] && SERIAL=mon:stdio
 CMD=("$QEMU" -machine q35 -accel tcg -m "${MAGPIE_MEM:-256M}" -smp "$SMP"
-     -serial stdio -display none -monitor none -no-reboot
+     -serial "$SERIAL" -display none -monitor none -no-reboot
      -device isa-debug-exit,iobase=0xf4,iosize=0x04
      -kernel "$ELF" -initrd "$MODULE" -append "$APPEND")
 if [ -n "$KMEMTRACE" ]; then
@@ -148,19 +207,60 @@ if [ -n "$KMEMTRACE" ]; then
           -device virtio-serial-pci,id=kmemtrace-serial
           -device virtconsole,bus=kmemtrace-serial.0,chardev=kmemtrace)
 fi
-CMD+=("${EXTRA[@]}")
-
-if [ "$TIMEOUT" != 0 ]; then
-    timeout -k 5 "$TIMEOUT" "${CMD[@]}"
-else
-    "${CMD[@]}"
+CLEANUP=()
+if [ -n "$VMCORE" ]; then
+    QMP_DIR=$(mktemp -d "${TMPDIR:-/tmp}/magpie-qmp.XXXXXX")
+    CLEANUP+=("$QMP_DIR")
+    CMD+=(-qmp "unix:$QMP_DIR/qmp.sock,server=on,wait=off"
+          -device pvpanic -action panic=pause -action shutdown=pause)
 fi
-STATUS=$?
+CMD+=("${EXTRA[@]}")
+trap 'rm -f "$SYMBOLS"; rm -rf "${CLEANUP[@]}"' EXIT
+
+if [ -z "$VMCORE" ]; then
+    if [ "$TIMEOUT" != 0 ]; then
+        timeout -k 5 "$TIMEOUT" "${CMD[@]}"
+    else
+        "${CMD[@]}"
+    fi
+    STATUS=$?
+else
+    # QEMU in the background with this terminal (`<&0`: a background job
+    # would get /dev/null), the core taker beside it; SIGINT/SIGTERM to
+    # the runner become a core and the end of QEMU.
+    # The taker ends a timed-out VM after its core; `timeout` is the
+    # backstop should the taker fail.
+    if [ "$TIMEOUT" != 0 ]; then
+        timeout -k 5 "$((TIMEOUT + 60))" "${CMD[@]}" <&0 &
+    else
+        "${CMD[@]}" <&0 &
+    fi
+    QEMU_PID=$!
+    python3 "$ROOT/boot/vmcore.py" "$QMP_DIR/qmp.sock" "$VMCORE" "$QMP_DIR/status" "$TIMEOUT" &
+    TAKER_PID=$!
+    trap 'kill -USR1 "$TAKER_PID" 2>/dev/null' INT TERM
+    # `wait` returns early when a trapped signal arrives: wait again.
+    while :; do
+        wait "$QEMU_PID"
+        STATUS=$?
+        kill -0 "$QEMU_PID" 2>/dev/null || break
+    done
+    trap - INT TERM
+    # The taker ends with QEMU (its socket closes); give a dump in flight
+    # its time.
+    wait "$TAKER_PID" 2>/dev/null
+    case "$(cat "$QMP_DIR/status" 2>/dev/null)" in
+        panic) echo "run-qemu.sh: kernel $(basename "$ELF") panicked (vmcore: $VMCORE)" >&2; exit 1 ;;
+        shutdown) echo "run-qemu.sh: the guest reset or shut down without isa-debug-exit (triple fault?; vmcore: $VMCORE)" >&2; exit 1 ;;
+        signal) echo "run-qemu.sh: stopped by a signal (vmcore: $VMCORE)" >&2; exit 130 ;;
+        timeout) echo "run-qemu.sh: timed out after ${TIMEOUT} s (set MAGPIE_TIMEOUT; vmcore: $VMCORE)" >&2; exit 1 ;;
+    esac
+fi
 
 case $STATUS in
     33) exit 0 ;;
     35) echo "run-qemu.sh: kernel $(basename "$ELF") reported failure" >&2 ;;
-    0)  echo "run-qemu.sh: QEMU exited without isa-debug-exit (triple fault or reset?)" >&2 ;;
+    0)  echo "run-qemu.sh: QEMU ended without isa-debug-exit (Ctrl-A X, or a triple fault or reset)" >&2 ;;
     124|137) echo "run-qemu.sh: timed out after ${TIMEOUT} s (set MAGPIE_TIMEOUT)" >&2 ;;
     *)  echo "run-qemu.sh: QEMU exited with status $STATUS" >&2 ;;
 esac

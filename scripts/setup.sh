@@ -94,3 +94,15 @@ if ! command -v python3 >/dev/null 2>&1; then
     echo "setup: python3 not found (the end-to-end shell tests need it); install python3" >&2
     exit 1
 fi
+
+# gdb with Python: `make debug` and scripts/magpie-gdb.py (docs/VMCORE.md);
+# the post-mortem tests run it in batch mode. Not fatal: they skip without.
+if ! command -v gdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing gdb (apt-get install -y gdb)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gdb >/dev/null
+    else
+        echo "setup: gdb not found (make debug, scripts/magpie-gdb.py); install it, e.g.: sudo apt-get install gdb" >&2
+    fi
+fi

@@ -567,6 +567,7 @@ mod allocator;
 mod cache;
 mod constructor;
 pub mod debug;
+pub mod descriptor;
 mod error;
 mod flags;
 pub mod glue;

@@ -83,9 +83,9 @@ pub struct TraceStats {
 #[repr(C)]
 pub(crate) struct TraceNode {
     hash_next: *mut TraceNode,
-    older: *mut TraceNode,
+    pub(crate) older: *mut TraceNode,
     newer: *mut TraceNode,
-    record: TraceRecord,
+    pub(crate) record: TraceRecord,
 }
 
 impl HashNode for TraceNode {
@@ -102,7 +102,7 @@ impl HashNode for TraceNode {
 pub(crate) struct TraceTableInner {
     pub(crate) hash: AddrHash<TraceNode>,
     oldest: *mut TraceNode,
-    newest: *mut TraceNode,
+    pub(crate) newest: *mut TraceNode,
 }
 
 // SAFETY: the nodes are owned by the table and only touched under its lock.
@@ -194,9 +194,9 @@ pub(crate) trait TraceOwner {
 /// `kmem_trace` bootstrap cache of `cache`'s allocator; the hash's
 /// page-backed table from its primary source.
 pub(crate) struct TraceTable<P: Platform> {
-    inner: IrqMutex<P, TraceTableInner>,
+    pub(crate) inner: IrqMutex<P, TraceTableInner>,
     /// Records that could not be allocated.
-    nr_dropped: AtomicU64,
+    pub(crate) nr_dropped: AtomicU64,
 }
 
 impl<P: Platform> TraceTable<P> {

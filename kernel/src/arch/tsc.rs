@@ -144,6 +144,8 @@ pub fn calibrate() -> Calibration {
                 nr_windows: 0,
             });
         TSC_KHZ.store(calibration.khz, Ordering::Relaxed);
+        // Post-mortem readers convert the allocator's timestamps with it.
+        magpie_slab::descriptor::set_clock_khz(calibration.khz);
         if calibration.source == Source::Default {
             log::warn!("TSC calibration failed: assuming 1 GHz");
         } else {

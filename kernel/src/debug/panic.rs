@@ -48,6 +48,8 @@ pub fn report(info: &PanicInfo<'_>) {
 pub fn panic_handler(info: &PanicInfo<'_>) -> ! {
     crate::arch::irq_save();
     report(info);
+    // The runner takes a core (docs/VMCORE.md), then ends QEMU.
+    crate::dev::qemu::pvpanic(crate::dev::qemu::PvpanicEvent::Panicked);
     exit_qemu(QemuExitCode::Failed)
 }
 
@@ -113,6 +115,7 @@ fn report_exception(info: &ExceptionInfo<'_>, nested: bool) {
 
 /// Exits QEMU with failure after a fatal exception.
 fn exit_failed() -> ! {
+    crate::dev::qemu::pvpanic(crate::dev::qemu::PvpanicEvent::Panicked);
     exit_qemu(QemuExitCode::Failed)
 }
 

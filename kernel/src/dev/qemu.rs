@@ -22,3 +22,36 @@ pub fn exit_qemu(code: QemuExitCode) -> ! {
     unsafe { Port::<u32>::new(0xf4).write(code as u32) };
     crate::arch::halt_loop()
 }
+
+/// QEMU's `pvpanic` ISA device (port 0x505): the runner (boot/run-qemu.sh)
+/// adds it when it takes cores (docs/VMCORE.md), and hears each write as
+/// a QMP event.
+const PVPANIC_PORT: u16 = 0x505;
+
+/// The pvpanic events: the guest panicked (QEMU pauses it and the runner
+/// takes a core), or asks for a core and runs on ("crash loaded").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PvpanicEvent {
+    /// GUEST_PANICKED.
+    Panicked = 1,
+    /// GUEST_CRASHLOADED.
+    CrashLoaded = 2,
+}
+
+/// Whether the pvpanic device is there and supports `event` (its port
+/// reads the supported events; an absent device reads 0xff).
+pub fn pvpanic_supports(event: PvpanicEvent) -> bool {
+    // SAFETY: reading port 0x505 has no side effect: the pvpanic device
+    // answers its capabilities, an unassigned port answers 0xff.
+    let bits = unsafe { Port::<u8>::new(PVPANIC_PORT).read() };
+    bits != 0xff && bits & event as u8 != 0
+}
+
+/// Tell the runner `event` (nothing happens without the device).
+pub fn pvpanic(event: PvpanicEvent) {
+    if pvpanic_supports(event) {
+        // SAFETY: the pvpanic device's port; the write raises the event.
+        unsafe { Port::<u8>::new(PVPANIC_PORT).write(event as u8) };
+    }
+}

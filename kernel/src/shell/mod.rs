@@ -12,12 +12,11 @@
 //!   come), the one error type [`ShellError`], the argument parsers, and the
 //!   console loop [`run`];
 //! * [`line`](mod@line): the line editor (bytes in, lines out);
-//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak,
-//!   reap), `slabtop` (the live view), `kmem_debug` (kmem verify, whatis, errors, cache, findleaks),
-//!   `kmemtrace/` (the trace table in `trace_table`, the event stream in
-//!   `event_stream`), `profiling` (allocinfo, timestats), `smp` (cpus,
-//!   stress), `fault` (fault injection), `lkdtm` (heap bugs on purpose),
-//!   `system` (help, poweroff).
+//! * one file per area: `kmem` (kmemstat, slabinfo, kmalloc, kfree, leak, reap), `slabtop`
+//!   (the live view), `kmem_debug` (kmem verify, whatis, errors, cache, findleaks), `kmemtrace/`
+//!   (the trace table in `trace_table`, the event stream in `event_stream`), `profiling`
+//!   (allocinfo, timestats), `smp` (cpus, stress), `fault` (fault injection), `lkdtm` (heap
+//!   bugs on purpose), `system` (help, poweroff), `vmcore` (a core for `magpie-kmem core`).
 //!
 //! Commands parse and print; the mechanisms stay in their modules
 //! (`kmem`, `profiling`, `tracing`, `smp`, `debug`, the slab library).
@@ -75,6 +74,7 @@ mod profiling;
 mod slabtop;
 mod smp;
 mod system;
+mod vmcore;
 
 use alloc::vec::Vec;
 use core::fmt::{self, Write};
@@ -141,6 +141,7 @@ pub static COMMANDS: &[Command] = &[
     smp::STRESS,
     fault::FAULT,
     lkdtm::LKDTM,
+    vmcore::VMCORE,
     system::POWEROFF,
 ];
 

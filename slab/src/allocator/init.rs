@@ -67,6 +67,7 @@ impl<P: Platform> Allocator<P> {
                 // that finds a cache there finds everything else done.
                 self.publish_by_8();
                 self.state.store(STATE_READY, Ordering::Release);
+                crate::descriptor::register(self);
                 Ok(())
             }
             Err(error) => {

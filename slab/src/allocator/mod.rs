@@ -119,8 +119,8 @@ const STATE_READY: u8 = 2;
 
 /// The list of all caches in creation order (intrusive, through
 /// [`KmemCache::links`](crate::cache::CacheLinks)).
-struct CacheList<P: Platform> {
-    head: *const KmemCache<P>,
+pub(crate) struct CacheList<P: Platform> {
+    pub(crate) head: *const KmemCache<P>,
     tail: *const KmemCache<P>,
 }
 
@@ -139,7 +139,7 @@ pub struct Allocator<P: Platform> {
     // it is READY (Acquire), or by that same thread during init.
     pub(crate) source: UnsafeCell<&'static dyn PageSource>,
     pub(crate) page_map: UnsafeCell<PageMap>,
-    page_map_pages: UnsafeCell<usize>,
+    pub(crate) page_map_pages: UnsafeCell<usize>,
     pub(crate) nr_cpus: UnsafeCell<usize>,
     boot: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_BOOT]>>,
     nr_boot: UnsafeCell<usize>,
@@ -165,13 +165,13 @@ pub struct Allocator<P: Platform> {
     /// Most pages in a packed small slab, chosen by `init` from the
     /// primary source's size (`classes.rs`).
     pub(crate) max_slab_pages: UnsafeCell<usize>,
-    caches: Mutex<CacheList<P>>,
+    pub(crate) caches: Mutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
     pub(crate) nr_bad_frees: AtomicU64,
     /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
-    nr_pressure_reaps: AtomicU64,
+    pub(crate) nr_pressure_reaps: AtomicU64,
     /// Tagged allocations left untagged because their slab's side array
     /// could not be allocated ([`Allocator::nr_tag_array_misses`]).
     pub(crate) nr_tag_array_misses: AtomicU64,

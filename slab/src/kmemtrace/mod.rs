@@ -57,7 +57,7 @@ use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 
 mod config;
-mod rings;
+pub(crate) mod rings;
 
 pub use config::{
     DEFAULT_SUBBUFS, DumpInfo, KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError,
@@ -76,14 +76,14 @@ pub use magpie_kmemtrace_format::{
 };
 
 /// The deduplicated stacks (only with `--stacks`).
-struct StackTable {
+pub(crate) struct StackTable {
     /// Bucket `i` holds a stack index plus one (0: empty); open addressing.
     buckets: *mut u32,
     /// `MAX_STACKS * MAX_STACK_DEPTH` frames.
-    frames: *mut u64,
+    pub(crate) frames: *mut u64,
     /// Depth of each stack.
-    depths: *mut u8,
-    nr_stacks: usize,
+    pub(crate) depths: *mut u8,
+    pub(crate) nr_stacks: usize,
 }
 
 const STACK_BUCKETS: usize = MAX_STACKS * 2;
@@ -132,28 +132,28 @@ const MARK_TEXT: usize = 64;
 
 /// One mark: when (ticks), on which CPU, what.
 #[derive(Clone, Copy)]
-struct Mark {
-    ticks: u64,
-    cpu: u32,
-    text: [u8; MARK_TEXT],
-    text_len: usize,
+pub(crate) struct Mark {
+    pub(crate) ticks: u64,
+    pub(crate) cpu: u32,
+    pub(crate) text: [u8; MARK_TEXT],
+    pub(crate) text_len: usize,
 }
 
 /// The marks of the current record.
-struct Marks {
-    entries: [Mark; MAX_MARKS],
-    nr_marks: usize,
+pub(crate) struct Marks {
+    pub(crate) entries: [Mark; MAX_MARKS],
+    pub(crate) nr_marks: usize,
 }
 
 /// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
 pub(crate) struct Kmemtrace {
     /// One cache-line aligned [`CpuRing`] per CPU; null before the first
     /// start. Never freed (writers may still hold it after a stop).
-    rings: AtomicPtr<CpuRing>,
+    pub(crate) rings: AtomicPtr<CpuRing>,
     /// The rings' size in bytes (`nr_rings * CPU_SLOT_BYTES`: a CPU's
     /// ring is at its [`Platform::cpu_offset`], so the event path bounds
     /// the offset it already has); 0 before the first start.
-    rings_bytes: AtomicUsize,
+    pub(crate) rings_bytes: AtomicUsize,
     nr_subbufs: AtomicUsize,
     /// Recording everything: page-granular kmalloc and bad frees outside
     /// caches are recorded too (caches have their `HOT_KMEMTRACE` bit).
@@ -161,10 +161,10 @@ pub(crate) struct Kmemtrace {
     recording: AtomicBool,
     /// `u32::MAX`: no filter.
     filter: AtomicU32,
-    stack_depth: AtomicUsize,
-    from_boot: AtomicBool,
-    start_ticks: AtomicU64,
-    stacks: spin::Mutex<StackTable>,
+    pub(crate) stack_depth: AtomicUsize,
+    pub(crate) from_boot: AtomicBool,
+    pub(crate) start_ticks: AtomicU64,
+    pub(crate) stacks: spin::Mutex<StackTable>,
     nr_stacks_dropped: AtomicU64,
     /// Serialises start, stop and dump.
     control: spin::Mutex<()>,
@@ -172,7 +172,7 @@ pub(crate) struct Kmemtrace {
     /// their events' cache (cold path: cache destroy and dump only).
     destroyed: spin::Mutex<DestroyedCaches>,
     /// What the platform marked during the record (cold path).
-    marks: spin::Mutex<Marks>,
+    pub(crate) marks: spin::Mutex<Marks>,
 }
 
 // SAFETY: the raw pointers are to memory owned by the recorder for its

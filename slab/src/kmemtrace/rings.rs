@@ -21,19 +21,19 @@ use crate::platform::{PAGE_SIZE, PageSource};
 /// never overwrites, so every event dropped for a full ring comes after
 /// every event written (a gap at the end, counted in `nr_overruns`).
 #[repr(C, align(64))]
-pub(super) struct CpuRing {
+pub(crate) struct CpuRing {
     /// The slot of event `nr_written` while below `limit`.
     pub(super) next: AtomicPtr<KmemtraceEvent>,
     /// End of `next`'s sub-buffer (`next == limit`: the cold path).
     pub(super) limit: AtomicPtr<KmemtraceEvent>,
     /// Events written and published (release store after each).
-    pub(super) nr_written: AtomicUsize,
+    pub(crate) nr_written: AtomicUsize,
     /// The CPU's bits of an event's first word ([`head_word`]).
     pub(super) cpu_word: u64,
     /// `nr_subbufs` pointers to sub-buffers of [`SUBBUF_EVENTS`] events.
-    pub(super) subbufs: *mut *mut KmemtraceEvent,
-    pub(super) capacity: usize,
-    pub(super) nr_overruns: AtomicU64,
+    pub(crate) subbufs: *mut *mut KmemtraceEvent,
+    pub(crate) capacity: usize,
+    pub(crate) nr_overruns: AtomicU64,
 }
 
 /// Allocate the ring descriptors, the sub-buffer pointer arrays and the

@@ -15,9 +15,9 @@ use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// The depot's state, under the depot lock.
 pub(crate) struct DepotInner {
-    full: *mut Magazine,
+    pub(crate) full: *mut Magazine,
     pub(crate) nr_full: usize,
-    empty: *mut Magazine,
+    pub(crate) empty: *mut Magazine,
     pub(crate) nr_empty: usize,
     /// The type (index into [`MAGAZINE_ROUNDS`]) of the magazines the depot
     /// hands out and keeps empty: new magazines are made of it, older

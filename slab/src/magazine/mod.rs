@@ -88,8 +88,8 @@ use crate::stats::CpuCacheStats;
 
 mod depot;
 
-/// The depot's state, for the tests of its exchanges.
-#[cfg(all(test, not(loom)))]
+/// The depot's state, for the tests of its exchanges and the debug
+/// descriptor (`crate::descriptor`).
 pub(crate) use depot::DepotInner;
 pub(crate) use depot::{Depot, Stale};
 
@@ -202,8 +202,8 @@ pub(crate) struct Magazine {
     /// per-CPU cache holds the magazine (new magazines start null, the
     /// depot's pops clear it): it is the word right below slot 0, which
     /// the alloc hit reads as its empty test.
-    next: *mut Magazine,
-    rounds: [*mut u8; 0],
+    pub(crate) next: *mut Magazine,
+    pub(crate) rounds: [*mut u8; 0],
 }
 
 /// The absent magazine: a per-CPU cache without a `loaded` or `prev`
@@ -397,7 +397,7 @@ impl Drop for PcpuSynced<'_> {
 /// indexes an array of them.
 #[repr(C, align(64))]
 pub(crate) struct PcpuCache {
-    inner: UnsafeCell<PcpuInner>,
+    pub(crate) inner: UnsafeCell<PcpuInner>,
     /// The in-use flag ([`LocalLocked`](crate::sync::LocalLocked)):
     /// `inner` belongs to whoever set it. In the line the hits read
     /// anyway, after `inner`.

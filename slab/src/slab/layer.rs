@@ -162,7 +162,7 @@ pub(crate) trait SlabOwner {
 /// state changes with them), reaping empty slabs, and the bufctl hash's
 /// table. What it needs of the cache comes through `owner` ([`SlabOwner`]).
 pub(crate) struct SlabLayer<P: Platform> {
-    lists: IrqMutex<P, SlabLists>,
+    pub(crate) lists: IrqMutex<P, SlabLists>,
 }
 
 impl<P: Platform> SlabLayer<P> {

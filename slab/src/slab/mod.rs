@@ -59,11 +59,11 @@ pub(crate) struct Slab {
     pub(crate) nr_busy: u16,
     pub(crate) nr_objs: u16,
     /// Which list it is on.
-    list: SlabList,
+    pub(crate) list: SlabList,
     /// The owning `KmemCache<P>`, type-erased.
     pub(crate) cache: *const (),
     prev: *mut Slab,
-    next: *mut Slab,
+    pub(crate) next: *mut Slab,
     /// Address of object 0 (the first page of the slab).
     pub(crate) base: usize,
     /// Small: first free object (each free object holds the next
@@ -142,7 +142,7 @@ pub(crate) enum BufctlState {
 #[repr(C)]
 pub(crate) struct Bufctl {
     hash_next: *mut Bufctl,
-    free_next: *mut Bufctl,
+    pub(crate) free_next: *mut Bufctl,
     pub(crate) addr: usize,
     slab: *mut Slab,
     pub(crate) state: BufctlState,
@@ -167,16 +167,16 @@ impl HashNode for Bufctl {
 pub(crate) struct NotBusy;
 
 /// One of the three slab lists (doubly linked through the slabs).
-struct SlabListHead {
-    head: *mut Slab,
+pub(crate) struct SlabListHead {
+    pub(crate) head: *mut Slab,
     tail: *mut Slab,
-    nr: usize,
+    pub(crate) nr: usize,
 }
 
 /// The state behind a cache's slab lock: the three slab lists and the
 /// bufctl hash. Changed only through its own methods, under the lock.
 pub(crate) struct SlabLists {
-    lists: [SlabListHead; 3],
+    pub(crate) lists: [SlabListHead; 3],
     /// Bufctl caches: buffer address → bufctl of every busy buffer.
     pub(crate) hash: AddrHash<Bufctl>,
     /// Objects taken from / put back to slabs ever (all reasons).

@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod core;
 pub mod diff;
 pub mod dump;
 pub mod export;

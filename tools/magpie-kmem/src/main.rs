@@ -31,6 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The allocator's reports from a memory image (QEMU core): see docs/VMCORE.md.
+    Core(magpie_kmem::core::CoreArgs),
     /// Validate a dump: framing, checksum, sequence gaps (overruns),
     /// timestamp order, unknown frees, double allocs, kernel ELF match.
     /// Exit 1 on an error.
@@ -202,6 +204,7 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), String> {
 
 fn run(cli: &Cli) -> Result<ExitCode, String> {
     match &cli.command {
+        Command::Core(args) => magpie_kmem::core::main(args, cli.kernel.as_deref()),
         Command::Check { file } => {
             let dump = load(file)?;
             let mut replay = analysis::replay(&dump);

@@ -46,7 +46,7 @@ pub enum KernelChoice {
 /// The cargo target directories to search: `$CARGO_TARGET_DIR`, the
 /// `target/` of the workspace around the current directory, and the one
 /// this executable was built into.
-fn target_dirs() -> Vec<PathBuf> {
+pub fn target_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
         dirs.push(PathBuf::from(d));
@@ -81,7 +81,7 @@ fn target_dirs() -> Vec<PathBuf> {
 
 /// Kernel ELF candidates under one target directory: the `magpie` binary
 /// of each profile first, then the test kernels in `deps/`.
-fn candidates(target: &Path) -> Vec<PathBuf> {
+pub fn candidates(target: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for profile in ["debug", "release"] {
         let dir = target.join("x86_64-unknown-none").join(profile);

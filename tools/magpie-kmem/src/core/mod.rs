@@ -1,0 +1,494 @@
+//! `magpie-kmem core CORE REPORT`: the allocator's reports from a memory
+//! image of a stopped or dead kernel (a QEMU `dump-guest-memory` core,
+//! `target/vmcore/latest.core`), with nothing typed into its shell.
+//! See docs/VMCORE.md.
+//!
+//! The image is read through the debug descriptor the library keeps
+//! (`magpie_slab::descriptor`): [`image`] turns kernel virtual addresses
+//! into bytes of the core, [`heap`] walks the allocator's structures with
+//! every pointer checked, and the reports are written by the same
+//! `magpie_slab::reports` line writers the shell uses.
+//!
+//! The descriptor is found by its symbol in the kernel ELF (given with
+//! `--kernel`, or the build under `target/` whose GNU build id is the
+//! one in the image), else by its magic in the image's memory.
+
+pub mod events;
+pub mod heap;
+pub mod image;
+pub mod trace;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use magpie_slab::descriptor::{DESCRIPTOR_MAGIC, DESCRIPTOR_SYMBOL};
+use magpie_slab::reports::{
+    KmemstatRow, write_kmemstat_header, write_slabinfo_header, write_slabinfo_line,
+};
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use self::heap::{Heap, Problem};
+use self::image::{ElfCore, Memory};
+
+/// The reports `magpie-kmem core` writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// `/proc/slabinfo` 2.1, as the shell's `slabinfo`.
+    Slabinfo,
+    /// The caches' rows of the shell's `kmemstat`.
+    Kmemstat,
+    /// `kmem whatis ADDR`.
+    Whatis(u64),
+    /// Every cache's structures walked: what is broken, or that none is.
+    Verify,
+    /// The kmemtrace recording, written as a dump to the file.
+    Events(PathBuf),
+    /// The trace tables' outstanding objects (one cache, or all).
+    Trace(Option<String>),
+}
+
+/// Where the descriptor is, and how it was found.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Its virtual address.
+    pub addr: u64,
+    /// How it was found (for the report's first line).
+    pub how: String,
+    /// The kernel's GNU build id (zeros: not known).
+    pub build_id: [u8; 20],
+    /// The kernel ELF, if one was found.
+    pub kernel: Option<PathBuf>,
+}
+
+/// The 20-byte build id at the end of a build id note.
+fn build_id_of(note: &BuildIdNote) -> [u8; 20] {
+    note.as_ref()
+        .and_then(|(_, bytes)| bytes.get(bytes.len().checked_sub(20)?..))
+        .and_then(|id| id.try_into().ok())
+        .unwrap_or([0; 20])
+}
+
+/// The descriptor's address and the build id note's address and bytes in
+/// the kernel ELF at `path`.
+/// A build id note: its address and bytes.
+type BuildIdNote = Option<(u64, Vec<u8>)>;
+
+fn elf_facts(path: &Path) -> Result<(u64, BuildIdNote), String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = object::File::parse(&*data)
+        .map_err(|e| format!("{}: not an ELF file: {e}", path.display()))?;
+    let symbol = file
+        .symbols()
+        .find(|s| s.name() == Ok(DESCRIPTOR_SYMBOL))
+        .ok_or_else(|| {
+            format!(
+                "{}: no {DESCRIPTOR_SYMBOL} symbol (not a kernel with magpie-slab, or stripped)",
+                path.display()
+            )
+        })?;
+    let note = file
+        .section_by_name(".note.gnu.build-id")
+        .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())));
+    Ok((symbol.address(), note))
+}
+
+/// Whether the image holds the kernel ELF's build id note where the ELF
+/// puts it (`None`: the ELF has none).
+fn build_id_matches(mem: &dyn Memory, note: &BuildIdNote) -> Option<bool> {
+    let (addr, bytes) = note.as_ref()?;
+    let mut got = vec![0u8; bytes.len()];
+    Some(mem.read(*addr, &mut got).is_ok() && &got == bytes)
+}
+
+/// Find the descriptor: `--kernel` (its build id must match the image's),
+/// else the kernel under `target/` whose build id is in the image, else
+/// the magic in the image.
+///
+/// # Errors
+///
+/// `--kernel` names an ELF of another build, or no descriptor is found.
+pub fn find_descriptor(core: &ElfCore, kernel: Option<&Path>) -> Result<Found, String> {
+    if let Some(path) = kernel {
+        let (addr, note) = elf_facts(path)?;
+        if build_id_matches(core, &note) == Some(false) {
+            return Err(format!(
+                "kernel ELF mismatch: {} is not the kernel of this core (its build id is not in the image); pass the kernel that ran",
+                path.display()
+            ));
+        }
+        return Ok(Found {
+            addr,
+            how: format!("kernel {}", path.display()),
+            build_id: build_id_of(&note),
+            kernel: Some(path.to_path_buf()),
+        });
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for dir in crate::symbols::target_dirs() {
+        candidates.extend(crate::symbols::candidates(&dir));
+    }
+    for path in &candidates {
+        if let Ok((addr, note)) = elf_facts(path)
+            && build_id_matches(core, &note) == Some(true)
+        {
+            return Ok(Found {
+                addr,
+                how: format!("kernel {} (build id in the image)", path.display()),
+                build_id: build_id_of(&note),
+                kernel: Some(path.clone()),
+            });
+        }
+    }
+    scan_for_magic(core).ok_or_else(|| {
+        format!(
+            "no Magpie slab descriptor in the core: no kernel ELF among {} under target/ matches it (pass --kernel PATH), and no descriptor magic in its memory",
+            candidates.len()
+        )
+    })
+}
+
+/// The descriptor by its magic in physical memory, translated back to
+/// the kernel's virtual address through the direct map the page tables
+/// give; the copy whose allocator is set (the kernel ELF loaded as a
+/// module holds an unset one).
+fn scan_for_magic(core: &ElfCore) -> Option<Found> {
+    let ranges: Vec<(u64, u64)> = core.physical_ranges().collect();
+    for (start, _end) in ranges {
+        let bytes = core.physical(start)?;
+        let mut from = 0;
+        while let Some(at) = find(&bytes[from..], &DESCRIPTOR_MAGIC) {
+            let physical = start + (from + at) as u64;
+            let descriptor = &bytes[from + at..];
+            if let Ok((header, _)) = heap::decode_descriptor(physical, descriptor)
+                && header.allocator != 0
+            {
+                return Some(Found {
+                    addr: physical,
+                    how: format!("descriptor magic at physical {physical:#x}"),
+                    build_id: [0; 20],
+                    kernel: None,
+                });
+            }
+            from += at + 1;
+        }
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Memory that reads the descriptor found by [`scan_for_magic`] from its
+/// physical address and everything else through the core.
+struct Scanned<'a> {
+    core: &'a ElfCore,
+    physical: u64,
+    len: u64,
+}
+
+impl Memory for Scanned<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), image::ReadError> {
+        if addr >= self.physical
+            && addr.saturating_add(buf.len() as u64) <= self.physical.saturating_add(self.len)
+        {
+            let bytes = self
+                .core
+                .physical(addr)
+                .and_then(|b| b.get(..buf.len()))
+                .ok_or_else(|| image::ReadError {
+                    addr,
+                    len: buf.len(),
+                    why: "not in the core".into(),
+                })?;
+            buf.copy_from_slice(bytes);
+            return Ok(());
+        }
+        self.core.read(addr, buf)
+    }
+}
+
+/// Write `report` of the heap in `mem` (descriptor at `addr`) to `out`;
+/// problems found on the way follow the report, one line each, on
+/// `problems`. Returns whether the heap read clean.
+///
+/// # Errors
+///
+/// The descriptor cannot be read or names no allocator.
+pub fn write_report(
+    mem: &dyn Memory,
+    addr: u64,
+    report: &Report,
+    out: &mut String,
+    problems: &mut Vec<String>,
+) -> Result<bool, String> {
+    let heap = Heap::new(mem, addr)?;
+    let (caches, broken) = heap.caches();
+    problems.extend(broken.iter().map(Problem::to_string));
+    match report {
+        Report::Slabinfo => {
+            write_slabinfo_header(out).map_err(|e| e.to_string())?;
+            for cache in &caches {
+                write_slabinfo_line(out, &cache.name, &cache.stats).map_err(|e| e.to_string())?;
+            }
+        }
+        Report::Kmemstat => write_kmemstat(&heap, &caches, out).map_err(|e| e.to_string())?,
+        Report::Whatis(address) => match heap.whatis(&caches, *address) {
+            Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
+            None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
+        },
+        Report::Events(_) | Report::Trace(_) => {
+            return Err("events and trace are written by run".into());
+        }
+        Report::Verify => {
+            let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
+            writeln!(
+                out,
+                "{} caches, {nr_slabs} slabs walked; {} broken",
+                caches.len(),
+                broken.len()
+            )
+            .map_err(|e| e.to_string())?;
+            for cache in &caches {
+                check_rounds(&heap, cache, problems);
+            }
+        }
+    }
+    Ok(problems.is_empty())
+}
+
+/// Every round of a cache's magazines is an object start of one of its
+/// slabs (`Allocator::check_invariants`).
+fn check_rounds(heap: &Heap<'_>, cache: &heap::Cache, problems: &mut Vec<String>) {
+    let _ = heap;
+    for &round in &cache.rounds {
+        let inside = cache.slabs.iter().any(|slab| {
+            let offset = round.wrapping_sub(slab.base);
+            offset % cache.stride == 0 && offset / cache.stride < slab.nr_objs
+        });
+        if !inside {
+            problems.push(format!(
+                "cache {}: magazine round {round:#x} is no object of its slabs",
+                cache.name
+            ));
+        }
+    }
+}
+
+/// kmemstat's cache rows, the allocator's metadata and page-granular
+/// kmalloc (`magpie_slab::reports::write_kmemstat_caches`); the arenas
+/// above them are the kernel's page sources, which the descriptor does
+/// not describe.
+fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> std::fmt::Result {
+    write_kmemstat_header(out)?;
+    for cache in caches {
+        let stats = &cache.stats;
+        let out_of_slabs = stats
+            .nr_allocated
+            .wrapping_add(stats.nr_cpu_cached_objs)
+            .wrapping_add(stats.nr_depot_objs);
+        KmemstatRow {
+            indent: 0,
+            name: &cache.name,
+            kind: 'S',
+            objsize: stats.obj_size,
+            total: stats.obj_size.wrapping_mul(stats.nr_total_objs),
+            alloc: stats.obj_size.wrapping_mul(out_of_slabs),
+            nr_allocs_ever: stats.nr_allocs_ever,
+            waste: stats.waste_bytes,
+        }
+        .write(out)?;
+    }
+    let layout = &heap.layout;
+    let page = layout.page_size.offset as usize;
+    let field = |entry| heap.allocator_field(entry).unwrap_or(0) as usize;
+    let bootstrap: usize = caches
+        .iter()
+        .filter(|c| c.bootstrap)
+        .map(|c| (c.nr_pages as usize).wrapping_mul(page))
+        .fold(0usize, usize::wrapping_add);
+    let metadata = field(layout.allocator_page_map_pages)
+        .wrapping_mul(page)
+        .wrapping_add(bootstrap);
+    let managed = field(layout.allocator_page_map_nr_pages).wrapping_mul(page);
+    KmemstatRow {
+        indent: 0,
+        name: "slab-metadata",
+        kind: 'M',
+        objsize: metadata
+            .wrapping_mul(10_000)
+            .checked_div(managed)
+            .unwrap_or(0),
+        total: metadata,
+        alloc: metadata,
+        nr_allocs_ever: field(layout.allocator_nr_pressure_reaps) as u64,
+        waste: 0,
+    }
+    .write(out)?;
+    let large = field(layout.allocator_large_live_pages).wrapping_mul(page);
+    KmemstatRow {
+        indent: 0,
+        name: "kmalloc-large",
+        kind: 'P',
+        objsize: page,
+        total: large,
+        alloc: large,
+        nr_allocs_ever: field(layout.allocator_large_nr_allocs_ever) as u64,
+        waste: 0,
+    }
+    .write(out)
+}
+
+/// `magpie-kmem core CORE REPORT`: open the core, find the descriptor,
+/// write the report to standard output and the problems to standard
+/// error. Returns whether the heap read clean.
+///
+/// # Errors
+///
+/// The core cannot be read, has no descriptor, or the kernel ELF given
+/// is not its kernel.
+pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<bool, String> {
+    let core = ElfCore::open(core_path)?;
+    let found = find_descriptor(&core, kernel)?;
+    let scanned;
+    let mem: &dyn Memory = if found.how.starts_with("descriptor magic") {
+        scanned = Scanned {
+            core: &core,
+            physical: found.addr,
+            len: heap::descriptor_bytes() as u64,
+        };
+        &scanned
+    } else {
+        &core
+    };
+    let mut out = String::new();
+    let mut problems = Vec::new();
+    let clean = if let Report::Events(path) = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let mut bytes = Vec::new();
+        let mut found_problems = Vec::new();
+        let summary = events::write_events(
+            &heap,
+            found.build_id,
+            &mut |chunk| bytes.extend_from_slice(chunk),
+            &mut found_problems,
+        )?;
+        std::fs::write(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        println!(
+            "{} events ({} overruns) in {} bytes written to {}",
+            summary.dump.nr_events,
+            summary.dump.nr_overruns,
+            summary.dump.nr_bytes,
+            path.display()
+        );
+        if summary.raw_ticks {
+            eprintln!(
+                "magpie-kmem core: the image holds no clock rate: timestamps are clock ticks"
+            );
+        }
+        problems.is_empty()
+    } else if let Report::Trace(cache) = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let mut found_problems = Vec::new();
+        trace::write_trace(
+            &heap,
+            cache.as_deref(),
+            &symbols,
+            &mut out,
+            &mut found_problems,
+        )?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
+    } else {
+        write_report(mem, found.addr, report, &mut out, &mut problems)?
+    };
+    print!("{out}");
+    for problem in &problems {
+        eprintln!("magpie-kmem core: {problem}");
+    }
+    if !problems.is_empty() {
+        eprintln!(
+            "magpie-kmem core: {} structure(s) skipped: the report above leaves them out",
+            problems.len()
+        );
+    }
+    Ok(clean)
+}
+
+/// `magpie-kmem core CORE REPORT`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct CoreArgs {
+    /// The memory image (default of the runner: target/vmcore/latest.core).
+    pub core: PathBuf,
+    /// The report.
+    #[command(subcommand)]
+    pub report: CoreReport,
+}
+
+/// The reports of `magpie-kmem core`.
+#[derive(clap::Subcommand, Debug)]
+pub enum CoreReport {
+    /// /proc/slabinfo 2.1, as the shell's `slabinfo`.
+    Slabinfo,
+    /// The caches' rows of the shell's `kmemstat` (the arenas are the
+    /// kernel's, not in the image's descriptor).
+    Kmemstat,
+    /// Which cache, object and state an address is (`kmem whatis`).
+    Whatis {
+        /// The address (hex with 0x, or decimal).
+        addr: String,
+    },
+    /// Walk every cache's lists, slabs and magazines; report what is
+    /// broken (exit 1), or that nothing is.
+    Verify,
+    /// The Akaros trace tables' outstanding objects with their
+    /// backtraces, as the shell's `kmemtrace print [CACHE]`.
+    Trace {
+        /// One cache (default: every cache with records).
+        cache: Option<String>,
+    },
+    /// The kmemtrace recording the kernel held (not yet dumped), written
+    /// as a .kmt dump the other subcommands read.
+    Events {
+        /// The dump file to write.
+        #[arg(short = 'o', long = "output", value_name = "FILE.kmt")]
+        output: PathBuf,
+    },
+}
+
+/// Parse an address: `0x` hex, or decimal.
+///
+/// # Errors
+///
+/// Neither.
+pub fn parse_addr(text: &str) -> Result<u64, String> {
+    let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.map_err(|_| format!("bad address '{text}': give 0x-hex or decimal"))
+}
+
+/// Run the subcommand; exit status 0 when the heap read clean, 1 when
+/// structures were skipped (the report is still written).
+///
+/// # Errors
+///
+/// As [`run`]; a bad address.
+pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::ExitCode, String> {
+    let report = match &args.report {
+        CoreReport::Slabinfo => Report::Slabinfo,
+        CoreReport::Kmemstat => Report::Kmemstat,
+        CoreReport::Whatis { addr } => Report::Whatis(parse_addr(addr)?),
+        CoreReport::Verify => Report::Verify,
+        CoreReport::Events { output } => Report::Events(output.clone()),
+        CoreReport::Trace { cache } => Report::Trace(cache.clone()),
+    };
+    Ok(if run(&args.core, kernel, &report)? {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
