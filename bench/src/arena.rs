@@ -22,8 +22,9 @@ use crate::host::region;
 /// Bytes added to a failed request before rounding it up to pages: room
 /// for the allocator's headers and for alignment.
 const GROW_SLACK: usize = 256;
-/// Growth steps before an allocation is given up (each takes more pages).
-const MAX_GROW_STEPS: usize = 64;
+/// Growth steps before an allocation is given up (each takes twice the
+/// pages of the one before).
+const MAX_GROW_STEPS: usize = 16;
 
 /// Contiguous pages over one fresh region, handed out in order.
 pub struct Arena {
@@ -97,8 +98,14 @@ impl<H: Grow> Grown<H> {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> *mut u8 {
-        let nr_pages = (layout.size() + layout.align() + GROW_SLACK).div_ceil(PAGE_SIZE);
-        for _ in 0..MAX_GROW_STEPS {
+        let mut nr_pages = (layout.size() + layout.align() + GROW_SLACK).div_ceil(PAGE_SIZE);
+        for step in 0..MAX_GROW_STEPS {
+            if step > 0 {
+                // The pages given did not make a block that fits (a buddy
+                // allocator needs an aligned power of two, TLSF a block a
+                // size class above the request): double the next step.
+                nr_pages *= 2;
+            }
             let Some(base) = self.arena.take(nr_pages) else {
                 return std::ptr::null_mut();
             };

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! magpie-bench replay DUMP [--json] [--no-callgrind] [--allocators A,B,...] [--heap-mib N]
-//! magpie-bench replay-one DUMP ALLOCATOR [--no-check] [--heap-mib N]
+//! magpie-bench replay-one DUMP ALLOCATOR [--no-check|--check] [--heap-mib N]
 //! ```
 //!
 //! (`magpie-kmem replay DUMP ...` runs the first.)
@@ -495,17 +495,20 @@ fn load(path: &str) -> Result<(Dump, Trace), String> {
     Ok((dump, trace))
 }
 
-/// `replay-one DUMP ALLOCATOR [--no-check] [--heap-mib N]`: one run in
+/// `replay-one DUMP ALLOCATOR [--no-check|--check] [--heap-mib N]`: one run in
 /// this process; prints a `REPLAY` line (and `REPLAY_PROBLEM` with the
 /// first problem a checked run found).
 pub fn main_one(args: &[String]) -> Result<(), String> {
     let mut positional = Vec::new();
     let mut check = true;
+    let mut force_check = false;
     let mut heap_mib = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--no-check" => check = false,
+            // Check `null` too (its blocks all overlap: the checker's test).
+            "--check" => force_check = true,
             "--heap-mib" => heap_mib = Some(parse_mib(it.next())?),
             _ => positional.push(arg.as_str()),
         }
@@ -518,7 +521,7 @@ pub fn main_one(args: &[String]) -> Result<(), String> {
     let (_, trace) = load(path)?;
     let heap_bytes = heap_mib.map_or_else(|| trace.default_heap_bytes(), |m| m << 20);
     let (a, pages) = subject(name, heap_bytes, &trace)?;
-    let check = check && name != "null";
+    let check = force_check || (check && name != "null");
     let outcome = execute(a, &trace, check);
     let problems = outcome.problems.as_ref();
     println!(
