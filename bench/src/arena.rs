@@ -140,6 +140,25 @@ unsafe impl<H: Grow> GlobalAlloc for Grown<H> {
     }
 }
 
+/// `GlobalAlloc` for a wrapper: the wrapped allocator's own.
+macro_rules! delegate_global_alloc {
+    ($wrapper:ty, $field:ident) => {
+        // SAFETY: the wrapped allocator's own GlobalAlloc.
+        unsafe impl GlobalAlloc for $wrapper {
+            #[inline(always)]
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                // SAFETY: per our caller.
+                unsafe { self.$field.alloc(layout) }
+            }
+            #[inline(always)]
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: per our caller.
+                unsafe { self.$field.dealloc(ptr, layout) }
+            }
+        }
+    };
+}
+
 // ---------------------------------------------------------------- talc
 
 /// talc spin-locked as the bench has it (`allocs::Talc`), with the
@@ -166,19 +185,7 @@ impl TalcHeap {
 // SAFETY: the heap end is only read and written under its lock.
 unsafe impl Sync for TalcHeap {}
 
-// SAFETY: talc's own GlobalAlloc.
-unsafe impl GlobalAlloc for TalcHeap {
-    #[inline(always)]
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: per our caller.
-        unsafe { self.talc.alloc(layout) }
-    }
-    #[inline(always)]
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: per our caller.
-        unsafe { self.talc.dealloc(ptr, layout) }
-    }
-}
+delegate_global_alloc!(TalcHeap, talc);
 
 impl Grow for TalcHeap {
     unsafe fn add_memory(&self, base: *mut u8, len: usize) {
@@ -209,19 +216,7 @@ impl LinkedListHeap {
     }
 }
 
-// SAFETY: linked_list_allocator's own GlobalAlloc.
-unsafe impl GlobalAlloc for LinkedListHeap {
-    #[inline(always)]
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: per our caller.
-        unsafe { self.heap.alloc(layout) }
-    }
-    #[inline(always)]
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: per our caller.
-        unsafe { self.heap.dealloc(ptr, layout) }
-    }
-}
+delegate_global_alloc!(LinkedListHeap, heap);
 
 impl Grow for LinkedListHeap {
     unsafe fn add_memory(&self, base: *mut u8, len: usize) {
@@ -252,19 +247,7 @@ impl BuddyHeap {
     }
 }
 
-// SAFETY: buddy_system_allocator's own GlobalAlloc.
-unsafe impl GlobalAlloc for BuddyHeap {
-    #[inline(always)]
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: per our caller.
-        unsafe { self.heap.alloc(layout) }
-    }
-    #[inline(always)]
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: per our caller.
-        unsafe { self.heap.dealloc(ptr, layout) }
-    }
-}
+delegate_global_alloc!(BuddyHeap, heap);
 
 impl Grow for BuddyHeap {
     unsafe fn add_memory(&self, base: *mut u8, len: usize) {

@@ -5,6 +5,7 @@
 //! magpie-bench memory <allocator> <heap|burst>
 //! magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]
 //! magpie-bench replay DUMP [--json] [--no-callgrind] [--allocators A,B,...] [--heap-mib N]
+//! magpie-bench replay-suite [--no-callgrind]
 //! magpie-bench record heap-tests|btree-vec OUT.kmt
 //! magpie-bench list
 //! magpie-bench fault
@@ -68,6 +69,7 @@ fn usage() -> ! {
          \x20      magpie-bench memory <allocator> <heap|burst>\n\
          \x20      magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]\n\
          \x20      magpie-bench replay DUMP [--json] [--no-callgrind] [--allocators A,B,...] [--heap-mib N]\n\
+         \x20      magpie-bench replay-suite [--no-callgrind]\n\
          \x20      magpie-bench record heap-tests|btree-vec OUT.kmt\n\
          \x20      magpie-bench list\n\
          \x20      magpie-bench fault | slab-debug\n\
@@ -115,6 +117,14 @@ fn main() {
                 std::process::exit(2)
             }
         }
+        Some("replay-suite") => match replay::main_suite(&args[1..]) {
+            Ok(true) => {}
+            Ok(false) => std::process::exit(1),
+            Err(error) => {
+                eprintln!("magpie-bench replay-suite: {error}");
+                std::process::exit(2)
+            }
+        },
         Some("replay-one") => {
             if let Err(error) = replay::main_one(&args[1..]) {
                 eprintln!("magpie-bench replay-one: {error}");

@@ -889,3 +889,234 @@ pub fn main(args: &[String]) -> Result<bool, String> {
         .iter()
         .all(|r| r.failures == Some(0) && matches!(r.check.as_str(), "ok" | "off")))
 }
+
+// ------------------------------------------------------------ the suite
+
+/// The recorded workloads of `make bench`, in table order: the kernel's
+/// own (committed dumps in bench/workloads/, recorded in QEMU by
+/// bench/record-workloads.py) and the Rust-heap ones recorded on the host
+/// by `magpie-bench record` into target/bench/workloads/.
+pub const SUITE_WORKLOADS: &[(&str, &str)] = &[
+    (
+        "boot",
+        "the kernel from boot to its first prompt (`kmemtrace=on`), 2 CPUs",
+    ),
+    (
+        "shell",
+        "the shell's heaviest commands (kmemstat, slabinfo, slabtop, allocinfo, cpus, kmem verify, kmem findleaks, kmalloc/kfree), 2 CPUs",
+    ),
+    (
+        "stress",
+        "`stress --cpus all --ops 4000` on 4 CPUs (a quarter of the frees on another CPU)",
+    ),
+    (
+        "heap-tests",
+        "examples/hobby-kernel's heap tests (blog_os `heap_allocation` and a BTreeMap churn), recorded on the host",
+    ),
+    (
+        "btree-vec",
+        "BTreeMap<u64, Vec<u64>> and strings on 2 CPUs, recorded on the host",
+    ),
+];
+
+/// The dump of suite workload `name`, recording it first if it is a host
+/// one.
+fn suite_dump(me: &str, name: &str) -> Result<String, String> {
+    let bench_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let committed = bench_dir.join("workloads").join(format!("{name}.kmt"));
+    if committed.is_file() {
+        return Ok(committed.to_string_lossy().into_owned());
+    }
+    let dir = bench_dir.join("../target/bench/workloads");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir
+        .join(format!("{name}.kmt"))
+        .to_string_lossy()
+        .into_owned();
+    eprintln!("replay: recording {name} on the host");
+    child(me, &["record", name, &path], false)?;
+    Ok(path)
+}
+
+/// The replay section of `make bench` (and of `magpie-bench replay-suite`):
+/// every suite workload through every allocator, two tables (instructions
+/// per operation; peak pages and peak ÷ live) and the target line.
+pub fn suite_section(r: &mut String, failures: &mut Vec<String>, me: &str, callgrind: bool) {
+    let mut reports: Vec<(&str, Report)> = Vec::new();
+    for &(name, _) in SUITE_WORKLOADS {
+        let result = suite_dump(me, name)
+            .and_then(|path| report(me, &path, REPLAY_ALLOCATORS, callgrind, None));
+        match result {
+            Ok(report) => {
+                for row in &report.rows {
+                    if row.failures.unwrap_or(1) > 0 || !matches!(row.check.as_str(), "ok" | "off")
+                    {
+                        failures.push(format!(
+                            "replay {name} {}: {} failed allocations, check {}",
+                            row.allocator,
+                            row.failures.map_or("?".into(), |f| f.to_string()),
+                            row.check
+                        ));
+                    }
+                }
+                reports.push((name, report));
+            }
+            Err(error) => failures.push(format!("replay {name}: {error}")),
+        }
+    }
+    writeln!(
+        r,
+        "### Replay of recorded workloads (`magpie-kmem replay`)\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "A kmemtrace dump's allocations and frees run through each allocator on the host \
+         (bench/src/replay.rs; docs/BENCHMARKS.md \"Replay\"): one thread per recorded CPU \
+         in the recorded order, every allocator a `&dyn GlobalAlloc` with run-time layouts, \
+         every block written in full; checked (alignment, no overlap, contents at the free) \
+         with no failure unless listed under Failures. Workloads: {}.\n",
+        SUITE_WORKLOADS
+            .iter()
+            .map(|(name, what)| {
+                let ops =
+                    reports
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or("not run".into(), |(_, rep)| {
+                            format!(
+                                "{} operations, peak live {:.1} KiB",
+                                rep.nr_ops,
+                                rep.peak_live_bytes as f64 / 1024.0
+                            )
+                        });
+                format!("`{name}` = {what} ({ops})")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
+    .unwrap();
+    let header: Vec<&str> = reports.iter().map(|(n, _)| *n).collect();
+    let row_of = |rep: &Report, a: &str| rep.rows.iter().find(|row| row.allocator == a).cloned();
+    if callgrind {
+        writeln!(
+            r,
+            "Instructions per operation (callgrind, collecting only inside the two calls, \
+             net of `null`, the calls alone):\n"
+        )
+        .unwrap();
+        writeln!(
+            r,
+            "| allocator | {} |\n|---|{}",
+            header.join(" | "),
+            "---:|".repeat(header.len())
+        )
+        .unwrap();
+        for &a in REPLAY_ALLOCATORS {
+            let cells: Vec<String> = reports
+                .iter()
+                .map(|(_, rep)| {
+                    let row = row_of(rep, a);
+                    let v = if a == "null" {
+                        row.and_then(|row| row.ir_per_op)
+                    } else {
+                        row.and_then(|row| rep.net_ir(&row))
+                    };
+                    cell(v, 1)
+                })
+                .collect();
+            let name = match a {
+                "magpie" => "**magpie**",
+                "null" => "*null (the calls, raw)*",
+                other => other,
+            };
+            writeln!(r, "| {name} | {} |", cells.join(" | ")).unwrap();
+        }
+        writeln!(r).unwrap();
+        let losses: Vec<String> = reports
+            .iter()
+            .filter_map(|(name, rep)| {
+                let magpie = rep.net_ir(&row_of(rep, "magpie")?)?;
+                let best = rep
+                    .rows
+                    .iter()
+                    .filter(|row| row.allocator != "magpie" && row.allocator != "null")
+                    .filter_map(|row| Some((rep.net_ir(row)?, row.allocator.clone())))
+                    .min_by(|a, b| a.0.total_cmp(&b.0))?;
+                (best.0 < magpie)
+                    .then(|| format!("{name} ({} {:.1} < {magpie:.1})", best.1, best.0))
+            })
+            .collect();
+        writeln!(
+            r,
+            "- Magpie fewest instructions per operation on every recorded workload: **{}**\n",
+            if reports.is_empty() {
+                "unmeasured".to_string()
+            } else if losses.is_empty() {
+                "met".to_string()
+            } else {
+                format!("not met: {}", losses.join(", "))
+            }
+        )
+        .unwrap();
+    }
+    writeln!(
+        r,
+        "Peak memory: KiB of pages held at the peak from the page source (magpie: its page \
+         source's high-water mark, page map and metadata included; the region allocators: \
+         pages taken from the arena they grow from; mimalloc: its peak commit) and, in \
+         brackets, that over the most bytes live at once. Each allocator's heap is the same \
+         size per workload (the larger of 16 MiB and four times peak live plus the largest \
+         block: magpie's page map is 32 bytes a page of it).\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "| allocator | {} |\n|---|{}",
+        header.join(" | "),
+        "---:|".repeat(header.len())
+    )
+    .unwrap();
+    for &a in REPLAY_ALLOCATORS.iter().filter(|&&a| a != "null") {
+        let cells: Vec<String> = reports
+            .iter()
+            .map(|(_, rep)| match row_of(rep, a) {
+                Some(row) => format!(
+                    "{} ({})",
+                    row.peak_pages
+                        .map_or("—".into(), |p| (p as usize * PAGE_SIZE / 1024)
+                            .to_string()),
+                    cell(rep.peak_over_live(&row), 2)
+                ),
+                None => "—".into(),
+            })
+            .collect();
+        let name = if a == "magpie" { "**magpie**" } else { a };
+        writeln!(r, "| {name} | {} |", cells.join(" | ")).unwrap();
+    }
+    writeln!(r).unwrap();
+}
+
+/// `replay-suite [--no-callgrind]`: the replay section of `make bench`
+/// alone, printed.
+pub fn main_suite(args: &[String]) -> Result<bool, String> {
+    let mut callgrind = true;
+    for arg in args {
+        match arg.as_str() {
+            "--no-callgrind" => callgrind = false,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if callgrind && !have_valgrind() {
+        eprintln!("replay: valgrind not found: no instruction counts");
+        callgrind = false;
+    }
+    let mut r = String::new();
+    let mut failures = Vec::new();
+    suite_section(&mut r, &mut failures, &crate::suite::exe(), callgrind);
+    print!("{r}");
+    for failure in &failures {
+        println!("- failure: {failure}");
+    }
+    Ok(failures.is_empty())
+}
