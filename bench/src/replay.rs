@@ -52,6 +52,7 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::io::IsTerminal as _;
 use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -414,8 +415,24 @@ struct Outcome {
     problems: Option<Problems>,
 }
 
-/// Run the trace through `a`, one thread per recorded CPU.
-fn execute(a: &'static (dyn GlobalAlloc + Sync), trace: &Trace, check: bool) -> Outcome {
+/// Operations from which a run prints a progress line (stderr, every
+/// tenth of the trace).
+const PROGRESS_FROM_OPS: usize = 200_000;
+
+/// Run the trace through `a` (named `name` in the progress line), one
+/// thread per recorded CPU.
+fn execute(
+    name: &str,
+    a: &'static (dyn GlobalAlloc + Sync),
+    trace: &Trace,
+    check: bool,
+) -> Outcome {
+    let nr_ops = trace.ops.len();
+    let progress_step = if nr_ops >= PROGRESS_FROM_OPS {
+        nr_ops.div_ceil(10)
+    } else {
+        usize::MAX
+    };
     let slots: Vec<AtomicUsize> = (0..trace.nr_slots).map(|_| AtomicUsize::new(0)).collect();
     let turn = AtomicUsize::new(0);
     let nr_failures = AtomicU64::new(0);
@@ -475,6 +492,21 @@ fn execute(a: &'static (dyn GlobalAlloc + Sync), trace: &Trace, check: bool) -> 
                         }
                     }
                     run(index);
+                    let milestone =
+                        index % progress_step == progress_step - 1 || index + 1 == nr_ops;
+                    if milestone && nr_ops >= PROGRESS_FROM_OPS {
+                        // One line rewritten on a terminal, a line each in
+                        // a log.
+                        let (start, end) = if std::io::stderr().is_terminal() {
+                            ("\r", if index + 1 == nr_ops { "\n" } else { "" })
+                        } else {
+                            ("", "\n")
+                        };
+                        eprint!(
+                            "{start}replay {name}: {}/{nr_ops} operations{end}",
+                            index + 1
+                        );
+                    }
                     if nr_threads > 1 {
                         turn.store(index + 1, Ordering::Release);
                     }
@@ -522,7 +554,7 @@ pub fn main_one(args: &[String]) -> Result<(), String> {
     let heap_bytes = heap_mib.map_or_else(|| trace.default_heap_bytes(), |m| m << 20);
     let (a, pages) = subject(name, heap_bytes, &trace)?;
     let check = force_check || (check && name != "null");
-    let outcome = execute(a, &trace, check);
+    let outcome = execute(name, a, &trace, check);
     let problems = outcome.problems.as_ref();
     println!(
         "REPLAY allocator={name} ops={} threads={} failures={} peak_pages={} peak_live={} \
@@ -618,39 +650,52 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 
+/// Run this binary with `args`, under callgrind if asked: returns its
+/// standard output and the instructions collected. Its standard error
+/// (the progress line of a long replay, errors) goes to ours; callgrind
+/// is quiet and writes its counts to a file read back here.
 fn child(me: &str, args: &[&str], callgrind: bool) -> Result<(String, Option<u64>), String> {
+    static NR_RUNS: AtomicUsize = AtomicUsize::new(0);
+    let out_file = std::env::temp_dir().join(format!(
+        "magpie-replay-{}-{}.callgrind",
+        std::process::id(),
+        NR_RUNS.fetch_add(1, Ordering::Relaxed)
+    ));
     let mut cmd = if callgrind {
         let mut c = Command::new("valgrind");
         c.args([
+            "-q",
             "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
             "--collect-atstart=no",
             "--toggle-collect=replay_op_alloc",
             "--toggle-collect=replay_op_free",
         ]);
+        c.arg(format!("--callgrind-out-file={}", out_file.display()));
         c.arg(me);
         c
     } else {
         Command::new(me)
     };
-    cmd.args(args);
+    cmd.args(args).stderr(std::process::Stdio::inherit());
     let out = cmd.output().map_err(|e| format!("spawn: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let counts = callgrind.then(|| std::fs::read_to_string(&out_file));
+    let _ = std::fs::remove_file(&out_file);
     if !out.status.success() {
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        return Err(format!("{}: {}", out.status, tail.join(" / ")));
+        return Err(format!("{} (its error above)", out.status));
     }
-    let ir = if callgrind {
-        Some(
-            stderr
+    let ir = match counts {
+        None => None,
+        Some(text) => Some(
+            text.map_err(|e| format!("{}: {e}", out_file.display()))?
                 .lines()
-                .find_map(|l| l.split("Collected :").nth(1))
-                .and_then(|v| v.trim().parse().ok())
+                .find_map(|l| {
+                    l.strip_prefix("totals:")
+                        .or_else(|| l.strip_prefix("summary:"))
+                })
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
                 .ok_or("no callgrind total")?,
-        )
-    } else {
-        None
+        ),
     };
     Ok((stdout, ir))
 }
