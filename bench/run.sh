@@ -9,8 +9,10 @@
 # in target/bench-prof), then runs `magpie-bench suite`: callgrind
 # instruction counts, CPU time (fresh processes at two N, interleaved and
 # shuffled rounds), wall clock at 1 and 2 threads,
-# profiling out / in-off / on, memory workloads, and the kernel hit counted
-# in QEMU (tests/kernel_hit.rs). The report goes to stdout,
+# profiling out / in-off / on, memory workloads, the replay of recorded
+# workloads (bench/workloads/*.kmt and two recorded on the host; see
+# docs/BENCHMARKS.md "Replay"), and the kernel hit counted in QEMU
+# (tests/kernel_hit.rs). The report goes to stdout,
 # target/bench/results.md, and between the markers of docs/BENCHMARKS.md.
 #
 # valgrind (for the instruction counts) is a benchmark-only tool: this

@@ -246,6 +246,13 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
     /// own region. (One allocator per process: the suite runs each
     /// configuration in a fresh process.)
     pub fn new() -> Magpie<P, CACHE> {
+        Self::with_heap(HEAP_BYTES)
+    }
+
+    /// [`Magpie::new`] over a page source of `heap_bytes` bytes (the
+    /// replay sizes it to the recorded workload: the page map is 32 bytes
+    /// a page of it).
+    pub fn with_heap(heap_bytes: usize) -> Magpie<P, CACHE> {
         set_cpu(0);
         let alloc = P::allocator();
         assert!(!alloc.is_ready(), "one magpie allocator per process");
@@ -257,12 +264,17 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
                 .expect("MAGPIE_SLAB_DEBUG: a slab_debug= value");
             alloc.set_debug_config(config);
         }
-        let pages = HostPages::new("bench", HEAP_BYTES, PAGE_SIZE);
+        let pages = HostPages::new("bench", heap_bytes, PAGE_SIZE);
         alloc.init(pages).expect("magpie init");
         let cache = alloc
             .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
             .expect("bench-64 cache");
         Magpie { cache, pages }
+    }
+
+    /// The page source's high-water mark, in pages.
+    pub fn peak_pages(&self) -> usize {
+        self.pages.peak_pages()
     }
 
     /// Bytes of slab pages held by every cache (kmalloc classes, the
@@ -613,7 +625,7 @@ std::thread_local! {
 /// other row pays: its `pair64` fell from 12 to 3 instructions and every
 /// net figure rose by about 10.
 #[inline(always)]
-fn opaque(p: *mut u8) -> *mut u8 {
+pub fn opaque(p: *mut u8) -> *mut u8 {
     // SAFETY: the template is empty: it reads and writes no memory, keeps
     // the stack and the flags; it only receives the address as an integer.
     unsafe {

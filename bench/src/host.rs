@@ -291,6 +291,8 @@ struct PagesInner {
     /// Freed runs by page count (runs are never split or merged).
     free: BTreeMap<usize, Vec<usize>>,
     outstanding: usize,
+    /// Most pages ever outstanding at once.
+    peak: usize,
 }
 
 /// A simple page allocator over one region: a bump pointer plus exact-size
@@ -316,6 +318,7 @@ impl HostPages {
                 bump: base,
                 free: BTreeMap::new(),
                 outstanding: 0,
+                peak: 0,
             }),
             nr_allocs: AtomicU64::new(0),
         }))
@@ -324,6 +327,11 @@ impl HostPages {
     /// Bytes handed out and not returned.
     pub fn outstanding_bytes(&self) -> usize {
         self.inner.lock().outstanding * PAGE_SIZE
+    }
+
+    /// Most pages outstanding at once since the source was made.
+    pub fn peak_pages(&self) -> usize {
+        self.inner.lock().peak
     }
 
     /// `nr_pages` contiguous pages aligned to `align` bytes (a power of two
@@ -346,6 +354,7 @@ impl HostPages {
             }
         };
         inner.outstanding += nr_pages;
+        inner.peak = inner.peak.max(inner.outstanding);
         self.nr_allocs.fetch_add(1, Ordering::Relaxed);
         NonNull::new(addr as *mut u8)
     }

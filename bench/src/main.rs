@@ -4,6 +4,9 @@
 //! magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS]
 //! magpie-bench memory <allocator> <heap|burst>
 //! magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]
+//! magpie-bench replay DUMP [--json] [--no-callgrind] [--allocators A,B,...] [--heap-mib N]
+//! magpie-bench replay-suite [--no-callgrind]
+//! magpie-bench record heap-tests|btree-vec OUT.kmt
 //! magpie-bench list
 //! magpie-bench fault
 //! magpie-bench slab-debug
@@ -18,11 +21,15 @@
 //! (and the `--prof` build for the profiling rows) and writes one markdown
 //! report, optionally into `docs/BENCHMARKS.md` between its markers. See
 //! docs/BENCHMARKS.md.
-#![feature(thread_local)]
+#![feature(thread_local, allocator_api, btreemap_alloc)]
 
 mod allocs;
+mod arena;
+mod fixed_size_block;
 mod host;
 mod memory;
+mod record;
+mod replay;
 mod suite;
 mod workloads;
 
@@ -61,6 +68,9 @@ fn usage() -> ! {
         "usage: magpie-bench <workload> <allocator> [threads] [--n N [--warmup]] [--reps R] [--target-ms MS] [--slots 256|1048576]\n\
          \x20      magpie-bench memory <allocator> <heap|burst>\n\
          \x20      magpie-bench suite [--out FILE] [--doc FILE] [--prof BIN] [--reps R] [--target-ms MS] [--no-callgrind]\n\
+         \x20      magpie-bench replay DUMP [--json] [--no-callgrind] [--allocators A,B,...] [--heap-mib N]\n\
+         \x20      magpie-bench replay-suite [--no-callgrind]\n\
+         \x20      magpie-bench record heap-tests|btree-vec OUT.kmt\n\
          \x20      magpie-bench list\n\
          \x20      magpie-bench fault | slab-debug\n\
          workloads: {}\nallocators: {}",
@@ -93,6 +103,34 @@ fn main() {
             println!("variant: {}", variant());
         }
         Some("suite") => suite::main(&args[1..]),
+        Some("replay") => match replay::main(&args[1..]) {
+            Ok(true) => {}
+            Ok(false) => std::process::exit(1),
+            Err(error) => {
+                eprintln!("magpie-bench replay: {error}");
+                std::process::exit(2)
+            }
+        },
+        Some("record") => {
+            if let Err(error) = record::main(&args[1..]) {
+                eprintln!("magpie-bench record: {error}");
+                std::process::exit(2)
+            }
+        }
+        Some("replay-suite") => match replay::main_suite(&args[1..]) {
+            Ok(true) => {}
+            Ok(false) => std::process::exit(1),
+            Err(error) => {
+                eprintln!("magpie-bench replay-suite: {error}");
+                std::process::exit(2)
+            }
+        },
+        Some("replay-one") => {
+            if let Err(error) = replay::main_one(&args[1..]) {
+                eprintln!("magpie-bench replay-one: {error}");
+                std::process::exit(2)
+            }
+        }
         Some("fault") => {
             let (plain, with_point) = suite::fault_cost(&suite::exe()).unwrap_or_else(|error| {
                 eprintln!("magpie-bench fault: {error}");

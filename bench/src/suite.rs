@@ -892,6 +892,9 @@ pub fn main(argv: &[String]) {
     // ------------------------------------------------------------ memory
     memory(&mut r, &mut failures, &me, opts.prof.as_deref());
 
+    // ------------------------------------------------------------ replay
+    crate::replay::suite_section(&mut r, &mut failures, &me, opts.callgrind);
+
     writeln!(
         r,
         "Machine load (1-minute load average on {} cores) at the start of this run: {load_start}; \

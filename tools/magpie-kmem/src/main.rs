@@ -14,6 +14,8 @@ use magpie_kmem::report::{self, StatOptions};
 use magpie_kmem::symbols::{self, KernelChoice, Symbolizer};
 use magpie_kmem::{diff, export};
 
+mod replay;
+
 /// Offline analysis of Magpie kmemtrace dumps (target/kmemtrace/latest.kmt).
 #[derive(Parser)]
 #[command(name = "magpie-kmem", version)]
@@ -137,6 +139,25 @@ enum Command {
         a: PathBuf,
         /// The later dump.
         b: PathBuf,
+    },
+    /// Replay the dump's allocations and frees through magpie and the
+    /// peer allocators: instructions per operation, peak pages, failures,
+    /// checked (runs `magpie-bench replay`; docs/BENCHMARKS.md).
+    Replay {
+        /// JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// No instruction counts (no valgrind runs).
+        #[arg(long)]
+        no_callgrind: bool,
+        /// Allocators to run, comma-separated (default: all).
+        #[arg(long, value_name = "A,B,...")]
+        allocators: Option<String>,
+        /// Heap of each allocator in MiB (default: from the dump).
+        #[arg(long, value_name = "MIB")]
+        heap_mib: Option<usize>,
+        /// The dump file.
+        file: PathBuf,
     },
     /// Timeline SVG of live bytes over time for the top caches.
     Timeline {
@@ -362,6 +383,19 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
             emit(&diff::diff_text(&sides[0], &sides[1], *top))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Replay {
+            json,
+            no_callgrind,
+            allocators,
+            heap_mib,
+            file,
+        } => replay::run(&replay::ReplayArgs {
+            file,
+            json: *json,
+            no_callgrind: *no_callgrind,
+            allocators: allocators.as_deref(),
+            heap_mib: *heap_mib,
+        }),
         Command::Timeline {
             by,
             from,
