@@ -204,7 +204,7 @@ impl<P: Platform> Allocator<P> {
         // caches (their slab structs live in kmem_slab / kmem_bufctl),
         // then bootstrap small-slab caches (headers inside their own pages).
         unsafe {
-            let head = self.caches.lock().head;
+            let head = self.caches.lock::<P>().head;
             let mut cache = head;
             while !cache.is_null() {
                 let next = (*(*cache).links.get()).next;
@@ -240,7 +240,7 @@ impl<P: Platform> Allocator<P> {
                 entry.store(crate::cache::unready::<P>(), Ordering::Relaxed);
             }
             *self.source.get() = &NullSource;
-            let mut list = self.caches.lock();
+            let mut list = self.caches.lock::<P>();
             list.head = ptr::null();
             list.tail = ptr::null();
         }

@@ -117,7 +117,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             state.meta = meta;
             for (slot, index) in state.free.iter_mut().zip(0u8..) {
                 *slot = index;
@@ -146,7 +146,7 @@ impl<P: Platform> Allocator<P> {
     /// [`Allocator::kfence_fault`] instead.
     pub fn set_kfence_hook(&self, hook: Option<fn(&KfenceReport)>) {
         let _irq = IrqGuard::<P>::new();
-        *self.kfence.hook.lock() = hook;
+        *self.kfence.hook.lock::<P>() = hook;
     }
 
     /// Sample the next eligible allocation (of any cache), placed as
@@ -157,7 +157,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().forced = place;
+            self.kfence.lock.lock::<P>().forced = place;
         }
         self.kfence.target.store(0, Ordering::Release);
         self.kfence_arm();
@@ -174,7 +174,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().forced = place;
+            self.kfence.lock.lock::<P>().forced = place;
         }
         self.kfence
             .target
@@ -261,7 +261,7 @@ impl<P: Platform> Allocator<P> {
         let enabled = self.kfence.pool.load(Ordering::Acquire) != 0;
         let free = if enabled {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().len
+            self.kfence.lock.lock::<P>().len
         } else {
             0
         };
@@ -303,7 +303,7 @@ impl<P: Platform> Allocator<P> {
         let mut nr = 0;
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             for index in 0..KFENCE_NUM_OBJECTS {
                 let meta = state.meta(index);
                 if meta.state == KfenceState::Allocated {
@@ -330,7 +330,7 @@ impl<P: Platform> Allocator<P> {
             return None;
         }
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let index = self.kfence_nearest(&mut state, addr)?;
         Some(*state.meta(index))
     }
@@ -434,7 +434,7 @@ impl<P: Platform> Allocator<P> {
             None
         };
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         if state.len == 0 {
             self.kfence.nr_skipped.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -544,7 +544,7 @@ impl<P: Platform> Allocator<P> {
         let stack = KfenceStack::capture::<P>();
         let pool = self.kfence.pool.load(Ordering::Acquire);
         let irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let page = (addr - pool) / PAGE_SIZE;
         let index = object_of_page(page);
         let object = index.map(|index| *state.meta(index));
@@ -679,7 +679,7 @@ impl<P: Platform> Allocator<P> {
         // interrupt handler on this CPU may report too.
         let hook = {
             let _irq = IrqGuard::<P>::new();
-            *self.kfence.hook.lock()
+            *self.kfence.hook.lock::<P>()
         };
         if let Some(hook) = hook {
             hook(&report);
@@ -707,7 +707,7 @@ impl<P: Platform> Allocator<P> {
         let page_index = (addr - pool) / PAGE_SIZE;
         let object = {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             self.kfence_nearest(&mut state, addr)
                 .map(|i| *state.meta(i))
         };
