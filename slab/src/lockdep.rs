@@ -21,10 +21,11 @@
 //! set by [`set_report_hook`] (the kernel logs an error report), or, with
 //! no hook, by panicking (tests). Each class is reported once.
 //!
-//! The allocator's lock types make the bad state hard to reach (`crate::sync`):
-//! [`IrqMutex`](crate::sync::IrqMutex) and [`SpinIrq`](crate::sync::SpinIrq)
+//! The allocator's lock types make the bad state hard to reach
+//! (`slab/src/sync.rs`):
+//! `IrqMutex` and `SpinIrq`
 //! turn interrupts off before they spin, so their classes are never taken
-//! "with interrupts on"; [`IrqTryMutex`](crate::sync::IrqTryMutex), taken
+//! "with interrupts on"; `IrqTryMutex`, taken
 //! with interrupts on, is only *tried* from interrupt context. The
 //! validator catches a change that takes one of them the wrong way (a
 //! `lock` where a `try_lock` was meant, a new lock of the wrong type).
