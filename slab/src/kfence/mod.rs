@@ -337,7 +337,7 @@ impl<P: Platform> Allocator<P> {
             return false;
         };
         let meta = *state.meta(index);
-        let end = from.saturating_add(out.len() * core::mem::size_of::<usize>());
+        let end = from.saturating_add(core::mem::size_of_val(out));
         if meta.state != KfenceState::Allocated
             || meta.addr != addr
             || from < addr
