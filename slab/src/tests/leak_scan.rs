@@ -105,14 +105,27 @@ fn a_kfence_sample_freed_during_the_scan_is_not_read() {
         .cache_create("leak-kf", 64, 8, CacheFlags::empty(), None, None, None)
         .unwrap();
     let other = alloc
-        .cache_create("leak-kf-other", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "leak-kf-other",
+            64,
+            8,
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+        )
         .unwrap();
     assert!(alloc.kfence_force_sample_of(sampled, None));
     let sample = sampled.alloc().unwrap();
     assert!(alloc.kfence_contains(sample.as_ptr() as usize));
     let target = other.alloc().unwrap();
     // SAFETY: the sample is ours, 64 bytes.
-    unsafe { sample.as_ptr().cast::<usize>().write_unaligned(target.as_ptr() as usize) };
+    unsafe {
+        sample
+            .as_ptr()
+            .cast::<usize>()
+            .write_unaligned(target.as_ptr() as usize)
+    };
 
     // Scanned while allocated: the target is reached through it.
     let (groups, summary) = scan(alloc, &[sample.as_ptr() as usize]);
@@ -126,7 +139,9 @@ fn a_kfence_sample_freed_during_the_scan_is_not_read() {
     // Freed after the scan recorded it, before it is scanned.
     // SAFETY: allocated above, not used again.
     unsafe { sampled.free(sample) }.unwrap();
-    assert!(kfence_protected(sample.as_ptr() as usize & !(PAGE_SIZE - 1)));
+    assert!(kfence_protected(
+        sample.as_ptr() as usize & !(PAGE_SIZE - 1)
+    ));
     scan.scan_slice(&[sample.as_ptr() as usize]);
     let mut groups = Vec::new();
     let summary = scan.finish(|group| groups.push(*group));
