@@ -575,6 +575,7 @@ pub mod kfence;
 pub mod kmemtrace;
 mod layout;
 pub mod leak_scan;
+pub mod lockdep;
 mod magazine;
 mod object;
 mod platform;

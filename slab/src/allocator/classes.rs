@@ -253,7 +253,7 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: `init` takes `&'static self`: an allocator with a cache
         // (the stub is one) lives forever.
         let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
-        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock()) else {
+        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock::<P>()) else {
             return Err(AllocError::OutOfMemory);
         };
         let cache = self.kmalloc_cache(index);
@@ -262,7 +262,7 @@ impl<P: Platform> Allocator<P> {
         }
         // Creating links the class under the cache-list lock: not if this
         // CPU holds it (that would never return).
-        if spin_try::<P, _>(|| self.caches.try_lock()).is_none() {
+        if spin_try::<P, _>(|| self.caches.try_lock::<P>()).is_none() {
             return Err(AllocError::OutOfMemory);
         }
         let created = this.create_class(index)?;

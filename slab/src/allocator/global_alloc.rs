@@ -9,7 +9,6 @@ use core::sync::atomic::Ordering;
 use super::Allocator;
 use crate::error::FreeError;
 use crate::platform::Platform;
-use crate::sync::spin_lock_irq;
 
 impl<P: Platform> Allocator<P> {
     /// Called with every error a `GlobalAlloc::dealloc` (or
@@ -17,7 +16,7 @@ impl<P: Platform> Allocator<P> {
     /// panic. The error has already been counted in
     /// [`Allocator::nr_bad_frees`] and nothing was changed.
     pub fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
-        *spin_lock_irq::<P, _>(&self.free_error_hook) = hook;
+        *self.free_error_hook.lock::<P>() = hook;
     }
 
     /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
@@ -43,7 +42,7 @@ impl<P: Platform> Allocator<P> {
     #[cold]
     pub(crate) fn report_free_error(&self, error: FreeError) {
         self.nr_bad_frees.fetch_add(1, Ordering::Relaxed);
-        let hook = *spin_lock_irq::<P, _>(&self.free_error_hook);
+        let hook = *self.free_error_hook.lock::<P>();
         if let Some(hook) = hook {
             hook(&error);
         }

@@ -72,7 +72,7 @@ impl<P: Platform> Allocator<P> {
     /// Stop recording (the events stay until the next start). Frees and
     /// allocations already past the recording test may still land.
     pub fn kmemtrace_stop(&self) {
-        self.kmemtrace.stop();
+        self.kmemtrace.stop::<P>();
         self.set_kmemtrace_bits(Some(u32::MAX));
     }
 
@@ -128,7 +128,7 @@ impl<P: Platform> Allocator<P> {
     /// Keep `cache`'s CACHE record for the dump of the current record
     /// (cold: `KmemCache::destroy` calls it once, before the name goes).
     pub(crate) fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>) {
-        self.kmemtrace.note_destroyed(&cache_record(cache));
+        self.kmemtrace.note_destroyed::<P>(&cache_record(cache));
     }
 
     /// Record an allocation from `cache` (its packed result).

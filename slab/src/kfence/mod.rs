@@ -117,7 +117,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             state.meta = meta;
             for (slot, index) in state.free.iter_mut().zip(0u8..) {
                 *slot = index;
@@ -146,7 +146,7 @@ impl<P: Platform> Allocator<P> {
     /// [`Allocator::kfence_fault`] instead.
     pub fn set_kfence_hook(&self, hook: Option<fn(&KfenceReport)>) {
         let _irq = IrqGuard::<P>::new();
-        *self.kfence.hook.lock() = hook;
+        *self.kfence.hook.lock::<P>() = hook;
     }
 
     /// Sample the next eligible allocation (of any cache), placed as
@@ -157,7 +157,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().forced = place;
+            self.kfence.lock.lock::<P>().forced = place;
         }
         self.kfence.target.store(0, Ordering::Release);
         self.kfence_arm();
@@ -174,7 +174,7 @@ impl<P: Platform> Allocator<P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().forced = place;
+            self.kfence.lock.lock::<P>().forced = place;
         }
         self.kfence
             .target
@@ -236,22 +236,26 @@ impl<P: Platform> Allocator<P> {
         self.kfence_tick_due(interval);
     }
 
-    /// The interval has perhaps passed: arm a sample, unless one is armed
-    /// or the cache list is busy (then the next miss tries again: this
-    /// runs inside allocations, which may happen under the list lock).
+    /// The interval has perhaps passed: arm a sample (every cache's
+    /// `SAMPLE` bit), unless the cache list is busy (then the next miss
+    /// tries again: this runs inside allocations, which may happen under
+    /// the list lock). A sample still armed from an earlier interval gets
+    /// the bits again: each cache clears its own at its next allocation,
+    /// sampled or not, so a sample armed while no cache was eligible (the
+    /// trace table or kmemtrace on every cache) would otherwise stay
+    /// armed with no bit set, and KFENCE would never sample again.
     #[inline(never)]
     fn kfence_tick_due(&self, interval: u64) {
         let now = P::kfence_clock_ns();
-        if now < self.kfence.next_ns.load(Ordering::Relaxed)
-            || self.kfence.armed.swap(true, Ordering::AcqRel)
-        {
+        if now < self.kfence.next_ns.load(Ordering::Relaxed) {
             return;
         }
+        let was_armed = self.kfence.armed.swap(true, Ordering::AcqRel);
         if self.try_for_each_cache(|cache| cache.set_hot(HotFlags::SAMPLE)) {
             self.kfence
                 .next_ns
                 .store(now.saturating_add(interval), Ordering::Relaxed);
-        } else {
+        } else if !was_armed {
             self.kfence.armed.store(false, Ordering::Release);
         }
     }
@@ -261,7 +265,7 @@ impl<P: Platform> Allocator<P> {
         let enabled = self.kfence.pool.load(Ordering::Acquire) != 0;
         let free = if enabled {
             let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock().len
+            self.kfence.lock.lock::<P>().len
         } else {
             0
         };
@@ -303,7 +307,7 @@ impl<P: Platform> Allocator<P> {
         let mut nr = 0;
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             for index in 0..KFENCE_NUM_OBJECTS {
                 let meta = state.meta(index);
                 if meta.state == KfenceState::Allocated {
@@ -315,6 +319,44 @@ impl<P: Platform> Allocator<P> {
         for &(start, size, cache, site) in &live[..nr] {
             f(start, size, cache, site);
         }
+    }
+
+    /// Copy `out.len()` words from `from` (aligned, inside the sample at
+    /// `addr`) if that sample is still allocated, under the pool's lock:
+    /// the leak scan reads samples so, since a sample freed meanwhile (on
+    /// another CPU, or in an interrupt handler) has its page unmapped and
+    /// a plain read would fault and be reported as a use after free.
+    /// False (nothing copied) if it is not allocated any more.
+    pub(crate) fn kfence_read_sample(&self, addr: usize, from: usize, out: &mut [usize]) -> bool {
+        if !self.kfence_contains(addr) {
+            return false;
+        }
+        let _irq = IrqGuard::<P>::new();
+        let mut state = self.kfence.lock.lock::<P>();
+        let Some(index) = self.kfence_nearest(&mut state, addr) else {
+            return false;
+        };
+        let meta = *state.meta(index);
+        let end = from.saturating_add(core::mem::size_of_val(out));
+        if meta.state != KfenceState::Allocated
+            || meta.addr != addr
+            || from < addr
+            || end > addr + meta.size
+            || !from.is_multiple_of(core::mem::size_of::<usize>())
+        {
+            return false;
+        }
+        for (index, word) in out.iter_mut().enumerate() {
+            // SAFETY: inside an allocated sample, whose page stays mapped
+            // while we hold the pool's lock (a free protects it under the
+            // lock); aligned (checked above).
+            *word = unsafe {
+                core::ptr::read_volatile(
+                    (from + index * core::mem::size_of::<usize>()) as *const usize,
+                )
+            };
+        }
+        true
     }
 
     /// Whether `addr` lies in the KFENCE pool.
@@ -330,7 +372,7 @@ impl<P: Platform> Allocator<P> {
             return None;
         }
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let index = self.kfence_nearest(&mut state, addr)?;
         Some(*state.meta(index))
     }
@@ -434,7 +476,7 @@ impl<P: Platform> Allocator<P> {
             None
         };
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         if state.len == 0 {
             self.kfence.nr_skipped.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -544,7 +586,7 @@ impl<P: Platform> Allocator<P> {
         let stack = KfenceStack::capture::<P>();
         let pool = self.kfence.pool.load(Ordering::Acquire);
         let irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let page = (addr - pool) / PAGE_SIZE;
         let index = object_of_page(page);
         let object = index.map(|index| *state.meta(index));
@@ -679,7 +721,7 @@ impl<P: Platform> Allocator<P> {
         // interrupt handler on this CPU may report too.
         let hook = {
             let _irq = IrqGuard::<P>::new();
-            *self.kfence.hook.lock()
+            *self.kfence.hook.lock::<P>()
         };
         if let Some(hook) = hook {
             hook(&report);
@@ -707,7 +749,7 @@ impl<P: Platform> Allocator<P> {
         let page_index = (addr - pool) / PAGE_SIZE;
         let object = {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             self.kfence_nearest(&mut state, addr)
                 .map(|i| *state.meta(i))
         };

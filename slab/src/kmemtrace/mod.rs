@@ -55,6 +55,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsiz
 use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+use crate::sync::{IrqTryMutex, SpinIrq};
 
 mod config;
 pub(crate) mod rings;
@@ -164,15 +165,15 @@ pub(crate) struct Kmemtrace {
     pub(crate) stack_depth: AtomicUsize,
     pub(crate) from_boot: AtomicBool,
     pub(crate) start_ticks: AtomicU64,
-    pub(crate) stacks: spin::Mutex<StackTable>,
+    pub(crate) stacks: SpinIrq<StackTable>,
     nr_stacks_dropped: AtomicU64,
     /// Serialises start, stop and dump.
-    control: spin::Mutex<()>,
+    control: IrqTryMutex<()>,
     /// Caches destroyed during the record, so that the dump still names
     /// their events' cache (cold path: cache destroy and dump only).
-    destroyed: spin::Mutex<DestroyedCaches>,
+    destroyed: SpinIrq<DestroyedCaches>,
     /// What the platform marked during the record (cold path).
-    pub(crate) marks: spin::Mutex<Marks>,
+    pub(crate) marks: SpinIrq<Marks>,
 }
 
 // SAFETY: the raw pointers are to memory owned by the recorder for its
@@ -199,19 +200,19 @@ impl Kmemtrace {
             stack_depth: AtomicUsize::new(0),
             from_boot: AtomicBool::new(false),
             start_ticks: AtomicU64::new(0),
-            stacks: spin::Mutex::new(StackTable {
+            stacks: SpinIrq::new(StackTable {
                 buckets: ptr::null_mut(),
                 frames: ptr::null_mut(),
                 depths: ptr::null_mut(),
                 nr_stacks: 0,
             }),
             nr_stacks_dropped: AtomicU64::new(0),
-            control: spin::Mutex::new(()),
-            destroyed: spin::Mutex::new(DestroyedCaches {
+            control: IrqTryMutex::new(()),
+            destroyed: SpinIrq::new(DestroyedCaches {
                 entries: [DestroyedCache::EMPTY; MAX_DESTROYED_CACHES],
                 nr_noted: 0,
             }),
-            marks: spin::Mutex::new(Marks {
+            marks: SpinIrq::new(Marks {
                 entries: [Mark {
                     ticks: 0,
                     cpu: 0,
@@ -230,7 +231,7 @@ impl Kmemtrace {
         if !self.is_recording() {
             return;
         }
-        let mut marks = self.marks.lock();
+        let mut marks = self.marks.lock::<P>();
         let index = marks.nr_marks;
         let Some(entry) = marks.entries.get_mut(index) else {
             return;
@@ -249,11 +250,11 @@ impl Kmemtrace {
     /// Keep a cache's CACHE record past its destruction, for the dump of
     /// the current record (its events name it by id). Nothing to keep
     /// before the first start. Called from `KmemCache::destroy` only.
-    pub(crate) fn note_destroyed(&self, cache: &CacheRecord<'_>) {
+    pub(crate) fn note_destroyed<P: Platform>(&self, cache: &CacheRecord<'_>) {
         if self.rings.load(Ordering::Acquire).is_null() {
             return;
         }
-        let mut destroyed = self.destroyed.lock();
+        let mut destroyed = self.destroyed.lock::<P>();
         let index = destroyed.nr_noted % MAX_DESTROYED_CACHES;
         let name_len = cache.name.len().min(32);
         let mut name = [0; 32];
@@ -294,7 +295,7 @@ impl Kmemtrace {
         if config.stack_depth > MAX_STACK_DEPTH {
             return Err(KmemtraceError::StackDepth(config.stack_depth));
         }
-        let _control = self.control.lock();
+        let _control = self.control.lock::<P>();
         self.recording.store(false, Ordering::Relaxed);
         self.recording_all.store(false, Ordering::Relaxed);
         if self.rings.load(Ordering::Acquire).is_null() {
@@ -311,7 +312,7 @@ impl Kmemtrace {
                 .store(nr_cpus * CPU_SLOT_BYTES, Ordering::Release);
         }
         if config.stack_depth > 0 {
-            let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
+            let mut table = self.stacks.lock::<P>();
             if table.buckets.is_null() {
                 let nr_pages = STACK_TABLE_BYTES.div_ceil(PAGE_SIZE);
                 let base = source
@@ -337,8 +338,8 @@ impl Kmemtrace {
             table.nr_stacks = 0;
         }
         self.nr_stacks_dropped.store(0, Ordering::Relaxed);
-        self.destroyed.lock().nr_noted = 0;
-        self.marks.lock().nr_marks = 0;
+        self.destroyed.lock::<P>().nr_noted = 0;
+        self.marks.lock::<P>().nr_marks = 0;
         for ring in self.rings() {
             ring.nr_written.store(0, Ordering::Release);
             ring.next.store(ptr::null_mut(), Ordering::Relaxed);
@@ -358,8 +359,8 @@ impl Kmemtrace {
     }
 
     /// Note that recording stopped (the caller clears the cache bits).
-    pub(crate) fn stop(&self) {
-        let _control = self.control.lock();
+    pub(crate) fn stop<P: Platform>(&self) {
+        let _control = self.control.lock::<P>();
         self.recording_all.store(false, Ordering::Relaxed);
         self.recording.store(false, Ordering::Relaxed);
     }
@@ -521,13 +522,13 @@ impl Kmemtrace {
     fn caller_stack<P: Platform>(&self, depth: usize) -> (usize, u32) {
         let mut frames = [0usize; MAX_STACK_DEPTH];
         let nr = P::caller_frames(&mut frames[..depth.min(MAX_STACK_DEPTH)]);
-        (frames[0], self.stack_id(&frames[..nr]))
+        (frames[0], self.stack_id::<P>(&frames[..nr]))
     }
 
     /// The id of a backtrace (1-based), adding it if new; 0 if the table
     /// is full or there are no frames.
     #[cold]
-    fn stack_id(&self, frames: &[usize]) -> u32 {
+    fn stack_id<P: Platform>(&self, frames: &[usize]) -> u32 {
         if frames.is_empty() {
             return 0;
         }
@@ -535,7 +536,7 @@ impl Kmemtrace {
         for &frame in frames {
             hash = (hash ^ frame as u64).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        let mut table = self.stacks.lock();
+        let mut table = self.stacks.lock::<P>();
         if table.buckets.is_null() {
             return 0;
         }
@@ -582,7 +583,7 @@ impl Kmemtrace {
             stack_depth: self.stack_depth.load(Ordering::Relaxed),
             nr_cpus: self.nr_rings(Ordering::Relaxed),
             nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
-            nr_stacks: crate::sync::spin_lock_irq::<P, _>(&self.stacks).nr_stacks,
+            nr_stacks: self.stacks.lock::<P>().nr_stacks,
             nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
             ..KmemtraceStatus::default()
         };
@@ -614,7 +615,7 @@ impl Kmemtrace {
         caches: &mut CacheLister<'_>,
         sink: &mut dyn FnMut(&[u8]),
     ) -> DumpSummary {
-        let _control = self.control.lock();
+        let _control = self.control.lock::<P>();
         let stack_depth = self.stack_depth.load(Ordering::Relaxed);
         let rings = self.rings();
         let mut flags = 0;
@@ -634,7 +635,7 @@ impl Kmemtrace {
         let mut out = DumpWriter::new(&header, sink);
         caches(&mut |cache| out.cache(&cache));
         {
-            let destroyed = self.destroyed.lock();
+            let destroyed = self.destroyed.lock::<P>();
             let nr_kept = destroyed.nr_noted.min(MAX_DESTROYED_CACHES);
             for entry in &destroyed.entries[..nr_kept] {
                 out.cache(&CacheRecord {
@@ -647,7 +648,7 @@ impl Kmemtrace {
             }
         }
         {
-            let marks = self.marks.lock();
+            let marks = self.marks.lock::<P>();
             for mark in &marks.entries[..marks.nr_marks] {
                 out.mark(&MarkRecord {
                     timestamp_ns: (info.ticks_to_ns)(mark.ticks),
@@ -657,7 +658,7 @@ impl Kmemtrace {
             }
         }
         if stack_depth > 0 {
-            let table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
+            let table = self.stacks.lock::<P>();
             for index in 0..table.nr_stacks {
                 // SAFETY: index < nr_stacks <= MAX_STACKS; under the lock.
                 let frames = unsafe {

@@ -37,6 +37,8 @@ mod kmemtrace;
 mod kmemtrace_sizing;
 #[cfg(not(loom))]
 mod leak_scan;
+#[cfg(not(loom))]
+mod lockdep;
 #[cfg(loom)]
 pub(crate) mod loom_models;
 #[cfg(not(loom))]
