@@ -596,7 +596,6 @@ mod tests;
 pub struct ReadmeDoctests;
 
 pub use alloc_tag::AllocTagRef;
-pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use allocator::{Allocator, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
