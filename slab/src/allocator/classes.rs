@@ -286,9 +286,10 @@ impl<P: Platform> Allocator<P> {
         // The stub's object size is the natural alignment it stands for.
         let align = stub.params.obj_size;
         match Self::kmalloc_index(size, align) {
-            Some(index) => self
-                .kmalloc_class(index)
-                .and_then(|cache| cache.alloc_with(tag, size)),
+            Some(index) => self.kmalloc_class(index).and_then(|cache| {
+                // SAFETY: a reference: a live cache.
+                unsafe { KmemCache::alloc_at(cache, tag, size) }
+            }),
             None => Err(AllocError::InvalidLayout),
         }
     }

@@ -48,7 +48,8 @@ impl<P: Platform> KmemCache<P> {
     /// [`AllocError::InvalidLayout`] for a bootstrap cache.
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(crate::alloc_tag::current::<P>, 0)
+        // SAFETY: a reference: a live cache.
+        unsafe { Self::alloc_at(self, crate::alloc_tag::current::<P>, 0) }
     }
 
     /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
@@ -76,23 +77,14 @@ impl<P: Platform> KmemCache<P> {
     /// As for [`KmemCache::alloc`].
     #[inline]
     pub fn alloc_tagged(&self, tag: Option<crate::AllocTagRef>) -> Result<NonNull<u8>, AllocError> {
-        self.alloc_with(move || crate::alloc_tag::explicit::<P>(tag), 0)
-    }
-
-    /// Allocate, charging the tag `tag()` names (asked only with profiling
-    /// on). `bytes_req` is what a kmalloc caller asked for (0: a
-    /// `kmem_cache_alloc`), for the debug redzone and kmemtrace.
-    #[inline(always)]
-    pub(crate) fn alloc_with(
-        &self,
-        tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: a reference: a live cache.
-        unsafe { Self::alloc_at(self, tag, bytes_req) }
+        unsafe { Self::alloc_at(self, move || crate::alloc_tag::explicit::<P>(tag), 0) }
     }
 
-    /// The allocation: [`Self::alloc_hit`], else [`Self::alloc_off_hit`].
+    /// The allocation: [`Self::alloc_hit`], else [`Self::alloc_off_hit`],
+    /// charging the tag `tag()` names (asked only with profiling on).
+    /// `bytes_req` is what a kmalloc caller asked for (0: a
+    /// `kmem_cache_alloc`), for the debug redzone and kmemtrace.
     ///
     /// # Safety
     /// `this` is a live cache, or the [`unready`] entry.
@@ -181,33 +173,26 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
         let this = unsafe { &*this };
-        let result = this.alloc_hooks_around_hit(hot, &tag, bytes_req);
+        let result = 'hooked: {
+            if hot.intersects(HotFlags::PRE_ALLOC)
+                && let Some(served) = this.pre_alloc_hook(hot, &tag, bytes_req)
+            {
+                break 'hooked served;
+            }
+            let obj = match this.magazine_alloc_hit() {
+                Some(obj) => obj,
+                None => match this.magazine_alloc_miss_or_slab() {
+                    Ok(obj) => obj,
+                    Err(error) => break 'hooked Err(error),
+                },
+            };
+            this.post_alloc_hook(obj, hot, &tag, bytes_req);
+            Ok(obj)
+        };
         if hot.contains(HotFlags::KMEMTRACE) {
             this.kmemtrace_alloc_hook(result, bytes_req);
         }
         result
-    }
-
-    /// [`Self::alloc_hooked`] past the unborn test: the pre-alloc hook,
-    /// the hit or the miss, the post-alloc hook.
-    #[inline(always)]
-    fn alloc_hooks_around_hit(
-        &self,
-        hot: HotFlags,
-        tag: &impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if hot.intersects(HotFlags::PRE_ALLOC)
-            && let Some(served) = self.pre_alloc_hook(hot, tag, bytes_req)
-        {
-            return served;
-        }
-        let obj = match self.magazine_alloc_hit() {
-            Some(obj) => obj,
-            None => self.magazine_alloc_miss_or_slab()?,
-        };
-        self.post_alloc_hook(obj, hot, tag, bytes_req);
-        Ok(obj)
     }
 
     /// The magazine hit of an allocation: pop a round from this CPU's

@@ -27,15 +27,20 @@
 //!   allocator/kmalloc.rs)
 //! ```
 //!
-//! Nested calls of a plain `KmemCache::alloc` hit: `alloc` ►
-//! `alloc_with` ► `alloc_at` ► `magazine_alloc_hit` (all inlined; files
-//! `cache/alloc.rs` and, for the in-use flag, `sync.rs`); of a plain
-//! free: `free` ► `free_located` ► `magazine_free_hit` (`cache/free.rs`,
-//! `sync.rs`); `GlobalAlloc::dealloc` ► `locate_allocated` ►
-//! `free_located` ► `magazine_free_hit` (`allocator/global_alloc.rs`,
-//! `allocator/kmalloc.rs`, `cache/free.rs`). A debug cache's free:
-//! `cache/free.rs` ► `cache/hooks.rs` ► `cache/debug.rs` (and the
-//! debug machinery in `debug/`).
+//! Source calls on a plain hit (all inlined): `KmemCache::alloc` ►
+//! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit`
+//! (`cache/alloc.rs`) ► `pcpu_lock` (`cache/magazines.rs`) ►
+//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
+//! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
+//! `clear_key` (`cache/double_free.rs`): 8 deep, 5 files. A free:
+//! `KmemCache::free` ► `free_located` ► `free_hit` ►
+//! `magazine_free_hit` (`cache/free.rs`) and the same per-CPU chain, the
+//! free key's `holds_key`/`write_key`: 8 deep, 5 files;
+//! `GlobalAlloc::dealloc` ► `locate_allocated`
+//! (`allocator/kmalloc.rs`), then `free_hit` as above. A debug cache's
+//! free: `cache/free.rs` (`free_hooked`) ► `cache/hooks.rs`
+//! (`free_hook`, `free_checks`) ► `cache/debug.rs` ► the trailer
+//! (`debug/`).
 //!
 //! **The hits** take no lock and no atomic read-modify-write: this CPU's
 //! per-CPU cache at `pcpu_array() + Platform::cpu_offset()`, its in-use flag
