@@ -352,7 +352,7 @@ mod imp {
         _base: *const u8,
         _offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
-        let _ = (A::AT, A::TOP);
+        let _ = (A::AT, A::TOP, A::LIMIT, A::NR_ALLOCS, A::FREE_KEY);
         unreachable!("restartable hits are not supported in this build")
     }
 
@@ -365,7 +365,7 @@ mod imp {
         _offset: usize,
         _obj: core::ptr::NonNull<u8>,
     ) -> bool {
-        let _ = (A::AT, A::TOP);
+        let _ = (A::AT, A::TOP, A::LIMIT, A::NR_ALLOCS, A::FREE_KEY);
         unreachable!("restartable hits are not supported in this build")
     }
 }
