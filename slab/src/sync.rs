@@ -341,67 +341,6 @@ pub(crate) fn flags_any<const MASK: u32>(word: &AtomicU32) -> bool {
     }
 }
 
-/// Whether `word` is exactly `VALUE`: a relaxed load and a compare; on
-/// x86-64 (loom models and Miri aside) `cmp dword ptr [word], VALUE; je`,
-/// as [`flags_any`].
-#[cfg(feature = "alloc-profiling")]
-#[inline(always)]
-pub(crate) fn flags_eq<const VALUE: u32>(word: &AtomicU32) -> bool {
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
-    {
-        // SAFETY: as in `flags_any`.
-        unsafe {
-            core::arch::asm!(
-                "cmp dword ptr [{word}], {value}",
-                "je {equal}",
-                word = in(reg) word.as_ptr(),
-                value = const VALUE,
-                equal = label { return true; },
-                options(nostack, readonly),
-            );
-        }
-        false
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
-    {
-        word.load(Ordering::Relaxed) == VALUE
-    }
-}
-
-/// Whether `word & MASK == BIT`, `BIT` one bit of `MASK`: a relaxed load,
-/// on x86-64 (loom models and Miri aside) two `test`s of the word in
-/// memory and their branches (no register: the recorded hits' dispatch,
-/// which a loaded copy of the flags would cost a register move).
-#[cfg(not(feature = "alloc-profiling"))]
-#[inline(always)]
-pub(crate) fn flags_only<const MASK: u32, const BIT: u32>(word: &AtomicU32) -> bool {
-    const { assert!(BIT.is_power_of_two() && MASK & BIT == BIT) };
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
-    {
-        // SAFETY: as in `flags_any` (two reads of the word: a flag that
-        // changes between them gives an answer either read could, and
-        // the paths off the hit read the flags again).
-        unsafe {
-            core::arch::asm!(
-                "test dword ptr [{word}], {others}",
-                "jnz {no}",
-                "test dword ptr [{word}], {bit}",
-                "jz {no}",
-                word = in(reg) word.as_ptr(),
-                others = const MASK & !BIT,
-                bit = const BIT,
-                no = label { return false; },
-                options(nostack, readonly),
-            );
-        }
-        true
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
-    {
-        word.load(Ordering::Relaxed) & MASK == BIT
-    }
-}
-
 /// A point of a magazine hit where the `loom` models let an interrupt
 /// handler of this CPU run (`tests/loom_models.rs`); nothing in other
 /// builds.

@@ -6,6 +6,7 @@
 //! switches (`kmemtrace_control.rs`); boxes from kmalloc (`boxes.rs`).
 
 mod boxes;
+mod cache_owner;
 mod classes;
 mod global_alloc;
 mod init;

@@ -6,6 +6,8 @@
 mod support;
 
 #[cfg(not(loom))]
+mod alloc_errors;
+#[cfg(not(loom))]
 mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
