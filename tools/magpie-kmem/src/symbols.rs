@@ -282,6 +282,14 @@ impl Symbolizer {
             .is_some_and(|root| file.starts_with(root.as_str()) && !file.contains("/registry/src/"))
     }
 
+    /// Whether a source file is the allocator library's own (`slab/src/`):
+    /// its entry points are `#[inline(always)]` into their callers, so a
+    /// call site's inlined frames start in it; the caller's line is the
+    /// next frame out.
+    fn in_allocator(&self, file: &str) -> bool {
+        self.short_path(file).starts_with("slab/src/")
+    }
+
     /// A source path as people read it: relative to the workspace;
     /// `core/src/...` for the Rust library; `crate-x.y.z/src/...` for a
     /// crates.io dependency.
@@ -334,7 +342,8 @@ impl Symbolizer {
         let location = self.loader.as_ref().and_then(|loader| {
             // The return address follows the call; the call is the line.
             // Of the inlined frames there (innermost first), the innermost
-            // one in the workspace holds the allocation call (a
+            // one in the workspace outside the allocator library (`slab/src/`,
+            // whose entry points are inlined into their callers) holds the allocation call (a
             // `kmalloc!` line, or a `Vec::with_capacity` in kernel code);
             // when every frame is in a library, the outermost one's line
             // is in the function named above.
@@ -345,7 +354,9 @@ impl Symbolizer {
                 while let Ok(Some(frame)) = frames.next() {
                     if let Some(location) = frame.location {
                         if ours.is_none()
-                            && location.file.is_some_and(|file| self.in_workspace(file))
+                            && location.file.is_some_and(|file| {
+                                self.in_workspace(file) && !self.in_allocator(file)
+                            })
                         {
                             ours = Some((location.file, location.line));
                             function = frame
