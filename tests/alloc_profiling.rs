@@ -130,11 +130,10 @@ mod profiled {
             .cache_create(
                 "profiled-1500",
                 1500,
-                8,
-                magpie_slab::CacheFlags::empty(),
-                None,
-                None,
-                None,
+                &magpie_slab::CacheArgs {
+                    align: 8,
+                    ..magpie_slab::CacheArgs::DEFAULT
+                },
             )
             .expect("cache");
         let objs: Vec<_> = (0..4).map(|_| from_a_cache(cache)).collect();

@@ -39,6 +39,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::arch::{self, lapic, tsc};
 use magpie::kmem::{KernelPlatform, SLAB};
@@ -266,7 +267,15 @@ fn timer_interrupt_allocates_against_the_thread() {
     ];
     for (index, (name, size, flags, kind)) in created.into_iter().enumerate() {
         let cache = SLAB
-            .cache_create(name, size, 8, flags, None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("cache_create");
         assert_eq!(cache.stats().kind, kind, "{name}'s slab kind");
         CACHES[index].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
@@ -377,7 +386,14 @@ fn on_bad_tick() {
 #[test_case]
 fn timer_interrupt_reports_bad_frees_against_the_thread() {
     let cache = SLAB
-        .cache_create("irq-bad", 48, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "irq-bad",
+            48,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create");
     CACHES[0].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
     SLAB.set_error_hook(Some(count_report));

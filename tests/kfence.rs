@@ -21,12 +21,13 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::debug::kfence;
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie::shell::Shell;
 use magpie_slab::kfence::{KfenceBug, KfencePlace};
-use magpie_slab::{AllocError, ArenaStats, CacheFlags, FreeError, KmemCache, PageSource, SlabKind};
+use magpie_slab::{AllocError, ArenaStats, FreeError, KmemCache, PageSource, SlabKind};
 
 type Cache = KmemCache<KernelPlatform>;
 
@@ -141,11 +142,11 @@ fn every_corruption_kind_is_detected_on_a_sample_without_flags() {
             .cache_create(
                 "kfence-test",
                 size,
-                8,
-                CacheFlags::empty(),
-                None,
-                None,
-                source,
+                &CacheArgs {
+                    align: 8,
+                    source,
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap();
         assert_eq!(cache.stats().kind, slab_kind);

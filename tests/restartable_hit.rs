@@ -44,12 +44,13 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::hint::black_box;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::arch::idt;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::kmem::{SLAB, cache_destroy};
 use magpie::testing::{trap_off, trap_on, with_debug_handler};
-use magpie_slab::{AllocError, Allocator, CacheFlags, FreeError, KmemCache};
+use magpie_slab::{AllocError, Allocator, FreeError, KmemCache};
 use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
@@ -375,7 +376,14 @@ fn interrupted_everywhere() -> (usize, usize) {
 #[test_case]
 fn every_instruction_of_the_kmem_cache_hits_interrupted() {
     let cache = SLAB
-        .cache_create("restart-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "restart-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create");
     CACHE.store(core::ptr::from_ref(cache).cast_mut(), Ordering::Relaxed);
     TARGET_KMALLOC.store(false, Ordering::Relaxed);

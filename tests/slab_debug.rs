@@ -19,6 +19,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::debug::slab_debug::KernelFormat;
 use magpie::kmem::{KernelPlatform, SLAB};
@@ -32,8 +33,16 @@ magpie::test_kernel!();
 
 fn debug_cache(name: &str) -> &'static Cache {
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
-    SLAB.cache_create(name, 64, 8, flags, None, None, None)
-        .expect("debug cache")
+    SLAB.cache_create(
+        name,
+        64,
+        &CacheArgs {
+            align: 8,
+            flags,
+            ..CacheArgs::DEFAULT
+        },
+    )
+    .expect("debug cache")
 }
 
 /// Reports made after `after`.

@@ -22,6 +22,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie_slab::{
@@ -131,11 +132,12 @@ fn create_obj_cache(name: &str) -> &'static Cache {
     SLAB.cache_create(
         name,
         100,
-        8,
-        CacheFlags::empty(),
-        Some(obj_ctor),
-        Some(obj_dtor),
-        None,
+        &CacheArgs {
+            align: 8,
+            ctor: Some(obj_ctor),
+            dtor: Some(obj_dtor),
+            ..CacheArgs::DEFAULT
+        },
     )
     .expect("cache_create")
 }
@@ -363,11 +365,11 @@ fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
         .cache_create(
             "test-ctorfail",
             64,
-            0,
-            CacheFlags::empty(),
-            Some(failing_ctor),
-            Some(failing_dtor),
-            None,
+            &CacheArgs {
+                ctor: Some(failing_ctor),
+                dtor: Some(failing_dtor),
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("cache_create");
     CTOR_FAILS.store(true, Ordering::Relaxed);
@@ -562,17 +564,23 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
 #[test_case]
 fn bufctl_cache_detects_bad_frees() {
     let big = SLAB
-        .cache_create("test-big", 9000, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "test-big",
+            9000,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create big");
     let notouch = SLAB
         .cache_create(
             "test-notouch",
             64,
-            0,
-            CacheFlags::NOTOUCH | CacheFlags::AUDIT,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                flags: CacheFlags::NOTOUCH | CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("cache_create notouch");
     assert_eq!(
@@ -594,10 +602,17 @@ fn bufctl_cache_detects_bad_frees() {
 #[test_case]
 fn audit_small_cache_detects_double_free() {
     let audit = SLAB
-        .cache_create("test-audit", 48, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "test-audit",
+            48,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create audit");
     let plain = SLAB
-        .cache_create("test-plain", 48, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-plain", 48, &CacheArgs::DEFAULT)
         .expect("cache_create plain");
     assert_eq!(audit.kind(), SlabKind::Small);
     check_bad_frees(audit, plain);
@@ -841,7 +856,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
 #[test_case]
 fn kfree_finds_the_owner_of_a_cache_object() {
     let cache = SLAB
-        .cache_create("test-kfree", 200, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-kfree", 200, &CacheArgs::DEFAULT)
         .expect("cache_create");
     let obj = cache.alloc().expect("alloc");
     assert_eq!(SLAB.ksize(obj), Ok(200));
@@ -858,7 +873,7 @@ fn kfree_finds_the_owner_of_a_cache_object() {
 #[test_case]
 fn destroy_refuses_busy_and_permanent_caches() {
     let cache = SLAB
-        .cache_create("test-destroy", 40, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-destroy", 40, &CacheArgs::DEFAULT)
         .expect("cache_create");
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
@@ -901,15 +916,7 @@ fn destroy_refuses_busy_and_permanent_caches() {
 #[test_case]
 fn destroy_with_traced_objects() {
     let cache = SLAB
-        .cache_create(
-            "test-destroy-tr",
-            40,
-            0,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
+        .cache_create("test-destroy-tr", 40, &CacheArgs::DEFAULT)
         .expect("cache_create");
     cache.trace_start().expect("trace_start");
     let a = cache.alloc().expect("alloc");

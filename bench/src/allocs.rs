@@ -8,11 +8,12 @@
 //! `magpie-cache` row: objects from a pre-resolved `kmem_cache`, the
 //! kernel-internal interface no peer has.
 
+use magpie_slab::CacheArgs;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
-use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Allocator, KmemCache, PAGE_SIZE, PageSource, Platform};
 use slabmalloc::{AllocationError, LargeObjectPage, ObjectPage, ZoneAllocator};
 
 use crate::host::{self, BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
@@ -267,7 +268,14 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
         let pages = HostPages::new("bench", heap_bytes, PAGE_SIZE);
         alloc.init(pages).expect("magpie init");
         let cache = alloc
-            .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "bench-64",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("bench-64 cache");
         Magpie { cache, pages }
     }

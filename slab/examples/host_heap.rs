@@ -12,12 +12,13 @@
 #![feature(allocator_api, btreemap_alloc)]
 
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 use std::collections::BTreeMap;
 
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{Allocator, CacheFlags, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Allocator, PAGE_SIZE, PageSource, Platform};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -81,7 +82,14 @@ fn main() {
         words.insert(*word, index);
     }
     let dentry = heap
-        .cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "dentry",
+            192,
+            &CacheArgs {
+                align: 64,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache");
     let object = dentry.alloc_box().expect("object").fill(0);
     println!(

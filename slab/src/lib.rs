@@ -444,7 +444,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::{Heap, RegionSource};
-//! use magpie_slab::{Allocator, CacheFlags, Platform};
+//! use magpie_slab::{Allocator, CacheArgs, Platform};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
@@ -475,7 +475,7 @@
 //!     unsafe { PAGES.init(more.0, more.1)? };
 //!     SLAB.init(&PAGES)?;
 //!     let dentry_cache =
-//!         SLAB.cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)?;
+//!         SLAB.cache_create("dentry", 192, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
 //!     let obj = dentry_cache.alloc()?;
 //!     // ...
 //!     // SAFETY: `obj` came from `dentry_cache` and is not used after this.
@@ -598,7 +598,7 @@ pub struct ReadmeDoctests;
 pub use alloc_tag::AllocTagRef;
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use allocator::{Allocator, InitCost, MIN_FREE_PAGES};
+pub use allocator::{Allocator, CacheArgs, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};

@@ -32,9 +32,10 @@
 use core::fmt::{self, Write};
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie_slab::report::{ErrorKind, ErrorReport};
-use magpie_slab::{AllocError, CacheFlags, FreeError, KmemCache, PageSource};
+use magpie_slab::{AllocError, FreeError, KmemCache, PageSource};
 
 use magpie_slab::kfence::{KfencePlace, KfenceReport};
 
@@ -187,11 +188,10 @@ impl Scratch {
         let cache = SLAB.cache_create(
             name,
             SCRATCH_OBJ_SIZE,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )?;
         let _ = writeln!(
             out,

@@ -113,6 +113,60 @@ const _: () = {
     );
 };
 
+/// The less common arguments of [`Allocator::cache_create`] (after Linux
+/// 6.12's `struct kmem_cache_args`): start from [`CacheArgs::DEFAULT`]
+/// (or `CacheArgs::default()`) and set what differs.
+#[derive(Clone, Copy)]
+pub struct CacheArgs {
+    /// Object alignment in bytes: a power of two, at most [`PAGE_SIZE`];
+    /// 0 (the default) means no requirement. Objects are always at least
+    /// 8-aligned.
+    pub align: usize,
+    /// [`CacheFlags`]: `NOTOUCH`, `NOTRACE`, the debug flags (default
+    /// none).
+    pub flags: CacheFlags,
+    /// Run on each object as it leaves the slab layer (see [`Ctor`]); may
+    /// fail, and the allocation then fails.
+    pub ctor: Option<Ctor>,
+    /// Run on each object as it returns to the slab layer (see [`Dtor`]).
+    pub dtor: Option<Dtor>,
+    /// The page source for the cache's slabs; `None` (the default) is
+    /// the primary source given to `init`. Caches on other sources get
+    /// no page-map entries: their objects cannot be `kfree`d, and
+    /// wrong-cache frees into them are reported as `NotAllocated`.
+    pub source: Option<&'static dyn PageSource>,
+}
+
+impl CacheArgs {
+    /// No alignment requirement, no flags, no constructor or destructor,
+    /// the primary page source.
+    pub const DEFAULT: CacheArgs = CacheArgs {
+        align: 0,
+        flags: CacheFlags::empty(),
+        ctor: None,
+        dtor: None,
+        source: None,
+    };
+}
+
+impl Default for CacheArgs {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl fmt::Debug for CacheArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheArgs")
+            .field("align", &self.align)
+            .field("flags", &self.flags)
+            .field("ctor", &self.ctor.is_some())
+            .field("dtor", &self.dtor.is_some())
+            .field("source", &self.source.map(|source| source.name()))
+            .finish()
+    }
+}
+
 const STATE_UNINIT: u8 = 0;
 const STATE_INITIALIZING: u8 = 1;
 const STATE_READY: u8 = 2;
@@ -476,42 +530,40 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Create an object cache.
+    /// Create an object cache of `size`-byte objects named `name`, with
+    /// the less common arguments in `args` (Linux 6.12's `struct
+    /// kmem_cache_args`; [`CacheArgs::DEFAULT`] for none):
+    ///
+    /// ```ignore
+    /// let dentry = heap.cache_create("dentry", 192, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
+    /// ```
     ///
     /// - `name`: copied; cut to 31 bytes (at a character boundary).
     /// - `size`: object size in bytes, 1..=2^30.
-    /// - `align`: power of two, at most [`PAGE_SIZE`]; 0 means no
-    ///   requirement. Objects are always at least 8-aligned.
-    /// - `ctor` / `dtor`: see [`Ctor`] and [`Dtor`].
-    /// - `source`: page source for the slabs; `None` means the primary
-    ///   source. Caches on other sources get no page-map entries: their
-    ///   objects cannot be `kfree`d, and wrong-cache frees into them are
-    ///   reported as `NotAllocated`.
     ///
     /// Buffers up to `PAGE_SIZE / 8` bytes (and not `NOTOUCH`) get
-    /// small-object slabs (one page); larger ones bufctl slabs.
+    /// small-object slabs; larger ones bufctl slabs.
     ///
     /// # Errors
     /// [`AllocError::NotInitialized`], [`AllocError::InvalidLayout`] (size
     /// 0 or too large, bad alignment), [`AllocError::OutOfMemory`] (no
     /// memory for the cache's struct or per-CPU array).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the kmem_cache_create signature (Bonwick 1994)"
-    )]
     pub fn cache_create(
         &'static self,
         name: &str,
         size: usize,
-        align: usize,
-        flags: CacheFlags,
-        ctor: Option<Ctor>,
-        dtor: Option<Dtor>,
-        source: Option<&'static dyn PageSource>,
+        args: &CacheArgs,
     ) -> Result<&'static KmemCache<P>, AllocError> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
+        let CacheArgs {
+            align,
+            flags,
+            ctor,
+            dtor,
+            source,
+        } = *args;
         self.create_cache(name, size, align, flags, ctor, dtor, source, false)
     }
 

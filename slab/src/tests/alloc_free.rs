@@ -1,5 +1,6 @@
 //! Basic cache life cycle: init, create, alloc/free round trips, destroy.
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec::Vec;
@@ -34,7 +35,14 @@ fn before_init_everything_fails_cleanly() {
     assert!(!alloc.owns(p.as_ptr()));
     assert!(
         alloc
-            .cache_create("x", 8, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "x",
+                8,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                }
+            )
             .is_err()
     );
 }
@@ -169,16 +177,21 @@ fn create_validates_layout() {
     for (size, align) in bad {
         assert_eq!(
             alloc
-                .cache_create("bad", size, align, CacheFlags::empty(), None, None, None)
+                .cache_create(
+                    "bad",
+                    size,
+                    &CacheArgs {
+                        align,
+                        ..CacheArgs::DEFAULT
+                    }
+                )
                 .err(),
             Some(AllocError::InvalidLayout),
             "size {size} align {align}"
         );
     }
     let long = "a-very-long-cache-name-that-exceeds-thirty-one-bytes";
-    let cache = alloc
-        .cache_create(long, 8, 0, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let cache = alloc.cache_create(long, 8, &CacheArgs::DEFAULT).unwrap();
     assert_eq!(cache.name(), &long[..31]);
     assert_eq!(cache.align(), 8);
 }
@@ -196,7 +209,14 @@ fn round_trips_per_size() {
             alloc.reap_all();
             let baseline = source.pages_outstanding();
             let cache = alloc
-                .cache_create("rt", size, align, CacheFlags::empty(), None, None, None)
+                .cache_create(
+                    "rt",
+                    size,
+                    &CacheArgs {
+                        align,
+                        ..CacheArgs::DEFAULT
+                    },
+                )
                 .unwrap();
             let n = 40;
             let mut objs = Vec::new();
@@ -264,11 +284,12 @@ fn ctor_dtor_counts_and_ctor_failure() {
         .cache_create(
             "ctor",
             48,
-            8,
-            CacheFlags::empty(),
-            Some(counting_ctor),
-            Some(counting_dtor),
-            None,
+            &CacheArgs {
+                align: 8,
+                ctor: Some(counting_ctor),
+                dtor: Some(counting_dtor),
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let baseline = source.pages_outstanding();
@@ -316,7 +337,14 @@ fn destroy_busy_then_ok() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let cache = alloc
-        .cache_create("d", 600, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "d",
+            600,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let p = cache.alloc_box().unwrap();
     let q = cache.alloc_box().unwrap();
@@ -340,7 +368,14 @@ fn destroy_busy_then_ok() {
 fn layouts_match_the_design() {
     let (alloc, _) = setup_default();
     let small = alloc
-        .cache_create("s", 64, 64, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "s",
+            64,
+            &CacheArgs {
+                align: 64,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let st = small.stats();
     // The least-waste geometry (geometry.rs), the same for any cache of
@@ -367,11 +402,26 @@ fn layouts_match_the_design() {
         .any(|a| a % PAGE_SIZE == 0);
     assert!(first_in_page);
     let notouch = alloc
-        .cache_create("nt", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .cache_create(
+            "nt",
+            16,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert_eq!(notouch.kind(), SlabKind::Bufctl);
     let big = alloc
-        .cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "big",
+            5000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let bs = big.stats();
     // Up to 8 KiB on the primary source: small-object slabs of several
@@ -379,7 +429,14 @@ fn layouts_match_the_design() {
     assert_eq!(bs.kind, SlabKind::Small);
     assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 4);
     let huge = alloc
-        .cache_create("huge", 20_000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "huge",
+            20_000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let hs = huge.stats();
     assert_eq!(hs.kind, SlabKind::Bufctl);
@@ -400,7 +457,14 @@ fn reap_all_returns_metadata_in_one_pass() {
         let baseline = source.pages_outstanding();
         // Fill kmem_bufctl to some level with a bufctl cache's bufctls.
         let big = alloc
-            .cache_create("filler", 2000, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "filler",
+                2000,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         let objs: Vec<_> = (0..nr_big).map(|_| big.alloc_box().unwrap()).collect();
         // Enough caches that kmem_cache grows a slab, whose bufctls come
@@ -408,7 +472,14 @@ fn reap_all_returns_metadata_in_one_pass() {
         let caches: Vec<_> = (0..12)
             .map(|_| {
                 alloc
-                    .cache_create("extra", 64, 8, CacheFlags::empty(), None, None, None)
+                    .cache_create(
+                        "extra",
+                        64,
+                        &CacheArgs {
+                            align: 8,
+                            ..CacheArgs::DEFAULT
+                        },
+                    )
                     .unwrap()
             })
             .collect();
@@ -432,7 +503,15 @@ fn reap_all_returns_metadata_in_one_pass() {
 fn slab_box_frees_once_without_unsafe() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("boxed", 48, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "boxed",
+            48,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     assert_eq!(obj.len(), 48);

@@ -2,6 +2,7 @@
 //! right kind, cache, object and offset, and nothing is lost; hardened
 //! free lists; double frees without debug flags.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::format;
 use std::ptr::NonNull;
@@ -46,7 +47,15 @@ fn debug_cache(
 ) -> &'static KmemCache<TestPlatform> {
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
     alloc
-        .cache_create(name, size, 8, flags, None, None, None)
+        .cache_create(
+            name,
+            size,
+            &CacheArgs {
+                align: 8,
+                flags,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap()
 }
 
@@ -228,7 +237,14 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
     let config = SlabDebugConfig::parse_slab_debug(Some("P,inode*")).unwrap();
     let (alloc, _) = setup_debug(config);
     let inode = alloc
-        .cache_create("inode_cache", 100, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "inode_cache",
+            100,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert!(inode.debug_flags().contains(DebugFlags::POISON));
 }
@@ -238,7 +254,14 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
 fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("plain", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "plain",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Fill a slab, free everything, reap the magazines into the slab layer.
     let boxes: Vec<_> = (0..60).map(|_| cache.alloc_box().unwrap()).collect();
@@ -287,7 +310,14 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
 fn double_free_without_flags_naive_and_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("plain-df", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "plain-df",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let p = cache.alloc().unwrap();
     let keep = cache.alloc_box().unwrap();

@@ -5,6 +5,7 @@
 //! exactly once, with the right kind and object, and nothing else may be
 //! reported; the allocator's invariants hold after every step.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -75,7 +76,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         .iter()
         .map(|&size| {
             alloc
-                .cache_create("fuzz", size, 8, flags, None, None, None)
+                .cache_create(
+                    "fuzz",
+                    size,
+                    &CacheArgs {
+                        align: 8,
+                        flags,
+                        ..CacheArgs::DEFAULT
+                    },
+                )
                 .unwrap()
         })
         .collect();

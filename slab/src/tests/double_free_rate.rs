@@ -11,6 +11,7 @@
 //!     double_free_detection_rate -- --nocapture
 //! ```
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
@@ -85,7 +86,16 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
     for _ in 0..nr_trials {
         set_cpu(0);
         let cache = alloc
-            .cache_create("df", trial.size, 8, trial.flags, trial.ctor, None, None)
+            .cache_create(
+                "df",
+                trial.size,
+                &CacheArgs {
+                    align: 8,
+                    flags: trial.flags,
+                    ctor: trial.ctor,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         let nr_ops = 50 + rng.below(300);
         let inject_at = rng.below(nr_ops);

@@ -3,6 +3,7 @@
 //! classification, the sample bit and the interval, kmalloc and
 //! `GlobalAlloc` served from the pool.
 
+use crate::CacheArgs;
 use std::alloc::{GlobalAlloc, Layout};
 use std::format;
 use std::ptr::NonNull;
@@ -43,7 +44,14 @@ fn kfence_setup() -> (&'static TestAlloc, &'static Cache) {
     alloc.kfence_init(0).unwrap();
     alloc.set_kfence_hook(Some(hook));
     let cache = alloc
-        .cache_create("kf-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     (alloc, cache)
 }
@@ -148,7 +156,14 @@ fn canary_overwrite_is_reported_at_the_free_which_goes_on() {
 fn double_invalid_and_wrong_cache_frees_are_refused() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-other", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-other",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.kfence_force_sample(None);
     let obj = cache.alloc().unwrap();
@@ -264,7 +279,14 @@ fn faults_are_classified_and_the_page_mapped_back() {
 fn the_sample_bit_serves_one_allocation_of_any_cache_and_clears() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-128", 128, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-128",
+            128,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm both: the plain hit.
     let warm: Vec<_> = (0..4)
@@ -297,7 +319,15 @@ fn the_sample_bit_serves_one_allocation_of_any_cache_and_clears() {
 fn constructed_and_debug_caches_are_not_sampled() {
     let (alloc, _) = kfence_setup();
     let debug = alloc
-        .cache_create("kf-debug", 64, 8, CacheFlags::REDZONE, None, None, None)
+        .cache_create(
+            "kf-debug",
+            64,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::REDZONE,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.kfence_force_sample(None);
     let obj = debug.alloc_box().unwrap();
@@ -338,7 +368,14 @@ fn the_interval_arms_a_sample_on_the_miss() {
     KFENCE_CLOCK.fetch_max(1_000_000_000, Ordering::Relaxed);
     alloc.kfence_init(100).unwrap();
     let cache = alloc
-        .cache_create("kf-tick", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-tick",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert_eq!(alloc.kfence_stats().interval_ms, 100);
     KFENCE_CLOCK.fetch_add(200_000_000, Ordering::Relaxed);
@@ -358,7 +395,14 @@ fn the_interval_arms_a_sample_on_the_miss() {
 fn a_sample_forced_for_one_cache_skips_the_others() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-target", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-target",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert!(alloc.kfence_force_sample_of(other, Some(KfencePlace::Left)));
     let plain = cache.alloc_box().unwrap();
@@ -371,11 +415,11 @@ fn a_sample_forced_for_one_cache_skips_the_others() {
         .cache_create(
             "kf-target-debug",
             64,
-            8,
-            CacheFlags::POISON,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::POISON,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     assert!(
@@ -442,7 +486,14 @@ fn the_tick_never_waits_for_the_cache_list() {
     let (alloc, _) = setup_default();
     alloc.kfence_init(1).unwrap();
     let cache = alloc
-        .cache_create("kf-list", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-list",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     KFENCE_CLOCK.fetch_add(1_000_000_000, Ordering::Relaxed);
     // Misses under the cache-list lock (a for_each_cache callback may

@@ -4,7 +4,7 @@ use core::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+use crate::{AllocError, CacheArgs, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 #[test]
 fn class_selection() {
@@ -166,11 +166,11 @@ fn bufctl_hash_grows_and_shrinks() {
         .cache_create(
             "bufctl-1024",
             1024,
-            8,
-            CacheFlags::NOTOUCH,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     // After the cache exists: its struct may need a new kmem_cache slab.
@@ -199,7 +199,15 @@ fn bufctl_hash_grows_and_shrinks() {
 fn bufctl_hash_shrinks_on_reap_with_live_objects() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("bufctl-16", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .cache_create(
+            "bufctl-16",
+            16,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let buckets = || cache.slab.lock().hash.nr_buckets();
     let keep = cache.alloc_box().unwrap();

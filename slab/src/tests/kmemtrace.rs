@@ -1,6 +1,7 @@
 //! kmemtrace: events from every hook, per-CPU rings and overruns, the dump
 //! format (parsed back here, checksum checked), stacks, recording off.
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 use std::vec::Vec;
 
@@ -190,7 +191,7 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
 fn cache_pages_global_and_failed_allocations() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("inode", 200, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("inode", 200, &CacheArgs::DEFAULT)
         .unwrap();
     start(alloc, small(2));
     cache.alloc_box().unwrap().free().unwrap();
@@ -228,7 +229,14 @@ fn cache_pages_global_and_failed_allocations() {
 fn bad_frees_are_recorded_and_still_refused() {
     let (alloc, _) = setup_default();
     let bufctl = alloc
-        .cache_create("big", 2048, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "big",
+            2048,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     start(alloc, small(1));
     let boxed = bufctl.alloc_box().unwrap();
@@ -317,7 +325,7 @@ fn events_span_sub_buffers_in_order() {
 fn one_cache_only_and_restart_empties_the_rings() {
     let (alloc, _) = setup_default();
     let inode = alloc
-        .cache_create("inode", 64, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("inode", 64, &CacheArgs::DEFAULT)
         .unwrap();
     start(
         alloc,
@@ -338,9 +346,7 @@ fn one_cache_only_and_restart_empties_the_rings() {
     start(alloc, small(1));
     assert_eq!(alloc.kmemtrace_status().nr_events, 0);
     // Caches created while recording everything are recorded too.
-    let late = alloc
-        .cache_create("late", 48, 0, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let late = alloc.cache_create("late", 48, &CacheArgs::DEFAULT).unwrap();
     let obj = late.alloc_box().unwrap();
     assert_eq!(alloc.kmemtrace_status().nr_events, 1);
     obj.free().unwrap();
@@ -533,7 +539,14 @@ fn recorded_hits_write_one_event_each() {
     for depth in [0, 2] {
         let (alloc, _) = setup_default();
         let cache = alloc
-            .cache_create("hits", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "hits",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         // Warm this CPU's magazines: the recorded operations below hit.
         let warm: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();

@@ -1,11 +1,12 @@
 //! Leaks by reachability (`crate::leak_scan`): exactly the objects nothing
 //! points to, grouped by cache and site; free rounds never counted.
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
+use crate::PAGE_SIZE;
 use crate::leak_scan::{LeakEntry, LeakGroup, LeakScanError, LeakSummary};
-use crate::{CacheFlags, PAGE_SIZE};
 
 /// Scan with `roots` as the only root, with a table of `table_len`
 /// entries (`None`: enough); the groups found and the summary.
@@ -32,7 +33,14 @@ fn scan(alloc: &TestAlloc, roots: &[usize]) -> (Vec<LeakGroup>, LeakSummary) {
 fn finds_exactly_the_unreachable_objects() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("leaky", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "leaky",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Held: pointed to from the root.
     let held: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();

@@ -59,6 +59,7 @@
 //! `LOOM_MAX_PREEMPTIONS` overrides the preemption bound of
 //! [`PREEMPTION_BOUND`] (higher explores more and takes much longer).
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -238,7 +239,15 @@ impl Fixture {
         let alloc: &'static Allocator<LoomPlatform> = Box::leak(Box::new(Allocator::new()));
         alloc.init(source).expect("init");
         let cache = alloc
-            .cache_create("loom", size, 8, flags, None, None, None)
+            .cache_create(
+                "loom",
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("cache");
         // No CPU holds a magazine yet: every magazine will be a
         // `kmem_magazine_1` one.

@@ -1,5 +1,6 @@
 //! Magazine layer behaviour, observed through statistics.
 
+use crate::CacheArgs;
 use core::sync::atomic::Ordering;
 use std::vec::Vec;
 
@@ -15,7 +16,14 @@ use crate::{CacheFlags, KmemCache, MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, PAGE_SIZE};
 fn freed_object_rests_in_a_magazine() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("m", 32, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "m",
+            32,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -56,7 +64,14 @@ fn freed_object_rests_in_a_magazine() {
 fn depot_exchanges_full_and_empty_magazines() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("depot", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "depot",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -103,7 +118,15 @@ fn depot_exchanges_full_and_empty_magazines() {
 fn cross_cpu_free() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("x", 200, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "x",
+            200,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -235,7 +258,14 @@ fn producer_and_consumer_cpus_grow_the_magazines() {
     assert!(start < max);
     let run = |name: &str, consumer: usize| {
         let cache = alloc
-            .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         for _ in 0..4 * MAG_RESIZE_INTERVAL as usize {
             set_cpu(0);
@@ -291,7 +321,14 @@ fn starting_magazine_follows_the_byte_rule() {
 fn contended_depot_lock_is_counted() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("contend", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "contend",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let guard = cache.depot.inner.lock();
     std::thread::scope(|scope| {
@@ -342,7 +379,14 @@ fn magazine_of_capacity_n_holds_exactly_n_rounds_then_goes_to_the_depot() {
     let (alloc, _) = setup_default();
     for magtype in 0..NR_MAG_TYPES {
         let cache = alloc
-            .cache_create("cap", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "cap",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         cache.depot.set_magtype(magtype);
         let n = MAGAZINE_ROUNDS[magtype];
@@ -424,7 +468,14 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
     let baseline = source.pages_outstanding();
     let before = magazines_in_use(alloc);
     let cache = alloc
-        .cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "grow",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Start small so growth is quick to see.
     cache.depot.set_magtype(1);
@@ -502,7 +553,14 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
     let before_pages = source.pages_outstanding();
     let before = magazines_in_use(alloc);
     let cache = alloc
-        .cache_create("mixed-mags", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "mixed-mags",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let mut held = Vec::new();
     for (cpu, magtype) in [(0, 0), (1, 2), (2, 4), (3, 5)] {
@@ -549,7 +607,14 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
 fn cpu_stats_count_each_cpus_magazine_hits() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("per-cpu", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "per-cpu",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm up: CPU 0 and CPU 1 each get a magazine (a first alloc on an
     // empty per-CPU cache misses to the slab layer and is not a hit).
@@ -675,7 +740,14 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
     let (alloc, _) = setup(16384);
     let size = 2048;
     let cache = alloc
-        .cache_create("contended", size, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "contended",
+            size,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let before = cache.stats();
     assert_eq!(before.nr_magazine_resizes, 0);
@@ -732,7 +804,14 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
 fn a_free_under_a_held_per_cpu_cache_goes_straight_to_the_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("held-miss", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "held-miss",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let objs: Vec<_> = (0..4).map(|_| cache.alloc_box().unwrap()).collect();
     cache.reap();

@@ -1,5 +1,6 @@
 //! Proptest model test: random operation sequences against a std model.
 
+use crate::CacheArgs;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::vec::Vec;
@@ -96,11 +97,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let result = alloc.cache_create(
                     "model",
                     size,
-                    align,
-                    flags,
-                    Some(model_ctor),
-                    Some(model_dtor),
-                    None,
+                    &CacheArgs {
+                        align,
+                        flags,
+                        ctor: Some(model_ctor),
+                        dtor: Some(model_dtor),
+                        ..CacheArgs::DEFAULT
+                    },
                 );
                 if align > 4096 {
                     prop_assert_eq!(result.err(), Some(AllocError::InvalidLayout));

@@ -1,9 +1,10 @@
 //! Running out of memory returns errors, never panics, and leaks nothing.
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, CacheFlags};
+use crate::{AllocError, Allocator};
 
 #[test]
 fn init_fails_cleanly_at_every_point() {
@@ -45,10 +46,24 @@ fn init_fails_cleanly_at_every_point() {
 fn allocations_fail_without_panicking_and_recover() {
     let (alloc, source) = setup_default();
     let small = alloc
-        .cache_create("oom-s", 100, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "oom-s",
+            100,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big = alloc
-        .cache_create("oom-b", 3000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "oom-b",
+            3000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -59,7 +74,14 @@ fn allocations_fail_without_panicking_and_recover() {
     assert_eq!(alloc.kmalloc(100_000, 8), Err(AllocError::OutOfMemory));
     assert!(
         alloc
-            .cache_create("oom-c", 8, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "oom-c",
+                8,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                }
+            )
             .is_ok()
             || source.pages_outstanding() == baseline
     );
@@ -101,7 +123,14 @@ fn cache_create_out_of_memory() {
     // kmem_cache runs out sooner or later.
     let mut failed = false;
     for _ in 0..1000 {
-        match alloc.cache_create("c", 8, 8, CacheFlags::empty(), None, None, None) {
+        match alloc.cache_create(
+            "c",
+            8,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        ) {
             Ok(c) => created.push(c),
             Err(e) => {
                 assert_eq!(e, AllocError::OutOfMemory);

@@ -6,6 +6,7 @@
 //! freed and reaped: every cache's allocated count is back to its
 //! baseline and the page source has every page back.
 
+use crate::CacheArgs;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,25 +136,33 @@ fn stress_threads_as_cpus() {
             .cache_create(
                 "mt-small",
                 SMALL_SIZE,
-                8,
-                CacheFlags::AUDIT,
-                None,
-                None,
-                None,
+                &CacheArgs {
+                    align: 8,
+                    flags: CacheFlags::AUDIT,
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap(),
         big: alloc
-            .cache_create("mt-big", BIG_SIZE, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "mt-big",
+                BIG_SIZE,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap(),
         ctor: alloc
             .cache_create(
                 "mt-ctor",
                 CTOR_SIZE,
-                8,
-                CacheFlags::empty(),
-                Some(ctor),
-                Some(dtor),
-                None,
+                &CacheArgs {
+                    align: 8,
+                    ctor: Some(ctor),
+                    dtor: Some(dtor),
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap(),
     };

@@ -4,6 +4,7 @@
 
 mod common;
 
+use magpie_slab::CacheArgs;
 use std::alloc::Layout;
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -277,11 +278,10 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
         .cache_create(
             "dentry-scratch",
             96,
-            8,
-            magpie_slab::CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let objects: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();

@@ -4,6 +4,7 @@
 //!
 //! The switch and counters are process-wide, so these tests take `SERIAL`.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -179,7 +180,14 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
 fn bufctl_and_page_granular_objects_remember_their_tag() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("tagged-big", 1500, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "tagged-big",
+            1500,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let (bufctl_tag, large_tag) = (site_bufctl(), site_large());
     let mut objs: Vec<_> = (0..5)
@@ -270,7 +278,14 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
 fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("cross", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "cross",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_cross_cpu();
     let objs: Vec<_> = std::thread::scope(|scope| {
@@ -375,10 +390,25 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
     let (_serial, alloc) = setup();
     let tag = site_audit();
     let audit = alloc
-        .cache_create("tag-audit", 40, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "tag-audit",
+            40,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let traced = alloc
-        .cache_create("tag-traced", 200, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "tag-traced",
+            200,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     traced.trace_start().unwrap();
     let a = audit.alloc_tagged(Some(tag.tag_ref())).unwrap();
@@ -409,7 +439,14 @@ fn refill_and_depot_exchanges_are_timed() {
     use magpie_codetag::time_stats::TimeStats;
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("timed", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "timed",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let objs: Vec<_> = (0..500).map(|_| cache.alloc_box().unwrap()).collect();
     for obj in objs {
@@ -492,17 +529,23 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     assert!(!alloc.alloc_profiling());
     // Created while off: inherits off. kmalloc-64 existed before: switched.
     let cache = alloc
-        .cache_create("counting-48", 48, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "counting-48",
+            48,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big_cache = alloc
         .cache_create(
             "counting-big",
             1500,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let before = calls();
@@ -622,7 +665,14 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     alloc.init(FakeSource::new(4096)).expect("init");
     assert!(!alloc.alloc_tag_hooks(), "off by default");
     let cache = alloc
-        .cache_create("hooks-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "hooks-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm this CPU's magazines and the slab's side array (the first
     // alloc misses: a slow path, which may call the hook).
@@ -653,11 +703,10 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
         .cache_create(
             "hooks-late-96",
             96,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let before = hooks();

@@ -3,6 +3,7 @@
 //! under a race; the fixtures are the parent module's.
 
 use super::*;
+use crate::CacheArgs;
 
 #[test]
 fn tag_refs_live_in_side_arrays_not_in_the_slab() {
@@ -53,7 +54,14 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     let metadata_before = alloc.metadata_stats().tag_array_bytes;
     // 64-byte objects, one-page slabs of 62: a 256-byte side array each.
     let cache = alloc
-        .cache_create("side-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "side-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = side_arrays(alloc, 256);
@@ -95,7 +103,14 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
 fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("late-96", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "late-96",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = counts(tag);
@@ -135,7 +150,14 @@ fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
 fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     let (_serial, alloc, source) = setup_with_source();
     let cache = alloc
-        .cache_create("miss-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "miss-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = counts(tag);
@@ -181,7 +203,14 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
     // 24-byte objects: slabs of 2 pages holding 336, a 1536-byte side
     // array (1344 bytes used).
     let cache = alloc
-        .cache_create("race-24", 24, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "race-24",
+            24,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_cross_cpu();
     let before = counts(tag);
@@ -240,7 +269,14 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
 fn the_loser_of_an_install_race_frees_its_copy() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("loser-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "loser-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let obj = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();

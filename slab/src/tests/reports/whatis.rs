@@ -1,3 +1,4 @@
+use crate::CacheArgs;
 use std::string::String;
 
 use super::TestFormat;
@@ -38,7 +39,15 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
     let (alloc, _) = setup_default();
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
     let cache = alloc
-        .cache_create("report-whatis-debug", 104, 8, flags, None, None, None)
+        .cache_create(
+            "report-whatis-debug",
+            104,
+            &CacheArgs {
+                align: 8,
+                flags,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
