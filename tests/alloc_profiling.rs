@@ -343,7 +343,7 @@ mod profiled {
         drop(warm);
         magpie::kmem::ctx_capture_enable(profiling::alloc_tag::token(tag.tag_ref()));
         assert!(
-            magpie::kmem::SLAB.alloc_tag_hooks(),
+            magpie::kmem::SLAB.profiling().tag_hooks(),
             "capture sends allocations off the hits"
         );
         let mut boxes = boxes_in_a_scope(12);
@@ -384,7 +384,7 @@ mod profiled {
             assert_eq!(**boxed, [index as u64; 8]);
         }
         magpie::kmem::ctx_capture_disable();
-        assert!(!magpie::kmem::SLAB.alloc_tag_hooks(), "and back");
+        assert!(!magpie::kmem::SLAB.profiling().tag_hooks(), "and back");
         drop(boxes);
         assert!(profiling::ctx_records().is_empty());
         assert_eq!(counts("boxes_in_a_scope"), AllocTagCounts::default());

@@ -150,7 +150,11 @@ fn kernel_hit_counted_by_single_stepping() {
     // Profiling as booted (`mem_profiling=1`, the default, or 0 from
     // boot: bench/run.sh boots this kernel both ways). Switching it off
     // later would leave the caches' `TAGGED` free path on, by design.
-    let on = if SLAB.alloc_profiling() { "on" } else { "off" };
+    let on = if SLAB.profiling().enabled() {
+        "on"
+    } else {
+        "off"
+    };
     println!(
         "KERNEL_HIT profiling={on} alloc={alloc} free={free} pair={}",
         alloc + free

@@ -126,10 +126,10 @@ unsafe fn target_free(ptr: *mut u8) -> bool {
         // SAFETY: per our caller.
         Target::Cache => unsafe { cache().free(NonNull::new(ptr).unwrap()).is_ok() },
         Target::Kmalloc => {
-            let before = SLAB.nr_bad_frees();
+            let before = SLAB.debug().nr_bad_frees();
             // SAFETY: per our caller.
             unsafe { SLAB.dealloc(ptr, layout()) };
-            SLAB.nr_bad_frees() == before
+            SLAB.debug().nr_bad_frees() == before
         }
     }
 }
@@ -238,13 +238,13 @@ unsafe fn stepped_free(ptr: *mut u8) -> (bool, bool) {
             result.is_ok()
         }
         Target::Kmalloc => {
-            let before = SLAB.nr_bad_frees();
+            let before = SLAB.debug().nr_bad_frees();
             let f: SlabFreeFn = black_box(<Slab as GlobalAlloc>::dealloc);
             trap_on();
             // SAFETY: per our caller.
             unsafe { f(&SLAB, ptr, layout()) };
             trap_off();
-            SLAB.nr_bad_frees() == before
+            SLAB.debug().nr_bad_frees() == before
         }
     };
     (ok, FIRED.load(Ordering::Relaxed))

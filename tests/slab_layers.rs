@@ -494,6 +494,7 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
     // A kmalloc object, and a page-granular kmalloc.
     let small = SLAB.kmalloc(8, 1).expect("kmalloc(8)");
     let owner = SLAB
+        .stats()
         .kmalloc_cache_for(8, 1)
         .expect("a class for 8 bytes")
         .name();
@@ -738,11 +739,11 @@ fn kmalloc_honours_alignment() {
 fn kmalloc_above_the_classes_is_page_granular() {
     for size in [8193, 3 * PAGE_SIZE, 100_000, 1 << 20] {
         let nr_pages = size.div_ceil(PAGE_SIZE);
-        let large = SLAB.large_stats();
+        let large = SLAB.stats().large();
         let kpages = KPAGES.nr_pages_out();
         let p = SLAB.kmalloc(size, 1).expect("page-granular kmalloc");
         assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
-        let now = SLAB.large_stats();
+        let now = SLAB.stats().large();
         assert_eq!(now.nr_live, large.nr_live + 1);
         assert_eq!(now.live_bytes, large.live_bytes + nr_pages * PAGE_SIZE);
         assert_eq!(now.nr_allocs_ever, large.nr_allocs_ever + 1);
@@ -774,11 +775,11 @@ fn kmalloc_above_the_classes_is_page_granular() {
                 addr: inside.as_ptr() as usize
             })
         );
-        assert_eq!(SLAB.large_stats(), now, "refused frees changed nothing");
+        assert_eq!(SLAB.stats().large(), now, "refused frees changed nothing");
         // SAFETY: allocated above.
         unsafe { SLAB.kfree(p) }.expect("kfree");
-        assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
-        assert_eq!(SLAB.large_stats().live_bytes, large.live_bytes);
+        assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
+        assert_eq!(SLAB.stats().large().live_bytes, large.live_bytes);
         assert_eq!(KPAGES.nr_pages_out(), kpages);
         assert!(
             // SAFETY: freed already: must be refused.
@@ -794,8 +795,8 @@ fn kfree_of_bogus_pointers_changes_nothing() {
     let k64 = kmalloc_cache("kmalloc-64");
     let p = SLAB.kmalloc(64, 1).expect("kmalloc(64)");
     let before = k64.stats();
-    let large = SLAB.large_stats();
-    let bad_frees = SLAB.nr_bad_frees();
+    let large = SLAB.stats().large();
+    let bad_frees = SLAB.debug().nr_bad_frees();
     let stack = stack_address();
     // SAFETY: none of these is an allocated object; each must be refused.
     unsafe {
@@ -822,9 +823,9 @@ fn kfree_of_bogus_pointers_changes_nothing() {
         );
     }
     assert_eq!(k64.stats(), before);
-    assert_eq!(SLAB.large_stats(), large);
+    assert_eq!(SLAB.stats().large(), large);
     assert_eq!(
-        SLAB.nr_bad_frees(),
+        SLAB.debug().nr_bad_frees(),
         bad_frees,
         "direct kfree errors are returned, not counted"
     );
@@ -838,7 +839,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
     let boxed = Box::new([3u8; 64]);
     let inside = (&raw const *boxed).cast::<u8>().cast_mut().wrapping_add(16);
     let before = k64.stats();
-    let nr_bad_frees = SLAB.nr_bad_frees();
+    let nr_bad_frees = SLAB.debug().nr_bad_frees();
     let layout = core::alloc::Layout::new::<[u8; 48]>();
     // SAFETY: deliberately bad pointers; the allocator must refuse them at
     // the GlobalAlloc edge (count, report through the hook, change nothing).
@@ -846,7 +847,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
         alloc::alloc::dealloc(inside, layout);
         alloc::alloc::dealloc(stack_address().as_ptr(), layout);
     }
-    assert_eq!(SLAB.nr_bad_frees(), nr_bad_frees + 2);
+    assert_eq!(SLAB.debug().nr_bad_frees(), nr_bad_frees + 2);
     assert_eq!(k64.stats(), before);
     assert_eq!(*boxed, [3u8; 64]);
     drop(boxed);
@@ -995,13 +996,13 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
     drop(text);
     assert_eq!(k256.stats().nr_allocated, before.nr_allocated);
 
-    let large = SLAB.large_stats();
+    let large = SLAB.stats().large();
     let big: Vec<u8> = core::hint::black_box(Vec::with_capacity(64 * 1024));
     assert_eq!(
-        SLAB.large_stats().nr_live,
+        SLAB.stats().large().nr_live,
         large.nr_live + 1,
         "64 KiB Vec is page-granular"
     );
     drop(big);
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+    assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
 }

@@ -263,7 +263,7 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
         if let Ok(value) = std::env::var("MAGPIE_SLAB_DEBUG") {
             let config = magpie_slab::debug::SlabDebugConfig::parse_slab_debug(Some(&value))
                 .expect("MAGPIE_SLAB_DEBUG: a slab_debug= value");
-            alloc.set_debug_config(config);
+            alloc.debug().set_config(config);
         }
         let pages = HostPages::new("bench", heap_bytes, PAGE_SIZE);
         alloc.init(pages).expect("magpie init");
@@ -375,7 +375,7 @@ pub fn kmemtrace_on() {
         ..Default::default()
     };
     let start = || {
-        MAGPIE.kmemtrace_start(config).expect("kmemtrace start");
+        MAGPIE.kmemtrace().start(config).expect("kmemtrace start");
     };
     start();
     set_cpu(0);

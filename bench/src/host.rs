@@ -229,7 +229,9 @@ pub fn prof_init(on: bool) {
     set_cpu(BenchPlatform::cpu_id());
     // As a kernel does whenever its switch flips: off, the allocator's
     // alloc fast path does not ask `alloc_tag_current` at all.
-    crate::allocs::MAGPIE_PROF.set_alloc_profiling(PROF_SWITCH.is_on());
+    crate::allocs::MAGPIE_PROF
+        .profiling()
+        .set_enabled(PROF_SWITCH.is_on());
 }
 
 fn bench_tag() -> &'static AllocTag {

@@ -133,7 +133,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ..Default::default()
     };
     MAGPIE
-        .kmemtrace_start(config)
+        .kmemtrace()
+        .start(config)
         .map_err(|e| format!("kmemtrace start: {e:?}"))?;
     let start = BenchPlatform::now();
     match workload.as_str() {
@@ -147,8 +148,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
             }
         }),
     }
-    MAGPIE.kmemtrace_stop();
-    let status = MAGPIE.kmemtrace_status();
+    MAGPIE.kmemtrace().stop();
+    let status = MAGPIE.kmemtrace().status();
     if status.nr_overruns > 0 {
         return Err(format!("{} events lost to overruns", status.nr_overruns));
     }
@@ -158,7 +159,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ticks_to_ns: &ticks_to_ns,
     };
     let mut bytes = Vec::new();
-    let summary = MAGPIE.kmemtrace_dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
+    let summary = MAGPIE
+        .kmemtrace()
+        .dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
     std::fs::write(out, &bytes).map_err(|e| format!("{out}: {e}"))?;
     eprintln!(
         "record {workload}: {} events, {} bytes -> {out}",

@@ -1155,7 +1155,7 @@ fn kmemtrace(r: &mut String, failures: &mut Vec<String>, me: &str, opts: &SuiteO
     writeln!(
         r,
         "magpie only; kmemtrace is always compiled in, so \"off\" is the plain build (the \
-         rows above). \"On\": `Allocator::kmemtrace_start` after init, every cache, no \
+         rows above). \"On\": `kmemtrace::Kmemtrace::start` after init, every cache, no \
          stacks, {} sub-buffers per CPU (1,048,576 events: no run overruns it — one run of \
          {KMT_N} iterations after a warm-up recorded {events}). The bench platform's \
          `caller_frames` is the default (no call site), so a kernel's call-site capture is \

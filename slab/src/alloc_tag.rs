@@ -44,9 +44,9 @@
 //! **Never a failure caused by profiling**: if the side array cannot be
 //! allocated, the object is still handed out, untagged and uncharged
 //! (its free uncharges nothing), and the miss is counted
-//! ([`Allocator::nr_tag_array_misses`](crate::Allocator::nr_tag_array_misses)).
+//! ([`AllocProfiling::nr_tag_array_misses`](crate::AllocProfiling::nr_tag_array_misses)).
 //!
-//! The runtime switch: [`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)
+//! The runtime switch: [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)
 //! sets or clears `PROFILING` in every cache's `hot_flags` (new caches
 //! inherit it); a kernel calls it whenever its own switch flips. Setting
 //! it also sets `TAGGED` (in the same atomic update) on small-slab caches
@@ -85,7 +85,40 @@
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
 
+use crate::allocator::Allocator;
 use crate::platform::Platform;
+
+/// Allocation profiling's switches and tagged allocations for one
+/// allocator, from [`Allocator::profiling`] (feature `alloc-profiling`
+/// for the switches to do anything; see the crate docs).
+#[derive(Clone, Copy)]
+pub struct AllocProfiling<'a, P: Platform> {
+    pub(crate) heap: &'a Allocator<P>,
+}
+
+impl<P: Platform> Allocator<P> {
+    /// Allocation profiling's switches: [`AllocProfiling`].
+    pub fn profiling(&self) -> AllocProfiling<'_, P> {
+        AllocProfiling { heap: self }
+    }
+
+    /// [`AllocProfiling::enabled`](crate::AllocProfiling::enabled).
+    #[inline]
+    pub(crate) fn alloc_profiling(&self) -> bool {
+        cfg!(feature = "alloc-profiling")
+            && self
+                .alloc_profiling
+                .load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`AllocProfiling::tag_hooks`](crate::AllocProfiling::tag_hooks).
+    pub(crate) fn alloc_tag_hooks(&self) -> bool {
+        cfg!(feature = "alloc-profiling")
+            && self
+                .alloc_tag_hooks
+                .load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
 /// the tag's index in its section plus one; the same type). Never 0: "no

@@ -40,7 +40,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::allocator::{Allocator, CacheList};
 use crate::cache::{CacheLinks, KmemCache};
 use crate::kmemtrace::rings::CpuRing;
-use crate::kmemtrace::{Kmemtrace, Mark, Marks, StackTable};
+use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform};
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
@@ -400,18 +400,18 @@ layout! {
     /// kmemtrace's state in the allocator.
     allocator_kmemtrace = field!(LayoutAllocator, kmemtrace);
     /// kmemtrace: the per-CPU rings (null before the first start).
-    kmemtrace_rings = field!(Kmemtrace, rings);
+    kmemtrace_rings = field!(KmemtraceState, rings);
     /// kmemtrace: bytes of the rings (`cpu_ring_size` per CPU).
-    kmemtrace_rings_bytes = field!(Kmemtrace, rings_bytes);
+    kmemtrace_rings_bytes = field!(KmemtraceState, rings_bytes);
     /// kmemtrace: frames recorded per event (0: no stacks).
-    kmemtrace_stack_depth = field!(Kmemtrace, stack_depth);
+    kmemtrace_stack_depth = field!(KmemtraceState, stack_depth);
     /// kmemtrace: recording since boot (`bool`).
-    kmemtrace_from_boot = field!(Kmemtrace, from_boot);
+    kmemtrace_from_boot = field!(KmemtraceState, from_boot);
     /// kmemtrace: the record's start (clock ticks).
-    kmemtrace_start_ticks = field!(Kmemtrace, start_ticks);
+    kmemtrace_start_ticks = field!(KmemtraceState, start_ticks);
     /// kmemtrace: the stack table's lock (payload at the header's
     /// `stacks_lock_data`).
-    kmemtrace_stacks = field!(Kmemtrace, stacks);
+    kmemtrace_stacks = field!(KmemtraceState, stacks);
     /// Stack table: frames, `max_stack_depth` per stack (`u64`s).
     stack_table_frames = field!(StackTable, frames);
     /// Stack table: each stack's depth (`u8`s).
@@ -422,7 +422,7 @@ layout! {
     max_stack_depth = Entry::value(crate::kmemtrace::MAX_STACK_DEPTH);
     /// kmemtrace: the marks' lock (payload at the header's
     /// `marks_lock_data`).
-    kmemtrace_marks = field!(Kmemtrace, marks);
+    kmemtrace_marks = field!(KmemtraceState, marks);
     /// Marks: the entries (`mark_size` bytes each).
     marks_entries = field!(Marks, entries);
     /// Marks: entries used.

@@ -121,7 +121,7 @@
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
 //! [`KmemCache::alloc_tagged`] and [`Allocator::kmalloc_tagged`]. The
-//! runtime switch is [`Allocator::set_alloc_profiling`] (a kernel calls
+//! runtime switch is [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled) (a kernel calls
 //! it whenever its own switch flips; on by default): off, nothing asks
 //! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
 //! cache's `hot_flags`) and both hits cost what they cost compiled out
@@ -143,7 +143,7 @@
 //! profiled hits call out to nothing: work too slow for them (a context
 //! capture of one site, say) goes in `Platform::alloc_tag_charge_hook` and
 //! `alloc_tag_uncharge_hook`, called on every charge off the hits, and
-//! [`Allocator::set_alloc_tag_hooks`] sends every allocation off the hits
+//! [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks) sends every allocation off the hits
 //! while the platform needs them all.
 //! Feature `time-stats` puts `magpie-codetag` latency
 //! statistics on the slab-layer refill (`grow`) and the depot exchanges
@@ -181,7 +181,7 @@
 //! - **Any other CPU** that needs it — [`KmemCache::reap`] and
 //!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
 //!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
-//!   [`Allocator::cpu_stats`]), the loom models' magazine resize — asks
+//!   [`HeapStats::cpu`]), the loom models' magazine resize — asks
 //!   that CPU to do it, through [`Platform::cross_cpu_call`]: the kernel
 //!   runs the closure in the target's IPI handler (interrupts off there,
 //!   so never inside one of its hits), as Linux's `flush_all` does.
@@ -254,7 +254,7 @@
 //! - **Under pressure**: when a page source runs dry, the allocation
 //!   reaps every cache ([`Allocator::reap_all`]: every CPU's magazines by
 //!   cross-CPU calls, the depots, the empty slabs) and retries once before
-//!   it returns `OutOfMemory` ([`Allocator::nr_pressure_reaps`] counts
+//!   it returns `OutOfMemory` ([`HeapStats::nr_pressure_reaps`] counts
 //!   them). So an allocation that may run out of memory must be made with
 //!   interrupts on, like any reap (the cross-CPU calls); if the cache list
 //!   is held (a `for_each_cache` callback allocating) it fails without
@@ -262,7 +262,7 @@
 //! - **Explicitly**: [`KmemCache::reap`], [`Allocator::reap_all`] (the
 //!   kernel's `reap` command).
 //!
-//! [`Allocator::metadata_stats`] and [`CacheStats::waste_bytes`] say where
+//! [`HeapStats::metadata`] and [`CacheStats::waste_bytes`] say where
 //! the memory that holds no object goes.
 //!
 //! ## Statistics
@@ -275,7 +275,7 @@
 //! exactly: `frees = rounds held − rounds exchanged in + allocs`.
 //! Counters shared between CPUs are written only on misses (the slab
 //! layer's direct counts) and depot exchanges. Readers
-//! ([`KmemCache::stats`], [`KmemCache::cpu_stats`], [`Allocator::cpu_stats`])
+//! ([`KmemCache::stats`], [`KmemCache::cpu_stats`], [`HeapStats::cpu`])
 //! read each CPU's figures on that CPU (a cross-CPU call) and sum. The
 //! read-mostly fields every alloc and free reads lead [`KmemCache`]
 //! (`repr(C)`), and the depot, the first field any CPU writes, starts a
@@ -310,15 +310,15 @@
 //!
 //! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
 //!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
-//!   boot line ([`Allocator::set_debug_config`] with a
+//!   boot line ([`SlabDebug::set_config`](crate::debug::SlabDebug::set_config) with a
 //!   [`debug::SlabDebugConfig`] parsed from `slab_debug=` or
 //!   `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
 //!   every alloc and free takes the cold path, and each object carries a
 //!   trailer (redzone, state word, free-list link, audit records,
 //!   contents). Plain caches pay nothing new on the hit.
 //! - **Reports**: every error detected (with or without flags) becomes one
-//!   [`report::ErrorReport`] — kept in a ring ([`Allocator::read_errors`])
-//!   and handed to the kernel's hook ([`Allocator::set_error_hook`]) with no
+//!   [`report::ErrorReport`] — kept in a ring ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors))
+//!   and handed to the kernel's hook ([`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook)) with no
 //!   allocator lock held. Detection never panics; the kernel decides.
 //! - **Hardened free lists** (`layout/freelist.rs`): small-slab links are stored as `next ^ secret ^
 //!   swab(link address)` and checked against the slab's free map when
@@ -331,9 +331,9 @@
 //!   busy count never drops for an object that was not busy, so `reap`
 //!   and `destroy` never free a page holding a live object they counted.
 //!   With any debug flag, every double free is caught (the state word).
-//! - **Walkers**: [`KmemCache::verify`] / [`Allocator::verify`] (`kmem
-//!   verify`), [`Allocator::whatis`] (`kmem whatis`), and in debug builds
-//!   [`Allocator::check_invariants`], which the model tests run after every
+//! - **Walkers**: [`KmemCache::verify`] / [`SlabDebug::verify`](crate::debug::SlabDebug::verify) (`kmem
+//!   verify`), [`SlabDebug::whatis`](crate::debug::SlabDebug::whatis) (`kmem whatis`), and in debug builds
+//!   [`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants), which the model tests run after every
 //!   step.
 //!
 //! ## FAQ
@@ -595,10 +595,10 @@ mod tests;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use alloc_tag::AllocTagRef;
+pub use alloc_tag::{AllocProfiling, AllocTagRef};
 pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use allocator::{Allocator, CacheArgs, InitCost, MIN_FREE_PAGES};
+pub use allocator::{Allocator, CacheArgs, HeapStats, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};

@@ -181,7 +181,7 @@ pub unsafe trait Platform: 'static {
     /// returns its per-CPU "current scope" tag, or its catch-all "untagged"
     /// tag: one per-CPU load. The default is `None`: profiling off. Asked
     /// only while profiling is switched on in the allocator
-    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)),
+    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)),
     /// on every profiled allocation: keep it a load, and leave the
     /// platform's own on/off switch to that call.
     #[inline(always)]
@@ -270,7 +270,7 @@ pub unsafe trait Platform: 'static {
     /// the allocator makes off its profiled hits — a slab object on a
     /// slow path, a page-granular kmalloc block, a KFENCE sample — with
     /// the same token, object and bytes. While
-    /// [`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)
+    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)
     /// is on, no allocation takes a profiled hit, so it is called after
     /// every charge. For what is too slow for the hit, which must not call
     /// out: e.g. capturing the context (backtrace, CPU, time) of one code
@@ -298,7 +298,7 @@ pub unsafe trait Platform: 'static {
     /// Memory for the KFENCE pool: `nr_pages` contiguous pages, mapped
     /// with 4 KiB pages that [`Platform::kfence_protect`] can unmap one by
     /// one, outside every page source's span (the page map must not know
-    /// them). Asked once, by [`Allocator::kfence_init`](crate::Allocator::kfence_init).
+    /// them). Asked once, by [`Kfence::init`](crate::kfence::Kfence::init).
     /// The default is `None`: no KFENCE.
     fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
         let _ = nr_pages;

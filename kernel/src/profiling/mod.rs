@@ -72,7 +72,7 @@
 //! in the slab allocator's tag hooks (`Platform::alloc_tag_charge_hook`,
 //! `alloc_tag_uncharge_hook`), off its profiled hits; while a site is
 //! captured, `kmem::ctx_capture_enable` sends every allocation and free
-//! there (`Allocator::set_alloc_tag_hooks`), so the hits pay nothing for
+//! there (`AllocProfiling::set_tag_hooks`), so the hits pay nothing for
 //! capture, armed or not.
 //!
 //! # Latency statistics

@@ -144,7 +144,7 @@ macro_rules! kmem_cache_alloc {
 macro_rules! kmalloc_box {
     ($size:expr, $align:expr) => {{
         let (size, align): (usize, usize) = ($size, $align);
-        $crate::__alloc_site!($crate::kmem::SLAB.kmalloc_box_tagged(
+        $crate::__alloc_site!($crate::kmem::SLAB.profiling().kmalloc_box(
             size,
             align,
             $crate::__site_tag!()

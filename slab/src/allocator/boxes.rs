@@ -2,6 +2,7 @@
 //! kmalloc.
 
 use super::Allocator;
+use crate::alloc_tag::AllocProfiling;
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::object::SlabBox;
@@ -17,19 +18,21 @@ impl<P: Platform> Allocator<P> {
         let ptr = self.kmalloc(size, align)?;
         Ok(SlabBox::from_kmalloc(self, ptr, size))
     }
+}
 
+impl<P: Platform> AllocProfiling<'static, P> {
     /// [`Allocator::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
     /// bytes.
     ///
     /// # Errors
     /// As for [`Allocator::kmalloc`].
-    pub fn kmalloc_box_tagged(
-        &'static self,
+    pub fn kmalloc_box(
+        &self,
         size: usize,
         align: usize,
         tag: Option<AllocTagRef>,
     ) -> Result<SlabBox<P>, AllocError> {
-        let ptr = self.kmalloc_tagged(size, align, tag)?;
-        Ok(SlabBox::from_kmalloc(self, ptr, size))
+        let ptr = self.heap.kmalloc_tagged(size, align, tag)?;
+        Ok(SlabBox::from_kmalloc(self.heap, ptr, size))
     }
 }

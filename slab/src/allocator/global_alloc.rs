@@ -15,13 +15,13 @@ impl<P: Platform> Allocator<P> {
     /// Called with every error a `GlobalAlloc::dealloc` (or
     /// `core::alloc::Allocator::deallocate`) hits; the kernel can log or
     /// panic. The error has already been counted in
-    /// [`Allocator::nr_bad_frees`] and nothing was changed.
-    pub fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
+    /// [`SlabDebug::nr_bad_frees`](crate::debug::SlabDebug::nr_bad_frees) and nothing was changed.
+    pub(crate) fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
         *spin_lock_irq::<P, _>(&self.free_error_hook) = hook;
     }
 
     /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
-    pub fn nr_bad_frees(&self) -> u64 {
+    pub(crate) fn nr_bad_frees(&self) -> u64 {
         self.nr_bad_frees.load(Ordering::Relaxed)
     }
 

@@ -222,7 +222,11 @@ impl<P: Platform> Allocator<P> {
     /// The kmalloc cache that would serve `size` bytes aligned to `align`,
     /// or `None` if such a request is page-granular (or invalid, or the
     /// allocator is not ready).
-    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
+    pub(crate) fn kmalloc_cache_for(
+        &self,
+        size: usize,
+        align: usize,
+    ) -> Option<&'static KmemCache<P>> {
         if !self.is_ready() || size == 0 || !align.is_power_of_two() {
             return None;
         }
@@ -609,7 +613,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// Page-granular kmalloc statistics.
-    pub fn large_stats(&self) -> LargeStats {
+    pub(crate) fn large_stats(&self) -> LargeStats {
         LargeStats {
             nr_live: self.large_nr_live.load(Ordering::Relaxed),
             live_bytes: self.large_live_pages.load(Ordering::Relaxed) * PAGE_SIZE,

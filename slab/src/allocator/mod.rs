@@ -10,7 +10,6 @@ mod classes;
 mod global_alloc;
 mod init;
 pub(crate) mod kmalloc;
-mod kmemtrace_control;
 mod reap;
 mod reports;
 
@@ -27,12 +26,13 @@ use spin::Mutex;
 use self::classes::NR_UNBORN;
 pub use self::classes::{InitCost, MIN_FREE_PAGES};
 use self::kmalloc::NR_KMALLOC;
+use crate::alloc_tag::AllocProfiling;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
 use crate::flags::CacheFlags;
-use crate::kmemtrace::Kmemtrace;
+use crate::kmemtrace::KmemtraceState;
 use crate::layout::geometry::Geometry;
 use crate::layout::pagemap::PageMap;
 use crate::magazine::{NR_MAG_TYPES, PcpuCache};
@@ -227,31 +227,31 @@ pub struct Allocator<P: Platform> {
     /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
     pub(crate) nr_pressure_reaps: AtomicU64,
     /// Tagged allocations left untagged because their slab's side array
-    /// could not be allocated ([`Allocator::nr_tag_array_misses`]).
+    /// could not be allocated ([`AllocProfiling::nr_tag_array_misses`](crate::AllocProfiling::nr_tag_array_misses)).
     pub(crate) nr_tag_array_misses: AtomicU64,
-    /// [`Allocator::set_free_error_hook`]. This lock, `error_hook`,
+    /// [`SlabDebug::set_free_error_hook`](crate::debug::SlabDebug::set_free_error_hook). This lock, `error_hook`,
     /// `debug_config` and the error ring's are taken with interrupts off
     /// (`sync::spin_lock_irq`): a handler's bad free reports through them.
     pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
-    /// The latest error reports ([`Allocator::read_errors`]).
+    /// The latest error reports ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors)).
     pub(crate) errors: ErrorRing,
-    /// [`Allocator::set_error_hook`].
+    /// [`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook).
     pub(crate) error_hook: spin::Mutex<Option<fn(&ErrorReport)>>,
-    /// [`Allocator::set_debug_config`]: debug flags for caches by name.
+    /// [`SlabDebug::set_config`](crate::debug::SlabDebug::set_config): debug flags for caches by name.
     pub(crate) debug_config: spin::Mutex<SlabDebugConfig>,
-    /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
+    /// Allocation profiling switched on ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
     pub(crate) alloc_profiling: AtomicBool,
-    /// [`Allocator::set_alloc_tag_hooks`]: written under the cache-list
+    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks): written under the cache-list
     /// lock, mirrored in every cache's `TAG_HOOKS` bit.
-    alloc_tag_hooks: AtomicBool,
+    pub(crate) alloc_tag_hooks: AtomicBool,
     /// The next cache id (kmemtrace).
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
-    pub(crate) kmemtrace: Kmemtrace,
+    pub(crate) kmemtrace: KmemtraceState,
     /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
-    pub(crate) kfence: crate::kfence::pool::Kfence,
+    pub(crate) kfence: crate::kfence::pool::KfencePool,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
@@ -325,30 +325,16 @@ impl<P: Platform> Allocator<P> {
             alloc_profiling: AtomicBool::new(true),
             alloc_tag_hooks: AtomicBool::new(false),
             next_cache_id: AtomicU32::new(1),
-            kmemtrace: Kmemtrace::new(),
-            kfence: crate::kfence::pool::Kfence::new(),
+            kmemtrace: KmemtraceState::new(),
+            kfence: crate::kfence::pool::KfencePool::new(),
         }
-    }
-
-    /// Switch allocation profiling (feature `alloc-profiling`) on or off
-    /// for every cache, present and future: a kernel calls this whenever
-    /// its own switch flips. On (the default), every allocation asks
-    /// [`Platform::alloc_tag_current`] for its tag and explicit tags are
-    /// charged; off, nothing is asked or charged (objects get tag
-    /// reference 0, their frees uncharge nothing) and the alloc fast path
-    /// is the compiled-out one. Without the feature, a no-op.
-    pub fn set_alloc_profiling(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.switch_every_cache(&self.alloc_profiling, on, KmemCache::set_profiling);
     }
 
     /// Store `on` in the allocator-wide `switch` and apply it to every
     /// cache with `apply`, under the cache-list lock (so a cache created
     /// meanwhile, which reads the switch under the same lock, is not
     /// missed).
-    fn switch_every_cache(
+    pub(crate) fn switch_every_cache(
         &self,
         switch: &AtomicBool,
         on: bool,
@@ -367,36 +353,6 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Send every allocation and free off the profiled hits (`on`), so
-    /// that every charge calls [`Platform::alloc_tag_charge_hook`] and
-    /// every uncharge [`Platform::alloc_tag_uncharge_hook`]; or back
-    /// (`!on`, the default), the hooks then called only off the hits. For
-    /// a platform whose hooks have work to do for a while (a context
-    /// capture, say): the hits stay free of calls, and pay nothing for the
-    /// hooks while they are off. Every cache, present and future (the
-    /// bootstrap caches aside). An allocation or free running on another
-    /// CPU while this runs may still take its hit. Without feature
-    /// `alloc-profiling`, a no-op.
-    pub fn set_alloc_tag_hooks(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.switch_every_cache(&self.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
-    }
-
-    /// Whether the tag hooks are on ([`Allocator::set_alloc_tag_hooks`];
-    /// false without feature `alloc-profiling`).
-    pub fn alloc_tag_hooks(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_tag_hooks.load(Ordering::Relaxed)
-    }
-
-    /// Whether allocation profiling is switched on
-    /// ([`Allocator::set_alloc_profiling`]; false without feature
-    /// `alloc-profiling`).
-    pub fn alloc_profiling(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
-    }
-
     /// Whether `init` has completed.
     #[inline]
     pub fn is_ready(&self) -> bool {
@@ -411,15 +367,6 @@ impl<P: Platform> Allocator<P> {
         } else {
             &NullSource
         }
-    }
-
-    /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).
-    pub fn nr_cpus(&self) -> usize {
-        if !self.is_ready() {
-            return 0;
-        }
-        // SAFETY: READY: init-only cells are immutable.
-        unsafe { *self.nr_cpus.get() }
     }
 
     /// The primary source, without the ready check (init and caches).
@@ -732,6 +679,104 @@ impl<P: Platform> Allocator<P> {
         }
         true
     }
+}
+
+impl<P: Platform> AllocProfiling<'_, P> {
+    /// Switch allocation profiling (feature `alloc-profiling`) on or off
+    /// for every cache, present and future: a kernel calls this whenever
+    /// its own switch flips. On (the default), every allocation asks
+    /// [`Platform::alloc_tag_current`] for its tag and explicit tags are
+    /// charged; off, nothing is asked or charged (objects get tag
+    /// reference 0, their frees uncharge nothing) and the alloc fast path
+    /// is the compiled-out one. Without the feature, a no-op.
+    pub fn set_enabled(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        self.heap
+            .switch_every_cache(&self.heap.alloc_profiling, on, KmemCache::set_profiling);
+    }
+
+    /// Send every allocation and free off the profiled hits (`on`), so
+    /// that every charge calls [`Platform::alloc_tag_charge_hook`] and
+    /// every uncharge [`Platform::alloc_tag_uncharge_hook`]; or back
+    /// (`!on`, the default), the hooks then called only off the hits. For
+    /// a platform whose hooks have work to do for a while (a context
+    /// capture, say): the hits stay free of calls, and pay nothing for the
+    /// hooks while they are off. Every cache, present and future (the
+    /// bootstrap caches aside). An allocation or free running on another
+    /// CPU while this runs may still take its hit. Without feature
+    /// `alloc-profiling`, a no-op.
+    pub fn set_tag_hooks(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        self.heap
+            .switch_every_cache(&self.heap.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
+    }
+
+    /// Whether the tag hooks are on ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks);
+    /// false without feature `alloc-profiling`).
+    pub fn tag_hooks(&self) -> bool {
+        self.heap.alloc_tag_hooks()
+    }
+
+    /// Whether allocation profiling is switched on
+    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled); false without feature
+    /// `alloc-profiling`).
+    pub fn enabled(&self) -> bool {
+        self.heap.alloc_profiling()
+    }
+
+    /// Allocations that profiling should have charged but could not
+    /// (feature `alloc-profiling`): the object's small slab had no tag
+    /// side array yet and allocating one failed, so the object was handed
+    /// out untagged — allocated, charged to no tag, its free uncharging
+    /// nothing (Linux counts these failures too,
+    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
+    /// miss that many objects. Always 0 without the feature.
+    pub fn nr_tag_array_misses(&self) -> u64 {
+        self.heap.nr_tag_array_misses.load(Ordering::Relaxed)
+    }
+}
+
+/// The allocator's figures beyond one cache's, from [`Allocator::stats`]:
+/// per CPU, its own metadata, page-granular kmallocs, reaps under
+/// pressure.
+#[derive(Clone, Copy)]
+pub struct HeapStats<'a, P: Platform> {
+    heap: &'a Allocator<P>,
+}
+
+impl<P: Platform> Allocator<P> {
+    /// The allocator's figures: [`HeapStats`].
+    pub fn stats(&self) -> HeapStats<'_, P> {
+        HeapStats { heap: self }
+    }
+}
+
+impl<P: Platform> HeapStats<'_, P> {
+    /// Page-granular kmallocs: live blocks, their pages and bytes, and
+    /// every one made.
+    pub fn large(&self) -> crate::LargeStats {
+        self.heap.large_stats()
+    }
+
+    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
+    /// or `None` if such a request is page-granular (or invalid, or the
+    /// allocator is not ready).
+    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
+        self.heap.kmalloc_cache_for(size, align)
+    }
+
+    /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).
+    pub fn nr_cpus(&self) -> usize {
+        if !self.heap.is_ready() {
+            return 0;
+        }
+        // SAFETY: READY: init-only cells are immutable.
+        unsafe { *self.heap.nr_cpus.get() }
+    }
 
     /// CPU `cpu`'s magazines summed over every cache: the allocations and
     /// frees they served (magazine hits; slab-layer misses and
@@ -742,27 +787,28 @@ impl<P: Platform> Allocator<P> {
     /// [cross-CPU call](crate::Platform::cross_cpu_call), one cache at a
     /// time: each cache's figures are exact, their sum a near-snapshot
     /// under concurrent use. All zero before `init` and for `cpu` out of range.
-    pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
+    pub fn cpu(&self, cpu: usize) -> CpuCacheStats {
         let mut total = CpuCacheStats::default();
-        self.for_each_cache(|cache| total = total + cache.cpu_stats(cpu));
+        self.heap
+            .for_each_cache(|cache| total = total + cache.cpu_stats(cpu));
         total
     }
 
     /// The allocator's own memory: the page map and the bootstrap caches'
     /// slabs, against the memory the primary source manages (the target:
     /// at most 2 %). All zero before init.
-    pub fn metadata_stats(&self) -> crate::MetadataStats {
-        if !self.is_ready() {
+    pub fn metadata(&self) -> crate::MetadataStats {
+        if !self.heap.is_ready() {
             return crate::MetadataStats::default();
         }
         let mut bootstrap_bytes = 0;
         let mut magazine_bytes = [0; NR_MAG_TYPES];
         let mut tag_array_bytes = 0;
         // SAFETY: READY: the init-only cells are immutable.
-        let nr_boot = unsafe { *self.nr_boot.get() };
+        let nr_boot = unsafe { *self.heap.nr_boot.get() };
         for index in 0..nr_boot {
             // SAFETY: READY: bootstrap slots below nr_boot are initialised.
-            let boot = unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) };
+            let boot = unsafe { &*self.heap.boot.get().cast::<KmemCache<P>>().add(index) };
             let bytes = boot.slab.lock().counts().nr_pages * PAGE_SIZE;
             bootstrap_bytes += bytes;
             // The magazine caches are the first NR_MAG_TYPES slots.
@@ -775,7 +821,8 @@ impl<P: Platform> Allocator<P> {
             }
         }
         // SAFETY: READY: the init-only cells are immutable.
-        let (page_map_pages, map) = unsafe { (*self.page_map_pages.get(), *self.page_map.get()) };
+        let (page_map_pages, map) =
+            unsafe { (*self.heap.page_map_pages.get(), *self.heap.page_map.get()) };
         crate::MetadataStats {
             page_map_bytes: page_map_pages * PAGE_SIZE,
             bootstrap_bytes,
@@ -788,17 +835,6 @@ impl<P: Platform> Allocator<P> {
     /// Times an allocation found its page source dry and reaped every
     /// cache before retrying.
     pub fn nr_pressure_reaps(&self) -> u64 {
-        self.nr_pressure_reaps.load(Ordering::Relaxed)
-    }
-
-    /// Allocations that profiling should have charged but could not
-    /// (feature `alloc-profiling`): the object's small slab had no tag
-    /// side array yet and allocating one failed, so the object was handed
-    /// out untagged — allocated, charged to no tag, its free uncharging
-    /// nothing (Linux counts these failures too,
-    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
-    /// miss that many objects. Always 0 without the feature.
-    pub fn nr_tag_array_misses(&self) -> u64 {
-        self.nr_tag_array_misses.load(Ordering::Relaxed)
+        self.heap.nr_pressure_reaps.load(Ordering::Relaxed)
     }
 }

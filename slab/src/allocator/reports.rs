@@ -3,6 +3,7 @@
 
 use super::Allocator;
 use crate::cache::KmemCache;
+use crate::debug::SlabDebug;
 use crate::debug::SlabDebugConfig;
 use crate::error::FreeError;
 use crate::layout::pagemap::{PageEntry, PageOwner};
@@ -12,40 +13,6 @@ use crate::slab::Slab;
 use crate::sync::{IrqGuard, spin_lock_irq};
 
 impl<P: Platform> Allocator<P> {
-    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
-    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
-    /// kmalloc caches get it; caches created later get it too (by name).
-    /// Caches that exist already keep their flags.
-    pub fn set_debug_config(&self, config: SlabDebugConfig) {
-        *spin_lock_irq::<P, _>(&self.debug_config) = config;
-    }
-
-    /// The debug configuration in force.
-    pub fn debug_config(&self) -> SlabDebugConfig {
-        *spin_lock_irq::<P, _>(&self.debug_config)
-    }
-
-    /// Called with every error report, after it is kept in the error ring,
-    /// with no allocator lock held; the kernel prints it (and may panic).
-    /// The hook must not allocate from this allocator.
-    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
-        *spin_lock_irq::<P, _>(&self.error_hook) = hook;
-    }
-
-    /// Errors reported since the allocator was created (the ring keeps the
-    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
-    pub fn nr_errors(&self) -> u64 {
-        let _irq = IrqGuard::<P>::new();
-        self.errors.nr_reported()
-    }
-
-    /// Copy the kept reports numbered after `after` into `out`, oldest
-    /// first; returns how many.
-    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
-        let _irq = IrqGuard::<P>::new();
-        self.errors.read(after, out)
-    }
-
     /// Keep a report (stamped with now and this CPU) and hand it to the
     /// hook. Callers hold no allocator lock.
     #[cold]
@@ -125,5 +92,41 @@ impl<P: Platform> Allocator<P> {
             }
         }
         self.report_error(report);
+    }
+}
+
+impl<P: Platform> SlabDebug<'_, P> {
+    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
+    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
+    /// kmalloc caches get it; caches created later get it too (by name).
+    /// Caches that exist already keep their flags.
+    pub fn set_config(&self, config: SlabDebugConfig) {
+        *spin_lock_irq::<P, _>(&self.heap.debug_config) = config;
+    }
+
+    /// The debug configuration in force.
+    pub fn config(&self) -> SlabDebugConfig {
+        *spin_lock_irq::<P, _>(&self.heap.debug_config)
+    }
+
+    /// Called with every error report, after it is kept in the error ring,
+    /// with no allocator lock held; the kernel prints it (and may panic).
+    /// The hook must not allocate from this allocator.
+    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
+        *spin_lock_irq::<P, _>(&self.heap.error_hook) = hook;
+    }
+
+    /// Errors reported since the allocator was created (the ring keeps the
+    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
+    pub fn nr_errors(&self) -> u64 {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.nr_reported()
+    }
+
+    /// Copy the kept reports numbered after `after` into `out`, oldest
+    /// first; returns how many.
+    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.read(after, out)
     }
 }

@@ -21,7 +21,7 @@ impl<P: Platform> KmemCache<P> {
     /// With feature `alloc-profiling`, the object is charged to the tag
     /// [`Platform::alloc_tag_current`] names (nothing if it says `None`), which
     /// is asked only while profiling is switched on in the allocator
-    /// ([`crate::Allocator::set_alloc_profiling`]).
+    /// ([`crate::AllocProfiling::set_enabled`]).
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor

@@ -174,8 +174,8 @@ impl Located {
 
 /// What a free path returns to its caller: `Result` (the library API), or
 /// `()` for the `GlobalAlloc` edge, which reports a refused free to the
-/// allocator's free-error hook ([`Allocator::set_free_error_hook`]) and
-/// counts it in [`Allocator::nr_bad_frees`]. Returned by the out-of-line
+/// allocator's free-error hook ([`SlabDebug::set_free_error_hook`](crate::debug::SlabDebug::set_free_error_hook)) and
+/// counts it in [`SlabDebug::nr_bad_frees`](crate::debug::SlabDebug::nr_bad_frees). Returned by the out-of-line
 /// paths directly, so the hit's ways out are tail calls.
 pub(crate) trait FreeOut {
     /// The free happened.

@@ -142,14 +142,14 @@ bitflags::bitflags! {
         /// must look at it.
         const TAGGED = 32;
         /// Allocation profiling is switched on in the allocator
-        /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)):
+        /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
         /// allocations ask [`Platform::alloc_tag_current`].
         const PROFILING = 64;
         /// Some object of this bufctl cache carries a tag in its bufctl:
         /// frees look it up (out of line).
         const BUFCTL_TAGGED = 128;
         /// kmemtrace is recording this cache
-        /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
+        /// ([`Kmemtrace::start`](crate::kmemtrace::Kmemtrace::start)):
         /// allocs and frees take the flagged paths, which record an event.
         const KMEMTRACE = 256;
         /// An unborn size-class stub (`allocator/classes.rs`): its first
@@ -164,7 +164,7 @@ bitflags::bitflags! {
         /// guarded pool; the bit is cleared there.
         const SAMPLE = 2048;
         /// The platform's tag hooks are on
-        /// ([`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)):
+        /// ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)):
         /// allocs and frees take the flagged paths, whose charges and
         /// uncharges call [`Platform::alloc_tag_charge_hook`] and
         /// [`Platform::alloc_tag_uncharge_hook`] (the profiled hits call
@@ -564,7 +564,7 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// Set or clear `TAG_HOOKS` ([`crate::Allocator::set_alloc_tag_hooks`];
+    /// Set or clear `TAG_HOOKS` ([`crate::AllocProfiling::set_tag_hooks`];
     /// never on a bootstrap cache, whose allocs and frees are refused to
     /// callers anyway).
     pub(crate) fn set_tag_hooks(&self, on: bool) {

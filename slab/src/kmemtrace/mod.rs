@@ -57,12 +57,14 @@ use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 
 mod config;
+mod control;
 pub(crate) mod rings;
 
 pub use config::{
     DEFAULT_SUBBUFS, DumpInfo, KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError,
     KmemtraceStatus, MAX_STACK_DEPTH, MAX_STACKS, SUBBUF_EVENTS, SUBBUF_PAGES,
 };
+pub use control::Kmemtrace;
 use rings::{CpuRing, allocate_rings};
 
 // A CPU's ring is at its `Platform::cpu_offset` in the rings' array.
@@ -146,7 +148,7 @@ pub(crate) struct Marks {
 }
 
 /// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
-pub(crate) struct Kmemtrace {
+pub(crate) struct KmemtraceState {
     /// One cache-line aligned [`CpuRing`] per CPU; null before the first
     /// start. Never freed (writers may still hold it after a stop).
     pub(crate) rings: AtomicPtr<CpuRing>,
@@ -179,17 +181,17 @@ pub(crate) struct Kmemtrace {
 // lifetime (never freed once set); rings are written only by their own CPU
 // with interrupts off, readers use the atomics; the stack table is behind
 // its mutex.
-unsafe impl Sync for Kmemtrace {}
+unsafe impl Sync for KmemtraceState {}
 // SAFETY: as above.
-unsafe impl Send for Kmemtrace {}
+unsafe impl Send for KmemtraceState {}
 // SAFETY: the table's pointers are only used under the mutex.
 unsafe impl Send for StackTable {}
 
 const NO_FILTER: u32 = u32::MAX;
 
-impl Kmemtrace {
+impl KmemtraceState {
     pub(crate) const fn new() -> Self {
-        Kmemtrace {
+        KmemtraceState {
             rings: AtomicPtr::new(ptr::null_mut()),
             rings_bytes: AtomicUsize::new(0),
             nr_subbufs: AtomicUsize::new(0),
@@ -732,7 +734,7 @@ const _: () = {
     assert!(core::mem::offset_of!(KmemtraceEvent, stack_id) == 60);
 };
 
-/// `value`, hidden from the optimiser ([`Kmemtrace::record_cold`]'s
+/// `value`, hidden from the optimiser ([`KmemtraceState::record_cold`]'s
 /// result: were LLVM to see that it returns its `ptr`, a caller would keep
 /// its own copy of the pointer across the call, in a saved register,
 /// instead of taking the result and reaching the cold path by a tail call).

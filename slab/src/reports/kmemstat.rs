@@ -127,7 +127,7 @@ pub fn write_kmemstat_caches<P: Platform>(
         .write(out);
     });
     result?;
-    let meta = allocator.metadata_stats();
+    let meta = allocator.stats().metadata();
     KmemstatRow {
         indent,
         name: "slab-metadata",
@@ -137,11 +137,11 @@ pub fn write_kmemstat_caches<P: Platform>(
             .unwrap_or(0),
         total: meta.total(),
         alloc: meta.total(),
-        nr_allocs_ever: allocator.nr_pressure_reaps(),
+        nr_allocs_ever: allocator.stats().nr_pressure_reaps(),
         waste: 0,
     }
     .write(out)?;
-    let large = allocator.large_stats();
+    let large = allocator.stats().large();
     KmemstatRow {
         indent,
         name: "kmalloc-large",

@@ -102,7 +102,7 @@ pub struct SlabtopSample<'a> {
 impl SlabtopRow {
     fn of<P: Platform>(allocator: &Allocator<P>, cache: &'static crate::KmemCache<P>) -> Self {
         let stats = cache.stats();
-        let nr_hits = (0..allocator.nr_cpus())
+        let nr_hits = (0..allocator.stats().nr_cpus())
             .map(|cpu| cache.cpu_stats(cpu).nr_allocs)
             .fold(0u64, u64::wrapping_add);
         SlabtopRow {

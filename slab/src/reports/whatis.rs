@@ -22,7 +22,7 @@ pub fn whatis<P: Platform>(
     address: usize,
     format: &dyn ReportFormat,
 ) -> fmt::Result {
-    match allocator.whatis(address) {
+    match allocator.debug().whatis(address) {
         Some(info) => write!(out, "{}", info.display(format)),
         None => writeln!(out, "{address:#x} is not in any slab"),
     }

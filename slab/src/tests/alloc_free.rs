@@ -17,7 +17,7 @@ fn init_twice_is_refused() {
     assert!(alloc.is_ready());
     assert_eq!(alloc.init(source), Err(AllocError::AlreadyInitialized));
     assert_eq!(alloc.page_source().name(), "fake");
-    assert_eq!(alloc.nr_cpus(), NR_CPUS);
+    assert_eq!(alloc.stats().nr_cpus(), NR_CPUS);
 }
 
 #[test]
@@ -27,7 +27,7 @@ fn before_init_everything_fails_cleanly() {
     assert!(!alloc.is_ready());
     assert_eq!(alloc.kmalloc(8, 8), Err(AllocError::NotInitialized));
     assert_eq!(alloc.page_source().name(), "none");
-    assert!(alloc.kmalloc_cache_for(8, 8).is_none());
+    assert!(alloc.stats().kmalloc_cache_for(8, 8).is_none());
     let mut x = 0u64;
     let p = NonNull::from(&mut x).cast::<u8>();
     // SAFETY: refused without touching anything.
@@ -81,7 +81,7 @@ fn before_init_the_hits_refuse_without_a_readiness_test() {
     let p = x.as_mut_ptr().cast::<u8>();
     // SAFETY: refused without touching anything (reported, counted).
     unsafe { alloc.dealloc(p, Layout::new::<u64>()) };
-    assert_eq!(alloc.nr_bad_frees(), 1);
+    assert_eq!(alloc.debug().nr_bad_frees(), 1);
     assert_eq!(x, [0; 8]);
     // After init the same calls succeed: the table was published.
     let (ready, _) = setup_default();
@@ -90,7 +90,7 @@ fn before_init_the_hits_refuse_without_a_readiness_test() {
     assert!(!q.is_null());
     // SAFETY: just allocated with this layout.
     unsafe { ready.dealloc(q, Layout::from_size_align(64, 8).unwrap()) };
-    assert_eq!(ready.nr_bad_frees(), 0);
+    assert_eq!(ready.debug().nr_bad_frees(), 0);
 }
 
 #[test]
@@ -538,7 +538,7 @@ fn slab_box_frees_once_without_unsafe() {
         assert_eq!(cache.stats().nr_allocated, 1);
     }
     assert_eq!(cache.stats().nr_allocated, 0);
-    let k64 = alloc.kmalloc_cache_for(43, 8).unwrap();
+    let k64 = alloc.stats().kmalloc_cache_for(43, 8).unwrap();
     let before = k64.stats().nr_allocated;
     // 43 bytes: five words and a 3-byte tail (the low bytes of word 5).
     let bytes = alloc.kmalloc_box(43, 8).unwrap();

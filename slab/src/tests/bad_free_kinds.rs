@@ -37,11 +37,13 @@ fn same_counts(a: &CacheStats, b: &CacheStats) -> bool {
 fn refused(alloc: &TestAlloc, cache: &Cache, addr: usize, want: FreeError) -> bool {
     set_cpu(0);
     let before = cache.stats();
-    let errors = alloc.nr_errors();
+    let errors = alloc.debug().nr_errors();
     let ptr = core::ptr::NonNull::new(addr as *mut u8).unwrap();
     // SAFETY: a deliberate bad free; refused.
     let result = unsafe { cache.free(ptr) };
-    result == Err(want) && alloc.nr_errors() == errors + 1 && same_counts(&before, &cache.stats())
+    result == Err(want)
+        && alloc.debug().nr_errors() == errors + 1
+        && same_counts(&before, &cache.stats())
 }
 
 /// The nine kinds on a fresh cache of `size`-byte objects; returns each

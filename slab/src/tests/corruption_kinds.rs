@@ -45,7 +45,7 @@ fn fzpu_cache(alloc: &'static TestAlloc, size: usize) -> &'static Cache {
 /// and the offset the first report gives.
 fn detected(alloc: &'static TestAlloc, cache: &'static Cache, kind: &str) -> (bool, Option<usize>) {
     let size = cache.obj_size() as isize;
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     let obj = cache.alloc_box().unwrap();
     let p = obj.as_ptr();
     match kind {
@@ -163,7 +163,7 @@ fn left_redzone_keeps_objects_aligned_and_is_repaired() {
     // report, the redzone repaired, nothing else disturbed.
     let first = objs.iter().map(|obj| obj.as_ptr()).min().unwrap();
     poke(first, -1, 0);
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     for obj in objs {
         obj.free().unwrap();
     }

@@ -101,7 +101,7 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
         let inject_at = rng.below(nr_ops);
         let mut live = Vec::new();
         let mut freed = Vec::new();
-        let before = alloc.nr_errors();
+        let before = alloc.debug().nr_errors();
         let mut at_free = false;
         let mut injected = false;
         let mut twice = false;
@@ -162,7 +162,7 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
             tally.trials += 1;
             if at_free {
                 tally.at_free += 1;
-            } else if alloc.nr_errors() > before {
+            } else if alloc.debug().nr_errors() > before {
                 tally.later += 1;
             }
             tally.handed_out_twice += twice as usize;

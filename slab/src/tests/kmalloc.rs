@@ -9,7 +9,12 @@ use crate::{AllocError, CacheArgs, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE
 #[test]
 fn class_selection() {
     let (alloc, _) = setup_default();
-    let name = |size, align| alloc.kmalloc_cache_for(size, align).map(|c| c.name());
+    let name = |size, align| {
+        alloc
+            .stats()
+            .kmalloc_cache_for(size, align)
+            .map(|c| c.name())
+    };
     assert_eq!(name(64, 8), Some("kmalloc-64"));
     assert_eq!(name(65, 8), Some("kmalloc-72"));
     assert_eq!(name(89, 8), Some("kmalloc-96"));
@@ -26,7 +31,7 @@ fn class_selection() {
     assert_eq!(name(8192, 8), Some("kmalloc-8192"));
     assert_eq!(name(8193, 8), None);
     // Alignment: size 8 aligned 64 needs a class whose natural alignment is >= 64.
-    let c = alloc.kmalloc_cache_for(8, 64).unwrap();
+    let c = alloc.stats().kmalloc_cache_for(8, 64).unwrap();
     assert!(natural_align(c.obj_size()) >= 64 && c.align() >= 64);
     assert_eq!(c.name(), "kmalloc-64");
     assert_eq!(name(65, 64), Some("kmalloc-128"));
@@ -37,7 +42,7 @@ fn class_selection() {
     // Every size/alignment pair picks the smallest fitting class.
     for size in 1..=8192 {
         for align in [1, 8, 16, 32, 64, 128, 512, 4096] {
-            let c = alloc.kmalloc_cache_for(size, align).unwrap();
+            let c = alloc.stats().kmalloc_cache_for(size, align).unwrap();
             assert!(c.obj_size() >= size && natural_align(c.obj_size()) >= align);
             let smallest = KMALLOC_SIZES
                 .iter()
@@ -139,7 +144,7 @@ fn page_granular_allocations() {
     let q = alloc.kmalloc_box(100_000, 4096).unwrap();
     assert_eq!(alloc.ksize(q.as_ptr()), Ok(25 * PAGE_SIZE));
     let q = fill_box(q, 3);
-    let ls = alloc.large_stats();
+    let ls = alloc.stats().large();
     assert_eq!(
         (ls.nr_live, ls.live_bytes, ls.nr_allocs_ever),
         (2, 28 * PAGE_SIZE, 2)
@@ -149,7 +154,7 @@ fn page_granular_allocations() {
     assert!(check_box(&q, 3));
     p.free().unwrap();
     q.free().unwrap();
-    assert_eq!(alloc.large_stats().nr_live, 0);
+    assert_eq!(alloc.stats().large().nr_live, 0);
     assert_eq!(source.pages_outstanding(), baseline);
     assert_eq!(alloc.kmalloc(10, 2 << 30), Err(AllocError::InvalidLayout));
     assert_eq!(alloc.kmalloc(0, 8), Err(AllocError::InvalidLayout));

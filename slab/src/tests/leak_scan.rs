@@ -15,10 +15,10 @@ fn scan_with(
     table_len: Option<usize>,
     roots: &[usize],
 ) -> Result<(Vec<LeakGroup>, LeakSummary), LeakScanError> {
-    let len = table_len.unwrap_or(alloc.leak_scan_capacity() + 16);
+    let len = table_len.unwrap_or(crate::leak_scan::LeakScan::capacity(alloc) + 16);
     let mut table: Vec<LeakEntry> = (0..len).map(|_| LeakEntry::empty()).collect();
     // SAFETY: nothing reaps or destroys during the scan (this thread only).
-    let mut scan = unsafe { alloc.leak_scan(&mut table) }?;
+    let mut scan = unsafe { crate::leak_scan::LeakScan::new(alloc, &mut table) }?;
     scan.scan_slice(roots);
     let mut groups = Vec::new();
     let summary = scan.finish(|group| groups.push(*group));

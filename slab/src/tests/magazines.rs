@@ -431,7 +431,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
     let (alloc, _) = setup(16384);
     for size in [8, 64, 128, 256, 512, 1024, 4096] {
         alloc.reap_all();
-        let before = alloc.metadata_stats().magazine_total();
+        let before = alloc.stats().metadata().magazine_total();
         let k = alloc.find_cache(&std::format!("kmalloc-{size}")).unwrap();
         let n = 20_000.min((32 << 20) / size);
         let objs: Vec<_> = (0..n)
@@ -446,7 +446,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
             n,
             "{size}: all cached"
         );
-        let bytes = alloc.metadata_stats().magazine_total() - before;
+        let bytes = alloc.stats().metadata().magazine_total() - before;
         let per_obj = bytes as f64 / n as f64;
         // The bound of starting_magazine_follows_the_byte_rule, plus one
         // partly used page per magazine cache.
@@ -458,7 +458,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
         );
         std::eprintln!("kmalloc-{size}: {per_obj:.2} B of magazines per cached object");
         alloc.reap_all();
-        assert_eq!(alloc.metadata_stats().magazine_total(), before, "{size}");
+        assert_eq!(alloc.stats().metadata().magazine_total(), before, "{size}");
     }
 }
 
@@ -624,7 +624,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     }
     set_cpu(0);
     let before: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();
-    let all_before: Vec<_> = (0..NR_CPUS).map(|cpu| alloc.cpu_stats(cpu)).collect();
+    let all_before: Vec<_> = (0..NR_CPUS).map(|cpu| alloc.stats().cpu(cpu)).collect();
     assert_eq!(before[0].nr_rounds_loaded, 1);
 
     // Allocated on CPU 0 (a hit in its loaded magazine), freed on CPU 1.
@@ -646,7 +646,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     // The allocator-wide figure moved by exactly the same (every other
     // cache was idle; bootstrap caches have no magazines).
     for cpu in 0..NR_CPUS {
-        let all = alloc.cpu_stats(cpu);
+        let all = alloc.stats().cpu(cpu);
         assert_eq!(
             all.nr_allocs - all_before[cpu].nr_allocs,
             after[cpu].nr_allocs - before[cpu].nr_allocs
@@ -667,7 +667,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     assert_eq!(hits, 1, "the warm-up allocations missed");
     // Out of range, and caches without magazines: all zero.
     assert_eq!(cache.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
-    assert_eq!(alloc.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
+    assert_eq!(alloc.stats().cpu(NR_CPUS), crate::CpuCacheStats::default());
     alloc.for_each_cache(|cache| {
         if cache.is_bootstrap() {
             assert_eq!(cache.cpu_stats(0), crate::CpuCacheStats::default());

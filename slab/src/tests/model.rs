@@ -202,9 +202,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         // bitmaps, rounds, busy counts; and no error was ever reported.
         #[cfg(debug_assertions)]
         alloc
+            .debug()
             .check_invariants()
             .map_err(|error| TestCaseError::fail(std::format!("{error}")))?;
-        prop_assert_eq!(alloc.nr_errors(), 0);
+        prop_assert_eq!(alloc.debug().nr_errors(), 0);
     }
     // Every live object still holds its pattern; free everything.
     for (_, Live { obj, seed, .. }) in live.drain() {

@@ -157,7 +157,7 @@ fn a_class_is_created_by_its_first_allocation() {
     let mut nr_classes = 0;
     alloc.for_each_cache(|cache| nr_classes += usize::from(cache.name() == "kmalloc-832"));
     assert_eq!(nr_classes, 1);
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 #[test]
@@ -182,9 +182,9 @@ fn an_unborn_class_keeps_the_alignment_asked_for() {
         }
     }
     // The public lookup creates the class too.
-    let cache = alloc.kmalloc_cache_for(40, 8).unwrap();
+    let cache = alloc.stats().kmalloc_cache_for(40, 8).unwrap();
     assert_eq!(cache.name(), "kmalloc-40");
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 /// From an interrupt handler the cache list and the size-class lock are
@@ -210,7 +210,7 @@ fn a_handler_does_not_wait_for_the_cache_list_to_make_a_class() {
     assert!(alloc.find_cache("kmalloc-104").is_none());
     alloc.kmalloc_box(100, 8).unwrap().free().unwrap();
     assert!(alloc.find_cache("kmalloc-104").is_some());
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 /// The heap tests of a hobby kernel (blog_os `tests/heap_allocation.rs`)
@@ -257,12 +257,12 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
     assert!(!map.is_empty());
     drop(map);
     drop(long_lived);
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
     std::println!(
         "100 KiB heap: {} of {} pages used after the tests, {} pressure reaps",
         source.pages_outstanding(),
         HEAP_PAGES,
-        alloc.nr_pressure_reaps()
+        alloc.stats().nr_pressure_reaps()
     );
 }
 
@@ -309,5 +309,5 @@ fn classes_created_on_first_use_race_safely() {
         alloc.for_each_cache(|cache| nr += usize::from(cache.name() == name));
         assert_eq!(nr, 1, "{name}");
     }
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }

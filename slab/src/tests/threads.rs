@@ -241,7 +241,7 @@ fn stress_threads_as_cpus() {
                             }
                             _ => {
                                 let _ = caches.small.stats();
-                                let _ = caches.alloc.cpu_stats((cpu + 1) % NR_CPUS);
+                                let _ = caches.alloc.stats().cpu((cpu + 1) % NR_CPUS);
                             }
                         }
                     }
@@ -276,7 +276,7 @@ fn stress_threads_as_cpus() {
         let hits: u64 = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu).nr_allocs).sum();
         assert!(hits > 0 && hits <= stats.nr_allocs_ever, "{}", cache.name());
     }
-    assert_eq!(alloc.large_stats().nr_live, 0);
+    assert_eq!(alloc.stats().large().nr_live, 0);
     alloc.reap_all();
     assert_eq!(allocated_per_cache(alloc), baseline);
     assert_eq!(source.pages_outstanding(), baseline_pages);

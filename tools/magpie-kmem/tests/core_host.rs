@@ -274,13 +274,14 @@ fn events_equal_the_kernels_own_dump() {
     let _heap = heap();
     let mem = ProcessMemory::open().unwrap();
     set_cpu(0);
-    HEAP.kmemtrace_start(KmemtraceConfig {
-        nr_subbufs: 2,
-        stack_depth: 4,
-        ..Default::default()
-    })
-    .unwrap();
-    HEAP.kmemtrace_mark("kmalloc 96 40");
+    HEAP.kmemtrace()
+        .start(KmemtraceConfig {
+            nr_subbufs: 2,
+            stack_depth: 4,
+            ..Default::default()
+        })
+        .unwrap();
+    HEAP.kmemtrace().mark("kmalloc 96 40");
     let mut held = Vec::new();
     for index in 0..1500 {
         set_cpu(index % 2);
@@ -290,14 +291,16 @@ fn events_equal_the_kernels_own_dump() {
         // SAFETY: allocated above, freed once.
         unsafe { HEAP.kfree(object).unwrap() };
     }
-    HEAP.kmemtrace_stop();
+    HEAP.kmemtrace().stop();
     let mut live = Vec::new();
     let identity = |ticks: u64| ticks;
     let info = DumpInfo {
         build_id: [0; 20],
         ticks_to_ns: &identity,
     };
-    let live_summary = HEAP.kmemtrace_dump(&info, &mut |chunk| live.extend_from_slice(chunk));
+    let live_summary = HEAP
+        .kmemtrace()
+        .dump(&info, &mut |chunk| live.extend_from_slice(chunk));
     let heap = Heap::new(&mem, descriptor_addr()).unwrap();
     let mut offline = Vec::new();
     let mut problems = Vec::new();

@@ -131,7 +131,7 @@ fn start(alloc: &'static Allocator<HostPlatform>, nr_subbufs: usize) {
         nr_subbufs,
         ..Default::default()
     };
-    alloc.kmemtrace_start(config).unwrap();
+    alloc.kmemtrace().start(config).unwrap();
 }
 
 fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {
@@ -141,7 +141,9 @@ fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {
         build_id: [0; 20],
         ticks_to_ns: &ticks_to_ns,
     };
-    let summary = alloc.kmemtrace_dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
+    let summary = alloc
+        .kmemtrace()
+        .dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
     assert_eq!(summary.nr_bytes as usize, bytes.len());
     bytes
 }
@@ -161,7 +163,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     set_cpu(0);
     // SAFETY: as above.
     unsafe { SESSION.kfree(a[1]) }.unwrap();
-    SESSION.kmemtrace_stop();
+    SESSION.kmemtrace().stop();
 
     let dir = scratch("slab_writer_session");
     write(&dir, "s.kmt", &dump(&SESSION));
@@ -249,7 +251,7 @@ fn a_full_buffer_reads_back_as_overruns_not_corruption() {
     for _ in 0..1100 {
         OVERRUN.kmalloc(8, 8).unwrap();
     }
-    OVERRUN.kmemtrace_stop();
+    OVERRUN.kmemtrace().stop();
     let dir = scratch("slab_writer_overrun");
     write(&dir, "o.kmt", &dump(&OVERRUN));
     let o = run(&dir, &["check", "--no-symbols", "o.kmt"]);
@@ -290,7 +292,7 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
     }
     // SAFETY: nothing uses the cache afterwards; one thread.
     unsafe { cache.destroy() }.unwrap();
-    DESTROYED.kmemtrace_stop();
+    DESTROYED.kmemtrace().stop();
 
     let dir = scratch("slab_writer_destroyed");
     write(&dir, "d.kmt", &dump(&DESTROYED));
@@ -315,27 +317,27 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
 
 static MARKED: Allocator<HostPlatform> = Allocator::new();
 
-/// `Allocator::kmemtrace_mark` while recording becomes a MARK record the
+/// `kmemtrace::Kmemtrace::mark` while recording becomes a MARK record the
 /// tool shows as a marker; marks before the start are not kept.
 #[test]
 fn marks_made_while_recording_reach_the_dump() {
     set_cpu(0);
     MARKED.init(HostPages::leak(64 << 20)).unwrap();
-    MARKED.kmemtrace_mark("before the record");
+    MARKED.kmemtrace().mark("before the record");
     let config = KmemtraceConfig {
         nr_subbufs: 4,
         ..Default::default()
     };
-    MARKED.kmemtrace_start(config).unwrap();
-    MARKED.kmemtrace_mark("kmalloc 100 1");
+    MARKED.kmemtrace().start(config).unwrap();
+    MARKED.kmemtrace().mark("kmalloc 100 1");
     set_caller(SITE_A);
     let p = MARKED.kmalloc(100, 8).unwrap();
     set_cpu(1);
-    MARKED.kmemtrace_mark("kfree all");
+    MARKED.kmemtrace().mark("kfree all");
     // SAFETY: from kmalloc, freed once.
     unsafe { MARKED.kfree(p) }.unwrap();
     set_cpu(0);
-    MARKED.kmemtrace_stop();
+    MARKED.kmemtrace().stop();
     let dir = scratch("slab_writer_marks");
     write(&dir, "m.kmt", &dump(&MARKED));
     let o = run(

@@ -159,7 +159,8 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
     let objs: Vec<_> = (0..10)
         .map(|_| {
             alloc
-                .kmalloc_box_tagged(100, 8, Some(tag.tag_ref()))
+                .profiling()
+                .kmalloc_box(100, 8, Some(tag.tag_ref()))
                 .unwrap()
         })
         .collect();
@@ -194,7 +195,8 @@ fn bufctl_and_page_granular_objects_remember_their_tag() {
         .map(|_| cache.alloc_box_tagged(Some(bufctl_tag.tag_ref())).unwrap())
         .collect();
     let big = alloc
-        .kmalloc_box_tagged(20_000, 8, Some(large_tag.tag_ref()))
+        .profiling()
+        .kmalloc_box(20_000, 8, Some(large_tag.tag_ref()))
         .unwrap();
     assert_eq!(
         counts(bufctl_tag),
@@ -523,10 +525,10 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
         )
     };
     let alloc: &'static Allocator<CountingPlatform> = Box::leak(Box::new(Allocator::new()));
-    assert!(alloc.alloc_profiling(), "on by default");
+    assert!(alloc.profiling().enabled(), "on by default");
     alloc.init(FakeSource::new(4096)).expect("init");
-    alloc.set_alloc_profiling(false);
-    assert!(!alloc.alloc_profiling());
+    alloc.profiling().set_enabled(false);
+    assert!(!alloc.profiling().enabled());
     // Created while off: inherits off. kmalloc-64 existed before: switched.
     let cache = alloc
         .cache_create(
@@ -559,7 +561,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
         .collect();
     let off_big = big_cache.alloc_box().unwrap();
     let off_large = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
-    let kmalloc_64 = alloc.kmalloc_cache_for(64, 8).unwrap();
+    let kmalloc_64 = alloc.stats().kmalloc_cache_for(64, 8).unwrap();
     assert_eq!(calls(), before, "off: no alloc_tag_* call at all");
     for (cache, obj) in &off_small {
         assert_eq!(cache.small_tag_ref(obj.as_ptr()), None);
@@ -569,7 +571,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     }
 
     // Switched on: asked on every path, tagged, charged.
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     let on_small: Vec<_> = (0..100).map(|_| cache.alloc_box().unwrap()).collect();
     let on_kmalloc = alloc.kmalloc_box(64, 8).unwrap();
     let on_big = big_cache.alloc_box().unwrap();
@@ -651,7 +653,7 @@ unsafe impl Platform for HookPlatform {
     }
 }
 
-/// `Allocator::set_alloc_tag_hooks`: off (the default), the profiled hits
+/// `AllocProfiling::set_tag_hooks`: off (the default), the profiled hits
 /// charge and uncharge without calling a hook (the slow paths do call
 /// them: a page-granular block); on, every charge and uncharge calls its
 /// hook with the object, caches created meanwhile included; off again,
@@ -663,7 +665,7 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     let hooks = || (count(&HOOK_CHARGE_HOOKS), count(&HOOK_UNCHARGE_HOOKS));
     let alloc: &'static Allocator<HookPlatform> = Box::leak(Box::new(Allocator::new()));
     alloc.init(FakeSource::new(4096)).expect("init");
-    assert!(!alloc.alloc_tag_hooks(), "off by default");
+    assert!(!alloc.profiling().tag_hooks(), "off by default");
     let cache = alloc
         .cache_create(
             "hooks-64",
@@ -697,8 +699,8 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     assert_eq!(hooks().1, before.1 + 1);
     assert_eq!(count(&HOOK_LAST_UNCHARGED), large_addr);
 
-    alloc.set_alloc_tag_hooks(true);
-    assert!(alloc.alloc_tag_hooks());
+    alloc.profiling().set_tag_hooks(true);
+    assert!(alloc.profiling().tag_hooks());
     let late = alloc
         .cache_create(
             "hooks-late-96",
@@ -737,8 +739,8 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
         "hooks on: one call per charge and uncharge"
     );
 
-    alloc.set_alloc_tag_hooks(false);
-    assert!(!alloc.alloc_tag_hooks());
+    alloc.profiling().set_tag_hooks(false);
+    assert!(!alloc.profiling().tag_hooks());
     let before = hooks();
     for cache in [cache, late] {
         for _ in 0..100 {

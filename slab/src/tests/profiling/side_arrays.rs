@@ -9,7 +9,7 @@ use crate::CacheArgs;
 fn tag_refs_live_in_side_arrays_not_in_the_slab() {
     let (_serial, alloc) = setup();
     for size in [8usize, 64, 96, 192, 512] {
-        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let cache = alloc.stats().kmalloc_cache_for(size, 8).unwrap();
         let stats = cache.stats();
         let geometry = crate::layout::geometry::Geometry::new(
             size,
@@ -43,7 +43,7 @@ fn tag_refs_live_in_side_arrays_not_in_the_slab() {
         }
         assert_eq!(counts(tag), AllocTagCounts::default());
     }
-    assert_eq!(alloc.nr_tag_array_misses(), 0);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 0);
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     let (_serial, alloc, source) = setup_with_source();
     alloc.reap_all();
     let pages_before = source.pages_outstanding();
-    let metadata_before = alloc.metadata_stats().tag_array_bytes;
+    let metadata_before = alloc.stats().metadata().tag_array_bytes;
     // 64-byte objects, one-page slabs of 62: a 256-byte side array each.
     let cache = alloc
         .cache_create(
@@ -66,7 +66,7 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     let tag = site_side_array();
     let before = side_arrays(alloc, 256);
     // Untagged objects (profiling off) get no side array.
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let untagged: Vec<_> = (0..3 * 62).map(|_| cache.alloc_box().unwrap()).collect();
     assert_eq!(side_arrays(alloc, 256), before);
     assert!(
@@ -75,14 +75,14 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
             .all(|obj| !cache.has_tag_array(obj.as_ptr()))
     );
     // Tagged ones: one side array per slab they land in.
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     let tagged: Vec<_> = (0..5 * 62)
         .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     let nr_slabs = cache.stats().nr_slabs;
     assert_eq!(nr_slabs, 8, "3 untagged slabs, 5 tagged ones");
     assert_eq!(side_arrays(alloc, 256), before + 5);
-    assert!(alloc.metadata_stats().tag_array_bytes > metadata_before);
+    assert!(alloc.stats().metadata().tag_array_bytes > metadata_before);
     // Free everything (some through the slab layer: reap drains the
     // magazines) and reap: every side array goes back with its slab.
     for obj in untagged.into_iter().chain(tagged) {
@@ -95,7 +95,7 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     // SAFETY: no object of the cache is allocated.
     unsafe { cache.destroy() }.unwrap();
     alloc.reap_all();
-    assert_eq!(alloc.metadata_stats().tag_array_bytes, metadata_before);
+    assert_eq!(alloc.stats().metadata().tag_array_bytes, metadata_before);
     assert_eq!(source.pages_outstanding(), pages_before);
 }
 
@@ -114,12 +114,12 @@ fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
         .unwrap();
     let tag = site_side_array();
     let before = counts(tag);
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let old: Vec<_> = (0..10)
         .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     assert!(!cache.has_tag_array(old[0].as_ptr()));
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     // The same partial slab: its side array comes now, with every older
     // object's slot None.
     let new: Vec<_> = (0..10)
@@ -162,20 +162,20 @@ fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     let tag = site_side_array();
     let before = counts(tag);
     // A slab and a magazine holding one of its objects, untagged.
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let kept = cache.alloc_box().unwrap();
     let cached = cache.alloc_box().unwrap();
     let cached_ptr = cached.as_ptr();
     cached.free().unwrap();
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     // No page for a side array: the profiled magazine hit, then the slab
     // layer (the magazine is empty) hand out their objects untagged.
     source.set_fail(true);
     let by_hit = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
     assert_eq!(by_hit.as_ptr(), cached_ptr, "the magazine's round");
-    assert_eq!(alloc.nr_tag_array_misses(), 1);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 1);
     let by_slab = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
-    assert_eq!(alloc.nr_tag_array_misses(), 2);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 2);
     source.set_fail(false);
     assert_eq!(counts(tag), before, "nothing charged for them");
     let [kept, by_hit, by_slab] = [kept, by_hit, by_slab].map(|obj| {
@@ -192,7 +192,7 @@ fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     }
     tagged.free().unwrap();
     assert_eq!(counts(tag), before, "untagged frees uncharge nothing");
-    assert_eq!(alloc.nr_tag_array_misses(), 2);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 2);
 }
 
 #[test]
@@ -258,7 +258,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
         cache.reap();
         assert_eq!(side_arrays(alloc, 1536), arrays_before, "round {round}");
     }
-    assert_eq!(alloc.nr_tag_array_misses(), 0);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 0);
     // SAFETY: no object of the cache is allocated.
     unsafe { cache.destroy() }.unwrap();
     alloc.reap_all();

@@ -51,7 +51,7 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
-    let region = |offset: usize| alloc.whatis(start + offset).unwrap().region;
+    let region = |offset: usize| alloc.debug().whatis(start + offset).unwrap().region;
     assert_eq!(region(0), ObjectRegion::Object);
     assert_eq!(region(103), ObjectRegion::Object);
     assert_eq!(region(104), ObjectRegion::Redzone);
@@ -79,7 +79,7 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
     let obj = plain.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
     assert_eq!(
-        alloc.whatis(start + 21).unwrap().region,
+        alloc.debug().whatis(start + 21).unwrap().region,
         ObjectRegion::Padding
     );
     obj.free().unwrap();

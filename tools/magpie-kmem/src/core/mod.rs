@@ -258,7 +258,7 @@ pub fn write_report(
 }
 
 /// Every round of a cache's magazines is an object start of one of its
-/// slabs (`Allocator::check_invariants`).
+/// slabs (`debug::SlabDebug::check_invariants`).
 fn check_rounds(heap: &Heap<'_>, cache: &heap::Cache, problems: &mut Vec<String>) {
     let _ = heap;
     for &round in &cache.rounds {
