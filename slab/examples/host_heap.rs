@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{Allocator, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Allocator, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -43,6 +43,12 @@ unsafe impl Platform for OneThread {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for OneThread {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

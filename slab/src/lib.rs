@@ -116,7 +116,7 @@
 //! allocated with the slab's first tagged object (`kmem_tags_<bytes>`;
 //! the slab layout is the same with the feature and without) — and
 //! reports each allocation and free to the
-//! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
+//! platform (`PlatformHooks::alloc_tag_current`, `alloc_tag_add`,
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
@@ -133,7 +133,7 @@
 //! passed on in a register) and the tag charged — one `add` per counter
 //! at a `%gs`-relative per-CPU counter base (`magpie-codetag`'s
 //! `AllocTagCounters`). Objects keep a **charge token**, the form of the
-//! tag the platform checked once (`Platform::alloc_tag_token`,
+//! tag the platform checked once (`PlatformHooks::alloc_tag_token`,
 //! `alloc_tag_current_token`: e.g. the counter's byte offset, checked when
 //! a scope sets the current tag), so neither the charge nor the free
 //! checks it again (`unsafe` hooks `alloc_tag_charge_token`,
@@ -141,7 +141,7 @@
 //! `alloc_tagged` is checked at the token hook and never indexes anything.
 //! The defaults are the reference itself and `alloc_tag_add`/`_sub`. The
 //! profiled hits call out to nothing: work too slow for them (a context
-//! capture of one site, say) goes in `Platform::alloc_tag_charge_hook` and
+//! capture of one site, say) goes in `PlatformHooks::alloc_tag_charge_hook` and
 //! `alloc_tag_uncharge_hook`, called on every charge off the hits, and
 //! [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks) sends every allocation off the hits
 //! while the platform needs them all.
@@ -444,7 +444,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::{Heap, RegionSource};
-//! use magpie_slab::{Allocator, CacheArgs, Platform};
+//! use magpie_slab::{Allocator, CacheArgs, Platform, PlatformHooks};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
@@ -457,9 +457,9 @@
 //!     fn irq_save() -> usize { 0 }
 //!     fn irq_restore(_state: usize) {}
 //!     fn now() -> u64 { 0 }
-//!     fn backtrace(_frames: &mut [usize]) -> usize { 0 }
-//!     fn context(_buf: &mut [u8; 32]) -> usize { 0 }
 //! }
+//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! unsafe impl PlatformHooks for MyPlatform {}
 //!
 //! // Either the allocator and a region source in one static ...
 //! #[global_allocator]
@@ -610,7 +610,7 @@ pub use kmemtrace::{
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{InitBox, SlabBox};
-pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;

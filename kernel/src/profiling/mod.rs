@@ -69,7 +69,7 @@
 //! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
 //! (recording never allocates, so it cannot recurse into the allocator);
 //! when the pool is full the record is dropped and counted. The capture runs
-//! in the slab allocator's tag hooks (`Platform::alloc_tag_charge_hook`,
+//! in the slab allocator's tag hooks (`PlatformHooks::alloc_tag_charge_hook`,
 //! `alloc_tag_uncharge_hook`), off its profiled hits; while a site is
 //! captured, `kmem::ctx_capture_enable` sends every allocation and free
 //! there (`AllocProfiling::set_tag_hooks`), so the hits pay nothing for

@@ -89,7 +89,7 @@ const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// The head entry of a live page-granular kmalloc of `nr_pages` pages
 /// charged with `token`: the charge token of the allocation's tag
-/// (`Platform::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
+/// (`PlatformHooks::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
 /// and without profiling) rides in the entry ([`PageEntry::large_head`]).
 #[inline]
 fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> PageEntry {
@@ -246,7 +246,7 @@ impl<P: Platform> Allocator<P> {
     /// class able to give it; [`AllocError::OutOfMemory`].
     ///
     /// With feature `alloc-profiling`, the memory is charged to the tag
-    /// [`Platform::alloc_tag_current`] names: the cache's object size for
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names: the cache's object size for
     /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {

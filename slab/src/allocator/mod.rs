@@ -685,7 +685,7 @@ impl<P: Platform> AllocProfiling<'_, P> {
     /// Switch allocation profiling (feature `alloc-profiling`) on or off
     /// for every cache, present and future: a kernel calls this whenever
     /// its own switch flips. On (the default), every allocation asks
-    /// [`Platform::alloc_tag_current`] for its tag and explicit tags are
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) for its tag and explicit tags are
     /// charged; off, nothing is asked or charged (objects get tag
     /// reference 0, their frees uncharge nothing) and the alloc fast path
     /// is the compiled-out one. Without the feature, a no-op.
@@ -698,8 +698,8 @@ impl<P: Platform> AllocProfiling<'_, P> {
     }
 
     /// Send every allocation and free off the profiled hits (`on`), so
-    /// that every charge calls [`Platform::alloc_tag_charge_hook`] and
-    /// every uncharge [`Platform::alloc_tag_uncharge_hook`]; or back
+    /// that every charge calls [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
+    /// every uncharge [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook); or back
     /// (`!on`, the default), the hooks then called only off the hits. For
     /// a platform whose hooks have work to do for a while (a context
     /// capture, say): the hits stay free of calls, and pay nothing for the

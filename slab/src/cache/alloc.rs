@@ -19,7 +19,7 @@ impl<P: Platform> KmemCache<P> {
     /// `align()`.
     ///
     /// With feature `alloc-profiling`, the object is charged to the tag
-    /// [`Platform::alloc_tag_current`] names (nothing if it says `None`), which
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names (nothing if it says `None`), which
     /// is asked only while profiling is switched on in the allocator
     /// ([`crate::AllocProfiling::set_enabled`]).
     ///

@@ -215,7 +215,7 @@ impl<P: Platform> KmemCache<P> {
     /// (nothing if it has none; a slab without a side array has
     /// [`no_tags`], all `None`). The index is the free's owner check's.
     /// `HIT`: the profiled free hit, which calls no
-    /// [`Platform::alloc_tag_uncharge_hook`] (it is off while the hooks
+    /// [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook) (it is off while the hooks
     /// are on).
     ///
     /// # Safety

@@ -2,10 +2,10 @@
 //! `mm/kfence/core.c`, `Documentation/dev-tools/kfence.rst`).
 //!
 //! A pool of [`KFENCE_POOL_PAGES`] pages from the platform
-//! ([`Platform::kfence_pool`]): pages 0 and 1 are guards, then object page,
+//! ([`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool)): pages 0 and 1 are guards, then object page,
 //! guard page, object page, … — [`KFENCE_NUM_OBJECTS`] object pages, each
 //! between two guard pages the platform keeps unmapped
-//! ([`Platform::kfence_protect`]). Once every sample interval
+//! ([`PlatformHooks::kfence_protect`](crate::PlatformHooks::kfence_protect)). Once every sample interval
 //! ([`Kfence::set_interval`](crate::kfence::Kfence::set_interval), Linux `kfence.sample_interval`, in
 //! ms) the next allocation of an eligible cache is served from the pool:
 //!
@@ -28,7 +28,7 @@
 //! over all caches) and clears its bit. The free pays nothing either: a
 //! pool address is in no slab page, so the owner lookup misses and the
 //! slow path asks the pool before reporting a bad free. The interval
-//! runs on the magazine-miss path's clock ([`Platform::kfence_clock_ns`]).
+//! runs on the magazine-miss path's clock ([`PlatformHooks::kfence_clock_ns`](crate::PlatformHooks::kfence_clock_ns)).
 //!
 //! Eligible caches: keyed ones (no constructor, no debug flags, not
 //! `NOTOUCH`, not bootstrap, not traced or recorded) with objects of at
@@ -42,7 +42,7 @@
 //! [`Kfence::set_hook`](crate::kfence::Kfence::set_hook). Reports are [`KfenceReport`]s, written
 //! in KFENCE's layout by [`KfenceReport::display`].
 //!
-//! **TLBs.** [`Platform::kfence_protect`] need flush only this CPU's TLB
+//! **TLBs.** [`PlatformHooks::kfence_protect`](crate::PlatformHooks::kfence_protect) need flush only this CPU's TLB
 //! (the kernel's `invlpg`), as Linux's x86 `kfence_protect_page` does on
 //! purpose (`arch/x86/include/asm/kfence.h`: it flushes the local TLB
 //! only, on the assumption that the code that allocated or freed goes on
@@ -563,7 +563,7 @@ impl<P: Platform> Allocator<P> {
 
 impl<P: Platform> Kfence<'_, P> {
     /// Set up the KFENCE pool ([`KFENCE_POOL_PAGES`] pages from
-    /// [`Platform::kfence_pool`], every page unmapped until used) and
+    /// [`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool), every page unmapped until used) and
     /// sample every `interval_ms` ms (0: only when forced, see
     /// [`Kfence::force_sample`](crate::kfence::Kfence::force_sample)). Call once, after `init`.
     ///

@@ -154,7 +154,7 @@ pub struct KfenceStats {
 /// Why [`Kfence::init`](crate::kfence::Kfence::init) failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KfenceError {
-    /// The platform has no pool ([`Platform::kfence_pool`] said `None`) or
+    /// The platform has no pool ([`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool) said `None`) or
     /// cannot unmap pages.
     Unsupported,
     /// The allocator is not initialised, or the metadata pages could not

@@ -39,7 +39,7 @@ pub(crate) struct KfencePool {
     pub(crate) pool: AtomicUsize,
     /// Sample interval in ns (0: off).
     pub(crate) interval_ns: AtomicU64,
-    /// When the next sample is due ([`Platform::kfence_clock_ns`]).
+    /// When the next sample is due ([`PlatformHooks::kfence_clock_ns`](crate::PlatformHooks::kfence_clock_ns)).
     pub(crate) next_ns: AtomicU64,
     /// A sample is armed: the next eligible allocation takes it.
     pub(crate) armed: AtomicBool,

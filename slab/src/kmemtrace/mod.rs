@@ -44,7 +44,7 @@
 //! ## Call sites and stacks
 //!
 //! The call site is the caller's return address, the first frame outside
-//! the allocator, from [`Platform::caller_frames`] (a kernel walks its frame
+//! the allocator, from [`PlatformHooks::caller_frames`](crate::PlatformHooks::caller_frames) (a kernel walks its frame
 //! pointers, skipping a linker-placed range of allocator text). With
 //! stacks on, each event also names a backtrace in a deduplicated table
 //! (one lock, taken only when stacks are recorded).

@@ -71,7 +71,7 @@ use std::vec::Vec;
 use loom::thread;
 
 use super::support::FakeSource;
-use crate::{Allocator, CacheFlags, InitBox, KmemCache, Platform};
+use crate::{Allocator, CacheFlags, InitBox, KmemCache, Platform, PlatformHooks};
 
 /// Preemptions per execution that loom explores unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise.
@@ -203,6 +203,12 @@ unsafe impl Platform for LoomPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for LoomPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

@@ -9,7 +9,7 @@ use std::format;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform};
+use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks};
 
 /// One CPU (id 0), the emulated interrupts of CPU 0; in an interrupt
 /// handler while this thread's [`IN_HANDLER`] is set.
@@ -43,6 +43,12 @@ unsafe impl Platform for UpPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for UpPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

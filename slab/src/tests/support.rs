@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::vec;
 use std::vec::Vec;
 
-use crate::{AllocError, Allocator, ArenaStats, InitBox, PAGE_SIZE, PageSource, Platform, SlabBox};
+use crate::{
+    AllocError, Allocator, ArenaStats, InitBox, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+    SlabBox,
+};
 
 pub const NR_CPUS: usize = 4;
 
@@ -120,7 +123,7 @@ pub fn emulated_cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
     irq_unlock(cpu);
 }
 
-/// The call site `Platform::caller_frames` reports on this thread
+/// The call site `PlatformHooks::caller_frames` reports on this thread
 /// (kmemtrace tests); its callers are `FAKE_FRAMES`.
 pub fn set_caller(site: usize) {
     CALLER.with(|c| c.set(site));
@@ -167,6 +170,12 @@ unsafe impl Platform for TestPlatform {
     fn now() -> u64 {
         CLOCK.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for TestPlatform {
     fn backtrace(frames: &mut [usize]) -> usize {
         let n = frames.len().min(FAKE_FRAMES.len());
         frames[..n].copy_from_slice(&FAKE_FRAMES[..n]);

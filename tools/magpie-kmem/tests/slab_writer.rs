@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use common::{run, scratch, stderr, stdout, write};
 use magpie_slab::{
     AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
+    PlatformHooks,
 };
 
 const NR_CPUS: usize = 2;
@@ -58,6 +59,12 @@ unsafe impl Platform for HostPlatform {
         *clock += 1;
         *clock
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HostPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

@@ -18,7 +18,7 @@ use magpie_codetag::alloc_tag::{
 };
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill_box, set_cpu};
-use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
+use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform, PlatformHooks};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
@@ -30,8 +30,7 @@ std::thread_local! {
     static CURRENT: Cell<Option<AllocTagRef>> = const { Cell::new(None) };
 }
 
-/// The machine half of a test [`Platform`]: everything but the
-/// `alloc_tag_*` hooks, from [`TestPlatform`].
+/// The machine half of a test [`Platform`], from [`TestPlatform`].
 macro_rules! test_platform_basics {
     () => {
         fn max_cpus() -> usize {
@@ -52,6 +51,12 @@ macro_rules! test_platform_basics {
         fn now() -> u64 {
             TestPlatform::now()
         }
+    };
+}
+
+/// The stack hooks of a test [`PlatformHooks`], from [`TestPlatform`].
+macro_rules! test_platform_stacks {
+    () => {
         fn backtrace(frames: &mut [usize]) -> usize {
             TestPlatform::backtrace(frames)
         }
@@ -67,6 +72,13 @@ struct ProfiledPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for ProfiledPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for ProfiledPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         if !SWITCH.is_on() {
             return None;
@@ -490,6 +502,13 @@ struct CountingPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for CountingPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for CountingPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
         Some(COUNTING_TAG)
@@ -628,6 +647,13 @@ struct HookPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for HookPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HookPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         Some(HOOK_TAG)
     }
