@@ -571,9 +571,14 @@ pub mod descriptor;
 mod error;
 mod flags;
 pub mod glue;
+#[cfg(feature = "kfence")]
 pub mod kfence;
+#[cfg(not(feature = "kfence"))]
+#[path = "kfence/off.rs"]
+mod kfence;
 pub mod kmemtrace;
 mod layout;
+#[cfg(feature = "leak-scan")]
 pub mod leak_scan;
 mod magazine;
 mod object;

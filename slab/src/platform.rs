@@ -338,6 +338,7 @@ pub unsafe trait PlatformHooks {
     // ---- KFENCE (`crate::kfence`): sampled guarded allocations. The
     // defaults disable it, so a platform that maps no pages needs nothing.
 
+    #[cfg(feature = "kfence")]
     /// Memory for the KFENCE pool: `nr_pages` contiguous pages, mapped
     /// with 4 KiB pages that [`PlatformHooks::kfence_protect`] can unmap one by
     /// one, outside every page source's span (the page map must not know
@@ -348,6 +349,7 @@ pub unsafe trait PlatformHooks {
         None
     }
 
+    #[cfg(feature = "kfence")]
     /// Unmap (`protect`) or map back the pool page at `page` (page-aligned,
     /// from [`PlatformHooks::kfence_pool`]); return whether it worked. Called
     /// with interrupts off, from a fault handler too: no allocation, no
@@ -357,6 +359,7 @@ pub unsafe trait PlatformHooks {
         false
     }
 
+    #[cfg(feature = "kfence")]
     /// Monotonic time in nanoseconds, for the sample interval (called on
     /// the magazine-miss path: keep it cheap). The default is 0: samples
     /// are taken only when forced.

@@ -251,6 +251,7 @@ pub struct Allocator<P: Platform> {
     /// kmemtrace: per-CPU event rings and the recording state.
     pub(crate) kmemtrace: KmemtraceState,
     /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
+    #[cfg(feature = "kfence")]
     pub(crate) kfence: crate::kfence::pool::KfencePool,
 }
 
@@ -326,6 +327,7 @@ impl<P: Platform> Allocator<P> {
             alloc_tag_hooks: AtomicBool::new(false),
             next_cache_id: AtomicU32::new(1),
             kmemtrace: KmemtraceState::new(),
+            #[cfg(feature = "kfence")]
             kfence: crate::kfence::pool::KfencePool::new(),
         }
     }
@@ -664,6 +666,7 @@ impl<P: Platform> Allocator<P> {
     /// false (nothing done) if it is held — by this CPU too: the KFENCE
     /// tick runs on an allocation's miss, which a `for_each_cache`
     /// callback may make.
+    #[cfg(feature = "kfence")]
     pub(crate) fn try_for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) -> bool {
         let Some(list) = self.caches.try_lock() else {
             return false;

@@ -86,6 +86,7 @@ mod debug;
 mod double_free;
 mod free;
 mod hooks;
+#[cfg(feature = "leak-scan")]
 mod leak_scan;
 mod magazines;
 #[cfg(feature = "alloc-profiling")]
