@@ -24,11 +24,12 @@ use magpie::arch;
 use magpie::debug::symbols;
 use magpie::kmem::SLAB;
 use magpie::tracing::event_stream;
-use magpie_slab::kmemtrace::{
+use magpie_slab::kmemtrace::DumpInfo;
+use magpie_slab::kmemtrace::format::KmemtraceEvent;
+use magpie_slab::kmemtrace::format::{
     EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceHeader, RECORD_CPU, RECORD_STACK,
     RECORD_TRAILER,
 };
-use magpie_slab::{DumpInfo, KmemtraceEvent};
 
 magpie::test_kernel!();
 

@@ -370,7 +370,7 @@ pub const KMT_SUBBUFS: usize = 1024;
 /// emptied). A kernel's rings are resident memory; without this the
 /// host would charge a page fault per 64 events to recording.
 pub fn kmemtrace_on() {
-    let config = magpie_slab::KmemtraceConfig {
+    let config = magpie_slab::kmemtrace::KmemtraceConfig {
         nr_subbufs: KMT_SUBBUFS,
         ..Default::default()
     };

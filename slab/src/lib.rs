@@ -608,10 +608,6 @@ pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use flags::CacheFlags;
-pub use kmemtrace::{
-    DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
-    KmemtraceError, KmemtraceEvent, KmemtraceStatus,
-};
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{InitBox, SlabBox};

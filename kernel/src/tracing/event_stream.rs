@@ -30,7 +30,7 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
+use magpie_slab::kmemtrace::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
 
 use crate::arch::tsc;
 use crate::kmem::SLAB;

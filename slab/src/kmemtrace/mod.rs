@@ -26,16 +26,17 @@
 //! A dump reads each ring up to its published count (a release store after
 //! each event), so it may run while recording goes on.
 //!
-//! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`])
+//! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`](crate::kmemtrace::format::KMEMTRACE_ABI_VERSION))
 //!
 //! The layout is written once, in the `magpie-kmemtrace-format` crate,
 //! which the host reader `magpie-kmem` decodes with too; this module
-//! re-exports its types under their names here ([`KmemtraceEvent`],
-//! [`KmemtraceHeader`], the `RECORD_*` kinds, the sizes). All
+//! re-exports it as [`format`] ([`format::KmemtraceEvent`],
+//! [`format::KmemtraceHeader`], the `RECORD_*` kinds,
+//! the sizes). All
 //! little-endian: a 64-byte header, records of an 8-byte header and a body
-//! padded to 8 bytes — [`RECORD_CACHE`] per cache, [`RECORD_STACK`] per
-//! distinct backtrace, [`RECORD_CPU`] per CPU sub-buffer holding 64-byte
-//! events — and a [`RECORD_TRAILER`] with counts and a CRC-32 of every
+//! padded to 8 bytes — [`RECORD_CACHE`](crate::kmemtrace::format::RECORD_CACHE) per cache, [`RECORD_STACK`](crate::kmemtrace::format::RECORD_STACK) per
+//! distinct backtrace, [`RECORD_CPU`](crate::kmemtrace::format::RECORD_CPU) per CPU sub-buffer holding 64-byte
+//! events — and a [`RECORD_TRAILER`](crate::kmemtrace::format::RECORD_TRAILER) with counts and a CRC-32 of every
 //! byte before it. The ring slots hold [`KmemtraceEvent`]s as the dump
 //! does (`#[repr(C)]`, 64 bytes), so recording is eight stores and the
 //! dump only converts the timestamps. The public description is
@@ -70,11 +71,14 @@ use rings::{CpuRing, allocate_rings};
 // A CPU's ring is at its `Platform::cpu_offset` in the rings' array.
 const _: () = assert!(core::mem::size_of::<CpuRing>() == CPU_SLOT_BYTES);
 
-pub use magpie_kmemtrace_format::{
-    DumpFormatError, DumpSummary, EVENT_FLAG_ZEROED, EVENT_SIZE, EventKind, EventType,
-    HEADER_FLAG_FROM_BOOT, HEADER_FLAG_STACKS, HEADER_SIZE, KMEMTRACE_ABI_VERSION, KMEMTRACE_MAGIC,
-    KmemtraceEvent, KmemtraceHeader, RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE, RECORD_STACK,
-    RECORD_TRAILER, TRAILER_SIZE,
+/// The dump's format (its ABI: header, events, records, trailer), the
+/// crate `magpie-kmemtrace-format` that readers such as `magpie-kmem`
+/// share.
+pub use magpie_kmemtrace_format as format;
+pub use magpie_kmemtrace_format::DumpSummary;
+pub(crate) use magpie_kmemtrace_format::{
+    EventKind, EventType, HEADER_FLAG_FROM_BOOT, HEADER_FLAG_STACKS, KmemtraceEvent,
+    KmemtraceHeader,
 };
 
 /// The deduplicated stacks (only with `--stacks`).

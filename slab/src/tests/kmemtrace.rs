@@ -6,13 +6,12 @@ use std::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::kmemtrace::{
-    EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceHeader, RECORD_CACHE, RECORD_CPU,
-    RECORD_STACK, RECORD_TRAILER, SUBBUF_EVENTS, TRAILER_SIZE,
+use crate::kmemtrace::format::{
+    EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceEvent, KmemtraceHeader, RECORD_CACHE,
+    RECORD_CPU, RECORD_STACK, RECORD_TRAILER, TRAILER_SIZE,
 };
-use crate::{
-    CacheFlags, DumpInfo, FreeError, KmemtraceConfig, KmemtraceError, KmemtraceEvent, PAGE_SIZE,
-};
+use crate::kmemtrace::{DumpInfo, KmemtraceConfig, KmemtraceError, SUBBUF_EVENTS};
+use crate::{CacheFlags, FreeError, PAGE_SIZE};
 
 const ALLOC: u8 = 1;
 const FREE: u8 = 2;
@@ -110,7 +109,7 @@ fn parse(bytes: &[u8]) -> Parsed {
     }
 }
 
-fn dump(alloc: &'static TestAlloc) -> (Vec<u8>, crate::DumpSummary) {
+fn dump(alloc: &'static TestAlloc) -> (Vec<u8>, crate::kmemtrace::DumpSummary) {
     let mut bytes = Vec::new();
     let ticks_to_ns = |ticks: u64| ticks * 10;
     let info = DumpInfo {
@@ -452,7 +451,7 @@ fn recording_changes_no_statistic() {
 
 #[test]
 fn truncated_or_foreign_headers_are_refused() {
-    use crate::kmemtrace::DumpFormatError;
+    use crate::kmemtrace::format::DumpFormatError;
     let header = KmemtraceHeader::default().to_bytes();
     assert_eq!(
         KmemtraceHeader::from_bytes(&header[..10]),

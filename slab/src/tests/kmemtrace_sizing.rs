@@ -4,7 +4,8 @@
 use super::small_heap::UpPlatform;
 use super::support::*;
 use crate::kmemtrace::{DEFAULT_SUBBUFS, SUBBUF_EVENTS, SUBBUF_PAGES};
-use crate::{Allocator, KmemtraceConfig, KmemtraceError, PAGE_SIZE};
+use crate::kmemtrace::{KmemtraceConfig, KmemtraceError};
+use crate::{Allocator, PAGE_SIZE};
 
 #[test]
 fn default_rings_take_at_most_a_quarter_of_the_source() {

@@ -11,9 +11,9 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use common::{run, scratch, stderr, stdout, write};
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 use magpie_slab::{
-    AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
-    PlatformHooks,
+    AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks,
 };
 
 const NR_CPUS: usize = 2;

@@ -6,9 +6,10 @@
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
+use magpie_slab::PAGE_SIZE;
+use magpie_slab::kmemtrace::KmemtraceStatus;
 use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
 use magpie_slab::reports::Nanoseconds;
-use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
 
 use super::KMEMTRACE;
 use crate::arch;
