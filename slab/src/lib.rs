@@ -2,11 +2,70 @@
 //!
 //! A `no_std` object-caching allocator for hobby kernels, after Bonwick's
 //! slab allocator, Bonwick & Adams' magazines and depot, and Akaros'
-//! `kern/src/slab.c` (including its per-cache trace table). Everything
-//! machine-specific comes in through two traits: [`Platform`] (CPU id,
-//! per-CPU offset and count, interrupt save/restore, cross-CPU calls,
-//! clock, backtrace, context string) and
-//! [`PageSource`] (whole pages in, whole pages out).
+//! `kern/src/slab.c`. The main type is [`Allocator`]: the kmalloc size
+//! classes, object caches ([`KmemCache`]), `GlobalAlloc` and
+//! `core::alloc::Allocator`.
+//!
+//! ## One way to get started
+//!
+//! 1. **Say what the machine is**: implement [`Platform`] (an `unsafe
+//!    trait`; five functions: `max_cpus`, `cpu_id`, `irq_save`,
+//!    `irq_restore`, `now`) and an empty [`PlatformHooks`] (stacks,
+//!    profiling tags and KFENCE's pool are hooks with defaults). A
+//!    one-CPU x86_64 kernel takes `glue::X86Uniprocessor` instead
+//!    (feature `x86_64-uniprocessor`).
+//! 2. **Declare the heap** in a `static` and make it the global
+//!    allocator: [`glue::Heap`] (the allocator and a page source over one
+//!    mapped region, [`glue::RegionSource`]), or an [`Allocator`] with
+//!    any [`PageSource`] of yours.
+//! 3. **Hand it its memory** once, early: `HEAP.init_region(start, len)`
+//!    (or `Allocator::init(&source)`). From then on `Box`, `Vec` and
+//!    `String` go through the magazines; make object caches with
+//!    [`Allocator::cache_create`]`(name, size, &CacheArgs { .. })`.
+//!
+//! ```no_run,standalone_crate
+//! use magpie_slab::glue::Heap;
+//! use magpie_slab::{CacheArgs, Platform, PlatformHooks};
+//!
+//! struct MyPlatform;
+//! // SAFETY: one CPU and no interrupts: nothing else runs allocator code.
+//! unsafe impl Platform for MyPlatform {
+//!     fn max_cpus() -> usize { 1 }
+//!     fn cpu_id() -> usize { 0 }
+//!     fn irq_save() -> usize { 0 }
+//!     fn irq_restore(_state: usize) {}
+//!     fn now() -> u64 { 0 }
+//! }
+//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! unsafe impl PlatformHooks for MyPlatform {}
+//!
+//! #[global_allocator]
+//! static HEAP: Heap<MyPlatform> = Heap::new();
+//!
+//! fn kernel_main(start: usize, len: usize) -> Result<(), magpie_slab::AllocError> {
+//!     // SAFETY: the range is mapped, writable and the heap's alone.
+//!     unsafe { HEAP.init_region(start, len)? };
+//!     let inodes = HEAP.cache_create("inode", 256, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
+//!     let inode = inodes.alloc_box()?; // owned: freed without `unsafe`
+//!     inode.free().expect("a valid free");
+//!     Ok(())
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! The diagnostics hang off the heap by feature, each a handle with its
+//! own methods: `HEAP.debug()` (error reports and hooks, `verify`,
+//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream),
+//! `HEAP.profiling()` (allocation tags, feature `alloc-profiling`),
+//! `HEAP.kfence()` (feature `kfence`), `leak_scan::LeakScan` (feature
+//! `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
+//! trace print, `whatis`) are functions in [`reports`] writing to any
+//! `core::fmt::Write`. `docs/ADOPTING.md` is the longer path.
+//!
+//! **Why `Allocator` and not the name of the trait it implements?** The
+//! type is the kmem allocator of Bonwick's paper; the crate implements
+//! `core::alloc::Allocator` for `&'static Allocator<P>` too, so code that
+//! uses both names one of them by its path.
 //!
 //! ## Layers
 //!
@@ -89,8 +148,8 @@
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
 //! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Allocator` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
-//! | `leak_scan.rs` | leaks by reachability ([`leak_scan`]: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
-//! | `kfence/` | sampled guarded allocations ([`kfence`]: Linux KFENCE) | `allocator/`, `cache/`, below |
+//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
@@ -324,13 +383,15 @@
 //!   swab(link address)` and checked against the slab's free map when
 //!   followed; a bad link is reported and the list rebuilt from the map.
 //!   The allocator never hands out memory it does not own.
-//! - **Double frees without flags**: the object on top of `loaded` (two
-//!   instructions on the free hit: Linux's naive check), on top of `prev`
-//!   or back on its slab's free list (the free miss), and every one that
-//!   reaches the slab layer (the free map): refused and reported; a slab's
-//!   busy count never drops for an object that was not busy, so `reap`
-//!   and `destroy` never free a page holding a live object they counted.
-//!   With any debug flag, every double free is caught (the state word).
+//! - **Double frees without flags**: every one is refused at the free
+//!   by the free key (`cache/double_free.rs`, glibc's tcache `key`): a
+//!   per-boot secret written into a freed object's first word (or beside
+//!   it, or in its bufctl, for caches whose objects keep their first
+//!   word), tested first by every free and confirmed against the
+//!   magazines, the depot and the slab before anything is reported; a
+//!   slab's busy count never drops for an object that was not busy, so
+//!   `reap` and `destroy` never free a page holding a live object they
+//!   counted. Debug caches refuse them through their state word.
 //! - **Walkers**: [`KmemCache::verify`] / [`SlabDebug::verify`](crate::debug::SlabDebug::verify) (`kmem
 //!   verify`), [`SlabDebug::whatis`](crate::debug::SlabDebug::whatis) (`kmem whatis`), and in debug builds
 //!   [`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants), which the model tests run after every
@@ -361,15 +422,16 @@
 //! [`Platform`] contract (an `unsafe trait`) must be kept — `cpu_id` is
 //! exact and exclusive while interrupts are off.
 //!
-//! **Why are all double frees caught only with debug flags?** Catching
-//! every one needs the object's own state, written on every alloc and
-//! free (the debug state word), which is what the hit avoids. Without
-//! flags the hit checks only the top of `loaded` (2 instructions of code;
-//! see the README for what it measures); checking the slab's free map
-//! there too would cost 7 more per pair (measured with `cache-pair`), so
-//! that check runs on the free miss and in the slab layer instead. Foreign, wrong-cache and misaligned
-//! pointers are always detected (page map, or header magic plus cache
-//! pointer for caches on other sources).
+//! **How are double frees caught without debug flags?** By the free
+//! key (glibc's tcache `key`, 2.29): the free's hit loads the object's
+//! first word, compares it with the per-boot key in its CPU's line and
+//! stores the key (four instructions where Linux's naive check of the top
+//! of `loaded` took two; the alloc clears the word: +3 a pair). A match
+//! is confirmed off the hit (every magazine, the depot, the slab's free
+//! map or bufctl hash) before it is refused, so there is no false
+//! positive. Foreign, wrong-cache and misaligned pointers are always
+//! detected (page map, or header magic plus cache pointer for caches on
+//! other sources).
 //!
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The

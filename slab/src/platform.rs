@@ -173,9 +173,9 @@ pub unsafe trait Platform: PlatformHooks + 'static {
 ///
 /// # Safety
 ///
-/// The allocator trusts what the hooks return: [`kfence_pool`](PlatformHooks::kfence_pool)
+/// The allocator trusts what the hooks return: `kfence_pool`
 /// is `nr_pages` mapped, writable pages used by nothing else and outside
-/// every page source's span, and [`kfence_protect`](PlatformHooks::kfence_protect)
+/// every page source's span, and `kfence_protect`
 /// really maps and unmaps them; a token from
 /// [`alloc_tag_token`](PlatformHooks::alloc_tag_token) or
 /// [`alloc_tag_current_token`](PlatformHooks::alloc_tag_current_token)
