@@ -21,7 +21,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use magpie_slab::{DumpInfo, KmemtraceConfig, Platform};
+use magpie_slab::Platform;
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 
 use crate::allocs::{MAGPIE, Magpie};
 use crate::host::{BenchPlatform, set_cpu};

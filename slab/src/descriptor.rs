@@ -42,7 +42,7 @@ use crate::cache::{CacheLinks, KmemCache};
 use crate::kmemtrace::rings::CpuRing;
 use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
-use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform};
+use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
 use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, TraceTableInner};
 
@@ -140,6 +140,12 @@ unsafe impl Platform for LayoutPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for LayoutPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

@@ -224,7 +224,7 @@ pub struct Allocator<P: Platform> {
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
     pub(crate) nr_bad_frees: AtomicU64,
-    /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
+    /// Reaps because a page source ran dry ([`HeapStats::nr_pressure_reaps`]).
     pub(crate) nr_pressure_reaps: AtomicU64,
     /// Tagged allocations left untagged because their slab's side array
     /// could not be allocated ([`AllocProfiling::nr_tag_array_misses`](crate::AllocProfiling::nr_tag_array_misses)).

@@ -17,9 +17,9 @@ use magpie_kmem::core::heap::{Heap, decode_descriptor, descriptor_bytes};
 use magpie_kmem::core::image::{ElfCore, Memory, ProcessMemory, ReadError};
 use magpie_kmem::core::{Report, write_report};
 use magpie_slab::descriptor::{DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR};
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 use magpie_slab::{
-    AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
-    reports,
+    AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
 };
 
 const NR_CPUS: usize = 2;
@@ -53,6 +53,12 @@ unsafe impl Platform for HostPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HostPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
