@@ -36,11 +36,14 @@ test-host: chrome-reader
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
 # with allocation profiling compiled out (it must cost nothing and break nothing),
 # and the fault sweep with fault injection but no profiling (the other
-# kmalloc! variant).
+# kmalloc! variant). Last, the kernel hit in release, whose counts are
+# pinned to docs/BENCHMARKS.md.
 test-qemu:
 	cargo test
 	cargo test --no-default-features
 	cargo test --no-default-features --features fault-injection --test fault_injection
+	cargo test --release --test kernel_hit
+	MAGPIE_APPEND=mem_profiling=0 cargo test --release --test kernel_hit
 
 # The adopter's view (docs/ADOPTING.md): examples/hobby-kernel, a one-CPU
 # kernel on the shipped glue with a 100 KiB heap, booted in QEMU running

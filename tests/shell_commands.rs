@@ -726,6 +726,49 @@ fn messages_keep_their_text_and_mark_a_cut() {
     assert!(message.as_str().len() >= Message::CAPACITY - 4);
 }
 
+#[test_case]
+fn line_editor_completes_commands_and_cache_names_on_tab() {
+    fn names(index: usize, word: &str, each: &mut dyn FnMut(&str)) {
+        let _ = word;
+        let words: &[&str] = if index == 0 {
+            &["kmalloc", "kmemstat", "kmemtrace", "help"]
+        } else {
+            &["kmalloc-64", "kmalloc-640", "kmalloc-4096"]
+        };
+        for name in words {
+            each(name);
+        }
+    }
+    let mut editor = LineEditor::with_completer(names);
+    let mut echo = Vec::new();
+    // One candidate: the whole name and a space.
+    let lines = feed(&mut editor, b"he\tkmalloc-40\t\r", &mut echo);
+    assert_eq!(lines, [Some(String::from("help kmalloc-4096 "))]);
+    assert_eq!(echo, b"help kmalloc-4096 \n");
+    // Several: their common prefix; nothing to add: a separator, as before.
+    echo.clear();
+    let lines = feed(&mut editor, b"kme\t\tx\r", &mut echo);
+    assert_eq!(lines, [Some(String::from("kmem\tx"))]);
+    let lines = feed(&mut editor, b"kmalloc\t64\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("kmalloc 64"))],
+        "a whole name completes to itself and a space: the same line"
+    );
+    let lines = feed(&mut editor, b"kmalloc 64\t2\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("kmalloc 64\t2"))],
+        "no candidate: a separator"
+    );
+    let lines = feed(&mut editor, b"\tkmalloc-64\t\r", &mut echo);
+    assert_eq!(
+        lines,
+        [Some(String::from("\tkmalloc-64\t"))],
+        "kmalloc-64 and kmalloc-640: nothing to add"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // slabtop
 

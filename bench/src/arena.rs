@@ -34,9 +34,12 @@ pub struct Arena {
 }
 
 impl Arena {
-    /// An arena of `bytes` (a multiple of the page size) of fresh memory.
+    /// An arena of `bytes` (a multiple of the page size) of fresh memory,
+    /// aligned to `bytes` rounded up to a power of two: a buddy
+    /// allocator's blocks depend on the address's alignment, so the same
+    /// trace takes the same pages on every run.
     pub fn new(bytes: usize) -> Arena {
-        let (base, len) = region(bytes, PAGE_SIZE);
+        let (base, len) = region(bytes, bytes.next_power_of_two());
         Arena {
             base,
             end: base + len,

@@ -13,13 +13,15 @@
 //!   `BTreeMap<u64, Vec<u64>>` of up to 2,000 keys, inserting vectors of
 //!   1 to 64 elements grown by `push` (so by `realloc`), replacing and
 //!   removing keys from a seeded random stream, and strings formatted
-//!   into `String`s of the map's values.
+//!   from the map's values; the CPUs take turns of 100 steps, so every
+//!   recording is the same.
 //!
 //! The kernel's own workloads (boot, `stress`, shell commands) are
 //! recorded in QEMU by `bench/record-workloads.sh`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use magpie_slab::Platform;
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
@@ -72,13 +74,23 @@ fn heap_tests() {
     }
 }
 
-/// One CPU's share of `btree-vec`.
-fn btree_vec(cpu: usize) {
+/// Steps a CPU of `btree-vec` runs before handing the turn to the other.
+const BTREE_VEC_TURN: u64 = 100;
+
+/// One CPU's share of `btree-vec`; the two CPUs take turns of
+/// [`BTREE_VEC_TURN`] steps (`turn` counts them), so the recording is
+/// the same on every run.
+fn btree_vec(cpu: usize, turn: &AtomicU64) {
     let heap = &MAGPIE;
     let mut rng = XorShift::new(0xb7ee + cpu as u64);
     let mut map = BTreeMap::new_in(heap);
     let mut text = String::new();
     for step in 0..40_000_u64 {
+        if step % BTREE_VEC_TURN == 0 {
+            while turn.load(Ordering::Acquire) % 2 != cpu as u64 {
+                std::thread::yield_now();
+            }
+        }
         let r = rng.next();
         let key = r % 2_000;
         match (r >> 16) % 4 {
@@ -104,6 +116,9 @@ fn btree_vec(cpu: usize) {
                     assert_eq!(*len, copy.len());
                 }
             }
+        }
+        if step % BTREE_VEC_TURN == BTREE_VEC_TURN - 1 {
+            turn.fetch_add(1, Ordering::Release);
         }
     }
 }
@@ -140,14 +155,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let start = BenchPlatform::now();
     match workload.as_str() {
         "heap-tests" => heap_tests(),
-        _ => std::thread::scope(|scope| {
-            for cpu in 0..2 {
-                scope.spawn(move || {
-                    set_cpu(cpu);
-                    btree_vec(cpu);
-                });
-            }
-        }),
+        _ => {
+            let turn = AtomicU64::new(0);
+            std::thread::scope(|scope| {
+                for cpu in 0..2 {
+                    let turn = &turn;
+                    scope.spawn(move || {
+                        set_cpu(cpu);
+                        btree_vec(cpu, turn);
+                    });
+                }
+            })
+        }
     }
     MAGPIE.kmemtrace().stop();
     let status = MAGPIE.kmemtrace().status();

@@ -565,6 +565,11 @@ fn payload_offset<T>(lock: *const u8, payload: &T) -> u64 {
 /// descriptor stays empty) if the platform changed a structure's size,
 /// which `LayoutPlatform` would not see.
 pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
+    // The loom models explore every interleaving of the locks: the
+    // measuring locks below are none of theirs.
+    if cfg!(loom) {
+        return;
+    }
     if size_of::<Allocator<P>>() != size_of::<LayoutAllocator>()
         || size_of::<KmemCache<P>>() != size_of::<LayoutCache>()
     {
@@ -577,7 +582,7 @@ pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
     // The lock crate's layout is its own: measure where each payload is,
     // on locks nobody else holds (the init thread owns the new
     // allocator; the other two are this function's).
-    let Some(list) = allocator.caches.try_lock() else {
+    let Some(list) = allocator.caches.try_lock::<P>() else {
         return;
     };
     let list_data = payload_offset(core::ptr::from_ref(&allocator.caches).cast(), &*list);
@@ -604,11 +609,11 @@ pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
         .trace_lock_data
         .store(trace_data, Ordering::Relaxed);
     let kmemtrace = &allocator.kmemtrace;
-    if let Some(stacks) = kmemtrace.stacks.try_lock() {
+    if let Some(stacks) = kmemtrace.stacks.try_lock::<P>() {
         let at = payload_offset(core::ptr::from_ref(&kmemtrace.stacks).cast(), &*stacks);
         descriptor.stacks_lock_data.store(at, Ordering::Relaxed);
     }
-    if let Some(marks) = kmemtrace.marks.try_lock() {
+    if let Some(marks) = kmemtrace.marks.try_lock::<P>() {
         let at = payload_offset(core::ptr::from_ref(&kmemtrace.marks).cast(), &*marks);
         descriptor.marks_lock_data.store(at, Ordering::Relaxed);
     }

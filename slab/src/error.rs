@@ -5,7 +5,14 @@
 use core::fmt;
 
 /// Why an allocation (or cache creation, or `init`) failed.
+///
+/// Word-sized (`repr(usize)`), so that `Result<NonNull<u8>, AllocError>`
+/// is a pair of words, which every allocation path returns in two
+/// registers (a byte-sized error makes it an aggregate returned through
+/// memory: the `GlobalAlloc` hit then paid a stack frame and a store and
+/// load of the result, `docs/BENCHMARKS.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum AllocError {
     /// The page source (or a metadata cache) had no memory.
     OutOfMemory,

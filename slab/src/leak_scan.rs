@@ -328,9 +328,48 @@ impl<'t, P: Platform> LeakScan<'t, P> {
             let index = self.stack as usize;
             self.stack = self.table[index].next;
             let (start, size) = (self.table[index].start, self.table[index].size);
+            if self.alloc.kfence_contains(start) {
+                self.scan_sample(start, size);
+                continue;
+            }
             // SAFETY: an allocated object (or live page-granular block),
             // mapped for the scan per `LeakScan::new`'s contract.
             unsafe { self.scan_words(start, start + size) };
+        }
+    }
+
+    /// Scan a KFENCE sample, a chunk at a time under the pool's lock
+    /// while it is still allocated: one freed meanwhile has its page
+    /// unmapped (a plain read would fault, and KFENCE report a use after
+    /// free by the scan). A sample freed mid-scan is scanned no further.
+    fn scan_sample(&mut self, start: usize, size: usize) {
+        const CHUNK: usize = 64;
+        let word = core::mem::size_of::<usize>();
+        let mut at = start.next_multiple_of(word);
+        let end = start + size;
+        let mut buf = [0usize; CHUNK];
+        while at + word <= end {
+            let nr = ((end - at) / word).min(CHUNK);
+            if !self.alloc.kfence_read_sample(start, at, &mut buf[..nr]) {
+                break;
+            }
+            for &value in &buf[..nr] {
+                self.reach(value);
+            }
+            at += nr * word;
+        }
+        self.scanned_bytes += size;
+    }
+
+    /// `word` read from a root or a reached object: the unreached object
+    /// it points into, if any, is reached (and queued to be scanned).
+    fn reach(&mut self, word: usize) {
+        if let Some(index) = self.find(word)
+            && self.table[index].state.load(Ordering::Relaxed) == UNREACHED
+        {
+            self.table[index].state.store(REACHED, Ordering::Relaxed);
+            self.table[index].next = self.stack;
+            self.stack = index as u32;
         }
     }
 
@@ -341,13 +380,7 @@ impl<'t, P: Platform> LeakScan<'t, P> {
         while at + core::mem::size_of::<usize>() <= end {
             // SAFETY: an aligned word inside the caller's readable range.
             let word = unsafe { core::ptr::read_volatile(at as *const usize) };
-            if let Some(index) = self.find(word)
-                && self.table[index].state.load(Ordering::Relaxed) == UNREACHED
-            {
-                self.table[index].state.store(REACHED, Ordering::Relaxed);
-                self.table[index].next = self.stack;
-                self.stack = index as u32;
-            }
+            self.reach(word);
             at += core::mem::size_of::<usize>();
         }
         self.scanned_bytes += end.saturating_sub(start);

@@ -140,10 +140,11 @@
 //!
 //! Start with `cache/mod.rs`: the call graph of every alloc and free
 //! path, from the entry points (`KmemCache::alloc`/`free`,
-//! `kmalloc`/`kfree`, `GlobalAlloc`) to the magazine hit and its misses,
-//! then `cache/alloc.rs` and `cache/free.rs` (`finish_free` finishes a
-//! located free for all three callers) and `cache/hooks.rs`. Then one
-//! folder per layer:
+//! `kmalloc`/`kfree`, `GlobalAlloc`) to the magazine hit and its misses.
+//! Then `cache/alloc.rs` and `cache/free.rs`, each one direction read top
+//! to bottom (the hit; with a feature on, the hooked path; the one slow
+//! function), and `cache/hooks.rs`, where every feature hooks in, each
+//! hook called from one place. Then one folder per layer:
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
@@ -151,7 +152,7 @@
 //! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
-//! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files) | `allocator/` (its owner), everything below |
+//! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
 //! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
@@ -163,9 +164,8 @@
 //! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
 //! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
 //!
-//! `python3 ../shared/tools/import_circles.py slab/src` finds one pair
-//! of files that import each other (`allocator/mod.rs` and
-//! `cache/mod.rs`) and no larger circle.
+//! `python3 ../shared/tools/import_circles.py slab/src` finds no circle:
+//! each layer imports only the layers below it.
 //!
 //! ## Allocation profiling and latency statistics
 //!
@@ -342,25 +342,37 @@
 //!
 //! ## Hit paths
 //!
-//! See `cache/mod.rs` (and `cache/codegen.rs` for what steers code
-//! generation). A magazine hit is a leaf with no call that returns
-//! into it (every miss, error and bookkeeping case is a tail call to an
-//! out-of-line function), so it needs no callee-saved registers. **alloc**:
-//! one `hot_flags` test, interrupts off, the per-CPU base, pop from
-//! `loaded`, count, interrupts back. The per-CPU cache keeps `loaded`'s
+//! See `cache/mod.rs`. One hit per direction, the same for every entry
+//! point (`KmemCache`, kmalloc and kfree, `GlobalAlloc`): one
+//! `hot_flags` test (no feature on for this cache), then the magazine
+//! hit. Past it, one function: with a feature on, the hooked path (the
+//! feature hooks around the same magazine hit and miss,
+//! `cache/hooks.rs`); else the one slow function for the miss. Results
+//! are `Result`s throughout ([`AllocError`] is word-sized, so
+//! `Result<NonNull<u8>, AllocError>` comes back in two registers);
+//! `GlobalAlloc` turns an error into null in its own out-of-line
+//! function past the hit, so the hit is a leaf with no call that returns
+//! into it and needs no callee-saved register or stack frame. **alloc**:
+//! one `hot_flags` test, the per-CPU base, its in-use flag taken (or,
+//! with [`Platform::RESTARTABLE_HITS`], a restartable sequence:
+//! `restart.rs`), pop from `loaded`, count, the flag given back. The per-CPU cache keeps `loaded`'s
 //! top and end as slot pointers itself (Bonwick & Adams 2001's
 //! `cc_rounds`, `cc_magsize`; equal with the absent magazine, a shared
 //! sentinel: no null test; the word below slot 0 is null, so an empty
 //! magazine's "top round" is the empty test), so a hit touches the
 //! per-CPU line and one round slot, not the magazine's header (code off
 //! the hits writes the count back first: `PcpuSynced`). **free**
-//! (`KmemCache::free`, `kfree`, `GlobalAlloc::dealloc`; one function,
-//! `finish_free`, ends all three): one page-map load gives the slab, its
+//! (`KmemCache::free`, `kfree`, `GlobalAlloc::dealloc`; all three
+//! through `free_hit`): one page-map load gives the slab, its
 //! owner is compared (`free`) or taken as the cache (`kfree`), one
 //! 64×64→128 multiply by `ceil(2^64 / stride)` both indexes the object and
 //! tests that the pointer is an object start (Lemire, Kaser and Kurz
-//! 2019), then the same per-CPU steps with a push. Measurements:
-//! `docs/BENCHMARKS.md`.
+//! 2019), then the same per-CPU steps with the free key's test and a
+//! push. Measurements: `docs/BENCHMARKS.md`. Nested source calls of a
+//! plain `KmemCache::alloc` hit, all inlined: `alloc`, `alloc_at`,
+//! `alloc_hit`, `magazine_alloc_hit` (`cache/alloc.rs`), the
+//! flag test and the in-use flag (`sync.rs`, `magazine/mod.rs`,
+//! `cache/magazines.rs`), the free key (`cache/double_free.rs`).
 //!
 //! ## Debugging
 //!
@@ -383,15 +395,18 @@
 //!   swab(link address)` and checked against the slab's free map when
 //!   followed; a bad link is reported and the list rebuilt from the map.
 //!   The allocator never hands out memory it does not own.
-//! - **Double frees without flags**: every one is refused at the free
-//!   by the free key (`cache/double_free.rs`, glibc's tcache `key`): a
-//!   per-boot secret written into a freed object's first word (or beside
-//!   it, or in its bufctl, for caches whose objects keep their first
-//!   word), tested first by every free and confirmed against the
-//!   magazines, the depot and the slab before anything is reported; a
+//! - **Double frees without flags**: every one, wherever the first free
+//!   went, by the free key (glibc's tcache key, `cache/double_free.rs`):
+//!   the free hit tests and writes a per-boot secret in the object's
+//!   first word, the alloc clears it, and the free's miss confirms a
+//!   match by a search of the magazines, the depot and the slab before
+//!   refusing (no false positive). Caches whose objects keep their first
+//!   word (a constructor's, `NOTOUCH`) mark freed objects after the
+//!   object or in the bufctl; the slab layer refuses a double free of an
+//!   object back in its slab (the free map). Refused and reported; a
 //!   slab's busy count never drops for an object that was not busy, so
 //!   `reap` and `destroy` never free a page holding a live object they
-//!   counted. Debug caches refuse them through their state word.
+//!   counted. With any debug flag, the state word checks it too.
 //! - **Walkers**: [`KmemCache::verify`] / [`SlabDebug::verify`](crate::debug::SlabDebug::verify) (`kmem
 //!   verify`), [`SlabDebug::whatis`](crate::debug::SlabDebug::whatis) (`kmem whatis`), and in debug builds
 //!   [`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants), which the model tests run after every
@@ -422,16 +437,20 @@
 //! [`Platform`] contract (an `unsafe trait`) must be kept — `cpu_id` is
 //! exact and exclusive while interrupts are off.
 //!
-//! **How are double frees caught without debug flags?** By the free
-//! key (glibc's tcache `key`, 2.29): the free's hit loads the object's
-//! first word, compares it with the per-boot key in its CPU's line and
-//! stores the key (four instructions where Linux's naive check of the top
-//! of `loaded` took two; the alloc clears the word: +3 a pair). A match
-//! is confirmed off the hit (every magazine, the depot, the slab's free
-//! map or bufctl hash) before it is refused, so there is no false
-//! positive. Foreign, wrong-cache and misaligned pointers are always
-//! detected (page map, or header magic plus cache pointer for caches on
-//! other sources).
+//! **How are double frees caught without debug flags?** By the free key
+//! (glibc's tcache `key`, 2.29; `cache/double_free.rs`): a per-boot
+//! secret, not a valid pointer, which the free hit writes into the
+//! object's first word after testing that it is not there already, and
+//! which the alloc hit clears (load, compare, store on the free, one
+//! store on the alloc: +3 instructions a pair). An object holding the key
+//! was freed already, wherever it rests; the miss confirms the match by
+//! a search of every magazine, the depot and the slab before refusing,
+//! so a caller's word that happens to equal the key is no false
+//! positive. Keyless caches (a constructor's state or `NOTOUCH` own the
+//! first word) mark freed objects in a word after the object or in the
+//! bufctl; debug caches have the state word. Foreign, wrong-cache and
+//! misaligned pointers are always detected (page map, or header magic
+//! plus cache pointer for caches on other sources).
 //!
 //! **Why does magazine size grow by visits, not time?** [`Platform::now`]
 //! has unknown units (TSC cycles in a kernel, a counter in tests). The
@@ -642,6 +661,7 @@ pub mod kmemtrace;
 mod layout;
 #[cfg(feature = "leak-scan")]
 pub mod leak_scan;
+pub mod lockdep;
 mod magazine;
 mod object;
 mod platform;
@@ -663,7 +683,6 @@ mod tests;
 pub struct ReadmeDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
-pub(crate) use allocator::BootCache;
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use allocator::{Allocator, CacheArgs, HeapStats, InitCost, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};

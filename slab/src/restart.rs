@@ -82,7 +82,44 @@ pub fn nr_ranges() -> usize {
     ranges().count()
 }
 
-pub(crate) use imp::{pop, push};
+/// The restartable alloc hit ([`restart_ip`]'s sequence `pop`): pop the
+/// round below `top` of the per-CPU cache `offset` bytes into the array
+/// `A::AT` bytes after `base` (a cache's struct, whose array follows it
+/// at a constant offset: the hit computes the line's address, no load),
+/// count it, and return it; `None` (nothing changed) if `loaded` is empty
+/// or absent.
+///
+/// # Safety
+/// `base + A::AT + offset` is the running CPU's per-CPU cache, alive for
+/// the call, and the platform's hits are restartable ([`enabled`]).
+#[inline(always)]
+pub(crate) unsafe fn alloc_hit<A: ArrayAt>(
+    base: *const u8,
+    offset: usize,
+) -> Option<core::ptr::NonNull<u8>> {
+    // SAFETY: per our caller; the offsets are `top`'s and `nr_allocs`'
+    // in a per-CPU cache (`ArrayAt`).
+    unsafe { imp::pop::<A>(base, offset) }
+}
+
+/// The restartable free hit of a keyed cache (the sequence `push`): on
+/// the per-CPU cache `offset` bytes into the array `A::AT` bytes after
+/// `base` (as for [`alloc_hit`]), push `obj` if `loaded` has room and
+/// `obj` does not hold the free key, writing the key; true if pushed.
+///
+/// # Safety
+/// As for [`alloc_hit`]; `obj` is a busy object of the keyed cache this
+/// per-CPU cache belongs to, given up by the caller if this returns true.
+#[inline(always)]
+pub(crate) unsafe fn free_hit<A: ArrayAt>(
+    base: *const u8,
+    offset: usize,
+    obj: core::ptr::NonNull<u8>,
+) -> bool {
+    // SAFETY: per our caller; the offsets are `top`'s, `limit`'s and
+    // `free_key`'s in a per-CPU cache (`ArrayAt`).
+    unsafe { imp::push::<A>(base, offset, obj) }
+}
 
 /// Where the per-CPU array starts, in bytes from the base address the
 /// sequences are given ([`pop`], [`push`]): a constant of the owner's
@@ -91,6 +128,15 @@ pub(crate) use imp::{pop, push};
 pub(crate) trait ArrayAt {
     /// The array's offset from the base, in bytes.
     const AT: usize;
+    /// Byte offset of `top` (the slot above `loaded`'s top round) in a
+    /// per-CPU cache.
+    const TOP: usize;
+    /// Byte offset of `limit` (`loaded`'s end) in a per-CPU cache.
+    const LIMIT: usize;
+    /// Byte offset of the allocation count in a per-CPU cache.
+    const NR_ALLOCS: usize;
+    /// Byte offset of the free key in a per-CPU cache.
+    const FREE_KEY: usize;
 }
 
 /// Whether `P`'s plain magazine hits are restartable sequences (its
@@ -164,34 +210,6 @@ mod imp {
         };
     }
 
-    /// The alloc hit's sequence ([`pop`]), the round's register named in the
-    /// template (`$r`: `"rax"`, or `"{round}"`) and given as an operand
-    /// (`$($round)*`).
-    macro_rules! pop_asm {
-        ($base:expr, $offset:expr, $at:expr, $top_at:expr, $nr_at:expr, $r:literal, $($round:tt)*) => {
-            core::arch::asm!(
-                "2:",
-                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                concat!("mov ", $r, ", qword ptr [{top} - 8]"),
-                concat!("test ", $r, ", ", $r),
-                "jz {empty}",
-                "sub {top}, 8",
-                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                "3:",
-                restart_range!(),
-                "inc qword ptr [{base} + {offset} + {nr_at}]",
-                base = in(reg) $base,
-                offset = in(reg) $offset,
-                top_at = const $at + $top_at,
-                nr_at = const $at + $nr_at,
-                top = out(reg) _,
-                empty = label { return None; },
-                $($round)*,
-                options(nostack),
-            )
-        };
-    }
-
     /// The restartable alloc hit: pop the round below this CPU's `top` (the
     /// per-CPU cache at `base + A::AT + offset`), move `top` down (the commit)
     /// and count the allocation; `None` (nothing changed) if the word below
@@ -199,12 +217,9 @@ mod imp {
     ///
     /// `A::AT` is where the per-CPU array starts, in bytes from `base` (a
     /// constant, so that a cache's array placed after its struct costs no
-    /// load: it and the field's offset become one displacement); `TOP`
-    /// and `NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
-    /// the per-CPU cache. `IN_RAX`: the round is popped into `rax`, the
-    /// return register (for the plain hit, whose result LLVM would otherwise
-    /// share a register with the profiled hit's, which its multiply keeps
-    /// out of `rax`, and copy).
+    /// load: it and the field's offset become one displacement); `A::TOP`
+    /// and `A::NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
+    /// the per-CPU cache.
     ///
     /// # Safety
     /// `base + A::AT + offset` is the running CPU's per-CPU cache, alive
@@ -215,17 +230,12 @@ mod imp {
     /// touches the per-CPU cache with interrupts on
     /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
     #[inline(always)]
-    pub(crate) unsafe fn pop<
-        A: super::ArrayAt,
-        const TOP: usize,
-        const NR_ALLOCS: usize,
-        const IN_RAX: bool,
-    >(
+    pub(crate) unsafe fn pop<A: super::ArrayAt>(
         base: *const u8,
         offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
         let round: *mut u8;
-        // SAFETY: `[base + offset + A::AT + TOP]` is this CPU's `top`, a pointer at or
+        // SAFETY: `[base + offset + A::AT + A::TOP]` is this CPU's `top`, a pointer at or
         // above slot 0 of `loaded` (or of the absent magazine, whose word
         // below is its null `next`): the word below it is readable. Up to the
         // commit (the store of the new `top`) the block only reads, so an
@@ -236,11 +246,26 @@ mod imp {
         // an interrupt on this CPU cannot split. No stack; the flags are
         // clobbered (no `preserves_flags`).
         unsafe {
-            if IN_RAX {
-                pop_asm!(base, offset, A::AT, TOP, NR_ALLOCS, "rax", out("rax") round);
-            } else {
-                pop_asm!(base, offset, A::AT, TOP, NR_ALLOCS, "{round}", round = out(reg) round);
-            }
+            core::arch::asm!(
+                "2:",
+                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                "mov {round}, qword ptr [{top} - 8]",
+                "test {round}, {round}",
+                "jz {empty}",
+                "sub {top}, 8",
+                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                "3:",
+                restart_range!(),
+                "inc qword ptr [{base} + {offset} + {nr_at}]",
+                base = in(reg) base,
+                offset = in(reg) offset,
+                top_at = const A::AT + A::TOP,
+                nr_at = const A::AT + A::NR_ALLOCS,
+                top = out(reg) _,
+                round = out(reg) round,
+                empty = label { return None; },
+                options(nostack),
+            );
         }
         // SAFETY: the jump above leaves on a null round.
         Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
@@ -254,19 +279,14 @@ mod imp {
     /// apparent double free, finds the object nowhere free, and frees it:
     /// [`crate::cache`]'s `is_double_free`).
     ///
-    /// `A` as for [`pop`]; `TOP`, `LIMIT` and `KEY` are the byte offsets of
+    /// `A` as for [`pop`]; `A::TOP`, `A::LIMIT` and `A::FREE_KEY` are the byte offsets of
     /// `top`, `limit` and `free_key` in the per-CPU cache.
     ///
     /// # Safety
     /// As for [`pop`]; `obj` is a busy object of the keyed cache this per-CPU
     /// cache belongs to, given up by the caller if this returns true.
     #[inline(always)]
-    pub(crate) unsafe fn push<
-        A: super::ArrayAt,
-        const TOP: usize,
-        const LIMIT: usize,
-        const KEY: usize,
-    >(
+    pub(crate) unsafe fn push<A: super::ArrayAt>(
         base: *const u8,
         offset: usize,
         obj: core::ptr::NonNull<u8>,
@@ -297,9 +317,9 @@ mod imp {
                 base = in(reg) base,
                 offset = in(reg) offset,
                 obj = in(reg) obj.as_ptr(),
-                top_at = const A::AT + TOP,
-                limit_at = const A::AT + LIMIT,
-                key_at = const A::AT + KEY,
+                top_at = const A::AT + A::TOP,
+                limit_at = const A::AT + A::LIMIT,
+                key_at = const A::AT + A::FREE_KEY,
                 top = out(reg) _,
                 key = out(reg) _,
                 no = label { return false; },
@@ -328,16 +348,11 @@ mod imp {
     ///
     /// # Safety
     /// None needed; it panics.
-    pub(crate) unsafe fn pop<
-        A: super::ArrayAt,
-        const TOP: usize,
-        const NR_ALLOCS: usize,
-        const IN_RAX: bool,
-    >(
+    pub(crate) unsafe fn pop<A: super::ArrayAt>(
         _base: *const u8,
         _offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
-        let _ = A::AT;
+        let _ = (A::AT, A::TOP, A::LIMIT, A::NR_ALLOCS, A::FREE_KEY);
         unreachable!("restartable hits are not supported in this build")
     }
 
@@ -345,17 +360,12 @@ mod imp {
     ///
     /// # Safety
     /// None needed; it panics.
-    pub(crate) unsafe fn push<
-        A: super::ArrayAt,
-        const TOP: usize,
-        const LIMIT: usize,
-        const KEY: usize,
-    >(
+    pub(crate) unsafe fn push<A: super::ArrayAt>(
         _base: *const u8,
         _offset: usize,
         _obj: core::ptr::NonNull<u8>,
     ) -> bool {
-        let _ = A::AT;
+        let _ = (A::AT, A::TOP, A::LIMIT, A::NR_ALLOCS, A::FREE_KEY);
         unreachable!("restartable hits are not supported in this build")
     }
 }

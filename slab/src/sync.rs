@@ -14,12 +14,36 @@
 //! operations).
 //!
 //! The allocator-wide locks (the cache list, the size-class lock, the
-//! error ring, the hooks, the debug configuration) stay `spin::Mutex` in
-//! both builds: they must be constructible in a `const fn`
-//! ([`Allocator::new`](crate::Allocator::new)), which loom's are not, and
-//! the models never contend on them. Those an interrupt handler's report
-//! reads are taken with interrupts off ([`spin_lock_irq`]); the cache
-//! list and the size-class lock are only tried from a handler.
+//! hooks, the debug configuration, KFENCE's and kmemtrace's) are built on
+//! `spin::Mutex` in both builds: they must be constructible in a `const
+//! fn` ([`Allocator::new`](crate::Allocator::new)), which loom's are not,
+//! and the models never contend on them.
+//!
+//! # Safe from interrupts by construction
+//!
+//! An interrupt handler may allocate and free, and so reach any lock an
+//! allocation or a free can take. A handler that spins on a lock which the
+//! code it interrupted (on the same CPU) holds never returns. So every
+//! lock of the allocator is one of three types, and none offers a way to
+//! spin on it with interrupts on:
+//!
+//! - [`IrqMutex`] (the per-cache locks: depot, slab layer and bufctl
+//!   hash, trace table) and [`SpinIrq`] (allocator-wide: the error and
+//!   KFENCE hooks, the debug configuration, KFENCE's pool, kmemtrace's
+//!   stack table and controls): `lock` turns interrupts off, then spins.
+//! - [`IrqTryMutex`] (the cache list, the size-class lock: held across
+//!   work that must run with interrupts on, such as cross-CPU calls):
+//!   `lock` is for code outside interrupt context; an interrupt handler
+//!   only calls `try_lock`, whose caller falls back without losing
+//!   anything (a size class made on first use fails the allocation with
+//!   `OutOfMemory`; a reap under pressure is skipped and the source's
+//!   error returned; KFENCE's tick waits for the next one).
+//!
+//! Debug builds check it ([`crate::lockdep`]): every lock operation notes
+//! its class's interrupt state, and a class taken both in interrupt
+//! context and with interrupts on is reported. The error ring
+//! ([`ErrorRing`](crate::report::ErrorRing), a public type with its own
+//! lock) is only reached through the allocator's interrupts-off sections.
 
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
@@ -32,6 +56,7 @@ pub(crate) use spin::{Mutex, MutexGuard};
 #[cfg(all(test, loom))]
 pub(crate) use loom_mutex::{Mutex, MutexGuard};
 
+use crate::lockdep::{self, Acquire, LockClass};
 use crate::platform::Platform;
 
 /// Interrupts disabled on this CPU (through [`Platform::irq_save`]) until
@@ -316,67 +341,6 @@ pub(crate) fn flags_any<const MASK: u32>(word: &AtomicU32) -> bool {
     }
 }
 
-/// Whether `word` is exactly `VALUE`: a relaxed load and a compare; on
-/// x86-64 (loom models and Miri aside) `cmp dword ptr [word], VALUE; je`,
-/// as [`flags_any`].
-#[cfg(feature = "alloc-profiling")]
-#[inline(always)]
-pub(crate) fn flags_eq<const VALUE: u32>(word: &AtomicU32) -> bool {
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
-    {
-        // SAFETY: as in `flags_any`.
-        unsafe {
-            core::arch::asm!(
-                "cmp dword ptr [{word}], {value}",
-                "je {equal}",
-                word = in(reg) word.as_ptr(),
-                value = const VALUE,
-                equal = label { return true; },
-                options(nostack, readonly),
-            );
-        }
-        false
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
-    {
-        word.load(Ordering::Relaxed) == VALUE
-    }
-}
-
-/// Whether `word & MASK == BIT`, `BIT` one bit of `MASK`: a relaxed load,
-/// on x86-64 (loom models and Miri aside) two `test`s of the word in
-/// memory and their branches (no register: the recorded hits' dispatch,
-/// which a loaded copy of the flags would cost a register move).
-#[cfg(not(feature = "alloc-profiling"))]
-#[inline(always)]
-pub(crate) fn flags_only<const MASK: u32, const BIT: u32>(word: &AtomicU32) -> bool {
-    const { assert!(BIT.is_power_of_two() && MASK & BIT == BIT) };
-    #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
-    {
-        // SAFETY: as in `flags_any` (two reads of the word: a flag that
-        // changes between them gives an answer either read could, and
-        // the paths off the hit read the flags again).
-        unsafe {
-            core::arch::asm!(
-                "test dword ptr [{word}], {others}",
-                "jnz {no}",
-                "test dword ptr [{word}], {bit}",
-                "jz {no}",
-                word = in(reg) word.as_ptr(),
-                others = const MASK & !BIT,
-                bit = const BIT,
-                no = label { return false; },
-                options(nostack, readonly),
-            );
-        }
-        true
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
-    {
-        word.load(Ordering::Relaxed) & MASK == BIT
-    }
-}
-
 /// A point of a magazine hit where the `loom` models let an interrupt
 /// handler of this CPU run (`tests/loom_models.rs`); nothing in other
 /// builds.
@@ -408,12 +372,95 @@ pub(crate) struct IrqLockGuard<P: Platform, G> {
 /// An [`IrqMutex`] held.
 pub(crate) type IrqMutexGuard<'a, P, T> = IrqLockGuard<P, MutexGuard<'a, T>>;
 
-/// A [`spin::Mutex`] outside the cache (the kmemtrace stack table, the
-/// error hooks, the debug configuration) held with interrupts off, for the
-/// same reason as [`IrqMutex`].
+/// A [`SpinIrq`] held (interrupts off until it is dropped).
 pub(crate) type SpinIrqGuard<'a, P, T> = IrqLockGuard<P, spin::MutexGuard<'a, T>>;
 
-impl<P: Platform, T> IrqMutex<P, T> {
+/// An allocator-wide spin lock (the error and KFENCE hooks, the debug
+/// configuration, KFENCE's pool, kmemtrace's stack table and controls),
+/// `const`-constructible, taken only with interrupts off, for the same
+/// reason as [`IrqMutex`]: an interrupt handler's allocation, free or
+/// report can take it. The platform is named at each operation
+/// (`lock::<P>()`).
+pub(crate) struct SpinIrq<T> {
+    inner: spin::Mutex<T>,
+    class: LockClass,
+}
+
+impl<T> SpinIrq<T> {
+    /// A lock of the class of the caller's site ([`crate::lockdep`]).
+    #[track_caller]
+    pub(crate) const fn new(value: T) -> Self {
+        SpinIrq {
+            inner: spin::Mutex::new(value),
+            class: LockClass::here(),
+        }
+    }
+
+    /// Disable interrupts, then take the lock.
+    #[inline]
+    pub(crate) fn lock<P: Platform>(&self) -> SpinIrqGuard<'_, P, T> {
+        let irq = IrqGuard::new();
+        lockdep::acquired::<P, ()>(self.class, Acquire::LockIrqOff);
+        IrqLockGuard {
+            guard: self.inner.lock(),
+            _irq: irq,
+        }
+    }
+
+    /// Disable interrupts and try the lock once; `None` (interrupts as
+    /// they were) if it is held.
+    #[inline]
+    pub(crate) fn try_lock<P: Platform>(&self) -> Option<SpinIrqGuard<'_, P, T>> {
+        let irq = IrqGuard::new();
+        lockdep::acquired::<P, ()>(self.class, Acquire::TryIrqOff);
+        let guard = self.inner.try_lock()?;
+        Some(IrqLockGuard { guard, _irq: irq })
+    }
+}
+
+/// An allocator-wide lock held with interrupts on, across work that needs
+/// them (the cache list, held across cross-CPU calls by `reap_all`; the
+/// size-class lock, held while a class is created; kmemtrace's controls,
+/// held while a dump is written out): spun on only outside interrupt
+/// context ([`IrqTryMutex::lock`]), only tried inside it
+/// ([`IrqTryMutex::try_lock`]), so a handler never waits for the code it
+/// interrupted. `const`-constructible; the platform is named at each
+/// operation.
+pub(crate) struct IrqTryMutex<T> {
+    inner: spin::Mutex<T>,
+    class: LockClass,
+}
+
+impl<T> IrqTryMutex<T> {
+    /// A lock of the class of the caller's site ([`crate::lockdep`]).
+    #[track_caller]
+    pub(crate) const fn new(value: T) -> Self {
+        IrqTryMutex {
+            inner: spin::Mutex::new(value),
+            class: LockClass::here(),
+        }
+    }
+
+    /// Take the lock, spinning: never from interrupt context (debug
+    /// builds report it, [`crate::lockdep`]).
+    #[inline]
+    pub(crate) fn lock<P: Platform>(&self) -> spin::MutexGuard<'_, T> {
+        lockdep::acquired::<P, ()>(self.class, Acquire::Lock);
+        self.inner.lock()
+    }
+
+    /// Try the lock once; `None` if it is held. The only way in from an
+    /// interrupt handler.
+    #[inline]
+    pub(crate) fn try_lock<P: Platform>(&self) -> Option<spin::MutexGuard<'_, T>> {
+        lockdep::acquired::<P, ()>(self.class, Acquire::Try);
+        self.inner.try_lock()
+    }
+}
+
+impl<P: Platform, T: 'static> IrqMutex<P, T> {
+    /// A lock whose class is the type it guards, `T` ([`crate::lockdep`]:
+    /// one class for the depot lock of every cache, ...).
     pub(crate) fn new(value: T) -> Self {
         IrqMutex {
             inner: Mutex::new(value),
@@ -425,6 +472,7 @@ impl<P: Platform, T> IrqMutex<P, T> {
     #[inline]
     pub(crate) fn lock(&self) -> IrqMutexGuard<'_, P, T> {
         let irq = IrqGuard::new();
+        lockdep::acquired::<P, T>(LockClass::guarding::<T>(), Acquire::LockIrqOff);
         IrqLockGuard {
             guard: self.inner.lock(),
             _irq: irq,
@@ -436,6 +484,7 @@ impl<P: Platform, T> IrqMutex<P, T> {
     #[inline]
     pub(crate) fn try_lock(&self) -> Option<IrqMutexGuard<'_, P, T>> {
         let irq = IrqGuard::new();
+        lockdep::acquired::<P, T>(LockClass::guarding::<T>(), Acquire::TryIrqOff);
         let guard = self.inner.try_lock()?;
         Some(IrqLockGuard { guard, _irq: irq })
     }
@@ -458,16 +507,6 @@ impl<P: Platform, G: DerefMut> DerefMut for IrqLockGuard<P, G> {
     #[inline(always)]
     fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.guard
-    }
-}
-
-/// Disable interrupts, then take `lock`.
-#[inline]
-pub(crate) fn spin_lock_irq<P: Platform, T>(lock: &spin::Mutex<T>) -> SpinIrqGuard<'_, P, T> {
-    let irq = IrqGuard::new();
-    IrqLockGuard {
-        guard: lock.lock(),
-        _irq: irq,
     }
 }
 

@@ -22,7 +22,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::error::AllocError;
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::{PageSource, Platform, PlatformHooks};
-use crate::sync::{IrqMutex, IrqMutexGuard};
+use crate::sync::{IrqGuard, IrqMutex, IrqMutexGuard};
 
 /// Return addresses kept per record.
 pub const TRACE_MAX_FRAMES: usize = 16;
@@ -266,15 +266,27 @@ impl<P: Platform> TraceTable<P> {
         let mut record = TraceRecord {
             addr: obj.as_ptr() as usize,
             size: owner.obj_size(),
-            cpu: O::Platform::cpu_id() as u32,
-            timestamp: O::Platform::now(),
+            cpu: 0,
+            timestamp: 0,
             context: [0; 32],
             context_len: 0,
             nr_frames: 0,
             frames: [0; TRACE_MAX_FRAMES],
         };
-        record.context_len = O::Platform::context(&mut record.context).min(31) as u8;
-        record.nr_frames = O::Platform::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
+        {
+            // The platform's context and backtrace with interrupts off:
+            // a platform that keeps its context string behind a lock
+            // (the Magpie kernel did, taken with interrupts on) cannot
+            // then be interrupted holding it by a handler whose traced
+            // allocation asks for it too; and the CPU is the one the
+            // context describes.
+            let _irq = IrqGuard::<O::Platform>::new();
+            record.cpu = O::Platform::cpu_id() as u32;
+            record.timestamp = O::Platform::now();
+            record.context_len = O::Platform::context(&mut record.context).min(31) as u8;
+            record.nr_frames =
+                O::Platform::backtrace(&mut record.frames).min(TRACE_MAX_FRAMES) as u8;
+        }
         // SAFETY: a fresh kmem_trace object, sized and aligned for a TraceNode.
         unsafe {
             node.write(TraceNode {

@@ -68,9 +68,9 @@ impl Found {
     }
 
     /// Report everything kept; returns the number of problems found.
-    pub(crate) fn report<P: Platform>(self, owner: &Allocator<P>) -> usize {
+    pub(crate) fn report(self, mut send: impl FnMut(ErrorReport)) -> usize {
         for report in self.reports.into_iter().flatten() {
-            owner.report_error(report);
+            send(report);
         }
         self.nr
     }

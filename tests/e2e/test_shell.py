@@ -748,7 +748,7 @@ class NewcomerWords(unittest.TestCase):
             "kmemtrace record frob", "kmemtrace frob", "kmemtrace start kmalloc-64 x",
             "kmalloc 64 1 1", "kfree 1 2", "help x",
             "kmalloc 64 1", b"\x1b[A", b"kfree all\x03", b"slabinfo\x15kfree all", "kfree",
-            "poweroff"])
+            b"kmemt\tstart kmalloc-409\t", "kmemtrace stop", "poweroff"])
 
     def reply(self, command, nth=0):
         return reply_to(self.out, command, nth)
@@ -795,6 +795,14 @@ class NewcomerWords(unittest.TestCase):
     def test_allocinfo_diff_does_not_count_itself(self):
         reply = self.reply("allocinfo diff")
         self.assertRegex(reply, r"^allocinfo diff - since mark .* ago, 0 sites changed\n", reply)
+
+    def test_tab_completes_commands_and_cache_names(self):
+        chunks = self.out.split(PROMPT)
+        completed = [chunk for chunk in chunks if chunk.startswith("kmemtrace start kmalloc-4096")]
+        self.assertEqual(len(completed), 1, completed)
+        echo, _, reply = completed[0].partition("\n")
+        self.assertEqual(echo, "kmemtrace start kmalloc-4096 ")
+        self.assertEqual(reply, "tracing kmalloc-4096\n")
 
     def test_messages_are_never_cut(self):
         reply = self.reply("allocinfo --sort " + LONG_KEY)

@@ -35,7 +35,10 @@ pub fn irq_save() -> usize {
     let flags: u64;
     // SAFETY: pushfq/pop reads RFLAGS; cli only masks interrupts on this CPU.
     unsafe {
-        core::arch::asm!("pushfq", "pop {}", "cli", out(reg) flags, options(nomem, preserves_flags));
+        // No `nomem`: the `cli` must act as a compiler barrier (a lock
+        // acquire), or the compiler could move the memory accesses of the
+        // section it opens, a lock's acquisition among them, above it.
+        core::arch::asm!("pushfq", "pop {}", "cli", out(reg) flags, options(preserves_flags));
     }
     flags as usize
 }

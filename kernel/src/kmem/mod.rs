@@ -55,6 +55,11 @@ pub fn init(cmdline: &str) {
     // and every corruption it finds (`crate::debug::slab_debug`).
     SLAB.debug().set_config(slab_debug::configure(cmdline));
     SLAB.debug().set_error_hook(Some(slab_debug::report));
+    // Debug builds: a lock class taken both in interrupt context and with
+    // interrupts on is printed (`magpie_slab::lockdep`), not a panic.
+    magpie_slab::lockdep::set_report_hook(Some(|report| {
+        crate::dev::console::write_fmt(format_args!("BUG: lockdep: {report}\n"));
+    }));
     // Profiling off until `sync_alloc_profiling` below says otherwise: the
     // caches are created untagged, so with `mem_profiling=0|never` their
     // free hit is the plain one (switching off after the caches were

@@ -12,7 +12,7 @@
 //! | Ctrl-U (0x15) | removes everything before the cursor |
 //! | Up, Down (`ESC [ A`, `ESC [ B`; `ESC O A/B` too) | the previous / next line of the history ([`HISTORY_LEN`] lines); Down past the newest gives back the line being typed |
 //! | Left, Right (`ESC [ D`, `ESC [ C`), Home, End (`ESC [ H/F`, `ESC [ 1~/4~`), Delete (`ESC [ 3~`) | move the cursor; delete the byte under it |
-//! | tab | kept; a word separator like a space (echoed as a space) |
+//! | tab | completes the word before the cursor when its candidates ([`Completer`]: command names first, cache names after) share more than it holds: the whole name and a space when one matches, else their common prefix; otherwise kept, a word separator like a space (echoed as a space) |
 //! | printable ASCII | inserted at the cursor and echoed |
 //! | any other (other control bytes and escape sequences, non-ASCII / UTF-8) | kept and echoed as `?`; the line is then refused with [`Edit::Invalid`] naming the first such byte and its column |
 //!
@@ -59,10 +59,16 @@ enum Key {
     Delete,
 }
 
+/// Tab completion's candidates: called with the index of the word being
+/// completed (0: the command) and the word so far; hands every candidate
+/// that starts with it to `each`.
+pub type Completer = fn(usize, &str, &mut dyn FnMut(&str));
+
 /// Collects a command line from console bytes: echo, cursor keys, history,
 /// overlong lines, bytes the shell does not take. Feeds on bytes, so it is
 /// testable without a console.
 pub struct LineEditor {
+    completer: Option<Completer>,
     buffer: [u8; MAX_LINE],
     len: usize,
     /// Where the next byte goes, `0..=len`.
@@ -155,6 +161,7 @@ impl LineEditor {
     /// An empty line and an empty history.
     pub const fn new() -> Self {
         Self {
+            completer: None,
             buffer: [0; MAX_LINE],
             len: 0,
             cursor: 0,
@@ -171,6 +178,13 @@ impl LineEditor {
             draft: [0; MAX_LINE],
             draft_len: 0,
         }
+    }
+
+    /// An editor whose Tab completes words with `completer`.
+    pub const fn with_completer(completer: Completer) -> Self {
+        let mut editor = Self::new();
+        editor.completer = Some(completer);
+        editor
     }
 
     /// Takes one byte; `echo` receives what should be echoed to the terminal.
@@ -253,6 +267,7 @@ impl LineEditor {
                 }
                 Edit::Pending
             }
+            b'\t' if self.complete(echo) => Edit::Pending,
             ESC => {
                 self.sequence[0] = ESC;
                 self.escape = Escape::Start;
@@ -275,6 +290,72 @@ impl LineEditor {
                 Edit::Pending
             }
         }
+    }
+
+    /// Tab: completes the word before the cursor if its candidates add
+    /// something to it (see [`Completer`]); returns whether it did (if not,
+    /// the tab is kept as a separator).
+    fn complete(&mut self, echo: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(completer) = self.completer else {
+            return false;
+        };
+        if self.too_long {
+            return false;
+        }
+        let before = &self.buffer[..self.cursor];
+        let start = before
+            .iter()
+            .rposition(|&byte| byte == b' ' || byte == b'\t')
+            .map_or(0, |at| at + 1);
+        let Ok(word) = core::str::from_utf8(&before[start..]) else {
+            return false;
+        };
+        if word.is_empty() || !word.bytes().all(is_line_byte) {
+            return false;
+        }
+        let index = core::str::from_utf8(&before[..start])
+            .map_or(0, |head| head.split_whitespace().count());
+        // The candidates' longest common prefix, and whether there was one
+        // candidate only.
+        let mut common = [0u8; MAX_LINE];
+        let mut common_len = None::<usize>;
+        let mut nr_candidates = 0;
+        completer(index, word, &mut |candidate| {
+            if !candidate.starts_with(word) || candidate.len() > MAX_LINE {
+                return;
+            }
+            nr_candidates += 1;
+            match common_len {
+                None => {
+                    common[..candidate.len()].copy_from_slice(candidate.as_bytes());
+                    common_len = Some(candidate.len());
+                }
+                Some(len) => {
+                    let shared = common[..len]
+                        .iter()
+                        .zip(candidate.as_bytes())
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    common_len = Some(shared);
+                }
+            }
+        });
+        let Some(common_len) = common_len else {
+            return false;
+        };
+        let mut added = common_len - word.len();
+        if nr_candidates == 1 {
+            // The whole name, then a separator.
+            common[common_len] = b' ';
+            added += 1;
+        }
+        if added == 0 || self.len + added > MAX_LINE {
+            return false;
+        }
+        for &byte in &common[word.len()..word.len() + added] {
+            self.insert(byte, echo);
+        }
+        true
     }
 
     /// The key an escape sequence names, if it is one the editor uses.

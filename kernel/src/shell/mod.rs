@@ -1,7 +1,8 @@
 //! The Magpie shell on the serial console.
 //!
 //! One command per line at the `magpie> ` prompt, with echo, a line
-//! history on the arrow keys and Ctrl-C to drop a line ([`line`](mod@line)).
+//! history on the arrow keys, Tab completion of command and cache names
+//! ([`complete`]) and Ctrl-C to drop a line ([`line`](mod@line)).
 //! Every command writes to a `fmt::Write` sink, so tests can run commands
 //! and read their output without a console ([`Shell::execute`]). Errors are
 //! one line starting with `error:`; the shell always returns to its prompt.
@@ -81,7 +82,7 @@ use core::fmt::{self, Write};
 
 pub use self::kmem::Held;
 pub use self::kmemtrace::write_record;
-pub use self::line::{ConsoleWriter, Edit, LineEditor};
+pub use self::line::{Completer, ConsoleWriter, Edit, LineEditor};
 use crate::dev::console;
 use crate::kmem as kernel_kmem;
 
@@ -584,10 +585,22 @@ pub fn parse_number(text: &str) -> Result<'_, usize> {
 // ---------------------------------------------------------------------------
 // The console loop
 
+/// Tab completion's candidates: command names for the first word, cache
+/// names after it.
+pub fn complete(index: usize, word: &str, each: &mut dyn FnMut(&str)) {
+    if index == 0 {
+        for command in COMMANDS {
+            each(command.name);
+        }
+    } else if word.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        kernel_kmem::SLAB.for_each_cache(|cache| each(cache.name()));
+    }
+}
+
 /// Runs the shell on the serial console forever.
 pub fn run() -> ! {
     let mut shell = Shell::new();
-    let mut editor = LineEditor::new();
+    let mut editor = LineEditor::with_completer(complete);
     let mut out = ConsoleWriter;
     let _ = out.write_str(PROMPT);
     let mut last_update = crate::arch::rdtsc();

@@ -9,6 +9,11 @@ use spin::Mutex;
 use crate::arch::{self, MAX_CPUS};
 
 /// What each CPU is doing, for trace records ("shell kmalloc", "boot").
+/// Each lock is taken with interrupts off only: [`write_this_cpu`] runs in
+/// allocations, an interrupt handler's too, and an interrupt handler that
+/// spun on the slot the code it interrupted held would never return (the
+/// issue 29 hang: the LAPIC timer allocating from a traced cache while
+/// the shell's `stress` did too).
 static CONTEXT: [Mutex<&'static str>; MAX_CPUS] = [const { Mutex::new("boot") }; MAX_CPUS];
 
 /// Sets this CPU's context string until the returned guard is dropped.
@@ -33,10 +38,15 @@ impl Drop for ContextGuard {
 }
 
 /// Writes `cpuN CONTEXT` (this CPU's id and context string) into `buf`, cut
-/// at its length; returns the bytes written. Allocates nothing.
+/// at its length; returns the bytes written. Allocates nothing; callable
+/// in any context (the slot's lock is taken with interrupts off).
 pub fn write_this_cpu(buf: &mut [u8; 32]) -> usize {
-    let cpu = arch::cpu_id();
-    let what = *CONTEXT[cpu.min(MAX_CPUS - 1)].lock();
+    let what = {
+        let _irq = arch::IrqGuard::new();
+        let cpu = arch::cpu_id();
+        (cpu, *CONTEXT[cpu.min(MAX_CPUS - 1)].lock())
+    };
+    let (cpu, what) = what;
     let mut writer = ByteWriter { buf, len: 0 };
     let _ = core::fmt::write(&mut writer, format_args!("cpu{cpu} {what}"));
     writer.len

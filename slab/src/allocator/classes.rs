@@ -38,7 +38,7 @@ use core::sync::atomic::Ordering;
 use super::kmalloc::{KMALLOC_SIZES, natural_align};
 use super::{Allocator, NR_KMALLOC, NameBuf};
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{CacheSpec, HotFlags, KmemCache, pack};
+use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::error::AllocError;
 use crate::flags::CacheFlags;
 use crate::layout::geometry::{Geometry, MAX_SLAB_PAGES};
@@ -253,7 +253,7 @@ impl<P: Platform> Allocator<P> {
         // SAFETY: `init` takes `&'static self`: an allocator with a cache
         // (the stub is one) lives forever.
         let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
-        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock()) else {
+        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock::<P>()) else {
             return Err(AllocError::OutOfMemory);
         };
         let cache = self.kmalloc_cache(index);
@@ -262,7 +262,7 @@ impl<P: Platform> Allocator<P> {
         }
         // Creating links the class under the cache-list lock: not if this
         // CPU holds it (that would never return).
-        if spin_try::<P, _>(|| self.caches.try_lock()).is_none() {
+        if spin_try::<P, _>(|| self.caches.try_lock::<P>()).is_none() {
             return Err(AllocError::OutOfMemory);
         }
         let created = this.create_class(index)?;
@@ -273,8 +273,8 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// The first allocation of an unborn class, reached through `stub`
-    /// (`cache/hooks.rs`): create the class, allocate from it. Returns
-    /// the packed result (`cache::pack`).
+    /// (`cache/hooks.rs`, through [`CacheOwner`](crate::cache::CacheOwner)):
+    /// create the class, allocate from it.
     #[cold]
     #[inline(never)]
     pub(crate) fn kmalloc_unborn(
@@ -282,16 +282,16 @@ impl<P: Platform> Allocator<P> {
         stub: &KmemCache<P>,
         tag: impl Fn() -> Option<AllocTagRef>,
         size: usize,
-    ) -> usize {
+    ) -> Result<NonNull<u8>, AllocError> {
         // The stub's object size is the natural alignment it stands for.
         let align = stub.params.obj_size;
-        let result = match Self::kmalloc_index(size, align) {
+        match Self::kmalloc_index(size, align) {
             Some(index) => self.kmalloc_class(index).and_then(|cache| {
-                cache.alloc_with::<Result<NonNull<u8>, AllocError>, usize>(tag, size)
+                // SAFETY: a reference: a live cache.
+                unsafe { KmemCache::alloc_at(cache, tag, size) }
             }),
             None => Err(AllocError::InvalidLayout),
-        };
-        pack(result)
+        }
     }
 }
 

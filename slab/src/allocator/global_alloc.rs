@@ -7,9 +7,9 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
 use super::Allocator;
+use crate::cache::{KmemCache, Located};
 use crate::error::FreeError;
 use crate::platform::Platform;
-use crate::sync::spin_lock_irq;
 
 impl<P: Platform> Allocator<P> {
     /// Called with every error a `GlobalAlloc::dealloc` (or
@@ -17,7 +17,7 @@ impl<P: Platform> Allocator<P> {
     /// panic. The error has already been counted in
     /// [`SlabDebug::nr_bad_frees`](crate::debug::SlabDebug::nr_bad_frees) and nothing was changed.
     pub(crate) fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
-        *spin_lock_irq::<P, _>(&self.free_error_hook) = hook;
+        *self.free_error_hook.lock::<P>() = hook;
     }
 
     /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
@@ -40,10 +40,44 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    /// `GlobalAlloc::alloc` past the cache's hit (a feature on, a miss)
+    /// or with no size class ([`Allocator::kmalloc_pages`]): the one
+    /// place an allocation error becomes a null pointer. Out of line,
+    /// reached by a tail call, so the hit needs no stack frame.
+    #[inline(never)]
+    fn alloc_off_hit(&self, layout: Layout) -> *mut u8 {
+        let (size, align) = (layout.size(), layout.align());
+        let tag = crate::alloc_tag::current::<P>;
+        let result = match self.class_cache(size, align) {
+            // SAFETY: a class's cache, an unborn stub or the unready entry.
+            Some(cache) => unsafe { KmemCache::alloc_off_hit(cache, tag, size) },
+            None => self.kmalloc_pages(size, align, tag),
+        };
+        let Ok(ptr) = result else {
+            return ptr::null_mut();
+        };
+        ptr.as_ptr()
+    }
+
+    /// `GlobalAlloc::dealloc` past the cache's hit (a feature on, a
+    /// miss): a refused free is reported. Out of line, reached by a tail
+    /// call, so the hit needs no stack frame.
+    ///
+    /// # Safety
+    /// `ptr` is object `at.index` of the live slab of `cache` that
+    /// `at.slot` names, given up by the caller; the hit changed nothing.
+    #[inline(never)]
+    unsafe fn dealloc_off_hit(&self, cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located) {
+        // SAFETY: per our caller.
+        if let Err(error) = unsafe { cache.free_off_hit(ptr, at) } {
+            self.report_free_error(error);
+        }
+    }
+
     #[cold]
     pub(crate) fn report_free_error(&self, error: FreeError) {
         self.nr_bad_frees.fetch_add(1, Ordering::Relaxed);
-        let hook = *spin_lock_irq::<P, _>(&self.free_error_hook);
+        let hook = *self.free_error_hook.lock::<P>();
         if let Some(hook) = hook {
             hook(&error);
         }
@@ -56,12 +90,17 @@ impl<P: Platform> Allocator<P> {
 // returned (and refuses anything else without touching it).
 unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
-    /// init: `kmalloc_checked` refuses, no readiness test here). Every way
-    /// out of the hit is a tail call.
+    /// init: `kmalloc_checked` refuses, no readiness test here). The one
+    /// place an allocation error becomes a null pointer.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
-        let tag = crate::alloc_tag::current::<P>;
-        self.kmalloc_checked::<*mut u8>(layout.size(), layout.align(), tag)
+        if let Some(cache) = self.class_cache(layout.size(), layout.align())
+            // SAFETY: a class's cache, an unborn stub or the unready entry.
+            && let Some(obj) = unsafe { KmemCache::alloc_hit(cache) }
+        {
+            return obj.as_ptr();
+        }
+        self.alloc_off_hit(layout)
     }
 
     /// [`GlobalAlloc::alloc`] zeroed; whole pages from a source that
@@ -88,9 +127,12 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
                 // SAFETY: as above; located in `cache`, so on a slab page,
                 // never null (page sources hand out non-null pages).
                 let ptr = unsafe { NonNull::new_unchecked(ptr) };
-                // SAFETY: as above; a refused free is reported (inside, so
-                // every branch is a tail call).
-                unsafe { cache.finish_free::<()>(ptr, at) }
+                // SAFETY: as above.
+                if unsafe { cache.free_hit(ptr) } {
+                    return;
+                }
+                // SAFETY: as above; the hit changed nothing.
+                unsafe { self.dealloc_off_hit(cache, ptr, at) }
             }
             // SAFETY: as above; nothing changed.
             None => unsafe { self.dealloc_slow(ptr) },

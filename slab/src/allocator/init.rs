@@ -45,9 +45,15 @@ impl<P: Platform> Allocator<P> {
     /// (what `init` takes plus [`MIN_FREE_PAGES`](crate::MIN_FREE_PAGES)
     /// pages: `Allocator::init_cost(source)` has the figures, and prints
     /// them); [`AllocError::OutOfMemory`] if the source cannot
-    /// supply the initial pages — everything taken is given back and
-    /// `init` may be retried; [`AllocError::InvalidLayout`] if the
+    /// supply the initial pages; [`AllocError::InvalidLayout`] if the
     /// source's span is empty.
+    ///
+    /// A refused `init` (any error but `AlreadyInitialized`, which changes
+    /// nothing either) leaves the allocator as it was before the call:
+    /// every page taken from `source` is given back, no cache is listed,
+    /// cache ids start again where they were, [`Allocator::is_ready`]
+    /// stays false and allocations keep failing. It may be retried, with
+    /// the same source once it has more memory or with another one.
     pub fn init(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {
         if self
             .state
@@ -61,6 +67,7 @@ impl<P: Platform> Allocator<P> {
         {
             return Err(AllocError::AlreadyInitialized);
         }
+        let first_cache_id = self.next_cache_id.load(Ordering::Relaxed);
         match self.init_inner(source) {
             Ok(()) => {
                 // The small-size alloc hit's table last (Release): an alloc
@@ -74,6 +81,7 @@ impl<P: Platform> Allocator<P> {
                 // SAFETY: state is INITIALIZING and owned by this call; no
                 // cache or object has been handed out.
                 unsafe { self.teardown() };
+                self.next_cache_id.store(first_cache_id, Ordering::Relaxed);
                 self.state.store(STATE_UNINIT, Ordering::Release);
                 Err(error)
             }
@@ -204,7 +212,7 @@ impl<P: Platform> Allocator<P> {
         // caches (their slab structs live in kmem_slab / kmem_bufctl),
         // then bootstrap small-slab caches (headers inside their own pages).
         unsafe {
-            let head = self.caches.lock().head;
+            let head = self.caches.lock::<P>().head;
             let mut cache = head;
             while !cache.is_null() {
                 let next = (*(*cache).links.get()).next;
@@ -240,7 +248,7 @@ impl<P: Platform> Allocator<P> {
                 entry.store(crate::cache::unready::<P>(), Ordering::Relaxed);
             }
             *self.source.get() = &NullSource;
-            let mut list = self.caches.lock();
+            let mut list = self.caches.lock::<P>();
             list.head = ptr::null();
             list.tail = ptr::null();
         }

@@ -1,15 +1,16 @@
 //! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`: the Linux
 //! set and classes between them) and page-granular allocations above
-//! them, `kfree` (its locate, then [`KmemCache::finish_free`] or the
-//! page-granular half), `ksize` and `owns`. A size class's alloc is its
-//! cache's ([`KmemCache::alloc_with`], `cache/alloc.rs`).
+//! them, `kfree` (its locate, then the cache's one free,
+//! `KmemCache::free_located`, or the page-granular half), `ksize` and
+//! `owns`. A size class's alloc is its cache's one alloc
+//! (`KmemCache::alloc_at`, `cache/alloc.rs`).
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use super::Allocator;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{AllocOut, HotFlags, KmemCache, Located, obj_index_with, pack};
+use crate::cache::{HotFlags, KmemCache, Located, obj_index_with};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
@@ -368,20 +369,21 @@ impl<P: Platform> Allocator<P> {
         Ok(new)
     }
 
-    /// [`Self::large_alloc`] out of line, its result in one register.
+    /// Page-granular kmalloc, out of line, recorded by kmemtrace.
     #[inline(never)]
-    pub(crate) fn large_alloc_packed(
+    fn large_alloc_recorded(
         &self,
         size: usize,
         align: usize,
-        tag: Option<AllocTagRef>,
-    ) -> usize {
-        let packed = pack(self.large_alloc(size, align, tag));
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let tag = if self.alloc_profiling() { tag() } else { None };
+        let result = self.large_alloc(size, align, tag);
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(packed, size);
+            self.kmemtrace_large_alloc(result.ok(), size);
         }
-        packed
+        result
     }
 
     #[inline(always)]
@@ -627,59 +629,84 @@ impl<P: Platform> Allocator<P> {
 impl<P: Platform> Allocator<P> {
     /// [`Allocator::kmalloc_tagged`] once the size is known non-zero and
     /// the alignment a power of two (a `Layout`'s): the size class's
-    /// cache, or page-granular; `NotInitialized` before init (no test on
-    /// the small-size hit: its table holds the unready entry until then,
-    /// which `KmemCache::alloc_at` refuses off the hit).
-    /// (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it up.)
+    /// cache's one allocation ([`KmemCache::alloc_at`]), or
+    /// [`Self::kmalloc_pages`] (page-granular; `NotInitialized` before
+    /// init). (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it
+    /// up.)
     #[inline(always)]
-    pub(crate) fn kmalloc_checked<O: AllocOut>(
+    pub(crate) fn kmalloc_checked(
         &self,
         size: usize,
         align: usize,
         tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> O {
+    ) -> Result<NonNull<u8>, AllocError> {
+        match self.class_cache(size, align) {
+            // SAFETY: a class's cache, an unborn stub or the unready entry.
+            Some(cache) => unsafe { KmemCache::alloc_at(cache, tag, size) },
+            None => self.kmalloc_pages(size, align, tag),
+        }
+    }
+
+    /// The cache of the size class serving `size` bytes aligned to
+    /// `align` (a power of two): [`Self::small_class_cache`], else
+    /// (above the by-8 table or aligned above 8) the class by arithmetic
+    /// ([`Self::kmalloc_index_general`]) once the allocator is ready.
+    /// `None`: page-granular, or not ready.
+    #[inline(always)]
+    pub(crate) fn class_cache(&self, size: usize, align: usize) -> Option<*const KmemCache<P>> {
+        if let Some(cache) = self.small_class_cache(size, align) {
+            return Some(cache);
+        }
+        if !self.is_ready() {
+            return None;
+        }
+        let index = Self::kmalloc_index_general(size, align)?;
+        Some(self.kmalloc_cache(index))
+    }
+
+    /// The cache of a request below [`CLASS_TABLE_MAX`] bytes aligned to
+    /// at most 8, by size in one load of the by-8 table; `None` for any
+    /// other request ([`Self::kmalloc_general`]). No readiness or null
+    /// test: before `init` the entry is the unready one, which the cache's
+    /// hit refuses (`cache/alloc.rs`). A live cache, an unborn stub, or
+    /// the unready entry.
+    #[inline(always)]
+    pub(crate) fn small_class_cache(
+        &self,
+        size: usize,
+        align: usize,
+    ) -> Option<*const KmemCache<P>> {
         debug_assert!(align.is_power_of_two());
-        // `kmalloc_index`'s test as two compares (`kmalloc_index`'s one
-        // OR-ed test costs two register copies here, where both `size` and
-        // `align` stay live for the paths off the hit), the size against
-        // the table's constant bound, then the class's cache by size in
-        // one load: no readiness or null test (before init the entry is
-        // the unready one, refused off the hit).
+        // `kmalloc_index`'s test as two compares (its one OR-ed test
+        // costs two register copies here, where both `size` and `align`
+        // stay live for the paths off the hit).
         if size < CLASS_TABLE_MAX && align <= 8 {
             // Acquire (a plain load on x86): a cache published by `init`
             // or a class's birth is seen whole.
             let cache = self.kmalloc_by_8[(size + 7) >> 3].load(Ordering::Acquire);
             debug_assert!(!cache.is_null());
-            // SAFETY: an entry is the unready entry until `init` publishes
-            // the table, then a class's cache or an unborn stub, both
-            // permanent.
-            return unsafe { KmemCache::alloc_at::<O, usize, true>(cache, tag, size) };
+            return Some(cache);
         }
         // Unlikely (so LLVM keeps the two compares as two branches rather
-        // than combining their flags), and a tail call.
+        // than combining their flags).
         core::hint::cold_path();
-        self.kmalloc_general_out::<O>(align, size, tag)
+        None
     }
 
-    /// [`Self::kmalloc_checked`] for sizes above the by-8 table or
-    /// alignments above 8: out of line, so the hit neither copies `size`
-    /// nor `align` for it. Its parameters come in `Layout`'s register
-    /// order (alignment first), so `GlobalAlloc::alloc` reaches it with no
-    /// register moves.
+    /// [`Self::kmalloc_checked`] for a request no size class serves
+    /// ([`Self::class_cache`]): page-granular, or `NotInitialized` before
+    /// init. Out of line, so the hit keeps nothing for it.
     #[inline(never)]
-    fn kmalloc_general_out<O: AllocOut>(
+    pub(super) fn kmalloc_pages(
         &self,
-        align: usize,
         size: usize,
+        align: usize,
         tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> O {
+    ) -> Result<NonNull<u8>, AllocError> {
         if !self.is_ready() {
-            return O::from_raw(crate::cache::not_initialized_out::<O>());
+            return Err(AllocError::NotInitialized);
         }
-        match Self::kmalloc_index_general(size, align) {
-            Some(index) => self.kmalloc_cache(index).alloc_with(tag, size),
-            None => O::from_raw(self.large_alloc_out::<O>(size, align, tag)),
-        }
+        self.large_alloc_recorded(size, align, tag)
     }
 
     /// The error of a bad layout: `NotInitialized` before init (tested
@@ -692,18 +719,6 @@ impl<P: Platform> Allocator<P> {
         } else {
             AllocError::NotInitialized
         }
-    }
-
-    /// Page-granular kmalloc, out of line, in the caller's result type.
-    #[inline(never)]
-    fn large_alloc_out<O: AllocOut>(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> O::Raw {
-        let tag = if self.alloc_profiling() { tag() } else { None };
-        O::raw_from_packed(self.large_alloc_packed(size, align, tag))
     }
 
     /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
@@ -722,7 +737,7 @@ impl<P: Platform> Allocator<P> {
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         match self.kfree_locate(ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
-            Some((cache, at)) => unsafe { cache.finish_free::<Result<(), FreeError>>(ptr, at) },
+            Some((cache, at)) => unsafe { cache.free_located(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
@@ -794,9 +809,9 @@ impl<P: Platform> Allocator<P> {
                 }
                 return Err(cache.refuse(FreeError::Misaligned { addr }));
             };
-            let _ = index;
-            // SAFETY: located in `cache`; our caller gives it up.
-            return unsafe { cache.free_flagged(ptr, slab) };
+            // SAFETY: located in `cache`, object `index` of `slab`; our
+            // caller gives it up.
+            return unsafe { cache.free_hooked(ptr, slab, index) };
         }
         if self.kfence_contains(addr) {
             // KFENCE HOOK: a sampled object is in no slab page.

@@ -6,6 +6,7 @@
 //! switches (`kmemtrace_control.rs`); boxes from kmalloc (`boxes.rs`).
 
 mod boxes;
+mod cache_owner;
 mod classes;
 mod global_alloc;
 mod init;
@@ -20,8 +21,6 @@ use core::ptr::{self};
 use core::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
-
-use spin::Mutex;
 
 use self::classes::NR_UNBORN;
 pub use self::classes::{InitCost, MIN_FREE_PAGES};
@@ -40,7 +39,7 @@ use crate::platform::{NullSource, PAGE_SIZE, PageSource, Platform, same_source};
 use crate::report::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
 use crate::stats::CpuCacheStats;
-use crate::sync::spin_lock_irq;
+use crate::sync::{IrqTryMutex, SpinIrq};
 use crate::trace_table::TraceNode;
 
 const _: () = {
@@ -215,11 +214,11 @@ pub struct Allocator<P: Platform> {
     unborn: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_UNBORN]>>,
     /// Serialises creating a size class on first use; only tried from an
     /// interrupt handler (`classes.rs`).
-    class_lock: Mutex<()>,
+    class_lock: IrqTryMutex<()>,
     /// Most pages in a packed small slab, chosen by `init` from the
     /// primary source's size (`classes.rs`).
     pub(crate) max_slab_pages: UnsafeCell<usize>,
-    pub(crate) caches: Mutex<CacheList<P>>,
+    pub(crate) caches: IrqTryMutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
@@ -231,14 +230,14 @@ pub struct Allocator<P: Platform> {
     pub(crate) nr_tag_array_misses: AtomicU64,
     /// [`SlabDebug::set_free_error_hook`](crate::debug::SlabDebug::set_free_error_hook). This lock, `error_hook`,
     /// `debug_config` and the error ring's are taken with interrupts off
-    /// (`sync::spin_lock_irq`): a handler's bad free reports through them.
-    pub(crate) free_error_hook: Mutex<Option<fn(&FreeError)>>,
+    /// (`sync::SpinIrq`): a handler's bad free reports through them.
+    pub(crate) free_error_hook: SpinIrq<Option<fn(&FreeError)>>,
     /// The latest error reports ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors)).
     pub(crate) errors: ErrorRing,
     /// [`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook).
-    pub(crate) error_hook: spin::Mutex<Option<fn(&ErrorReport)>>,
+    pub(crate) error_hook: SpinIrq<Option<fn(&ErrorReport)>>,
     /// [`SlabDebug::set_config`](crate::debug::SlabDebug::set_config): debug flags for caches by name.
-    pub(crate) debug_config: spin::Mutex<SlabDebugConfig>,
+    pub(crate) debug_config: SpinIrq<SlabDebugConfig>,
     /// Allocation profiling switched on ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
@@ -307,9 +306,9 @@ impl<P: Platform> Allocator<P> {
             kmalloc_by_8: [const { AtomicPtr::new(crate::cache::unready::<P>()) };
                 kmalloc::NR_BY_8],
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
-            class_lock: Mutex::new(()),
+            class_lock: IrqTryMutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
-            caches: Mutex::new(CacheList {
+            caches: IrqTryMutex::new(CacheList {
                 head: ptr::null(),
                 tail: ptr::null(),
             }),
@@ -319,10 +318,10 @@ impl<P: Platform> Allocator<P> {
             nr_bad_frees: AtomicU64::new(0),
             nr_pressure_reaps: AtomicU64::new(0),
             nr_tag_array_misses: AtomicU64::new(0),
-            free_error_hook: Mutex::new(None),
+            free_error_hook: SpinIrq::new(None),
             errors: ErrorRing::new(),
-            error_hook: spin::Mutex::new(None),
-            debug_config: spin::Mutex::new(SlabDebugConfig::NONE),
+            error_hook: SpinIrq::new(None),
+            debug_config: SpinIrq::new(SlabDebugConfig::NONE),
             alloc_profiling: AtomicBool::new(true),
             alloc_tag_hooks: AtomicBool::new(false),
             next_cache_id: AtomicU32::new(1),
@@ -342,7 +341,7 @@ impl<P: Platform> Allocator<P> {
         on: bool,
         apply: impl Fn(&KmemCache<P>, bool),
     ) {
-        let list = self.caches.lock();
+        let list = self.caches.lock::<P>();
         switch.store(on, Ordering::Relaxed);
         let mut cache = list.head;
         while !cache.is_null() {
@@ -421,7 +420,7 @@ impl<P: Platform> Allocator<P> {
     /// `cache` is alive, in no list, and lives until unlinked.
     unsafe fn link_cache(&self, cache: *const KmemCache<P>) {
         // SAFETY: per our caller.
-        unsafe { self.link_cache_locked(&mut self.caches.lock(), cache) };
+        unsafe { self.link_cache_locked(&mut self.caches.lock::<P>(), cache) };
     }
 
     /// [`Allocator::link_cache`] with the cache-list lock held (`list`).
@@ -460,7 +459,7 @@ impl<P: Platform> Allocator<P> {
 
     /// Remove a cache from the list (destroy).
     pub(crate) fn unlink_cache(&self, cache: &KmemCache<P>) {
-        let mut list = self.caches.lock();
+        let mut list = self.caches.lock::<P>();
         // SAFETY: links only under the cache-list lock; neighbours alive.
         unsafe {
             let links = &mut *cache.links.get();
@@ -543,12 +542,11 @@ impl<P: Platform> Allocator<P> {
         // may hold it across a cross-CPU call to this one (`reap_all`),
         // which this CPU cannot answer until the handler returns.
         let mut irq_list = if P::in_interrupt() {
-            Some(self.caches.try_lock().ok_or(AllocError::OutOfMemory)?)
+            Some(self.caches.try_lock::<P>().ok_or(AllocError::OutOfMemory)?)
         } else {
             None
         };
-        let flags = flags
-            | CacheFlags::from_debug(spin_lock_irq::<P, _>(&self.debug_config).flags_for(name));
+        let flags = flags | CacheFlags::from_debug(self.debug_config.lock::<P>().flags_for(name));
         let debug = if flags.contains(CacheFlags::NOTOUCH) {
             None
         } else {
@@ -649,7 +647,7 @@ impl<P: Platform> Allocator<P> {
     /// `for_each_cache`, `reap_all`, `cache_create` or `destroy` (it would
     /// deadlock).
     pub fn for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) {
-        let list = self.caches.lock();
+        let list = self.caches.lock::<P>();
         let mut cache = list.head;
         while !cache.is_null() {
             // SAFETY: listed caches are alive while we hold the list lock;
@@ -668,7 +666,7 @@ impl<P: Platform> Allocator<P> {
     /// callback may make.
     #[cfg(feature = "kfence")]
     pub(crate) fn try_for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) -> bool {
-        let Some(list) = self.caches.try_lock() else {
+        let Some(list) = self.caches.try_lock::<P>() else {
             return false;
         };
         let mut cache = list.head;

@@ -21,7 +21,7 @@ impl<P: Platform> Allocator<P> {
     /// (when their objects are large) free into them. So one call leaves no
     /// empty slab anywhere.
     pub fn reap_all(&self) -> usize {
-        let list = self.caches.lock();
+        let list = self.caches.lock::<P>();
         self.reap_walk(&list, KmemCache::reap)
     }
 
@@ -36,7 +36,7 @@ impl<P: Platform> Allocator<P> {
     /// every few seconds; memory a burst left in magazines comes back
     /// after one idle interval. Call it as [`Allocator::reap_all`].
     pub fn kmem_update(&self) -> usize {
-        let list = self.caches.lock();
+        let list = self.caches.lock::<P>();
         let mut cache = list.head;
         while !cache.is_null() {
             // SAFETY: as in for_each_cache.
@@ -68,7 +68,7 @@ impl<P: Platform> Allocator<P> {
         if !self.is_ready() || P::in_interrupt() {
             return None;
         }
-        let list = self.caches.try_lock()?;
+        let list = self.caches.try_lock::<P>()?;
         self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
         Some(self.reap_walk(&list, KmemCache::reap))
     }

@@ -10,7 +10,7 @@ use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
-use crate::sync::{IrqGuard, spin_lock_irq};
+use crate::sync::IrqGuard;
 
 impl<P: Platform> Allocator<P> {
     /// Keep a report (stamped with now and this CPU) and hand it to the
@@ -27,7 +27,7 @@ impl<P: Platform> Allocator<P> {
             let _irq = IrqGuard::<P>::new();
             self.errors.push(report)
         };
-        let hook = *spin_lock_irq::<P, _>(&self.error_hook);
+        let hook = *self.error_hook.lock::<P>();
         if let Some(hook) = hook {
             hook(&report);
         }
@@ -101,19 +101,19 @@ impl<P: Platform> SlabDebug<'_, P> {
     /// kmalloc caches get it; caches created later get it too (by name).
     /// Caches that exist already keep their flags.
     pub fn set_config(&self, config: SlabDebugConfig) {
-        *spin_lock_irq::<P, _>(&self.heap.debug_config) = config;
+        *self.heap.debug_config.lock::<P>() = config;
     }
 
     /// The debug configuration in force.
     pub fn config(&self) -> SlabDebugConfig {
-        *spin_lock_irq::<P, _>(&self.heap.debug_config)
+        *self.heap.debug_config.lock::<P>()
     }
 
     /// Called with every error report, after it is kept in the error ring,
     /// with no allocator lock held; the kernel prints it (and may panic).
     /// The hook must not allocate from this allocator.
     pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
-        *spin_lock_irq::<P, _>(&self.heap.error_hook) = hook;
+        *self.heap.error_hook.lock::<P>() = hook;
     }
 
     /// Errors reported since the allocator was created (the ring keeps the

@@ -23,11 +23,15 @@
 //! Every function here returns the reports it produced instead of
 //! reporting them, so its callers report with no lock held.
 
+use core::ptr::NonNull;
+
 use super::KmemCache;
 use crate::debug::{
     AuditRecord, DebugFlags, DebugLayout, Mismatch, ObjectState, POISON_FREE, POISON_UNINITIALIZED,
     STATE_ALLOCATED, STATE_FREE,
 };
+use crate::error::FreeError;
+use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
 use crate::report::{ErrorKind, ErrorReport};
 use crate::slab::Slab;
@@ -45,6 +49,54 @@ pub(crate) enum DebugFree {
 }
 
 impl<P: Platform> KmemCache<P> {
+    /// The post-alloc hook of a debug cache: [`Self::debug_on_alloc`],
+    /// its report (if any) sent.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn debug_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) {
+        let Some(layout) = self.debug.as_ref() else {
+            return;
+        };
+        let addr = obj.as_ptr() as usize;
+        let slab = match self.kind {
+            SlabKind::Small => self.small_slab_of(addr) as usize,
+            SlabKind::Bufctl => self.params.page_map.get(addr).slab_unchecked(),
+        };
+        // SAFETY: just taken from our magazines or slab layer: ours until
+        // returned (its stride holds the debug slot).
+        if let Some(report) = unsafe { self.debug_on_alloc(layout, addr, slab, bytes_req) } {
+            self.owner().report_error(report);
+        }
+    }
+
+    /// The free hook of a debug cache: [`Self::debug_on_free`], its
+    /// report (if any) sent; a duplicate free refused.
+    ///
+    /// # Safety
+    /// `addr` is an object start of this cache in `slab` (null for a
+    /// bufctl cache off the primary source), given up by the caller.
+    pub(super) unsafe fn debug_free_hook(
+        &self,
+        addr: usize,
+        slab: *mut Slab,
+    ) -> Result<(), FreeError> {
+        let Some(layout) = self.debug.as_ref() else {
+            return Ok(());
+        };
+        // SAFETY: per our caller.
+        match unsafe { self.debug_on_free(layout, addr, slab as usize) } {
+            DebugFree::Clean => Ok(()),
+            DebugFree::Repaired(report) => {
+                self.owner().report_error(report);
+                Ok(())
+            }
+            DebugFree::Duplicate(report) => {
+                self.owner().report_error(report);
+                Err(FreeError::DoubleFree { addr })
+            }
+        }
+    }
+
     /// The slot (object and trailer) of the object at `addr`.
     ///
     /// # Safety

@@ -21,7 +21,7 @@
 //! x86_64), so no pointer a caller stores can equal it.
 //!
 //! **Caches whose objects keep their own first word** are *keyless*
-//! ([`HotFlags::KEYLESS`], in both slow masks, so their allocs and frees
+//! ([`HotFlags::KEYLESS`](super::HotFlags::KEYLESS), in both slow masks, so their allocs and frees
 //! leave the keyed hits, whose instruction count is unchanged): a
 //! constructor's or destructor's object state, a debug cache (poison and
 //! the state word, which already refuses every double free), `NOTOUCH`
@@ -66,7 +66,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{CacheSpec, HotFlags, KmemCache};
+use super::{CacheSpec, KmemCache};
 use crate::flags::CacheFlags;
 use crate::layout::freelist::freelist_secret;
 use crate::platform::Platform;
@@ -223,12 +223,6 @@ pub(crate) unsafe fn clear_key(obj: NonNull<u8>) {
 }
 
 impl<P: Platform> KmemCache<P> {
-    /// Whether this cache keys its objects.
-    #[inline]
-    pub(crate) fn is_keyed(&self) -> bool {
-        !self.hot().contains(HotFlags::KEYLESS)
-    }
-
     /// Whether freeing `obj` now would free it twice: for a keyed cache
     /// whose object holds the key, confirmed by a search of every
     /// magazine and the depot and by its slab (see the module docs);

@@ -1,14 +1,33 @@
-//! The free entry point ([`KmemCache::free`]; `kfree` and
-//! `GlobalAlloc::dealloc` locate in `allocator/kmalloc.rs` and join at
-//! [`KmemCache::finish_free`]), locating a freed pointer (the owner check
-//! and the object index), the magazine hit, and the one slow function
-//! (`magazine_free_slow`: the double-free checks of the miss, then the
-//! magazine miss, a new magazine, or the slab layer). Frees with a
-//! bookkeeping flag take [`hooks`](super::hooks).
+//! The one free, top to bottom (Akaros `kmem_cache_free`, SLUB
+//! `slab_free`): [`KmemCache::free`], `kfree` and `GlobalAlloc::dealloc`
+//! locate the pointer (the owner check and the object index: one
+//! page-map slot, one multiply) and come through
+//! [`KmemCache::free_located`]:
+//!
+//! 1. the hit ([`KmemCache::free_hit`]): one test of the hot flags
+//!    (`HotFlags::FREE_SLOW`: no feature on for this cache), then the
+//!    magazine hit ([`KmemCache::magazine_free_hit`]: the free key tested
+//!    and written, push on this CPU's `loaded`);
+//! 2. else ([`KmemCache::free_off_hit`]), if any feature is on for this
+//!    cache: [`KmemCache::free_hooked`], out of line: the free hook
+//!    (`cache/hooks.rs`: bootstrap refusal, bufctl state, debug checks,
+//!    trace record, tag uncharged), the same magazine hit and miss, the
+//!    kmemtrace event;
+//! 3. else the one slow function for the miss ([`KmemCache::free_slow`]:
+//!    the double-free confirmation, `prev`, the depot, a new magazine,
+//!    the slab layer).
+//!
+//! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
+//! function of its own that calls `free_off_hit` and reports a refused
+//! free: every way out of its hit is then a tail call.
+//!
+//! A pointer the page map does not vouch for (another page source, a
+//! KFENCE sample, a bad pointer) takes [`KmemCache::free_unlocated`],
+//! which finds it or says why not.
 
 use core::ptr::{self, NonNull};
 
-use super::{FreeOut, HotFlags, KmemCache, Located, double_free};
+use super::{HotFlags, KmemCache, double_free};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::{PageEntry, PageSlot};
@@ -16,6 +35,30 @@ use crate::magazine::{MAG_FREE_RETRIES, Magazine};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
 use crate::sync::IrqGuard;
+
+/// Where the page map put a freed pointer: its object index and its
+/// page-map slot (the slab struct is read from the slot only off the
+/// hit: [`Located::slab`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Located {
+    /// The object's index in its slab.
+    pub(crate) index: usize,
+    /// The page-map slot of the object's page.
+    pub(crate) slot: *const PageSlot,
+}
+
+impl Located {
+    /// The slab struct of the located object (its slot's entry, one load).
+    ///
+    /// # Safety
+    /// `self` came from a free's owner check of a busy object (its slab
+    /// and slot stay while the caller frees it).
+    #[inline(always)]
+    pub(crate) unsafe fn slab(self) -> *mut Slab {
+        // SAFETY: per our caller, a slot of the page map, alive.
+        unsafe { (*self.slot).slab() as *mut Slab }
+    }
+}
 
 impl<P: Platform> KmemCache<P> {
     /// Free an object back to this cache.
@@ -45,9 +88,9 @@ impl<P: Platform> KmemCache<P> {
     pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         match self.free_locate(obj) {
             // SAFETY: per our caller; located in this cache.
-            Some(at) => unsafe { self.finish_free::<Result<(), FreeError>>(obj, at) },
+            Some(at) => unsafe { self.free_located(obj, at) },
             // SAFETY: per our caller; nothing changed.
-            None => unsafe { self.free_slow(obj) },
+            None => unsafe { self.free_unlocated(obj) },
         }
     }
 
@@ -74,279 +117,139 @@ impl<P: Platform> KmemCache<P> {
             .map(|index| Located { index, slot })
     }
 
-    /// Finish a free whose owner check passed — for all three callers
-    /// (`KmemCache::free`, `Allocator::kfree`, `GlobalAlloc::dealloc`).
-    /// Plain: the magazine hit. Any `FREE_SLOW` flag (profiling's `TAGGED`
-    /// included): one test of the flags (in memory with profiling compiled
-    /// in), so a cache with profiling compiled in but off pays nothing
-    /// more than a plain one. Then, with profiling compiled in, the
-    /// profiled free (the whole word equal to
-    /// [`HotFlags::PROFILED_USUAL`], whose only free bit is `TAGGED`)
-    /// inline, behind a `cold_path` weight that keeps it off the plain
-    /// hit's layout: the tag reference at the index the owner check
-    /// computed, cleared and uncharged, then the magazine hit.
-    /// Without profiling compiled in, recording (`KMEMTRACE` the only
-    /// flag) is told apart here instead and goes straight to
-    /// [`Self::free_recorded_hit`]. Anything else: a tail call to
-    /// [`Self::free_off_hit`]. The result type `O`
-    /// is the caller's ([`FreeOut`]: a `Result`, or `()` for the
-    /// `GlobalAlloc` edge, where a refused free goes to the free-error
-    /// report), so every way out of the hit is a tail call.
+    /// The free, once the owner check passed (`KmemCache::free`,
+    /// `Allocator::kfree`): [`Self::free_hit`], else
+    /// [`Self::free_off_hit`].
     ///
     /// # Safety
     /// `obj` is object `at.index` of the live slab of this cache that
     /// `at.slot` names; if it is allocated, the caller gives it up.
     #[inline(always)]
-    pub(crate) unsafe fn finish_free<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        // With profiling compiled in (the kernel), the flags tested in
-        // memory (one `test` and a branch), read again off the hit, as in
-        // the alloc. Without, loaded once: the recorded free's dispatch
-        // uses the loaded word, which LLVM turns into conditional tail
-        // calls (the `asm!` test's branch cannot be one) with fewer
-        // register moves around the paths off the hit.
-        #[cfg(feature = "alloc-profiling")]
-        let slow = self.hot_any::<{ HotFlags::FREE_SLOW.bits() }>();
-        #[cfg(not(feature = "alloc-profiling"))]
-        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
-        #[cfg(not(feature = "alloc-profiling"))]
-        let slow = !hot.is_empty();
-        if slow {
-            #[cfg(not(feature = "alloc-profiling"))]
-            if hot == HotFlags::KMEMTRACE {
-                // Off the hit (else LLVM tests this first, on the plain
-                // hit too).
-                core::hint::cold_path();
-                // SAFETY: per our caller.
-                return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
-            }
-            // The usual profiled word (whose only free bit is `TAGGED`),
-            // compared whole in memory; any other word with `TAGGED` alone
-            // of the free bits (profiling switched off, slabs with the
-            // header outside the page) is told apart in `free_off_hit`.
-            #[cfg(feature = "alloc-profiling")]
-            if self.hot_is::<{ HotFlags::PROFILED_USUAL.bits() }>() {
-                core::hint::cold_path();
-                // SAFETY: per our caller; `TAGGED` is only set for caches
-                // with small slabs and tag arrays. The object is given up.
-                // (A double free the magazines refuse finds the reference
-                // cleared: nothing is uncharged twice.)
-                unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
-                // SAFETY: per our caller.
-                if unsafe { self.magazine_free_hit(obj) } {
-                    return O::ok();
-                }
-                // SAFETY: per our caller; the hit changed nothing.
-                return unsafe { self.magazine_free_miss_out::<O>(obj) };
-            }
-            // SAFETY: per our caller.
-            return unsafe { O::off_hit(self, obj, at) };
-        }
-        // SAFETY: per our caller.
-        if unsafe { self.magazine_free_hit(obj) } {
-            return O::ok();
-        }
-        // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.magazine_free_miss_out::<O>(obj) }
-    }
-
-    /// A free with some `FREE_SLOW` flag (`hot`, read by the caller) other
-    /// than the profiled one ([`Self::finish_free`] takes that inline):
-    /// recorded ([`Self::free_recorded_hit`], `KMEMTRACE` the only flag),
-    /// else [`Self::free_flagged`]. Out of line, reached by a tail call, so
-    /// the plain hit stays a leaf.
-    ///
-    /// Two entry points with one body, their parameters ordered so that
-    /// no register moves on the hit: the owner check's index stays where
-    /// its multiply left it (`rdx`, the third integer argument), and
-    /// `GlobalAlloc::dealloc`'s pointer where it came (first, when LLVM
-    /// drops the constant `&self` of a `#[global_allocator]`'s `dealloc`).
-    /// This one has no result (`GlobalAlloc::dealloc`); `Result`'s has a
-    /// hidden result pointer first ([`FreeOut::off_hit`] picks).
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`].
-    #[inline(never)]
-    pub(crate) unsafe fn free_off_hit<O: FreeOut>(
-        obj: NonNull<u8>,
-        cache: &Self,
-        index: usize,
-        slot: *const PageSlot,
-    ) -> O {
-        // SAFETY: per our caller.
-        unsafe { cache.free_off_hit_body(obj, Located { index, slot }) }
-    }
-
-    /// [`Self::free_off_hit`] for a result returned through memory.
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`].
-    #[inline(never)]
-    pub(crate) unsafe fn free_off_hit_sret<O: FreeOut>(
+    pub(crate) unsafe fn free_located(
         &self,
-        index: usize,
         obj: NonNull<u8>,
-        slot: *const PageSlot,
-    ) -> O {
+        at: Located,
+    ) -> Result<(), FreeError> {
         // SAFETY: per our caller.
-        unsafe { self.free_off_hit_body(obj, Located { index, slot }) }
-    }
-
-    /// The body of [`Self::free_off_hit`].
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`].
-    #[inline(always)]
-    pub(super) unsafe fn free_off_hit_body<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        // The flags read again (the hit tested them in memory).
-        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
-        if hot == HotFlags::KMEMTRACE {
-            // SAFETY: per our caller (a tail call, the arguments in the
-            // order they came).
-            return unsafe { Self::free_recorded_hit::<O>(obj, self, at) };
-        }
-        #[cfg(feature = "alloc-profiling")]
-        if hot == HotFlags::TAGGED {
-            // SAFETY: per our caller; `TAGGED` is only set for caches with
-            // small slabs and tag arrays. As the inline profiled free in
-            // `finish_free`, for the other words whose only free bit is
-            // `TAGGED`.
-            unsafe { self.untag_small_object::<true>(obj, at.slab(), at.index) };
-            // SAFETY: per our caller.
-            if unsafe { self.magazine_free_hit(obj) } {
-                return O::ok();
-            }
-            // SAFETY: per our caller; the hit changed nothing.
-            return unsafe { self.magazine_free_miss_out::<O>(obj) };
-        }
-        // SAFETY: per our caller (a tail call: no frame on the way to the
-        // recorded hit).
-        unsafe { self.free_flagged_result::<O>(obj, at) }
-    }
-
-    /// A recorded free (kmemtrace on, no other slow flag, so the cache is
-    /// keyed): the magazine hit with its event written inside the hit's
-    /// section (the CPU read once, no second guard, nothing on this CPU
-    /// reuses the object before its free is recorded), else the recorded
-    /// slow path ([`Self::free_flagged`], which records the outcome).
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`].
-    /// Its own function, reached by a tail call (or, for a `Result`
-    /// returned through memory, by the caller's call), and a leaf on the hit
-    /// (the miss is a tail call of [`Self::free_flagged_result`]): no
-    /// register saved, no stack frame.
-    #[inline(never)]
-    unsafe fn free_recorded_hit<O: FreeOut>(obj: NonNull<u8>, cache: &Self, at: Located) -> O {
-        let record = || {
-            // SAFETY: inside the hit's section: this CPU's ring is ours.
-            unsafe { cache.owner().kmemtrace_free_on(P::cpu_offset(), cache, obj) };
-        };
-        // SAFETY: per our caller (keyed: see above).
-        let pushed = unsafe { cache.magazine_free_hit_then::<true>(obj, record) };
-        if pushed {
-            return O::ok();
+        if unsafe { self.free_hit(obj) } {
+            return Ok(());
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { cache.free_flagged_result::<O>(obj, at) }
+        unsafe { self.free_off_hit(obj, at) }
     }
 
-    /// [`Self::free_flagged`] in the caller's result type, out of line.
+    /// The hit: one test of the hot flags (no feature on for this cache),
+    /// then the magazine hit (the free key tested and written). False
+    /// (nothing changed) otherwise.
     ///
     /// # Safety
-    /// As for [`Self::finish_free`].
-    #[inline(never)]
-    unsafe fn free_flagged_result<O: FreeOut>(&self, obj: NonNull<u8>, at: Located) -> O {
-        // SAFETY: per our caller.
-        O::from_result(self, unsafe { self.free_flagged(obj, at.slab()) })
+    /// As for [`Self::free_located`].
+    #[inline(always)]
+    pub(crate) unsafe fn free_hit(&self, obj: NonNull<u8>) -> bool {
+        // SAFETY: per our caller; a cache without slow flags is keyed.
+        !crate::sync::flags_any::<{ HotFlags::FREE_SLOW.bits() }>(&self.hot_flags)
+            && unsafe { self.magazine_free_hit(obj, true) }
     }
 
-    /// [`Self::magazine_free_slow`] in the caller's result type.
+    /// The free past a failed [`Self::free_hit`]: with a feature on,
+    /// [`Self::free_hooked`]; else the miss, [`Self::free_slow`]. Both out
+    /// of line, each reached by a tail call.
     ///
     /// # Safety
-    /// As for [`Self::magazine_free`].
-    #[cold]
-    #[inline(never)]
-    pub(super) unsafe fn magazine_free_miss_out<O: FreeOut>(&self, obj: NonNull<u8>) -> O {
+    /// As for [`Self::free_located`].
+    #[inline(always)]
+    pub(crate) unsafe fn free_off_hit(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+    ) -> Result<(), FreeError> {
+        if crate::sync::flags_any::<{ HotFlags::FREE_SLOW.bits() }>(&self.hot_flags) {
+            // SAFETY: per our caller.
+            return unsafe { self.free_hooked(obj, at.slab(), at.index) };
+        }
         // SAFETY: per our caller.
-        O::from_result(self, unsafe { self.magazine_free_slow(obj) })
+        unsafe { self.free_slow(obj) }
     }
 
-    /// The hit (keyed or not, as the cache is), else the out-of-line miss
-    /// (which refuses every double free the key finds, and that of the
-    /// object on top of `loaded` or `prev`).
+    /// A free with some feature on for this cache (any bit of
+    /// `FREE_SLOW`): the free hook, then the same hit and miss as
+    /// [`Self::free_located`]'s, then the kmemtrace event. With kmemtrace
+    /// recording, the free and its event run with interrupts off, so that
+    /// nothing on this CPU reuses the object before its free is recorded.
+    /// Out of line, reached by a tail call, so the plain hit stays a leaf.
+    ///
+    /// # Safety
+    /// `obj` is an object start in `slab`, a live slab of this cache
+    /// (null for a bufctl cache off the primary source: the hash
+    /// decides), at `index` (small slabs); if it is allocated, the caller
+    /// gives it up.
+    #[inline(never)]
+    pub(crate) unsafe fn free_hooked(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+    ) -> Result<(), FreeError> {
+        let hot = self.hot();
+        let irq = if hot.contains(HotFlags::KMEMTRACE) {
+            // SAFETY: per our caller.
+            unsafe { self.kmemtrace_free_guard(obj, hot) }
+        } else {
+            None
+        };
+        // SAFETY: per our caller.
+        let result = unsafe { self.free_hook(obj, slab, index, hot) }.and_then(|()| {
+            // SAFETY: per our caller; checked by the hook.
+            unsafe { self.magazine_free(obj, hot) }
+        });
+        if hot.contains(HotFlags::KMEMTRACE) {
+            self.kmemtrace_free_hook(obj, result.is_ok());
+        }
+        drop(irq);
+        result
+    }
+
+    /// The hit (keyed or not, as the cache is), else the miss
+    /// ([`Self::free_slow`], which refuses every double free the key
+    /// finds, and that of the object on top of `loaded` or `prev`).
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
     /// gives up (validated by the caller).
     #[inline(always)]
-    pub(crate) unsafe fn magazine_free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+    unsafe fn magazine_free(&self, obj: NonNull<u8>, hot: HotFlags) -> Result<(), FreeError> {
+        let keyless = hot.contains(HotFlags::KEYLESS);
+        // Keyless, marked elsewhere (`double_free.rs`): the miss tests and
+        // sets the mark.
         // SAFETY: per our caller; keyed as the cache says.
-        let hit = unsafe {
-            if self.is_keyed() {
-                self.magazine_free_hit_as::<true>(obj)
-            } else if self.key_place.marks() {
-                // Keyless, marked elsewhere (`double_free.rs`): the miss
-                // tests and sets the mark.
-                false
-            } else {
-                self.magazine_free_hit_as::<false>(obj)
-            }
-        };
-        if hit {
+        if !(keyless && self.key_place.marks()) && unsafe { self.magazine_free_hit(obj, !keyless) }
+        {
             return Ok(());
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.magazine_free_slow(obj) }
-    }
-
-    /// The magazine hit of a free of a keyed cache (every cache on the
-    /// plain and profiled hits): [`Self::magazine_free_hit_as`].
-    ///
-    /// # Safety
-    /// As for [`Self::magazine_free_hit_as`], the cache keyed.
-    #[inline(always)]
-    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>) -> bool {
-        // SAFETY: per our caller.
-        unsafe { self.magazine_free_hit_as::<true>(obj) }
+        unsafe { self.free_slow(obj) }
     }
 
     /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
     /// False (nothing changed but the key's test) if `loaded` is full or
-    /// absent, or if `obj` holds the free key (`KEYED`) or is on top of
-    /// `loaded` (keyless).
+    /// absent, if this CPU's per-CPU cache is held by the code an
+    /// interrupt handler interrupted, or if `obj` holds the free key
+    /// (`keyed`) or is on top of `loaded` (keyless: Linux's naive check).
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
-    /// gives up if this returns true; `KEYED` only if the cache is keyed.
+    /// gives up if this returns true; `keyed` only if the cache is keyed.
     #[inline(always)]
-    pub(crate) unsafe fn magazine_free_hit_as<const KEYED: bool>(&self, obj: NonNull<u8>) -> bool {
-        if KEYED && crate::restart::enabled::<P>() {
-            debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
-            // SAFETY: as in `magazine_alloc_hit`; per our caller, obj is a
-            // busy object of this keyed cache, given up if pushed.
+    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>, keyed: bool) -> bool {
+        if keyed && crate::restart::enabled::<P>() {
+            // SAFETY: this CPU's per-CPU cache, PCPU_OFFSET bytes after
+            // the cache; the platform's hits are restartable; per our
+            // caller, obj is a busy object of this keyed cache, given up
+            // if pushed.
             return unsafe {
-                crate::magazine::PcpuCache::restartable_push::<Self>(
-                    (self as *const Self).cast(),
-                    P::cpu_offset(),
-                    obj,
-                )
+                crate::restart::free_hit::<Self>((self as *const Self).cast(), P::cpu_offset(), obj)
             };
         }
-        // SAFETY: per our caller.
-        unsafe { self.magazine_free_hit_then::<KEYED>(obj, || {}) }
-    }
-
-    /// [`Self::magazine_free_hit_as`], running `then` inside the hit's
-    /// section once `obj` is pushed (the recorded free's event).
-    ///
-    /// # Safety
-    /// As for [`Self::magazine_free_hit_as`].
-    #[inline(always)]
-    unsafe fn magazine_free_hit_then<const KEYED: bool>(
-        &self,
-        obj: NonNull<u8>,
-        then: impl FnOnce(),
-    ) -> bool {
         let Some(mut pcpu) = self.pcpu_lock() else {
             return false;
         };
@@ -358,7 +261,7 @@ impl<P: Platform> KmemCache<P> {
             return false;
         }
         crate::sync::interrupt_point::<P>();
-        if KEYED {
+        if keyed {
             // The free key ([`super::double_free`]): an object holding it
             // was freed already (the miss confirms and refuses); else it
             // gets it. Load, compare, store.
@@ -384,18 +287,19 @@ impl<P: Platform> KmemCache<P> {
         unsafe { *top = obj.as_ptr() };
         // SAFETY: at most `limit`, the end of its slots.
         pcc.top = unsafe { top.add(1) };
-        then();
         true
     }
 
-    /// `loaded` is full (or absent): swap, trade with the depot, make a
-    /// new magazine, or free to the slab layer.
+    /// The one slow function of the free: `loaded` is full (or absent, or
+    /// the object looked freed already): confirm or refuse a double free,
+    /// then swap, trade with the depot, make a new magazine, or free to
+    /// the slab layer.
     ///
     /// # Safety
     /// As for [`Self::magazine_free`].
     #[cold]
     #[inline(never)]
-    pub(crate) unsafe fn magazine_free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+    pub(crate) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         // SAFETY: per our caller, obj is an object start of a live slab of
         // ours.
         if unsafe { self.is_double_free(obj) } {
@@ -450,40 +354,47 @@ impl<P: Platform> KmemCache<P> {
         self.pcpu_lock_here(&irq).is_none()
     }
 
-    /// [`KmemCache::free`] past the fast path: locate with error reports,
-    /// then finish.
+    /// [`KmemCache::free`] of a pointer the page map does not vouch for:
+    /// a KFENCE sample, a cache on another page source, or a bad pointer
+    /// (refused and reported). Every flag's free, plain ones included.
     ///
     /// # Safety
     /// As for [`KmemCache::free`].
     #[cold]
     #[inline(never)]
-    pub(super) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
+    pub(super) unsafe fn free_unlocated(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
         let addr = obj.as_ptr() as usize;
-        // KFENCE HOOK: a sampled object is in no slab page (and off the
+        // KFENCE: a sampled object is in no slab page (and off the
         // primary source a bufctl cache's hash would not know it).
-        if let Some(result) = self.owner().kfence_free(addr, Some(self)) {
+        if let Some(result) = self.owner().kfence_free(addr, self) {
             if self.hot().contains(HotFlags::KMEMTRACE) {
-                self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
+                self.kmemtrace_free_hook(obj, result.is_ok());
             }
             return result;
         }
         let slab = match self.locate(addr) {
             Ok(slab) => slab,
             Err(error) => {
-                // KMEMTRACE HOOK: kmem_cache_free of a pointer not ours.
+                // kmemtrace: kmem_cache_free of a pointer not ours.
                 if self.hot().contains(HotFlags::KMEMTRACE) {
-                    self.owner().kmemtrace_free(Some(self), obj, false);
+                    self.kmemtrace_free_hook(obj, false);
                 }
                 return Err(self.refuse(error));
             }
         };
         // Off the primary source (the fast path locates every other
         // pointer it accepts): a small slab by its header, or null for a
-        // bufctl cache, where the hash decides. Every flag's free with
-        // it, plain ones included.
+        // bufctl cache, where the hash decides.
+        let index = if slab.is_null() {
+            0
+        } else {
+            // SAFETY: `locate` checked the slab is ours and addr an
+            // object start in it.
+            unsafe { self.object_index(slab, addr) }.unwrap_or(0)
+        };
         // SAFETY: per our caller; `locate` checked the slab is ours (or
         // left it to the hash) and addr an object start.
-        unsafe { self.free_flagged(obj, slab) }
+        unsafe { self.free_hooked(obj, slab, index) }
     }
 
     /// Whether `obj`, an object of ours, is back in its slab (small slabs:

@@ -1,275 +1,229 @@
-//! The flagged paths: what happens on alloc and on free when a cache is
-//! debugged (`DEBUG`), traced (the trace table), profiled with bufctl
-//! slabs (`BUFCTL_TAGGED`), recorded (kmemtrace) or a bootstrap cache
-//! (refused). The hits send every such cache here with one `hot_flags`
-//! test (see [`HotFlags::ALLOC_SLOW`], [`HotFlags::FREE_SLOW`]). As in
-//! Linux `mm/slub.c`, everything debug-related sits behind three hooks,
-//! each called from one place:
+//! The feature hooks, each called from one place of the one alloc
+//! (`cache/alloc.rs`, `alloc_hooked`) or the one free (`cache/free.rs`,
+//! `free_hooked`), and dispatching to the feature's own function (as in
+//! Linux `mm/slub.c`: `slab_pre_alloc_hook`, `slab_post_alloc_hook`,
+//! `slab_free_hook`). A cache reaches them only with a feature on (one
+//! `hot_flags` test on the hit: [`HotFlags::ALLOC_SLOW`],
+//! [`HotFlags::FREE_SLOW`]).
 //!
 //! ```text
-//!  alloc_flagged ─► alloc_recorded (KMEMTRACE: the event after the alloc)
-//!        └─► alloc_cold: pre_alloc_hook ─► magazines ─► post_alloc_hook
-//!  free_flagged ──► free_recorded (KMEMTRACE: the event after the free)
-//!        └─► free_flagged_with: free_hook ─► magazines
+//!  alloc_hooked ─► UNBORN: alloc_unborn (not ready; a class born now)
+//!       ├─► pre_alloc_hook   bootstrap refusal, KFENCE sample
+//!       ├─► the hit, or the miss
+//!       ├─► post_alloc_hook  free key, debug (debug.rs), profiling
+//!       │                    (profiling.rs), trace table (trace_table.rs)
+//!       └─► kmemtrace_alloc_hook  the event (ok or failed)
+//!  free_hooked  ─► kmemtrace_free_guard (interrupts off for the event)
+//!       ├─► free_hook        bootstrap refusal, bufctl state, debug,
+//!       │                    trace record, tag uncharged
+//!       ├─► the hit, or the miss
+//!       └─► kmemtrace_free_hook  the event (ok or refused)
 //! ```
+//!
+//! What a hook needs from the allocator (KFENCE's pool, the kmemtrace
+//! rings, the error reports, the unborn classes) it asks the cache's
+//! owner for ([`CacheOwner`](super::CacheOwner)).
 
 use core::ptr::NonNull;
 
-use super::debug::DebugFree;
-use super::{AllocOut, HotFlags, KmemCache, pack};
+use super::alloc::is_unready;
+use super::{HotFlags, KmemCache, double_free};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
+use crate::kmemtrace::{EventFields, EventKind, EventType, head_word};
 use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
 use crate::slab::Slab;
 use crate::sync::IrqGuard;
 
 impl<P: Platform> KmemCache<P> {
-    /// With some flag other than those the plain hit ignores: profiling
-    /// on a bufctl cache, or bookkeeping (audit, tracing, bootstrap,
-    /// kmemtrace). `tag` is called only if `PROFILING` is set. The size
-    /// comes second, where the kmalloc hit keeps it: no register copy on
-    /// the hit for this tail call.
+    /// The allocation of an entry with no cache behind it yet: the
+    /// unready entry (before `init`: [`AllocError::NotInitialized`]) or
+    /// an unborn size class's stub (its first allocation creates the
+    /// class and allocates from it: `allocator/classes.rs`).
+    ///
+    /// # Safety
+    /// `this` is a live cache with `UNBORN` set, or the unready entry.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_flagged<O: AllocOut>(
-        &self,
-        bytes_req: usize,
-        hot: HotFlags,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> O::Raw {
-        O::raw_from_packed(self.alloc_flagged_packed(hot, tag, bytes_req))
-    }
-
-    /// [`Self::alloc_flagged`], its result packed.
-    pub(super) fn alloc_flagged_packed(
-        &self,
-        hot: HotFlags,
-        tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> usize {
-        if hot.contains(HotFlags::UNBORN) {
-            // A size class's first kmalloc on a small source: create it.
-            return self.owner().kmalloc_unborn(self, tag, bytes_req);
-        }
-        if hot.contains(HotFlags::KMEMTRACE) {
-            // KMEMTRACE HOOK: kmalloc, kmem_cache_alloc, GlobalAlloc (ok or failed).
-            return self.alloc_recorded(hot - HotFlags::KMEMTRACE, tag, bytes_req);
-        }
-        let mut hot = hot;
-        if hot.contains(HotFlags::SAMPLE) {
-            // KFENCE HOOK: a sample is armed; served from the guarded pool
-            // (this cache's bit cleared either way).
-            if let Some(obj) = self.owner().kfence_alloc(self, bytes_req, &tag) {
-                return pack(Ok(obj));
-            }
-            hot -= HotFlags::SAMPLE;
-        }
-        let tag = if hot.contains(HotFlags::PROFILING) {
-            tag()
-        } else {
-            None
-        };
-        pack(self.alloc_cold(hot, tag, bytes_req))
-    }
-
-    /// An allocation kmemtrace records: the alloc as without the bit, then
-    /// the event (alloc or failed alloc).
-    #[inline(never)]
-    pub(super) fn alloc_recorded(
-        &self,
-        hot: HotFlags,
-        tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> usize {
-        let packed = if !hot.intersects(HotFlags::ALLOC_SLOW) {
-            match self.magazine_alloc_hit() {
-                Some(obj) => {
-                    // SAFETY: just popped; no slow bit: the cache is keyed.
-                    unsafe { super::double_free::clear_key(obj) };
-                    pack(Ok(obj))
-                }
-                None => self.alloc_slow_packed(None),
-            }
-        } else {
-            self.alloc_flagged_packed(hot, tag, bytes_req)
-        };
-        self.owner().kmemtrace_alloc(self, packed, bytes_req);
-        packed
-    }
-
-    /// Alloc with bookkeeping (Linux `slab_alloc_node` with its hooks):
-    /// [`Self::pre_alloc_hook`], the magazines (hit or miss), then
-    /// [`Self::post_alloc_hook`]. `bytes_req`: what a kmalloc caller asked
-    /// for (0: the whole object), where a `REDZONE` cache starts the
-    /// redzone.
-    pub(super) fn alloc_cold(
-        &self,
-        hot: HotFlags,
-        tag: Option<AllocTagRef>,
+    pub(super) unsafe fn alloc_unborn(
+        this: *const Self,
+        tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        self.pre_alloc_hook(hot)?;
-        let obj = self.magazine_alloc_or_miss()?;
-        // SAFETY: just taken from our magazines or slab layer.
-        unsafe { self.key_allocated(obj) };
-        self.post_alloc_hook(obj, hot, tag, bytes_req);
-        Ok(obj)
-    }
-
-    /// Before an alloc with bookkeeping (Linux `slab_pre_alloc_hook`):
-    /// callers may not allocate from a bootstrap cache.
-    #[inline(always)]
-    fn pre_alloc_hook(&self, hot: HotFlags) -> Result<(), AllocError> {
-        if hot.contains(HotFlags::BOOTSTRAP) {
-            return Err(AllocError::InvalidLayout);
+        if is_unready(this) {
+            return Err(AllocError::NotInitialized);
         }
-        Ok(())
+        // SAFETY: per our caller, not the unready entry: a live stub.
+        let stub = unsafe { &*this };
+        stub.owner().kmalloc_unborn(stub, tag, bytes_req)
     }
 
-    /// After an alloc with bookkeeping (Linux `slab_post_alloc_hook`): the
-    /// debug checks and trailer (debug caches), the tag charged and its
-    /// token stored (profiling: bufctl caches, and small ones whose hit
-    /// missed), the trace record (traced caches).
+    /// Before the hit (Linux `slab_pre_alloc_hook`): callers may not
+    /// allocate from a bootstrap cache; an armed KFENCE sample may serve
+    /// the allocation from the guarded pool (the cache's bit cleared
+    /// either way). `Some`: the allocation is served (or refused) here.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn pre_alloc_hook(
+        &self,
+        hot: HotFlags,
+        tag: &dyn Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Option<Result<NonNull<u8>, AllocError>> {
+        if hot.contains(HotFlags::BOOTSTRAP) {
+            return Some(Err(AllocError::InvalidLayout));
+        }
+        if hot.contains(HotFlags::SAMPLE) {
+            return self.owner().kfence_alloc(self, bytes_req, tag).map(Ok);
+        }
+        None
+    }
+
+    /// After the hit or the miss (Linux `slab_post_alloc_hook`): the free
+    /// key cleared (or a keyless cache's mark), the debug checks and
+    /// trailer, the tag charged and stored (profiling), the trace record.
+    /// `tag` is asked only with profiling on.
     #[inline(always)]
-    fn post_alloc_hook(
+    pub(super) fn post_alloc_hook(
         &self,
         obj: NonNull<u8>,
         hot: HotFlags,
-        tag: Option<AllocTagRef>,
+        tag: &impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) {
+        if !hot.intersects(HotFlags::POST_ALLOC) {
+            // Only kmemtrace (or a sample's bit): a keyed cache, nothing
+            // more to do here.
+            // SAFETY: just taken from our magazines or slab layer.
+            unsafe { double_free::clear_key(obj) };
+            return;
+        }
+        if hot.contains(HotFlags::KEYLESS) {
+            // SAFETY: just taken from our magazines or slab layer.
+            unsafe { self.key_allocated(obj) };
+        } else {
+            // SAFETY: as above; a keyed cache.
+            unsafe { double_free::clear_key(obj) };
+        }
+        if hot.contains(HotFlags::DEBUG) {
+            self.debug_alloc_hook(obj, bytes_req);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if hot.contains(HotFlags::PROFILING)
+            && let Some(tag) = tag()
+        {
+            self.profiling_alloc_hook(obj, hot, tag);
+        }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
-        let addr = obj.as_ptr() as usize;
-        if let Some(layout) = self.debug.as_ref() {
-            let slab = match self.kind {
-                SlabKind::Small => self.small_slab_of(addr) as usize,
-                SlabKind::Bufctl => self.params.page_map.get(addr).slab_unchecked(),
-            };
-            // SAFETY: just taken from our magazines or slab layer: ours
-            // until returned (its stride holds the debug slot).
-            if let Some(report) = unsafe { self.debug_on_alloc(layout, addr, slab, bytes_req) } {
-                self.owner().report_error(report);
-            }
-        }
-        // Charged, and the charge token stored: in the bufctl, or in the
-        // small slab's side array (not charged if there is none and none
-        // can be allocated).
-        #[cfg(feature = "alloc-profiling")]
-        if let Some(tag) = tag {
-            if self.kind == SlabKind::Bufctl {
-                // SAFETY: `tag` is a charge token (see alloc_profiled).
-                unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
-                self.bufctl_mark_allocated(addr, tag);
-            } else {
-                self.tag_small_object(obj, tag, hot);
-            }
-        }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let _ = (tag, addr);
         if hot.contains(HotFlags::TRACED) {
             self.trace_alloc(obj);
         }
     }
 
-    /// A bufctl object leaves for a caller charged to a tag: state
-    /// `Allocated` and the charge `token` stored.
-    #[cfg(feature = "alloc-profiling")]
-    pub(super) fn bufctl_mark_allocated(&self, addr: usize, token: AllocTagRef) {
-        if !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
-            // Before the store: whoever frees the object sees the flag.
-            self.set_hot(HotFlags::BUFCTL_TAGGED);
-        }
-        let busy = self.slab.lock().mark_allocated(addr, Some(token));
-        debug_assert!(busy);
-    }
-
-    /// Free with bookkeeping (a `FREE_SLOW` flag other than the profiled
-    /// case): the checks that can refuse, tracing, uncharging, then the
-    /// magazines.
-    ///
-    /// # Safety
-    /// As for [`Self::finish_free`] (`slab` may be null for a bufctl cache
-    /// off the primary source: the hash decides).
-    #[inline(never)]
-    pub(crate) unsafe fn free_flagged(
-        &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-    ) -> Result<(), FreeError> {
-        let hot = self.hot().intersection(HotFlags::FREE_SLOW);
-        if hot.contains(HotFlags::KMEMTRACE) {
-            // KMEMTRACE HOOK: kfree, kmem_cache_free, GlobalAlloc::dealloc
-            // (ok or refused).
-            // SAFETY: per our caller.
-            return unsafe { self.free_recorded(obj, slab, hot - HotFlags::KMEMTRACE) };
-        }
-        // SAFETY: per our caller.
-        unsafe { self.free_flagged_with(obj, slab, hot) }
-    }
-
-    /// [`Self::free_flagged`] with the flags read.
-    ///
-    /// # Safety
-    /// As for [`Self::free_flagged`].
+    /// kmemtrace: the allocation's event (an alloc, or a failed alloc),
+    /// into this CPU's ring of the owner's recorder (handed down at
+    /// creation: [`KmemCache::recorder`]). A `kmem_cache_alloc` when
+    /// `bytes_req` is 0, else a kmalloc of `bytes_req` bytes.
     #[inline(always)]
-    pub(super) unsafe fn free_flagged_with(
+    pub(super) fn kmemtrace_alloc_hook(
         &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-        hot: HotFlags,
-    ) -> Result<(), FreeError> {
-        self.free_hook(obj, slab, hot)?;
-        // SAFETY: validated above; the caller gives the object up.
-        unsafe { self.magazine_free(obj) }
+        result: Result<NonNull<u8>, AllocError>,
+        bytes_req: usize,
+    ) {
+        const CACHE_TO_KMALLOC: u64 =
+            head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+        let kind = if result.is_ok() {
+            EventKind::Alloc
+        } else {
+            EventKind::FailedAlloc
+        };
+        let head = EventFields::head(kind, EventType::Cache, self.id);
+        let (head, bytes_req) = if bytes_req == 0 {
+            (head, self.params.obj_size)
+        } else {
+            (head ^ CACHE_TO_KMALLOC, bytes_req)
+        };
+        self.recorder().record::<P>(EventFields {
+            head,
+            ptr: result.map_or(0, |obj| obj.as_ptr() as usize),
+            bytes_req,
+            bytes_alloc: self.params.obj_size,
+        });
     }
 
-    /// A free kmemtrace records: the free as without the bit, then the
-    /// event (free or bad free), with interrupts off throughout so that
-    /// nothing on this CPU reuses the object before its free is recorded.
+    /// Before a free goes to the magazines (Linux `slab_free_hook`): the
+    /// checks that can refuse (each refusal reported: bootstrap caches, a
+    /// bufctl object not busy, a debug cache's state word), the debug
+    /// trailer, then the trace record removed and the tag uncharged (only
+    /// once every check passed: a refused free changes nothing).
     ///
     /// # Safety
-    /// As for [`Self::free_flagged`].
-    #[inline(never)]
-    pub(super) unsafe fn free_recorded(
+    /// As for [`Self::free_hooked`].
+    #[inline(always)]
+    pub(super) unsafe fn free_hook(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
+        index: usize,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        // An object holding the free key is confirmed by a search of every
-        // CPU's magazines, which needs interrupts on (cross-CPU calls):
-        // then the free runs with them on (a double free, refused; or, if
-        // the owner wrote the key, a free recorded a moment late).
-        // SAFETY: per our caller, an object start of ours; keyed objects
-        // hold a word.
-        let suspect = self.is_keyed()
-            && unsafe { super::double_free::holds_key(obj, super::double_free::free_key()) };
-        let irq = (!suspect).then(IrqGuard::<P>::new);
-        // SAFETY: per our caller.
-        let result = unsafe { self.free_flagged_with(obj, slab, hot) };
-        self.owner().kmemtrace_free(Some(self), obj, result.is_ok());
-        drop(irq);
-        result
+        if !hot.intersects(HotFlags::FREE_HOOK) && !slab.is_null() {
+            // Only kmemtrace: nothing to check or undo here.
+            return Ok(());
+        }
+        let addr = obj.as_ptr() as usize;
+        if hot.intersects(HotFlags::BOOTSTRAP | HotFlags::DEBUG | HotFlags::BUFCTL_TAGGED)
+            || (self.kind == SlabKind::Bufctl && slab.is_null())
+        {
+            #[cfg_attr(
+                not(feature = "alloc-profiling"),
+                allow(unused_variables, reason = "the bufctl's tag")
+            )]
+            // SAFETY: per our caller.
+            let bufctl_tag = unsafe { self.free_checks(obj, slab, hot) }?;
+            #[cfg(feature = "alloc-profiling")]
+            if let Some(token) = bufctl_tag {
+                // SAFETY: the bufctl's token, stored at the alloc and taken
+                // (cleared) by the checks: uncharged once.
+                unsafe {
+                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
+                };
+            }
+        }
+        if hot.contains(HotFlags::EVER_TRACED) {
+            self.trace_free(addr);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if hot.contains(HotFlags::TAGGED) && self.kind == SlabKind::Small {
+            // SAFETY: per our caller, object `index` of the live small
+            // slab `slab`, given up.
+            unsafe { self.profiling_free_hook(obj, slab, index, hot) };
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = index;
+        Ok(())
     }
 
-    /// Before a free with bookkeeping goes to the magazines (Linux
-    /// `slab_free_hook`): the checks that can refuse (each refusal
-    /// reported: bootstrap caches, a bufctl object not busy, a debug
-    /// cache's state word), the debug trailer, then the trace record
-    /// removed and the tag uncharged.
-    pub(super) fn free_hook(
+    /// The checks of [`Self::free_hook`] that can refuse: bootstrap
+    /// caches, a bufctl object that is not busy, a debug cache's state
+    /// word. Returns the bufctl's tag (profiling), taken.
+    ///
+    /// # Safety
+    /// As for [`Self::free_hooked`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_checks(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
         hot: HotFlags,
-    ) -> Result<(), FreeError> {
+    ) -> Result<Option<AllocTagRef>, FreeError> {
         let addr = obj.as_ptr() as usize;
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Err(self.refuse(FreeError::NotAllocated { addr }));
         }
-        #[cfg(feature = "alloc-profiling")]
         let mut bufctl_tag = None;
         if self.kind == SlabKind::Bufctl
             && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
@@ -286,51 +240,61 @@ impl<P: Platform> KmemCache<P> {
                     FreeError::DoubleFree { addr }
                 }));
             };
-            #[cfg(feature = "alloc-profiling")]
-            {
-                bufctl_tag = tag;
-            }
-            #[cfg(not(feature = "alloc-profiling"))]
-            let _ = tag;
+            bufctl_tag = tag;
         }
-        if let Some(layout) = self.debug.as_ref() {
+        if hot.contains(HotFlags::DEBUG) {
             // SAFETY: an object start of ours (the owner check, or the
             // hash above off the primary source), given up by the caller.
-            match unsafe { self.debug_on_free(layout, addr, slab as usize) } {
-                DebugFree::Clean => {}
-                DebugFree::Repaired(report) => self.owner().report_error(report),
-                DebugFree::Duplicate(report) => {
-                    self.owner().report_error(report);
-                    return Err(FreeError::DoubleFree { addr });
-                }
-            }
+            unsafe { self.debug_free_hook(addr, slab) }?;
         }
-        if hot.contains(HotFlags::EVER_TRACED) {
-            self.trace_free(addr);
-        }
-        // Uncharge only once every check above has passed: a refused free
-        // changes nothing. No lock is held here.
-        #[cfg(feature = "alloc-profiling")]
-        if self.kind == SlabKind::Bufctl {
-            if let Some(token) = bufctl_tag {
-                // SAFETY: the bufctl's token, stored by alloc_cold from
-                // the charge of this object and taken (cleared) by
-                // mark_cached above: uncharged once.
-                unsafe {
-                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
-                };
-            }
-        } else if hot.contains(HotFlags::TAGGED) {
-            // SAFETY: `slab` is the located, alive small slab of addr.
-            let (index, _) = self.obj_index(addr - unsafe { (*slab).base });
-            // SAFETY: a located small-slab object of ours, given up.
-            unsafe { self.untag_small_object::<false>(obj, slab, index) };
-        }
-        Ok(())
+        Ok(bufctl_tag)
     }
-}
 
-impl<P: Platform> KmemCache<P> {
+    /// kmemtrace: whether the free and its event run with interrupts
+    /// off (`Some`: the guard). Not for an object holding the free key:
+    /// its free's double-free confirmation searches every CPU's
+    /// magazines, which needs interrupts on (then the free is a double
+    /// free, refused; or, if the owner wrote the key, a free recorded a
+    /// moment late).
+    ///
+    /// # Safety
+    /// `obj` is an object start of this cache.
+    #[inline(always)]
+    pub(super) unsafe fn kmemtrace_free_guard(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+    ) -> Option<IrqGuard<P>> {
+        // SAFETY: per our caller; keyed objects hold a word.
+        let suspect = !hot.contains(HotFlags::KEYLESS)
+            && unsafe { double_free::holds_key(obj, double_free::free_key()) };
+        (!suspect).then(IrqGuard::<P>::new)
+    }
+
+    /// kmemtrace: the free's event (a free, or a refused one), as
+    /// [`Self::kmemtrace_alloc_hook`]. Frees to kmalloc caches are
+    /// `kfree`s (the cache's free head says which).
+    #[inline(always)]
+    pub(super) fn kmemtrace_free_hook(&self, obj: NonNull<u8>, ok: bool) {
+        let kind = if ok {
+            EventKind::Free
+        } else {
+            EventKind::BadFree
+        };
+        let type_id = if self.permanent {
+            EventType::Kmalloc
+        } else {
+            EventType::Cache
+        };
+        let head = EventFields::head(kind, type_id, self.id);
+        self.recorder().record::<P>(EventFields {
+            head,
+            ptr: obj.as_ptr() as usize,
+            bytes_req: 0,
+            bytes_alloc: self.params.obj_size,
+        });
+    }
+
     /// Report a free this cache refuses, and hand the error back.
     #[cold]
     #[inline(never)]

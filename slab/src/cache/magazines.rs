@@ -5,8 +5,8 @@
 
 use core::ptr::{self, NonNull};
 
-use super::KmemCache;
 use super::free::top_round;
+use super::{KmemCache, OwnerCache};
 use crate::error::AllocError;
 use crate::magazine::{
     Depot, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner, PcpuSynced, Stale, no_magazine,
@@ -129,7 +129,10 @@ impl<P: Platform> KmemCache<P> {
     /// `kmem_magazine_<rounds>` bootstrap cache.
     pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
         let magtype = self.depot.magtype();
-        let mem = self.owner().magazine_cache(magtype).slab_alloc_raw()?;
+        let mem = self
+            .owner()
+            .cache(OwnerCache::Magazine(magtype))
+            .slab_alloc_raw()?;
         // SAFETY: a fresh object of the magazine type's cache:
         // magazine_bytes(capacity) bytes, 8-aligned, ours.
         Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
@@ -212,7 +215,7 @@ impl<P: Platform> KmemCache<P> {
                 .position(|&rounds| rounds == capacity)
                 .expect("a magazine's capacity is a magazine type's");
             self.owner()
-                .magazine_cache(magtype)
+                .cache(OwnerCache::Magazine(magtype))
                 .slab_free_raw(mag.cast());
         }
     }

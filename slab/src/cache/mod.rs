@@ -6,32 +6,55 @@
 //!
 //!
 //! ```text
-//!  KmemCache::alloc / alloc_tagged          Allocator::kmalloc / kmalloc_tagged
-//!            │                               GlobalAlloc::alloc, Allocator::allocate
-//!            │                                        │ kmalloc_checked: size class
-//!            ▼                                        ▼ (page-granular: allocator/kmalloc.rs)
-//!  alloc_with ── plain ──► magazine_alloc_hit ──miss──► alloc_slow ► magazine_alloc_miss
-//!       │                   (in-use flag, pop)                        (prev, depot, slab)
-//!       ├─ profiling on ─► alloc_profiled: magazine_alloc_hit + charge_small_object
-//!       ├─ recording on ─► alloc_recorded_hit: the magazine pop + its kmemtrace event
-//!       └─ other flags ──► alloc_flagged ► alloc_cold (bootstrap, debug, trace, bufctl tag)
+//!  KmemCache::alloc / alloc_tagged   Allocator::kmalloc, GlobalAlloc::alloc
+//!            │                        │ kmalloc_checked: the size class's cache
+//!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
+//!  alloc_at ─ flags? ─yes─► alloc_hooked: pre_alloc_hook, hit or miss,
+//!     │                      post_alloc_hook, kmemtrace_alloc_hook (hooks.rs)
+//!     └─ no ─► magazine_alloc_hit ──miss──► alloc_slow (prev, depot, slab)
 //!
-//!  KmemCache::free          Allocator::kfree           GlobalAlloc::dealloc
-//!       │ free_locate            │ kfree_locate             │ kfree_locate
-//!       │ (page map: owner       │ (page map: the slab      │
-//!       │  is self, object       │  names the cache,        │
-//!       │  start, index)         │  object start, index)    │
-//!       └──────────────┬─────────┴──────────────────────────┘
-//!                      ▼
-//!                finish_free ── plain ──► magazine_free_hit ──miss──► magazine_free_slow
-//!                      │                  (in-use flag, push)          (prev, depot, new
-//!                      ├─ TAGGED only (inline): untag (index known) + magazine_free_hit
-//!                      └─ any flag ──► free_off_hit      (one mask test)  magazine, slab)
-//!                           ├─ KMEMTRACE only: free_recorded_hit (push + event)
-//!                           └─ else: free_flagged ► free_hook (debug, trace, bufctl tag)
-//!  (anything the page map does not vouch for: free_slow / kfree_slow,
-//!   with the error reports; page-granular kfree: allocator/kmalloc.rs)
+//!  KmemCache::free   Allocator::kfree   GlobalAlloc::dealloc
+//!     free_locate      locate_allocated    locate_allocated   (one page-map
+//!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
+//!                                     ▼
+//!  free_located ─ flags? ─yes─► free_hooked: free_hook, hit or miss,
+//!     │                          kmemtrace_free_hook (hooks.rs)
+//!     └─ no ─► magazine_free_hit ──miss──► free_slow (double-free
+//!                                           confirmation, prev, depot,
+//!                                           new magazine, slab)
+//!  (anything the page map does not vouch for: free_unlocated /
+//!   kfree_slow, with the error reports; page-granular kfree:
+//!   allocator/kmalloc.rs)
 //! ```
+//!
+//! Source calls on a plain hit (all inlined): `KmemCache::alloc` ►
+//! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit`
+//! (`cache/alloc.rs`) ► `pcpu_lock` (`cache/magazines.rs`) ►
+//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
+//! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
+//! `clear_key` (`cache/double_free.rs`): 8 deep, 5 files. A free:
+//! `KmemCache::free` ► `free_located` ► `free_hit` ►
+//! `magazine_free_hit` (`cache/free.rs`) and the same per-CPU chain, the
+//! free key's `holds_key`/`write_key`: 8 deep, 5 files;
+//! `GlobalAlloc::dealloc` ► `locate_allocated`
+//! (`allocator/kmalloc.rs`), then `free_hit` as above. A debug cache's
+//! free: `cache/free.rs` (`free_hooked`) ► `cache/hooks.rs`
+//! (`free_hook`, `free_checks`) ► `cache/debug.rs` ► the trailer
+//! (`debug/`).
+//!
+//! **What the one path costs** (callgrind, instructions per operation
+//! with the bench's harness, `bench/profile.sh`; before: fa3c33a, with a
+//! copy of the hit per feature and the code-generation shaping; after:
+//! this shape): plain rows equal or lower (`GlobalAlloc` pair 64 → 62,
+//! `kmem_cache` pair 63 → 60, mixed 50.1 → 49.1, align-4k 66.1 → 63.3,
+//! batch 37.5 → 36.6; `realloc-same` 61 → 62, +2.4 % net); the kernel's
+//! pair with profiling off 51 → 52 (`tests/kernel_hit.rs`). The feature
+//! rows pay for going through the hooks instead of a copy of the hit
+//! made for them: kmemtrace on, `GlobalAlloc` pair 140 → 248; profiling
+//! on, 96 → 205; a `slab_debug=F` pair 378 → 421. The hooked path is an
+//! ordinary out-of-line function (its registers saved, every feature's
+//! flag tested, the result returned as a `Result`), where each old copy
+//! was a leaf specialised for one feature.
 //!
 //! **The hits** take no lock and no atomic read-modify-write: this CPU's
 //! per-CPU cache at `pcpu_array() + Platform::cpu_offset()`, its in-use flag
@@ -65,10 +88,10 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | `cache/alloc.rs` | the alloc entry points, the hit, its one slow function (the magazine miss) |
-//! | `cache/free.rs` | the free entry point, locating a pointer (owner check, object index), `finish_free`, the hit, its one slow function |
-//! | `cache/hooks.rs` | what happens on alloc and on free when a cache is debugged, traced, profiled (bufctl), recorded (kmemtrace) or a bootstrap cache: the flagged paths, each hook called from one place |
-//! | `cache/codegen.rs` | what exists only to steer code generation: packed results, the `AllocOut`/`FreeOut` return traits, `Located`'s field order |
+//! | `cache/alloc.rs` | the one alloc, top to bottom: the flag test, the hooked path, the hit, its one slow function |
+//! | `cache/free.rs` | the one free, top to bottom: locating a pointer (owner check, object index), the flag test, the hooked path, the hit, its one slow function |
+//! | `cache/hooks.rs` | the feature hooks (pre-alloc, post-alloc, free, kmemtrace's events), each called from one place and dispatching to the feature's file |
+//! | `cache/owner.rs` | [`CacheOwner`]: what the cache needs from the allocator, handed down |
 //! | `cache/magazines.rs` | this CPU's per-CPU cache, cross-CPU calls, the one miss loop of both directions (`magazine_miss`), new magazines, draining |
 //! | `cache/slab_layer.rs` | the calls into the slab layer |
 //! | `cache/reap.rs`, `cache/stats.rs` | giving memory back; statistics |
@@ -81,7 +104,6 @@
 
 mod alloc;
 mod boxes;
-mod codegen;
 mod debug;
 mod double_free;
 mod free;
@@ -89,6 +111,7 @@ mod hooks;
 #[cfg(feature = "leak-scan")]
 mod leak_scan;
 mod magazines;
+mod owner;
 #[cfg(feature = "alloc-profiling")]
 mod profiling;
 mod reap;
@@ -102,17 +125,16 @@ use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-pub(crate) use alloc::{not_initialized_out, unready};
-pub(crate) use codegen::{AllocOut, FreeOut, Located, pack, unpack};
+pub(crate) use alloc::unready;
 pub(crate) use double_free::{boot_free_key, key_after};
-pub(crate) use free::obj_index_with;
+pub(crate) use free::{Located, obj_index_with};
+pub(crate) use owner::{CacheOwner, OwnerCache};
 
-use crate::allocator::Allocator;
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;
 use crate::error::DestroyError;
 use crate::flags::CacheFlags;
-use crate::kmemtrace::{EventFields, EventKind, EventType};
+use crate::kmemtrace::KmemtraceState;
 use crate::layout::freelist::freelist_secret;
 use crate::layout::geometry::{Geometry, SlabKind};
 use crate::layout::pagemap::PageMap;
@@ -181,6 +203,20 @@ bitflags::bitflags! {
 }
 
 impl HotFlags {
+    /// The bits the post-alloc hook looks at beyond the free key
+    /// (`cache/hooks.rs`).
+    pub(crate) const POST_ALLOC: HotFlags = HotFlags::KEYLESS
+        .union(HotFlags::DEBUG)
+        .union(HotFlags::PROFILING)
+        .union(HotFlags::TRACED);
+    /// The bits the free hook looks at (`cache/hooks.rs`).
+    pub(crate) const FREE_HOOK: HotFlags = HotFlags::BOOTSTRAP
+        .union(HotFlags::DEBUG)
+        .union(HotFlags::BUFCTL_TAGGED)
+        .union(HotFlags::EVER_TRACED)
+        .union(HotFlags::TAGGED);
+    /// The bits the pre-alloc hook looks at (`cache/hooks.rs`).
+    pub(crate) const PRE_ALLOC: HotFlags = HotFlags::BOOTSTRAP.union(HotFlags::SAMPLE);
     /// The bits that send an allocation off the plain hit.
     pub(crate) const ALLOC_SLOW: HotFlags = HotFlags::TRACED
         .union(HotFlags::KMEMTRACE)
@@ -191,15 +227,6 @@ impl HotFlags {
         .union(HotFlags::KEYLESS)
         .union(HotFlags::SAMPLE)
         .union(HotFlags::TAG_HOOKS);
-    /// The usual word of a profiled small-object cache with nothing else
-    /// on (`PROFILING` and the `TAGGED` that comes with it) and one-page
-    /// slabs with their headers in the page: the profiled alloc's one
-    /// compare, and its side array found by a mask (any other profiled
-    /// word is found out of line, and tests where the header is).
-    #[cfg(feature = "alloc-profiling")]
-    pub(crate) const PROFILED_USUAL: HotFlags = HotFlags::PROFILING
-        .union(HotFlags::TAGGED)
-        .union(HotFlags::TAGS_IN_PAGE);
     /// The bits that send a free off the plain hit.
     pub(crate) const FREE_SLOW: HotFlags = HotFlags::EVER_TRACED
         .union(HotFlags::KMEMTRACE)
@@ -269,7 +296,8 @@ pub struct KmemCache<P: Platform> {
     pub(crate) params: SlabParams,
     pub(crate) align: usize,
     pub(crate) flags: CacheFlags,
-    pub(crate) owner: *const Allocator<P>,
+    /// The allocator that made the cache ([`CacheOwner`]).
+    pub(crate) owner: *const dyn CacheOwner<P>,
     // Written by any CPU on slow paths: from here on, away from the fields
     // above (`Depot` is cache-line aligned).
     pub(crate) depot: Depot<P>,
@@ -279,17 +307,18 @@ pub struct KmemCache<P: Platform> {
     pub(crate) nr_allocs_direct: AtomicU64,
     pub(crate) nr_frees_direct: AtomicU64,
     pub(crate) trace: TraceTable<P>,
-    pub(crate) name: [u8; 32],
-    pub(crate) name_len: usize,
+    /// The name's bytes (at most 31) and their count, in one 32-byte
+    /// field's room.
+    pub(crate) name: [u8; 31],
+    pub(crate) name_len: u8,
     /// kmemtrace cache id (1, 2, ... in creation order).
     pub(crate) id: u32,
     /// Where a freed object's mark is kept (`double_free.rs`; beside
     /// `id`, in what was its padding).
     pub(crate) key_place: double_free::KeyPlace,
-    /// The first word of this cache's free event (kind, type, id:
-    /// `kmemtrace::EventFields::head`), so that the recorded hits write it
-    /// with one load and one store (the alloc's: its low bytes replaced).
-    pub(crate) kmemtrace_free_head: u64,
+    /// The owner's kmemtrace recorder ([`CacheOwner::kmemtrace_recorder`],
+    /// alive as long as the owner): the kmemtrace hooks write into it.
+    recorder: *const KmemtraceState,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
@@ -302,6 +331,10 @@ pub struct KmemCache<P: Platform> {
 /// [`KmemCache::PCPU_OFFSET`] bytes after the cache.
 impl<P: Platform> crate::restart::ArrayAt for KmemCache<P> {
     const AT: usize = Self::PCPU_OFFSET;
+    const TOP: usize = PcpuCache::TOP_AT;
+    const LIMIT: usize = PcpuCache::LIMIT_AT;
+    const NR_ALLOCS: usize = PcpuCache::NR_ALLOCS_AT;
+    const FREE_KEY: usize = PcpuCache::FREE_KEY_AT;
 }
 
 // SAFETY: shared state is behind spin locks or atomics; the per-CPU array is
@@ -347,13 +380,13 @@ impl<P: Platform> KmemCache<P> {
     /// Build a cache value (not yet linked anywhere).
     pub(crate) fn construct(
         spec: CacheSpec<'_>,
-        owner: *const Allocator<P>,
+        owner: *const dyn CacheOwner<P>,
         page_map: PageMap,
         nr_cpus: usize,
     ) -> Self {
         // The unready entry (`alloc.rs`) is read as this word only.
         const { assert!(core::mem::offset_of!(Self, hot_flags) == 0) };
-        let mut name = [0u8; 32];
+        let mut name = [0u8; 31];
         let mut name_len = spec.name.len().min(31);
         while !spec.name.is_char_boundary(name_len) {
             name_len -= 1;
@@ -373,7 +406,7 @@ impl<P: Platform> KmemCache<P> {
         if !double_free::keyed(&spec) {
             hot |= HotFlags::KEYLESS;
         }
-        double_free::init_free_key(P::now() ^ (owner as u64).rotate_left(17));
+        double_free::init_free_key(P::now() ^ (owner.cast::<()>() as u64).rotate_left(17));
         let slab_key = double_free::slab_key(&spec);
         #[cfg(feature = "alloc-profiling")]
         let tag_header_in_page = geometry.kind == SlabKind::Small
@@ -416,7 +449,7 @@ impl<P: Platform> KmemCache<P> {
                     P::now()
                         ^ (spec.name.as_ptr() as u64).rotate_left(29)
                         ^ ((geometry.stride as u64) << 40)
-                        ^ (owner as u64).rotate_left(7),
+                        ^ (owner.cast::<()>() as u64).rotate_left(7),
                 ),
                 kind: geometry.kind,
                 on_primary: spec.on_primary,
@@ -433,17 +466,11 @@ impl<P: Platform> KmemCache<P> {
             nr_frees_direct: AtomicU64::new(0),
             trace: TraceTable::new(),
             name,
-            name_len,
+            name_len: name_len as u8,
             id: spec.id,
-            kmemtrace_free_head: EventFields::head(
-                EventKind::Free,
-                if spec.permanent {
-                    EventType::Kmalloc
-                } else {
-                    EventType::Cache
-                },
-                spec.id,
-            ),
+            // SAFETY: the owner is alive (it is creating this cache) and
+            // outlives it.
+            recorder: unsafe { (*owner).kmemtrace_recorder() },
             links: UnsafeCell::new(CacheLinks {
                 prev: ptr::null(),
                 next: ptr::null(),
@@ -457,15 +484,23 @@ impl<P: Platform> KmemCache<P> {
 
     /// The allocator this cache belongs to.
     #[inline]
-    pub(crate) fn owner(&self) -> &Allocator<P> {
-        // SAFETY: caches are created by an `Allocator` living in a
-        // `'static` (init takes `&'static self`), never moved.
+    pub(crate) fn owner(&self) -> &dyn CacheOwner<P> {
+        // SAFETY: caches are created by an owner living in a `'static`
+        // (init takes `&'static self`), never moved.
         unsafe { &*self.owner }
+    }
+
+    /// The owner's kmemtrace recorder.
+    #[inline(always)]
+    pub(crate) fn recorder(&self) -> &KmemtraceState {
+        // SAFETY: handed down by the owner at creation; the owner lives
+        // in a `'static` and outlives its caches.
+        unsafe { &*self.recorder }
     }
 
     /// Cache name (at most 31 bytes), e.g. `"kmalloc-64"`.
     pub fn name(&self) -> &str {
-        core::str::from_utf8(&self.name[..self.name_len]).unwrap_or("?")
+        core::str::from_utf8(&self.name[..usize::from(self.name_len)]).unwrap_or("?")
     }
 
     /// The cache's id in kmemtrace events and dumps (1, 2, ... in creation
@@ -517,24 +552,6 @@ impl<P: Platform> KmemCache<P> {
     #[inline(always)]
     pub(crate) fn hot(&self) -> HotFlags {
         HotFlags::from_bits_retain(self.hot_flags.load(Ordering::Relaxed))
-    }
-
-    /// Whether any bit of `MASK` is set in the hot flags (the hits' test:
-    /// on x86-64 one `test` of the word in memory, [`crate::sync::flags_any`]).
-    /// (The alloc tests its word through [`KmemCache::alloc_at`]'s
-    /// pointer.)
-    #[cfg(feature = "alloc-profiling")]
-    #[inline(always)]
-    pub(crate) fn hot_any<const MASK: u32>(&self) -> bool {
-        crate::sync::flags_any::<MASK>(&self.hot_flags)
-    }
-
-    /// Whether the hot flags are exactly `VALUE` (one `cmp` of the word in
-    /// memory on x86-64, [`crate::sync::flags_eq`]).
-    #[cfg(feature = "alloc-profiling")]
-    #[inline(always)]
-    pub(crate) fn hot_is<const VALUE: u32>(&self) -> bool {
-        crate::sync::flags_eq::<VALUE>(&self.hot_flags)
     }
 
     /// Set hot flags (tracing, profiling, tagging switch on).
@@ -620,7 +637,7 @@ impl<P: Platform> KmemCache<P> {
         // the kmem_cache slab layer, as one object.
         unsafe {
             owner
-                .boot(crate::BootCache::Cache)
+                .cache(OwnerCache::Cache)
                 .slab_free_raw((self as *const Self).cast_mut().cast());
         }
         Ok(DestroyReport {

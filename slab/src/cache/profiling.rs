@@ -6,42 +6,101 @@ use core::ptr;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use super::{HotFlags, KmemCache};
+use super::{HotFlags, KmemCache, OwnerCache};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
-use crate::allocator::TAG_ARRAY_SIZES;
+use crate::layout::geometry::SlabKind;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Slab, small_header};
 
 impl<P: Platform> KmemCache<P> {
-    /// The profiled alloc's side-array slot of `obj`, or `None` if its
-    /// slab has no side array yet. The slab header: for a one-page slab
-    /// with its header at its end, at the end of the object's page (one
-    /// mask; the offset is the address's low bits); for any other through
-    /// the page map (slabs of several pages, and off-slab headers, are
-    /// packed ones, on the primary source: no `on_primary` test). `TAGGED`
-    /// is set with `PROFILING` ([`KmemCache::set_profiling`]), so there
-    /// is no flag to test. `IN_PAGE`: the caller knows the header is at
-    /// the end of the object's page (its hot word has `TAGS_IN_PAGE`), so
-    /// the header's place is not tested.
+    /// The post-alloc hook of profiling (`PROFILING` on, `tag` the
+    /// charge token `tag()` gave): the tag charged and its token stored
+    /// with the object, in its bufctl or in its small slab's side array
+    /// (installed first if the slab has none; nothing charged if none can
+    /// be allocated). The platform's charge hook is called only with
+    /// `TAG_HOOKS` on.
+    #[inline(always)]
+    pub(super) fn profiling_alloc_hook(&self, obj: NonNull<u8>, hot: HotFlags, tag: AllocTagRef) {
+        if self.kind == SlabKind::Bufctl {
+            // SAFETY: `tag` is a charge token (the tag closures return the
+            // platform's tokens: alloc_tag::current, explicit).
+            unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
+            self.bufctl_mark_allocated(obj.as_ptr() as usize, tag);
+            return;
+        }
+        // SAFETY: obj is a busy object of one of our small slabs (just
+        // taken for the caller).
+        let Some(slot) = (unsafe { self.alloc_tag_slot(obj, hot) }) else {
+            self.tag_small_object(obj, tag, hot);
+            return;
+        };
+        // SAFETY: `tag` is a charge token (as above).
+        unsafe {
+            if hot.contains(HotFlags::TAG_HOOKS) {
+                crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size);
+            } else {
+                P::alloc_tag_charge_token(tag, obj, self.params.obj_size);
+            }
+        }
+        // SAFETY: the object's own slot; the object is ours until freed,
+        // and so is its slot.
+        unsafe { slot.write(Some(tag)) };
+    }
+
+    /// The free hook of profiling (`TAGGED` on a small-slab cache): the
+    /// object's tag reference cleared and its tag uncharged (the
+    /// platform's uncharge hook only with `TAG_HOOKS` on).
+    ///
+    /// # Safety
+    /// `obj` is object `index` of `slab`, a live small slab of this
+    /// cache, and is being freed by the caller.
+    #[inline(always)]
+    pub(super) unsafe fn profiling_free_hook(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+        hot: HotFlags,
+    ) {
+        // SAFETY: per our caller.
+        unsafe { self.untag_small_object(obj, slab, index, hot.contains(HotFlags::TAG_HOOKS)) };
+    }
+
+    /// A bufctl object leaves for a caller charged to a tag: state
+    /// `Allocated` and the charge `token` stored.
+    fn bufctl_mark_allocated(&self, addr: usize, token: AllocTagRef) {
+        if !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
+            // Before the store: whoever frees the object sees the flag.
+            self.set_hot(HotFlags::BUFCTL_TAGGED);
+        }
+        let busy = self.slab.lock().mark_allocated(addr, Some(token));
+        debug_assert!(busy);
+    }
+
+    /// The side-array slot of `obj`, or `None` if its slab has no side
+    /// array yet. The slab header: for a one-page slab with its header at
+    /// its end (`TAGS_IN_PAGE` in `hot`), at the end of the object's page
+    /// (one mask; the offset is the address's low bits); for any other
+    /// through the page map (slabs of several pages, and off-slab
+    /// headers, are packed ones, on the primary source).
     ///
     /// # Safety
     /// `obj` is a busy object of one of this cache's small slabs.
     #[inline(always)]
-    pub(crate) unsafe fn alloc_tag_slot<const IN_PAGE: bool>(
+    unsafe fn alloc_tag_slot(
         &self,
         obj: NonNull<u8>,
+        hot: HotFlags,
     ) -> Option<*mut Option<AllocTagRef>> {
         debug_assert!(self.hot().contains(HotFlags::TAGGED));
-        debug_assert!(!IN_PAGE || self.tag_header_in_page);
         let addr = obj.as_ptr() as usize;
-        let (tags, offset) = if IN_PAGE || self.tag_header_in_page {
+        let (tags, offset) = if hot.contains(HotFlags::TAGS_IN_PAGE) {
             let page = addr & !(PAGE_SIZE - 1);
             let slab = small_header(page);
             // SAFETY: per the caller, the slab is alive.
             (unsafe { (*slab).tags.load(Ordering::Acquire) }, addr - page)
         } else {
-            debug_assert!(self.on_primary);
-            let slab = self.params.page_map.get(addr).slab_unchecked() as *mut Slab;
+            let slab = self.small_slab_of(addr);
             // SAFETY: as above.
             unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };
@@ -54,32 +113,14 @@ impl<P: Platform> KmemCache<P> {
         Some(unsafe { tags.add(index) })
     }
 
-    /// The profiled alloc for a slab without a side array yet: install
-    /// one, charge and store the charge token (nothing if it cannot be
-    /// allocated), in the caller's result type.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn charge_first_in_slab<O: crate::cache::AllocOut>(
-        &self,
-        obj: NonNull<u8>,
-        tag: AllocTagRef,
-    ) -> O::Raw {
-        let slab = self.small_slab_of(obj.as_ptr() as usize);
-        // SAFETY: obj is a busy object of ours in `slab`, alive.
-        unsafe { self.charge_and_store(obj, slab, tag) };
-        // Opaque to the caller: were LLVM to infer that this returns its
-        // argument, the caller would keep `obj` in a callee-saved
-        // register across a plain call instead of tail-calling (a frame
-        // on the profiled hit).
-        O::raw_from_obj(core::hint::black_box(obj))
-    }
-
     /// Charge `tag` for a small-slab object just allocated and store the
     /// charge token in its slot, setting `TAGGED` first if the cache does
     /// not have it yet (the out-of-line paths: explicit tags, debug
     /// caches). Nothing is charged if no side array could be allocated
     /// (the miss counted).
-    pub(crate) fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
+    #[cold]
+    #[inline(never)]
+    fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
         if !hot.contains(HotFlags::TAGGED) {
             // Before the store: whoever frees the object sees the flag.
             self.set_hot(HotFlags::TAGGED);
@@ -117,15 +158,11 @@ impl<P: Platform> KmemCache<P> {
         unsafe { tags.add(index).write(Some(tag)) };
     }
 
-    /// The `kmem_tags_<bytes>` cache (an index into `TAG_ARRAY_SIZES`)
-    /// holding this cache's side arrays.
-    fn tag_array_cache_index(&self) -> usize {
-        let bytes = self.params.nr_objs_per_slab * TAG_REF_BYTES;
-        // The largest holds MAX_SMALL_OBJS slots (asserted in allocator/mod.rs).
-        TAG_ARRAY_SIZES
-            .iter()
-            .position(|&size| size >= bytes)
-            .unwrap_or(TAG_ARRAY_SIZES.len() - 1)
+    /// The bytes of this cache's side arrays: one tag reference per
+    /// object of a slab (the owner's `kmem_tags_<bytes>` cache that
+    /// holds them: [`OwnerCache::TagArray`]).
+    fn tag_array_bytes(&self) -> usize {
+        self.params.nr_objs_per_slab * TAG_REF_BYTES
     }
 
     /// Give `slab` its side array (Linux `alloc_slab_obj_exts`): allocate
@@ -144,11 +181,11 @@ impl<P: Platform> KmemCache<P> {
         reason = "kmem_tags_<bytes> objects are 8-aligned (bootstrap geometry)"
     )]
     pub(crate) unsafe fn install_tag_array(&self, slab: *mut Slab) -> *mut Option<AllocTagRef> {
-        let cache = self.owner().tag_array_cache(self.tag_array_cache_index());
+        let cache = self
+            .owner()
+            .cache(OwnerCache::TagArray(self.tag_array_bytes()));
         let Ok(new) = cache.slab_alloc_raw() else {
-            self.owner()
-                .nr_tag_array_misses
-                .fetch_add(1, Ordering::Relaxed);
+            self.owner().count_tag_array_miss();
             return ptr::null_mut();
         };
         let new = new.as_ptr().cast::<Option<AllocTagRef>>();
@@ -181,7 +218,9 @@ impl<P: Platform> KmemCache<P> {
         if tags == no_tags() {
             return;
         }
-        let cache = self.owner().tag_array_cache(self.tag_array_cache_index());
+        let cache = self
+            .owner()
+            .cache(OwnerCache::TagArray(self.tag_array_bytes()));
         // SAFETY: per the caller, an object of that side-array cache
         // (installed by install_tag_array), no longer used.
         unsafe { cache.slab_free_raw(tags.cast()) };
@@ -214,19 +253,19 @@ impl<P: Platform> KmemCache<P> {
     /// Clear a small-slab object's tag reference and uncharge its tag
     /// (nothing if it has none; a slab without a side array has
     /// [`no_tags`], all `None`). The index is the free's owner check's.
-    /// `HIT`: the profiled free hit, which calls no
-    /// [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook) (it is off while the hooks
-    /// are on).
+    /// `hooks`: `TAG_HOOKS` is on, so the platform's uncharge hook
+    /// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)) is called too.
     ///
     /// # Safety
     /// `obj` is object `index` of `slab`, a small slab of this cache,
     /// and is being freed by the caller.
     #[inline(always)]
-    pub(crate) unsafe fn untag_small_object<const HIT: bool>(
+    unsafe fn untag_small_object(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
         index: usize,
+        hooks: bool,
     ) {
         // SAFETY: per the caller, slab is alive.
         let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
@@ -243,10 +282,10 @@ impl<P: Platform> KmemCache<P> {
             // and the profiled alloc, right after the charge), cleared
             // here once.
             unsafe {
-                if HIT {
-                    P::alloc_tag_uncharge(token, obj, self.params.obj_size);
-                } else {
+                if hooks {
                     crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size);
+                } else {
+                    P::alloc_tag_uncharge(token, obj, self.params.obj_size);
                 }
             }
         }

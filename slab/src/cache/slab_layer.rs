@@ -6,10 +6,9 @@ use core::ptr::NonNull;
 
 use core::sync::atomic::Ordering;
 
-use super::KmemCache;
+use super::{KmemCache, OwnerCache};
 #[cfg(feature = "alloc-profiling")]
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::BootCache;
 use crate::error::AllocError;
 use crate::platform::PageSource;
 use crate::platform::Platform;
@@ -86,17 +85,17 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
     }
 
     fn reap_for_pressure(&self) -> bool {
-        self.owner().reap_for_pressure().is_some()
+        self.owner().reap_for_pressure()
     }
 
     fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError> {
-        self.owner().boot(boot_cache(which)).slab_alloc_raw()
+        self.owner().cache(owner_cache(which)).slab_alloc_raw()
     }
 
     unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8) {
         // SAFETY: per our caller, an object of that bootstrap cache's
         // slab layer, unused.
-        unsafe { self.owner().boot(boot_cache(which)).slab_free_raw(obj) }
+        unsafe { self.owner().cache(owner_cache(which)).slab_free_raw(obj) }
     }
 
     fn metadata_source(&self) -> &'static dyn PageSource {
@@ -124,9 +123,9 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
 }
 
 /// The bootstrap cache of a kind of slab metadata.
-fn boot_cache(which: Metadata) -> BootCache {
+fn owner_cache(which: Metadata) -> OwnerCache {
     match which {
-        Metadata::Slab => BootCache::Slab,
-        Metadata::Bufctl => BootCache::Bufctl,
+        Metadata::Slab => OwnerCache::Slab,
+        Metadata::Bufctl => OwnerCache::Bufctl,
     }
 }

@@ -3,8 +3,7 @@
 
 use core::ptr::NonNull;
 
-use super::{HotFlags, KmemCache};
-use crate::allocator::BootCache;
+use super::{HotFlags, KmemCache, OwnerCache};
 use crate::error::AllocError;
 use crate::error::TraceError;
 use crate::flags::CacheFlags;
@@ -91,12 +90,12 @@ impl<P: Platform> TraceOwner for KmemCache<P> {
     }
 
     fn alloc_record(&self) -> Result<NonNull<u8>, AllocError> {
-        self.owner().boot(BootCache::Trace).slab_alloc_raw()
+        self.owner().cache(OwnerCache::Trace).slab_alloc_raw()
     }
 
     unsafe fn free_record(&self, node: *mut u8) {
         // SAFETY: per our caller, an object of kmem_trace's slab layer, unused.
-        unsafe { self.owner().boot(BootCache::Trace).slab_free_raw(node) }
+        unsafe { self.owner().cache(OwnerCache::Trace).slab_free_raw(node) }
     }
 
     fn metadata_source(&self) -> &'static dyn PageSource {

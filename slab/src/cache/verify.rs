@@ -34,7 +34,7 @@ impl<P: Platform> KmemCache<P> {
                 summary.nr_objects += unsafe { self.verify_slab(slab, &mut found) };
             });
         }
-        summary.nr_problems = found.report(self.owner());
+        summary.nr_problems = found.report(|report| self.owner().report_error(report));
         summary
     }
 

@@ -69,8 +69,16 @@ impl<P: Platform> Heap<P> {
     /// # Errors
     /// [`AllocError::SourceTooSmall`] below
     /// [`InitCost::min_source_bytes`](crate::InitCost) (68 KiB on one CPU:
-    /// `Allocator::init_cost(heap.source())` has the figures), and as for
+    /// `Allocator::init_cost(&source)` of a [`RegionSource`] given the
+    /// same region has the figures), and as for
     /// [`RegionSource::init`] and [`Allocator::init`].
+    ///
+    /// A refused `init_region` leaves the heap as it was: the source
+    /// forgets the region (the allocator gave back every page it took)
+    /// and the allocator is not ready, so the call may be retried, e.g.
+    /// with a larger region after `SourceTooSmall`. The refused region is
+    /// not touched again. After a successful call, a second one is
+    /// refused with [`AllocError::AlreadyInitialized`] and changes nothing.
     ///
     /// # Safety
     /// The region is mapped, readable and writable, and used by nothing
@@ -78,17 +86,28 @@ impl<P: Platform> Heap<P> {
     pub unsafe fn init_region(&'static self, start: usize, len: usize) -> Result<(), AllocError> {
         // SAFETY: per our caller.
         unsafe { self.source.init(start, len)? };
-        self.allocator.init(&self.source)
+        self.init_allocator()
+    }
+
+    /// Bring the allocator up on the source just given its region; if it
+    /// refuses, the source forgets the region (so a retry can give one).
+    fn init_allocator(&'static self) -> Result<(), AllocError> {
+        self.allocator.init(&self.source).inspect_err(|_| {
+            let forgotten = self.source.forget();
+            debug_assert!(forgotten, "a refused Allocator::init gives every page back");
+        })
     }
 
     /// [`Heap::init_region`] on a region the borrow checker vouches for
     /// (a `'static` exclusive slice: mapped, writable, ours for ever).
     ///
     /// # Errors
-    /// As [`Heap::init_region`].
+    /// As [`Heap::init_region`]; a refused call leaves the heap as it was
+    /// and may be retried (with another region: the refused one stays
+    /// borrowed, untouched).
     pub fn init_static(&'static self, region: &'static mut [u8]) -> Result<(), AllocError> {
         self.source.init_static(region)?;
-        self.allocator.init(&self.source)
+        self.init_allocator()
     }
 
     /// The page source.

@@ -53,13 +53,7 @@ impl<P: Platform> RegionSource<P> {
     /// A source with no memory until [`RegionSource::init`].
     pub const fn new() -> Self {
         RegionSource {
-            state: Mutex::new(Region {
-                base: 0,
-                nr_pages: 0,
-                bitmap: core::ptr::null_mut(),
-                nr_free: 0,
-                nr_allocs_ever: 0,
-            }),
+            state: Mutex::new(Region::EMPTY),
             _platform: PhantomData,
         }
     }
@@ -89,6 +83,8 @@ impl<P: Platform> RegionSource<P> {
     /// # Errors
     /// [`AllocError::AlreadyInitialized`] the second time;
     /// [`AllocError::InvalidLayout`] if fewer than two whole pages remain.
+    /// A refused `init` changes nothing: the source stays without memory
+    /// and `init` may be called again.
     ///
     /// # Safety
     /// The region is mapped, readable and writable, and used by nothing
@@ -123,7 +119,35 @@ impl<P: Platform> RegionSource<P> {
     }
 }
 
+impl<P: Platform> RegionSource<P> {
+    /// Forget the region [`RegionSource::init`] gave, if none of its pages
+    /// is handed out: the source is as [`RegionSource::new`] made it, and
+    /// may be given a region again (the old one is no longer touched).
+    /// Returns whether it was forgotten (false: pages are out, or there
+    /// was no region). A [`Heap`](crate::Heap) whose allocator refused to
+    /// come up on the region (which gives back every page it took) calls
+    /// it, so that its init can be retried.
+    pub(crate) fn forget(&self) -> bool {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        if region.bitmap.is_null() || region.nr_free != region.nr_pages {
+            return false;
+        }
+        *region = Region::EMPTY;
+        true
+    }
+}
+
 impl Region {
+    /// No region: what [`RegionSource::new`] holds.
+    const EMPTY: Region = Region {
+        base: 0,
+        nr_pages: 0,
+        bitmap: core::ptr::null_mut(),
+        nr_free: 0,
+        nr_allocs_ever: 0,
+    };
+
     fn is_used(&self, page: usize) -> bool {
         // SAFETY: page < nr_pages: its word lies in the bitmap.
         unsafe { *self.bitmap.add(page / 64) & (1 << (page % 64)) != 0 }

@@ -98,7 +98,7 @@ impl<P: Platform> Allocator<P> {
             return None;
         }
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let index = self.kfence_nearest(&mut state, addr)?;
         Some(*state.meta(index))
     }
@@ -155,22 +155,26 @@ impl<P: Platform> Allocator<P> {
         self.kfence_tick_due(interval);
     }
 
-    /// The interval has perhaps passed: arm a sample, unless one is armed
-    /// or the cache list is busy (then the next miss tries again: this
-    /// runs inside allocations, which may happen under the list lock).
+    /// The interval has perhaps passed: arm a sample (every cache's
+    /// `SAMPLE` bit), unless the cache list is busy (then the next miss
+    /// tries again: this runs inside allocations, which may happen under
+    /// the list lock). A sample still armed from an earlier interval gets
+    /// the bits again: each cache clears its own at its next allocation,
+    /// sampled or not, so a sample armed while no cache was eligible (the
+    /// trace table or kmemtrace on every cache) would otherwise stay
+    /// armed with no bit set, and KFENCE would never sample again.
     #[inline(never)]
     fn kfence_tick_due(&self, interval: u64) {
         let now = P::kfence_clock_ns();
-        if now < self.kfence.next_ns.load(Ordering::Relaxed)
-            || self.kfence.armed.swap(true, Ordering::AcqRel)
-        {
+        if now < self.kfence.next_ns.load(Ordering::Relaxed) {
             return;
         }
+        let was_armed = self.kfence.armed.swap(true, Ordering::AcqRel);
         if self.try_for_each_cache(|cache| cache.set_hot(HotFlags::SAMPLE)) {
             self.kfence
                 .next_ns
                 .store(now.saturating_add(interval), Ordering::Relaxed);
-        } else {
+        } else if !was_armed {
             self.kfence.armed.store(false, Ordering::Release);
         }
     }
@@ -190,7 +194,7 @@ impl<P: Platform> Allocator<P> {
         let mut nr = 0;
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock();
+            let mut state = self.kfence.lock.lock::<P>();
             for index in 0..KFENCE_NUM_OBJECTS {
                 let meta = state.meta(index);
                 if meta.state == KfenceState::Allocated {
@@ -202,6 +206,45 @@ impl<P: Platform> Allocator<P> {
         for &(start, size, cache, site) in &live[..nr] {
             f(start, size, cache, site);
         }
+    }
+
+    /// Copy `out.len()` words from `from` (aligned, inside the sample at
+    /// `addr`) if that sample is still allocated, under the pool's lock:
+    /// the leak scan reads samples so, since a sample freed meanwhile (on
+    /// another CPU, or in an interrupt handler) has its page unmapped and
+    /// a plain read would fault and be reported as a use after free.
+    /// False (nothing copied) if it is not allocated any more.
+    #[cfg(feature = "leak-scan")]
+    pub(crate) fn kfence_read_sample(&self, addr: usize, from: usize, out: &mut [usize]) -> bool {
+        if !self.kfence_contains(addr) {
+            return false;
+        }
+        let _irq = IrqGuard::<P>::new();
+        let mut state = self.kfence.lock.lock::<P>();
+        let Some(index) = self.kfence_nearest(&mut state, addr) else {
+            return false;
+        };
+        let meta = *state.meta(index);
+        let end = from.saturating_add(core::mem::size_of_val(out));
+        if meta.state != KfenceState::Allocated
+            || meta.addr != addr
+            || from < addr
+            || end > addr + meta.size
+            || !from.is_multiple_of(core::mem::size_of::<usize>())
+        {
+            return false;
+        }
+        for (index, word) in out.iter_mut().enumerate() {
+            // SAFETY: inside an allocated sample, whose page stays mapped
+            // while we hold the pool's lock (a free protects it under the
+            // lock); aligned (checked above).
+            *word = unsafe {
+                core::ptr::read_volatile(
+                    (from + index * core::mem::size_of::<usize>()) as *const usize,
+                )
+            };
+        }
+        true
     }
 
     /// The object `addr` belongs to, or for a guard page the nearer
@@ -303,7 +346,7 @@ impl<P: Platform> Allocator<P> {
             None
         };
         let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         if state.len == 0 {
             self.kfence.nr_skipped.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -413,7 +456,7 @@ impl<P: Platform> Allocator<P> {
         let stack = KfenceStack::capture::<P>();
         let pool = self.kfence.pool.load(Ordering::Acquire);
         let irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock();
+        let mut state = self.kfence.lock.lock::<P>();
         let page = (addr - pool) / PAGE_SIZE;
         let index = object_of_page(page);
         let object = index.map(|index| *state.meta(index));
@@ -549,7 +592,7 @@ impl<P: Platform> Allocator<P> {
         // interrupt handler on this CPU may report too.
         let hook = {
             let _irq = IrqGuard::<P>::new();
-            *self.kfence.hook.lock()
+            *self.kfence.hook.lock::<P>()
         };
         if let Some(hook) = hook {
             hook(&report);
@@ -605,7 +648,7 @@ impl<P: Platform> Kfence<'_, P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.heap.kfence.lock.lock();
+            let mut state = self.heap.kfence.lock.lock::<P>();
             state.meta = meta;
             for (slot, index) in state.free.iter_mut().zip(0u8..) {
                 *slot = index;
@@ -635,7 +678,7 @@ impl<P: Platform> Kfence<'_, P> {
     /// [`Kfence::fault`](crate::kfence::Kfence::fault) instead.
     pub fn set_hook(&self, hook: Option<fn(&KfenceReport)>) {
         let _irq = IrqGuard::<P>::new();
-        *self.heap.kfence.hook.lock() = hook;
+        *self.heap.kfence.hook.lock::<P>() = hook;
     }
 
     /// Sample the next eligible allocation (of any cache), placed as
@@ -646,7 +689,7 @@ impl<P: Platform> Kfence<'_, P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.heap.kfence.lock.lock().forced = place;
+            self.heap.kfence.lock.lock::<P>().forced = place;
         }
         self.heap.kfence.target.store(0, Ordering::Release);
         self.heap.kfence_arm();
@@ -665,7 +708,7 @@ impl<P: Platform> Kfence<'_, P> {
         }
         {
             let _irq = IrqGuard::<P>::new();
-            self.heap.kfence.lock.lock().forced = place;
+            self.heap.kfence.lock.lock::<P>().forced = place;
         }
         self.heap
             .kfence
@@ -681,7 +724,7 @@ impl<P: Platform> Kfence<'_, P> {
         let enabled = self.heap.kfence.pool.load(Ordering::Acquire) != 0;
         let free = if enabled {
             let _irq = IrqGuard::<P>::new();
-            self.heap.kfence.lock.lock().len
+            self.heap.kfence.lock.lock::<P>().len
         } else {
             0
         };
@@ -737,7 +780,7 @@ impl<P: Platform> Kfence<'_, P> {
         let page_index = (addr - pool) / PAGE_SIZE;
         let object = {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.heap.kfence.lock.lock();
+            let mut state = self.heap.kfence.lock.lock::<P>();
             self.heap
                 .kfence_nearest(&mut state, addr)
                 .map(|i| *state.meta(i))

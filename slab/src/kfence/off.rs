@@ -29,6 +29,18 @@ impl<P: Platform> Allocator<P> {
     ) {
     }
 
+    /// Never called: there are no samples.
+    #[cfg(feature = "leak-scan")]
+    #[inline(always)]
+    pub(crate) fn kfence_read_sample(
+        &self,
+        _addr: usize,
+        _from: usize,
+        _out: &mut [usize],
+    ) -> bool {
+        false
+    }
+
     #[inline(always)]
     pub(crate) fn kfence_alloc(
         &self,

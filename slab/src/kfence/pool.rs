@@ -45,14 +45,14 @@ pub(crate) struct KfencePool {
     pub(crate) armed: AtomicBool,
     /// The cache a forced sample is for (0: any).
     pub(crate) target: AtomicUsize,
-    pub(crate) lock: spin::Mutex<PoolState>,
+    pub(crate) lock: crate::sync::SpinIrq<PoolState>,
     pub(crate) nr_allocs: AtomicU64,
     pub(crate) nr_frees: AtomicU64,
     pub(crate) nr_skipped: AtomicU64,
     pub(crate) nr_bugs: AtomicU64,
     /// The meta array (also in `lock`'s state), for the hook-free lookups.
     pub(crate) meta: AtomicPtr<KfenceObject>,
-    pub(crate) hook: spin::Mutex<Option<fn(&KfenceReport)>>,
+    pub(crate) hook: crate::sync::SpinIrq<Option<fn(&KfenceReport)>>,
 }
 
 // SAFETY: the raw pointer in PoolState is only reached under the lock.
@@ -66,7 +66,7 @@ impl KfencePool {
             next_ns: AtomicU64::new(0),
             armed: AtomicBool::new(false),
             target: AtomicUsize::new(0),
-            lock: spin::Mutex::new(PoolState {
+            lock: crate::sync::SpinIrq::new(PoolState {
                 free: [0; KFENCE_NUM_OBJECTS],
                 head: 0,
                 len: 0,
@@ -79,7 +79,7 @@ impl KfencePool {
             nr_skipped: AtomicU64::new(0),
             nr_bugs: AtomicU64::new(0),
             meta: AtomicPtr::new(core::ptr::null_mut()),
-            hook: spin::Mutex::new(None),
+            hook: crate::sync::SpinIrq::new(None),
         }
     }
 

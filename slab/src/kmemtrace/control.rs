@@ -9,7 +9,7 @@ use crate::allocator::Allocator;
 use crate::cache::{HotFlags, KmemCache};
 use crate::kmemtrace::{
     CacheRecord, DEFAULT_SUBBUFS, DumpInfo, DumpSummary, EventFields, EventKind, EventType,
-    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus, SUBBUF_PAGES, head_word,
+    KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError, KmemtraceStatus, SUBBUF_PAGES,
 };
 use crate::platform::{PAGE_SIZE, Platform};
 
@@ -50,86 +50,7 @@ impl<P: Platform> Allocator<P> {
     /// Keep `cache`'s CACHE record for the dump of the current record
     /// (cold: `KmemCache::destroy` calls it once, before the name goes).
     pub(crate) fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>) {
-        self.kmemtrace.note_destroyed(&cache_record(cache));
-    }
-
-    /// Record an allocation from `cache` (its packed result).
-    #[inline(always)]
-    pub(crate) fn kmemtrace_alloc(&self, cache: &KmemCache<P>, packed: usize, bytes_req: usize) {
-        let (kind, ptr) = match crate::cache::unpack(packed) {
-            Ok(obj) => (EventKind::Alloc, obj.as_ptr() as usize),
-            Err(_) => (EventKind::FailedAlloc, 0),
-        };
-        let head = EventFields::head(kind, EventType::Cache, cache.id);
-        self.kmemtrace
-            .record::<P>(alloc_fields(cache, head, ptr, bytes_req));
-    }
-
-    /// [`Self::kmemtrace_alloc`] of an object from inside the alloc hit's
-    /// section on the CPU at `cpu_offset` ([`Platform::cpu_offset`], as
-    /// the hit read it: `KmemCache::alloc_recorded_hit`): the CPU read
-    /// once, inline. On a platform whose hit sections keep interrupts on
-    /// ([`Platform::LOCAL_TRYLOCK`] without restartable hits) the event is
-    /// written with interrupts off ([`Self::kmemtrace_on`]). Returns `obj` (from the
-    /// event's last act: see `Kmemtrace::record_on`), for the hit to hand
-    /// out.
-    ///
-    /// # Safety
-    /// `cpu_offset` is the running CPU's and the caller holds its magazine
-    /// section (see [`Self::kmemtrace_on`]).
-    #[inline(always)]
-    #[must_use]
-    pub(crate) unsafe fn kmemtrace_alloc_on(
-        &self,
-        cpu_offset: usize,
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-        bytes_req: usize,
-    ) -> NonNull<u8> {
-        let fields = alloc_fields(
-            cache,
-            (cache.kmemtrace_free_head & !0xffff)
-                | EventFields::head(EventKind::Alloc, EventType::Cache, 0),
-            obj.as_ptr() as usize,
-            bytes_req,
-        );
-        // SAFETY: per our caller; `kmemtrace_on` returns `fields.ptr`,
-        // `obj`, non-null.
-        unsafe { NonNull::new_unchecked(self.kmemtrace_on(cpu_offset, fields) as *mut u8) }
-    }
-
-    /// An event from inside a magazine hit's section on the CPU at
-    /// `cpu_offset` ([`Platform::cpu_offset`]). The
-    /// ring has two writers on a CPU: the hit's event and an interrupt
-    /// handler's (an allocation or free in the handler records through
-    /// [`Self::kmemtrace_alloc`] and the like, with interrupts off). Where
-    /// the hit's section has interrupts off (no `LOCAL_TRYLOCK`, or
-    /// restartable hits, whose recorded hits disable interrupts:
-    /// [`crate::restart`]) nothing can land inside this event; with
-    /// `LOCAL_TRYLOCK` alone the section only
-    /// holds the cache's per-CPU in-use flag, which a handler recording
-    /// for another cache does not see, so the event takes its own
-    /// interrupt guard here (inline, the hit's CPU offset kept: the hit does
-    /// not migrate while it holds the flag). Returns `fields.ptr`
-    /// (`Kmemtrace::record_on`).
-    ///
-    /// # Safety
-    /// `cpu_offset` is the running CPU's, which stays so until this
-    /// returns; the caller's section has interrupts off unless
-    /// `P::LOCAL_TRYLOCK` without restartable hits.
-    #[inline(always)]
-    #[must_use]
-    unsafe fn kmemtrace_on(&self, cpu_offset: usize, fields: EventFields) -> usize {
-        if P::LOCAL_TRYLOCK && !crate::restart::enabled::<P>() {
-            let irq = P::irq_save();
-            // SAFETY: interrupts off on the CPU at `cpu_offset` (our caller).
-            let ptr = unsafe { self.kmemtrace.record_on::<P>(cpu_offset, fields) };
-            P::irq_restore(irq);
-            ptr
-        } else {
-            // SAFETY: interrupts off in the caller's section.
-            unsafe { self.kmemtrace.record_on::<P>(cpu_offset, fields) }
-        }
+        self.kmemtrace.note_destroyed::<P>(&cache_record(cache));
     }
 
     /// Record a free to `cache` (`None`: the pointer is no cache's), good
@@ -139,39 +60,16 @@ impl<P: Platform> Allocator<P> {
         self.kmemtrace.record::<P>(free_event(cache, obj, ok));
     }
 
-    /// [`Self::kmemtrace_free`] of a good free from inside the free hit's
-    /// section on the CPU at `cpu_offset` (`KmemCache::free_recorded_hit`), as
-    /// [`Self::kmemtrace_alloc_on`].
-    ///
-    /// # Safety
-    /// As for [`Self::kmemtrace_alloc_on`].
-    #[inline(always)]
-    pub(crate) unsafe fn kmemtrace_free_on(
-        &self,
-        cpu_offset: usize,
-        cache: &KmemCache<P>,
-        obj: NonNull<u8>,
-    ) {
-        let fields = EventFields {
-            head: cache.kmemtrace_free_head,
-            ptr: obj.as_ptr() as usize,
-            bytes_req: 0,
-            bytes_alloc: cache.params.obj_size,
-        };
-        // SAFETY: per our caller.
-        let _ = unsafe { self.kmemtrace_on(cpu_offset, fields) };
-    }
-
-    /// Record a page-granular kmalloc (its packed result).
+    /// Record a page-granular kmalloc (`None`: it failed).
     #[cold]
-    pub(crate) fn kmemtrace_large_alloc(&self, packed: usize, size: usize) {
-        let (kind, ptr, bytes) = match crate::cache::unpack(packed) {
-            Ok(pages) => (
+    pub(crate) fn kmemtrace_large_alloc(&self, pages: Option<NonNull<u8>>, size: usize) {
+        let (kind, ptr, bytes) = match pages {
+            Some(pages) => (
                 EventKind::Alloc,
                 pages.as_ptr() as usize,
                 size.div_ceil(PAGE_SIZE) * PAGE_SIZE,
             ),
-            Err(_) => (EventKind::FailedAlloc, 0, 0),
+            None => (EventKind::FailedAlloc, 0, 0),
         };
         self.kmemtrace_record(kind, EventType::Pages, 0, ptr, size, bytes);
     }
@@ -203,31 +101,6 @@ fn cache_record<P: Platform>(cache: &KmemCache<P>) -> CacheRecord<'_> {
         align: cache.align as u32,
         flags: cache.flags.bits(),
         name: cache.name(),
-    }
-}
-
-/// The fields of an allocation event from `cache` (`ptr` 0 for a failed
-/// one) whose `head` has type [`EventType::Cache`]: `bytes_req` 0 is a
-/// `kmem_cache_alloc`, else a kmalloc (the type switched).
-#[inline(always)]
-fn alloc_fields<P: Platform>(
-    cache: &KmemCache<P>,
-    head: u64,
-    ptr: usize,
-    bytes_req: usize,
-) -> EventFields {
-    const CACHE_TO_KMALLOC: u64 =
-        head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-    let (head, bytes_req) = if bytes_req == 0 {
-        (head, cache.params.obj_size)
-    } else {
-        (head ^ CACHE_TO_KMALLOC, bytes_req)
-    };
-    EventFields {
-        head,
-        ptr,
-        bytes_req,
-        bytes_alloc: cache.params.obj_size,
     }
 }
 
@@ -315,7 +188,7 @@ impl<P: Platform> Kmemtrace<'_, P> {
     /// Stop recording (the events stay until the next start). Frees and
     /// allocations already past the recording test may still land.
     pub fn stop(&self) {
-        self.heap.kmemtrace.stop();
+        self.heap.kmemtrace.stop::<P>();
         self.heap.set_kmemtrace_bits(Some(u32::MAX));
     }
 

@@ -56,6 +56,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsiz
 use magpie_kmemtrace_format::{DumpWriter, MarkRecord};
 
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+use crate::sync::{IrqTryMutex, SpinIrq};
 
 mod config;
 mod control;
@@ -170,15 +171,15 @@ pub(crate) struct KmemtraceState {
     pub(crate) stack_depth: AtomicUsize,
     pub(crate) from_boot: AtomicBool,
     pub(crate) start_ticks: AtomicU64,
-    pub(crate) stacks: spin::Mutex<StackTable>,
+    pub(crate) stacks: SpinIrq<StackTable>,
     nr_stacks_dropped: AtomicU64,
     /// Serialises start, stop and dump.
-    control: spin::Mutex<()>,
+    control: IrqTryMutex<()>,
     /// Caches destroyed during the record, so that the dump still names
     /// their events' cache (cold path: cache destroy and dump only).
-    destroyed: spin::Mutex<DestroyedCaches>,
+    destroyed: SpinIrq<DestroyedCaches>,
     /// What the platform marked during the record (cold path).
-    pub(crate) marks: spin::Mutex<Marks>,
+    pub(crate) marks: SpinIrq<Marks>,
 }
 
 // SAFETY: the raw pointers are to memory owned by the recorder for its
@@ -205,19 +206,19 @@ impl KmemtraceState {
             stack_depth: AtomicUsize::new(0),
             from_boot: AtomicBool::new(false),
             start_ticks: AtomicU64::new(0),
-            stacks: spin::Mutex::new(StackTable {
+            stacks: SpinIrq::new(StackTable {
                 buckets: ptr::null_mut(),
                 frames: ptr::null_mut(),
                 depths: ptr::null_mut(),
                 nr_stacks: 0,
             }),
             nr_stacks_dropped: AtomicU64::new(0),
-            control: spin::Mutex::new(()),
-            destroyed: spin::Mutex::new(DestroyedCaches {
+            control: IrqTryMutex::new(()),
+            destroyed: SpinIrq::new(DestroyedCaches {
                 entries: [DestroyedCache::EMPTY; MAX_DESTROYED_CACHES],
                 nr_noted: 0,
             }),
-            marks: spin::Mutex::new(Marks {
+            marks: SpinIrq::new(Marks {
                 entries: [Mark {
                     ticks: 0,
                     cpu: 0,
@@ -236,7 +237,7 @@ impl KmemtraceState {
         if !self.is_recording() {
             return;
         }
-        let mut marks = self.marks.lock();
+        let mut marks = self.marks.lock::<P>();
         let index = marks.nr_marks;
         let Some(entry) = marks.entries.get_mut(index) else {
             return;
@@ -255,11 +256,11 @@ impl KmemtraceState {
     /// Keep a cache's CACHE record past its destruction, for the dump of
     /// the current record (its events name it by id). Nothing to keep
     /// before the first start. Called from `KmemCache::destroy` only.
-    pub(crate) fn note_destroyed(&self, cache: &CacheRecord<'_>) {
+    pub(crate) fn note_destroyed<P: Platform>(&self, cache: &CacheRecord<'_>) {
         if self.rings.load(Ordering::Acquire).is_null() {
             return;
         }
-        let mut destroyed = self.destroyed.lock();
+        let mut destroyed = self.destroyed.lock::<P>();
         let index = destroyed.nr_noted % MAX_DESTROYED_CACHES;
         let name_len = cache.name.len().min(32);
         let mut name = [0; 32];
@@ -300,7 +301,7 @@ impl KmemtraceState {
         if config.stack_depth > MAX_STACK_DEPTH {
             return Err(KmemtraceError::StackDepth(config.stack_depth));
         }
-        let _control = self.control.lock();
+        let _control = self.control.lock::<P>();
         self.recording.store(false, Ordering::Relaxed);
         self.recording_all.store(false, Ordering::Relaxed);
         if self.rings.load(Ordering::Acquire).is_null() {
@@ -317,7 +318,7 @@ impl KmemtraceState {
                 .store(nr_cpus * CPU_SLOT_BYTES, Ordering::Release);
         }
         if config.stack_depth > 0 {
-            let mut table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
+            let mut table = self.stacks.lock::<P>();
             if table.buckets.is_null() {
                 let nr_pages = STACK_TABLE_BYTES.div_ceil(PAGE_SIZE);
                 let base = source
@@ -343,8 +344,8 @@ impl KmemtraceState {
             table.nr_stacks = 0;
         }
         self.nr_stacks_dropped.store(0, Ordering::Relaxed);
-        self.destroyed.lock().nr_noted = 0;
-        self.marks.lock().nr_marks = 0;
+        self.destroyed.lock::<P>().nr_noted = 0;
+        self.marks.lock::<P>().nr_marks = 0;
         for ring in self.rings() {
             ring.nr_written.store(0, Ordering::Release);
             ring.next.store(ptr::null_mut(), Ordering::Relaxed);
@@ -364,8 +365,8 @@ impl KmemtraceState {
     }
 
     /// Note that recording stopped (the caller clears the cache bits).
-    pub(crate) fn stop(&self) {
-        let _control = self.control.lock();
+    pub(crate) fn stop<P: Platform>(&self) {
+        let _control = self.control.lock::<P>();
         self.recording_all.store(false, Ordering::Relaxed);
         self.recording.store(false, Ordering::Relaxed);
     }
@@ -527,13 +528,13 @@ impl KmemtraceState {
     fn caller_stack<P: Platform>(&self, depth: usize) -> (usize, u32) {
         let mut frames = [0usize; MAX_STACK_DEPTH];
         let nr = P::caller_frames(&mut frames[..depth.min(MAX_STACK_DEPTH)]);
-        (frames[0], self.stack_id(&frames[..nr]))
+        (frames[0], self.stack_id::<P>(&frames[..nr]))
     }
 
     /// The id of a backtrace (1-based), adding it if new; 0 if the table
     /// is full or there are no frames.
     #[cold]
-    fn stack_id(&self, frames: &[usize]) -> u32 {
+    fn stack_id<P: Platform>(&self, frames: &[usize]) -> u32 {
         if frames.is_empty() {
             return 0;
         }
@@ -541,7 +542,7 @@ impl KmemtraceState {
         for &frame in frames {
             hash = (hash ^ frame as u64).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        let mut table = self.stacks.lock();
+        let mut table = self.stacks.lock::<P>();
         if table.buckets.is_null() {
             return 0;
         }
@@ -588,7 +589,7 @@ impl KmemtraceState {
             stack_depth: self.stack_depth.load(Ordering::Relaxed),
             nr_cpus: self.nr_rings(Ordering::Relaxed),
             nr_subbufs: self.nr_subbufs.load(Ordering::Relaxed),
-            nr_stacks: crate::sync::spin_lock_irq::<P, _>(&self.stacks).nr_stacks,
+            nr_stacks: self.stacks.lock::<P>().nr_stacks,
             nr_stacks_dropped: self.nr_stacks_dropped.load(Ordering::Relaxed),
             ..KmemtraceStatus::default()
         };
@@ -620,7 +621,7 @@ impl KmemtraceState {
         caches: &mut CacheLister<'_>,
         sink: &mut dyn FnMut(&[u8]),
     ) -> DumpSummary {
-        let _control = self.control.lock();
+        let _control = self.control.lock::<P>();
         let stack_depth = self.stack_depth.load(Ordering::Relaxed);
         let rings = self.rings();
         let mut flags = 0;
@@ -640,7 +641,7 @@ impl KmemtraceState {
         let mut out = DumpWriter::new(&header, sink);
         caches(&mut |cache| out.cache(&cache));
         {
-            let destroyed = self.destroyed.lock();
+            let destroyed = self.destroyed.lock::<P>();
             let nr_kept = destroyed.nr_noted.min(MAX_DESTROYED_CACHES);
             for entry in &destroyed.entries[..nr_kept] {
                 out.cache(&CacheRecord {
@@ -653,7 +654,7 @@ impl KmemtraceState {
             }
         }
         {
-            let marks = self.marks.lock();
+            let marks = self.marks.lock::<P>();
             for mark in &marks.entries[..marks.nr_marks] {
                 out.mark(&MarkRecord {
                     timestamp_ns: (info.ticks_to_ns)(mark.ticks),
@@ -663,7 +664,7 @@ impl KmemtraceState {
             }
         }
         if stack_depth > 0 {
-            let table = crate::sync::spin_lock_irq::<P, _>(&self.stacks);
+            let table = self.stacks.lock::<P>();
             for index in 0..table.nr_stacks {
                 // SAFETY: index < nr_stacks <= MAX_STACKS; under the lock.
                 let frames = unsafe {

@@ -272,7 +272,7 @@ impl<N: HashNode> AddrHash<N> {
 /// unused — the new one after a lost race, or the old page-backed one —
 /// goes back to `source`. Call with `lock` not held. Out of memory: the
 /// hash stays as it is.
-pub(crate) fn rescale_locked<P: Platform, L, N: HashNode>(
+pub(crate) fn rescale_locked<P: Platform, L: 'static, N: HashNode>(
     lock: &IrqMutex<P, L>,
     hash: fn(&mut L) -> &mut AddrHash<N>,
     want: fn(&AddrHash<N>) -> Option<usize>,

@@ -456,57 +456,20 @@ impl PcpuCache {
         }
     }
 
-    /// The restartable alloc hit ([`crate::restart::pop`]) on the per-CPU
-    /// cache `offset` bytes into the array that starts `A::AT` bytes after
-    /// `base` (a cache's struct, whose array follows it at a constant
-    /// offset: the hit computes the line's address, no load).
-    ///
-    /// # Safety
-    /// As for [`crate::restart::pop`]: `base + A::AT + offset` is the
-    /// running CPU's per-CPU cache, and the platform's hits are
-    /// restartable.
-    #[inline(always)]
-    pub(crate) unsafe fn restartable_pop<A: crate::restart::ArrayAt, const IN_RAX: bool>(
-        base: *const u8,
-        offset: usize,
-    ) -> Option<NonNull<u8>> {
-        const INNER: usize = core::mem::offset_of!(PcpuCache, inner);
-        // SAFETY: per our caller; the offsets are `top`'s and `nr_allocs`'
-        // in a `PcpuCache` (`UnsafeCell` is `repr(transparent)`).
-        unsafe {
-            crate::restart::pop::<
-                A,
-                { INNER + core::mem::offset_of!(PcpuInner, top) },
-                { INNER + core::mem::offset_of!(PcpuInner, nr_allocs) },
-                IN_RAX,
-            >(base, offset)
-        }
-    }
-
-    /// The restartable free hit of a keyed cache ([`crate::restart::push`])
-    /// on the per-CPU cache `offset` bytes into the array `A::AT` bytes
-    /// after `base` (as for [`PcpuCache::restartable_pop`]).
-    ///
-    /// # Safety
-    /// As for [`crate::restart::push`].
-    #[inline(always)]
-    pub(crate) unsafe fn restartable_push<A: crate::restart::ArrayAt>(
-        base: *const u8,
-        offset: usize,
-        obj: NonNull<u8>,
-    ) -> bool {
-        const INNER: usize = core::mem::offset_of!(PcpuCache, inner);
-        // SAFETY: per our caller; the offsets are `top`'s, `limit`'s and
-        // `free_key`'s in a `PcpuCache`.
-        unsafe {
-            crate::restart::push::<
-                A,
-                { INNER + core::mem::offset_of!(PcpuInner, top) },
-                { INNER + core::mem::offset_of!(PcpuInner, limit) },
-                { INNER + core::mem::offset_of!(PcpuInner, free_key) },
-            >(base, offset, obj)
-        }
-    }
+    /// Byte offsets, in a `PcpuCache`, of the fields the restartable hits
+    /// ([`crate::restart`]) read and write (`UnsafeCell` is
+    /// `repr(transparent)`).
+    pub(crate) const TOP_AT: usize =
+        core::mem::offset_of!(PcpuCache, inner) + core::mem::offset_of!(PcpuInner, top);
+    /// See [`PcpuCache::TOP_AT`].
+    pub(crate) const LIMIT_AT: usize =
+        core::mem::offset_of!(PcpuCache, inner) + core::mem::offset_of!(PcpuInner, limit);
+    /// See [`PcpuCache::TOP_AT`].
+    pub(crate) const NR_ALLOCS_AT: usize =
+        core::mem::offset_of!(PcpuCache, inner) + core::mem::offset_of!(PcpuInner, nr_allocs);
+    /// See [`PcpuCache::TOP_AT`].
+    pub(crate) const FREE_KEY_AT: usize =
+        core::mem::offset_of!(PcpuCache, inner) + core::mem::offset_of!(PcpuInner, free_key);
 
     /// [`PcpuCache::try_lock`] for code that excludes this CPU's other
     /// interrupts-off sections already: interrupts off on this CPU, or a

@@ -95,7 +95,85 @@ fn heap_refuses_a_region_too_small_with_the_figures() {
     let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
     let result = heap.init_static(region(8));
     assert_eq!(result, Err(AllocError::SourceTooSmall));
-    let cost = crate::Allocator::<UpPlatform>::init_cost(heap.source()).unwrap();
+    // The refused heap forgot the region: the figures come from a source
+    // given the same size of region.
+    let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
+    source.init_static(region(8)).unwrap();
+    let cost = crate::Allocator::<UpPlatform>::init_cost(source).unwrap();
     assert_eq!(cost.min_source_bytes, 68 * 1024);
     assert_eq!(cost.span_bytes, 7 * PAGE_SIZE);
+}
+
+/// Issue 29: a refused `init_region` leaves the heap as it was, so a
+/// retry with a larger region works (it used to answer
+/// `AlreadyInitialized` for ever, the heap never ready).
+#[test]
+fn heap_init_region_is_retried_after_a_region_too_small() {
+    set_cpu(0);
+    let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
+    let small = region(8); // 32 KiB
+    let range = small.as_mut_ptr_range();
+    // SAFETY: leaked host memory, ours for ever.
+    let refused = unsafe { heap.init_region(range.start as usize, 8 * PAGE_SIZE) };
+    assert_eq!(refused, Err(AllocError::SourceTooSmall));
+    assert!(!heap.is_ready());
+    assert_eq!(heap.source().span(), (0, 0), "the source forgot the region");
+    assert_eq!(heap.source().stats().total_bytes, 0);
+    let large = region(256); // 1 MiB
+    let start = large.as_mut_ptr() as usize;
+    // SAFETY: as above.
+    unsafe { heap.init_region(start, 256 * PAGE_SIZE) }.expect("the retry");
+    assert!(heap.is_ready());
+    let (span_start, span_end) = heap.source().span();
+    assert!(span_start >= start && span_end <= start + 256 * PAGE_SIZE);
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: a valid layout.
+    let ptr = unsafe { heap.alloc(layout) };
+    assert!(!ptr.is_null());
+    assert!((span_start..span_end).contains(&(ptr as usize)));
+    // SAFETY: allocated above with this layout.
+    unsafe { heap.dealloc(ptr, layout) };
+    // A second init after success is refused and changes nothing.
+    // SAFETY: as above.
+    let again = unsafe { heap.init_region(region(256).as_mut_ptr() as usize, 256 * PAGE_SIZE) };
+    assert_eq!(again, Err(AllocError::AlreadyInitialized));
+    assert_eq!(heap.source().span(), (span_start, span_end));
+    heap.debug().check_invariants().unwrap();
+}
+
+/// As above through `init_static`.
+#[test]
+fn heap_init_static_is_retried_after_a_region_too_small() {
+    set_cpu(0);
+    let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
+    assert_eq!(heap.init_static(region(8)), Err(AllocError::SourceTooSmall));
+    assert!(!heap.is_ready());
+    assert_eq!(heap.source().span(), (0, 0));
+    heap.init_static(region(256)).expect("the retry");
+    assert!(heap.is_ready());
+    let boxed = heap.kmalloc_box(64, 8).expect("kmalloc after the retry");
+    boxed.free().unwrap();
+    assert_eq!(
+        heap.init_static(region(256)),
+        Err(AllocError::AlreadyInitialized)
+    );
+}
+
+/// A region source whose `init` is refused keeps no region, and one that
+/// was given a region refuses another without changing.
+#[test]
+fn region_source_refused_init_changes_nothing() {
+    let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
+    assert_eq!(
+        source.init_static(&mut region(2)[..PAGE_SIZE]),
+        Err(AllocError::InvalidLayout)
+    );
+    assert_eq!(source.span(), (0, 0));
+    source.init_static(region(4)).unwrap();
+    let span = source.span();
+    assert_eq!(
+        source.init_static(region(4)),
+        Err(AllocError::AlreadyInitialized)
+    );
+    assert_eq!(source.span(), span);
 }

@@ -562,3 +562,54 @@ fn a_sample_freed_while_the_per_cpu_cache_is_held_is_counted() {
     assert_eq!(stats.nr_allocated, 0, "{stats:?}");
     assert_eq!(stats.nr_allocs_ever, stats.nr_frees_ever, "{stats:?}");
 }
+
+/// Issue 29: a sample armed while every cache that allocates is
+/// ineligible (the trace table on every cache) used to stay armed with
+/// every cache's bit cleared, and KFENCE never sampled again; the next
+/// interval sets the bits again.
+#[test]
+fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
+    let (alloc, _) = setup_default();
+    KFENCE_CLOCK.fetch_max(1_000_000_000, Ordering::Relaxed);
+    alloc.kfence().init(100).unwrap();
+    let cache = alloc
+        .cache_create(
+            "kf-rearm",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
+        .unwrap();
+    let mut traced = Vec::new();
+    alloc.for_each_cache(|cache| {
+        if !cache.is_bootstrap() && cache.trace_start().is_ok() {
+            traced.push(cache);
+        }
+    });
+    KFENCE_CLOCK.fetch_add(200_000_000, Ordering::Relaxed);
+    // Misses arm a sample; every cache clears its bit at its next
+    // allocation, none eligible (traced).
+    let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
+    for other in &traced {
+        other.alloc_box().unwrap().free().unwrap();
+    }
+    assert!(
+        objs.iter()
+            .all(|o| !alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
+    );
+    drop(objs);
+    for other in &traced {
+        other.trace_stop();
+        other.trace_reset();
+    }
+    KFENCE_CLOCK.fetch_add(200_000_000, Ordering::Relaxed);
+    let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
+    let nr_sampled = objs
+        .iter()
+        .filter(|o| alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
+        .count();
+    assert_eq!(nr_sampled, 1, "the next interval samples again");
+    drop(objs);
+}

@@ -6,6 +6,8 @@
 mod support;
 
 #[cfg(not(loom))]
+mod alloc_errors;
+#[cfg(not(loom))]
 mod alloc_free;
 #[cfg(not(loom))]
 mod bad_free;
@@ -37,6 +39,8 @@ mod kmemtrace;
 mod kmemtrace_sizing;
 #[cfg(not(loom))]
 mod leak_scan;
+#[cfg(not(loom))]
+mod lockdep;
 #[cfg(loom)]
 pub(crate) mod loom_models;
 #[cfg(not(loom))]

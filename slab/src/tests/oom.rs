@@ -4,7 +4,7 @@ use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator};
+use crate::{AllocError, Allocator, MIN_FREE_PAGES};
 
 #[test]
 fn init_fails_cleanly_at_every_point() {
@@ -147,4 +147,41 @@ fn cache_create_out_of_memory() {
     }
     alloc.reap_all();
     assert!(source.pages_outstanding() <= baseline);
+}
+
+/// Issue 29: a refused `Allocator::init` leaves the allocator as a fresh
+/// one: no cache listed, cache ids where they were, not ready; a retry
+/// builds exactly what a first successful init builds.
+#[test]
+fn a_refused_init_leaves_the_allocator_as_it_was() {
+    set_cpu(0);
+    let fresh: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    fresh.init(FakeSource::new(1024)).unwrap();
+    let mut fresh_ids = Vec::new();
+    fresh.for_each_cache(|cache| {
+        fresh_ids.push((std::string::String::from(cache.name()), cache.id()))
+    });
+
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let source = FakeSource::new(1024);
+    // Refused halfway (the page source runs dry after 20 pages), then
+    // refused too small, then retried.
+    source.fail_after(Some(20));
+    assert_eq!(alloc.init(source), Err(AllocError::OutOfMemory));
+    assert_eq!(
+        alloc.init(FakeSource::new(MIN_FREE_PAGES)),
+        Err(AllocError::SourceTooSmall)
+    );
+    assert!(!alloc.is_ready());
+    assert_eq!(source.pages_outstanding(), 0);
+    let mut nr_listed = 0;
+    alloc.for_each_cache(|_| nr_listed += 1);
+    assert_eq!(nr_listed, 0, "a refused init lists no cache");
+    assert!(alloc.kmalloc(64, 8).is_err());
+    source.fail_after(None);
+    alloc.init(source).unwrap();
+    let mut ids = Vec::new();
+    alloc.for_each_cache(|cache| ids.push((std::string::String::from(cache.name()), cache.id())));
+    assert_eq!(ids, fresh_ids, "the same caches with the same ids");
+    assert_eq!(alloc.init(source), Err(AllocError::AlreadyInitialized));
 }

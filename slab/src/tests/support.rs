@@ -59,6 +59,28 @@ std::thread_local! {
     static IRQ_DEPTH: Cell<usize> = const { Cell::new(0) };
     /// The CPU whose emulated interrupt lock this thread holds.
     static IRQ_CPU: Cell<usize> = const { Cell::new(0) };
+    /// Whether this thread runs an emulated interrupt handler
+    /// (`Platform::in_interrupt`, [`as_interrupt`]).
+    static IN_IRQ: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` as an interrupt handler of this thread's CPU: with its
+/// emulated interrupts off for the whole call (as an x86 interrupt gate
+/// leaves them) and `Platform::in_interrupt` true. Restored even if `f`
+/// panics.
+pub fn as_interrupt<R>(f: impl FnOnce() -> R) -> R {
+    struct Exit;
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            IN_IRQ.with(|flag| flag.set(false));
+            emulated_irq_restore();
+        }
+    }
+    assert!(!IN_IRQ.with(Cell::get), "nested emulated interrupt");
+    emulated_irq_save();
+    IN_IRQ.with(|flag| flag.set(true));
+    let _exit = Exit;
+    f()
 }
 
 /// "Interrupts off on CPU n", emulated: a lock per CPU id, taken by the
@@ -166,6 +188,9 @@ unsafe impl Platform for TestPlatform {
     }
     fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
         emulated_cross_cpu_call(cpu, work)
+    }
+    fn in_interrupt() -> bool {
+        IN_IRQ.with(Cell::get)
     }
     fn now() -> u64 {
         CLOCK.fetch_add(1, Ordering::Relaxed)
