@@ -50,13 +50,13 @@ use magpie::arch::idt;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::kmem::{SLAB, cache_destroy};
 use magpie::testing::{trap_off, trap_on, with_debug_handler};
-use magpie_slab::{AllocError, Allocator, FreeError, KmemCache};
+use magpie_slab::{AllocError, FreeError, Kmem, KmemCache};
 use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
 
 type Cache = KmemCache<KernelPlatform>;
-type Slab = Allocator<KernelPlatform>;
+type Slab = Kmem<KernelPlatform>;
 
 /// Objects the handler may hold.
 const HELD_MAX: usize = 1024;

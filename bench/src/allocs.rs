@@ -13,7 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
-use magpie_slab::{Allocator, KmemCache, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Kmem, KmemCache, PAGE_SIZE, PageSource, Platform};
 use slabmalloc::{AllocationError, LargeObjectPage, ObjectPage, ZoneAllocator};
 
 use crate::host::{self, BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
@@ -209,26 +209,26 @@ impl<A: GlobalAlloc + Sync + 'static> BenchAlloc for Global<A> {
 // ---------------------------------------------------------------- magpie
 
 /// The magpie allocator of this process (plain platform).
-pub static MAGPIE: Allocator<BenchPlatform> = Allocator::new();
+pub static MAGPIE: Kmem<BenchPlatform> = Kmem::new();
 /// The magpie allocator of the `magpie-prof-*` runs ([`ProfPlatform`]).
-pub static MAGPIE_PROF: Allocator<ProfPlatform> = Allocator::new();
+pub static MAGPIE_PROF: Kmem<ProfPlatform> = Kmem::new();
 
 /// A platform with its process-wide magpie allocator.
 pub trait MagpieHost: Platform + Sync + Sized {
     /// The allocator of this platform.
-    fn allocator() -> &'static Allocator<Self>;
+    fn allocator() -> &'static Kmem<Self>;
 }
 
 impl MagpieHost for BenchPlatform {
     #[inline(always)]
-    fn allocator() -> &'static Allocator<Self> {
+    fn allocator() -> &'static Kmem<Self> {
         &MAGPIE
     }
 }
 
 impl MagpieHost for ProfPlatform {
     #[inline(always)]
-    fn allocator() -> &'static Allocator<Self> {
+    fn allocator() -> &'static Kmem<Self> {
         &MAGPIE_PROF
     }
 }

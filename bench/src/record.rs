@@ -1,6 +1,6 @@
 //! `magpie-bench record WORKLOAD OUT.kmt`: the two replay workloads that
 //! are Rust heap code rather than kernel commands, run on the host through
-//! magpie-slab (`&'static Allocator` as `core::alloc::Allocator`, so
+//! magpie-slab (`&'static Kmem` as `core::alloc::Allocator`, so
 //! `Box`, `Vec` and `BTreeMap` allocate from it) with kmemtrace recording
 //! on, and dumped by the library's own writer (`kmemtrace_dump`): the same
 //! events and format the kernel's `kmemtrace dump` sends.

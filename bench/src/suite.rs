@@ -1331,7 +1331,7 @@ fn kernel_hit(r: &mut String, failures: &mut Vec<String>, path: &str) {
     writeln!(
         r,
         "Exact instructions executed by the kernel's `GlobalAlloc::alloc` and `::dealloc` of \
-         `Allocator<KernelPlatform>` on a 64-byte magazine hit (the functions \
+         `Kmem<KernelPlatform>` on a 64-byte magazine hit (the functions \
          `bench/kernel-hit.py` prints from the test kernel; the kernel's hits are restartable \
          sequences, `magpie_slab::restart`, with no in-use flag to take; a frame \
          pointer where the kernel's non-leaf frame pointers give a function one; \
@@ -1502,7 +1502,7 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
          the allocator's own call for giving memory back, if it has one. Resident as above \
          (growth of `RssAnon` since before the burst). `live` = bytes requested by the \
          survivors; \"after one idle interval\" is magpie's depot working set at work \
-         (two `Allocator::kmem_update` ticks, what a kernel's idle loop runs every few \
+         (two `Kmem::kmem_update` ticks, what a kernel's idle loop runs every few \
          seconds; the others do nothing while idle); `× live` = resident after the \
          give-back / live. No allocator that does \
          not move objects can return much here: nearly every page keeps a survivor.\n",

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{Allocator, PAGE_SIZE, PageSource, Platform, PlatformHooks};
+use magpie_slab::{Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -77,10 +77,10 @@ fn main() {
     let region = Box::leak(vec![0u8; HEAP_SIZE].into_boxed_slice());
     // SAFETY: the region is ours, writable, and used by the heap alone.
     unsafe { HEAP.init_region(region.as_mut_ptr() as usize, region.len()) }.expect("heap");
-    let cost = Allocator::<OneThread>::init_cost(HEAP.source()).expect("a span");
+    let cost = Kmem::<OneThread>::init_cost(HEAP.source()).expect("a span");
     println!("{cost}");
 
-    let heap: &'static Allocator<OneThread> = &HEAP;
+    let heap: &'static Kmem<OneThread> = &HEAP;
     let mut numbers = Vec::new_in(heap);
     numbers.extend(0..1000_u64);
     let mut words = BTreeMap::new_in(heap);

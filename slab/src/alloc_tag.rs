@@ -85,18 +85,18 @@
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::platform::Platform;
 
 /// Allocation profiling's switches and tagged allocations for one
-/// allocator, from [`Allocator::profiling`] (feature `alloc-profiling`
+/// allocator, from [`Kmem::profiling`] (feature `alloc-profiling`
 /// for the switches to do anything; see the crate docs).
 #[derive(Clone, Copy)]
 pub struct AllocProfiling<'a, P: Platform> {
-    pub(crate) heap: &'a Allocator<P>,
+    pub(crate) heap: &'a Kmem<P>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Allocation profiling's switches: [`AllocProfiling`].
     pub fn profiling(&self) -> AllocProfiling<'_, P> {
         AllocProfiling { heap: self }

@@ -10,7 +10,7 @@
 //! - a **header**: the magic [`DESCRIPTOR_MAGIC`], the format version
 //!   [`DESCRIPTOR_VERSION`], the sizes of the header and of the layout;
 //! - what only the running kernel knows, written once by
-//!   [`Allocator::init`](crate::Allocator::init): the address of the
+//!   [`Kmem::init`](crate::Kmem::init): the address of the
 //!   first allocator brought up (an image holds one heap; a later
 //!   allocator in the same program is not described), and where the
 //!   payload of a `spin::Mutex` sits inside it (the lock crate's layout
@@ -37,7 +37,7 @@
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::allocator::{Allocator, CacheList};
+use crate::allocator::{CacheList, Kmem};
 use crate::cache::{CacheLinks, KmemCache};
 use crate::kmemtrace::rings::CpuRing;
 use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
@@ -154,7 +154,7 @@ unsafe impl PlatformHooks for LayoutPlatform {
     }
 }
 
-type LayoutAllocator = Allocator<LayoutPlatform>;
+type LayoutAllocator = Kmem<LayoutPlatform>;
 type LayoutCache = KmemCache<LayoutPlatform>;
 
 /// Declares [`DescriptorLayout`] (each entry once: its name, its doc and
@@ -203,7 +203,7 @@ layout! {
     /// Constant: bytes per per-CPU cache slot (the per-CPU array's stride).
     cpu_slot_bytes = Entry::value(CPU_SLOT_BYTES);
 
-    /// Constant: `size_of::<Allocator>()`.
+    /// Constant: `size_of::<Kmem>()`.
     allocator_size = Entry::value(size_of::<LayoutAllocator>());
     /// The cache-list lock (a `spin::Mutex`; its payload at the
     /// header's `cache_list_lock_data` bytes in).
@@ -560,17 +560,17 @@ fn payload_offset<T>(lock: *const u8, payload: &T) -> u64 {
     (core::ptr::from_ref(payload).cast::<u8>() as u64).wrapping_sub(lock as u64)
 }
 
-/// Describe `allocator` (called by [`Allocator::init`] once it is ready):
+/// Describe `allocator` (called by [`Kmem::init`] once it is ready):
 /// the first allocator of the program is the one described. Refused (the
 /// descriptor stays empty) if the platform changed a structure's size,
 /// which `LayoutPlatform` would not see.
-pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
+pub(crate) fn register<P: Platform>(allocator: &'static Kmem<P>) {
     // The loom models explore every interleaving of the locks: the
     // measuring locks below are none of theirs.
     if cfg!(loom) {
         return;
     }
-    if size_of::<Allocator<P>>() != size_of::<LayoutAllocator>()
+    if size_of::<Kmem<P>>() != size_of::<LayoutAllocator>()
         || size_of::<KmemCache<P>>() != size_of::<LayoutCache>()
     {
         return;

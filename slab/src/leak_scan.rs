@@ -30,7 +30,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::layout::pagemap::PageOwner;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -145,7 +145,7 @@ pub struct LeakSummary {
 
 /// A leak scan in progress: see the [module docs](self).
 pub struct LeakScan<'t, P: Platform> {
-    alloc: &'t Allocator<P>,
+    alloc: &'t Kmem<P>,
     table: &'t mut [LeakEntry],
     /// Lowest object start and highest object end: a word outside needs
     /// no search.
@@ -160,7 +160,7 @@ impl<'t, P: Platform> LeakScan<'t, P> {
     /// needs now: busy objects of every cache but the bootstrap ones,
     /// plus live page-granular kmallocs. Allocation in between may raise
     /// it: give some slack.
-    pub fn capacity(heap: &Allocator<P>) -> usize {
+    pub fn capacity(heap: &Kmem<P>) -> usize {
         let mut nr = 0;
         heap.for_each_cache(|cache| {
             if !cache.is_bootstrap() {
@@ -187,7 +187,7 @@ impl<'t, P: Platform> LeakScan<'t, P> {
     /// (a kernel's other CPUs), but objects they touch meanwhile may be
     /// misreported: scan a quiet system, as `::findleaks` does a dump.
     pub unsafe fn new(
-        heap: &'t Allocator<P>,
+        heap: &'t Kmem<P>,
         table: &'t mut [LeakEntry],
     ) -> Result<LeakScan<'t, P>, LeakScanError> {
         if !heap.is_ready() {

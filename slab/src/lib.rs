@@ -2,7 +2,7 @@
 //!
 //! A `no_std` object-caching allocator for hobby kernels, after Bonwick's
 //! slab allocator, Bonwick & Adams' magazines and depot, and Akaros'
-//! `kern/src/slab.c`. The main type is [`Allocator`]: the kmalloc size
+//! `kern/src/slab.c`. The main type is [`Kmem`]: the kmalloc size
 //! classes, object caches ([`KmemCache`]), `GlobalAlloc` and
 //! `core::alloc::Allocator`.
 //!
@@ -16,12 +16,12 @@
 //!    (feature `x86_64-uniprocessor`).
 //! 2. **Declare the heap** in a `static` and make it the global
 //!    allocator: [`glue::Heap`] (the allocator and a page source over one
-//!    mapped region, [`glue::RegionSource`]), or an [`Allocator`] with
+//!    mapped region, [`glue::RegionSource`]), or an [`Kmem`] with
 //!    any [`PageSource`] of yours.
 //! 3. **Hand it its memory** once, early: `HEAP.init_region(start, len)`
-//!    (or `Allocator::init(&source)`). From then on `Box`, `Vec` and
+//!    (or `Kmem::init(&source)`). From then on `Box`, `Vec` and
 //!    `String` go through the magazines; make object caches with
-//!    [`Allocator::cache_create`]`(name, size, &CacheArgs { .. })`.
+//!    [`Kmem::cache_create`]`(name, size, &CacheArgs { .. })`.
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::Heap;
@@ -62,17 +62,20 @@
 //! trace print, `whatis`) are functions in [`reports`] writing to any
 //! `core::fmt::Write`. `docs/ADOPTING.md` is the longer path.
 //!
-//! **Why `Allocator` and not the name of the trait it implements?** The
-//! type is the kmem allocator of Bonwick's paper; the crate implements
-//! `core::alloc::Allocator` for `&'static Allocator<P>` too, so code that
-//! uses both names one of them by its path.
+//! **Why is the main type called `Kmem`?** It is the kmem allocator of
+//! Bonwick's paper and of illumos (`kmem_alloc`, `kmem_cache_create`,
+//! `kmem_flags`, `::kmem*`), whose words the shell speaks (`kmemstat`,
+//! `kmem verify`), and its caches are `KmemCache`s. The name it had,
+//! `Allocator`, collided with `core::alloc::Allocator`, which the crate
+//! implements for `&'static Kmem<P>`; `Slab` names a slab of the slab layer here,
+//! and `glue::Heap` the allocator with its page source.
 //!
 //! ## Layers
 //!
 //! From the caller down (each layer is a folder or a file of `src/`, and
 //! imports only the ones below it):
 //!
-//! 1. **Allocator** (`allocator/`): [`Allocator`], all global state —
+//! 1. **Kmem** (`allocator/`): [`Kmem`], all global state —
 //!    `init` and the bootstrap caches, the cache list, kmalloc (size
 //!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
 //!    `kmalloc_array`, `krealloc` too), `kfree`, the `GlobalAlloc` shims,
@@ -120,7 +123,7 @@
 //! 6. **Layout** (`layout/`): slab geometry, the hardened free list, the
 //!    address hash, the page map and its typed entry (`PageEntry`); it
 //!    imports nothing above it.
-//! 7. **Page sources**: the primary one given to [`Allocator::init`], or
+//! 7. **Page sources**: the primary one given to [`Kmem::init`], or
 //!    one per cache.
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
@@ -148,10 +151,10 @@
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
-//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Allocator` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
+//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
 //! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
@@ -179,7 +182,7 @@
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
-//! [`KmemCache::alloc_tagged`] and [`Allocator::kmalloc_tagged`]. The
+//! [`KmemCache::alloc_tagged`] and [`Kmem::kmalloc_tagged`]. The
 //! runtime switch is [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled) (a kernel calls
 //! it whenever its own switch flips; on by default): off, nothing asks
 //! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
@@ -238,7 +241,7 @@
 //!   cache freely. Everything else that reaches it with interrupts on (the
 //!   recorded hits) disables interrupts.
 //! - **Any other CPU** that needs it — [`KmemCache::reap`] and
-//!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
+//!   [`Kmem::reap_all`] (drain), [`KmemCache::destroy`] (drain),
 //!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
 //!   [`HeapStats::cpu`]), the loom models' magazine resize — asks
 //!   that CPU to do it, through [`Platform::cross_cpu_call`]: the kernel
@@ -305,20 +308,20 @@
 //!
 //! - **Working set** (Bonwick & Adams 2001 §3.7, illumos
 //!   `kmem_depot_ws_update` / `kmem_depot_ws_reap`):
-//!   [`Allocator::kmem_update`], run by the kernel every few seconds,
+//!   [`Kmem::kmem_update`], run by the kernel every few seconds,
 //!   starts a new interval in every depot and frees the magazines (and
 //!   their rounds) no CPU needed during the whole last interval, then
 //!   every empty slab. After a burst, memory comes back one idle interval
 //!   later; a steady load keeps its magazines.
 //! - **Under pressure**: when a page source runs dry, the allocation
-//!   reaps every cache ([`Allocator::reap_all`]: every CPU's magazines by
+//!   reaps every cache ([`Kmem::reap_all`]: every CPU's magazines by
 //!   cross-CPU calls, the depots, the empty slabs) and retries once before
 //!   it returns `OutOfMemory` ([`HeapStats::nr_pressure_reaps`] counts
 //!   them). So an allocation that may run out of memory must be made with
 //!   interrupts on, like any reap (the cross-CPU calls); if the cache list
 //!   is held (a `for_each_cache` callback allocating) it fails without
 //!   the reap.
-//! - **Explicitly**: [`KmemCache::reap`], [`Allocator::reap_all`] (the
+//! - **Explicitly**: [`KmemCache::reap`], [`Kmem::reap_all`] (the
 //!   kernel's `reap` command).
 //!
 //! [`HeapStats::metadata`] and [`CacheStats::waste_bytes`] say where
@@ -494,10 +497,10 @@
 //!
 //! ## Sources
 //!
-//! - Jeff Bonwick, "The Slab Allocator: An Object-Caching Kernel Memory
-//!   Allocator", USENIX Summer 1994.
+//! - Jeff Bonwick, "The Slab Kmem: An Object-Caching Kernel Memory
+//!   Kmem", USENIX Summer 1994.
 //! - Jeff Bonwick and Jonathan Adams, "Magazines and Vmem: Extending the
-//!   Slab Allocator to Many CPUs and Arbitrary Resources", USENIX 2001.
+//!   Slab Kmem to Many CPUs and Arbitrary Resources", USENIX 2001.
 //! - Akaros `kern/src/slab.c` (Barret Rhoden), and the commit "slab: Add
 //!   tracing infrastructure for allocs and frees" (2018).
 //! - illumos `usr/src/uts/common/os/kmem.c` (bufctl audit, bad-free
@@ -525,7 +528,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::{Heap, RegionSource};
-//! use magpie_slab::{Allocator, CacheArgs, Platform, PlatformHooks};
+//! use magpie_slab::{Kmem, CacheArgs, Platform, PlatformHooks};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
@@ -547,7 +550,7 @@
 //! static HEAP: Heap<MyPlatform> = Heap::new();
 //! // ... or the two apart (any PageSource will do).
 //! static PAGES: RegionSource<MyPlatform> = RegionSource::new();
-//! static SLAB: Allocator<MyPlatform> = Allocator::new();
+//! static SLAB: Kmem<MyPlatform> = Kmem::new();
 //!
 //! fn kernel_main(heap: (usize, usize), more: (usize, usize)) -> Result<(), magpie_slab::AllocError> {
 //!     // SAFETY: both ranges are mapped, writable and used by nothing else.
@@ -569,8 +572,8 @@
 //! Before `init` completes, `GlobalAlloc::alloc` returns null. A kernel
 //! that needs a heap earlier uses a bootstrap heap and a small
 //! `GlobalAlloc` shim of its own: allocate from the bootstrap heap until
-//! [`Allocator::is_ready`], then from the slab allocator; on free, send a
-//! pointer to [`Allocator::kfree`] if [`Allocator::owns`] it, else to the
+//! [`Kmem::is_ready`], then from the slab allocator; on free, send a
+//! pointer to [`Kmem::kfree`] if [`Kmem::owns`] it, else to the
 //! bootstrap heap.
 //!
 //! Sizes are in bytes and page counts in pages of [`PAGE_SIZE`] bytes
@@ -684,7 +687,7 @@ pub struct ReadmeDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use allocator::{Allocator, CacheArgs, HeapStats, InitCost, MIN_FREE_PAGES};
+pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};

@@ -98,7 +98,7 @@ pub unsafe trait Platform: PlatformHooks + 'static {
     const RESTARTABLE_HITS: bool = false;
 
     /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by
-    /// [`Allocator::init`](crate::Allocator::init); per-CPU arrays are
+    /// [`Kmem::init`](crate::Kmem::init); per-CPU arrays are
     /// sized by it. A value of 0 is treated as 1.
     fn max_cpus() -> usize;
     /// Id of the CPU running the caller, in `0..max_cpus()` (see the
@@ -416,7 +416,7 @@ pub trait PageSource: Sync {
     }
 }
 
-/// The source an [`Allocator`](crate::Allocator) reports before `init`:
+/// The source an [`Kmem`](crate::Kmem) reports before `init`:
 /// it has no memory.
 pub(crate) struct NullSource;
 

@@ -5,7 +5,7 @@
 use crate::debug::SlabDebug;
 use core::fmt;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::debug::{AuditRecord, CONTENTS_BYTES, DebugLayout, ObjectState};
 use crate::layout::freelist::map_test;
@@ -171,7 +171,7 @@ pub struct WhatIs<P: Platform> {
     pub last_free: Option<AuditRecord>,
 }
 
-impl<P: Platform> Allocator<P> {}
+impl<P: Platform> Kmem<P> {}
 
 /// An allocator invariant that does not hold ([`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +190,7 @@ impl fmt::Display for InvariantError {
     }
 }
 
-impl<P: Platform> Allocator<P> {}
+impl<P: Platform> Kmem<P> {}
 
 impl<P: Platform> SlabDebug<'_, P> {
     /// [`KmemCache::verify`] for every cache, summed.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  Box / Vec / String ─┐
-//!  shell kmalloc/kfree ├─► SLAB: magpie_slab::Allocator<KernelPlatform>
+//!  shell kmalloc/kfree ├─► SLAB: magpie_slab::Kmem<KernelPlatform>
 //!  kmem_cache users  ──┘        kmalloc-8 … kmalloc-8192, kmem_* caches
 //!                                       │ whole pages
 //!                               KPAGES: Arena (PageSource)
@@ -32,7 +32,7 @@ pub mod kpages;
 pub mod platform;
 
 use magpie_codetag::alloc_tag::SwitchLocked;
-use magpie_slab::Allocator;
+use magpie_slab::Kmem;
 
 pub use self::kpages::{Arena, KPAGES, base_stats};
 pub use self::platform::KernelPlatform;
@@ -40,7 +40,7 @@ use crate::debug::slab_debug;
 use crate::profiling::alloc_tag;
 
 /// The kernel's slab allocator.
-pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
+pub static SLAB: Kmem<KernelPlatform> = Kmem::new();
 
 /// Brings the slab allocator up on [`KPAGES`]; from then on the global
 /// allocator serves new allocations from it. Panics if that fails: without

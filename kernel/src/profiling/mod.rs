@@ -9,7 +9,7 @@
 //!
 //! * **explicit** call sites name their own tag: [`kmalloc!`](crate::kmalloc),
 //!   [`kmem_cache_alloc!`](crate::kmem_cache_alloc), and the per-call-site
-//!   `Allocator` handle [`tagged_alloc!`](crate::tagged_alloc) for
+//!   `Kmem` handle [`tagged_alloc!`](crate::tagged_alloc) for
 //!   `Box::new_in` / `Vec::new_in`;
 //! * a **scope** ([`alloc_tag_scope!`](crate::alloc_tag_scope)) charges every
 //!   other allocation made on this CPU while it lives — `Box`, `Vec` and

@@ -1,19 +1,19 @@
 //! [`SlabBox`](crate::SlabBox) and [`InitBox`](crate::InitBox) from
 //! kmalloc.
 
-use super::Allocator;
+use super::Kmem;
 use crate::alloc_tag::AllocProfiling;
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::object::SlabBox;
 use crate::platform::Platform;
 
-impl<P: Platform> Allocator<P> {
-    /// [`Allocator::kmalloc`] as an owned [`SlabBox`] of `size` bytes,
+impl<P: Platform> Kmem<P> {
+    /// [`Kmem::kmalloc`] as an owned [`SlabBox`] of `size` bytes,
     /// freed without `unsafe`.
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`].
+    /// As for [`Kmem::kmalloc`].
     pub fn kmalloc_box(&'static self, size: usize, align: usize) -> Result<SlabBox<P>, AllocError> {
         let ptr = self.kmalloc(size, align)?;
         Ok(SlabBox::from_kmalloc(self, ptr, size))
@@ -21,11 +21,11 @@ impl<P: Platform> Allocator<P> {
 }
 
 impl<P: Platform> AllocProfiling<'static, P> {
-    /// [`Allocator::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
+    /// [`Kmem::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
     /// bytes.
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`].
+    /// As for [`Kmem::kmalloc`].
     pub fn kmalloc_box(
         &self,
         size: usize,

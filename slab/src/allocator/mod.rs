@@ -1,4 +1,4 @@
-//! [`Allocator`]: all global state — the bootstrap caches, the cache list
+//! [`Kmem`]: all global state — the bootstrap caches, the cache list
 //! (create, find, walk, reap), the profiling switch (this file); `init`
 //! (`init.rs`); the kmalloc size classes, page-granular kmalloc and
 //! `kfree` (`kmalloc.rs`); the `GlobalAlloc` / `core::alloc::Allocator`
@@ -54,7 +54,7 @@ const _: () = {
 
 /// The bootstrap caches other than the magazine caches, which come first
 /// (one per magazine type, `kmem_magazine_<rounds>`: see
-/// [`Allocator::magazine_cache`]); in creation order.
+/// [`Kmem::magazine_cache`]); in creation order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BootCache {
     Cache = NR_MAG_TYPES as isize,
@@ -112,7 +112,7 @@ const _: () = {
     );
 };
 
-/// The less common arguments of [`Allocator::cache_create`] (after Linux
+/// The less common arguments of [`Kmem::cache_create`] (after Linux
 /// 6.12's `struct kmem_cache_args`): start from [`CacheArgs::DEFAULT`]
 /// (or `CacheArgs::default()`) and set what differs.
 #[derive(Clone, Copy)]
@@ -182,10 +182,10 @@ unsafe impl<P: Platform> Send for CacheList<P> {}
 
 /// The slab allocator: everything global.
 ///
-/// Create it in a `static` with [`Allocator::new`], bring it up with
-/// [`Allocator::init`]. Before `init` completes, allocations fail
+/// Create it in a `static` with [`Kmem::new`], bring it up with
+/// [`Kmem::init`]. Before `init` completes, allocations fail
 /// (`GlobalAlloc` returns null) and frees are refused.
-pub struct Allocator<P: Platform> {
+pub struct Kmem<P: Platform> {
     pub(crate) state: AtomicU8,
     // The cells below are written only by `init` while `state` is
     // INITIALIZING (one thread, exclusive by the state CAS) and read after
@@ -201,7 +201,7 @@ pub struct Allocator<P: Platform> {
     /// alignment. Written under `class_lock` (Release), read by every
     /// kmalloc (Acquire: a plain load on x86).
     pub(crate) kmalloc: [AtomicPtr<KmemCache<P>>; NR_KMALLOC],
-    /// [`Allocator::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
+    /// [`Kmem::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
     /// below 1 KiB (`kmalloc.rs`): the small-size alloc hit's one lookup.
     /// Until `init` publishes it (Release, right before READY) every entry
     /// is the unready entry (`cache::unready`), which the hit's one flag
@@ -257,11 +257,11 @@ pub struct Allocator<P: Platform> {
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
 // during init by the one initialising thread and are read-only afterwards;
 // everything else is atomics, spin locks, and caches that are Sync.
-unsafe impl<P: Platform> Sync for Allocator<P> {}
+unsafe impl<P: Platform> Sync for Kmem<P> {}
 // SAFETY: as above.
-unsafe impl<P: Platform> Send for Allocator<P> {}
+unsafe impl<P: Platform> Send for Kmem<P> {}
 
-impl<P: Platform> Default for Allocator<P> {
+impl<P: Platform> Default for Kmem<P> {
     fn default() -> Self {
         Self::new()
     }
@@ -291,10 +291,10 @@ impl NameBuf {
     }
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// An allocator that is not initialised yet; usable in a `static`.
     pub const fn new() -> Self {
-        Allocator {
+        Kmem {
             state: AtomicU8::new(STATE_UNINIT),
             source: UnsafeCell::new(&NullSource),
             page_map: UnsafeCell::new(PageMap::empty()),
@@ -423,10 +423,10 @@ impl<P: Platform> Allocator<P> {
         unsafe { self.link_cache_locked(&mut self.caches.lock::<P>(), cache) };
     }
 
-    /// [`Allocator::link_cache`] with the cache-list lock held (`list`).
+    /// [`Kmem::link_cache`] with the cache-list lock held (`list`).
     ///
     /// # Safety
-    /// As for [`Allocator::link_cache`].
+    /// As for [`Kmem::link_cache`].
     unsafe fn link_cache_locked(&self, list: &mut CacheList<P>, cache: *const KmemCache<P>) {
         // SAFETY: links are only touched under the cache-list lock; cache
         // and the tail are alive.
@@ -660,7 +660,7 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// [`Allocator::for_each_cache`] if the cache-list lock is free now;
+    /// [`Kmem::for_each_cache`] if the cache-list lock is free now;
     /// false (nothing done) if it is held — by this CPU too: the KFENCE
     /// tick runs on an allocation's miss, which a `for_each_cache`
     /// callback may make.
@@ -741,15 +741,15 @@ impl<P: Platform> AllocProfiling<'_, P> {
     }
 }
 
-/// The allocator's figures beyond one cache's, from [`Allocator::stats`]:
+/// The allocator's figures beyond one cache's, from [`Kmem::stats`]:
 /// per CPU, its own metadata, page-granular kmallocs, reaps under
 /// pressure.
 #[derive(Clone, Copy)]
 pub struct HeapStats<'a, P: Platform> {
-    heap: &'a Allocator<P>,
+    heap: &'a Kmem<P>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// The allocator's figures: [`HeapStats`].
     pub fn stats(&self) -> HeapStats<'_, P> {
         HeapStats { heap: self }
@@ -783,7 +783,7 @@ impl<P: Platform> HeapStats<'_, P> {
     /// frees they served (magazine hits; slab-layer misses and
     /// page-granular kmallocs are not counted) and the rounds they hold.
     /// See [`KmemCache::cpu_stats`]. Walks the cache list under its lock
-    /// (like [`Allocator::for_each_cache`], so not from inside one),
+    /// (like [`Kmem::for_each_cache`], so not from inside one),
     /// reading each cache's per-CPU cache on `cpu` through a
     /// [cross-CPU call](crate::Platform::cross_cpu_call), one cache at a
     /// time: each cache's figures are exact, their sum a near-snapshot

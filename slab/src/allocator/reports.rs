@@ -1,7 +1,7 @@
 //! Error reports from the allocator's side: the debug configuration, the
 //! error ring and the kernel's hook ([`crate::report`]), bad frees.
 
-use super::Allocator;
+use super::Kmem;
 use crate::cache::KmemCache;
 use crate::debug::SlabDebug;
 use crate::debug::SlabDebugConfig;
@@ -12,7 +12,7 @@ use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
 use crate::sync::IrqGuard;
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Keep a report (stamped with now and this CPU) and hand it to the
     /// hook. Callers hold no allocator lock.
     #[cold]
@@ -97,7 +97,7 @@ impl<P: Platform> Allocator<P> {
 
 impl<P: Platform> SlabDebug<'_, P> {
     /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
-    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
+    /// see [`SlabDebugConfig`]): call before [`Kmem::init`] so the
     /// kmalloc caches get it; caches created later get it too (by name).
     /// Caches that exist already keep their flags.
     pub fn set_config(&self, config: SlabDebugConfig) {

@@ -249,7 +249,7 @@ impl<P: Platform> KmemCache<P> {
     }
 }
 
-/// The kmalloc by-8 table's entry before `init` (`Allocator::new` fills
+/// The kmalloc by-8 table's entry before `init` (`Kmem::new` fills
 /// the table with it, [`unready`]): a hot-flags word with every bit set,
 /// so an allocation through it leaves the hit at its one flag test and
 /// [`KmemCache::alloc_unborn`] refuses it by its address. Not a cache:

@@ -6,14 +6,14 @@
 //!
 //!
 //! ```text
-//!  KmemCache::alloc / alloc_tagged   Allocator::kmalloc, GlobalAlloc::alloc
+//!  KmemCache::alloc / alloc_tagged   Kmem::kmalloc, GlobalAlloc::alloc
 //!            │                        │ kmalloc_checked: the size class's cache
 //!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
 //!  alloc_at ─ flags? ─yes─► alloc_hooked: pre_alloc_hook, hit or miss,
 //!     │                      post_alloc_hook, kmemtrace_alloc_hook (hooks.rs)
 //!     └─ no ─► magazine_alloc_hit ──miss──► alloc_slow (prev, depot, slab)
 //!
-//!  KmemCache::free   Allocator::kfree   GlobalAlloc::dealloc
+//!  KmemCache::free   Kmem::kfree   GlobalAlloc::dealloc
 //!     free_locate      locate_allocated    locate_allocated   (one page-map
 //!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
 //!                                     ▼
@@ -254,8 +254,8 @@ pub(crate) struct CacheLinks<P: Platform> {
 
 /// An object cache (`kmem_cache`).
 ///
-/// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
-/// (or [`Allocator::find_cache`](crate::Allocator::find_cache)); lives until
+/// Obtained from [`Kmem::cache_create`](crate::Kmem::cache_create)
+/// (or [`Kmem::find_cache`](crate::Kmem::find_cache)); lives until
 /// [`KmemCache::destroy`]. All methods are safe to call from any CPU
 /// concurrently.
 #[repr(C)]

@@ -1,7 +1,7 @@
 //! What a cache needs from the allocator that owns it, handed down as a
 //! trait ([`CacheOwner`]), as the slab layer is handed
 //! [`SlabOwner`](crate::slab::SlabOwner): the cache layer names no type
-//! above it. `Allocator` implements it (`allocator/cache_owner.rs`); the
+//! above it. `Kmem` implements it (`allocator/cache_owner.rs`); the
 //! cache holds it as a trait object and calls it only off the hits (the
 //! misses, the feature hooks, creation and destruction).
 

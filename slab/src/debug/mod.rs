@@ -54,18 +54,18 @@ use core::fmt;
 
 mod trailer;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::platform::Platform;
 
 /// The allocator's error reports, debug configuration and walkers, from
-/// [`Allocator::debug`]: the error ring and hooks, the boot line's debug
+/// [`Kmem::debug`]: the error ring and hooks, the boot line's debug
 /// flags, `verify`, `whatis` and (debug builds) the invariant check.
 #[derive(Clone, Copy)]
 pub struct SlabDebug<'a, P: Platform> {
-    pub(crate) heap: &'a Allocator<P>,
+    pub(crate) heap: &'a Kmem<P>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Error reports, debug configuration and walkers: [`SlabDebug`].
     pub fn debug(&self) -> SlabDebug<'_, P> {
         SlabDebug { heap: self }

@@ -67,7 +67,7 @@ pub use self::object::{
 pub(crate) use self::pool::{PoolState, object_of_page, object_page};
 pub use self::report::{KfenceBug, KfenceReport, KfenceReportDisplay};
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -75,13 +75,13 @@ use crate::report::ReportName;
 use crate::sync::IrqGuard;
 
 /// KFENCE's controls and queries for one allocator, from
-/// [`Allocator::kfence`].
+/// [`Kmem::kfence`].
 #[derive(Clone, Copy)]
 pub struct Kfence<'a, P: Platform> {
-    heap: &'a Allocator<P>,
+    heap: &'a Kmem<P>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// KFENCE's controls and queries: [`Kfence`].
     pub fn kfence(&self) -> Kfence<'_, P> {
         Kfence { heap: self }
@@ -315,7 +315,7 @@ impl<P: Platform> Allocator<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
         cache.clear_hot(HotFlags::SAMPLE);
-        if !Allocator::<P>::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
+        if !Kmem::<P>::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
             return None;
         }
         let this = cache as *const KmemCache<P> as usize;
@@ -701,8 +701,7 @@ impl<P: Platform> Kfence<'_, P> {
     /// there is no pool or the cache is not eligible (a constructor, debug
     /// flags, `NOTOUCH`, objects over a page).
     pub fn force_sample_of(&self, cache: &KmemCache<P>, place: Option<KfencePlace>) -> bool {
-        if self.heap.kfence.pool.load(Ordering::Acquire) == 0
-            || !Allocator::<P>::kfence_eligible(cache)
+        if self.heap.kfence.pool.load(Ordering::Acquire) == 0 || !Kmem::<P>::kfence_eligible(cache)
         {
             return false;
         }

@@ -7,12 +7,12 @@
 use core::ptr::NonNull;
 
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::error::FreeError;
 use crate::platform::Platform;
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     #[inline(always)]
     pub(crate) fn kfence_contains(&self, _addr: usize) -> bool {
         false

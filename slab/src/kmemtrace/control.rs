@@ -5,7 +5,7 @@
 
 use core::ptr::NonNull;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::{HotFlags, KmemCache};
 use crate::kmemtrace::{
     CacheRecord, DEFAULT_SUBBUFS, DumpInfo, DumpSummary, EventFields, EventKind, EventType,
@@ -17,15 +17,15 @@ use crate::platform::{PAGE_SIZE, Platform};
 /// source's span ([`Kmemtrace::default_subbufs`](crate::kmemtrace::Kmemtrace::default_subbufs)).
 const RING_SPAN_DIV: usize = 4;
 
-/// kmemtrace's controls for one allocator, from [`Allocator::kmemtrace`]:
+/// kmemtrace's controls for one allocator, from [`Kmem::kmemtrace`]:
 /// start and stop recording, status, dump, marks (see
 /// [`crate::kmemtrace`] for the stream).
 #[derive(Clone, Copy)]
 pub struct Kmemtrace<'a, P: Platform> {
-    heap: &'a Allocator<P>,
+    heap: &'a Kmem<P>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// The kmemtrace recorder's controls: [`Kmemtrace`].
     pub fn kmemtrace(&self) -> Kmemtrace<'_, P> {
         Kmemtrace { heap: self }
@@ -33,7 +33,7 @@ impl<P: Platform> Allocator<P> {
 }
 
 /// kmemtrace: the calls the cache paths make.
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Set `HOT_KMEMTRACE` on every non-bootstrap cache (`None`), on the
     /// cache with id `cache_id`, and clear it on the others.
     fn set_kmemtrace_bits(&self, cache_id: Option<u32>) {

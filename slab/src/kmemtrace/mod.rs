@@ -152,7 +152,7 @@ pub(crate) struct Marks {
     pub(crate) nr_marks: usize,
 }
 
-/// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
+/// Everything kmemtrace keeps in an [`Kmem`](crate::Kmem).
 pub(crate) struct KmemtraceState {
     /// One cache-line aligned [`CpuRing`] per CPU; null before the first
     /// start. Never freed (writers may still hold it after a stop).

@@ -10,7 +10,7 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use super::support::*;
 use crate::platform::{ArenaStats, PageSource};
-use crate::{AllocError, Allocator};
+use crate::{AllocError, Kmem};
 
 /// Every variant, in declaration order (a new variant must be added
 /// here: the match below does not compile without it).
@@ -85,7 +85,7 @@ impl PageSource for RefusingSource {
 fn every_alloc_error_variant_survives_every_alloc_path() {
     set_cpu(0);
     let source = RefusingSource::new(4096);
-    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     // A plain cache (the plain path) and a traced one (the hooked path),
     // both on the primary source, each with no slab yet.

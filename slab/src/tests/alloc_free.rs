@@ -22,8 +22,7 @@ fn init_twice_is_refused() {
 
 #[test]
 fn before_init_everything_fails_cleanly() {
-    let alloc: &'static TestAlloc =
-        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Kmem::new()));
     assert!(!alloc.is_ready());
     assert_eq!(alloc.kmalloc(8, 8), Err(AllocError::NotInitialized));
     assert_eq!(alloc.page_source().name(), "none");
@@ -55,8 +54,7 @@ fn before_init_everything_fails_cleanly() {
 #[test]
 fn before_init_the_hits_refuse_without_a_readiness_test() {
     use core::alloc::{GlobalAlloc, Layout};
-    let alloc: &'static TestAlloc =
-        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Kmem::new()));
     for (size, align) in [
         (1, 1),
         (8, 8),

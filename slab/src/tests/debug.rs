@@ -11,13 +11,13 @@ use std::vec::Vec;
 use super::support::*;
 use crate::debug::{DebugFlags, POISON_FREE, POISON_UNINITIALIZED, SlabDebugConfig};
 use crate::report::{ErrorKind, ErrorReport, RawFormat};
-use crate::{Allocator, CacheFlags, FreeError, KmemCache};
+use crate::{CacheFlags, FreeError, Kmem, KmemCache};
 
 /// An allocator initialised with `config` (kmalloc caches get its flags).
 pub fn setup_debug(config: SlabDebugConfig) -> (&'static TestAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(2048);
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.debug().set_config(config);
     alloc.init(source).expect("init");
     (alloc, source)

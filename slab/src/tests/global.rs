@@ -5,11 +5,11 @@ use std::boxed::Box;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{Allocator, PAGE_SIZE};
+use crate::{Kmem, PAGE_SIZE};
 
 #[test]
 fn null_before_init() {
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
     // SAFETY: valid layout.
     let p = unsafe { alloc.alloc(Layout::from_size_align(64, 8).unwrap()) };
     assert!(p.is_null());

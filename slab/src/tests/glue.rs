@@ -99,7 +99,7 @@ fn heap_refuses_a_region_too_small_with_the_figures() {
     // given the same size of region.
     let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
     source.init_static(region(8)).unwrap();
-    let cost = crate::Allocator::<UpPlatform>::init_cost(source).unwrap();
+    let cost = crate::Kmem::<UpPlatform>::init_cost(source).unwrap();
     assert_eq!(cost.min_source_bytes, 68 * 1024);
     assert_eq!(cost.span_bytes, 7 * PAGE_SIZE);
 }

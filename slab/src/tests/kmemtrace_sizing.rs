@@ -5,7 +5,7 @@ use super::small_heap::UpPlatform;
 use super::support::*;
 use crate::kmemtrace::{DEFAULT_SUBBUFS, SUBBUF_EVENTS, SUBBUF_PAGES};
 use crate::kmemtrace::{KmemtraceConfig, KmemtraceError};
-use crate::{Allocator, PAGE_SIZE};
+use crate::{Kmem, PAGE_SIZE};
 
 #[test]
 fn default_rings_take_at_most_a_quarter_of_the_source() {
@@ -34,8 +34,7 @@ fn default_rings_take_at_most_a_quarter_of_the_source() {
 fn a_large_source_keeps_the_16_mib_default() {
     set_cpu(0);
     let source = FakeSource::new(256 * 1024 / 4 * 4);
-    let alloc: &'static Allocator<UpPlatform> =
-        std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static Kmem<UpPlatform> = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     assert_eq!(alloc.kmemtrace().default_subbufs(), 0, "before init");
     alloc.init(source).unwrap();
     // 256 MiB on one CPU: a quarter is 64 MiB, more than the default.
@@ -47,8 +46,7 @@ fn the_smallest_heap_gets_one_sub_buffer_and_a_clear_error() {
     set_cpu(0);
     // The smallest source init takes (68 KiB): 64 KiB of ring does not fit.
     let source = FakeSource::new(crate::MIN_FREE_PAGES + 1);
-    let alloc: &'static Allocator<UpPlatform> =
-        std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static Kmem<UpPlatform> = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     alloc.init(source).unwrap();
     assert_eq!(alloc.kmemtrace().default_subbufs(), 1);
     let before = source.pages_outstanding();

@@ -71,7 +71,7 @@ use std::vec::Vec;
 use loom::thread;
 
 use super::support::FakeSource;
-use crate::{Allocator, CacheFlags, InitBox, KmemCache, Platform, PlatformHooks};
+use crate::{CacheFlags, InitBox, Kmem, KmemCache, Platform, PlatformHooks};
 
 /// Preemptions per execution that loom explores unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise.
@@ -223,7 +223,7 @@ type Cache = KmemCache<LoomPlatform>;
 /// objects callers hold. Leaked for `'static` threads; given back by
 /// [`Fixture::release`] at the end of the execution.
 struct Fixture {
-    alloc: &'static Allocator<LoomPlatform>,
+    alloc: &'static Kmem<LoomPlatform>,
     source: &'static FakeSource,
     cache: &'static Cache,
     live: &'static StdMutex<HashSet<usize>>,
@@ -242,7 +242,7 @@ impl Fixture {
     fn with_flags(size: usize, flags: CacheFlags) -> Fixture {
         set_cpu(MAIN_CPU);
         let source = FakeSource::new(NR_PAGES);
-        let alloc: &'static Allocator<LoomPlatform> = Box::leak(Box::new(Allocator::new()));
+        let alloc: &'static Kmem<LoomPlatform> = Box::leak(Box::new(Kmem::new()));
         alloc.init(source).expect("init");
         let cache = alloc
             .cache_create(
@@ -358,7 +358,7 @@ impl Fixture {
         unsafe {
             self.source.release();
             drop(Box::from_raw(
-                (self.alloc as *const Allocator<LoomPlatform>).cast_mut(),
+                (self.alloc as *const Kmem<LoomPlatform>).cast_mut(),
             ));
             drop(Box::from_raw((self.source as *const FakeSource).cast_mut()));
             drop(Box::from_raw(

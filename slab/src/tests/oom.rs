@@ -4,7 +4,7 @@ use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, MIN_FREE_PAGES};
+use crate::{AllocError, Kmem, MIN_FREE_PAGES};
 
 #[test]
 fn init_fails_cleanly_at_every_point() {
@@ -12,8 +12,7 @@ fn init_fails_cleanly_at_every_point() {
     let mut budget = 0;
     loop {
         let source = FakeSource::new(1024);
-        let alloc: &'static TestAlloc =
-            std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+        let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
         source.fail_after(Some(budget));
         match alloc.init(source) {
             Ok(()) => {
@@ -149,20 +148,20 @@ fn cache_create_out_of_memory() {
     assert!(source.pages_outstanding() <= baseline);
 }
 
-/// Issue 29: a refused `Allocator::init` leaves the allocator as a fresh
+/// Issue 29: a refused `Kmem::init` leaves the allocator as a fresh
 /// one: no cache listed, cache ids where they were, not ready; a retry
 /// builds exactly what a first successful init builds.
 #[test]
 fn a_refused_init_leaves_the_allocator_as_it_was() {
     set_cpu(0);
-    let fresh: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let fresh: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     fresh.init(FakeSource::new(1024)).unwrap();
     let mut fresh_ids = Vec::new();
     fresh.for_each_cache(|cache| {
         fresh_ids.push((std::string::String::from(cache.name()), cache.id()))
     });
 
-    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     let source = FakeSource::new(1024);
     // Refused halfway (the page source runs dry after 20 pages), then
     // refused too small, then retried.

@@ -9,7 +9,7 @@ use std::format;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks};
+use crate::{AllocError, InitCost, Kmem, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks};
 
 /// One CPU (id 0), the emulated interrupts of CPU 0; in an interrupt
 /// handler while this thread's [`IN_HANDLER`] is set.
@@ -57,7 +57,7 @@ unsafe impl PlatformHooks for UpPlatform {
     }
 }
 
-type UpAlloc = Allocator<UpPlatform>;
+type UpAlloc = Kmem<UpPlatform>;
 
 /// A hobby kernel's heap: 100 KiB.
 const HEAP_PAGES: usize = 100 * 1024 / PAGE_SIZE;
@@ -65,7 +65,7 @@ const HEAP_PAGES: usize = 100 * 1024 / PAGE_SIZE;
 fn up_setup(nr_pages: usize) -> (&'static UpAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(nr_pages);
-    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (alloc, source)
 }
@@ -122,7 +122,7 @@ fn init_on_a_large_source_creates_the_classes_as_before() {
 fn init_refuses_a_source_too_small_with_the_figures() {
     set_cpu(0);
     let source = FakeSource::new(MIN_FREE_PAGES);
-    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Kmem::new()));
     assert_eq!(alloc.init(source), Err(AllocError::SourceTooSmall));
     assert!(!alloc.is_ready());
     assert_eq!(source.pages_outstanding(), 0);
@@ -278,7 +278,7 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
 fn classes_created_on_first_use_race_safely() {
     let (alloc, source) = setup(256);
     assert!(
-        Allocator::<TestPlatform>::init_cost(source)
+        Kmem::<TestPlatform>::init_cost(source)
             .unwrap()
             .classes_on_first_use
     );

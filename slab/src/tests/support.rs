@@ -17,8 +17,7 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::{
-    AllocError, Allocator, ArenaStats, InitBox, PAGE_SIZE, PageSource, Platform, PlatformHooks,
-    SlabBox,
+    AllocError, ArenaStats, InitBox, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, SlabBox,
 };
 
 pub const NR_CPUS: usize = 4;
@@ -402,13 +401,13 @@ impl PageSource for FakeSource {
     }
 }
 
-pub type TestAlloc = Allocator<TestPlatform>;
+pub type TestAlloc = Kmem<TestPlatform>;
 
 /// A fresh, initialised allocator over a fresh source of `nr_pages` pages.
 pub fn setup(nr_pages: usize) -> (&'static TestAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(nr_pages);
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (alloc, source)
 }

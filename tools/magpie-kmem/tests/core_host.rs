@@ -19,7 +19,7 @@ use magpie_kmem::core::{Report, write_report};
 use magpie_slab::descriptor::{DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR};
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 use magpie_slab::{
-    AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
+    AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
 };
 
 const NR_CPUS: usize = 2;
@@ -101,7 +101,7 @@ impl PageSource for HostPages {
     }
 }
 
-static HEAP: Allocator<HostPlatform> = Allocator::new();
+static HEAP: Kmem<HostPlatform> = Kmem::new();
 static LOCK: Mutex<Option<Vec<usize>>> = Mutex::new(None);
 
 /// The heap, brought up once with a known state: objects held on both
@@ -179,7 +179,7 @@ fn descriptor_round_trips() {
     );
     assert_eq!(
         layout.allocator_size.offset,
-        size_of::<Allocator<HostPlatform>>() as u64
+        size_of::<Kmem<HostPlatform>>() as u64
     );
     // A reader of another version refuses, by name.
     let mut other = bytes.clone();

@@ -12,9 +12,7 @@ use std::sync::Mutex;
 
 use common::{run, scratch, stderr, stdout, write};
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
-use magpie_slab::{
-    AllocError, Allocator, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks,
-};
+use magpie_slab::{AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 const NR_CPUS: usize = 2;
 const SITE_A: usize = 0xffff_ffff_8010_0010;
@@ -131,7 +129,7 @@ impl PageSource for HostPages {
     }
 }
 
-fn start(alloc: &'static Allocator<HostPlatform>, nr_subbufs: usize) {
+fn start(alloc: &'static Kmem<HostPlatform>, nr_subbufs: usize) {
     set_cpu(0);
     alloc.init(HostPages::leak(64 << 20)).unwrap();
     let config = KmemtraceConfig {
@@ -141,7 +139,7 @@ fn start(alloc: &'static Allocator<HostPlatform>, nr_subbufs: usize) {
     alloc.kmemtrace().start(config).unwrap();
 }
 
-fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {
+fn dump(alloc: &'static Kmem<HostPlatform>) -> Vec<u8> {
     let mut bytes = Vec::new();
     let ticks_to_ns = |ticks: u64| ticks * 10;
     let info = DumpInfo {
@@ -155,7 +153,7 @@ fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {
     bytes
 }
 
-static SESSION: Allocator<HostPlatform> = Allocator::new();
+static SESSION: Kmem<HostPlatform> = Kmem::new();
 
 #[test]
 fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
@@ -248,7 +246,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     assert_eq!(live, held);
 }
 
-static OVERRUN: Allocator<HostPlatform> = Allocator::new();
+static OVERRUN: Kmem<HostPlatform> = Kmem::new();
 
 #[test]
 fn a_full_buffer_reads_back_as_overruns_not_corruption() {
@@ -275,7 +273,7 @@ fn a_full_buffer_reads_back_as_overruns_not_corruption() {
     assert!(out.ends_with("check: OK (0 errors, 1 warning)\n"), "{out}");
 }
 
-static DESTROYED: Allocator<HostPlatform> = Allocator::new();
+static DESTROYED: Kmem<HostPlatform> = Kmem::new();
 
 /// A cache destroyed before the dump: its events still name it (the
 /// writer keeps the CACHE record of a cache destroyed during the record).
@@ -322,7 +320,7 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
 
-static MARKED: Allocator<HostPlatform> = Allocator::new();
+static MARKED: Kmem<HostPlatform> = Kmem::new();
 
 /// `kmemtrace::Kmemtrace::mark` while recording becomes a MARK record the
 /// tool shows as a marker; marks before the start are not kept.

@@ -18,7 +18,7 @@ use magpie_codetag::alloc_tag::{
 };
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill_box, set_cpu};
-use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform, PlatformHooks};
+use crate::{AllocTagRef, CacheFlags, FreeError, Kmem, PAGE_SIZE, Platform, PlatformHooks};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
@@ -93,7 +93,7 @@ unsafe impl PlatformHooks for ProfiledPlatform {
     }
 }
 
-type ProfiledAlloc = Allocator<ProfiledPlatform>;
+type ProfiledAlloc = Kmem<ProfiledPlatform>;
 
 /// Serialise, make sure the counters exist, profiling on, CPU 0.
 fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
@@ -120,7 +120,7 @@ fn setup_with_source() -> (
     set_cpu(0);
     CURRENT.with(|current| current.set(None));
     let source = FakeSource::new(4096);
-    let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (guard, alloc, source)
 }
@@ -543,7 +543,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
             COUNTING_SUB_CALLS.load(Ordering::Relaxed),
         )
     };
-    let alloc: &'static Allocator<CountingPlatform> = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static Kmem<CountingPlatform> = Box::leak(Box::new(Kmem::new()));
     assert!(alloc.profiling().enabled(), "on by default");
     alloc.init(FakeSource::new(4096)).expect("init");
     alloc.profiling().set_enabled(false);
@@ -689,7 +689,7 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     set_cpu(0);
     let count = |counter: &AtomicUsize| counter.load(Ordering::Relaxed);
     let hooks = || (count(&HOOK_CHARGE_HOOKS), count(&HOOK_UNCHARGE_HOOKS));
-    let alloc: &'static Allocator<HookPlatform> = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static Kmem<HookPlatform> = Box::leak(Box::new(Kmem::new()));
     alloc.init(FakeSource::new(4096)).expect("init");
     assert!(!alloc.profiling().tag_hooks(), "off by default");
     let cache = alloc
