@@ -134,6 +134,21 @@ unsafe fn target_free(ptr: *mut u8) -> bool {
     }
 }
 
+/// Allocate [`FILL`] objects of the target and free them all: this CPU's
+/// magazines and the depot hold rounds for the alloc trials that follow.
+fn fill_magazines() {
+    let objects: Vec<*mut u8> = (0..FILL).map(|_| target_alloc()).collect();
+    for ptr in objects {
+        assert!(!ptr.is_null(), "fill: allocation failed");
+        // SAFETY: just allocated from the target, given up.
+        assert!(unsafe { target_free(ptr) }, "fill: free refused");
+    }
+}
+
+/// Objects [`fill_magazines`] cycles: more than an alloc round of the
+/// biggest work takes (six trials, each with [`BIG`] handler allocations).
+const FILL: usize = 8 * BIG;
+
 /// What the interrupt does on this CPU, as a handler would.
 fn interrupt_work() {
     let (allocs, frees) = match WORK.load(Ordering::Relaxed) {
@@ -285,6 +300,10 @@ fn trials() -> (usize, usize) {
         mine.push(ptr);
     }
     for work in 0..4 {
+        // Rounds in this CPU's magazines and the depot for every alloc
+        // trial (the hit's range is whole only when `loaded` has a round:
+        // the miss does not run the hit again).
+        fill_magazines();
         // The handler holds something to free.
         WORK.store(2, Ordering::Relaxed);
         interrupt_work();

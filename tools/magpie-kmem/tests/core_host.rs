@@ -226,11 +226,16 @@ fn slabinfo_and_kmemstat_equal_the_live_reports() {
         .lines()
         .find(|l| l.starts_with("kmalloc-64 "))
         .unwrap();
-    // 130 allocated, 44 freed into magazines: all 130 out of the slabs.
-    assert!(
-        kmalloc_64.starts_with("kmalloc-64           130"),
-        "{kmalloc_64}"
-    );
+    // The setup allocated 130 and freed 44 into magazines: all 130 are out
+    // of the slabs. Other tests of this file (run before this one or not,
+    // in any order) may take one more from a slab and free it into a
+    // magazine, which counts as active too: so at least 130, never fewer.
+    let active: usize = kmalloc_64
+        .split_whitespace()
+        .nth(1)
+        .and_then(|word| word.parse().ok())
+        .unwrap_or_else(|| panic!("no active_objs in {kmalloc_64}"));
+    assert!(active >= 130, "{kmalloc_64}");
 
     let (offline, problems) = report(&mem, &Report::Kmemstat);
     assert_eq!(problems, Vec::<String>::new());
