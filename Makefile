@@ -94,7 +94,7 @@ readme-images: magpie-kmem
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
 # HOST_CRATES are the workspace members built for the host; the kernel is
 # linted with its QEMU test kernels (tests/*.rs) too.
-SLAB_ALL_FEATURES := --features magpie-slab/alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/x86_64-uniprocessor
+SLAB_ALL_FEATURES := --features magpie-slab/alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/x86_64-uniprocessor,magpie-slab/kfence,magpie-slab/leak-scan
 HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -p magpie-kmemtrace-format
 check:
 	cargo fmt --all --check
@@ -103,6 +103,12 @@ check:
 	# build it without theirs): the library alone, since its tests and
 	# examples turn profiling and time stats on (slab/Cargo.toml dev-dependency).
 	cargo clippy -p magpie-slab --target $(HOST) --lib -- -D warnings
+	# ... with every feature (each feature module compiled in), and with
+	# each alone (a feature stands on the core without the others).
+	cargo clippy -p magpie-slab --target $(HOST) --lib --all-features -- -D warnings
+	for feature in kfence leak-scan alloc-profiling time-stats allocinfo; do \
+		cargo clippy -q -p magpie-slab --target $(HOST) --lib --features $$feature -- -D warnings || exit 1; \
+	done
 	# ... and on the bare target with the uniprocessor glue (examples/hobby-kernel).
 	cargo clippy -p magpie-slab --target x86_64-unknown-none --features x86_64-uniprocessor -- -D warnings
 	# The dump format crate as the kernel builds it (no_std, bare metal).

@@ -130,11 +130,10 @@ mod profiled {
             .cache_create(
                 "profiled-1500",
                 1500,
-                8,
-                magpie_slab::CacheFlags::empty(),
-                None,
-                None,
-                None,
+                &magpie_slab::CacheArgs {
+                    align: 8,
+                    ..magpie_slab::CacheArgs::DEFAULT
+                },
             )
             .expect("cache");
         let objs: Vec<_> = (0..4).map(|_| from_a_cache(cache)).collect();
@@ -344,7 +343,7 @@ mod profiled {
         drop(warm);
         magpie::kmem::ctx_capture_enable(profiling::alloc_tag::token(tag.tag_ref()));
         assert!(
-            magpie::kmem::SLAB.alloc_tag_hooks(),
+            magpie::kmem::SLAB.profiling().tag_hooks(),
             "capture sends allocations off the hits"
         );
         let mut boxes = boxes_in_a_scope(12);
@@ -385,7 +384,7 @@ mod profiled {
             assert_eq!(**boxed, [index as u64; 8]);
         }
         magpie::kmem::ctx_capture_disable();
-        assert!(!magpie::kmem::SLAB.alloc_tag_hooks(), "and back");
+        assert!(!magpie::kmem::SLAB.profiling().tag_hooks(), "and back");
         drop(boxes);
         assert!(profiling::ctx_records().is_empty());
         assert_eq!(counts("boxes_in_a_scope"), AllocTagCounts::default());

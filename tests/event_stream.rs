@@ -24,11 +24,12 @@ use magpie::arch;
 use magpie::debug::symbols;
 use magpie::kmem::SLAB;
 use magpie::tracing::event_stream;
-use magpie_slab::kmemtrace::{
+use magpie_slab::kmemtrace::DumpInfo;
+use magpie_slab::kmemtrace::format::KmemtraceEvent;
+use magpie_slab::kmemtrace::format::{
     EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceHeader, RECORD_CPU, RECORD_STACK,
     RECORD_TRAILER,
 };
-use magpie_slab::{DumpInfo, KmemtraceEvent};
 
 magpie::test_kernel!();
 
@@ -43,7 +44,7 @@ struct Dump {
 }
 
 fn dump() -> Dump {
-    let status = SLAB.kmemtrace_status();
+    let status = SLAB.kmemtrace().status();
     // Reserved up front: the sink must not allocate while the cache list
     // is locked (it would not deadlock, but keep the dump allocation-free).
     let mut bytes: Vec<u8> = Vec::with_capacity(
@@ -53,7 +54,7 @@ fn dump() -> Dump {
         build_id: event_stream::build_id(),
         ticks_to_ns: &event_stream::ticks_to_ns,
     };
-    let summary = SLAB.kmemtrace_dump(&info, &mut |chunk| {
+    let summary = SLAB.kmemtrace().dump(&info, &mut |chunk| {
         assert!(
             bytes.len() + chunk.len() <= bytes.capacity(),
             "dump larger than reserved"
@@ -134,7 +135,7 @@ fn kmalloc_events_name_the_calling_function_with_exact_sizes() {
     free_here(held);
     let boxed = box_here();
     drop(boxed);
-    SLAB.kmemtrace_stop();
+    SLAB.kmemtrace().stop();
     let dump = dump();
     assert_ne!(
         dump.header.build_id, [0; 20],
@@ -179,7 +180,7 @@ fn timestamps_are_nanoseconds_since_boot() {
     let before = event_stream::ticks_to_ns(arch::rdtsc());
     event_stream::start(0, None).expect("start");
     free_here(allocate_here(3));
-    SLAB.kmemtrace_stop();
+    SLAB.kmemtrace().stop();
     let after = event_stream::ticks_to_ns(arch::rdtsc());
     let dump = dump();
     assert!(dump.header.record_start_ns >= before && dump.header.record_start_ns <= after);
@@ -195,7 +196,7 @@ fn timestamps_are_nanoseconds_since_boot() {
 fn stacks_start_at_the_call_site_and_are_deduplicated() {
     event_stream::start(4, None).expect("start with stacks");
     free_here(allocate_here(6));
-    SLAB.kmemtrace_stop();
+    SLAB.kmemtrace().stop();
     let dump = dump();
     assert_eq!(dump.header.flags & HEADER_FLAG_STACKS, HEADER_FLAG_STACKS);
     let allocs: Vec<_> = dump
@@ -222,10 +223,10 @@ fn stacks_start_at_the_call_site_and_are_deduplicated() {
 #[test_case]
 fn recording_off_records_nothing() {
     event_stream::start(0, None).expect("start");
-    SLAB.kmemtrace_stop();
-    let before = SLAB.kmemtrace_status().nr_events;
+    SLAB.kmemtrace().stop();
+    let before = SLAB.kmemtrace().status().nr_events;
     free_here(allocate_here(10));
-    assert_eq!(SLAB.kmemtrace_status().nr_events, before);
+    assert_eq!(SLAB.kmemtrace().status().nr_events, before);
 }
 
 /// The runner connects a virtio console; the channel is set up before the
@@ -238,9 +239,9 @@ fn dump_goes_out_over_the_virtio_console_set_up_at_boot() {
     );
     event_stream::start(0, None).expect("start");
     free_here(allocate_here(2));
-    SLAB.kmemtrace_stop();
+    SLAB.kmemtrace().stop();
     let (summary, channel) = event_stream::dump().expect("dump");
     assert_eq!(channel, event_stream::Channel::VirtioConsole);
-    assert_eq!(summary.nr_events, SLAB.kmemtrace_status().nr_events);
+    assert_eq!(summary.nr_events, SLAB.kmemtrace().status().nr_events);
     assert!(summary.nr_bytes >= (HEADER_SIZE + 4 * EVENT_SIZE) as u64);
 }

@@ -39,6 +39,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::arch::{self, lapic, tsc};
 use magpie::kmem::{KernelPlatform, SLAB};
@@ -266,7 +267,15 @@ fn timer_interrupt_allocates_against_the_thread() {
     ];
     for (index, (name, size, flags, kind)) in created.into_iter().enumerate() {
         let cache = SLAB
-            .cache_create(name, size, 8, flags, None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("cache_create");
         assert_eq!(cache.stats().kind, kind, "{name}'s slab kind");
         CACHES[index].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
@@ -377,13 +386,20 @@ fn on_bad_tick() {
 #[test_case]
 fn timer_interrupt_reports_bad_frees_against_the_thread() {
     let cache = SLAB
-        .cache_create("irq-bad", 48, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "irq-bad",
+            48,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create");
     CACHES[0].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
-    SLAB.set_error_hook(Some(count_report));
-    SLAB.set_free_error_hook(Some(count_free_error));
-    let errors_before = SLAB.nr_errors();
-    let bad_before = SLAB.nr_bad_frees();
+    SLAB.debug().set_error_hook(Some(count_report));
+    SLAB.debug().set_free_error_hook(Some(count_free_error));
+    let errors_before = SLAB.debug().nr_errors();
+    let bad_before = SLAB.debug().nr_bad_frees();
 
     let mut nr_thread = 0u64;
     let mut seen = 0;
@@ -391,7 +407,7 @@ fn timer_interrupt_reports_bad_frees_against_the_thread() {
     run_timer(on_bad_tick, &NR_BAD_TICKS, BAD_TICKS, || {
         bad_frees(cache);
         nr_thread += 1;
-        let read = SLAB.read_errors(seen, &mut ring);
+        let read = SLAB.debug().read_errors(seen, &mut ring);
         if read > 0 {
             seen = ring[read - 1].seq;
         }
@@ -402,10 +418,11 @@ fn timer_interrupt_reports_bad_frees_against_the_thread() {
         );
     });
     let nr_irq = NR_BAD_TICKS.load(Ordering::Relaxed);
-    let nr_reports = SLAB.nr_errors() - errors_before;
-    let nr_bad = SLAB.nr_bad_frees() - bad_before;
-    SLAB.set_error_hook(Some(magpie::debug::slab_debug::report));
-    SLAB.set_free_error_hook(None);
+    let nr_reports = SLAB.debug().nr_errors() - errors_before;
+    let nr_bad = SLAB.debug().nr_bad_frees() - bad_before;
+    SLAB.debug()
+        .set_error_hook(Some(magpie::debug::slab_debug::report));
+    SLAB.debug().set_free_error_hook(None);
     x86_64::instructions::interrupts::enable();
     magpie::println!(
         "IRQ_BAD_FREES ticks={nr_irq} thread={nr_thread} reports={nr_reports} free_errors={nr_bad}"

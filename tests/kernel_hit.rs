@@ -1,5 +1,5 @@
 //! The kernel's allocation hit, counted exactly (issue 18): the kernel's
-//! `GlobalAlloc::alloc` and `::dealloc` of `Allocator<KernelPlatform>`
+//! `GlobalAlloc::alloc` and `::dealloc` of `Kmem<KernelPlatform>`
 //! (the functions `bench/kernel-hit.py` prints and docs/BENCHMARKS.md
 //! counted by hand) on a 64-byte hit, single-stepped with the trap flag:
 //! one debug exception (#DB) per instruction executed. The kernel's
@@ -56,7 +56,7 @@ use magpie::kmem::SLAB;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::println;
 use magpie::testing::{trap_off, trap_on, with_debug_handler};
-use magpie_slab::Allocator;
+use magpie_slab::Kmem;
 use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
@@ -105,7 +105,7 @@ extern "x86-interrupt" fn count_step(_frame: InterruptStackFrame) {
     NR_STEPS.fetch_add(1, Ordering::Relaxed);
 }
 
-type Slab = Allocator<KernelPlatform>;
+type Slab = Kmem<KernelPlatform>;
 /// `<Slab as GlobalAlloc>::alloc`'s signature.
 type AllocFn = unsafe fn(&'static Slab, Layout) -> *mut u8;
 /// `<Slab as GlobalAlloc>::dealloc`'s signature.
@@ -199,7 +199,11 @@ fn kernel_hit_counted_by_single_stepping() {
     // Profiling as booted (`mem_profiling=1`, the default, or 0 from
     // boot: bench/run.sh boots this kernel both ways). Switching it off
     // later would leave the caches' `TAGGED` free path on, by design.
-    let on = if SLAB.alloc_profiling() { "on" } else { "off" };
+    let on = if SLAB.profiling().enabled() {
+        "on"
+    } else {
+        "off"
+    };
     println!(
         "KERNEL_HIT profiling={on} alloc={alloc} free={free} pair={}",
         alloc + free

@@ -21,12 +21,13 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::debug::kfence;
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie::shell::Shell;
 use magpie_slab::kfence::{KfenceBug, KfencePlace};
-use magpie_slab::{AllocError, ArenaStats, CacheFlags, FreeError, KmemCache, PageSource, SlabKind};
+use magpie_slab::{AllocError, ArenaStats, FreeError, KmemCache, PageSource, SlabKind};
 
 type Cache = KmemCache<KernelPlatform>;
 
@@ -69,7 +70,7 @@ const KINDS: [&str; 9] = [
 ];
 
 fn nr_bugs() -> u64 {
-    SLAB.kfence_stats().nr_bugs
+    SLAB.kfence().stats().nr_bugs
 }
 
 /// A byte written at `offset` (negative: before the object) of `obj`.
@@ -92,10 +93,10 @@ fn alive() {
 /// reported it.
 fn detected(cache: &'static Cache, kind: &str, place: KfencePlace) -> bool {
     let size = cache.obj_size() as isize;
-    assert!(SLAB.kfence_force_sample_of(cache, Some(place)));
+    assert!(SLAB.kfence().force_sample_of(cache, Some(place)));
     let obj = cache.alloc().unwrap();
     assert!(
-        SLAB.kfence_contains(obj.as_ptr() as usize),
+        SLAB.kfence().contains(obj.as_ptr() as usize),
         "{kind}: not sampled"
     );
     let before = nr_bugs();
@@ -141,11 +142,11 @@ fn every_corruption_kind_is_detected_on_a_sample_without_flags() {
             .cache_create(
                 "kfence-test",
                 size,
-                8,
-                CacheFlags::empty(),
-                None,
-                None,
-                source,
+                &CacheArgs {
+                    align: 8,
+                    source,
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap();
         assert_eq!(cache.stats().kind, slab_kind);
@@ -184,10 +185,10 @@ fn every_corruption_kind_is_detected_on_a_sample_without_flags() {
 #[test_case]
 fn double_and_invalid_frees_of_samples_are_refused_and_reported() {
     let before = nr_bugs();
-    assert!(SLAB.kfence_force_sample(None));
+    assert!(SLAB.kfence().force_sample(None));
     let obj = SLAB.kmalloc(100, 8).unwrap();
     let addr = obj.as_ptr() as usize;
-    assert!(SLAB.kfence_contains(addr));
+    assert!(SLAB.kfence().contains(addr));
     assert_eq!(SLAB.ksize(obj), Ok(100));
     let inner = NonNull::new((addr + 16) as *mut u8).unwrap();
     // SAFETY: a bad free (refused, nothing touched), the right one, then a
@@ -213,30 +214,30 @@ fn the_boot_argument_sets_the_interval() {
     assert_eq!(kfence::sample_interval("quiet kfence.sample_interval=0"), 0);
     assert_eq!(kfence::sample_interval("kfence.sample_interval=250 x"), 250);
     assert_eq!(kfence::sample_interval("kfence.sample_interval=abc"), 100);
-    assert_eq!(SLAB.kfence_stats().interval_ms, 100, "on by default");
+    assert_eq!(SLAB.kfence().stats().interval_ms, 100, "on by default");
 }
 
 #[test_case]
 fn allocations_are_sampled_by_time_without_forcing() {
-    let before = SLAB.kfence_stats().nr_allocs;
-    SLAB.kfence_set_interval(1);
+    let before = SLAB.kfence().stats().nr_allocs;
+    SLAB.kfence().set_interval(1);
     let start = magpie::arch::rdtsc();
     let limit = magpie::arch::tsc::khz() * 3000;
     // kmalloc-64 objects, more than the magazines hold, so misses check
     // the clock.
-    while SLAB.kfence_stats().nr_allocs < before + 3 && magpie::arch::rdtsc() - start < limit {
+    while SLAB.kfence().stats().nr_allocs < before + 3 && magpie::arch::rdtsc() - start < limit {
         let objs: Vec<_> = (0..300)
             .map(|_| alloc::boxed::Box::new([0u64; 8]))
             .collect();
         drop(objs);
     }
-    SLAB.kfence_set_interval(100);
+    SLAB.kfence().set_interval(100);
     assert!(
-        SLAB.kfence_stats().nr_allocs >= before + 3,
+        SLAB.kfence().stats().nr_allocs >= before + 3,
         "{:?}",
-        SLAB.kfence_stats()
+        SLAB.kfence().stats()
     );
-    assert_eq!(SLAB.kfence_stats().nr_in_use, 0);
+    assert_eq!(SLAB.kfence().stats().nr_in_use, 0);
 }
 
 #[test_case]

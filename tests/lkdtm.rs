@@ -175,7 +175,7 @@ fn every_type_gives_todays_verdict_and_the_kernel_survives() {
 #[test_case]
 fn double_free_is_refused_without_debug_flags() {
     // Linux's naive check: the object is on top of this CPU's magazine.
-    let before = SLAB.nr_errors();
+    let before = SLAB.debug().nr_errors();
     let (_, out) = run(LkdtmType::SlabFreeDouble);
     assert!(out.contains("lkdtm: second free: refused"), "{out}");
     assert!(!out.contains("handed out twice"), "{out}");
@@ -183,7 +183,7 @@ fn double_free_is_refused_without_debug_flags() {
     let mut reports =
         [magpie_slab::report::ErrorReport::new(magpie_slab::report::ErrorKind::InvalidFree, "", 0);
             4];
-    let nr = SLAB.read_errors(before, &mut reports);
+    let nr = SLAB.debug().read_errors(before, &mut reports);
     assert_eq!(nr, 1);
     assert_eq!(
         reports[0].kind,

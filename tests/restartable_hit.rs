@@ -44,18 +44,19 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::hint::black_box;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::arch::idt;
 use magpie::kmem::platform::KernelPlatform;
 use magpie::kmem::{SLAB, cache_destroy};
 use magpie::testing::{trap_off, trap_on, with_debug_handler};
-use magpie_slab::{AllocError, Allocator, CacheFlags, FreeError, KmemCache};
+use magpie_slab::{AllocError, FreeError, Kmem, KmemCache};
 use x86_64::structures::idt::InterruptStackFrame;
 
 magpie::test_kernel!();
 
 type Cache = KmemCache<KernelPlatform>;
-type Slab = Allocator<KernelPlatform>;
+type Slab = Kmem<KernelPlatform>;
 
 /// Objects the handler may hold.
 const HELD_MAX: usize = 1024;
@@ -125,10 +126,10 @@ unsafe fn target_free(ptr: *mut u8) -> bool {
         // SAFETY: per our caller.
         Target::Cache => unsafe { cache().free(NonNull::new(ptr).unwrap()).is_ok() },
         Target::Kmalloc => {
-            let before = SLAB.nr_bad_frees();
+            let before = SLAB.debug().nr_bad_frees();
             // SAFETY: per our caller.
             unsafe { SLAB.dealloc(ptr, layout()) };
-            SLAB.nr_bad_frees() == before
+            SLAB.debug().nr_bad_frees() == before
         }
     }
 }
@@ -252,13 +253,13 @@ unsafe fn stepped_free(ptr: *mut u8) -> (bool, bool) {
             result.is_ok()
         }
         Target::Kmalloc => {
-            let before = SLAB.nr_bad_frees();
+            let before = SLAB.debug().nr_bad_frees();
             let f: SlabFreeFn = black_box(<Slab as GlobalAlloc>::dealloc);
             trap_on();
             // SAFETY: per our caller.
             unsafe { f(&SLAB, ptr, layout()) };
             trap_off();
-            SLAB.nr_bad_frees() == before
+            SLAB.debug().nr_bad_frees() == before
         }
     };
     (ok, FIRED.load(Ordering::Relaxed))
@@ -394,7 +395,14 @@ fn interrupted_everywhere() -> (usize, usize) {
 #[test_case]
 fn every_instruction_of_the_kmem_cache_hits_interrupted() {
     let cache = SLAB
-        .cache_create("restart-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "restart-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create");
     CACHE.store(core::ptr::from_ref(cache).cast_mut(), Ordering::Relaxed);
     TARGET_KMALLOC.store(false, Ordering::Relaxed);

@@ -398,7 +398,7 @@ fn kmalloc_and_kfree_balance() {
     let mut out = buffer();
     let mut before = Vec::with_capacity(64);
     let mut after = Vec::with_capacity(64);
-    let large = SLAB.large_stats();
+    let large = SLAB.stats().large();
     kmalloc_counts(&mut before);
 
     run_quiet(&mut shell, "kmalloc 32 4", &mut out);
@@ -410,7 +410,7 @@ fn kmalloc_and_kfree_balance() {
     assert_eq!((small.len(), hex.len(), big.len()), (4, 1, 2));
     assert_eq!(shell.nr_held(), 7);
     assert_eq!(
-        SLAB.large_stats().nr_live,
+        SLAB.stats().large().nr_live,
         large.nr_live + 2,
         "20000 bytes are page-granular"
     );
@@ -422,7 +422,7 @@ fn kmalloc_and_kfree_balance() {
 
     run_quiet(&mut shell, "kfree 2", &mut out);
     assert_eq!(addresses(&out), [big[1], big[0]]);
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+    assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
     run_quiet(&mut shell, "kfree", &mut out);
     assert_eq!(addresses(&out), hex);
     assert_eq!(cache("kmalloc-256").stats().nr_allocated, k256 - 1);
@@ -439,7 +439,7 @@ fn kmalloc_and_kfree_balance() {
     drop((shell, small, hex, big));
     kmalloc_counts(&mut after);
     assert_eq!(after, before, "kmalloc caches back where they started");
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+    assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
 }
 
 #[test_case]
@@ -537,7 +537,7 @@ fn errors_are_one_line_and_change_nothing() {
     let mut out = buffer();
     let mut before = Vec::with_capacity(64);
     let mut after = Vec::with_capacity(64);
-    let large = SLAB.large_stats();
+    let large = SLAB.stats().large();
     for (line, message) in cases {
         kmalloc_counts(&mut before);
         run_quiet(&mut shell, line, &mut out);
@@ -545,7 +545,7 @@ fn errors_are_one_line_and_change_nothing() {
         assert_one_error_line(&out, message);
         assert_eq!(shell.nr_held(), 2, "{line:?} changed what the shell holds");
         assert_eq!(after, before, "{line:?} changed the kmalloc caches");
-        assert_eq!(SLAB.large_stats(), large, "{line:?}");
+        assert_eq!(SLAB.stats().large(), large, "{line:?}");
     }
     SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{} left tracing", cache.name()));
 

@@ -19,6 +19,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::debug::slab_debug::KernelFormat;
 use magpie::kmem::{KernelPlatform, SLAB};
@@ -32,14 +33,22 @@ magpie::test_kernel!();
 
 fn debug_cache(name: &str) -> &'static Cache {
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
-    SLAB.cache_create(name, 64, 8, flags, None, None, None)
-        .expect("debug cache")
+    SLAB.cache_create(
+        name,
+        64,
+        &CacheArgs {
+            align: 8,
+            flags,
+            ..CacheArgs::DEFAULT
+        },
+    )
+    .expect("debug cache")
 }
 
 /// Reports made after `after`.
 fn errors_since(after: u64) -> Vec<ErrorReport> {
     let mut out = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); 16];
-    let nr = SLAB.read_errors(after, &mut out);
+    let nr = SLAB.debug().read_errors(after, &mut out);
     out[..nr].to_vec()
 }
 
@@ -52,7 +61,7 @@ fn destroy(cache: &'static Cache) {
 #[expect(clippy::cast_ptr_alignment, reason = "object starts are 8-aligned")]
 fn write_after_free_report_is_symbolized_with_offset() {
     let cache = debug_cache("dbg-waf");
-    let before = SLAB.nr_errors();
+    let before = SLAB.debug().nr_errors();
     let obj = cache.alloc().unwrap();
     // SAFETY: allocated above; then a deliberate write after free.
     unsafe {
@@ -89,7 +98,7 @@ fn write_after_free_report_is_symbolized_with_offset() {
 fn overflow_double_free_and_bad_frees_are_reported_once_each() {
     let cache = debug_cache("dbg-bugs");
     let other = debug_cache("dbg-other");
-    let before = SLAB.nr_errors();
+    let before = SLAB.debug().nr_errors();
     let obj = cache.alloc().unwrap();
     let addr = obj.as_ptr() as usize;
     // SAFETY: deliberate bugs on the test's own objects; each bad free is
@@ -136,7 +145,7 @@ fn overflow_double_free_and_bad_frees_are_reported_once_each() {
 
 #[test_case]
 fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
-    let before = SLAB.nr_errors();
+    let before = SLAB.debug().nr_errors();
     // Above the largest size class: whole pages (3 of them).
     let block = SLAB
         .kmalloc(3 * 4096 - 100, 8)
@@ -183,7 +192,7 @@ fn verify_and_whatis_at_the_shell() {
         cache.free(obj).unwrap();
         obj.as_ptr().write_volatile(0);
     }
-    let before = SLAB.nr_errors();
+    let before = SLAB.debug().nr_errors();
     out.clear();
     shell.execute("kmem verify dbg-verify", &mut out);
     assert!(out.contains(": 1 problem(s)"), "{out}");

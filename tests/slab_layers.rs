@@ -22,6 +22,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
 use magpie_slab::{
@@ -131,11 +132,12 @@ fn create_obj_cache(name: &str) -> &'static Cache {
     SLAB.cache_create(
         name,
         100,
-        8,
-        CacheFlags::empty(),
-        Some(obj_ctor),
-        Some(obj_dtor),
-        None,
+        &CacheArgs {
+            align: 8,
+            ctor: Some(obj_ctor),
+            dtor: Some(obj_dtor),
+            ..CacheArgs::DEFAULT
+        },
     )
     .expect("cache_create")
 }
@@ -363,11 +365,11 @@ fn constructor_failure_fails_the_alloc_and_leaks_nothing() {
         .cache_create(
             "test-ctorfail",
             64,
-            0,
-            CacheFlags::empty(),
-            Some(failing_ctor),
-            Some(failing_dtor),
-            None,
+            &CacheArgs {
+                ctor: Some(failing_ctor),
+                dtor: Some(failing_dtor),
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("cache_create");
     CTOR_FAILS.store(true, Ordering::Relaxed);
@@ -492,6 +494,7 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
     // A kmalloc object, and a page-granular kmalloc.
     let small = SLAB.kmalloc(8, 1).expect("kmalloc(8)");
     let owner = SLAB
+        .stats()
         .kmalloc_cache_for(8, 1)
         .expect("a class for 8 bytes")
         .name();
@@ -562,17 +565,23 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
 #[test_case]
 fn bufctl_cache_detects_bad_frees() {
     let big = SLAB
-        .cache_create("test-big", 9000, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "test-big",
+            9000,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create big");
     let notouch = SLAB
         .cache_create(
             "test-notouch",
             64,
-            0,
-            CacheFlags::NOTOUCH | CacheFlags::AUDIT,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                flags: CacheFlags::NOTOUCH | CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("cache_create notouch");
     assert_eq!(
@@ -594,10 +603,17 @@ fn bufctl_cache_detects_bad_frees() {
 #[test_case]
 fn audit_small_cache_detects_double_free() {
     let audit = SLAB
-        .cache_create("test-audit", 48, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "test-audit",
+            48,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache_create audit");
     let plain = SLAB
-        .cache_create("test-plain", 48, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-plain", 48, &CacheArgs::DEFAULT)
         .expect("cache_create plain");
     assert_eq!(audit.kind(), SlabKind::Small);
     check_bad_frees(audit, plain);
@@ -723,11 +739,11 @@ fn kmalloc_honours_alignment() {
 fn kmalloc_above_the_classes_is_page_granular() {
     for size in [8193, 3 * PAGE_SIZE, 100_000, 1 << 20] {
         let nr_pages = size.div_ceil(PAGE_SIZE);
-        let large = SLAB.large_stats();
+        let large = SLAB.stats().large();
         let kpages = KPAGES.nr_pages_out();
         let p = SLAB.kmalloc(size, 1).expect("page-granular kmalloc");
         assert_eq!(p.as_ptr() as usize % PAGE_SIZE, 0);
-        let now = SLAB.large_stats();
+        let now = SLAB.stats().large();
         assert_eq!(now.nr_live, large.nr_live + 1);
         assert_eq!(now.live_bytes, large.live_bytes + nr_pages * PAGE_SIZE);
         assert_eq!(now.nr_allocs_ever, large.nr_allocs_ever + 1);
@@ -759,11 +775,11 @@ fn kmalloc_above_the_classes_is_page_granular() {
                 addr: inside.as_ptr() as usize
             })
         );
-        assert_eq!(SLAB.large_stats(), now, "refused frees changed nothing");
+        assert_eq!(SLAB.stats().large(), now, "refused frees changed nothing");
         // SAFETY: allocated above.
         unsafe { SLAB.kfree(p) }.expect("kfree");
-        assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
-        assert_eq!(SLAB.large_stats().live_bytes, large.live_bytes);
+        assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
+        assert_eq!(SLAB.stats().large().live_bytes, large.live_bytes);
         assert_eq!(KPAGES.nr_pages_out(), kpages);
         assert!(
             // SAFETY: freed already: must be refused.
@@ -779,8 +795,8 @@ fn kfree_of_bogus_pointers_changes_nothing() {
     let k64 = kmalloc_cache("kmalloc-64");
     let p = SLAB.kmalloc(64, 1).expect("kmalloc(64)");
     let before = k64.stats();
-    let large = SLAB.large_stats();
-    let bad_frees = SLAB.nr_bad_frees();
+    let large = SLAB.stats().large();
+    let bad_frees = SLAB.debug().nr_bad_frees();
     let stack = stack_address();
     // SAFETY: none of these is an allocated object; each must be refused.
     unsafe {
@@ -807,9 +823,9 @@ fn kfree_of_bogus_pointers_changes_nothing() {
         );
     }
     assert_eq!(k64.stats(), before);
-    assert_eq!(SLAB.large_stats(), large);
+    assert_eq!(SLAB.stats().large(), large);
     assert_eq!(
-        SLAB.nr_bad_frees(),
+        SLAB.debug().nr_bad_frees(),
         bad_frees,
         "direct kfree errors are returned, not counted"
     );
@@ -823,7 +839,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
     let boxed = Box::new([3u8; 64]);
     let inside = (&raw const *boxed).cast::<u8>().cast_mut().wrapping_add(16);
     let before = k64.stats();
-    let nr_bad_frees = SLAB.nr_bad_frees();
+    let nr_bad_frees = SLAB.debug().nr_bad_frees();
     let layout = core::alloc::Layout::new::<[u8; 48]>();
     // SAFETY: deliberately bad pointers; the allocator must refuse them at
     // the GlobalAlloc edge (count, report through the hook, change nothing).
@@ -831,7 +847,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
         alloc::alloc::dealloc(inside, layout);
         alloc::alloc::dealloc(stack_address().as_ptr(), layout);
     }
-    assert_eq!(SLAB.nr_bad_frees(), nr_bad_frees + 2);
+    assert_eq!(SLAB.debug().nr_bad_frees(), nr_bad_frees + 2);
     assert_eq!(k64.stats(), before);
     assert_eq!(*boxed, [3u8; 64]);
     drop(boxed);
@@ -841,7 +857,7 @@ fn bad_free_through_the_global_allocator_is_reported_and_ignored() {
 #[test_case]
 fn kfree_finds_the_owner_of_a_cache_object() {
     let cache = SLAB
-        .cache_create("test-kfree", 200, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-kfree", 200, &CacheArgs::DEFAULT)
         .expect("cache_create");
     let obj = cache.alloc().expect("alloc");
     assert_eq!(SLAB.ksize(obj), Ok(200));
@@ -858,7 +874,7 @@ fn kfree_finds_the_owner_of_a_cache_object() {
 #[test_case]
 fn destroy_refuses_busy_and_permanent_caches() {
     let cache = SLAB
-        .cache_create("test-destroy", 40, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("test-destroy", 40, &CacheArgs::DEFAULT)
         .expect("cache_create");
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
@@ -901,15 +917,7 @@ fn destroy_refuses_busy_and_permanent_caches() {
 #[test_case]
 fn destroy_with_traced_objects() {
     let cache = SLAB
-        .cache_create(
-            "test-destroy-tr",
-            40,
-            0,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-        )
+        .cache_create("test-destroy-tr", 40, &CacheArgs::DEFAULT)
         .expect("cache_create");
     cache.trace_start().expect("trace_start");
     let a = cache.alloc().expect("alloc");
@@ -988,13 +996,13 @@ fn box_vec_and_string_land_in_kmalloc_caches() {
     drop(text);
     assert_eq!(k256.stats().nr_allocated, before.nr_allocated);
 
-    let large = SLAB.large_stats();
+    let large = SLAB.stats().large();
     let big: Vec<u8> = core::hint::black_box(Vec::with_capacity(64 * 1024));
     assert_eq!(
-        SLAB.large_stats().nr_live,
+        SLAB.stats().large().nr_live,
         large.nr_live + 1,
         "64 KiB Vec is page-granular"
     );
     drop(big);
-    assert_eq!(SLAB.large_stats().nr_live, large.nr_live);
+    assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
 }

@@ -46,12 +46,13 @@ use alloc::format;
 use alloc::string::String;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie::arch::{self, MAX_CPUS, lapic};
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
 use magpie::{println, profiling, smp};
-use magpie_slab::{CacheFlags, KmemCache};
+use magpie_slab::KmemCache;
 
 type Cache = KmemCache<KernelPlatform>;
 
@@ -297,11 +298,18 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
         .enumerate()
     {
         let cache = SLAB
-            .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("cache_create");
         CACHES[index].store(core::ptr::from_ref(cache).cast_mut(), Ordering::Release);
     }
-    let errors_before = SLAB.nr_errors();
+    let errors_before = SLAB.debug().nr_errors();
     let mut shell = Shell::new();
 
     // Every feature on.
@@ -312,7 +320,7 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
     // --no-default-features`).
     let site = profiling::COMPILED_IN.then(|| {
         assert!(
-            SLAB.alloc_profiling(),
+            SLAB.profiling().enabled(),
             "profiling on (mem_profiling=1, the default)"
         );
         let tag = irq_kmalloc_tag();
@@ -321,8 +329,8 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
         assert!(enabled.starts_with("capturing context of "), "{enabled}");
         site
     });
-    SLAB.kfence_set_interval(1);
-    let kfence_before = SLAB.kfence_stats();
+    SLAB.kfence().set_interval(1);
+    let kfence_before = SLAB.kfence().stats();
     assert!(kfence_before.enabled, "the KFENCE pool exists");
 
     start_timers();
@@ -357,8 +365,8 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
     stop_timers();
 
     // The features did their work while the handlers ran.
-    let kmemtrace = SLAB.kmemtrace_status();
-    let kfence = SLAB.kfence_stats();
+    let kmemtrace = SLAB.kmemtrace().status();
+    let kfence = SLAB.kfence().stats();
     let traced = cache(KIND_SMALL).trace_stats();
     run(&mut shell, "kmemtrace record stop");
     if let Some(site) = &site {
@@ -366,7 +374,7 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
     }
     run(&mut shell, "kmemtrace stop all");
     run(&mut shell, "kmemtrace reset all");
-    SLAB.kfence_set_interval(0);
+    SLAB.kfence().set_interval(0);
     let lockdep = magpie_slab::lockdep::stats();
     println!(
         "IRQ_SMP_FEATURES ticks={:?} irq_allocs={} irq_frees={} events={} overruns={} \
@@ -403,7 +411,7 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
         kfence.nr_bugs, kfence_before.nr_bugs,
         "KFENCE found nothing"
     );
-    assert_eq!(SLAB.nr_errors(), errors_before, "no error reported");
+    assert_eq!(SLAB.debug().nr_errors(), errors_before, "no error reported");
     for index in 0..CACHES.len() {
         let stats = cache(index).stats();
         assert_eq!(

@@ -19,11 +19,11 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::kmem::{self, SLAB};
 use magpie::shell::Shell;
 use magpie::{arch, println, smp};
-use magpie_slab::CacheFlags;
 use spin::Mutex;
 
 magpie::test_kernel!();
@@ -69,11 +69,10 @@ fn kmemtrace_print_shows_exactly_the_live_objects_under_smp() {
         .cache_create(
             "smp-traced",
             OBJ_SIZE,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("create smp-traced");
     let mut shell = Shell::new();

@@ -20,6 +20,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
@@ -35,7 +36,7 @@ magpie::test_kernel!();
 const OBJ_SIZE: usize = 48;
 
 fn create(name: &str) -> &'static Cache {
-    SLAB.cache_create(name, OBJ_SIZE, 0, CacheFlags::empty(), None, None, None)
+    SLAB.cache_create(name, OBJ_SIZE, &CacheArgs::DEFAULT)
         .expect("cache_create")
 }
 
@@ -414,11 +415,10 @@ fn notrace_caches_are_refused() {
         .cache_create(
             "trace-notrace",
             32,
-            0,
-            CacheFlags::NOTRACE,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                flags: CacheFlags::NOTRACE,
+                ..CacheArgs::DEFAULT
+            },
         )
         .expect("cache_create");
     assert_eq!(own.trace_start(), Err(TraceError::NoTrace));

@@ -8,11 +8,12 @@
 //! `magpie-cache` row: objects from a pre-resolved `kmem_cache`, the
 //! kernel-internal interface no peer has.
 
+use magpie_slab::CacheArgs;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
-use magpie_slab::{Allocator, CacheFlags, KmemCache, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Kmem, KmemCache, PAGE_SIZE, PageSource, Platform};
 use slabmalloc::{AllocationError, LargeObjectPage, ObjectPage, ZoneAllocator};
 
 use crate::host::{self, BenchPlatform, HostPages, ProfPlatform, region, set_cpu};
@@ -208,26 +209,26 @@ impl<A: GlobalAlloc + Sync + 'static> BenchAlloc for Global<A> {
 // ---------------------------------------------------------------- magpie
 
 /// The magpie allocator of this process (plain platform).
-pub static MAGPIE: Allocator<BenchPlatform> = Allocator::new();
+pub static MAGPIE: Kmem<BenchPlatform> = Kmem::new();
 /// The magpie allocator of the `magpie-prof-*` runs ([`ProfPlatform`]).
-pub static MAGPIE_PROF: Allocator<ProfPlatform> = Allocator::new();
+pub static MAGPIE_PROF: Kmem<ProfPlatform> = Kmem::new();
 
 /// A platform with its process-wide magpie allocator.
 pub trait MagpieHost: Platform + Sync + Sized {
     /// The allocator of this platform.
-    fn allocator() -> &'static Allocator<Self>;
+    fn allocator() -> &'static Kmem<Self>;
 }
 
 impl MagpieHost for BenchPlatform {
     #[inline(always)]
-    fn allocator() -> &'static Allocator<Self> {
+    fn allocator() -> &'static Kmem<Self> {
         &MAGPIE
     }
 }
 
 impl MagpieHost for ProfPlatform {
     #[inline(always)]
-    fn allocator() -> &'static Allocator<Self> {
+    fn allocator() -> &'static Kmem<Self> {
         &MAGPIE_PROF
     }
 }
@@ -262,12 +263,19 @@ impl<P: MagpieHost, const CACHE: bool> Magpie<P, CACHE> {
         if let Ok(value) = std::env::var("MAGPIE_SLAB_DEBUG") {
             let config = magpie_slab::debug::SlabDebugConfig::parse_slab_debug(Some(&value))
                 .expect("MAGPIE_SLAB_DEBUG: a slab_debug= value");
-            alloc.set_debug_config(config);
+            alloc.debug().set_config(config);
         }
         let pages = HostPages::new("bench", heap_bytes, PAGE_SIZE);
         alloc.init(pages).expect("magpie init");
         let cache = alloc
-            .cache_create("bench-64", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "bench-64",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("bench-64 cache");
         Magpie { cache, pages }
     }
@@ -362,12 +370,12 @@ pub const KMT_SUBBUFS: usize = 1024;
 /// emptied). A kernel's rings are resident memory; without this the
 /// host would charge a page fault per 64 events to recording.
 pub fn kmemtrace_on() {
-    let config = magpie_slab::KmemtraceConfig {
+    let config = magpie_slab::kmemtrace::KmemtraceConfig {
         nr_subbufs: KMT_SUBBUFS,
         ..Default::default()
     };
     let start = || {
-        MAGPIE.kmemtrace_start(config).expect("kmemtrace start");
+        MAGPIE.kmemtrace().start(config).expect("kmemtrace start");
     };
     start();
     set_cpu(0);

@@ -1,6 +1,6 @@
 //! The fixed-size-block allocator of "Writing an OS in Rust" (Philipp
-//! Oppermann, blog_os, post 11 "Allocator Designs", section "Fixed-Size
-//! Block Allocator"; <https://os.phil-opp.com/allocator-designs/>), written
+//! Oppermann, blog_os, post 11 "Kmem Designs", section "Fixed-Size
+//! Block Kmem"; <https://os.phil-opp.com/allocator-designs/>), written
 //! here as the chapter has it because it is not a crate: nine block sizes
 //! from 8 to 2048 bytes, one free list of blocks per size (a node written
 //! into each free block), a block taken from the fallback allocator

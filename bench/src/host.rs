@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use magpie_codetag::alloc_tag;
 use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, BootSetting, ProfilingSwitch};
-use magpie_slab::{AllocError, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{
+    AllocError, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+};
 
 /// CPUs the benchmark platform reports.
 pub const NR_CPUS: usize = 4;
@@ -86,6 +88,12 @@ unsafe impl Platform for BenchPlatform {
         // SAFETY: rdtsc has no preconditions on x86_64.
         unsafe { core::arch::x86_64::_rdtsc() }
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for BenchPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -149,6 +157,12 @@ unsafe impl Platform for ProfPlatform {
     fn now() -> u64 {
         BenchPlatform::now()
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for ProfPlatform {
     fn backtrace(frames: &mut [usize]) -> usize {
         BenchPlatform::backtrace(frames)
     }
@@ -229,7 +243,9 @@ pub fn prof_init(on: bool) {
     set_cpu(BenchPlatform::cpu_id());
     // As a kernel does whenever its switch flips: off, the allocator's
     // alloc fast path does not ask `alloc_tag_current` at all.
-    crate::allocs::MAGPIE_PROF.set_alloc_profiling(PROF_SWITCH.is_on());
+    crate::allocs::MAGPIE_PROF
+        .profiling()
+        .set_enabled(PROF_SWITCH.is_on());
 }
 
 fn bench_tag() -> &'static AllocTag {

@@ -286,7 +286,7 @@ fn run(opts: &RunOpts) -> RunResult {
         _ => usage(),
     };
     if opts.allocator.contains("kmt") {
-        let status = allocs::MAGPIE.kmemtrace_status();
+        let status = allocs::MAGPIE.kmemtrace().status();
         eprintln!(
             "KMT events={} overruns={}",
             status.nr_events, status.nr_overruns

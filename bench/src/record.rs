@@ -1,6 +1,6 @@
 //! `magpie-bench record WORKLOAD OUT.kmt`: the two replay workloads that
 //! are Rust heap code rather than kernel commands, run on the host through
-//! magpie-slab (`&'static Allocator` as `core::alloc::Allocator`, so
+//! magpie-slab (`&'static Kmem` as `core::alloc::Allocator`, so
 //! `Box`, `Vec` and `BTreeMap` allocate from it) with kmemtrace recording
 //! on, and dumped by the library's own writer (`kmemtrace_dump`): the same
 //! events and format the kernel's `kmemtrace dump` sends.
@@ -23,7 +23,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use magpie_slab::{DumpInfo, KmemtraceConfig, Platform};
+use magpie_slab::Platform;
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 
 use crate::allocs::{MAGPIE, Magpie};
 use crate::host::{BenchPlatform, set_cpu};
@@ -148,7 +149,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ..Default::default()
     };
     MAGPIE
-        .kmemtrace_start(config)
+        .kmemtrace()
+        .start(config)
         .map_err(|e| format!("kmemtrace start: {e:?}"))?;
     let start = BenchPlatform::now();
     match workload.as_str() {
@@ -166,8 +168,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
             })
         }
     }
-    MAGPIE.kmemtrace_stop();
-    let status = MAGPIE.kmemtrace_status();
+    MAGPIE.kmemtrace().stop();
+    let status = MAGPIE.kmemtrace().status();
     if status.nr_overruns > 0 {
         return Err(format!("{} events lost to overruns", status.nr_overruns));
     }
@@ -177,7 +179,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ticks_to_ns: &ticks_to_ns,
     };
     let mut bytes = Vec::new();
-    let summary = MAGPIE.kmemtrace_dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
+    let summary = MAGPIE
+        .kmemtrace()
+        .dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
     std::fs::write(out, &bytes).map_err(|e| format!("{out}: {e}"))?;
     eprintln!(
         "record {workload}: {} events, {} bytes -> {out}",

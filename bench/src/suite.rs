@@ -1155,7 +1155,7 @@ fn kmemtrace(r: &mut String, failures: &mut Vec<String>, me: &str, opts: &SuiteO
     writeln!(
         r,
         "magpie only; kmemtrace is always compiled in, so \"off\" is the plain build (the \
-         rows above). \"On\": `Allocator::kmemtrace_start` after init, every cache, no \
+         rows above). \"On\": `kmemtrace::Kmemtrace::start` after init, every cache, no \
          stacks, {} sub-buffers per CPU (1,048,576 events: no run overruns it — one run of \
          {KMT_N} iterations after a warm-up recorded {events}). The bench platform's \
          `caller_frames` is the default (no call site), so a kernel's call-site capture is \
@@ -1331,7 +1331,7 @@ fn kernel_hit(r: &mut String, failures: &mut Vec<String>, path: &str) {
     writeln!(
         r,
         "Exact instructions executed by the kernel's `GlobalAlloc::alloc` and `::dealloc` of \
-         `Allocator<KernelPlatform>` on a 64-byte magazine hit (the functions \
+         `Kmem<KernelPlatform>` on a 64-byte magazine hit (the functions \
          `bench/kernel-hit.py` prints from the test kernel; the kernel's hits are restartable \
          sequences, `magpie_slab::restart`, with no in-use flag to take; a frame \
          pointer where the kernel's non-leaf frame pointers give a function one; \
@@ -1502,7 +1502,7 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
          the allocator's own call for giving memory back, if it has one. Resident as above \
          (growth of `RssAnon` since before the burst). `live` = bytes requested by the \
          survivors; \"after one idle interval\" is magpie's depot working set at work \
-         (two `Allocator::kmem_update` ticks, what a kernel's idle loop runs every few \
+         (two `Kmem::kmem_update` ticks, what a kernel's idle loop runs every few \
          seconds; the others do nothing while idle); `× live` = resident after the \
          give-back / live. No allocator that does \
          not move objects can return much here: nearly every page keeps a survivor.\n",

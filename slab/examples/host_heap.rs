@@ -12,12 +12,13 @@
 #![feature(allocator_api, btreemap_alloc)]
 
 use core::ptr::NonNull;
+use magpie_slab::CacheArgs;
 use std::collections::BTreeMap;
 
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{Allocator, CacheFlags, PAGE_SIZE, PageSource, Platform};
+use magpie_slab::{Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -42,6 +43,12 @@ unsafe impl Platform for OneThread {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for OneThread {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -70,10 +77,10 @@ fn main() {
     let region = Box::leak(vec![0u8; HEAP_SIZE].into_boxed_slice());
     // SAFETY: the region is ours, writable, and used by the heap alone.
     unsafe { HEAP.init_region(region.as_mut_ptr() as usize, region.len()) }.expect("heap");
-    let cost = Allocator::<OneThread>::init_cost(HEAP.source()).expect("a span");
+    let cost = Kmem::<OneThread>::init_cost(HEAP.source()).expect("a span");
     println!("{cost}");
 
-    let heap: &'static Allocator<OneThread> = &HEAP;
+    let heap: &'static Kmem<OneThread> = &HEAP;
     let mut numbers = Vec::new_in(heap);
     numbers.extend(0..1000_u64);
     let mut words = BTreeMap::new_in(heap);
@@ -81,7 +88,14 @@ fn main() {
         words.insert(*word, index);
     }
     let dentry = heap
-        .cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "dentry",
+            192,
+            &CacheArgs {
+                align: 64,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .expect("cache");
     let object = dentry.alloc_box().expect("object").fill(0);
     println!(

@@ -4,9 +4,9 @@
 //! the same tag wherever and on whichever CPU it happens.
 //!
 //! The allocator knows nothing of tags beyond these 4 bytes; the platform
-//! names the tag of an allocation ([`Platform::alloc_tag_current`], or the
+//! names the tag of an allocation ([`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current), or the
 //! caller does through `alloc_tagged` / `kmalloc_tagged`) and keeps the
-//! counters ([`Platform::alloc_tag_add`], [`Platform::alloc_tag_sub`]).
+//! counters ([`PlatformHooks::alloc_tag_add`](crate::PlatformHooks::alloc_tag_add), [`PlatformHooks::alloc_tag_sub`](crate::PlatformHooks::alloc_tag_sub)).
 //!
 //! Where the reference lives:
 //!
@@ -44,9 +44,9 @@
 //! **Never a failure caused by profiling**: if the side array cannot be
 //! allocated, the object is still handed out, untagged and uncharged
 //! (its free uncharges nothing), and the miss is counted
-//! ([`Allocator::nr_tag_array_misses`](crate::Allocator::nr_tag_array_misses)).
+//! ([`AllocProfiling::nr_tag_array_misses`](crate::AllocProfiling::nr_tag_array_misses)).
 //!
-//! The runtime switch: [`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)
+//! The runtime switch: [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)
 //! sets or clears `PROFILING` in every cache's `hot_flags` (new caches
 //! inherit it); a kernel calls it whenever its own switch flips. Setting
 //! it also sets `TAGGED` (in the same atomic update) on small-slab caches
@@ -76,16 +76,49 @@
 //!
 //! **Charge tokens.** What a slot (or a bufctl, or a page-granular
 //! block's page-map entry) holds is the platform's token for the tag
-//! ([`Platform::alloc_tag_token`], [`Platform::alloc_tag_current_token`]),
+//! ([`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token), [`PlatformHooks::alloc_tag_current_token`](crate::PlatformHooks::alloc_tag_current_token)),
 //! checked once when made; the tag closures of the alloc paths return
 //! tokens ([`current`], [`explicit`]), and only those reach the `unsafe`
-//! [`Platform::alloc_tag_charge_token`] and
-//! [`Platform::alloc_tag_uncharge`]. A free object's slot is `None`.
+//! [`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token) and
+//! [`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge). A free object's slot is `None`.
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
 
+use crate::allocator::Kmem;
 use crate::platform::Platform;
+
+/// Allocation profiling's switches and tagged allocations for one
+/// allocator, from [`Kmem::profiling`] (feature `alloc-profiling`
+/// for the switches to do anything; see the crate docs).
+#[derive(Clone, Copy)]
+pub struct AllocProfiling<'a, P: Platform> {
+    pub(crate) heap: &'a Kmem<P>,
+}
+
+impl<P: Platform> Kmem<P> {
+    /// Allocation profiling's switches: [`AllocProfiling`].
+    pub fn profiling(&self) -> AllocProfiling<'_, P> {
+        AllocProfiling { heap: self }
+    }
+
+    /// [`AllocProfiling::enabled`](crate::AllocProfiling::enabled).
+    #[inline]
+    pub(crate) fn alloc_profiling(&self) -> bool {
+        cfg!(feature = "alloc-profiling")
+            && self
+                .alloc_profiling
+                .load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`AllocProfiling::tag_hooks`](crate::AllocProfiling::tag_hooks).
+    pub(crate) fn alloc_tag_hooks(&self) -> bool {
+        cfg!(feature = "alloc-profiling")
+            && self
+                .alloc_tag_hooks
+                .load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
 /// the tag's index in its section plus one; the same type). Never 0: "no
@@ -118,11 +151,11 @@ pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
 }
 
 /// A charge off the profiled hits: the platform's charge
-/// ([`Platform::alloc_tag_charge_token`]), then its hook
-/// ([`Platform::alloc_tag_charge_hook`]).
+/// ([`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token)), then its hook
+/// ([`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook)).
 ///
 /// # Safety
-/// As for [`Platform::alloc_tag_charge_token`]: `token` is a charge token.
+/// As for [`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token): `token` is a charge token.
 #[cfg(feature = "alloc-profiling")]
 #[inline]
 pub(crate) unsafe fn charge_off_hit<P: Platform>(
@@ -136,11 +169,11 @@ pub(crate) unsafe fn charge_off_hit<P: Platform>(
 }
 
 /// An uncharge off the profiled free hit: the platform's hook
-/// ([`Platform::alloc_tag_uncharge_hook`]), then its uncharge
-/// ([`Platform::alloc_tag_uncharge`]).
+/// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)), then its uncharge
+/// ([`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge)).
 ///
 /// # Safety
-/// As for [`Platform::alloc_tag_uncharge`]: the object's charge token,
+/// As for [`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge): the object's charge token,
 /// not uncharged since.
 #[cfg(feature = "alloc-profiling")]
 #[inline]
@@ -155,7 +188,7 @@ pub(crate) unsafe fn uncharge_off_hit<P: Platform>(
 }
 
 /// The charge token of the tag to charge an allocation made now
-/// ([`Platform::alloc_tag_current_token`]; `None` when profiling is
+/// ([`PlatformHooks::alloc_tag_current_token`](crate::PlatformHooks::alloc_tag_current_token); `None` when profiling is
 /// compiled out or the platform says none). Every tag closure of the
 /// alloc paths returns a token: this one, or [`explicit`]'s.
 #[inline(always)]
@@ -168,7 +201,7 @@ pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
 }
 
 /// The charge token of an explicit tag (`alloc_tagged`,
-/// `kmalloc_tagged`): checked once by [`Platform::alloc_tag_token`]
+/// `kmalloc_tagged`): checked once by [`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token)
 /// (`None`: charge nothing; always without the feature).
 #[inline(always)]
 pub(crate) fn explicit<P: Platform>(tag: Option<AllocTagRef>) -> Option<AllocTagRef> {

@@ -10,7 +10,7 @@
 //! - a **header**: the magic [`DESCRIPTOR_MAGIC`], the format version
 //!   [`DESCRIPTOR_VERSION`], the sizes of the header and of the layout;
 //! - what only the running kernel knows, written once by
-//!   [`Allocator::init`](crate::Allocator::init): the address of the
+//!   [`Kmem::init`](crate::Kmem::init): the address of the
 //!   first allocator brought up (an image holds one heap; a later
 //!   allocator in the same program is not described), and where the
 //!   payload of a `spin::Mutex` sits inside it (the lock crate's layout
@@ -37,12 +37,12 @@
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::allocator::{Allocator, CacheList};
+use crate::allocator::{CacheList, Kmem};
 use crate::cache::{CacheLinks, KmemCache};
 use crate::kmemtrace::rings::CpuRing;
-use crate::kmemtrace::{Kmemtrace, Mark, Marks, StackTable};
+use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
-use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform};
+use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
 use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, TraceTableInner};
 
@@ -140,6 +140,12 @@ unsafe impl Platform for LayoutPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for LayoutPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -148,7 +154,7 @@ unsafe impl Platform for LayoutPlatform {
     }
 }
 
-type LayoutAllocator = Allocator<LayoutPlatform>;
+type LayoutAllocator = Kmem<LayoutPlatform>;
 type LayoutCache = KmemCache<LayoutPlatform>;
 
 /// Declares [`DescriptorLayout`] (each entry once: its name, its doc and
@@ -197,7 +203,7 @@ layout! {
     /// Constant: bytes per per-CPU cache slot (the per-CPU array's stride).
     cpu_slot_bytes = Entry::value(CPU_SLOT_BYTES);
 
-    /// Constant: `size_of::<Allocator>()`.
+    /// Constant: `size_of::<Kmem>()`.
     allocator_size = Entry::value(size_of::<LayoutAllocator>());
     /// The cache-list lock (a `spin::Mutex`; its payload at the
     /// header's `cache_list_lock_data` bytes in).
@@ -400,18 +406,18 @@ layout! {
     /// kmemtrace's state in the allocator.
     allocator_kmemtrace = field!(LayoutAllocator, kmemtrace);
     /// kmemtrace: the per-CPU rings (null before the first start).
-    kmemtrace_rings = field!(Kmemtrace, rings);
+    kmemtrace_rings = field!(KmemtraceState, rings);
     /// kmemtrace: bytes of the rings (`cpu_ring_size` per CPU).
-    kmemtrace_rings_bytes = field!(Kmemtrace, rings_bytes);
+    kmemtrace_rings_bytes = field!(KmemtraceState, rings_bytes);
     /// kmemtrace: frames recorded per event (0: no stacks).
-    kmemtrace_stack_depth = field!(Kmemtrace, stack_depth);
+    kmemtrace_stack_depth = field!(KmemtraceState, stack_depth);
     /// kmemtrace: recording since boot (`bool`).
-    kmemtrace_from_boot = field!(Kmemtrace, from_boot);
+    kmemtrace_from_boot = field!(KmemtraceState, from_boot);
     /// kmemtrace: the record's start (clock ticks).
-    kmemtrace_start_ticks = field!(Kmemtrace, start_ticks);
+    kmemtrace_start_ticks = field!(KmemtraceState, start_ticks);
     /// kmemtrace: the stack table's lock (payload at the header's
     /// `stacks_lock_data`).
-    kmemtrace_stacks = field!(Kmemtrace, stacks);
+    kmemtrace_stacks = field!(KmemtraceState, stacks);
     /// Stack table: frames, `max_stack_depth` per stack (`u64`s).
     stack_table_frames = field!(StackTable, frames);
     /// Stack table: each stack's depth (`u8`s).
@@ -422,7 +428,7 @@ layout! {
     max_stack_depth = Entry::value(crate::kmemtrace::MAX_STACK_DEPTH);
     /// kmemtrace: the marks' lock (payload at the header's
     /// `marks_lock_data`).
-    kmemtrace_marks = field!(Kmemtrace, marks);
+    kmemtrace_marks = field!(KmemtraceState, marks);
     /// Marks: the entries (`mark_size` bytes each).
     marks_entries = field!(Marks, entries);
     /// Marks: entries used.
@@ -554,17 +560,17 @@ fn payload_offset<T>(lock: *const u8, payload: &T) -> u64 {
     (core::ptr::from_ref(payload).cast::<u8>() as u64).wrapping_sub(lock as u64)
 }
 
-/// Describe `allocator` (called by [`Allocator::init`] once it is ready):
+/// Describe `allocator` (called by [`Kmem::init`] once it is ready):
 /// the first allocator of the program is the one described. Refused (the
 /// descriptor stays empty) if the platform changed a structure's size,
 /// which `LayoutPlatform` would not see.
-pub(crate) fn register<P: Platform>(allocator: &'static Allocator<P>) {
+pub(crate) fn register<P: Platform>(allocator: &'static Kmem<P>) {
     // The loom models explore every interleaving of the locks: the
     // measuring locks below are none of theirs.
     if cfg!(loom) {
         return;
     }
-    if size_of::<Allocator<P>>() != size_of::<LayoutAllocator>()
+    if size_of::<Kmem<P>>() != size_of::<LayoutAllocator>()
         || size_of::<KmemCache<P>>() != size_of::<LayoutCache>()
     {
         return;

@@ -21,13 +21,13 @@ pub enum AllocError {
     InvalidLayout,
     /// The cache's constructor failed; the object went back to its slab.
     ConstructorFailed,
-    /// [`Allocator::init`](crate::Allocator::init) has not completed.
+    /// [`Kmem::init`](crate::Kmem::init) has not completed.
     NotInitialized,
-    /// [`Allocator::init`](crate::Allocator::init) was called twice.
+    /// [`Kmem::init`](crate::Kmem::init) was called twice.
     AlreadyInitialized,
-    /// [`Allocator::init`](crate::Allocator::init) was given a page source
+    /// [`Kmem::init`](crate::Kmem::init) was given a page source
     /// too small to hold the allocator's metadata and a few slabs:
-    /// [`Allocator::init_cost`](crate::Allocator::init_cost) has the
+    /// [`Kmem::init_cost`](crate::Kmem::init_cost) has the
     /// figures (its `Display` prints them).
     SourceTooSmall,
 }
@@ -43,7 +43,7 @@ impl fmt::Display for AllocError {
             AllocError::NotInitialized => f.write_str("slab allocator not initialised"),
             AllocError::AlreadyInitialized => f.write_str("slab allocator already initialised"),
             AllocError::SourceTooSmall => f.write_str(
-                "page source too small for the slab allocator (Allocator::init_cost has the figures)",
+                "page source too small for the slab allocator (Kmem::init_cost has the figures)",
             ),
         }
     }

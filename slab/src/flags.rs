@@ -32,7 +32,7 @@ bitflags::bitflags! {
 }
 
 bitflags::bitflags! {
-    /// Flags given to [`Allocator::cache_create`](crate::Allocator::cache_create).
+    /// Flags given to [`Kmem::cache_create`](crate::Kmem::cache_create).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct CacheFlags: u32 {
         /// Never touch object memory (the source's pages may not be

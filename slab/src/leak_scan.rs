@@ -16,7 +16,7 @@
 //! hide leaks).
 //!
 //! The scan allocates nothing: the caller supplies the table, one
-//! [`LeakEntry`] per allocated object ([`Allocator::leak_scan_capacity`]
+//! [`LeakEntry`] per allocated object ([`LeakScan::capacity`]
 //! says how many), e.g. from its page allocator. Cost: one pass over the
 //! slabs, one over the page map, a sort, then per root or reached word a
 //! range test and, for words inside the heap, a binary search.
@@ -30,7 +30,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::layout::pagemap::PageOwner;
 use crate::platform::{PAGE_SIZE, Platform};
@@ -145,7 +145,7 @@ pub struct LeakSummary {
 
 /// A leak scan in progress: see the [module docs](self).
 pub struct LeakScan<'t, P: Platform> {
-    alloc: &'t Allocator<P>,
+    alloc: &'t Kmem<P>,
     table: &'t mut [LeakEntry],
     /// Lowest object start and highest object end: a word outside needs
     /// no search.
@@ -155,20 +155,20 @@ pub struct LeakScan<'t, P: Platform> {
     scanned_bytes: usize,
 }
 
-impl<P: Platform> Allocator<P> {
-    /// An upper bound on the table entries a [`leak_scan`](Self::leak_scan)
+impl<'t, P: Platform> LeakScan<'t, P> {
+    /// An upper bound on the table entries a [`LeakScan::new`]
     /// needs now: busy objects of every cache but the bootstrap ones,
     /// plus live page-granular kmallocs. Allocation in between may raise
     /// it: give some slack.
-    pub fn leak_scan_capacity(&self) -> usize {
+    pub fn capacity(heap: &Kmem<P>) -> usize {
         let mut nr = 0;
-        self.for_each_cache(|cache| {
+        heap.for_each_cache(|cache| {
             if !cache.is_bootstrap() {
                 let stats = cache.stats();
                 nr += stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
             }
         });
-        nr + self.large_stats().nr_live
+        nr + heap.stats().large().nr_live
     }
 
     /// Start a leak scan: record every allocated object in `table`,
@@ -178,7 +178,7 @@ impl<P: Platform> Allocator<P> {
     /// # Errors
     /// [`LeakScanError::NotInitialized`];
     /// [`LeakScanError::TableTooSmall`] (see
-    /// [`leak_scan_capacity`](Self::leak_scan_capacity)).
+    /// [`LeakScan::capacity`]).
     ///
     /// # Safety
     /// Until the scan is finished no cache is destroyed and no slab or
@@ -186,11 +186,11 @@ impl<P: Platform> Allocator<P> {
     /// (no reap): reached objects are read. Allocation and free may go on
     /// (a kernel's other CPUs), but objects they touch meanwhile may be
     /// misreported: scan a quiet system, as `::findleaks` does a dump.
-    pub unsafe fn leak_scan<'t>(
-        &'t self,
+    pub unsafe fn new(
+        heap: &'t Kmem<P>,
         table: &'t mut [LeakEntry],
     ) -> Result<LeakScan<'t, P>, LeakScanError> {
-        if !self.is_ready() {
+        if !heap.is_ready() {
             return Err(LeakScanError::NotInitialized);
         }
         let mut nr = 0;
@@ -207,14 +207,14 @@ impl<P: Platform> Allocator<P> {
             }
             nr += 1;
         };
-        self.for_each_cache(|cache| {
+        heap.for_each_cache(|cache| {
             if !cache.is_bootstrap() {
                 let erased = core::ptr::from_ref(cache) as usize;
                 let size = cache.obj_size();
                 cache.for_each_busy_object(|object, site| push(object, size, erased, site));
             }
         });
-        let map = self.page_map();
+        let map = heap.page_map();
         let mut index = 0;
         while index < map.nr_pages {
             let addr = map.base + index * PAGE_SIZE;
@@ -227,7 +227,7 @@ impl<P: Platform> Allocator<P> {
             }
         }
         // KFENCE samples are in no slab: objects of their caches too.
-        self.kfence_for_each_sample(&mut push);
+        heap.kfence_for_each_sample(&mut push);
         if nr > table.len() || nr > NONE as usize {
             return Err(LeakScanError::TableTooSmall { needed: nr });
         }
@@ -240,7 +240,7 @@ impl<P: Platform> Allocator<P> {
             .max()
             .unwrap_or(0);
         let scan = LeakScan {
-            alloc: self,
+            alloc: heap,
             table,
             lo,
             hi,
@@ -333,7 +333,7 @@ impl<'t, P: Platform> LeakScan<'t, P> {
                 continue;
             }
             // SAFETY: an allocated object (or live page-granular block),
-            // mapped for the scan per `leak_scan`'s contract.
+            // mapped for the scan per `LeakScan::new`'s contract.
             unsafe { self.scan_words(start, start + size) };
         }
     }

@@ -2,18 +2,80 @@
 //!
 //! A `no_std` object-caching allocator for hobby kernels, after Bonwick's
 //! slab allocator, Bonwick & Adams' magazines and depot, and Akaros'
-//! `kern/src/slab.c` (including its per-cache trace table). Everything
-//! machine-specific comes in through two traits: [`Platform`] (CPU id,
-//! per-CPU offset and count, interrupt save/restore, cross-CPU calls,
-//! clock, backtrace, context string) and
-//! [`PageSource`] (whole pages in, whole pages out).
+//! `kern/src/slab.c`. The main type is [`Kmem`]: the kmalloc size
+//! classes, object caches ([`KmemCache`]), `GlobalAlloc` and
+//! `core::alloc::Allocator`.
+//!
+//! ## One way to get started
+//!
+//! 1. **Say what the machine is**: implement [`Platform`] (an `unsafe
+//!    trait`; five functions: `max_cpus`, `cpu_id`, `irq_save`,
+//!    `irq_restore`, `now`) and an empty [`PlatformHooks`] (stacks,
+//!    profiling tags and KFENCE's pool are hooks with defaults). A
+//!    one-CPU x86_64 kernel takes `glue::X86Uniprocessor` instead
+//!    (feature `x86_64-uniprocessor`).
+//! 2. **Declare the heap** in a `static` and make it the global
+//!    allocator: [`glue::Heap`] (the allocator and a page source over one
+//!    mapped region, [`glue::RegionSource`]), or an [`Kmem`] with
+//!    any [`PageSource`] of yours.
+//! 3. **Hand it its memory** once, early: `HEAP.init_region(start, len)`
+//!    (or `Kmem::init(&source)`). From then on `Box`, `Vec` and
+//!    `String` go through the magazines; make object caches with
+//!    [`Kmem::cache_create`]`(name, size, &CacheArgs { .. })`.
+//!
+//! ```no_run,standalone_crate
+//! use magpie_slab::glue::Heap;
+//! use magpie_slab::{CacheArgs, Platform, PlatformHooks};
+//!
+//! struct MyPlatform;
+//! // SAFETY: one CPU and no interrupts: nothing else runs allocator code.
+//! unsafe impl Platform for MyPlatform {
+//!     fn max_cpus() -> usize { 1 }
+//!     fn cpu_id() -> usize { 0 }
+//!     fn irq_save() -> usize { 0 }
+//!     fn irq_restore(_state: usize) {}
+//!     fn now() -> u64 { 0 }
+//! }
+//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! unsafe impl PlatformHooks for MyPlatform {}
+//!
+//! #[global_allocator]
+//! static HEAP: Heap<MyPlatform> = Heap::new();
+//!
+//! fn kernel_main(start: usize, len: usize) -> Result<(), magpie_slab::AllocError> {
+//!     // SAFETY: the range is mapped, writable and the heap's alone.
+//!     unsafe { HEAP.init_region(start, len)? };
+//!     let inodes = HEAP.cache_create("inode", 256, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
+//!     let inode = inodes.alloc_box()?; // owned: freed without `unsafe`
+//!     inode.free().expect("a valid free");
+//!     Ok(())
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! The diagnostics hang off the heap by feature, each a handle with its
+//! own methods: `HEAP.debug()` (error reports and hooks, `verify`,
+//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream),
+//! `HEAP.profiling()` (allocation tags, feature `alloc-profiling`),
+//! `HEAP.kfence()` (feature `kfence`), `leak_scan::LeakScan` (feature
+//! `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
+//! trace print, `whatis`) are functions in [`reports`] writing to any
+//! `core::fmt::Write`. `docs/ADOPTING.md` is the longer path.
+//!
+//! **Why is the main type called `Kmem`?** It is the kmem allocator of
+//! Bonwick's paper and of illumos (`kmem_alloc`, `kmem_cache_create`,
+//! `kmem_flags`, `::kmem*`), whose words the shell speaks (`kmemstat`,
+//! `kmem verify`), and its caches are `KmemCache`s. The name it had,
+//! `Allocator`, collided with `core::alloc::Allocator`, which the crate
+//! implements for `&'static Kmem<P>`; `Slab` names a slab of the slab layer here,
+//! and `glue::Heap` the allocator with its page source.
 //!
 //! ## Layers
 //!
 //! From the caller down (each layer is a folder or a file of `src/`, and
 //! imports only the ones below it):
 //!
-//! 1. **Allocator** (`allocator/`): [`Allocator`], all global state —
+//! 1. **Kmem** (`allocator/`): [`Kmem`], all global state —
 //!    `init` and the bootstrap caches, the cache list, kmalloc (size
 //!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
 //!    `kmalloc_array`, `krealloc` too), `kfree`, the `GlobalAlloc` shims,
@@ -61,7 +123,7 @@
 //! 6. **Layout** (`layout/`): slab geometry, the hardened free list, the
 //!    address hash, the page map and its typed entry (`PageEntry`); it
 //!    imports nothing above it.
-//! 7. **Page sources**: the primary one given to [`Allocator::init`], or
+//! 7. **Page sources**: the primary one given to [`Kmem::init`], or
 //!    one per cache.
 //!
 //! Beside them: the **bootstrap caches** holding the allocator's own
@@ -89,10 +151,10 @@
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
-//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Allocator` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
-//! | `leak_scan.rs` | leaks by reachability ([`leak_scan`]: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
-//! | `kfence/` | sampled guarded allocations ([`kfence`]: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Allocator`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
+//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
+//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
@@ -116,12 +178,12 @@
 //! allocated with the slab's first tagged object (`kmem_tags_<bytes>`;
 //! the slab layout is the same with the feature and without) — and
 //! reports each allocation and free to the
-//! platform (`Platform::alloc_tag_current`, `alloc_tag_add`,
+//! platform (`PlatformHooks::alloc_tag_current`, `alloc_tag_add`,
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
-//! [`KmemCache::alloc_tagged`] and [`Allocator::kmalloc_tagged`]. The
-//! runtime switch is [`Allocator::set_alloc_profiling`] (a kernel calls
+//! [`KmemCache::alloc_tagged`] and [`Kmem::kmalloc_tagged`]. The
+//! runtime switch is [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled) (a kernel calls
 //! it whenever its own switch flips; on by default): off, nothing asks
 //! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
 //! cache's `hot_flags`) and both hits cost what they cost compiled out
@@ -133,7 +195,7 @@
 //! passed on in a register) and the tag charged — one `add` per counter
 //! at a `%gs`-relative per-CPU counter base (`magpie-codetag`'s
 //! `AllocTagCounters`). Objects keep a **charge token**, the form of the
-//! tag the platform checked once (`Platform::alloc_tag_token`,
+//! tag the platform checked once (`PlatformHooks::alloc_tag_token`,
 //! `alloc_tag_current_token`: e.g. the counter's byte offset, checked when
 //! a scope sets the current tag), so neither the charge nor the free
 //! checks it again (`unsafe` hooks `alloc_tag_charge_token`,
@@ -141,9 +203,9 @@
 //! `alloc_tagged` is checked at the token hook and never indexes anything.
 //! The defaults are the reference itself and `alloc_tag_add`/`_sub`. The
 //! profiled hits call out to nothing: work too slow for them (a context
-//! capture of one site, say) goes in `Platform::alloc_tag_charge_hook` and
+//! capture of one site, say) goes in `PlatformHooks::alloc_tag_charge_hook` and
 //! `alloc_tag_uncharge_hook`, called on every charge off the hits, and
-//! [`Allocator::set_alloc_tag_hooks`] sends every allocation off the hits
+//! [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks) sends every allocation off the hits
 //! while the platform needs them all.
 //! Feature `time-stats` puts `magpie-codetag` latency
 //! statistics on the slab-layer refill (`grow`) and the depot exchanges
@@ -179,9 +241,9 @@
 //!   cache freely. Everything else that reaches it with interrupts on (the
 //!   recorded hits) disables interrupts.
 //! - **Any other CPU** that needs it — [`KmemCache::reap`] and
-//!   [`Allocator::reap_all`] (drain), [`KmemCache::destroy`] (drain),
+//!   [`Kmem::reap_all`] (drain), [`KmemCache::destroy`] (drain),
 //!   statistics ([`KmemCache::stats`], [`KmemCache::cpu_stats`],
-//!   [`Allocator::cpu_stats`]), the loom models' magazine resize — asks
+//!   [`HeapStats::cpu`]), the loom models' magazine resize — asks
 //!   that CPU to do it, through [`Platform::cross_cpu_call`]: the kernel
 //!   runs the closure in the target's IPI handler (interrupts off there,
 //!   so never inside one of its hits), as Linux's `flush_all` does.
@@ -246,23 +308,23 @@
 //!
 //! - **Working set** (Bonwick & Adams 2001 §3.7, illumos
 //!   `kmem_depot_ws_update` / `kmem_depot_ws_reap`):
-//!   [`Allocator::kmem_update`], run by the kernel every few seconds,
+//!   [`Kmem::kmem_update`], run by the kernel every few seconds,
 //!   starts a new interval in every depot and frees the magazines (and
 //!   their rounds) no CPU needed during the whole last interval, then
 //!   every empty slab. After a burst, memory comes back one idle interval
 //!   later; a steady load keeps its magazines.
 //! - **Under pressure**: when a page source runs dry, the allocation
-//!   reaps every cache ([`Allocator::reap_all`]: every CPU's magazines by
+//!   reaps every cache ([`Kmem::reap_all`]: every CPU's magazines by
 //!   cross-CPU calls, the depots, the empty slabs) and retries once before
-//!   it returns `OutOfMemory` ([`Allocator::nr_pressure_reaps`] counts
+//!   it returns `OutOfMemory` ([`HeapStats::nr_pressure_reaps`] counts
 //!   them). So an allocation that may run out of memory must be made with
 //!   interrupts on, like any reap (the cross-CPU calls); if the cache list
 //!   is held (a `for_each_cache` callback allocating) it fails without
 //!   the reap.
-//! - **Explicitly**: [`KmemCache::reap`], [`Allocator::reap_all`] (the
+//! - **Explicitly**: [`KmemCache::reap`], [`Kmem::reap_all`] (the
 //!   kernel's `reap` command).
 //!
-//! [`Allocator::metadata_stats`] and [`CacheStats::waste_bytes`] say where
+//! [`HeapStats::metadata`] and [`CacheStats::waste_bytes`] say where
 //! the memory that holds no object goes.
 //!
 //! ## Statistics
@@ -275,7 +337,7 @@
 //! exactly: `frees = rounds held − rounds exchanged in + allocs`.
 //! Counters shared between CPUs are written only on misses (the slab
 //! layer's direct counts) and depot exchanges. Readers
-//! ([`KmemCache::stats`], [`KmemCache::cpu_stats`], [`Allocator::cpu_stats`])
+//! ([`KmemCache::stats`], [`KmemCache::cpu_stats`], [`HeapStats::cpu`])
 //! read each CPU's figures on that CPU (a cross-CPU call) and sum. The
 //! read-mostly fields every alloc and free reads lead [`KmemCache`]
 //! (`repr(C)`), and the depot, the first field any CPU writes, starts a
@@ -322,15 +384,15 @@
 //!
 //! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
 //!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
-//!   boot line ([`Allocator::set_debug_config`] with a
+//!   boot line ([`SlabDebug::set_config`](crate::debug::SlabDebug::set_config) with a
 //!   [`debug::SlabDebugConfig`] parsed from `slab_debug=` or
 //!   `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
 //!   every alloc and free takes the cold path, and each object carries a
 //!   trailer (redzone, state word, free-list link, audit records,
 //!   contents). Plain caches pay nothing new on the hit.
 //! - **Reports**: every error detected (with or without flags) becomes one
-//!   [`report::ErrorReport`] — kept in a ring ([`Allocator::read_errors`])
-//!   and handed to the kernel's hook ([`Allocator::set_error_hook`]) with no
+//!   [`report::ErrorReport`] — kept in a ring ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors))
+//!   and handed to the kernel's hook ([`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook)) with no
 //!   allocator lock held. Detection never panics; the kernel decides.
 //! - **Hardened free lists** (`layout/freelist.rs`): small-slab links are stored as `next ^ secret ^
 //!   swab(link address)` and checked against the slab's free map when
@@ -348,9 +410,9 @@
 //!   slab's busy count never drops for an object that was not busy, so
 //!   `reap` and `destroy` never free a page holding a live object they
 //!   counted. With any debug flag, the state word checks it too.
-//! - **Walkers**: [`KmemCache::verify`] / [`Allocator::verify`] (`kmem
-//!   verify`), [`Allocator::whatis`] (`kmem whatis`), and in debug builds
-//!   [`Allocator::check_invariants`], which the model tests run after every
+//! - **Walkers**: [`KmemCache::verify`] / [`SlabDebug::verify`](crate::debug::SlabDebug::verify) (`kmem
+//!   verify`), [`SlabDebug::whatis`](crate::debug::SlabDebug::whatis) (`kmem whatis`), and in debug builds
+//!   [`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants), which the model tests run after every
 //!   step.
 //!
 //! ## FAQ
@@ -435,10 +497,10 @@
 //!
 //! ## Sources
 //!
-//! - Jeff Bonwick, "The Slab Allocator: An Object-Caching Kernel Memory
-//!   Allocator", USENIX Summer 1994.
+//! - Jeff Bonwick, "The Slab Kmem: An Object-Caching Kernel Memory
+//!   Kmem", USENIX Summer 1994.
 //! - Jeff Bonwick and Jonathan Adams, "Magazines and Vmem: Extending the
-//!   Slab Allocator to Many CPUs and Arbitrary Resources", USENIX 2001.
+//!   Slab Kmem to Many CPUs and Arbitrary Resources", USENIX 2001.
 //! - Akaros `kern/src/slab.c` (Barret Rhoden), and the commit "slab: Add
 //!   tracing infrastructure for allocs and frees" (2018).
 //! - illumos `usr/src/uts/common/os/kmem.c` (bufctl audit, bad-free
@@ -466,7 +528,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::{Heap, RegionSource};
-//! use magpie_slab::{Allocator, CacheFlags, Platform};
+//! use magpie_slab::{Kmem, CacheArgs, Platform, PlatformHooks};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
@@ -479,16 +541,16 @@
 //!     fn irq_save() -> usize { 0 }
 //!     fn irq_restore(_state: usize) {}
 //!     fn now() -> u64 { 0 }
-//!     fn backtrace(_frames: &mut [usize]) -> usize { 0 }
-//!     fn context(_buf: &mut [u8; 32]) -> usize { 0 }
 //! }
+//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! unsafe impl PlatformHooks for MyPlatform {}
 //!
 //! // Either the allocator and a region source in one static ...
 //! #[global_allocator]
 //! static HEAP: Heap<MyPlatform> = Heap::new();
 //! // ... or the two apart (any PageSource will do).
 //! static PAGES: RegionSource<MyPlatform> = RegionSource::new();
-//! static SLAB: Allocator<MyPlatform> = Allocator::new();
+//! static SLAB: Kmem<MyPlatform> = Kmem::new();
 //!
 //! fn kernel_main(heap: (usize, usize), more: (usize, usize)) -> Result<(), magpie_slab::AllocError> {
 //!     // SAFETY: both ranges are mapped, writable and used by nothing else.
@@ -497,7 +559,7 @@
 //!     unsafe { PAGES.init(more.0, more.1)? };
 //!     SLAB.init(&PAGES)?;
 //!     let dentry_cache =
-//!         SLAB.cache_create("dentry", 192, 64, CacheFlags::empty(), None, None, None)?;
+//!         SLAB.cache_create("dentry", 192, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
 //!     let obj = dentry_cache.alloc()?;
 //!     // ...
 //!     // SAFETY: `obj` came from `dentry_cache` and is not used after this.
@@ -510,8 +572,8 @@
 //! Before `init` completes, `GlobalAlloc::alloc` returns null. A kernel
 //! that needs a heap earlier uses a bootstrap heap and a small
 //! `GlobalAlloc` shim of its own: allocate from the bootstrap heap until
-//! [`Allocator::is_ready`], then from the slab allocator; on free, send a
-//! pointer to [`Allocator::kfree`] if [`Allocator::owns`] it, else to the
+//! [`Kmem::is_ready`], then from the slab allocator; on free, send a
+//! pointer to [`Kmem::kfree`] if [`Kmem::owns`] it, else to the
 //! bootstrap heap.
 //!
 //! Sizes are in bytes and page counts in pages of [`PAGE_SIZE`] bytes
@@ -593,9 +655,14 @@ pub mod descriptor;
 mod error;
 mod flags;
 pub mod glue;
+#[cfg(feature = "kfence")]
 pub mod kfence;
+#[cfg(not(feature = "kfence"))]
+#[path = "kfence/off.rs"]
+mod kfence;
 pub mod kmemtrace;
 mod layout;
+#[cfg(feature = "leak-scan")]
 pub mod leak_scan;
 pub mod lockdep;
 mod magazine;
@@ -618,21 +685,17 @@ mod tests;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use alloc_tag::AllocTagRef;
+pub use alloc_tag::{AllocProfiling, AllocTagRef};
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
-pub use allocator::{Allocator, InitCost, MIN_FREE_PAGES};
+pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use flags::CacheFlags;
-pub use kmemtrace::{
-    DumpInfo, DumpSummary, KMEMTRACE_ABI_VERSION, KmemtraceConfig, KmemtraceCpuStatus,
-    KmemtraceError, KmemtraceEvent, KmemtraceStatus,
-};
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
 pub use object::{InitBox, SlabBox};
-pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
+pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;

@@ -1,7 +1,7 @@
 //! [`SlabBox`]: an owned object, so callers allocate and free without
 //! `unsafe` (Asterinas' one-shot `HeapSlot`): the handle can be freed only
 //! once, by consuming it (or dropping it), and only to where it came from.
-//! The raw `unsafe` [`KmemCache::free`] and [`Allocator::kfree`] stay for
+//! The raw `unsafe` [`KmemCache::free`] and [`Kmem::kfree`] stay for
 //! the shims and for callers that keep raw pointers.
 //!
 //! Reading an object is safe only once every byte of it is known to be
@@ -25,7 +25,7 @@
 
 use core::ptr::NonNull;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::constructor::{WordMismatch, check_words_at, write_words_at};
 use crate::error::{AllocError, FreeError};
@@ -34,7 +34,7 @@ use crate::platform::Platform;
 /// Where a [`SlabBox`] goes back to.
 enum Owner<P: Platform> {
     Cache(&'static KmemCache<P>),
-    Kmalloc(&'static Allocator<P>),
+    Kmalloc(&'static Kmem<P>),
 }
 
 impl<P: Platform> Clone for Owner<P> {
@@ -46,7 +46,7 @@ impl<P: Platform> Clone for Owner<P> {
 impl<P: Platform> Copy for Owner<P> {}
 
 /// An object a caller owns: from [`KmemCache::alloc_box`] (`obj_size()`
-/// bytes) or [`Allocator::kmalloc_box`] (at least the requested size).
+/// bytes) or [`Kmem::kmalloc_box`] (at least the requested size).
 /// Freed by [`SlabBox::free`], or when dropped. `Send`: any CPU may free
 /// it. Its bytes may be uninitialised, so it gives no view to read them:
 /// [`SlabBox::write_words`] and [`SlabBox::fill`] write all of them and
@@ -124,7 +124,7 @@ impl<P: Platform> SlabBox<P> {
         }
     }
 
-    /// Resize a kmalloc object ([`Allocator::krealloc`]) to `new_size`
+    /// Resize a kmalloc object ([`Kmem::krealloc`]) to `new_size`
     /// bytes aligned to `align`: in place when the block's usable size
     /// holds them and it is so aligned, otherwise a new block gets the
     /// first `min(usable size, new_size)` bytes and this one is freed. The
@@ -134,7 +134,7 @@ impl<P: Platform> SlabBox<P> {
     /// `Err((self, error))`, the object untouched and still the caller's:
     /// [`AllocError::InvalidLayout`] for an object of a cache (only
     /// kmalloc objects resize), a `new_size` of 0 or an `align` that is not
-    /// a power of two; otherwise as for [`Allocator::kmalloc`].
+    /// a power of two; otherwise as for [`Kmem::kmalloc`].
     pub fn krealloc(
         self,
         new_size: usize,
@@ -181,14 +181,14 @@ impl<P: Platform> SlabBox<P> {
 pub struct InitBox<P: Platform>(SlabBox<P>);
 
 impl<P: Platform> InitBox<P> {
-    /// [`Allocator::kzalloc`] as an owned [`InitBox`] of `size` bytes, all
+    /// [`Kmem::kzalloc`] as an owned [`InitBox`] of `size` bytes, all
     /// zero (so readable at once), aligned to `align`; freed without
-    /// `unsafe`, like a [`Allocator::kmalloc_box`].
+    /// `unsafe`, like a [`Kmem::kmalloc_box`].
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`].
+    /// As for [`Kmem::kmalloc`].
     pub fn kzalloc(
-        alloc: &'static Allocator<P>,
+        alloc: &'static Kmem<P>,
         size: usize,
         align: usize,
     ) -> Result<InitBox<P>, AllocError> {
@@ -274,7 +274,7 @@ impl<P: Platform> SlabBox<P> {
 
     /// The box of `ptr`, `size` bytes just allocated by `kmalloc`.
     pub(crate) fn from_kmalloc(
-        allocator: &'static Allocator<P>,
+        allocator: &'static Kmem<P>,
         ptr: NonNull<u8>,
         size: usize,
     ) -> SlabBox<P> {

@@ -17,7 +17,12 @@ const _: () = assert!(1 << PAGE_SHIFT == PAGE_SIZE);
 /// of [`Platform::cpu_offset`].
 pub const CPU_SLOT_BYTES: usize = 64;
 
-/// Everything machine-specific the allocator needs.
+/// The machine: CPU id and count, the per-CPU offset, interrupt
+/// save/restore (or the in-use flag), cross-CPU calls, a clock. Five
+/// functions to write (`max_cpus`, `cpu_id`, `irq_save`, `irq_restore`,
+/// `now`); the rest have defaults right for one CPU. The optional hooks
+/// (stacks, profiling tags, KFENCE) are [`PlatformHooks`], a supertrait
+/// whose defaults need one empty `impl`.
 ///
 /// All methods are associated functions (no `self`) so calls monomorphize
 /// and inline into the allocator's fast paths. The kernel implements this
@@ -64,7 +69,7 @@ pub const CPU_SLOT_BYTES: usize = 64;
 ///    instruction pointer and, if it answers `Some(start)`, returns to
 ///    `start` instead (writes it into the saved frame). Exception handlers
 ///    that run no allocator code need not (and single-stepping must not).
-pub unsafe trait Platform: 'static {
+pub unsafe trait Platform: PlatformHooks + 'static {
     /// Whether the magazine hits may run with interrupts on, owning this
     /// CPU's per-CPU cache by its in-use flag alone (promise 1 of the
     /// trait's safety contract, interrupts-on part): no `pushf; cli …
@@ -93,7 +98,7 @@ pub unsafe trait Platform: 'static {
     const RESTARTABLE_HITS: bool = false;
 
     /// Number of CPUs. CPU ids are `0..max_cpus()`. Read once by
-    /// [`Allocator::init`](crate::Allocator::init); per-CPU arrays are
+    /// [`Kmem::init`](crate::Kmem::init); per-CPU arrays are
     /// sized by it. A value of 0 is treated as 1.
     fn max_cpus() -> usize;
     /// Id of the CPU running the caller, in `0..max_cpus()` (see the
@@ -151,14 +156,52 @@ pub unsafe trait Platform: 'static {
     /// Monotonic timestamp (kernel: TSC cycles; host tests: a counter).
     /// Only stored in trace records, never interpreted.
     fn now() -> u64;
+}
+
+/// The optional hooks: stacks and context strings, allocation profiling's
+/// tag hooks, KFENCE's pool. Every one has a default that turns its
+/// feature's use of it off, so a platform that needs none writes
+///
+/// ```ignore
+/// // SAFETY: the defaults: no stacks, no tags, no KFENCE pool.
+/// unsafe impl magpie_slab::PlatformHooks for MyPlatform {}
+/// ```
+///
+/// A supertrait of [`Platform`] (the allocator calls the hooks as
+/// `P::backtrace()` …), kept apart so that the machine contract stays
+/// short.
+///
+/// # Safety
+///
+/// The allocator trusts what the hooks return: `kfence_pool`
+/// is `nr_pages` mapped, writable pages used by nothing else and outside
+/// every page source's span, and `kfence_protect`
+/// really maps and unmaps them; a token from
+/// [`alloc_tag_token`](PlatformHooks::alloc_tag_token) or
+/// [`alloc_tag_current_token`](PlatformHooks::alloc_tag_current_token)
+/// is one that [`alloc_tag_charge_token`](PlatformHooks::alloc_tag_charge_token)
+/// and [`alloc_tag_uncharge`](PlatformHooks::alloc_tag_uncharge) accept.
+/// The defaults keep it.
+pub unsafe trait PlatformHooks {
+    // ---- Stacks and context: audit records (debug flags), KFENCE
+    // reports, trace-table records, kmemtrace call sites.
+
     /// Fill `frames` with return addresses of the caller's stack (a
     /// frame-pointer walk), skipping allocator-internal frames as best it
     /// can; return how many were written (at most `frames.len()`).
-    fn backtrace(frames: &mut [usize]) -> usize;
+    /// The default writes none: records and reports then carry no stack.
+    fn backtrace(frames: &mut [usize]) -> usize {
+        let _ = frames;
+        0
+    }
     /// Short description of the current context, e.g. `"cpu0 shell"` or
     /// `"irq 33"`. Copy at most 31 bytes of UTF-8 into `buf` and return
     /// the number of bytes written.
-    fn context(buf: &mut [u8; 32]) -> usize;
+    /// The default writes nothing.
+    fn context(buf: &mut [u8; 32]) -> usize {
+        let _ = buf;
+        0
+    }
 
     /// kmemtrace: fill `frames` with the return addresses of the code
     /// that called into the allocator, innermost first: `frames[0]` is the
@@ -181,7 +224,7 @@ pub unsafe trait Platform: 'static {
     /// returns its per-CPU "current scope" tag, or its catch-all "untagged"
     /// tag: one per-CPU load. The default is `None`: profiling off. Asked
     /// only while profiling is switched on in the allocator
-    /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)),
+    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)),
     /// on every profiled allocation: keep it a load, and leave the
     /// platform's own on/off switch to that call.
     #[inline(always)]
@@ -212,25 +255,25 @@ pub unsafe trait Platform: 'static {
 
     /// The **charge token** of an explicit tag (`alloc_tagged`,
     /// `kmalloc_tagged`): the form of `tag` the allocator passes to
-    /// [`Platform::alloc_tag_charge_token`], stores in the object's 4-byte
-    /// slot and hands back to [`Platform::alloc_tag_uncharge`] at the
+    /// [`PlatformHooks::alloc_tag_charge_token`], stores in the object's 4-byte
+    /// slot and hands back to [`PlatformHooks::alloc_tag_uncharge`] at the
     /// free; `None` charges nothing (a reference the platform rejects).
     /// A platform may return a form it checks once, here — e.g. the byte
     /// offset of the tag's counter from a per-CPU base
     /// (`magpie-codetag`'s `AllocTagCounters::token`) — so that neither
     /// the charge nor the free checks it again: a reference from a safe
     /// caller is checked here, and only tokens from this hook and
-    /// [`Platform::alloc_tag_current_token`] reach the unsafe hooks. The
+    /// [`PlatformHooks::alloc_tag_current_token`] reach the unsafe hooks. The
     /// default is the reference itself (the plain hooks then get it).
     #[inline(always)]
     fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
         Some(tag)
     }
 
-    /// The charge token of the current tag ([`Platform::alloc_tag_current`]
+    /// The charge token of the current tag ([`PlatformHooks::alloc_tag_current`]
     /// as a token): what a profiled allocation without an explicit tag
     /// charges. The default checks the current tag with
-    /// [`Platform::alloc_tag_token`]; a platform that keeps its current
+    /// [`PlatformHooks::alloc_tag_token`]; a platform that keeps its current
     /// tag as a token already (checked when it was set) returns it: one
     /// per-CPU load.
     #[inline(always)]
@@ -239,13 +282,13 @@ pub unsafe trait Platform: 'static {
     }
 
     /// Charge the object at `ptr` (`bytes` as for
-    /// [`Platform::alloc_tag_add`]) with `token`. The default is
+    /// [`PlatformHooks::alloc_tag_add`]) with `token`. The default is
     /// `alloc_tag_add` of the token (the reference itself with the
-    /// default [`Platform::alloc_tag_token`]).
+    /// default [`PlatformHooks::alloc_tag_token`]).
     ///
     /// # Safety
     /// The allocator calls it only with a token that
-    /// [`Platform::alloc_tag_token`] or [`Platform::alloc_tag_current_token`]
+    /// [`PlatformHooks::alloc_tag_token`] or [`PlatformHooks::alloc_tag_current_token`]
     /// returned: a platform may use it unchecked.
     #[inline(always)]
     unsafe fn alloc_tag_charge_token(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
@@ -254,11 +297,11 @@ pub unsafe trait Platform: 'static {
 
     /// Uncharge the object at `ptr`, being freed, charged with `token`
     /// (and `bytes`, the same figure as at the charge). The default is
-    /// [`Platform::alloc_tag_sub`] of the token.
+    /// [`PlatformHooks::alloc_tag_sub`] of the token.
     ///
     /// # Safety
     /// The allocator calls it only with the token it charged this object
-    /// with ([`Platform::alloc_tag_charge_token`]) and that was not
+    /// with ([`PlatformHooks::alloc_tag_charge_token`]) and that was not
     /// uncharged since: a platform may use it unchecked (as an offset
     /// into its counters).
     #[inline(always)]
@@ -266,11 +309,11 @@ pub unsafe trait Platform: 'static {
         Self::alloc_tag_sub(token, ptr, bytes);
     }
 
-    /// Called after every charge ([`Platform::alloc_tag_charge_token`])
+    /// Called after every charge ([`PlatformHooks::alloc_tag_charge_token`])
     /// the allocator makes off its profiled hits — a slab object on a
     /// slow path, a page-granular kmalloc block, a KFENCE sample — with
     /// the same token, object and bytes. While
-    /// [`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)
+    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)
     /// is on, no allocation takes a profiled hit, so it is called after
     /// every charge. For what is too slow for the hit, which must not call
     /// out: e.g. capturing the context (backtrace, CPU, time) of one code
@@ -283,9 +326,9 @@ pub unsafe trait Platform: 'static {
         let _ = (token, ptr, bytes);
     }
 
-    /// Called before every uncharge ([`Platform::alloc_tag_uncharge`])
+    /// Called before every uncharge ([`PlatformHooks::alloc_tag_uncharge`])
     /// off the profiled free hit, with the same arguments: the
-    /// counterpart of [`Platform::alloc_tag_charge_hook`] (e.g. dropping
+    /// counterpart of [`PlatformHooks::alloc_tag_charge_hook`] (e.g. dropping
     /// the freed object's captured context). The default does nothing.
     #[inline(always)]
     fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
@@ -295,18 +338,20 @@ pub unsafe trait Platform: 'static {
     // ---- KFENCE (`crate::kfence`): sampled guarded allocations. The
     // defaults disable it, so a platform that maps no pages needs nothing.
 
+    #[cfg(feature = "kfence")]
     /// Memory for the KFENCE pool: `nr_pages` contiguous pages, mapped
-    /// with 4 KiB pages that [`Platform::kfence_protect`] can unmap one by
+    /// with 4 KiB pages that [`PlatformHooks::kfence_protect`] can unmap one by
     /// one, outside every page source's span (the page map must not know
-    /// them). Asked once, by [`Allocator::kfence_init`](crate::Allocator::kfence_init).
+    /// them). Asked once, by [`Kfence::init`](crate::kfence::Kfence::init).
     /// The default is `None`: no KFENCE.
     fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
         let _ = nr_pages;
         None
     }
 
+    #[cfg(feature = "kfence")]
     /// Unmap (`protect`) or map back the pool page at `page` (page-aligned,
-    /// from [`Platform::kfence_pool`]); return whether it worked. Called
+    /// from [`PlatformHooks::kfence_pool`]); return whether it worked. Called
     /// with interrupts off, from a fault handler too: no allocation, no
     /// lock a fault could find held. The default does nothing and says no.
     fn kfence_protect(page: usize, protect: bool) -> bool {
@@ -314,6 +359,7 @@ pub unsafe trait Platform: 'static {
         false
     }
 
+    #[cfg(feature = "kfence")]
     /// Monotonic time in nanoseconds, for the sample interval (called on
     /// the magazine-miss path: keep it cheap). The default is 0: samples
     /// are taken only when forced.
@@ -370,7 +416,7 @@ pub trait PageSource: Sync {
     }
 }
 
-/// The source an [`Allocator`](crate::Allocator) reports before `init`:
+/// The source an [`Kmem`](crate::Kmem) reports before `init`:
 /// it has no memory.
 pub(crate) struct NullSource;
 

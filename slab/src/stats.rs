@@ -52,7 +52,7 @@ pub struct CacheStats {
     pub kind: SlabKind,
 }
 
-/// The allocator's own memory ([`Allocator::metadata_stats`](crate::Allocator::metadata_stats)),
+/// The allocator's own memory ([`HeapStats::metadata`](crate::HeapStats::metadata)),
 /// in bytes: what `kmemstat` reports as metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetadataStats {
@@ -91,7 +91,7 @@ impl MetadataStats {
 
 /// One CPU's share of the magazine layer: what its magazines served and
 /// what they hold now. From [`KmemCache::cpu_stats`](crate::KmemCache::cpu_stats) (one cache) or
-/// [`Allocator::cpu_stats`](crate::Allocator::cpu_stats) (summed over
+/// [`HeapStats::cpu`](crate::HeapStats::cpu) (summed over
 /// every cache).
 ///
 /// The counters are that CPU's own, written only by that CPU with its

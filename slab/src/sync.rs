@@ -16,7 +16,7 @@
 //! The allocator-wide locks (the cache list, the size-class lock, the
 //! hooks, the debug configuration, KFENCE's and kmemtrace's) are built on
 //! `spin::Mutex` in both builds: they must be constructible in a `const
-//! fn` ([`Allocator::new`](crate::Allocator::new)), which loom's are not,
+//! fn` ([`Kmem::new`](crate::Kmem::new)), which loom's are not,
 //! and the models never contend on them.
 //!
 //! # Safe from interrupts by construction

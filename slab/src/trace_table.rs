@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::AllocError;
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
-use crate::platform::{PageSource, Platform};
+use crate::platform::{PageSource, Platform, PlatformHooks};
 use crate::sync::{IrqGuard, IrqMutex, IrqMutexGuard};
 
 /// Return addresses kept per record.
@@ -38,13 +38,13 @@ pub struct TraceRecord {
     pub cpu: u32,
     /// [`Platform::now`] at allocation.
     pub timestamp: u64,
-    /// [`Platform::context`] at allocation; `context_len` bytes are valid.
+    /// [`PlatformHooks::context`] at allocation; `context_len` bytes are valid.
     pub context: [u8; 32],
     /// Valid bytes of `context`.
     pub context_len: u8,
     /// Valid entries of `frames`.
     pub nr_frames: u8,
-    /// Return addresses from [`Platform::backtrace`], innermost first.
+    /// Return addresses from [`PlatformHooks::backtrace`], innermost first.
     pub frames: [usize; TRACE_MAX_FRAMES],
 }
 

@@ -2,9 +2,10 @@
 //! `::kmem_verify`), `kmem whatis` (illumos `::whatis`), and, in debug
 //! builds, the invariant walker the model tests run after every step.
 
+use crate::debug::SlabDebug;
 use core::fmt;
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::debug::{AuditRecord, CONTENTS_BYTES, DebugLayout, ObjectState};
 use crate::layout::freelist::map_test;
@@ -170,11 +171,33 @@ pub struct WhatIs<P: Platform> {
     pub last_free: Option<AuditRecord>,
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {}
+
+/// An allocator invariant that does not hold ([`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvariantError {
+    /// The cache.
+    pub cache: crate::report::ReportName,
+    /// What is wrong.
+    pub what: &'static str,
+    /// The slab or object concerned (0 if none).
+    pub addr: usize,
+}
+
+impl fmt::Display for InvariantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} ({:#x})", self.cache, self.what, self.addr)
+    }
+}
+
+impl<P: Platform> Kmem<P> {}
+
+impl<P: Platform> SlabDebug<'_, P> {
     /// [`KmemCache::verify`] for every cache, summed.
     pub fn verify(&self) -> VerifySummary {
         let mut summary = VerifySummary::default();
-        self.for_each_cache(|cache| summary = summary + cache.verify());
+        self.heap
+            .for_each_cache(|cache| summary = summary + cache.verify());
         summary
     }
 
@@ -182,13 +205,13 @@ impl<P: Platform> Allocator<P> {
     /// the object is allocated; `None` for an address outside every slab
     /// of the primary source (page-granular kmalloc, or not ours).
     pub fn whatis(&self, addr: usize) -> Option<WhatIs<P>> {
-        if !self.is_ready() {
+        if !self.heap.is_ready() {
             return None;
         }
-        let entry = self.page_map().get(addr);
+        let entry = self.heap.page_map().get(addr);
         let Some(slab) = entry.slab() else {
             // KFENCE HOOK: a sample is in no slab.
-            return self.kfence_whatis(addr);
+            return self.heap.kfence_whatis(addr);
         };
         let slab = slab as *mut Slab;
         // SAFETY: registered slabs are alive and belong to caches of this
@@ -237,26 +260,7 @@ impl<P: Platform> Allocator<P> {
         }
         Some(info)
     }
-}
 
-/// An allocator invariant that does not hold ([`Allocator::check_invariants`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InvariantError {
-    /// The cache.
-    pub cache: crate::report::ReportName,
-    /// What is wrong.
-    pub what: &'static str,
-    /// The slab or object concerned (0 if none).
-    pub addr: usize,
-}
-
-impl fmt::Display for InvariantError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} ({:#x})", self.cache, self.what, self.addr)
-    }
-}
-
-impl<P: Platform> Allocator<P> {
     /// Walk every cache and check the allocator's invariants (debug
     /// builds; the model tests run it after every step):
     ///
@@ -276,7 +280,7 @@ impl<P: Platform> Allocator<P> {
     #[cfg(debug_assertions)]
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let mut result = Ok(());
-        self.for_each_cache(|cache| {
+        self.heap.for_each_cache(|cache| {
             if result.is_ok() {
                 result = cache.check_invariants();
             }

@@ -124,7 +124,7 @@ pub fn findleaks(out: &mut dyn Write) -> Result<LeakSummary, FindleaksError> {
     // return address: the command's own frame is skipped too (it sits
     // where the previous command's frame was, stale slots and all).
     let stack_from = caller_base + 16;
-    let capacity = SLAB.leak_scan_capacity() + 256;
+    let capacity = magpie_slab::leak_scan::LeakScan::capacity(&SLAB) + 256;
     let bytes = capacity * core::mem::size_of::<LeakEntry>();
     let nr_pages = bytes.div_ceil(frame::PAGE_SIZE);
     let phys = crate::try_alloc!(frame::alloc_contiguous(nr_pages).ok_or(()))
@@ -148,7 +148,8 @@ fn scan(
     // SAFETY: the kernel's slab pages stay mapped (the direct map) even
     // when reaped, and caches destroyed meanwhile only misreport; the
     // shell scans a quiet kernel.
-    let mut scan = unsafe { SLAB.leak_scan(table) }.map_err(FindleaksError::Scan)?;
+    let mut scan = unsafe { magpie_slab::leak_scan::LeakScan::new(&SLAB, table) }
+        .map_err(FindleaksError::Scan)?;
     let data_start = &raw const __data_start as usize;
     let guard = &raw const __boot_stack_guard as usize;
     let boot_top = &raw const __boot_stack_top as usize;

@@ -63,9 +63,9 @@ pub fn sample_interval(cmdline: &str) -> u64 {
 /// the page-fault handler. A platform failure leaves KFENCE off, logged.
 pub fn init(cmdline: &str) {
     let interval = sample_interval(cmdline);
-    SLAB.set_kfence_hook(Some(report));
+    SLAB.kfence().set_hook(Some(report));
     arch::idt::set_page_fault_handler(handle_page_fault);
-    match SLAB.kfence_init(interval) {
+    match SLAB.kfence().init(interval) {
         Ok(()) => log::info!(
             "kfence: initialized - using {} bytes for {KFENCE_NUM_OBJECTS} objects, sample interval {interval} ms",
             KFENCE_POOL_PAGES * magpie_slab::PAGE_SIZE
@@ -123,7 +123,7 @@ impl fmt::Display for Summary<'_> {
 /// The page-fault handler's first resort: a fault in the pool is reported
 /// and the access resumed.
 fn handle_page_fault(info: &ExceptionInfo<'_>, address: usize) -> bool {
-    if !SLAB.kfence_contains(address) {
+    if !SLAB.kfence().contains(address) {
         return false;
     }
     // Error code bit 1: the access was a write.
@@ -132,7 +132,7 @@ fn handle_page_fault(info: &ExceptionInfo<'_>, address: usize) -> bool {
     frames[0] = info.frame.instruction_pointer.as_u64() as usize;
     let nr = 1 + symbols::backtrace_from(info.frame_pointer, &mut frames[1..]);
     let stack = KfenceStack::from_frames(&frames[..nr], percpu::cpu_id(), arch::rdtsc());
-    match SLAB.kfence_fault(address, write, stack) {
+    match SLAB.kfence().fault(address, write, stack) {
         Some(fault) => {
             report(&fault);
             true
@@ -157,7 +157,7 @@ pub fn write_stats(out: &mut dyn Write) -> fmt::Result {
         nr_frees,
         nr_skipped,
         nr_bugs,
-    } = SLAB.kfence_stats();
+    } = SLAB.kfence().stats();
     if !enabled {
         return writeln!(out, "kfence: off (no pool)");
     }

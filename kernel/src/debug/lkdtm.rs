@@ -32,9 +32,10 @@
 use core::fmt::{self, Write};
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
+use magpie_slab::CacheArgs;
 
 use magpie_slab::report::{ErrorKind, ErrorReport};
-use magpie_slab::{AllocError, CacheFlags, FreeError, KmemCache, PageSource};
+use magpie_slab::{AllocError, FreeError, KmemCache, PageSource};
 
 use magpie_slab::kfence::{KfencePlace, KfenceReport};
 
@@ -187,11 +188,10 @@ impl Scratch {
         let cache = SLAB.cache_create(
             name,
             SCRATCH_OBJ_SIZE,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )?;
         let _ = writeln!(
             out,
@@ -223,11 +223,11 @@ impl Scratch {
     /// A KFENCE sample from the scratch cache, placed as `place` says:
     /// `None` if the cache cannot be sampled (no pool, slab debug flags).
     fn alloc_sampled(&mut self, place: KfencePlace) -> Result<Option<NonNull<u8>>, LkdtmError> {
-        if !SLAB.kfence_force_sample_of(self.cache, Some(place)) {
+        if !SLAB.kfence().force_sample_of(self.cache, Some(place)) {
             return Ok(None);
         }
         let obj = self.alloc()?;
-        Ok(SLAB.kfence_contains(addr(obj)).then_some(obj))
+        Ok(SLAB.kfence().contains(addr(obj)).then_some(obj))
     }
 
     /// Stops holding `obj` (the caller frees it, or commits its bug).
@@ -285,8 +285,8 @@ impl Drop for Scratch {
 /// [`LkdtmError`] if the bug could not be set up; nothing was done then.
 pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     let _ = writeln!(out, "lkdtm: Performing direct entry {kind}");
-    RUN_START.store(SLAB.nr_errors(), Ordering::Relaxed);
-    KFENCE_START.store(SLAB.kfence_stats().nr_bugs, Ordering::Relaxed);
+    RUN_START.store(SLAB.debug().nr_errors(), Ordering::Relaxed);
+    KFENCE_START.store(SLAB.kfence().stats().nr_bugs, Ordering::Relaxed);
     let verdict = match kind {
         LkdtmType::SlabFreeDouble => slab_free_double(out),
         LkdtmType::SlabFreeCross => slab_free_cross(out),
@@ -318,7 +318,9 @@ static RUN_START: AtomicU64 = AtomicU64::new(0);
 /// run.
 fn report_of_run() -> Option<ErrorReport> {
     let mut reports = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); 4];
-    let nr = SLAB.read_errors(RUN_START.load(Ordering::Relaxed), &mut reports);
+    let nr = SLAB
+        .debug()
+        .read_errors(RUN_START.load(Ordering::Relaxed), &mut reports);
     reports[..nr]
         .iter()
         .copied()
@@ -330,7 +332,7 @@ static KFENCE_START: AtomicU64 = AtomicU64::new(0);
 
 /// The latest KFENCE report, if KFENCE reported during this run.
 fn kfence_report_of_run() -> Option<KfenceReport> {
-    (SLAB.kfence_stats().nr_bugs > KFENCE_START.load(Ordering::Relaxed))
+    (SLAB.kfence().stats().nr_bugs > KFENCE_START.load(Ordering::Relaxed))
         .then(kfence::last_report)
         .flatten()
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  Box / Vec / String ─┐
-//!  shell kmalloc/kfree ├─► SLAB: magpie_slab::Allocator<KernelPlatform>
+//!  shell kmalloc/kfree ├─► SLAB: magpie_slab::Kmem<KernelPlatform>
 //!  kmem_cache users  ──┘        kmalloc-8 … kmalloc-8192, kmem_* caches
 //!                                       │ whole pages
 //!                               KPAGES: Arena (PageSource)
@@ -32,7 +32,7 @@ pub mod kpages;
 pub mod platform;
 
 use magpie_codetag::alloc_tag::SwitchLocked;
-use magpie_slab::Allocator;
+use magpie_slab::Kmem;
 
 pub use self::kpages::{Arena, KPAGES, base_stats};
 pub use self::platform::KernelPlatform;
@@ -40,7 +40,7 @@ use crate::debug::slab_debug;
 use crate::profiling::alloc_tag;
 
 /// The kernel's slab allocator.
-pub static SLAB: Allocator<KernelPlatform> = Allocator::new();
+pub static SLAB: Kmem<KernelPlatform> = Kmem::new();
 
 /// Brings the slab allocator up on [`KPAGES`]; from then on the global
 /// allocator serves new allocations from it. Panics if that fails: without
@@ -53,8 +53,8 @@ pub fn init(cmdline: &str) {
     // `slab_debug=` / `kmem_flags=` must reach the allocator before it
     // creates the kmalloc caches; its report hook prints every bad free
     // and every corruption it finds (`crate::debug::slab_debug`).
-    SLAB.set_debug_config(slab_debug::configure(cmdline));
-    SLAB.set_error_hook(Some(slab_debug::report));
+    SLAB.debug().set_config(slab_debug::configure(cmdline));
+    SLAB.debug().set_error_hook(Some(slab_debug::report));
     // Debug builds: a lock class taken both in interrupt context and with
     // interrupts on is printed (`magpie_slab::lockdep`), not a panic.
     magpie_slab::lockdep::set_report_hook(Some(|report| {
@@ -65,7 +65,7 @@ pub fn init(cmdline: &str) {
     // free hit is the plain one (switching off after the caches were
     // tagged keeps the `TAGGED` free path: objects may carry references).
     // Nothing is charged before `alloc_tag::init` either way.
-    SLAB.set_alloc_profiling(false);
+    SLAB.profiling().set_enabled(false);
     SLAB.init(&KPAGES)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     // Out of frames, kpages reaps every cache and tries again.
@@ -81,7 +81,7 @@ pub fn init(cmdline: &str) {
             SLAB.for_each_cache(|_| nr += 1);
             nr
         },
-        SLAB.nr_cpus(),
+        SLAB.stats().nr_cpus(),
         KPAGES.nr_pages_out()
     );
 }
@@ -91,7 +91,7 @@ pub fn init(cmdline: &str) {
 /// whenever [`alloc_tag::SWITCH`] changes (after [`init`]: the slab
 /// allocator is up by then).
 fn sync_alloc_profiling() {
-    SLAB.set_alloc_profiling(alloc_tag::SWITCH.is_on());
+    SLAB.profiling().set_enabled(alloc_tag::SWITCH.is_on());
 }
 
 /// `allocinfo on|off`: switches allocation profiling at run time, and the
@@ -115,16 +115,16 @@ pub fn set_alloc_profiling(on: bool) -> Result<(), SwitchLocked> {
 /// ([`crate::profiling::ctx_enable`]), and turns the slab allocator's tag
 /// hooks on, so that every allocation and free goes through the hooks
 /// that capture (the profiled hits call out to nothing:
-/// [`Allocator::set_alloc_tag_hooks`]).
+/// [`AllocProfiling::set_tag_hooks`](magpie_slab::AllocProfiling::set_tag_hooks)).
 pub fn ctx_capture_enable(token: Option<magpie_slab::AllocTagRef>) {
     crate::profiling::ctx_enable(token);
-    SLAB.set_alloc_tag_hooks(token.is_some());
+    SLAB.profiling().set_tag_hooks(token.is_some());
 }
 
 /// `allocinfo ctx FILE:LINE disable`: the hits back, then the capture
 /// stopped and its records dropped ([`crate::profiling::ctx_disable`]).
 pub fn ctx_capture_disable() {
-    SLAB.set_alloc_tag_hooks(false);
+    SLAB.profiling().set_tag_hooks(false);
     crate::profiling::ctx_disable();
 }
 

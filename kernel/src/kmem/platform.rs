@@ -7,7 +7,7 @@
 
 use core::ptr::NonNull;
 
-use magpie_slab::Platform;
+use magpie_slab::{Platform, PlatformHooks};
 
 use crate::arch::{self, MAX_CPUS};
 use crate::profiling::{alloc_tag, capture};
@@ -73,7 +73,12 @@ unsafe impl Platform for KernelPlatform {
     fn now() -> u64 {
         arch::rdtsc()
     }
+}
 
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for KernelPlatform {
     // The first frame outside the allocator (see `crate::tracing::call_site`).
     fn backtrace(frames: &mut [usize]) -> usize {
         call_site::backtrace(frames)

@@ -107,7 +107,7 @@ pub fn current_tag() -> Option<AllocTagRef> {
     this_cpu_token().and_then(AllocTagCounters::token_tag_ref)
 }
 
-/// [`Platform::alloc_tag_current_token`](magpie_slab::Platform::alloc_tag_current_token): this CPU's current tag as a
+/// [`PlatformHooks::alloc_tag_current_token`](magpie_slab::PlatformHooks::alloc_tag_current_token): this CPU's current tag as a
 /// charge token, one `%gs`-relative load and no check (it was checked
 /// when it was set: by [`init`] or a scope); `None` until [`init`]. No
 /// switch test: the slab allocator asks only while its own switch is on,
@@ -117,7 +117,7 @@ pub fn this_cpu_token() -> Option<AllocTagRef> {
     AllocTagRef::new(arch::alloc_tag_current())
 }
 
-/// [`Platform::alloc_tag_current_token`](magpie_slab::Platform::alloc_tag_current_token):
+/// [`PlatformHooks::alloc_tag_current_token`](magpie_slab::PlatformHooks::alloc_tag_current_token):
 /// this CPU's current tag as a charge token, one `%gs`-relative load and
 /// no test at all, for while profiling is on: the slab allocator asks only
 /// then (its switch is turned on by `kmem::init` after [`init`], and
@@ -149,7 +149,7 @@ pub fn explicit_tag(tag: &'static AllocTag) -> Option<AllocTagRef> {
     }
 }
 
-/// [`Platform::alloc_tag_token`](magpie_slab::Platform::alloc_tag_token): `tag`'s **charge token**, the byte
+/// [`PlatformHooks::alloc_tag_token`](magpie_slab::PlatformHooks::alloc_tag_token): `tag`'s **charge token**, the byte
 /// offset of its counter from any CPU's counter base, checked here once
 /// (`None`, charging nothing, for a reference past the last tag, or before
 /// [`init`]); the object keeps it, so neither its charge nor its free
@@ -159,7 +159,7 @@ pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
     COUNTERS.token(tag)
 }
 
-/// [`Platform::alloc_tag_charge_token`](magpie_slab::Platform::alloc_tag_charge_token): count on this CPU, one `add` and
+/// [`PlatformHooks::alloc_tag_charge_token`](magpie_slab::PlatformHooks::alloc_tag_charge_token): count on this CPU, one `add` and
 /// one `inc` at this CPU's `%gs`-relative counter base plus `token`, and
 /// nothing else (context capture runs in the platform's charge hook, off
 /// the profiled hits: `capture::ctx_capture_alloc`).
@@ -180,7 +180,7 @@ pub unsafe fn charge(token: AllocTagRef, bytes: usize) {
     unsafe { COUNTERS.charge_token_at(arch::alloc_tag_base(), token, bytes) };
 }
 
-/// [`Platform::alloc_tag_uncharge`](magpie_slab::Platform::alloc_tag_uncharge): uncount (on whichever CPU frees: one
+/// [`PlatformHooks::alloc_tag_uncharge`](magpie_slab::PlatformHooks::alloc_tag_uncharge): uncount (on whichever CPU frees: one
 /// `sub` and one `dec` at its counter base plus the token, no check; a
 /// context record is dropped in the platform's uncharge hook,
 /// `capture::ctx_capture_free`).

@@ -39,9 +39,9 @@ static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
 });
 
 // The capture hooks. They run in the slab allocator's tag hooks
-// (`Platform::alloc_tag_charge_hook`, `alloc_tag_uncharge_hook`), which it
+// (`PlatformHooks::alloc_tag_charge_hook`, `alloc_tag_uncharge_hook`), which it
 // calls off its profiled hits; `kmem::ctx_capture_enable` turns the hits off
-// (`Allocator::set_alloc_tag_hooks`) while a site is captured, so every
+// (`AllocProfiling::set_tag_hooks`) while a site is captured, so every
 // charge and uncharge comes here then, and the hits pay nothing for capture
 // at any time (they used to pay a compare and a branch each side, and an
 // `asm!` call to a register-preserving thunk, to stay free of a frame).

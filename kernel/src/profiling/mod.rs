@@ -9,7 +9,7 @@
 //!
 //! * **explicit** call sites name their own tag: [`kmalloc!`](crate::kmalloc),
 //!   [`kmem_cache_alloc!`](crate::kmem_cache_alloc), and the per-call-site
-//!   `Allocator` handle [`tagged_alloc!`](crate::tagged_alloc) for
+//!   `Kmem` handle [`tagged_alloc!`](crate::tagged_alloc) for
 //!   `Box::new_in` / `Vec::new_in`;
 //! * a **scope** ([`alloc_tag_scope!`](crate::alloc_tag_scope)) charges every
 //!   other allocation made on this CPU while it lives — `Box`, `Vec` and
@@ -69,10 +69,10 @@
 //! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
 //! (recording never allocates, so it cannot recurse into the allocator);
 //! when the pool is full the record is dropped and counted. The capture runs
-//! in the slab allocator's tag hooks (`Platform::alloc_tag_charge_hook`,
+//! in the slab allocator's tag hooks (`PlatformHooks::alloc_tag_charge_hook`,
 //! `alloc_tag_uncharge_hook`), off its profiled hits; while a site is
 //! captured, `kmem::ctx_capture_enable` sends every allocation and free
-//! there (`Allocator::set_alloc_tag_hooks`), so the hits pay nothing for
+//! there (`AllocProfiling::set_tag_hooks`), so the hits pay nothing for
 //! capture, armed or not.
 //!
 //! # Latency statistics

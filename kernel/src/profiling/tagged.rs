@@ -2,7 +2,7 @@
 //! [`kmem_cache_alloc!`](crate::kmem_cache_alloc),
 //! [`kmalloc_box!`](crate::kmalloc_box),
 //! [`kmem_cache_alloc_box!`](crate::kmem_cache_alloc_box) and the
-//! `Allocator` handle [`TaggedAlloc`] ([`tagged_alloc!`](crate::tagged_alloc)):
+//! `Kmem` handle [`TaggedAlloc`] ([`tagged_alloc!`](crate::tagged_alloc)):
 //! each charged to its own allocation tag and, for the macros, a fault
 //! point ([`crate::debug::fault`]). Above [`SLAB`], which they call.
 
@@ -13,7 +13,7 @@ use magpie_codetag::alloc_tag::AllocTag;
 use super::alloc_tag;
 use crate::kmem::SLAB;
 
-/// An `Allocator` handle that charges its allocations to one call site:
+/// An `Kmem` handle that charges its allocations to one call site:
 /// `Box::new_in(value, tagged_alloc!())`. See
 /// [`tagged_alloc!`](crate::tagged_alloc).
 #[derive(Clone, Copy)]
@@ -56,7 +56,7 @@ unsafe impl core::alloc::Allocator for TaggedAlloc {
         if layout.size() == 0 {
             return;
         }
-        // SAFETY: per the Allocator contract, ptr is a live block from us.
+        // SAFETY: per the Kmem contract, ptr is a live block from us.
         if let Err(error) = unsafe { SLAB.kfree(ptr) } {
             log::error!("TaggedAlloc: {error}; nothing was freed");
         }
@@ -144,7 +144,7 @@ macro_rules! kmem_cache_alloc {
 macro_rules! kmalloc_box {
     ($size:expr, $align:expr) => {{
         let (size, align): (usize, usize) = ($size, $align);
-        $crate::__alloc_site!($crate::kmem::SLAB.kmalloc_box_tagged(
+        $crate::__alloc_site!($crate::kmem::SLAB.profiling().kmalloc_box(
             size,
             align,
             $crate::__site_tag!()

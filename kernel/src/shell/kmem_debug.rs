@@ -180,7 +180,7 @@ fn cache_control<'a>(out: &mut dyn Write, name: &'a str, verb: &[&'a str]) -> Re
 
 fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
     let summary = if target == "all" {
-        SLAB.verify()
+        SLAB.debug().verify()
     } else {
         SLAB.find_cache(target)
             .ok_or(ShellError::UnknownCache(target))?
@@ -199,7 +199,7 @@ fn verify<'a>(out: &mut dyn Write, target: &'a str) -> Result<'a> {
 /// answer (illumos `::whatis`).
 fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
     let address = parse_number(addr)?;
-    if let Some(object) = SLAB.kfence_object(address) {
+    if let Some(object) = SLAB.kfence().object(address) {
         let state = match object.state {
             KfenceState::Allocated => "allocated",
             KfenceState::Freed => "freed",
@@ -244,13 +244,13 @@ fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
 }
 
 fn errors<'a>(out: &mut dyn Write) -> Result<'a> {
-    let nr = SLAB.nr_errors();
+    let nr = SLAB.debug().nr_errors();
     if nr == 0 {
         let _ = writeln!(out, "no errors reported");
         return Ok(());
     }
     let mut reports = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); ERROR_RING_SIZE];
-    let kept = SLAB.read_errors(0, &mut reports);
+    let kept = SLAB.debug().read_errors(0, &mut reports);
     let _ = writeln!(out, "{nr} error(s) reported since boot; the last {kept}:");
     for report in &reports[..kept] {
         let _ = writeln!(out, "--- error #{} ({})", report.seq, report.kind.name());

@@ -168,7 +168,7 @@ fn cmd_cpus<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
         let Some(percpu) = arch::percpu::get(cpu) else {
             break;
         };
-        let magazines = SLAB.cpu_stats(cpu);
+        let magazines = SLAB.stats().cpu(cpu);
         let _ = writeln!(
             out,
             "{:>4} {:>5}  {:<8} {:>8} {:>12} {:>12}",

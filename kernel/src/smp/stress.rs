@@ -45,10 +45,9 @@ use alloc::collections::{TryReserveError, VecDeque};
 use alloc::vec::Vec;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use magpie_slab::CacheArgs;
 
-use magpie_slab::{
-    CacheFlags, Constructed, InitBox, KmemCache, ObjectInit, ObjectRef, WordMismatch,
-};
+use magpie_slab::{Constructed, InitBox, KmemCache, ObjectInit, ObjectRef, WordMismatch};
 use spin::{Mutex, Once};
 
 use crate::arch::{self, IrqGuard};
@@ -188,11 +187,12 @@ pub fn ctor_cache() -> Result<&'static KmemCache<KernelPlatform>, magpie_slab::A
             crate::try_alloc!(SLAB.cache_create(
                 CTOR_CACHE_NAME,
                 CTOR_OBJ_SIZE,
-                8,
-                CacheFlags::empty(),
-                Some(ctor),
-                Some(dtor),
-                None,
+                &CacheArgs {
+                    align: 8,
+                    ctor: Some(ctor),
+                    dtor: Some(dtor),
+                    ..CacheArgs::DEFAULT
+                }
             ))
         })
         .copied()

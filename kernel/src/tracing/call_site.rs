@@ -3,16 +3,16 @@
 //! with them in every non-leaf function, and rbp reserved in leaves too:
 //! `.cargo/config.toml`):
 //!
-//! * [`backtrace`] (`Platform::backtrace`: the trace table, context
+//! * [`backtrace`] (`PlatformHooks::backtrace`: the trace table, context
 //!   capture): a checked walk of the whole stack, then the allocator's own
 //!   frames are skipped by symbol name ([`is_allocator_frame`]);
-//! * [`caller_frames`] (`Platform::caller_frames`: kmemtrace events, on
+//! * [`caller_frames`] (`PlatformHooks::caller_frames`: kmemtrace events, on
 //!   every traced allocation): about five instructions per allocator frame,
 //!   bounded by the allocator's text range from `boot/linker.ld`.
 
 use crate::debug::symbols;
 
-/// [`magpie_slab::Platform::backtrace`] for this kernel: the caller's
+/// [`magpie_slab::PlatformHooks::backtrace`] for this kernel: the caller's
 /// backtrace from the first frame outside the allocator (trace recording,
 /// the cache's alloc, kmalloc, the GlobalAlloc shim, `alloc::` glue).
 pub fn backtrace(frames: &mut [usize]) -> usize {
@@ -59,7 +59,7 @@ unsafe extern "C" {
 /// Most allocator frames the call-site walk goes through.
 const MAX_ALLOCATOR_FRAMES: usize = 16;
 
-/// [`magpie_slab::Platform::caller_frames`] for this kernel: walks the
+/// [`magpie_slab::PlatformHooks::caller_frames`] for this kernel: walks the
 /// frame pointers from the caller's frame while the return address lies in
 /// the allocator's text (`boot/linker.ld` gathers `magpie_slab`, the
 /// platform glue, the global-allocator shims and `alloc`'s raw_vec/alloc

@@ -1,6 +1,6 @@
 //! What each CPU is doing ("shell kmalloc", "smp work", "boot"): the
 //! context string that trace records, kmemtrace's trace table and context
-//! capture store with each object (`Platform::context`). Set for the span
+//! capture store with each object (`PlatformHooks::context`). Set for the span
 //! of a guard ([`enter_context`]); there is no scheduler, so one string per
 //! CPU is all there is.
 

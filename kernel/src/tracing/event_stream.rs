@@ -30,14 +30,14 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use magpie_slab::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
+use magpie_slab::kmemtrace::{DumpInfo, DumpSummary, KmemtraceConfig, KmemtraceError};
 
 use crate::arch::tsc;
 use crate::kmem::SLAB;
 use crate::mm::boot_info::BootInfo;
 
 /// Sub-buffers per CPU from `kmemtrace.subbufs`; 0: sized to memory
-/// (`Allocator::kmemtrace_default_subbufs`).
+/// (`kmemtrace::Kmemtrace::default_subbufs`).
 static SUBBUFS: AtomicUsize = AtomicUsize::new(0);
 static FROM_BOOT: AtomicBool = AtomicBool::new(false);
 
@@ -79,7 +79,7 @@ pub fn init(boot: &BootInfo) {
 /// `magpie_slab::kmemtrace::DEFAULT_SUBBUFS` or fewer, sized to memory).
 pub fn nr_subbufs() -> usize {
     match SUBBUFS.load(Ordering::Relaxed) {
-        0 => SLAB.kmemtrace_default_subbufs(),
+        0 => SLAB.kmemtrace().default_subbufs(),
         nr => nr,
     }
 }
@@ -91,7 +91,7 @@ pub fn nr_subbufs() -> usize {
 /// for whether there is one).
 ///
 /// # Errors
-/// As [`magpie_slab::Allocator::kmemtrace_start`]: no memory for the rings
+/// As [`magpie_slab::kmemtrace::Kmemtrace::start`]: no memory for the rings
 /// (nothing kept), a stack depth above the maximum.
 pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceError> {
     crate::dev::virtio_console::init();
@@ -112,7 +112,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
         // Only a whole-kernel record begun at boot sees every allocation.
         from_boot: FROM_BOOT.swap(false, Ordering::Relaxed) && cache_id.is_none(),
     };
-    SLAB.kmemtrace_start(config)
+    SLAB.kmemtrace().start(config)
 }
 
 /// Marks `line` (a shell command) in the record, if one is being made:
@@ -120,7 +120,7 @@ pub fn start(stack_depth: usize, cache_id: Option<u32>) -> Result<(), KmemtraceE
 pub fn mark(line: &str) {
     let line = line.trim();
     if !line.is_empty() {
-        SLAB.kmemtrace_mark(line);
+        SLAB.kmemtrace().mark(line);
     }
 }
 
@@ -223,7 +223,7 @@ pub fn dump() -> Result<(DumpSummary, Channel), DumpError> {
         ticks_to_ns: &ticks_to_ns,
     };
     let mut ok = true;
-    let summary = SLAB.kmemtrace_dump(&info, &mut |bytes| {
+    let summary = SLAB.kmemtrace().dump(&info, &mut |bytes| {
         ok = ok && crate::dev::virtio_console::write(bytes);
     });
     if ok && crate::dev::virtio_console::flush() {

@@ -2,7 +2,7 @@
 //!
 //! * [`context`]: each CPU's context string ("shell kmalloc");
 //! * [`call_site`]: the frame-pointer walks that find an allocation's call
-//!   site (`Platform::backtrace`, `Platform::caller_frames`);
+//!   site (`PlatformHooks::backtrace`, `PlatformHooks::caller_frames`);
 //! * [`event_stream`]: kmemtrace's event stream in this kernel (boot
 //!   arguments, clock, build id, the dump to the host); the rings are
 //!   `magpie_slab::kmemtrace`.

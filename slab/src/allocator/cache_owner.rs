@@ -4,28 +4,28 @@
 
 use core::ptr::NonNull;
 
-use super::{Allocator, BootCache};
+use super::{BootCache, Kmem};
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheOwner, KmemCache, OwnerCache};
 use crate::error::{AllocError, FreeError};
-use crate::kmemtrace::Kmemtrace;
+use crate::kmemtrace::KmemtraceState;
 use crate::platform::{PageSource, Platform};
 use crate::report::ErrorReport;
 
 // SAFETY: the allocator's bootstrap caches live in the allocator, which
 // lives in a `'static` once it has made a cache (`init` takes `&'static
 // self`), and are never moved.
-unsafe impl<P: Platform> CacheOwner<P> for Allocator<P> {
+unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
     fn report_error(&self, report: ErrorReport) {
-        Allocator::report_error(self, report);
+        Kmem::report_error(self, report);
     }
 
     fn report_bad_free(&self, cache: &str, error: FreeError) {
-        Allocator::report_bad_free(self, cache, error);
+        Kmem::report_bad_free(self, cache, error);
     }
 
     fn reap_for_pressure(&self) -> bool {
-        Allocator::reap_for_pressure(self).is_some()
+        Kmem::reap_for_pressure(self).is_some()
     }
 
     fn cache(&self, which: OwnerCache) -> &KmemCache<P> {
@@ -49,7 +49,7 @@ unsafe impl<P: Platform> CacheOwner<P> for Allocator<P> {
     }
 
     fn primary_source(&self) -> &'static dyn PageSource {
-        Allocator::primary_source(self)
+        Kmem::primary_source(self)
     }
 
     #[cfg(feature = "alloc-profiling")]
@@ -59,7 +59,7 @@ unsafe impl<P: Platform> CacheOwner<P> for Allocator<P> {
     }
 
     fn unlink_cache(&self, cache: &KmemCache<P>) {
-        Allocator::unlink_cache(self, cache);
+        Kmem::unlink_cache(self, cache);
     }
 
     fn kmalloc_unborn(
@@ -68,11 +68,11 @@ unsafe impl<P: Platform> CacheOwner<P> for Allocator<P> {
         tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        Allocator::kmalloc_unborn(self, stub, tag, bytes_req)
+        Kmem::kmalloc_unborn(self, stub, tag, bytes_req)
     }
 
     fn kfence_tick(&self) {
-        Allocator::kfence_tick(self);
+        Kmem::kfence_tick(self);
     }
 
     fn kfence_alloc(
@@ -81,18 +81,18 @@ unsafe impl<P: Platform> CacheOwner<P> for Allocator<P> {
         bytes_req: usize,
         tag: &dyn Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
-        Allocator::kfence_alloc(self, cache, bytes_req, tag)
+        Kmem::kfence_alloc(self, cache, bytes_req, tag)
     }
 
     fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>> {
-        Allocator::kfence_free(self, addr, Some(cache))
+        Kmem::kfence_free(self, addr, Some(cache))
     }
 
-    fn kmemtrace_recorder(&self) -> &Kmemtrace {
+    fn kmemtrace_recorder(&self) -> &KmemtraceState {
         &self.kmemtrace
     }
 
     fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>) {
-        Allocator::kmemtrace_cache_destroyed(self, cache);
+        Kmem::kmemtrace_cache_destroyed(self, cache);
     }
 }

@@ -36,7 +36,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use super::kmalloc::{KMALLOC_SIZES, natural_align};
-use super::{Allocator, NR_KMALLOC, NameBuf};
+use super::{Kmem, NR_KMALLOC, NameBuf};
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::error::AllocError;
@@ -71,8 +71,8 @@ const SLAB_PAGES_DIV: usize = 32;
 /// `1 / EAGER_DIV` of the source's span.
 const EAGER_DIV: usize = 16;
 
-/// What [`Allocator::init`] takes from a page source, and the smallest
-/// source it accepts ([`Allocator::init_cost`]). Bytes throughout.
+/// What [`Kmem::init`] takes from a page source, and the smallest
+/// source it accepts ([`Kmem::init_cost`]). Bytes throughout.
 ///
 /// The formula, for a source spanning `S` bytes (`S / 4096` pages) on
 /// `n` CPUs:
@@ -85,7 +85,7 @@ const EAGER_DIV: usize = 16;
 ///   struct and, after it, its per-CPU array; their slabs round up to
 ///   whole pages). Otherwise 0: each class is created
 ///   by its first allocation and costs that then;
-/// - nothing else: the bootstrap caches live in the `Allocator` static
+/// - nothing else: the bootstrap caches live in the `Kmem` static
 ///   and take slabs on first use.
 ///
 /// So a source under 512 KiB on one CPU costs `init` one page, one under
@@ -138,8 +138,8 @@ impl core::fmt::Display for InitCost {
     }
 }
 
-impl<P: Platform> Allocator<P> {
-    /// What [`Allocator::init`] would take from `source` with
+impl<P: Platform> Kmem<P> {
+    /// What [`Kmem::init`] would take from `source` with
     /// [`Platform::max_cpus`] CPUs, and whether it is big enough (see
     /// [`InitCost`] for the formula). `None` for an empty span.
     pub fn init_cost(source: &dyn PageSource) -> Option<InitCost> {

@@ -1,27 +1,27 @@
 //! The shims: `GlobalAlloc` (for `#[global_allocator]`) and
-//! `core::alloc::Allocator` over [`Allocator`], and the free-error report
+//! `core::alloc::Allocator` over [`Kmem`], and the free-error report
 //! they feed. Only here does an error become a null pointer.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
-use super::Allocator;
+use super::Kmem;
 use crate::cache::{KmemCache, Located};
 use crate::error::FreeError;
 use crate::platform::Platform;
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Called with every error a `GlobalAlloc::dealloc` (or
     /// `core::alloc::Allocator::deallocate`) hits; the kernel can log or
     /// panic. The error has already been counted in
-    /// [`Allocator::nr_bad_frees`] and nothing was changed.
-    pub fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
+    /// [`SlabDebug::nr_bad_frees`](crate::debug::SlabDebug::nr_bad_frees) and nothing was changed.
+    pub(crate) fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
         *self.free_error_hook.lock::<P>() = hook;
     }
 
     /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
-    pub fn nr_bad_frees(&self) -> u64 {
+    pub(crate) fn nr_bad_frees(&self) -> u64 {
         self.nr_bad_frees.load(Ordering::Relaxed)
     }
 
@@ -29,7 +29,7 @@ impl<P: Platform> Allocator<P> {
     /// refused free.
     ///
     /// # Safety
-    /// As for [`Allocator::kfree`].
+    /// As for [`Kmem::kfree`].
     #[cold]
     #[inline(never)]
     unsafe fn dealloc_slow(&self, ptr: *mut u8) {
@@ -41,7 +41,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// `GlobalAlloc::alloc` past the cache's hit (a feature on, a miss)
-    /// or with no size class ([`Allocator::kmalloc_pages`]): the one
+    /// or with no size class ([`Kmem::kmalloc_pages`]): the one
     /// place an allocation error becomes a null pointer. Out of line,
     /// reached by a tail call, so the hit needs no stack frame.
     #[inline(never)]
@@ -88,7 +88,7 @@ impl<P: Platform> Allocator<P> {
 // bytes aligned to `layout.align()` (kmalloc's contract) that no one else
 // owns until `dealloc`; `dealloc` frees exactly what `alloc`/`realloc`
 // returned (and refuses anything else without touching it).
-unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
+unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
     /// init: `kmalloc_checked` refuses, no readiness test here). The one
     /// place an allocation error becomes a null pointer.
@@ -185,7 +185,7 @@ unsafe impl<P: Platform> GlobalAlloc for Allocator<P> {
 // SAFETY: blocks returned by `allocate` stay valid until `deallocate` (the
 // allocator is 'static, copies of the handle are the same allocator), and
 // are at least `layout.size()` bytes aligned to `layout.align()`.
-unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
+unsafe impl<P: Platform> core::alloc::Allocator for &'static Kmem<P> {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, core::alloc::AllocError> {
         if layout.size() == 0 {
             let dangling = NonNull::new(ptr::without_provenance_mut::<u8>(layout.align()))
@@ -206,7 +206,7 @@ unsafe impl<P: Platform> core::alloc::Allocator for &'static Allocator<P> {
         if layout.size() == 0 {
             return;
         }
-        // SAFETY: per the Allocator contract, ptr is a live block from us.
+        // SAFETY: per the Kmem contract, ptr is a live block from us.
         if let Err(error) = unsafe { self.kfree(ptr) } {
             self.report_free_error(error);
         }

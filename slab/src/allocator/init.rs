@@ -1,4 +1,4 @@
-//! [`Allocator::init`]: the page map, the bootstrap caches (each a cache
+//! [`Kmem::init`]: the page map, the bootstrap caches (each a cache
 //! struct built in place), the kmalloc caches; and the teardown of a
 //! failed init.
 
@@ -7,7 +7,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use super::{
-    Allocator, BOOT_NAMES, NR_FIXED_BOOT, STATE_INITIALIZING, STATE_READY, STATE_UNINIT,
+    BOOT_NAMES, Kmem, NR_FIXED_BOOT, STATE_INITIALIZING, STATE_READY, STATE_UNINIT,
     TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
 };
 use crate::cache::{CacheSpec, KmemCache};
@@ -20,7 +20,7 @@ use crate::platform::{NullSource, PAGE_SHIFT, PAGE_SIZE, PageSource, Platform};
 use crate::slab::{Bufctl, Slab};
 use crate::trace_table::TraceNode;
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Bring the allocator up on `source`, its primary page source: build
     /// the page map (a 32-byte slot per page of `source.span()`, from the source
     /// itself), the bootstrap caches (`kmem_magazine_1` …
@@ -29,7 +29,7 @@ impl<P: Platform> Allocator<P> {
     /// `alloc-profiling` the tag side-array caches `kmem_tags_<bytes>`)
     /// and the kmalloc caches. Reads [`Platform::max_cpus`].
     ///
-    /// What it takes from `source` ([`Allocator::init_cost`], formula in
+    /// What it takes from `source` ([`Kmem::init_cost`], formula in
     /// [`InitCost`](crate::InitCost)): the page map (32 bytes a page of
     /// the span: one page up to 512 KiB), and on a source large enough for
     /// them to cost at most a sixteenth of it, the 64 size classes
@@ -43,7 +43,7 @@ impl<P: Platform> Allocator<P> {
     /// another call); [`AllocError::SourceTooSmall`] if the source
     /// manages less than [`InitCost::min_source_bytes`](crate::InitCost)
     /// (what `init` takes plus [`MIN_FREE_PAGES`](crate::MIN_FREE_PAGES)
-    /// pages: `Allocator::init_cost(source)` has the figures, and prints
+    /// pages: `Kmem::init_cost(source)` has the figures, and prints
     /// them); [`AllocError::OutOfMemory`] if the source cannot
     /// supply the initial pages; [`AllocError::InvalidLayout`] if the
     /// source's span is empty.
@@ -51,7 +51,7 @@ impl<P: Platform> Allocator<P> {
     /// A refused `init` (any error but `AlreadyInitialized`, which changes
     /// nothing either) leaves the allocator as it was before the call:
     /// every page taken from `source` is given back, no cache is listed,
-    /// cache ids start again where they were, [`Allocator::is_ready`]
+    /// cache ids start again where they were, [`Kmem::is_ready`]
     /// stays false and allocations keep failing. It may be retried, with
     /// the same source once it has more memory or with another one.
     pub fn init(&'static self, source: &'static dyn PageSource) -> Result<(), AllocError> {

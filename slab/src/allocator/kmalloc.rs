@@ -8,7 +8,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use super::Allocator;
+use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::{HotFlags, KmemCache, Located, obj_index_with};
 use crate::error::{AllocError, FreeError};
@@ -55,7 +55,7 @@ const fn kmalloc_sizes() -> [usize; 64] {
 
 /// Largest size the one-lookup class table covers.
 pub(crate) const CLASS_TABLE_MAX: usize = 1024;
-/// Entries of the by-8 tables ([`CLASS_BY_8`], `Allocator::kmalloc_by_8`).
+/// Entries of the by-8 tables ([`CLASS_BY_8`], `Kmem::kmalloc_by_8`).
 pub(crate) const NR_BY_8: usize = CLASS_TABLE_MAX / 8 + 1;
 
 /// Class index for sizes `0..=CLASS_TABLE_MAX`, by `(size + 7) / 8`: the
@@ -90,7 +90,7 @@ const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// The head entry of a live page-granular kmalloc of `nr_pages` pages
 /// charged with `token`: the charge token of the allocation's tag
-/// (`Platform::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
+/// (`PlatformHooks::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
 /// and without profiling) rides in the entry ([`PageEntry::large_head`]).
 #[inline]
 fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> PageEntry {
@@ -152,7 +152,7 @@ const _: () = {
     }
 };
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Index of the kmalloc class for `size` bytes aligned to `align`.
     #[inline(always)]
     pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
@@ -223,7 +223,11 @@ impl<P: Platform> Allocator<P> {
     /// The kmalloc cache that would serve `size` bytes aligned to `align`,
     /// or `None` if such a request is page-granular (or invalid, or the
     /// allocator is not ready).
-    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
+    pub(crate) fn kmalloc_cache_for(
+        &self,
+        size: usize,
+        align: usize,
+    ) -> Option<&'static KmemCache<P>> {
         if !self.is_ready() || size == 0 || !align.is_power_of_two() {
             return None;
         }
@@ -243,7 +247,7 @@ impl<P: Platform> Allocator<P> {
     /// class able to give it; [`AllocError::OutOfMemory`].
     ///
     /// With feature `alloc-profiling`, the memory is charged to the tag
-    /// [`Platform::alloc_tag_current`] names: the cache's object size for
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names: the cache's object size for
     /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
@@ -254,13 +258,13 @@ impl<P: Platform> Allocator<P> {
         self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
     }
 
-    /// [`Allocator::kmalloc`] charging the memory to the allocation tag
+    /// [`Kmem::kmalloc`] charging the memory to the allocation tag
     /// `tag` (`None` charges nothing): the entry point of call sites that name
     /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
     /// tag is ignored.
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`].
+    /// As for [`Kmem::kmalloc`].
     #[inline]
     pub fn kmalloc_tagged(
         &self,
@@ -274,12 +278,12 @@ impl<P: Platform> Allocator<P> {
         self.kmalloc_checked(size, align, move || crate::alloc_tag::explicit::<P>(tag))
     }
 
-    /// [`Allocator::kmalloc`] with the first `size` bytes zeroed (Linux
+    /// [`Kmem::kmalloc`] with the first `size` bytes zeroed (Linux
     /// `kzalloc`). A page-granular block from a source that
     /// [zeroes its pages](crate::PageSource::zeroes_pages) is not cleared again.
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`].
+    /// As for [`Kmem::kmalloc`].
     pub fn kzalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let ptr = self.kmalloc(size, align)?;
         self.zero_new(ptr, size, align);
@@ -301,7 +305,7 @@ impl<P: Platform> Allocator<P> {
     /// with nothing allocated.
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc`], and `InvalidLayout` on overflow.
+    /// As for [`Kmem::kmalloc`], and `InvalidLayout` on overflow.
     pub fn kmalloc_array(
         &self,
         n: usize,
@@ -312,17 +316,17 @@ impl<P: Platform> Allocator<P> {
         self.kmalloc(bytes, align)
     }
 
-    /// [`Allocator::kmalloc_array`], zeroed (Linux `kcalloc`).
+    /// [`Kmem::kmalloc_array`], zeroed (Linux `kcalloc`).
     ///
     /// # Errors
-    /// As for [`Allocator::kmalloc_array`].
+    /// As for [`Kmem::kmalloc_array`].
     pub fn kcalloc(&self, n: usize, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
         self.kzalloc(bytes, align)
     }
 
     /// Resize a kmalloc block (Linux `krealloc`): `None` allocates; a
-    /// block whose usable size ([`Allocator::ksize`]) holds `new_size`
+    /// block whose usable size ([`Kmem::ksize`]) holds `new_size`
     /// and that is aligned to `align` is returned as is; otherwise a new
     /// block gets the first `min(old usable size, new_size)` bytes and the
     /// old one is freed. On error the old block is untouched and still
@@ -335,7 +339,7 @@ impl<P: Platform> Allocator<P> {
     /// # Errors
     /// [`AllocError::InvalidLayout`] for `new_size` 0, a bad `align`, or a
     /// `ptr` this allocator did not hand out; otherwise as for
-    /// [`Allocator::kmalloc`].
+    /// [`Kmem::kmalloc`].
     pub unsafe fn krealloc(
         &self,
         ptr: Option<NonNull<u8>>,
@@ -468,7 +472,7 @@ impl<P: Platform> Allocator<P> {
     /// `kfree` of anything but a slab object: page-granular, or refused.
     ///
     /// # Safety
-    /// As for [`Allocator::kfree`]; `entry` is `ptr`'s page-map entry.
+    /// As for [`Kmem::kfree`]; `entry` is `ptr`'s page-map entry.
     pub(crate) unsafe fn kfree_pages(
         &self,
         ptr: NonNull<u8>,
@@ -603,7 +607,7 @@ impl<P: Platform> Allocator<P> {
     /// Whether `ptr` points into memory this allocator handed out (a slab
     /// page of a primary-source cache or a page-granular kmalloc), judged
     /// by the page map. A kernel that used a bootstrap heap before `init`
-    /// routes frees with this: `owns` → [`Allocator::kfree`], else the
+    /// routes frees with this: `owns` → [`Kmem::kfree`], else the
     /// bootstrap heap. False before init.
     #[inline]
     pub fn owns(&self, ptr: *const u8) -> bool {
@@ -611,7 +615,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// Page-granular kmalloc statistics.
-    pub fn large_stats(&self) -> LargeStats {
+    pub(crate) fn large_stats(&self) -> LargeStats {
         LargeStats {
             nr_live: self.large_nr_live.load(Ordering::Relaxed),
             live_bytes: self.large_live_pages.load(Ordering::Relaxed) * PAGE_SIZE,
@@ -622,8 +626,8 @@ impl<P: Platform> Allocator<P> {
 
 // -------------------------------------------------------- kmalloc / kfree
 
-impl<P: Platform> Allocator<P> {
-    /// [`Allocator::kmalloc_tagged`] once the size is known non-zero and
+impl<P: Platform> Kmem<P> {
+    /// [`Kmem::kmalloc_tagged`] once the size is known non-zero and
     /// the alignment a power of two (a `Layout`'s): the size class's
     /// cache's one allocation ([`KmemCache::alloc_at`]), or
     /// [`Self::kmalloc_pages`] (page-granular; `NotInitialized` before
@@ -717,7 +721,7 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Free memory from [`Allocator::kmalloc`] — or from any cache on the
+    /// Free memory from [`Kmem::kmalloc`] — or from any cache on the
     /// primary source (the owner is found through the page map).
     ///
     /// # Safety
@@ -780,10 +784,10 @@ impl<P: Platform> Allocator<P> {
         Some((cache, Located { index, slot }))
     }
 
-    /// [`Allocator::kfree`] past the fast path, with the error reports.
+    /// [`Kmem::kfree`] past the fast path, with the error reports.
     ///
     /// # Safety
-    /// As for [`Allocator::kfree`].
+    /// As for [`Kmem::kfree`].
     #[cold]
     #[inline(never)]
     pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {

@@ -1,4 +1,4 @@
-//! [`Allocator`]: all global state — the bootstrap caches, the cache list
+//! [`Kmem`]: all global state — the bootstrap caches, the cache list
 //! (create, find, walk, reap), the profiling switch (this file); `init`
 //! (`init.rs`); the kmalloc size classes, page-granular kmalloc and
 //! `kfree` (`kmalloc.rs`); the `GlobalAlloc` / `core::alloc::Allocator`
@@ -11,7 +11,6 @@ mod classes;
 mod global_alloc;
 mod init;
 pub(crate) mod kmalloc;
-mod kmemtrace_control;
 mod reap;
 mod reports;
 
@@ -26,12 +25,13 @@ use core::sync::atomic::{
 use self::classes::NR_UNBORN;
 pub use self::classes::{InitCost, MIN_FREE_PAGES};
 use self::kmalloc::NR_KMALLOC;
+use crate::alloc_tag::AllocProfiling;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::{DebugLayout, SlabDebugConfig};
 use crate::error::{AllocError, FreeError};
 use crate::flags::CacheFlags;
-use crate::kmemtrace::Kmemtrace;
+use crate::kmemtrace::KmemtraceState;
 use crate::layout::geometry::Geometry;
 use crate::layout::pagemap::PageMap;
 use crate::magazine::{NR_MAG_TYPES, PcpuCache};
@@ -54,7 +54,7 @@ const _: () = {
 
 /// The bootstrap caches other than the magazine caches, which come first
 /// (one per magazine type, `kmem_magazine_<rounds>`: see
-/// [`Allocator::magazine_cache`]); in creation order.
+/// [`Kmem::magazine_cache`]); in creation order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BootCache {
     Cache = NR_MAG_TYPES as isize,
@@ -112,6 +112,60 @@ const _: () = {
     );
 };
 
+/// The less common arguments of [`Kmem::cache_create`] (after Linux
+/// 6.12's `struct kmem_cache_args`): start from [`CacheArgs::DEFAULT`]
+/// (or `CacheArgs::default()`) and set what differs.
+#[derive(Clone, Copy)]
+pub struct CacheArgs {
+    /// Object alignment in bytes: a power of two, at most [`PAGE_SIZE`];
+    /// 0 (the default) means no requirement. Objects are always at least
+    /// 8-aligned.
+    pub align: usize,
+    /// [`CacheFlags`]: `NOTOUCH`, `NOTRACE`, the debug flags (default
+    /// none).
+    pub flags: CacheFlags,
+    /// Run on each object as it leaves the slab layer (see [`Ctor`]); may
+    /// fail, and the allocation then fails.
+    pub ctor: Option<Ctor>,
+    /// Run on each object as it returns to the slab layer (see [`Dtor`]).
+    pub dtor: Option<Dtor>,
+    /// The page source for the cache's slabs; `None` (the default) is
+    /// the primary source given to `init`. Caches on other sources get
+    /// no page-map entries: their objects cannot be `kfree`d, and
+    /// wrong-cache frees into them are reported as `NotAllocated`.
+    pub source: Option<&'static dyn PageSource>,
+}
+
+impl CacheArgs {
+    /// No alignment requirement, no flags, no constructor or destructor,
+    /// the primary page source.
+    pub const DEFAULT: CacheArgs = CacheArgs {
+        align: 0,
+        flags: CacheFlags::empty(),
+        ctor: None,
+        dtor: None,
+        source: None,
+    };
+}
+
+impl Default for CacheArgs {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl fmt::Debug for CacheArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheArgs")
+            .field("align", &self.align)
+            .field("flags", &self.flags)
+            .field("ctor", &self.ctor.is_some())
+            .field("dtor", &self.dtor.is_some())
+            .field("source", &self.source.map(|source| source.name()))
+            .finish()
+    }
+}
+
 const STATE_UNINIT: u8 = 0;
 const STATE_INITIALIZING: u8 = 1;
 const STATE_READY: u8 = 2;
@@ -128,10 +182,10 @@ unsafe impl<P: Platform> Send for CacheList<P> {}
 
 /// The slab allocator: everything global.
 ///
-/// Create it in a `static` with [`Allocator::new`], bring it up with
-/// [`Allocator::init`]. Before `init` completes, allocations fail
+/// Create it in a `static` with [`Kmem::new`], bring it up with
+/// [`Kmem::init`]. Before `init` completes, allocations fail
 /// (`GlobalAlloc` returns null) and frees are refused.
-pub struct Allocator<P: Platform> {
+pub struct Kmem<P: Platform> {
     pub(crate) state: AtomicU8,
     // The cells below are written only by `init` while `state` is
     // INITIALIZING (one thread, exclusive by the state CAS) and read after
@@ -147,7 +201,7 @@ pub struct Allocator<P: Platform> {
     /// alignment. Written under `class_lock` (Release), read by every
     /// kmalloc (Acquire: a plain load on x86).
     pub(crate) kmalloc: [AtomicPtr<KmemCache<P>>; NR_KMALLOC],
-    /// [`Allocator::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
+    /// [`Kmem::kmalloc`]'s slots again, by `(size + 7) / 8` for sizes
     /// below 1 KiB (`kmalloc.rs`): the small-size alloc hit's one lookup.
     /// Until `init` publishes it (Release, right before READY) every entry
     /// is the unready entry (`cache::unready`), which the hit's one flag
@@ -169,44 +223,45 @@ pub struct Allocator<P: Platform> {
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
     pub(crate) nr_bad_frees: AtomicU64,
-    /// Reaps because a page source ran dry ([`Allocator::nr_pressure_reaps`]).
+    /// Reaps because a page source ran dry ([`HeapStats::nr_pressure_reaps`]).
     pub(crate) nr_pressure_reaps: AtomicU64,
     /// Tagged allocations left untagged because their slab's side array
-    /// could not be allocated ([`Allocator::nr_tag_array_misses`]).
+    /// could not be allocated ([`AllocProfiling::nr_tag_array_misses`](crate::AllocProfiling::nr_tag_array_misses)).
     pub(crate) nr_tag_array_misses: AtomicU64,
-    /// [`Allocator::set_free_error_hook`]. This lock, `error_hook`,
+    /// [`SlabDebug::set_free_error_hook`](crate::debug::SlabDebug::set_free_error_hook). This lock, `error_hook`,
     /// `debug_config` and the error ring's are taken with interrupts off
     /// (`sync::SpinIrq`): a handler's bad free reports through them.
     pub(crate) free_error_hook: SpinIrq<Option<fn(&FreeError)>>,
-    /// The latest error reports ([`Allocator::read_errors`]).
+    /// The latest error reports ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors)).
     pub(crate) errors: ErrorRing,
-    /// [`Allocator::set_error_hook`].
+    /// [`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook).
     pub(crate) error_hook: SpinIrq<Option<fn(&ErrorReport)>>,
-    /// [`Allocator::set_debug_config`]: debug flags for caches by name.
+    /// [`SlabDebug::set_config`](crate::debug::SlabDebug::set_config): debug flags for caches by name.
     pub(crate) debug_config: SpinIrq<SlabDebugConfig>,
-    /// Allocation profiling switched on ([`Allocator::set_alloc_profiling`]):
+    /// Allocation profiling switched on ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
     /// written under the cache-list lock, mirrored in every cache's
     /// `HOT_PROFILING` bit; read alone by page-granular kmalloc.
     pub(crate) alloc_profiling: AtomicBool,
-    /// [`Allocator::set_alloc_tag_hooks`]: written under the cache-list
+    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks): written under the cache-list
     /// lock, mirrored in every cache's `TAG_HOOKS` bit.
-    alloc_tag_hooks: AtomicBool,
+    pub(crate) alloc_tag_hooks: AtomicBool,
     /// The next cache id (kmemtrace).
     next_cache_id: AtomicU32,
     /// kmemtrace: per-CPU event rings and the recording state.
-    pub(crate) kmemtrace: Kmemtrace,
+    pub(crate) kmemtrace: KmemtraceState,
     /// KFENCE: the sampled guarded pool ([`crate::kfence`]).
-    pub(crate) kfence: crate::kfence::pool::Kfence,
+    #[cfg(feature = "kfence")]
+    pub(crate) kfence: crate::kfence::pool::KfencePool,
 }
 
 // SAFETY: see the comment on the fields: the UnsafeCells are written only
 // during init by the one initialising thread and are read-only afterwards;
 // everything else is atomics, spin locks, and caches that are Sync.
-unsafe impl<P: Platform> Sync for Allocator<P> {}
+unsafe impl<P: Platform> Sync for Kmem<P> {}
 // SAFETY: as above.
-unsafe impl<P: Platform> Send for Allocator<P> {}
+unsafe impl<P: Platform> Send for Kmem<P> {}
 
-impl<P: Platform> Default for Allocator<P> {
+impl<P: Platform> Default for Kmem<P> {
     fn default() -> Self {
         Self::new()
     }
@@ -236,10 +291,10 @@ impl NameBuf {
     }
 }
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// An allocator that is not initialised yet; usable in a `static`.
     pub const fn new() -> Self {
-        Allocator {
+        Kmem {
             state: AtomicU8::new(STATE_UNINIT),
             source: UnsafeCell::new(&NullSource),
             page_map: UnsafeCell::new(PageMap::empty()),
@@ -270,30 +325,17 @@ impl<P: Platform> Allocator<P> {
             alloc_profiling: AtomicBool::new(true),
             alloc_tag_hooks: AtomicBool::new(false),
             next_cache_id: AtomicU32::new(1),
-            kmemtrace: Kmemtrace::new(),
-            kfence: crate::kfence::pool::Kfence::new(),
+            kmemtrace: KmemtraceState::new(),
+            #[cfg(feature = "kfence")]
+            kfence: crate::kfence::pool::KfencePool::new(),
         }
-    }
-
-    /// Switch allocation profiling (feature `alloc-profiling`) on or off
-    /// for every cache, present and future: a kernel calls this whenever
-    /// its own switch flips. On (the default), every allocation asks
-    /// [`Platform::alloc_tag_current`] for its tag and explicit tags are
-    /// charged; off, nothing is asked or charged (objects get tag
-    /// reference 0, their frees uncharge nothing) and the alloc fast path
-    /// is the compiled-out one. Without the feature, a no-op.
-    pub fn set_alloc_profiling(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.switch_every_cache(&self.alloc_profiling, on, KmemCache::set_profiling);
     }
 
     /// Store `on` in the allocator-wide `switch` and apply it to every
     /// cache with `apply`, under the cache-list lock (so a cache created
     /// meanwhile, which reads the switch under the same lock, is not
     /// missed).
-    fn switch_every_cache(
+    pub(crate) fn switch_every_cache(
         &self,
         switch: &AtomicBool,
         on: bool,
@@ -312,36 +354,6 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Send every allocation and free off the profiled hits (`on`), so
-    /// that every charge calls [`Platform::alloc_tag_charge_hook`] and
-    /// every uncharge [`Platform::alloc_tag_uncharge_hook`]; or back
-    /// (`!on`, the default), the hooks then called only off the hits. For
-    /// a platform whose hooks have work to do for a while (a context
-    /// capture, say): the hits stay free of calls, and pay nothing for the
-    /// hooks while they are off. Every cache, present and future (the
-    /// bootstrap caches aside). An allocation or free running on another
-    /// CPU while this runs may still take its hit. Without feature
-    /// `alloc-profiling`, a no-op.
-    pub fn set_alloc_tag_hooks(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.switch_every_cache(&self.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
-    }
-
-    /// Whether the tag hooks are on ([`Allocator::set_alloc_tag_hooks`];
-    /// false without feature `alloc-profiling`).
-    pub fn alloc_tag_hooks(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_tag_hooks.load(Ordering::Relaxed)
-    }
-
-    /// Whether allocation profiling is switched on
-    /// ([`Allocator::set_alloc_profiling`]; false without feature
-    /// `alloc-profiling`).
-    pub fn alloc_profiling(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
-    }
-
     /// Whether `init` has completed.
     #[inline]
     pub fn is_ready(&self) -> bool {
@@ -356,15 +368,6 @@ impl<P: Platform> Allocator<P> {
         } else {
             &NullSource
         }
-    }
-
-    /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).
-    pub fn nr_cpus(&self) -> usize {
-        if !self.is_ready() {
-            return 0;
-        }
-        // SAFETY: READY: init-only cells are immutable.
-        unsafe { *self.nr_cpus.get() }
     }
 
     /// The primary source, without the ready check (init and caches).
@@ -420,10 +423,10 @@ impl<P: Platform> Allocator<P> {
         unsafe { self.link_cache_locked(&mut self.caches.lock::<P>(), cache) };
     }
 
-    /// [`Allocator::link_cache`] with the cache-list lock held (`list`).
+    /// [`Kmem::link_cache`] with the cache-list lock held (`list`).
     ///
     /// # Safety
-    /// As for [`Allocator::link_cache`].
+    /// As for [`Kmem::link_cache`].
     unsafe fn link_cache_locked(&self, list: &mut CacheList<P>, cache: *const KmemCache<P>) {
         // SAFETY: links are only touched under the cache-list lock; cache
         // and the tail are alive.
@@ -475,42 +478,40 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Create an object cache.
+    /// Create an object cache of `size`-byte objects named `name`, with
+    /// the less common arguments in `args` (Linux 6.12's `struct
+    /// kmem_cache_args`; [`CacheArgs::DEFAULT`] for none):
+    ///
+    /// ```ignore
+    /// let dentry = heap.cache_create("dentry", 192, &CacheArgs { align: 64, ..CacheArgs::DEFAULT })?;
+    /// ```
     ///
     /// - `name`: copied; cut to 31 bytes (at a character boundary).
     /// - `size`: object size in bytes, 1..=2^30.
-    /// - `align`: power of two, at most [`PAGE_SIZE`]; 0 means no
-    ///   requirement. Objects are always at least 8-aligned.
-    /// - `ctor` / `dtor`: see [`Ctor`] and [`Dtor`].
-    /// - `source`: page source for the slabs; `None` means the primary
-    ///   source. Caches on other sources get no page-map entries: their
-    ///   objects cannot be `kfree`d, and wrong-cache frees into them are
-    ///   reported as `NotAllocated`.
     ///
     /// Buffers up to `PAGE_SIZE / 8` bytes (and not `NOTOUCH`) get
-    /// small-object slabs (one page); larger ones bufctl slabs.
+    /// small-object slabs; larger ones bufctl slabs.
     ///
     /// # Errors
     /// [`AllocError::NotInitialized`], [`AllocError::InvalidLayout`] (size
     /// 0 or too large, bad alignment), [`AllocError::OutOfMemory`] (no
     /// memory for the cache's struct or per-CPU array).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the kmem_cache_create signature (Bonwick 1994)"
-    )]
     pub fn cache_create(
         &'static self,
         name: &str,
         size: usize,
-        align: usize,
-        flags: CacheFlags,
-        ctor: Option<Ctor>,
-        dtor: Option<Dtor>,
-        source: Option<&'static dyn PageSource>,
+        args: &CacheArgs,
     ) -> Result<&'static KmemCache<P>, AllocError> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
+        let CacheArgs {
+            align,
+            flags,
+            ctor,
+            dtor,
+            source,
+        } = *args;
         self.create_cache(name, size, align, flags, ctor, dtor, source, false)
     }
 
@@ -659,10 +660,11 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// [`Allocator::for_each_cache`] if the cache-list lock is free now;
+    /// [`Kmem::for_each_cache`] if the cache-list lock is free now;
     /// false (nothing done) if it is held — by this CPU too: the KFENCE
     /// tick runs on an allocation's miss, which a `for_each_cache`
     /// callback may make.
+    #[cfg(feature = "kfence")]
     pub(crate) fn try_for_each_cache(&self, mut f: impl FnMut(&'static KmemCache<P>)) -> bool {
         let Some(list) = self.caches.try_lock::<P>() else {
             return false;
@@ -678,37 +680,136 @@ impl<P: Platform> Allocator<P> {
         }
         true
     }
+}
+
+impl<P: Platform> AllocProfiling<'_, P> {
+    /// Switch allocation profiling (feature `alloc-profiling`) on or off
+    /// for every cache, present and future: a kernel calls this whenever
+    /// its own switch flips. On (the default), every allocation asks
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) for its tag and explicit tags are
+    /// charged; off, nothing is asked or charged (objects get tag
+    /// reference 0, their frees uncharge nothing) and the alloc fast path
+    /// is the compiled-out one. Without the feature, a no-op.
+    pub fn set_enabled(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        self.heap
+            .switch_every_cache(&self.heap.alloc_profiling, on, KmemCache::set_profiling);
+    }
+
+    /// Send every allocation and free off the profiled hits (`on`), so
+    /// that every charge calls [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
+    /// every uncharge [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook); or back
+    /// (`!on`, the default), the hooks then called only off the hits. For
+    /// a platform whose hooks have work to do for a while (a context
+    /// capture, say): the hits stay free of calls, and pay nothing for the
+    /// hooks while they are off. Every cache, present and future (the
+    /// bootstrap caches aside). An allocation or free running on another
+    /// CPU while this runs may still take its hit. Without feature
+    /// `alloc-profiling`, a no-op.
+    pub fn set_tag_hooks(&self, on: bool) {
+        if !cfg!(feature = "alloc-profiling") {
+            return;
+        }
+        self.heap
+            .switch_every_cache(&self.heap.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
+    }
+
+    /// Whether the tag hooks are on ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks);
+    /// false without feature `alloc-profiling`).
+    pub fn tag_hooks(&self) -> bool {
+        self.heap.alloc_tag_hooks()
+    }
+
+    /// Whether allocation profiling is switched on
+    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled); false without feature
+    /// `alloc-profiling`).
+    pub fn enabled(&self) -> bool {
+        self.heap.alloc_profiling()
+    }
+
+    /// Allocations that profiling should have charged but could not
+    /// (feature `alloc-profiling`): the object's small slab had no tag
+    /// side array yet and allocating one failed, so the object was handed
+    /// out untagged — allocated, charged to no tag, its free uncharging
+    /// nothing (Linux counts these failures too,
+    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
+    /// miss that many objects. Always 0 without the feature.
+    pub fn nr_tag_array_misses(&self) -> u64 {
+        self.heap.nr_tag_array_misses.load(Ordering::Relaxed)
+    }
+}
+
+/// The allocator's figures beyond one cache's, from [`Kmem::stats`]:
+/// per CPU, its own metadata, page-granular kmallocs, reaps under
+/// pressure.
+#[derive(Clone, Copy)]
+pub struct HeapStats<'a, P: Platform> {
+    heap: &'a Kmem<P>,
+}
+
+impl<P: Platform> Kmem<P> {
+    /// The allocator's figures: [`HeapStats`].
+    pub fn stats(&self) -> HeapStats<'_, P> {
+        HeapStats { heap: self }
+    }
+}
+
+impl<P: Platform> HeapStats<'_, P> {
+    /// Page-granular kmallocs: live blocks, their pages and bytes, and
+    /// every one made.
+    pub fn large(&self) -> crate::LargeStats {
+        self.heap.large_stats()
+    }
+
+    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
+    /// or `None` if such a request is page-granular (or invalid, or the
+    /// allocator is not ready).
+    pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
+        self.heap.kmalloc_cache_for(size, align)
+    }
+
+    /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).
+    pub fn nr_cpus(&self) -> usize {
+        if !self.heap.is_ready() {
+            return 0;
+        }
+        // SAFETY: READY: init-only cells are immutable.
+        unsafe { *self.heap.nr_cpus.get() }
+    }
 
     /// CPU `cpu`'s magazines summed over every cache: the allocations and
     /// frees they served (magazine hits; slab-layer misses and
     /// page-granular kmallocs are not counted) and the rounds they hold.
     /// See [`KmemCache::cpu_stats`]. Walks the cache list under its lock
-    /// (like [`Allocator::for_each_cache`], so not from inside one),
+    /// (like [`Kmem::for_each_cache`], so not from inside one),
     /// reading each cache's per-CPU cache on `cpu` through a
     /// [cross-CPU call](crate::Platform::cross_cpu_call), one cache at a
     /// time: each cache's figures are exact, their sum a near-snapshot
     /// under concurrent use. All zero before `init` and for `cpu` out of range.
-    pub fn cpu_stats(&self, cpu: usize) -> CpuCacheStats {
+    pub fn cpu(&self, cpu: usize) -> CpuCacheStats {
         let mut total = CpuCacheStats::default();
-        self.for_each_cache(|cache| total = total + cache.cpu_stats(cpu));
+        self.heap
+            .for_each_cache(|cache| total = total + cache.cpu_stats(cpu));
         total
     }
 
     /// The allocator's own memory: the page map and the bootstrap caches'
     /// slabs, against the memory the primary source manages (the target:
     /// at most 2 %). All zero before init.
-    pub fn metadata_stats(&self) -> crate::MetadataStats {
-        if !self.is_ready() {
+    pub fn metadata(&self) -> crate::MetadataStats {
+        if !self.heap.is_ready() {
             return crate::MetadataStats::default();
         }
         let mut bootstrap_bytes = 0;
         let mut magazine_bytes = [0; NR_MAG_TYPES];
         let mut tag_array_bytes = 0;
         // SAFETY: READY: the init-only cells are immutable.
-        let nr_boot = unsafe { *self.nr_boot.get() };
+        let nr_boot = unsafe { *self.heap.nr_boot.get() };
         for index in 0..nr_boot {
             // SAFETY: READY: bootstrap slots below nr_boot are initialised.
-            let boot = unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) };
+            let boot = unsafe { &*self.heap.boot.get().cast::<KmemCache<P>>().add(index) };
             let bytes = boot.slab.lock().counts().nr_pages * PAGE_SIZE;
             bootstrap_bytes += bytes;
             // The magazine caches are the first NR_MAG_TYPES slots.
@@ -721,7 +822,8 @@ impl<P: Platform> Allocator<P> {
             }
         }
         // SAFETY: READY: the init-only cells are immutable.
-        let (page_map_pages, map) = unsafe { (*self.page_map_pages.get(), *self.page_map.get()) };
+        let (page_map_pages, map) =
+            unsafe { (*self.heap.page_map_pages.get(), *self.heap.page_map.get()) };
         crate::MetadataStats {
             page_map_bytes: page_map_pages * PAGE_SIZE,
             bootstrap_bytes,
@@ -734,17 +836,6 @@ impl<P: Platform> Allocator<P> {
     /// Times an allocation found its page source dry and reaped every
     /// cache before retrying.
     pub fn nr_pressure_reaps(&self) -> u64 {
-        self.nr_pressure_reaps.load(Ordering::Relaxed)
-    }
-
-    /// Allocations that profiling should have charged but could not
-    /// (feature `alloc-profiling`): the object's small slab had no tag
-    /// side array yet and allocating one failed, so the object was handed
-    /// out untagged — allocated, charged to no tag, its free uncharging
-    /// nothing (Linux counts these failures too,
-    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
-    /// miss that many objects. Always 0 without the feature.
-    pub fn nr_tag_array_misses(&self) -> u64 {
-        self.nr_tag_array_misses.load(Ordering::Relaxed)
+        self.heap.nr_pressure_reaps.load(Ordering::Relaxed)
     }
 }

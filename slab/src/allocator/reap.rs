@@ -1,5 +1,5 @@
-//! Giving memory back: [`Allocator::reap_all`], the working-set tick
-//! [`Allocator::kmem_update`] (illumos `kmem_update` /
+//! Giving memory back: [`Kmem::reap_all`], the working-set tick
+//! [`Kmem::kmem_update`] (illumos `kmem_update` /
 //! `kmem_reap_interval`) and the reap before an allocation fails for
 //! want of pages; all walk the cache list in the order that leaves no
 //! empty slab behind.
@@ -7,11 +7,11 @@
 use core::ptr;
 use core::sync::atomic::Ordering;
 
-use super::{Allocator, BootCache, CacheList};
+use super::{BootCache, CacheList, Kmem};
 use crate::cache::KmemCache;
 use crate::platform::Platform;
 
-impl<P: Platform> Allocator<P> {
+impl<P: Platform> Kmem<P> {
     /// Reap every cache. Returns pages returned to page sources.
     ///
     /// Newest first, so that metadata freed by later caches (their slab
@@ -34,7 +34,7 @@ impl<P: Platform> Allocator<P> {
     /// magazines too), so its empty slabs come back. Returns pages returned to
     /// page sources. A kernel calls it from a timer tick or its idle loop,
     /// every few seconds; memory a burst left in magazines comes back
-    /// after one idle interval. Call it as [`Allocator::reap_all`].
+    /// after one idle interval. Call it as [`Kmem::reap_all`].
     pub fn kmem_update(&self) -> usize {
         let list = self.caches.lock::<P>();
         let mut cache = list.head;
@@ -54,7 +54,7 @@ impl<P: Platform> Allocator<P> {
         })
     }
 
-    /// Out of memory: reap every cache ([`Allocator::reap_all`]: every
+    /// Out of memory: reap every cache ([`Kmem::reap_all`]: every
     /// CPU's magazines, the depots, empty slabs) so that the caller can
     /// retry. Returns pages returned, or `None` if it could not reap:
     /// before init, or the cache list is busy (this CPU may hold it: a
@@ -74,7 +74,7 @@ impl<P: Platform> Allocator<P> {
     }
 
     /// Call `reap` on every cache, newest first, `kmem_bufctl` and
-    /// `kmem_slab` last (see [`Allocator::reap_all`]); sum its results.
+    /// `kmem_slab` last (see [`Kmem::reap_all`]); sum its results.
     fn reap_walk(&self, list: &CacheList<P>, reap: impl Fn(&KmemCache<P>) -> usize) -> usize {
         // Before init completes, no deferring: one pass as listed. The
         // pointers are only compared, never dereferenced.

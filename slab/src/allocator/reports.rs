@@ -1,8 +1,9 @@
 //! Error reports from the allocator's side: the debug configuration, the
 //! error ring and the kernel's hook ([`crate::report`]), bad frees.
 
-use super::Allocator;
+use super::Kmem;
 use crate::cache::KmemCache;
+use crate::debug::SlabDebug;
 use crate::debug::SlabDebugConfig;
 use crate::error::FreeError;
 use crate::layout::pagemap::{PageEntry, PageOwner};
@@ -11,41 +12,7 @@ use crate::report::{ErrorKind, ErrorReport, ReportName};
 use crate::slab::Slab;
 use crate::sync::IrqGuard;
 
-impl<P: Platform> Allocator<P> {
-    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
-    /// see [`SlabDebugConfig`]): call before [`Allocator::init`] so the
-    /// kmalloc caches get it; caches created later get it too (by name).
-    /// Caches that exist already keep their flags.
-    pub fn set_debug_config(&self, config: SlabDebugConfig) {
-        *self.debug_config.lock::<P>() = config;
-    }
-
-    /// The debug configuration in force.
-    pub fn debug_config(&self) -> SlabDebugConfig {
-        *self.debug_config.lock::<P>()
-    }
-
-    /// Called with every error report, after it is kept in the error ring,
-    /// with no allocator lock held; the kernel prints it (and may panic).
-    /// The hook must not allocate from this allocator.
-    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
-        *self.error_hook.lock::<P>() = hook;
-    }
-
-    /// Errors reported since the allocator was created (the ring keeps the
-    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
-    pub fn nr_errors(&self) -> u64 {
-        let _irq = IrqGuard::<P>::new();
-        self.errors.nr_reported()
-    }
-
-    /// Copy the kept reports numbered after `after` into `out`, oldest
-    /// first; returns how many.
-    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
-        let _irq = IrqGuard::<P>::new();
-        self.errors.read(after, out)
-    }
-
+impl<P: Platform> Kmem<P> {
     /// Keep a report (stamped with now and this CPU) and hand it to the
     /// hook. Callers hold no allocator lock.
     #[cold]
@@ -125,5 +92,41 @@ impl<P: Platform> Allocator<P> {
             }
         }
         self.report_error(report);
+    }
+}
+
+impl<P: Platform> SlabDebug<'_, P> {
+    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
+    /// see [`SlabDebugConfig`]): call before [`Kmem::init`] so the
+    /// kmalloc caches get it; caches created later get it too (by name).
+    /// Caches that exist already keep their flags.
+    pub fn set_config(&self, config: SlabDebugConfig) {
+        *self.heap.debug_config.lock::<P>() = config;
+    }
+
+    /// The debug configuration in force.
+    pub fn config(&self) -> SlabDebugConfig {
+        *self.heap.debug_config.lock::<P>()
+    }
+
+    /// Called with every error report, after it is kept in the error ring,
+    /// with no allocator lock held; the kernel prints it (and may panic).
+    /// The hook must not allocate from this allocator.
+    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
+        *self.heap.error_hook.lock::<P>() = hook;
+    }
+
+    /// Errors reported since the allocator was created (the ring keeps the
+    /// latest [`ERROR_RING_SIZE`](crate::report::ERROR_RING_SIZE)).
+    pub fn nr_errors(&self) -> u64 {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.nr_reported()
+    }
+
+    /// Copy the kept reports numbered after `after` into `out`, oldest
+    /// first; returns how many.
+    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.read(after, out)
     }
 }

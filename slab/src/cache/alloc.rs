@@ -37,9 +37,9 @@ impl<P: Platform> KmemCache<P> {
     /// `align()`.
     ///
     /// With feature `alloc-profiling`, the object is charged to the tag
-    /// [`Platform::alloc_tag_current`] names (nothing if it says `None`), which
+    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names (nothing if it says `None`), which
     /// is asked only while profiling is switched on in the allocator
-    /// ([`crate::Allocator::set_alloc_profiling`]).
+    /// ([`crate::AllocProfiling::set_enabled`]).
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] if neither the magazines, the slabs nor
@@ -249,7 +249,7 @@ impl<P: Platform> KmemCache<P> {
     }
 }
 
-/// The kmalloc by-8 table's entry before `init` (`Allocator::new` fills
+/// The kmalloc by-8 table's entry before `init` (`Kmem::new` fills
 /// the table with it, [`unready`]): a hot-flags word with every bit set,
 /// so an allocation through it leaves the hit at its one flag test and
 /// [`KmemCache::alloc_unborn`] refuses it by its address. Not a cache:

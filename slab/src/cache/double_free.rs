@@ -30,7 +30,7 @@
 //! skip the naive hit for the miss, which tests and sets the mark:
 //!
 //! - **constructed objects of small slabs**: the key in a word *after*
-//!   the object (the stride grows by that word, `Allocator::cache_create`;
+//!   the object (the stride grows by that word, `Kmem::cache_create`;
 //!   Linux SLUB puts a constructed cache's free pointer there,
 //!   `calculate_sizes`: `s->offset = size`), so the constructed state is
 //!   never touched; a match is confirmed by the same search;

@@ -118,7 +118,7 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The free, once the owner check passed (`KmemCache::free`,
-    /// `Allocator::kfree`): [`Self::free_hit`], else
+    /// `Kmem::kfree`): [`Self::free_hit`], else
     /// [`Self::free_off_hit`].
     ///
     /// # Safety

@@ -6,14 +6,14 @@
 //!
 //!
 //! ```text
-//!  KmemCache::alloc / alloc_tagged   Allocator::kmalloc, GlobalAlloc::alloc
+//!  KmemCache::alloc / alloc_tagged   Kmem::kmalloc, GlobalAlloc::alloc
 //!            │                        │ kmalloc_checked: the size class's cache
 //!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
 //!  alloc_at ─ flags? ─yes─► alloc_hooked: pre_alloc_hook, hit or miss,
 //!     │                      post_alloc_hook, kmemtrace_alloc_hook (hooks.rs)
 //!     └─ no ─► magazine_alloc_hit ──miss──► alloc_slow (prev, depot, slab)
 //!
-//!  KmemCache::free   Allocator::kfree   GlobalAlloc::dealloc
+//!  KmemCache::free   Kmem::kfree   GlobalAlloc::dealloc
 //!     free_locate      locate_allocated    locate_allocated   (one page-map
 //!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
 //!                                     ▼
@@ -108,6 +108,7 @@ mod debug;
 mod double_free;
 mod free;
 mod hooks;
+#[cfg(feature = "leak-scan")]
 mod leak_scan;
 mod magazines;
 mod owner;
@@ -133,7 +134,7 @@ use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;
 use crate::error::DestroyError;
 use crate::flags::CacheFlags;
-use crate::kmemtrace::Kmemtrace;
+use crate::kmemtrace::KmemtraceState;
 use crate::layout::freelist::freelist_secret;
 use crate::layout::geometry::{Geometry, SlabKind};
 use crate::layout::pagemap::PageMap;
@@ -164,14 +165,14 @@ bitflags::bitflags! {
         /// must look at it.
         const TAGGED = 32;
         /// Allocation profiling is switched on in the allocator
-        /// ([`Allocator::set_alloc_profiling`](crate::Allocator::set_alloc_profiling)):
-        /// allocations ask [`Platform::alloc_tag_current`].
+        /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
+        /// allocations ask [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current).
         const PROFILING = 64;
         /// Some object of this bufctl cache carries a tag in its bufctl:
         /// frees look it up (out of line).
         const BUFCTL_TAGGED = 128;
         /// kmemtrace is recording this cache
-        /// ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)):
+        /// ([`Kmemtrace::start`](crate::kmemtrace::Kmemtrace::start)):
         /// allocs and frees take the flagged paths, which record an event.
         const KMEMTRACE = 256;
         /// An unborn size-class stub (`allocator/classes.rs`): its first
@@ -186,10 +187,10 @@ bitflags::bitflags! {
         /// guarded pool; the bit is cleared there.
         const SAMPLE = 2048;
         /// The platform's tag hooks are on
-        /// ([`Allocator::set_alloc_tag_hooks`](crate::Allocator::set_alloc_tag_hooks)):
+        /// ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)):
         /// allocs and frees take the flagged paths, whose charges and
-        /// uncharges call [`Platform::alloc_tag_charge_hook`] and
-        /// [`Platform::alloc_tag_uncharge_hook`] (the profiled hits call
+        /// uncharges call [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
+        /// [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook) (the profiled hits call
         /// out to nothing).
         const TAG_HOOKS = 4096;
         /// Not a slow bit, a fact: a small cache whose slabs are one page
@@ -253,8 +254,8 @@ pub(crate) struct CacheLinks<P: Platform> {
 
 /// An object cache (`kmem_cache`).
 ///
-/// Obtained from [`Allocator::cache_create`](crate::Allocator::cache_create)
-/// (or [`Allocator::find_cache`](crate::Allocator::find_cache)); lives until
+/// Obtained from [`Kmem::cache_create`](crate::Kmem::cache_create)
+/// (or [`Kmem::find_cache`](crate::Kmem::find_cache)); lives until
 /// [`KmemCache::destroy`]. All methods are safe to call from any CPU
 /// concurrently.
 #[repr(C)]
@@ -317,7 +318,7 @@ pub struct KmemCache<P: Platform> {
     pub(crate) key_place: double_free::KeyPlace,
     /// The owner's kmemtrace recorder ([`CacheOwner::kmemtrace_recorder`],
     /// alive as long as the owner): the kmemtrace hooks write into it.
-    recorder: *const Kmemtrace,
+    recorder: *const KmemtraceState,
     pub(crate) links: UnsafeCell<CacheLinks<P>>,
     /// Debug caches: where the debug trailer's parts are.
     pub(crate) debug: Option<DebugLayout>,
@@ -491,7 +492,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// The owner's kmemtrace recorder.
     #[inline(always)]
-    pub(crate) fn recorder(&self) -> &Kmemtrace {
+    pub(crate) fn recorder(&self) -> &KmemtraceState {
         // SAFETY: handed down by the owner at creation; the owner lives
         // in a `'static` and outlives its caches.
         unsafe { &*self.recorder }
@@ -581,7 +582,7 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// Set or clear `TAG_HOOKS` ([`crate::Allocator::set_alloc_tag_hooks`];
+    /// Set or clear `TAG_HOOKS` ([`crate::AllocProfiling::set_tag_hooks`];
     /// never on a bootstrap cache, whose allocs and frees are refused to
     /// callers anyway).
     pub(crate) fn set_tag_hooks(&self, on: bool) {

@@ -1,7 +1,7 @@
 //! What a cache needs from the allocator that owns it, handed down as a
 //! trait ([`CacheOwner`]), as the slab layer is handed
 //! [`SlabOwner`](crate::slab::SlabOwner): the cache layer names no type
-//! above it. `Allocator` implements it (`allocator/cache_owner.rs`); the
+//! above it. `Kmem` implements it (`allocator/cache_owner.rs`); the
 //! cache holds it as a trait object and calls it only off the hits (the
 //! misses, the feature hooks, creation and destruction).
 
@@ -10,7 +10,7 @@ use core::ptr::NonNull;
 use super::KmemCache;
 use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
-use crate::kmemtrace::Kmemtrace;
+use crate::kmemtrace::KmemtraceState;
 use crate::platform::{PageSource, Platform};
 use crate::report::ErrorReport;
 
@@ -78,7 +78,7 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
     fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>>;
     /// kmemtrace: the recorder (its per-CPU rings), which a cache keeps
     /// from its creation and writes its events into.
-    fn kmemtrace_recorder(&self) -> &Kmemtrace;
+    fn kmemtrace_recorder(&self) -> &KmemtraceState;
     /// kmemtrace: `cache` is being destroyed (its record kept for dumps).
     fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>);
 }

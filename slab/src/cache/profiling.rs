@@ -254,7 +254,7 @@ impl<P: Platform> KmemCache<P> {
     /// (nothing if it has none; a slab without a side array has
     /// [`no_tags`], all `None`). The index is the free's owner check's.
     /// `hooks`: `TAG_HOOKS` is on, so the platform's uncharge hook
-    /// ([`Platform::alloc_tag_uncharge_hook`]) is called too.
+    /// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)) is called too.
     ///
     /// # Safety
     /// `obj` is object `index` of `slab`, a small slab of this cache,

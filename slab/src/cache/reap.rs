@@ -56,7 +56,7 @@ impl<P: Platform> KmemCache<P> {
     /// Adams 2001 §3.7; illumos `kmem_depot_ws_update`): the fewest full
     /// and empty magazines the depot held since the last update become
     /// what the next [`KmemCache::ws_reap`] may free. A kernel calls
-    /// [`Allocator::kmem_update`](crate::Allocator::kmem_update) from a
+    /// [`Kmem::kmem_update`](crate::Kmem::kmem_update) from a
     /// periodic tick instead of this.
     pub fn ws_update(&self) {
         if self.has_magazines() {
@@ -80,7 +80,7 @@ impl<P: Platform> KmemCache<P> {
         nr_pages
     }
 
-    /// One working-set tick of this cache ([`Allocator::kmem_update`]):
+    /// One working-set tick of this cache ([`Kmem::kmem_update`]):
     /// [`KmemCache::ws_reap`], and when the cache has been idle (no
     /// allocation or free on any CPU) for [`IDLE_INTERVALS`] whole
     /// intervals, a full [`KmemCache::reap`]: the CPUs' magazines are
@@ -88,7 +88,7 @@ impl<P: Platform> KmemCache<P> {
     /// rounds nobody will use. Reads every CPU's counters (cross-CPU
     /// calls) only for a cache that has slabs. Returns pages returned.
     ///
-    /// [`Allocator::kmem_update`]: crate::Allocator::kmem_update
+    /// [`Kmem::kmem_update`]: crate::Kmem::kmem_update
     pub(crate) fn ws_tick(&self) -> usize {
         if !self.has_magazines() || self.slab.lock().counts().nr_slabs == 0 {
             self.idle.nr_idle.store(0, Ordering::Relaxed);

@@ -1,5 +1,5 @@
 //! Walking one cache: [`KmemCache::verify`] (`kmem verify`), and in
-//! debug builds the invariant walker ([`crate::Allocator::check_invariants`]).
+//! debug builds the invariant walker ([`crate::debug::SlabDebug::check_invariants`]).
 
 use super::KmemCache;
 use crate::layout::freelist::{BadLink, map_test};
@@ -101,7 +101,7 @@ impl<P: Platform> KmemCache<P> {
 }
 
 impl<P: Platform> KmemCache<P> {
-    /// [`Allocator::check_invariants`] for one cache.
+    /// [`SlabDebug::check_invariants`](crate::debug::SlabDebug::check_invariants) for one cache.
     #[cfg(debug_assertions)]
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantError> {
         let error = |what, addr| InvariantError {

@@ -126,7 +126,7 @@ pub struct AuditRecord {
     pub cpu: u32,
     /// Valid entries of `frames`.
     pub nr_frames: u32,
-    /// Return addresses, innermost first ([`Platform::backtrace`]).
+    /// Return addresses, innermost first ([`PlatformHooks::backtrace`](crate::PlatformHooks::backtrace)).
     pub frames: [usize; AUDIT_FRAMES],
 }
 

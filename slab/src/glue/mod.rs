@@ -1,7 +1,7 @@
 //! Glue for adopting the allocator in a kernel, shipped: a page source
 //! over an already-mapped region ([`RegionSource`]), a uniprocessor
 //! x86_64 [`Platform`] (`X86Uniprocessor`, feature
-//! `x86_64-uniprocessor`), and [`Heap`], the two with an [`Allocator`]
+//! `x86_64-uniprocessor`), and [`Heap`], the two with an [`Kmem`]
 //! in one `static`, so that a one-CPU kernel adopts with two lines:
 //!
 //! ```no_run,standalone_crate
@@ -34,13 +34,13 @@ use core::alloc::{GlobalAlloc, Layout};
 pub use self::region::RegionSource;
 #[cfg(all(feature = "x86_64-uniprocessor", target_arch = "x86_64"))]
 pub use self::x86_64_up::X86Uniprocessor;
-use crate::{AllocError, Allocator, Platform};
+use crate::{AllocError, Kmem, Platform};
 
-/// An [`Allocator`] over a [`RegionSource`], in one `static`: the global
+/// An [`Kmem`] over a [`RegionSource`], in one `static`: the global
 /// allocator of a kernel whose heap is one mapped range. Dereferences to
-/// the [`Allocator`] (kmalloc, caches, statistics, reports).
+/// the [`Kmem`] (kmalloc, caches, statistics, reports).
 pub struct Heap<P: Platform> {
-    allocator: Allocator<P>,
+    allocator: Kmem<P>,
     source: RegionSource<P>,
 }
 
@@ -55,23 +55,23 @@ impl<P: Platform> Heap<P> {
     /// `GlobalAlloc`) until [`Heap::init_region`].
     pub const fn new() -> Self {
         Heap {
-            allocator: Allocator::new(),
+            allocator: Kmem::new(),
             source: RegionSource::new(),
         }
     }
 
     /// Give the heap the `len` bytes at `start` and bring the allocator
     /// up on them. What it costs: the region's bitmap (one page per
-    /// 128 MiB) and `Allocator::init`'s page map (one page up to 512
+    /// 128 MiB) and `Kmem::init`'s page map (one page up to 512
     /// KiB); a region under 1 MiB gets its size classes on first use
     /// ([`InitCost`](crate::InitCost)).
     ///
     /// # Errors
     /// [`AllocError::SourceTooSmall`] below
     /// [`InitCost::min_source_bytes`](crate::InitCost) (68 KiB on one CPU:
-    /// `Allocator::init_cost(&source)` of a [`RegionSource`] given the
+    /// `Kmem::init_cost(&source)` of a [`RegionSource`] given the
     /// same region has the figures), and as for
-    /// [`RegionSource::init`] and [`Allocator::init`].
+    /// [`RegionSource::init`] and [`Kmem::init`].
     ///
     /// A refused `init_region` leaves the heap as it was: the source
     /// forgets the region (the allocator gave back every page it took)
@@ -94,7 +94,7 @@ impl<P: Platform> Heap<P> {
     fn init_allocator(&'static self) -> Result<(), AllocError> {
         self.allocator.init(&self.source).inspect_err(|_| {
             let forgotten = self.source.forget();
-            debug_assert!(forgotten, "a refused Allocator::init gives every page back");
+            debug_assert!(forgotten, "a refused Kmem::init gives every page back");
         })
     }
 
@@ -117,9 +117,9 @@ impl<P: Platform> Heap<P> {
 }
 
 impl<P: Platform> core::ops::Deref for Heap<P> {
-    type Target = Allocator<P>;
+    type Target = Kmem<P>;
 
-    fn deref(&self) -> &Allocator<P> {
+    fn deref(&self) -> &Kmem<P> {
         &self.allocator
     }
 }

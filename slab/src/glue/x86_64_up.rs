@@ -2,7 +2,7 @@
 
 use core::arch::asm;
 
-use crate::Platform;
+use crate::{Platform, PlatformHooks};
 
 /// The [`Platform`] of an x86_64 kernel running on one CPU (feature
 /// `x86_64-uniprocessor`): CPU 0 of 1; interrupts saved with `pushfq`
@@ -63,7 +63,12 @@ unsafe impl Platform for X86Uniprocessor {
         };
         (u64::from(high) << 32) | u64::from(low)
     }
+}
 
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for X86Uniprocessor {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }

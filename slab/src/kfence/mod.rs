@@ -2,11 +2,11 @@
 //! `mm/kfence/core.c`, `Documentation/dev-tools/kfence.rst`).
 //!
 //! A pool of [`KFENCE_POOL_PAGES`] pages from the platform
-//! ([`Platform::kfence_pool`]): pages 0 and 1 are guards, then object page,
+//! ([`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool)): pages 0 and 1 are guards, then object page,
 //! guard page, object page, … — [`KFENCE_NUM_OBJECTS`] object pages, each
 //! between two guard pages the platform keeps unmapped
-//! ([`Platform::kfence_protect`]). Once every sample interval
-//! ([`Allocator::kfence_set_interval`], Linux `kfence.sample_interval`, in
+//! ([`PlatformHooks::kfence_protect`](crate::PlatformHooks::kfence_protect)). Once every sample interval
+//! ([`Kfence::set_interval`](crate::kfence::Kfence::set_interval), Linux `kfence.sample_interval`, in
 //! ms) the next allocation of an eligible cache is served from the pool:
 //!
 //! ```text
@@ -28,7 +28,7 @@
 //! over all caches) and clears its bit. The free pays nothing either: a
 //! pool address is in no slab page, so the owner lookup misses and the
 //! slow path asks the pool before reporting a bad free. The interval
-//! runs on the magazine-miss path's clock ([`Platform::kfence_clock_ns`]).
+//! runs on the magazine-miss path's clock ([`PlatformHooks::kfence_clock_ns`](crate::PlatformHooks::kfence_clock_ns)).
 //!
 //! Eligible caches: keyed ones (no constructor, no debug flags, not
 //! `NOTOUCH`, not bootstrap, not traced or recorded) with objects of at
@@ -36,13 +36,13 @@
 //! its allocation tag, and is an object of its cache to the leak scan.
 //!
 //! The platform turns a fault in the pool into a report with
-//! [`Allocator::kfence_fault`] (which maps the page back in, so the faulting
+//! [`Kfence::fault`](crate::kfence::Kfence::fault) (which maps the page back in, so the faulting
 //! access completes and the kernel carries on); bad frees and canary
 //! corruption are reported at the free to the hook of
-//! [`Allocator::set_kfence_hook`]. Reports are [`KfenceReport`]s, written
+//! [`Kfence::set_hook`](crate::kfence::Kfence::set_hook). Reports are [`KfenceReport`]s, written
 //! in KFENCE's layout by [`KfenceReport::display`].
 //!
-//! **TLBs.** [`Platform::kfence_protect`] need flush only this CPU's TLB
+//! **TLBs.** [`PlatformHooks::kfence_protect`](crate::PlatformHooks::kfence_protect) need flush only this CPU's TLB
 //! (the kernel's `invlpg`), as Linux's x86 `kfence_protect_page` does on
 //! purpose (`arch/x86/include/asm/kfence.h`: it flushes the local TLB
 //! only, on the assumption that the code that allocated or freed goes on
@@ -67,121 +67,40 @@ pub use self::object::{
 pub(crate) use self::pool::{PoolState, object_of_page, object_page};
 pub use self::report::{KfenceBug, KfenceReport, KfenceReportDisplay};
 use crate::alloc_tag::AllocTagRef;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::report::ReportName;
 use crate::sync::IrqGuard;
 
-impl<P: Platform> Allocator<P> {
-    /// Set up the KFENCE pool ([`KFENCE_POOL_PAGES`] pages from
-    /// [`Platform::kfence_pool`], every page unmapped until used) and
-    /// sample every `interval_ms` ms (0: only when forced, see
-    /// [`Allocator::kfence_force_sample`]). Call once, after `init`.
-    ///
-    /// # Errors
-    /// [`KfenceError`]: no pool from the platform, no memory for the
-    /// metadata, or a pool exists already.
-    pub fn kfence_init(&self, interval_ms: u64) -> Result<(), KfenceError> {
-        if !self.is_ready() {
-            return Err(KfenceError::NoMemory);
-        }
-        if self.kfence.pool.load(Ordering::Acquire) != 0 {
-            return Err(KfenceError::AlreadyInitialized);
-        }
-        let pool = P::kfence_pool(KFENCE_POOL_PAGES).ok_or(KfenceError::Unsupported)?;
-        let pool = pool.as_ptr() as usize;
-        let meta_bytes = KFENCE_NUM_OBJECTS * core::mem::size_of::<KfenceObject>();
-        let meta_pages = meta_bytes.div_ceil(PAGE_SIZE);
-        let meta = self
-            .primary_source()
-            .alloc_pages(meta_pages)
-            .map_err(|_| KfenceError::NoMemory)?
-            .cast::<KfenceObject>()
-            .as_ptr();
-        for index in 0..KFENCE_NUM_OBJECTS {
-            // SAFETY: meta_pages fresh pages hold KFENCE_NUM_OBJECTS
-            // entries (page-aligned, so aligned for KfenceObject).
-            unsafe {
-                meta.add(index).write(KfenceObject {
-                    index,
-                    ..KfenceObject::UNUSED
-                });
-            }
-        }
-        for page in 0..KFENCE_POOL_PAGES {
-            if !P::kfence_protect(pool + page * PAGE_SIZE, true) {
-                return Err(KfenceError::Unsupported);
-            }
-        }
-        {
-            let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock::<P>();
-            state.meta = meta;
-            for (slot, index) in state.free.iter_mut().zip(0u8..) {
-                *slot = index;
-            }
-            state.head = 0;
-            state.len = KFENCE_NUM_OBJECTS;
-        }
-        self.kfence.meta.store(meta, Ordering::Release);
-        self.kfence.pool.store(pool, Ordering::Release);
-        self.kfence_set_interval(interval_ms);
-        Ok(())
+/// KFENCE's controls and queries for one allocator, from
+/// [`Kmem::kfence`].
+#[derive(Clone, Copy)]
+pub struct Kfence<'a, P: Platform> {
+    heap: &'a Kmem<P>,
+}
+
+impl<P: Platform> Kmem<P> {
+    /// KFENCE's controls and queries: [`Kfence`].
+    pub fn kfence(&self) -> Kfence<'_, P> {
+        Kfence { heap: self }
     }
 
-    /// Sample every `interval_ms` ms (Linux `kfence.sample_interval`); 0
-    /// switches sampling off (forced samples still work).
-    pub fn kfence_set_interval(&self, interval_ms: u64) {
-        let ns = interval_ms.saturating_mul(1_000_000);
-        self.kfence.interval_ns.store(ns, Ordering::Relaxed);
-        self.kfence
-            .next_ns
-            .store(P::kfence_clock_ns().saturating_add(ns), Ordering::Relaxed);
+    /// Whether `addr` is in the KFENCE pool ([`Kfence::contains`]).
+    pub(crate) fn kfence_contains(&self, addr: usize) -> bool {
+        self.kfence.contains(addr)
     }
 
-    /// The hook called with every report made at a free (invalid or double
-    /// free, canary corruption). Fault reports are returned by
-    /// [`Allocator::kfence_fault`] instead.
-    pub fn set_kfence_hook(&self, hook: Option<fn(&KfenceReport)>) {
+    /// [`Kfence::object`].
+    pub(crate) fn kfence_object(&self, addr: usize) -> Option<KfenceObject> {
+        if !self.kfence.contains(addr) {
+            return None;
+        }
         let _irq = IrqGuard::<P>::new();
-        *self.kfence.hook.lock::<P>() = hook;
-    }
-
-    /// Sample the next eligible allocation (of any cache), placed as
-    /// `place` says (`None`: the next in turn). False if there is no pool.
-    pub fn kfence_force_sample(&self, place: Option<KfencePlace>) -> bool {
-        if self.kfence.pool.load(Ordering::Acquire) == 0 {
-            return false;
-        }
-        {
-            let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock::<P>().forced = place;
-        }
-        self.kfence.target.store(0, Ordering::Release);
-        self.kfence_arm();
-        true
-    }
-
-    /// Sample the next allocation of `cache` (and of no other), placed as
-    /// `place` says: how `lkdtm` puts its victim in the pool. False if
-    /// there is no pool or the cache is not eligible (a constructor, debug
-    /// flags, `NOTOUCH`, objects over a page).
-    pub fn kfence_force_sample_of(&self, cache: &KmemCache<P>, place: Option<KfencePlace>) -> bool {
-        if self.kfence.pool.load(Ordering::Acquire) == 0 || !Self::kfence_eligible(cache) {
-            return false;
-        }
-        {
-            let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock::<P>().forced = place;
-        }
-        self.kfence
-            .target
-            .store(cache as *const KmemCache<P> as usize, Ordering::Release);
-        self.kfence.armed.store(true, Ordering::Release);
-        cache.set_hot(HotFlags::SAMPLE);
-        true
+        let mut state = self.kfence.lock.lock::<P>();
+        let index = self.kfence_nearest(&mut state, addr)?;
+        Some(*state.meta(index))
     }
 
     /// Whether `cache` may be sampled: keyed (no constructor, debug flags
@@ -260,38 +179,6 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
-    /// Pool figures.
-    pub fn kfence_stats(&self) -> KfenceStats {
-        let enabled = self.kfence.pool.load(Ordering::Acquire) != 0;
-        let free = if enabled {
-            let _irq = IrqGuard::<P>::new();
-            self.kfence.lock.lock::<P>().len
-        } else {
-            0
-        };
-        KfenceStats {
-            enabled,
-            interval_ms: self.kfence.interval_ns.load(Ordering::Relaxed) / 1_000_000,
-            pool_pages: if enabled { KFENCE_POOL_PAGES } else { 0 },
-            nr_objects: if enabled { KFENCE_NUM_OBJECTS } else { 0 },
-            nr_in_use: if enabled {
-                KFENCE_NUM_OBJECTS - free
-            } else {
-                0
-            },
-            nr_allocs: self.kfence.nr_allocs.load(Ordering::Relaxed),
-            nr_frees: self.kfence.nr_frees.load(Ordering::Relaxed),
-            nr_skipped: self.kfence.nr_skipped.load(Ordering::Relaxed),
-            nr_bugs: self.kfence.nr_bugs.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Call `f(start, end)` for every allocated sample (a snapshot: the
-    /// pool lock is not held during the calls).
-    pub fn kfence_for_each_allocated(&self, mut f: impl FnMut(usize, usize)) {
-        self.kfence_for_each_sample(|start, size, _, _| f(start, start + size));
-    }
-
     /// Call `f(start, size, cache, site)` for every allocated sample (its
     /// cache type-erased, its tag's charge token): the leak scan's entries
     /// for samples, which are in no slab. A snapshot: the pool lock is not
@@ -327,6 +214,7 @@ impl<P: Platform> Allocator<P> {
     /// another CPU, or in an interrupt handler) has its page unmapped and
     /// a plain read would fault and be reported as a use after free.
     /// False (nothing copied) if it is not allocated any more.
+    #[cfg(feature = "leak-scan")]
     pub(crate) fn kfence_read_sample(&self, addr: usize, from: usize, out: &mut [usize]) -> bool {
         if !self.kfence_contains(addr) {
             return false;
@@ -357,24 +245,6 @@ impl<P: Platform> Allocator<P> {
             };
         }
         true
-    }
-
-    /// Whether `addr` lies in the KFENCE pool.
-    pub fn kfence_contains(&self, addr: usize) -> bool {
-        self.kfence.contains(addr)
-    }
-
-    /// The metadata of the pool object whose page (or neighbouring guard
-    /// page) holds `addr`, if `addr` is in the pool: the object a report
-    /// about `addr` names.
-    pub fn kfence_object(&self, addr: usize) -> Option<KfenceObject> {
-        if !self.kfence.contains(addr) {
-            return None;
-        }
-        let _irq = IrqGuard::<P>::new();
-        let mut state = self.kfence.lock.lock::<P>();
-        let index = self.kfence_nearest(&mut state, addr)?;
-        Some(*state.meta(index))
     }
 
     /// The object `addr` belongs to, or for a guard page the nearer
@@ -445,7 +315,7 @@ impl<P: Platform> Allocator<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
         cache.clear_hot(HotFlags::SAMPLE);
-        if !Self::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
+        if !Kmem::<P>::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
             return None;
         }
         let this = cache as *const KmemCache<P> as usize;
@@ -691,7 +561,8 @@ impl<P: Platform> Allocator<P> {
     pub(crate) fn kfree_sampled(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
         let owner = self
-            .kfence_object(addr)
+            .kfence()
+            .object(addr)
             .filter(|o| o.state == KfenceState::Allocated && o.addr == addr)
             .map(|o| o.cache_ptr as *const KmemCache<P>);
         let result = self
@@ -728,6 +599,170 @@ impl<P: Platform> Allocator<P> {
         }
     }
 
+    fn kfence_report_counted(&self) {
+        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<P: Platform> Kfence<'_, P> {
+    /// Set up the KFENCE pool ([`KFENCE_POOL_PAGES`] pages from
+    /// [`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool), every page unmapped until used) and
+    /// sample every `interval_ms` ms (0: only when forced, see
+    /// [`Kfence::force_sample`](crate::kfence::Kfence::force_sample)). Call once, after `init`.
+    ///
+    /// # Errors
+    /// [`KfenceError`]: no pool from the platform, no memory for the
+    /// metadata, or a pool exists already.
+    pub fn init(&self, interval_ms: u64) -> Result<(), KfenceError> {
+        if !self.heap.is_ready() {
+            return Err(KfenceError::NoMemory);
+        }
+        if self.heap.kfence.pool.load(Ordering::Acquire) != 0 {
+            return Err(KfenceError::AlreadyInitialized);
+        }
+        let pool = P::kfence_pool(KFENCE_POOL_PAGES).ok_or(KfenceError::Unsupported)?;
+        let pool = pool.as_ptr() as usize;
+        let meta_bytes = KFENCE_NUM_OBJECTS * core::mem::size_of::<KfenceObject>();
+        let meta_pages = meta_bytes.div_ceil(PAGE_SIZE);
+        let meta = self
+            .heap
+            .primary_source()
+            .alloc_pages(meta_pages)
+            .map_err(|_| KfenceError::NoMemory)?
+            .cast::<KfenceObject>()
+            .as_ptr();
+        for index in 0..KFENCE_NUM_OBJECTS {
+            // SAFETY: meta_pages fresh pages hold KFENCE_NUM_OBJECTS
+            // entries (page-aligned, so aligned for KfenceObject).
+            unsafe {
+                meta.add(index).write(KfenceObject {
+                    index,
+                    ..KfenceObject::UNUSED
+                });
+            }
+        }
+        for page in 0..KFENCE_POOL_PAGES {
+            if !P::kfence_protect(pool + page * PAGE_SIZE, true) {
+                return Err(KfenceError::Unsupported);
+            }
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            let mut state = self.heap.kfence.lock.lock::<P>();
+            state.meta = meta;
+            for (slot, index) in state.free.iter_mut().zip(0u8..) {
+                *slot = index;
+            }
+            state.head = 0;
+            state.len = KFENCE_NUM_OBJECTS;
+        }
+        self.heap.kfence.meta.store(meta, Ordering::Release);
+        self.heap.kfence.pool.store(pool, Ordering::Release);
+        self.set_interval(interval_ms);
+        Ok(())
+    }
+
+    /// Sample every `interval_ms` ms (Linux `kfence.sample_interval`); 0
+    /// switches sampling off (forced samples still work).
+    pub fn set_interval(&self, interval_ms: u64) {
+        let ns = interval_ms.saturating_mul(1_000_000);
+        self.heap.kfence.interval_ns.store(ns, Ordering::Relaxed);
+        self.heap
+            .kfence
+            .next_ns
+            .store(P::kfence_clock_ns().saturating_add(ns), Ordering::Relaxed);
+    }
+
+    /// The hook called with every report made at a free (invalid or double
+    /// free, canary corruption). Fault reports are returned by
+    /// [`Kfence::fault`](crate::kfence::Kfence::fault) instead.
+    pub fn set_hook(&self, hook: Option<fn(&KfenceReport)>) {
+        let _irq = IrqGuard::<P>::new();
+        *self.heap.kfence.hook.lock::<P>() = hook;
+    }
+
+    /// Sample the next eligible allocation (of any cache), placed as
+    /// `place` says (`None`: the next in turn). False if there is no pool.
+    pub fn force_sample(&self, place: Option<KfencePlace>) -> bool {
+        if self.heap.kfence.pool.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            self.heap.kfence.lock.lock::<P>().forced = place;
+        }
+        self.heap.kfence.target.store(0, Ordering::Release);
+        self.heap.kfence_arm();
+        true
+    }
+
+    /// Sample the next allocation of `cache` (and of no other), placed as
+    /// `place` says: how `lkdtm` puts its victim in the pool. False if
+    /// there is no pool or the cache is not eligible (a constructor, debug
+    /// flags, `NOTOUCH`, objects over a page).
+    pub fn force_sample_of(&self, cache: &KmemCache<P>, place: Option<KfencePlace>) -> bool {
+        if self.heap.kfence.pool.load(Ordering::Acquire) == 0 || !Kmem::<P>::kfence_eligible(cache)
+        {
+            return false;
+        }
+        {
+            let _irq = IrqGuard::<P>::new();
+            self.heap.kfence.lock.lock::<P>().forced = place;
+        }
+        self.heap
+            .kfence
+            .target
+            .store(cache as *const KmemCache<P> as usize, Ordering::Release);
+        self.heap.kfence.armed.store(true, Ordering::Release);
+        cache.set_hot(HotFlags::SAMPLE);
+        true
+    }
+
+    /// Pool figures.
+    pub fn stats(&self) -> KfenceStats {
+        let enabled = self.heap.kfence.pool.load(Ordering::Acquire) != 0;
+        let free = if enabled {
+            let _irq = IrqGuard::<P>::new();
+            self.heap.kfence.lock.lock::<P>().len
+        } else {
+            0
+        };
+        KfenceStats {
+            enabled,
+            interval_ms: self.heap.kfence.interval_ns.load(Ordering::Relaxed) / 1_000_000,
+            pool_pages: if enabled { KFENCE_POOL_PAGES } else { 0 },
+            nr_objects: if enabled { KFENCE_NUM_OBJECTS } else { 0 },
+            nr_in_use: if enabled {
+                KFENCE_NUM_OBJECTS - free
+            } else {
+                0
+            },
+            nr_allocs: self.heap.kfence.nr_allocs.load(Ordering::Relaxed),
+            nr_frees: self.heap.kfence.nr_frees.load(Ordering::Relaxed),
+            nr_skipped: self.heap.kfence.nr_skipped.load(Ordering::Relaxed),
+            nr_bugs: self.heap.kfence.nr_bugs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Call `f(start, end)` for every allocated sample (a snapshot: the
+    /// pool lock is not held during the calls).
+    pub fn for_each_allocated(&self, mut f: impl FnMut(usize, usize)) {
+        self.heap
+            .kfence_for_each_sample(|start, size, _, _| f(start, start + size));
+    }
+
+    /// Whether `addr` lies in the KFENCE pool.
+    pub fn contains(&self, addr: usize) -> bool {
+        self.heap.kfence.contains(addr)
+    }
+
+    /// The metadata of the pool object whose page (or neighbouring guard
+    /// page) holds `addr`, if `addr` is in the pool: the object a report
+    /// about `addr` names.
+    pub fn object(&self, addr: usize) -> Option<KfenceObject> {
+        self.heap.kfence_object(addr)
+    }
+
     /// A page fault at `addr` (a `write` or a read), from code whose stack
     /// is `stack` (innermost first: the faulting instruction): if `addr` is
     /// in the pool, map its page in (so the access completes when the
@@ -736,21 +771,17 @@ impl<P: Platform> Allocator<P> {
     /// page, invalid access otherwise. `None`: not a pool address (a real
     /// fault). Callable from a fault handler: takes the pool lock only
     /// (never held across an access to a pool page).
-    pub fn kfence_fault(
-        &self,
-        addr: usize,
-        write: bool,
-        stack: KfenceStack,
-    ) -> Option<KfenceReport> {
-        if !self.kfence.contains(addr) {
+    pub fn fault(&self, addr: usize, write: bool, stack: KfenceStack) -> Option<KfenceReport> {
+        if !self.heap.kfence.contains(addr) {
             return None;
         }
-        let pool = self.kfence.pool.load(Ordering::Acquire);
+        let pool = self.heap.kfence.pool.load(Ordering::Acquire);
         let page_index = (addr - pool) / PAGE_SIZE;
         let object = {
             let _irq = IrqGuard::<P>::new();
-            let mut state = self.kfence.lock.lock::<P>();
-            self.kfence_nearest(&mut state, addr)
+            let mut state = self.heap.kfence.lock.lock::<P>();
+            self.heap
+                .kfence_nearest(&mut state, addr)
                 .map(|i| *state.meta(i))
         };
         let on_object_page = object_of_page(page_index).is_some();
@@ -765,11 +796,7 @@ impl<P: Platform> Allocator<P> {
         P::kfence_protect(pool + page_index * PAGE_SIZE, false);
         let mut report = KfenceReport::new(bug, addr, object, stack);
         report.write = Some(write);
-        self.kfence_report_counted();
+        self.heap.kfence_report_counted();
         Some(report)
-    }
-
-    fn kfence_report_counted(&self) {
-        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -131,7 +131,7 @@ impl KfenceObject {
 /// Pool figures for `kmem kfence`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KfenceStats {
-    /// A pool exists ([`Allocator::kfence_init`](crate::Allocator::kfence_init) succeeded).
+    /// A pool exists ([`Kfence::init`](crate::kfence::Kfence::init) succeeded).
     pub enabled: bool,
     /// The sample interval in ms (0: sampling off).
     pub interval_ms: u64,
@@ -151,10 +151,10 @@ pub struct KfenceStats {
     pub nr_bugs: u64,
 }
 
-/// Why [`Allocator::kfence_init`](crate::Allocator::kfence_init) failed.
+/// Why [`Kfence::init`](crate::kfence::Kfence::init) failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KfenceError {
-    /// The platform has no pool ([`Platform::kfence_pool`] said `None`) or
+    /// The platform has no pool ([`PlatformHooks::kfence_pool`](crate::PlatformHooks::kfence_pool) said `None`) or
     /// cannot unmap pages.
     Unsupported,
     /// The allocator is not initialised, or the metadata pages could not

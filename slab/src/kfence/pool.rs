@@ -1,4 +1,4 @@
-//! The allocator's KFENCE state ([`Kfence`], a field of the allocator)
+//! The allocator's KFENCE state ([`KfencePool`], a field of the allocator)
 //! and the pool's mutable state. The allocator's KFENCE calls are in the
 //! parent module; this one names no allocator or cache type, so the
 //! allocator can hold it.
@@ -9,7 +9,7 @@ use super::object::{KFENCE_NUM_OBJECTS, KFENCE_POOL_PAGES, KfenceObject, KfenceP
 use super::report::KfenceReport;
 use crate::platform::PAGE_SIZE;
 
-/// The pool's mutable state, under [`Kfence::lock`].
+/// The pool's mutable state, under [`KfencePool::lock`].
 pub(crate) struct PoolState {
     /// Free object indices, least recently freed first (a ring).
     pub(crate) free: [u8; KFENCE_NUM_OBJECTS],
@@ -34,12 +34,12 @@ impl PoolState {
 }
 
 /// The allocator's KFENCE state.
-pub(crate) struct Kfence {
+pub(crate) struct KfencePool {
     /// The pool's first page (0: no pool).
     pub(crate) pool: AtomicUsize,
     /// Sample interval in ns (0: off).
     pub(crate) interval_ns: AtomicU64,
-    /// When the next sample is due ([`Platform::kfence_clock_ns`]).
+    /// When the next sample is due ([`PlatformHooks::kfence_clock_ns`](crate::PlatformHooks::kfence_clock_ns)).
     pub(crate) next_ns: AtomicU64,
     /// A sample is armed: the next eligible allocation takes it.
     pub(crate) armed: AtomicBool,
@@ -58,9 +58,9 @@ pub(crate) struct Kfence {
 // SAFETY: the raw pointer in PoolState is only reached under the lock.
 unsafe impl Send for PoolState {}
 
-impl Kfence {
-    pub(crate) const fn new() -> Kfence {
-        Kfence {
+impl KfencePool {
+    pub(crate) const fn new() -> KfencePool {
+        KfencePool {
             pool: AtomicUsize::new(0),
             interval_ns: AtomicU64::new(0),
             next_ns: AtomicU64::new(0),

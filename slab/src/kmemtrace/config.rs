@@ -20,7 +20,7 @@ pub const MAX_STACKS: usize = 4096;
 
 const _: () = assert!(SUBBUF_EVENTS * EVENT_SIZE == SUBBUF_PAGES * PAGE_SIZE);
 
-/// How to record ([`Allocator::kmemtrace_start`](crate::Allocator::kmemtrace_start)).
+/// How to record ([`Kmemtrace::start`](crate::kmemtrace::Kmemtrace::start)).
 /// The default: rings sized to the page source, no stacks, every cache,
 /// not from boot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct KmemtraceConfig {
     /// Sub-buffers per CPU (used by the first start only: the rings keep
     /// their size afterwards). 0 (the default) sizes them to the page
     /// source: [`DEFAULT_SUBBUFS`] or fewer
-    /// ([`Allocator::kmemtrace_default_subbufs`](crate::Allocator::kmemtrace_default_subbufs)).
+    /// ([`Kmemtrace::default_subbufs`](crate::kmemtrace::Kmemtrace::default_subbufs)).
     pub nr_subbufs: usize,
     /// Frames per event's stack, 0 for none; at most [`MAX_STACK_DEPTH`].
     pub stack_depth: usize,

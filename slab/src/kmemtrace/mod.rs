@@ -26,16 +26,17 @@
 //! A dump reads each ring up to its published count (a release store after
 //! each event), so it may run while recording goes on.
 //!
-//! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`])
+//! ## Dump format (ABI version [`KMEMTRACE_ABI_VERSION`](crate::kmemtrace::format::KMEMTRACE_ABI_VERSION))
 //!
 //! The layout is written once, in the `magpie-kmemtrace-format` crate,
 //! which the host reader `magpie-kmem` decodes with too; this module
-//! re-exports its types under their names here ([`KmemtraceEvent`],
-//! [`KmemtraceHeader`], the `RECORD_*` kinds, the sizes). All
+//! re-exports it as [`format`] ([`format::KmemtraceEvent`],
+//! [`format::KmemtraceHeader`], the `RECORD_*` kinds,
+//! the sizes). All
 //! little-endian: a 64-byte header, records of an 8-byte header and a body
-//! padded to 8 bytes — [`RECORD_CACHE`] per cache, [`RECORD_STACK`] per
-//! distinct backtrace, [`RECORD_CPU`] per CPU sub-buffer holding 64-byte
-//! events — and a [`RECORD_TRAILER`] with counts and a CRC-32 of every
+//! padded to 8 bytes — [`RECORD_CACHE`](crate::kmemtrace::format::RECORD_CACHE) per cache, [`RECORD_STACK`](crate::kmemtrace::format::RECORD_STACK) per
+//! distinct backtrace, [`RECORD_CPU`](crate::kmemtrace::format::RECORD_CPU) per CPU sub-buffer holding 64-byte
+//! events — and a [`RECORD_TRAILER`](crate::kmemtrace::format::RECORD_TRAILER) with counts and a CRC-32 of every
 //! byte before it. The ring slots hold [`KmemtraceEvent`]s as the dump
 //! does (`#[repr(C)]`, 64 bytes), so recording is eight stores and the
 //! dump only converts the timestamps. The public description is
@@ -44,7 +45,7 @@
 //! ## Call sites and stacks
 //!
 //! The call site is the caller's return address, the first frame outside
-//! the allocator, from [`Platform::caller_frames`] (a kernel walks its frame
+//! the allocator, from [`PlatformHooks::caller_frames`](crate::PlatformHooks::caller_frames) (a kernel walks its frame
 //! pointers, skipping a linker-placed range of allocator text). With
 //! stacks on, each event also names a backtrace in a deduplicated table
 //! (one lock, taken only when stacks are recorded).
@@ -58,22 +59,27 @@ use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform};
 use crate::sync::{IrqTryMutex, SpinIrq};
 
 mod config;
+mod control;
 pub(crate) mod rings;
 
 pub use config::{
     DEFAULT_SUBBUFS, DumpInfo, KmemtraceConfig, KmemtraceCpuStatus, KmemtraceError,
     KmemtraceStatus, MAX_STACK_DEPTH, MAX_STACKS, SUBBUF_EVENTS, SUBBUF_PAGES,
 };
+pub use control::Kmemtrace;
 use rings::{CpuRing, allocate_rings};
 
 // A CPU's ring is at its `Platform::cpu_offset` in the rings' array.
 const _: () = assert!(core::mem::size_of::<CpuRing>() == CPU_SLOT_BYTES);
 
-pub use magpie_kmemtrace_format::{
-    DumpFormatError, DumpSummary, EVENT_FLAG_ZEROED, EVENT_SIZE, EventKind, EventType,
-    HEADER_FLAG_FROM_BOOT, HEADER_FLAG_STACKS, HEADER_SIZE, KMEMTRACE_ABI_VERSION, KMEMTRACE_MAGIC,
-    KmemtraceEvent, KmemtraceHeader, RECORD_CACHE, RECORD_CPU, RECORD_HEADER_SIZE, RECORD_STACK,
-    RECORD_TRAILER, TRAILER_SIZE,
+/// The dump's format (its ABI: header, events, records, trailer), the
+/// crate `magpie-kmemtrace-format` that readers such as `magpie-kmem`
+/// share.
+pub use magpie_kmemtrace_format as format;
+pub use magpie_kmemtrace_format::DumpSummary;
+pub(crate) use magpie_kmemtrace_format::{
+    EventKind, EventType, HEADER_FLAG_FROM_BOOT, HEADER_FLAG_STACKS, KmemtraceEvent,
+    KmemtraceHeader,
 };
 
 /// The deduplicated stacks (only with `--stacks`).
@@ -146,8 +152,8 @@ pub(crate) struct Marks {
     pub(crate) nr_marks: usize,
 }
 
-/// Everything kmemtrace keeps in an [`Allocator`](crate::Allocator).
-pub(crate) struct Kmemtrace {
+/// Everything kmemtrace keeps in an [`Kmem`](crate::Kmem).
+pub(crate) struct KmemtraceState {
     /// One cache-line aligned [`CpuRing`] per CPU; null before the first
     /// start. Never freed (writers may still hold it after a stop).
     pub(crate) rings: AtomicPtr<CpuRing>,
@@ -180,17 +186,17 @@ pub(crate) struct Kmemtrace {
 // lifetime (never freed once set); rings are written only by their own CPU
 // with interrupts off, readers use the atomics; the stack table is behind
 // its mutex.
-unsafe impl Sync for Kmemtrace {}
+unsafe impl Sync for KmemtraceState {}
 // SAFETY: as above.
-unsafe impl Send for Kmemtrace {}
+unsafe impl Send for KmemtraceState {}
 // SAFETY: the table's pointers are only used under the mutex.
 unsafe impl Send for StackTable {}
 
 const NO_FILTER: u32 = u32::MAX;
 
-impl Kmemtrace {
+impl KmemtraceState {
     pub(crate) const fn new() -> Self {
-        Kmemtrace {
+        KmemtraceState {
             rings: AtomicPtr::new(ptr::null_mut()),
             rings_bytes: AtomicUsize::new(0),
             nr_subbufs: AtomicUsize::new(0),
@@ -733,7 +739,7 @@ const _: () = {
     assert!(core::mem::offset_of!(KmemtraceEvent, stack_id) == 60);
 };
 
-/// `value`, hidden from the optimiser ([`Kmemtrace::record_cold`]'s
+/// `value`, hidden from the optimiser ([`KmemtraceState::record_cold`]'s
 /// result: were LLVM to see that it returns its `ptr`, a caller would keep
 /// its own copy of the pointer across the call, in a saved register,
 /// instead of taking the result and reaching the cold path by a tail call).

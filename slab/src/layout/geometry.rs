@@ -98,7 +98,7 @@ impl Geometry {
     /// [`Geometry::new`] with packed slabs of at most `max_slab_pages`
     /// pages (1..=[`MAX_SLAB_PAGES`]; more if one object needs more): a
     /// small page source keeps its slabs small, so that the first object
-    /// of a class does not take 8 pages (`Allocator::init` chooses it).
+    /// of a class does not take 8 pages (`Kmem::init` chooses it).
     ///
     /// # Errors
     /// As for [`Geometry::new`].

@@ -1,4 +1,4 @@
-//! A frame-pointer backtrace walker a [`Platform::backtrace`] can use
+//! A frame-pointer backtrace walker a [`PlatformHooks::backtrace`](crate::PlatformHooks::backtrace) can use
 //! (x86_64 System V frames: `[rbp]` holds the caller's frame pointer,
 //! `[rbp + 8]` the return address), bounded and checked so it never
 //! follows a frame pointer out of the stack or reports an address outside
@@ -17,7 +17,7 @@
 //! }
 //! ```
 //!
-//! [`Platform::backtrace`]: crate::Platform::backtrace
+//! [`PlatformHooks::backtrace`]: crate::PlatformHooks::backtrace
 
 use core::ops::Range;
 

@@ -3,7 +3,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::platform::{ArenaStats, PAGE_SIZE, Platform};
 
 /// Width of the name column at indent 0 (4 less per indent level).
@@ -104,7 +104,7 @@ pub fn write_kmemstat_header(out: &mut dyn Write) -> fmt::Result {
 /// The error of `out`, as is.
 pub fn write_kmemstat_caches<P: Platform>(
     out: &mut dyn Write,
-    allocator: &Allocator<P>,
+    allocator: &Kmem<P>,
     indent: usize,
 ) -> fmt::Result {
     let mut result = Ok(());
@@ -127,7 +127,7 @@ pub fn write_kmemstat_caches<P: Platform>(
         .write(out);
     });
     result?;
-    let meta = allocator.metadata_stats();
+    let meta = allocator.stats().metadata();
     KmemstatRow {
         indent,
         name: "slab-metadata",
@@ -137,11 +137,11 @@ pub fn write_kmemstat_caches<P: Platform>(
             .unwrap_or(0),
         total: meta.total(),
         alloc: meta.total(),
-        nr_allocs_ever: allocator.nr_pressure_reaps(),
+        nr_allocs_ever: allocator.stats().nr_pressure_reaps(),
         waste: 0,
     }
     .write(out)?;
-    let large = allocator.large_stats();
+    let large = allocator.stats().large();
     KmemstatRow {
         indent,
         name: "kmalloc-large",
@@ -172,7 +172,7 @@ pub fn write_kmemstat_caches<P: Platform>(
 /// The error of `out`, as is.
 pub fn kmemstat<P: Platform>(
     out: &mut dyn Write,
-    allocator: &Allocator<P>,
+    allocator: &Kmem<P>,
     source_name: &str,
     source: ArenaStats,
 ) -> fmt::Result {

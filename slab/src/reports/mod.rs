@@ -32,11 +32,11 @@
 //! copied out a chunk at a time first), so its sink may allocate from the
 //! traced cache.
 //!
-//! A frame-pointer walker a [`Platform::backtrace`] may use is in
+//! A frame-pointer walker a [`PlatformHooks::backtrace`](crate::PlatformHooks::backtrace) may use is in
 //! [`backtrace`](mod@backtrace).
 //!
 //! [`Platform::now`]: crate::Platform::now
-//! [`Platform::backtrace`]: crate::Platform::backtrace
+//! [`PlatformHooks::backtrace`]: crate::PlatformHooks::backtrace
 //! [`ReportFormat`]: crate::report::ReportFormat
 
 #[cfg(feature = "allocinfo")]

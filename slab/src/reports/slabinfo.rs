@@ -2,7 +2,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::platform::Platform;
 use crate::stats::CacheStats;
 
@@ -55,7 +55,7 @@ pub fn write_slabinfo_line(out: &mut dyn Write, name: &str, stats: &CacheStats) 
 /// # Errors
 ///
 /// The error of `out`, as is.
-pub fn slabinfo<P: Platform>(out: &mut dyn Write, allocator: &Allocator<P>) -> fmt::Result {
+pub fn slabinfo<P: Platform>(out: &mut dyn Write, allocator: &Kmem<P>) -> fmt::Result {
     write_slabinfo_header(out)?;
     let mut result = Ok(());
     allocator.for_each_cache(|cache| {

@@ -7,7 +7,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::platform::Platform;
 
 use super::Nanoseconds;
@@ -100,9 +100,9 @@ pub struct SlabtopSample<'a> {
 }
 
 impl SlabtopRow {
-    fn of<P: Platform>(allocator: &Allocator<P>, cache: &'static crate::KmemCache<P>) -> Self {
+    fn of<P: Platform>(allocator: &Kmem<P>, cache: &'static crate::KmemCache<P>) -> Self {
         let stats = cache.stats();
-        let nr_hits = (0..allocator.nr_cpus())
+        let nr_hits = (0..allocator.stats().nr_cpus())
             .map(|cpu| cache.cpu_stats(cpu).nr_allocs)
             .fold(0u64, u64::wrapping_add);
         SlabtopRow {
@@ -196,7 +196,7 @@ fn kib(bytes: usize) -> impl fmt::Display {
 /// The error of `out`, as is.
 pub fn slabtop<P: Platform>(
     out: &mut dyn Write,
-    allocator: &Allocator<P>,
+    allocator: &Kmem<P>,
     rows: &mut [SlabtopRow],
     previous: Option<SlabtopSample<'_>>,
     sort: SlabtopSort,

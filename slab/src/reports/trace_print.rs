@@ -24,7 +24,7 @@
 use core::fmt::{self, Write};
 
 use super::Nanoseconds;
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::platform::Platform;
 use crate::report::ReportFormat;
@@ -273,7 +273,7 @@ pub fn trace_print<P: Platform>(
 /// The error of `out`, as is.
 pub fn trace_print_all<P: Platform>(
     out: &mut dyn Write,
-    allocator: &Allocator<P>,
+    allocator: &Kmem<P>,
     buffer: &mut TracePrintBuffer,
     format: &dyn ReportFormat,
 ) -> fmt::Result {
@@ -295,7 +295,7 @@ pub fn trace_print_all<P: Platform>(
 }
 
 /// The `index`-th cache in list order (the list lock is released on return).
-fn nth_cache<P: Platform>(allocator: &Allocator<P>, index: usize) -> Option<&'static KmemCache<P>> {
+fn nth_cache<P: Platform>(allocator: &Kmem<P>, index: usize) -> Option<&'static KmemCache<P>> {
     let mut seen = 0;
     let mut found = None;
     allocator.for_each_cache(|cache| {

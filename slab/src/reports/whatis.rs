@@ -3,7 +3,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::allocator::Allocator;
+use crate::allocator::Kmem;
 use crate::debug::AuditRecord;
 use crate::platform::Platform;
 use crate::report::{RawFormat, ReportFormat, write_transaction};
@@ -18,11 +18,11 @@ use crate::verify::{ObjectRegion, WhatIs};
 /// The error of `out`, as is.
 pub fn whatis<P: Platform>(
     out: &mut dyn Write,
-    allocator: &Allocator<P>,
+    allocator: &Kmem<P>,
     address: usize,
     format: &dyn ReportFormat,
 ) -> fmt::Result {
-    match allocator.whatis(address) {
+    match allocator.debug().whatis(address) {
         Some(info) => write!(out, "{}", info.display(format)),
         None => writeln!(out, "{address:#x} is not in any slab"),
     }

@@ -4,12 +4,13 @@
 //! (Until the alloc paths returned `Result` throughout, a packed result
 //! read `SourceTooSmall` back as `OutOfMemory`.)
 
+use crate::CacheArgs;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use super::support::*;
 use crate::platform::{ArenaStats, PageSource};
-use crate::{AllocError, Allocator, CacheFlags};
+use crate::{AllocError, Kmem};
 
 /// Every variant, in declaration order (a new variant must be added
 /// here: the match below does not compile without it).
@@ -84,7 +85,7 @@ impl PageSource for RefusingSource {
 fn every_alloc_error_variant_survives_every_alloc_path() {
     set_cpu(0);
     let source = RefusingSource::new(4096);
-    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     // A plain cache (the plain path) and a traced one (the hooked path),
     // both on the primary source, each with no slab yet.
@@ -92,22 +93,20 @@ fn every_alloc_error_variant_survives_every_alloc_path() {
         .cache_create(
             "errors-plain",
             200,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let traced = alloc
         .cache_create(
             "errors-traced",
             200,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     traced.trace_start().unwrap();

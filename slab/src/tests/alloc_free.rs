@@ -1,5 +1,6 @@
 //! Basic cache life cycle: init, create, alloc/free round trips, destroy.
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec::Vec;
@@ -16,17 +17,16 @@ fn init_twice_is_refused() {
     assert!(alloc.is_ready());
     assert_eq!(alloc.init(source), Err(AllocError::AlreadyInitialized));
     assert_eq!(alloc.page_source().name(), "fake");
-    assert_eq!(alloc.nr_cpus(), NR_CPUS);
+    assert_eq!(alloc.stats().nr_cpus(), NR_CPUS);
 }
 
 #[test]
 fn before_init_everything_fails_cleanly() {
-    let alloc: &'static TestAlloc =
-        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Kmem::new()));
     assert!(!alloc.is_ready());
     assert_eq!(alloc.kmalloc(8, 8), Err(AllocError::NotInitialized));
     assert_eq!(alloc.page_source().name(), "none");
-    assert!(alloc.kmalloc_cache_for(8, 8).is_none());
+    assert!(alloc.stats().kmalloc_cache_for(8, 8).is_none());
     let mut x = 0u64;
     let p = NonNull::from(&mut x).cast::<u8>();
     // SAFETY: refused without touching anything.
@@ -34,7 +34,14 @@ fn before_init_everything_fails_cleanly() {
     assert!(!alloc.owns(p.as_ptr()));
     assert!(
         alloc
-            .cache_create("x", 8, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "x",
+                8,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                }
+            )
             .is_err()
     );
 }
@@ -47,8 +54,7 @@ fn before_init_everything_fails_cleanly() {
 #[test]
 fn before_init_the_hits_refuse_without_a_readiness_test() {
     use core::alloc::{GlobalAlloc, Layout};
-    let alloc: &'static TestAlloc =
-        std::boxed::Box::leak(std::boxed::Box::new(crate::Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(crate::Kmem::new()));
     for (size, align) in [
         (1, 1),
         (8, 8),
@@ -73,7 +79,7 @@ fn before_init_the_hits_refuse_without_a_readiness_test() {
     let p = x.as_mut_ptr().cast::<u8>();
     // SAFETY: refused without touching anything (reported, counted).
     unsafe { alloc.dealloc(p, Layout::new::<u64>()) };
-    assert_eq!(alloc.nr_bad_frees(), 1);
+    assert_eq!(alloc.debug().nr_bad_frees(), 1);
     assert_eq!(x, [0; 8]);
     // After init the same calls succeed: the table was published.
     let (ready, _) = setup_default();
@@ -82,7 +88,7 @@ fn before_init_the_hits_refuse_without_a_readiness_test() {
     assert!(!q.is_null());
     // SAFETY: just allocated with this layout.
     unsafe { ready.dealloc(q, Layout::from_size_align(64, 8).unwrap()) };
-    assert_eq!(ready.nr_bad_frees(), 0);
+    assert_eq!(ready.debug().nr_bad_frees(), 0);
 }
 
 #[test]
@@ -169,16 +175,21 @@ fn create_validates_layout() {
     for (size, align) in bad {
         assert_eq!(
             alloc
-                .cache_create("bad", size, align, CacheFlags::empty(), None, None, None)
+                .cache_create(
+                    "bad",
+                    size,
+                    &CacheArgs {
+                        align,
+                        ..CacheArgs::DEFAULT
+                    }
+                )
                 .err(),
             Some(AllocError::InvalidLayout),
             "size {size} align {align}"
         );
     }
     let long = "a-very-long-cache-name-that-exceeds-thirty-one-bytes";
-    let cache = alloc
-        .cache_create(long, 8, 0, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let cache = alloc.cache_create(long, 8, &CacheArgs::DEFAULT).unwrap();
     assert_eq!(cache.name(), &long[..31]);
     assert_eq!(cache.align(), 8);
 }
@@ -196,7 +207,14 @@ fn round_trips_per_size() {
             alloc.reap_all();
             let baseline = source.pages_outstanding();
             let cache = alloc
-                .cache_create("rt", size, align, CacheFlags::empty(), None, None, None)
+                .cache_create(
+                    "rt",
+                    size,
+                    &CacheArgs {
+                        align,
+                        ..CacheArgs::DEFAULT
+                    },
+                )
                 .unwrap();
             let n = 40;
             let mut objs = Vec::new();
@@ -264,11 +282,12 @@ fn ctor_dtor_counts_and_ctor_failure() {
         .cache_create(
             "ctor",
             48,
-            8,
-            CacheFlags::empty(),
-            Some(counting_ctor),
-            Some(counting_dtor),
-            None,
+            &CacheArgs {
+                align: 8,
+                ctor: Some(counting_ctor),
+                dtor: Some(counting_dtor),
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let baseline = source.pages_outstanding();
@@ -316,7 +335,14 @@ fn destroy_busy_then_ok() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let cache = alloc
-        .cache_create("d", 600, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "d",
+            600,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let p = cache.alloc_box().unwrap();
     let q = cache.alloc_box().unwrap();
@@ -340,7 +366,14 @@ fn destroy_busy_then_ok() {
 fn layouts_match_the_design() {
     let (alloc, _) = setup_default();
     let small = alloc
-        .cache_create("s", 64, 64, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "s",
+            64,
+            &CacheArgs {
+                align: 64,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let st = small.stats();
     // The least-waste geometry (geometry.rs), the same for any cache of
@@ -367,11 +400,26 @@ fn layouts_match_the_design() {
         .any(|a| a % PAGE_SIZE == 0);
     assert!(first_in_page);
     let notouch = alloc
-        .cache_create("nt", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .cache_create(
+            "nt",
+            16,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert_eq!(notouch.kind(), SlabKind::Bufctl);
     let big = alloc
-        .cache_create("big", 5000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "big",
+            5000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let bs = big.stats();
     // Up to 8 KiB on the primary source: small-object slabs of several
@@ -379,7 +427,14 @@ fn layouts_match_the_design() {
     assert_eq!(bs.kind, SlabKind::Small);
     assert!(bs.nr_pages_per_slab > 1 && bs.objs_per_slab >= 4);
     let huge = alloc
-        .cache_create("huge", 20_000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "huge",
+            20_000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let hs = huge.stats();
     assert_eq!(hs.kind, SlabKind::Bufctl);
@@ -400,7 +455,14 @@ fn reap_all_returns_metadata_in_one_pass() {
         let baseline = source.pages_outstanding();
         // Fill kmem_bufctl to some level with a bufctl cache's bufctls.
         let big = alloc
-            .cache_create("filler", 2000, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "filler",
+                2000,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         let objs: Vec<_> = (0..nr_big).map(|_| big.alloc_box().unwrap()).collect();
         // Enough caches that kmem_cache grows a slab, whose bufctls come
@@ -408,7 +470,14 @@ fn reap_all_returns_metadata_in_one_pass() {
         let caches: Vec<_> = (0..12)
             .map(|_| {
                 alloc
-                    .cache_create("extra", 64, 8, CacheFlags::empty(), None, None, None)
+                    .cache_create(
+                        "extra",
+                        64,
+                        &CacheArgs {
+                            align: 8,
+                            ..CacheArgs::DEFAULT
+                        },
+                    )
                     .unwrap()
             })
             .collect();
@@ -432,7 +501,15 @@ fn reap_all_returns_metadata_in_one_pass() {
 fn slab_box_frees_once_without_unsafe() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("boxed", 48, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "boxed",
+            48,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     assert_eq!(obj.len(), 48);
@@ -459,7 +536,7 @@ fn slab_box_frees_once_without_unsafe() {
         assert_eq!(cache.stats().nr_allocated, 1);
     }
     assert_eq!(cache.stats().nr_allocated, 0);
-    let k64 = alloc.kmalloc_cache_for(43, 8).unwrap();
+    let k64 = alloc.stats().kmalloc_cache_for(43, 8).unwrap();
     let before = k64.stats().nr_allocated;
     // 43 bytes: five words and a 3-byte tail (the low bytes of word 5).
     let bytes = alloc.kmalloc_box(43, 8).unwrap();

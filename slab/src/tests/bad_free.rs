@@ -1,5 +1,6 @@
 //! Bad frees are detected, reported with the right error, and change nothing.
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 
 use super::support::*;
@@ -17,7 +18,15 @@ fn same_counts(a: &CacheStats, b: &CacheStats) {
 fn double_free_on_bufctl_cache() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("big", 1000, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "big",
+            1000,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let p = obj.as_ptr();
@@ -53,7 +62,15 @@ fn double_free_on_bufctl_cache() {
 fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("big-drained", 1000, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "big-drained",
+            1000,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let p = obj.as_ptr();
@@ -110,7 +127,15 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
 fn double_free_with_audit_on_small_cache() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("audit", 24, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "audit",
+            24,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let p = obj.as_ptr();
@@ -136,10 +161,25 @@ fn double_free_with_audit_on_small_cache() {
 fn foreign_pointers_are_not_allocated() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("f", 64, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "f",
+            64,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big = alloc
-        .cache_create("fb", 3000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "fb",
+            3000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let keep = cache.alloc_box().unwrap();
     let before = cache.stats();
@@ -176,10 +216,24 @@ fn foreign_pointers_are_not_allocated() {
 fn wrong_cache() {
     let (alloc, _) = setup_default();
     let a = alloc
-        .cache_create("a", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "a",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let b = alloc
-        .cache_create("b", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "b",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let k = alloc.kmalloc(64, 8).unwrap();
     let large = alloc.kmalloc(20000, 8).unwrap();
@@ -230,7 +284,15 @@ fn misaligned_pointers() {
         (1500, CacheFlags::empty()),
     ] {
         let cache = alloc
-            .cache_create("mis", size, 8, flags, None, None, None)
+            .cache_create(
+                "mis",
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         let p = cache.alloc_box().unwrap();
         let before = cache.stats();
@@ -275,17 +337,27 @@ fn cache_on_another_source() {
     let (alloc, _) = setup_default();
     let other = FakeSource::new(256);
     let small = alloc
-        .cache_create("other-s", 32, 8, CacheFlags::AUDIT, None, None, Some(other))
+        .cache_create(
+            "other-s",
+            32,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                source: Some(other),
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big = alloc
         .cache_create(
             "other-b",
             2000,
-            8,
-            CacheFlags::AUDIT,
-            None,
-            None,
-            Some(other),
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                source: Some(other),
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let p = small.alloc().unwrap();

@@ -5,11 +5,12 @@
 //! free key of `cache/double_free.rs` refuses the double frees of objects
 //! resting anywhere in the magazine layer or back in their slab).
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
 use crate::layout::geometry::SlabKind;
-use crate::{CacheFlags, CacheStats, FreeError, KmemCache};
+use crate::{CacheStats, FreeError, KmemCache};
 
 type Cache = KmemCache<TestPlatform>;
 
@@ -36,11 +37,13 @@ fn same_counts(a: &CacheStats, b: &CacheStats) -> bool {
 fn refused(alloc: &TestAlloc, cache: &Cache, addr: usize, want: FreeError) -> bool {
     set_cpu(0);
     let before = cache.stats();
-    let errors = alloc.nr_errors();
+    let errors = alloc.debug().nr_errors();
     let ptr = core::ptr::NonNull::new(addr as *mut u8).unwrap();
     // SAFETY: a deliberate bad free; refused.
     let result = unsafe { cache.free(ptr) };
-    result == Err(want) && alloc.nr_errors() == errors + 1 && same_counts(&before, &cache.stats())
+    result == Err(want)
+        && alloc.debug().nr_errors() == errors + 1
+        && same_counts(&before, &cache.stats())
 }
 
 /// The nine kinds on a fresh cache of `size`-byte objects; returns each
@@ -48,10 +51,24 @@ fn refused(alloc: &TestAlloc, cache: &Cache, addr: usize, want: FreeError) -> bo
 fn bad_free_kinds(size: usize, kind: SlabKind) -> Vec<(&'static str, bool)> {
     let (alloc, _) = setup(4096);
     let cache = alloc
-        .cache_create("bad-free", size, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "bad-free",
+            size,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let other = alloc
-        .cache_create("other", size, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "other",
+            size,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert_eq!(cache.stats().kind, kind);
     let mut results = Vec::new();

@@ -5,6 +5,7 @@
 //! the object and the offset) or, for the read, seen as poison. The
 //! underflows are caught by the left redzone (issue 19).
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 use std::vec::Vec;
 
@@ -27,7 +28,15 @@ fn fzpu_cache(alloc: &'static TestAlloc, size: usize) -> &'static Cache {
     let flags =
         CacheFlags::CONSISTENCY | CacheFlags::REDZONE | CacheFlags::POISON | CacheFlags::AUDIT;
     alloc
-        .cache_create("fzpu", size, 8, flags, None, None, None)
+        .cache_create(
+            "fzpu",
+            size,
+            &CacheArgs {
+                align: 8,
+                flags,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap()
 }
 
@@ -36,7 +45,7 @@ fn fzpu_cache(alloc: &'static TestAlloc, size: usize) -> &'static Cache {
 /// and the offset the first report gives.
 fn detected(alloc: &'static TestAlloc, cache: &'static Cache, kind: &str) -> (bool, Option<usize>) {
     let size = cache.obj_size() as isize;
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     let obj = cache.alloc_box().unwrap();
     let p = obj.as_ptr();
     match kind {
@@ -133,7 +142,15 @@ fn every_corruption_kind_detected_with_fzpu() {
 fn left_redzone_keeps_objects_aligned_and_is_repaired() {
     let (alloc, _) = setup(1024);
     let cache = alloc
-        .cache_create("left-64", 100, 64, CacheFlags::REDZONE, None, None, None)
+        .cache_create(
+            "left-64",
+            100,
+            &CacheArgs {
+                align: 64,
+                flags: CacheFlags::REDZONE,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let objs: Vec<_> = (0..20).map(|_| cache.alloc_box().unwrap()).collect();
     for obj in &objs {
@@ -146,7 +163,7 @@ fn left_redzone_keeps_objects_aligned_and_is_repaired() {
     // report, the redzone repaired, nothing else disturbed.
     let first = objs.iter().map(|obj| obj.as_ptr()).min().unwrap();
     poke(first, -1, 0);
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     for obj in objs {
         obj.free().unwrap();
     }

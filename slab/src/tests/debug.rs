@@ -2,6 +2,7 @@
 //! right kind, cache, object and offset, and nothing is lost; hardened
 //! free lists; double frees without debug flags.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::format;
 use std::ptr::NonNull;
@@ -10,14 +11,14 @@ use std::vec::Vec;
 use super::support::*;
 use crate::debug::{DebugFlags, POISON_FREE, POISON_UNINITIALIZED, SlabDebugConfig};
 use crate::report::{ErrorKind, ErrorReport, RawFormat};
-use crate::{Allocator, CacheFlags, FreeError, KmemCache};
+use crate::{CacheFlags, FreeError, Kmem, KmemCache};
 
 /// An allocator initialised with `config` (kmalloc caches get its flags).
 pub fn setup_debug(config: SlabDebugConfig) -> (&'static TestAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(2048);
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
-    alloc.set_debug_config(config);
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
+    alloc.debug().set_config(config);
     alloc.init(source).expect("init");
     (alloc, source)
 }
@@ -25,7 +26,7 @@ pub fn setup_debug(config: SlabDebugConfig) -> (&'static TestAlloc, &'static Fak
 /// Reports made since `after`, oldest first.
 pub fn errors_since(alloc: &TestAlloc, after: u64) -> Vec<ErrorReport> {
     let mut out = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); 16];
-    let nr = alloc.read_errors(after, &mut out);
+    let nr = alloc.debug().read_errors(after, &mut out);
     out[..nr].to_vec()
 }
 
@@ -46,7 +47,15 @@ fn debug_cache(
 ) -> &'static KmemCache<TestPlatform> {
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
     alloc
-        .cache_create(name, size, 8, flags, None, None, None)
+        .cache_create(
+            name,
+            size,
+            &CacheArgs {
+                align: 8,
+                flags,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap()
 }
 
@@ -61,7 +70,7 @@ fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
     write(p, 0, 0x41);
     obj.free().unwrap();
     assert_eq!(read_u64(p, 8), POISON_FREE);
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     write(p, 0x1a, 0x41);
     // LIFO magazines: the same object comes back, and its poison is checked.
     let q = cache.alloc_box().unwrap();
@@ -97,7 +106,7 @@ fn write_after_free_is_reported_at_the_next_alloc_with_offset_and_stacks() {
     // Repaired and handed out: nothing lost, no second report.
     q.free().unwrap();
     cache.alloc_box().unwrap().free().unwrap();
-    assert_eq!(alloc.nr_errors(), before + 1);
+    assert_eq!(alloc.debug().nr_errors(), before + 1);
     assert_eq!(cache.verify().nr_problems, 0);
 }
 
@@ -107,7 +116,7 @@ fn linear_overflow_is_a_redzone_violation_at_free() {
     let cache = debug_cache(alloc, "overflow", 50);
     let p = cache.alloc_box().unwrap();
     let addr = p.as_ptr().as_ptr() as usize;
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     write(p.as_ptr(), 50, 0x41);
     // Verify sees it on the live object, without changing it.
     let summary = cache.verify();
@@ -134,7 +143,7 @@ fn duplicate_free_anywhere_is_refused_with_flags() {
     for obj in boxes {
         obj.free().unwrap();
     }
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     let stats = cache.stats();
     // Deep in a magazine, in the depot, or (after a reap) in its slab.
     for &obj in [objs[0], objs[20], objs[39]].iter() {
@@ -166,7 +175,7 @@ fn bad_frees_get_one_report_each() {
     let b = debug_cache(alloc, "b", 64);
     let obj = a.alloc_box().unwrap();
     let p = obj.as_ptr();
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     // SAFETY: all refused.
     unsafe {
         assert!(b.free(p).is_err());
@@ -206,7 +215,7 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
     let obj = alloc.kmalloc_box(64, 8).unwrap();
     let p = obj.as_ptr();
     obj.free().unwrap();
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     write(p, 0, 0);
     let q = alloc.kmalloc(60, 8).unwrap();
     assert_eq!(q, p);
@@ -228,7 +237,14 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
     let config = SlabDebugConfig::parse_slab_debug(Some("P,inode*")).unwrap();
     let (alloc, _) = setup_debug(config);
     let inode = alloc
-        .cache_create("inode_cache", 100, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "inode_cache",
+            100,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert!(inode.debug_flags().contains(DebugFlags::POISON));
 }
@@ -238,7 +254,14 @@ fn slab_debug_boot_config_reaches_kmalloc_caches() {
 fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("plain", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "plain",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Fill a slab, free everything, reap the magazines into the slab layer.
     let boxes: Vec<_> = (0..60).map(|_| cache.alloc_box().unwrap()).collect();
@@ -248,7 +271,7 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
         obj.free().unwrap();
     }
     cache.reap();
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     // Use after free: overwrite every free object's first word with an
     // address of the attacker's choosing.
     let target = Box::leak(Box::new([0u8; 64])).as_mut_ptr() as usize;
@@ -287,11 +310,18 @@ fn freelist_overwrite_without_flags_never_hands_out_foreign_memory() {
 fn double_free_without_flags_naive_and_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("plain-df", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "plain-df",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let p = cache.alloc().unwrap();
     let keep = cache.alloc_box().unwrap();
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     // Linux's naive check: the object on top of the loaded magazine.
     // SAFETY: freed once, then refused.
     unsafe {
@@ -326,7 +356,7 @@ fn whatis_names_cache_object_offset_and_state() {
     let cache = debug_cache(alloc, "whatis", 96);
     let p = cache.alloc_box().unwrap();
     let inside = p.as_ptr().as_ptr() as usize + 0x10;
-    let info = alloc.whatis(inside).unwrap();
+    let info = alloc.debug().whatis(inside).unwrap();
     assert_eq!(info.cache.name(), "whatis");
     assert_eq!(info.object, p.as_ptr().as_ptr() as usize);
     assert_eq!(info.offset, 0x10);
@@ -335,11 +365,11 @@ fn whatis_names_cache_object_offset_and_state() {
     let text = format!("{info}");
     assert!(text.contains("is allocated from whatis"), "{text}");
     p.free().unwrap();
-    let info = alloc.whatis(inside).unwrap();
+    let info = alloc.debug().whatis(inside).unwrap();
     assert!(!info.allocated);
     assert!(format!("{info}").contains("is free in whatis"));
     let mut on_stack = 0u8;
-    assert!(alloc.whatis((&raw mut on_stack) as usize).is_none());
+    assert!(alloc.debug().whatis((&raw mut on_stack) as usize).is_none());
 }
 
 #[test]
@@ -349,14 +379,14 @@ fn verify_walks_every_cache_and_counts() {
     let objs: Vec<_> = (1..=8)
         .map(|i| alloc.kmalloc_box(i * 60, 8).unwrap())
         .collect();
-    let summary = alloc.verify();
+    let summary = alloc.debug().verify();
     assert!(summary.nr_slabs > 0 && summary.nr_objects > 0);
     assert_eq!(summary.nr_problems, 0);
     for obj in objs {
         obj.free().unwrap();
     }
     #[cfg(debug_assertions)]
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 #[test]
@@ -368,7 +398,7 @@ fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
         let block = alloc.kmalloc(size, align).unwrap();
         let addr = block.as_ptr() as usize;
         assert!(alloc.owns(block.as_ptr()));
-        let before = alloc.nr_errors();
+        let before = alloc.debug().nr_errors();
         // SAFETY: allocated above; the second free is refused.
         unsafe {
             alloc.kfree(block).unwrap();
@@ -382,7 +412,7 @@ fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
                 alloc.kfree(inner),
                 Err(FreeError::NotAllocated { addr: addr + 4096 })
             );
-            let cache = alloc.kmalloc_cache_for(64, 8).unwrap();
+            let cache = alloc.stats().kmalloc_cache_for(64, 8).unwrap();
             assert_eq!(cache.free(block), Err(FreeError::NotAllocated { addr }));
         }
         assert_eq!(alloc.ksize(block), Err(FreeError::NotAllocated { addr }));
@@ -410,7 +440,7 @@ fn page_granular_double_free_is_a_duplicate_free_with_its_size() {
         );
         assert!(text.contains(&format!("buffer={addr:#x}")), "{text}");
         // Nothing was lost: every page went back once.
-        assert_eq!(alloc.large_stats().nr_live, 0);
+        assert_eq!(alloc.stats().large().nr_live, 0);
         assert_eq!(source.pages_outstanding(), baseline);
     }
     // Once the pages serve again, the entry is the new owner's: the new
@@ -432,14 +462,14 @@ fn kmalloc_overflow_into_the_class_padding_is_a_redzone_violation() {
     let config = SlabDebugConfig::parse_slab_debug(Some("FZPU,kmalloc-104")).unwrap();
     let (alloc, _) = setup_debug(config);
     let cache = alloc.find_cache("kmalloc-104").unwrap();
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     // All 100 bytes asked for are usable; nothing is reported.
     let obj = alloc.kmalloc_box(100, 8).unwrap();
     assert_eq!(alloc.ksize(obj.as_ptr()), Ok(104));
     let obj = obj.fill(0x55);
     assert_eq!(cache.verify().nr_problems, 0);
     obj.free().unwrap();
-    assert_eq!(alloc.nr_errors(), before);
+    assert_eq!(alloc.debug().nr_errors(), before);
     // One byte past the 100: in the class's padding, caught by verify on
     // the live object and at the free, at offset 100 (0x64).
     let obj = alloc.kmalloc_box(100, 8).unwrap();
@@ -468,7 +498,7 @@ fn kmalloc_overflow_into_the_class_padding_is_a_redzone_violation() {
     // The whole object through kmem_cache_alloc, and after the object's end
     // as before (offset 104).
     let obj = cache.alloc_box().unwrap().fill(0x55);
-    let mark = alloc.nr_errors();
+    let mark = alloc.debug().nr_errors();
     assert_eq!(cache.verify().nr_problems, 0);
     write(obj.as_ptr(), 104, 0x41);
     obj.free().unwrap();
@@ -485,7 +515,7 @@ fn krealloc_in_place_moves_the_redzone() {
     use core::alloc::{GlobalAlloc, Layout};
     let config = SlabDebugConfig::parse_slab_debug(Some("Z,kmalloc-104")).unwrap();
     let (alloc, _) = setup_debug(config);
-    let before = alloc.nr_errors();
+    let before = alloc.debug().nr_errors();
     let obj = alloc.kmalloc_box(100, 8).unwrap();
     let p = obj.as_ptr();
     // Kept in place (104 fits the class).
@@ -497,7 +527,7 @@ fn krealloc_in_place_moves_the_redzone() {
     // Shrunk in place to 98 bytes.
     let r = q.krealloc(98, 8).map_err(|(_, error)| error).unwrap();
     assert_eq!(r.as_ptr(), p);
-    assert_eq!(alloc.nr_errors(), before);
+    assert_eq!(alloc.debug().nr_errors(), before);
     write(r.as_ptr(), 99, 0x41);
     let layout = Layout::from_size_align(98, 8).unwrap();
     let r = r.into_raw();
@@ -518,7 +548,7 @@ fn krealloc_in_place_moves_the_redzone() {
     assert_eq!(errors[0].offset(), Some(103));
     // `Allocator::allocate` hands out the whole usable size: all of it
     // may be written.
-    let mark = alloc.nr_errors();
+    let mark = alloc.debug().nr_errors();
     let block =
         core::alloc::Allocator::allocate(&alloc, Layout::from_size_align(100, 8).unwrap()).unwrap();
     assert_eq!(block.len(), 104);
@@ -530,5 +560,5 @@ fn krealloc_in_place_moves_the_redzone() {
     unsafe {
         core::alloc::Allocator::deallocate(&alloc, start, Layout::from_size_align(100, 8).unwrap())
     };
-    assert_eq!(alloc.nr_errors(), mark);
+    assert_eq!(alloc.debug().nr_errors(), mark);
 }

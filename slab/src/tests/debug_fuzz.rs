@@ -5,6 +5,7 @@
 //! exactly once, with the right kind and object, and nothing else may be
 //! reported; the allocator's invariants hold after every step.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -75,7 +76,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         .iter()
         .map(|&size| {
             alloc
-                .cache_create("fuzz", size, 8, flags, None, None, None)
+                .cache_create(
+                    "fuzz",
+                    size,
+                    &CacheArgs {
+                        align: 8,
+                        flags,
+                        ..CacheArgs::DEFAULT
+                    },
+                )
                 .unwrap()
         })
         .collect();
@@ -86,7 +95,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut owed: HashMap<(ErrorKind, usize), usize> = HashMap::new();
     // Objects with a pending corruption (one bug at a time per object).
     let mut dirty: Vec<usize> = Vec::new();
-    let mut seen = alloc.nr_errors();
+    let mut seen = alloc.debug().nr_errors();
     let foreign = Box::leak(Box::new([0u64; 8]));
     for op in ops {
         match op {
@@ -183,6 +192,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         settle(alloc, &mut seen, &mut owed)?;
         #[cfg(debug_assertions)]
         alloc
+            .debug()
             .check_invariants()
             .map_err(|error| TestCaseError::fail(std::format!("{error}")))?;
     }
@@ -191,7 +201,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for Live { obj, .. } in live.drain(..) {
         obj.free().unwrap();
     }
-    alloc.verify();
+    alloc.debug().verify();
     settle(alloc, &mut seen, &mut owed)?;
     prop_assert!(
         owed.values().all(|&n| n == 0),
@@ -211,7 +221,7 @@ fn settle(
     let reports = errors_since(alloc, *seen);
     prop_assert_eq!(
         reports.len() as u64,
-        alloc.nr_errors() - *seen,
+        alloc.debug().nr_errors() - *seen,
         "more reports than the ring keeps in one step"
     );
     for report in reports {

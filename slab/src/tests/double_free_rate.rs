@@ -11,6 +11,7 @@
 //!     double_free_detection_rate -- --nocapture
 //! ```
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
@@ -85,13 +86,22 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
     for _ in 0..nr_trials {
         set_cpu(0);
         let cache = alloc
-            .cache_create("df", trial.size, 8, trial.flags, trial.ctor, None, None)
+            .cache_create(
+                "df",
+                trial.size,
+                &CacheArgs {
+                    align: 8,
+                    flags: trial.flags,
+                    ctor: trial.ctor,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         let nr_ops = 50 + rng.below(300);
         let inject_at = rng.below(nr_ops);
         let mut live = Vec::new();
         let mut freed = Vec::new();
-        let before = alloc.nr_errors();
+        let before = alloc.debug().nr_errors();
         let mut at_free = false;
         let mut injected = false;
         let mut twice = false;
@@ -152,7 +162,7 @@ fn run_trials_of(trial: &Trial, nr_trials: usize, seed: u64) -> Tally {
             tally.trials += 1;
             if at_free {
                 tally.at_free += 1;
-            } else if alloc.nr_errors() > before {
+            } else if alloc.debug().nr_errors() > before {
                 tally.later += 1;
             }
             tally.handed_out_twice += twice as usize;

@@ -91,10 +91,10 @@ fn class_geometry_is_the_same_with_profiling_compiled_in() {
     // profiling on changes nothing in a slab's layout.
     let (alloc, _) = setup_default();
     assert!(cfg!(feature = "alloc-profiling") == !crate::allocator::TAG_ARRAY_SIZES.is_empty());
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     for &size in &KMALLOC_SIZES {
         let geometry = class_geometry(size);
-        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let cache = alloc.stats().kmalloc_cache_for(size, 8).unwrap();
         let stats = cache.stats();
         assert_eq!(
             (stats.kind, stats.nr_pages_per_slab, stats.objs_per_slab),
@@ -122,7 +122,7 @@ fn class_geometry_is_the_same_with_profiling_compiled_in() {
     // The figures issue 9 names: kmalloc-8 496 objects in one page,
     // kmalloc-16 248, kmalloc-64 62.
     for (size, objs) in [(8, 496), (16, 248), (64, 62)] {
-        let stats = alloc.kmalloc_cache_for(size, 8).unwrap().stats();
+        let stats = alloc.stats().kmalloc_cache_for(size, 8).unwrap().stats();
         assert_eq!((stats.nr_pages_per_slab, stats.objs_per_slab), (1, objs));
     }
 }
@@ -153,7 +153,7 @@ fn multi_page_and_off_slab_headers_work() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     for size in [24, 512, 4608, 8192] {
-        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let cache = alloc.stats().kmalloc_cache_for(size, 8).unwrap();
         assert_eq!(cache.obj_size(), size);
         let geometry = class_geometry(size);
         let mut live = Vec::new();

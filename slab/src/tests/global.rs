@@ -5,11 +5,11 @@ use std::boxed::Box;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{Allocator, PAGE_SIZE};
+use crate::{Kmem, PAGE_SIZE};
 
 #[test]
 fn null_before_init() {
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
     // SAFETY: valid layout.
     let p = unsafe { alloc.alloc(Layout::from_size_align(64, 8).unwrap()) };
     assert!(p.is_null());
@@ -49,7 +49,7 @@ fn layouts_through_global_alloc() {
         // SAFETY: allocated above with this layout.
         unsafe { alloc.dealloc(ptr.as_ptr(), layout) };
     }
-    assert_eq!(alloc.nr_bad_frees(), 0);
+    assert_eq!(alloc.debug().nr_bad_frees(), 0);
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
 }
@@ -73,7 +73,7 @@ fn realloc_keeps_contents() {
         assert!(check(core::ptr::NonNull::new(s).unwrap(), 10, 7));
         alloc.dealloc(s, Layout::from_size_align(10, 8).unwrap());
     }
-    assert_eq!(alloc.nr_bad_frees(), 0);
+    assert_eq!(alloc.debug().nr_bad_frees(), 0);
 }
 
 static BAD_FREES_SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -85,7 +85,7 @@ fn hook(_: &crate::FreeError) {
 #[test]
 fn bad_dealloc_is_reported_not_applied() {
     let (alloc, _) = setup_default();
-    alloc.set_free_error_hook(Some(hook));
+    alloc.debug().set_free_error_hook(Some(hook));
     let layout = Layout::from_size_align(2000, 8).unwrap();
     // SAFETY: valid layout; the first dealloc is a deliberate interior
     // pointer, which is refused (and changes nothing).
@@ -94,7 +94,7 @@ fn bad_dealloc_is_reported_not_applied() {
         alloc.dealloc(p.add(8), layout);
         alloc.dealloc(p, layout);
     }
-    assert_eq!(alloc.nr_bad_frees(), 1);
+    assert_eq!(alloc.debug().nr_bad_frees(), 1);
     assert_eq!(BAD_FREES_SEEN.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -118,7 +118,7 @@ fn collections_with_the_allocator_api() {
         let zst = Box::new_in((), alloc);
         drop(zst);
     }
-    assert_eq!(alloc.nr_bad_frees(), 0);
+    assert_eq!(alloc.debug().nr_bad_frees(), 0);
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
 }
@@ -146,7 +146,12 @@ fn realloc_in_the_same_class_stays_in_place() {
         alloc.dealloc(r, Layout::from_size_align(40, 8).unwrap());
     }
     assert_eq!(
-        alloc.kmalloc_cache_for(72, 8).unwrap().stats().nr_allocated,
+        alloc
+            .stats()
+            .kmalloc_cache_for(72, 8)
+            .unwrap()
+            .stats()
+            .nr_allocated,
         0
     );
 }

@@ -85,7 +85,7 @@ fn heap_adopts_a_region_in_one_call() {
         // SAFETY: allocated above with this layout.
         unsafe { heap.dealloc(ptr, layout) };
     }
-    heap.check_invariants().unwrap();
+    heap.debug().check_invariants().unwrap();
     assert!(heap.find_cache("kmalloc-832").is_some());
 }
 
@@ -99,7 +99,7 @@ fn heap_refuses_a_region_too_small_with_the_figures() {
     // given the same size of region.
     let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
     source.init_static(region(8)).unwrap();
-    let cost = crate::Allocator::<UpPlatform>::init_cost(source).unwrap();
+    let cost = crate::Kmem::<UpPlatform>::init_cost(source).unwrap();
     assert_eq!(cost.min_source_bytes, 68 * 1024);
     assert_eq!(cost.span_bytes, 7 * PAGE_SIZE);
 }
@@ -138,7 +138,7 @@ fn heap_init_region_is_retried_after_a_region_too_small() {
     let again = unsafe { heap.init_region(region(256).as_mut_ptr() as usize, 256 * PAGE_SIZE) };
     assert_eq!(again, Err(AllocError::AlreadyInitialized));
     assert_eq!(heap.source().span(), (span_start, span_end));
-    heap.check_invariants().unwrap();
+    heap.debug().check_invariants().unwrap();
 }
 
 /// As above through `init_static`.

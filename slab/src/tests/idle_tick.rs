@@ -2,16 +2,23 @@
 //! intervals ends with its CPUs' magazines drained and its empty slabs
 //! returned; a cache in use keeps its magazines.
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::CacheFlags;
 
 #[test]
 fn a_cache_idle_for_two_intervals_returns_its_empty_slabs() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("idle-tick", 128, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "idle-tick",
+            128,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // A burst on two CPUs, all freed: the objects rest in both CPUs'
     // magazines and in the depot, pinning their slabs.
@@ -56,7 +63,14 @@ fn a_cache_idle_for_two_intervals_returns_its_empty_slabs() {
 fn a_cache_used_between_ticks_keeps_its_magazines() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("busy-tick", 128, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "busy-tick",
+            128,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     for _ in 0..4 {
         let obj = cache.alloc_box().unwrap();

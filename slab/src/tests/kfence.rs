@@ -3,6 +3,7 @@
 //! classification, the sample bit and the interval, kmalloc and
 //! `GlobalAlloc` served from the pool.
 
+use crate::CacheArgs;
 use std::alloc::{GlobalAlloc, Layout};
 use std::format;
 use std::ptr::NonNull;
@@ -33,17 +34,24 @@ fn reports(alloc: &TestAlloc) -> Vec<KfenceReport> {
         .lock()
         .unwrap()
         .iter()
-        .filter(|r| alloc.kfence_contains(r.addr))
+        .filter(|r| alloc.kfence().contains(r.addr))
         .copied()
         .collect()
 }
 
 fn kfence_setup() -> (&'static TestAlloc, &'static Cache) {
     let (alloc, _) = setup_default();
-    alloc.kfence_init(0).unwrap();
-    alloc.set_kfence_hook(Some(hook));
+    alloc.kfence().init(0).unwrap();
+    alloc.kfence().set_hook(Some(hook));
     let cache = alloc
-        .cache_create("kf-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     (alloc, cache)
 }
@@ -63,10 +71,10 @@ fn poke(addr: usize, value: u8) {
 #[test]
 fn sampled_objects_sit_between_guards_right_then_left_with_canary() {
     let (alloc, cache) = kfence_setup();
-    assert!(alloc.kfence_force_sample(None));
+    assert!(alloc.kfence().force_sample(None));
     let right = cache.alloc_box().unwrap();
     let addr = right.as_ptr().as_ptr() as usize;
-    assert!(alloc.kfence_contains(addr));
+    assert!(alloc.kfence().contains(addr));
     assert_eq!((addr + 64) % PAGE_SIZE, 0, "right end of its page");
     assert!(kfence_protected(addr + 64), "guard page on the right");
     assert!(
@@ -81,16 +89,16 @@ fn sampled_objects_sit_between_guards_right_then_left_with_canary() {
     assert_eq!(byte(first), crate::kfence::canary(first));
     assert_eq!(byte(addr - 1), crate::kfence::canary(addr - 1));
 
-    assert!(alloc.kfence_force_sample(None));
+    assert!(alloc.kfence().force_sample(None));
     let left = cache.alloc_box().unwrap();
     let laddr = left.as_ptr().as_ptr() as usize;
-    assert!(alloc.kfence_contains(laddr));
+    assert!(alloc.kfence().contains(laddr));
     assert_eq!(laddr % PAGE_SIZE, 0, "left end of its page");
     assert_eq!(byte(laddr + 64), crate::kfence::canary(laddr + 64));
 
     // Not sampled: no sample armed.
     let plain = cache.alloc_box().unwrap();
-    assert!(!alloc.kfence_contains(plain.as_ptr().as_ptr() as usize));
+    assert!(!alloc.kfence().contains(plain.as_ptr().as_ptr() as usize));
     right.free().unwrap();
     left.free().unwrap();
     plain.free().unwrap();
@@ -98,7 +106,7 @@ fn sampled_objects_sit_between_guards_right_then_left_with_canary() {
         kfence_protected(page_of(addr)),
         "a freed object's page is unmapped"
     );
-    let stats = alloc.kfence_stats();
+    let stats = alloc.kfence().stats();
     assert_eq!(
         (stats.nr_allocs, stats.nr_frees, stats.nr_in_use),
         (2, 2, 0)
@@ -120,7 +128,7 @@ fn canary_overwrite_is_reported_at_the_free_which_goes_on() {
     // Overflow by 1 of a left-placed object, underflow by 1 of a
     // right-placed one: both land in the canary.
     for (place, offset) in [(KfencePlace::Left, 64isize), (KfencePlace::Right, -1)] {
-        alloc.kfence_force_sample(Some(place));
+        alloc.kfence().force_sample(Some(place));
         let obj = cache.alloc_box().unwrap();
         let addr = obj.as_ptr().as_ptr() as usize;
         let at = addr.wrapping_add_signed(offset);
@@ -140,17 +148,24 @@ fn canary_overwrite_is_reported_at_the_free_which_goes_on() {
         assert!(text.contains("Corrupted memory at"), "{text}");
         assert!(text.contains(" 0x41"), "{text}");
     }
-    assert_eq!(alloc.kfence_stats().nr_bugs, 2);
-    assert_eq!(alloc.kfence_stats().nr_in_use, 0);
+    assert_eq!(alloc.kfence().stats().nr_bugs, 2);
+    assert_eq!(alloc.kfence().stats().nr_in_use, 0);
 }
 
 #[test]
 fn double_invalid_and_wrong_cache_frees_are_refused() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-other", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-other",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let obj = cache.alloc().unwrap();
     let addr = obj.as_ptr() as usize;
     let inner = NonNull::new((addr + 8) as *mut u8).unwrap();
@@ -177,36 +192,36 @@ fn double_invalid_and_wrong_cache_frees_are_refused() {
         "{text}"
     );
     assert!(text.contains("freed by task"), "{text}");
-    assert_eq!(alloc.kfence_stats().nr_frees, 1);
+    assert_eq!(alloc.kfence().stats().nr_frees, 1);
 }
 
 #[test]
 fn freed_objects_are_reused_last() {
     let (alloc, cache) = kfence_setup();
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let first = cache.alloc_box().unwrap();
     let first_page = page_of(first.as_ptr().as_ptr() as usize);
     first.free().unwrap();
     let mut seen = Vec::new();
     for _ in 0..KFENCE_NUM_OBJECTS - 1 {
-        alloc.kfence_force_sample(None);
+        alloc.kfence().force_sample(None);
         let obj = cache.alloc_box().unwrap();
         let page = page_of(obj.as_ptr().as_ptr() as usize);
-        assert!(alloc.kfence_contains(page));
+        assert!(alloc.kfence().contains(page));
         assert_ne!(
             page, first_page,
             "the freed object waits for all the others"
         );
         seen.push(obj);
     }
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let last = cache.alloc_box().unwrap();
     assert_eq!(page_of(last.as_ptr().as_ptr() as usize), first_page);
     // The pool is full: the next sample is skipped, the slab serves.
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let plain = cache.alloc_box().unwrap();
-    assert!(!alloc.kfence_contains(plain.as_ptr().as_ptr() as usize));
-    assert_eq!(alloc.kfence_stats().nr_skipped, 1);
+    assert!(!alloc.kfence().contains(plain.as_ptr().as_ptr() as usize));
+    assert_eq!(alloc.kfence().stats().nr_skipped, 1);
     for obj in seen.into_iter().chain([last, plain]) {
         obj.free().unwrap();
     }
@@ -216,10 +231,10 @@ fn freed_objects_are_reused_last() {
 fn faults_are_classified_and_the_page_mapped_back() {
     let (alloc, cache) = kfence_setup();
     let stack = KfenceStack::from_frames(&[0x1234], 0, 7);
-    alloc.kfence_force_sample(Some(KfencePlace::Right));
+    alloc.kfence().force_sample(Some(KfencePlace::Right));
     let right = cache.alloc_box().unwrap();
     let raddr = right.as_ptr().as_ptr() as usize;
-    let report = alloc.kfence_fault(raddr + 64, true, stack).unwrap();
+    let report = alloc.kfence().fault(raddr + 64, true, stack).unwrap();
     assert_eq!(report.kind, KfenceBug::OutOfBounds);
     assert_eq!(report.relation(), Some((1, "right")));
     assert!(!kfence_protected(raddr + 64), "mapped in for the access");
@@ -231,10 +246,10 @@ fn faults_are_classified_and_the_page_mapped_back() {
     assert!(text.contains("(1B right of kfence-#"), "{text}");
     assert!(text.contains("size=64, cache=kf-64"), "{text}");
 
-    alloc.kfence_force_sample(Some(KfencePlace::Left));
+    alloc.kfence().force_sample(Some(KfencePlace::Left));
     let left = cache.alloc_box().unwrap();
     let laddr = left.as_ptr().as_ptr() as usize;
-    let report = alloc.kfence_fault(laddr - 8, false, stack).unwrap();
+    let report = alloc.kfence().fault(laddr - 8, false, stack).unwrap();
     assert_eq!(report.kind, KfenceBug::OutOfBounds);
     assert_eq!(report.relation(), Some((8, "left")));
     assert!(
@@ -245,44 +260,51 @@ fn faults_are_classified_and_the_page_mapped_back() {
     );
 
     left.free().unwrap();
-    let report = alloc.kfence_fault(laddr + 32, true, stack).unwrap();
+    let report = alloc.kfence().fault(laddr + 32, true, stack).unwrap();
     assert_eq!(report.kind, KfenceBug::UseAfterFree);
     let text = report.display(&RawFormat).to_string();
     assert!(text.contains("Use-after-free write at"), "{text}");
     assert!(text.contains("(in kfence-#"), "{text}");
     assert!(text.contains("freed by task"), "{text}");
     assert!(
-        alloc.kfence_fault(0x1000, false, stack).is_none(),
+        alloc.kfence().fault(0x1000, false, stack).is_none(),
         "not a pool address"
     );
     right.free().unwrap();
     // A re-use of the right object's slot protects its guard again.
-    assert_eq!(alloc.kfence_stats().nr_bugs, 3);
+    assert_eq!(alloc.kfence().stats().nr_bugs, 3);
 }
 
 #[test]
 fn the_sample_bit_serves_one_allocation_of_any_cache_and_clears() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-128", 128, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-128",
+            128,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm both: the plain hit.
     let warm: Vec<_> = (0..4)
         .map(|_| (cache.alloc_box().unwrap(), other.alloc_box().unwrap()))
         .collect();
     drop(warm);
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let sample = crate::cache::HotFlags::SAMPLE;
     assert!(cache.hot().contains(sample) && other.hot().contains(sample));
     let sampled = other.alloc_box().unwrap();
-    assert!(alloc.kfence_contains(sampled.as_ptr().as_ptr() as usize));
+    assert!(alloc.kfence().contains(sampled.as_ptr().as_ptr() as usize));
     assert!(
         !other.hot().contains(sample),
         "cleared by the sampled allocation"
     );
     let plain = cache.alloc_box().unwrap();
     assert!(
-        !alloc.kfence_contains(plain.as_ptr().as_ptr() as usize),
+        !alloc.kfence().contains(plain.as_ptr().as_ptr() as usize),
         "one per sample"
     );
     assert!(
@@ -297,21 +319,29 @@ fn the_sample_bit_serves_one_allocation_of_any_cache_and_clears() {
 fn constructed_and_debug_caches_are_not_sampled() {
     let (alloc, _) = kfence_setup();
     let debug = alloc
-        .cache_create("kf-debug", 64, 8, CacheFlags::REDZONE, None, None, None)
+        .cache_create(
+            "kf-debug",
+            64,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::REDZONE,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let obj = debug.alloc_box().unwrap();
-    assert!(!alloc.kfence_contains(obj.as_ptr().as_ptr() as usize));
+    assert!(!alloc.kfence().contains(obj.as_ptr().as_ptr() as usize));
     obj.free().unwrap();
 }
 
 #[test]
 fn kmalloc_and_global_alloc_are_sampled_at_the_size_asked() {
     let (alloc, _) = kfence_setup();
-    alloc.kfence_force_sample(Some(KfencePlace::Right));
+    alloc.kfence().force_sample(Some(KfencePlace::Right));
     let obj = alloc.kmalloc(40, 8).unwrap();
     let addr = obj.as_ptr() as usize;
-    assert!(alloc.kfence_contains(addr));
+    assert!(alloc.kfence().contains(addr));
     assert_eq!(alloc.ksize(obj), Ok(40));
     // At the page's end, aligned down as its class's objects are (the
     // slack, if any, is canary).
@@ -321,14 +351,14 @@ fn kmalloc_and_global_alloc_are_sampled_at_the_size_asked() {
     // SAFETY: ours, given up.
     unsafe { alloc.kfree(obj).unwrap() };
 
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let layout = Layout::from_size_align(100, 16).unwrap();
     // SAFETY: a valid layout; freed below with it.
     let ptr = unsafe { GlobalAlloc::alloc(alloc, layout) };
-    assert!(alloc.kfence_contains(ptr as usize));
+    assert!(alloc.kfence().contains(ptr as usize));
     // SAFETY: ours, with its layout.
     unsafe { GlobalAlloc::dealloc(alloc, ptr, layout) };
-    let stats = alloc.kfence_stats();
+    let stats = alloc.kfence().stats();
     assert_eq!((stats.nr_allocs, stats.nr_frees, stats.nr_bugs), (2, 2, 0));
 }
 
@@ -336,50 +366,68 @@ fn kmalloc_and_global_alloc_are_sampled_at_the_size_asked() {
 fn the_interval_arms_a_sample_on_the_miss() {
     let (alloc, _) = setup_default();
     KFENCE_CLOCK.fetch_max(1_000_000_000, Ordering::Relaxed);
-    alloc.kfence_init(100).unwrap();
+    alloc.kfence().init(100).unwrap();
     let cache = alloc
-        .cache_create("kf-tick", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-tick",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
-    assert_eq!(alloc.kfence_stats().interval_ms, 100);
+    assert_eq!(alloc.kfence().stats().interval_ms, 100);
     KFENCE_CLOCK.fetch_add(200_000_000, Ordering::Relaxed);
     // Misses check the clock and arm; a later allocation is sampled.
     let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
     let nr_sampled = objs
         .iter()
-        .filter(|o| alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
+        .filter(|o| alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
         .count();
     assert_eq!(nr_sampled, 1, "one sample per interval");
     drop(objs);
-    alloc.kfence_set_interval(0);
-    assert_eq!(alloc.kfence_stats().interval_ms, 0);
+    alloc.kfence().set_interval(0);
+    assert_eq!(alloc.kfence().stats().interval_ms, 0);
 }
 
 #[test]
 fn a_sample_forced_for_one_cache_skips_the_others() {
     let (alloc, cache) = kfence_setup();
     let other = alloc
-        .cache_create("kf-target", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-target",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
-    assert!(alloc.kfence_force_sample_of(other, Some(KfencePlace::Left)));
+    assert!(
+        alloc
+            .kfence()
+            .force_sample_of(other, Some(KfencePlace::Left))
+    );
     let plain = cache.alloc_box().unwrap();
-    assert!(!alloc.kfence_contains(plain.as_ptr().as_ptr() as usize));
+    assert!(!alloc.kfence().contains(plain.as_ptr().as_ptr() as usize));
     let sampled = other.alloc_box().unwrap();
     let addr = sampled.as_ptr().as_ptr() as usize;
-    assert!(alloc.kfence_contains(addr));
+    assert!(alloc.kfence().contains(addr));
     assert_eq!(addr % PAGE_SIZE, 0, "placed left as asked");
     let debug = alloc
         .cache_create(
             "kf-target-debug",
             64,
-            8,
-            CacheFlags::POISON,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::POISON,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     assert!(
-        !alloc.kfence_force_sample_of(debug, None),
+        !alloc.kfence().force_sample_of(debug, None),
         "debug caches are not sampled"
     );
     plain.free().unwrap();
@@ -389,17 +437,19 @@ fn a_sample_forced_for_one_cache_skips_the_others() {
 #[test]
 fn a_leaked_sample_is_found_by_the_leak_scan() {
     let (alloc, cache) = kfence_setup();
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let obj = cache.alloc().unwrap();
     let addr = obj.as_ptr() as usize;
     let mut seen = Vec::new();
-    alloc.kfence_for_each_allocated(|start, end| seen.push((start, end)));
+    alloc
+        .kfence()
+        .for_each_allocated(|start, end| seen.push((start, end)));
     assert_eq!(seen, [(addr, addr + 64)]);
     let mut table: Vec<_> = (0..4096)
         .map(|_| crate::leak_scan::LeakEntry::empty())
         .collect();
     // SAFETY: the fake source's pages stay mapped; nothing runs meanwhile.
-    let scan = unsafe { alloc.leak_scan(&mut table) }.unwrap();
+    let scan = unsafe { crate::leak_scan::LeakScan::new(alloc, &mut table) }.unwrap();
     let mut leaked = Vec::new();
     let summary = scan.finish(|group| {
         leaked.push((
@@ -413,36 +463,45 @@ fn a_leaked_sample_is_found_by_the_leak_scan() {
     // SAFETY: allocated above, ours.
     unsafe { cache.free(obj) }.unwrap();
     seen.clear();
-    alloc.kfence_for_each_allocated(|start, end| seen.push((start, end)));
+    alloc
+        .kfence()
+        .for_each_allocated(|start, end| seen.push((start, end)));
     assert!(seen.is_empty());
 }
 
 #[test]
 fn samples_count_in_their_caches_statistics_and_traced_caches_are_not_sampled() {
     let (alloc, cache) = kfence_setup();
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let obj = cache.alloc_box().unwrap();
-    assert!(alloc.kfence_contains(obj.as_ptr().as_ptr() as usize));
+    assert!(alloc.kfence().contains(obj.as_ptr().as_ptr() as usize));
     assert_eq!(cache.stats().nr_allocated, 1);
     obj.free().unwrap();
     assert_eq!(cache.stats().nr_allocated, 0);
     cache.trace_start().unwrap();
     assert!(
-        !alloc.kfence_force_sample_of(cache, None),
+        !alloc.kfence().force_sample_of(cache, None),
         "a traced cache is not sampled"
     );
-    alloc.kfence_force_sample(None);
+    alloc.kfence().force_sample(None);
     let traced = cache.alloc_box().unwrap();
-    assert!(!alloc.kfence_contains(traced.as_ptr().as_ptr() as usize));
+    assert!(!alloc.kfence().contains(traced.as_ptr().as_ptr() as usize));
     traced.free().unwrap();
 }
 
 #[test]
 fn the_tick_never_waits_for_the_cache_list() {
     let (alloc, _) = setup_default();
-    alloc.kfence_init(1).unwrap();
+    alloc.kfence().init(1).unwrap();
     let cache = alloc
-        .cache_create("kf-list", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-list",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     KFENCE_CLOCK.fetch_add(1_000_000_000, Ordering::Relaxed);
     // Misses under the cache-list lock (a for_each_cache callback may
@@ -460,27 +519,27 @@ fn the_tick_never_waits_for_the_cache_list() {
     assert!(
         later
             .iter()
-            .any(|o| alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
+            .any(|o| alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
     );
 }
 
 #[test]
 fn whatis_names_an_allocated_sample() {
     let (alloc, cache) = kfence_setup();
-    alloc.kfence_force_sample(Some(KfencePlace::Right));
+    alloc.kfence().force_sample(Some(KfencePlace::Right));
     let obj = cache.alloc_box().unwrap();
     let addr = obj.as_ptr().as_ptr() as usize;
-    let info = alloc.whatis(addr + 8).expect("a sample");
+    let info = alloc.debug().whatis(addr + 8).expect("a sample");
     assert!(core::ptr::eq(info.cache, cache));
     assert_eq!((info.object, info.offset, info.allocated), (addr, 8, true));
     assert_eq!(info.region, crate::ObjectRegion::Object);
     assert_eq!(
-        alloc.whatis(addr - 1).unwrap().region,
+        alloc.debug().whatis(addr - 1).unwrap().region,
         crate::ObjectRegion::Redzone
     );
-    assert!(alloc.whatis(addr + 64).is_none(), "a guard page");
+    assert!(alloc.debug().whatis(addr + 64).is_none(), "a guard page");
     obj.free().unwrap();
-    assert!(alloc.whatis(addr).is_none(), "a freed sample");
+    assert!(alloc.debug().whatis(addr).is_none(), "a freed sample");
 }
 
 /// A sample freed by an interrupt handler that interrupted a magazine hit
@@ -489,9 +548,9 @@ fn whatis_names_an_allocated_sample() {
 #[test]
 fn a_sample_freed_while_the_per_cpu_cache_is_held_is_counted() {
     let (alloc, cache) = kfence_setup();
-    assert!(alloc.kfence_force_sample(None));
+    assert!(alloc.kfence().force_sample(None));
     let obj = cache.alloc_box().unwrap();
-    assert!(alloc.kfence_contains(obj.as_ptr().as_ptr() as usize));
+    assert!(alloc.kfence().contains(obj.as_ptr().as_ptr() as usize));
     assert_eq!(cache.stats().nr_allocated, 1);
     {
         // The interrupted hit: this CPU's per-CPU cache held.
@@ -512,9 +571,16 @@ fn a_sample_freed_while_the_per_cpu_cache_is_held_is_counted() {
 fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
     let (alloc, _) = setup_default();
     KFENCE_CLOCK.fetch_max(1_000_000_000, Ordering::Relaxed);
-    alloc.kfence_init(100).unwrap();
+    alloc.kfence().init(100).unwrap();
     let cache = alloc
-        .cache_create("kf-rearm", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "kf-rearm",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let mut traced = Vec::new();
     alloc.for_each_cache(|cache| {
@@ -531,7 +597,7 @@ fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
     }
     assert!(
         objs.iter()
-            .all(|o| !alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
+            .all(|o| !alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
     );
     drop(objs);
     for other in &traced {
@@ -542,7 +608,7 @@ fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
     let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
     let nr_sampled = objs
         .iter()
-        .filter(|o| alloc.kfence_contains(o.as_ptr().as_ptr() as usize))
+        .filter(|o| alloc.kfence().contains(o.as_ptr().as_ptr() as usize))
         .count();
     assert_eq!(nr_sampled, 1, "the next interval samples again");
     drop(objs);

@@ -4,12 +4,17 @@ use core::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
+use crate::{AllocError, CacheArgs, CacheFlags, InitBox, KMALLOC_SIZES, PAGE_SIZE, natural_align};
 
 #[test]
 fn class_selection() {
     let (alloc, _) = setup_default();
-    let name = |size, align| alloc.kmalloc_cache_for(size, align).map(|c| c.name());
+    let name = |size, align| {
+        alloc
+            .stats()
+            .kmalloc_cache_for(size, align)
+            .map(|c| c.name())
+    };
     assert_eq!(name(64, 8), Some("kmalloc-64"));
     assert_eq!(name(65, 8), Some("kmalloc-72"));
     assert_eq!(name(89, 8), Some("kmalloc-96"));
@@ -26,7 +31,7 @@ fn class_selection() {
     assert_eq!(name(8192, 8), Some("kmalloc-8192"));
     assert_eq!(name(8193, 8), None);
     // Alignment: size 8 aligned 64 needs a class whose natural alignment is >= 64.
-    let c = alloc.kmalloc_cache_for(8, 64).unwrap();
+    let c = alloc.stats().kmalloc_cache_for(8, 64).unwrap();
     assert!(natural_align(c.obj_size()) >= 64 && c.align() >= 64);
     assert_eq!(c.name(), "kmalloc-64");
     assert_eq!(name(65, 64), Some("kmalloc-128"));
@@ -37,7 +42,7 @@ fn class_selection() {
     // Every size/alignment pair picks the smallest fitting class.
     for size in 1..=8192 {
         for align in [1, 8, 16, 32, 64, 128, 512, 4096] {
-            let c = alloc.kmalloc_cache_for(size, align).unwrap();
+            let c = alloc.stats().kmalloc_cache_for(size, align).unwrap();
             assert!(c.obj_size() >= size && natural_align(c.obj_size()) >= align);
             let smallest = KMALLOC_SIZES
                 .iter()
@@ -139,7 +144,7 @@ fn page_granular_allocations() {
     let q = alloc.kmalloc_box(100_000, 4096).unwrap();
     assert_eq!(alloc.ksize(q.as_ptr()), Ok(25 * PAGE_SIZE));
     let q = fill_box(q, 3);
-    let ls = alloc.large_stats();
+    let ls = alloc.stats().large();
     assert_eq!(
         (ls.nr_live, ls.live_bytes, ls.nr_allocs_ever),
         (2, 28 * PAGE_SIZE, 2)
@@ -149,7 +154,7 @@ fn page_granular_allocations() {
     assert!(check_box(&q, 3));
     p.free().unwrap();
     q.free().unwrap();
-    assert_eq!(alloc.large_stats().nr_live, 0);
+    assert_eq!(alloc.stats().large().nr_live, 0);
     assert_eq!(source.pages_outstanding(), baseline);
     assert_eq!(alloc.kmalloc(10, 2 << 30), Err(AllocError::InvalidLayout));
     assert_eq!(alloc.kmalloc(0, 8), Err(AllocError::InvalidLayout));
@@ -166,11 +171,11 @@ fn bufctl_hash_grows_and_shrinks() {
         .cache_create(
             "bufctl-1024",
             1024,
-            8,
-            CacheFlags::NOTOUCH,
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     // After the cache exists: its struct may need a new kmem_cache slab.
@@ -199,7 +204,15 @@ fn bufctl_hash_grows_and_shrinks() {
 fn bufctl_hash_shrinks_on_reap_with_live_objects() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("bufctl-16", 16, 8, CacheFlags::NOTOUCH, None, None, None)
+        .cache_create(
+            "bufctl-16",
+            16,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTOUCH,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let buckets = || cache.slab.lock().hash.nr_buckets();
     let keep = cache.alloc_box().unwrap();

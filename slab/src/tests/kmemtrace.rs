@@ -1,17 +1,17 @@
 //! kmemtrace: events from every hook, per-CPU rings and overruns, the dump
 //! format (parsed back here, checksum checked), stacks, recording off.
 
+use crate::CacheArgs;
 use std::ptr::NonNull;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::kmemtrace::{
-    EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceHeader, RECORD_CACHE, RECORD_CPU,
-    RECORD_STACK, RECORD_TRAILER, SUBBUF_EVENTS, TRAILER_SIZE,
+use crate::kmemtrace::format::{
+    EVENT_SIZE, HEADER_FLAG_STACKS, HEADER_SIZE, KmemtraceEvent, KmemtraceHeader, RECORD_CACHE,
+    RECORD_CPU, RECORD_STACK, RECORD_TRAILER, TRAILER_SIZE,
 };
-use crate::{
-    CacheFlags, DumpInfo, FreeError, KmemtraceConfig, KmemtraceError, KmemtraceEvent, PAGE_SIZE,
-};
+use crate::kmemtrace::{DumpInfo, KmemtraceConfig, KmemtraceError, SUBBUF_EVENTS};
+use crate::{CacheFlags, FreeError, PAGE_SIZE};
 
 const ALLOC: u8 = 1;
 const FREE: u8 = 2;
@@ -22,7 +22,7 @@ const CACHE: u8 = 2;
 const PAGES: u8 = 3;
 
 fn start(alloc: &'static TestAlloc, config: KmemtraceConfig) {
-    alloc.kmemtrace_start(config).expect("kmemtrace start");
+    alloc.kmemtrace().start(config).expect("kmemtrace start");
 }
 
 fn small(nr_subbufs: usize) -> KmemtraceConfig {
@@ -109,14 +109,16 @@ fn parse(bytes: &[u8]) -> Parsed {
     }
 }
 
-fn dump(alloc: &'static TestAlloc) -> (Vec<u8>, crate::DumpSummary) {
+fn dump(alloc: &'static TestAlloc) -> (Vec<u8>, crate::kmemtrace::DumpSummary) {
     let mut bytes = Vec::new();
     let ticks_to_ns = |ticks: u64| ticks * 10;
     let info = DumpInfo {
         build_id: [0xab; 20],
         ticks_to_ns: &ticks_to_ns,
     };
-    let summary = alloc.kmemtrace_dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
+    let summary = alloc
+        .kmemtrace()
+        .dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
     assert_eq!(summary.nr_bytes as usize, bytes.len());
     (bytes, summary)
 }
@@ -140,7 +142,7 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
     set_caller(0xffff_8000_0000_2000);
     obj.free().unwrap();
     set_cpu(0);
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let (bytes, summary) = dump(alloc);
     let parsed = parse(&bytes);
     assert_eq!(summary.nr_events, 2);
@@ -190,7 +192,7 @@ fn kmalloc_and_kfree_events_carry_sizes_cache_and_call_site() {
 fn cache_pages_global_and_failed_allocations() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("inode", 200, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("inode", 200, &CacheArgs::DEFAULT)
         .unwrap();
     start(alloc, small(2));
     cache.alloc_box().unwrap().free().unwrap();
@@ -200,7 +202,7 @@ fn cache_pages_global_and_failed_allocations() {
     source.set_fail(true);
     let _ = alloc.kmalloc(100_000, 8).unwrap_err();
     source.set_fail(false);
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let parsed = parse(&dump(alloc).0);
     let got: Vec<_> = events(&parsed)
         .iter()
@@ -228,7 +230,14 @@ fn cache_pages_global_and_failed_allocations() {
 fn bad_frees_are_recorded_and_still_refused() {
     let (alloc, _) = setup_default();
     let bufctl = alloc
-        .cache_create("big", 2048, 0, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "big",
+            2048,
+            &CacheArgs {
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     start(alloc, small(1));
     let boxed = bufctl.alloc_box().unwrap();
@@ -242,7 +251,7 @@ fn bad_frees_are_recorded_and_still_refused() {
     // SAFETY: a foreign pointer, detected and refused.
     let error = unsafe { alloc.kfree(foreign) }.unwrap_err();
     assert!(matches!(error, FreeError::NotAllocated { .. }));
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let all = events(&parse(&dump(alloc).0));
     let kinds: Vec<_> = all.iter().map(|e| (e.event, e.cache_id, e.ptr)).collect();
     let addr = obj.as_ptr() as u64;
@@ -265,16 +274,16 @@ fn full_ring_counts_overruns_and_sequence_gaps() {
     for _ in 0..SUBBUF_EVENTS + 100 {
         held.push(alloc.kmalloc_box(32, 8).unwrap());
     }
-    let status = alloc.kmemtrace_status();
+    let status = alloc.kmemtrace().status();
     assert_eq!(status.nr_events, SUBBUF_EVENTS as u64);
     assert_eq!(status.nr_overruns, 100);
-    let cpu0 = alloc.kmemtrace_cpu_status(0);
+    let cpu0 = alloc.kmemtrace().cpu_status(0);
     assert_eq!(
         (cpu0.nr_events, cpu0.nr_overruns, cpu0.capacity),
         (1024, 100, 1024)
     );
-    assert_eq!(alloc.kmemtrace_cpu_status(1).nr_events, 0);
-    alloc.kmemtrace_stop();
+    assert_eq!(alloc.kmemtrace().cpu_status(1).nr_events, 0);
+    alloc.kmemtrace().stop();
     let (bytes, summary) = dump(alloc);
     let parsed = parse(&bytes);
     assert_eq!((summary.nr_events, summary.nr_overruns), (1024, 100));
@@ -285,7 +294,7 @@ fn full_ring_counts_overruns_and_sequence_gaps() {
         p.free().unwrap();
     }
     // Recording is off: nothing more was recorded.
-    assert_eq!(alloc.kmemtrace_status().nr_events, 1024);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 1024);
 }
 
 #[test]
@@ -296,7 +305,7 @@ fn events_span_sub_buffers_in_order() {
     for _ in 0..SUBBUF_EVENTS + 10 {
         held.push(alloc.kmalloc_box(16, 8).unwrap());
     }
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let parsed = parse(&dump(alloc).0);
     let cpu0: Vec<_> = parsed.cpus.iter().filter(|(cpu, _, _)| *cpu == 0).collect();
     assert_eq!(cpu0.len(), 2, "one CPU record per used sub-buffer");
@@ -317,7 +326,7 @@ fn events_span_sub_buffers_in_order() {
 fn one_cache_only_and_restart_empties_the_rings() {
     let (alloc, _) = setup_default();
     let inode = alloc
-        .cache_create("inode", 64, 0, CacheFlags::empty(), None, None, None)
+        .cache_create("inode", 64, &CacheArgs::DEFAULT)
         .unwrap();
     start(
         alloc,
@@ -329,22 +338,20 @@ fn one_cache_only_and_restart_empties_the_rings() {
     let p = alloc.kmalloc_box(64, 8).unwrap();
     let big = alloc.kmalloc_box(20_000, 8).unwrap();
     let obj = inode.alloc_box().unwrap();
-    assert_eq!(alloc.kmemtrace_status().nr_events, 1);
-    assert_eq!(alloc.kmemtrace_status().cache_id, Some(inode.id()));
+    assert_eq!(alloc.kmemtrace().status().nr_events, 1);
+    assert_eq!(alloc.kmemtrace().status().cache_id, Some(inode.id()));
     p.free().unwrap();
     big.free().unwrap();
     obj.free().unwrap();
-    assert_eq!(alloc.kmemtrace_status().nr_events, 2);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 2);
     start(alloc, small(1));
-    assert_eq!(alloc.kmemtrace_status().nr_events, 0);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 0);
     // Caches created while recording everything are recorded too.
-    let late = alloc
-        .cache_create("late", 48, 0, CacheFlags::empty(), None, None, None)
-        .unwrap();
+    let late = alloc.cache_create("late", 48, &CacheArgs::DEFAULT).unwrap();
     let obj = late.alloc_box().unwrap();
-    assert_eq!(alloc.kmemtrace_status().nr_events, 1);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 1);
     obj.free().unwrap();
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
 }
 
 #[test]
@@ -362,8 +369,8 @@ fn stacks_are_deduplicated() {
         set_caller(0xffff_8000_0000_0000 | site);
         held.push(alloc.kmalloc_box(24, 8).unwrap());
     }
-    alloc.kmemtrace_stop();
-    assert_eq!(alloc.kmemtrace_status().nr_stacks, 2);
+    alloc.kmemtrace().stop();
+    assert_eq!(alloc.kmemtrace().status().nr_stacks, 2);
     let parsed = parse(&dump(alloc).0);
     assert_eq!(parsed.header.flags & HEADER_FLAG_STACKS, HEADER_FLAG_STACKS);
     assert_eq!(parsed.header.stack_depth, 3);
@@ -397,17 +404,17 @@ fn bad_configuration_and_no_memory_are_clear_errors() {
         stack_depth: 17,
         ..small(1)
     };
-    let refused = alloc.kmemtrace_start(too_deep);
+    let refused = alloc.kmemtrace().start(too_deep);
     assert_eq!(refused, Err(KmemtraceError::StackDepth(17)));
     let before = source.pages_outstanding();
     // 4 CPUs x 64 sub-buffers x 16 pages: more than the source has.
-    let error = alloc.kmemtrace_start(small(64)).unwrap_err();
+    let error = alloc.kmemtrace().start(small(64)).unwrap_err();
     assert!(matches!(error, KmemtraceError::OutOfMemory { .. }));
     assert_eq!(source.pages_outstanding(), before, "nothing kept");
-    assert!(!alloc.kmemtrace_status().recording);
+    assert!(!alloc.kmemtrace().status().recording);
     // The allocator still works and records nothing.
     alloc.kmalloc_box(64, 8).unwrap().free().unwrap();
-    assert_eq!(alloc.kmemtrace_status().nr_events, 0);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 0);
 }
 
 #[test]
@@ -429,9 +436,9 @@ fn recording_changes_no_statistic() {
     let plain = cache.stats();
     start(alloc, small(1));
     run();
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let recorded = cache.stats();
-    assert_eq!(alloc.kmemtrace_status().nr_events, 200);
+    assert_eq!(alloc.kmemtrace().status().nr_events, 200);
     let delta = |a: crate::CacheStats, b: crate::CacheStats| {
         (
             b.nr_allocs_ever - a.nr_allocs_ever,
@@ -444,7 +451,7 @@ fn recording_changes_no_statistic() {
 
 #[test]
 fn truncated_or_foreign_headers_are_refused() {
-    use crate::kmemtrace::DumpFormatError;
+    use crate::kmemtrace::format::DumpFormatError;
     let header = KmemtraceHeader::default().to_bytes();
     assert_eq!(
         KmemtraceHeader::from_bytes(&header[..10]),
@@ -510,14 +517,14 @@ fn cost_loop_on(alloc: &'static TestAlloc, nr: usize) {
 #[test]
 fn kmemtrace_cost_loops() {
     let (alloc, _) = setup_default();
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     cost_loop_off(alloc, 100);
     // 10,000 pairs natively (callgrind reads them), 100 under Miri.
     cost_loop_off(alloc, scaled(10_000));
     start(alloc, small(32));
     cost_loop_on(alloc, scaled(10_000));
-    alloc.kmemtrace_stop();
-    let status = alloc.kmemtrace_status();
+    alloc.kmemtrace().stop();
+    let status = alloc.kmemtrace().status();
     assert_eq!(
         (status.nr_events, status.nr_overruns),
         (2 * scaled(10_000) as u64, 0)
@@ -533,7 +540,14 @@ fn recorded_hits_write_one_event_each() {
     for depth in [0, 2] {
         let (alloc, _) = setup_default();
         let cache = alloc
-            .cache_create("hits", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "hits",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         // Warm this CPU's magazines: the recorded operations below hit.
         let warm: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
@@ -556,7 +570,7 @@ fn recorded_hits_write_one_event_each() {
             // SAFETY: allocated just above, given back once.
             unsafe { cache.free(obj) }.unwrap();
         }
-        alloc.kmemtrace_stop();
+        alloc.kmemtrace().stop();
         let parsed = parse(&dump(alloc).0);
         let all = events(&parsed);
         assert_eq!(all.len(), 8, "stack depth {depth}");

@@ -1,11 +1,12 @@
 //! Leaks by reachability (`crate::leak_scan`): exactly the objects nothing
 //! points to, grouped by cache and site; free rounds never counted.
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
+use crate::PAGE_SIZE;
 use crate::leak_scan::{LeakEntry, LeakGroup, LeakScanError, LeakSummary};
-use crate::{CacheFlags, PAGE_SIZE};
 
 /// Scan with `roots` as the only root, with a table of `table_len`
 /// entries (`None`: enough); the groups found and the summary.
@@ -14,10 +15,10 @@ fn scan_with(
     table_len: Option<usize>,
     roots: &[usize],
 ) -> Result<(Vec<LeakGroup>, LeakSummary), LeakScanError> {
-    let len = table_len.unwrap_or(alloc.leak_scan_capacity() + 16);
+    let len = table_len.unwrap_or(crate::leak_scan::LeakScan::capacity(alloc) + 16);
     let mut table: Vec<LeakEntry> = (0..len).map(|_| LeakEntry::empty()).collect();
     // SAFETY: nothing reaps or destroys during the scan (this thread only).
-    let mut scan = unsafe { alloc.leak_scan(&mut table) }?;
+    let mut scan = unsafe { crate::leak_scan::LeakScan::new(alloc, &mut table) }?;
     scan.scan_slice(roots);
     let mut groups = Vec::new();
     let summary = scan.finish(|group| groups.push(*group));
@@ -32,7 +33,14 @@ fn scan(alloc: &TestAlloc, roots: &[usize]) -> (Vec<LeakGroup>, LeakSummary) {
 fn finds_exactly_the_unreachable_objects() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("leaky", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "leaky",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Held: pointed to from the root.
     let held: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
@@ -100,24 +108,30 @@ fn a_quiet_allocator_has_no_leaks_and_a_small_table_is_refused() {
 #[test]
 fn a_kfence_sample_freed_during_the_scan_is_not_read() {
     let (alloc, _) = setup_default();
-    alloc.kfence_init(0).unwrap();
+    alloc.kfence().init(0).unwrap();
     let sampled = alloc
-        .cache_create("leak-kf", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "leak-kf",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let other = alloc
         .cache_create(
             "leak-kf-other",
             64,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
-    assert!(alloc.kfence_force_sample_of(sampled, None));
+    assert!(alloc.kfence().force_sample_of(sampled, None));
     let sample = sampled.alloc().unwrap();
-    assert!(alloc.kfence_contains(sample.as_ptr() as usize));
+    assert!(alloc.kfence().contains(sample.as_ptr() as usize));
     let target = other.alloc().unwrap();
     // SAFETY: the sample is ours, 64 bytes.
     unsafe {
@@ -131,11 +145,11 @@ fn a_kfence_sample_freed_during_the_scan_is_not_read() {
     let (groups, summary) = scan(alloc, &[sample.as_ptr() as usize]);
     assert_eq!(summary.nr_leaked, 0, "{groups:?}");
 
-    let mut table: Vec<LeakEntry> = (0..alloc.leak_scan_capacity() + 16)
+    let mut table: Vec<LeakEntry> = (0..crate::leak_scan::LeakScan::capacity(alloc) + 16)
         .map(|_| LeakEntry::empty())
         .collect();
     // SAFETY: nothing reaps or destroys during the scan.
-    let mut scan = unsafe { alloc.leak_scan(&mut table) }.unwrap();
+    let mut scan = unsafe { crate::leak_scan::LeakScan::new(alloc, &mut table) }.unwrap();
     // Freed after the scan recorded it, before it is scanned.
     // SAFETY: allocated above, not used again.
     unsafe { sampled.free(sample) }.unwrap();

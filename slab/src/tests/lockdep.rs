@@ -6,6 +6,7 @@
 //! feature on: trace tables, kmemtrace with stacks, KFENCE, debug caches,
 //! while verify, reap and statistics run outside.
 
+use crate::CacheArgs;
 use std::format;
 use std::string::String;
 use std::sync::Mutex;
@@ -219,8 +220,8 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
     lockdep::set_report_hook(None); // a report panics the test
     let reports_before = lockdep::stats().nr_reports;
     let (alloc, source) = setup(8192);
-    alloc.set_error_hook(Some(|_| {}));
-    alloc.kfence_init(0).expect("kfence");
+    alloc.debug().set_error_hook(Some(|_| {}));
+    alloc.kfence().init(0).expect("kfence");
     let caches: Vec<&'static KmemCache<TestPlatform>> = [
         ("ld-small", 48, CacheFlags::empty()),
         ("ld-bufctl", 1500, CacheFlags::empty()),
@@ -233,7 +234,15 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
     .into_iter()
     .map(|(name, size, flags)| {
         alloc
-            .cache_create(name, size, 8, flags, None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("create")
     })
     .collect();
@@ -241,7 +250,8 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
         cache.trace_start().expect("trace");
     }
     alloc
-        .kmemtrace_start(KmemtraceConfig {
+        .kmemtrace()
+        .start(KmemtraceConfig {
             stack_depth: 4,
             ..KmemtraceConfig::default()
         })
@@ -262,14 +272,14 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
                     }
                     match op % 1000 {
                         0 if cpu == 0 => {
-                            let _ = alloc.kfence_force_sample(None);
+                            let _ = alloc.kfence().force_sample(None);
                         }
-                        250 if cpu == 1 => assert_eq!(alloc.verify().nr_problems, 0),
+                        250 if cpu == 1 => assert_eq!(alloc.debug().verify().nr_problems, 0),
                         500 if cpu == 2 => {
                             let _ = alloc.reap_all();
                         }
                         750 if cpu == 3 => {
-                            let _ = alloc.kmemtrace_status();
+                            let _ = alloc.kmemtrace().status();
                             let _ = caches[0].stats();
                         }
                         _ => {}
@@ -292,7 +302,7 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
             });
         }
     });
-    alloc.kmemtrace_stop();
+    alloc.kmemtrace().stop();
     let stats = lockdep::stats();
     assert_eq!(stats.nr_reports, reports_before, "{stats:?}");
     assert_eq!(stats.nr_untracked, 0, "{stats:?}");
@@ -306,6 +316,6 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
         cache.trace_stop();
         assert_eq!(cache.trace_stats().nr_records, 0, "every record removed");
     }
-    assert!(alloc.nr_errors() > 0, "bad frees were reported");
+    assert!(alloc.debug().nr_errors() > 0, "bad frees were reported");
     let _ = source;
 }

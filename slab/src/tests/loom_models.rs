@@ -59,6 +59,7 @@
 //! `LOOM_MAX_PREEMPTIONS` overrides the preemption bound of
 //! [`PREEMPTION_BOUND`] (higher explores more and takes much longer).
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -70,7 +71,7 @@ use std::vec::Vec;
 use loom::thread;
 
 use super::support::FakeSource;
-use crate::{Allocator, CacheFlags, InitBox, KmemCache, Platform};
+use crate::{CacheFlags, InitBox, Kmem, KmemCache, Platform, PlatformHooks};
 
 /// Preemptions per execution that loom explores unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise.
@@ -202,6 +203,12 @@ unsafe impl Platform for LoomPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for LoomPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -216,7 +223,7 @@ type Cache = KmemCache<LoomPlatform>;
 /// objects callers hold. Leaked for `'static` threads; given back by
 /// [`Fixture::release`] at the end of the execution.
 struct Fixture {
-    alloc: &'static Allocator<LoomPlatform>,
+    alloc: &'static Kmem<LoomPlatform>,
     source: &'static FakeSource,
     cache: &'static Cache,
     live: &'static StdMutex<HashSet<usize>>,
@@ -235,10 +242,18 @@ impl Fixture {
     fn with_flags(size: usize, flags: CacheFlags) -> Fixture {
         set_cpu(MAIN_CPU);
         let source = FakeSource::new(NR_PAGES);
-        let alloc: &'static Allocator<LoomPlatform> = Box::leak(Box::new(Allocator::new()));
+        let alloc: &'static Kmem<LoomPlatform> = Box::leak(Box::new(Kmem::new()));
         alloc.init(source).expect("init");
         let cache = alloc
-            .cache_create("loom", size, 8, flags, None, None, None)
+            .cache_create(
+                "loom",
+                size,
+                &CacheArgs {
+                    align: 8,
+                    flags,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .expect("cache");
         // No CPU holds a magazine yet: every magazine will be a
         // `kmem_magazine_1` one.
@@ -343,7 +358,7 @@ impl Fixture {
         unsafe {
             self.source.release();
             drop(Box::from_raw(
-                (self.alloc as *const Allocator<LoomPlatform>).cast_mut(),
+                (self.alloc as *const Kmem<LoomPlatform>).cast_mut(),
             ));
             drop(Box::from_raw((self.source as *const FakeSource).cast_mut()));
             drop(Box::from_raw(

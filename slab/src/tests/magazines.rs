@@ -1,5 +1,6 @@
 //! Magazine layer behaviour, observed through statistics.
 
+use crate::CacheArgs;
 use core::sync::atomic::Ordering;
 use std::vec::Vec;
 
@@ -15,7 +16,14 @@ use crate::{CacheFlags, KmemCache, MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, PAGE_SIZE};
 fn freed_object_rests_in_a_magazine() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("m", 32, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "m",
+            32,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -56,7 +64,14 @@ fn freed_object_rests_in_a_magazine() {
 fn depot_exchanges_full_and_empty_magazines() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("depot", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "depot",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -103,7 +118,15 @@ fn depot_exchanges_full_and_empty_magazines() {
 fn cross_cpu_free() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("x", 200, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "x",
+            200,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -235,7 +258,14 @@ fn producer_and_consumer_cpus_grow_the_magazines() {
     assert!(start < max);
     let run = |name: &str, consumer: usize| {
         let cache = alloc
-            .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                name,
+                size,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         for _ in 0..4 * MAG_RESIZE_INTERVAL as usize {
             set_cpu(0);
@@ -291,7 +321,14 @@ fn starting_magazine_follows_the_byte_rule() {
 fn contended_depot_lock_is_counted() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("contend", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "contend",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let guard = cache.depot.inner.lock();
     std::thread::scope(|scope| {
@@ -342,7 +379,14 @@ fn magazine_of_capacity_n_holds_exactly_n_rounds_then_goes_to_the_depot() {
     let (alloc, _) = setup_default();
     for magtype in 0..NR_MAG_TYPES {
         let cache = alloc
-            .cache_create("cap", 64, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "cap",
+                64,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         cache.depot.set_magtype(magtype);
         let n = MAGAZINE_ROUNDS[magtype];
@@ -387,7 +431,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
     let (alloc, _) = setup(16384);
     for size in [8, 64, 128, 256, 512, 1024, 4096] {
         alloc.reap_all();
-        let before = alloc.metadata_stats().magazine_total();
+        let before = alloc.stats().metadata().magazine_total();
         let k = alloc.find_cache(&std::format!("kmalloc-{size}")).unwrap();
         let n = 20_000.min((32 << 20) / size);
         let objs: Vec<_> = (0..n)
@@ -402,7 +446,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
             n,
             "{size}: all cached"
         );
-        let bytes = alloc.metadata_stats().magazine_total() - before;
+        let bytes = alloc.stats().metadata().magazine_total() - before;
         let per_obj = bytes as f64 / n as f64;
         // The bound of starting_magazine_follows_the_byte_rule, plus one
         // partly used page per magazine cache.
@@ -414,7 +458,7 @@ fn magazines_cost_a_few_bytes_per_cached_object() {
         );
         std::eprintln!("kmalloc-{size}: {per_obj:.2} B of magazines per cached object");
         alloc.reap_all();
-        assert_eq!(alloc.metadata_stats().magazine_total(), before, "{size}");
+        assert_eq!(alloc.stats().metadata().magazine_total(), before, "{size}");
     }
 }
 
@@ -424,7 +468,14 @@ fn growing_the_magazine_type_switches_magazines_and_loses_nothing() {
     let baseline = source.pages_outstanding();
     let before = magazines_in_use(alloc);
     let cache = alloc
-        .cache_create("grow", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "grow",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Start small so growth is quick to see.
     cache.depot.set_magtype(1);
@@ -502,7 +553,14 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
     let before_pages = source.pages_outstanding();
     let before = magazines_in_use(alloc);
     let cache = alloc
-        .cache_create("mixed-mags", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "mixed-mags",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let mut held = Vec::new();
     for (cpu, magtype) in [(0, 0), (1, 2), (2, 4), (3, 5)] {
@@ -549,7 +607,14 @@ fn reap_and_destroy_with_mixed_magazine_types_return_everything() {
 fn cpu_stats_count_each_cpus_magazine_hits() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("per-cpu", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "per-cpu",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm up: CPU 0 and CPU 1 each get a magazine (a first alloc on an
     // empty per-CPU cache misses to the slab layer and is not a hit).
@@ -559,7 +624,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     }
     set_cpu(0);
     let before: Vec<_> = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu)).collect();
-    let all_before: Vec<_> = (0..NR_CPUS).map(|cpu| alloc.cpu_stats(cpu)).collect();
+    let all_before: Vec<_> = (0..NR_CPUS).map(|cpu| alloc.stats().cpu(cpu)).collect();
     assert_eq!(before[0].nr_rounds_loaded, 1);
 
     // Allocated on CPU 0 (a hit in its loaded magazine), freed on CPU 1.
@@ -581,7 +646,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     // The allocator-wide figure moved by exactly the same (every other
     // cache was idle; bootstrap caches have no magazines).
     for cpu in 0..NR_CPUS {
-        let all = alloc.cpu_stats(cpu);
+        let all = alloc.stats().cpu(cpu);
         assert_eq!(
             all.nr_allocs - all_before[cpu].nr_allocs,
             after[cpu].nr_allocs - before[cpu].nr_allocs
@@ -602,7 +667,7 @@ fn cpu_stats_count_each_cpus_magazine_hits() {
     assert_eq!(hits, 1, "the warm-up allocations missed");
     // Out of range, and caches without magazines: all zero.
     assert_eq!(cache.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
-    assert_eq!(alloc.cpu_stats(NR_CPUS), crate::CpuCacheStats::default());
+    assert_eq!(alloc.stats().cpu(NR_CPUS), crate::CpuCacheStats::default());
     alloc.for_each_cache(|cache| {
         if cache.is_bootstrap() {
             assert_eq!(cache.cpu_stats(0), crate::CpuCacheStats::default());
@@ -675,7 +740,14 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
     let (alloc, _) = setup(16384);
     let size = 2048;
     let cache = alloc
-        .cache_create("contended", size, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "contended",
+            size,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let before = cache.stats();
     assert_eq!(before.nr_magazine_resizes, 0);
@@ -732,7 +804,14 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
 fn a_free_under_a_held_per_cpu_cache_goes_straight_to_the_slab_layer() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("held-miss", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "held-miss",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let objs: Vec<_> = (0..4).map(|_| cache.alloc_box().unwrap()).collect();
     cache.reap();

@@ -1,5 +1,6 @@
 //! Proptest model test: random operation sequences against a std model.
 
+use crate::CacheArgs;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::vec::Vec;
@@ -96,11 +97,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let result = alloc.cache_create(
                     "model",
                     size,
-                    align,
-                    flags,
-                    Some(model_ctor),
-                    Some(model_dtor),
-                    None,
+                    &CacheArgs {
+                        align,
+                        flags,
+                        ctor: Some(model_ctor),
+                        dtor: Some(model_dtor),
+                        ..CacheArgs::DEFAULT
+                    },
                 );
                 if align > 4096 {
                     prop_assert_eq!(result.err(), Some(AllocError::InvalidLayout));
@@ -199,9 +202,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         // bitmaps, rounds, busy counts; and no error was ever reported.
         #[cfg(debug_assertions)]
         alloc
+            .debug()
             .check_invariants()
             .map_err(|error| TestCaseError::fail(std::format!("{error}")))?;
-        prop_assert_eq!(alloc.nr_errors(), 0);
+        prop_assert_eq!(alloc.debug().nr_errors(), 0);
     }
     // Every live object still holds its pattern; free everything.
     for (_, Live { obj, seed, .. }) in live.drain() {

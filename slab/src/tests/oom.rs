@@ -1,9 +1,10 @@
 //! Running out of memory returns errors, never panics, and leaks nothing.
 
+use crate::CacheArgs;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, CacheFlags, MIN_FREE_PAGES};
+use crate::{AllocError, Kmem, MIN_FREE_PAGES};
 
 #[test]
 fn init_fails_cleanly_at_every_point() {
@@ -11,8 +12,7 @@ fn init_fails_cleanly_at_every_point() {
     let mut budget = 0;
     loop {
         let source = FakeSource::new(1024);
-        let alloc: &'static TestAlloc =
-            std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+        let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
         source.fail_after(Some(budget));
         match alloc.init(source) {
             Ok(()) => {
@@ -45,10 +45,24 @@ fn init_fails_cleanly_at_every_point() {
 fn allocations_fail_without_panicking_and_recover() {
     let (alloc, source) = setup_default();
     let small = alloc
-        .cache_create("oom-s", 100, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "oom-s",
+            100,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big = alloc
-        .cache_create("oom-b", 3000, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "oom-b",
+            3000,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
@@ -59,7 +73,14 @@ fn allocations_fail_without_panicking_and_recover() {
     assert_eq!(alloc.kmalloc(100_000, 8), Err(AllocError::OutOfMemory));
     assert!(
         alloc
-            .cache_create("oom-c", 8, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "oom-c",
+                8,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                }
+            )
             .is_ok()
             || source.pages_outstanding() == baseline
     );
@@ -101,7 +122,14 @@ fn cache_create_out_of_memory() {
     // kmem_cache runs out sooner or later.
     let mut failed = false;
     for _ in 0..1000 {
-        match alloc.cache_create("c", 8, 8, CacheFlags::empty(), None, None, None) {
+        match alloc.cache_create(
+            "c",
+            8,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        ) {
             Ok(c) => created.push(c),
             Err(e) => {
                 assert_eq!(e, AllocError::OutOfMemory);
@@ -120,20 +148,20 @@ fn cache_create_out_of_memory() {
     assert!(source.pages_outstanding() <= baseline);
 }
 
-/// Issue 29: a refused `Allocator::init` leaves the allocator as a fresh
+/// Issue 29: a refused `Kmem::init` leaves the allocator as a fresh
 /// one: no cache listed, cache ids where they were, not ready; a retry
 /// builds exactly what a first successful init builds.
 #[test]
 fn a_refused_init_leaves_the_allocator_as_it_was() {
     set_cpu(0);
-    let fresh: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let fresh: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     fresh.init(FakeSource::new(1024)).unwrap();
     let mut fresh_ids = Vec::new();
     fresh.for_each_cache(|cache| {
         fresh_ids.push((std::string::String::from(cache.name()), cache.id()))
     });
 
-    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = std::boxed::Box::leak(std::boxed::Box::new(Kmem::new()));
     let source = FakeSource::new(1024);
     // Refused halfway (the page source runs dry after 20 pages), then
     // refused too small, then retried.

@@ -75,7 +75,7 @@ fn working_set_reap_gives_back_a_burst_after_one_idle_interval() {
 #[test]
 fn a_steady_load_keeps_its_magazines() {
     let (alloc, _) = setup_default();
-    let cache = alloc.kmalloc_cache_for(64, 8).unwrap();
+    let cache = alloc.stats().kmalloc_cache_for(64, 8).unwrap();
     // Warm up: magazines in the depot.
     for obj in burst(alloc, 2000, 64) {
         obj.free().unwrap();
@@ -116,7 +116,7 @@ fn out_of_memory_reaps_every_cpu_before_failing() {
     }
     assert!(objs.len() > 300_000, "{} objects", objs.len());
     // The frees need magazines, which need pages: they may reap already.
-    let reaps = alloc.nr_pressure_reaps();
+    let reaps = alloc.stats().nr_pressure_reaps();
     for (i, obj) in objs.into_iter().enumerate() {
         set_cpu(i % NR_CPUS_USED);
         obj.free().unwrap();
@@ -125,7 +125,7 @@ fn out_of_memory_reaps_every_cpu_before_failing() {
     let big = alloc
         .kmalloc_box(1 << 20, 8)
         .expect("1 MiB after freeing everything");
-    assert!(alloc.nr_pressure_reaps() > reaps);
+    assert!(alloc.stats().nr_pressure_reaps() > reaps);
     let big = big.write_words(word(usize::MAX));
     // A slab-sized request works the same way.
     let k = alloc.kmalloc_box(4000, 8).unwrap();

@@ -9,7 +9,7 @@ use std::format;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, Allocator, InitCost, MIN_FREE_PAGES, PAGE_SIZE, Platform};
+use crate::{AllocError, InitCost, Kmem, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks};
 
 /// One CPU (id 0), the emulated interrupts of CPU 0; in an interrupt
 /// handler while this thread's [`IN_HANDLER`] is set.
@@ -43,6 +43,12 @@ unsafe impl Platform for UpPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for UpPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -51,7 +57,7 @@ unsafe impl Platform for UpPlatform {
     }
 }
 
-type UpAlloc = Allocator<UpPlatform>;
+type UpAlloc = Kmem<UpPlatform>;
 
 /// A hobby kernel's heap: 100 KiB.
 const HEAP_PAGES: usize = 100 * 1024 / PAGE_SIZE;
@@ -59,7 +65,7 @@ const HEAP_PAGES: usize = 100 * 1024 / PAGE_SIZE;
 fn up_setup(nr_pages: usize) -> (&'static UpAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(nr_pages);
-    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (alloc, source)
 }
@@ -116,7 +122,7 @@ fn init_on_a_large_source_creates_the_classes_as_before() {
 fn init_refuses_a_source_too_small_with_the_figures() {
     set_cpu(0);
     let source = FakeSource::new(MIN_FREE_PAGES);
-    let alloc: &'static UpAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Kmem::new()));
     assert_eq!(alloc.init(source), Err(AllocError::SourceTooSmall));
     assert!(!alloc.is_ready());
     assert_eq!(source.pages_outstanding(), 0);
@@ -157,7 +163,7 @@ fn a_class_is_created_by_its_first_allocation() {
     let mut nr_classes = 0;
     alloc.for_each_cache(|cache| nr_classes += usize::from(cache.name() == "kmalloc-832"));
     assert_eq!(nr_classes, 1);
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 #[test]
@@ -182,9 +188,9 @@ fn an_unborn_class_keeps_the_alignment_asked_for() {
         }
     }
     // The public lookup creates the class too.
-    let cache = alloc.kmalloc_cache_for(40, 8).unwrap();
+    let cache = alloc.stats().kmalloc_cache_for(40, 8).unwrap();
     assert_eq!(cache.name(), "kmalloc-40");
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 /// From an interrupt handler the cache list and the size-class lock are
@@ -210,7 +216,7 @@ fn a_handler_does_not_wait_for_the_cache_list_to_make_a_class() {
     assert!(alloc.find_cache("kmalloc-104").is_none());
     alloc.kmalloc_box(100, 8).unwrap().free().unwrap();
     assert!(alloc.find_cache("kmalloc-104").is_some());
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }
 
 /// The heap tests of a hobby kernel (blog_os `tests/heap_allocation.rs`)
@@ -257,12 +263,12 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
     assert!(!map.is_empty());
     drop(map);
     drop(long_lived);
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
     std::println!(
         "100 KiB heap: {} of {} pages used after the tests, {} pressure reaps",
         source.pages_outstanding(),
         HEAP_PAGES,
-        alloc.nr_pressure_reaps()
+        alloc.stats().nr_pressure_reaps()
     );
 }
 
@@ -272,7 +278,7 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
 fn classes_created_on_first_use_race_safely() {
     let (alloc, source) = setup(256);
     assert!(
-        Allocator::<TestPlatform>::init_cost(source)
+        Kmem::<TestPlatform>::init_cost(source)
             .unwrap()
             .classes_on_first_use
     );
@@ -309,5 +315,5 @@ fn classes_created_on_first_use_race_safely() {
         alloc.for_each_cache(|cache| nr += usize::from(cache.name() == name));
         assert_eq!(nr, 1, "{name}");
     }
-    alloc.check_invariants().unwrap();
+    alloc.debug().check_invariants().unwrap();
 }

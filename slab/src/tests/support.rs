@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::vec;
 use std::vec::Vec;
 
-use crate::{AllocError, Allocator, ArenaStats, InitBox, PAGE_SIZE, PageSource, Platform, SlabBox};
+use crate::{
+    AllocError, ArenaStats, InitBox, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, SlabBox,
+};
 
 pub const NR_CPUS: usize = 4;
 
@@ -142,7 +144,7 @@ pub fn emulated_cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
     irq_unlock(cpu);
 }
 
-/// The call site `Platform::caller_frames` reports on this thread
+/// The call site `PlatformHooks::caller_frames` reports on this thread
 /// (kmemtrace tests); its callers are `FAKE_FRAMES`.
 pub fn set_caller(site: usize) {
     CALLER.with(|c| c.set(site));
@@ -192,6 +194,12 @@ unsafe impl Platform for TestPlatform {
     fn now() -> u64 {
         CLOCK.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for TestPlatform {
     fn backtrace(frames: &mut [usize]) -> usize {
         let n = frames.len().min(FAKE_FRAMES.len());
         frames[..n].copy_from_slice(&FAKE_FRAMES[..n]);
@@ -393,13 +401,13 @@ impl PageSource for FakeSource {
     }
 }
 
-pub type TestAlloc = Allocator<TestPlatform>;
+pub type TestAlloc = Kmem<TestPlatform>;
 
 /// A fresh, initialised allocator over a fresh source of `nr_pages` pages.
 pub fn setup(nr_pages: usize) -> (&'static TestAlloc, &'static FakeSource) {
     set_cpu(0);
     let source = FakeSource::new(nr_pages);
-    let alloc: &'static TestAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static TestAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (alloc, source)
 }

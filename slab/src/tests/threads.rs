@@ -6,6 +6,7 @@
 //! freed and reaped: every cache's allocated count is back to its
 //! baseline and the page source has every page back.
 
+use crate::CacheArgs;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,25 +136,33 @@ fn stress_threads_as_cpus() {
             .cache_create(
                 "mt-small",
                 SMALL_SIZE,
-                8,
-                CacheFlags::AUDIT,
-                None,
-                None,
-                None,
+                &CacheArgs {
+                    align: 8,
+                    flags: CacheFlags::AUDIT,
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap(),
         big: alloc
-            .cache_create("mt-big", BIG_SIZE, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "mt-big",
+                BIG_SIZE,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap(),
         ctor: alloc
             .cache_create(
                 "mt-ctor",
                 CTOR_SIZE,
-                8,
-                CacheFlags::empty(),
-                Some(ctor),
-                Some(dtor),
-                None,
+                &CacheArgs {
+                    align: 8,
+                    ctor: Some(ctor),
+                    dtor: Some(dtor),
+                    ..CacheArgs::DEFAULT
+                },
             )
             .unwrap(),
     };
@@ -232,7 +241,7 @@ fn stress_threads_as_cpus() {
                             }
                             _ => {
                                 let _ = caches.small.stats();
-                                let _ = caches.alloc.cpu_stats((cpu + 1) % NR_CPUS);
+                                let _ = caches.alloc.stats().cpu((cpu + 1) % NR_CPUS);
                             }
                         }
                     }
@@ -267,7 +276,7 @@ fn stress_threads_as_cpus() {
         let hits: u64 = (0..NR_CPUS).map(|cpu| cache.cpu_stats(cpu).nr_allocs).sum();
         assert!(hits > 0 && hits <= stats.nr_allocs_ever, "{}", cache.name());
     }
-    assert_eq!(alloc.large_stats().nr_live, 0);
+    assert_eq!(alloc.stats().large().nr_live, 0);
     alloc.reap_all();
     assert_eq!(allocated_per_cache(alloc), baseline);
     assert_eq!(source.pages_outstanding(), baseline_pages);

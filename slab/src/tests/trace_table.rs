@@ -1,6 +1,7 @@
 //! The per-cache trace table (Akaros `kmem_trace`): start, stop, print,
 //! reset semantics. (The kmemtrace event stream is `tests/kmemtrace.rs`.)
 
+use crate::CacheArgs;
 use std::collections::HashSet;
 use std::vec::Vec;
 
@@ -12,7 +13,14 @@ fn records_exactly_the_outstanding_objects() {
     let (alloc, _) = setup_default();
     for size in [64, 2000] {
         let cache = alloc
-            .cache_create("t", size, 8, CacheFlags::empty(), None, None, None)
+            .cache_create(
+                "t",
+                size,
+                &CacheArgs {
+                    align: 8,
+                    ..CacheArgs::DEFAULT
+                },
+            )
             .unwrap();
         // Objects allocated before tracing are not recorded...
         let early = cache.alloc_box().unwrap();
@@ -86,7 +94,15 @@ fn kmalloc_caches_trace_through_kfree() {
 fn notrace_is_refused() {
     let (alloc, _) = setup_default();
     let cache = alloc
-        .cache_create("nt", 32, 8, CacheFlags::NOTRACE, None, None, None)
+        .cache_create(
+            "nt",
+            32,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::NOTRACE,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
     assert!(!cache.is_tracing());
@@ -100,7 +116,14 @@ fn notrace_is_refused() {
 fn dropped_records_are_counted() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("drop", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "drop",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Put objects in the magazines so allocating them needs no pages.
     let objs: Vec<_> = (0..8).map(|_| cache.alloc_box().unwrap()).collect();
@@ -136,7 +159,14 @@ fn destroy_reports_leftover_records() {
     alloc.reap_all();
     let baseline = source.pages_outstanding();
     let cache = alloc
-        .cache_create("leak", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "leak",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     cache.trace_start().unwrap();
     let objs: Vec<_> = (0..3).map(|_| cache.alloc_box().unwrap()).collect();
@@ -166,7 +196,14 @@ fn destroy_reports_leftover_records() {
 fn trace_table_grows_with_many_records() {
     let (alloc, source) = setup_default();
     let cache = alloc
-        .cache_create("many", 16, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "many",
+            16,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();

@@ -17,9 +17,9 @@ use magpie_kmem::core::heap::{Heap, decode_descriptor, descriptor_bytes};
 use magpie_kmem::core::image::{ElfCore, Memory, ProcessMemory, ReadError};
 use magpie_kmem::core::{Report, write_report};
 use magpie_slab::descriptor::{DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR};
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 use magpie_slab::{
-    AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
-    reports,
+    AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
 };
 
 const NR_CPUS: usize = 2;
@@ -53,6 +53,12 @@ unsafe impl Platform for HostPlatform {
     fn now() -> u64 {
         0
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HostPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -95,7 +101,7 @@ impl PageSource for HostPages {
     }
 }
 
-static HEAP: Allocator<HostPlatform> = Allocator::new();
+static HEAP: Kmem<HostPlatform> = Kmem::new();
 static LOCK: Mutex<Option<Vec<usize>>> = Mutex::new(None);
 
 /// The heap, brought up once with a known state: objects held on both
@@ -173,7 +179,7 @@ fn descriptor_round_trips() {
     );
     assert_eq!(
         layout.allocator_size.offset,
-        size_of::<Allocator<HostPlatform>>() as u64
+        size_of::<Kmem<HostPlatform>>() as u64
     );
     // A reader of another version refuses, by name.
     let mut other = bytes.clone();
@@ -279,13 +285,14 @@ fn events_equal_the_kernels_own_dump() {
     let _heap = heap();
     let mem = ProcessMemory::open().unwrap();
     set_cpu(0);
-    HEAP.kmemtrace_start(KmemtraceConfig {
-        nr_subbufs: 2,
-        stack_depth: 4,
-        ..Default::default()
-    })
-    .unwrap();
-    HEAP.kmemtrace_mark("kmalloc 96 40");
+    HEAP.kmemtrace()
+        .start(KmemtraceConfig {
+            nr_subbufs: 2,
+            stack_depth: 4,
+            ..Default::default()
+        })
+        .unwrap();
+    HEAP.kmemtrace().mark("kmalloc 96 40");
     let mut held = Vec::new();
     for index in 0..1500 {
         set_cpu(index % 2);
@@ -295,14 +302,16 @@ fn events_equal_the_kernels_own_dump() {
         // SAFETY: allocated above, freed once.
         unsafe { HEAP.kfree(object).unwrap() };
     }
-    HEAP.kmemtrace_stop();
+    HEAP.kmemtrace().stop();
     let mut live = Vec::new();
     let identity = |ticks: u64| ticks;
     let info = DumpInfo {
         build_id: [0; 20],
         ticks_to_ns: &identity,
     };
-    let live_summary = HEAP.kmemtrace_dump(&info, &mut |chunk| live.extend_from_slice(chunk));
+    let live_summary = HEAP
+        .kmemtrace()
+        .dump(&info, &mut |chunk| live.extend_from_slice(chunk));
     let heap = Heap::new(&mem, descriptor_addr()).unwrap();
     let mut offline = Vec::new();
     let mut problems = Vec::new();

@@ -4,15 +4,15 @@
 
 mod common;
 
+use magpie_slab::CacheArgs;
 use std::alloc::Layout;
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use common::{run, scratch, stderr, stdout, write};
-use magpie_slab::{
-    AllocError, Allocator, ArenaStats, DumpInfo, KmemtraceConfig, PAGE_SIZE, PageSource, Platform,
-};
+use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
+use magpie_slab::{AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 const NR_CPUS: usize = 2;
 const SITE_A: usize = 0xffff_ffff_8010_0010;
@@ -57,6 +57,12 @@ unsafe impl Platform for HostPlatform {
         *clock += 1;
         *clock
     }
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HostPlatform {
     fn backtrace(_frames: &mut [usize]) -> usize {
         0
     }
@@ -123,29 +129,31 @@ impl PageSource for HostPages {
     }
 }
 
-fn start(alloc: &'static Allocator<HostPlatform>, nr_subbufs: usize) {
+fn start(alloc: &'static Kmem<HostPlatform>, nr_subbufs: usize) {
     set_cpu(0);
     alloc.init(HostPages::leak(64 << 20)).unwrap();
     let config = KmemtraceConfig {
         nr_subbufs,
         ..Default::default()
     };
-    alloc.kmemtrace_start(config).unwrap();
+    alloc.kmemtrace().start(config).unwrap();
 }
 
-fn dump(alloc: &'static Allocator<HostPlatform>) -> Vec<u8> {
+fn dump(alloc: &'static Kmem<HostPlatform>) -> Vec<u8> {
     let mut bytes = Vec::new();
     let ticks_to_ns = |ticks: u64| ticks * 10;
     let info = DumpInfo {
         build_id: [0; 20],
         ticks_to_ns: &ticks_to_ns,
     };
-    let summary = alloc.kmemtrace_dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
+    let summary = alloc
+        .kmemtrace()
+        .dump(&info, &mut |chunk| bytes.extend_from_slice(chunk));
     assert_eq!(summary.nr_bytes as usize, bytes.len());
     bytes
 }
 
-static SESSION: Allocator<HostPlatform> = Allocator::new();
+static SESSION: Kmem<HostPlatform> = Kmem::new();
 
 #[test]
 fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
@@ -160,7 +168,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     set_cpu(0);
     // SAFETY: as above.
     unsafe { SESSION.kfree(a[1]) }.unwrap();
-    SESSION.kmemtrace_stop();
+    SESSION.kmemtrace().stop();
 
     let dir = scratch("slab_writer_session");
     write(&dir, "s.kmt", &dump(&SESSION));
@@ -238,7 +246,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     assert_eq!(live, held);
 }
 
-static OVERRUN: Allocator<HostPlatform> = Allocator::new();
+static OVERRUN: Kmem<HostPlatform> = Kmem::new();
 
 #[test]
 fn a_full_buffer_reads_back_as_overruns_not_corruption() {
@@ -248,7 +256,7 @@ fn a_full_buffer_reads_back_as_overruns_not_corruption() {
     for _ in 0..1100 {
         OVERRUN.kmalloc(8, 8).unwrap();
     }
-    OVERRUN.kmemtrace_stop();
+    OVERRUN.kmemtrace().stop();
     let dir = scratch("slab_writer_overrun");
     write(&dir, "o.kmt", &dump(&OVERRUN));
     let o = run(&dir, &["check", "--no-symbols", "o.kmt"]);
@@ -265,7 +273,7 @@ fn a_full_buffer_reads_back_as_overruns_not_corruption() {
     assert!(out.ends_with("check: OK (0 errors, 1 warning)\n"), "{out}");
 }
 
-static DESTROYED: Allocator<HostPlatform> = Allocator::new();
+static DESTROYED: Kmem<HostPlatform> = Kmem::new();
 
 /// A cache destroyed before the dump: its events still name it (the
 /// writer keeps the CACHE record of a cache destroyed during the record).
@@ -277,11 +285,10 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
         .cache_create(
             "dentry-scratch",
             96,
-            8,
-            magpie_slab::CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let objects: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
@@ -290,7 +297,7 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
     }
     // SAFETY: nothing uses the cache afterwards; one thread.
     unsafe { cache.destroy() }.unwrap();
-    DESTROYED.kmemtrace_stop();
+    DESTROYED.kmemtrace().stop();
 
     let dir = scratch("slab_writer_destroyed");
     write(&dir, "d.kmt", &dump(&DESTROYED));
@@ -313,29 +320,29 @@ fn a_cache_destroyed_before_the_dump_keeps_its_name() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
 
-static MARKED: Allocator<HostPlatform> = Allocator::new();
+static MARKED: Kmem<HostPlatform> = Kmem::new();
 
-/// `Allocator::kmemtrace_mark` while recording becomes a MARK record the
+/// `kmemtrace::Kmemtrace::mark` while recording becomes a MARK record the
 /// tool shows as a marker; marks before the start are not kept.
 #[test]
 fn marks_made_while_recording_reach_the_dump() {
     set_cpu(0);
     MARKED.init(HostPages::leak(64 << 20)).unwrap();
-    MARKED.kmemtrace_mark("before the record");
+    MARKED.kmemtrace().mark("before the record");
     let config = KmemtraceConfig {
         nr_subbufs: 4,
         ..Default::default()
     };
-    MARKED.kmemtrace_start(config).unwrap();
-    MARKED.kmemtrace_mark("kmalloc 100 1");
+    MARKED.kmemtrace().start(config).unwrap();
+    MARKED.kmemtrace().mark("kmalloc 100 1");
     set_caller(SITE_A);
     let p = MARKED.kmalloc(100, 8).unwrap();
     set_cpu(1);
-    MARKED.kmemtrace_mark("kfree all");
+    MARKED.kmemtrace().mark("kfree all");
     // SAFETY: from kmalloc, freed once.
     unsafe { MARKED.kfree(p) }.unwrap();
     set_cpu(0);
-    MARKED.kmemtrace_stop();
+    MARKED.kmemtrace().stop();
     let dir = scratch("slab_writer_marks");
     write(&dir, "m.kmt", &dump(&MARKED));
     let o = run(

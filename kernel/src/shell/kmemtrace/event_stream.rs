@@ -6,9 +6,10 @@
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
+use magpie_slab::PAGE_SIZE;
+use magpie_slab::kmemtrace::KmemtraceStatus;
 use magpie_slab::kmemtrace::{MAX_STACK_DEPTH, SUBBUF_EVENTS, SUBBUF_PAGES};
 use magpie_slab::reports::Nanoseconds;
-use magpie_slab::{KmemtraceStatus, PAGE_SIZE};
 
 use super::KMEMTRACE;
 use crate::arch;
@@ -29,7 +30,7 @@ pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a
     match args {
         ["start", rest @ ..] => record_start(rest, out),
         ["stop"] => {
-            let before = SLAB.kmemtrace_status();
+            let before = SLAB.kmemtrace().status();
             if before.nr_cpus == 0 {
                 return Err(shell_error!(
                     "not recording: nothing to stop ('kmemtrace record start' first)"
@@ -41,8 +42,8 @@ pub(super) fn cmd_record<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a
                     before.nr_events
                 ));
             }
-            SLAB.kmemtrace_stop();
-            let status = SLAB.kmemtrace_status();
+            SLAB.kmemtrace().stop();
+            let status = SLAB.kmemtrace().status();
             let _ = writeln!(
                 out,
                 "recording stopped: {} events, {} overruns; 'kmemtrace dump' sends them",
@@ -106,7 +107,7 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
         }
         Some(cache)
     };
-    let before = SLAB.kmemtrace_status();
+    let before = SLAB.kmemtrace().status();
     if before.recording {
         return Err(shell_error!(
             "already recording ({} events so far): 'kmemtrace record stop' first",
@@ -131,7 +132,7 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
             before.nr_events, before.nr_overruns
         );
     }
-    let status = SLAB.kmemtrace_status();
+    let status = SLAB.kmemtrace().status();
     let _ = write!(
         out,
         "recording {}",
@@ -158,7 +159,7 @@ fn record_start<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> {
 }
 
 fn record_status(out: &mut dyn Write) {
-    let status: KmemtraceStatus = SLAB.kmemtrace_status();
+    let status: KmemtraceStatus = SLAB.kmemtrace().status();
     if status.nr_cpus == 0 {
         let _ = writeln!(
             out,
@@ -205,7 +206,7 @@ fn record_status(out: &mut dyn Write) {
         "cpu", "events", "overruns", "fill"
     );
     for cpu in 0..status.nr_cpus {
-        let ring = SLAB.kmemtrace_cpu_status(cpu);
+        let ring = SLAB.kmemtrace().cpu_status(cpu);
         let permille = ring.nr_events * 1000 / ring.capacity.max(1);
         let _ = writeln!(
             out,
@@ -238,7 +239,7 @@ pub(super) fn cmd_dump<'a>(args: &[&'a str], out: &mut dyn Write) -> Result<'a> 
     if let Some(extra) = args.first() {
         return Err(ShellError::Unexpected(extra, &KMEMTRACE));
     }
-    if SLAB.kmemtrace_status().nr_cpus == 0 {
+    if SLAB.kmemtrace().status().nr_cpus == 0 {
         return Err(shell_error!(
             "nothing recorded yet: 'kmemtrace record start' first"
         ));

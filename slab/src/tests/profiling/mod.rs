@@ -4,6 +4,7 @@
 //!
 //! The switch and counters are process-wide, so these tests take `SERIAL`.
 
+use crate::CacheArgs;
 use std::boxed::Box;
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -17,7 +18,7 @@ use magpie_codetag::alloc_tag::{
 };
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill_box, set_cpu};
-use crate::{AllocTagRef, Allocator, CacheFlags, FreeError, PAGE_SIZE, Platform};
+use crate::{AllocTagRef, CacheFlags, FreeError, Kmem, PAGE_SIZE, Platform, PlatformHooks};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
@@ -29,8 +30,7 @@ std::thread_local! {
     static CURRENT: Cell<Option<AllocTagRef>> = const { Cell::new(None) };
 }
 
-/// The machine half of a test [`Platform`]: everything but the
-/// `alloc_tag_*` hooks, from [`TestPlatform`].
+/// The machine half of a test [`Platform`], from [`TestPlatform`].
 macro_rules! test_platform_basics {
     () => {
         fn max_cpus() -> usize {
@@ -51,6 +51,12 @@ macro_rules! test_platform_basics {
         fn now() -> u64 {
             TestPlatform::now()
         }
+    };
+}
+
+/// The stack hooks of a test [`PlatformHooks`], from [`TestPlatform`].
+macro_rules! test_platform_stacks {
+    () => {
         fn backtrace(frames: &mut [usize]) -> usize {
             TestPlatform::backtrace(frames)
         }
@@ -66,6 +72,13 @@ struct ProfiledPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for ProfiledPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for ProfiledPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         if !SWITCH.is_on() {
             return None;
@@ -80,7 +93,7 @@ unsafe impl Platform for ProfiledPlatform {
     }
 }
 
-type ProfiledAlloc = Allocator<ProfiledPlatform>;
+type ProfiledAlloc = Kmem<ProfiledPlatform>;
 
 /// Serialise, make sure the counters exist, profiling on, CPU 0.
 fn setup() -> (MutexGuard<'static, ()>, &'static ProfiledAlloc) {
@@ -107,7 +120,7 @@ fn setup_with_source() -> (
     set_cpu(0);
     CURRENT.with(|current| current.set(None));
     let source = FakeSource::new(4096);
-    let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static ProfiledAlloc = Box::leak(Box::new(Kmem::new()));
     alloc.init(source).expect("init");
     (guard, alloc, source)
 }
@@ -158,7 +171,8 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
     let objs: Vec<_> = (0..10)
         .map(|_| {
             alloc
-                .kmalloc_box_tagged(100, 8, Some(tag.tag_ref()))
+                .profiling()
+                .kmalloc_box(100, 8, Some(tag.tag_ref()))
                 .unwrap()
         })
         .collect();
@@ -179,14 +193,22 @@ fn tagged_kmalloc_counts_class_rounded_bytes_and_frees_back_to_zero() {
 fn bufctl_and_page_granular_objects_remember_their_tag() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("tagged-big", 1500, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "tagged-big",
+            1500,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let (bufctl_tag, large_tag) = (site_bufctl(), site_large());
     let mut objs: Vec<_> = (0..5)
         .map(|_| cache.alloc_box_tagged(Some(bufctl_tag.tag_ref())).unwrap())
         .collect();
     let big = alloc
-        .kmalloc_box_tagged(20_000, 8, Some(large_tag.tag_ref()))
+        .profiling()
+        .kmalloc_box(20_000, 8, Some(large_tag.tag_ref()))
         .unwrap();
     assert_eq!(
         counts(bufctl_tag),
@@ -270,7 +292,14 @@ fn untagged_and_scoped_allocations_through_every_entry_point() {
 fn tag_refs_survive_alloc_on_one_cpu_and_free_on_another() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("cross", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "cross",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_cross_cpu();
     let objs: Vec<_> = std::thread::scope(|scope| {
@@ -375,10 +404,25 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
     let (_serial, alloc) = setup();
     let tag = site_audit();
     let audit = alloc
-        .cache_create("tag-audit", 40, 8, CacheFlags::AUDIT, None, None, None)
+        .cache_create(
+            "tag-audit",
+            40,
+            &CacheArgs {
+                align: 8,
+                flags: CacheFlags::AUDIT,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let traced = alloc
-        .cache_create("tag-traced", 200, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "tag-traced",
+            200,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     traced.trace_start().unwrap();
     let a = audit.alloc_tagged(Some(tag.tag_ref())).unwrap();
@@ -409,7 +453,14 @@ fn refill_and_depot_exchanges_are_timed() {
     use magpie_codetag::time_stats::TimeStats;
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("timed", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "timed",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let objs: Vec<_> = (0..500).map(|_| cache.alloc_box().unwrap()).collect();
     for obj in objs {
@@ -451,6 +502,13 @@ struct CountingPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for CountingPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for CountingPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
         Some(COUNTING_TAG)
@@ -485,24 +543,30 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
             COUNTING_SUB_CALLS.load(Ordering::Relaxed),
         )
     };
-    let alloc: &'static Allocator<CountingPlatform> = Box::leak(Box::new(Allocator::new()));
-    assert!(alloc.alloc_profiling(), "on by default");
+    let alloc: &'static Kmem<CountingPlatform> = Box::leak(Box::new(Kmem::new()));
+    assert!(alloc.profiling().enabled(), "on by default");
     alloc.init(FakeSource::new(4096)).expect("init");
-    alloc.set_alloc_profiling(false);
-    assert!(!alloc.alloc_profiling());
+    alloc.profiling().set_enabled(false);
+    assert!(!alloc.profiling().enabled());
     // Created while off: inherits off. kmalloc-64 existed before: switched.
     let cache = alloc
-        .cache_create("counting-48", 48, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "counting-48",
+            48,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let big_cache = alloc
         .cache_create(
             "counting-big",
             1500,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let before = calls();
@@ -516,7 +580,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
         .collect();
     let off_big = big_cache.alloc_box().unwrap();
     let off_large = alloc.kmalloc_box(3 * PAGE_SIZE, 8).unwrap();
-    let kmalloc_64 = alloc.kmalloc_cache_for(64, 8).unwrap();
+    let kmalloc_64 = alloc.stats().kmalloc_cache_for(64, 8).unwrap();
     assert_eq!(calls(), before, "off: no alloc_tag_* call at all");
     for (cache, obj) in &off_small {
         assert_eq!(cache.small_tag_ref(obj.as_ptr()), None);
@@ -526,7 +590,7 @@ fn switched_off_allocator_never_asks_the_platform_for_a_tag() {
     }
 
     // Switched on: asked on every path, tagged, charged.
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     let on_small: Vec<_> = (0..100).map(|_| cache.alloc_box().unwrap()).collect();
     let on_kmalloc = alloc.kmalloc_box(64, 8).unwrap();
     let on_big = big_cache.alloc_box().unwrap();
@@ -583,6 +647,13 @@ struct HookPlatform;
 // SAFETY: the machine half is TestPlatform's (see its SAFETY comment).
 unsafe impl Platform for HookPlatform {
     test_platform_basics!();
+}
+
+// SAFETY: the hooks keep PlatformHooks' contract: the KFENCE pool (if any) is
+// mapped and the platform's own, and charge tokens are the ones the token hooks
+// return.
+unsafe impl PlatformHooks for HookPlatform {
+    test_platform_stacks!();
     fn alloc_tag_current() -> Option<AllocTagRef> {
         Some(HOOK_TAG)
     }
@@ -608,7 +679,7 @@ unsafe impl Platform for HookPlatform {
     }
 }
 
-/// `Allocator::set_alloc_tag_hooks`: off (the default), the profiled hits
+/// `AllocProfiling::set_tag_hooks`: off (the default), the profiled hits
 /// charge and uncharge without calling a hook (the slow paths do call
 /// them: a page-granular block); on, every charge and uncharge calls its
 /// hook with the object, caches created meanwhile included; off again,
@@ -618,11 +689,18 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     set_cpu(0);
     let count = |counter: &AtomicUsize| counter.load(Ordering::Relaxed);
     let hooks = || (count(&HOOK_CHARGE_HOOKS), count(&HOOK_UNCHARGE_HOOKS));
-    let alloc: &'static Allocator<HookPlatform> = Box::leak(Box::new(Allocator::new()));
+    let alloc: &'static Kmem<HookPlatform> = Box::leak(Box::new(Kmem::new()));
     alloc.init(FakeSource::new(4096)).expect("init");
-    assert!(!alloc.alloc_tag_hooks(), "off by default");
+    assert!(!alloc.profiling().tag_hooks(), "off by default");
     let cache = alloc
-        .cache_create("hooks-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "hooks-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     // Warm this CPU's magazines and the slab's side array (the first
     // alloc misses: a slow path, which may call the hook).
@@ -647,17 +725,16 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
     assert_eq!(hooks().1, before.1 + 1);
     assert_eq!(count(&HOOK_LAST_UNCHARGED), large_addr);
 
-    alloc.set_alloc_tag_hooks(true);
-    assert!(alloc.alloc_tag_hooks());
+    alloc.profiling().set_tag_hooks(true);
+    assert!(alloc.profiling().tag_hooks());
     let late = alloc
         .cache_create(
             "hooks-late-96",
             96,
-            8,
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
         )
         .unwrap();
     let before = hooks();
@@ -688,8 +765,8 @@ fn tag_hooks_run_off_the_hits_and_on_every_charge_while_on() {
         "hooks on: one call per charge and uncharge"
     );
 
-    alloc.set_alloc_tag_hooks(false);
-    assert!(!alloc.alloc_tag_hooks());
+    alloc.profiling().set_tag_hooks(false);
+    assert!(!alloc.profiling().tag_hooks());
     let before = hooks();
     for cache in [cache, late] {
         for _ in 0..100 {

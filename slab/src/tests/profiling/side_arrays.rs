@@ -3,12 +3,13 @@
 //! under a race; the fixtures are the parent module's.
 
 use super::*;
+use crate::CacheArgs;
 
 #[test]
 fn tag_refs_live_in_side_arrays_not_in_the_slab() {
     let (_serial, alloc) = setup();
     for size in [8usize, 64, 96, 192, 512] {
-        let cache = alloc.kmalloc_cache_for(size, 8).unwrap();
+        let cache = alloc.stats().kmalloc_cache_for(size, 8).unwrap();
         let stats = cache.stats();
         let geometry = crate::layout::geometry::Geometry::new(
             size,
@@ -42,7 +43,7 @@ fn tag_refs_live_in_side_arrays_not_in_the_slab() {
         }
         assert_eq!(counts(tag), AllocTagCounts::default());
     }
-    assert_eq!(alloc.nr_tag_array_misses(), 0);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 0);
 }
 
 #[test]
@@ -50,15 +51,22 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     let (_serial, alloc, source) = setup_with_source();
     alloc.reap_all();
     let pages_before = source.pages_outstanding();
-    let metadata_before = alloc.metadata_stats().tag_array_bytes;
+    let metadata_before = alloc.stats().metadata().tag_array_bytes;
     // 64-byte objects, one-page slabs of 62: a 256-byte side array each.
     let cache = alloc
-        .cache_create("side-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "side-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = side_arrays(alloc, 256);
     // Untagged objects (profiling off) get no side array.
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let untagged: Vec<_> = (0..3 * 62).map(|_| cache.alloc_box().unwrap()).collect();
     assert_eq!(side_arrays(alloc, 256), before);
     assert!(
@@ -67,14 +75,14 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
             .all(|obj| !cache.has_tag_array(obj.as_ptr()))
     );
     // Tagged ones: one side array per slab they land in.
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     let tagged: Vec<_> = (0..5 * 62)
         .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     let nr_slabs = cache.stats().nr_slabs;
     assert_eq!(nr_slabs, 8, "3 untagged slabs, 5 tagged ones");
     assert_eq!(side_arrays(alloc, 256), before + 5);
-    assert!(alloc.metadata_stats().tag_array_bytes > metadata_before);
+    assert!(alloc.stats().metadata().tag_array_bytes > metadata_before);
     // Free everything (some through the slab layer: reap drains the
     // magazines) and reap: every side array goes back with its slab.
     for obj in untagged.into_iter().chain(tagged) {
@@ -87,7 +95,7 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
     // SAFETY: no object of the cache is allocated.
     unsafe { cache.destroy() }.unwrap();
     alloc.reap_all();
-    assert_eq!(alloc.metadata_stats().tag_array_bytes, metadata_before);
+    assert_eq!(alloc.stats().metadata().tag_array_bytes, metadata_before);
     assert_eq!(source.pages_outstanding(), pages_before);
 }
 
@@ -95,16 +103,23 @@ fn side_arrays_come_with_the_first_tagged_object_and_go_with_the_slab() {
 fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("late-96", 96, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "late-96",
+            96,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = counts(tag);
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let old: Vec<_> = (0..10)
         .map(|_| cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap())
         .collect();
     assert!(!cache.has_tag_array(old[0].as_ptr()));
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     // The same partial slab: its side array comes now, with every older
     // object's slot None.
     let new: Vec<_> = (0..10)
@@ -135,25 +150,32 @@ fn profiling_switched_on_late_tags_only_new_objects_of_old_slabs() {
 fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     let (_serial, alloc, source) = setup_with_source();
     let cache = alloc
-        .cache_create("miss-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "miss-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let before = counts(tag);
     // A slab and a magazine holding one of its objects, untagged.
-    alloc.set_alloc_profiling(false);
+    alloc.profiling().set_enabled(false);
     let kept = cache.alloc_box().unwrap();
     let cached = cache.alloc_box().unwrap();
     let cached_ptr = cached.as_ptr();
     cached.free().unwrap();
-    alloc.set_alloc_profiling(true);
+    alloc.profiling().set_enabled(true);
     // No page for a side array: the profiled magazine hit, then the slab
     // layer (the magazine is empty) hand out their objects untagged.
     source.set_fail(true);
     let by_hit = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
     assert_eq!(by_hit.as_ptr(), cached_ptr, "the magazine's round");
-    assert_eq!(alloc.nr_tag_array_misses(), 1);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 1);
     let by_slab = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();
-    assert_eq!(alloc.nr_tag_array_misses(), 2);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 2);
     source.set_fail(false);
     assert_eq!(counts(tag), before, "nothing charged for them");
     let [kept, by_hit, by_slab] = [kept, by_hit, by_slab].map(|obj| {
@@ -170,7 +192,7 @@ fn a_side_array_that_cannot_be_allocated_costs_the_tag_not_the_object() {
     }
     tagged.free().unwrap();
     assert_eq!(counts(tag), before, "untagged frees uncharge nothing");
-    assert_eq!(alloc.nr_tag_array_misses(), 2);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 2);
 }
 
 #[test]
@@ -181,7 +203,14 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
     // 24-byte objects: slabs of 2 pages holding 336, a 1536-byte side
     // array (1344 bytes used).
     let cache = alloc
-        .cache_create("race-24", 24, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "race-24",
+            24,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_cross_cpu();
     let before = counts(tag);
@@ -229,7 +258,7 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
         cache.reap();
         assert_eq!(side_arrays(alloc, 1536), arrays_before, "round {round}");
     }
-    assert_eq!(alloc.nr_tag_array_misses(), 0);
+    assert_eq!(alloc.profiling().nr_tag_array_misses(), 0);
     // SAFETY: no object of the cache is allocated.
     unsafe { cache.destroy() }.unwrap();
     alloc.reap_all();
@@ -240,7 +269,14 @@ fn concurrent_first_tagged_allocations_install_one_side_array() {
 fn the_loser_of_an_install_race_frees_its_copy() {
     let (_serial, alloc) = setup();
     let cache = alloc
-        .cache_create("loser-64", 64, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            "loser-64",
+            64,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let tag = site_side_array();
     let obj = cache.alloc_box_tagged(Some(tag.tag_ref())).unwrap();

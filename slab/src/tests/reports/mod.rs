@@ -11,11 +11,12 @@ mod timestats;
 mod trace_print;
 mod whatis;
 
+use crate::CacheArgs;
 use core::fmt;
 
+use crate::KmemCache;
 use crate::report::ReportFormat;
 use crate::tests::support::{TestAlloc, TestPlatform};
-use crate::{CacheFlags, KmemCache};
 
 /// A new cache of `size`-byte objects, aligned to 8, no flags.
 pub fn plain_cache(
@@ -24,7 +25,14 @@ pub fn plain_cache(
     size: usize,
 ) -> &'static KmemCache<TestPlatform> {
     alloc
-        .cache_create(name, size, 8, CacheFlags::empty(), None, None, None)
+        .cache_create(
+            name,
+            size,
+            &CacheArgs {
+                align: 8,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap()
 }
 

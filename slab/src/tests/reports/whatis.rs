@@ -1,3 +1,4 @@
+use crate::CacheArgs;
 use std::string::String;
 
 use super::TestFormat;
@@ -38,11 +39,19 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
     let (alloc, _) = setup_default();
     let flags = CacheFlags::POISON | CacheFlags::REDZONE | CacheFlags::AUDIT | CacheFlags::CONTENTS;
     let cache = alloc
-        .cache_create("report-whatis-debug", 104, 8, flags, None, None, None)
+        .cache_create(
+            "report-whatis-debug",
+            104,
+            &CacheArgs {
+                align: 8,
+                flags,
+                ..CacheArgs::DEFAULT
+            },
+        )
         .unwrap();
     let obj = cache.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
-    let region = |offset: usize| alloc.whatis(start + offset).unwrap().region;
+    let region = |offset: usize| alloc.debug().whatis(start + offset).unwrap().region;
     assert_eq!(region(0), ObjectRegion::Object);
     assert_eq!(region(103), ObjectRegion::Object);
     assert_eq!(region(104), ObjectRegion::Redzone);
@@ -70,7 +79,7 @@ fn offsets_past_a_debug_object_are_redzone_or_trailer() {
     let obj = plain.alloc_box().unwrap();
     let start = obj.as_ptr().as_ptr() as usize;
     assert_eq!(
-        alloc.whatis(start + 21).unwrap().region,
+        alloc.debug().whatis(start + 21).unwrap().region,
         ObjectRegion::Padding
     );
     obj.free().unwrap();
