@@ -30,8 +30,17 @@ setup:
 # on synthetic dumps and on dumps of the real writer), then the loom
 # models (test-loom, below).
 test-host: chrome-reader
-	MAGPIE_REQUIRE_CHROME_READER=1 cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format -p magpie-bench --target $(HOST)
+	MAGPIE_REQUIRE_CHROME_READER=1 cargo test -p magpie-slab -p magpie-codetag -p magpie-kmem -p magpie-kmemtrace-format -p magpie-bench --target $(HOST) --features magpie-slab/nightly
 	$(MAKE) --no-print-directory test-loom
+	$(MAKE) --no-print-directory test-stable
+
+# The library crates' host tests on stable Rust (scripts/setup.sh stable):
+# without feature `nightly` (the `core::alloc::Allocator` shim's and the
+# restartable hits' tests are left out), in a target dir of its own.
+.PHONY: test-stable
+test-stable:
+	@scripts/setup.sh stable
+	CARGO_TARGET_DIR=target/stable cargo +stable test -p magpie-slab -p magpie-codetag -p magpie-kmemtrace-format --target $(HOST)
 
 # Tier 2: each file in tests/ is a small kernel booted in QEMU; then again
 # with allocation profiling compiled out (it must cost nothing and break nothing),
@@ -51,7 +60,7 @@ test-qemu:
 # glue in a program, through allocation profiling to an allocinfo table).
 test-example:
 	cargo run -p magpie-hobby-kernel
-	cargo run -q -p magpie-slab --example host_heap --target $(HOST)
+	cargo run -q -p magpie-slab --example host_heap --target $(HOST) --features nightly
 
 # Tier 3: setup.sh's toolchain repair and lock (fake rustup); boot the real
 # kernel, type sessions on its serial console (the README's too); then
@@ -94,7 +103,11 @@ readme-images: magpie-kmem
 # levels are the workspace's (Cargo.toml [workspace.lints], docs/LINTS.md).
 # HOST_CRATES are the workspace members built for the host; the kernel is
 # linted with its QEMU test kernels (tests/*.rs) too.
-SLAB_ALL_FEATURES := --features magpie-slab/alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/x86_64-uniprocessor,magpie-slab/kfence,magpie-slab/leak-scan
+SLAB_ALL_FEATURES := --features magpie-slab/nightly,magpie-slab/alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/x86_64-uniprocessor,magpie-slab/kfence,magpie-slab/leak-scan
+# What `check` builds on stable Rust: the bare-metal targets and every
+# feature of magpie-slab but `nightly` (plus the target's own platform).
+STABLE_TARGETS := x86_64-unknown-none riscv64gc-unknown-none-elf aarch64-unknown-none
+STABLE_FEATURES := alloc-profiling,magpie-slab/time-stats,magpie-slab/allocinfo,magpie-slab/kfence,magpie-slab/leak-scan
 HOST_CRATES := -p magpie-slab -p magpie-codetag -p magpie-bench -p magpie-kmem -p magpie-kmemtrace-format
 check:
 	cargo fmt --all --check
@@ -122,9 +135,21 @@ check:
 	# [package.metadata.docs.rs]).
 	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps $(HOST_CRATES) --target $(HOST) $(SLAB_ALL_FEATURES)
 	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc -q --no-deps -p magpie --document-private-items
-	# The library crates package and build alone, as crates.io would have them
-	# (packaged together: magpie-slab's path dependencies resolve to the others).
-	cargo package -q --allow-dirty -p magpie-kmemtrace-format -p magpie-codetag -p magpie-slab --target $(HOST)
+	# Stable Rust (scripts/setup.sh stable): the three library crates for the
+	# three bare-metal targets, every feature but `nightly` (their host
+	# tests: `make test-stable`). CARGO_ENCODED_RUSTFLAGS= drops the workspace's
+	# -Z flags (.cargo/config.toml), which stable rustc refuses.
+	@scripts/setup.sh stable
+	for target in $(STABLE_TARGETS); do \
+		CARGO_ENCODED_RUSTFLAGS= CARGO_TARGET_DIR=target/stable cargo +stable build -q \
+			-p magpie-slab -p magpie-codetag -p magpie-kmemtrace-format --target $$target \
+			--features magpie-slab/$(STABLE_FEATURES) || exit 1; \
+	done
+	# The library crates package and build alone, as crates.io would have them,
+	# on stable (published together: magpie-slab's path dependencies resolve
+	# to the others).
+	CARGO_TARGET_DIR=target/stable cargo +stable publish -q --dry-run --allow-dirty \
+		-p magpie-kmemtrace-format -p magpie-codetag -p magpie-slab --target $(HOST)
 
 # Host benchmarks: magpie-slab against peer allocators (callgrind instruction
 # counts, wall clock, 1 vs 2 threads). Report: target/bench/results.md.

@@ -35,7 +35,53 @@ if [ "${1:-}" = node ]; then
     exit 0
 fi
 
+# `scripts/setup.sh virt`: QEMU for the riscv64 and aarch64 `virt` machines
+# (examples/virt-kernel, `make test-example`): Debian's qemu-system-misc
+# and qemu-system-arm.
+if [ "${1:-}" = virt ]; then
+    for pair in qemu-system-riscv64:qemu-system-misc qemu-system-aarch64:qemu-system-arm; do
+        binary=${pair%%:*} package=${pair##*:}
+        if ! command -v "$binary" >/dev/null 2>&1; then
+            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+                echo "setup: installing $binary (apt-get install -y $package)"
+                apt-get update -qq
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
+            else
+                echo "setup: $binary not found; install it, e.g.: sudo apt-get install $package" >&2
+                exit 1
+            fi
+        fi
+    done
+    exit 0
+fi
+
 RUSTUP=${MAGPIE_RUSTUP:-rustup}
+
+# `scripts/setup.sh stable`: the latest stable Rust with the three
+# bare-metal targets, on which `make check` builds the library crates and
+# `make test-example` the riscv64 and aarch64 example kernels (the library
+# builds on stable; only feature `nightly` needs the pinned nightly).
+# Installed once; not updated when present (`rustup update stable` does).
+STABLE_TARGETS="x86_64-unknown-none riscv64gc-unknown-none-elf aarch64-unknown-none x86_64-unknown-linux-gnu"
+if [ "${1:-}" = stable ]; then
+    lock=${MAGPIE_SETUP_LOCK:-${RUSTUP_HOME:-$HOME/.rustup}/magpie-setup.lock}
+    mkdir -p "$(dirname "$lock")"
+    exec 9>"$lock"
+    command -v flock >/dev/null 2>&1 && flock 9
+    installed=$("$RUSTUP" target list --installed --toolchain stable 2>/dev/null || true)
+    missing=""
+    for target in $STABLE_TARGETS; do
+        grep -qx "$target" <<<"$installed" || missing="$missing $target"
+    done
+    if [ -n "$missing" ]; then
+        echo "setup: installing stable Rust with$missing"
+        "$RUSTUP" toolchain install stable --profile minimal --no-self-update >/dev/null
+        # shellcheck disable=SC2086 # one word per target
+        "$RUSTUP" target add --toolchain stable $missing >/dev/null
+    fi
+    exit 0
+fi
+
 BARE_TARGET=x86_64-unknown-none
 CHANNEL=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
 

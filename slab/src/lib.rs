@@ -604,10 +604,13 @@
 //! ```
 
 #![no_std]
-#![feature(allocator_api)]
-// The restartable hits' `asm!` (`restart.rs`), where they are built.
+// Feature `nightly`: the `core::alloc::Allocator` impl and the restartable
+// hits' `asm!` (`restart.rs`), where they are built. Without it the crate
+// builds on stable Rust.
+#![cfg_attr(feature = "nightly", feature(allocator_api))]
 #![cfg_attr(
     all(
+        feature = "nightly",
         target_arch = "x86_64",
         any(target_os = "none", target_os = "linux"),
         not(miri),
@@ -615,7 +618,7 @@
     ),
     feature(asm_goto_with_outputs)
 )]
-#![cfg_attr(all(test, not(loom)), feature(btreemap_alloc))]
+#![cfg_attr(all(test, not(loom), feature = "nightly"), feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(test)]

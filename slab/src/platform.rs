@@ -84,8 +84,8 @@ pub unsafe trait Platform: PlatformHooks + 'static {
     /// Whether the plain magazine hits are restartable sequences
     /// ([`crate::restart`]: no in-use flag, no interrupt-off section; one
     /// `asm!` block ending in a single committing store), on x86-64 ELF
-    /// targets, bare metal and Linux (other targets, Miri and the loom
-    /// models ignore it). Every other access to
+    /// targets, bare metal and Linux, with feature `nightly` (other
+    /// targets, stable builds, Miri and the loom models ignore it). Every other access to
     /// a per-CPU cache with interrupts on then disables interrupts. False
     /// (the default): the hits as [`LOCAL_TRYLOCK`](Platform::LOCAL_TRYLOCK)
     /// says.

@@ -40,12 +40,14 @@
 //! KFENCE handles) must not restart: their handlers run no allocator code
 //! on the per-CPU caches and a trap flag would never get past a restart.
 
-/// Whether this build has the restartable hits at all (x86-64 ELF targets:
-/// bare metal and Linux, whose linkers define the section's
-/// `__start_`/`__stop_` symbols; not under Miri or the loom models):
+/// Whether this build has the restartable hits at all (feature `nightly`,
+/// for `asm_goto_with_outputs`; x86-64 ELF targets: bare metal and Linux,
+/// whose linkers define the section's `__start_`/`__stop_` symbols; not
+/// under Miri or the loom models):
 /// elsewhere the flag and interrupt-off hits are used whatever the
 /// platform says.
 pub(crate) const SUPPORTED: bool = cfg!(all(
+    feature = "nightly",
     target_arch = "x86_64",
     any(target_os = "none", target_os = "linux"),
     not(miri),
@@ -148,6 +150,7 @@ pub(crate) const fn enabled<P: crate::Platform>() -> bool {
 }
 
 #[cfg(all(
+    feature = "nightly",
     target_arch = "x86_64",
     any(target_os = "none", target_os = "linux"),
     not(miri),
@@ -331,6 +334,7 @@ mod imp {
 }
 
 #[cfg(not(all(
+    feature = "nightly",
     target_arch = "x86_64",
     any(target_os = "none", target_os = "linux"),
     not(miri),

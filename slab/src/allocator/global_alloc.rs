@@ -185,6 +185,8 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
 // SAFETY: blocks returned by `allocate` stay valid until `deallocate` (the
 // allocator is 'static, copies of the handle are the same allocator), and
 // are at least `layout.size()` bytes aligned to `layout.align()`.
+// Feature `nightly`: `core::alloc::Allocator` is unstable (allocator_api).
+#[cfg(feature = "nightly")]
 unsafe impl<P: Platform> core::alloc::Allocator for &'static Kmem<P> {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, core::alloc::AllocError> {
         if layout.size() == 0 {

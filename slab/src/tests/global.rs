@@ -98,6 +98,8 @@ fn bad_dealloc_is_reported_not_applied() {
     assert_eq!(BAD_FREES_SEEN.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// Feature `nightly`: `core::alloc::Allocator`.
+#[cfg(feature = "nightly")]
 #[test]
 fn collections_with_the_allocator_api() {
     let (alloc, source) = setup_default();

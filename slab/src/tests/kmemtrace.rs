@@ -197,8 +197,15 @@ fn cache_pages_global_and_failed_allocations() {
     start(alloc, small(2));
     cache.alloc_box().unwrap().free().unwrap();
     alloc.kmalloc_box(10_000, 8).unwrap().free().unwrap();
-    let boxed = std::boxed::Box::new_in(7u64, alloc);
-    drop(boxed);
+    let layout = core::alloc::Layout::new::<u64>();
+    // SAFETY: a valid non-zero layout; the block is freed once, with it.
+    unsafe {
+        core::alloc::GlobalAlloc::dealloc(
+            alloc,
+            core::alloc::GlobalAlloc::alloc(alloc, layout),
+            layout,
+        )
+    };
     source.set_fail(true);
     let _ = alloc.kmalloc(100_000, 8).unwrap_err();
     source.set_fail(false);

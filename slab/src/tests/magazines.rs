@@ -886,7 +886,12 @@ fn in_use_flag_take() {
 /// full magazine or an object holding the key. And their ranges table:
 /// every range this test instantiates is listed, and `restart_ip` sends
 /// every address inside a range, and no other, to its start.
-#[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+#[cfg(all(
+    feature = "nightly",
+    target_arch = "x86_64",
+    target_os = "linux",
+    not(miri)
+))]
 #[test]
 fn restartable_sequences_and_their_ranges() {
     use core::ptr::NonNull;

@@ -4,7 +4,6 @@
 //! 100 KiB heap, on one CPU.
 
 use std::boxed::Box;
-use std::collections::BTreeMap;
 use std::format;
 use std::vec::Vec;
 
@@ -220,7 +219,9 @@ fn a_handler_does_not_wait_for_the_cache_list_to_make_a_class() {
 }
 
 /// The heap tests of a hobby kernel (blog_os `tests/heap_allocation.rs`)
-/// through the `core::alloc::Allocator` shim, on a 100 KiB source.
+/// through the `core::alloc::Allocator` shim (feature `nightly`), on a
+/// 100 KiB source.
+#[cfg(feature = "nightly")]
 #[test]
 fn hobby_kernel_heap_tests_fit_in_100_kib() {
     let (alloc, source) = up_setup(HEAP_PAGES);
@@ -251,7 +252,7 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
     assert_eq!(*long_lived, 1);
     drop(more);
     // A BTreeMap churn.
-    let mut map = BTreeMap::new_in(alloc);
+    let mut map = std::collections::BTreeMap::new_in(alloc);
     for round in 0..20_u64 {
         for key in 0..500_u64 {
             map.insert(key * 7919 % 1000, round + key);
