@@ -75,9 +75,14 @@ if [ "${1:-}" = stable ]; then
     done
     if [ -n "$missing" ]; then
         echo "setup: installing stable Rust with$missing"
-        "$RUSTUP" toolchain install stable --profile minimal --no-self-update >/dev/null
+        "$RUSTUP" toolchain install stable --profile minimal --component clippy --no-self-update >/dev/null
         # shellcheck disable=SC2086 # one word per target
         "$RUSTUP" target add --toolchain stable $missing >/dev/null
+    fi
+    # make check lints on stable too.
+    if ! "$RUSTUP" component list --installed --toolchain stable 2>/dev/null | grep -q '^clippy'; then
+        echo "setup: installing clippy for stable Rust"
+        "$RUSTUP" component add --toolchain stable clippy >/dev/null
     fi
     exit 0
 fi

@@ -11,9 +11,11 @@
 //! 1. **Say what the machine is**: implement [`Platform`] (an `unsafe
 //!    trait`; five functions: `max_cpus`, `cpu_id`, `irq_save`,
 //!    `irq_restore`, `now`) and an empty [`PlatformHooks`] (stacks,
-//!    profiling tags and KFENCE's pool are hooks with defaults). A
-//!    one-CPU x86_64 kernel takes `glue::X86Uniprocessor` instead
-//!    (feature `x86_64-uniprocessor`).
+//!    profiling tags and KFENCE's pool are hooks with defaults), or take
+//!    the shipped platform of your architecture: `glue::X86_64`,
+//!    `glue::Riscv64` (or `Riscv64Machine`), `glue::Aarch64` (features
+//!    `x86_64`, `riscv64`, `aarch64`; one CPU, or several with a
+//!    [`glue::Kernel`]).
 //! 2. **Declare the heap** in a `static` and make it the global
 //!    allocator: [`glue::Heap`] (the allocator and a page source over one
 //!    mapped region, [`glue::RegionSource`]), or an [`Kmem`] with
@@ -151,7 +153,7 @@
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
-//! | `glue/` | what a one-CPU kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), `X86Uniprocessor` (feature `x86_64-uniprocessor`) | `allocator/`, below |
+//! | `glue/` | what a kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), the shipped platforms ([`glue::Machine`] over an architecture's [`glue::Arch`] and the kernel's [`glue::Kernel`]: `glue::X86_64`, `glue::Riscv64`, `glue::Aarch64`) and their cross-CPU calls | `allocator/`, below |
 //! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
 //! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
@@ -511,12 +513,14 @@
 //!
 //! The fifteen-minute path, with what each step costs in memory, is
 //! `docs/ADOPTING.md`; `README.md` (its examples are doctests) and
-//! `examples/hobby-kernel` show it done. In short:
+//! `examples/hobby-kernel` (x86_64) and `examples/virt-kernel` (riscv64
+//! and aarch64, 4 CPUs) show it done. In short:
 //!
-//! 1. A one-CPU x86_64 kernel whose heap is one mapped range takes the
-//!    shipped glue ([`glue`]): [`glue::Heap`] (the allocator and a page
-//!    source over the range, [`glue::RegionSource`], in one `static`) and
-//!    `glue::X86Uniprocessor` (feature `x86_64-uniprocessor`).
+//! 1. A kernel whose heap is one mapped range takes the shipped glue
+//!    ([`glue`]): [`glue::Heap`] (the allocator and a page source over the
+//!    range, [`glue::RegionSource`], in one `static`) and the platform of
+//!    its architecture (`glue::X86_64`, `glue::Riscv64`, `glue::Aarch64`:
+//!    features `x86_64`, `riscv64`, `aarch64`).
 //! 2. Otherwise implement [`Platform`] (an `unsafe trait`: read its
 //!    safety contract) for a unit type: CPU count and id, interrupt
 //!    save/restore, a cross-CPU call (an IPI running a closure; the

@@ -1,5 +1,5 @@
 //! A one-CPU hobby kernel adopting magpie-slab, as an adopter writes it:
-//! the shipped glue (`Heap`, `X86Uniprocessor`), a 100 KiB heap, the heap
+//! the shipped glue (`Heap`, `X86_64`: one CPU), a 100 KiB heap, the heap
 //! tests of "Writing an OS in Rust". Booted by Magpie's PVH path (QEMU
 //! `-kernel`: `cargo run -p magpie-hobby-kernel`, `make test-example`);
 //! output on COM1, result through QEMU's isa-debug-exit.
@@ -15,7 +15,7 @@ use alloc::vec::Vec;
 use core::fmt::Write;
 
 use magpie_slab::PageSource;
-use magpie_slab::glue::{Heap, X86Uniprocessor};
+use magpie_slab::glue::{Heap, X86_64};
 
 /// `println!` to COM1.
 macro_rules! println {
@@ -27,7 +27,7 @@ core::arch::global_asm!(include_str!("../../../boot/entry.S"), options(att_synta
 
 // ---- The adopter's glue: these lines and the init_region call. ----
 #[global_allocator]
-static HEAP: Heap<X86Uniprocessor> = Heap::new();
+static HEAP: Heap<X86_64> = Heap::new();
 
 const HEAP_SIZE: usize = 100 * 1024;
 /// The heap's memory: mapped already (in the image's .bss).

@@ -1,16 +1,15 @@
 //! Glue for adopting the allocator in a kernel, shipped: a page source
-//! over an already-mapped region ([`RegionSource`]), a uniprocessor
-//! x86_64 [`Platform`] (`X86Uniprocessor`, feature
-//! `x86_64-uniprocessor`), and [`Heap`], the two with an [`Kmem`]
-//! in one `static`, so that a one-CPU kernel adopts with two lines:
+//! over an already-mapped region ([`RegionSource`]), a [`Platform`] per
+//! architecture, and [`Heap`], the allocator and its page source in one
+//! `static`, so that a kernel adopts with two lines:
 //!
 //! ```no_run,standalone_crate
-//! # #[cfg(feature = "x86_64-uniprocessor")]
+//! # #[cfg(feature = "x86_64")]
 //! # mod example {
-//! use magpie_slab::glue::{Heap, X86Uniprocessor};
+//! use magpie_slab::glue::{Heap, X86_64};
 //!
 //! #[global_allocator]
-//! static HEAP: Heap<X86Uniprocessor> = Heap::new();
+//! static HEAP: Heap<X86_64> = Heap::new();
 //! # const HEAP_START: usize = 0x4444_4444_0000;
 //! # const HEAP_SIZE: usize = 100 * 1024;
 //!
@@ -23,18 +22,71 @@
 //! # fn main() {}
 //! ```
 //!
+//! **The platforms**, one per architecture, each behind the feature of its
+//! name (which refuses to build for another `target_arch`):
+//!
+//! | feature | platform | CPU index (several CPUs) | interrupts | clock |
+//! | --- | --- | --- | --- | --- |
+//! | `x86_64` | `X86_64` (ring 0) | `IA32_TSC_AUX` (`rdtscp`) | `pushfq; cli` / `sti` | `rdtsc` |
+//! | `riscv64` | `Riscv64` (S-mode), `Riscv64Machine` (M-mode) | `tp` | `sstatus.SIE` / `mstatus.MIE` | `rdtime` |
+//! | `aarch64` | `Aarch64` (EL1) | `TPIDR_EL1` | `DAIF.I` | `CNTVCT_EL0` |
+//!
+//! Each is a [`Machine`]: the magazine hits take the in-use flag (no
+//! interrupt masking on the hit, [`Platform::LOCAL_TRYLOCK`]), the slow
+//! paths save and restore interrupts. Each is generic over a [`Kernel`]
+//! (default [`OneCpu`]): the kernel's CPU count and IPI for several CPUs,
+//! frame-pointer backtraces, and its own [`PlatformHooks`](crate::PlatformHooks) (allocation
+//! profiling, KFENCE) passed on, so a kernel adds hooks without rewriting
+//! the machine part: `Heap<Riscv64<MyKernel>>`.
+//!
 //! (`examples/` and `docs/ADOPTING.md` show it in a kernel.)
 
+#[cfg(all(feature = "x86_64", not(target_arch = "x86_64"), not(docsrs)))]
+compile_error!(
+    "magpie-slab feature `x86_64` (glue::X86_64) is for target_arch = \"x86_64\": \
+     enable the feature of the target's architecture (`riscv64`, `aarch64`)"
+);
+#[cfg(all(feature = "riscv64", not(target_arch = "riscv64"), not(docsrs)))]
+compile_error!(
+    "magpie-slab feature `riscv64` (glue::Riscv64) is for target_arch = \"riscv64\": \
+     enable the feature of the target's architecture (`x86_64`, `aarch64`)"
+);
+#[cfg(all(feature = "aarch64", not(target_arch = "aarch64"), not(docsrs)))]
+compile_error!(
+    "magpie-slab feature `aarch64` (glue::Aarch64) is for target_arch = \"aarch64\": \
+     enable the feature of the target's architecture (`x86_64`, `riscv64`)"
+);
+
+pub mod arch;
+mod machine;
 mod region;
-#[cfg(all(feature = "x86_64-uniprocessor", target_arch = "x86_64"))]
-mod x86_64_up;
 
 use core::alloc::{GlobalAlloc, Layout};
 
+pub use self::machine::{Arch, Kernel, MAX_CPUS, Machine, OneCpu};
 pub use self::region::RegionSource;
-#[cfg(all(feature = "x86_64-uniprocessor", target_arch = "x86_64"))]
-pub use self::x86_64_up::X86Uniprocessor;
 use crate::{AllocError, Kmem, Platform};
+
+/// The platform of an x86_64 kernel in ring 0 (feature `x86_64`): see
+/// [`Machine`] and [`arch::X86`]. `X86_64` alone is one CPU.
+#[cfg(all(feature = "x86_64", target_arch = "x86_64"))]
+pub type X86_64<K = OneCpu> = Machine<arch::X86, K>;
+/// The one-CPU x86_64 platform (feature `x86_64-uniprocessor`, which turns
+/// on `x86_64`): [`X86_64`] with one CPU.
+#[cfg(all(feature = "x86_64", target_arch = "x86_64"))]
+pub type X86Uniprocessor = X86_64<OneCpu>;
+/// The platform of a riscv64 kernel in supervisor mode (feature
+/// `riscv64`): see [`Machine`] and `arch::Riscv64Supervisor`.
+#[cfg(all(feature = "riscv64", target_arch = "riscv64"))]
+pub type Riscv64<K = OneCpu> = Machine<arch::Riscv64Supervisor, K>;
+/// The platform of a riscv64 kernel in machine mode (feature `riscv64`;
+/// QEMU `-bios none`): see [`Machine`] and `arch::Riscv64Machine`.
+#[cfg(all(feature = "riscv64", target_arch = "riscv64"))]
+pub type Riscv64Machine<K = OneCpu> = Machine<arch::Riscv64Machine, K>;
+/// The platform of an aarch64 kernel at EL1 (feature `aarch64`): see
+/// [`Machine`] and `arch::Aarch64El1`.
+#[cfg(all(feature = "aarch64", target_arch = "aarch64"))]
+pub type Aarch64<K = OneCpu> = Machine<arch::Aarch64El1, K>;
 
 /// An [`Kmem`] over a [`RegionSource`], in one `static`: the global
 /// allocator of a kernel whose heap is one mapped range. Dereferences to

@@ -1,0 +1,528 @@
+//! [`Machine`]: the shipped [`Platform`] of every architecture, generic
+//! over the architecture's few instructions ([`Arch`]) and over what the
+//! kernel adds ([`Kernel`]: its CPU count, how it interrupts another CPU,
+//! its hooks). The cross-CPU calls of a several-CPU kernel run through one
+//! mailbox per CPU here.
+
+use core::cell::UnsafeCell;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use crate::{AllocTagRef, Platform, PlatformHooks};
+
+/// The CPUs a shipped platform serves at most ([`Kernel::MAX_CPUS`]).
+pub const MAX_CPUS: usize = 64;
+
+/// An architecture's part of a shipped platform: the few instructions
+/// [`Machine`] needs. Implemented by the types of [`crate::glue::arch`];
+/// a kernel on another architecture may implement it too.
+///
+/// # Safety
+///
+/// `irq_save` disables this CPU's interrupts and returns the previous
+/// state; `irq_restore` restores exactly that state (so the two nest);
+/// `cpu_register` returns what the kernel wrote into the architecture's
+/// per-CPU register (read only when [`Kernel::MAX_CPUS`] > 1);
+/// `frame_pointer` returns the frame pointer register, whose frame record
+/// holds the caller's frame pointer at `frame_pointer + NEXT_FRAME_AT` and
+/// the return address at `frame_pointer + RETURN_ADDRESS_AT`.
+pub unsafe trait Arch: 'static {
+    /// Byte offset of the caller's frame pointer from a frame pointer.
+    const NEXT_FRAME_AT: isize;
+    /// Byte offset of the return address from a frame pointer.
+    const RETURN_ADDRESS_AT: isize;
+    /// The CPU index the kernel keeps in the per-CPU register.
+    fn cpu_register() -> usize;
+    /// Disable interrupts; the previous state.
+    fn irq_save() -> usize;
+    /// Restore a state [`Arch::irq_save`] returned.
+    fn irq_restore(state: usize);
+    /// A monotonic counter (cycles or timer ticks).
+    fn now() -> u64;
+    /// The frame pointer register.
+    fn frame_pointer() -> usize;
+}
+
+/// What a kernel adds to a shipped platform ([`Machine`]): its number of
+/// CPUs and, with more than one, how it interrupts another CPU; whether
+/// its stacks can be walked by frame pointers; and the optional hooks of
+/// [`PlatformHooks`] (allocation profiling, KFENCE), which the platform
+/// passes on. [`OneCpu`] is the kernel with one CPU and no hooks.
+///
+/// A several-CPU kernel:
+///
+/// ```ignore
+/// struct Smp;
+/// // SAFETY: the defaults: no profiling tags, no KFENCE pool.
+/// unsafe impl magpie_slab::PlatformHooks for Smp {}
+/// // SAFETY: 4 CPUs, each with its index in the per-CPU register before it
+/// // allocates; send_ipi interrupts `cpu`, whose handler calls
+/// // handle_cross_cpu_calls.
+/// unsafe impl magpie_slab::glue::Kernel for Smp {
+///     const MAX_CPUS: usize = 4;
+///     fn send_ipi(cpu: usize) { clint_msip(cpu).write(1) }
+/// }
+/// ```
+///
+/// # Safety
+///
+/// 1. `MAX_CPUS` is at least 1 and at most [`MAX_CPUS`](self::MAX_CPUS).
+///    With more than one, every CPU has its index (`0..MAX_CPUS`) in the
+///    architecture's per-CPU register (x86_64: `IA32_TSC_AUX`, low 12
+///    bits, as Linux keeps it; riscv64: `tp`; aarch64: `TPIDR_EL1`)
+///    before it runs allocator code, and nothing changes it afterwards.
+/// 2. With more than one CPU, `send_ipi(cpu)` makes CPU `cpu` call
+///    [`Machine::handle_cross_cpu_calls`] soon, from an interrupt handler
+///    (with its interrupts off), or whenever it next enables them; an
+///    interrupt that arrives while `cpu` is already in such a handler is
+///    not lost.
+/// 3. The kernel does not preempt, migrate or switch threads while
+///    allocator code runs, and interrupt handlers that allocate run with
+///    interrupts off: the shipped platforms take the in-use-flag hit
+///    ([`Platform::LOCAL_TRYLOCK`], the trait's safety contract, promise
+///    1).
+/// 4. With `FRAME_POINTERS`, the code is built with frame pointers
+///    (`-C force-frame-pointers=yes`) and the outermost frame of every
+///    stack has a null frame pointer (the entry code zeroes it), so a
+///    frame-pointer walk ends inside the stack.
+/// 5. The hooks keep [`PlatformHooks`]' contract.
+pub unsafe trait Kernel: PlatformHooks + 'static {
+    /// Number of CPUs (`1..=64`). Default 1.
+    const MAX_CPUS: usize = 1;
+    /// Whether backtraces walk the frame pointers (promise 4). Default
+    /// false: records and reports carry no stack.
+    const FRAME_POINTERS: bool = false;
+    /// Interrupt CPU `cpu` so that it runs its cross-CPU calls (promise
+    /// 2). Called only with more than one CPU, for another CPU. Default:
+    /// nothing (one CPU).
+    fn send_ipi(cpu: usize) {
+        let _ = cpu;
+    }
+}
+
+/// The kernel of one CPU with no hooks: the default of every shipped
+/// platform (`Heap<glue::Riscv64>` is `Heap<glue::Riscv64<OneCpu>>`).
+pub struct OneCpu;
+
+// SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+unsafe impl PlatformHooks for OneCpu {}
+// SAFETY: one CPU (no per-CPU register read, no IPI), no frame-pointer walk.
+unsafe impl Kernel for OneCpu {}
+
+/// A shipped [`Platform`]: the architecture `A`'s instructions and the
+/// kernel `K`'s CPU count, IPI and hooks. Named per architecture
+/// (`glue::X86_64`, `Riscv64`, `Riscv64Machine`, `Aarch64`).
+///
+/// - **The hit** takes the in-use flag ([`Platform::LOCAL_TRYLOCK`]): no
+///   interrupt masking on the magazine hits; the slow paths save and
+///   restore interrupts.
+/// - **CPU id**: 0 with one CPU; else the per-CPU register (promise 1 of
+///   [`Kernel`]).
+/// - **Cross-CPU calls**: a mailbox per CPU and [`Kernel::send_ipi`]; the
+///   target runs the call from [`Machine::handle_cross_cpu_calls`], a
+///   waiting caller runs the calls posted to its own CPU meanwhile (so two
+///   CPUs calling each other with interrupts off both finish).
+/// - **Clock**: the architecture's counter (`rdtsc`, `rdtime`,
+///   `CNTVCT_EL0`).
+/// - **Backtraces**: a frame-pointer walk with [`Kernel::FRAME_POINTERS`].
+/// - **Context**: the kernel's ([`PlatformHooks::context`]), else `cpuN`.
+pub struct Machine<A, K = OneCpu>(PhantomData<fn() -> (A, K)>);
+
+impl<A: Arch, K: Kernel> Machine<A, K> {
+    /// Run the cross-CPU call posted to this CPU, if any: what the
+    /// kernel's IPI handler calls (with interrupts off), and what a
+    /// several-CPU kernel's idle loop may call. Cheap when nothing is
+    /// posted (one load).
+    pub fn handle_cross_cpu_calls() {
+        if K::MAX_CPUS > 1 {
+            MAILBOXES[Self::cpu_id()].run_posted();
+        }
+    }
+}
+
+/// A CPU's mailbox: one cross-CPU call at a time.
+struct Mailbox {
+    /// [`IDLE`], [`CLAIMED`], [`POSTED`] or [`DONE`].
+    state: AtomicU8,
+    /// The call, written by the claiming sender, read by the owner CPU
+    /// while [`POSTED`].
+    work: UnsafeCell<Option<&'static (dyn Fn() + Sync)>>,
+}
+
+/// No call.
+const IDLE: u8 = 0;
+/// A sender writes its call.
+const CLAIMED: u8 = 1;
+/// The call waits for the owner CPU.
+const POSTED: u8 = 2;
+/// The owner ran it; the sender empties the mailbox.
+const DONE: u8 = 3;
+
+// SAFETY: `work` is written only by the sender that moved `state` from
+// IDLE to CLAIMED and read only by the owner CPU after it saw POSTED
+// (release/acquire), until it stores DONE.
+unsafe impl Sync for Mailbox {}
+
+impl Mailbox {
+    const fn new() -> Self {
+        Mailbox {
+            state: AtomicU8::new(IDLE),
+            work: UnsafeCell::new(None),
+        }
+    }
+
+    /// On the owner CPU, interrupts off: run the posted call.
+    fn run_posted(&self) {
+        if self.state.load(Ordering::Acquire) == POSTED {
+            // SAFETY: POSTED: the sender wrote `work` before its release
+            // store and waits for DONE; only this CPU reads it.
+            if let Some(work) = unsafe { *self.work.get() } {
+                work();
+            }
+            self.state.store(DONE, Ordering::Release);
+        }
+    }
+}
+
+static MAILBOXES: [Mailbox; MAX_CPUS] = [const { Mailbox::new() }; MAX_CPUS];
+
+impl<A: Arch, K: Kernel> Machine<A, K> {
+    /// Post `work` to CPU `cpu` (another CPU), interrupt it and wait until
+    /// it ran, running the calls posted to this CPU meanwhile.
+    fn call_on(cpu: usize, work: &(dyn Fn() + Sync)) {
+        let here = &MAILBOXES[Self::cpu_id()];
+        let there = &MAILBOXES[cpu];
+        let poll = || {
+            let state = A::irq_save();
+            here.run_posted();
+            A::irq_restore(state);
+            core::hint::spin_loop();
+        };
+        while there
+            .state
+            .compare_exchange(IDLE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            poll();
+        }
+        // SAFETY: only the lifetime is extended: the mailbox holds `work`
+        // until the owner stores DONE, and this function returns only after
+        // that (below), so `work` outlives every use.
+        let work: &'static (dyn Fn() + Sync) = unsafe { core::mem::transmute(work) };
+        // SAFETY: CLAIMED by us: nobody else reads or writes `work` now.
+        unsafe { *there.work.get() = Some(work) };
+        there.state.store(POSTED, Ordering::Release);
+        K::send_ipi(cpu);
+        while there.state.load(Ordering::Acquire) != DONE {
+            poll();
+        }
+        // SAFETY: DONE: the owner is finished with `work`; still ours.
+        unsafe { *there.work.get() = None };
+        there.state.store(IDLE, Ordering::Release);
+    }
+
+    /// Fill `frames` from the caller's frame pointer (never inlined: its
+    /// own frame record is the first).
+    #[inline(never)]
+    fn walk(frames: &mut [usize]) -> usize {
+        /// A frame further than this above the previous one ends the walk.
+        const MAX_FRAME_BYTES: usize = 1 << 20;
+        let mut frame_pointer = A::frame_pointer();
+        let mut depth = 0;
+        while depth < frames.len() && frame_pointer != 0 && frame_pointer.is_multiple_of(8) {
+            let at = |offset: isize| frame_pointer.wrapping_add_signed(offset) as *const usize;
+            // SAFETY: a frame record of the current stack: every frame
+            // pointer followed is non-null, aligned and above the previous
+            // one by less than MAX_FRAME_BYTES, and the outermost is null
+            // (Kernel promise 4, FRAME_POINTERS checked by our caller).
+            let (next, return_address) = unsafe {
+                (
+                    at(A::NEXT_FRAME_AT).read_volatile(),
+                    at(A::RETURN_ADDRESS_AT).read_volatile(),
+                )
+            };
+            if return_address == 0 {
+                break;
+            }
+            frames[depth] = return_address;
+            depth += 1;
+            if next <= frame_pointer || next - frame_pointer > MAX_FRAME_BYTES {
+                break;
+            }
+            frame_pointer = next;
+        }
+        depth
+    }
+}
+
+// SAFETY: `cpu_id` is 0 with one CPU and the per-CPU register's index
+// (below MAX_CPUS, Kernel promise 1) with several; `A::irq_save` disables
+// interrupts and nests (Arch's contract), and nothing but this CPU's
+// interrupt handlers runs allocator code under its id (Kernel promise 3:
+// no preemption or migration, the LOCAL_TRYLOCK part too); `cpu_offset` is
+// the default; `cross_cpu_call` runs `work` on CPU `cpu` with its interrupts off
+// (from its IPI handler, or its own waiting loop with interrupts saved and
+// off), exclusively with its interrupts-off sections, and returns after it.
+unsafe impl<A: Arch, K: Kernel> Platform for Machine<A, K> {
+    const LOCAL_TRYLOCK: bool = true;
+
+    #[inline(always)]
+    fn max_cpus() -> usize {
+        const { assert!(K::MAX_CPUS >= 1 && K::MAX_CPUS <= MAX_CPUS) };
+        K::MAX_CPUS
+    }
+
+    #[inline(always)]
+    fn cpu_id() -> usize {
+        if K::MAX_CPUS == 1 {
+            0
+        } else {
+            A::cpu_register()
+        }
+    }
+
+    #[inline(always)]
+    fn irq_save() -> usize {
+        A::irq_save()
+    }
+
+    #[inline(always)]
+    fn irq_restore(state: usize) {
+        A::irq_restore(state);
+    }
+
+    fn cross_cpu_call(cpu: usize, work: &(dyn Fn() + Sync)) {
+        if K::MAX_CPUS == 1 || cpu == Self::cpu_id() {
+            let state = A::irq_save();
+            work();
+            A::irq_restore(state);
+        } else {
+            Self::call_on(cpu, work);
+        }
+    }
+
+    #[inline(always)]
+    fn now() -> u64 {
+        A::now()
+    }
+}
+
+// SAFETY: every hook but the stacks and the context is the kernel's
+// (which keeps PlatformHooks' contract, Kernel promise 5); the walk reads
+// only frame records (Kernel promise 4).
+unsafe impl<A: Arch, K: Kernel> PlatformHooks for Machine<A, K> {
+    fn backtrace(frames: &mut [usize]) -> usize {
+        if K::FRAME_POINTERS {
+            Self::walk(frames)
+        } else {
+            K::backtrace(frames)
+        }
+    }
+
+    fn context(buf: &mut [u8; 32]) -> usize {
+        let written = K::context(buf);
+        if written != 0 {
+            return written;
+        }
+        let cpu = Self::cpu_id();
+        buf[..3].copy_from_slice(b"cpu");
+        let mut len = 3;
+        if cpu >= 10 {
+            buf[len] = b'0' + (cpu / 10 % 10) as u8;
+            len += 1;
+        }
+        buf[len] = b'0' + (cpu % 10) as u8;
+        len + 1
+    }
+
+    #[inline(always)]
+    fn caller_frames(frames: &mut [usize]) -> usize {
+        K::caller_frames(frames)
+    }
+
+    #[inline(always)]
+    fn alloc_tag_current() -> Option<AllocTagRef> {
+        K::alloc_tag_current()
+    }
+
+    #[inline(always)]
+    fn alloc_tag_add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::alloc_tag_add(tag, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn alloc_tag_sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::alloc_tag_sub(tag, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
+        K::alloc_tag_token(tag)
+    }
+
+    #[inline(always)]
+    fn alloc_tag_current_token() -> Option<AllocTagRef> {
+        K::alloc_tag_current_token()
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_tag_charge_token(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: per our caller (a token of the kernel's token hooks).
+        unsafe { K::alloc_tag_charge_token(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: per our caller (the token this object was charged with).
+        unsafe { K::alloc_tag_uncharge(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::alloc_tag_charge_hook(token, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::alloc_tag_uncharge_hook(token, ptr, bytes);
+    }
+
+    #[cfg(feature = "kfence")]
+    fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
+        K::kfence_pool(nr_pages)
+    }
+
+    #[cfg(feature = "kfence")]
+    fn kfence_protect(page: usize, protect: bool) -> bool {
+        K::kfence_protect(page, protect)
+    }
+
+    #[cfg(feature = "kfence")]
+    #[inline(always)]
+    fn kfence_clock_ns() -> u64 {
+        K::kfence_clock_ns()
+    }
+}
+
+/// The cross-CPU calls of a several-CPU [`Machine`], with threads as CPUs
+/// (a thread-local CPU index, "interrupts" that need nothing).
+#[cfg(test)]
+mod tests {
+    extern crate std;
+
+    use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::cell::Cell;
+    use std::sync::Barrier;
+    use std::vec::Vec;
+
+    use super::{Arch, Kernel, Machine};
+    use crate::{Platform, PlatformHooks};
+
+    std::thread_local! {
+        static CPU: Cell<usize> = const { Cell::new(0) };
+    }
+
+    struct Threads;
+    // SAFETY: a test stand-in: the CPU index is the thread's, "interrupts"
+    // are nothing (each thread runs only its own code), no frame walk.
+    unsafe impl Arch for Threads {
+        const NEXT_FRAME_AT: isize = 0;
+        const RETURN_ADDRESS_AT: isize = 8;
+        fn cpu_register() -> usize {
+            CPU.with(Cell::get)
+        }
+        fn irq_save() -> usize {
+            0
+        }
+        fn irq_restore(_state: usize) {}
+        fn now() -> u64 {
+            0
+        }
+        fn frame_pointer() -> usize {
+            0
+        }
+    }
+
+    /// IPIs sent, per CPU.
+    static IPIS: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+
+    struct ThreeCpus;
+    // SAFETY: the defaults.
+    unsafe impl PlatformHooks for ThreeCpus {}
+    // SAFETY: 3 CPUs (threads with their index set first); the "IPI" is
+    // counted and the target threads poll handle_cross_cpu_calls.
+    unsafe impl Kernel for ThreeCpus {
+        const MAX_CPUS: usize = 3;
+        fn send_ipi(cpu: usize) {
+            IPIS[cpu].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    type P = Machine<Threads, ThreeCpus>;
+
+    /// Every call runs on its target CPU, once, and returns after it ran;
+    /// a call to the caller's own CPU runs at once; CPUs calling each
+    /// other at the same time all finish (each runs the calls posted to
+    /// it while it waits); the context names the CPU.
+    #[test]
+    fn cross_cpu_calls_run_on_their_cpu() {
+        const CALLS: usize = 90;
+        let stop = AtomicBool::new(false);
+        let ran: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+        let start = Barrier::new(3);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..3)
+                .map(|cpu| {
+                    let (stop, ran, start) = (&stop, &ran, &start);
+                    scope.spawn(move || {
+                        CPU.with(|index| index.set(cpu));
+                        assert_eq!(P::cpu_id(), cpu);
+                        let mut buf = [0; 32];
+                        let len = P::context(&mut buf);
+                        assert_eq!(&buf[..len], std::format!("cpu{cpu}").as_bytes());
+                        start.wait();
+                        // CPUs 0 and 1 call each other and CPU 2; CPU 2
+                        // only answers.
+                        if cpu < 2 {
+                            for call in 0..CALLS {
+                                let target = [1 - cpu, 2, cpu][call % 3];
+                                let done = AtomicBool::new(false);
+                                P::cross_cpu_call(target, &|| {
+                                    assert_eq!(P::cpu_id(), target, "runs on its CPU");
+                                    ran[target].fetch_add(1, Ordering::Relaxed);
+                                    done.store(true, Ordering::Relaxed);
+                                });
+                                assert!(done.load(Ordering::Relaxed), "returns after it ran");
+                            }
+                        }
+                        while !stop.load(Ordering::Acquire) {
+                            P::handle_cross_cpu_calls();
+                            std::thread::yield_now();
+                        }
+                    })
+                })
+                .collect();
+            // Stop the answering loops once both callers are through.
+            while ran
+                .iter()
+                .map(|count| count.load(Ordering::Relaxed))
+                .sum::<usize>()
+                < 2 * CALLS
+            {
+                std::thread::yield_now();
+            }
+            stop.store(true, Ordering::Release);
+            for worker in workers {
+                worker.join().unwrap();
+            }
+        });
+        let ran = ran.each_ref().map(|count| count.load(Ordering::Relaxed));
+        let nr_of = |kind: usize| (0..CALLS).filter(|call| call % 3 == kind).count();
+        assert_eq!(ran.iter().sum::<usize>(), 2 * CALLS);
+        assert_eq!(ran[2], 2 * nr_of(1), "{ran:?}");
+        // An IPI for every call to another CPU, none for a CPU's own.
+        let ipis = IPIS.each_ref().map(|count| count.load(Ordering::Relaxed));
+        assert_eq!(ipis, [nr_of(0), nr_of(0), 2 * nr_of(1)]);
+    }
+}
