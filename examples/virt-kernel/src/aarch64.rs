@@ -221,8 +221,13 @@ extern "C" fn fatal(esr: usize, elr: usize, far: usize) -> ! {
     panic!("exception: ESR {esr:#x} ELR {elr:#x} FAR {far:#x}")
 }
 
-/// IRQs, interrupts masked.
+/// IRQs, interrupts masked, as interrupt context for the allocator.
 extern "C" fn irq_handler() {
+    Platform::<crate::Smp>::handle_interrupt(handle_irq);
+}
+
+/// The IRQ's work.
+fn handle_irq() {
     // SAFETY: the GIC CPU interface's acknowledge register.
     let iar = unsafe { ((GICC + 0x0c) as *const u32).read_volatile() };
     match iar & 0x3ff {

@@ -123,8 +123,13 @@ extern "C" fn rust_entry(hart: usize) -> ! {
     crate::secondary_main(hart)
 }
 
-/// Machine-mode traps.
+/// Machine-mode traps, as interrupt context for the allocator.
 extern "C" fn trap_handler() {
+    Platform::<crate::Smp>::handle_interrupt(handle_trap);
+}
+
+/// The trap's work.
+fn handle_trap() {
     let (cause, epc, tval): (usize, usize, usize);
     // SAFETY: reads the trap CSRs; no memory.
     unsafe {

@@ -1,4 +1,4 @@
-//! The architectures' instructions ([`Arch`](super::Arch) implementations) behind the
+//! The architectures' instructions ([`glue::Arch`](super::Arch) implementations) behind the
 //! shipped platforms: one type per architecture and privilege level, each
 //! behind the feature of its architecture (`x86_64`, `riscv64`,
 //! `aarch64`; built only for that `target_arch`).

@@ -7,7 +7,7 @@
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use crate::{AllocTagRef, Platform, PlatformHooks};
 
@@ -81,7 +81,9 @@ pub unsafe trait Arch: 'static {
 ///    allocator code runs, and interrupt handlers that allocate run with
 ///    interrupts off: the shipped platforms take the in-use-flag hit
 ///    ([`Platform::LOCAL_TRYLOCK`], the trait's safety contract, promise
-///    1).
+///    1). Those handlers run their bodies in
+///    [`Machine::handle_interrupt`] (so the allocator knows where it runs:
+///    [`Platform::in_interrupt`]).
 /// 4. With `FRAME_POINTERS`, the code is built with frame pointers
 ///    (`-C force-frame-pointers=yes`) and the outermost frame of every
 ///    stack has a null frame pointer (the entry code zeroes it), so a
@@ -125,6 +127,9 @@ unsafe impl Kernel for OneCpu {}
 ///   CPUs calling each other with interrupts off both finish).
 /// - **Clock**: the architecture's counter (`rdtsc`, `rdtime`,
 ///   `CNTVCT_EL0`).
+/// - **Interrupt context**: [`Platform::in_interrupt`] inside
+///   [`Machine::handle_interrupt`], which a kernel's handlers that
+///   allocate run their bodies in.
 /// - **Backtraces**: a frame-pointer walk with [`Kernel::FRAME_POINTERS`].
 /// - **Context**: the kernel's ([`PlatformHooks::context`]), else `cpuN`.
 pub struct Machine<A, K = OneCpu>(PhantomData<fn() -> (A, K)>);
@@ -140,6 +145,26 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
         }
     }
 }
+
+impl<A: Arch, K: Kernel> Machine<A, K> {
+    /// Run `handler`, an interrupt handler's body that may allocate or
+    /// free, as interrupt context ([`Platform::in_interrupt`] true on this
+    /// CPU meanwhile: the allocator then only tries the locks whose
+    /// holders run with interrupts on, and makes no cross-CPU call). A
+    /// kernel whose handlers allocate wraps them in it; nesting is
+    /// counted. Call it with interrupts off, on the handler's CPU.
+    pub fn handle_interrupt<R>(handler: impl FnOnce() -> R) -> R {
+        let depth = &IRQ_DEPTH[Self::cpu_id()];
+        depth.fetch_add(1, Ordering::Relaxed);
+        let result = handler();
+        depth.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+}
+
+/// Interrupt handlers running on each CPU ([`Machine::handle_interrupt`]);
+/// each CPU changes only its own.
+static IRQ_DEPTH: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
 
 /// A CPU's mailbox: one cross-CPU call at a time.
 struct Mailbox {
@@ -300,6 +325,12 @@ unsafe impl<A: Arch, K: Kernel> Platform for Machine<A, K> {
         } else {
             Self::call_on(cpu, work);
         }
+    }
+
+    /// Inside [`Machine::handle_interrupt`] on this CPU.
+    #[inline]
+    fn in_interrupt() -> bool {
+        IRQ_DEPTH[Self::cpu_id()].load(Ordering::Relaxed) != 0
     }
 
     #[inline(always)]
@@ -481,6 +512,9 @@ mod tests {
                         let mut buf = [0; 32];
                         let len = P::context(&mut buf);
                         assert_eq!(&buf[..len], std::format!("cpu{cpu}").as_bytes());
+                        assert!(!P::in_interrupt());
+                        assert!(P::handle_interrupt(|| P::handle_interrupt(P::in_interrupt)));
+                        assert!(!P::in_interrupt(), "nesting counted back to thread context");
                         start.wait();
                         // CPUs 0 and 1 call each other and CPU 2; CPU 2
                         // only answers.
