@@ -692,6 +692,13 @@ mod tests;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// `docs/ADOPTING.md`'s examples, compiled as doctests (in the
+/// repository: the file is not in the package, and `cfg(doctest)` is off
+/// when the package builds).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/ADOPTING.md")]
+pub struct AdoptingDoctests;
+
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
