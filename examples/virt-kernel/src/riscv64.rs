@@ -190,10 +190,14 @@ pub fn start_secondaries() {
     START.store(true, Ordering::Release);
 }
 
-/// Interrupt `hart` (its msip).
+/// Interrupt `hart` (its msip), after the stores before.
 pub fn send_ipi(hart: usize) {
-    // SAFETY: that hart's msip word of the CLINT.
-    unsafe { ((CLINT_MSIP + 4 * hart) as *mut u32).write_volatile(1) };
+    // SAFETY: orders earlier stores (the mailbox) before the device write;
+    // that hart's msip word of the CLINT.
+    unsafe {
+        asm!("fence w, o", options(nostack));
+        ((CLINT_MSIP + 4 * hart) as *mut u32).write_volatile(1);
+    }
 }
 
 /// Wait for an interrupt (interrupts on).

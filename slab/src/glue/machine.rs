@@ -96,7 +96,10 @@ pub unsafe trait Kernel: PlatformHooks + 'static {
     /// false: records and reports carry no stack.
     const FRAME_POINTERS: bool = false;
     /// Interrupt CPU `cpu` so that it runs its cross-CPU calls (promise
-    /// 2). Called only with more than one CPU, for another CPU. Default:
+    /// 2), after the caller's earlier stores (the posted call) are
+    /// visible to it: a barrier before the device write where the
+    /// architecture needs one (aarch64 `dsb ishst`, riscv64 `fence w, o`).
+    /// Called only with more than one CPU, for another CPU. Default:
     /// nothing (one CPU).
     fn send_ipi(cpu: usize) {
         let _ = cpu;
