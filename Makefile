@@ -58,8 +58,9 @@ test-qemu:
 # kernel on the shipped glue with a 100 KiB heap, booted in QEMU running
 # the heap tests of "Writing an OS in Rust"; then the host example (the
 # glue in a program, through allocation profiling to an allocinfo table);
-# then examples/virt-kernel for riscv64 and aarch64, built on stable Rust
-# and booted on QEMU's virt machine with 4 CPUs (heap tests, a timer
+# then examples/virt-kernel for riscv64 (machine mode, and supervisor mode
+# under OpenSBI) and aarch64, built on stable Rust and booted on QEMU's
+# virt machine with 4 CPUs (heap tests, a timer
 # interrupt that allocates, an SMP stress with cross-CPU frees, verify;
 # a few seconds each; scripts/setup.sh stable and virt install what
 # they need).
@@ -69,6 +70,7 @@ test-example:
 	@scripts/setup.sh stable
 	@scripts/setup.sh virt
 	examples/virt-kernel/run.sh riscv64
+	examples/virt-kernel/run.sh riscv64-smode
 	examples/virt-kernel/run.sh aarch64
 
 # Tier 3: setup.sh's toolchain repair and lock (fake rustup); boot the real
@@ -164,9 +166,9 @@ check:
 			-p magpie-codetag -p magpie-kmemtrace-format --target $$target || exit 1; \
 	done
 	# The riscv64 and aarch64 example kernels (examples/virt-kernel), on stable.
-	for target in riscv64gc-unknown-none-elf aarch64-unknown-none; do \
+	for build in "riscv64gc-unknown-none-elf" "riscv64gc-unknown-none-elf --features smode" aarch64-unknown-none; do \
 		CARGO_ENCODED_RUSTFLAGS=-Cforce-frame-pointers=yes CARGO_TARGET_DIR=target/stable \
-			cargo +stable clippy -q -p magpie-virt-kernel --target $$target -- -D warnings || exit 1; \
+			cargo +stable clippy -q -p magpie-virt-kernel --target $$build -- -D warnings || exit 1; \
 	done
 	# The library crates package and build alone, as crates.io would have them,
 	# on stable (published together: magpie-slab's path dependencies resolve

@@ -1,6 +1,7 @@
-//! A kernel on QEMU's `virt` machine (riscv64 in machine mode, or aarch64
-//! at EL1) adopting magpie-slab with the shipped platform of its
-//! architecture, on 4 CPUs, built with stable Rust (`make test-example`):
+//! A kernel on QEMU's `virt` machine (riscv64 in machine mode, or in
+//! supervisor mode under OpenSBI with feature `smode`, or aarch64 at EL1)
+//! adopting magpie-slab with the shipped platform of its architecture, on
+//! 4 CPUs, built with stable Rust (`make test-example`, `run.sh`):
 //!
 //! 1. the heap tests of "Writing an OS in Rust" (as examples/hobby-kernel);
 //! 2. a timer interrupt on every CPU that allocates and frees (an object
@@ -155,7 +156,8 @@ pub fn on_tick(cpu: usize) {
     }
 }
 
-/// CPU 0, from the entry code.
+/// The boot CPU (0, but for OpenSBI's choice of boot hart), from the
+/// entry code.
 fn kernel_main() -> ! {
     let heap_start = arch::heap_start();
     // SAFETY: the 16 MiB after the image are RAM, used by nothing else.
@@ -171,19 +173,20 @@ fn kernel_main() -> ! {
     // The timer interrupt allocating and freeing, against this CPU's own
     // allocations.
     arch::timer_start();
+    let me = arch::cpu_index();
     let mut churned = 0_u64;
-    while TICKS[0].load(Ordering::Relaxed) < 100 {
+    while TICKS[me].load(Ordering::Relaxed) < 100 {
         let block = stamped(churned, 1 + (churned % 64) as usize);
         check(&block);
         churned += 1;
     }
     println!(
         "timer_allocates... [ok] ({} ticks, {churned} blocks meanwhile)",
-        TICKS[0].load(Ordering::Relaxed)
+        TICKS[me].load(Ordering::Relaxed)
     );
 
     arch::start_secondaries();
-    stress(0);
+    stress(me);
     while DONE.load(Ordering::Acquire) < NR_CPUS {
         core::hint::spin_loop();
     }
@@ -223,7 +226,7 @@ fn kernel_main() -> ! {
     arch::exit(0)
 }
 
-/// CPUs 1.., from the entry code once released.
+/// The other CPUs, from the entry code once released.
 fn secondary_main(cpu: usize) -> ! {
     stress(cpu);
     // Idle with interrupts on: serve cross-CPU calls (verify, reap).

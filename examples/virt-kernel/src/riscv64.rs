@@ -1,7 +1,15 @@
-//! riscv64 on QEMU `virt` with `-bios none`: every hart starts at
-//! 0x8000_0000 in machine mode. The CLINT (0x200_0000) gives the timer
-//! (`mtimecmp`, 10 MHz) and the IPIs (`msip`), the NS16550 UART
-//! (0x1000_0000) the console, `sifive_test` (0x10_0000) the exit code.
+//! riscv64 on QEMU `virt`, in one of two modes:
+//!
+//! - machine mode (`-bios none`): every hart starts at 0x8000_0000; the
+//!   CLINT (0x200_0000) gives the timer (`mtimecmp`, 10 MHz) and the IPIs
+//!   (`msip`);
+//! - supervisor mode (feature `smode`: under OpenSBI, QEMU's default
+//!   firmware): the boot hart starts at 0x8020_0000 and starts the others
+//!   (SBI `hart_start`); the SBI gives the timer (`set_timer`) and the IPIs
+//!   (`send_ipi`).
+//!
+//! The NS16550 UART (0x1000_0000) is the console, `sifive_test`
+//! (0x10_0000) the exit code.
 
 use core::arch::{asm, global_asm};
 use core::fmt::Write;
@@ -10,14 +18,93 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use crate::NR_CPUS;
 
 /// The shipped platform: riscv64 in machine mode.
+#[cfg(not(feature = "smode"))]
 pub type Platform<K> = magpie_slab::glue::Riscv64Machine<K>;
+/// The shipped platform: riscv64 in supervisor mode.
+#[cfg(feature = "smode")]
+pub type Platform<K> = magpie_slab::glue::Riscv64<K>;
 
 /// For the banner.
+#[cfg(not(feature = "smode"))]
 pub const NAME: &str = "riscv64, machine mode";
+/// For the banner.
+#[cfg(feature = "smode")]
+pub const NAME: &str = "riscv64, supervisor mode under OpenSBI";
+
+/// The privilege level's CSRs and instructions.
+#[cfg(not(feature = "smode"))]
+macro_rules! mode {
+    (status) => {
+        "mstatus"
+    };
+    (ie) => {
+        "mie"
+    };
+    (tvec) => {
+        "mtvec"
+    };
+    (cause) => {
+        "mcause"
+    };
+    (epc) => {
+        "mepc"
+    };
+    (tval) => {
+        "mtval"
+    };
+    (ret) => {
+        "mret"
+    };
+    (hartid) => {
+        "csrr a0, mhartid"
+    };
+}
+/// The privilege level's CSRs and instructions.
+#[cfg(feature = "smode")]
+macro_rules! mode {
+    (status) => {
+        "sstatus"
+    };
+    (ie) => {
+        "sie"
+    };
+    (tvec) => {
+        "stvec"
+    };
+    (cause) => {
+        "scause"
+    };
+    (epc) => {
+        "sepc"
+    };
+    (tval) => {
+        "stval"
+    };
+    (ret) => {
+        "sret"
+    };
+    // The SBI passes the hart id in a0.
+    (hartid) => {
+        "nop"
+    };
+}
+
+/// Interrupt causes and enable bits: timer and software (IPI).
+#[cfg(not(feature = "smode"))]
+const TIMER_CAUSE: usize = 7;
+#[cfg(not(feature = "smode"))]
+const IPI_CAUSE: usize = 3;
+#[cfg(feature = "smode")]
+const TIMER_CAUSE: usize = 5;
+#[cfg(feature = "smode")]
+const IPI_CAUSE: usize = 1;
 
 const UART: usize = 0x1000_0000;
+#[cfg(not(feature = "smode"))]
 const CLINT_MSIP: usize = 0x200_0000;
+#[cfg(not(feature = "smode"))]
 const CLINT_MTIMECMP: usize = 0x200_4000;
+#[cfg(not(feature = "smode"))]
 const CLINT_MTIME: usize = 0x200_bff8;
 const SIFIVE_TEST: usize = 0x10_0000;
 /// Timer period: 1 ms of the 10 MHz `mtime`.
@@ -26,15 +113,23 @@ const TICK: u64 = 10_000;
 /// Set by hart 0 when the others may run.
 static START: AtomicBool = AtomicBool::new(false);
 
-// The entry of every hart (a0 = mhartid): its index into tp, a 64 KiB
+// The entry of the harts (a0 = the hart id): machine mode, every hart at
+// _start; supervisor mode, the boot hart at _start and the others at
+// secondary_start (SBI hart_start). Each: its index into tp, a 64 KiB
 // stack, a null frame pointer, the FPU on (riscv64gc code may use it), the
-// trap vector; hart 0 clears .bss; harts beyond NR_CPUS park.
+// trap vector; the boot hart (machine mode: hart 0) clears .bss; harts
+// beyond NR_CPUS park.
 global_asm!(
     ".section .text.entry, \"ax\"",
     ".globl _start",
     "_start:",
-    "    csrw mie, zero",
-    "    csrr a0, mhartid",
+    mode!(hartid),
+    "    li a1, 1",
+    "    j 1f",
+    ".globl secondary_start",
+    "secondary_start:",
+    "    li a1, 0",
+    concat!("1:  csrw ", mode!(ie), ", zero"),
     "    li t0, {nr_cpus}",
     "    bgeu a0, t0, 3f",
     "    mv tp, a0",
@@ -43,16 +138,16 @@ global_asm!(
     "    sub sp, sp, t0",
     "    li s0, 0",
     "    li t0, 0x2000",
-    "    csrs mstatus, t0",
+    concat!("    csrs ", mode!(status), ", t0"),
     "    la t0, {trap}",
-    "    csrw mtvec, t0",
-    "    bnez a0, 2f",
+    concat!("    csrw ", mode!(tvec), ", t0"),
+    "    beqz a1, 2f",
     "    la t0, __bss_start",
     "    la t1, __bss_end",
-    "1:  bgeu t0, t1, 2f",
+    "4:  bgeu t0, t1, 2f",
     "    sd zero, 0(t0)",
     "    addi t0, t0, 8",
-    "    j 1b",
+    "    j 4b",
     "2:  call {entry}",
     "3:  wfi",
     "    j 3b",
@@ -62,7 +157,7 @@ global_asm!(
 );
 
 // Traps: save the caller-saved registers on the interrupted stack, call
-// trap_handler with interrupts off (mstatus.MIE cleared by the trap), mret.
+// trap_handler with interrupts off (xstatus.xIE cleared by the trap), xret.
 global_asm!(
     ".section .text",
     ".align 4",
@@ -103,7 +198,7 @@ global_asm!(
     "    ld t5, 112(sp)",
     "    ld t6, 120(sp)",
     "    addi sp, sp, 128",
-    "    mret",
+    mode!(ret),
     handler = sym trap_handler,
 );
 
@@ -112,9 +207,16 @@ unsafe extern "C" {
     static __heap_start: u8;
 }
 
-/// From `_start`, on the hart's stack.
-extern "C" fn rust_entry(hart: usize) -> ! {
-    if hart == 0 {
+/// From the entry code, on the hart's stack: the boot hart (machine mode:
+/// every hart enters as one; hart 0 boots) runs the kernel, the others
+/// wait for it.
+extern "C" fn rust_entry(hart: usize, boot: usize) -> ! {
+    let boot = if cfg!(feature = "smode") {
+        boot != 0
+    } else {
+        hart == 0
+    };
+    if boot {
         crate::kernel_main()
     }
     while !START.load(Ordering::Acquire) {
@@ -133,20 +235,19 @@ fn handle_trap() {
     let (cause, epc, tval): (usize, usize, usize);
     // SAFETY: reads the trap CSRs; no memory.
     unsafe {
-        asm!("csrr {}, mcause", "csrr {}, mepc", "csrr {}, mtval",
+        asm!(concat!("csrr {}, ", mode!(cause)), concat!("csrr {}, ", mode!(epc)),
+            concat!("csrr {}, ", mode!(tval)),
             out(reg) cause, out(reg) epc, out(reg) tval, options(nomem, nostack));
     }
     let hart = cpu_index();
     match cause {
-        // Machine timer.
-        c if c == (1 << 63) | 7 => {
+        c if c == (1 << 63) | TIMER_CAUSE => {
             set_timer(hart);
             crate::on_tick(hart);
         }
-        // Machine software interrupt: an IPI.
-        c if c == (1 << 63) | 3 => {
-            // SAFETY: this hart's msip word of the CLINT.
-            unsafe { ((CLINT_MSIP + 4 * hart) as *mut u32).write_volatile(0) };
+        // The software interrupt: an IPI.
+        c if c == (1 << 63) | IPI_CAUSE => {
+            clear_ipi(hart);
             Platform::<crate::Smp>::handle_cross_cpu_calls();
         }
         _ => panic!("trap: mcause {cause:#x} mepc {epc:#x} mtval {tval:#x}"),
@@ -167,6 +268,7 @@ pub fn heap_start() -> usize {
 }
 
 /// The next tick of this hart in `TICK`.
+#[cfg(not(feature = "smode"))]
 fn set_timer(hart: usize) {
     // SAFETY: the CLINT's mtime and this hart's mtimecmp.
     unsafe {
@@ -175,28 +277,87 @@ fn set_timer(hart: usize) {
     }
 }
 
+/// The next tick of this hart in `TICK` (SBI TIME `set_timer`, which also
+/// clears the pending timer interrupt).
+#[cfg(feature = "smode")]
+fn set_timer(_hart: usize) {
+    let now: u64;
+    // SAFETY: reads the time CSR (the SBI lets supervisor mode read it).
+    unsafe { asm!("rdtime {}", out(reg) now, options(nomem, nostack)) };
+    sbi(0x5449_4d45, 0, [(now + TICK) as usize, 0, 0]);
+}
+
+/// An SBI call: extension `ext`, function `fid`; the error code.
+#[cfg(feature = "smode")]
+fn sbi(ext: usize, fid: usize, args: [usize; 3]) -> isize {
+    let error: isize;
+    // SAFETY: an environment call to the SBI, which reads a0-a2, a6, a7
+    // and returns in a0-a1.
+    unsafe {
+        asm!("ecall", inlateout("a0") args[0] => error, inlateout("a1") args[1] => _,
+            in("a2") args[2], in("a6") fid, in("a7") ext, options(nostack));
+    }
+    error
+}
+
 /// Start this hart's timer and take interrupts (timer and IPI).
 pub fn timer_start() {
     set_timer(cpu_index());
-    // SAFETY: enables the machine timer and software interrupts, then
-    // interrupts: the trap vector is set.
+    // SAFETY: enables the timer and software interrupts, then interrupts:
+    // the trap vector is set.
     unsafe {
-        asm!("csrs mie, {}", "csrsi mstatus, 8", in(reg) (1 << 7) | (1 << 3), options(nostack))
-    };
+        asm!(concat!("csrs ", mode!(ie), ", {}"), concat!("csrsi ", mode!(status), ", {bit}"),
+            in(reg) (1 << TIMER_CAUSE) | (1 << IPI_CAUSE),
+            bit = const if cfg!(feature = "smode") { 2 } else { 8 },
+            options(nostack));
+    }
 }
 
-/// Release harts 1.. (spinning in `rust_entry`).
+/// Release harts 1.. (machine mode: spinning in `rust_entry`; supervisor
+/// mode: started with SBI HSM `hart_start` at `secondary_start`).
 pub fn start_secondaries() {
     START.store(true, Ordering::Release);
+    #[cfg(feature = "smode")]
+    for hart in (0..NR_CPUS).filter(|&hart| hart != cpu_index()) {
+        let entry = secondary_start as *const () as usize;
+        assert_eq!(
+            sbi(0x0048_534d, 0, [hart, entry, 0]),
+            0,
+            "SBI hart_start {hart}"
+        );
+    }
 }
 
-/// Interrupt `hart` (its msip), after the stores before.
+unsafe extern "C" {
+    #[cfg(feature = "smode")]
+    fn secondary_start();
+}
+
+/// Interrupt `hart`, after the stores before.
 pub fn send_ipi(hart: usize) {
-    // SAFETY: orders earlier stores (the mailbox) before the device write;
-    // that hart's msip word of the CLINT.
+    // SAFETY: orders earlier stores (the mailbox) before the interrupt.
+    unsafe { asm!("fence w, o", options(nostack)) };
+    #[cfg(not(feature = "smode"))]
+    // SAFETY: that hart's msip word of the CLINT.
     unsafe {
-        asm!("fence w, o", options(nostack));
         ((CLINT_MSIP + 4 * hart) as *mut u32).write_volatile(1);
+    }
+    #[cfg(feature = "smode")]
+    sbi(0x0073_5049, 0, [1 << hart, 0, 0]);
+}
+
+/// Acknowledge this hart's IPI.
+fn clear_ipi(hart: usize) {
+    #[cfg(not(feature = "smode"))]
+    // SAFETY: this hart's msip word of the CLINT.
+    unsafe {
+        ((CLINT_MSIP + 4 * hart) as *mut u32).write_volatile(0);
+    }
+    #[cfg(feature = "smode")]
+    {
+        let _ = hart;
+        // SAFETY: clears the supervisor software interrupt pending bit.
+        unsafe { asm!("csrci sip, 2", options(nomem, nostack)) };
     }
 }
 
