@@ -4,6 +4,7 @@
     (gdb) source scripts/magpie-gdb.py
     (gdb) magpie slabinfo
     (gdb) magpie kmemstat
+    (gdb) magpie slabtop --once
     (gdb) magpie whatis 0xffff80000092b040
     (gdb) magpie verify
     (gdb) magpie events -o stopped.kmt
@@ -23,7 +24,7 @@ import gdb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "scripts", "magpie-kmem")
-REPORTS = ("slabinfo", "kmemstat", "whatis", "verify", "events")
+REPORTS = ("slabinfo", "kmemstat", "slabtop", "whatis", "verify", "trace", "events")
 
 
 def take_core():
@@ -47,7 +48,8 @@ def kernel_file():
 
 class Magpie(gdb.Command):
     """Magpie allocator reports from the stopped kernel: magpie REPORT [ARGS].
-REPORT: slabinfo, kmemstat, whatis ADDR, verify, events -o FILE
+REPORT: slabinfo, kmemstat, slabtop [--sort KEY], whatis ADDR, verify, trace [CACHE],
+events -o FILE
 (as `magpie-kmem core CORE REPORT`; see docs/VMCORE.md)."""
 
     def __init__(self):
@@ -56,7 +58,8 @@ REPORT: slabinfo, kmemstat, whatis ADDR, verify, events -o FILE
     def invoke(self, argument, from_tty):
         words = shlex.split(argument)
         if not words or words[0] not in REPORTS:
-            raise gdb.GdbError("usage: magpie slabinfo | kmemstat | whatis ADDR | verify | events -o FILE")
+            raise gdb.GdbError("usage: magpie slabinfo | kmemstat | slabtop [--sort KEY] | whatis ADDR | verify"
+                               " | trace [CACHE] | events -o FILE")
         if words[0] == "whatis" and len(words) == 2:
             # An expression (a variable, a register) as well as a number.
             words[1] = hex(int(gdb.parse_and_eval(words[1])) & (2**64 - 1))

@@ -254,17 +254,19 @@ fn kmemstat_has_the_akaros_layout() {
     );
     assert!(row.waste <= row.total / 8 + PAGE_SIZE, "{}", row.waste);
 
-    // The allocator's own memory, with its share of managed memory in
-    // hundredths of a percent: at most 2 %.
+    // The allocator's own memory, in pages (Objsize the page size), at
+    // most 2 % of the memory it manages.
     let meta = rows
         .iter()
         .find(|row| row.name == "slab-metadata")
         .expect("slab-metadata row");
     assert_eq!((meta.indent, meta.kind), (2, "M"));
+    assert_eq!(meta.objsize, PAGE_SIZE);
+    let managed = SLAB.stats().metadata().managed_bytes;
     assert!(
-        meta.total > 0 && meta.objsize <= 200,
-        "metadata {} bp",
-        meta.objsize
+        meta.total > 0 && meta.total * 10_000 / managed <= 200,
+        "metadata {} of {managed} bytes",
+        meta.total
     );
 
     let large = rows

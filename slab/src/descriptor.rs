@@ -49,8 +49,9 @@ use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, T
 /// The descriptor's first 16 bytes.
 pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
 
-/// The format version (docs/VMCORE.md).
-pub const DESCRIPTOR_VERSION: u32 = 1;
+/// The format version (docs/VMCORE.md). 2: the kernel's arenas
+/// ([`KmemstatArenas`]) after the layout.
+pub const DESCRIPTOR_VERSION: u32 = 2;
 
 /// Bytes of the header (a version-1 descriptor's layout starts here).
 pub const DESCRIPTOR_HEADER_SIZE: usize = 96;
@@ -533,6 +534,8 @@ pub struct SlabDescriptor {
     pub clock_khz: AtomicU64,
     /// The layout.
     pub layout: DescriptorLayout,
+    /// The kernel's arenas, for `kmemstat`'s arena rows ([`describe_kmemstat`]).
+    pub arenas: KmemstatArenas,
 }
 
 /// The descriptor of this program's allocator (see the module docs).
@@ -553,6 +556,7 @@ pub static MAGPIE_SLAB_DESCRIPTOR: SlabDescriptor = SlabDescriptor {
     trace_lock_data: AtomicU64::new(0),
     clock_khz: AtomicU64::new(0),
     layout: LAYOUT,
+    arenas: KmemstatArenas::EMPTY,
 };
 
 /// The byte offset of a guard's payload from its lock.
@@ -642,3 +646,208 @@ pub fn set_clock_khz(khz: u64) {
         .clock_khz
         .store(khz, Ordering::Relaxed);
 }
+
+/// Arena rows the descriptor can hold.
+pub const MAX_ARENAS: usize = 8;
+
+/// One of a `kmemstat` arena row's figures as a reader computes it from
+/// the image: a constant, or `(word at addr - word at minus) * scale`
+/// (`minus` 0: nothing subtracted). Words are little-endian unsigned
+/// integers of `size` bytes (1, 2, 4 or 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaFigure {
+    addr: usize,
+    minus: usize,
+    size: usize,
+    scale: u64,
+}
+
+impl ArenaFigure {
+    /// A figure that does not change (an arena of fixed size).
+    pub const fn constant(value: u64) -> ArenaFigure {
+        ArenaFigure {
+            addr: value as usize,
+            minus: 0,
+            size: 0,
+            scale: 1,
+        }
+    }
+
+    /// The integer at `word` (a `usize`, `u64`, `u32`, or an atomic of
+    /// one, that lives as long as the kernel) times `scale` (say, pages to
+    /// bytes). Only its address is kept: nothing is read here.
+    pub fn word<T>(word: *const T, scale: u64) -> ArenaFigure {
+        ArenaFigure {
+            addr: word as usize,
+            minus: 0,
+            size: size_of::<T>(),
+            scale,
+        }
+    }
+
+    /// This figure less the integer at `minus` (of the same type), before
+    /// the scale: `total - free` pages, say.
+    pub fn minus<T>(self, minus: *const T) -> ArenaFigure {
+        ArenaFigure {
+            minus: minus as usize,
+            ..self
+        }
+    }
+}
+
+/// An arena as `kmemstat` shows it (Akaros' `A` row), described for
+/// readers of a memory image: [`describe_kmemstat`].
+#[derive(Debug, Clone, Copy)]
+pub struct ArenaDescription {
+    /// Indent level (as [`KmemstatRow::indent`](crate::reports::KmemstatRow)).
+    pub indent: usize,
+    /// The arena's name (at most 31 bytes are kept).
+    pub name: &'static str,
+    /// Its quantum (the Objsize column).
+    pub quantum: usize,
+    /// Total Amt.
+    pub total: ArenaFigure,
+    /// Alloc Amt.
+    pub alloc: ArenaFigure,
+    /// Allocs Ever.
+    pub nr_allocs_ever: ArenaFigure,
+}
+
+/// A figure as the descriptor stores it (see [`ArenaFigure`]; `size` 0:
+/// the constant in `addr`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct FigureSlot {
+    /// The word's address, or the constant.
+    pub addr: AtomicU64,
+    /// The subtracted word's address (0: none).
+    pub minus: AtomicU64,
+    /// Bytes of the words; 0 for a constant.
+    pub size: AtomicU64,
+    /// The multiplier.
+    pub scale: AtomicU64,
+}
+
+/// One arena row as the descriptor stores it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ArenaSlot {
+    /// The name's bytes (UTF-8).
+    pub name: [AtomicU64; 4],
+    /// The name's length.
+    pub name_len: AtomicU64,
+    /// Indent level.
+    pub indent: AtomicU64,
+    /// Quantum (the Objsize column).
+    pub quantum: AtomicU64,
+    /// Total Amt, Alloc Amt, Allocs Ever.
+    pub figures: [FigureSlot; 3],
+}
+
+/// The kernel's `kmemstat` arenas: `nr_arenas` rows, the caches' rows
+/// (at `caches_indent`) after the first `caches_after` of them.
+#[repr(C)]
+#[derive(Debug)]
+pub struct KmemstatArenas {
+    /// Arena rows described (0: none; the caches at indent 0).
+    pub nr_arenas: AtomicU64,
+    /// Arena rows before the caches' rows.
+    pub caches_after: AtomicU64,
+    /// The caches' indent level.
+    pub caches_indent: AtomicU64,
+    /// The rows.
+    pub arenas: [ArenaSlot; MAX_ARENAS],
+}
+
+#[allow(
+    clippy::declare_interior_mutable_const,
+    reason = "only copied into the static's initialiser"
+)]
+const FIGURE_EMPTY: FigureSlot = FigureSlot {
+    addr: AtomicU64::new(0),
+    minus: AtomicU64::new(0),
+    size: AtomicU64::new(0),
+    scale: AtomicU64::new(0),
+};
+
+#[allow(
+    clippy::declare_interior_mutable_const,
+    reason = "only copied into the static's initialiser"
+)]
+const ARENA_EMPTY: ArenaSlot = ArenaSlot {
+    name: [const { AtomicU64::new(0) }; 4],
+    name_len: AtomicU64::new(0),
+    indent: AtomicU64::new(0),
+    quantum: AtomicU64::new(0),
+    figures: [FIGURE_EMPTY; 3],
+};
+
+impl KmemstatArenas {
+    #[allow(
+        clippy::declare_interior_mutable_const,
+        reason = "only copied into the static's initialiser"
+    )]
+    const EMPTY: KmemstatArenas = KmemstatArenas {
+        nr_arenas: AtomicU64::new(0),
+        caches_after: AtomicU64::new(0),
+        caches_indent: AtomicU64::new(0),
+        arenas: [ARENA_EMPTY; MAX_ARENAS],
+    };
+}
+
+/// Describe the kernel's `kmemstat` arenas for readers of a memory image
+/// (`magpie-kmem core CORE kmemstat` prints the rows the kernel's own
+/// `kmemstat` prints): `before` are the rows above the caches (the page
+/// sources they import from), the caches' rows follow at
+/// `caches_indent`, then `after`. Each figure is read from the image
+/// where the kernel keeps it ([`ArenaFigure::word`]), so a core taken at
+/// any moment shows that moment's figures. A later call replaces the
+/// description; rows past [`MAX_ARENAS`] are dropped (returns `false`).
+pub fn describe_kmemstat(
+    before: &[ArenaDescription],
+    caches_indent: usize,
+    after: &[ArenaDescription],
+) -> bool {
+    let table = &MAGPIE_SLAB_DESCRIPTOR.arenas;
+    table.nr_arenas.store(0, Ordering::Release);
+    let mut nr = 0;
+    for arena in before.iter().chain(after) {
+        let Some(slot) = table.arenas.get(nr) else {
+            break;
+        };
+        let mut name = [0u8; 32];
+        let len = arena.name.len().min(31);
+        name[..len].copy_from_slice(&arena.name.as_bytes()[..len]);
+        for (word, bytes) in slot.name.iter().zip(name.chunks_exact(8)) {
+            let mut chunk = [0u8; 8];
+            chunk.copy_from_slice(bytes);
+            word.store(u64::from_le_bytes(chunk), Ordering::Relaxed);
+        }
+        slot.name_len.store(len as u64, Ordering::Relaxed);
+        slot.indent.store(arena.indent as u64, Ordering::Relaxed);
+        slot.quantum.store(arena.quantum as u64, Ordering::Relaxed);
+        for (figure, value) in
+            slot.figures
+                .iter()
+                .zip([arena.total, arena.alloc, arena.nr_allocs_ever])
+        {
+            figure.addr.store(value.addr as u64, Ordering::Relaxed);
+            figure.minus.store(value.minus as u64, Ordering::Relaxed);
+            figure.size.store(value.size as u64, Ordering::Relaxed);
+            figure.scale.store(value.scale, Ordering::Relaxed);
+        }
+        nr += 1;
+    }
+    table
+        .caches_after
+        .store(before.len().min(nr) as u64, Ordering::Relaxed);
+    table
+        .caches_indent
+        .store(caches_indent as u64, Ordering::Relaxed);
+    table.nr_arenas.store(nr as u64, Ordering::Release);
+    nr == before.len() + after.len()
+}
+
+// docs/VMCORE.md gives these sizes.
+const _: () = assert!(size_of::<ArenaSlot>() == 152);
+const _: () = assert!(offset_of!(KmemstatArenas, arenas) == 24);

@@ -61,7 +61,8 @@ class VmcoreOnDemand(unittest.TestCase):
                 "kmemtrace record start --stacks 8", "kmemtrace start kmalloc-64",
                 "kmalloc 64 10", "kmalloc 200 3", "leak 32 2", "kfree 1",
                 "kmemtrace record stop",
-                "slabinfo", "kmemstat", "kmemtrace print kmalloc-64", "kmemtrace print",
+                "slabinfo", "kmemstat", "slabtop --once", "slabtop --once --sort n",
+                "kmemtrace print kmalloc-64", "kmemtrace print",
                 "vmcore", "kmemtrace dump", "poweroff"])
         finally:
             del os.environ["MAGPIE_VMCORE"]
@@ -84,13 +85,30 @@ class VmcoreOnDemand(unittest.TestCase):
         self.assertEqual(offline.splitlines(), live.splitlines())
         self.assertGreater(len(offline.splitlines()), 60)
 
-    def test_kmemstat_cache_rows_equal_the_live_ones(self):
+    def test_kmemstat_equals_the_live_one_line_for_line(self):
+        # The arenas (base > kpages > the caches, the bootstrap heap) are
+        # read where the kernel keeps their figures (the descriptor's
+        # arena table).
         code, offline, err = tool("core", self.core, "kmemstat")
         self.assertEqual((code, err), (0, ""), err)
-        live = kmemstat_rows(reply_to(self.out, "kmemstat"))
-        offline = kmemstat_rows(offline)
-        self.assertEqual(offline, live)
-        self.assertIn("kmalloc-64", offline)
+        live = reply_to(self.out, "kmemstat")
+        self.assertEqual(offline.splitlines(), live.splitlines())
+        rows = kmemstat_rows(offline)
+        self.assertIn("kmalloc-64", rows)
+        self.assertRegex(offline, r"\nbase +: A :    4096:")
+        self.assertRegex(offline, r"\n    kpages +: A :    4096:")
+        self.assertRegex(offline, r"\nbootstrap-heap +: A :       1:")
+
+    def test_slabtop_once_equals_the_live_one(self):
+        for args, command in ((["slabtop", "--once"], "slabtop --once"),
+                              (["slabtop", "--once", "--sort", "n"], "slabtop --once --sort n")):
+            code, offline, err = tool("core", self.core, *args)
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertEqual(offline.splitlines(), reply_to(self.out, command).splitlines())
+            self.assertIn(" Magazines since boot ", offline)
+        code, _, err = tool("core", self.core, "slabtop", "--sort", "x")
+        self.assertNotEqual(code, 0)
+        self.assertIn("unknown sort key 'x'; expected o, c, n or m", err)
 
     def test_whatis_names_the_objects_the_shell_holds(self):
         held = HEX.findall(reply_to(self.out, "kmalloc 64 10"))

@@ -10,9 +10,10 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use linked_list_allocator::Heap;
+use magpie_slab::descriptor::{ArenaDescription, ArenaFigure};
 use spin::Mutex;
 
 use crate::arch::IrqGuard;
@@ -31,6 +32,10 @@ unsafe impl Sync for Region {}
 static REGION: Region = Region(UnsafeCell::new([0; BOOTSTRAP_HEAP_SIZE]));
 static BOOTSTRAP: Mutex<Heap> = Mutex::new(Heap::empty());
 static READY: AtomicBool = AtomicBool::new(false);
+/// The heap's used bytes, stored after every change under its lock: where
+/// a reader of a memory image finds them (`kmemstat`'s `bootstrap-heap`
+/// row from a core; the heap's own counter is private to its crate).
+static USED: AtomicUsize = AtomicUsize::new(0);
 
 fn region_range() -> (usize, usize) {
     let start = REGION.0.get() as usize;
@@ -69,10 +74,12 @@ pub fn bootstrap_alloc(layout: Layout) -> *mut u8 {
         init();
     }
     let _irq = IrqGuard::new();
-    BOOTSTRAP
-        .lock()
+    let mut heap = BOOTSTRAP.lock();
+    let block = heap
         .allocate_first_fit(layout)
-        .map_or(ptr::null_mut(), NonNull::as_ptr)
+        .map_or(ptr::null_mut(), NonNull::as_ptr);
+    USED.store(heap.used(), Ordering::Relaxed);
+    block
 }
 
 /// Returns a block to the bootstrap heap.
@@ -83,11 +90,22 @@ pub fn bootstrap_alloc(layout: Layout) -> *mut u8 {
 /// and not freed since.
 pub unsafe fn bootstrap_dealloc(ptr: *mut u8, layout: Layout) {
     let _irq = IrqGuard::new();
+    let mut heap = BOOTSTRAP.lock();
     // SAFETY: per the contract, ptr came from this heap with this layout; it is non-null.
-    unsafe {
-        BOOTSTRAP
-            .lock()
-            .deallocate(NonNull::new_unchecked(ptr), layout)
+    unsafe { heap.deallocate(NonNull::new_unchecked(ptr), layout) };
+    USED.store(heap.used(), Ordering::Relaxed);
+}
+
+/// The `bootstrap-heap` row of `kmemstat` (indent 0, quantum 1), for
+/// readers of a memory image (`magpie_slab::descriptor::describe_kmemstat`).
+pub fn bootstrap_description() -> ArenaDescription {
+    ArenaDescription {
+        indent: 0,
+        name: "bootstrap-heap",
+        quantum: 1,
+        total: ArenaFigure::constant(BOOTSTRAP_HEAP_SIZE as u64),
+        alloc: ArenaFigure::word(USED.as_ptr(), 1),
+        nr_allocs_ever: ArenaFigure::constant(0),
     }
 }
 

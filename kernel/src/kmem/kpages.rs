@@ -13,6 +13,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use magpie_codetag::alloc_tag::AllocTagRef;
+use magpie_slab::descriptor::{ArenaDescription, ArenaFigure};
 use magpie_slab::{AllocError, ArenaStats, PAGE_SIZE, PageSource};
 use spin::Once;
 
@@ -69,6 +70,21 @@ impl Arena {
         self.nr_pages_out.fetch_add(nr_pages, Ordering::Relaxed);
         self.nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
         NonNull::new(layout::phys_to_virt(phys.as_u64()) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
+    /// Its `kmemstat` row at `indent` (Total and Alloc Amt its pages
+    /// out, quantum a page), for readers of a memory image
+    /// (`magpie_slab::descriptor::describe_kmemstat`).
+    pub fn description(&'static self, indent: usize) -> ArenaDescription {
+        let pages = ArenaFigure::word(self.nr_pages_out.as_ptr(), PAGE_SIZE as u64);
+        ArenaDescription {
+            indent,
+            name: self.name,
+            quantum: PAGE_SIZE,
+            total: pages,
+            alloc: pages,
+            nr_allocs_ever: ArenaFigure::word(self.nr_allocs_ever.as_ptr(), 1),
+        }
     }
 
     /// Pages this arena has handed out and not had back.
@@ -139,6 +155,25 @@ pub fn base_stats() -> ArenaStats {
         alloc_bytes: (stats.nr_total - stats.nr_free) * PAGE_SIZE,
         nr_allocs_ever: stats.nr_allocs_ever,
     }
+}
+
+/// The `base` row of `kmemstat` (the frame allocator, indent 0), for
+/// readers of a memory image; `None` before `frame::init`.
+pub fn base_description() -> Option<ArenaDescription> {
+    let stats = frame::stats_location()?;
+    let field = |offset: usize| stats.wrapping_byte_add(offset);
+    let nr_total = field(core::mem::offset_of!(frame::FrameStats, nr_total)).cast::<usize>();
+    let nr_free = field(core::mem::offset_of!(frame::FrameStats, nr_free)).cast::<usize>();
+    let nr_allocs_ever =
+        field(core::mem::offset_of!(frame::FrameStats, nr_allocs_ever)).cast::<u64>();
+    Some(ArenaDescription {
+        indent: 0,
+        name: "base",
+        quantum: PAGE_SIZE,
+        total: ArenaFigure::word(nr_total, PAGE_SIZE as u64),
+        alloc: ArenaFigure::word(nr_total, PAGE_SIZE as u64).minus(nr_free),
+        nr_allocs_ever: ArenaFigure::word(nr_allocs_ever, 1),
+    })
 }
 
 /// The kernel's page arena: slabs and page-granular kmalloc come from here.

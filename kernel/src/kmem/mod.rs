@@ -70,6 +70,16 @@ pub fn init(cmdline: &str) {
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     // Out of frames, kpages reaps every cache and tries again.
     KPAGES.set_reclaim(|| SLAB.reap_all());
+    // kmemstat's arena rows, for `magpie-kmem core CORE kmemstat`: as the
+    // shell's `kmemstat` writes them (base > kpages > the caches, then
+    // the bootstrap heap).
+    if let Some(base) = kpages::base_description() {
+        magpie_slab::descriptor::describe_kmemstat(
+            &[base, KPAGES.description(1)],
+            2,
+            &[heap::bootstrap_description()],
+        );
+    }
     if alloc_tag::COMPILED_IN {
         alloc_tag::init(&KPAGES);
         sync_alloc_profiling();

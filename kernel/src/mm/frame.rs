@@ -370,6 +370,18 @@ pub fn alloc_zeroed(nr_pages: usize) -> Option<*mut u8> {
     Some(virt)
 }
 
+/// Where the statistics live (they stay there once `frame::init` has
+/// run): for readers of a memory image (`kmemstat`'s `base` row from a
+/// core). `None` before `frame::init`.
+pub fn stats_location() -> Option<*const FrameStats> {
+    without_interrupts(|| {
+        FRAMES
+            .lock()
+            .as_ref()
+            .map(|frames| core::ptr::from_ref(&frames.stats))
+    })
+}
+
 /// Current statistics (zero before `frame::init`).
 pub fn stats() -> FrameStats {
     without_interrupts(|| {

@@ -44,8 +44,6 @@ const HEADER_LINES: usize = 8;
 const MIN_LINES: usize = HEADER_LINES + 2;
 /// Most `--lines`.
 const MAX_LINES: usize = 1000;
-/// Below this share of hits since boot, `slabtop` says why.
-const LOW_HIT_PERCENT: u64 = 50;
 
 /// This frame's rows and the previous frame's, reserved at boot.
 struct Frames {
@@ -150,7 +148,7 @@ fn cmd_slabtop<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Resu
         // --lines cuts it.
         let lines = lines.unwrap_or(usize::MAX);
         let nr_rows = frame(out, rows, None, sort, lines)?;
-        explain_hits(out, &rows[..nr_rows]);
+        let _ = reports::write_slabtop_hits_note(out, &rows[..nr_rows]);
         return Ok(());
     }
     let lines = lines.unwrap_or(DEFAULT_LINES);
@@ -231,19 +229,5 @@ fn sort_name(sort: SlabtopSort) -> &'static str {
         SlabtopSort::CacheSize => "cache size",
         SlabtopSort::Name => "name",
         SlabtopSort::Misses => "misses",
-    }
-}
-
-/// Under a frame counted since boot with few magazine hits: why.
-fn explain_hits(out: &mut dyn Write, rows: &[SlabtopRow]) {
-    let hits: u64 = rows.iter().map(|row| row.nr_hits).sum();
-    let misses: u64 = rows.iter().map(|row| row.nr_misses).sum();
-    let total = hits + misses;
-    if total > 0 && hits * 100 < total * LOW_HIT_PERCENT {
-        let _ = writeln!(
-            out,
-            "(few hits: magazines start empty and fill only as objects are freed, so a fresh \
-             boot's allocations miss to the slab layer; the live view counts each interval)"
-        );
     }
 }

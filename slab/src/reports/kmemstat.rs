@@ -20,8 +20,8 @@ pub struct KmemstatRow<'a> {
     /// `A` an arena, `S` a slab cache, `P` page-granular kmalloc, `M` the
     /// allocator's own metadata.
     pub kind: char,
-    /// Object size (arena: its quantum; `M`: share of managed memory in
-    /// hundredths of a percent).
+    /// Object size (arena: its quantum; `P` and `M`: the page size, the
+    /// unit they take memory in).
     pub objsize: usize,
     /// Bytes the arena or cache holds.
     pub total: usize,
@@ -95,9 +95,12 @@ pub fn write_kmemstat_header(out: &mut dyn Write) -> fmt::Result {
 
 /// Every cache of `allocator` at `indent` (`S` rows, in creation order),
 /// then the allocator's own memory (`slab-metadata`, `M`: page map and
-/// bootstrap caches, whose `S` rows count their slabs too; its Allocs
-/// Ever column is the number of reaps under memory pressure) and the
-/// page-granular kmalloc blocks (`kmalloc-large`, `P`).
+/// bootstrap caches, whose `S` rows count their slabs too; Objsize the
+/// page size, its unit; its Allocs Ever column is the number of reaps
+/// under memory pressure; its share of the managed memory is
+/// [`MetadataStats::total`](crate::MetadataStats::total) over
+/// `managed_bytes`, from [`HeapStats::metadata`](crate::HeapStats::metadata))
+/// and the page-granular kmalloc blocks (`kmalloc-large`, `P`).
 ///
 /// # Errors
 ///
@@ -132,9 +135,7 @@ pub fn write_kmemstat_caches<P: Platform>(
         indent,
         name: "slab-metadata",
         kind: 'M',
-        objsize: (meta.total() * 10_000)
-            .checked_div(meta.managed_bytes)
-            .unwrap_or(0),
+        objsize: PAGE_SIZE,
         total: meta.total(),
         alloc: meta.total(),
         nr_allocs_ever: allocator.stats().nr_pressure_reaps(),

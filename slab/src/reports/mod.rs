@@ -61,7 +61,10 @@ pub use self::kmemstat::{
     KMEMSTAT_NAME_WIDTH, KmemstatRow, kmemstat, write_kmemstat_caches, write_kmemstat_header,
 };
 pub use self::slabinfo::{slabinfo, write_slabinfo_header, write_slabinfo_line};
-pub use self::slabtop::{EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, slabtop};
+pub use self::slabtop::{
+    EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, SlabtopTotals, slabtop,
+    write_slabtop, write_slabtop_hits_note,
+};
 pub use self::time::Nanoseconds;
 #[cfg(any(feature = "allocinfo", feature = "time-stats"))]
 pub use self::timestats::write_time_stats;

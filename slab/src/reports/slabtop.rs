@@ -9,6 +9,7 @@ use core::fmt::{self, Write};
 
 use crate::allocator::Kmem;
 use crate::platform::Platform;
+use crate::stats::CacheStats;
 
 use super::Nanoseconds;
 use super::time::pad;
@@ -101,13 +102,19 @@ pub struct SlabtopSample<'a> {
 
 impl SlabtopRow {
     fn of<P: Platform>(allocator: &Kmem<P>, cache: &'static crate::KmemCache<P>) -> Self {
-        let stats = cache.stats();
         let nr_hits = (0..allocator.stats().nr_cpus())
             .map(|cpu| cache.cpu_stats(cpu).nr_allocs)
             .fold(0u64, u64::wrapping_add);
+        SlabtopRow::from_stats(cache.name(), cache.id(), &cache.stats(), nr_hits)
+    }
+
+    /// The row of a cache named `name` (id `id`) with statistics `stats`,
+    /// whose CPUs' magazines served `nr_hits` allocations ever (a reader
+    /// of a memory image builds its rows so).
+    pub fn from_stats(name: &'static str, id: u32, stats: &CacheStats, nr_hits: u64) -> Self {
         SlabtopRow {
-            name: cache.name(),
-            id: cache.id(),
+            name,
+            id,
             nr_objs: stats.nr_total_objs,
             nr_active: stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs,
             obj_size: stats.obj_size,
@@ -202,31 +209,100 @@ pub fn slabtop<P: Platform>(
     sort: SlabtopSort,
 ) -> Result<usize, fmt::Error> {
     let mut nr_rows = 0;
-    let mut nr_caches = 0usize;
-    let mut nr_active_caches = 0usize;
-    let (mut objs, mut active_objs, mut slabs, mut active_slabs) = (0, 0, 0, 0);
-    let (mut bytes, mut active_bytes) = (0usize, 0usize);
-    let (mut min_size, mut max_size, mut sum_size) = (usize::MAX, 0, 0);
+    let mut totals = SlabtopTotals::default();
     allocator.for_each_cache(|cache| {
-        let stats = cache.stats();
-        nr_caches += 1;
-        nr_active_caches += usize::from(stats.nr_active_slabs > 0);
-        objs += stats.nr_total_objs;
-        active_objs += stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
-        slabs += stats.nr_slabs;
-        active_slabs += stats.nr_active_slabs;
-        bytes += stats.total_bytes;
-        active_bytes +=
-            (stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs) * stats.obj_size;
-        min_size = min_size.min(stats.obj_size);
-        max_size = max_size.max(stats.obj_size);
-        sum_size += stats.obj_size;
+        totals.add(&cache.stats());
         if let Some(slot) = rows.get_mut(nr_rows) {
             *slot = SlabtopRow::of(allocator, cache);
             nr_rows += 1;
         }
     });
-    let rows = &mut rows[..nr_rows];
+    write_slabtop(out, &totals, &mut rows[..nr_rows], previous, sort)?;
+    Ok(nr_rows)
+}
+
+/// The summary figures of a [`slabtop`] frame: every cache's statistics
+/// [`add`](SlabtopTotals::add)ed (those without a row too).
+#[derive(Debug, Clone, Copy)]
+pub struct SlabtopTotals {
+    nr_caches: usize,
+    nr_active_caches: usize,
+    objs: usize,
+    active_objs: usize,
+    slabs: usize,
+    active_slabs: usize,
+    bytes: usize,
+    active_bytes: usize,
+    min_size: usize,
+    max_size: usize,
+    sum_size: usize,
+}
+
+impl Default for SlabtopTotals {
+    fn default() -> Self {
+        SlabtopTotals {
+            nr_caches: 0,
+            nr_active_caches: 0,
+            objs: 0,
+            active_objs: 0,
+            slabs: 0,
+            active_slabs: 0,
+            bytes: 0,
+            active_bytes: 0,
+            min_size: usize::MAX,
+            max_size: 0,
+            sum_size: 0,
+        }
+    }
+}
+
+impl SlabtopTotals {
+    /// Count one cache.
+    pub fn add(&mut self, stats: &CacheStats) {
+        let active = stats.nr_allocated + stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+        self.nr_caches += 1;
+        self.nr_active_caches += usize::from(stats.nr_active_slabs > 0);
+        self.objs += stats.nr_total_objs;
+        self.active_objs += active;
+        self.slabs += stats.nr_slabs;
+        self.active_slabs += stats.nr_active_slabs;
+        self.bytes += stats.total_bytes;
+        self.active_bytes += active * stats.obj_size;
+        self.min_size = self.min_size.min(stats.obj_size);
+        self.max_size = self.max_size.max(stats.obj_size);
+        self.sum_size += stats.obj_size;
+    }
+}
+
+/// A [`slabtop`] frame of rows the caller read (a reader of a memory
+/// image): `rows` are sorted by `sort` in place, then written under the
+/// summary of `totals`; a last line counts the caches `totals` holds
+/// beyond `rows`.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_slabtop(
+    out: &mut dyn Write,
+    totals: &SlabtopTotals,
+    rows: &mut [SlabtopRow],
+    previous: Option<SlabtopSample<'_>>,
+    sort: SlabtopSort,
+) -> fmt::Result {
+    let SlabtopTotals {
+        nr_caches,
+        nr_active_caches,
+        objs,
+        active_objs,
+        slabs,
+        active_slabs,
+        bytes,
+        active_bytes,
+        min_size,
+        max_size,
+        sum_size,
+    } = *totals;
+    let nr_rows = rows.len();
     let key_deltas = |row: &SlabtopRow| row.deltas(previous.as_ref());
     match sort {
         SlabtopSort::Objects => {
@@ -323,5 +399,35 @@ pub fn slabtop<P: Platform>(
             nr_caches - nr_rows
         )?;
     }
-    Ok(nr_rows)
+    Ok(())
+}
+
+/// Below this share of magazine hits since boot, [`write_slabtop_hits_note`] explains.
+const LOW_HIT_PERCENT: u64 = 50;
+
+/// Under a frame counted since boot (`slabtop --once`) whose rows hit the
+/// magazines for fewer than half of their allocations: one line saying
+/// why (magazines start empty). Writes nothing otherwise.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_slabtop_hits_note(out: &mut dyn Write, rows: &[SlabtopRow]) -> fmt::Result {
+    let hits = rows
+        .iter()
+        .map(|row| row.nr_hits)
+        .fold(0u64, u64::wrapping_add);
+    let misses = rows
+        .iter()
+        .map(|row| row.nr_misses)
+        .fold(0u64, u64::wrapping_add);
+    let total = u128::from(hits) + u128::from(misses);
+    if total > 0 && u128::from(hits) * 100 < total * u128::from(LOW_HIT_PERCENT) {
+        writeln!(
+            out,
+            "(few hits: magazines start empty and fill only as objects are freed, so a fresh \
+             boot's allocations miss to the slab layer; the live view counts each interval)"
+        )?;
+    }
+    Ok(())
 }

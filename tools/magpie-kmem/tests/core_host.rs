@@ -16,8 +16,11 @@ use magpie_kmem::core::events::write_events;
 use magpie_kmem::core::heap::{Heap, decode_descriptor, descriptor_bytes};
 use magpie_kmem::core::image::{ElfCore, Memory, ProcessMemory, ReadError};
 use magpie_kmem::core::{Report, write_report};
-use magpie_slab::descriptor::{DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR};
+use magpie_slab::descriptor::{
+    ArenaDescription, ArenaFigure, DESCRIPTOR_VERSION, DescriptorLayout, MAGPIE_SLAB_DESCRIPTOR,
+};
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
+use magpie_slab::reports::SlabtopSort;
 use magpie_slab::{
     AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
 };
@@ -102,6 +105,7 @@ impl PageSource for HostPages {
 }
 
 static HEAP: Kmem<HostPlatform> = Kmem::new();
+static PAGES: Mutex<Option<&'static HostPages>> = Mutex::new(None);
 static LOCK: Mutex<Option<Vec<usize>>> = Mutex::new(None);
 
 /// The heap, brought up once with a known state: objects held on both
@@ -122,6 +126,33 @@ fn heap() -> MutexGuard<'static, Option<Vec<usize>>> {
         }));
         set_cpu(0);
         HEAP.init(pages).unwrap();
+        // kmemstat's arenas, as a kernel describes them: the page source
+        // above the caches, a fixed-size one below.
+        let next: *const usize = {
+            let guard = pages.next.lock().unwrap();
+            &raw const *guard
+        };
+        let described = magpie_slab::descriptor::describe_kmemstat(
+            &[ArenaDescription {
+                indent: 0,
+                name: "host",
+                quantum: PAGE_SIZE,
+                total: ArenaFigure::constant((pages.end - pages.base) as u64),
+                alloc: ArenaFigure::word(next, 1).minus(&raw const pages.base),
+                nr_allocs_ever: ArenaFigure::constant(0),
+            }],
+            1,
+            &[ArenaDescription {
+                indent: 0,
+                name: "fixed",
+                quantum: 1,
+                total: ArenaFigure::constant(4096),
+                alloc: ArenaFigure::constant(100),
+                nr_allocs_ever: ArenaFigure::constant(7),
+            }],
+        );
+        assert!(described);
+        *PAGES.lock().unwrap() = Some(pages);
         let mut held = Vec::new();
         for (cpu, size, count) in [(0, 64, 100), (1, 64, 30), (0, 192, 17), (1, 4000, 3)] {
             set_cpu(cpu);
@@ -239,10 +270,47 @@ fn slabinfo_and_kmemstat_equal_the_live_reports() {
 
     let (offline, problems) = report(&mem, &Report::Kmemstat);
     assert_eq!(problems, Vec::<String>::new());
+    let pages = PAGES.lock().unwrap().unwrap();
     let mut live = String::new();
     reports::write_kmemstat_header(&mut live).unwrap();
-    reports::write_kmemstat_caches(&mut live, &HEAP, 0).unwrap();
+    reports::KmemstatRow::arena(0, "host", PAGE_SIZE, pages.stats())
+        .write(&mut live)
+        .unwrap();
+    reports::write_kmemstat_caches(&mut live, &HEAP, 1).unwrap();
+    reports::KmemstatRow {
+        indent: 0,
+        name: "fixed",
+        kind: 'A',
+        objsize: 1,
+        total: 4096,
+        alloc: 100,
+        nr_allocs_ever: 7,
+        waste: 0,
+    }
+    .write(&mut live)
+    .unwrap();
     assert_eq!(offline, live);
+    assert!(offline.contains("\n    kmalloc-64 "), "{offline}");
+}
+
+#[test]
+fn slabtop_once_equals_the_live_frame() {
+    let _heap = heap();
+    let mem = ProcessMemory::open().unwrap();
+    for (key, sort) in [
+        ("o", SlabtopSort::Objects),
+        ("n", SlabtopSort::Name),
+        ("m", SlabtopSort::Misses),
+    ] {
+        let (offline, problems) = report(&mem, &Report::Slabtop(sort));
+        assert_eq!(problems, Vec::<String>::new());
+        let mut live = String::new();
+        let mut rows = vec![reports::EMPTY_SLABTOP_ROW; 256];
+        let nr = reports::slabtop(&mut live, &HEAP, &mut rows, None, sort).unwrap();
+        reports::write_slabtop_hits_note(&mut live, &rows[..nr]).unwrap();
+        assert_eq!(offline, live, "sort {key}");
+        assert!(offline.contains(" Magazines since boot "), "{offline}");
+    }
 }
 
 #[test]

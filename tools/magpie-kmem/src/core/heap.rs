@@ -14,8 +14,8 @@ use std::collections::HashSet;
 use std::fmt;
 
 use magpie_slab::descriptor::{
-    DESCRIPTOR_HEADER_SIZE as HEADER_SIZE, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, DescriptorLayout,
-    Entry, SlabDescriptor,
+    ArenaSlot, DESCRIPTOR_HEADER_SIZE as HEADER_SIZE, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION,
+    DescriptorLayout, Entry, FigureSlot, KmemstatArenas, MAX_ARENAS, SlabDescriptor,
 };
 use magpie_slab::{CacheStats, SlabKind};
 
@@ -181,6 +181,38 @@ pub struct Cache {
     pub rounds: Vec<u64>,
     /// Distance between objects.
     pub stride: u64,
+    /// Its kmemtrace id.
+    pub id: u32,
+    /// Allocations its CPUs' magazines served, ever (slabtop's hits).
+    pub nr_hits: u64,
+}
+
+/// One `kmemstat` arena row, read ([`Heap::arenas`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaRow {
+    /// Indent level.
+    pub indent: usize,
+    /// Its name.
+    pub name: String,
+    /// Its quantum (Objsize).
+    pub quantum: u64,
+    /// Total Amt.
+    pub total: u64,
+    /// Alloc Amt.
+    pub alloc: u64,
+    /// Allocs Ever.
+    pub nr_allocs_ever: u64,
+}
+
+/// The kernel's arena rows around the caches' ([`Heap::arenas`]).
+#[derive(Debug, Clone, Default)]
+pub struct ArenaRows {
+    /// Rows above the caches.
+    pub before: Vec<ArenaRow>,
+    /// The caches' indent level.
+    pub caches_indent: usize,
+    /// Rows below.
+    pub after: Vec<ArenaRow>,
 }
 
 /// One slab, read.
@@ -424,6 +456,7 @@ impl<'m> Heap<'m> {
         let mut nr_frees = read(layout.cache_nr_frees_direct)?;
         let mut rounds = Vec::new();
         let mut nr_cpu_cached_objs = 0u64;
+        let mut nr_hits = 0u64;
         if !bootstrap {
             for cpu in 0..=last_cpu {
                 let pcpu = addr
@@ -448,6 +481,7 @@ impl<'m> Heap<'m> {
                 })?;
                 let held = in_loaded.wrapping_add(in_prev);
                 nr_cpu_cached_objs += held;
+                nr_hits = nr_hits.wrapping_add(cpu_allocs);
                 nr_allocs = nr_allocs.wrapping_add(cpu_allocs);
                 nr_frees =
                     nr_frees.wrapping_add(held.wrapping_sub(exchanged).wrapping_add(cpu_allocs));
@@ -494,6 +528,7 @@ impl<'m> Heap<'m> {
                 .map_err(|e| problem(format!("depot magazine {mag:#x}: {e}")))?;
         }
         let contention = read(layout.cache_depot_contention)?;
+        let id = read(layout.cache_id)? as u32;
         let lists = addr
             .wrapping_add(layout.cache_slab_lock.offset)
             .wrapping_add(self.header.slab_lock_data);
@@ -548,6 +583,8 @@ impl<'m> Heap<'m> {
             slabs,
             rounds,
             stride,
+            id,
+            nr_hits,
         })
     }
 
@@ -736,6 +773,106 @@ impl<'m> Heap<'m> {
             };
         }
         false
+    }
+
+    /// The kernel's `kmemstat` arena rows ([`describe_kmemstat`]): the
+    /// rows above the caches, the caches' indent, the rows below. Empty
+    /// (caches at indent 0) when the kernel described none; a row whose
+    /// figure cannot be read is a problem and left out.
+    ///
+    /// [`describe_kmemstat`]: magpie_slab::descriptor::describe_kmemstat
+    pub fn arenas(&self, problems: &mut Vec<Problem>) -> ArenaRows {
+        let base = self
+            .header
+            .addr
+            .wrapping_add(std::mem::offset_of!(SlabDescriptor, arenas) as u64);
+        let word = |offset: usize| self.mem.read_uint(base.wrapping_add(offset as u64), 8);
+        let mut rows = ArenaRows::default();
+        let (Ok(nr), Ok(after), Ok(indent)) = (
+            word(std::mem::offset_of!(KmemstatArenas, nr_arenas)),
+            word(std::mem::offset_of!(KmemstatArenas, caches_after)),
+            word(std::mem::offset_of!(KmemstatArenas, caches_indent)),
+        ) else {
+            problems.push(Problem {
+                cache: "allocator".into(),
+                what: "the descriptor's arena table cannot be read".into(),
+            });
+            return rows;
+        };
+        if nr > MAX_ARENAS as u64 || after > nr || indent > 8 {
+            problems.push(Problem {
+                cache: "allocator".into(),
+                what: format!("the arena table is corrupt ({nr} arenas, caches after {after}, indent {indent})"),
+            });
+            return rows;
+        }
+        rows.caches_indent = indent as usize;
+        for index in 0..nr as usize {
+            let slot =
+                std::mem::offset_of!(KmemstatArenas, arenas) + index * size_of::<ArenaSlot>();
+            match self.arena(base.wrapping_add(slot as u64)) {
+                Ok(row) if index < after as usize => rows.before.push(row),
+                Ok(row) => rows.after.push(row),
+                Err(what) => problems.push(Problem {
+                    cache: format!("arena #{index}"),
+                    what,
+                }),
+            }
+        }
+        rows
+    }
+
+    fn arena(&self, slot: u64) -> Result<ArenaRow, String> {
+        let word = |offset: usize| {
+            self.mem
+                .read_uint(slot.wrapping_add(offset as u64), 8)
+                .map_err(|e| e.to_string())
+        };
+        let len = word(std::mem::offset_of!(ArenaSlot, name_len))?;
+        if len > 31 {
+            return Err(format!("name length {len} is corrupt"));
+        }
+        let mut name = vec![0u8; len as usize];
+        self.mem
+            .read(
+                slot.wrapping_add(std::mem::offset_of!(ArenaSlot, name) as u64),
+                &mut name,
+            )
+            .map_err(|e| e.to_string())?;
+        let name = String::from_utf8(name).map_err(|_| "its name is not UTF-8".to_string())?;
+        let mut figures = [0u64; 3];
+        for (index, figure) in figures.iter_mut().enumerate() {
+            let at = std::mem::offset_of!(ArenaSlot, figures) + index * size_of::<FigureSlot>();
+            let field = |offset: usize| word(at + offset);
+            let addr = field(std::mem::offset_of!(FigureSlot, addr))?;
+            let minus = field(std::mem::offset_of!(FigureSlot, minus))?;
+            let size = field(std::mem::offset_of!(FigureSlot, size))?;
+            let scale = field(std::mem::offset_of!(FigureSlot, scale))?;
+            *figure = if size == 0 {
+                addr
+            } else {
+                let value = self
+                    .mem
+                    .read_uint(addr, size as usize)
+                    .map_err(|e| format!("{name}: {e}"))?;
+                let less = if minus == 0 {
+                    0
+                } else {
+                    self.mem
+                        .read_uint(minus, size as usize)
+                        .map_err(|e| format!("{name}: {e}"))?
+                };
+                value.wrapping_sub(less).wrapping_mul(scale)
+            };
+        }
+        Ok(ArenaRow {
+            indent: word(std::mem::offset_of!(ArenaSlot, indent))?.min(8) as usize,
+            name,
+            quantum: word(std::mem::offset_of!(ArenaSlot, quantum))?,
+            total: figures[0],
+            alloc: figures[1],
+            nr_allocs_ever: figures[2],
+        })
     }
 
     /// An allocator field (see [`DescriptorLayout`]).

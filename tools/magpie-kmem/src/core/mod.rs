@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 
 use magpie_slab::descriptor::{DESCRIPTOR_MAGIC, DESCRIPTOR_SYMBOL};
 use magpie_slab::reports::{
-    KmemstatRow, write_kmemstat_header, write_slabinfo_header, write_slabinfo_line,
+    KmemstatRow, SlabtopRow, SlabtopSort, SlabtopTotals, write_kmemstat_header,
+    write_slabinfo_header, write_slabinfo_line, write_slabtop, write_slabtop_hits_note,
 };
 use object::{Object, ObjectSection, ObjectSymbol};
 
@@ -35,8 +36,10 @@ use self::image::{ElfCore, Memory};
 pub enum Report {
     /// `/proc/slabinfo` 2.1, as the shell's `slabinfo`.
     Slabinfo,
-    /// The caches' rows of the shell's `kmemstat`.
+    /// The shell's `kmemstat`: the kernel's arenas, the caches.
     Kmemstat,
+    /// The shell's `slabtop --once`, sorted by the key (`o`, `c`, `n`, `m`).
+    Slabtop(SlabtopSort),
     /// `kmem whatis ADDR`.
     Whatis(u64),
     /// Every cache's structures walked: what is broken, or that none is.
@@ -232,7 +235,15 @@ pub fn write_report(
                 write_slabinfo_line(out, &cache.name, &cache.stats).map_err(|e| e.to_string())?;
             }
         }
-        Report::Kmemstat => write_kmemstat(&heap, &caches, out).map_err(|e| e.to_string())?,
+        Report::Kmemstat => {
+            let mut broken = Vec::new();
+            let arenas = heap.arenas(&mut broken);
+            problems.extend(broken.iter().map(Problem::to_string));
+            write_kmemstat(&heap, &caches, &arenas, out).map_err(|e| e.to_string())?;
+        }
+        Report::Slabtop(sort) => {
+            write_slabtop_once(&caches, *sort, out).map_err(|e| e.to_string())?
+        }
         Report::Whatis(address) => match heap.whatis(&caches, *address) {
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
@@ -274,12 +285,56 @@ fn check_rounds(cache: &heap::Cache, problems: &mut Vec<String>) {
     }
 }
 
-/// kmemstat's cache rows, the allocator's metadata and page-granular
-/// kmalloc (`magpie_slab::reports::write_kmemstat_caches`); the arenas
-/// above them are the kernel's page sources, which the descriptor does
-/// not describe.
-fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> std::fmt::Result {
+/// `slabtop --once` as the shell writes it: every cache, sorted by
+/// `sort`, counted since boot, and the note on few hits.
+fn write_slabtop_once(
+    caches: &[heap::Cache],
+    sort: SlabtopSort,
+    out: &mut String,
+) -> std::fmt::Result {
+    let mut totals = SlabtopTotals::default();
+    let mut rows: Vec<SlabtopRow> = caches
+        .iter()
+        .map(|cache| {
+            totals.add(&cache.stats);
+            // The row borrows its name for 'static: this process ends
+            // after one report.
+            let name: &'static str = Box::leak(cache.name.clone().into_boxed_str());
+            SlabtopRow::from_stats(name, cache.id, &cache.stats, cache.nr_hits)
+        })
+        .collect();
+    write_slabtop(out, &totals, &mut rows, None, sort)?;
+    write_slabtop_hits_note(out, &rows)
+}
+
+/// The shell's `kmemstat`: the kernel's arena rows described in the
+/// descriptor, the caches' rows beneath them, the allocator's metadata
+/// and page-granular kmalloc (`magpie_slab::reports::write_kmemstat_caches`),
+/// then the arena rows below the caches.
+fn write_kmemstat(
+    heap: &Heap<'_>,
+    caches: &[heap::Cache],
+    arenas: &heap::ArenaRows,
+    out: &mut String,
+) -> std::fmt::Result {
+    let arena_row = |row: &heap::ArenaRow, out: &mut String| {
+        KmemstatRow {
+            indent: row.indent,
+            name: &row.name,
+            kind: 'A',
+            objsize: row.quantum as usize,
+            total: row.total as usize,
+            alloc: row.alloc as usize,
+            nr_allocs_ever: row.nr_allocs_ever,
+            waste: 0,
+        }
+        .write(out)
+    };
     write_kmemstat_header(out)?;
+    for row in &arenas.before {
+        arena_row(row, out)?;
+    }
+    let indent = arenas.caches_indent;
     for cache in caches {
         let stats = &cache.stats;
         let out_of_slabs = stats
@@ -287,7 +342,7 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
             .wrapping_add(stats.nr_cpu_cached_objs)
             .wrapping_add(stats.nr_depot_objs);
         KmemstatRow {
-            indent: 0,
+            indent,
             name: &cache.name,
             kind: 'S',
             objsize: stats.obj_size,
@@ -309,15 +364,11 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
     let metadata = field(layout.allocator_page_map_pages)
         .wrapping_mul(page)
         .wrapping_add(bootstrap);
-    let managed = field(layout.allocator_page_map_nr_pages).wrapping_mul(page);
     KmemstatRow {
-        indent: 0,
+        indent,
         name: "slab-metadata",
         kind: 'M',
-        objsize: metadata
-            .wrapping_mul(10_000)
-            .checked_div(managed)
-            .unwrap_or(0),
+        objsize: page,
         total: metadata,
         alloc: metadata,
         nr_allocs_ever: field(layout.allocator_nr_pressure_reaps) as u64,
@@ -326,7 +377,7 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
     .write(out)?;
     let large = field(layout.allocator_large_live_pages).wrapping_mul(page);
     KmemstatRow {
-        indent: 0,
+        indent,
         name: "kmalloc-large",
         kind: 'P',
         objsize: page,
@@ -335,7 +386,11 @@ fn write_kmemstat(heap: &Heap<'_>, caches: &[heap::Cache], out: &mut String) -> 
         nr_allocs_ever: field(layout.allocator_large_nr_allocs_ever) as u64,
         waste: 0,
     }
-    .write(out)
+    .write(out)?;
+    for row in &arenas.after {
+        arena_row(row, out)?;
+    }
+    Ok(())
 }
 
 /// `magpie-kmem core CORE REPORT`: open the core, find the descriptor,
@@ -431,9 +486,19 @@ pub struct CoreArgs {
 pub enum CoreReport {
     /// /proc/slabinfo 2.1, as the shell's `slabinfo`.
     Slabinfo,
-    /// The caches' rows of the shell's `kmemstat` (the arenas are the
-    /// kernel's, not in the image's descriptor).
+    /// The shell's `kmemstat`: the arenas the kernel described, the
+    /// caches beneath them.
     Kmemstat,
+    /// The shell's `slabtop --once` (counters since boot).
+    Slabtop {
+        /// Print once (the only mode from a core; accepted as the shell's).
+        #[arg(long)]
+        once: bool,
+        /// Sort key, as slabtop's: o (objects), c (cache size), n (name),
+        /// m (magazine misses).
+        #[arg(short = 's', long = "sort", default_value = "o")]
+        sort: String,
+    },
     /// Which cache, object and state an address is (`kmem whatis`).
     Whatis {
         /// The address (hex with 0x, or decimal).
@@ -480,6 +545,10 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
     let report = match &args.report {
         CoreReport::Slabinfo => Report::Slabinfo,
         CoreReport::Kmemstat => Report::Kmemstat,
+        CoreReport::Slabtop { once: _, sort } => Report::Slabtop(
+            SlabtopSort::from_key(sort)
+                .ok_or_else(|| format!("unknown sort key '{sort}'; expected o, c, n or m"))?,
+        ),
         CoreReport::Whatis { addr } => Report::Whatis(parse_addr(addr)?),
         CoreReport::Verify => Report::Verify,
         CoreReport::Events { output } => Report::Events(output.clone()),
