@@ -301,6 +301,41 @@ class GdbSession(unittest.TestCase):
             self.assertRegex(report, r"\d+ caches, \d+ slabs walked; 0 broken")
 
 
+class HobbyKernelCore(unittest.TestCase):
+    """The adopter's case: examples/hobby-kernel (no shell, the shipped
+    glue, a 100 KiB heap) panics with `hobby.panic` after printing its
+    slabinfo through the library; its panic handler tells pvpanic, the
+    runner takes the core, and magpie-kmem reads it with no kernel ELF
+    of ours (the descriptor found by its magic)."""
+
+    def test_a_core_of_the_hobby_kernel_reads_as_it_printed(self):
+        build = subprocess.run(["cargo", "build", "-q", "-p", "magpie-hobby-kernel"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+        self.assertEqual(build.returncode, 0, build.stdout.decode(errors="replace"))
+        elf = os.path.join(ROOT, "target", "x86_64-unknown-none", "debug", "hobby-kernel")
+        with tempfile.TemporaryDirectory() as tmp:
+            core = os.path.join(tmp, "hobby.core")
+            env = dict(os.environ, MAGPIE_VMCORE=core, MAGPIE_APPEND="hobby.panic", MAGPIE_TIMEOUT="120")
+            proc = subprocess.run([RUNNER, elf], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=300)
+            out = proc.stdout.decode(errors="replace").replace("\r\n", "\n")
+            self.assertEqual(proc.returncode, 1, out)
+            self.assertIn("hobby.panic: 40 boxes held", out)
+            self.assertIn(f"kernel panic: vmcore written to {core}", out)
+            live = out.split("\nslabinfo\n", 1)[1].split("\n[failed]", 1)[0]
+            code, offline, err = tool("core", core, "slabinfo")
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertEqual(offline.splitlines(), live.splitlines())
+            # The 40 boxes, the tests' long-lived one and the Vec's
+            # neighbours: kmalloc-8 holds at least 41.
+            row = [line for line in offline.splitlines() if line.startswith("kmalloc-8 ")][0]
+            self.assertGreaterEqual(int(row.split()[1]), 41, row)
+            code, offline, err = tool("core", core, "kmemstat")
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertRegex(offline, r"\nkmalloc-8 +: S :       8:")
+            self.assertIn("\nslab-metadata ", offline)
+
+
 class TerminalKeys(unittest.TestCase):
     """On a terminal (issue 31): Ctrl-C goes to the kernel and QEMU lives
     on; Ctrl-A X ends QEMU, as the README says."""

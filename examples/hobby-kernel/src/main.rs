@@ -39,7 +39,7 @@ static mut HEAP_MEMORY: HeapMemory = HeapMemory([0; HEAP_SIZE]);
 
 /// Called by `boot/entry.S` with interrupts off.
 #[unsafe(no_mangle)]
-extern "C" fn kernel_entry(_start_info: u64) -> ! {
+extern "C" fn kernel_entry(start_info: u64) -> ! {
     // SAFETY: HEAP_MEMORY is mapped and nothing but the heap touches it.
     unsafe { HEAP.init_region((&raw mut HEAP_MEMORY) as usize, HEAP_SIZE) }.expect("heap");
     let before = HEAP.source().stats().alloc_bytes;
@@ -86,6 +86,16 @@ extern "C" fn kernel_entry(_start_info: u64) -> ! {
     drop(map);
     println!("btreemap_churn... [ok]");
 
+    if cmdline_has(start_info, "hobby.panic") {
+        // The post-mortem case (docs/VMCORE.md): the heap's reports, then
+        // a panic with objects still held; the runner takes a core that
+        // `magpie-kmem core CORE slabinfo` reads as this printed it.
+        let held: Vec<Box<u64>> = (0..40).map(Box::new).collect();
+        println!("slabinfo");
+        let _ = magpie_slab::reports::slabinfo(&mut Com1, &HEAP);
+        panic!("hobby.panic: {} boxes held", held.len());
+    }
+
     let used = HEAP.source().stats().alloc_bytes;
     println!(
         "heap pages in use after the tests: {} of {}",
@@ -98,7 +108,29 @@ extern "C" fn kernel_entry(_start_info: u64) -> ! {
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
     println!("[failed] {info}");
+    // QEMU's pvpanic device (the runner adds it to take a core): "panicked".
+    // SAFETY: port 0x505 is pvpanic's (no device there: the write is lost).
+    unsafe { core::arch::asm!("out dx, al", in("dx") 0x505_u16, in("al") 1_u8) };
+    // QEMU pauses the guest at its next block: give it some.
+    for _ in 0..1_000_000 {
+        core::hint::spin_loop();
+    }
     exit_qemu(0x11)
+}
+
+/// Whether the boot command line (PVH `hvm_start_info.cmdline_paddr`,
+/// a C string; low memory is identity-mapped by `boot/entry.S`) has `word`.
+fn cmdline_has(start_info: u64, word: &str) -> bool {
+    // SAFETY: the loader's start info, identity-mapped; its cmdline field
+    // at byte 24 is the physical address of a NUL-terminated string or 0.
+    let cmdline = unsafe { ((start_info + 24) as *const u64).read() };
+    if start_info == 0 || cmdline == 0 {
+        return false;
+    }
+    // SAFETY: a NUL-terminated string in identity-mapped memory.
+    let text = unsafe { core::ffi::CStr::from_ptr(cmdline as *const core::ffi::c_char) };
+    text.to_str()
+        .is_ok_and(|text| text.split_ascii_whitespace().any(|w| w == word))
 }
 
 // ---- Console (COM1) and exit (isa-debug-exit: status (code << 1) | 1). ----
