@@ -879,6 +879,27 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+class CtrlC(unittest.TestCase):
+    """Ctrl-C interrupts a long command and the prompt comes back (issue
+    31): `stress` looks for it every 4096 operations on every CPU."""
+
+    def test_ctrl_c_stops_stress_early(self):
+        # The byte waits in the serial FIFO until stress reads it; without
+        # the check, 100 million ops a CPU outlast the timeout.
+        start = time.monotonic()
+        code, out = boot(["stress --ops 100000000", b"\x03", "slabinfo", "poweroff"], timeout=90)
+        self.assertEqual(code, 0, out)
+        reply = reply_to(out, "stress --ops 100000000")
+        self.assertIn("stress: interrupted (Ctrl-C): the ops column says how far each CPU got", reply)
+        ops = [int(line.split()[1]) for line in reply.splitlines() if re.match(r"^\s+\d+ +\d+ ", line)]
+        self.assertTrue(ops, reply)
+        for nr in ops:
+            self.assertLess(nr, 100000000, reply)
+            self.assertEqual(nr % 4096, 0, reply)
+        self.assertIn("slabinfo - version: 2.1", reply_to(out, "slabinfo"))
+        self.assertLess(time.monotonic() - start, 90)
+
+
 class IdlePrompt(unittest.TestCase):
     """Issue 31: at an idle prompt the boot CPU halts between timer ticks
     instead of polling the serial port (it took about a third of a host

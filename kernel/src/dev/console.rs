@@ -131,6 +131,35 @@ pub fn write_bytes(bytes: &[u8]) {
     Serial::write_bytes(bytes);
 }
 
+/// Ctrl-C seen by [`interrupt_requested`] since [`clear_interrupt`].
+static INTERRUPT: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether the user pressed Ctrl-C since [`clear_interrupt`] (the shell
+/// clears it before each command): a long command (`stress`) calls this
+/// every few thousand operations, from any CPU, and stops when it says
+/// so. Reads what is waiting on the console; other bytes read meanwhile
+/// are dropped (a running command takes no type-ahead, as the live
+/// `slabtop` takes only its keys).
+pub fn interrupt_requested() -> bool {
+    use core::sync::atomic::Ordering;
+    if INTERRUPT.load(Ordering::Relaxed) {
+        return true;
+    }
+    while let Some(byte) = read_byte() {
+        if byte == 0x03 {
+            INTERRUPT.store(true, Ordering::Relaxed);
+            return true;
+        }
+    }
+    false
+}
+
+/// Forgets a Ctrl-C [`interrupt_requested`] saw (the shell, before each
+/// command).
+pub fn clear_interrupt() {
+    INTERRUPT.store(false, core::sync::atomic::Ordering::Relaxed);
+}
+
 /// Returns the next received byte, or `None` if none is waiting (non-blocking).
 pub fn read_byte() -> Option<u8> {
     let _irq = IrqGuard::new();

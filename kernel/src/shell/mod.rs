@@ -470,6 +470,8 @@ impl Shell {
     /// Runs one command line, writing its output (or one error line) to `out`.
     pub fn execute(&mut self, line: &str, out: &mut dyn Write) {
         crate::tracing::event_stream::mark(line);
+        // A Ctrl-C typed before this command is not for it.
+        crate::dev::console::clear_interrupt();
         let mut words = [""; MAX_WORDS];
         let nr_words = match split_words(line, &mut words) {
             Ok(nr_words) => nr_words,

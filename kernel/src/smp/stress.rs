@@ -65,6 +65,10 @@ pub const MAX_STRESS_SIZE: usize = 64 * 1024;
 /// Most `--ops` accepted.
 pub const MAX_STRESS_OPS: u64 = 100_000_000;
 
+/// Operations between two looks for Ctrl-C (a console read: about a
+/// microsecond under QEMU, so well under 1 % of the run).
+const INTERRUPT_CHECK_OPS: u64 = 4096;
+
 const CTOR_WORD: u64 = 0xc0c0_c0c0_5eed_0000;
 
 /// What one stress run does.
@@ -142,6 +146,8 @@ pub struct StressReport {
     pub per_cpu: Vec<CpuReport>,
     /// Objects the `stress-ctor` destructor found not in constructed state.
     pub nr_dtor_mismatches: u64,
+    /// Ctrl-C stopped the run early (each CPU's `nr_ops` says how far it got).
+    pub interrupted: bool,
 }
 
 impl StressReport {
@@ -342,6 +348,7 @@ pub fn run(config: &StressConfig) -> Result<StressReport, SmpError> {
     Ok(StressReport {
         per_cpu,
         nr_dtor_mismatches: NR_DTOR_MISMATCHES.load(Ordering::Relaxed) - nr_dtor_before,
+        interrupted: crate::dev::console::interrupt_requested(),
     })
 }
 
@@ -509,11 +516,17 @@ fn worker(run: &Run<'_>, slot: usize, cpu: usize) -> CpuReport {
         },
     };
     let start = arch::rdtsc();
-    for _ in 0..run.config.nr_ops {
+    let mut nr_done = 0;
+    while nr_done < run.config.nr_ops {
         worker.step();
+        nr_done += 1;
+        // Ctrl-C at the console ends the run early (every CPU sees it).
+        if nr_done % INTERRUPT_CHECK_OPS == 0 && crate::dev::console::interrupt_requested() {
+            break;
+        }
     }
     worker.report.cycles = arch::rdtsc() - start;
-    worker.report.nr_ops = run.config.nr_ops;
+    worker.report.nr_ops = nr_done;
     // Wind down: free what this CPU holds, then drain the inbox until every
     // CPU has finished handing objects off.
     while let Some(obj) = worker.live.pop() {
@@ -579,6 +592,12 @@ pub fn print_report(report: &StressReport, out: &mut dyn Write) {
         report.total(|cpu| cpu.nr_failures),
         report.total(|cpu| cpu.nr_corruptions),
     );
+    if report.interrupted {
+        let _ = writeln!(
+            out,
+            "stress: interrupted (Ctrl-C): the ops column says how far each CPU got"
+        );
+    }
     if report.nr_dtor_mismatches > 0 {
         let _ = writeln!(
             out,
