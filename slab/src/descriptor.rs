@@ -43,6 +43,8 @@ use crate::kmemtrace::rings::CpuRing;
 use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
+#[cfg(feature = "kfence")]
+use crate::report::ReportName;
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
 use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, TraceTableInner};
 
@@ -117,6 +119,27 @@ macro_rules! field {
             size_of_field::<$ty, _>(|value| &value.$($field)+),
         )
     };
+}
+
+/// An entry of a feature's structure: `$value` with the feature, an
+/// absent entry (offset and size 0) without it.
+macro_rules! feature_entry {
+    ($feature:literal, $value:expr) => {{
+        #[cfg(feature = $feature)]
+        let entry = $value;
+        #[cfg(not(feature = $feature))]
+        let entry = Entry::value(0);
+        entry
+    }};
+}
+
+/// The memory representation of a KFENCE object state (a `u8`: the
+/// transmute does not compile otherwise).
+#[cfg(feature = "kfence")]
+const fn kfence_state(state: crate::kfence::KfenceState) -> Entry {
+    // SAFETY: a fieldless enum of one byte (checked by transmute's size
+    // rule); its bytes are its discriminant as it sits in memory.
+    Entry::value(unsafe { core::mem::transmute::<crate::kfence::KfenceState, u8>(state) } as usize)
 }
 
 /// The platform the layouts are computed with. The structures hold `P`
@@ -496,6 +519,78 @@ layout! {
     trace_record_frames = field!(TraceRecord, frames);
     /// Constant: frames per record.
     trace_max_frames = Entry::value(TRACE_MAX_FRAMES);
+
+    /// KFENCE's state in the allocator (feature `kfence`; absent, size 0,
+    /// without it, as every `kfence_*` entry).
+    allocator_kfence = feature_entry!("kfence", field!(LayoutAllocator, kfence));
+    /// KFENCE: the pool's first page (0: no pool).
+    kfence_pool = feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, pool));
+    /// KFENCE: the sample interval in ns (0: off).
+    kfence_interval_ns =
+        feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, interval_ns));
+    /// KFENCE: samples ever.
+    kfence_nr_allocs = feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, nr_allocs));
+    /// KFENCE: frees of samples ever.
+    kfence_nr_frees = feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, nr_frees));
+    /// KFENCE: samples not served.
+    kfence_nr_skipped =
+        feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, nr_skipped));
+    /// KFENCE: bugs reported.
+    kfence_nr_bugs = feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, nr_bugs));
+    /// KFENCE: the objects' metadata array (`kfence_num_objects` of
+    /// `kfence_object_size` bytes).
+    kfence_meta = feature_entry!("kfence", field!(crate::kfence::pool::KfencePool, meta));
+    /// Constant: objects in the pool.
+    kfence_num_objects = feature_entry!("kfence", Entry::value(crate::kfence::KFENCE_NUM_OBJECTS));
+    /// Constant: pages of the pool.
+    kfence_pool_pages = feature_entry!("kfence", Entry::value(crate::kfence::KFENCE_POOL_PAGES));
+    /// Constant: bytes per object's metadata.
+    kfence_object_size =
+        feature_entry!("kfence", Entry::value(size_of::<crate::kfence::KfenceObject>()));
+    /// Object metadata: its index (`kfence-#N`).
+    kfence_object_index = feature_entry!("kfence", field!(crate::kfence::KfenceObject, index));
+    /// Object metadata: its state (one byte: the `kfence_state_*` constants).
+    kfence_object_state = feature_entry!("kfence", field!(crate::kfence::KfenceObject, state));
+    /// Constant: the state byte of an object never used.
+    kfence_state_unused =
+        feature_entry!("kfence", kfence_state(crate::kfence::KfenceState::Unused));
+    /// Constant: the state byte of an allocated object.
+    kfence_state_allocated =
+        feature_entry!("kfence", kfence_state(crate::kfence::KfenceState::Allocated));
+    /// Constant: the state byte of a freed object.
+    kfence_state_freed = feature_entry!("kfence", kfence_state(crate::kfence::KfenceState::Freed));
+    /// Object metadata: the object's address.
+    kfence_object_addr = feature_entry!("kfence", field!(crate::kfence::KfenceObject, addr));
+    /// Object metadata: its size.
+    kfence_object_obj_size = feature_entry!("kfence", field!(crate::kfence::KfenceObject, size));
+    /// Object metadata: its cache's name's bytes.
+    kfence_object_cache = feature_entry!(
+        "kfence",
+        Entry::field(
+            offset_of!(crate::kfence::KfenceObject, cache) + offset_of!(ReportName, bytes),
+            size_of::<[u8; 31]>(),
+        )
+    );
+    /// Object metadata: its cache's name's length (`u8`).
+    kfence_object_cache_len = feature_entry!(
+        "kfence",
+        Entry::field(
+            offset_of!(crate::kfence::KfenceObject, cache) + offset_of!(ReportName, len),
+            1,
+        )
+    );
+    /// Object metadata: the allocation's stack (`kfence_stack_*` fields).
+    kfence_object_alloc = feature_entry!("kfence", field!(crate::kfence::KfenceObject, alloc));
+    /// Object metadata: the free's stack.
+    kfence_object_free = feature_entry!("kfence", field!(crate::kfence::KfenceObject, free));
+    /// KFENCE stack: return addresses, innermost first.
+    kfence_stack_frames = feature_entry!("kfence", field!(crate::kfence::KfenceStack, frames));
+    /// KFENCE stack: frames valid.
+    kfence_stack_len = feature_entry!("kfence", field!(crate::kfence::KfenceStack, len));
+    /// KFENCE stack: the CPU.
+    kfence_stack_cpu = feature_entry!("kfence", field!(crate::kfence::KfenceStack, cpu));
+    /// KFENCE stack: when (clock ticks).
+    kfence_stack_time = feature_entry!("kfence", field!(crate::kfence::KfenceStack, time));
 }
 
 const _: () = assert!(MAGAZINE_ROUNDS.len() == 6);

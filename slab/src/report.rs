@@ -84,8 +84,8 @@ impl ErrorKind {
 /// A cache name as stored in a report (at most 31 bytes).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReportName {
-    bytes: [u8; 31],
-    len: u8,
+    pub(crate) bytes: [u8; 31],
+    pub(crate) len: u8,
 }
 
 impl ReportName {

@@ -22,7 +22,7 @@ use core::fmt::{self, Write};
 
 use magpie_slab::kfence::{
     KFENCE_DEFAULT_INTERVAL_MS, KFENCE_NUM_OBJECTS, KFENCE_POOL_PAGES, KFENCE_STACK_DEPTH,
-    KfenceReport, KfenceStack, KfenceStats,
+    KfenceReport, KfenceStack,
 };
 
 use spin::Mutex;
@@ -141,40 +141,37 @@ fn handle_page_fault(info: &ExceptionInfo<'_>, address: usize) -> bool {
     }
 }
 
-/// `kmem kfence`: the pool's figures, one line each.
+/// `kmem kfence`: the pool's figures, one line each
+/// (`magpie_slab::reports::write_kfence_stats`).
 ///
 /// # Errors
 ///
 /// The error of `out`, as is.
 pub fn write_stats(out: &mut dyn Write) -> fmt::Result {
-    let KfenceStats {
-        enabled,
-        interval_ms,
-        pool_pages,
-        nr_objects,
-        nr_in_use,
-        nr_allocs,
-        nr_frees,
-        nr_skipped,
-        nr_bugs,
-    } = SLAB.kfence().stats();
-    if !enabled {
-        return writeln!(out, "kfence: off (no pool)");
-    }
-    let interval = match interval_ms {
-        0 => "off (forced samples only)",
-        _ => "",
-    };
-    writeln!(out, "enabled: 1")?;
-    if interval.is_empty() {
-        writeln!(out, "sample interval: {interval_ms} ms")?;
-    } else {
-        writeln!(out, "sample interval: {interval}")?;
-    }
-    writeln!(out, "pool: {pool_pages} pages, {nr_objects} objects")?;
-    writeln!(out, "currently allocated: {nr_in_use}")?;
-    writeln!(out, "total allocations: {nr_allocs}")?;
-    writeln!(out, "total frees: {nr_frees}")?;
-    writeln!(out, "skipped allocations (pool full): {nr_skipped}")?;
-    writeln!(out, "total bugs: {nr_bugs}")
+    magpie_slab::reports::write_kfence_stats(out, &SLAB.kfence().stats())
+}
+
+/// `kmem kfence objects`: every pool object as Linux's
+/// `/sys/kernel/debug/kfence/objects` lists it.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_objects(out: &mut dyn Write) -> fmt::Result {
+    let mut result = Ok(());
+    SLAB.kfence().for_each_object(|object| {
+        if result.is_ok() {
+            let view = magpie_slab::reports::KfenceObjectView {
+                index: object.index,
+                state: object.state,
+                addr: object.addr,
+                size: object.size,
+                cache: object.cache.as_str(),
+                alloc: &object.alloc,
+                free: &object.free,
+            };
+            result = magpie_slab::reports::write_kfence_object(out, &view, &KernelFormat);
+        }
+    });
+    result
 }

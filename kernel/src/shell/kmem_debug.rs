@@ -38,8 +38,9 @@ pub(super) const KMEM: Command = Command {
             "objects nothing points to (illumos ::findleaks), by cache and allocation site",
         ),
         (
-            "kmem kfence",
-            "the sampled guarded pool (Linux KFENCE): interval, objects in use, bugs found",
+            "kmem kfence [objects]",
+            "the sampled guarded pool (Linux KFENCE): interval, objects in use, bugs found; \
+             objects: each object with its stacks (Linux's kfence/objects)",
         ),
     ],
     context: "shell kmem",
@@ -61,6 +62,10 @@ fn cmd_kmem<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result<
             .map_err(|error| shell_error!("findleaks: {error}")),
         ["kfence"] => {
             let _ = crate::debug::kfence::write_stats(out);
+            Ok(())
+        }
+        ["kfence", "objects"] => {
+            let _ = crate::debug::kfence::write_objects(out);
             Ok(())
         }
         [verb, ..] if !KMEM_VERBS.contains(verb) => Err(ShellError::Unexpected(verb, &KMEM)),

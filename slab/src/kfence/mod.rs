@@ -751,6 +751,22 @@ impl<P: Platform> Kfence<'_, P> {
             .kfence_for_each_sample(|start, size, _, _| f(start, start + size));
     }
 
+    /// Call `f` with each pool object's metadata, in index order (a copy
+    /// taken under the pool lock, which is not held during the call);
+    /// nothing without a pool. `kmem kfence objects` lists them.
+    pub fn for_each_object(&self, mut f: impl FnMut(&KfenceObject)) {
+        if self.heap.kfence.pool.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        for index in 0..KFENCE_NUM_OBJECTS {
+            let object = {
+                let _irq = IrqGuard::<P>::new();
+                *self.heap.kfence.lock.lock::<P>().meta(index)
+            };
+            f(&object);
+        }
+    }
+
     /// Whether `addr` lies in the KFENCE pool.
     pub fn contains(&self, addr: usize) -> bool {
         self.heap.kfence.contains(addr)

@@ -8,6 +8,7 @@
 //! | [`slabinfo`] | Linux `/proc/slabinfo` version 2.1 (`mm/slab_common.c` `cache_show`), to the column |
 //! | `allocinfo` (feature `allocinfo`) | Linux `/proc/allocinfo` (`lib/alloc_tag.c`): live bytes and calls per code tag, with Linux's filters |
 //! | [`trace_print`], [`trace_print_all`] | Akaros `kmem_trace_print`: one block per outstanding object with its backtrace, then a by-site summary |
+//! | `write_kfence_stats`, `write_kfence_object` (feature `kfence`) | Linux `/sys/kernel/debug/kfence/stats` and `objects` (`mm/kfence/report.c` `kfence_print_object`) |
 //! | [`whatis`] | illumos mdb `::whatis`: cache, object and offset of an address, with the last transactions |
 //! | [`slabtop`] | Linux `slabtop(1)`'s columns, plus the magazine layer's hits, misses, depot contention and magazine resizes |
 //! | `write_time_stats` (features `allocinfo` or `time-stats`: with `magpie-codetag`) | the codetag slides' latency statistics of one `time_stats!` point, times in [`Nanoseconds`] |
@@ -42,6 +43,8 @@
 #[cfg(feature = "allocinfo")]
 mod allocinfo;
 pub mod backtrace;
+#[cfg(feature = "kfence")]
+mod kfence;
 mod kmemstat;
 mod slabinfo;
 mod slabtop;
@@ -57,6 +60,8 @@ pub use self::allocinfo::{
     AllocinfoOptions, AllocinfoRow, AllocinfoSort, allocinfo, write_allocinfo_header,
     write_allocinfo_row,
 };
+#[cfg(feature = "kfence")]
+pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};
 pub use self::kmemstat::{
     KMEMSTAT_NAME_WIDTH, KmemstatRow, kmemstat, write_kmemstat_caches, write_kmemstat_header,
 };

@@ -521,3 +521,25 @@ fn hostile_cores_are_refused_with_one_error() {
         "{error}"
     );
 }
+
+#[test]
+fn kfence_without_a_pool_reads_as_the_live_figures() {
+    let _heap = heap();
+    let mem = ProcessMemory::open().unwrap();
+    let heap = Heap::new(&mem, descriptor_addr()).unwrap();
+    let mut out = String::new();
+    let mut problems = Vec::new();
+    magpie_kmem::core::kfence::write_kfence(
+        &heap,
+        false,
+        &magpie_slab::report::RawFormat,
+        &mut out,
+        &mut problems,
+    )
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut live = String::new();
+    reports::write_kfence_stats(&mut live, &HEAP.kfence().stats()).unwrap();
+    assert_eq!(out, live);
+    assert_eq!(out, "kfence: off (no pool)\n");
+}

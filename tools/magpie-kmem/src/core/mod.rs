@@ -16,6 +16,7 @@
 pub mod events;
 pub mod heap;
 pub mod image;
+pub mod kfence;
 pub mod trace;
 
 use std::fmt::Write as _;
@@ -48,6 +49,12 @@ pub enum Report {
     Events(PathBuf),
     /// The trace tables' outstanding objects (one cache, or all).
     Trace(Option<String>),
+    /// KFENCE's figures (`kmem kfence`), or its objects (`kmem kfence
+    /// objects`).
+    Kfence {
+        /// The objects instead of the figures.
+        objects: bool,
+    },
 }
 
 /// Where the descriptor is, and how it was found.
@@ -248,8 +255,8 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
-        Report::Events(_) | Report::Trace(_) => {
-            return Err("events and trace are written by run".into());
+        Report::Events(_) | Report::Trace(_) | Report::Kfence { .. } => {
+            return Err("events, trace and kfence are written by run".into());
         }
         Report::Verify => {
             let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
@@ -442,6 +449,13 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
             );
         }
         problems.is_empty()
+    } else if let Report::Kfence { objects } = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let mut found_problems = Vec::new();
+        kfence::write_kfence(&heap, *objects, &symbols, &mut out, &mut found_problems)?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
     } else if let Report::Trace(cache) = report {
         let heap = Heap::new(mem, found.addr)?;
         let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
@@ -513,6 +527,13 @@ pub enum CoreReport {
         /// One cache (default: every cache with records).
         cache: Option<String>,
     },
+    /// KFENCE's figures, as the shell's `kmem kfence`; with `objects`,
+    /// every pool object with its stacks, as `kmem kfence objects`
+    /// (Linux's /sys/kernel/debug/kfence/objects).
+    Kfence {
+        /// `objects`: list the pool's objects.
+        what: Option<String>,
+    },
     /// The kmemtrace recording the kernel held (not yet dumped), written
     /// as a .kmt dump the other subcommands read.
     Events {
@@ -553,6 +574,15 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Verify => Report::Verify,
         CoreReport::Events { output } => Report::Events(output.clone()),
         CoreReport::Trace { cache } => Report::Trace(cache.clone()),
+        CoreReport::Kfence { what } => match what.as_deref() {
+            None => Report::Kfence { objects: false },
+            Some("objects") => Report::Kfence { objects: true },
+            Some(other) => {
+                return Err(format!(
+                    "kfence: unexpected '{other}'; usage: kfence [objects]"
+                ));
+            }
+        },
     };
     Ok(if run(&args.core, kernel, &report)? {
         std::process::ExitCode::SUCCESS
