@@ -51,12 +51,13 @@ use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, T
 /// The descriptor's first 16 bytes.
 pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
 
-/// The format version (docs/VMCORE.md). 2: the kernel's arenas
-/// ([`KmemstatArenas`]) after the layout.
+/// The format version (docs/VMCORE.md). 2: the error ring's lock in the
+/// header (104 bytes), the kernel's arenas ([`KmemstatArenas`]) after
+/// the layout.
 pub const DESCRIPTOR_VERSION: u32 = 2;
 
 /// Bytes of the header (a version-1 descriptor's layout starts here).
-pub const DESCRIPTOR_HEADER_SIZE: usize = 96;
+pub const DESCRIPTOR_HEADER_SIZE: usize = 104;
 
 const _: () = assert!(offset_of!(SlabDescriptor, layout) == DESCRIPTOR_HEADER_SIZE);
 
@@ -520,6 +521,19 @@ layout! {
     /// Constant: frames per record.
     trace_max_frames = Entry::value(TRACE_MAX_FRAMES);
 
+    /// The error ring's lock (`spin::Mutex<RingInner>`, payload at the
+    /// header's `errors_lock_data`).
+    allocator_errors = field!(LayoutAllocator, errors);
+    /// Error ring: the slots, `error_wire_size` bytes each (report `seq` in
+    /// slot `(seq - 1) % error_ring_size`; byte 0 is 1 when one is there).
+    error_ring_reports = field!(crate::report::RingInner, reports);
+    /// Error ring: reports ever (the newest one's `seq`).
+    error_ring_nr_reported = field!(crate::report::RingInner, nr_reported);
+    /// Constant: slots in the ring.
+    error_ring_size = Entry::value(crate::report::ERROR_RING_SIZE);
+    /// Constant: bytes of a report's wire form (`ErrorReport::from_wire`).
+    error_wire_size = Entry::value(crate::report::ERROR_WIRE_SIZE);
+
     /// KFENCE's state in the allocator (feature `kfence`; absent, size 0,
     /// without it, as every `kfence_*` entry).
     allocator_kfence = feature_entry!("kfence", field!(LayoutAllocator, kfence));
@@ -627,6 +641,8 @@ pub struct SlabDescriptor {
     /// kernel set it with [`set_clock_khz`]; 0: unknown (readers keep
     /// ticks).
     pub clock_khz: AtomicU64,
+    /// Byte offset of the payload in the error ring's lock.
+    pub errors_lock_data: AtomicU64,
     /// The layout.
     pub layout: DescriptorLayout,
     /// The kernel's arenas, for `kmemstat`'s arena rows ([`describe_kmemstat`]).
@@ -650,6 +666,7 @@ pub static MAGPIE_SLAB_DESCRIPTOR: SlabDescriptor = SlabDescriptor {
     marks_lock_data: AtomicU64::new(0),
     trace_lock_data: AtomicU64::new(0),
     clock_khz: AtomicU64::new(0),
+    errors_lock_data: AtomicU64::new(0),
     layout: LAYOUT,
     arenas: KmemstatArenas::EMPTY,
 };
@@ -707,6 +724,13 @@ pub(crate) fn register<P: Platform>(allocator: &'static Kmem<P>) {
     descriptor
         .trace_lock_data
         .store(trace_data, Ordering::Relaxed);
+    if let Some(errors) = allocator.errors.inner.try_lock() {
+        let at = payload_offset(
+            core::ptr::from_ref(&allocator.errors.inner).cast(),
+            &*errors,
+        );
+        descriptor.errors_lock_data.store(at, Ordering::Relaxed);
+    }
     let kmemtrace = &allocator.kmemtrace;
     if let Some(stacks) = kmemtrace.stacks.try_lock::<P>() {
         let at = payload_offset(core::ptr::from_ref(&kmemtrace.stacks).cast(), &*stacks);

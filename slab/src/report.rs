@@ -378,15 +378,211 @@ pub fn write_transaction(
 /// Reports kept by the ring.
 pub const ERROR_RING_SIZE: usize = 16;
 
-/// The latest [`ERROR_RING_SIZE`] reports, and how many there were.
-pub struct ErrorRing {
-    inner: spin::Mutex<RingInner>,
+/// Bytes of a report in the ring's wire form ([`ErrorReport::to_wire`]).
+pub const ERROR_WIRE_SIZE: usize = 344;
+
+/// The kinds in wire order (a kind's byte is its index).
+const WIRE_KINDS: [ErrorKind; 8] = [
+    ErrorKind::ModifiedAfterFree,
+    ErrorKind::RedzoneViolation,
+    ErrorKind::BadState,
+    ErrorKind::DuplicateFree,
+    ErrorKind::InvalidFree,
+    ErrorKind::WrongCache,
+    ErrorKind::ForeignPointer,
+    ErrorKind::FreeListCorrupted,
+];
+
+/// Wire offsets (docs/VMCORE.md, "The error ring").
+const W_KIND: usize = 1;
+const W_FLAGS: usize = 2;
+const W_CPU: usize = 4;
+const W_SEQ: usize = 8;
+const W_TIMESTAMP: usize = 16;
+const W_CACHE: usize = 24;
+const W_OWNER: usize = 56;
+const W_WORDS: usize = 88;
+const W_CORRUPTION: usize = 128;
+const W_LAST_ALLOC: usize = 152;
+const W_LAST_FREE: usize = 232;
+const W_CONTENTS: usize = 312;
+const _: () = assert!(W_CONTENTS + CONTENTS_BYTES == ERROR_WIRE_SIZE);
+const _: () = assert!(crate::debug::AUDIT_FRAMES == 8);
+
+const HAS_OWNER: u8 = 1;
+const HAS_CORRUPTION: u8 = 2;
+const HAS_LAST_ALLOC: u8 = 4;
+const HAS_LAST_FREE: u8 = 8;
+const HAS_CONTENTS: u8 = 16;
+
+fn put(wire: &mut [u8], at: usize, bytes: &[u8]) {
+    wire[at..at + bytes.len()].copy_from_slice(bytes);
 }
 
-struct RingInner {
-    reports: [Option<ErrorReport>; ERROR_RING_SIZE],
+fn get_u64(wire: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&wire[at..at + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+fn get_u32(wire: &[u8], at: usize) -> u32 {
+    let mut bytes = [0u8; 4];
+    bytes.copy_from_slice(&wire[at..at + 4]);
+    u32::from_le_bytes(bytes)
+}
+
+/// A name as 32 wire bytes: its length, then its 31 bytes.
+fn put_name(wire: &mut [u8], at: usize, name: &ReportName) {
+    wire[at] = name.len;
+    put(wire, at + 1, &name.bytes);
+}
+
+fn get_name(wire: &[u8], at: usize) -> Option<ReportName> {
+    let len = wire[at];
+    let mut name = ReportName {
+        bytes: [0; 31],
+        len,
+    };
+    name.bytes.copy_from_slice(&wire[at + 1..at + 32]);
+    (usize::from(len) <= name.bytes.len()).then_some(name)
+}
+
+fn put_audit(wire: &mut [u8], at: usize, record: &AuditRecord) {
+    put(wire, at, &record.timestamp.to_le_bytes());
+    put(wire, at + 8, &record.cpu.to_le_bytes());
+    put(wire, at + 12, &record.nr_frames.to_le_bytes());
+    for (index, frame) in record.frames.iter().enumerate() {
+        put(wire, at + 16 + 8 * index, &(*frame as u64).to_le_bytes());
+    }
+}
+
+fn get_audit(wire: &[u8], at: usize) -> Option<AuditRecord> {
+    let mut record = AuditRecord {
+        timestamp: get_u64(wire, at),
+        cpu: get_u32(wire, at + 8),
+        nr_frames: get_u32(wire, at + 12),
+        frames: [0; crate::debug::AUDIT_FRAMES],
+    };
+    for (index, frame) in record.frames.iter_mut().enumerate() {
+        *frame = get_u64(wire, at + 16 + 8 * index) as usize;
+    }
+    (record.nr_frames as usize <= record.frames.len()).then_some(record)
+}
+
+impl ErrorReport {
+    /// The report in the ring's wire form: fixed little-endian fields, so
+    /// that a reader of a memory image (`magpie-kmem core CORE errors`)
+    /// decodes it with [`ErrorReport::from_wire`] whatever the compiler
+    /// made of this type's layout (byte 0 is 1: a report is there).
+    pub fn to_wire(&self) -> [u8; ERROR_WIRE_SIZE] {
+        let mut wire = [0u8; ERROR_WIRE_SIZE];
+        wire[0] = 1;
+        wire[W_KIND] = WIRE_KINDS
+            .iter()
+            .position(|kind| *kind == self.kind)
+            .unwrap_or(0) as u8;
+        let mut flags = 0;
+        put(&mut wire, W_CPU, &self.cpu.to_le_bytes());
+        put(&mut wire, W_SEQ, &self.seq.to_le_bytes());
+        put(&mut wire, W_TIMESTAMP, &self.timestamp.to_le_bytes());
+        put_name(&mut wire, W_CACHE, &self.cache);
+        if let Some(owner) = &self.owner {
+            flags |= HAS_OWNER;
+            put_name(&mut wire, W_OWNER, owner);
+        }
+        for (index, word) in [self.buffer, self.object, self.size, self.bufctl, self.slab]
+            .into_iter()
+            .enumerate()
+        {
+            put(&mut wire, W_WORDS + 8 * index, &(word as u64).to_le_bytes());
+        }
+        if let Some(mismatch) = &self.corruption {
+            flags |= HAS_CORRUPTION;
+            put(
+                &mut wire,
+                W_CORRUPTION,
+                &(mismatch.offset as u64).to_le_bytes(),
+            );
+            put(
+                &mut wire,
+                W_CORRUPTION + 8,
+                &mismatch.expected.to_le_bytes(),
+            );
+            put(&mut wire, W_CORRUPTION + 16, &mismatch.found.to_le_bytes());
+        }
+        if let Some(record) = &self.last_alloc {
+            flags |= HAS_LAST_ALLOC;
+            put_audit(&mut wire, W_LAST_ALLOC, record);
+        }
+        if let Some(record) = &self.last_free {
+            flags |= HAS_LAST_FREE;
+            put_audit(&mut wire, W_LAST_FREE, record);
+        }
+        if let Some(contents) = &self.contents {
+            flags |= HAS_CONTENTS;
+            put(&mut wire, W_CONTENTS, contents);
+        }
+        wire[W_FLAGS] = flags;
+        wire
+    }
+
+    /// A report from its wire form ([`ErrorReport::to_wire`]); `None` for
+    /// an empty slot, fewer than [`ERROR_WIRE_SIZE`] bytes, or bytes no
+    /// report encodes to (an unknown kind, a name or stack too long).
+    pub fn from_wire(wire: &[u8]) -> Option<ErrorReport> {
+        if wire.len() < ERROR_WIRE_SIZE || wire[0] != 1 {
+            return None;
+        }
+        let kind = *WIRE_KINDS.get(usize::from(wire[W_KIND]))?;
+        let flags = wire[W_FLAGS];
+        let word = |index: usize| get_u64(wire, W_WORDS + 8 * index) as usize;
+        let mut report = ErrorReport::new(kind, "", word(0));
+        report.seq = get_u64(wire, W_SEQ);
+        report.timestamp = get_u64(wire, W_TIMESTAMP);
+        report.cpu = get_u32(wire, W_CPU);
+        report.cache = get_name(wire, W_CACHE)?;
+        if flags & HAS_OWNER != 0 {
+            report.owner = Some(get_name(wire, W_OWNER)?);
+        }
+        report.object = word(1);
+        report.size = word(2);
+        report.bufctl = word(3);
+        report.slab = word(4);
+        if flags & HAS_CORRUPTION != 0 {
+            report.corruption = Some(Mismatch {
+                offset: get_u64(wire, W_CORRUPTION) as usize,
+                expected: get_u64(wire, W_CORRUPTION + 8),
+                found: get_u64(wire, W_CORRUPTION + 16),
+            });
+        }
+        if flags & HAS_LAST_ALLOC != 0 {
+            report.last_alloc = Some(get_audit(wire, W_LAST_ALLOC)?);
+        }
+        if flags & HAS_LAST_FREE != 0 {
+            report.last_free = Some(get_audit(wire, W_LAST_FREE)?);
+        }
+        if flags & HAS_CONTENTS != 0 {
+            let mut contents = [0u8; CONTENTS_BYTES];
+            contents.copy_from_slice(&wire[W_CONTENTS..W_CONTENTS + CONTENTS_BYTES]);
+            report.contents = Some(contents);
+        }
+        Some(report)
+    }
+}
+
+/// The latest [`ERROR_RING_SIZE`] reports, and how many there were. The
+/// reports are kept in their wire form ([`ErrorReport::to_wire`]), which
+/// a reader of a memory image decodes as the ring does.
+pub struct ErrorRing {
+    pub(crate) inner: spin::Mutex<RingInner>,
+}
+
+pub(crate) struct RingInner {
+    /// Slot `(seq - 1) % ERROR_RING_SIZE` holds report `seq`; all zero:
+    /// none.
+    pub(crate) reports: [[u8; ERROR_WIRE_SIZE]; ERROR_RING_SIZE],
     /// Reports ever pushed (the seq of the newest).
-    nr_reported: u64,
+    pub(crate) nr_reported: u64,
 }
 
 impl Default for ErrorRing {
@@ -400,7 +596,7 @@ impl ErrorRing {
     pub const fn new() -> ErrorRing {
         ErrorRing {
             inner: spin::Mutex::new(RingInner {
-                reports: [None; ERROR_RING_SIZE],
+                reports: [[0; ERROR_WIRE_SIZE]; ERROR_RING_SIZE],
                 nr_reported: 0,
             }),
         }
@@ -413,7 +609,7 @@ impl ErrorRing {
         inner.nr_reported += 1;
         report.seq = inner.nr_reported;
         let slot = (report.seq - 1) as usize % ERROR_RING_SIZE;
-        inner.reports[slot] = Some(report);
+        inner.reports[slot] = report.to_wire();
         report
     }
 
@@ -437,7 +633,8 @@ impl ErrorRing {
             if written == out.len() {
                 break;
             }
-            if let Some(report) = inner.reports[(seq - 1) as usize % ERROR_RING_SIZE] {
+            let slot = &inner.reports[(seq - 1) as usize % ERROR_RING_SIZE];
+            if let Some(report) = ErrorReport::from_wire(slot) {
                 out[written] = report;
                 written += 1;
             }
@@ -447,8 +644,36 @@ impl ErrorRing {
 
     /// Forget every kept report (the count stays).
     pub fn clear(&self) {
-        self.inner.lock().reports = [None; ERROR_RING_SIZE];
+        self.inner.lock().reports = [[0; ERROR_WIRE_SIZE]; ERROR_RING_SIZE];
     }
+}
+
+/// `kmem errors`: how many reports there were since boot, then each kept
+/// one (`reports`, oldest first) under a `--- error #SEQ (KIND)` line;
+/// `no errors reported` when `nr_reported` is 0.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_errors(
+    out: &mut dyn fmt::Write,
+    nr_reported: u64,
+    reports: &[ErrorReport],
+    format: &dyn ReportFormat,
+) -> fmt::Result {
+    if nr_reported == 0 {
+        return writeln!(out, "no errors reported");
+    }
+    writeln!(
+        out,
+        "{nr_reported} error(s) reported since boot; the last {}:",
+        reports.len()
+    )?;
+    for report in reports {
+        writeln!(out, "--- error #{} ({})", report.seq, report.kind.name())?;
+        write!(out, "{}", report.display(format))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -512,6 +737,45 @@ thread=cpu0  time=T+100.000 µs  slab=0xffff8000005f9f80  cache: kmalloc-64
 ";
         assert_eq!(text, expected);
         assert_eq!(report.offset(), Some(0x18));
+    }
+
+    #[test]
+    fn wire_form_round_trips_every_field() {
+        let mut report = ErrorReport::new(ErrorKind::WrongCache, "kmalloc-64", 0x1008);
+        report.seq = 7;
+        report.timestamp = 123_456;
+        report.cpu = 3;
+        report.owner = Some(ReportName::new("kmalloc-128"));
+        report.object = 0x1000;
+        report.size = 4096;
+        report.bufctl = 0x2000;
+        report.slab = 0x3000;
+        report.corruption = Some(Mismatch {
+            offset: usize::MAX - 7,
+            expected: POISON_FREE,
+            found: 1,
+        });
+        report.last_alloc = Some(audit(100, 0, &[0x1234]));
+        report.last_free = Some(audit(123, 1, &[0x5678, 0x9abc]));
+        report.contents = Some([0xab; CONTENTS_BYTES]);
+        let wire = report.to_wire();
+        assert_eq!(ErrorReport::from_wire(&wire), Some(report));
+        for kind in WIRE_KINDS {
+            let bare = ErrorReport::new(kind, "c", 1);
+            assert_eq!(ErrorReport::from_wire(&bare.to_wire()), Some(bare));
+        }
+        // Empty, cut short, or no report's bytes: none.
+        assert_eq!(ErrorReport::from_wire(&[0; ERROR_WIRE_SIZE]), None);
+        assert_eq!(ErrorReport::from_wire(&wire[..100]), None);
+        let mut bad = wire;
+        bad[W_KIND] = 8;
+        assert_eq!(ErrorReport::from_wire(&bad), None);
+        let mut bad = wire;
+        bad[W_CACHE] = 32;
+        assert_eq!(ErrorReport::from_wire(&bad), None);
+        let mut bad = wire;
+        bad[W_LAST_FREE + 12] = 9;
+        assert_eq!(ErrorReport::from_wire(&bad), None);
     }
 
     #[test]

@@ -301,8 +301,8 @@ class GdbSession(unittest.TestCase):
             self.assertRegex(report, r"\d+ caches, \d+ slabs walked; 0 broken")
 
 
-class VmcoreKfence(unittest.TestCase):
-    def test_kfence_figures_and_objects_equal_the_shell(self):
+class VmcoreDebugReports(unittest.TestCase):
+    def test_kfence_and_errors_equal_the_shell(self):
         with tempfile.TemporaryDirectory() as tmp:
             core = os.path.join(tmp, "kfence.core")
             os.environ["MAGPIE_VMCORE"] = core
@@ -310,21 +310,27 @@ class VmcoreKfence(unittest.TestCase):
                 # Forced samples only (interval 0): lkdtm's two bugs leave
                 # freed objects with both stacks, nothing samples after.
                 code, out = boot(["lkdtm KFENCE_OOB_RIGHT", "lkdtm KFENCE_DOUBLE_FREE", "kmalloc 64 2",
-                                  "kmem kfence", "kmem kfence objects", "vmcore", "poweroff"],
+                                  "lkdtm SLAB_FREE_DOUBLE", "lkdtm SLAB_FREE_CROSS", "lkdtm WRITE_AFTER_FREE",
+                                  "kmem kfence", "kmem kfence objects", "kmem errors", "vmcore", "poweroff"],
                                  append="kfence.sample_interval=0")
             finally:
                 del os.environ["MAGPIE_VMCORE"]
             self.assertEqual(code, 0, out)
-            for args, command in ((["kfence"], "kmem kfence"), (["kfence", "objects"], "kmem kfence objects")):
+            for args, command in ((["kfence"], "kmem kfence"), (["kfence", "objects"], "kmem kfence objects"),
+                                  (["errors"], "kmem errors")):
                 code, offline, err = tool("core", core, *args)
                 self.assertEqual((code, err), (0, ""), err)
                 self.assertEqual(offline.splitlines(), reply_to(out, command).splitlines())
-            self.assertIn("total bugs: 2", offline if args == ["kfence"] else tool("core", core, "kfence")[1])
+            self.assertRegex(tool("core", core, "kfence")[1], r"\ntotal bugs: [2-9]\n")
             code, objects, _ = tool("core", core, "kfence", "objects")
             self.assertRegex(objects, r"kfence-#\d+: 0x[0-9a-f]+-0x[0-9a-f]+, size=\d+, cache=lkdtm-kfence\n\n"
                                       r"allocated by task 0 on cpu \d+ at \d+\.\d{6}s:\n <?magpie::")
             self.assertIn("\nfreed by task 0 on cpu ", objects)
             self.assertIn("kfence-#62 unused", objects)
+            code, errors, _ = tool("core", core, "errors")
+            self.assertRegex(errors, r"^\d+ error\(s\) reported since boot; the last \d+:\n--- error #1 ")
+            self.assertIn("kernel memory allocator: duplicate free: buffer freed twice", errors)
+            self.assertIn("kernel memory allocator: buffer freed to wrong cache", errors)
             code, _, err = tool("core", core, "kfence", "bogus")
             self.assertNotEqual(code, 0)
             self.assertIn("kfence: unexpected 'bogus'; usage: kfence [objects]", err)

@@ -250,16 +250,8 @@ fn whatis<'a>(out: &mut dyn Write, addr: &'a str) -> Result<'a> {
 
 fn errors<'a>(out: &mut dyn Write) -> Result<'a> {
     let nr = SLAB.debug().nr_errors();
-    if nr == 0 {
-        let _ = writeln!(out, "no errors reported");
-        return Ok(());
-    }
     let mut reports = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); ERROR_RING_SIZE];
     let kept = SLAB.debug().read_errors(0, &mut reports);
-    let _ = writeln!(out, "{nr} error(s) reported since boot; the last {kept}:");
-    for report in &reports[..kept] {
-        let _ = writeln!(out, "--- error #{} ({})", report.seq, report.kind.name());
-        let _ = write!(out, "{}", report.display(&KernelFormat));
-    }
+    let _ = magpie_slab::report::write_errors(out, nr, &reports[..kept], &KernelFormat);
     Ok(())
 }

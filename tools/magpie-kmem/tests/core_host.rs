@@ -200,8 +200,10 @@ fn descriptor_round_trips() {
     assert_eq!(&layout, magpie_slab::descriptor::layout());
     // Every entry is a constant or a field inside its structure.
     assert!(DescriptorLayout::NAMES.len() > 50);
+    // (The error ring's 16 reports are the widest: 5.4 KiB; a reader
+    // refuses past 64 KiB.)
     for (name, entry) in layout.entries() {
-        assert!(entry.size <= 4096, "{name}: {entry:?}");
+        assert!(entry.size <= 8192, "{name}: {entry:?}");
     }
     assert_eq!(layout.page_size.offset, PAGE_SIZE as u64);
     assert_eq!(
@@ -542,4 +544,47 @@ fn kfence_without_a_pool_reads_as_the_live_figures() {
     reports::write_kfence_stats(&mut live, &HEAP.kfence().stats()).unwrap();
     assert_eq!(out, live);
     assert_eq!(out, "kfence: off (no pool)\n");
+}
+
+#[test]
+fn errors_equal_the_live_report() {
+    let _heap = heap();
+    // A free of memory the allocator never handed out: one report.
+    let foreign = Box::leak(Box::new([0u64; 8]));
+    // SAFETY: a bad free on purpose: the allocator refuses it and reports.
+    let refused = unsafe { HEAP.kfree(NonNull::from(&mut foreign[0]).cast()) };
+    assert!(refused.is_err());
+    let mem = ProcessMemory::open().unwrap();
+    let heap = Heap::new(&mem, descriptor_addr()).unwrap();
+    let mut out = String::new();
+    let mut problems = Vec::new();
+    magpie_kmem::core::errors::write_error_reports(
+        &heap,
+        &magpie_slab::report::RawFormat,
+        &mut out,
+        &mut problems,
+    )
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let nr = HEAP.debug().nr_errors();
+    let mut reports = vec![
+        magpie_slab::report::ErrorReport::new(
+            magpie_slab::report::ErrorKind::InvalidFree,
+            "",
+            0
+        );
+        16
+    ];
+    let kept = HEAP.debug().read_errors(0, &mut reports);
+    let mut live = String::new();
+    magpie_slab::report::write_errors(
+        &mut live,
+        nr,
+        &reports[..kept],
+        &magpie_slab::report::RawFormat,
+    )
+    .unwrap();
+    assert_eq!(out, live);
+    assert!(out.contains("error(s) reported since boot"), "{out}");
+    assert!(out.contains("kernel memory allocator: "), "{out}");
 }

@@ -64,6 +64,8 @@ pub struct Header {
     pub trace_lock_data: u64,
     /// Clock ticks per millisecond (0: unknown).
     pub clock_khz: u64,
+    /// Payload offset of the error ring's lock.
+    pub errors_lock_data: u64,
 }
 
 /// Decode a descriptor from its bytes (the header and the layout).
@@ -106,6 +108,7 @@ pub fn decode_descriptor(addr: u64, bytes: &[u8]) -> Result<(Header, DescriptorL
         marks_lock_data: u64_at(72).ok_or_else(short)?,
         trace_lock_data: u64_at(80).ok_or_else(short)?,
         clock_khz: u64_at(88).ok_or_else(short)?,
+        errors_lock_data: u64_at(96).ok_or_else(short)?,
     };
     let layout = bytes
         .get(header_size..)

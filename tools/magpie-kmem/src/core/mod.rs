@@ -13,6 +13,7 @@
 //! `--kernel`, or the build under `target/` whose GNU build id is the
 //! one in the image), else by its magic in the image's memory.
 
+pub mod errors;
 pub mod events;
 pub mod heap;
 pub mod image;
@@ -49,6 +50,8 @@ pub enum Report {
     Events(PathBuf),
     /// The trace tables' outstanding objects (one cache, or all).
     Trace(Option<String>),
+    /// The allocator's error reports (`kmem errors`).
+    Errors,
     /// KFENCE's figures (`kmem kfence`), or its objects (`kmem kfence
     /// objects`).
     Kfence {
@@ -255,7 +258,7 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
-        Report::Events(_) | Report::Trace(_) | Report::Kfence { .. } => {
+        Report::Events(_) | Report::Trace(_) | Report::Kfence { .. } | Report::Errors => {
             return Err("events, trace and kfence are written by run".into());
         }
         Report::Verify => {
@@ -449,6 +452,13 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
             );
         }
         problems.is_empty()
+    } else if let Report::Errors = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let mut found_problems = Vec::new();
+        errors::write_error_reports(&heap, &symbols, &mut out, &mut found_problems)?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
     } else if let Report::Kfence { objects } = report {
         let heap = Heap::new(mem, found.addr)?;
         let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
@@ -527,6 +537,9 @@ pub enum CoreReport {
         /// One cache (default: every cache with records).
         cache: Option<String>,
     },
+    /// The allocator's error reports kept in its ring (bad frees,
+    /// corruption), as the shell's `kmem errors`.
+    Errors,
     /// KFENCE's figures, as the shell's `kmem kfence`; with `objects`,
     /// every pool object with its stacks, as `kmem kfence objects`
     /// (Linux's /sys/kernel/debug/kfence/objects).
@@ -574,6 +587,7 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Verify => Report::Verify,
         CoreReport::Events { output } => Report::Events(output.clone()),
         CoreReport::Trace { cache } => Report::Trace(cache.clone()),
+        CoreReport::Errors => Report::Errors,
         CoreReport::Kfence { what } => match what.as_deref() {
             None => Report::Kfence { objects: false },
             Some("objects") => Report::Kfence { objects: true },
