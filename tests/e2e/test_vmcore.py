@@ -283,7 +283,8 @@ class GdbSession(unittest.TestCase):
                 gdb = subprocess.run(
                     ["gdb", "-batch", "-nx", "-x", os.path.join(ROOT, "scripts", "magpie-gdb.py"),
                      "-ex", f"target remote 127.0.0.1:{port}", "-ex", "magpie slabinfo",
-                     "-ex", f"magpie whatis {held[0]}", "-ex", "magpie verify", "-ex", "detach", KERNEL],
+                     "-ex", f"magpie whatis {held[0]}", "-ex", "magpie verify", "-ex", "magpie kfence",
+                     "-ex", "magpie errors", "-ex", "magpie slabtop --sort n", "-ex", "detach", KERNEL],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=120)
                 proc.stdin.write(b"poweroff\n")
                 proc.stdin.flush()
@@ -299,6 +300,9 @@ class GdbSession(unittest.TestCase):
             self.assertEqual(report[start:].splitlines()[:len(live)], live)
             self.assertIn(f"{held[0]} is allocated from kmalloc-128", report)
             self.assertRegex(report, r"\d+ caches, \d+ slabs walked; 0 broken")
+            self.assertIn("sample interval: off (forced samples only)", report)
+            self.assertIn("no errors reported", report)
+            self.assertIn(" Magazines since boot ", report)
 
 
 class VmcoreDebugReports(unittest.TestCase):
