@@ -166,7 +166,7 @@
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
 //! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
-//! | `flags.rs`, `alloc_tag.rs`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags, statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
+//! | `flags.rs`, `alloc_tag/`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags (their handle [`AllocProfiling`], `alloc_tag/control.rs`, sits above the allocator, as `debug/control.rs`'s [`debug::SlabDebug`] does), statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
 //! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds no circle:

@@ -25,7 +25,6 @@ use core::sync::atomic::{
 use self::classes::NR_UNBORN;
 pub use self::classes::{InitCost, MIN_FREE_PAGES};
 use self::kmalloc::NR_KMALLOC;
-use crate::alloc_tag::AllocProfiling;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::{DebugLayout, SlabDebugConfig};
@@ -679,65 +678,6 @@ impl<P: Platform> Kmem<P> {
             }
         }
         true
-    }
-}
-
-impl<P: Platform> AllocProfiling<'_, P> {
-    /// Switch allocation profiling (feature `alloc-profiling`) on or off
-    /// for every cache, present and future: a kernel calls this whenever
-    /// its own switch flips. On (the default), every allocation asks
-    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) for its tag and explicit tags are
-    /// charged; off, nothing is asked or charged (objects get tag
-    /// reference 0, their frees uncharge nothing) and the alloc fast path
-    /// is the compiled-out one. Without the feature, a no-op.
-    pub fn set_enabled(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.heap
-            .switch_every_cache(&self.heap.alloc_profiling, on, KmemCache::set_profiling);
-    }
-
-    /// Send every allocation and free off the profiled hits (`on`), so
-    /// that every charge calls [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
-    /// every uncharge [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook); or back
-    /// (`!on`, the default), the hooks then called only off the hits. For
-    /// a platform whose hooks have work to do for a while (a context
-    /// capture, say): the hits stay free of calls, and pay nothing for the
-    /// hooks while they are off. Every cache, present and future (the
-    /// bootstrap caches aside). An allocation or free running on another
-    /// CPU while this runs may still take its hit. Without feature
-    /// `alloc-profiling`, a no-op.
-    pub fn set_tag_hooks(&self, on: bool) {
-        if !cfg!(feature = "alloc-profiling") {
-            return;
-        }
-        self.heap
-            .switch_every_cache(&self.heap.alloc_tag_hooks, on, KmemCache::set_tag_hooks);
-    }
-
-    /// Whether the tag hooks are on ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks);
-    /// false without feature `alloc-profiling`).
-    pub fn tag_hooks(&self) -> bool {
-        self.heap.alloc_tag_hooks()
-    }
-
-    /// Whether allocation profiling is switched on
-    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled); false without feature
-    /// `alloc-profiling`).
-    pub fn enabled(&self) -> bool {
-        self.heap.alloc_profiling()
-    }
-
-    /// Allocations that profiling should have charged but could not
-    /// (feature `alloc-profiling`): the object's small slab had no tag
-    /// side array yet and allocating one failed, so the object was handed
-    /// out untagged — allocated, charged to no tag, its free uncharging
-    /// nothing (Linux counts these failures too,
-    /// `mark_failed_objexts_alloc`). Non-zero means the per-tag counts
-    /// miss that many objects. Always 0 without the feature.
-    pub fn nr_tag_array_misses(&self) -> u64 {
-        self.heap.nr_tag_array_misses.load(Ordering::Relaxed)
     }
 }
 

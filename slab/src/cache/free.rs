@@ -178,6 +178,14 @@ impl<P: Platform> KmemCache<P> {
     /// nothing on this CPU reuses the object before its free is recorded.
     /// Out of line, reached by a tail call, so the plain hit stays a leaf.
     ///
+    /// The usual words (profiling's `TAGGED`, kmemtrace recording, or
+    /// both, on a keyed cache: no bit of [`HotFlags::FREE_HOOKED_RARE`])
+    /// run the hooks and the magazine hit right here, inline; anything
+    /// else (a full `loaded`, a rare feature) is one tail call to
+    /// [`Self::free_hooked_cold`], which runs them all in order (the tag,
+    /// uncharged here before the push, is not found again there). As for
+    /// `alloc_hooked`: measured in `docs/BENCHMARKS.md`.
+    ///
     /// # Safety
     /// `obj` is an object start in `slab`, a live slab of this cache
     /// (null for a bufctl cache off the primary source: the hash
@@ -191,6 +199,84 @@ impl<P: Platform> KmemCache<P> {
         index: usize,
     ) -> Result<(), FreeError> {
         let hot = self.hot();
+        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) && !slab.is_null() {
+            if hot.contains(HotFlags::KMEMTRACE) {
+                // SAFETY: per our caller.
+                return unsafe { self.free_recorded(obj, slab, index, hot) };
+            }
+            // SAFETY: per our caller; the usual words.
+            if unsafe { self.free_usual(obj, slab, index, hot) } {
+                return Ok(());
+            }
+        }
+        // SAFETY: per our caller; the hit changed nothing.
+        unsafe { self.free_hooked_cold(obj, slab, index) }
+    }
+
+    /// The free of the usual words, with kmemtrace recording: as
+    /// [`Self::free_usual`], the free and its event with interrupts off.
+    /// Its own function, so that the profiled free's path needs no stack
+    /// frame for the event's.
+    ///
+    /// # Safety
+    /// As for [`Self::free_usual`].
+    #[inline(never)]
+    unsafe fn free_recorded(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+        hot: HotFlags,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        let irq = unsafe { self.kmemtrace_free_guard(obj, hot) };
+        // SAFETY: per our caller.
+        if unsafe { self.free_usual(obj, slab, index, hot) } {
+            return self.kmemtrace_freed(obj, irq);
+        }
+        drop(irq);
+        // SAFETY: per our caller; the hit changed nothing (the tag it
+        // uncharged is not found again).
+        unsafe { self.free_hooked_cold(obj, slab, index) }
+    }
+
+    /// The free of the usual words (no bit of
+    /// [`HotFlags::FREE_HOOKED_RARE`]): the tag uncharged before the push
+    /// (once pushed, an interrupt handler's alloc may take the object),
+    /// then the magazine hit. False if the hit failed (the tag stays
+    /// uncharged: [`Self::free_hooked_cold`] does not find it again).
+    ///
+    /// # Safety
+    /// As for [`Self::free_hooked`], `slab` not null, no bit of
+    /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
+    #[inline(always)]
+    unsafe fn free_usual(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+        hot: HotFlags,
+    ) -> bool {
+        // SAFETY: per our caller; no rare bit, so nothing refuses.
+        let _ = unsafe { self.free_hook::<false>(obj, slab, index, hot) };
+        // SAFETY: per our caller; a keyed cache.
+        unsafe { self.magazine_free_hit(obj, true) }
+    }
+
+    /// [`Self::free_hooked`] for every word and on a miss: the free hook,
+    /// the hit or the miss, the kmemtrace event.
+    ///
+    /// # Safety
+    /// As for [`Self::free_hooked`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_hooked_cold(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+    ) -> Result<(), FreeError> {
+        let hot = self.hot();
         let irq = if hot.contains(HotFlags::KMEMTRACE) {
             // SAFETY: per our caller.
             unsafe { self.kmemtrace_free_guard(obj, hot) }
@@ -198,15 +284,11 @@ impl<P: Platform> KmemCache<P> {
             None
         };
         // SAFETY: per our caller.
-        let result = unsafe { self.free_hook(obj, slab, index, hot) }.and_then(|()| {
+        let result = unsafe { self.free_hook::<true>(obj, slab, index, hot) }.and_then(|()| {
             // SAFETY: per our caller; checked by the hook.
             unsafe { self.magazine_free(obj, hot) }
         });
-        if hot.contains(HotFlags::KMEMTRACE) {
-            self.kmemtrace_free_hook(obj, result.is_ok());
-        }
-        drop(irq);
-        result
+        self.free_event(obj, result, hot, irq)
     }
 
     /// The hit (keyed or not, as the cache is), else the miss
@@ -367,19 +449,14 @@ impl<P: Platform> KmemCache<P> {
         // KFENCE: a sampled object is in no slab page (and off the
         // primary source a bufctl cache's hash would not know it).
         if let Some(result) = self.owner().kfence_free(addr, self) {
-            if self.hot().contains(HotFlags::KMEMTRACE) {
-                self.kmemtrace_free_hook(obj, result.is_ok());
-            }
-            return result;
+            return self.free_event(obj, result, self.hot(), None);
         }
         let slab = match self.locate(addr) {
             Ok(slab) => slab,
             Err(error) => {
                 // kmemtrace: kmem_cache_free of a pointer not ours.
-                if self.hot().contains(HotFlags::KMEMTRACE) {
-                    self.kmemtrace_free_hook(obj, false);
-                }
-                return Err(self.refuse(error));
+                let error = self.refuse(error);
+                return self.free_event(obj, Err(error), self.hot(), None);
             }
         };
         // Off the primary source (the fast path locates every other

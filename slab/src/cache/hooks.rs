@@ -81,24 +81,66 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// After the hit or the miss (Linux `slab_post_alloc_hook`): the free
-    /// key cleared (or a keyless cache's mark), the debug checks and
-    /// trailer, the tag charged and stored (profiling), the trace record.
-    /// `tag` is asked only with profiling on.
+    /// key cleared, the tag charged and stored (profiling; `tag` is asked
+    /// only with profiling on), then the kmemtrace event
+    /// ([`Self::alloc_event`]). The rare hooks (a keyless cache's mark,
+    /// debug, the trace table) are one cold call; a profiled cache pays
+    /// one flag test for them. Returns the allocation's result: each way
+    /// out is a tail call, so the usual words' path needs no stack frame
+    /// (`alloc.rs`, `alloc_hooked`).
+    ///
+    /// `RARE`: `hot` may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`]
+    /// (else those tests are compiled out).
     #[inline(always)]
-    pub(super) fn post_alloc_hook(
+    pub(super) fn post_alloc_hook<const RARE: bool>(
         &self,
         obj: NonNull<u8>,
         hot: HotFlags,
         tag: &impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
-    ) {
-        if !hot.intersects(HotFlags::POST_ALLOC) {
-            // Only kmemtrace (or a sample's bit): a keyed cache, nothing
-            // more to do here.
-            // SAFETY: just taken from our magazines or slab layer.
+    ) -> Result<NonNull<u8>, AllocError> {
+        if RARE && hot.intersects(HotFlags::POST_ALLOC_RARE) {
+            self.post_alloc_rare(obj, hot, bytes_req);
+        } else {
+            // SAFETY: just taken from our magazines or slab layer; a keyed
+            // cache.
             unsafe { double_free::clear_key(obj) };
-            return;
         }
+        #[cfg(feature = "alloc-profiling")]
+        if hot.contains(HotFlags::PROFILING)
+            && let Some(tag) = tag()
+            && !self.profiling_alloc_hook::<RARE>(obj, hot, tag)
+        {
+            return self.post_alloc_profiling_cold(obj, hot, tag, bytes_req);
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = tag;
+        self.alloc_event(Ok(obj), hot, bytes_req)
+    }
+
+    /// The rest of [`Self::post_alloc_hook`] when profiling's common case
+    /// did not apply ([`Self::profiling_alloc_cold`]: a bufctl cache, the
+    /// platform's charge hook, a slab's first tagged object).
+    #[cfg(feature = "alloc-profiling")]
+    #[cold]
+    #[inline(never)]
+    fn post_alloc_profiling_cold(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        tag: AllocTagRef,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        self.profiling_alloc_cold(obj, hot, tag);
+        self.alloc_event(Ok(obj), hot, bytes_req)
+    }
+
+    /// The rare part of [`Self::post_alloc_hook`]: the free key cleared
+    /// (or a keyless cache's mark), the debug checks and trailer, the
+    /// trace record.
+    #[cold]
+    #[inline(never)]
+    fn post_alloc_rare(&self, obj: NonNull<u8>, hot: HotFlags, bytes_req: usize) {
         if hot.contains(HotFlags::KEYLESS) {
             // SAFETY: just taken from our magazines or slab layer.
             unsafe { self.key_allocated(obj) };
@@ -109,32 +151,66 @@ impl<P: Platform> KmemCache<P> {
         if hot.contains(HotFlags::DEBUG) {
             self.debug_alloc_hook(obj, bytes_req);
         }
-        #[cfg(feature = "alloc-profiling")]
-        if hot.contains(HotFlags::PROFILING)
-            && let Some(tag) = tag()
-        {
-            self.profiling_alloc_hook(obj, hot, tag);
-        }
-        #[cfg(not(feature = "alloc-profiling"))]
-        let _ = tag;
         if hot.contains(HotFlags::TRACED) {
             self.trace_alloc(obj);
         }
     }
 
-    /// kmemtrace: the allocation's event (an alloc, or a failed alloc),
-    /// into this CPU's ring of the owner's recorder (handed down at
-    /// creation: [`KmemCache::recorder`]). A `kmem_cache_alloc` when
-    /// `bytes_req` is 0, else a kmalloc of `bytes_req` bytes.
+    /// The allocation's way out: its kmemtrace event if this cache is
+    /// recorded, and `result` handed back. The event of an object is a
+    /// tail call that hands the object back as the result
+    /// ([`Self::kmemtrace_alloc_hook`]): nothing is kept across it, so the usual words' path needs no stack
+    /// frame (`alloc.rs`, `alloc_hooked`).
     #[inline(always)]
-    pub(super) fn kmemtrace_alloc_hook(
+    pub(super) fn alloc_event(
         &self,
         result: Result<NonNull<u8>, AllocError>,
+        hot: HotFlags,
         bytes_req: usize,
-    ) {
+    ) -> Result<NonNull<u8>, AllocError> {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            return match result {
+                Ok(obj) => self.kmemtrace_alloc_hook(obj, bytes_req),
+                Err(error) => self.kmemtrace_failed_alloc(error, bytes_req),
+            };
+        }
+        result
+    }
+
+    /// kmemtrace: the allocation's event, into this CPU's ring of the
+    /// owner's recorder (handed down at creation: [`KmemCache::recorder`]).
+    /// Returns `Ok(obj)`.
+    #[inline(never)]
+    fn kmemtrace_alloc_hook(
+        &self,
+        obj: NonNull<u8>,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let ptr = self.kmemtrace_alloc_event(obj.as_ptr() as usize, bytes_req);
+        // SAFETY: the recorder hands `obj`'s address back.
+        Ok(unsafe { NonNull::new_unchecked(ptr as *mut u8) })
+    }
+
+    /// kmemtrace: a failed allocation's event; returns the error.
+    #[cold]
+    #[inline(never)]
+    fn kmemtrace_failed_alloc(
+        &self,
+        error: AllocError,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let _ = self.kmemtrace_alloc_event(0, bytes_req);
+        Err(error)
+    }
+
+    /// The event of an allocation of `ptr` (0: a failed one): a
+    /// `kmem_cache_alloc` when `bytes_req` is 0, else a kmalloc of
+    /// `bytes_req` bytes. Returns `ptr`.
+    #[inline(always)]
+    fn kmemtrace_alloc_event(&self, ptr: usize, bytes_req: usize) -> usize {
         const CACHE_TO_KMALLOC: u64 =
             head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-        let kind = if result.is_ok() {
+        let kind = if ptr != 0 {
             EventKind::Alloc
         } else {
             EventKind::FailedAlloc
@@ -147,58 +223,40 @@ impl<P: Platform> KmemCache<P> {
         };
         self.recorder().record::<P>(EventFields {
             head,
-            ptr: result.map_or(0, |obj| obj.as_ptr() as usize),
+            ptr,
             bytes_req,
             bytes_alloc: self.params.obj_size,
-        });
+        })
     }
 
     /// Before a free goes to the magazines (Linux `slab_free_hook`): the
-    /// checks that can refuse (each refusal reported: bootstrap caches, a
-    /// bufctl object not busy, a debug cache's state word), the debug
-    /// trailer, then the trace record removed and the tag uncharged (only
-    /// once every check passed: a refused free changes nothing).
+    /// rare hooks in one cold call (the checks that can refuse, the trace
+    /// record removed), then the tag uncharged (profiling; only once
+    /// every check passed: a refused free changes nothing). A profiled
+    /// cache pays one flag test for the rare ones.
     ///
     /// # Safety
     /// As for [`Self::free_hooked`].
+    ///
+    /// `RARE`: `hot` may have a bit of [`HotFlags::FREE_HOOKED_RARE`] and
+    /// `slab` may be null (else that test is compiled out).
     #[inline(always)]
-    pub(super) unsafe fn free_hook(
+    pub(super) unsafe fn free_hook<const RARE: bool>(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
         index: usize,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        if !hot.intersects(HotFlags::FREE_HOOK) && !slab.is_null() {
-            // Only kmemtrace: nothing to check or undo here.
-            return Ok(());
-        }
-        let addr = obj.as_ptr() as usize;
-        if hot.intersects(HotFlags::BOOTSTRAP | HotFlags::DEBUG | HotFlags::BUFCTL_TAGGED)
-            || (self.kind == SlabKind::Bufctl && slab.is_null())
-        {
-            #[cfg_attr(
-                not(feature = "alloc-profiling"),
-                allow(unused_variables, reason = "the bufctl's tag")
-            )]
+        if RARE && (hot.intersects(HotFlags::FREE_HOOK_RARE) || slab.is_null()) {
             // SAFETY: per our caller.
-            let bufctl_tag = unsafe { self.free_checks(obj, slab, hot) }?;
-            #[cfg(feature = "alloc-profiling")]
-            if let Some(token) = bufctl_tag {
-                // SAFETY: the bufctl's token, stored at the alloc and taken
-                // (cleared) by the checks: uncharged once.
-                unsafe {
-                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
-                };
-            }
-        }
-        if hot.contains(HotFlags::EVER_TRACED) {
-            self.trace_free(addr);
+            unsafe { self.free_hook_rare(obj, slab, hot) }?;
         }
         #[cfg(feature = "alloc-profiling")]
-        if hot.contains(HotFlags::TAGGED) && self.kind == SlabKind::Small {
+        if hot.contains(HotFlags::TAGGED) {
+            debug_assert!(self.kind == SlabKind::Small, "TAGGED is a small cache's");
             // SAFETY: per our caller, object `index` of the live small
-            // slab `slab`, given up.
+            // slab `slab` (only small caches are `TAGGED`), given up.
             unsafe { self.profiling_free_hook(obj, slab, index, hot) };
         }
         #[cfg(not(feature = "alloc-profiling"))]
@@ -206,25 +264,25 @@ impl<P: Platform> KmemCache<P> {
         Ok(())
     }
 
-    /// The checks of [`Self::free_hook`] that can refuse: bootstrap
-    /// caches, a bufctl object that is not busy, a debug cache's state
-    /// word. Returns the bufctl's tag (profiling), taken.
+    /// The rare part of [`Self::free_hook`]: the checks that can refuse
+    /// (each refusal reported: bootstrap caches, a bufctl object that is
+    /// not busy, a debug cache's state word), a bufctl object's tag
+    /// uncharged, the trace record removed.
     ///
     /// # Safety
     /// As for [`Self::free_hooked`].
     #[cold]
     #[inline(never)]
-    unsafe fn free_checks(
+    unsafe fn free_hook_rare(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
         hot: HotFlags,
-    ) -> Result<Option<AllocTagRef>, FreeError> {
+    ) -> Result<(), FreeError> {
         let addr = obj.as_ptr() as usize;
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Err(self.refuse(FreeError::NotAllocated { addr }));
         }
-        let mut bufctl_tag = None;
         if self.kind == SlabKind::Bufctl
             && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
         {
@@ -240,14 +298,26 @@ impl<P: Platform> KmemCache<P> {
                     FreeError::DoubleFree { addr }
                 }));
             };
-            bufctl_tag = tag;
+            #[cfg(feature = "alloc-profiling")]
+            if let Some(token) = tag {
+                // SAFETY: the bufctl's token, stored at the alloc and taken
+                // (cleared) just now: uncharged once.
+                unsafe {
+                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
+                };
+            }
+            #[cfg(not(feature = "alloc-profiling"))]
+            let _ = tag;
         }
         if hot.contains(HotFlags::DEBUG) {
             // SAFETY: an object start of ours (the owner check, or the
             // hash above off the primary source), given up by the caller.
             unsafe { self.debug_free_hook(addr, slab) }?;
         }
-        Ok(bufctl_tag)
+        if hot.contains(HotFlags::EVER_TRACED) {
+            self.trace_free(addr);
+        }
+        Ok(())
     }
 
     /// kmemtrace: whether the free and its event run with interrupts
@@ -271,11 +341,57 @@ impl<P: Platform> KmemCache<P> {
         (!suspect).then(IrqGuard::<P>::new)
     }
 
-    /// kmemtrace: the free's event (a free, or a refused one), as
-    /// [`Self::kmemtrace_alloc_hook`]. Frees to kmalloc caches are
+    /// The free's way out: its kmemtrace event if this cache is recorded
+    /// ([`Self::kmemtrace_free_hook`], a tail call), the interrupt guard
+    /// `irq` dropped after it, and `result` handed back.
+    #[inline(always)]
+    pub(super) fn free_event(
+        &self,
+        obj: NonNull<u8>,
+        result: Result<(), FreeError>,
+        hot: HotFlags,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            return self.kmemtrace_free_hook(obj, result, irq);
+        }
+        drop(irq);
+        result
+    }
+
+    /// kmemtrace: the free's event (a free, or a refused one), then `irq`
+    /// dropped; returns `result`. Out of line: its caller's tail call.
+    #[inline(never)]
+    fn kmemtrace_free_hook(
+        &self,
+        obj: NonNull<u8>,
+        result: Result<(), FreeError>,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        self.kmemtrace_free_event(obj, result.is_ok());
+        drop(irq);
+        result
+    }
+
+    /// [`Self::kmemtrace_free_hook`] of a free that went through: its
+    /// `Ok` is made here, so the caller passes nothing in memory (the
+    /// usual words' free, `free.rs`).
+    #[inline(never)]
+    pub(super) fn kmemtrace_freed(
+        &self,
+        obj: NonNull<u8>,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        self.kmemtrace_free_event(obj, true);
+        drop(irq);
+        Ok(())
+    }
+
+    /// The event of a free (a refused one unless `ok`), as
+    /// [`Self::kmemtrace_alloc_event`]. Frees to kmalloc caches are
     /// `kfree`s (the cache's free head says which).
     #[inline(always)]
-    pub(super) fn kmemtrace_free_hook(&self, obj: NonNull<u8>, ok: bool) {
+    fn kmemtrace_free_event(&self, obj: NonNull<u8>, ok: bool) {
         let kind = if ok {
             EventKind::Free
         } else {
@@ -287,7 +403,7 @@ impl<P: Platform> KmemCache<P> {
             EventType::Cache
         };
         let head = EventFields::head(kind, type_id, self.id);
-        self.recorder().record::<P>(EventFields {
+        let _ = self.recorder().record::<P>(EventFields {
             head,
             ptr: obj.as_ptr() as usize,
             bytes_req: 0,

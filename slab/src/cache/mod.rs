@@ -39,7 +39,7 @@
 //! `GlobalAlloc::dealloc` ► `locate_allocated`
 //! (`allocator/kmalloc.rs`), then `free_hit` as above. A debug cache's
 //! free: `cache/free.rs` (`free_hooked`) ► `cache/hooks.rs`
-//! (`free_hook`, `free_checks`) ► `cache/debug.rs` ► the trailer
+//! (`free_hook`, `free_hook_rare`) ► `cache/debug.rs` ► the trailer
 //! (`debug/`).
 //!
 //! **What the one path costs** (callgrind, instructions per operation
@@ -203,18 +203,37 @@ bitflags::bitflags! {
 }
 
 impl HotFlags {
-    /// The bits the post-alloc hook looks at beyond the free key
-    /// (`cache/hooks.rs`).
-    pub(crate) const POST_ALLOC: HotFlags = HotFlags::KEYLESS
+    /// The bits that send a hooked alloc to its cold function
+    /// (`cache/alloc.rs`, `alloc_hooked`): every feature but profiling and
+    /// kmemtrace recording on a keyed small-object cache, and the bits of
+    /// a class or entry with no cache behind it.
+    pub(crate) const ALLOC_HOOKED_RARE: HotFlags = HotFlags::TRACED
         .union(HotFlags::DEBUG)
-        .union(HotFlags::PROFILING)
+        .union(HotFlags::BUFCTL)
+        .union(HotFlags::BOOTSTRAP)
+        .union(HotFlags::UNBORN)
+        .union(HotFlags::KEYLESS)
+        .union(HotFlags::SAMPLE)
+        .union(HotFlags::TAG_HOOKS);
+    /// The bits that send a hooked free to its cold function
+    /// (`cache/free.rs`, `free_hooked`): as [`HotFlags::ALLOC_HOOKED_RARE`].
+    pub(crate) const FREE_HOOKED_RARE: HotFlags = HotFlags::EVER_TRACED
+        .union(HotFlags::DEBUG)
+        .union(HotFlags::BOOTSTRAP)
+        .union(HotFlags::BUFCTL_TAGGED)
+        .union(HotFlags::KEYLESS)
+        .union(HotFlags::TAG_HOOKS);
+    /// The bits of the post-alloc hook's cold part (`cache/hooks.rs`):
+    /// every post-alloc bit but profiling's.
+    pub(crate) const POST_ALLOC_RARE: HotFlags = HotFlags::KEYLESS
+        .union(HotFlags::DEBUG)
         .union(HotFlags::TRACED);
-    /// The bits the free hook looks at (`cache/hooks.rs`).
-    pub(crate) const FREE_HOOK: HotFlags = HotFlags::BOOTSTRAP
+    /// The bits of the free hook's cold part (`cache/hooks.rs`): every
+    /// free-hook bit but profiling's `TAGGED`.
+    pub(crate) const FREE_HOOK_RARE: HotFlags = HotFlags::BOOTSTRAP
         .union(HotFlags::DEBUG)
         .union(HotFlags::BUFCTL_TAGGED)
-        .union(HotFlags::EVER_TRACED)
-        .union(HotFlags::TAGGED);
+        .union(HotFlags::EVER_TRACED);
     /// The bits the pre-alloc hook looks at (`cache/hooks.rs`).
     pub(crate) const PRE_ALLOC: HotFlags = HotFlags::BOOTSTRAP.union(HotFlags::SAMPLE);
     /// The bits that send an allocation off the plain hit.

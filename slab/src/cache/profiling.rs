@@ -14,13 +14,43 @@ use crate::slab::{Slab, small_header};
 
 impl<P: Platform> KmemCache<P> {
     /// The post-alloc hook of profiling (`PROFILING` on, `tag` the
-    /// charge token `tag()` gave): the tag charged and its token stored
-    /// with the object, in its bufctl or in its small slab's side array
-    /// (installed first if the slab has none; nothing charged if none can
-    /// be allocated). The platform's charge hook is called only with
-    /// `TAG_HOOKS` on.
+    /// charge token `tag()` gave), its common case: the tag charged and
+    /// its token stored in the object's slot of its small slab's side
+    /// array. False (nothing done) otherwise: the caller then calls
+    /// [`Self::profiling_alloc_cold`] (a bufctl cache, the platform's
+    /// charge hook on, a slab with no side array yet). `RARE` as for
+    /// [`Self::post_alloc_hook`].
     #[inline(always)]
-    pub(super) fn profiling_alloc_hook(&self, obj: NonNull<u8>, hot: HotFlags, tag: AllocTagRef) {
+    pub(super) fn profiling_alloc_hook<const RARE: bool>(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        tag: AllocTagRef,
+    ) -> bool {
+        if RARE && hot.intersects(HotFlags::BUFCTL | HotFlags::TAG_HOOKS) {
+            return false;
+        }
+        // SAFETY: obj is a busy object of one of our small slabs (just
+        // taken for the caller).
+        let Some(slot) = (unsafe { self.alloc_tag_slot(obj, hot) }) else {
+            return false;
+        };
+        // SAFETY: `tag` is a charge token (the tag closures return the
+        // platform's tokens: alloc_tag::current, explicit).
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
+        // SAFETY: the object's own slot; the object is ours until freed,
+        // and so is its slot.
+        unsafe { slot.write(Some(tag)) };
+        true
+    }
+
+    /// [`Self::profiling_alloc_hook`] off its common case: the tag
+    /// charged (with the platform's charge hook) and its token stored in
+    /// the object's bufctl, or in its small slab's side array (installed
+    /// first if the slab has none; nothing charged if none can be
+    /// allocated).
+    #[inline(always)]
+    pub(super) fn profiling_alloc_cold(&self, obj: NonNull<u8>, hot: HotFlags, tag: AllocTagRef) {
         if self.kind == SlabKind::Bufctl {
             // SAFETY: `tag` is a charge token (the tag closures return the
             // platform's tokens: alloc_tag::current, explicit).
@@ -28,23 +58,7 @@ impl<P: Platform> KmemCache<P> {
             self.bufctl_mark_allocated(obj.as_ptr() as usize, tag);
             return;
         }
-        // SAFETY: obj is a busy object of one of our small slabs (just
-        // taken for the caller).
-        let Some(slot) = (unsafe { self.alloc_tag_slot(obj, hot) }) else {
-            self.tag_small_object(obj, tag, hot);
-            return;
-        };
-        // SAFETY: `tag` is a charge token (as above).
-        unsafe {
-            if hot.contains(HotFlags::TAG_HOOKS) {
-                crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size);
-            } else {
-                P::alloc_tag_charge_token(tag, obj, self.params.obj_size);
-            }
-        }
-        // SAFETY: the object's own slot; the object is ours until freed,
-        // and so is its slot.
-        unsafe { slot.write(Some(tag)) };
+        self.tag_small_object(obj, tag, hot);
     }
 
     /// The free hook of profiling (`TAGGED` on a small-slab cache): the

@@ -57,7 +57,7 @@ impl<P: Platform> Kmem<P> {
     /// or refused. Frees to kmalloc caches are `kfree`s.
     #[inline(always)]
     pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
-        self.kmemtrace.record::<P>(free_event(cache, obj, ok));
+        let _ = self.kmemtrace.record::<P>(free_event(cache, obj, ok));
     }
 
     /// Record a page-granular kmalloc (`None`: it failed).
@@ -84,7 +84,7 @@ impl<P: Platform> Kmem<P> {
         bytes_req: usize,
         bytes_alloc: usize,
     ) {
-        self.kmemtrace.record::<P>(EventFields {
+        let _ = self.kmemtrace.record::<P>(EventFields {
             head: EventFields::head(kind, type_id, cache_id),
             ptr,
             bytes_req,

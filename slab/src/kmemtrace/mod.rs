@@ -389,13 +389,15 @@ impl KmemtraceState {
     /// Record one event from the running CPU. Interrupts are disabled
     /// here (nesting is fine). The event path: no lock (unless stacks are
     /// recorded), no atomic read-modify-write, only this CPU's ring.
+    /// Returns `fields.ptr` (as [`Self::record_on`]).
     #[inline(always)]
-    pub(crate) fn record<P: Platform>(&self, fields: EventFields) {
+    pub(crate) fn record<P: Platform>(&self, fields: EventFields) -> usize {
         let irq = P::irq_save();
         let cpu_offset = P::cpu_offset();
         // SAFETY: interrupts off; the running CPU's offset.
-        let _ = unsafe { self.record_on::<P>(cpu_offset, fields) };
+        let ptr = unsafe { self.record_on::<P>(cpu_offset, fields) };
         P::irq_restore(irq);
+        ptr
     }
 
     /// [`Self::record`] from inside a section that already owns the ring

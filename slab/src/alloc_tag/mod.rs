@@ -85,40 +85,11 @@
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
 
-use crate::allocator::Kmem;
 use crate::platform::Platform;
 
-/// Allocation profiling's switches and tagged allocations for one
-/// allocator, from [`Kmem::profiling`] (feature `alloc-profiling`
-/// for the switches to do anything; see the crate docs).
-#[derive(Clone, Copy)]
-pub struct AllocProfiling<'a, P: Platform> {
-    pub(crate) heap: &'a Kmem<P>,
-}
+mod control;
 
-impl<P: Platform> Kmem<P> {
-    /// Allocation profiling's switches: [`AllocProfiling`].
-    pub fn profiling(&self) -> AllocProfiling<'_, P> {
-        AllocProfiling { heap: self }
-    }
-
-    /// [`AllocProfiling::enabled`](crate::AllocProfiling::enabled).
-    #[inline]
-    pub(crate) fn alloc_profiling(&self) -> bool {
-        cfg!(feature = "alloc-profiling")
-            && self
-                .alloc_profiling
-                .load(core::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// [`AllocProfiling::tag_hooks`](crate::AllocProfiling::tag_hooks).
-    pub(crate) fn alloc_tag_hooks(&self) -> bool {
-        cfg!(feature = "alloc-profiling")
-            && self
-                .alloc_tag_hooks
-                .load(core::sync::atomic::Ordering::Relaxed)
-    }
-}
+pub use control::AllocProfiling;
 
 /// A reference from an object to its allocation tag (in `magpie-codetag`:
 /// the tag's index in its section plus one; the same type). Never 0: "no
