@@ -549,7 +549,13 @@ fn errors_are_one_line_and_change_nothing() {
         assert_eq!(after, before, "{line:?} changed the kmalloc caches");
         assert_eq!(SLAB.stats().large(), large, "{line:?}");
     }
-    SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{} left tracing", cache.name()));
+    SLAB.for_each_cache(|cache| {
+        assert!(
+            !cache.trace_table().is_on(),
+            "{} left tracing",
+            cache.name()
+        )
+    });
 
     // A tab separates words like a space.
     run_quiet(&mut shell, "kmalloc 64\t2", &mut out);

@@ -919,25 +919,25 @@ fn destroy_with_traced_objects() {
     let cache = SLAB
         .cache_create("test-destroy-tr", 40, &CacheArgs::DEFAULT)
         .expect("cache_create");
-    cache.trace_start().expect("trace_start");
+    cache.trace_table().start().expect("trace_start");
     let a = cache.alloc().expect("alloc");
     let b = cache.alloc().expect("alloc");
-    assert_eq!(cache.trace_stats().nr_records, 2);
+    assert_eq!(cache.trace_table().stats().nr_records, 2);
     assert_eq!(
         // SAFETY: refused (Busy): the traced objects and their records stay.
         unsafe { cache.destroy() },
         Err(DestroyError::Busy { nr_allocated: 2 })
     );
     assert_eq!(
-        cache.trace_stats().nr_records,
+        cache.trace_table().stats().nr_records,
         2,
         "a refused destroy keeps the records"
     );
-    cache.trace_stop();
+    cache.trace_table().stop();
     free(cache, a);
     free(cache, b);
     assert_eq!(
-        cache.trace_stats().nr_records,
+        cache.trace_table().stats().nr_records,
         0,
         "frees after stop remove records"
     );

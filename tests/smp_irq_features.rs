@@ -367,7 +367,7 @@ fn every_cpu_allocates_in_its_timer_while_the_heaviest_commands_run_with_every_f
     // The features did their work while the handlers ran.
     let kmemtrace = SLAB.kmemtrace().status();
     let kfence = SLAB.kfence().stats();
-    let traced = cache(KIND_SMALL).trace_stats();
+    let traced = cache(KIND_SMALL).trace_table().stats();
     run(&mut shell, "kmemtrace record stop");
     if let Some(site) = &site {
         run(&mut shell, &format!("allocinfo ctx {site} disable"));

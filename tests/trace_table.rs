@@ -41,8 +41,8 @@ fn create(name: &str) -> &'static Cache {
 }
 
 fn destroy(cache: &'static Cache) {
-    cache.trace_stop();
-    cache.trace_reset();
+    cache.trace_table().stop();
+    cache.trace_table().reset();
     // SAFETY: each test destroys only its own cache, after its last use.
     unsafe { magpie::kmem::cache_destroy(cache) }.expect("destroy");
 }
@@ -119,9 +119,9 @@ fn addrs(objs: &[NonNull<u8>]) -> Vec<usize> {
 }
 
 fn recorded(cache: &Cache) -> Vec<usize> {
-    let mut out = Vec::with_capacity(cache.trace_stats().nr_records + 8);
+    let mut out = Vec::with_capacity(cache.trace_table().stats().nr_records + 8);
     // No allocation inside: the trace lock is held during the callback.
-    cache.trace_for_each(|record| {
+    cache.trace_table().for_each(|record| {
         if out.len() < out.capacity() {
             out.push(record.addr);
         }
@@ -139,19 +139,19 @@ fn print_shows_exactly_the_live_traced_objects() {
     let mut untraced = Vec::with_capacity(2);
     allocate_for_trace_test(cache, 2, &mut untraced);
     assert_eq!(
-        cache.trace_stats().nr_records,
+        cache.trace_table().stats().nr_records,
         0,
         "tracing is off by default"
     );
 
-    cache.trace_start().expect("trace_start");
-    assert!(cache.is_tracing());
+    cache.trace_table().start().expect("trace_start");
+    assert!(cache.trace_table().is_on());
     let mut objs = Vec::with_capacity(NR_ALLOCS);
     {
         let _context = magpie::tracing::context::enter_context("trace test");
         allocate_for_trace_test(cache, NR_ALLOCS, &mut objs);
     }
-    assert_eq!(cache.trace_stats().nr_records, NR_ALLOCS);
+    assert_eq!(cache.trace_table().stats().nr_records, NR_ALLOCS);
     // Free M of them, not in allocation order.
     let mut live = Vec::new();
     let mut nr_freed = 0;
@@ -166,7 +166,7 @@ fn print_shows_exactly_the_live_traced_objects() {
     assert_eq!(nr_freed, 4);
     // Freeing an untraced object touches no record.
     free(cache, untraced.pop().unwrap());
-    assert_eq!(cache.trace_stats().nr_records, NR_ALLOCS - nr_freed);
+    assert_eq!(cache.trace_table().stats().nr_records, NR_ALLOCS - nr_freed);
     assert_eq!(
         recorded(cache),
         addrs(&live),
@@ -248,7 +248,9 @@ fn print_shows_exactly_the_live_traced_objects() {
 
     // The record's first frame symbolizes to the same function.
     let mut first_frame = 0;
-    cache.trace_for_each(|record| first_frame = record.frames()[0]);
+    cache
+        .trace_table()
+        .for_each(|record| first_frame = record.frames()[0]);
     let (name, offset) = magpie::debug::symbols::lookup(first_frame).expect("symbol");
     assert!(
         format!("{}", magpie::debug::symbols::demangled(name)).ends_with("allocate_for_trace_test")
@@ -258,7 +260,7 @@ fn print_shows_exactly_the_live_traced_objects() {
     for obj in live.into_iter().chain(untraced) {
         free(cache, obj);
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
     let text = print_cache("trace-a");
     assert!(parse_blocks(&text).is_empty(), "{text}");
     assert!(text.contains("0 outstanding objects in trace-a"), "{text}");
@@ -269,7 +271,7 @@ fn print_shows_exactly_the_live_traced_objects() {
 fn objects_resting_in_magazines_are_not_records() {
     let cache = create("trace-mag");
     let mut objs = Vec::with_capacity(4);
-    cache.trace_start().expect("trace_start");
+    cache.trace_table().start().expect("trace_start");
     allocate_for_trace_test(cache, 4, &mut objs);
     for obj in objs.drain(..) {
         free(cache, obj);
@@ -280,7 +282,7 @@ fn objects_resting_in_magazines_are_not_records() {
         "{stats:?}"
     );
     assert_eq!(
-        cache.trace_stats().nr_records,
+        cache.trace_table().stats().nr_records,
         0,
         "rounds in magazines are not outstanding"
     );
@@ -301,20 +303,24 @@ fn objects_resting_in_magazines_are_not_records() {
 #[test_case]
 fn stop_keeps_records_until_their_objects_are_freed() {
     let cache = create("trace-stop");
-    cache.trace_start().expect("trace_start");
+    cache.trace_table().start().expect("trace_start");
     let mut traced = Vec::with_capacity(5);
     allocate_for_trace_test(cache, 5, &mut traced);
-    cache.trace_stop();
-    assert!(!cache.is_tracing());
+    cache.trace_table().stop();
+    assert!(!cache.trace_table().is_on());
     let mut untraced = Vec::with_capacity(3);
     allocate_for_trace_test(cache, 3, &mut untraced);
-    assert_eq!(cache.trace_stats().nr_records, 5, "no records after stop");
-    assert!(!cache.trace_stats().tracing);
+    assert_eq!(
+        cache.trace_table().stats().nr_records,
+        5,
+        "no records after stop"
+    );
+    assert!(!cache.trace_table().stats().tracing);
 
     // "Ever traced": frees after stop still remove records.
     free(cache, traced.remove(1));
     free(cache, traced.remove(2));
-    assert_eq!(cache.trace_stats().nr_records, 3);
+    assert_eq!(cache.trace_table().stats().nr_records, 3);
     assert_eq!(recorded(cache), addrs(&traced));
     for obj in untraced.drain(..) {
         free(cache, obj);
@@ -336,13 +342,13 @@ fn stop_keeps_records_until_their_objects_are_freed() {
     );
 
     // Start again: recording resumes, the old records are kept.
-    cache.trace_start().expect("trace_start again");
+    cache.trace_table().start().expect("trace_start again");
     allocate_for_trace_test(cache, 1, &mut traced);
     assert_eq!(recorded(cache), addrs(&traced));
     for obj in traced.drain(..) {
         free(cache, obj);
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
     destroy(cache);
 }
 
@@ -354,16 +360,16 @@ fn reset_drops_all_records() {
         run(&mut shell, "kmemtrace start trace-reset"),
         "tracing trace-reset\n"
     );
-    assert!(cache.is_tracing());
+    assert!(cache.trace_table().is_on());
     let mut objs = Vec::with_capacity(7);
     allocate_for_trace_test(cache, 7, &mut objs);
-    assert_eq!(cache.trace_stats().nr_records, 7);
+    assert_eq!(cache.trace_table().stats().nr_records, 7);
     assert_eq!(
         run(&mut shell, "kmemtrace reset trace-reset"),
         "dropped 7 records from trace-reset\n"
     );
-    assert_eq!(cache.trace_stats().nr_records, 0);
-    assert!(cache.is_tracing(), "reset leaves tracing on");
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
+    assert!(cache.trace_table().is_on(), "reset leaves tracing on");
     let text = print_cache("trace-reset");
     assert!(parse_blocks(&text).is_empty(), "{text}");
     // The objects are still allocated and free normally.
@@ -380,11 +386,11 @@ fn reset_drops_all_records() {
         run(&mut shell, "kmemtrace stop trace-reset"),
         "stopped tracing trace-reset\n"
     );
-    assert!(!cache.is_tracing());
+    assert!(!cache.trace_table().is_on());
     for obj in objs.drain(..).chain([kept]) {
         free(cache, obj);
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
     destroy(cache);
 }
 
@@ -401,15 +407,19 @@ fn notrace_caches_are_refused() {
     ] {
         let cache = SLAB.find_cache(name).unwrap_or_else(|| panic!("no {name}"));
         assert!(cache.flags().contains(CacheFlags::NOTRACE), "{name}");
-        assert_eq!(cache.trace_start(), Err(TraceError::NoTrace), "{name}");
-        assert!(!cache.is_tracing(), "{name}");
+        assert_eq!(
+            cache.trace_table().start(),
+            Err(TraceError::NoTrace),
+            "{name}"
+        );
+        assert!(!cache.trace_table().is_on(), "{name}");
         let out = run(&mut shell, &format!("kmemtrace start {name}"));
         assert_eq!(out.lines().count(), 1, "{out}");
         assert!(
             out.starts_with(&format!("error: cannot trace {name}")),
             "{out}"
         );
-        assert!(!cache.is_tracing(), "{name}");
+        assert!(!cache.trace_table().is_on(), "{name}");
     }
     let own = SLAB
         .cache_create(
@@ -421,9 +431,9 @@ fn notrace_caches_are_refused() {
             },
         )
         .expect("cache_create");
-    assert_eq!(own.trace_start(), Err(TraceError::NoTrace));
+    assert_eq!(own.trace_table().start(), Err(TraceError::NoTrace));
     let obj = own.alloc().expect("a NOTRACE cache still allocates");
-    assert_eq!(own.trace_stats().nr_records, 0);
+    assert_eq!(own.trace_table().stats().nr_records, 0);
     free(own, obj);
     // SAFETY: our cache, unused from here on.
     unsafe { magpie::kmem::cache_destroy(own) }.expect("destroy");
@@ -436,9 +446,13 @@ fn start_all_skips_notrace_caches() {
     let mut nr_traceable = 0;
     SLAB.for_each_cache(|cache| {
         if cache.flags().contains(CacheFlags::NOTRACE) {
-            assert!(!cache.is_tracing(), "{} is NOTRACE", cache.name());
+            assert!(!cache.trace_table().is_on(), "{} is NOTRACE", cache.name());
         } else {
-            assert!(cache.is_tracing(), "{} not started by 'all'", cache.name());
+            assert!(
+                cache.trace_table().is_on(),
+                "{} not started by 'all'",
+                cache.name()
+            );
             nr_traceable += 1;
         }
     });
@@ -449,9 +463,16 @@ fn start_all_skips_notrace_caches() {
     );
     let out = run(&mut shell, "kmemtrace stop all");
     assert_eq!(out, "stopped tracing all\n");
-    SLAB.for_each_cache(|cache| assert!(!cache.is_tracing(), "{}", cache.name()));
+    SLAB.for_each_cache(|cache| assert!(!cache.trace_table().is_on(), "{}", cache.name()));
     run(&mut shell, "kmemtrace reset all");
-    SLAB.for_each_cache(|cache| assert_eq!(cache.trace_stats().nr_records, 0, "{}", cache.name()));
+    SLAB.for_each_cache(|cache| {
+        assert_eq!(
+            cache.trace_table().stats().nr_records,
+            0,
+            "{}",
+            cache.name()
+        )
+    });
 }
 
 #[test_case]
@@ -492,8 +513,8 @@ fn print_all_shows_only_caches_with_records() {
 fn caches_trace_independently() {
     let a = create("trace-ind-a");
     let b = create("trace-ind-b");
-    a.trace_start().expect("trace a");
-    b.trace_start().expect("trace b");
+    a.trace_table().start().expect("trace a");
+    b.trace_table().start().expect("trace b");
     let (mut in_a, mut in_b) = (Vec::with_capacity(4), Vec::with_capacity(3));
     allocate_for_trace_test(a, 4, &mut in_a);
     allocate_for_trace_test(b, 3, &mut in_b);
@@ -502,10 +523,10 @@ fn caches_trace_independently() {
 
     free(a, in_a.pop().unwrap());
     assert_eq!(recorded(b), addrs(&in_b), "a free to a touches b's records");
-    a.trace_stop();
-    assert!(b.is_tracing(), "stopping a stops b");
-    a.trace_reset();
-    assert_eq!(a.trace_stats().nr_records, 0);
+    a.trace_table().stop();
+    assert!(b.trace_table().is_on(), "stopping a stops b");
+    a.trace_table().reset();
+    assert_eq!(a.trace_table().stats().nr_records, 0);
     assert_eq!(recorded(b), addrs(&in_b), "resetting a drops b's records");
 
     let text_b = print_cache("trace-ind-b");
@@ -522,7 +543,7 @@ fn caches_trace_independently() {
     for obj in in_b.drain(..) {
         free(b, obj);
     }
-    assert_eq!(b.trace_stats().nr_records, 0);
+    assert_eq!(b.trace_table().stats().nr_records, 0);
     destroy(b);
     destroy(a);
 }
@@ -562,8 +583,8 @@ fn shell_kmalloc_traced_in_kmalloc_64() {
     assert!(text.contains(&summary), "{text}");
 
     run(&mut shell, "kfree all");
-    let mut still = Vec::with_capacity(cache.trace_stats().nr_records + 8);
-    cache.trace_for_each(|record| {
+    let mut still = Vec::with_capacity(cache.trace_table().stats().nr_records + 8);
+    cache.trace_table().for_each(|record| {
         if still.len() < still.capacity() {
             still.push(record.addr)
         }
@@ -576,5 +597,5 @@ fn shell_kmalloc_traced_in_kmalloc_64() {
         "stopped tracing kmalloc-64\n"
     );
     run(&mut shell, "kmemtrace reset kmalloc-64");
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
 }

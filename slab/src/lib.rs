@@ -702,7 +702,7 @@ pub struct AdoptingDoctests;
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
-pub use cache::{DestroyReport, KmemCache};
+pub use cache::{CacheTrace, DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use flags::CacheFlags;

@@ -8,8 +8,8 @@
 //! outstanding. Objects resting in magazines or the depot are not callers'
 //! objects and are never recorded.
 //!
-//! - `trace_start` on a `NOTRACE` cache is refused.
-//! - After `trace_stop`, frees still remove records: the cache is "ever
+//! - `start` ([`CacheTrace::start`](crate::CacheTrace::start)) on a `NOTRACE` cache is refused.
+//! - After `stop`, frees still remove records: the cache is "ever
 //!   traced" and its free path keeps looking records up. A cache that was
 //!   never traced pays one flag test per alloc and per free.
 //! - Records come from the `NOTRACE` `kmem_trace` bootstrap cache; a record

@@ -164,7 +164,7 @@ pub unsafe fn cache_destroy(
     let report = match unsafe { cache.destroy() } {
         Ok(report) => report,
         Err(error) => {
-            let nr_records = cache.trace_stats().nr_records;
+            let nr_records = cache.trace_table().stats().nr_records;
             if nr_records > 0 {
                 log::warn!(
                     "kmem_cache_destroy: {} refused ({error}); {nr_records} traced object(s) never freed: \

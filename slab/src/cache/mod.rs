@@ -129,6 +129,7 @@ pub(crate) use alloc::unready;
 pub(crate) use double_free::{boot_free_key, key_after};
 pub(crate) use free::{Located, obj_index_with};
 pub(crate) use owner::{CacheOwner, OwnerCache};
+pub use trace_table::CacheTrace;
 
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;

@@ -93,7 +93,7 @@ impl TracePrintBuffer {
     fn copy_next<P: Platform>(&mut self, cache: &KmemCache<P>, cursor: Option<usize>) -> usize {
         let mut len = 0;
         let Self { records, order, .. } = self;
-        cache.trace_for_each(|record: &TraceRecord| {
+        cache.trace_table().for_each(|record: &TraceRecord| {
             if cursor.is_some_and(|cursor| record.addr <= cursor) {
                 return;
             }
@@ -219,7 +219,7 @@ pub fn trace_print<P: Platform>(
             break;
         }
     }
-    let stats = cache.trace_stats();
+    let stats = cache.trace_table().stats();
     let sites = &mut buffer.sites;
     let nr_sites = sites.iter().take_while(|site| site.nr_objects > 0).count();
     let sites = &mut sites[..nr_sites];
@@ -280,7 +280,7 @@ pub fn trace_print_all<P: Platform>(
     let mut index = 0;
     let mut nr_quiet = 0usize;
     while let Some(cache) = nth_cache(allocator, index) {
-        let stats = cache.trace_stats();
+        let stats = cache.trace_table().stats();
         if stats.nr_records != 0 || stats.nr_dropped != 0 {
             trace_print(out, cache, buffer, format)?;
         } else if stats.tracing {

@@ -109,7 +109,7 @@ fn every_alloc_error_variant_survives_every_alloc_path() {
             },
         )
         .unwrap();
-    traced.trace_start().unwrap();
+    traced.trace_table().start().unwrap();
     // A kmalloc class with no slab yet: the reap below empties them all.
     alloc.reap_all();
     for error in ALL {

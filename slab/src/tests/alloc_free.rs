@@ -142,7 +142,7 @@ fn bootstrap_and_kmalloc_caches_are_listed_in_order() {
         let cache = alloc.find_cache(name).unwrap();
         assert!(cache.flags().contains(CacheFlags::NOTRACE));
         assert!(cache.is_bootstrap());
-        assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
+        assert_eq!(cache.trace_table().start(), Err(TraceError::NoTrace));
         // SAFETY: never destroyed: refused.
         assert_eq!(unsafe { cache.destroy() }, Err(DestroyError::Permanent));
         assert!(cache.alloc().is_err());

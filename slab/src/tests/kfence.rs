@@ -478,7 +478,7 @@ fn samples_count_in_their_caches_statistics_and_traced_caches_are_not_sampled() 
     assert_eq!(cache.stats().nr_allocated, 1);
     obj.free().unwrap();
     assert_eq!(cache.stats().nr_allocated, 0);
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     assert!(
         !alloc.kfence().force_sample_of(cache, None),
         "a traced cache is not sampled"
@@ -584,7 +584,7 @@ fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
         .unwrap();
     let mut traced = Vec::new();
     alloc.for_each_cache(|cache| {
-        if !cache.is_bootstrap() && cache.trace_start().is_ok() {
+        if !cache.is_bootstrap() && cache.trace_table().start().is_ok() {
             traced.push(cache);
         }
     });
@@ -601,8 +601,8 @@ fn a_sample_armed_while_no_cache_is_eligible_is_taken_later() {
     );
     drop(objs);
     for other in &traced {
-        other.trace_stop();
-        other.trace_reset();
+        other.trace_table().stop();
+        other.trace_table().reset();
     }
     KFENCE_CLOCK.fetch_add(200_000_000, Ordering::Relaxed);
     let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();

@@ -247,7 +247,7 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
     })
     .collect();
     for cache in &caches {
-        cache.trace_start().expect("trace");
+        cache.trace_table().start().expect("trace");
     }
     alloc
         .kmemtrace()
@@ -313,8 +313,12 @@ fn the_allocators_locks_pass_lockdep_under_interrupts_with_every_feature() {
     for cache in caches {
         assert_eq!(cache.stats().nr_allocated, 0);
         assert_eq!(cache.verify().nr_problems, 0);
-        cache.trace_stop();
-        assert_eq!(cache.trace_stats().nr_records, 0, "every record removed");
+        cache.trace_table().stop();
+        assert_eq!(
+            cache.trace_table().stats().nr_records,
+            0,
+            "every record removed"
+        );
     }
     assert!(alloc.debug().nr_errors() > 0, "bad frees were reported");
     let _ = source;

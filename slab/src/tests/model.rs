@@ -110,10 +110,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else if caches.len() < 8 {
                     let cache = result.unwrap();
                     prop_assert!(cache.align() >= align);
-                    if cache.trace_start().is_ok() && size % 3 == 0 {
+                    if cache.trace_table().start().is_ok() && size % 3 == 0 {
                         // Trace some caches to exercise the hooks.
                     } else {
-                        cache.trace_stop();
+                        cache.trace_table().stop();
                     }
                     caches.push(cache);
                     model_live.push(0);
@@ -192,7 +192,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             let st = cache.stats();
             prop_assert_eq!(st.nr_allocated, model_live[c]);
             constructed += (st.nr_allocated + st.nr_cpu_cached_objs + st.nr_depot_objs) as u64;
-            let trace = cache.trace_stats();
+            let trace = cache.trace_table().stats();
             prop_assert!(trace.nr_records <= st.nr_allocated);
         }
         let nr_ctors = NR_CTORS.with(|c| c.get());

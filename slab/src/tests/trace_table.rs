@@ -24,8 +24,8 @@ fn records_exactly_the_outstanding_objects() {
             .unwrap();
         // Objects allocated before tracing are not recorded...
         let early = cache.alloc_box().unwrap();
-        cache.trace_start().unwrap();
-        assert!(cache.is_tracing());
+        cache.trace_table().start().unwrap();
+        assert!(cache.trace_table().is_on());
         let n = 50;
         let m = 20;
         let mut objs: Vec<_> = (0..n).map(|_| cache.alloc_box().unwrap()).collect();
@@ -34,12 +34,12 @@ fn records_exactly_the_outstanding_objects() {
         }
         // ...and freeing them is harmless.
         early.free().unwrap();
-        let stats = cache.trace_stats();
+        let stats = cache.trace_table().stats();
         assert_eq!(stats.nr_records, n - m);
         assert_eq!(stats.nr_dropped, 0);
         assert!(stats.tracing);
         let mut seen = Vec::new();
-        cache.trace_for_each(|r| {
+        cache.trace_table().for_each(|r| {
             assert_eq!(r.size, size);
             assert_eq!(r.ctx(), FAKE_CONTEXT);
             assert_eq!(r.frames(), &FAKE_FRAMES);
@@ -53,18 +53,18 @@ fn records_exactly_the_outstanding_objects() {
 
         // After stop, new allocations are not recorded but frees still
         // remove old records ("ever traced").
-        cache.trace_stop();
-        assert!(!cache.is_tracing());
+        cache.trace_table().stop();
+        assert!(!cache.trace_table().is_on());
         let untraced = cache.alloc_box().unwrap();
-        assert_eq!(cache.trace_stats().nr_records, n - m);
+        assert_eq!(cache.trace_table().stats().nr_records, n - m);
         for p in objs.drain(..10) {
             p.free().unwrap();
         }
-        assert_eq!(cache.trace_stats().nr_records, n - m - 10);
+        assert_eq!(cache.trace_table().stats().nr_records, n - m - 10);
         untraced.free().unwrap();
 
-        cache.trace_reset();
-        assert_eq!(cache.trace_stats().nr_records, 0);
+        cache.trace_table().reset();
+        assert_eq!(cache.trace_table().stats().nr_records, 0);
         for p in objs {
             p.free().unwrap();
         }
@@ -78,16 +78,16 @@ fn records_exactly_the_outstanding_objects() {
 fn kmalloc_caches_trace_through_kfree() {
     let (alloc, _) = setup_default();
     let cache = alloc.find_cache("kmalloc-128").unwrap();
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     let a = alloc.kmalloc_box(121, 8).unwrap();
     let b = alloc.kmalloc_box(128, 8).unwrap();
     a.free().unwrap();
     let mut addrs = Vec::new();
-    cache.trace_for_each(|r| addrs.push(r.addr));
+    cache.trace_table().for_each(|r| addrs.push(r.addr));
     assert_eq!(addrs, [b.as_ptr().as_ptr() as usize]);
-    cache.trace_stop();
+    cache.trace_table().stop();
     b.free().unwrap();
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
 }
 
 #[test]
@@ -104,10 +104,14 @@ fn notrace_is_refused() {
             },
         )
         .unwrap();
-    assert_eq!(cache.trace_start(), Err(TraceError::NoTrace));
-    assert!(!cache.is_tracing());
+    assert_eq!(cache.trace_table().start(), Err(TraceError::NoTrace));
+    assert!(!cache.trace_table().is_on());
     assert_eq!(
-        alloc.find_cache("kmem_trace").unwrap().trace_start(),
+        alloc
+            .find_cache("kmem_trace")
+            .unwrap()
+            .trace_table()
+            .start(),
         Err(TraceError::NoTrace)
     );
 }
@@ -138,19 +142,19 @@ fn dropped_records_are_counted() {
     }
     // kmem_trace has no slab (nothing was ever traced): it needs a page.
     assert_eq!(alloc.find_cache("kmem_trace").unwrap().stats().nr_slabs, 0);
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     source.set_fail(true);
     let objs: Vec<_> = (0..5).map(|_| cache.alloc_box().unwrap()).collect();
     source.set_fail(false);
-    let stats = cache.trace_stats();
+    let stats = cache.trace_table().stats();
     assert_eq!((stats.nr_records, stats.nr_dropped), (0, 5));
     let more = cache.alloc_box().unwrap();
-    assert_eq!(cache.trace_stats().nr_records, 1);
+    assert_eq!(cache.trace_table().stats().nr_records, 1);
     for p in objs.into_iter().chain([more]) {
         p.free().unwrap();
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
-    assert_eq!(cache.trace_stats().nr_dropped, 5);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_dropped, 5);
 }
 
 #[test]
@@ -168,14 +172,14 @@ fn destroy_reports_leftover_records() {
             },
         )
         .unwrap();
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     let objs: Vec<_> = (0..3).map(|_| cache.alloc_box().unwrap()).collect();
     let p = objs[0].as_ptr();
     // SAFETY: refused while busy.
     assert!(unsafe { cache.destroy() }.is_err());
-    assert_eq!(cache.trace_stats().nr_records, 3);
-    cache.trace_reset();
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 3);
+    cache.trace_table().reset();
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
     for obj in objs {
         obj.free().unwrap();
     }
@@ -184,7 +188,7 @@ fn destroy_reports_leftover_records() {
     // report it (objs[0]'s address, p).
     // A stale record for an address no longer allocated:
     cache.trace_alloc(p);
-    assert_eq!(cache.trace_stats().nr_records, 1);
+    assert_eq!(cache.trace_table().stats().nr_records, 1);
     // SAFETY: all objects freed; not used afterwards.
     let report = unsafe { cache.destroy() }.unwrap();
     assert_eq!(report.nr_trace_records_dropped, 1);
@@ -207,17 +211,17 @@ fn trace_table_grows_with_many_records() {
         .unwrap();
     alloc.reap_all();
     let baseline = source.pages_outstanding();
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     let objs: Vec<_> = (0..3000).map(|_| cache.alloc_box().unwrap()).collect();
-    assert_eq!(cache.trace_stats().nr_records, 3000);
+    assert_eq!(cache.trace_table().stats().nr_records, 3000);
     assert!(cache.trace.lock().hash.nr_buckets() > crate::layout::hash::INLINE_BUCKETS);
     let mut n = 0;
-    cache.trace_for_each(|_| n += 1);
+    cache.trace_table().for_each(|_| n += 1);
     assert_eq!(n, 3000);
     for p in objs {
         p.free().unwrap();
     }
-    assert_eq!(cache.trace_stats().nr_records, 0);
+    assert_eq!(cache.trace_table().stats().nr_records, 0);
     alloc.reap_all();
     assert_eq!(source.pages_outstanding(), baseline);
 }

@@ -45,22 +45,23 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
         "start" => match one {
             Some(cache) => {
                 cache
-                    .trace_start()
+                    .trace_table()
+                    .start()
                     .map_err(|error| ShellError::Trace(cache.name(), error))?;
                 let _ = writeln!(out, "tracing {}", cache.name());
             }
             None => {
                 // `all`: every cache that may be traced (NOTRACE ones are skipped).
                 let mut started = 0;
-                each(&mut |cache| started += usize::from(cache.trace_start().is_ok()));
+                each(&mut |cache| started += usize::from(cache.trace_table().start().is_ok()));
                 let _ = writeln!(out, "tracing {started} caches (NOTRACE caches skipped)");
             }
         },
         "stop" => {
             let mut nr_stopped = 0;
             each(&mut |cache| {
-                nr_stopped += usize::from(cache.is_tracing());
-                cache.trace_stop();
+                nr_stopped += usize::from(cache.trace_table().is_on());
+                cache.trace_table().stop();
             });
             if nr_stopped == 0 {
                 return Err(shell_error!(
@@ -73,8 +74,8 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
         "reset" => {
             let mut nr_dropped = 0;
             each(&mut |cache| {
-                nr_dropped += cache.trace_stats().nr_records;
-                cache.trace_reset();
+                nr_dropped += cache.trace_table().stats().nr_records;
+                cache.trace_table().reset();
             });
             let _ = writeln!(out, "dropped {nr_dropped} records from {target}");
         }
@@ -83,7 +84,7 @@ pub(super) fn cmd_trace_table<'a>(args: &[&'a str], out: &mut dyn Write) -> Resu
             None => {
                 let (mut nr_traced, mut nr_records) = (0, 0);
                 each(&mut |cache| {
-                    let stats = cache.trace_stats();
+                    let stats = cache.trace_table().stats();
                     nr_traced += usize::from(stats.tracing);
                     nr_records += stats.nr_records;
                 });

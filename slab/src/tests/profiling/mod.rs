@@ -427,7 +427,7 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
             },
         )
         .unwrap();
-    traced.trace_start().unwrap();
+    traced.trace_table().start().unwrap();
     let a = audit.alloc_tagged(Some(tag.tag_ref())).unwrap();
     let t = traced.alloc_tagged(Some(tag.tag_ref())).unwrap();
     assert_eq!(
@@ -437,7 +437,7 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
             calls: 2
         }
     );
-    assert_eq!(traced.trace_stats().nr_records, 1);
+    assert_eq!(traced.trace_table().stats().nr_records, 1);
     // SAFETY: allocated above, freed once; the second free is refused.
     unsafe {
         audit.free(a).unwrap();
@@ -445,7 +445,7 @@ fn audit_and_traced_caches_charge_and_uncharge_too() {
         traced.free(t).unwrap();
     }
     assert_eq!(counts(tag), AllocTagCounts::default());
-    assert_eq!(traced.trace_stats().nr_records, 0);
+    assert_eq!(traced.trace_table().stats().nr_records, 0);
 }
 
 mod side_arrays;

@@ -12,10 +12,10 @@ use crate::tests::support::*;
 fn record_block_is_akaros_kmem_trace() {
     let (alloc, _) = setup_default();
     let cache = plain_cache(alloc, "report-trace", 48);
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     let obj = cache.alloc_box().unwrap();
     let mut record = None;
-    cache.trace_for_each(|r| record = Some(*r));
+    cache.trace_table().for_each(|r| record = Some(*r));
     let record = record.unwrap();
     let mut text = String::new();
     write_trace_record(&mut text, &record, &TestFormat).unwrap();
@@ -30,14 +30,14 @@ fn record_block_is_akaros_kmem_trace() {
         )
     );
     obj.free().unwrap();
-    cache.trace_stop();
+    cache.trace_table().stop();
 }
 
 #[test]
 fn print_streams_every_record_in_address_order_with_a_site_summary() {
     let (alloc, _) = setup_default();
     let cache = plain_cache(alloc, "report-trace-many", 32);
-    cache.trace_start().unwrap();
+    cache.trace_table().start().unwrap();
     // More than one chunk.
     let n = TRACE_PRINT_CHUNK * 2 + 5;
     let objs: Vec<_> = (0..n).map(|_| cache.alloc_box().unwrap()).collect();
@@ -67,7 +67,7 @@ fn print_streams_every_record_in_address_order_with_a_site_summary() {
     for obj in objs {
         obj.free().unwrap();
     }
-    cache.trace_stop();
+    cache.trace_table().stop();
 }
 
 #[test]
@@ -75,8 +75,8 @@ fn print_all_shows_caches_with_records_and_counts_the_quiet_ones() {
     let (alloc, _) = setup_default();
     let busy = plain_cache(alloc, "report-busy", 32);
     let quiet = plain_cache(alloc, "report-quiet", 32);
-    busy.trace_start().unwrap();
-    quiet.trace_start().unwrap();
+    busy.trace_table().start().unwrap();
+    quiet.trace_table().start().unwrap();
     let obj = busy.alloc_box().unwrap();
     let mut buffer = std::boxed::Box::new(TracePrintBuffer::new());
     let mut text = String::new();
