@@ -7,17 +7,21 @@
 //! [`HotFlags::FREE_SLOW`]).
 //!
 //! ```text
-//!  alloc_hooked ─► UNBORN: alloc_unborn (not ready; a class born now)
-//!       ├─► pre_alloc_hook   bootstrap refusal, KFENCE sample
-//!       ├─► the hit, or the miss
-//!       ├─► post_alloc_hook  free key, debug (debug.rs), profiling
-//!       │                    (profiling.rs), trace table (trace_table.rs)
-//!       └─► kmemtrace_alloc_hook  the event (ok or failed)
-//!  free_hooked  ─► kmemtrace_free_guard (interrupts off for the event)
-//!       ├─► free_hook        bootstrap refusal, bufctl state, debug,
-//!       │                    trace record, tag uncharged
-//!       ├─► the hit, or the miss
-//!       └─► kmemtrace_free_hook  the event (ok or refused)
+//!  alloc_hooked ─► usual words on a hit: post_alloc_hook inline
+//!       └─► else alloc_hooked_cold:
+//!             UNBORN: alloc_unborn (not ready; a class born now)
+//!             pre_alloc_hook   bootstrap refusal, KFENCE sample
+//!             the hit, or the miss
+//!             post_alloc_hook  free key; cold: keyless mark, debug
+//!                              (debug.rs), trace table (trace_table.rs);
+//!                              profiling (profiling.rs)
+//!  every way out: alloc_event   the kmemtrace event (ok or failed)
+//!  free_hooked  ─► usual words: free_hook inline, the hit
+//!       │          (free_recorded: with interrupts off for the event)
+//!       └─► else free_hooked_cold: kmemtrace_free_guard, free_hook
+//!             (cold: bootstrap refusal, bufctl state, debug, trace
+//!             record; the tag uncharged), the hit or the miss
+//!  every way out: free_event    the kmemtrace event (ok or refused)
 //! ```
 //!
 //! What a hook needs from the allocator (KFENCE's pool, the kmemtrace
@@ -84,8 +88,8 @@ impl<P: Platform> KmemCache<P> {
     /// key cleared, the tag charged and stored (profiling; `tag` is asked
     /// only with profiling on), then the kmemtrace event
     /// ([`Self::alloc_event`]). The rare hooks (a keyless cache's mark,
-    /// debug, the trace table) are one cold call; a profiled cache pays
-    /// one flag test for them. Returns the allocation's result: each way
+    /// debug, the trace table) are compiled out of the usual words' path
+    /// (`RARE`). Returns the allocation's result: each way
     /// out is a tail call, so the usual words' path needs no stack frame
     /// (`alloc.rs`, `alloc_hooked`).
     ///
@@ -137,9 +141,8 @@ impl<P: Platform> KmemCache<P> {
 
     /// The rare part of [`Self::post_alloc_hook`]: the free key cleared
     /// (or a keyless cache's mark), the debug checks and trailer, the
-    /// trace record.
-    #[cold]
-    #[inline(never)]
+    /// trace record. Inline: only `alloc_hooked_cold` has it.
+    #[inline(always)]
     fn post_alloc_rare(&self, obj: NonNull<u8>, hot: HotFlags, bytes_req: usize) {
         if hot.contains(HotFlags::KEYLESS) {
             // SAFETY: just taken from our magazines or slab layer.
@@ -230,10 +233,10 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Before a free goes to the magazines (Linux `slab_free_hook`): the
-    /// rare hooks in one cold call (the checks that can refuse, the trace
-    /// record removed), then the tag uncharged (profiling; only once
-    /// every check passed: a refused free changes nothing). A profiled
-    /// cache pays one flag test for the rare ones.
+    /// rare hooks (the checks that can refuse, the trace record removed;
+    /// compiled out of the usual words' path), then the tag uncharged
+    /// (profiling; only once every check passed: a refused free changes
+    /// nothing).
     ///
     /// # Safety
     /// As for [`Self::free_hooked`].
@@ -269,10 +272,11 @@ impl<P: Platform> KmemCache<P> {
     /// not busy, a debug cache's state word), a bufctl object's tag
     /// uncharged, the trace record removed.
     ///
+    /// Inline: only `free_hooked_cold` has it.
+    ///
     /// # Safety
     /// As for [`Self::free_hooked`].
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     unsafe fn free_hook_rare(
         &self,
         obj: NonNull<u8>,

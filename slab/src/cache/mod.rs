@@ -9,16 +9,20 @@
 //!  KmemCache::alloc / alloc_tagged   Kmem::kmalloc, GlobalAlloc::alloc
 //!            │                        │ kmalloc_checked: the size class's cache
 //!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
-//!  alloc_at ─ flags? ─yes─► alloc_hooked: pre_alloc_hook, hit or miss,
-//!     │                      post_alloc_hook, kmemtrace_alloc_hook (hooks.rs)
+//!  alloc_at ─ flags? ─yes─► alloc_hooked: usual words (profiling,
+//!     │                      recording) on a hit: post_alloc_hook inline;
+//!     │                      else alloc_hooked_cold: pre_alloc_hook, hit
+//!     │                      or miss, post_alloc_hook (hooks.rs)
 //!     └─ no ─► magazine_alloc_hit ──miss──► alloc_slow (prev, depot, slab)
 //!
 //!  KmemCache::free   Kmem::kfree   GlobalAlloc::dealloc
 //!     free_locate      locate_allocated    locate_allocated   (one page-map
 //!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
 //!                                     ▼
-//!  free_located ─ flags? ─yes─► free_hooked: free_hook, hit or miss,
-//!     │                          kmemtrace_free_hook (hooks.rs)
+//!  free_located ─ flags? ─yes─► free_hooked: usual words: free_hook
+//!     │                          inline, the hit (free_recorded with
+//!     │                          recording); else free_hooked_cold:
+//!     │                          free_hook, hit or miss, the event
 //!     └─ no ─► magazine_free_hit ──miss──► free_slow (double-free
 //!                                           confirmation, prev, depot,
 //!                                           new magazine, slab)
@@ -51,10 +55,19 @@
 //! pair with profiling off 51 → 52 (`tests/kernel_hit.rs`). The feature
 //! rows pay for going through the hooks instead of a copy of the hit
 //! made for them: kmemtrace on, `GlobalAlloc` pair 140 → 248; profiling
-//! on, 96 → 205; a `slab_debug=F` pair 378 → 421. The hooked path is an
+//! on, 96 → 205; a `slab_debug=F` pair 378 → 421. The hooked path was an
 //! ordinary out-of-line function (its registers saved, every feature's
-//! flag tested, the result returned as a `Result`), where each old copy
-//! was a leaf specialised for one feature.
+//! flag tested), where each old copy was a leaf specialised for one
+//! feature. So the hooked path now splits on the word: the usual words
+//! (profiling, kmemtrace recording) on a hit run their hooks inline,
+//! each event or rare case a tail call, no stack frame; everything else
+//! takes one cold function (`alloc_hooked_cold`, `free_hooked_cold`)
+//! with every hook in order. Profiling on, `GlobalAlloc` pair 205 → 150
+//! (`kmem_cache` 190 → 143, mixed 123.9 → 100.4); kmemtrace on 248 →
+//! 216 (231 → 191, 142 → 126); the kernel's pair with profiling on
+//! 210 → 152 (`tests/kernel_hit.rs`). What is left over the plain pair
+//! is mostly the way into the hooked path (the `GlobalAlloc` edge's
+//! `alloc_off_hit` / `dealloc_off_hit`, the free's `Result` in memory).
 //!
 //! **The hits** take no lock and no atomic read-modify-write: this CPU's
 //! per-CPU cache at `pcpu_array() + Platform::cpu_offset()`, its in-use flag
