@@ -186,6 +186,7 @@ fn counts(workload: &str) -> (u64, u64, usize) {
     match workload {
         "pair64" | "pair64-const" | "pair64-fault" | "realloc-same" => (20_000, 220_000, 1),
         "realloc-grow" => (2_000, 22_000, 1),
+        "realloc-1m" => (20, 120, 1),
         "batch" => (1, 4, 1),
         "remote-free" => (4 * 1024, 40 * 1024, 2),
         "cross-free" => (25_600, 153_600, 1),
