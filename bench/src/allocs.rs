@@ -616,13 +616,16 @@ impl BenchAlloc for SlabMallocBench {
 /// itself scales (no shared memory at all).
 pub struct Null;
 
+/// Big enough for every block of every workload (`realloc-1m`'s last is
+/// 1 MiB); thread-local zeroes (`.tbss`), so only the pages written are
+/// resident.
 #[repr(align(4096))]
 #[allow(dead_code, reason = "only its address is used")]
-struct NullBuf([u8; 2 * PAGE_SIZE]);
+struct NullBuf([u8; crate::workloads::CHAIN_MAX]);
 
 std::thread_local! {
     static NULL_BUF: UnsafeCell<NullBuf> =
-        const { UnsafeCell::new(NullBuf([0; 2 * PAGE_SIZE])) };
+        const { UnsafeCell::new(NullBuf([0; crate::workloads::CHAIN_MAX])) };
 }
 
 /// An empty `asm!` block that "uses" `p`'s address: no instruction, and

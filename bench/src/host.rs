@@ -304,7 +304,8 @@ pub fn rss_anon() -> usize {
 struct PagesInner {
     /// Next never-used page address.
     bump: usize,
-    /// Freed runs by page count (runs are never split or merged).
+    /// Freed runs by page count (never split or merged; a run freed just
+    /// below `bump` moves `bump` back instead).
     free: BTreeMap<usize, Vec<usize>>,
     outstanding: usize,
     /// Most pages ever outstanding at once.
@@ -398,12 +399,48 @@ impl PageSource for HostPages {
         // uses it any more (the PageSource contract).
         unsafe { madvise(addr.as_ptr().cast(), nr_pages * PAGE_SIZE, MADV_DONTNEED) };
         let mut inner = self.inner.lock();
-        inner
-            .free
-            .entry(nr_pages)
-            .or_default()
-            .push(addr.as_ptr() as usize);
+        let addr = addr.as_ptr() as usize;
+        if addr + nr_pages * PAGE_SIZE == inner.bump {
+            // The run below the bump pointer: the never-used space grows
+            // back (as a heap's top chunk does), so the next run of any
+            // size may reuse it, and grow in place.
+            inner.bump = addr;
+        } else {
+            inner.free.entry(nr_pages).or_default().push(addr);
+        }
         inner.outstanding -= nr_pages;
+    }
+
+    /// Grows a run that ends at the bump pointer (the never-used space
+    /// after it is free); shrinks any run, its last pages becoming a free
+    /// run (or never-used space again, at the bump pointer).
+    unsafe fn resize_pages(&self, addr: NonNull<u8>, nr_pages: usize, new_nr_pages: usize) -> bool {
+        let addr = addr.as_ptr() as usize;
+        let end = addr + nr_pages * PAGE_SIZE;
+        if new_nr_pages == 0 {
+            return false;
+        }
+        if new_nr_pages < nr_pages {
+            let tail = addr + new_nr_pages * PAGE_SIZE;
+            // SAFETY: the last pages of our run, no longer used (the
+            // PageSource contract).
+            unsafe {
+                self.free_pages(
+                    NonNull::new(tail as *mut u8).unwrap(),
+                    nr_pages - new_nr_pages,
+                )
+            };
+            return true;
+        }
+        let mut inner = self.inner.lock();
+        let new_end = addr + new_nr_pages * PAGE_SIZE;
+        if end != inner.bump || new_end > self.end {
+            return false;
+        }
+        inner.bump = new_end;
+        inner.outstanding += new_nr_pages - nr_pages;
+        inner.peak = inner.peak.max(inner.outstanding);
+        true
     }
 
     fn span(&self) -> (usize, usize) {

@@ -333,6 +333,7 @@ fn once<A: BenchAlloc>(a: &'static A, opts: &RunOpts, n: u64) -> (u64, std::time
         "align-4k" => window(Sizes::PageAligned),
         "realloc-same" => workloads::run_threads(a, threads, |a, _| workloads::realloc_same(a, n)),
         "realloc-grow" => workloads::run_threads(a, threads, |a, _| workloads::realloc_grow(a, n)),
+        "realloc-1m" => workloads::run_threads(a, threads, |a, _| workloads::realloc_chain(a, n)),
         "batch" => workloads::run_threads(a, threads, |a, _| {
             let mut objs = vec![std::ptr::null_mut(); workloads::BATCH_OBJS];
             workloads::batch(a, &mut objs, n)

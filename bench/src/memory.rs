@@ -19,6 +19,12 @@
 //! - `burst-old`: the same, but the older 90 % are freed (the survivors
 //!   are the newest 100,000, clustered at the end of the heap).
 //!
+//! - `half`: the issue-34 heap: 100,000 objects of 8..=8192 B (uniform,
+//!   seed 0x5eed), each written in full; a random half freed (by a hash
+//!   of the index); 100,000 more allocated (seed 0x5eed2). Reports peak
+//!   resident (the larger of `RssAnon` growth after the first fill and at
+//!   the end) over the bytes live at the end (requested sizes).
+//!
 //! Prints `MEM key=value ...` lines.
 
 use crate::allocs::{self, BenchAlloc, call};
@@ -33,8 +39,8 @@ pub const NR_BURST_OBJS: usize = 1_000_000;
 /// Entry point: `memory <allocator> <heap|burst>`.
 pub fn main(allocator: &str, what: &str) {
     no_huge_pages();
-    if !matches!(what, "heap" | "burst" | "burst-old") {
-        eprintln!("memory: heap, burst or burst-old, not {what}");
+    if !matches!(what, "heap" | "burst" | "burst-old" | "half") {
+        eprintln!("memory: heap, burst, burst-old or half, not {what}");
         std::process::exit(2);
     }
     fn leak<T>(v: T) -> &'static T {
@@ -78,13 +84,72 @@ fn fill<A: BenchAlloc>(a: &A, objs: &mut Vec<(*mut u8, usize)>, n: usize) -> usi
 
 /// Does object `i` survive the burst's free? (1 in 10, scattered.)
 fn survives(i: usize) -> bool {
-    let mut x = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    mix(i as u64).is_multiple_of(10)
+}
+
+/// splitmix64's finaliser: a hash of the index.
+fn mix(i: u64) -> u64 {
+    let mut x = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (x ^ (x >> 31)).is_multiple_of(10)
+    x ^ (x >> 31)
+}
+
+/// Objects per phase of the `half` workload.
+pub const NR_HALF_OBJS: usize = 100_000;
+
+/// A size of 8..=8192 B, uniform.
+fn size_8k(r: u64) -> usize {
+    8 + ((r >> 8) % 8185) as usize
+}
+
+/// The `half` workload (module docs).
+fn measure_half<A: BenchAlloc>(a: &A) {
+    let n = NR_HALF_OBJS;
+    let mut objs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 * n);
+    let base = rss_anon();
+    let alloc_phase = |objs: &mut Vec<(*mut u8, usize)>, seed: u64| {
+        let mut rng = XorShift::new(seed);
+        for i in 0..n {
+            let size = size_8k(rng.next());
+            let p = call::alloc(a, mixed_layout(size));
+            assert!(!p.is_null(), "out of memory after {i} objects");
+            // SAFETY: p has `size` bytes.
+            unsafe { p.write_bytes(0xa5, size) };
+            objs.push((p, size));
+        }
+    };
+    alloc_phase(&mut objs, 0x5eed);
+    let after_fill = rss_anon() - base;
+    let mut kept = Vec::with_capacity(2 * n);
+    for (i, &(p, size)) in objs.iter().enumerate() {
+        if mix(i as u64) & 1 == 0 {
+            // SAFETY: allocated above with this layout.
+            unsafe { call::free(a, p, mixed_layout(size)) };
+        } else {
+            kept.push((p, size));
+        }
+    }
+    let nr_freed = n - kept.len();
+    alloc_phase(&mut kept, 0x5eed2);
+    let peak = after_fill.max(rss_anon() - base);
+    let live: usize = kept.iter().map(|&(_, size)| size).sum();
+    println!(
+        "MEM half objects={} freed={nr_freed} live_objects={} live={live} peak={peak} \
+         peak_over_live={:.4} metadata={}",
+        2 * n,
+        kept.len(),
+        peak as f64 / live as f64,
+        a.metadata_bytes()
+            .map_or("-".to_string(), |m| m.to_string()),
+    );
 }
 
 fn measure<A: BenchAlloc>(a: &A, what: &str) {
+    if what == "half" {
+        measure_half(a);
+        return;
+    }
     let n = if what == "heap" {
         NR_HEAP_OBJS
     } else {

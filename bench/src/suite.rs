@@ -186,6 +186,7 @@ fn counts(workload: &str) -> (u64, u64, usize) {
     match workload {
         "pair64" | "pair64-const" | "pair64-fault" | "realloc-same" => (20_000, 220_000, 1),
         "realloc-grow" => (2_000, 22_000, 1),
+        "realloc-1m" => (20, 120, 1),
         "batch" => (1, 4, 1),
         "remote-free" => (4 * 1024, 40 * 1024, 2),
         "cross-free" => (25_600, 153_600, 1),
@@ -580,6 +581,21 @@ pub fn main(argv: &[String]) {
             big,
             &format!("≤ mimalloc's {}", fmt_f(big_mi, 1)),
             big.zip(big_mi).map(|(a, b)| a <= b),
+        );
+        // Issue 34's realloc targets.
+        let (grow, grow_talc) = (net("realloc-grow", "magpie"), net("realloc-grow", "talc"));
+        r += &target(
+            "`realloc-grow` per operation (net)",
+            grow,
+            &format!("≤ talc's {}", fmt_f(grow_talc, 1)),
+            grow.zip(grow_talc).map(|(a, b)| a <= b),
+        );
+        let (chain, chain_talc) = (net("realloc-1m", "magpie"), net("realloc-1m", "talc"));
+        r += &target(
+            "realloc chain to 1 MiB (`realloc-1m`, net, per chain)",
+            chain,
+            &format!("≤ 2× talc's {}", fmt_f(chain_talc, 1)),
+            chain.zip(chain_talc).map(|(a, b)| a <= 2.0 * b),
         );
         r += "\n";
     }
@@ -1376,6 +1392,62 @@ const KMT_N: u64 = 200_000;
 
 /// The memory workloads for every peer (and magpie with profiling
 /// compiled in, from the `--prof` build).
+/// The `half` table (issue 34's memory figure): peak resident over live.
+fn half_table(r: &mut String, half: &[(String, BTreeMap<String, String>)]) {
+    let num = |kv: &BTreeMap<String, String>, k: &str| -> Option<f64> { kv.get(k)?.parse().ok() };
+    writeln!(
+        r,
+        "### Memory over live: 100,000 objects of 8 B–8 KiB, a random half freed, 100,000 more\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "`magpie-bench memory A half` (bench/src/memory.rs): 100,000 objects of uniform \
+         8..=8192 B (align 8, each written in full), every object whose index hashes even \
+         freed, then 100,000 more; **peak** = the larger growth of `RssAnon` (as below) after \
+         the first 100,000 and at the end, **live** = bytes requested by the objects live at \
+         the end. Metadata as in the next table (magpie only).\n"
+    )
+    .unwrap();
+    writeln!(
+        r,
+        "| allocator | live MiB | peak MiB | peak ÷ live | metadata MiB |\n|---|---:|---:|---:|---:|"
+    )
+    .unwrap();
+    let mut magpie = None;
+    for (label, kv) in half {
+        if let Some(e) = kv.get("error") {
+            writeln!(r, "| {label} | {e} | | | |").unwrap();
+            continue;
+        }
+        let (live, peak) = (num(kv, "live"), num(kv, "peak"));
+        let ratio = live.zip(peak).map(|(l, p)| p / l);
+        if label == "magpie" {
+            magpie = ratio;
+        }
+        writeln!(
+            r,
+            "| {label} | {} | {} | {} | {} |",
+            live.map_or("?".into(), mib),
+            peak.map_or("?".into(), mib),
+            fmt_f(ratio, 3),
+            num(kv, "metadata").map_or("—".into(), mib),
+        )
+        .unwrap();
+    }
+    writeln!(
+        r,
+        "\n- magpie peak ÷ live {} (issue 34 target ≤ 1.02 → **{}**)\n",
+        fmt_f(magpie, 3),
+        match magpie {
+            Some(m) if m <= 1.02 => "met",
+            Some(_) => "not met",
+            None => "unmeasured",
+        }
+    )
+    .unwrap();
+}
+
 fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&str>) {
     let mut rows: Vec<(String, &str, &str)> =
         PEERS.iter().map(|a| (a.to_string(), me, *a)).collect();
@@ -1392,10 +1464,11 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
     let mut heap = Vec::new();
     let mut burst = Vec::new();
     let mut burst_old = Vec::new();
+    let mut half = Vec::new();
     let items: Vec<(&String, &str, &str, &str)> = rows
         .iter()
         .flat_map(|(label, bin, a)| {
-            ["heap", "burst", "burst-old"].map(|what| (label, *bin, *a, what))
+            ["heap", "burst", "burst-old", "half"].map(|what| (label, *bin, *a, what))
         })
         .collect();
     let results = par_map(&items, |&(_, bin, a, what)| {
@@ -1412,6 +1485,7 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
         let out = match what {
             "heap" => &mut heap,
             "burst" => &mut burst,
+            "half" => &mut half,
             _ => &mut burst_old,
         };
         match result {
@@ -1428,6 +1502,7 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
         }
     }
     let num = |kv: &BTreeMap<String, String>, k: &str| -> Option<f64> { kv.get(k)?.parse().ok() };
+    half_table(r, &half);
     writeln!(r, "### Heap efficiency: 100,000 live objects of 8–512 B\n").unwrap();
     writeln!(
         r,

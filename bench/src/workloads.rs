@@ -80,6 +80,12 @@ pub const WORKLOADS: &[Workload] = &[
         obj: false,
     },
     Workload {
+        name: "realloc-1m",
+        op: "realloc chain: 8 B grown to 1 MiB by doubling (17 reallocs, as a `Vec<u8>` pushed to 1 MiB), then freed; one chain is one operation",
+        two_threads: false,
+        obj: false,
+    },
+    Workload {
         name: "batch",
         op: "alloc or free, 64 B, 16 Ki live",
         two_threads: false,
@@ -290,6 +296,34 @@ pub fn mixed<A: BenchAlloc, const SLOTS: usize>(a: &A, m: &mut Mixed<SLOTS>, ste
         m.slots[slot] = (p, layout);
     }
     2 * steps
+}
+
+/// Largest block of a `realloc-1m` chain.
+pub const CHAIN_MAX: usize = 1 << 20;
+
+/// `chains` times: allocate 8 bytes, double it by `realloc` up to
+/// [`CHAIN_MAX`] (writing the last byte each time, as a `Vec<u8>` pushed
+/// to 1 MiB does), free it. Returns chains: one chain is one operation
+/// (the "realloc chain to 1 MiB" figure).
+#[inline(never)]
+pub fn realloc_chain<A: BenchAlloc>(a: &A, chains: u64) -> u64 {
+    for _ in 0..chains {
+        let mut layout = mixed_layout(black_box(8));
+        let mut p = call::alloc(a, layout);
+        assert!(!p.is_null(), "out of memory");
+        while layout.size() < CHAIN_MAX {
+            let new_size = layout.size() * 2;
+            // SAFETY: p is live with `layout`.
+            p = unsafe { call::realloc(a, black_box(p), layout, black_box(new_size)) };
+            assert!(!p.is_null(), "out of memory");
+            layout = mixed_layout(new_size);
+            // SAFETY: p has new_size bytes.
+            unsafe { p.add(new_size - 1).write(1) };
+        }
+        // SAFETY: live with `layout`.
+        unsafe { call::free(a, p, layout) };
+    }
+    chains
 }
 
 /// `n` reallocs of one object between 40 and 56 bytes (one size class

@@ -397,8 +397,9 @@ pub trait PageSource: Sync {
     ///
     /// # Safety
     /// `addr` and `nr_pages` come from one earlier `alloc_pages(nr_pages)`
-    /// of this source that has not been freed yet, and nothing uses the
-    /// pages afterwards.
+    /// of this source that has not been freed yet (or from the last
+    /// successful [`PageSource::resize_pages`] of that block to
+    /// `nr_pages`), and nothing uses the pages afterwards.
     unsafe fn free_pages(&self, addr: NonNull<u8>, nr_pages: usize);
     /// The virtual address range `[start, end)` every page of this source
     /// lies in (kernel: the direct map of RAM). For the allocator's primary
@@ -412,6 +413,24 @@ pub trait PageSource: Sync {
     /// pages (`kzalloc`, `GlobalAlloc::alloc_zeroed`) do not clear them
     /// again. Default: false.
     fn zeroes_pages(&self) -> bool {
+        false
+    }
+    /// Resize the block of `nr_pages` pages at `addr` in place to
+    /// `new_nr_pages` (at least one): grow it if the pages after it are
+    /// free (they become part of the block), or give back its last
+    /// `nr_pages - new_nr_pages` pages. True if done: from then on the
+    /// block is `new_nr_pages` pages (for [`PageSource::free_pages`] and
+    /// later resizes); false: nothing changed. `realloc` of a
+    /// page-granular kmalloc calls it to grow and shrink without copying
+    /// (as TLSF and talc extend a block into the free space after it).
+    /// Default: false, never (the block is then moved, or kept).
+    ///
+    /// # Safety
+    /// `addr` and `nr_pages` are a live block of this source, as for
+    /// [`PageSource::free_pages`]; on a shrink nothing uses the pages
+    /// given back afterwards.
+    unsafe fn resize_pages(&self, addr: NonNull<u8>, nr_pages: usize, new_nr_pages: usize) -> bool {
+        let _ = (addr, nr_pages, new_nr_pages);
         false
     }
 }

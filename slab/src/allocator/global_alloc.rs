@@ -7,9 +7,10 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
 use super::Kmem;
+use crate::allocator::kmalloc::KMALLOC_MAX_SIZE;
 use crate::cache::{KmemCache, Located};
 use crate::error::FreeError;
-use crate::platform::Platform;
+use crate::platform::{PAGE_SIZE, Platform};
 
 impl<P: Platform> Kmem<P> {
     /// Called with every error a `GlobalAlloc::dealloc` (or
@@ -141,25 +142,76 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
 
     /// Keeps the block if the new size still fits and uses more than half
     /// of it (a size in the same kmalloc class always does: each class is
-    /// at most twice the one below); otherwise allocate, copy, free.
+    /// at most twice the one below); a page-granular block grows or
+    /// shrinks in place when its page source can
+    /// ([`PageSource::resize_pages`](crate::PageSource::resize_pages));
+    /// otherwise allocate, copy, free. The pointer is located once: a
+    /// slab object's page-map slot serves the size test and the free.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // A pointer of ours (the contract): located without a readiness
         // test, as in `dealloc`.
-        let located = self.locate_allocated(ptr as usize);
-        let usable = match located {
-            Some((cache, _)) => Some(cache.obj_size()),
-            None => NonNull::new(ptr).and_then(|old| self.ksize(old).ok()),
+        let Some((cache, at)) = self.locate_allocated(ptr as usize) else {
+            // SAFETY: per our caller.
+            return unsafe { self.realloc_off_slab(ptr, layout, new_size) };
         };
+        let usable = cache.obj_size();
+        if new_size <= usable && new_size.max(1) * 2 > usable {
+            if cache.debug.is_some() {
+                // SAFETY: the caller's live block of `cache`, kept
+                // (GlobalAlloc contract).
+                unsafe { cache.debug_resized(ptr as usize, at.slab(), new_size) };
+            }
+            return ptr;
+        }
+        // SAFETY: the GlobalAlloc contract: `new_size`, rounded up to
+        // `layout.align()`, does not overflow `isize`.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        // SAFETY: a valid layout (size 0 gets kmalloc-8).
+        let new = unsafe { self.alloc(new_layout) };
+        if !new.is_null() {
+            // SAFETY: located in `cache`, so on a slab page, never null.
+            let old = unsafe { NonNull::new_unchecked(ptr) };
+            // SAFETY: both blocks are at least min(old, new) bytes and
+            // distinct (new is freshly allocated); the old one is object
+            // `at.index` of `cache`'s slab at `at.slot`, given up per the
+            // GlobalAlloc contract (busy until now, so still located).
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                if !cache.free_hit(old) {
+                    self.dealloc_off_hit(cache, old, at);
+                }
+            }
+        }
+        new
+    }
+}
+
+impl<P: Platform> Kmem<P> {
+    /// [`GlobalAlloc::realloc`] of anything but a located slab object: a
+    /// page-granular block resized in place if its source can, else (and
+    /// for anything else: a KFENCE sample, a stray pointer) keep, or
+    /// allocate, copy and free, with the old block's size from `ksize`.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`].
+    #[inline(never)]
+    unsafe fn realloc_off_slab(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old = NonNull::new(ptr);
+        if let Some(old) = old
+            && layout.align() <= PAGE_SIZE
+            && new_size > KMALLOC_MAX_SIZE
+            && let Some(kept) = self.large_resize(old, new_size)
+        {
+            return kept.as_ptr();
+        }
+        let usable = old.and_then(|old| self.ksize(old).ok());
         if let Some(usable) = usable
             && new_size <= usable
             && new_size.max(1) * 2 > usable
         {
-            if let Some((cache, at)) = located
-                && cache.debug.is_some()
-            {
-                // SAFETY: the caller's live block of `cache`, kept
-                // (GlobalAlloc contract).
-                unsafe { cache.debug_resized(ptr as usize, at.slab(), new_size) };
+            if let Some(old) = old {
+                // SAFETY: a live block of the caller's, kept.
+                unsafe { self.kmalloc_resized(old, new_size) };
             }
             return ptr;
         }

@@ -358,6 +358,12 @@ impl<P: Platform> Kmem<P> {
             unsafe { self.kmalloc_resized(old, new_size) };
             return Ok(old);
         }
+        if new_size > KMALLOC_MAX_SIZE
+            && align <= PAGE_SIZE
+            && let Some(kept) = self.large_resize(old, new_size)
+        {
+            return Ok(kept);
+        }
         let new = self.kmalloc(new_size, align)?;
         // SAFETY: distinct live blocks of at least min(usable, new_size)
         // bytes; the old one is the caller's and given up (a block ksize
@@ -440,17 +446,22 @@ impl<P: Platform> Kmem<P> {
             lead,
             trail: nr_slack - lead,
         };
-        let registered = self.page_map().set_range(base, nr_taken, |page| {
-            if page < lead {
-                PageEntry::large_lead(slack)
-            } else if page == lead {
-                large_head_entry(nr_pages, token)
-            } else if page < lead + nr_pages {
-                PageEntry::large_tail(page - lead)
-            } else {
-                PageEntry::large_trail(slack)
+        // The head alone (O(1)); the slack pages of a block aligned above
+        // a page are marked, so its free finds them.
+        self.large_max_pages.fetch_max(nr_pages, Ordering::Relaxed);
+        let map = self.page_map();
+        let registered = map.covers(base, nr_taken);
+        if registered {
+            if lead > 0 {
+                map.set_range(base, lead, |_| PageEntry::large_lead(slack));
             }
-        });
+            map.set_head(addr, nr_pages, large_head_entry(nr_pages, token));
+            if slack.trail > 0 {
+                map.set_range(addr + nr_pages * PAGE_SIZE, slack.trail, |_| {
+                    PageEntry::large_trail(slack)
+                });
+            }
+        }
         if !registered {
             #[cfg(feature = "alloc-profiling")]
             if let Some(token) = token {
@@ -467,6 +478,88 @@ impl<P: Platform> Kmem<P> {
         self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
         self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
         Ok(pages)
+    }
+
+    /// Resize the live page-granular block at `ptr` (its head, not aligned
+    /// above a page) in place to hold `new_size` bytes: its page source
+    /// grows it into the free pages after it, or takes back its last
+    /// pages ([`PageSource::resize_pages`](crate::PageSource::resize_pages));
+    /// one page-map entry changes (the head's). `None`: not such a block,
+    /// or the source could not (nothing changed).
+    pub(crate) fn large_resize(&self, ptr: NonNull<u8>, new_size: usize) -> Option<NonNull<u8>> {
+        let addr = ptr.as_ptr() as usize;
+        let map = self.page_map();
+        let entry = map.get(addr);
+        let PageOwner::LargeHead { nr_pages, token } = entry.owner() else {
+            return None;
+        };
+        let new_nr_pages = new_size.div_ceil(PAGE_SIZE);
+        if new_nr_pages == nr_pages {
+            return Some(ptr);
+        }
+        // A block aligned above a page has slack pages around it: moved.
+        let slack = matches!(
+            map.get(addr.wrapping_sub(PAGE_SIZE)).owner(),
+            PageOwner::LargeLead(_)
+        ) || matches!(
+            map.get(addr + nr_pages * PAGE_SIZE).owner(),
+            PageOwner::LargeTrail(_)
+        );
+        if slack
+            || !addr.is_multiple_of(PAGE_SIZE)
+            || new_nr_pages > LARGE_MAX_PAGES
+            || !map.covers(addr, new_nr_pages)
+        {
+            return None;
+        }
+        // SAFETY: a live page-granular block of the primary source, the
+        // caller's (a head entry at a page start), of `nr_pages` pages (its
+        // head says so: every resize rewrites it); on a shrink the pages
+        // given back are past `new_size`, unused.
+        if !unsafe {
+            self.primary_source()
+                .resize_pages(ptr, nr_pages, new_nr_pages)
+        } {
+            return None;
+        }
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: a page-granular block resized in place is a
+            // free of the old size and an allocation of the new one.
+            self.kmemtrace_record(
+                EventKind::Free,
+                EventType::Pages,
+                0,
+                addr,
+                0,
+                nr_pages * PAGE_SIZE,
+            );
+            self.kmemtrace_large_alloc(Some(ptr), new_size);
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if let Some(token) = AllocTagRef::new(token) {
+            // SAFETY: the head entry's charge token, charged for the old
+            // size at the allocation (or the last resize); charged again
+            // for the new one, as a free and an allocation would be.
+            unsafe {
+                crate::alloc_tag::uncharge_off_hit::<P>(token, ptr, nr_pages * PAGE_SIZE);
+                crate::alloc_tag::charge_off_hit::<P>(token, ptr, new_nr_pages * PAGE_SIZE);
+            }
+        }
+        map.set_head(
+            addr,
+            new_nr_pages,
+            PageEntry::large_head(new_nr_pages, token),
+        );
+        self.large_max_pages
+            .fetch_max(new_nr_pages, Ordering::Relaxed);
+        if new_nr_pages > nr_pages {
+            self.large_live_pages
+                .fetch_add(new_nr_pages - nr_pages, Ordering::Relaxed);
+        } else {
+            self.large_live_pages
+                .fetch_sub(nr_pages - new_nr_pages, Ordering::Relaxed);
+        }
+        Some(ptr)
     }
 
     /// `kfree` of anything but a slab object: page-granular, or refused.
@@ -515,9 +608,10 @@ impl<P: Platform> Kmem<P> {
                 };
                 let base = addr - lead * PAGE_SIZE;
                 let nr_taken = lead + nr_pages + trail;
-                // Every page but the head (its freed mark stays).
+                // The slack pages (the head keeps its freed mark; the
+                // block's later pages were never written).
                 map.clear_range(base, lead);
-                map.clear_range(addr + PAGE_SIZE, nr_pages - 1 + trail);
+                map.clear_range(addr + nr_pages * PAGE_SIZE, trail);
                 self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
                 self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
                 #[cfg(feature = "alloc-profiling")]
@@ -581,7 +675,7 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return Err(FreeError::NotAllocated { addr });
         }
-        let entry = self.page_map().get(addr);
+        let entry = self.page_entry(addr);
         match entry.owner() {
             PageOwner::Slab(slab) => {
                 let slab = slab as *mut Slab;
@@ -611,7 +705,16 @@ impl<P: Platform> Kmem<P> {
     /// bootstrap heap. False before init.
     #[inline]
     pub fn owns(&self, ptr: *const u8) -> bool {
-        self.is_ready() && self.page_map().get(ptr as usize).is_live()
+        self.is_ready() && self.page_entry(ptr as usize).is_live()
+    }
+
+    /// The page-map entry of `addr`, a later page of a live
+    /// page-granular kmalloc reported as such (its head alone is stored:
+    /// [`PageMap::get_resolved`](crate::layout::pagemap::PageMap::get_resolved)).
+    /// For the error paths, `ksize` and `owns`; the hits read the slot.
+    pub(crate) fn page_entry(&self, addr: usize) -> PageEntry {
+        self.page_map()
+            .get_resolved(addr, self.large_max_pages.load(Ordering::Relaxed))
     }
 
     /// Page-granular kmalloc statistics.
@@ -795,7 +898,7 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return Err(FreeError::NotAllocated { addr });
         }
-        let entry = self.page_map().get(addr);
+        let entry = self.page_entry(addr);
         if let Some(slab) = entry.slab() {
             let slab = slab as *mut Slab;
             // SAFETY: registered slabs are alive and belong to caches of

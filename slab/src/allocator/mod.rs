@@ -221,6 +221,9 @@ pub struct Kmem<P: Platform> {
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
     pub(crate) large_nr_allocs_ever: AtomicU64,
+    /// Most pages any page-granular kmalloc has had: how far back a
+    /// pointer into one walks to its head (`PageMap::large_block_of`).
+    pub(crate) large_max_pages: AtomicUsize,
     pub(crate) nr_bad_frees: AtomicU64,
     /// Reaps because a page source ran dry ([`HeapStats::nr_pressure_reaps`]).
     pub(crate) nr_pressure_reaps: AtomicU64,
@@ -314,6 +317,7 @@ impl<P: Platform> Kmem<P> {
             large_nr_live: AtomicUsize::new(0),
             large_live_pages: AtomicUsize::new(0),
             large_nr_allocs_ever: AtomicU64::new(0),
+            large_max_pages: AtomicUsize::new(0),
             nr_bad_frees: AtomicU64::new(0),
             nr_pressure_reaps: AtomicU64::new(0),
             nr_tag_array_misses: AtomicU64::new(0),

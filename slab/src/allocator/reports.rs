@@ -42,7 +42,7 @@ impl<P: Platform> Kmem<P> {
     pub(crate) fn report_bad_free(&self, cache: &str, error: FreeError) {
         let addr = error.addr();
         let entry = if self.is_ready() {
-            self.page_map().get(addr)
+            self.page_entry(addr)
         } else {
             PageEntry::NONE
         };

@@ -211,6 +211,31 @@ impl<P: Platform> PageSource for RegionSource<P> {
         region.nr_free += nr_pages;
     }
 
+    unsafe fn resize_pages(&self, addr: NonNull<u8>, nr_pages: usize, new_nr_pages: usize) -> bool {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        let addr = addr.as_ptr() as usize;
+        let first = (addr - region.base) / PAGE_SIZE;
+        debug_assert!(addr.is_multiple_of(PAGE_SIZE) && first + nr_pages <= region.nr_pages);
+        if new_nr_pages == 0 {
+            return false;
+        }
+        if new_nr_pages <= nr_pages {
+            // Give back the last pages.
+            region.set(first + new_nr_pages..first + nr_pages, false);
+            region.nr_free += nr_pages - new_nr_pages;
+            return true;
+        }
+        // Grow into the pages after the block, if all of them are free.
+        let end = first + new_nr_pages;
+        if end > region.nr_pages || (first + nr_pages..end).any(|page| region.is_used(page)) {
+            return false;
+        }
+        region.set(first + nr_pages..end, true);
+        region.nr_free -= new_nr_pages - nr_pages;
+        true
+    }
+
     fn span(&self) -> (usize, usize) {
         let _irq = IrqGuard::<P>::new();
         let region = self.state.lock();

@@ -181,6 +181,38 @@ impl FreeList {
         *head = obj;
     }
 
+    /// Thread the free list of a fresh slab through all its objects,
+    /// lowest address first, and mark every one free in `map` (whole
+    /// words at a time): what a [`Self::push`] of each object, highest
+    /// first, would leave, without a bitmap update per object. Returns
+    /// the head.
+    ///
+    /// # Safety
+    /// The slab is fresh and ours alone: every object (and its link
+    /// word) is the slab layer's; `map` is the slab's, all clear.
+    pub(crate) unsafe fn carve(&self, map: &FreeMap) -> usize {
+        debug_assert!(self.nr_objs <= map.len() * 64);
+        for (word, bits) in map.iter().enumerate() {
+            let first = word * 64;
+            if first >= self.nr_objs {
+                break;
+            }
+            let nr = self.nr_objs - first;
+            bits.store(
+                if nr >= 64 { u64::MAX } else { (1 << nr) - 1 },
+                Ordering::Relaxed,
+            );
+        }
+        let mut head = 0;
+        for index in (0..self.nr_objs).rev() {
+            let obj = self.base + index * self.stride;
+            // SAFETY: per the caller, object `index` is ours.
+            unsafe { self.write_link(obj, head) };
+            head = obj;
+        }
+        head
+    }
+
     /// Take the head of the free list (`head` non-zero), checking its link
     /// first. On a bad link nothing changes and the caller rebuilds.
     ///
@@ -351,6 +383,64 @@ mod tests {
             assert!(!map_test(&map, 0) && map_test(&map, 2));
             list.push(&mut head, &map, list.base, 0);
             assert_eq!(list.check(head, &map), Ok(15));
+        }
+    }
+
+    #[test]
+    fn carve_leaves_what_a_push_of_every_object_leaves() {
+        // 70 objects: the bitmap's second word partly set. With and
+        // without the free key; one-word objects (the bitmap alone).
+        for (stride, link_offset, key) in [
+            (32, 0, 0),
+            (32, 8, 0x8000_0000_0000_0001),
+            (8, 8, 0x8000_0000_0000_0001),
+        ] {
+            let mut pushed = vec![0u64; 70 * stride / 8];
+            let mut carved = vec![0u64; 70 * stride / 8];
+            let list_of = |memory: &mut [u64]| FreeList {
+                base: memory.as_mut_ptr() as usize,
+                stride,
+                nr_objs: 70,
+                link_offset,
+                secret: freelist_secret(7),
+                key,
+            };
+            let (a, b) = (list_of(&mut pushed), list_of(&mut carved));
+            let (map_a, map_b): (FreeMap, FreeMap) = Default::default();
+            let mut head_a = 0;
+            // SAFETY: the test's memory, every object free.
+            let head_b = unsafe {
+                for index in (0..70).rev() {
+                    a.push(&mut head_a, &map_a, a.base + index * stride, index);
+                }
+                b.carve(&map_b)
+            };
+            assert_eq!(head_a - a.base, head_b - b.base);
+            let words = |map: &FreeMap| {
+                map.iter()
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .collect::<std::vec::Vec<_>>()
+            };
+            assert_eq!(words(&map_a), words(&map_b));
+            assert_eq!(map_count(&map_b), 70);
+            // SAFETY: the test's slab.
+            assert_eq!(unsafe { b.check(head_b, &map_b) }, Ok(70));
+            // The links name the same objects (0: the end).
+            let relative = |link: usize, base: usize| (link != 0).then(|| link - base);
+            for index in 0..70 {
+                // SAFETY: as above.
+                let (link_a, link_b) = unsafe {
+                    (
+                        a.read_link(a.base + index * stride),
+                        b.read_link(b.base + index * stride),
+                    )
+                };
+                assert_eq!(
+                    relative(link_a, a.base),
+                    relative(link_b, b.base),
+                    "{stride} {index}"
+                );
+            }
         }
     }
 

@@ -18,8 +18,13 @@
 //! - `slab | TAG_SLAB`: a page of a slab (small or bufctl) whose
 //!   [`Slab`](crate::slab::Slab) struct is at `slab`;
 //! - `nr_pages << 3 | TAG_LARGE_HEAD`: first page of a page-granular
-//!   kmalloc of `nr_pages` pages;
-//! - `distance << 3 | TAG_LARGE_TAIL`: a later page of one;
+//!   kmalloc of `nr_pages` pages. Only the head is written (O(1) for any
+//!   size, as TLSF's block header): the later pages of the block keep
+//!   `0` (or a stale freed mark, below), and a pointer into them is
+//!   found by walking back to the head ([`PageMap::large_block_of`], on
+//!   the error paths only);
+//! - `distance << 3 | TAG_LARGE_TAIL`: a later page of one, as
+//!   [`PageMap::get_resolved`] reports it (never stored);
 //! - `trail << 32 | lead << 3 | TAG_LARGE_LEAD` / `TAG_LARGE_TRAIL`: the
 //!   slack pages before (`lead` of them) and after (`trail`) a
 //!   page-granular kmalloc aligned above a page, which took
@@ -394,6 +399,60 @@ impl PageMap {
             slot.magic.store(magic, Ordering::Release);
         }
         true
+    }
+
+    /// Set the entry of the one page holding `addr` (a page-granular
+    /// kmalloc's head), after checking that the `nr_pages` pages from
+    /// `addr` lie in the span. Returns false (and sets nothing) if not.
+    pub(crate) fn set_head(&self, addr: usize, nr_pages: usize, entry: PageEntry) -> bool {
+        self.covers(addr, nr_pages) && self.set_range(addr, 1, |_| entry)
+    }
+
+    /// Whether the `nr_pages` (at least one) pages from `addr` lie in the
+    /// span.
+    pub(crate) fn covers(&self, addr: usize, nr_pages: usize) -> bool {
+        self.index(addr)
+            .is_some_and(|first| nr_pages != 0 && first + nr_pages <= self.nr_pages)
+    }
+
+    /// The live page-granular kmalloc whose later pages hold `addr`, as
+    /// `(head address, nr_pages)`: walks back from the page before
+    /// `addr`'s over pages that are `0` or a freed mark (a block's later
+    /// pages are never written: [`PageMap::set_head`]) to the first live
+    /// entry, at most `max_pages` pages (the largest block ever
+    /// registered); that entry must be a head whose block covers `addr`.
+    /// O(distance): for the error paths and `owns`, never a hit.
+    pub(crate) fn large_block_of(&self, addr: usize, max_pages: usize) -> Option<(usize, usize)> {
+        let index = self.index(addr)?;
+        for back in 1..=max_pages.min(index) {
+            let head = index - back;
+            let entry = PageEntry(self.entry(head).load(Ordering::Acquire));
+            if !entry.is_live() {
+                continue;
+            }
+            return match entry.owner() {
+                PageOwner::LargeHead { nr_pages, .. } if back < nr_pages => {
+                    Some((self.base + head * PAGE_SIZE, nr_pages))
+                }
+                _ => None,
+            };
+        }
+        None
+    }
+
+    /// [`PageMap::get`], with a later page of a live page-granular kmalloc
+    /// (stored as `0` or a stale freed mark) reported as
+    /// [`PageOwner::LargeTail`] ([`PageMap::large_block_of`] with
+    /// `max_pages`).
+    pub(crate) fn get_resolved(&self, addr: usize, max_pages: usize) -> PageEntry {
+        let entry = self.get(addr);
+        if entry.is_live() {
+            return entry;
+        }
+        match self.large_block_of(addr, max_pages) {
+            Some((head, _)) => PageEntry::large_tail((addr - head) >> PAGE_SHIFT),
+            None => entry,
+        }
     }
 
     /// Clear the entries of `nr_pages` pages from `addr` (none for 0).

@@ -428,16 +428,13 @@ impl<P: Platform> SlabLayer<P> {
         let carved = match params.kind {
             SlabKind::Small => {
                 let list = params.free_list(objs);
-                let mut free = 0;
-                // SAFETY: slab initialised above, ours alone.
-                let map = unsafe { &(*slab).free_map };
-                for index in (0..params.nr_objs_per_slab).rev() {
-                    // SAFETY: object `index` lies inside our page below the
-                    // header; its link word is 8-aligned inside its stride.
-                    unsafe { list.push(&mut free, map, objs + index * params.stride, index) };
+                // SAFETY: slab initialised above (its bitmap clear), ours
+                // alone; every object lies inside our pages below the
+                // header, its link word 8-aligned inside its stride.
+                unsafe {
+                    let free = list.carve(&(*slab).free_map);
+                    (*slab).free = free as *mut u8;
                 }
-                // SAFETY: slab initialised above.
-                unsafe { (*slab).free = free as *mut u8 };
                 Ok(())
             }
             SlabKind::Bufctl => self.carve_bufctls(params, owner, slab),

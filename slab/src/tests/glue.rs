@@ -177,3 +177,83 @@ fn region_source_refused_init_changes_nothing() {
     );
     assert_eq!(source.span(), span);
 }
+
+#[test]
+fn region_source_resizes_a_run_in_place() {
+    set_cpu(0);
+    let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
+    source.init_static(region(10)).unwrap();
+    // 9 pages to hand out (the first is the bitmap).
+    let a = source.alloc_pages(2).unwrap();
+    // SAFETY: a is a live run of 2 pages of this source, and so on below.
+    unsafe {
+        assert!(source.resize_pages(a, 2, 5), "the pages after it are free");
+        assert_eq!(source.stats().alloc_bytes, 5 * PAGE_SIZE);
+        let b = source.alloc_pages(1).unwrap();
+        assert_eq!(b.as_ptr() as usize, a.as_ptr() as usize + 5 * PAGE_SIZE);
+        assert!(!source.resize_pages(a, 5, 6), "the next page is taken");
+        assert_eq!(source.stats().alloc_bytes, 6 * PAGE_SIZE, "nothing changed");
+        assert!(!source.resize_pages(b, 1, 10), "past the region");
+        assert!(
+            source.resize_pages(a, 5, 1),
+            "a shrink gives the last pages back"
+        );
+        assert_eq!(source.stats().alloc_bytes, 2 * PAGE_SIZE);
+        assert_eq!(
+            source.alloc_pages(4).unwrap().as_ptr() as usize,
+            a.as_ptr() as usize + PAGE_SIZE,
+            "the pages given back are reused"
+        );
+        assert!(!source.resize_pages(a, 1, 0), "a run keeps a page");
+    }
+}
+
+#[test]
+fn realloc_grows_and_shrinks_a_page_granular_block_in_place() {
+    set_cpu(0);
+    let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
+    heap.init_static(region(200)).unwrap();
+    let layout = Layout::from_size_align(20_000, 8).unwrap();
+    // SAFETY: valid layouts; every block is used within its size and
+    // given back once.
+    unsafe {
+        let block = heap.alloc(layout);
+        assert!(!block.is_null());
+        for i in 0..20_000 {
+            block.add(i).write(i as u8);
+        }
+        let live = heap.stats().large().live_bytes;
+        let grown = heap.realloc(block, layout, 100_000);
+        assert_eq!(grown, block, "grown in place: the pages after it are free");
+        assert_eq!(heap.stats().large().live_bytes, live + 20 * PAGE_SIZE);
+        assert_eq!(
+            heap.ksize(core::ptr::NonNull::new(grown).unwrap()),
+            Ok(25 * PAGE_SIZE)
+        );
+        assert!((0..20_000).all(|i| grown.add(i).read() == i as u8));
+        grown.add(99_999).write(7);
+        // A pointer into the grown part is inside the block, not ours to free.
+        let inner = core::ptr::NonNull::new(grown.add(20 * PAGE_SIZE)).unwrap();
+        assert!(heap.owns(inner.as_ptr()));
+        assert!(matches!(
+            heap.kfree(inner),
+            Err(crate::FreeError::Misaligned { .. })
+        ));
+        let big = Layout::from_size_align(100_000, 8).unwrap();
+        let shrunk = heap.realloc(grown, big, 9000);
+        assert_eq!(shrunk, block, "shrunk in place");
+        assert_eq!(heap.stats().large().live_bytes, live - 2 * PAGE_SIZE);
+        assert!((0..9000).all(|i| shrunk.add(i).read() == i as u8));
+        // Another block right after it: growing must move now.
+        let small = Layout::from_size_align(9000, 8).unwrap();
+        let next = heap.alloc(small);
+        assert_eq!(next as usize, block as usize + 3 * PAGE_SIZE);
+        let moved = heap.realloc(shrunk, small, 50_000);
+        assert!(!moved.is_null() && moved != block);
+        assert!((0..9000).all(|i| moved.add(i).read() == i as u8));
+        heap.dealloc(moved, Layout::from_size_align(50_000, 8).unwrap());
+        heap.dealloc(next, small);
+    }
+    assert_eq!(heap.stats().large().nr_live, 0);
+    heap.debug().check_invariants().unwrap();
+}
