@@ -192,6 +192,30 @@ pub fn mixed_layout(size: usize) -> Layout {
     unsafe { Layout::from_size_align_unchecked(size, 8) }
 }
 
+/// What a caller does with a fresh object, as real code does (issue 33):
+/// fill a word, then set one byte (the last write narrower than a word,
+/// at offset 0, as when code fills a small struct and sets a flag or a
+/// string's first byte). Every workload writes so into every object it
+/// allocates, for every allocator alike (`null`'s buffer too, so the
+/// writes are part of the harness subtracted): a free soon after then
+/// pays whatever the allocator's loads of the object cost behind these
+/// stores (a word's load right after a byte's store at the same address
+/// cannot be forwarded from the store buffer). Volatile, so neither
+/// store is merged or dropped. `p` is 8-aligned with at least 8 bytes
+/// (every workload layout is).
+#[inline(always)]
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "every workload layout is 8-aligned with at least 8 bytes"
+)]
+pub fn touch(p: *mut u8, r: u64) {
+    // SAFETY: per the contract above, 8 bytes of the caller's object.
+    unsafe {
+        p.cast::<u64>().write_volatile(r);
+        p.write_volatile((r >> 8) as u8 ^ 0x5a);
+    }
+}
+
 /// `n` alloc+free pairs of one 64-byte object (the magazine hit path),
 /// the layout passed at run time.
 #[inline(never)]
@@ -200,6 +224,7 @@ pub fn pair64<A: BenchAlloc>(a: &A, n: u64) -> u64 {
     for _ in 0..n {
         let p = call::obj_alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
+        touch(p, n);
         // SAFETY: just allocated.
         unsafe { call::obj_free(a, black_box(p), layout) };
     }
@@ -214,6 +239,7 @@ pub fn pair64_const<A: BenchAlloc>(a: &A, n: u64) -> u64 {
     for _ in 0..n {
         let p = call::obj_alloc_const(a);
         assert!(!p.is_null(), "out of memory");
+        touch(p, n);
         // SAFETY: just allocated.
         unsafe { call::obj_free_const(a, black_box(p)) };
     }
@@ -234,6 +260,7 @@ pub fn pair64_fault<A: BenchAlloc>(a: &A, n: u64) -> u64 {
             call::obj_alloc(a, layout)
         };
         assert!(!p.is_null(), "out of memory");
+        touch(p, n);
         // SAFETY: just allocated.
         unsafe { call::obj_free(a, black_box(p), layout) };
     }
@@ -260,8 +287,7 @@ impl<const SLOTS: usize> Mixed<SLOTS> {
             let layout = sizes.layout(m.rng.next());
             let p = call::alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
-            // SAFETY: p has size >= 1 bytes.
-            unsafe { p.write(i as u8) };
+            touch(p, i as u64);
             m.slots[i] = (p, layout);
         }
         m
@@ -291,8 +317,7 @@ pub fn mixed<A: BenchAlloc, const SLOTS: usize>(a: &A, m: &mut Mixed<SLOTS>, ste
         unsafe { call::free(a, old, old_layout) };
         let p = call::alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
-        // SAFETY: p has size >= 1 bytes.
-        unsafe { p.write(r as u8) };
+        touch(p, r);
         m.slots[slot] = (p, layout);
     }
     2 * steps
@@ -334,14 +359,14 @@ pub fn realloc_same<A: BenchAlloc>(a: &A, n: u64) -> u64 {
     let mut layout = mixed_layout(black_box(40));
     let mut p = call::alloc(a, layout);
     assert!(!p.is_null(), "out of memory");
+    touch(p, n);
     for i in 0..n {
         let new_size = if layout.size() == 40 { 56 } else { 40 };
         // SAFETY: p is live with `layout`.
         p = unsafe { call::realloc(a, black_box(p), layout, black_box(new_size)) };
         assert!(!p.is_null(), "out of memory");
         layout = mixed_layout(new_size);
-        // SAFETY: p has new_size >= 1 bytes.
-        unsafe { p.write(i as u8) };
+        touch(p, i);
     }
     // SAFETY: live with `layout`.
     unsafe { call::free(a, p, layout) };
@@ -360,12 +385,14 @@ pub fn realloc_grow<A: BenchAlloc>(a: &A, chains: u64) -> u64 {
         let mut layout = mixed_layout(black_box(16));
         let mut p = call::alloc(a, layout);
         assert!(!p.is_null(), "out of memory");
+        touch(p, chains);
         for _ in 0..GROW_STEPS {
             let new_size = layout.size() * 2;
             // SAFETY: p is live with `layout`.
             p = unsafe { call::realloc(a, black_box(p), layout, black_box(new_size)) };
             assert!(!p.is_null(), "out of memory");
             layout = mixed_layout(new_size);
+            touch(p, new_size as u64);
             // SAFETY: p has new_size bytes.
             unsafe { p.add(new_size - 1).write(1) };
         }
@@ -386,6 +413,7 @@ pub fn batch<A: BenchAlloc>(a: &A, objs: &mut [*mut u8], rounds: u64) -> u64 {
         for slot in objs.iter_mut() {
             let p = call::obj_alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
+            touch(p, p.addr() as u64);
             *slot = p;
         }
         for &p in black_box(&*objs).iter() {
@@ -407,6 +435,7 @@ pub fn cross_free_local<A: BenchAlloc>(a: &A, objects: u64) -> u64 {
         for slot in batch.iter_mut() {
             let p = call::obj_alloc(a, layout);
             assert!(!p.is_null(), "out of memory");
+            touch(p, p.addr() as u64);
             *slot = p;
         }
         for &p in black_box(&batch).iter() {
@@ -507,6 +536,7 @@ fn hand_off<A: BenchAlloc, const N: usize, const D: usize>(
                 for p in batch.iter_mut() {
                     let obj = call::obj_alloc(a, layout);
                     assert!(!obj.is_null(), "out of memory");
+                    touch(obj, i as u64);
                     *p = obj;
                 }
                 slot.full.store(true, Ordering::Release);

@@ -95,13 +95,13 @@ pub fn nr_ranges() -> usize {
 /// `base + A::AT + offset` is the running CPU's per-CPU cache, alive for
 /// the call, and the platform's hits are restartable ([`enabled`]).
 #[inline(always)]
-pub(crate) unsafe fn alloc_hit<A: ArrayAt>(
+pub(crate) unsafe fn alloc_hit<A: ArrayAt, const KEYED: bool>(
     base: *const u8,
     offset: usize,
 ) -> Option<core::ptr::NonNull<u8>> {
-    // SAFETY: per our caller; the offsets are `top`'s and `nr_allocs`'
-    // in a per-CPU cache (`ArrayAt`).
-    unsafe { imp::pop::<A>(base, offset) }
+    // SAFETY: per our caller; the offsets are `top`'s, `nr_allocs`' and
+    // `free_key`'s in a per-CPU cache (`ArrayAt`).
+    unsafe { imp::pop::<A, KEYED>(base, offset) }
 }
 
 /// The restartable free hit of a keyed cache (the sequence `push`): on
@@ -224,6 +224,13 @@ mod imp {
     /// and `A::NR_ALLOCS` are the byte offsets of `top` and `nr_allocs` in
     /// the per-CPU cache.
     ///
+    /// `KEYED` (a keyed cache's hit: `cache/double_free.rs`): the round
+    /// must hold the free key (`A::FREE_KEY`'s word), tested before the
+    /// commit (a read) and cleared after it; a round without it changes
+    /// nothing (`None`: the miss pops it again, reports it and keeps it
+    /// from every caller). +3 instructions: the key's load, its compare
+    /// and branch (the clear was there already).
+    ///
     /// # Safety
     /// `base + A::AT + offset` is the running CPU's per-CPU cache, alive
     /// for the call;
@@ -231,13 +238,49 @@ mod imp {
     /// says on every interrupt that can run allocator code, and no other
     /// code on this CPU
     /// touches the per-CPU cache with interrupts on
-    /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS)).
+    /// ([`Platform::RESTARTABLE_HITS`](crate::Platform::RESTARTABLE_HITS));
+    /// `KEYED` only for a keyed cache's per-CPU cache.
     #[inline(always)]
-    pub(crate) unsafe fn pop<A: super::ArrayAt>(
+    pub(crate) unsafe fn pop<A: super::ArrayAt, const KEYED: bool>(
         base: *const u8,
         offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {
         let round: *mut u8;
+        if KEYED {
+            // SAFETY: as below; the key test only reads (the round, a free
+            // object of the keyed cache: its first word), and the clear
+            // after the commit writes the round, ours from the commit on.
+            unsafe {
+                core::arch::asm!(
+                    "2:",
+                    "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
+                    "mov {round}, qword ptr [{top} - 8]",
+                    "test {round}, {round}",
+                    "jz {empty}",
+                    "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
+                    "cmp qword ptr [{round}], {key}",
+                    "jne {empty}",
+                    "sub {top}, 8",
+                    "mov qword ptr [{base} + {offset} + {top_at}], {top}",
+                    "3:",
+                    restart_range!(),
+                    "inc qword ptr [{base} + {offset} + {nr_at}]",
+                    "mov qword ptr [{round}], 0",
+                    base = in(reg) base,
+                    offset = in(reg) offset,
+                    top_at = const A::AT + A::TOP,
+                    nr_at = const A::AT + A::NR_ALLOCS,
+                    key_at = const A::AT + A::FREE_KEY,
+                    top = out(reg) _,
+                    key = out(reg) _,
+                    round = out(reg) round,
+                    empty = label { return None; },
+                    options(nostack),
+                );
+            }
+            // SAFETY: the jump above leaves on a null round.
+            return Some(unsafe { core::ptr::NonNull::new_unchecked(round) });
+        }
         // SAFETY: `[base + offset + A::AT + A::TOP]` is this CPU's `top`, a pointer at or
         // above slot 0 of `loaded` (or of the absent magazine, whose word
         // below is its null `next`): the word below it is readable. Up to the
@@ -309,8 +352,14 @@ mod imp {
                 "cmp {top}, qword ptr [{base} + {offset} + {limit_at}]",
                 "jae {no}",
                 "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
+                // The key's low byte first (a one-byte load is forwarded
+                // from any store of the caller's: `double_free::holds_key`),
+                // the word only if it matches.
+                "cmp byte ptr [{obj}], {key:l}",
+                "jne 4f",
                 "cmp qword ptr [{obj}], {key}",
                 "je {no}",
+                "4:",
                 "mov qword ptr [{obj}], {key}",
                 "mov qword ptr [{top}], {obj}",
                 "add {top}, 8",
@@ -352,7 +401,7 @@ mod imp {
     ///
     /// # Safety
     /// None needed; it panics.
-    pub(crate) unsafe fn pop<A: super::ArrayAt>(
+    pub(crate) unsafe fn pop<A: super::ArrayAt, const KEYED: bool>(
         _base: *const u8,
         _offset: usize,
     ) -> Option<core::ptr::NonNull<u8>> {

@@ -92,7 +92,10 @@ impl<P: Platform> Kmem<P> {
 unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
     /// init: `kmalloc_checked` refuses, no readiness test here). The one
-    /// place an allocation error becomes a null pointer.
+    /// place an allocation error becomes a null pointer. Inline: the hit
+    /// is a few instructions and a tail call (the free key's check on it,
+    /// issue 33, left it just past the inliner's threshold).
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
         if let Some(cache) = self.class_cache(layout.size(), layout.align())

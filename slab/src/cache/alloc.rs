@@ -120,10 +120,7 @@ impl<P: Platform> KmemCache<P> {
             return None;
         }
         // SAFETY: no slow flag, so not the unready entry: a live cache.
-        let obj = unsafe { &*this }.magazine_alloc_hit()?;
-        // SAFETY: just popped; a cache without slow flags is keyed.
-        unsafe { double_free::clear_key(obj) };
-        Some(obj)
+        unsafe { &*this }.magazine_alloc_hit::<true>()
     }
 
     /// The allocation past a failed [`Self::alloc_hit`]: with a feature
@@ -177,7 +174,8 @@ impl<P: Platform> KmemCache<P> {
         let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
         if !hot.intersects(HotFlags::ALLOC_HOOKED_RARE)
             // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
-            && let Some(obj) = unsafe { &*this }.magazine_alloc_hit()
+            // (keyed: no `KEYLESS`, a rare bit)
+            && let Some(obj) = unsafe { &*this }.magazine_alloc_hit::<true>()
         {
             // SAFETY: as above.
             return unsafe { &*this }.post_alloc_hook::<false>(obj, hot, &tag, bytes_req);
@@ -215,7 +213,14 @@ impl<P: Platform> KmemCache<P> {
         {
             return this.alloc_event(served, hot, bytes_req);
         }
-        let obj = match this.magazine_alloc_hit() {
+        let hit = if hot.contains(HotFlags::KEYLESS) {
+            // SAFETY: just popped, not handed out.
+            this.magazine_alloc_hit::<false>()
+                .and_then(|obj| unsafe { this.take_round_hooked(obj) })
+        } else {
+            this.magazine_alloc_hit::<true>()
+        };
+        let obj = match hit {
             Some(obj) => obj,
             None => match this.magazine_alloc_miss_or_slab() {
                 Ok(obj) => obj,
@@ -229,14 +234,20 @@ impl<P: Platform> KmemCache<P> {
     /// `loaded` and count it. `None` (nothing changed) if `loaded` is
     /// empty or absent, or (an interrupt handler) if this CPU's per-CPU
     /// cache is held by the code it interrupted. Not for bootstrap
-    /// caches.
+    /// caches. `KEYED` (a keyed cache): the round's free key is taken
+    /// (`double_free::take_key`); a round without it stays (`None`: the
+    /// miss reports it).
     #[inline(always)]
-    pub(crate) fn magazine_alloc_hit(&self) -> Option<NonNull<u8>> {
+    pub(crate) fn magazine_alloc_hit<const KEYED: bool>(&self) -> Option<NonNull<u8>> {
         if crate::restart::enabled::<P>() {
             // SAFETY: this CPU's per-CPU cache, PCPU_OFFSET bytes after
-            // the cache; the platform's hits are restartable.
+            // the cache; the platform's hits are restartable; KEYED as
+            // our caller says.
             return unsafe {
-                crate::restart::alloc_hit::<Self>((self as *const Self).cast(), P::cpu_offset())
+                crate::restart::alloc_hit::<Self, KEYED>(
+                    (self as *const Self).cast(),
+                    P::cpu_offset(),
+                )
             };
         }
         let mut pcpu = self.pcpu_lock()?;
@@ -249,6 +260,10 @@ impl<P: Platform> KmemCache<P> {
         // absent magazine), owned by this CPU under its flag: the word
         // below it is in the magazine's object.
         let obj = NonNull::new(unsafe { *top.sub(1) })?;
+        // SAFETY: a round of ours, keyed as our caller says.
+        if KEYED && !unsafe { double_free::take_key(obj, pcc.free_key) } {
+            return None;
+        }
         crate::sync::interrupt_point::<P>();
         pcc.nr_allocs += 1;
         // SAFETY: a round was below `top`, so slot 0 is at or below it.

@@ -17,6 +17,25 @@
 //! of `loaded`, two instructions) becomes the key's load, compare and store
 //! (four), and the alloc clears one word: +3 instructions per pair.
 //!
+//! **Nothing is handed out twice** (issue 33): the alloc hit takes the key
+//! ([`take_key`]: one `sub` of the key to memory, 0 being the cleared
+//! key, and its branch: +2 a pair) and hands out only a round that held
+//! it; the miss ([`KmemCache::round_intact`]) and a drain to the slab
+//! layer ([`KmemCache::intact_rounds`]) test every round the same way.
+//! A round without its key was written after its free: reported
+//! (`ModifiedAfterFree`) and kept, busy in its slab for good. That closes
+//! the hole glibc's tcache key has: a use after free that writes the
+//! first word (the key gone) lets a double free pass the free's test, and
+//! the object rests twice in the magazines; its first copy leaves with
+//! the key cleared, so its second never leaves. The slab layer does the
+//! same for its free objects (`FreeList::lost_key`: never relinked).
+//!
+//! **The free's test does not stall** behind the caller's last store:
+//! [`holds_key`] compares the key's low byte first (a one-byte load is
+//! always forwarded from the store buffer), the word only on a match.
+//! Same instruction count; the key's low byte is one no pointer, ASCII
+//! text or small integer starts with (`key_low_byte`).
+//!
 //! The key is not a pointer (bit 63 set, bit 47 clear: non-canonical on
 //! x86_64), so no pointer a caller stores can equal it.
 //!
@@ -67,9 +86,11 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{CacheSpec, KmemCache};
+use crate::debug::{AUDIT_FRAMES, AuditRecord};
 use crate::flags::CacheFlags;
 use crate::layout::freelist::freelist_secret;
 use crate::platform::Platform;
+use crate::report::{ErrorKind, ErrorReport};
 use crate::sync::IrqGuard;
 
 /// The key of this boot: 0 until the first cache is made.
@@ -81,10 +102,25 @@ const KEY_SET: usize = 1 << 63 | 1;
 /// Bits forced clear in the key.
 const KEY_CLEAR: usize = 1 << 47;
 
+/// The key's low byte, which the free tests first (see [`holds_key`]):
+/// `0x81..=0xbf` and odd. Odd: never the low byte of an 8-aligned
+/// pointer; at least `0x80`: never ASCII nor a small non-negative
+/// integer; below `0xc0`: a UTF-8 continuation byte, never the first
+/// byte of a string.
+const fn key_low_byte(random: usize) -> usize {
+    0x81 | (random & 0x3e)
+}
+
+/// This boot's key from the random value `random`: the forced bits,
+/// and the low byte as [`key_low_byte`] makes it.
+const fn make_key(random: usize) -> usize {
+    (random & !KEY_CLEAR & !0xff) | KEY_SET | key_low_byte(random)
+}
+
 /// Choose this boot's key from `seed` (a clock mixed with an address), once:
 /// later calls keep the first key (objects already freed hold it).
 pub(crate) fn init_free_key(seed: u64) {
-    let key = (freelist_secret(seed) & !KEY_CLEAR) | KEY_SET;
+    let key = make_key(freelist_secret(seed));
     let _ = FREE_KEY.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed);
 }
 
@@ -191,13 +227,22 @@ fn key_word_at(obj: NonNull<u8>, offset: usize) -> *mut usize {
 /// Whether freed object `obj` holds the key: freed already, or its owner
 /// wrote the key (the slow path confirms).
 ///
+/// The low byte first: a one-byte load is always forwarded from the
+/// store buffer, whatever the caller's last write to the object was (a
+/// store starting at the object's first byte contains it; any other
+/// store does not overlap it), where a word's load waits for a narrower
+/// store at offset 0 to retire (a store-forwarding stall: 4.1 against
+/// 2.6 ns a pair with one byte written, `docs/HARDENING.md`). Only an
+/// object whose first byte matches (`key_low_byte`: no pointer, ASCII or
+/// small integer starts so) reads the word. The same instruction count.
+///
 /// # Safety
 /// `obj` is an object start of a keyed cache (at least 8 bytes of its
 /// stride, 8-aligned, ours to read).
 #[inline(always)]
 pub(crate) unsafe fn holds_key(obj: NonNull<u8>, key: usize) -> bool {
     // SAFETY: per our caller.
-    unsafe { key_word(obj).read() == key }
+    unsafe { obj.as_ptr().read() == key as u8 && key_word(obj).read() == key }
 }
 
 /// Mark `obj` freed: the key in its first word.
@@ -222,7 +267,137 @@ pub(crate) unsafe fn clear_key(obj: NonNull<u8>) {
     unsafe { key_word(obj).write(0) };
 }
 
+/// A round leaving a magazine of a keyed cache for a caller (the alloc
+/// hit, with this CPU's magazines held): its key is taken (cleared), and
+/// true; or, if it does not hold the key, false, the round left where it
+/// is (its word less the key: still not the key) for the miss,
+/// which pops it again, reports it and keeps it from every caller
+/// ([`KmemCache::round_intact`]).
+///
+/// Every object entering a magazine holds the key (every free writes
+/// it) and every object leaving one for a caller has it cleared, so an
+/// object that was handed out and not freed since never holds it (its
+/// owner cannot know this boot's key). A round without it is a use
+/// after free's write, or the second copy of a double free whose first
+/// copy went out already (the key written over by a use after free, so
+/// the double free passed the free's test): never handed out twice.
+///
+/// One read-modify-write (`sub` of the key: 0 is the cleared key) and
+/// its branch, where the hit stored 0: +2 instructions a pair with the
+/// key's load from the per-CPU line. (A restartable hit cannot write
+/// before its commit: it compares, +3: `restart.rs`.)
+///
+/// # Safety
+/// `obj` is a round of a keyed cache's magazine held by the caller (its
+/// key in word 0), taken by the caller if this returns true.
+#[inline(always)]
+pub(crate) unsafe fn take_key(obj: NonNull<u8>, key: usize) -> bool {
+    let word = key_word(obj);
+    // SAFETY: per our caller, an object of a keyed cache, ours.
+    let left = unsafe { word.read() }.wrapping_sub(key);
+    // The word less the key: 0 (cleared) if it held the key, else still
+    // not the key (unless it was twice the key), which the miss reads as
+    // a round without its key. No undo, so that the compiler folds the
+    // load, subtract and store into one `sub` to memory whose flags the
+    // branch tests, and the hit stays small enough to inline.
+    // SAFETY: as above.
+    unsafe { word.write(left) };
+    if left != 0 {
+        return false;
+    }
+    true
+}
+
 impl<P: Platform> KmemCache<P> {
+    /// Whether `obj`, a round just taken from one of this cache's
+    /// magazines, still holds the mark its free left (see [`take_key`];
+    /// any cache: the mark where [`KeyPlace`] says, nothing to test for
+    /// an unmarked or bufctl-marked cache). Reported if not: the caller
+    /// then keeps it from every caller and from its slab.
+    ///
+    /// # Safety
+    /// `obj` was just taken from this cache's magazines, not yet handed
+    /// out.
+    #[inline(never)]
+    pub(crate) unsafe fn round_intact(&self, obj: NonNull<u8>) -> bool {
+        let KeyPlace::Word(offset) = self.key_place else {
+            return true;
+        };
+        // SAFETY: per our caller; a word of the object's stride.
+        if unsafe { key_word_at(obj, offset.into()).read() } == free_key() {
+            return true;
+        }
+        self.report_modified_round(obj, offset.into());
+        false
+    }
+
+    /// [`take_key`] for the flagged alloc of a keyless cache (any cache: the mark where
+    /// [`KeyPlace`] says, left in place: the post-alloc hook clears it).
+    ///
+    /// # Safety
+    /// As for [`Self::round_intact`].
+    #[inline(always)]
+    pub(crate) unsafe fn take_round_hooked(&self, obj: NonNull<u8>) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller.
+        unsafe { self.round_intact(obj) }.then_some(obj)
+    }
+
+    /// Keep the rounds of a magazine going back to the slab layer (a
+    /// drain or a reap) that still hold their mark: the others are
+    /// reported and left out (busy in their slabs for good). Returns the
+    /// kept rounds, moved to the front of `rounds`.
+    ///
+    /// # Safety
+    /// `rounds` are rounds of a magazine of this cache, detached, ours.
+    pub(crate) unsafe fn intact_rounds<'a>(&self, rounds: &'a mut [*mut u8]) -> &'a [*mut u8] {
+        if !matches!(self.key_place, KeyPlace::Word(_)) {
+            return rounds;
+        }
+        let mut nr_kept = 0;
+        for index in 0..rounds.len() {
+            let round = rounds[index];
+            // SAFETY: per our caller, a round of ours (never null).
+            if unsafe { self.round_intact(NonNull::new_unchecked(round)) } {
+                rounds[nr_kept] = round;
+                nr_kept += 1;
+            }
+        }
+        &rounds[..nr_kept]
+    }
+
+    /// Report a round found without its mark at `offset`: a
+    /// `ModifiedAfterFree` report, with the object's slab and, for a
+    /// traced cache, the allocation of the object's live copy.
+    #[cold]
+    #[inline(never)]
+    fn report_modified_round(&self, obj: NonNull<u8>, offset: usize) {
+        let addr = obj.as_ptr() as usize;
+        let mut report = ErrorReport::new(ErrorKind::ModifiedAfterFree, self.name(), addr + offset);
+        report.object = addr;
+        if self.kind == crate::layout::geometry::SlabKind::Small {
+            report.slab = self.small_slab_of(addr) as usize;
+        }
+        // The stack known: a traced object's allocation (`kmemtrace
+        // start`), the holder of its other copy (marked caches keep no
+        // audit records: those are a debug cache's, unmarked).
+        self.trace_table().for_each(|record| {
+            if record.addr == addr {
+                let mut last = AuditRecord {
+                    timestamp: record.timestamp.max(1),
+                    cpu: record.cpu,
+                    nr_frames: 0,
+                    frames: [0; AUDIT_FRAMES],
+                };
+                let frames = record.frames();
+                let nr_frames = frames.len().min(AUDIT_FRAMES);
+                last.frames[..nr_frames].copy_from_slice(&frames[..nr_frames]);
+                last.nr_frames = nr_frames as u32;
+                report.last_alloc = Some(last);
+            }
+        });
+        self.owner().report_error(report);
+    }
+
     /// Whether freeing `obj` now would free it twice: for a keyed cache
     /// whose object holds the key, confirmed by a search of every
     /// magazine and the depot and by its slab (see the module docs);

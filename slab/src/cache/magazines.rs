@@ -208,7 +208,10 @@ impl<P: Platform> KmemCache<P> {
     pub(super) unsafe fn free_magazine(&self, mag: *mut Magazine) {
         // SAFETY: per the caller, the magazine and its rounds are ours.
         unsafe {
-            self.slab_free_objects(crate::magazine::held_rounds(mag));
+            // Rounds without their free's mark stay out of the slab layer
+            // (`double_free.rs`: a use after free's write, or a copy of an
+            // object handed out already).
+            self.slab_free_objects(self.intact_rounds(crate::magazine::held_rounds_mut(mag)));
             let capacity = (*mag).capacity as usize;
             let magtype = MAGAZINE_ROUNDS
                 .iter()
@@ -258,13 +261,21 @@ impl<P: Platform> KmemCache<P> {
     /// magazine either (the caller goes to the slab layer). An empty
     /// magazine of an older type the depot did not keep is freed after
     /// interrupts are back on.
+    /// A round without the mark its free left is reported and kept from
+    /// every caller (`double_free.rs`, `take_key`): the next is taken.
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
-        self.magazine_miss(
-            pop_round,
-            // SAFETY: this CPU's magazines, interrupts off.
-            |pcc| unsafe { rounds_of(pcc.prev) } > 0,
-            |depot, pcc| depot.exchange_for_full(pcc),
-        )
+        loop {
+            let obj = self.magazine_miss(
+                pop_round,
+                // SAFETY: this CPU's magazines, interrupts off.
+                |pcc| unsafe { rounds_of(pcc.prev) } > 0,
+                |depot, pcc| depot.exchange_for_full(pcc),
+            )?;
+            // SAFETY: just taken from our magazines, not handed out.
+            if unsafe { self.round_intact(obj) } {
+                return Some(obj);
+            }
+        }
     }
 
     /// One pass of the free miss with interrupts off: store `obj` in

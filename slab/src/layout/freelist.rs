@@ -159,6 +159,17 @@ impl FreeList {
         freelist_ptr(unsafe { link.read() }, self.secret, link as usize)
     }
 
+    /// Whether free object `obj` of a keyed slab lost its key (written
+    /// after its free: its link is not to be trusted, nor the object to
+    /// be handed out).
+    ///
+    /// # Safety
+    /// As for [`Self::write_link`].
+    pub(crate) unsafe fn lost_key(&self, obj: usize) -> bool {
+        // SAFETY: per the caller.
+        self.key != 0 && unsafe { (obj as *const usize).read() } != self.key
+    }
+
     /// Whether `next` may follow `obj` on the free list: the end, or
     /// another free object of this slab.
     fn link_ok(&self, map: &FreeMap, obj: usize, next: usize) -> bool {

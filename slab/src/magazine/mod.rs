@@ -261,6 +261,20 @@ pub(crate) unsafe fn held_rounds<'a>(mag: *mut Magazine) -> &'a [*mut u8] {
     unsafe { core::slice::from_raw_parts(Magazine::slots(mag), nr_rounds) }
 }
 
+/// [`held_rounds`], to rearrange.
+///
+/// # Safety
+/// As for [`held_rounds`], and the magazine is the caller's alone.
+pub(crate) unsafe fn held_rounds_mut<'a>(mag: *mut Magazine) -> &'a mut [*mut u8] {
+    // SAFETY: per the caller.
+    let nr_rounds = unsafe { rounds_of(mag) };
+    if nr_rounds == 0 {
+        return &mut [];
+    }
+    // SAFETY: as in `held_rounds`; ours alone.
+    unsafe { core::slice::from_raw_parts_mut(Magazine::slots(mag), nr_rounds) }
+}
+
 /// A CPU's magazines of one cache, owned by that CPU (see the module
 /// docs): reached through [`KmemCache`](crate::KmemCache)'s `pcpu_lock`
 /// (its in-use flag), or in a cross-CPU call.

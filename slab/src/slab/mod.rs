@@ -376,6 +376,16 @@ impl SlabLists {
                             Ok(obj) => obj,
                             Err(link) => {
                                 bad.get_or_insert((slab, link));
+                                // Without its key it was written after its
+                                // free, maybe through a copy handed out
+                                // (`cache/double_free.rs`): kept busy for
+                                // good, never relinked or handed out.
+                                if list.lost_key(link.obj)
+                                    && let Some(index) = list.index_of(link.obj)
+                                {
+                                    crate::layout::freelist::map_clear(map, index);
+                                    (*slab).nr_busy += 1;
+                                }
                                 head = list.rebuild(map);
                                 if head == 0 {
                                     // The bitmap has no free object left

@@ -927,7 +927,7 @@ fn restartable_sequences_and_their_ranges() {
     // The line is a different CPU's at offset 0: the sequences add `offset`.
     // SAFETY: `base + AT + 0` is our line, its `top` at or above slot 0 of the
     // magazine with the null `next` below; nothing else runs.
-    let pop = || unsafe { crate::restart::alloc_hit::<Line>(base, 0) };
+    let pop = || unsafe { crate::restart::alloc_hit::<Line, true>(base, 0) };
     let push = |obj: NonNull<u8>| {
         // SAFETY: as above; `obj` is one of ours, 16 bytes, given up.
         unsafe { crate::restart::free_hit::<Line>(base, 0, obj) }
@@ -947,8 +947,10 @@ fn restartable_sequences_and_their_ranges() {
     assert!(!push(full), "full");
     assert_eq!(objects[4][0], 0, "a refused push writes no key");
     assert_eq!(line[(AT + TOP) / 8], slots.wrapping_add(4) as usize);
-    // Pop one, then push an object that already holds the key.
+    // Pop one (its key cleared), then push an object that already holds
+    // the key.
     assert_eq!(pop(), Some(object(&mut objects, 3)), "LIFO");
+    assert_eq!(objects[3][0], 0, "the popped round's key cleared");
     objects[5][0] = KEY_VALUE;
     let keyed = object(&mut objects, 5);
     assert!(!push(keyed), "holds the key");
@@ -957,7 +959,17 @@ fn restartable_sequences_and_their_ranges() {
         slots.wrapping_add(3) as usize,
         "refused: top unchanged"
     );
-    for i in (0..3).rev() {
+    // A round whose key was written over after its free stays (the
+    // miss reports it); a keyless cache's pop does not look.
+    objects[2][0] = 0x4141;
+    assert_eq!(pop(), None, "a round without its key is not popped");
+    assert_eq!(line[(AT + TOP) / 8], slots.wrapping_add(3) as usize);
+    assert_eq!(objects[2][0], 0x4141, "nothing written");
+    // SAFETY: as for `pop`.
+    let keyless = unsafe { crate::restart::alloc_hit::<Line, false>(base, 0) };
+    assert_eq!(keyless, Some(object(&mut objects, 2)));
+    assert_eq!(objects[2][0], 0x4141, "a keyless pop writes nothing");
+    for i in (0..2).rev() {
         assert_eq!(pop(), Some(object(&mut objects, i)), "LIFO");
     }
     assert_eq!(pop(), None, "empty again");

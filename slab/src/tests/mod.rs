@@ -10,6 +10,8 @@ mod alloc_errors;
 #[cfg(not(loom))]
 mod alloc_free;
 #[cfg(not(loom))]
+mod attack_matrix;
+#[cfg(not(loom))]
 mod bad_free;
 #[cfg(not(loom))]
 mod bad_free_kinds;

@@ -1,0 +1,197 @@
+//! The attack matrix (issue 33, `docs/HARDENING.md`): each row is what
+//! an attacker with one bug does to the heap, run through the public API
+//! without debug flags, with the verdict the defence gives:
+//!
+//! - **refused**: the operation is turned down where it happens;
+//! - **detected**: it goes through, but is reported and its effect
+//!   (an object handed out twice, a forged pointer followed) never
+//!   happens;
+//! - **mitigated**: nothing to detect; the layout it relies on is not
+//!   there.
+//!
+//! Every test fails without its defence (said at each).
+
+use std::collections::HashSet;
+use std::vec::Vec;
+
+use super::support::*;
+use crate::report::ErrorKind;
+use crate::{CacheArgs, FreeError, KmemCache};
+
+/// Errors of `kind` reported after report number `after`.
+fn reports_of(alloc: &TestAlloc, after: u64, kind: ErrorKind) -> usize {
+    let mut out = [crate::report::ErrorReport::new(kind, "", 0); 64];
+    let nr = alloc.debug().read_errors(after, &mut out);
+    out[..nr]
+        .iter()
+        .filter(|report| report.kind == kind)
+        .count()
+}
+
+/// Allocate `nr` objects with `alloc_one` and say whether any came back
+/// twice (with `held`, the objects a caller holds already).
+fn handed_out_twice(
+    held: &[usize],
+    nr: usize,
+    mut alloc_one: impl FnMut() -> usize,
+) -> (bool, Vec<usize>) {
+    let mut seen: HashSet<usize> = held.iter().copied().collect();
+    let mut twice = false;
+    let mut objs = Vec::new();
+    for _ in 0..nr {
+        let obj = alloc_one();
+        twice |= !seen.insert(obj);
+        objs.push(obj);
+    }
+    (twice, objs)
+}
+
+/// Row 1, use-after-free write + double free (issue 33: handed out twice
+/// within 400 allocations before). Free, overwrite the first word (the
+/// free key), free again: the second free passes the key's test, so the
+/// object rests twice in the magazines. Verdict **detected**: the copy
+/// that leaves a magazine without its key is reported
+/// (`ModifiedAfterFree`) and never handed out (`double_free::take_key`;
+/// without it the object comes back twice).
+fn uaf_write_then_double_free(size: usize, overwrite: usize, free_cpu: usize, refree_cpu: usize) {
+    let (alloc, _) = setup(512);
+    set_cpu(0);
+    let cache = alloc
+        .cache_create("uaf", size, &CacheArgs::DEFAULT)
+        .unwrap();
+    let held: Vec<usize> = (0..8)
+        .map(|_| cache.alloc().unwrap().as_ptr() as usize)
+        .collect();
+    let victim = held[3];
+    let before = alloc.debug().nr_errors();
+    set_cpu(free_cpu);
+    // SAFETY: a live object of ours.
+    unsafe { cache.free(std::ptr::NonNull::new(victim as *mut u8).unwrap()) }.unwrap();
+    // The use after free: the object's first word.
+    // SAFETY: the test's deliberate write after free (memory of the cache).
+    unsafe { (victim as *mut usize).write(overwrite) };
+    set_cpu(refree_cpu);
+    // SAFETY: the deliberate double free.
+    let second = unsafe { cache.free(std::ptr::NonNull::new(victim as *mut u8).unwrap()) };
+    // The key was overwritten: the free cannot see it (an overwrite of
+    // the key with the key itself is refused, any other value passes).
+    assert_eq!(
+        second,
+        Ok(()),
+        "the free key was overwritten: not refused at the free"
+    );
+    let others: Vec<usize> = held.iter().copied().filter(|&obj| obj != victim).collect();
+    let mut objs = Vec::new();
+    let mut twice = false;
+    for cpu in [0, 1, free_cpu, refree_cpu] {
+        set_cpu(cpu);
+        let (again, got) =
+            handed_out_twice(&others, 200, || cache.alloc().unwrap().as_ptr() as usize);
+        twice |= again || got.iter().any(|obj| objs.contains(obj));
+        objs.extend(got);
+    }
+    assert!(!twice, "an object was handed out twice");
+    assert_eq!(
+        objs.iter().filter(|&&obj| obj == victim).count(),
+        1,
+        "the victim goes out once"
+    );
+    assert!(
+        reports_of(alloc, before, ErrorKind::ModifiedAfterFree) >= 1,
+        "the copy without its key is reported"
+    );
+    set_cpu(0);
+    for obj in objs.into_iter().chain(others) {
+        // SAFETY: live objects of ours.
+        unsafe { cache.free(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
+    }
+    cache.reap();
+}
+
+#[test]
+fn uaf_write_then_double_free_64_bytes_never_handed_out_twice() {
+    uaf_write_then_double_free(64, 0, 0, 0);
+    uaf_write_then_double_free(64, 0x4141_4141_4141_4141, 0, 0);
+}
+
+#[test]
+fn uaf_write_then_double_free_8_bytes_never_handed_out_twice() {
+    uaf_write_then_double_free(8, 0, 0, 0);
+    uaf_write_then_double_free(8, 0x4141, 0, 0);
+}
+
+#[test]
+fn uaf_write_then_double_free_across_cpus_never_handed_out_twice() {
+    uaf_write_then_double_free(64, 0, 1, 0);
+    uaf_write_then_double_free(8, 7, 1, 0);
+}
+
+/// Row 1 through a drain: the two copies go back to the slab layer by a
+/// reap while the object is out with a caller (one copy handed out
+/// first). Verdict **detected**: a round without its key is kept out of
+/// the slab layer (`intact_rounds`) and a free object found without its
+/// key there is never relinked (`FreeList::lost_key`); without them the
+/// slab would hand the live object out again.
+#[test]
+fn uaf_write_then_double_free_through_a_reap_never_handed_out_twice() {
+    let (alloc, _) = setup(512);
+    set_cpu(0);
+    let cache: &KmemCache<TestPlatform> = alloc
+        .cache_create("uaf-reap", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let victim = cache.alloc().unwrap();
+    let before = alloc.debug().nr_errors();
+    // SAFETY: live, ours; then the deliberate write after free and double
+    // free.
+    unsafe {
+        cache.free(victim).unwrap();
+        (victim.as_ptr() as usize as *mut usize).write(0);
+        assert_eq!(cache.free(victim), Ok(()));
+    }
+    // One copy goes out (the top round)...
+    let first = cache.alloc().unwrap();
+    assert_eq!(first, victim);
+    // ...the other goes back to the slab layer with the magazines.
+    cache.reap();
+    let (twice, objs) = handed_out_twice(&[victim.as_ptr() as usize], 400, || {
+        cache.alloc().unwrap().as_ptr() as usize
+    });
+    assert!(!twice, "the victim was handed out again while held");
+    assert!(reports_of(alloc, before, ErrorKind::ModifiedAfterFree) >= 1);
+    for obj in objs.into_iter().chain([victim.as_ptr() as usize]) {
+        // SAFETY: live objects of ours.
+        unsafe { cache.free(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
+    }
+}
+
+/// Row 1, the refusal that stays: a double free with the key intact is
+/// refused at the free (`DoubleFree`), after a caller's last write to
+/// the object was one byte (the free tests the key's low byte first:
+/// `double_free::holds_key`), and a live object whose first byte
+/// happens to be the key's is freed normally.
+#[test]
+fn double_free_refused_after_a_narrow_write() {
+    let (alloc, _) = setup(512);
+    set_cpu(0);
+    let cache = alloc
+        .cache_create("narrow", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let obj = cache.alloc().unwrap();
+    // SAFETY: ours; a narrow write, then the free and the double free.
+    unsafe {
+        obj.as_ptr().write(0x5a);
+        cache.free(obj).unwrap();
+        assert!(matches!(cache.free(obj), Err(FreeError::DoubleFree { .. })));
+    }
+    let obj = cache.alloc().unwrap();
+    let key_byte = crate::cache::boot_free_key(0) as u8;
+    // SAFETY: ours: its first byte is the key's, the rest is not.
+    unsafe {
+        obj.as_ptr().write(key_byte);
+        cache.free(obj).unwrap();
+    }
+    let again = cache.alloc().unwrap();
+    assert_eq!(again, obj);
+    // SAFETY: ours.
+    unsafe { cache.free(again) }.unwrap();
+}
