@@ -46,8 +46,9 @@ type Cache = KmemCache<KernelPlatform>;
 
 /// Object size of the scratch caches, in bytes.
 pub const SCRATCH_OBJ_SIZE: usize = 64;
-/// Most objects a run holds at once.
-const MAX_HELD: usize = 16;
+/// Most objects a run holds at once (a new slab's free list is shuffled:
+/// the overflow may need most of a slab to find two neighbours).
+const MAX_HELD: usize = 64;
 
 /// A bug `lkdtm` can commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,7 +238,9 @@ impl Scratch {
         }
     }
 
-    /// Frees a held object the right way.
+    /// Frees a held object the right way. Never inlined: its frame names
+    /// the free in KFENCE's "freed by" stack (`tests/lkdtm.rs`).
+    #[inline(never)]
     fn free(&mut self, obj: NonNull<u8>) -> Result<(), FreeError> {
         self.release(obj);
         // SAFETY: `obj` came from this cache's alloc and was held by us
@@ -567,27 +570,32 @@ fn slab_linear_overflow(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     }
     // With slab debugging the stride holds a redzone after the object.
     let stride = scratch.cache.stride();
-    let mut objs = [None; 8];
-    for slot in objs.iter_mut() {
+    // Objects until one has a held neighbour right after it (a new
+    // slab's free list is in a random order: SLAB_FREELIST_RANDOM).
+    let mut objs = [None; MAX_HELD - 1];
+    let mut found = None;
+    for index in 0..objs.len() {
         let obj = scratch.alloc()?;
         // SAFETY: a fresh object of `stride` >= 64 bytes, ours.
         unsafe { core::ptr::write_bytes(obj.as_ptr(), 0, SCRATCH_OBJ_SIZE) };
-        *slot = Some(obj);
-    }
-    let objs = objs.map(|obj| obj.expect("filled above"));
-    let neighbour_of = |target: usize| {
-        objs.iter()
-            .copied()
-            .find(|&b| (addr(b)..addr(b) + SCRATCH_OBJ_SIZE).contains(&target))
-    };
-    let Some((victim, neighbour)) = objs.iter().find_map(|&a| {
-        let target = addr(a) + SCRATCH_OBJ_SIZE;
-        if target < addr(a) + stride {
-            Some((a, None))
-        } else {
-            neighbour_of(target).map(|b| (a, Some(b)))
+        objs[index] = Some(obj);
+        let held = || objs[..=index].iter().flatten().copied();
+        let neighbour_of = |target: usize| {
+            held().find(|&b| (addr(b)..addr(b) + SCRATCH_OBJ_SIZE).contains(&target))
+        };
+        found = held().find_map(|a| {
+            let target = addr(a) + SCRATCH_OBJ_SIZE;
+            if target < addr(a) + stride {
+                Some((a, None))
+            } else {
+                neighbour_of(target).map(|b| (a, Some(b)))
+            }
+        });
+        if found.is_some() {
+            break;
         }
-    }) else {
+    }
+    let Some((victim, neighbour)) = found else {
         return Err(LkdtmError::Layout);
     };
     let target = addr(victim) + SCRATCH_OBJ_SIZE;

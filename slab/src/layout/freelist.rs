@@ -13,6 +13,14 @@
 //!   an object start inside the same slab whose bit is set in the slab's
 //!   bitmap of free objects (`free_map`, kept under the slab lock).
 //!
+//! A new slab's free list is threaded in a **random order** (Linux
+//! `CONFIG_SLAB_FREELIST_RANDOM`, 4.7: `shuffle_freelist`), so where the
+//! next objects of a fresh slab lie is not predictable, and a spray of
+//! allocations does not line up an attacker's object right after its
+//! target ([`FreeList::fill_shuffled`]: a Fisher–Yates shuffle from a
+//! per-boot seeded generator, once per new slab, on the slab layer's slow
+//! path; the magazine hits are unchanged).
+//!
 //! A link that fails the check is reported (`FreeListCorrupted`) and the
 //! free list is rebuilt from the bitmap, so the allocator never hands out
 //! memory it does not own, and loses nothing. The bitmap also makes
@@ -21,6 +29,32 @@
 //! never reach 0 while one of its objects is still with a caller.
 
 use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::layout::geometry::MAX_SMALL_OBJS;
+
+/// The free-list shuffle's generator state: a splitmix64 counter, seeded
+/// once a boot ([`init_shuffle`]), advanced by one step per new slab.
+static SHUFFLE_STATE: AtomicU64 = AtomicU64::new(0);
+
+/// Seed the free-list shuffle from `seed` (a clock mixed with an
+/// address), once: later calls keep the first seed.
+pub(crate) fn init_shuffle(seed: u64) {
+    let _ = SHUFFLE_STATE.compare_exchange(
+        0,
+        freelist_secret(seed ^ 0x5eed_f1ee) as u64,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+}
+
+/// A random value for one new slab's shuffle (splitmix64 of the next
+/// counter value: distinct slabs, distinct values).
+fn shuffle_seed() -> u64 {
+    let state = SHUFFLE_STATE
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    freelist_secret(state) as u64
+}
 
 /// Bitmap of a small slab's free objects (bit `i`: object `i` is on the
 /// free list). Written only under the slab lock; atomic so verifiers may
@@ -202,6 +236,20 @@ impl FreeList {
     /// The slab is fresh and ours alone: every object (and its link
     /// word) is the slab layer's; `map` is the slab's, all clear.
     pub(crate) unsafe fn carve(&self, map: &FreeMap) -> usize {
+        self.mark_all_free(map);
+        let mut head = 0;
+        for index in (0..self.nr_objs).rev() {
+            let obj = self.base + index * self.stride;
+            // SAFETY: per the caller, object `index` is ours.
+            unsafe { self.write_link(obj, head) };
+            head = obj;
+        }
+        head
+    }
+
+    /// Mark every object of the slab free in `map` (whole words at a
+    /// time).
+    fn mark_all_free(&self, map: &FreeMap) {
         debug_assert!(self.nr_objs <= map.len() * 64);
         for (word, bits) in map.iter().enumerate() {
             let first = word * 64;
@@ -214,10 +262,39 @@ impl FreeList {
                 Ordering::Relaxed,
             );
         }
+    }
+
+    /// Thread every object of a fresh slab (none on its free list yet)
+    /// onto the free list in a random order (Linux `shuffle_freelist`);
+    /// returns the head. A Fisher–Yates shuffle of the indices, from one
+    /// draw of the per-boot generator (xorshift64* from it). A slab whose
+    /// free objects are found by the bitmap (8-byte objects: the lowest
+    /// free object after each pop) gets a random head only.
+    ///
+    /// # Safety
+    /// Every object of the slab is the slab layer's (a fresh slab); `map`
+    /// is the slab's, all clear.
+    pub(crate) unsafe fn fill_shuffled(&self, map: &FreeMap) -> usize {
+        let nr_objs = self.nr_objs.min(MAX_SMALL_OBJS);
+        let mut order = [0u16; MAX_SMALL_OBJS];
+        for (index, slot) in order[..nr_objs].iter_mut().enumerate() {
+            *slot = index as u16;
+        }
+        let mut random = shuffle_seed() | 1;
+        for last in (1..nr_objs).rev() {
+            random ^= random >> 12;
+            random ^= random << 25;
+            random ^= random >> 27;
+            let draw = random.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            // Lemire's multiply-shift: uniform enough in 0..=last.
+            let pick = ((u128::from(draw) * (last as u128 + 1)) >> 64) as usize;
+            order.swap(last, pick);
+        }
+        self.mark_all_free(map);
         let mut head = 0;
-        for index in (0..self.nr_objs).rev() {
-            let obj = self.base + index * self.stride;
-            // SAFETY: per the caller, object `index` is ours.
+        for &index in &order[..nr_objs] {
+            let obj = self.base + usize::from(index) * self.stride;
+            // SAFETY: per our caller, object `index` of the fresh slab.
             unsafe { self.write_link(obj, head) };
             head = obj;
         }

@@ -428,11 +428,19 @@ impl<P: Platform> SlabLayer<P> {
         let carved = match params.kind {
             SlabKind::Small => {
                 let list = params.free_list(objs);
+                // In a random order (Linux SLAB_FREELIST_RANDOM); a
+                // debug cache's in address order, so that the same boot
+                // line lays objects out the same way for whoever debugs.
                 // SAFETY: slab initialised above (its bitmap clear), ours
                 // alone; every object lies inside our pages below the
                 // header, its link word 8-aligned inside its stride.
                 unsafe {
-                    let free = list.carve(&(*slab).free_map);
+                    let map = &(*slab).free_map;
+                    let free = if params.debug {
+                        list.carve(map)
+                    } else {
+                        list.fill_shuffled(map)
+                    };
                     (*slab).free = free as *mut u8;
                 }
                 Ok(())

@@ -98,9 +98,17 @@ fn double_free_on_bufctl_cache_after_drain_to_slab_layer() {
     }
     same_counts(&before, &cache.stats());
     // A never-allocated object start of the live slab is judged the same
-    // (it is free in its slab): p is object 0, keep object 1, this is 2.
-    let stride = keep.as_ptr().as_ptr() as usize - p.as_ptr() as usize;
-    let never = NonNull::new(keep.as_ptr().as_ptr().wrapping_add(stride)).unwrap();
+    // (it is free in its slab): the lowest object that is neither p nor
+    // keep (a new slab's free list is shuffled: any two objects).
+    let slab = cache.small_slab_of(addr);
+    // SAFETY: the live slab of p and keep.
+    let base = unsafe { (*slab).base };
+    let keep_addr = keep.as_ptr().as_ptr() as usize;
+    let never = (0..3)
+        .map(|index| base + index * cache.stride())
+        .find(|&obj| obj != addr && obj != keep_addr)
+        .unwrap();
+    let never = NonNull::new(never as *mut u8).unwrap();
     // SAFETY: refused.
     let refused = unsafe { cache.free(never) };
     assert_eq!(
