@@ -700,7 +700,9 @@ pub struct ReadmeDoctests;
 pub struct AdoptingDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
-pub use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, LargeStats, natural_align};
+pub use allocator::kmalloc::{
+    KMALLOC_MAX_SIZE, KMALLOC_SIZES, KmallocObj, LargeStats, NR_KMALLOC_RANDOM, natural_align,
+};
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
 pub use cache::{CacheTrace, DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};

@@ -46,8 +46,7 @@ type Cache = KmemCache<KernelPlatform>;
 
 /// Object size of the scratch caches, in bytes.
 pub const SCRATCH_OBJ_SIZE: usize = 64;
-/// Most objects a run holds at once (a new slab's free list is shuffled:
-/// the overflow may need most of a slab to find two neighbours).
+/// Most objects a run holds at once (a slab's worth: its order is random).
 const MAX_HELD: usize = 64;
 
 /// A bug `lkdtm` can commit.

@@ -173,6 +173,10 @@ impl<P: Platform> Kmem<P> {
     /// # Errors
     /// As for `cache_create` (out of memory).
     pub(super) fn init_classes(&'static self, cost: &InitCost) -> Result<(), AllocError> {
+        // Partitioned kmalloc (`kmalloc.rs`), but not on a small source.
+        super::kmalloc::init_partition_seed(P::now() ^ (core::ptr::from_ref(self) as u64));
+        self.kmalloc_partitioned
+            .store(!cost.classes_on_first_use, Ordering::Relaxed);
         if !cost.classes_on_first_use {
             for index in 0..NR_KMALLOC {
                 let cache = self.create_class(index)?;
@@ -236,6 +240,63 @@ impl<P: Platform> Kmem<P> {
             true,
         )?;
         Ok(cache)
+    }
+
+    /// Copy `row` of size class `index` (`kmalloc-rnd-<row>-<size>`, or
+    /// `kmalloc-data-<size>` for the pointer-free row: `kmalloc.rs`),
+    /// created now on its first use, as an unborn class is.
+    ///
+    /// # Errors
+    /// As for [`Self::kmalloc_class`].
+    pub(crate) fn kmalloc_partition_class(
+        &self,
+        row: usize,
+        index: usize,
+    ) -> Result<&'static KmemCache<P>, AllocError> {
+        let slot = &self.kmalloc_partitions[row][index];
+        let cache = slot.load(Ordering::Acquire);
+        if !cache.is_null() {
+            // SAFETY: published copies are permanent caches.
+            return Ok(unsafe { &*cache });
+        }
+        // SAFETY: as in `kmalloc_class`: an allocator with caches lives
+        // forever.
+        let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
+        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock::<P>()) else {
+            return Err(AllocError::OutOfMemory);
+        };
+        let cache = slot.load(Ordering::Acquire);
+        if !cache.is_null() {
+            // SAFETY: as above.
+            return Ok(unsafe { &*cache });
+        }
+        if spin_try::<P, _>(|| self.caches.try_lock::<P>()).is_none() {
+            return Err(AllocError::OutOfMemory);
+        }
+        let size = KMALLOC_SIZES[index];
+        let mut name = NameBuf {
+            bytes: [0; 32],
+            len: 0,
+        };
+        // Linux's names: "kmalloc-rnd-01-64"; the typed row's after
+        // `kmem_buckets`' "kmalloc-data-64" (both fit in 31 bytes).
+        if row == super::kmalloc::DATA_PARTITION {
+            let _ = write!(name, "kmalloc-data-{size}");
+        } else {
+            let _ = write!(name, "kmalloc-rnd-{:02}-{size}", row + 1);
+        }
+        let created = this.create_cache(
+            name.as_str(),
+            size,
+            natural_align(size),
+            CacheFlags::empty(),
+            None,
+            None,
+            None,
+            true,
+        )?;
+        slot.store(core::ptr::from_ref(created).cast_mut(), Ordering::Release);
+        Ok(created)
     }
 
     /// Size class `index`, created now if it is still unborn.

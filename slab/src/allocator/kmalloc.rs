@@ -53,6 +53,75 @@ const fn kmalloc_sizes() -> [usize; 64] {
     sizes
 }
 
+/// Random copies of each size class that `kmalloc!` call sites are
+/// spread over (Linux `CONFIG_RANDOM_KMALLOC_CACHES`, 6.6: 15 copies
+/// beside the normal one; here 8, for the memory they cost: see
+/// docs/HARDENING.md). A call site's copy is a hash of its identity (its
+/// code tag, or its source location without profiling) with a per-boot
+/// seed, so two unrelated sites share a slab with probability 1/8, and
+/// which sites do changes every boot. Untagged allocations (`GlobalAlloc`:
+/// `Box`, `Vec`; `kmalloc` without a tag) keep the normal classes and
+/// their one-load hit.
+pub const NR_KMALLOC_RANDOM: usize = 8;
+/// The row of [`Kmem::kmalloc_obj`]'s pointer-free types (after Linux's
+/// `kmem_buckets` and the typed-kmalloc RFC's separation of data from
+/// pointer-holding objects): `kmalloc-data-<size>`.
+pub(crate) const DATA_PARTITION: usize = NR_KMALLOC_RANDOM;
+/// Rows of `Kmem::kmalloc_partitions`: the random copies, then the data
+/// row.
+pub(crate) const NR_KMALLOC_PARTITIONS: usize = NR_KMALLOC_RANDOM + 1;
+
+/// The per-boot seed of the call-site hash (0 until `init`).
+static PARTITION_SEED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Seed the call-site hash from `seed` (a clock mixed with an address),
+/// once a boot.
+pub(crate) fn init_partition_seed(seed: u64) {
+    let _ = PARTITION_SEED.compare_exchange(
+        0,
+        crate::layout::freelist::freelist_secret(seed) as u64,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+}
+
+/// The random copy (0 .. [`NR_KMALLOC_RANDOM`]) of call site `site`: a
+/// multiply-shift hash of the site with the boot's seed.
+#[inline]
+pub(crate) fn random_partition(site: usize) -> usize {
+    let mixed =
+        (site as u64 ^ PARTITION_SEED.load(Ordering::Relaxed)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    ((mixed >> 32) as usize * NR_KMALLOC_RANDOM) >> 32
+}
+
+/// A type [`Kmem::kmalloc_obj`] allocates, saying whether it holds
+/// pointers. Pointer-free types (`POINTER_FREE = true`: integers, bytes,
+/// arrays of them) go to their own `kmalloc-data-<size>` caches, so a
+/// buffer whose contents an attacker controls never shares a slab with
+/// an object holding pointers; every other type gets a random copy
+/// chosen by the type (as a call site gets one). A wrong `true` weakens
+/// only that separation, never memory safety.
+pub trait KmallocObj {
+    /// Whether the type holds no pointer (nor anything an attacker
+    /// could turn into one).
+    const POINTER_FREE: bool = false;
+}
+
+macro_rules! pointer_free {
+    ($($ty:ty),*) => {
+        $(impl KmallocObj for $ty {
+            const POINTER_FREE: bool = true;
+        })*
+    };
+}
+pointer_free!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char, f32, f64
+);
+
+impl<T: KmallocObj, const N: usize> KmallocObj for [T; N] {
+    const POINTER_FREE: bool = T::POINTER_FREE;
+}
+
 /// Largest size the one-lookup class table covers.
 pub(crate) const CLASS_TABLE_MAX: usize = 1024;
 /// Entries of the by-8 tables ([`CLASS_BY_8`], `Kmem::kmalloc_by_8`).
@@ -276,6 +345,87 @@ impl<P: Platform> Kmem<P> {
             return Err(self.invalid_layout());
         }
         self.kmalloc_checked(size, align, move || crate::alloc_tag::explicit::<P>(tag))
+    }
+
+    /// [`Kmem::kmalloc_tagged`], **partitioned** (Linux
+    /// `RANDOM_KMALLOC_CACHES`): the size class is served by one of
+    /// [`NR_KMALLOC_RANDOM`] copies of it (`kmalloc-rnd-<NN>-<size>`),
+    /// chosen by the call site (its tag; without one, its source location:
+    /// `#[track_caller]`) and a per-boot seed, so objects of unrelated
+    /// sites rarely share a slab. Each copy is created on its first use.
+    /// On a small source (whose classes come on first use: a copy each
+    /// would cost a `kmem_cache`) this is `kmalloc_tagged`.
+    ///
+    /// # Errors
+    /// As for [`Kmem::kmalloc`].
+    #[inline]
+    #[track_caller]
+    pub fn kmalloc_site(
+        &self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if size == 0 || !align.is_power_of_two() {
+            return Err(self.invalid_layout());
+        }
+        let site = tag.map_or(
+            core::ptr::from_ref(core::panic::Location::caller()) as usize,
+            |tag| tag.get() as usize,
+        );
+        self.kmalloc_partition(random_partition(site), size, align, move || {
+            crate::alloc_tag::explicit::<P>(tag)
+        })
+    }
+
+    /// Allocate an uninitialised `T` (Linux's typed `kmalloc_obj`), from
+    /// its own partition: `kmalloc-data-<size>` for a pointer-free type
+    /// ([`KmallocObj::POINTER_FREE`]), else a random copy chosen by the
+    /// type. Free it with [`Kmem::kfree`]. Charged to the current tag.
+    ///
+    /// # Errors
+    /// As for [`Kmem::kmalloc`] (`InvalidLayout` for a zero-sized `T`).
+    pub fn kmalloc_obj<T: KmallocObj>(&self) -> Result<NonNull<T>, AllocError> {
+        let layout = core::alloc::Layout::new::<T>();
+        if layout.size() == 0 {
+            return Err(self.invalid_layout());
+        }
+        let row = if T::POINTER_FREE {
+            DATA_PARTITION
+        } else {
+            random_partition(core::any::type_name::<T>().as_ptr() as usize)
+        };
+        self.kmalloc_partition(
+            row,
+            layout.size(),
+            layout.align(),
+            crate::alloc_tag::current::<P>,
+        )
+        .map(NonNull::cast)
+    }
+
+    /// A kmalloc from partition `row` (a random copy, or the data row)
+    /// of its size class; page-granular sizes as [`Kmem::kmalloc`]. The
+    /// normal classes when kmalloc is not partitioned (a small source,
+    /// or before `init`: refused there).
+    pub(crate) fn kmalloc_partition(
+        &self,
+        row: usize,
+        size: usize,
+        align: usize,
+        tag: impl Fn() -> Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if !self.kmalloc_partitioned.load(Ordering::Relaxed) {
+            return self.kmalloc_checked(size, align, tag);
+        }
+        match Self::kmalloc_index(size, align) {
+            Some(index) => {
+                let cache = self.kmalloc_partition_class(row, index)?;
+                // SAFETY: a reference: a live cache.
+                unsafe { KmemCache::alloc_at(cache, tag, size) }
+            }
+            None => self.kmalloc_pages(size, align, tag),
+        }
     }
 
     /// [`Kmem::kmalloc`] with the first `size` bytes zeroed (Linux

@@ -208,6 +208,16 @@ pub struct Kmem<P: Platform> {
     /// readiness test, no null test and no published size limit (its
     /// bound is a constant). Written with its class's slot.
     pub(crate) kmalloc_by_8: [AtomicPtr<KmemCache<P>>; kmalloc::NR_BY_8],
+    /// The partitioned copies of the size classes (`kmalloc.rs`: Linux
+    /// `RANDOM_KMALLOC_CACHES` rows chosen by call site, and the row of
+    /// pointer-free typed objects): null until a copy's first use, then
+    /// its cache (created under `class_lock`, published with Release).
+    pub(crate) kmalloc_partitions:
+        [[AtomicPtr<KmemCache<P>>; NR_KMALLOC]; kmalloc::NR_KMALLOC_PARTITIONS],
+    /// Whether kmalloc is partitioned: set by `init` (not on a small
+    /// source, whose classes come on first use: each copy would cost a
+    /// `kmem_cache` of its own there).
+    pub(crate) kmalloc_partitioned: AtomicBool,
     /// The unborn stubs (`classes.rs`), one per natural alignment of a
     /// class (8 … 4096 bytes); initialised by `init` on a small source.
     unborn: UnsafeCell<MaybeUninit<[KmemCache<P>; NR_UNBORN]>>,
@@ -307,6 +317,9 @@ impl<P: Platform> Kmem<P> {
             kmalloc: [const { AtomicPtr::new(ptr::null_mut()) }; NR_KMALLOC],
             kmalloc_by_8: [const { AtomicPtr::new(crate::cache::unready::<P>()) };
                 kmalloc::NR_BY_8],
+            kmalloc_partitions: [const { [const { AtomicPtr::new(ptr::null_mut()) }; NR_KMALLOC] };
+                kmalloc::NR_KMALLOC_PARTITIONS],
+            kmalloc_partitioned: AtomicBool::new(false),
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
             class_lock: IrqTryMutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
