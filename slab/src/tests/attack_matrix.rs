@@ -378,3 +378,66 @@ fn partitioning_memory_cost() {
     );
     assert!(cost <= 0.05, "+{:.2} % of live", cost * 100.0);
 }
+
+/// Row "forged free-list link": a use after free writes the free-list
+/// link (the word after the key) of every free object of a slab, aiming
+/// at `target`, then the cache allocates. Verdict **refused**: the link
+/// is stored encoded (`next ^ secret ^ swab(&link)`, Linux
+/// `SLAB_FREELIST_HARDENED`) and checked against the slab's bitmap of
+/// free objects before it is followed (`layout/freelist.rs`): the forged
+/// address is never handed out, the corruption is reported
+/// (`FreeListCorrupted`) and the list rebuilt from the bitmap.
+fn forged_link(target_of: impl Fn(&[usize], usize) -> usize) {
+    let (alloc, _) = setup(512);
+    set_cpu(0);
+    let cache = alloc
+        .cache_create("forged", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let other = alloc
+        .cache_create("forged-other", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let elsewhere = other.alloc().unwrap().as_ptr() as usize;
+    let objs: Vec<usize> = (0..16)
+        .map(|_| cache.alloc().unwrap().as_ptr() as usize)
+        .collect();
+    // objs[0] stays busy (keeps the slab); the rest go back to the slab
+    // layer (the reap drains the magazines).
+    for &obj in &objs[1..] {
+        // SAFETY: live objects of ours.
+        unsafe { cache.free(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
+    }
+    cache.reap();
+    let target = target_of(&objs, elsewhere);
+    let before = alloc.debug().nr_errors();
+    for &obj in &objs[1..] {
+        // SAFETY: the deliberate write after free: the link word of a free
+        // object of our cache's slab.
+        unsafe { ((obj + 8) as *mut usize).write(target) };
+    }
+    let (_, got) = handed_out_twice(&[objs[0]], 200, || cache.alloc().unwrap().as_ptr() as usize);
+    assert!(!got.contains(&target), "the forged link was followed");
+    assert!(!got.contains(&objs[0]), "a busy object was handed out");
+    assert!(reports_of(alloc, before, ErrorKind::FreeListCorrupted) >= 1);
+    for obj in got.into_iter().chain([objs[0]]) {
+        // SAFETY: live objects of ours.
+        unsafe { cache.free(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
+    }
+}
+
+#[test]
+fn forged_link_into_the_same_slab_is_refused() {
+    // A busy object of the same slab (the attacker's own, say).
+    forged_link(|objs, _| objs[0]);
+}
+
+#[test]
+fn forged_link_into_another_slab_is_refused() {
+    forged_link(|_, elsewhere| elsewhere);
+}
+
+#[test]
+fn forged_link_outside_the_heap_is_refused() {
+    let outside = std::boxed::Box::leak(std::boxed::Box::new([0u64; 8]));
+    let target = outside.as_mut_ptr() as usize;
+    forged_link(move |_, _| target);
+}
