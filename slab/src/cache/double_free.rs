@@ -320,7 +320,7 @@ impl<P: Platform> KmemCache<P> {
     /// # Safety
     /// `obj` was just taken from this cache's magazines, not yet handed
     /// out.
-    #[inline(never)]
+    #[inline]
     pub(crate) unsafe fn round_intact(&self, obj: NonNull<u8>) -> bool {
         let KeyPlace::Word(offset) = self.key_place else {
             return true;
