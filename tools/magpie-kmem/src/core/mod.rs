@@ -99,9 +99,12 @@ fn elf_facts(path: &Path) -> Result<(u64, BuildIdNote), String> {
                 path.display()
             )
         })?;
+    // A note section with no id in it (a kernel linked without
+    // --build-id keeps the linker script's empty section) is none.
     let note = file
         .section_by_name(".note.gnu.build-id")
-        .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())));
+        .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
+        .filter(|(_, bytes)| bytes.len() >= 16 + 20);
     Ok((symbol.address(), note))
 }
 
