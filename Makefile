@@ -183,6 +183,14 @@ check:
 bench:
 	bench/run.sh
 
+# The adopter's speed (docs/BENCHMARKS.md "The adopter's speed"): the
+# hobby kernel's heap tests with Magpie and with the fixed-size-block
+# allocator of "Writing an OS in Rust", instructions counted in QEMU
+# (examples/hobby-kernel feature `count`); rewrites that table (~1 min).
+.PHONY: bench-hobby
+bench-hobby:
+	python3 bench/hobby.py
+
 # Loom model tests of magpie-slab's magazine layer (slab/src/tests/loom_models.rs):
 # every interleaving, up to a preemption bound (LOOM_MAX_PREEMPTIONS, default 3),
 # of the per-CPU, depot and slab locks under depot exchanges and reap's drain.

@@ -13,9 +13,12 @@
 //! memory (its `init` the first time, `extend` afterwards: the replay
 //! grows every region allocator from the same page source), and the
 //! chapter's `unsafe` blocks carry `// SAFETY:` comments.
+//!
+//! `core` only: `examples/hobby-kernel` (feature `count`) includes this
+//! file as a module to count the chapter's allocator in QEMU.
 
-use std::alloc::{GlobalAlloc, Layout};
-use std::ptr::NonNull;
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
 
 /// A free block: the link to the next free block of its size.
 struct ListNode {
@@ -68,7 +71,7 @@ impl FixedSizeBlockAllocator {
     fn fallback_alloc(&mut self, layout: Layout) -> *mut u8 {
         match self.fallback_allocator.allocate_first_fit(layout) {
             Ok(ptr) => ptr.as_ptr(),
-            Err(_) => std::ptr::null_mut(),
+            Err(_) => core::ptr::null_mut(),
         }
     }
 }
@@ -112,7 +115,7 @@ unsafe impl GlobalAlloc for Locked<FixedSizeBlockAllocator> {
                 match allocator.list_heads[index].take() {
                     Some(node) => {
                         allocator.list_heads[index] = node.next.take();
-                        std::ptr::from_mut(node).cast::<u8>()
+                        core::ptr::from_mut(node).cast::<u8>()
                     }
                     None => {
                         // no block exists in list => allocate new block

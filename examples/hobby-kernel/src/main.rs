@@ -13,6 +13,7 @@ use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt::Write;
+use core::hint::black_box;
 
 use magpie_slab::PageSource;
 use magpie_slab::glue::{Heap, X86_64};
@@ -25,8 +26,12 @@ macro_rules! println {
 // Magpie's PVH entry: long mode, the image mapped, a stack; calls kernel_entry.
 core::arch::global_asm!(include_str!("../../../boot/entry.S"), options(att_syntax));
 
+#[cfg(feature = "count")]
+mod count;
+
 // ---- The adopter's glue: these lines and the init_region call. ----
-#[global_allocator]
+// (Feature `count` wraps it: src/count.rs's global allocator.)
+#[cfg_attr(not(feature = "count"), global_allocator)]
 static HEAP: Heap<X86_64> = Heap::new();
 
 const HEAP_SIZE: usize = 100 * 1024;
@@ -37,38 +42,45 @@ struct HeapMemory([u8; HEAP_SIZE]);
 static mut HEAP_MEMORY: HeapMemory = HeapMemory([0; HEAP_SIZE]);
 // ---------------------------------------------------------------------
 
-/// Called by `boot/entry.S` with interrupts off.
-#[unsafe(no_mangle)]
-extern "C" fn kernel_entry(start_info: u64) -> ! {
-    // SAFETY: HEAP_MEMORY is mapped and nothing but the heap touches it.
-    unsafe { HEAP.init_region((&raw mut HEAP_MEMORY) as usize, HEAP_SIZE) }.expect("heap");
-    let before = HEAP.source().stats().alloc_bytes;
-    println!("hobby-kernel: 100 KiB heap, init took {before} bytes");
+/// The heap tests of "Writing an OS in Rust" (its `tests/heap_allocation.rs`,
+/// smaller) and a `BTreeMap` churn: each allocates, checks and frees all
+/// it allocated.
+const TESTS: [(&str, fn()); 5] = [
+    ("simple_box", simple_box),
+    ("large_vec (8 KiB)", large_vec),
+    ("many_boxes (10,000)", many_boxes),
+    ("many_boxes_long_lived", many_boxes_long_lived),
+    ("btreemap_churn", btreemap_churn),
+];
 
-    let (a, b) = (Box::new(41), Box::new(13));
+fn simple_box() {
+    let (a, b) = (black_box(Box::new(41)), black_box(Box::new(13)));
     assert_eq!(*a + *b, 54);
-    println!("simple_box... [ok]");
+}
 
+fn large_vec() {
     let mut vec = Vec::new();
     for i in 0..1000_u64 {
         vec.push(i);
     }
     assert_eq!(vec.iter().sum::<u64>(), 999 * 1000 / 2);
-    drop(vec);
-    println!("large_vec (8 KiB)... [ok]");
+}
 
+fn many_boxes() {
     for i in 0..10_000_usize {
-        assert_eq!(*Box::new(i), i);
+        assert_eq!(*black_box(Box::new(i)), i);
     }
-    println!("many_boxes (10,000)... [ok]");
+}
 
+fn many_boxes_long_lived() {
     let long_lived = Box::new(1);
     for i in 0..10_000_usize {
-        assert_eq!(*Box::new(i), i);
+        assert_eq!(*black_box(Box::new(i)), i);
     }
     assert_eq!(*long_lived, 1);
-    println!("many_boxes_long_lived... [ok]");
+}
 
+fn btreemap_churn() {
     let mut map = BTreeMap::new();
     for round in 0..20_u64 {
         for key in 0..500_u64 {
@@ -83,8 +95,25 @@ extern "C" fn kernel_entry(start_info: u64) -> ! {
         let removed = k % 3 == 0 && k < 750;
         assert_eq!(map.get(&k).copied(), (!removed).then_some(19 + key));
     }
-    drop(map);
-    println!("btreemap_churn... [ok]");
+}
+
+/// Called by `boot/entry.S` with interrupts off.
+#[unsafe(no_mangle)]
+extern "C" fn kernel_entry(start_info: u64) -> ! {
+    // SAFETY: HEAP_MEMORY is mapped and nothing but the heap touches it.
+    unsafe { HEAP.init_region((&raw mut HEAP_MEMORY) as usize, HEAP_SIZE) }.expect("heap");
+    let before = HEAP.source().stats().alloc_bytes;
+    println!("hobby-kernel: 100 KiB heap, init took {before} bytes");
+
+    // Feature `count`: every test with Magpie and with the fixed-size-block
+    // allocator, their instructions counted (returns if Magpie's are fewer).
+    #[cfg(feature = "count")]
+    count::run(&TESTS);
+    #[cfg(not(feature = "count"))]
+    for (name, test) in TESTS {
+        test();
+        println!("{name}... [ok]");
+    }
 
     if cmdline_has(start_info, "hobby.panic") {
         // The post-mortem case (docs/VMCORE.md): the heap's reports, then
@@ -134,7 +163,7 @@ fn cmdline_has(start_info: u64, word: &str) -> bool {
 }
 
 // ---- Console (COM1) and exit (isa-debug-exit: status (code << 1) | 1). ----
-struct Com1;
+pub(crate) struct Com1;
 
 impl Write for Com1 {
     fn write_str(&mut self, s: &str) -> core::fmt::Result {
@@ -146,7 +175,7 @@ impl Write for Com1 {
     }
 }
 
-fn exit_qemu(code: u32) -> ! {
+pub(crate) fn exit_qemu(code: u32) -> ! {
     // SAFETY: QEMU's isa-debug-exit device at 0xf4 (the runner adds it) exits.
     unsafe { core::arch::asm!("out dx, eax", in("dx") 0xf4_u16, in("eax") code) };
     loop {

@@ -10,7 +10,8 @@ use core::arch::asm;
 use super::machine::Arch;
 
 /// x86_64 in ring 0: CPU index in `IA32_TSC_AUX` (`rdtscp`; low 12 bits,
-/// Linux's layout); interrupts with `pushfq; cli` and `sti` if they were
+/// Linux's layout; a CPU without `rdtscp`, as QEMU's default `qemu64`,
+/// needs [`Kernel::cpu_id`](super::Kernel::cpu_id) instead); interrupts with `pushfq; cli` and `sti` if they were
 /// on; the clock `rdtsc`; System V frame records (`[rbp]`, `[rbp + 8]`).
 #[cfg(all(feature = "x86_64", target_arch = "x86_64"))]
 pub struct X86;

@@ -70,8 +70,10 @@ pub unsafe trait Arch: 'static {
 /// 1. `MAX_CPUS` is at least 1 and at most [`MAX_CPUS`](self::MAX_CPUS).
 ///    With more than one, every CPU has its index (`0..MAX_CPUS`) in the
 ///    architecture's per-CPU register (x86_64: `IA32_TSC_AUX`, low 12
-///    bits, as Linux keeps it; riscv64: `tp`; aarch64: `TPIDR_EL1`)
-///    before it runs allocator code, and nothing changes it afterwards.
+///    bits, as Linux keeps it, read with `rdtscp`, which the CPU must
+///    have; riscv64: `tp`; aarch64: `TPIDR_EL1`), or returns it from
+///    [`Kernel::cpu_id`], before it runs allocator code, and nothing
+///    changes it afterwards.
 /// 2. With more than one CPU, `send_ipi(cpu)` makes CPU `cpu` call
 ///    [`Machine::handle_cross_cpu_calls`] soon, from an interrupt handler
 ///    (with its interrupts off), or whenever it next enables them; an
@@ -103,6 +105,18 @@ pub unsafe trait Kernel: PlatformHooks + 'static {
     /// nothing (one CPU).
     fn send_ipi(cpu: usize) {
         let _ = cpu;
+    }
+
+    /// This CPU's index (`0..MAX_CPUS`) where the kernel keeps it
+    /// elsewhere than the architecture's per-CPU register (promise 1):
+    /// e.g. an x86_64 kernel's `gs:`-relative per-CPU block (Linux's
+    /// `cpu_number`, one `mov`), on CPUs without `rdtscp` (QEMU's default
+    /// `qemu64` CPU under TCG: `rdtscp` raises #UD there; `-cpu max` has
+    /// it). Read only with more than one CPU, on every hit: keep it to a
+    /// few instructions. Default `None`: the per-CPU register.
+    #[inline(always)]
+    fn cpu_id() -> Option<usize> {
+        None
     }
 }
 
@@ -138,13 +152,16 @@ unsafe impl Kernel for OneCpu {}
 pub struct Machine<A, K = OneCpu>(PhantomData<fn() -> (A, K)>);
 
 impl<A: Arch, K: Kernel> Machine<A, K> {
-    /// Run the cross-CPU call posted to this CPU, if any: what the
-    /// kernel's IPI handler calls (with interrupts off), and what a
-    /// several-CPU kernel's idle loop may call. Cheap when nothing is
-    /// posted (one load).
+    /// Run the cross-CPU call posted to this CPU, if any, with interrupts
+    /// off (saved and restored here: an IPI taken meanwhile must not run
+    /// the same call again): what the kernel's IPI handler calls, and
+    /// what a several-CPU kernel's idle or waiting loops may call. Cheap
+    /// when nothing is posted (one load).
     pub fn handle_cross_cpu_calls() {
         if K::MAX_CPUS > 1 {
+            let state = A::irq_save();
             MAILBOXES[Self::cpu_id()].run_posted();
+            A::irq_restore(state);
         }
     }
 }
@@ -285,7 +302,7 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
 }
 
 // SAFETY: `cpu_id` is 0 with one CPU and the per-CPU register's index
-// (below MAX_CPUS, Kernel promise 1) with several; `A::irq_save` disables
+// or Kernel::cpu_id's (below MAX_CPUS, Kernel promise 1) with several; `A::irq_save` disables
 // interrupts and nests (Arch's contract), and nothing but this CPU's
 // interrupt handlers runs allocator code under its id (Kernel promise 3:
 // no preemption or migration, the LOCAL_TRYLOCK part too); `cpu_offset` is
@@ -306,7 +323,7 @@ unsafe impl<A: Arch, K: Kernel> Platform for Machine<A, K> {
         if K::MAX_CPUS == 1 {
             0
         } else {
-            A::cpu_register()
+            K::cpu_id().unwrap_or_else(A::cpu_register)
         }
     }
 

@@ -27,7 +27,7 @@
 //!
 //! | feature | platform | CPU index (several CPUs) | interrupts | clock |
 //! | --- | --- | --- | --- | --- |
-//! | `x86_64` | `X86_64` (ring 0) | `IA32_TSC_AUX` (`rdtscp`) | `pushfq; cli` / `sti` | `rdtsc` |
+//! | `x86_64` | `X86_64` (ring 0) | `IA32_TSC_AUX` (`rdtscp`; or [`Kernel::cpu_id`]) | `pushfq; cli` / `sti` | `rdtsc` |
 //! | `riscv64` | `Riscv64` (S-mode), `Riscv64Machine` (M-mode) | `tp` | `sstatus.SIE` / `mstatus.MIE` | `rdtime` |
 //! | `aarch64` | `Aarch64` (EL1) | `TPIDR_EL1` | `DAIF.I` | `CNTVCT_EL0` |
 //!
