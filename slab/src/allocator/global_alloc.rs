@@ -166,6 +166,29 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
             }
             return ptr;
         }
+        // SAFETY: per our caller; located in `cache` just now.
+        unsafe { self.realloc_move(cache, ptr, layout, new_size) }
+    }
+}
+
+impl<P: Platform> Kmem<P> {
+    /// [`GlobalAlloc::realloc`] of a located slab object that does not
+    /// keep its block: allocate, copy, and free the old one by its
+    /// cache's free hit (located again only if that misses). Out of line
+    /// and in six registers, so the keeping path needs no stack frame and
+    /// reaches it by a tail call.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`]; `ptr` is an allocated object of
+    /// `cache` ([`Kmem::locate_allocated`]).
+    #[inline(never)]
+    unsafe fn realloc_move(
+        &self,
+        cache: &KmemCache<P>,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> *mut u8 {
         // SAFETY: the GlobalAlloc contract: `new_size`, rounded up to
         // `layout.align()`, does not overflow `isize`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
@@ -175,21 +198,19 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
             // SAFETY: located in `cache`, so on a slab page, never null.
             let old = unsafe { NonNull::new_unchecked(ptr) };
             // SAFETY: both blocks are at least min(old, new) bytes and
-            // distinct (new is freshly allocated); the old one is object
-            // `at.index` of `cache`'s slab at `at.slot`, given up per the
-            // GlobalAlloc contract (busy until now, so still located).
+            // distinct (new is freshly allocated); the old one is an
+            // allocated object of `cache`, given up per the GlobalAlloc
+            // contract.
             unsafe {
                 ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
                 if !cache.free_hit(old) {
-                    self.dealloc_off_hit(cache, old, at);
+                    self.dealloc(ptr, layout);
                 }
             }
         }
         new
     }
-}
 
-impl<P: Platform> Kmem<P> {
     /// [`GlobalAlloc::realloc`] of anything but a located slab object: a
     /// page-granular block resized in place if its source can, else (and
     /// for anything else: a KFENCE sample, a stray pointer) keep, or
