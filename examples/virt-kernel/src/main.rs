@@ -142,8 +142,8 @@ fn check(block: &[u64]) {
 /// The timer interrupt of CPU `cpu` (interrupts off): check and free the
 /// object the previous tick kept, keep a new one.
 pub fn on_tick(cpu: usize) {
-    let tick = TICKS[cpu].fetch_add(1, Ordering::Relaxed);
-    if QUIET.load(Ordering::Relaxed) {
+    let tick = TICKS[cpu].fetch_add(1, Ordering::SeqCst);
+    if QUIET.load(Ordering::SeqCst) {
         return;
     }
     let seed = (cpu as u64) << 48 | tick;
@@ -203,6 +203,18 @@ fn kernel_main() -> ! {
 
     // Quiet: the ticks stop allocating; free what they kept.
     QUIET.store(true, Ordering::SeqCst);
+    // A tick that began before the store may still be allocating on its
+    // CPU: wait until every other CPU has begun a later tick (a CPU's
+    // ticks do not nest, so the earlier one has returned; the later one
+    // saw QUIET). Without this the invariant check below raced with a
+    // tick's kmalloc-8 allocation: "busy objects != allocated + rounds",
+    // 2 boots in 6 in machine mode, where ticks arrive most promptly.
+    for (_, ticks) in TICKS.iter().enumerate().filter(|&(cpu, _)| cpu != me) {
+        let seen = ticks.load(Ordering::SeqCst);
+        while ticks.load(Ordering::SeqCst) <= seen {
+            core::hint::spin_loop();
+        }
+    }
     for kept in &KEPT {
         let old = kept.swap(0, Ordering::Relaxed) as *mut Box<[u64]>;
         if !old.is_null() {

@@ -137,22 +137,64 @@ static INTERRUPT: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBoo
 /// Whether the user pressed Ctrl-C since [`clear_interrupt`] (the shell
 /// clears it before each command): a long command (`stress`) calls this
 /// every few thousand operations, from any CPU, and stops when it says
-/// so. Reads what is waiting on the console; other bytes read meanwhile
-/// are dropped (a running command takes no type-ahead, as the live
-/// `slabtop` takes only its keys).
+/// so. Reads what is waiting on the console: a Ctrl-C is taken; every
+/// other byte is kept, in order, for the next [`read_byte`] (the type-ahead
+/// of the next command, up to [`TYPE_AHEAD`] bytes; a byte beyond that is
+/// dropped, as a full UART FIFO drops it).
 pub fn interrupt_requested() -> bool {
     use core::sync::atomic::Ordering;
     if INTERRUPT.load(Ordering::Relaxed) {
         return true;
     }
-    while let Some(byte) = read_byte() {
+    let _irq = IrqGuard::new();
+    let _lock = LOCK.lock();
+    let mut pending = PENDING.lock();
+    while let Some(byte) = Serial::get() {
         if byte == 0x03 {
             INTERRUPT.store(true, Ordering::Relaxed);
             return true;
         }
+        pending.push(byte);
     }
     false
 }
+
+/// How many bytes typed while a command runs are kept for the next
+/// command (a pasted line or two).
+pub const TYPE_AHEAD: usize = 1024;
+
+/// Bytes [`interrupt_requested`] read that were not a Ctrl-C, oldest first.
+struct Pending {
+    bytes: [u8; TYPE_AHEAD],
+    head: usize,
+    len: usize,
+}
+
+impl Pending {
+    fn push(&mut self, byte: u8) {
+        if self.len < TYPE_AHEAD {
+            self.bytes[(self.head + self.len) % TYPE_AHEAD] = byte;
+            self.len += 1;
+        }
+    }
+
+    fn pop(&mut self) -> Option<u8> {
+        if self.len == 0 {
+            return None;
+        }
+        let byte = self.bytes[self.head];
+        self.head = (self.head + 1) % TYPE_AHEAD;
+        self.len -= 1;
+        Some(byte)
+    }
+}
+
+/// The type-ahead; taken under [`LOCK`] with interrupts off.
+static PENDING: Mutex<Pending> = Mutex::new(Pending {
+    bytes: [0; TYPE_AHEAD],
+    head: 0,
+    len: 0,
+});
 
 /// Forgets a Ctrl-C [`interrupt_requested`] saw (the shell, before each
 /// command).
@@ -164,7 +206,7 @@ pub fn clear_interrupt() {
 pub fn read_byte() -> Option<u8> {
     let _irq = IrqGuard::new();
     let _lock = LOCK.lock();
-    Serial::get()
+    PENDING.lock().pop().or_else(Serial::get)
 }
 
 /// Waits for the next received byte (idles as [`read_byte_timeout`]).
