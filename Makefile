@@ -69,10 +69,7 @@ test-example:
 	cargo run -q -p magpie-slab --example host_heap --target $(HOST) --features nightly
 	@scripts/setup.sh stable
 	@scripts/setup.sh virt
-	# riscv64 machine mode (run.sh riscv64) is built and linted by make
-	# check but not booted here: it fails about 1 boot in 4 (a hang in
-	# large_vec on one hart, or kmalloc-8's "busy objects != allocated +
-	# rounds" after the SMP stress), an open bug (docs/ADOPTING.md).
+	examples/virt-kernel/run.sh riscv64
 	examples/virt-kernel/run.sh riscv64-smode
 	examples/virt-kernel/run.sh aarch64
 

@@ -46,7 +46,8 @@ struct FourCpus;
 unsafe impl PlatformHooks for FourCpus {}
 
 // SAFETY: 4 CPUs (checked against the kernel's before the heap is used),
-// each with its dense kernel index (`arch::cpu_id`, fixed at bring-up);
+// each with its dense kernel index (`arch::cpu_id`, fixed at bring-up),
+// each online (Machine::cpu_online) before the heap is used;
 // send_ipi makes `cpu` run handle_cross_cpu_calls in its wake IPI handler
 // (interrupts off; or in its polling while it waits, as the kernel's
 // cross-CPU calls do); no preemption (the kernel has none), no interrupt
@@ -179,6 +180,8 @@ fn four_cpus_share_the_shipped_platform() {
     } else {
         println!("no rdtscp on this CPU: the kernel's index only (Kernel::cpu_id)");
     }
+    // Every CPU online for the platform's cross-CPU calls.
+    smp::run_on_all(&|_| P::cpu_online());
     let region = alloc::vec![0_u8; REGION_BYTES].leak();
     HEAP.init_static(region).expect("the heap's region");
     let before = HEAP.source().stats().alloc_bytes;

@@ -7,7 +7,6 @@
 
 use core::arch::{asm, global_asm};
 use core::fmt::Write;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::NR_CPUS;
 
@@ -40,9 +39,6 @@ static PAGE_TABLE: PageTable = {
     entries[1] = 0x4000_0000 | 1 | (1 << 10) | (3 << 8) | (1 << 2);
     PageTable(entries)
 };
-
-/// Set by a secondary CPU when it reached Rust.
-static ONLINE: [AtomicBool; NR_CPUS] = [const { AtomicBool::new(false) }; NR_CPUS];
 
 // CPU 0's entry (`_start`) and the others' (`secondary_start`, x0 = the CPU
 // index from CPU_ON): the index into TPIDR_EL1, FP/SIMD on, a 64 KiB
@@ -212,7 +208,6 @@ extern "C" fn rust_entry(cpu: usize) -> ! {
     if cpu == 0 {
         crate::kernel_main()
     }
-    ONLINE[cpu].store(true, Ordering::Release);
     crate::secondary_main(cpu)
 }
 
@@ -223,7 +218,7 @@ extern "C" fn fatal(esr: usize, elr: usize, far: usize) -> ! {
 
 /// IRQs, interrupts masked, as interrupt context for the allocator.
 extern "C" fn irq_handler() {
-    Platform::<crate::Smp>::handle_interrupt(handle_irq);
+    crate::Platform::handle_interrupt(handle_irq);
 }
 
 /// The IRQ's work.
@@ -235,7 +230,7 @@ fn handle_irq() {
             set_timer();
             crate::on_tick(cpu_index());
         }
-        IPI_SGI => Platform::<crate::Smp>::handle_cross_cpu_calls(),
+        IPI_SGI => crate::Platform::handle_cross_cpu_calls(),
         1023 => return,
         other => panic!("unexpected interrupt {other}"),
     }
@@ -285,7 +280,8 @@ pub fn timer_start() {
     }
 }
 
-/// Start CPUs 1.. with PSCI CPU_ON and wait until they run.
+/// Start CPUs 1.. with PSCI CPU_ON and wait until they are online (for
+/// the allocator: `crate::online`).
 pub fn start_secondaries() {
     for cpu in 1..NR_CPUS {
         let result: isize;
@@ -301,8 +297,8 @@ pub fn start_secondaries() {
         }
         assert_eq!(result, 0, "PSCI CPU_ON {cpu}");
     }
-    for online in &ONLINE[1..] {
-        while !online.load(Ordering::Acquire) {
+    for cpu in 1..NR_CPUS {
+        while !crate::Platform::is_online(cpu) {
             core::hint::spin_loop();
         }
     }

@@ -31,8 +31,8 @@ use alloc::vec::Vec;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use magpie_slab::glue::{Heap, Kernel};
-use magpie_slab::{PageSource, PlatformHooks};
+use magpie_slab::PageSource;
+use magpie_slab::glue::{Cpus, Heap};
 
 #[cfg(target_arch = "aarch64")]
 #[path = "aarch64.rs"]
@@ -46,26 +46,33 @@ pub const NR_CPUS: usize = 4;
 /// The heap: 16 MiB from the end of the image (`__heap_start`).
 const HEAP_SIZE: usize = 16 << 20;
 
-// ---- The adopter's lines: a Kernel (4 CPUs, the IPI, frame pointers),
-// the global allocator, and the init_region call in kernel_main. ----
-struct Smp;
-// SAFETY: the defaults: no profiling tags, no KFENCE pool.
-unsafe impl PlatformHooks for Smp {}
-// SAFETY: every CPU has its index in the per-CPU register before it
-// allocates (arch entry code); send_ipi interrupts the CPU, whose handler
-// calls handle_cross_cpu_calls; no preemption; built with frame pointers,
-// the entry code zeroes the frame pointer.
-unsafe impl Kernel for Smp {
-    const MAX_CPUS: usize = NR_CPUS;
-    const FRAME_POINTERS: bool = true;
-    fn send_ipi(cpu: usize) {
-        IPIS.fetch_add(1, Ordering::Relaxed);
-        arch::send_ipi(cpu);
-    }
-}
+// ---- The adopter's lines: the platform of the architecture with 4 CPUs
+// and frame-pointer backtraces, the global allocator; then in the code,
+// each CPU's `Platform::cpu_online_with(send_ipi)` (`online` below), the
+// boot CPU's init_region (kernel_main), and the IPI handler's
+// `Platform::handle_cross_cpu_calls()` (arch). ----
+/// The shipped platform of the architecture, 4 CPUs, frame pointers.
+pub type Platform = arch::Platform<Cpus<NR_CPUS, true>>;
 #[global_allocator]
-static HEAP: Heap<arch::Platform<Smp>> = Heap::new();
+static HEAP: Heap<Platform> = Heap::new();
 // ---------------------------------------------------------------------
+
+/// This CPU online for the allocator's cross-CPU calls, which reach it by
+/// `send_ipi`.
+fn online() {
+    // SAFETY: this CPU's index is in the per-CPU register (arch entry
+    // code); send_ipi interrupts the CPU after a barrier, and its handler
+    // calls handle_cross_cpu_calls; no preemption, and the handlers run in
+    // handle_interrupt; built with frame pointers (run.sh), the entry code
+    // zeroes the frame pointer.
+    unsafe { Platform::cpu_online_with(send_ipi) };
+}
+
+/// The allocator's IPI to `cpu`, counted.
+fn send_ipi(cpu: usize) {
+    IPIS.fetch_add(1, Ordering::Relaxed);
+    arch::send_ipi(cpu);
+}
 
 /// `println!` to the UART.
 #[macro_export]
@@ -159,6 +166,7 @@ pub fn on_tick(cpu: usize) {
 /// The boot CPU (0, but for OpenSBI's choice of boot hart), from the
 /// entry code.
 fn kernel_main() -> ! {
+    online();
     let heap_start = arch::heap_start();
     // SAFETY: the 16 MiB after the image are RAM, used by nothing else.
     unsafe { HEAP.init_region(heap_start, HEAP_SIZE) }.expect("heap");
@@ -240,6 +248,7 @@ fn kernel_main() -> ! {
 
 /// The other CPUs, from the entry code once released.
 fn secondary_main(cpu: usize) -> ! {
+    online();
     stress(cpu);
     // Idle with interrupts on: serve cross-CPU calls (verify, reap).
     loop {

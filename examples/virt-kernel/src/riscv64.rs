@@ -58,6 +58,10 @@ macro_rules! mode {
     (hartid) => {
         "csrr a0, mhartid"
     };
+    // Every hart enters at `_start`: hart 0 boots.
+    (boot) => {
+        "seqz a1, a0"
+    };
 }
 /// The privilege level's CSRs and instructions.
 #[cfg(feature = "smode")]
@@ -87,6 +91,10 @@ macro_rules! mode {
     (hartid) => {
         "nop"
     };
+    // `_start` is the boot hart's alone.
+    (boot) => {
+        "li a1, 1"
+    };
 }
 
 /// Interrupt causes and enable bits: timer and software (IPI).
@@ -110,21 +118,25 @@ const SIFIVE_TEST: usize = 0x10_0000;
 /// Timer period: 1 ms of the 10 MHz `mtime`.
 const TICK: u64 = 10_000;
 
-/// Set by hart 0 when the others may run.
+/// Set by hart 0 when the others may run. In `.data`, which the loader
+/// writes: the other harts read it while hart 0 clears `.bss`.
+#[unsafe(link_section = ".data.start")]
 static START: AtomicBool = AtomicBool::new(false);
 
 // The entry of the harts (a0 = the hart id): machine mode, every hart at
 // _start; supervisor mode, the boot hart at _start and the others at
 // secondary_start (SBI hart_start). Each: its index into tp, a 64 KiB
 // stack, a null frame pointer, the FPU on (riscv64gc code may use it), the
-// trap vector; the boot hart (machine mode: hart 0) clears .bss; harts
-// beyond NR_CPUS park.
+// trap vector; the boot hart (machine mode: hart 0) clears .bss, the
+// others must not (in machine mode they all start at once: a late hart
+// cleared .bss under a running hart 0, its allocator statics among it);
+// harts beyond NR_CPUS park.
 global_asm!(
     ".section .text.entry, \"ax\"",
     ".globl _start",
     "_start:",
     mode!(hartid),
-    "    li a1, 1",
+    mode!(boot),
     "    j 1f",
     ".globl secondary_start",
     "secondary_start:",
@@ -211,12 +223,7 @@ unsafe extern "C" {
 /// every hart enters as one; hart 0 boots) runs the kernel, the others
 /// wait for it.
 extern "C" fn rust_entry(hart: usize, boot: usize) -> ! {
-    let boot = if cfg!(feature = "smode") {
-        boot != 0
-    } else {
-        hart == 0
-    };
-    if boot {
+    if boot != 0 {
         crate::kernel_main()
     }
     while !START.load(Ordering::Acquire) {
@@ -227,7 +234,7 @@ extern "C" fn rust_entry(hart: usize, boot: usize) -> ! {
 
 /// Machine-mode traps, as interrupt context for the allocator.
 extern "C" fn trap_handler() {
-    Platform::<crate::Smp>::handle_interrupt(handle_trap);
+    crate::Platform::handle_interrupt(handle_trap);
 }
 
 /// The trap's work.
@@ -248,7 +255,7 @@ fn handle_trap() {
         // The software interrupt: an IPI.
         c if c == (1 << 63) | IPI_CAUSE => {
             clear_ipi(hart);
-            Platform::<crate::Smp>::handle_cross_cpu_calls();
+            crate::Platform::handle_cross_cpu_calls();
         }
         _ => panic!("trap: mcause {cause:#x} mepc {epc:#x} mtval {tval:#x}"),
     }

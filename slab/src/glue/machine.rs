@@ -7,7 +7,7 @@
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 
 use crate::{AllocTagRef, Platform, PlatformHooks};
 
@@ -50,7 +50,8 @@ pub unsafe trait Arch: 'static {
 /// [`PlatformHooks`] (allocation profiling, KFENCE), which the platform
 /// passes on. [`OneCpu`] is the kernel with one CPU and no hooks.
 ///
-/// A several-CPU kernel:
+/// A several-CPU kernel with no hooks takes [`Cpus`] instead of writing
+/// one. A several-CPU kernel of its own:
 ///
 /// ```ignore
 /// struct Smp;
@@ -73,7 +74,10 @@ pub unsafe trait Arch: 'static {
 ///    bits, as Linux keeps it, read with `rdtscp`, which the CPU must
 ///    have; riscv64: `tp`; aarch64: `TPIDR_EL1`), or returns it from
 ///    [`Kernel::cpu_id`], before it runs allocator code, and nothing
-///    changes it afterwards.
+///    changes it afterwards. Each CPU calls [`Machine::cpu_online`]
+///    before it runs allocator code (and not before it answers cross-CPU
+///    calls, promise 2: a call to it waits until it does); a CPU that has
+///    not is sent no call (its per-CPU caches are untouched).
 /// 2. With more than one CPU, `send_ipi(cpu)` makes CPU `cpu` call
 ///    [`Machine::handle_cross_cpu_calls`] soon, from an interrupt handler
 ///    (with its interrupts off), or whenever it next enables them; an
@@ -129,6 +133,64 @@ unsafe impl PlatformHooks for OneCpu {}
 // SAFETY: one CPU (no per-CPU register read, no IPI), no frame-pointer walk.
 unsafe impl Kernel for OneCpu {}
 
+/// The kernel of `N` CPUs with no hooks, for a several-CPU kernel that
+/// needs nothing else (`Heap<glue::Riscv64Machine<Cpus<4>>>`):
+/// `FRAME_POINTERS` as [`Kernel::FRAME_POINTERS`] (default false), the
+/// IPI the function each CPU gives [`Machine::cpu_online_with`], which
+/// makes [`Kernel`]'s promises for it. A kernel with hooks (allocation
+/// profiling, KFENCE) or its CPU index elsewhere writes its own
+/// [`Kernel`].
+pub struct Cpus<const N: usize, const FRAME_POINTERS: bool = false>;
+
+/// The IPI of [`Cpus`] (a `fn(usize)`), given by [`Machine::cpu_online_with`].
+static SEND_IPI: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+// SAFETY: the defaults: no profiling tags, no KFENCE pool (the stacks are
+// Machine's, with FRAME_POINTERS).
+unsafe impl<const N: usize, const FRAME_POINTERS: bool> PlatformHooks for Cpus<N, FRAME_POINTERS> {}
+
+// SAFETY: the promises are made by each CPU's unsafe call of
+// Machine::cpu_online_with (whose contract they are), before it runs
+// allocator code; send_ipi is the function given there.
+unsafe impl<const N: usize, const FRAME_POINTERS: bool> Kernel for Cpus<N, FRAME_POINTERS> {
+    const MAX_CPUS: usize = N;
+    const FRAME_POINTERS: bool = FRAME_POINTERS;
+
+    fn send_ipi(cpu: usize) {
+        let send = SEND_IPI.load(Ordering::Acquire);
+        assert!(
+            !send.is_null(),
+            "glue::Cpus: a cross-CPU call before Machine::cpu_online_with"
+        );
+        // SAFETY: a `fn(usize)` stored by cpu_online_with (never null then).
+        let send: fn(usize) = unsafe { core::mem::transmute::<*mut (), fn(usize)>(send) };
+        send(cpu);
+    }
+}
+
+impl<A: Arch, const N: usize, const FRAME_POINTERS: bool> Machine<A, Cpus<N, FRAME_POINTERS>> {
+    /// [`Machine::cpu_online`] for a kernel of [`Cpus`], whose IPI is
+    /// `send_ipi` (every CPU gives the same): what each CPU calls once,
+    /// the boot CPU first, before it runs allocator code and when it
+    /// answers cross-CPU calls.
+    ///
+    /// # Safety
+    ///
+    /// The kernel keeps [`Kernel`]'s promises 1 to 4 for
+    /// `Cpus<N, FRAME_POINTERS>`, with `send_ipi` as its
+    /// [`Kernel::send_ipi`]: this CPU's index (`0..N`) is in the
+    /// architecture's per-CPU register; `send_ipi(cpu)` makes `cpu` call
+    /// [`Machine::handle_cross_cpu_calls`] (after a barrier that makes
+    /// the caller's stores visible to it); no preemption inside the
+    /// allocator, and handlers that allocate run in
+    /// [`Machine::handle_interrupt`]; with `FRAME_POINTERS`, built with
+    /// frame pointers and a null one at each stack's entry.
+    pub unsafe fn cpu_online_with(send_ipi: fn(usize)) {
+        SEND_IPI.store(send_ipi as *mut (), Ordering::Release);
+        Self::cpu_online();
+    }
+}
+
 /// A shipped [`Platform`]: the architecture `A`'s instructions and the
 /// kernel `K`'s CPU count, IPI and hooks. Named per architecture
 /// (`glue::X86_64`, `Riscv64`, `Riscv64Machine`, `Aarch64`).
@@ -152,6 +214,39 @@ unsafe impl Kernel for OneCpu {}
 pub struct Machine<A, K = OneCpu>(PhantomData<fn() -> (A, K)>);
 
 impl<A: Arch, K: Kernel> Machine<A, K> {
+    /// Mark this CPU online: from now on the cross-CPU calls of the
+    /// allocator (a reap draining every CPU's magazines, statistics,
+    /// `destroy`) reach it by [`Kernel::send_ipi`] and wait for it to run
+    /// them. Each CPU calls it once, the boot CPU too, after its index is
+    /// in the per-CPU register and before it runs allocator code, when it
+    /// answers calls (interrupts on, or polling
+    /// [`Machine::handle_cross_cpu_calls`]): a CPU that waits with
+    /// interrupts off for something else must not be online yet. Until
+    /// then a call for it runs on the calling CPU (the CPU has touched no
+    /// per-CPU cache), and this waits for such a call to finish. No-op
+    /// with one CPU.
+    pub fn cpu_online() {
+        if K::MAX_CPUS > 1 {
+            let mailbox = &MAILBOXES[Self::cpu_id()];
+            mailbox.online.store(true, Ordering::SeqCst);
+            // A call that saw this CPU offline holds its mailbox CLAIMED
+            // while it runs here-less; one that claims after the store
+            // sees it online (both sequentially consistent) and posts.
+            while mailbox.state.load(Ordering::SeqCst) == CLAIMED {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Whether CPU `cpu` called [`Machine::cpu_online`] (always true with
+    /// one CPU).
+    pub fn is_online(cpu: usize) -> bool {
+        K::MAX_CPUS == 1
+            || MAILBOXES
+                .get(cpu)
+                .is_some_and(|mailbox| mailbox.online.load(Ordering::SeqCst))
+    }
+
     /// Run the cross-CPU call posted to this CPU, if any, with interrupts
     /// off (saved and restored here: an IPI taken meanwhile must not run
     /// the same call again): what the kernel's IPI handler calls, and
@@ -186,10 +281,15 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
 /// each CPU changes only its own.
 static IRQ_DEPTH: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
 
-/// A CPU's mailbox: one cross-CPU call at a time.
+/// A CPU's mailbox: one cross-CPU call at a time, and whether the CPU is
+/// online. Every access to `state` and `online` is sequentially
+/// consistent (the online handshake of [`Machine::cpu_online`] needs it;
+/// cross-CPU calls are slow paths).
 struct Mailbox {
     /// [`IDLE`], [`CLAIMED`], [`POSTED`] or [`DONE`].
     state: AtomicU8,
+    /// Set once by the CPU itself ([`Machine::cpu_online`]).
+    online: AtomicBool,
     /// The call, written by the claiming sender, read by the owner CPU
     /// while [`POSTED`].
     work: UnsafeCell<Option<&'static (dyn Fn() + Sync)>>,
@@ -213,19 +313,20 @@ impl Mailbox {
     const fn new() -> Self {
         Mailbox {
             state: AtomicU8::new(IDLE),
+            online: AtomicBool::new(false),
             work: UnsafeCell::new(None),
         }
     }
 
     /// On the owner CPU, interrupts off: run the posted call.
     fn run_posted(&self) {
-        if self.state.load(Ordering::Acquire) == POSTED {
+        if self.state.load(Ordering::SeqCst) == POSTED {
             // SAFETY: POSTED: the sender wrote `work` before its release
             // store and waits for DONE; only this CPU reads it.
             if let Some(work) = unsafe { *self.work.get() } {
                 work();
             }
-            self.state.store(DONE, Ordering::Release);
+            self.state.store(DONE, Ordering::SeqCst);
         }
     }
 }
@@ -234,10 +335,18 @@ static MAILBOXES: [Mailbox; MAX_CPUS] = [const { Mailbox::new() }; MAX_CPUS];
 
 impl<A: Arch, K: Kernel> Machine<A, K> {
     /// Post `work` to CPU `cpu` (another CPU), interrupt it and wait until
-    /// it ran, running the calls posted to this CPU meanwhile.
+    /// it ran, running the calls posted to this CPU meanwhile; or, `cpu`
+    /// not online, run `work` here, its mailbox held so that it comes
+    /// online only after.
     fn call_on(cpu: usize, work: &(dyn Fn() + Sync)) {
         let here = &MAILBOXES[Self::cpu_id()];
         let there = &MAILBOXES[cpu];
+        // Calls to this CPU would run on their callers meanwhile.
+        assert!(
+            here.online.load(Ordering::SeqCst),
+            "magpie_slab::glue: CPU {} makes a cross-CPU call before Machine::cpu_online",
+            Self::cpu_id()
+        );
         let poll = || {
             let state = A::irq_save();
             here.run_posted();
@@ -246,10 +355,20 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
         };
         while there
             .state
-            .compare_exchange(IDLE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(IDLE, CLAIMED, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
         {
             poll();
+        }
+        if !there.online.load(Ordering::SeqCst) {
+            // Not online: it runs no allocator code, and comes online only
+            // once the mailbox is released (Machine::cpu_online). Its
+            // per-CPU caches are ours meanwhile.
+            let state = A::irq_save();
+            work();
+            A::irq_restore(state);
+            there.state.store(IDLE, Ordering::SeqCst);
+            return;
         }
         // SAFETY: only the lifetime is extended: the mailbox holds `work`
         // until the owner stores DONE, and this function returns only after
@@ -257,14 +376,14 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
         let work: &'static (dyn Fn() + Sync) = unsafe { core::mem::transmute(work) };
         // SAFETY: CLAIMED by us: nobody else reads or writes `work` now.
         unsafe { *there.work.get() = Some(work) };
-        there.state.store(POSTED, Ordering::Release);
+        there.state.store(POSTED, Ordering::SeqCst);
         K::send_ipi(cpu);
-        while there.state.load(Ordering::Acquire) != DONE {
+        while there.state.load(Ordering::SeqCst) != DONE {
             poll();
         }
         // SAFETY: DONE: the owner is finished with `work`; still ours.
         unsafe { *there.work.get() = None };
-        there.state.store(IDLE, Ordering::Release);
+        there.state.store(IDLE, Ordering::SeqCst);
     }
 
     /// Fill `frames` from the caller's frame pointer (never inlined: its
@@ -528,6 +647,7 @@ mod tests {
                     let (stop, ran, start) = (&stop, &ran, &start);
                     scope.spawn(move || {
                         CPU.with(|index| index.set(cpu));
+                        P::cpu_online();
                         assert_eq!(P::cpu_id(), cpu);
                         let mut buf = [0; 32];
                         let len = P::context(&mut buf);
@@ -578,5 +698,85 @@ mod tests {
         // An IPI for every call to another CPU, none for a CPU's own.
         let ipis = IPIS.each_ref().map(|count| count.load(Ordering::Relaxed));
         assert_eq!(ipis, [nr_of(0), nr_of(0), 2 * nr_of(1)]);
+    }
+
+    /// IPIs sent by [`SixCpus`], per CPU.
+    static SIX_IPIS: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+
+    /// CPUs 3 to 5 of six (the mailboxes are shared by every `Machine`:
+    /// the test above has 0 to 2).
+    struct SixCpus;
+    // SAFETY: the defaults.
+    unsafe impl PlatformHooks for SixCpus {}
+    // SAFETY: as ThreeCpus.
+    unsafe impl Kernel for SixCpus {
+        const MAX_CPUS: usize = 6;
+        fn send_ipi(cpu: usize) {
+            SIX_IPIS[cpu].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    type Six = Machine<Threads, SixCpus>;
+
+    /// A call to a CPU that is not online runs on the caller, with no IPI
+    /// (the riscv64 machine-mode hang: a reap waited for CPUs spinning,
+    /// interrupts off, before their start); the CPU coming online waits
+    /// for such a call to finish; once online, its calls are sent to it;
+    /// a CPU not online that makes a call is stopped.
+    #[test]
+    fn calls_to_a_cpu_not_online_run_on_the_caller() {
+        let running = AtomicBool::new(false);
+        let finished = AtomicBool::new(false);
+        let stop = AtomicBool::new(false);
+        let ran_on = AtomicUsize::new(usize::MAX);
+        std::thread::scope(|scope| {
+            let late = scope.spawn(|| {
+                CPU.with(|index| index.set(4));
+                while !running.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                Six::cpu_online();
+                assert!(
+                    finished.load(Ordering::Acquire),
+                    "online only after the call run for it"
+                );
+                while !stop.load(Ordering::Acquire) {
+                    Six::handle_cross_cpu_calls();
+                    std::thread::yield_now();
+                }
+            });
+            CPU.with(|index| index.set(3));
+            Six::cpu_online();
+            assert!(Six::is_online(3) && !Six::is_online(4) && !Six::is_online(64));
+            Six::cross_cpu_call(4, &|| {
+                ran_on.store(Six::cpu_id(), Ordering::Relaxed);
+                running.store(true, Ordering::Release);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                finished.store(true, Ordering::Release);
+            });
+            assert_eq!(ran_on.load(Ordering::Relaxed), 3, "ran on the caller");
+            assert_eq!(SIX_IPIS[4].load(Ordering::Relaxed), 0, "no IPI");
+            while !Six::is_online(4) {
+                std::thread::yield_now();
+            }
+            Six::cross_cpu_call(4, &|| ran_on.store(Six::cpu_id(), Ordering::Relaxed));
+            assert_eq!(
+                ran_on.load(Ordering::Relaxed),
+                4,
+                "ran on CPU 4 once online"
+            );
+            assert_eq!(SIX_IPIS[4].load(Ordering::Relaxed), 1);
+            stop.store(true, Ordering::Release);
+            late.join().unwrap();
+        });
+        let offline_caller = std::thread::spawn(|| {
+            CPU.with(|index| index.set(5));
+            Six::cross_cpu_call(3, &|| {});
+        })
+        .join();
+        assert!(
+            offline_caller.is_err(),
+            "a call from a CPU not online panics"
+        );
     }
 }

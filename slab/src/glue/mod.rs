@@ -37,7 +37,11 @@
 //! (default [`OneCpu`]): the kernel's CPU count and IPI for several CPUs,
 //! frame-pointer backtraces, and its own [`PlatformHooks`](crate::PlatformHooks) (allocation
 //! profiling, KFENCE) passed on, so a kernel adds hooks without rewriting
-//! the machine part: `Heap<Riscv64<MyKernel>>`.
+//! the machine part: `Heap<Riscv64<MyKernel>>`. [`Cpus`] is the kernel of
+//! several CPUs with no hooks: `Heap<Riscv64Machine<Cpus<4>>>`, each CPU
+//! calling [`Machine::cpu_online_with`] with the kernel's IPI, the IPI
+//! handler [`Machine::handle_cross_cpu_calls`]. A CPU that has not come
+//! online ([`Machine::cpu_online`]) is sent no cross-CPU call.
 //!
 //! (`examples/` and `docs/ADOPTING.md` show it in a kernel.)
 
@@ -63,7 +67,7 @@ mod region;
 
 use core::alloc::{GlobalAlloc, Layout};
 
-pub use self::machine::{Arch, Kernel, MAX_CPUS, Machine, OneCpu};
+pub use self::machine::{Arch, Cpus, Kernel, MAX_CPUS, Machine, OneCpu};
 pub use self::region::RegionSource;
 use crate::{AllocError, Kmem, Platform};
 
