@@ -214,9 +214,9 @@ fn kernel_main() -> ! {
     // A tick that began before the store may still be allocating on its
     // CPU: wait until every other CPU has begun a later tick (a CPU's
     // ticks do not nest, so the earlier one has returned; the later one
-    // saw QUIET). Without this the invariant check below raced with a
-    // tick's kmalloc-8 allocation: "busy objects != allocated + rounds",
-    // 2 boots in 6 in machine mode, where ticks arrive most promptly.
+    // saw QUIET), so that the invariant check below sees no allocation
+    // in flight. (Machine mode's "busy objects != allocated + rounds" of
+    // kmalloc-8 was not this but a late hart clearing .bss: riscv64.rs.)
     for (_, ticks) in TICKS.iter().enumerate().filter(|&(cpu, _)| cpu != me) {
         let seen = ticks.load(Ordering::SeqCst);
         while ticks.load(Ordering::SeqCst) <= seen {
