@@ -11,6 +11,9 @@
 //!    (cross-CPU frees), with the timers running;
 //! 4. `verify` and the invariant check clean, no error reported.
 //!
+//! Before the other CPUs start (they wait with interrupts off), a reap:
+//! the platform sends no cross-CPU call to a CPU not online.
+//!
 //! Output on the UART; the verdict through the exit code (riscv64: the
 //! `sifive_test` device; aarch64: semihosting `SYS_EXIT`).
 
@@ -177,6 +180,16 @@ fn kernel_main() -> ! {
         HEAP.source().stats().alloc_bytes
     );
     heap_tests();
+
+    // A reap while the other CPUs wait, interrupts off, for their start:
+    // their magazines drained here, no IPI sent (they are not online).
+    HEAP.reap_all();
+    assert_eq!(
+        IPIS.load(Ordering::Relaxed),
+        0,
+        "an IPI to a CPU not online"
+    );
+    println!("reap_before_start... [ok] (CPUs 1-3 not online: no IPI)");
 
     // The timer interrupt allocating and freeing, against this CPU's own
     // allocations.
