@@ -341,7 +341,8 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
     fn call_on(cpu: usize, work: &(dyn Fn() + Sync)) {
         let here = &MAILBOXES[Self::cpu_id()];
         let there = &MAILBOXES[cpu];
-        // Calls to this CPU would run on their callers meanwhile.
+        // Calls to a CPU not online run on their callers, so it must not
+        // run allocator code (Kernel promise 1): stop one that does here.
         assert!(
             here.online.load(Ordering::SeqCst),
             "magpie_slab::glue: CPU {} makes a cross-CPU call before Machine::cpu_online",
@@ -427,7 +428,10 @@ impl<A: Arch, K: Kernel> Machine<A, K> {
 // no preemption or migration, the LOCAL_TRYLOCK part too); `cpu_offset` is
 // the default; `cross_cpu_call` runs `work` on CPU `cpu` with its interrupts off
 // (from its IPI handler, or its own waiting loop with interrupts saved and
-// off), exclusively with its interrupts-off sections, and returns after it.
+// off), exclusively with its interrupts-off sections, and returns after it;
+// or, `cpu` not online (it runs no allocator code, Kernel promise 1, and
+// Machine::cpu_online waits while the call holds its mailbox), here with
+// interrupts off.
 unsafe impl<A: Arch, K: Kernel> Platform for Machine<A, K> {
     const LOCAL_TRYLOCK: bool = true;
 
