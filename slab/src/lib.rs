@@ -675,6 +675,7 @@ pub mod lockdep;
 mod magazine;
 mod object;
 mod platform;
+pub mod quarantine;
 pub mod report;
 pub mod reports;
 pub mod restart;
