@@ -333,6 +333,51 @@ fn typed_kmalloc_keeps_pointer_free_data_apart() {
     }
 }
 
+/// The typed box ([`KBox`](crate::KBox), `Kmem::kbox`): the same
+/// partitions as `kmalloc_obj`, the value dropped with the box (once) or
+/// moved out, the object freed either way.
+#[test]
+fn typed_boxes_keep_pointer_free_data_apart() {
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    struct Counted(#[expect(dead_code, reason = "a pointer the type holds")] &'static u8);
+    impl crate::KmallocObj for Counted {}
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let (alloc, _) = setup(1024);
+    set_cpu(0);
+    let mut data = alloc.kbox([7u8; 64]).unwrap();
+    data[3] = 9;
+    assert_eq!((data[0], data[3]), (7, 9));
+    let counted = alloc.kbox(Counted(&0)).unwrap();
+    assert_eq!(cache_name(alloc, data.as_ptr().cast()), "kmalloc-data-64");
+    let counted_cache = cache_name(alloc, counted.as_ptr().cast());
+    assert!(counted_cache.starts_with("kmalloc-rnd-"), "{counted_cache}");
+    let live = |name: &str| alloc.find_cache(name).unwrap().stats().nr_allocated;
+    assert_eq!(live("kmalloc-data-64"), 1);
+    drop(counted);
+    assert_eq!(DROPS.load(Ordering::Relaxed), 1);
+    assert_eq!(live(&counted_cache), 0);
+    let bytes = data.into_inner();
+    assert_eq!(bytes[3], 9);
+    assert_eq!(live("kmalloc-data-64"), 0);
+    let moved = alloc.kbox(Counted(&0)).unwrap().into_inner();
+    assert_eq!(DROPS.load(Ordering::Relaxed), 1, "moved out, not dropped");
+    drop(moved);
+    assert_eq!(DROPS.load(Ordering::Relaxed), 2);
+    assert_eq!(live(&counted_cache), 0);
+    #[derive(Debug)]
+    struct Empty;
+    impl crate::KmallocObj for Empty {}
+    assert!(
+        matches!(alloc.kbox(Empty), Err(crate::AllocError::InvalidLayout)),
+        "a zero-sized type"
+    );
+}
+
 /// The memory partitioning costs: 100,000 live objects of 8–512 bytes
 /// from 16 call sites, pages taken from the source with and without
 /// the random copies (the figure is in docs/HARDENING.md:
