@@ -53,6 +53,22 @@ fn cache(name: &str) -> &'static Cache {
         .unwrap_or_else(|| panic!("no cache named {name}"))
 }
 
+/// The shell's `kmalloc` and `leak` allocate from the normal
+/// `kmalloc-<size>` classes from now on (`random_kmalloc_caches=0`), for
+/// the tests that name those caches; `kmalloc_and_kfree_balance` finds
+/// the random copies by their objects.
+fn normal_kmalloc_classes() {
+    magpie::profiling::tagged::set_random_kmalloc_caches(false);
+}
+
+/// The cache `obj` (a live object) belongs to.
+fn cache_of(obj: usize) -> &'static Cache {
+    SLAB.debug()
+        .whatis(obj)
+        .unwrap_or_else(|| panic!("{obj:#x} is not a slab object"))
+        .cache
+}
+
 /// Addresses printed one per line by `kmalloc`/`kfree`/`leak`.
 fn addresses(out: &str) -> Vec<usize> {
     out.lines()
@@ -63,11 +79,16 @@ fn addresses(out: &str) -> Vec<usize> {
         .collect()
 }
 
-/// nr_allocated of every kmalloc cache, gathered without allocating.
+/// nr_allocated of every kmalloc cache holding objects (the normal
+/// classes and the random copies `kmalloc!` sites use, which are created
+/// on first use), gathered without allocating.
 fn kmalloc_counts(out: &mut Vec<(&'static str, usize)>) {
     out.clear();
     SLAB.for_each_cache(|cache| {
-        if cache.name().starts_with("kmalloc-") && out.len() < out.capacity() {
+        if cache.name().starts_with("kmalloc-")
+            && cache.stats().nr_allocated > 0
+            && out.len() < out.capacity()
+        {
             out.push((cache.name(), cache.stats().nr_allocated));
         }
     });
@@ -159,6 +180,7 @@ fn parse_kmemstat_row(line: &str) -> KmemstatRow<'_> {
 
 #[test_case]
 fn reap_returns_pages_and_refuses_bad_input() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     let mut out = buffer();
     // Objects freed by the shell rest in kmalloc-4096's magazines.
@@ -189,6 +211,7 @@ fn reap_returns_pages_and_refuses_bad_input() {
 
 #[test_case]
 fn kmemstat_has_the_akaros_layout() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     let mut out = buffer();
     run_quiet(&mut shell, "kmemstat", &mut out);
@@ -335,6 +358,7 @@ fn assert_row_matches(row: [usize; 11], stats: &CacheStats) {
 
 #[test_case]
 fn slabinfo_rows_follow_kmalloc() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     let (mut before, mut middle, mut after) = (buffer(), buffer(), buffer());
     let k64 = cache("kmalloc-64");
@@ -419,19 +443,23 @@ fn kmalloc_and_kfree_balance() {
     for &obj in &big {
         assert_eq!(obj % PAGE_SIZE, 0);
     }
-    let k32 = cache("kmalloc-32").stats().nr_allocated;
-    let k256 = cache("kmalloc-256").stats().nr_allocated;
+    // `kmalloc!` sites allocate from their random copy of the class
+    // (`kmalloc-rnd-NN-32`): found by the objects.
+    let (c32, c256) = (cache_of(small[0]), cache_of(hex[0]));
+    assert!(c32.name().ends_with("-32") && c256.name().ends_with("-256"));
+    let k32 = c32.stats().nr_allocated;
+    let k256 = c256.stats().nr_allocated;
 
     run_quiet(&mut shell, "kfree 2", &mut out);
     assert_eq!(addresses(&out), [big[1], big[0]]);
     assert_eq!(SLAB.stats().large().nr_live, large.nr_live);
     run_quiet(&mut shell, "kfree", &mut out);
     assert_eq!(addresses(&out), hex);
-    assert_eq!(cache("kmalloc-256").stats().nr_allocated, k256 - 1);
+    assert_eq!(c256.stats().nr_allocated, k256 - 1);
     assert_eq!(shell.nr_held(), 4);
     run_quiet(&mut shell, "kfree all", &mut out);
     assert_eq!(out.lines().count(), 4);
-    assert_eq!(cache("kmalloc-32").stats().nr_allocated, k32 - 4);
+    assert_eq!(c32.stats().nr_allocated, k32 - 4);
     assert_eq!(shell.nr_held(), 0);
     run_quiet(&mut shell, "kfree all", &mut out);
     assert_eq!(out, "", "kfree all with nothing held");
@@ -446,6 +474,7 @@ fn kmalloc_and_kfree_balance() {
 
 #[test_case]
 fn leak_allocates_without_holding() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     let mut out = buffer();
     let k16 = cache("kmalloc-16");
@@ -782,6 +811,7 @@ fn line_editor_completes_commands_and_cache_names_on_tab() {
 
 #[test_case]
 fn slabtop_once_shows_every_cache_with_its_magazine_counts() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     let before = cache("kmalloc-64").stats().nr_allocs_ever;
     let held = run(&mut shell, "kmalloc 64 20");
@@ -830,6 +860,7 @@ fn slabtop_once_shows_every_cache_with_its_magazine_counts() {
 
 #[test_case]
 fn kmem_cache_shows_validates_and_shrinks_one_cache() {
+    normal_kmalloc_classes();
     let mut shell = Shell::new();
     run(&mut shell, "kmalloc 200 30");
     let out = run(&mut shell, "kmem cache kmalloc-208");

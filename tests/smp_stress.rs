@@ -200,6 +200,8 @@ fn million_random_ops_per_cpu_leave_nothing_behind() {
         );
     }
     assert_eq!(ctor_cache.stats().nr_allocated, 0);
+    // Reaped pages wait in the quarantine (docs/HARDENING.md) first.
+    magpie::kmem::KPAGES_QUARANTINED.flush();
     let pages_after = KPAGES.nr_pages_out();
     println!("kpages: {pages_before} pages out before, {pages_after} after reaping");
     assert!(

@@ -550,6 +550,8 @@ fn caches_trace_independently() {
 
 #[test_case]
 fn shell_kmalloc_traced_in_kmalloc_64() {
+    // The shell's `kmalloc!` on the normal classes (random_kmalloc_caches=0).
+    magpie::profiling::tagged::set_random_kmalloc_caches(false);
     // The output Strings themselves come from traced kmalloc caches while
     // printing: this would deadlock if print held the trace lock while
     // writing.

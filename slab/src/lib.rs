@@ -156,7 +156,7 @@
 //! | `glue/` | what a kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), the shipped platforms ([`glue::Machine`] over an architecture's [`glue::Arch`] and the kernel's [`glue::Kernel`]: `glue::X86_64`, `glue::Riscv64`, `glue::Aarch64`) and their cross-CPU calls | `allocator/`, below |
 //! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events), `boxes.rs` | everything below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events) | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
 //! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
@@ -675,6 +675,7 @@ pub mod lockdep;
 mod magazine;
 mod object;
 mod platform;
+pub mod quarantine;
 pub mod report;
 pub mod reports;
 pub mod restart;
@@ -710,7 +711,7 @@ pub use error::{AllocError, DestroyError, FreeError, TraceError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
-pub use object::{InitBox, SlabBox};
+pub use object::{InitBox, KBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};

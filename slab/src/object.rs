@@ -22,10 +22,17 @@
 //! Word patterns ([`SlabBox::write_words`], [`InitBox::check_words`]) are
 //! written and read with volatile accesses, so a check really reads the
 //! memory (a stress test looking for overlapping objects or stray writes).
+//!
+//! Everything about the boxes is here: the types, and the constructors on
+//! [`KmemCache`] ([`KmemCache::alloc_box`]) and [`Kmem`]
+//! ([`Kmem::kmalloc_box`], the profiling handle's `kmalloc_box`) at the
+//! end of this file.
 
 use core::ptr::NonNull;
 
+use crate::alloc_tag::{AllocProfiling, AllocTagRef};
 use crate::allocator::Kmem;
+use crate::allocator::kmalloc::KmallocObj;
 use crate::cache::KmemCache;
 use crate::constructor::{WordMismatch, check_words_at, write_words_at};
 use crate::error::{AllocError, FreeError};
@@ -260,8 +267,8 @@ impl<P: Platform> InitBox<P> {
     }
 }
 
-/// How the cache and kmalloc paths make a [`SlabBox`] (`cache/boxes.rs`,
-/// `allocator/boxes.rs`).
+/// How the cache and kmalloc paths make a [`SlabBox`] (the constructors
+/// at the end of this file).
 impl<P: Platform> SlabBox<P> {
     /// The box of `ptr`, an object of `cache` just allocated.
     pub(crate) fn from_cache(cache: &'static KmemCache<P>, ptr: NonNull<u8>) -> SlabBox<P> {
@@ -296,5 +303,155 @@ impl<P: Platform> Drop for SlabBox<P> {
             Owner::Kmalloc(alloc) => unsafe { alloc.kfree(ptr) },
         };
         debug_assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Boxes from a cache
+
+impl<P: Platform> KmemCache<P> {
+    /// [`KmemCache::alloc`] as an owned [`SlabBox`], freed without `unsafe`.
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    pub fn alloc_box(&'static self) -> Result<SlabBox<P>, AllocError> {
+        self.alloc().map(|ptr| SlabBox::from_cache(self, ptr))
+    }
+
+    /// [`KmemCache::alloc_tagged`] as an owned [`SlabBox`].
+    ///
+    /// # Errors
+    /// As for [`KmemCache::alloc`].
+    pub fn alloc_box_tagged(
+        &'static self,
+        tag: Option<AllocTagRef>,
+    ) -> Result<SlabBox<P>, AllocError> {
+        self.alloc_tagged(tag)
+            .map(|ptr| SlabBox::from_cache(self, ptr))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Boxes from kmalloc
+
+impl<P: Platform> Kmem<P> {
+    /// [`Kmem::kmalloc`] as an owned [`SlabBox`] of `size` bytes,
+    /// freed without `unsafe`.
+    ///
+    /// # Errors
+    /// As for [`Kmem::kmalloc`].
+    pub fn kmalloc_box(&'static self, size: usize, align: usize) -> Result<SlabBox<P>, AllocError> {
+        let ptr = self.kmalloc(size, align)?;
+        Ok(SlabBox::from_kmalloc(self, ptr, size))
+    }
+}
+
+impl<P: Platform> AllocProfiling<'static, P> {
+    /// [`Kmem::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
+    /// bytes.
+    ///
+    /// # Errors
+    /// As for [`Kmem::kmalloc`].
+    pub fn kmalloc_box(
+        &self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<SlabBox<P>, AllocError> {
+        let ptr = self.heap.kmalloc_tagged(size, align, tag)?;
+        Ok(SlabBox::from_kmalloc(self.heap, ptr, size))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Typed boxes
+
+/// A `T` a caller owns, from its type's own kmalloc partition
+/// ([`Kmem::kmalloc_obj`]: `kmalloc-data-<size>` for a pointer-free type,
+/// a random copy chosen by the type for every other), so a buffer an
+/// attacker fills never shares a slab with objects holding pointers
+/// (issue 33; Linux's typed `kmalloc_obj`). Rust for Linux's `KBox<T>`,
+/// partitioned: made by [`Kmem::kbox`], read and written through
+/// `Deref`/`DerefMut`, and on drop `T` is dropped and the object freed.
+/// `Send`/`Sync` as `T` is: any CPU may free it.
+pub struct KBox<T: KmallocObj, P: Platform> {
+    ptr: NonNull<T>,
+    heap: &'static Kmem<P>,
+}
+
+// SAFETY: the box owns its `T` exclusively (as `Box<T>` does); the
+// allocator may be called from any CPU.
+unsafe impl<T: KmallocObj + Send, P: Platform> Send for KBox<T, P> {}
+// SAFETY: shared access gives `&T` only.
+unsafe impl<T: KmallocObj + Sync, P: Platform> Sync for KBox<T, P> {}
+
+impl<P: Platform> Kmem<P> {
+    /// `value` in a [`KBox`], from `T`'s partition
+    /// ([`Kmem::kmalloc_obj`]). Charged to the current tag.
+    ///
+    /// # Errors
+    /// As for [`Kmem::kmalloc_obj`] (`InvalidLayout` for a zero-sized
+    /// `T`); `value` is dropped, as `Box::try_new` drops it.
+    pub fn kbox<T: KmallocObj>(&'static self, value: T) -> Result<KBox<T, P>, AllocError> {
+        let ptr = self.kmalloc_obj::<T>()?;
+        // SAFETY: a fresh object of at least `size_of::<T>()` bytes,
+        // aligned for `T` (kmalloc_obj's contract), ours.
+        unsafe { ptr.as_ptr().write(value) };
+        Ok(KBox { ptr, heap: self })
+    }
+}
+
+impl<T: KmallocObj, P: Platform> KBox<T, P> {
+    /// The object's address.
+    pub fn as_ptr(&self) -> NonNull<T> {
+        self.ptr
+    }
+
+    /// The `T`, out of the box; the object is freed.
+    pub fn into_inner(self) -> T {
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: the box holds an initialised `T`, read once: the box is
+        // not dropped (ManuallyDrop), so `T` is not dropped twice.
+        let value = unsafe { this.ptr.as_ptr().read() };
+        this.release();
+        value
+    }
+
+    /// Free the object (its `T` already dropped or moved out).
+    fn release(&self) {
+        // SAFETY: our object, from this heap's kmalloc_obj, freed once
+        // (by drop or into_inner, which consume the box).
+        let freed = unsafe { self.heap.kfree(self.ptr.cast()) };
+        debug_assert!(freed.is_ok(), "KBox: {freed:?}");
+    }
+}
+
+impl<T: KmallocObj, P: Platform> core::ops::Deref for KBox<T, P> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the box holds an initialised `T` it owns.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T: KmallocObj, P: Platform> core::ops::DerefMut for KBox<T, P> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as for `deref`, and `&mut self` is exclusive.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T: KmallocObj, P: Platform> Drop for KBox<T, P> {
+    fn drop(&mut self) {
+        // SAFETY: the box holds an initialised `T`, dropped once, here.
+        unsafe { self.ptr.as_ptr().drop_in_place() };
+        self.release();
+    }
+}
+
+impl<T: KmallocObj + core::fmt::Debug, P: Platform> core::fmt::Debug for KBox<T, P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(&**self, f)
     }
 }

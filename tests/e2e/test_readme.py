@@ -16,13 +16,17 @@ compared the same way. A block marked `<!-- replay: none (REASON) -->`
 is not a session (it says why). Sessions that do not exercise KFENCE boot
 with `kfence.sample_interval=0` (test_shell.kernel_append: a random sample
 changes `whatis` and placement); the KFENCE session keeps the default.
+Unlike the other end-to-end tests, README sessions keep partitioned
+kmalloc (`kmalloc!` sites in random copies, `kmalloc-rnd-NN-SIZE`), as
+`make run` does.
 
 Comparing, line by line (`compile_line`):
 
 - a line `...` stands for any number of lines (none included);
 - addresses (`0x` and 6+ hex digits, or 16 hex digits), symbol offsets (`+0x3d5`), times
   (`128058896 ns`, `18 ms`, `T+0.297228s`, `[    0.5]`), speeds
-  (`756313 events/s`) and amounts in KiB/MiB match any value: they change
+  (`756313 events/s`), amounts in KiB/MiB and the copy number NN of a
+  random kmalloc cache (`kmalloc-rnd-NN-64`) match any value: they change
   with every build and every run;
 - every other number must be the same, unless the block says
   `numbers=any` (for sessions whose counts depend on timing, e.g. a
@@ -32,7 +36,9 @@ Comparing, line by line (`compile_line`):
 
 An address the README shows in a command (`kmem whatis 0x...`) is
 replaced by the address the kernel printed in its place earlier in the
-session (plus the same offset), so examples may refer to what they got.
+session (plus the same offset), and a `kmalloc-rnd-NN-` the README shows
+in a command by the copy the kernel printed in its place, so examples may
+refer to what they got.
 
 `ReadmeSourceLines` checks every `FILE:LINE` the README names against
 the code: the file has that line, and where the README names the
@@ -69,10 +75,12 @@ VOLATILE = [
     (r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b", r"\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s)\b"),
     (r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)", r"\d+(?:\.\d+)? (?:events/s|KiB/s|MiB/s)"),
     (r"\d+(?:\.\d+)? ?(?:KiB|MiB)\b", r"\d+(?:\.\d+)? ?(?:KiB|MiB)\b"),
+    (r"kmalloc-rnd-\d\d-", r"kmalloc-rnd-\d\d-"),  # a kmalloc! site's copy, drawn at boot
 ]
 # (Not a line number: `FILE:LINE` stays exact even with numbers=any.)
 NUMBER = (r"(?<![\w.:-])[+-]?\d[\d,]*(?:\.\d+)?%?", r"[+-]?\d[\d,]*(?:\.\d+)?%?")
 ADDRESS = re.compile(r"0x[0-9a-f]{6,16}")
+COPY = re.compile(r"kmalloc-rnd-(\d\d)-")
 
 
 def compile_line(line, any_number=False):
@@ -242,6 +250,21 @@ def substitute_addresses(command, seen):
     return ADDRESS.sub(replace, command)
 
 
+def substitute_copies(command, copies):
+    """`command` with each README `kmalloc-rnd-NN-` replaced by the copy
+    the kernel printed in its place (see the module doc)."""
+    return COPY.sub(lambda match: f"kmalloc-rnd-{copies.get(match.group(1), match.group(1))}-", command)
+
+
+def learn_copies(expected, actual, copies):
+    """Pairs the README's random kmalloc copies with the kernel's, line by line."""
+    for want, got in zip(expected, actual):
+        ours, theirs = COPY.findall(want), COPY.findall(got)
+        if ours and len(ours) == len(theirs):
+            for a, b in zip(ours, theirs):
+                copies.setdefault(a, b)
+
+
 def learn_addresses(expected, actual, seen):
     """Pairs the README's addresses with the kernel's, line by line where both have them."""
     for want, got in zip(expected, actual):
@@ -269,6 +292,12 @@ class ReadmeSessions(unittest.TestCase):
         self.assertIsNotNone(match_lines(["640 kernel/src/a.rs:122"], ["640 kernel/src/a.rs:125"], any_number=True))
         self.assertEqual(substitute_addresses("kmem whatis 0x1000050", {0x1000000: 0x2000000}),
                          "kmem whatis 0x2000050")
+        self.assertIsNone(match_lines(["3 kmalloc-rnd-05-64"], ["3 kmalloc-rnd-02-64"]))
+        self.assertIsNotNone(match_lines(["3 kmalloc-rnd-05-64"], ["3 kmalloc-rnd-02-96"]))
+        copies = {}
+        learn_copies(["0x1 is allocated from kmalloc-rnd-05-64"], ["0x2 is allocated from kmalloc-rnd-02-64"], copies)
+        self.assertEqual(substitute_copies("kmemtrace start kmalloc-rnd-05-64", copies),
+                         "kmemtrace start kmalloc-rnd-02-64")
 
     def test_replay(self):
         if not os.path.exists(KERNEL):
@@ -287,11 +316,11 @@ class ReadmeSessions(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             dump = os.path.join(tmp, "latest.kmt")
             session = Session(append=kernel_append(options.get("append", boot["env"].get("MAGPIE_APPEND")),
-                                                   [command for command, _ in commands]),
+                                                   [command for command, _ in commands], random_kmalloc=True),
                               mem=options.get("mem", boot["env"].get("MAGPIE_MEM")),
                               kmemtrace=dump)
             try:
-                seen = {}
+                seen, copies = {}, {}
                 banner = session.read_until_prompt()
                 if banner is None:
                     code, banner = session.rest()
@@ -304,7 +333,7 @@ class ReadmeSessions(unittest.TestCase):
                     tail = banner.splitlines()[-len(boot["banner"]):]
                     self.check(number, "boot", boot["banner"], tail, any_number)
                 for command, expected in commands:
-                    session.type(substitute_addresses(command, seen))
+                    session.type(substitute_copies(substitute_addresses(command, seen), copies))
                     reply = session.read_until_prompt()
                     if reply is None:
                         _, reply = session.rest()
@@ -313,6 +342,7 @@ class ReadmeSessions(unittest.TestCase):
                         actual = [line for line in actual if not line.startswith("run-qemu.sh:")]
                     self.check(number, command, expected, actual, any_number)
                     learn_addresses(expected, actual, seen)
+                    learn_copies(expected, actual, copies)
                 if commands and commands[-1][0] != "poweroff":
                     session.type("poweroff")
                 if commands:

@@ -27,13 +27,28 @@ PROMPT = "magpie> "
 KFENCE_OFF = "kfence.sample_interval=0"
 
 
-def kernel_append(append, commands=()):
+# `kmalloc!` sites (the shell's `kmalloc` and `leak`) allocate from a
+# random copy of their size class, `kmalloc-rnd-NN-SIZE`, NN drawn at each
+# boot (issue 33, docs/HARDENING.md section 3): sessions that name the
+# cache before allocating boot with the normal `kmalloc-SIZE` classes,
+# unless they exercise the copies (`kmalloc-rnd` typed) or replay the
+# README (`random_kmalloc=True`: what `make run` does).
+RANDOM_KMALLOC_OFF = "random_kmalloc_caches=0"
+
+
+def kernel_append(append, commands=(), random_kmalloc=False):
     """The kernel command line for a session typing `commands`: `append`,
-    after `kfence.sample_interval=0` unless the session exercises KFENCE."""
+    after `kfence.sample_interval=0` unless the session exercises KFENCE,
+    and `random_kmalloc_caches=0` unless it exercises the random copies."""
     words = " ".join(c.decode(errors="replace") if isinstance(c, bytes) else c for c in commands)
-    if "kfence" in (append or "") or "lkdtm" in words or "kfence" in words:
+    quiet = []
+    if not ("kfence" in (append or "") or "lkdtm" in words or "kfence" in words):
+        quiet.append(KFENCE_OFF)
+    if not (random_kmalloc or "random_kmalloc" in (append or "") or "kmalloc-rnd" in words):
+        quiet.append(RANDOM_KMALLOC_OFF)
+    if not quiet:
         return append
-    return KFENCE_OFF + (" " + append if append else "")
+    return " ".join(quiet) + (" " + append if append else "")
 
 
 def boot(script, timeout=120, append=None, mem=None):

@@ -42,6 +42,12 @@ use crate::profiling::alloc_tag;
 /// The kernel's slab allocator.
 pub static SLAB: Kmem<KernelPlatform> = Kmem::new();
 
+/// [`KPAGES`] as the slab allocator sees it: freed slab pages (and
+/// page-granular kmalloc blocks) wait in a quarantine of 256 pages (1 MiB)
+/// before another cache can reuse them (issue 33, `docs/HARDENING.md`).
+pub static KPAGES_QUARANTINED: magpie_slab::quarantine::Quarantine<KernelPlatform, Arena> =
+    magpie_slab::quarantine::Quarantine::new(&KPAGES, 256);
+
 /// Brings the slab allocator up on [`KPAGES`]; from then on the global
 /// allocator serves new allocations from it. Panics if that fails: without
 /// it the kernel has no heap worth the name.
@@ -66,7 +72,7 @@ pub fn init(cmdline: &str) {
     // tagged keeps the `TAGGED` free path: objects may carry references).
     // Nothing is charged before `alloc_tag::init` either way.
     SLAB.profiling().set_enabled(false);
-    SLAB.init(&KPAGES)
+    SLAB.init(&KPAGES_QUARANTINED)
         .unwrap_or_else(|error| panic!("slab allocator failed to start: {error}"));
     // Out of frames, kpages reaps every cache and tries again.
     KPAGES.set_reclaim(|| SLAB.reap_all());

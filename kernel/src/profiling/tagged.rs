@@ -7,8 +7,10 @@
 //! point ([`crate::debug::fault`]). Above [`SLAB`], which they call.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use magpie_codetag::alloc_tag::AllocTag;
+use magpie_slab::{AllocError, AllocTagRef};
 
 use super::alloc_tag;
 use crate::kmem::SLAB;
@@ -105,8 +107,78 @@ macro_rules! __alloc_site {
     };
 }
 
+/// The boot argument that keeps [`kmalloc!`](crate::kmalloc) sites on the
+/// normal `kmalloc-<size>` classes: `random_kmalloc_caches=0` (default 1:
+/// partitioned). For sessions that must name a site's cache before it
+/// allocates (the end-to-end tests boot with it, as they boot with KFENCE
+/// off); Linux has the choice at build time only
+/// (`CONFIG_RANDOM_KMALLOC_CACHES`).
+pub const RANDOM_KMALLOC_ARG: &str = "random_kmalloc_caches";
+
+/// [`RANDOM_KMALLOC_ARG`] as read on the first `kmalloc!`: 0 not yet
+/// read, [`RANDOM_ON`] or [`RANDOM_OFF`].
+static RANDOM_KMALLOC: AtomicU8 = AtomicU8::new(0);
+const RANDOM_ON: u8 = 1;
+const RANDOM_OFF: u8 = 2;
+
+/// Whether `kmalloc!` sites are partitioned this boot ([`RANDOM_KMALLOC_ARG`]).
+pub fn random_kmalloc_caches() -> bool {
+    match RANDOM_KMALLOC.load(Ordering::Relaxed) {
+        RANDOM_ON => true,
+        RANDOM_OFF => false,
+        _ => read_random_kmalloc_arg(),
+    }
+}
+
+/// Partition `kmalloc!` sites from now on (`true`) or keep them on the
+/// normal classes, overriding [`RANDOM_KMALLOC_ARG`]: for tests that name
+/// `kmalloc-<size>` caches (`tests/shell_commands.rs`).
+pub fn set_random_kmalloc_caches(on: bool) {
+    RANDOM_KMALLOC.store(if on { RANDOM_ON } else { RANDOM_OFF }, Ordering::Relaxed);
+}
+
+/// Read [`RANDOM_KMALLOC_ARG`] from the boot line, once (a wrong value:
+/// a warning, and the default).
+#[cold]
+fn read_random_kmalloc_arg() -> bool {
+    let on = match crate::mm::boot_info::get().and_then(|boot| boot.arg(RANDOM_KMALLOC_ARG)) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(value) => {
+            log::warn!("{RANDOM_KMALLOC_ARG}={value}: expected 0 or 1; using 1");
+            true
+        }
+    };
+    RANDOM_KMALLOC.store(if on { RANDOM_ON } else { RANDOM_OFF }, Ordering::Relaxed);
+    on
+}
+
+/// The allocation of a [`kmalloc!`](crate::kmalloc) site: partitioned
+/// ([`Kmem::kmalloc_site`](magpie_slab::Kmem::kmalloc_site), Linux
+/// `RANDOM_KMALLOC_CACHES`: one of `NR_KMALLOC_RANDOM` copies of the size
+/// class, `kmalloc-rnd-<NN>-<size>`, chosen by the site's tag, or its
+/// source location while profiling is off, hashed with a per-boot seed),
+/// or the normal class under `random_kmalloc_caches=0`. Not for direct
+/// use.
+#[doc(hidden)]
+#[inline]
+#[track_caller]
+pub fn kmalloc_site(
+    size: usize,
+    align: usize,
+    tag: Option<AllocTagRef>,
+) -> Result<NonNull<u8>, AllocError> {
+    if random_kmalloc_caches() {
+        SLAB.kmalloc_site(size, align, tag)
+    } else {
+        SLAB.kmalloc_tagged(size, align, tag)
+    }
+}
+
 /// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`]
-/// `.kmalloc` charged to this call site. `align` defaults to 8. (Linux
+/// `.kmalloc` charged to this call site, from the site's own random copy
+/// of the size class (`kmalloc-rnd-<NN>-<size>`: [`kmalloc_site`]), so
+/// same-size objects of unrelated sites rarely share a slab. `align` defaults to 8. (Linux
 /// takes GFP flags here; this kernel has none, so the second argument is
 /// the alignment.) The site is also a fault point ([`crate::debug::fault`]): armed,
 /// it returns `Err(AllocError::OutOfMemory)` without allocating. Its code
@@ -121,7 +193,11 @@ macro_rules! kmalloc {
     };
     ($size:expr, $align:expr) => {{
         let (size, align): (usize, usize) = ($size, $align);
-        $crate::__alloc_site!($crate::kmem::SLAB.kmalloc_tagged(size, align, $crate::__site_tag!()))
+        $crate::__alloc_site!($crate::profiling::tagged::kmalloc_site(
+            size,
+            align,
+            $crate::__site_tag!()
+        ))
     }};
 }
 

@@ -3,9 +3,9 @@
 //! (`init.rs`); the kmalloc size classes, page-granular kmalloc and
 //! `kfree` (`kmalloc.rs`); the `GlobalAlloc` / `core::alloc::Allocator`
 //! shims (`global_alloc.rs`); error reports (`reports.rs`); the kmemtrace
-//! switches (`kmemtrace_control.rs`); boxes from kmalloc (`boxes.rs`).
+//! switches (`kmemtrace_control.rs`). Boxes from kmalloc are with the
+//! box types (`object.rs`).
 
-mod boxes;
 mod cache_owner;
 mod classes;
 mod global_alloc;

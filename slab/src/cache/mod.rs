@@ -113,10 +113,8 @@
 //! | `cache/debug.rs` | the debug cold paths (poison, redzone, state word, audit) |
 //! | `cache/double_free.rs` | the free key: double frees refused at the free without flags |
 //! | `cache/verify.rs` | `verify`, invariants |
-//! | `cache/boxes.rs` | [`SlabBox`](crate::SlabBox) and [`InitBox`](crate::InitBox) constructors |
 
 mod alloc;
-mod boxes;
 mod debug;
 mod double_free;
 mod free;
