@@ -15,6 +15,7 @@
 
 pub mod errors;
 pub mod events;
+pub mod findleaks;
 pub mod heap;
 pub mod image;
 pub mod kfence;
@@ -58,6 +59,8 @@ pub enum Report {
         /// The objects instead of the figures.
         objects: bool,
     },
+    /// The leak scan of `kmem findleaks`, over the image.
+    Findleaks,
 }
 
 /// Where the descriptor is, and how it was found.
@@ -261,8 +264,12 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
-        Report::Events(_) | Report::Trace(_) | Report::Kfence { .. } | Report::Errors => {
-            return Err("events, trace and kfence are written by run".into());
+        Report::Events(_)
+        | Report::Trace(_)
+        | Report::Kfence { .. }
+        | Report::Errors
+        | Report::Findleaks => {
+            return Err("events, trace, kfence, errors and findleaks are written by run".into());
         }
         Report::Verify => {
             let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
@@ -406,6 +413,23 @@ fn write_kmemstat(
     Ok(())
 }
 
+/// The code tags' descriptor of the kernel ELF at `kernel` (its symbol),
+/// if it has one the image holds and it describes counters.
+fn codetag_descriptor(
+    mem: &dyn Memory,
+    kernel: Option<&Path>,
+) -> Option<findleaks::CodetagDescriptorRead> {
+    let data = std::fs::read(kernel?).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let addr = file
+        .symbols()
+        .find(|s| s.name() == Ok(magpie_codetag::descriptor::CODETAG_DESCRIPTOR_SYMBOL))?
+        .address();
+    findleaks::read_codetag_descriptor(mem, addr)
+        .ok()
+        .filter(|read| read.counters != 0)
+}
+
 /// `magpie-kmem core CORE REPORT`: open the core, find the descriptor,
 /// write the report to standard output and the problems to standard
 /// error. Returns whether the heap read clean.
@@ -467,6 +491,21 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
         let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
         let mut found_problems = Vec::new();
         kfence::write_kfence(&heap, *objects, &symbols, &mut out, &mut found_problems)?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
+    } else if let Report::Findleaks = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let tags = codetag_descriptor(mem, found.kernel.as_deref());
+        let mut found_problems = Vec::new();
+        findleaks::write_findleaks(
+            &heap,
+            core.cpus(),
+            tags.as_ref(),
+            &symbols,
+            &mut out,
+            &mut found_problems,
+        )?;
         problems.extend(found_problems.iter().map(Problem::to_string));
         problems.is_empty()
     } else if let Report::Trace(cache) = report {
@@ -550,6 +589,10 @@ pub enum CoreReport {
         /// `objects`: list the pool's objects.
         what: Option<String>,
     },
+    /// Leaks by reachability over the image, as the shell's `kmem
+    /// findleaks` (illumos ::findleaks): roots from the kernel's data, bss,
+    /// every CPU's stack and registers.
+    Findleaks,
     /// The kmemtrace recording the kernel held (not yet dumped), written
     /// as a .kmt dump the other subcommands read.
     Events {
@@ -591,6 +634,7 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Events { output } => Report::Events(output.clone()),
         CoreReport::Trace { cache } => Report::Trace(cache.clone()),
         CoreReport::Errors => Report::Errors,
+        CoreReport::Findleaks => Report::Findleaks,
         CoreReport::Kfence { what } => match what.as_deref() {
             None => Report::Kfence { objects: false },
             Some("objects") => Report::Kfence { objects: true },

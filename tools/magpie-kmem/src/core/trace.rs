@@ -81,6 +81,17 @@ impl KernelSymbols {
     }
 }
 
+impl KernelSymbols {
+    /// The demangled path of the function at `address` (its first byte),
+    /// without the hash: `magpie::shell::kmem::cmd_leak::__ALLOC_TAG::__codetag_fn`.
+    pub fn function_at(&self, address: u64) -> Option<String> {
+        match self.lookup(address)? {
+            (name, 0) => Some(format!("{:#}", rustc_demangle::demangle(name))),
+            _ => None,
+        }
+    }
+}
+
 impl ReportFormat for KernelSymbols {
     fn symbol(&self, address: usize, out: &mut dyn fmt::Write) -> fmt::Result {
         match self.lookup(address as u64) {
