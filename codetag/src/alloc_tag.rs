@@ -522,8 +522,8 @@ impl AllocTagCounters {
 }
 
 const SWITCH_OFF: u8 = 0;
-const SWITCH_ON: u8 = 1;
-const SWITCH_NEVER: u8 = 2;
+pub(crate) const SWITCH_ON: u8 = 1;
+pub(crate) const SWITCH_NEVER: u8 = 2;
 
 /// Refused change of a [`ProfilingSwitch`] set to `never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -542,8 +542,8 @@ impl fmt::Display for SwitchLocked {
 /// inaccurate*: objects allocated meanwhile carry no tag and are not
 /// counted (their frees subtract nothing, so nothing underflows).
 pub struct ProfilingSwitch {
-    state: AtomicU8,
-    inaccurate: AtomicBool,
+    pub(crate) state: AtomicU8,
+    pub(crate) inaccurate: AtomicBool,
 }
 
 impl ProfilingSwitch {
@@ -715,12 +715,37 @@ pub fn write_allocinfo_row(
     human: bool,
     inaccurate: bool,
 ) -> fmt::Result {
+    write_allocinfo_line(
+        out,
+        tag.tag.location(),
+        tag.tag.function(),
+        counts,
+        human,
+        inaccurate,
+    )
+}
+
+/// [`write_allocinfo_row`] of a site given by its parts (a reader of a
+/// memory image has no `&'static AllocTag`: `magpie-kmem core CORE
+/// allocinfo`).
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
+pub fn write_allocinfo_line(
+    out: &mut dyn fmt::Write,
+    location: impl fmt::Display,
+    function: &str,
+    counts: AllocTagCounts,
+    human: bool,
+    inaccurate: bool,
+) -> fmt::Result {
     if human {
         write!(out, "{:>12} {:>8} ", HumanBytes(counts.bytes), counts.calls)?;
     } else {
         write!(out, "{:>12} {:>8} ", counts.bytes, counts.calls)?;
     }
-    write!(out, "{} func:{}", tag.tag.location(), tag.tag.function())?;
+    write!(out, "{location} func:{function}")?;
     if inaccurate {
         write!(out, " accurate:no")?;
     }

@@ -19,7 +19,9 @@ use core::mem::{offset_of, size_of};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::CodeTag;
-use crate::alloc_tag::{AllocTag, AllocTagCounters, TagCounter, UNTAGGED_FLAG};
+use crate::alloc_tag::{
+    AllocTag, AllocTagCounters, ProfilingSwitch, SWITCH_NEVER, SWITCH_ON, TagCounter, UNTAGGED_FLAG,
+};
 
 /// The descriptor's first 16 bytes.
 pub const CODETAG_DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-CODETAG-D";
@@ -78,6 +80,19 @@ pub struct CodetagDescriptor {
     pub counters_block_bytes: u64,
     /// Tags the counters count (`usize`; 0 until init).
     pub counters_nr_tags: u64,
+    /// The described profiling switch's address ([`describe_switch`]); 0:
+    /// none (a reader takes profiling as on, the counts as accurate).
+    pub switch: AtomicU64,
+    /// The switch's state byte: [`CodetagDescriptor::switch_on`],
+    /// [`CodetagDescriptor::switch_never`] or off.
+    pub switch_state: u64,
+    /// The switch's byte that is 1 once counts may have missed
+    /// allocations (profiling turned on after being off).
+    pub switch_inaccurate: u64,
+    /// The state byte of a switch that is on.
+    pub switch_on: u64,
+    /// The state byte of a switch that is off for good (`never`).
+    pub switch_never: u64,
 }
 
 /// The descriptor of this program's allocation tags.
@@ -108,7 +123,22 @@ pub static MAGPIE_CODETAG_DESCRIPTOR: CodetagDescriptor = CodetagDescriptor {
     counters_nr_cpus: offset_of!(AllocTagCounters, nr_cpus) as u64,
     counters_block_bytes: offset_of!(AllocTagCounters, block_bytes) as u64,
     counters_nr_tags: offset_of!(AllocTagCounters, nr_tags) as u64,
+    switch: AtomicU64::new(0),
+    switch_state: offset_of!(ProfilingSwitch, state) as u64,
+    switch_inaccurate: offset_of!(ProfilingSwitch, inaccurate) as u64,
+    switch_on: SWITCH_ON as u64,
+    switch_never: SWITCH_NEVER as u64,
 };
+
+/// Describe the kernel's profiling switch (`mem_profiling`, `allocinfo
+/// on|off`), so that a reader of a memory image prints what the kernel's
+/// `allocinfo` prints: whether counts are accurate, whether profiling is
+/// off. A later call replaces it.
+pub fn describe_switch(switch: &'static ProfilingSwitch) {
+    MAGPIE_CODETAG_DESCRIPTOR
+        .switch
+        .store(core::ptr::from_ref(switch) as u64, Ordering::Release);
+}
 
 /// Describe `counters` and the tag section (called by
 /// [`AllocTagCounters::init`] once it gave them memory): the first
@@ -137,3 +167,4 @@ pub(crate) fn register(counters: &AllocTagCounters) {
 // docs/VMCORE.md gives these offsets.
 const _: () = assert!(offset_of!(CodetagDescriptor, counters) == 24);
 const _: () = assert!(offset_of!(CodetagDescriptor, counters_nr_tags) == 152);
+const _: () = assert!(offset_of!(CodetagDescriptor, switch_never) == 192);

@@ -78,7 +78,8 @@ pub use self::time::Nanoseconds;
 #[cfg(any(feature = "allocinfo", feature = "time-stats"))]
 pub use self::timestats::write_time_stats;
 pub use self::trace_print::{
-    EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, trace_print,
-    trace_print_all, write_trace_record,
+    EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, TraceSites,
+    trace_print, trace_print_all, write_trace_footer, write_trace_header, write_trace_quiet,
+    write_trace_record,
 };
 pub use self::whatis::{WhatIsDisplay, whatis};

@@ -408,6 +408,89 @@ fn findleaks_equals_the_live_scan() {
 }
 
 #[test]
+fn codetag_descriptor_round_trips() {
+    use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, ProfilingSwitch, UNTAGGED};
+    use magpie_codetag::descriptor::{MAGPIE_CODETAG_DESCRIPTOR, describe_switch};
+    use magpie_kmem::core::codetag::read_codetag_descriptor;
+    use magpie_kmem::core::trace::KernelSymbols;
+
+    static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+    static SWITCH: ProfilingSwitch = ProfilingSwitch::new(true);
+    let bytes = AllocTagCounters::bytes_needed(NR_CPUS);
+    let layout = Layout::from_size_align(bytes, AllocTagCounters::ALIGN).unwrap();
+    // SAFETY: a non-zero size; leaked: the counters keep it for good.
+    let memory = unsafe { std::slice::from_raw_parts_mut(std::alloc::alloc_zeroed(layout), bytes) };
+    assert!(COUNTERS.init_static(memory, NR_CPUS));
+    describe_switch(&SWITCH);
+    let here: &'static AllocTag = magpie_codetag::alloc_tag!();
+    let line = line!() - 1;
+    COUNTERS.add(0, here.tag_ref(), 100);
+    COUNTERS.add(1, here.tag_ref(), 28);
+    COUNTERS.add(1, UNTAGGED.tag_ref(), 8);
+    COUNTERS.sub(0, UNTAGGED.tag_ref(), 8);
+
+    let mem = ProcessMemory::open().unwrap();
+    let read = read_codetag_descriptor(&mem, std::ptr::from_ref(&MAGPIE_CODETAG_DESCRIPTOR) as u64)
+        .unwrap();
+    assert_eq!(read.counters, std::ptr::from_ref(&COUNTERS) as u64);
+    assert_eq!(read.tags().1 as usize, AllocTag::all().len());
+    let counts = read.counts(&mem).unwrap();
+    for tag in AllocTag::all() {
+        assert_eq!(
+            counts[tag.tag_ref().get() as usize - 1],
+            COUNTERS.read(tag.tag_ref())
+        );
+    }
+    assert_eq!(
+        (
+            counts[here.tag_ref().get() as usize - 1].bytes,
+            counts[here.tag_ref().get() as usize - 1].calls
+        ),
+        (128, 2)
+    );
+    let symbols = KernelSymbols::default();
+    let tag = read
+        .tag(&mem, &symbols, u64::from(here.tag_ref().get()))
+        .unwrap();
+    assert_eq!(
+        (tag.file.as_str(), tag.line, tag.untagged),
+        (file!(), line, false)
+    );
+    // No symbols (a PIE test binary's are not at their link addresses):
+    // the function is unknown.
+    assert_eq!(tag.function, "?");
+    let untagged = read
+        .tag(&mem, &symbols, u64::from(UNTAGGED.tag_ref().get()))
+        .unwrap();
+    assert_eq!(
+        (
+            untagged.file.as_str(),
+            untagged.function.as_str(),
+            untagged.untagged
+        ),
+        ("untagged", "untagged", true)
+    );
+    assert!(read.tag(&mem, &symbols, read.tags().1 + 1).is_err());
+    // The switch, as the kernel's `allocinfo` reads it.
+    let switch = read.switch(&mem).unwrap();
+    assert!(
+        switch.on && !switch.never && !switch.inaccurate,
+        "{switch:?}"
+    );
+    SWITCH.disable().unwrap();
+    SWITCH.enable().unwrap();
+    assert!(read.switch(&mem).unwrap().inaccurate);
+    SWITCH.disable().unwrap();
+    assert!(!read.switch(&mem).unwrap().on);
+    // Not a descriptor: refused.
+    assert!(
+        read_codetag_descriptor(&mem, descriptor_addr())
+            .unwrap_err()
+            .contains("magic")
+    );
+}
+
+#[test]
 fn whatis_finds_cache_object_and_state() {
     let held = heap();
     let held = held.as_ref().unwrap();
