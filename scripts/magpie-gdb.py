@@ -7,6 +7,7 @@
     (gdb) magpie slabtop --once
     (gdb) magpie whatis 0xffff80000092b040
     (gdb) magpie verify
+    (gdb) magpie findleaks
     (gdb) magpie events -o stopped.kmt
 
 Each command takes a memory image of the stopped VM through the
@@ -24,7 +25,8 @@ import gdb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "scripts", "magpie-kmem")
-REPORTS = ("slabinfo", "kmemstat", "slabtop", "whatis", "verify", "trace", "kfence", "errors", "events")
+REPORTS = ("slabinfo", "kmemstat", "slabtop", "whatis", "verify", "trace", "kfence", "errors", "findleaks",
+           "allocinfo", "events")
 
 
 def take_core():
@@ -49,7 +51,7 @@ def kernel_file():
 class Magpie(gdb.Command):
     """Magpie allocator reports from the stopped kernel: magpie REPORT [ARGS].
 REPORT: slabinfo, kmemstat, slabtop [--sort KEY], whatis ADDR, verify, trace [CACHE],
-kfence [objects], errors, events -o FILE
+kfence [objects], errors, findleaks, allocinfo [OPTIONS], events -o FILE
 (as `magpie-kmem core CORE REPORT`; see docs/VMCORE.md)."""
 
     def __init__(self):
@@ -59,7 +61,8 @@ kfence [objects], errors, events -o FILE
         words = shlex.split(argument)
         if not words or words[0] not in REPORTS:
             raise gdb.GdbError("usage: magpie slabinfo | kmemstat | slabtop [--sort KEY] | whatis ADDR | verify"
-                               " | trace [CACHE] | kfence [objects] | errors | events -o FILE")
+                               " | trace [CACHE] | kfence [objects] | errors | findleaks | allocinfo [OPTIONS]"
+                               " | events -o FILE")
         if words[0] == "whatis" and len(words) == 2:
             # An expression (a variable, a register) as well as a number.
             words[1] = hex(int(gdb.parse_and_eval(words[1])) & (2**64 - 1))

@@ -135,9 +135,9 @@ macro_rules! alloc_tag {
 /// One tag's counters on one CPU. `bytes` may wrap below zero on a CPU that
 /// frees more than it allocated; only the sum over CPUs is meaningful.
 #[repr(C)]
-struct TagCounter {
-    bytes: AtomicU64,
-    calls: AtomicU64,
+pub(crate) struct TagCounter {
+    pub(crate) bytes: AtomicU64,
+    pub(crate) calls: AtomicU64,
 }
 
 const CACHE_LINE: usize = 64;
@@ -163,19 +163,19 @@ pub struct AllocTagCounts {
 /// platform should report profiling off until then, so that no object
 /// carries a tag whose addition was lost.
 pub struct AllocTagCounters {
-    blocks: AtomicPtr<TagCounter>,
-    nr_cpus: AtomicUsize,
+    pub(crate) blocks: AtomicPtr<TagCounter>,
+    pub(crate) nr_cpus: AtomicUsize,
     /// `nr_cpus - 1`: the block an out-of-range CPU id shares.
     last_cpu: AtomicUsize,
     /// Counters per CPU block (nr_tags rounded up to a cache line).
     block_len: AtomicUsize,
     /// `block_len` in bytes (the update paths' CPU stride).
-    block_bytes: AtomicUsize,
+    pub(crate) block_bytes: AtomicUsize,
     /// Number of tags; 0 until [`AllocTagCounters::init`] published the
     /// memory (stored last, with release), so that one compare of a tag
     /// index against it both rejects a bad reference and tells whether
     /// the counters have memory.
-    nr_tags: AtomicUsize,
+    pub(crate) nr_tags: AtomicUsize,
 }
 
 impl Default for AllocTagCounters {
@@ -260,6 +260,7 @@ impl AllocTagCounters {
         self.blocks.store(memory.as_ptr().cast(), Ordering::Release);
         // Last: a non-zero nr_tags publishes everything above.
         self.nr_tags.store(nr_tags, Ordering::Release);
+        crate::descriptor::register(self);
         true
     }
 
@@ -521,8 +522,8 @@ impl AllocTagCounters {
 }
 
 const SWITCH_OFF: u8 = 0;
-const SWITCH_ON: u8 = 1;
-const SWITCH_NEVER: u8 = 2;
+pub(crate) const SWITCH_ON: u8 = 1;
+pub(crate) const SWITCH_NEVER: u8 = 2;
 
 /// Refused change of a [`ProfilingSwitch`] set to `never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -541,8 +542,8 @@ impl fmt::Display for SwitchLocked {
 /// inaccurate*: objects allocated meanwhile carry no tag and are not
 /// counted (their frees subtract nothing, so nothing underflows).
 pub struct ProfilingSwitch {
-    state: AtomicU8,
-    inaccurate: AtomicBool,
+    pub(crate) state: AtomicU8,
+    pub(crate) inaccurate: AtomicBool,
 }
 
 impl ProfilingSwitch {
@@ -714,12 +715,37 @@ pub fn write_allocinfo_row(
     human: bool,
     inaccurate: bool,
 ) -> fmt::Result {
+    write_allocinfo_line(
+        out,
+        tag.tag.location(),
+        tag.tag.function(),
+        counts,
+        human,
+        inaccurate,
+    )
+}
+
+/// [`write_allocinfo_row`] of a site given by its parts (a reader of a
+/// memory image has no `&'static AllocTag`: `magpie-kmem core CORE
+/// allocinfo`).
+///
+/// # Errors
+///
+/// The error of `out` (`fmt::Error`), as is.
+pub fn write_allocinfo_line(
+    out: &mut dyn fmt::Write,
+    location: impl fmt::Display,
+    function: &str,
+    counts: AllocTagCounts,
+    human: bool,
+    inaccurate: bool,
+) -> fmt::Result {
     if human {
         write!(out, "{:>12} {:>8} ", HumanBytes(counts.bytes), counts.calls)?;
     } else {
         write!(out, "{:>12} {:>8} ", counts.bytes, counts.calls)?;
     }
-    write!(out, "{} func:{}", tag.tag.location(), tag.tag.function())?;
+    write!(out, "{location} func:{function}")?;
     if inaccurate {
         write!(out, " accurate:no")?;
     }

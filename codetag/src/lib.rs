@@ -71,6 +71,7 @@
     reason = "unsafe is confined to handing per-CPU counter memory to alloc_tag"
 )]
 pub mod alloc_tag;
+pub mod descriptor;
 pub mod fault;
 pub mod time_stats;
 

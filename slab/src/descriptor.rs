@@ -35,12 +35,14 @@
 //! change of meaning bumps the version.
 
 use core::mem::{offset_of, size_of};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::allocator::{CacheList, Kmem};
 use crate::cache::{CacheLinks, KmemCache};
 use crate::kmemtrace::rings::CpuRing;
 use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
+use crate::layout::hash::AddrHash;
+use crate::layout::pagemap::{self, PageMap, PageSlot};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
 #[cfg(feature = "kfence")]
@@ -53,8 +55,9 @@ pub const DESCRIPTOR_MAGIC: [u8; 16] = *b"MAGPIE-SLAB-DESC";
 
 /// The format version (docs/VMCORE.md). 2: the error ring's lock in the
 /// header (104 bytes), the kernel's arenas ([`KmemstatArenas`]) after
-/// the layout.
-pub const DESCRIPTOR_VERSION: u32 = 2;
+/// the layout. 3: the kernel's leak-scan roots ([`LeakRoots`]) after the
+/// arenas.
+pub const DESCRIPTOR_VERSION: u32 = 3;
 
 /// Bytes of the header (a version-1 descriptor's layout starts here).
 pub const DESCRIPTOR_HEADER_SIZE: usize = 104;
@@ -605,6 +608,58 @@ layout! {
     kfence_stack_cpu = feature_entry!("kfence", field!(crate::kfence::KfenceStack, cpu));
     /// KFENCE stack: when (clock ticks).
     kfence_stack_time = feature_entry!("kfence", field!(crate::kfence::KfenceStack, time));
+
+    /// The page map's slots (`page_slot_size` bytes each, one per page
+    /// from `allocator_page_map_base`).
+    allocator_page_map_entries = Entry::field(
+        offset_of!(LayoutAllocator, page_map) + offset_of!(PageMap, entries),
+        size_of::<usize>(),
+    );
+    /// Constant: bytes per page-map slot.
+    page_slot_size = Entry::value(size_of::<PageSlot>());
+    /// Page-map slot: the entry word (its low `page_entry_tag_mask` bits
+    /// say what the page is).
+    page_slot_entry = field!(PageSlot, entry);
+    /// Constant: the mask of a page-map entry's kind bits.
+    page_entry_tag_mask = Entry::value(pagemap::TAG_MASK);
+    /// Constant: the kind of the first page of a page-granular kmalloc.
+    page_entry_large_head = Entry::value(pagemap::TAG_LARGE_HEAD);
+    /// Constant: a head entry's pages are `(entry >> 3) &
+    /// page_entry_pages_mask`.
+    page_entry_pages_mask = Entry::value(pagemap::LARGE_MAX_PAGES);
+    /// Constant: a head entry's charge token is `entry >>
+    /// page_entry_token_shift` (a `u32`; 0: none).
+    page_entry_token_shift = Entry::value(pagemap::LARGE_HIGH_SHIFT as usize);
+    /// Slab header: the tag side array (feature `alloc-profiling`; absent
+    /// without it): one 4-byte charge token per object, 0 for none.
+    slab_tags = feature_entry!("alloc-profiling", field!(Slab, tags));
+    /// Bufctl: the charge token of its buffer's tag while a caller holds
+    /// it (feature `alloc-profiling`; a `u32`, 0 for none).
+    bufctl_tag = feature_entry!("alloc-profiling", field!(Bufctl, tag));
+    /// Bufctl: the next bufctl in its hash bucket.
+    bufctl_hash_next = field!(Bufctl, hash_next);
+    /// Slab lists: the bufctl hash (buffer address to the bufctl of every
+    /// busy buffer of a bufctl cache).
+    slab_lists_hash = field!(SlabLists, hash);
+    /// Bufctl hash: its inline buckets (used while `hash_table` is null).
+    hash_inline = field!(AddrHash<Bufctl>, inline);
+    /// Bufctl hash: its page-backed buckets, or null.
+    hash_table = field!(AddrHash<Bufctl>, table);
+    /// Bufctl hash: buckets (of the inline ones or the table).
+    hash_nr_buckets = field!(AddrHash<Bufctl>, nr_buckets);
+    /// KFENCE object metadata: its cache's address (the cache the sample
+    /// stands in for).
+    kfence_object_cache_ptr =
+        feature_entry!("kfence", field!(crate::kfence::KfenceObject, cache_ptr));
+    /// KFENCE object metadata: the charge token of its allocation tag
+    /// (`u32`, 0: none).
+    kfence_object_tag = feature_entry!(
+        "kfence",
+        Entry::field(
+            offset_of!(crate::kfence::KfenceObject, tag),
+            size_of::<Option<crate::alloc_tag::AllocTagRef>>(),
+        )
+    );
 }
 
 const _: () = assert!(MAGAZINE_ROUNDS.len() == 6);
@@ -647,6 +702,8 @@ pub struct SlabDescriptor {
     pub layout: DescriptorLayout,
     /// The kernel's arenas, for `kmemstat`'s arena rows ([`describe_kmemstat`]).
     pub arenas: KmemstatArenas,
+    /// The kernel's roots, for a leak scan of an image ([`describe_leak_roots`]).
+    pub roots: LeakRoots,
 }
 
 /// The descriptor of this program's allocator (see the module docs).
@@ -669,6 +726,7 @@ pub static MAGPIE_SLAB_DESCRIPTOR: SlabDescriptor = SlabDescriptor {
     errors_lock_data: AtomicU64::new(0),
     layout: LAYOUT,
     arenas: KmemstatArenas::EMPTY,
+    roots: LeakRoots::EMPTY,
 };
 
 /// The byte offset of a guard's payload from its lock.
@@ -970,3 +1028,137 @@ pub fn describe_kmemstat(
 // docs/VMCORE.md gives these sizes.
 const _: () = assert!(size_of::<ArenaSlot>() == 152);
 const _: () = assert!(offset_of!(KmemstatArenas, arenas) == 24);
+
+/// Root ranges (and holes) the descriptor can hold.
+pub const MAX_ROOT_RANGES: usize = 8;
+
+/// Stack tables the descriptor can hold.
+pub const MAX_STACK_TABLES: usize = 4;
+
+/// A table of kernel stacks, described for a leak scan of an image
+/// ([`describe_leak_roots`]): stack `n` is `tops[n] - size .. tops[n]`
+/// (`tops[n]` 0: no stack). Its live part, the root, starts at
+/// `floors[n]` when that word is inside the stack (the kernel's own word
+/// of where the frames that matter start: an idle CPU's loop, the shell
+/// below a running command), else at the stack pointer of the image's CPU
+/// that stopped on it, else it is the whole stack.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelStacks {
+    /// Each stack's top (one past its highest byte), 0 for none.
+    pub tops: &'static [AtomicUsize],
+    /// Bytes of each stack.
+    pub size: usize,
+    /// Each stack's live part's bottom (0: not known), as many as `tops`.
+    pub floors: Option<&'static [AtomicUsize]>,
+}
+
+/// A stack table as the descriptor stores it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct StackSlot {
+    /// The address of the table's tops (`nr` words).
+    pub tops: AtomicU64,
+    /// Stacks in the table.
+    pub nr: AtomicU64,
+    /// Bytes per stack.
+    pub size: AtomicU64,
+    /// The address of its floors (`nr` words), 0 for none.
+    pub floors: AtomicU64,
+}
+
+/// The kernel's roots for a leak scan of an image (`magpie-kmem core CORE
+/// findleaks`, the conservative scan of `leak_scan` run offline): static
+/// ranges less holes, and stack tables; the image adds every CPU's
+/// registers.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LeakRoots {
+    /// Root ranges described.
+    pub nr_ranges: AtomicU64,
+    /// `start, end` of each.
+    pub ranges: [[AtomicU64; 2]; MAX_ROOT_RANGES],
+    /// Holes described: parts of the ranges that are not roots.
+    pub nr_holes: AtomicU64,
+    /// `start, end` of each.
+    pub holes: [[AtomicU64; 2]; MAX_ROOT_RANGES],
+    /// Stack tables described.
+    pub nr_stacks: AtomicU64,
+    /// The tables.
+    pub stacks: [StackSlot; MAX_STACK_TABLES],
+}
+
+impl LeakRoots {
+    #[allow(
+        clippy::declare_interior_mutable_const,
+        reason = "only copied into the static's initialiser"
+    )]
+    const EMPTY: LeakRoots = LeakRoots {
+        nr_ranges: AtomicU64::new(0),
+        ranges: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_ROOT_RANGES],
+        nr_holes: AtomicU64::new(0),
+        holes: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_ROOT_RANGES],
+        nr_stacks: AtomicU64::new(0),
+        stacks: [const {
+            StackSlot {
+                tops: AtomicU64::new(0),
+                nr: AtomicU64::new(0),
+                size: AtomicU64::new(0),
+                floors: AtomicU64::new(0),
+            }
+        }; MAX_STACK_TABLES],
+    };
+}
+
+/// Describe the kernel's roots for a leak scan of a memory image (what a
+/// live kernel hands [`LeakScan::scan_range`](crate::leak_scan) itself):
+/// `ranges` (kernel data and bss) less `holes` (records of objects that
+/// do not own them), and its stacks. A reader adds every CPU's saved
+/// registers from the image. A later call replaces the description;
+/// entries past [`MAX_ROOT_RANGES`] or [`MAX_STACK_TABLES`] are dropped
+/// (returns `false`).
+pub fn describe_leak_roots(
+    ranges: &[core::ops::Range<usize>],
+    holes: &[core::ops::Range<usize>],
+    stacks: &[KernelStacks],
+) -> bool {
+    let roots = &MAGPIE_SLAB_DESCRIPTOR.roots;
+    roots.nr_ranges.store(0, Ordering::Release);
+    roots.nr_holes.store(0, Ordering::Release);
+    roots.nr_stacks.store(0, Ordering::Release);
+    let store = |slots: &[[AtomicU64; 2]], from: &[core::ops::Range<usize>]| {
+        for (slot, range) in slots.iter().zip(from) {
+            slot[0].store(range.start as u64, Ordering::Relaxed);
+            slot[1].store(range.end as u64, Ordering::Relaxed);
+        }
+        from.len().min(slots.len()) as u64
+    };
+    let nr_ranges = store(&roots.ranges, ranges);
+    let nr_holes = store(&roots.holes, holes);
+    for (slot, table) in roots.stacks.iter().zip(stacks) {
+        slot.tops
+            .store(table.tops.as_ptr() as u64, Ordering::Relaxed);
+        slot.nr.store(table.tops.len() as u64, Ordering::Relaxed);
+        slot.size.store(table.size as u64, Ordering::Relaxed);
+        let floors = table
+            .floors
+            .filter(|floors| floors.len() >= table.tops.len())
+            .map_or(0, |floors| floors.as_ptr() as u64);
+        slot.floors.store(floors, Ordering::Relaxed);
+    }
+    let nr_stacks = stacks.len().min(MAX_STACK_TABLES);
+    roots.nr_ranges.store(nr_ranges, Ordering::Release);
+    roots.nr_holes.store(nr_holes, Ordering::Release);
+    roots.nr_stacks.store(nr_stacks as u64, Ordering::Release);
+    ranges.len() <= MAX_ROOT_RANGES
+        && holes.len() <= MAX_ROOT_RANGES
+        && stacks.len() <= MAX_STACK_TABLES
+}
+
+// docs/VMCORE.md gives these sizes.
+const _: () = assert!(size_of::<StackSlot>() == 32);
+const _: () = assert!(offset_of!(LeakRoots, holes) == 144);
+const _: () = assert!(offset_of!(LeakRoots, stacks) == 280);
+const _: () = assert!(
+    offset_of!(SlabDescriptor, roots)
+        == offset_of!(SlabDescriptor, arenas) + size_of::<KmemstatArenas>()
+);

@@ -284,7 +284,8 @@ class GdbSession(unittest.TestCase):
                     ["gdb", "-batch", "-nx", "-x", os.path.join(ROOT, "scripts", "magpie-gdb.py"),
                      "-ex", f"target remote 127.0.0.1:{port}", "-ex", "magpie slabinfo",
                      "-ex", f"magpie whatis {held[0]}", "-ex", "magpie verify", "-ex", "magpie kfence",
-                     "-ex", "magpie errors", "-ex", "magpie slabtop --sort n", "-ex", "detach", KERNEL],
+                     "-ex", "magpie errors", "-ex", "magpie slabtop --sort n", "-ex", "magpie findleaks",
+                     "-ex", "magpie allocinfo --top 3", "-ex", "detach", KERNEL],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=120)
                 proc.stdin.write(b"poweroff\n")
                 proc.stdin.flush()
@@ -303,6 +304,8 @@ class GdbSession(unittest.TestCase):
             self.assertIn("sample interval: off (forced samples only)", report)
             self.assertIn("no errors reported", report)
             self.assertIn(" Magazines since boot ", report)
+            self.assertRegex(report, r"findleaks: \d+ objects, \d+ reachable, \d+ resting in magazines")
+            self.assertRegex(report, r"allocinfo - version: 1\.0\n#     <size>  <calls> <tag info>\n +\d+ +\d+ \S+:\d+ func:")
 
 
 class VmcoreDebugReports(unittest.TestCase):
@@ -338,6 +341,85 @@ class VmcoreDebugReports(unittest.TestCase):
             code, _, err = tool("core", core, "kfence", "bogus")
             self.assertNotEqual(code, 0)
             self.assertIn("kfence: unexpected 'bogus'; usage: kfence [objects]", err)
+
+
+ALLOCINFO = ["allocinfo", "allocinfo --top 5", "allocinfo --file kmem.rs -h",
+             "allocinfo --function cmd_leak --accurate yes", "allocinfo --sort calls --min-size 1"]
+
+
+class VmcoreFindleaks(unittest.TestCase):
+    """`findleaks` from a core equals the shell's `kmem findleaks` on the
+    same leaks (test_findleaks.py's, in three kinds of memory: small
+    slabs, a bufctl cache, a traced cache), and the hang's core (the
+    shell idle, no command running) finds them too; `allocinfo` with
+    its filters equals the shell's."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.core = os.path.join(cls.tmp.name, "leaks.core")
+        os.environ["MAGPIE_VMCORE"] = cls.core
+        try:
+            cls.code, cls.out = boot(["stress", "kmalloc 100", "leak 64 10", "kmemtrace start kmalloc-48",
+                                      "leak 48 3", "leak 5000 2", "kmem findleaks", *ALLOCINFO, "vmcore",
+                                      "poweroff"])
+        finally:
+            del os.environ["MAGPIE_VMCORE"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_findleaks_equals_the_shell_line_for_line(self):
+        self.assertEqual(self.code, 0, self.out)
+        live = reply_to(self.out, "kmem findleaks")
+        start = time.monotonic()
+        code, offline, err = tool("core", self.core, "findleaks")
+        seconds = time.monotonic() - start
+        self.assertEqual((code, err), (0, ""), err)
+        self.assertEqual(offline.splitlines(), live.splitlines())
+        groups = {line.split()[0]: line.split()[1] for line in offline.splitlines()[1:]
+                  if line.startswith("kmalloc-")}
+        self.assertEqual(groups, {"kmalloc-64": "10", "kmalloc-48": "3", "kmalloc-5120": "2"}, offline)
+        self.assertIn(" cmd_leak\n", offline)
+        self.assertRegex(offline, r"\n {11}Total {6}15 buffers, 11024 bytes\n")
+        # The issue's target is 2 s on a 256 MiB image (0.8 s measured);
+        # a loaded machine gets slack.
+        self.assertLess(seconds, 20, f"findleaks took {seconds:.1f} s")
+
+    def test_allocinfo_equals_the_shell_line_for_line(self):
+        self.assertEqual(self.code, 0, self.out)
+        for command in ALLOCINFO:
+            code, offline, err = tool("core", self.core, *command.split())
+            self.assertEqual((code, err), (0, ""), f"{command}: {err}")
+            self.assertEqual(offline.splitlines(), reply_to(self.out, command).splitlines(), command)
+        # The leaks' site, and every site of the section (untagged last).
+        full = tool("core", self.core, "allocinfo")[1]
+        # The 15 leaked objects (and nothing else) at cmd_leak's site.
+        self.assertRegex(full, r"\n +\d+ +15 kernel/src/shell/kmem.rs:\d+ func:cmd_leak\n")
+        self.assertTrue(full.endswith("untagged:0 func:untagged\n"), full)
+        code, _, err = tool("core", self.core, "allocinfo", "--sort", "size")
+        self.assertNotEqual(code, 0)
+        self.assertIn("unknown sort key 'size'; expected bytes or calls", err)
+
+    def test_a_quiet_kernels_core_has_no_leaks(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            core = os.path.join(tmp, "quiet.core")
+            env = dict(os.environ, MAGPIE_VMCORE=core, MAGPIE_TIMEOUT="20",
+                       MAGPIE_APPEND="kfence.sample_interval=0")
+            # A hang at the prompt (the shell idle, no command's frames):
+            # the boot CPU's stack from its stack pointer up.
+            proc = subprocess.Popen([RUNNER, KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            out, _ = proc.communicate(b"stress\nkmem findleaks\n", timeout=120)
+            out = out.decode(errors="replace").replace("\r\n", "\n")
+            self.assertEqual(proc.returncode, 1, out)
+            self.assertIn("findleaks: no memory leaks detected", out)
+            code, offline, err = tool("core", core, "findleaks")
+            self.assertEqual((code, err), (0, ""), err)
+            self.assertTrue(offline.startswith("findleaks: no memory leaks detected\n"), offline)
+            # (The idle kernel's reap has emptied the magazines by then.)
+            self.assertRegex(offline, r"findleaks: ([1-9]\d*) objects, \1 reachable, ")
 
 
 class HobbyKernelCore(unittest.TestCase):

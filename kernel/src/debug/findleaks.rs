@@ -37,8 +37,10 @@
 
 use core::fmt::Write;
 use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use magpie_slab::leak_scan::{LeakEntry, LeakScanError, LeakSummary};
+use magpie_slab::reports;
 
 use crate::kmem::SLAB;
 use crate::mm::{frame, layout};
@@ -46,7 +48,78 @@ use crate::mm::{frame, layout};
 unsafe extern "C" {
     static __data_start: u8;
     static __boot_stack_guard: u8;
+    static __boot_stack_bottom: u8;
     static __boot_stack_top: u8;
+}
+
+/// The boot stack's top, as a one-stack table for the descriptor.
+static BOOT_STACK_TOP: [AtomicUsize; 1] = [AtomicUsize::new(0)];
+
+/// The stack pointer of the shell's dispatcher while a command runs (0
+/// otherwise): the boot stack below it holds the command's frames, which
+/// a core taken by `vmcore` leaves out of the roots as the live `kmem
+/// findleaks` leaves out its own command's (they sit where earlier
+/// commands' frames were, stale slots and all).
+static COMMAND_FLOOR: [AtomicUsize; 1] = [AtomicUsize::new(0)];
+
+/// A shell command running: [`COMMAND_FLOOR`] set for its time
+/// ([`CommandFrames::enter`]), the previous floor restored at the drop.
+pub struct CommandFrames {
+    previous: usize,
+}
+
+impl CommandFrames {
+    /// Mark the frames below the caller's as a command's (call right
+    /// before running it).
+    #[inline(always)]
+    pub fn enter() -> CommandFrames {
+        let sp: usize;
+        // SAFETY: reads rsp; no memory access.
+        unsafe { core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack)) };
+        CommandFrames {
+            previous: COMMAND_FLOOR[0].swap(sp, Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for CommandFrames {
+    fn drop(&mut self) {
+        COMMAND_FLOOR[0].store(self.previous, Ordering::Relaxed);
+    }
+}
+
+/// A panic or a fatal exception: every frame on the stack is live (the
+/// core's scan starts at the stack pointer).
+pub fn forget_command_frames() {
+    COMMAND_FLOOR[0].store(0, Ordering::Relaxed);
+}
+
+/// Describe the roots for `magpie-kmem core CORE findleaks` (the scan
+/// below, run over a memory image): the kernel's writable data less
+/// [`not_roots`], the boot stack (its live part from the shell's
+/// dispatcher up while a command runs) and the APs' stacks
+/// ([`crate::smp::ap_stack_table`]). The image adds every CPU's
+/// registers and stack pointer.
+pub fn describe_roots() {
+    let data_start = &raw const __data_start as usize;
+    let guard = &raw const __boot_stack_guard as usize;
+    let bottom = &raw const __boot_stack_bottom as usize;
+    let top = &raw const __boot_stack_top as usize;
+    BOOT_STACK_TOP[0].store(top, Ordering::Relaxed);
+    let mut holes = not_roots();
+    holes.sort_unstable_by_key(|hole| hole.start);
+    magpie_slab::descriptor::describe_leak_roots(
+        core::slice::from_ref(&(data_start..guard)),
+        &holes,
+        &[
+            magpie_slab::descriptor::KernelStacks {
+                tops: &BOOT_STACK_TOP,
+                size: top - bottom,
+                floors: Some(&COMMAND_FLOOR),
+            },
+            crate::smp::ap_stack_table(),
+        ],
+    );
 }
 
 /// The parts of the kernel's data that record objects without owning
@@ -183,67 +256,47 @@ fn scan(
     let mut header = false;
     let summary = scan.finish(|group| {
         if !header {
-            let _ = writeln!(out, "CACHE                 LEAKED           BUFCTL CALLER");
+            let _ = reports::write_findleaks_header(out);
             header = true;
         }
-        let _ = write!(
+        let _ = reports::write_findleaks_group(
             out,
-            "{:<17} {:>10} {:016x} ",
             group.cache.as_str(),
             group.nr_leaked,
-            group.first
+            group.first,
+            &Site(group.site),
         );
-        write_site(out, group.site);
-        let _ = writeln!(out);
     });
-    if summary.nr_leaked == 0 {
-        let _ = writeln!(out, "findleaks: no memory leaks detected");
-    } else {
-        let _ = writeln!(
-            out,
-            "------------------------------------------------------------------------"
-        );
-        let _ = writeln!(
-            out,
-            "           Total {:>7} buffer{}, {} byte{}",
-            summary.nr_leaked,
-            if summary.nr_leaked == 1 { "" } else { "s" },
-            summary.leaked_bytes,
-            if summary.leaked_bytes == 1 { "" } else { "s" }
-        );
-    }
-    let _ = writeln!(
-        out,
-        "findleaks: {} objects, {} reachable, {} resting in magazines; {} KiB scanned",
-        summary.nr_objects,
-        summary.nr_reached,
-        summary.nr_resting,
-        summary.scanned_bytes / 1024
-    );
+    let _ = reports::write_findleaks_summary(out, &summary);
     Ok(summary)
 }
 
-/// The allocation site of a charge token: `file:line function`.
-fn write_site(out: &mut dyn Write, site: Option<magpie_slab::AllocTagRef>) {
-    #[cfg(feature = "alloc-profiling")]
-    {
-        use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters};
-        if let Some(tag) = site
-            .and_then(AllocTagCounters::token_tag_ref)
-            .and_then(AllocTag::from_ref)
-            && !tag.is_untagged()
+/// The allocation site of a charge token: `file:line function`, `?`
+/// for none.
+struct Site(Option<magpie_slab::AllocTagRef>);
+
+impl core::fmt::Display for Site {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        #[cfg(feature = "alloc-profiling")]
         {
-            let _ = write!(
-                out,
-                "{}:{} {}",
-                tag.tag.file,
-                tag.tag.line,
-                tag.tag.function()
-            );
-            return;
+            use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters};
+            if let Some(tag) = self
+                .0
+                .and_then(AllocTagCounters::token_tag_ref)
+                .and_then(AllocTag::from_ref)
+                && !tag.is_untagged()
+            {
+                return write!(
+                    f,
+                    "{}:{} {}",
+                    tag.tag.file,
+                    tag.tag.line,
+                    tag.tag.function()
+                );
+            }
         }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = self.0;
+        f.write_str("?")
     }
-    #[cfg(not(feature = "alloc-profiling"))]
-    let _ = site;
-    let _ = out.write_str("?");
 }

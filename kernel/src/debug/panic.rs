@@ -49,6 +49,7 @@ pub fn panic_handler(info: &PanicInfo<'_>) -> ! {
     crate::arch::irq_save();
     report(info);
     // The runner takes a core (docs/VMCORE.md), then ends QEMU.
+    crate::debug::findleaks::forget_command_frames();
     crate::dev::qemu::pvpanic(crate::dev::qemu::PvpanicEvent::Panicked);
     exit_qemu(QemuExitCode::Failed)
 }
@@ -115,6 +116,7 @@ fn report_exception(info: &ExceptionInfo<'_>, nested: bool) {
 
 /// Exits QEMU with failure after a fatal exception.
 fn exit_failed() -> ! {
+    crate::debug::findleaks::forget_command_frames();
     crate::dev::qemu::pvpanic(crate::dev::qemu::PvpanicEvent::Panicked);
     exit_qemu(QemuExitCode::Failed)
 }

@@ -86,6 +86,8 @@ pub fn init(cmdline: &str) {
             &[heap::bootstrap_description()],
         );
     }
+    // The roots of `magpie-kmem core CORE findleaks`.
+    crate::debug::findleaks::describe_roots();
     if alloc_tag::COMPILED_IN {
         alloc_tag::init(&KPAGES);
         sync_alloc_profiling();

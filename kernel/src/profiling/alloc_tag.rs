@@ -45,6 +45,8 @@ pub fn init(pages: &dyn PageSource) {
             })
         })
         .unwrap_or(BootSetting::On);
+    // For `magpie-kmem core CORE allocinfo`: the switch's state in an image.
+    magpie_codetag::descriptor::describe_switch(&SWITCH);
     if setting == BootSetting::Never {
         SWITCH.set_at_boot(BootSetting::Never);
         return;

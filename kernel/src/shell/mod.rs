@@ -494,6 +494,7 @@ impl Shell {
         let command = find_command(name).ok_or(ShellError::UnknownCommand(name))?;
         let _tag = crate::alloc_tag_scope!();
         let _context = crate::tracing::context::enter_context(command.context);
+        let _frames = crate::debug::findleaks::CommandFrames::enter();
         (command.run)(self, args, out)
     }
 }

@@ -165,6 +165,18 @@ pub fn ap_stack(cpu: usize) -> Option<(usize, usize)> {
     (top != 0).then(|| (top - AP_STACK_SIZE, top))
 }
 
+/// The AP stacks for a leak scan of a memory image
+/// (`magpie_slab::descriptor::describe_leak_roots`): each CPU's stack top
+/// (0: none; the boot CPU's is in the kernel image), and its live part's
+/// bottom while it sleeps in its work loop ([`ap_stack_live`]'s rule).
+pub fn ap_stack_table() -> magpie_slab::descriptor::KernelStacks {
+    magpie_slab::descriptor::KernelStacks {
+        tops: &AP_STACK_TOPS,
+        size: AP_STACK_SIZE,
+        floors: Some(&AP_IDLE_SP),
+    }
+}
+
 /// The live part of CPU `cpu`'s kernel stack, for the leak scan's roots:
 /// from where it sleeps in its work loop up to the top, or all of
 /// [`ap_stack`] while it runs work (or before it first slept). The dead

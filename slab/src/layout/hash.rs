@@ -40,10 +40,10 @@ pub(crate) trait HashNode: Sized {
 /// and owned by the table until removed (established by the unsafe
 /// [`AddrHash::insert`]).
 pub(crate) struct AddrHash<N> {
-    inline: [*mut N; INLINE_BUCKETS],
+    pub(crate) inline: [*mut N; INLINE_BUCKETS],
     /// Page-backed buckets, or null while the inline ones are in use.
-    table: *mut *mut N,
-    nr_buckets: usize,
+    pub(crate) table: *mut *mut N,
+    pub(crate) nr_buckets: usize,
     nr_items: usize,
 }
 

@@ -39,9 +39,9 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::platform::{PAGE_SHIFT, PAGE_SIZE};
 
-const TAG_MASK: usize = 7;
+pub(crate) const TAG_MASK: usize = 7;
 const TAG_SLAB: usize = 1;
-const TAG_LARGE_HEAD: usize = 2;
+pub(crate) const TAG_LARGE_HEAD: usize = 2;
 const TAG_LARGE_TAIL: usize = 3;
 const TAG_LARGE_LEAD: usize = 4;
 const TAG_LARGE_TRAIL: usize = 5;
@@ -50,7 +50,7 @@ const TAG_LARGE_FREED: usize = 6;
 /// Where a page-granular head entry keeps its charge token (an
 /// `Option<AllocTagRef>` as a `u32`, 0 for `None`), and a slack entry
 /// its trail count.
-const LARGE_HIGH_SHIFT: u32 = 32;
+pub(crate) const LARGE_HIGH_SHIFT: u32 = 32;
 /// Most pages one page-granular kmalloc may span (its count must fit below
 /// the token bits).
 pub(crate) const LARGE_MAX_PAGES: usize = (1 << (LARGE_HIGH_SHIFT - 3)) - 1;
@@ -222,7 +222,7 @@ impl PageEntry {
 #[repr(C, align(32))]
 pub(crate) struct PageSlot {
     /// The [`PageEntry`] word.
-    entry: AtomicUsize,
+    pub(crate) entry: AtomicUsize,
     /// The owning cache's address for a slab page. Not cleared when the
     /// page stops being one (`magic` is): once a slot has had an owner
     /// it never holds 0 again, so a reader that saw a non-zero `magic`

@@ -43,6 +43,8 @@
 #[cfg(feature = "allocinfo")]
 mod allocinfo;
 pub mod backtrace;
+#[cfg(feature = "leak-scan")]
+mod findleaks;
 #[cfg(feature = "kfence")]
 mod kfence;
 mod kmemstat;
@@ -60,6 +62,8 @@ pub use self::allocinfo::{
     AllocinfoOptions, AllocinfoRow, AllocinfoSort, allocinfo, write_allocinfo_header,
     write_allocinfo_row,
 };
+#[cfg(feature = "leak-scan")]
+pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
 #[cfg(feature = "kfence")]
 pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};
 pub use self::kmemstat::{
@@ -74,7 +78,8 @@ pub use self::time::Nanoseconds;
 #[cfg(any(feature = "allocinfo", feature = "time-stats"))]
 pub use self::timestats::write_time_stats;
 pub use self::trace_print::{
-    EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, trace_print,
-    trace_print_all, write_trace_record,
+    EMPTY_TRACE_RECORD, TRACE_PRINT_CHUNK, TRACE_PRINT_MAX_SITES, TracePrintBuffer, TraceSites,
+    trace_print, trace_print_all, write_trace_footer, write_trace_header, write_trace_quiet,
+    write_trace_record,
 };
 pub use self::whatis::{WhatIsDisplay, whatis};

@@ -61,6 +61,149 @@ const NO_SITE: Site = Site {
     bytes: 0,
 };
 
+/// The by-site summary of a trace block: objects and bytes per call site
+/// (a record's first frame), at most [`TRACE_PRINT_MAX_SITES`] sites told
+/// apart, the rest folded into "other sites". [`trace_print`] keeps one;
+/// a reader of records from elsewhere (a memory image) adds its records
+/// in the order it writes them and writes the summary after them.
+#[derive(Clone, Copy)]
+pub struct TraceSites {
+    sites: [Site; TRACE_PRINT_MAX_SITES],
+    other: Site,
+}
+
+impl Default for TraceSites {
+    fn default() -> Self {
+        TraceSites::new()
+    }
+}
+
+impl TraceSites {
+    /// No sites yet.
+    pub const fn new() -> TraceSites {
+        TraceSites {
+            sites: [NO_SITE; TRACE_PRINT_MAX_SITES],
+            other: NO_SITE,
+        }
+    }
+
+    /// Count `record` at its call site.
+    pub fn add(&mut self, record: &TraceRecord) {
+        let address = record.frames().first().copied().unwrap_or(0);
+        let site = match self
+            .sites
+            .iter_mut()
+            .find(|site| site.nr_objects == 0 || site.address == address)
+        {
+            Some(site) => {
+                site.address = address;
+                site
+            }
+            None => &mut self.other,
+        };
+        site.nr_objects += 1;
+        site.bytes += record.size;
+    }
+
+    /// Write the summary (most bytes first; nothing without records):
+    ///
+    /// ```text
+    /// By call site:
+    ///        1 objects         64 bytes  function+0xoff
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The error of `out`, as is.
+    pub fn write(&mut self, out: &mut dyn Write, format: &dyn ReportFormat) -> fmt::Result {
+        let nr_sites = self
+            .sites
+            .iter()
+            .take_while(|site| site.nr_objects > 0)
+            .count();
+        let sites = &mut self.sites[..nr_sites];
+        if sites.is_empty() {
+            return Ok(());
+        }
+        sites.sort_unstable_by_key(|site| (core::cmp::Reverse(site.bytes), site.address));
+        writeln!(out, "By call site:")?;
+        for site in sites.iter() {
+            write!(
+                out,
+                "  {:>6} objects {:>10} bytes  ",
+                site.nr_objects, site.bytes
+            )?;
+            format.symbol(site.address, out)?;
+            writeln!(out)?;
+        }
+        if self.other.nr_objects > 0 {
+            writeln!(
+                out,
+                "  {:>6} objects {:>10} bytes  (other sites)",
+                self.other.nr_objects, self.other.bytes
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A trace block's first two lines: `Dumping outstanding allocs from NAME`
+/// and a rule.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_trace_header(out: &mut dyn Write, cache: &str) -> fmt::Result {
+    writeln!(out, "Dumping outstanding allocs from {cache}")?;
+    writeln!(out, "-------------------------")
+}
+
+/// A trace block's last line (after [`TraceSites::write`]): the records
+/// shown, and, when `nr_records` (the table's count at the end) differs,
+/// a line saying so before it.
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_trace_footer(
+    out: &mut dyn Write,
+    cache: &str,
+    nr_shown: usize,
+    nr_records: usize,
+    nr_dropped: u64,
+    tracing: bool,
+) -> fmt::Result {
+    if nr_records != nr_shown {
+        writeln!(
+            out,
+            "{nr_records} records at the end of the print (objects came and went while it ran)"
+        )?;
+    }
+    writeln!(
+        out,
+        "{} outstanding object{} in {}, {} record{} dropped (tracing {})",
+        nr_shown,
+        if nr_shown == 1 { "" } else { "s" },
+        cache,
+        nr_dropped,
+        if nr_dropped == 1 { "" } else { "s" },
+        if tracing { "on" } else { "off" }
+    )
+}
+
+/// The line after every block of [`trace_print_all`]: how many traced
+/// caches hold nothing (nothing when none).
+///
+/// # Errors
+///
+/// The error of `out`, as is.
+pub fn write_trace_quiet(out: &mut dyn Write, nr_quiet: usize) -> fmt::Result {
+    if nr_quiet != 0 {
+        writeln!(out, "{nr_quiet} more traced caches: no outstanding objects")?;
+    }
+    Ok(())
+}
+
 /// What [`trace_print`] works in (about 20 KiB): reserve one at boot so a
 /// print needs no free memory. One print at a time per buffer.
 pub struct TracePrintBuffer {
@@ -68,7 +211,7 @@ pub struct TracePrintBuffer {
     records: [TraceRecord; TRACE_PRINT_CHUNK],
     /// `(address, index in records)` of the current pass, sorted by address.
     order: [(usize, usize); TRACE_PRINT_CHUNK],
-    sites: [Site; TRACE_PRINT_MAX_SITES],
+    sites: TraceSites,
 }
 
 impl Default for TracePrintBuffer {
@@ -83,7 +226,7 @@ impl TracePrintBuffer {
         TracePrintBuffer {
             records: [EMPTY_TRACE_RECORD; TRACE_PRINT_CHUNK],
             order: [(0, 0); TRACE_PRINT_CHUNK],
-            sites: [NO_SITE; TRACE_PRINT_MAX_SITES],
+            sites: TraceSites::new(),
         }
     }
 
@@ -118,23 +261,6 @@ impl TracePrintBuffer {
             order[at] = (record.addr, slot);
         });
         len
-    }
-
-    fn add_site(&mut self, record: &TraceRecord, other: &mut Site) {
-        let address = record.frames().first().copied().unwrap_or(0);
-        let site = match self
-            .sites
-            .iter_mut()
-            .find(|site| site.nr_objects == 0 || site.address == address)
-        {
-            Some(site) => {
-                site.address = address;
-                site
-            }
-            None => other,
-        };
-        site.nr_objects += 1;
-        site.bytes += record.size;
     }
 }
 
@@ -199,10 +325,8 @@ pub fn trace_print<P: Platform>(
     buffer: &mut TracePrintBuffer,
     format: &dyn ReportFormat,
 ) -> fmt::Result {
-    buffer.sites = [NO_SITE; TRACE_PRINT_MAX_SITES];
-    let mut other = NO_SITE;
-    writeln!(out, "Dumping outstanding allocs from {}", cache.name())?;
-    writeln!(out, "-------------------------")?;
+    buffer.sites = TraceSites::new();
+    write_trace_header(out, cache.name())?;
     let mut cursor = None;
     let mut nr_shown = 0usize;
     loop {
@@ -211,7 +335,7 @@ pub fn trace_print<P: Platform>(
             let (addr, slot) = buffer.order[index];
             let record = buffer.records[slot];
             write_trace_record(out, &record, format)?;
-            buffer.add_site(&record, &mut other);
+            buffer.sites.add(&record);
             cursor = Some(addr);
         }
         nr_shown += len;
@@ -220,45 +344,14 @@ pub fn trace_print<P: Platform>(
         }
     }
     let stats = cache.trace_table().stats();
-    let sites = &mut buffer.sites;
-    let nr_sites = sites.iter().take_while(|site| site.nr_objects > 0).count();
-    let sites = &mut sites[..nr_sites];
-    if !sites.is_empty() {
-        sites.sort_unstable_by_key(|site| (core::cmp::Reverse(site.bytes), site.address));
-        writeln!(out, "By call site:")?;
-        for site in sites.iter() {
-            write!(
-                out,
-                "  {:>6} objects {:>10} bytes  ",
-                site.nr_objects, site.bytes
-            )?;
-            format.symbol(site.address, out)?;
-            writeln!(out)?;
-        }
-        if other.nr_objects > 0 {
-            writeln!(
-                out,
-                "  {:>6} objects {:>10} bytes  (other sites)",
-                other.nr_objects, other.bytes
-            )?;
-        }
-    }
-    if stats.nr_records != nr_shown {
-        writeln!(
-            out,
-            "{} records at the end of the print (objects came and went while it ran)",
-            stats.nr_records
-        )?;
-    }
-    writeln!(
+    buffer.sites.write(out, format)?;
+    write_trace_footer(
         out,
-        "{} outstanding object{} in {}, {} record{} dropped (tracing {})",
-        nr_shown,
-        if nr_shown == 1 { "" } else { "s" },
         cache.name(),
+        nr_shown,
+        stats.nr_records,
         stats.nr_dropped,
-        if stats.nr_dropped == 1 { "" } else { "s" },
-        if stats.tracing { "on" } else { "off" }
+        stats.tracing,
     )
 }
 
@@ -288,10 +381,7 @@ pub fn trace_print_all<P: Platform>(
         }
         index += 1;
     }
-    if nr_quiet != 0 {
-        writeln!(out, "{nr_quiet} more traced caches: no outstanding objects")?;
-    }
-    Ok(())
+    write_trace_quiet(out, nr_quiet)
 }
 
 /// The `index`-th cache in list order (the list lock is released on return).

@@ -141,7 +141,7 @@ pub(crate) enum BufctlState {
 /// One per object of a bufctl slab.
 #[repr(C)]
 pub(crate) struct Bufctl {
-    hash_next: *mut Bufctl,
+    pub(crate) hash_next: *mut Bufctl,
     pub(crate) free_next: *mut Bufctl,
     pub(crate) addr: usize,
     slab: *mut Slab,

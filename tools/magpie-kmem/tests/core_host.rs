@@ -315,6 +315,181 @@ fn slabtop_once_equals_the_live_frame() {
     }
 }
 
+/// The roots of the leak-scan round trip: a few held objects.
+static ROOT_WORDS: [std::sync::atomic::AtomicUsize; 16] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; 16];
+
+#[test]
+fn findleaks_equals_the_live_scan() {
+    use magpie_kmem::core::findleaks::write_findleaks;
+    use magpie_kmem::core::trace::KernelSymbols;
+    use magpie_slab::leak_scan::{LeakEntry, LeakScan};
+    use std::sync::atomic::Ordering;
+
+    let held = heap();
+    let held = held.as_ref().unwrap();
+    // Every third held object is a root (the page-granular one too): the
+    // rest leak.
+    let roots: Vec<usize> = held.iter().step_by(3).copied().take(16).collect();
+    for (word, &addr) in ROOT_WORDS.iter().zip(&roots) {
+        word.store(addr, Ordering::Relaxed);
+    }
+    let range = ROOT_WORDS.as_ptr_range();
+    let (start, end) = (range.start as usize, range.end as usize);
+    assert!(magpie_slab::descriptor::describe_leak_roots(
+        std::slice::from_ref(&(start..end)),
+        &[],
+        &[]
+    ));
+    // Live: the library's scan over the same root.
+    let capacity = LeakScan::capacity(&HEAP) + 16;
+    let mut memory: Vec<std::mem::MaybeUninit<LeakEntry>> = Vec::with_capacity(capacity);
+    // SAFETY: MaybeUninit needs no initialisation; init_table writes all.
+    unsafe { memory.set_len(capacity) };
+    let table = LeakEntry::init_table(&mut memory);
+    // SAFETY: nothing destroys a cache or returns pages meanwhile (the
+    // heap's lock is held).
+    let mut scan = unsafe { LeakScan::new(&HEAP, table) }.unwrap();
+    // SAFETY: a static array: mapped and readable.
+    unsafe { scan.scan_range(start, end) };
+    let mut live = String::new();
+    let mut header = false;
+    let summary = scan.finish(|group| {
+        if !header {
+            reports::write_findleaks_header(&mut live).unwrap();
+            header = true;
+        }
+        reports::write_findleaks_group(
+            &mut live,
+            group.cache.as_str(),
+            group.nr_leaked,
+            group.first,
+            &"?",
+        )
+        .unwrap();
+    });
+    reports::write_findleaks_summary(&mut live, &summary).unwrap();
+    // Offline: the reader's scan over this process's memory.
+    let mem = ProcessMemory::open().unwrap();
+    let heap_read = Heap::new(&mem, descriptor_addr()).unwrap();
+    let mut offline = String::new();
+    let mut problems = Vec::new();
+    let offline_summary = write_findleaks(
+        &heap_read,
+        &[],
+        None,
+        &KernelSymbols::default(),
+        &mut offline,
+        &mut problems,
+    )
+    .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(offline, live);
+    assert_eq!(offline_summary, summary);
+    // The held objects that are no roots leaked (those the roots point to
+    // aside), in kmalloc-64, kmalloc-192 and kmalloc-4096 at least.
+    assert!(summary.nr_leaked >= held.len() - roots.len() - 8, "{live}");
+    for cache in ["kmalloc-64 ", "kmalloc-192 ", "kmalloc-4096 "] {
+        assert!(live.contains(&format!("\n{cache}")), "{cache}: {live}");
+    }
+    assert!(summary.nr_resting > 0, "{live}");
+    // No roots described: a clear error.
+    assert!(magpie_slab::descriptor::describe_leak_roots(&[], &[], &[]));
+    let error = write_findleaks(
+        &heap_read,
+        &[],
+        None,
+        &KernelSymbols::default(),
+        &mut String::new(),
+        &mut Vec::new(),
+    )
+    .unwrap_err();
+    assert!(error.contains("no leak-scan roots"), "{error}");
+}
+
+#[test]
+fn codetag_descriptor_round_trips() {
+    use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, ProfilingSwitch, UNTAGGED};
+    use magpie_codetag::descriptor::{MAGPIE_CODETAG_DESCRIPTOR, describe_switch};
+    use magpie_kmem::core::codetag::read_codetag_descriptor;
+    use magpie_kmem::core::trace::KernelSymbols;
+
+    static COUNTERS: AllocTagCounters = AllocTagCounters::new();
+    static SWITCH: ProfilingSwitch = ProfilingSwitch::new(true);
+    let bytes = AllocTagCounters::bytes_needed(NR_CPUS);
+    let layout = Layout::from_size_align(bytes, AllocTagCounters::ALIGN).unwrap();
+    // SAFETY: a non-zero size; leaked: the counters keep it for good.
+    let memory = unsafe { std::slice::from_raw_parts_mut(std::alloc::alloc_zeroed(layout), bytes) };
+    assert!(COUNTERS.init_static(memory, NR_CPUS));
+    describe_switch(&SWITCH);
+    let here: &'static AllocTag = magpie_codetag::alloc_tag!();
+    let line = line!() - 1;
+    COUNTERS.add(0, here.tag_ref(), 100);
+    COUNTERS.add(1, here.tag_ref(), 28);
+    COUNTERS.add(1, UNTAGGED.tag_ref(), 8);
+    COUNTERS.sub(0, UNTAGGED.tag_ref(), 8);
+
+    let mem = ProcessMemory::open().unwrap();
+    let read = read_codetag_descriptor(&mem, std::ptr::from_ref(&MAGPIE_CODETAG_DESCRIPTOR) as u64)
+        .unwrap();
+    assert_eq!(read.counters, std::ptr::from_ref(&COUNTERS) as u64);
+    assert_eq!(read.tags().1 as usize, AllocTag::all().len());
+    let counts = read.counts(&mem).unwrap();
+    for tag in AllocTag::all() {
+        assert_eq!(
+            counts[tag.tag_ref().get() as usize - 1],
+            COUNTERS.read(tag.tag_ref())
+        );
+    }
+    assert_eq!(
+        (
+            counts[here.tag_ref().get() as usize - 1].bytes,
+            counts[here.tag_ref().get() as usize - 1].calls
+        ),
+        (128, 2)
+    );
+    let symbols = KernelSymbols::default();
+    let tag = read
+        .tag(&mem, &symbols, u64::from(here.tag_ref().get()))
+        .unwrap();
+    assert_eq!(
+        (tag.file.as_str(), tag.line, tag.untagged),
+        (file!(), line, false)
+    );
+    // No symbols (a PIE test binary's are not at their link addresses):
+    // the function is unknown.
+    assert_eq!(tag.function, "?");
+    let untagged = read
+        .tag(&mem, &symbols, u64::from(UNTAGGED.tag_ref().get()))
+        .unwrap();
+    assert_eq!(
+        (
+            untagged.file.as_str(),
+            untagged.function.as_str(),
+            untagged.untagged
+        ),
+        ("untagged", "untagged", true)
+    );
+    assert!(read.tag(&mem, &symbols, read.tags().1 + 1).is_err());
+    // The switch, as the kernel's `allocinfo` reads it.
+    let switch = read.switch(&mem).unwrap();
+    assert!(
+        switch.on && !switch.never && !switch.inaccurate,
+        "{switch:?}"
+    );
+    SWITCH.disable().unwrap();
+    SWITCH.enable().unwrap();
+    assert!(read.switch(&mem).unwrap().inaccurate);
+    SWITCH.disable().unwrap();
+    assert!(!read.switch(&mem).unwrap().on);
+    // Not a descriptor: refused.
+    assert!(
+        read_codetag_descriptor(&mem, descriptor_addr())
+            .unwrap_err()
+            .contains("magic")
+    );
+}
+
 #[test]
 fn whatis_finds_cache_object_and_state() {
     let held = heap();

@@ -13,8 +13,11 @@
 //! `--kernel`, or the build under `target/` whose GNU build id is the
 //! one in the image), else by its magic in the image's memory.
 
+pub mod allocinfo;
+pub mod codetag;
 pub mod errors;
 pub mod events;
+pub mod findleaks;
 pub mod heap;
 pub mod image;
 pub mod kfence;
@@ -58,6 +61,10 @@ pub enum Report {
         /// The objects instead of the figures.
         objects: bool,
     },
+    /// The leak scan of `kmem findleaks`, over the image.
+    Findleaks,
+    /// The shell's `allocinfo` with its options.
+    Allocinfo(allocinfo::Options),
 }
 
 /// Where the descriptor is, and how it was found.
@@ -261,8 +268,13 @@ pub fn write_report(
             Some(info) => write!(out, "{info}").map_err(|e| e.to_string())?,
             None => writeln!(out, "{address:#x} is not in any slab").map_err(|e| e.to_string())?,
         },
-        Report::Events(_) | Report::Trace(_) | Report::Kfence { .. } | Report::Errors => {
-            return Err("events, trace and kfence are written by run".into());
+        Report::Events(_)
+        | Report::Trace(_)
+        | Report::Kfence { .. }
+        | Report::Errors
+        | Report::Findleaks
+        | Report::Allocinfo(_) => {
+            return Err("events, trace, kfence, errors and findleaks are written by run".into());
         }
         Report::Verify => {
             let nr_slabs: usize = caches.iter().map(|c| c.slabs.len()).sum();
@@ -406,6 +418,23 @@ fn write_kmemstat(
     Ok(())
 }
 
+/// The code tags' descriptor of the kernel ELF at `kernel` (its symbol),
+/// if it has one the image holds and it describes counters.
+fn codetag_descriptor(
+    mem: &dyn Memory,
+    kernel: Option<&Path>,
+) -> Option<codetag::CodetagDescriptorRead> {
+    let data = std::fs::read(kernel?).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let addr = file
+        .symbols()
+        .find(|s| s.name() == Ok(magpie_codetag::descriptor::CODETAG_DESCRIPTOR_SYMBOL))?
+        .address();
+    codetag::read_codetag_descriptor(mem, addr)
+        .ok()
+        .filter(|read| read.counters != 0)
+}
+
 /// `magpie-kmem core CORE REPORT`: open the core, find the descriptor,
 /// write the report to standard output and the problems to standard
 /// error. Returns whether the heap read clean.
@@ -467,6 +496,30 @@ pub fn run(core_path: &Path, kernel: Option<&Path>, report: &Report) -> Result<b
         let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
         let mut found_problems = Vec::new();
         kfence::write_kfence(&heap, *objects, &symbols, &mut out, &mut found_problems)?;
+        problems.extend(found_problems.iter().map(Problem::to_string));
+        problems.is_empty()
+    } else if let Report::Allocinfo(options) = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let tags = codetag_descriptor(mem, found.kernel.as_deref()).ok_or(
+            "no allocation tags in the image: the kernel ELF is not known (pass --kernel), \
+             has no MAGPIE_CODETAG_DESCRIPTOR, or profiling never started",
+        )?;
+        allocinfo::write_allocinfo(mem, &tags, &symbols, options, &mut out)?;
+        true
+    } else if let Report::Findleaks = report {
+        let heap = Heap::new(mem, found.addr)?;
+        let symbols = trace::KernelSymbols::load(found.kernel.as_deref(), heap.header.clock_khz)?;
+        let tags = codetag_descriptor(mem, found.kernel.as_deref());
+        let mut found_problems = Vec::new();
+        findleaks::write_findleaks(
+            &heap,
+            core.cpus(),
+            tags.as_ref(),
+            &symbols,
+            &mut out,
+            &mut found_problems,
+        )?;
         problems.extend(found_problems.iter().map(Problem::to_string));
         problems.is_empty()
     } else if let Report::Trace(cache) = report {
@@ -550,6 +603,45 @@ pub enum CoreReport {
         /// `objects`: list the pool's objects.
         what: Option<String>,
     },
+    /// Live bytes and calls per allocation site, as the shell's
+    /// `allocinfo` (Linux /proc/allocinfo), with its filters.
+    #[command(disable_help_flag = true)]
+    Allocinfo {
+        /// Row order: bytes or calls (default: the section's).
+        #[arg(long)]
+        sort: Option<String>,
+        /// At most N rows (sorted by bytes unless --sort says otherwise).
+        #[arg(long)]
+        top: Option<usize>,
+        /// Sites in files whose path contains this.
+        #[arg(long)]
+        file: Option<String>,
+        /// Sites in this function.
+        #[arg(long)]
+        function: Option<String>,
+        /// Sites at this line.
+        #[arg(long)]
+        line: Option<u32>,
+        /// Sites with at least this many live bytes.
+        #[arg(long = "min-size")]
+        min_size: Option<u64>,
+        /// Sites with at most this many live bytes.
+        #[arg(long = "max-size")]
+        max_size: Option<u64>,
+        /// yes: accurate rows only; no: `accurate:no` rows only.
+        #[arg(long)]
+        accurate: Option<String>,
+        /// Sizes for a person (1.5K, 12.0M), as the shell's -h.
+        #[arg(short = 'h')]
+        human: bool,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
+    },
+    /// Leaks by reachability over the image, as the shell's `kmem
+    /// findleaks` (illumos ::findleaks): roots from the kernel's data, bss,
+    /// every CPU's stack and registers.
+    Findleaks,
     /// The kmemtrace recording the kernel held (not yet dumped), written
     /// as a .kmt dump the other subcommands read.
     Events {
@@ -591,6 +683,50 @@ pub fn main(args: &CoreArgs, kernel: Option<&Path>) -> Result<std::process::Exit
         CoreReport::Events { output } => Report::Events(output.clone()),
         CoreReport::Trace { cache } => Report::Trace(cache.clone()),
         CoreReport::Errors => Report::Errors,
+        CoreReport::Findleaks => Report::Findleaks,
+        CoreReport::Allocinfo {
+            sort,
+            top,
+            file,
+            function,
+            line,
+            min_size,
+            max_size,
+            accurate,
+            human,
+            help: _,
+        } => {
+            let mut options = allocinfo::Options {
+                sort: match sort.as_deref() {
+                    None => allocinfo::Sort::Section,
+                    Some("bytes") => allocinfo::Sort::Bytes,
+                    Some("calls") => allocinfo::Sort::Calls,
+                    Some(key) => {
+                        return Err(format!("unknown sort key '{key}'; expected bytes or calls"));
+                    }
+                },
+                top: *top,
+                function: function.clone(),
+                file: file.clone(),
+                line: *line,
+                min_bytes: *min_size,
+                max_bytes: *max_size,
+                accurate: match accurate.as_deref() {
+                    None => None,
+                    Some("yes") => Some(true),
+                    Some("no") => Some(false),
+                    Some(other) => {
+                        return Err(format!("--accurate takes yes or no, not '{other}'"));
+                    }
+                },
+                human: *human,
+            };
+            // As the shell: --top alone sorts by bytes.
+            if top.is_some() && options.sort == allocinfo::Sort::Section {
+                options.sort = allocinfo::Sort::Bytes;
+            }
+            Report::Allocinfo(options)
+        }
         CoreReport::Kfence { what } => match what.as_deref() {
             None => Report::Kfence { objects: false },
             Some("objects") => Report::Kfence { objects: true },

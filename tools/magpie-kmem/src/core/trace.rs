@@ -1,17 +1,20 @@
 //! `magpie-kmem core CORE trace [CACHE]`: the Akaros trace tables'
 //! outstanding objects, as the shell's `kmemtrace print [CACHE]`
 //! (`magpie_slab::reports::trace_print`): each record written by the
-//! library's `write_trace_record`, in address order, then the by-site
-//! summary and the count. Frames are symbolized from the kernel ELF's
+//! library's writers (`write_trace_header`, `write_trace_record`,
+//! `TraceSites`, `write_trace_footer`), in address order, then the
+//! by-site summary and the count. Frames are symbolized from the kernel ELF's
 //! symbol table as the kernel symbolizes them (`function+0xoff`, `?`
 //! outside its text); times use the clock rate in the descriptor.
 
-use std::fmt::{self, Write};
+use std::fmt;
 use std::path::Path;
 
 use magpie_slab::TraceRecord;
 use magpie_slab::report::ReportFormat;
-use magpie_slab::reports::{TRACE_PRINT_MAX_SITES, write_trace_record};
+use magpie_slab::reports::{
+    TraceSites, write_trace_footer, write_trace_header, write_trace_quiet, write_trace_record,
+};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 use super::heap::{Heap, Problem};
@@ -78,6 +81,17 @@ impl KernelSymbols {
             return None;
         }
         Some((name, address - start))
+    }
+}
+
+impl KernelSymbols {
+    /// The demangled path of the function at `address` (its first byte),
+    /// without the hash: `magpie::shell::kmem::cmd_leak::__ALLOC_TAG::__codetag_fn`.
+    pub fn function_at(&self, address: u64) -> Option<String> {
+        match self.lookup(address)? {
+            (name, 0) => Some(format!("{:#}", rustc_demangle::demangle(name))),
+            _ => None,
+        }
     }
 }
 
@@ -164,73 +178,31 @@ fn read_table(heap: &Heap<'_>, cache: u64) -> Result<Table, String> {
     })
 }
 
-/// A call site's share (`trace_print`'s by-site summary).
-#[derive(Clone, Copy, Default)]
-struct Site {
-    address: usize,
-    nr_objects: usize,
-    bytes: usize,
-}
-
-/// One cache's block, as `magpie_slab::reports::trace_print` writes it.
+/// One cache's block, as `magpie_slab::reports::trace_print` writes it,
+/// by its writers: the records in address order, the by-site summary,
+/// the count.
 fn write_block(
     out: &mut String,
     name: &str,
     table: &mut Table,
     format: &KernelSymbols,
 ) -> fmt::Result {
-    writeln!(out, "Dumping outstanding allocs from {name}")?;
-    writeln!(out, "-------------------------")?;
+    write_trace_header(out, name)?;
     table.records.sort_by_key(|r| r.addr);
-    let mut sites: Vec<Site> = Vec::new();
-    let mut other = Site::default();
+    let mut sites = TraceSites::new();
     for record in &table.records {
         write_trace_record(out, record, format)?;
-        let address = record.frames().first().copied().unwrap_or(0);
-        let site = match sites.iter().position(|s| s.address == address) {
-            Some(index) => &mut sites[index],
-            None if sites.len() < TRACE_PRINT_MAX_SITES => {
-                sites.push(Site {
-                    address,
-                    ..Site::default()
-                });
-                sites.last_mut().unwrap_or(&mut other)
-            }
-            None => &mut other,
-        };
-        site.nr_objects += 1;
-        site.bytes += record.size;
+        sites.add(record);
     }
-    if !sites.is_empty() {
-        sites.sort_unstable_by_key(|site| (std::cmp::Reverse(site.bytes), site.address));
-        writeln!(out, "By call site:")?;
-        for site in &sites {
-            write!(
-                out,
-                "  {:>6} objects {:>10} bytes  ",
-                site.nr_objects, site.bytes
-            )?;
-            format.symbol(site.address, out)?;
-            writeln!(out)?;
-        }
-        if other.nr_objects > 0 {
-            writeln!(
-                out,
-                "  {:>6} objects {:>10} bytes  (other sites)",
-                other.nr_objects, other.bytes
-            )?;
-        }
-    }
+    sites.write(out, format)?;
     let nr_shown = table.records.len();
-    writeln!(
+    write_trace_footer(
         out,
-        "{} outstanding object{} in {}, {} record{} dropped (tracing {})",
-        nr_shown,
-        if nr_shown == 1 { "" } else { "s" },
         name,
+        nr_shown,
+        nr_shown,
         table.nr_dropped,
-        if table.nr_dropped == 1 { "" } else { "s" },
-        if table.tracing { "on" } else { "off" }
+        table.tracing,
     )
 }
 
@@ -278,9 +250,5 @@ pub fn write_trace(
     {
         return Err(format!("no cache named '{wanted}' in the image"));
     }
-    if nr_quiet != 0 {
-        writeln!(out, "{nr_quiet} more traced caches: no outstanding objects")
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
+    write_trace_quiet(out, nr_quiet).map_err(|e| e.to_string())
 }
