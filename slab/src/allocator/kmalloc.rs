@@ -525,23 +525,8 @@ impl<P: Platform> Kmem<P> {
         Ok(new)
     }
 
-    /// Page-granular kmalloc, out of line, recorded by kmemtrace.
-    #[inline(never)]
-    fn large_alloc_recorded(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc(size, align, tag);
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(result.ok(), size);
-        }
-        result
-    }
-
+    /// The page-granular allocation of [`Self::kmalloc_pages`], charged
+    /// to `tag`.
     #[inline(always)]
     fn large_alloc(
         &self,
@@ -802,7 +787,7 @@ impl<P: Platform> Kmem<P> {
     /// `ptr` is a live kmalloc block the caller owns.
     pub(crate) unsafe fn kmalloc_resized(&self, ptr: NonNull<u8>, new_size: usize) {
         let addr = ptr.as_ptr() as usize;
-        if let Some((cache, at)) = self.kfree_locate(addr)
+        if let Some((cache, at)) = self.locate_allocated(addr)
             && cache.debug.is_some()
         {
             // SAFETY: an allocated object of `cache` (located by the page
@@ -947,8 +932,9 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// [`Self::kmalloc_checked`] for a request no size class serves
-    /// ([`Self::class_cache`]): page-granular, or `NotInitialized` before
-    /// init. Out of line, so the hit keeps nothing for it.
+    /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
+    /// recorded by kmemtrace), or `NotInitialized` before init. Out of
+    /// line, so the hit keeps nothing for it.
     #[inline(never)]
     pub(super) fn kmalloc_pages(
         &self,
@@ -959,7 +945,13 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
-        self.large_alloc_recorded(size, align, tag)
+        let tag = if self.alloc_profiling() { tag() } else { None };
+        let result = self.large_alloc(size, align, tag);
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            self.kmemtrace_large_alloc(result.ok(), size);
+        }
+        result
     }
 
     /// The error of a bad layout: `NotInitialized` before init (tested
@@ -988,21 +980,12 @@ impl<P: Platform> Kmem<P> {
     /// On error nothing changed.
     #[inline]
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        match self.kfree_locate(ptr.as_ptr() as usize) {
+        match self.locate_allocated(ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
             Some((cache, at)) => unsafe { cache.free_located(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
-    }
-
-    /// The common case of locating a `kfree`d pointer: [`Self::locate_allocated`].
-    /// No readiness test of its own: before `init` the page map is empty
-    /// (no pages), so every address misses there and goes to the slow
-    /// path, which tests.
-    #[inline(always)]
-    pub(crate) fn kfree_locate(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
-        self.locate_allocated(addr)
     }
 
     /// Locate a freed pointer: its page-map slot gives the stride magic
