@@ -26,14 +26,8 @@ use crate::slab::Slab;
 /// 64 bytes a request never wastes 12.5 % of its class or more
 /// (`(step - 1) / class < 1/8`; the table is checked in
 /// `src/tests/kmalloc.rs`).
-pub const KMALLOC_SIZES: [usize; 64] = kmalloc_sizes();
-/// Largest kmalloc served by a size class; larger requests are
-/// page-granular.
-pub const KMALLOC_MAX_SIZE: usize = 8192;
-pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
-
-/// [`KMALLOC_SIZES`], built: 8..=128 by 8, then eight per power of two.
-const fn kmalloc_sizes() -> [usize; 64] {
+pub const KMALLOC_SIZES: [usize; 64] = {
+    // 8..=128 by 8, then eight per power of two.
     let mut sizes = [0; 64];
     let mut index = 0;
     while index < 16 {
@@ -51,7 +45,11 @@ const fn kmalloc_sizes() -> [usize; 64] {
         base *= 2;
     }
     sizes
-}
+};
+/// Largest kmalloc served by a size class; larger requests are
+/// page-granular.
+pub const KMALLOC_MAX_SIZE: usize = 8192;
+pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
 
 /// Random copies of each size class that `kmalloc!` call sites are
 /// spread over (Linux `CONFIG_RANDOM_KMALLOC_CACHES`, 6.6: 15 copies
