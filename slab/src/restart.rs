@@ -84,44 +84,10 @@ pub fn nr_ranges() -> usize {
     ranges().count()
 }
 
-/// The restartable alloc hit ([`restart_ip`]'s sequence `pop`): pop the
-/// round below `top` of the per-CPU cache `offset` bytes into the array
-/// `A::AT` bytes after `base` (a cache's struct, whose array follows it
-/// at a constant offset: the hit computes the line's address, no load),
-/// count it, and return it; `None` (nothing changed) if `loaded` is empty
-/// or absent.
-///
-/// # Safety
-/// `base + A::AT + offset` is the running CPU's per-CPU cache, alive for
-/// the call, and the platform's hits are restartable ([`enabled`]).
-#[inline(always)]
-pub(crate) unsafe fn alloc_hit<A: ArrayAt, const KEYED: bool>(
-    base: *const u8,
-    offset: usize,
-) -> Option<core::ptr::NonNull<u8>> {
-    // SAFETY: per our caller; the offsets are `top`'s, `nr_allocs`' and
-    // `free_key`'s in a per-CPU cache (`ArrayAt`).
-    unsafe { imp::pop::<A, KEYED>(base, offset) }
-}
-
-/// The restartable free hit of a keyed cache (the sequence `push`): on
-/// the per-CPU cache `offset` bytes into the array `A::AT` bytes after
-/// `base` (as for [`alloc_hit`]), push `obj` if `loaded` has room and
-/// `obj` does not hold the free key, writing the key; true if pushed.
-///
-/// # Safety
-/// As for [`alloc_hit`]; `obj` is a busy object of the keyed cache this
-/// per-CPU cache belongs to, given up by the caller if this returns true.
-#[inline(always)]
-pub(crate) unsafe fn free_hit<A: ArrayAt>(
-    base: *const u8,
-    offset: usize,
-    obj: core::ptr::NonNull<u8>,
-) -> bool {
-    // SAFETY: per our caller; the offsets are `top`'s, `limit`'s and
-    // `free_key`'s in a per-CPU cache (`ArrayAt`).
-    unsafe { imp::push::<A>(base, offset, obj) }
-}
+/// The restartable alloc hit ([`restart_ip`]'s sequence `pop`) and free
+/// hit of a keyed cache (the sequence `push`), or, where they are not
+/// built, stand-ins never called.
+pub(crate) use imp::{pop, push};
 
 /// Where the per-CPU array starts, in bytes from the base address the
 /// sequences are given ([`pop`], [`push`]): a constant of the owner's

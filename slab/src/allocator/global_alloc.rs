@@ -41,23 +41,34 @@ impl<P: Platform> Kmem<P> {
         }
     }
 
-    /// `GlobalAlloc::alloc` past the cache's hit (a feature on, a miss)
-    /// or with no size class ([`Kmem::kmalloc_pages`]): the one
-    /// place an allocation error becomes a null pointer. Out of line,
-    /// reached by a tail call, so the hit needs no stack frame.
+    /// `GlobalAlloc::alloc` past the cache's hit (a feature on, a miss):
+    /// the cache the hit found goes on to its off-hit path
+    /// ([`KmemCache::alloc_off_hit`]; the class is not looked up again),
+    /// and an error becomes a null pointer here. Out of line, reached by
+    /// a tail call, so the hit needs no stack frame.
+    ///
+    /// # Safety
+    /// `cache` is a class's cache, an unborn stub or the unready entry
+    /// ([`Kmem::class_cache`]).
     #[inline(never)]
-    fn alloc_off_hit(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        let tag = crate::alloc_tag::current::<P>;
-        let result = match self.class_cache(size, align) {
-            // SAFETY: a class's cache, an unborn stub or the unready entry.
-            Some(cache) => unsafe { KmemCache::alloc_off_hit(cache, tag, size) },
-            None => self.kmalloc_pages(size, align, tag),
-        };
-        let Ok(ptr) = result else {
-            return ptr::null_mut();
-        };
-        ptr.as_ptr()
+    unsafe fn alloc_off_hit(cache: *const KmemCache<P>, size: usize) -> *mut u8 {
+        // SAFETY: per our caller.
+        unsafe { KmemCache::alloc_off_hit(cache, crate::alloc_tag::current::<P>, size) }
+            .map_or(ptr::null_mut(), NonNull::as_ptr)
+    }
+
+    /// `GlobalAlloc::alloc` of a request no size class serves
+    /// ([`Kmem::kmalloc_pages`]: page-granular, or refused before
+    /// `init`), an error a null pointer.
+    #[cold]
+    #[inline(never)]
+    fn alloc_pages_or_null(&self, layout: Layout) -> *mut u8 {
+        self.kmalloc_pages(
+            layout.size(),
+            layout.align(),
+            crate::alloc_tag::current::<P>,
+        )
+        .map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
     /// `GlobalAlloc::dealloc` past the cache's hit (a feature on, a
@@ -98,13 +109,15 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
-        if let Some(cache) = self.class_cache(layout.size(), layout.align())
-            // SAFETY: a class's cache, an unborn stub or the unready entry.
-            && let Some(obj) = unsafe { KmemCache::alloc_hit(cache) }
-        {
+        let Some(cache) = self.class_cache(layout.size(), layout.align()) else {
+            return self.alloc_pages_or_null(layout);
+        };
+        // SAFETY: a class's cache, an unborn stub or the unready entry.
+        if let Some(obj) = unsafe { KmemCache::alloc_hit(cache) } {
             return obj.as_ptr();
         }
-        self.alloc_off_hit(layout)
+        // SAFETY: as above; the hit changed nothing.
+        unsafe { Self::alloc_off_hit(cache, layout.size()) }
     }
 
     /// [`GlobalAlloc::alloc`] zeroed; whole pages from a source that

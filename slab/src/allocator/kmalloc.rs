@@ -26,14 +26,8 @@ use crate::slab::Slab;
 /// 64 bytes a request never wastes 12.5 % of its class or more
 /// (`(step - 1) / class < 1/8`; the table is checked in
 /// `src/tests/kmalloc.rs`).
-pub const KMALLOC_SIZES: [usize; 64] = kmalloc_sizes();
-/// Largest kmalloc served by a size class; larger requests are
-/// page-granular.
-pub const KMALLOC_MAX_SIZE: usize = 8192;
-pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
-
-/// [`KMALLOC_SIZES`], built: 8..=128 by 8, then eight per power of two.
-const fn kmalloc_sizes() -> [usize; 64] {
+pub const KMALLOC_SIZES: [usize; 64] = {
+    // 8..=128 by 8, then eight per power of two.
     let mut sizes = [0; 64];
     let mut index = 0;
     while index < 16 {
@@ -51,7 +45,11 @@ const fn kmalloc_sizes() -> [usize; 64] {
         base *= 2;
     }
     sizes
-}
+};
+/// Largest kmalloc served by a size class; larger requests are
+/// page-granular.
+pub const KMALLOC_MAX_SIZE: usize = 8192;
+pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
 
 /// Random copies of each size class that `kmalloc!` call sites are
 /// spread over (Linux `CONFIG_RANDOM_KMALLOC_CACHES`, 6.6: 15 copies
@@ -525,23 +523,8 @@ impl<P: Platform> Kmem<P> {
         Ok(new)
     }
 
-    /// Page-granular kmalloc, out of line, recorded by kmemtrace.
-    #[inline(never)]
-    fn large_alloc_recorded(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc(size, align, tag);
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(result.ok(), size);
-        }
-        result
-    }
-
+    /// The page-granular allocation of [`Self::kmalloc_pages`], charged
+    /// to `tag`.
     #[inline(always)]
     fn large_alloc(
         &self,
@@ -802,7 +785,7 @@ impl<P: Platform> Kmem<P> {
     /// `ptr` is a live kmalloc block the caller owns.
     pub(crate) unsafe fn kmalloc_resized(&self, ptr: NonNull<u8>, new_size: usize) {
         let addr = ptr.as_ptr() as usize;
-        if let Some((cache, at)) = self.kfree_locate(addr)
+        if let Some((cache, at)) = self.locate_allocated(addr)
             && cache.debug.is_some()
         {
             // SAFETY: an allocated object of `cache` (located by the page
@@ -947,8 +930,9 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// [`Self::kmalloc_checked`] for a request no size class serves
-    /// ([`Self::class_cache`]): page-granular, or `NotInitialized` before
-    /// init. Out of line, so the hit keeps nothing for it.
+    /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
+    /// recorded by kmemtrace), or `NotInitialized` before init. Out of
+    /// line, so the hit keeps nothing for it.
     #[inline(never)]
     pub(super) fn kmalloc_pages(
         &self,
@@ -959,7 +943,13 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
-        self.large_alloc_recorded(size, align, tag)
+        let tag = if self.alloc_profiling() { tag() } else { None };
+        let result = self.large_alloc(size, align, tag);
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            self.kmemtrace_large_alloc(result.ok(), size);
+        }
+        result
     }
 
     /// The error of a bad layout: `NotInitialized` before init (tested
@@ -988,21 +978,12 @@ impl<P: Platform> Kmem<P> {
     /// On error nothing changed.
     #[inline]
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        match self.kfree_locate(ptr.as_ptr() as usize) {
+        match self.locate_allocated(ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
             Some((cache, at)) => unsafe { cache.free_located(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
-    }
-
-    /// The common case of locating a `kfree`d pointer: [`Self::locate_allocated`].
-    /// No readiness test of its own: before `init` the page map is empty
-    /// (no pages), so every address misses there and goes to the slow
-    /// path, which tests.
-    #[inline(always)]
-    pub(crate) fn kfree_locate(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
-        self.locate_allocated(addr)
     }
 
     /// Locate a freed pointer: its page-map slot gives the stride magic

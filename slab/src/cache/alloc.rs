@@ -7,18 +7,21 @@
 //!    (`HotFlags::ALLOC_SLOW`: no feature on for this cache), then the
 //!    magazine hit ([`KmemCache::magazine_alloc_hit`]: pop from this
 //!    CPU's `loaded`);
-//! 2. else ([`KmemCache::alloc_off_hit`]), if any feature is on for this
-//!    cache: [`KmemCache::alloc_hooked`], out of line, which calls the
-//!    feature hooks (`cache/hooks.rs`) around the same magazine hit and
-//!    miss: the pre-alloc hook (unborn class, bootstrap refusal, KFENCE
-//!    sample), the post-alloc hook (free key, debug, profiling, trace
-//!    table), the kmemtrace event;
-//! 3. else the one slow function for the miss ([`KmemCache::alloc_slow`]:
-//!    `prev`, the depot, the slab layer).
+//! 2. else [`KmemCache::alloc_off_hit`], out of line, one load of the
+//!    hot flags for its three ways: no feature on, the one slow
+//!    function for the miss ([`KmemCache::alloc_slow`]: `prev`, the
+//!    depot, the slab layer); the usual words (profiling, kmemtrace
+//!    recording) on a magazine hit, the post-alloc hook right there;
+//!    anything else [`KmemCache::alloc_hooked_cold`], which calls the
+//!    feature hooks (`cache/hooks.rs`) in order around the same magazine
+//!    hit and miss: an unborn class, the pre-alloc hook (bootstrap
+//!    refusal, KFENCE sample), the post-alloc hook (free key, debug,
+//!    profiling, trace table), the kmemtrace event.
 //!
 //! `GlobalAlloc::alloc` calls the hit and, past it, one out-of-line
-//! function of its own that calls `alloc_off_hit` and turns an error into
-//! null: every way out of its hit is then a tail call.
+//! function of its own that hands the cache it found to `alloc_off_hit`
+//! and turns an error into null: every way out of its hit is then a
+//! tail call.
 //!
 //! Every path returns `Result<NonNull<u8>, AllocError>`; only the
 //! `GlobalAlloc` edge (`allocator/global_alloc.rs`) turns an error into
@@ -123,11 +126,18 @@ impl<P: Platform> KmemCache<P> {
         unsafe { &*this }.magazine_alloc_hit::<true>()
     }
 
-    /// The allocation past a failed [`Self::alloc_hit`]: with a feature
-    /// on, [`Self::alloc_hooked`]; else the miss, [`Self::alloc_slow`],
-    /// each reached by a tail call. Out of line, so that a caller that
-    /// inlines the hit and matches on the result has one call to merge
-    /// with it (two calls leave the hit a select of the result's tag).
+    /// The allocation past a failed [`Self::alloc_hit`], out of line and
+    /// reached by a tail call (the plain hit stays a leaf): with no
+    /// feature on for this cache, the miss ([`Self::alloc_slow`]);
+    /// else the feature hooks around the same magazine hit and miss.
+    ///
+    /// The usual words (profiling, kmemtrace recording, or both, on a
+    /// keyed small-object cache: no bit of [`HotFlags::ALLOC_HOOKED_RARE`])
+    /// on a magazine hit run the hooks right here: a flag test each and
+    /// no stack frame. Anything else (a miss, a rare feature, an unborn
+    /// class, the unready entry) is one tail call to
+    /// [`Self::alloc_hooked_cold`], which runs every hook in order. One
+    /// load of the hot flags serves all three ways.
     ///
     /// # Safety
     /// As for [`Self::alloc_at`].
@@ -137,41 +147,12 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        // SAFETY: as in `alloc_hit`.
-        let hot_flags = unsafe { &(*this).hot_flags };
-        if crate::sync::flags_any::<{ HotFlags::ALLOC_SLOW.bits() }>(hot_flags) {
-            // SAFETY: per our caller.
-            return unsafe { Self::alloc_hooked(this, tag, bytes_req) };
-        }
-        // SAFETY: no slow flag, so not the unready entry: a live cache.
-        unsafe { &*this }.alloc_slow()
-    }
-
-    /// An allocation with some feature on for this cache (any bit of
-    /// `ALLOC_SLOW`): the hooks around the same magazine hit and miss as
-    /// the plain allocation's. Out of line, reached by a tail call, so
-    /// the plain hit stays a leaf.
-    ///
-    /// The usual words (profiling, kmemtrace recording, or both, on a
-    /// keyed small-object cache: no bit of [`HotFlags::ALLOC_HOOKED_RARE`]) on
-    /// a magazine hit run the hooks right here, inline: they cost a
-    /// flag test each and no stack frame. Anything else (a miss, a rare
-    /// feature, an unborn class, the unready entry) is one tail call to
-    /// [`Self::alloc_hooked_cold`], which runs every hook in order. The
-    /// split is measured: `GlobalAlloc` pair with profiling on, 205 →
-    /// see `docs/BENCHMARKS.md` (one out-of-line function for every
-    /// word saved five registers and tested every feature's flag).
-    ///
-    /// # Safety
-    /// As for [`Self::alloc_at`].
-    #[inline(never)]
-    unsafe fn alloc_hooked(
-        this: *const Self,
-        tag: impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: per our caller, a hot-flags word first.
         let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
+        if !hot.intersects(HotFlags::ALLOC_SLOW) {
+            // SAFETY: no slow flag, so not the unready entry: a live cache.
+            return unsafe { &*this }.alloc_slow::<true>();
+        }
         if !hot.intersects(HotFlags::ALLOC_HOOKED_RARE)
             // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
             // (keyed: no `KEYLESS`, a rare bit)
@@ -184,7 +165,8 @@ impl<P: Platform> KmemCache<P> {
         unsafe { Self::alloc_hooked_cold(this, tag_ref(&tag), bytes_req) }
     }
 
-    /// [`Self::alloc_hooked`] for every word and on a miss: the
+    /// [`Self::alloc_off_hit`] with a feature on, for every word and on a
+    /// miss: the
     /// pre-alloc hook, the hit or the miss, the post-alloc hooks (or,
     /// for an allocation the pre-alloc hook served or that failed, only
     /// the kmemtrace event).
@@ -201,10 +183,16 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per our caller, a hot-flags word first.
         let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
         if hot.contains(HotFlags::UNBORN) {
-            // The unready entry or an unborn class's stub: no cache
-            // behind it yet.
-            // SAFETY: per our caller.
-            return unsafe { Self::alloc_unborn(this, tag, bytes_req) };
+            // No cache behind it yet: the unready entry (before `init`)
+            // or an unborn size class's stub (its first allocation
+            // creates the class and allocates from it:
+            // `allocator/classes.rs`).
+            if is_unready(this) {
+                return Err(AllocError::NotInitialized);
+            }
+            // SAFETY: per our caller, not the unready entry: a live stub.
+            let stub = unsafe { &*this };
+            return stub.owner().kmalloc_unborn(stub, tag, bytes_req);
         }
         // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
         let this = unsafe { &*this };
@@ -222,7 +210,7 @@ impl<P: Platform> KmemCache<P> {
         };
         let obj = match hit {
             Some(obj) => obj,
-            None => match this.magazine_alloc_miss_or_slab() {
+            None => match this.alloc_slow::<false>() {
                 Ok(obj) => obj,
                 Err(error) => return this.alloc_event(Err(error), hot, bytes_req),
             },
@@ -244,10 +232,7 @@ impl<P: Platform> KmemCache<P> {
             // the cache; the platform's hits are restartable; KEYED as
             // our caller says.
             return unsafe {
-                crate::restart::alloc_hit::<Self, KEYED>(
-                    (self as *const Self).cast(),
-                    P::cpu_offset(),
-                )
+                crate::restart::pop::<Self, KEYED>((self as *const Self).cast(), P::cpu_offset())
             };
         }
         let mut pcpu = self.pcpu_lock()?;
@@ -271,33 +256,32 @@ impl<P: Platform> KmemCache<P> {
         Some(obj)
     }
 
-    /// The one slow function of the plain allocation: the magazine miss
-    /// (`prev`, the depot), then the slab layer.
+    /// The one slow function of the allocation: the magazine miss
+    /// (`prev`, the depot), then the slab layer (constructed). Not
+    /// marked, not traced. `KEYED` (the plain allocation of a keyed
+    /// cache): the free key cleared; else the caller's post-alloc hook
+    /// clears it or the mark.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.magazine_alloc_miss_or_slab()?;
-        // SAFETY: just taken; a cache on the plain path is keyed.
-        unsafe { double_free::clear_key(obj) };
-        Ok(obj)
-    }
-
-    /// The miss: `prev`, the depot, then the slab layer (constructed).
-    /// Not marked, not traced.
-    pub(crate) fn magazine_alloc_miss_or_slab(&self) -> Result<NonNull<u8>, AllocError> {
+    pub(crate) fn alloc_slow<const KEYED: bool>(&self) -> Result<NonNull<u8>, AllocError> {
         // KFENCE: the sample interval is checked on the miss.
         self.owner().kfence_tick();
-        if let Some(obj) = self.magazine_alloc_miss() {
-            return Ok(obj);
+        let obj = match self.magazine_alloc_miss() {
+            Some(obj) => obj,
+            None => self.slab_alloc_constructed()?,
+        };
+        if KEYED {
+            // SAFETY: just taken; a keyed cache.
+            unsafe { double_free::clear_key(obj) };
         }
-        self.slab_alloc_constructed()
+        Ok(obj)
     }
 }
 
 /// The kmalloc by-8 table's entry before `init` (`Kmem::new` fills
 /// the table with it, [`unready`]): a hot-flags word with every bit set,
 /// so an allocation through it leaves the hit at its one flag test and
-/// [`KmemCache::alloc_unborn`] refuses it by its address. Not a cache:
+/// [`KmemCache::alloc_hooked_cold`] refuses it by its address. Not a cache:
 /// read only as that word.
 #[repr(C, align(64))]
 pub(crate) struct Unready {
@@ -324,7 +308,7 @@ pub(super) fn is_unready<P: Platform>(entry: *const KmemCache<P>) -> bool {
 /// `tag` as the `&dyn Fn` the cold paths take, without a stack slot when
 /// its type has no bytes (`alloc_tag::current`, every untagged call): a
 /// reference to a zero-sized value at its type's dangling address, so
-/// `alloc_hooked` needs no stack frame for it (measured in the kernel,
+/// `alloc_off_hit` needs no stack frame for it (measured in the kernel,
 /// frame pointers on: push, mov, sub, add, pop on every profiled alloc).
 #[inline(always)]
 fn tag_ref<F: Fn() -> Option<AllocTagRef>>(tag: &F) -> &(dyn Fn() -> Option<AllocTagRef> + '_) {

@@ -438,33 +438,16 @@ impl<P: Platform> KmemCache<P> {
         self.on_top_of_magazines(obj) || unsafe { self.is_free_in_slab(obj) }
     }
 
-    /// A free that passed [`Self::is_double_free`] on the miss: mark the
-    /// object freed before it enters a magazine or its slab.
-    ///
-    /// # Safety
-    /// `obj` is an object of this cache the caller gives up.
-    pub(crate) unsafe fn key_freed(&self, obj: NonNull<u8>) {
-        // SAFETY: per our caller (and `key_place`).
-        unsafe { self.mark(obj, true) };
-    }
-
-    /// An object leaves a flagged alloc path for a caller: clear its mark.
-    ///
-    /// # Safety
-    /// `obj` was just taken from this cache's magazines or slab layer.
-    #[inline]
-    pub(crate) unsafe fn key_allocated(&self, obj: NonNull<u8>) {
-        // SAFETY: per our caller.
-        unsafe { self.mark(obj, false) };
-    }
-
-    /// Set (`freed`) or clear the mark of `obj` where this cache keeps it.
+    /// Set (`freed`: a free that passed [`Self::is_double_free`] on the
+    /// miss, before the object enters a magazine or its slab) or clear
+    /// (an object leaving a flagged alloc path for a caller) the mark of
+    /// `obj` where this cache keeps it.
     ///
     /// # Safety
     /// `obj` is an object of this cache, the caller's to give up or just
     /// taken for a caller.
     #[inline]
-    unsafe fn mark(&self, obj: NonNull<u8>, freed: bool) {
+    pub(crate) unsafe fn mark_key(&self, obj: NonNull<u8>, freed: bool) {
         match self.key_place {
             KeyPlace::Unmarked => {}
             KeyPlace::Word(offset) => {

@@ -8,14 +8,16 @@
 //!    (`HotFlags::FREE_SLOW`: no feature on for this cache), then the
 //!    magazine hit ([`KmemCache::magazine_free_hit`]: the free key tested
 //!    and written, push on this CPU's `loaded`);
-//! 2. else ([`KmemCache::free_off_hit`]), if any feature is on for this
-//!    cache: [`KmemCache::free_hooked`], out of line: the free hook
-//!    (`cache/hooks.rs`: bootstrap refusal, bufctl state, debug checks,
-//!    trace record, tag uncharged), the same magazine hit and miss, the
-//!    kmemtrace event;
-//! 3. else the one slow function for the miss ([`KmemCache::free_slow`]:
-//!    the double-free confirmation, `prev`, the depot, a new magazine,
-//!    the slab layer).
+//! 2. else [`KmemCache::free_off_hit`], out of line, one load of the hot
+//!    flags for its ways: no feature on, the one slow function for the
+//!    miss ([`KmemCache::free_slow`]: the double-free confirmation,
+//!    `prev`, the depot, a new magazine, the slab layer); the usual
+//!    words (profiling, and kmemtrace recording in `free_recorded`, with
+//!    interrupts off for its event), the free hook and the magazine hit
+//!    right there; anything else [`KmemCache::free_hooked`]: the free
+//!    hook (`cache/hooks.rs`: bootstrap refusal, bufctl state, debug
+//!    checks, trace record, tag uncharged), the same magazine hit and
+//!    miss, the kmemtrace event.
 //!
 //! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
 //! function of its own that calls `free_off_hit` and reports a refused
@@ -86,35 +88,31 @@ impl<P: Platform> KmemCache<P> {
     /// See above; [`FreeError::NotAllocated`] for bootstrap caches.
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
-        match self.free_locate(obj) {
+        // The common case of locating a freed pointer: the page map (so:
+        // on the primary source) names this cache as the page's owner and
+        // `obj` is an object start; anything else takes the slow path,
+        // which says why. The object's page-map slot only, no slab
+        // header: the owner test is one compare with `self`, and the slot
+        // holds the slab's first object and the stride magic for the
+        // index (a page that is not a slab page has magic 0, refused by
+        // the object-start test even if its owner word still names this
+        // cache). Off the primary source the map is empty.
+        let addr = obj.as_ptr() as usize;
+        let located = self.params.page_map.slot(addr).and_then(|slot| {
+            // The magic first (Acquire), as above.
+            let magic = slot.magic();
+            if slot.cache() != self as *const Self as usize {
+                return None;
+            }
+            self.index_with(magic, slot.base(), addr)
+                .map(|index| Located { index, slot })
+        });
+        match located {
             // SAFETY: per our caller; located in this cache.
             Some(at) => unsafe { self.free_located(obj, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.free_unlocated(obj) },
         }
-    }
-
-    /// The common case of locating a freed pointer: the page map (so: on
-    /// the primary source) names this cache as the page's owner and `obj`
-    /// is an object start. `None` for anything else (the slow path says
-    /// why). Reads the object's page-map slot only, no slab header: the
-    /// owner test is one compare with `self`, and the slot holds the
-    /// slab's first object and the stride magic for the index (a page
-    /// that is not a slab page has magic 0, refused by the object-start
-    /// test even if its owner word still names this cache).
-    #[inline(always)]
-    pub(super) fn free_locate(&self, obj: NonNull<u8>) -> Option<Located> {
-        let addr = obj.as_ptr() as usize;
-        // Off the primary source the map is empty: slow path.
-        let slot = self.params.page_map.slot(addr)?;
-        // The magic first (Acquire): 0 on a page that is no slab page,
-        // whose owner may be stale; the object-start test refuses it.
-        let magic = slot.magic();
-        if slot.cache() != self as *const Self as usize {
-            return None;
-        }
-        self.index_with(magic, slot.base(), addr)
-            .map(|index| Located { index, slot })
     }
 
     /// The free, once the owner check passed (`KmemCache::free`,
@@ -151,75 +149,62 @@ impl<P: Platform> KmemCache<P> {
             && unsafe { self.magazine_free_hit(obj, true) }
     }
 
-    /// The free past a failed [`Self::free_hit`]: with a feature on,
-    /// [`Self::free_hooked`]; else the miss, [`Self::free_slow`]. Both out
-    /// of line, each reached by a tail call.
+    /// The free past a failed [`Self::free_hit`], out of line and reached
+    /// by a tail call (the plain hit stays a leaf): with no feature on
+    /// for this cache, the miss ([`Self::free_slow`]); else the free hook,
+    /// the same magazine hit and miss, the kmemtrace event.
+    ///
+    /// The usual words (profiling's `TAGGED`, kmemtrace recording, or
+    /// both, on a keyed cache: no bit of [`HotFlags::FREE_HOOKED_RARE`])
+    /// run the hook and the magazine hit right here: the tag uncharged
+    /// before the push (once pushed, an interrupt handler's alloc may
+    /// take the object), and with kmemtrace recording the free and its
+    /// event with interrupts off, so that nothing on this CPU reuses the
+    /// object before its free is recorded. Anything else (a full
+    /// `loaded`, a rare feature) is one tail call to
+    /// [`Self::free_hooked`], which runs them all in order (a tag
+    /// uncharged here is not found again there). One load of the hot
+    /// flags serves all three ways.
     ///
     /// # Safety
     /// As for [`Self::free_located`].
-    #[inline(always)]
+    #[inline(never)]
     pub(crate) unsafe fn free_off_hit(
         &self,
         obj: NonNull<u8>,
         at: Located,
     ) -> Result<(), FreeError> {
-        if crate::sync::flags_any::<{ HotFlags::FREE_SLOW.bits() }>(&self.hot_flags) {
-            // SAFETY: per our caller.
-            return unsafe { self.free_hooked(obj, at.slab(), at.index) };
+        let hot = self.hot();
+        if !hot.intersects(HotFlags::FREE_SLOW) {
+            // SAFETY: per our caller; the hit changed nothing.
+            return unsafe { self.free_slow(obj) };
         }
         // SAFETY: per our caller.
-        unsafe { self.free_slow(obj) }
-    }
-
-    /// A free with some feature on for this cache (any bit of
-    /// `FREE_SLOW`): the free hook, then the same hit and miss as
-    /// [`Self::free_located`]'s, then the kmemtrace event. With kmemtrace
-    /// recording, the free and its event run with interrupts off, so that
-    /// nothing on this CPU reuses the object before its free is recorded.
-    /// Out of line, reached by a tail call, so the plain hit stays a leaf.
-    ///
-    /// The usual words (profiling's `TAGGED`, kmemtrace recording, or
-    /// both, on a keyed cache: no bit of [`HotFlags::FREE_HOOKED_RARE`])
-    /// run the hooks and the magazine hit right here, inline; anything
-    /// else (a full `loaded`, a rare feature) is one tail call to
-    /// [`Self::free_hooked_cold`], which runs them all in order (the tag,
-    /// uncharged here before the push, is not found again there). As for
-    /// `alloc_hooked`: measured in `docs/BENCHMARKS.md`.
-    ///
-    /// # Safety
-    /// `obj` is an object start in `slab`, a live slab of this cache
-    /// (null for a bufctl cache off the primary source: the hash
-    /// decides), at `index` (small slabs); if it is allocated, the caller
-    /// gives it up.
-    #[inline(never)]
-    pub(crate) unsafe fn free_hooked(
-        &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-        index: usize,
-    ) -> Result<(), FreeError> {
-        let hot = self.hot();
-        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) && !slab.is_null() {
+        let slab = unsafe { at.slab() };
+        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) {
             if hot.contains(HotFlags::KMEMTRACE) {
                 // SAFETY: per our caller.
-                return unsafe { self.free_recorded(obj, slab, index, hot) };
+                return unsafe { self.free_recorded(obj, slab, at.index, hot) };
             }
-            // SAFETY: per our caller; the usual words.
-            if unsafe { self.free_usual(obj, slab, index, hot) } {
+            // SAFETY: per our caller; no rare bit, so nothing refuses.
+            let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
+            // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
+            if unsafe { self.magazine_free_hit(obj, true) } {
                 return Ok(());
             }
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_hooked_cold(obj, slab, index) }
+        unsafe { self.free_hooked(obj, slab, at.index) }
     }
 
-    /// The free of the usual words, with kmemtrace recording: as
-    /// [`Self::free_usual`], the free and its event with interrupts off.
-    /// Its own function, so that the profiled free's path needs no stack
-    /// frame for the event's.
+    /// [`Self::free_off_hit`]'s usual words with kmemtrace recording: the
+    /// same hook and hit, the free and its event with interrupts off. Its
+    /// own function, so that the profiled free's path keeps no interrupt
+    /// state and needs no stack frame.
     ///
     /// # Safety
-    /// As for [`Self::free_usual`].
+    /// As for [`Self::free_hooked`], `slab` not null, no bit of
+    /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
     #[inline(never)]
     unsafe fn free_recorded(
         &self,
@@ -228,49 +213,33 @@ impl<P: Platform> KmemCache<P> {
         index: usize,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        // SAFETY: per our caller.
+        // SAFETY: per our caller, an object start of ours.
         let irq = unsafe { self.kmemtrace_free_guard(obj, hot) };
-        // SAFETY: per our caller.
-        if unsafe { self.free_usual(obj, slab, index, hot) } {
-            return self.kmemtrace_freed(obj, irq);
-        }
-        drop(irq);
-        // SAFETY: per our caller; the hit changed nothing (the tag it
-        // uncharged is not found again).
-        unsafe { self.free_hooked_cold(obj, slab, index) }
-    }
-
-    /// The free of the usual words (no bit of
-    /// [`HotFlags::FREE_HOOKED_RARE`]): the tag uncharged before the push
-    /// (once pushed, an interrupt handler's alloc may take the object),
-    /// then the magazine hit. False if the hit failed (the tag stays
-    /// uncharged: [`Self::free_hooked_cold`] does not find it again).
-    ///
-    /// # Safety
-    /// As for [`Self::free_hooked`], `slab` not null, no bit of
-    /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
-    #[inline(always)]
-    unsafe fn free_usual(
-        &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-        index: usize,
-        hot: HotFlags,
-    ) -> bool {
         // SAFETY: per our caller; no rare bit, so nothing refuses.
         let _ = unsafe { self.free_hook::<false>(obj, slab, index, hot) };
         // SAFETY: per our caller; a keyed cache.
-        unsafe { self.magazine_free_hit(obj, true) }
+        if unsafe { self.magazine_free_hit(obj, true) } {
+            return self.kmemtrace_freed(obj, irq);
+        }
+        drop(irq);
+        // SAFETY: per our caller; the hit changed nothing (the tag the
+        // hook uncharged is not found again).
+        unsafe { self.free_hooked(obj, slab, index) }
     }
 
-    /// [`Self::free_hooked`] for every word and on a miss: the free hook,
-    /// the hit or the miss, the kmemtrace event.
+    /// [`Self::free_off_hit`] for every word and on a miss, and the free
+    /// of an object located off the hit (`kfree`'s slow path,
+    /// [`Self::free_unlocated`]): the free hook, the hit or the miss, the
+    /// kmemtrace event.
     ///
     /// # Safety
-    /// As for [`Self::free_hooked`].
+    /// `obj` is an object start in `slab`, a live slab of this cache
+    /// (null for a bufctl cache off the primary source: the hash
+    /// decides), at `index` (small slabs); if it is allocated, the caller
+    /// gives it up.
     #[cold]
     #[inline(never)]
-    unsafe fn free_hooked_cold(
+    pub(crate) unsafe fn free_hooked(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
@@ -285,31 +254,23 @@ impl<P: Platform> KmemCache<P> {
         };
         // SAFETY: per our caller.
         let result = unsafe { self.free_hook::<true>(obj, slab, index, hot) }.and_then(|()| {
-            // SAFETY: per our caller; checked by the hook.
-            unsafe { self.magazine_free(obj, hot) }
+            // The hit (keyed or not, as the cache is), else the miss
+            // (`free_slow`, which refuses every double free the key
+            // finds, and that of the object on top of `loaded` or
+            // `prev`). Keyless, marked elsewhere (`double_free.rs`): the
+            // miss tests and sets the mark.
+            let keyless = hot.contains(HotFlags::KEYLESS);
+            let hit = !(keyless && self.key_place.marks())
+                // SAFETY: per our caller, checked by the hook; keyed as
+                // the cache says.
+                && unsafe { self.magazine_free_hit(obj, !keyless) };
+            if hit {
+                return Ok(());
+            }
+            // SAFETY: as above; the hit changed nothing.
+            unsafe { self.free_slow(obj) }
         });
         self.free_event(obj, result, hot, irq)
-    }
-
-    /// The hit (keyed or not, as the cache is), else the miss
-    /// ([`Self::free_slow`], which refuses every double free the key
-    /// finds, and that of the object on top of `loaded` or `prev`).
-    ///
-    /// # Safety
-    /// `obj` is a constructed, busy object of this cache that the caller
-    /// gives up (validated by the caller).
-    #[inline(always)]
-    unsafe fn magazine_free(&self, obj: NonNull<u8>, hot: HotFlags) -> Result<(), FreeError> {
-        let keyless = hot.contains(HotFlags::KEYLESS);
-        // Keyless, marked elsewhere (`double_free.rs`): the miss tests and
-        // sets the mark.
-        // SAFETY: per our caller; keyed as the cache says.
-        if !(keyless && self.key_place.marks()) && unsafe { self.magazine_free_hit(obj, !keyless) }
-        {
-            return Ok(());
-        }
-        // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_slow(obj) }
     }
 
     /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
@@ -329,7 +290,7 @@ impl<P: Platform> KmemCache<P> {
             // caller, obj is a busy object of this keyed cache, given up
             // if pushed.
             return unsafe {
-                crate::restart::free_hit::<Self>((self as *const Self).cast(), P::cpu_offset(), obj)
+                crate::restart::push::<Self>((self as *const Self).cast(), P::cpu_offset(), obj)
             };
         }
         let Some(mut pcpu) = self.pcpu_lock() else {
@@ -378,7 +339,8 @@ impl<P: Platform> KmemCache<P> {
     /// the slab layer.
     ///
     /// # Safety
-    /// As for [`Self::magazine_free`].
+    /// `obj` is a constructed, busy object of this cache that the caller
+    /// gives up (validated by the caller).
     #[cold]
     #[inline(never)]
     pub(crate) unsafe fn free_slow(&self, obj: NonNull<u8>) -> Result<(), FreeError> {
@@ -390,7 +352,7 @@ impl<P: Platform> KmemCache<P> {
             }));
         }
         // SAFETY: per our caller, given up.
-        unsafe { self.key_freed(obj) };
+        unsafe { self.mark_key(obj, true) };
         if self.magazine_free_miss(obj) {
             return Ok(());
         }

@@ -1,24 +1,24 @@
 //! The feature hooks, each called from one place of the one alloc
-//! (`cache/alloc.rs`, `alloc_hooked`) or the one free (`cache/free.rs`,
-//! `free_hooked`), and dispatching to the feature's own function (as in
+//! (`cache/alloc.rs`, `alloc_off_hit`) or the one free (`cache/free.rs`,
+//! `free_off_hit`), and dispatching to the feature's own function (as in
 //! Linux `mm/slub.c`: `slab_pre_alloc_hook`, `slab_post_alloc_hook`,
 //! `slab_free_hook`). A cache reaches them only with a feature on (one
 //! `hot_flags` test on the hit: [`HotFlags::ALLOC_SLOW`],
 //! [`HotFlags::FREE_SLOW`]).
 //!
 //! ```text
-//!  alloc_hooked ─► usual words on a hit: post_alloc_hook inline
+//!  alloc_off_hit ─► usual words on a hit: post_alloc_hook inline
 //!       └─► else alloc_hooked_cold:
-//!             UNBORN: alloc_unborn (not ready; a class born now)
+//!             UNBORN: not ready; a class born now
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
-//!             post_alloc_hook  free key; cold: keyless mark, debug
+//!             post_alloc_hook  cold: free key or keyless mark, debug
 //!                              (debug.rs), trace table (trace_table.rs);
 //!                              profiling (profiling.rs)
 //!  every way out: alloc_event   the kmemtrace event (ok or failed)
-//!  free_hooked  ─► usual words: free_hook inline, the hit
+//!  free_off_hit ─► usual words: free_hook inline, the hit
 //!       │          (free_recorded: with interrupts off for the event)
-//!       └─► else free_hooked_cold: kmemtrace_free_guard, free_hook
+//!       └─► else free_hooked: kmemtrace_free_guard, free_hook
 //!             (cold: bootstrap refusal, bufctl state, debug, trace
 //!             record; the tag uncharged), the hit or the miss
 //!  every way out: free_event    the kmemtrace event (ok or refused)
@@ -30,7 +30,6 @@
 
 use core::ptr::NonNull;
 
-use super::alloc::is_unready;
 use super::{HotFlags, KmemCache, double_free};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
@@ -41,28 +40,6 @@ use crate::slab::Slab;
 use crate::sync::IrqGuard;
 
 impl<P: Platform> KmemCache<P> {
-    /// The allocation of an entry with no cache behind it yet: the
-    /// unready entry (before `init`: [`AllocError::NotInitialized`]) or
-    /// an unborn size class's stub (its first allocation creates the
-    /// class and allocates from it: `allocator/classes.rs`).
-    ///
-    /// # Safety
-    /// `this` is a live cache with `UNBORN` set, or the unready entry.
-    #[cold]
-    #[inline(never)]
-    pub(super) unsafe fn alloc_unborn(
-        this: *const Self,
-        tag: &dyn Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if is_unready(this) {
-            return Err(AllocError::NotInitialized);
-        }
-        // SAFETY: per our caller, not the unready entry: a live stub.
-        let stub = unsafe { &*this };
-        stub.owner().kmalloc_unborn(stub, tag, bytes_req)
-    }
-
     /// Before the hit (Linux `slab_pre_alloc_hook`): callers may not
     /// allocate from a bootstrap cache; an armed KFENCE sample may serve
     /// the allocation from the guarded pool (the cache's bit cleared
@@ -84,17 +61,18 @@ impl<P: Platform> KmemCache<P> {
         None
     }
 
-    /// After the hit or the miss (Linux `slab_post_alloc_hook`): the free
-    /// key cleared, the tag charged and stored (profiling; `tag` is asked
-    /// only with profiling on), then the kmemtrace event
-    /// ([`Self::alloc_event`]). The rare hooks (a keyless cache's mark,
-    /// debug, the trace table) are compiled out of the usual words' path
-    /// (`RARE`). Returns the allocation's result: each way
-    /// out is a tail call, so the usual words' path needs no stack frame
-    /// (`alloc.rs`, `alloc_hooked`).
+    /// After the hit or the miss (Linux `slab_post_alloc_hook`): off the
+    /// keyed hit (which took the free key) the key cleared, or a keyless
+    /// cache's mark; the debug checks and trailer; the trace record; the
+    /// tag charged and stored (profiling; `tag` is asked only with
+    /// profiling on); then the kmemtrace event ([`Self::alloc_event`]).
+    /// Returns the allocation's result: each way out is a tail call, so
+    /// the usual words' path needs no stack frame (`alloc.rs`,
+    /// `alloc_off_hit`).
     ///
-    /// `RARE`: `hot` may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`]
-    /// (else those tests are compiled out).
+    /// `RARE`: `obj` may come from elsewhere than the keyed hit and `hot`
+    /// may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`] (else those
+    /// tests are compiled out: the usual words' path).
     #[inline(always)]
     pub(super) fn post_alloc_hook<const RARE: bool>(
         &self,
@@ -103,67 +81,38 @@ impl<P: Platform> KmemCache<P> {
         tag: &impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        if RARE && hot.intersects(HotFlags::POST_ALLOC_RARE) {
-            self.post_alloc_rare(obj, hot, bytes_req);
-        } else {
-            // SAFETY: just taken from our magazines or slab layer; a keyed
-            // cache.
-            unsafe { double_free::clear_key(obj) };
+        if RARE {
+            if hot.contains(HotFlags::KEYLESS) {
+                // SAFETY: just taken from our magazines or slab layer.
+                unsafe { self.mark_key(obj, false) };
+            } else {
+                // SAFETY: as above; a keyed cache.
+                unsafe { double_free::clear_key(obj) };
+            }
+            if hot.contains(HotFlags::DEBUG) {
+                self.debug_alloc_hook(obj, bytes_req);
+            }
+            if hot.contains(HotFlags::TRACED) {
+                self.trace_alloc(obj);
+            }
         }
         #[cfg(feature = "alloc-profiling")]
         if hot.contains(HotFlags::PROFILING)
             && let Some(tag) = tag()
             && !self.profiling_alloc_hook::<RARE>(obj, hot, tag)
         {
-            return self.post_alloc_profiling_cold(obj, hot, tag, bytes_req);
+            return self.profiling_alloc_cold(obj, hot, tag, bytes_req);
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
         self.alloc_event(Ok(obj), hot, bytes_req)
     }
 
-    /// The rest of [`Self::post_alloc_hook`] when profiling's common case
-    /// did not apply ([`Self::profiling_alloc_cold`]: a bufctl cache, the
-    /// platform's charge hook, a slab's first tagged object).
-    #[cfg(feature = "alloc-profiling")]
-    #[cold]
-    #[inline(never)]
-    fn post_alloc_profiling_cold(
-        &self,
-        obj: NonNull<u8>,
-        hot: HotFlags,
-        tag: AllocTagRef,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        self.profiling_alloc_cold(obj, hot, tag);
-        self.alloc_event(Ok(obj), hot, bytes_req)
-    }
-
-    /// The rare part of [`Self::post_alloc_hook`]: the free key cleared
-    /// (or a keyless cache's mark), the debug checks and trailer, the
-    /// trace record. Inline: only `alloc_hooked_cold` has it.
-    #[inline(always)]
-    fn post_alloc_rare(&self, obj: NonNull<u8>, hot: HotFlags, bytes_req: usize) {
-        if hot.contains(HotFlags::KEYLESS) {
-            // SAFETY: just taken from our magazines or slab layer.
-            unsafe { self.key_allocated(obj) };
-        } else {
-            // SAFETY: as above; a keyed cache.
-            unsafe { double_free::clear_key(obj) };
-        }
-        if hot.contains(HotFlags::DEBUG) {
-            self.debug_alloc_hook(obj, bytes_req);
-        }
-        if hot.contains(HotFlags::TRACED) {
-            self.trace_alloc(obj);
-        }
-    }
-
     /// The allocation's way out: its kmemtrace event if this cache is
     /// recorded, and `result` handed back. The event of an object is a
     /// tail call that hands the object back as the result
     /// ([`Self::kmemtrace_alloc_hook`]): nothing is kept across it, so the usual words' path needs no stack
-    /// frame (`alloc.rs`, `alloc_hooked`).
+    /// frame (`alloc.rs`, `alloc_off_hit`).
     #[inline(always)]
     pub(super) fn alloc_event(
         &self,
@@ -233,16 +182,18 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// Before a free goes to the magazines (Linux `slab_free_hook`): the
-    /// rare hooks (the checks that can refuse, the trace record removed;
-    /// compiled out of the usual words' path), then the tag uncharged
-    /// (profiling; only once every check passed: a refused free changes
-    /// nothing).
+    /// checks that can refuse (each refusal reported: bootstrap caches, a
+    /// bufctl object that is not busy, a debug cache's state word), a
+    /// bufctl object's tag uncharged, the trace record removed (compiled
+    /// out of the usual words' path), then the small object's tag
+    /// uncharged (profiling; only once every check passed: a refused free
+    /// changes nothing).
     ///
     /// # Safety
     /// As for [`Self::free_hooked`].
     ///
     /// `RARE`: `hot` may have a bit of [`HotFlags::FREE_HOOKED_RARE`] and
-    /// `slab` may be null (else that test is compiled out).
+    /// `slab` may be null (else those tests are compiled out).
     #[inline(always)]
     pub(super) unsafe fn free_hook<const RARE: bool>(
         &self,
@@ -251,9 +202,45 @@ impl<P: Platform> KmemCache<P> {
         index: usize,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        if RARE && (hot.intersects(HotFlags::FREE_HOOK_RARE) || slab.is_null()) {
-            // SAFETY: per our caller.
-            unsafe { self.free_hook_rare(obj, slab, hot) }?;
+        if RARE {
+            let addr = obj.as_ptr() as usize;
+            if hot.contains(HotFlags::BOOTSTRAP) {
+                return Err(self.refuse(FreeError::NotAllocated { addr }));
+            }
+            if self.kind == SlabKind::Bufctl
+                && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
+            {
+                let Ok(tag) = self.slab.lock().mark_cached(addr) else {
+                    // Not busy in the slab layer. If the page map located an
+                    // exact object start in a live slab of ours, the object is
+                    // free in its slab. Without a slab (a cache off the
+                    // primary source: the hash alone decides) we cannot tell
+                    // it from a stray pointer.
+                    return Err(self.refuse(if slab.is_null() {
+                        FreeError::NotAllocated { addr }
+                    } else {
+                        FreeError::DoubleFree { addr }
+                    }));
+                };
+                #[cfg(feature = "alloc-profiling")]
+                if let Some(token) = tag {
+                    // SAFETY: the bufctl's token, stored at the alloc and taken
+                    // (cleared) just now: uncharged once.
+                    unsafe {
+                        crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
+                    };
+                }
+                #[cfg(not(feature = "alloc-profiling"))]
+                let _ = tag;
+            }
+            if hot.contains(HotFlags::DEBUG) {
+                // SAFETY: an object start of ours (the owner check, or the
+                // hash above off the primary source), given up by the caller.
+                unsafe { self.debug_free_hook(addr, slab) }?;
+            }
+            if hot.contains(HotFlags::EVER_TRACED) {
+                self.trace_free(addr);
+            }
         }
         #[cfg(feature = "alloc-profiling")]
         if hot.contains(HotFlags::TAGGED) {
@@ -264,63 +251,6 @@ impl<P: Platform> KmemCache<P> {
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = index;
-        Ok(())
-    }
-
-    /// The rare part of [`Self::free_hook`]: the checks that can refuse
-    /// (each refusal reported: bootstrap caches, a bufctl object that is
-    /// not busy, a debug cache's state word), a bufctl object's tag
-    /// uncharged, the trace record removed.
-    ///
-    /// Inline: only `free_hooked_cold` has it.
-    ///
-    /// # Safety
-    /// As for [`Self::free_hooked`].
-    #[inline(always)]
-    unsafe fn free_hook_rare(
-        &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-        hot: HotFlags,
-    ) -> Result<(), FreeError> {
-        let addr = obj.as_ptr() as usize;
-        if hot.contains(HotFlags::BOOTSTRAP) {
-            return Err(self.refuse(FreeError::NotAllocated { addr }));
-        }
-        if self.kind == SlabKind::Bufctl
-            && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
-        {
-            let Ok(tag) = self.slab.lock().mark_cached(addr) else {
-                // Not busy in the slab layer. If the page map located an
-                // exact object start in a live slab of ours, the object is
-                // free in its slab. Without a slab (a cache off the
-                // primary source: the hash alone decides) we cannot tell
-                // it from a stray pointer.
-                return Err(self.refuse(if slab.is_null() {
-                    FreeError::NotAllocated { addr }
-                } else {
-                    FreeError::DoubleFree { addr }
-                }));
-            };
-            #[cfg(feature = "alloc-profiling")]
-            if let Some(token) = tag {
-                // SAFETY: the bufctl's token, stored at the alloc and taken
-                // (cleared) just now: uncharged once.
-                unsafe {
-                    crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
-                };
-            }
-            #[cfg(not(feature = "alloc-profiling"))]
-            let _ = tag;
-        }
-        if hot.contains(HotFlags::DEBUG) {
-            // SAFETY: an object start of ours (the owner check, or the
-            // hash above off the primary source), given up by the caller.
-            unsafe { self.debug_free_hook(addr, slab) }?;
-        }
-        if hot.contains(HotFlags::EVER_TRACED) {
-            self.trace_free(addr);
-        }
         Ok(())
     }
 
@@ -346,8 +276,9 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The free's way out: its kmemtrace event if this cache is recorded
-    /// ([`Self::kmemtrace_free_hook`], a tail call), the interrupt guard
-    /// `irq` dropped after it, and `result` handed back.
+    /// (a tail call: [`Self::kmemtrace_freed`], or
+    /// [`Self::kmemtrace_refused_free`]), the interrupt guard `irq`
+    /// dropped after it, and `result` handed back.
     #[inline(always)]
     pub(super) fn free_event(
         &self,
@@ -357,29 +288,17 @@ impl<P: Platform> KmemCache<P> {
         irq: Option<IrqGuard<P>>,
     ) -> Result<(), FreeError> {
         if hot.contains(HotFlags::KMEMTRACE) {
-            return self.kmemtrace_free_hook(obj, result, irq);
+            return match result {
+                Ok(()) => self.kmemtrace_freed(obj, irq),
+                Err(error) => self.kmemtrace_refused_free(obj, error, irq),
+            };
         }
         drop(irq);
         result
     }
 
-    /// kmemtrace: the free's event (a free, or a refused one), then `irq`
-    /// dropped; returns `result`. Out of line: its caller's tail call.
-    #[inline(never)]
-    fn kmemtrace_free_hook(
-        &self,
-        obj: NonNull<u8>,
-        result: Result<(), FreeError>,
-        irq: Option<IrqGuard<P>>,
-    ) -> Result<(), FreeError> {
-        self.kmemtrace_free_event(obj, result.is_ok());
-        drop(irq);
-        result
-    }
-
-    /// [`Self::kmemtrace_free_hook`] of a free that went through: its
-    /// `Ok` is made here, so the caller passes nothing in memory (the
-    /// usual words' free, `free.rs`).
+    /// kmemtrace: a free's event, then `irq` dropped; returns `Ok`,
+    /// made here, so the caller passes nothing in memory.
     #[inline(never)]
     pub(super) fn kmemtrace_freed(
         &self,
@@ -389,6 +308,21 @@ impl<P: Platform> KmemCache<P> {
         self.kmemtrace_free_event(obj, true);
         drop(irq);
         Ok(())
+    }
+
+    /// kmemtrace: a refused free's event, then `irq` dropped; returns
+    /// the error.
+    #[cold]
+    #[inline(never)]
+    fn kmemtrace_refused_free(
+        &self,
+        obj: NonNull<u8>,
+        error: FreeError,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        self.kmemtrace_free_event(obj, false);
+        drop(irq);
+        Err(error)
     }
 
     /// The event of a free (a refused one unless `ok`), as

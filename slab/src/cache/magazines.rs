@@ -138,20 +138,6 @@ impl<P: Platform> KmemCache<P> {
         Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
     }
 
-    /// Free the magazines an exchange detached (see [`Stale`]).
-    pub(crate) fn free_stale(&self, stale: Stale) {
-        let mut mag = stale.0;
-        while !mag.is_null() {
-            // SAFETY: detached from the depot (or handed over by a
-            // per-CPU cache); ours alone now.
-            unsafe {
-                let next = Magazine::next_of(mag);
-                self.free_magazine(mag);
-                mag = next;
-            }
-        }
-    }
-
     /// Empty every per-CPU cache and the depot: rounds are destructed and
     /// go back to the slab layer, magazines to their `kmem_magazine_<N>`.
     ///
@@ -171,55 +157,52 @@ impl<P: Platform> KmemCache<P> {
                 (SendMagazine(loaded), SendMagazine(prev))
             });
             for mag in [loaded.0, prev.0] {
-                if mag != crate::magazine::no_magazine() && !mag.is_null() {
-                    // SAFETY: handed over by its CPU; ours alone now.
-                    unsafe { self.free_magazine(mag) };
+                if mag != crate::magazine::no_magazine() {
+                    // SAFETY: handed over by its CPU; ours alone now (a
+                    // per-CPU cache's magazine is linked to none: its
+                    // `next` is null).
+                    unsafe { self.free_magazines(&[mag]) };
                 }
             }
         }
         let (full, empty) = self.depot.take_all();
         // SAFETY: detached from the depot; ours alone now.
-        unsafe { self.free_magazine_lists(full, empty) };
+        unsafe { self.free_magazines(&[full, empty]) };
     }
 
-    /// Free two detached lists of magazines (rounds and all).
+    /// Free detached lists of magazines (linked through `next`; null:
+    /// none), rounds and all: each magazine's rounds (destructed) to the
+    /// slab layer and the magazine itself to its
+    /// `kmem_magazine_<capacity>` cache. No lock held: the lists are ours.
     ///
     /// # Safety
-    /// Both lists were detached from this cache's depot and are ours.
-    pub(super) unsafe fn free_magazine_lists(&self, full: *mut Magazine, empty: *mut Magazine) {
-        for mut mag in [full, empty] {
+    /// Every magazine on the lists is a live magazine of this cache
+    /// referenced by no per-CPU cache or depot list.
+    pub(crate) unsafe fn free_magazines(&self, lists: &[*mut Magazine]) {
+        for &list in lists {
+            let mut mag = list;
             while !mag.is_null() {
-                // SAFETY: detached from the depot; ours alone now.
+                // SAFETY: per the caller, the magazine and its rounds are
+                // ours.
                 unsafe {
                     let next = Magazine::next_of(mag);
-                    self.free_magazine(mag);
+                    // Rounds without their free's mark stay out of the
+                    // slab layer (`double_free.rs`: a use after free's
+                    // write, or a copy of an object handed out already).
+                    self.slab_free_objects(
+                        self.intact_rounds(crate::magazine::held_rounds_mut(mag)),
+                    );
+                    let capacity = (*mag).capacity as usize;
+                    let magtype = MAGAZINE_ROUNDS
+                        .iter()
+                        .position(|&rounds| rounds == capacity)
+                        .expect("a magazine's capacity is a magazine type's");
+                    self.owner()
+                        .cache(OwnerCache::Magazine(magtype))
+                        .slab_free_raw(mag.cast());
                     mag = next;
                 }
             }
-        }
-    }
-
-    /// Free a detached magazine's rounds (destructed) to the slab layer
-    /// and the magazine itself to its `kmem_magazine_<capacity>` cache.
-    ///
-    /// # Safety
-    /// `mag` is a live magazine of this cache referenced by no per-CPU
-    /// cache or depot list.
-    pub(super) unsafe fn free_magazine(&self, mag: *mut Magazine) {
-        // SAFETY: per the caller, the magazine and its rounds are ours.
-        unsafe {
-            // Rounds without their free's mark stay out of the slab layer
-            // (`double_free.rs`: a use after free's write, or a copy of an
-            // object handed out already).
-            self.slab_free_objects(self.intact_rounds(crate::magazine::held_rounds_mut(mag)));
-            let capacity = (*mag).capacity as usize;
-            let magtype = MAGAZINE_ROUNDS
-                .iter()
-                .position(|&rounds| rounds == capacity)
-                .expect("a magazine's capacity is a magazine type's");
-            self.owner()
-                .cache(OwnerCache::Magazine(magtype))
-                .slab_free_raw(mag.cast());
         }
     }
 
@@ -333,7 +316,8 @@ impl<P: Platform> KmemCache<P> {
         drop(pcc);
         drop(locked);
         drop(irq);
-        self.free_stale(stale);
+        // SAFETY: detached by the exchange (see [`Stale`]); ours alone.
+        unsafe { self.free_magazines(&[stale.0]) };
         result
     }
 

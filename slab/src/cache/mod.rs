@@ -9,23 +9,25 @@
 //!  KmemCache::alloc / alloc_tagged   Kmem::kmalloc, GlobalAlloc::alloc
 //!            │                        │ kmalloc_checked: the size class's cache
 //!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
-//!  alloc_at ─ flags? ─yes─► alloc_hooked: usual words (profiling,
-//!     │                      recording) on a hit: post_alloc_hook inline;
-//!     │                      else alloc_hooked_cold: pre_alloc_hook, hit
-//!     │                      or miss, post_alloc_hook (hooks.rs)
-//!     └─ no ─► magazine_alloc_hit ──miss──► alloc_slow (prev, depot, slab)
+//!  alloc_at ─ flags? ─no─► magazine_alloc_hit
+//!     │ (alloc_hit)              │ miss
+//!     ▼ yes                      ▼
+//!  alloc_off_hit: no flag: alloc_slow (prev, depot, slab); usual words
+//!     (profiling, recording) on a hit: post_alloc_hook inline; else
+//!     alloc_hooked_cold: pre_alloc_hook, hit or miss, post_alloc_hook
+//!     (hooks.rs)
 //!
 //!  KmemCache::free   Kmem::kfree   GlobalAlloc::dealloc
-//!     free_locate      locate_allocated    locate_allocated   (one page-map
+//!     (page map)       locate_allocated    locate_allocated   (one page-map
 //!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
 //!                                     ▼
-//!  free_located ─ flags? ─yes─► free_hooked: usual words: free_hook
-//!     │                          inline, the hit (free_recorded with
-//!     │                          recording); else free_hooked_cold:
-//!     │                          free_hook, hit or miss, the event
-//!     └─ no ─► magazine_free_hit ──miss──► free_slow (double-free
-//!                                           confirmation, prev, depot,
-//!                                           new magazine, slab)
+//!  free_located ─ flags? ─no─► magazine_free_hit
+//!     │ (free_hit)                 │ full
+//!     ▼ yes                        ▼
+//!  free_off_hit: no flag: free_slow (double-free confirmation, prev,
+//!     depot, new magazine, slab); usual words: free_hook inline, the hit
+//!     (free_recorded with recording); else free_hooked: free_hook, hit
+//!     or miss, the event
 //!  (anything the page map does not vouch for: free_unlocated /
 //!   kfree_slow, with the error reports; page-granular kfree:
 //!   allocator/kmalloc.rs)
@@ -33,18 +35,18 @@
 //!
 //! Source calls on a plain hit (all inlined): `KmemCache::alloc` ►
 //! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit`
-//! (`cache/alloc.rs`) ► `pcpu_lock` (`cache/magazines.rs`) ►
-//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
-//! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
-//! `clear_key` (`cache/double_free.rs`): 8 deep, 5 files. A free:
-//! `KmemCache::free` ► `free_located` ► `free_hit` ►
-//! `magazine_free_hit` (`cache/free.rs`) and the same per-CPU chain, the
-//! free key's `holds_key`/`write_key`: 8 deep, 5 files;
-//! `GlobalAlloc::dealloc` ► `locate_allocated`
-//! (`allocator/kmalloc.rs`), then `free_hit` as above. A debug cache's
-//! free: `cache/free.rs` (`free_hooked`) ► `cache/hooks.rs`
-//! (`free_hook`, `free_hook_rare`) ► `cache/debug.rs` ► the trailer
-//! (`debug/`).
+//! (`cache/alloc.rs`) ► `restart::pop` (`restart.rs`, a kernel's
+//! restartable sequence) or `pcpu_lock` (`cache/magazines.rs`) ►
+//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `take_flag` (`sync.rs`),
+//! beside `flags_any` (`sync.rs`) and `take_key`
+//! (`cache/double_free.rs`). A free: `KmemCache::free` (the page-map
+//! locate inline) ► `free_located` ► `free_hit` ► `magazine_free_hit`
+//! (`cache/free.rs`) ► `restart::push` or the same per-CPU chain, the
+//! free key's `holds_key`/`write_key`; `GlobalAlloc::dealloc` ►
+//! `locate_allocated` (`allocator/kmalloc.rs`), then `free_hit` as
+//! above. A debug cache's free: `cache/free.rs` (`free_off_hit`,
+//! `free_hooked`) ► `cache/hooks.rs` (`free_hook`) ► `cache/debug.rs` ►
+//! the trailer (`debug/`).
 //!
 //! **What the one path costs** (callgrind, instructions per operation
 //! with the bench's harness, `bench/profile.sh`; before: fa3c33a, with a
@@ -61,7 +63,7 @@
 //! feature. So the hooked path now splits on the word: the usual words
 //! (profiling, kmemtrace recording) on a hit run their hooks inline,
 //! each event or rare case a tail call, no stack frame; everything else
-//! takes one cold function (`alloc_hooked_cold`, `free_hooked_cold`)
+//! takes one cold function (`alloc_hooked_cold`, `free_hooked`)
 //! with every hook in order. Profiling on, `GlobalAlloc` pair 205 → 150
 //! (`kmem_cache` 190 → 143, mixed 123.9 → 100.4); kmemtrace on 248 →
 //! 216 (231 → 191, 142 → 126); the kernel's pair with profiling on
@@ -216,7 +218,7 @@ bitflags::bitflags! {
 
 impl HotFlags {
     /// The bits that send a hooked alloc to its cold function
-    /// (`cache/alloc.rs`, `alloc_hooked`): every feature but profiling and
+    /// (`cache/alloc.rs`, `alloc_off_hit`): every feature but profiling and
     /// kmemtrace recording on a keyed small-object cache, and the bits of
     /// a class or entry with no cache behind it.
     pub(crate) const ALLOC_HOOKED_RARE: HotFlags = HotFlags::TRACED
@@ -235,17 +237,6 @@ impl HotFlags {
         .union(HotFlags::BUFCTL_TAGGED)
         .union(HotFlags::KEYLESS)
         .union(HotFlags::TAG_HOOKS);
-    /// The bits of the post-alloc hook's cold part (`cache/hooks.rs`):
-    /// every post-alloc bit but profiling's.
-    pub(crate) const POST_ALLOC_RARE: HotFlags = HotFlags::KEYLESS
-        .union(HotFlags::DEBUG)
-        .union(HotFlags::TRACED);
-    /// The bits of the free hook's cold part (`cache/hooks.rs`): every
-    /// free-hook bit but profiling's `TAGGED`.
-    pub(crate) const FREE_HOOK_RARE: HotFlags = HotFlags::BOOTSTRAP
-        .union(HotFlags::DEBUG)
-        .union(HotFlags::BUFCTL_TAGGED)
-        .union(HotFlags::EVER_TRACED);
     /// The bits the pre-alloc hook looks at (`cache/hooks.rs`).
     pub(crate) const PRE_ALLOC: HotFlags = HotFlags::BOOTSTRAP.union(HotFlags::SAMPLE);
     /// The bits that send an allocation off the plain hit.

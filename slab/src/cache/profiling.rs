@@ -8,6 +8,7 @@ use core::sync::atomic::Ordering;
 
 use super::{HotFlags, KmemCache, OwnerCache};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
+use crate::error::AllocError;
 use crate::layout::geometry::SlabKind;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Slab, small_header};
@@ -16,10 +17,14 @@ impl<P: Platform> KmemCache<P> {
     /// The post-alloc hook of profiling (`PROFILING` on, `tag` the
     /// charge token `tag()` gave), its common case: the tag charged and
     /// its token stored in the object's slot of its small slab's side
-    /// array. False (nothing done) otherwise: the caller then calls
-    /// [`Self::profiling_alloc_cold`] (a bufctl cache, the platform's
-    /// charge hook on, a slab with no side array yet). `RARE` as for
-    /// [`Self::post_alloc_hook`].
+    /// array. The slab header: for a one-page slab with its header at its
+    /// end (`TAGS_IN_PAGE` in `hot`), at the end of the object's page (one
+    /// mask; the offset is the address's low bits); for any other through
+    /// the page map (slabs of several pages, and off-slab headers, are
+    /// packed ones, on the primary source). False (nothing done)
+    /// otherwise: the caller then calls [`Self::profiling_alloc_cold`] (a
+    /// bufctl cache, the platform's charge hook on, a slab with no side
+    /// array yet). `RARE` as for [`Self::post_alloc_hook`].
     #[inline(always)]
     pub(super) fn profiling_alloc_hook<const RARE: bool>(
         &self,
@@ -30,88 +35,13 @@ impl<P: Platform> KmemCache<P> {
         if RARE && hot.intersects(HotFlags::BUFCTL | HotFlags::TAG_HOOKS) {
             return false;
         }
-        // SAFETY: obj is a busy object of one of our small slabs (just
-        // taken for the caller).
-        let Some(slot) = (unsafe { self.alloc_tag_slot(obj, hot) }) else {
-            return false;
-        };
-        // SAFETY: `tag` is a charge token (the tag closures return the
-        // platform's tokens: alloc_tag::current, explicit).
-        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
-        // SAFETY: the object's own slot; the object is ours until freed,
-        // and so is its slot.
-        unsafe { slot.write(Some(tag)) };
-        true
-    }
-
-    /// [`Self::profiling_alloc_hook`] off its common case: the tag
-    /// charged (with the platform's charge hook) and its token stored in
-    /// the object's bufctl, or in its small slab's side array (installed
-    /// first if the slab has none; nothing charged if none can be
-    /// allocated).
-    #[inline(always)]
-    pub(super) fn profiling_alloc_cold(&self, obj: NonNull<u8>, hot: HotFlags, tag: AllocTagRef) {
-        if self.kind == SlabKind::Bufctl {
-            // SAFETY: `tag` is a charge token (the tag closures return the
-            // platform's tokens: alloc_tag::current, explicit).
-            unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
-            self.bufctl_mark_allocated(obj.as_ptr() as usize, tag);
-            return;
-        }
-        self.tag_small_object(obj, tag, hot);
-    }
-
-    /// The free hook of profiling (`TAGGED` on a small-slab cache): the
-    /// object's tag reference cleared and its tag uncharged (the
-    /// platform's uncharge hook only with `TAG_HOOKS` on).
-    ///
-    /// # Safety
-    /// `obj` is object `index` of `slab`, a live small slab of this
-    /// cache, and is being freed by the caller.
-    #[inline(always)]
-    pub(super) unsafe fn profiling_free_hook(
-        &self,
-        obj: NonNull<u8>,
-        slab: *mut Slab,
-        index: usize,
-        hot: HotFlags,
-    ) {
-        // SAFETY: per our caller.
-        unsafe { self.untag_small_object(obj, slab, index, hot.contains(HotFlags::TAG_HOOKS)) };
-    }
-
-    /// A bufctl object leaves for a caller charged to a tag: state
-    /// `Allocated` and the charge `token` stored.
-    fn bufctl_mark_allocated(&self, addr: usize, token: AllocTagRef) {
-        if !self.hot().contains(HotFlags::BUFCTL_TAGGED) {
-            // Before the store: whoever frees the object sees the flag.
-            self.set_hot(HotFlags::BUFCTL_TAGGED);
-        }
-        let busy = self.slab.lock().mark_allocated(addr, Some(token));
-        debug_assert!(busy);
-    }
-
-    /// The side-array slot of `obj`, or `None` if its slab has no side
-    /// array yet. The slab header: for a one-page slab with its header at
-    /// its end (`TAGS_IN_PAGE` in `hot`), at the end of the object's page
-    /// (one mask; the offset is the address's low bits); for any other
-    /// through the page map (slabs of several pages, and off-slab
-    /// headers, are packed ones, on the primary source).
-    ///
-    /// # Safety
-    /// `obj` is a busy object of one of this cache's small slabs.
-    #[inline(always)]
-    unsafe fn alloc_tag_slot(
-        &self,
-        obj: NonNull<u8>,
-        hot: HotFlags,
-    ) -> Option<*mut Option<AllocTagRef>> {
         debug_assert!(self.hot().contains(HotFlags::TAGGED));
         let addr = obj.as_ptr() as usize;
         let (tags, offset) = if hot.contains(HotFlags::TAGS_IN_PAGE) {
             let page = addr & !(PAGE_SIZE - 1);
             let slab = small_header(page);
-            // SAFETY: per the caller, the slab is alive.
+            // SAFETY: obj is a busy object of one of our small slabs (just
+            // taken for the caller): its slab is alive.
             (unsafe { (*slab).tags.load(Ordering::Acquire) }, addr - page)
         } else {
             let slab = self.small_slab_of(addr);
@@ -119,29 +49,57 @@ impl<P: Platform> KmemCache<P> {
             unsafe { ((*slab).tags.load(Ordering::Acquire), addr - (*slab).base) }
         };
         if tags == no_tags() {
-            return None;
+            return false;
         }
         let (index, _) = self.obj_index(offset);
+        // SAFETY: `tag` is a charge token (the tag closures return the
+        // platform's tokens: alloc_tag::current, explicit).
+        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
         // SAFETY: index < nr_objs (a busy object of the slab), the side
-        // array's length.
-        Some(unsafe { tags.add(index) })
+        // array's length; the object is ours until freed, and so is its
+        // slot.
+        unsafe { tags.add(index).write(Some(tag)) };
+        true
     }
 
-    /// Charge `tag` for a small-slab object just allocated and store the
-    /// charge token in its slot, setting `TAGGED` first if the cache does
-    /// not have it yet (the out-of-line paths: explicit tags, debug
-    /// caches). Nothing is charged if no side array could be allocated
-    /// (the miss counted).
+    /// [`Self::profiling_alloc_hook`] off its common case, then the rest
+    /// of the post-alloc hook (the kmemtrace event): the tag charged
+    /// (with the platform's charge hook) and its token stored in the
+    /// object's bufctl (state `Allocated`, `BUFCTL_TAGGED` set first), or
+    /// in its small slab's side array (`TAGGED` set first; the array
+    /// installed first if the slab has none; nothing charged if none can
+    /// be allocated). Before the store, a flag whoever frees the object
+    /// sees.
     #[cold]
     #[inline(never)]
-    fn tag_small_object(&self, obj: NonNull<u8>, tag: AllocTagRef, hot: HotFlags) {
-        if !hot.contains(HotFlags::TAGGED) {
-            // Before the store: whoever frees the object sees the flag.
-            self.set_hot(HotFlags::TAGGED);
+    pub(super) fn profiling_alloc_cold(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        tag: AllocTagRef,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if self.kind == SlabKind::Bufctl {
+            // SAFETY: `tag` is a charge token (the tag closures return the
+            // platform's tokens: alloc_tag::current, explicit).
+            unsafe { crate::alloc_tag::charge_off_hit::<P>(tag, obj, self.params.obj_size) };
+            if !hot.contains(HotFlags::BUFCTL_TAGGED) {
+                self.set_hot(HotFlags::BUFCTL_TAGGED);
+            }
+            let busy = self
+                .slab
+                .lock()
+                .mark_allocated(obj.as_ptr() as usize, Some(tag));
+            debug_assert!(busy);
+        } else {
+            if !hot.contains(HotFlags::TAGGED) {
+                self.set_hot(HotFlags::TAGGED);
+            }
+            let slab = self.small_slab_of(obj.as_ptr() as usize);
+            // SAFETY: obj is a busy object of one of our small slabs, alive.
+            unsafe { self.charge_and_store(obj, slab, tag) };
         }
-        let slab = self.small_slab_of(obj.as_ptr() as usize);
-        // SAFETY: obj is a busy object of one of our small slabs, alive.
-        unsafe { self.charge_and_store(obj, slab, tag) }
+        self.alloc_event(Ok(obj), hot, bytes_req)
     }
 
     /// Charge `tag` for `obj` and store the charge token in its
@@ -267,19 +225,20 @@ impl<P: Platform> KmemCache<P> {
     /// Clear a small-slab object's tag reference and uncharge its tag
     /// (nothing if it has none; a slab without a side array has
     /// [`no_tags`], all `None`). The index is the free's owner check's.
-    /// `hooks`: `TAG_HOOKS` is on, so the platform's uncharge hook
+    /// The free hook of profiling (`TAGGED` on a small-slab cache); with
+    /// `TAG_HOOKS` in `hot` the platform's uncharge hook
     /// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)) is called too.
     ///
     /// # Safety
     /// `obj` is object `index` of `slab`, a small slab of this cache,
     /// and is being freed by the caller.
     #[inline(always)]
-    unsafe fn untag_small_object(
+    pub(super) unsafe fn profiling_free_hook(
         &self,
         obj: NonNull<u8>,
         slab: *mut Slab,
         index: usize,
-        hooks: bool,
+        hot: HotFlags,
     ) {
         // SAFETY: per the caller, slab is alive.
         let tags = unsafe { (*slab).tags.load(Ordering::Acquire) };
@@ -296,7 +255,7 @@ impl<P: Platform> KmemCache<P> {
             // and the profiled alloc, right after the charge), cleared
             // here once.
             unsafe {
-                if hooks {
+                if hot.contains(HotFlags::TAG_HOOKS) {
                     crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size);
                 } else {
                     P::alloc_tag_uncharge(token, obj, self.params.obj_size);

@@ -73,7 +73,7 @@ impl<P: Platform> KmemCache<P> {
         if self.has_magazines() {
             let (full, empty) = self.depot.ws_take();
             // SAFETY: detached from our depot; ours alone now.
-            unsafe { self.free_magazine_lists(full, empty) };
+            unsafe { self.free_magazines(&[full, empty]) };
         }
         let nr_pages = self.reap_slabs();
         self.free_hash_table();

@@ -927,10 +927,10 @@ fn restartable_sequences_and_their_ranges() {
     // The line is a different CPU's at offset 0: the sequences add `offset`.
     // SAFETY: `base + AT + 0` is our line, its `top` at or above slot 0 of the
     // magazine with the null `next` below; nothing else runs.
-    let pop = || unsafe { crate::restart::alloc_hit::<Line, true>(base, 0) };
+    let pop = || unsafe { crate::restart::pop::<Line, true>(base, 0) };
     let push = |obj: NonNull<u8>| {
         // SAFETY: as above; `obj` is one of ours, 16 bytes, given up.
-        unsafe { crate::restart::free_hit::<Line>(base, 0, obj) }
+        unsafe { crate::restart::push::<Line>(base, 0, obj) }
     };
     assert_eq!(pop(), None, "empty: nothing popped");
     assert_eq!(line[(AT + NR) / 8], 0, "and nothing counted");
@@ -966,7 +966,7 @@ fn restartable_sequences_and_their_ranges() {
     assert_eq!(line[(AT + TOP) / 8], slots.wrapping_add(3) as usize);
     assert_eq!(objects[2][0], 0x4141, "nothing written");
     // SAFETY: as for `pop`.
-    let keyless = unsafe { crate::restart::alloc_hit::<Line, false>(base, 0) };
+    let keyless = unsafe { crate::restart::pop::<Line, false>(base, 0) };
     assert_eq!(keyless, Some(object(&mut objects, 2)));
     assert_eq!(objects[2][0], 0x4141, "a keyless pop writes nothing");
     for i in (0..2).rev() {
