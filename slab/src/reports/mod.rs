@@ -38,11 +38,12 @@
 //!
 //! [`Platform::now`]: crate::Platform::now
 //! [`PlatformHooks::backtrace`]: crate::PlatformHooks::backtrace
-//! [`ReportFormat`]: crate::report::ReportFormat
+//! [`ReportFormat`]: crate::reports::error::ReportFormat
 
 #[cfg(feature = "allocinfo")]
 mod allocinfo;
 pub mod backtrace;
+pub(crate) mod error;
 #[cfg(feature = "kfence")]
 mod kfence;
 mod kmemstat;
@@ -59,6 +60,10 @@ pub use self::allocinfo::{
     ALLOCINFO_VERSION, ALLOCINFO_VERSION_ACCURACY, AllocinfoError, AllocinfoFilter,
     AllocinfoOptions, AllocinfoRow, AllocinfoSort, allocinfo, write_allocinfo_header,
     write_allocinfo_row,
+};
+pub use self::error::{
+    ERROR_RING_SIZE, ERROR_WIRE_SIZE, ErrorKind, ErrorReport, ErrorRing, RawFormat, ReportDisplay,
+    ReportFormat, ReportName, write_errors, write_transaction,
 };
 #[cfg(feature = "kfence")]
 pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};

@@ -10,7 +10,7 @@ use std::fmt::{self, Write};
 use std::path::Path;
 
 use magpie_slab::TraceRecord;
-use magpie_slab::report::ReportFormat;
+use magpie_slab::reports::ReportFormat;
 use magpie_slab::reports::{TRACE_PRINT_MAX_SITES, write_trace_record};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
