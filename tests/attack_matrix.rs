@@ -23,7 +23,7 @@ use alloc::vec::Vec;
 use core::ptr::NonNull;
 
 use magpie::kmem::{KPAGES_QUARANTINED, KernelPlatform, SLAB};
-use magpie_slab::report::{ErrorKind, ErrorReport};
+use magpie_slab::reports::{ErrorKind, ErrorReport};
 use magpie_slab::{CacheArgs, FreeError, KmemCache, PAGE_SIZE};
 
 magpie::test_kernel!();

@@ -43,7 +43,7 @@ use magpie_slab::CacheArgs;
 
 use magpie::arch::{self, lapic, tsc};
 use magpie::kmem::{KernelPlatform, SLAB};
-use magpie_slab::report::{ErrorKind, ErrorReport};
+use magpie_slab::reports::{ErrorKind, ErrorReport};
 use magpie_slab::{CacheFlags, FreeError, KmemCache, SlabKind};
 
 type Cache = KmemCache<KernelPlatform>;

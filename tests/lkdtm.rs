@@ -180,14 +180,16 @@ fn double_free_is_refused_without_debug_flags() {
     assert!(out.contains("lkdtm: second free: refused"), "{out}");
     assert!(!out.contains("handed out twice"), "{out}");
     // ... and reported once, for the scratch cache.
-    let mut reports =
-        [magpie_slab::report::ErrorReport::new(magpie_slab::report::ErrorKind::InvalidFree, "", 0);
-            4];
+    let mut reports = [magpie_slab::reports::ErrorReport::new(
+        magpie_slab::reports::ErrorKind::InvalidFree,
+        "",
+        0,
+    ); 4];
     let nr = SLAB.debug().read_errors(before, &mut reports);
     assert_eq!(nr, 1);
     assert_eq!(
         reports[0].kind,
-        magpie_slab::report::ErrorKind::DuplicateFree
+        magpie_slab::reports::ErrorKind::DuplicateFree
     );
     assert_eq!(reports[0].cache.as_str(), "lkdtm-free-double");
 }

@@ -24,7 +24,7 @@ use magpie_slab::CacheArgs;
 use magpie::debug::slab_debug::KernelFormat;
 use magpie::kmem::{KernelPlatform, SLAB};
 use magpie::shell::Shell;
-use magpie_slab::report::{ErrorKind, ErrorReport};
+use magpie_slab::reports::{ErrorKind, ErrorReport};
 use magpie_slab::{CacheFlags, FreeError, KmemCache};
 
 type Cache = KmemCache<KernelPlatform>;

@@ -46,7 +46,7 @@ use crate::layout::pagemap::{self, PageMap, PageSlot};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
 use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
 #[cfg(feature = "kfence")]
-use crate::report::ReportName;
+use crate::reports::error::ReportName;
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
 use crate::trace_table::{TRACE_MAX_FRAMES, TraceNode, TraceRecord, TraceTable, TraceTableInner};
 
@@ -529,13 +529,13 @@ layout! {
     allocator_errors = field!(LayoutAllocator, errors);
     /// Error ring: the slots, `error_wire_size` bytes each (report `seq` in
     /// slot `(seq - 1) % error_ring_size`; byte 0 is 1 when one is there).
-    error_ring_reports = field!(crate::report::RingInner, reports);
+    error_ring_reports = field!(crate::reports::error::RingInner, reports);
     /// Error ring: reports ever (the newest one's `seq`).
-    error_ring_nr_reported = field!(crate::report::RingInner, nr_reported);
+    error_ring_nr_reported = field!(crate::reports::error::RingInner, nr_reported);
     /// Constant: slots in the ring.
-    error_ring_size = Entry::value(crate::report::ERROR_RING_SIZE);
+    error_ring_size = Entry::value(crate::reports::error::ERROR_RING_SIZE);
     /// Constant: bytes of a report's wire form (`ErrorReport::from_wire`).
-    error_wire_size = Entry::value(crate::report::ERROR_WIRE_SIZE);
+    error_wire_size = Entry::value(crate::reports::error::ERROR_WIRE_SIZE);
 
     /// KFENCE's state in the allocator (feature `kfence`; absent, size 0,
     /// without it, as every `kfence_*` entry).

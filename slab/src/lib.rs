@@ -382,7 +382,7 @@
 //! ## Debugging
 //!
 //! After illumos `kmem_flags` and Linux `slab_debug` (see [`debug`] for
-//! the object layout and [`report`] for the report format):
+//! the object layout and [`reports`] for the report format):
 //!
 //! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
 //!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
@@ -393,7 +393,7 @@
 //!   trailer (redzone, state word, free-list link, audit records,
 //!   contents). Plain caches pay nothing new on the hit.
 //! - **Reports**: every error detected (with or without flags) becomes one
-//!   [`report::ErrorReport`] — kept in a ring ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors))
+//!   [`reports::ErrorReport`] — kept in a ring ([`SlabDebug::read_errors`](crate::debug::SlabDebug::read_errors))
 //!   and handed to the kernel's hook ([`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook)) with no
 //!   allocator lock held. Detection never panics; the kernel decides.
 //! - **Hardened free lists** (`layout/freelist.rs`): small-slab links are stored as `next ^ secret ^
@@ -676,7 +676,6 @@ mod magazine;
 mod object;
 mod platform;
 pub mod quarantine;
-pub mod report;
 pub mod reports;
 pub mod restart;
 mod slab;

@@ -42,7 +42,7 @@
 //! Debug builds check it ([`crate::lockdep`]): every lock operation notes
 //! its class's interrupt state, and a class taken both in interrupt
 //! context and with interrupts on is reported. The error ring
-//! ([`ErrorRing`](crate::report::ErrorRing), a public type with its own
+//! ([`ErrorRing`](crate::reports::error::ErrorRing), a public type with its own
 //! lock) is only reached through the allocator's interrupts-off sections.
 
 use core::cell::UnsafeCell;

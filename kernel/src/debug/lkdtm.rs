@@ -34,7 +34,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 use magpie_slab::CacheArgs;
 
-use magpie_slab::report::{ErrorKind, ErrorReport};
+use magpie_slab::reports::{ErrorKind, ErrorReport};
 use magpie_slab::{AllocError, FreeError, KmemCache, PageSource};
 
 use magpie_slab::kfence::{KfencePlace, KfenceReport};

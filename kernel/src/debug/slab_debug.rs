@@ -18,7 +18,7 @@ use core::fmt;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use magpie_slab::debug::SlabDebugConfig;
-use magpie_slab::report::{ErrorReport, ReportFormat};
+use magpie_slab::reports::{ErrorReport, ReportFormat};
 
 use crate::arch::tsc;
 use crate::debug::symbols;

@@ -8,7 +8,7 @@
 use core::fmt::Write;
 
 use magpie_slab::kfence::KfenceState;
-use magpie_slab::report::{ERROR_RING_SIZE, ErrorKind, ErrorReport};
+use magpie_slab::reports::{ERROR_RING_SIZE, ErrorKind, ErrorReport};
 
 use super::{Command, Result, Shell, ShellError, parse_number, shell_error};
 use crate::debug::slab_debug::KernelFormat;
@@ -252,6 +252,6 @@ fn errors<'a>(out: &mut dyn Write) -> Result<'a> {
     let nr = SLAB.debug().nr_errors();
     let mut reports = [ErrorReport::new(ErrorKind::InvalidFree, "", 0); ERROR_RING_SIZE];
     let kept = SLAB.debug().read_errors(0, &mut reports);
-    let _ = magpie_slab::report::write_errors(out, nr, &reports[..kept], &KernelFormat);
+    let _ = magpie_slab::reports::write_errors(out, nr, &reports[..kept], &KernelFormat);
     Ok(())
 }

@@ -12,7 +12,6 @@ mod global_alloc;
 mod init;
 pub(crate) mod kmalloc;
 mod reap;
-mod reports;
 
 use core::cell::UnsafeCell;
 use core::fmt;
@@ -35,7 +34,7 @@ use crate::layout::geometry::Geometry;
 use crate::layout::pagemap::PageMap;
 use crate::magazine::{NR_MAG_TYPES, PcpuCache};
 use crate::platform::{NullSource, PAGE_SIZE, PageSource, Platform, same_source};
-use crate::report::{ErrorReport, ErrorRing};
+use crate::reports::error::{ErrorReport, ErrorRing};
 use crate::slab::{Bufctl, Slab};
 use crate::stats::CpuCacheStats;
 use crate::sync::{IrqTryMutex, SpinIrq};

@@ -33,7 +33,7 @@ use crate::debug::{
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
-use crate::report::{ErrorKind, ErrorReport};
+use crate::reports::error::{ErrorKind, ErrorReport};
 use crate::slab::Slab;
 
 /// What a debug free decided.

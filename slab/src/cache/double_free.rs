@@ -90,7 +90,7 @@ use crate::debug::{AUDIT_FRAMES, AuditRecord};
 use crate::flags::CacheFlags;
 use crate::layout::freelist::freelist_secret;
 use crate::platform::Platform;
-use crate::report::{ErrorKind, ErrorReport};
+use crate::reports::error::{ErrorKind, ErrorReport};
 use crate::sync::IrqGuard;
 
 /// The key of this boot: 0 until the first cache is made.

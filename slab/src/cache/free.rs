@@ -71,7 +71,7 @@ impl<P: Platform> KmemCache<P> {
     /// (`cache/double_free.rs`) or a debug cache's state word;
     /// for the other keyless caches, on top of this CPU's magazines or back
     /// in its slab). On error nothing has changed, and the error is
-    /// reported ([`crate::report`]).
+    /// reported ([`crate::reports`]).
     ///
     /// # Safety
     /// If `obj` is an allocated object of this cache, the caller gives it

@@ -99,7 +99,7 @@
 //! check (the object on top of `loaded`) and the miss's (the top of `prev`,
 //! the slab's free map); every debug cache (any debug flag) checks the
 //! object's state word on its cold path, which catches them all. Every
-//! refusal is reported ([`crate::report`]).
+//! refusal is reported ([`crate::reports`]).
 //!
 //! | file | what it holds |
 //! | --- | --- |
@@ -121,8 +121,6 @@ mod debug;
 mod double_free;
 mod free;
 mod hooks;
-#[cfg(feature = "leak-scan")]
-mod leak_scan;
 mod magazines;
 mod owner;
 #[cfg(feature = "alloc-profiling")]
@@ -130,19 +128,17 @@ mod profiling;
 mod reap;
 mod slab_layer;
 mod stats;
-mod trace_table;
-mod verify;
 
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+pub use crate::trace_table::CacheTrace;
 pub(crate) use alloc::unready;
 pub(crate) use double_free::{boot_free_key, key_after};
 pub(crate) use free::{Located, obj_index_with};
 pub(crate) use owner::{CacheOwner, OwnerCache};
-pub use trace_table::CacheTrace;
 
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;

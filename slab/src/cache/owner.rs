@@ -12,7 +12,7 @@ use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::KmemtraceState;
 use crate::platform::{PageSource, Platform};
-use crate::report::ErrorReport;
+use crate::reports::error::ErrorReport;
 
 /// One of the owner's own caches a cache takes memory from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

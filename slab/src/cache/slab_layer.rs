@@ -12,7 +12,7 @@ use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::platform::PageSource;
 use crate::platform::Platform;
-use crate::report::ErrorReport;
+use crate::reports::error::ErrorReport;
 use crate::slab::{Metadata, Slab, SlabOwner};
 
 /// The slab layer's entry points used by the rest of the crate.

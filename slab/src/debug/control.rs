@@ -2,8 +2,11 @@
 //! hooks, above the allocator (the trailer and the boot line's
 //! configuration, in the rest of `debug/`, sit below the caches).
 
+use super::SlabDebugConfig;
 use crate::allocator::Kmem;
 use crate::platform::Platform;
+use crate::reports::error::ErrorReport;
+use crate::sync::IrqGuard;
 
 /// The allocator's error reports, debug configuration and walkers, from
 /// [`Kmem::debug`]: the error ring and hooks, the boot line's debug
@@ -33,5 +36,41 @@ impl<P: Platform> SlabDebug<'_, P> {
     /// edge.
     pub fn nr_bad_frees(&self) -> u64 {
         self.heap.nr_bad_frees()
+    }
+}
+
+impl<P: Platform> SlabDebug<'_, P> {
+    /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
+    /// see [`SlabDebugConfig`]): call before [`Kmem::init`] so the
+    /// kmalloc caches get it; caches created later get it too (by name).
+    /// Caches that exist already keep their flags.
+    pub fn set_config(&self, config: SlabDebugConfig) {
+        *self.heap.debug_config.lock::<P>() = config;
+    }
+
+    /// The debug configuration in force.
+    pub fn config(&self) -> SlabDebugConfig {
+        *self.heap.debug_config.lock::<P>()
+    }
+
+    /// Called with every error report, after it is kept in the error ring,
+    /// with no allocator lock held; the kernel prints it (and may panic).
+    /// The hook must not allocate from this allocator.
+    pub fn set_error_hook(&self, hook: Option<fn(&ErrorReport)>) {
+        *self.heap.error_hook.lock::<P>() = hook;
+    }
+
+    /// Errors reported since the allocator was created (the ring keeps the
+    /// latest [`ERROR_RING_SIZE`](crate::reports::error::ERROR_RING_SIZE)).
+    pub fn nr_errors(&self) -> u64 {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.nr_reported()
+    }
+
+    /// Copy the kept reports numbered after `after` into `out`, oldest
+    /// first; returns how many.
+    pub fn read_errors(&self, after: u64, out: &mut [ErrorReport]) -> usize {
+        let _irq = IrqGuard::<P>::new();
+        self.heap.errors.read(after, out)
     }
 }

@@ -5,7 +5,7 @@
 //! and the hardened (obfuscated) free-list pointer.
 //!
 //! This module holds the mechanisms only; the cold alloc and free paths of
-//! a debug cache use them, and [`report`](crate::report) turns what they
+//! a debug cache use them, and [`report`](crate::reports) turns what they
 //! find into an illumos-style report.
 //!
 //! ## A debug object

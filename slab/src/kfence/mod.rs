@@ -71,7 +71,7 @@ use crate::allocator::Kmem;
 use crate::cache::{HotFlags, KmemCache};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
-use crate::report::ReportName;
+use crate::reports::error::ReportName;
 use crate::sync::IrqGuard;
 
 /// KFENCE's controls and queries for one allocator, from

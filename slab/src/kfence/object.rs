@@ -4,7 +4,7 @@
 
 use crate::alloc_tag::AllocTagRef;
 use crate::platform::Platform;
-use crate::report::ReportName;
+use crate::reports::error::ReportName;
 
 /// Objects in the pool (Linux `CONFIG_KFENCE_NUM_OBJECTS`, 255 by default;
 /// smaller here).

@@ -18,7 +18,7 @@
 use core::fmt;
 
 use super::object::{KfenceObject, KfenceStack, KfenceState};
-use crate::report::ReportFormat;
+use crate::reports::error::ReportFormat;
 
 /// What a KFENCE report is about (Linux `enum kfence_error_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use core::fmt::{self, Write};
 
 use crate::kfence::{KfenceStack, KfenceState, KfenceStats};
-use crate::report::ReportFormat;
+use crate::reports::error::ReportFormat;
 
 /// The pool's figures, one line each (`enabled: 1`, `sample interval:
 /// 100 ms`, `pool: ...`, `currently allocated: N`, `total allocations`,

@@ -38,11 +38,12 @@
 //!
 //! [`Platform::now`]: crate::Platform::now
 //! [`PlatformHooks::backtrace`]: crate::PlatformHooks::backtrace
-//! [`ReportFormat`]: crate::report::ReportFormat
+//! [`ReportFormat`]: crate::reports::error::ReportFormat
 
 #[cfg(feature = "allocinfo")]
 mod allocinfo;
 pub mod backtrace;
+pub(crate) mod error;
 #[cfg(feature = "leak-scan")]
 mod findleaks;
 #[cfg(feature = "kfence")]
@@ -64,6 +65,10 @@ pub use self::allocinfo::{
 };
 #[cfg(feature = "leak-scan")]
 pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
+pub use self::error::{
+    ERROR_RING_SIZE, ERROR_WIRE_SIZE, ErrorKind, ErrorReport, ErrorRing, RawFormat, ReportDisplay,
+    ReportFormat, ReportName, write_errors, write_transaction,
+};
 #[cfg(feature = "kfence")]
 pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};
 pub use self::kmemstat::{

@@ -27,7 +27,7 @@ use super::Nanoseconds;
 use crate::allocator::Kmem;
 use crate::cache::KmemCache;
 use crate::platform::Platform;
-use crate::report::ReportFormat;
+use crate::reports::error::ReportFormat;
 use crate::trace_table::{TRACE_MAX_FRAMES, TraceRecord};
 
 /// Records copied per pass of [`trace_print`].

@@ -6,7 +6,7 @@ use core::fmt::{self, Write};
 use crate::allocator::Kmem;
 use crate::debug::AuditRecord;
 use crate::platform::Platform;
-use crate::report::{RawFormat, ReportFormat, write_transaction};
+use crate::reports::error::{RawFormat, ReportFormat, write_transaction};
 use crate::verify::{ObjectRegion, WhatIs};
 
 /// Writes what `address` is ([`WhatIs::display`]), or

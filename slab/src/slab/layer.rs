@@ -21,7 +21,7 @@ use crate::layout::geometry::SlabKind;
 use crate::layout::hash::{AddrHash, rescale_locked};
 use crate::layout::pagemap::PageMap;
 use crate::platform::{PAGE_SIZE, PageSource, Platform};
-use crate::report::{ErrorKind, ErrorReport};
+use crate::reports::error::{ErrorKind, ErrorReport};
 use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// The slab layer's parameters: the cache's geometry, its page source,

@@ -38,7 +38,7 @@ use crate::layout::geometry::{
 };
 use crate::layout::hash::{AddrHash, HashNode};
 use crate::platform::PAGE_SIZE;
-use crate::report::ErrorKind;
+use crate::reports::error::ErrorKind;
 
 mod layer;
 

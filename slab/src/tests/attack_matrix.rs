@@ -16,12 +16,12 @@ use std::collections::HashSet;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::report::ErrorKind;
+use crate::reports::error::ErrorKind;
 use crate::{CacheArgs, FreeError, KmemCache};
 
 /// Errors of `kind` reported after report number `after`.
 fn reports_of(alloc: &TestAlloc, after: u64, kind: ErrorKind) -> usize {
-    let mut out = [crate::report::ErrorReport::new(kind, "", 0); 64];
+    let mut out = [crate::reports::error::ErrorReport::new(kind, "", 0); 64];
     let nr = alloc.debug().read_errors(after, &mut out);
     out[..nr]
         .iter()

@@ -13,7 +13,7 @@ use super::debug::{errors_since, read_u64, write};
 use super::support::*;
 use crate::debug::{LEFT_REDZONE_PATTERN, POISON_FREE};
 use crate::layout::geometry::SlabKind;
-use crate::report::{ErrorKind, RawFormat};
+use crate::reports::error::{ErrorKind, RawFormat};
 use crate::{CacheFlags, KmemCache};
 
 type Cache = KmemCache<TestPlatform>;

@@ -10,7 +10,7 @@ use std::vec::Vec;
 
 use super::support::*;
 use crate::debug::{DebugFlags, POISON_FREE, POISON_UNINITIALIZED, SlabDebugConfig};
-use crate::report::{ErrorKind, ErrorReport, RawFormat};
+use crate::reports::error::{ErrorKind, ErrorReport, RawFormat};
 use crate::{CacheFlags, FreeError, Kmem, KmemCache};
 
 /// An allocator initialised with `config` (kmalloc caches get its flags).

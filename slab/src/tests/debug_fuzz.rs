@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use super::debug::errors_since;
 use super::support::*;
 use crate::debug::POISON_FREE;
-use crate::report::ErrorKind;
+use crate::reports::error::ErrorKind;
 use crate::{CacheFlags, FreeError, KmemCache, SlabBox};
 
 #[derive(Debug, Clone)]

@@ -17,7 +17,7 @@ use super::support::*;
 use crate::kfence::{
     KFENCE_NUM_OBJECTS, KfenceBug, KfencePlace, KfenceReport, KfenceStack, KfenceState,
 };
-use crate::report::RawFormat;
+use crate::reports::error::RawFormat;
 use crate::{CacheFlags, FreeError, KmemCache, PAGE_SIZE};
 
 type Cache = KmemCache<TestPlatform>;

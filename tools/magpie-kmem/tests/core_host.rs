@@ -495,7 +495,7 @@ fn whatis_finds_cache_object_and_state() {
     let held = heap();
     let held = held.as_ref().unwrap();
     let mem = ProcessMemory::open().unwrap();
-    let format = magpie_slab::report::RawFormat;
+    let format = magpie_slab::reports::RawFormat;
     for &addr in &held[..held.len() - 1] {
         for probe in [addr, addr + 5] {
             let (offline, problems) = report(&mem, &Report::Whatis(probe as u64));
@@ -709,7 +709,7 @@ fn kfence_without_a_pool_reads_as_the_live_figures() {
     magpie_kmem::core::kfence::write_kfence(
         &heap,
         false,
-        &magpie_slab::report::RawFormat,
+        &magpie_slab::reports::RawFormat,
         &mut out,
         &mut problems,
     )
@@ -735,7 +735,7 @@ fn errors_equal_the_live_report() {
     let mut problems = Vec::new();
     magpie_kmem::core::errors::write_error_reports(
         &heap,
-        &magpie_slab::report::RawFormat,
+        &magpie_slab::reports::RawFormat,
         &mut out,
         &mut problems,
     )
@@ -743,8 +743,8 @@ fn errors_equal_the_live_report() {
     assert!(problems.is_empty(), "{problems:?}");
     let nr = HEAP.debug().nr_errors();
     let mut reports = vec![
-        magpie_slab::report::ErrorReport::new(
-            magpie_slab::report::ErrorKind::InvalidFree,
+        magpie_slab::reports::ErrorReport::new(
+            magpie_slab::reports::ErrorKind::InvalidFree,
             "",
             0
         );
@@ -752,11 +752,11 @@ fn errors_equal_the_live_report() {
     ];
     let kept = HEAP.debug().read_errors(0, &mut reports);
     let mut live = String::new();
-    magpie_slab::report::write_errors(
+    magpie_slab::reports::write_errors(
         &mut live,
         nr,
         &reports[..kept],
-        &magpie_slab::report::RawFormat,
+        &magpie_slab::reports::RawFormat,
     )
     .unwrap();
     assert_eq!(out, live);

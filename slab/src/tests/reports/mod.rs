@@ -15,7 +15,7 @@ use crate::CacheArgs;
 use core::fmt;
 
 use crate::KmemCache;
-use crate::report::ReportFormat;
+use crate::reports::error::ReportFormat;
 use crate::tests::support::{TestAlloc, TestPlatform};
 
 /// A new cache of `size`-byte objects, aligned to 8, no flags.

@@ -1,9 +1,9 @@
 //! The allocator's error reports from an image, as the shell's `kmem
-//! errors` prints them (`magpie_slab::report::write_errors`): the ring's
+//! errors` prints them (`magpie_slab::reports::write_errors`): the ring's
 //! slots are in their wire form, decoded by the library's own
 //! `ErrorReport::from_wire`.
 
-use magpie_slab::report::{ErrorReport, ReportFormat, write_errors};
+use magpie_slab::reports::{ErrorReport, ReportFormat, write_errors};
 
 use super::heap::{Heap, Problem};
 

@@ -5,7 +5,7 @@
 //! read through the descriptor's `kfence_*` entries.
 
 use magpie_slab::kfence::{KFENCE_STACK_DEPTH, KfenceStack, KfenceState, KfenceStats};
-use magpie_slab::report::ReportFormat;
+use magpie_slab::reports::ReportFormat;
 use magpie_slab::reports::{KfenceObjectView, write_kfence_object, write_kfence_stats};
 
 use super::heap::{Heap, Problem};

@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::Path;
 
 use magpie_slab::TraceRecord;
-use magpie_slab::report::ReportFormat;
+use magpie_slab::reports::ReportFormat;
 use magpie_slab::reports::{
     TraceSites, write_trace_footer, write_trace_header, write_trace_quiet, write_trace_record,
 };

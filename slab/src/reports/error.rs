@@ -24,8 +24,8 @@
 
 use core::fmt;
 
+use super::time::Nanoseconds;
 use crate::debug::{AuditRecord, CONTENTS_BYTES, Mismatch};
-use crate::reports::Nanoseconds;
 
 /// What went wrong (illumos `KMERR_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,13 +4,13 @@
 
 use core::ptr::NonNull;
 
-use super::{HotFlags, KmemCache, OwnerCache};
+use super::{TraceOwner, TraceRecord, TraceStats};
+use crate::cache::{HotFlags, KmemCache, OwnerCache};
 use crate::error::AllocError;
 use crate::error::TraceError;
 use crate::flags::CacheFlags;
 use crate::platform::PageSource;
 use crate::platform::Platform;
-use crate::trace_table::{TraceOwner, TraceRecord, TraceStats};
 
 /// One cache's Akaros trace table (Akaros `kmem_trace`: start, stop,
 /// print, reset), from [`KmemCache::trace_table`]: start recording the

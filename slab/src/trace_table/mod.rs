@@ -24,6 +24,10 @@ use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::{PageSource, Platform, PlatformHooks};
 use crate::sync::{IrqGuard, IrqMutex, IrqMutexGuard};
 
+mod cache;
+
+pub use cache::CacheTrace;
+
 /// Return addresses kept per record.
 pub const TRACE_MAX_FRAMES: usize = 16;
 
