@@ -1110,7 +1110,7 @@ impl LeakRoots {
 }
 
 /// Describe the kernel's roots for a leak scan of a memory image (what a
-/// live kernel hands [`LeakScan::scan_range`](crate::leak_scan) itself):
+/// live kernel hands `leak_scan::LeakScan::scan_range` itself):
 /// `ranges` (kernel data and bss) less `holes` (records of objects that
 /// do not own them), and its stacks. A reader adds every CPU's saved
 /// registers from the image. A later call replaces the description;
