@@ -38,8 +38,8 @@
 //! ► `restart::pop` (`restart.rs`, a kernel's restartable sequence) or
 //! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
 //! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
-//! `take_key` (`cache/double_free.rs`): 4 deep in 3 files with the
-//! restartable sequence, 7 deep in 5 files with the in-use flag. A free:
+//! `take_key` (`cache/double_free.rs`): 4 calls deep in 3 files with
+//! the restartable sequence, 6 in 4 files with the in-use flag. A free:
 //! `KmemCache::free` (the page-map locate inline) ► `free_located` ►
 //! `free_hit` ► `magazine_free_hit` (`cache/free.rs`) ► `restart::push`
 //! or the same per-CPU chain, the free key's `holds_key`/`write_key`;
