@@ -293,7 +293,18 @@ impl<P: Platform> KmemCache<P> {
                 crate::restart::push::<Self>((self as *const Self).cast(), P::cpu_offset(), obj)
             };
         }
-        let Some(mut pcpu) = self.pcpu_lock() else {
+        // This CPU's per-CPU cache, held through its in-use flag while
+        // `pcpu` lives; `None` if the flag is held (an interrupt handler
+        // that interrupted its holder: the slow path leaves the magazines
+        // alone). Only caches with a magazine layer get here (the
+        // bootstrap ones are refused on their `BOOTSTRAP` paths first).
+        debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
+        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
+        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
+        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
+        let Some(mut pcpu) = (unsafe {
+            crate::magazine::PcpuCache::try_lock::<P>(self.pcpu_array(), P::cpu_offset())
+        }) else {
             return false;
         };
         let pcc = pcpu.get();

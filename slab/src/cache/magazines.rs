@@ -56,30 +56,19 @@ impl<P: Platform> KmemCache<P> {
         )
     }
 
-    /// This CPU's per-CPU cache, for a magazine hit (interrupts possibly
-    /// on): held through its in-use flag while the result lives; `None`
-    /// if the flag is held (this is an interrupt handler that interrupted
-    /// its holder: take the slow path, which leaves the magazines alone).
-    /// Only for caches with a magazine layer (every cache but the
-    /// bootstrap ones, whose allocs and frees are refused on the
-    /// `BOOTSTRAP` paths first).
-    #[inline(always)]
-    pub(crate) fn pcpu_lock(&self) -> Option<PcpuLocked<'_, P>> {
-        debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
-        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
-        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
-        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
-        unsafe { PcpuCache::try_lock::<P>(self.pcpu_array(), P::cpu_offset()) }
-    }
-
-    /// [`Self::pcpu_lock`] for code off the hits, with interrupts off
+    /// This CPU's per-CPU cache for code off the hits (the hits take it
+    /// by its in-use flag themselves: `magazine_alloc_hit`,
+    /// `magazine_free_hit`), with interrupts off
     /// (`irq`); `None` if a hit this code interrupted holds the per-CPU
     /// cache.
     #[inline]
     pub(crate) fn pcpu_lock_here<'g>(&'g self, irq: &'g IrqGuard<P>) -> Option<PcpuLocked<'g, P>> {
         let _ = irq;
         debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
-        // SAFETY: as in pcpu_lock; interrupts are off (`irq`).
+        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
+        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
+        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot;
+        // interrupts are off (`irq`).
         unsafe { (*self.pcpu_array().byte_add(P::cpu_offset())).try_lock_here::<P>() }
     }
 

@@ -34,19 +34,19 @@
 //! ```
 //!
 //! Source calls on a plain hit (all inlined): `KmemCache::alloc` ►
-//! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit`
-//! (`cache/alloc.rs`) ► `restart::pop` (`restart.rs`, a kernel's
-//! restartable sequence) or `pcpu_lock` (`cache/magazines.rs`) ►
-//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `take_flag` (`sync.rs`),
-//! beside `flags_any` (`sync.rs`) and `take_key`
-//! (`cache/double_free.rs`). A free: `KmemCache::free` (the page-map
-//! locate inline) ► `free_located` ► `free_hit` ► `magazine_free_hit`
-//! (`cache/free.rs`) ► `restart::push` or the same per-CPU chain, the
-//! free key's `holds_key`/`write_key`; `GlobalAlloc::dealloc` ►
-//! `locate_allocated` (`allocator/kmalloc.rs`), then `free_hit` as
-//! above. A debug cache's free: `cache/free.rs` (`free_off_hit`,
-//! `free_hooked`) ► `cache/hooks.rs` (`free_hook`) ► `cache/debug.rs` ►
-//! the trailer (`debug/`).
+//! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit` (`cache/alloc.rs`)
+//! ► `restart::pop` (`restart.rs`, a kernel's restartable sequence) or
+//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
+//! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
+//! `take_key` (`cache/double_free.rs`): 4 calls deep in 3 files with
+//! the restartable sequence, 6 in 4 files with the in-use flag. A free:
+//! `KmemCache::free` (the page-map locate inline) ► `free_located` ►
+//! `free_hit` ► `magazine_free_hit` (`cache/free.rs`) ► `restart::push`
+//! or the same per-CPU chain, the free key's `holds_key`/`write_key`;
+//! `GlobalAlloc::dealloc` ► `locate_allocated` (`allocator/kmalloc.rs`),
+//! then `free_hit` as above. A debug cache's free: `cache/free.rs`
+//! (`free_off_hit`, `free_hooked`) ► `cache/hooks.rs` (`free_hook`) ►
+//! `cache/debug.rs` ► the trailer (`debug/`).
 //!
 //! **What the one path costs** (callgrind, instructions per operation
 //! with the bench's harness, `bench/profile.sh`; before: fa3c33a, with a
@@ -67,9 +67,19 @@
 //! with every hook in order. Profiling on, `GlobalAlloc` pair 205 → 150
 //! (`kmem_cache` 190 → 143, mixed 123.9 → 100.4); kmemtrace on 248 →
 //! 216 (231 → 191, 142 → 126); the kernel's pair with profiling on
-//! 210 → 152 (`tests/kernel_hit.rs`). What is left over the plain pair
-//! is mostly the way into the hooked path (the `GlobalAlloc` edge's
-//! `alloc_off_hit` / `dealloc_off_hit`, the free's `Result` in memory).
+//! 210 → 152 (`tests/kernel_hit.rs`). Then the way into the hooked path
+//! lost a layer: the `GlobalAlloc` edge hands the cache its hit found
+//! to `alloc_off_hit` (no second class lookup), and `alloc_off_hit` /
+//! `free_off_hit` load the hot flags once for the slow, usual and cold
+//! ways (no `alloc_hooked` / `free_hooked` call between): profiling on,
+//! `GlobalAlloc` pair 153 → 142 (`kmem_cache` 140 → 135, mixed 98.4 →
+//! 92.9); kmemtrace on 213 → 200 (193 → 186); the kernel's pair with
+//! profiling on 156 → 143. What is left over the plain pair is the
+//! hooks' own work, the edge's out-of-line functions (`Kmem::alloc_off_hit`
+//! turning the `Result` into a pointer, `dealloc_off_hit` with the
+//! free's `Result` in memory) and the hooked alloc's stack frame (its
+//! ways out are calls that return a two-register `Result`, which LLVM
+//! does not turn into tail calls).
 //!
 //! **The hits** take no lock and no atomic read-modify-write: this CPU's
 //! per-CPU cache at `pcpu_array() + Platform::cpu_offset()`, its in-use flag
@@ -356,7 +366,7 @@ impl<P: Platform> crate::restart::ArrayAt for KmemCache<P> {
 }
 
 // SAFETY: shared state is behind spin locks or atomics; the per-CPU array is
-// per-CPU caches each owned by its CPU (see `pcpu_lock`); `links` is only touched under
+// per-CPU caches each owned by its CPU (see the magazine hits, `cache/alloc.rs`, `cache/free.rs`); `links` is only touched under
 // the allocator's cache-list lock; everything else is immutable after
 // creation.
 unsafe impl<P: Platform> Sync for KmemCache<P> {}

@@ -276,7 +276,7 @@ pub(crate) unsafe fn held_rounds_mut<'a>(mag: *mut Magazine) -> &'a mut [*mut u8
 }
 
 /// A CPU's magazines of one cache, owned by that CPU (see the module
-/// docs): reached through [`KmemCache`](crate::KmemCache)'s `pcpu_lock`
+/// docs): reached through [`KmemCache`](crate::KmemCache)'s magazine hits
 /// (its in-use flag), or in a cross-CPU call.
 pub(crate) struct PcpuInner {
     pub(crate) loaded: *mut Magazine,
