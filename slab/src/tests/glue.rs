@@ -1,6 +1,7 @@
 //! The shipped glue: [`RegionSource`] and [`Heap`] on a host buffer, one CPU.
 
 use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
 use std::boxed::Box;
 use std::vec::Vec;
 
@@ -256,4 +257,82 @@ fn realloc_grows_and_shrinks_a_page_granular_block_in_place() {
     }
     assert_eq!(heap.stats().large().nr_live, 0);
     heap.debug().check_invariants().unwrap();
+}
+
+#[test]
+fn region_source_finds_first_fit_runs_across_bitmap_words() {
+    set_cpu(0);
+    // 199 pages to hand out: four bitmap words, the last one partial.
+    let source: &'static RegionSource<UpPlatform> = Box::leak(Box::new(RegionSource::new()));
+    source.init_static(region(200)).unwrap();
+    let (base, end) = source.span();
+    let nr_pages = (end - base) / PAGE_SIZE;
+    assert_eq!(nr_pages, 199);
+    // The model: a flag a page, first fit by brute force.
+    let mut used = std::vec![false; nr_pages];
+    let first_fit =
+        |used: &[bool], n: usize| (0..=nr_pages - n).find(|&p| !used[p..p + n].contains(&true));
+    let mut live: Vec<(usize, usize)> = Vec::new();
+    let mut seed = 0x2545_f491_u64;
+    for step in 0..3000 {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let pick = (seed >> 33) as usize;
+        if live.is_empty() || pick % 5 < 3 {
+            // Runs of 1..=70 pages: some longer than a word, most short.
+            let n = if pick.is_multiple_of(7) {
+                1 + pick / 7 % 70
+            } else {
+                1 + pick / 7 % 4
+            };
+            let expected = if n <= nr_pages {
+                first_fit(&used, n)
+            } else {
+                None
+            };
+            match (source.alloc_pages(n), expected) {
+                (Ok(pages), Some(page)) => {
+                    assert_eq!(
+                        pages.as_ptr() as usize,
+                        base + page * PAGE_SIZE,
+                        "step {step}: {n} pages"
+                    );
+                    used[page..page + n].fill(true);
+                    live.push((page, n));
+                }
+                (Err(AllocError::OutOfMemory), None) => {}
+                (got, want) => panic!("step {step}: {n} pages: got {got:?}, model {want:?}"),
+            }
+        } else {
+            let (page, n) = live.swap_remove(pick % live.len());
+            // SAFETY: a run alloc_pages gave, freed once.
+            unsafe {
+                source.free_pages(
+                    NonNull::new((base + page * PAGE_SIZE) as *mut u8).unwrap(),
+                    n,
+                )
+            };
+            used[page..page + n].fill(false);
+        }
+        let nr_used = used.iter().filter(|&&u| u).count();
+        assert_eq!(
+            source.stats().alloc_bytes,
+            nr_used * PAGE_SIZE,
+            "step {step}"
+        );
+    }
+    // The last page is handed out, the bits past it never are.
+    for (page, n) in live.drain(..) {
+        // SAFETY: as above.
+        unsafe {
+            source.free_pages(
+                NonNull::new((base + page * PAGE_SIZE) as *mut u8).unwrap(),
+                n,
+            )
+        };
+    }
+    let all = source.alloc_pages(nr_pages).unwrap();
+    assert_eq!(all.as_ptr() as usize, base);
+    assert_eq!(source.alloc_pages(1), Err(AllocError::OutOfMemory));
 }
