@@ -191,6 +191,14 @@ bench:
 bench-hobby:
 	python3 bench/hobby.py
 
+# Where those rows' instructions go: the counting kernel with feature
+# `count-trace` records every instruction's address; bench/hobby_profile.py
+# rebuilds the call stacks and prints each row by phase and by function
+# (~1 min; `python3 bench/hobby_profile.py warm:large` for some rows).
+.PHONY: bench-hobby-profile
+bench-hobby-profile:
+	python3 bench/hobby_profile.py
+
 # Loom model tests of magpie-slab's magazine layer (slab/src/tests/loom_models.rs):
 # every interleaving, up to a preemption bound (LOOM_MAX_PREEMPTIONS, default 3),
 # of the per-CPU, depot and slab locks under depot exchanges and reap's drain.

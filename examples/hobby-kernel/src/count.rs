@@ -69,11 +69,41 @@ static BASE_REALLOC: AtomicU64 = AtomicU64::new(0);
 // The #DB handler (it counts and returns: the CPU clears TF entering it,
 // `iretq` restores it, so the next instruction traps again; one CPU, so a
 // plain `inc`), and the baselines (one `ret` each).
+#[cfg(not(feature = "count-trace"))]
 core::arch::global_asm!(
     ".global hobby_count_step",
     "hobby_count_step:",
     "    inc qword ptr [rip + {steps}]",
     "    iretq",
+    steps = sym NR_STEPS,
+);
+// Feature `count-trace`: the handler also stores the trapping
+// instruction's address (the saved RIP) while the trace has room.
+#[cfg(feature = "count-trace")]
+core::arch::global_asm!(
+    ".global hobby_count_step",
+    "hobby_count_step:",
+    "    inc qword ptr [rip + {steps}]",
+    "    push rax",
+    "    push rcx",
+    "    mov rcx, [rip + {len}]",
+    "    cmp rcx, {cap}",
+    "    jae 2f",
+    "    lea rax, [rip + {trace}]",
+    "    lea rax, [rax + rcx*8]",
+    "    mov rcx, [rsp + 16]",
+    "    mov [rax], rcx",
+    "    inc qword ptr [rip + {len}]",
+    "2:",
+    "    pop rcx",
+    "    pop rax",
+    "    iretq",
+    steps = sym NR_STEPS,
+    len = sym trace::LEN,
+    trace = sym trace::TRACE,
+    cap = const trace::CAPACITY,
+);
+core::arch::global_asm!(
     ".global hobby_count_ret_alloc",
     ".global hobby_count_ret_free",
     ".global hobby_count_ret_realloc",
@@ -81,7 +111,6 @@ core::arch::global_asm!(
     "hobby_count_ret_free:",
     "hobby_count_ret_realloc:",
     "    ret",
-    steps = sym NR_STEPS,
 );
 
 unsafe extern "Rust" {
@@ -320,7 +349,11 @@ pub fn run(tests: &[(&str, fn())]) {
     let mut slower = 0;
     for pass in ["cold", "warm"] {
         for &(name, test) in tests {
+            #[cfg(feature = "count-trace")]
+            trace::clear();
             let (calls, magpie) = measure(false, test);
+            #[cfg(feature = "count-trace")]
+            trace::print(pass, name);
             let (fsb_calls, fsb) = measure(true, test);
             assert_eq!(calls, fsb_calls, "{name}: both run the same test");
             println!("HOBBY_COUNT pass={pass} calls={calls} magpie={magpie} fsb={fsb} test={name}");
@@ -338,4 +371,71 @@ pub fn run(tests: &[(&str, fn())]) {
         exit_qemu(0x11)
     }
     println!("Magpie is faster on every test");
+}
+
+/// Feature `count-trace`: the address of every instruction single-stepped,
+/// in order, printed after each test's Magpie run for
+/// `bench/hobby_profile.py`:
+///
+/// ```text
+/// HOBBY_TRACE pass=cold|warm steps=N test=NAME
+/// 1a2b0 1a2b3 ...            (offsets from __text_start, hex, 16 a line)
+/// HOBBY_TRACE_END
+/// ```
+///
+/// A test of more than [`trace::PRINT_MAX`] steps (many_boxes: the hit,
+/// 20,000 times) is printed as a histogram instead (`HOBBY_HIST`, lines of
+/// `offset:count`): its order is lost, its counts are not.
+#[cfg(feature = "count-trace")]
+mod trace {
+    use core::fmt::Write;
+
+    use crate::Com1;
+
+    /// Addresses the trace holds (16 MiB); later steps are counted only.
+    pub const CAPACITY: usize = 1 << 21;
+    /// Longer traces are printed as a histogram.
+    pub const PRINT_MAX: usize = 200_000;
+    /// The trace, written by the #DB handler.
+    pub static mut TRACE: [u64; CAPACITY] = [0; CAPACITY];
+    /// Addresses in [`TRACE`].
+    pub static mut LEN: usize = 0;
+
+    unsafe extern "C" {
+        /// The start of the kernel's text (boot/linker.ld).
+        static __text_start: u8;
+    }
+
+    /// Empty the trace.
+    pub fn clear() {
+        // SAFETY: one CPU; the handler writes LEN only while the trap flag
+        // is set, which it is not here.
+        unsafe { (&raw mut LEN).write(0) };
+    }
+
+    /// Print the trace of the Magpie run of `test` (see the module).
+    pub fn print(pass: &str, test: &str) {
+        // SAFETY: as in clear; nothing else holds a reference to TRACE.
+        let trace = unsafe {
+            core::slice::from_raw_parts_mut((&raw mut TRACE).cast::<u64>(), (&raw const LEN).read())
+        };
+        let base = (&raw const __text_start) as u64;
+        let histogram = trace.len() > PRINT_MAX;
+        let kind = if histogram { "HIST" } else { "TRACE" };
+        println!("HOBBY_{kind} pass={pass} steps={} test={test}", trace.len());
+        if histogram {
+            trace.sort_unstable();
+            for run in trace.chunk_by(|a, b| a == b) {
+                println!("{:x}:{}", run[0].wrapping_sub(base), run.len());
+            }
+        } else {
+            for line in trace.chunks(16) {
+                for &rip in line {
+                    let _ = write!(Com1, "{:x} ", rip.wrapping_sub(base));
+                }
+                println!();
+            }
+        }
+        println!("HOBBY_TRACE_END");
+    }
 }
