@@ -144,6 +144,8 @@ check:
 	cargo clippy -p magpie-kmemtrace-format --target x86_64-unknown-none -- -D warnings
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy -p magpie-hobby-kernel -- -D warnings
+	# ... and its counting builds (make bench-hobby, make bench-hobby-profile).
+	cargo clippy -p magpie-hobby-kernel --features count-trace -- -D warnings
 	# The docs build without warnings (broken intra-doc links): the host
 	# crates as a user's `cargo doc` shows them; the kernel with its private
 	# items, which is what its docs are for (so links to them are fine).
