@@ -381,8 +381,8 @@ fn typed_boxes_keep_pointer_free_data_apart() {
 /// The memory partitioning costs: 100,000 live objects of 8–512 bytes
 /// from 16 call sites, pages taken from the source with and without
 /// the random copies (the figure is in docs/HARDENING.md:
-/// `cargo test -p magpie-slab --target x86_64-unknown-linux-gnu --release
-/// partitioning_memory_cost -- --nocapture`). At most +5 % of the live
+/// `cargo test -p magpie-slab --target x86_64-unknown-linux-gnu --features
+/// nightly partitioning_memory_cost -- --nocapture`). At most +5 % of the live
 /// bytes.
 #[test]
 #[cfg_attr(miri, ignore = "100,000 objects")]
