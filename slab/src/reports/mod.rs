@@ -63,12 +63,12 @@ pub use self::allocinfo::{
     AllocinfoOptions, AllocinfoRow, AllocinfoSort, allocinfo, write_allocinfo_header,
     write_allocinfo_row,
 };
-#[cfg(feature = "leak-scan")]
-pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
 pub use self::error::{
     ERROR_RING_SIZE, ERROR_WIRE_SIZE, ErrorKind, ErrorReport, ErrorRing, RawFormat, ReportDisplay,
     ReportFormat, ReportName, write_errors, write_transaction,
 };
+#[cfg(feature = "leak-scan")]
+pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
 #[cfg(feature = "kfence")]
 pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};
 pub use self::kmemstat::{
