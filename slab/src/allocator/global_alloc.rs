@@ -8,7 +8,7 @@ use core::sync::atomic::Ordering;
 
 use super::Kmem;
 use crate::allocator::kmalloc::KMALLOC_MAX_SIZE;
-use crate::cache::{KmemCache, Located};
+use crate::cache::{HotFlags, KmemCache, Located};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
 
@@ -112,8 +112,9 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
         let Some(cache) = self.class_cache(layout.size(), layout.align()) else {
             return self.alloc_pages_or_null(layout);
         };
+        const SLOW: u32 = HotFlags::ALLOC_SLOW.bits();
         // SAFETY: a class's cache, an unborn stub or the unready entry.
-        if let Some(obj) = unsafe { KmemCache::alloc_hit(cache) } {
+        if let Some(obj) = unsafe { KmemCache::alloc_hit::<SLOW, true>(cache) } {
             return obj.as_ptr();
         }
         // SAFETY: as above; the hit changed nothing.
@@ -139,13 +140,13 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
         // excludes, is not in the page map: the slow path ignores it.)
         // The contract also puts init before this call: no readiness test
         // on the hit (`locate_allocated`; the slow path tests).
-        match self.locate_allocated(ptr as usize) {
+        match KmemCache::<P>::locate_allocated(self.page_map(), ptr as usize) {
             Some((cache, at)) => {
                 // SAFETY: as above; located in `cache`, so on a slab page,
                 // never null (page sources hand out non-null pages).
                 let ptr = unsafe { NonNull::new_unchecked(ptr) };
                 // SAFETY: as above.
-                if unsafe { cache.free_hit(ptr) } {
+                if unsafe { cache.free_hit::<{ HotFlags::FREE_SLOW.bits() }>(ptr, true) } {
                     return;
                 }
                 // SAFETY: as above; the hit changed nothing.
@@ -166,7 +167,8 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // A pointer of ours (the contract): located without a readiness
         // test, as in `dealloc`.
-        let Some((cache, at)) = self.locate_allocated(ptr as usize) else {
+        let Some((cache, at)) = KmemCache::<P>::locate_allocated(self.page_map(), ptr as usize)
+        else {
             // SAFETY: per our caller.
             return unsafe { self.realloc_off_slab(ptr, layout, new_size) };
         };
@@ -216,7 +218,7 @@ impl<P: Platform> Kmem<P> {
             // contract.
             unsafe {
                 ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                if !cache.free_hit(old) {
+                if !cache.free_hit::<{ HotFlags::FREE_SLOW.bits() }>(old, true) {
                     self.dealloc(ptr, layout);
                 }
             }

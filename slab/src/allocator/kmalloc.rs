@@ -10,7 +10,7 @@ use core::sync::atomic::Ordering;
 
 use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{HotFlags, KmemCache, Located, obj_index_with};
+use crate::cache::{HotFlags, KmemCache};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
@@ -785,7 +785,7 @@ impl<P: Platform> Kmem<P> {
     /// `ptr` is a live kmalloc block the caller owns.
     pub(crate) unsafe fn kmalloc_resized(&self, ptr: NonNull<u8>, new_size: usize) {
         let addr = ptr.as_ptr() as usize;
-        if let Some((cache, at)) = self.locate_allocated(addr)
+        if let Some((cache, at)) = KmemCache::<P>::locate_allocated(self.page_map(), addr)
             && cache.debug.is_some()
         {
             // SAFETY: an allocated object of `cache` (located by the page
@@ -978,44 +978,12 @@ impl<P: Platform> Kmem<P> {
     /// On error nothing changed.
     #[inline]
     pub unsafe fn kfree(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        match self.locate_allocated(ptr.as_ptr() as usize) {
+        match KmemCache::<P>::locate_allocated(self.page_map(), ptr.as_ptr() as usize) {
             // SAFETY: per our caller; located in `cache`.
             Some((cache, at)) => unsafe { cache.free_located(ptr, at) },
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
-    }
-
-    /// Locate a freed pointer: its page-map slot gives the stride magic
-    /// (0 for a page that is not a slab page) and the slab's first
-    /// object, and one multiply checks the object start and gives the
-    /// index; then the slot names the owning cache, for the index bound. No slab header is read. `None` for anything else, with
-    /// nothing changed. No readiness test: `init` publishes the page map
-    /// (READY, Release) before any allocation; before it the map is empty
-    /// (no pages), every address misses and goes to the slow path, which
-    /// tests.
-    #[inline(always)]
-    pub(crate) fn locate_allocated(&self, addr: usize) -> Option<(&'static KmemCache<P>, Located)> {
-        let map = self.page_map();
-        let slot = map.slot(addr)?;
-        // The object-start test by the slot's magic (Acquire, first): 0
-        // on any page that is no slab page, so it refuses those too and
-        // the owner needs no null test.
-        let (index, exact) = obj_index_with(slot.magic(), addr.wrapping_sub(slot.base()));
-        if !exact {
-            return None;
-        }
-        // SAFETY: the magic was non-zero, so the owner written before it
-        // (Release) is visible and non-null (never cleared once set): a
-        // cache of this allocator (same P) with a live slab on the page,
-        // alive while it has slabs (a cache in use is never destroyed:
-        // `destroy` requires no objects allocated); the magic is cleared
-        // before the slab goes.
-        let cache: &'static KmemCache<P> = unsafe { &*(slot.cache() as *const KmemCache<P>) };
-        if index >= cache.params.nr_objs_per_slab {
-            return None;
-        }
-        Some((cache, Located { index, slot }))
     }
 
     /// [`Kmem::kfree`] past the fast path, with the error reports.

@@ -3,10 +3,10 @@
 //! kmalloc's size classes and `GlobalAlloc::alloc` all come through
 //! [`KmemCache::alloc_at`]:
 //!
-//! 1. the hit ([`KmemCache::alloc_hit`]): one test of the hot flags
-//!    (`HotFlags::ALLOC_SLOW`: no feature on for this cache), then the
-//!    magazine hit ([`KmemCache::magazine_alloc_hit`]: pop from this
-//!    CPU's `loaded`);
+//! 1. the hit ([`KmemCache::alloc_hit`], the one copy): one test of the
+//!    hot flags (`HotFlags::ALLOC_SLOW`: no feature on for this cache),
+//!    then this CPU's in-use flag taken and a round popped from its
+//!    `loaded`, written out there;
 //! 2. else [`KmemCache::alloc_off_hit`], out of line, one load of the
 //!    hot flags for its three ways: no feature on, the one slow
 //!    function for the miss ([`KmemCache::alloc_slow`]: `prev`, the
@@ -33,7 +33,9 @@ use core::sync::atomic::Ordering;
 use super::{HotFlags, KmemCache, double_free};
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
+use crate::magazine::PcpuCache;
 use crate::platform::Platform;
+use crate::sync::LocalLocked;
 
 impl<P: Platform> KmemCache<P> {
     /// Allocate one constructed object of `obj_size()` bytes, aligned to
@@ -52,7 +54,12 @@ impl<P: Platform> KmemCache<P> {
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: a reference: a live cache.
-        unsafe { Self::alloc_at(self, crate::alloc_tag::current::<P>, 0) }
+        if let Some(obj) = unsafe { Self::alloc_hit::<{ HotFlags::ALLOC_SLOW.bits() }, true>(self) }
+        {
+            return Ok(obj);
+        }
+        // SAFETY: as above; the hit changed nothing.
+        unsafe { Self::alloc_off_hit(self, crate::alloc_tag::current::<P>, 0) }
     }
 
     /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
@@ -98,32 +105,12 @@ impl<P: Platform> KmemCache<P> {
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: per our caller.
-        if let Some(obj) = unsafe { Self::alloc_hit(this) } {
+        if let Some(obj) = unsafe { Self::alloc_hit::<{ HotFlags::ALLOC_SLOW.bits() }, true>(this) }
+        {
             return Ok(obj);
         }
         // SAFETY: per our caller.
         unsafe { Self::alloc_off_hit(this, tag, bytes_req) }
-    }
-
-    /// The hit: one test of the hot flags (no feature on for this cache),
-    /// then the magazine hit, the free key cleared. `None` (nothing
-    /// changed) otherwise. `this` may be the [`unready`] entry (the
-    /// kmalloc by-8 table's before `init`): its hot-flags word has every
-    /// bit set, so the flag test fails and nothing else is read. So the
-    /// table needs no readiness or null test.
-    ///
-    /// # Safety
-    /// As for [`Self::alloc_at`].
-    #[inline(always)]
-    pub(crate) unsafe fn alloc_hit(this: *const Self) -> Option<NonNull<u8>> {
-        // SAFETY: per our caller, `this` points at a hot-flags word (a
-        // cache's first field, or the unready entry's only one).
-        let hot_flags = unsafe { &(*this).hot_flags };
-        if crate::sync::flags_any::<{ HotFlags::ALLOC_SLOW.bits() }>(hot_flags) {
-            return None;
-        }
-        // SAFETY: no slow flag, so not the unready entry: a live cache.
-        unsafe { &*this }.magazine_alloc_hit::<true>()
     }
 
     /// The allocation past a failed [`Self::alloc_hit`], out of line and
@@ -156,7 +143,7 @@ impl<P: Platform> KmemCache<P> {
         if !hot.intersects(HotFlags::ALLOC_HOOKED_RARE)
             // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
             // (keyed: no `KEYLESS`, a rare bit)
-            && let Some(obj) = unsafe { &*this }.magazine_alloc_hit::<true>()
+            && let Some(obj) = unsafe { Self::alloc_hit::<0, true>(this) }
         {
             // SAFETY: as above.
             return unsafe { &*this }.post_alloc_hook::<false>(obj, hot, &tag, bytes_req);
@@ -202,11 +189,13 @@ impl<P: Platform> KmemCache<P> {
             return this.alloc_event(served, hot, bytes_req);
         }
         let hit = if hot.contains(HotFlags::KEYLESS) {
-            // SAFETY: just popped, not handed out.
-            this.magazine_alloc_hit::<false>()
+            // SAFETY: a live cache with magazines (the hooked path of a
+            // born cache); just popped, not handed out.
+            unsafe { Self::alloc_hit::<0, false>(this) }
                 .and_then(|obj| unsafe { this.take_round_hooked(obj) })
         } else {
-            this.magazine_alloc_hit::<true>()
+            // SAFETY: as above.
+            unsafe { Self::alloc_hit::<0, true>(this) }
         };
         let obj = match hit {
             Some(obj) => obj,
@@ -218,34 +207,66 @@ impl<P: Platform> KmemCache<P> {
         this.post_alloc_hook::<true>(obj, hot, &tag, bytes_req)
     }
 
-    /// The magazine hit of an allocation: pop a round from this CPU's
-    /// `loaded` and count it. `None` (nothing changed) if `loaded` is
-    /// empty or absent, or (an interrupt handler) if this CPU's per-CPU
-    /// cache is held by the code it interrupted. Not for bootstrap
-    /// caches. `KEYED` (a keyed cache): the round's free key is taken
-    /// (`double_free::take_key`); a round without it stays (`None`: the
-    /// miss reports it).
+    /// The hit, the one copy (SLUB `slab_alloc_node`'s fast path, Akaros
+    /// `kmem_cache_alloc`'s magazine pop), top to bottom: the hot-flags
+    /// test (any bit of `SLOW` set: a feature is on for this cache, so
+    /// `None`); this CPU's per-CPU cache taken by its in-use flag (`None`
+    /// if held: an interrupt handler that interrupted its holder, which
+    /// takes the slow path and leaves the magazines alone); the round on
+    /// top of `loaded` popped (`None` if `loaded` is empty or absent), its
+    /// free key taken (`KEYED`); the pop counted; the flag given back
+    /// (the guard's drop). `None` changes nothing but a keyless round's
+    /// key (below).
+    ///
+    /// `SLOW` is [`HotFlags::ALLOC_SLOW`]'s bits from the front doors
+    /// (`KmemCache::alloc`, `alloc_at`, `GlobalAlloc::alloc`), and 0 from
+    /// the hooked paths, which tested the flags already. `this` may be
+    /// the [`unready`] entry (the kmalloc by-8 table's before `init`)
+    /// only with `SLOW` non-zero: its hot-flags word has every bit set,
+    /// so the flag test fails and nothing else is read; so the table
+    /// needs no readiness or null test. With restartable hits
+    /// ([`crate::restart`], a kernel's option) the pop is that file's
+    /// sequence instead, and no flag is taken.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`]; with `SLOW` 0, `this` is a live cache
+    /// with magazines (not a bootstrap cache, not the unready entry).
     #[inline(always)]
-    pub(crate) fn magazine_alloc_hit<const KEYED: bool>(&self) -> Option<NonNull<u8>> {
-        if crate::restart::enabled::<P>() {
-            // SAFETY: this CPU's per-CPU cache, PCPU_OFFSET bytes after
-            // the cache; the platform's hits are restartable; KEYED as
-            // our caller says.
-            return unsafe {
-                crate::restart::pop::<Self, KEYED>((self as *const Self).cast(), P::cpu_offset())
-            };
+    pub(crate) unsafe fn alloc_hit<const SLOW: u32, const KEYED: bool>(
+        this: *const Self,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller, `this` points at a hot-flags word (a
+        // cache's first field, or the unready entry's only one).
+        if SLOW != 0 && crate::sync::flags_any::<SLOW>(unsafe { &(*this).hot_flags }) {
+            return None;
         }
-        // This CPU's per-CPU cache, held through its in-use flag while
-        // `pcpu` lives; `None` if the flag is held (an interrupt handler
-        // that interrupted its holder: the slow path leaves the magazines
-        // alone). Only caches with a magazine layer get here (the
-        // bootstrap ones are refused on their `BOOTSTRAP` paths first).
-        debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
-        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
-        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
-        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
+        let offset = P::cpu_offset();
+        if crate::restart::enabled::<P>() {
+            // SAFETY: no slow flag, so a live cache: this CPU's per-CPU
+            // cache, PCPU_OFFSET bytes after the cache; the platform's
+            // hits are restartable; KEYED as our caller says.
+            return unsafe { crate::restart::pop::<Self, KEYED>(this.cast(), offset) };
+        }
+        // SAFETY: no slow flag (or our caller's word): a live cache.
+        let cache = unsafe { &*this };
+        debug_assert!(cache.has_magazines() && P::cpu_id() <= cache.last_cpu);
+        // This CPU's per-CPU cache: the array lies PCPU_OFFSET bytes
+        // after the cache (`pcpu_array`), this CPU's line `offset` into it.
+        let array: *const PcpuCache =
+            core::ptr::with_exposed_provenance(this.addr().wrapping_add(Self::PCPU_OFFSET));
+        // SAFETY: the array has nr_cpus lines of CPU_SLOT_BYTES, alive as
+        // long as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES
+        // with cpu_id() < nr_cpus (the Platform contract): this CPU's.
+        let line = unsafe { &*array.byte_add(offset) };
+        // SAFETY: this CPU's line; its flag is at array + offset +
+        // IN_USE_AT, and `inner` is reached only under it.
         let mut pcpu = unsafe {
-            crate::magazine::PcpuCache::try_lock::<P>(self.pcpu_array(), P::cpu_offset())
+            LocalLocked::<P, _>::try_lock::<{ PcpuCache::IN_USE_AT }>(
+                array.cast(),
+                offset,
+                &line.in_use,
+                &line.inner,
+            )
         }?;
         let pcc = pcpu.get();
         // The word below `loaded`'s top (kept in the per-CPU cache): the
@@ -256,9 +277,31 @@ impl<P: Platform> KmemCache<P> {
         // absent magazine), owned by this CPU under its flag: the word
         // below it is in the magazine's object.
         let obj = NonNull::new(unsafe { *top.sub(1) })?;
-        // SAFETY: a round of ours, keyed as our caller says.
-        if KEYED && !unsafe { double_free::take_key(obj, pcc.free_key) } {
-            return None;
+        if KEYED {
+            // The round's free key taken ([`double_free`]): every object
+            // entering a magazine holds it (every free writes it) and
+            // every object leaving one for a caller has it cleared (glibc
+            // `e->key = 0`), so a round without it is a use after free's
+            // write or the second copy of a double free: left where it
+            // is (its word less the key: still not the key) for the miss,
+            // which pops it again, reports it and keeps it from every
+            // caller (`round_intact`). The word less the key, stored with
+            // no undo, so that the compiler folds load, subtract and
+            // store into one `sub` to memory whose flags the branch
+            // tests: +2 instructions a pair over storing 0.
+            #[expect(
+                clippy::cast_ptr_alignment,
+                reason = "objects start 8-aligned: every alignment is at least 8"
+            )]
+            let word = obj.as_ptr().cast::<usize>();
+            // SAFETY: a round of this keyed cache's magazine, held under
+            // the flag: its first word is ours to read and write.
+            let left = unsafe { word.read() }.wrapping_sub(pcc.free_key);
+            // SAFETY: as above.
+            unsafe { word.write(left) };
+            if left != 0 {
+                return None;
+            }
         }
         crate::sync::interrupt_point::<P>();
         pcc.nr_allocs += 1;

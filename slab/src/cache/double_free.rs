@@ -18,7 +18,7 @@
 //! (four), and the alloc clears one word: +3 instructions per pair.
 //!
 //! **Nothing is handed out twice** (issue 33): the alloc hit takes the key
-//! ([`take_key`]: one `sub` of the key to memory, 0 being the cleared
+//! (the alloc hit, `KmemCache::alloc_hit`: one `sub` of the key to memory, 0 being the cleared
 //! key, and its branch: +2 a pair) and hands out only a round that held
 //! it; the miss ([`KmemCache::round_intact`]) and a drain to the slab
 //! layer ([`KmemCache::intact_rounds`]) test every round the same way.
@@ -247,16 +247,6 @@ pub(crate) unsafe fn holds_key(obj: NonNull<u8>, key: usize) -> bool {
     unsafe { obj.as_ptr().read() == key as u8 && key_word(obj).read() == key }
 }
 
-/// Mark `obj` freed: the key in its first word.
-///
-/// # Safety
-/// As for [`holds_key`], and the caller gives the object up.
-#[inline(always)]
-pub(crate) unsafe fn write_key(obj: NonNull<u8>, key: usize) {
-    // SAFETY: per our caller.
-    unsafe { key_word(obj).write(key) };
-}
-
 /// Clear the key of an object a keyed cache hands out (glibc `e->key =
 /// 0`), so that only its owner can put the key back.
 ///
@@ -269,50 +259,9 @@ pub(crate) unsafe fn clear_key(obj: NonNull<u8>) {
     unsafe { key_word(obj).write(0) };
 }
 
-/// A round leaving a magazine of a keyed cache for a caller (the alloc
-/// hit, with this CPU's magazines held): its key is taken (cleared), and
-/// true; or, if it does not hold the key, false, the round left where it
-/// is (its word less the key: still not the key) for the miss,
-/// which pops it again, reports it and keeps it from every caller
-/// ([`KmemCache::round_intact`]).
-///
-/// Every object entering a magazine holds the key (every free writes
-/// it) and every object leaving one for a caller has it cleared, so an
-/// object that was handed out and not freed since never holds it (its
-/// owner cannot know this boot's key). A round without it is a use
-/// after free's write, or the second copy of a double free whose first
-/// copy went out already (the key written over by a use after free, so
-/// the double free passed the free's test): never handed out twice.
-///
-/// One read-modify-write (`sub` of the key: 0 is the cleared key) and
-/// its branch, where the hit stored 0: +2 instructions a pair with the
-/// key's load from the per-CPU line. (A restartable hit cannot write
-/// before its commit: it compares, +3: `restart.rs`.)
-///
-/// # Safety
-/// `obj` is a round of a keyed cache's magazine held by the caller (its
-/// key in word 0), taken by the caller if this returns true.
-#[inline(always)]
-pub(crate) unsafe fn take_key(obj: NonNull<u8>, key: usize) -> bool {
-    let word = key_word(obj);
-    // SAFETY: per our caller, an object of a keyed cache, ours.
-    let left = unsafe { word.read() }.wrapping_sub(key);
-    // The word less the key: 0 (cleared) if it held the key, else still
-    // not the key (unless it was twice the key), which the miss reads as
-    // a round without its key. No undo, so that the compiler folds the
-    // load, subtract and store into one `sub` to memory whose flags the
-    // branch tests, and the hit stays small enough to inline.
-    // SAFETY: as above.
-    unsafe { word.write(left) };
-    if left != 0 {
-        return false;
-    }
-    true
-}
-
 impl<P: Platform> KmemCache<P> {
     /// Whether `obj`, a round just taken from one of this cache's
-    /// magazines, still holds the mark its free left (see [`take_key`];
+    /// magazines, still holds the mark its free left (see the alloc hit, `KmemCache::alloc_hit`;
     /// any cache: the mark where [`KeyPlace`] says, nothing to test for
     /// an unmarked or bufctl-marked cache). Reported if not: the caller
     /// then keeps it from every caller and from its slab.
@@ -333,7 +282,7 @@ impl<P: Platform> KmemCache<P> {
         false
     }
 
-    /// [`take_key`] for the flagged alloc of a keyless cache (any cache: the mark where
+    /// The alloc hit's key take for the flagged alloc of a keyless cache (any cache: the mark where
     /// [`KeyPlace`] says, left in place: the post-alloc hook clears it).
     ///
     /// # Safety

@@ -4,10 +4,10 @@
 //! page-map slot, one multiply) and come through
 //! [`KmemCache::free_located`]:
 //!
-//! 1. the hit ([`KmemCache::free_hit`]): one test of the hot flags
-//!    (`HotFlags::FREE_SLOW`: no feature on for this cache), then the
-//!    magazine hit ([`KmemCache::magazine_free_hit`]: the free key tested
-//!    and written, push on this CPU's `loaded`);
+//! 1. the hit ([`KmemCache::free_hit`], the one copy): one test of the
+//!    hot flags (`HotFlags::FREE_SLOW`: no feature on for this cache),
+//!    then this CPU's in-use flag taken, the free key tested and
+//!    written, and the push on its `loaded`, written out there;
 //! 2. else [`KmemCache::free_off_hit`], out of line, one load of the hot
 //!    flags for its ways: no feature on, the one slow function for the
 //!    miss ([`KmemCache::free_slow`]: the double-free confirmation,
@@ -29,14 +29,14 @@
 
 use core::ptr::{self, NonNull};
 
-use super::{HotFlags, KmemCache, double_free};
+use super::{HotFlags, KmemCache};
 use crate::error::FreeError;
 use crate::layout::geometry::SlabKind;
-use crate::layout::pagemap::{PageEntry, PageSlot};
-use crate::magazine::{MAG_FREE_RETRIES, Magazine};
+use crate::layout::pagemap::{PageEntry, PageMap, PageSlot};
+use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuCache};
 use crate::platform::Platform;
 use crate::slab::{SLAB_MAGIC, Slab, small_header};
-use crate::sync::IrqGuard;
+use crate::sync::{IrqGuard, LocalLocked};
 
 /// Where the page map put a freed pointer: its object index and its
 /// page-map slot (the slab struct is read from the slot only off the
@@ -115,6 +115,38 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
+    /// Locate a freed pointer (`Kmem::kfree`, `GlobalAlloc::dealloc`
+    /// and `realloc`, in the allocator's page map `map`): its page-map slot gives the stride magic
+    /// (0 for a page that is not a slab page) and the slab's first
+    /// object, and one multiply checks the object start and gives the
+    /// index; then the slot names the owning cache, for the index bound. No slab header is read. `None` for anything else, with
+    /// nothing changed. No readiness test: `init` publishes the page map
+    /// (READY, Release) before any allocation; before it the map is empty
+    /// (no pages), every address misses and goes to the slow path, which
+    /// tests.
+    #[inline(always)]
+    pub(crate) fn locate_allocated(map: PageMap, addr: usize) -> Option<(&'static Self, Located)> {
+        let slot = map.slot(addr)?;
+        // The object-start test by the slot's magic (Acquire, first): 0
+        // on any page that is no slab page, so it refuses those too and
+        // the owner needs no null test.
+        let (index, exact) = obj_index_with(slot.magic(), addr.wrapping_sub(slot.base()));
+        if !exact {
+            return None;
+        }
+        // SAFETY: the magic was non-zero, so the owner written before it
+        // (Release) is visible and non-null (never cleared once set): a
+        // cache of this allocator (same P) with a live slab on the page,
+        // alive while it has slabs (a cache in use is never destroyed:
+        // `destroy` requires no objects allocated); the magic is cleared
+        // before the slab goes.
+        let cache: &'static Self = unsafe { &*(slot.cache() as *const Self) };
+        if index >= cache.params.nr_objs_per_slab {
+            return None;
+        }
+        Some((cache, Located { index, slot }))
+    }
+
     /// The free, once the owner check passed (`KmemCache::free`,
     /// `Kmem::kfree`): [`Self::free_hit`], else
     /// [`Self::free_off_hit`].
@@ -128,25 +160,12 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         at: Located,
     ) -> Result<(), FreeError> {
-        // SAFETY: per our caller.
-        if unsafe { self.free_hit(obj) } {
+        // SAFETY: per our caller; a cache without slow flags is keyed.
+        if unsafe { self.free_hit::<{ HotFlags::FREE_SLOW.bits() }>(obj, true) } {
             return Ok(());
         }
         // SAFETY: per our caller; the hit changed nothing.
         unsafe { self.free_off_hit(obj, at) }
-    }
-
-    /// The hit: one test of the hot flags (no feature on for this cache),
-    /// then the magazine hit (the free key tested and written). False
-    /// (nothing changed) otherwise.
-    ///
-    /// # Safety
-    /// As for [`Self::free_located`].
-    #[inline(always)]
-    pub(crate) unsafe fn free_hit(&self, obj: NonNull<u8>) -> bool {
-        // SAFETY: per our caller; a cache without slow flags is keyed.
-        !crate::sync::flags_any::<{ HotFlags::FREE_SLOW.bits() }>(&self.hot_flags)
-            && unsafe { self.magazine_free_hit(obj, true) }
     }
 
     /// The free past a failed [`Self::free_hit`], out of line and reached
@@ -189,7 +208,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; no rare bit, so nothing refuses.
             let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
             // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
-            if unsafe { self.magazine_free_hit(obj, true) } {
+            if unsafe { self.free_hit::<0>(obj, true) } {
                 return Ok(());
             }
         }
@@ -218,7 +237,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: per our caller; no rare bit, so nothing refuses.
         let _ = unsafe { self.free_hook::<false>(obj, slab, index, hot) };
         // SAFETY: per our caller; a keyed cache.
-        if unsafe { self.magazine_free_hit(obj, true) } {
+        if unsafe { self.free_hit::<0>(obj, true) } {
             return self.kmemtrace_freed(obj, irq);
         }
         drop(irq);
@@ -263,7 +282,7 @@ impl<P: Platform> KmemCache<P> {
             let hit = !(keyless && self.key_place.marks())
                 // SAFETY: per our caller, checked by the hook; keyed as
                 // the cache says.
-                && unsafe { self.magazine_free_hit(obj, !keyless) };
+                && unsafe { self.free_hit::<0>(obj, !keyless) };
             if hit {
                 return Ok(());
             }
@@ -273,37 +292,61 @@ impl<P: Platform> KmemCache<P> {
         self.free_event(obj, result, hot, irq)
     }
 
-    /// The magazine hit of a free: push `obj` on this CPU's `loaded`.
-    /// False (nothing changed but the key's test) if `loaded` is full or
-    /// absent, if this CPU's per-CPU cache is held by the code an
-    /// interrupt handler interrupted, or if `obj` holds the free key
-    /// (`keyed`) or is on top of `loaded` (keyless: Linux's naive check).
+    /// The hit, the one copy (SLUB `slab_free`'s `free_to_pcs`, Akaros
+    /// `kmem_cache_free`'s magazine push), top to bottom: the hot-flags
+    /// test (any bit of `SLOW` set: a feature is on for this cache, so
+    /// false); this CPU's per-CPU cache taken by its in-use flag (false
+    /// if held: an interrupt handler that interrupted its holder); room
+    /// in `loaded` (false if full or absent); the double-free test (false
+    /// if `obj` holds the free key (`keyed`) or is on top of `loaded`
+    /// (keyless: Linux's naive check)), the key written; `obj` pushed;
+    /// the flag given back (the guard's drop). False changes nothing.
+    ///
+    /// `SLOW` is [`HotFlags::FREE_SLOW`]'s bits from the front doors
+    /// (`free_located`, `GlobalAlloc::dealloc`), 0 from the hooked paths,
+    /// which tested the flags already. With restartable hits
+    /// ([`crate::restart`]) a keyed push is that file's sequence instead.
     ///
     /// # Safety
     /// `obj` is a constructed, busy object of this cache that the caller
-    /// gives up if this returns true; `keyed` only if the cache is keyed.
+    /// gives up if this returns true; `keyed` only if the cache is keyed
+    /// (with `SLOW` non-zero, a cache without slow flags is keyed).
     #[inline(always)]
-    pub(crate) unsafe fn magazine_free_hit(&self, obj: NonNull<u8>, keyed: bool) -> bool {
+    pub(crate) unsafe fn free_hit<const SLOW: u32>(&self, obj: NonNull<u8>, keyed: bool) -> bool {
+        if SLOW != 0 && crate::sync::flags_any::<SLOW>(&self.hot_flags) {
+            return false;
+        }
+        let offset = P::cpu_offset();
         if keyed && crate::restart::enabled::<P>() {
             // SAFETY: this CPU's per-CPU cache, PCPU_OFFSET bytes after
             // the cache; the platform's hits are restartable; per our
             // caller, obj is a busy object of this keyed cache, given up
             // if pushed.
             return unsafe {
-                crate::restart::push::<Self>((self as *const Self).cast(), P::cpu_offset(), obj)
+                crate::restart::push::<Self>((self as *const Self).cast(), offset, obj)
             };
         }
-        // This CPU's per-CPU cache, held through its in-use flag while
-        // `pcpu` lives; `None` if the flag is held (an interrupt handler
-        // that interrupted its holder: the slow path leaves the magazines
-        // alone). Only caches with a magazine layer get here (the
-        // bootstrap ones are refused on their `BOOTSTRAP` paths first).
+        // Only caches with a magazine layer get here (the bootstrap ones
+        // are refused on their `BOOTSTRAP` paths first).
         debug_assert!(self.has_magazines() && P::cpu_id() <= self.last_cpu);
-        // SAFETY: pcpu has nr_cpus slots of CPU_SLOT_BYTES, alive as long
-        // as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES with
-        // cpu_id() < nr_cpus (the Platform contract): this CPU's slot.
+        // This CPU's per-CPU cache: the array lies PCPU_OFFSET bytes
+        // after the cache (`pcpu_array`), this CPU's line `offset` into it.
+        let array: *const PcpuCache = core::ptr::with_exposed_provenance(
+            (self as *const Self).addr().wrapping_add(Self::PCPU_OFFSET),
+        );
+        // SAFETY: the array has nr_cpus lines of CPU_SLOT_BYTES, alive as
+        // long as the cache; cpu_offset() is cpu_id() * CPU_SLOT_BYTES
+        // with cpu_id() < nr_cpus (the Platform contract): this CPU's.
+        let line = unsafe { &*array.byte_add(offset) };
+        // SAFETY: this CPU's line; its flag is at array + offset +
+        // IN_USE_AT, and `inner` is reached only under it.
         let Some(mut pcpu) = (unsafe {
-            crate::magazine::PcpuCache::try_lock::<P>(self.pcpu_array(), P::cpu_offset())
+            LocalLocked::<P, _>::try_lock::<{ PcpuCache::IN_USE_AT }>(
+                array.cast(),
+                offset,
+                &line.in_use,
+                &line.inner,
+            )
         }) else {
             return false;
         };
@@ -320,12 +363,20 @@ impl<P: Platform> KmemCache<P> {
             // was freed already (the miss confirms and refuses); else it
             // gets it. Load, compare, store.
             let key = pcc.free_key;
-            // SAFETY: per our caller, an object of this keyed cache.
-            if unsafe { double_free::holds_key(obj, key) } {
+            #[expect(
+                clippy::cast_ptr_alignment,
+                reason = "objects start 8-aligned: every alignment is at least 8"
+            )]
+            let word = obj.as_ptr().cast::<usize>();
+            // The low byte first, then the word (why: `double_free::holds_key`,
+            // a store-forwarding stall avoided).
+            // SAFETY: per our caller, an object of this keyed cache: at
+            // least 8 bytes of its stride, 8-aligned, ours to read.
+            if unsafe { obj.as_ptr().read() == key as u8 && word.read() == key } {
                 return false;
             }
             // SAFETY: as above; the caller gives it up (pushed below).
-            unsafe { double_free::write_key(obj, key) };
+            unsafe { word.write(key) };
         } else {
             // Linux's naive double-free check: the object already on top
             // of `loaded` (the miss path refuses it). With no rounds the

@@ -57,8 +57,8 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// This CPU's per-CPU cache for code off the hits (the hits take it
-    /// by its in-use flag themselves: `magazine_alloc_hit`,
-    /// `magazine_free_hit`), with interrupts off
+    /// by its in-use flag themselves: `alloc_hit`,
+    /// `free_hit`), with interrupts off
     /// (`irq`); `None` if a hit this code interrupted holds the per-CPU
     /// cache.
     #[inline]
@@ -234,7 +234,7 @@ impl<P: Platform> KmemCache<P> {
     /// magazine of an older type the depot did not keep is freed after
     /// interrupts are back on.
     /// A round without the mark its free left is reported and kept from
-    /// every caller (`double_free.rs`, `take_key`): the next is taken.
+    /// every caller (`cache/alloc.rs`, `alloc_hit`): the next is taken.
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
         loop {
             let obj = self.magazine_miss(

@@ -6,47 +6,73 @@
 //!
 //!
 //! ```text
-//!  KmemCache::alloc / alloc_tagged   Kmem::kmalloc, GlobalAlloc::alloc
-//!            │                        │ kmalloc_checked: the size class's cache
-//!            ▼                        ▼ (page-granular: allocator/kmalloc.rs)
-//!  alloc_at ─ flags? ─no─► magazine_alloc_hit
-//!     │ (alloc_hit)              │ miss
-//!     ▼ yes                      ▼
+//!  KmemCache::alloc      alloc_tagged, Kmem::kmalloc   GlobalAlloc::alloc
+//!        │                  │ alloc_at (kmalloc_checked:   │ the size class's
+//!        │                  │ the size class's cache)      │ cache
+//!        └──────────────────┴──────────────┬───────────────┘
+//!                                          ▼
+//!  alloc_hit: flags? ─no─► in-use flag, pop `loaded`, take the free key
+//!     │ yes, or a miss (returns None: nothing changed)
+//!     ▼
 //!  alloc_off_hit: no flag: alloc_slow (prev, depot, slab); usual words
-//!     (profiling, recording) on a hit: post_alloc_hook inline; else
-//!     alloc_hooked_cold: pre_alloc_hook, hit or miss, post_alloc_hook
-//!     (hooks.rs)
+//!     (profiling, recording) on a hit (alloc_hit::<0, _>): post_alloc_hook
+//!     inline; else alloc_hooked_cold: pre_alloc_hook, hit or miss,
+//!     post_alloc_hook (hooks.rs)
 //!
 //!  KmemCache::free   Kmem::kfree   GlobalAlloc::dealloc
 //!     (page map)       locate_allocated    locate_allocated   (one page-map
-//!        └──────────────────┴─────────┬─────────┘               slot, one multiply)
+//!        │                  │ free_located      │             slot, one multiply)
+//!        └ free_located ────┴─────────┬─────────┘
 //!                                     ▼
-//!  free_located ─ flags? ─no─► magazine_free_hit
-//!     │ (free_hit)                 │ full
-//!     ▼ yes                        ▼
+//!  free_hit: flags? ─no─► in-use flag, test and write the free key, push
+//!     │ yes, or full (returns false: nothing changed)
+//!     ▼
 //!  free_off_hit: no flag: free_slow (double-free confirmation, prev,
 //!     depot, new magazine, slab); usual words: free_hook inline, the hit
-//!     (free_recorded with recording); else free_hooked: free_hook, hit
-//!     or miss, the event
+//!     (free_hit::<0>; free_recorded with recording); else free_hooked:
+//!     free_hook, hit or miss, the event
 //!  (anything the page map does not vouch for: free_unlocated /
 //!   kfree_slow, with the error reports; page-granular kfree:
 //!   allocator/kmalloc.rs)
 //! ```
 //!
-//! Source calls on a plain hit (all inlined): `KmemCache::alloc` ►
-//! `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit` (`cache/alloc.rs`)
-//! ► `restart::pop` (`restart.rs`, a kernel's restartable sequence) or
-//! `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
-//! ► `take_flag` (`sync.rs`), beside `flags_any` (`sync.rs`) and
-//! `take_key` (`cache/double_free.rs`): 4 calls deep in 3 files with
-//! the restartable sequence, 6 in 4 files with the in-use flag. A free:
-//! `KmemCache::free` (the page-map locate inline) ► `free_located` ►
-//! `free_hit` ► `magazine_free_hit` (`cache/free.rs`) ► `restart::push`
-//! or the same per-CPU chain, the free key's `holds_key`/`write_key`;
-//! `GlobalAlloc::dealloc` ► `locate_allocated` (`allocator/kmalloc.rs`),
-//! then `free_hit` as above. A debug cache's free: `cache/free.rs`
-//! (`free_off_hit`, `free_hooked`) ► `cache/hooks.rs` (`free_hook`) ►
-//! `cache/debug.rs` ► the trailer (`debug/`).
+//! **Source calls on a plain hit** (all inlined; the platform's
+//! `cpu_offset`, field accessors and the guard's `get` aside), one hit
+//! per direction, written top to bottom in one function of one file
+//! (SLUB `slab_alloc_node` / `slab_free`, Akaros `kmem_cache_alloc` /
+//! `kmem_cache_free`), taking the in-use flag itself:
+//!
+//! - alloc, the in-use flag (the default): `KmemCache::alloc` ►
+//!   `alloc_hit` (`cache/alloc.rs`: the flag test, the per-CPU line, the
+//!   pop, the free key's take, the count) ► `flags_any` and
+//!   `LocalLocked::try_lock` (`sync.rs`) ► `take_flag` (`sync.rs`; the
+//!   guard's drop gives the flag back): **3 calls in 2 files** (before:
+//!   `alloc` ► `alloc_at` ► `alloc_hit` ► `magazine_alloc_hit` ►
+//!   `PcpuCache::try_lock` (`magazine/mod.rs`) ► `LocalLocked::try_lock`
+//!   ► `take_flag`, `take_key` in `cache/double_free.rs`, `pcpu_array`
+//!   in `cache/magazines.rs`: 6 calls in 4 files, 5 with `pcpu_array`). With the restartable
+//!   sequence: `alloc` ► `alloc_hit` ► `restart::pop` (`restart.rs`),
+//!   `flags_any`: 2 calls in 3 files. `alloc_tagged` and kmalloc come
+//!   through `alloc_at`, one call more; `GlobalAlloc::alloc` calls
+//!   `alloc_hit` itself.
+//! - free, `KmemCache::free` (the page-map slot read inline: `slot`,
+//!   `magic`, `cache`, `base` of `layout/pagemap.rs`, then `index_with`
+//!   ► `obj_index_with`) ► `free_located` ► `free_hit` (`cache/free.rs`:
+//!   the flag test, the per-CPU line, room, the free key's test and
+//!   write, the push) ► `flags_any` and `LocalLocked::try_lock` ►
+//!   `take_flag` (`sync.rs`): **4 calls in 3 files** (`cache/free.rs`,
+//!   `sync.rs`, `layout/pagemap.rs`; before: 6 calls in 6 files, with
+//!   `free_hit` ► `magazine_free_hit` ► `PcpuCache::try_lock`, the key's
+//!   `holds_key` / `write_key` in `cache/double_free.rs` and
+//!   `pcpu_array`). `GlobalAlloc::dealloc` (`allocator/global_alloc.rs`)
+//!   ► `KmemCache::locate_allocated` (`cache/free.rs`, with the same
+//!   page-map accessors and the allocator's `page_map`) and `free_hit` ►
+//!   `LocalLocked::try_lock` ► `take_flag`: 3 calls, in
+//!   `global_alloc.rs`, `cache/free.rs` and `sync.rs` (before: 5 calls,
+//!   `locate_allocated` in `allocator/kmalloc.rs`).
+//! - a debug cache's free: `cache/free.rs` (`free_located`, `free_hit`'s
+//!   flag test, `free_off_hit`, `free_hooked`) ► `cache/hooks.rs`
+//!   (`free_hook`) ► `cache/debug.rs` ► the trailer (`debug/`).
 //!
 //! **What the one path costs** (callgrind, instructions per operation
 //! with the bench's harness, `bench/profile.sh`; before: fa3c33a, with a
@@ -147,7 +173,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub use crate::trace_table::CacheTrace;
 pub(crate) use alloc::unready;
 pub(crate) use double_free::{boot_free_key, key_after};
-pub(crate) use free::{Located, obj_index_with};
+pub(crate) use free::Located;
 pub(crate) use owner::{CacheOwner, OwnerCache};
 
 use crate::constructor::{Ctor, Dtor};

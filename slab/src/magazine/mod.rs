@@ -415,7 +415,7 @@ pub(crate) struct PcpuCache {
     /// The in-use flag ([`LocalLocked`](crate::sync::LocalLocked)):
     /// `inner` belongs to whoever set it. In the line the hits read
     /// anyway, after `inner`.
-    in_use: AtomicU8,
+    pub(crate) in_use: AtomicU8,
 }
 
 const _: () = {
@@ -443,32 +443,11 @@ impl PcpuCache {
         }
     }
 
-    /// This CPU's state for a magazine hit, interrupts possibly on (see
-    /// [`LocalLocked::try_lock`](crate::sync::LocalLocked::try_lock)): the
-    /// per-CPU cache `offset` bytes into `array`; `None` if the flag is
-    /// held: the caller interrupted its holder.
-    ///
-    /// # Safety
-    /// `array + offset` is the running CPU's per-CPU cache, alive for
-    /// `'a`.
-    #[inline(always)]
-    pub(crate) unsafe fn try_lock<'a, P: crate::Platform>(
-        array: *const PcpuCache,
-        offset: usize,
-    ) -> Option<crate::sync::LocalLocked<'a, P, PcpuInner>> {
-        // SAFETY: per our caller, a live per-CPU cache, ours for 'a.
-        let this: &'a PcpuCache = unsafe { &*array.byte_add(offset) };
-        // SAFETY: per our caller; `inner` is reached only under the flag,
-        // which is at array + offset + FLAG_OFFSET.
-        unsafe {
-            crate::sync::LocalLocked::try_lock::<{ core::mem::offset_of!(PcpuCache, in_use) }>(
-                array.cast(),
-                offset,
-                &this.in_use,
-                &this.inner,
-            )
-        }
-    }
+    /// Byte offset, in a `PcpuCache`, of its in-use flag: the hits
+    /// (`cache/alloc.rs`, `cache/free.rs`) take it as the byte at
+    /// `array + offset + IN_USE_AT`
+    /// ([`LocalLocked::try_lock`](crate::sync::LocalLocked::try_lock)).
+    pub(crate) const IN_USE_AT: usize = core::mem::offset_of!(PcpuCache, in_use);
 
     /// Byte offsets, in a `PcpuCache`, of the fields the restartable hits
     /// ([`crate::restart`]) read and write (`UnsafeCell` is
@@ -485,7 +464,7 @@ impl PcpuCache {
     pub(crate) const FREE_KEY_AT: usize =
         core::mem::offset_of!(PcpuCache, inner) + core::mem::offset_of!(PcpuInner, free_key);
 
-    /// [`PcpuCache::try_lock`] for code that excludes this CPU's other
+    /// The hits' take of the in-use flag ([`PcpuCache::IN_USE_AT`]) for code that excludes this CPU's other
     /// interrupts-off sections already: interrupts off on this CPU, or a
     /// cross-CPU call running on it.
     ///

@@ -52,7 +52,7 @@ fn handed_out_twice(
 /// free key), free again: the second free passes the key's test, so the
 /// object rests twice in the magazines. Verdict **detected**: the copy
 /// that leaves a magazine without its key is reported
-/// (`ModifiedAfterFree`) and never handed out (`double_free::take_key`;
+/// (`ModifiedAfterFree`) and never handed out (the alloc hit's key take, `KmemCache::alloc_hit`;
 /// without it the object comes back twice).
 fn uaf_write_then_double_free(size: usize, overwrite: usize, free_cpu: usize, refree_cpu: usize) {
     let (alloc, _) = setup(512);
