@@ -195,7 +195,7 @@ impl<P: Platform> Kmem<P> {
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`]; `ptr` is an allocated object of
-    /// `cache` ([`Kmem::locate_allocated`]).
+    /// `cache` ([`KmemCache::locate_allocated`]).
     #[inline(never)]
     unsafe fn realloc_move(
         &self,

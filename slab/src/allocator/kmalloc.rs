@@ -1,9 +1,9 @@
 //! kmalloc: the size classes (`kmalloc-8` … `kmalloc-8192`: the Linux
 //! set and classes between them) and page-granular allocations above
-//! them, `kfree` (its locate, then the cache's one free,
-//! `KmemCache::free_located`, or the page-granular half), `ksize` and
-//! `owns`. A size class's alloc is its cache's one alloc
-//! (`KmemCache::alloc_at`, `cache/alloc.rs`).
+//! them, `kfree` (its locate, `KmemCache::locate_allocated` in
+//! `cache/free.rs`, then the cache's one free, `KmemCache::free_located`,
+//! or the page-granular half), `ksize` and `owns`. A size class's alloc
+//! is its cache's one alloc (`KmemCache::alloc_at`, `cache/alloc.rs`).
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
