@@ -329,7 +329,13 @@ impl<P: Platform> KmemCache<P> {
         if self.kind == SlabKind::Small {
             let list = self.params.free_list(base);
             // SAFETY: per the caller: the slab's list and map, locked.
-            let checked = unsafe { list.check((*slab).free as usize, &(*slab).free_map) };
+            let checked = unsafe {
+                list.check(
+                    (*slab).free as usize,
+                    &(*slab).free_map,
+                    (*slab).nr_fresh.into(),
+                )
+            };
             match checked {
                 Ok(nr_free) => {
                     nr_objects += nr_free;
@@ -417,7 +423,9 @@ impl<P: Platform> KmemCache<P> {
                     // SAFETY: the slab's list and map, under the lock.
                     let free_map = unsafe { &(*slab).free_map };
                     // SAFETY: as above.
-                    match unsafe { list.check((*slab).free as usize, free_map) } {
+                    match unsafe {
+                        list.check((*slab).free as usize, free_map, (*slab).nr_fresh.into())
+                    } {
                         Ok(nr_free) if nr_free + nr_busy as usize == nr_objs as usize => {}
                         Ok(_) => {
                             result = Err(error("free objects + busy != objects", slab as usize))

@@ -311,7 +311,8 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The one slow function of the allocation: the magazine miss
-    /// (`prev`, the depot), then the slab layer (constructed). Not
+    /// (`prev`, the depot), then the slab layer (constructed; a batch
+    /// that also refills `loaded`: `KmemCache::slab_refill`). Not
     /// marked, not traced. `KEYED` (the plain allocation of a keyed
     /// cache): the free key cleared; else the caller's post-alloc hook
     /// clears it or the mark.
@@ -322,7 +323,7 @@ impl<P: Platform> KmemCache<P> {
         self.owner().kfence_tick();
         let obj = match self.magazine_alloc_miss() {
             Some(obj) => obj,
-            None => self.slab_alloc_constructed()?,
+            None => self.slab_refill()?,
         };
         if KEYED {
             // SAFETY: just taken; a keyed cache.

@@ -2,18 +2,24 @@
 //! cache's calls into it, and what the layer asks of the cache
 //! ([`SlabOwner`]: identity, error sink, bootstrap caches, debug hooks).
 
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
 
 use core::sync::atomic::Ordering;
 
+use super::double_free::KeyPlace;
 use super::{KmemCache, OwnerCache};
 #[cfg(feature = "alloc-profiling")]
 use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
-use crate::platform::PageSource;
+use crate::layout::geometry::SlabKind;
+use crate::magazine::{
+    MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, Magazine, PcpuSynced, no_magazine, rounds_of,
+};
 use crate::platform::Platform;
+use crate::platform::{PAGE_SIZE, PageSource};
 use crate::reports::error::ErrorReport;
 use crate::slab::{Metadata, Slab, SlabOwner};
+use crate::sync::IrqGuard;
 
 /// The slab layer's entry points used by the rest of the crate.
 impl<P: Platform> KmemCache<P> {
@@ -28,6 +34,124 @@ impl<P: Platform> KmemCache<P> {
         let obj = self.slab.alloc_constructed(&self.params, self)?;
         self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
         Ok(obj)
+    }
+
+    /// The alloc miss's trip to the slab layer (`loaded`, `prev` and the
+    /// depot had no round): one object for the caller and, taken in the
+    /// same pass under one slab lock, up to a magazine's worth more for
+    /// this CPU's `loaded` (Bonwick & Adams 2001 leave the magazine empty
+    /// and go down once per object; SLUB's `kmem_cache_alloc_bulk` and
+    /// Linux SLAB's `cache_alloc_refill` take a batch): the next
+    /// allocations are hits. From one slab only (the one the layer would
+    /// give the next object from, or one new slab), so a refill never
+    /// takes a page the single object would not have. The rounds hold the
+    /// free key, as every free leaves them (`double_free.rs`). Keyed
+    /// caches only; the others take one object, as before.
+    ///
+    /// # Errors
+    /// As for [`SlabLayer::alloc_constructed`].
+    pub(crate) fn slab_refill(&self) -> Result<NonNull<u8>, AllocError> {
+        // Keyed caches only (no constructor, destructor or debug flags,
+        // not `NOTOUCH` nor bootstrap: `double_free::keyed`): a refill
+        // then costs no constructor calls, and the rounds need only
+        // their key. The others go down once per object, as before.
+        if self.key_place != KeyPlace::Word(0) || !self.has_magazines() {
+            return self.slab_alloc_constructed();
+        }
+        // The batch doubles with each trip down (1, 2, 4, ... objects),
+        // up to half a magazine and one (Linux SLAB's `batchcount`,
+        // leaving room for the frees that follow) and a page of objects:
+        // a cache allocated from once takes one object, and the rounds
+        // resting in magazines stay few (`partitioning_memory_cost`).
+        let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
+        let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
+        let nr_wanted = (capacity / 2 + 1)
+            .min(1 << nr_trips.min(6))
+            .min((2 * PAGE_SIZE / self.params.stride).max(1));
+        let mut batch = [ptr::null_mut(); MAG_MAX_ROUNDS + 1];
+        let nr = self
+            .slab
+            .alloc_batch(&self.params, self, &mut batch[..nr_wanted])?;
+        let (&first, rounds) = batch[..nr].split_first().ok_or(AllocError::OutOfMemory)?;
+        if self.kind == SlabKind::Bufctl {
+            // A bufctl slab never touches its objects: the rounds get
+            // their key here (a small slab's hold it already, checked as
+            // they were taken).
+            for &round in rounds {
+                // SAFETY: an object of ours, nobody else's.
+                unsafe { self.mark_key(NonNull::new_unchecked(round), true) };
+            }
+        }
+        let nr_loaded = self.load_rounds(rounds);
+        if nr_loaded < rounds.len() {
+            // SAFETY: objects of our slabs, nobody else's (no destructor:
+            // a keyed cache).
+            unsafe { self.slab_free_objects(&rounds[nr_loaded..]) };
+        }
+        self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the slab layer hands out no null object.
+        Ok(unsafe { NonNull::new_unchecked(first) })
+    }
+
+    /// Push `rounds` (objects of a keyed cache from the slab layer) onto this
+    /// CPU's `loaded`, each marked freed, as far as it has room; a CPU
+    /// without a magazine gets an empty `prev` swapped in or a new one.
+    /// Returns how many went in (0 in an interrupt handler that
+    /// interrupted this CPU's hit, or with no magazine to be had).
+    fn load_rounds(&self, rounds: &[*mut u8]) -> usize {
+        let mut spare: *mut Magazine = ptr::null_mut();
+        let nr_loaded = loop {
+            let irq = IrqGuard::<P>::new();
+            let Some(mut locked) = self.pcpu_lock_here(&irq) else {
+                break 0;
+            };
+            let mut pcc = PcpuSynced::new(locked.get());
+            if pcc.loaded == no_magazine() {
+                // SAFETY: this CPU's magazines, interrupts off.
+                if pcc.prev != no_magazine() && unsafe { rounds_of(pcc.prev) } == 0 {
+                    pcc.swap_magazines();
+                } else if !spare.is_null() {
+                    pcc.loaded = spare;
+                    spare = ptr::null_mut();
+                } else {
+                    drop(pcc);
+                    drop(locked);
+                    drop(irq);
+                    match self.new_magazine() {
+                        Ok(mag) => spare = mag,
+                        Err(_) => return 0,
+                    }
+                    continue;
+                }
+            }
+            // The rounds hold the free key: copied as they are, as many
+            // as `loaded` has room for.
+            let loaded = pcc.loaded;
+            // SAFETY: a real magazine owned by this CPU, interrupts off,
+            // its header exact (`PcpuSynced`); its slots up to `capacity`
+            // are in its object.
+            let nr = unsafe {
+                let nr_rounds = (*loaded).nr_rounds as usize;
+                let nr = rounds
+                    .len()
+                    .min(((*loaded).capacity as usize).saturating_sub(nr_rounds));
+                ptr::copy_nonoverlapping(
+                    rounds.as_ptr(),
+                    Magazine::slots(loaded).add(nr_rounds),
+                    nr,
+                );
+                (*loaded).nr_rounds = (nr_rounds + nr) as u32;
+                nr
+            };
+            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(nr as u64);
+            break nr;
+        };
+        if !spare.is_null() {
+            // SAFETY: a new magazine (its `next` null: a list of one) no
+            // per-CPU cache or depot holds.
+            unsafe { self.free_magazines(&[spare]) };
+        }
+        nr_loaded
     }
 
     /// [`SlabLayer::free_raw`].

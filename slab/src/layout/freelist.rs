@@ -13,13 +13,24 @@
 //!   an object start inside the same slab whose bit is set in the slab's
 //!   bitmap of free objects (`free_map`, kept under the slab lock).
 //!
-//! A new slab's free list is threaded in a **random order** (Linux
+//! A new slab hands its objects out in a **random order** (Linux
 //! `CONFIG_SLAB_FREELIST_RANDOM`, 4.7: `shuffle_freelist`), so where the
 //! next objects of a fresh slab lie is not predictable, and a spray of
 //! allocations does not line up an attacker's object right after its
-//! target ([`FreeList::fill_shuffled`]: a Fisher–Yates shuffle from a
-//! per-boot seeded generator, once per new slab, on the slab layer's slow
-//! path; the magazine hits are unchanged).
+//! target. Nothing is built up front: a new slab only marks its objects
+//! free in the bitmap (and, in a keyed cache, writes their free key,
+//! [`FreeList::fresh`]) and stays in **bitmap mode** (`Slab::nr_fresh`,
+//! its free objects unthreaded) until it is first full: each object taken
+//! is the first free one at or after a random index
+//! ([`FreeList::take_random`]: a fresh draw of a per-boot seeded
+//! generator per object), and an object given back only sets its bit.
+//! Once full, the slab threads the objects that come back on the hardened
+//! linked list (**list mode**), as before. A slab of which one object is
+//! used costs one draw, not a shuffle of all of them (Fisher–Yates over
+//! the whole slab was ~28 instructions an object, up front); the order is
+//! not uniform (an object after a run of taken ones is likelier), but
+//! each pick is a new random draw, so seeing some objects says nothing
+//! of the next (docs/HARDENING.md has the trade).
 //!
 //! A link that fails the check is reported (`FreeListCorrupted`) and the
 //! free list is rebuilt from the bitmap, so the allocator never hands out
@@ -29,8 +40,6 @@
 //! never reach 0 while one of its objects is still with a caller.
 
 use core::sync::atomic::{AtomicU64, Ordering};
-
-use crate::layout::geometry::MAX_SMALL_OBJS;
 
 /// The free-list shuffle's generator state: a splitmix64 counter, seeded
 /// once a boot ([`init_shuffle`]), advanced by one step per new slab.
@@ -49,7 +58,7 @@ pub(crate) fn init_shuffle(seed: u64) {
 
 /// A random value for one new slab's shuffle (splitmix64 of the next
 /// counter value: distinct slabs, distinct values).
-fn shuffle_seed() -> u64 {
+pub(crate) fn shuffle_seed() -> u64 {
     let state = SHUFFLE_STATE
         .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
         .wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -264,41 +273,66 @@ impl FreeList {
         }
     }
 
-    /// Thread every object of a fresh slab (none on its free list yet)
-    /// onto the free list in a random order (Linux `shuffle_freelist`);
-    /// returns the head. A Fisher–Yates shuffle of the indices, from one
-    /// draw of the per-boot generator (xorshift64* from it). A slab whose
-    /// free objects are found by the bitmap (8-byte objects: the lowest
-    /// free object after each pop) gets a random head only.
+    /// Make every object of a fresh slab free without threading it (bitmap
+    /// mode): all marked in `map` (whole words at a time) and, in a keyed
+    /// cache, each given its free key (so a free of an object never
+    /// handed out is refused at the free, as for any free object). The
+    /// objects then leave by [`Self::take_random`].
     ///
     /// # Safety
     /// Every object of the slab is the slab layer's (a fresh slab); `map`
     /// is the slab's, all clear.
-    pub(crate) unsafe fn fill_shuffled(&self, map: &FreeMap) -> usize {
-        let nr_objs = self.nr_objs.min(MAX_SMALL_OBJS);
-        let mut order = [0u16; MAX_SMALL_OBJS];
-        for (index, slot) in order[..nr_objs].iter_mut().enumerate() {
-            *slot = index as u16;
-        }
-        let mut random = shuffle_seed() | 1;
-        for last in (1..nr_objs).rev() {
-            random ^= random >> 12;
-            random ^= random << 25;
-            random ^= random >> 27;
-            let draw = random.wrapping_mul(0x2545_f491_4f6c_dd1d);
-            // Lemire's multiply-shift: uniform enough in 0..=last.
-            let pick = ((u128::from(draw) * (last as u128 + 1)) >> 64) as usize;
-            order.swap(last, pick);
-        }
+    pub(crate) unsafe fn fresh(&self, map: &FreeMap) {
         self.mark_all_free(map);
-        let mut head = 0;
-        for &index in &order[..nr_objs] {
-            let obj = self.base + usize::from(index) * self.stride;
-            // SAFETY: per our caller, object `index` of the fresh slab.
-            unsafe { self.write_link(obj, head) };
-            head = obj;
+        if self.key != 0 {
+            for index in 0..self.nr_objs {
+                // SAFETY: per our caller, object `index` of the fresh
+                // slab; its first word is in its stride, 8-aligned.
+                unsafe { ((self.base + index * self.stride) as *mut usize).write(self.key) };
+            }
         }
-        head
+    }
+
+    /// Bitmap mode: take a free object of `map` (at least one, `nr_free`
+    /// of them), the first free one at or after a random index (wrapping
+    /// round), drawn from `random` (an xorshift64 state, advanced). The
+    /// object's bit is cleared; returns its index.
+    #[inline]
+    pub(crate) fn take_random(&self, map: &FreeMap, random: &mut u64) -> usize {
+        *random ^= *random << 13;
+        *random ^= *random >> 7;
+        *random ^= *random << 17;
+        let start = ((u128::from(*random) * self.nr_objs as u128) >> 64) as usize;
+        let nr_words = self.nr_objs.div_ceil(64);
+        let mut word = start / 64;
+        let mut bits = map[word].load(Ordering::Relaxed) & (u64::MAX << (start % 64));
+        let mut nr_looked = 0;
+        while bits == 0 {
+            word = if word + 1 == nr_words { 0 } else { word + 1 };
+            bits = map[word].load(Ordering::Relaxed);
+            nr_looked += 1;
+            // Round to the start's own word: its bits below the start.
+            debug_assert!(nr_looked <= nr_words, "take_random of a full slab");
+        }
+        let index = word * 64 + bits.trailing_zeros() as usize;
+        map[word].store(
+            map[word].load(Ordering::Relaxed) & !(1 << (index % 64)),
+            Ordering::Relaxed,
+        );
+        index
+    }
+
+    /// Bitmap mode: give object `index` back (busy): its bit set and, in a
+    /// keyed cache, its key written; not threaded.
+    ///
+    /// # Safety
+    /// `obj` is busy object `index` of this slab, given to the slab layer.
+    pub(crate) unsafe fn put_unthreaded(&self, map: &FreeMap, obj: usize, index: usize) {
+        if self.key != 0 {
+            // SAFETY: per our caller, the slab layer's object now.
+            unsafe { (obj as *mut usize).write(self.key) };
+        }
+        map_set(map, index);
     }
 
     /// Take the head of the free list (`head` non-zero), checking its link
@@ -373,16 +407,46 @@ impl FreeList {
 
     /// Walk the free list and check every link against the bitmap: each
     /// object appears once, the list holds exactly the bitmap's objects.
-    /// Returns the number of objects on it.
+    /// In bitmap mode (`nr_fresh` non-zero: the slab's free objects, none
+    /// threaded, [`Self::fresh`]) the list is empty, the bitmap holds
+    /// `nr_fresh` objects and each holds the key (a keyed cache).
+    /// Returns the number of free objects (the bitmap's).
     ///
     /// # Safety
     /// As for [`Self::rebuild`].
-    pub(crate) unsafe fn check(&self, head: usize, map: &FreeMap) -> Result<usize, BadLink> {
+    pub(crate) unsafe fn check(
+        &self,
+        head: usize,
+        map: &FreeMap,
+        nr_fresh: usize,
+    ) -> Result<usize, BadLink> {
+        if nr_fresh > 0 {
+            let nr_free = map_count(map);
+            if head != 0 || nr_free != nr_fresh {
+                return Err(BadLink {
+                    obj: 0,
+                    decoded: head,
+                });
+            }
+            for index in (0..self.nr_objs).filter(|&index| map_test(map, index)) {
+                let obj = self.base + index * self.stride;
+                // SAFETY: a free object of ours, per the bitmap.
+                if unsafe { self.lost_key(obj) } {
+                    return Err(BadLink {
+                        obj,
+                        // SAFETY: as above.
+                        decoded: unsafe { (obj as *const usize).read() },
+                    });
+                }
+            }
+            return Ok(nr_free);
+        }
         if self.by_map() {
             // SAFETY: per our caller.
             return unsafe { self.check_by_map(head, map) };
         }
         let nr_free = map_count(map);
+        let nr_listed = nr_free;
         if head != 0 && !self.link_ok(map, 0, head) {
             return Err(BadLink {
                 obj: 0,
@@ -395,16 +459,16 @@ impl FreeList {
             nr += 1;
             // SAFETY: a free object of ours (the previous link checked it).
             let next = unsafe { self.read_link(obj) };
-            // More links than free objects: a cycle.
-            if !self.link_ok(map, obj, next) || (next != 0 && nr >= nr_free) {
+            // More links than listed objects: a cycle.
+            if !self.link_ok(map, obj, next) || (next != 0 && nr >= nr_listed) {
                 return Err(BadLink { obj, decoded: next });
             }
             obj = next;
         }
-        if nr != nr_free {
+        if nr != nr_listed {
             return Err(BadLink { obj: 0, decoded: 0 });
         }
-        Ok(nr)
+        Ok(nr_free)
     }
 }
 
@@ -465,12 +529,12 @@ mod tests {
         assert_ne!(memory[0] as usize, list.base + 32);
         // SAFETY: the test's slab.
         unsafe {
-            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.check(head, &map, 0), Ok(16));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base + 32));
             assert!(!map_test(&map, 0) && map_test(&map, 2));
             list.push(&mut head, &map, list.base, 0);
-            assert_eq!(list.check(head, &map), Ok(15));
+            assert_eq!(list.check(head, &map, 0), Ok(15));
         }
     }
 
@@ -512,7 +576,7 @@ mod tests {
             assert_eq!(words(&map_a), words(&map_b));
             assert_eq!(map_count(&map_b), 70);
             // SAFETY: the test's slab.
-            assert_eq!(unsafe { b.check(head_b, &map_b) }, Ok(70));
+            assert_eq!(unsafe { b.check(head_b, &map_b, 0) }, Ok(70));
             // The links name the same objects (0: the end).
             let relative = |link: usize, base: usize| (link != 0).then(|| link - base);
             for index in 0..70 {
@@ -547,9 +611,9 @@ mod tests {
             let bad = list.pop(&mut head, &map).unwrap_err();
             assert_eq!(bad.obj, list.base);
             assert_ne!(bad.decoded, list.base + 32);
-            assert_eq!(list.check(head, &map).unwrap_err().obj, list.base);
+            assert_eq!(list.check(head, &map, 0).unwrap_err().obj, list.base);
             head = list.rebuild(&map);
-            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.check(head, &map, 0), Ok(16));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base));
         }
     }
@@ -569,7 +633,7 @@ mod tests {
             // A cycle: object 2 links back to object 1.
             let head2 = list.rebuild(&map);
             list.write_link(list.base + 64, list.base + 32);
-            assert!(list.check(head2, &map).is_err());
+            assert!(list.check(head2, &map, 0).is_err());
         }
         assert_eq!(list.index_of(list.base + 33), None);
         assert_eq!(list.index_of(list.base + 16 * 32), None);
@@ -597,18 +661,107 @@ mod tests {
             }
             // Every free object holds the key, and nothing else.
             assert!(memory.iter().all(|&word| word as usize == key));
-            assert_eq!(list.check(head, &map), Ok(16));
+            assert_eq!(list.check(head, &map, 0), Ok(16));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base + 8));
             list.push(&mut head, &map, list.base, 0);
-            assert_eq!(list.check(head, &map), Ok(15));
+            assert_eq!(list.check(head, &map, 0), Ok(15));
             assert_eq!(list.pop(&mut head, &map), Ok(list.base));
             // A write after free of object 2: its key is gone.
             memory[2] = 0x4141;
-            assert!(list.check(head, &map).is_err());
+            assert!(list.check(head, &map, 0).is_err());
             assert_eq!(list.pop(&mut head, &map).unwrap_err().obj, list.base + 16);
             head = list.rebuild(&map);
-            assert_eq!(list.check(head, &map), Ok(14));
+            assert_eq!(list.check(head, &map, 0), Ok(14));
+        }
+    }
+
+    #[test]
+    fn random_takes_are_each_object_once_and_not_a_stride() {
+        for nr_objs in [1, 2, 3, 7, 16, 31, 63, 64, 65, 100, 255, 256, 257, 511, 512] {
+            let mut firsts = std::collections::BTreeSet::new();
+            let mut orders = std::collections::BTreeSet::new();
+            for trial in 0..64u64 {
+                let list = FreeList {
+                    base: 0x10_0000,
+                    stride: 16,
+                    nr_objs,
+                    link_offset: 0,
+                    secret: 1,
+                    key: 0,
+                };
+                let map: FreeMap = Default::default();
+                list.mark_all_free(&map);
+                let mut random = freelist_secret(trial) as u64;
+                let order: std::vec::Vec<usize> = (0..nr_objs)
+                    .map(|_| list.take_random(&map, &mut random))
+                    .collect();
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    (0..nr_objs).collect::<std::vec::Vec<_>>(),
+                    "{nr_objs}"
+                );
+                assert_eq!(map_count(&map), 0);
+                firsts.insert(order[0]);
+                if nr_objs >= 16 {
+                    // Not a constant step (a random start and stride):
+                    // the distances between successive objects vary.
+                    let steps: std::collections::BTreeSet<usize> = order
+                        .windows(2)
+                        .map(|pair| (pair[1] + nr_objs - pair[0]) % nr_objs)
+                        .collect();
+                    assert!(
+                        steps.len() > nr_objs / 8,
+                        "{nr_objs}: {} steps",
+                        steps.len()
+                    );
+                }
+                orders.insert(order);
+            }
+            if nr_objs >= 16 {
+                // Where a slab starts, and its order, differ from draw to draw.
+                assert!(
+                    firsts.len() >= nr_objs.min(64) / 2,
+                    "{nr_objs}: {} first objects",
+                    firsts.len()
+                );
+                assert_eq!(orders.len(), 64, "{nr_objs}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_fresh_slab_is_free_in_the_map_keyed_and_not_threaded() {
+        let key = 0x8000_0000_0000_0001;
+        let mut memory = vec![0u64; 64];
+        let list = FreeList {
+            key,
+            ..slab(&mut memory, 8)
+        };
+        let map: FreeMap = Default::default();
+        // SAFETY: the test's memory, every object free.
+        unsafe { list.fresh(&map) };
+        assert_eq!(map_count(&map), 16);
+        assert!((0..16).all(|index| memory[index * 4] as usize == key));
+        // SAFETY: the test's slab.
+        unsafe {
+            // All 16 free in bitmap mode, none listed.
+            assert_eq!(list.check(0, &map, 16), Ok(16));
+            assert!(list.check(0, &map, 15).is_err());
+            assert!(list.check(list.base, &map, 16).is_err());
+            // One taken and given back: still unthreaded.
+            let mut random = 7;
+            let index = list.take_random(&map, &mut random);
+            let obj = list.base + index * 32;
+            (obj as *mut usize).write(0);
+            assert_eq!(list.check(0, &map, 15), Ok(15));
+            list.put_unthreaded(&map, obj, index);
+            assert_eq!(list.check(0, &map, 16), Ok(16));
+            // A free object written over: its key is gone.
+            memory[0] = 0x4141;
+            assert!(list.check(0, &map, 16).is_err());
         }
     }
 

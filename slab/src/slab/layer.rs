@@ -187,13 +187,34 @@ impl<P: Platform> SlabLayer<P> {
         params: &SlabParams,
         owner: &O,
     ) -> Result<NonNull<u8>, AllocError> {
+        let mut obj = [ptr::null_mut(); 1];
+        self.alloc_batch(params, owner, &mut obj)?;
+        NonNull::new(obj[0]).ok_or(AllocError::OutOfMemory)
+    }
+
+    /// Allocate up to `out.len()` objects (at least one, under one
+    /// acquisition of the slab lock) from one slab, growing the layer by a
+    /// slab if none has a free object; returns how many are in `out`. As
+    /// [`Self::alloc_raw`] otherwise (SLUB's `kmem_cache_alloc_bulk`, for
+    /// a magazine's refill: one lock, one relist).
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`]: no free object and no slab could be
+    /// made (the page source is dry even after the reap).
+    pub(crate) fn alloc_batch<O: SlabOwner>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+        out: &mut [*mut u8],
+    ) -> Result<usize, AllocError> {
         let mut bad = None;
-        let taken = self
-            .lock()
-            .take_object(params.kind, |base| params.free_list(base), &mut bad);
-        self.report_bad_link(params, owner, bad);
-        if let Some(obj) = taken {
-            return Ok(obj);
+        let take = |layer: &mut SlabLists, bad: &mut _, out: &mut [*mut u8]| {
+            layer.take_objects(params.kind, |base| params.free_list(base), bad, out)
+        };
+        let taken = take(&mut self.lock(), &mut bad, out);
+        self.report_bad_link(params, owner, bad.take());
+        if taken > 0 {
+            return Ok(taken);
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
@@ -202,24 +223,26 @@ impl<P: Platform> SlabLayer<P> {
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
-                let taken =
-                    self.lock()
-                        .take_object(params.kind, |base| params.free_list(base), &mut bad);
+                let taken = take(&mut self.lock(), &mut bad, out);
                 self.report_bad_link(params, owner, bad);
-                return taken.ok_or(error);
+                return if taken > 0 { Ok(taken) } else { Err(error) };
             }
         };
         let mut layer = self.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
         unsafe { layer.push(slab, SlabList::Empty) };
-        let obj = layer.take_object(params.kind, |base| params.free_list(base), &mut bad);
+        let taken = take(&mut layer, &mut bad, out);
         drop(layer);
         self.report_bad_link(params, owner, bad);
         self.maybe_grow_hash(params, owner);
-        obj.ok_or(AllocError::OutOfMemory)
+        if taken > 0 {
+            Ok(taken)
+        } else {
+            Err(AllocError::OutOfMemory)
+        }
     }
 
-    /// Report a free-list link that failed its check (`take_object`).
+    /// Report a free-list link that failed its check (`take_objects`).
     fn report_bad_link<O: SlabOwner>(
         &self,
         params: &SlabParams,
@@ -405,6 +428,7 @@ impl<P: Platform> SlabLayer<P> {
                 nr_busy: 0,
                 nr_objs: params.nr_objs_per_slab as u16,
                 list: SlabList::Empty,
+                nr_fresh: 0,
                 cache: owner.id(),
                 prev: ptr::null_mut(),
                 next: ptr::null_mut(),
@@ -428,20 +452,22 @@ impl<P: Platform> SlabLayer<P> {
         let carved = match params.kind {
             SlabKind::Small => {
                 let list = params.free_list(objs);
-                // In a random order (Linux SLAB_FREELIST_RANDOM); a
-                // debug cache's in address order, so that the same boot
-                // line lays objects out the same way for whoever debugs.
+                // In a random order (Linux SLAB_FREELIST_RANDOM), drawn
+                // as the objects are taken (bitmap mode); a debug
+                // cache's threaded in address order, so that the same
+                // boot line lays objects out the same way for whoever
+                // debugs.
                 // SAFETY: slab initialised above (its bitmap clear), ours
                 // alone; every object lies inside our pages below the
                 // header, its link word 8-aligned inside its stride.
                 unsafe {
                     let map = &(*slab).free_map;
-                    let free = if params.debug {
-                        list.carve(map)
+                    if params.debug {
+                        (*slab).free = list.carve(map) as *mut u8;
                     } else {
-                        list.fill_shuffled(map)
-                    };
-                    (*slab).free = free as *mut u8;
+                        list.fresh(map);
+                        (*slab).nr_fresh = params.nr_objs_per_slab as u16;
+                    }
                 }
                 Ok(())
             }

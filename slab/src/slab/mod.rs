@@ -27,12 +27,12 @@
 //! call the page source and the bootstrap caches and therefore run with no
 //! lock held. `KmemCache`'s `slab_*` methods (end of this file) call it.
 
-use core::ptr::{self, NonNull};
+use core::ptr;
 #[cfg(feature = "alloc-profiling")]
 use core::sync::atomic::AtomicPtr;
 
 use crate::alloc_tag::AllocTagRef;
-use crate::layout::freelist::{BadLink, FreeList, FreeMap, map_test};
+use crate::layout::freelist::{BadLink, FreeList, FreeMap, map_clear, map_test};
 use crate::layout::geometry::{
     BUFCTL_BYTES, MAX_SMALL_OBJS, SLAB_HEADER_BYTES, SMALL_HEADER_OFFSET, SlabKind,
 };
@@ -60,6 +60,11 @@ pub(crate) struct Slab {
     pub(crate) nr_objs: u16,
     /// Which list it is on.
     pub(crate) list: SlabList,
+    /// Small slabs in bitmap mode (from when the slab is made until it is
+    /// first full, [`crate::layout::freelist`]): its free objects, all
+    /// free in `free_map` only, none threaded (`free` null), taken at
+    /// random. 0: list mode (the free objects are on the linked list).
+    pub(crate) nr_fresh: u16,
     /// The owning `KmemCache<P>`, type-erased.
     pub(crate) cache: *const (),
     prev: *mut Slab,
@@ -67,7 +72,8 @@ pub(crate) struct Slab {
     /// Address of object 0 (the first page of the slab).
     pub(crate) base: usize,
     /// Small: first free object (each free object holds the next
-    /// pointer, hardened: [`crate::freelist`]). Bufctl: first free `Bufctl`.
+    /// pointer, hardened: [`crate::freelist`]; null in bitmap mode, see
+    /// `nr_fresh`). Bufctl: first free `Bufctl`.
     pub(crate) free: *mut u8,
     /// Small slabs of a cache with tag references (feature
     /// `alloc-profiling`): the tag side array, one `Option<AllocTagRef>`
@@ -103,7 +109,7 @@ const _: () = {
 
 /// The slab lists, by how many of a slab's objects are busy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
+#[repr(u8)]
 pub(crate) enum SlabList {
     /// No object busy: `reap` gives these back.
     Empty = 0,
@@ -340,86 +346,151 @@ impl SlabLists {
         }
     }
 
-    /// Take one object from a partial or empty slab, if there is one. A
-    /// small slab's free-list link that fails its check (an overwrite of a
-    /// free object) is returned in `bad` (with its slab) and the free list
-    /// is rebuilt from the slab's bitmap: the object handed out is always
-    /// a free object of the slab.
+    /// Take up to `out.len()` objects (at least one) from one partial or
+    /// empty slab, if there is one, into `out`; returns how many: at
+    /// random in bitmap mode, else from the head of its free list. A small slab's free-list link that fails its check (an
+    /// overwrite of a free object) is returned in `bad` (with its slab)
+    /// and the free list is rebuilt from the slab's bitmap: every object
+    /// handed out is a free object of the slab. A fresh object found
+    /// without its free key (written while free) is reported the same way
+    /// and kept busy for good.
     #[expect(
         clippy::cast_ptr_alignment,
         reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
     )]
-    fn take_object(
+    pub(crate) fn take_objects(
         &mut self,
         kind: SlabKind,
         list_of: impl Fn(usize) -> FreeList,
         bad: &mut Option<(*mut Slab, BadLink)>,
-    ) -> Option<NonNull<u8>> {
+        out: &mut [*mut u8],
+    ) -> usize {
+        debug_assert!(!out.is_empty());
         loop {
             let mut slab = self.lists[SlabList::Partial as usize].head;
             if slab.is_null() {
                 slab = self.lists[SlabList::Empty as usize].head;
             }
             if slab.is_null() {
-                return None;
+                return 0;
             }
             // SAFETY: listed slabs are alive; a partial or empty slab has
-            // at least one free object, so `free` is a free object/bufctl.
+            // at least one free object: a fresh one, or `free` is a free
+            // object/bufctl.
             unsafe {
-                debug_assert!((*slab).nr_busy < (*slab).nr_objs && !(*slab).free.is_null());
-                let obj = match kind {
-                    SlabKind::Small => {
-                        let list = list_of((*slab).base);
-                        let map = &(*slab).free_map;
-                        let mut head = (*slab).free as usize;
-                        let obj = match list.pop(&mut head, map) {
-                            Ok(obj) => obj,
-                            Err(link) => {
-                                bad.get_or_insert((slab, link));
-                                // Without its key it was written after its
-                                // free, maybe through a copy handed out
-                                // (`cache/double_free.rs`): kept busy for
-                                // good, never relinked or handed out.
-                                if list.lost_key(link.obj)
-                                    && let Some(index) = list.index_of(link.obj)
-                                {
-                                    crate::layout::freelist::map_clear(map, index);
-                                    (*slab).nr_busy += 1;
-                                }
-                                head = list.rebuild(map);
-                                if head == 0 {
-                                    // The bitmap has no free object left
-                                    // (the header itself was overwritten):
-                                    // the slab is full from now on.
-                                    (*slab).free = ptr::null_mut();
-                                    (*slab).nr_busy = (*slab).nr_objs;
-                                    self.relist(slab, false);
-                                    continue;
-                                }
-                                // Fresh links: this pop cannot fail.
-                                let Ok(obj) = list.pop(&mut head, map) else {
-                                    continue;
-                                };
-                                obj
-                            }
-                        };
-                        (*slab).free = head as *mut u8;
-                        obj as *mut u8
-                    }
+                debug_assert!(
+                    (*slab).nr_busy < (*slab).nr_objs
+                        && (!(*slab).free.is_null() || (*slab).nr_fresh > 0)
+                );
+                let nr = match kind {
+                    SlabKind::Small => Self::take_small(slab, list_of((*slab).base), bad, out),
                     SlabKind::Bufctl => {
-                        let bufctl = (*slab).free.cast::<Bufctl>();
-                        (*slab).free = (*bufctl).free_next.cast();
-                        (*bufctl).free_next = ptr::null_mut();
-                        (*bufctl).state = BufctlState::Cached;
-                        self.hash.insert(bufctl);
-                        (*bufctl).addr as *mut u8
+                        let mut nr = 0;
+                        while nr < out.len() && !(*slab).free.is_null() {
+                            let bufctl = (*slab).free.cast::<Bufctl>();
+                            (*slab).free = (*bufctl).free_next.cast();
+                            (*bufctl).free_next = ptr::null_mut();
+                            (*bufctl).state = BufctlState::Cached;
+                            self.hash.insert(bufctl);
+                            out[nr] = (*bufctl).addr as *mut u8;
+                            nr += 1;
+                        }
+                        (*slab).nr_busy += nr as u16;
+                        nr
                     }
                 };
-                (*slab).nr_busy += 1;
-                self.nr_allocs += 1;
+                self.nr_allocs += nr as u64;
                 self.relist(slab, false);
-                return NonNull::new(obj);
+                if nr > 0 {
+                    return nr;
+                }
             }
+        }
+    }
+
+    /// [`Self::take_objects`] from one small slab (its busy count raised
+    /// by every object taken or kept busy); 0 if a corruption left it
+    /// with none (then full).
+    ///
+    /// # Safety
+    /// `slab` is a live listed small slab with a free object, `list` its
+    /// free list; under the lock.
+    unsafe fn take_small(
+        slab: *mut Slab,
+        list: FreeList,
+        bad: &mut Option<(*mut Slab, BadLink)>,
+        out: &mut [*mut u8],
+    ) -> usize {
+        // SAFETY: per our caller.
+        unsafe {
+            let map = &(*slab).free_map;
+            let mut nr = 0;
+            // Bitmap mode: each object the first free one at or after a
+            // random index; counted in locals (the objects' words read
+            // below may alias nothing of the header, but the compiler
+            // cannot know).
+            let nr_fresh = usize::from((*slab).nr_fresh);
+            if nr_fresh > 0 {
+                let nr_taken = nr_fresh.min(out.len());
+                let mut random = crate::layout::freelist::shuffle_seed() | 1;
+                let mut nr_lost = 0;
+                for _ in 0..nr_taken {
+                    let index = list.take_random(map, &mut random);
+                    let obj = list.base + index * list.stride;
+                    if list.lost_key(obj) {
+                        // Written while free: busy for good.
+                        bad.get_or_insert((
+                            slab,
+                            BadLink {
+                                obj,
+                                decoded: (obj as *const usize).read(),
+                            },
+                        ));
+                        nr_lost += 1;
+                        continue;
+                    }
+                    out[nr] = obj as *mut u8;
+                    nr += 1;
+                }
+                // At 0 the slab is full: list mode from here on.
+                (*slab).nr_fresh = (nr_fresh - nr_taken) as u16;
+                (*slab).nr_busy += (nr + nr_lost) as u16;
+                return nr;
+            }
+            while nr < out.len() && (*slab).nr_busy < (*slab).nr_objs {
+                let mut head = (*slab).free as usize;
+                if head == 0 {
+                    break;
+                }
+                let obj = match list.pop(&mut head, map) {
+                    Ok(obj) => obj,
+                    Err(link) => {
+                        bad.get_or_insert((slab, link));
+                        // Without its key it was written after its
+                        // free, maybe through a copy handed out
+                        // (`cache/double_free.rs`): kept busy for
+                        // good, never relinked or handed out.
+                        if list.lost_key(link.obj)
+                            && let Some(index) = list.index_of(link.obj)
+                        {
+                            map_clear(map, index);
+                            (*slab).nr_busy += 1;
+                        }
+                        (*slab).free = list.rebuild(map) as *mut u8;
+                        continue;
+                    }
+                };
+                (*slab).free = head as *mut u8;
+                (*slab).nr_busy += 1;
+                out[nr] = obj as *mut u8;
+                nr += 1;
+            }
+            if (*slab).free.is_null() && (*slab).nr_fresh == 0 {
+                // No free object left (a corruption may have taken the
+                // last ones: the bitmap then has none either): full.
+                (*slab).nr_busy = (*slab).nr_objs;
+            }
+            nr
         }
     }
 
@@ -452,9 +523,15 @@ impl SlabLists {
                     if map_test(map, index) {
                         return Err(ErrorKind::DuplicateFree);
                     }
-                    let mut head = (*slab).free as usize;
-                    list.push(&mut head, map, obj as usize, index);
-                    (*slab).free = head as *mut u8;
+                    if (*slab).nr_fresh > 0 {
+                        // Bitmap mode: not threaded.
+                        list.put_unthreaded(map, obj as usize, index);
+                        (*slab).nr_fresh += 1;
+                    } else {
+                        let mut head = (*slab).free as usize;
+                        list.push(&mut head, map, obj as usize, index);
+                        (*slab).free = head as *mut u8;
+                    }
                     slab
                 }
                 SlabKind::Bufctl => {

@@ -443,9 +443,15 @@ fn forged_link(target_of: impl Fn(&[usize], usize) -> usize) {
         .cache_create("forged-other", 64, &CacheArgs::DEFAULT)
         .unwrap();
     let elsewhere = other.alloc().unwrap().as_ptr() as usize;
-    let objs: Vec<usize> = (0..16)
-        .map(|_| cache.alloc().unwrap().as_ptr() as usize)
+    // A whole slab's objects, so that it is full once (its free objects
+    // are threaded on the linked list only from then: before, in bitmap
+    // mode, a free object holds no link to forge, `layout/freelist.rs`).
+    let first = cache.alloc().unwrap().as_ptr() as usize;
+    let nr_objs = cache.stats().nr_total_objs;
+    let objs: Vec<usize> = std::iter::once(first)
+        .chain((1..nr_objs).map(|_| cache.alloc().unwrap().as_ptr() as usize))
         .collect();
+    assert_eq!(cache.stats().nr_slabs, 1);
     // objs[0] stays busy (keeps the slab); the rest go back to the slab
     // layer (the reap drains the magazines).
     for &obj in &objs[1..] {
