@@ -138,8 +138,14 @@ fn forged_free_list_links_are_refused() {
         ("attack-forged-outside", 2),
     ] {
         let cache = scratch(name, 64);
-        let objs: Vec<usize> = (0..16)
-            .map(|_| cache.alloc().expect("alloc").as_ptr() as usize)
+        // A whole slab's objects, so that it is full once: only then are
+        // its free objects threaded on the linked list (before, in
+        // bitmap mode, a free object holds no link to forge:
+        // slab/src/layout/freelist.rs).
+        let first = cache.alloc().expect("alloc").as_ptr() as usize;
+        let nr_objs = cache.stats().nr_total_objs;
+        let objs: Vec<usize> = core::iter::once(first)
+            .chain((1..nr_objs).map(|_| cache.alloc().expect("alloc").as_ptr() as usize))
             .collect();
         free_all(cache, objs[1..].iter().copied());
         cache.reap();
