@@ -658,6 +658,7 @@ mod allocator;
 mod cache;
 mod constructor;
 pub mod debug;
+#[cfg(feature = "descriptor")]
 pub mod descriptor;
 mod error;
 mod flags;
@@ -667,7 +668,11 @@ pub mod kfence;
 #[cfg(not(feature = "kfence"))]
 #[path = "kfence/off.rs"]
 mod kfence;
+#[cfg(feature = "kmemtrace")]
 pub mod kmemtrace;
+#[cfg(not(feature = "kmemtrace"))]
+#[path = "kmemtrace/off.rs"]
+mod kmemtrace;
 mod layout;
 #[cfg(feature = "leak-scan")]
 pub mod leak_scan;
@@ -681,6 +686,10 @@ pub mod restart;
 mod slab;
 mod stats;
 mod sync;
+#[cfg(feature = "trace-table")]
+mod trace_table;
+#[cfg(not(feature = "trace-table"))]
+#[path = "trace_table/off.rs"]
 mod trace_table;
 mod verify;
 
@@ -704,9 +713,11 @@ pub use allocator::kmalloc::{
     KMALLOC_MAX_SIZE, KMALLOC_SIZES, KmallocObj, LargeStats, NR_KMALLOC_RANDOM, natural_align,
 };
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
-pub use cache::{CacheTrace, DestroyReport, KmemCache};
+pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
-pub use error::{AllocError, DestroyError, FreeError, TraceError};
+#[cfg(feature = "trace-table")]
+pub use error::TraceError;
+pub use error::{AllocError, DestroyError, FreeError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
 pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
@@ -715,5 +726,6 @@ pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, 
 pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
-pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
+#[cfg(feature = "trace-table")]
+pub use trace_table::{CacheTrace, TRACE_MAX_FRAMES, TraceRecord, TraceStats};
 pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};

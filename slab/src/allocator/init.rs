@@ -74,6 +74,7 @@ impl<P: Platform> Kmem<P> {
                 // that finds a cache there finds everything else done.
                 self.publish_by_8();
                 self.state.store(STATE_READY, Ordering::Release);
+                #[cfg(feature = "descriptor")]
                 crate::descriptor::register(self);
                 Ok(())
             }

@@ -58,6 +58,10 @@ pub(crate) enum BootCache {
     Cache = NR_MAG_TYPES as isize,
     Slab,
     Bufctl,
+    #[cfg_attr(
+        not(feature = "trace-table"),
+        expect(dead_code, reason = "without the trace table kmem_trace stays, empty")
+    )]
     Trace,
 }
 /// The bootstrap caches before the tag side-array caches.
