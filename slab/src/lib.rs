@@ -104,7 +104,7 @@
 //!    line and the magazine. Magazines are sized to their capacity
 //!    (Bonwick & Adams 2001 §3.3): one bootstrap cache per magazine type,
 //!    `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60` (the rounds a
-//!    magazine of that cache holds; [`MAGAZINE_ROUNDS`]); a cache starts
+//!    magazine of that cache holds; `MAGAZINE_ROUNDS`); a cache starts
 //!    with the largest type whose rounds hold at most 64 KiB of its
 //!    objects, so a cached object costs at most 8.6 bytes of magazine up
 //!    to 128 bytes and at most 1/15 of its size above, and moves to the
@@ -709,10 +709,12 @@ pub struct ReadmeDoctests;
 pub struct AdoptingDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
-pub use allocator::kmalloc::{
-    KMALLOC_MAX_SIZE, KMALLOC_SIZES, KmallocObj, LargeStats, NR_KMALLOC_RANDOM, natural_align,
-};
-pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
+#[cfg(test)]
+pub(crate) use allocator::MIN_FREE_PAGES;
+#[cfg(test)]
+pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
+pub use allocator::kmalloc::{KmallocObj, LargeStats};
+pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
 #[cfg(feature = "trace-table")]
@@ -720,7 +722,9 @@ pub use error::TraceError;
 pub use error::{AllocError, DestroyError, FreeError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
-pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
+pub(crate) use magazine::MAGAZINE_ROUNDS;
+#[cfg(test)]
+pub(crate) use magazine::MAG_MAX_ROUNDS;
 pub use object::{InitBox, KBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 pub use reports::WhatIsDisplay;
@@ -728,4 +732,4 @@ pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 #[cfg(feature = "trace-table")]
 pub use trace_table::{CacheTrace, TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};
+pub use verify::{InvariantError, ObjectRegion, VerifySummary, WhatIs};

@@ -527,7 +527,7 @@ impl ErrorReport {
     }
 
     /// A report from its wire form ([`ErrorReport::to_wire`]); `None` for
-    /// an empty slot, fewer than [`ERROR_WIRE_SIZE`] bytes, or bytes no
+    /// an empty slot, fewer than `ERROR_WIRE_SIZE` (344) bytes, or bytes no
     /// report encodes to (an unknown kind, a name or stack too long).
     pub fn from_wire(wire: &[u8]) -> Option<ErrorReport> {
         if wire.len() < ERROR_WIRE_SIZE || wire[0] != 1 {
@@ -643,7 +643,8 @@ impl ErrorRing {
     }
 
     /// Forget every kept report (the count stays).
-    pub fn clear(&self) {
+    #[cfg(test)]
+    pub(crate) fn clear(&self) {
         self.inner.lock().reports = [[0; ERROR_WIRE_SIZE]; ERROR_RING_SIZE];
     }
 }

@@ -65,21 +65,26 @@ pub use self::allocinfo::{
     write_allocinfo_row,
 };
 pub use self::error::{
-    ERROR_RING_SIZE, ERROR_WIRE_SIZE, ErrorKind, ErrorReport, ErrorRing, RawFormat, ReportDisplay,
-    ReportFormat, ReportName, write_errors, write_transaction,
+    ERROR_RING_SIZE, ErrorKind, ErrorReport, RawFormat, ReportDisplay, ReportFormat, ReportName,
+    write_errors,
 };
 #[cfg(feature = "leak-scan")]
 pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
 #[cfg(feature = "kfence")]
 pub use self::kfence::{KfenceObjectView, write_kfence_object, write_kfence_stats};
-pub use self::kmemstat::{
-    KMEMSTAT_NAME_WIDTH, KmemstatRow, kmemstat, write_kmemstat_caches, write_kmemstat_header,
-};
-pub use self::slabinfo::{slabinfo, write_slabinfo_header, write_slabinfo_line};
+pub use self::kmemstat::kmemstat;
+// The writers a reader of a memory image prints the same tables with
+// (magpie-kmem `core`, and the shell's own loops): feature `descriptor`.
+#[cfg(feature = "descriptor")]
+pub use self::kmemstat::{KmemstatRow, write_kmemstat_caches, write_kmemstat_header};
+pub use self::slabinfo::slabinfo;
+#[cfg(feature = "descriptor")]
+pub use self::slabinfo::{write_slabinfo_header, write_slabinfo_line};
 pub use self::slabtop::{
-    EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, SlabtopTotals, slabtop,
-    write_slabtop, write_slabtop_hits_note,
+    EMPTY_SLABTOP_ROW, SlabtopRow, SlabtopSample, SlabtopSort, slabtop, write_slabtop_hits_note,
 };
+#[cfg(feature = "descriptor")]
+pub use self::slabtop::{SlabtopTotals, write_slabtop};
 pub use self::time::Nanoseconds;
 #[cfg(any(feature = "allocinfo", feature = "time-stats"))]
 pub use self::timestats::write_time_stats;
