@@ -57,12 +57,25 @@
 //!
 //! The diagnostics hang off the heap by feature, each a handle with its
 //! own methods: `HEAP.debug()` (error reports and hooks, `verify`,
-//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream),
-//! `HEAP.profiling()` (allocation tags, feature `alloc-profiling`),
-//! `HEAP.kfence()` (feature `kfence`), `leak_scan::LeakScan` (feature
-//! `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
+//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream,
+//! feature `kmemtrace`), `cache.trace_table()` (the Akaros trace table,
+//! feature `trace-table`), `HEAP.profiling()` (allocation tags, feature
+//! `alloc-profiling`), `HEAP.kfence()` (feature `kfence`),
+//! `leak_scan::LeakScan` (feature `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
 //! trace print, `whatis`) are functions in [`reports`] writing to any
 //! `core::fmt::Write`. `docs/ADOPTING.md` is the longer path.
+//!
+//! **Cargo features** (none by default: the allocator alone). Each
+//! diagnostic is a folder that owns its state, hooks, report and API;
+//! off, the cache and kmalloc paths call empty inline stubs
+//! (`<feature>/off.rs`, Linux's `!CONFIG_*` stubs) and there is no API:
+//! `kfence`, `trace-table`, `kmemtrace`, `leak-scan`, `alloc-profiling`
+//! (with `allocinfo` its report and `time-stats` the latency points), and
+//! `descriptor` (what a reader of a memory image finds the allocator by:
+//! `descriptor`, the table writers of `reports`; turns on `trace-table`
+//! and `kmemtrace`, which it describes). `x86_64`, `riscv64`, `aarch64`
+//! are the shipped platforms; `nightly` the `core::alloc::Allocator`
+//! impl and the restartable hits.
 //!
 //! **Why is the main type called `Kmem`?** It is the kmem allocator of
 //! Bonwick's paper and of illumos (`kmem_alloc`, `kmem_cache_create`,
@@ -90,7 +103,8 @@
 //!    together; the cache and the allocator point at each other (a cache
 //!    reports to its allocator and takes metadata from its bootstrap
 //!    caches), the one pair of files that import each other.
-//! 3. **Tracing** (`trace_table.rs`, the Akaros trace table; not the
+//! 3. **Tracing** (`trace_table/`, the Akaros trace table, feature
+//!    `trace-table`; not the
 //!    kmemtrace event stream of `kmemtrace/`): a per-cache hash of
 //!    outstanding objects with backtraces. It sits above the magazines,
 //!    so it sees what callers allocate and free, never objects resting in
@@ -154,20 +168,21 @@
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
 //! | `glue/` | what a kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), the shipped platforms ([`glue::Machine`] over an architecture's [`glue::Arch`] and the kernel's [`glue::Kernel`]: `glue::X86_64`, `glue::Riscv64`, `glue::Aarch64`) and their cross-CPU calls | `allocator/`, below |
-//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak): the table, the mark, the groups, and a cache's busy objects | `allocator/`, `cache/`, below |
+//! | `verify.rs` | `kmem verify` and `whatis`: their types ([`VerifySummary`], [`WhatIs`]), the allocator's walk and a cache's ([`KmemCache::verify`]), the invariant walker of debug builds | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events) | everything below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `cache_owner.rs` (what its caches ask of it: error reports into the ring and the hook, bad frees, reaps under pressure), `reap.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
-//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
+//! | `reports/` | every report: `error.rs` (one illumos-style [`reports::ErrorReport`] per detected error, the error ring, `kmem errors`; below the slab layer, which reports into it), and the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only); `error.rs`: `debug/`, below |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
-//! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
+//! | `trace_table/` | feature `trace-table`: `mod.rs` (`TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner`), `cache.rs` (the cache's switch, `KmemCache::trace_table`, and its calls into the table), `off.rs` (the stubs) | `mod.rs`: `layout/`, below; `cache.rs`: `cache/` |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
-//! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `report.rs`, `layout/`, below |
+//! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `reports/error.rs`, `layout/`, below |
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
-//! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
+//! | `debug/` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`: poison, redzone, audit), the handle [`debug::SlabDebug`] (`debug/control.rs`: the error ring and hooks, the config, above the allocator) | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
 //! | `flags.rs`, `alloc_tag/`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags (their handle [`AllocProfiling`], `alloc_tag/control.rs`, sits above the allocator, as `debug/control.rs`'s [`debug::SlabDebug`] does), statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
-//! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
+//! | `kmemtrace/` | feature `kmemtrace`, the event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory), `config.rs` (geometry, errors, status), `control.rs` (the handle `Kmem::kmemtrace` and the allocator's calls), `off.rs` (the stubs) | `platform.rs`; `control.rs`: `allocator/`, `cache/` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds no circle:
 //! each layer imports only the layers below it.

@@ -66,7 +66,7 @@ pub struct MetadataStats {
     /// Of those, the slab pages of each magazine cache, smallest magazine
     /// first (`MAGAZINE_ROUNDS``[i]` rounds per magazine:
     /// `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60`).
-    pub magazine_bytes: [usize; crate::magazine::MAGAZINE_ROUNDS.len()],
+    pub magazine_bytes: [usize; crate::MAGAZINE_ROUNDS.len()],
     /// Of those, the slab pages of the tag side-array caches
     /// (`kmem_tags_<bytes>`, feature `alloc-profiling`: one array of 4
     /// bytes per object in each small slab that ever held a tagged
