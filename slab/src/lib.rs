@@ -93,7 +93,7 @@
 //! 1. **Kmem** (`allocator/`): [`Kmem`], all global state —
 //!    `init` and the bootstrap caches, the cache list, kmalloc (size
 //!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
-//!    `kmalloc_array`, `krealloc` too), `kfree`, the `GlobalAlloc` shims,
+//!    `krealloc` too), `kfree`, the `GlobalAlloc` shims,
 //!    error reports, the kmemtrace switches.
 //! 2. **The cache** (`cache/`): [`KmemCache`], the only home of its
 //!    `impl` blocks: the alloc and free paths (the hits, one slow
@@ -737,12 +737,11 @@ pub use error::TraceError;
 pub use error::{AllocError, DestroyError, FreeError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
-pub(crate) use magazine::MAGAZINE_ROUNDS;
 #[cfg(test)]
 pub(crate) use magazine::MAG_MAX_ROUNDS;
+pub(crate) use magazine::MAGAZINE_ROUNDS;
 pub use object::{InitBox, KBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
-pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 #[cfg(feature = "trace-table")]

@@ -448,26 +448,12 @@ impl<P: Platform> Kmem<P> {
         unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, size) };
     }
 
-    /// `n` elements of `size` bytes each (Linux `kmalloc_array`): the
-    /// product is checked, an overflow is [`AllocError::InvalidLayout`]
-    /// with nothing allocated.
+    /// `n` elements of `size` bytes each, zeroed (Linux `kcalloc`; the
+    /// one array allocation: its product is checked, an overflow is
+    /// [`AllocError::InvalidLayout`] with nothing allocated).
     ///
     /// # Errors
     /// As for [`Kmem::kmalloc`], and `InvalidLayout` on overflow.
-    pub fn kmalloc_array(
-        &self,
-        n: usize,
-        size: usize,
-        align: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
-        self.kmalloc(bytes, align)
-    }
-
-    /// [`Kmem::kmalloc_array`], zeroed (Linux `kcalloc`).
-    ///
-    /// # Errors
-    /// As for [`Kmem::kmalloc_array`].
     pub fn kcalloc(&self, n: usize, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
         self.kzalloc(bytes, align)

@@ -69,14 +69,14 @@ impl DebugFlags {
         .union(DebugFlags::AUDIT);
 
     /// The flags as `slab_debug=` letters (`-` for none), e.g. `FZPU`.
-    pub fn letters(self) -> Letters {
+    pub fn letters(self) -> impl fmt::Display {
         Letters(self)
     }
 }
 
 /// [`DebugFlags`] shown as `slab_debug=` letters.
 #[derive(Debug, Clone, Copy)]
-pub struct Letters(DebugFlags);
+pub(crate) struct Letters(DebugFlags);
 
 /// The `slab_debug=` letters and their flags, in Linux's order.
 const LETTERS: [(char, DebugFlags); 5] = [

@@ -196,7 +196,7 @@ impl ErrorReport {
     }
 
     /// The report text, with frames and times as `format` renders them.
-    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> ReportDisplay<'a> {
+    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> impl fmt::Display + 'a {
         ReportDisplay {
             report: self,
             format,
@@ -249,7 +249,7 @@ pub struct RawFormat;
 impl ReportFormat for RawFormat {}
 
 /// A report as text: see [`ErrorReport::display`].
-pub struct ReportDisplay<'a> {
+pub(crate) struct ReportDisplay<'a> {
     report: &'a ErrorReport,
     format: &'a dyn ReportFormat,
 }

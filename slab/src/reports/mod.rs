@@ -65,8 +65,7 @@ pub use self::allocinfo::{
     write_allocinfo_row,
 };
 pub use self::error::{
-    ERROR_RING_SIZE, ErrorKind, ErrorReport, RawFormat, ReportDisplay, ReportFormat, ReportName,
-    write_errors,
+    ERROR_RING_SIZE, ErrorKind, ErrorReport, RawFormat, ReportFormat, ReportName, write_errors,
 };
 #[cfg(feature = "leak-scan")]
 pub use self::findleaks::{write_findleaks_group, write_findleaks_header, write_findleaks_summary};
@@ -94,4 +93,4 @@ pub use self::trace_print::{
     trace_print, trace_print_all, write_trace_footer, write_trace_header, write_trace_quiet,
     write_trace_record,
 };
-pub use self::whatis::{WhatIsDisplay, whatis};
+pub use self::whatis::whatis;
