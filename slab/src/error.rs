@@ -126,12 +126,14 @@ impl fmt::Display for FreeError {
 }
 
 /// Why tracing could not start.
+#[cfg(feature = "trace-table")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceError {
     /// The cache was created with [`CacheFlags::NOTRACE`](crate::CacheFlags::NOTRACE).
     NoTrace,
 }
 
+#[cfg(feature = "trace-table")]
 impl fmt::Display for TraceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

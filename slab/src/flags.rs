@@ -13,7 +13,7 @@ bitflags::bitflags! {
         /// timestamp, stack) for reports and `whatis` (Linux `U`, illumos
         /// `KMF_AUDIT`).
         const AUDIT = 4;
-        /// Fill free objects with [`POISON_FREE`](crate::debug::POISON_FREE) and check it when they
+        /// Fill free objects with `POISON_FREE` and check it when they
         /// are handed out again: a write after free is reported (Linux `P`,
         /// illumos `KMF_DEADBEEF`). Not applied to caches with a
         /// constructor.
@@ -21,7 +21,7 @@ bitflags::bitflags! {
         /// Guard bytes after every object, checked on free and by verify:
         /// a linear overflow is reported (Linux `Z`, illumos `KMF_REDZONE`).
         const REDZONE = 16;
-        /// Keep the first [`CONTENTS_BYTES`](crate::debug::CONTENTS_BYTES) bytes of a freed object for
+        /// Keep the first `CONTENTS_BYTES` (32) bytes of a freed object for
         /// the report (illumos `KMF_CONTENTS`; Magpie letter `C`).
         const CONTENTS = 32;
         /// Consistency checks: the state word (exact duplicate-free

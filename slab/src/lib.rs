@@ -57,12 +57,25 @@
 //!
 //! The diagnostics hang off the heap by feature, each a handle with its
 //! own methods: `HEAP.debug()` (error reports and hooks, `verify`,
-//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream),
-//! `HEAP.profiling()` (allocation tags, feature `alloc-profiling`),
-//! `HEAP.kfence()` (feature `kfence`), `leak_scan::LeakScan` (feature
-//! `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
+//! `whatis`), `HEAP.stats()`, `HEAP.kmemtrace()` (the event stream,
+//! feature `kmemtrace`), `cache.trace_table()` (the Akaros trace table,
+//! feature `trace-table`), `HEAP.profiling()` (allocation tags, feature
+//! `alloc-profiling`), `HEAP.kfence()` (feature `kfence`),
+//! `leak_scan::LeakScan` (feature `leak-scan`); the reports (`kmemstat`, `slabinfo`, `allocinfo`, the
 //! trace print, `whatis`) are functions in [`reports`] writing to any
 //! `core::fmt::Write`. `docs/ADOPTING.md` is the longer path.
+//!
+//! **Cargo features** (none by default: the allocator alone). Each
+//! diagnostic is a folder that owns its state, hooks, report and API;
+//! off, the cache and kmalloc paths call empty inline stubs
+//! (`<feature>/off.rs`, Linux's `!CONFIG_*` stubs) and there is no API:
+//! `kfence`, `trace-table`, `kmemtrace`, `leak-scan`, `alloc-profiling`
+//! (with `allocinfo` its report and `time-stats` the latency points), and
+//! `descriptor` (what a reader of a memory image finds the allocator by:
+//! `descriptor`, the table writers of `reports`; turns on `trace-table`
+//! and `kmemtrace`, which it describes). `x86_64`, `riscv64`, `aarch64`
+//! are the shipped platforms; `nightly` the `core::alloc::Allocator`
+//! impl and the restartable hits.
 //!
 //! **Why is the main type called `Kmem`?** It is the kmem allocator of
 //! Bonwick's paper and of illumos (`kmem_alloc`, `kmem_cache_create`,
@@ -80,7 +93,7 @@
 //! 1. **Kmem** (`allocator/`): [`Kmem`], all global state —
 //!    `init` and the bootstrap caches, the cache list, kmalloc (size
 //!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
-//!    `kmalloc_array`, `krealloc` too), `kfree`, the `GlobalAlloc` shims,
+//!    `krealloc` too), `kfree`, the `GlobalAlloc` shims,
 //!    error reports, the kmemtrace switches.
 //! 2. **The cache** (`cache/`): [`KmemCache`], the only home of its
 //!    `impl` blocks: the alloc and free paths (the hits, one slow
@@ -90,7 +103,8 @@
 //!    together; the cache and the allocator point at each other (a cache
 //!    reports to its allocator and takes metadata from its bootstrap
 //!    caches), the one pair of files that import each other.
-//! 3. **Tracing** (`trace_table.rs`, the Akaros trace table; not the
+//! 3. **Tracing** (`trace_table/`, the Akaros trace table, feature
+//!    `trace-table`; not the
 //!    kmemtrace event stream of `kmemtrace/`): a per-cache hash of
 //!    outstanding objects with backtraces. It sits above the magazines,
 //!    so it sees what callers allocate and free, never objects resting in
@@ -104,7 +118,7 @@
 //!    line and the magazine. Magazines are sized to their capacity
 //!    (Bonwick & Adams 2001 §3.3): one bootstrap cache per magazine type,
 //!    `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60` (the rounds a
-//!    magazine of that cache holds; [`MAGAZINE_ROUNDS`]); a cache starts
+//!    magazine of that cache holds; `MAGAZINE_ROUNDS`); a cache starts
 //!    with the largest type whose rounds hold at most 64 KiB of its
 //!    objects, so a cached object costs at most 8.6 bytes of magazine up
 //!    to 128 bytes and at most 1/15 of its size above, and moves to the
@@ -154,20 +168,21 @@
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |
 //! | `glue/` | what a kernel adopts with: [`glue::RegionSource`] (a page source over one mapped region), [`glue::Heap`] (it and an `Kmem` in one `static`), the shipped platforms ([`glue::Machine`] over an architecture's [`glue::Arch`] and the kernel's [`glue::Kernel`]: `glue::X86_64`, `glue::Riscv64`, `glue::Aarch64`) and their cross-CPU calls | `allocator/`, below |
-//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak) | `allocator/`, `cache/`, below |
+//! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak): the table, the mark, the groups, and a cache's busy objects | `allocator/`, `cache/`, below |
+//! | `verify.rs` | `kmem verify` and `whatis`: their types ([`VerifySummary`], [`WhatIs`]), the allocator's walk and a cache's ([`KmemCache::verify`]), the invariant walker of debug builds | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `reports.rs` (error ring and hook, bad frees), `kmemtrace_control.rs` (kmemtrace switches and events) | everything below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `cache_owner.rs` (what its caches ask of it: error reports into the ring and the hook, bad frees, reaps under pressure), `reap.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
-//! | `reports/` | the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only) |
+//! | `reports/` | every report: `error.rs` (one illumos-style [`reports::ErrorReport`] per detected error, the error ring, `kmem errors`; below the slab layer, which reports into it), and the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only); `error.rs`: `debug/`, below |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
-//! | `trace_table.rs` | `TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner` | `layout/`, below |
+//! | `trace_table/` | feature `trace-table`: `mod.rs` (`TraceTable`: records by address and age behind the trace lock, recording and removing, growing its hash; `TraceOwner`), `cache.rs` (the cache's switch, `KmemCache::trace_table`, and its calls into the table), `off.rs` (the stubs) | `mod.rs`: `layout/`, below; `cache.rs`: `cache/` |
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
-//! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `report.rs`, `layout/`, below |
+//! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `reports/error.rs`, `layout/`, below |
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
-//! | `debug/`, `report.rs`, `verify.rs` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`), error reports, verify and `whatis` types | `flags.rs`, below |
+//! | `debug/` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`: poison, redzone, audit), the handle [`debug::SlabDebug`] (`debug/control.rs`: the error ring and hooks, the config, above the allocator) | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
 //! | `flags.rs`, `alloc_tag/`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags (their handle [`AllocProfiling`], `alloc_tag/control.rs`, sits above the allocator, as `debug/control.rs`'s [`debug::SlabDebug`] does), statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
-//! | `kmemtrace/` | the kmemtrace event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory) | `platform.rs` |
+//! | `kmemtrace/` | feature `kmemtrace`, the event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory), `config.rs` (geometry, errors, status), `control.rs` (the handle `Kmem::kmemtrace` and the allocator's calls), `off.rs` (the stubs) | `platform.rs`; `control.rs`: `allocator/`, `cache/` |
 //!
 //! `python3 ../shared/tools/import_circles.py slab/src` finds no circle:
 //! each layer imports only the layers below it.
@@ -658,6 +673,7 @@ mod allocator;
 mod cache;
 mod constructor;
 pub mod debug;
+#[cfg(feature = "descriptor")]
 pub mod descriptor;
 mod error;
 mod flags;
@@ -667,7 +683,11 @@ pub mod kfence;
 #[cfg(not(feature = "kfence"))]
 #[path = "kfence/off.rs"]
 mod kfence;
+#[cfg(feature = "kmemtrace")]
 pub mod kmemtrace;
+#[cfg(not(feature = "kmemtrace"))]
+#[path = "kmemtrace/off.rs"]
+mod kmemtrace;
 mod layout;
 #[cfg(feature = "leak-scan")]
 pub mod leak_scan;
@@ -681,6 +701,10 @@ pub mod restart;
 mod slab;
 mod stats;
 mod sync;
+#[cfg(feature = "trace-table")]
+mod trace_table;
+#[cfg(not(feature = "trace-table"))]
+#[path = "trace_table/off.rs"]
 mod trace_table;
 mod verify;
 
@@ -700,20 +724,26 @@ pub struct ReadmeDoctests;
 pub struct AdoptingDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
-pub use allocator::kmalloc::{
-    KMALLOC_MAX_SIZE, KMALLOC_SIZES, KmallocObj, LargeStats, NR_KMALLOC_RANDOM, natural_align,
-};
-pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem, MIN_FREE_PAGES};
-pub use cache::{CacheTrace, DestroyReport, KmemCache};
+#[cfg(test)]
+pub(crate) use allocator::MIN_FREE_PAGES;
+#[cfg(test)]
+pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
+pub use allocator::kmalloc::{KmallocObj, LargeStats};
+pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem};
+pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};
-pub use error::{AllocError, DestroyError, FreeError, TraceError};
+#[cfg(feature = "trace-table")]
+pub use error::TraceError;
+pub use error::{AllocError, DestroyError, FreeError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
-pub use magazine::{MAG_MAX_ROUNDS, MAGAZINE_ROUNDS};
+#[cfg(test)]
+pub(crate) use magazine::MAG_MAX_ROUNDS;
+pub(crate) use magazine::MAGAZINE_ROUNDS;
 pub use object::{InitBox, KBox, SlabBox};
 pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
-pub use reports::WhatIsDisplay;
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
-pub use trace_table::{TRACE_MAX_FRAMES, TraceRecord, TraceStats};
-pub use verify::{InvariantError, ObjectRegion, VERIFY_MAX_REPORTS, VerifySummary, WhatIs};
+#[cfg(feature = "trace-table")]
+pub use trace_table::{CacheTrace, TRACE_MAX_FRAMES, TraceRecord, TraceStats};
+pub use verify::{InvariantError, ObjectRegion, VerifySummary, WhatIs};

@@ -33,7 +33,7 @@
 //! Cost: nothing in release builds (no field, no call: every function
 //! here is empty without `debug_assertions`). In debug builds, one
 //! `Platform::in_interrupt` call, a hash of the class's key into a
-//! table of [`MAX_CLASSES`] slots and one relaxed atomic `fetch_or` per
+//! table of `MAX_CLASSES` (128) slots and one relaxed atomic `fetch_or` per
 //! lock operation. A class that finds the table full is not checked
 //! ([`LockdepStats::nr_untracked`]).
 
@@ -45,7 +45,7 @@ use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use crate::platform::Platform;
 
 /// Lock classes the validator can track (sites constructing a lock).
-pub const MAX_CLASSES: usize = 128;
+pub(crate) const MAX_CLASSES: usize = 128;
 
 /// A lock class: where the lock was constructed (the allocator-wide
 /// locks), or what it guards (the per-cache locks,
@@ -229,7 +229,7 @@ pub struct LockdepStats {
     pub nr_enabled_irq: usize,
     /// Classes found in both states (reported).
     pub nr_reports: usize,
-    /// Classes not checked: the table of [`MAX_CLASSES`] was full.
+    /// Classes not checked: the table of `MAX_CLASSES` (128) was full.
     pub nr_untracked: usize,
 }
 

@@ -13,7 +13,7 @@
 //!
 //! [`Quarantine`] wraps a [`PageSource`]: pages freed to it (an empty
 //! slab's, by a reap or a cache's destroy; a page-granular kmalloc's) wait
-//! in a FIFO of up to `max_pages` pages (and [`NR_ENTRIES`] ranges) and go
+//! in a FIFO of up to `max_pages` pages (and `NR_ENTRIES` (256) ranges) and go
 //! back to the wrapped source only when newer frees push them out, so
 //! another cache (or another page-granular allocation) gets them only
 //! after `max_pages` more pages were freed after them. When the wrapped
@@ -38,7 +38,7 @@ use crate::sync::SpinIrq;
 
 /// Ranges the quarantine holds at most (each a slab's or a page-granular
 /// block's pages).
-pub const NR_ENTRIES: usize = 256;
+pub(crate) const NR_ENTRIES: usize = 256;
 
 /// One freed range: `nr_pages` pages at `addr`.
 #[derive(Clone, Copy)]

@@ -64,7 +64,7 @@ pub(crate) const SUPPORTED: bool = cfg!(all(
 /// (device interrupts, timer, the cross-CPU call's IPI), before that code
 /// runs, with the instruction pointer the CPU saved, and writes `start`
 /// back into the saved frame. Linear in the number of ranges
-/// ([`nr_ranges`]); nothing else.
+/// (the `magpie_restart` linker section); nothing else.
 #[must_use]
 pub fn restart_ip(ip: usize) -> Option<usize> {
     ranges().find_map(|(start, end)| (start..end).contains(&ip).then_some(start))
@@ -74,14 +74,8 @@ pub fn restart_ip(ip: usize) -> Option<usize> {
 /// addresses (end exclusive), the empty anchor included: one per inlined
 /// copy of a hit. Empty where [`restart_ip`] is unsupported (not an x86-64
 /// ELF target).
-pub fn ranges() -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn ranges() -> impl Iterator<Item = (usize, usize)> {
     imp::ranges()
-}
-
-/// Number of entries in the ranges table ([`ranges`]).
-#[must_use]
-pub fn nr_ranges() -> usize {
-    ranges().count()
 }
 
 /// The restartable alloc hit ([`restart_ip`]'s sequence `pop`) and free

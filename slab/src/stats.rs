@@ -64,7 +64,7 @@ pub struct MetadataStats {
     /// side arrays (`kmem_tags_<bytes>`).
     pub bootstrap_bytes: usize,
     /// Of those, the slab pages of each magazine cache, smallest magazine
-    /// first ([`MAGAZINE_ROUNDS`](crate::MAGAZINE_ROUNDS)`[i]` rounds per magazine:
+    /// first (`MAGAZINE_ROUNDS``[i]` rounds per magazine:
     /// `kmem_magazine_1`, `_3`, `_6`, `_14`, `_29`, `_60`).
     pub magazine_bytes: [usize; crate::MAGAZINE_ROUNDS.len()],
     /// Of those, the slab pages of the tag side-array caches

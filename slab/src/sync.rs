@@ -409,6 +409,7 @@ impl<T> SpinIrq<T> {
 
     /// Disable interrupts and try the lock once; `None` (interrupts as
     /// they were) if it is held.
+    #[cfg(feature = "descriptor")]
     #[inline]
     pub(crate) fn try_lock<P: Platform>(&self) -> Option<SpinIrqGuard<'_, P, T>> {
         let irq = IrqGuard::new();

@@ -25,7 +25,7 @@ pub struct VerifySummary {
     /// other small-object caches, through their free lists).
     pub nr_objects: usize,
     /// Problems found (each one reported, at most
-    /// [`VERIFY_MAX_REPORTS`] per cache; the rest only counted).
+    /// `VERIFY_MAX_REPORTS` (8) per cache; the rest only counted).
     pub nr_problems: usize,
 }
 

@@ -36,6 +36,7 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
             OwnerCache::Cache => self.boot(BootCache::Cache),
             OwnerCache::Slab => self.boot(BootCache::Slab),
             OwnerCache::Bufctl => self.boot(BootCache::Bufctl),
+            #[cfg(feature = "trace-table")]
             OwnerCache::Trace => self.boot(BootCache::Trace),
             OwnerCache::Magazine(magtype) => self.magazine_cache(magtype),
             #[cfg(feature = "alloc-profiling")]

@@ -90,7 +90,7 @@ const EAGER_DIV: usize = 16;
 ///
 /// So a source under 512 KiB on one CPU costs `init` one page, one under
 /// 1 MiB two (its classes come on first use); `init`
-/// refuses a source with fewer than [`MIN_FREE_PAGES`] pages left after
+/// refuses a source with fewer than `MIN_FREE_PAGES` pages left after
 /// it ([`AllocError::SourceTooSmall`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InitCost {

@@ -42,7 +42,7 @@ impl<P: Platform> Kmem<P> {
     /// [`AllocError::AlreadyInitialized`] if called before (or during
     /// another call); [`AllocError::SourceTooSmall`] if the source
     /// manages less than [`InitCost::min_source_bytes`](crate::InitCost)
-    /// (what `init` takes plus [`MIN_FREE_PAGES`](crate::MIN_FREE_PAGES)
+    /// (what `init` takes plus `MIN_FREE_PAGES`
     /// pages: `Kmem::init_cost(source)` has the figures, and prints
     /// them); [`AllocError::OutOfMemory`] if the source cannot
     /// supply the initial pages; [`AllocError::InvalidLayout`] if the
@@ -74,6 +74,7 @@ impl<P: Platform> Kmem<P> {
                 // that finds a cache there finds everything else done.
                 self.publish_by_8();
                 self.state.store(STATE_READY, Ordering::Release);
+                #[cfg(feature = "descriptor")]
                 crate::descriptor::register(self);
                 Ok(())
             }

@@ -83,7 +83,7 @@ pub(crate) fn init_partition_seed(seed: u64) {
     );
 }
 
-/// The random copy (0 .. [`NR_KMALLOC_RANDOM`]) of call site `site`: a
+/// The random copy (0 .. `NR_KMALLOC_RANDOM`) of call site `site`: a
 /// multiply-shift hash of the site with the boot's seed.
 #[inline]
 pub(crate) fn random_partition(site: usize) -> usize {
@@ -143,7 +143,7 @@ const CLASS_BY_8: [u8; NR_BY_8] = {
     table
 };
 
-/// The class index of `size` (1..=[`KMALLOC_MAX_SIZE`]) by arithmetic:
+/// The class index of `size` (1..=`KMALLOC_MAX_SIZE`) by arithmetic:
 /// for `size - 1` in `[2^k, 2^(k+1))`, `k >= 7`, the class is
 /// `16 + 8 (k - 7) + (size - 1 - 2^k) / 2^(k-3)`.
 #[inline(always)]
@@ -347,7 +347,7 @@ impl<P: Platform> Kmem<P> {
 
     /// [`Kmem::kmalloc_tagged`], **partitioned** (Linux
     /// `RANDOM_KMALLOC_CACHES`): the size class is served by one of
-    /// [`NR_KMALLOC_RANDOM`] copies of it (`kmalloc-rnd-<NN>-<size>`),
+    /// `NR_KMALLOC_RANDOM` copies of it (`kmalloc-rnd-<NN>-<size>`),
     /// chosen by the call site (its tag; without one, its source location:
     /// `#[track_caller]`) and a per-boot seed, so objects of unrelated
     /// sites rarely share a slab. Each copy is created on its first use.
@@ -448,26 +448,12 @@ impl<P: Platform> Kmem<P> {
         unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, size) };
     }
 
-    /// `n` elements of `size` bytes each (Linux `kmalloc_array`): the
-    /// product is checked, an overflow is [`AllocError::InvalidLayout`]
-    /// with nothing allocated.
+    /// `n` elements of `size` bytes each, zeroed (Linux `kcalloc`; the
+    /// one array allocation: its product is checked, an overflow is
+    /// [`AllocError::InvalidLayout`] with nothing allocated).
     ///
     /// # Errors
     /// As for [`Kmem::kmalloc`], and `InvalidLayout` on overflow.
-    pub fn kmalloc_array(
-        &self,
-        n: usize,
-        size: usize,
-        align: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
-        self.kmalloc(bytes, align)
-    }
-
-    /// [`Kmem::kmalloc_array`], zeroed (Linux `kcalloc`).
-    ///
-    /// # Errors
-    /// As for [`Kmem::kmalloc_array`].
     pub fn kcalloc(&self, n: usize, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
         self.kzalloc(bytes, align)

@@ -21,8 +21,10 @@ use core::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 
+pub use self::classes::InitCost;
+#[cfg(test)]
+pub(crate) use self::classes::MIN_FREE_PAGES;
 use self::classes::NR_UNBORN;
-pub use self::classes::{InitCost, MIN_FREE_PAGES};
 use self::kmalloc::NR_KMALLOC;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
@@ -58,6 +60,10 @@ pub(crate) enum BootCache {
     Cache = NR_MAG_TYPES as isize,
     Slab,
     Bufctl,
+    #[cfg_attr(
+        not(feature = "trace-table"),
+        expect(dead_code, reason = "without the trace table kmem_trace stays, empty")
+    )]
     Trace,
 }
 /// The bootstrap caches before the tag side-array caches.

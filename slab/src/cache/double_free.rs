@@ -86,6 +86,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{CacheSpec, KmemCache};
+#[cfg(feature = "trace-table")]
 use crate::debug::{AUDIT_FRAMES, AuditRecord};
 use crate::flags::CacheFlags;
 use crate::layout::freelist::freelist_secret;
@@ -331,6 +332,7 @@ impl<P: Platform> KmemCache<P> {
         // The stack known: a traced object's allocation (`kmemtrace
         // start`), the holder of its other copy (marked caches keep no
         // audit records: those are a debug cache's, unmarked).
+        #[cfg(feature = "trace-table")]
         self.trace_table().for_each(|record| {
             if record.addr == addr {
                 let mut last = AuditRecord {

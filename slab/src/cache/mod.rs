@@ -170,7 +170,6 @@ use core::marker::PhantomData;
 use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-pub use crate::trace_table::CacheTrace;
 pub(crate) use alloc::unready;
 pub(crate) use double_free::{boot_free_key, key_after};
 pub(crate) use free::Located;

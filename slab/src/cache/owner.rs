@@ -24,6 +24,7 @@ pub(crate) enum OwnerCache {
     /// `kmem_bufctl`: bufctls.
     Bufctl,
     /// `kmem_trace`: trace-table records.
+    #[cfg(feature = "trace-table")]
     Trace,
     /// `kmem_magazine_<rounds>` of a magazine type (an index into
     /// [`MAGAZINE_ROUNDS`](crate::MAGAZINE_ROUNDS)).

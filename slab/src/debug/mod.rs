@@ -69,14 +69,14 @@ impl DebugFlags {
         .union(DebugFlags::AUDIT);
 
     /// The flags as `slab_debug=` letters (`-` for none), e.g. `FZPU`.
-    pub fn letters(self) -> Letters {
+    pub fn letters(self) -> impl fmt::Display {
         Letters(self)
     }
 }
 
 /// [`DebugFlags`] shown as `slab_debug=` letters.
 #[derive(Debug, Clone, Copy)]
-pub struct Letters(DebugFlags);
+pub(crate) struct Letters(DebugFlags);
 
 /// The `slab_debug=` letters and their flags, in Linux's order.
 const LETTERS: [(char, DebugFlags); 5] = [
@@ -106,11 +106,11 @@ impl fmt::Display for Letters {
 // ---------------------------------------------------------------------------
 
 /// Longest cache name kept (as [`KmemCache::name`](crate::KmemCache::name)).
-pub const DEBUG_NAME_MAX: usize = 31;
+pub(crate) const DEBUG_NAME_MAX: usize = 31;
 /// Cache names one `slab_debug=` block may list.
-pub const DEBUG_MAX_CACHES: usize = 8;
+pub(crate) const DEBUG_MAX_CACHES: usize = 8;
 /// `;`-separated blocks in one `slab_debug=`.
-pub const DEBUG_MAX_RULES: usize = 4;
+pub(crate) const DEBUG_MAX_RULES: usize = 4;
 
 /// A cache name (or a `prefix*` pattern) of a `slab_debug=` block.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -176,11 +176,11 @@ pub enum SlabDebugError {
     /// A letter that is not one of `F Z P U C -` (`T`, `A` and `O` exist in
     /// Linux but not here).
     UnknownLetter(char),
-    /// A cache name longer than [`DEBUG_NAME_MAX`] bytes.
+    /// A cache name longer than `DEBUG_NAME_MAX` (31) bytes.
     NameTooLong,
-    /// More than [`DEBUG_MAX_CACHES`] caches in one block.
+    /// More than `DEBUG_MAX_CACHES` (8) caches in one block.
     TooManyCaches,
-    /// More than [`DEBUG_MAX_RULES`] `;`-separated blocks.
+    /// More than `DEBUG_MAX_RULES` (4) `;`-separated blocks.
     TooManyRules,
     /// A `kmem_flags=` value that is not a number (`0x` hex or decimal).
     BadNumber,
@@ -423,12 +423,13 @@ fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
     Ok(flags)
 }
 
-pub use trailer::{
-    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, LEFT_REDZONE_PATTERN, Mismatch, POISON_FREE,
-    POISON_UNINITIALIZED, REDZONE_BYTE, REDZONE_PATTERN, STATE_ALLOCATED, STATE_FREE, fill_pattern,
-    find_mismatch,
+pub(crate) use trailer::{
+    AUDIT_FRAMES, CONTENTS_BYTES, POISON_FREE, POISON_UNINITIALIZED, STATE_ALLOCATED, STATE_FREE,
 };
+pub use trailer::{AuditRecord, Mismatch};
 pub(crate) use trailer::{DebugLayout, ObjectState};
+#[cfg(test)]
+pub(crate) use trailer::{LEFT_REDZONE_PATTERN, REDZONE_PATTERN};
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ pub const LEFT_REDZONE_PATTERN: u64 = 0xbbbb_bbbb_cafe_f00d;
 /// object's end, or a kmalloc's requested size) and the redzone word
 /// (illumos `KMEM_REDZONE_BYTE`).
 pub const REDZONE_BYTE: u8 = 0xbb;
-/// Eight [`REDZONE_BYTE`]s, for word-wise fills and checks.
+/// Eight `REDZONE_BYTE`s, for word-wise fills and checks.
 const REDZONE_BYTES_WORD: u64 = u64::from_ne_bytes([REDZONE_BYTE; 8]);
 /// State word of an object with a caller: its address XOR this (illumos
 /// `KMEM_BUFTAG_ALLOC`).
@@ -183,7 +183,7 @@ pub(crate) struct DebugLayout {
     /// the alignment).
     pub(crate) slot_size: usize,
     /// `REDZONE`: bytes before the object (the alignment, at least 8),
-    /// whose last word is the left redzone ([`LEFT_REDZONE_PATTERN`]):
+    /// whose last word is the left redzone (`LEFT_REDZONE_PATTERN`):
     /// an underflow is caught as an overflow is. Objects start this far
     /// into their slab; 0 without `REDZONE`.
     pub(crate) left: usize,
@@ -376,7 +376,7 @@ impl DebugLayout {
     }
 
     /// The first word of the object part of `slot` that is not
-    /// [`POISON_FREE`].
+    /// `POISON_FREE`.
     #[inline]
     pub(crate) fn check_poison(&self, slot: &[u8]) -> Option<Mismatch> {
         find_mismatch(&slot[..self.obj_size], POISON_FREE, 0)

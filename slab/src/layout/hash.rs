@@ -57,6 +57,7 @@ impl<N: HashNode> AddrHash<N> {
         }
     }
 
+    #[cfg(feature = "trace-table")]
     pub(crate) fn nr_items(&self) -> usize {
         self.nr_items
     }

@@ -90,6 +90,7 @@ mod depot;
 
 /// The depot's state, for the tests of its exchanges and the debug
 /// descriptor (`crate::descriptor`).
+#[cfg(feature = "descriptor")]
 pub(crate) use depot::DepotInner;
 pub(crate) use depot::{Depot, Stale};
 

@@ -22,7 +22,7 @@
 use core::ops::Range;
 
 /// Frames the walk follows at most, whatever the output's length.
-pub const MAX_WALK_FRAMES: usize = 64;
+pub(crate) const MAX_WALK_FRAMES: usize = 64;
 
 /// Where a walk may read and what it may report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub struct FrameBounds {
 /// return address); returns how many were written. `read_word` reads the
 /// aligned word at an address, or says it may not be read (`None`: the
 /// walk ends); `is_text` says whether a return address is code (if not,
-/// the walk ends before it). Stops at `out.len()` or [`MAX_WALK_FRAMES`]
+/// the walk ends before it). Stops at `out.len()` or `MAX_WALK_FRAMES` (64)
 /// frames, and at a frame pointer not above the previous one (frames lie
 /// at higher addresses as the walk goes outward, so it always ends).
 pub fn walk_frames(

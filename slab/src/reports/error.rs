@@ -196,7 +196,7 @@ impl ErrorReport {
     }
 
     /// The report text, with frames and times as `format` renders them.
-    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> ReportDisplay<'a> {
+    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> impl fmt::Display + 'a {
         ReportDisplay {
             report: self,
             format,
@@ -249,7 +249,7 @@ pub struct RawFormat;
 impl ReportFormat for RawFormat {}
 
 /// A report as text: see [`ErrorReport::display`].
-pub struct ReportDisplay<'a> {
+pub(crate) struct ReportDisplay<'a> {
     report: &'a ErrorReport,
     format: &'a dyn ReportFormat,
 }
@@ -527,7 +527,7 @@ impl ErrorReport {
     }
 
     /// A report from its wire form ([`ErrorReport::to_wire`]); `None` for
-    /// an empty slot, fewer than [`ERROR_WIRE_SIZE`] bytes, or bytes no
+    /// an empty slot, fewer than `ERROR_WIRE_SIZE` (344) bytes, or bytes no
     /// report encodes to (an unknown kind, a name or stack too long).
     pub fn from_wire(wire: &[u8]) -> Option<ErrorReport> {
         if wire.len() < ERROR_WIRE_SIZE || wire[0] != 1 {
@@ -643,7 +643,8 @@ impl ErrorRing {
     }
 
     /// Forget every kept report (the count stays).
-    pub fn clear(&self) {
+    #[cfg(test)]
+    pub(crate) fn clear(&self) {
         self.inner.lock().reports = [[0; ERROR_WIRE_SIZE]; ERROR_RING_SIZE];
     }
 }

@@ -158,8 +158,8 @@ pub fn write_kmemstat_caches<P: Platform>(
 
 /// The whole report for an allocator over one page source: the header,
 /// the source as an arena named `source_name` (quantum one page), and
-/// [`write_kmemstat_caches`] beneath it. A kernel with more arenas writes
-/// the header, its own [`KmemstatRow::arena`] rows and the caches itself.
+/// `write_kmemstat_caches` beneath it. A kernel with more arenas writes
+/// the header, its own `KmemstatRow::arena` rows and the caches itself.
 ///
 /// ```text
 /// Arena/Slab Name               :Typ: Objsize:      Total Amt:      Alloc Amt: Allocs Ever:       Waste

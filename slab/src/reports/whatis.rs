@@ -38,13 +38,13 @@ impl<P: Platform> WhatIs<P> {
     /// thread=cpu0  time=T+1.234 s  slab=0x...  cache: kmalloc-64
     ///   #01 [<0x...>] function+0xoff
     /// ```
-    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> WhatIsDisplay<'a, P> {
+    pub fn display<'a>(&'a self, format: &'a dyn ReportFormat) -> impl fmt::Display + 'a {
         WhatIsDisplay { info: self, format }
     }
 }
 
 /// [`WhatIs`] as text: see [`WhatIs::display`].
-pub struct WhatIsDisplay<'a, P: Platform> {
+pub(crate) struct WhatIsDisplay<'a, P: Platform> {
     info: &'a WhatIs<P>,
     format: &'a dyn ReportFormat,
 }
