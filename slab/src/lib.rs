@@ -724,9 +724,9 @@ pub struct ReadmeDoctests;
 pub struct AdoptingDoctests;
 
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use allocator::MIN_FREE_PAGES;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
 pub use allocator::kmalloc::{KmallocObj, LargeStats};
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem};
@@ -737,7 +737,7 @@ pub use error::TraceError;
 pub use error::{AllocError, DestroyError, FreeError};
 pub use flags::CacheFlags;
 pub use layout::geometry::SlabKind;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use magazine::MAG_MAX_ROUNDS;
 pub(crate) use magazine::MAGAZINE_ROUNDS;
 pub use object::{InitBox, KBox, SlabBox};

@@ -45,6 +45,7 @@ use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use crate::platform::Platform;
 
 /// Lock classes the validator can track (sites constructing a lock).
+#[cfg(debug_assertions)]
 pub(crate) const MAX_CLASSES: usize = 128;
 
 /// A lock class: where the lock was constructed (the allocator-wide

@@ -22,7 +22,7 @@ use core::sync::atomic::{
 };
 
 pub use self::classes::InitCost;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use self::classes::MIN_FREE_PAGES;
 use self::classes::NR_UNBORN;
 use self::kmalloc::NR_KMALLOC;

@@ -423,13 +423,15 @@ fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
     Ok(flags)
 }
 
+#[cfg(all(test, not(loom)))]
+pub(crate) use trailer::LEFT_REDZONE_PATTERN;
+#[cfg(test)]
+pub(crate) use trailer::REDZONE_PATTERN;
 pub(crate) use trailer::{
     AUDIT_FRAMES, CONTENTS_BYTES, POISON_FREE, POISON_UNINITIALIZED, STATE_ALLOCATED, STATE_FREE,
 };
 pub use trailer::{AuditRecord, Mismatch};
 pub(crate) use trailer::{DebugLayout, ObjectState};
-#[cfg(test)]
-pub(crate) use trailer::{LEFT_REDZONE_PATTERN, REDZONE_PATTERN};
 
 #[cfg(test)]
 mod tests {
