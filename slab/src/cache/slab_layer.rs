@@ -62,12 +62,15 @@ impl<P: Platform> KmemCache<P> {
         // up to half a magazine and one (Linux SLAB's `batchcount`,
         // leaving room for the frees that follow) and a page of objects:
         // a cache allocated from once takes one object, and the rounds
-        // resting in magazines stay few (`partitioning_memory_cost`).
+        // resting in magazines stay few (`partitioning_memory_cost`: with
+        // two pages, 8 partitioned copies of every class held +5.05 % of
+        // live against the 5 % bound; one page costs the shell replay
+        // ~8 Ir/op, docs/BENCHMARKS.md).
         let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
         let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
         let nr_wanted = (capacity / 2 + 1)
             .min(1 << nr_trips.min(6))
-            .min((2 * PAGE_SIZE / self.params.stride).max(1));
+            .min((PAGE_SIZE / self.params.stride).max(1));
         let mut batch = [ptr::null_mut(); MAG_MAX_ROUNDS + 1];
         let nr = self
             .slab
