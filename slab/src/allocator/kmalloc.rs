@@ -418,7 +418,18 @@ impl<P: Platform> Kmem<P> {
         }
         match Self::kmalloc_index(size, align) {
             Some(index) => {
-                let cache = self.kmalloc_partition_class(row, index)?;
+                // A copy still unborn that cannot be made now (its locks
+                // busy: an interrupt handler tries them once, and another
+                // CPU may be making a class; or no memory for the cache)
+                // leaves this one allocation to the shared class: kfree
+                // finds any cache by the page map, only the isolation is
+                // lost for it. Failing instead made an allocating timer
+                // handler panic while `stress` on the other CPUs made
+                // their first copies (tests/smp_irq_features.rs).
+                let cache = match self.kmalloc_partition_class(row, index) {
+                    Ok(cache) => cache,
+                    Err(_) => self.kmalloc_class(index)?,
+                };
                 // SAFETY: a reference: a live cache.
                 unsafe { KmemCache::alloc_at(cache, tag, size) }
             }

@@ -306,6 +306,36 @@ fn same_size_objects_of_unrelated_call_sites_do_not_share_slabs() {
     }
 }
 
+/// An interrupt handler whose call site's copy is still unborn, while
+/// the cache-list lock is held (by the code it interrupted here; on a
+/// kernel, by another CPU making a class), cannot make the copy: the
+/// allocation is served by the shared class instead of failing (a timer
+/// handler's `kmalloc!` panicked on OutOfMemory in
+/// tests/smp_irq_features.rs while `stress` made its first copies).
+#[test]
+fn an_unborn_copy_in_an_interrupt_handler_falls_back_to_the_shared_class() {
+    let (alloc, _) = setup(1024);
+    set_cpu(0);
+    let (a, _) = two_sites();
+    // The shared class is born at init; no call site has used a copy yet.
+    let mut served = None;
+    let mut first = true;
+    alloc.for_each_cache(|_| {
+        if std::mem::take(&mut first) {
+            served = Some(as_interrupt(|| alloc.kmalloc_site(200, 8, Some(a))));
+        }
+    });
+    let obj = served.unwrap().expect("the shared class serves it");
+    assert_eq!(cache_name(alloc, obj), "kmalloc-208");
+    // SAFETY: a live block of ours.
+    unsafe { alloc.kfree(obj) }.unwrap();
+    // With the lock free, the copy is made and used.
+    let obj = as_interrupt(|| alloc.kmalloc_site(200, 8, Some(a))).unwrap();
+    assert!(cache_name(alloc, obj).starts_with("kmalloc-rnd-"));
+    // SAFETY: a live block of ours.
+    unsafe { alloc.kfree(obj) }.unwrap();
+}
+
 /// A type holding a pointer, for the typed kmalloc.
 #[allow(dead_code, reason = "only its layout is allocated")]
 struct Node {
