@@ -331,10 +331,12 @@
 //!   every empty slab. After a burst, memory comes back one idle interval
 //!   later; a steady load keeps its magazines.
 //! - **Under pressure**: when a page source runs dry, the allocation
-//!   reaps every cache ([`Kmem::reap_all`]: every CPU's magazines by
-//!   cross-CPU calls, the depots, the empty slabs) and retries once before
-//!   it returns `OutOfMemory` ([`HeapStats::nr_pressure_reaps`] counts
-//!   them). So an allocation that may run out of memory must be made with
+//!   reaps caches (as [`KmemCache::reap`]: every CPU's magazines by
+//!   cross-CPU calls, the depot, the empty slabs), those with the largest
+//!   objects first, and stops as soon as its pages fit; only when they
+//!   still do not after every cache (as [`Kmem::reap_all`]) does it
+//!   return `OutOfMemory` ([`HeapStats::nr_pressure_reaps`] counts the
+//!   reaps). So an allocation that may run out of memory must be made with
 //!   interrupts on, like any reap (the cross-CPU calls); if the cache list
 //!   is held (a `for_each_cache` callback allocating) it fails without
 //!   the reap.

@@ -27,8 +27,12 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::report_bad_free(self, cache, error);
     }
 
-    fn reap_for_pressure(&self) -> bool {
-        Kmem::reap_for_pressure(self).is_some()
+    fn reap_for_pressure(
+        &self,
+        source: &'static dyn PageSource,
+        nr_pages: usize,
+    ) -> Option<NonNull<u8>> {
+        Kmem::reap_for_pressure(self, source, nr_pages)
     }
 
     fn cache(&self, which: OwnerCache) -> &KmemCache<P> {

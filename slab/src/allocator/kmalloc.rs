@@ -548,15 +548,8 @@ impl<P: Platform> Kmem<P> {
         let source = self.primary_source();
         let taken = match source.alloc_pages(nr_taken) {
             Ok(pages) => pages,
-            // Out of memory: reap every cache and try once more.
-            Err(_)
-                if self
-                    .reap_for_pressure()
-                    .is_some_and(|nr_pages| nr_pages > 0) =>
-            {
-                source.alloc_pages(nr_taken)?
-            }
-            Err(error) => return Err(error),
+            // Out of memory: reap caches until the block fits.
+            Err(error) => self.reap_for_pressure(source, nr_taken).ok_or(error)?,
         };
         let base = taken.as_ptr() as usize;
         let addr = base.next_multiple_of(align.max(PAGE_SIZE));

@@ -4,12 +4,13 @@
 //! want of pages; all walk the cache list in the order that leaves no
 //! empty slab behind.
 
-use core::ptr;
+use core::cell::Cell;
+use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
 use super::{BootCache, CacheList, Kmem};
 use crate::cache::KmemCache;
-use crate::platform::Platform;
+use crate::platform::{PageSource, Platform};
 
 impl<P: Platform> Kmem<P> {
     /// Reap every cache. Returns pages returned to page sources.
@@ -54,15 +55,30 @@ impl<P: Platform> Kmem<P> {
         })
     }
 
-    /// Out of memory: reap every cache ([`Kmem::reap_all`]: every
-    /// CPU's magazines, the depots, empty slabs) so that the caller can
-    /// retry. Returns pages returned, or `None` if it could not reap:
-    /// before init, or the cache list is busy (this CPU may hold it: a
-    /// `for_each_cache` callback allocating, or a page source called
+    /// Out of memory: `source` could not give `nr_pages` pages. Reap
+    /// caches until it can, then take them: the caches with the largest
+    /// objects first (their slabs empty with the fewest objects put back:
+    /// the fewest instructions a page, and the small classes a workload
+    /// churns keep their magazines), a power of two of object size at a
+    /// time, newest first within one; the bootstrap caches last, in
+    /// [`Kmem::reap_all`]'s order (the others' reaps free metadata into
+    /// them). After each cache that gave pages back the request is tried
+    /// again; when every cache is reaped, once more (so it fails only
+    /// where [`Kmem::reap_all`] and a retry would). Returns the pages, or
+    /// `None`: still no room, or it could not reap (before init, in an
+    /// interrupt handler, or the cache list is busy: this CPU may hold
+    /// it, a `for_each_cache` callback allocating or a page source called
     /// under it).
+    ///
+    /// The pages are taken from `source` under the cache-list lock (as
+    /// every reap gives pages back to sources under it).
     #[cold]
     #[inline(never)]
-    pub(crate) fn reap_for_pressure(&self) -> Option<usize> {
+    pub(crate) fn reap_for_pressure(
+        &self,
+        source: &dyn PageSource,
+        nr_pages: usize,
+    ) -> Option<NonNull<u8>> {
         // No reap from an interrupt handler: it drains every CPU's
         // magazines by cross-CPU calls.
         if !self.is_ready() || P::in_interrupt() {
@@ -70,12 +86,57 @@ impl<P: Platform> Kmem<P> {
         }
         let list = self.caches.try_lock::<P>()?;
         self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
-        Some(self.reap_walk(&list, KmemCache::reap))
+        let taken = Cell::new(None);
+        let reap = |cache: &KmemCache<P>| {
+            if taken.get().is_none() && cache.reap() > 0 {
+                taken.set(source.alloc_pages(nr_pages).ok());
+            }
+        };
+        // The largest power of two of object size among the caches.
+        let mut max_order = 0;
+        self.for_each_listed(&list, |cache| {
+            if !cache.is_bootstrap() {
+                max_order = max_order.max(size_order(cache.params.obj_size));
+            }
+        });
+        for order in (0..=max_order).rev() {
+            self.for_each_listed(&list, |cache| {
+                if !cache.is_bootstrap() && size_order(cache.params.obj_size) == order {
+                    reap(cache);
+                }
+            });
+            if taken.get().is_some() {
+                return taken.get();
+            }
+        }
+        self.reap_walk(&list, |cache| {
+            if cache.is_bootstrap() {
+                reap(cache);
+            }
+            0
+        });
+        taken.get().or_else(|| source.alloc_pages(nr_pages).ok())
+    }
+
+    /// Call `visit` on every listed cache, newest first.
+    fn for_each_listed(&self, list: &CacheList<P>, mut visit: impl FnMut(&KmemCache<P>)) {
+        let mut cache = list.tail;
+        while !cache.is_null() {
+            // SAFETY: as in for_each_cache.
+            unsafe {
+                visit(&*cache);
+                cache = (*(*cache).links.get()).prev;
+            }
+        }
     }
 
     /// Call `reap` on every cache, newest first, `kmem_bufctl` and
     /// `kmem_slab` last (see [`Kmem::reap_all`]); sum its results.
-    fn reap_walk(&self, list: &CacheList<P>, reap: impl Fn(&KmemCache<P>) -> usize) -> usize {
+    fn reap_walk(
+        &self,
+        list: &CacheList<P>,
+        mut reap: impl FnMut(&KmemCache<P>) -> usize,
+    ) -> usize {
         // Before init completes, no deferring: one pass as listed. The
         // pointers are only compared, never dereferenced.
         let ready = self.is_ready();
@@ -105,4 +166,10 @@ impl<P: Platform> Kmem<P> {
         }
         nr_pages
     }
+}
+
+/// The power of two an object size falls in (`floor(log2(size))`; 0 for 0):
+/// the pressure reap's order, largest first.
+fn size_order(obj_size: usize) -> u32 {
+    obj_size.checked_ilog2().unwrap_or(0)
 }

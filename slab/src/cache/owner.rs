@@ -45,9 +45,14 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
     fn report_error(&self, report: ErrorReport);
     /// Report a free `cache` (its name) refuses.
     fn report_bad_free(&self, cache: &str, error: FreeError);
-    /// Reap every cache under memory pressure; whether anything was
-    /// freed (false if another reap is running).
-    fn reap_for_pressure(&self) -> bool;
+    /// `source` could not give `nr_pages` pages: reap caches until it
+    /// can, and take them (`None`: still no room, or no reap now:
+    /// another is running).
+    fn reap_for_pressure(
+        &self,
+        source: &'static dyn PageSource,
+        nr_pages: usize,
+    ) -> Option<NonNull<u8>>;
     /// One of the owner's bootstrap caches.
     fn cache(&self, which: OwnerCache) -> &KmemCache<P>;
     /// The owner's primary page source (slab metadata comes from it).

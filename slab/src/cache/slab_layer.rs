@@ -213,8 +213,12 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
         self.owner().report_error(report);
     }
 
-    fn reap_for_pressure(&self) -> bool {
-        self.owner().reap_for_pressure()
+    fn reap_for_pressure(
+        &self,
+        source: &'static dyn PageSource,
+        nr_pages: usize,
+    ) -> Option<NonNull<u8>> {
+        self.owner().reap_for_pressure(source, nr_pages)
     }
 
     fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError> {

@@ -119,9 +119,13 @@ pub(crate) trait SlabOwner {
     /// The error sink: a report of something this layer refused or
     /// repaired.
     fn report(&self, report: ErrorReport);
-    /// A page source ran dry: reap every cache. True if the reap ran (then
-    /// the allocation is retried once).
-    fn reap_for_pressure(&self) -> bool;
+    /// `source` ran dry: reap caches until it can give `nr_pages` pages,
+    /// and take them (`None`: still no room, or no reap now).
+    fn reap_for_pressure(
+        &self,
+        source: &'static dyn PageSource,
+        nr_pages: usize,
+    ) -> Option<NonNull<u8>>;
     /// A metadata object.
     ///
     /// # Errors
@@ -392,10 +396,11 @@ impl<P: Platform> SlabLayer<P> {
         let nr_pages = params.nr_pages_per_slab;
         let pages = match params.source.alloc_pages(nr_pages) {
             Ok(pages) => pages,
-            // Out of memory: reap every cache (every CPU's magazines, the
-            // depots, empty slabs) and try once more.
-            Err(_) if owner.reap_for_pressure() => params.source.alloc_pages(nr_pages)?,
-            Err(error) => return Err(error),
+            // Out of memory: reap caches (their CPUs' magazines, depots,
+            // empty slabs), largest objects first, until the pages fit.
+            Err(error) => owner
+                .reap_for_pressure(params.source, nr_pages)
+                .ok_or(error)?,
         };
         let base = pages.as_ptr() as usize;
         let slab = match params.kind {

@@ -318,3 +318,68 @@ fn classes_created_on_first_use_race_safely() {
     }
     alloc.debug().check_invariants().unwrap();
 }
+
+/// The source fills up: every page it has left taken outside the
+/// allocator (returned by [`give_back`]).
+fn take_every_page(source: &'static FakeSource) -> Vec<core::ptr::NonNull<u8>> {
+    let mut held = Vec::new();
+    while let Ok(page) = crate::PageSource::alloc_pages(source, 1) {
+        held.push(page);
+    }
+    held
+}
+
+fn give_back(source: &'static FakeSource, held: Vec<core::ptr::NonNull<u8>>) {
+    for page in held {
+        // SAFETY: taken from this source by take_every_page, one page each.
+        unsafe { crate::PageSource::free_pages(source, page, 1) };
+    }
+}
+
+/// A pressure reap stops once the request fits, and reaps the caches
+/// with the largest objects first: a page for a new slab of kmalloc-2048
+/// comes from kmalloc-4096's cached slab, and the small class's
+/// magazines (a workload's churn) are left alone. A request that fits
+/// only after every cache is reaped still succeeds.
+#[test]
+fn a_pressure_reap_stops_once_the_request_fits() {
+    let (alloc, source) = up_setup(HEAP_PAGES);
+    // kmalloc-2048 exists but holds no slab; kmalloc-8 and kmalloc-4096
+    // hold theirs, their objects in this CPU's magazines.
+    alloc.kmalloc_box(2048, 8).unwrap().free().unwrap();
+    let class_2048 = alloc.find_cache("kmalloc-2048").unwrap();
+    class_2048.reap();
+    assert_eq!(class_2048.stats().nr_slabs, 0);
+    let small: Vec<_> = (0..20).map(|_| alloc.kmalloc_box(8, 8).unwrap()).collect();
+    small.into_iter().for_each(|obj| obj.free().unwrap());
+    alloc.kmalloc_box(4096, 8).unwrap().free().unwrap();
+    let class_8 = alloc.find_cache("kmalloc-8").unwrap();
+    let class_4096 = alloc.find_cache("kmalloc-4096").unwrap();
+    let cached_8 = class_8.stats().nr_cpu_cached_objs;
+    assert!(cached_8 > 0);
+    assert_eq!(class_4096.stats().nr_slabs, 1);
+
+    let held = take_every_page(source);
+    let reaps = alloc.stats().nr_pressure_reaps();
+    let obj = alloc
+        .kmalloc_box(2048, 8)
+        .expect("a page from kmalloc-4096");
+    assert_eq!(alloc.stats().nr_pressure_reaps(), reaps + 1);
+    assert_eq!(class_4096.stats().nr_slabs, 0, "the largest objects first");
+    assert_eq!(
+        class_8.stats().nr_cpu_cached_objs,
+        cached_8,
+        "the small class's magazines kept"
+    );
+    obj.free().unwrap();
+
+    // Three pages in a row: only the small classes (and the metadata)
+    // have pages left to give; every cache is reaped, and it fits.
+    give_back(source, held);
+    let held = take_every_page(source);
+    let big = alloc.kmalloc_box(3 * PAGE_SIZE, 8);
+    assert_eq!(class_8.stats().nr_cpu_cached_objs, 0, "reaped in the end");
+    big.unwrap().free().unwrap();
+    give_back(source, held);
+    alloc.debug().check_invariants().unwrap();
+}
