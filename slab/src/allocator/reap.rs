@@ -56,15 +56,17 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// Out of memory: `source` could not give `nr_pages` pages. Reap
-    /// caches until it can, then take them: the caches with the largest
-    /// objects first (their slabs empty with the fewest objects put back:
+    /// caches until it can, then take them: of the caches that hold slabs,
+    /// those with the largest objects first (their slabs empty with the
+    /// fewest objects put back:
     /// the fewest instructions a page, and the small classes a workload
     /// churns keep their magazines), a power of two of object size at a
     /// time, newest first within one; the bootstrap caches last, in
     /// [`Kmem::reap_all`]'s order (the others' reaps free metadata into
     /// them). After each cache that gave pages back the request is tried
-    /// again; when every cache is reaped, once more (so it fails only
-    /// where [`Kmem::reap_all`] and a retry would). Returns the pages, or
+    /// again; if it still does not fit, every cache is reaped as
+    /// [`Kmem::reap_all`] does and it is tried once more (so it fails only
+    /// where a full reap and a retry would). Returns the pages, or
     /// `None`: still no room, or it could not reap (before init, in an
     /// interrupt handler, or the cache list is busy: this CPU may hold
     /// it, a `for_each_cache` callback allocating or a page source called
@@ -92,16 +94,22 @@ impl<P: Platform> Kmem<P> {
                 taken.set(source.alloc_pages(nr_pages).ok());
             }
         };
-        // The largest power of two of object size among the caches.
-        let mut max_order = 0;
+        // The powers of two of object size among the caches that hold
+        // slabs (a cache without one has no page to give).
+        let mut orders = 0_u64;
         self.for_each_listed(&list, |cache| {
-            if !cache.is_bootstrap() {
-                max_order = max_order.max(size_order(cache.params.obj_size));
+            if !cache.is_bootstrap() && cache.holds_slabs() {
+                orders |= 1 << size_order(cache.params.obj_size);
             }
         });
-        for order in (0..=max_order).rev() {
+        while orders != 0 {
+            let order = orders.ilog2();
+            orders &= !(1 << order);
             self.for_each_listed(&list, |cache| {
-                if !cache.is_bootstrap() && size_order(cache.params.obj_size) == order {
+                if !cache.is_bootstrap()
+                    && size_order(cache.params.obj_size) == order
+                    && cache.holds_slabs()
+                {
                     reap(cache);
                 }
             });
@@ -115,7 +123,13 @@ impl<P: Platform> Kmem<P> {
             }
             0
         });
-        taken.get().or_else(|| source.alloc_pages(nr_pages).ok())
+        if taken.get().is_some() {
+            return taken.get();
+        }
+        // Still no room: every cache as reap_all does (the ones skipped
+        // above hold empty magazines at most), and once more.
+        self.reap_walk(&list, KmemCache::reap);
+        source.alloc_pages(nr_pages).ok()
     }
 
     /// Call `visit` on every listed cache, newest first.
@@ -168,8 +182,9 @@ impl<P: Platform> Kmem<P> {
     }
 }
 
-/// The power of two an object size falls in (`floor(log2(size))`; 0 for 0):
-/// the pressure reap's order, largest first.
+/// The power of two an object size falls in (`floor(log2(size))`, 0 for
+/// 0; below 64 on a 64-bit machine): the pressure reap's order, largest
+/// first.
 fn size_order(obj_size: usize) -> u32 {
     obj_size.checked_ilog2().unwrap_or(0)
 }

@@ -52,6 +52,12 @@ impl<P: Platform> KmemCache<P> {
         nr_pages
     }
 
+    /// Whether the slab layer holds any slab (pages a reap could give
+    /// back); one lock acquisition, no walk.
+    pub(crate) fn holds_slabs(&self) -> bool {
+        self.slab.lock().lists.iter().any(|list| list.nr > 0)
+    }
+
     /// Start a new working-set interval for this cache's depot (Bonwick &
     /// Adams 2001 §3.7; illumos `kmem_depot_ws_update`): the fewest full
     /// and empty magazines the depot held since the last update become
