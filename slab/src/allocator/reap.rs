@@ -57,11 +57,10 @@ impl<P: Platform> Kmem<P> {
 
     /// Out of memory: `source` could not give `nr_pages` pages. Reap
     /// caches until it can, then take them: of the caches that hold slabs,
-    /// those with the largest objects first (their slabs empty with the
-    /// fewest objects put back:
-    /// the fewest instructions a page, and the small classes a workload
-    /// churns keep their magazines), a power of two of object size at a
-    /// time, newest first within one; the bootstrap caches last, in
+    /// the cheapest first, the fewest objects out of their slabs a page
+    /// (each a magazine round to put back, or a live object that keeps its
+    /// page: a class a workload churns keeps its magazines while idle
+    /// classes give their pages back); then the bootstrap caches in
     /// [`Kmem::reap_all`]'s order (the others' reaps free metadata into
     /// them). After each cache that gave pages back the request is tried
     /// again; if it still does not fit, every cache is reaped as
@@ -94,25 +93,43 @@ impl<P: Platform> Kmem<P> {
                 taken.set(source.alloc_pages(nr_pages).ok());
             }
         };
-        // The powers of two of object size among the caches that hold
-        // slabs (a cache without one has no page to give).
-        let mut orders = 0_u64;
+        // The caches that hold slabs, cheapest first: the fewest objects
+        // out of their slabs a page (each one a magazine round to put
+        // back, or a live object that keeps its page); the first
+        // NR_RANKED of them (the rest wait for the full pass below).
+        let mut ranked = [Ranked {
+            cache: ptr::null(),
+            nr_busy: 0,
+            nr_pages: 0,
+        }; NR_RANKED];
+        let mut nr_ranked = 0;
         self.for_each_listed(&list, |cache| {
-            if !cache.is_bootstrap() && cache.holds_slabs() {
-                orders |= 1 << size_order(cache.params.obj_size);
+            if cache.is_bootstrap() {
+                return;
+            }
+            let Some((nr_busy, nr_pages)) = cache.slab_occupancy() else {
+                return;
+            };
+            let this = Ranked {
+                cache,
+                nr_busy,
+                nr_pages,
+            };
+            // After the ones as cheap: newest first among equals.
+            let at = ranked[..nr_ranked]
+                .iter()
+                .position(|other| this.cheaper_than(other))
+                .unwrap_or(nr_ranked);
+            if at < NR_RANKED {
+                let end = nr_ranked.min(NR_RANKED - 1);
+                ranked.copy_within(at..end, at + 1);
+                ranked[at] = this;
+                nr_ranked = end + 1;
             }
         });
-        while orders != 0 {
-            let order = orders.ilog2();
-            orders &= !(1 << order);
-            self.for_each_listed(&list, |cache| {
-                if !cache.is_bootstrap()
-                    && size_order(cache.params.obj_size) == order
-                    && cache.holds_slabs()
-                {
-                    reap(cache);
-                }
-            });
+        for candidate in &ranked[..nr_ranked] {
+            // SAFETY: a listed cache, and the list is locked: alive.
+            reap(unsafe { &*candidate.cache });
             if taken.get().is_some() {
                 return taken.get();
             }
@@ -182,9 +199,30 @@ impl<P: Platform> Kmem<P> {
     }
 }
 
-/// The power of two an object size falls in (`floor(log2(size))`, 0 for
-/// 0; below 64 on a 64-bit machine): the pressure reap's order, largest
-/// first.
-fn size_order(obj_size: usize) -> u32 {
-    obj_size.checked_ilog2().unwrap_or(0)
+/// Caches a pressure reap ranks (on its stack, 24 bytes each); the rest
+/// are reaped in its last, full pass.
+const NR_RANKED: usize = 32;
+
+/// A cache as the pressure reap ranks it ([`KmemCache::slab_occupancy`]).
+struct Ranked<P: Platform> {
+    cache: *const KmemCache<P>,
+    nr_busy: u64,
+    nr_pages: u64,
+}
+
+// Not derived: that would ask `P: Copy`.
+impl<P: Platform> Clone for Ranked<P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<P: Platform> Copy for Ranked<P> {}
+
+impl<P: Platform> Ranked<P> {
+    /// Fewer objects out of its slabs a page than `other` (compared as
+    /// `busy / pages` without dividing).
+    fn cheaper_than(&self, other: &Self) -> bool {
+        u128::from(self.nr_busy) * u128::from(other.nr_pages)
+            < u128::from(other.nr_busy) * u128::from(self.nr_pages)
+    }
 }

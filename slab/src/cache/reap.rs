@@ -52,10 +52,19 @@ impl<P: Platform> KmemCache<P> {
         nr_pages
     }
 
-    /// Whether the slab layer holds any slab (pages a reap could give
-    /// back); one lock acquisition, no walk.
-    pub(crate) fn holds_slabs(&self) -> bool {
-        self.slab.lock().lists.iter().any(|list| list.nr > 0)
+    /// What a reap of this cache could give back, and its price: the
+    /// objects out of its slabs (in magazines, or live) and the pages its
+    /// slabs hold; `None` if it holds no slab (no page to give). One
+    /// lock acquisition, no walk. The object count is the slab layer's
+    /// takes less its returns.
+    pub(crate) fn slab_occupancy(&self) -> Option<(u64, u64)> {
+        let lists = self.slab.lock();
+        let nr_slabs: usize = lists.lists.iter().map(|list| list.nr).sum();
+        if nr_slabs == 0 {
+            return None;
+        }
+        let nr_pages = (nr_slabs * self.params.nr_pages_per_slab) as u64;
+        Some((lists.nr_allocs.saturating_sub(lists.nr_frees), nr_pages))
     }
 
     /// Start a new working-set interval for this cache's depot (Bonwick &

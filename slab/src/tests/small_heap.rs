@@ -383,3 +383,41 @@ fn a_pressure_reap_stops_once_the_request_fits() {
     give_back(source, held);
     alloc.debug().check_invariants().unwrap();
 }
+
+/// The pressure reap takes the cheapest pages first: those with the
+/// fewest objects out of their slabs (magazine rounds to put back) a
+/// page, not the largest objects: a page of kmalloc-512 whose every
+/// object rests in a magazine stays, one of kmalloc-16 holding one
+/// cached object goes.
+#[test]
+fn a_pressure_reap_takes_the_cheapest_pages_first() {
+    let (alloc, source) = up_setup(HEAP_PAGES);
+    alloc.kmalloc_box(2048, 8).unwrap().free().unwrap();
+    alloc.find_cache("kmalloc-2048").unwrap().reap();
+    alloc.kmalloc_box(16, 8).unwrap().free().unwrap();
+    let class_16 = alloc.find_cache("kmalloc-16").unwrap();
+    let first = alloc.kmalloc_box(512, 8).unwrap();
+    let class_512 = alloc.find_cache("kmalloc-512").unwrap();
+    let per_slab = class_512.stats().objs_per_slab;
+    let mut full: Vec<_> = (1..per_slab)
+        .map(|_| alloc.kmalloc_box(512, 8).unwrap())
+        .collect();
+    full.push(first);
+    full.into_iter().for_each(|obj| obj.free().unwrap());
+    let cached_512 = class_512.stats().nr_cpu_cached_objs + class_512.stats().nr_depot_objs;
+    assert!(cached_512 >= per_slab, "{cached_512} of {per_slab}");
+    assert_eq!(class_512.stats().nr_slabs, 1);
+    assert_eq!(class_16.stats().nr_slabs, 1);
+
+    let held = take_every_page(source);
+    let obj = alloc.kmalloc_box(2048, 8).expect("a page from kmalloc-16");
+    assert_eq!(class_16.stats().nr_slabs, 0, "the cheap page given back");
+    assert_eq!(class_512.stats().nr_slabs, 1, "the dear one kept");
+    assert_eq!(
+        class_512.stats().nr_cpu_cached_objs + class_512.stats().nr_depot_objs,
+        cached_512
+    );
+    obj.free().unwrap();
+    give_back(source, held);
+    alloc.debug().check_invariants().unwrap();
+}
