@@ -143,6 +143,28 @@ const CLASS_BY_8: [u8; NR_BY_8] = {
     table
 };
 
+/// The entries of [`CLASS_BY_8`] that hold each class, `start..end` (empty
+/// for classes above [`CLASS_TABLE_MAX`]): the table is sorted, so a
+/// class's entries are one run. What `update_by_8` stores a class to
+/// without a walk of the whole table (129 entries on each class's birth).
+const BY_8_RANGE: [(u8, u8); NR_KMALLOC] = {
+    assert!(NR_BY_8 <= u8::MAX as usize);
+    let mut ranges = [(0u8, 0u8); NR_KMALLOC];
+    let mut slot = 0;
+    while slot < NR_BY_8 {
+        let class = CLASS_BY_8[slot] as usize;
+        if ranges[class].1 == 0 {
+            ranges[class].0 = slot as u8;
+        } else {
+            // One run: the previous entry holds the same class.
+            assert!(CLASS_BY_8[slot - 1] as usize == class);
+        }
+        ranges[class].1 = slot as u8 + 1;
+        slot += 1;
+    }
+    ranges
+};
+
 /// The class index of `size` (1..=`KMALLOC_MAX_SIZE`) by arithmetic:
 /// for `size - 1` in `[2^k, 2^(k+1))`, `k >= 7`, the class is
 /// `16 + 8 (k - 7) + (size - 1 - 2^k) / 2^(k-3)`.
@@ -270,10 +292,9 @@ impl<P: Platform> Kmem<P> {
     /// changed: `init`, a class born on first use).
     pub(super) fn update_by_8(&self, index: usize) {
         let cache = self.kmalloc[index].load(Ordering::Acquire);
-        for (entry, &class) in self.kmalloc_by_8.iter().zip(&CLASS_BY_8) {
-            if class as usize == index {
-                entry.store(cache, Ordering::Release);
-            }
+        let (start, end) = BY_8_RANGE[index];
+        for entry in &self.kmalloc_by_8[usize::from(start)..usize::from(end)] {
+            entry.store(cache, Ordering::Release);
         }
     }
 

@@ -121,6 +121,10 @@ const fn make_key(random: usize) -> usize {
 /// Choose this boot's key from `seed` (a clock mixed with an address), once:
 /// later calls keep the first key (objects already freed hold it).
 pub(crate) fn init_free_key(seed: u64) {
+    // Chosen already (every cache after the first): nothing to mix.
+    if free_key() != 0 {
+        return;
+    }
     // The free-list shuffle is seeded with the key, once a boot.
     crate::layout::freelist::init_shuffle(seed);
     let key = make_key(freelist_secret(seed));

@@ -273,6 +273,45 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
     );
 }
 
+/// Every class born on first use (in a scrambled order) is named
+/// `kmalloc-<size>` and is published in exactly its own entries of the
+/// small-size hit's by-8 table (each size's smallest class at least as
+/// big), while the entries of classes still unborn keep their stubs.
+#[test]
+fn classes_born_on_first_use_are_named_and_published_by_size() {
+    // Small enough that the classes come on first use; room for all 64
+    // kmem_cache objects.
+    let (alloc, source) = up_setup(64);
+    assert!(UpAlloc::init_cost(source).unwrap().classes_on_first_use);
+    let nr = crate::KMALLOC_SIZES.len();
+    let class_of_entry = |entry: usize| {
+        crate::KMALLOC_SIZES
+            .iter()
+            .position(|&size| size >= entry * 8)
+            .unwrap()
+    };
+    let mut born = std::vec![false; nr];
+    for step in 0..nr {
+        // 37 is prime to 64: every class once.
+        let index = step * 37 % nr;
+        let size = crate::KMALLOC_SIZES[index];
+        let align = crate::natural_align(size);
+        let cache = alloc.stats().kmalloc_cache_for(size, align).unwrap();
+        assert_eq!(cache.name(), format!("kmalloc-{size}"));
+        born[index] = true;
+        for (entry, slot) in alloc.kmalloc_by_8.iter().enumerate() {
+            let class = class_of_entry(entry);
+            let published = slot.load(core::sync::atomic::Ordering::Acquire);
+            let in_slot = alloc.kmalloc[class].load(core::sync::atomic::Ordering::Acquire);
+            assert_eq!(published, in_slot, "entry {entry} of class {class}");
+            // SAFETY: published entries are permanent caches or stubs.
+            let unborn = unsafe { (*published).hot() }.contains(crate::cache::HotFlags::UNBORN);
+            assert_eq!(unborn, !born[class], "entry {entry} of class {class}");
+        }
+    }
+    alloc.debug().check_invariants().unwrap();
+}
+
 /// Four CPUs racing to the first allocations of the same classes on a
 /// small source: each class is created once, and every object is good.
 #[test]
