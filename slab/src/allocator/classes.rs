@@ -131,9 +131,9 @@ pub(crate) const CLASS_NAMES: [&str; NR_KMALLOC] = [
 ];
 
 /// Pages a source must have beyond what `init` takes: the metadata slabs
-/// the first allocations need (`kmem_cache` (2 pages), `kmem_slab`,
-/// `kmem_bufctl`, a magazine slab, a tag side-array slab: 6 pages) and a
-/// slab for each of a few classes.
+/// the first allocations need (`kmem_cache`, `kmem_slab`, `kmem_bufctl`,
+/// a magazine slab, a tag side-array slab: at most 6 pages) and a slab
+/// for each of a few classes.
 pub const MIN_FREE_PAGES: usize = 16;
 
 /// Packed slabs of at most `span_pages / SLAB_PAGES_DIV` pages.

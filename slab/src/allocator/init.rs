@@ -7,7 +7,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use super::{
-    BOOT_NAMES, Kmem, NR_FIXED_BOOT, STATE_INITIALIZING, STATE_READY, STATE_UNINIT,
+    BOOT_NAMES, BootCache, Kmem, NR_FIXED_BOOT, STATE_INITIALIZING, STATE_READY, STATE_UNINIT,
     TAG_ARRAY_NAMES, TAG_ARRAY_SIZES,
 };
 use crate::cache::{CacheSpec, KmemCache};
@@ -162,8 +162,14 @@ impl<P: Platform> Kmem<P> {
             // The tag side-array caches may have multi-page slabs with
             // their headers in kmem_slab (created before them), like any
             // cache on the primary source: their 2 KiB objects would
-            // otherwise need bufctl slabs.
-            let packed = index >= NR_FIXED_BOOT;
+            // otherwise need bufctl slabs. So may kmem_cache (its objects
+            // are 1 KiB and more): a bufctl slab would take a kmem_bufctl
+            // object per object and a hash entry per allocation, and the
+            // first class made on a small heap paid for kmem_bufctl's first
+            // slab too (about 2,000 instructions). kmem_slab, kmem_bufctl
+            // and the magazine caches stay unpacked: headers and bufctls
+            // come from them (a packed one would recurse).
+            let packed = index >= NR_FIXED_BOOT || index == BootCache::Cache as usize;
             let spec = CacheSpec {
                 name,
                 size,

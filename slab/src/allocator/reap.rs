@@ -18,8 +18,8 @@ impl<P: Platform> Kmem<P> {
     /// Newest first, so that metadata freed by later caches (their slab
     /// structs, bufctls, magazines and cache structs) is reaped with the
     /// bootstrap caches at the end; and `kmem_slab` and `kmem_bufctl` come
-    /// last of all, after `kmem_cache`, whose bufctl slabs
-    /// (when their objects are large) free into them. So one call leaves no
+    /// last of all, after `kmem_cache` and the tag side-array caches, whose
+    /// slab headers free into `kmem_slab`. So one call leaves no
     /// empty slab anywhere.
     pub fn reap_all(&self) -> usize {
         let list = self.caches.lock::<P>();

@@ -442,11 +442,12 @@ fn layouts_match_the_design() {
     assert_eq!(core::mem::size_of::<crate::magazine::PcpuCache>(), 64);
 }
 
-/// `kmem_cache`'s slabs (bufctl slabs: cache structs are large) keep their
-/// bufctls in `kmem_bufctl`: one `reap_all` must reap `kmem_cache` before
-/// `kmem_bufctl`, or a `kmem_bufctl` page emptied by `kmem_cache`'s reap
-/// stays out until the next call. Whether a page empties that way depends
-/// on where the bufctls landed, so try a range of `kmem_bufctl` fill levels.
+/// A bufctl cache's slabs keep their bufctls in `kmem_bufctl` (and
+/// `kmem_cache`'s packed slabs their headers in `kmem_slab`): one
+/// `reap_all` must reap them before `kmem_bufctl` and `kmem_slab`, or a
+/// metadata page emptied by their reap stays out until the next call.
+/// Whether a page empties that way depends on where the metadata landed,
+/// so try a range of `kmem_bufctl` fill levels.
 #[test]
 fn reap_all_returns_metadata_in_one_pass() {
     for nr_big in (0..=96).step_by(6) {
@@ -465,8 +466,8 @@ fn reap_all_returns_metadata_in_one_pass() {
             )
             .unwrap();
         let objs: Vec<_> = (0..nr_big).map(|_| big.alloc_box().unwrap()).collect();
-        // Enough caches that kmem_cache grows a slab, whose bufctls come
-        // after the filler's.
+        // Enough caches that kmem_cache grows slabs, whose headers come
+        // from kmem_slab.
         let caches: Vec<_> = (0..12)
             .map(|_| {
                 alloc

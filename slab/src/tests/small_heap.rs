@@ -312,6 +312,29 @@ fn classes_born_on_first_use_are_named_and_published_by_size() {
     alloc.debug().check_invariants().unwrap();
 }
 
+/// A class's struct comes from kmem_cache's packed slabs (one page of
+/// four 1 KiB objects, the header in kmem_slab): making classes takes no
+/// kmem_bufctl object, as a bufctl slab of kmem_cache did (one a
+/// struct, and kmem_bufctl's first slab for the first class).
+#[test]
+fn class_structs_take_no_bufctls() {
+    let (alloc, _source) = up_setup(HEAP_PAGES);
+    let boxes: Vec<_> = [8, 100, 832, 3000]
+        .into_iter()
+        .map(|size| alloc.kmalloc_box(size, 8).unwrap())
+        .collect();
+    let structs = alloc.find_cache("kmem_cache").unwrap().stats();
+    assert_eq!(structs.nr_allocated, 4);
+    assert_eq!(structs.nr_pages_per_slab, 1);
+    assert_eq!(structs.objs_per_slab, 4);
+    let bufctls = alloc.find_cache("kmem_bufctl").unwrap().stats();
+    assert_eq!(bufctls.nr_allocated, 0);
+    for obj in boxes {
+        obj.free().unwrap();
+    }
+    alloc.debug().check_invariants().unwrap();
+}
+
 /// Four CPUs racing to the first allocations of the same classes on a
 /// small source: each class is created once, and every object is good.
 #[test]
