@@ -430,7 +430,10 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) const PCPU_OFFSET: usize =
         core::mem::size_of::<Self>().next_multiple_of(core::mem::align_of::<PcpuCache>());
 
-    /// Build a cache value (not yet linked anywhere).
+    /// Build a cache value (not yet linked anywhere). Inlined, so that
+    /// `create_cache` builds the ~1 KiB value where it goes rather than
+    /// on the stack and then copies it.
+    #[inline(always)]
     pub(crate) fn construct(
         spec: CacheSpec<'_>,
         owner: *const dyn CacheOwner<P>,
