@@ -217,7 +217,8 @@ impl<P: Platform> Kmem<P> {
         // metadata they read alive: ordinary caches (their structs and
         // per-CPU arrays live in bootstrap slabs), then bootstrap bufctl
         // caches (their slab structs live in kmem_slab / kmem_bufctl),
-        // then bootstrap small-slab caches (headers inside their own pages).
+        // then bootstrap small-slab caches (headers inside their own
+        // pages; kmem_cache's in kmem_slab, discarded after it).
         unsafe {
             let head = self.caches.lock::<P>().head;
             let mut cache = head;
