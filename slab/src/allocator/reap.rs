@@ -4,7 +4,6 @@
 //! want of pages; all walk the cache list in the order that leaves no
 //! empty slab behind.
 
-use core::cell::Cell;
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering;
 
@@ -56,23 +55,27 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// Out of memory: `source` could not give `nr_pages` pages. Reap
-    /// caches until it can, then take them: of the caches that hold slabs,
-    /// the cheapest first, the fewest objects out of their slabs a page
-    /// (each a magazine round to put back, or a live object that keeps its
-    /// page: a class a workload churns keeps its magazines while idle
-    /// classes give their pages back); then the bootstrap caches in
-    /// [`Kmem::reap_all`]'s order (the others' reaps free metadata into
-    /// them). After each cache that gave pages back the request is tried
-    /// again; if it still does not fit, every cache is reaped as
-    /// [`Kmem::reap_all`] does and it is tried once more (so it fails only
-    /// where a full reap and a retry would). Returns the pages, or
+    /// caches until at least `nr_pages` pages are back, then take them:
+    /// of the caches that hold slabs, the cheapest first, the fewest
+    /// objects out of their slabs a page (each a magazine round to put
+    /// back, or a live object that keeps its page: a class a workload
+    /// churns keeps its magazines while idle classes give their pages
+    /// back); then the bootstrap caches in [`Kmem::reap_all`]'s order (the
+    /// others' reaps free metadata into them). If the request still does
+    /// not fit (the pages that came back are not contiguous, or went to
+    /// another source, or another CPU took them), every cache is reaped
+    /// as [`Kmem::reap_all`] does and it is tried once more (so it fails
+    /// only where a full reap and a retry would). Returns the pages, or
     /// `None`: still no room, or it could not reap (before init, in an
     /// interrupt handler, or the cache list is busy: this CPU may hold
     /// it, a `for_each_cache` callback allocating or a page source called
     /// under it).
     ///
-    /// The pages are taken from `source` under the cache-list lock (as
-    /// every reap gives pages back to sources under it).
+    /// `source` is called with none of the allocator's locks held: a
+    /// kernel's page source may reap on its own when it runs dry
+    /// ([`Kmem::reap_all`] takes the cache-list lock; the kernel's `kpages`
+    /// does), which under the lock would never return (the README's
+    /// `kmalloc 1048576 1000` session hung that way).
     #[cold]
     #[inline(never)]
     pub(crate) fn reap_for_pressure(
@@ -85,18 +88,30 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() || P::in_interrupt() {
             return None;
         }
+        if self.reap_cheapest(nr_pages)? >= nr_pages
+            && let Ok(pages) = source.alloc_pages(nr_pages)
+        {
+            return Some(pages);
+        }
+        // Still no room: every cache as reap_all does (the ones skipped
+        // above hold empty magazines at most), and once more.
+        let list = self.caches.try_lock::<P>()?;
+        self.reap_walk(&list, KmemCache::reap);
+        drop(list);
+        source.alloc_pages(nr_pages).ok()
+    }
+
+    /// The pressure reap's first pass ([`Self::reap_for_pressure`]):
+    /// reap the caches that hold slabs, cheapest first, then the bootstrap
+    /// caches, until `nr_pages` pages are back. Returns the pages given
+    /// back, or `None` if the cache list is busy.
+    fn reap_cheapest(&self, nr_pages: usize) -> Option<usize> {
         let list = self.caches.try_lock::<P>()?;
         self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
-        let taken = Cell::new(None);
-        let reap = |cache: &KmemCache<P>| {
-            if taken.get().is_none() && cache.reap() > 0 {
-                taken.set(source.alloc_pages(nr_pages).ok());
-            }
-        };
         // The caches that hold slabs, cheapest first: the fewest objects
         // out of their slabs a page (each one a magazine round to put
         // back, or a live object that keeps its page); the first
-        // NR_RANKED of them (the rest wait for the full pass below).
+        // NR_RANKED of them (the rest wait for the full pass).
         let mut ranked = [Ranked {
             cache: ptr::null(),
             nr_busy: 0,
@@ -127,26 +142,21 @@ impl<P: Platform> Kmem<P> {
                 nr_ranked = end + 1;
             }
         });
+        let mut nr_back = 0;
         for candidate in &ranked[..nr_ranked] {
             // SAFETY: a listed cache, and the list is locked: alive.
-            reap(unsafe { &*candidate.cache });
-            if taken.get().is_some() {
-                return taken.get();
+            nr_back += unsafe { &*candidate.cache }.reap();
+            if nr_back >= nr_pages {
+                return Some(nr_back);
             }
         }
         self.reap_walk(&list, |cache| {
-            if cache.is_bootstrap() {
-                reap(cache);
+            if cache.is_bootstrap() && nr_back < nr_pages {
+                nr_back += cache.reap();
             }
             0
         });
-        if taken.get().is_some() {
-            return taken.get();
-        }
-        // Still no room: every cache as reap_all does (the ones skipped
-        // above hold empty magazines at most), and once more.
-        self.reap_walk(&list, KmemCache::reap);
-        source.alloc_pages(nr_pages).ok()
+        Some(nr_back)
     }
 
     /// Call `visit` on every listed cache, newest first.

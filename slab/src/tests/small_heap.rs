@@ -483,3 +483,72 @@ fn a_pressure_reap_takes_the_cheapest_pages_first() {
     give_back(source, held);
     alloc.debug().check_invariants().unwrap();
 }
+
+/// A kernel's page source that reaps on its own when it runs dry, as the
+/// kernel's `kpages` does (`Kmem::reap_all`, which takes the cache-list
+/// lock), then tries once more.
+struct ReapingSource {
+    inner: &'static FakeSource,
+    alloc: std::sync::OnceLock<&'static UpAlloc>,
+}
+
+impl crate::PageSource for ReapingSource {
+    fn name(&self) -> &str {
+        "reaping"
+    }
+    fn alloc_pages(&self, nr_pages: usize) -> Result<core::ptr::NonNull<u8>, crate::AllocError> {
+        self.inner.alloc_pages(nr_pages).or_else(|_| {
+            if let Some(alloc) = self.alloc.get() {
+                alloc.reap_all();
+            }
+            self.inner.alloc_pages(nr_pages)
+        })
+    }
+    unsafe fn free_pages(&self, addr: core::ptr::NonNull<u8>, nr_pages: usize) {
+        // SAFETY: the caller's promise, passed on: pages of this source,
+        // which are the inner source's.
+        unsafe { self.inner.free_pages(addr, nr_pages) }
+    }
+    fn span(&self) -> (usize, usize) {
+        self.inner.span()
+    }
+    fn stats(&self) -> crate::ArenaStats {
+        self.inner.stats()
+    }
+}
+
+/// The pressure reap calls the page source with no lock of the
+/// allocator's held: a source that reaps when it runs dry (the kernel's
+/// `kpages`) would otherwise wait for the cache-list lock its own CPU
+/// holds (the README's `kmalloc 1048576 1000` session hung that way).
+/// Here that wait would be this test hanging.
+#[test]
+fn a_page_source_that_reaps_when_dry_does_not_deadlock_the_pressure_reap() {
+    set_cpu(0);
+    let inner = FakeSource::new(HEAP_PAGES);
+    let source: &'static ReapingSource = Box::leak(Box::new(ReapingSource {
+        inner,
+        alloc: std::sync::OnceLock::new(),
+    }));
+    let alloc: &'static UpAlloc = Box::leak(Box::new(Kmem::new()));
+    alloc.init(source).expect("init");
+    source.alloc.set(alloc).ok().unwrap();
+    // Classes with pages in their magazines, then a heap with no page.
+    alloc.kmalloc_box(4096, 8).unwrap().free().unwrap();
+    let small: Vec<_> = (0..20).map(|_| alloc.kmalloc_box(8, 8).unwrap()).collect();
+    small.into_iter().for_each(|obj| obj.free().unwrap());
+    let held = take_every_page(inner);
+    // The source's own reap finds the page.
+    let obj = alloc.kmalloc_box(2048, 8).expect("a page after the reap");
+    // Eight pages in a row are not there even after its reap: the
+    // pressure reap runs, calls the source (which reaps again), and the
+    // allocation fails cleanly.
+    let reaps = alloc.stats().nr_pressure_reaps();
+    let error = alloc.kmalloc_box(8 * PAGE_SIZE, 8).err();
+    assert_eq!(error, Some(crate::AllocError::OutOfMemory));
+    assert_eq!(alloc.stats().nr_pressure_reaps(), reaps + 1);
+    obj.free().unwrap();
+    give_back(inner, held);
+    alloc.kmalloc_box(8 * PAGE_SIZE, 8).unwrap().free().unwrap();
+    alloc.debug().check_invariants().unwrap();
+}
