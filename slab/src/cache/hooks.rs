@@ -13,7 +13,8 @@
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
 //!             post_alloc_hook  cold: free key or keyless mark, debug
-//!                              (debug.rs), trace table (trace_table.rs);
+//!                              (debug/object.rs), trace table
+//!                              (trace_table/cache.rs);
 //!                              profiling (profiling.rs)
 //!  every way out: alloc_event   the kmemtrace event (ok or failed)
 //!  free_off_hit ─► usual words: free_hook inline, the hit
@@ -82,15 +83,16 @@ impl<P: Platform> KmemCache<P> {
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         if RARE {
-            if hot.contains(HotFlags::KEYLESS) {
+            if hot.contains(HotFlags::DEBUG) {
+                // Unmarked (`KeyPlace::Unmarked`): the state word is the
+                // debug cache's mark.
+                self.debug_alloc_hook(obj, bytes_req);
+            } else if hot.contains(HotFlags::KEYLESS) {
                 // SAFETY: just taken from our magazines or slab layer.
                 unsafe { self.mark_key(obj, false) };
             } else {
                 // SAFETY: as above; a keyed cache.
                 unsafe { double_free::clear_key(obj) };
-            }
-            if hot.contains(HotFlags::DEBUG) {
-                self.debug_alloc_hook(obj, bytes_req);
             }
             if hot.contains(HotFlags::TRACED) {
                 self.trace_alloc(obj);

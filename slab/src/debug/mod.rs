@@ -52,7 +52,8 @@
 
 use core::fmt;
 
-mod trailer;
+mod layout;
+mod object;
 
 mod control;
 
@@ -424,14 +425,12 @@ fn parse_letters(letters: &str) -> Result<DebugFlags, SlabDebugError> {
 }
 
 #[cfg(all(test, not(loom)))]
-pub(crate) use trailer::LEFT_REDZONE_PATTERN;
+pub(crate) use layout::LEFT_REDZONE_PATTERN;
+pub(crate) use layout::{AUDIT_FRAMES, CONTENTS_BYTES, DebugLayout};
+pub use layout::{AuditRecord, Mismatch};
 #[cfg(test)]
-pub(crate) use trailer::REDZONE_PATTERN;
-pub(crate) use trailer::{
-    AUDIT_FRAMES, CONTENTS_BYTES, POISON_FREE, POISON_UNINITIALIZED, STATE_ALLOCATED, STATE_FREE,
-};
-pub use trailer::{AuditRecord, Mismatch};
-pub(crate) use trailer::{DebugLayout, ObjectState};
+pub(crate) use layout::{POISON_FREE, POISON_UNINITIALIZED, REDZONE_PATTERN};
+pub(crate) use object::ObjectState;
 
 #[cfg(test)]
 mod tests {
