@@ -402,10 +402,11 @@
 //! the object layout and [`reports`] for the report format):
 //!
 //! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
-//!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
-//!   boot line ([`SlabDebug::set_config`](crate::debug::SlabDebug::set_config) with a
-//!   [`debug::SlabDebugConfig`] parsed from `slab_debug=` or
-//!   `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
+//!   `AUDIT`, `CONTENTS`, `CONSISTENCY`; feature `debug`, without which
+//!   they are ignored, as Linux without `CONFIG_SLUB_DEBUG` ignores
+//!   `slub_debug=`), from `cache_create` or from the boot line
+//!   (`SlabDebug::set_config` with a `debug::SlabDebugConfig` parsed
+//!   from `slab_debug=` or `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
 //!   every alloc and free takes the cold path, and each object carries a
 //!   trailer (redzone, state word, free-list link, audit records,
 //!   contents). Plain caches pay nothing new on the hit.

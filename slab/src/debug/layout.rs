@@ -1,35 +1,12 @@
 //! Where each part of a debug object's slot sits ([`DebugLayout`], made
-//! once per cache at creation), the fill patterns and the state words,
-//! and the audit record's shape. How the slot is read, written and
-//! checked is `object.rs`'s (the one file a debug alloc or free goes
-//! through). See the module docs of [`crate::debug`] for the layout.
+//! once per cache at creation), and the shapes of what a check finds
+//! ([`Mismatch`], [`AuditRecord`], `ObjectState`), which error reports
+//! carry with or without feature `debug`. How the slot is filled and
+//! checked is `object.rs`'s (feature `debug`: the one file a debug alloc
+//! or free goes through). See the module docs of [`crate::debug`] for
+//! the layout.
 
 use crate::flags::DebugFlags;
-
-// ---------------------------------------------------------------------------
-// Patterns
-// ---------------------------------------------------------------------------
-
-/// What a free object of a `POISON` cache holds (illumos `KMEM_FREE_PATTERN`).
-pub const POISON_FREE: u64 = 0xdead_beef_dead_beef;
-/// What a `POISON` cache hands out (illumos `KMEM_UNINITIALIZED_PATTERN`):
-/// reads of uninitialised memory show up as `0xbaddcafe`.
-pub const POISON_UNINITIALIZED: u64 = 0xbadd_cafe_badd_cafe;
-/// The redzone word after every object (illumos `KMEM_REDZONE_PATTERN`).
-pub const REDZONE_PATTERN: u64 = 0xfeed_face_feed_face;
-/// The left redzone word right before every object of a `REDZONE` cache
-/// (Linux `SLUB_RED_INACTIVE` bytes; a word of its own pattern here).
-pub const LEFT_REDZONE_PATTERN: u64 = 0xbbbb_bbbb_cafe_f00d;
-/// The redzone bytes between the end of what the caller asked for (the
-/// object's end, or a kmalloc's requested size) and the redzone word
-/// (illumos `KMEM_REDZONE_BYTE`).
-pub const REDZONE_BYTE: u8 = 0xbb;
-/// State word of an object with a caller: its address XOR this (illumos
-/// `KMEM_BUFTAG_ALLOC`).
-pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
-/// State word of a free object: its address XOR this (illumos
-/// `KMEM_BUFTAG_FREE`).
-pub const STATE_FREE: u64 = 0xf4ee_f4ee;
 
 /// Where a checked region differs from its pattern: the offset of the
 /// first differing 8-byte word from the object start (illumos reports
@@ -113,12 +90,24 @@ pub(crate) struct DebugLayout {
     /// an underflow is caught as an overflow is. Objects start this far
     /// into their slab; 0 without `REDZONE`.
     pub(crate) left: usize,
+    /// Without feature `debug` no cache has a debug layout: this field
+    /// makes the type uninhabited, so every debug branch is dead code.
+    #[cfg(not(feature = "debug"))]
+    pub(crate) off: core::convert::Infallible,
 }
 
 impl DebugLayout {
+    /// Without feature `debug`: no layout (the debug bits are ignored).
+    #[cfg(not(feature = "debug"))]
+    pub(crate) fn new(obj_size: usize, flags: DebugFlags, has_ctor: bool) -> Option<DebugLayout> {
+        let _ = (obj_size, flags, has_ctor);
+        None
+    }
+
     /// The layout of a cache of `obj_size`-byte objects with `flags`
     /// (`None` if it has no debug flag). `has_ctor`: constructed caches
     /// are not poisoned.
+    #[cfg(feature = "debug")]
     pub(crate) fn new(obj_size: usize, flags: DebugFlags, has_ctor: bool) -> Option<DebugLayout> {
         if flags.is_empty() {
             return None;
@@ -175,4 +164,31 @@ impl DebugLayout {
         }
         self
     }
+}
+
+/// What a debug object's state word says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    not(feature = "debug"),
+    expect(
+        dead_code,
+        reason = "read by the walkers; made by `object.rs` (feature `debug`)"
+    )
+)]
+pub(crate) enum ObjectState {
+    /// With a caller.
+    Allocated,
+    /// In a magazine, the depot or its slab.
+    Free,
+    /// Neither: the word was overwritten (it holds this value).
+    Corrupt(u64),
+}
+
+/// What a debug object's trailer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DebugObjectInfo {
+    pub(crate) state: ObjectState,
+    pub(crate) last_alloc: Option<AuditRecord>,
+    pub(crate) last_free: Option<AuditRecord>,
+    pub(crate) contents: Option<[u8; crate::debug::CONTENTS_BYTES]>,
 }

@@ -30,8 +30,7 @@
 use core::ptr::NonNull;
 
 use super::layout::{
-    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, DebugLayout, LEFT_REDZONE_PATTERN, Mismatch,
-    POISON_FREE, POISON_UNINITIALIZED, REDZONE_BYTE, REDZONE_PATTERN, STATE_ALLOCATED, STATE_FREE,
+    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, DebugLayout, DebugObjectInfo, Mismatch, ObjectState,
 };
 use crate::cache::KmemCache;
 use crate::error::FreeError;
@@ -40,6 +39,31 @@ use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
 use crate::reports::error::{ErrorKind, ErrorReport};
 use crate::slab::Slab;
+
+// ---------------------------------------------------------------------------
+// Patterns
+// ---------------------------------------------------------------------------
+
+/// What a free object of a `POISON` cache holds (illumos `KMEM_FREE_PATTERN`).
+pub const POISON_FREE: u64 = 0xdead_beef_dead_beef;
+/// What a `POISON` cache hands out (illumos `KMEM_UNINITIALIZED_PATTERN`):
+/// reads of uninitialised memory show up as `0xbaddcafe`.
+pub const POISON_UNINITIALIZED: u64 = 0xbadd_cafe_badd_cafe;
+/// The redzone word after every object (illumos `KMEM_REDZONE_PATTERN`).
+pub const REDZONE_PATTERN: u64 = 0xfeed_face_feed_face;
+/// The left redzone word right before every object of a `REDZONE` cache
+/// (Linux `SLUB_RED_INACTIVE` bytes; a word of its own pattern here).
+pub const LEFT_REDZONE_PATTERN: u64 = 0xbbbb_bbbb_cafe_f00d;
+/// The redzone bytes between the end of what the caller asked for (the
+/// object's end, or a kmalloc's requested size) and the redzone word
+/// (illumos `KMEM_REDZONE_BYTE`).
+pub const REDZONE_BYTE: u8 = 0xbb;
+/// State word of an object with a caller: its address XOR this (illumos
+/// `KMEM_BUFTAG_ALLOC`).
+pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
+/// State word of a free object: its address XOR this (illumos
+/// `KMEM_BUFTAG_FREE`).
+pub const STATE_FREE: u64 = 0xf4ee_f4ee;
 
 /// Eight `REDZONE_BYTE`s, for word-wise fills and checks.
 const REDZONE_BYTES_WORD: u64 = u64::from_ne_bytes([REDZONE_BYTE; 8]);
@@ -329,17 +353,6 @@ impl DebugLayout {
             slot[at + len..at + CONTENTS_BYTES].fill(0);
         }
     }
-}
-
-/// What a debug object's state word says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ObjectState {
-    /// With a caller.
-    Allocated,
-    /// In a magazine, the depot or its slab.
-    Free,
-    /// Neither: the word was overwritten (it holds this value).
-    Corrupt(u64),
 }
 
 fn read_word(slot: &[u8], at: usize) -> u64 {
@@ -795,15 +808,6 @@ impl<P: Platform> KmemCache<P> {
         }
         report
     }
-}
-
-/// What a debug object's trailer holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DebugObjectInfo {
-    pub(crate) state: ObjectState,
-    pub(crate) last_alloc: Option<AuditRecord>,
-    pub(crate) last_free: Option<AuditRecord>,
-    pub(crate) contents: Option<[u8; crate::debug::CONTENTS_BYTES]>,
 }
 
 #[cfg(test)]
