@@ -94,8 +94,9 @@ impl<P: Platform> KmemCache<P> {
                 // SAFETY: as above; a keyed cache.
                 unsafe { double_free::clear_key(obj) };
             }
+            #[cfg(feature = "trace-table")]
             if hot.contains(HotFlags::TRACED) {
-                self.trace_alloc(obj);
+                self.trace.record_alloc(self, obj);
             }
         }
         #[cfg(feature = "alloc-profiling")]
@@ -240,8 +241,9 @@ impl<P: Platform> KmemCache<P> {
                 // hash above off the primary source), given up by the caller.
                 unsafe { self.debug_free_hook(addr, slab) }?;
             }
+            #[cfg(feature = "trace-table")]
             if hot.contains(HotFlags::EVER_TRACED) {
-                self.trace_free(addr);
+                self.trace.record_free(self, addr);
             }
         }
         #[cfg(feature = "alloc-profiling")]

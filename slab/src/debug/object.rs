@@ -8,13 +8,13 @@
 //!
 //! ```text
 //!  grow ─► debug_init_object: state FREE, poison, redzone
-//!  alloc (any path) ─► magazines / slab ─► debug_on_alloc:
+//!  alloc (any path) ─► magazines / slab ─► debug_alloc_hook:
 //!        state must be FREE  (else: bad state)
 //!        poison intact       (else: modified after free, at the first bad word)
 //!        redzone intact      (else: redzone violation)
 //!        → state ALLOCATED, requested size, audit alloc record,
 //!          0xbaddcafe fill, redzone from the requested size
-//!  free ─► owner check ─► debug_on_free:
+//!  free ─► owner check ─► debug_free_hook:
 //!        state FREE          → duplicate free: refused, nothing changed
 //!        state not ALLOCATED → bad state: reported, the free goes on
 //!        redzone broken      → redzone violation: reported, repaired, goes on
@@ -391,21 +391,18 @@ fn write_audit(slot: &mut [u8], at: usize, record: &AuditRecord) {
     }
 }
 
-/// What a debug free decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DebugFree {
-    /// Clean: go on with the free.
-    Clean,
-    /// Corruption found and reported (redzone, state word); the free goes
-    /// on (the object is repaired).
-    Repaired(ErrorReport),
-    /// A duplicate free: refuse it, nothing was changed.
-    Duplicate(ErrorReport),
-}
-
 impl<P: Platform> KmemCache<P> {
-    /// The post-alloc hook of a debug cache: [`Self::debug_on_alloc`],
-    /// its report (if any) sent.
+    /// The post-alloc hook of a debug cache (`cache/hooks.rs`,
+    /// `post_alloc_hook`): check the free object being handed to a
+    /// caller (state, poison, redzones: [`Self::debug_check_free_slot`])
+    /// and mark it allocated: state, requested size, audit alloc record,
+    /// `0xbaddcafe` fill, the redzone from the requested size. Always
+    /// completes the hand-over (an object found corrupted is repaired:
+    /// state, poison and redzone are rewritten); what was found is
+    /// reported.
+    ///
+    /// `bytes_req`: the bytes the caller asked for (a kmalloc's size; 0
+    /// for the whole object): with `REDZONE` the redzone starts there.
     #[cold]
     #[inline(never)]
     pub(crate) fn debug_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) {
@@ -415,7 +412,22 @@ impl<P: Platform> KmemCache<P> {
         let addr = obj.as_ptr() as usize;
         // SAFETY: just taken from our magazines or slab layer: ours until
         // returned (its stride holds the debug slot).
-        if let Some(mut report) = unsafe { self.debug_on_alloc(layout, addr, 0, bytes_req) } {
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let report = self.debug_check_free_slot(layout, slot, addr, 0);
+        layout.set_state(slot, addr, STATE_ALLOCATED);
+        let requested = match bytes_req {
+            1.. if bytes_req < layout.obj_size => bytes_req,
+            _ => layout.obj_size,
+        };
+        layout.set_requested_size(slot, requested);
+        layout.record_audit::<P>(slot, false);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_UNINITIALIZED);
+        }
+        layout.fill_redzone(slot, requested);
+        // SAFETY: as above.
+        unsafe { self.fill_left_redzone(layout, addr) };
+        if let Some(mut report) = report {
             // The object's slab, for the report only (a clean alloc never
             // looks it up).
             report.slab = match self.kind {
@@ -426,12 +438,17 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// The free hook of a debug cache: [`Self::debug_on_free`], its
-    /// report (if any) sent; a duplicate free refused.
+    /// The free hook of a debug cache (`cache/hooks.rs`, `free_hook`):
+    /// check the object a caller frees and, unless it is a duplicate
+    /// free (reported and refused, nothing changed), mark it free:
+    /// contents saved, audit free record, state, poison, redzones. A
+    /// broken state word or redzone is reported and repaired, and the
+    /// free goes on.
     ///
     /// # Safety
     /// `addr` is an object start of this cache in `slab` (null for a
-    /// bufctl cache off the primary source), given up by the caller.
+    /// bufctl cache off the primary source) that passed the owner check,
+    /// given up by the caller.
     pub(crate) unsafe fn debug_free_hook(
         &self,
         addr: usize,
@@ -440,18 +457,43 @@ impl<P: Platform> KmemCache<P> {
         let Some(layout) = self.debug.as_ref() else {
             return Ok(());
         };
-        // SAFETY: per our caller.
-        match unsafe { self.debug_on_free(layout, addr, slab as usize) } {
-            DebugFree::Clean => Ok(()),
-            DebugFree::Repaired(report) => {
+        let slab = slab as usize;
+        // SAFETY: per our caller (see `debug_slot`).
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let mut found = None;
+        match layout.object_state(slot, addr) {
+            ObjectState::Allocated => {}
+            ObjectState::Free => {
+                let report =
+                    self.debug_report(layout, slot, ErrorKind::DuplicateFree, addr, slab, None);
                 self.owner().report_error(report);
-                Ok(())
+                return Err(FreeError::DoubleFree { addr });
             }
-            DebugFree::Duplicate(report) => {
-                self.owner().report_error(report);
-                Err(FreeError::DoubleFree { addr })
+            ObjectState::Corrupt(word) => {
+                found = Some(self.bad_state_report(layout, slot, addr, slab, word));
             }
         }
+        if found.is_none()
+            && let Some(mismatch) = layout
+                .check_redzone_in_use(slot)
+                // SAFETY: per our caller.
+                .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+        {
+            found = Some(self.redzone_report(layout, slot, addr, slab, mismatch));
+        }
+        layout.save_contents(slot);
+        layout.record_audit::<P>(slot, true);
+        layout.set_state(slot, addr, STATE_FREE);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_FREE);
+        }
+        layout.fill_redzone(slot, layout.obj_size);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
+        if let Some(report) = found {
+            self.owner().report_error(report);
+        }
+        Ok(())
     }
 
     /// The slot (object and trailer) of the object at `addr`.
@@ -518,43 +560,6 @@ impl<P: Platform> KmemCache<P> {
         layout.set_state(slot, addr, STATE_FREE);
         // SAFETY: per our caller.
         unsafe { self.fill_left_redzone(layout, addr) };
-    }
-
-    /// Check a free object being handed to a caller and mark it allocated.
-    /// Always completes the hand-over (an object found corrupted is
-    /// repaired: state, poison and redzone are rewritten); returns the
-    /// report of what was found, if anything.
-    ///
-    /// `requested`: the bytes the caller asked for (a kmalloc's size; 0
-    /// for the whole object): with `REDZONE` the redzone starts there.
-    ///
-    /// # Safety
-    /// As for `debug_slot`: `addr` was just taken from the magazines or
-    /// the slab layer of this cache.
-    pub(crate) unsafe fn debug_on_alloc(
-        &self,
-        layout: &DebugLayout,
-        addr: usize,
-        slab: usize,
-        requested: usize,
-    ) -> Option<ErrorReport> {
-        // SAFETY: per the caller.
-        let slot = unsafe { self.debug_slot(layout, addr) };
-        let report = self.debug_check_free_slot(layout, slot, addr, slab);
-        layout.set_state(slot, addr, STATE_ALLOCATED);
-        let requested = match requested {
-            1.. if requested < layout.obj_size => requested,
-            _ => layout.obj_size,
-        };
-        layout.set_requested_size(slot, requested);
-        layout.record_audit::<P>(slot, false);
-        if layout.poison {
-            layout.fill_poison(slot, POISON_UNINITIALIZED);
-        }
-        layout.fill_redzone(slot, requested);
-        // SAFETY: per our caller.
-        unsafe { self.fill_left_redzone(layout, addr) };
-        report
     }
 
     /// [`Self::debug_resize`] of a debug cache's object, reported.
@@ -635,60 +640,6 @@ impl<P: Platform> KmemCache<P> {
             ),
         };
         Some(self.debug_report(layout, slot, kind, addr, slab, Some(mismatch)))
-    }
-
-    /// Check an object a caller frees; unless it is a duplicate free, mark
-    /// it free (contents saved, audit free record, poison).
-    ///
-    /// # Safety
-    /// As for `debug_slot`: `addr` is an object start of this cache that
-    /// passed the owner check, given up by the caller.
-    pub(crate) unsafe fn debug_on_free(
-        &self,
-        layout: &DebugLayout,
-        addr: usize,
-        slab: usize,
-    ) -> DebugFree {
-        // SAFETY: per the caller.
-        let slot = unsafe { self.debug_slot(layout, addr) };
-        let mut found = None;
-        match layout.object_state(slot, addr) {
-            ObjectState::Allocated => {}
-            ObjectState::Free => {
-                return DebugFree::Duplicate(self.debug_report(
-                    layout,
-                    slot,
-                    ErrorKind::DuplicateFree,
-                    addr,
-                    slab,
-                    None,
-                ));
-            }
-            ObjectState::Corrupt(word) => {
-                found = Some(self.bad_state_report(layout, slot, addr, slab, word));
-            }
-        }
-        if found.is_none()
-            && let Some(mismatch) = layout
-                .check_redzone_in_use(slot)
-                // SAFETY: per our caller.
-                .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
-        {
-            found = Some(self.redzone_report(layout, slot, addr, slab, mismatch));
-        }
-        layout.save_contents(slot);
-        layout.record_audit::<P>(slot, true);
-        layout.set_state(slot, addr, STATE_FREE);
-        if layout.poison {
-            layout.fill_poison(slot, POISON_FREE);
-        }
-        layout.fill_redzone(slot, layout.obj_size);
-        // SAFETY: per our caller.
-        unsafe { self.fill_left_redzone(layout, addr) };
-        match found {
-            Some(report) => DebugFree::Repaired(report),
-            None => DebugFree::Clean,
-        }
     }
 
     /// The report of a redzone violation (right or left) of the object at
