@@ -118,7 +118,7 @@ readme-images: magpie-kmem
 # names, for commands that select magpie-slab alone: with `-p magpie-slab`,
 # `magpie-slab/F` names the feature of its dev-dependency on itself, which
 # a --lib build does not use).
-SLAB_ALL_FEATURES := --features nightly,alloc-profiling,time-stats,allocinfo,x86_64,kfence,leak-scan,trace-table,kmemtrace,descriptor
+SLAB_ALL_FEATURES := --features nightly,alloc-profiling,time-stats,allocinfo,x86_64,kfence,leak-scan,trace-table,kmemtrace,descriptor,debug
 # What `check` builds on stable Rust: the bare-metal targets and every
 # feature of magpie-slab but `nightly` (plus the target's own platform).
 STABLE_TARGETS := x86_64-unknown-none riscv64gc-unknown-none-elf aarch64-unknown-none
@@ -135,7 +135,7 @@ check:
 	# each alone (a feature stands on the core without the others).
 	# (every feature but the other architectures' platforms: SLAB_ALL_FEATURES)
 	cargo clippy -p magpie-slab --target $(HOST) --lib $(SLAB_ALL_FEATURES) -- -D warnings
-	for feature in kfence leak-scan alloc-profiling time-stats allocinfo trace-table kmemtrace descriptor; do \
+	for feature in kfence leak-scan alloc-profiling time-stats allocinfo trace-table kmemtrace descriptor debug; do \
 		cargo clippy -q -p magpie-slab --target $(HOST) --lib --features $$feature -- -D warnings || exit 1; \
 	done
 	# ... and on the bare target with the uniprocessor glue (examples/hobby-kernel).

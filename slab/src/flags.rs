@@ -33,6 +33,12 @@ bitflags::bitflags! {
 
 bitflags::bitflags! {
     /// Flags given to [`Kmem::cache_create`](crate::Kmem::cache_create).
+    ///
+    /// The five debug bits take effect with feature `debug`; without it
+    /// they are accepted and ignored (as Linux without
+    /// `CONFIG_SLUB_DEBUG` ignores `slub_debug=`): the cache is a plain
+    /// one, and [`KmemCache::debug_flags`](crate::KmemCache::debug_flags)
+    /// says so (empty).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct CacheFlags: u32 {
         /// Never touch object memory (the source's pages may not be

@@ -179,7 +179,7 @@
 //! | `magazine/` | `mod.rs`: `Magazine`, `PcpuInner` (one CPU's `loaded`/`prev`, counts); `depot.rs`: `Depot` (full and empty magazines, exchanges, working set) | `layout/`, below |
 //! | `slab/` | `mod.rs`: `Slab`, `Bufctl`, `SlabLists` (the lists and bufctl hash behind the slab lock); `layer.rs`: `SlabParams`, `SlabOwner`, `SlabLayer` (growing and reaping slabs, the hash's table) | `constructor.rs`, `debug/`, `reports/error.rs`, `layout/`, below |
 //! | `constructor.rs` | [`Ctor`], [`Dtor`] and the objects they see ([`ObjectInit`], [`Constructed`], [`ObjectRef`]) | nothing |
-//! | `debug/` | debug flags and boot-line config, the debug trailer (`debug/trailer.rs`: poison, redzone, audit), the handle [`debug::SlabDebug`] (`debug/control.rs`: the error ring and hooks, the config, above the allocator) | `flags.rs`, below |
+//! | `debug/` | debug flags and boot-line config, the debug object (`debug/layout.rs`: where poison, redzone, state word and audit sit; `debug/object.rs`: their fills and checks and a debug cache's alloc and free hooks), the handle [`debug::SlabDebug`] (`debug/control.rs`: the error ring and hooks, the config, above the allocator) | `flags.rs`, below |
 //! | `layout/` | `geometry.rs`, `freelist.rs` (hardened free list), `hash.rs` (`AddrHash`: the bufctl hash and the trace table), `pagemap.rs` (`PageMap`, `PageEntry`) | `flags.rs`, `platform.rs`, `sync.rs`, `error.rs` |
 //! | `flags.rs`, `alloc_tag/`, `stats.rs`, `error.rs`, `platform.rs`, `sync.rs`, `restart.rs` | [`CacheFlags`] and [`debug::DebugFlags`] (defined once), allocation tags (their handle [`AllocProfiling`], `alloc_tag/control.rs`, sits above the allocator, as `debug/control.rs`'s [`debug::SlabDebug`] does), statistics types, errors, [`Platform`] and [`PageSource`], the locks (taken with interrupts off), [`IrqGuard`] the per-CPU in-use flag, and the restartable hits' sequences and ranges table | nothing above |
 //! | `kmemtrace/` | feature `kmemtrace`, the event stream: `mod.rs` (recording, stacks, the dump written with `magpie-kmemtrace-format`), `rings.rs` (the per-CPU rings' memory), `config.rs` (geometry, errors, status), `control.rs` (the handle `Kmem::kmemtrace` and the allocator's calls), `off.rs` (the stubs) | `platform.rs`; `control.rs`: `allocator/`, `cache/` |
@@ -402,10 +402,11 @@
 //! the object layout and [`reports`] for the report format):
 //!
 //! - **Debug flags** per cache ([`CacheFlags::POISON`], `REDZONE`,
-//!   `AUDIT`, `CONTENTS`, `CONSISTENCY`), from `cache_create` or from the
-//!   boot line ([`SlabDebug::set_config`](crate::debug::SlabDebug::set_config) with a
-//!   [`debug::SlabDebugConfig`] parsed from `slab_debug=` or
-//!   `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
+//!   `AUDIT`, `CONTENTS`, `CONSISTENCY`; feature `debug`, without which
+//!   they are ignored, as Linux without `CONFIG_SLUB_DEBUG` ignores
+//!   `slub_debug=`), from `cache_create` or from the boot line
+//!   (`SlabDebug::set_config` with a `debug::SlabDebugConfig` parsed
+//!   from `slab_debug=` or `kmem_flags=`, before `init`). A debug cache has the `DEBUG` hot flag:
 //!   every alloc and free takes the cold path, and each object carries a
 //!   trailer (redzone, state word, free-list link, audit records,
 //!   contents). Plain caches pay nothing new on the hit.

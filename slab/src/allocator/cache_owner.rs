@@ -23,8 +23,65 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::report_error(self, report);
     }
 
+    /// Report a refused free (`cache`: the cache the caller freed to, or
+    /// `kmalloc`): the kind from the error, the object and slab from the
+    /// page map, and for a duplicate free in a debug cache its last
+    /// transactions.
+    #[cold]
+    #[inline(never)]
     fn report_bad_free(&self, cache: &str, error: FreeError) {
-        Kmem::report_bad_free(self, cache, error);
+        let addr = error.addr();
+        let entry = if self.is_ready() {
+            self.page_entry(addr)
+        } else {
+            PageEntry::NONE
+        };
+        let kind = match error {
+            FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
+            FreeError::WrongCache { .. } => ErrorKind::WrongCache,
+            FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
+            FreeError::NotAllocated { .. } if !entry.is_live() => ErrorKind::ForeignPointer,
+            FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
+        };
+        let mut report = ErrorReport::new(kind, cache, addr);
+        if let FreeError::WrongCache {
+            owner: Some(owner), ..
+        } = error
+        {
+            report.owner = Some(ReportName::new(owner));
+        }
+        if kind == ErrorKind::DuplicateFree
+            && let PageOwner::LargeFreed { nr_pages } = entry.owner()
+        {
+            // A page-granular block kfree gave back (its head's freed
+            // mark): its address and size.
+            report.object = addr;
+            report.size = nr_pages * PAGE_SIZE;
+        }
+        if let Some(slab) = entry.slab() {
+            let slab = slab as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator.
+            let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: as above.
+            let base = unsafe { (*slab).base };
+            let index = addr.wrapping_sub(base) / owner.params.stride;
+            if index < owner.params.nr_objs_per_slab {
+                report.object = base + index * owner.params.stride;
+                report.slab = slab as usize;
+            }
+            if kind == ErrorKind::DuplicateFree
+                && report.object == addr
+                && let Some(layout) = owner.debug.as_ref()
+            {
+                // SAFETY: an object start of a live slab; read only.
+                let info = unsafe { owner.debug_object_info(layout, addr) };
+                report.last_alloc = info.last_alloc;
+                report.last_free = info.last_free;
+                report.contents = info.contents;
+            }
+        }
+        self.report_error(report);
     }
 
     fn reap_for_pressure(
@@ -126,66 +183,5 @@ impl<P: Platform> Kmem<P> {
         if let Some(hook) = hook {
             hook(&report);
         }
-    }
-
-    /// Report a refused free (`cache`: the cache the caller freed to, or
-    /// `kmalloc`): the kind from the error, the object and slab from the
-    /// page map, and for a duplicate free in a debug cache its last
-    /// transactions.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn report_bad_free(&self, cache: &str, error: FreeError) {
-        let addr = error.addr();
-        let entry = if self.is_ready() {
-            self.page_entry(addr)
-        } else {
-            PageEntry::NONE
-        };
-        let kind = match error {
-            FreeError::DoubleFree { .. } => ErrorKind::DuplicateFree,
-            FreeError::WrongCache { .. } => ErrorKind::WrongCache,
-            FreeError::Misaligned { .. } => ErrorKind::InvalidFree,
-            FreeError::NotAllocated { .. } if !entry.is_live() => ErrorKind::ForeignPointer,
-            FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
-        };
-        let mut report = ErrorReport::new(kind, cache, addr);
-        if let FreeError::WrongCache {
-            owner: Some(owner), ..
-        } = error
-        {
-            report.owner = Some(ReportName::new(owner));
-        }
-        if kind == ErrorKind::DuplicateFree
-            && let PageOwner::LargeFreed { nr_pages } = entry.owner()
-        {
-            // A page-granular block kfree gave back (its head's freed
-            // mark): its address and size.
-            report.object = addr;
-            report.size = nr_pages * PAGE_SIZE;
-        }
-        if let Some(slab) = entry.slab() {
-            let slab = slab as *mut Slab;
-            // SAFETY: registered slabs are alive and belong to caches of
-            // this allocator.
-            let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-            // SAFETY: as above.
-            let base = unsafe { (*slab).base };
-            let index = addr.wrapping_sub(base) / owner.params.stride;
-            if index < owner.params.nr_objs_per_slab {
-                report.object = base + index * owner.params.stride;
-                report.slab = slab as usize;
-            }
-            if kind == ErrorKind::DuplicateFree
-                && report.object == addr
-                && let Some(layout) = owner.debug.as_ref()
-            {
-                // SAFETY: an object start of a live slab; read only.
-                let info = unsafe { owner.debug_object_info(layout, addr) };
-                report.last_alloc = info.last_alloc;
-                report.last_free = info.last_free;
-                report.contents = info.contents;
-            }
-        }
-        self.report_error(report);
     }
 }

@@ -10,7 +10,7 @@ use core::sync::atomic::Ordering;
 
 use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{HotFlags, KmemCache};
+use crate::cache::{CacheOwner, HotFlags, KmemCache};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::{EventKind, EventType};
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
@@ -1041,7 +1041,7 @@ impl<P: Platform> Kmem<P> {
                 // KMEMTRACE HOOK: kfree of a pointer that is not ours.
                 self.kmemtrace_free(None, ptr, false);
             }
-            self.report_bad_free("kmalloc", error);
+            CacheOwner::report_bad_free(self, "kmalloc", error);
         }
         result
     }

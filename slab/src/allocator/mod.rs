@@ -28,7 +28,9 @@ use self::classes::NR_UNBORN;
 use self::kmalloc::NR_KMALLOC;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::constructor::{Ctor, Dtor};
-use crate::debug::{DebugLayout, SlabDebugConfig};
+use crate::debug::DebugLayout;
+#[cfg(feature = "debug")]
+use crate::debug::SlabDebugConfig;
 use crate::error::{AllocError, FreeError};
 use crate::flags::CacheFlags;
 use crate::kmemtrace::KmemtraceState;
@@ -254,6 +256,7 @@ pub struct Kmem<P: Platform> {
     /// [`SlabDebug::set_error_hook`](crate::debug::SlabDebug::set_error_hook).
     pub(crate) error_hook: SpinIrq<Option<fn(&ErrorReport)>>,
     /// [`SlabDebug::set_config`](crate::debug::SlabDebug::set_config): debug flags for caches by name.
+    #[cfg(feature = "debug")]
     pub(crate) debug_config: SpinIrq<SlabDebugConfig>,
     /// Allocation profiling switched on ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
     /// written under the cache-list lock, mirrored in every cache's
@@ -342,6 +345,7 @@ impl<P: Platform> Kmem<P> {
             free_error_hook: SpinIrq::new(None),
             errors: ErrorRing::new(),
             error_hook: SpinIrq::new(None),
+            #[cfg(feature = "debug")]
             debug_config: SpinIrq::new(SlabDebugConfig::NONE),
             alloc_profiling: AtomicBool::new(true),
             alloc_tag_hooks: AtomicBool::new(false),
@@ -567,7 +571,13 @@ impl<P: Platform> Kmem<P> {
         } else {
             None
         };
+        #[cfg(feature = "debug")]
         let flags = flags | CacheFlags::from_debug(self.debug_config.lock::<P>().flags_for(name));
+        // Without feature `debug` the debug bits are ignored (as Linux
+        // without CONFIG_SLUB_DEBUG ignores `slub_debug=`): a plain cache,
+        // whose `debug_flags` are empty.
+        #[cfg(not(feature = "debug"))]
+        let flags = flags.difference(CacheFlags::from_debug(flags.debug()));
         let debug = if flags.contains(CacheFlags::NOTOUCH) {
             None
         } else {

@@ -188,7 +188,11 @@ impl<P: Platform> KmemCache<P> {
         {
             return this.alloc_event(served, hot, bytes_req);
         }
-        let hit = if hot.contains(HotFlags::KEYLESS) {
+        let hit = if hot.contains(HotFlags::DEBUG) {
+            // SAFETY: as below. A debug cache keeps no mark: the debug
+            // hook checks the round's state word.
+            unsafe { Self::alloc_hit::<0, false>(this) }
+        } else if hot.contains(HotFlags::KEYLESS) {
             // SAFETY: a live cache with magazines (the hooked path of a
             // born cache); just popped, not handed out.
             unsafe { Self::alloc_hit::<0, false>(this) }

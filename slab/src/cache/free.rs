@@ -278,8 +278,10 @@ impl<P: Platform> KmemCache<P> {
             // finds, and that of the object on top of `loaded` or
             // `prev`). Keyless, marked elsewhere (`double_free.rs`): the
             // miss tests and sets the mark.
+            // (A debug cache keeps no mark: its state word is checked.)
             let keyless = hot.contains(HotFlags::KEYLESS);
-            let hit = !(keyless && self.key_place.marks())
+            let marks = keyless && !hot.contains(HotFlags::DEBUG) && self.key_place.marks();
+            let hit = !marks
                 // SAFETY: per our caller, checked by the hook; keyed as
                 // the cache says.
                 && unsafe { self.free_hit::<0>(obj, !keyless) };

@@ -13,7 +13,8 @@
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
 //!             post_alloc_hook  cold: free key or keyless mark, debug
-//!                              (debug.rs), trace table (trace_table.rs);
+//!                              (debug/object.rs), trace table
+//!                              (trace_table/cache.rs);
 //!                              profiling (profiling.rs)
 //!  every way out: alloc_event   the kmemtrace event (ok or failed)
 //!  free_off_hit ─► usual words: free_hook inline, the hit
@@ -82,18 +83,20 @@ impl<P: Platform> KmemCache<P> {
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         if RARE {
-            if hot.contains(HotFlags::KEYLESS) {
+            if hot.contains(HotFlags::DEBUG) {
+                // Unmarked (`KeyPlace::Unmarked`): the state word is the
+                // debug cache's mark.
+                self.debug_alloc_hook(obj, bytes_req);
+            } else if hot.contains(HotFlags::KEYLESS) {
                 // SAFETY: just taken from our magazines or slab layer.
                 unsafe { self.mark_key(obj, false) };
             } else {
                 // SAFETY: as above; a keyed cache.
                 unsafe { double_free::clear_key(obj) };
             }
-            if hot.contains(HotFlags::DEBUG) {
-                self.debug_alloc_hook(obj, bytes_req);
-            }
+            #[cfg(feature = "trace-table")]
             if hot.contains(HotFlags::TRACED) {
-                self.trace_alloc(obj);
+                self.trace.record_alloc(self, obj);
             }
         }
         #[cfg(feature = "alloc-profiling")]
@@ -238,8 +241,9 @@ impl<P: Platform> KmemCache<P> {
                 // hash above off the primary source), given up by the caller.
                 unsafe { self.debug_free_hook(addr, slab) }?;
             }
+            #[cfg(feature = "trace-table")]
             if hot.contains(HotFlags::EVER_TRACED) {
-                self.trace_free(addr);
+                self.trace.record_free(self, addr);
             }
         }
         #[cfg(feature = "alloc-profiling")]

@@ -70,9 +70,16 @@
 //!   `LocalLocked::try_lock` ► `take_flag`: 3 calls, in
 //!   `global_alloc.rs`, `cache/free.rs` and `sync.rs` (before: 5 calls,
 //!   `locate_allocated` in `allocator/kmalloc.rs`).
-//! - a debug cache's free: `cache/free.rs` (`free_located`, `free_hit`'s
-//!   flag test, `free_off_hit`, `free_hooked`) ► `cache/hooks.rs`
-//!   (`free_hook`) ► `cache/debug.rs` ► the trailer (`debug/`).
+//! - a debug cache's free (docs/MODULES.md, "A debug cache's alloc and
+//!   free"): `cache/free.rs` (the locate as above, `free_located`,
+//!   `free_hit`'s flag test, `free_off_hit`, `free_hooked`) ►
+//!   `cache/hooks.rs` (`free_hook`) ► `debug/object.rs` (the free check:
+//!   `debug_free_hook`, the state word, redzones, audit, poison) ►
+//!   `free_hit` (`sync.rs`'s in-use flag) ► `free_event`: 5 files with
+//!   the locate's `layout/pagemap.rs` (before: 7, with `cache/debug.rs`,
+//!   `debug/trailer.rs` and `cache/double_free.rs`). The alloc:
+//!   `cache/alloc.rs` ► `sync.rs` ► `cache/hooks.rs` ► `debug/object.rs`,
+//!   4 files (before: 8).
 //!
 //! **What the one path costs** (callgrind, instructions per operation
 //! with the bench's harness, `bench/profile.sh`; before: fa3c33a, with a
@@ -148,12 +155,10 @@
 //! | `cache/reap.rs`, `cache/stats.rs` | giving memory back; statistics |
 //! | `cache/profiling.rs` | allocation tags of small-slab objects (side arrays) |
 //! | `cache/trace_table.rs` | the trace table switch and its calls |
-//! | `cache/debug.rs` | the debug cold paths (poison, redzone, state word, audit) |
 //! | `cache/double_free.rs` | the free key: double frees refused at the free without flags |
 //! | `cache/verify.rs` | `verify`, invariants |
 
 mod alloc;
-mod debug;
 mod double_free;
 mod free;
 mod hooks;

@@ -2,6 +2,7 @@
 //! hooks, above the allocator (the trailer and the boot line's
 //! configuration, in the rest of `debug/`, sit below the caches).
 
+#[cfg(feature = "debug")]
 use super::SlabDebugConfig;
 use crate::allocator::Kmem;
 use crate::platform::Platform;
@@ -39,6 +40,8 @@ impl<P: Platform> SlabDebug<'_, P> {
     }
 }
 
+/// Feature `debug`: the boot-line configuration.
+#[cfg(feature = "debug")]
 impl<P: Platform> SlabDebug<'_, P> {
     /// The boot-line debug configuration (`slab_debug=`, `kmem_flags=`;
     /// see [`SlabDebugConfig`]): call before [`Kmem::init`] so the
@@ -52,7 +55,9 @@ impl<P: Platform> SlabDebug<'_, P> {
     pub fn config(&self) -> SlabDebugConfig {
         *self.heap.debug_config.lock::<P>()
     }
+}
 
+impl<P: Platform> SlabDebug<'_, P> {
     /// Called with every error report, after it is kept in the error ring,
     /// with no allocator lock held; the kernel prints it (and may panic).
     /// The hook must not allocate from this allocator.

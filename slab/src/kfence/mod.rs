@@ -529,9 +529,10 @@ impl<P: Platform> Kmem<P> {
         // cache is not destroyed while its objects are in use).
         let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
         Self::kfence_count_free(owner);
+        #[cfg(feature = "trace-table")]
         if owner.hot().contains(HotFlags::EVER_TRACED) {
             // Sampled before tracing started, maybe; no record then.
-            owner.trace_free(addr);
+            owner.trace.record_free(owner, addr);
         }
         #[cfg(feature = "alloc-profiling")]
         if let Some(token) = object.tag {

@@ -187,7 +187,7 @@ fn destroy_reports_leftover_records() {
     // `trace_reset` (Akaros notes the same); plant one to see destroy
     // report it (objs[0]'s address, p).
     // A stale record for an address no longer allocated:
-    cache.trace_alloc(p);
+    cache.trace.record_alloc(cache, p);
     assert_eq!(cache.trace_table().stats().nr_records, 1);
     // SAFETY: all objects freed; not used afterwards.
     let report = unsafe { cache.destroy() }.unwrap();

@@ -83,18 +83,6 @@ impl<P: Platform> KmemCache<P> {
         self.trace.drop_all(self)
     }
 
-    /// Record an allocation by a caller.
-    #[cold]
-    pub(crate) fn trace_alloc(&self, obj: NonNull<u8>) {
-        self.trace.record_alloc(self, obj);
-    }
-
-    /// Remove the record of a freed object, if there is one.
-    #[cold]
-    pub(crate) fn trace_free(&self, addr: usize) {
-        self.trace.record_free(self, addr);
-    }
-
     /// Free the trace table's page-backed buckets if it has no records
     /// (reap, destroy).
     pub(crate) fn free_trace_table(&self) {

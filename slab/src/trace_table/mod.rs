@@ -255,8 +255,9 @@ impl<P: Platform> TraceTable<P> {
         }
     }
 
-    /// Record an allocation of `obj` by a caller of `cache`.
-    #[inline]
+    /// Record an allocation of `obj` by a caller of `cache` (the
+    /// post-alloc hook of a `TRACED` cache, `cache/hooks.rs`).
+    #[cold]
     #[expect(
         clippy::cast_ptr_alignment,
         reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
@@ -316,8 +317,9 @@ impl<P: Platform> TraceTable<P> {
         self.maybe_grow(owner);
     }
 
-    /// Remove the record of a freed object of `cache`, if there is one.
-    #[inline]
+    /// Remove the record of a freed object of `cache`, if there is one
+    /// (the free hook of an `EVER_TRACED` cache, `cache/hooks.rs`).
+    #[cold]
     pub(crate) fn record_free<O: TraceOwner>(&self, owner: &O, addr: usize) {
         let node = self.lock().remove(addr);
         if !node.is_null() {

@@ -5,7 +5,6 @@
 //! cache stays (it never grows a slab).
 
 use core::marker::PhantomData;
-use core::ptr::NonNull;
 
 use crate::cache::KmemCache;
 use crate::platform::Platform;
@@ -31,12 +30,6 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) fn trace_drop_all(&self) -> usize {
         0
     }
-
-    #[inline(always)]
-    pub(crate) fn trace_alloc(&self, _obj: NonNull<u8>) {}
-
-    #[inline(always)]
-    pub(crate) fn trace_free(&self, _addr: usize) {}
 
     #[inline(always)]
     pub(crate) fn free_trace_table(&self) {}

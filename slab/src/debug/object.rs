@@ -1,10 +1,44 @@
-//! The debug trailer of an object of a debug cache: the fill patterns
-//! (poison, redzone), the state word, the audit records and the saved
-//! contents, where each sits ([`DebugLayout`]) and how it is read and
-//! written. See the module docs of [`crate::debug`] for the layout.
+//! A debug object, read, written and checked: the fill patterns and the
+//! trailer's words (where they sit: [`DebugLayout`], `layout.rs`), and
+//! the debug module's part of a cache, the one file a debug cache's alloc
+//! and free go through (`cache/hooks.rs`'s `post_alloc_hook` and
+//! `free_hook` call [`KmemCache::debug_alloc_hook`] and
+//! [`KmemCache::debug_free_hook`]): what happens to an object when it is
+//! created in a slab, handed to a caller, and given back.
+//!
+//! ```text
+//!  grow ─► debug_init_object: state FREE, poison, redzone
+//!  alloc (any path) ─► magazines / slab ─► debug_alloc_hook:
+//!        state must be FREE  (else: bad state)
+//!        poison intact       (else: modified after free, at the first bad word)
+//!        redzone intact      (else: redzone violation)
+//!        → state ALLOCATED, requested size, audit alloc record,
+//!          0xbaddcafe fill, redzone from the requested size
+//!  free ─► owner check ─► debug_free_hook:
+//!        state FREE          → duplicate free: refused, nothing changed
+//!        state not ALLOCATED → bad state: reported, the free goes on
+//!        redzone broken      → redzone violation: reported, repaired, goes on
+//!                              (from the requested size: a kmalloc(100)
+//!                              in kmalloc-104 has 4 more redzone bytes)
+//!        → contents saved, audit free record, state FREE, 0xdeadbeef fill
+//!        ─► magazines (the object rests there poisoned)
+//! ```
+//!
+//! Every function here returns the reports it produced instead of
+//! reporting them, so its callers report with no lock held.
 
+use core::ptr::NonNull;
+
+use super::layout::{
+    AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, DebugLayout, DebugObjectInfo, Mismatch, ObjectState,
+};
+use crate::cache::KmemCache;
+use crate::error::FreeError;
 use crate::flags::DebugFlags;
+use crate::layout::geometry::SlabKind;
 use crate::platform::Platform;
+use crate::reports::error::{ErrorKind, ErrorReport};
+use crate::slab::Slab;
 
 // ---------------------------------------------------------------------------
 // Patterns
@@ -24,8 +58,6 @@ pub const LEFT_REDZONE_PATTERN: u64 = 0xbbbb_bbbb_cafe_f00d;
 /// object's end, or a kmalloc's requested size) and the redzone word
 /// (illumos `KMEM_REDZONE_BYTE`).
 pub const REDZONE_BYTE: u8 = 0xbb;
-/// Eight `REDZONE_BYTE`s, for word-wise fills and checks.
-const REDZONE_BYTES_WORD: u64 = u64::from_ne_bytes([REDZONE_BYTE; 8]);
 /// State word of an object with a caller: its address XOR this (illumos
 /// `KMEM_BUFTAG_ALLOC`).
 pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
@@ -33,19 +65,8 @@ pub const STATE_ALLOCATED: u64 = 0xa110_c8ed;
 /// `KMEM_BUFTAG_FREE`).
 pub const STATE_FREE: u64 = 0xf4ee_f4ee;
 
-/// Where a checked region differs from its pattern: the offset of the
-/// first differing 8-byte word from the object start (illumos reports
-/// words), the pattern's word and what was found there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mismatch {
-    /// Byte offset from the object start of the first bad word (or, for a
-    /// redzone, of the first bad byte).
-    pub offset: usize,
-    /// The pattern at that offset (little-endian word).
-    pub expected: u64,
-    /// What was there instead.
-    pub found: u64,
-}
+/// Eight `REDZONE_BYTE`s, for word-wise fills and checks.
+const REDZONE_BYTES_WORD: u64 = u64::from_ne_bytes([REDZONE_BYTE; 8]);
 
 /// Fill `buf` with `pattern` (repeated little-endian words, cut at the
 /// end), a word at a time.
@@ -106,32 +127,6 @@ fn word_of(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(word)
 }
 
-// ---------------------------------------------------------------------------
-// Layout of a debug object
-// ---------------------------------------------------------------------------
-
-/// Return addresses kept per audit record.
-pub const AUDIT_FRAMES: usize = 8;
-/// Bytes of a freed object kept with `CONTENTS`.
-pub const CONTENTS_BYTES: usize = 32;
-
-/// One transaction on an object (illumos `kmem_bufctl_audit_t`, trimmed):
-/// who allocated or freed it, where and when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(C)]
-pub struct AuditRecord {
-    /// [`Platform::now`] at the transaction; 0: no transaction yet.
-    pub timestamp: u64,
-    /// The CPU that did it.
-    pub cpu: u32,
-    /// Valid entries of `frames`.
-    pub nr_frames: u32,
-    /// Return addresses, innermost first ([`PlatformHooks::backtrace`](crate::PlatformHooks::backtrace)).
-    pub frames: [usize; AUDIT_FRAMES],
-}
-
-const _: () = assert!(core::mem::size_of::<AuditRecord>() == 80);
-
 impl AuditRecord {
     /// The current transaction: now, this CPU, this stack.
     pub fn capture<P: Platform>() -> AuditRecord {
@@ -145,111 +140,9 @@ impl AuditRecord {
         record.nr_frames = P::backtrace(&mut record.frames).min(AUDIT_FRAMES) as u32;
         record
     }
-
-    /// Whether a transaction was recorded.
-    pub fn is_recorded(&self) -> bool {
-        self.timestamp != 0
-    }
-
-    /// The captured return addresses, innermost first.
-    pub fn frames(&self) -> &[usize] {
-        &self.frames[..(self.nr_frames as usize).min(AUDIT_FRAMES)]
-    }
-}
-
-/// Where the parts of a debug object slot are (bytes from the object
-/// start). Plain caches have no debug layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DebugLayout {
-    pub(crate) flags: DebugFlags,
-    /// The object's size (the cache's object size).
-    pub(crate) obj_size: usize,
-    /// Whether free objects are poisoned (`POISON` and no constructor).
-    pub(crate) poison: bool,
-    /// Redzone: `[requested size, redzone_end)` (the requested size is
-    /// the object size but for kmalloc); empty without `REDZONE`.
-    pub(crate) redzone_end: usize,
-    pub(crate) state_offset: usize,
-    /// Where the slab free list's link of a free object lives.
-    pub(crate) freeptr_offset: usize,
-    /// `REDZONE`: the bytes the caller asked for (Linux `orig_size`): a
-    /// kmalloc's requested size, so the redzone starts right after it and
-    /// catches an overflow into the size class's padding.
-    pub(crate) size_offset: Option<usize>,
-    /// `AUDIT`: last alloc at this offset, last free right after it.
-    pub(crate) audit_offset: Option<usize>,
-    pub(crate) contents_offset: Option<usize>,
-    /// Bytes the slot needs from the object start (before rounding up to
-    /// the alignment).
-    pub(crate) slot_size: usize,
-    /// `REDZONE`: bytes before the object (the alignment, at least 8),
-    /// whose last word is the left redzone (`LEFT_REDZONE_PATTERN`):
-    /// an underflow is caught as an overflow is. Objects start this far
-    /// into their slab; 0 without `REDZONE`.
-    pub(crate) left: usize,
 }
 
 impl DebugLayout {
-    /// The layout of a cache of `obj_size`-byte objects with `flags`
-    /// (`None` if it has no debug flag). `has_ctor`: constructed caches
-    /// are not poisoned.
-    pub(crate) fn new(obj_size: usize, flags: DebugFlags, has_ctor: bool) -> Option<DebugLayout> {
-        if flags.is_empty() {
-            return None;
-        }
-        let flags = flags | DebugFlags::CONSISTENCY;
-        let aligned = obj_size.next_multiple_of(8);
-        let redzone_end = if flags.contains(DebugFlags::REDZONE) {
-            aligned + 8
-        } else {
-            obj_size
-        };
-        let state_offset = redzone_end.next_multiple_of(8);
-        let freeptr_offset = state_offset + 8;
-        let mut end = freeptr_offset + 8;
-        let size_offset = flags.contains(DebugFlags::REDZONE).then(|| {
-            let at = end;
-            end += 8;
-            at
-        });
-        let audit_offset = flags.contains(DebugFlags::AUDIT).then(|| {
-            let at = end;
-            end += 2 * core::mem::size_of::<AuditRecord>();
-            at
-        });
-        let contents_offset = flags.contains(DebugFlags::CONTENTS).then(|| {
-            let at = end;
-            end += CONTENTS_BYTES;
-            at
-        });
-        Some(DebugLayout {
-            flags,
-            obj_size,
-            poison: flags.contains(DebugFlags::POISON) && !has_ctor,
-            redzone_end,
-            state_offset,
-            freeptr_offset,
-            size_offset,
-            audit_offset,
-            contents_offset,
-            slot_size: end,
-            left: if flags.contains(DebugFlags::REDZONE) {
-                8
-            } else {
-                0
-            },
-        })
-    }
-
-    /// This layout for objects aligned to `align`: the left redzone's
-    /// bytes keep objects aligned.
-    pub(crate) fn aligned(mut self, align: usize) -> DebugLayout {
-        if self.left != 0 {
-            self.left = align.max(8);
-        }
-        self
-    }
-
     /// The left redzone word as it should be.
     pub(crate) fn left_redzone(&self) -> u64 {
         LEFT_REDZONE_PATTERN
@@ -462,17 +355,6 @@ impl DebugLayout {
     }
 }
 
-/// What a debug object's state word says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ObjectState {
-    /// With a caller.
-    Allocated,
-    /// In a magazine, the depot or its slab.
-    Free,
-    /// Neither: the word was overwritten (it holds this value).
-    Corrupt(u64),
-}
-
 fn read_word(slot: &[u8], at: usize) -> u64 {
     word_of(&slot[at..at + 8])
 }
@@ -506,6 +388,376 @@ fn write_audit(slot: &mut [u8], at: usize, record: &AuditRecord) {
     );
     for (index, &frame) in record.frames.iter().enumerate() {
         write_word(slot, at + 16 + index * 8, frame as u64);
+    }
+}
+
+impl<P: Platform> KmemCache<P> {
+    /// The post-alloc hook of a debug cache (`cache/hooks.rs`,
+    /// `post_alloc_hook`): check the free object being handed to a
+    /// caller (state, poison, redzones: [`Self::debug_check_free_slot`])
+    /// and mark it allocated: state, requested size, audit alloc record,
+    /// `0xbaddcafe` fill, the redzone from the requested size. Always
+    /// completes the hand-over (an object found corrupted is repaired:
+    /// state, poison and redzone are rewritten); what was found is
+    /// reported.
+    ///
+    /// `bytes_req`: the bytes the caller asked for (a kmalloc's size; 0
+    /// for the whole object): with `REDZONE` the redzone starts there.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn debug_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) {
+        let Some(layout) = self.debug.as_ref() else {
+            return;
+        };
+        let addr = obj.as_ptr() as usize;
+        // SAFETY: just taken from our magazines or slab layer: ours until
+        // returned (its stride holds the debug slot).
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let report = self.debug_check_free_slot(layout, slot, addr, 0);
+        layout.set_state(slot, addr, STATE_ALLOCATED);
+        let requested = match bytes_req {
+            1.. if bytes_req < layout.obj_size => bytes_req,
+            _ => layout.obj_size,
+        };
+        layout.set_requested_size(slot, requested);
+        layout.record_audit::<P>(slot, false);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_UNINITIALIZED);
+        }
+        layout.fill_redzone(slot, requested);
+        // SAFETY: as above.
+        unsafe { self.fill_left_redzone(layout, addr) };
+        if let Some(mut report) = report {
+            // The object's slab, for the report only (a clean alloc never
+            // looks it up).
+            report.slab = match self.kind {
+                SlabKind::Small => self.small_slab_of(addr) as usize,
+                SlabKind::Bufctl => self.params.page_map.get(addr).slab_unchecked(),
+            };
+            self.owner().report_error(report);
+        }
+    }
+
+    /// The free hook of a debug cache (`cache/hooks.rs`, `free_hook`):
+    /// check the object a caller frees and, unless it is a duplicate
+    /// free (reported and refused, nothing changed), mark it free:
+    /// contents saved, audit free record, state, poison, redzones. A
+    /// broken state word or redzone is reported and repaired, and the
+    /// free goes on.
+    ///
+    /// # Safety
+    /// `addr` is an object start of this cache in `slab` (null for a
+    /// bufctl cache off the primary source) that passed the owner check,
+    /// given up by the caller.
+    pub(crate) unsafe fn debug_free_hook(
+        &self,
+        addr: usize,
+        slab: *mut Slab,
+    ) -> Result<(), FreeError> {
+        let Some(layout) = self.debug.as_ref() else {
+            return Ok(());
+        };
+        let slab = slab as usize;
+        // SAFETY: per our caller (see `debug_slot`).
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let mut found = None;
+        match layout.object_state(slot, addr) {
+            ObjectState::Allocated => {}
+            ObjectState::Free => {
+                let report =
+                    self.debug_report(layout, slot, ErrorKind::DuplicateFree, addr, slab, None);
+                self.owner().report_error(report);
+                return Err(FreeError::DoubleFree { addr });
+            }
+            ObjectState::Corrupt(word) => {
+                found = Some(self.bad_state_report(layout, slot, addr, slab, word));
+            }
+        }
+        if found.is_none()
+            && let Some(mismatch) = layout
+                .check_redzone_in_use(slot)
+                // SAFETY: per our caller.
+                .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+        {
+            found = Some(self.redzone_report(layout, slot, addr, slab, mismatch));
+        }
+        layout.save_contents(slot);
+        layout.record_audit::<P>(slot, true);
+        layout.set_state(slot, addr, STATE_FREE);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_FREE);
+        }
+        layout.fill_redzone(slot, layout.obj_size);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
+        if let Some(report) = found {
+            self.owner().report_error(report);
+        }
+        Ok(())
+    }
+
+    /// The slot (object and trailer) of the object at `addr`.
+    ///
+    /// # Safety
+    /// `addr` is an object start of this cache, whose stride holds
+    /// `layout.slot_size` bytes (and `layout.left` before `addr`, the left
+    /// redzone's, which the object's own checks use); nobody else uses the slot for the
+    /// lifetime of the slice (the caller owns the object: it is being
+    /// created, handed out, freed or verified under the slab lock).
+    #[allow(
+        clippy::mut_from_ref,
+        reason = "raw object memory, owned per the caller"
+    )]
+    pub(crate) unsafe fn debug_slot(&self, layout: &DebugLayout, addr: usize) -> &mut [u8] {
+        // SAFETY: per the caller.
+        unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, layout.slot_size) }
+    }
+
+    /// The left redzone word of the object at `addr`: the 8 bytes right
+    /// before it (`layout.left` is not 0).
+    fn left_redzone_word(addr: usize) -> *mut u64 {
+        (addr - 8) as *mut u64
+    }
+
+    /// The first overwritten byte of the left redzone of the object at
+    /// `addr` (an underflow), if the cache has one.
+    ///
+    /// # Safety
+    /// As for `debug_slot` (the `layout.left` bytes before `addr` are the
+    /// object's too, in its stride).
+    unsafe fn check_left_redzone(&self, layout: &DebugLayout, addr: usize) -> Option<Mismatch> {
+        if layout.left == 0 {
+            return None;
+        }
+        // SAFETY: per our caller.
+        layout.check_left_redzone(unsafe { Self::left_redzone_word(addr).read() })
+    }
+
+    /// Write (or repair) the left redzone of the object at `addr`, if the
+    /// cache has one.
+    ///
+    /// # Safety
+    /// As for [`Self::check_left_redzone`].
+    unsafe fn fill_left_redzone(&self, layout: &DebugLayout, addr: usize) {
+        if layout.left != 0 {
+            // SAFETY: per our caller.
+            unsafe { Self::left_redzone_word(addr).write(layout.left_redzone()) };
+        }
+    }
+
+    /// Make a fresh object of a new slab a free debug object.
+    ///
+    /// # Safety
+    /// As for `debug_slot`; the slab was just carved.
+    pub(crate) unsafe fn debug_init_object(&self, layout: &DebugLayout, addr: usize) {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        slot.fill(0);
+        if layout.poison {
+            layout.fill_poison(slot, POISON_FREE);
+        }
+        layout.fill_redzone(slot, layout.obj_size);
+        layout.set_state(slot, addr, STATE_FREE);
+        // SAFETY: per our caller.
+        unsafe { self.fill_left_redzone(layout, addr) };
+    }
+
+    /// [`Self::debug_resize`] of a debug cache's object, reported.
+    ///
+    /// # Safety
+    /// As for `debug_resize`; `slab` is the object's slab.
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn debug_resized(&self, addr: usize, slab: *mut Slab, new_size: usize) {
+        if let Some(layout) = self.debug.as_ref()
+            // SAFETY: per our caller.
+            && let Some(report) = unsafe { self.debug_resize(layout, addr, slab as usize, new_size) }
+        {
+            self.owner().report_error(report);
+        }
+    }
+
+    /// A kept kmalloc block's caller now uses `new_size` bytes
+    /// (`krealloc` in place, `GlobalAlloc::realloc`,
+    /// `Allocator::allocate`): check the redzone as it was, then move its
+    /// start to `new_size` (Linux `krealloc` with `orig_size`). Returns
+    /// the report of a redzone found broken.
+    ///
+    /// # Safety
+    /// As for `debug_slot`: `addr` is an allocated object of this cache
+    /// that the caller owns.
+    pub(crate) unsafe fn debug_resize(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+        new_size: usize,
+    ) -> Option<ErrorReport> {
+        layout.size_offset?;
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let report = layout
+            .check_redzone_in_use(slot)
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch));
+        let new_size = new_size.clamp(1, layout.obj_size);
+        layout.set_requested_size(slot, new_size);
+        layout.fill_redzone(slot, new_size);
+        report
+    }
+
+    /// The checks of an object that should be free (in a magazine, the
+    /// depot or its slab): state, poison, redzone. The first problem found.
+    pub(crate) fn debug_check_free_slot(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+    ) -> Option<ErrorReport> {
+        let (kind, mismatch) = match layout.object_state(slot, addr) {
+            ObjectState::Free => match layout.poison.then(|| layout.check_poison(slot)).flatten() {
+                Some(mismatch) => (ErrorKind::ModifiedAfterFree, mismatch),
+                None => (
+                    ErrorKind::RedzoneViolation,
+                    layout
+                        .check_redzone(slot, layout.obj_size)
+                        // SAFETY: the slot is the caller's (see `debug_slot`),
+                        // and so are the left redzone's bytes before it.
+                        .or_else(|| unsafe { self.check_left_redzone(layout, addr) })?,
+                ),
+            },
+            // Allocated (a free object must not say so) or overwritten.
+            state => (
+                ErrorKind::BadState,
+                Mismatch {
+                    offset: layout.state_offset,
+                    expected: addr as u64 ^ STATE_FREE,
+                    found: match state {
+                        ObjectState::Corrupt(word) => word,
+                        _ => addr as u64 ^ STATE_ALLOCATED,
+                    },
+                },
+            ),
+        };
+        Some(self.debug_report(layout, slot, kind, addr, slab, Some(mismatch)))
+    }
+
+    /// The report of a redzone violation (right or left) of the object at
+    /// `addr`.
+    fn redzone_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        mismatch: Mismatch,
+    ) -> ErrorReport {
+        self.debug_report(
+            layout,
+            slot,
+            ErrorKind::RedzoneViolation,
+            addr,
+            slab,
+            Some(mismatch),
+        )
+    }
+
+    /// The report for an object whose state word is neither "free" nor
+    /// "allocated" for its address (`found`): a write over the state word.
+    pub(crate) fn bad_state_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        found: u64,
+    ) -> ErrorReport {
+        self.debug_report(
+            layout,
+            slot,
+            ErrorKind::BadState,
+            addr,
+            slab,
+            Some(Mismatch {
+                offset: layout.state_offset,
+                expected: addr as u64 ^ STATE_ALLOCATED,
+                found,
+            }),
+        )
+    }
+
+    /// Verify one object without changing it: a free one (`free`: on its
+    /// slab's free list, or its state says free) must hold its poison and
+    /// redzone; an allocated one its redzone.
+    ///
+    /// # Safety
+    /// As for `debug_slot`, read-only: called under the slab lock.
+    pub(crate) unsafe fn debug_verify_object(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+        slab: usize,
+        free_in_slab: bool,
+    ) -> Option<ErrorReport> {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let state = layout.object_state(slot, addr);
+        if free_in_slab || state == ObjectState::Free {
+            return self.debug_check_free_slot(layout, slot, addr, slab);
+        }
+        if let ObjectState::Corrupt(word) = state {
+            return Some(self.bad_state_report(layout, slot, addr, slab, word));
+        }
+        layout
+            .check_redzone_in_use(slot)
+            // SAFETY: per our caller, read-only.
+            .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch))
+    }
+
+    /// What the trailer of a debug object says: its state, last alloc,
+    /// last free and saved contents (for `whatis` and reports).
+    ///
+    /// # Safety
+    /// As for `debug_slot`, read-only.
+    pub(crate) unsafe fn debug_object_info(
+        &self,
+        layout: &DebugLayout,
+        addr: usize,
+    ) -> DebugObjectInfo {
+        // SAFETY: per the caller.
+        let slot = unsafe { self.debug_slot(layout, addr) };
+        let audit = layout.audit(slot);
+        DebugObjectInfo {
+            state: layout.object_state(slot, addr),
+            last_alloc: audit.map(|(alloc, _)| alloc),
+            last_free: audit.map(|(_, free)| free),
+            contents: layout.contents(slot),
+        }
+    }
+
+    /// A report about object `addr` of this cache, with its transactions.
+    pub(crate) fn debug_report(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        kind: ErrorKind,
+        addr: usize,
+        slab: usize,
+        corruption: Option<Mismatch>,
+    ) -> ErrorReport {
+        let mut report = ErrorReport::new(kind, self.name(), addr);
+        report.object = addr;
+        report.slab = slab;
+        report.corruption = corruption;
+        if let Some((alloc, free)) = layout.audit(slot) {
+            report.last_alloc = Some(alloc);
+            report.last_free = Some(free);
+        }
+        if layout.flags.contains(DebugFlags::CONTENTS) {
+            report.contents = layout.contents(slot);
+        }
+        report
     }
 }
 
