@@ -115,9 +115,17 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// A new empty magazine of the depot's type, from its
-    /// `kmem_magazine_<rounds>` bootstrap cache.
+    /// `kmem_magazine_<rounds>` bootstrap cache, for a free (noted in the
+    /// depot: the cache's refills make magazines of its type from then).
     pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
-        let magtype = self.depot.magtype();
+        self.depot.note_free_magazine();
+        self.new_magazine_of(self.depot.magtype())
+    }
+
+    /// A new empty magazine of type `magtype` (an index into
+    /// [`MAGAZINE_ROUNDS`]), from its `kmem_magazine_<rounds>` bootstrap
+    /// cache.
+    pub(crate) fn new_magazine_of(&self, magtype: usize) -> Result<*mut Magazine, AllocError> {
         let mem = self
             .owner()
             .cache(OwnerCache::Magazine(magtype))
@@ -305,8 +313,10 @@ impl<P: Platform> KmemCache<P> {
         drop(pcc);
         drop(locked);
         drop(irq);
-        // SAFETY: detached by the exchange (see [`Stale`]); ours alone.
-        unsafe { self.free_magazines(&[stale.0]) };
+        if !stale.0.is_null() {
+            // SAFETY: detached by the exchange (see [`Stale`]); ours alone.
+            unsafe { self.free_magazines(&[stale.0]) };
+        }
         result
     }
 
