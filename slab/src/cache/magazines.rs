@@ -115,9 +115,17 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// A new empty magazine of the depot's type, from its
-    /// `kmem_magazine_<rounds>` bootstrap cache.
+    /// `kmem_magazine_<rounds>` bootstrap cache, for a free (noted in the
+    /// depot: the cache's refills make magazines of its type from then).
     pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
-        let magtype = self.depot.magtype();
+        self.depot.note_free_magazine();
+        self.new_magazine_of(self.depot.magtype())
+    }
+
+    /// A new empty magazine of type `magtype` (an index into
+    /// [`MAGAZINE_ROUNDS`]), from its `kmem_magazine_<rounds>` bootstrap
+    /// cache.
+    pub(crate) fn new_magazine_of(&self, magtype: usize) -> Result<*mut Magazine, AllocError> {
         let mem = self
             .owner()
             .cache(OwnerCache::Magazine(magtype))
@@ -235,7 +243,18 @@ impl<P: Platform> KmemCache<P> {
     /// interrupts are back on.
     /// A round without the mark its free left is reported and kept from
     /// every caller (`cache/alloc.rs`, `alloc_hit`): the next is taken.
+    ///
+    /// Until a free has made a magazine for the cache
+    /// ([`Depot::freed`]), neither `prev` nor the depot can hold a round:
+    /// every magazine the depot ever holds came from such a free (`push_empty` in
+    /// `free_slow`, then the exchanges), and `prev` is only ever one the
+    /// depot or a free gave. The miss is skipped then (~90 instructions
+    /// a cache's first allocations save, the boot replay's); a stale
+    /// read only sends an allocation to the slab layer.
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
+        if !self.depot.freed() {
+            return None;
+        }
         loop {
             let obj = self.magazine_miss(
                 pop_round,
@@ -305,8 +324,10 @@ impl<P: Platform> KmemCache<P> {
         drop(pcc);
         drop(locked);
         drop(irq);
-        // SAFETY: detached by the exchange (see [`Stale`]); ours alone.
-        unsafe { self.free_magazines(&[stale.0]) };
+        if !stale.0.is_null() {
+            // SAFETY: detached by the exchange (see [`Stale`]); ours alone.
+            unsafe { self.free_magazines(&[stale.0]) };
+        }
         result
     }
 

@@ -13,7 +13,7 @@ use crate::alloc_tag::AllocTagRef;
 use crate::error::AllocError;
 use crate::layout::geometry::SlabKind;
 use crate::magazine::{
-    MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, Magazine, PcpuSynced, no_magazine, rounds_of,
+    MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, Magazine, PcpuSynced, no_magazine, refill_magtype, rounds_of,
 };
 use crate::platform::Platform;
 use crate::platform::{PAGE_SIZE, PageSource};
@@ -66,18 +66,24 @@ impl<P: Platform> KmemCache<P> {
         // two pages, 8 partitioned copies of every class held +5.05 % of
         // live against the 5 % bound; one page costs the shell replay
         // ~8 Ir/op, docs/BENCHMARKS.md).
-        // A batch only when this CPU has a magazine to load it into (a
-        // hint, checked again under the lock by `load_rounds`): a cache
-        // only allocated from has none, and a batch taken then would all
-        // go back (the shell replay: 2,095.6 Ir/op that way).
-        if !self.can_load_rounds() {
+        let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
+        if nr_trips == 0 {
+            // A batch of 1: the cache's first allocation (boot's).
             return self.slab_alloc_constructed();
         }
         let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
-        let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
         let nr_wanted = (capacity / 2 + 1)
             .min(1 << nr_trips.min(6))
             .min((PAGE_SIZE / self.params.stride).max(1));
+        if nr_wanted <= 1 {
+            return self.slab_alloc_constructed();
+        }
+        // The rounds need a magazine on this CPU with room for them
+        // (`refill_room`: a small one is made when the CPU has none).
+        let nr_wanted = nr_wanted.min(self.refill_room(nr_wanted - 1) + 1);
+        if nr_wanted <= 1 {
+            return self.slab_alloc_constructed();
+        }
         let mut batch = [ptr::null_mut(); MAG_MAX_ROUNDS + 1];
         let nr = self
             .slab
@@ -103,27 +109,105 @@ impl<P: Platform> KmemCache<P> {
         Ok(unsafe { NonNull::new_unchecked(first) })
     }
 
-    /// Whether this CPU has a magazine a refill's rounds could go into
-    /// (its `loaded`, or an empty `prev`); false in an interrupt handler
-    /// that interrupted this CPU's hit.
-    fn can_load_rounds(&self) -> bool {
+    /// Room for up to `nr_rounds` rounds of a refill in this CPU's
+    /// `loaded` (an empty `prev` swapped in if `loaded` is gone): how
+    /// many it has room for now. A CPU with no magazine, or whose empty
+    /// `loaded` holds fewer than the refill would and is smaller than its
+    /// type, gets a new empty magazine of that type, the old one freed.
+    /// The type: the depot's once a free has made a magazine for the
+    /// cache (its objects come back: a small magazine would only add
+    /// misses, the stress replay's +6 Ir/op); before that
+    /// ([`refill_magtype`]) a cache only allocated from holds one small
+    /// magazine that grows as its misses repeat (the batches double
+    /// with each trip down), where a magazine of the depot's type (496 B
+    /// for a small object) would cost every cold copy of a partitioned
+    /// class as much (`partitioning_memory_cost`). Bonwick & Adams 2001
+    /// §3.3 grow a cache's magazines on depot contention; here the
+    /// refill's grow with the misses that reach the slab layer.
+    /// 0 in an interrupt handler that interrupted this CPU's hit, or
+    /// when no magazine can be had.
+    fn refill_room(&self, nr_rounds: usize) -> usize {
+        let (room, capacity) = self.loaded_room();
+        let magtype = if self.depot.freed() {
+            self.depot.magtype()
+        } else {
+            refill_magtype(nr_rounds, self.depot.magtype())
+        };
+        if room >= nr_rounds || capacity >= MAGAZINE_ROUNDS[magtype] {
+            return room;
+        }
+        // Made with no lock held and interrupts on, as the free's new
+        // magazines (`free_slow`): allocating from a magazine cache
+        // cannot deadlock.
+        let Ok(mag) = self.new_magazine_of(magtype) else {
+            return room;
+        };
+        let irq = IrqGuard::<P>::new();
+        let (room, unused) = match self.pcpu_lock_here(&irq) {
+            None => (0, mag),
+            Some(mut locked) => {
+                let mut pcc = PcpuSynced::new(locked.get());
+                // Checked again: an interrupt handler may have freed
+                // rounds into `loaded` or given this CPU a magazine.
+                let loaded = pcc.loaded;
+                // SAFETY: this CPU's magazines (or the absent one, of
+                // capacity 0), interrupts off; `mag` a live magazine.
+                let unused = unsafe {
+                    if rounds_of(loaded) == 0 && (*loaded).capacity < (*mag).capacity {
+                        pcc.loaded = mag;
+                        loaded
+                    } else {
+                        mag
+                    }
+                };
+                let loaded = pcc.loaded;
+                // SAFETY: as above.
+                let room = unsafe { (*loaded).capacity as usize - rounds_of(loaded) };
+                (room, unused)
+            }
+        };
+        drop(irq);
+        if unused != no_magazine() {
+            // SAFETY: an empty magazine no per-CPU cache or depot list
+            // holds (a per-CPU cache's has a null `next`, as a new one):
+            // ours alone.
+            unsafe { self.free_magazines(&[unused]) };
+        }
+        room
+    }
+
+    /// This CPU's `loaded` (an empty `prev` swapped in if `loaded` is
+    /// gone): `(room, capacity)`, rounds it has room for and rounds it
+    /// holds when full; `(0, 0)` with no magazine, `(0, usize::MAX)` in
+    /// an interrupt handler that interrupted this CPU's hit (no magazine
+    /// is made then).
+    fn loaded_room(&self) -> (usize, usize) {
         let irq = IrqGuard::<P>::new();
         let Some(mut locked) = self.pcpu_lock_here(&irq) else {
-            return false;
+            return (0, usize::MAX);
         };
-        let pcc = PcpuSynced::new(locked.get());
-        pcc.loaded != no_magazine()
+        let mut pcc = PcpuSynced::new(locked.get());
+        if pcc.loaded == no_magazine()
+            && pcc.prev != no_magazine()
             // SAFETY: this CPU's magazines, interrupts off.
-            || (pcc.prev != no_magazine() && unsafe { rounds_of(pcc.prev) } == 0)
+            && unsafe { rounds_of(pcc.prev) } == 0
+        {
+            pcc.swap_magazines();
+        }
+        let loaded = pcc.loaded;
+        // SAFETY: a real magazine owned by this CPU, or the absent one
+        // (capacity 0, no rounds), interrupts off, its header exact.
+        unsafe {
+            let capacity = (*loaded).capacity as usize;
+            (capacity - rounds_of(loaded), capacity)
+        }
     }
 
     /// Push `rounds` (objects of a keyed cache from the slab layer) onto this
     /// CPU's `loaded`, each marked freed, as far as it has room; a CPU
-    /// whose `loaded` is gone gets an empty `prev` swapped in. No magazine
-    /// is made for a refill: a cache only allocated from would hold one it
-    /// never fills from frees (8 partitioned copies of every class put
-    /// `partitioning_memory_cost` over its 5 % bound, 4.98-5.20 % by
-    /// seed); the caller gives back what did not go in.
+    /// whose `loaded` is gone gets an empty `prev` swapped in (the
+    /// magazine `refill_room` found or made; the caller gives back what
+    /// did not go in, if an interrupt handler took the room since).
     /// Returns how many went in (0 in an interrupt handler that
     /// interrupted this CPU's hit, or with no magazine to be had).
     fn load_rounds(&self, rounds: &[*mut u8]) -> usize {

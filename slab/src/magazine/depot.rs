@@ -61,9 +61,19 @@ pub(crate) struct Depot<P: Platform> {
     pub(crate) nr_contention: AtomicU64,
     /// `magtype` as of the last change, read without the lock by a free
     /// that makes a new magazine (a stale value makes a magazine the
-    /// depot frees when it next pops it).
+    /// depot frees when it next pops it); and in its top bit
+    /// ([`FREED`]), whether a free ever had to make a magazine for this
+    /// cache ([`Depot::note_free_magazine`]). Changed under the depot lock
+    /// only, the bit by `fetch_or` (one word: the cache keeps its 15
+    /// lines).
     magtype: AtomicUsize,
 }
+
+/// The top bit of [`Depot`]'s `magtype` word: a free made a magazine for
+/// the cache, so its objects come back; a refill on a CPU with no
+/// magazine then makes one of the depot's type, and until then small
+/// ones that grow with its trips down (`KmemCache::slab_refill`).
+const FREED: usize = 1 << (usize::BITS - 1);
 
 /// Magazines detached from a depot under its lock, to be freed after it
 /// is dropped (linked through `next`; null: none).
@@ -120,7 +130,20 @@ impl<P: Platform> Depot<P> {
 
     /// The magazine type a new magazine should be (read without the lock).
     pub(crate) fn magtype(&self) -> usize {
-        self.magtype.load(Ordering::Relaxed)
+        self.magtype.load(Ordering::Relaxed) & !FREED
+    }
+
+    /// Note that a free made a magazine for this cache (its objects come
+    /// back to it; see [`FREED`]).
+    pub(crate) fn note_free_magazine(&self) {
+        if !self.freed() {
+            self.magtype.fetch_or(FREED, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a free ever made a magazine for this cache ([`FREED`]).
+    pub(crate) fn freed(&self) -> bool {
+        self.magtype.load(Ordering::Relaxed) & FREED != 0
     }
 
     /// Set the magazine type (and raise its growth limit to it): empty
@@ -130,7 +153,9 @@ impl<P: Platform> Depot<P> {
         let mut depot = self.lock();
         depot.magtype = magtype;
         depot.max_magtype = depot.max_magtype.max(magtype);
-        self.magtype.store(magtype, Ordering::Relaxed);
+        // The FREED bit kept (set meanwhile by a free or not).
+        self.magtype.fetch_and(FREED, Ordering::Relaxed);
+        self.magtype.fetch_or(magtype, Ordering::Relaxed);
     }
 
     /// Lock the depot, counting contention (Akaros: a failed try-lock).
@@ -148,7 +173,10 @@ impl<P: Platform> Depot<P> {
         let mut depot = self.lock();
         let visitor = ptr::from_ref(pcc) as usize;
         if depot.note_visit(self.nr_contention.load(Ordering::Relaxed), visitor) {
-            self.magtype.store(depot.magtype, Ordering::Relaxed);
+            // The type grew by one (`note_visit`), and only changes
+            // under the depot lock: the word's type is one less. The
+            // FREED bit kept.
+            self.magtype.fetch_add(1, Ordering::Relaxed);
         }
         depot
     }

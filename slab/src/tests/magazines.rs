@@ -7,8 +7,8 @@ use std::vec::Vec;
 use super::support::*;
 use crate::magazine::{
     DepotInner, MAG_GROW_MAX_BYTES, MAG_HANDOFF_THRESHOLD, MAG_RESIZE_INTERVAL,
-    MAG_RESIZE_THRESHOLD, MAG_START_BYTES, NR_MAG_TYPES, magazine_bytes, max_magtype,
-    start_magtype,
+    MAG_RESIZE_THRESHOLD, MAG_START_BYTES, NR_MAG_TYPES, REFILL_MAX_MAGTYPE, magazine_bytes,
+    max_magtype, start_magtype,
 };
 use crate::{CacheFlags, KmemCache, MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, PAGE_SIZE};
 
@@ -1015,4 +1015,140 @@ fn restartable_sequences_and_their_ranges() {
         "a function's entry"
     );
     assert_eq!(crate::restart::restart_ip(0), None);
+}
+
+/// A cache only allocated from (a cold partitioned copy, the shell's
+/// caches) gets a small magazine on its second trip to the slab layer
+/// and a larger one as its misses repeat (the refill's batches double):
+/// few trips down, one magazine held, smaller than the depot's type.
+/// Before, a refill made no magazine, and every allocation was a trip.
+#[test]
+fn a_cache_only_allocated_from_grows_a_small_refill_magazine() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.cache_create("cold", 64, &CacheArgs::DEFAULT).unwrap();
+    let before = magazines_in_use(alloc);
+    set_cpu(0);
+    // Trip 1 takes one object and makes no magazine.
+    let first = cache.alloc_box().unwrap();
+    assert_eq!(
+        magazines_in_use(alloc),
+        before,
+        "one allocation: no magazine"
+    );
+    // Trip 2 makes the one-round magazine and fills it.
+    let second = cache.alloc_box().unwrap();
+    let mut expected = before;
+    expected[0] += 1;
+    assert_eq!(magazines_in_use(alloc), expected, "kmem_magazine_1 made");
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, 1);
+    let mut objs: Vec<_> = (0..98).map(|_| cache.alloc_box().unwrap()).collect();
+    objs.push(first);
+    objs.push(second);
+    let trips = cache.nr_allocs_direct.load(Ordering::Relaxed);
+    // 1, 2, 4, 7, 15, 15, ... objects a trip (the magazine types hold
+    // 1, 3, 6, 14 rounds; a batch stops at its slab's end).
+    assert!(trips <= 12, "100 allocations took {trips} trips down");
+    // One magazine held (each smaller one was freed as it grew), of a
+    // type below the depot's.
+    let now = magazines_in_use(alloc);
+    let held: Vec<usize> = (0..NR_MAG_TYPES).filter(|&t| now[t] > before[t]).collect();
+    assert_eq!(held.len(), 1, "{now:?} against {before:?}");
+    assert_eq!(now[held[0]], before[held[0]] + 1);
+    assert!(held[0] < start_magtype(64), "{held:?}");
+    let mut addrs: Vec<usize> = objs.iter().map(|p| p.as_ptr().as_ptr() as usize).collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 100, "no object handed out twice");
+    for p in objs {
+        p.free().unwrap();
+    }
+    assert_eq!(cache.stats().nr_allocated, 0);
+    // SAFETY: nothing allocated; not used again.
+    unsafe { cache.destroy() }.unwrap();
+    assert_eq!(magazines_in_use(alloc), before, "magazines freed");
+}
+
+/// The refill's magazine type: the largest its rounds fill, at most the
+/// cache's own.
+#[test]
+fn refill_magazine_type_follows_its_rounds() {
+    use crate::magazine::refill_magtype;
+    let last = NR_MAG_TYPES - 1;
+    for (rounds, magtype) in [
+        (1, 0),
+        (2, 0),
+        (3, 1),
+        (5, 1),
+        (6, 2),
+        (13, 2),
+        (14, 3),
+        (30, REFILL_MAX_MAGTYPE),
+    ] {
+        assert_eq!(refill_magtype(rounds, last), magtype, "{rounds}");
+    }
+    assert_eq!(
+        MAGAZINE_ROUNDS[REFILL_MAX_MAGTYPE], 14,
+        "kmem_magazine_14 at most"
+    );
+    assert_eq!(refill_magtype(30, 2), 2, "at most the cache's type");
+    assert_eq!(refill_magtype(1, 0), 0);
+}
+
+/// Once a free has made a magazine for a cache (its objects come back),
+/// a refill on a CPU with none makes one of the depot's type: small
+/// magazines would only add misses as the frees fill them.
+#[test]
+fn a_cache_that_frees_refills_into_magazines_of_its_type() {
+    let (alloc, _) = setup_default();
+    let cache = alloc.cache_create("warm", 64, &CacheArgs::DEFAULT).unwrap();
+    let depot_type = start_magtype(64);
+    set_cpu(0);
+    let a = cache.alloc_box().unwrap();
+    // The free makes CPU 0's first magazine, of the depot's type.
+    a.free().unwrap();
+    let before = magazines_in_use(alloc);
+    set_cpu(1);
+    let objs: Vec<_> = (0..3).map(|_| cache.alloc_box().unwrap()).collect();
+    let mut expected = before;
+    expected[depot_type] += 1;
+    assert_eq!(magazines_in_use(alloc), expected, "CPU 1's refill magazine");
+    assert!(cache.cpu_stats(1).nr_rounds_loaded > 0);
+    for p in objs {
+        p.free().unwrap();
+    }
+    set_cpu(0);
+    // SAFETY: nothing allocated; not used again.
+    unsafe { cache.destroy() }.unwrap();
+}
+
+/// Until a free has made a magazine for a cache, its allocation misses
+/// skip the depot (it cannot hold a round yet): a worker allocating
+/// while the test holds the depot lock never waits on it. Before, every
+/// miss locked the depot and found nothing.
+#[test]
+fn allocations_before_any_free_skip_the_depot() {
+    let (alloc, _) = setup_default();
+    let cache = alloc
+        .cache_create("no-depot", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let held = cache.depot.inner.lock();
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        set_cpu(1);
+        let objs: Vec<_> = (0..200).map(|_| cache.alloc_box().unwrap()).collect();
+        done.send(()).unwrap();
+        objs
+    });
+    let waited = finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .is_err();
+    drop(held);
+    let objs = worker.join().unwrap();
+    assert!(!waited, "the allocations waited on the depot lock");
+    assert_eq!(cache.depot.nr_contention.load(Ordering::Relaxed), 0);
+    assert_eq!(cache.stats().nr_allocated, 200);
+    set_cpu(1);
+    for obj in objs {
+        obj.free().unwrap();
+    }
 }
