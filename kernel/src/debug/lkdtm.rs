@@ -9,7 +9,10 @@
 //! undoes its effect when it can (a double free is repaired by taking the
 //! doubled object out twice and freeing it once) and otherwise leaves the
 //! scratch cache in place, *quarantined*: its state is suspect and nothing
-//! allocates from it again.
+//! allocates from it again (as `UAF_WRITE_DOUBLE_FREE` always does: the
+//! copy it reports stays busy for good). The two `KMALLOC_*` rows commit
+//! no bug: they allocate and free correctly from the kernel's `kmalloc`
+//! classes, to see who gets whose memory.
 //!
 //! | type | the bug (as Linux lkdtm) | what it touches |
 //! | --- | --- | --- |
