@@ -84,6 +84,7 @@ test-e2e: magpie-kmem
 	python3 tests/e2e/test_slabtop.py -v
 	python3 tests/e2e/test_dump_channel.py -v
 	python3 tests/e2e/test_findleaks.py -v
+	python3 tests/e2e/test_attack_matrix.py -v
 	python3 tests/e2e/test_vmcore.py -v
 	python3 tests/e2e/test_fault_sweep.py -v
 	python3 tests/e2e/test_fuzz.py -v

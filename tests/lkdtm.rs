@@ -141,10 +141,7 @@ fn every_type_gives_todays_verdict_and_the_kernel_survives() {
             "{out}"
         );
         let last = out.lines().last().unwrap();
-        let prefix = match expected {
-            Verdict::Detected => alloc::format!("lkdtm: {kind}: detected: "),
-            Verdict::NotDetected => alloc::format!("lkdtm: {kind}: not detected: "),
-        };
+        let prefix = alloc::format!("lkdtm: {kind}: {}: ", expected.word());
         assert_eq!(verdict, expected, "{out}");
         assert!(
             last.starts_with(&prefix),

@@ -9,7 +9,10 @@
 //! undoes its effect when it can (a double free is repaired by taking the
 //! doubled object out twice and freeing it once) and otherwise leaves the
 //! scratch cache in place, *quarantined*: its state is suspect and nothing
-//! allocates from it again.
+//! allocates from it again (as `UAF_WRITE_DOUBLE_FREE` always does: the
+//! copy it reports stays busy for good). The two `KMALLOC_*` rows commit
+//! no bug: they allocate and free correctly from the kernel's `kmalloc`
+//! classes, to see who gets whose memory.
 //!
 //! | type | the bug (as Linux lkdtm) | what it touches |
 //! | --- | --- | --- |
@@ -19,6 +22,21 @@
 //! | `SLAB_LINEAR_OVERFLOW` | write 4 bytes just past an object | the neighbouring object, also ours |
 //! | `WRITE_AFTER_FREE` | write into the middle of a freed object | the freed object (in a magazine) |
 //! | `READ_AFTER_FREE` | read a freed object back | nothing (a read) |
+//!
+//! and the attack matrix of issue 33 (`docs/HARDENING.md`, the README's
+//! table; [`attack`]), one type a row, each with the verdict the row's
+//! defence must give, `refused`, `detected` or `mitigated` (and `not
+//! detected` / `not mitigated` when it does not):
+//!
+//! | type | the attack | verdict |
+//! | --- | --- | --- |
+//! | `UAF_WRITE_DOUBLE_FREE` | write 0 over a freed object's first word, free it again, allocate 256 (64 B and 8 B) | detected, never handed out twice |
+//! | `SLAB_FREE_DOUBLE_NARROW` | write one byte at offset 0, free the object twice | refused |
+//! | `FREELIST_FORGE_SAME` / `_OTHER` / `_OUTSIDE` | aim every free-list link of a slab at a busy object of it, an object of another cache, the allocator's static | refused |
+//! | `KMALLOC_SITE_REUSE` | one `kmalloc(64)` site frees 100 objects, another allocates 100 | mitigated |
+//! | `KMALLOC_TYPE_REUSE` | 100 `[u8; 64]` freed, 100 pointer-holding 64-byte objects allocated | mitigated |
+//! | `CROSS_CACHE_REUSE` | a cache's slabs emptied and reaped, another cache grows | mitigated |
+//! | `HEAP_SPRAY_ORDER` | 32 objects from a fresh slab: how many follow their predecessor | mitigated |
 //!
 //! Each run ends with one verdict line, `lkdtm: TYPE: detected: REPORT` or
 //! `lkdtm: TYPE: not detected: WHAT HAPPENED`. A bug counts as detected if
@@ -44,10 +62,16 @@ use crate::kmem::{KPAGES, KernelPlatform, SLAB};
 
 type Cache = KmemCache<KernelPlatform>;
 
+pub mod attack;
+
 /// Object size of the scratch caches, in bytes.
 pub const SCRATCH_OBJ_SIZE: usize = 64;
-/// Most objects a run holds at once (a slab's worth: its order is random).
+/// Most objects `SLAB_LINEAR_OVERFLOW` takes looking for two neighbours (a
+/// slab's worth: its order is random).
 const MAX_HELD: usize = 64;
+/// Most objects a scratch cache holds at once (the attack matrix's rows
+/// take up to 300).
+const HELD_CAPACITY: usize = 512;
 
 /// A bug `lkdtm` can commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,11 +99,35 @@ pub enum LkdtmType {
     KfenceDoubleFree,
     /// `KFENCE_INVALID_FREE`: a pointer inside a sampled object freed.
     KfenceInvalidFree,
+    /// `UAF_WRITE_DOUBLE_FREE`: a freed object's first word overwritten,
+    /// then the object freed again (the attack matrix's first row).
+    UafWriteDoubleFree,
+    /// `SLAB_FREE_DOUBLE_NARROW`: one byte written at offset 0, then the
+    /// object freed twice.
+    SlabFreeDoubleNarrow,
+    /// `FREELIST_FORGE_SAME`: free-list links aimed at a busy object of
+    /// the same slab.
+    FreelistForgeSame,
+    /// `FREELIST_FORGE_OTHER`: free-list links aimed at an object of
+    /// another cache.
+    FreelistForgeOther,
+    /// `FREELIST_FORGE_OUTSIDE`: free-list links aimed outside the heap.
+    FreelistForgeOutside,
+    /// `KMALLOC_SITE_REUSE`: what one `kmalloc` call site frees, another
+    /// of the same size allocates.
+    KmallocSiteReuse,
+    /// `KMALLOC_TYPE_REUSE`: what pointer-free 64-byte data frees, a
+    /// 64-byte type holding a pointer allocates.
+    KmallocTypeReuse,
+    /// `CROSS_CACHE_REUSE`: a cache's slabs reaped, another cache grows.
+    CrossCacheReuse,
+    /// `HEAP_SPRAY_ORDER`: objects of a fresh slab, in address order or not.
+    HeapSprayOrder,
 }
 
 impl LkdtmType {
     /// Every type, in the order `lkdtm` lists them.
-    pub const ALL: [LkdtmType; 11] = [
+    pub const ALL: [LkdtmType; 20] = [
         LkdtmType::SlabFreeDouble,
         LkdtmType::SlabFreeCross,
         LkdtmType::SlabFreePage,
@@ -91,6 +139,15 @@ impl LkdtmType {
         LkdtmType::KfenceCorruption,
         LkdtmType::KfenceDoubleFree,
         LkdtmType::KfenceInvalidFree,
+        LkdtmType::UafWriteDoubleFree,
+        LkdtmType::SlabFreeDoubleNarrow,
+        LkdtmType::FreelistForgeSame,
+        LkdtmType::FreelistForgeOther,
+        LkdtmType::FreelistForgeOutside,
+        LkdtmType::KmallocSiteReuse,
+        LkdtmType::KmallocTypeReuse,
+        LkdtmType::CrossCacheReuse,
+        LkdtmType::HeapSprayOrder,
     ];
 
     /// The Linux LKDTM name.
@@ -107,6 +164,15 @@ impl LkdtmType {
             LkdtmType::KfenceCorruption => "KFENCE_CORRUPTION",
             LkdtmType::KfenceDoubleFree => "KFENCE_DOUBLE_FREE",
             LkdtmType::KfenceInvalidFree => "KFENCE_INVALID_FREE",
+            LkdtmType::UafWriteDoubleFree => "UAF_WRITE_DOUBLE_FREE",
+            LkdtmType::SlabFreeDoubleNarrow => "SLAB_FREE_DOUBLE_NARROW",
+            LkdtmType::FreelistForgeSame => "FREELIST_FORGE_SAME",
+            LkdtmType::FreelistForgeOther => "FREELIST_FORGE_OTHER",
+            LkdtmType::FreelistForgeOutside => "FREELIST_FORGE_OUTSIDE",
+            LkdtmType::KmallocSiteReuse => "KMALLOC_SITE_REUSE",
+            LkdtmType::KmallocTypeReuse => "KMALLOC_TYPE_REUSE",
+            LkdtmType::CrossCacheReuse => "CROSS_CACHE_REUSE",
+            LkdtmType::HeapSprayOrder => "HEAP_SPRAY_ORDER",
         }
     }
 
@@ -132,6 +198,37 @@ pub enum Verdict {
     Detected,
     /// The bug went through unnoticed.
     NotDetected,
+    /// An attack-matrix row: the allocator refused the bad operation
+    /// itself (the free, the forged link), with a report.
+    Refused,
+    /// An attack-matrix row: the attack ran and did not get what it was
+    /// after (another site's, type's or cache's memory; a predictable
+    /// layout).
+    Mitigated,
+    /// An attack-matrix row: the attack got what it was after.
+    NotMitigated,
+}
+
+impl Verdict {
+    /// The word on the verdict line: `lkdtm: TYPE: WORD: ...`.
+    pub const fn word(self) -> &'static str {
+        match self {
+            Verdict::Detected => "detected",
+            Verdict::NotDetected => "not detected",
+            Verdict::Refused => "refused",
+            Verdict::Mitigated => "mitigated",
+            Verdict::NotMitigated => "not mitigated",
+        }
+    }
+
+    /// Whether the allocator defended itself (refused, detected or
+    /// mitigated).
+    pub const fn defended(self) -> bool {
+        matches!(
+            self,
+            Verdict::Detected | Verdict::Refused | Verdict::Mitigated
+        )
+    }
 }
 
 /// Why a run could not commit its bug. Nothing was done (or what was done
@@ -179,27 +276,39 @@ impl From<AllocError> for LkdtmError {
 /// frees them and destroys the cache, unless it was quarantined.
 struct Scratch {
     cache: &'static Cache,
-    held: [Option<NonNull<u8>>; MAX_HELD],
+    held: [Option<NonNull<u8>>; HELD_CAPACITY],
     quarantined: bool,
+}
+
+/// Every allocation a run makes goes through here: one fault point
+/// (`fault list lkdtm`); armed, the run stops with "could not set up".
+/// Inlined, so that stacks name the caller (`Scratch::alloc` in the
+/// "earlier transaction" of a report).
+#[inline(always)]
+fn alloc(
+    take: impl FnOnce() -> Result<NonNull<u8>, AllocError>,
+) -> Result<NonNull<u8>, LkdtmError> {
+    Ok(crate::__alloc_site!(take())?)
 }
 
 impl Scratch {
     fn create(name: &str, out: &mut dyn Write) -> Result<Self, LkdtmError> {
+        Self::create_sized(name, SCRATCH_OBJ_SIZE, out)
+    }
+
+    fn create_sized(name: &str, size: usize, out: &mut dyn Write) -> Result<Self, LkdtmError> {
         let cache = SLAB.cache_create(
             name,
-            SCRATCH_OBJ_SIZE,
+            size,
             &CacheArgs {
                 align: 8,
                 ..CacheArgs::DEFAULT
             },
         )?;
-        let _ = writeln!(
-            out,
-            "lkdtm: scratch cache {name} ({SCRATCH_OBJ_SIZE}-byte objects)"
-        );
+        let _ = writeln!(out, "lkdtm: scratch cache {name} ({size}-byte objects)");
         Ok(Self {
             cache,
-            held: [None; MAX_HELD],
+            held: [None; HELD_CAPACITY],
             quarantined: false,
         })
     }
@@ -215,7 +324,8 @@ impl Scratch {
             .iter()
             .position(Option::is_none)
             .ok_or(LkdtmError::Setup(AllocError::OutOfMemory))?;
-        let obj = crate::kmem_cache_alloc!(self.cache)?;
+        let cache = self.cache;
+        let obj = alloc(|| cache.alloc_tagged(crate::__site_tag!()))?;
         self.held[slot] = Some(obj);
         Ok(obj)
     }
@@ -245,6 +355,20 @@ impl Scratch {
         // SAFETY: `obj` came from this cache's alloc and was held by us
         // alone; it is given up here.
         unsafe { self.cache.free(obj) }
+    }
+
+    /// Frees every held object the right way (the first refusal is
+    /// returned; the rest are still freed).
+    fn free_held(&mut self) -> Result<(), FreeError> {
+        let mut first = Ok(());
+        for obj in self.held.iter_mut().filter_map(Option::take) {
+            // SAFETY: held objects are allocated and ours alone.
+            let freed = unsafe { self.cache.free(obj) };
+            if first.is_ok() {
+                first = freed;
+            }
+        }
+        first
     }
 
     fn quarantine(&mut self, out: &mut dyn Write) {
@@ -296,6 +420,15 @@ pub fn run(kind: LkdtmType, out: &mut dyn Write) -> Result<Verdict, LkdtmError> 
         LkdtmType::SlabLinearOverflow => slab_linear_overflow(out),
         LkdtmType::WriteAfterFree => write_after_free(out),
         LkdtmType::ReadAfterFree => read_after_free(out),
+        LkdtmType::UafWriteDoubleFree => attack::uaf_write_double_free(out),
+        LkdtmType::SlabFreeDoubleNarrow => slab_free_double_narrow(out),
+        LkdtmType::FreelistForgeSame
+        | LkdtmType::FreelistForgeOther
+        | LkdtmType::FreelistForgeOutside => attack::freelist_forge(kind, out),
+        LkdtmType::KmallocSiteReuse => attack::kmalloc_site_reuse(out),
+        LkdtmType::KmallocTypeReuse => attack::kmalloc_type_reuse(out),
+        LkdtmType::CrossCacheReuse => attack::cross_cache_reuse(out, true),
+        LkdtmType::HeapSprayOrder => attack::heap_spray_order(out),
         kfence_kind => kfence_bug(kfence_kind, out),
     }?;
     Ok(verdict)
@@ -372,12 +505,41 @@ fn said(result: Result<(), FreeError>) -> &'static str {
 /// double free then puts the object in the magazine twice, and the repair
 /// takes it out twice and frees it once.
 fn slab_free_double(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
-    let kind = LkdtmType::SlabFreeDouble;
-    let mut scratch = Scratch::create("lkdtm-free-double", out)?;
+    free_twice(LkdtmType::SlabFreeDouble, "lkdtm-free-double", out)
+}
+
+/// `SLAB_FREE_DOUBLE_NARROW` (the attack matrix): `SLAB_FREE_DOUBLE`
+/// after one byte written at offset 0, the store a test of the object's
+/// first word would stall behind (`docs/HARDENING.md` section 1). Verdict
+/// `refused` at the second free.
+fn slab_free_double_narrow(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    free_twice(
+        LkdtmType::SlabFreeDoubleNarrow,
+        "lkdtm-free-double-narrow",
+        out,
+    )
+}
+
+/// The two double-free types: the narrow one writes a byte at offset 0
+/// first, and its refusal is the verdict `refused`.
+fn free_twice(kind: LkdtmType, name: &str, out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
+    let narrow = kind == LkdtmType::SlabFreeDoubleNarrow;
+    let _sampling = narrow.then(attack::NoSampling::new);
+    let mut scratch = Scratch::create(name, out)?;
     let warm = scratch.alloc()?;
     let _ = scratch.free(warm);
     let obj = scratch.alloc()?;
-    let _ = writeln!(out, "lkdtm: allocated {:#x}, freeing it twice", addr(obj));
+    if narrow {
+        // SAFETY: an allocated object of ours, at least a byte long.
+        unsafe { obj.as_ptr().write_volatile(0x41) };
+        let _ = writeln!(
+            out,
+            "lkdtm: allocated {:#x}, wrote 0x41 to its first byte, freeing it twice",
+            addr(obj)
+        );
+    } else {
+        let _ = writeln!(out, "lkdtm: allocated {:#x}, freeing it twice", addr(obj));
+    }
     let first = scratch.free(obj);
     let _ = writeln!(out, "lkdtm: first free: {}", said(first));
     if let Err(error) = first {
@@ -391,6 +553,10 @@ fn slab_free_double(out: &mut dyn Write) -> Result<Verdict, LkdtmError> {
     let second = unsafe { scratch.cache.free(obj) };
     let _ = writeln!(out, "lkdtm: second free: {}", said(second));
     if let Err(error) = second {
+        if narrow {
+            let _ = writeln!(out, "lkdtm: {kind}: refused: {error}");
+            return Ok(Verdict::Refused);
+        }
         return Ok(detected(kind, error, out));
     }
     // Accepted: the object is in the magazine twice. Take both rounds out,
