@@ -28,6 +28,7 @@
 //! reporting them, so its callers report with no lock held.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{Ordering, fence};
 
 use super::layout::{
     AUDIT_FRAMES, AuditRecord, CONTENTS_BYTES, DebugLayout, DebugObjectInfo, Mismatch, ObjectState,
@@ -415,6 +416,8 @@ impl<P: Platform> KmemCache<P> {
         let slot = unsafe { self.debug_slot(layout, addr) };
         let report = self.debug_check_free_slot(layout, slot, addr, 0);
         layout.set_state(slot, addr, STATE_ALLOCATED);
+        // "Allocated" before the 0xbaddcafe fill (see the free hook).
+        fence(Ordering::Release);
         let requested = match bytes_req {
             1.. if bytes_req < layout.obj_size => bytes_req,
             _ => layout.obj_size,
@@ -483,13 +486,18 @@ impl<P: Platform> KmemCache<P> {
         }
         layout.save_contents(slot);
         layout.record_audit::<P>(slot, true);
-        layout.set_state(slot, addr, STATE_FREE);
         if layout.poison {
             layout.fill_poison(slot, POISON_FREE);
         }
         layout.fill_redzone(slot, layout.obj_size);
         // SAFETY: per our caller.
         unsafe { self.fill_left_redzone(layout, addr) };
+        // The state says free only once the poison and redzones are in
+        // place: a concurrent `verify` that reads "free" then checks the
+        // poison must not see it half written (it looks a second time at
+        // what changes after that: see `debug_verify_object`).
+        fence(Ordering::Release);
+        layout.set_state(slot, addr, STATE_FREE);
         if let Some(report) = found {
             self.owner().report_error(report);
         }
@@ -701,18 +709,53 @@ impl<P: Platform> KmemCache<P> {
     ) -> Option<ErrorReport> {
         // SAFETY: per the caller.
         let slot = unsafe { self.debug_slot(layout, addr) };
+        let (state, report) = self.debug_check_slot(layout, slot, addr, slab, free_in_slab);
+        if report.is_none() || free_in_slab {
+            return report;
+        }
+        // An object outside its slab's free list (a magazine's round, or a
+        // caller's) changes hands without the slab lock: a round another
+        // CPU allocates or frees while we look is half written (its state
+        // word or poison changing under us). As kmemleak reports only
+        // what two scans agree on, a problem counts only if a second look
+        // a moment later sees the same state and a problem again (the
+        // host lockdep test's concurrent `verify` reported an object in
+        // flight about 1 run in 30).
+        for _ in 0..64 {
+            core::hint::spin_loop();
+        }
+        match self.debug_check_slot(layout, slot, addr, slab, free_in_slab) {
+            (again, Some(report)) if again == state => Some(report),
+            _ => None,
+        }
+    }
+
+    /// One look at a debug object for `verify`: its state, and the problem
+    /// seen (as [`Self::debug_verify_object`]).
+    fn debug_check_slot(
+        &self,
+        layout: &DebugLayout,
+        slot: &[u8],
+        addr: usize,
+        slab: usize,
+        free_in_slab: bool,
+    ) -> (ObjectState, Option<ErrorReport>) {
         let state = layout.object_state(slot, addr);
-        if free_in_slab || state == ObjectState::Free {
-            return self.debug_check_free_slot(layout, slot, addr, slab);
-        }
-        if let ObjectState::Corrupt(word) = state {
-            return Some(self.bad_state_report(layout, slot, addr, slab, word));
-        }
-        layout
-            .check_redzone_in_use(slot)
-            // SAFETY: per our caller, read-only.
-            .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
-            .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch))
+        // The state before the contents it vouches for (the hooks' fences).
+        fence(Ordering::Acquire);
+        let report = if free_in_slab || state == ObjectState::Free {
+            self.debug_check_free_slot(layout, slot, addr, slab)
+        } else if let ObjectState::Corrupt(word) = state {
+            Some(self.bad_state_report(layout, slot, addr, slab, word))
+        } else {
+            layout
+                .check_redzone_in_use(slot)
+                // SAFETY: the slot is the caller's (see `debug_slot`), read
+                // only, and so are the left redzone's bytes before it.
+                .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+                .map(|mismatch| self.redzone_report(layout, slot, addr, slab, mismatch))
+        };
+        (state, report)
     }
 
     /// What the trailer of a debug object says: its state, last alloc,
