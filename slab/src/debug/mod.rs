@@ -121,6 +121,6 @@ pub(crate) use layout::ObjectState;
 pub(crate) use layout::{AUDIT_FRAMES, CONTENTS_BYTES, DebugLayout};
 pub use layout::{AuditRecord, Mismatch};
 #[cfg(all(test, not(loom)))]
-pub(crate) use object::LEFT_REDZONE_PATTERN;
+pub(crate) use object::{LEFT_REDZONE_PATTERN, POISON_UNINITIALIZED};
 #[cfg(test)]
-pub(crate) use object::{POISON_FREE, POISON_UNINITIALIZED, REDZONE_PATTERN};
+pub(crate) use object::{POISON_FREE, REDZONE_PATTERN};
