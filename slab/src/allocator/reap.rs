@@ -55,16 +55,15 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// Out of memory: `source` could not give `nr_pages` pages. Reap
-    /// caches until at least `nr_pages` pages are back, then take them:
-    /// of the caches that hold slabs, the cheapest first, the fewest
-    /// objects out of their slabs a page (each a magazine round to put
-    /// back, or a live object that keeps its page: a class a workload
-    /// churns keeps its magazines while idle classes give their pages
-    /// back); then the bootstrap caches in [`Kmem::reap_all`]'s order (the
-    /// others' reaps free metadata into them). If the request still does
-    /// not fit (the pages that came back are not contiguous, or went to
-    /// another source, or another CPU took them), every cache is reaped
-    /// as [`Kmem::reap_all`] does and it is tried once more (so it fails
+    /// caches one at a time until it can, then take them: of the caches
+    /// that hold slabs, the cheapest first, the fewest objects out of
+    /// their slabs a page (each a magazine round to put back, or a live
+    /// object that keeps its page: a class a workload churns keeps its
+    /// magazines while idle classes give their pages back), the request
+    /// tried after each cache that gave pages back (up to `NR_RANKED`
+    /// caches); then the bootstrap caches in [`Kmem::reap_all`]'s order
+    /// (the others' reaps free metadata into them); then every cache as
+    /// [`Kmem::reap_all`] does, and it is tried once more (so it fails
     /// only where a full reap and a retry would). Returns the pages, or
     /// `None`: still no room, or it could not reap (before init, in an
     /// interrupt handler, or the cache list is busy: this CPU may hold
@@ -88,75 +87,81 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() || P::in_interrupt() {
             return None;
         }
-        if self.reap_cheapest(nr_pages)? >= nr_pages
-            && let Ok(pages) = source.alloc_pages(nr_pages)
-        {
-            return Some(pages);
+        // One cache at a time, the cheapest not reaped yet, under the
+        // lock; the source is tried after each unlock. The caches are
+        // ranked again each time (the list may change while it is
+        // unlocked; a cache reaped is remembered by address, which at
+        // worst skips a new cache at the same place).
+        let mut reaped = [ptr::null::<KmemCache<P>>(); NR_RANKED];
+        for nr_reaped in 0..NR_RANKED {
+            let nr_back = {
+                let list = self.caches.try_lock::<P>()?;
+                if nr_reaped == 0 {
+                    self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
+                }
+                let Some(cache) = self.cheapest(&list, &reaped[..nr_reaped]) else {
+                    break;
+                };
+                reaped[nr_reaped] = cache;
+                // SAFETY: a listed cache, and the list is locked: alive.
+                unsafe { &*cache }.reap()
+            };
+            if nr_back > 0
+                && let Ok(pages) = source.alloc_pages(nr_pages)
+            {
+                return Some(pages);
+            }
         }
-        // Still no room: every cache as reap_all does (the ones skipped
-        // above hold empty magazines at most), and once more.
-        let list = self.caches.try_lock::<P>()?;
-        self.reap_walk(&list, KmemCache::reap);
-        drop(list);
-        source.alloc_pages(nr_pages).ok()
+        // Then the bootstrap caches (the others' reaps freed metadata
+        // into them), and if it still does not fit, every cache as
+        // reap_all does (the ones skipped above hold empty magazines at
+        // most).
+        for everything in [false, true] {
+            let list = self.caches.try_lock::<P>()?;
+            self.reap_walk(&list, |cache| {
+                if everything || cache.is_bootstrap() {
+                    cache.reap()
+                } else {
+                    0
+                }
+            });
+            drop(list);
+            if let Ok(pages) = source.alloc_pages(nr_pages) {
+                return Some(pages);
+            }
+        }
+        None
     }
 
-    /// The pressure reap's first pass ([`Self::reap_for_pressure`]):
-    /// reap the caches that hold slabs, cheapest first, then the bootstrap
-    /// caches, until `nr_pages` pages are back. Returns the pages given
-    /// back, or `None` if the cache list is busy.
-    fn reap_cheapest(&self, nr_pages: usize) -> Option<usize> {
-        let list = self.caches.try_lock::<P>()?;
-        self.nr_pressure_reaps.fetch_add(1, Ordering::Relaxed);
-        // The caches that hold slabs, cheapest first: the fewest objects
-        // out of their slabs a page (each one a magazine round to put
-        // back, or a live object that keeps its page); the first
-        // NR_RANKED of them (the rest wait for the full pass).
-        let mut ranked = [Ranked {
-            cache: ptr::null(),
-            nr_busy: 0,
-            nr_pages: 0,
-        }; NR_RANKED];
-        let mut nr_ranked = 0;
-        self.for_each_listed(&list, |cache| {
-            if cache.is_bootstrap() {
+    /// The cheapest cache to reap under pressure, of those that hold
+    /// slabs and are not bootstrap caches nor in `skip`: the fewest
+    /// objects out of its slabs a page (each a magazine round to put
+    /// back, or a live object that keeps its page); the newest among
+    /// equals.
+    fn cheapest(
+        &self,
+        list: &CacheList<P>,
+        skip: &[*const KmemCache<P>],
+    ) -> Option<*const KmemCache<P>> {
+        let mut best: Option<Ranked<P>> = None;
+        self.for_each_listed(list, |cache| {
+            let ptr: *const KmemCache<P> = cache;
+            if cache.is_bootstrap() || skip.contains(&ptr) {
                 return;
             }
             let Some((nr_busy, nr_pages)) = cache.slab_occupancy() else {
                 return;
             };
             let this = Ranked {
-                cache,
+                cache: ptr,
                 nr_busy,
                 nr_pages,
             };
-            // After the ones as cheap: newest first among equals.
-            let at = ranked[..nr_ranked]
-                .iter()
-                .position(|other| this.cheaper_than(other))
-                .unwrap_or(nr_ranked);
-            if at < NR_RANKED {
-                let end = nr_ranked.min(NR_RANKED - 1);
-                ranked.copy_within(at..end, at + 1);
-                ranked[at] = this;
-                nr_ranked = end + 1;
+            if best.is_none_or(|best| this.cheaper_than(&best)) {
+                best = Some(this);
             }
         });
-        let mut nr_back = 0;
-        for candidate in &ranked[..nr_ranked] {
-            // SAFETY: a listed cache, and the list is locked: alive.
-            nr_back += unsafe { &*candidate.cache }.reap();
-            if nr_back >= nr_pages {
-                return Some(nr_back);
-            }
-        }
-        self.reap_walk(&list, |cache| {
-            if cache.is_bootstrap() && nr_back < nr_pages {
-                nr_back += cache.reap();
-            }
-            0
-        });
-        Some(nr_back)
+        best.map(|best| best.cache)
     }
 
     /// Call `visit` on every listed cache, newest first.
@@ -209,8 +214,9 @@ impl<P: Platform> Kmem<P> {
     }
 }
 
-/// Caches a pressure reap ranks (on its stack, 24 bytes each); the rest
-/// are reaped in its last, full pass.
+/// Caches a pressure reap reaps one at a time, the source tried after
+/// each (their addresses on its stack); the rest wait for its last,
+/// full pass.
 const NR_RANKED: usize = 32;
 
 /// A cache as the pressure reap ranks it ([`KmemCache::slab_occupancy`]).
