@@ -192,12 +192,14 @@ pub trait TaggedWith {
 ///
 /// `magpie::shell::cmd_kmalloc::{{closure}}::HERE::__codetag_fn` becomes
 /// `cmd_kmalloc`: the helper function and the `static` holding the tag are
-/// upper-case or start with `__`, closures and constants are `{{…}}`.
+/// upper-case or start with `__`, closures and constants are `{{…}}`
+/// (`core::any::type_name`) or `{closure#N}` (a v0 symbol demangled, as
+/// `magpie-kmem` reads the function from a core).
 pub fn function_name_from_path(path: &'static str) -> &'static str {
     path.rsplit("::")
         .find(|segment| {
             !segment.is_empty()
-                && !segment.starts_with("{{")
+                && !segment.starts_with('{')
                 && !segment.starts_with("__")
                 && !segment.starts_with('_')
                 && !segment

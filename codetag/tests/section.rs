@@ -107,5 +107,9 @@ fn function_name_trimming() {
         "cmd_kmalloc"
     );
     assert_eq!(trim("a::b::{{closure}}::{{constant}}::X::__f"), "b");
+    // The same site's function read from a core: a demangled v0 symbol
+    // (magpie-kmem core CORE allocinfo printed `{closure#0}` here while
+    // the shell printed `alloc`).
+    assert_eq!(trim("<a::B>::alloc::{closure#0}::__codetag_fn"), "alloc");
     assert_eq!(trim("__only"), "?");
 }
