@@ -171,7 +171,7 @@
 //! | `leak_scan.rs` | leaks by reachability (`leak_scan`, feature `leak-scan`: illumos `::findleaks`, kmemleak): the table, the mark, the groups, and a cache's busy objects | `allocator/`, `cache/`, below |
 //! | `verify.rs` | `kmem verify` and `whatis`: their types ([`VerifySummary`], [`WhatIs`]), the allocator's walk and a cache's ([`KmemCache::verify`]), the invariant walker of debug builds | `allocator/`, `cache/`, below |
 //! | `kfence/` | sampled guarded allocations (`kfence`, feature `kfence`: Linux KFENCE) | `allocator/`, `cache/`, below |
-//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, page-granular, `kfree`, `ksize`), `global_alloc.rs` (the shims), `cache_owner.rs` (what its caches ask of it: error reports into the ring and the hook, bad frees, reaps under pressure), `reap.rs` | everything below |
+//! | `allocator/` | `Kmem`: `mod.rs` (struct, bootstrap caches, cache list, reap), `init.rs`, `classes.rs` (size classes created on first use on a small source), `kmalloc.rs` (size classes, `kfree`, `ksize`), `large.rs` (page-granular blocks: alloc, in-place resize, `krealloc`, free), `global_alloc.rs` (the shims), `cache_owner.rs` (what its caches ask of it: error reports into the ring and the hook, bad frees, reaps under pressure), `reap.rs` | everything below |
 //! | `cache/` | `KmemCache` (see `cache/mod.rs` for its files); what it needs from the allocator is handed down as `CacheOwner` (`cache/owner.rs`, implemented in `allocator/cache_owner.rs`) | everything below (not `allocator/`) |
 //! | `reports/` | every report: `error.rs` (one illumos-style [`reports::ErrorReport`] per detected error, the error ring, `kmem errors`; below the slab layer, which reports into it), and the reports as functions writing to any `fmt::Write` ([`reports`]): kmemstat, slabinfo, allocinfo, the trace print, whatis, slabtop, timestats, the time formatter, a frame-pointer backtrace walker | `allocator/`, `cache/`, below (read-only); `error.rs`: `debug/`, below |
 //! | `object.rs` | [`SlabBox`], [`InitBox`]: objects owned and read without `unsafe` | `cache/`, `allocator/` |
@@ -729,9 +729,10 @@ pub struct AdoptingDoctests;
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::MIN_FREE_PAGES;
+pub use allocator::kmalloc::KmallocObj;
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
-pub use allocator::kmalloc::{KmallocObj, LargeStats};
+pub use allocator::large::LargeStats;
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem};
 pub use cache::{DestroyReport, KmemCache};
 pub use constructor::{Constructed, Ctor, Dtor, ObjectInit, ObjectRef, WordMismatch};

@@ -11,6 +11,7 @@ mod classes;
 mod global_alloc;
 mod init;
 pub(crate) mod kmalloc;
+pub(crate) mod large;
 mod reap;
 
 use core::cell::UnsafeCell;
