@@ -306,7 +306,9 @@ mod profiled {
         let forged = magpie_codetag::alloc_tag::AllocTagRef::new(u32::MAX).expect("non-zero");
         let before = profiling::totals();
         for size in [64, 3000, 20_000] {
-            let ptr = SLAB.kmalloc_tagged(size, 8, Some(forged)).expect("kmalloc");
+            let ptr = SLAB
+                .kmalloc_with(magpie_slab::KmallocArgs::new(size, 8).tag(Some(forged)))
+                .expect("kmalloc");
             assert_eq!(profiling::totals(), before, "{size} bytes");
             // SAFETY: from the slab allocator just above, freed once.
             unsafe { SLAB.kfree(ptr) }.expect("kfree");

@@ -30,7 +30,7 @@
 //! # use magpie_codetag::alloc_tag::AllocTag;
 //! # fn kmalloc_tagged(_size: usize, _align: usize, _tag: impl Copy) {}
 //! let here: &'static AllocTag = magpie_codetag::alloc_tag!();
-//! kmalloc_tagged(64, 8, here.tag_ref()); // magpie-slab's Allocator::kmalloc_tagged
+//! kmalloc_tagged(64, 8, here.tag_ref()); // magpie-slab's Kmem::kmalloc_with(KmallocArgs::new(64, 8).tag(..))
 //! ```
 
 use core::fmt;

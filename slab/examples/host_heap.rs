@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
+use magpie_slab::{KmallocArgs, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -125,11 +125,12 @@ fn allocinfo() {
     let buffers: Vec<_> = (0..10)
         .map(|_| {
             let here: &'static AllocTag = magpie_codetag::alloc_tag!();
-            HEAP.kmalloc_tagged(300, 8, Some(here.tag_ref()))
+            HEAP.kmalloc_with(KmallocArgs::new(300, 8).tag(Some(here.tag_ref())))
                 .expect("kmalloc")
         })
         .collect();
-    let table = HEAP.kmalloc_tagged(2000, 8, Some(magpie_codetag::alloc_tag!().tag_ref()));
+    let table = HEAP
+        .kmalloc_with(KmallocArgs::new(2000, 8).tag(Some(magpie_codetag::alloc_tag!().tag_ref())));
 
     // allocinfo: every tag with live objects, biggest first (the rows
     // are reserved beforehand: the report allocates nothing).
@@ -148,7 +149,7 @@ fn allocinfo() {
     print!("{out}");
 
     for buffer in buffers {
-        // SAFETY: from kmalloc_tagged above, not used again.
+        // SAFETY: from kmalloc_with above, not used again.
         unsafe { HEAP.kfree(buffer) }.unwrap();
     }
     // SAFETY: as above.

@@ -92,8 +92,9 @@
 //!
 //! 1. **Kmem** (`allocator/`): [`Kmem`], all global state —
 //!    `init` and the bootstrap caches, the cache list, kmalloc (size
-//!    classes and page-granular allocations; `kzalloc`, `kcalloc`,
-//!    `krealloc` too), `kfree`, the `GlobalAlloc` shims,
+//!    classes and page-granular allocations: `kmalloc`, the one
+//!    `kmalloc_with(KmallocArgs)` for a tag, a call site's copy or
+//!    zeroing, `kcalloc`, `krealloc`), `kfree`, the `GlobalAlloc` shims,
 //!    error reports, the kmemtrace switches.
 //! 2. **The cache** (`cache/`): [`KmemCache`], the only home of its
 //!    `impl` blocks: the alloc and free paths (the hits, one slow
@@ -199,7 +200,7 @@
 //! `alloc_tag_sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
-//! [`KmemCache::alloc_tagged`] and [`Kmem::kmalloc_tagged`]. The
+//! [`KmemCache::alloc_tagged`] and [`KmallocArgs::tag`]. The
 //! runtime switch is [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled) (a kernel calls
 //! it whenever its own switch flips; on by default): off, nothing asks
 //! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
@@ -729,7 +730,7 @@ pub struct AdoptingDoctests;
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::MIN_FREE_PAGES;
-pub use allocator::kmalloc::KmallocObj;
+pub use allocator::kmalloc::{KmallocArgs, KmallocObj};
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
 pub use allocator::large::LargeStats;

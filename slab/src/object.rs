@@ -188,7 +188,7 @@ impl<P: Platform> SlabBox<P> {
 pub struct InitBox<P: Platform>(SlabBox<P>);
 
 impl<P: Platform> InitBox<P> {
-    /// [`Kmem::kzalloc`] as an owned [`InitBox`] of `size` bytes, all
+    /// [`Kmem::kmalloc_with`] zeroed ([`KmallocArgs::zeroed`](crate::KmallocArgs::zeroed), Linux `kzalloc`) as an owned [`InitBox`] of `size` bytes, all
     /// zero (so readable at once), aligned to `align`; freed without
     /// `unsafe`, like a [`Kmem::kmalloc_box`].
     ///
@@ -199,7 +199,7 @@ impl<P: Platform> InitBox<P> {
         size: usize,
         align: usize,
     ) -> Result<InitBox<P>, AllocError> {
-        let ptr = alloc.kzalloc(size, align)?;
+        let ptr = alloc.kmalloc_with(crate::KmallocArgs::new(size, align).zeroed())?;
         // Every one of the `size` bytes is zero (kzalloc): initialised.
         Ok(InitBox(SlabBox {
             ptr,
@@ -347,7 +347,7 @@ impl<P: Platform> Kmem<P> {
 }
 
 impl<P: Platform> AllocProfiling<'static, P> {
-    /// [`Kmem::kmalloc_tagged`] as an owned [`SlabBox`] of `size`
+    /// [`Kmem::kmalloc_with`] charged to `tag` ([`KmallocArgs::tag`](crate::KmallocArgs::tag)) as an owned [`SlabBox`] of `size`
     /// bytes.
     ///
     /// # Errors
@@ -358,7 +358,9 @@ impl<P: Platform> AllocProfiling<'static, P> {
         align: usize,
         tag: Option<AllocTagRef>,
     ) -> Result<SlabBox<P>, AllocError> {
-        let ptr = self.heap.kmalloc_tagged(size, align, tag)?;
+        let ptr = self
+            .heap
+            .kmalloc_with(crate::KmallocArgs::new(size, align).tag(tag))?;
         Ok(SlabBox::from_kmalloc(self.heap, ptr, size))
     }
 }

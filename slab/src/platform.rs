@@ -254,7 +254,7 @@ pub unsafe trait PlatformHooks {
     }
 
     /// The **charge token** of an explicit tag (`alloc_tagged`,
-    /// `kmalloc_tagged`): the form of `tag` the allocator passes to
+    /// `KmallocArgs::tag`): the form of `tag` the allocator passes to
     /// [`PlatformHooks::alloc_tag_charge_token`], stores in the object's 4-byte
     /// slot and hands back to [`PlatformHooks::alloc_tag_uncharge`] at the
     /// free; `None` charges nothing (a reference the platform rejects).
@@ -410,7 +410,7 @@ pub trait PageSource: Sync {
     /// Whether every page `alloc_pages` returns is zero-filled (a source
     /// that clears pages on free, or hands out fresh memory). Then `init`
     /// does not clear the page map and zeroing allocations that take whole
-    /// pages (`kzalloc`, `GlobalAlloc::alloc_zeroed`) do not clear them
+    /// pages (`KmallocArgs::zeroed`, `GlobalAlloc::alloc_zeroed`) do not clear them
     /// again. Default: false.
     fn zeroes_pages(&self) -> bool {
         false

@@ -49,7 +49,7 @@ unsafe impl core::alloc::Allocator for TaggedAlloc {
             None => alloc_tag::current_tag(),
         };
         let ptr = SLAB
-            .kmalloc_tagged(layout.size(), layout.align(), tag)
+            .kmalloc_with(magpie_slab::KmallocArgs::new(layout.size(), layout.align()).tag(tag))
             .map_err(|_| core::alloc::AllocError)?;
         Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
     }
@@ -154,7 +154,7 @@ fn read_random_kmalloc_arg() -> bool {
 }
 
 /// The allocation of a [`kmalloc!`](crate::kmalloc) site: partitioned
-/// ([`Kmem::kmalloc_site`](magpie_slab::Kmem::kmalloc_site), Linux
+/// ([`KmallocArgs::site`](magpie_slab::KmallocArgs::site), Linux
 /// `RANDOM_KMALLOC_CACHES`: one of `NR_KMALLOC_RANDOM` copies of the size
 /// class, `kmalloc-rnd-<NN>-<size>`, chosen by the site's tag, or its
 /// source location while profiling is off, hashed with a per-boot seed),
@@ -168,11 +168,12 @@ pub fn kmalloc_site(
     align: usize,
     tag: Option<AllocTagRef>,
 ) -> Result<NonNull<u8>, AllocError> {
-    if random_kmalloc_caches() {
-        SLAB.kmalloc_site(size, align, tag)
+    let args = magpie_slab::KmallocArgs::new(size, align).tag(tag);
+    SLAB.kmalloc_with(if random_kmalloc_caches() {
+        args.site()
     } else {
-        SLAB.kmalloc_tagged(size, align, tag)
-    }
+        args
+    })
 }
 
 /// `kmalloc!(size)` / `kmalloc!(size, align)`: [`SLAB`]

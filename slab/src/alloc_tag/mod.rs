@@ -5,7 +5,7 @@
 //!
 //! The allocator knows nothing of tags beyond these 4 bytes; the platform
 //! names the tag of an allocation ([`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current), or the
-//! caller does through `alloc_tagged` / `kmalloc_tagged`) and keeps the
+//! caller does through `alloc_tagged` / `KmallocArgs::tag`) and keeps the
 //! counters ([`PlatformHooks::alloc_tag_add`](crate::PlatformHooks::alloc_tag_add), [`PlatformHooks::alloc_tag_sub`](crate::PlatformHooks::alloc_tag_sub)).
 //!
 //! Where the reference lives:
@@ -172,7 +172,7 @@ pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
 }
 
 /// The charge token of an explicit tag (`alloc_tagged`,
-/// `kmalloc_tagged`): checked once by [`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token)
+/// `KmallocArgs::tag`): checked once by [`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token)
 /// (`None`: charge nothing; always without the feature).
 #[inline(always)]
 pub(crate) fn explicit<P: Platform>(tag: Option<AllocTagRef>) -> Option<AllocTagRef> {

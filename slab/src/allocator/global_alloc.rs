@@ -102,7 +102,7 @@ impl<P: Platform> Kmem<P> {
 // returned (and refuses anything else without touching it).
 unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     /// `kmalloc(max(size, 1), align)`; null on any error (including before
-    /// init: `kmalloc_checked` refuses, no readiness test here). The one
+    /// init: the unready entry's hit refuses, no readiness test here). The one
     /// place an allocation error becomes a null pointer. Inline: the hit
     /// is a few instructions and a tail call (the free key's check on it,
     /// issue 33, left it just past the inliner's threshold).

@@ -119,6 +119,111 @@ impl<T: KmallocObj, const N: usize> KmallocObj for [T; N] {
     const POINTER_FREE: bool = T::POINTER_FREE;
 }
 
+/// What a kmalloc asks for ([`Kmem::kmalloc_with`]; Linux's kmalloc
+/// arguments: size, alignment, `__GFP_ZERO`, and the call site of the
+/// `_track_caller` variants), built from [`KmallocArgs::new`]:
+///
+/// ```
+/// # use magpie_slab::KmallocArgs;
+/// # fn args(tag: Option<magpie_slab::AllocTagRef>) -> KmallocArgs {
+/// // 64 zeroed bytes, charged to `tag`, from this call site's random
+/// // copy of kmalloc-64.
+/// KmallocArgs::new(64, 8).tag(tag).site().zeroed()
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[must_use]
+pub struct KmallocArgs {
+    /// Bytes asked for (1 or more).
+    size: usize,
+    /// Alignment in bytes (a power of two).
+    align: usize,
+    /// The tag charged.
+    tag: Charge,
+    /// Which copy of the size class serves it.
+    row: Row,
+    /// Whether the first `size` bytes are zeroed.
+    zero: bool,
+}
+
+/// The tag a kmalloc is charged to (feature `alloc-profiling`).
+#[derive(Debug, Clone, Copy)]
+enum Charge {
+    /// The current tag (`PlatformHooks::alloc_tag_current_token`).
+    Current,
+    /// An explicit tag; `None` charges nothing.
+    Tag(Option<AllocTagRef>),
+}
+
+/// The copy of the size class that serves a kmalloc.
+#[derive(Debug, Clone, Copy)]
+enum Row {
+    /// The normal class.
+    Normal,
+    /// The random copy of a call site (or a type): the site's identity,
+    /// hashed with the boot's seed ([`random_partition`]); the tag's, if
+    /// one is named.
+    Site(usize),
+    /// `kmalloc-data-<size>`: pointer-free typed objects.
+    Data,
+}
+
+impl KmallocArgs {
+    /// `size` bytes (1 or more) aligned to `align` (a power of two; both
+    /// checked by the allocation: [`AllocError::InvalidLayout`]), from the
+    /// normal size class, not zeroed, charged to the current tag.
+    pub const fn new(size: usize, align: usize) -> Self {
+        Self {
+            size,
+            align,
+            tag: Charge::Current,
+            row: Row::Normal,
+            zero: false,
+        }
+    }
+
+    /// Charge the allocation to `tag` (`None` charges nothing) rather
+    /// than to the current tag: call sites that name their own tag
+    /// (`kmalloc!`). Without feature `alloc-profiling` the tag is ignored.
+    pub const fn tag(self, tag: Option<AllocTagRef>) -> Self {
+        let row = match (self.row, tag) {
+            // A site's copy is chosen by its tag once it has one.
+            (Row::Site(_), Some(tag)) => Row::Site(tag.get() as usize),
+            (row, _) => row,
+        };
+        Self {
+            tag: Charge::Tag(tag),
+            row,
+            ..self
+        }
+    }
+
+    /// Serve it from the call site's own copy of the size class,
+    /// **partitioned** (Linux `RANDOM_KMALLOC_CACHES`): one of
+    /// `NR_KMALLOC_RANDOM` copies (`kmalloc-rnd-<NN>-<size>`), chosen by
+    /// the site (its tag, [`KmallocArgs::tag`]; without one, its source
+    /// location: `#[track_caller]`) and a per-boot seed, so objects of
+    /// unrelated sites rarely share a slab. Each copy is created on its
+    /// first use. On a small source (whose classes come on first use: a
+    /// copy each would cost a `kmem_cache`) the normal class serves it.
+    #[track_caller]
+    pub fn site(self) -> Self {
+        let site = match self.tag {
+            Charge::Tag(Some(tag)) => tag.get() as usize,
+            _ => core::ptr::from_ref(core::panic::Location::caller()) as usize,
+        };
+        Self {
+            row: Row::Site(site),
+            ..self
+        }
+    }
+
+    /// Zero the first `size` bytes (Linux `kzalloc`, `__GFP_ZERO`).
+    pub const fn zeroed(self) -> Self {
+        Self { zero: true, ..self }
+    }
+}
+
 /// Largest size the one-lookup class table covers.
 pub(crate) const CLASS_TABLE_MAX: usize = 1024;
 /// Entries of the by-8 tables ([`CLASS_BY_8`], `Kmem::kmalloc_by_8`).
@@ -298,7 +403,9 @@ impl<P: Platform> Kmem<P> {
         Self::kmalloc_index(size, align).and_then(|index| self.kmalloc_class(index).ok())
     }
 
-    /// Allocate `size` bytes aligned to `align` (a power of two).
+    /// Allocate `size` bytes aligned to `align` (a power of two), charged
+    /// to the current allocation tag: [`Kmem::kmalloc_with`] of
+    /// [`KmallocArgs::new`]`(size, align)`, the common case.
     ///
     /// Served by the smallest `kmalloc-<n>` class with `n >= size` whose
     /// natural alignment (largest power of two dividing `n`, capped at
@@ -309,68 +416,94 @@ impl<P: Platform> Kmem<P> {
     /// [`AllocError::NotInitialized`]; [`AllocError::InvalidLayout`] for
     /// size 0, `align` not a power of two, or `align` above 1 GiB with no
     /// class able to give it; [`AllocError::OutOfMemory`].
-    ///
-    /// With feature `alloc-profiling`, the memory is charged to the tag
-    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names: the cache's object size for
-    /// a size class (class-rounded), whole pages for a page-granular one.
     #[inline]
     pub fn kmalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        if size == 0 || !align.is_power_of_two() {
-            return Err(self.invalid_layout());
-        }
-        // Not ready: refused by `kmalloc_checked` (NotInitialized).
-        self.kmalloc_checked(size, align, crate::alloc_tag::current::<P>)
+        self.kmalloc_with(KmallocArgs::new(size, align))
     }
 
-    /// [`Kmem::kmalloc`] charging the memory to the allocation tag
-    /// `tag` (`None` charges nothing): the entry point of call sites that name
-    /// their own tag (`kmalloc!`). Without feature `alloc-profiling` the
-    /// tag is ignored.
+    /// The one kmalloc (Linux `__kmalloc_node_track_caller`): `args.size`
+    /// bytes aligned to `args.align` (a power of two), from the size
+    /// class's cache (its one allocation, `KmemCache::alloc_at`) —
+    /// the call site's random copy of it if `args` names a site
+    /// ([`KmallocArgs::site`]), the `kmalloc-data-<size>` row for
+    /// pointer-free typed objects — or page-granular (whole pages from the
+    /// primary source, page-aligned, recorded by kmemtrace); zeroed first
+    /// ([`KmallocArgs::zeroed`]) if asked (Linux `kzalloc`; whole pages
+    /// from a source that [zeroes its pages](crate::PageSource::zeroes_pages)
+    /// are not cleared again). Free it with [`Kmem::kfree`].
+    ///
+    /// With feature `alloc-profiling`, the memory is charged to the tag
+    /// `args` names ([`KmallocArgs::tag`]), else to the current one
+    /// ([`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current)):
+    /// the cache's object size for a size class (class-rounded), whole
+    /// pages for a page-granular block.
     ///
     /// # Errors
     /// As for [`Kmem::kmalloc`].
-    #[inline]
-    pub fn kmalloc_tagged(
-        &self,
-        size: usize,
-        align: usize,
-        tag: Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
+    #[inline(always)]
+    pub fn kmalloc_with(&self, args: KmallocArgs) -> Result<NonNull<u8>, AllocError> {
+        let KmallocArgs {
+            size,
+            align,
+            tag,
+            row,
+            zero,
+        } = args;
         if size == 0 || !align.is_power_of_two() {
             return Err(self.invalid_layout());
         }
-        self.kmalloc_checked(size, align, move || crate::alloc_tag::explicit::<P>(tag))
+        let tag = move || match tag {
+            Charge::Current => crate::alloc_tag::current::<P>(),
+            Charge::Tag(tag) => crate::alloc_tag::explicit::<P>(tag),
+        };
+        // The cache: a partition's (a site's random copy, the data row)
+        // once kmalloc is partitioned (not on a small source, nor before
+        // `init`: refused below), else the normal class (before `init`
+        // the unready entry, which the cache's hit refuses).
+        let cache = match row {
+            Row::Site(site) if self.kmalloc_partitioned.load(Ordering::Relaxed) => {
+                self.partition_cache(random_partition(site), size, align)?
+            }
+            Row::Data if self.kmalloc_partitioned.load(Ordering::Relaxed) => {
+                self.partition_cache(DATA_PARTITION, size, align)?
+            }
+            _ => self.class_cache(size, align),
+        };
+        let result = match cache {
+            // SAFETY: a class's or a partition's cache, an unborn stub or
+            // the unready entry.
+            Some(cache) => unsafe { KmemCache::alloc_at(cache, tag, size) },
+            None => self.kmalloc_pages(size, align, tag),
+        };
+        if zero && let Ok(ptr) = result {
+            self.zero_new(ptr, size, align);
+        }
+        result
     }
 
-    /// [`Kmem::kmalloc_tagged`], **partitioned** (Linux
-    /// `RANDOM_KMALLOC_CACHES`): the size class is served by one of
-    /// `NR_KMALLOC_RANDOM` copies of it (`kmalloc-rnd-<NN>-<size>`),
-    /// chosen by the call site (its tag; without one, its source location:
-    /// `#[track_caller]`) and a per-boot seed, so objects of unrelated
-    /// sites rarely share a slab. Each copy is created on its first use.
-    /// On a small source (whose classes come on first use: a copy each
-    /// would cost a `kmem_cache`) this is `kmalloc_tagged`.
-    ///
-    /// # Errors
-    /// As for [`Kmem::kmalloc`].
-    #[inline]
-    #[track_caller]
-    pub fn kmalloc_site(
+    /// The cache of partition `row` (a random copy, or the data row) of
+    /// the size class serving `size` bytes aligned to `align`; `Ok(None)`:
+    /// page-granular. A copy still unborn that cannot be made now (its
+    /// locks busy: an interrupt handler tries them once, and another CPU
+    /// may be making a class; or no memory for the cache) leaves this one
+    /// allocation to the shared class: kfree finds any cache by the page
+    /// map, only the isolation is lost for it. Failing instead made an
+    /// allocating timer handler panic while `stress` on the other CPUs
+    /// made their first copies (tests/smp_irq_features.rs).
+    fn partition_cache(
         &self,
+        row: usize,
         size: usize,
         align: usize,
-        tag: Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if size == 0 || !align.is_power_of_two() {
-            return Err(self.invalid_layout());
-        }
-        let site = tag.map_or(
-            core::ptr::from_ref(core::panic::Location::caller()) as usize,
-            |tag| tag.get() as usize,
-        );
-        self.kmalloc_partition(random_partition(site), size, align, move || {
-            crate::alloc_tag::explicit::<P>(tag)
-        })
+    ) -> Result<Option<*const KmemCache<P>>, AllocError> {
+        let Some(index) = Self::kmalloc_index(size, align) else {
+            return Ok(None);
+        };
+        let cache = match self.kmalloc_partition_class(row, index) {
+            Ok(cache) => cache,
+            Err(_) => self.kmalloc_class(index)?,
+        };
+        Ok(Some(cache))
     }
 
     /// Allocate an uninitialised `T` (Linux's typed `kmalloc_obj`), from
@@ -382,68 +515,16 @@ impl<P: Platform> Kmem<P> {
     /// As for [`Kmem::kmalloc`] (`InvalidLayout` for a zero-sized `T`).
     pub fn kmalloc_obj<T: KmallocObj>(&self) -> Result<NonNull<T>, AllocError> {
         let layout = core::alloc::Layout::new::<T>();
-        if layout.size() == 0 {
-            return Err(self.invalid_layout());
-        }
         let row = if T::POINTER_FREE {
-            DATA_PARTITION
+            Row::Data
         } else {
-            random_partition(core::any::type_name::<T>().as_ptr() as usize)
+            Row::Site(core::any::type_name::<T>().as_ptr() as usize)
         };
-        self.kmalloc_partition(
+        self.kmalloc_with(KmallocArgs {
             row,
-            layout.size(),
-            layout.align(),
-            crate::alloc_tag::current::<P>,
-        )
+            ..KmallocArgs::new(layout.size(), layout.align())
+        })
         .map(NonNull::cast)
-    }
-
-    /// A kmalloc from partition `row` (a random copy, or the data row)
-    /// of its size class; page-granular sizes as [`Kmem::kmalloc`]. The
-    /// normal classes when kmalloc is not partitioned (a small source,
-    /// or before `init`: refused there).
-    pub(crate) fn kmalloc_partition(
-        &self,
-        row: usize,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if !self.kmalloc_partitioned.load(Ordering::Relaxed) {
-            return self.kmalloc_checked(size, align, tag);
-        }
-        match Self::kmalloc_index(size, align) {
-            Some(index) => {
-                // A copy still unborn that cannot be made now (its locks
-                // busy: an interrupt handler tries them once, and another
-                // CPU may be making a class; or no memory for the cache)
-                // leaves this one allocation to the shared class: kfree
-                // finds any cache by the page map, only the isolation is
-                // lost for it. Failing instead made an allocating timer
-                // handler panic while `stress` on the other CPUs made
-                // their first copies (tests/smp_irq_features.rs).
-                let cache = match self.kmalloc_partition_class(row, index) {
-                    Ok(cache) => cache,
-                    Err(_) => self.kmalloc_class(index)?,
-                };
-                // SAFETY: a reference: a live cache.
-                unsafe { KmemCache::alloc_at(cache, tag, size) }
-            }
-            None => self.kmalloc_pages(size, align, tag),
-        }
-    }
-
-    /// [`Kmem::kmalloc`] with the first `size` bytes zeroed (Linux
-    /// `kzalloc`). A page-granular block from a source that
-    /// [zeroes its pages](crate::PageSource::zeroes_pages) is not cleared again.
-    ///
-    /// # Errors
-    /// As for [`Kmem::kmalloc`].
-    pub fn kzalloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        let ptr = self.kmalloc(size, align)?;
-        self.zero_new(ptr, size, align);
-        Ok(ptr)
     }
 
     /// Clear a fresh kmalloc block of `size` bytes unless it is known zero
@@ -464,7 +545,7 @@ impl<P: Platform> Kmem<P> {
     /// As for [`Kmem::kmalloc`], and `InvalidLayout` on overflow.
     pub fn kcalloc(&self, n: usize, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let bytes = n.checked_mul(size).ok_or(AllocError::InvalidLayout)?;
-        self.kzalloc(bytes, align)
+        self.kmalloc_with(KmallocArgs::new(bytes, align).zeroed())
     }
 
     /// Usable size in bytes of an allocated pointer: the object size of its
@@ -527,26 +608,6 @@ impl<P: Platform> Kmem<P> {
 // -------------------------------------------------------- kmalloc / kfree
 
 impl<P: Platform> Kmem<P> {
-    /// [`Kmem::kmalloc_tagged`] once the size is known non-zero and
-    /// the alignment a power of two (a `Layout`'s): the size class's
-    /// cache's one allocation ([`KmemCache::alloc_at`]), or
-    /// [`Self::kmalloc_pages`] (page-granular; `NotInitialized` before
-    /// init). (Size 0 is served by `kmalloc-8`: `GlobalAlloc` rounds it
-    /// up.)
-    #[inline(always)]
-    pub(crate) fn kmalloc_checked(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        match self.class_cache(size, align) {
-            // SAFETY: a class's cache, an unborn stub or the unready entry.
-            Some(cache) => unsafe { KmemCache::alloc_at(cache, tag, size) },
-            None => self.kmalloc_pages(size, align, tag),
-        }
-    }
-
     /// The cache of the size class serving `size` bytes aligned to
     /// `align` (a power of two): [`Self::small_class_cache`], else
     /// (above the by-8 table or aligned above 8) the class by arithmetic
@@ -593,7 +654,7 @@ impl<P: Platform> Kmem<P> {
         None
     }
 
-    /// [`Self::kmalloc_checked`] for a request no size class serves
+    /// [`Self::kmalloc_with`] for a request no size class serves
     /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
     /// recorded by kmemtrace), or `NotInitialized` before init. Out of
     /// line, so the hit keeps nothing for it.

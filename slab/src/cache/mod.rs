@@ -7,7 +7,7 @@
 //!
 //! ```text
 //!  KmemCache::alloc      alloc_tagged, Kmem::kmalloc   GlobalAlloc::alloc
-//!        │                  │ alloc_at (kmalloc_checked:   │ the size class's
+//!        │                  │ alloc_at (kmalloc_with:      │ the size class's
 //!        │                  │ the size class's cache)      │ cache
 //!        └──────────────────┴──────────────┬───────────────┘
 //!                                          ▼

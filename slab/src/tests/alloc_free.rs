@@ -66,7 +66,7 @@ fn before_init_the_hits_refuse_without_a_readiness_test() {
     ] {
         assert_eq!(alloc.kmalloc(size, align), Err(AllocError::NotInitialized));
         assert_eq!(
-            alloc.kmalloc_tagged(size, align, None),
+            alloc.kmalloc_with(crate::KmallocArgs::new(size, align).tag(None)),
             Err(AllocError::NotInitialized)
         );
         let layout = Layout::from_size_align(size, align).unwrap();

@@ -253,17 +253,21 @@ fn two_sites() -> (crate::AllocTagRef, crate::AllocTagRef) {
 
 /// Row "same-size reuse across call sites": what one call site frees,
 /// another site's allocation of the same size does not get (Linux
-/// `RANDOM_KMALLOC_CACHES`: `Kmem::kmalloc_site`). Verdict **mitigated**:
+/// `RANDOM_KMALLOC_CACHES`: `KmallocArgs::site`). Verdict **mitigated**:
 /// two unrelated sites share a copy with probability 1/8 a boot; sites
 /// in different copies never share a slab (without partitioning,
-/// `kmalloc_tagged`, the second site gets every object the first freed).
+/// `KmallocArgs::tag` alone, the second site gets every object the first freed).
 #[test]
 fn same_size_objects_of_unrelated_call_sites_do_not_share_slabs() {
     let (alloc, _) = setup(2048);
     set_cpu(0);
     let (a, b) = two_sites();
     let freed: Vec<_> = (0..100)
-        .map(|_| alloc.kmalloc_site(64, 8, Some(a)).unwrap())
+        .map(|_| {
+            alloc
+                .kmalloc_with(crate::KmallocArgs::new(64, 8).tag(Some(a)).site())
+                .unwrap()
+        })
         .collect();
     assert!(cache_name(alloc, freed[0]).starts_with("kmalloc-rnd-"));
     let pages: HashSet<usize> = freed
@@ -275,7 +279,11 @@ fn same_size_objects_of_unrelated_call_sites_do_not_share_slabs() {
         unsafe { alloc.kfree(obj) }.unwrap();
     }
     let taken: Vec<_> = (0..100)
-        .map(|_| alloc.kmalloc_site(64, 8, Some(b)).unwrap())
+        .map(|_| {
+            alloc
+                .kmalloc_with(crate::KmallocArgs::new(64, 8).tag(Some(b)).site())
+                .unwrap()
+        })
         .collect();
     assert_ne!(cache_name(alloc, freed[0]), cache_name(alloc, taken[0]));
     assert!(
@@ -286,14 +294,24 @@ fn same_size_objects_of_unrelated_call_sites_do_not_share_slabs() {
     );
     // The same call site without partitioning: every object comes back.
     let plain: HashSet<usize> = (0..100)
-        .map(|_| alloc.kmalloc_tagged(64, 8, Some(a)).unwrap().as_ptr() as usize)
+        .map(|_| {
+            alloc
+                .kmalloc_with(crate::KmallocArgs::new(64, 8).tag(Some(a)))
+                .unwrap()
+                .as_ptr() as usize
+        })
         .collect();
     for &obj in &plain {
         // SAFETY: live blocks of ours.
         unsafe { alloc.kfree(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
     }
     let again: HashSet<usize> = (0..100)
-        .map(|_| alloc.kmalloc_tagged(64, 8, Some(b)).unwrap().as_ptr() as usize)
+        .map(|_| {
+            alloc
+                .kmalloc_with(crate::KmallocArgs::new(64, 8).tag(Some(b)))
+                .unwrap()
+                .as_ptr() as usize
+        })
         .collect();
     assert_eq!(plain, again, "one kmalloc-64 for both sites: full reuse");
     for obj in taken.into_iter().chain(
@@ -322,7 +340,9 @@ fn an_unborn_copy_in_an_interrupt_handler_falls_back_to_the_shared_class() {
     let mut first = true;
     alloc.for_each_cache(|_| {
         if std::mem::take(&mut first) {
-            served = Some(as_interrupt(|| alloc.kmalloc_site(200, 8, Some(a))));
+            served = Some(as_interrupt(|| {
+                alloc.kmalloc_with(crate::KmallocArgs::new(200, 8).tag(Some(a)).site())
+            }));
         }
     });
     let obj = served.unwrap().expect("the shared class serves it");
@@ -330,7 +350,9 @@ fn an_unborn_copy_in_an_interrupt_handler_falls_back_to_the_shared_class() {
     // SAFETY: a live block of ours.
     unsafe { alloc.kfree(obj) }.unwrap();
     // With the lock free, the copy is made and used.
-    let obj = as_interrupt(|| alloc.kmalloc_site(200, 8, Some(a))).unwrap();
+    let obj =
+        as_interrupt(|| alloc.kmalloc_with(crate::KmallocArgs::new(200, 8).tag(Some(a)).site()))
+            .unwrap();
     assert!(cache_name(alloc, obj).starts_with("kmalloc-rnd-"));
     // SAFETY: a live block of ours.
     unsafe { alloc.kfree(obj) }.unwrap();
@@ -445,9 +467,9 @@ fn partitioning_memory_cost() {
             let size = 8 + (rng >> 8) as usize % 505;
             let tag = Some(tags[n as usize % 16]);
             let obj = if partitioned {
-                alloc.kmalloc_site(size, 8, tag)
+                alloc.kmalloc_with(crate::KmallocArgs::new(size, 8).tag(tag).site())
             } else {
-                alloc.kmalloc_tagged(size, 8, tag)
+                alloc.kmalloc_with(crate::KmallocArgs::new(size, 8).tag(tag))
             };
             objs.push(obj.unwrap());
             live += size;
