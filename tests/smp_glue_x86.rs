@@ -33,7 +33,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use magpie::{arch, println, smp};
 use magpie_slab::glue::{Arch, Heap, Kernel, X86_64};
-use magpie_slab::{PageSource, PlatformHooks};
+use magpie_slab::{AllocTagHooks, PageSource, PlatformHooks};
 use spin::Mutex;
 
 magpie::test_kernel!();
@@ -44,6 +44,8 @@ struct FourCpus;
 
 // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
 unsafe impl PlatformHooks for FourCpus {}
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for FourCpus {}
 
 // SAFETY: 4 CPUs (checked against the kernel's before the heap is used),
 // each with its dense kernel index (`arch::cpu_id`, fixed at bring-up),

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use magpie_codetag::alloc_tag;
 use magpie_codetag::alloc_tag::{AllocTag, AllocTagCounters, BootSetting, ProfilingSwitch};
 use magpie_slab::{
-    AllocError, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+    AllocError, AllocTagHooks, AllocTagRef, ArenaStats, PAGE_SIZE, PageSource, Platform,
+    PlatformHooks,
 };
 
 /// CPUs the benchmark platform reports.
@@ -104,6 +105,9 @@ unsafe impl PlatformHooks for BenchPlatform {
     }
 }
 
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for BenchPlatform {}
+
 // ------------------------------------------------------ profiling platform
 
 /// The profiling switch of [`ProfPlatform`] (a kernel's
@@ -124,10 +128,10 @@ const SINK_TAGS: usize = 64;
 static PROF_SINK: [AtomicU64; 2 * SINK_TAGS] = [const { AtomicU64::new(0) }; 2 * SINK_TAGS];
 
 /// [`BenchPlatform`] plus allocation profiling wired as the kernel does
-/// (kernel/src/kmem/platform.rs, kernel/src/profiling/alloc_tag.rs): `alloc_tag_current` is one per-CPU load (the
+/// (kernel/src/kmem/platform.rs, kernel/src/profiling/alloc_tag.rs): `AllocTagHooks::current` is one per-CPU load (the
 /// allocator asks only while its profiling switch is on, which
-/// [`prof_init`] sets from [`PROF_SWITCH`]), `alloc_tag_add` /
-/// `alloc_tag_sub` one `add` and one `inc` at this CPU's counter base in
+/// [`prof_init`] sets from [`PROF_SWITCH`]), `AllocTagHooks::add` /
+/// `AllocTagHooks::sub` one `add` and one `inc` at this CPU's counter base in
 /// `magpie-codetag`'s `AllocTagCounters` (`add_at`/`sub_at`): the kernel's
 /// `%gs`-relative base is a thread-local (`%fs`) here. With feature
 /// `alloc-profiling` off, the allocator never calls these.
@@ -169,12 +173,18 @@ unsafe impl PlatformHooks for ProfPlatform {
     fn context(buf: &mut [u8; 32]) -> usize {
         BenchPlatform::context(buf)
     }
+}
+
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for ProfPlatform {
     #[inline]
-    fn alloc_tag_current() -> Option<AllocTagRef> {
+    fn current() -> Option<AllocTagRef> {
         PROF_CURRENT.get().and_then(AllocTagCounters::token_tag_ref)
     }
+
     #[inline]
-    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+    fn add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
         // SAFETY: `base` is this thread's CPU's counter base (set by
         // set_cpu; every benchmark thread has its own CPU id, so only this
@@ -182,36 +192,41 @@ unsafe impl PlatformHooks for ProfPlatform {
         // every tag (prof_init checks) and which nobody reads.
         unsafe { PROF_COUNTERS.add_at(base, tag, bytes) };
     }
+
     #[inline]
-    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+    fn sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
-        // SAFETY: as in alloc_tag_add.
+        // SAFETY: as in AllocTagHooks::add.
         unsafe { PROF_COUNTERS.sub_at(base, tag, bytes) };
     }
+
     /// Tokens are counter offsets (`AllocTagCounters::token`): a
     /// reference is checked once, here or when the current tag is set, so
     /// neither the charge nor the free checks it.
     #[inline]
-    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
+    fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
         PROF_COUNTERS.token(tag)
     }
+
     #[inline]
-    fn alloc_tag_current_token() -> Option<AllocTagRef> {
+    fn current_token() -> Option<AllocTagRef> {
         PROF_CURRENT.get()
     }
+
     #[inline]
-    unsafe fn alloc_tag_charge_token(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+    unsafe fn charge(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
-        // SAFETY: base as in alloc_tag_add; the allocator passes only
+        // SAFETY: base as in AllocTagHooks::add; the allocator passes only
         // tokens of the two hooks above (offsets `token` checked, valid in
         // every CPU's block and in the sink, which has room for every
         // tag).
         unsafe { PROF_COUNTERS.charge_token_at(base, token, bytes) };
     }
+
     #[inline]
-    unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+    unsafe fn uncharge(token: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         let base = PROF_BASE.get() as usize;
-        // SAFETY: as in alloc_tag_charge_token.
+        // SAFETY: as in AllocTagHooks::charge.
         unsafe { PROF_COUNTERS.uncharge_at(base, token, bytes) };
     }
 }
@@ -242,7 +257,7 @@ pub fn prof_init(on: bool) {
     // This thread's per-CPU words (worker threads: thread_init).
     set_cpu(BenchPlatform::cpu_id());
     // As a kernel does whenever its switch flips: off, the allocator's
-    // alloc fast path does not ask `alloc_tag_current` at all.
+    // alloc fast path does not ask `AllocTagHooks::current` at all.
     crate::allocs::MAGPIE_PROF
         .profiling()
         .set_enabled(PROF_SWITCH.is_on());

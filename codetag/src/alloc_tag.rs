@@ -400,7 +400,7 @@ impl AllocTagCounters {
     /// for every CPU), checked here once, so that the free's
     /// [`uncharge_at`](Self::uncharge_at) needs no check (an allocator
     /// stores the token with the object: `magpie-slab`'s
-    /// `Platform::alloc_tag_charge`). `None`, counting nothing, for a bad
+    /// `AllocTagHooks::charge`). `None`, counting nothing, for a bad
     /// reference (past the last tag, or before init).
     ///
     /// # Safety

@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use magpie_codetag::alloc_tag::{ALLOC_TAGS, AllocTag, AllocTagCounters, AllocTagRef, UNTAGGED};
 use magpie_slab::glue::Heap;
 use magpie_slab::reports::{self, AllocinfoOptions, AllocinfoRow, AllocinfoSort};
-use magpie_slab::{KmallocArgs, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
+use magpie_slab::{
+    AllocTagHooks, KmallocArgs, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+};
 
 /// Per-CPU `{bytes, calls}` of every allocation tag (one CPU here).
 static COUNTERS: AllocTagCounters = AllocTagCounters::new();
@@ -56,15 +58,22 @@ unsafe impl PlatformHooks for OneThread {
         buf[..4].copy_from_slice(b"main");
         4
     }
+}
+
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for OneThread {
     // Allocations that name no tag are charged to the catch-all
     // "untagged" row.
-    fn alloc_tag_current() -> Option<AllocTagRef> {
+    fn current() -> Option<AllocTagRef> {
         Some(UNTAGGED.tag_ref())
     }
-    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+
+    fn add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.add(0, tag, bytes);
     }
-    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+
+    fn sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.sub(0, tag, bytes);
     }
 }

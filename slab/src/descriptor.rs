@@ -44,7 +44,7 @@ use crate::kmemtrace::{KmemtraceState, Mark, Marks, StackTable};
 use crate::layout::hash::AddrHash;
 use crate::layout::pagemap::{self, PageMap, PageSlot};
 use crate::magazine::{Depot, DepotInner, MAGAZINE_ROUNDS, Magazine, PcpuCache, PcpuInner};
-use crate::platform::{CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
+use crate::platform::{AllocTagHooks, CPU_SLOT_BYTES, PAGE_SIZE, Platform, PlatformHooks};
 #[cfg(feature = "kfence")]
 use crate::reports::error::ReportName;
 use crate::slab::{Bufctl, SLAB_MAGIC, Slab, SlabLayer, SlabListHead, SlabLists};
@@ -181,6 +181,9 @@ unsafe impl PlatformHooks for LayoutPlatform {
         0
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for LayoutPlatform {}
 
 type LayoutAllocator = Kmem<LayoutPlatform>;
 type LayoutCache = KmemCache<LayoutPlatform>;

@@ -124,7 +124,7 @@ pub struct LeakGroup {
     /// The lowest leaked object's address (the representative buffer).
     pub first: usize,
     /// Charge token of the allocation tag the objects were allocated under
-    /// (the platform's `alloc_tag_token`), if they carry one.
+    /// (the platform's `AllocTagHooks::token`), if they carry one.
     pub site: Option<AllocTagRef>,
 }
 

@@ -27,7 +27,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::Heap;
-//! use magpie_slab::{CacheArgs, Platform, PlatformHooks};
+//! use magpie_slab::{AllocTagHooks, CacheArgs, Platform, PlatformHooks};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU and no interrupts: nothing else runs allocator code.
@@ -38,8 +38,9 @@
 //!     fn irq_restore(_state: usize) {}
 //!     fn now() -> u64 { 0 }
 //! }
-//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! // SAFETY: the defaults: no stacks, no KFENCE pool; no profiling tags.
 //! unsafe impl PlatformHooks for MyPlatform {}
+//! unsafe impl AllocTagHooks for MyPlatform {}
 //!
 //! #[global_allocator]
 //! static HEAP: Heap<MyPlatform> = Heap::new();
@@ -196,14 +197,14 @@
 //! allocated with the slab's first tagged object (`kmem_tags_<bytes>`;
 //! the slab layout is the same with the feature and without) — and
 //! reports each allocation and free to the
-//! platform (`PlatformHooks::alloc_tag_current`, `alloc_tag_add`,
-//! `alloc_tag_sub`), which keeps the per-tag counters: see
+//! platform (`AllocTagHooks::current`, `AllocTagHooks::add`,
+//! `AllocTagHooks::sub`), which keeps the per-tag counters: see
 //! [`AllocTagRef`] (a `NonZeroU32`: "no tag" is `None`, and an
 //! `Option<AllocTagRef>` is what each object's 4-byte slot holds),
 //! [`KmemCache::alloc_tagged`] and [`KmallocArgs::tag`]. The
 //! runtime switch is [`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled) (a kernel calls
 //! it whenever its own switch flips; on by default): off, nothing asks
-//! `alloc_tag_current` or charges anything (a `PROFILING` bit in every
+//! `AllocTagHooks::current` or charges anything (a `PROFILING` bit in every
 //! cache's `hot_flags`) and both hits cost what they cost compiled out
 //! (the free's `TAGGED` bit is one more bit of the one `FREE_SLOW` mask
 //! test). On, the profiled hit of a small-object cache is one tail call
@@ -213,16 +214,16 @@
 //! passed on in a register) and the tag charged — one `add` per counter
 //! at a `%gs`-relative per-CPU counter base (`magpie-codetag`'s
 //! `AllocTagCounters`). Objects keep a **charge token**, the form of the
-//! tag the platform checked once (`PlatformHooks::alloc_tag_token`,
-//! `alloc_tag_current_token`: e.g. the counter's byte offset, checked when
+//! tag the platform checked once (`AllocTagHooks::token`,
+//! `AllocTagHooks::current_token`: e.g. the counter's byte offset, checked when
 //! a scope sets the current tag), so neither the charge nor the free
-//! checks it again (`unsafe` hooks `alloc_tag_charge_token`,
-//! `alloc_tag_uncharge`); a forged reference from a safe caller of
+//! checks it again (`unsafe` hooks `AllocTagHooks::charge`,
+//! `AllocTagHooks::uncharge`); a forged reference from a safe caller of
 //! `alloc_tagged` is checked at the token hook and never indexes anything.
-//! The defaults are the reference itself and `alloc_tag_add`/`_sub`. The
+//! The defaults are the reference itself and `AllocTagHooks::add`/`sub`. The
 //! profiled hits call out to nothing: work too slow for them (a context
-//! capture of one site, say) goes in `PlatformHooks::alloc_tag_charge_hook` and
-//! `alloc_tag_uncharge_hook`, called on every charge off the hits, and
+//! capture of one site, say) goes in `AllocTagHooks::on_charge` and
+//! `AllocTagHooks::on_uncharge`, called on every charge off the hits, and
 //! [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks) sends every allocation off the hits
 //! while the platform needs them all.
 //! Feature `time-stats` puts `magpie-codetag` latency
@@ -551,7 +552,7 @@
 //!
 //! ```no_run,standalone_crate
 //! use magpie_slab::glue::{Heap, RegionSource};
-//! use magpie_slab::{Kmem, CacheArgs, Platform, PlatformHooks};
+//! use magpie_slab::{AllocTagHooks, Kmem, CacheArgs, Platform, PlatformHooks};
 //!
 //! struct MyPlatform;
 //! // SAFETY: one CPU (the defaults of cross_cpu_call and cpu_offset are
@@ -565,8 +566,9 @@
 //!     fn irq_restore(_state: usize) {}
 //!     fn now() -> u64 { 0 }
 //! }
-//! // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
+//! // SAFETY: the defaults: no stacks, no KFENCE pool; no profiling tags.
 //! unsafe impl PlatformHooks for MyPlatform {}
+//! unsafe impl AllocTagHooks for MyPlatform {}
 //!
 //! // Either the allocator and a region source in one static ...
 //! #[global_allocator]
@@ -746,7 +748,9 @@ pub use layout::geometry::SlabKind;
 pub(crate) use magazine::MAG_MAX_ROUNDS;
 pub(crate) use magazine::MAGAZINE_ROUNDS;
 pub use object::{InitBox, KBox, SlabBox};
-pub use platform::{ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks};
+pub use platform::{
+    AllocTagHooks, ArenaStats, CPU_SLOT_BYTES, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+};
 pub use stats::{CacheStats, CpuCacheStats, MetadataStats};
 pub use sync::IrqGuard;
 #[cfg(feature = "trace-table")]

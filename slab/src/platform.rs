@@ -21,8 +21,9 @@ pub const CPU_SLOT_BYTES: usize = 64;
 /// save/restore (or the in-use flag), cross-CPU calls, a clock. Five
 /// functions to write (`max_cpus`, `cpu_id`, `irq_save`, `irq_restore`,
 /// `now`); the rest have defaults right for one CPU. The optional hooks
-/// (stacks, profiling tags, KFENCE) are [`PlatformHooks`], a supertrait
-/// whose defaults need one empty `impl`.
+/// are two supertraits whose defaults need one empty `impl` each:
+/// [`PlatformHooks`] (stacks and context, KFENCE's pool) and
+/// [`AllocTagHooks`] (allocation profiling).
 ///
 /// All methods are associated functions (no `self`) so calls monomorphize
 /// and inline into the allocator's fast paths. The kernel implements this
@@ -69,7 +70,7 @@ pub const CPU_SLOT_BYTES: usize = 64;
 ///    instruction pointer and, if it answers `Some(start)`, returns to
 ///    `start` instead (writes it into the saved frame). Exception handlers
 ///    that run no allocator code need not (and single-stepping must not).
-pub unsafe trait Platform: PlatformHooks + 'static {
+pub unsafe trait Platform: PlatformHooks + AllocTagHooks + 'static {
     /// Whether the magazine hits may run with interrupts on, owning this
     /// CPU's per-CPU cache by its in-use flag alone (promise 1 of the
     /// trait's safety contract, interrupts-on part): no `pushf; cli …
@@ -158,12 +159,12 @@ pub unsafe trait Platform: PlatformHooks + 'static {
     fn now() -> u64;
 }
 
-/// The optional hooks: stacks and context strings, allocation profiling's
-/// tag hooks, KFENCE's pool. Every one has a default that turns its
+/// The optional hooks: stacks and context strings, KFENCE's pool
+/// (allocation profiling's are [`AllocTagHooks`]). Every one has a default that turns its
 /// feature's use of it off, so a platform that needs none writes
 ///
 /// ```ignore
-/// // SAFETY: the defaults: no stacks, no tags, no KFENCE pool.
+/// // SAFETY: the defaults: no stacks, no KFENCE pool.
 /// unsafe impl magpie_slab::PlatformHooks for MyPlatform {}
 /// ```
 ///
@@ -176,12 +177,7 @@ pub unsafe trait Platform: PlatformHooks + 'static {
 /// The allocator trusts what the hooks return: `kfence_pool`
 /// is `nr_pages` mapped, writable pages used by nothing else and outside
 /// every page source's span, and `kfence_protect`
-/// really maps and unmaps them; a token from
-/// [`alloc_tag_token`](PlatformHooks::alloc_tag_token) or
-/// [`alloc_tag_current_token`](PlatformHooks::alloc_tag_current_token)
-/// is one that [`alloc_tag_charge_token`](PlatformHooks::alloc_tag_charge_token)
-/// and [`alloc_tag_uncharge`](PlatformHooks::alloc_tag_uncharge) accept.
-/// The defaults keep it.
+/// really maps and unmaps them. The defaults keep it.
 pub unsafe trait PlatformHooks {
     // ---- Stacks and context: audit records (debug flags), KFENCE
     // reports, trace-table records, kmemtrace call sites.
@@ -216,125 +212,6 @@ pub unsafe trait PlatformHooks {
         0
     }
 
-    /// Allocation profiling (feature `alloc-profiling`; never called
-    /// without it): the allocation tag reference to charge an allocation
-    /// made now by a caller that named none (`alloc`, `kmalloc`, the
-    /// `GlobalAlloc` and `Allocator` shims). Return `None` to charge
-    /// nothing (the object will never be uncharged either). A kernel
-    /// returns its per-CPU "current scope" tag, or its catch-all "untagged"
-    /// tag: one per-CPU load. The default is `None`: profiling off. Asked
-    /// only while profiling is switched on in the allocator
-    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)),
-    /// on every profiled allocation: keep it a load, and leave the
-    /// platform's own on/off switch to that call.
-    #[inline(always)]
-    fn alloc_tag_current() -> Option<AllocTagRef> {
-        None
-    }
-
-    /// A caller got the object at `ptr`, charged to tag `tag`;
-    /// `bytes` is the cache's object size, or whole pages for page-granular
-    /// kmalloc. Add to the tag's counters on this CPU. Called with no
-    /// allocator lock held; it must not allocate from the allocator with a
-    /// tag (that would recurse). Called on every profiled allocation: a
-    /// kernel adds to this CPU's counters with one `add` per counter at a
-    /// per-CPU base (`magpie-codetag`'s `AllocTagCounters::add_at`).
-    #[inline(always)]
-    fn alloc_tag_add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        let _ = (tag, ptr, bytes);
-    }
-
-    /// The object at `ptr`, charged to `tag` when allocated, is
-    /// being freed (maybe on another CPU than its allocation): subtract
-    /// `bytes` (the same figure `alloc_tag_add` got). Called with no
-    /// allocator lock held, before the memory is reused.
-    #[inline(always)]
-    fn alloc_tag_sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        let _ = (tag, ptr, bytes);
-    }
-
-    /// The **charge token** of an explicit tag (`alloc_tagged`,
-    /// `KmallocArgs::tag`): the form of `tag` the allocator passes to
-    /// [`PlatformHooks::alloc_tag_charge_token`], stores in the object's 4-byte
-    /// slot and hands back to [`PlatformHooks::alloc_tag_uncharge`] at the
-    /// free; `None` charges nothing (a reference the platform rejects).
-    /// A platform may return a form it checks once, here — e.g. the byte
-    /// offset of the tag's counter from a per-CPU base
-    /// (`magpie-codetag`'s `AllocTagCounters::token`) — so that neither
-    /// the charge nor the free checks it again: a reference from a safe
-    /// caller is checked here, and only tokens from this hook and
-    /// [`PlatformHooks::alloc_tag_current_token`] reach the unsafe hooks. The
-    /// default is the reference itself (the plain hooks then get it).
-    #[inline(always)]
-    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
-        Some(tag)
-    }
-
-    /// The charge token of the current tag ([`PlatformHooks::alloc_tag_current`]
-    /// as a token): what a profiled allocation without an explicit tag
-    /// charges. The default checks the current tag with
-    /// [`PlatformHooks::alloc_tag_token`]; a platform that keeps its current
-    /// tag as a token already (checked when it was set) returns it: one
-    /// per-CPU load.
-    #[inline(always)]
-    fn alloc_tag_current_token() -> Option<AllocTagRef> {
-        Self::alloc_tag_current().and_then(Self::alloc_tag_token)
-    }
-
-    /// Charge the object at `ptr` (`bytes` as for
-    /// [`PlatformHooks::alloc_tag_add`]) with `token`. The default is
-    /// `alloc_tag_add` of the token (the reference itself with the
-    /// default [`PlatformHooks::alloc_tag_token`]).
-    ///
-    /// # Safety
-    /// The allocator calls it only with a token that
-    /// [`PlatformHooks::alloc_tag_token`] or [`PlatformHooks::alloc_tag_current_token`]
-    /// returned: a platform may use it unchecked.
-    #[inline(always)]
-    unsafe fn alloc_tag_charge_token(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        Self::alloc_tag_add(token, ptr, bytes);
-    }
-
-    /// Uncharge the object at `ptr`, being freed, charged with `token`
-    /// (and `bytes`, the same figure as at the charge). The default is
-    /// [`PlatformHooks::alloc_tag_sub`] of the token.
-    ///
-    /// # Safety
-    /// The allocator calls it only with the token it charged this object
-    /// with ([`PlatformHooks::alloc_tag_charge_token`]) and that was not
-    /// uncharged since: a platform may use it unchecked (as an offset
-    /// into its counters).
-    #[inline(always)]
-    unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        Self::alloc_tag_sub(token, ptr, bytes);
-    }
-
-    /// Called after every charge ([`PlatformHooks::alloc_tag_charge_token`])
-    /// the allocator makes off its profiled hits — a slab object on a
-    /// slow path, a page-granular kmalloc block, a KFENCE sample — with
-    /// the same token, object and bytes. While
-    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)
-    /// is on, no allocation takes a profiled hit, so it is called after
-    /// every charge. For what is too slow for the hit, which must not call
-    /// out: e.g. capturing the context (backtrace, CPU, time) of one code
-    /// tag's new objects, as Linux's allocation-profiling context capture
-    /// proposal does. Called with no allocator lock held, in whatever
-    /// context the allocation was made (an interrupt handler's too). The
-    /// default does nothing.
-    #[inline(always)]
-    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        let _ = (token, ptr, bytes);
-    }
-
-    /// Called before every uncharge ([`PlatformHooks::alloc_tag_uncharge`])
-    /// off the profiled free hit, with the same arguments: the
-    /// counterpart of [`PlatformHooks::alloc_tag_charge_hook`] (e.g. dropping
-    /// the freed object's captured context). The default does nothing.
-    #[inline(always)]
-    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        let _ = (token, ptr, bytes);
-    }
-
     // ---- KFENCE (`crate::kfence`): sampled guarded allocations. The
     // defaults disable it, so a platform that maps no pages needs nothing.
 
@@ -366,6 +243,152 @@ pub unsafe trait PlatformHooks {
     #[inline(always)]
     fn kfence_clock_ns() -> u64 {
         0
+    }
+}
+
+/// Allocation profiling's hooks (feature `alloc-profiling`; the
+/// allocator never calls them without it): which tag an allocation is
+/// charged to, and the charge and uncharge of a tag's counters. Every one
+/// has a default that turns profiling's use of it off, so a platform
+/// without profiling writes
+///
+/// ```ignore
+/// // SAFETY: the defaults: no tags.
+/// unsafe impl magpie_slab::AllocTagHooks for MyPlatform {}
+/// ```
+///
+/// A platform with a per-CPU counter table (`magpie-codetag`'s
+/// `AllocTagCounters`) writes [`current`](AllocTagHooks::current),
+/// [`add`](AllocTagHooks::add) and [`sub`](AllocTagHooks::sub); one that
+/// checks a tag once and charges by offset writes the token hooks too
+/// ([`token`](AllocTagHooks::token), [`charge`](AllocTagHooks::charge),
+/// [`uncharge`](AllocTagHooks::uncharge)). A supertrait of [`Platform`]
+/// (the allocator calls `P::current()` …).
+///
+/// # Safety
+///
+/// The allocator trusts the tokens: one from
+/// [`token`](AllocTagHooks::token) or
+/// [`current_token`](AllocTagHooks::current_token) is one that
+/// [`charge`](AllocTagHooks::charge) and
+/// [`uncharge`](AllocTagHooks::uncharge) accept. The defaults keep it.
+pub unsafe trait AllocTagHooks {
+    /// The allocation tag reference to charge an allocation
+    /// made now by a caller that named none (`alloc`, `kmalloc`, the
+    /// `GlobalAlloc` and `Allocator` shims). Return `None` to charge
+    /// nothing (the object will never be uncharged either). A kernel
+    /// returns its per-CPU "current scope" tag, or its catch-all "untagged"
+    /// tag: one per-CPU load. The default is `None`: profiling off. Asked
+    /// only while profiling is switched on in the allocator
+    /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)),
+    /// on every profiled allocation: keep it a load, and leave the
+    /// platform's own on/off switch to that call.
+    #[inline(always)]
+    fn current() -> Option<AllocTagRef> {
+        None
+    }
+
+    /// A caller got the object at `ptr`, charged to tag `tag`;
+    /// `bytes` is the cache's object size, or whole pages for page-granular
+    /// kmalloc. Add to the tag's counters on this CPU. Called with no
+    /// allocator lock held; it must not allocate from the allocator with a
+    /// tag (that would recurse). Called on every profiled allocation: a
+    /// kernel adds to this CPU's counters with one `add` per counter at a
+    /// per-CPU base (`magpie-codetag`'s `AllocTagCounters::add_at`).
+    #[inline(always)]
+    fn add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (tag, ptr, bytes);
+    }
+
+    /// The object at `ptr`, charged to `tag` when allocated, is
+    /// being freed (maybe on another CPU than its allocation): subtract
+    /// `bytes` (the same figure `add` got). Called with no
+    /// allocator lock held, before the memory is reused.
+    #[inline(always)]
+    fn sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (tag, ptr, bytes);
+    }
+
+    /// The **charge token** of an explicit tag (`alloc_tagged`,
+    /// `KmallocArgs::tag`): the form of `tag` the allocator passes to
+    /// [`AllocTagHooks::charge`], stores in the object's 4-byte
+    /// slot and hands back to [`AllocTagHooks::uncharge`] at the
+    /// free; `None` charges nothing (a reference the platform rejects).
+    /// A platform may return a form it checks once, here — e.g. the byte
+    /// offset of the tag's counter from a per-CPU base
+    /// (`magpie-codetag`'s `AllocTagCounters::token`) — so that neither
+    /// the charge nor the free checks it again: a reference from a safe
+    /// caller is checked here, and only tokens from this hook and
+    /// [`AllocTagHooks::current_token`] reach the unsafe hooks. The
+    /// default is the reference itself (the plain hooks then get it).
+    #[inline(always)]
+    fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
+        Some(tag)
+    }
+
+    /// The charge token of the current tag ([`AllocTagHooks::current`]
+    /// as a token): what a profiled allocation without an explicit tag
+    /// charges. The default checks the current tag with
+    /// [`AllocTagHooks::token`]; a platform that keeps its current
+    /// tag as a token already (checked when it was set) returns it: one
+    /// per-CPU load.
+    #[inline(always)]
+    fn current_token() -> Option<AllocTagRef> {
+        Self::current().and_then(Self::token)
+    }
+
+    /// Charge the object at `ptr` (`bytes` as for
+    /// [`AllocTagHooks::add`]) with `token`. The default is
+    /// `add` of the token (the reference itself with the
+    /// default [`AllocTagHooks::token`]).
+    ///
+    /// # Safety
+    /// The allocator calls it only with a token that
+    /// [`AllocTagHooks::token`] or [`AllocTagHooks::current_token`]
+    /// returned: a platform may use it unchecked.
+    #[inline(always)]
+    unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        Self::add(token, ptr, bytes);
+    }
+
+    /// Uncharge the object at `ptr`, being freed, charged with `token`
+    /// (and `bytes`, the same figure as at the charge). The default is
+    /// [`AllocTagHooks::sub`] of the token.
+    ///
+    /// # Safety
+    /// The allocator calls it only with the token it charged this object
+    /// with ([`AllocTagHooks::charge`]) and that was not
+    /// uncharged since: a platform may use it unchecked (as an offset
+    /// into its counters).
+    #[inline(always)]
+    unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        Self::sub(token, ptr, bytes);
+    }
+
+    /// Called after every charge ([`AllocTagHooks::charge`])
+    /// the allocator makes off its profiled hits — a slab object on a
+    /// slow path, a page-granular kmalloc block, a KFENCE sample — with
+    /// the same token, object and bytes. While
+    /// [`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)
+    /// is on, no allocation takes a profiled hit, so it is called after
+    /// every charge. For what is too slow for the hit, which must not call
+    /// out: e.g. capturing the context (backtrace, CPU, time) of one code
+    /// tag's new objects, as Linux's allocation-profiling context capture
+    /// proposal does. Called with no allocator lock held, in whatever
+    /// context the allocation was made (an interrupt handler's too). The
+    /// default does nothing.
+    #[inline(always)]
+    fn on_charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (token, ptr, bytes);
+    }
+
+    /// Called before every uncharge ([`AllocTagHooks::uncharge`])
+    /// off the profiled free hit, with the same arguments: the
+    /// counterpart of [`AllocTagHooks::on_charge`] (e.g. dropping
+    /// the freed object's captured context). The default does nothing.
+    #[inline(always)]
+    fn on_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (token, ptr, bytes);
     }
 }
 

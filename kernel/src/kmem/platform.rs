@@ -7,7 +7,7 @@
 
 use core::ptr::NonNull;
 
-use magpie_slab::{Platform, PlatformHooks};
+use magpie_slab::{AllocTagHooks, Platform, PlatformHooks};
 
 use crate::arch::{self, MAX_CPUS};
 use crate::profiling::{alloc_tag, capture};
@@ -108,38 +108,38 @@ unsafe impl PlatformHooks for KernelPlatform {
     fn caller_frames(frames: &mut [usize]) -> usize {
         call_site::caller_frames(frames)
     }
+}
 
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for KernelPlatform {
     // Allocation profiling (kernel feature `alloc-profiling`): see
     // `crate::profiling::alloc_tag`.
     #[inline(always)]
-    fn alloc_tag_current() -> Option<magpie_slab::AllocTagRef> {
+    fn current() -> Option<magpie_slab::AllocTagRef> {
         alloc_tag::this_cpu_token()
             .and_then(magpie_codetag::alloc_tag::AllocTagCounters::token_tag_ref)
     }
 
     #[inline(always)]
-    fn alloc_tag_current_token() -> Option<magpie_slab::AllocTagRef> {
+    fn current_token() -> Option<magpie_slab::AllocTagRef> {
         Some(alloc_tag::this_cpu_token_profiling())
     }
 
     #[inline(always)]
-    fn alloc_tag_token(tag: magpie_slab::AllocTagRef) -> Option<magpie_slab::AllocTagRef> {
+    fn token(tag: magpie_slab::AllocTagRef) -> Option<magpie_slab::AllocTagRef> {
         alloc_tag::token(tag)
     }
 
     #[inline(always)]
-    unsafe fn alloc_tag_charge_token(
-        token: magpie_slab::AllocTagRef,
-        _ptr: NonNull<u8>,
-        bytes: usize,
-    ) {
+    unsafe fn charge(token: magpie_slab::AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         // SAFETY: the allocator's contract: `token` came from
-        // `alloc_tag_token` (directly or through `alloc_tag_current_token`).
+        // `AllocTagHooks::token` (directly or through `AllocTagHooks::current_token`).
         unsafe { alloc_tag::charge(token, bytes) }
     }
 
     #[inline(always)]
-    unsafe fn alloc_tag_uncharge(token: magpie_slab::AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+    unsafe fn uncharge(token: magpie_slab::AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         // SAFETY: the allocator's contract: `token` is the one this object
         // was charged with, not uncharged since.
         unsafe { alloc_tag::uncharge(token, bytes) }
@@ -148,12 +148,12 @@ unsafe impl PlatformHooks for KernelPlatform {
     // Context capture (`allocinfo ctx`): off the profiled hits, which
     // `kmem::ctx_capture_enable` turns off while a site is captured.
     #[inline]
-    fn alloc_tag_charge_hook(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+    fn on_charge(token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         capture::ctx_capture_alloc(token, ptr, bytes);
     }
 
     #[inline]
-    fn alloc_tag_uncharge_hook(_token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, _bytes: usize) {
+    fn on_uncharge(_token: magpie_slab::AllocTagRef, ptr: NonNull<u8>, _bytes: usize) {
         capture::ctx_capture_free(ptr);
     }
 }

@@ -109,7 +109,7 @@ pub fn current_tag() -> Option<AllocTagRef> {
     this_cpu_token().and_then(AllocTagCounters::token_tag_ref)
 }
 
-/// [`PlatformHooks::alloc_tag_current_token`](magpie_slab::PlatformHooks::alloc_tag_current_token): this CPU's current tag as a
+/// [`AllocTagHooks::current_token`](magpie_slab::AllocTagHooks::current_token): this CPU's current tag as a
 /// charge token, one `%gs`-relative load and no check (it was checked
 /// when it was set: by [`init`] or a scope); `None` until [`init`]. No
 /// switch test: the slab allocator asks only while its own switch is on,
@@ -119,7 +119,7 @@ pub fn this_cpu_token() -> Option<AllocTagRef> {
     AllocTagRef::new(arch::alloc_tag_current())
 }
 
-/// [`PlatformHooks::alloc_tag_current_token`](magpie_slab::PlatformHooks::alloc_tag_current_token):
+/// [`AllocTagHooks::current_token`](magpie_slab::AllocTagHooks::current_token):
 /// this CPU's current tag as a charge token, one `%gs`-relative load and
 /// no test at all, for while profiling is on: the slab allocator asks only
 /// then (its switch is turned on by `kmem::init` after [`init`], and
@@ -151,7 +151,7 @@ pub fn explicit_tag(tag: &'static AllocTag) -> Option<AllocTagRef> {
     }
 }
 
-/// [`PlatformHooks::alloc_tag_token`](magpie_slab::PlatformHooks::alloc_tag_token): `tag`'s **charge token**, the byte
+/// [`AllocTagHooks::token`](magpie_slab::AllocTagHooks::token): `tag`'s **charge token**, the byte
 /// offset of its counter from any CPU's counter base, checked here once
 /// (`None`, charging nothing, for a reference past the last tag, or before
 /// [`init`]); the object keeps it, so neither its charge nor its free
@@ -161,7 +161,7 @@ pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
     COUNTERS.token(tag)
 }
 
-/// [`PlatformHooks::alloc_tag_charge_token`](magpie_slab::PlatformHooks::alloc_tag_charge_token): count on this CPU, one `add` and
+/// [`AllocTagHooks::charge`](magpie_slab::AllocTagHooks::charge): count on this CPU, one `add` and
 /// one `inc` at this CPU's `%gs`-relative counter base plus `token`, and
 /// nothing else (context capture runs in the platform's charge hook, off
 /// the profiled hits: `capture::ctx_capture_alloc`).
@@ -169,7 +169,7 @@ pub fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
 /// # Safety
 ///
 /// `token` came from [`token`] (the slab allocator's contract for
-/// `alloc_tag_charge_token`).
+/// `AllocTagHooks::charge`).
 #[inline(always)]
 pub unsafe fn charge(token: AllocTagRef, bytes: usize) {
     // SAFETY: `alloc_tag_base()` is this CPU's base in COUNTERS: `init` set
@@ -182,7 +182,7 @@ pub unsafe fn charge(token: AllocTagRef, bytes: usize) {
     unsafe { COUNTERS.charge_token_at(arch::alloc_tag_base(), token, bytes) };
 }
 
-/// [`PlatformHooks::alloc_tag_uncharge`](magpie_slab::PlatformHooks::alloc_tag_uncharge): uncount (on whichever CPU frees: one
+/// [`AllocTagHooks::uncharge`](magpie_slab::AllocTagHooks::uncharge): uncount (on whichever CPU frees: one
 /// `sub` and one `dec` at its counter base plus the token, no check; a
 /// context record is dropped in the platform's uncharge hook,
 /// `capture::ctx_capture_free`).
@@ -191,7 +191,7 @@ pub unsafe fn charge(token: AllocTagRef, bytes: usize) {
 ///
 /// `token` is the one the object was charged with ([`charge`]),
 /// not uncharged since (the slab allocator's contract for
-/// `alloc_tag_uncharge`).
+/// `AllocTagHooks::uncharge`).
 #[inline(always)]
 pub unsafe fn uncharge(token: AllocTagRef, bytes: usize) {
     // SAFETY: the base as in `charge` (a charged object exists only once

@@ -39,7 +39,7 @@ static CTX_POOL: Mutex<CtxPool> = Mutex::new(CtxPool {
 });
 
 // The capture hooks. They run in the slab allocator's tag hooks
-// (`PlatformHooks::alloc_tag_charge_hook`, `alloc_tag_uncharge_hook`), which it
+// (`AllocTagHooks::on_charge`, `AllocTagHooks::on_uncharge`), which it
 // calls off its profiled hits; `kmem::ctx_capture_enable` turns the hits off
 // (`AllocProfiling::set_tag_hooks`) while a site is captured, so every
 // charge and uncharge comes here then, and the hits pay nothing for capture

@@ -46,7 +46,7 @@
 //!   Until `init`, profiling is off.
 //! * The current tag: a word of each CPU's `PerCpu`, kept as a charge
 //!   token (read `%gs`-relative
-//!   by the slab allocator's `alloc_tag_current` hook, no switch test: the
+//!   by the slab allocator's `AllocTagHooks::current` hook, no switch test: the
 //!   slab allocator asks only while its own switch, kept equal to
 //!   [`SWITCH`], is on), `untagged` from [`init`](alloc_tag::init) on; a scope guard swaps
 //!   its tag in and restores the previous value (there is no scheduler).
@@ -69,8 +69,8 @@
 //! context capture). Records live in a fixed pool of [`CTX_MAX_RECORDS`]
 //! (recording never allocates, so it cannot recurse into the allocator);
 //! when the pool is full the record is dropped and counted. The capture runs
-//! in the slab allocator's tag hooks (`PlatformHooks::alloc_tag_charge_hook`,
-//! `alloc_tag_uncharge_hook`), off its profiled hits; while a site is
+//! in the slab allocator's tag hooks (`AllocTagHooks::on_charge`,
+//! `AllocTagHooks::on_uncharge`), off its profiled hits; while a site is
 //! captured, `kmem::ctx_capture_enable` sends every allocation and free
 //! there (`AllocProfiling::set_tag_hooks`), so the hits pay nothing for
 //! capture, armed or not.

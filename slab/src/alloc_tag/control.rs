@@ -38,7 +38,7 @@ impl<P: Platform> AllocProfiling<'_, P> {
     /// Switch allocation profiling (feature `alloc-profiling`) on or off
     /// for every cache, present and future: a kernel calls this whenever
     /// its own switch flips. On (the default), every allocation asks
-    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) for its tag and explicit tags are
+    /// [`AllocTagHooks::current`](crate::AllocTagHooks::current) for its tag and explicit tags are
     /// charged; off, nothing is asked or charged (objects get tag
     /// reference 0, their frees uncharge nothing) and the alloc fast path
     /// is the compiled-out one. Without the feature, a no-op.
@@ -51,8 +51,8 @@ impl<P: Platform> AllocProfiling<'_, P> {
     }
 
     /// Send every allocation and free off the profiled hits (`on`), so
-    /// that every charge calls [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
-    /// every uncharge [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook); or back
+    /// that every charge calls [`AllocTagHooks::on_charge`](crate::AllocTagHooks::on_charge) and
+    /// every uncharge [`AllocTagHooks::on_uncharge`](crate::AllocTagHooks::on_uncharge); or back
     /// (`!on`, the default), the hooks then called only off the hits. For
     /// a platform whose hooks have work to do for a while (a context
     /// capture, say): the hits stay free of calls, and pay nothing for the

@@ -4,9 +4,9 @@
 //! the same tag wherever and on whichever CPU it happens.
 //!
 //! The allocator knows nothing of tags beyond these 4 bytes; the platform
-//! names the tag of an allocation ([`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current), or the
+//! names the tag of an allocation ([`AllocTagHooks::current`](crate::AllocTagHooks::current), or the
 //! caller does through `alloc_tagged` / `KmallocArgs::tag`) and keeps the
-//! counters ([`PlatformHooks::alloc_tag_add`](crate::PlatformHooks::alloc_tag_add), [`PlatformHooks::alloc_tag_sub`](crate::PlatformHooks::alloc_tag_sub)).
+//! counters ([`AllocTagHooks::add`](crate::AllocTagHooks::add), [`AllocTagHooks::sub`](crate::AllocTagHooks::sub)).
 //!
 //! Where the reference lives:
 //!
@@ -52,7 +52,7 @@
 //! it also sets `TAGGED` (in the same atomic update) on small-slab caches
 //! (not bootstrap ones), so the profiled alloc tests no flag; clearing it
 //! leaves `TAGGED` (objects may still carry references). Set, the alloc
-//! goes to the out-of-line profiled path, which asks `alloc_tag_current()`
+//! goes to the out-of-line profiled path, which asks `AllocTagHooks::current()`
 //! after the magazine hit; clear, no tag is asked for (explicit tags are
 //! ignored too) and the object gets no reference.
 //!
@@ -62,13 +62,13 @@
 //! tests anyway), and no memory (no side array is allocated); per free,
 //! `TAGGED` is one more bit of the one `FREE_SLOW` mask test, and a cache
 //! that has been profiled sends its frees one tail call away. On: a tail
-//! call to the profiled path, `alloc_tag_current_token()` (a per-CPU
+//! call to the profiled path, `AllocTagHooks::current_token()` (a per-CPU
 //! load and its `None` test), the slab header (masking the address for a
 //! one-page slab with its header at its end, else the page map), its
 //! side-array pointer compared with `NO_TAGS`, a multiply, the charge
-//! (`alloc_tag_charge_token`) and a 4-byte store per alloc; a tail call
+//! (`AllocTagHooks::charge`) and a 4-byte store per alloc; a tail call
 //! with the index in a register, the side-array pointer, the slot's
-//! load, test and clear and `alloc_tag_uncharge` per free (23 + 15
+//! load, test and clear and `AllocTagHooks::uncharge` per free (23 + 15
 //! instructions on the host bench's 64-byte `GlobalAlloc` pair: see
 //! docs/BENCHMARKS.md). Memory: 4 bytes per object of every small slab
 //! that ever held a tagged object, rounded up to the side-array cache's
@@ -76,11 +76,11 @@
 //!
 //! **Charge tokens.** What a slot (or a bufctl, or a page-granular
 //! block's page-map entry) holds is the platform's token for the tag
-//! ([`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token), [`PlatformHooks::alloc_tag_current_token`](crate::PlatformHooks::alloc_tag_current_token)),
+//! ([`AllocTagHooks::token`](crate::AllocTagHooks::token), [`AllocTagHooks::current_token`](crate::AllocTagHooks::current_token)),
 //! checked once when made; the tag closures of the alloc paths return
 //! tokens ([`current`], [`explicit`]), and only those reach the `unsafe`
-//! [`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token) and
-//! [`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge). A free object's slot is `None`.
+//! [`AllocTagHooks::charge`](crate::AllocTagHooks::charge) and
+//! [`AllocTagHooks::uncharge`](crate::AllocTagHooks::uncharge). A free object's slot is `None`.
 
 #[cfg(feature = "alloc-profiling")]
 use core::ptr::NonNull;
@@ -122,11 +122,11 @@ pub(crate) fn no_tags() -> *mut Option<AllocTagRef> {
 }
 
 /// A charge off the profiled hits: the platform's charge
-/// ([`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token)), then its hook
-/// ([`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook)).
+/// ([`AllocTagHooks::charge`](crate::AllocTagHooks::charge)), then its hook
+/// ([`AllocTagHooks::on_charge`](crate::AllocTagHooks::on_charge)).
 ///
 /// # Safety
-/// As for [`PlatformHooks::alloc_tag_charge_token`](crate::PlatformHooks::alloc_tag_charge_token): `token` is a charge token.
+/// As for [`AllocTagHooks::charge`](crate::AllocTagHooks::charge): `token` is a charge token.
 #[cfg(feature = "alloc-profiling")]
 #[inline]
 pub(crate) unsafe fn charge_off_hit<P: Platform>(
@@ -135,16 +135,16 @@ pub(crate) unsafe fn charge_off_hit<P: Platform>(
     bytes: usize,
 ) {
     // SAFETY: per our caller.
-    unsafe { P::alloc_tag_charge_token(token, ptr, bytes) };
-    P::alloc_tag_charge_hook(token, ptr, bytes);
+    unsafe { P::charge(token, ptr, bytes) };
+    P::on_charge(token, ptr, bytes);
 }
 
 /// An uncharge off the profiled free hit: the platform's hook
-/// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)), then its uncharge
-/// ([`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge)).
+/// ([`AllocTagHooks::on_uncharge`](crate::AllocTagHooks::on_uncharge)), then its uncharge
+/// ([`AllocTagHooks::uncharge`](crate::AllocTagHooks::uncharge)).
 ///
 /// # Safety
-/// As for [`PlatformHooks::alloc_tag_uncharge`](crate::PlatformHooks::alloc_tag_uncharge): the object's charge token,
+/// As for [`AllocTagHooks::uncharge`](crate::AllocTagHooks::uncharge): the object's charge token,
 /// not uncharged since.
 #[cfg(feature = "alloc-profiling")]
 #[inline]
@@ -153,31 +153,31 @@ pub(crate) unsafe fn uncharge_off_hit<P: Platform>(
     ptr: NonNull<u8>,
     bytes: usize,
 ) {
-    P::alloc_tag_uncharge_hook(token, ptr, bytes);
+    P::on_uncharge(token, ptr, bytes);
     // SAFETY: per our caller.
-    unsafe { P::alloc_tag_uncharge(token, ptr, bytes) };
+    unsafe { P::uncharge(token, ptr, bytes) };
 }
 
 /// The charge token of the tag to charge an allocation made now
-/// ([`PlatformHooks::alloc_tag_current_token`](crate::PlatformHooks::alloc_tag_current_token); `None` when profiling is
+/// ([`AllocTagHooks::current_token`](crate::AllocTagHooks::current_token); `None` when profiling is
 /// compiled out or the platform says none). Every tag closure of the
 /// alloc paths returns a token: this one, or [`explicit`]'s.
 #[inline(always)]
 pub(crate) fn current<P: Platform>() -> Option<AllocTagRef> {
     if cfg!(feature = "alloc-profiling") {
-        P::alloc_tag_current_token()
+        P::current_token()
     } else {
         None
     }
 }
 
 /// The charge token of an explicit tag (`alloc_tagged`,
-/// `KmallocArgs::tag`): checked once by [`PlatformHooks::alloc_tag_token`](crate::PlatformHooks::alloc_tag_token)
+/// `KmallocArgs::tag`): checked once by [`AllocTagHooks::token`](crate::AllocTagHooks::token)
 /// (`None`: charge nothing; always without the feature).
 #[inline(always)]
 pub(crate) fn explicit<P: Platform>(tag: Option<AllocTagRef>) -> Option<AllocTagRef> {
     if cfg!(feature = "alloc-profiling") {
-        tag.and_then(P::alloc_tag_token)
+        tag.and_then(P::token)
     } else {
         None
     }

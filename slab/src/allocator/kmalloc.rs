@@ -149,7 +149,7 @@ pub struct KmallocArgs {
 /// The tag a kmalloc is charged to (feature `alloc-profiling`).
 #[derive(Debug, Clone, Copy)]
 enum Charge {
-    /// The current tag (`PlatformHooks::alloc_tag_current_token`).
+    /// The current tag (`AllocTagHooks::current_token`).
     Current,
     /// An explicit tag; `None` charges nothing.
     Tag(Option<AllocTagRef>),
@@ -434,7 +434,7 @@ impl<P: Platform> Kmem<P> {
     ///
     /// With feature `alloc-profiling`, the memory is charged to the tag
     /// `args` names ([`KmallocArgs::tag`]), else to the current one
-    /// ([`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current)):
+    /// ([`AllocTagHooks::current`](crate::AllocTagHooks::current)):
     /// the cache's object size for a size class (class-rounded), whole
     /// pages for a page-granular block.
     ///

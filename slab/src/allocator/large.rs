@@ -22,7 +22,7 @@ const LARGE_MAX_ALIGN: usize = 1 << 30;
 
 /// The head entry of a live page-granular kmalloc of `nr_pages` pages
 /// charged with `token`: the charge token of the allocation's tag
-/// (`PlatformHooks::alloc_tag_token`; an `Option<AllocTagRef>`, 0 for `None`
+/// (`AllocTagHooks::token`; an `Option<AllocTagRef>`, 0 for `None`
 /// and without profiling) rides in the entry ([`PageEntry::large_head`]).
 #[inline]
 fn large_head_entry(nr_pages: usize, token: Option<AllocTagRef>) -> PageEntry {

@@ -42,7 +42,7 @@ impl<P: Platform> KmemCache<P> {
     /// `align()`.
     ///
     /// With feature `alloc-profiling`, the object is charged to the tag
-    /// [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current) names (nothing if it says `None`), which
+    /// [`AllocTagHooks::current`](crate::AllocTagHooks::current) names (nothing if it says `None`), which
     /// is asked only while profiling is switched on in the allocator
     /// ([`crate::AllocProfiling::set_enabled`]).
     ///

@@ -216,7 +216,7 @@ bitflags::bitflags! {
         const TAGGED = 32;
         /// Allocation profiling is switched on in the allocator
         /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled)):
-        /// allocations ask [`PlatformHooks::alloc_tag_current`](crate::PlatformHooks::alloc_tag_current).
+        /// allocations ask [`AllocTagHooks::current`](crate::AllocTagHooks::current).
         const PROFILING = 64;
         /// Some object of this bufctl cache carries a tag in its bufctl:
         /// frees look it up (out of line).
@@ -239,8 +239,8 @@ bitflags::bitflags! {
         /// The platform's tag hooks are on
         /// ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks)):
         /// allocs and frees take the flagged paths, whose charges and
-        /// uncharges call [`PlatformHooks::alloc_tag_charge_hook`](crate::PlatformHooks::alloc_tag_charge_hook) and
-        /// [`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook) (the profiled hits call
+        /// uncharges call [`AllocTagHooks::on_charge`](crate::AllocTagHooks::on_charge) and
+        /// [`AllocTagHooks::on_uncharge`](crate::AllocTagHooks::on_uncharge) (the profiled hits call
         /// out to nothing).
         const TAG_HOOKS = 4096;
         /// Not a slow bit, a fact: a small cache whose slabs are one page

@@ -54,7 +54,7 @@ impl<P: Platform> KmemCache<P> {
         let (index, _) = self.obj_index(offset);
         // SAFETY: `tag` is a charge token (the tag closures return the
         // platform's tokens: alloc_tag::current, explicit).
-        unsafe { P::alloc_tag_charge_token(tag, obj, self.params.obj_size) };
+        unsafe { P::charge(tag, obj, self.params.obj_size) };
         // SAFETY: index < nr_objs (a busy object of the slab), the side
         // array's length; the object is ours until freed, and so is its
         // slot.
@@ -227,7 +227,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`no_tags`], all `None`). The index is the free's owner check's.
     /// The free hook of profiling (`TAGGED` on a small-slab cache); with
     /// `TAG_HOOKS` in `hot` the platform's uncharge hook
-    /// ([`PlatformHooks::alloc_tag_uncharge_hook`](crate::PlatformHooks::alloc_tag_uncharge_hook)) is called too.
+    /// ([`AllocTagHooks::on_uncharge`](crate::AllocTagHooks::on_uncharge)) is called too.
     ///
     /// # Safety
     /// `obj` is object `index` of `slab`, a small slab of this cache,
@@ -258,7 +258,7 @@ impl<P: Platform> KmemCache<P> {
                 if hot.contains(HotFlags::TAG_HOOKS) {
                     crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size);
                 } else {
-                    P::alloc_tag_uncharge(token, obj, self.params.obj_size);
+                    P::uncharge(token, obj, self.params.obj_size);
                 }
             }
         }

@@ -9,7 +9,7 @@ use core::marker::PhantomData;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 
-use crate::{AllocTagRef, Platform, PlatformHooks};
+use crate::{AllocTagHooks, AllocTagRef, Platform, PlatformHooks};
 
 /// The CPUs a shipped platform serves at most ([`Kernel::MAX_CPUS`]).
 pub const MAX_CPUS: usize = 64;
@@ -47,7 +47,8 @@ pub unsafe trait Arch: 'static {
 /// What a kernel adds to a shipped platform ([`Machine`]): its number of
 /// CPUs and, with more than one, how it interrupts another CPU; whether
 /// its stacks can be walked by frame pointers; and the optional hooks of
-/// [`PlatformHooks`] (allocation profiling, KFENCE), which the platform
+/// [`PlatformHooks`] (stacks, KFENCE) and [`AllocTagHooks`] (allocation
+/// profiling), which the platform
 /// passes on. [`OneCpu`] is the kernel with one CPU and no hooks.
 ///
 /// A several-CPU kernel with no hooks takes [`Cpus`] instead of writing
@@ -55,8 +56,9 @@ pub unsafe trait Arch: 'static {
 ///
 /// ```ignore
 /// struct Smp;
-/// // SAFETY: the defaults: no profiling tags, no KFENCE pool.
+/// // SAFETY: the defaults: no KFENCE pool; no profiling tags.
 /// unsafe impl magpie_slab::PlatformHooks for Smp {}
+/// unsafe impl magpie_slab::AllocTagHooks for Smp {}
 /// // SAFETY: 4 CPUs, each with its index in the per-CPU register before it
 /// // allocates; send_ipi interrupts `cpu`, whose handler calls
 /// // handle_cross_cpu_calls.
@@ -95,7 +97,7 @@ pub unsafe trait Arch: 'static {
 ///    stack has a null frame pointer (the entry code zeroes it), so a
 ///    frame-pointer walk ends inside the stack.
 /// 5. The hooks keep [`PlatformHooks`]' contract.
-pub unsafe trait Kernel: PlatformHooks + 'static {
+pub unsafe trait Kernel: PlatformHooks + AllocTagHooks + 'static {
     /// Number of CPUs (`1..=64`). Default 1.
     const MAX_CPUS: usize = 1;
     /// Whether backtraces walk the frame pointers (promise 4). Default
@@ -130,6 +132,8 @@ pub struct OneCpu;
 
 // SAFETY: the defaults: no stacks, no profiling tags, no KFENCE pool.
 unsafe impl PlatformHooks for OneCpu {}
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for OneCpu {}
 // SAFETY: one CPU (no per-CPU register read, no IPI), no frame-pointer walk.
 unsafe impl Kernel for OneCpu {}
 
@@ -148,6 +152,8 @@ static SEND_IPI: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 // SAFETY: the defaults: no profiling tags, no KFENCE pool (the stacks are
 // Machine's, with FRAME_POINTERS).
 unsafe impl<const N: usize, const FRAME_POINTERS: bool> PlatformHooks for Cpus<N, FRAME_POINTERS> {}
+// SAFETY: the defaults: no tags.
+unsafe impl<const N: usize, const FRAME_POINTERS: bool> AllocTagHooks for Cpus<N, FRAME_POINTERS> {}
 
 // SAFETY: the promises are made by each CPU's unsafe call of
 // Machine::cpu_online_with (whose contract they are), before it runs
@@ -515,53 +521,6 @@ unsafe impl<A: Arch, K: Kernel> PlatformHooks for Machine<A, K> {
         K::caller_frames(frames)
     }
 
-    #[inline(always)]
-    fn alloc_tag_current() -> Option<AllocTagRef> {
-        K::alloc_tag_current()
-    }
-
-    #[inline(always)]
-    fn alloc_tag_add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        K::alloc_tag_add(tag, ptr, bytes);
-    }
-
-    #[inline(always)]
-    fn alloc_tag_sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        K::alloc_tag_sub(tag, ptr, bytes);
-    }
-
-    #[inline(always)]
-    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
-        K::alloc_tag_token(tag)
-    }
-
-    #[inline(always)]
-    fn alloc_tag_current_token() -> Option<AllocTagRef> {
-        K::alloc_tag_current_token()
-    }
-
-    #[inline(always)]
-    unsafe fn alloc_tag_charge_token(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        // SAFETY: per our caller (a token of the kernel's token hooks).
-        unsafe { K::alloc_tag_charge_token(token, ptr, bytes) }
-    }
-
-    #[inline(always)]
-    unsafe fn alloc_tag_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        // SAFETY: per our caller (the token this object was charged with).
-        unsafe { K::alloc_tag_uncharge(token, ptr, bytes) }
-    }
-
-    #[inline(always)]
-    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        K::alloc_tag_charge_hook(token, ptr, bytes);
-    }
-
-    #[inline(always)]
-    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
-        K::alloc_tag_uncharge_hook(token, ptr, bytes);
-    }
-
     #[cfg(feature = "kfence")]
     fn kfence_pool(nr_pages: usize) -> Option<NonNull<u8>> {
         K::kfence_pool(nr_pages)
@@ -579,6 +538,57 @@ unsafe impl<A: Arch, K: Kernel> PlatformHooks for Machine<A, K> {
     }
 }
 
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl<A: Arch, K: Kernel> AllocTagHooks for Machine<A, K> {
+    #[inline(always)]
+    fn current() -> Option<AllocTagRef> {
+        K::current()
+    }
+
+    #[inline(always)]
+    fn add(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::add(tag, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn sub(tag: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::sub(tag, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
+        K::token(tag)
+    }
+
+    #[inline(always)]
+    fn current_token() -> Option<AllocTagRef> {
+        K::current_token()
+    }
+
+    #[inline(always)]
+    unsafe fn charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: per our caller (a token of the kernel's token hooks).
+        unsafe { K::charge(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    unsafe fn uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: per our caller (the token this object was charged with).
+        unsafe { K::uncharge(token, ptr, bytes) }
+    }
+
+    #[inline(always)]
+    fn on_charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::on_charge(token, ptr, bytes);
+    }
+
+    #[inline(always)]
+    fn on_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+        K::on_uncharge(token, ptr, bytes);
+    }
+}
+
 /// The cross-CPU calls of a several-CPU [`Machine`], with threads as CPUs
 /// (a thread-local CPU index, "interrupts" that need nothing).
 #[cfg(test)]
@@ -591,7 +601,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::{Arch, Kernel, Machine};
-    use crate::{Platform, PlatformHooks};
+    use crate::{AllocTagHooks, Platform, PlatformHooks};
 
     std::thread_local! {
         static CPU: Cell<usize> = const { Cell::new(0) };
@@ -624,6 +634,8 @@ mod tests {
     struct ThreeCpus;
     // SAFETY: the defaults.
     unsafe impl PlatformHooks for ThreeCpus {}
+    // SAFETY: the defaults: no tags.
+    unsafe impl AllocTagHooks for ThreeCpus {}
     // SAFETY: 3 CPUs (threads with their index set first); the "IPI" is
     // counted and the target threads poll handle_cross_cpu_calls.
     unsafe impl Kernel for ThreeCpus {
@@ -712,6 +724,8 @@ mod tests {
     struct SixCpus;
     // SAFETY: the defaults.
     unsafe impl PlatformHooks for SixCpus {}
+    // SAFETY: the defaults: no tags.
+    unsafe impl AllocTagHooks for SixCpus {}
     // SAFETY: as ThreeCpus.
     unsafe impl Kernel for SixCpus {
         const MAX_CPUS: usize = 6;

@@ -153,7 +153,7 @@ pub(crate) struct Bufctl {
     slab: *mut Slab,
     pub(crate) state: BufctlState,
     /// Charge token of the allocation tag of the object while a caller
-    /// holds it (`PlatformHooks::alloc_tag_token`; feature `alloc-profiling`;
+    /// holds it (`AllocTagHooks::token`; feature `alloc-profiling`;
     /// in padding, so no extra bytes).
     #[cfg(feature = "alloc-profiling")]
     pub(crate) tag: Option<AllocTagRef>,
@@ -556,7 +556,7 @@ impl SlabLists {
 
     /// A busy bufctl object leaves for a caller charged to a tag: state
     /// `Allocated` (what an `AUDIT` free checks) and its charge token
-    /// (`PlatformHooks::alloc_tag_token`'s) stored. Returns false, changing
+    /// (`AllocTagHooks::token`'s) stored. Returns false, changing
     /// nothing, if `addr` is not busy in this layer.
     #[cfg(feature = "alloc-profiling")]
     pub(crate) fn mark_allocated(&mut self, addr: usize, token: Option<AllocTagRef>) -> bool {

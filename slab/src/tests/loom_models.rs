@@ -71,7 +71,7 @@ use std::vec::Vec;
 use loom::thread;
 
 use super::support::FakeSource;
-use crate::{CacheFlags, InitBox, Kmem, KmemCache, Platform, PlatformHooks};
+use crate::{AllocTagHooks, CacheFlags, InitBox, Kmem, KmemCache, Platform, PlatformHooks};
 
 /// Preemptions per execution that loom explores unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise.
@@ -216,6 +216,9 @@ unsafe impl PlatformHooks for LoomPlatform {
         0
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for LoomPlatform {}
 
 type Cache = KmemCache<LoomPlatform>;
 

@@ -8,7 +8,9 @@ use std::format;
 use std::vec::Vec;
 
 use super::support::*;
-use crate::{AllocError, InitCost, Kmem, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks};
+use crate::{
+    AllocError, AllocTagHooks, InitCost, Kmem, MIN_FREE_PAGES, PAGE_SIZE, Platform, PlatformHooks,
+};
 
 /// One CPU (id 0), the emulated interrupts of CPU 0; in an interrupt
 /// handler while this thread's [`IN_HANDLER`] is set.
@@ -55,6 +57,9 @@ unsafe impl PlatformHooks for UpPlatform {
         0
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for UpPlatform {}
 
 type UpAlloc = Kmem<UpPlatform>;
 

@@ -17,7 +17,8 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::{
-    AllocError, ArenaStats, InitBox, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, SlabBox,
+    AllocError, AllocTagHooks, ArenaStats, InitBox, Kmem, PAGE_SIZE, PageSource, Platform,
+    PlatformHooks, SlabBox,
 };
 
 pub const NR_CPUS: usize = 4;
@@ -236,6 +237,9 @@ unsafe impl PlatformHooks for TestPlatform {
         1 + rest
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for TestPlatform {}
 
 /// The pages the fake KFENCE pools have unmapped (every pool's).
 pub static KFENCE_PROTECTED: Mutex<Vec<usize>> = Mutex::new(Vec::new());

@@ -22,7 +22,8 @@ use magpie_slab::descriptor::{
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
 use magpie_slab::reports::SlabtopSort;
 use magpie_slab::{
-    AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks, reports,
+    AllocError, AllocTagHooks, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+    reports,
 };
 
 const NR_CPUS: usize = 2;
@@ -69,6 +70,9 @@ unsafe impl PlatformHooks for HostPlatform {
         0
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for HostPlatform {}
 
 /// Pages from one leaked region (bump allocation, frees ignored).
 struct HostPages {

@@ -12,7 +12,9 @@ use std::sync::Mutex;
 
 use common::{run, scratch, stderr, stdout, write};
 use magpie_slab::kmemtrace::{DumpInfo, KmemtraceConfig};
-use magpie_slab::{AllocError, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks};
+use magpie_slab::{
+    AllocError, AllocTagHooks, ArenaStats, Kmem, PAGE_SIZE, PageSource, Platform, PlatformHooks,
+};
 
 const NR_CPUS: usize = 2;
 const SITE_A: usize = 0xffff_ffff_8010_0010;
@@ -79,6 +81,9 @@ unsafe impl PlatformHooks for HostPlatform {
         }
     }
 }
+
+// SAFETY: the defaults: no tags.
+unsafe impl AllocTagHooks for HostPlatform {}
 
 /// Pages from one leaked, page-aligned region (bump allocation, frees
 /// ignored: the tests are short).

@@ -18,7 +18,9 @@ use magpie_codetag::alloc_tag::{
 };
 
 use super::support::{FakeSource, NR_CPUS, TestPlatform, cpu, fill_box, set_cpu};
-use crate::{AllocTagRef, CacheFlags, FreeError, Kmem, PAGE_SIZE, Platform, PlatformHooks};
+use crate::{
+    AllocTagHooks, AllocTagRef, CacheFlags, FreeError, Kmem, PAGE_SIZE, Platform, PlatformHooks,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static SWITCH: ProfilingSwitch = ProfilingSwitch::new(false);
@@ -79,16 +81,23 @@ unsafe impl Platform for ProfiledPlatform {
 // return.
 unsafe impl PlatformHooks for ProfiledPlatform {
     test_platform_stacks!();
-    fn alloc_tag_current() -> Option<AllocTagRef> {
+}
+
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for ProfiledPlatform {
+    fn current() -> Option<AllocTagRef> {
         if !SWITCH.is_on() {
             return None;
         }
         Some(CURRENT.with(Cell::get).unwrap_or(UNTAGGED.tag_ref()))
     }
-    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+
+    fn add(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.add(cpu(), tag, bytes);
     }
-    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
+
+    fn sub(tag: AllocTagRef, _ptr: NonNull<u8>, bytes: usize) {
         COUNTERS.sub(cpu(), tag, bytes);
     }
 }
@@ -512,25 +521,35 @@ unsafe impl Platform for CountingPlatform {
 // return.
 unsafe impl PlatformHooks for CountingPlatform {
     test_platform_stacks!();
-    fn alloc_tag_current() -> Option<AllocTagRef> {
+}
+
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for CountingPlatform {
+    fn current() -> Option<AllocTagRef> {
         COUNTING_CURRENT_CALLS.fetch_add(1, Ordering::Relaxed);
         Some(COUNTING_TAG)
     }
-    fn alloc_tag_add(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
-        panic!("the allocator charges through alloc_tag_charge_token");
+
+    fn add(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        panic!("the allocator charges through AllocTagHooks::charge");
     }
-    fn alloc_tag_sub(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
-        panic!("the allocator uncharges through alloc_tag_uncharge");
+
+    fn sub(_tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        panic!("the allocator uncharges through AllocTagHooks::uncharge");
     }
-    fn alloc_tag_token(tag: AllocTagRef) -> Option<AllocTagRef> {
+
+    fn token(tag: AllocTagRef) -> Option<AllocTagRef> {
         assert_eq!(tag, COUNTING_TAG);
         Some(COUNTING_TOKEN)
     }
-    unsafe fn alloc_tag_charge_token(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
-        assert_eq!(token, COUNTING_TOKEN, "a token of alloc_tag_token");
+
+    unsafe fn charge(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+        assert_eq!(token, COUNTING_TOKEN, "a token of AllocTagHooks::token");
         COUNTING_ADD_CALLS.fetch_add(1, Ordering::Relaxed);
     }
-    unsafe fn alloc_tag_uncharge(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+
+    unsafe fn uncharge(token: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(token, COUNTING_TOKEN, "the token the charge returned");
         COUNTING_SUB_CALLS.fetch_add(1, Ordering::Relaxed);
     }
@@ -657,24 +676,33 @@ unsafe impl Platform for HookPlatform {
 // return.
 unsafe impl PlatformHooks for HookPlatform {
     test_platform_stacks!();
-    fn alloc_tag_current() -> Option<AllocTagRef> {
+}
+
+// SAFETY: `charge` and `uncharge` accept every token that `token` and
+// `current_token` return (the defaults, or as the hooks below say).
+unsafe impl AllocTagHooks for HookPlatform {
+    fn current() -> Option<AllocTagRef> {
         Some(HOOK_TAG)
     }
-    fn alloc_tag_add(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+
+    fn add(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(tag, HOOK_TAG);
         HOOK_CHARGES.fetch_add(1, Ordering::Relaxed);
     }
-    fn alloc_tag_sub(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
+
+    fn sub(tag: AllocTagRef, _ptr: NonNull<u8>, _bytes: usize) {
         assert_eq!(tag, HOOK_TAG);
         HOOK_UNCHARGES.fetch_add(1, Ordering::Relaxed);
     }
-    fn alloc_tag_charge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+
+    fn on_charge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         assert_eq!(token, HOOK_TAG, "the token just charged");
         assert!(bytes >= 64, "the charge's bytes");
         HOOK_CHARGE_HOOKS.fetch_add(1, Ordering::Relaxed);
         HOOK_LAST_CHARGED.store(ptr.as_ptr() as usize, Ordering::Relaxed);
     }
-    fn alloc_tag_uncharge_hook(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
+
+    fn on_uncharge(token: AllocTagRef, ptr: NonNull<u8>, bytes: usize) {
         assert_eq!(token, HOOK_TAG, "the token the object was charged with");
         assert!(bytes >= 64, "the charge's bytes");
         HOOK_UNCHARGE_HOOKS.fetch_add(1, Ordering::Relaxed);
