@@ -732,9 +732,9 @@ pub struct AdoptingDoctests;
 pub use alloc_tag::{AllocProfiling, AllocTagRef};
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::MIN_FREE_PAGES;
-pub use allocator::kmalloc::{KmallocArgs, KmallocObj};
 #[cfg(all(test, not(loom)))]
 pub(crate) use allocator::kmalloc::{KMALLOC_MAX_SIZE, KMALLOC_SIZES, natural_align};
+pub use allocator::kmalloc::{KmallocArgs, KmallocObj};
 pub use allocator::large::LargeStats;
 pub use allocator::{CacheArgs, HeapStats, InitCost, Kmem};
 pub use cache::{DestroyReport, KmemCache};

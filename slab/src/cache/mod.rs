@@ -691,7 +691,7 @@ impl<P: Platform> KmemCache<P> {
         owner.kmemtrace_cache_destroyed(self);
         owner.unlink_cache(self);
         let nr_trace_records_dropped = self.trace_drop_all();
-        self.free_trace_table();
+        self.trace.shrink(self);
         self.free_hash_table();
         // SAFETY: unlinked and drained; per our caller nobody uses the
         // cache any more. The cache struct and its per-CPU array came from

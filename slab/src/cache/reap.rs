@@ -48,7 +48,7 @@ impl<P: Platform> KmemCache<P> {
         // Shrink empty hash tables back to their inline buckets (these
         // pages are metadata and are not counted in the result).
         self.free_hash_table();
-        self.free_trace_table();
+        self.trace.shrink(self);
         nr_pages
     }
 

@@ -301,19 +301,6 @@ impl<P: Platform> Kmem<P> {
         }
         let irq = IrqGuard::<P>::new();
         let mut locked = cache.pcpu_lock_here(&irq)?;
-        let obj = self.kfence_alloc_untagged(cache, size, tag)?;
-        let pcc = locked.get();
-        pcc.nr_allocs += 1;
-        pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
-        Some(obj)
-    }
-
-    fn kfence_alloc_untagged(
-        &self,
-        cache: &KmemCache<P>,
-        size: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Option<NonNull<u8>> {
         cache.clear_hot(HotFlags::SAMPLE);
         if !Kmem::<P>::kfence_eligible(cache) || !self.kfence.armed.load(Ordering::Relaxed) {
             return None;
@@ -396,6 +383,9 @@ impl<P: Platform> Kmem<P> {
             // platform's tokens, as for every profiled allocation).
             unsafe { crate::alloc_tag::charge_off_hit::<P>(token, obj, cache.obj_size()) };
         }
+        let pcc = locked.get();
+        pcc.nr_allocs += 1;
+        pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_add(1);
         Some(obj)
     }
 

@@ -82,12 +82,6 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) fn trace_drop_all(&self) -> usize {
         self.trace.drop_all(self)
     }
-
-    /// Free the trace table's page-backed buckets if it has no records
-    /// (reap, destroy).
-    pub(crate) fn free_trace_table(&self) {
-        self.trace.free_table(self);
-    }
 }
 
 impl<P: Platform> TraceOwner for KmemCache<P> {

@@ -340,7 +340,7 @@ impl<P: Platform> TraceTable<P> {
 
     /// Shrink the hash if its load fell low, as the bufctl hash does
     /// (reap, destroy): with no records, back to the inline buckets.
-    pub(crate) fn free_table<O: TraceOwner>(&self, owner: &O) {
+    pub(crate) fn shrink<O: TraceOwner>(&self, owner: &O) {
         rescale_locked(
             &self.inner,
             |inner| &mut inner.hash,

@@ -16,6 +16,9 @@ impl<P: Platform> TraceTable<P> {
     pub(crate) const fn new() -> Self {
         TraceTable(PhantomData)
     }
+
+    #[inline(always)]
+    pub(crate) fn shrink<O>(&self, _owner: &O) {}
 }
 
 /// The size and alignment of a record (the `kmem_trace` bootstrap cache's
@@ -30,7 +33,4 @@ impl<P: Platform> KmemCache<P> {
     pub(crate) fn trace_drop_all(&self) -> usize {
         0
     }
-
-    #[inline(always)]
-    pub(crate) fn free_trace_table(&self) {}
 }
