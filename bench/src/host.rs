@@ -320,8 +320,11 @@ struct PagesInner {
     /// Next never-used page address.
     bump: usize,
     /// Freed runs by page count (never split or merged; a run freed just
-    /// below `bump` moves `bump` back instead).
+    /// below `bump` moves `bump` back instead, and so do the freed runs
+    /// then found just below it).
     free: BTreeMap<usize, Vec<usize>>,
+    /// The runs of `free` by end address: their page counts.
+    ends: BTreeMap<usize, usize>,
     outstanding: usize,
     /// Most pages ever outstanding at once.
     peak: usize,
@@ -349,6 +352,7 @@ impl HostPages {
             inner: spin::Mutex::new(PagesInner {
                 bump: base,
                 free: BTreeMap::new(),
+                ends: BTreeMap::new(),
                 outstanding: 0,
                 peak: 0,
             }),
@@ -371,7 +375,10 @@ impl HostPages {
     pub fn alloc_aligned(&self, nr_pages: usize, align: usize) -> Option<NonNull<u8>> {
         let mut inner = self.inner.lock();
         let addr = match inner.free.get_mut(&nr_pages).and_then(Vec::pop) {
-            Some(addr) if align == PAGE_SIZE => addr,
+            Some(addr) if align == PAGE_SIZE => {
+                inner.ends.remove(&(addr + nr_pages * PAGE_SIZE));
+                addr
+            }
             other => {
                 if let Some(addr) = other {
                     inner.free.entry(nr_pages).or_default().push(addr);
@@ -417,11 +424,28 @@ impl PageSource for HostPages {
         let addr = addr.as_ptr() as usize;
         if addr + nr_pages * PAGE_SIZE == inner.bump {
             // The run below the bump pointer: the never-used space grows
-            // back (as a heap's top chunk does), so the next run of any
-            // size may reuse it, and grow in place.
-            inner.bump = addr;
+            // back (as a heap's top chunk does, merged with the free runs
+            // below it), so the next run of any size may reuse it, and
+            // grow in place. (Without the merge a run freed while a later
+            // one was live stayed in its free list, and the next request
+            // of its size took it and could not grow: `realloc-1m` copied
+            // its 16 KiB block every chain.)
+            let inner = &mut *inner;
+            let mut bump = addr;
+            while let Some(pages) = inner.ends.remove(&bump) {
+                let start = bump - pages * PAGE_SIZE;
+                let runs = inner
+                    .free
+                    .get_mut(&pages)
+                    .expect("a run of `ends` is in `free`");
+                let at = runs.iter().position(|&run| run == start).expect("listed");
+                runs.swap_remove(at);
+                bump = start;
+            }
+            inner.bump = bump;
         } else {
             inner.free.entry(nr_pages).or_default().push(addr);
+            inner.ends.insert(addr + nr_pages * PAGE_SIZE, nr_pages);
         }
         inner.outstanding -= nr_pages;
     }
@@ -456,6 +480,30 @@ impl PageSource for HostPages {
         inner.outstanding += new_nr_pages - nr_pages;
         inner.peak = inner.peak.max(inner.outstanding);
         true
+    }
+
+    /// At the bump pointer (the never-used space after it lets the run
+    /// grow in place), not in a freed run of the same size.
+    fn alloc_pages_to_grow(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        if nr_pages == 0 {
+            return Err(AllocError::OutOfMemory);
+        }
+        let mut inner = self.inner.lock();
+        let start = inner.bump;
+        match start.checked_add(nr_pages * PAGE_SIZE) {
+            Some(end) if end <= self.end => {
+                inner.bump = end;
+                inner.outstanding += nr_pages;
+                inner.peak = inner.peak.max(inner.outstanding);
+                self.nr_allocs.fetch_add(1, Ordering::Relaxed);
+                NonNull::new(start as *mut u8).ok_or(AllocError::OutOfMemory)
+            }
+            // No never-used space left: any free run.
+            _ => {
+                drop(inner);
+                self.alloc_pages(nr_pages)
+            }
+        }
     }
 
     fn span(&self) -> (usize, usize) {

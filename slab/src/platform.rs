@@ -456,6 +456,19 @@ pub trait PageSource: Sync {
         let _ = (addr, nr_pages, new_nr_pages);
         false
     }
+    /// [`PageSource::alloc_pages`] for a block that is likely to grow
+    /// ([`PageSource::resize_pages`]): `realloc` moving a block it could
+    /// not grow in place asks for its new pages here, so a source may put
+    /// them where free pages follow (a bump pointer, the top of its free
+    /// space) rather than in the best-fitting hole, which a growing block
+    /// would have to leave again at its next growth (and leave the same
+    /// hole for the next one). Default: [`PageSource::alloc_pages`].
+    ///
+    /// # Errors
+    /// As for [`PageSource::alloc_pages`].
+    fn alloc_pages_to_grow(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        self.alloc_pages(nr_pages)
+    }
 }
 
 /// The source an [`Kmem`](crate::Kmem) reports before `init`:

@@ -208,7 +208,7 @@ impl<P: Platform> Kmem<P> {
         // `layout.align()`, does not overflow `isize`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         // SAFETY: a valid layout (size 0 gets kmalloc-8).
-        let new = unsafe { self.alloc(new_layout) };
+        let new = unsafe { self.realloc_alloc(layout, new_layout) };
         if !new.is_null() {
             // SAFETY: located in `cache`, so on a slab page, never null.
             let old = unsafe { NonNull::new_unchecked(ptr) };
@@ -224,6 +224,42 @@ impl<P: Platform> Kmem<P> {
             }
         }
         new
+    }
+
+    /// The new block of a `realloc` that moves a block of `layout` to
+    /// `new_layout`: a growth past a page takes whole pages, where it can
+    /// grow again in place ([`Kmem::large_alloc_to_grow`]): a block grown
+    /// that far is mostly a buffer that keeps growing (a `Vec` doubling),
+    /// and its next growths then copy nothing (a `Vec` pushed to 1 MiB
+    /// copied 8 KiB more when its 4,097..8,192-byte step took a size
+    /// class); anything else is [`GlobalAlloc::alloc`]. Null on error.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::alloc`] of `new_layout`.
+    #[inline(always)]
+    unsafe fn realloc_alloc(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
+        if new_layout.size() > PAGE_SIZE {
+            // SAFETY: per our caller.
+            return unsafe { self.realloc_alloc_big(layout, new_layout) };
+        }
+        // SAFETY: per our caller.
+        unsafe { self.alloc(new_layout) }
+    }
+
+    /// [`Self::realloc_alloc`] past a page: out of line, so the moves
+    /// between size classes (`realloc-grow`) keep one compare for it.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::alloc`] of `new_layout`.
+    #[inline(never)]
+    unsafe fn realloc_alloc_big(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
+        if new_layout.size() > layout.size() && new_layout.align() <= PAGE_SIZE {
+            return self
+                .large_alloc_to_grow(new_layout.size())
+                .map_or(ptr::null_mut(), NonNull::as_ptr);
+        }
+        // SAFETY: per our caller.
+        unsafe { self.alloc(new_layout) }
     }
 
     /// [`GlobalAlloc::realloc`] of anything but a located slab object: a
@@ -259,7 +295,7 @@ impl<P: Platform> Kmem<P> {
         };
         // SAFETY: a valid layout (GlobalAlloc allows size 0 here; kmalloc
         // gets max(size, 1)).
-        let new = unsafe { self.alloc(new_layout) };
+        let new = unsafe { self.realloc_alloc(layout, new_layout) };
         if !new.is_null() && !ptr.is_null() {
             // SAFETY: both blocks are at least min(old, new) bytes and
             // distinct (new is freshly allocated); ptr is given up per the

@@ -100,6 +100,40 @@ impl<P: Platform> Kmem<P> {
         align: usize,
         tag: Option<AllocTagRef>,
     ) -> Result<NonNull<u8>, AllocError> {
+        self.large_alloc_in::<false>(size, align, tag)
+    }
+
+    /// A page-granular block of at least `size` bytes for `realloc`
+    /// moving a block it could not keep or grow in place: its pages from
+    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
+    /// so its next growth may be in place. Charged to the current tag and
+    /// recorded by kmemtrace as [`Self::kmalloc_pages`] is. `align` is at
+    /// most [`PAGE_SIZE`].
+    #[inline(never)]
+    pub(crate) fn large_alloc_to_grow(&self, size: usize) -> Result<NonNull<u8>, AllocError> {
+        let tag = if self.alloc_profiling() {
+            crate::alloc_tag::current::<P>()
+        } else {
+            None
+        };
+        let result = self.large_alloc_in::<true>(size, PAGE_SIZE, tag);
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            self.kmemtrace_large_alloc(result.ok(), size);
+        }
+        result
+    }
+
+    /// [`Self::large_alloc`], its pages from
+    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow)
+    /// if `TO_GROW`.
+    #[inline(always)]
+    fn large_alloc_in<const TO_GROW: bool>(
+        &self,
+        size: usize,
+        align: usize,
+        tag: Option<AllocTagRef>,
+    ) -> Result<NonNull<u8>, AllocError> {
         if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
             return Err(AllocError::InvalidLayout);
         }
@@ -117,7 +151,12 @@ impl<P: Platform> Kmem<P> {
             None
         };
         let source = self.primary_source();
-        let taken = match source.alloc_pages(nr_taken) {
+        let first_try = if TO_GROW {
+            source.alloc_pages_to_grow(nr_taken)
+        } else {
+            source.alloc_pages(nr_taken)
+        };
+        let taken = match first_try {
             Ok(pages) => pages,
             // Out of memory: reap caches until the block fits.
             Err(error) => self.reap_for_pressure(source, nr_taken).ok_or(error)?,
@@ -239,13 +278,12 @@ impl<P: Platform> Kmem<P> {
                 crate::alloc_tag::charge_off_hit::<P>(token, ptr, new_nr_pages * PAGE_SIZE);
             }
         }
-        map.set_head(
-            addr,
-            new_nr_pages,
-            PageEntry::large_head(new_nr_pages, token),
-        );
-        self.large_max_pages
-            .fetch_max(new_nr_pages, Ordering::Relaxed);
+        // `covers` held above: the head entry alone changes.
+        map.replace_head(addr, PageEntry::large_head(new_nr_pages, token));
+        if new_nr_pages > self.large_max_pages.load(Ordering::Relaxed) {
+            self.large_max_pages
+                .fetch_max(new_nr_pages, Ordering::Relaxed);
+        }
         if new_nr_pages > nr_pages {
             self.large_live_pages
                 .fetch_add(new_nr_pages - nr_pages, Ordering::Relaxed);

@@ -208,6 +208,29 @@ impl Region {
         }
         None
     }
+
+    /// Where a block of `nr_pages` pages that is likely to grow goes
+    /// ([`PageSource::alloc_pages_to_grow`]): in the free run that ends
+    /// highest (in a heap filled from the bottom, the free space after
+    /// every used page), halfway along what it leaves free, so the first
+    /// fits of other allocations fill the pages before it and the pages
+    /// after it stay free to grow into; the first fit if that run is too
+    /// short. Page by page from the top (a realloc's move, not a hit).
+    fn find_to_grow(&self, nr_pages: usize) -> Option<usize> {
+        let mut end = self.nr_pages;
+        while end > 0 && self.is_used(end - 1) {
+            end -= 1;
+        }
+        let mut start = end;
+        while start > 0 && !self.is_used(start - 1) {
+            start -= 1;
+        }
+        if end - start >= nr_pages {
+            Some(start + (end - start - nr_pages) / 2)
+        } else {
+            self.find(nr_pages)
+        }
+    }
 }
 
 impl<P: Platform> PageSource for RegionSource<P> {
@@ -222,6 +245,21 @@ impl<P: Platform> PageSource for RegionSource<P> {
             return Err(AllocError::OutOfMemory);
         }
         let first = region.find(nr_pages).ok_or(AllocError::OutOfMemory)?;
+        region.set(first..first + nr_pages, true);
+        region.nr_free -= nr_pages;
+        region.nr_allocs_ever += 1;
+        NonNull::new((region.base + first * PAGE_SIZE) as *mut u8).ok_or(AllocError::OutOfMemory)
+    }
+
+    fn alloc_pages_to_grow(&self, nr_pages: usize) -> Result<NonNull<u8>, AllocError> {
+        let _irq = IrqGuard::<P>::new();
+        let mut region = self.state.lock();
+        if nr_pages == 0 || nr_pages > region.nr_free {
+            return Err(AllocError::OutOfMemory);
+        }
+        let first = region
+            .find_to_grow(nr_pages)
+            .ok_or(AllocError::OutOfMemory)?;
         region.set(first..first + nr_pages, true);
         region.nr_free -= nr_pages;
         region.nr_allocs_ever += 1;

@@ -408,6 +408,21 @@ impl PageMap {
         self.covers(addr, nr_pages) && self.set_range(addr, 1, |_| entry)
     }
 
+    /// Replace the entry of a live page-granular kmalloc's head at `addr`
+    /// (in the span: its block was registered) by `entry`, another head
+    /// entry (an in-place resize): one store, as the slot's other fields
+    /// (stride magic 0, no slab) stay what a head page has.
+    pub(crate) fn replace_head(&self, addr: usize, entry: PageEntry) {
+        debug_assert!(matches!(
+            self.get(addr).owner(),
+            PageOwner::LargeHead { .. }
+        ));
+        debug_assert!(matches!(entry.owner(), PageOwner::LargeHead { .. }));
+        if let Some(index) = self.index(addr) {
+            self.entry(index).store(entry.0, Ordering::Release);
+        }
+    }
+
     /// Whether the `nr_pages` (at least one) pages from `addr` lie in the
     /// span.
     pub(crate) fn covers(&self, addr: usize, nr_pages: usize) -> bool {

@@ -260,6 +260,69 @@ fn realloc_grows_and_shrinks_a_page_granular_block_in_place() {
 }
 
 #[test]
+fn realloc_past_a_page_takes_whole_pages_that_grow_in_place() {
+    set_cpu(0);
+    let heap: &'static Heap<UpPlatform> = Box::leak(Box::new(Heap::new()));
+    heap.init_static(region(200)).unwrap();
+    let small = Layout::from_size_align(3000, 8).unwrap();
+    // SAFETY: valid layouts; every block is used within its size and
+    // given back once.
+    unsafe {
+        let block = heap.alloc(small);
+        assert!(!block.is_null());
+        for i in 0..3000 {
+            block.add(i).write(i as u8);
+        }
+        let live = heap.stats().large();
+        // Past a page: moved (a slab object cannot grow) to whole pages.
+        let pages = heap.realloc(block, small, 6000);
+        assert!(!pages.is_null() && pages != block);
+        assert!(pages.addr().is_multiple_of(PAGE_SIZE));
+        let pages_nn = NonNull::new(pages).unwrap();
+        assert_eq!(heap.ksize(pages_nn), Ok(2 * PAGE_SIZE), "whole pages");
+        assert_eq!(heap.stats().large().nr_live, live.nr_live + 1);
+        assert!((0..3000).all(|i| pages.add(i).read() == i as u8));
+        // Its next growths copy nothing.
+        let grown = heap.realloc(pages, Layout::from_size_align(6000, 8).unwrap(), 12_000);
+        assert_eq!(grown, pages, "grown in place");
+        let grown = heap.realloc(grown, Layout::from_size_align(12_000, 8).unwrap(), 24_000);
+        assert_eq!(grown, pages, "grown in place again");
+        assert_eq!(heap.ksize(pages_nn), Ok(6 * PAGE_SIZE));
+        assert!((0..3000).all(|i| grown.add(i).read() == i as u8));
+        let big = Layout::from_size_align(24_000, 8).unwrap();
+        // Bad pointers are refused as before, and change nothing: a
+        // pointer into the grown pages, then (after the free) the block
+        // again.
+        let inner = NonNull::new(grown.add(4 * PAGE_SIZE)).unwrap();
+        assert!(matches!(
+            heap.kfree(inner),
+            Err(crate::FreeError::Misaligned { .. })
+        ));
+        assert_eq!(heap.ksize(pages_nn), Ok(6 * PAGE_SIZE), "still whole");
+        assert!(matches!(
+            heap.krealloc(Some(inner), 50_000, 8),
+            Err(AllocError::InvalidLayout)
+        ));
+        assert_eq!(heap.ksize(pages_nn), Ok(6 * PAGE_SIZE), "still whole");
+        heap.dealloc(grown, big);
+        assert!(matches!(
+            heap.kfree(pages_nn),
+            Err(crate::FreeError::DoubleFree { .. })
+        ));
+        assert_eq!(heap.stats().large().nr_live, live.nr_live);
+        assert_eq!(heap.stats().large().live_bytes, live.live_bytes);
+        // A growth within a page keeps a size class.
+        let b = heap.alloc(small);
+        let c = heap.realloc(b, small, 4000);
+        assert!(!c.is_null());
+        assert_eq!(heap.stats().large().nr_live, live.nr_live, "a size class");
+        heap.dealloc(c, Layout::from_size_align(4000, 8).unwrap());
+    }
+    assert_eq!(heap.stats().large().nr_live, 0);
+    heap.debug().check_invariants().unwrap();
+}
+
+#[test]
 fn region_source_finds_first_fit_runs_across_bitmap_words() {
     set_cpu(0);
     // 199 pages to hand out: four bitmap words, the last one partial.
