@@ -117,42 +117,64 @@ unsafe extern "Rust" {
     /// The #DB handler (an interrupt entry, never called).
     safe fn hobby_count_step();
     /// One `ret` with [`AllocFn`]'s signature (its result is garbage).
-    safe fn hobby_count_ret_alloc(layout: Layout) -> *mut u8;
+    safe fn hobby_count_ret_alloc(size: usize, align: usize) -> *mut u8;
     /// One `ret` with [`FreeFn`]'s signature.
-    safe fn hobby_count_ret_free(ptr: *mut u8, layout: Layout);
+    safe fn hobby_count_ret_free(ptr: *mut u8, size: usize, align: usize);
     /// One `ret` with [`ReallocFn`]'s signature (its result is garbage).
-    safe fn hobby_count_ret_realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8;
+    safe fn hobby_count_ret_realloc(
+        ptr: *mut u8,
+        size: usize,
+        align: usize,
+        new_size: usize,
+    ) -> *mut u8;
 }
 
-type AllocFn = unsafe fn(Layout) -> *mut u8;
-type FreeFn = unsafe fn(*mut u8, Layout);
-type ReallocFn = unsafe fn(*mut u8, Layout, usize) -> *mut u8;
+/// `__rust_alloc`'s signature: the size and alignment of a `Layout`.
+type AllocFn = unsafe fn(usize, usize) -> *mut u8;
+/// `__rust_dealloc`'s.
+type FreeFn = unsafe fn(*mut u8, usize, usize);
+/// `__rust_realloc`'s.
+type ReallocFn = unsafe fn(*mut u8, usize, usize, usize) -> *mut u8;
 
 // What `__rust_alloc`, `__rust_dealloc` and `__rust_realloc` are in a
-// kernel with that allocator as its `#[global_allocator]`.
-unsafe fn magpie_alloc(layout: Layout) -> *mut u8 {
-    // SAFETY: per GlobalAlloc's contract, kept by our caller.
-    unsafe { HEAP.alloc(layout) }
+// kernel with that allocator as its `#[global_allocator]` (the compiler's
+// `__rg_alloc(size, align)` and the others: the layout rebuilt from its
+// two words, the allocator's method called on its `static`).
+unsafe fn magpie_alloc(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: per GlobalAlloc's contract, kept by our caller (a Layout's words).
+    unsafe { HEAP.alloc(Layout::from_size_align_unchecked(size, align)) }
 }
-unsafe fn magpie_free(ptr: *mut u8, layout: Layout) {
+unsafe fn magpie_free(ptr: *mut u8, size: usize, align: usize) {
     // SAFETY: per GlobalAlloc's contract.
-    unsafe { HEAP.dealloc(ptr, layout) }
+    unsafe { HEAP.dealloc(ptr, Layout::from_size_align_unchecked(size, align)) }
 }
-unsafe fn magpie_realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+unsafe fn magpie_realloc(ptr: *mut u8, size: usize, align: usize, new_size: usize) -> *mut u8 {
     // SAFETY: per GlobalAlloc's contract.
-    unsafe { HEAP.realloc(ptr, layout, new_size) }
+    unsafe {
+        HEAP.realloc(
+            ptr,
+            Layout::from_size_align_unchecked(size, align),
+            new_size,
+        )
+    }
 }
-unsafe fn fsb_alloc(layout: Layout) -> *mut u8 {
+unsafe fn fsb_alloc(size: usize, align: usize) -> *mut u8 {
     // SAFETY: per GlobalAlloc's contract.
-    unsafe { FSB.alloc(layout) }
+    unsafe { FSB.alloc(Layout::from_size_align_unchecked(size, align)) }
 }
-unsafe fn fsb_free(ptr: *mut u8, layout: Layout) {
+unsafe fn fsb_free(ptr: *mut u8, size: usize, align: usize) {
     // SAFETY: per GlobalAlloc's contract.
-    unsafe { FSB.dealloc(ptr, layout) }
+    unsafe { FSB.dealloc(ptr, Layout::from_size_align_unchecked(size, align)) }
 }
-unsafe fn fsb_realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+unsafe fn fsb_realloc(ptr: *mut u8, size: usize, align: usize, new_size: usize) -> *mut u8 {
     // SAFETY: per GlobalAlloc's contract.
-    unsafe { FSB.realloc(ptr, layout, new_size) }
+    unsafe {
+        FSB.realloc(
+            ptr,
+            Layout::from_size_align_unchecked(size, align),
+            new_size,
+        )
+    }
 }
 
 /// Sets RFLAGS.TF: each instruction after the next raises #DB.
@@ -177,7 +199,7 @@ fn stepped_alloc(f: AllocFn, layout: Layout) -> (u64, *mut u8) {
     let before = NR_STEPS.load(Ordering::Relaxed);
     trap_on();
     // SAFETY: f is an allocator's alloc or the baseline; layout as its caller's.
-    let result = unsafe { f(layout) };
+    let result = unsafe { f(layout.size(), layout.align()) };
     trap_off();
     (NR_STEPS.load(Ordering::Relaxed) - before, result)
 }
@@ -192,7 +214,7 @@ unsafe fn stepped_free(f: FreeFn, ptr: *mut u8, layout: Layout) -> u64 {
     let before = NR_STEPS.load(Ordering::Relaxed);
     trap_on();
     // SAFETY: per our caller.
-    unsafe { f(ptr, layout) };
+    unsafe { f(ptr, layout.size(), layout.align()) };
     trap_off();
     NR_STEPS.load(Ordering::Relaxed) - before
 }
@@ -212,7 +234,7 @@ unsafe fn stepped_realloc(
     let before = NR_STEPS.load(Ordering::Relaxed);
     trap_on();
     // SAFETY: per our caller.
-    let result = unsafe { f(ptr, layout, new_size) };
+    let result = unsafe { f(ptr, layout.size(), layout.align(), new_size) };
     trap_off();
     (NR_STEPS.load(Ordering::Relaxed) - before, result)
 }

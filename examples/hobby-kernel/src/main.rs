@@ -32,7 +32,20 @@ mod count;
 // ---- The adopter's glue: these lines and the init_region call. ----
 // (Feature `count` wraps it: src/count.rs's global allocator.)
 #[cfg_attr(not(feature = "count"), global_allocator)]
-static HEAP: Heap<X86_64> = Heap::new();
+static HEAP: Heap<X86_64<Hobby>> = Heap::new();
+
+/// This kernel for the shipped platform: one CPU, and restartable hits
+/// (magpie-slab feature `nightly`), which it may have because no
+/// interrupt handler of it runs allocator code (it takes none).
+struct Hobby;
+// SAFETY: no hooks (the defaults).
+unsafe impl magpie_slab::PlatformHooks for Hobby {}
+// SAFETY: no allocation tags (the defaults).
+unsafe impl magpie_slab::AllocTagHooks for Hobby {}
+// SAFETY: one CPU; no interrupt handler allocates or frees (promise 6).
+unsafe impl magpie_slab::glue::Kernel for Hobby {
+    const RESTARTABLE_HITS: bool = true;
+}
 
 const HEAP_SIZE: usize = 100 * 1024;
 /// The heap's memory: mapped already (in the image's .bss).
