@@ -641,7 +641,12 @@
         not(miri),
         not(all(test, loom))
     ),
-    feature(asm_goto_with_outputs)
+    feature(asm_goto_with_outputs, core_intrinsics),
+    allow(
+        internal_features,
+        reason = "core_intrinsics for `is_val_statically_known`: the restartable hits \
+                  address a one-CPU platform's per-CPU line with no offset register"
+    )
 )]
 #![cfg_attr(all(test, not(loom), feature = "nightly"), feature(btreemap_alloc))]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -173,6 +173,124 @@ mod imp {
         };
     }
 
+    /// A field of this CPU's per-CPU cache as an `asm!` memory operand:
+    /// `[{base} + {offset} + {FIELD}]` (`indexed`), or `[{base} + {FIELD}]`
+    /// (`plain`: the CPU's offset is a constant 0, one CPU, and no register
+    /// is spent on it: an `xor` a side of the hit pair).
+    macro_rules! line {
+        (indexed, $field:literal) => {
+            concat!("[{base} + {offset} + {", $field, "}]")
+        };
+        (plain, $field:literal) => {
+            concat!("[{base} + {", $field, "}]")
+        };
+    }
+
+    /// Whether the sequences may address the line without the offset
+    /// register (`line!`'s `plain`): `offset` is 0 and the compiler knows
+    /// it (a one-CPU platform's `cpu_offset`). A several-CPU kernel's
+    /// offset is a load: `indexed`, with nothing tested on the hit.
+    #[inline(always)]
+    fn plain(offset: usize) -> bool {
+        core::intrinsics::is_val_statically_known(offset) && offset == 0
+    }
+
+    /// [`pop`]'s keyed sequence, addressing the line as `$mode` (`line!`);
+    /// `$offset`: the offset operand (`indexed`) or nothing.
+    macro_rules! pop_keyed {
+        ($mode:ident, $base:expr, $round:ident, [$($offset:tt)*]) => {
+            core::arch::asm!(
+                "2:",
+                concat!("mov {top}, qword ptr ", line!($mode, "top_at")),
+                "mov {round}, qword ptr [{top} - 8]",
+                "test {round}, {round}",
+                "jz {empty}",
+                concat!("mov {key}, qword ptr ", line!($mode, "key_at")),
+                "cmp qword ptr [{round}], {key}",
+                "jne {empty}",
+                "sub {top}, 8",
+                concat!("mov qword ptr ", line!($mode, "top_at"), ", {top}"),
+                "3:",
+                restart_range!(),
+                concat!("inc qword ptr ", line!($mode, "nr_at")),
+                "mov qword ptr [{round}], 0",
+                base = in(reg) $base,
+                $($offset)*
+                top_at = const A::AT + A::TOP,
+                nr_at = const A::AT + A::NR_ALLOCS,
+                key_at = const A::AT + A::FREE_KEY,
+                top = out(reg) _,
+                key = out(reg) _,
+                round = out(reg) $round,
+                empty = label { return None; },
+                options(nostack),
+            )
+        };
+    }
+
+    /// [`pop`]'s keyless sequence, as [`pop_keyed`].
+    macro_rules! pop_keyless {
+        ($mode:ident, $base:expr, $round:ident, [$($offset:tt)*]) => {
+            core::arch::asm!(
+                "2:",
+                concat!("mov {top}, qword ptr ", line!($mode, "top_at")),
+                "mov {round}, qword ptr [{top} - 8]",
+                "test {round}, {round}",
+                "jz {empty}",
+                "sub {top}, 8",
+                concat!("mov qword ptr ", line!($mode, "top_at"), ", {top}"),
+                "3:",
+                restart_range!(),
+                concat!("inc qword ptr ", line!($mode, "nr_at")),
+                base = in(reg) $base,
+                $($offset)*
+                top_at = const A::AT + A::TOP,
+                nr_at = const A::AT + A::NR_ALLOCS,
+                top = out(reg) _,
+                round = out(reg) $round,
+                empty = label { return None; },
+                options(nostack),
+            )
+        };
+    }
+
+    /// [`push`]'s sequence, as [`pop_keyed`].
+    macro_rules! push_keyed {
+        ($mode:ident, $base:expr, $obj:expr, [$($offset:tt)*]) => {
+            core::arch::asm!(
+                "2:",
+                concat!("mov {top}, qword ptr ", line!($mode, "top_at")),
+                concat!("cmp {top}, qword ptr ", line!($mode, "limit_at")),
+                "jae {no}",
+                concat!("mov {key}, qword ptr ", line!($mode, "key_at")),
+                // The key's low byte first (a one-byte load is forwarded
+                // from any store of the caller's: `double_free::holds_key`),
+                // the word only if it matches.
+                "cmp byte ptr [{obj}], {key:l}",
+                "jne 4f",
+                "cmp qword ptr [{obj}], {key}",
+                "je {no}",
+                "4:",
+                "mov qword ptr [{obj}], {key}",
+                "mov qword ptr [{top}], {obj}",
+                "add {top}, 8",
+                concat!("mov qword ptr ", line!($mode, "top_at"), ", {top}"),
+                "3:",
+                restart_range!(),
+                base = in(reg) $base,
+                $($offset)*
+                obj = in(reg) $obj,
+                top_at = const A::AT + A::TOP,
+                limit_at = const A::AT + A::LIMIT,
+                key_at = const A::AT + A::FREE_KEY,
+                top = out(reg) _,
+                key = out(reg) _,
+                no = label { return false; },
+                options(nostack),
+            )
+        };
+    }
+
     /// The restartable alloc hit: pop the round below this CPU's `top` (the
     /// per-CPU cache at `base + A::AT + offset`), move `top` down (the commit)
     /// and count the allocation; `None` (nothing changed) if the word below
@@ -211,32 +329,11 @@ mod imp {
             // object of the keyed cache: its first word), and the clear
             // after the commit writes the round, ours from the commit on.
             unsafe {
-                core::arch::asm!(
-                    "2:",
-                    "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                    "mov {round}, qword ptr [{top} - 8]",
-                    "test {round}, {round}",
-                    "jz {empty}",
-                    "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
-                    "cmp qword ptr [{round}], {key}",
-                    "jne {empty}",
-                    "sub {top}, 8",
-                    "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                    "3:",
-                    restart_range!(),
-                    "inc qword ptr [{base} + {offset} + {nr_at}]",
-                    "mov qword ptr [{round}], 0",
-                    base = in(reg) base,
-                    offset = in(reg) offset,
-                    top_at = const A::AT + A::TOP,
-                    nr_at = const A::AT + A::NR_ALLOCS,
-                    key_at = const A::AT + A::FREE_KEY,
-                    top = out(reg) _,
-                    key = out(reg) _,
-                    round = out(reg) round,
-                    empty = label { return None; },
-                    options(nostack),
-                );
+                if plain(offset) {
+                    pop_keyed!(plain, base, round, []);
+                } else {
+                    pop_keyed!(indexed, base, round, [offset = in(reg) offset,]);
+                }
             }
             // SAFETY: the jump above leaves on a null round.
             return Some(unsafe { core::ptr::NonNull::new_unchecked(round) });
@@ -250,28 +347,13 @@ mod imp {
         // (inputs, never written: `out` registers are never an input's). The
         // count after the commit is one read-modify-write instruction, which
         // an interrupt on this CPU cannot split. No stack; the flags are
-        // clobbered (no `preserves_flags`).
+        // clobbered (no `preserves_flags`). (`plain`: `offset` is 0.)
         unsafe {
-            core::arch::asm!(
-                "2:",
-                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                "mov {round}, qword ptr [{top} - 8]",
-                "test {round}, {round}",
-                "jz {empty}",
-                "sub {top}, 8",
-                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                "3:",
-                restart_range!(),
-                "inc qword ptr [{base} + {offset} + {nr_at}]",
-                base = in(reg) base,
-                offset = in(reg) offset,
-                top_at = const A::AT + A::TOP,
-                nr_at = const A::AT + A::NR_ALLOCS,
-                top = out(reg) _,
-                round = out(reg) round,
-                empty = label { return None; },
-                options(nostack),
-            );
+            if plain(offset) {
+                pop_keyless!(plain, base, round, []);
+            } else {
+                pop_keyless!(indexed, base, round, [offset = in(reg) offset,]);
+            }
         }
         // SAFETY: the jump above leaves on a null round.
         Some(unsafe { core::ptr::NonNull::new_unchecked(round) })
@@ -304,39 +386,13 @@ mod imp {
         // publishes it, and a restart writes it again) and `obj`'s first word
         // (the caller's object, given up): an interrupt there is undone by
         // starting again at `2:`, inputs unchanged (early-clobber outputs).
-        // No stack; the flags are clobbered.
+        // No stack; the flags are clobbered. (`plain`: `offset` is 0.)
         unsafe {
-            core::arch::asm!(
-                "2:",
-                "mov {top}, qword ptr [{base} + {offset} + {top_at}]",
-                "cmp {top}, qword ptr [{base} + {offset} + {limit_at}]",
-                "jae {no}",
-                "mov {key}, qword ptr [{base} + {offset} + {key_at}]",
-                // The key's low byte first (a one-byte load is forwarded
-                // from any store of the caller's: `double_free::holds_key`),
-                // the word only if it matches.
-                "cmp byte ptr [{obj}], {key:l}",
-                "jne 4f",
-                "cmp qword ptr [{obj}], {key}",
-                "je {no}",
-                "4:",
-                "mov qword ptr [{obj}], {key}",
-                "mov qword ptr [{top}], {obj}",
-                "add {top}, 8",
-                "mov qword ptr [{base} + {offset} + {top_at}], {top}",
-                "3:",
-                restart_range!(),
-                base = in(reg) base,
-                offset = in(reg) offset,
-                obj = in(reg) obj.as_ptr(),
-                top_at = const A::AT + A::TOP,
-                limit_at = const A::AT + A::LIMIT,
-                key_at = const A::AT + A::FREE_KEY,
-                top = out(reg) _,
-                key = out(reg) _,
-                no = label { return false; },
-                options(nostack),
-            );
+            if plain(offset) {
+                push_keyed!(plain, base, obj.as_ptr(), []);
+            } else {
+                push_keyed!(indexed, base, obj.as_ptr(), [offset = in(reg) offset,]);
+            }
         }
         true
     }
