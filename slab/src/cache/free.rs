@@ -130,7 +130,7 @@ impl<P: Platform> KmemCache<P> {
         // The object-start test by the slot's magic (Acquire, first): 0
         // on any page that is no slab page, so it refuses those too and
         // the owner needs no null test.
-        let (index, exact) = obj_index_with(slot.magic(), addr.wrapping_sub(slot.base()));
+        let (index, exact) = obj_index_with(slot.magic(), slot.offset_in_slab(addr));
         if !exact {
             return None;
         }

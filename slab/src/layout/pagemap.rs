@@ -269,6 +269,39 @@ impl PageSlot {
         self.base.load(Ordering::Relaxed)
     }
 
+    /// `addr` less the slab's first object ([`PageSlot::base`]), once
+    /// [`PageSlot::magic`] was non-zero. On x86-64 (Miri and the loom
+    /// models aside) one `sub` with the base in memory, which reads it
+    /// once as the relaxed load does (an aligned 8-byte read is
+    /// single-copy atomic there): LLVM folds no atomic load into an
+    /// arithmetic instruction (a load and a `sub` otherwise, one more
+    /// on the free hit).
+    #[inline(always)]
+    pub(crate) fn offset_in_slab(&self, addr: usize) -> usize {
+        #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
+        {
+            let mut offset = addr;
+            // SAFETY: `[slot + BASE_AT]` is this slot's `base`, an
+            // aligned `AtomicUsize` alive for the call (a reference): the
+            // block reads it once and writes only `offset` and the flags
+            // (declared clobbered: no `preserves_flags`).
+            unsafe {
+                core::arch::asm!(
+                    "sub {offset}, qword ptr [{slot} + {base_at}]",
+                    offset = inout(reg) offset,
+                    slot = in(reg) core::ptr::from_ref(self),
+                    base_at = const core::mem::offset_of!(PageSlot, base),
+                    options(nostack, readonly),
+                );
+            }
+            offset
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri), not(all(test, loom)))))]
+        {
+            addr.wrapping_sub(self.base())
+        }
+    }
+
     /// The slab struct of a slab page whose object the caller located
     /// (its slab cannot go meanwhile; the magic's Acquire made it
     /// visible): the entry untagged, one load (its tag subtracted in the
