@@ -1,12 +1,13 @@
 //! Feature `count`: the heap tests' allocator instructions, counted
-//! exactly in QEMU, with Magpie (the shipped `Heap<X86_64>`, [`HEAP`]) and
+//! exactly in QEMU, with Magpie (the shipped `Heap<X86_64<Hobby>>`, [`HEAP`]) and
 //! with the fixed-size-block allocator of "Writing an OS in Rust"
 //! (`bench/src/fixed_size_block.rs`, the file the host bench runs, here as
 //! a module), each with a 100 KiB heap.
 //!
 //! The global allocator is [`Counted`]: every `alloc`, `dealloc` and
-//! `realloc` calls the chosen allocator's (a `__rust_alloc`-like function:
-//! the allocator's `GlobalAlloc` method on its `static`, called through a
+//! `realloc` calls the chosen allocator's (a function of `__rust_alloc`'s
+//! signature, `(size, align)`, as the compiler's `__rg_alloc` is: the
+//! allocator's `GlobalAlloc` method on its `static`, called through a
 //! function pointer) with the trap flag set, so that each instruction
 //! executed raises a debug exception (#DB), which a two-instruction
 //! handler counts (as `tests/kernel_hit.rs` counts the kernel's hit; QEMU

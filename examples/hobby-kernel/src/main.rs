@@ -1,6 +1,7 @@
 //! A one-CPU hobby kernel adopting magpie-slab, as an adopter writes it:
-//! the shipped glue (`Heap`, `X86_64`: one CPU), a 100 KiB heap, the heap
-//! tests of "Writing an OS in Rust". Booted by Magpie's PVH path (QEMU
+//! the shipped glue (`Heap`, `X86_64`: one CPU, with restartable hits
+//! since no interrupt handler allocates), a 100 KiB heap, the heap tests
+//! of "Writing an OS in Rust". Booted by Magpie's PVH path (QEMU
 //! `-kernel`: `cargo run -p magpie-hobby-kernel`, `make test-example`);
 //! output on COM1, result through QEMU's isa-debug-exit.
 

@@ -32,7 +32,10 @@
 //! | `aarch64` | `Aarch64` (EL1) | `TPIDR_EL1` | `DAIF.I` | `CNTVCT_EL0` |
 //!
 //! Each is a [`Machine`]: the magazine hits take the in-use flag (no
-//! interrupt masking on the hit, [`Platform::LOCAL_TRYLOCK`]), the slow
+//! interrupt masking on the hit, [`Platform::LOCAL_TRYLOCK`]), or on
+//! x86_64 with feature `nightly`, for a [`Kernel`] that says
+//! [`Kernel::RESTARTABLE_HITS`], are restartable sequences
+//! ([`crate::restart`]: no flag, 3 instructions fewer a side); the slow
 //! paths save and restore interrupts. Each is generic over a [`Kernel`]
 //! (default [`OneCpu`]): the kernel's CPU count and IPI for several CPUs,
 //! frame-pointer backtraces, and its own [`PlatformHooks`](crate::PlatformHooks) (allocation
