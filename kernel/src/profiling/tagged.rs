@@ -159,9 +159,11 @@ fn read_random_kmalloc_arg() -> bool {
 /// class, `kmalloc-rnd-<NN>-<size>`, chosen by the site's tag, or its
 /// source location while profiling is off, hashed with a per-boot seed),
 /// or the normal class under `random_kmalloc_caches=0`. Not for direct
-/// use.
+/// use. Out of line and placed in the allocator's text (`boot/linker.ld`),
+/// as the slab library is: the first return address outside it, the
+/// call site kmemtrace records, is the `kmalloc!` line's.
 #[doc(hidden)]
-#[inline]
+#[inline(never)]
 #[track_caller]
 pub fn kmalloc_site(
     size: usize,

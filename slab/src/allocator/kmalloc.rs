@@ -440,7 +440,11 @@ impl<P: Platform> Kmem<P> {
     ///
     /// # Errors
     /// As for [`Kmem::kmalloc`].
-    #[inline(always)]
+    // Out of line: a caller's wrapper (a kernel's `kmalloc!` site) stays
+    // small enough to inline into the call site, so the first frame
+    // outside the allocator's text is the call site's (kmemtrace's
+    // `caller_frames`).
+    #[inline(never)]
     pub fn kmalloc_with(&self, args: KmallocArgs) -> Result<NonNull<u8>, AllocError> {
         let KmallocArgs {
             size,
