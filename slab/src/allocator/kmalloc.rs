@@ -673,7 +673,7 @@ impl<P: Platform> Kmem<P> {
             return Err(AllocError::NotInitialized);
         }
         let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc(size, align, tag);
+        let result = self.large_alloc::<false>(size, align, tag);
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
             self.kmemtrace_large_alloc(result.ok(), size);

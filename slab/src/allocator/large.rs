@@ -91,18 +91,6 @@ impl<P: Platform> Kmem<P> {
         Ok(new)
     }
 
-    /// The page-granular allocation of [`Self::kmalloc_pages`], charged
-    /// to `tag`.
-    #[inline(always)]
-    pub(super) fn large_alloc(
-        &self,
-        size: usize,
-        align: usize,
-        tag: Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        self.large_alloc_in::<false>(size, align, tag)
-    }
-
     /// A page-granular block of at least `size` bytes for `realloc`
     /// moving a block it could not keep or grow in place: its pages from
     /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
@@ -116,7 +104,7 @@ impl<P: Platform> Kmem<P> {
         } else {
             None
         };
-        let result = self.large_alloc_in::<true>(size, PAGE_SIZE, tag);
+        let result = self.large_alloc::<true>(size, PAGE_SIZE, tag);
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
             self.kmemtrace_large_alloc(result.ok(), size);
@@ -124,11 +112,12 @@ impl<P: Platform> Kmem<P> {
         result
     }
 
-    /// [`Self::large_alloc`], its pages from
+    /// The page-granular allocation of [`Self::kmalloc_pages`], charged
+    /// to `tag`; its pages from
     /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow)
-    /// if `TO_GROW`.
+    /// if `TO_GROW` ([`Self::large_alloc_to_grow`]).
     #[inline(always)]
-    fn large_alloc_in<const TO_GROW: bool>(
+    pub(super) fn large_alloc<const TO_GROW: bool>(
         &self,
         size: usize,
         align: usize,
