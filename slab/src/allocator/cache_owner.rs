@@ -140,6 +140,7 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::kfence_tick(self);
     }
 
+    #[cfg(feature = "kfence")]
     fn kfence_alloc(
         &self,
         cache: &KmemCache<P>,
@@ -149,6 +150,7 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::kfence_alloc(self, cache, bytes_req, tag)
     }
 
+    #[cfg(feature = "kfence")]
     fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>> {
         Kmem::kfence_free(self, addr, Some(cache))
     }

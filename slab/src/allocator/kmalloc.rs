@@ -744,6 +744,7 @@ impl<P: Platform> Kmem<P> {
             // caller gives it up.
             return unsafe { cache.free_hooked(ptr, slab, index) };
         }
+        #[cfg(feature = "kfence")]
         if self.kfence_contains(addr) {
             // KFENCE HOOK: a sampled object is in no slab page.
             return self.kfree_sampled(ptr);

@@ -474,6 +474,7 @@ impl<P: Platform> KmemCache<P> {
         let addr = obj.as_ptr() as usize;
         // KFENCE: a sampled object is in no slab page (and off the
         // primary source a bufctl cache's hash would not know it).
+        #[cfg(feature = "kfence")]
         if let Some(result) = self.owner().kfence_free(addr, self) {
             return self.free_event(obj, result, self.hot(), None);
         }

@@ -47,6 +47,10 @@ impl<P: Platform> KmemCache<P> {
     /// either way). `Some`: the allocation is served (or refused) here.
     #[cold]
     #[inline(never)]
+    #[cfg_attr(
+        not(feature = "kfence"),
+        expect(unused_variables, reason = "the sample's size and tag, KFENCE's only")
+    )]
     pub(super) fn pre_alloc_hook(
         &self,
         hot: HotFlags,
@@ -56,6 +60,7 @@ impl<P: Platform> KmemCache<P> {
         if hot.contains(HotFlags::BOOTSTRAP) {
             return Some(Err(AllocError::InvalidLayout));
         }
+        #[cfg(feature = "kfence")]
         if hot.contains(HotFlags::SAMPLE) {
             return self.owner().kfence_alloc(self, bytes_req, tag).map(Ok);
         }

@@ -74,6 +74,7 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
     fn kfence_tick(&self);
     /// KFENCE: serve an armed sample of `cache` from the guarded pool
     /// (`None`: not now); clears the cache's `SAMPLE` bit.
+    #[cfg(feature = "kfence")]
     fn kfence_alloc(
         &self,
         cache: &KmemCache<P>,
@@ -81,6 +82,7 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
         tag: &dyn Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>>;
     /// KFENCE: free `addr` if it is a sampled object (`None`: it is not).
+    #[cfg(feature = "kfence")]
     fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>>;
     /// kmemtrace: the recorder (its per-CPU rings), which a cache keeps
     /// from its creation and writes its events into.
