@@ -63,7 +63,7 @@ impl<P: Platform> Kmem<P> {
     #[cold]
     #[inline(never)]
     fn alloc_pages_or_null(&self, layout: Layout) -> *mut u8 {
-        self.kmalloc_pages(
+        self.kmalloc_pages::<false>(
             layout.size(),
             layout.align(),
             crate::alloc_tag::current::<P>,
@@ -232,7 +232,7 @@ impl<P: Platform> Kmem<P> {
 
     /// The new block of a `realloc` that moves a block of `layout` to
     /// `new_layout`: a growth past a page takes whole pages, where it can
-    /// grow again in place ([`Kmem::large_alloc_to_grow`]): a block grown
+    /// grow again in place ([`Kmem::kmalloc_pages`]): a block grown
     /// that far is mostly a buffer that keeps growing (a `Vec` doubling),
     /// and its next growths then copy nothing (a `Vec` pushed to 1 MiB
     /// copied 8 KiB more when its 4,097..8,192-byte step took a size
@@ -259,7 +259,7 @@ impl<P: Platform> Kmem<P> {
     unsafe fn realloc_alloc_big(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
         if new_layout.size() > layout.size() && new_layout.align() <= PAGE_SIZE {
             return self
-                .large_alloc_to_grow(new_layout.size())
+                .kmalloc_pages::<true>(new_layout.size(), PAGE_SIZE, crate::alloc_tag::current::<P>)
                 .map_or(ptr::null_mut(), NonNull::as_ptr);
         }
         // SAFETY: per our caller.

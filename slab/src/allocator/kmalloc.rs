@@ -477,7 +477,7 @@ impl<P: Platform> Kmem<P> {
             // SAFETY: a class's or a partition's cache, an unborn stub or
             // the unready entry.
             Some(cache) => unsafe { KmemCache::alloc_at(cache, tag, size) },
-            None => self.kmalloc_pages(size, align, tag),
+            None => self.kmalloc_pages::<false>(size, align, tag),
         };
         if zero && let Ok(ptr) = result {
             self.zero_new(ptr, size, align);
@@ -662,8 +662,14 @@ impl<P: Platform> Kmem<P> {
     /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
     /// recorded by kmemtrace), or `NotInitialized` before init. Out of
     /// line, so the hit keeps nothing for it.
+    ///
+    /// `TO_GROW`: for `realloc` moving a block it could not keep or grow
+    /// in place, the pages from
+    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
+    /// so the block's next growth may be in place (`align` at most
+    /// [`PAGE_SIZE`](crate::PAGE_SIZE)).
     #[inline(never)]
-    pub(super) fn kmalloc_pages(
+    pub(super) fn kmalloc_pages<const TO_GROW: bool>(
         &self,
         size: usize,
         align: usize,
@@ -673,7 +679,7 @@ impl<P: Platform> Kmem<P> {
             return Err(AllocError::NotInitialized);
         }
         let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc::<false>(size, align, tag);
+        let result = self.large_alloc::<TO_GROW>(size, align, tag);
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
             self.kmemtrace_large_alloc(result.ok(), size);

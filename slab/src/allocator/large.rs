@@ -91,31 +91,10 @@ impl<P: Platform> Kmem<P> {
         Ok(new)
     }
 
-    /// A page-granular block of at least `size` bytes for `realloc`
-    /// moving a block it could not keep or grow in place: its pages from
-    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
-    /// so its next growth may be in place. Charged to the current tag and
-    /// recorded by kmemtrace as [`Self::kmalloc_pages`] is. `align` is at
-    /// most [`PAGE_SIZE`].
-    #[inline(never)]
-    pub(crate) fn large_alloc_to_grow(&self, size: usize) -> Result<NonNull<u8>, AllocError> {
-        let tag = if self.alloc_profiling() {
-            crate::alloc_tag::current::<P>()
-        } else {
-            None
-        };
-        let result = self.large_alloc::<true>(size, PAGE_SIZE, tag);
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(result.ok(), size);
-        }
-        result
-    }
-
     /// The page-granular allocation of [`Self::kmalloc_pages`], charged
     /// to `tag`; its pages from
     /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow)
-    /// if `TO_GROW` ([`Self::large_alloc_to_grow`]).
+    /// if `TO_GROW`.
     #[inline(always)]
     pub(super) fn large_alloc<const TO_GROW: bool>(
         &self,
