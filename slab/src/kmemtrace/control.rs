@@ -57,7 +57,22 @@ impl<P: Platform> Kmem<P> {
     /// or refused. Frees to kmalloc caches are `kfree`s.
     #[inline(always)]
     pub(crate) fn kmemtrace_free(&self, cache: Option<&KmemCache<P>>, obj: NonNull<u8>, ok: bool) {
-        let _ = self.kmemtrace.record::<P>(free_event(cache, obj, ok));
+        let kind = if ok {
+            EventKind::Free
+        } else {
+            EventKind::BadFree
+        };
+        let (type_id, cache_id, bytes) = match cache {
+            Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.params.obj_size),
+            Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
+            None => (EventType::Kmalloc, 0, 0),
+        };
+        let _ = self.kmemtrace.record::<P>(EventFields {
+            head: EventFields::head(kind, type_id, cache_id),
+            ptr: obj.as_ptr() as usize,
+            bytes_req: 0,
+            bytes_alloc: bytes,
+        });
     }
 
     /// Record a page-granular kmalloc (`None`: it failed).
@@ -101,32 +116,6 @@ fn cache_record<P: Platform>(cache: &KmemCache<P>) -> CacheRecord<'_> {
         align: cache.align as u32,
         flags: cache.flags.bits(),
         name: cache.name(),
-    }
-}
-
-/// The event of a free to `cache` (`None`: the pointer is no cache's),
-/// good or refused. Frees to kmalloc caches are `kfree`s.
-#[inline(always)]
-fn free_event<P: Platform>(
-    cache: Option<&KmemCache<P>>,
-    obj: NonNull<u8>,
-    ok: bool,
-) -> EventFields {
-    let kind = if ok {
-        EventKind::Free
-    } else {
-        EventKind::BadFree
-    };
-    let (type_id, cache_id, bytes) = match cache {
-        Some(cache) if cache.permanent => (EventType::Kmalloc, cache.id, cache.params.obj_size),
-        Some(cache) => (EventType::Cache, cache.id, cache.params.obj_size),
-        None => (EventType::Kmalloc, 0, 0),
-    };
-    EventFields {
-        head: EventFields::head(kind, type_id, cache_id),
-        ptr: obj.as_ptr() as usize,
-        bytes_req: 0,
-        bytes_alloc: bytes,
     }
 }
 
