@@ -10,7 +10,7 @@ use core::sync::atomic::Ordering;
 
 use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{CacheOwner, HotFlags, KmemCache};
+use crate::cache::{CacheOwner, KmemCache};
 use crate::error::{AllocError, FreeError};
 use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
@@ -680,6 +680,7 @@ impl<P: Platform> Kmem<P> {
         }
         let tag = if self.alloc_profiling() { tag() } else { None };
         let result = self.large_alloc::<TO_GROW>(size, align, tag);
+        #[cfg(feature = "kmemtrace")]
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
             self.kmemtrace_large_alloc(result.ok(), size);
@@ -741,7 +742,8 @@ impl<P: Platform> Kmem<P> {
             // SAFETY: the page map puts addr in this live slab of `cache`.
             let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
                 // KMEMTRACE HOOK: kfree of a pointer inside an object.
-                if cache.hot().contains(HotFlags::KMEMTRACE) {
+                #[cfg(feature = "kmemtrace")]
+                if cache.hot().contains(crate::cache::HotFlags::KMEMTRACE) {
                     self.kmemtrace_free(Some(cache), ptr, false);
                 }
                 return Err(cache.refuse(FreeError::Misaligned { addr }));
@@ -758,6 +760,7 @@ impl<P: Platform> Kmem<P> {
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };
         if let Err(error) = result {
+            #[cfg(feature = "kmemtrace")]
             if self
                 .kmemtrace
                 .recording_all

@@ -223,6 +223,7 @@ impl<P: Platform> Kmem<P> {
         } {
             return None;
         }
+        #[cfg(feature = "kmemtrace")]
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: a page-granular block resized in place is a
             // free of the old size and an allocation of the new one.

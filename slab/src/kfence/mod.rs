@@ -551,6 +551,7 @@ impl<P: Platform> Kmem<P> {
     #[inline(never)]
     pub(crate) fn kfree_sampled(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
+        #[cfg(feature = "kmemtrace")]
         let owner = self
             .kfence()
             .object(addr)
@@ -561,8 +562,8 @@ impl<P: Platform> Kmem<P> {
             .unwrap_or(Err(FreeError::NotAllocated { addr }));
         // SAFETY: the cache of an object allocated until now: alive (a
         // cache is not destroyed while its objects are in use).
-        let owner = owner.map(|cache| unsafe { &*cache });
-        match owner {
+        #[cfg(feature = "kmemtrace")]
+        match owner.map(|cache| unsafe { &*cache }) {
             Some(cache) if cache.hot().contains(HotFlags::KMEMTRACE) => {
                 // KMEMTRACE HOOK: kfree of a sampled object.
                 self.kmemtrace_free(Some(cache), ptr, result.is_ok());

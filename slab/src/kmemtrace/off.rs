@@ -1,9 +1,10 @@
 //! kmemtrace compiled out (feature `kmemtrace` off): the calls the cache
-//! and kmalloc paths make, as empty inline stubs (as `kfence/off.rs`).
+//! and kmalloc paths make, as empty inline stubs (as `kfence/off.rs`);
+//! the kfree and page-granular events are not stubbed, their call sites
+//! are compiled out with the feature.
 //! Nothing starts a record, so the `KMEMTRACE` hot flag is never set and
 //! the hits never reach them; `recording_all` is a constant `false`.
 
-use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 pub(crate) use magpie_kmemtrace_format::{EventKind, EventType};
@@ -73,18 +74,6 @@ pub(crate) const fn head_word(_event: u8, _type_id: u8, _cpu: u16, _cache_id: u3
 impl<P: Platform> Kmem<P> {
     #[inline(always)]
     pub(crate) fn kmemtrace_cache_destroyed(&self, _cache: &KmemCache<P>) {}
-
-    #[inline(always)]
-    pub(crate) fn kmemtrace_free(
-        &self,
-        _cache: Option<&KmemCache<P>>,
-        _obj: NonNull<u8>,
-        _ok: bool,
-    ) {
-    }
-
-    #[inline(always)]
-    pub(crate) fn kmemtrace_large_alloc(&self, _pages: Option<NonNull<u8>>, _size: usize) {}
 
     #[inline(always)]
     pub(crate) fn kmemtrace_record(
