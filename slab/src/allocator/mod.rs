@@ -648,7 +648,7 @@ impl<P: Platform> Kmem<P> {
         // cache lives until destroy.
         unsafe {
             // The free key in every CPU's line, where the free's hit reads it.
-            let free_key = crate::cache::boot_free_key(P::now() ^ (self as *const Self as u64));
+            let free_key = crate::cache::init_free_key(P::now() ^ (self as *const Self as u64));
             for cpu in 0..nr_cpus {
                 pcpu.add(cpu).write(PcpuCache::new(free_key));
             }

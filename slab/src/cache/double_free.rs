@@ -119,23 +119,19 @@ const fn make_key(random: usize) -> usize {
 }
 
 /// Choose this boot's key from `seed` (a clock mixed with an address), once:
-/// later calls keep the first key (objects already freed hold it).
-pub(crate) fn init_free_key(seed: u64) {
+/// later calls keep the first key (objects already freed hold it). Returns
+/// the key, for the per-CPU caches of a new cache, whose line the free's
+/// hit reads it from.
+pub(crate) fn init_free_key(seed: u64) -> usize {
     // Chosen already (every cache after the first): nothing to mix.
-    if free_key() != 0 {
-        return;
+    let chosen = free_key();
+    if chosen != 0 {
+        return chosen;
     }
     // The free-list shuffle is seeded with the key, once a boot.
     crate::layout::freelist::init_shuffle(seed);
     let key = make_key(freelist_secret(seed));
     let _ = FREE_KEY.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed);
-}
-
-/// This boot's key after choosing it from `seed` if no cache has yet:
-/// for the per-CPU caches of a new cache, whose line the free's hit reads
-/// it from.
-pub(crate) fn boot_free_key(seed: u64) -> usize {
-    init_free_key(seed);
     free_key()
 }
 

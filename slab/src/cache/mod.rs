@@ -176,7 +176,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub(crate) use alloc::unready;
-pub(crate) use double_free::{boot_free_key, key_after};
+pub(crate) use double_free::{init_free_key, key_after};
 pub(crate) use free::Located;
 pub(crate) use owner::{CacheOwner, OwnerCache};
 
@@ -467,7 +467,7 @@ impl<P: Platform> KmemCache<P> {
         if !double_free::keyed(&spec) {
             hot |= HotFlags::KEYLESS;
         }
-        double_free::init_free_key(P::now() ^ (owner.cast::<()>() as u64).rotate_left(17));
+        let _ = double_free::init_free_key(P::now() ^ (owner.cast::<()>() as u64).rotate_left(17));
         let slab_key = double_free::slab_key(&spec);
         #[cfg(feature = "alloc-profiling")]
         let tag_header_in_page = geometry.kind == SlabKind::Small

@@ -185,7 +185,7 @@ fn double_free_refused_after_a_narrow_write() {
         assert!(matches!(cache.free(obj), Err(FreeError::DoubleFree { .. })));
     }
     let obj = cache.alloc().unwrap();
-    let key_byte = crate::cache::boot_free_key(0) as u8;
+    let key_byte = crate::cache::init_free_key(0) as u8;
     // SAFETY: ours: its first byte is the key's, the rest is not.
     unsafe {
         obj.as_ptr().write(key_byte);
