@@ -1,6 +1,7 @@
 //! `fault`: fault injection by code tags (the mechanism is
 //! `magpie_codetag::fault`; the kernel's side is `crate::debug::fault`).
 
+use alloc::vec::Vec;
 use core::fmt::Write;
 
 use magpie_codetag::fault::write_fault_row;
@@ -33,7 +34,7 @@ fn cmd_fault<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result
     }
     match args {
         ["list"] => {
-            list(points().iter(), out);
+            list(sorted_points(), out);
             Ok(())
         }
         ["list", pattern] => {
@@ -54,19 +55,29 @@ fn cmd_fault<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result
     }
 }
 
-/// The points `pattern` selects; an error if none.
-fn select(pattern: &str) -> Result<'_, impl Iterator<Item = &'static FaultTag> + '_> {
-    let mut selected = points()
-        .iter()
-        .filter(move |point| point.matches(pattern))
-        .peekable();
-    if selected.peek().is_none() {
+/// Every fault point, by file and line. The section's own order is the
+/// linker's, which moves with code generation (a clean build and an
+/// incremental one can differ), so a list printed twice, or from two
+/// builds, would not compare.
+fn sorted_points() -> Vec<&'static FaultTag> {
+    let mut all: Vec<&'static FaultTag> = points().iter().collect();
+    all.sort_unstable_by_key(|point| (point.tag.file, point.tag.line));
+    all
+}
+
+/// The points `pattern` selects, by file and line; an error if none.
+fn select(pattern: &str) -> Result<'_, Vec<&'static FaultTag>> {
+    let selected: Vec<&'static FaultTag> = sorted_points()
+        .into_iter()
+        .filter(|point| point.matches(pattern))
+        .collect();
+    if selected.is_empty() {
         return Err(ShellError::NoFaultPoint(pattern));
     }
     Ok(selected)
 }
 
-fn list<'p>(selected: impl Iterator<Item = &'p FaultTag>, out: &mut dyn Write) {
+fn list(selected: Vec<&FaultTag>, out: &mut dyn Write) {
     let (mut nr_points, mut nr_armed) = (0, 0);
     for point in selected {
         let _ = write_fault_row(out, point);
