@@ -1,7 +1,6 @@
 //! `fault`: fault injection by code tags (the mechanism is
 //! `magpie_codetag::fault`; the kernel's side is `crate::debug::fault`).
 
-use alloc::vec::Vec;
 use core::fmt::Write;
 
 use magpie_codetag::fault::write_fault_row;
@@ -57,27 +56,37 @@ fn cmd_fault<'a>(_: &mut Shell, args: &[&'a str], out: &mut dyn Write) -> Result
 
 /// Every fault point, by file and line. The section's own order is the
 /// linker's, which moves with code generation (a clean build and an
-/// incremental one can differ), so a list printed twice, or from two
-/// builds, would not compare.
-fn sorted_points() -> Vec<&'static FaultTag> {
-    let mut all: Vec<&'static FaultTag> = points().iter().collect();
-    all.sort_unstable_by_key(|point| (point.tag.file, point.tag.line));
-    all
+/// incremental one can differ), so a list printed from two builds would
+/// not compare. No allocation (`fault list` adds no call site of its own,
+/// `tests/e2e/test_fault_sweep.py`): each step a pass over the section
+/// for the next point after the last, by (file, line, index).
+fn sorted_points() -> impl Iterator<Item = &'static FaultTag> {
+    let all = points();
+    let mut last: Option<(&'static str, u32, usize)> = None;
+    core::iter::from_fn(move || {
+        let next = all
+            .iter()
+            .enumerate()
+            .map(|(index, point)| (point.tag.file, point.tag.line, index))
+            .filter(|key| last.is_none_or(|last| *key > last))
+            .min()?;
+        last = Some(next);
+        Some(&all[next.2])
+    })
 }
 
 /// The points `pattern` selects, by file and line; an error if none.
-fn select(pattern: &str) -> Result<'_, Vec<&'static FaultTag>> {
-    let selected: Vec<&'static FaultTag> = sorted_points()
-        .into_iter()
-        .filter(|point| point.matches(pattern))
-        .collect();
-    if selected.is_empty() {
+fn select(pattern: &str) -> Result<'_, impl Iterator<Item = &'static FaultTag> + '_> {
+    let mut selected = sorted_points()
+        .filter(move |point| point.matches(pattern))
+        .peekable();
+    if selected.peek().is_none() {
         return Err(ShellError::NoFaultPoint(pattern));
     }
     Ok(selected)
 }
 
-fn list(selected: Vec<&FaultTag>, out: &mut dyn Write) {
+fn list<'p>(selected: impl Iterator<Item = &'p FaultTag>, out: &mut dyn Write) {
     let (mut nr_points, mut nr_armed) = (0, 0);
     for point in selected {
         let _ = write_fault_row(out, point);
