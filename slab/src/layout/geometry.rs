@@ -27,6 +27,7 @@
 //!   spread evenly, with classes 32 bytes apart above 1 KiB: tails and
 //!   in-slab headers 3.45 % of the bytes live with slabs of up to 8
 //!   pages, 0.36 % with these).
+//!
 //! `src/tests/geometry.rs` prints and checks the table of every kmalloc
 //! class.
 //!
