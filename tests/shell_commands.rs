@@ -241,7 +241,7 @@ fn kmemstat_has_the_akaros_layout() {
     assert!(kpages.total <= base.alloc, "kpages imports from base");
 
     // Every cache, indented under kpages, in list order.
-    let mut names = Vec::with_capacity(64);
+    let mut names = Vec::with_capacity(256);
     SLAB.for_each_cache(|cache| names.push(cache.name()));
     let slab_rows: Vec<&KmemstatRow<'_>> = rows.iter().filter(|row| row.kind == "S").collect();
     assert_eq!(
@@ -422,8 +422,8 @@ fn slabinfo_rows_follow_kmalloc() {
 fn kmalloc_and_kfree_balance() {
     let mut shell = Shell::new();
     let mut out = buffer();
-    let mut before = Vec::with_capacity(64);
-    let mut after = Vec::with_capacity(64);
+    let mut before = Vec::with_capacity(1024);
+    let mut after = Vec::with_capacity(1024);
     let large = SLAB.stats().large();
     kmalloc_counts(&mut before);
 

@@ -87,6 +87,42 @@ pub trait BenchAlloc: Sync + 'static {
     fn metadata_bytes(&self) -> Option<usize> {
         None
     }
+    /// Where the allocator's memory goes beyond the objects' bytes, by
+    /// part (`name`, bytes), where the allocator can say (the `half`
+    /// workload's breakdown; magpie: [`MemoryParts`]).
+    fn memory_parts(&self) -> Option<MemoryParts> {
+        None
+    }
+}
+
+/// Magpie's memory by part (the `half` workload's breakdown): what its
+/// statistics say each byte of its slab pages and page-source pages holds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MemoryParts {
+    /// Objects with callers, at their class's size
+    /// (`Σ nr_allocated × obj_size` over the size classes).
+    pub class_bytes: usize,
+    /// Free objects in slabs (not in a magazine).
+    pub free_in_slabs: usize,
+    /// Free objects held in per-CPU and depot magazines.
+    pub free_in_magazines: usize,
+    /// Slab bytes that hold no object: tails and in-slab headers.
+    pub tails: usize,
+    /// Page-granular blocks (pages outside every slab, but the page map).
+    pub page_granular: usize,
+    /// The page map (set up and cleared at init).
+    pub page_map: usize,
+    /// Slab headers off slab (`kmem_slab`).
+    pub slab_headers: usize,
+    /// Bufctls (`kmem_bufctl`).
+    pub bufctls: usize,
+    /// Magazines (`kmem_magazine_*`).
+    pub magazines: usize,
+    /// Tag side arrays (`kmem_tags_*`).
+    pub tag_arrays: usize,
+    /// The other `kmem_*` caches (cache structs, per-CPU arrays, trace
+    /// records).
+    pub other_metadata: usize,
 }
 
 /// The out-of-line calls the workloads make: one function per operation
@@ -356,6 +392,44 @@ impl<P: MagpieHost, const CACHE: bool> BenchAlloc for Magpie<P, CACHE> {
         });
         let outside_slabs = self.pages.outstanding_bytes() - self.slab_bytes();
         Some(outside_slabs + internal)
+    }
+    fn memory_parts(&self) -> Option<MemoryParts> {
+        let alloc = P::allocator();
+        let mut parts = MemoryParts {
+            page_map: alloc.stats().metadata().page_map_bytes,
+            ..MemoryParts::default()
+        };
+        alloc.for_each_cache(|c| {
+            let stats = c.stats();
+            let name = c.name();
+            let kind = if name.starts_with("kmem_slab") {
+                &mut parts.slab_headers
+            } else if name.starts_with("kmem_bufctl") {
+                &mut parts.bufctls
+            } else if name.starts_with("kmem_magazine") {
+                &mut parts.magazines
+            } else if name.starts_with("kmem_tags") {
+                &mut parts.tag_arrays
+            } else if name.starts_with("kmem_") {
+                &mut parts.other_metadata
+            } else {
+                let held = stats.nr_cpu_cached_objs + stats.nr_depot_objs;
+                parts.class_bytes += stats.nr_allocated * stats.obj_size;
+                parts.free_in_magazines += held * stats.obj_size;
+                parts.free_in_slabs += stats
+                    .nr_total_objs
+                    .saturating_sub(stats.nr_allocated + held)
+                    * stats.obj_size;
+                &mut parts.tails
+            };
+            *kind += if name.starts_with("kmem_") {
+                stats.total_bytes
+            } else {
+                stats.waste_bytes
+            };
+        });
+        parts.page_granular = self.pages.outstanding_bytes() - self.slab_bytes() - parts.page_map;
+        Some(parts)
     }
 }
 

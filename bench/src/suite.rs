@@ -430,6 +430,13 @@ fn mem_line(stdout: &str, first: &str) -> Option<BTreeMap<String, String>> {
     )
 }
 
+/// The fields of magpie's `MEM half-parts` line, in their order.
+fn parts_line(stdout: &str) -> Option<&str> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("MEM half-parts "))
+}
+
 /// Seconds a memory workload may take (buddy_system_allocator's frees
 /// search a list per order: 900,000 of them take many minutes).
 const MEMORY_LIMIT_S: u64 = 90;
@@ -1446,6 +1453,29 @@ fn half_table(r: &mut String, half: &[(String, BTreeMap<String, String>)]) {
         }
     )
     .unwrap();
+    // Where magpie's memory beyond the bytes live goes (`MEM half-parts`:
+    // values are `bytes(percent of live)`).
+    if let Some((_, kv)) = half.iter().find(|(label, _)| label == "magpie")
+        && let Some(line) = kv.get("parts")
+    {
+        let parts: Vec<String> = line
+            .split_whitespace()
+            .filter_map(|field| {
+                let (name, value) = field.split_once('=')?;
+                let percent = value.split_once('(')?.1.strip_suffix(')')?;
+                Some(format!("{} {percent}", name.replace('_', " ")))
+            })
+            .collect();
+        if !parts.is_empty() {
+            writeln!(
+                r,
+                "- magpie's parts, of live (`MEM half-parts`; the page map is set up at init, \
+                 before the baseline): {}\n",
+                parts.join(", ")
+            )
+            .unwrap();
+        }
+    }
 }
 
 fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&str>) {
@@ -1490,7 +1520,15 @@ fn memory(r: &mut String, failures: &mut Vec<String>, me: &str, prof: Option<&st
         };
         match result {
             Ok((stdout, _)) => match mem_line(&stdout, what) {
-                Some(kv) => out.push((label.clone(), kv)),
+                Some(mut kv) => {
+                    // Magpie's breakdown of the `half` figure, if printed.
+                    if what == "half"
+                        && let Some(parts) = parts_line(&stdout)
+                    {
+                        kv.insert("parts".to_string(), parts.to_string());
+                    }
+                    out.push((label.clone(), kv))
+                }
                 None => failures.push(format!("memory {a} {what}: no MEM line")),
             },
             Err(e) => {
@@ -1640,7 +1678,7 @@ fn burst_table(
 
 #[cfg(test)]
 mod tests {
-    use super::{bootstrap_median, median};
+    use super::{bootstrap_median, half_table, median, mem_line, parts_line};
 
     #[test]
     fn bootstrap_interval_brackets_the_median_inside_the_range() {
@@ -1658,6 +1696,27 @@ mod tests {
         assert!(hi - lo > 0.0, "a spread gives an interval");
         // The same figures give the same interval (seeded).
         assert_eq!(bootstrap_median(&v), (lo, hi));
+    }
+
+    #[test]
+    fn half_table_shows_magpies_parts_from_its_second_line() {
+        let stdout = "MEM half objects=2 live=1000 peak=1020 metadata=5\n\
+                      MEM half-parts rounding=7(0.70%) tails=4(0.40%) page_map=4096(409.60%)\n";
+        let mut kv = mem_line(stdout, "half").unwrap();
+        // The figure's line is the first `MEM half…` line.
+        assert_eq!(kv["peak"], "1020");
+        kv.insert("parts".to_string(), parts_line(stdout).unwrap().to_string());
+        let mut text = String::new();
+        half_table(&mut text, &[("magpie".to_string(), kv)]);
+        assert!(
+            text.contains("| magpie | 0.00 | 0.00 | 1.020 | 0.00 |"),
+            "{text}"
+        );
+        assert!(text.contains("**met**"), "{text}");
+        assert!(
+            text.contains("before the baseline): rounding 0.70%, tails 0.40%, page map 409.60%\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -128,7 +128,8 @@
 //!    changing hands between CPUs.
 //! 5. **Slab layer** (`slab/`): small-object slabs (free list
 //!    through the objects; on the primary source objects up to 8 KiB, in
-//!    slabs of 1 to 8 pages chosen for the least waste, the header at the
+//!    slabs of 1 to 8 pages (to 32 above 1 KiB) chosen for the least
+//!    waste, the header at the
 //!    end of the slab or from `kmem_slab` — `layout/geometry.rs`) or bufctl
 //!    slabs (larger or `NOTOUCH` objects; a bufctl per object and a
 //!    per-cache hash from address to bufctl), on empty/partial/full lists;
@@ -149,9 +150,10 @@
 //! `kmem_slab`, `kmem_bufctl`, `kmem_trace`, and with
 //! `alloc-profiling` the tag side arrays' `kmem_tags_32` …
 //! `kmem_tags_2048`; all `NOTRACE`), the **kmalloc** size classes
-//! `kmalloc-8` … `kmalloc-8192` (64 classes: 8 bytes apart up to 128,
-//! then eight per power of two, so above 64 bytes rounding wastes less
-//! than 12.5 %; the Linux classes among them) plus page-granular
+//! `kmalloc-8` … `kmalloc-8192` (152 classes: 8 bytes apart up to 128,
+//! then eight per power of two up to 1 KiB, so above 64 bytes rounding
+//! wastes less than 12.5 %, then 64 bytes apart, less than 1/16 and
+//! 0.74 % on average up to 8 KiB; the Linux classes among them) plus page-granular
 //! allocations above that (`allocator/kmalloc.rs`), and the **page
 //! map**: a slot per page of the primary source's span naming the slab
 //! (or large allocation) that owns the page, so `kfree`, `ksize` and the

@@ -212,13 +212,14 @@ class KmemtraceSession(unittest.TestCase):
         self.assertEqual(len({e["site"] for e in hundred}), 1, "one call site")
         big = [e for e in allocs if e["req"] == 4000]
         self.assertEqual([e["ptr"] for e in big], printed_big)
-        self.assertTrue(all(e["alloc"] == 4096 for e in big))
+        # 4000 B in kmalloc-4032 (size classes 64 bytes apart above 1 KiB).
+        self.assertTrue(all(e["alloc"] == 4032 for e in big))
         # 100 B in kmalloc-104: 100 - 100 * 100/104 = 3.8 % internal fragmentation.
         frag = 100 - 100 * sum(e["req"] for e in hundred) / sum(e["alloc"] for e in hundred)
         self.assertEqual(f"{frag:.1f}", "3.8")
         names = self.dump()["caches"]
         self.assertEqual(names[hundred[0]["cache_id"]], ("kmalloc-104", 104))
-        self.assertEqual(names[big[0]["cache_id"]], ("kmalloc-4096", 4096))
+        self.assertEqual(names[big[0]["cache_id"]], ("kmalloc-4032", 4032))
 
     def test_kfree_events_are_the_last_four(self):
         printed = [int(a, 16) for a in HEX.findall(reply_to(self.out, "kmalloc 100 10"))]
@@ -300,7 +301,7 @@ class KmemtraceSession(unittest.TestCase):
         self.assertEqual(site["location"], kmalloc_site(), site)
         # kmalloc 100 10 and kmalloc 4000 3 from the one kmalloc! line.
         self.assertEqual((site["hit"], site["bytes_req"], site["bytes_alloc"]),
-                         (13, 10 * 100 + 3 * 4000, 10 * 104 + 3 * 4096))
+                         (13, 10 * 100 + 3 * 4000, 10 * 104 + 3 * 4032))
         self.assertEqual(site["frees"], 4)
         self.assertEqual(site["pingpong"], 0)
         # Per pointer (--alloc): each 100 B object in kmalloc-104 wastes 3.8 %.
@@ -314,7 +315,7 @@ class KmemtraceSession(unittest.TestCase):
         # The text report says the same.
         code, out, err = self.magpie_kmem("stat", "--caller")
         self.assertEqual(code, 0, err)
-        self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13328/1025\s*\|\s*13000/1000\s*\|\s*13 ")
+        self.assertRegex(out, r"cmd_kmalloc\+0x[0-9a-f]+\s*\|\s*13136/1010\s*\|\s*13000/1000\s*\|\s*13 ")
 
     @unittest.skipUnless(os.path.exists(MAGPIE_KMEM), "scripts/magpie-kmem not on this branch")
     def test_stress_sites_name_their_code_tags_not_the_inlining_closure(self):
@@ -401,8 +402,8 @@ class KmemtraceSession(unittest.TestCase):
         marks = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "shell"]
         self.assertEqual(marks, ["kmalloc 100 10", "kfree 4", "kmalloc 4000 3", "stress --cpus all --ops 3000",
                                  "kmemtrace record stop"])
-        counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "live bytes kmalloc-4096"]
-        self.assertEqual(counters[-1]["args"]["bytes"], 3 * 4096, "kmalloc 4000 3 still held at the end")
+        counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "live bytes kmalloc-4032"]
+        self.assertEqual(counters[-1]["args"]["bytes"], 3 * 4032, "kmalloc 4000 3 still held at the end")
 
         # A real reader: Chrome DevTools' trace engine (make chrome-reader)
         # puts every alloc and free of the recording on its CPU's track.

@@ -30,8 +30,8 @@ pub(super) const SLABTOP: Command = Command {
     run: cmd_slabtop,
 };
 
-/// Caches a frame shows (the kernel has about 90).
-pub const MAX_ROWS: usize = 128;
+/// Caches a frame shows (the kernel has about 180: 152 size classes).
+pub const MAX_ROWS: usize = 256;
 /// Default time between frames (Linux slabtop: 3 s).
 const DEFAULT_DELAY_MS: u64 = 3000;
 /// Longest delay accepted.

@@ -3,8 +3,8 @@
 //!
 //! **Why on first use.** A class costs its `kmem_cache` struct and its
 //! per-CPU array before it holds an object: `size_of::<KmemCache>()`
-//! (960 bytes) plus `64 × nr_cpus`, so about 62 KiB for the 64 classes
-//! on one CPU — more than half of a 100 KiB hobby-kernel heap. When all
+//! (960 bytes) plus `64 × nr_cpus`, so about 152 KiB for the 152 classes
+//! on one CPU — more than a whole 100 KiB hobby-kernel heap. When all
 //! of them would take more than a sixteenth of the source ([`InitCost`]),
 //! `init` creates none: every kmalloc slot points at an **unborn stub**, a
 //! cache with no memory whose hot flags send the allocation off the hit
@@ -26,10 +26,11 @@
 //! (10 stubs: 8 … 4096 bytes), and the stub asks for `(size, A)`.
 //!
 //! **Why slabs no larger than the source allows.** A packed class picks
-//! the fewest pages (up to 8) that waste at most 1/32 of a slab; on a
+//! the fewest pages (up to 8; up to 32 above 1 KiB) that waste at most
+//! 1/32 of a slab (1/128 above 1 KiB: `layout/geometry.rs`); on a
 //! 100 KiB heap the first `Vec` of 832 bytes would take 20 KiB that way.
 //! `init` caps packed slabs at `span / 32` pages (8 from a 1 MiB source
-//! up), one object's pages at least.
+//! up, 32 from 4 MiB), one object's pages at least.
 
 use core::fmt::Write as _;
 use core::ptr::NonNull;
@@ -104,29 +105,117 @@ pub(crate) const CLASS_NAMES: [&str; NR_KMALLOC] = [
     "kmalloc-896",
     "kmalloc-960",
     "kmalloc-1024",
+    "kmalloc-1088",
     "kmalloc-1152",
+    "kmalloc-1216",
     "kmalloc-1280",
+    "kmalloc-1344",
     "kmalloc-1408",
+    "kmalloc-1472",
     "kmalloc-1536",
+    "kmalloc-1600",
     "kmalloc-1664",
+    "kmalloc-1728",
     "kmalloc-1792",
+    "kmalloc-1856",
     "kmalloc-1920",
+    "kmalloc-1984",
     "kmalloc-2048",
+    "kmalloc-2112",
+    "kmalloc-2176",
+    "kmalloc-2240",
     "kmalloc-2304",
+    "kmalloc-2368",
+    "kmalloc-2432",
+    "kmalloc-2496",
     "kmalloc-2560",
+    "kmalloc-2624",
+    "kmalloc-2688",
+    "kmalloc-2752",
     "kmalloc-2816",
+    "kmalloc-2880",
+    "kmalloc-2944",
+    "kmalloc-3008",
     "kmalloc-3072",
+    "kmalloc-3136",
+    "kmalloc-3200",
+    "kmalloc-3264",
     "kmalloc-3328",
+    "kmalloc-3392",
+    "kmalloc-3456",
+    "kmalloc-3520",
     "kmalloc-3584",
+    "kmalloc-3648",
+    "kmalloc-3712",
+    "kmalloc-3776",
     "kmalloc-3840",
+    "kmalloc-3904",
+    "kmalloc-3968",
+    "kmalloc-4032",
     "kmalloc-4096",
+    "kmalloc-4160",
+    "kmalloc-4224",
+    "kmalloc-4288",
+    "kmalloc-4352",
+    "kmalloc-4416",
+    "kmalloc-4480",
+    "kmalloc-4544",
     "kmalloc-4608",
+    "kmalloc-4672",
+    "kmalloc-4736",
+    "kmalloc-4800",
+    "kmalloc-4864",
+    "kmalloc-4928",
+    "kmalloc-4992",
+    "kmalloc-5056",
     "kmalloc-5120",
+    "kmalloc-5184",
+    "kmalloc-5248",
+    "kmalloc-5312",
+    "kmalloc-5376",
+    "kmalloc-5440",
+    "kmalloc-5504",
+    "kmalloc-5568",
     "kmalloc-5632",
+    "kmalloc-5696",
+    "kmalloc-5760",
+    "kmalloc-5824",
+    "kmalloc-5888",
+    "kmalloc-5952",
+    "kmalloc-6016",
+    "kmalloc-6080",
     "kmalloc-6144",
+    "kmalloc-6208",
+    "kmalloc-6272",
+    "kmalloc-6336",
+    "kmalloc-6400",
+    "kmalloc-6464",
+    "kmalloc-6528",
+    "kmalloc-6592",
     "kmalloc-6656",
+    "kmalloc-6720",
+    "kmalloc-6784",
+    "kmalloc-6848",
+    "kmalloc-6912",
+    "kmalloc-6976",
+    "kmalloc-7040",
+    "kmalloc-7104",
     "kmalloc-7168",
+    "kmalloc-7232",
+    "kmalloc-7296",
+    "kmalloc-7360",
+    "kmalloc-7424",
+    "kmalloc-7488",
+    "kmalloc-7552",
+    "kmalloc-7616",
     "kmalloc-7680",
+    "kmalloc-7744",
+    "kmalloc-7808",
+    "kmalloc-7872",
+    "kmalloc-7936",
+    "kmalloc-8000",
+    "kmalloc-8064",
+    "kmalloc-8128",
     "kmalloc-8192",
 ];
 
@@ -153,7 +242,7 @@ const EAGER_DIV: usize = 16;
 ///   entry, owner, first object and stride magic), in whole pages (one
 ///   page up to a 512 KiB span);
 /// - the size classes, only if they take at most `S / 16`:
-///   `64 × (960 + 64 n)` bytes of `kmem_cache` objects (each class's
+///   `152 × (960 + 64 n)` bytes of `kmem_cache` objects (each class's
 ///   struct and, after it, its per-CPU array; their slabs round up to
 ///   whole pages). Otherwise 0: each class is created
 ///   by its first allocation and costs that then;
@@ -175,7 +264,8 @@ pub struct InitCost {
     pub classes_bytes: usize,
     /// Whether the size classes are created on first use.
     pub classes_on_first_use: bool,
-    /// Most pages in a packed small slab (1 … 8).
+    /// Most pages in a packed small slab (1 … 32; objects up to 1 KiB
+    /// take at most 8).
     pub max_slab_pages: usize,
     /// The smallest span `init` accepts: `page_map_bytes +
     /// classes_bytes + MIN_FREE_PAGES × 4096`. (The span, not what the

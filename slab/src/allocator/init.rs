@@ -32,10 +32,10 @@ impl<P: Platform> Kmem<P> {
     /// What it takes from `source` ([`Kmem::init_cost`], formula in
     /// [`InitCost`](crate::InitCost)): the page map (32 bytes a page of
     /// the span: one page up to 512 KiB), and on a source large enough for
-    /// them to cost at most a sixteenth of it, the 64 size classes
-    /// (`64 × (960 + 64 × nr_cpus)` bytes); on a smaller one each class is
+    /// them to cost at most a sixteenth of it, the 152 size classes
+    /// (`152 × (960 + 64 × nr_cpus)` bytes); on a smaller one each class is
     /// created by its first allocation. Packed slabs are capped at
-    /// `span / 32` pages (1 … 8), so the first objects of a class on a
+    /// `span / 32` pages (1 … 32), so the first objects of a class on a
     /// small heap take one page, not eight.
     ///
     /// # Errors

@@ -10,11 +10,24 @@
 //! geometry is the same with the feature and without.
 //! For a cache on the primary page source the header may instead come from
 //! `kmem_slab` ("off slab"): the page map finds it either way. The choice,
-//! for each object stride: the fewest pages (1..=[`MAX_SLAB_PAGES`]) and
-//! the header placement whose waste — tail bytes no object fills and the
-//! header — is at most [`WASTE_TARGET_DIV`]th of the
-//! slab; if none is, the least waste. So no class loses an object per
-//! slab to the header (kmalloc-512: 8 objects per page, header off slab).
+//! for each object stride: the fewest pages and the header placement whose
+//! waste — tail bytes no object fills and the header — is at most a
+//! target share of the slab; if none is, the least waste. So no class
+//! loses an object per slab to the header (kmalloc-512: 8 objects per
+//! page, header off slab). The limits ([`slab_limits`]) depend on the
+//! stride, as SLUB's `calculate_order` bounds a slab's waste by a
+//! fraction of it:
+//!
+//! - up to 1 KiB: 1..=[`SMALL_OBJ_SLAB_PAGES`] pages, waste at most
+//!   1/[`WASTE_TARGET_DIV`] (3.1 %): a page holds 4 objects or more;
+//! - above 1 KiB: 1..=[`MAX_SLAB_PAGES`] pages (128 KiB), waste at most
+//!   1/[`LARGE_OBJ_WASTE_TARGET_DIV`] (0.8 %). Eight pages hold only 4–32
+//!   such objects, so their tails were up to 3 % of the slab, and above
+//!   1 KiB is where a mixed heap's bytes are (issue 34's heap, 8 B–8 KiB
+//!   spread evenly, with classes 32 bytes apart above 1 KiB: tails and
+//!   in-slab headers 3.45 % of the bytes live with slabs of up to 8
+//!   pages, 0.36 % with these).
+//!
 //! `src/tests/geometry.rs` prints and checks the table of every kmalloc
 //! class.
 //!
@@ -38,10 +51,30 @@ pub enum SlabKind {
     Bufctl,
 }
 
-/// Most pages in a small-object slab.
-pub(crate) const MAX_SLAB_PAGES: usize = 8;
-/// Waste target: at most `1 / WASTE_TARGET_DIV` of a slab (3.1 %).
+/// Most pages in a small-object slab (of objects above
+/// [`LARGE_OBJ_STRIDE`]).
+pub(crate) const MAX_SLAB_PAGES: usize = 32;
+/// Most pages in a small-object slab of objects up to
+/// [`LARGE_OBJ_STRIDE`].
+pub(crate) const SMALL_OBJ_SLAB_PAGES: usize = 8;
+/// Strides above this take the large objects' limits ([`slab_limits`]).
+pub(crate) const LARGE_OBJ_STRIDE: usize = 1024;
+/// Waste target up to [`LARGE_OBJ_STRIDE`]: at most `1 / WASTE_TARGET_DIV`
+/// of a slab (3.1 %).
 pub(crate) const WASTE_TARGET_DIV: usize = 32;
+/// Waste target above [`LARGE_OBJ_STRIDE`]: at most
+/// `1 / LARGE_OBJ_WASTE_TARGET_DIV` of a slab (0.8 %).
+pub(crate) const LARGE_OBJ_WASTE_TARGET_DIV: usize = 128;
+
+/// The packed slab limits of `stride`: (most pages, waste target
+/// divisor). See the module docs.
+pub(crate) const fn slab_limits(stride: usize) -> (usize, usize) {
+    if stride > LARGE_OBJ_STRIDE {
+        (MAX_SLAB_PAGES, LARGE_OBJ_WASTE_TARGET_DIV)
+    } else {
+        (SMALL_OBJ_SLAB_PAGES, WASTE_TARGET_DIV)
+    }
+}
 /// Most objects in a small-object slab (the `AUDIT` bitmap's bits).
 pub(crate) const MAX_SMALL_OBJS: usize = 512;
 /// Bytes of a slab header.
@@ -96,9 +129,10 @@ impl Geometry {
     }
 
     /// [`Geometry::new`] with packed slabs of at most `max_slab_pages`
-    /// pages (1..=[`MAX_SLAB_PAGES`]; more if one object needs more): a
-    /// small page source keeps its slabs small, so that the first object
-    /// of a class does not take 8 pages (`Kmem::init` chooses it).
+    /// pages (1..=[`MAX_SLAB_PAGES`], and at most the stride's own limit,
+    /// [`slab_limits`]; more if one object needs more): a small page
+    /// source keeps its slabs small, so that the first object of a class
+    /// does not take 8 or 32 pages (`Kmem::init` chooses it).
     ///
     /// # Errors
     /// As for [`Geometry::new`].
@@ -154,8 +188,9 @@ impl Geometry {
     fn packed(stride: usize, align: usize, max_slab_pages: usize) -> Self {
         // (waste bytes, slab bytes, pages, objects, off slab) of the best.
         let mut best: Option<(usize, usize, usize, usize, bool)> = None;
+        let (stride_max_pages, waste_target_div) = slab_limits(stride);
         let max_slab_pages = max_slab_pages
-            .clamp(1, MAX_SLAB_PAGES)
+            .clamp(1, stride_max_pages)
             .max(stride.div_ceil(PAGE_SIZE));
         for nr_pages in 1..=max_slab_pages {
             let slab_bytes = nr_pages * PAGE_SIZE;
@@ -184,13 +219,13 @@ impl Geometry {
             }
             // The best of this size (header in or off) meets the target.
             if let Some((waste, slab_bytes, ..)) = best
-                && waste * WASTE_TARGET_DIV <= slab_bytes
+                && waste * waste_target_div <= slab_bytes
             {
                 break;
             }
         }
         let (_, _, nr_pages, nr_objs, off_slab) =
-            best.expect("a stride of at most 8 KiB fits in 8 pages");
+            best.expect("a stride of at most 8 KiB fits in 2 pages");
         Geometry {
             stride,
             align,

@@ -28,8 +28,14 @@ fn class_selection() {
     assert_eq!(name(193, 8), Some("kmalloc-208"));
     assert_eq!(name(257, 8), Some("kmalloc-288"));
     assert_eq!(name(481, 8), Some("kmalloc-512"));
-    assert_eq!(name(4104, 8), Some("kmalloc-4608"));
-    assert_eq!(name(4368, 8), Some("kmalloc-4608"));
+    assert_eq!(name(1025, 8), Some("kmalloc-1088"));
+    assert_eq!(name(1089, 8), Some("kmalloc-1152"));
+    assert_eq!(name(2049, 8), Some("kmalloc-2112"));
+    assert_eq!(name(4104, 8), Some("kmalloc-4160"));
+    assert_eq!(name(4225, 8), Some("kmalloc-4288"));
+    assert_eq!(name(1025, 64), Some("kmalloc-1088"));
+    assert_eq!(name(4225, 256), Some("kmalloc-4352"));
+    assert_eq!(name(4225, 512), Some("kmalloc-4608"));
     assert_eq!(name(8192, 8), Some("kmalloc-8192"));
     assert_eq!(name(8193, 8), None);
     // Alignment: size 8 aligned 64 needs a class whose natural alignment is >= 64.

@@ -791,7 +791,7 @@ fn a_contended_depot_lock_grows_the_magazines_and_counts_each_resize() {
     assert!(after.magsize > before.magsize, "{after:?}");
     assert!(after.depot_contention >= MAG_RESIZE_THRESHOLD, "{after:?}");
 
-    let mut rows = [EMPTY_SLABTOP_ROW; 128];
+    let mut rows = [EMPTY_SLABTOP_ROW; 256];
     let mut text = std::string::String::new();
     slabtop(&mut text, alloc, &mut rows, None, SlabtopSort::Name).unwrap();
     let row = text

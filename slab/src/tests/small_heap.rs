@@ -102,14 +102,14 @@ fn init_on_a_large_source_creates_the_classes_as_before() {
     let (alloc, source) = up_setup(4096);
     let cost = UpAlloc::init_cost(source).unwrap();
     assert!(!cost.classes_on_first_use);
-    assert_eq!(cost.max_slab_pages, 8);
+    assert_eq!(cost.max_slab_pages, 32);
     // A 32-byte page-map slot a page (InitCost's formula).
     assert_eq!(cost.page_map_bytes, 4096 * 32);
     // Each class one kmem_cache object: the struct, then at PCPU_OFFSET
     // its per-CPU array (one CPU here).
     assert_eq!(
         cost.classes_bytes,
-        64 * (crate::KmemCache::<UpPlatform>::PCPU_OFFSET + 64)
+        crate::KMALLOC_SIZES.len() * (crate::KmemCache::<UpPlatform>::PCPU_OFFSET + 64)
     );
     assert!(alloc.find_cache("kmalloc-64").is_some());
     assert!(alloc.find_cache("kmalloc-8192").is_some());
@@ -284,7 +284,7 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
 /// big), while the entries of classes still unborn keep their stubs.
 #[test]
 fn classes_born_on_first_use_are_named_and_published_by_size() {
-    // Small enough that the classes come on first use; room for all 64
+    // Small enough that the classes come on first use; room for all 152
     // kmem_cache objects.
     let (alloc, source) = up_setup(64);
     assert!(UpAlloc::init_cost(source).unwrap().classes_on_first_use);
@@ -297,7 +297,7 @@ fn classes_born_on_first_use_are_named_and_published_by_size() {
     };
     let mut born = std::vec![false; nr];
     for step in 0..nr {
-        // 37 is prime to 64: every class once.
+        // 37 is prime to 152: every class once.
         let index = step * 37 % nr;
         let size = crate::KMALLOC_SIZES[index];
         let align = crate::natural_align(size);
@@ -377,7 +377,7 @@ fn classes_created_on_first_use_race_safely() {
         "kmalloc-104",
         "kmalloc-512",
         "kmalloc-1024",
-        "kmalloc-3072",
+        "kmalloc-3008",
     ] {
         let mut nr = 0;
         alloc.for_each_cache(|cache| nr += usize::from(cache.name() == name));

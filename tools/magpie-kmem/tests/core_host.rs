@@ -391,9 +391,9 @@ fn findleaks_equals_the_live_scan() {
     assert_eq!(offline, live);
     assert_eq!(offline_summary, summary);
     // The held objects that are no roots leaked (those the roots point to
-    // aside), in kmalloc-64, kmalloc-192 and kmalloc-4096 at least.
+    // aside), in kmalloc-64, kmalloc-192 and kmalloc-4032 at least.
     assert!(summary.nr_leaked >= held.len() - roots.len() - 8, "{live}");
-    for cache in ["kmalloc-64 ", "kmalloc-192 ", "kmalloc-4096 "] {
+    for cache in ["kmalloc-64 ", "kmalloc-192 ", "kmalloc-4032 "] {
         assert!(live.contains(&format!("\n{cache}")), "{cache}: {live}");
     }
     assert!(summary.nr_resting > 0, "{live}");

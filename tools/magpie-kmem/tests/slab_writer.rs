@@ -217,7 +217,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
             b_row["bytes_alloc"].as_u64(),
             b_row["bytes_req"].as_u64()
         ),
-        (Some(1), Some(4096), Some(4000))
+        (Some(1), Some(4032), Some(4000))
     );
     let caches = v["caches"].as_array().unwrap();
     assert!(
@@ -228,7 +228,7 @@ fn a_session_recorded_by_magpie_slab_reads_back_exactly() {
     assert!(
         caches
             .iter()
-            .any(|c| c["name"] == "kmalloc-4096" && c["hit"] == 1)
+            .any(|c| c["name"] == "kmalloc-4032" && c["hit"] == 1)
     );
     assert_eq!(v["summary"]["pingpong_frees"], 1);
     assert_eq!(v["summary"]["matched_frees"], 2);

@@ -12,7 +12,7 @@ fn linux_columns_plus_magazine_hits_misses_and_deltas() {
     let (alloc, _) = setup_default();
     let cache = plain_cache(alloc, "report-top", 256);
     let objs: Vec<_> = (0..40).map(|_| cache.alloc_box().unwrap()).collect();
-    let mut rows = [EMPTY_SLABTOP_ROW; 128];
+    let mut rows = [EMPTY_SLABTOP_ROW; 256];
     let mut text = String::new();
     let nr_rows = slabtop(&mut text, alloc, &mut rows, None, SlabtopSort::Objects).unwrap();
     assert!(nr_rows >= 1);
