@@ -168,27 +168,67 @@ impl<P: Platform> KmemCache<P> {
         unsafe { self.free_off_hit(obj, at) }
     }
 
-    /// The free past a failed [`Self::free_hit`], out of line and reached
-    /// by a tail call (the plain hit stays a leaf): with no feature on
-    /// for this cache, the miss ([`Self::free_slow`]); else the free hook,
-    /// the same magazine hit and miss, the kmemtrace event.
-    ///
-    /// The usual words (profiling's `TAGGED`, kmemtrace recording, or
-    /// both, on a keyed cache: no bit of [`HotFlags::FREE_HOOKED_RARE`])
-    /// run the hook and the magazine hit right here: the tag uncharged
-    /// before the push (once pushed, an interrupt handler's alloc may
-    /// take the object), and with kmemtrace recording the free and its
-    /// event with interrupts off, so that nothing on this CPU reuses the
-    /// object before its free is recorded. Anything else (a full
-    /// `loaded`, a rare feature) is one tail call to
-    /// [`Self::free_hooked`], which runs them all in order (a tag
-    /// uncharged here is not found again there). One load of the hot
-    /// flags serves all three ways.
+    /// The free past a failed [`Self::free_hit`] (`KmemCache::free`,
+    /// `kfree`), out of line and reached by a tail call (the plain hit
+    /// stays a leaf): the usual words' hit ([`Self::free_usual`]), else
+    /// [`Self::free_off_usual`].
     ///
     /// # Safety
     /// As for [`Self::free_located`].
     #[inline(never)]
     pub(crate) unsafe fn free_off_hit(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+    ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        if unsafe { self.free_usual(obj, at) } {
+            return Ok(());
+        }
+        // SAFETY: per our caller; the hit changed nothing (a tag the hook
+        // uncharged is not found again).
+        unsafe { self.free_off_usual(obj, at) }
+    }
+
+    /// The usual words past a failed [`Self::free_hit`], inlined into
+    /// each edge's out-of-line function ([`Self::free_off_hit`], and
+    /// `GlobalAlloc`'s): one load and one compare of the hot flags; the
+    /// usual word without recording (profiling's `TAGGED` on a keyed
+    /// cache: no other bit of [`HotFlags::FREE_SLOW`]) runs the free
+    /// hook and the same magazine hit right here: the tag uncharged
+    /// before the push (once pushed, an interrupt handler's alloc may
+    /// take the object), no stack frame. False for anything else (no
+    /// feature on: the miss; recording; a rare feature; a full
+    /// `loaded`); the caller then calls [`Self::free_off_usual`].
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`]; if this returns true, `obj` was
+    /// freed.
+    #[inline(always)]
+    pub(crate) unsafe fn free_usual(&self, obj: NonNull<u8>, at: Located) -> bool {
+        // One compare: of the free's slow bits, only `TAGGED` (the rare
+        // ones and `KMEMTRACE` clear); what the hook tests of it is then
+        // known.
+        const MASK: HotFlags = HotFlags::FREE_SLOW;
+        if self.hot().intersection(MASK) != HotFlags::TAGGED {
+            return false;
+        }
+        let hot = HotFlags::TAGGED;
+        // SAFETY: per our caller; no rare bit, so nothing refuses.
+        let _ = unsafe { self.free_hook::<false>(obj, at.slab(), at.index, hot) };
+        // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
+        unsafe { self.free_hit::<0>(obj, true) }
+    }
+
+    /// [`Self::free_off_hit`] off the usual words' hit: with no feature
+    /// on for this cache, the miss ([`Self::free_slow`]); with kmemtrace
+    /// recording and no rare bit, [`Self::free_recorded`]; anything else
+    /// [`Self::free_hooked`], which runs every hook in order.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_off_usual(
         &self,
         obj: NonNull<u8>,
         at: Located,
@@ -200,17 +240,9 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: per our caller.
         let slab = unsafe { at.slab() };
-        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) {
-            if hot.contains(HotFlags::KMEMTRACE) {
-                // SAFETY: per our caller.
-                return unsafe { self.free_recorded(obj, slab, at.index, hot) };
-            }
-            // SAFETY: per our caller; no rare bit, so nothing refuses.
-            let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
-            // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
-            if unsafe { self.free_hit::<0>(obj, true) } {
-                return Ok(());
-            }
+        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) && hot.contains(HotFlags::KMEMTRACE) {
+            // SAFETY: per our caller.
+            return unsafe { self.free_recorded(obj, slab, at.index, hot) };
         }
         // SAFETY: per our caller; the hit changed nothing.
         unsafe { self.free_hooked(obj, slab, at.index) }

@@ -72,13 +72,14 @@ impl<P: Platform> KmemCache<P> {
     /// cache's mark; the debug checks and trailer; the trace record; the
     /// tag charged and stored (profiling; `tag` is asked only with
     /// profiling on); then the kmemtrace event ([`Self::alloc_event`]).
-    /// Returns the allocation's result: each way out is a tail call, so
-    /// the usual words' path needs no stack frame (`alloc.rs`,
-    /// `alloc_off_hit`).
+    /// Cannot fail: returns `obj`, each way out a tail call, so the usual
+    /// words' path needs no stack frame (`alloc.rs`, `alloc_past_hit`).
     ///
     /// `RARE`: `obj` may come from elsewhere than the keyed hit and `hot`
     /// may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`] (else those
-    /// tests are compiled out: the usual words' path).
+    /// tests are compiled out: the usual words' path). Without `RARE`,
+    /// the usual word ([`HotFlags::PROFILED_USUAL`]) is told by one
+    /// compare, and its own tests fold away.
     #[inline(always)]
     pub(super) fn post_alloc_hook<const RARE: bool>(
         &self,
@@ -86,7 +87,22 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         tag: &impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    ) -> NonNull<u8> {
+        if !RARE && hot == HotFlags::PROFILED_USUAL {
+            return self.post_alloc_hook_as::<false>(obj, HotFlags::PROFILED_USUAL, tag, bytes_req);
+        }
+        self.post_alloc_hook_as::<RARE>(obj, hot, tag, bytes_req)
+    }
+
+    /// [`Self::post_alloc_hook`] for the word `hot`.
+    #[inline(always)]
+    fn post_alloc_hook_as<const RARE: bool>(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        tag: &impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> NonNull<u8> {
         if RARE {
             if hot.contains(HotFlags::DEBUG) {
                 // Unmarked (`KeyPlace::Unmarked`): the state word is the
@@ -113,14 +129,28 @@ impl<P: Platform> KmemCache<P> {
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
-        self.alloc_event(Ok(obj), hot, bytes_req)
+        self.alloc_done(obj, hot, bytes_req)
+    }
+
+    /// A successful allocation's way out: its kmemtrace event if this
+    /// cache is recorded (a tail call that hands the object back:
+    /// [`Self::kmemtrace_alloc_hook`]), and `obj`.
+    #[inline(always)]
+    pub(super) fn alloc_done(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        bytes_req: usize,
+    ) -> NonNull<u8> {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            return self.kmemtrace_alloc_hook(obj, bytes_req);
+        }
+        obj
     }
 
     /// The allocation's way out: its kmemtrace event if this cache is
-    /// recorded, and `result` handed back. The event of an object is a
-    /// tail call that hands the object back as the result
-    /// ([`Self::kmemtrace_alloc_hook`]): nothing is kept across it, so the usual words' path needs no stack
-    /// frame (`alloc.rs`, `alloc_off_hit`).
+    /// recorded ([`Self::alloc_done`], or the failed allocation's), and
+    /// `result` handed back.
     #[inline(always)]
     pub(super) fn alloc_event(
         &self,
@@ -128,27 +158,23 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        if hot.contains(HotFlags::KMEMTRACE) {
-            return match result {
-                Ok(obj) => self.kmemtrace_alloc_hook(obj, bytes_req),
-                Err(error) => self.kmemtrace_failed_alloc(error, bytes_req),
-            };
+        match result {
+            Ok(obj) => Ok(self.alloc_done(obj, hot, bytes_req)),
+            Err(error) if hot.contains(HotFlags::KMEMTRACE) => {
+                self.kmemtrace_failed_alloc(error, bytes_req)
+            }
+            Err(error) => Err(error),
         }
-        result
     }
 
     /// kmemtrace: the allocation's event, into this CPU's ring of the
     /// owner's recorder (handed down at creation: [`KmemCache::recorder`]).
-    /// Returns `Ok(obj)`.
+    /// Returns `obj`.
     #[inline(never)]
-    fn kmemtrace_alloc_hook(
-        &self,
-        obj: NonNull<u8>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn kmemtrace_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) -> NonNull<u8> {
         let ptr = self.kmemtrace_alloc_event(obj.as_ptr() as usize, bytes_req);
         // SAFETY: the recorder hands `obj`'s address back.
-        Ok(unsafe { NonNull::new_unchecked(ptr as *mut u8) })
+        unsafe { NonNull::new_unchecked(ptr as *mut u8) }
     }
 
     /// kmemtrace: a failed allocation's event; returns the error.

@@ -273,6 +273,13 @@ impl HotFlags {
         .union(HotFlags::BUFCTL_TAGGED)
         .union(HotFlags::KEYLESS)
         .union(HotFlags::TAG_HOOKS);
+    /// The usual word of a profiled cache: profiling on, a small cache
+    /// of one-page slabs, its objects tagged, nothing else. The hooked
+    /// alloc and free (`cache/alloc.rs`, `cache/free.rs`) tell it by one
+    /// compare, and its hooks test nothing more.
+    pub(crate) const PROFILED_USUAL: HotFlags = HotFlags::PROFILING
+        .union(HotFlags::TAGGED)
+        .union(HotFlags::TAGS_IN_PAGE);
     /// The bits the pre-alloc hook looks at (`cache/hooks.rs`).
     pub(crate) const PRE_ALLOC: HotFlags = HotFlags::BOOTSTRAP.union(HotFlags::SAMPLE);
     /// The bits that send an allocation off the plain hit.
