@@ -157,14 +157,35 @@ impl<P: Platform> KmemCache<P> {
     ) -> Option<NonNull<u8>> {
         // SAFETY: per our caller, a hot-flags word first.
         let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
-        let usual = hot == HotFlags::PROFILED_USUAL
-            || (!hot.intersects(HotFlags::ALLOC_HOOKED_RARE)
-                && hot.intersects(HotFlags::ALLOC_SLOW));
-        if !usual {
+        if hot == HotFlags::PROFILED_USUAL {
+            // The word known: the hook's tests fold away.
+            // SAFETY: per our caller; a usual word.
+            return unsafe {
+                Self::alloc_hit_hooked(this, HotFlags::PROFILED_USUAL, tag, bytes_req)
+            };
+        }
+        if hot.intersects(HotFlags::ALLOC_HOOKED_RARE) || !hot.intersects(HotFlags::ALLOC_SLOW) {
             return None;
         }
-        // SAFETY: a usual word is not the unready entry's (it has
-        // `UNBORN`): a keyed cache with magazines (no `KEYLESS`).
+        // SAFETY: per our caller; a usual word.
+        unsafe { Self::alloc_hit_hooked(this, hot, tag, bytes_req) }
+    }
+
+    /// [`Self::alloc_usual`]'s hit and post-alloc hook for the word
+    /// `hot`.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`]; `hot` is a usual word (so not the
+    /// unready entry's, which has `UNBORN`: a keyed cache with
+    /// magazines, no `KEYLESS`).
+    #[inline(always)]
+    unsafe fn alloc_hit_hooked(
+        this: *const Self,
+        hot: HotFlags,
+        tag: &impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller.
         let obj = unsafe { Self::alloc_hit::<0, true>(this) }?;
         // SAFETY: as above.
         Some(unsafe { &*this }.post_alloc_hook::<false>(obj, hot, tag, bytes_req))

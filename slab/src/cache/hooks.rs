@@ -73,30 +73,13 @@ impl<P: Platform> KmemCache<P> {
     /// tag charged and stored (profiling; `tag` is asked only with
     /// profiling on); then the kmemtrace event ([`Self::alloc_event`]).
     /// Cannot fail: returns `obj`, each way out a tail call, so the usual
-    /// words' path needs no stack frame (`alloc.rs`, `alloc_past_hit`).
+    /// words' path needs no stack frame (`alloc.rs`, `alloc_usual`).
     ///
     /// `RARE`: `obj` may come from elsewhere than the keyed hit and `hot`
     /// may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`] (else those
-    /// tests are compiled out: the usual words' path). Without `RARE`,
-    /// the usual word ([`HotFlags::PROFILED_USUAL`]) is told by one
-    /// compare, and its own tests fold away.
+    /// tests are compiled out: the usual words' path).
     #[inline(always)]
     pub(super) fn post_alloc_hook<const RARE: bool>(
-        &self,
-        obj: NonNull<u8>,
-        hot: HotFlags,
-        tag: &impl Fn() -> Option<AllocTagRef>,
-        bytes_req: usize,
-    ) -> NonNull<u8> {
-        if !RARE && hot == HotFlags::PROFILED_USUAL {
-            return self.post_alloc_hook_as::<false>(obj, HotFlags::PROFILED_USUAL, tag, bytes_req);
-        }
-        self.post_alloc_hook_as::<RARE>(obj, hot, tag, bytes_req)
-    }
-
-    /// [`Self::post_alloc_hook`] for the word `hot`.
-    #[inline(always)]
-    fn post_alloc_hook_as<const RARE: bool>(
         &self,
         obj: NonNull<u8>,
         hot: HotFlags,
