@@ -7,21 +7,25 @@
 //!    hot flags (`HotFlags::ALLOC_SLOW`: no feature on for this cache),
 //!    then this CPU's in-use flag taken and a round popped from its
 //!    `loaded`, written out there;
-//! 2. else [`KmemCache::alloc_off_hit`], out of line, one load of the
-//!    hot flags for its three ways: no feature on, the one slow
-//!    function for the miss ([`KmemCache::alloc_slow`]: `prev`, the
-//!    depot, the slab layer); the usual words (profiling, kmemtrace
-//!    recording) on a magazine hit, the post-alloc hook right there;
-//!    anything else [`KmemCache::alloc_hooked_cold`], which calls the
-//!    feature hooks (`cache/hooks.rs`) in order around the same magazine
-//!    hit and miss: an unborn class, the pre-alloc hook (bootstrap
-//!    refusal, KFENCE sample), the post-alloc hook (free key, debug,
-//!    profiling, trace table), the kmemtrace event.
+//! 2. else [`KmemCache::alloc_off_hit`], out of line: the usual words
+//!    ([`KmemCache::alloc_usual`], inlined there): one load of the hot
+//!    flags, and for profiling or kmemtrace recording on a keyed
+//!    small-object cache the same hit and the post-alloc hook
+//!    (`cache/hooks.rs`) right there, no stack frame, the hook's event
+//!    a tail call (profiling's commonest word, `PROFILED_USUAL`, told by
+//!    one compare and its hook's tests folded away);
+//! 3. else one call of [`KmemCache::alloc_hooked_cold`]: no feature on,
+//!    the one slow function for the miss ([`KmemCache::alloc_slow`]:
+//!    `prev`, the depot, the slab layer); anything else the feature
+//!    hooks in order around the same hit and miss: an unborn class, the
+//!    pre-alloc hook (bootstrap refusal, KFENCE sample), the post-alloc
+//!    hook (free key, debug, profiling, trace table), the kmemtrace
+//!    event.
 //!
 //! `GlobalAlloc::alloc` calls the hit and, past it, one out-of-line
-//! function of its own that hands the cache it found to `alloc_off_hit`
-//! and turns an error into null: every way out of its hit is then a
-//! tail call.
+//! function of its own that inlines `alloc_usual` too (the object handed
+//! back as a pointer) and calls `alloc_hooked_cold` otherwise, turning an
+//! error into null: every way out of its hit is then a tail call.
 //!
 //! Every path returns `Result<NonNull<u8>, AllocError>`; only the
 //! `GlobalAlloc` edge (`allocator/global_alloc.rs`) turns an error into

@@ -8,20 +8,24 @@
 //!    hot flags (`HotFlags::FREE_SLOW`: no feature on for this cache),
 //!    then this CPU's in-use flag taken, the free key tested and
 //!    written, and the push on its `loaded`, written out there;
-//! 2. else [`KmemCache::free_off_hit`], out of line, one load of the hot
-//!    flags for its ways: no feature on, the one slow function for the
-//!    miss ([`KmemCache::free_slow`]: the double-free confirmation,
-//!    `prev`, the depot, a new magazine, the slab layer); the usual
-//!    words (profiling, and kmemtrace recording in `free_recorded`, with
-//!    interrupts off for its event), the free hook and the magazine hit
-//!    right there; anything else [`KmemCache::free_hooked`]: the free
-//!    hook (`cache/hooks.rs`: bootstrap refusal, bufctl state, debug
-//!    checks, trace record, tag uncharged), the same magazine hit and
-//!    miss, the kmemtrace event.
+//! 2. else [`KmemCache::free_off_hit`], out of line: the usual word
+//!    ([`KmemCache::free_usual`], inlined there): one load and one
+//!    compare of the hot flags, and for profiling alone on a keyed cache
+//!    the free hook (`cache/hooks.rs`: the tag uncharged) and the same
+//!    hit right there, no stack frame;
+//! 3. else one call of [`KmemCache::free_off_usual`]: no feature on, the
+//!    one slow function for the miss ([`KmemCache::free_slow`]: the
+//!    double-free confirmation, `prev`, the depot, a new magazine, the
+//!    slab layer); kmemtrace recording on a keyed cache,
+//!    `free_recorded` (the hook, the hit and its event with interrupts
+//!    off); anything else [`KmemCache::free_hooked`]: the free hook
+//!    (bootstrap refusal, bufctl state, debug checks, trace record, tag
+//!    uncharged), the same hit and miss, the kmemtrace event.
 //!
 //! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
-//! function of its own that calls `free_off_hit` and reports a refused
-//! free: every way out of its hit is then a tail call.
+//! function of its own that inlines `free_usual` too and calls
+//! `free_off_usual` otherwise, reporting a refused free: every way out
+//! of its hit is then a tail call.
 //!
 //! A pointer the page map does not vouch for (another page source, a
 //! KFENCE sample, a bad pointer) takes [`KmemCache::free_unlocated`],
@@ -209,15 +213,13 @@ impl<P: Platform> KmemCache<P> {
         // One compare: of the free's slow bits, only `TAGGED` (the rare
         // ones and `KMEMTRACE` clear); what the hook tests of it is then
         // known.
-        const MASK: HotFlags = HotFlags::FREE_SLOW;
-        if self.hot().intersection(MASK) != HotFlags::TAGGED {
-            return false;
+        if self.hot().intersection(HotFlags::FREE_SLOW) == HotFlags::TAGGED {
+            // SAFETY: per our caller; no rare bit, so nothing refuses.
+            let _ = unsafe { self.free_hook::<false>(obj, at.slab(), at.index, HotFlags::TAGGED) };
+            // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
+            return unsafe { self.free_hit::<0>(obj, true) };
         }
-        let hot = HotFlags::TAGGED;
-        // SAFETY: per our caller; no rare bit, so nothing refuses.
-        let _ = unsafe { self.free_hook::<false>(obj, at.slab(), at.index, hot) };
-        // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
-        unsafe { self.free_hit::<0>(obj, true) }
+        false
     }
 
     /// [`Self::free_off_hit`] off the usual words' hit: with no feature
@@ -238,44 +240,46 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.free_slow(obj) };
         }
-        // SAFETY: per our caller.
-        let slab = unsafe { at.slab() };
-        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) && hot.contains(HotFlags::KMEMTRACE) {
-            // SAFETY: per our caller.
-            return unsafe { self.free_recorded(obj, slab, at.index, hot) };
+        if hot.intersection(HotFlags::FREE_HOOKED_RARE.union(HotFlags::KMEMTRACE))
+            == HotFlags::KMEMTRACE
+        {
+            // SAFETY: per our caller; no rare bit.
+            return unsafe { self.free_recorded(obj, at, hot) };
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_hooked(obj, slab, at.index) }
+        unsafe { self.free_hooked(obj, at.slab(), at.index) }
     }
 
-    /// [`Self::free_off_hit`]'s usual words with kmemtrace recording: the
-    /// same hook and hit, the free and its event with interrupts off. Its
-    /// own function, so that the profiled free's path keeps no interrupt
-    /// state and needs no stack frame.
+    /// [`Self::free_off_usual`]'s words with kmemtrace recording: the
+    /// same hook and hit as [`Self::free_usual`]'s, the free and its
+    /// event with interrupts off, so that nothing on this CPU reuses the
+    /// object before its free is recorded; a miss (or a suspect key)
+    /// [`Self::free_hooked`]. Its own function, so that the profiled
+    /// free's path keeps no interrupt state and needs no stack frame.
     ///
     /// # Safety
-    /// As for [`Self::free_hooked`], `slab` not null, no bit of
+    /// As for [`Self::free_located`]; no bit of
     /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
     #[inline(never)]
     unsafe fn free_recorded(
         &self,
         obj: NonNull<u8>,
-        slab: *mut Slab,
-        index: usize,
+        at: Located,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        // SAFETY: per our caller, an object start of ours.
-        let irq = unsafe { self.kmemtrace_free_guard(obj, hot) };
+        let irq = IrqGuard::<P>::new();
+        // SAFETY: per our caller.
+        let slab = unsafe { at.slab() };
         // SAFETY: per our caller; no rare bit, so nothing refuses.
-        let _ = unsafe { self.free_hook::<false>(obj, slab, index, hot) };
+        let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
         // SAFETY: per our caller; a keyed cache.
         if unsafe { self.free_hit::<0>(obj, true) } {
-            return self.kmemtrace_freed(obj, irq);
+            return self.kmemtrace_freed(obj, Some(irq));
         }
         drop(irq);
         // SAFETY: per our caller; the hit changed nothing (the tag the
         // hook uncharged is not found again).
-        unsafe { self.free_hooked(obj, slab, index) }
+        unsafe { self.free_hooked(obj, slab, at.index) }
     }
 
     /// [`Self::free_off_hit`] for every word and on a miss, and the free

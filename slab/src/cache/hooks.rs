@@ -7,8 +7,9 @@
 //! [`HotFlags::FREE_SLOW`]).
 //!
 //! ```text
-//!  alloc_off_hit ─► usual words on a hit: post_alloc_hook inline
-//!       └─► else alloc_hooked_cold:
+//!  alloc_off_hit ─► alloc_usual: usual words on a hit: post_alloc_hook
+//!       │           inline, its event a tail call (alloc_done)
+//!       └─► else alloc_hooked_cold: no flag: alloc_slow
 //!             UNBORN: not ready; a class born now
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
@@ -16,10 +17,11 @@
 //!                              (debug/object.rs), trace table
 //!                              (trace_table/cache.rs);
 //!                              profiling (profiling.rs)
-//!  every way out: alloc_event   the kmemtrace event (ok or failed)
-//!  free_off_hit ─► usual words: free_hook inline, the hit
-//!       │          (free_recorded: with interrupts off for the event)
-//!       └─► else free_hooked: kmemtrace_free_guard, free_hook
+//!  every way out: alloc_done / alloc_event  the kmemtrace event
+//!  free_off_hit ─► free_usual: profiling's word: free_hook inline, the hit
+//!       └─► else free_off_usual: no flag: free_slow
+//!             recording: free_recorded (hook, hit, event; interrupts off)
+//!             else free_hooked: kmemtrace_free_guard, free_hook
 //!             (cold: bootstrap refusal, bufctl state, debug, trace
 //!             record; the tag uncharged), the hit or the miss
 //!  every way out: free_event    the kmemtrace event (ok or refused)
@@ -179,12 +181,18 @@ impl<P: Platform> KmemCache<P> {
     fn kmemtrace_alloc_event(&self, ptr: usize, bytes_req: usize) -> usize {
         const CACHE_TO_KMALLOC: u64 =
             head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-        let kind = if ptr != 0 {
-            EventKind::Alloc
+        const ALLOC_TO_FAILED: u64 = head_word(
+            EventKind::Alloc as u8 ^ EventKind::FailedAlloc as u8,
+            0,
+            0,
+            0,
+        );
+        let head = self.event_head;
+        let head = if ptr != 0 {
+            head
         } else {
-            EventKind::FailedAlloc
+            head ^ ALLOC_TO_FAILED
         };
-        let head = EventFields::head(kind, EventType::Cache, self.id);
         let (head, bytes_req) = if bytes_req == 0 {
             (head, self.params.obj_size)
         } else {
@@ -348,17 +356,14 @@ impl<P: Platform> KmemCache<P> {
     /// `kfree`s (the cache's free head says which).
     #[inline(always)]
     fn kmemtrace_free_event(&self, obj: NonNull<u8>, ok: bool) {
-        let kind = if ok {
-            EventKind::Free
-        } else {
-            EventKind::BadFree
-        };
-        let type_id = if self.permanent {
-            EventType::Kmalloc
-        } else {
-            EventType::Cache
-        };
-        let head = EventFields::head(kind, type_id, self.id);
+        const ALLOC_TO_FREE: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
+        const ALLOC_TO_BAD: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
+        const CACHE_TO_KMALLOC: u64 =
+            head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+        let head = self.event_head ^ if ok { ALLOC_TO_FREE } else { ALLOC_TO_BAD };
+        let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
         let _ = self.recorder().record::<P>(EventFields {
             head,
             ptr: obj.as_ptr() as usize,
