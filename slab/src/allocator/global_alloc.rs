@@ -67,7 +67,6 @@ impl<P: Platform> Kmem<P> {
     ///
     /// # Safety
     /// As for [`Self::alloc_off_hit`].
-    #[cold]
     #[inline(never)]
     unsafe fn alloc_hooked_or_null(cache: *const KmemCache<P>, size: usize) -> *mut u8 {
         let tag = crate::alloc_tag::current::<P>;
@@ -78,9 +77,9 @@ impl<P: Platform> Kmem<P> {
 
     /// `GlobalAlloc::alloc` of a request no size class serves
     /// ([`Kmem::kmalloc_pages`]: page-granular, or refused before
-    /// `init`), an error a null pointer.
-    /// The layout first: `GlobalAlloc::alloc`'s own arguments stay in
-    /// the registers they came in (no copies on its hit).
+    /// `init`), an error a null pointer. The layout first:
+    /// `GlobalAlloc::alloc`'s own arguments stay in the registers they
+    /// came in (no copies on its hit: plain pair 68 -> 66 instructions).
     #[cold]
     #[inline(never)]
     fn alloc_pages_or_null(layout: Layout, this: &Self) -> *mut u8 {
@@ -116,7 +115,6 @@ impl<P: Platform> Kmem<P> {
     ///
     /// # Safety
     /// As for [`Self::dealloc_off_hit`].
-    #[cold]
     #[inline(never)]
     unsafe fn dealloc_off_usual(&self, cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located) {
         // SAFETY: per our caller.
