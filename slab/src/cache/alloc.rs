@@ -7,21 +7,25 @@
 //!    hot flags (`HotFlags::ALLOC_SLOW`: no feature on for this cache),
 //!    then this CPU's in-use flag taken and a round popped from its
 //!    `loaded`, written out there;
-//! 2. else [`KmemCache::alloc_off_hit`], out of line, one load of the
-//!    hot flags for its three ways: no feature on, the one slow
-//!    function for the miss ([`KmemCache::alloc_slow`]: `prev`, the
-//!    depot, the slab layer); the usual words (profiling, kmemtrace
-//!    recording) on a magazine hit, the post-alloc hook right there;
-//!    anything else [`KmemCache::alloc_hooked_cold`], which calls the
-//!    feature hooks (`cache/hooks.rs`) in order around the same magazine
-//!    hit and miss: an unborn class, the pre-alloc hook (bootstrap
-//!    refusal, KFENCE sample), the post-alloc hook (free key, debug,
-//!    profiling, trace table), the kmemtrace event.
+//! 2. else [`KmemCache::alloc_off_hit`], out of line: the usual words
+//!    ([`KmemCache::alloc_usual`], inlined there): one load of the hot
+//!    flags, and for profiling or kmemtrace recording on a keyed
+//!    small-object cache the same hit and the post-alloc hook
+//!    (`cache/hooks.rs`) right there, no stack frame, the hook's event
+//!    a tail call (profiling's commonest word, `PROFILED_USUAL`, told by
+//!    one compare and its hook's tests folded away);
+//! 3. else one call of [`KmemCache::alloc_hooked_cold`]: no feature on,
+//!    the one slow function for the miss ([`KmemCache::alloc_slow`]:
+//!    `prev`, the depot, the slab layer); anything else the feature
+//!    hooks in order around the same hit and miss: an unborn class, the
+//!    pre-alloc hook (bootstrap refusal, KFENCE sample), the post-alloc
+//!    hook (free key, debug, profiling, trace table), the kmemtrace
+//!    event.
 //!
 //! `GlobalAlloc::alloc` calls the hit and, past it, one out-of-line
-//! function of its own that hands the cache it found to `alloc_off_hit`
-//! and turns an error into null: every way out of its hit is then a
-//! tail call.
+//! function of its own that inlines `alloc_usual` too (the object handed
+//! back as a pointer) and calls `alloc_hooked_cold` otherwise, turning an
+//! error into null: every way out of its hit is then a tail call.
 //!
 //! Every path returns `Result<NonNull<u8>, AllocError>`; only the
 //! `GlobalAlloc` edge (`allocator/global_alloc.rs`) turns an error into
@@ -113,18 +117,10 @@ impl<P: Platform> KmemCache<P> {
         unsafe { Self::alloc_off_hit(this, tag, bytes_req) }
     }
 
-    /// The allocation past a failed [`Self::alloc_hit`], out of line and
-    /// reached by a tail call (the plain hit stays a leaf): with no
-    /// feature on for this cache, the miss ([`Self::alloc_slow`]);
-    /// else the feature hooks around the same magazine hit and miss.
-    ///
-    /// The usual words (profiling, kmemtrace recording, or both, on a
-    /// keyed small-object cache: no bit of [`HotFlags::ALLOC_HOOKED_RARE`])
-    /// on a magazine hit run the hooks right here: a flag test each and
-    /// no stack frame. Anything else (a miss, a rare feature, an unborn
-    /// class, the unready entry) is one tail call to
-    /// [`Self::alloc_hooked_cold`], which runs every hook in order. One
-    /// load of the hot flags serves all three ways.
+    /// The allocation past a failed [`Self::alloc_hit`] (`KmemCache::alloc`,
+    /// kmalloc), out of line and reached by a tail call (the plain hit
+    /// stays a leaf): the usual words' hit ([`Self::alloc_usual`]), else
+    /// [`Self::alloc_hooked_cold`].
     ///
     /// # Safety
     /// As for [`Self::alloc_at`].
@@ -134,41 +130,92 @@ impl<P: Platform> KmemCache<P> {
         tag: impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        // SAFETY: per our caller, a hot-flags word first.
-        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
-        if !hot.intersects(HotFlags::ALLOC_SLOW) {
-            // SAFETY: no slow flag, so not the unready entry: a live cache.
-            return unsafe { &*this }.alloc_slow::<true>();
+        // SAFETY: per our caller.
+        if let Some(obj) = unsafe { Self::alloc_usual(this, &tag, bytes_req) } {
+            return Ok(obj);
         }
-        if !hot.intersects(HotFlags::ALLOC_HOOKED_RARE)
-            // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
-            // (keyed: no `KEYLESS`, a rare bit)
-            && let Some(obj) = unsafe { Self::alloc_hit::<0, true>(this) }
-        {
-            // SAFETY: as above.
-            return unsafe { &*this }.post_alloc_hook::<false>(obj, hot, &tag, bytes_req);
-        }
-        // SAFETY: per our caller; the hit changed nothing.
+        // SAFETY: per our caller; nothing changed.
         unsafe { Self::alloc_hooked_cold(this, tag_ref(&tag), bytes_req) }
     }
 
-    /// [`Self::alloc_off_hit`] with a feature on, for every word and on a
-    /// miss: the
-    /// pre-alloc hook, the hit or the miss, the post-alloc hooks (or,
-    /// for an allocation the pre-alloc hook served or that failed, only
-    /// the kmemtrace event).
+    /// The usual words past a failed [`Self::alloc_hit`], inlined into
+    /// each edge's out-of-line function ([`Self::alloc_off_hit`], and
+    /// `GlobalAlloc`'s, which hands the object back as a pointer): one
+    /// load of the hot flags; a usual word (profiling, kmemtrace
+    /// recording, or both, on a keyed small-object cache: no bit of
+    /// [`HotFlags::ALLOC_HOOKED_RARE`]; the commonest,
+    /// [`HotFlags::PROFILED_USUAL`], told by one compare) takes the same
+    /// magazine hit and the post-alloc hook right here, a flag test each,
+    /// no stack frame, the hook's event a tail call. `None` (nothing
+    /// changed) for anything else: no feature on (the miss), a rare
+    /// feature, an unborn class, the unready entry, a hooked miss; the
+    /// caller then calls [`Self::alloc_hooked_cold`].
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`].
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_usual(
+        this: *const Self,
+        tag: &impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller, a hot-flags word first.
+        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
+        if hot == HotFlags::PROFILED_USUAL {
+            // The word known: the hook's tests fold away.
+            // SAFETY: per our caller; a usual word.
+            return unsafe {
+                Self::alloc_hit_hooked(this, HotFlags::PROFILED_USUAL, tag, bytes_req)
+            };
+        }
+        if hot.intersects(HotFlags::ALLOC_HOOKED_RARE) || !hot.intersects(HotFlags::ALLOC_SLOW) {
+            return None;
+        }
+        // SAFETY: per our caller; a usual word.
+        unsafe { Self::alloc_hit_hooked(this, hot, tag, bytes_req) }
+    }
+
+    /// [`Self::alloc_usual`]'s hit and post-alloc hook for the word
+    /// `hot`.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`]; `hot` is a usual word (so not the
+    /// unready entry's, which has `UNBORN`: a keyed cache with
+    /// magazines, no `KEYLESS`).
+    #[inline(always)]
+    unsafe fn alloc_hit_hooked(
+        this: *const Self,
+        hot: HotFlags,
+        tag: &impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller.
+        let obj = unsafe { Self::alloc_hit::<0, true>(this) }?;
+        // SAFETY: as above.
+        Some(unsafe { &*this }.post_alloc_hook::<false>(obj, hot, tag, bytes_req))
+    }
+
+    /// [`Self::alloc_off_hit`] off the usual words' hit: with no feature
+    /// on for this cache, the miss ([`Self::alloc_slow`]); else, for
+    /// every word and on a miss, the pre-alloc hook, the hit or the
+    /// miss, the post-alloc hooks (or, for an allocation the pre-alloc
+    /// hook served or that failed, only the kmemtrace event).
     ///
     /// # Safety
     /// As for [`Self::alloc_at`].
     #[cold]
     #[inline(never)]
-    unsafe fn alloc_hooked_cold(
+    pub(crate) unsafe fn alloc_hooked_cold(
         this: *const Self,
         tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: per our caller, a hot-flags word first.
         let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
+        if !hot.intersects(HotFlags::ALLOC_SLOW) {
+            // SAFETY: no slow flag, so not the unready entry: a live cache.
+            return unsafe { &*this }.alloc_slow::<true>();
+        }
         if hot.contains(HotFlags::UNBORN) {
             // No cache behind it yet: the unready entry (before `init`)
             // or an unborn size class's stub (its first allocation
@@ -208,7 +255,7 @@ impl<P: Platform> KmemCache<P> {
                 Err(error) => return this.alloc_event(Err(error), hot, bytes_req),
             },
         };
-        this.post_alloc_hook::<true>(obj, hot, &tag, bytes_req)
+        Ok(this.post_alloc_hook::<true>(obj, hot, &tag, bytes_req))
     }
 
     /// The hit, the one copy (SLUB `slab_alloc_node`'s fast path, Akaros

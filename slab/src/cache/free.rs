@@ -8,20 +8,24 @@
 //!    hot flags (`HotFlags::FREE_SLOW`: no feature on for this cache),
 //!    then this CPU's in-use flag taken, the free key tested and
 //!    written, and the push on its `loaded`, written out there;
-//! 2. else [`KmemCache::free_off_hit`], out of line, one load of the hot
-//!    flags for its ways: no feature on, the one slow function for the
-//!    miss ([`KmemCache::free_slow`]: the double-free confirmation,
-//!    `prev`, the depot, a new magazine, the slab layer); the usual
-//!    words (profiling, and kmemtrace recording in `free_recorded`, with
-//!    interrupts off for its event), the free hook and the magazine hit
-//!    right there; anything else [`KmemCache::free_hooked`]: the free
-//!    hook (`cache/hooks.rs`: bootstrap refusal, bufctl state, debug
-//!    checks, trace record, tag uncharged), the same magazine hit and
-//!    miss, the kmemtrace event.
+//! 2. else [`KmemCache::free_off_hit`], out of line: the usual word
+//!    ([`KmemCache::free_usual`], inlined there): one load and one
+//!    compare of the hot flags, and for profiling alone on a keyed cache
+//!    the free hook (`cache/hooks.rs`: the tag uncharged) and the same
+//!    hit right there, no stack frame;
+//! 3. else one call of [`KmemCache::free_off_usual`]: no feature on, the
+//!    one slow function for the miss ([`KmemCache::free_slow`]: the
+//!    double-free confirmation, `prev`, the depot, a new magazine, the
+//!    slab layer); kmemtrace recording on a keyed cache,
+//!    `free_recorded` (the hook, the hit and its event with interrupts
+//!    off); anything else [`KmemCache::free_hooked`]: the free hook
+//!    (bootstrap refusal, bufctl state, debug checks, trace record, tag
+//!    uncharged), the same hit and miss, the kmemtrace event.
 //!
 //! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
-//! function of its own that calls `free_off_hit` and reports a refused
-//! free: every way out of its hit is then a tail call.
+//! function of its own that inlines `free_usual` too and calls
+//! `free_off_usual` otherwise, reporting a refused free: every way out
+//! of its hit is then a tail call.
 //!
 //! A pointer the page map does not vouch for (another page source, a
 //! KFENCE sample, a bad pointer) takes [`KmemCache::free_unlocated`],
@@ -168,22 +172,10 @@ impl<P: Platform> KmemCache<P> {
         unsafe { self.free_off_hit(obj, at) }
     }
 
-    /// The free past a failed [`Self::free_hit`], out of line and reached
-    /// by a tail call (the plain hit stays a leaf): with no feature on
-    /// for this cache, the miss ([`Self::free_slow`]); else the free hook,
-    /// the same magazine hit and miss, the kmemtrace event.
-    ///
-    /// The usual words (profiling's `TAGGED`, kmemtrace recording, or
-    /// both, on a keyed cache: no bit of [`HotFlags::FREE_HOOKED_RARE`])
-    /// run the hook and the magazine hit right here: the tag uncharged
-    /// before the push (once pushed, an interrupt handler's alloc may
-    /// take the object), and with kmemtrace recording the free and its
-    /// event with interrupts off, so that nothing on this CPU reuses the
-    /// object before its free is recorded. Anything else (a full
-    /// `loaded`, a rare feature) is one tail call to
-    /// [`Self::free_hooked`], which runs them all in order (a tag
-    /// uncharged here is not found again there). One load of the hot
-    /// flags serves all three ways.
+    /// The free past a failed [`Self::free_hit`] (`KmemCache::free`,
+    /// `kfree`), out of line and reached by a tail call (the plain hit
+    /// stays a leaf): the usual words' hit ([`Self::free_usual`]), else
+    /// [`Self::free_off_usual`].
     ///
     /// # Safety
     /// As for [`Self::free_located`].
@@ -193,57 +185,101 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         at: Located,
     ) -> Result<(), FreeError> {
+        // SAFETY: per our caller.
+        if unsafe { self.free_usual(obj, at) } {
+            return Ok(());
+        }
+        // SAFETY: per our caller; the hit changed nothing (a tag the hook
+        // uncharged is not found again).
+        unsafe { self.free_off_usual(obj, at) }
+    }
+
+    /// The usual words past a failed [`Self::free_hit`], inlined into
+    /// each edge's out-of-line function ([`Self::free_off_hit`], and
+    /// `GlobalAlloc`'s): one load and one compare of the hot flags; the
+    /// usual word without recording (profiling's `TAGGED` on a keyed
+    /// cache: no other bit of [`HotFlags::FREE_SLOW`]) runs the free
+    /// hook and the same magazine hit right here: the tag uncharged
+    /// before the push (once pushed, an interrupt handler's alloc may
+    /// take the object), no stack frame. False for anything else (no
+    /// feature on: the miss; recording; a rare feature; a full
+    /// `loaded`); the caller then calls [`Self::free_off_usual`].
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`]; if this returns true, `obj` was
+    /// freed.
+    #[inline(always)]
+    pub(crate) unsafe fn free_usual(&self, obj: NonNull<u8>, at: Located) -> bool {
+        // One compare: of the free's slow bits, only `TAGGED` (the rare
+        // ones and `KMEMTRACE` clear); what the hook tests of it is then
+        // known.
+        if self.hot().intersection(HotFlags::FREE_SLOW) == HotFlags::TAGGED {
+            // SAFETY: per our caller; no rare bit, so nothing refuses.
+            let _ = unsafe { self.free_hook::<false>(obj, at.slab(), at.index, HotFlags::TAGGED) };
+            // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
+            return unsafe { self.free_hit::<0>(obj, true) };
+        }
+        false
+    }
+
+    /// [`Self::free_off_hit`] off the usual words' hit: with no feature
+    /// on for this cache, the miss ([`Self::free_slow`]); with kmemtrace
+    /// recording and no rare bit, [`Self::free_recorded`]; anything else
+    /// [`Self::free_hooked`], which runs every hook in order.
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`].
+    #[inline(never)]
+    pub(crate) unsafe fn free_off_usual(
+        &self,
+        obj: NonNull<u8>,
+        at: Located,
+    ) -> Result<(), FreeError> {
         let hot = self.hot();
         if !hot.intersects(HotFlags::FREE_SLOW) {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.free_slow(obj) };
         }
-        // SAFETY: per our caller.
-        let slab = unsafe { at.slab() };
-        if !hot.intersects(HotFlags::FREE_HOOKED_RARE) {
-            if hot.contains(HotFlags::KMEMTRACE) {
-                // SAFETY: per our caller.
-                return unsafe { self.free_recorded(obj, slab, at.index, hot) };
-            }
-            // SAFETY: per our caller; no rare bit, so nothing refuses.
-            let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
-            // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
-            if unsafe { self.free_hit::<0>(obj, true) } {
-                return Ok(());
-            }
+        if hot.intersection(HotFlags::FREE_HOOKED_RARE.union(HotFlags::KMEMTRACE))
+            == HotFlags::KMEMTRACE
+        {
+            // SAFETY: per our caller; no rare bit.
+            return unsafe { self.free_recorded(obj, at, hot) };
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_hooked(obj, slab, at.index) }
+        unsafe { self.free_hooked(obj, at.slab(), at.index) }
     }
 
-    /// [`Self::free_off_hit`]'s usual words with kmemtrace recording: the
-    /// same hook and hit, the free and its event with interrupts off. Its
-    /// own function, so that the profiled free's path keeps no interrupt
-    /// state and needs no stack frame.
+    /// [`Self::free_off_usual`]'s words with kmemtrace recording: the
+    /// same hook and hit as [`Self::free_usual`]'s, the free and its
+    /// event with interrupts off, so that nothing on this CPU reuses the
+    /// object before its free is recorded; a miss (or a suspect key)
+    /// [`Self::free_hooked`]. Its own function, so that the profiled
+    /// free's path keeps no interrupt state and needs no stack frame.
     ///
     /// # Safety
-    /// As for [`Self::free_hooked`], `slab` not null, no bit of
+    /// As for [`Self::free_located`]; no bit of
     /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
     #[inline(never)]
     unsafe fn free_recorded(
         &self,
         obj: NonNull<u8>,
-        slab: *mut Slab,
-        index: usize,
+        at: Located,
         hot: HotFlags,
     ) -> Result<(), FreeError> {
-        // SAFETY: per our caller, an object start of ours.
-        let irq = unsafe { self.kmemtrace_free_guard(obj, hot) };
+        let irq = IrqGuard::<P>::new();
+        // SAFETY: per our caller.
+        let slab = unsafe { at.slab() };
         // SAFETY: per our caller; no rare bit, so nothing refuses.
-        let _ = unsafe { self.free_hook::<false>(obj, slab, index, hot) };
+        let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
         // SAFETY: per our caller; a keyed cache.
         if unsafe { self.free_hit::<0>(obj, true) } {
-            return self.kmemtrace_freed(obj, irq);
+            return self.kmemtrace_freed(obj, Some(irq));
         }
         drop(irq);
         // SAFETY: per our caller; the hit changed nothing (the tag the
         // hook uncharged is not found again).
-        unsafe { self.free_hooked(obj, slab, index) }
+        unsafe { self.free_hooked(obj, slab, at.index) }
     }
 
     /// [`Self::free_off_hit`] for every word and on a miss, and the free

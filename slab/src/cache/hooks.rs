@@ -7,8 +7,9 @@
 //! [`HotFlags::FREE_SLOW`]).
 //!
 //! ```text
-//!  alloc_off_hit ─► usual words on a hit: post_alloc_hook inline
-//!       └─► else alloc_hooked_cold:
+//!  alloc_off_hit ─► alloc_usual: usual words on a hit: post_alloc_hook
+//!       │           inline, its event a tail call (alloc_done)
+//!       └─► else alloc_hooked_cold: no flag: alloc_slow
 //!             UNBORN: not ready; a class born now
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
@@ -16,10 +17,11 @@
 //!                              (debug/object.rs), trace table
 //!                              (trace_table/cache.rs);
 //!                              profiling (profiling.rs)
-//!  every way out: alloc_event   the kmemtrace event (ok or failed)
-//!  free_off_hit ─► usual words: free_hook inline, the hit
-//!       │          (free_recorded: with interrupts off for the event)
-//!       └─► else free_hooked: kmemtrace_free_guard, free_hook
+//!  every way out: alloc_done / alloc_event  the kmemtrace event
+//!  free_off_hit ─► free_usual: profiling's word: free_hook inline, the hit
+//!       └─► else free_off_usual: no flag: free_slow
+//!             recording: free_recorded (hook, hit, event; interrupts off)
+//!             else free_hooked: kmemtrace_free_guard, free_hook
 //!             (cold: bootstrap refusal, bufctl state, debug, trace
 //!             record; the tag uncharged), the hit or the miss
 //!  every way out: free_event    the kmemtrace event (ok or refused)
@@ -72,9 +74,8 @@ impl<P: Platform> KmemCache<P> {
     /// cache's mark; the debug checks and trailer; the trace record; the
     /// tag charged and stored (profiling; `tag` is asked only with
     /// profiling on); then the kmemtrace event ([`Self::alloc_event`]).
-    /// Returns the allocation's result: each way out is a tail call, so
-    /// the usual words' path needs no stack frame (`alloc.rs`,
-    /// `alloc_off_hit`).
+    /// Cannot fail: returns `obj`, each way out a tail call, so the usual
+    /// words' path needs no stack frame (`alloc.rs`, `alloc_usual`).
     ///
     /// `RARE`: `obj` may come from elsewhere than the keyed hit and `hot`
     /// may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`] (else those
@@ -86,7 +87,7 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         tag: &impl Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    ) -> NonNull<u8> {
         if RARE {
             if hot.contains(HotFlags::DEBUG) {
                 // Unmarked (`KeyPlace::Unmarked`): the state word is the
@@ -113,14 +114,28 @@ impl<P: Platform> KmemCache<P> {
         }
         #[cfg(not(feature = "alloc-profiling"))]
         let _ = tag;
-        self.alloc_event(Ok(obj), hot, bytes_req)
+        self.alloc_done(obj, hot, bytes_req)
+    }
+
+    /// A successful allocation's way out: its kmemtrace event if this
+    /// cache is recorded (a tail call that hands the object back:
+    /// [`Self::kmemtrace_alloc_hook`]), and `obj`.
+    #[inline(always)]
+    pub(super) fn alloc_done(
+        &self,
+        obj: NonNull<u8>,
+        hot: HotFlags,
+        bytes_req: usize,
+    ) -> NonNull<u8> {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            return self.kmemtrace_alloc_hook(obj, bytes_req);
+        }
+        obj
     }
 
     /// The allocation's way out: its kmemtrace event if this cache is
-    /// recorded, and `result` handed back. The event of an object is a
-    /// tail call that hands the object back as the result
-    /// ([`Self::kmemtrace_alloc_hook`]): nothing is kept across it, so the usual words' path needs no stack
-    /// frame (`alloc.rs`, `alloc_off_hit`).
+    /// recorded ([`Self::alloc_done`], or the failed allocation's), and
+    /// `result` handed back.
     #[inline(always)]
     pub(super) fn alloc_event(
         &self,
@@ -128,27 +143,23 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        if hot.contains(HotFlags::KMEMTRACE) {
-            return match result {
-                Ok(obj) => self.kmemtrace_alloc_hook(obj, bytes_req),
-                Err(error) => self.kmemtrace_failed_alloc(error, bytes_req),
-            };
+        match result {
+            Ok(obj) => Ok(self.alloc_done(obj, hot, bytes_req)),
+            Err(error) if hot.contains(HotFlags::KMEMTRACE) => {
+                self.kmemtrace_failed_alloc(error, bytes_req)
+            }
+            Err(error) => Err(error),
         }
-        result
     }
 
     /// kmemtrace: the allocation's event, into this CPU's ring of the
     /// owner's recorder (handed down at creation: [`KmemCache::recorder`]).
-    /// Returns `Ok(obj)`.
+    /// Returns `obj`.
     #[inline(never)]
-    fn kmemtrace_alloc_hook(
-        &self,
-        obj: NonNull<u8>,
-        bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn kmemtrace_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) -> NonNull<u8> {
         let ptr = self.kmemtrace_alloc_event(obj.as_ptr() as usize, bytes_req);
         // SAFETY: the recorder hands `obj`'s address back.
-        Ok(unsafe { NonNull::new_unchecked(ptr as *mut u8) })
+        unsafe { NonNull::new_unchecked(ptr as *mut u8) }
     }
 
     /// kmemtrace: a failed allocation's event; returns the error.
@@ -170,12 +181,18 @@ impl<P: Platform> KmemCache<P> {
     fn kmemtrace_alloc_event(&self, ptr: usize, bytes_req: usize) -> usize {
         const CACHE_TO_KMALLOC: u64 =
             head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-        let kind = if ptr != 0 {
-            EventKind::Alloc
+        const ALLOC_TO_FAILED: u64 = head_word(
+            EventKind::Alloc as u8 ^ EventKind::FailedAlloc as u8,
+            0,
+            0,
+            0,
+        );
+        let head = self.event_head;
+        let head = if ptr != 0 {
+            head
         } else {
-            EventKind::FailedAlloc
+            head ^ ALLOC_TO_FAILED
         };
-        let head = EventFields::head(kind, EventType::Cache, self.id);
         let (head, bytes_req) = if bytes_req == 0 {
             (head, self.params.obj_size)
         } else {
@@ -339,17 +356,14 @@ impl<P: Platform> KmemCache<P> {
     /// `kfree`s (the cache's free head says which).
     #[inline(always)]
     fn kmemtrace_free_event(&self, obj: NonNull<u8>, ok: bool) {
-        let kind = if ok {
-            EventKind::Free
-        } else {
-            EventKind::BadFree
-        };
-        let type_id = if self.permanent {
-            EventType::Kmalloc
-        } else {
-            EventType::Cache
-        };
-        let head = EventFields::head(kind, type_id, self.id);
+        const ALLOC_TO_FREE: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
+        const ALLOC_TO_BAD: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
+        const CACHE_TO_KMALLOC: u64 =
+            head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+        let head = self.event_head ^ if ok { ALLOC_TO_FREE } else { ALLOC_TO_BAD };
+        let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
         let _ = self.recorder().record::<P>(EventFields {
             head,
             ptr: obj.as_ptr() as usize,

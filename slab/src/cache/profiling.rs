@@ -8,7 +8,6 @@ use core::sync::atomic::Ordering;
 
 use super::{HotFlags, KmemCache, OwnerCache};
 use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
-use crate::error::AllocError;
 use crate::layout::geometry::SlabKind;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::{Slab, small_header};
@@ -78,7 +77,7 @@ impl<P: Platform> KmemCache<P> {
         hot: HotFlags,
         tag: AllocTagRef,
         bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    ) -> NonNull<u8> {
         if self.kind == SlabKind::Bufctl {
             // SAFETY: `tag` is a charge token (the tag closures return the
             // platform's tokens: alloc_tag::current, explicit).
@@ -99,7 +98,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: obj is a busy object of one of our small slabs, alive.
             unsafe { self.charge_and_store(obj, slab, tag) };
         }
-        self.alloc_event(Ok(obj), hot, bytes_req)
+        self.alloc_done(obj, hot, bytes_req)
     }
 
     /// Charge `tag` for `obj` and store the charge token in its
