@@ -12,6 +12,8 @@ use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheOwner, KmemCache};
 use crate::error::{AllocError, FreeError};
+#[cfg(feature = "kmemtrace")]
+use crate::kmemtrace::EventKind;
 use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
@@ -701,7 +703,11 @@ impl<P: Platform> Kmem<P> {
         #[cfg(feature = "kmemtrace")]
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(result.ok(), size);
+            let (kind, addr) = match result {
+                Ok(pages) => (EventKind::Alloc, pages.as_ptr() as usize),
+                Err(_) => (EventKind::FailedAlloc, 0),
+            };
+            self.kmemtrace_pages(kind, addr, size);
         }
         result
     }

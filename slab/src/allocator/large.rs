@@ -13,7 +13,8 @@ use super::kmalloc::KMALLOC_MAX_SIZE;
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::KmemCache;
 use crate::error::{AllocError, FreeError};
-use crate::kmemtrace::{EventKind, EventType};
+#[cfg(feature = "kmemtrace")]
+use crate::kmemtrace::EventKind;
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
 use crate::platform::{PAGE_SIZE, Platform};
 
@@ -227,15 +228,8 @@ impl<P: Platform> Kmem<P> {
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: a page-granular block resized in place is a
             // free of the old size and an allocation of the new one.
-            self.kmemtrace_record(
-                EventKind::Free,
-                EventType::Pages,
-                0,
-                addr,
-                0,
-                nr_pages * PAGE_SIZE,
-            );
-            self.kmemtrace_large_alloc(Some(ptr), new_size);
+            self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
+            self.kmemtrace_pages(EventKind::Alloc, addr, new_size);
         }
         #[cfg(feature = "alloc-profiling")]
         if let Some(token) = AllocTagRef::new(token) {
@@ -287,16 +281,10 @@ impl<P: Platform> Kmem<P> {
                     // Another CPU freed it first.
                     return Err(FreeError::DoubleFree { addr });
                 }
+                #[cfg(feature = "kmemtrace")]
                 if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
                     // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
-                    self.kmemtrace_record(
-                        EventKind::Free,
-                        EventType::Pages,
-                        0,
-                        addr,
-                        0,
-                        nr_pages * PAGE_SIZE,
-                    );
+                    self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
                 }
                 // The slack of a block aligned above a page: the page
                 // before it is our lead slack or not ours, the page after
