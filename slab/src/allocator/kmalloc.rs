@@ -409,20 +409,6 @@ impl<P: Platform> Kmem<P> {
         unsafe { &*self.kmalloc.get_unchecked(index).load(Ordering::Acquire) }
     }
 
-    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
-    /// or `None` if such a request is page-granular (or invalid, or the
-    /// allocator is not ready).
-    pub(crate) fn kmalloc_cache_for(
-        &self,
-        size: usize,
-        align: usize,
-    ) -> Option<&'static KmemCache<P>> {
-        if !self.is_ready() || size == 0 || !align.is_power_of_two() {
-            return None;
-        }
-        Self::kmalloc_index(size, align).and_then(|index| self.kmalloc_class(index).ok())
-    }
-
     /// Allocate `size` bytes aligned to `align` (a power of two), charged
     /// to the current allocation tag: [`Kmem::kmalloc_with`] of
     /// [`KmallocArgs::new`]`(size, align)`, the common case.
@@ -779,7 +765,9 @@ impl<P: Platform> Kmem<P> {
         #[cfg(feature = "kfence")]
         if self.kfence_contains(addr) {
             // KFENCE HOOK: a sampled object is in no slab page.
-            return self.kfree_sampled(ptr);
+            return self
+                .kfence_free(addr, None)
+                .unwrap_or(Err(FreeError::NotAllocated { addr }));
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };
