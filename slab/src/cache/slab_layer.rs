@@ -378,5 +378,7 @@ fn owner_cache(which: Metadata) -> OwnerCache {
     match which {
         Metadata::Slab => OwnerCache::Slab,
         Metadata::Bufctl => OwnerCache::Bufctl,
+        #[cfg(feature = "trace-table")]
+        Metadata::TraceRecord => OwnerCache::Trace,
     }
 }

@@ -95,18 +95,24 @@ impl SlabParams {
     }
 }
 
-/// Metadata the slab layer takes from the bootstrap caches.
+/// Metadata the slab layer (and a cache's trace table) takes from the
+/// bootstrap caches.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Metadata {
     /// A `kmem_slab` object (a [`Slab`] struct off its slab).
     Slab,
     /// A `kmem_bufctl` object (a [`Bufctl`]).
     Bufctl,
+    /// A `kmem_trace` object (a trace table's record, sized and aligned
+    /// for its `TraceNode`).
+    #[cfg(feature = "trace-table")]
+    TraceRecord,
 }
 
 /// What the slab layer needs from the cache it serves, beside its
 /// [`SlabParams`]: its identity, the error sink, the bootstrap caches and
-/// the debug hooks. The cache implements it (`cache/slab_layer.rs`), so
+/// the debug hooks (the trace table asks the same of its cache, and the
+/// object size: `TraceOwner`). The cache implements it (`cache/slab_layer.rs`), so
 /// this layer never names the cache. Every call is made with no slab lock
 /// held.
 pub(crate) trait SlabOwner {
