@@ -12,8 +12,6 @@ use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheOwner, KmemCache};
 use crate::error::{AllocError, FreeError};
-#[cfg(feature = "kmemtrace")]
-use crate::kmemtrace::EventKind;
 use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::slab::Slab;
@@ -662,40 +660,6 @@ impl<P: Platform> Kmem<P> {
         // than combining their flags).
         core::hint::cold_path();
         None
-    }
-
-    /// [`Self::kmalloc_with`] for a request no size class serves
-    /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
-    /// recorded by kmemtrace), or `NotInitialized` before init. Out of
-    /// line, so the hit keeps nothing for it.
-    ///
-    /// `TO_GROW`: for `realloc` moving a block it could not keep or grow
-    /// in place, the pages from
-    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
-    /// so the block's next growth may be in place (`align` at most
-    /// [`PAGE_SIZE`](crate::PAGE_SIZE)).
-    #[inline(never)]
-    pub(super) fn kmalloc_pages<const TO_GROW: bool>(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
-        let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc::<TO_GROW>(size, align, tag);
-        #[cfg(feature = "kmemtrace")]
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            let (kind, addr) = match result {
-                Ok(pages) => (EventKind::Alloc, pages.as_ptr() as usize),
-                Err(_) => (EventKind::FailedAlloc, 0),
-            };
-            self.kmemtrace_pages(kind, addr, size);
-        }
-        result
     }
 
     /// The error of a bad layout: `NotInitialized` before init (tested
