@@ -168,16 +168,24 @@ impl<P: Platform> SlabBox<P> {
     /// # Errors
     /// The [`FreeError`] the allocator refused with.
     pub fn free(self) -> Result<(), FreeError> {
-        let ptr = self.ptr;
-        let result = match self.owner {
-            // SAFETY: the object came from this cache and is owned by the
-            // handle, which is consumed (forgotten below).
-            Owner::Cache(cache) => unsafe { cache.free(ptr) },
-            // SAFETY: as above, from this allocator's kmalloc.
-            Owner::Kmalloc(alloc) => unsafe { alloc.kfree(ptr) },
-        };
+        // SAFETY: the handle is consumed (forgotten below).
+        let result = unsafe { self.give_back() };
         core::mem::forget(self);
         result
+    }
+
+    /// Free the object to its cache or kmalloc (`free` and `drop`).
+    ///
+    /// # Safety
+    /// The handle is not used again (consumed or being dropped).
+    unsafe fn give_back(&self) -> Result<(), FreeError> {
+        match self.owner {
+            // SAFETY: the object came from this cache and is owned by the
+            // handle, given up per our caller.
+            Owner::Cache(cache) => unsafe { cache.free(self.ptr) },
+            // SAFETY: as above, from this allocator's kmalloc.
+            Owner::Kmalloc(alloc) => unsafe { alloc.kfree(self.ptr) },
+        }
     }
 }
 
@@ -295,13 +303,8 @@ impl<P: Platform> SlabBox<P> {
 
 impl<P: Platform> Drop for SlabBox<P> {
     fn drop(&mut self) {
-        let ptr = self.ptr;
-        let result = match self.owner {
-            // SAFETY: as in `free`; the handle is being dropped.
-            Owner::Cache(cache) => unsafe { cache.free(ptr) },
-            // SAFETY: as above.
-            Owner::Kmalloc(alloc) => unsafe { alloc.kfree(ptr) },
-        };
+        // SAFETY: the handle is being dropped.
+        let result = unsafe { self.give_back() };
         debug_assert!(result.is_ok(), "{result:?}");
     }
 }

@@ -264,31 +264,39 @@ pub(crate) unsafe fn take_flag<P: Platform, const FLAG: usize>(
     #[cfg(all(target_arch = "x86_64", not(miri), not(all(test, loom))))]
     {
         interrupt_point::<P>();
-        // One CPU: `index` is 0 (`cpu_offset`), and no register is spent
-        // on it (an `xor` a side, the shipped one-CPU platforms).
-        if P::max_cpus() == 1 {
-            debug_assert_eq!(index, 0);
-            // SAFETY: as below, with `index` 0: the flag is at `base + FLAG`.
-            unsafe {
+        // `sub` of the flag byte at `$flag` (an `asm!` memory operand),
+        // 1 to 0 when free; a borrow (the flag was 0: held) gives the 1
+        // back and returns false. One form with the CPU's `index` in a
+        // register, one without (below), as `restart.rs`'s `line!`.
+        macro_rules! take_flag_asm {
+            ($flag:literal, $($operands:tt)*) => {
                 core::arch::asm!(
-                    "sub byte ptr [{base} + {flag}], 1",
+                    concat!("sub byte ptr ", $flag, ", 1"),
                     "jnc {held}",
-                    base = in(reg) base,
-                    flag = const FLAG,
+                    $($operands)*
                     held = label {
-                        // SAFETY: as above: the 1 the `sub` took, given back.
+                        // SAFETY: as the caller's block: the 1 the `sub`
+                        // took, given back.
                         unsafe {
                             core::arch::asm!(
-                                "add byte ptr [{base} + {flag}], 1",
-                                base = in(reg) base,
-                                flag = const FLAG,
+                                concat!("add byte ptr ", $flag, ", 1"),
+                                $($operands)*
                                 options(nostack),
                             );
                         }
                         return false;
                     },
                     options(nostack),
-                );
+                )
+            };
+        }
+        // One CPU: `index` is 0 (`cpu_offset`), and no register is spent
+        // on it (an `xor` a side, the shipped one-CPU platforms).
+        if P::max_cpus() == 1 {
+            debug_assert_eq!(index, 0);
+            // SAFETY: as below, with `index` 0: the flag is at `base + FLAG`.
+            unsafe {
+                take_flag_asm!("[{base} + {flag}]", base = in(reg) base, flag = const FLAG,);
             }
             return true;
         }
@@ -300,26 +308,11 @@ pub(crate) unsafe fn take_flag<P: Platform, const FLAG: usize>(
         // CPU). The block touches no stack and no register but the flags,
         // which it declares clobbered (no `preserves_flags`).
         unsafe {
-            core::arch::asm!(
-                "sub byte ptr [{base} + {index} + {flag}], 1",
-                "jnc {held}",
+            take_flag_asm!(
+                "[{base} + {index} + {flag}]",
                 base = in(reg) base,
                 index = in(reg) index,
                 flag = const FLAG,
-                held = label {
-                    // SAFETY: as above: the 1 the `sub` took, given back.
-                    unsafe {
-                        core::arch::asm!(
-                            "add byte ptr [{base} + {index} + {flag}], 1",
-                            base = in(reg) base,
-                            index = in(reg) index,
-                            flag = const FLAG,
-                            options(nostack),
-                        );
-                    }
-                    return false;
-                },
-                options(nostack),
             );
         }
         true

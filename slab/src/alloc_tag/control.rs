@@ -27,11 +27,6 @@ impl<P: Platform> Kmem<P> {
     pub(crate) fn alloc_profiling(&self) -> bool {
         cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
     }
-
-    /// [`AllocProfiling::tag_hooks`](crate::AllocProfiling::tag_hooks).
-    pub(crate) fn alloc_tag_hooks(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_tag_hooks.load(Ordering::Relaxed)
-    }
 }
 
 impl<P: Platform> AllocProfiling<'_, P> {
@@ -71,7 +66,7 @@ impl<P: Platform> AllocProfiling<'_, P> {
     /// Whether the tag hooks are on ([`AllocProfiling::set_tag_hooks`](crate::AllocProfiling::set_tag_hooks);
     /// false without feature `alloc-profiling`).
     pub fn tag_hooks(&self) -> bool {
-        self.heap.alloc_tag_hooks()
+        cfg!(feature = "alloc-profiling") && self.heap.alloc_tag_hooks.load(Ordering::Relaxed)
     }
 
     /// Whether allocation profiling is switched on

@@ -225,8 +225,6 @@ impl<P: Platform> Kmem<P> {
             while !cache.is_null() {
                 let next = (*(*cache).links.get()).next;
                 if !(*cache).is_bootstrap() {
-                    (*cache).slab.lock().hash.drain(|_| {});
-                    (*cache).free_hash_table();
                     (*cache).discard_all_slabs();
                 }
                 cache = next;
@@ -236,8 +234,6 @@ impl<P: Platform> Kmem<P> {
                 for index in 0..nr_boot {
                     let boot = &*self.boot.get().cast::<KmemCache<P>>().add(index);
                     if (boot.kind == crate::layout::geometry::SlabKind::Small) == pass_small {
-                        boot.slab.lock().hash.drain(|_| {});
-                        boot.free_hash_table();
                         boot.discard_all_slabs();
                     }
                 }

@@ -407,20 +407,6 @@ impl<P: Platform> Kmem<P> {
         unsafe { &*self.kmalloc.get_unchecked(index).load(Ordering::Acquire) }
     }
 
-    /// The kmalloc cache that would serve `size` bytes aligned to `align`,
-    /// or `None` if such a request is page-granular (or invalid, or the
-    /// allocator is not ready).
-    pub(crate) fn kmalloc_cache_for(
-        &self,
-        size: usize,
-        align: usize,
-    ) -> Option<&'static KmemCache<P>> {
-        if !self.is_ready() || size == 0 || !align.is_power_of_two() {
-            return None;
-        }
-        Self::kmalloc_index(size, align).and_then(|index| self.kmalloc_class(index).ok())
-    }
-
     /// Allocate `size` bytes aligned to `align` (a power of two), charged
     /// to the current allocation tag: [`Kmem::kmalloc_with`] of
     /// [`KmallocArgs::new`]`(size, align)`, the common case.
@@ -676,36 +662,6 @@ impl<P: Platform> Kmem<P> {
         None
     }
 
-    /// [`Self::kmalloc_with`] for a request no size class serves
-    /// ([`Self::class_cache`]): page-granular ([`Self::large_alloc`],
-    /// recorded by kmemtrace), or `NotInitialized` before init. Out of
-    /// line, so the hit keeps nothing for it.
-    ///
-    /// `TO_GROW`: for `realloc` moving a block it could not keep or grow
-    /// in place, the pages from
-    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
-    /// so the block's next growth may be in place (`align` at most
-    /// [`PAGE_SIZE`](crate::PAGE_SIZE)).
-    #[inline(never)]
-    pub(super) fn kmalloc_pages<const TO_GROW: bool>(
-        &self,
-        size: usize,
-        align: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
-    ) -> Result<NonNull<u8>, AllocError> {
-        if !self.is_ready() {
-            return Err(AllocError::NotInitialized);
-        }
-        let tag = if self.alloc_profiling() { tag() } else { None };
-        let result = self.large_alloc::<TO_GROW>(size, align, tag);
-        #[cfg(feature = "kmemtrace")]
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
-            self.kmemtrace_large_alloc(result.ok(), size);
-        }
-        result
-    }
-
     /// The error of a bad layout: `NotInitialized` before init (tested
     /// first, as it always was), else `InvalidLayout`.
     #[cold]
@@ -773,7 +729,9 @@ impl<P: Platform> Kmem<P> {
         #[cfg(feature = "kfence")]
         if self.kfence_contains(addr) {
             // KFENCE HOOK: a sampled object is in no slab page.
-            return self.kfree_sampled(ptr);
+            return self
+                .kfence_free(addr, None)
+                .unwrap_or(Err(FreeError::NotAllocated { addr }));
         }
         // SAFETY: per our caller.
         let result = unsafe { self.kfree_pages(ptr, entry) };

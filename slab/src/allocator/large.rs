@@ -1,7 +1,7 @@
 //! Page-granular kmalloc: blocks above the largest size class
 //! ([`KMALLOC_MAX_SIZE`](super::kmalloc::KMALLOC_MAX_SIZE)), whole pages
 //! from the primary source, registered in the page map by their head
-//! entry alone. Their allocation (`large_alloc`), in-place resize
+//! entry alone. Their allocation (`kmalloc_pages`), in-place resize
 //! (`large_resize`, and `krealloc` over it), free (`kfree_pages`) and
 //! statistics.
 
@@ -13,7 +13,8 @@ use super::kmalloc::KMALLOC_MAX_SIZE;
 use crate::alloc_tag::AllocTagRef;
 use crate::cache::KmemCache;
 use crate::error::{AllocError, FreeError};
-use crate::kmemtrace::{EventKind, EventType};
+#[cfg(feature = "kmemtrace")]
+use crate::kmemtrace::EventKind;
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
 use crate::platform::{PAGE_SIZE, Platform};
 
@@ -91,94 +92,124 @@ impl<P: Platform> Kmem<P> {
         Ok(new)
     }
 
-    /// The page-granular allocation of [`Self::kmalloc_pages`], charged
-    /// to `tag`; its pages from
-    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow)
-    /// if `TO_GROW`.
-    #[inline(always)]
-    pub(super) fn large_alloc<const TO_GROW: bool>(
+    /// [`Kmem::kmalloc_with`] for a request no size class serves
+    /// ([`Self::class_cache`]): whole pages from the primary source
+    /// (`align` above a page: the slack around the aligned block kept and
+    /// marked, so its free finds it), charged to `tag()` (asked with
+    /// profiling on), registered by its head entry, recorded by
+    /// kmemtrace (ok or failed); or `NotInitialized` before init. Out of
+    /// line, so the hit keeps nothing for it.
+    ///
+    /// `TO_GROW`: for `realloc` moving a block it could not keep or grow
+    /// in place, the pages from
+    /// [`PageSource::alloc_pages_to_grow`](crate::PageSource::alloc_pages_to_grow),
+    /// so the block's next growth may be in place (`align` at most
+    /// [`PAGE_SIZE`]).
+    #[inline(never)]
+    pub(super) fn kmalloc_pages<const TO_GROW: bool>(
         &self,
         size: usize,
         align: usize,
-        tag: Option<AllocTagRef>,
+        tag: impl Fn() -> Option<AllocTagRef>,
     ) -> Result<NonNull<u8>, AllocError> {
-        if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
-            return Err(AllocError::InvalidLayout);
+        if !self.is_ready() {
+            return Err(AllocError::NotInitialized);
         }
-        let nr_pages = size.div_ceil(PAGE_SIZE);
-        // Aligned above a page: take `align / PAGE_SIZE - 1` pages more
-        // and keep the slack before and after the aligned block.
-        let nr_slack = align.max(PAGE_SIZE) / PAGE_SIZE - 1;
-        if nr_pages + nr_slack > LARGE_MAX_PAGES {
-            return Err(AllocError::OutOfMemory);
-        }
-        let nr_taken = nr_pages + nr_slack;
-        #[cfg(not(feature = "alloc-profiling"))]
-        let tag: Option<AllocTagRef> = {
-            let _ = tag;
-            None
-        };
-        let source = self.primary_source();
-        let first_try = if TO_GROW {
-            source.alloc_pages_to_grow(nr_taken)
-        } else {
-            source.alloc_pages(nr_taken)
-        };
-        let taken = match first_try {
-            Ok(pages) => pages,
-            // Out of memory: reap caches until the block fits.
-            Err(error) => self.reap_for_pressure(source, nr_taken).ok_or(error)?,
-        };
-        let base = taken.as_ptr() as usize;
-        let addr = base.next_multiple_of(align.max(PAGE_SIZE));
-        // SAFETY: inside the block just taken, non-null.
-        let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
-        // Charged first: the head entry keeps the charge token (the tag
-        // closures return the platform's tokens: alloc_tag::current,
-        // alloc_tag::explicit).
-        let token = tag;
-        #[cfg(feature = "alloc-profiling")]
-        if let Some(token) = token {
-            // SAFETY: a charge token, as above.
-            unsafe { crate::alloc_tag::charge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE) };
-        }
-        let lead = (addr - base) / PAGE_SIZE;
-        let slack = Slack {
-            lead,
-            trail: nr_slack - lead,
-        };
-        // The head alone (O(1)); the slack pages of a block aligned above
-        // a page are marked, so its free finds them.
-        self.large_max_pages.fetch_max(nr_pages, Ordering::Relaxed);
-        let map = self.page_map();
-        let registered = map.covers(base, nr_taken);
-        if registered {
-            if lead > 0 {
-                map.set_range(base, lead, |_| PageEntry::large_lead(slack));
+        let tag = if self.alloc_profiling() { tag() } else { None };
+        let result = 'pages: {
+            if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
+                break 'pages Err(AllocError::InvalidLayout);
             }
-            map.set_head(addr, nr_pages, large_head_entry(nr_pages, token));
-            if slack.trail > 0 {
-                map.set_range(addr + nr_pages * PAGE_SIZE, slack.trail, |_| {
-                    PageEntry::large_trail(slack)
-                });
+            let nr_pages = size.div_ceil(PAGE_SIZE);
+            // Aligned above a page: take `align / PAGE_SIZE - 1` pages more
+            // and keep the slack before and after the aligned block.
+            let nr_slack = align.max(PAGE_SIZE) / PAGE_SIZE - 1;
+            if nr_pages + nr_slack > LARGE_MAX_PAGES {
+                break 'pages Err(AllocError::OutOfMemory);
             }
-        }
-        if !registered {
+            let nr_taken = nr_pages + nr_slack;
+            #[cfg(not(feature = "alloc-profiling"))]
+            let tag: Option<AllocTagRef> = {
+                let _ = tag;
+                None
+            };
+            let source = self.primary_source();
+            let first_try = if TO_GROW {
+                source.alloc_pages_to_grow(nr_taken)
+            } else {
+                source.alloc_pages(nr_taken)
+            };
+            let taken = match first_try {
+                Ok(pages) => pages,
+                // Out of memory: reap caches until the block fits.
+                Err(error) => match self.reap_for_pressure(source, nr_taken) {
+                    Some(pages) => pages,
+                    None => break 'pages Err(error),
+                },
+            };
+            let base = taken.as_ptr() as usize;
+            let addr = base.next_multiple_of(align.max(PAGE_SIZE));
+            // SAFETY: inside the block just taken, non-null.
+            let pages = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+            // Charged first: the head entry keeps the charge token (the tag
+            // closures return the platform's tokens: alloc_tag::current,
+            // alloc_tag::explicit).
+            let token = tag;
             #[cfg(feature = "alloc-profiling")]
             if let Some(token) = token {
-                // SAFETY: charged just above for this block, never stored.
+                // SAFETY: a charge token, as above.
                 unsafe {
-                    crate::alloc_tag::uncharge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE)
+                    crate::alloc_tag::charge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE)
                 };
             }
-            // SAFETY: pages just allocated from this source, unused.
-            unsafe { source.free_pages(taken, nr_taken) };
-            return Err(AllocError::OutOfMemory);
+            let lead = (addr - base) / PAGE_SIZE;
+            let slack = Slack {
+                lead,
+                trail: nr_slack - lead,
+            };
+            // The head alone (O(1)); the slack pages of a block aligned above
+            // a page are marked, so its free finds them.
+            self.large_max_pages.fetch_max(nr_pages, Ordering::Relaxed);
+            let map = self.page_map();
+            let registered = map.covers(base, nr_taken);
+            if registered {
+                if lead > 0 {
+                    map.set_range(base, lead, |_| PageEntry::large_lead(slack));
+                }
+                map.set_head(addr, nr_pages, large_head_entry(nr_pages, token));
+                if slack.trail > 0 {
+                    map.set_range(addr + nr_pages * PAGE_SIZE, slack.trail, |_| {
+                        PageEntry::large_trail(slack)
+                    });
+                }
+            }
+            if !registered {
+                #[cfg(feature = "alloc-profiling")]
+                if let Some(token) = token {
+                    // SAFETY: charged just above for this block, never stored.
+                    unsafe {
+                        crate::alloc_tag::uncharge_off_hit::<P>(token, pages, nr_pages * PAGE_SIZE)
+                    };
+                }
+                // SAFETY: pages just allocated from this source, unused.
+                unsafe { source.free_pages(taken, nr_taken) };
+                break 'pages Err(AllocError::OutOfMemory);
+            }
+            self.large_nr_live.fetch_add(1, Ordering::Relaxed);
+            self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
+            self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
+            Ok(pages)
+        };
+        #[cfg(feature = "kmemtrace")]
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: page-granular kmalloc (ok or failed).
+            let (kind, addr) = match result {
+                Ok(pages) => (EventKind::Alloc, pages.as_ptr() as usize),
+                Err(_) => (EventKind::FailedAlloc, 0),
+            };
+            self.kmemtrace_pages(kind, addr, size);
         }
-        self.large_nr_live.fetch_add(1, Ordering::Relaxed);
-        self.large_live_pages.fetch_add(nr_pages, Ordering::Relaxed);
-        self.large_nr_allocs_ever.fetch_add(1, Ordering::Relaxed);
-        Ok(pages)
+        result
     }
 
     /// Resize the live page-granular block at `ptr` (its head, not aligned
@@ -227,15 +258,8 @@ impl<P: Platform> Kmem<P> {
         if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
             // KMEMTRACE HOOK: a page-granular block resized in place is a
             // free of the old size and an allocation of the new one.
-            self.kmemtrace_record(
-                EventKind::Free,
-                EventType::Pages,
-                0,
-                addr,
-                0,
-                nr_pages * PAGE_SIZE,
-            );
-            self.kmemtrace_large_alloc(Some(ptr), new_size);
+            self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
+            self.kmemtrace_pages(EventKind::Alloc, addr, new_size);
         }
         #[cfg(feature = "alloc-profiling")]
         if let Some(token) = AllocTagRef::new(token) {
@@ -287,16 +311,10 @@ impl<P: Platform> Kmem<P> {
                     // Another CPU freed it first.
                     return Err(FreeError::DoubleFree { addr });
                 }
+                #[cfg(feature = "kmemtrace")]
                 if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
                     // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
-                    self.kmemtrace_record(
-                        EventKind::Free,
-                        EventType::Pages,
-                        0,
-                        addr,
-                        0,
-                        nr_pages * PAGE_SIZE,
-                    );
+                    self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
                 }
                 // The slack of a block aligned above a page: the page
                 // before it is our lead slack or not ours, the page after

@@ -463,7 +463,7 @@ impl<P: Platform> Kmem<P> {
                 (*cache).set_profiling(true);
             }
             // And the tag hooks.
-            if self.alloc_tag_hooks() {
+            if self.profiling().tag_hooks() {
                 (*cache).set_tag_hooks(true);
             }
             // And kmemtrace recording of every cache.
@@ -740,7 +740,10 @@ impl<P: Platform> HeapStats<'_, P> {
     /// or `None` if such a request is page-granular (or invalid, or the
     /// allocator is not ready).
     pub fn kmalloc_cache_for(&self, size: usize, align: usize) -> Option<&'static KmemCache<P>> {
-        self.heap.kmalloc_cache_for(size, align)
+        if !self.heap.is_ready() || size == 0 || !align.is_power_of_two() {
+            return None;
+        }
+        Kmem::<P>::kmalloc_index(size, align).and_then(|index| self.heap.kmalloc_class(index).ok())
     }
 
     /// Number of per-CPU caches per cache (`Platform::max_cpus` at init).

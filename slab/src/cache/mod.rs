@@ -717,7 +717,6 @@ impl<P: Platform> KmemCache<P> {
         owner.unlink_cache(self);
         let nr_trace_records_dropped = self.trace_drop_all();
         self.trace.shrink(self);
-        self.free_hash_table();
         // SAFETY: unlinked and drained; per our caller nobody uses the
         // cache any more. The cache struct and its per-CPU array came from
         // the kmem_cache slab layer, as one object.

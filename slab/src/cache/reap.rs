@@ -44,10 +44,10 @@ impl<P: Platform> KmemCache<P> {
     /// constructor, destructor or page source).
     pub fn reap(&self) -> usize {
         self.drain_magazines();
+        // Empty slabs back, and the bufctl hash shrunk back to its inline
+        // buckets if it emptied (those pages are metadata and are not
+        // counted in the result).
         let nr_pages = self.reap_slabs();
-        // Shrink empty hash tables back to their inline buckets (these
-        // pages are metadata and are not counted in the result).
-        self.free_hash_table();
         self.trace.shrink(self);
         nr_pages
     }
@@ -90,9 +90,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: detached from our depot; ours alone now.
             unsafe { self.free_magazines(&[full, empty]) };
         }
-        let nr_pages = self.reap_slabs();
-        self.free_hash_table();
-        nr_pages
+        self.reap_slabs()
     }
 
     /// One working-set tick of this cache ([`Kmem::kmem_update`]):

@@ -10,6 +10,7 @@ use super::double_free::KeyPlace;
 use super::{KmemCache, OwnerCache};
 #[cfg(feature = "alloc-profiling")]
 use crate::alloc_tag::AllocTagRef;
+use crate::constructor::{ObjectInit, ObjectRef};
 use crate::error::AllocError;
 use crate::layout::geometry::SlabKind;
 use crate::magazine::{
@@ -23,17 +24,16 @@ use crate::sync::IrqGuard;
 
 /// The slab layer's entry points used by the rest of the crate.
 impl<P: Platform> KmemCache<P> {
-    /// [`SlabLayer::alloc_raw`].
+    /// One object from the slab layer, not constructed and not counted
+    /// (the bootstrap caches' metadata, magazines, tag arrays, trace
+    /// records, cache structs; [`SlabLayer::alloc_batch`] of one).
+    ///
+    /// # Errors
+    /// As for [`SlabLayer::alloc_batch`].
     pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
-        self.slab.alloc_raw(&self.params, self)
-    }
-
-    /// [`SlabLayer::alloc_constructed`].
-    /// Counted in the cache's direct counters.
-    pub(crate) fn slab_alloc_constructed(&self) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.slab.alloc_constructed(&self.params, self)?;
-        self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
-        Ok(obj)
+        let mut obj = [ptr::null_mut(); 1];
+        self.slab.alloc_batch(&self.params, self, &mut obj)?;
+        NonNull::new(obj[0]).ok_or(AllocError::OutOfMemory)
     }
 
     /// The alloc miss's trip to the slab layer (`loaded`, `prev` and the
@@ -49,40 +49,29 @@ impl<P: Platform> KmemCache<P> {
     /// caches only; the others take one object, as before.
     ///
     /// # Errors
-    /// As for [`SlabLayer::alloc_constructed`].
+    /// As for [`SlabLayer::alloc_batch`];
+    /// [`AllocError::ConstructorFailed`] if the cache's constructor
+    /// refused the object (given back to the slab layer).
     pub(crate) fn slab_refill(&self) -> Result<NonNull<u8>, AllocError> {
-        // Keyed caches only (no constructor, destructor or debug flags,
-        // not `NOTOUCH` nor bootstrap: `double_free::keyed`): a refill
-        // then costs no constructor calls, and the rounds need only
-        // their key. The others go down once per object, as before.
-        if self.key_place != KeyPlace::Word(0) || !self.has_magazines() {
-            return self.slab_alloc_constructed();
-        }
-        // The batch doubles with each trip down (1, 2, 4, ... objects),
-        // up to half a magazine and one (Linux SLAB's `batchcount`,
-        // leaving room for the frees that follow) and a page of objects:
-        // a cache allocated from once takes one object, and the rounds
-        // resting in magazines stay few (`partitioning_memory_cost`: with
-        // two pages, 8 partitioned copies of every class held +5.05 % of
-        // live against the 5 % bound; one page costs the shell replay
-        // ~8 Ir/op, docs/BENCHMARKS.md).
-        let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
-        if nr_trips == 0 {
-            // A batch of 1: the cache's first allocation (boot's).
-            return self.slab_alloc_constructed();
-        }
-        let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
-        let nr_wanted = (capacity / 2 + 1)
-            .min(1 << nr_trips.min(6))
-            .min((PAGE_SIZE / self.params.stride).max(1));
+        let nr_wanted = self.refill_batch();
         if nr_wanted <= 1 {
-            return self.slab_alloc_constructed();
-        }
-        // The rounds need a magazine on this CPU with room for them
-        // (`refill_room`: a small one is made when the CPU has none).
-        let nr_wanted = nr_wanted.min(self.refill_room(nr_wanted - 1) + 1);
-        if nr_wanted <= 1 {
-            return self.slab_alloc_constructed();
+            // One object, constructed here (the slab layer hands out raw
+            // objects), and given back unconstructed if the constructor
+            // refuses.
+            let obj = self.slab_alloc_raw()?;
+            if let Some(ctor) = self.params.ctor
+                // SAFETY: a fresh object of our slab layer: obj_size
+                // bytes, 8-aligned (every stride is a multiple of 8 and
+                // slabs start on a page), nobody else's until we return it.
+                && ctor(unsafe { ObjectInit::new(obj, self.params.obj_size) }).is_err()
+            {
+                // SAFETY: obj came from our slab layer just now,
+                // unconstructed: no destructor to run.
+                unsafe { self.slab.free_objects(&self.params, self, &[obj.as_ptr()]) };
+                return Err(AllocError::ConstructorFailed);
+            }
+            self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
+            return Ok(obj);
         }
         let mut batch = [ptr::null_mut(); MAG_MAX_ROUNDS + 1];
         let nr = self
@@ -107,6 +96,40 @@ impl<P: Platform> KmemCache<P> {
         self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the slab layer hands out no null object.
         Ok(unsafe { NonNull::new_unchecked(first) })
+    }
+
+    /// How many objects [`Self::slab_refill`] takes in one trip down: 1
+    /// for a cache that is not keyed (no constructor, destructor or debug
+    /// flags, not `NOTOUCH` nor bootstrap: `double_free::keyed`; the
+    /// others go down once per object, as before; a keyed cache's refill
+    /// costs no constructor calls, and its rounds need only their key)
+    /// and for a cache's first allocation (boot's); else a batch that
+    /// doubles with each trip down (1, 2, 4, ... objects), up to half a
+    /// magazine and one (Linux SLAB's `batchcount`, leaving room for the
+    /// frees that follow) and a page of objects: a cache allocated from
+    /// once takes one object, and the rounds resting in magazines stay
+    /// few (`partitioning_memory_cost`: with two pages, 8 partitioned
+    /// copies of every class held +5.05 % of live against the 5 % bound;
+    /// one page costs the shell replay ~8 Ir/op, docs/BENCHMARKS.md);
+    /// and no more than this CPU's magazine has room for, and one
+    /// ([`Self::refill_room`]: a small one is made when the CPU has
+    /// none).
+    fn refill_batch(&self) -> usize {
+        if self.key_place != KeyPlace::Word(0) || !self.has_magazines() {
+            return 1;
+        }
+        let nr_trips = self.nr_allocs_direct.load(Ordering::Relaxed);
+        if nr_trips == 0 {
+            return 1;
+        }
+        let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
+        let nr_wanted = (capacity / 2 + 1)
+            .min(1 << nr_trips.min(6))
+            .min((PAGE_SIZE / self.params.stride).max(1));
+        if nr_wanted <= 1 {
+            return 1;
+        }
+        nr_wanted.min(self.refill_room(nr_wanted - 1) + 1)
     }
 
     /// Room for up to `nr_rounds` rounds of a refill in this CPU's
@@ -243,21 +266,37 @@ impl<P: Platform> KmemCache<P> {
         nr
     }
 
-    /// [`SlabLayer::free_raw`].
-    ///
-    /// # Safety
-    /// As [`SlabLayer::free_raw`].
-    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
-        // SAFETY: per the caller.
-        unsafe { self.slab.free_raw(&self.params, self, obj) }
-    }
-
-    /// [`SlabLayer::free_objects`].
+    /// Give a raw object back to the slab layer (one of
+    /// [`Self::slab_alloc_raw`]'s, of a bootstrap cache: no destructor).
     ///
     /// # Safety
     /// As [`SlabLayer::free_objects`].
-    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
+    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
+        debug_assert!(self.params.dtor.is_none(), "raw objects have no destructor");
         // SAFETY: per the caller.
+        unsafe { self.slab.free_objects(&self.params, self, &[obj]) }
+    }
+
+    /// Destruct `objs` (the cache's destructor, if any) and return them
+    /// to the slab layer ([`SlabLayer::free_objects`]: one lock
+    /// acquisition).
+    ///
+    /// # Safety
+    /// As [`SlabLayer::free_objects`]; the objects are constructed.
+    pub(crate) unsafe fn slab_free_objects(&self, objs: &[*mut u8]) {
+        if let Some(dtor) = self.params.dtor {
+            let constructed = self.params.ctor.is_some();
+            for &obj in objs {
+                if let Some(obj) = NonNull::new(obj) {
+                    // SAFETY: per the caller, an object of ours (8-aligned)
+                    // with nobody else; constructed, so initialised, if the
+                    // cache has a constructor (callers give objects back
+                    // constructed: `Ctor`).
+                    dtor(unsafe { ObjectRef::new(obj, self.params.obj_size, constructed) });
+                }
+            }
+        }
+        // SAFETY: per the caller, destructed now.
         unsafe { self.slab.free_objects(&self.params, self, objs) }
     }
 
@@ -272,12 +311,7 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::discard_all`].
     pub(crate) unsafe fn discard_all_slabs(&self) {
         // SAFETY: per the caller.
-        unsafe { self.slab.discard_all(&self.params) }
-    }
-
-    /// [`SlabLayer::free_hash_table`].
-    pub(crate) fn free_hash_table(&self) {
-        self.slab.free_hash_table(self)
+        unsafe { self.slab.discard_all(&self.params, self) }
     }
 }
 
@@ -344,5 +378,7 @@ fn owner_cache(which: Metadata) -> OwnerCache {
     match which {
         Metadata::Slab => OwnerCache::Slab,
         Metadata::Bufctl => OwnerCache::Bufctl,
+        #[cfg(feature = "trace-table")]
+        Metadata::TraceRecord => OwnerCache::Trace,
     }
 }

@@ -117,26 +117,6 @@ impl<P: Platform> Kmem<P> {
         ) && cache.obj_size() <= PAGE_SIZE
     }
 
-    /// Count a sample's free in its cache's statistics, as the magazines
-    /// count their objects (a round that left; the allocation counted as
-    /// the allocation of a round that came in), so `nr_allocated` and the
-    /// `_ever` figures include samples. If this CPU's per-CPU cache is
-    /// held (an interrupt handler that interrupted a magazine hit freed
-    /// the sample), the free is counted as one straight to the slab layer
-    /// (`nr_frees_direct`) instead: the same figures.
-    fn kfence_count_free(cache: &KmemCache<P>) {
-        if !cache.has_magazines() {
-            return;
-        }
-        let irq = IrqGuard::<P>::new();
-        if let Some(mut locked) = cache.pcpu_lock_here(&irq) {
-            let pcc = locked.get();
-            pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
-        } else {
-            cache.nr_frees_direct.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     /// Arm a sample: every cache's next allocation takes the flagged path.
     fn kfence_arm(&self) {
         if !self.kfence.armed.swap(true, Ordering::AcqRel) {
@@ -432,7 +412,19 @@ impl<P: Platform> Kmem<P> {
     /// a bad free (not an allocated object's start; freed to another
     /// `cache` than its own) is reported and refused; a good one has its
     /// canary checked (corruption reported, the free goes on), its page
-    /// unmapped, and joins the back of the free queue.
+    /// unmapped, and joins the back of the free queue. `cache`: the cache
+    /// freed to (`KmemCache::free`, whose free path records its kmemtrace
+    /// event), or `None` for a `kfree` (or `GlobalAlloc::dealloc`), whose
+    /// event is recorded here: the object's cache's if it is recorded, a
+    /// refused free if no object starts at `addr`.
+    ///
+    /// The free is counted in its cache's statistics as the magazines
+    /// count their objects (a round that left; the allocation counted as
+    /// the allocation of a round that came in), so `nr_allocated` and the
+    /// `_ever` figures include samples. If this CPU's per-CPU cache is
+    /// held (an interrupt handler that interrupted a magazine hit freed
+    /// the sample), it is counted as one straight to the slab layer
+    /// (`nr_frees_direct`) instead: the same figures.
     #[cold]
     #[inline(never)]
     pub(crate) fn kfence_free(
@@ -464,6 +456,16 @@ impl<P: Platform> Kmem<P> {
                 nearest,
                 stack,
             ));
+            #[cfg(feature = "kmemtrace")]
+            if cache.is_none() && self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+                // KMEMTRACE HOOK: kfree of a pool address that is no object.
+                // SAFETY: a pool address, not null.
+                self.kmemtrace_free(
+                    None,
+                    unsafe { NonNull::new_unchecked(addr as *mut u8) },
+                    false,
+                );
+            }
             return Some(Err(if double {
                 FreeError::DoubleFree { addr }
             } else {
@@ -518,7 +520,15 @@ impl<P: Platform> Kmem<P> {
         // SAFETY: the cache of an object allocated until now: alive (a
         // cache is not destroyed while its objects are in use).
         let owner = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
-        Self::kfence_count_free(owner);
+        if owner.has_magazines() {
+            let irq = IrqGuard::<P>::new();
+            if let Some(mut locked) = owner.pcpu_lock_here(&irq) {
+                let pcc = locked.get();
+                pcc.nr_rounds_exchanged = pcc.nr_rounds_exchanged.wrapping_sub(1);
+            } else {
+                owner.nr_frees_direct.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         #[cfg(feature = "trace-table")]
         if owner.hot().contains(HotFlags::EVER_TRACED) {
             // Sampled before tracing started, maybe; no record then.
@@ -542,39 +552,17 @@ impl<P: Platform> Kmem<P> {
             }
             self.kfence_report(report);
         }
-        Some(Ok(()))
-    }
-
-    /// `kfree` (or `GlobalAlloc::dealloc`) of a pool address: the free,
-    /// and the kmemtrace event of the object's cache if it is recorded.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn kfree_sampled(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        let addr = ptr.as_ptr() as usize;
         #[cfg(feature = "kmemtrace")]
-        let owner = self
-            .kfence()
-            .object(addr)
-            .filter(|o| o.state == KfenceState::Allocated && o.addr == addr)
-            .map(|o| o.cache_ptr as *const KmemCache<P>);
-        let result = self
-            .kfence_free(addr, None)
-            .unwrap_or(Err(FreeError::NotAllocated { addr }));
-        // SAFETY: the cache of an object allocated until now: alive (a
-        // cache is not destroyed while its objects are in use).
-        #[cfg(feature = "kmemtrace")]
-        match owner.map(|cache| unsafe { &*cache }) {
-            Some(cache) if cache.hot().contains(HotFlags::KMEMTRACE) => {
-                // KMEMTRACE HOOK: kfree of a sampled object.
-                self.kmemtrace_free(Some(cache), ptr, result.is_ok());
-            }
-            None if self.kmemtrace.recording_all.load(Ordering::Relaxed) => {
-                // KMEMTRACE HOOK: kfree of a pool address that is no object.
-                self.kmemtrace_free(None, ptr, false);
-            }
-            _ => {}
+        if cache.is_none() && owner.hot().contains(HotFlags::KMEMTRACE) {
+            // KMEMTRACE HOOK: kfree of a sampled object.
+            // SAFETY: a pool address, not null.
+            self.kmemtrace_free(
+                Some(owner),
+                unsafe { NonNull::new_unchecked(addr as *mut u8) },
+                true,
+            );
         }
-        result
+        Some(Ok(()))
     }
 
     /// Count and hand a report to the hook.

@@ -75,33 +75,22 @@ impl<P: Platform> Kmem<P> {
         });
     }
 
-    /// Record a page-granular kmalloc (`None`: it failed).
+    /// Record a page-granular event: `Alloc` of `size` bytes at `addr`
+    /// (whole pages given), `FailedAlloc` of `size` bytes (`addr` 0,
+    /// nothing given), or `Free` of the `size` bytes (whole pages) at
+    /// `addr` (a kfree, or the old size of a block resized in place,
+    /// which is a free and an allocation).
     #[cold]
-    pub(crate) fn kmemtrace_large_alloc(&self, pages: Option<NonNull<u8>>, size: usize) {
-        let (kind, ptr, bytes) = match pages {
-            Some(pages) => (
-                EventKind::Alloc,
-                pages.as_ptr() as usize,
-                size.div_ceil(PAGE_SIZE) * PAGE_SIZE,
-            ),
-            None => (EventKind::FailedAlloc, 0, 0),
+    pub(crate) fn kmemtrace_pages(&self, kind: EventKind, addr: usize, size: usize) {
+        let bytes_req = if kind == EventKind::Free { 0 } else { size };
+        let bytes_alloc = if kind == EventKind::FailedAlloc {
+            0
+        } else {
+            size.div_ceil(PAGE_SIZE) * PAGE_SIZE
         };
-        self.kmemtrace_record(kind, EventType::Pages, 0, ptr, size, bytes);
-    }
-
-    #[inline(always)]
-    pub(crate) fn kmemtrace_record(
-        &self,
-        kind: EventKind,
-        type_id: EventType,
-        cache_id: u32,
-        ptr: usize,
-        bytes_req: usize,
-        bytes_alloc: usize,
-    ) {
         let _ = self.kmemtrace.record::<P>(EventFields {
-            head: EventFields::head(kind, type_id, cache_id),
-            ptr,
+            head: EventFields::head(kind, EventType::Pages, 0),
+            ptr: addr,
             bytes_req,
             bytes_alloc,
         });

@@ -74,16 +74,4 @@ pub(crate) const fn head_word(_event: u8, _type_id: u8, _cpu: u16, _cache_id: u3
 impl<P: Platform> Kmem<P> {
     #[inline(always)]
     pub(crate) fn kmemtrace_cache_destroyed(&self, _cache: &KmemCache<P>) {}
-
-    #[inline(always)]
-    pub(crate) fn kmemtrace_record(
-        &self,
-        _kind: EventKind,
-        _type_id: EventType,
-        _cache_id: u32,
-        _ptr: usize,
-        _bytes_req: usize,
-        _bytes_alloc: usize,
-    ) {
-    }
 }

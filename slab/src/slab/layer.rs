@@ -14,7 +14,7 @@ use core::sync::atomic::Ordering;
 use super::{Bufctl, BufctlState, SLAB_MAGIC, Slab, SlabList, SlabLists, slab_base, small_header};
 #[cfg(feature = "alloc-profiling")]
 use crate::alloc_tag::AllocTagRef;
-use crate::constructor::{Ctor, Dtor, ObjectInit, ObjectRef};
+use crate::constructor::{Ctor, Dtor};
 use crate::error::AllocError;
 use crate::layout::freelist::{BadLink, FreeList};
 use crate::layout::geometry::SlabKind;
@@ -95,18 +95,24 @@ impl SlabParams {
     }
 }
 
-/// Metadata the slab layer takes from the bootstrap caches.
+/// Metadata the slab layer (and a cache's trace table) takes from the
+/// bootstrap caches.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Metadata {
     /// A `kmem_slab` object (a [`Slab`] struct off its slab).
     Slab,
     /// A `kmem_bufctl` object (a [`Bufctl`]).
     Bufctl,
+    /// A `kmem_trace` object (a trace table's record, sized and aligned
+    /// for its `TraceNode`).
+    #[cfg(feature = "trace-table")]
+    TraceRecord,
 }
 
 /// What the slab layer needs from the cache it serves, beside its
 /// [`SlabParams`]: its identity, the error sink, the bootstrap caches and
-/// the debug hooks. The cache implements it (`cache/slab_layer.rs`), so
+/// the debug hooks (the trace table asks the same of its cache, and the
+/// object size: `TraceOwner`). The cache implements it (`cache/slab_layer.rs`), so
 /// this layer never names the cache. Every call is made with no slab lock
 /// held.
 pub(crate) trait SlabOwner {
@@ -182,25 +188,14 @@ impl<P: Platform> SlabLayer<P> {
         self.lists.lock()
     }
 
-    /// Allocate one object from the slab layer, growing it if needed. The
-    /// object is not constructed and not counted; bufctl objects come back
-    /// `BufctlState::Cached`. A corrupted free list met on the way is
-    /// reported (after the lock is dropped) and repaired.
-    pub(crate) fn alloc_raw<O: SlabOwner>(
-        &self,
-        params: &SlabParams,
-        owner: &O,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let mut obj = [ptr::null_mut(); 1];
-        self.alloc_batch(params, owner, &mut obj)?;
-        NonNull::new(obj[0]).ok_or(AllocError::OutOfMemory)
-    }
-
     /// Allocate up to `out.len()` objects (at least one, under one
     /// acquisition of the slab lock) from one slab, growing the layer by a
-    /// slab if none has a free object; returns how many are in `out`. As
-    /// [`Self::alloc_raw`] otherwise (SLUB's `kmem_cache_alloc_bulk`, for
-    /// a magazine's refill: one lock, one relist).
+    /// slab if none has a free object; returns how many are in `out`
+    /// (SLUB's `kmem_cache_alloc_bulk`: one lock, one relist; a single
+    /// object is a batch of one). The objects are not constructed and not
+    /// counted (the cache does both); bufctl objects come back
+    /// `BufctlState::Cached`. A corrupted free list met on the way is
+    /// reported (after the lock is dropped) and repaired.
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`]: no free object and no slab could be
@@ -267,27 +262,6 @@ impl<P: Platform> SlabLayer<P> {
         owner.report(report);
     }
 
-    /// Allocate one constructed object from the slab layer for a caller
-    /// (the magazine layer missed; the cache counts it).
-    pub(crate) fn alloc_constructed<O: SlabOwner>(
-        &self,
-        params: &SlabParams,
-        owner: &O,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let obj = self.alloc_raw(params, owner)?;
-        if let Some(ctor) = params.ctor
-            // SAFETY: a fresh object of our slab layer: obj_size bytes,
-            // 8-aligned (every stride is a multiple of 8 and slabs start on
-            // a page), nobody else's until we return it.
-            && ctor(unsafe { ObjectInit::new(obj, params.obj_size) }).is_err()
-        {
-            // SAFETY: obj came from our slab layer just now, unconstructed.
-            unsafe { self.free_raw(params, owner, obj.as_ptr()) };
-            return Err(AllocError::ConstructorFailed);
-        }
-        Ok(obj)
-    }
-
     /// The slab a busy object of this cache's slab layer was checked
     /// against: the header for a small slab (null for bufctl slabs: the
     /// hash decides).
@@ -298,53 +272,22 @@ impl<P: Platform> SlabLayer<P> {
         }
     }
 
-    /// Return one object to the slab layer without running the destructor.
-    /// An object that is not busy there is refused and reported.
-    ///
-    /// # Safety
-    /// `obj` is an object of this cache's slab layer (small: in one of its
-    /// live slabs), not in any magazine, not with a caller.
-    pub(crate) unsafe fn free_raw<O: SlabOwner>(
-        &self,
-        params: &SlabParams,
-        owner: &O,
-        obj: *mut u8,
-    ) {
-        let slab = self.slab_of(params, obj);
-        let list = params.free_list(slab_base(slab));
-        // SAFETY: per the caller.
-        let refused = unsafe { self.lock().put_object(params.kind, obj, slab, list) };
-        if let Err(kind) = refused {
-            self.report_refusal(owner, kind, obj, slab);
-        }
-    }
-
-    /// Destruct `objs` and return them to the slab layer under one lock
-    /// acquisition (dropped only to report a refused object: a double
-    /// free that reached the slab layer).
+    /// Return `objs` to the slab layer under one lock acquisition
+    /// (dropped only to report a refused object: a double free that
+    /// reached the slab layer, or an object not busy there). No
+    /// destructor runs here: the cache runs its own first
+    /// (`KmemCache::slab_free_objects`).
     ///
     /// # Safety
     /// Every pointer is an object start of a live slab of this cache (small
-    /// slabs) or was handed out by it (bufctl slabs), constructed, in no
-    /// magazine and with no caller.
+    /// slabs) or was handed out by it (bufctl slabs), in no magazine and
+    /// with no caller.
     pub(crate) unsafe fn free_objects<O: SlabOwner>(
         &self,
         params: &SlabParams,
         owner: &O,
         objs: &[*mut u8],
     ) {
-        if let Some(dtor) = params.dtor {
-            let constructed = params.ctor.is_some();
-            for &obj in objs {
-                if let Some(obj) = NonNull::new(obj) {
-                    // SAFETY: per the caller, an object of ours (8-aligned)
-                    // with nobody else; constructed, so initialised, if the
-                    // cache has a constructor (callers give objects back
-                    // constructed: `Ctor`).
-                    dtor(unsafe { ObjectRef::new(obj, params.obj_size, constructed) });
-                }
-            }
-        }
         let mut layer = self.lock();
         for &obj in objs {
             let slab = self.slab_of(params, obj);
@@ -587,7 +530,12 @@ impl<P: Platform> SlabLayer<P> {
         }
     }
 
-    /// Return every empty slab to the page source. Returns pages freed.
+    /// Return every empty slab to the page source, then shrink the bufctl
+    /// hash if its load fell low (illumos `kmem_hash_rescale`): back to
+    /// the inline buckets (no pages), or to a smaller page-backed table
+    /// (allocated here, with no lock held; if that fails the table stays
+    /// as it is), the old table's pages back to the metadata source
+    /// (not counted). Returns the slabs' pages freed.
     pub(crate) fn reap<O: SlabOwner>(&self, params: &SlabParams, owner: &O) -> usize {
         let mut slab = self.lock().take_empty();
         let mut nr_pages = 0;
@@ -602,6 +550,7 @@ impl<P: Platform> SlabLayer<P> {
                 slab = next;
             }
         }
+        self.shrink_hash(owner);
         nr_pages
     }
 
@@ -635,12 +584,16 @@ impl<P: Platform> SlabLayer<P> {
 
     /// Drop every slab's pages without looking at their objects or
     /// freeing metadata (teardown after a failed `init`, when the metadata
-    /// caches' pages are dropped wholesale afterwards).
+    /// caches' pages are dropped wholesale afterwards); the bufctl hash
+    /// emptied first (its entries are such metadata) and its table's
+    /// pages given back.
     ///
     /// # Safety
     /// Nothing uses this cache or its objects afterwards; metadata caches
     /// are discarded after the caches whose metadata they hold.
-    pub(crate) unsafe fn discard_all(&self, params: &SlabParams) {
+    pub(crate) unsafe fn discard_all<O: SlabOwner>(&self, params: &SlabParams, owner: &O) {
+        self.lock().hash.drain(|_| {});
+        self.shrink_hash(owner);
         let mut slab = self.lock().take_all();
         while !slab.is_null() {
             // SAFETY: detached slabs are alive until their pages go back;
@@ -673,11 +626,8 @@ impl<P: Platform> SlabLayer<P> {
         }
     }
 
-    /// Shrink the bufctl hash if its load fell low (reap, destroy; illumos
-    /// `kmem_hash_rescale`): back to the inline buckets (no pages), or to a
-    /// smaller page-backed table (allocated here, with no lock held; if
-    /// that fails the table stays as it is). The old table's pages go back.
-    pub(crate) fn free_hash_table<O: SlabOwner>(&self, owner: &O) {
+    /// Shrink the bufctl hash if its load fell low ([`Self::reap`]).
+    fn shrink_hash<O: SlabOwner>(&self, owner: &O) {
         rescale_locked(
             &self.lists,
             |lists| &mut lists.hash,

@@ -274,6 +274,45 @@ fn bad_frees_are_recorded_and_still_refused() {
 }
 
 #[test]
+fn kfree_of_a_sample_is_its_class_free_and_of_no_object_a_bad_free() {
+    let (alloc, _) = setup_default();
+    alloc.kfence().init(0).unwrap();
+    alloc
+        .kfence()
+        .force_sample(Some(crate::kfence::KfencePlace::Right));
+    let obj = alloc.kmalloc(40, 8).unwrap();
+    let addr = obj.as_ptr() as u64;
+    assert!(alloc.kfence().contains(addr as usize));
+    let class = alloc.stats().kmalloc_cache_for(40, 8).unwrap();
+    // Sampled before recording starts (a recorded cache is not sampled).
+    start(alloc, small(2));
+    let inner = NonNull::new((addr + 8) as *mut u8).unwrap();
+    // SAFETY: inside the sample, not its start: refused, nothing changed.
+    let error = unsafe { alloc.kfree(inner) }.unwrap_err();
+    assert_eq!(
+        error,
+        FreeError::NotAllocated {
+            addr: inner.as_ptr() as usize
+        }
+    );
+    // SAFETY: the sample, ours, given up.
+    unsafe { alloc.kfree(obj).unwrap() };
+    alloc.kmemtrace().stop();
+    let all = events(&parse(&dump(alloc).0));
+    let kinds: Vec<_> = all
+        .iter()
+        .map(|e| (e.event, e.type_id, e.cache_id, e.ptr, e.bytes_alloc))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (BAD_FREE, KMALLOC, 0, addr + 8, 0),
+            (FREE, KMALLOC, class.id(), addr, class.obj_size() as u64),
+        ]
+    );
+}
+
+#[test]
 fn full_ring_counts_overruns_and_sequence_gaps() {
     let (alloc, _) = setup_default();
     start(alloc, small(1));

@@ -2,14 +2,10 @@
 //! the cache's calls into it ([`crate::trace_table`]): tracing on and
 //! off, reading the records, recording.
 
-use core::ptr::NonNull;
-
 use super::{TraceOwner, TraceRecord, TraceStats};
-use crate::cache::{HotFlags, KmemCache, OwnerCache};
-use crate::error::AllocError;
+use crate::cache::{HotFlags, KmemCache};
 use crate::error::TraceError;
 use crate::flags::CacheFlags;
-use crate::platform::PageSource;
 use crate::platform::Platform;
 
 /// One cache's Akaros trace table (Akaros `kmem_trace`: start, stop,
@@ -85,22 +81,7 @@ impl<P: Platform> KmemCache<P> {
 }
 
 impl<P: Platform> TraceOwner for KmemCache<P> {
-    type Platform = P;
-
     fn obj_size(&self) -> usize {
         self.params.obj_size
-    }
-
-    fn alloc_record(&self) -> Result<NonNull<u8>, AllocError> {
-        self.owner().cache(OwnerCache::Trace).slab_alloc_raw()
-    }
-
-    unsafe fn free_record(&self, node: *mut u8) {
-        // SAFETY: per our caller, an object of kmem_trace's slab layer, unused.
-        unsafe { self.owner().cache(OwnerCache::Trace).slab_free_raw(node) }
-    }
-
-    fn metadata_source(&self) -> &'static dyn PageSource {
-        self.owner().primary_source()
     }
 }

@@ -19,9 +19,9 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::AllocError;
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
-use crate::platform::{PageSource, Platform, PlatformHooks};
+use crate::platform::{Platform, PlatformHooks};
+use crate::slab::{Metadata, SlabOwner};
 use crate::sync::{IrqGuard, IrqMutex, IrqMutexGuard};
 
 mod cache;
@@ -169,28 +169,15 @@ impl TraceTableInner {
     }
 }
 
-/// What a trace table needs from the cache it serves: the traced
-/// objects' size, its records (`kmem_trace` objects) and the pages of its
-/// hash. The cache implements it (`cache/trace_table.rs`). Called with no
-/// trace-table lock held.
-pub(crate) trait TraceOwner {
-    /// The platform (CPU id, clock, context and backtrace of a record).
-    type Platform: Platform;
+/// What a trace table needs from the cache it serves: what its slab
+/// layer needs ([`SlabOwner`]: the platform for a record's CPU id, clock,
+/// context and backtrace; its records, [`Metadata::TraceRecord`] objects;
+/// the pages of its hash, from the metadata source), and the traced
+/// objects' size. The cache implements it (`trace_table/cache.rs`).
+/// Called with no trace-table lock held.
+pub(crate) trait TraceOwner: SlabOwner {
     /// Size of the traced objects.
     fn obj_size(&self) -> usize;
-    /// A record (a `kmem_trace` object, sized and aligned for a
-    /// [`TraceNode`]).
-    ///
-    /// # Errors
-    /// [`AllocError::OutOfMemory`].
-    fn alloc_record(&self) -> Result<NonNull<u8>, AllocError>;
-    /// Give a record back.
-    ///
-    /// # Safety
-    /// `node` came from [`TraceOwner::alloc_record`] and is in no table.
-    unsafe fn free_record(&self, node: *mut u8);
-    /// Where the hash's tables come from.
-    fn metadata_source(&self) -> &'static dyn PageSource;
 }
 
 /// A cache's trace table: its records behind a spin lock, and every
@@ -234,7 +221,7 @@ impl<P: Platform> TraceTable<P> {
             // slab layer and is freed exactly once here.
             unsafe {
                 let next = (*node).newer;
-                owner.free_record(node.cast());
+                owner.free_metadata(Metadata::TraceRecord, node.cast());
                 node = next;
             }
             nr += 1;
@@ -263,7 +250,7 @@ impl<P: Platform> TraceTable<P> {
         reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
     )]
     pub(crate) fn record_alloc<O: TraceOwner>(&self, owner: &O, obj: NonNull<u8>) {
-        let Ok(node) = owner.alloc_record() else {
+        let Ok(node) = owner.alloc_metadata(Metadata::TraceRecord) else {
             self.nr_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -312,7 +299,7 @@ impl<P: Platform> TraceTable<P> {
         };
         if !stale.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { owner.free_record(stale.cast()) };
+            unsafe { owner.free_metadata(Metadata::TraceRecord, stale.cast()) };
         }
         self.maybe_grow(owner);
     }
@@ -324,7 +311,7 @@ impl<P: Platform> TraceTable<P> {
         let node = self.lock().remove(addr);
         if !node.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { owner.free_record(node.cast()) };
+            unsafe { owner.free_metadata(Metadata::TraceRecord, node.cast()) };
         }
     }
 
