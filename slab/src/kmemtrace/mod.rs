@@ -158,8 +158,8 @@ pub(crate) struct KmemtraceState {
     /// start. Never freed (writers may still hold it after a stop).
     pub(crate) rings: AtomicPtr<CpuRing>,
     /// The rings' size in bytes (`nr_rings * CPU_SLOT_BYTES`: a CPU's
-    /// ring is at its [`Platform::cpu_offset`], so the event path bounds
-    /// the offset it already has); 0 before the first start.
+    /// ring is at its [`Platform::cpu_offset`]); 0 before the first start,
+    /// set before `rings` is published.
     pub(crate) rings_bytes: AtomicUsize,
     nr_subbufs: AtomicUsize,
     /// Recording everything: page-granular kmalloc and bad frees outside
@@ -312,10 +312,12 @@ impl KmemtraceState {
             };
             let rings = allocate_rings(source, nr_cpus, nr_subbufs)?;
             self.nr_subbufs.store(nr_subbufs, Ordering::Relaxed);
-            self.rings.store(rings.as_ptr(), Ordering::Relaxed);
-            // Publishes the rings: the event path tests only rings_bytes.
             self.rings_bytes
-                .store(nr_cpus * CPU_SLOT_BYTES, Ordering::Release);
+                .store(nr_cpus * CPU_SLOT_BYTES, Ordering::Relaxed);
+            // Publishes the rings (and their size, which readers load
+            // with Acquire after this): the event path tests only the
+            // pointer.
+            self.rings.store(rings.as_ptr(), Ordering::Release);
         }
         if config.stack_depth > 0 {
             let mut table = self.stacks.lock::<P>();
@@ -377,13 +379,14 @@ impl KmemtraceState {
     }
 
     fn rings(&self) -> &[CpuRing] {
-        let nr_rings = self.nr_rings(Ordering::Acquire);
-        if nr_rings == 0 {
+        let rings = self.rings.load(Ordering::Acquire);
+        if rings.is_null() {
             return &[];
         }
-        // SAFETY: set once with nr_rings initialised rings (before the
-        // Release store of rings_bytes), never freed.
-        unsafe { core::slice::from_raw_parts(self.rings.load(Ordering::Relaxed), nr_rings) }
+        // SAFETY: set once, after its nr_rings initialised rings and
+        // rings_bytes (the Release store that the Acquire load above
+        // saw), never freed.
+        unsafe { core::slice::from_raw_parts(rings, self.nr_rings(Ordering::Relaxed)) }
     }
 
     /// Record one event from the running CPU. Interrupts are disabled
@@ -404,7 +407,7 @@ impl KmemtraceState {
     /// of the CPU at `cpu_offset` ([`Platform::cpu_offset`], which the
     /// hit's section has read already) (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
     /// no second interrupt guard, no second CPU-id read. The common event
-    /// is a bounds test of `cpu_offset`, the ring's `next < limit` test, eight
+    /// is a null test of the rings, the ring's `next < limit` test, eight
     /// word stores and the bump of `next` and `nr_written`; a new
     /// sub-buffer, a full ring and stacks take [`Self::record_cold`]
     /// (see [`CpuRing`]). Returns `fields.ptr`, whatever happened: a
@@ -423,17 +426,19 @@ impl KmemtraceState {
         cpu_offset: usize,
         fields: EventFields,
     ) -> usize {
-        // rings_bytes is published after the rings (Release): the offset
-        // below it, the rings are there.
-        if cpu_offset >= self.rings_bytes.load(Ordering::Acquire) {
+        // The rings are published once (Release), for every CPU of the
+        // allocator: non-null, this CPU's is there.
+        let rings = self.rings.load(Ordering::Acquire);
+        if rings.is_null() {
             return fields.ptr;
         }
         // SAFETY: cpu_offset is cpu_id * CPU_SLOT_BYTES (the Platform
-        // contract) = cpu_id * size_of::<CpuRing>() (asserted at
-        // compile time), below the rings' bytes: this CPU's ring; the
-        // rings live forever; only this CPU writes its ring, and nothing
-        // else on this CPU runs (our caller).
-        let ring = unsafe { &*self.rings.load(Ordering::Relaxed).byte_add(cpu_offset) };
+        // contract, cpu_id below the allocator's nr_cpus, for which the
+        // rings were allocated) = cpu_id * size_of::<CpuRing>()
+        // (asserted at compile time): this CPU's ring; the rings live
+        // forever; only this CPU writes its ring, and nothing else on
+        // this CPU runs (our caller).
+        let ring = unsafe { &*rings.byte_add(cpu_offset) };
         let slot = ring.next.load(Ordering::Relaxed);
         if slot == ring.limit.load(Ordering::Relaxed) {
             // SAFETY: per our caller.
