@@ -166,8 +166,9 @@
 //! `kmalloc`/`kfree`, `GlobalAlloc`) to the magazine hit and its misses.
 //! Then `cache/alloc.rs` and `cache/free.rs`, each one direction read top
 //! to bottom (the hit; with a feature on, the hooked path; the one slow
-//! function), and `cache/hooks.rs`, where every feature hooks in, each
-//! hook called from one place. Then one folder per layer:
+//! function; the free's hook and event in `cache/free.rs` itself), and
+//! `cache/hooks.rs`, where every feature hooks into the alloc, each hook
+//! called from one place. Then one folder per layer:
 //!
 //! | folder / file | holds | may import |
 //! | --- | --- | --- |

@@ -13,19 +13,6 @@ use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
 
 impl<P: Platform> Kmem<P> {
-    /// Called with every error a `GlobalAlloc::dealloc` (or
-    /// `core::alloc::Allocator::deallocate`) hits; the kernel can log or
-    /// panic. The error has already been counted in
-    /// [`SlabDebug::nr_bad_frees`](crate::debug::SlabDebug::nr_bad_frees) and nothing was changed.
-    pub(crate) fn set_free_error_hook(&self, hook: Option<fn(&FreeError)>) {
-        *self.free_error_hook.lock::<P>() = hook;
-    }
-
-    /// Refused frees seen at the `GlobalAlloc` / `Allocator` edge.
-    pub(crate) fn nr_bad_frees(&self) -> u64 {
-        self.nr_bad_frees.load(Ordering::Relaxed)
-    }
-
     /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
     /// refused free.
     ///
@@ -77,18 +64,17 @@ impl<P: Platform> Kmem<P> {
 
     /// `GlobalAlloc::alloc` of a request no size class serves
     /// ([`Kmem::kmalloc_pages`]: page-granular, or refused before
-    /// `init`), an error a null pointer. The layout first:
-    /// `GlobalAlloc::alloc`'s own arguments stay in the registers they
-    /// came in (no copies on its hit: plain pair 68 -> 66 instructions).
+    /// `init`), and a `realloc`'s growth past a page (`TO_GROW`: pages
+    /// that can grow again in place, page-aligned), an error a null
+    /// pointer. The layout first: `GlobalAlloc::alloc`'s own arguments
+    /// stay in the registers they came in (no copies on its hit: plain
+    /// pair 68 -> 66 instructions).
     #[cold]
     #[inline(never)]
-    fn alloc_pages_or_null(layout: Layout, this: &Self) -> *mut u8 {
-        this.kmalloc_pages::<false>(
-            layout.size(),
-            layout.align(),
-            crate::alloc_tag::current::<P>,
-        )
-        .map_or(ptr::null_mut(), NonNull::as_ptr)
+    fn alloc_pages_or_null<const TO_GROW: bool>(layout: Layout, this: &Self) -> *mut u8 {
+        let align = if TO_GROW { PAGE_SIZE } else { layout.align() };
+        this.kmalloc_pages::<TO_GROW>(layout.size(), align, crate::alloc_tag::current::<P>)
+            .map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
     /// `GlobalAlloc::dealloc` past the cache's hit (a feature on, a
@@ -147,7 +133,7 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
         let Some(cache) = self.class_cache(layout.size(), layout.align()) else {
-            return Self::alloc_pages_or_null(layout, self);
+            return Self::alloc_pages_or_null::<false>(layout, self);
         };
         const SLOW: u32 = HotFlags::ALLOC_SLOW.bits();
         // SAFETY: a class's cache, an unborn stub or the unready entry.
@@ -269,35 +255,23 @@ impl<P: Platform> Kmem<P> {
 
     /// The new block of a `realloc` that moves a block of `layout` to
     /// `new_layout`: a growth past a page takes whole pages, where it can
-    /// grow again in place ([`Kmem::kmalloc_pages`]): a block grown
+    /// grow again in place (`alloc_pages_or_null::<true>`): a block grown
     /// that far is mostly a buffer that keeps growing (a `Vec` doubling),
     /// and its next growths then copy nothing (a `Vec` pushed to 1 MiB
     /// copied 8 KiB more when its 4,097..8,192-byte step took a size
     /// class); anything else is [`GlobalAlloc::alloc`]. Null on error.
+    /// Inline: the moves between size classes (`realloc-grow`) keep one
+    /// compare for the growth.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::alloc`] of `new_layout`.
     #[inline(always)]
     unsafe fn realloc_alloc(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
-        if new_layout.size() > PAGE_SIZE {
-            // SAFETY: per our caller.
-            return unsafe { self.realloc_alloc_big(layout, new_layout) };
-        }
-        // SAFETY: per our caller.
-        unsafe { self.alloc(new_layout) }
-    }
-
-    /// [`Self::realloc_alloc`] past a page: out of line, so the moves
-    /// between size classes (`realloc-grow`) keep one compare for it.
-    ///
-    /// # Safety
-    /// As for [`GlobalAlloc::alloc`] of `new_layout`.
-    #[inline(never)]
-    unsafe fn realloc_alloc_big(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
-        if new_layout.size() > layout.size() && new_layout.align() <= PAGE_SIZE {
-            return self
-                .kmalloc_pages::<true>(new_layout.size(), PAGE_SIZE, crate::alloc_tag::current::<P>)
-                .map_or(ptr::null_mut(), NonNull::as_ptr);
+        if new_layout.size() > PAGE_SIZE
+            && new_layout.size() > layout.size()
+            && new_layout.align() <= PAGE_SIZE
+        {
+            return Self::alloc_pages_or_null::<true>(new_layout, self);
         }
         // SAFETY: per our caller.
         unsafe { self.alloc(new_layout) }

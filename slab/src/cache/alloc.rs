@@ -58,12 +58,7 @@ impl<P: Platform> KmemCache<P> {
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
         // SAFETY: a reference: a live cache.
-        if let Some(obj) = unsafe { Self::alloc_hit::<{ HotFlags::ALLOC_SLOW.bits() }, true>(self) }
-        {
-            return Ok(obj);
-        }
-        // SAFETY: as above; the hit changed nothing.
-        unsafe { Self::alloc_off_hit(self, crate::alloc_tag::current::<P>, 0) }
+        unsafe { Self::alloc_at(self, crate::alloc_tag::current::<P>, 0) }
     }
 
     /// [`KmemCache::alloc`] with the object's `obj_size()` bytes zeroed
@@ -230,32 +225,43 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
         let this = unsafe { &*this };
-        if hot.intersects(HotFlags::PRE_ALLOC)
-            && let Some(served) = this.pre_alloc_hook(hot, tag, bytes_req)
-        {
-            return this.alloc_event(served, hot, bytes_req);
-        }
-        let hit = if hot.contains(HotFlags::DEBUG) {
-            // SAFETY: as below. A debug cache keeps no mark: the debug
-            // hook checks the round's state word.
-            unsafe { Self::alloc_hit::<0, false>(this) }
-        } else if hot.contains(HotFlags::KEYLESS) {
-            // SAFETY: a live cache with magazines (the hooked path of a
-            // born cache); just popped, not handed out.
-            unsafe { Self::alloc_hit::<0, false>(this) }
-                .and_then(|obj| unsafe { this.take_round_hooked(obj) })
+        let served = if hot.intersects(HotFlags::PRE_ALLOC) {
+            this.pre_alloc_hook(hot, tag, bytes_req)
         } else {
-            // SAFETY: as above.
-            unsafe { Self::alloc_hit::<0, true>(this) }
+            None
         };
-        let obj = match hit {
-            Some(obj) => obj,
-            None => match this.alloc_slow::<false>() {
-                Ok(obj) => obj,
-                Err(error) => return this.alloc_event(Err(error), hot, bytes_req),
-            },
+        let result = match served {
+            // Served by the pre-alloc hook (a KFENCE sample): only the
+            // kmemtrace event.
+            Some(Ok(obj)) => return Ok(this.alloc_event(obj, hot, bytes_req)),
+            Some(Err(error)) => Err(error),
+            None => {
+                let hit = if hot.contains(HotFlags::DEBUG) {
+                    // SAFETY: as below. A debug cache keeps no mark: the
+                    // debug hook checks the round's state word.
+                    unsafe { Self::alloc_hit::<0, false>(this) }
+                } else if hot.contains(HotFlags::KEYLESS) {
+                    // SAFETY: a live cache with magazines (the hooked path
+                    // of a born cache); just popped, not handed out.
+                    unsafe { Self::alloc_hit::<0, false>(this) }
+                        .and_then(|obj| unsafe { this.take_round_hooked(obj) })
+                } else {
+                    // SAFETY: as above.
+                    unsafe { Self::alloc_hit::<0, true>(this) }
+                };
+                hit.map_or_else(|| this.alloc_slow::<false>(), Ok)
+            }
         };
-        Ok(this.post_alloc_hook::<true>(obj, hot, &tag, bytes_req))
+        match result {
+            Ok(obj) => Ok(this.post_alloc_hook::<true>(obj, hot, &tag, bytes_req)),
+            Err(error) => {
+                // The failed allocation's kmemtrace event.
+                if hot.contains(HotFlags::KMEMTRACE) {
+                    let _ = this.kmemtrace_alloc::<false>(core::ptr::null_mut(), bytes_req);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// The hit, the one copy (SLUB `slab_alloc_node`'s fast path, Akaros

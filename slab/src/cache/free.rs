@@ -11,7 +11,7 @@
 //! 2. else [`KmemCache::free_off_hit`], out of line: the usual word
 //!    ([`KmemCache::free_usual`], inlined there): one load and one
 //!    compare of the hot flags, and for profiling alone on a keyed cache
-//!    the free hook (`cache/hooks.rs`: the tag uncharged) and the same
+//!    the free hook (below: the tag uncharged) and the same
 //!    hit right there, no stack frame;
 //! 3. else one call of [`KmemCache::free_off_usual`]: no feature on, the
 //!    one slow function for the miss ([`KmemCache::free_slow`]: the
@@ -19,8 +19,10 @@
 //!    slab layer); kmemtrace recording on a keyed cache,
 //!    `free_recorded` (the hook, the hit and its event with interrupts
 //!    off); anything else [`KmemCache::free_hooked`]: the free hook
-//!    (bootstrap refusal, bufctl state, debug checks, trace record, tag
-//!    uncharged), the same hit and miss, the kmemtrace event.
+//!    (`free_hook`, here: bootstrap refusal, bufctl state, debug checks
+//!    in `debug/object.rs`, trace record, tag uncharged in
+//!    `profiling.rs`), the same hit and miss, the kmemtrace event
+//!    (`free_event` ► `kmemtrace_free`, here too).
 //!
 //! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
 //! function of its own that inlines `free_usual` too and calls
@@ -33,8 +35,9 @@
 
 use core::ptr::{self, NonNull};
 
-use super::{HotFlags, KmemCache};
+use super::{HotFlags, KmemCache, double_free};
 use crate::error::FreeError;
+use crate::kmemtrace::{EventFields, EventKind, EventType, head_word};
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::{PageEntry, PageMap, PageSlot};
 use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuCache};
@@ -274,7 +277,7 @@ impl<P: Platform> KmemCache<P> {
         let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
         // SAFETY: per our caller; a keyed cache.
         if unsafe { self.free_hit::<0>(obj, true) } {
-            return self.kmemtrace_freed(obj, Some(irq));
+            return self.kmemtrace_free::<true>(obj, Some(irq));
         }
         drop(irq);
         // SAFETY: per our caller; the hit changed nothing (the tag the
@@ -301,9 +304,17 @@ impl<P: Platform> KmemCache<P> {
         index: usize,
     ) -> Result<(), FreeError> {
         let hot = self.hot();
+        // kmemtrace: the free and its event with interrupts off (the
+        // guard), but for an object holding the free key: its free's
+        // double-free confirmation searches every CPU's magazines, which
+        // needs interrupts on (then the free is a double free, refused;
+        // or, if the owner wrote the key, a free recorded a moment late).
         let irq = if hot.contains(HotFlags::KMEMTRACE) {
-            // SAFETY: per our caller.
-            unsafe { self.kmemtrace_free_guard(obj, hot) }
+            // SAFETY: per our caller, an object start of ours; keyed
+            // objects hold a word.
+            let suspect = !hot.contains(HotFlags::KEYLESS)
+                && unsafe { double_free::holds_key(obj, double_free::free_key()) };
+            (!suspect).then(IrqGuard::<P>::new)
         } else {
             None
         };
@@ -328,6 +339,144 @@ impl<P: Platform> KmemCache<P> {
             unsafe { self.free_slow(obj) }
         });
         self.free_event(obj, result, hot, irq)
+    }
+
+    /// The free hook, called before a free goes to the magazines (Linux
+    /// `slab_free_hook`): the checks that can refuse (each refusal
+    /// reported: bootstrap caches, a bufctl object that is not busy, a
+    /// debug cache's state word, `debug/object.rs`), a bufctl object's
+    /// tag uncharged, the trace record removed (compiled out of the usual
+    /// words' path), then the small object's tag uncharged (profiling,
+    /// `profiling.rs`; only once every check passed: a refused free
+    /// changes nothing).
+    ///
+    /// # Safety
+    /// As for [`Self::free_hooked`].
+    ///
+    /// `RARE`: `hot` may have a bit of [`HotFlags::FREE_HOOKED_RARE`] and
+    /// `slab` may be null (else those tests are compiled out).
+    #[inline(always)]
+    unsafe fn free_hook<const RARE: bool>(
+        &self,
+        obj: NonNull<u8>,
+        slab: *mut Slab,
+        index: usize,
+        hot: HotFlags,
+    ) -> Result<(), FreeError> {
+        if RARE {
+            let addr = obj.as_ptr() as usize;
+            if hot.contains(HotFlags::BOOTSTRAP) {
+                return Err(self.refuse(FreeError::NotAllocated { addr }));
+            }
+            if self.kind == SlabKind::Bufctl
+                && (hot.contains(HotFlags::BUFCTL_TAGGED) || slab.is_null())
+            {
+                let Ok(tag) = self.slab.lock().mark_cached(addr) else {
+                    // Not busy in the slab layer. If the page map located an
+                    // exact object start in a live slab of ours, the object is
+                    // free in its slab. Without a slab (a cache off the
+                    // primary source: the hash alone decides) we cannot tell
+                    // it from a stray pointer.
+                    return Err(self.refuse(if slab.is_null() {
+                        FreeError::NotAllocated { addr }
+                    } else {
+                        FreeError::DoubleFree { addr }
+                    }));
+                };
+                #[cfg(feature = "alloc-profiling")]
+                if let Some(token) = tag {
+                    // SAFETY: the bufctl's token, stored at the alloc and taken
+                    // (cleared) just now: uncharged once.
+                    unsafe {
+                        crate::alloc_tag::uncharge_off_hit::<P>(token, obj, self.params.obj_size)
+                    };
+                }
+                #[cfg(not(feature = "alloc-profiling"))]
+                let _ = tag;
+            }
+            if hot.contains(HotFlags::DEBUG) {
+                // SAFETY: an object start of ours (the owner check, or the
+                // hash above off the primary source), given up by the caller.
+                unsafe { self.debug_free_hook(addr, slab) }?;
+            }
+            #[cfg(feature = "trace-table")]
+            if hot.contains(HotFlags::EVER_TRACED) {
+                self.trace.record_free(self, addr);
+            }
+        }
+        #[cfg(feature = "alloc-profiling")]
+        if hot.contains(HotFlags::TAGGED) {
+            debug_assert!(self.kind == SlabKind::Small, "TAGGED is a small cache's");
+            // SAFETY: per our caller, object `index` of the live small
+            // slab `slab` (only small caches are `TAGGED`), given up.
+            unsafe { self.profiling_free_hook(obj, slab, index, hot) };
+        }
+        #[cfg(not(feature = "alloc-profiling"))]
+        let _ = index;
+        Ok(())
+    }
+
+    /// The free's way out (Linux `trace_kmem_cache_free`, Akaros
+    /// `kmem_trace_free`): its kmemtrace event if this cache is recorded
+    /// ([`Self::kmemtrace_free`], a tail call for a free done), the
+    /// interrupt guard `irq` dropped after it, and `result` handed back.
+    #[inline(always)]
+    fn free_event(
+        &self,
+        obj: NonNull<u8>,
+        result: Result<(), FreeError>,
+        hot: HotFlags,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        if hot.contains(HotFlags::KMEMTRACE) {
+            return match result {
+                Ok(()) => self.kmemtrace_free::<true>(obj, irq),
+                Err(error) => {
+                    let _ = self.kmemtrace_free::<false>(obj, irq);
+                    Err(error)
+                }
+            };
+        }
+        drop(irq);
+        result
+    }
+
+    /// kmemtrace: the event of a free of `obj` (a refused one unless
+    /// `OK`), as [`Self::kmemtrace_alloc`]'s (frees to kmalloc caches
+    /// are `kfree`s: the cache's free head says which), then `irq`
+    /// dropped. Returns `Ok`, made here, so that a recorded free's
+    /// caller passes nothing in memory (a refused free's caller returns
+    /// its own error).
+    #[inline(never)]
+    fn kmemtrace_free<const OK: bool>(
+        &self,
+        obj: NonNull<u8>,
+        irq: Option<IrqGuard<P>>,
+    ) -> Result<(), FreeError> {
+        const ALLOC_TO_FREE: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
+        const ALLOC_TO_BAD: u64 =
+            head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
+        const CACHE_TO_KMALLOC: u64 =
+            head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+        let head = self.event_head ^ if OK { ALLOC_TO_FREE } else { ALLOC_TO_BAD };
+        let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
+        let _ = self.recorder().record::<P>(EventFields {
+            head,
+            ptr: obj.as_ptr() as usize,
+            bytes_req: 0,
+            bytes_alloc: self.params.obj_size,
+        });
+        drop(irq);
+        Ok(())
+    }
+
+    /// Report a free this cache refuses, and hand the error back.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refuse(&self, error: FreeError) -> FreeError {
+        self.owner().report_bad_free(self.name(), error);
+        error
     }
 
     /// The hit, the one copy (SLUB `slab_free`'s `free_to_pcs`, Akaros

@@ -73,12 +73,12 @@
 //!   `locate_allocated` in `allocator/kmalloc.rs`).
 //! - a debug cache's free (docs/MODULES.md, "A debug cache's alloc and
 //!   free"): `cache/free.rs` (the locate as above, `free_located`,
-//!   `free_hit`'s flag test, `free_off_hit`, `free_hooked`) ►
-//!   `cache/hooks.rs` (`free_hook`) ► `debug/object.rs` (the free check:
-//!   `debug_free_hook`, the state word, redzones, audit, poison) ►
-//!   `free_hit` (`sync.rs`'s in-use flag) ► `free_event`: 5 files with
-//!   the locate's `layout/pagemap.rs` (before: 7, with `cache/debug.rs`,
-//!   `debug/trailer.rs` and `cache/double_free.rs`). The alloc:
+//!   `free_hit`'s flag test, `free_off_hit`, `free_hooked`, `free_hook`)
+//!   ► `debug/object.rs` (the free check: `debug_free_hook`, the state
+//!   word, redzones, audit, poison) ► `free_hit` (`sync.rs`'s in-use
+//!   flag) ► `free_event`: 4 files with the locate's `layout/pagemap.rs`
+//!   (before: 7, with `cache/debug.rs`, `debug/trailer.rs`,
+//!   `cache/double_free.rs`; then 5, with `cache/hooks.rs`). The alloc:
 //!   `cache/alloc.rs` ► `sync.rs` ► `cache/hooks.rs` ► `debug/object.rs`,
 //!   4 files (before: 8).
 //!
@@ -161,7 +161,7 @@
 //! | --- | --- |
 //! | `cache/alloc.rs` | the one alloc, top to bottom: the flag test, the hooked path, the hit, its one slow function |
 //! | `cache/free.rs` | the one free, top to bottom: locating a pointer (owner check, object index), the flag test, the hooked path, the hit, its one slow function |
-//! | `cache/hooks.rs` | the feature hooks (pre-alloc, post-alloc, free, kmemtrace's events), each called from one place and dispatching to the feature's file |
+//! | `cache/hooks.rs` | the allocation's feature hooks (pre-alloc, post-alloc) and its kmemtrace event, each called from one place and dispatching to the feature's file (the free's hook and event: `cache/free.rs`) |
 //! | `cache/owner.rs` | [`CacheOwner`]: what the cache needs from the allocator, handed down |
 //! | `cache/magazines.rs` | this CPU's per-CPU cache, cross-CPU calls, the one miss loop of both directions (`magazine_miss`), new magazines, draining |
 //! | `cache/slab_layer.rs` | the calls into the slab layer |

@@ -98,7 +98,7 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: obj is a busy object of one of our small slabs, alive.
             unsafe { self.charge_and_store(obj, slab, tag) };
         }
-        self.alloc_done(obj, hot, bytes_req)
+        self.alloc_event(obj, hot, bytes_req)
     }
 
     /// Charge `tag` for `obj` and store the charge token in its

@@ -30,13 +30,15 @@ impl<P: Platform> SlabDebug<'_, P> {
     /// panic. The error has already been counted in
     /// [`SlabDebug::nr_bad_frees`] and nothing was changed.
     pub fn set_free_error_hook(&self, hook: Option<fn(&crate::FreeError)>) {
-        self.heap.set_free_error_hook(hook);
+        *self.heap.free_error_hook.lock::<P>() = hook;
     }
 
     /// Refused frees seen at the `GlobalAlloc` / `core::alloc::Allocator`
     /// edge.
     pub fn nr_bad_frees(&self) -> u64 {
-        self.heap.nr_bad_frees()
+        self.heap
+            .nr_bad_frees
+            .load(core::sync::atomic::Ordering::Relaxed)
     }
 }
 

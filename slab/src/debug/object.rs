@@ -2,7 +2,7 @@
 //! trailer's words (where they sit: [`DebugLayout`], `layout.rs`), and
 //! the debug module's part of a cache, the one file a debug cache's alloc
 //! and free go through (`cache/hooks.rs`'s `post_alloc_hook` and
-//! `free_hook` call [`KmemCache::debug_alloc_hook`] and
+//! `cache/free.rs`'s `free_hook` call [`KmemCache::debug_alloc_hook`] and
 //! [`KmemCache::debug_free_hook`]): what happens to an object when it is
 //! created in a slab, handed to a caller, and given back.
 //!
@@ -441,7 +441,7 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// The free hook of a debug cache (`cache/hooks.rs`, `free_hook`):
+    /// The free hook of a debug cache (`cache/free.rs`, `free_hook`):
     /// check the object a caller frees and, unless it is a duplicate
     /// free (reported and refused, nothing changed), mark it free:
     /// contents saved, audit free record, state, poison, redzones. A

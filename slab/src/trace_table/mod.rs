@@ -305,7 +305,7 @@ impl<P: Platform> TraceTable<P> {
     }
 
     /// Remove the record of a freed object of `cache`, if there is one
-    /// (the free hook of an `EVER_TRACED` cache, `cache/hooks.rs`).
+    /// (the free hook of an `EVER_TRACED` cache, `cache/free.rs`).
     #[cold]
     pub(crate) fn record_free<O: TraceOwner>(&self, owner: &O, addr: usize) {
         let node = self.lock().remove(addr);
