@@ -103,6 +103,7 @@ impl<P: Platform> Kmem<P> {
             *self.source.get() = source;
             *self.nr_cpus.get() = nr_cpus;
             *self.max_slab_pages.get() = cost.max_slab_pages;
+            *self.small_source.get() = cost.classes_on_first_use;
         }
         let (start, end) = source.span();
         let base = start & !(PAGE_SIZE - 1);

@@ -235,6 +235,10 @@ pub struct Kmem<P: Platform> {
     /// Most pages in a packed small slab, chosen by `init` from the
     /// primary source's size (`classes.rs`).
     pub(crate) max_slab_pages: UnsafeCell<usize>,
+    /// Whether the primary source is small (its size classes are born on
+    /// first use, `classes.rs`), set by `init`: there every magazine lives
+    /// in `kmem_magazine_60`'s objects ([`Kmem::magazine_cache`]).
+    pub(crate) small_source: UnsafeCell<bool>,
     pub(crate) caches: IrqTryMutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
@@ -332,6 +336,7 @@ impl<P: Platform> Kmem<P> {
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
             class_lock: IrqTryMutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
+            small_source: UnsafeCell::new(false),
             caches: IrqTryMutex::new(CacheList {
                 head: ptr::null(),
                 tail: ptr::null(),
@@ -434,12 +439,21 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// The bootstrap cache of magazine type `magtype` (an index into the
-    /// magazine types: `kmem_magazine_<rounds>`).
+    /// magazine types: `kmem_magazine_<rounds>`); on a small source
+    /// `kmem_magazine_60` for every type (`magazine/mod.rs`).
     pub(crate) fn magazine_cache(&self, magtype: usize) -> &KmemCache<P> {
         assert!(magtype < NR_MAG_TYPES);
+        // On a small source every type's magazines live in the largest
+        // type's objects: one slab holds them all.
+        // SAFETY: READY or INITIALIZING on this thread: cells readable.
+        let index = if unsafe { *self.small_source.get() } {
+            NR_MAG_TYPES - 1
+        } else {
+            magtype
+        };
         // SAFETY: as for `boot`; the magazine caches are the first
         // NR_MAG_TYPES bootstrap slots.
-        unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(magtype) }
+        unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) }
     }
 
     /// # Safety

@@ -267,6 +267,16 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
         }
     }
     assert!(!map.is_empty());
+    // Every magazine, of whatever type, lives in kmem_magazine_60's
+    // objects: one slab for them all, not a page per type.
+    let magazines = |name| alloc.find_cache(name).unwrap().stats().nr_allocated;
+    assert!(magazines("kmem_magazine_60") > 0);
+    for name in crate::magazine::MAG_CACHE_NAMES
+        .iter()
+        .filter(|&&name| name != "kmem_magazine_60")
+    {
+        assert_eq!(magazines(name), 0, "{name}");
+    }
     drop(map);
     drop(long_lived);
     alloc.debug().check_invariants().unwrap();
