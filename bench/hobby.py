@@ -31,6 +31,7 @@ NR_TESTS = 5
 CHECKED = [
     ("cold", "many_boxes (10,000)"),
     ("cold", "many_boxes_long_lived"),
+    ("cold", "btreemap_churn"),
     ("warm", "simple_box"),
     ("warm", "large_vec (8 KiB)"),
     ("warm", "many_boxes (10,000)"),

@@ -190,6 +190,7 @@ impl<P: Platform> Kmem<P> {
                 permanent: true,
                 id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
                 debug: None,
+                small_source: false,
             };
             // Bootstrap caches have no magazine layer (pcpu null): metadata
             // goes straight to and from their slab layers.

@@ -655,6 +655,8 @@ impl<P: Platform> Kmem<P> {
             permanent,
             id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
             debug,
+            // SAFETY: READY or INITIALIZING on this thread: cells readable.
+            small_source: unsafe { *self.small_source.get() },
         };
         // SAFETY: `mem` is a fresh kmem_cache object, ours: a KmemCache<P>
         // (64-aligned) and from PCPU_OFFSET (a multiple of 64 at or past

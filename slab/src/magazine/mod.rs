@@ -34,7 +34,11 @@
 //! share one cache's slabs. A page per type in use took 7 of a 100 KiB
 //! heap's 25 pages after the hobby kernel's first pass (its 11 classes
 //! had magazines of all six types); sharing, 2 pages hold those 14
-//! magazines, and the second pass's 8 KiB `Vec` no longer reaps.
+//! magazines, and the second pass's 8 KiB `Vec` no longer reaps. And
+//! since a magazine of any type costs the same there, a class refills
+//! into one of its depot's type from its first trip down (not 1, 3, 6,
+//! 14 rounds as its misses repeat: each a new magazine, the old freed,
+//! and frees overflowing the small ones): `depot.rs`, `FREED`.
 //!
 //! - **alloc**: pop from `loaded`; else swap with `prev` if it has rounds;
 //!   else trade the empty `prev` for a full magazine from the depot; else

@@ -170,6 +170,43 @@ fn a_class_is_created_by_its_first_allocation() {
     alloc.debug().check_invariants().unwrap();
 }
 
+/// On a small source every magazine is one 496-byte object, so a class
+/// refills into a magazine of its depot's type from its first trip down
+/// (not 1, 3, 6, 14 rounds as its misses repeat): the allocations and the
+/// frees that follow share one magazine.
+#[test]
+fn a_small_source_refills_into_magazines_of_the_depots_type() {
+    let (alloc, _) = up_setup(HEAP_PAGES);
+    let magazines = || {
+        alloc
+            .find_cache("kmem_magazine_60")
+            .unwrap()
+            .stats()
+            .nr_allocated
+    };
+    let objs: Vec<_> = (0..20).map(|_| alloc.kmalloc_box(64, 8).unwrap()).collect();
+    let cache = alloc.find_cache("kmalloc-64").unwrap();
+    let magsize = cache.stats().magsize;
+    assert_eq!(magsize, 60);
+    // The refills' one magazine, of the depot's type: no smaller one made
+    // and freed (every type lives in kmem_magazine_60's objects).
+    assert_eq!(magazines(), 1);
+    let loaded = cache.cpu_stats(0).nr_rounds_loaded;
+    for obj in objs {
+        obj.free().unwrap();
+    }
+    // The frees fit in it: no magazine made, none freed to the slab layer.
+    assert_eq!(magazines(), 1);
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, loaded + 20);
+    assert_eq!(
+        cache
+            .nr_frees_direct
+            .load(core::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    alloc.debug().check_invariants().unwrap();
+}
+
 #[test]
 fn an_unborn_class_keeps_the_alignment_asked_for() {
     let (alloc, _source) = up_setup(HEAP_PAGES);
