@@ -669,6 +669,14 @@ impl<P: Platform> Kmem<P> {
                 pcpu.add(cpu).write(PcpuCache::new(free_key));
             }
             mem.write(KmemCache::construct(spec, self, self.page_map(), nr_cpus));
+            // On a small source this CPU's first magazine now, empty, of
+            // the depot's type (`magazine/mod.rs`): the class's first
+            // free pushes into it, where it went slow to make one
+            // (the hobby kernel's cold `large_vec`: ~700 instructions
+            // each of its 8 classes' first frees).
+            if *self.small_source.get() && !P::in_interrupt() {
+                (*mem).load_first_magazine();
+            }
             match irq_list.as_deref_mut() {
                 Some(list) => self.link_cache_locked(list, mem),
                 None => self.link_cache(mem),

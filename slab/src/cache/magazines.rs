@@ -135,6 +135,36 @@ impl<P: Platform> KmemCache<P> {
         Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
     }
 
+    /// Give this CPU an empty magazine of the depot's type as its
+    /// `loaded`, if it has none (a new cache on a small source:
+    /// `Kmem::create_cache`); nothing if no magazine can be had.
+    pub(crate) fn load_first_magazine(&self) {
+        if !self.has_magazines() {
+            return;
+        }
+        let Ok(mag) = self.new_magazine_of(self.depot.magtype()) else {
+            return;
+        };
+        let irq = IrqGuard::<P>::new();
+        let unused = match self.pcpu_lock_here(&irq) {
+            Some(mut locked) => {
+                let mut pcc = PcpuSynced::new(locked.get());
+                if pcc.loaded == no_magazine() {
+                    pcc.loaded = mag;
+                    no_magazine()
+                } else {
+                    mag
+                }
+            }
+            None => mag,
+        };
+        drop(irq);
+        if unused != no_magazine() {
+            // SAFETY: a new empty magazine nobody else holds.
+            unsafe { self.free_magazines(&[unused]) };
+        }
+    }
+
     /// Empty every per-CPU cache and the depot: rounds are destructed and
     /// go back to the slab layer, magazines to their `kmem_magazine_<N>`.
     ///

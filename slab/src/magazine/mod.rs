@@ -38,7 +38,9 @@
 //! since a magazine of any type costs the same there, a class refills
 //! into one of its depot's type from its first trip down (not 1, 3, 6,
 //! 14 rounds as its misses repeat: each a new magazine, the old freed,
-//! and frees overflowing the small ones): `depot.rs`, `FREED`.
+//! and frees overflowing the small ones): `depot.rs`, `FREED`; and a
+//! cache is born with an empty one loaded on the CPU that made it
+//! (`KmemCache::load_first_magazine`), so its first free is a hit.
 //!
 //! - **alloc**: pop from `loaded`; else swap with `prev` if it has rounds;
 //!   else trade the empty `prev` for a full magazine from the depot; else

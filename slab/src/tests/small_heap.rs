@@ -207,6 +207,30 @@ fn a_small_source_refills_into_magazines_of_the_depots_type() {
     alloc.debug().check_invariants().unwrap();
 }
 
+/// On a small source a class is born with an empty magazine of its
+/// depot's type loaded on the CPU that made it: its first free goes in
+/// by the hit, where it went slow to make a magazine.
+#[test]
+fn a_class_born_on_a_small_source_has_a_magazine_for_its_first_free() {
+    let (alloc, _) = up_setup(HEAP_PAGES);
+    let magazines = || {
+        alloc
+            .find_cache("kmem_magazine_60")
+            .unwrap()
+            .stats()
+            .nr_allocated
+    };
+    let obj = alloc.kmalloc_box(96, 8).unwrap();
+    let cache = alloc.find_cache("kmalloc-96").unwrap();
+    assert_eq!(magazines(), 1, "the class's first magazine");
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, 0);
+    obj.free().unwrap();
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, 1);
+    assert_eq!(magazines(), 1, "no magazine made by the free");
+    assert!(!cache.depot.free_made_magazine(), "the free took no miss");
+    alloc.debug().check_invariants().unwrap();
+}
+
 #[test]
 fn an_unborn_class_keeps_the_alignment_asked_for() {
     let (alloc, _source) = up_setup(HEAP_PAGES);
