@@ -170,6 +170,16 @@ fn a_class_is_created_by_its_first_allocation() {
     alloc.debug().check_invariants().unwrap();
 }
 
+/// Magazines allocated now (all of them `kmem_magazine_60` objects on a
+/// small source).
+fn magazines_in_use(alloc: &UpAlloc) -> usize {
+    alloc
+        .find_cache("kmem_magazine_60")
+        .unwrap()
+        .stats()
+        .nr_allocated
+}
+
 /// On a small source every magazine is one 496-byte object, so a class
 /// refills into a magazine of its depot's type from its first trip down
 /// (not 1, 3, 6, 14 rounds as its misses repeat): the allocations and the
@@ -177,13 +187,7 @@ fn a_class_is_created_by_its_first_allocation() {
 #[test]
 fn a_small_source_refills_into_magazines_of_the_depots_type() {
     let (alloc, _) = up_setup(HEAP_PAGES);
-    let magazines = || {
-        alloc
-            .find_cache("kmem_magazine_60")
-            .unwrap()
-            .stats()
-            .nr_allocated
-    };
+    let magazines = || magazines_in_use(alloc);
     let objs: Vec<_> = (0..20).map(|_| alloc.kmalloc_box(64, 8).unwrap()).collect();
     let cache = alloc.find_cache("kmalloc-64").unwrap();
     let magsize = cache.stats().magsize;
@@ -213,13 +217,7 @@ fn a_small_source_refills_into_magazines_of_the_depots_type() {
 #[test]
 fn a_class_born_on_a_small_source_has_a_magazine_for_its_first_free() {
     let (alloc, _) = up_setup(HEAP_PAGES);
-    let magazines = || {
-        alloc
-            .find_cache("kmem_magazine_60")
-            .unwrap()
-            .stats()
-            .nr_allocated
-    };
+    let magazines = || magazines_in_use(alloc);
     let obj = alloc.kmalloc_box(96, 8).unwrap();
     let cache = alloc.find_cache("kmalloc-96").unwrap();
     assert_eq!(magazines(), 1, "the class's first magazine");
