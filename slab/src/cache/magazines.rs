@@ -275,20 +275,19 @@ impl<P: Platform> KmemCache<P> {
     /// every caller (`cache/alloc.rs`, `alloc_hit`): the next is taken.
     ///
     /// Until a free has made a magazine for the cache
-    /// ([`Depot::free_made_magazine`]), neither `prev` nor the depot can hold a round:
+    /// ([`Depot::freed`]), neither `prev` nor the depot can hold a round:
     /// every magazine the depot ever holds came from such a free (`push_empty` in
     /// `free_slow`, then the exchanges), and `prev` is only ever one the
     /// depot or a free gave. The miss is skipped then (~90 instructions
     /// a cache's first allocations save, the boot replay's); a stale
-    /// read only sends an allocation to the slab layer. On a small source
-    /// the refills make magazines of the depot's type from the start
-    /// ([`Depot::freed`]), which the frees' hits fill before any free
-    /// makes one: a round the alloc hit left in `loaded` there (without
-    /// its mark: a use after free's write, a double free's second copy)
-    /// must reach the miss, which reports it; so there the miss is
-    /// skipped only while `loaded` holds no round.
+    /// read only sends an allocation to the slab layer. Never skipped on
+    /// a small source, whose caches are born with a magazine for their
+    /// frees (`load_first_magazine`, `FREED` set): a round the alloc hit
+    /// left in `loaded` there (without its mark: a use after free's
+    /// write, a double free's second copy) must reach the miss, which
+    /// reports it (`attack_matrix`, on a 2 MiB source).
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
-        if !self.depot.free_made_magazine() && (!self.depot.freed() || !self.loaded_holds_round()) {
+        if !self.depot.freed() {
             return None;
         }
         loop {
@@ -303,21 +302,6 @@ impl<P: Platform> KmemCache<P> {
                 return Some(obj);
             }
         }
-    }
-
-    /// Whether this CPU's `loaded` holds a round (false if a hit this
-    /// code interrupted holds the per-CPU cache: the miss would leave it
-    /// alone too).
-    fn loaded_holds_round(&self) -> bool {
-        let irq = IrqGuard::<P>::new();
-        let Some(mut locked) = self.pcpu_lock_here(&irq) else {
-            return false;
-        };
-        let pcc = locked.get();
-        // SAFETY: this CPU's per-CPU cache under its flag, interrupts off:
-        // `top` is at or above slot 0 of `loaded` (or of the absent
-        // magazine), above it by the rounds it holds.
-        pcc.top != unsafe { Magazine::slots(pcc.loaded) }
     }
 
     /// One pass of the free miss with interrupts off: store `obj` in

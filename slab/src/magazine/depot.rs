@@ -61,28 +61,25 @@ pub(crate) struct Depot<P: Platform> {
     pub(crate) nr_contention: AtomicU64,
     /// `magtype` as of the last change, read without the lock by a free
     /// that makes a new magazine (a stale value makes a magazine the
-    /// depot frees when it next pops it); and in its top bits
-    /// ([`FREED`], [`FREE_MADE`]), whether refills make magazines of the
-    /// depot's type and whether a free ever had to make a magazine for
-    /// this cache ([`Depot::note_free_magazine`]). Changed under the depot
-    /// lock only, the bits by `fetch_or` (one word: the cache keeps its 15
+    /// depot frees when it next pops it); and in its top bit
+    /// ([`FREED`]), whether a free ever had to make a magazine for this
+    /// cache ([`Depot::note_free_magazine`]). Changed under the depot lock
+    /// only, the bit by `fetch_or` (one word: the cache keeps its 15
     /// lines).
     magtype: AtomicUsize,
 }
 
-/// The top bit of [`Depot`]'s `magtype` word: a refill on a CPU with no
-/// magazine makes one of the depot's type, and until then small ones
-/// that grow with its trips down (`KmemCache::slab_refill`). Set when a
-/// free made a magazine for the cache (its objects come back), or at
-/// birth on a small source, where a magazine of every type is the same
-/// 496-byte object (`magazine/mod.rs`): growing 1, 3, 6, 14 rounds there
-/// only added misses and a new magazine each (the hobby kernel's
-/// `btreemap_churn`: 52,399 -> 39,737 instructions cold, 28,320 -> 21,670
-/// warm).
+/// The top bit of [`Depot`]'s `magtype` word: a free made a magazine for
+/// the cache, so its objects come back; a refill on a CPU with no
+/// magazine then makes one of the depot's type, and until then small
+/// ones that grow with its trips down (`KmemCache::slab_refill`). Set
+/// from birth on a small source, where a cache is born with a magazine
+/// for its frees (`KmemCache::load_first_magazine`) and a magazine of
+/// every type is the same 496-byte object (`magazine/mod.rs`): growing
+/// 1, 3, 6, 14 rounds there only added misses and a new magazine each
+/// (the hobby kernel's `btreemap_churn`: 52,399 -> 40,551 instructions
+/// cold, 28,320 -> 21,670 warm).
 const FREED: usize = 1 << (usize::BITS - 1);
-/// The next bit: a free made a magazine for the cache, so `prev` or the
-/// depot may hold rounds ([`Depot::free_made_magazine`]).
-const FREE_MADE: usize = 1 << (usize::BITS - 2);
 
 /// Magazines detached from a depot under its lock, to be freed after it
 /// is dropped (linked through `next`; null: none).
@@ -113,8 +110,8 @@ impl Stale {
 impl<P: Platform> Depot<P> {
     /// A depot of `magtype` magazines that contention may grow up to
     /// `max_magtype`.
-    /// `one_size`: every magazine is of one size (a small source), so
-    /// refills make the depot's type from the start ([`FREED`]).
+    /// `one_size`: a small source's, every magazine one size, the cache
+    /// born with one for its frees ([`FREED`] from the start).
     pub(crate) fn new(magtype: usize, max_magtype: usize, one_size: bool) -> Self {
         Depot {
             inner: IrqMutex::new(DepotInner {
@@ -141,27 +138,20 @@ impl<P: Platform> Depot<P> {
 
     /// The magazine type a new magazine should be (read without the lock).
     pub(crate) fn magtype(&self) -> usize {
-        self.magtype.load(Ordering::Relaxed) & !(FREED | FREE_MADE)
+        self.magtype.load(Ordering::Relaxed) & !FREED
     }
 
     /// Note that a free made a magazine for this cache (its objects come
     /// back to it; see [`FREED`]).
     pub(crate) fn note_free_magazine(&self) {
-        if !self.free_made_magazine() {
-            self.magtype.fetch_or(FREED | FREE_MADE, Ordering::Relaxed);
+        if !self.freed() {
+            self.magtype.fetch_or(FREED, Ordering::Relaxed);
         }
     }
 
-    /// Whether refills make magazines of the depot's type ([`FREED`]):
-    /// a free made a magazine for this cache, or its source is small.
+    /// Whether a free ever made a magazine for this cache ([`FREED`]).
     pub(crate) fn freed(&self) -> bool {
         self.magtype.load(Ordering::Relaxed) & FREED != 0
-    }
-
-    /// Whether a free ever made a magazine for this cache ([`FREE_MADE`]):
-    /// until then neither `prev` nor the depot can hold a round.
-    pub(crate) fn free_made_magazine(&self) -> bool {
-        self.magtype.load(Ordering::Relaxed) & FREE_MADE != 0
     }
 
     /// Set the magazine type (and raise its growth limit to it): empty
@@ -171,8 +161,8 @@ impl<P: Platform> Depot<P> {
         let mut depot = self.lock();
         depot.magtype = magtype;
         depot.max_magtype = depot.max_magtype.max(magtype);
-        // The FREED and FREE_MADE bits kept (set meanwhile or not).
-        self.magtype.fetch_and(FREED | FREE_MADE, Ordering::Relaxed);
+        // The FREED bit kept (set meanwhile by a free or not).
+        self.magtype.fetch_and(FREED, Ordering::Relaxed);
         self.magtype.fetch_or(magtype, Ordering::Relaxed);
     }
 
