@@ -205,6 +205,21 @@ impl<P: Platform> Kmem<P> {
             }
         }
 
+        // The magazine types' caches: the first NR_MAG_TYPES bootstrap
+        // slots, or on a small source the last of them for every type.
+        // SAFETY: INITIALIZING: this thread owns the init-only cells; the
+        // bootstrap slots are initialised and never move.
+        unsafe {
+            let boot = self.boot.get().cast::<KmemCache<P>>();
+            for (magtype, slot) in (*self.magazine_caches.get()).iter_mut().enumerate() {
+                let index = if cost.classes_on_first_use {
+                    NR_MAG_TYPES - 1
+                } else {
+                    magtype
+                };
+                *slot = boot.add(index);
+            }
+        }
         self.init_classes(&cost)?;
         Ok(())
     }
@@ -247,6 +262,7 @@ impl<P: Platform> Kmem<P> {
             *self.page_map.get() = PageMap::empty();
             *self.page_map_pages.get() = 0;
             *self.nr_boot.get() = 0;
+            *self.magazine_caches.get() = [ptr::null(); NR_MAG_TYPES];
             for slot in &self.kmalloc {
                 slot.store(ptr::null_mut(), Ordering::Relaxed);
             }

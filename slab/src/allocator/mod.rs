@@ -239,6 +239,11 @@ pub struct Kmem<P: Platform> {
     /// first use, `classes.rs`), set by `init`: there every magazine lives
     /// in `kmem_magazine_60`'s objects ([`Kmem::magazine_cache`]).
     pub(crate) small_source: UnsafeCell<bool>,
+    /// Each magazine type's bootstrap cache, set by `init`: its own, or
+    /// on a small source `kmem_magazine_60` for all (one load where an
+    /// index computed the slot, so a large source's magazines cost no
+    /// test for the small one's sharing).
+    magazine_caches: UnsafeCell<[*const KmemCache<P>; NR_MAG_TYPES]>,
     pub(crate) caches: IrqTryMutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
@@ -337,6 +342,7 @@ impl<P: Platform> Kmem<P> {
             class_lock: IrqTryMutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
             small_source: UnsafeCell::new(false),
+            magazine_caches: UnsafeCell::new([ptr::null(); NR_MAG_TYPES]),
             caches: IrqTryMutex::new(CacheList {
                 head: ptr::null(),
                 tail: ptr::null(),
@@ -440,20 +446,13 @@ impl<P: Platform> Kmem<P> {
 
     /// The bootstrap cache of magazine type `magtype` (an index into the
     /// magazine types: `kmem_magazine_<rounds>`); on a small source
-    /// `kmem_magazine_60` for every type (`magazine/mod.rs`).
+    /// `kmem_magazine_60` for every type (`magazine/mod.rs`). `magtype`
+    /// below `NR_MAG_TYPES` (panics otherwise).
     pub(crate) fn magazine_cache(&self, magtype: usize) -> &KmemCache<P> {
-        assert!(magtype < NR_MAG_TYPES);
-        // On a small source every type's magazines live in the largest
-        // type's objects: one slab holds them all.
-        // SAFETY: READY or INITIALIZING on this thread: cells readable.
-        let index = if unsafe { *self.small_source.get() } {
-            NR_MAG_TYPES - 1
-        } else {
-            magtype
-        };
-        // SAFETY: as for `boot`; the magazine caches are the first
-        // NR_MAG_TYPES bootstrap slots.
-        unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(index) }
+        // SAFETY: set by `init` (READY, or INITIALIZING on this thread,
+        // past the bootstrap caches: cells readable) to bootstrap caches,
+        // which live as long as the allocator; the index is bounds-checked.
+        unsafe { &*(*self.magazine_caches.get())[magtype] }
     }
 
     /// # Safety
