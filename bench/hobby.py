@@ -31,7 +31,9 @@ NR_TESTS = 5
 CHECKED = [
     ("cold", "many_boxes (10,000)"),
     ("cold", "many_boxes_long_lived"),
+    ("cold", "btreemap_churn"),
     ("warm", "simple_box"),
+    ("warm", "large_vec (8 KiB)"),
     ("warm", "many_boxes (10,000)"),
     ("warm", "many_boxes_long_lived"),
     ("warm", "btreemap_churn"),

@@ -764,7 +764,7 @@ pub(crate) fn register<P: Platform>(allocator: &'static Kmem<P>) {
     };
     let list_data = payload_offset(core::ptr::from_ref(&allocator.caches).cast(), &*list);
     drop(list);
-    let depot = Depot::<P>::new(0, 0);
+    let depot = Depot::<P>::new(0, 0, false);
     let depot_data = payload_offset(
         core::ptr::from_ref(&depot.inner).cast(),
         &*depot.inner.lock(),

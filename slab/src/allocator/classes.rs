@@ -366,6 +366,7 @@ impl<P: Platform> Kmem<P> {
                 permanent: true,
                 id: 0,
                 debug: None,
+                small_source: false,
             };
             let stub = KmemCache::construct(spec, self, self.page_map(), nr_cpus);
             stub.set_hot(HotFlags::UNBORN);

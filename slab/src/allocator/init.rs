@@ -103,6 +103,7 @@ impl<P: Platform> Kmem<P> {
             *self.source.get() = source;
             *self.nr_cpus.get() = nr_cpus;
             *self.max_slab_pages.get() = cost.max_slab_pages;
+            *self.small_source.get() = cost.classes_on_first_use;
         }
         let (start, end) = source.span();
         let base = start & !(PAGE_SIZE - 1);
@@ -189,6 +190,7 @@ impl<P: Platform> Kmem<P> {
                 permanent: true,
                 id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
                 debug: None,
+                small_source: false,
             };
             // Bootstrap caches have no magazine layer (pcpu null): metadata
             // goes straight to and from their slab layers.
@@ -203,6 +205,21 @@ impl<P: Platform> Kmem<P> {
             }
         }
 
+        // The magazine types' caches: the first NR_MAG_TYPES bootstrap
+        // slots, or on a small source the last of them for every type.
+        // SAFETY: INITIALIZING: this thread owns the init-only cells; the
+        // bootstrap slots are initialised and never move.
+        unsafe {
+            let boot = self.boot.get().cast::<KmemCache<P>>();
+            for (magtype, slot) in (*self.magazine_caches.get()).iter_mut().enumerate() {
+                let index = if cost.classes_on_first_use {
+                    NR_MAG_TYPES - 1
+                } else {
+                    magtype
+                };
+                *slot = boot.add(index);
+            }
+        }
         self.init_classes(&cost)?;
         Ok(())
     }
@@ -245,6 +262,7 @@ impl<P: Platform> Kmem<P> {
             *self.page_map.get() = PageMap::empty();
             *self.page_map_pages.get() = 0;
             *self.nr_boot.get() = 0;
+            *self.magazine_caches.get() = [ptr::null(); NR_MAG_TYPES];
             for slot in &self.kmalloc {
                 slot.store(ptr::null_mut(), Ordering::Relaxed);
             }

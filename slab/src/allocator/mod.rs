@@ -235,6 +235,15 @@ pub struct Kmem<P: Platform> {
     /// Most pages in a packed small slab, chosen by `init` from the
     /// primary source's size (`classes.rs`).
     pub(crate) max_slab_pages: UnsafeCell<usize>,
+    /// Whether the primary source is small (its size classes are born on
+    /// first use, `classes.rs`), set by `init`: there every magazine lives
+    /// in `kmem_magazine_60`'s objects ([`Kmem::magazine_cache`]).
+    pub(crate) small_source: UnsafeCell<bool>,
+    /// Each magazine type's bootstrap cache, set by `init`: its own, or
+    /// on a small source `kmem_magazine_60` for all (one load where an
+    /// index computed the slot, so a large source's magazines cost no
+    /// test for the small one's sharing).
+    magazine_caches: UnsafeCell<[*const KmemCache<P>; NR_MAG_TYPES]>,
     pub(crate) caches: IrqTryMutex<CacheList<P>>,
     pub(crate) large_nr_live: AtomicUsize,
     pub(crate) large_live_pages: AtomicUsize,
@@ -332,6 +341,8 @@ impl<P: Platform> Kmem<P> {
             unborn: UnsafeCell::new(MaybeUninit::uninit()),
             class_lock: IrqTryMutex::new(()),
             max_slab_pages: UnsafeCell::new(crate::layout::geometry::MAX_SLAB_PAGES),
+            small_source: UnsafeCell::new(false),
+            magazine_caches: UnsafeCell::new([ptr::null(); NR_MAG_TYPES]),
             caches: IrqTryMutex::new(CacheList {
                 head: ptr::null(),
                 tail: ptr::null(),
@@ -434,12 +445,14 @@ impl<P: Platform> Kmem<P> {
     }
 
     /// The bootstrap cache of magazine type `magtype` (an index into the
-    /// magazine types: `kmem_magazine_<rounds>`).
+    /// magazine types: `kmem_magazine_<rounds>`); on a small source
+    /// `kmem_magazine_60` for every type (`magazine/mod.rs`). `magtype`
+    /// below `NR_MAG_TYPES` (panics otherwise).
     pub(crate) fn magazine_cache(&self, magtype: usize) -> &KmemCache<P> {
-        assert!(magtype < NR_MAG_TYPES);
-        // SAFETY: as for `boot`; the magazine caches are the first
-        // NR_MAG_TYPES bootstrap slots.
-        unsafe { &*self.boot.get().cast::<KmemCache<P>>().add(magtype) }
+        // SAFETY: set by `init` (READY, or INITIALIZING on this thread,
+        // past the bootstrap caches: cells readable) to bootstrap caches,
+        // which live as long as the allocator; the index is bounds-checked.
+        unsafe { &*(*self.magazine_caches.get())[magtype] }
     }
 
     /// # Safety
@@ -641,6 +654,8 @@ impl<P: Platform> Kmem<P> {
             permanent,
             id: self.next_cache_id.fetch_add(1, Ordering::Relaxed),
             debug,
+            // SAFETY: READY or INITIALIZING on this thread: cells readable.
+            small_source: unsafe { *self.small_source.get() },
         };
         // SAFETY: `mem` is a fresh kmem_cache object, ours: a KmemCache<P>
         // (64-aligned) and from PCPU_OFFSET (a multiple of 64 at or past
@@ -653,6 +668,14 @@ impl<P: Platform> Kmem<P> {
                 pcpu.add(cpu).write(PcpuCache::new(free_key));
             }
             mem.write(KmemCache::construct(spec, self, self.page_map(), nr_cpus));
+            // On a small source this CPU's first magazine now, empty, of
+            // the depot's type (`magazine/mod.rs`): the class's first
+            // free pushes into it, where it went slow to make one
+            // (the hobby kernel's cold `large_vec`: ~700 instructions
+            // each of its 8 classes' first frees).
+            if *self.small_source.get() && !P::in_interrupt() {
+                (*mem).load_first_magazine();
+            }
             match irq_list.as_deref_mut() {
                 Some(list) => self.link_cache_locked(list, mem),
                 None => self.link_cache(mem),

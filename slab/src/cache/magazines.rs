@@ -135,6 +135,36 @@ impl<P: Platform> KmemCache<P> {
         Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })
     }
 
+    /// Give this CPU an empty magazine of the depot's type as its
+    /// `loaded`, if it has none (a new cache on a small source:
+    /// `Kmem::create_cache`); nothing if no magazine can be had.
+    pub(crate) fn load_first_magazine(&self) {
+        if !self.has_magazines() {
+            return;
+        }
+        let Ok(mag) = self.new_magazine_of(self.depot.magtype()) else {
+            return;
+        };
+        let irq = IrqGuard::<P>::new();
+        let unused = match self.pcpu_lock_here(&irq) {
+            Some(mut locked) => {
+                let mut pcc = PcpuSynced::new(locked.get());
+                if pcc.loaded == no_magazine() {
+                    pcc.loaded = mag;
+                    no_magazine()
+                } else {
+                    mag
+                }
+            }
+            None => mag,
+        };
+        drop(irq);
+        if unused != no_magazine() {
+            // SAFETY: a new empty magazine nobody else holds.
+            unsafe { self.free_magazines(&[unused]) };
+        }
+    }
+
     /// Empty every per-CPU cache and the depot: rounds are destructed and
     /// go back to the slab layer, magazines to their `kmem_magazine_<N>`.
     ///
@@ -250,7 +280,12 @@ impl<P: Platform> KmemCache<P> {
     /// `free_slow`, then the exchanges), and `prev` is only ever one the
     /// depot or a free gave. The miss is skipped then (~90 instructions
     /// a cache's first allocations save, the boot replay's); a stale
-    /// read only sends an allocation to the slab layer.
+    /// read only sends an allocation to the slab layer. Never skipped on
+    /// a small source, whose caches are born with a magazine for their
+    /// frees (`load_first_magazine`, `FREED` set): a round the alloc hit
+    /// left in `loaded` there (without its mark: a use after free's
+    /// write, a double free's second copy) must reach the miss, which
+    /// reports it (`attack_matrix`, on a 2 MiB source).
     pub(super) fn magazine_alloc_miss(&self) -> Option<NonNull<u8>> {
         if !self.depot.freed() {
             return None;

@@ -443,6 +443,10 @@ pub(crate) struct CacheSpec<'a> {
     pub(crate) id: u32,
     /// The debug object layout (a cache with debug flags).
     pub(crate) debug: Option<DebugLayout>,
+    /// On a small source (`allocator/classes.rs`): every magazine is of
+    /// the same size there (`magazine/mod.rs`), so the refills make the
+    /// depot's type from the start ([`Depot::new`]'s `one_size`).
+    pub(crate) small_source: bool,
 }
 
 impl<P: Platform> KmemCache<P> {
@@ -545,7 +549,11 @@ impl<P: Platform> KmemCache<P> {
             flags: spec.flags,
             owner,
             permanent: spec.permanent,
-            depot: Depot::new(start_magtype(geometry.stride), max_magtype(geometry.stride)),
+            depot: Depot::new(
+                start_magtype(geometry.stride),
+                max_magtype(geometry.stride),
+                spec.small_source,
+            ),
             slab: SlabLayer::new(),
             nr_allocs_direct: AtomicU64::new(0),
             nr_frees_direct: AtomicU64::new(0),

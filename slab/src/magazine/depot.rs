@@ -72,7 +72,13 @@ pub(crate) struct Depot<P: Platform> {
 /// The top bit of [`Depot`]'s `magtype` word: a free made a magazine for
 /// the cache, so its objects come back; a refill on a CPU with no
 /// magazine then makes one of the depot's type, and until then small
-/// ones that grow with its trips down (`KmemCache::slab_refill`).
+/// ones that grow with its trips down (`KmemCache::slab_refill`). Set
+/// from birth on a small source, where a cache is born with a magazine
+/// for its frees (`KmemCache::load_first_magazine`) and a magazine of
+/// every type is the same 496-byte object (`magazine/mod.rs`): growing
+/// 1, 3, 6, 14 rounds there only added misses and a new magazine each
+/// (the hobby kernel's `btreemap_churn`: 52,399 -> 40,551 instructions
+/// cold, 28,320 -> 21,670 warm).
 const FREED: usize = 1 << (usize::BITS - 1);
 
 /// Magazines detached from a depot under its lock, to be freed after it
@@ -104,7 +110,9 @@ impl Stale {
 impl<P: Platform> Depot<P> {
     /// A depot of `magtype` magazines that contention may grow up to
     /// `max_magtype`.
-    pub(crate) fn new(magtype: usize, max_magtype: usize) -> Self {
+    /// `one_size`: a small source's, every magazine one size, the cache
+    /// born with one for its frees ([`FREED`] from the start).
+    pub(crate) fn new(magtype: usize, max_magtype: usize, one_size: bool) -> Self {
         Depot {
             inner: IrqMutex::new(DepotInner {
                 full: ptr::null_mut(),
@@ -124,7 +132,7 @@ impl<P: Platform> Depot<P> {
                 empty_reaplimit: 0,
             }),
             nr_contention: AtomicU64::new(0),
-            magtype: AtomicUsize::new(magtype),
+            magtype: AtomicUsize::new(if one_size { magtype | FREED } else { magtype }),
         }
     }
 

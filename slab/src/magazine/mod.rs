@@ -27,6 +27,21 @@
 //! size above (checked per kmalloc class by the magazine tests); before,
 //! every magazine was 512 bytes for 8 rounds, 64 bytes per cached object.
 //!
+//! **On a small source** (one whose size classes are born on first use,
+//! under ~2.4 MiB: `allocator/classes.rs`) every type's magazines live
+//! in `kmem_magazine_60`'s 496-byte objects (`Kmem::magazine_cache`):
+//! the types keep their capacities (and the caches their hit rates), but
+//! share one cache's slabs. A page per type in use took 7 of a 100 KiB
+//! heap's 25 pages after the hobby kernel's first pass (its 11 classes
+//! had magazines of all six types); sharing, 2 pages hold those 14
+//! magazines, and the second pass's 8 KiB `Vec` no longer reaps. And
+//! since a magazine of any type costs the same there, a class refills
+//! into one of its depot's type from its first trip down (not 1, 3, 6,
+//! 14 rounds as its misses repeat: each a new magazine, the old freed,
+//! and frees overflowing the small ones): `depot.rs`, `FREED`; and a
+//! cache is born with an empty one loaded on the CPU that made it
+//! (`KmemCache::load_first_magazine`), so its first free is a hit.
+//!
 //! - **alloc**: pop from `loaded`; else swap with `prev` if it has rounds;
 //!   else trade the empty `prev` for a full magazine from the depot; else
 //!   go to the slab layer.

@@ -335,6 +335,23 @@ fn region_source_finds_first_fit_runs_across_bitmap_words() {
     let mut used = std::vec![false; nr_pages];
     let first_fit =
         |used: &[bool], n: usize| (0..=nr_pages - n).find(|&p| !used[p..p + n].contains(&true));
+    // alloc_pages_to_grow: halfway along the free run that ends highest,
+    // else first fit (page by page from the top).
+    let to_grow = |used: &[bool], n: usize| {
+        let mut end = nr_pages;
+        while end > 0 && used[end - 1] {
+            end -= 1;
+        }
+        let mut start = end;
+        while start > 0 && !used[start - 1] {
+            start -= 1;
+        }
+        if end - start >= n {
+            Some(start + (end - start - n) / 2)
+        } else {
+            first_fit(used, n)
+        }
+    };
     let mut live: Vec<(usize, usize)> = Vec::new();
     let mut seed = 0x2545_f491_u64;
     for step in 0..3000 {
@@ -349,17 +366,23 @@ fn region_source_finds_first_fit_runs_across_bitmap_words() {
             } else {
                 1 + pick / 7 % 4
             };
-            let expected = if n <= nr_pages {
-                first_fit(&used, n)
-            } else {
-                None
+            let grow = pick % 5 == 2;
+            let expected = match (n <= nr_pages, grow) {
+                (false, _) => None,
+                (true, false) => first_fit(&used, n),
+                (true, true) => to_grow(&used, n),
             };
-            match (source.alloc_pages(n), expected) {
+            let got = if grow {
+                source.alloc_pages_to_grow(n)
+            } else {
+                source.alloc_pages(n)
+            };
+            match (got, expected) {
                 (Ok(pages), Some(page)) => {
                     assert_eq!(
                         pages.as_ptr() as usize,
                         base + page * PAGE_SIZE,
-                        "step {step}: {n} pages"
+                        "step {step}: {n} pages (to grow: {grow})"
                     );
                     used[page..page + n].fill(true);
                     live.push((page, n));

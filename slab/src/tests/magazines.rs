@@ -157,9 +157,10 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     let stride = 2048;
     let (start, max) = (start_magtype(stride), max_magtype(stride));
     assert!(start < max, "a 2 KiB cache may grow");
-    let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max)
-        .inner
-        .into_inner();
+    let mut depot =
+        crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max, false)
+            .inner
+            .into_inner();
     // One interval of depot visits, all by one per-CPU cache (no
     // hand-off); true if the type changed at its end.
     let interval = |depot: &mut DepotInner, contention: &mut u64, contended: bool| {
@@ -199,6 +200,7 @@ fn magazine_type_grows_with_contention_up_to_its_limit() {
     let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(
         start_magtype(big),
         max_magtype(big),
+        false,
     )
     .inner
     .into_inner();
@@ -219,9 +221,10 @@ fn magazine_type_grows_when_the_depot_hands_off_between_cpus() {
     let stride = 8192;
     let (start, max) = (start_magtype(stride), max_magtype(stride));
     assert!(start < max, "an 8 KiB cache may grow");
-    let mut depot = crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max)
-        .inner
-        .into_inner();
+    let mut depot =
+        crate::magazine::Depot::<crate::tests::support::TestPlatform>::new(start, max, false)
+            .inner
+            .into_inner();
     // `handoffs` visits of an interval change CPU, the rest stay.
     let interval = |depot: &mut DepotInner, handoffs: u32| {
         let mut changed = false;

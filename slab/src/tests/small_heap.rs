@@ -170,6 +170,65 @@ fn a_class_is_created_by_its_first_allocation() {
     alloc.debug().check_invariants().unwrap();
 }
 
+/// Magazines allocated now (all of them `kmem_magazine_60` objects on a
+/// small source).
+fn magazines_in_use(alloc: &UpAlloc) -> usize {
+    alloc
+        .find_cache("kmem_magazine_60")
+        .unwrap()
+        .stats()
+        .nr_allocated
+}
+
+/// On a small source every magazine is one 496-byte object, so a class
+/// refills into a magazine of its depot's type from its first trip down
+/// (not 1, 3, 6, 14 rounds as its misses repeat): the allocations and the
+/// frees that follow share one magazine.
+#[test]
+fn a_small_source_refills_into_magazines_of_the_depots_type() {
+    let (alloc, _) = up_setup(HEAP_PAGES);
+    let magazines = || magazines_in_use(alloc);
+    let objs: Vec<_> = (0..20).map(|_| alloc.kmalloc_box(64, 8).unwrap()).collect();
+    let cache = alloc.find_cache("kmalloc-64").unwrap();
+    let magsize = cache.stats().magsize;
+    assert_eq!(magsize, 60);
+    // The refills' one magazine, of the depot's type: no smaller one made
+    // and freed (every type lives in kmem_magazine_60's objects).
+    assert_eq!(magazines(), 1);
+    let loaded = cache.cpu_stats(0).nr_rounds_loaded;
+    for obj in objs {
+        obj.free().unwrap();
+    }
+    // The frees fit in it: no magazine made, none freed to the slab layer.
+    assert_eq!(magazines(), 1);
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, loaded + 20);
+    assert_eq!(
+        cache
+            .nr_frees_direct
+            .load(core::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    alloc.debug().check_invariants().unwrap();
+}
+
+/// On a small source a class is born with an empty magazine of its
+/// depot's type loaded on the CPU that made it: its first free goes in
+/// by the hit, where it went slow to make a magazine.
+#[test]
+fn a_class_born_on_a_small_source_has_a_magazine_for_its_first_free() {
+    let (alloc, _) = up_setup(HEAP_PAGES);
+    let magazines = || magazines_in_use(alloc);
+    let obj = alloc.kmalloc_box(96, 8).unwrap();
+    let cache = alloc.find_cache("kmalloc-96").unwrap();
+    assert_eq!(magazines(), 1, "the class's first magazine");
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, 0);
+    obj.free().unwrap();
+    assert_eq!(cache.cpu_stats(0).nr_rounds_loaded, 1);
+    assert_eq!(magazines(), 1, "no magazine made by the free");
+    assert_eq!(cache.stats().nr_allocated, 0);
+    alloc.debug().check_invariants().unwrap();
+}
+
 #[test]
 fn an_unborn_class_keeps_the_alignment_asked_for() {
     let (alloc, _source) = up_setup(HEAP_PAGES);
@@ -267,6 +326,16 @@ fn hobby_kernel_heap_tests_fit_in_100_kib() {
         }
     }
     assert!(!map.is_empty());
+    // Every magazine, of whatever type, lives in kmem_magazine_60's
+    // objects: one slab for them all, not a page per type.
+    let magazines = |name| alloc.find_cache(name).unwrap().stats().nr_allocated;
+    assert!(magazines("kmem_magazine_60") > 0);
+    for name in crate::magazine::MAG_CACHE_NAMES
+        .iter()
+        .filter(|&&name| name != "kmem_magazine_60")
+    {
+        assert_eq!(magazines(name), 0, "{name}");
+    }
     drop(map);
     drop(long_lived);
     alloc.debug().check_invariants().unwrap();
