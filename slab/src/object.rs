@@ -155,7 +155,11 @@ impl<P: Platform> SlabBox<P> {
         match unsafe { alloc.krealloc(Some(self.ptr), new_size, align) } {
             Ok(ptr) => {
                 core::mem::forget(self);
-                Ok(SlabBox::from_kmalloc(alloc, ptr, new_size))
+                Ok(SlabBox {
+                    ptr,
+                    len: new_size,
+                    owner: Owner::Kmalloc(alloc),
+                })
             }
             Err(error) => Err((self, error)),
         }
@@ -275,8 +279,8 @@ impl<P: Platform> InitBox<P> {
     }
 }
 
-/// How the cache and kmalloc paths make a [`SlabBox`] (the constructors
-/// at the end of this file).
+/// How the cache paths make a [`SlabBox`] (the kmalloc paths write the
+/// literal: the box of `ptr`, `size` bytes, owned by the allocator).
 impl<P: Platform> SlabBox<P> {
     /// The box of `ptr`, an object of `cache` just allocated.
     pub(crate) fn from_cache(cache: &'static KmemCache<P>, ptr: NonNull<u8>) -> SlabBox<P> {
@@ -284,19 +288,6 @@ impl<P: Platform> SlabBox<P> {
             ptr,
             len: cache.obj_size(),
             owner: Owner::Cache(cache),
-        }
-    }
-
-    /// The box of `ptr`, `size` bytes just allocated by `kmalloc`.
-    pub(crate) fn from_kmalloc(
-        allocator: &'static Kmem<P>,
-        ptr: NonNull<u8>,
-        size: usize,
-    ) -> SlabBox<P> {
-        SlabBox {
-            ptr,
-            len: size,
-            owner: Owner::Kmalloc(allocator),
         }
     }
 }
@@ -345,7 +336,11 @@ impl<P: Platform> Kmem<P> {
     /// As for [`Kmem::kmalloc`].
     pub fn kmalloc_box(&'static self, size: usize, align: usize) -> Result<SlabBox<P>, AllocError> {
         let ptr = self.kmalloc(size, align)?;
-        Ok(SlabBox::from_kmalloc(self, ptr, size))
+        Ok(SlabBox {
+            ptr,
+            len: size,
+            owner: Owner::Kmalloc(self),
+        })
     }
 }
 
@@ -364,7 +359,11 @@ impl<P: Platform> AllocProfiling<'static, P> {
         let ptr = self
             .heap
             .kmalloc_with(crate::KmallocArgs::new(size, align).tag(tag))?;
-        Ok(SlabBox::from_kmalloc(self.heap, ptr, size))
+        Ok(SlabBox {
+            ptr,
+            len: size,
+            owner: Owner::Kmalloc(self.heap),
+        })
     }
 }
 

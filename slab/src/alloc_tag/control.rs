@@ -21,12 +21,6 @@ impl<P: Platform> Kmem<P> {
     pub fn profiling(&self) -> AllocProfiling<'_, P> {
         AllocProfiling { heap: self }
     }
-
-    /// [`AllocProfiling::enabled`](crate::AllocProfiling::enabled).
-    #[inline]
-    pub(crate) fn alloc_profiling(&self) -> bool {
-        cfg!(feature = "alloc-profiling") && self.alloc_profiling.load(Ordering::Relaxed)
-    }
 }
 
 impl<P: Platform> AllocProfiling<'_, P> {
@@ -72,8 +66,9 @@ impl<P: Platform> AllocProfiling<'_, P> {
     /// Whether allocation profiling is switched on
     /// ([`AllocProfiling::set_enabled`](crate::AllocProfiling::set_enabled); false without feature
     /// `alloc-profiling`).
+    #[inline]
     pub fn enabled(&self) -> bool {
-        self.heap.alloc_profiling()
+        cfg!(feature = "alloc-profiling") && self.heap.alloc_profiling.load(Ordering::Relaxed)
     }
 
     /// Allocations that profiling should have charged but could not

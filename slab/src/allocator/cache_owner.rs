@@ -127,13 +127,25 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::unlink_cache(self, cache);
     }
 
+    /// The first allocation of an unborn class, reached through `stub`
+    /// (`cache/hooks.rs`): create the class, allocate from it.
+    #[cold]
+    #[inline(never)]
     fn kmalloc_unborn(
         &self,
         stub: &KmemCache<P>,
         tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        Kmem::kmalloc_unborn(self, stub, tag, bytes_req)
+        // The stub's object size is the natural alignment it stands for.
+        let align = stub.params.obj_size;
+        match Self::kmalloc_index(bytes_req, align) {
+            Some(index) => self.kmalloc_class(index).and_then(|cache| {
+                // SAFETY: a reference: a live cache.
+                unsafe { KmemCache::alloc_at(cache, tag, bytes_req) }
+            }),
+            None => Err(AllocError::InvalidLayout),
+        }
     }
 
     fn kfence_tick(&self) {

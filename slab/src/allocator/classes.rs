@@ -33,12 +33,10 @@
 //! up, 32 from 4 MiB), one object's pages at least.
 
 use core::fmt::Write as _;
-use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use super::kmalloc::{KMALLOC_SIZES, natural_align};
 use super::{Kmem, NR_KMALLOC, NameBuf};
-use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheSpec, HotFlags, KmemCache};
 use crate::error::AllocError;
 use crate::flags::CacheFlags;
@@ -488,28 +486,6 @@ impl<P: Platform> Kmem<P> {
         self.update_by_8(index);
         // SAFETY: just created, permanent.
         Ok(unsafe { &*created })
-    }
-
-    /// The first allocation of an unborn class, reached through `stub`
-    /// (`cache/hooks.rs`, through [`CacheOwner`](crate::cache::CacheOwner)):
-    /// create the class, allocate from it.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn kmalloc_unborn(
-        &self,
-        stub: &KmemCache<P>,
-        tag: impl Fn() -> Option<AllocTagRef>,
-        size: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
-        // The stub's object size is the natural alignment it stands for.
-        let align = stub.params.obj_size;
-        match Self::kmalloc_index(size, align) {
-            Some(index) => self.kmalloc_class(index).and_then(|cache| {
-                // SAFETY: a reference: a live cache.
-                unsafe { KmemCache::alloc_at(cache, tag, size) }
-            }),
-            None => Err(AllocError::InvalidLayout),
-        }
     }
 }
 

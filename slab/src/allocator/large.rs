@@ -115,7 +115,11 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return Err(AllocError::NotInitialized);
         }
-        let tag = if self.alloc_profiling() { tag() } else { None };
+        let tag = if self.profiling().enabled() {
+            tag()
+        } else {
+            None
+        };
         let result = 'pages: {
             if align > LARGE_MAX_ALIGN || size > isize::MAX as usize {
                 break 'pages Err(AllocError::InvalidLayout);

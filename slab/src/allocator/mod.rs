@@ -472,7 +472,7 @@ impl<P: Platform> Kmem<P> {
         unsafe {
             // Inherit the profiling switch (read under the same lock as
             // set_alloc_profiling writes it).
-            if self.alloc_profiling() {
+            if self.profiling().enabled() {
                 (*cache).set_profiling(true);
             }
             // And the tag hooks.

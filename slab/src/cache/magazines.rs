@@ -226,7 +226,7 @@ impl<P: Platform> KmemCache<P> {
                         .expect("a magazine's capacity is a magazine type's");
                     self.owner()
                         .cache(OwnerCache::Magazine(magtype))
-                        .slab_free_raw(mag.cast());
+                        .slab_free_objects(&[mag.cast()]);
                     mag = next;
                 }
             }

@@ -731,7 +731,7 @@ impl<P: Platform> KmemCache<P> {
         unsafe {
             owner
                 .cache(OwnerCache::Cache)
-                .slab_free_raw((self as *const Self).cast_mut().cast());
+                .slab_free_objects(&[(self as *const Self).cast_mut().cast()]);
         }
         Ok(DestroyReport {
             nr_trace_records_dropped,

@@ -174,7 +174,7 @@ impl<P: Platform> KmemCache<P> {
             Ok(_) => new,
             Err(winner) => {
                 // SAFETY: our fresh object, never published.
-                unsafe { cache.slab_free_raw(new.cast()) };
+                unsafe { cache.slab_free_objects(&[new.cast()]) };
                 winner
             }
         }
@@ -194,7 +194,7 @@ impl<P: Platform> KmemCache<P> {
             .cache(OwnerCache::TagArray(self.tag_array_bytes()));
         // SAFETY: per the caller, an object of that side-array cache
         // (installed by install_tag_array), no longer used.
-        unsafe { cache.slab_free_raw(tags.cast()) };
+        unsafe { cache.slab_free_objects(&[tags.cast()]) };
     }
 
     /// A busy small-slab object's tag reference (tests).

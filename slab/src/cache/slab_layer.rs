@@ -266,20 +266,10 @@ impl<P: Platform> KmemCache<P> {
         nr
     }
 
-    /// Give a raw object back to the slab layer (one of
-    /// [`Self::slab_alloc_raw`]'s, of a bootstrap cache: no destructor).
-    ///
-    /// # Safety
-    /// As [`SlabLayer::free_objects`].
-    pub(crate) unsafe fn slab_free_raw(&self, obj: *mut u8) {
-        debug_assert!(self.params.dtor.is_none(), "raw objects have no destructor");
-        // SAFETY: per the caller.
-        unsafe { self.slab.free_objects(&self.params, self, &[obj]) }
-    }
-
     /// Destruct `objs` (the cache's destructor, if any) and return them
     /// to the slab layer ([`SlabLayer::free_objects`]: one lock
-    /// acquisition).
+    /// acquisition). Also how [`Self::slab_alloc_raw`]'s objects go back
+    /// (a bootstrap cache: no destructor, so straight to the layer).
     ///
     /// # Safety
     /// As [`SlabLayer::free_objects`]; the objects are constructed.
@@ -346,7 +336,11 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
     unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8) {
         // SAFETY: per our caller, an object of that bootstrap cache's
         // slab layer, unused.
-        unsafe { self.owner().cache(owner_cache(which)).slab_free_raw(obj) }
+        unsafe {
+            self.owner()
+                .cache(owner_cache(which))
+                .slab_free_objects(&[obj])
+        }
     }
 
     fn metadata_source(&self) -> &'static dyn PageSource {
