@@ -433,10 +433,14 @@ impl SlabLists {
             if nr_fresh > 0 {
                 let nr_taken = nr_fresh.min(out.len());
                 let mut random = crate::layout::freelist::shuffle_seed() | 1;
+                // Every slot of `out[..nr_taken]` gets its object (one
+                // store, no bounds test an object); an object that lost
+                // its key leaves a null there, squeezed out below (rare).
                 let mut nr_lost = 0;
-                for _ in 0..nr_taken {
+                for slot in &mut out[..nr_taken] {
                     let index = list.take_random(map, &mut random);
                     let obj = list.base + index * list.stride;
+                    *slot = obj as *mut u8;
                     if list.lost_key(obj) {
                         // Written while free: busy for good.
                         bad.get_or_insert((
@@ -446,11 +450,19 @@ impl SlabLists {
                                 decoded: (obj as *const usize).read(),
                             },
                         ));
+                        *slot = core::ptr::null_mut();
                         nr_lost += 1;
-                        continue;
                     }
-                    out[nr] = obj as *mut u8;
-                    nr += 1;
+                }
+                nr = nr_taken;
+                if nr_lost > 0 {
+                    nr = 0;
+                    for i in 0..nr_taken {
+                        if !out[i].is_null() {
+                            out[nr] = out[i];
+                            nr += 1;
+                        }
+                    }
                 }
                 // At 0 the slab is full: list mode from here on.
                 (*slab).nr_fresh = (nr_fresh - nr_taken) as u16;

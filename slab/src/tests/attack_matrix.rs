@@ -233,6 +233,60 @@ fn heap_spray_is_not_laid_out_in_address_order() {
     assert_ne!(first, second, "each new slab is shuffled anew");
 }
 
+/// Objects of a new slab written before they were ever handed out (a
+/// linear overflow wiping the free key of every other one, the slab still
+/// in bitmap mode: `layout/freelist.rs`). The refills take written and
+/// intact objects in one batch (`SlabLists::take_small`): the written
+/// ones are reported (`FreeListCorrupted`) and kept from every caller,
+/// and every intact one is handed out, once.
+#[test]
+fn fresh_objects_written_before_their_first_allocation_are_kept_back() {
+    let (alloc, _) = setup(512);
+    set_cpu(0);
+    let cache = alloc
+        .cache_create("fresh-written", 64, &CacheArgs::DEFAULT)
+        .unwrap();
+    let first = cache.alloc().unwrap().as_ptr() as usize;
+    let slab = alloc.debug().whatis(first).unwrap().slab;
+    let page = first & !(crate::PAGE_SIZE - 1);
+    // The slab's other objects, all resting in it (a cache's first trip
+    // down takes one object).
+    let rest: Vec<usize> = (page..page + crate::PAGE_SIZE)
+        .step_by(8)
+        .filter(|&addr| {
+            addr != first
+                && alloc.debug().whatis(addr).is_some_and(|info| {
+                    info.object == addr && info.slab == slab && info.resting == "slab"
+                })
+        })
+        .collect();
+    assert_eq!(rest.len(), cache.stats().nr_total_objs - 1);
+    let (written, intact): (Vec<usize>, Vec<usize>) = rest
+        .iter()
+        .partition(|&&obj| ((obj - page) / 64).is_multiple_of(2));
+    let before = alloc.debug().nr_errors();
+    for &obj in &written {
+        // SAFETY: the deliberate write: the first word (the free key) of
+        // a free object of our slab, never handed out.
+        unsafe { (obj as *mut usize).write(0x4141_4141_4141_4141) };
+    }
+    let (twice, got) = handed_out_twice(&[first], 3 * rest.len(), || {
+        cache.alloc().unwrap().as_ptr() as usize
+    });
+    assert!(!twice, "an object was handed out twice");
+    for obj in &written {
+        assert!(!got.contains(obj), "a written object was handed out");
+    }
+    for obj in &intact {
+        assert!(got.contains(obj), "an intact object was lost");
+    }
+    assert!(reports_of(alloc, before, ErrorKind::FreeListCorrupted) >= 1);
+    for obj in got.into_iter().chain([first]) {
+        // SAFETY: live objects of ours.
+        unsafe { cache.free(std::ptr::NonNull::new(obj as *mut u8).unwrap()) }.unwrap();
+    }
+}
+
 /// The name of the cache holding `obj`.
 fn cache_name(alloc: &TestAlloc, obj: std::ptr::NonNull<u8>) -> std::string::String {
     let info = alloc.debug().whatis(obj.as_ptr() as usize).unwrap();
