@@ -148,25 +148,6 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         }
     }
 
-    fn kfence_tick(&self) {
-        Kmem::kfence_tick(self);
-    }
-
-    #[cfg(feature = "kfence")]
-    fn kfence_alloc(
-        &self,
-        cache: &KmemCache<P>,
-        bytes_req: usize,
-        tag: &dyn Fn() -> Option<AllocTagRef>,
-    ) -> Option<NonNull<u8>> {
-        Kmem::kfence_alloc(self, cache, bytes_req, tag)
-    }
-
-    #[cfg(feature = "kfence")]
-    fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>> {
-        Kmem::kfence_free(self, addr, Some(cache))
-    }
-
     fn kmemtrace_recorder(&self) -> &KmemtraceState {
         &self.kmemtrace
     }

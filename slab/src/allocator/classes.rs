@@ -397,61 +397,80 @@ impl<P: Platform> Kmem<P> {
         Ok(cache)
     }
 
-    /// Copy `row` of size class `index` (`kmalloc-rnd-<row>-<size>`, or
-    /// `kmalloc-data-<size>` for the pointer-free row: `kmalloc.rs`),
-    /// created now on its first use, as an unborn class is.
-    ///
-    /// # Errors
-    /// As for [`Self::kmalloc_class`].
-    pub(crate) fn kmalloc_partition_class(
+    /// The cache of partition `row` (a random copy, or the data row) of
+    /// the size class serving `size` bytes aligned to `align`; `Ok(None)`:
+    /// page-granular. A copy still unborn that cannot be made now (its
+    /// locks busy: an interrupt handler tries them once, and another CPU
+    /// may be making a class; or no memory for the cache) leaves this one
+    /// allocation to the shared class: kfree finds any cache by the page
+    /// map, only the isolation is lost for it. Failing instead made an
+    /// allocating timer handler panic while `stress` on the other CPUs
+    /// made their first copies (tests/smp_irq_features.rs).
+    pub(super) fn partition_cache(
         &self,
         row: usize,
-        index: usize,
-    ) -> Result<&'static KmemCache<P>, AllocError> {
-        let slot = &self.kmalloc_partitions[row][index];
-        let cache = slot.load(Ordering::Acquire);
-        if !cache.is_null() {
-            // SAFETY: published copies are permanent caches.
-            return Ok(unsafe { &*cache });
-        }
-        // SAFETY: as in `kmalloc_class`: an allocator with caches lives
-        // forever.
-        let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
-        let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock::<P>()) else {
-            return Err(AllocError::OutOfMemory);
+        size: usize,
+        align: usize,
+    ) -> Result<Option<*const KmemCache<P>>, AllocError> {
+        let Some(index) = Self::kmalloc_index(size, align) else {
+            return Ok(None);
         };
-        let cache = slot.load(Ordering::Acquire);
-        if !cache.is_null() {
-            // SAFETY: as above.
-            return Ok(unsafe { &*cache });
-        }
-        if spin_try::<P, _>(|| self.caches.try_lock::<P>()).is_none() {
-            return Err(AllocError::OutOfMemory);
-        }
-        let size = KMALLOC_SIZES[index];
-        let mut name = NameBuf {
-            bytes: [0; 32],
-            len: 0,
+        // Copy `row` of class `index` (`kmalloc-rnd-<row>-<size>`, or
+        // `kmalloc-data-<size>` for the pointer-free row: `kmalloc.rs`),
+        // created now on its first use, as an unborn class is.
+        let copy: Result<&'static KmemCache<P>, AllocError> = 'copy: {
+            let slot = &self.kmalloc_partitions[row][index];
+            let cache = slot.load(Ordering::Acquire);
+            if !cache.is_null() {
+                // SAFETY: published copies are permanent caches.
+                break 'copy Ok(unsafe { &*cache });
+            }
+            // SAFETY: as in `kmalloc_class`: an allocator with caches lives
+            // forever.
+            let this: &'static Self = unsafe { &*core::ptr::from_ref(self) };
+            let Some(_guard) = spin_try::<P, _>(|| self.class_lock.try_lock::<P>()) else {
+                break 'copy Err(AllocError::OutOfMemory);
+            };
+            let cache = slot.load(Ordering::Acquire);
+            if !cache.is_null() {
+                // SAFETY: as above.
+                break 'copy Ok(unsafe { &*cache });
+            }
+            if spin_try::<P, _>(|| self.caches.try_lock::<P>()).is_none() {
+                break 'copy Err(AllocError::OutOfMemory);
+            }
+            let size = KMALLOC_SIZES[index];
+            let mut name = NameBuf {
+                bytes: [0; 32],
+                len: 0,
+            };
+            // Linux's names: "kmalloc-rnd-01-64"; the typed row's after
+            // `kmem_buckets`' "kmalloc-data-64" (both fit in 31 bytes).
+            if row == super::kmalloc::DATA_PARTITION {
+                let _ = write!(name, "kmalloc-data-{size}");
+            } else {
+                let _ = write!(name, "kmalloc-rnd-{:02}-{size}", row + 1);
+            }
+            let created = this.create_cache(
+                name.as_str(),
+                size,
+                natural_align(size),
+                CacheFlags::empty(),
+                None,
+                None,
+                None,
+                true,
+            );
+            if let Ok(created) = created {
+                slot.store(core::ptr::from_ref(created).cast_mut(), Ordering::Release);
+            }
+            created
         };
-        // Linux's names: "kmalloc-rnd-01-64"; the typed row's after
-        // `kmem_buckets`' "kmalloc-data-64" (both fit in 31 bytes).
-        if row == super::kmalloc::DATA_PARTITION {
-            let _ = write!(name, "kmalloc-data-{size}");
-        } else {
-            let _ = write!(name, "kmalloc-rnd-{:02}-{size}", row + 1);
-        }
-        let created = this.create_cache(
-            name.as_str(),
-            size,
-            natural_align(size),
-            CacheFlags::empty(),
-            None,
-            None,
-            None,
-            true,
-        )?;
-        slot.store(core::ptr::from_ref(created).cast_mut(), Ordering::Release);
-        Ok(created)
+        let cache = match copy {
+            Ok(cache) => cache,
+            Err(_) => self.kmalloc_class(index)?,
+        };
+        Ok(Some(cache))
     }
 
     /// Size class `index`, created now if it is still unborn.

@@ -10,7 +10,7 @@ use core::sync::atomic::Ordering;
 
 use super::Kmem;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::{CacheOwner, KmemCache};
+use crate::cache::KmemCache;
 use crate::error::{AllocError, FreeError};
 use crate::layout::pagemap::{PageEntry, PageOwner};
 use crate::platform::{PAGE_SIZE, Platform};
@@ -489,31 +489,6 @@ impl<P: Platform> Kmem<P> {
         result
     }
 
-    /// The cache of partition `row` (a random copy, or the data row) of
-    /// the size class serving `size` bytes aligned to `align`; `Ok(None)`:
-    /// page-granular. A copy still unborn that cannot be made now (its
-    /// locks busy: an interrupt handler tries them once, and another CPU
-    /// may be making a class; or no memory for the cache) leaves this one
-    /// allocation to the shared class: kfree finds any cache by the page
-    /// map, only the isolation is lost for it. Failing instead made an
-    /// allocating timer handler panic while `stress` on the other CPUs
-    /// made their first copies (tests/smp_irq_features.rs).
-    fn partition_cache(
-        &self,
-        row: usize,
-        size: usize,
-        align: usize,
-    ) -> Result<Option<*const KmemCache<P>>, AllocError> {
-        let Some(index) = Self::kmalloc_index(size, align) else {
-            return Ok(None);
-        };
-        let cache = match self.kmalloc_partition_class(row, index) {
-            Ok(cache) => cache,
-            Err(_) => self.kmalloc_class(index)?,
-        };
-        Ok(Some(cache))
-    }
-
     /// Allocate an uninitialised `T` (Linux's typed `kmalloc_obj`), from
     /// its own partition: `kmalloc-data-<size>` for a pointer-free type
     /// ([`KmallocObj::POINTER_FREE`]), else a random copy chosen by the
@@ -694,59 +669,5 @@ impl<P: Platform> Kmem<P> {
             // SAFETY: per our caller; nothing changed.
             None => unsafe { self.kfree_slow(ptr) },
         }
-    }
-
-    /// [`Kmem::kfree`] past the fast path, with the error reports.
-    ///
-    /// # Safety
-    /// As for [`Kmem::kfree`].
-    #[cold]
-    #[inline(never)]
-    pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        let addr = ptr.as_ptr() as usize;
-        if !self.is_ready() {
-            return Err(FreeError::NotAllocated { addr });
-        }
-        let entry = self.page_entry(addr);
-        if let Some(slab) = entry.slab() {
-            let slab = slab as *mut Slab;
-            // SAFETY: registered slabs are alive and belong to caches of
-            // this allocator (same P), alive while they have slabs.
-            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-            // SAFETY: the page map puts addr in this live slab of `cache`.
-            let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
-                // KMEMTRACE HOOK: kfree of a pointer inside an object.
-                #[cfg(feature = "kmemtrace")]
-                if cache.hot().contains(crate::cache::HotFlags::KMEMTRACE) {
-                    self.kmemtrace_free(Some(cache), ptr, false);
-                }
-                return Err(cache.refuse(FreeError::Misaligned { addr }));
-            };
-            // SAFETY: located in `cache`, object `index` of `slab`; our
-            // caller gives it up.
-            return unsafe { cache.free_hooked(ptr, slab, index) };
-        }
-        #[cfg(feature = "kfence")]
-        if self.kfence_contains(addr) {
-            // KFENCE HOOK: a sampled object is in no slab page.
-            return self
-                .kfence_free(addr, None)
-                .unwrap_or(Err(FreeError::NotAllocated { addr }));
-        }
-        // SAFETY: per our caller.
-        let result = unsafe { self.kfree_pages(ptr, entry) };
-        if let Err(error) = result {
-            #[cfg(feature = "kmemtrace")]
-            if self
-                .kmemtrace
-                .recording_all
-                .load(core::sync::atomic::Ordering::Relaxed)
-            {
-                // KMEMTRACE HOOK: kfree of a pointer that is not ours.
-                self.kmemtrace_free(None, ptr, false);
-            }
-            CacheOwner::report_bad_free(self, "kmalloc", error);
-        }
-        result
     }
 }

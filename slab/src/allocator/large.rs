@@ -2,7 +2,8 @@
 //! ([`KMALLOC_MAX_SIZE`](super::kmalloc::KMALLOC_MAX_SIZE)), whole pages
 //! from the primary source, registered in the page map by their head
 //! entry alone. Their allocation (`kmalloc_pages`), in-place resize
-//! (`large_resize`, and `krealloc` over it), free (`kfree_pages`) and
+//! (`large_resize`, and `krealloc` over it), free (`kfree_slow`, which
+//! also takes the other pointers `kfree`'s locate does not find) and
 //! statistics.
 
 use core::ptr::NonNull;
@@ -11,12 +12,13 @@ use core::sync::atomic::Ordering;
 use super::Kmem;
 use super::kmalloc::KMALLOC_MAX_SIZE;
 use crate::alloc_tag::AllocTagRef;
-use crate::cache::KmemCache;
+use crate::cache::{CacheOwner, KmemCache};
 use crate::error::{AllocError, FreeError};
 #[cfg(feature = "kmemtrace")]
 use crate::kmemtrace::EventKind;
 use crate::layout::pagemap::{LARGE_MAX_PAGES, PageEntry, PageOwner, Slack};
 use crate::platform::{PAGE_SIZE, Platform};
+use crate::slab::Slab;
 
 /// Largest alignment a page-granular kmalloc gives (1 GiB).
 const LARGE_MAX_ALIGN: usize = 1 << 30;
@@ -291,30 +293,62 @@ impl<P: Platform> Kmem<P> {
         Some(ptr)
     }
 
-    /// `kfree` of anything but a slab object: page-granular, or refused.
+    /// [`Kmem::kfree`] past the fast path (anything its locate did not
+    /// find as an allocated slab object), with the error reports: a
+    /// pointer inside a slab object, a KFENCE sample, a page-granular
+    /// block, or refused.
     ///
     /// # Safety
-    /// As for [`Kmem::kfree`]; `entry` is `ptr`'s page-map entry.
-    pub(crate) unsafe fn kfree_pages(
-        &self,
-        ptr: NonNull<u8>,
-        entry: PageEntry,
-    ) -> Result<(), FreeError> {
+    /// As for [`Kmem::kfree`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
-        let map = self.page_map();
-        match entry.owner() {
-            PageOwner::LargeHead { nr_pages, token } => {
-                if addr & (PAGE_SIZE - 1) != 0 {
-                    return Err(FreeError::Misaligned { addr });
+        if !self.is_ready() {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        let entry = self.page_entry(addr);
+        if let Some(slab) = entry.slab() {
+            let slab = slab as *mut Slab;
+            // SAFETY: registered slabs are alive and belong to caches of
+            // this allocator (same P), alive while they have slabs.
+            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            // SAFETY: the page map puts addr in this live slab of `cache`.
+            let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
+                // KMEMTRACE HOOK: kfree of a pointer inside an object.
+                #[cfg(feature = "kmemtrace")]
+                if cache.hot().contains(crate::cache::HotFlags::KMEMTRACE) {
+                    self.kmemtrace_free(Some(cache), ptr, false);
                 }
+                return Err(cache.refuse(FreeError::Misaligned { addr }));
+            };
+            // SAFETY: located in `cache`, object `index` of `slab`; our
+            // caller gives it up.
+            return unsafe { cache.free_hooked(ptr, slab, index) };
+        }
+        #[cfg(feature = "kfence")]
+        if self.kfence_contains(addr) {
+            // KFENCE HOOK: a sampled object is in no slab page.
+            return crate::cache::KfenceOwner::kfence_free(self, addr, None)
+                .unwrap_or(Err(FreeError::NotAllocated { addr }));
+        }
+        let map = self.page_map();
+        // A page-granular block freed, or the error.
+        let error = match entry.owner() {
+            PageOwner::LargeHead { .. } if addr & (PAGE_SIZE - 1) != 0 => {
+                FreeError::Misaligned { addr }
+            }
+            // The head keeps a freed mark (until the page is used again),
+            // so a second kfree is a duplicate free.
+            PageOwner::LargeHead { nr_pages, .. }
+                if !map.claim(addr, entry, PageEntry::large_freed(nr_pages)) =>
+            {
+                // Another CPU freed it first.
+                FreeError::DoubleFree { addr }
+            }
+            PageOwner::LargeHead { nr_pages, token } => {
                 #[cfg(not(feature = "alloc-profiling"))]
                 let _ = token;
-                // The head keeps a freed mark (until the page is used
-                // again), so a second kfree is a duplicate free.
-                if !map.claim(addr, entry, PageEntry::large_freed(nr_pages)) {
-                    // Another CPU freed it first.
-                    return Err(FreeError::DoubleFree { addr });
-                }
                 #[cfg(feature = "kmemtrace")]
                 if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
                     // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
@@ -353,17 +387,24 @@ impl<P: Platform> Kmem<P> {
                     self.primary_source()
                         .free_pages(NonNull::new_unchecked(base as *mut u8), nr_taken)
                 };
-                Ok(())
+                return Ok(());
             }
             PageOwner::LargeTail | PageOwner::LargeLead(_) | PageOwner::LargeTrail(_) => {
-                Err(FreeError::Misaligned { addr })
+                FreeError::Misaligned { addr }
             }
             // The head of a block kfree gave back, its pages not used again.
             PageOwner::LargeFreed { .. } if addr & (PAGE_SIZE - 1) == 0 => {
-                Err(FreeError::DoubleFree { addr })
+                FreeError::DoubleFree { addr }
             }
-            _ => Err(FreeError::NotAllocated { addr }),
+            _ => FreeError::NotAllocated { addr },
+        };
+        #[cfg(feature = "kmemtrace")]
+        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+            // KMEMTRACE HOOK: kfree of a pointer that is not ours.
+            self.kmemtrace_free(None, ptr, false);
         }
+        CacheOwner::report_bad_free(self, "kmalloc", error);
+        Err(error)
     }
 
     /// A kmalloc block kept by a resize (`krealloc`, `GlobalAlloc::realloc`,

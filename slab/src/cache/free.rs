@@ -660,7 +660,7 @@ impl<P: Platform> KmemCache<P> {
         // KFENCE: a sampled object is in no slab page (and off the
         // primary source a bufctl cache's hash would not know it).
         #[cfg(feature = "kfence")]
-        if let Some(result) = self.owner().kfence_free(addr, self) {
+        if let Some(result) = self.owner().kfence_free(addr, Some(self)) {
             return self.free_event(obj, result, self.hot(), None);
         }
         let slab = match self.locate(addr) {

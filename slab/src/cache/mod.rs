@@ -191,7 +191,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub(crate) use alloc::unready;
 pub(crate) use double_free::{init_free_key, key_after};
 pub(crate) use free::Located;
-pub(crate) use owner::{CacheOwner, OwnerCache};
+pub(crate) use owner::{CacheOwner, KfenceOwner, OwnerCache};
 
 use crate::constructor::{Ctor, Dtor};
 use crate::debug::DebugLayout;

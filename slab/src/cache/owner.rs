@@ -40,7 +40,7 @@ pub(crate) enum OwnerCache {
 /// # Safety
 /// The caches [`CacheOwner::cache`] returns live as long as the owner,
 /// which lives as long as every cache it made (a `'static`).
-pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
+pub(crate) unsafe trait CacheOwner<P: Platform>: Sync + KfenceOwner<P> {
     /// Send an error report (the allocator's ring and hook).
     fn report_error(&self, report: ErrorReport);
     /// Report a free `cache` (its name) refuses.
@@ -70,10 +70,23 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
         tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError>;
-    /// KFENCE: the misses' clock check (arm a sample when it is due).
+    /// kmemtrace: the recorder (its per-CPU rings), which a cache keeps
+    /// from its creation and writes its events into.
+    fn kmemtrace_recorder(&self) -> &KmemtraceState;
+    /// kmemtrace: `cache` is being destroyed (its record kept for dumps).
+    fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>);
+}
+
+/// What a cache asks of KFENCE, implemented by the feature's module
+/// (`kfence/mod.rs`; `kfence/off.rs` without the feature: the clock
+/// check an empty stub, no sampled alloc or free), so that the hooks
+/// live with their feature: a part of [`CacheOwner`].
+pub(crate) trait KfenceOwner<P: Platform> {
+    /// The misses' clock check (arm a sample when it is due).
     fn kfence_tick(&self);
-    /// KFENCE: serve an armed sample of `cache` from the guarded pool
-    /// (`None`: not now); clears the cache's `SAMPLE` bit.
+    /// Serve an armed sample of `cache` (`bytes_req` bytes, 0: the
+    /// object size) from the guarded pool (`None`: not now); clears the
+    /// cache's `SAMPLE` bit.
     #[cfg(feature = "kfence")]
     fn kfence_alloc(
         &self,
@@ -81,12 +94,12 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync {
         bytes_req: usize,
         tag: &dyn Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>>;
-    /// KFENCE: free `addr` if it is a sampled object (`None`: it is not).
+    /// Free `addr` if it is a sampled object (`None`: it is not); `cache`
+    /// the cache the caller freed to (`None`: kfree).
     #[cfg(feature = "kfence")]
-    fn kfence_free(&self, addr: usize, cache: &KmemCache<P>) -> Option<Result<(), FreeError>>;
-    /// kmemtrace: the recorder (its per-CPU rings), which a cache keeps
-    /// from its creation and writes its events into.
-    fn kmemtrace_recorder(&self) -> &KmemtraceState;
-    /// kmemtrace: `cache` is being destroyed (its record kept for dumps).
-    fn kmemtrace_cache_destroyed(&self, cache: &KmemCache<P>);
+    fn kfence_free(
+        &self,
+        addr: usize,
+        cache: Option<&KmemCache<P>>,
+    ) -> Option<Result<(), FreeError>>;
 }

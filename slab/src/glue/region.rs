@@ -173,40 +173,6 @@ impl Region {
         }
     }
 
-    /// The free run that ends highest, as `(end, start)` page indices
-    /// (`start..end`; `(0, 0)` if no page is free). The bits past
-    /// `nr_pages` are set, so the top word's read as used there.
-    fn highest_free_run(&self) -> (usize, usize) {
-        let mut index = self.nr_pages.div_ceil(64);
-        // The end: past the highest free page.
-        let end = loop {
-            if index == 0 {
-                return (0, 0);
-            }
-            index -= 1;
-            // SAFETY: index < the words covering nr_pages: in the bitmap.
-            let free = !unsafe { *self.bitmap.add(index) };
-            if free != 0 {
-                break index * 64 + 64 - free.leading_zeros() as usize;
-            }
-        };
-        // The start: past the highest used page below the end (in the
-        // end's word, the bits below it; then whole words down).
-        // SAFETY: as above.
-        let mut used = unsafe { *self.bitmap.add(index) } & (u64::MAX >> (64 - (end - index * 64)));
-        loop {
-            if used != 0 {
-                return (end, index * 64 + 64 - used.leading_zeros() as usize);
-            }
-            if index == 0 {
-                return (end, 0);
-            }
-            index -= 1;
-            // SAFETY: as above.
-            used = unsafe { *self.bitmap.add(index) };
-        }
-    }
-
     /// The first run of `nr_pages` free pages (`nr_pages` ≥ 1). A word
     /// of the bitmap at a time: a run of used or free pages is skipped
     /// with one `trailing_ones`/`trailing_zeros`, so a search costs a few
@@ -253,7 +219,35 @@ impl Region {
     /// (the 8 KiB block of the hobby kernel's `large_vec`: 90
     /// instructions page by page, ~20 so).
     fn find_to_grow(&self, nr_pages: usize) -> Option<usize> {
-        let (end, start) = self.highest_free_run();
+        let mut index = self.nr_pages.div_ceil(64);
+        // The end: past the highest free page (the bits past `nr_pages`
+        // are set, so the top word reads as used there).
+        let end = loop {
+            if index == 0 {
+                return None;
+            }
+            index -= 1;
+            // SAFETY: index < the words covering nr_pages: in the bitmap.
+            let free = !unsafe { *self.bitmap.add(index) };
+            if free != 0 {
+                break index * 64 + 64 - free.leading_zeros() as usize;
+            }
+        };
+        // The start: past the highest used page below the end (in the
+        // end's word, the bits below it; then whole words down).
+        // SAFETY: as above.
+        let mut used = unsafe { *self.bitmap.add(index) } & (u64::MAX >> (64 - (end - index * 64)));
+        let start = loop {
+            if used != 0 {
+                break index * 64 + 64 - used.leading_zeros() as usize;
+            }
+            if index == 0 {
+                break 0;
+            }
+            index -= 1;
+            // SAFETY: as above.
+            used = unsafe { *self.bitmap.add(index) };
+        };
         if end - start >= nr_pages {
             Some(start + (end - start - nr_pages) / 2)
         } else {

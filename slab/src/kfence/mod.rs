@@ -68,7 +68,7 @@ pub(crate) use self::pool::{PoolState, object_of_page, object_page};
 pub use self::report::{KfenceBug, KfenceReport, KfenceReportDisplay};
 use crate::alloc_tag::AllocTagRef;
 use crate::allocator::Kmem;
-use crate::cache::{HotFlags, KmemCache};
+use crate::cache::{HotFlags, KfenceOwner, KmemCache};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
 use crate::reports::error::ReportName;
@@ -124,17 +124,6 @@ impl<P: Platform> Kmem<P> {
         }
     }
 
-    /// The slow paths' clock check: arm a sample if the interval has
-    /// passed. A load and a test while sampling is off.
-    #[inline]
-    pub(crate) fn kfence_tick(&self) {
-        let interval = self.kfence.interval_ns.load(Ordering::Relaxed);
-        if interval == 0 {
-            return;
-        }
-        self.kfence_tick_due(interval);
-    }
-
     /// The interval has perhaps passed: arm a sample (every cache's
     /// `SAMPLE` bit), unless the cache list is busy (then the next miss
     /// tries again: this runs inside allocations, which may happen under
@@ -163,6 +152,7 @@ impl<P: Platform> Kmem<P> {
     /// cache type-erased, its tag's charge token): the leak scan's entries
     /// for samples, which are in no slab. A snapshot: the pool lock is not
     /// held during the calls.
+    #[cfg(feature = "leak-scan")]
     pub(crate) fn kfence_for_each_sample(
         &self,
         mut f: impl FnMut(usize, usize, usize, Option<AllocTagRef>),
@@ -260,6 +250,78 @@ impl<P: Platform> Kmem<P> {
         }
     }
 
+    /// `kmem whatis` of a pool address: the allocated sample whose page
+    /// holds `addr` (the canary around it shows as its redzone; `slab` is
+    /// 0). `None` for guard pages and free slots.
+    pub(crate) fn kfence_whatis(&self, addr: usize) -> Option<crate::verify::WhatIs<P>> {
+        let object = self.kfence_object(addr)?;
+        let pool = self.kfence.pool.load(Ordering::Acquire);
+        if object.state != KfenceState::Allocated
+            || object_of_page((addr - pool) / PAGE_SIZE) != Some(object.index)
+        {
+            return None;
+        }
+        // SAFETY: the cache of an allocated sample: alive.
+        let cache: &'static KmemCache<P> = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
+        let inside = (object.addr..object.addr + object.size).contains(&addr);
+        Some(crate::verify::WhatIs {
+            addr,
+            cache,
+            object: object.addr,
+            offset: addr.wrapping_sub(object.addr),
+            region: if inside {
+                crate::verify::ObjectRegion::Object
+            } else {
+                crate::verify::ObjectRegion::Redzone
+            },
+            slab: 0,
+            allocated: true,
+            resting: "kfence pool",
+            last_alloc: None,
+            last_free: None,
+        })
+    }
+
+    /// The usable size of a sampled object at `addr` (`None`: not the start
+    /// of an allocated pool object).
+    pub(crate) fn kfence_ksize(&self, addr: usize) -> Option<usize> {
+        let object = self.kfence_object(addr)?;
+        (object.state == KfenceState::Allocated && object.addr == addr).then_some(object.size)
+    }
+
+    /// Count and hand a report to the hook.
+    fn kfence_report(&self, report: KfenceReport) {
+        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
+        // Interrupts off while the hook's lock is held: a free in an
+        // interrupt handler on this CPU may report too.
+        let hook = {
+            let _irq = IrqGuard::<P>::new();
+            *self.kfence.hook.lock::<P>()
+        };
+        if let Some(hook) = hook {
+            hook(&report);
+        }
+    }
+
+    fn kfence_report_counted(&self) {
+        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The hooks a cache reaches KFENCE by (its owner's pool, handed down:
+/// [`KfenceOwner`], a part of `CacheOwner`); `kfree` calls them too.
+impl<P: Platform> KfenceOwner<P> for Kmem<P> {
+    /// The slow paths' clock check: arm a sample if the interval has
+    /// passed. A load and a test while sampling is off.
+    #[inline]
+    fn kfence_tick(&self) {
+        let interval = self.kfence.interval_ns.load(Ordering::Relaxed);
+        if interval == 0 {
+            return;
+        }
+        self.kfence_tick_due(interval);
+    }
+
     /// Serve a sampled allocation of `cache` (`size` bytes, 0: the
     /// object size): `None` if the cache is not eligible, the sample was
     /// taken by another allocation, or the pool is full. Clears the
@@ -267,11 +329,11 @@ impl<P: Platform> Kmem<P> {
     /// and counted in the cache's statistics as its other objects are.
     #[cold]
     #[inline(never)]
-    pub(crate) fn kfence_alloc(
+    fn kfence_alloc(
         &self,
         cache: &KmemCache<P>,
         size: usize,
-        tag: impl Fn() -> Option<AllocTagRef>,
+        tag: &dyn Fn() -> Option<AllocTagRef>,
     ) -> Option<NonNull<u8>> {
         // This CPU's per-CPU cache held throughout, to count the sample:
         // if a hit this interrupted holds it, no sample now (the bit
@@ -369,45 +431,6 @@ impl<P: Platform> Kmem<P> {
         Some(obj)
     }
 
-    /// `kmem whatis` of a pool address: the allocated sample whose page
-    /// holds `addr` (the canary around it shows as its redzone; `slab` is
-    /// 0). `None` for guard pages and free slots.
-    pub(crate) fn kfence_whatis(&self, addr: usize) -> Option<crate::verify::WhatIs<P>> {
-        let object = self.kfence_object(addr)?;
-        let pool = self.kfence.pool.load(Ordering::Acquire);
-        if object.state != KfenceState::Allocated
-            || object_of_page((addr - pool) / PAGE_SIZE) != Some(object.index)
-        {
-            return None;
-        }
-        // SAFETY: the cache of an allocated sample: alive.
-        let cache: &'static KmemCache<P> = unsafe { &*(object.cache_ptr as *const KmemCache<P>) };
-        let inside = (object.addr..object.addr + object.size).contains(&addr);
-        Some(crate::verify::WhatIs {
-            addr,
-            cache,
-            object: object.addr,
-            offset: addr.wrapping_sub(object.addr),
-            region: if inside {
-                crate::verify::ObjectRegion::Object
-            } else {
-                crate::verify::ObjectRegion::Redzone
-            },
-            slab: 0,
-            allocated: true,
-            resting: "kfence pool",
-            last_alloc: None,
-            last_free: None,
-        })
-    }
-
-    /// The usable size of a sampled object at `addr` (`None`: not the start
-    /// of an allocated pool object).
-    pub(crate) fn kfence_ksize(&self, addr: usize) -> Option<usize> {
-        let object = self.kfence_object(addr)?;
-        (object.state == KfenceState::Allocated && object.addr == addr).then_some(object.size)
-    }
-
     /// Free `addr` if it is in the pool (`None`: it is not, nothing done):
     /// a bad free (not an allocated object's start; freed to another
     /// `cache` than its own) is reported and refused; a good one has its
@@ -427,7 +450,7 @@ impl<P: Platform> Kmem<P> {
     /// (`nr_frees_direct`) instead: the same figures.
     #[cold]
     #[inline(never)]
-    pub(crate) fn kfence_free(
+    fn kfence_free(
         &self,
         addr: usize,
         cache: Option<&KmemCache<P>>,
@@ -563,24 +586,6 @@ impl<P: Platform> Kmem<P> {
             );
         }
         Some(Ok(()))
-    }
-
-    /// Count and hand a report to the hook.
-    fn kfence_report(&self, report: KfenceReport) {
-        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
-        // Interrupts off while the hook's lock is held: a free in an
-        // interrupt handler on this CPU may report too.
-        let hook = {
-            let _irq = IrqGuard::<P>::new();
-            *self.kfence.hook.lock::<P>()
-        };
-        if let Some(hook) = hook {
-            hook(&report);
-        }
-    }
-
-    fn kfence_report_counted(&self) {
-        self.kfence.nr_bugs.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -722,13 +727,6 @@ impl<P: Platform> Kfence<'_, P> {
             nr_skipped: self.heap.kfence.nr_skipped.load(Ordering::Relaxed),
             nr_bugs: self.heap.kfence.nr_bugs.load(Ordering::Relaxed),
         }
-    }
-
-    /// Call `f(start, end)` for every allocated sample (a snapshot: the
-    /// pool lock is not held during the calls).
-    pub fn for_each_allocated(&self, mut f: impl FnMut(usize, usize)) {
-        self.heap
-            .kfence_for_each_sample(|start, size, _, _| f(start, start + size));
     }
 
     /// Call `f` with each pool object's metadata, in index order (a copy

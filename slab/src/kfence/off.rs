@@ -4,6 +4,7 @@
 //! not stubbed: their call sites are compiled out with the feature.
 
 use crate::allocator::Kmem;
+use crate::cache::KfenceOwner;
 use crate::platform::Platform;
 
 impl<P: Platform> Kmem<P> {
@@ -12,9 +13,6 @@ impl<P: Platform> Kmem<P> {
     pub(crate) fn kfence_contains(&self, _addr: usize) -> bool {
         false
     }
-
-    #[inline(always)]
-    pub(crate) fn kfence_tick(&self) {}
 
     #[cfg(feature = "leak-scan")]
     #[inline(always)]
@@ -45,4 +43,10 @@ impl<P: Platform> Kmem<P> {
     pub(crate) fn kfence_ksize(&self, _addr: usize) -> Option<usize> {
         None
     }
+}
+
+/// The cache's KFENCE hook: the clock check, empty.
+impl<P: Platform> KfenceOwner<P> for Kmem<P> {
+    #[inline(always)]
+    fn kfence_tick(&self) {}
 }

@@ -441,9 +441,11 @@ fn a_leaked_sample_is_found_by_the_leak_scan() {
     let obj = cache.alloc().unwrap();
     let addr = obj.as_ptr() as usize;
     let mut seen = Vec::new();
-    alloc
-        .kfence()
-        .for_each_allocated(|start, end| seen.push((start, end)));
+    alloc.kfence().for_each_object(|object| {
+        if object.state == KfenceState::Allocated {
+            seen.push((object.addr, object.addr + object.size));
+        }
+    });
     assert_eq!(seen, [(addr, addr + 64)]);
     let mut table: Vec<_> = (0..4096)
         .map(|_| crate::leak_scan::LeakEntry::empty())
@@ -463,9 +465,11 @@ fn a_leaked_sample_is_found_by_the_leak_scan() {
     // SAFETY: allocated above, ours.
     unsafe { cache.free(obj) }.unwrap();
     seen.clear();
-    alloc
-        .kfence()
-        .for_each_allocated(|start, end| seen.push((start, end)));
+    alloc.kfence().for_each_object(|object| {
+        if object.state == KfenceState::Allocated {
+            seen.push((object.addr, object.addr + object.size));
+        }
+    });
     assert!(seen.is_empty());
 }
 
