@@ -234,8 +234,16 @@ impl<P: Platform> Kmem<P> {
         // SAFETY: the GlobalAlloc contract: `new_size`, rounded up to
         // `layout.align()`, does not overflow `isize`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // SAFETY: a valid layout (size 0 gets kmalloc-8).
-        let new = unsafe { self.realloc_alloc(layout, new_layout) };
+        // A growth past a page: [`Self::realloc_alloc_big`], out of line,
+        // so the moves between size classes keep one compare and no
+        // register saves for it.
+        let new = if new_size > PAGE_SIZE {
+            // SAFETY: a valid layout.
+            unsafe { self.realloc_alloc_big(layout, new_layout) }
+        } else {
+            // SAFETY: a valid layout (size 0 gets kmalloc-8).
+            unsafe { self.alloc(new_layout) }
+        };
         if !new.is_null() {
             // SAFETY: located in `cache`, so on a slab page, never null.
             let old = unsafe { NonNull::new_unchecked(ptr) };
@@ -255,34 +263,24 @@ impl<P: Platform> Kmem<P> {
 
     /// The new block of a `realloc` that moves a block of `layout` to
     /// `new_layout`: a growth past a page takes whole pages, where it can
-    /// grow again in place ([`Self::realloc_alloc_big`]): a block grown
-    /// that far is mostly a buffer that keeps growing (a `Vec` doubling),
-    /// and its next growths then copy nothing (a `Vec` pushed to 1 MiB
-    /// copied 8 KiB more when its 4,097..8,192-byte step took a size
-    /// class); anything else is [`GlobalAlloc::alloc`]. Null on error.
-    ///
-    /// # Safety
-    /// As for [`GlobalAlloc::alloc`] of `new_layout`.
-    #[inline(always)]
-    unsafe fn realloc_alloc(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
-        if new_layout.size() > PAGE_SIZE {
-            // SAFETY: per our caller.
-            return unsafe { self.realloc_alloc_big(layout, new_layout) };
-        }
-        // SAFETY: per our caller.
-        unsafe { self.alloc(new_layout) }
-    }
-
-    /// [`Self::realloc_alloc`] past a page, out of line: the moves
-    /// between size classes (`realloc-grow`) then keep one compare and
-    /// no register saves for it (folded into `realloc_alloc`, the row
-    /// was 168.3 -> 174.9 net instructions an operation, `make bench`).
+    /// grow again in place: a block grown that far is mostly a buffer
+    /// that keeps growing (a `Vec` doubling), and its next growths then
+    /// copy nothing (a `Vec` pushed to 1 MiB copied 8 KiB more when its
+    /// 4,097..8,192-byte step took a size class); anything else is
+    /// [`GlobalAlloc::alloc`]. Null on error. Out of line: the moves
+    /// between size classes (`realloc-grow`, [`Self::realloc_move`]) call
+    /// it only past a page and then keep one compare and no register
+    /// saves for it (inline, the row was 168.3 -> 174.9 net instructions
+    /// an operation, `make bench`).
     ///
     /// # Safety
     /// As for [`GlobalAlloc::alloc`] of `new_layout`.
     #[inline(never)]
     unsafe fn realloc_alloc_big(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
-        if new_layout.size() > layout.size() && new_layout.align() <= PAGE_SIZE {
+        if new_layout.size() > PAGE_SIZE
+            && new_layout.size() > layout.size()
+            && new_layout.align() <= PAGE_SIZE
+        {
             return Self::alloc_pages_or_null::<true>(new_layout, self);
         }
         // SAFETY: per our caller.
@@ -322,7 +320,7 @@ impl<P: Platform> Kmem<P> {
         };
         // SAFETY: a valid layout (GlobalAlloc allows size 0 here; kmalloc
         // gets max(size, 1)).
-        let new = unsafe { self.realloc_alloc(layout, new_layout) };
+        let new = unsafe { self.realloc_alloc_big(layout, new_layout) };
         if !new.is_null() && !ptr.is_null() {
             // SAFETY: both blocks are at least min(old, new) bytes and
             // distinct (new is freshly allocated); ptr is given up per the

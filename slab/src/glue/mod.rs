@@ -145,12 +145,8 @@ impl<P: Platform> Heap<P> {
     pub unsafe fn init_region(&'static self, start: usize, len: usize) -> Result<(), AllocError> {
         // SAFETY: per our caller.
         unsafe { self.source.init(start, len)? };
-        self.init_allocator()
-    }
-
-    /// Bring the allocator up on the source just given its region; if it
-    /// refuses, the source forgets the region (so a retry can give one).
-    fn init_allocator(&'static self) -> Result<(), AllocError> {
+        // If the allocator refuses, the source forgets the region (so a
+        // retry can give one).
         self.allocator.init(&self.source).inspect_err(|_| {
             let forgotten = self.source.forget();
             debug_assert!(forgotten, "a refused Kmem::init gives every page back");
@@ -165,8 +161,10 @@ impl<P: Platform> Heap<P> {
     /// and may be retried (with another region: the refused one stays
     /// borrowed, untouched).
     pub fn init_static(&'static self, region: &'static mut [u8]) -> Result<(), AllocError> {
-        self.source.init_static(region)?;
-        self.init_allocator()
+        let range = region.as_mut_ptr_range();
+        // SAFETY: a `'static mut` slice: mapped, readable and writable,
+        // and exclusively ours for the rest of the program.
+        unsafe { self.init_region(range.start as usize, region.len()) }
     }
 
     /// The page source.
