@@ -5,7 +5,6 @@
 use core::ptr::NonNull;
 
 use super::{BootCache, Kmem};
-use crate::alloc_tag::AllocTagRef;
 use crate::cache::{CacheOwner, KmemCache, OwnerCache};
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::KmemtraceState;
@@ -127,25 +126,19 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
         Kmem::unlink_cache(self, cache);
     }
 
-    /// The first allocation of an unborn class, reached through `stub`
-    /// (`cache/hooks.rs`): create the class, allocate from it.
+    /// The class an unborn class's `stub` stands for (`cache/alloc.rs`,
+    /// its first allocation), created now.
     #[cold]
     #[inline(never)]
-    fn kmalloc_unborn(
+    fn unborn_class(
         &self,
         stub: &KmemCache<P>,
-        tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError> {
+    ) -> Result<&KmemCache<P>, AllocError> {
         // The stub's object size is the natural alignment it stands for.
-        let align = stub.params.obj_size;
-        match Self::kmalloc_index(bytes_req, align) {
-            Some(index) => self.kmalloc_class(index).and_then(|cache| {
-                // SAFETY: a reference: a live cache.
-                unsafe { KmemCache::alloc_at(cache, tag, bytes_req) }
-            }),
-            None => Err(AllocError::InvalidLayout),
-        }
+        let index = Self::kmalloc_index(bytes_req, stub.params.obj_size)
+            .ok_or(AllocError::InvalidLayout)?;
+        self.kmalloc_class(index)
     }
 
     fn kmemtrace_recorder(&self) -> &KmemtraceState {

@@ -221,7 +221,9 @@ impl<P: Platform> KmemCache<P> {
             }
             // SAFETY: per our caller, not the unready entry: a live stub.
             let stub = unsafe { &*this };
-            return stub.owner().kmalloc_unborn(stub, tag, bytes_req);
+            let class = stub.owner().unborn_class(stub, bytes_req)?;
+            // SAFETY: a reference: a live cache.
+            return unsafe { Self::alloc_at(class, tag, bytes_req) };
         }
         // SAFETY: not the unready entry (its word has `UNBORN`): a cache.
         let this = unsafe { &*this };

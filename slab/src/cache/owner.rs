@@ -8,6 +8,7 @@
 use core::ptr::NonNull;
 
 use super::KmemCache;
+#[cfg(feature = "kfence")]
 use crate::alloc_tag::AllocTagRef;
 use crate::error::{AllocError, FreeError};
 use crate::kmemtrace::KmemtraceState;
@@ -62,14 +63,18 @@ pub(crate) unsafe trait CacheOwner<P: Platform>: Sync + KfenceOwner<P> {
     fn count_tag_array_miss(&self);
     /// Take `cache` off the owner's cache list (`destroy`).
     fn unlink_cache(&self, cache: &KmemCache<P>);
-    /// The first allocation of an unborn size class through its `stub`:
-    /// create the class, allocate from it.
-    fn kmalloc_unborn(
+    /// The size class an unborn class's `stub` stands for, for a first
+    /// allocation of `bytes_req` bytes: created now (the cache then
+    /// allocates from it, `cache/alloc.rs`).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidLayout`] if no class serves `bytes_req` bytes
+    /// at the stub's alignment; as for creating the class.
+    fn unborn_class(
         &self,
         stub: &KmemCache<P>,
-        tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
-    ) -> Result<NonNull<u8>, AllocError>;
+    ) -> Result<&KmemCache<P>, AllocError>;
     /// kmemtrace: the recorder (its per-CPU rings), which a cache keeps
     /// from its creation and writes its events into.
     fn kmemtrace_recorder(&self) -> &KmemtraceState;
