@@ -14,6 +14,7 @@ ROOT is the repository (default: the one holding this script).
 """
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ def names(text):
 
 
 def main(argv):
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends quietly
     verbose = "-v" in argv
     args = [a for a in argv if a != "-v"]
     root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
