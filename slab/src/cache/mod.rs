@@ -33,8 +33,8 @@
 //!     recording: free_recorded; else free_hooked: free_hook, hit or
 //!     miss, the event
 //!  (anything the page map does not vouch for: free_unlocated /
-//!   kfree_slow, with the error reports; page-granular kfree:
-//!   allocator/kmalloc.rs)
+//!   kfree_slow, with the error reports and the page-granular kfree:
+//!   allocator/large.rs)
 //! ```
 //!
 //! **Source calls on a plain hit** (all inlined; the platform's
