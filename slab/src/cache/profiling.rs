@@ -6,11 +6,11 @@ use core::ptr;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
-use super::{HotFlags, KmemCache, OwnerCache};
-use crate::alloc_tag::{AllocTagRef, TAG_REF_BYTES, no_tags};
+use super::{HotFlags, KmemCache};
+use crate::alloc_tag::{AllocTagRef, no_tags};
 use crate::layout::geometry::SlabKind;
 use crate::platform::{PAGE_SIZE, Platform};
-use crate::slab::{Slab, small_header};
+use crate::slab::{Metadata, Slab, SlabOwner, small_header};
 
 impl<P: Platform> KmemCache<P> {
     /// The post-alloc hook of profiling (`PROFILING` on, `tag` the
@@ -129,13 +129,6 @@ impl<P: Platform> KmemCache<P> {
         unsafe { tags.add(index).write(Some(tag)) };
     }
 
-    /// The bytes of this cache's side arrays: one tag reference per
-    /// object of a slab (the owner's `kmem_tags_<bytes>` cache that
-    /// holds them: [`OwnerCache::TagArray`]).
-    fn tag_array_bytes(&self) -> usize {
-        self.params.nr_objs_per_slab * TAG_REF_BYTES
-    }
-
     /// Give `slab` its side array (Linux `alloc_slab_obj_exts`): allocate
     /// one, zeroed (every object `None`), from the side-array cache and
     /// install it with a compare-exchange; if another CPU installed one
@@ -152,10 +145,8 @@ impl<P: Platform> KmemCache<P> {
         reason = "kmem_tags_<bytes> objects are 8-aligned (bootstrap geometry)"
     )]
     pub(crate) unsafe fn install_tag_array(&self, slab: *mut Slab) -> *mut Option<AllocTagRef> {
-        let cache = self
-            .owner()
-            .cache(OwnerCache::TagArray(self.tag_array_bytes()));
-        let Ok(new) = cache.slab_alloc_raw() else {
+        let which = Metadata::tag_array(&self.params);
+        let Ok(new) = self.alloc_metadata(which) else {
             self.owner().count_tag_array_miss();
             return ptr::null_mut();
         };
@@ -174,27 +165,10 @@ impl<P: Platform> KmemCache<P> {
             Ok(_) => new,
             Err(winner) => {
                 // SAFETY: our fresh object, never published.
-                unsafe { cache.slab_free_objects(&[new.cast()]) };
+                unsafe { self.free_metadata(which, new.cast()) };
                 winner
             }
         }
-    }
-
-    /// Free a destroyed slab's side array (nothing for [`no_tags`]).
-    ///
-    /// # Safety
-    /// `tags` is [`no_tags`] or the side array of a slab of this cache
-    /// that is being destroyed (no busy object, nobody else uses it).
-    pub(crate) unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>) {
-        if tags == no_tags() {
-            return;
-        }
-        let cache = self
-            .owner()
-            .cache(OwnerCache::TagArray(self.tag_array_bytes()));
-        // SAFETY: per the caller, an object of that side-array cache
-        // (installed by install_tag_array), no longer used.
-        unsafe { cache.slab_free_objects(&[tags.cast()]) };
     }
 
     /// A busy small-slab object's tag reference (tests).

@@ -8,13 +8,11 @@ use core::sync::atomic::Ordering;
 
 use super::double_free::KeyPlace;
 use super::{KmemCache, OwnerCache};
-#[cfg(feature = "alloc-profiling")]
-use crate::alloc_tag::AllocTagRef;
 use crate::constructor::{ObjectInit, ObjectRef};
 use crate::error::AllocError;
 use crate::layout::geometry::SlabKind;
 use crate::magazine::{
-    MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, Magazine, PcpuSynced, no_magazine, refill_magtype, rounds_of,
+    MAG_MAX_ROUNDS, MAGAZINE_ROUNDS, Magazine, PcpuSynced, no_magazine, rounds_of,
 };
 use crate::platform::Platform;
 use crate::platform::{PAGE_SIZE, PageSource};
@@ -157,7 +155,7 @@ impl<P: Platform> KmemCache<P> {
     /// The type: the depot's once a free has made a magazine for the
     /// cache (its objects come back: a small magazine would only add
     /// misses, the stress replay's +6 Ir/op); before that
-    /// ([`refill_magtype`]) a cache only allocated from holds one
+    /// (`refill_magtype`) a cache only allocated from holds one
     /// 14-round magazine (128 B), made on its first batch, where a
     /// magazine of the depot's type (496 B for a small object) would
     /// cost every cold copy of a partitioned class as much
@@ -167,11 +165,7 @@ impl<P: Platform> KmemCache<P> {
     /// when no magazine can be had.
     fn refill_room(&self, nr_rounds: usize) -> usize {
         let (room, capacity) = self.loaded_room();
-        let magtype = if self.depot.freed() {
-            self.depot.magtype()
-        } else {
-            refill_magtype(self.depot.magtype())
-        };
+        let magtype = self.depot.new_magtype(false);
         if room >= nr_rounds || capacity >= MAGAZINE_ROUNDS[magtype] {
             return room;
         }
@@ -375,12 +369,6 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
         // SAFETY: per our caller.
         unsafe { self.debug_verify_object(layout, addr, slab as usize, true) }
     }
-
-    #[cfg(feature = "alloc-profiling")]
-    unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>) {
-        // SAFETY: per our caller.
-        unsafe { KmemCache::free_tag_array(self, tags) }
-    }
 }
 
 /// The bootstrap cache of a kind of slab metadata.
@@ -390,5 +378,7 @@ fn owner_cache(which: Metadata) -> OwnerCache {
         Metadata::Bufctl => OwnerCache::Bufctl,
         #[cfg(feature = "trace-table")]
         Metadata::TraceRecord => OwnerCache::Trace,
+        #[cfg(feature = "alloc-profiling")]
+        Metadata::TagArray(bytes) => OwnerCache::TagArray(bytes),
     }
 }

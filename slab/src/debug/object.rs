@@ -395,7 +395,8 @@ fn write_audit(slot: &mut [u8], at: usize, record: &AuditRecord) {
 impl<P: Platform> KmemCache<P> {
     /// The post-alloc hook of a debug cache (`cache/hooks.rs`,
     /// `post_alloc_hook`): check the free object being handed to a
-    /// caller (state, poison, redzones: [`Self::debug_check_free_slot`])
+    /// caller (state, poison, redzones: [`Self::debug_check_slot`] as for
+    /// a free object)
     /// and mark it allocated: state, requested size, audit alloc record,
     /// `0xbaddcafe` fill, the redzone from the requested size. Always
     /// completes the hand-over (an object found corrupted is repaired:
@@ -414,7 +415,7 @@ impl<P: Platform> KmemCache<P> {
         // SAFETY: just taken from our magazines or slab layer: ours until
         // returned (its stride holds the debug slot).
         let slot = unsafe { self.debug_slot(layout, addr) };
-        let report = self.debug_check_free_slot(layout, slot, addr, 0);
+        let (_, report) = self.debug_check_slot(layout, slot, addr, 0, true);
         layout.set_state(slot, addr, STATE_ALLOCATED);
         // "Allocated" before the 0xbaddcafe fill (see the free hook).
         fence(Ordering::Release);
@@ -613,43 +614,6 @@ impl<P: Platform> KmemCache<P> {
         report
     }
 
-    /// The checks of an object that should be free (in a magazine, the
-    /// depot or its slab): state, poison, redzone. The first problem found.
-    pub(crate) fn debug_check_free_slot(
-        &self,
-        layout: &DebugLayout,
-        slot: &[u8],
-        addr: usize,
-        slab: usize,
-    ) -> Option<ErrorReport> {
-        let (kind, mismatch) = match layout.object_state(slot, addr) {
-            ObjectState::Free => match layout.poison.then(|| layout.check_poison(slot)).flatten() {
-                Some(mismatch) => (ErrorKind::ModifiedAfterFree, mismatch),
-                None => (
-                    ErrorKind::RedzoneViolation,
-                    layout
-                        .check_redzone(slot, layout.obj_size)
-                        // SAFETY: the slot is the caller's (see `debug_slot`),
-                        // and so are the left redzone's bytes before it.
-                        .or_else(|| unsafe { self.check_left_redzone(layout, addr) })?,
-                ),
-            },
-            // Allocated (a free object must not say so) or overwritten.
-            state => (
-                ErrorKind::BadState,
-                Mismatch {
-                    offset: layout.state_offset,
-                    expected: addr as u64 ^ STATE_FREE,
-                    found: match state {
-                        ObjectState::Corrupt(word) => word,
-                        _ => addr as u64 ^ STATE_ALLOCATED,
-                    },
-                },
-            ),
-        };
-        Some(self.debug_report(layout, slot, kind, addr, slab, Some(mismatch)))
-    }
-
     /// The report of a redzone violation (right or left) of the object at
     /// `addr`.
     fn redzone_report(
@@ -730,8 +694,10 @@ impl<P: Platform> KmemCache<P> {
         }
     }
 
-    /// One look at a debug object for `verify`: its state, and the problem
-    /// seen (as [`Self::debug_verify_object`]).
+    /// One look at a debug object: its state, and the problem seen (as
+    /// [`Self::debug_verify_object`]; `free_in_slab`: it should be free,
+    /// as an object on its slab's free list, or one being handed out by
+    /// [`Self::debug_alloc_hook`]).
     fn debug_check_slot(
         &self,
         layout: &DebugLayout,
@@ -744,7 +710,38 @@ impl<P: Platform> KmemCache<P> {
         // The state before the contents it vouches for (the hooks' fences).
         fence(Ordering::Acquire);
         let report = if free_in_slab || state == ObjectState::Free {
-            self.debug_check_free_slot(layout, slot, addr, slab)
+            // An object that should be free (on its slab's free list, or
+            // being handed out from a magazine or the slab layer): state,
+            // poison, redzones; the first problem found.
+            let found = match state {
+                ObjectState::Free => {
+                    match layout.poison.then(|| layout.check_poison(slot)).flatten() {
+                        Some(mismatch) => Some((ErrorKind::ModifiedAfterFree, mismatch)),
+                        None => layout
+                            .check_redzone(slot, layout.obj_size)
+                            // SAFETY: the slot is the caller's (see
+                            // `debug_slot`), and so are the left redzone's
+                            // bytes before it.
+                            .or_else(|| unsafe { self.check_left_redzone(layout, addr) })
+                            .map(|mismatch| (ErrorKind::RedzoneViolation, mismatch)),
+                    }
+                }
+                // Allocated (a free object must not say so) or overwritten.
+                state => Some((
+                    ErrorKind::BadState,
+                    Mismatch {
+                        offset: layout.state_offset,
+                        expected: addr as u64 ^ STATE_FREE,
+                        found: match state {
+                            ObjectState::Corrupt(word) => word,
+                            _ => addr as u64 ^ STATE_ALLOCATED,
+                        },
+                    },
+                )),
+            };
+            found.map(|(kind, mismatch)| {
+                self.debug_report(layout, slot, kind, addr, slab, Some(mismatch))
+            })
         } else if let ObjectState::Corrupt(word) = state {
             Some(self.bad_state_report(layout, slot, addr, slab, word))
         } else {

@@ -57,11 +57,12 @@ pub(super) fn allocate_rings(
     let array_pages = (nr_subbufs * core::mem::size_of::<usize>()).div_ceil(PAGE_SIZE);
     let rings = source.alloc_pages(ring_pages).map_err(|_| oom)?;
     let rings = rings.cast::<CpuRing>();
-    let mut done = 0;
-    let mut failed = false;
+    // Where a refusal stopped: the CPU, its array if it has one, and how
+    // many sub-buffers it holds.
+    let mut refused = None;
     'cpus: for cpu in 0..nr_cpus {
         let Ok(array) = source.alloc_pages(array_pages) else {
-            failed = true;
+            refused = Some((cpu, None, 0));
             break;
         };
         let array = array.as_ptr().cast::<*mut KmemtraceEvent>();
@@ -70,10 +71,7 @@ pub(super) fn allocate_rings(
                 // SAFETY: index < nr_subbufs, inside the array's pages.
                 Ok(subbuf) => unsafe { *array.add(index) = subbuf.as_ptr().cast() },
                 Err(_) => {
-                    // SAFETY: the first `index` sub-buffers and the array
-                    // are ours, unused.
-                    unsafe { free_subbufs(source, array, index, array_pages) };
-                    failed = true;
+                    refused = Some((cpu, Some(array), index));
                     break 'cpus;
                 }
             }
@@ -91,39 +89,28 @@ pub(super) fn allocate_rings(
                 nr_overruns: AtomicU64::new(0),
             })
         };
-        done = cpu + 1;
     }
-    if failed {
-        for cpu in 0..done {
-            // SAFETY: CPU `cpu`'s ring is complete and unused.
-            unsafe {
-                let ring = &*rings.as_ptr().add(cpu);
-                free_subbufs(source, ring.subbufs, nr_subbufs, array_pages);
-            }
-        }
-        // SAFETY: from alloc_pages(ring_pages) above, unused.
-        unsafe { source.free_pages(rings.cast(), ring_pages) };
-        return Err(oom);
-    }
-    Ok(rings)
-}
-
-/// # Safety
-/// `array` (from `alloc_pages(array_pages)`) holds `nr` sub-buffers from
-/// `alloc_pages(SUBBUF_PAGES)`; none is used afterwards.
-unsafe fn free_subbufs(
-    source: &dyn PageSource,
-    array: *mut *mut KmemtraceEvent,
-    nr: usize,
-    array_pages: usize,
-) {
-    for index in 0..nr {
-        // SAFETY: per our caller.
+    let Some((refused_cpu, partial, nr_partial)) = refused else {
+        return Ok(rings);
+    };
+    // All or nothing: the complete rings' arrays and sub-buffers, then
+    // the refused CPU's, then the descriptors go back.
+    let complete = (0..refused_cpu).map(|cpu| {
+        // SAFETY: CPU `cpu`'s ring is complete (written above) and unused.
+        (unsafe { (*rings.as_ptr().add(cpu)).subbufs }, nr_subbufs)
+    });
+    for (array, nr) in complete.chain(partial.map(|array| (array, nr_partial))) {
+        // SAFETY: `array` came from `alloc_pages(array_pages)` and holds
+        // `nr` sub-buffers from `alloc_pages(SUBBUF_PAGES)`, all unused.
         unsafe {
-            let subbuf = NonNull::new_unchecked((*array.add(index)).cast::<u8>());
-            source.free_pages(subbuf, SUBBUF_PAGES);
+            for index in 0..nr {
+                let subbuf = NonNull::new_unchecked((*array.add(index)).cast::<u8>());
+                source.free_pages(subbuf, SUBBUF_PAGES);
+            }
+            source.free_pages(NonNull::new_unchecked(array.cast()), array_pages);
         }
     }
-    // SAFETY: per our caller.
-    unsafe { source.free_pages(NonNull::new_unchecked(array.cast()), array_pages) };
+    // SAFETY: from alloc_pages(ring_pages) above, unused.
+    unsafe { source.free_pages(rings.cast(), ring_pages) };
+    Err(oom)
 }

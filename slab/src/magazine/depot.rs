@@ -63,7 +63,7 @@ pub(crate) struct Depot<P: Platform> {
     /// that makes a new magazine (a stale value makes a magazine the
     /// depot frees when it next pops it); and in its top bit
     /// ([`FREED`]), whether a free ever had to make a magazine for this
-    /// cache ([`Depot::note_free_magazine`]). Changed under the depot lock
+    /// cache ([`Depot::new_magtype`]). Changed under the depot lock
     /// only, the bit by `fetch_or` (one word: the cache keeps its 15
     /// lines).
     magtype: AtomicUsize,
@@ -141,11 +141,21 @@ impl<P: Platform> Depot<P> {
         self.magtype.load(Ordering::Relaxed) & !FREED
     }
 
-    /// Note that a free made a magazine for this cache (its objects come
-    /// back to it; see [`FREED`]).
-    pub(crate) fn note_free_magazine(&self) {
-        if !self.freed() {
+    /// The type of a new magazine: for a free (`for_free`), the depot's,
+    /// and the cache is noted as one whose objects come back ([`FREED`]);
+    /// for a refill, the depot's once a free has made one, else at most
+    /// [`REFILL_MAX_MAGTYPE`](super::REFILL_MAX_MAGTYPE) rounds
+    /// ([`refill_magtype`](super::refill_magtype)). Read without the lock.
+    pub(crate) fn new_magtype(&self, for_free: bool) -> usize {
+        let word = self.magtype.load(Ordering::Relaxed);
+        let magtype = word & !FREED;
+        if word & FREED != 0 {
+            magtype
+        } else if for_free {
             self.magtype.fetch_or(FREED, Ordering::Relaxed);
+            magtype
+        } else {
+            super::refill_magtype(magtype)
         }
     }
 

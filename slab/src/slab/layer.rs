@@ -12,8 +12,6 @@ use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering;
 
 use super::{Bufctl, BufctlState, SLAB_MAGIC, Slab, SlabList, SlabLists, slab_base, small_header};
-#[cfg(feature = "alloc-profiling")]
-use crate::alloc_tag::AllocTagRef;
 use crate::constructor::{Ctor, Dtor};
 use crate::error::AllocError;
 use crate::layout::freelist::{BadLink, FreeList};
@@ -107,11 +105,25 @@ pub(crate) enum Metadata {
     /// for its `TraceNode`).
     #[cfg(feature = "trace-table")]
     TraceRecord,
+    /// A small slab's tag side array (`alloc-profiling`): one
+    /// `Option<AllocTagRef>` per object, this many bytes (a
+    /// `kmem_tags_<bytes>` object, the smallest that holds them).
+    #[cfg(feature = "alloc-profiling")]
+    TagArray(usize),
+}
+
+impl Metadata {
+    /// The side array of a slab of `params` ([`Metadata::TagArray`]).
+    #[cfg(feature = "alloc-profiling")]
+    pub(crate) fn tag_array(params: &SlabParams) -> Metadata {
+        Metadata::TagArray(params.nr_objs_per_slab * crate::alloc_tag::TAG_REF_BYTES)
+    }
 }
 
 /// What the slab layer needs from the cache it serves, beside its
-/// [`SlabParams`]: its identity, the error sink, the bootstrap caches and
-/// the debug hooks (the trace table asks the same of its cache, and the
+/// [`SlabParams`]: its identity, the error sink, the bootstrap caches
+/// (every kind of [`Metadata`], the tag side arrays among them) and the
+/// debug hooks (the trace table asks the same of its cache, and the
 /// object size: `TraceOwner`). The cache implements it (`cache/slab_layer.rs`), so
 /// this layer never names the cache. Every call is made with no slab lock
 /// held.
@@ -157,13 +169,6 @@ pub(crate) trait SlabOwner {
     /// # Safety
     /// `addr` is an object of `slab`, a detached empty slab of this cache.
     unsafe fn debug_verify_free_object(&self, addr: usize, slab: *mut Slab) -> Option<ErrorReport>;
-    /// Free a slab's tag side array (`alloc-profiling`).
-    ///
-    /// # Safety
-    /// `tags` is the side array of a slab being destroyed, with no busy
-    /// object (or the shared empty one).
-    #[cfg(feature = "alloc-profiling")]
-    unsafe fn free_tag_array(&self, tags: *mut Option<AllocTagRef>);
 }
 
 /// A cache's slab layer: its slab lists behind a spin
@@ -509,9 +514,15 @@ impl<P: Platform> SlabLayer<P> {
                 params.page_map.clear_range(base, nr_pages);
             }
             (*slab).magic = 0;
-            // No busy object, so nobody installs a side array meanwhile.
+            // No busy object, so nobody installs a side array meanwhile
+            // (the cache's `install_tag_array`, a `Metadata::TagArray`).
             #[cfg(feature = "alloc-profiling")]
-            owner.free_tag_array((*slab).tags.load(Ordering::Acquire));
+            {
+                let tags = (*slab).tags.load(Ordering::Acquire);
+                if tags != crate::alloc_tag::no_tags() {
+                    owner.free_metadata(Metadata::tag_array(params), tags.cast());
+                }
+            }
             if params.kind == SlabKind::Small && params.header_off_slab {
                 owner.free_metadata(Metadata::Slab, slab.cast());
             }
