@@ -138,7 +138,8 @@
 //!    come back; bufctl states change here too. It is handed its parameters
 //!    (`&SlabParams`: geometry, page source, constructor) and calls back
 //!    through a small trait (`SlabOwner`: the error sink, the bootstrap
-//!    metadata, the debug hooks), never the cache itself.
+//!    caches its metadata comes from, the debug hooks), never the cache
+//!    itself.
 //! 6. **Layout** (`layout/`): slab geometry, the hardened free list, the
 //!    address hash, the page map and its typed entry (`PageEntry`); it
 //!    imports nothing above it.
@@ -503,7 +504,7 @@
 //! **Why does the slab layer not take the cache?** So that it can be read
 //! (and tested) alone, and so that no lower layer reaches back up: it is
 //! given its `SlabParams` and a `SlabOwner` (an error sink, the bootstrap
-//! metadata, the debug hooks) that the cache implements, as Asterinas'
+//! caches of its metadata, the debug hooks) that the cache implements, as Asterinas'
 //! slab knows only its slot size. The cache keeps the one copy of its
 //! `SlabParams` (`repr(C)`, the fields the hits read first) right after
 //! its own hot fields and passes `&self.params` down on every call, so

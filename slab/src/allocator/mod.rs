@@ -632,9 +632,7 @@ impl<P: Platform> Kmem<P> {
         let nr_cpus = unsafe { *self.nr_cpus.get() };
         // One kmem_cache object: the struct, then its per-CPU array at
         // PCPU_OFFSET (where the hits compute it).
-        let mem = self
-            .boot(BootCache::Cache)
-            .slab_alloc_raw()?
+        let mem = crate::slab::SlabLayer::alloc(self.boot(BootCache::Cache))?
             .as_ptr()
             .cast::<KmemCache<P>>();
         let pcpu = mem

@@ -13,6 +13,7 @@ use crate::magazine::{
     rounds_of,
 };
 use crate::platform::Platform;
+use crate::slab::SlabLayer;
 use crate::sync::{IrqGuard, LocalLocked};
 
 /// This CPU's per-CPU cache, held through its in-use flag.
@@ -125,10 +126,7 @@ impl<P: Platform> KmemCache<P> {
     /// [`MAGAZINE_ROUNDS`]), from its `kmem_magazine_<rounds>` bootstrap
     /// cache.
     pub(crate) fn new_magazine_of(&self, magtype: usize) -> Result<*mut Magazine, AllocError> {
-        let mem = self
-            .owner()
-            .cache(OwnerCache::Magazine(magtype))
-            .slab_alloc_raw()?;
+        let mem = SlabLayer::alloc(self.owner().cache(OwnerCache::Magazine(magtype)))?;
         // SAFETY: a fresh object of the magazine type's cache:
         // magazine_bytes(capacity) bytes, 8-aligned, ours.
         Ok(unsafe { Magazine::init(mem, MAGAZINE_ROUNDS[magtype]) })

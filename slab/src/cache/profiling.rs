@@ -10,7 +10,7 @@ use super::{HotFlags, KmemCache};
 use crate::alloc_tag::{AllocTagRef, no_tags};
 use crate::layout::geometry::SlabKind;
 use crate::platform::{PAGE_SIZE, Platform};
-use crate::slab::{Metadata, Slab, SlabOwner, small_header};
+use crate::slab::{Metadata, Slab, SlabLayer, SlabOwner, small_header};
 
 impl<P: Platform> KmemCache<P> {
     /// The post-alloc hook of profiling (`PROFILING` on, `tag` the
@@ -145,8 +145,8 @@ impl<P: Platform> KmemCache<P> {
         reason = "kmem_tags_<bytes> objects are 8-aligned (bootstrap geometry)"
     )]
     pub(crate) unsafe fn install_tag_array(&self, slab: *mut Slab) -> *mut Option<AllocTagRef> {
-        let which = Metadata::tag_array(&self.params);
-        let Ok(new) = self.alloc_metadata(which) else {
+        let arrays = self.metadata(Metadata::tag_array(&self.params));
+        let Ok(new) = SlabLayer::alloc(arrays) else {
             self.owner().count_tag_array_miss();
             return ptr::null_mut();
         };
@@ -165,7 +165,7 @@ impl<P: Platform> KmemCache<P> {
             Ok(_) => new,
             Err(winner) => {
                 // SAFETY: our fresh object, never published.
-                unsafe { self.free_metadata(which, new.cast()) };
+                unsafe { SlabLayer::free_objects(arrays, &[new.cast()]) };
                 winner
             }
         }

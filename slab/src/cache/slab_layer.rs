@@ -17,7 +17,7 @@ use crate::magazine::{
 use crate::platform::Platform;
 use crate::platform::{PAGE_SIZE, PageSource};
 use crate::reports::error::ErrorReport;
-use crate::slab::{Metadata, Slab, SlabOwner};
+use crate::slab::{Metadata, Slab, SlabLayer, SlabOwner, SlabParams};
 use crate::sync::IrqGuard;
 
 /// A refill's batch may reach this many objects even where a page holds
@@ -36,18 +36,6 @@ const MAX_REFILL_BATCH: usize = MAG_MAX_ROUNDS / 2 + 1;
 
 /// The slab layer's entry points used by the rest of the crate.
 impl<P: Platform> KmemCache<P> {
-    /// One object from the slab layer, not constructed and not counted
-    /// (the bootstrap caches' metadata, magazines, tag arrays, trace
-    /// records, cache structs; [`SlabLayer::alloc_batch`] of one).
-    ///
-    /// # Errors
-    /// As for [`SlabLayer::alloc_batch`].
-    pub(crate) fn slab_alloc_raw(&self) -> Result<NonNull<u8>, AllocError> {
-        let mut obj = [ptr::null_mut(); 1];
-        self.slab.alloc_batch(&self.params, self, &mut obj)?;
-        NonNull::new(obj[0]).ok_or(AllocError::OutOfMemory)
-    }
-
     /// The alloc miss's trip to the slab layer (`loaded`, `prev` and the
     /// depot had no round): one object for the caller and, taken in the
     /// same pass under one slab lock, up to a magazine's worth more for
@@ -70,7 +58,7 @@ impl<P: Platform> KmemCache<P> {
             // One object, constructed here (the slab layer hands out raw
             // objects), and given back unconstructed if the constructor
             // refuses.
-            let obj = self.slab_alloc_raw()?;
+            let obj = SlabLayer::alloc(self)?;
             if let Some(ctor) = self.params.ctor
                 // SAFETY: a fresh object of our slab layer: obj_size
                 // bytes, 8-aligned (every stride is a multiple of 8 and
@@ -79,16 +67,14 @@ impl<P: Platform> KmemCache<P> {
             {
                 // SAFETY: obj came from our slab layer just now,
                 // unconstructed: no destructor to run.
-                unsafe { self.slab.free_objects(&self.params, self, &[obj.as_ptr()]) };
+                unsafe { SlabLayer::free_objects(self, &[obj.as_ptr()]) };
                 return Err(AllocError::ConstructorFailed);
             }
             self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
             return Ok(obj);
         }
         let mut batch = [ptr::null_mut(); MAX_REFILL_BATCH];
-        let nr = self
-            .slab
-            .alloc_batch(&self.params, self, &mut batch[..nr_wanted])?;
+        let nr = SlabLayer::alloc_batch(self, &mut batch[..nr_wanted])?;
         let (&first, rounds) = batch[..nr].split_first().ok_or(AllocError::OutOfMemory)?;
         if self.kind == SlabKind::Bufctl {
             // A bufctl slab never touches its objects: the rounds get
@@ -278,8 +264,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// Destruct `objs` (the cache's destructor, if any) and return them
     /// to the slab layer ([`SlabLayer::free_objects`]: one lock
-    /// acquisition). Also how [`Self::slab_alloc_raw`]'s objects go back
-    /// (a bootstrap cache: no destructor, so straight to the layer).
+    /// acquisition).
     ///
     /// # Safety
     /// As [`SlabLayer::free_objects`]; the objects are constructed.
@@ -297,12 +282,12 @@ impl<P: Platform> KmemCache<P> {
             }
         }
         // SAFETY: per the caller, destructed now.
-        unsafe { self.slab.free_objects(&self.params, self, objs) }
+        unsafe { SlabLayer::free_objects(self, objs) }
     }
 
     /// [`SlabLayer::reap`].
     pub(crate) fn reap_slabs(&self) -> usize {
-        self.slab.reap(&self.params, self)
+        SlabLayer::reap(self)
     }
 
     /// [`SlabLayer::discard_all`].
@@ -311,7 +296,7 @@ impl<P: Platform> KmemCache<P> {
     /// As [`SlabLayer::discard_all`].
     pub(crate) unsafe fn discard_all_slabs(&self) {
         // SAFETY: per the caller.
-        unsafe { self.slab.discard_all(&self.params, self) }
+        unsafe { SlabLayer::discard_all(self) }
     }
 }
 
@@ -339,18 +324,13 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
         self.owner().reap_for_pressure(source, nr_pages)
     }
 
-    fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError> {
-        self.owner().cache(owner_cache(which)).slab_alloc_raw()
+    #[inline]
+    fn slab(&self) -> (&SlabLayer<P>, &SlabParams) {
+        (&self.slab, &self.params)
     }
 
-    unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8) {
-        // SAFETY: per our caller, an object of that bootstrap cache's
-        // slab layer, unused.
-        unsafe {
-            self.owner()
-                .cache(owner_cache(which))
-                .slab_free_objects(&[obj])
-        }
+    fn metadata(&self, which: Metadata) -> &Self {
+        self.owner().cache(owner_cache(which))
     }
 
     fn metadata_source(&self) -> &'static dyn PageSource {

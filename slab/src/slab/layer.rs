@@ -24,11 +24,11 @@ use crate::sync::{IrqMutex, IrqMutexGuard};
 
 /// The slab layer's parameters: the cache's geometry, its page source,
 /// constructor and destructor, fixed at creation. The cache owns them
-/// (`KmemCache::params`, one copy) and hands them to every [`SlabLayer`]
-/// call. `repr(C)`, the fields the magazine hits read first: the cache
-/// places them right after its own hot fields, so that `nr_objs_per_slab`
-/// and `page_map` end its first cache line and `stride` opens the second
-/// (`tests::magazines::hot_fields_first`).
+/// (`KmemCache::params`, one copy) and hands them down with its slab
+/// layer ([`SlabOwner::slab`]). `repr(C)`, the fields the magazine hits
+/// read first: the cache places them right after its own hot fields, so
+/// that `nr_objs_per_slab` and `page_map` end its first cache line and
+/// `stride` opens the second (`tests::magazines::hot_fields_first`).
 #[repr(C)]
 pub(crate) struct SlabParams {
     pub(crate) nr_objs_per_slab: usize,
@@ -120,10 +120,10 @@ impl Metadata {
     }
 }
 
-/// What the slab layer needs from the cache it serves, beside its
-/// [`SlabParams`]: its identity, the error sink, the bootstrap caches
-/// (every kind of [`Metadata`], the tag side arrays among them) and the
-/// debug hooks (the trace table asks the same of its cache, and the
+/// What the slab layer needs from the cache it serves: its slab layer
+/// and [`SlabParams`], its identity, the error sink, the bootstrap caches
+/// (every kind of [`Metadata`], the tag side arrays among them, each a
+/// `SlabOwner` itself) and the debug hooks (the trace table asks the same of its cache, and the
 /// object size: `TraceOwner`). The cache implements it (`cache/slab_layer.rs`), so
 /// this layer never names the cache. Every call is made with no slab lock
 /// held.
@@ -144,17 +144,14 @@ pub(crate) trait SlabOwner {
         source: &'static dyn PageSource,
         nr_pages: usize,
     ) -> Option<NonNull<u8>>;
-    /// A metadata object.
-    ///
-    /// # Errors
-    /// [`AllocError::OutOfMemory`].
-    fn alloc_metadata(&self, which: Metadata) -> Result<NonNull<u8>, AllocError>;
-    /// Give a metadata object back.
-    ///
-    /// # Safety
-    /// `obj` came from [`SlabOwner::alloc_metadata`] with `which` and is
-    /// no longer used.
-    unsafe fn free_metadata(&self, which: Metadata, obj: *mut u8);
+    /// This owner's slab layer and its parameters (every entry point of
+    /// [`SlabLayer`] reaches them through its owner).
+    fn slab(&self) -> (&SlabLayer<Self::Platform>, &SlabParams);
+    /// The bootstrap cache whose objects are metadata `which`: a layer
+    /// takes them from its slab layer ([`SlabLayer::alloc`]) and gives
+    /// them back there ([`SlabLayer::free_objects`]), as Akaros takes a
+    /// slab's bufctls from `kmem_bufctl_cache`.
+    fn metadata(&self, which: Metadata) -> &Self;
     /// Where the bufctl hash's tables come from.
     fn metadata_source(&self) -> &'static dyn PageSource;
     /// A debug cache: initialise the trailer of the fresh object at
@@ -205,40 +202,39 @@ impl<P: Platform> SlabLayer<P> {
     /// # Errors
     /// [`AllocError::OutOfMemory`]: no free object and no slab could be
     /// made (the page source is dry even after the reap).
-    pub(crate) fn alloc_batch<O: SlabOwner>(
-        &self,
-        params: &SlabParams,
+    pub(crate) fn alloc_batch<O: SlabOwner<Platform = P>>(
         owner: &O,
         out: &mut [*mut u8],
     ) -> Result<usize, AllocError> {
+        let (layer, params) = owner.slab();
         let mut bad = None;
         let take = |layer: &mut SlabLists, bad: &mut _, out: &mut [*mut u8]| {
             layer.take_objects(params.kind, |base| params.free_list(base), bad, out)
         };
-        let taken = take(&mut self.lock(), &mut bad, out);
-        self.report_bad_link(params, owner, bad.take());
+        let taken = take(&mut layer.lock(), &mut bad, out);
+        layer.report_bad_link(params, owner, bad.take());
         if taken > 0 {
             return Ok(taken);
         }
         // Grow with no lock held: the page source and the bootstrap caches
         // may be called from here.
-        let slab = match self.grow(params, owner) {
+        let slab = match layer.grow(params, owner) {
             Ok(slab) => slab,
             // Out of memory even after the reap (see `grow_timed`); but the
             // reap may have drained our own magazines into our slabs.
             Err(error) => {
-                let taken = take(&mut self.lock(), &mut bad, out);
-                self.report_bad_link(params, owner, bad);
+                let taken = take(&mut layer.lock(), &mut bad, out);
+                layer.report_bad_link(params, owner, bad);
                 return if taken > 0 { Ok(taken) } else { Err(error) };
             }
         };
-        let mut layer = self.lock();
+        let mut lists = layer.lock();
         // SAFETY: `grow` returned a fresh, unlisted, alive slab.
-        unsafe { layer.push(slab, SlabList::Empty) };
-        let taken = take(&mut layer, &mut bad, out);
-        drop(layer);
-        self.report_bad_link(params, owner, bad);
-        self.maybe_grow_hash(params, owner);
+        unsafe { lists.push(slab, SlabList::Empty) };
+        let taken = take(&mut lists, &mut bad, out);
+        drop(lists);
+        layer.report_bad_link(params, owner, bad);
+        layer.maybe_grow_hash(params, owner);
         if taken > 0 {
             Ok(taken)
         } else {
@@ -246,8 +242,21 @@ impl<P: Platform> SlabLayer<P> {
         }
     }
 
+    /// One object of `owner`'s slab layer ([`Self::alloc_batch`] of one),
+    /// not constructed and not counted: slab metadata (from the bootstrap
+    /// cache [`SlabOwner::metadata`] names), magazines, tag side arrays,
+    /// cache structs, a refill's single object.
+    ///
+    /// # Errors
+    /// As for [`Self::alloc_batch`].
+    pub(crate) fn alloc<O: SlabOwner<Platform = P>>(owner: &O) -> Result<NonNull<u8>, AllocError> {
+        let mut obj = [ptr::null_mut(); 1];
+        Self::alloc_batch(owner, &mut obj)?;
+        NonNull::new(obj[0]).ok_or(AllocError::OutOfMemory)
+    }
+
     /// Report a free-list link that failed its check (`take_objects`).
-    fn report_bad_link<O: SlabOwner>(
+    fn report_bad_link<O: SlabOwner<Platform = P>>(
         &self,
         params: &SlabParams,
         owner: &O,
@@ -277,7 +286,7 @@ impl<P: Platform> SlabLayer<P> {
         }
     }
 
-    /// Return `objs` to the slab layer under one lock acquisition
+    /// Return `objs` to `owner`'s slab layer under one lock acquisition
     /// (dropped only to report a refused object: a double free that
     /// reached the slab layer, or an object not busy there). No
     /// destructor runs here: the cache runs its own first
@@ -287,27 +296,23 @@ impl<P: Platform> SlabLayer<P> {
     /// Every pointer is an object start of a live slab of this cache (small
     /// slabs) or was handed out by it (bufctl slabs), in no magazine and
     /// with no caller.
-    pub(crate) unsafe fn free_objects<O: SlabOwner>(
-        &self,
-        params: &SlabParams,
-        owner: &O,
-        objs: &[*mut u8],
-    ) {
-        let mut layer = self.lock();
+    pub(crate) unsafe fn free_objects<O: SlabOwner<Platform = P>>(owner: &O, objs: &[*mut u8]) {
+        let (layer, params) = owner.slab();
+        let mut lists = layer.lock();
         for &obj in objs {
-            let slab = self.slab_of(params, obj);
+            let slab = layer.slab_of(params, obj);
             let list = params.free_list(slab_base(slab));
             // SAFETY: per the caller.
-            if let Err(kind) = unsafe { layer.put_object(params.kind, obj, slab, list) } {
-                drop(layer);
-                self.report_refusal(owner, kind, obj, slab);
-                layer = self.lock();
+            if let Err(kind) = unsafe { lists.put_object(params.kind, obj, slab, list) } {
+                drop(lists);
+                layer.report_refusal(owner, kind, obj, slab);
+                lists = layer.lock();
             }
         }
     }
 
     /// Report an object the slab layer refused (`put_object`).
-    fn report_refusal<O: SlabOwner>(
+    fn report_refusal<O: SlabOwner<Platform = P>>(
         &self,
         owner: &O,
         kind: ErrorKind,
@@ -325,7 +330,11 @@ impl<P: Platform> SlabLayer<P> {
 
     /// Make a new slab: pages from the source, carved into objects, and
     /// registered in the page map. Runs with no lock held.
-    fn grow<O: SlabOwner>(&self, params: &SlabParams, owner: &O) -> Result<*mut Slab, AllocError> {
+    fn grow<O: SlabOwner<Platform = P>>(
+        &self,
+        params: &SlabParams,
+        owner: &O,
+    ) -> Result<*mut Slab, AllocError> {
         let start = time_stats_start!(O::Platform);
         let grown = self.grow_timed(params, owner);
         time_stats_end!(O::Platform, start);
@@ -336,7 +345,7 @@ impl<P: Platform> SlabLayer<P> {
         clippy::cast_ptr_alignment,
         reason = "kmem_slab objects are aligned for Slab (boot cache geometry)"
     )]
-    fn grow_timed<O: SlabOwner>(
+    fn grow_timed<O: SlabOwner<Platform = P>>(
         &self,
         params: &SlabParams,
         owner: &O,
@@ -356,7 +365,7 @@ impl<P: Platform> SlabLayer<P> {
                 (base + nr_pages * PAGE_SIZE - core::mem::size_of::<Slab>()) as *mut Slab
             }
             SlabKind::Small | SlabKind::Bufctl => {
-                match owner.alloc_metadata(Metadata::Slab) {
+                match Self::alloc(owner.metadata(Metadata::Slab)) {
                     Ok(slab) => slab.as_ptr().cast::<Slab>(),
                     Err(error) => {
                         // SAFETY: the pages came from this source just now.
@@ -458,7 +467,7 @@ impl<P: Platform> SlabLayer<P> {
         clippy::cast_ptr_alignment,
         reason = "kmem_bufctl objects are aligned for Bufctl (boot cache geometry)"
     )]
-    fn carve_bufctls<O: SlabOwner>(
+    fn carve_bufctls<O: SlabOwner<Platform = P>>(
         &self,
         params: &SlabParams,
         owner: &O,
@@ -467,8 +476,7 @@ impl<P: Platform> SlabLayer<P> {
         // SAFETY: slab initialised by grow.
         let base = unsafe { (*slab).base };
         for index in (0..params.nr_objs_per_slab).rev() {
-            let bufctl = owner
-                .alloc_metadata(Metadata::Bufctl)?
+            let bufctl = Self::alloc(owner.metadata(Metadata::Bufctl))?
                 .as_ptr()
                 .cast::<Bufctl>();
             // SAFETY: fresh kmem_bufctl object, ours to write; slab alive.
@@ -498,7 +506,7 @@ impl<P: Platform> SlabLayer<P> {
         clippy::cast_ptr_alignment,
         reason = "a Bufctl slab's free list links kmem_bufctl objects, aligned for Bufctl"
     )]
-    unsafe fn destroy_slab<O: SlabOwner>(
+    unsafe fn destroy_slab<O: SlabOwner<Platform = P>>(
         &self,
         params: &SlabParams,
         owner: &O,
@@ -520,20 +528,19 @@ impl<P: Platform> SlabLayer<P> {
             {
                 let tags = (*slab).tags.load(Ordering::Acquire);
                 if tags != crate::alloc_tag::no_tags() {
-                    owner.free_metadata(Metadata::tag_array(params), tags.cast());
+                    Self::free_objects(owner.metadata(Metadata::tag_array(params)), &[tags.cast()]);
                 }
-            }
-            if params.kind == SlabKind::Small && params.header_off_slab {
-                owner.free_metadata(Metadata::Slab, slab.cast());
             }
             if params.kind == SlabKind::Bufctl {
                 let mut bufctl = (*slab).free.cast::<Bufctl>();
                 while !bufctl.is_null() {
                     let next = (*bufctl).free_next;
-                    owner.free_metadata(Metadata::Bufctl, bufctl.cast());
+                    Self::free_objects(owner.metadata(Metadata::Bufctl), &[bufctl.cast()]);
                     bufctl = next;
                 }
-                owner.free_metadata(Metadata::Slab, slab.cast());
+            }
+            if params.kind == SlabKind::Bufctl || params.header_off_slab {
+                Self::free_objects(owner.metadata(Metadata::Slab), &[slab.cast()]);
             }
             if let Some(pages) = NonNull::new(base as *mut u8) {
                 params.source.free_pages(pages, nr_pages);
@@ -547,8 +554,9 @@ impl<P: Platform> SlabLayer<P> {
     /// (allocated here, with no lock held; if that fails the table stays
     /// as it is), the old table's pages back to the metadata source
     /// (not counted). Returns the slabs' pages freed.
-    pub(crate) fn reap<O: SlabOwner>(&self, params: &SlabParams, owner: &O) -> usize {
-        let mut slab = self.lock().take_empty();
+    pub(crate) fn reap<O: SlabOwner<Platform = P>>(owner: &O) -> usize {
+        let (layer, params) = owner.slab();
+        let mut slab = layer.lock().take_empty();
         let mut nr_pages = 0;
         while !slab.is_null() {
             // SAFETY: detached empty slabs are alive, unlisted and have no
@@ -556,12 +564,12 @@ impl<P: Platform> SlabLayer<P> {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages as usize;
-                self.verify_before_destroy(params, owner, slab);
-                self.destroy_slab(params, owner, slab, params.on_primary);
+                layer.verify_before_destroy(params, owner, slab);
+                layer.destroy_slab(params, owner, slab, params.on_primary);
                 slab = next;
             }
         }
-        self.shrink_hash(owner);
+        layer.shrink_hash(owner);
         nr_pages
     }
 
@@ -571,7 +579,7 @@ impl<P: Platform> SlabLayer<P> {
     ///
     /// # Safety
     /// `slab` is a detached empty slab of this cache, alive.
-    unsafe fn verify_before_destroy<O: SlabOwner>(
+    unsafe fn verify_before_destroy<O: SlabOwner<Platform = P>>(
         &self,
         params: &SlabParams,
         owner: &O,
@@ -602,10 +610,11 @@ impl<P: Platform> SlabLayer<P> {
     /// # Safety
     /// Nothing uses this cache or its objects afterwards; metadata caches
     /// are discarded after the caches whose metadata they hold.
-    pub(crate) unsafe fn discard_all<O: SlabOwner>(&self, params: &SlabParams, owner: &O) {
-        self.lock().hash.drain(|_| {});
-        self.shrink_hash(owner);
-        let mut slab = self.lock().take_all();
+    pub(crate) unsafe fn discard_all<O: SlabOwner<Platform = P>>(owner: &O) {
+        let (layer, params) = owner.slab();
+        layer.lock().hash.drain(|_| {});
+        layer.shrink_hash(owner);
+        let mut slab = layer.lock().take_all();
         while !slab.is_null() {
             // SAFETY: detached slabs are alive until their pages go back;
             // `next` is read before the page (maybe holding the header) goes.
@@ -626,7 +635,7 @@ impl<P: Platform> SlabLayer<P> {
     }
 
     /// Grow the bufctl hash if its load is too high. Runs with no lock held.
-    pub(crate) fn maybe_grow_hash<O: SlabOwner>(&self, params: &SlabParams, owner: &O) {
+    fn maybe_grow_hash<O: SlabOwner<Platform = P>>(&self, params: &SlabParams, owner: &O) {
         if params.kind == SlabKind::Bufctl {
             rescale_locked(
                 &self.lists,
@@ -638,7 +647,7 @@ impl<P: Platform> SlabLayer<P> {
     }
 
     /// Shrink the bufctl hash if its load fell low ([`Self::reap`]).
-    fn shrink_hash<O: SlabOwner>(&self, owner: &O) {
+    fn shrink_hash<O: SlabOwner<Platform = P>>(&self, owner: &O) {
         rescale_locked(
             &self.lists,
             |lists| &mut lists.hash,

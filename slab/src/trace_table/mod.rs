@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::hash::{AddrHash, HashNode, rescale_locked};
 use crate::platform::{Platform, PlatformHooks};
-use crate::slab::{Metadata, SlabOwner};
+use crate::slab::{Metadata, SlabLayer, SlabOwner};
 use crate::sync::{IrqGuard, IrqMutex, IrqMutexGuard};
 
 mod cache;
@@ -221,7 +221,7 @@ impl<P: Platform> TraceTable<P> {
             // slab layer and is freed exactly once here.
             unsafe {
                 let next = (*node).newer;
-                owner.free_metadata(Metadata::TraceRecord, node.cast());
+                SlabLayer::free_objects(owner.metadata(Metadata::TraceRecord), &[node.cast()]);
                 node = next;
             }
             nr += 1;
@@ -250,7 +250,7 @@ impl<P: Platform> TraceTable<P> {
         reason = "kmem_trace objects are aligned for TraceNode (boot cache geometry)"
     )]
     pub(crate) fn record_alloc<O: TraceOwner>(&self, owner: &O, obj: NonNull<u8>) {
-        let Ok(node) = owner.alloc_metadata(Metadata::TraceRecord) else {
+        let Ok(node) = SlabLayer::alloc(owner.metadata(Metadata::TraceRecord)) else {
             self.nr_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -299,7 +299,9 @@ impl<P: Platform> TraceTable<P> {
         };
         if !stale.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { owner.free_metadata(Metadata::TraceRecord, stale.cast()) };
+            unsafe {
+                SlabLayer::free_objects(owner.metadata(Metadata::TraceRecord), &[stale.cast()])
+            };
         }
         self.maybe_grow(owner);
     }
@@ -311,7 +313,9 @@ impl<P: Platform> TraceTable<P> {
         let node = self.lock().remove(addr);
         if !node.is_null() {
             // SAFETY: removed from the table; a kmem_trace object.
-            unsafe { owner.free_metadata(Metadata::TraceRecord, node.cast()) };
+            unsafe {
+                SlabLayer::free_objects(owner.metadata(Metadata::TraceRecord), &[node.cast()])
+            };
         }
     }
 
