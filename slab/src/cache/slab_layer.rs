@@ -337,17 +337,26 @@ impl<P: Platform> SlabOwner for KmemCache<P> {
         self.owner().primary_source()
     }
 
-    unsafe fn debug_init_object(&self, addr: usize) {
-        if let Some(layout) = self.debug.as_ref() {
-            // SAFETY: per our caller.
-            unsafe { KmemCache::debug_init_object(self, layout, addr) };
+    unsafe fn debug_slab(&self, slab: *mut Slab, fresh: bool) {
+        let Some(layout) = self.debug.as_ref() else {
+            return;
+        };
+        // SAFETY: per our caller, the slab is alive.
+        let base = unsafe { (*slab).base };
+        for index in 0..self.params.nr_objs_per_slab {
+            let addr = base + index * self.params.stride;
+            // SAFETY: object `index` of a slab of ours nobody else
+            // touches (per our caller); its stride holds the debug slot.
+            unsafe {
+                if fresh {
+                    self.debug_init_object(layout, addr);
+                } else if let Some(report) =
+                    self.debug_verify_object(layout, addr, slab as usize, true)
+                {
+                    self.owner().report_error(report);
+                }
+            }
         }
-    }
-
-    unsafe fn debug_verify_free_object(&self, addr: usize, slab: *mut Slab) -> Option<ErrorReport> {
-        let layout = self.debug.as_ref()?;
-        // SAFETY: per our caller.
-        unsafe { self.debug_verify_object(layout, addr, slab as usize, true) }
     }
 }
 

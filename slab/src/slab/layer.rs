@@ -59,9 +59,8 @@ pub(crate) struct SlabParams {
     /// Small slabs: the header is a `kmem_slab` object, not the slab's
     /// last bytes.
     pub(crate) header_off_slab: bool,
-    /// A debug cache: objects are initialised and checked through
-    /// [`SlabOwner::debug_init_object`] and
-    /// [`SlabOwner::debug_verify_free_object`].
+    /// A debug cache: its objects are initialised when their slab is made
+    /// and checked before it goes ([`SlabOwner::debug_slab`]).
     pub(crate) debug: bool,
 }
 
@@ -154,18 +153,16 @@ pub(crate) trait SlabOwner {
     fn metadata(&self, which: Metadata) -> &Self;
     /// Where the bufctl hash's tables come from.
     fn metadata_source(&self) -> &'static dyn PageSource;
-    /// A debug cache: initialise the trailer of the fresh object at
-    /// `addr` (state free, poison, redzone).
+    /// A debug cache's one hook on its slabs: `fresh`, a slab just made
+    /// (every object's trailer initialised: state free, poison,
+    /// redzone), or else one about to go back to its page source (every
+    /// object, all free, checked: a write after free is reported before
+    /// the evidence goes with the page).
     ///
     /// # Safety
-    /// `addr` is an object of a fresh slab of this cache, ours alone.
-    unsafe fn debug_init_object(&self, addr: usize);
-    /// A debug cache: check the free object at `addr` of `slab` before
-    /// the slab's pages go back (a write after free is reported then).
-    ///
-    /// # Safety
-    /// `addr` is an object of `slab`, a detached empty slab of this cache.
-    unsafe fn debug_verify_free_object(&self, addr: usize, slab: *mut Slab) -> Option<ErrorReport>;
+    /// `slab` is an alive slab of this cache, ours alone: fresh (not yet
+    /// carved, listed or registered) or detached and empty.
+    unsafe fn debug_slab(&self, slab: *mut Slab, fresh: bool);
 }
 
 /// A cache's slab layer: its slab lists behind a spin
@@ -405,11 +402,8 @@ impl<P: Platform> SlabLayer<P> {
             });
         }
         if params.debug {
-            for index in 0..params.nr_objs_per_slab {
-                // SAFETY: object `index` of our fresh slab (its stride
-                // holds the debug slot), ours alone.
-                unsafe { owner.debug_init_object(objs + index * params.stride) };
-            }
+            // SAFETY: our fresh slab, initialised above, ours alone.
+            unsafe { owner.debug_slab(slab, true) };
         }
         let carved = match params.kind {
             SlabKind::Small => {
@@ -564,41 +558,15 @@ impl<P: Platform> SlabLayer<P> {
             unsafe {
                 let next = (*slab).next;
                 nr_pages += (*slab).nr_pages as usize;
-                layer.verify_before_destroy(params, owner, slab);
+                if params.debug {
+                    owner.debug_slab(slab, false);
+                }
                 layer.destroy_slab(params, owner, slab, params.on_primary);
                 slab = next;
             }
         }
         layer.shrink_hash(owner);
         nr_pages
-    }
-
-    /// A debug cache checks every object of a slab it gives back (all of
-    /// them free), so a write after free into one is reported before the
-    /// evidence goes with the page.
-    ///
-    /// # Safety
-    /// `slab` is a detached empty slab of this cache, alive.
-    unsafe fn verify_before_destroy<O: SlabOwner<Platform = P>>(
-        &self,
-        params: &SlabParams,
-        owner: &O,
-        slab: *mut Slab,
-    ) {
-        if !params.debug {
-            return;
-        }
-        // SAFETY: per the caller.
-        let base = unsafe { (*slab).base };
-        for index in 0..params.nr_objs_per_slab {
-            // SAFETY: an object of a detached slab of ours: nobody else
-            // touches it.
-            let found =
-                unsafe { owner.debug_verify_free_object(base + index * params.stride, slab) };
-            if let Some(report) = found {
-                owner.report(report);
-            }
-        }
     }
 
     /// Drop every slab's pages without looking at their objects or
