@@ -25,6 +25,7 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use magpie_slab::CacheArgs;
 
 use magpie::kmem::{KPAGES, KernelPlatform, SLAB};
+use magpie_slab::reports::{ErrorKind, ErrorReport};
 use magpie_slab::{
     AllocError, CacheFlags, CacheStats, Constructed, DestroyError, FreeError, KmemCache,
     ObjectInit, ObjectRef, PAGE_SIZE, SlabKind,
@@ -454,6 +455,16 @@ fn assert_bad_free(cache: &Cache, bad: NonNull<u8>, expected: FreeError, other: 
     );
 }
 
+/// The owning cache the latest error report names (a free to the wrong
+/// cache: the error carries only the address).
+fn last_report_owner() -> Option<String> {
+    let after = SLAB.debug().nr_errors().saturating_sub(1);
+    let mut out = [ErrorReport::new(ErrorKind::InvalidFree, "", 0)];
+    assert_eq!(SLAB.debug().read_errors(after, &mut out), 1, "a report");
+    assert_eq!(out[0].kind, ErrorKind::WrongCache);
+    out[0].owner.map(|name| String::from(name.as_str()))
+}
+
 fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
     let a = cache.alloc().expect("alloc a");
     let b = cache.alloc().expect("alloc b");
@@ -490,10 +501,10 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
         foreign,
         FreeError::WrongCache {
             addr: foreign.as_ptr() as usize,
-            owner: Some(other.name()),
         },
         other,
     );
+    assert_eq!(last_report_owner().as_deref(), Some(other.name()));
     // A kmalloc object, and a page-granular kmalloc.
     let small = SLAB.kmalloc(8, 1).expect("kmalloc(8)");
     let owner = SLAB
@@ -506,10 +517,10 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
         small,
         FreeError::WrongCache {
             addr: small.as_ptr() as usize,
-            owner: Some(owner),
         },
         other,
     );
+    assert_eq!(last_report_owner().as_deref(), Some(owner));
     let large = SLAB
         .kmalloc(4 * PAGE_SIZE, 1)
         .expect("page-granular kmalloc");
@@ -518,10 +529,10 @@ fn check_bad_frees(cache: &'static Cache, other: &'static Cache) {
         large,
         FreeError::WrongCache {
             addr: large.as_ptr() as usize,
-            owner: None,
         },
         other,
     );
+    assert_eq!(last_report_owner(), None);
     // SAFETY: allocated just above and given up.
     unsafe {
         SLAB.kfree(small).expect("kfree small");

@@ -49,8 +49,17 @@ impl fmt::Display for AllocError {
     }
 }
 
-/// Why a free was refused. Every variant carries the address; nothing was
-/// changed by the refused free.
+/// Why a free was refused. Every variant carries the address, and only
+/// the address; nothing was changed by the refused free.
+///
+/// Two words (the variant and the address), so that `Result<(),
+/// FreeError>` is a pair of scalars, which every free path returns in two
+/// registers (with a third word, the name of a wrong cache's owner, it was
+/// an aggregate returned through memory: each caller that looks at the
+/// result paid a stack frame for it, e.g. 64 -> 60 instructions an
+/// alloc+free pair of `KmemCache::free`, `docs/BENCHMARKS.md`). Who owns
+/// a pointer freed to the wrong cache is in the free's error report
+/// ([`ErrorReport::owner`](crate::reports::ErrorReport::owner)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FreeError {
     /// The object was already free. Always detected for a debug cache
@@ -70,13 +79,13 @@ pub enum FreeError {
         /// The pointer passed to free.
         addr: usize,
     },
-    /// The pointer belongs to another cache (`owner`), or to the
-    /// page-granular kmalloc (`owner: None`).
+    /// The pointer belongs to another cache, or to the page-granular
+    /// kmalloc (or is a KFENCE sample of another cache); the error report
+    /// names the owning cache
+    /// ([`ErrorReport::owner`](crate::reports::ErrorReport::owner)).
     WrongCache {
         /// The pointer passed to free.
         addr: usize,
-        /// Name of the cache that owns it, if it is in a cache.
-        owner: Option<&'static str>,
     },
     /// The pointer lies inside slab memory but not at the start of an
     /// object (or inside a page-granular allocation but not at its start).
@@ -92,7 +101,7 @@ impl FreeError {
         match *self {
             FreeError::DoubleFree { addr }
             | FreeError::NotAllocated { addr }
-            | FreeError::WrongCache { addr, .. }
+            | FreeError::WrongCache { addr }
             | FreeError::Misaligned { addr } => addr,
         }
     }
@@ -105,19 +114,9 @@ impl fmt::Display for FreeError {
             FreeError::NotAllocated { addr } => {
                 write!(f, "free of {addr:#x}, which was never allocated")
             }
-            FreeError::WrongCache {
-                addr,
-                owner: Some(owner),
-            } => {
-                write!(
-                    f,
-                    "free of {addr:#x} to the wrong cache (it belongs to {owner})"
-                )
+            FreeError::WrongCache { addr } => {
+                write!(f, "free of {addr:#x} to the wrong cache")
             }
-            FreeError::WrongCache { addr, owner: None } => write!(
-                f,
-                "free of {addr:#x} to the wrong cache (it is a page-granular kmalloc)"
-            ),
             FreeError::Misaligned { addr } => {
                 write!(f, "free of {addr:#x}, which is not the start of an object")
             }

@@ -347,14 +347,18 @@ impl Scratch {
         }
     }
 
-    /// Frees a held object the right way. Never inlined: its frame names
-    /// the free in KFENCE's "freed by" stack (`tests/lkdtm.rs`).
+    /// Frees a held object the right way. Never inlined, and the free not
+    /// a tail call (a free's result comes back in registers, so it could
+    /// be): its frame names the free in KFENCE's "freed by" stack
+    /// (`tests/lkdtm.rs`).
     #[inline(never)]
     fn free(&mut self, obj: NonNull<u8>) -> Result<(), FreeError> {
         self.release(obj);
         // SAFETY: `obj` came from this cache's alloc and was held by us
         // alone; it is given up here.
-        unsafe { self.cache.free(obj) }
+        let result = unsafe { self.cache.free(obj) };
+        core::hint::black_box(());
+        result
     }
 
     /// Frees every held object the right way (the first refusal is
@@ -439,7 +443,19 @@ fn addr(ptr: NonNull<u8>) -> usize {
 }
 
 fn detected(kind: LkdtmType, error: FreeError, out: &mut dyn Write) -> Verdict {
-    let _ = writeln!(out, "lkdtm: {kind}: detected: {error}");
+    // A wrong cache's owner is in the allocator's report of the free (the
+    // error carries only the address).
+    let owner = match error {
+        FreeError::WrongCache { .. } => report_of_run().and_then(|report| report.owner),
+        _ => None,
+    };
+    let _ = match owner {
+        Some(owner) => writeln!(
+            out,
+            "lkdtm: {kind}: detected: {error} (it belongs to {owner})"
+        ),
+        None => writeln!(out, "lkdtm: {kind}: detected: {error}"),
+    };
     Verdict::Detected
 }
 

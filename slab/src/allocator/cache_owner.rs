@@ -23,8 +23,8 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
     }
 
     /// Report a refused free (`cache`: the cache the caller freed to, or
-    /// `kmalloc`): the kind from the error, the object and slab from the
-    /// page map, and for a duplicate free in a debug cache its last
+    /// `kmalloc`): the kind from the error, the object, slab and (a wrong
+    /// cache's) owning cache from the page map, and for a duplicate free in a debug cache its last
     /// transactions.
     #[cold]
     #[inline(never)]
@@ -43,12 +43,6 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
             FreeError::NotAllocated { .. } => ErrorKind::InvalidFree,
         };
         let mut report = ErrorReport::new(kind, cache, addr);
-        if let FreeError::WrongCache {
-            owner: Some(owner), ..
-        } = error
-        {
-            report.owner = Some(ReportName::new(owner));
-        }
         if kind == ErrorKind::DuplicateFree
             && let PageOwner::LargeFreed { nr_pages } = entry.owner()
         {
@@ -62,6 +56,11 @@ unsafe impl<P: Platform> CacheOwner<P> for Kmem<P> {
             // SAFETY: registered slabs are alive and belong to caches of
             // this allocator.
             let owner = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+            if kind == ErrorKind::WrongCache {
+                // The cache the buffer belongs to (the error carries only
+                // the address: `FreeError`).
+                report.owner = Some(ReportName::new(owner.name()));
+            }
             // SAFETY: as above.
             let base = unsafe { (*slab).base };
             let index = addr.wrapping_sub(base) / owner.params.stride;

@@ -506,7 +506,7 @@ impl<P: Platform> KfenceOwner<P> for Kmem<P> {
                 Some(object),
                 stack,
             ));
-            return Some(Err(FreeError::WrongCache { addr, owner: None }));
+            return Some(Err(FreeError::WrongCache { addr }));
         }
         let page = pool + page * PAGE_SIZE;
         let corrupt = (page..object.addr)
