@@ -16,13 +16,13 @@
 //! 3. else one call of [`KmemCache::free_off_usual`]: no feature on, the
 //!    one slow function for the miss ([`KmemCache::free_slow`]: the
 //!    double-free confirmation, `prev`, the depot, a new magazine, the
-//!    slab layer); kmemtrace recording on a keyed cache,
-//!    `free_recorded` (the hook, the hit and its event with interrupts
-//!    off); anything else [`KmemCache::free_hooked`]: the free hook
+//!    slab layer); kmemtrace recording on a keyed cache, the hook, the
+//!    hit and its event with interrupts off, right there; anything else
+//!    (and that hit's miss) [`KmemCache::free_hooked`]: the free hook
 //!    (`free_hook`, here: bootstrap refusal, bufctl state, debug checks
 //!    in `debug/object.rs`, trace record, tag uncharged in
 //!    `profiling.rs`), the same hit and miss, the kmemtrace event
-//!    (`free_event` ► `kmemtrace_free`, here too).
+//!    (`free_event`, here too).
 //!
 //! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
 //! function of its own that inlines `free_usual` too and calls
@@ -227,8 +227,9 @@ impl<P: Platform> KmemCache<P> {
 
     /// [`Self::free_off_hit`] off the usual words' hit: with no feature
     /// on for this cache, the miss ([`Self::free_slow`]); with kmemtrace
-    /// recording and no rare bit, [`Self::free_recorded`]; anything else
-    /// [`Self::free_hooked`], which runs every hook in order.
+    /// recording and no rare bit, the usual words' hook and hit, and the
+    /// event; anything else [`Self::free_hooked`], which runs every hook
+    /// in order.
     ///
     /// # Safety
     /// As for [`Self::free_located`].
@@ -243,45 +244,28 @@ impl<P: Platform> KmemCache<P> {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.free_slow(obj) };
         }
+        // SAFETY: per our caller.
+        let slab = unsafe { at.slab() };
         if hot.intersection(HotFlags::FREE_HOOKED_RARE.union(HotFlags::KMEMTRACE))
             == HotFlags::KMEMTRACE
         {
-            // SAFETY: per our caller; no rare bit.
-            return unsafe { self.free_recorded(obj, at, hot) };
+            // Recorded, no rare bit (a keyed cache): the same hook and hit
+            // as [`Self::free_usual`]'s, the free and its event with
+            // interrupts off, so that nothing on this CPU reuses the
+            // object before its free is recorded; a miss (or a suspect
+            // key) below. (Not in `free_usual`, so that the profiled
+            // free's path keeps no interrupt state and needs no stack
+            // frame.)
+            let irq = IrqGuard::<P>::new();
+            // SAFETY: per our caller; no rare bit, so nothing refuses.
+            let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
+            // SAFETY: per our caller; a keyed cache.
+            if unsafe { self.free_hit::<0>(obj, true) } {
+                return self.free_event(obj, Ok(()), HotFlags::KMEMTRACE, Some(irq));
+            }
+            // The tag the hook uncharged is not found again below.
         }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_hooked(obj, at.slab(), at.index) }
-    }
-
-    /// [`Self::free_off_usual`]'s words with kmemtrace recording: the
-    /// same hook and hit as [`Self::free_usual`]'s, the free and its
-    /// event with interrupts off, so that nothing on this CPU reuses the
-    /// object before its free is recorded; a miss (or a suspect key)
-    /// [`Self::free_hooked`]. Its own function, so that the profiled
-    /// free's path keeps no interrupt state and needs no stack frame.
-    ///
-    /// # Safety
-    /// As for [`Self::free_located`]; no bit of
-    /// [`HotFlags::FREE_HOOKED_RARE`] in `hot`: a keyed cache.
-    #[inline(never)]
-    unsafe fn free_recorded(
-        &self,
-        obj: NonNull<u8>,
-        at: Located,
-        hot: HotFlags,
-    ) -> Result<(), FreeError> {
-        let irq = IrqGuard::<P>::new();
-        // SAFETY: per our caller.
-        let slab = unsafe { at.slab() };
-        // SAFETY: per our caller; no rare bit, so nothing refuses.
-        let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
-        // SAFETY: per our caller; a keyed cache.
-        if unsafe { self.free_hit::<0>(obj, true) } {
-            return self.kmemtrace_free::<true>(obj, Some(irq));
-        }
-        drop(irq);
-        // SAFETY: per our caller; the hit changed nothing (the tag the
-        // hook uncharged is not found again).
         unsafe { self.free_hooked(obj, slab, at.index) }
     }
 
@@ -417,9 +401,15 @@ impl<P: Platform> KmemCache<P> {
     }
 
     /// The free's way out (Linux `trace_kmem_cache_free`, Akaros
-    /// `kmem_trace_free`): its kmemtrace event if this cache is recorded
-    /// ([`Self::kmemtrace_free`], a tail call for a free done), the
-    /// interrupt guard `irq` dropped after it, and `result` handed back.
+    /// `kmem_trace_free`): if this cache is recorded, its kmemtrace event
+    /// (a free, or a refused one for an error) into this CPU's ring of the
+    /// owner's recorder, as [`Self::kmemtrace_alloc`]'s (frees to kmalloc
+    /// caches are `kfree`s: the cache's free head says which); then the
+    /// interrupt guard `irq` dropped, and `result` handed back. Inlined:
+    /// out of line, the compiler would fold a recorded free's constant
+    /// `Ok` into the caller, turning its tail call into a call and a stack
+    /// frame (+4 instructions a recorded pair: a free's result is two
+    /// registers, `FreeError`).
     #[inline(always)]
     fn free_event(
         &self,
@@ -429,48 +419,28 @@ impl<P: Platform> KmemCache<P> {
         irq: Option<IrqGuard<P>>,
     ) -> Result<(), FreeError> {
         if hot.contains(HotFlags::KMEMTRACE) {
-            return match result {
-                Ok(()) => self.kmemtrace_free::<true>(obj, irq),
-                Err(error) => {
-                    let _ = self.kmemtrace_free::<false>(obj, irq);
-                    Err(error)
-                }
+            const ALLOC_TO_FREE: u64 =
+                head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
+            const ALLOC_TO_BAD: u64 =
+                head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
+            const CACHE_TO_KMALLOC: u64 =
+                head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
+            let kind = if result.is_ok() {
+                ALLOC_TO_FREE
+            } else {
+                ALLOC_TO_BAD
             };
+            let head = self.event_head ^ kind;
+            let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
+            let _ = self.recorder().record::<P>(EventFields {
+                head,
+                ptr: obj.as_ptr() as usize,
+                bytes_req: 0,
+                bytes_alloc: self.params.obj_size,
+            });
         }
         drop(irq);
         result
-    }
-
-    /// kmemtrace: the event of a free of `obj` (a refused one unless
-    /// `OK`), as [`Self::kmemtrace_alloc`]'s (frees to kmalloc caches
-    /// are `kfree`s: the cache's free head says which), then `irq`
-    /// dropped. Returns `Ok` (a refused free's caller returns its own
-    /// error). Inlined: a free's result is two registers (`FreeError`),
-    /// and the compiler would fold an out-of-line function's constant
-    /// `Ok` into its callers, turning `free_recorded`'s tail call into a
-    /// call and a stack frame (+4 instructions a recorded pair).
-    #[inline(always)]
-    fn kmemtrace_free<const OK: bool>(
-        &self,
-        obj: NonNull<u8>,
-        irq: Option<IrqGuard<P>>,
-    ) -> Result<(), FreeError> {
-        const ALLOC_TO_FREE: u64 =
-            head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
-        const ALLOC_TO_BAD: u64 =
-            head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
-        const CACHE_TO_KMALLOC: u64 =
-            head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-        let head = self.event_head ^ if OK { ALLOC_TO_FREE } else { ALLOC_TO_BAD };
-        let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
-        let _ = self.recorder().record::<P>(EventFields {
-            head,
-            ptr: obj.as_ptr() as usize,
-            bytes_req: 0,
-            bytes_alloc: self.params.obj_size,
-        });
-        drop(irq);
-        Ok(())
     }
 
     /// Report a free this cache refuses, and hand the error back.

@@ -30,7 +30,7 @@
 //!  free_off_hit: free_usual: profiling's word: free_hook inline, the
 //!     hit (free_hit::<0>); else free_off_usual: no flag: free_slow
 //!     (double-free confirmation, prev, depot, new magazine, slab);
-//!     recording: free_recorded; else free_hooked: free_hook, hit or
+//!     recording: free_hook, hit, event inline; else free_hooked: free_hook, hit or
 //!     miss, the event
 //!  (anything the page map does not vouch for: free_unlocated /
 //!   kfree_slow, with the error reports and the page-granular kfree:
