@@ -71,14 +71,14 @@ pub(crate) struct Depot<P: Platform> {
 
 /// The top bit of [`Depot`]'s `magtype` word: a free made a magazine for
 /// the cache, so its objects come back; a refill on a CPU with no
-/// magazine then makes one of the depot's type, and until then one of
-/// at most 14 rounds (`refill_magtype`, `KmemCache::slab_refill`). Set
+/// magazine then makes one of the depot's type, and until then small
+/// ones that grow with its trips down (`KmemCache::slab_refill`). Set
 /// from birth on a small source, where a cache is born with a magazine
 /// for its frees (`KmemCache::load_first_magazine`) and a magazine of
-/// every type is the same 496-byte object (`magazine/mod.rs`): smaller
-/// refill magazines there (then growing 1, 3, 6, 14 rounds) only added
-/// misses and a new magazine each (the hobby kernel's `btreemap_churn`:
-/// 52,399 -> 40,551 instructions cold, 28,320 -> 21,670 warm).
+/// every type is the same 496-byte object (`magazine/mod.rs`): growing
+/// 1, 3, 6, 14 rounds there only added misses and a new magazine each
+/// (the hobby kernel's `btreemap_churn`: 52,399 -> 40,551 instructions
+/// cold, 28,320 -> 21,670 warm).
 const FREED: usize = 1 << (usize::BITS - 1);
 
 /// Magazines detached from a depot under its lock, to be freed after it

@@ -217,8 +217,8 @@ pub(crate) const REFILL_MAX_MAGTYPE: usize = 3;
 /// batch (its second trip down; the first takes one object and makes
 /// none). Growing it with the batches instead (1, 3, 6, 14 rounds as
 /// they doubled) made and freed a magazine at each step, and a slab of
-/// each `kmem_magazine_<N>`: 6.5 Ir/op of the shell replay
-/// (111); a cache that takes a fourth batch holds the 14-round magazine
+/// each `kmem_magazine_<N>`: 3.5k instructions of the shell replay's
+/// 49k; a cache that takes a fourth batch holds the 14-round magazine
 /// either way.
 pub(crate) fn refill_magtype(depot_magtype: usize) -> usize {
     depot_magtype.min(REFILL_MAX_MAGTYPE)

@@ -182,7 +182,7 @@ fn magazines_in_use(alloc: &UpAlloc) -> usize {
 
 /// On a small source every magazine is one 496-byte object, so a class
 /// refills into a magazine of its depot's type from its first trip down
-/// (not a 14-round one, as on a larger source): the allocations and the
+/// (not 1, 3, 6, 14 rounds as its misses repeat): the allocations and the
 /// frees that follow share one magazine.
 #[test]
 fn a_small_source_refills_into_magazines_of_the_depots_type() {
