@@ -141,21 +141,22 @@ impl<P: Platform> Depot<P> {
         self.magtype.load(Ordering::Relaxed) & !FREED
     }
 
-    /// The type of a new magazine: for a free (`for_free`), the depot's,
-    /// and the cache is noted as one whose objects come back ([`FREED`]);
-    /// for a refill, the depot's once a free has made one, else at most
-    /// [`REFILL_MAX_MAGTYPE`](super::REFILL_MAX_MAGTYPE) rounds
+    /// The type of a new magazine: for a free (`refill_rounds` `None`),
+    /// the depot's, and the cache is noted as one whose objects come back
+    /// ([`FREED`]); for a refill of `refill_rounds` rounds, the depot's
+    /// once a free has made one, else the largest of at most that many
+    /// rounds and at most [`REFILL_MAX_MAGTYPE`](super::REFILL_MAX_MAGTYPE)
     /// ([`refill_magtype`](super::refill_magtype)). Read without the lock.
-    pub(crate) fn new_magtype(&self, for_free: bool) -> usize {
+    pub(crate) fn new_magtype(&self, refill_rounds: Option<usize>) -> usize {
         let word = self.magtype.load(Ordering::Relaxed);
         let magtype = word & !FREED;
         if word & FREED != 0 {
             magtype
-        } else if for_free {
+        } else if let Some(nr_rounds) = refill_rounds {
+            super::refill_magtype(nr_rounds, magtype)
+        } else {
             self.magtype.fetch_or(FREED, Ordering::Relaxed);
             magtype
-        } else {
-            super::refill_magtype(magtype)
         }
     }
 
