@@ -383,9 +383,20 @@ impl<P: Platform> Kmem<P> {
 
     /// Create size class `index` (`kmalloc-<size>`, naturally aligned).
     fn create_class(&'static self, index: usize) -> Result<*const KmemCache<P>, AllocError> {
-        let size = KMALLOC_SIZES[index];
-        let cache = self.create_cache(
-            CLASS_NAMES[index],
+        let cache = self.create_kmalloc_cache(CLASS_NAMES[index], KMALLOC_SIZES[index])?;
+        Ok(cache)
+    }
+
+    /// A permanent kmalloc cache `name` of `size`-byte objects, naturally
+    /// aligned, no flags, constructor or destructor: a size class or a
+    /// partition's copy of one.
+    fn create_kmalloc_cache(
+        &'static self,
+        name: &str,
+        size: usize,
+    ) -> Result<&'static KmemCache<P>, AllocError> {
+        self.create_cache(
+            name,
             size,
             natural_align(size),
             CacheFlags::empty(),
@@ -393,8 +404,7 @@ impl<P: Platform> Kmem<P> {
             None,
             None,
             true,
-        )?;
-        Ok(cache)
+        )
     }
 
     /// The cache of partition `row` (a random copy, or the data row) of
@@ -451,16 +461,7 @@ impl<P: Platform> Kmem<P> {
             } else {
                 let _ = write!(name, "kmalloc-rnd-{:02}-{size}", row + 1);
             }
-            let created = this.create_cache(
-                name.as_str(),
-                size,
-                natural_align(size),
-                CacheFlags::empty(),
-                None,
-                None,
-                None,
-                true,
-            );
+            let created = this.create_kmalloc_cache(name.as_str(), size);
             if let Ok(created) = created {
                 slot.store(core::ptr::from_ref(created).cast_mut(), Ordering::Release);
             }
