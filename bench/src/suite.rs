@@ -887,9 +887,9 @@ pub fn main(argv: &[String]) {
     if let (Some(a), Some(b)) = (scaling("mixed", "magpie"), scaling("mixed-8k", "magpie")) {
         writeln!(
             r,
-            "- magpie 2T/1T: mixed 8–512 B {a:.2}, mixed 8–8192 B {b:.2} (issue 8 target: \
-             the 8–8192 B ratio within 10 % of the 8–512 B one → **{}** in this run).\n",
-            if b >= 0.9 * a { "met" } else { "not met" }
+            "- magpie 2T/1T: mixed 8–512 B {a:.2}, mixed 8–8192 B {b:.2} (CPU time of two \
+             threads on a 2-core VM that the harness and the host share: a figure of this run, \
+             not a verdict; issue 8, closed, judged it on its own rounds).\n"
         )
         .unwrap();
     }
