@@ -119,7 +119,7 @@ impl<P: Platform> KmemCache<P> {
     /// `kmem_magazine_<rounds>` bootstrap cache, for a free (noted in the
     /// depot: the cache's refills make magazines of its type from then).
     pub(crate) fn new_magazine(&self) -> Result<*mut Magazine, AllocError> {
-        self.new_magazine_of(self.depot.new_magtype(None))
+        self.new_magazine_of(self.depot.new_magtype(true))
     }
 
     /// A new empty magazine of type `magtype` (an index into

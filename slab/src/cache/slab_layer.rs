@@ -20,6 +20,20 @@ use crate::reports::error::ErrorReport;
 use crate::slab::{Metadata, Slab, SlabLayer, SlabOwner, SlabParams};
 use crate::sync::IrqGuard;
 
+/// A refill's batch may reach this many objects even where a page holds
+/// fewer ([`KmemCache::refill_batch`]): objects above 512 bytes, of which
+/// a page held one to seven, so every allocation of a 3008-byte class
+/// went down alone (the shell replay's 20 such: 9.6 Ir/op of its 111).
+/// The batch still stops at half a magazine and one (4 objects above
+/// 4.5 KiB) and at its slab's end: it takes no page the one object
+/// would not have. Linux SLAB's `batchcount` is 12 for objects of
+/// 1-4 KiB.
+const REFILL_MIN_BATCH: usize = 8;
+
+/// Most objects one refill takes: half the largest magazine and one
+/// ([`KmemCache::refill_batch`]).
+const MAX_REFILL_BATCH: usize = MAG_MAX_ROUNDS / 2 + 1;
+
 /// The slab layer's entry points used by the rest of the crate.
 impl<P: Platform> KmemCache<P> {
     /// The alloc miss's trip to the slab layer (`loaded`, `prev` and the
@@ -59,7 +73,7 @@ impl<P: Platform> KmemCache<P> {
             self.nr_allocs_direct.fetch_add(1, Ordering::Relaxed);
             return Ok(obj);
         }
-        let mut batch = [ptr::null_mut(); MAG_MAX_ROUNDS + 1];
+        let mut batch = [ptr::null_mut(); MAX_REFILL_BATCH];
         let nr = SlabLayer::alloc_batch(self, &mut batch[..nr_wanted])?;
         let (&first, rounds) = batch[..nr].split_first().ok_or(AllocError::OutOfMemory)?;
         if self.kind == SlabKind::Bufctl {
@@ -90,13 +104,15 @@ impl<P: Platform> KmemCache<P> {
     /// and for a cache's first allocation (boot's); else a batch that
     /// doubles with each trip down (1, 2, 4, ... objects), up to half a
     /// magazine and one (Linux SLAB's `batchcount`, leaving room for the
-    /// frees that follow) and a page of objects: a cache allocated from
-    /// once takes one object, and the rounds resting in magazines stay
-    /// few (`partitioning_memory_cost`: with two pages, 8 partitioned
-    /// copies of every class held +5.05 % of live against the 5 % bound;
-    /// one page costs the shell replay ~8 Ir/op, docs/BENCHMARKS.md);
-    /// and no more than this CPU's magazine has room for, and one
-    /// ([`Self::refill_room`]: a small one is made when the CPU has
+    /// frees that follow) and a page of objects, or
+    /// [`REFILL_MIN_BATCH`] if a page holds fewer: a cache allocated
+    /// from once takes one object, and the rounds resting in magazines
+    /// stay few (`partitioning_memory_cost`: with two pages, 8
+    /// partitioned copies of every class held +5.05 % of live against
+    /// the 5 % bound; one page costs the shell replay ~8 Ir/op,
+    /// docs/BENCHMARKS.md; no page bound at all, the stress replay +17
+    /// pages); and no more than this CPU's magazine has room for, and
+    /// one ([`Self::refill_room`]: a magazine is made when the CPU has
     /// none).
     fn refill_batch(&self) -> usize {
         if self.key_place != KeyPlace::Word(0) || !self.has_magazines() {
@@ -108,8 +124,9 @@ impl<P: Platform> KmemCache<P> {
         }
         let capacity = MAGAZINE_ROUNDS[self.depot.magtype()];
         let nr_wanted = (capacity / 2 + 1)
+            .min(MAX_REFILL_BATCH)
             .min(1 << nr_trips.min(6))
-            .min((PAGE_SIZE / self.params.stride).max(1));
+            .min((PAGE_SIZE / self.params.stride).max(REFILL_MIN_BATCH));
         if nr_wanted <= 1 {
             return 1;
         }
@@ -124,19 +141,27 @@ impl<P: Platform> KmemCache<P> {
     /// The type: the depot's once a free has made a magazine for the
     /// cache (its objects come back: a small magazine would only add
     /// misses, the stress replay's +6 Ir/op); before that
-    /// ([`refill_magtype`]) a cache only allocated from holds one small
-    /// magazine that grows as its misses repeat (the batches double
-    /// with each trip down), where a magazine of the depot's type (496 B
-    /// for a small object) would cost every cold copy of a partitioned
-    /// class as much (`partitioning_memory_cost`). Bonwick & Adams 2001
-    /// §3.3 grow a cache's magazines on depot contention; here the
-    /// refill's grow with the misses that reach the slab layer.
+    /// ([`refill_magtype`]) a cache only allocated from holds one
+    /// 14-round magazine (128 B), made on its first batch, where a
+    /// magazine of the depot's type (496 B for a small object) would
+    /// cost every cold copy of a partitioned class as much
+    /// (`partitioning_memory_cost`). Bonwick & Adams 2001 §3.3 grow a
+    /// cache's magazines on depot contention. Once the cache has freed,
+    /// an empty `loaded` smaller than the depot's type gives way to one
+    /// of that type even where its room would do: a 14-round refill
+    /// magazine kept by a class a page holds 14 or fewer objects of
+    /// (refills of 8) sent every 14th allocation down for good
+    /// (`bench/profile.sh mixed magpie`: 55.2 against 54.1 instructions
+    /// an operation; the free miss's part:
+    /// [`crate::magazine::is_refill_magazine`]).
     /// 0 in an interrupt handler that interrupted this CPU's hit, or
     /// when no magazine can be had.
     fn refill_room(&self, nr_rounds: usize) -> usize {
         let (room, capacity) = self.loaded_room();
-        let magtype = self.depot.new_magtype(Some(nr_rounds));
-        if room >= nr_rounds || capacity >= MAGAZINE_ROUNDS[magtype] {
+        let magtype = self.depot.new_magtype(false);
+        if capacity >= MAGAZINE_ROUNDS[magtype]
+            || (room >= nr_rounds && (room < capacity || !self.depot.freed()))
+        {
             return room;
         }
         // Made with no lock held and interrupts on, as the free's new

@@ -141,22 +141,21 @@ impl<P: Platform> Depot<P> {
         self.magtype.load(Ordering::Relaxed) & !FREED
     }
 
-    /// The type of a new magazine: for a free (`refill_rounds` `None`),
-    /// the depot's, and the cache is noted as one whose objects come back
-    /// ([`FREED`]); for a refill of `refill_rounds` rounds, the depot's
-    /// once a free has made one, else the largest of at most that many
-    /// rounds and at most [`REFILL_MAX_MAGTYPE`](super::REFILL_MAX_MAGTYPE)
+    /// The type of a new magazine: for a free (`for_free`), the depot's,
+    /// and the cache is noted as one whose objects come back ([`FREED`]);
+    /// for a refill, the depot's once a free has made one, else at most
+    /// [`REFILL_MAX_MAGTYPE`](super::REFILL_MAX_MAGTYPE) rounds
     /// ([`refill_magtype`](super::refill_magtype)). Read without the lock.
-    pub(crate) fn new_magtype(&self, refill_rounds: Option<usize>) -> usize {
+    pub(crate) fn new_magtype(&self, for_free: bool) -> usize {
         let word = self.magtype.load(Ordering::Relaxed);
         let magtype = word & !FREED;
         if word & FREED != 0 {
             magtype
-        } else if let Some(nr_rounds) = refill_rounds {
-            super::refill_magtype(nr_rounds, magtype)
-        } else {
+        } else if for_free {
             self.magtype.fetch_or(FREED, Ordering::Relaxed);
             magtype
+        } else {
+            super::refill_magtype(magtype)
         }
     }
 
@@ -229,7 +228,10 @@ impl<P: Platform> Depot<P> {
 
     /// The free miss's exchange: `loaded` is full (or absent) and `prev`
     /// not empty. Trade `prev` for an empty magazine of the depot's type,
-    /// which becomes `loaded`. False if the depot has none. Empty
+    /// which becomes `loaded`; but a full `loaded` that is a refill's
+    /// magazine ([`is_refill_magazine`](super::is_refill_magazine)) moves
+    /// its rounds into that empty magazine and is freed, `prev` staying.
+    /// False if the depot has none. Empty
     /// magazines of an older type met on the way are returned to be freed
     /// (with no lock held). (The `time-stats` point
     /// `func:exchange_for_empty`.)
@@ -250,7 +252,34 @@ impl<P: Platform> Depot<P> {
             }
             stale = Stale(mag);
         };
-        if !empty.is_null() {
+        let loaded = pcc.loaded;
+        // SAFETY: this CPU's `loaded` (the pcc's, interrupts off), or the
+        // absent one (capacity 0; a real magazine is tested first).
+        let loaded_capacity = unsafe { (*loaded).capacity } as usize;
+        if !empty.is_null()
+            && loaded != no_magazine()
+            && super::is_refill_magazine(loaded_capacity, magsize)
+        {
+            // A refill's magazine, full: its rounds move to the empty one
+            // of the depot's type, which becomes `loaded` (`prev` stays),
+            // and it is freed.
+            // SAFETY: both live and ours (the pcc's, interrupts off; the
+            // popped one), distinct; the empty one has room for the
+            // smaller one's rounds; `loaded` leaves the pcc empty.
+            unsafe {
+                let nr_rounds = (*loaded).nr_rounds;
+                ptr::copy_nonoverlapping(
+                    Magazine::slots(loaded),
+                    Magazine::slots(empty),
+                    nr_rounds as usize,
+                );
+                (*empty).nr_rounds = nr_rounds;
+                (*loaded).nr_rounds = 0;
+                (*loaded).next = stale.0;
+            }
+            stale = Stale(loaded);
+            pcc.loaded = empty;
+        } else if !empty.is_null() {
             let prev = pcc.prev;
             if prev != no_magazine() {
                 // SAFETY: a live magazine leaving the pcc.

@@ -203,25 +203,38 @@ pub(crate) fn max_magtype(stride: usize) -> usize {
         .max(start_magtype(stride))
 }
 
-/// The largest magazine type a refill makes for a cache no free has made
-/// a magazine for (`kmem_magazine_14`, 128 B): such a cache, a cold
-/// partitioned copy of a kmalloc class above all, holds it for good, and
-/// 8 copies of every class with 248-byte magazines took
-/// `partitioning_memory_cost` to 5.01 % of live (4.30-4.69 % without).
+/// The magazine type a refill makes for a cache no free has made a
+/// magazine for (`kmem_magazine_14`, 128 B, or the cache's own type if
+/// smaller: [`refill_magtype`]): such a cache, a cold partitioned copy
+/// of a kmalloc class above all, holds it for good, and 8 copies of
+/// every class with 248-byte magazines took `partitioning_memory_cost`
+/// to 5.01 % of live (4.30-4.69 % without).
 pub(crate) const REFILL_MAX_MAGTYPE: usize = 3;
 
-/// The magazine type a refill of `nr_rounds` rounds makes when this CPU
-/// has no magazine that size and no free has made one for the cache: the
-/// largest that `nr_rounds` fill (the smallest, `kmem_magazine_1`, for
-/// one round), at most `depot_magtype` (the cache's own) and
-/// [`REFILL_MAX_MAGTYPE`]. The batches double with each trip down, so a
-/// cache's refill magazines grow 1, 3, 6, 14 rounds (24 to 128 B) as its
-/// misses repeat.
-pub(crate) fn refill_magtype(nr_rounds: usize, depot_magtype: usize) -> usize {
-    MAGAZINE_ROUNDS[..=depot_magtype.min(REFILL_MAX_MAGTYPE)]
-        .iter()
-        .rposition(|&rounds| rounds <= nr_rounds)
-        .unwrap_or(0)
+/// The magazine type a refill makes when this CPU has no magazine that
+/// size and no free has made one for the cache: [`REFILL_MAX_MAGTYPE`],
+/// at most `depot_magtype` (the cache's own), made on the cache's first
+/// batch (its second trip down; the first takes one object and makes
+/// none). Growing it with the batches instead (1, 3, 6, 14 rounds as
+/// they doubled) made and freed a magazine at each step, and a slab of
+/// each `kmem_magazine_<N>`: 3.5k instructions of the shell replay's
+/// 49k; a cache that takes a fourth batch holds the 14-round magazine
+/// either way.
+pub(crate) fn refill_magtype(depot_magtype: usize) -> usize {
+    depot_magtype.min(REFILL_MAX_MAGTYPE)
+}
+
+/// Whether a magazine of `capacity` rounds is a refill's own, smaller
+/// than a depot's `magsize`-round type: at most [`REFILL_MAX_MAGTYPE`]
+/// (made before the cache's first free, [`refill_magtype`]). Once the
+/// cache frees, such a magazine gives way to the depot's type: a free
+/// miss moves its rounds into an empty magazine of that type
+/// (`Depot::exchange_for_empty`), a refill replaces it when empty
+/// (`KmemCache::refill_room`). Kept, it sent a miss every 14 rounds in
+/// steady churn (`bench/profile.sh mixed magpie`: 53.2 -> 55.2
+/// instructions an operation).
+pub(crate) fn is_refill_magazine(capacity: usize, magsize: usize) -> bool {
+    capacity < magsize && capacity <= MAGAZINE_ROUNDS[REFILL_MAX_MAGTYPE]
 }
 
 /// A magazine: a stack of up to `capacity` constructed objects, in a
