@@ -254,12 +254,9 @@ impl<P: Platform> Depot<P> {
         };
         let loaded = pcc.loaded;
         // SAFETY: this CPU's `loaded` (the pcc's, interrupts off), or the
-        // absent one (capacity 0; a real magazine is tested first).
+        // absent one (capacity 0: not a refill's).
         let loaded_capacity = unsafe { (*loaded).capacity } as usize;
-        if !empty.is_null()
-            && loaded != no_magazine()
-            && super::is_refill_magazine(loaded_capacity, magsize)
-        {
+        if super::is_refill_magazine(loaded_capacity, magsize) && !empty.is_null() {
             // A refill's magazine, full: its rounds move to the empty one
             // of the depot's type, which becomes `loaded` (`prev` stays),
             // and it is freed.
