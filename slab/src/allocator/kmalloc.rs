@@ -302,7 +302,7 @@ pub const fn natural_align(size: usize) -> usize {
 }
 
 const _: () = {
-    // The one-test bound of `kmalloc_index` needs a power of two.
+    // The by-8 table's bound (`small_class_cache`) is a power of two.
     assert!(CLASS_TABLE_MAX.is_power_of_two());
     // The table and the arithmetic agree with the class list.
     assert!(KMALLOC_SIZES[NR_KMALLOC - 1] == KMALLOC_MAX_SIZE && KMALLOC_SIZES[15] == 128);
@@ -320,7 +320,7 @@ const _: () = {
         assert!(KMALLOC_SIZES[class] >= size && (class == 0 || KMALLOC_SIZES[class - 1] < size));
         size += 1;
     }
-    // The aligned lookup (`kmalloc_index_general`): for every alignment
+    // The aligned lookup (`kmalloc_index`): for every alignment
     // up to PAGE_SIZE, the class of a multiple of the alignment is itself
     // a multiple of it, so it is the smallest class that is at least the
     // rounded size and naturally aligned to `align`.
@@ -341,30 +341,17 @@ const _: () = {
 };
 
 impl<P: Platform> Kmem<P> {
-    /// Index of the kmalloc class for `size` bytes aligned to `align`.
+    /// Index of the kmalloc class for `size` bytes aligned to `align` (a
+    /// power of two); `None`: page-granular. O(1) for every alignment: a
+    /// class serves `align` (up to [`PAGE_SIZE`]) exactly when `align`
+    /// divides its size, and the smallest such class at least `size`
+    /// bytes is the class of `size` rounded up to `align` (the const block
+    /// above checks it for every alignment), so one rounding and one class
+    /// lookup replace a scan. (Size 0 gets the smallest class serving
+    /// `align`: callers refuse it or round it up first.) The hits look a
+    /// small request up without it ([`Self::small_class_cache`]).
     #[inline(always)]
     pub(crate) fn kmalloc_index(size: usize, align: usize) -> Option<usize> {
-        // Every class is at least 8-aligned. (Size 0 maps to kmalloc-8:
-        // callers refuse it or round it up first.) One test for both
-        // `size < 1024` and `align <= 8`: `(align - 1) << 7` stays below
-        // 1024 exactly for alignments up to 8 (bits 7..=10 are set from
-        // 16 up, whatever is shifted out), and an OR of two values is
-        // below a power of two exactly when both are. (Size 1024 takes
-        // the general path, which gives the same class.)
-        if (size | ((align - 1) << 7)) < CLASS_TABLE_MAX {
-            return Some(CLASS_BY_8[(size + 7) >> 3] as usize);
-        }
-        Self::kmalloc_index_general(size, align)
-    }
-
-    /// [`Self::kmalloc_index`] for sizes above the table or alignments
-    /// above 8, in O(1) for every alignment: a class serves `align` (up
-    /// to [`PAGE_SIZE`]) exactly when `align` divides its size, and the
-    /// smallest such class at least `size` bytes is the class of `size`
-    /// rounded up to `align` (the const block below checks it for every
-    /// alignment), so one rounding and one class lookup replace a scan.
-    #[inline]
-    fn kmalloc_index_general(size: usize, align: usize) -> Option<usize> {
         if size > KMALLOC_MAX_SIZE || align > PAGE_SIZE {
             return None;
         }
@@ -594,7 +581,7 @@ impl<P: Platform> Kmem<P> {
     /// The cache of the size class serving `size` bytes aligned to
     /// `align` (a power of two): [`Self::small_class_cache`], else
     /// (above the by-8 table or aligned above 8) the class by arithmetic
-    /// ([`Self::kmalloc_index_general`]) once the allocator is ready.
+    /// ([`Self::kmalloc_index`]) once the allocator is ready.
     /// `None`: page-granular, or not ready.
     #[inline(always)]
     pub(crate) fn class_cache(&self, size: usize, align: usize) -> Option<*const KmemCache<P>> {
@@ -604,13 +591,13 @@ impl<P: Platform> Kmem<P> {
         if !self.is_ready() {
             return None;
         }
-        let index = Self::kmalloc_index_general(size, align)?;
+        let index = Self::kmalloc_index(size, align)?;
         Some(self.kmalloc_cache(index))
     }
 
     /// The cache of a request below [`CLASS_TABLE_MAX`] bytes aligned to
     /// at most 8, by size in one load of the by-8 table; `None` for any
-    /// other request ([`Self::kmalloc_general`]). No readiness or null
+    /// other request (the arithmetic: [`Self::kmalloc_index`]). No readiness or null
     /// test: before `init` the entry is the unready one, which the cache's
     /// hit refuses (`cache/alloc.rs`). A live cache, an unborn stub, or
     /// the unready entry.
@@ -621,9 +608,9 @@ impl<P: Platform> Kmem<P> {
         align: usize,
     ) -> Option<*const KmemCache<P>> {
         debug_assert!(align.is_power_of_two());
-        // `kmalloc_index`'s test as two compares (its one OR-ed test
-        // costs two register copies here, where both `size` and `align`
-        // stay live for the paths off the hit).
+        // Two compares (one OR-ed test, `size | (align - 1) << 7`, costs
+        // two register copies here, where both `size` and `align` stay
+        // live for the paths off the hit).
         if size < CLASS_TABLE_MAX && align <= 8 {
             // Acquire (a plain load on x86): a cache published by `init`
             // or a class's birth is seen whole.
