@@ -12,6 +12,10 @@ use crate::cache::{HotFlags, KmemCache, Located};
 use crate::error::FreeError;
 use crate::platform::{PAGE_SIZE, Platform};
 
+/// `Kmem::alloc_pages_or_null`'s `old_size` for `GlobalAlloc::alloc`: no
+/// block is moved (no block is that big).
+const NOT_MOVED: usize = usize::MAX;
+
 impl<P: Platform> Kmem<P> {
     /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
     /// refused free.
@@ -62,19 +66,39 @@ impl<P: Platform> Kmem<P> {
             .map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
+    /// A block no size class's hit gives, an error a null pointer:
     /// `GlobalAlloc::alloc` of a request no size class serves
-    /// ([`Kmem::kmalloc_pages`]: page-granular, or refused before
-    /// `init`), and a `realloc`'s growth past a page (`TO_GROW`: pages
-    /// that can grow again in place, page-aligned), an error a null
-    /// pointer. The layout first: `GlobalAlloc::alloc`'s own arguments
-    /// stay in the registers they came in (no copies on its hit: plain
-    /// pair 68 -> 66 instructions).
-    #[cold]
+    /// (`old_size` [`NOT_MOVED`]: [`Kmem::kmalloc_pages`], page-granular,
+    /// or refused before `init`), or the new block of a `realloc` that moves
+    /// a block of `old_size` bytes to `layout`: a growth past a page takes
+    /// whole pages, where it can grow again in place (`TO_GROW`,
+    /// page-aligned): a block grown that far is mostly a buffer that
+    /// keeps growing (a `Vec` doubling), and its next growths then copy
+    /// nothing (a `Vec` pushed to 1 MiB copied 8 KiB more when its
+    /// 4,097..8,192-byte step took a size class); any other move is
+    /// [`GlobalAlloc::alloc`]. The layout first: `GlobalAlloc::alloc`'s
+    /// own arguments stay in the registers they came in (no copies on its
+    /// hit: plain pair 68 -> 66 instructions). Out of line: the moves
+    /// between size classes (`realloc-grow`, [`Self::realloc_move`]) call
+    /// it only past a page and then keep one compare and no register
+    /// saves for it (inline, the row was 168.3 -> 174.9 net instructions
+    /// an operation, `make bench`).
     #[inline(never)]
-    fn alloc_pages_or_null<const TO_GROW: bool>(layout: Layout, this: &Self) -> *mut u8 {
-        let align = if TO_GROW { PAGE_SIZE } else { layout.align() };
-        this.kmalloc_pages::<TO_GROW>(layout.size(), align, crate::alloc_tag::current::<P>)
-            .map_or(ptr::null_mut(), NonNull::as_ptr)
+    fn alloc_pages_or_null(layout: Layout, this: &Self, old_size: usize) -> *mut u8 {
+        let tag = crate::alloc_tag::current::<P>;
+        let pages = if old_size == NOT_MOVED {
+            this.kmalloc_pages::<false>(layout.size(), layout.align(), tag)
+        } else if layout.size() > PAGE_SIZE
+            && layout.size() > old_size
+            && layout.align() <= PAGE_SIZE
+        {
+            this.kmalloc_pages::<true>(layout.size(), PAGE_SIZE, tag)
+        } else {
+            // SAFETY: a valid layout (GlobalAlloc allows size 0 here;
+            // kmalloc gets max(size, 1)).
+            return unsafe { this.alloc(layout) };
+        };
+        pages.map_or(ptr::null_mut(), NonNull::as_ptr)
     }
 
     /// `GlobalAlloc::dealloc` past the cache's hit (a feature on, a
@@ -136,7 +160,11 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // A Layout's alignment is a power of two; size 0 gets kmalloc-8.
         let Some(cache) = self.class_cache(layout.size(), layout.align()) else {
-            return Self::alloc_pages_or_null::<false>(layout, self);
+            // Unlikely. (Here, not a `#[cold]` on the callee: a cold
+            // callee moved `realloc_move`'s registers, +3 instructions an
+            // operation on `realloc-grow`.)
+            core::hint::cold_path();
+            return Self::alloc_pages_or_null(layout, self, NOT_MOVED);
         };
         const SLOW: u32 = HotFlags::ALLOC_SLOW.bits();
         // SAFETY: a class's cache, an unborn stub or the unready entry.
@@ -237,12 +265,11 @@ impl<P: Platform> Kmem<P> {
         // SAFETY: the GlobalAlloc contract: `new_size`, rounded up to
         // `layout.align()`, does not overflow `isize`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // A growth past a page: [`Self::realloc_alloc_big`], out of line,
-        // so the moves between size classes keep one compare and no
+        // A growth past a page: [`Self::alloc_pages_or_null`], out of
+        // line, so the moves between size classes keep one compare and no
         // register saves for it.
         let new = if new_size > PAGE_SIZE {
-            // SAFETY: a valid layout.
-            unsafe { self.realloc_alloc_big(layout, new_layout) }
+            Self::alloc_pages_or_null(new_layout, self, layout.size())
         } else {
             // SAFETY: a valid layout (size 0 gets kmalloc-8).
             unsafe { self.alloc(new_layout) }
@@ -262,32 +289,6 @@ impl<P: Platform> Kmem<P> {
             }
         }
         new
-    }
-
-    /// The new block of a `realloc` that moves a block of `layout` to
-    /// `new_layout`: a growth past a page takes whole pages, where it can
-    /// grow again in place: a block grown that far is mostly a buffer
-    /// that keeps growing (a `Vec` doubling), and its next growths then
-    /// copy nothing (a `Vec` pushed to 1 MiB copied 8 KiB more when its
-    /// 4,097..8,192-byte step took a size class); anything else is
-    /// [`GlobalAlloc::alloc`]. Null on error. Out of line: the moves
-    /// between size classes (`realloc-grow`, [`Self::realloc_move`]) call
-    /// it only past a page and then keep one compare and no register
-    /// saves for it (inline, the row was 168.3 -> 174.9 net instructions
-    /// an operation, `make bench`).
-    ///
-    /// # Safety
-    /// As for [`GlobalAlloc::alloc`] of `new_layout`.
-    #[inline(never)]
-    unsafe fn realloc_alloc_big(&self, layout: Layout, new_layout: Layout) -> *mut u8 {
-        if new_layout.size() > PAGE_SIZE
-            && new_layout.size() > layout.size()
-            && new_layout.align() <= PAGE_SIZE
-        {
-            return Self::alloc_pages_or_null::<true>(new_layout, self);
-        }
-        // SAFETY: per our caller.
-        unsafe { self.alloc(new_layout) }
     }
 
     /// [`GlobalAlloc::realloc`] of anything but a located slab object: a
@@ -321,9 +322,7 @@ impl<P: Platform> Kmem<P> {
         let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
             return ptr::null_mut();
         };
-        // SAFETY: a valid layout (GlobalAlloc allows size 0 here; kmalloc
-        // gets max(size, 1)).
-        let new = unsafe { self.realloc_alloc_big(layout, new_layout) };
+        let new = Self::alloc_pages_or_null(new_layout, self, layout.size());
         if !new.is_null() && !ptr.is_null() {
             // SAFETY: both blocks are at least min(old, new) bytes and
             // distinct (new is freshly allocated); ptr is given up per the
