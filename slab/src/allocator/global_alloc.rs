@@ -17,21 +17,6 @@ use crate::platform::{PAGE_SIZE, Platform};
 const NOT_MOVED: usize = usize::MAX;
 
 impl<P: Platform> Kmem<P> {
-    /// `GlobalAlloc::dealloc` past the fast path: `kfree`, reporting a
-    /// refused free.
-    ///
-    /// # Safety
-    /// As for [`Kmem::kfree`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn dealloc_slow(&self, ptr: *mut u8) {
-        let Some(ptr) = NonNull::new(ptr) else { return };
-        // SAFETY: per our caller.
-        if let Err(error) = unsafe { self.kfree_slow(ptr) } {
-            self.report_free_error(error);
-        }
-    }
-
     /// `GlobalAlloc::alloc` past the cache's hit (a feature on, a miss):
     /// the cache the hit found goes on to the usual words' hit
     /// ([`KmemCache::alloc_usual`], inlined: the class is not looked up
@@ -210,8 +195,11 @@ unsafe impl<P: Platform> GlobalAlloc for Kmem<P> {
                 // SAFETY: as above; the hit changed nothing.
                 unsafe { Self::dealloc_off_hit(cache, ptr, at, self) }
             }
-            // SAFETY: as above; nothing changed.
-            None => unsafe { self.dealloc_slow(ptr) },
+            None => {
+                // SAFETY: as above; nothing changed. (A refused free is
+                // reported there.)
+                let _ = unsafe { self.kfree_slow::<true>(ptr) };
+            }
         }
     }
 

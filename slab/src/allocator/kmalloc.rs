@@ -654,7 +654,7 @@ impl<P: Platform> Kmem<P> {
             // SAFETY: per our caller; located in `cache`.
             Some((cache, at)) => unsafe { cache.free_located(ptr, at) },
             // SAFETY: per our caller; nothing changed.
-            None => unsafe { self.kfree_slow(ptr) },
+            None => unsafe { self.kfree_slow::<false>(ptr.as_ptr()) },
         }
     }
 }

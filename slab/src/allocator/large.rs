@@ -298,113 +298,137 @@ impl<P: Platform> Kmem<P> {
     /// pointer inside a slab object, a KFENCE sample, a page-granular
     /// block, or refused.
     ///
+    /// `EDGE`: `GlobalAlloc::dealloc`'s slow path (reached by a tail
+    /// call): a null `ptr` is nothing to free, and a refused free is also
+    /// counted and handed to the free-error hook
+    /// ([`Self::report_free_error`]). Otherwise `ptr` is not null.
+    ///
     /// # Safety
     /// As for [`Kmem::kfree`].
     #[cold]
     #[inline(never)]
-    pub(crate) unsafe fn kfree_slow(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        let addr = ptr.as_ptr() as usize;
-        if !self.is_ready() {
-            return Err(FreeError::NotAllocated { addr });
-        }
-        let entry = self.page_entry(addr);
-        if let Some(slab) = entry.slab() {
-            let slab = slab as *mut Slab;
-            // SAFETY: registered slabs are alive and belong to caches of
-            // this allocator (same P), alive while they have slabs.
-            let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
-            // SAFETY: the page map puts addr in this live slab of `cache`.
-            let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
-                // KMEMTRACE HOOK: kfree of a pointer inside an object.
-                #[cfg(feature = "kmemtrace")]
-                if cache.hot().contains(crate::cache::HotFlags::KMEMTRACE) {
-                    self.kmemtrace_free(Some(cache), ptr, false);
-                }
-                return Err(cache.refuse(FreeError::Misaligned { addr }));
-            };
-            // SAFETY: located in `cache`, object `index` of `slab`; our
-            // caller gives it up.
-            return unsafe { cache.free_hooked(ptr, slab, index) };
-        }
-        #[cfg(feature = "kfence")]
-        if self.kfence_contains(addr) {
-            // KFENCE HOOK: a sampled object is in no slab page.
-            return crate::cache::KfenceOwner::kfence_free(self, addr, None)
-                .unwrap_or(Err(FreeError::NotAllocated { addr }));
-        }
-        let map = self.page_map();
-        // A page-granular block freed, or the error.
-        let error = match entry.owner() {
-            PageOwner::LargeHead { .. } if addr & (PAGE_SIZE - 1) != 0 => {
-                FreeError::Misaligned { addr }
-            }
-            // The head keeps a freed mark (until the page is used again),
-            // so a second kfree is a duplicate free.
-            PageOwner::LargeHead { nr_pages, .. }
-                if !map.claim(addr, entry, PageEntry::large_freed(nr_pages)) =>
-            {
-                // Another CPU freed it first.
-                FreeError::DoubleFree { addr }
-            }
-            PageOwner::LargeHead { nr_pages, token } => {
-                #[cfg(not(feature = "alloc-profiling"))]
-                let _ = token;
-                #[cfg(feature = "kmemtrace")]
-                if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-                    // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
-                    self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
-                }
-                // The slack of a block aligned above a page: the page
-                // before it is our lead slack or not ours, the page after
-                // our trail slack or not ours.
-                let before = map.get(addr.wrapping_sub(PAGE_SIZE)).owner();
-                let after = map.get(addr + nr_pages * PAGE_SIZE).owner();
-                let Slack { lead, trail } = match (before, after) {
-                    (PageOwner::LargeLead(slack), _) | (_, PageOwner::LargeTrail(slack)) => slack,
-                    _ => Slack::default(),
-                };
-                let base = addr - lead * PAGE_SIZE;
-                let nr_taken = lead + nr_pages + trail;
-                // The slack pages (the head keeps its freed mark; the
-                // block's later pages were never written).
-                map.clear_range(base, lead);
-                map.clear_range(addr + nr_pages * PAGE_SIZE, trail);
-                self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
-                self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
-                #[cfg(feature = "alloc-profiling")]
-                if let Some(token) = AllocTagRef::new(token) {
-                    // SAFETY: the head entry's charge token, stored at the
-                    // allocation; the claim above makes this free the one
-                    // that uncharges it.
-                    unsafe {
-                        crate::alloc_tag::uncharge_off_hit::<P>(token, ptr, nr_pages * PAGE_SIZE)
-                    };
-                }
-                // SAFETY: a live page-granular allocation of nr_taken pages
-                // at base from the primary source, claimed by us alone (the
-                // CAS); base is non-null (a page of the source).
-                unsafe {
-                    self.primary_source()
-                        .free_pages(NonNull::new_unchecked(base as *mut u8), nr_taken)
-                };
-                return Ok(());
-            }
-            PageOwner::LargeTail | PageOwner::LargeLead(_) | PageOwner::LargeTrail(_) => {
-                FreeError::Misaligned { addr }
-            }
-            // The head of a block kfree gave back, its pages not used again.
-            PageOwner::LargeFreed { .. } if addr & (PAGE_SIZE - 1) == 0 => {
-                FreeError::DoubleFree { addr }
-            }
-            _ => FreeError::NotAllocated { addr },
+    pub(crate) unsafe fn kfree_slow<const EDGE: bool>(
+        &self,
+        ptr: *mut u8,
+    ) -> Result<(), FreeError> {
+        let Some(ptr) = NonNull::new(ptr) else {
+            debug_assert!(EDGE, "kfree of a null pointer");
+            return Ok(());
         };
-        #[cfg(feature = "kmemtrace")]
-        if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
-            // KMEMTRACE HOOK: kfree of a pointer that is not ours.
-            self.kmemtrace_free(None, ptr, false);
+        let result = 'free: {
+            let addr = ptr.as_ptr() as usize;
+            if !self.is_ready() {
+                break 'free Err(FreeError::NotAllocated { addr });
+            }
+            let entry = self.page_entry(addr);
+            if let Some(slab) = entry.slab() {
+                let slab = slab as *mut Slab;
+                // SAFETY: registered slabs are alive and belong to caches of
+                // this allocator (same P), alive while they have slabs.
+                let cache = unsafe { &*(*slab).cache.cast::<KmemCache<P>>() };
+                // SAFETY: the page map puts addr in this live slab of `cache`.
+                let Some(index) = (unsafe { cache.object_index(slab, addr) }) else {
+                    // KMEMTRACE HOOK: kfree of a pointer inside an object.
+                    #[cfg(feature = "kmemtrace")]
+                    if cache.hot().contains(crate::cache::HotFlags::KMEMTRACE) {
+                        self.kmemtrace_free(Some(cache), ptr, false);
+                    }
+                    break 'free Err(cache.refuse(FreeError::Misaligned { addr }));
+                };
+                // SAFETY: located in `cache`, object `index` of `slab`; our
+                // caller gives it up.
+                break 'free unsafe { cache.free_hooked(ptr, slab, index) };
+            }
+            #[cfg(feature = "kfence")]
+            if self.kfence_contains(addr) {
+                // KFENCE HOOK: a sampled object is in no slab page.
+                break 'free crate::cache::KfenceOwner::kfence_free(self, addr, None)
+                    .unwrap_or(Err(FreeError::NotAllocated { addr }));
+            }
+            let map = self.page_map();
+            // A page-granular block freed, or the error.
+            let error = match entry.owner() {
+                PageOwner::LargeHead { .. } if addr & (PAGE_SIZE - 1) != 0 => {
+                    FreeError::Misaligned { addr }
+                }
+                // The head keeps a freed mark (until the page is used again),
+                // so a second kfree is a duplicate free.
+                PageOwner::LargeHead { nr_pages, .. }
+                    if !map.claim(addr, entry, PageEntry::large_freed(nr_pages)) =>
+                {
+                    // Another CPU freed it first.
+                    FreeError::DoubleFree { addr }
+                }
+                PageOwner::LargeHead { nr_pages, token } => {
+                    #[cfg(not(feature = "alloc-profiling"))]
+                    let _ = token;
+                    #[cfg(feature = "kmemtrace")]
+                    if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+                        // KMEMTRACE HOOK: page-granular kfree (before the pages go back).
+                        self.kmemtrace_pages(EventKind::Free, addr, nr_pages * PAGE_SIZE);
+                    }
+                    // The slack of a block aligned above a page: the page
+                    // before it is our lead slack or not ours, the page after
+                    // our trail slack or not ours.
+                    let before = map.get(addr.wrapping_sub(PAGE_SIZE)).owner();
+                    let after = map.get(addr + nr_pages * PAGE_SIZE).owner();
+                    let Slack { lead, trail } = match (before, after) {
+                        (PageOwner::LargeLead(slack), _) | (_, PageOwner::LargeTrail(slack)) => {
+                            slack
+                        }
+                        _ => Slack::default(),
+                    };
+                    let base = addr - lead * PAGE_SIZE;
+                    let nr_taken = lead + nr_pages + trail;
+                    // The slack pages (the head keeps its freed mark; the
+                    // block's later pages were never written).
+                    map.clear_range(base, lead);
+                    map.clear_range(addr + nr_pages * PAGE_SIZE, trail);
+                    self.large_nr_live.fetch_sub(1, Ordering::Relaxed);
+                    self.large_live_pages.fetch_sub(nr_pages, Ordering::Relaxed);
+                    #[cfg(feature = "alloc-profiling")]
+                    if let Some(token) = AllocTagRef::new(token) {
+                        // SAFETY: the head entry's charge token, stored at the
+                        // allocation; the claim above makes this free the one
+                        // that uncharges it.
+                        unsafe {
+                            crate::alloc_tag::uncharge_off_hit::<P>(
+                                token,
+                                ptr,
+                                nr_pages * PAGE_SIZE,
+                            )
+                        };
+                    }
+                    // SAFETY: a live page-granular allocation of nr_taken pages
+                    // at base from the primary source, claimed by us alone (the
+                    // CAS); base is non-null (a page of the source).
+                    unsafe {
+                        self.primary_source()
+                            .free_pages(NonNull::new_unchecked(base as *mut u8), nr_taken)
+                    };
+                    break 'free Ok(());
+                }
+                PageOwner::LargeTail | PageOwner::LargeLead(_) | PageOwner::LargeTrail(_) => {
+                    FreeError::Misaligned { addr }
+                }
+                // The head of a block kfree gave back, its pages not used again.
+                PageOwner::LargeFreed { .. } if addr & (PAGE_SIZE - 1) == 0 => {
+                    FreeError::DoubleFree { addr }
+                }
+                _ => FreeError::NotAllocated { addr },
+            };
+            #[cfg(feature = "kmemtrace")]
+            if self.kmemtrace.recording_all.load(Ordering::Relaxed) {
+                // KMEMTRACE HOOK: kfree of a pointer that is not ours.
+                self.kmemtrace_free(None, ptr, false);
+            }
+            CacheOwner::report_bad_free(self, "kmalloc", error);
+            Err(error)
+        };
+        if EDGE && let Err(error) = result {
+            self.report_free_error(error);
         }
-        CacheOwner::report_bad_free(self, "kmalloc", error);
-        Err(error)
+        result
     }
 
     /// A kmalloc block kept by a resize (`krealloc`, `GlobalAlloc::realloc`,
