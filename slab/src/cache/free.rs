@@ -378,6 +378,7 @@ impl<P: Platform> KmemCache<P> {
                 #[cfg(not(feature = "alloc-profiling"))]
                 let _ = tag;
             }
+            #[cfg(feature = "debug")]
             if hot.contains(HotFlags::DEBUG) {
                 // SAFETY: an object start of ours (the owner check, or the
                 // hash above off the primary source), given up by the caller.

@@ -85,6 +85,7 @@ impl<P: Platform> KmemCache<P> {
             if hot.contains(HotFlags::DEBUG) {
                 // Unmarked (`KeyPlace::Unmarked`): the state word is the
                 // debug cache's mark.
+                #[cfg(feature = "debug")]
                 self.debug_alloc_hook(obj, bytes_req);
             } else if hot.contains(HotFlags::KEYLESS) {
                 // SAFETY: just taken from our magazines or slab layer.

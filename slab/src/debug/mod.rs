@@ -60,7 +60,8 @@ use core::fmt;
 
 mod layout;
 // Feature `debug`: the checks of a debug object and a debug cache's
-// hooks; off, empty inline stubs (`off.rs`) and no debug layout.
+// hooks; off, no debug layout, the alloc and free hooks' calls compiled
+// out and empty inline stubs for the rest (`off.rs`).
 #[cfg(feature = "debug")]
 mod config;
 #[cfg(feature = "debug")]

@@ -1,39 +1,18 @@
-//! Feature `debug` off: the calls the cache, the slab layer and the
+//! Feature `debug` off: the calls the slab layer, the resizes and the
 //! walkers make into `object.rs`, as empty inline stubs. No cache has a
 //! debug layout ([`DebugLayout`] is uninhabited: `DebugLayout::new`
-//! returns `None`), so the hooks are never reached and the ones that take
-//! a layout cannot be called.
-
-use core::ptr::NonNull;
+//! returns `None`), so the stubs are never reached and the ones that take
+//! a layout cannot be called. The alloc and free hooks have no stub:
+//! their one call each (`cache/hooks.rs`, `cache/free.rs`) is compiled
+//! out with the feature.
 
 use super::layout::{DebugLayout, DebugObjectInfo};
 use crate::cache::KmemCache;
-use crate::error::FreeError;
 use crate::platform::Platform;
 use crate::reports::error::ErrorReport;
 use crate::slab::Slab;
 
 impl<P: Platform> KmemCache<P> {
-    /// No debug cache: nothing to check.
-    #[inline(always)]
-    pub(crate) fn debug_alloc_hook(&self, obj: NonNull<u8>, bytes_req: usize) {
-        let _ = (obj, bytes_req);
-    }
-
-    /// No debug cache: nothing refuses.
-    ///
-    /// # Safety
-    /// None needed (nothing is touched); as for the feature's hook.
-    #[inline(always)]
-    pub(crate) unsafe fn debug_free_hook(
-        &self,
-        addr: usize,
-        slab: *mut Slab,
-    ) -> Result<(), FreeError> {
-        let _ = (addr, slab);
-        Ok(())
-    }
-
     /// No debug cache: no redzone to move.
     ///
     /// # Safety
