@@ -188,7 +188,7 @@ fn cache_name(obj: usize) -> &'static str {
         .name()
 }
 
-/// Row 4, the safe typed form (`KMALLOC_TYPE_REUSE` uses `kmalloc_obj`):
+/// Row 4, the safe typed form (`KMALLOC_TYPE_REUSE` uses `KmallocArgs::of`):
 /// `kbox` puts `[u8; 64]` in `kmalloc-data-64` and a pointer-holding type
 /// in a random copy.
 #[test_case]

@@ -371,7 +371,7 @@ impl<P: Platform> AllocProfiling<'static, P> {
 // Typed boxes
 
 /// A `T` a caller owns, from its type's own kmalloc partition
-/// ([`Kmem::kmalloc_obj`]: `kmalloc-data-<size>` for a pointer-free type,
+/// ([`KmallocArgs::of`](crate::KmallocArgs::of): `kmalloc-data-<size>` for a pointer-free type,
 /// a random copy chosen by the type for every other), so a buffer an
 /// attacker fills never shares a slab with objects holding pointers
 /// (issue 33; Linux's typed `kmalloc_obj`). Rust for Linux's `KBox<T>`,
@@ -391,15 +391,17 @@ unsafe impl<T: KmallocObj + Sync, P: Platform> Sync for KBox<T, P> {}
 
 impl<P: Platform> Kmem<P> {
     /// `value` in a [`KBox`], from `T`'s partition
-    /// ([`Kmem::kmalloc_obj`]). Charged to the current tag.
+    /// ([`KmallocArgs::of`](crate::KmallocArgs::of)). Charged to the current tag.
     ///
     /// # Errors
-    /// As for [`Kmem::kmalloc_obj`] (`InvalidLayout` for a zero-sized
-    /// `T`); `value` is dropped, as `Box::try_new` drops it.
+    /// As for [`Kmem::kmalloc`] (`InvalidLayout` for a zero-sized `T`);
+    /// `value` is dropped, as `Box::try_new` drops it.
     pub fn kbox<T: KmallocObj>(&'static self, value: T) -> Result<KBox<T, P>, AllocError> {
-        let ptr = self.kmalloc_obj::<T>()?;
+        let ptr = self
+            .kmalloc_with(crate::KmallocArgs::of::<T>())?
+            .cast::<T>();
         // SAFETY: a fresh object of at least `size_of::<T>()` bytes,
-        // aligned for `T` (kmalloc_obj's contract), ours.
+        // aligned for `T` (kmalloc's contract), ours.
         unsafe { ptr.as_ptr().write(value) };
         Ok(KBox { ptr, heap: self })
     }
@@ -423,7 +425,7 @@ impl<T: KmallocObj, P: Platform> KBox<T, P> {
 
     /// Free the object (its `T` already dropped or moved out).
     fn release(&self) {
-        // SAFETY: our object, from this heap's kmalloc_obj, freed once
+        // SAFETY: our object, from this heap's kmalloc, freed once
         // (by drop or into_inner, which consume the box).
         let freed = unsafe { self.heap.kfree(self.ptr.cast()) };
         debug_assert!(freed.is_ok(), "KBox: {freed:?}");

@@ -74,7 +74,7 @@ pub(crate) const NR_KMALLOC: usize = KMALLOC_SIZES.len();
 /// `Box`, `Vec`; `kmalloc` without a tag) keep the normal classes and
 /// their one-load hit.
 pub const NR_KMALLOC_RANDOM: usize = 8;
-/// The row of [`Kmem::kmalloc_obj`]'s pointer-free types (after Linux's
+/// The row of [`KmallocArgs::of`]'s pointer-free types (after Linux's
 /// `kmem_buckets` and the typed-kmalloc RFC's separation of data from
 /// pointer-holding objects): `kmalloc-data-<size>`.
 pub(crate) const DATA_PARTITION: usize = NR_KMALLOC_RANDOM;
@@ -105,7 +105,7 @@ pub(crate) fn random_partition(site: usize) -> usize {
     ((mixed >> 32) as usize * NR_KMALLOC_RANDOM) >> 32
 }
 
-/// A type [`Kmem::kmalloc_obj`] allocates, saying whether it holds
+/// A type [`KmallocArgs::of`] allocates, saying whether it holds
 /// pointers. Pointer-free types (`POINTER_FREE = true`: integers, bytes,
 /// arrays of them) go to their own `kmalloc-data-<size>` caches, so a
 /// buffer whose contents an attacker controls never shares a slab with
@@ -235,6 +235,32 @@ impl KmallocArgs {
     /// Zero the first `size` bytes (Linux `kzalloc`, `__GFP_ZERO`).
     pub const fn zeroed(self) -> Self {
         Self { zero: true, ..self }
+    }
+
+    /// An uninitialised `T` (Linux's typed `kmalloc_obj`): its size and
+    /// alignment, from its own partition: `kmalloc-data-<size>` for a
+    /// pointer-free type ([`KmallocObj::POINTER_FREE`]), else a random
+    /// copy chosen by the type (a later [`KmallocArgs::site`], or
+    /// [`KmallocArgs::tag`] of a tag, chooses by the site instead), not
+    /// zeroed, charged to the current tag. [`Kmem::kbox`] is its safe
+    /// form; a zero-sized `T` is [`AllocError::InvalidLayout`].
+    ///
+    /// ```
+    /// # use magpie_slab::KmallocArgs;
+    /// // A `[u8; 64]` from kmalloc-data-64 (`Kmem::kmalloc_with`).
+    /// let args = KmallocArgs::of::<[u8; 64]>();
+    /// # let _ = args;
+    /// ```
+    pub fn of<T: KmallocObj>() -> Self {
+        let row = if T::POINTER_FREE {
+            Row::Data
+        } else {
+            Row::Site(core::any::type_name::<T>().as_ptr() as usize)
+        };
+        Self {
+            row,
+            ..Self::new(size_of::<T>(), align_of::<T>())
+        }
     }
 }
 
@@ -474,27 +500,6 @@ impl<P: Platform> Kmem<P> {
             self.zero_new(ptr, size, align);
         }
         result
-    }
-
-    /// Allocate an uninitialised `T` (Linux's typed `kmalloc_obj`), from
-    /// its own partition: `kmalloc-data-<size>` for a pointer-free type
-    /// ([`KmallocObj::POINTER_FREE`]), else a random copy chosen by the
-    /// type. Free it with [`Kmem::kfree`]. Charged to the current tag.
-    ///
-    /// # Errors
-    /// As for [`Kmem::kmalloc`] (`InvalidLayout` for a zero-sized `T`).
-    pub fn kmalloc_obj<T: KmallocObj>(&self) -> Result<NonNull<T>, AllocError> {
-        let layout = core::alloc::Layout::new::<T>();
-        let row = if T::POINTER_FREE {
-            Row::Data
-        } else {
-            Row::Site(core::any::type_name::<T>().as_ptr() as usize)
-        };
-        self.kmalloc_with(KmallocArgs {
-            row,
-            ..KmallocArgs::new(layout.size(), layout.align())
-        })
-        .map(NonNull::cast)
     }
 
     /// Clear a fresh kmalloc block of `size` bytes unless it is known zero

@@ -17,7 +17,7 @@ use std::vec::Vec;
 
 use super::support::*;
 use crate::reports::error::ErrorKind;
-use crate::{CacheArgs, FreeError, KmemCache};
+use crate::{CacheArgs, FreeError, KmallocArgs, KmemCache};
 
 /// Errors of `kind` reported after report number `after`.
 fn reports_of(alloc: &TestAlloc, after: u64, kind: ErrorKind) -> usize {
@@ -427,20 +427,20 @@ impl crate::KmallocObj for Node {}
 fn typed_kmalloc_keeps_pointer_free_data_apart() {
     let (alloc, _) = setup(1024);
     set_cpu(0);
-    let data = alloc.kmalloc_obj::<[u8; 64]>().unwrap();
-    let words = alloc.kmalloc_obj::<[u64; 2]>().unwrap();
-    let node = alloc.kmalloc_obj::<Node>().unwrap();
-    assert_eq!(cache_name(alloc, data.cast()), "kmalloc-data-64");
-    assert_eq!(cache_name(alloc, words.cast()), "kmalloc-data-16");
-    assert!(cache_name(alloc, node.cast()).starts_with("kmalloc-rnd-"));
-    for obj in [data.cast::<u8>(), words.cast(), node.cast()] {
+    let data = alloc.kmalloc_with(KmallocArgs::of::<[u8; 64]>()).unwrap();
+    let words = alloc.kmalloc_with(KmallocArgs::of::<[u64; 2]>()).unwrap();
+    let node = alloc.kmalloc_with(KmallocArgs::of::<Node>()).unwrap();
+    assert_eq!(cache_name(alloc, data), "kmalloc-data-64");
+    assert_eq!(cache_name(alloc, words), "kmalloc-data-16");
+    assert!(cache_name(alloc, node).starts_with("kmalloc-rnd-"));
+    for obj in [data, words, node] {
         // SAFETY: live blocks of ours.
         unsafe { alloc.kfree(obj) }.unwrap();
     }
 }
 
 /// The typed box ([`KBox`](crate::KBox), `Kmem::kbox`): the same
-/// partitions as `kmalloc_obj`, the value dropped with the box (once) or
+/// partitions as `KmallocArgs::of`, the value dropped with the box (once) or
 /// moved out, the object freed either way.
 #[test]
 fn typed_boxes_keep_pointer_free_data_apart() {

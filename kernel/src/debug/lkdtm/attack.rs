@@ -21,7 +21,7 @@ use core::fmt::{self, Write};
 use core::ptr::NonNull;
 
 use magpie_slab::reports::{ErrorKind, ErrorReport};
-use magpie_slab::{KmallocObj, PAGE_SIZE};
+use magpie_slab::{KmallocArgs, KmallocObj, PAGE_SIZE};
 
 use super::{LkdtmError, LkdtmType, RUN_START, Scratch, Verdict, addr, alloc, said};
 use crate::kmem::{KPAGES_QUARANTINED, SLAB};
@@ -445,7 +445,7 @@ struct Node {
 impl KmallocObj for Node {}
 
 /// `KMALLOC_TYPE_REUSE` (row 4, typed): [`NR_REUSE`] `[u8; 64]` (data the
-/// attacker could fill) allocated with `kmalloc_obj` and freed, then
+/// attacker could fill) allocated with `KmallocArgs::of` and freed, then
 /// [`NR_REUSE`] 64-byte `Node`s, which hold a pointer. **Mitigated** if
 /// the data came from `kmalloc-data-64`, the nodes from a random copy,
 /// and no node got a freed data object.
@@ -454,7 +454,7 @@ pub(crate) fn kmalloc_type_reuse(out: &mut dyn Write) -> Result<Verdict, LkdtmEr
     let _sampling = NoSampling::new();
     let mut data = Kmallocs::new();
     for _ in 0..NR_REUSE {
-        data.hold(alloc(|| SLAB.kmalloc_obj::<[u8; 64]>().map(NonNull::cast))?);
+        data.hold(alloc(|| SLAB.kmalloc_with(KmallocArgs::of::<[u8; 64]>()))?);
     }
     let data_cache = data.objs[0].map_or("", cache_of);
     let freed_addrs = data.objs;
@@ -462,7 +462,7 @@ pub(crate) fn kmalloc_type_reuse(out: &mut dyn Write) -> Result<Verdict, LkdtmEr
     let mut nodes = Kmallocs::new();
     let mut shared = 0;
     for _ in 0..NR_REUSE {
-        let obj = nodes.hold(alloc(|| SLAB.kmalloc_obj::<Node>().map(NonNull::cast))?);
+        let obj = nodes.hold(alloc(|| SLAB.kmalloc_with(KmallocArgs::of::<Node>()))?);
         shared += usize::from(freed_addrs.contains(&Some(obj)));
     }
     let node_cache = nodes.objs[0].map_or("", cache_of);
