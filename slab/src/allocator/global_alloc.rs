@@ -35,10 +35,30 @@ impl<P: Platform> Kmem<P> {
             return obj.as_ptr();
         }
         // SAFETY: per our caller; nothing changed.
+        unsafe { Self::alloc_off_usual(cache, size) }
+    }
+
+    /// [`Self::alloc_off_hit`] off the usual words' hit: the recorded
+    /// words' hit ([`KmemCache::alloc_usual_recorded`], inlined), else
+    /// [`Self::alloc_hooked_or_null`]. Out of line, reached by a tail
+    /// call: the kmemtrace event's work stays out of `alloc_off_hit`
+    /// (whose profiled hit needs no stack frame); no stack frame either,
+    /// every way out a tail call.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_off_hit`].
+    #[inline(never)]
+    unsafe fn alloc_off_usual(cache: *const KmemCache<P>, size: usize) -> *mut u8 {
+        let tag = crate::alloc_tag::current::<P>;
+        // SAFETY: per our caller.
+        if let Some(obj) = unsafe { KmemCache::alloc_usual_recorded(cache, &tag, size) } {
+            return obj.as_ptr();
+        }
+        // SAFETY: per our caller; nothing changed.
         unsafe { Self::alloc_hooked_or_null(cache, size) }
     }
 
-    /// [`Self::alloc_off_hit`] off the usual words' hit:
+    /// [`Self::alloc_off_usual`] off the recorded words' hit:
     /// [`KmemCache::alloc_hooked_cold`], an error a null pointer.
     ///
     /// # Safety
@@ -105,7 +125,24 @@ impl<P: Platform> Kmem<P> {
         unsafe { Self::dealloc_off_usual(cache, ptr, at, this) }
     }
 
-    /// [`Self::dealloc_off_hit`] off the usual words' hit:
+    /// [`Self::dealloc_off_hit`] off the usual words' hit: a recorded
+    /// word's hit ([`KmemCache::free_recorded`], inlined), else
+    /// [`Self::dealloc_hooked`]. Out of line, reached by a tail call, as
+    /// [`Self::alloc_off_usual`]; no stack frame either.
+    ///
+    /// # Safety
+    /// As for [`Self::dealloc_off_hit`].
+    #[inline(never)]
+    unsafe fn dealloc_off_usual(cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located, this: &Self) {
+        // SAFETY: per our caller.
+        if unsafe { cache.free_recorded(ptr, at) } {
+            return;
+        }
+        // SAFETY: per our caller; nothing changed.
+        unsafe { Self::dealloc_hooked(cache, ptr, at, this) }
+    }
+
+    /// [`Self::dealloc_off_usual`] off a recorded word's hit:
     /// [`KmemCache::free_off_usual`], a refused free reported to `this`.
     /// The allocator last here and in [`Self::dealloc_off_hit`], so that
     /// the free's arguments stay in the registers they came in (kmemtrace
@@ -114,7 +151,7 @@ impl<P: Platform> Kmem<P> {
     /// # Safety
     /// As for [`Self::dealloc_off_hit`].
     #[inline(never)]
-    unsafe fn dealloc_off_usual(cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located, this: &Self) {
+    unsafe fn dealloc_hooked(cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located, this: &Self) {
         // SAFETY: per our caller.
         if let Err(error) = unsafe { cache.free_off_usual(ptr, at) } {
             this.report_free_error(error);

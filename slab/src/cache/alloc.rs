@@ -9,23 +9,28 @@
 //!    `loaded`, written out there;
 //! 2. else [`KmemCache::alloc_off_hit`], out of line: the usual words
 //!    ([`KmemCache::alloc_usual`], inlined there): one load of the hot
-//!    flags, and for profiling or kmemtrace recording on a keyed
-//!    small-object cache the same hit and the post-alloc hook
-//!    (`cache/hooks.rs`) right there, no stack frame, the hook's event
-//!    a tail call (profiling's commonest word, `PROFILED_USUAL`, told by
+//!    flags, and for profiling on a keyed small-object cache the same
+//!    hit and the post-alloc hook (`cache/hooks.rs`) right there, no
+//!    stack frame (profiling's commonest word, `PROFILED_USUAL`, told by
 //!    one compare and its hook's tests folded away);
-//! 3. else one call of [`KmemCache::alloc_hooked_cold`]: no feature on,
-//!    the one slow function for the miss ([`KmemCache::alloc_slow`]:
-//!    `prev`, the depot, the slab layer); anything else the feature
-//!    hooks in order around the same hit and miss: an unborn class, the
-//!    pre-alloc hook (bootstrap refusal, KFENCE sample), the post-alloc
-//!    hook (free key, debug, profiling, trace table), the kmemtrace
-//!    event.
+//! 3. else a tail call of [`KmemCache::alloc_off_usual`]: for kmemtrace
+//!    recording on a keyed small-object cache (profiled or not) the same
+//!    hit, the post-alloc hook and its event right there
+//!    ([`KmemCache::alloc_usual_recorded`]; out of `alloc_off_hit`, so
+//!    that the event's work (interrupt state, a kernel's call-site walk)
+//!    costs the profiled hit no stack frame); else
+//!    [`KmemCache::alloc_hooked_cold`]: no feature on, the one slow
+//!    function for the miss ([`KmemCache::alloc_slow`]: `prev`, the
+//!    depot, the slab layer); anything else the feature hooks in order
+//!    around the same hit and miss: an unborn class, the pre-alloc hook
+//!    (bootstrap refusal, KFENCE sample), the post-alloc hook (free key,
+//!    debug, profiling, trace table), the kmemtrace event.
 //!
-//! `GlobalAlloc::alloc` calls the hit and, past it, one out-of-line
-//! function of its own that inlines `alloc_usual` too (the object handed
-//! back as a pointer) and calls `alloc_hooked_cold` otherwise, turning an
-//! error into null: every way out of its hit is then a tail call.
+//! `GlobalAlloc::alloc` calls the hit and, past it, out-of-line
+//! functions of its own that inline `alloc_usual` and
+//! `alloc_usual_recorded` too (the object handed back as a pointer) and
+//! call `alloc_hooked_cold` otherwise, turning an error into null: every
+//! way out of its hit is then a tail call.
 //!
 //! Every path returns `Result<NonNull<u8>, AllocError>`; only the
 //! `GlobalAlloc` edge (`allocator/global_alloc.rs`) turns an error into
@@ -115,7 +120,7 @@ impl<P: Platform> KmemCache<P> {
     /// The allocation past a failed [`Self::alloc_hit`] (`KmemCache::alloc`,
     /// kmalloc), out of line and reached by a tail call (the plain hit
     /// stays a leaf): the usual words' hit ([`Self::alloc_usual`]), else
-    /// [`Self::alloc_hooked_cold`].
+    /// [`Self::alloc_off_usual`].
     ///
     /// # Safety
     /// As for [`Self::alloc_at`].
@@ -130,21 +135,44 @@ impl<P: Platform> KmemCache<P> {
             return Ok(obj);
         }
         // SAFETY: per our caller; nothing changed.
+        unsafe { Self::alloc_off_usual(this, tag, bytes_req) }
+    }
+
+    /// [`Self::alloc_off_hit`] off the usual words' hit: the recorded
+    /// words' hit ([`Self::alloc_usual_recorded`]), else
+    /// [`Self::alloc_hooked_cold`]. Out of line, reached by a tail call:
+    /// the kmemtrace event's work (interrupt state, a kernel's call-site
+    /// walk) stays out of `alloc_off_hit`, whose profiled hit needs no
+    /// stack frame.
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`].
+    #[inline(never)]
+    unsafe fn alloc_off_usual(
+        this: *const Self,
+        tag: impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Result<NonNull<u8>, AllocError> {
+        // SAFETY: per our caller.
+        if let Some(obj) = unsafe { Self::alloc_usual_recorded(this, &tag, bytes_req) } {
+            return Ok(obj);
+        }
+        // SAFETY: per our caller; nothing changed.
         unsafe { Self::alloc_hooked_cold(this, tag_ref(&tag), bytes_req) }
     }
 
     /// The usual words past a failed [`Self::alloc_hit`], inlined into
     /// each edge's out-of-line function ([`Self::alloc_off_hit`], and
     /// `GlobalAlloc`'s, which hands the object back as a pointer): one
-    /// load of the hot flags; a usual word (profiling, kmemtrace
-    /// recording, or both, on a keyed small-object cache: no bit of
+    /// load of the hot flags; a profiled word without recording (on a
+    /// keyed small-object cache: no bit of
     /// [`HotFlags::ALLOC_HOOKED_RARE`]; the commonest,
-    /// [`HotFlags::PROFILED_USUAL`], told by one compare) takes the same
-    /// magazine hit and the post-alloc hook right here, a flag test each,
-    /// no stack frame, the hook's event a tail call. `None` (nothing
-    /// changed) for anything else: no feature on (the miss), a rare
-    /// feature, an unborn class, the unready entry, a hooked miss; the
-    /// caller then calls [`Self::alloc_hooked_cold`].
+    /// [`HotFlags::PROFILED_USUAL`], told by one compare, its hook's
+    /// tests folded away) takes the same magazine hit and the post-alloc
+    /// hook right here, no stack frame. `None` (nothing changed) for
+    /// anything else; the caller then calls its function off the usual
+    /// words' hit ([`Self::alloc_off_usual`]), which tries
+    /// [`Self::alloc_usual_recorded`] (recording).
     ///
     /// # Safety
     /// As for [`Self::alloc_at`].
@@ -163,10 +191,46 @@ impl<P: Platform> KmemCache<P> {
                 Self::alloc_hit_hooked(this, HotFlags::PROFILED_USUAL, tag, bytes_req)
             };
         }
-        if hot.intersects(HotFlags::ALLOC_HOOKED_RARE) || !hot.intersects(HotFlags::ALLOC_SLOW) {
+        // Recorded words are [`Self::alloc_usual_recorded`]'s.
+        if hot.intersects(HotFlags::ALLOC_HOOKED_RARE.union(HotFlags::KMEMTRACE))
+            || !hot.intersects(HotFlags::ALLOC_SLOW)
+        {
             return None;
         }
+        // The other profiled words (tags off the slab's page), laid out
+        // after the usual one (whose path then ends in its own `ret`, not
+        // in a jump to a tail the two share).
+        core::hint::cold_path();
         // SAFETY: per our caller; a usual word.
+        unsafe { Self::alloc_hit_hooked(this, hot, tag, bytes_req) }
+    }
+
+    /// The recorded usual words, past [`Self::alloc_usual`], inlined into
+    /// each edge's function off it ([`Self::alloc_off_usual`], and
+    /// `GlobalAlloc`'s): one load of the hot flags; kmemtrace recording
+    /// (profiled or not) on a keyed small-object cache (no bit of
+    /// [`HotFlags::ALLOC_HOOKED_RARE`]) takes the same magazine hit and
+    /// the post-alloc hook right here, the event inline. `None` (nothing
+    /// changed) for anything else (no feature on: the miss; a rare
+    /// feature; an unborn class; the unready entry) and a hooked miss;
+    /// the caller then calls [`Self::alloc_hooked_cold`].
+    ///
+    /// # Safety
+    /// As for [`Self::alloc_at`].
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_usual_recorded(
+        this: *const Self,
+        tag: &impl Fn() -> Option<AllocTagRef>,
+        bytes_req: usize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: per our caller, a hot-flags word first. Acquire, as
+        // `KmemCache::hot`: the kmemtrace event needs it.
+        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Acquire));
+        if hot.intersects(HotFlags::ALLOC_HOOKED_RARE) || !hot.contains(HotFlags::KMEMTRACE) {
+            return None;
+        }
+        // SAFETY: per our caller; a usual word (the bit known: the
+        // event's test folds away).
         unsafe { Self::alloc_hit_hooked(this, hot, tag, bytes_req) }
     }
 
@@ -205,8 +269,9 @@ impl<P: Platform> KmemCache<P> {
         tag: &dyn Fn() -> Option<AllocTagRef>,
         bytes_req: usize,
     ) -> Result<NonNull<u8>, AllocError> {
-        // SAFETY: per our caller, a hot-flags word first.
-        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
+        // SAFETY: per our caller, a hot-flags word first. Acquire, as
+        // `KmemCache::hot`: the kmemtrace hook needs it.
+        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Acquire));
         if !hot.intersects(HotFlags::ALLOC_SLOW) {
             // SAFETY: no slow flag, so not the unready entry: a live cache.
             return unsafe { &*this }.alloc_slow::<true>();

@@ -10,24 +10,27 @@
 //!    written, and the push on its `loaded`, written out there;
 //! 2. else [`KmemCache::free_off_hit`], out of line: the usual word
 //!    ([`KmemCache::free_usual`], inlined there): one load and one
-//!    compare of the hot flags, and for profiling alone on a keyed cache
-//!    the free hook (below: the tag uncharged) and the same
-//!    hit right there, no stack frame;
-//! 3. else one call of [`KmemCache::free_off_usual`]: no feature on, the
-//!    one slow function for the miss ([`KmemCache::free_slow`]: the
-//!    double-free confirmation, `prev`, the depot, a new magazine, the
-//!    slab layer); kmemtrace recording on a keyed cache, the hook, the
-//!    hit and its event with interrupts off, right there; anything else
-//!    (and that hit's miss) [`KmemCache::free_hooked`]: the free hook
-//!    (`free_hook`, here: bootstrap refusal, bufctl state, debug checks
-//!    in `debug/object.rs`, trace record, tag uncharged in
+//!    compare of the hot flags, and for profiling alone on a keyed
+//!    cache the free hook (below: the tag uncharged) and the same hit
+//!    right there, no stack frame;
+//! 3. else a tail call of [`KmemCache::free_off_usual`]: for kmemtrace
+//!    recording on a keyed cache (profiled or not) the hook, the hit and
+//!    its event with interrupts off right there
+//!    ([`KmemCache::free_recorded`]; out of `free_off_hit`, so that the
+//!    event's work costs the profiled hit no stack frame); no feature
+//!    on, the one slow function for the miss ([`KmemCache::free_slow`]:
+//!    the double-free confirmation, `prev`, the depot, a new magazine,
+//!    the slab layer); anything else (and a recorded miss)
+//!    [`KmemCache::free_hooked`]: the free hook (`free_hook`, here:
+//!    bootstrap refusal, bufctl state, debug checks in
+//!    `debug/object.rs`, trace record, tag uncharged in
 //!    `profiling.rs`), the same hit and miss, the kmemtrace event
 //!    (`free_event`, here too).
 //!
-//! `GlobalAlloc::dealloc` calls the hit and, past it, one out-of-line
-//! function of its own that inlines `free_usual` too and calls
-//! `free_off_usual` otherwise, reporting a refused free: every way out
-//! of its hit is then a tail call.
+//! `GlobalAlloc::dealloc` calls the hit and, past it, out-of-line
+//! functions of its own that inline `free_usual` and `free_recorded`
+//! too and call `free_off_usual` otherwise, reporting a refused free:
+//! every way out of its hit is then a tail call.
 //!
 //! A pointer the page map does not vouch for (another page source, a
 //! KFENCE sample, a bad pointer) takes [`KmemCache::free_unlocated`],
@@ -37,7 +40,7 @@ use core::ptr::{self, NonNull};
 
 use super::{HotFlags, KmemCache, double_free};
 use crate::error::FreeError;
-use crate::kmemtrace::{EventFields, EventKind, EventType, head_word};
+use crate::kmemtrace::{EventFields, EventKind, head_word};
 use crate::layout::geometry::SlabKind;
 use crate::layout::pagemap::{PageEntry, PageMap, PageSlot};
 use crate::magazine::{MAG_FREE_RETRIES, Magazine, PcpuCache};
@@ -205,8 +208,9 @@ impl<P: Platform> KmemCache<P> {
     /// hook and the same magazine hit right here: the tag uncharged
     /// before the push (once pushed, an interrupt handler's alloc may
     /// take the object), no stack frame. False for anything else (no
-    /// feature on: the miss; recording; a rare feature; a full
-    /// `loaded`); the caller then calls [`Self::free_off_usual`].
+    /// feature on: the miss; recording: [`Self::free_recorded`]; a rare
+    /// feature; a full `loaded`); the caller then calls
+    /// [`Self::free_off_usual`].
     ///
     /// # Safety
     /// As for [`Self::free_located`]; if this returns true, `obj` was
@@ -225,11 +229,50 @@ impl<P: Platform> KmemCache<P> {
         false
     }
 
-    /// [`Self::free_off_hit`] off the usual words' hit: with no feature
-    /// on for this cache, the miss ([`Self::free_slow`]); with kmemtrace
-    /// recording and no rare bit, the usual words' hook and hit, and the
-    /// event; anything else [`Self::free_hooked`], which runs every hook
-    /// in order.
+    /// The recorded words past [`Self::free_usual`], inlined into each
+    /// edge's function off it ([`Self::free_off_usual`], and
+    /// `GlobalAlloc`'s): kmemtrace recording with no rare bit (a keyed
+    /// cache, profiled or not) runs the free hook, the same hit and its
+    /// event ([`Self::free_event`]) with interrupts off, so that nothing
+    /// on this CPU reuses the object before its free is recorded. False
+    /// for anything else and for a miss or a suspect key (the tag the
+    /// hook uncharged is not found again by [`Self::free_hooked`]).
+    ///
+    /// # Safety
+    /// As for [`Self::free_located`]; if this returns true, `obj` was
+    /// freed.
+    #[inline(always)]
+    pub(crate) unsafe fn free_recorded(&self, obj: NonNull<u8>, at: Located) -> bool {
+        let hot = self.hot();
+        if hot.intersects(HotFlags::FREE_HOOKED_RARE) || !hot.contains(HotFlags::KMEMTRACE) {
+            return false;
+        }
+        let irq = IrqGuard::<P>::new();
+        // Only profiling's hook reads the slab here.
+        let slab = if cfg!(feature = "alloc-profiling") {
+            // SAFETY: per our caller.
+            unsafe { at.slab() }
+        } else {
+            ptr::null_mut()
+        };
+        // SAFETY: per our caller; no rare bit, so nothing refuses.
+        let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
+        // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
+        if unsafe { self.free_hit::<0>(obj, true) } {
+            let _ = self.free_event(obj, Ok(()), HotFlags::KMEMTRACE, Some(irq));
+            return true;
+        }
+        false
+    }
+
+    /// [`Self::free_off_hit`] off the usual words' hit: a recorded word's
+    /// hit ([`Self::free_recorded`]); with no feature on for this cache,
+    /// the miss ([`Self::free_slow`]); anything else (and a recorded
+    /// word's miss) [`Self::free_hooked`], which runs every hook in
+    /// order.
+    /// Out of line, reached by a tail call: the event's work (interrupt
+    /// state, a kernel's call-site walk) stays out of `free_off_hit`,
+    /// whose profiled hit needs no stack frame.
     ///
     /// # Safety
     /// As for [`Self::free_located`].
@@ -239,34 +282,16 @@ impl<P: Platform> KmemCache<P> {
         obj: NonNull<u8>,
         at: Located,
     ) -> Result<(), FreeError> {
-        let hot = self.hot();
-        if !hot.intersects(HotFlags::FREE_SLOW) {
+        // SAFETY: per our caller.
+        if unsafe { self.free_recorded(obj, at) } {
+            return Ok(());
+        }
+        if !self.hot().intersects(HotFlags::FREE_SLOW) {
             // SAFETY: per our caller; the hit changed nothing.
             return unsafe { self.free_slow(obj) };
         }
-        // SAFETY: per our caller.
-        let slab = unsafe { at.slab() };
-        if hot.intersection(HotFlags::FREE_HOOKED_RARE.union(HotFlags::KMEMTRACE))
-            == HotFlags::KMEMTRACE
-        {
-            // Recorded, no rare bit (a keyed cache): the same hook and hit
-            // as [`Self::free_usual`]'s, the free and its event with
-            // interrupts off, so that nothing on this CPU reuses the
-            // object before its free is recorded; a miss (or a suspect
-            // key) below. (Not in `free_usual`, so that the profiled
-            // free's path keeps no interrupt state and needs no stack
-            // frame.)
-            let irq = IrqGuard::<P>::new();
-            // SAFETY: per our caller; no rare bit, so nothing refuses.
-            let _ = unsafe { self.free_hook::<false>(obj, slab, at.index, hot) };
-            // SAFETY: per our caller; a keyed cache.
-            if unsafe { self.free_hit::<0>(obj, true) } {
-                return self.free_event(obj, Ok(()), HotFlags::KMEMTRACE, Some(irq));
-            }
-            // The tag the hook uncharged is not found again below.
-        }
         // SAFETY: per our caller; the hit changed nothing.
-        unsafe { self.free_hooked(obj, slab, at.index) }
+        unsafe { self.free_hooked(obj, at.slab(), at.index) }
     }
 
     /// [`Self::free_off_hit`] for every word and on a miss, and the free
@@ -420,25 +445,23 @@ impl<P: Platform> KmemCache<P> {
         irq: Option<IrqGuard<P>>,
     ) -> Result<(), FreeError> {
         if hot.contains(HotFlags::KMEMTRACE) {
-            const ALLOC_TO_FREE: u64 =
-                head_word(EventKind::Alloc as u8 ^ EventKind::Free as u8, 0, 0, 0);
-            const ALLOC_TO_BAD: u64 =
-                head_word(EventKind::Alloc as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
-            const CACHE_TO_KMALLOC: u64 =
-                head_word(0, EventType::Cache as u8 ^ EventType::Kmalloc as u8, 0, 0);
-            let kind = if result.is_ok() {
-                ALLOC_TO_FREE
+            const FREE_TO_BAD: u64 =
+                head_word(EventKind::Free as u8 ^ EventKind::BadFree as u8, 0, 0, 0);
+            let head = if result.is_ok() {
+                self.free_event_head
             } else {
-                ALLOC_TO_BAD
+                self.free_event_head ^ FREE_TO_BAD
             };
-            let head = self.event_head ^ kind;
-            let head = head ^ (u64::from(self.permanent) * CACHE_TO_KMALLOC);
-            let _ = self.recorder().record::<P>(EventFields {
-                head,
-                ptr: obj.as_ptr() as usize,
-                bytes_req: 0,
-                bytes_alloc: self.params.obj_size,
-            });
+            // SAFETY: our callers saw this cache's `KMEMTRACE` bit in
+            // [`Self::hot`] (Acquire).
+            let _ = unsafe {
+                self.recorder().record_recorded::<P>(EventFields {
+                    head,
+                    ptr: obj.as_ptr() as usize,
+                    bytes_req: 0,
+                    bytes_alloc: self.params.obj_size,
+                })
+            };
         }
         drop(irq);
         result

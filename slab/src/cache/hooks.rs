@@ -9,9 +9,12 @@
 //! `hot_flags` test on the hit: [`HotFlags::ALLOC_SLOW`]).
 //!
 //! ```text
-//!  alloc_off_hit ─► alloc_usual: usual words on a hit: post_alloc_hook
-//!       │           inline, its event a tail call (alloc_event)
-//!       └─► else alloc_hooked_cold: no flag: alloc_slow
+//!  alloc_off_hit ─► alloc_usual: profiled words on a hit:
+//!       │           post_alloc_hook inline
+//!       └─► else alloc_off_usual ─► alloc_usual_recorded: recorded
+//!             │     words on a hit: post_alloc_hook and its event
+//!             │     (alloc_event) inline
+//!             └─► else alloc_hooked_cold: no flag: alloc_slow
 //!             UNBORN: not ready; a class born now
 //!             pre_alloc_hook   bootstrap refusal, KFENCE sample
 //!             the hit, or the miss
@@ -67,8 +70,8 @@ impl<P: Platform> KmemCache<P> {
     /// cache's mark; the debug checks and trailer; the trace record; the
     /// tag charged and stored (profiling; `tag` is asked only with
     /// profiling on); then the kmemtrace event ([`Self::alloc_event`]).
-    /// Cannot fail: returns `obj`, each way out a tail call, so the usual
-    /// words' path needs no stack frame (`alloc.rs`, `alloc_usual`).
+    /// Cannot fail: returns `obj`; inline, so the usual words' path needs
+    /// no stack frame (`alloc.rs`, `alloc_usual`).
     ///
     /// `RARE`: `obj` may come from elsewhere than the keyed hit and `hot`
     /// may have a bit of [`HotFlags::ALLOC_HOOKED_RARE`] (else those
@@ -113,8 +116,7 @@ impl<P: Platform> KmemCache<P> {
 
     /// The allocation's way out (Linux `trace_kmem_cache_alloc`, Akaros
     /// `kmem_trace_alloc`): its kmemtrace event if this cache is
-    /// recorded (a tail call that hands the object back:
-    /// [`Self::kmemtrace_alloc`]), and `obj`. A failed allocation's
+    /// recorded ([`Self::kmemtrace_alloc`], inline), and `obj`. A failed allocation's
     /// event is `kmemtrace_alloc::<false>`, from the one place that
     /// sees the failure (`alloc.rs`, `alloc_hooked_cold`).
     #[inline(always)]
@@ -137,9 +139,8 @@ impl<P: Platform> KmemCache<P> {
     /// failed one (`obj` null), into this CPU's ring of the owner's
     /// recorder (handed down at creation: [`KmemCache::recorder`]): a
     /// `kmem_cache_alloc` when `bytes_req` is 0, else a kmalloc of
-    /// `bytes_req` bytes. Returns `obj` (a pointer made here, so that
-    /// [`Self::alloc_event`] reaches this by a tail call).
-    #[inline(never)]
+    /// `bytes_req` bytes. Returns `obj`.
+    #[inline(always)]
     pub(super) fn kmemtrace_alloc<const OK: bool>(
         &self,
         obj: *mut u8,
@@ -160,11 +161,16 @@ impl<P: Platform> KmemCache<P> {
         } else {
             (head ^ CACHE_TO_KMALLOC, bytes_req)
         };
-        self.recorder().record::<P>(EventFields {
-            head,
-            ptr: obj as usize,
-            bytes_req,
-            bytes_alloc: self.params.obj_size,
-        }) as *mut u8
+        // SAFETY: our callers saw this cache's `KMEMTRACE` bit in hot
+        // flags loaded with Acquire (`alloc.rs`).
+        let ptr = unsafe {
+            self.recorder().record_recorded::<P>(EventFields {
+                head,
+                ptr: obj as usize,
+                bytes_req,
+                bytes_alloc: self.params.obj_size,
+            })
+        };
+        ptr as *mut u8
     }
 }

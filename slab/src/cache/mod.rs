@@ -376,6 +376,11 @@ pub struct KmemCache<P: Platform> {
     pub(crate) flags: CacheFlags,
     /// The allocator that made the cache ([`CacheOwner`]).
     pub(crate) owner: *const dyn CacheOwner<P>,
+    /// kmemtrace: the first word (CPU aside) of this cache's free event,
+    /// made once here: a `kfree` for a kmalloc cache (`permanent`), else
+    /// a `kmem_cache_free` (`cache/free.rs`, `free_event`). In the room
+    /// before `depot`'s line.
+    pub(crate) free_event_head: u64,
     // Written by any CPU on slow paths: from here on, away from the fields
     // above (`Depot` is cache-line aligned).
     pub(crate) depot: Depot<P>,
@@ -565,6 +570,15 @@ impl<P: Platform> KmemCache<P> {
             // outlives it.
             recorder: unsafe { (*owner).kmemtrace_recorder() },
             event_head: EventFields::head(EventKind::Alloc, EventType::Cache, spec.id),
+            free_event_head: EventFields::head(
+                EventKind::Free,
+                if spec.permanent {
+                    EventType::Kmalloc
+                } else {
+                    EventType::Cache
+                },
+                spec.id,
+            ),
             links: UnsafeCell::new(CacheLinks {
                 prev: ptr::null(),
                 next: ptr::null(),
@@ -642,10 +656,12 @@ impl<P: Platform> KmemCache<P> {
         self.hot().contains(HotFlags::BOOTSTRAP)
     }
 
-    /// The hot flags now.
+    /// The hot flags now. Acquire (a plain load on x86): a `KMEMTRACE`
+    /// bit seen here comes after the recorder's rings
+    /// (`KmemtraceState::record_recorded`).
     #[inline(always)]
     pub(crate) fn hot(&self) -> HotFlags {
-        HotFlags::from_bits_retain(self.hot_flags.load(Ordering::Relaxed))
+        HotFlags::from_bits_retain(self.hot_flags.load(Ordering::Acquire))
     }
 
     /// Set hot flags (tracing, profiling, tagging switch on).

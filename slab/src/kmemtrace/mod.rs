@@ -392,57 +392,62 @@ impl KmemtraceState {
     /// Record one event from the running CPU. Interrupts are disabled
     /// here (nesting is fine). The event path: no lock (unless stacks are
     /// recorded), no atomic read-modify-write, only this CPU's ring.
-    /// Returns `fields.ptr` (as [`Self::record_on`]).
+    /// Nothing before the first start (no rings yet). Returns `fields.ptr`
+    /// (as [`Self::record_in`]).
     #[inline(always)]
     pub(crate) fn record<P: Platform>(&self, fields: EventFields) -> usize {
-        let irq = P::irq_save();
-        let cpu_offset = P::cpu_offset();
-        // SAFETY: interrupts off; the running CPU's offset.
-        let ptr = unsafe { self.record_on::<P>(cpu_offset, fields) };
-        P::irq_restore(irq);
-        ptr
-    }
-
-    /// [`Self::record`] from inside a section that already owns the ring
-    /// of the CPU at `cpu_offset` ([`Platform::cpu_offset`], which the
-    /// hit's section has read already) (a magazine hit's, `cache/alloc.rs`, `cache/free.rs`):
-    /// no second interrupt guard, no second CPU-id read. The common event
-    /// is a null test of the rings, the ring's `next < limit` test, eight
-    /// word stores and the bump of `next` and `nr_written`; a new
-    /// sub-buffer, a full ring and stacks take [`Self::record_cold`]
-    /// (see [`CpuRing`]). Returns `fields.ptr`, whatever happened: a
-    /// caller that hands it on (the recorded alloc hit's object) keeps
-    /// nothing across the event, and the cold path is a tail call.
-    ///
-    /// # Safety
-    /// `cpu_offset` is the running CPU's [`Platform::cpu_offset`] and
-    /// nothing else on it runs until this returns (interrupts off:
-    /// [`Self::record`], or a magazine hit's section on a platform
-    /// without `LOCAL_TRYLOCK` or with restartable hits).
-    #[inline(always)]
-    #[must_use]
-    pub(crate) unsafe fn record_on<P: Platform>(
-        &self,
-        cpu_offset: usize,
-        fields: EventFields,
-    ) -> usize {
         // The rings are published once (Release), for every CPU of the
         // allocator: non-null, this CPU's is there.
         let rings = self.rings.load(Ordering::Acquire);
         if rings.is_null() {
             return fields.ptr;
         }
+        // SAFETY: published, never freed.
+        unsafe { self.record_in::<P>(rings, fields) }
+    }
+
+    /// [`Self::record`] for a cache whose `KMEMTRACE` bit the caller saw:
+    /// no test of the rings. A start publishes the rings (Release) before
+    /// it sets any cache's bit, and a cache created while recording gets
+    /// its bit under the cache-list lock, which the start takes after
+    /// publishing them (`allocator/mod.rs`); the bits are set by
+    /// read-modify-writes (`KmemCache::set_hot`, AcqRel) and the rings
+    /// never go: so a hot-flags word with the bit, loaded with Acquire
+    /// (`KmemCache::hot`), comes after the rings.
+    ///
+    /// # Safety
+    /// The caller loaded a cache's hot flags with Acquire and saw
+    /// `KMEMTRACE` set, in a cache of this recorder.
+    #[inline(always)]
+    pub(crate) unsafe fn record_recorded<P: Platform>(&self, fields: EventFields) -> usize {
+        let rings = self.rings.load(Ordering::Relaxed);
+        debug_assert!(!rings.is_null(), "a recorded cache before the rings");
+        // SAFETY: per our caller, the rings (above), never freed.
+        unsafe { self.record_in::<P>(rings, fields) }
+    }
+
+    /// The event into `rings`, this CPU's ring, with interrupts off. The
+    /// common event is the ring's `next < limit` test, eight word stores
+    /// and the bump of `next` and `nr_written`; a new sub-buffer, a full
+    /// ring and stacks take [`Self::record_cold`] (see [`CpuRing`]).
+    /// Returns `fields.ptr`, whatever happened.
+    ///
+    /// # Safety
+    /// `rings` is [`Self::rings`]' published value (non-null).
+    #[inline(always)]
+    unsafe fn record_in<P: Platform>(&self, rings: *mut CpuRing, fields: EventFields) -> usize {
+        let irq = P::irq_save();
         // SAFETY: cpu_offset is cpu_id * CPU_SLOT_BYTES (the Platform
         // contract, cpu_id below the allocator's nr_cpus, for which the
         // rings were allocated) = cpu_id * size_of::<CpuRing>()
         // (asserted at compile time): this CPU's ring; the rings live
         // forever; only this CPU writes its ring, and nothing else on
-        // this CPU runs (our caller).
-        let ring = unsafe { &*rings.byte_add(cpu_offset) };
+        // this CPU runs (interrupts off).
+        let ring = unsafe { &*rings.byte_add(P::cpu_offset()) };
         let slot = ring.next.load(Ordering::Relaxed);
-        if slot == ring.limit.load(Ordering::Relaxed) {
-            // SAFETY: per our caller.
-            return unsafe {
+        let ptr = if slot == ring.limit.load(Ordering::Relaxed) {
+            // SAFETY: as above.
+            unsafe {
                 self.record_cold::<P>(
                     ring,
                     fields.head,
@@ -450,30 +455,33 @@ impl KmemtraceState {
                     fields.bytes_req,
                     fields.bytes_alloc,
                 )
-            };
-        }
-        let index = ring.nr_written.load(Ordering::Relaxed);
-        let mut site = [0usize; 1];
-        P::caller_frames(&mut site);
-        // SAFETY: `next` below `limit` is the slot of event `index`, inside
-        // its sub-buffer, unpublished (read by nobody).
-        unsafe {
-            write_event::<P>(slot, ring, index, &fields, site[0], 0);
-            ring.next.store(slot.add(1), Ordering::Relaxed);
-        }
-        ring.nr_written
-            .store(index.wrapping_add(1), Ordering::Release);
-        fields.ptr
+            }
+        } else {
+            let index = ring.nr_written.load(Ordering::Relaxed);
+            let mut site = [0usize; 1];
+            P::caller_frames(&mut site);
+            // SAFETY: `next` below `limit` is the slot of event `index`,
+            // inside its sub-buffer, unpublished (read by nobody).
+            unsafe {
+                write_event::<P>(slot, ring, index, &fields, site[0], 0);
+                ring.next.store(slot.add(1), Ordering::Relaxed);
+            }
+            ring.nr_written
+                .store(index.wrapping_add(1), Ordering::Release);
+            fields.ptr
+        };
+        P::irq_restore(irq);
+        ptr
     }
 
-    /// [`Self::record_on`] when `next` reached `limit`: the event's slot
+    /// [`Self::record_in`] when `next` reached `limit`: the event's slot
     /// from the sub-buffer array, an overrun when the ring is full, the
     /// backtrace when stacks are on; else `next`/`limit` move to the slot's
     /// sub-buffer, so that the next events take the common path. Returns
-    /// `ptr`, as [`Self::record_on`].
+    /// `ptr`, as [`Self::record_in`].
     ///
     /// # Safety
-    /// As for [`Self::record_on`]; `ring` is the running CPU's.
+    /// `ring` is the running CPU's, with interrupts off.
     #[cold]
     #[inline(never)]
     /// (The fields one by one: in registers, not through the caller's

@@ -36,12 +36,15 @@ impl KmemtraceState {
     }
 
     /// Records nothing; returns `fields.ptr`.
+    ///
+    /// # Safety
+    /// None here (the recorder's `record_recorded` has a contract).
     #[expect(
         clippy::extra_unused_type_parameters,
-        reason = "the signature of the recorder's `record`"
+        reason = "the signature of the recorder's `record_recorded`"
     )]
     #[inline(always)]
-    pub(crate) fn record<P: Platform>(&self, fields: EventFields) -> usize {
+    pub(crate) unsafe fn record_recorded<P: Platform>(&self, fields: EventFields) -> usize {
         fields.ptr
     }
 }
