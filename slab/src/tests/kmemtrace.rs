@@ -577,9 +577,9 @@ fn kmemtrace_cost_loops() {
     );
 }
 
-/// The recorded magazine hits (issue 18: the event written inside the
-/// hit's own section, `alloc_recorded_hit` / `free_recorded_hit`), with
-/// stacks off and on: every alloc and free of a warm cache is one event,
+/// The recorded magazine hits (the one hit, then the event:
+/// `cache/alloc.rs`'s `alloc_usual_recorded`, `cache/free.rs`'s
+/// `free_recorded`, with interrupts off), with stacks off and on: every alloc and free of a warm cache is one event,
 /// in order, on its CPU, with its call site (and stack).
 #[test]
 fn recorded_hits_write_one_event_each() {
