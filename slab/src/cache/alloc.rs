@@ -183,14 +183,15 @@ impl<P: Platform> KmemCache<P> {
         bytes_req: usize,
     ) -> Option<NonNull<u8>> {
         // SAFETY: per our caller, a hot-flags word first.
-        let hot = HotFlags::from_bits_retain(unsafe { &(*this).hot_flags }.load(Ordering::Relaxed));
-        if hot == HotFlags::PROFILED_USUAL {
+        let word = unsafe { &(*this).hot_flags };
+        if crate::sync::flags_eq::<{ HotFlags::PROFILED_USUAL.bits() }>(word) {
             // The word known: the hook's tests fold away.
             // SAFETY: per our caller; a usual word.
             return unsafe {
                 Self::alloc_hit_hooked(this, HotFlags::PROFILED_USUAL, tag, bytes_req)
             };
         }
+        let hot = HotFlags::from_bits_retain(word.load(Ordering::Relaxed));
         // Recorded words are [`Self::alloc_usual_recorded`]'s.
         if hot.intersects(HotFlags::ALLOC_HOOKED_RARE.union(HotFlags::KMEMTRACE))
             || !hot.intersects(HotFlags::ALLOC_SLOW)

@@ -72,6 +72,12 @@ impl Located {
     }
 }
 
+/// The bits [`KmemCache::free_usual`] takes its path without: the
+/// free's slow bits but `TAGGED`, and a bufctl cache's (no small slab).
+const FREE_USUAL_NOT: HotFlags = HotFlags::FREE_SLOW
+    .difference(HotFlags::TAGGED)
+    .union(HotFlags::BUFCTL);
+
 impl<P: Platform> KmemCache<P> {
     /// Free an object back to this cache.
     ///
@@ -217,10 +223,13 @@ impl<P: Platform> KmemCache<P> {
     /// freed.
     #[inline(always)]
     pub(crate) unsafe fn free_usual(&self, obj: NonNull<u8>, at: Located) -> bool {
-        // One compare: of the free's slow bits, only `TAGGED` (the rare
-        // ones and `KMEMTRACE` clear); what the hook tests of it is then
-        // known.
-        if self.hot().intersection(HotFlags::FREE_SLOW) == HotFlags::TAGGED {
+        // One test: of the free's slow bits at most `TAGGED` (the rare
+        // ones and `KMEMTRACE` clear), on a small-object cache; what the
+        // hook tests of it is then known. With no slow bit (the plain
+        // hit's miss) the hook finds no tag (a cache that never had
+        // `TAGGED` stored none: its slabs' slots are all `None`) and the
+        // hit misses again.
+        if !crate::sync::flags_any::<{ FREE_USUAL_NOT.bits() }>(&self.hot_flags) {
             // SAFETY: per our caller; no rare bit, so nothing refuses.
             let _ = unsafe { self.free_hook::<false>(obj, at.slab(), at.index, HotFlags::TAGGED) };
             // SAFETY: per our caller; no `KEYLESS`: a keyed cache.
