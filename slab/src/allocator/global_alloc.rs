@@ -153,7 +153,7 @@ impl<P: Platform> Kmem<P> {
     #[inline(never)]
     unsafe fn dealloc_hooked(cache: &KmemCache<P>, ptr: NonNull<u8>, at: Located, this: &Self) {
         // SAFETY: per our caller.
-        if let Err(error) = unsafe { cache.free_off_usual(ptr, at) } {
+        if let Err(error) = unsafe { cache.free_off_usual::<true>(ptr, at) } {
             this.report_free_error(error);
         }
     }

@@ -203,7 +203,7 @@ impl<P: Platform> KmemCache<P> {
         }
         // SAFETY: per our caller; the hit changed nothing (a tag the hook
         // uncharged is not found again).
-        unsafe { self.free_off_usual(obj, at) }
+        unsafe { self.free_off_usual::<false>(obj, at) }
     }
 
     /// The usual words past a failed [`Self::free_hit`], inlined into
@@ -281,18 +281,21 @@ impl<P: Platform> KmemCache<P> {
     /// order.
     /// Out of line, reached by a tail call: the event's work (interrupt
     /// state, a kernel's call-site walk) stays out of `free_off_hit`,
-    /// whose profiled hit needs no stack frame.
+    /// whose profiled hit needs no stack frame. `RECORDED_TRIED`: the
+    /// caller tried [`Self::free_recorded`] already (`GlobalAlloc`'s
+    /// `dealloc_off_usual`, which takes it with no frame of its own), so
+    /// it is not tried twice.
     ///
     /// # Safety
     /// As for [`Self::free_located`].
     #[inline(never)]
-    pub(crate) unsafe fn free_off_usual(
+    pub(crate) unsafe fn free_off_usual<const RECORDED_TRIED: bool>(
         &self,
         obj: NonNull<u8>,
         at: Located,
     ) -> Result<(), FreeError> {
         // SAFETY: per our caller.
-        if unsafe { self.free_recorded(obj, at) } {
+        if !RECORDED_TRIED && unsafe { self.free_recorded(obj, at) } {
             return Ok(());
         }
         if !self.hot().intersects(HotFlags::FREE_SLOW) {
